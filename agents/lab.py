@@ -1,0 +1,391 @@
+"""The lab.yaml schema and its loader: errors name the file, the line and the key path."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+)
+
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+Name = Annotated[str, Field(pattern=NAME_RE)]
+NonNegative = Annotated[float, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0)]
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(value: Any) -> Any:
+    """'90s', '30m', '4h', '1d' or a number of seconds -> seconds (float)."""
+    if isinstance(value, str):
+        match = _DURATION_RE.match(value)
+        if not match:
+            raise ValueError(f"expected a duration like 90s, 30m, 4h or 1d, got {value!r}")
+        return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------------------- machines
+
+
+class SimGpu(Strict):
+    """One simulated GPU; figures follow what runs on it."""
+
+    name: str
+    memory_gib: Positive
+    tdp_w: Positive
+    idle_w: NonNegative | None = None  # default: 12% of tdp_w
+    profile: Literal["idle", "training", "serving", "bursty"] = "idle"  # background load in the demo
+
+
+class SimGpus(Strict):
+    sim: list[SimGpu] = Field(min_length=0)
+    seed: int = 0
+
+
+def _gpu_source_tag(value: Any) -> str:
+    return "nvml" if value == "nvml" else "sim-spec"
+
+
+GpuSource = Annotated[
+    Union[Annotated[Literal["nvml", "none"], Tag("nvml")], Annotated[SimGpus, Tag("sim-spec")]],
+    Discriminator(_gpu_source_tag),
+]
+
+
+class Machine(Strict):
+    name: Name
+    host: str = "127.0.0.1"
+    port: int = Field(default=7022, ge=1, le=65535)
+    via: Literal["agent", "sshd"] = "agent"  # sshd: ride the machine's own sshd to the agent's socket
+    user: str | None = None  # ssh user for via: sshd
+    role: str = ""  # free text: training, inference, storage ...
+    idle_watts: NonNegative = 0.0  # host draw NVML cannot see
+    hourly_rate: NonNegative = 0.0  # > 0 for rented machines
+    ram_cache_gib: NonNegative | None = None  # page-cache budget for warm-in-RAM weights
+    gpus: GpuSource = "nvml"
+    sample_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
+
+    @property
+    def simulated(self) -> bool:
+        return isinstance(self.gpus, SimGpus)
+
+    @property
+    def gpu_count(self) -> int | None:
+        """Known only for simulated GPUs; NVML machines say at run time."""
+        return len(self.gpus.sim) if isinstance(self.gpus, SimGpus) else None
+
+
+# ---------------------------------------------------------------------------- money
+
+
+class Costs(Strict):
+    currency: str = "USD"
+    electricity_per_kwh: NonNegative | None = None
+    timezone: str | None = None  # IANA name for "today" and "this month"; default: the machine's
+
+
+class CloudPrices(Strict):
+    gpu_hour: dict[str, NonNegative] = Field(default_factory=dict)  # by GPU model name
+    tokens_per_million: dict[str, NonNegative] = Field(default_factory=dict)  # by cloud_equivalent
+
+
+# ---------------------------------------------------------------------------- models
+
+
+class SimEngine(Strict):
+    """Delays of the simulated engine (field-notes defaults for a 48 GB model)."""
+
+    load_s: NonNegative = 15.0  # from page cache; cold from disk is load_s * cold_factor
+    cold_factor: Positive = 14.0
+    warmup_s: NonNegative = 40.0
+    wake_s: NonNegative = 1.0
+    tokens_per_s: NonNegative = 40.0
+    fail_after_s: NonNegative | None = None  # crash on purpose, for tests and demos
+
+
+class Model(Strict):
+    name: Name
+    path: str
+    engine: Literal["vllm", "transformers", "sim"]
+    machine: Name
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    vram_gib: NonNegative = 0.0
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    served_name: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)  # None: chosen at start
+    cloud_equivalent: str | None = None
+    sleep_level: Literal[1, 2] = 1
+    sim: SimEngine = Field(default_factory=SimEngine)
+
+
+class Orchestra(Strict):
+    warm: list[Name] = Field(default_factory=list)
+    pinned: list[Name] = Field(default_factory=list)
+    rotate_every: Duration | None = None
+    rotation: list[list[Name]] = Field(default_factory=list)  # warm sets to cycle through
+
+
+# ---------------------------------------------------------------------------- trainers
+
+
+class TrainerParam(Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,40}$")]
+    type: Literal["int", "float", "str", "bool", "choice"] = "str"
+    default: int | float | bool | str | None = None
+    choices: list[str] = Field(default_factory=list)
+    min: float | None = None
+    max: float | None = None
+    help: str = ""
+    flag: str | None = None  # e.g. "--max-steps"; default: --<name with dashes>
+
+
+class Trainer(Strict):
+    name: Name
+    machine: Name
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    command: list[str] = Field(min_length=1)  # an argv list, never a shell string
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    output_dir: str
+    launcher: Literal["local", "torchrun"] = "local"
+    nproc_per_node: int | None = Field(default=None, ge=1)
+    params: list[TrainerParam] = Field(default_factory=list)
+    checkpoint_dirs: list[str] = Field(default_factory=list)  # extra dirs to watch
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _argv_not_shell(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError("expected an argv list like [cetlab-train, --config, x.yaml], not a shell string")
+        return value
+
+
+# ---------------------------------------------------------------------------- alerts & console
+
+
+class Alerts(Strict):
+    temp_c: float = 85.0
+    temp_for_s: Duration = 30.0
+    vram_pct: float = Field(default=95.0, ge=0, le=100)
+    vram_for_s: Duration = 300.0
+    starved_util_pct: float = Field(default=50.0, ge=0, le=100)
+    starved_for_s: Duration = 120.0
+    no_improvement_steps: int = Field(default=1000, ge=1)
+    checkpoint_save_s: Duration = 30.0
+    disk_free_pct: float = Field(default=5.0, ge=0, le=100)
+    offline_for_s: Duration = 30.0
+    hysteresis_pct: float = Field(default=5.0, ge=0)  # a firing rule clears this far below its threshold
+
+
+class ConsoleSettings(Strict):
+    """Client side: how the console and the CLI reach the agents."""
+
+    key: str | None = None  # private key; default: platformdirs config dir / id_ed25519
+    known_hosts: str | None = None  # default: platformdirs config dir / known_hosts
+    trust_on_first_use: bool = False
+    keepalive_s: Positive = 5.0
+    call_timeout_s: Positive = 10.0
+    connect_timeout_s: Positive = 5.0
+
+
+class Lab(Strict):
+    lab: Name
+    costs: Costs = Field(default_factory=Costs)
+    cloud_prices: CloudPrices = Field(default_factory=CloudPrices)
+    machines: list[Machine] = Field(min_length=1)
+    models: list[Model] = Field(default_factory=list)
+    orchestra: Orchestra = Field(default_factory=Orchestra)
+    trainers: list[Trainer] = Field(default_factory=list)
+    alerts: Alerts = Field(default_factory=Alerts)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+
+    # Where the file was read from; relative paths in it are relative to its folder.
+    source: Path | None = Field(default=None, exclude=True)
+
+    def machine(self, name: str) -> Machine:
+        for machine in self.machines:
+            if machine.name == name:
+                return machine
+        raise KeyError(name)
+
+    def resolve(self, path: str | None) -> Path | None:
+        """A path from lab.yaml, made absolute against the lab file's folder."""
+        if path is None:
+            return None
+        p = Path(path).expanduser()
+        if not p.is_absolute() and self.source is not None:
+            p = self.source.parent / p
+        return p
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+class LabError(Exception):
+    """lab.yaml is unreadable or invalid; str() is one line per problem, file:line first."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _line_map(node: yaml.Node, path: tuple = (), lines: dict | None = None, dupes: list | None = None):
+    """Map every key path in the YAML tree to its 1-based line; note duplicate keys."""
+    lines = {} if lines is None else lines
+    dupes = [] if dupes is None else dupes
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen: set = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                dupes.append((path + (key,), key_node.start_mark.line + 1))
+            seen.add(key)
+            lines[path + (key,)] = key_node.start_mark.line + 1
+            _line_map(value_node, path + (key,), lines, dupes)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines[path + (i,)] = item.start_mark.line + 1
+            _line_map(item, path + (i,), lines, dupes)
+    return lines, dupes
+
+
+def format_path(path: tuple) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _data_path(data: Any, loc: tuple) -> tuple:
+    """Pydantic's error location reduced to the keys that exist in the YAML data."""
+    path: list = []
+    for part in loc:
+        if isinstance(part, int) and isinstance(data, list) and part < len(data):
+            path.append(part)
+            data = data[part]
+        elif isinstance(part, str) and isinstance(data, dict) and part in data:
+            path.append(part)
+            data = data[part]
+        elif isinstance(part, str) and isinstance(data, dict) and not path[-1:] == [part]:
+            # a missing or unknown key: name it, then stop
+            path.append(part)
+            break
+    return tuple(path)
+
+
+def _problem(source: str, lines: dict, path: tuple, message: str) -> str:
+    probe = path
+    while probe not in lines and probe:
+        probe = probe[:-1]
+    line = lines.get(probe, 1)
+    return f"{source}:{line}: {format_path(path)}: {message}"
+
+
+def _describe(error: dict) -> str:
+    message = error["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    if error["type"] == "extra_forbidden":
+        return "unknown key (check the spelling; see the README's lab.yaml reference)"
+    if error["type"] == "missing":
+        return "required key is missing"
+    got = error.get("input")
+    if error["type"] not in ("union_tag_invalid",) and not isinstance(got, (dict, list)):
+        message += f" (got {got!r})"
+    return message
+
+
+def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
+    """References between sections: machines named, GPUs present, names unique."""
+    problems: list[tuple[tuple, str]] = []
+    machines = {m.name: m for m in lab.machines}
+    for section in ("machines", "models", "trainers"):
+        seen: set[str] = set()
+        for i, item in enumerate(getattr(lab, section)):
+            if item.name in seen:
+                problems.append(((section, i, "name"), f"duplicate name {item.name!r}"))
+            seen.add(item.name)
+    for section in ("models", "trainers"):
+        for i, item in enumerate(getattr(lab, section)):
+            machine = machines.get(item.machine)
+            if machine is None:
+                problems.append(((section, i, "machine"), f"no machine named {item.machine!r} (machines: {', '.join(machines)})"))
+                continue
+            count = machine.gpu_count
+            for j, gpu in enumerate(item.gpus):
+                if count is not None and gpu >= count:
+                    problems.append(((section, i, "gpus", j), f"machine {machine.name} has {count} GPUs (0..{count - 1}), no GPU {gpu}"))
+    models = {m.name for m in lab.models}
+    for key in ("warm", "pinned"):
+        for i, name in enumerate(getattr(lab.orchestra, key)):
+            if name not in models:
+                problems.append((("orchestra", key, i), f"no model named {name!r}"))
+    for i, warm_set in enumerate(lab.orchestra.rotation):
+        for j, name in enumerate(warm_set):
+            if name not in models:
+                problems.append((("orchestra", "rotation", i, j), f"no model named {name!r}"))
+    for i, trainer in enumerate(lab.trainers):
+        if trainer.launcher == "torchrun" and not trainer.gpus and trainer.nproc_per_node is None:
+            problems.append((("trainers", i, "nproc_per_node"), "torchrun needs gpus or nproc_per_node"))
+    return problems
+
+
+def parse_lab(text: str, source: str = "lab.yaml", path: Path | None = None) -> Lab:
+    """Validate lab.yaml text; raises LabError naming file, line and key path."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise LabError([f"{source}:{line}: not valid YAML: {problem}"]) from None
+    if node is None or not isinstance(data, dict):
+        raise LabError([f"{source}:1: expected a mapping with at least 'lab:' and 'machines:'"])
+    lines, dupes = _line_map(node)
+    if dupes:
+        raise LabError([_problem(source, lines, p, "key given twice") for p, _ in dupes])
+    try:
+        lab = Lab.model_validate({**data, "source": path})
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            problem = _problem(source, lines, _data_path(data, error["loc"]), _describe(error))
+            if problem not in problems:
+                problems.append(problem)
+        raise LabError(problems) from None
+    cross = _cross_check(lab)
+    if cross:
+        raise LabError([_problem(source, lines, p, msg) for p, msg in cross])
+    return lab
+
+
+def load_lab(path: str | Path) -> Lab:
+    path = Path(path).expanduser()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise LabError([f"{path}: cannot read lab file: {exc.strerror or exc}"]) from None
+    return parse_lab(text, source=str(path), path=path.resolve())

@@ -1,0 +1,183 @@
+"""The wire contract between consoles and agents: message shapes, snapshots, error codes.
+
+JSON lines over one SSH session channel (subsystem ``cetlab``):
+
+    request   {"id": 1, "method": "hello", "params": {...}}
+    response  {"id": 1, "result": {...}}   or   {"id": 1, "error": {"code": "...", "message": "..."}}
+    event     {"event": "tick", "data": {...}}
+
+Units are in the field names: bytes, seconds, watts, percent, degrees Celsius.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROTOCOL_VERSION = 1
+SUBSYSTEM = "cetlab"
+# One JSON line may not exceed this; larger requests get TOO_LARGE and are discarded.
+MAX_MESSAGE_BYTES = 1024 * 1024
+SSH_USERNAME = "cetlab"
+
+
+class Role(StrEnum):
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+
+    def allows(self, needed: Role) -> bool:
+        return self is Role.OPERATOR or needed is Role.VIEWER
+
+
+class ErrorCode(StrEnum):
+    PARSE_ERROR = "parse_error"  # not JSON, or not UTF-8
+    INVALID_REQUEST = "invalid_request"  # JSON, but not a request object
+    TOO_LARGE = "too_large"  # line longer than MAX_MESSAGE_BYTES
+    METHOD_NOT_FOUND = "method_not_found"
+    INVALID_PARAMS = "invalid_params"
+    FORBIDDEN = "forbidden"  # the caller's role may not call this method
+    NOT_FOUND = "not_found"  # unknown job / model / checkpoint ...
+    CONFLICT = "conflict"  # GPUs taken, model already warm elsewhere ...
+    UNAVAILABLE = "unavailable"  # not supported on this machine, engine down ...
+    RATE_LIMITED = "rate_limited"
+    TIMEOUT = "timeout"  # client side: no answer in time
+    DISCONNECTED = "disconnected"  # client side: the machine is offline
+    INTERNAL = "internal"  # a bug in the agent; details are in its log, never on the wire
+
+
+class RemoteError(Exception):
+    """A typed error, raised by handlers and re-raised on the client side."""
+
+    def __init__(self, code: ErrorCode | str, message: str, data: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.code = ErrorCode(code) if code in ErrorCode._value2member_map_ else code
+        self.message = message
+        self.data = data
+
+    def to_wire(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": str(self.code), "message": self.message}
+        if self.data:
+            error["data"] = self.data
+        return error
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One message as a JSON line."""
+    return json.dumps(message, separators=(",", ":"), allow_nan=False, default=str).encode() + b"\n"
+
+
+# ---------------------------------------------------------------------------- snapshots
+
+
+class Snapshot(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class GpuProcess(Snapshot):
+    pid: int
+    user: str | None = None
+    command: str | None = None
+    mem_used_bytes: int | None = None
+
+
+class GpuSample(Snapshot):
+    """One GPU at one instant. ``None`` means N/A (unsupported by this GPU or driver)."""
+
+    index: int
+    name: str
+    uuid: str | None = None
+    util_pct: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    fan_pct: float | None = None
+    sm_clock_mhz: int | None = None
+    processes: list[GpuProcess] = Field(default_factory=list)
+    failed: str | None = None  # why this GPU stopped reporting (e.g. "GPU is lost")
+    simulated: bool = False
+
+
+class HostSample(Snapshot):
+    cpu_pct: float | None = None
+    cpu_count: int | None = None
+    load_1: float | None = None
+    load_5: float | None = None
+    load_15: float | None = None
+    ram_used_bytes: int | None = None
+    ram_total_bytes: int | None = None
+    swap_used_bytes: int | None = None
+    swap_total_bytes: int | None = None
+    disk_path: str | None = None
+    disk_used_bytes: int | None = None
+    disk_total_bytes: int | None = None
+    net_rx_bytes_per_s: float | None = None
+    net_tx_bytes_per_s: float | None = None
+
+
+class Telemetry(Snapshot):
+    """Everything sampled on one machine in one tick."""
+
+    machine: str
+    t: float  # unix time of the sample
+    gpus: list[GpuSample] = Field(default_factory=list)
+    host: HostSample = Field(default_factory=HostSample)
+    gpu_backend: str = "none"  # "nvml" | "sim" | "none"
+    gpu_status: str | None = None  # e.g. "no NVIDIA GPUs: NVML library not found"
+    simulated: bool = False
+
+
+class Hello(Snapshot):
+    protocol: int
+    agent_version: str
+    machine: str
+    lab: str
+    role: Role
+    capabilities: list[str]
+    simulated: bool
+    sample_interval_s: float
+    started_at: float
+
+
+# ---------------------------------------------------------------------------- methods
+
+
+class MethodSpec(BaseModel):
+    """How a method is exposed: who may call it and what its params look like."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    name: str
+    role: Role = Role.VIEWER
+    params: type[BaseModel] | None = None
+    doc: str = ""
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HistoryParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    since: float | None = None  # unix time; None = the whole ring buffer
+    max_points: int = Field(default=3600, ge=1, le=3600)
+
+
+class SubscribeParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    topics: list[str] = Field(default_factory=lambda: ["tick"])
+
+
+# Events pushed by the agent.
+EVENT_TICK = "tick"  # data: {"t", "changed": {section: value}} only what changed since the last tick
+EVENT_LOG = "log"  # data: {"job", "lines"}
+EVENT_NOTICE = "notice"  # data: {"level", "message"} (alerts, state changes worth a toast)

@@ -1,0 +1,316 @@
+"""The agent: samples its machine at a fixed rate, keeps history, serves and pushes it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Protocol
+
+from agents import __version__
+from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, ensure_key
+from agents.lab import Lab, Machine, SimGpus
+from agents.protocol import (
+    EVENT_TICK,
+    PROTOCOL_VERSION,
+    ErrorCode,
+    GpuSample,
+    Hello,
+    HistoryParams,
+    RemoteError,
+    SubscribeParams,
+    Telemetry,
+)
+from agents.rpc import Peer, Registry
+from agents.store import Store
+from agents.telemetry.host import HostSampler
+
+log = logging.getLogger("cetlab.agent")
+
+HISTORY_S = 3600  # one hour of samples at the sampling rate
+
+
+class GpuSampler(Protocol):
+    backend: str
+    simulated: bool
+    status: str | None
+
+    def sample(self) -> list[GpuSample]: ...
+
+    def close(self) -> None: ...
+
+
+class Component(Protocol):
+    """A part of the agent (jobs, orchestra, costs, alerts) plugged into its loop."""
+
+    name: str
+
+    async def start(self, agent: Agent) -> None: ...  # register methods on agent.rpc here
+
+    async def stop(self) -> None: ...
+
+    def on_telemetry(self, telemetry: Telemetry) -> None: ...  # called once per tick
+
+    def section(self) -> Any: ...  # JSON-able state pushed under `name` when it changes
+
+
+class _NoGpus:
+    backend = "none"
+    simulated = False
+
+    def __init__(self, status: str):
+        self.status = status
+
+    def sample(self) -> list[GpuSample]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def open_gpu_sampler(machine: Machine) -> GpuSampler:
+    if isinstance(machine.gpus, SimGpus):
+        from agents.telemetry.sim import SimSampler
+
+        return SimSampler(machine.gpus.sim, seed=machine.gpus.seed)
+    if machine.gpus == "none":
+        return _NoGpus("no GPUs (lab.yaml says gpus: none)")
+    from agents.telemetry.nvml import NvmlSampler
+
+    return NvmlSampler()
+
+
+class History:
+    """Ring buffer of compact samples: one hour at the sampling rate."""
+
+    def __init__(self, interval_s: float):
+        self.rows: deque[tuple] = deque(maxlen=max(1, int(HISTORY_S / interval_s)))
+
+    def add(self, t: Telemetry) -> None:
+        gpus = tuple((g.util_pct, g.mem_used_bytes, g.temp_c, g.power_w) for g in t.gpus)
+        self.rows.append((t.t, gpus, t.host.cpu_pct, t.host.ram_used_bytes))
+
+    def export(self, since: float | None, max_points: int) -> dict[str, Any]:
+        rows = [r for r in self.rows if since is None or r[0] > since]
+        step = max(1, -(-len(rows) // max_points))  # ceil: keep at most max_points
+        rows = rows[::step]
+        n_gpus = max((len(r[1]) for r in rows), default=0)
+        gpus = []
+        for i in range(n_gpus):
+            cols = [[r[1][i][k] if i < len(r[1]) else None for r in rows] for k in range(4)]
+            gpus.append({"index": i, "util_pct": cols[0], "mem_used_bytes": cols[1], "temp_c": cols[2], "power_w": cols[3]})
+        return {
+            "t": [r[0] for r in rows],
+            "gpus": gpus,
+            "host": {"cpu_pct": [r[2] for r in rows], "ram_used_bytes": [r[3] for r in rows]},
+        }
+
+
+class Agent:
+    def __init__(
+        self,
+        lab: Lab,
+        machine: str,
+        state_dir: Path,
+        listen: tuple[str, int] | None = None,
+        gpu_sampler: GpuSampler | None = None,
+        components: list[Component] | None = None,
+    ):
+        self.lab = lab
+        self.machine = lab.machine(machine)
+        self.state_dir = state_dir
+        self.listen_addr = listen or (self.machine.host, self.machine.port)
+        self.interval_s = self.machine.sample_interval_s
+        self.gpus = gpu_sampler or open_gpu_sampler(self.machine)
+        self.host = HostSampler(str(state_dir))
+        self.history = History(self.interval_s)
+        self.rpc = Registry()
+        self.peers: set[Peer] = set()
+        self.components: list[Component] = components if components is not None else default_components()
+        self.latest: Telemetry | None = None
+        self.started_at = time.time()
+        self.store: Store | None = None
+        self._acceptor = None
+        self._loop_task: asyncio.Task | None = None
+        self._last_sections: dict[str, Any] = {}
+        self._last_gpus: dict[int, dict] = {}
+        self.ticks = 0
+        self._register_core()
+
+    @property
+    def simulated(self) -> bool:
+        return self.gpus.simulated
+
+    # -- lifecycle
+
+    async def start(self) -> None:
+        from agents import server
+
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.state_dir.chmod(0o700)
+        host_key = ensure_key(self.state_dir / HOST_KEY_NAME, comment=f"cetlab-agent@{self.machine.name}")
+        authorized = AuthorizedKeys(self.state_dir / AUTHORIZED_KEYS_NAME)
+        authorized.entries()  # refuse a malformed or too-open file now, not at the first login
+        self.store = Store(self.state_dir / "state.db")
+        for component in self.components:
+            await component.start(self)
+        self._tick()  # a first sample before anyone connects
+        self._loop_task = asyncio.create_task(self._run_loop(), name="telemetry")
+        self._acceptor = await server.listen(self, self.listen_addr[0], self.listen_addr[1], host_key, authorized)
+        log.info(
+            "agent for %s listening on %s:%s (%s GPUs: %s)",
+            self.machine.name, *self.listen_addr, self.gpus.backend, self.gpus.status or "ok",
+        )
+
+    @property
+    def bound_port(self) -> int:
+        return self._acceptor.sockets[0].getsockname()[1] if self._acceptor else self.listen_addr[1]
+
+    async def stop(self) -> None:
+        if self._acceptor is not None:
+            self._acceptor.close()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        for component in reversed(self.components):
+            try:
+                await component.stop()
+            except Exception:
+                log.exception("stopping %s failed", component.name)
+        self.gpus.close()
+        if self.store is not None:
+            self.store.close()
+
+    # -- sampling
+
+    async def _run_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            next_at += self.interval_s
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            if loop.time() - next_at > self.interval_s:  # fell behind (suspend, overload): skip, don't burst
+                next_at = loop.time()
+            try:
+                if self.gpus.backend == "nvml":
+                    gpus = await asyncio.to_thread(self.gpus.sample)
+                    self._tick(gpus)
+                else:
+                    self._tick()
+            except Exception:
+                log.exception("tick failed")
+
+    def _tick(self, gpus: list[GpuSample] | None = None) -> None:
+        telemetry = Telemetry(
+            machine=self.machine.name,
+            t=time.time(),
+            gpus=gpus if gpus is not None else self.gpus.sample(),
+            host=self.host.sample(),
+            gpu_backend=self.gpus.backend,
+            gpu_status=self.gpus.status,
+            simulated=self.gpus.simulated,
+        )
+        self.latest = telemetry
+        self.history.add(telemetry)
+        self.ticks += 1
+        for component in self.components:
+            try:
+                component.on_telemetry(telemetry)
+            except Exception:
+                log.exception("%s.on_telemetry failed", component.name)
+        self._broadcast(telemetry)
+
+    def sections(self) -> dict[str, Any]:
+        """The whole state pushed to consoles, by section."""
+        t = self.latest
+        sections: dict[str, Any] = {}
+        if t is not None:
+            sections["host"] = t.host.model_dump(mode="json")
+            sections["gpu_status"] = {"backend": t.gpu_backend, "status": t.gpu_status, "simulated": t.simulated}
+        for component in self.components:
+            try:
+                sections[component.name] = component.section()
+            except Exception:
+                log.exception("%s.section failed", component.name)
+        return sections
+
+    def _broadcast(self, telemetry: Telemetry) -> None:
+        sections = self.sections()
+        gpus = {g.index: g.model_dump(mode="json") for g in telemetry.gpus}
+        changed = {k: v for k, v in sections.items() if self._last_sections.get(k) != v}
+        changed_gpus = [g for i, g in gpus.items() if self._last_gpus.get(i) != g]
+        self._last_sections, self._last_gpus = sections, gpus
+        for peer in list(self.peers):
+            if EVENT_TICK not in peer.topics:
+                continue
+            if peer.wants_full:
+                peer.wants_full = False
+                peer.push(EVENT_TICK, {"t": telemetry.t, "full": True, "changed": {**sections, "gpus": list(gpus.values())}})
+            else:
+                peer.push(EVENT_TICK, {"t": telemetry.t, "full": False, "changed": {**changed, "gpus": changed_gpus}})
+
+    def notify(self, event: str, data: Any) -> None:
+        """Push an event to every subscriber of its topic."""
+        for peer in list(self.peers):
+            if event in peer.topics:
+                peer.push(event, data)
+
+    # -- core methods
+
+    def _register_core(self) -> None:
+        rpc = self.rpc
+
+        @rpc.method("hello", doc="Versions, capabilities and the caller's role. Call it first.")
+        async def hello(peer: Peer, _params) -> dict:
+            return Hello(
+                protocol=PROTOCOL_VERSION,
+                agent_version=__version__,
+                machine=self.machine.name,
+                lab=self.lab.lab,
+                role=peer.role,
+                capabilities=["telemetry", "history", *(c.name for c in self.components)],
+                simulated=self.simulated,
+                sample_interval_s=self.interval_s,
+                started_at=self.started_at,
+            ).model_dump(mode="json")
+
+        @rpc.method("ping", doc="Round trip; returns the agent's clock.")
+        async def ping(peer: Peer, _params) -> dict:
+            return {"t": time.time()}
+
+        @rpc.method("status", doc="The latest sample and every section, whole.")
+        async def status(peer: Peer, _params) -> dict:
+            if self.latest is None:
+                raise RemoteError(ErrorCode.UNAVAILABLE, "no sample yet")
+            return {
+                "t": self.latest.t,
+                "machine": self.machine.name,
+                "simulated": self.simulated,
+                "gpus": [g.model_dump(mode="json") for g in self.latest.gpus],
+                **self.sections(),
+            }
+
+        @rpc.method("history", params=HistoryParams, doc="Samples from the one-hour ring buffer.")
+        async def history(peer: Peer, params: HistoryParams) -> dict:
+            return {"interval_s": self.interval_s, "simulated": self.simulated, **self.history.export(params.since, params.max_points)}
+
+        @rpc.method("subscribe", params=SubscribeParams, doc="Push events: tick (state diffs), log, notice.")
+        async def subscribe(peer: Peer, params: SubscribeParams) -> dict:
+            peer.topics.update(params.topics)
+            peer.wants_full = True
+            return {"topics": sorted(peer.topics)}
+
+        @rpc.method("unsubscribe", params=SubscribeParams)
+        async def unsubscribe(peer: Peer, params: SubscribeParams) -> dict:
+            peer.topics.difference_update(params.topics)
+            return {"topics": sorted(peer.topics)}
+
+        @rpc.method("methods", doc="Every method with its role and doc.")
+        async def methods(peer: Peer, _params) -> list:
+            return [{"name": s.name, "role": s.role, "doc": s.doc} for s in self.rpc.specs.values()]
+
+
+def default_components() -> list[Component]:
+    """The parts every agent runs; each later subsystem adds itself here."""
+    return []

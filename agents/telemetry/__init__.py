@@ -1,0 +1,1 @@
+"""Samplers: GPUs through NVML or the simulator, the host through psutil."""

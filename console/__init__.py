@@ -1,0 +1,1 @@
+"""cetlab console: the Textual app, the CLI and the FleetClient they share."""

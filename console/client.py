@@ -1,0 +1,307 @@
+"""FleetClient: one SSH channel per agent, reconnects, calls and subscriptions. No Textual."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import asyncssh
+from platformdirs import user_config_path
+
+from agents.lab import Lab, Machine
+from agents.protocol import EVENT_TICK, PROTOCOL_VERSION, SSH_USERNAME, SUBSYSTEM, ErrorCode, RemoteError, encode
+from console.state import LabState
+
+log = logging.getLogger("cetlab.client")
+
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+def default_key_path() -> Path:
+    return user_config_path("cetlab") / "id_ed25519"
+
+
+def default_known_hosts() -> Path:
+    return user_config_path("cetlab") / "known_hosts"
+
+
+def host_pattern(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def known_hosts_has(path: Path, host: str, port: int) -> bool:
+    if not path.exists():
+        return False
+    pattern = host_pattern(host, port)
+    return any(line.split(None, 1)[0].split(",").count(pattern) for line in path.read_text().splitlines() if line.strip() and not line.startswith("#"))
+
+
+@dataclass
+class _Link:
+    """The live connection to one agent."""
+
+    machine: Machine
+    conn: asyncssh.SSHClientConnection | None = None
+    writer: asyncssh.SSHWriter | None = None
+    task: asyncio.Task | None = None
+    connected: asyncio.Event | None = None
+    pending: dict | None = None
+    backoff_s: float = BACKOFF_START_S
+
+
+class FleetClient:
+    """Connects to every machine of a lab at once and keeps a LabState current."""
+
+    def __init__(
+        self,
+        lab: Lab,
+        state: LabState | None = None,
+        *,
+        key_path: Path | None = None,
+        known_hosts: Path | None = None,
+        trust_on_first_use: bool | None = None,
+        subscribe: list[str] | None = None,
+        on_event: Callable[[str, str, Any], None] | None = None,
+        reconnect: bool = True,
+    ):
+        self.lab = lab
+        self.state = state or LabState(lab)
+        settings = lab.console
+        self.key_path = key_path or lab.resolve(settings.key) or default_key_path()
+        self.known_hosts = known_hosts or lab.resolve(settings.known_hosts) or default_known_hosts()
+        self.trust_on_first_use = settings.trust_on_first_use if trust_on_first_use is None else trust_on_first_use
+        self.keepalive_s = settings.keepalive_s
+        self.call_timeout_s = settings.call_timeout_s
+        self.connect_timeout_s = settings.connect_timeout_s
+        self.topics = subscribe if subscribe is not None else [EVENT_TICK]
+        self.on_event = on_event
+        self.reconnect = reconnect
+        self._ids = itertools.count(1)
+        self._links = {m.name: _Link(m) for m in lab.machines}
+        self._client_key: asyncssh.SSHKey | None = None
+        self.calls_timed_out = 0
+
+    # -- lifecycle
+
+    async def start(self) -> None:
+        try:
+            self._client_key = asyncssh.read_private_key(self.key_path)
+        except (OSError, asyncssh.KeyImportError) as exc:
+            for name in self._links:
+                self.state.set_link(name, "refused", f"cannot read the console key {self.key_path}: {exc}")
+            return
+        for link in self._links.values():
+            link.connected = asyncio.Event()
+            link.task = asyncio.create_task(self._run(link), name=f"link-{link.machine.name}")
+
+    async def stop(self) -> None:
+        for link in self._links.values():
+            if link.task:
+                link.task.cancel()
+            if link.conn:
+                link.conn.close()
+        await asyncio.gather(*(link.task for link in self._links.values() if link.task), return_exceptions=True)
+
+    async def __aenter__(self) -> FleetClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def wait_connected(self, timeout: float) -> None:
+        """Wait until every machine is online or has failed its first attempt."""
+        async def one(name: str) -> None:
+            link = self._links[name]
+            while self.state.machines[name].link == "connecting" and link.connected is not None:
+                await asyncio.sleep(0.05)
+
+        try:
+            await asyncio.wait_for(asyncio.gather(*(one(n) for n in self._links)), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    # -- calls
+
+    async def call(self, machine: str, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
+        """Call a method on one agent; raises RemoteError (typed) on any failure."""
+        link = self._links.get(machine)
+        if link is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no machine named {machine!r} in the lab")
+        if link.writer is None or link.pending is None:
+            view = self.state.machines[machine]
+            raise RemoteError(ErrorCode.DISCONNECTED, f"{machine} is {view.link}" + (f": {view.error}" if view.error else ""))
+        request_id = next(self._ids)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        link.pending[request_id] = future
+        try:
+            link.writer.write(encode({"id": request_id, "method": method, "params": params or {}}))
+            return await asyncio.wait_for(future, timeout or self.call_timeout_s)
+        except asyncio.TimeoutError:
+            self.calls_timed_out += 1
+            raise RemoteError(ErrorCode.TIMEOUT, f"{machine} did not answer {method} within {timeout or self.call_timeout_s:.0f} s") from None
+        except (asyncssh.Error, OSError) as exc:
+            raise RemoteError(ErrorCode.DISCONNECTED, f"{machine}: connection lost ({exc})") from None
+        finally:
+            if link.pending is not None:
+                link.pending.pop(request_id, None)
+
+    async def call_all(self, method: str, params: dict | None = None, timeout: float | None = None) -> dict[str, Any]:
+        """Call every machine; each value is a result or the RemoteError it raised."""
+        names = list(self._links)
+        results = await asyncio.gather(*(self.call(n, method, params, timeout) for n in names), return_exceptions=True)
+        return dict(zip(names, results))
+
+    # -- the connection loop
+
+    async def _run(self, link: _Link) -> None:
+        name = link.machine.name
+        while True:
+            try:
+                await self._session(link)
+                error = "the agent closed the connection"
+                self.state.set_link(name, "offline", error)
+            except asyncssh.HostKeyNotVerifiable as exc:
+                self.state.set_link(name, "untrusted", self._host_key_problem(link.machine, exc))
+                link.backoff_s = BACKOFF_MAX_S
+            except asyncssh.PermissionDenied:
+                self.state.set_link(name, "refused", f"the agent refused our key {self.key_path}.pub: authorize it with `cetlab-agent authorize --machine {name} --role operator KEY.pub` on {name}")
+                link.backoff_s = BACKOFF_MAX_S
+            except RemoteError as exc:
+                self.state.set_link(name, "offline", exc.message)
+            except (OSError, asyncssh.Error, asyncio.TimeoutError, ConnectionError) as exc:
+                self.state.set_link(name, "offline", _describe(exc))
+            finally:
+                self._drop(link)
+            if link.connected is not None:
+                link.connected.set()
+            if not self.reconnect:
+                return
+            delay = link.backoff_s * (0.8 + 0.4 * random.random())
+            link.backoff_s = min(BACKOFF_MAX_S, link.backoff_s * 2)
+            await asyncio.sleep(delay)
+
+    def _host_key_problem(self, machine: Machine, exc: Exception) -> str:
+        where = f"{machine.host}:{machine.port}"
+        if known_hosts_has(self.known_hosts, machine.host, machine.port):
+            return (f"HOST KEY CHANGED for {machine.name} at {where}: refusing to connect. If the agent was "
+                    f"reinstalled on purpose, remove the line for {host_pattern(machine.host, machine.port)} from {self.known_hosts}")
+        return (f"unknown host key for {machine.name} at {where}: not in {self.known_hosts}. Add it "
+                f"(`cetlab-agent host-key` on the machine) or connect once with --trust-new-hosts")
+
+    async def _trust_new_host(self, machine: Machine) -> None:
+        if not self.trust_on_first_use or known_hosts_has(self.known_hosts, machine.host, machine.port):
+            return
+        key = await asyncio.wait_for(asyncssh.get_server_host_key(machine.host, machine.port), self.connect_timeout_s)
+        if key is None:
+            return
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        with self.known_hosts.open("a") as f:
+            f.write(f"{host_pattern(machine.host, machine.port)} {key.export_public_key().decode().strip()}\n")
+        log.warning("trusted the new host key of %s (%s) on first use", machine.name, key.get_fingerprint())
+
+    async def _session(self, link: _Link) -> None:
+        machine = link.machine
+        await self._trust_new_host(machine)
+        conn = await asyncio.wait_for(
+            asyncssh.connect(
+                machine.host,
+                machine.port,
+                username=SSH_USERNAME,
+                client_keys=[self._client_key],
+                known_hosts=str(self.known_hosts),
+                agent_path=None,
+                config=None,
+                keepalive_interval=self.keepalive_s,
+                keepalive_count_max=2,
+                preferred_auth="publickey",
+            ),
+            self.connect_timeout_s,
+        )
+        link.conn = conn
+        writer, reader, _stderr = await conn.open_session(subsystem=SUBSYSTEM, encoding=None)
+        link.writer, link.pending = writer, {}
+        reader_task = asyncio.create_task(self._read(link, reader))
+        try:
+            hello = await self.call(machine.name, "hello", timeout=self.connect_timeout_s)
+            if hello.get("protocol") != PROTOCOL_VERSION:
+                raise RemoteError(ErrorCode.UNAVAILABLE, f"agent speaks protocol {hello.get('protocol')}, this console {PROTOCOL_VERSION}: upgrade one of them")
+            self.state.set_hello(machine.name, hello)
+            if self.topics:
+                await self.call(machine.name, "subscribe", {"topics": self.topics})
+            else:  # no stream: take one snapshot so the state is not empty
+                self.state.apply_status(machine.name, await self.call(machine.name, "status"))
+            self.state.set_link(machine.name, "online")
+            link.backoff_s = BACKOFF_START_S
+            if link.connected is not None:
+                link.connected.set()
+            await self._watch(link, reader_task, hello.get("sample_interval_s", 1.0))
+        finally:
+            reader_task.cancel()
+
+    async def _watch(self, link: _Link, reader_task: asyncio.Task, interval_s: float) -> None:
+        """Return when the stream ends or goes silent (faster than SSH keepalives notice)."""
+        silent_after = max(3 * interval_s + 2.0, self.keepalive_s * 2)
+        while not reader_task.done():
+            await asyncio.wait({reader_task}, timeout=1.0)
+            view = self.state.machines[link.machine.name]
+            if self.topics and view.last_seen and time.time() - view.last_seen > silent_after:
+                raise RemoteError(ErrorCode.DISCONNECTED, f"no data for {time.time() - view.last_seen:.0f} s")
+        reader_task.result()
+
+    async def _read(self, link: _Link, reader: asyncssh.SSHReader) -> None:
+        name = link.machine.name
+        while True:
+            line = await reader.readline()
+            if not line:
+                return
+            try:
+                message = json.loads(line)
+            except ValueError:
+                log.warning("%s sent a line that is not JSON", name)
+                continue
+            if "event" in message:
+                event, data = message["event"], message.get("data")
+                if event == EVENT_TICK:
+                    self.state.apply_tick(name, data)
+                if self.on_event is not None:
+                    self.on_event(name, event, data)
+                continue
+            future = link.pending.get(message.get("id")) if link.pending is not None else None
+            if future is None or future.done():
+                if "error" in message:
+                    log.warning("%s: %s", name, message["error"].get("message"))
+                continue
+            if "error" in message:
+                error = message["error"]
+                future.set_exception(RemoteError(error.get("code", "internal"), error.get("message", ""), error.get("data")))
+            else:
+                future.set_result(message.get("result"))
+
+    def _drop(self, link: _Link) -> None:
+        if link.pending:
+            for future in link.pending.values():
+                if not future.done():
+                    future.set_exception(RemoteError(ErrorCode.DISCONNECTED, f"{link.machine.name}: connection lost"))
+        link.pending, link.writer = None, None
+        if link.conn is not None:
+            link.conn.close()
+            link.conn = None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return "no answer (timed out)"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (is the agent running?)"
+    if isinstance(exc, asyncssh.DisconnectError):
+        return f"disconnected: {exc.reason}"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,156 @@
+"""The demo lab: real agent processes on loopback, real SSH, fresh keys, simulated GPUs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, write_private
+from agents.lab import load_lab
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# GPUs of the emulated machines of `--scale N`: 8 each, mixed like a real second-hand lab.
+SCALE_GPUS = [
+    {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250, "profile": "training"},
+    {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250, "profile": "training"},
+    {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250, "profile": "serving"},
+    {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250, "profile": "serving"},
+    {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250, "profile": "bursty"},
+    {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250, "profile": "bursty"},
+    {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "serving"},
+    {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "idle"},
+]
+
+
+def bundled_lab() -> Path:
+    """The demo lab.yaml: the repository's, or the copy shipped inside the wheel."""
+    repo = REPO_ROOT / "lab.yaml"
+    if repo.exists():
+        return repo
+    return Path(str(resources.files("console") / "demo_lab.yaml"))
+
+
+def free_ports(count: int) -> list[int]:
+    sockets, ports = [], []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        sockets.append(s)
+        ports.append(s.getsockname()[1])
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _scaled(data: dict[str, Any], scale: int) -> dict[str, Any]:
+    machines = [
+        {"name": f"node{i:03d}", "role": "emulated", "idle_watts": 200, "gpus": {"seed": i, "sim": SCALE_GPUS}}
+        for i in range(scale)
+    ]
+    return {**data, "lab": f"{data.get('lab', 'lab')}-x{scale}", "machines": machines, "models": [], "trainers": [], "orchestra": {}}
+
+
+class DemoLab:
+    """Writes DIR/lab.yaml (client side complete) and runs one agent per machine."""
+
+    def __init__(self, directory: Path, source: Path | None = None, scale: int | None = None, agents_per_process: int = 1):
+        self.dir = directory.resolve()
+        self.source = source or bundled_lab()
+        self.scale = scale
+        self.agents_per_process = agents_per_process
+        self.lab_path = self.dir / "lab.yaml"
+        self.processes: list[subprocess.Popen] = []
+
+    def prepare(self) -> Path:
+        load_lab(self.source)  # a broken source lab fails here, with file and line
+        data = yaml.safe_load(self.source.read_text())
+        if self.scale:
+            data = _scaled(data, self.scale)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        assets = self.source.parent / "demo"
+        if assets.is_dir() and not (self.dir / "demo").exists():
+            shutil.copytree(assets, self.dir / "demo")
+        console_dir = self.dir / "console"
+        client_key = ensure_key(console_dir / "id_ed25519", comment="cetlab-demo-console")
+        client_pub = client_key.export_public_key().decode().split()
+        ports = free_ports(len(data["machines"]))
+        known_hosts = []
+        for machine, port in zip(data["machines"], ports):
+            machine.update(host="127.0.0.1", port=port, via="agent")
+            state = self.dir / "agents" / machine["name"]
+            host_key = ensure_key(state / HOST_KEY_NAME, comment=f"cetlab-agent@{machine['name']}")
+            write_private(state / AUTHORIZED_KEYS_NAME, f"operator {client_pub[0]} {client_pub[1]} demo-console\n".encode())
+            known_hosts.append(f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}")
+        (console_dir / "known_hosts").write_text("\n".join(known_hosts) + "\n")
+        data["console"] = {**(data.get("console") or {}), "key": "console/id_ed25519", "known_hosts": "console/known_hosts"}
+        header = "# Written by `cetlab demo`: the demo lab on loopback, with this run's ports and keys.\n"
+        self.lab_path.write_text(header + yaml.safe_dump(data, sort_keys=False))
+        load_lab(self.lab_path)
+        return self.lab_path
+
+    def machine_names(self) -> list[str]:
+        return [m["name"] for m in yaml.safe_load(self.lab_path.read_text())["machines"]]
+
+    def start(self) -> None:
+        self.prepare()
+        names = self.machine_names()
+        step = max(1, self.agents_per_process)
+        for i in range(0, len(names), step):
+            group = names[i : i + step]
+            state_dir = self.dir / "agents" / group[0] if len(group) == 1 else self.dir / "agents"
+            argv = [sys.executable, "-m", "agents.daemon", "--log-level", "warning", "serve", "--lab", str(self.lab_path),
+                    "--state-dir", str(state_dir), "--parent-pid", str(os.getpid())]
+            for name in group:
+                argv += ["--machine", name]
+            log = open(self.dir / "agents" / f"{group[0]}.log", "ab")
+            self.processes.append(subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True))
+            log.close()
+
+    def wait_listening(self, timeout: float = 30.0) -> None:
+        """Block until every agent accepts TCP connections (or one of them died)."""
+        data = yaml.safe_load(self.lab_path.read_text())
+        deadline = time.monotonic() + timeout
+        pending = {(m["host"], m["port"]) for m in data["machines"]}
+        while pending and time.monotonic() < deadline:
+            for proc in self.processes:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"a demo agent exited with code {proc.returncode}; see {self.dir / 'agents'}/*.log")
+            for addr in list(pending):
+                try:
+                    socket.create_connection(addr, timeout=0.2).close()
+                    pending.discard(addr)
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        if pending:
+            raise RuntimeError(f"demo agents not listening after {timeout:.0f} s: {sorted(pending)}")
+
+    def stop(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.processes.clear()
+
+    def __enter__(self) -> DemoLab:
+        self.start()
+        self.wait_listening()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,338 @@
+"""NvmlSampler against a stand-in pynvml: the real module's error classes and constants, fake devices."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pynvml
+import pytest
+
+from agents.protocol import GpuProcess, GpuSample
+from agents.telemetry.nvml import COMMAND_MAX_CHARS, GPU_LOST, NvmlSampler
+
+GiB = 1024**3
+# Taken from the installed nvidia-ml-py so the stand-in raises exactly what the real one raises.
+MIRRORED = (
+    "NVMLError",
+    "NVMLError_NotSupported",
+    "NVMLError_GpuIsLost",
+    "NVMLError_LibraryNotFound",
+    "NVMLLibraryMismatchError",
+    "NVML_ERROR_GPU_IS_LOST",
+    "NVML_ERROR_LIBRARY_NOT_FOUND",
+    "NVML_ERROR_DRIVER_NOT_LOADED",
+    "NVML_ERROR_NO_PERMISSION",
+    "NVML_TEMPERATURE_GPU",
+    "NVML_CLOCK_SM",
+)
+NOT_AVAILABLE_BYTES = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+
+
+def gpu(name: str | bytes = "NVIDIA H100 80GB HBM3", **fields: Any) -> dict[str, Any]:
+    """One fake GPU's answers; a value that is an exception is raised by its query instead."""
+    return {
+        "name": name,
+        "uuid": f"GPU-{name!s}",
+        "util": 37,
+        "mem_used": 20 * GiB,
+        "mem_total": 80 * GiB,
+        "temp": 61,
+        "power_mw": 312_500,
+        "enforced_limit_mw": 700_000,
+        "management_limit_mw": 650_000,
+        "fan": 42,
+        "sm_clock": 1980,
+        "compute": [],
+        "graphics": [],
+        **fields,
+    }
+
+
+class FakeNvml:
+    """Stands in for the pynvml module; counts every device query as (field, GPU index)."""
+
+    def __init__(self, *gpus: dict[str, Any], init_error: Exception | None = None):
+        self.gpus = list(gpus)
+        self.init_error = init_error
+        self.calls: Counter[tuple[str, int]] = Counter()
+        self.shutdowns = 0
+        self.shutdown_error: Exception | None = None
+
+    def _get(self, index: int, key: str) -> Any:
+        self.calls[key, index] += 1
+        value = self.gpus[index][key]
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+        if self.shutdown_error is not None:
+            raise self.shutdown_error
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        self.gpus[index].setdefault("handle", index)
+        return self._get(index, "handle")
+
+    def nvmlDeviceGetName(self, h: int) -> str | bytes:
+        return self._get(h, "name")
+
+    def nvmlDeviceGetUUID(self, h: int) -> str | bytes:
+        return self._get(h, "uuid")
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
+        return SimpleNamespace(gpu=self._get(h, "util"), memory=5)
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
+        total, used = self._get(h, "mem_total"), self._get(h, "mem_used")
+        return SimpleNamespace(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return self._get(h, "temp")
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return self._get(h, "power_mw")
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        return self._get(h, "enforced_limit_mw")
+
+    def nvmlDeviceGetPowerManagementLimit(self, h: int) -> int:
+        return self._get(h, "management_limit_mw")
+
+    def nvmlDeviceGetFanSpeed(self, h: int) -> int:
+        return self._get(h, "fan")
+
+    def nvmlDeviceGetClockInfo(self, h: int, clock_type: int) -> int:
+        assert clock_type == pynvml.NVML_CLOCK_SM
+        return self._get(h, "sm_clock")
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+        return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in self._get(h, "compute")]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+        return [SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in self._get(h, "graphics")]
+
+
+for _name in MIRRORED:
+    setattr(FakeNvml, _name, getattr(pynvml, _name))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def vanished_pid() -> int:
+    return next(pid for pid in range(4_000_000, 3_000_000, -1) if not psutil.pid_exists(pid))
+
+
+def test_two_healthy_gpus_report_in_protocol_units():
+    nvml = FakeNvml(gpu(), gpu("NVIDIA A100-SXM4-40GB", util=0, mem_used=0, mem_total=40 * GiB, fan=0))
+    sampler = NvmlSampler(nvml)
+
+    assert sampler.status is None
+    assert sampler.sample() == [
+        GpuSample(
+            index=0,
+            name="NVIDIA H100 80GB HBM3",
+            uuid="GPU-NVIDIA H100 80GB HBM3",
+            util_pct=37.0,
+            mem_used_bytes=20 * GiB,
+            mem_total_bytes=80 * GiB,
+            temp_c=61.0,
+            power_w=312.5,
+            power_limit_w=700.0,
+            fan_pct=42.0,
+            sm_clock_mhz=1980,
+        ),
+        GpuSample(
+            index=1,
+            name="NVIDIA A100-SXM4-40GB",
+            uuid="GPU-NVIDIA A100-SXM4-40GB",
+            util_pct=0.0,
+            mem_used_bytes=0,
+            mem_total_bytes=40 * GiB,
+            temp_c=61.0,
+            power_w=312.5,
+            power_limit_w=700.0,
+            fan_pct=0.0,
+            sm_clock_mhz=1980,
+        ),
+    ]
+
+
+def test_handles_names_and_memory_total_are_fetched_once():
+    nvml = FakeNvml(gpu())
+    sampler = NvmlSampler(nvml)
+    nvml.gpus[0]["mem_total"] = 1
+    samples = [sampler.sample()[0] for _ in range(3)]
+
+    assert nvml.calls["handle", 0] == nvml.calls["name", 0] == nvml.calls["uuid", 0] == 1
+    assert [s.mem_total_bytes for s in samples] == [80 * GiB] * 3
+    assert nvml.calls["util", 0] == 3
+
+
+def test_old_bindings_returning_bytes_give_str():
+    sample = NvmlSampler(FakeNvml(gpu(b"Tesla V100-SXM2-16GB", uuid=b"GPU-5e1f"))).sample()[0]
+
+    assert (sample.name, sample.uuid) == ("Tesla V100-SXM2-16GB", "GPU-5e1f")
+
+
+def test_unsupported_fields_are_none_and_the_rest_report():
+    not_supported = pynvml.NVMLError_NotSupported()
+    nvml = FakeNvml(gpu("GeForce GTX 1080", fan=not_supported, temp=pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)))
+    sample = NvmlSampler(nvml).sample()[0]
+
+    assert sample.fan_pct is None and sample.temp_c is None
+    assert (sample.util_pct, sample.power_w, sample.sm_clock_mhz) == (37.0, 312.5, 1980)
+    assert sample.failed is None
+
+
+@pytest.mark.parametrize("enforced_missing", [False, True], ids=["not-supported", "old-bindings"])
+def test_power_limit_falls_back_to_the_management_limit(monkeypatch, enforced_missing):
+    if enforced_missing:
+        monkeypatch.delattr(FakeNvml, "nvmlDeviceGetEnforcedPowerLimit")
+    nvml = FakeNvml(gpu(enforced_limit_mw=pynvml.NVMLError_NotSupported()))
+
+    assert NvmlSampler(nvml).sample()[0].power_limit_w == 650.0
+
+
+@pytest.mark.parametrize("lost_on", ["uuid", "temp", "compute"])
+def test_a_lost_gpu_is_marked_failed_and_never_queried_again(lost_on):
+    nvml = FakeNvml(gpu(), gpu("NVIDIA A100-SXM4-40GB", **{lost_on: pynvml.NVMLError_GpuIsLost()}))
+    sampler = NvmlSampler(nvml)
+
+    first = sampler.sample()
+    calls_on_lost_gpu = {key: n for key, n in nvml.calls.items() if key[1] == 1}
+    nvml.gpus[0]["util"] = 99
+    second = sampler.sample()
+
+    lost = GpuSample(index=1, name="NVIDIA A100-SXM4-40GB", failed=GPU_LOST)
+    assert first[1] == second[1] == lost
+    assert (first[0].util_pct, second[0].util_pct) == (37.0, 99.0)
+    assert second[0].failed is None and second[0].power_w == 312.5
+    assert {key: n for key, n in nvml.calls.items() if key[1] == 1} == calls_on_lost_gpu
+
+
+def test_a_gpu_without_a_handle_is_failed_and_the_others_report():
+    nvml = FakeNvml(gpu(), gpu(handle=pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)))
+    samples = NvmlSampler(nvml).sample()
+
+    assert samples[0].util_pct == 37.0
+    assert samples[1] == GpuSample(index=1, name="N/A", failed="Insufficient Permissions")
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "NVML library not found (is the NVIDIA driver installed?)"),
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "NVIDIA driver not loaded"),
+        (pynvml.NVML_ERROR_UNKNOWN, "Unknown Error"),
+    ],
+)
+def test_init_failure_sets_status_and_samples_nothing(code, reason):
+    nvml = FakeNvml(gpu(), init_error=pynvml.NVMLError(code))
+    sampler = NvmlSampler(nvml)
+
+    assert sampler.status == f"no NVIDIA GPUs: {reason}"
+    assert sampler.sample() == []
+    sampler.close()
+    assert nvml.shutdowns == 0
+
+
+def test_library_not_found_class_at_init():
+    sampler = NvmlSampler(FakeNvml(gpu(), init_error=pynvml.NVMLError_LibraryNotFound()))
+
+    assert sampler.status == "no NVIDIA GPUs: NVML library not found (is the NVIDIA driver installed?)"
+    assert sampler.sample() == []
+
+
+def test_missing_pynvml_sets_status(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
+    sampler = NvmlSampler()
+
+    assert sampler.status is not None
+    assert sampler.status.startswith("no NVIDIA GPUs: nvidia-ml-py is not installed")
+    assert sampler.sample() == []
+    sampler.close()
+
+
+def test_no_gpus_sets_status():
+    sampler = NvmlSampler(FakeNvml())
+
+    assert sampler.status == "no NVIDIA GPUs: the driver reports none"
+    assert sampler.sample() == []
+
+
+def test_fan_and_power_limit_are_cached_for_the_ttl():
+    clock = Clock()
+    nvml = FakeNvml(gpu())
+    sampler = NvmlSampler(nvml, slow_ttl_s=10.0, clock=clock)
+
+    sampler.sample()
+    nvml.gpus[0].update(fan=80, enforced_limit_mw=400_000)
+    clock.now += 9.9
+    cached = sampler.sample()[0]
+    clock.now += 0.1
+    fresh = sampler.sample()[0]
+
+    assert (cached.fan_pct, cached.power_limit_w) == (42.0, 700.0)
+    assert (fresh.fan_pct, fresh.power_limit_w) == (80.0, 400.0)
+    assert nvml.calls["fan", 0] == nvml.calls["enforced_limit_mw", 0] == 2
+    assert nvml.calls["util", 0] == 3
+
+
+def test_processes_are_merged_by_pid_with_host_user_and_command():
+    me, gone = os.getpid(), vanished_pid()
+    nvml = FakeNvml(gpu(compute=[(gone, NOT_AVAILABLE_BYTES), (me, 3 * GiB)], graphics=[(me, None), (gone, None)]))
+    processes = NvmlSampler(nvml).sample()[0].processes
+
+    own = psutil.Process(me)
+    command = " ".join(own.cmdline())[:COMMAND_MAX_CHARS]
+    assert command
+    assert {p.pid: p for p in processes} == {
+        me: GpuProcess(pid=me, user=own.username(), command=command, mem_used_bytes=3 * GiB),
+        gone: GpuProcess(pid=gone),
+    }
+    assert [p.pid for p in processes] == sorted([me, gone])
+
+
+def test_process_command_is_truncated_and_access_denied_is_none(monkeypatch):
+    def denied(self):
+        raise psutil.AccessDenied(self.pid)
+
+    monkeypatch.setattr(psutil.Process, "username", denied)
+    monkeypatch.setattr(psutil.Process, "cmdline", lambda self: ["python", "x" * 500])
+    process = NvmlSampler(FakeNvml(gpu(compute=[(os.getpid(), GiB)]))).sample()[0].processes[0]
+
+    assert process.user is None
+    assert process.command == ("python " + "x" * 500)[:COMMAND_MAX_CHARS]
+    assert len(process.command) == COMMAND_MAX_CHARS
+
+
+def test_close_shuts_nvml_down_once_and_never_raises():
+    nvml = FakeNvml(gpu())
+    sampler = NvmlSampler(nvml)
+    nvml.shutdown_error = pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    sampler.close()
+    sampler.close()
+
+    assert nvml.shutdowns == 1
+    assert sampler.sample() == []

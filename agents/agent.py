@@ -250,6 +250,21 @@ class Agent:
             else:
                 peer.push(EVENT_TICK, {"t": telemetry.t, "full": False, "changed": {**changed, "gpus": changed_gpus}})
 
+    def claim_gpus(self, indices: list[int], key: str, owner: str, mem_bytes: int, util_pct: float, pid: int = 0) -> None:
+        """Tell a simulated backend what now runs on these GPUs (NVML sees real processes itself)."""
+        claim = getattr(self.gpus, "claim", None)
+        if claim is None:
+            return
+        from agents.telemetry.sim import Claim
+
+        for index in indices:
+            claim(index, key, Claim(owner=owner, mem_bytes=mem_bytes, util_pct=util_pct, pid=pid))
+
+    def release_gpus(self, key: str) -> None:
+        release = getattr(self.gpus, "release", None)
+        if release is not None:
+            release(key)
+
     def notify(self, event: str, data: Any) -> None:
         """Push an event to every subscriber of its topic."""
         for peer in list(self.peers):

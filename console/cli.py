@@ -1,0 +1,221 @@
+"""`cetlab`: the console's operations as a scriptable CLI (`--json` for machines).
+
+Exit codes: 0 done (for `status`: the lab loaded, whatever the machines say); 1 the
+operation failed (the agent answered with an error, or no machine could be reached
+for it); 2 bad usage or an invalid lab.yaml; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from agents.lab import Lab, LabError, load_lab
+from agents.protocol import RemoteError
+from console.client import FleetClient
+from console.state import LabState, MachineView
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+# Verb modules: each has register(subparsers) adding parsers whose `func(ctx)` is async.
+VERB_MODULES: list[str] = []
+
+
+class Context:
+    """What a verb gets: the parsed args, the lab, a connected FleetClient, output helpers."""
+
+    def __init__(self, args: argparse.Namespace, lab: Lab, client: FleetClient):
+        self.args, self.lab, self.client = args, lab, client
+
+    @property
+    def state(self) -> LabState:
+        return self.client.state
+
+    def out(self, data: Any, human: Callable[[Any], str]) -> None:
+        if self.args.json:
+            print(json.dumps(data, indent=2, default=str))
+        else:
+            print(human(data))
+
+    async def call(self, machine: str, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
+        return await self.client.call(machine, method, params, timeout)
+
+
+def find_lab(explicit: str | None) -> Path:
+    if explicit:
+        return Path(explicit)
+    if os.environ.get("CETLAB_LAB"):
+        return Path(os.environ["CETLAB_LAB"])
+    return Path("lab.yaml")
+
+
+# ---------------------------------------------------------------------------- formatting
+
+GIB = 1024**3
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "N/A"
+    for unit, size in (("T", 1024**4), ("G", GIB), ("M", 1024**2), ("K", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:.0f}B"
+
+
+def fmt(value: float | None, spec: str = ".0f", suffix: str = "") -> str:
+    return "N/A" if value is None else f"{value:{spec}}{suffix}"
+
+
+def status_json(state: LabState) -> dict[str, Any]:
+    now = time.time()
+    machines = []
+    for view in state.machines.values():
+        entry: dict[str, Any] = {
+            "name": view.name,
+            "online": view.online,
+            "simulated": view.simulated,
+            "age_s": None if view.age_s(now) is None else round(view.age_s(now), 3),
+            "cpu_pct": view.host.get("cpu_pct"),
+            "ram_used_bytes": view.host.get("ram_used_bytes"),
+            "ram_total_bytes": view.host.get("ram_total_bytes"),
+            "disk_used_bytes": view.host.get("disk_used_bytes"),
+            "disk_total_bytes": view.host.get("disk_total_bytes"),
+            "gpu_status": (view.sections.get("gpu_status") or {}).get("status"),
+            "gpus": [
+                {
+                    "index": g["index"],
+                    "name": g["name"],
+                    "util_pct": g.get("util_pct"),
+                    "mem_used_bytes": g.get("mem_used_bytes"),
+                    "mem_total_bytes": g.get("mem_total_bytes"),
+                    "temp_c": g.get("temp_c"),
+                    "power_w": g.get("power_w"),
+                    "power_limit_w": g.get("power_limit_w"),
+                    "failed": g.get("failed"),
+                    "simulated": g.get("simulated", False),
+                }
+                for g in sorted(view.gpus.values(), key=lambda g: g["index"])
+            ],
+        }
+        if not view.online:
+            entry["error"] = view.error or view.link
+            entry["last_seen"] = view.last_seen
+        machines.append(entry)
+    return {"lab": state.lab.lab, "machines": machines}
+
+
+def status_human(data: dict[str, Any]) -> str:
+    lines = [f"lab {data['lab']}"]
+    for m in data["machines"]:
+        sim = " SIM" if m["simulated"] else ""
+        if not m["online"]:
+            lines.append(f"{m['name']:<14} OFFLINE  {m.get('error', '')}")
+            continue
+        lines.append(f"{m['name']:<14} online{sim}  cpu {fmt(m['cpu_pct'], '.0f', '%')}  ram {fmt_bytes(m['ram_used_bytes'])}/{fmt_bytes(m['ram_total_bytes'])}")
+        if m.get("gpu_status"):
+            lines.append(f"  {m['gpu_status']}")
+        for g in m["gpus"]:
+            if g.get("failed"):
+                lines.append(f"  gpu{g['index']} {g['name']:<26} FAILED: {g['failed']}")
+                continue
+            lines.append(
+                f"  gpu{g['index']} {g['name']:<26} {fmt(g['util_pct'], '>3.0f', '%')}  "
+                f"{fmt_bytes(g['mem_used_bytes']):>6}/{fmt_bytes(g['mem_total_bytes']):<6} "
+                f"{fmt(g['temp_c'], '>3.0f', 'C')}  {fmt(g['power_w'], '>4.0f', 'W')}"
+            )
+    return "\n".join(lines)
+
+
+async def cmd_status(ctx: Context) -> int:
+    ctx.out(status_json(ctx.state), status_human)
+    return EXIT_OK
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    from console.demo import DemoLab
+
+    demo = DemoLab(Path(args.dir), scale=args.scale, agents_per_process=args.agents_per_process or (8 if args.scale else 1))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        demo.start()
+        await asyncio.to_thread(demo.wait_listening, 60.0)
+        print(f"demo lab running: {demo.lab_path}\n  try: cetlab --lab {demo.lab_path} status\n  stop with Ctrl-C", flush=True)
+        await stop.wait()
+    finally:
+        demo.stop()
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cetlab", description="cetlab: operate a GPU lab from scripts.")
+    parser.add_argument("--lab", help="lab.yaml (default: $CETLAB_LAB, else ./lab.yaml)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the machines (default 10)")
+    parser.add_argument("--trust-new-hosts", action="store_true", help="trust and record unknown host keys on first use")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    p = sub.add_parser("status", help="one snapshot of the whole lab")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("demo", help="run the demo lab's agents headless until Ctrl-C")
+    p.add_argument("--dir", required=True, help="where to write lab.yaml, keys and agent state")
+    p.add_argument("--scale", type=int, help="emulate N machines of 8 GPUs instead of the demo lab")
+    p.add_argument("--agents-per-process", type=int, help=argparse.SUPPRESS)
+    p.set_defaults(standalone=cmd_demo)
+
+    for name in VERB_MODULES:
+        module = __import__(name, fromlist=["register"])
+        module.register(sub)
+    return parser
+
+
+async def run(args: argparse.Namespace) -> int:
+    if getattr(args, "standalone", None):
+        return await args.standalone(args)
+    lab = load_lab(find_lab(args.lab))
+    client = FleetClient(lab, trust_on_first_use=args.trust_new_hosts or None, subscribe=[], reconnect=False)
+    async with client:
+        await client.wait_connected(args.timeout)
+        ctx = Context(args, lab, client)
+        return await args.func(ctx)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(run(args))
+    except LabError as exc:
+        print(f"cetlab: invalid lab file\n{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RemoteError as exc:
+        if args.json:
+            print(json.dumps({"error": {"code": str(exc.code), "message": exc.message}}))
+        print(f"cetlab: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+def machine_view(ctx: Context, name: str) -> MachineView:
+    try:
+        return ctx.state.machines[name]
+    except KeyError:
+        raise RemoteError("not_found", f"no machine named {name!r}") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

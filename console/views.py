@@ -1,0 +1,11 @@
+"""The console's views by name, for `:name` jumps, the help screen and the key bar.
+
+Each entry: name -> (module, class, one-line description). Screens subclass
+console.screens.base.LabScreen.
+"""
+
+from __future__ import annotations
+
+VIEWS: dict[str, tuple[str, str, str]] = {
+    "fleet": ("console.screens.fleet", "FleetScreen", "every GPU of every machine, live"),
+}

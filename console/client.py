@@ -17,7 +17,7 @@ from platformdirs import user_config_path
 
 from agents.lab import Lab, Machine
 from agents.protocol import EVENT_TICK, PROTOCOL_VERSION, SSH_USERNAME, SUBSYSTEM, ErrorCode, RemoteError, encode
-from console.state import LabState
+from console.state import SPARK_POINTS, LabState
 
 log = logging.getLogger("cetlab.client")
 
@@ -236,6 +236,7 @@ class FleetClient:
                 raise RemoteError(ErrorCode.UNAVAILABLE, f"agent speaks protocol {hello.get('protocol')}, this console {PROTOCOL_VERSION}: upgrade one of them")
             self.state.set_hello(machine.name, hello)
             if self.topics:
+                self.state.seed_history(machine.name, await self.call(machine.name, "history", {"max_points": SPARK_POINTS}))
                 await self.call(machine.name, "subscribe", {"topics": self.topics})
             else:  # no stream: take one snapshot so the state is not empty
                 self.state.apply_status(machine.name, await self.call(machine.name, "status"))

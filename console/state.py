@@ -99,6 +99,17 @@ class LabState:
         view._record("cpu_pct", view.host.get("cpu_pct"))
         self._bump(view)
 
+    def seed_history(self, name: str, history: dict[str, Any]) -> None:
+        """Fill the sparklines from the agent's ring buffer, so a new console starts with a past."""
+        view = self.machines[name]
+        for gpu in history.get("gpus", []):
+            for key in ("util_pct", "mem_used_bytes", "temp_c", "power_w"):
+                series = view.series[f"gpu{gpu['index']}.{key}"] = deque(maxlen=SPARK_POINTS)
+                series.extend(gpu.get(key, [])[-SPARK_POINTS:])
+        cpu = view.series["cpu_pct"] = deque(maxlen=SPARK_POINTS)
+        cpu.extend(history.get("host", {}).get("cpu_pct", [])[-SPARK_POINTS:])
+        self._bump(view)
+
     def apply_status(self, name: str, status: dict[str, Any]) -> None:
         """A whole `status` answer, as the CLI gets it."""
         data = {"t": status.get("t"), "full": True, "changed": {k: v for k, v in status.items() if k not in ("t", "machine", "simulated")}}

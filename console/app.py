@@ -1,0 +1,144 @@
+"""`cetlab-console`: the Textual app. Thin: screens live in console/screens/, data in LabState."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual.app import App
+from textual.binding import Binding
+
+from agents.lab import Lab, LabError, load_lab
+from agents.protocol import EVENT_NOTICE, EVENT_TICK
+from console.client import FleetClient
+from console.screens.base import LabScreen
+from console.state import LabState
+from console.views import VIEWS
+
+RENDER_INTERVAL_S = 0.5  # screens redraw at this fixed rate, never per message
+
+
+def _view_factory(name: str):
+    module, cls, _ = VIEWS[name]
+    return lambda: getattr(importlib.import_module(module), cls)()
+
+
+class CetlabApp(App):
+    TITLE = "cetlab"
+    CSS_PATH = "styles/app.tcss"
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        Binding("colon", "jump", "Jump"),
+        Binding("escape", "back", "Back", show=False),
+    ]
+
+    def __init__(self, lab: Lab, *, readonly: bool = False, trust_on_first_use: bool | None = None, client: FleetClient | None = None):
+        super().__init__()
+        self.lab = lab
+        self.readonly = readonly
+        self.state = client.state if client else LabState(lab)
+        self.client = client or FleetClient(lab, self.state, trust_on_first_use=trust_on_first_use,
+                                            subscribe=[EVENT_TICK, EVENT_NOTICE], on_event=self._on_event)
+        self.render_ages: deque[float] = deque(maxlen=3600)  # newest data age at each render, for benchmarks
+        self._rendered_version = -1
+        for name in VIEWS:
+            self.add_mode(name, _view_factory(name))
+
+    async def on_mount(self) -> None:
+        await self.client.start()
+        await self.switch_mode("fleet")
+        self.set_interval(RENDER_INTERVAL_S, self.render_tick)
+
+    async def on_unmount(self) -> None:
+        await self.client.stop()
+
+    def render_tick(self) -> None:
+        screen = self.screen
+        if not isinstance(screen, LabScreen):
+            return
+        screen.refresh_header()
+        if self.state.version != self._rendered_version or screen.is_current:
+            self._rendered_version = self.state.version
+            screen.refresh_data()
+        now = time.time()
+        ages = [v.age_s(now) for v in self.state.machines.values() if v.online and v.sample_t]
+        if ages:
+            self.render_ages.append(max(ages))
+
+    def header_cost(self) -> Text | str | None:
+        """The cost counter shown in every header (filled in by the costs view's widget)."""
+        return None
+
+    def _on_event(self, machine: str, event: str, data: Any) -> None:
+        if event == EVENT_NOTICE and isinstance(data, dict):
+            severity = {"critical": "error", "error": "error", "warning": "warning"}.get(data.get("level", ""), "information")
+            self.notify(f"{machine}: {data.get('message', '')}", severity=severity, timeout=8)
+
+    # -- actions
+
+    def action_help(self) -> None:
+        from console.screens.help import HelpScreen
+
+        bindings = [(b.key_display or b.key, b.description) for b in getattr(self.screen, "BINDINGS", []) if isinstance(b, Binding) and b.description]
+        self.push_screen(HelpScreen(bindings))
+
+    def action_jump(self) -> None:
+        from console.screens.jump import JumpScreen
+
+        def go(name: str | None) -> None:
+            if name:
+                self.run_worker(self.switch_mode(name))
+
+        self.push_screen(JumpScreen(), go)
+
+    async def action_back(self) -> None:
+        if len(self.screen_stack) > 1:
+            self.pop_screen()
+        elif self.current_mode != "fleet":
+            await self.switch_mode("fleet")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cetlab-console", description="The cetlab console: your GPU lab, live.")
+    parser.add_argument("--lab", help="lab.yaml (default: $CETLAB_LAB, else ./lab.yaml)")
+    parser.add_argument("--demo", action="store_true", help="start the demo lab's agents on loopback and open it")
+    parser.add_argument("--readonly", action="store_true", help="look, don't touch: every action is disabled")
+    parser.add_argument("--trust-new-hosts", action="store_true", help="record unknown host keys on first use")
+    args = parser.parse_args(argv)
+    from console.cli import find_lab
+
+    demo = None
+    try:
+        if args.demo:
+            from console.demo import DemoLab
+
+            demo = DemoLab(Path(tempfile.mkdtemp(prefix="cetlab-demo-")), source=Path(args.lab) if args.lab else None)
+            print("starting the demo lab's agents ...", flush=True)
+            demo.start()
+            demo.wait_listening()
+            lab = load_lab(demo.lab_path)
+        else:
+            lab = load_lab(find_lab(args.lab))
+        CetlabApp(lab, readonly=args.readonly, trust_on_first_use=args.trust_new_hosts or None).run()
+    except LabError as exc:
+        print(f"cetlab-console: invalid lab file\n{exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"cetlab-console: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if demo is not None:
+            demo.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The Fleet view: one card per machine, one row per GPU, live."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Footer
+
+from console.screens.base import LabScreen
+from console.state import MachineView
+from widgets.lab_header import LabHeader
+from widgets.machine_card import MachineCard
+
+
+def gpu_owners(view: MachineView) -> dict[int, str]:
+    """Which job or model holds each GPU, from the agent's jobs and models sections."""
+    owners: dict[int, list[str]] = {}
+    for job in view.sections.get("jobs") or []:
+        if job.get("state") in ("starting", "running", "stopping"):
+            for index in job.get("gpus") or []:
+                owners.setdefault(index, []).append(f"job {job.get('id')} {job.get('recipe', '')}".strip())
+    for model in view.sections.get("models") or []:
+        if model.get("state") in ("loading", "warming", "warm", "sleeping"):
+            for index in model.get("gpus") or []:
+                owners.setdefault(index, []).append(f"model {model.get('name')} ({model.get('state')})")
+    return {index: ", ".join(names) for index, names in owners.items()}
+
+
+def alert_badges(view: MachineView) -> list[str]:
+    alerts = view.sections.get("alerts") or {}
+    active = alerts.get("active", []) if isinstance(alerts, dict) else []
+    return [f"⚠ {a.get('rule', 'alert')}" for a in active if not a.get("acked")][:3]
+
+
+class FleetScreen(LabScreen):
+    VIEW_NAME = "fleet"
+    BINDINGS = [
+        Binding("enter", "open_machine", "Machine"),
+        Binding("down,j", "focus_next_card", "Next", show=False),
+        Binding("up,k", "focus_previous_card", "Previous", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield LabHeader()
+        with VerticalScroll(id="fleet"):
+            for name in self.lab_app.state.machines:
+                yield MachineCard(name, id=f"card-{name}")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.refresh_data()
+        cards = list(self.query(MachineCard))
+        if cards:
+            cards[0].focus()
+
+    def refresh_data(self) -> None:
+        state = self.lab_app.state
+        limits = self.thresholds()
+        for card in self.query(MachineCard):
+            view = state.machines[card.machine]
+            if getattr(card, "_version_shown", None) == view.version:
+                continue
+            card._version_shown = view.version
+            card.show(
+                role=view.config.role,
+                link=view.link,
+                error=view.error,
+                last_seen=view.last_seen,
+                host=view.host,
+                gpus=view.gpus,
+                util_history={i: view.spark(f"gpu{i}.util_pct") for i in view.gpus},
+                owners=gpu_owners(view),
+                simulated=view.simulated,
+                gpu_status=(view.sections.get("gpu_status") or {}).get("status"),
+                limits=limits,
+                badges=alert_badges(view),
+            )
+
+    def _cards(self) -> list[MachineCard]:
+        return list(self.query(MachineCard))
+
+    def _move(self, step: int) -> None:
+        cards = self._cards()
+        if not cards:
+            return
+        current = self.focused if isinstance(self.focused, MachineCard) else None
+        index = cards.index(current) if current in cards else -step
+        cards[(index + step) % len(cards)].focus()
+        cards[(index + step) % len(cards)].scroll_visible()
+
+    def action_focus_next_card(self) -> None:
+        self._move(1)
+
+    def action_focus_previous_card(self) -> None:
+        self._move(-1)
+
+    def action_open_machine(self) -> None:
+        if isinstance(self.focused, MachineCard):
+            from console.screens.machine import MachineScreen
+
+            self.app.push_screen(MachineScreen(self.focused.machine))

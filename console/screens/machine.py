@@ -1,0 +1,103 @@
+"""One machine in detail: host figures, each GPU with its history, and the GPU processes."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import DataTable, Footer, Static
+
+from console.screens.base import LabScreen
+from console.screens.fleet import gpu_owners
+from widgets.format import fmt, fmt_ago, fmt_bytes
+from widgets.gpu_panel import SERIES, GpuPanel
+from widgets.lab_header import LabHeader
+
+
+class MachineScreen(LabScreen):
+    VIEW_NAME = "machine"
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
+    DEFAULT_CSS = """
+    MachineScreen #host { padding: 0 1; height: auto; }
+    MachineScreen #procs { height: auto; max-height: 20; }
+    """
+
+    def __init__(self, machine: str):
+        super().__init__()
+        self.machine = machine
+        self._gpu_indices: list[int] = []
+
+    def compose(self) -> ComposeResult:
+        yield LabHeader()
+        yield Static("", id="host")
+        yield VerticalScroll(id="gpus")
+        yield Static(" GPU processes", classes="title")
+        yield DataTable(id="procs", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#procs", DataTable)
+        table.add_column("GPU", key="gpu", width=4)
+        table.add_column("PID", key="pid", width=8)
+        table.add_column("user", key="user", width=10)
+        table.add_column("VRAM", key="vram", width=8)
+        table.add_column("command", key="command")
+        self.refresh_data()
+
+    @property
+    def view(self):
+        return self.lab_app.state.machines[self.machine]
+
+    def refresh_data(self) -> None:
+        view = self.view
+        host = view.host
+        sim = "  [black on yellow] SIM [/]" if view.simulated else ""
+        if view.online:
+            text = (f"[b]{self.machine}[/b]  {view.config.role}{sim}  [green]● online[/]  "
+                    f"CPU {fmt(host.get('cpu_pct'), '.0f', '%')} of {host.get('cpu_count', '?')} cores  "
+                    f"load {fmt(host.get('load_1'), '.2f')}/{fmt(host.get('load_5'), '.2f')}/{fmt(host.get('load_15'), '.2f')}  "
+                    f"RAM {fmt_bytes(host.get('ram_used_bytes'))}/{fmt_bytes(host.get('ram_total_bytes'))}  "
+                    f"swap {fmt_bytes(host.get('swap_used_bytes'))}/{fmt_bytes(host.get('swap_total_bytes'))}  "
+                    f"disk {fmt_bytes(host.get('disk_used_bytes'))}/{fmt_bytes(host.get('disk_total_bytes'))}  "
+                    f"net ↓{fmt_bytes(host.get('net_rx_bytes_per_s'))}/s ↑{fmt_bytes(host.get('net_tx_bytes_per_s'))}/s")
+        else:
+            text = f"[b]{self.machine}[/b]  [bold red]{view.link.upper()}[/]  last seen {fmt_ago(view.last_seen)}\n{view.error or ''}"
+        self.query_one("#host", Static).update(text)
+        self._refresh_gpus(view)
+        self._refresh_processes(view)
+
+    def _refresh_gpus(self, view) -> None:
+        container = self.query_one("#gpus", VerticalScroll)
+        indices = sorted(view.gpus)
+        if indices != self._gpu_indices:
+            self._gpu_indices = indices
+            container.remove_children()
+            container.mount_all(GpuPanel(id=f"gpu-{i}") for i in indices)
+            self.call_after_refresh(self.refresh_data)
+            return
+        owners = gpu_owners(view)
+        limits = self.thresholds()
+        for panel in container.query(GpuPanel):
+            i = int(panel.id.split("-")[1])
+            if i in view.gpus:
+                history = {key: view.spark(f"gpu{i}.{key}") for key, _ in SERIES}
+                panel.show(view.gpus[i], history, owners.get(i), limits)
+
+    def _refresh_processes(self, view) -> None:
+        table = self.query_one("#procs", DataTable)
+        wanted = {}
+        for i, gpu in view.gpus.items():
+            for proc in gpu.get("processes") or []:
+                key = f"{i}:{proc['pid']}:{proc.get('command')}"
+                wanted[key] = (str(i), str(proc["pid"]), proc.get("user") or "N/A",
+                               fmt_bytes(proc.get("mem_used_bytes")), (proc.get("command") or "N/A")[:120])
+        for key in [k.value for k in list(table.rows) if k.value not in wanted]:
+            table.remove_row(key)
+        columns = ["gpu", "pid", "user", "vram", "command"]
+        for key, cells in wanted.items():
+            if key in table.rows:
+                for column, value in zip(columns, cells):
+                    if table.get_cell(key, column) != value:
+                        table.update_cell(key, column, value)
+            else:
+                table.add_row(*cells, key=key)

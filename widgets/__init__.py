@@ -1,0 +1,1 @@
+"""Reusable Textual widgets that take plain data and render it."""

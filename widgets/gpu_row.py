@@ -1,0 +1,54 @@
+"""One GPU as one line: utilisation with its sparkline, VRAM, temperature, power, owner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import Static
+
+from widgets.format import Thresholds, bar, fmt, fmt_bytes, level_colour, spark
+
+SPARK_WIDTH = 16
+
+
+def gpu_line(gpu: dict[str, Any], util_history: list[float], owner: str | None, limits: Thresholds) -> Text:
+    name = f"gpu{gpu['index']} {gpu['name'][:24]:<24}"
+    line = Text(name, style="bold")
+    if gpu.get("failed"):
+        line.append(f"  FAILED: {gpu['failed']}", style="bold red")
+        return line
+    util = gpu.get("util_pct")
+    line.append(f" {bar(util, 8)} ", style="cyan")
+    line.append(f"{fmt(util, '>3.0f', '%')} ", style="bold cyan")
+    line.append(spark(util_history, SPARK_WIDTH, 0, 100), style="cyan")
+    used, total = gpu.get("mem_used_bytes"), gpu.get("mem_total_bytes")
+    vram_pct = used / total * 100 if used is not None and total else None
+    vram_style = level_colour(vram_pct, limits.vram_warn_pct, limits.vram_alert_pct)
+    line.append("  VRAM ", style="dim")
+    line.append(bar(vram_pct, 8), style=vram_style)
+    line.append(f" {fmt_bytes(used):>6}/{fmt_bytes(total):<6}{fmt(vram_pct, '>3.0f', '%')}", style=vram_style)
+    temp = gpu.get("temp_c")
+    line.append(f"  {fmt(temp, '>3.0f', '°C')}", style=level_colour(temp, limits.temp_warn_c, limits.temp_alert_c))
+    power, limit = gpu.get("power_w"), gpu.get("power_limit_w")
+    power_style = "yellow" if power is not None and limit and power >= 0.9 * limit else "default"
+    line.append(f"  {fmt(power, '>4.0f')}/{fmt(limit, '.0f', 'W'):<5}", style=power_style)
+    if owner:
+        line.append(f"  {owner}", style="magenta")
+    return line
+
+
+class GpuRow(Static):
+    """Re-renders only when what it shows has changed."""
+
+    DEFAULT_CSS = "GpuRow { height: 1; padding: 0 1; }"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__("", **kwargs)
+        self._shown: tuple | None = None
+
+    def show(self, gpu: dict[str, Any], util_history: list[float], owner: str | None, limits: Thresholds) -> None:
+        key = (tuple(sorted((k, v) for k, v in gpu.items() if k != "processes")), tuple(util_history[-SPARK_WIDTH:]), owner, limits)
+        if key != self._shown:
+            self._shown = key
+            self.update(gpu_line(gpu, util_history, owner, limits))

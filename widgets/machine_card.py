@@ -1,0 +1,80 @@
+"""A machine as a card: role, link state, CPU / RAM / disk, then one row per GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from widgets.format import Thresholds, bar, fmt, fmt_ago, fmt_bytes
+from widgets.gpu_row import GpuRow
+
+
+def header_line(name: str, role: str, link: str, error: str | None, last_seen: float | None,
+                host: dict[str, Any], simulated: bool, badges: list[str]) -> Text:
+    line = Text(f"{name}", style="bold")
+    if role:
+        line.append(f"  {role}", style="dim")
+    if simulated:
+        line.append("  SIM", style="bold black on yellow")
+    for badge in badges:
+        line.append(f"  {badge}", style="bold white on red")
+    if link != "online":
+        label = {"connecting": "CONNECTING", "untrusted": "UNTRUSTED HOST KEY", "refused": "REFUSED"}.get(link, "OFFLINE")
+        line.append(f"  {label}", style="bold red" if link != "connecting" else "yellow")
+        line.append(f"  last seen {fmt_ago(last_seen)}", style="dim")
+        if error:
+            line.append(f"\n  {error}", style="red")
+        return line
+    line.append("  ● online", style="green")
+    cpu = host.get("cpu_pct")
+    used, total = host.get("ram_used_bytes"), host.get("ram_total_bytes")
+    disk_used, disk_total = host.get("disk_used_bytes"), host.get("disk_total_bytes")
+    line.append(f"   CPU {bar(cpu, 6)} {fmt(cpu, '>3.0f', '%')}", style="default")
+    line.append(f"   RAM {fmt_bytes(used)}/{fmt_bytes(total)}")
+    line.append(f"   disk {fmt_bytes(disk_used)}/{fmt_bytes(disk_total)}")
+    if host.get("load_1") is not None:
+        line.append(f"   load {host['load_1']:.2f}", style="dim")
+    return line
+
+
+class MachineCard(Vertical, can_focus=True):
+    DEFAULT_CSS = """
+    MachineCard { height: auto; border: round $panel-lighten-2; padding: 0 0; margin: 0 0 0 0; }
+    MachineCard:focus { border: round $accent; }
+    MachineCard.offline { border: round $error; color: $text-muted; }
+    MachineCard > .card-header { padding: 0 1; height: auto; }
+    MachineCard > .card-note { padding: 0 1; color: $warning; height: auto; }
+    """
+
+    def __init__(self, machine: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.machine = machine
+        self._header = Static("", classes="card-header")
+        self._note = Static("", classes="card-note")
+        self._rows: dict[int, GpuRow] = {}
+        self._header_shown: Text | None = None
+
+    def compose(self):
+        yield self._header
+        yield self._note
+
+    def show(self, *, role: str, link: str, error: str | None, last_seen: float | None, host: dict[str, Any],
+             gpus: dict[int, dict[str, Any]], util_history: dict[int, list[float]], owners: dict[int, str],
+             simulated: bool, gpu_status: str | None, limits: Thresholds, badges: list[str] | None = None) -> None:
+        header = header_line(self.machine, role, link, error, last_seen, host, simulated, badges or [])
+        if header != self._header_shown:
+            self._header_shown = header
+            self._header.update(header)
+        self.set_class(link != "online", "offline")
+        self._note.display = bool(gpu_status)
+        if gpu_status:
+            self._note.update(gpu_status)
+        for index in sorted(gpus):
+            row = self._rows.get(index)
+            if row is None:
+                row = self._rows[index] = GpuRow()
+                self.mount(row)
+            row.show(gpus[index], util_history.get(index, []), owners.get(index), limits)

@@ -328,4 +328,6 @@ class Agent:
 
 def default_components() -> list[Component]:
     """The parts every agent runs; each later subsystem adds itself here."""
-    return []
+    from agents.costs import CostsComponent
+
+    return [CostsComponent()]

@@ -103,6 +103,18 @@ class Costs(Strict):
     electricity_per_kwh: NonNegative | None = None
     timezone: str | None = None  # IANA name for "today" and "this month"; default: the machine's
 
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str | None) -> str | None:
+        if value is not None:
+            from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+            try:
+                ZoneInfo(value)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ValueError(f"unknown time zone {value!r}; use an IANA name like Europe/Berlin or UTC") from None
+        return value
+
 
 class CloudPrices(Strict):
     gpu_hour: dict[str, NonNegative] = Field(default_factory=dict)  # by GPU model name
@@ -194,8 +206,10 @@ class Alerts(Strict):
     no_improvement_steps: int = Field(default=1000, ge=1)
     checkpoint_save_s: Duration = 30.0
     disk_free_pct: float = Field(default=5.0, ge=0, le=100)
+    disk_for_s: Duration = 60.0
     offline_for_s: Duration = 30.0
-    hysteresis_pct: float = Field(default=5.0, ge=0)  # a firing rule clears this far below its threshold
+    hysteresis_pct: float = Field(default=5.0, ge=0)  # a firing rule clears this far (% of its threshold) on the good side
+    clear_for_s: Duration = 5.0  # ... and stays there this long, so a value near the line does not flap
 
 
 class ConsoleSettings(Strict):

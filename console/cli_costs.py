@@ -1,0 +1,145 @@
+"""`cetlab costs` and `cetlab alerts`: the lab's money and alerts, summed over its machines."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from datetime import date
+from typing import Any
+
+from agents.protocol import RemoteError
+from console.alerts import offline_alerts
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+def _sum(values: list[float | None]) -> float | None:
+    """A total that is unknown when one part is unknown (a missing price), never a wrong number."""
+    return None if any(v is None for v in values) else round(sum(values), 6)
+
+
+def _saving_pct(cost: float | None, cloud: float | None) -> float | None:
+    return None if cost is None or not cloud else round((cloud - cost) / cloud * 100, 2)
+
+
+def lab_costs(currency: str, results: dict[str, Any], by: str = "machine") -> dict[str, Any]:
+    """Sum `costs.get` answers (or the RemoteErrors of machines not reached) into the lab's figures."""
+    reports = {name: r for name, r in results.items() if isinstance(r, dict)}
+    offline = {name: r.message if isinstance(r, RemoteError) else str(r) for name, r in results.items() if not isinstance(r, dict)}
+    parts = list(reports.values())
+    days: dict[str, dict[str, list]] = {}
+    for report in parts:
+        for day in report["days"]:
+            entry = days.setdefault(day["day"], {"cost": [], "cloud_equivalent": [], "kwh": []})
+            for key in entry:
+                entry[key].append(day[key])
+    missing = sorted({m for r in parts for key in ("now", "today", "month", "since") for m in r[key]["missing"]})
+    month = _sum([r["month"]["cost"] for r in parts])
+    cloud_month = _sum([r["month"]["cloud_equivalent"] for r in parts])
+    since = _sum([r["since"]["cost"] for r in parts])
+    cloud_since = _sum([r["since"]["cloud_equivalent"] for r in parts])
+    return {
+        "currency": currency,
+        "now_per_hour": _sum([r["now"]["per_hour"] for r in parts]),
+        "power_w": _sum([r["now"]["power_w"] for r in parts]),
+        "today": _sum([r["today"]["cost"] for r in parts]),
+        "month": month,
+        "kwh_today": _sum([r["today"]["kwh"] for r in parts]),
+        "kwh_month": _sum([r["month"]["kwh"] for r in parts]),
+        "cloud_equivalent_today": _sum([r["today"]["cloud_equivalent"] for r in parts]),
+        "cloud_equivalent_month": cloud_month,
+        "saving_month": None if month is None or cloud_month is None else round(cloud_month - month, 6),
+        "saving_pct_month": _saving_pct(month, cloud_month),
+        "since": min((r["since"]["day"] for r in parts), default=None),
+        "since_total": since,
+        "cloud_equivalent_since": cloud_since,
+        "saving_pct_since": _saving_pct(since, cloud_since),
+        "by_kind": by,
+        "by": [entry for r in parts for entry in r["by"]],
+        "days": [{"day": d, **{k: _sum(v) for k, v in e.items()}} for d, e in sorted(days.items())],
+        "missing": missing,
+        "offline": offline,
+        "simulated": any(r["simulated"] for r in parts),
+    }
+
+
+def money(value: float | None, currency: str) -> str:
+    if value is None:
+        return "?"
+    return f"{value:,.2f} {currency}" if abs(value) >= 0.01 or value == 0 else f"{value:.4f} {currency}"
+
+
+def pct(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}%"
+
+
+def costs_human(data: dict[str, Any]) -> str:
+    c = data["currency"]
+    sim = "  (SIM: simulated GPU power)" if data["simulated"] else ""
+    lines = [
+        f"now        {money(data['now_per_hour'], c)}/h at {data['power_w'] or 0:,.0f} W{sim}",
+        f"today      {money(data['today'], c):>14}   cloud {money(data['cloud_equivalent_today'], c)}   {data['kwh_today'] or 0:.2f} kWh",
+        f"this month {money(data['month'], c):>14}   cloud {money(data['cloud_equivalent_month'], c)}   saving {pct(data['saving_pct_month'])}",
+        f"since {data['since']} {money(data['since_total'], c):>10}   cloud {money(data['cloud_equivalent_since'], c)}   saving {pct(data['saving_pct_since'])}",
+        f"by {data['by_kind']}:",
+    ]
+    key = data["by_kind"]
+    for entry in data["by"]:
+        name = entry[key] if key == "machine" else f"{entry[key]} {entry.get('label') or ''}".strip() + f" @{entry['machine']}"
+        lines.append(
+            f"  {name:<32} {entry['kwh']:>9.3f} kWh  {money(entry['cost'], c):>14}  cloud {money(entry['cloud_equivalent'], c):>14}"
+            f"  {entry['gpu_hours']:.2f} GPU-h" + (f"  {entry['tokens']:,} tokens" if entry.get("tokens") else "")
+        )
+    if not data["by"]:
+        lines.append("  (nothing recorded)")
+    lines += [f"{m}" for m in data["missing"]]
+    lines += [f"not counted, offline: {name}: {why}" for name, why in data["offline"].items()]
+    return "\n".join(lines)
+
+
+async def cmd_costs(ctx) -> int:
+    params: dict[str, Any] = {"by": ctx.args.by}
+    if ctx.args.since:
+        params["since"] = ctx.args.since.isoformat()
+    results = await ctx.client.call_all("costs.get", params)
+    data = lab_costs(ctx.lab.costs.currency, results, ctx.args.by)
+    ctx.out(data, costs_human)
+    return EXIT_OK if len(data["offline"]) < len(results) else EXIT_FAILED
+
+
+def alerts_human(data: dict[str, Any]) -> str:
+    lines = []
+    for alert in data["alerts"]:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(alert["fired_at"])) if alert.get("fired_at") else "?"
+        state = "CLEARED" if alert.get("cleared_at") else ("acked" if alert.get("acked_at") else "ACTIVE")
+        lines.append(f"{alert['id']:<16} {state:<8} {alert['level']:<8} {alert['machine']:<12} {alert['target']:<14} {since}  {alert['message']}")
+    return "\n".join(lines) or "no alerts"
+
+
+async def cmd_alerts(ctx) -> int:
+    if ctx.args.ack:
+        machine = ctx.args.ack.rpartition("-")[0]
+        result = await ctx.call(machine, "alerts.ack", {"id": ctx.args.ack})
+        ctx.out(result, lambda r: f"acknowledged {r['id']}: {r['message']}")
+        return EXIT_OK
+    results = await ctx.client.call_all("alerts.list", {"active": not ctx.args.all, "limit": ctx.args.limit})
+    alerts = offline_alerts(ctx.state, time.time(), 0.0)
+    for name, result in results.items():
+        if isinstance(result, dict):
+            alerts += result["alerts"]
+    alerts.sort(key=lambda a: (a.get("cleared_at") is not None, -(a.get("fired_at") or 0)))
+    ctx.out({"alerts": alerts}, alerts_human)
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("costs", help="energy and money: now, today, this month, the cloud equivalent, the saving")
+    p.add_argument("--since", type=date.fromisoformat, help="YYYY-MM-DD, the lab's local date (default: the 1st of this month)")
+    p.add_argument("--by", choices=["machine", "job", "model"], default="machine", help="the breakdown (default: machine)")
+    p.set_defaults(func=cmd_costs)
+
+    p = sub.add_parser("alerts", help="active alerts (and, with --all, their history); --ack ID acknowledges one")
+    p.add_argument("--all", action="store_true", help="include cleared alerts")
+    p.add_argument("--limit", type=int, default=100, help="at most this many per machine (default 100)")
+    p.add_argument("--ack", metavar="ID", help="acknowledge the alert with this id (e.g. m5-12)")
+    p.set_defaults(func=cmd_alerts)

@@ -19,7 +19,9 @@ from agents.protocol import (
     GpuSample,
     Hello,
     HistoryParams,
+    IntervalParams,
     RemoteError,
+    Role,
     SubscribeParams,
     Telemetry,
 )
@@ -321,6 +323,12 @@ class Agent:
             peer.topics.difference_update(params.topics)
             return {"topics": sorted(peer.topics)}
 
+        @rpc.method("set_interval", role=Role.OPERATOR, params=IntervalParams, doc="Change the sampling interval (not kept across restarts).")
+        async def set_interval(peer: Peer, params: IntervalParams) -> dict:
+            self.interval_s = params.interval_s
+            log.info("%s set the sampling interval to %.2f s", peer.who, params.interval_s)
+            return {"interval_s": self.interval_s}
+
         @rpc.method("methods", doc="Every method with its role and doc.")
         async def methods(peer: Peer, _params) -> list:
             return [{"name": s.name, "role": s.role, "doc": s.doc} for s in self.rpc.specs.values()]
@@ -329,5 +337,6 @@ class Agent:
 def default_components() -> list[Component]:
     """The parts every agent runs; each later subsystem adds itself here."""
     from agents.costs import CostsComponent
+    from agents.jobs.supervisor import JobsComponent
 
-    return [CostsComponent()]
+    return [CostsComponent(), JobsComponent()]

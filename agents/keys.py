@@ -96,7 +96,7 @@ class AuthorizedKeys:
             st = self.path.stat()
         except FileNotFoundError:
             return []
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
         if stamp != self._stamp:
             check_not_writable_by_others(self.path)
             self._entries = parse_authorized_keys(self.path.read_text(), str(self.path))

@@ -63,7 +63,7 @@ class SimGpus(Strict):
 
 
 def _gpu_source_tag(value: Any) -> str:
-    return "nvml" if value == "nvml" else "sim-spec"
+    return "nvml" if value in ("nvml", "none") else "sim-spec"
 
 
 GpuSource = Annotated[
@@ -73,6 +73,8 @@ GpuSource = Annotated[
 
 
 class Machine(Strict):
+    """One lab machine; `gpus` is nvml (real), none, or {sim: [...]} (simulated)."""
+
     name: Name
     host: str = "127.0.0.1"
     port: int = Field(default=7022, ge=1, le=65535)
@@ -132,7 +134,9 @@ class SimEngine(Strict):
     warmup_s: NonNegative = 40.0
     wake_s: NonNegative = 1.0
     tokens_per_s: NonNegative = 40.0
-    fail_after_s: NonNegative | None = None  # crash on purpose, for tests and demos
+    fail_after_s: NonNegative | None = None  # crash on purpose (logs a CUDA OOM), for tests and demos
+    traffic_rps: NonNegative = 0.0  # simulated client requests per second it serves itself, so demos show load
+    placeholder_mib: NonNegative | None = None  # demo: write placeholder weights of this size if path is missing
 
 
 class Model(Strict):
@@ -148,11 +152,15 @@ class Model(Strict):
     port: int | None = Field(default=None, ge=1, le=65535)  # None: chosen at start
     cloud_equivalent: str | None = None
     sleep_level: Literal[1, 2] = 1
+    load_timeout_s: Duration = 1800.0  # start until /health answers; then the model is failed
+    warmup_prompt: str = "Hello"  # the first request, sent before the model is called warm
     sim: SimEngine = Field(default_factory=SimEngine)
 
 
 class Orchestra(Strict):
     warm: list[Name] = Field(default_factory=list)
+    sleeping: list[Name] = Field(default_factory=list)  # brought up, then put to sleep: wake in seconds
+    cached: list[Name] = Field(default_factory=list)  # weights pre-read into RAM at agent start
     pinned: list[Name] = Field(default_factory=list)
     rotate_every: Duration | None = None
     rotation: list[list[Name]] = Field(default_factory=list)  # warm sets to cycle through
@@ -176,14 +184,16 @@ class Trainer(Strict):
     name: Name
     machine: Name
     gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
-    command: list[str] = Field(min_length=1)  # an argv list, never a shell string
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None
-    output_dir: str
+    # argv list, never a shell string; {job_id} and {output_dir} are expanded by the agent
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)  # added to the agent's; {job_id}/{output_dir} expanded
+    cwd: str | None = None  # default: the lab file's folder (relative paths resolve against it)
+    output_dir: str  # must be writable before a start; may hold {job_id}
     launcher: Literal["local", "torchrun"] = "local"
-    nproc_per_node: int | None = Field(default=None, ge=1)
+    nproc_per_node: int | None = Field(default=None, ge=1)  # torchrun; default: one per GPU
     params: list[TrainerParam] = Field(default_factory=list)
     checkpoint_dirs: list[str] = Field(default_factory=list)  # extra dirs to watch
+    stop_grace_s: Duration = 60.0  # SIGTERM, then SIGKILL after this long
 
     @field_validator("command", mode="before")
     @classmethod
@@ -292,20 +302,22 @@ def format_path(path: tuple) -> str:
     return out or "(top level)"
 
 
-def _data_path(data: Any, loc: tuple) -> tuple:
-    """Pydantic's error location reduced to the keys that exist in the YAML data."""
+def _data_path(data: Any, loc: tuple, key_error: bool) -> tuple:
+    """Pydantic's error location reduced to the keys that exist in the YAML data.
+
+    Union tags and validator names in the location are skipped; a missing or unknown
+    key (the location's last part) is kept so the message can name it.
+    """
     path: list = []
-    for part in loc:
+    for position, part in enumerate(loc):
         if isinstance(part, int) and isinstance(data, list) and part < len(data):
             path.append(part)
             data = data[part]
         elif isinstance(part, str) and isinstance(data, dict) and part in data:
             path.append(part)
             data = data[part]
-        elif isinstance(part, str) and isinstance(data, dict) and not path[-1:] == [part]:
-            # a missing or unknown key: name it, then stop
+        elif isinstance(part, str) and key_error and position == len(loc) - 1:
             path.append(part)
-            break
     return tuple(path)
 
 
@@ -352,7 +364,7 @@ def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
                 if count is not None and gpu >= count:
                     problems.append(((section, i, "gpus", j), f"machine {machine.name} has {count} GPUs (0..{count - 1}), no GPU {gpu}"))
     models = {m.name for m in lab.models}
-    for key in ("warm", "pinned"):
+    for key in ("warm", "sleeping", "cached", "pinned"):
         for i, name in enumerate(getattr(lab.orchestra, key)):
             if name not in models:
                 problems.append((("orchestra", key, i), f"no model named {name!r}"))
@@ -386,7 +398,7 @@ def parse_lab(text: str, source: str = "lab.yaml", path: Path | None = None) -> 
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            problem = _problem(source, lines, _data_path(data, error["loc"]), _describe(error))
+            problem = _problem(source, lines, _data_path(data, error["loc"], error["type"] in ("missing", "extra_forbidden")), _describe(error))
             if problem not in problems:
                 problems.append(problem)
         raise LabError(problems) from None

@@ -171,6 +171,12 @@ class HistoryParams(BaseModel):
     max_points: int = Field(default=3600, ge=1, le=3600)
 
 
+class IntervalParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    interval_s: float = Field(ge=0.1, le=60)
+
+
 class SubscribeParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

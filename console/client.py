@@ -217,7 +217,8 @@ class FleetClient:
                 machine.port,
                 username=SSH_USERNAME,
                 client_keys=[self._client_key],
-                known_hosts=str(self.known_hosts),
+                # a missing file means no host is trusted yet (never "trust everything")
+                known_hosts=str(self.known_hosts) if self.known_hosts.exists() else asyncssh.import_known_hosts(""),
                 agent_path=None,
                 config=None,
                 keepalive_interval=self.keepalive_s,

@@ -104,6 +104,10 @@ class DemoLab:
 
     def start(self) -> None:
         self.prepare()
+        self.launch()
+
+    def launch(self) -> None:
+        """Start the agent processes of an already prepared demo dir (again, after a stop)."""
         names = self.machine_names()
         step = max(1, self.agents_per_process)
         for i in range(0, len(names), step):

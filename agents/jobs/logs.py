@@ -1,0 +1,88 @@
+"""Job logs: the tail across rotated files, reads from an offset, and followers that survive rotation."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_READ_BYTES = 256 * 1024  # per call or push; a follower catches up over the next ticks
+
+
+def _lines(data: bytes) -> list[str]:
+    return data.decode("utf-8", errors="replace").splitlines()
+
+
+def tail(path: Path, lines: int) -> tuple[list[str], int]:
+    """The last `lines` lines (from the current file, then the rotated `.1`) and the current file's size."""
+    out: list[str] = []
+    size = 0
+    for i, candidate in enumerate((path, path.with_name(path.name + ".1"))):
+        try:
+            with open(candidate, "rb") as f:
+                end = f.seek(0, os.SEEK_END)
+                if i == 0:
+                    size = end
+                start = max(0, end - max(4096, lines * 512))
+                f.seek(start)
+                chunk = f.read()
+        except OSError:
+            continue
+        found = _lines(chunk)
+        if start > 0 and found:
+            found = found[1:]  # the first one is cut
+        out = found + out
+        if len(out) >= lines:
+            break
+    return out[-lines:] if lines else [], size
+
+
+def read_from(path: Path, offset: int, final: bool = False) -> tuple[list[str], int]:
+    """Complete lines from `offset` on (from 0 when the file was rotated under it) and the next offset;
+    `final`: the file will not grow, so a last line without a newline counts too."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if offset > size:
+                offset = 0
+            f.seek(offset)
+            data = f.read(MAX_READ_BYTES)
+    except OSError:
+        return [], offset
+    end = len(data) - 1 if final else data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    return _lines(data[: end + 1]), offset + end + 1
+
+
+@dataclass
+class Follower:
+    """One console following one job's log from a known offset, across rotations (by inode)."""
+
+    path: Path
+    offset: int
+    inode: int | None = None
+
+    def __post_init__(self) -> None:
+        self.inode = _inode(self.path)
+
+    def read(self) -> tuple[list[str], int]:
+        """New complete lines since the last read, and the offset in the current file."""
+        lines: list[str] = []
+        current = _inode(self.path)
+        if current != self.inode and self.inode is not None:
+            rotated = self.path.with_name(self.path.name + ".1")
+            if _inode(rotated) == self.inode:  # finish the file we were reading, now renamed
+                lines, _ = read_from(rotated, self.offset, final=True)
+            self.offset, self.inode = 0, current
+        elif self.inode is None:
+            self.inode = current
+        more, self.offset = read_from(self.path, self.offset)
+        return lines + more, self.offset
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None

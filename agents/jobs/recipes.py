@@ -1,0 +1,160 @@
+"""Trainer recipes: typed launch parameters, the argv they build, and the checks before a start."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from agents.lab import Lab, Trainer, TrainerParam
+from agents.protocol import ErrorCode, RemoteError
+
+MAX_STR_PARAM = 4096
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def _bad(message: str) -> RemoteError:
+    return RemoteError(ErrorCode.INVALID_PARAMS, message)
+
+
+def coerce_param(param: TrainerParam, value: Any) -> int | float | str | bool:
+    """One launch value, checked against its declaration; strings (from `--set k=v`) are parsed."""
+    name = param.name
+    if param.type == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise _bad(f"param {name}: expected true or false, got {value!r}")
+    if param.type in ("int", "float"):
+        number: int | float
+        if isinstance(value, bool):
+            raise _bad(f"param {name}: expected a number, got {value!r}")
+        try:
+            if param.type == "int":
+                if isinstance(value, float) and not value.is_integer():
+                    raise ValueError
+                number = int(value) if not isinstance(value, str) else int(value.strip(), 10)
+            else:
+                number = float(value)
+        except (TypeError, ValueError):
+            raise _bad(f"param {name}: expected {'an integer' if param.type == 'int' else 'a number'}, got {value!r}") from None
+        if number != number or number in (float("inf"), float("-inf")):
+            raise _bad(f"param {name}: expected a finite number, got {value!r}")
+        if param.min is not None and number < param.min:
+            raise _bad(f"param {name}: {number} is below the minimum {param.min:g}")
+        if param.max is not None and number > param.max:
+            raise _bad(f"param {name}: {number} is above the maximum {param.max:g}")
+        return number
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise _bad(f"param {name}: expected a string, got {value!r}")
+    text = str(value)
+    if param.type == "choice":
+        if text not in param.choices:
+            raise _bad(f"param {name}: {text!r} is not one of {', '.join(param.choices)}")
+        return text
+    # a value that looks like an option would be read as one by the trainer's parser
+    if text.startswith("-") or "\x00" in text or len(text) > MAX_STR_PARAM:
+        raise _bad(f"param {name}: a string may not start with '-', hold NUL or exceed {MAX_STR_PARAM} characters")
+    return text
+
+
+def resolve_params(recipe: Trainer, given: dict[str, Any]) -> dict[str, Any]:
+    """Defaults overlaid with the operator's values, every value checked; unknown names refused."""
+    declared = {p.name: p for p in recipe.params}
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        known = ", ".join(declared) or "none"
+        raise _bad(f"recipe {recipe.name} has no param {', '.join(unknown)} (params: {known})")
+    values: dict[str, Any] = {}
+    for name, param in declared.items():
+        value = given.get(name, param.default)
+        if value is not None:
+            values[name] = coerce_param(param, value)
+    return values
+
+
+def flag_of(param: TrainerParam) -> str:
+    return param.flag or "--" + param.name.replace("_", "-")
+
+
+def param_args(recipe: Trainer, values: dict[str, Any]) -> list[str]:
+    """`flag value` pairs in declaration order; a bool is its bare flag when true, absent when false."""
+    args: list[str] = []
+    for param in recipe.params:
+        if param.name not in values:
+            continue
+        value = values[param.name]
+        if param.type == "bool":
+            args += [flag_of(param)] if value else []
+        else:
+            args += [flag_of(param), repr(value) if isinstance(value, float) else str(value)]
+    return args
+
+
+def expand(text: str, job_id: str, output_dir: str | None = None) -> str:
+    """The agent's own placeholders in recipe strings: {job_id} and {output_dir}; nothing from the wire."""
+    text = text.replace("{job_id}", job_id)
+    return text.replace("{output_dir}", output_dir) if output_dir is not None else text
+
+
+def search_path(env: dict[str, str]) -> str:
+    """PATH for finding commands: the job's PATH, then the folder of the agent's Python (its console scripts)."""
+    parts = [p for p in env.get("PATH", os.defpath).split(os.pathsep) if p]
+    here = str(Path(sys.executable).parent)
+    return os.pathsep.join(parts + ([here] if here not in parts else []))
+
+
+def find_program(program: str, cwd: Path, path: str) -> str | None:
+    """Absolute path of an executable program, as exec would find it, or None."""
+    if os.sep in program:
+        candidate = (cwd / program) if not os.path.isabs(program) else Path(program)
+        return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+    return shutil.which(program, path=path)
+
+
+def nproc(recipe: Trainer) -> int:
+    return recipe.nproc_per_node or len(recipe.gpus)
+
+
+def build_argv(recipe: Trainer, values: dict[str, Any], job_id: str, output_dir: str, torchrun: str = "torchrun") -> list[str]:
+    """The full command line: the recipe's argv (placeholders expanded), its declared flags, under torchrun if asked."""
+    command = [expand(arg, job_id, output_dir) for arg in recipe.command] + param_args(recipe, values)
+    if recipe.launcher != "torchrun":
+        return command
+    launch = [torchrun, "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc(recipe))]
+    # torchrun runs a .py script with Python itself; anything else (a console script, a binary) as is
+    return launch + (command if command[0].endswith(".py") else ["--no-python", *command])
+
+
+def visible_devices(gpus: list[int]) -> str:
+    return ",".join(str(i) for i in gpus)
+
+
+def find_recipe(lab: Lab, name: str, machine: str) -> Trainer:
+    for recipe in lab.trainers:
+        if recipe.name == name:
+            if recipe.machine != machine:
+                raise RemoteError(ErrorCode.NOT_FOUND, f"recipe {name} runs on {recipe.machine}, not on {machine}")
+            return recipe
+    names = ", ".join(r.name for r in lab.trainers if r.machine == machine) or "none"
+    raise RemoteError(ErrorCode.NOT_FOUND, f"no recipe named {name!r} on {machine} (recipes here: {names})")
+
+
+def recipe_json(recipe: Trainer) -> dict[str, Any]:
+    """A recipe as the console's launch form needs it."""
+    return {
+        "name": recipe.name,
+        "machine": recipe.machine,
+        "gpus": recipe.gpus,
+        "launcher": recipe.launcher,
+        "nproc_per_node": nproc(recipe) if recipe.launcher == "torchrun" else None,
+        "command": recipe.command,
+        "output_dir": recipe.output_dir,
+        "params": [
+            {**p.model_dump(mode="json"), "flag": flag_of(p)} for p in recipe.params
+        ],
+    }

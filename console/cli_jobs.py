@@ -1,0 +1,186 @@
+"""`cetlab train`, `jobs`, `stop`, `logs`: launch trainer recipes and watch them from scripts."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from typing import Any
+
+from agents.protocol import EVENT_LOG, ErrorCode, RemoteError
+
+EXIT_OK, EXIT_FAILED = 0, 1
+ACTIVE = ("starting", "running", "stopping")
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def state_text(job: dict[str, Any]) -> str:
+    state = job["state"]
+    if state in ("exited", "failed") and job.get("exit_code") is not None:
+        state = f"{state}({job['exit_code']})"
+    return state + (" GPU-STARVED" if job.get("starved") else "")
+
+
+def step_text(job: dict[str, Any]) -> str:
+    if job.get("step") is None:
+        return "-"
+    return f"{job['step']}/{job['max_steps']}" if job.get("max_steps") else str(job["step"])
+
+
+def jobs_human(data: dict[str, Any]) -> str:
+    rows = [("JOB", "RECIPE", "GPUS", "STATE", "STEP", "LOSS", "SAMPLES/S", "ETA", "ELAPSED")]
+    for job in data["jobs"]:
+        rows.append((
+            job["id"], job["recipe"], ",".join(map(str, job["gpus"])) or "-", state_text(job), step_text(job),
+            "-" if job.get("loss") is None else f"{job['loss']:.4f}",
+            "-" if job.get("samples_per_s") is None else f"{job['samples_per_s']:.1f}",
+            fmt_duration(job.get("eta_s")) if job["state"] in ACTIVE else "-", fmt_duration(job.get("elapsed_s")),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    if len(rows) == 1:
+        lines.append("(no jobs)")
+    lines += [f"{name}: OFFLINE {error}" for name, error in data["offline"].items()]
+    return "\n".join(lines)
+
+
+def job_human(job: dict[str, Any]) -> str:
+    lines = [f"job {job['id']} ({job['recipe']}) on {job['machine']} GPU {','.join(map(str, job['gpus'])) or '-'}: {state_text(job)}"]
+    if job.get("argv"):
+        lines.append("  " + " ".join(job["argv"]))
+    lines.append(f"  log: {job['log_path']}")
+    if job.get("error"):
+        lines.append(f"  error: {job['error']}")
+    return "\n".join(lines)
+
+
+def job_machine(ctx, job_id: str) -> str:
+    """Job ids are <machine>-<n>, unique across the lab."""
+    machine, _, n = job_id.rpartition("-")
+    names = {m.name for m in ctx.lab.machines}
+    if machine not in names or not n.isdigit():
+        raise RemoteError(ErrorCode.NOT_FOUND, f"no job {job_id!r}: job ids look like <machine>-<n>, e.g. {next(iter(names))}-1 (see `cetlab jobs`)")
+    return machine
+
+
+def parse_sets(items: list[str]) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RemoteError(ErrorCode.INVALID_PARAMS, f"--set expects key=value, got {item!r}")
+        params[key.strip()] = value
+    return params
+
+
+async def follow(ctx, machine: str, job_id: str, tail_lines: int, offset: int | None = None) -> int:
+    """Print the log's tail, then every new line until the job ends; the job's outcome is the exit code."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def on_event(name: str, event: str, data: Any) -> None:
+        if name == machine and event == EVENT_LOG and data.get("job") == job_id:
+            queue.put_nowait(data)
+
+    ctx.client.on_event = on_event
+    params: dict[str, Any] = {"id": job_id, "tail_lines": tail_lines, "follow": True}
+    if offset is not None:
+        params["offset"] = offset
+    first = await ctx.call(machine, "jobs.logs", params)
+    emit = (lambda line: print(json.dumps({"job": job_id, "line": line}), flush=True)) if ctx.args.json else (lambda line: print(line, flush=True))
+    for line in first["lines"]:
+        emit(line)
+    state, exit_code = first["state"], None
+    while state in ACTIVE:
+        try:
+            data = await asyncio.wait_for(queue.get(), 2.0)
+        except asyncio.TimeoutError:
+            if not ctx.state.machines[machine].online:
+                raise RemoteError(ErrorCode.DISCONNECTED, f"lost {machine} while following {job_id}") from None
+            continue
+        for line in data["lines"]:
+            emit(line)
+        if data.get("ended"):
+            state, exit_code = data["state"], data["exit_code"]
+    if exit_code is None:
+        job = await ctx.call(machine, "jobs.get", {"id": job_id})
+        state, exit_code = job["state"], job["exit_code"]
+    return EXIT_OK if state == "exited" and exit_code == 0 else EXIT_FAILED
+
+
+async def cmd_train(ctx) -> int:
+    recipe = next((r for r in ctx.lab.trainers if r.name == ctx.args.recipe), None)
+    if recipe is None:
+        names = ", ".join(r.name for r in ctx.lab.trainers) or "none"
+        raise RemoteError(ErrorCode.NOT_FOUND, f"no recipe named {ctx.args.recipe!r} in {ctx.lab.source} (recipes: {names})")
+    job = await ctx.call(recipe.machine, "jobs.start", {"recipe": recipe.name, "params": parse_sets(ctx.args.set)})
+    if ctx.args.follow:
+        print(json.dumps(job) if ctx.args.json else job_human(job), flush=True)
+        return await follow(ctx, recipe.machine, job["id"], 0, offset=0)
+    ctx.out(job, job_human)
+    return EXIT_OK
+
+
+async def cmd_jobs(ctx) -> int:
+    results = await ctx.client.call_all("jobs.list", {"limit": ctx.args.limit})
+    jobs = [job for r in results.values() if isinstance(r, list) for job in r]
+    jobs.sort(key=lambda j: j["started_at"], reverse=True)
+    if not ctx.args.all:
+        jobs = [j for j in jobs if j["state"] in ACTIVE] + [j for j in jobs if j["state"] not in ACTIVE][:10]
+    offline = {name: str(r.message if isinstance(r, RemoteError) else r) for name, r in results.items() if not isinstance(r, list)}
+    ctx.out({"jobs": jobs, "offline": offline}, jobs_human)
+    return EXIT_OK if len(offline) < len(results) else EXIT_FAILED
+
+
+async def cmd_stop(ctx) -> int:
+    machine = job_machine(ctx, ctx.args.job)
+    if ctx.args.kill:
+        job = await ctx.call(machine, "jobs.kill", {"id": ctx.args.job})
+    else:
+        params: dict[str, Any] = {"id": ctx.args.job}
+        if ctx.args.grace is not None:
+            params["grace_s"] = ctx.args.grace
+        job = await ctx.call(machine, "jobs.stop", params)
+    ctx.out(job, job_human)
+    return EXIT_OK
+
+
+async def cmd_logs(ctx) -> int:
+    machine = job_machine(ctx, ctx.args.job)
+    if ctx.args.follow:
+        return await follow(ctx, machine, ctx.args.job, ctx.args.tail)
+    data = await ctx.call(machine, "jobs.logs", {"id": ctx.args.job, "tail_lines": ctx.args.tail})
+    ctx.out(data, lambda d: "\n".join(d["lines"]))
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="start a trainer recipe from lab.yaml")
+    p.add_argument("recipe", help="a name under trainers: in lab.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a declared param of the recipe (repeatable)")
+    p.add_argument("--follow", "-f", action="store_true", help="print the log until the job ends; exit 0 only if it exits 0")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("jobs", help="training jobs of every machine")
+    p.add_argument("--all", action="store_true", help="every finished job too, not just the last 10")
+    p.add_argument("--limit", type=int, default=100, help="per machine (default 100)")
+    p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("stop", help="stop a job: SIGTERM, then SIGKILL after the grace period")
+    p.add_argument("job", help="job id, <machine>-<n>")
+    p.add_argument("--grace", type=float, help="seconds before SIGKILL (default: the recipe's stop_grace_s)")
+    p.add_argument("--kill", action="store_true", help="SIGKILL now")
+    p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("logs", help="a job's log")
+    p.add_argument("job", help="job id, <machine>-<n>")
+    p.add_argument("--tail", type=int, default=100, help="lines (default 100)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    p.set_defaults(func=cmd_logs)

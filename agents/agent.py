@@ -336,7 +336,8 @@ class Agent:
 
 def default_components() -> list[Component]:
     """The parts every agent runs; each later subsystem adds itself here."""
+    from agents.alerts import AlertsComponent
     from agents.costs import CostsComponent
     from agents.jobs.supervisor import JobsComponent
 
-    return [CostsComponent(), JobsComponent()]
+    return [CostsComponent(), AlertsComponent(), JobsComponent()]

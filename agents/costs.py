@@ -222,7 +222,7 @@ def component_section(agent: Agent, name: str) -> Any:
     return None
 
 
-def _items(section: Any) -> list[dict]:
+def section_items(section: Any) -> list[dict]:
     """A jobs/models section as a list of dicts, whichever of the plausible shapes it has."""
     if isinstance(section, dict):
         section = section.get("jobs") or section.get("models") or section.get("items") or []
@@ -232,11 +232,11 @@ def _items(section: Any) -> list[dict]:
 def gpu_holders(jobs: Any, models: Any) -> dict[int, tuple[str, str, str]]:
     """GPU index -> (kind, owner, label) from the jobs and models sections."""
     holders: dict[int, tuple[str, str, str]] = {}
-    for model in _items(models):
+    for model in section_items(models):
         if model.get("state") in MODEL_STATES and model.get("name"):
             for index in model.get("gpus") or []:
                 holders[index] = ("model", str(model["name"]), str(model["name"]))
-    for job in _items(jobs):  # a job and a model on one GPU: the job is what the GPU works for
+    for job in section_items(jobs):  # a job and a model on one GPU: the job is what the GPU works for
         if job.get("state") in JOB_STATES and job.get("id") is not None:
             label = str(job.get("recipe") or job.get("trainer") or job.get("name") or "")
             for index in job.get("gpus") or []:
@@ -256,7 +256,7 @@ def token_count(model: dict) -> float | None:
 
 def token_counts(models: Any) -> dict[str, float]:
     counts = {}
-    for model in _items(models):
+    for model in section_items(models):
         count = token_count(model)
         if count is not None and model.get("name"):
             counts[str(model["name"])] = count

@@ -1,0 +1,335 @@
+"""Alert rules evaluated on the agent every tick: a threshold held for a while fires, hysteresis clears."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.costs import JOB_STATES, component_section, section_items
+from agents.lab import Alerts
+from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError, Role, Telemetry
+
+if TYPE_CHECKING:
+    from agents.agent import Agent
+
+log = logging.getLogger("cetlab.alerts")
+
+SECTION_RECENT = 10  # cleared alerts kept in the section; the rest through alerts.list
+
+SCHEMA = [
+    """CREATE TABLE alerts (
+        n INTEGER PRIMARY KEY AUTOINCREMENT,  -- the alert id is "<machine>-<n>"
+        rule TEXT NOT NULL, target TEXT NOT NULL, level TEXT NOT NULL, message TEXT NOT NULL,
+        value REAL, threshold REAL, gpu INTEGER, job TEXT, model TEXT,
+        fired_at REAL NOT NULL, cleared_at REAL, acked_at REAL, acked_by TEXT)""",
+    "CREATE INDEX alerts_active ON alerts (cleared_at)",
+]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One rule looking at one target in one tick."""
+
+    rule: str
+    target: str  # "gpu0", "job 3", "model llama-3.1-8b", "disk"
+    over: bool  # past the threshold
+    clear: bool  # back inside the threshold by the hysteresis margin
+    for_s: float  # how long `over` must hold before the alert fires
+    level: str
+    message: str
+    value: float | None = None
+    threshold: float | None = None
+    gpu: int | None = None
+    job: str | None = None
+    model: str | None = None
+
+
+@dataclass
+class Alert:
+    n: int
+    machine: str
+    rule: str
+    target: str
+    level: str
+    message: str
+    fired_at: float
+    value: float | None = None
+    threshold: float | None = None
+    gpu: int | None = None
+    job: str | None = None
+    model: str | None = None
+    cleared_at: float | None = None
+    acked_at: float | None = None
+    acked_by: str | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.machine}-{self.n}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, **asdict(self), "acked": self.acked_at is not None}
+
+
+@dataclass
+class _Track:
+    over_since: float | None = None
+    clear_since: float | None = None
+    alert: Alert | None = None
+
+
+@dataclass
+class _LossBest:
+    loss: float
+    step: int
+
+
+@dataclass
+class AlertEngine:
+    """The rules and their state; pure: feed it observations with times, it says what fired and cleared."""
+
+    settings: Alerts
+    tracks: dict[tuple[str, str], _Track] = field(default_factory=dict)
+    best: dict[str, _LossBest] = field(default_factory=dict)
+
+    def observe(self, telemetry: Telemetry, jobs: Any = None, models: Any = None) -> list[Observation]:
+        """Every rule's view of this tick."""
+        s = self.settings
+        low, high = 1 - s.hysteresis_pct / 100, 1 + s.hysteresis_pct / 100
+        out: list[Observation] = []
+        gpus = {g.index: g for g in telemetry.gpus if not g.failed}
+        for g in gpus.values():
+            if g.temp_c is not None:
+                out.append(Observation(
+                    "gpu_hot", f"gpu{g.index}", g.temp_c > s.temp_c, g.temp_c < s.temp_c * low, s.temp_for_s, "critical",
+                    f"gpu{g.index} {g.name} at {g.temp_c:.0f} C (limit {s.temp_c:.0f} C)", g.temp_c, s.temp_c, gpu=g.index))
+            if g.mem_used_bytes is not None and g.mem_total_bytes:
+                pct = g.mem_used_bytes / g.mem_total_bytes * 100
+                out.append(Observation(
+                    "vram_full", f"gpu{g.index}", pct > s.vram_pct, pct < s.vram_pct * low, s.vram_for_s, "warning",
+                    f"gpu{g.index} {g.name} VRAM {pct:.0f}% used (limit {s.vram_pct:.0f}%)", round(pct, 1), s.vram_pct, gpu=g.index))
+        for job in section_items(jobs):
+            if job.get("state") not in JOB_STATES or job.get("id") is None:
+                continue
+            job_id, name = str(job["id"]), f"job {job['id']}" + (f" {job['recipe']}" if job.get("recipe") else "")
+            if job.get("state") == "running":
+                for index in job.get("gpus") or []:
+                    util = gpus[index].util_pct if index in gpus else None
+                    if util is not None:
+                        out.append(Observation(
+                            "gpu_starved", f"gpu{index}", util < s.starved_util_pct, util > s.starved_util_pct * high, s.starved_for_s,
+                            "warning", f"{name}: gpu{index} at {util:.0f}% utilisation (under {s.starved_util_pct:.0f}%): "
+                            "the GPU waits for data; check dataloader workers and I/O", util, s.starved_util_pct, gpu=index, job=job_id))
+            stalled = self._steps_without_improvement(job_id, job)
+            if stalled is not None:
+                steps, best = stalled
+                out.append(Observation(
+                    "no_improvement", f"job {job_id}", steps >= s.no_improvement_steps, steps < s.no_improvement_steps, 0.0, "warning",
+                    f"{name}: no loss improvement for {steps} steps (best {best.loss:.4g} at step {best.step})",
+                    steps, s.no_improvement_steps, job=job_id))
+            saves = [c for c in job.get("checkpoints") or [] if isinstance(c, dict) and isinstance(c.get("save_s"), (int, float))]
+            if saves:
+                last = max(saves, key=lambda c: (c.get("at") or 0, c.get("step") or 0))
+                out.append(Observation(
+                    "checkpoint_slow", f"job {job_id}", last["save_s"] > s.checkpoint_save_s, last["save_s"] < s.checkpoint_save_s * low,
+                    0.0, "warning", f"{name}: checkpoint save at step {last.get('step')} took {last['save_s']:.0f} s "
+                    f"(limit {s.checkpoint_save_s:.0f} s): save less often or to a faster disk", last["save_s"], s.checkpoint_save_s, job=job_id))
+        for job_id in set(self.best) - {str(j.get("id")) for j in section_items(jobs) if j.get("state") in JOB_STATES}:
+            del self.best[job_id]
+        for model in section_items(models):
+            if model.get("name"):
+                failed = model.get("state") == "failed"
+                reason = model.get("error") or model.get("reason") or (f"exit code {model['exit_code']}" if model.get("exit_code") is not None else "")
+                out.append(Observation(
+                    "engine_failed", f"model {model['name']}", failed, not failed, 0.0, "critical",
+                    f"model {model['name']}: engine failed" + (f": {reason}" if reason else ""), model=str(model["name"])))
+        host = telemetry.host
+        if host.disk_total_bytes and host.disk_used_bytes is not None:
+            free = (1 - host.disk_used_bytes / host.disk_total_bytes) * 100
+            out.append(Observation(
+                "disk_full", "disk", free < s.disk_free_pct, free > s.disk_free_pct * high, s.disk_for_s, "critical",
+                f"disk {host.disk_path} {free:.1f}% free (under {s.disk_free_pct:.0f}%)", round(free, 2), s.disk_free_pct))
+        return out
+
+    def _steps_without_improvement(self, job_id: str, job: dict) -> tuple[int, _LossBest] | None:
+        step, loss = job.get("step"), job.get("loss")
+        if not isinstance(step, int) or not isinstance(loss, (int, float)):
+            return None
+        best = self.best.get(job_id)
+        if best is None or loss < best.loss or step < best.step:  # a lower loss, or a job restarted from scratch
+            best = self.best[job_id] = _LossBest(float(loss), step)
+        return step - best.step, best
+
+    def evaluate(self, t: float, observations: list[Observation], new_alert) -> tuple[list[Alert], list[Alert]]:
+        """Advance every rule's state to time t; `new_alert(observation, t)` makes a fired Alert. Returns (fired, cleared)."""
+        fired, cleared = [], []
+        seen = set()
+        for obs in observations:
+            key = (obs.rule, obs.target)
+            seen.add(key)
+            track = self.tracks.setdefault(key, _Track())
+            if track.alert is None:
+                track.over_since = (t if track.over_since is None else track.over_since) if obs.over else None
+                if track.over_since is not None and t - track.over_since >= obs.for_s:
+                    track.alert = new_alert(obs, t)
+                    track.over_since = track.clear_since = None
+                    fired.append(track.alert)
+            else:
+                track.clear_since = (t if track.clear_since is None else track.clear_since) if obs.clear else None
+                if track.clear_since is not None and t - track.clear_since >= self.settings.clear_for_s:
+                    track.alert.cleared_at = t
+                    cleared.append(track.alert)
+                    track.alert = track.clear_since = None
+        for key in list(self.tracks):
+            if key not in seen:  # the GPU, job or model is gone: nothing left to be wrong
+                track = self.tracks.pop(key)
+                if track.alert is not None:
+                    track.alert.cleared_at = t
+                    cleared.append(track.alert)
+        return fired, cleared
+
+    def active(self) -> list[Alert]:
+        return [t.alert for t in self.tracks.values() if t.alert is not None]
+
+
+# ---------------------------------------------------------------------------- the component
+
+
+class ListParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    active: bool = False  # only alerts not cleared yet
+    limit: int = Field(default=100, ge=1, le=1000)
+    since: float | None = None  # unix time: alerts fired after it
+
+
+class AckParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(max_length=100)
+
+
+class OverrideParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: int = Field(ge=0)
+    temp_c: float | None = Field(default=None, ge=-50, le=200)
+    util_pct: float | None = Field(default=None, ge=0, le=100)
+    mem_used_bytes: int | None = Field(default=None, ge=0)
+    power_w: float | None = Field(default=None, ge=0)
+    clear: bool = False  # drop this GPU's overrides first (alone: back to the simulation)
+
+
+class AlertsComponent:
+    """Component "alerts": the engine on every tick, history in SQLite, notices, ack; plus `sim.override`."""
+
+    name = "alerts"
+
+    def __init__(self) -> None:
+        self.agent: Agent | None = None
+        self.engine: AlertEngine | None = None
+        self._section: dict[str, Any] = {"active": [], "recent": [], "unacked": 0}
+
+    async def start(self, agent: Agent) -> None:
+        self.agent = agent
+        self.engine = AlertEngine(agent.lab.alerts)
+        agent.store.migrate("alerts", SCHEMA)
+        for row in agent.store.query("SELECT * FROM alerts WHERE cleared_at IS NULL"):
+            # still firing when the agent stopped: keep it so it clears (or not) on what it sees now
+            alert = Alert(machine=agent.machine.name, **row)
+            self.engine.tracks[(alert.rule, alert.target)] = _Track(alert=alert)
+        self._refresh()
+        self._register()
+
+    async def stop(self) -> None:
+        pass
+
+    def _new_alert(self, obs: Observation, t: float) -> Alert:
+        fields = dict(rule=obs.rule, target=obs.target, level=obs.level, message=obs.message, value=obs.value,
+                      threshold=obs.threshold, gpu=obs.gpu, job=obs.job, model=obs.model, fired_at=t)
+        with self.agent.store.transaction() as db:
+            n = db.execute(f"INSERT INTO alerts ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})", tuple(fields.values())).lastrowid
+        return Alert(n=n, machine=self.agent.machine.name, **fields)
+
+    def on_telemetry(self, telemetry: Telemetry) -> None:
+        agent = self.agent
+        observations = self.engine.observe(telemetry, component_section(agent, "jobs"), component_section(agent, "models"))
+        fired, cleared = self.engine.evaluate(telemetry.t, observations, self._new_alert)
+        if cleared:
+            with agent.store.transaction() as db:
+                db.executemany("UPDATE alerts SET cleared_at=? WHERE n=?", [(a.cleared_at, a.n) for a in cleared])
+        for alert in fired:
+            log.warning("alert %s %s: %s", alert.id, alert.rule, alert.message)
+            agent.notify(EVENT_NOTICE, {"level": alert.level, "message": f"{agent.machine.name}: {alert.message}", "alert": alert.to_json()})
+        for alert in cleared:
+            log.info("alert %s cleared: %s", alert.id, alert.message)
+            agent.notify(EVENT_NOTICE, {"level": "info", "message": f"{agent.machine.name}: cleared: {alert.message}", "alert": alert.to_json()})
+        if fired or cleared:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        active = sorted(self.engine.active(), key=lambda a: -a.fired_at)
+        recent = self.agent.store.query("SELECT * FROM alerts WHERE cleared_at IS NOT NULL ORDER BY n DESC LIMIT ?", (SECTION_RECENT,))
+        self._section = {
+            "active": [a.to_json() for a in active],
+            "recent": [Alert(machine=self.agent.machine.name, **r).to_json() for r in recent],
+            "unacked": sum(1 for a in active if a.acked_at is None),
+        }
+
+    def section(self) -> dict[str, Any]:
+        return self._section
+
+    def _register(self) -> None:
+        agent = self.agent
+        rpc = agent.rpc
+
+        @rpc.method("alerts.list", params=ListParams, doc="Alert history, newest first (active only with active: true).")
+        async def list_alerts(peer, params: ListParams) -> dict:
+            where, args = ["1=1"], []
+            if params.active:
+                where.append("cleared_at IS NULL")
+            if params.since is not None:
+                where.append("fired_at > ?")
+                args.append(params.since)
+            rows = agent.store.query(f"SELECT * FROM alerts WHERE {' AND '.join(where)} ORDER BY n DESC LIMIT ?", (*args, params.limit))
+            return {"machine": agent.machine.name, "alerts": [Alert(machine=agent.machine.name, **r).to_json() for r in rows]}
+
+        @rpc.method("alerts.ack", role=Role.OPERATOR, params=AckParams, doc="Acknowledge an alert: its badge goes, its history stays.")
+        async def ack(peer, params: AckParams) -> dict:
+            machine, _, n = params.id.rpartition("-")
+            if machine != agent.machine.name or not n.isdigit():
+                raise RemoteError(ErrorCode.NOT_FOUND, f"no alert {params.id!r} on {agent.machine.name} (ids look like {agent.machine.name}-12; see `cetlab alerts --all`)")
+            now = time.time()
+            with agent.store.transaction() as db:
+                db.execute("UPDATE alerts SET acked_at=?, acked_by=? WHERE n=? AND acked_at IS NULL", (now, peer.who, int(n)))
+            rows = agent.store.query("SELECT * FROM alerts WHERE n=?", (int(n),))
+            if not rows:
+                raise RemoteError(ErrorCode.NOT_FOUND, f"no alert {params.id!r} on {agent.machine.name} (see `cetlab alerts --all`)")
+            for alert in self.engine.active():
+                if alert.n == int(n) and alert.acked_at is None:
+                    alert.acked_at, alert.acked_by = rows[0]["acked_at"], rows[0]["acked_by"]
+            log.info("alert %s acknowledged by %s", params.id, peer.who)
+            self._refresh()
+            return Alert(machine=agent.machine.name, **rows[0]).to_json()
+
+        @rpc.method("sim.override", role=Role.OPERATOR, params=OverrideParams,
+                    doc="Simulated GPUs only: force temp_c / util_pct / mem_used_bytes / power_w of one GPU (clear: true drops them).")
+        async def override(peer, params: OverrideParams) -> dict:
+            sampler = agent.gpus
+            if not agent.simulated or not hasattr(sampler, "override"):
+                raise RemoteError(ErrorCode.UNAVAILABLE, f"{agent.machine.name} has real GPUs ({sampler.backend}); sim.override only drives simulated ones")
+            count = len(agent.latest.gpus) if agent.latest else 0
+            if params.gpu >= count:
+                raise RemoteError(ErrorCode.NOT_FOUND, f"{agent.machine.name} has {count} GPUs (0..{count - 1}), no GPU {params.gpu}")
+            fields = params.model_dump(exclude={"gpu", "clear"}, exclude_none=True)
+            if not fields and not params.clear:
+                raise RemoteError(ErrorCode.INVALID_PARAMS, "give at least one of temp_c, util_pct, mem_used_bytes, power_w, or clear: true")
+            if params.clear:
+                sampler.override(params.gpu)
+            if fields:
+                sampler.override(params.gpu, **fields)
+            log.info("%s overrode simulated gpu%d: %s", peer.who, params.gpu, fields or "cleared")
+            return {"gpu": params.gpu, "overrides": fields, "simulated": True}

@@ -1,0 +1,214 @@
+"""Alert rules: each fires after its duration and clears with hysteresis; end to end over SSH with sim.override."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from agents.alerts import Alert, AlertEngine
+from agents.lab import Alerts, load_lab
+from agents.protocol import EVENT_NOTICE, EVENT_TICK, GpuSample, HostSample, RemoteError, Telemetry
+from console.client import FleetClient
+from console.demo import DemoLab
+from tests.conftest import wait_for
+
+GIB = 1024**3
+SETTINGS = Alerts(temp_c=85, temp_for_s=3, vram_pct=95, vram_for_s=3, starved_util_pct=50, starved_for_s=3,
+                  no_improvement_steps=100, checkpoint_save_s=30, disk_free_pct=5, disk_for_s=2, hysteresis_pct=5, clear_for_s=2)
+
+
+def gpu(temp_c=60.0, util_pct=90.0, mem_gib=10.0, index=0) -> GpuSample:
+    return GpuSample(index=index, name="Tesla V100", temp_c=temp_c, util_pct=util_pct, mem_used_bytes=int(mem_gib * GIB), mem_total_bytes=32 * GIB)
+
+
+def telemetry(*gpus: GpuSample, disk_free_pct: float = 50.0) -> Telemetry:
+    host = HostSample(disk_path="/data", disk_used_bytes=int((100 - disk_free_pct) * GIB), disk_total_bytes=100 * GIB)
+    return Telemetry(machine="m", t=0.0, gpus=list(gpus), host=host)
+
+
+class Script:
+    """Feeds an engine one tick per second and records when each rule fired and cleared."""
+
+    def __init__(self, settings: Alerts = SETTINGS):
+        self.engine = AlertEngine(settings)
+        self.t = 0
+        self.events: list[tuple[int, str, str, str]] = []
+        self._n = itertools.count(1)
+
+    def _new(self, obs, t) -> Alert:
+        return Alert(n=next(self._n), machine="m", rule=obs.rule, target=obs.target, level=obs.level, message=obs.message,
+                     fired_at=t, value=obs.value, threshold=obs.threshold, gpu=obs.gpu, job=obs.job, model=obs.model)
+
+    def tick(self, tel: Telemetry, jobs=None, models=None, rule: str | None = None) -> None:
+        fired, cleared = self.engine.evaluate(self.t, self.engine.observe(tel, jobs, models), self._new)
+        self.events += [(self.t, "fired", a.rule, a.target) for a in fired if rule in (None, a.rule)]
+        self.events += [(self.t, "cleared", a.rule, a.target) for a in cleared if rule in (None, a.rule)]
+        self.t += 1
+
+
+def test_hot_gpu_fires_after_its_duration_and_clears_below_the_hysteresis_band():
+    s = Script()
+    for temp in (80, 86, 84, 86, 84):  # flapping around the line: never 3 s in a row
+        s.tick(telemetry(gpu(temp_c=temp)))
+    assert s.events == []
+    for temp in (87, 88, 89, 90):  # t=5..8: over since 5, fires at 8
+        s.tick(telemetry(gpu(temp_c=temp)))
+    assert s.events == [(8, "fired", "gpu_hot", "gpu0")]
+    for temp in (84, 82, 86, 80, 80, 79):  # t=9..14: 84 and 82 are inside the band (clear below 80.75)
+        s.tick(telemetry(gpu(temp_c=temp)))
+    assert s.events[1:] == [(14, "cleared", "gpu_hot", "gpu0")]  # below the band since 12, for clear_for_s=2
+    assert [a.message for a in s.engine.active()] == []
+
+
+def test_vram_full_and_the_gpu_disappearing_clears_it():
+    s = Script()
+    for _ in range(4):
+        s.tick(telemetry(gpu(mem_gib=31.0)))  # 96.9 %
+    assert s.events == [(3, "fired", "vram_full", "gpu0")]
+    s.tick(telemetry(gpu(mem_gib=29.5)))  # 92 %: inside the band (clear below 90.25 %)
+    s.tick(telemetry(gpu(mem_gib=29.5)))
+    s.tick(telemetry(gpu(mem_gib=29.5)))
+    assert len(s.events) == 1
+    s.tick(telemetry())  # the GPU is gone (lost, or the machine lists no GPUs)
+    assert s.events[1] == (7, "cleared", "vram_full", "gpu0")
+
+
+def test_gpu_starved_only_while_a_job_runs_on_it():
+    s = Script()
+    job = {"id": "3", "recipe": "cet-d", "gpus": [0], "state": "running"}
+    for _ in range(4):
+        s.tick(telemetry(gpu(util_pct=8)))  # no job: a quiet GPU is fine
+    assert s.events == []
+    for _ in range(4):
+        s.tick(telemetry(gpu(util_pct=8)), jobs=[job])
+    assert s.events == [(7, "fired", "gpu_starved", "gpu0")]
+    alert = s.engine.active()[0]
+    assert alert.job == "3" and "job 3 cet-d" in alert.message and "dataloader" in alert.message
+    for util in (51, 52, 60, 61, 62):  # t=8..12: clear above 52.5 %, held for 2 s
+        s.tick(telemetry(gpu(util_pct=util)), jobs=[job])
+    assert s.events[1:] == [(12, "cleared", "gpu_starved", "gpu0")]
+    for _ in range(4):
+        s.tick(telemetry(gpu(util_pct=8)), jobs=[job])
+    s.tick(telemetry(gpu(util_pct=8)), jobs=[{**job, "state": "exited"}])  # the job ended: nothing is starved
+    assert [e[1] for e in s.events] == ["fired", "cleared", "fired", "cleared"]
+
+
+def test_no_loss_improvement_for_n_steps():
+    s = Script()
+    job = {"id": "7", "gpus": [], "state": "running"}
+    for step, loss in ((0, 1.0), (50, 0.9), (120, 0.95), (149, 0.93)):
+        s.tick(telemetry(), jobs=[{**job, "step": step, "loss": loss}])
+    assert s.events == []
+    s.tick(telemetry(), jobs=[{**job, "step": 150, "loss": 0.91}])  # 100 steps since the best (0.9 at 50)
+    assert s.events == [(4, "fired", "no_improvement", "job 7")]
+    assert "best 0.9 at step 50" in s.engine.active()[0].message
+    for step in (160, 170, 180):
+        s.tick(telemetry(), jobs=[{**job, "step": step, "loss": 0.8}])  # improved at 160
+    assert s.events[1:] == [(7, "cleared", "no_improvement", "job 7")]
+
+
+def test_slow_checkpoint_save():
+    s = Script()
+    job = {"id": "7", "gpus": [], "state": "running", "checkpoints": [{"step": 1000, "save_s": 12.0, "at": 1.0}]}
+    s.tick(telemetry(), jobs=[job])
+    assert s.events == []
+    job["checkpoints"] = job["checkpoints"] + [{"step": 2000, "save_s": 74.0, "at": 2.0}]
+    s.tick(telemetry(), jobs=[job])
+    assert s.events == [(1, "fired", "checkpoint_slow", "job 7")]
+    assert "took 74 s" in s.engine.active()[0].message
+    job["checkpoints"] = job["checkpoints"] + [{"step": 3000, "save_s": 9.0, "at": 3.0}]
+    for _ in range(3):
+        s.tick(telemetry(), jobs=[job])
+    assert s.events[1:] == [(4, "cleared", "checkpoint_slow", "job 7")]
+
+
+def test_disk_nearly_full():
+    s = Script()
+    for free in (4.0, 4.0, 4.0):
+        s.tick(telemetry(disk_free_pct=free))
+    assert s.events == [(2, "fired", "disk_full", "disk")]
+    for free in (5.1, 5.2, 5.1):  # above 5 % but inside the band (clear above 5.25 %)
+        s.tick(telemetry(disk_free_pct=free))
+    for free in (6.0, 6.0, 6.0):
+        s.tick(telemetry(disk_free_pct=free))
+    assert s.events[1:] == [(8, "cleared", "disk_full", "disk")]
+
+
+def test_engine_failed():
+    s = Script()
+    s.tick(telemetry(), models=[{"name": "llama", "state": "warm"}])
+    s.tick(telemetry(), models=[{"name": "llama", "state": "failed", "error": "CUDA out of memory"}])
+    assert s.events == [(1, "fired", "engine_failed", "model llama")]
+    assert s.engine.active()[0].message == "model llama: engine failed: CUDA out of memory"
+    for _ in range(3):
+        s.tick(telemetry(), models=[{"name": "llama", "state": "loading"}])
+    assert s.events[1:] == [(4, "cleared", "engine_failed", "model llama")]
+
+
+# ---------------------------------------------------------------------------- real agents over SSH
+
+LAB = {
+    "lab": "alert-lab",
+    "machines": [
+        {"name": "box", "idle_watts": 50, "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}},
+        {"name": "plain", "gpus": "none"},
+    ],
+    "alerts": {"temp_for_s": "2s", "clear_for_s": "1s"},
+}
+
+
+@pytest.mark.timeout(90)
+async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
+    notices = []
+    with DemoLab(tmp_path / "run", source=lab_file(LAB)) as demo:
+        lab = load_lab(demo.lab_path)
+        client = FleetClient(lab, subscribe=[EVENT_TICK, EVENT_NOTICE], on_event=lambda m, e, d: notices.append((m, e, d)))
+        async with client:
+            box = client.state.machines["box"]
+            await wait_for(lambda: box.online and "alerts" in box.sections, timeout=30)
+
+            def hot() -> list[dict]:  # (a nearly full disk on the test machine would be an alert too)
+                return [a for a in box.sections["alerts"]["active"] if a["rule"] == "gpu_hot"]
+
+            assert hot() == []
+            await client.call("box", "sim.override", {"gpu": 0, "temp_c": 95})
+            await wait_for(hot, timeout=20)
+            alert = hot()[0]
+            assert (alert["rule"], alert["target"], alert["level"], alert["acked"]) == ("gpu_hot", "gpu0", "critical", False)
+            await wait_for(lambda: any(e == EVENT_NOTICE and d["alert"]["id"] == alert["id"] for _, e, d in notices), timeout=10)
+
+            acked = await client.call("box", "alerts.ack", {"id": alert["id"]})
+            assert acked["acked"] and acked["acked_by"] == "demo-console"
+            await wait_for(lambda: hot()[0]["acked"], timeout=10)
+
+            await client.call("box", "sim.override", {"gpu": 0, "temp_c": 40, "clear": True})
+            await wait_for(lambda: not hot(), timeout=20)
+            assert box.sections["alerts"]["recent"][0]["id"] == alert["id"]
+            history = await client.call("box", "alerts.list", {})
+            assert history["alerts"][0]["cleared_at"] >= history["alerts"][0]["fired_at"]
+
+            with pytest.raises(RemoteError) as info:
+                await client.call("box", "sim.override", {"gpu": 3, "temp_c": 90})
+            assert info.value.code == "not_found"
+            with pytest.raises(RemoteError) as info:
+                await client.call("box", "sim.override", {"gpu": 0})
+            assert info.value.code == "invalid_params"
+            with pytest.raises(RemoteError) as info:
+                await client.call("plain", "sim.override", {"gpu": 0, "temp_c": 90})
+            assert info.value.code == "unavailable"
+            with pytest.raises(RemoteError) as info:
+                await client.call("box", "alerts.ack", {"id": "plain-1"})
+            assert info.value.code == "not_found"
+            assert (await client.call("box", "ping"))["t"] > 0  # and the agent keeps serving
+
+        out = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "--json", "alerts", "--all"],
+            capture_output=True, text=True, timeout=40,
+        )
+        assert out.returncode == 0, out.stderr
+        assert alert["id"] in [a["id"] for a in json.loads(out.stdout)["alerts"]]

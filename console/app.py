@@ -40,10 +40,13 @@ class CetlabApp(App):
         Binding("escape", "back", "Back", show=False),
     ]
 
-    def __init__(self, lab: Lab, *, readonly: bool = False, trust_on_first_use: bool | None = None, client: FleetClient | None = None):
+    def __init__(self, lab: Lab, *, readonly: bool = False, trust_on_first_use: bool | None = None,
+                 client: FleetClient | None = None, connect: bool = True, clock=time.time):
         super().__init__()
         self.lab = lab
         self.readonly = readonly
+        self.connect = connect  # False: show a prepared LabState only (snapshot tests)
+        self.clock = clock
         self.state = client.state if client else LabState(lab)
         self.client = client or FleetClient(lab, self.state, trust_on_first_use=trust_on_first_use,
                                             subscribe=[EVENT_TICK, EVENT_NOTICE], on_event=self._on_event)
@@ -53,7 +56,8 @@ class CetlabApp(App):
             self.add_mode(name, _view_factory(name))
 
     async def on_mount(self) -> None:
-        await self.client.start()
+        if self.connect:
+            await self.client.start()
         await self.switch_mode("fleet")
         self.set_interval(RENDER_INTERVAL_S, self.render_tick)
 
@@ -68,7 +72,7 @@ class CetlabApp(App):
         if self.state.version != self._rendered_version or screen.is_current:
             self._rendered_version = self.state.version
             screen.refresh_data()
-        now = time.time()
+        now = self.clock()
         ages = [v.age_s(now) for v in self.state.machines.values() if v.online and v.sample_t]
         if ages:
             self.render_ages.append(max(ages))

@@ -46,9 +46,11 @@ class GpuRow(Static):
     def __init__(self, **kwargs) -> None:
         super().__init__("", **kwargs)
         self._shown: tuple | None = None
+        self.text = Text()
 
     def show(self, gpu: dict[str, Any], util_history: list[float], owner: str | None, limits: Thresholds) -> None:
         key = (tuple(sorted((k, v) for k, v in gpu.items() if k != "processes")), tuple(util_history[-SPARK_WIDTH:]), owner, limits)
         if key != self._shown:
             self._shown = key
-            self.update(gpu_line(gpu, util_history, owner, limits))
+            self.text = gpu_line(gpu, util_history, owner, limits)
+            self.update(self.text)

@@ -11,7 +11,7 @@ from widgets.format import GIB
 
 
 def header_text(lab: str, view: str, online: int, machines: int, gpus: int, vram_bytes: int,
-                simulated: bool, readonly: bool, cost: Text | str | None = None) -> Text:
+                simulated: bool, readonly: bool, now: float, cost: Text | str | None = None) -> Text:
     line = Text(" cetlab ", style="bold black on cyan")
     line.append(f" {lab} ", style="bold")
     line.append(f"· {view} ", style="italic")
@@ -24,7 +24,7 @@ def header_text(lab: str, view: str, online: int, machines: int, gpus: int, vram
     if cost:
         line.append("  ")
         line.append(cost if isinstance(cost, Text) else Text(cost))
-    line.append(f"  {time.strftime('%H:%M:%S')}", style="dim")
+    line.append(f"  {time.strftime('%H:%M:%S', time.localtime(now))}", style="dim")
     return line
 
 

@@ -13,7 +13,7 @@ from widgets.gpu_row import GpuRow
 
 
 def header_line(name: str, role: str, link: str, error: str | None, last_seen: float | None,
-                host: dict[str, Any], simulated: bool, badges: list[str]) -> Text:
+                host: dict[str, Any], simulated: bool, badges: list[str], now: float) -> Text:
     line = Text(f"{name}", style="bold")
     if role:
         line.append(f"  {role}", style="dim")
@@ -24,7 +24,7 @@ def header_line(name: str, role: str, link: str, error: str | None, last_seen: f
     if link != "online":
         label = {"connecting": "CONNECTING", "untrusted": "UNTRUSTED HOST KEY", "refused": "REFUSED"}.get(link, "OFFLINE")
         line.append(f"  {label}", style="bold red" if link != "connecting" else "yellow")
-        line.append(f"  last seen {fmt_ago(last_seen)}", style="dim")
+        line.append(f"  last seen {fmt_ago(last_seen, now)}", style="dim")
         if error:
             line.append(f"\n  {error}", style="red")
         return line
@@ -63,8 +63,8 @@ class MachineCard(Vertical, can_focus=True):
 
     def show(self, *, role: str, link: str, error: str | None, last_seen: float | None, host: dict[str, Any],
              gpus: dict[int, dict[str, Any]], util_history: dict[int, list[float]], owners: dict[int, str],
-             simulated: bool, gpu_status: str | None, limits: Thresholds, badges: list[str] | None = None) -> None:
-        header = header_line(self.machine, role, link, error, last_seen, host, simulated, badges or [])
+             simulated: bool, gpu_status: str | None, limits: Thresholds, now: float, badges: list[str] | None = None) -> None:
+        header = header_line(self.machine, role, link, error, last_seen, host, simulated, badges or [], now)
         if header != self._header_shown:
             self._header_shown = header
             self._header.update(header)

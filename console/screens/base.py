@@ -32,7 +32,7 @@ class LabScreen(Screen):
             online = sum(v.online for v in state.machines.values())
             simulated = any(v.simulated for v in state.machines.values())
             header.show(header_text(state.lab.lab, self.VIEW_NAME, online, len(state.machines), gpus, vram,
-                                    simulated, app.readonly, app.header_cost()))
+                                    simulated, app.readonly, app.clock(), app.header_cost()))
 
     def refresh_data(self) -> None:
         """Read app.state and update widgets that changed; never fetch here."""

@@ -59,8 +59,8 @@ class FleetScreen(LabScreen):
         limits = self.thresholds()
         for card in self.query(MachineCard):
             view = state.machines[card.machine]
-            if getattr(card, "_version_shown", None) == view.version:
-                continue
+            if getattr(card, "_version_shown", None) == view.version and view.online:
+                continue  # offline cards still tick: "last seen ... ago" moves
             card._version_shown = view.version
             card.show(
                 role=view.config.role,
@@ -74,6 +74,7 @@ class FleetScreen(LabScreen):
                 simulated=view.simulated,
                 gpu_status=(view.sections.get("gpu_status") or {}).get("status"),
                 limits=limits,
+                now=self.lab_app.clock(),
                 badges=alert_badges(view),
             )
 

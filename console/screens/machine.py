@@ -61,7 +61,7 @@ class MachineScreen(LabScreen):
                     f"disk {fmt_bytes(host.get('disk_used_bytes'))}/{fmt_bytes(host.get('disk_total_bytes'))}  "
                     f"net ↓{fmt_bytes(host.get('net_rx_bytes_per_s'))}/s ↑{fmt_bytes(host.get('net_tx_bytes_per_s'))}/s")
         else:
-            text = f"[b]{self.machine}[/b]  [bold red]{view.link.upper()}[/]  last seen {fmt_ago(view.last_seen)}\n{view.error or ''}"
+            text = f"[b]{self.machine}[/b]  [bold red]{view.link.upper()}[/]  last seen {fmt_ago(view.last_seen, self.lab_app.clock())}\n{view.error or ''}"
         self.query_one("#host", Static).update(text)
         self._refresh_gpus(view)
         self._refresh_processes(view)

@@ -1,0 +1,118 @@
+"""The Textual console: Pilot against the live demo agents, and snapshots of a frozen lab."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import yaml
+
+from agents.lab import load_lab
+from console.app import CetlabApp
+from console.client import FleetClient
+from console.screens.fleet import FleetScreen
+from console.screens.help import HelpScreen
+from console.screens.machine import MachineScreen
+from tests.conftest import wait_for
+from tests.console_fixtures import FROZEN_NOW, frozen_state
+from widgets.machine_card import MachineCard
+
+SIZE = (160, 50)
+
+
+def card_text(app, name: str) -> str:
+    card = app.screen.query_one(f"#card-{name}", MachineCard)
+    return str(card._header_shown)
+
+
+async def test_fleet_shows_every_gpu_live_and_navigates(demo_lab):
+    app = CetlabApp(load_lab(demo_lab.lab_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(lambda: all(v.online for v in app.state.machines.values()), timeout=30)
+        await wait_for(lambda: app.state.gpu_totals() == (9, 156 * 1024**3))
+        await pilot.pause(0.6)
+        assert isinstance(app.screen, FleetScreen)
+        header = str(app.screen.query_one("LabHeader")._shown)
+        assert "4/4 machines online" in header and "9 GPUs" in header and "156 GB VRAM" in header and "SIM" in header
+        assert "SIM" in card_text(app, "m5") and "online" in card_text(app, "m5")
+        rows = app.screen.query_one("#card-m5", MachineCard)._rows
+        assert len(rows) == 5 and "Tesla V100" in str(rows[0].text)
+
+        await pilot.press("enter")  # the focused card is m5
+        assert isinstance(app.screen, MachineScreen) and app.screen.machine == "m5"
+        await pilot.pause(1.2)
+        procs = app.screen.query_one("#procs")
+        assert procs.row_count >= 1  # the simulated background load shows as a process
+        await pilot.press("escape")
+        assert isinstance(app.screen, FleetScreen)
+
+        await pilot.press("down", "enter")
+        assert isinstance(app.screen, MachineScreen) and app.screen.machine == "irina"
+        await pilot.press("escape")
+
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+
+        await pilot.press("colon")
+        await pilot.press(*"fleet", "enter")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, FleetScreen)
+        await pilot.press("q")
+    assert app.return_code in (0, None)
+
+
+async def test_an_offline_machine_is_shown_with_its_last_seen_time(small_demo):
+    data = yaml.safe_load(small_demo.lab_path.read_text())
+    data["machines"].append({"name": "ghost", "host": "127.0.0.1", "port": 9, "gpus": "none"})
+    path = small_demo.dir / "with-ghost.yaml"
+    path.write_text(yaml.safe_dump(data))
+    app = CetlabApp(load_lab(path))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(lambda: app.state.machines["box"].online and app.state.machines["ghost"].link == "offline", timeout=30)
+        await pilot.pause(0.6)
+        assert "OFFLINE" in card_text(app, "ghost") and "last seen never" in card_text(app, "ghost")
+        assert "connection refused" in card_text(app, "ghost")
+        assert "online" in card_text(app, "box")
+        header = str(app.screen.query_one("LabHeader")._shown)
+        assert "1/2 machines online" in header
+        # the machine that was online goes away: the card says so, with when it was last seen
+        small_demo.stop()
+        await wait_for(lambda: app.state.machines["box"].link == "offline", timeout=30)
+        await pilot.pause(0.6)
+        assert "OFFLINE" in card_text(app, "box")
+        assert time.strftime("%H:%M", time.localtime(app.state.machines["box"].last_seen)) in card_text(app, "box")
+
+
+@pytest.fixture
+def frozen_app(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    state = frozen_state()
+    client = FleetClient(state.lab, state)
+    yield CetlabApp(state.lab, client=client, connect=False, clock=lambda: FROZEN_NOW)
+    monkeypatch.delenv("TZ")
+    time.tzset()
+
+
+def test_snapshot_fleet(snap_compare, frozen_app):
+    assert snap_compare(frozen_app, terminal_size=SIZE, run_before=lambda pilot: pilot.pause(0.7))
+
+
+def test_snapshot_machine(snap_compare, frozen_app):
+    async def open_m5(pilot):
+        await pilot.pause(0.7)
+        await pilot.press("enter")
+        await pilot.pause(0.7)
+
+    assert snap_compare(frozen_app, terminal_size=SIZE, run_before=open_m5)
+
+
+def test_snapshot_help(snap_compare, frozen_app):
+    async def open_help(pilot):
+        await pilot.pause(0.3)
+        await pilot.press("question_mark")
+        await pilot.pause(0.3)
+
+    assert snap_compare(frozen_app, terminal_size=SIZE, run_before=open_help)

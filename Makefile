@@ -1,0 +1,31 @@
+# The README's two commands: `make demo` (open the console on the demo lab) and `make test`.
+# Both create .venv on first use; torch's CPU build goes in first so that transformers and
+# peft do not pull CUDA packages.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench screenshots clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[train,test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/cetlab-console --demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+screenshots: $(STAMP)
+	$(BIN)/python screenshots/make_screenshots.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -60,6 +60,10 @@ async def serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     for agent in agents:
         await agent.start()
+    if args.metrics_port is not None:
+        from agents import metrics
+
+        await metrics.serve(agents, args.metrics_listen, args.metrics_port)  # closes with the loop
     if args.ready_file:  # for scripts and tests: the port actually bound, once listening
         Path(args.ready_file).write_text(str(agents[0].bound_port))
     if args.parent_pid:
@@ -108,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--machine", required=True, action="append", help="this machine's name in lab.yaml (repeat to serve several, for emulation)")
     p.add_argument("--listen", type=parse_listen, help="HOST:PORT (default: the machine's host and port)")
     p.add_argument("--state-dir", help="keys, SQLite state and logs (default: the user state dir)")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (default: off)")
+    p.add_argument("--metrics-listen", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
     p.add_argument("--ready-file", help=argparse.SUPPRESS)
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.set_defaults(run=lambda a: asyncio.run(serve(a)))

@@ -339,5 +339,6 @@ def default_components() -> list[Component]:
     from agents.alerts import AlertsComponent
     from agents.costs import CostsComponent
     from agents.jobs.supervisor import JobsComponent
+    from agents.orchestra import OrchestraComponent
 
-    return [CostsComponent(), AlertsComponent(), JobsComponent()]
+    return [CostsComponent(), AlertsComponent(), JobsComponent(), OrchestraComponent()]

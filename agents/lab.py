@@ -154,6 +154,7 @@ class Model(Strict):
     sleep_level: Literal[1, 2] = 1
     load_timeout_s: Duration = 1800.0  # start until /health answers; then the model is failed
     warmup_prompt: str = "Hello"  # the first request, sent before the model is called warm
+    make_tiny_if_missing: bool = False  # demo: create the tiny random Llama (agents/train/tiny.py) at path first
     sim: SimEngine = Field(default_factory=SimEngine)
 
 

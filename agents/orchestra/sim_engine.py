@@ -1,0 +1,27 @@
+"""The sim engine: runs agents.orchestra.sim_server, a real HTTP process with simulated delays."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from agents.orchestra.engine import Engine, VllmSleepMixin
+
+
+class SimEngine(VllmSleepMixin, Engine):
+    kind = "sim"
+    simulated = True
+    has_metrics = True
+
+    def argv(self) -> list[str]:
+        sim = self.model.sim
+        argv = [
+            sys.executable, "-m", "agents.orchestra.sim_server",
+            "--host", self.host, "--port", str(self.port), "--served-name", self.served_name, "--path", str(self.path),
+            "--load-s", str(sim.load_s), "--cold-factor", str(sim.cold_factor), "--warmup-s", str(sim.warmup_s),
+            "--wake-s", str(sim.wake_s), "--tokens-per-s", str(sim.tokens_per_s), "--traffic-rps", str(sim.traffic_rps),
+            "--parent-pid", str(os.getpid()),
+        ]
+        if sim.fail_after_s is not None:
+            argv += ["--fail-after-s", str(sim.fail_after_s)]
+        return argv

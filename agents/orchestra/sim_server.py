@@ -1,0 +1,252 @@
+"""The simulated engine: a real HTTP server speaking the vLLM subset the agent uses (SIMULATED).
+
+Run as ``python -m agents.orchestra.sim_server --port P --served-name NAME --path PATH ...``.
+Loading reads the model's files for real (page cache), then waits out the configured
+delays; the first request pays the warm-up; counters count the tokens really served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from agents.orchestra import pagecache
+
+MAX_NUM_SEQS = 8  # concurrent sequences; more requests wait, as in vLLM's scheduler
+WORDS = ("the model answers briefly and the lab keeps serving while weights stay warm in memory "
+         "a context window holds the prompt so each token follows from what came before").split()
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%m-%d %H:%M:%S')} INFO [sim] {message}", flush=True)
+
+
+class SimEngineState:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.started = time.monotonic()
+        self.sleeping = False
+        self.warmed_up = False
+        self.warmup_lock = threading.Lock()
+        self.slots = threading.Semaphore(MAX_NUM_SEQS)
+        self.lock = threading.Lock()
+        self.running = self.waiting = 0
+        self.adapters: dict[str, str] = {}
+        registry = self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        self.m_running = Gauge("vllm:num_requests_running", "Requests running on the engine (SIMULATED).", labels, registry=registry)
+        self.m_waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to run (SIMULATED).", labels, registry=registry)
+        self.m_kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100% (SIMULATED).", labels, registry=registry)
+        self.m_prompt = Counter("vllm:prompt_tokens", "Prompt tokens processed (SIMULATED).", labels, registry=registry)
+        self.m_gen = Counter("vllm:generation_tokens", "Generation tokens produced (SIMULATED).", labels, registry=registry)
+        self.m_ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token (SIMULATED).", labels, registry=registry,
+                                buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0))
+        self.name = args.served_name
+
+    def _gauges(self) -> None:
+        self.m_running.labels(self.name).set(self.running)
+        self.m_waiting.labels(self.name).set(self.waiting)
+        self.m_kv.labels(self.name).set(round(0.9 * self.running / MAX_NUM_SEQS, 4))
+
+    def generate(self, prompt: str, max_tokens: int) -> tuple[str, int, int]:
+        """Serve one request: wait for a slot, pay the warm-up once, produce tokens at the configured rate."""
+        received = time.monotonic()
+        with self.lock:
+            self.waiting += 1
+            self._gauges()
+        with self.slots:
+            with self.lock:
+                self.waiting -= 1
+                self.running += 1
+                self._gauges()
+            try:
+                with self.warmup_lock:  # the first forward pass compiles kernels; everyone else waits for it
+                    if not self.warmed_up:
+                        time.sleep(self.args.warmup_s)
+                        self.warmed_up = True
+                        log(f"warm-up (first forward pass) took {self.args.warmup_s:.2f} seconds")
+                prompt_tokens = max(1, round(len(prompt.split()) * 1.3))
+                per_token_s = 1.0 / self.args.tokens_per_s if self.args.tokens_per_s else 0.0
+                time.sleep(per_token_s)
+                self.m_ttft.labels(self.name).observe(time.monotonic() - received)
+                time.sleep(per_token_s * (max_tokens - 1))
+                rng = random.Random(hashlib.sha256(prompt.encode()).digest())
+                text = " " + " ".join(rng.choice(WORDS) for _ in range(max_tokens))
+                self.m_prompt.labels(self.name).inc(prompt_tokens)
+                self.m_gen.labels(self.name).inc(max_tokens)
+                return text, prompt_tokens, max_tokens
+            finally:
+                with self.lock:
+                    self.running -= 1
+                    self._gauges()
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "cetlab-sim-engine"
+    state: SimEngineState
+
+    def log_message(self, fmt: str, *args) -> None:
+        # an access log like uvicorn's, without the agent's polling (it would drown the rest)
+        if urlparse(self.path).path not in ("/metrics", "/health", "/is_sleeping"):
+            log(f'{self.address_string()} - "{self.requestline}" {args[1] if len(args) > 1 else ""}')
+
+    def _send(self, status: int, body: object, content_type: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            body = None
+        return body if isinstance(body, dict) else {}
+
+    def do_GET(self) -> None:
+        state, path = self.state, urlparse(self.path).path
+        if path == "/health":
+            self._send(200, b"", "text/plain")
+        elif path == "/is_sleeping":
+            self._send(200, {"is_sleeping": state.sleeping})
+        elif path == "/v1/models":
+            ids = [state.name, *state.adapters]
+            self._send(200, {"object": "list", "data": [{"id": i, "object": "model", "owned_by": "cetlab-sim", "root": state.args.path} for i in ids]})
+        elif path == "/metrics":
+            self._send(200, generate_latest(state.registry), "text/plain; version=0.0.4")
+        else:
+            self._send(404, {"error": f"no route {path}"})
+
+    def do_POST(self) -> None:
+        state, url = self.state, urlparse(self.path)
+        body = self._body()
+        if url.path == "/sleep":
+            level = parse_qs(url.query).get("level", ["1"])[0]
+            time.sleep(state.args.wake_s)
+            state.sleeping = True
+            log(f"engine put to sleep (level {level}); GPU memory freed")
+            self._send(200, b"", "text/plain")
+        elif url.path == "/wake_up":
+            time.sleep(state.args.wake_s)
+            state.sleeping = False
+            log(f"engine woken up in {state.args.wake_s:.2f} seconds")
+            self._send(200, b"", "text/plain")
+        elif url.path == "/v1/load_lora_adapter":
+            name, path = body.get("lora_name"), body.get("lora_path")
+            if not isinstance(name, str) or not isinstance(path, str) or not Path(path).exists():
+                self._send(400, {"error": {"message": f"cannot load LoRA adapter from {path!r}"}})
+                return
+            state.adapters[name] = path
+            self._send(200, f"Success: LoRA adapter '{name}' added successfully.".encode(), "text/plain")
+        elif url.path in ("/v1/completions", "/v1/chat/completions"):
+            if state.sleeping:
+                self._send(503, {"error": {"message": "the engine is sleeping; wake it up first"}})
+                return
+            chat = url.path.endswith("chat/completions")
+            if chat:
+                messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+                prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+            else:
+                prompt = str(body.get("prompt", ""))
+            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
+            max_tokens = max(1, min(int(max_tokens), 4096)) if isinstance(max_tokens, int) else 16
+            text, prompt_tokens, completion_tokens = state.generate(prompt, max_tokens)
+            choice = {"index": 0, "finish_reason": "length"}
+            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+            self._send(200, {
+                "id": f"cmpl-sim-{time.time_ns()}",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": state.name,
+                "choices": [choice],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+                "simulated": True,
+            })
+        else:
+            self._send(404, {"error": f"no route {url.path}"})
+
+
+def _traffic(state: SimEngineState, rps: float) -> None:
+    """Simulated clients: Poisson arrivals of short requests once the model is warm and awake."""
+    rng = random.Random(os.getpid())
+    while True:
+        time.sleep(rng.expovariate(rps))
+        if state.warmed_up and not state.sleeping:
+            prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 200)))
+            threading.Thread(target=state.generate, args=(prompt, rng.randint(16, 128)), daemon=True).start()
+
+
+def _exit_with_parent(pid: int) -> None:
+    """A simulated server never outlives its agent (a real engine may: it keeps serving)."""
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(0)
+
+
+def _fail_later(seconds: float) -> None:
+    time.sleep(seconds)
+    print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (SIMULATED failure: fail_after_s)", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="cetlab's simulated model server (vLLM subset).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--served-name", required=True)
+    parser.add_argument("--path", required=True)
+    parser.add_argument("--load-s", type=float, default=15.0)
+    parser.add_argument("--cold-factor", type=float, default=14.0)
+    parser.add_argument("--warmup-s", type=float, default=40.0)
+    parser.add_argument("--wake-s", type=float, default=1.0)
+    parser.add_argument("--tokens-per-s", type=float, default=40.0)
+    parser.add_argument("--fail-after-s", type=float)
+    parser.add_argument("--traffic-rps", type=float, default=0.0)
+    parser.add_argument("--parent-pid", type=int)
+    args = parser.parse_args(argv)
+
+    if args.parent_pid:
+        threading.Thread(target=_exit_with_parent, args=(args.parent_pid,), daemon=True).start()
+    if args.fail_after_s is not None:
+        threading.Thread(target=_fail_later, args=(args.fail_after_s,), daemon=True).start()
+    log(f"SIMULATED engine for {args.path} (served as {args.served_name})")
+    started = time.monotonic()
+    files = pagecache.model_files(Path(args.path))
+    cached = pagecache.residency(files).fraction
+    # from RAM the load takes load_s; from disk cold_factor times longer (field notes: ~14x)
+    load_s = args.load_s if cached >= 0.5 else args.load_s * args.cold_factor
+    size_bytes, _ = pagecache.warm(files)
+    time.sleep(max(0.0, load_s - (time.monotonic() - started)))
+    took = time.monotonic() - started
+    log(f"Loading weights took {took:.2f} seconds ({cached:.0%} of the files were in the page cache)")
+    log(f"Model loading took {size_bytes / 2**30:.4f} GiB and {took:.2f} seconds")
+    state = SimEngineState(args)
+    Handler.state = state
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+    if args.traffic_rps > 0:
+        threading.Thread(target=_traffic, args=(state, args.traffic_rps), daemon=True).start()
+    log(f"Starting vLLM API server on http://{args.host}:{args.port}")
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

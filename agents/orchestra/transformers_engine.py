@@ -1,0 +1,32 @@
+"""The transformers engine: `transformers serve` for small models (CPU or one GPU); no sleep mode."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from agents.orchestra.engine import Engine
+from agents.protocol import ErrorCode, RemoteError
+
+
+def _transformers_cli() -> str | None:
+    beside = Path(sys.executable).with_name("transformers")  # the venv the agent runs in first
+    return str(beside) if beside.exists() else shutil.which("transformers")
+
+
+class TransformersEngine(Engine):
+    kind = "transformers"
+
+    def check(self) -> None:
+        if _transformers_cli() is None:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"transformers is not installed on {self.machine} (pip install 'transformers[serving]')")
+
+    @property
+    def served_name(self) -> str:
+        return str(self.path)  # transformers serve names a forced model by its path
+
+    def argv(self) -> list[str]:
+        device = ["--device", "cpu"] if not self.gpus else []
+        return [_transformers_cli() or "transformers", "serve", "--host", self.host, "--port", str(self.port),
+                *device, *self.model.args, str(self.path)]

@@ -1,0 +1,217 @@
+"""`cetlab models`, `warm`, `sleep`, `cold`, `swap`, `cache`, `pin`, `rotate`: the model pool from scripts."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any
+
+from agents.protocol import ErrorCode, RemoteError
+
+EXIT_OK, EXIT_FAILED = 0, 1
+POLL_S = 0.25
+STOP_TIMEOUT_S = 30.0  # models.cold waits for the engine to exit (its grace period is 10 s)
+
+# The stable JSON of one model (documented in the README); the agent's extra keys stay in `models.get`.
+MODEL_KEYS = ("name", "machine", "engine", "state", "gpus", "vram_bytes", "cached_fraction", "load_s", "warmup_s",
+              "wake_s", "requests_running", "endpoint", "simulated")
+EXTRA_KEYS = ("requests_waiting", "tokens_per_s", "kv_cache_pct", "ttft_s", "swap_s", "pinned", "progress", "error", "op", "size_bytes")
+
+
+def model_json(model: dict[str, Any]) -> dict[str, Any]:
+    return {k: model.get(k) for k in (*MODEL_KEYS, *EXTRA_KEYS)}
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.0f}%"
+
+
+def state_text(model: dict[str, Any]) -> str:
+    text = model["state"]
+    progress = model.get("progress")
+    if progress:
+        phase = progress.get("phase", "")
+        if progress.get("total_bytes"):
+            phase += f" {progress['done_bytes'] / progress['total_bytes']:.0%}"
+        text += f" ({phase})"
+    return text + (" PINNED" if model.get("pinned") else "")
+
+
+def models_human(data: dict[str, Any]) -> str:
+    rows = [("MODEL", "MACHINE", "GPUS", "ENGINE", "STATE", "VRAM", "RUN/WAIT", "TOK/S", "KV", "LOAD", "WARM-UP", "WAKE", "RAM")]
+    for m in data["models"]:
+        running = "-" if m.get("requests_running") is None else f"{m['requests_running']:.0f}/{m.get('requests_waiting') or 0:.0f}"
+        rows.append((
+            m["name"], m["machine"], ",".join(map(str, m["gpus"])) or "cpu", m["engine"] + (" SIM" if m["simulated"] else ""),
+            state_text(m), f"{m['vram_bytes'] / 1024**3:.0f}G", running,
+            "-" if m.get("tokens_per_s") is None else f"{m['tokens_per_s']:.0f}",
+            "-" if m.get("kv_cache_pct") is None else f"{m['kv_cache_pct']:.0f}%",
+            _secs(m["load_s"]), _secs(m["warmup_s"]), _secs(m["wake_s"]), _pct(m["cached_fraction"]),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    if len(rows) == 1:
+        lines.append("(no models in lab.yaml)")
+    for m in data["models"]:
+        if m.get("error"):
+            lines.append(f"{m['name']}: {m['error']['message']}")
+    for machine, rotation in data.get("rotation", {}).items():
+        if rotation and rotation.get("plan"):
+            when = "-" if rotation.get("next_at") is None else f"in {max(0, rotation['next_at'] - time.time()):.0f} s"
+            lines.append(f"{machine}: rotation {rotation['index']} of {len(rotation['plan'])}, next {when}, "
+                         f"overhead {rotation['overhead_pct']:.3f}% (target < {rotation['target_pct']}%)")
+    lines += [f"{name}: OFFLINE {error}" for name, error in data.get("offline", {}).items()]
+    return "\n".join(lines)
+
+
+def model_human(m: dict[str, Any]) -> str:
+    line = f"{m['name']} on {m['machine']} GPU {','.join(map(str, m['gpus'])) or 'cpu'}: {state_text(m)}"
+    if m.get("endpoint") and m["state"] == "warm":
+        line += f"  {m['endpoint']}"
+    if m.get("error"):
+        line += f"\n  error: {m['error']['message']}"
+        line += "".join(f"\n  | {text}" for text in (m["error"].get("log_tail") or [])[-8:])
+    return line
+
+
+def model_machine(ctx, name: str) -> str:
+    for model in ctx.lab.models:
+        if model.name == name:
+            return model.machine
+    known = ", ".join(m.name for m in ctx.lab.models) or "none"
+    raise RemoteError(ErrorCode.NOT_FOUND, f"no model named {name!r} in {ctx.lab.lab} (models: {known})")
+
+
+async def wait_settled(ctx, name: str, until: tuple[str, ...], timeout_s: float) -> dict[str, Any]:
+    """Poll models.get until the model settles; progress lines go to stderr for people."""
+    machine = model_machine(ctx, name)
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        model = await ctx.call(machine, "models.get", {"model": name})
+        text = state_text(model)
+        if text != last and not ctx.args.json:
+            print(f"{name}: {text}", file=sys.stderr, flush=True)
+            last = text
+        if model["state"] in until and not model.get("op"):
+            return model
+        if time.monotonic() > deadline:
+            raise RemoteError(ErrorCode.TIMEOUT, f"{name} is still {model['state']} after {timeout_s:.0f} s (it goes on; `cetlab models` to watch)")
+        await asyncio.sleep(POLL_S)
+
+
+async def cmd_models(ctx) -> int:
+    machines = sorted({m.machine for m in ctx.lab.models})
+    results = await asyncio.gather(*(ctx.call(m, "models.list") for m in machines), return_exceptions=True)
+    data: dict[str, Any] = {"lab": ctx.lab.lab, "models": [], "rotation": {}, "offline": {}}
+    for machine, result in zip(machines, results):
+        if isinstance(result, RemoteError):
+            data["offline"][machine] = result.message
+            continue
+        if isinstance(result, BaseException):
+            raise result
+        data["models"] += [model_json(m) for m in result["models"]]
+        data["rotation"][machine] = result["rotation"]
+    ctx.out(data, models_human)
+    return EXIT_FAILED if data["offline"] and not data["models"] else EXIT_OK
+
+
+async def _act(ctx, method: str, name: str, until: tuple[str, ...], params: dict | None = None) -> int:
+    machine = model_machine(ctx, name)
+    timeout = STOP_TIMEOUT_S if method == "models.cold" else None
+    model = await ctx.call(machine, method, params or {"model": name}, timeout)
+    if not ctx.args.no_wait:
+        model = await wait_settled(ctx, name, until, ctx.args.wait_timeout)
+    ctx.out(model_json(model) if ctx.args.json else model, model_human)
+    return EXIT_FAILED if model["state"] == "failed" else EXIT_OK
+
+
+async def cmd_warm(ctx) -> int:
+    return await _act(ctx, "models.warm", ctx.args.model, ("warm", "failed", "cold", "cached"))
+
+
+async def cmd_sleep(ctx) -> int:
+    return await _act(ctx, "models.sleep", ctx.args.model, ("sleeping", "failed", "warm", "cold", "cached"))
+
+
+async def cmd_cold(ctx) -> int:
+    return await _act(ctx, "models.cold", ctx.args.model, ("cold", "cached", "failed"))
+
+
+async def cmd_cache(ctx) -> int:
+    return await _act(ctx, "models.cache", ctx.args.model, ("cold", "cached", "warm", "sleeping", "failed"))
+
+
+async def cmd_pin(ctx) -> int:
+    machine = model_machine(ctx, ctx.args.model)
+    model = await ctx.call(machine, "models.pin", {"model": ctx.args.model, "pinned": not ctx.args.unpin})
+    ctx.out(model_json(model), model_human)
+    return EXIT_OK
+
+
+async def cmd_swap(ctx) -> int:
+    out, incoming = ctx.args.out, ctx.args.incoming
+    machine, in_machine = model_machine(ctx, out), model_machine(ctx, incoming)
+    if machine != in_machine:
+        raise RemoteError(ErrorCode.CONFLICT, f"{out} runs on {machine} and {incoming} on {in_machine}: a swap shares GPUs on one "
+                          f"machine; use `cetlab sleep {out}` and `cetlab warm {incoming}`")
+    started = time.monotonic()
+    await ctx.call(machine, "models.swap", {"out": out, "in": incoming})
+    result = {"out": None, "in": None}
+    if not ctx.args.no_wait:
+        result["in"] = await wait_settled(ctx, incoming, ("warm", "failed", "cold", "cached"), ctx.args.wait_timeout)
+        result["out"] = await wait_settled(ctx, out, ("sleeping", "cold", "cached", "failed", "warm"), ctx.args.wait_timeout)
+    else:
+        result = {k: await ctx.call(machine, "models.get", {"model": n}) for k, n in (("out", out), ("in", incoming))}
+    data = {"out": model_json(result["out"]), "in": model_json(result["in"]), "elapsed_s": round(time.monotonic() - started, 3)}
+    ctx.out(data, lambda d: f"{model_human(d['out'])}\n{model_human(d['in'])}\nswap took {d['elapsed_s']:.1f} s")
+    return EXIT_FAILED if data["in"]["state"] == "failed" else EXIT_OK
+
+
+async def cmd_rotate(ctx) -> int:
+    machines = sorted({m.machine for m in ctx.lab.models})
+    if not ctx.lab.orchestra.rotation:
+        raise RemoteError(ErrorCode.UNAVAILABLE, "lab.yaml has no orchestra.rotation plan")
+    results = {m: await ctx.call(m, "models.rotate") for m in machines}
+    if not ctx.args.no_wait:
+        deadline = time.monotonic() + ctx.args.wait_timeout
+        while any(r["running"] for r in results.values()) and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+            results = {m: await ctx.call(m, "models.rotation") for m in machines}
+    ctx.out(results, lambda d: "\n".join(f"{m}: {r['last']}" for m, r in d.items()))
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    def waiting(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--no-wait", action="store_true", help="return at once with the new state")
+        p.add_argument("--wait-timeout", type=float, default=1800.0, help="seconds to wait for the final state (default 1800)")
+
+    p = sub.add_parser("models", help="the model pool: state, load / warm-up / wake times, RAM cache")
+    p.set_defaults(func=cmd_models)
+    for verb, func, text in (("warm", cmd_warm, "bring a model up (or wake it) and wait until it answers"),
+                             ("sleep", cmd_sleep, "put a warm model to sleep: GPU freed, wakes in seconds"),
+                             ("cold", cmd_cold, "stop a model's engine"),
+                             ("cache", cmd_cache, "pre-read a model's files into RAM (page cache)")):
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("model")
+        waiting(p)
+        p.set_defaults(func=func)
+    p = sub.add_parser("swap", help="free OUT's GPUs (sleep or stop) and bring IN up there")
+    p.add_argument("out")
+    p.add_argument("incoming", metavar="in")
+    waiting(p)
+    p.set_defaults(func=cmd_swap)
+    p = sub.add_parser("pin", help="pin a model: rotation never takes it out (--unpin to undo)")
+    p.add_argument("model")
+    p.add_argument("--unpin", action="store_true")
+    p.set_defaults(func=cmd_pin)
+    p = sub.add_parser("rotate", help="run the next step of the orchestra's rotation plan now")
+    waiting(p)
+    p.set_defaults(func=cmd_rotate)

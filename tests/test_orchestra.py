@@ -1,0 +1,316 @@
+"""The model pool end to end: real agents over SSH, real sim-engine processes, real page cache."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from agents.lab import load_lab
+from agents.orchestra import pagecache
+from agents.orchestra.rotation import Candidate, plan_moves
+from agents.protocol import ErrorCode, RemoteError
+from console.client import FleetClient
+from console.demo import DemoLab
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST = {"load_s": 0.2, "warmup_s": 0.3, "wake_s": 0.1, "tokens_per_s": 400, "placeholder_mib": 2}
+
+
+def pool_lab(models: list[dict], orchestra: dict | None = None, ram_cache_gib: float | None = None) -> dict:
+    machine = {"name": "box", "gpus": {"sim": [
+        {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250},
+        {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75},
+    ]}}
+    if ram_cache_gib is not None:
+        machine["ram_cache_gib"] = ram_cache_gib
+    return {"lab": "pool-lab", "machines": [machine], "models": models, "orchestra": orchestra or {}}
+
+
+def sim_model(name: str, gpus: list[int], vram_gib: float, **sim) -> dict:
+    return {"name": name, "path": f"models/{name}", "engine": "sim", "machine": "box", "gpus": gpus,
+            "vram_gib": vram_gib, "sim": {**FAST, **sim}}
+
+
+async def settle(client: FleetClient, name: str, states: tuple[str, ...], timeout: float = 30.0, machine: str = "box") -> dict:
+    """Poll models.get until the model is in one of the states with no operation running."""
+    found: dict = {}
+
+    async def check() -> bool:
+        found.update(await client.call(machine, "models.get", {"model": name}))
+        return found["state"] in states and not found["op"]
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{name} did not reach {states}: {found['state']} {found.get('progress')} {found.get('error')}")
+        await asyncio.sleep(0.1)
+    return found
+
+
+def post(endpoint: str, path: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(endpoint.removesuffix("/v1") + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def metric(endpoint: str, name: str) -> float:
+    with urllib.request.urlopen(endpoint.removesuffix("/v1") + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def gpu_used(status: dict, index: int) -> int:
+    return next(g["mem_used_bytes"] for g in status["gpus"] if g["index"] == index)
+
+
+@pytest.fixture
+def run_pool(tmp_path, lab_file):
+    """Start a DemoLab from a pool lab; yields (demo, connected client factory)."""
+    labs: list[DemoLab] = []
+
+    def start(data: dict) -> DemoLab:
+        demo = DemoLab(tmp_path / f"run{len(labs)}", source=lab_file(data, name=f"lab{len(labs)}.yaml"))
+        demo.start()
+        labs.append(demo)
+        demo.wait_listening()
+        return demo
+
+    yield start
+    for demo in labs:
+        demo.stop()
+
+
+# ---------------------------------------------------------------------------- page cache
+
+
+def test_page_cache_residency_cache_and_evict(tmp_path):
+    path = tmp_path / "weights.bin"
+    with open(path, "wb") as f:
+        for _ in range(40):
+            f.write(os.urandom(1024 * 1024))
+        f.flush()
+        os.fsync(f.fileno())  # clean pages: DONTNEED can drop them
+    files = [path]
+    pagecache.evict(files)
+    assert pagecache.residency(files).fraction < 0.1
+    seen = []
+    read_bytes, seconds = pagecache.warm(files, lambda done, total: seen.append((done, total)))
+    assert read_bytes == 40 * 1024 * 1024 and seconds >= 0
+    assert seen[-1] == (read_bytes, read_bytes) and len(seen) >= 2
+    cached = pagecache.residency(files)
+    assert cached.total_bytes == read_bytes and cached.fraction > 0.95
+    pagecache.evict(files)
+    assert pagecache.residency(files).fraction < 0.1
+    assert pagecache.residency([tmp_path / "missing"]).total_bytes == 0
+
+
+def test_plan_moves_pairs_models_sharing_gpus():
+    up = [Candidate("a", (0,)), Candidate("pinned", (1,)), Candidate("c", (2, 3))]
+    rest = [Candidate("b", (0,), sleeping=True), Candidate("d", (5,)), Candidate("e", (4,), sleeping=True)]
+    moves = plan_moves(up, target={"b", "d", "e", "pinned"}, pinned={"pinned"}, rest=rest)
+    assert moves.swaps == [("a", "b")]  # b sleeps on GPU 0: only a's GPUs will do
+    assert moves.out == ["c"] and moves.up == ["d", "e"]  # d needs 1 GPU, c has 2: no pair
+
+
+# ---------------------------------------------------------------------------- the sim engine over SSH
+
+
+async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
+    demo = run_pool(pool_lab([
+        sim_model("a", [0], 18),
+        sim_model("b", [0], 18),
+        sim_model("crashy", [1], 4, fail_after_s=1.5),
+        {"name": "nowhere", "path": "models/none", "engine": "sim", "machine": "box", "gpus": [1], "vram_gib": 1},
+        {"name": "big", "path": "models/a", "engine": "vllm", "machine": "box", "gpus": [1], "vram_gib": 4},
+    ]))
+    lab = load_lab(demo.lab_path)
+    async with FleetClient(lab) as client:
+        await client.wait_connected(10)
+        listed = await client.call("box", "models.list")
+        assert {m["name"]: m["state"] for m in listed["models"]}["a"] == "cold"  # placeholder written, then evicted
+
+        started = await client.call("box", "models.warm", {"model": "a"})
+        assert started["state"] == "loading"  # answers at once; the state moves on
+        a = await settle(client, "a", ("warm",))
+        assert a["load_s"] > 0 and a["warmup_s"] >= 0.3 and a["simulated"] is True
+        assert a["cached_fraction"] == 1.0  # warming pre-read the weights into RAM
+        assert a["load_phases"]["weights_s"] >= 0.2
+
+        # a real request through the engine's endpoint; its counters count what was served
+        before = metric(a["endpoint"], "vllm:generation_tokens_total")
+        status, answer = post(a["endpoint"], "/v1/completions", {"model": "a", "prompt": "Capital of France:", "max_tokens": 5})
+        assert status == 200 and answer["usage"]["completion_tokens"] == 5 and answer["choices"][0]["text"].strip()
+        assert metric(a["endpoint"], "vllm:generation_tokens_total") == before + 5
+
+        # the GPU shows the model (the simulated backend follows the claim)
+        assert gpu_used(await client.call("box", "status"), 0) >= 18 * 1024**3
+
+        # b does not fit next to a: CONFLICT saying how much is missing
+        with pytest.raises(RemoteError) as exc:
+            await client.call("box", "models.warm", {"model": "b"})
+        assert exc.value.code == ErrorCode.CONFLICT and "missing" in exc.value.message and "swap a b" in exc.value.message
+
+        # sleep: GPU freed, requests refused, then woken in about wake_s
+        await client.call("box", "models.sleep", {"model": "a"})
+        a = await settle(client, "a", ("sleeping",))
+        status, _ = post(a["endpoint"], "/v1/completions", {"model": "a", "prompt": "hi", "max_tokens": 2})
+        assert status == 503
+
+        for _ in range(50):  # the next tick shows the freed memory
+            if gpu_used(await client.call("box", "status"), 0) < 4 * 1024**3:
+                break
+            await asyncio.sleep(0.1)
+        assert gpu_used(await client.call("box", "status"), 0) < 4 * 1024**3
+        await client.call("box", "models.warm", {"model": "a"})
+        a = await settle(client, "a", ("warm",))
+        assert a["wake_s"] is not None and a["wake_s"] >= 0.1
+        assert post(a["endpoint"], "/v1/completions", {"model": "a", "prompt": "again", "max_tokens": 2})[0] == 200
+
+        # bad input: typed errors a user can act on, and the agent keeps serving
+        for params, code, words in [
+            ({"model": "ghost"}, ErrorCode.NOT_FOUND, "no model named 'ghost'"),
+            ({"model": "nowhere"}, ErrorCode.NOT_FOUND, "does not exist"),
+            ({"model": "big"}, ErrorCode.UNAVAILABLE, "vllm is not installed on box"),
+            ({"model": "a", "extra": 1}, ErrorCode.INVALID_PARAMS, "extra"),
+        ]:
+            with pytest.raises(RemoteError) as exc:
+                await client.call("box", "models.warm", params)
+            assert exc.value.code == code and words in exc.value.message, exc.value
+
+        # a crash: failed, with the exit code, the log tail and the OOM recognised; a keeps serving
+        await client.call("box", "models.warm", {"model": "crashy"})
+        crashy = await settle(client, "crashy", ("failed",), timeout=30)
+        assert crashy["error"]["exit_code"] == 1 and crashy["error"]["oom"] is True
+        assert any("CUDA out of memory" in line for line in crashy["error"]["log_tail"])
+        assert any(h["event"] == "fail" for h in crashy["history"])
+        assert (await client.call("box", "models.get", {"model": "a"}))["state"] == "warm"
+        assert post(a["endpoint"], "/v1/completions", {"model": "a", "prompt": "still here", "max_tokens": 2})[0] == 200
+        crashy = await client.call("box", "models.cold", {"model": "crashy"})
+        assert crashy["state"] in ("cold", "cached") and crashy["error"] is None
+
+        # every transition is timed and kept in SQLite
+        history = (await client.call("box", "models.get", {"model": "a"}))["history"]
+        events = {h["event"] for h in history}
+        assert {"load", "warmup", "sleep", "wake", "state"} <= events
+        transitions = [(h["from_state"], h["to_state"]) for h in history if h["event"] == "state"]
+        assert ("sleeping", "loading") in transitions and ("warming", "warm") in transitions
+
+        a = await client.call("box", "models.cold", {"model": "a"})
+        assert a["state"] == "cached" and a["endpoint"] is None  # stopped, weights still in RAM
+
+
+async def test_swap_cache_budget_and_rotation_plan(run_pool):
+    demo = run_pool(pool_lab(
+        [sim_model("a", [0], 18), sim_model("b", [0], 18), sim_model("c", [1], 6, placeholder_mib=3)],
+        orchestra={"warm": ["a"], "rotate_every": "3s", "rotation": [["b"], ["a"]]},
+        ram_cache_gib=5 / 1024,  # 5 MiB: room for two of the 2 MiB placeholders, not three
+    ))
+    lab = load_lab(demo.lab_path)
+    async with FleetClient(lab) as client:
+        await client.wait_connected(10)
+        # the start set comes up by itself, then the plan swaps a for b on GPU 0 and back
+        rotation = await client.call("box", "models.rotation")
+        assert rotation["plan"] == [["b"], ["a"]] and rotation["next_at"] is not None
+
+        async def rotated(index: int) -> bool:
+            r = await client.call("box", "models.rotation")
+            return bool(r["last"] and r["last"]["index"] == index and not r["running"])
+
+        for _ in range(300):
+            if await rotated(0):
+                break
+            await asyncio.sleep(0.1)
+        last = (await client.call("box", "models.rotation"))["last"]
+        assert last["index"] == 0 and last["swaps"] == [["a", "b"]] and last["not_warm"] == []
+        b = await client.call("box", "models.get", {"model": "b"})
+        assert b["state"] == "warm" and b["gpus"] == [0]
+        assert (await client.call("box", "models.get", {"model": "a"}))["state"] == "sleeping"
+        rotation = await client.call("box", "models.rotation")
+        assert rotation["unavailable_s"] > 0 and 0 < rotation["overhead_pct"] < 100
+
+        # the page cache within the budget: caching c evicts the least recently used
+        await client.call("box", "models.cache", {"model": "c"})
+        c = await settle(client, "c", ("cached",))
+        assert c["cached_fraction"] > 0.95
+        fractions = {m["name"]: m["cached_fraction"] for m in (await client.call("box", "models.list"))["models"]}
+        assert sum(1 for f in fractions.values() if f and f > 0.5) <= 2, fractions
+
+        # swap by hand: a swap against the plan works, bad ones are refused
+        with pytest.raises(RemoteError) as exc:
+            await client.call("box", "models.swap", {"out": "c", "in": "a"})
+        assert exc.value.code == ErrorCode.CONFLICT and "not serving" in exc.value.message
+        await settle(client, "b", ("warm", "sleeping"), timeout=20)
+        state = {m["name"]: m["state"] for m in (await client.call("box", "models.list"))["models"]}
+        up, down = ("b", "a") if state["b"] == "warm" else ("a", "b")
+        with pytest.raises(RemoteError) as exc:
+            await client.call("box", "models.swap", {"out": down, "in": up})
+        assert exc.value.code == ErrorCode.CONFLICT and "already warm" in exc.value.message
+
+
+async def test_cli_models_warm_swap_cold_json(run_pool):
+    demo = run_pool(pool_lab([sim_model("a", [0], 18), sim_model("b", [0], 18)]))
+
+    def cli(*args: str) -> tuple[int, dict]:
+        done = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "--json", *args],
+                              capture_output=True, text=True, timeout=60)
+        return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}
+
+    code, data = await asyncio.to_thread(cli, "warm", "a")
+    assert code == 0 and data["state"] == "warm" and data["simulated"] is True
+    assert set(data) >= {"name", "machine", "engine", "state", "gpus", "vram_bytes", "cached_fraction", "load_s",
+                         "warmup_s", "wake_s", "requests_running", "endpoint", "simulated"}
+    code, data = await asyncio.to_thread(cli, "swap", "a", "b")
+    assert code == 0 and data["in"]["state"] == "warm" and data["out"]["state"] == "sleeping"
+    code, data = await asyncio.to_thread(cli, "models")
+    assert code == 0 and {m["name"]: m["state"] for m in data["models"]} == {"a": "sleeping", "b": "warm"}
+    code, data = await asyncio.to_thread(cli, "warm", "a")
+    assert code == 1 and data["error"]["code"] == "conflict" and "missing" in data["error"]["message"]
+    code, data = await asyncio.to_thread(cli, "cold", "b")
+    assert code == 0 and data["state"] in ("cold", "cached")
+    code, data = await asyncio.to_thread(cli, "warm", "ghost")
+    assert code == 1 and data["error"]["code"] == "not_found"
+
+
+# ---------------------------------------------------------------------------- the real tiny model
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_transformers_serve_tiny_model_cold_to_warm_and_back(run_pool):
+    demo = run_pool({
+        "lab": "tiny-lab",
+        "machines": [{"name": "cpu-box", "gpus": "none"}],
+        "models": [{"name": "tiny", "path": "tiny-llama", "engine": "transformers", "machine": "cpu-box",
+                    "make_tiny_if_missing": True, "load_timeout_s": "180s"}],
+    })
+    lab = load_lab(demo.lab_path)
+    async with FleetClient(lab) as client:
+        await client.wait_connected(10)
+        assert (await client.call("cpu-box", "models.warm", {"model": "tiny"}))["state"] == "loading"
+        tiny = await settle(client, "tiny", ("warm", "failed"), timeout=200, machine="cpu-box")
+        assert tiny["state"] == "warm", tiny["error"]
+        assert tiny["simulated"] is False and tiny["warmup_s"] > 0
+        status, answer = await asyncio.to_thread(post, tiny["endpoint"], "/v1/completions",
+                                                 {"model": tiny["served_name"], "prompt": "Capital of France:", "max_tokens": 4})
+        assert status == 200 and answer["usage"]["completion_tokens"] >= 1
+        with pytest.raises(RemoteError) as exc:
+            await client.call("cpu-box", "models.sleep", {"model": "tiny"})
+        assert exc.value.code == ErrorCode.UNAVAILABLE and "no sleep mode" in exc.value.message
+        endpoint = tiny["endpoint"]
+        tiny = await client.call("cpu-box", "models.cold", {"model": "tiny"}, timeout=30)
+        assert tiny["state"] in ("cold", "cached") and tiny["endpoint"] is None
+        with pytest.raises(OSError):  # the server is gone with its process group
+            urllib.request.urlopen(endpoint.removesuffix("/v1") + "/health", timeout=2)

@@ -144,7 +144,8 @@ class FleetClient:
         link.pending[request_id] = future
         try:
             link.writer.write(encode({"id": request_id, "method": method, "params": params or {}}))
-            return await asyncio.wait_for(future, timeout or self.call_timeout_s)
+            async with asyncio.timeout(timeout or self.call_timeout_s):  # no extra task, unlike wait_for
+                return await future
         except asyncio.TimeoutError:
             self.calls_timed_out += 1
             raise RemoteError(ErrorCode.TIMEOUT, f"{machine} did not answer {method} within {timeout or self.call_timeout_s:.0f} s") from None

@@ -57,7 +57,12 @@ class FleetScreen(LabScreen):
     def refresh_data(self) -> None:
         state = self.lab_app.state
         limits = self.thresholds()
+        scroll = self.query_one("#fleet", VerticalScroll)
+        top, bottom = scroll.scroll_offset.y, scroll.scroll_offset.y + scroll.size.height
         for card in self.query(MachineCard):
+            region = card.virtual_region
+            if card._rows and (region.bottom < top or region.y > bottom):
+                continue  # off screen: drawn when scrolled into view (its version is still behind)
             view = state.machines[card.machine]
             if getattr(card, "_version_shown", None) == view.version and view.online:
                 continue  # offline cards still tick: "last seen ... ago" moves

@@ -43,6 +43,13 @@ class MachineView:
     def host(self) -> dict[str, Any]:
         return self.sections.get("host") or {}
 
+    def items(self, section: str) -> list[dict[str, Any]]:
+        """A list section (jobs, models ...) as dicts, whether sent bare or as {section: [...]}."""
+        value = self.sections.get(section)
+        if isinstance(value, dict):
+            value = value.get(section)
+        return [item for item in value or [] if isinstance(item, dict)]
+
     def age_s(self, now: float | None = None) -> float | None:
         if self.sample_t is None:
             return None

@@ -16,11 +16,11 @@ from widgets.machine_card import MachineCard
 def gpu_owners(view: MachineView) -> dict[int, str]:
     """Which job or model holds each GPU, from the agent's jobs and models sections."""
     owners: dict[int, list[str]] = {}
-    for job in view.sections.get("jobs") or []:
+    for job in view.items("jobs"):
         if job.get("state") in ("starting", "running", "stopping"):
             for index in job.get("gpus") or []:
                 owners.setdefault(index, []).append(f"job {job.get('id')} {job.get('recipe', '')}".strip())
-    for model in view.sections.get("models") or []:
+    for model in view.items("models"):
         if model.get("state") in ("loading", "warming", "warm", "sleeping"):
             for index in model.get("gpus") or []:
                 owners.setdefault(index, []).append(f"model {model.get('name')} ({model.get('state')})")

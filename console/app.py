@@ -78,8 +78,12 @@ class CetlabApp(App):
             self.render_ages.append(max(ages))
 
     def header_cost(self) -> Text | str | None:
-        """The cost counter shown in every header (filled in by the costs view's widget)."""
-        return None
+        """The cost counter shown in every header: the lab's rate and today's total, from the agents' costs sections."""
+        from console.costs import live_totals
+        from widgets.cost_counter import cost_text
+
+        totals = live_totals(self.state)
+        return None if totals is None else cost_text(totals)
 
     def _on_event(self, machine: str, event: str, data: Any) -> None:
         if event == EVENT_NOTICE and isinstance(data, dict):

@@ -8,4 +8,6 @@ from __future__ import annotations
 
 VIEWS: dict[str, tuple[str, str, str]] = {
     "fleet": ("console.screens.fleet", "FleetScreen", "every GPU of every machine, live"),
+    "costs": ("console.screens.costs", "CostsScreen", "money now, today, this month; the saving vs cloud; spend per day"),
+    "alerts": ("console.screens.alerts", "AlertsScreen", "what is wrong now across the lab, the history, acknowledgement"),
 }

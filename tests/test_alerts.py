@@ -212,3 +212,36 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
         )
         assert out.returncode == 0, out.stderr
         assert alert["id"] in [a["id"] for a in json.loads(out.stdout)["alerts"]]
+
+
+@pytest.mark.timeout(90)
+async def test_alerts_view_notifies_lists_and_acknowledges(tmp_path, lab_file):
+    from console.app import CetlabApp
+    from console.screens.alerts import AlertsScreen
+
+    with DemoLab(tmp_path / "run", source=lab_file(LAB)) as demo:
+        app = CetlabApp(load_lab(demo.lab_path))
+        async with app.run_test(size=(160, 50)) as pilot:
+            box = app.state.machines["box"]
+            await wait_for(lambda: box.online and "alerts" in box.sections, timeout=30)
+            await pilot.press("colon", *"alerts", "enter")
+            await wait_for(lambda: isinstance(app.screen, AlertsScreen), timeout=10)
+            screen = app.screen
+            table = screen.query_one("#alerts-table")
+
+            def hot_rows() -> list:
+                return [table.get_row(k) for k in table.rows if table.get_row(k)[4] == "gpu_hot"]
+
+            await app.client.call("box", "sim.override", {"gpu": 0, "temp_c": 97})
+            await wait_for(hot_rows, timeout=20)
+            assert "ACTIVE" in hot_rows()[0][0] and hot_rows()[0][2] == "box" and "97 C" in hot_rows()[0][6]
+            await wait_for(lambda: any("gpu0 Tesla P4 at 97 C" in n.message for n in app._notifications), timeout=10)
+
+            table.move_cursor(row=[k.value for k in table.rows].index(next(a["id"] for a in box.sections["alerts"]["active"] if a["rule"] == "gpu_hot")))
+            await pilot.press("a")
+            await wait_for(lambda: "acked" in hot_rows()[0][0], timeout=10)
+
+            await app.client.call("box", "sim.override", {"gpu": 0, "clear": True})
+            await wait_for(lambda: not hot_rows(), timeout=20)
+            await pilot.press("h")  # the history keeps it, cleared
+            await wait_for(lambda: hot_rows() and "cleared" in hot_rows()[0][0], timeout=15)

@@ -239,3 +239,61 @@ async def test_cli_costs_json_over_ssh(small_demo):
     # the default test lab names no electricity price and no cloud price: the counter says so
     assert data["now_per_hour"] is None and "missing: costs.electricity_per_kwh" in data["missing"]
     assert [b["machine"] for b in data["by"]] == ["box"]
+
+
+# ---------------------------------------------------------------------------- the console
+
+from agents.lab import load_lab  # noqa: E402
+from console.app import CetlabApp  # noqa: E402
+from console.screens.costs import CostsScreen  # noqa: E402
+
+
+def header(app) -> str:
+    return str(app.screen.query_one("LabHeader")._shown)
+
+
+TWO_MACHINES = {
+    **LAB,
+    "machines": [
+        {"name": "box", "idle_watts": 100, "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "training"}]}},
+        {"name": "rented", "hourly_rate": 2.5, "gpus": {"seed": 3, "sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "bursty"}]}},
+    ],
+}
+
+
+@pytest.mark.timeout(90)
+async def test_header_counter_and_costs_view(tmp_path, lab_file):
+    with DemoLab(tmp_path / "run", source=lab_file(TWO_MACHINES)) as demo:
+        app = CetlabApp(load_lab(demo.lab_path))
+        async with app.run_test(size=(160, 50)) as pilot:
+            await wait_for(lambda: all(v.online and v.sections.get("costs") for v in app.state.machines.values()), timeout=30)
+
+            def rate() -> float:
+                text = header(app)
+                return float(text.split(" EUR/h")[0].split()[-1]) if " EUR/h · today" in text else 0.0
+
+            await wait_for(lambda: rate() > 2.5, timeout=10)  # the rented machine's 2.50 an hour plus the owned one's power
+            assert rate() < 2.5 + 0.3 and "SIM power" in header(app)
+
+            await pilot.press("colon", *"costs", "enter")
+            await wait_for(lambda: isinstance(app.screen, CostsScreen) and app.screen.report is not None, timeout=20)
+            screen = app.screen
+            table = screen.query_one("#costs-by")
+            await wait_for(lambda: table.row_count == 2, timeout=10)
+            assert {table.get_row(k)[0] for k in table.rows} == {"box", "rented"}
+            summary = str(screen.query_one("#costs-summary").render())
+            assert "this month" in summary and "saving" in summary and "SIM" in summary
+            await wait_for(lambda: screen._plotted and screen._plotted[-1][1] > 0, timeout=15)  # today's spend is on the plot
+            assert "EUR/h" in str(screen.query_one("#costs-counter")._shown)
+
+            await pilot.press("b")  # by job: none runs here
+            await wait_for(lambda: screen.report["by_kind"] == "job", timeout=10)
+            assert table.row_count == 0
+
+
+@pytest.mark.timeout(60)
+async def test_header_names_the_missing_price(small_demo):
+    app = CetlabApp(load_lab(small_demo.lab_path))
+    async with app.run_test(size=(160, 50)):
+        await wait_for(lambda: "cost ?" in header(app), timeout=30)
+        assert "missing: costs.electricity_per_kwh" in header(app)

@@ -1,0 +1,75 @@
+"""The lab's money, summed over its machines: from `costs.get` answers, or live from the costs sections."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.protocol import RemoteError
+from console.state import LabState
+
+
+def _sum(values: list[float | None]) -> float | None:
+    """A total that is unknown when one part is unknown (a missing price), never a wrong number."""
+    return None if any(v is None for v in values) else round(sum(values), 6)
+
+
+def _saving_pct(cost: float | None, cloud: float | None) -> float | None:
+    return None if cost is None or not cloud else round((cloud - cost) / cloud * 100, 2)
+
+
+def lab_costs(currency: str, results: dict[str, Any], by: str = "machine") -> dict[str, Any]:
+    """Sum `costs.get` answers (or the RemoteErrors of machines not reached) into the lab's figures."""
+    reports = {name: r for name, r in results.items() if isinstance(r, dict)}
+    offline = {name: r.message if isinstance(r, RemoteError) else str(r) for name, r in results.items() if not isinstance(r, dict)}
+    parts = list(reports.values())
+    days: dict[str, dict[str, list]] = {}
+    for report in parts:
+        for day in report["days"]:
+            entry = days.setdefault(day["day"], {"cost": [], "cloud_equivalent": [], "kwh": []})
+            for key in entry:
+                entry[key].append(day[key])
+    missing = sorted({m for r in parts for key in ("now", "today", "month", "since") for m in r[key]["missing"]})
+    month = _sum([r["month"]["cost"] for r in parts])
+    cloud_month = _sum([r["month"]["cloud_equivalent"] for r in parts])
+    since = _sum([r["since"]["cost"] for r in parts])
+    cloud_since = _sum([r["since"]["cloud_equivalent"] for r in parts])
+    return {
+        "currency": currency,
+        "now_per_hour": _sum([r["now"]["per_hour"] for r in parts]),
+        "power_w": _sum([r["now"]["power_w"] for r in parts]),
+        "today": _sum([r["today"]["cost"] for r in parts]),
+        "month": month,
+        "kwh_today": _sum([r["today"]["kwh"] for r in parts]),
+        "kwh_month": _sum([r["month"]["kwh"] for r in parts]),
+        "cloud_equivalent_today": _sum([r["today"]["cloud_equivalent"] for r in parts]),
+        "cloud_equivalent_month": cloud_month,
+        "saving_month": None if month is None or cloud_month is None else round(cloud_month - month, 6),
+        "saving_pct_month": _saving_pct(month, cloud_month),
+        "since": min((r["since"]["day"] for r in parts), default=None),
+        "since_total": since,
+        "cloud_equivalent_since": cloud_since,
+        "saving_pct_since": _saving_pct(since, cloud_since),
+        "by_kind": by,
+        "by": [entry for r in parts for entry in r["by"]],
+        "days": [{"day": d, **{k: _sum(v) for k, v in e.items()}} for d, e in sorted(days.items())],
+        "missing": missing,
+        "offline": offline,
+        "simulated": any(r["simulated"] for r in parts),
+    }
+
+
+def live_totals(state: LabState) -> dict[str, Any] | None:
+    """The header counter's figures from the "costs" sections the agents push every tick; None before any arrive."""
+    parts = [v.sections["costs"] for v in state.machines.values() if v.online and v.sections.get("costs")]
+    if not parts:
+        return None
+    return {
+        "currency": state.lab.costs.currency,
+        "per_hour": _sum([p.get("now_per_hour") for p in parts]),
+        "today": _sum([p.get("today") for p in parts]),
+        "month": _sum([p.get("month") for p in parts]),
+        "power_w": _sum([p.get("power_w") for p in parts]),
+        "missing": sorted({m for p in parts for m in p.get("missing") or []}),
+        "simulated": any(p.get("simulated") for p in parts),
+        "not_counted": sorted(v.name for v in state.machines.values() if not (v.online and v.sections.get("costs"))),
+    }

@@ -1,0 +1,129 @@
+"""The Alerts view: what is wrong now across the lab (offline machines included), the history, acknowledgement."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Footer, Static
+
+from agents.protocol import RemoteError
+from console.alerts import active_alerts
+from console.screens.base import LabScreen
+from widgets.lab_header import LabHeader
+
+FETCH_S = 5.0  # history comes from alerts.list this often while it is shown
+COLUMNS = [("state", "state", 8), ("level", "level", 9), ("machine", "machine", 12), ("target", "target", 18),
+           ("rule", "rule", 16), ("fired", "fired", 19), ("message", "message", None)]
+LEVEL_STYLE = {"critical": "bold red", "warning": "yellow"}
+
+
+def alert_cells(alert: dict[str, Any]) -> tuple[str, ...]:
+    state = "cleared" if alert.get("cleared_at") else ("acked" if alert.get("acked_at") else "ACTIVE")
+    level = alert.get("level", "")
+    fired = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(alert["fired_at"])) if alert.get("fired_at") else "?"
+    style = LEVEL_STYLE.get(level, "") if state == "ACTIVE" else "dim"
+    return (f"[{style}]{state}[/]" if style else state, level, alert.get("machine", ""), alert.get("target", ""),
+            alert.get("rule", ""), fired, alert.get("message", ""))
+
+
+class AlertsScreen(LabScreen):
+    VIEW_NAME = "alerts"
+    BINDINGS = [
+        Binding("a", "ack", "Acknowledge"),
+        Binding("h", "toggle_history", "History"),
+    ]
+    DEFAULT_CSS = """
+    AlertsScreen #alerts-summary { height: auto; padding: 0 1; }
+    AlertsScreen #alerts-table { height: 1fr; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history = False
+        self.past: list[dict[str, Any]] = []
+
+    def compose(self) -> ComposeResult:
+        yield LabHeader()
+        yield Static("", id="alerts-summary")
+        yield DataTable(id="alerts-table", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#alerts-table", DataTable)
+        for key, label, width in COLUMNS:
+            table.add_column(label, key=key, width=width)
+        self.set_interval(FETCH_S, self._fetch_history)
+        self.refresh_data()
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        """Alert id -> alert: the active ones live from the stream, then (with history) the cleared ones."""
+        alerts = {a["id"]: a for a in active_alerts(self.lab_app.state, self.lab_app.clock())}
+        if self.history:
+            for alert in self.past:
+                alerts.setdefault(alert["id"], alert)
+        return alerts
+
+    def refresh_data(self) -> None:
+        rows = self.rows()
+        active = [a for a in rows.values() if not a.get("cleared_at")]
+        unacked = sum(1 for a in active if not a.get("acked_at"))
+        mode = "active and cleared" if self.history else "active"
+        self.query_one("#alerts-summary", Static).update(
+            f"[b]{len(active)} active[/b] ({unacked} not acknowledged) · showing {mode} · "
+            "[b]a[/b] acknowledges the selected alert · [b]h[/b] toggles the history")
+        table = self.query_one("#alerts-table", DataTable)
+        wanted = {key: alert_cells(alert) for key, alert in rows.items()}
+        for key in [k.value for k in list(table.rows) if k.value not in wanted]:
+            table.remove_row(key)
+        columns = [key for key, _, _ in COLUMNS]
+        for key, cells in wanted.items():
+            if key in table.rows:
+                for column, value in zip(columns, cells):
+                    if table.get_cell(key, column) != value:
+                        table.update_cell(key, column, value)
+            else:
+                table.add_row(*cells, key=key)
+
+    def action_toggle_history(self) -> None:
+        self.history = not self.history
+        if self.history:
+            self._fetch_history()
+        self.refresh_data()
+
+    @work(exclusive=True, group="alerts-history")
+    async def _fetch_history(self) -> None:
+        if not self.history:
+            return
+        results = await self.lab_app.client.call_all("alerts.list", {"limit": 200})
+        self.past = sorted((a for r in results.values() if isinstance(r, dict) for a in r["alerts"]), key=lambda a: -a["fired_at"])
+        self.refresh_data()
+
+    def selected(self) -> dict[str, Any] | None:
+        table = self.query_one("#alerts-table", DataTable)
+        if not table.row_count:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return self.rows().get(key)
+
+    def action_ack(self) -> None:
+        alert = self.selected()
+        if alert is None or not self.require_operator():
+            return
+        if alert["rule"] == "offline":
+            self.notify("an offline machine clears itself when it is back", severity="warning")
+            return
+        self._ack(alert)
+
+    @work(group="alerts-ack")
+    async def _ack(self, alert: dict[str, Any]) -> None:
+        try:
+            await self.lab_app.client.call(alert["machine"], "alerts.ack", {"id": alert["id"]})
+        except RemoteError as exc:
+            self.notify(f"could not acknowledge {alert['id']}: {exc.message}", severity="error")
+            return
+        self.notify(f"acknowledged {alert['id']}")
+        self._fetch_history()

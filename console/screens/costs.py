@@ -1,0 +1,145 @@
+"""The Costs view: the running counter, the breakdown by machine, job or model, the saving vs cloud, spend per day."""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+from typing import Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import DataTable, Footer, Static
+from textual_plotext import PlotextPlot
+
+from agents.protocol import RemoteError
+from console.costs import lab_costs, live_totals
+from console.screens.base import LabScreen
+from widgets.cost_counter import CostCounter, fmt_money
+from widgets.lab_header import LabHeader
+
+FETCH_S = 5.0  # the breakdown and the daily totals come from costs.get this often; the counter ticks with the stream
+PLOT_DAYS = 30
+BREAKDOWNS = ("machine", "job", "model")
+COLUMNS = [("name", "name", 34), ("kwh", "kWh", 10), ("cost", "cost", 14), ("cloud", "cloud equiv.", 14),
+           ("saving", "saving", 8), ("gpu_h", "GPU-h", 8), ("busy_h", "busy GPU-h", 10), ("tokens", "tokens", 12)]
+
+
+def pct(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}%"
+
+
+def breakdown_rows(report: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Row key -> cells of the breakdown table, from lab_costs() output."""
+    by, currency = report["by_kind"], report["currency"]
+    rows = {}
+    for entry in report["by"]:
+        key = entry[by] if by == "machine" else f"{entry['machine']}/{entry[by]}"
+        name = entry[by] if by == "machine" else f"{entry[by]} {entry.get('label') or ''}".strip() + f" @{entry['machine']}"
+        rows[key] = (name[:34], f"{entry['kwh']:.3f}", fmt_money(entry["cost"], currency), fmt_money(entry["cloud_equivalent"], currency),
+                     pct(entry["saving_pct"]), f"{entry['gpu_hours']:.2f}", f"{entry['gpu_busy_hours']:.2f}", f"{entry['tokens']:,}")
+    return rows
+
+
+class CostsScreen(LabScreen):
+    VIEW_NAME = "costs"
+    BINDINGS = [
+        Binding("b", "next_breakdown", "Breakdown"),
+        Binding("r", "fetch", "Refresh"),
+    ]
+    DEFAULT_CSS = """
+    CostsScreen #costs-summary { height: auto; padding: 0 1; }
+    CostsScreen #costs-body { height: 1fr; }
+    CostsScreen #costs-by { width: 3fr; height: 1fr; }
+    CostsScreen #costs-plot { width: 2fr; height: 1fr; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by = "machine"
+        self.report: dict[str, Any] | None = None
+        self._plotted: list | None = None
+
+    def compose(self) -> ComposeResult:
+        yield LabHeader()
+        yield CostCounter(id="costs-counter")
+        yield Static("loading costs …", id="costs-summary")
+        with Horizontal(id="costs-body"):
+            yield DataTable(id="costs-by", cursor_type="row", zebra_stripes=True)
+            yield PlotextPlot(id="costs-plot")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#costs-by", DataTable)
+        for key, label, width in COLUMNS:
+            table.add_column(label, key=key, width=width)
+        self.set_interval(FETCH_S, self.action_fetch)
+        self.action_fetch()
+
+    def action_fetch(self) -> None:
+        self._fetch(self.by)
+
+    def action_next_breakdown(self) -> None:
+        self.by = BREAKDOWNS[(BREAKDOWNS.index(self.by) + 1) % len(BREAKDOWNS)]
+        self.query_one("#costs-by", DataTable).clear()
+        self.action_fetch()
+
+    @work(exclusive=True, group="costs")
+    async def _fetch(self, by: str) -> None:
+        since = (date.today() - timedelta(days=PLOT_DAYS - 1)).isoformat()
+        results = await self.lab_app.client.call_all("costs.get", {"by": by, "since": since})
+        if by != self.by:  # the user switched breakdowns while this call ran
+            return
+        if all(isinstance(r, RemoteError) for r in results.values()) and self.report is not None:
+            return  # keep the last figures; the header says which machines are offline
+        self.report = lab_costs(self.lab_app.lab.costs.currency, results, by)
+        self.refresh_data()
+
+    def refresh_data(self) -> None:
+        totals = live_totals(self.lab_app.state)
+        self.query_one("#costs-counter", CostCounter).show(totals)
+        report = self.report
+        if report is None:
+            return
+        currency = report["currency"]
+        sim = " [black on yellow] SIM [/] GPU power is simulated" if report["simulated"] else ""
+        lines = [
+            f"[b]this month[/b] {fmt_money(report['month'], currency)}   cloud equivalent {fmt_money(report['cloud_equivalent_month'], currency)}"
+            f"   [b]saving {fmt_money(report['saving_month'], currency)} ({pct(report['saving_pct_month'])})[/b]{sim}",
+            f"today {fmt_money(report['today'], currency)}   cloud {fmt_money(report['cloud_equivalent_today'], currency)}"
+            f"   {report['kwh_today'] or 0:.2f} kWh today, {report['kwh_month'] or 0:.2f} kWh this month",
+            f"by {report['by_kind']} since {report['since']}   ([b]b[/b] switches machine / job / model)",
+        ]
+        lines += [f"[yellow]{m}[/]" for m in report["missing"]]
+        lines += [f"[red]not counted, offline: {name}: {why}[/]" for name, why in report["offline"].items()]
+        self.query_one("#costs-summary", Static).update("\n".join(lines))
+        self._refresh_table(report)
+        self._refresh_plot(report)
+
+    def _refresh_table(self, report: dict[str, Any]) -> None:
+        table = self.query_one("#costs-by", DataTable)
+        wanted = breakdown_rows(report)
+        for key in [k.value for k in list(table.rows) if k.value not in wanted]:
+            table.remove_row(key)
+        columns = [key for key, _, _ in COLUMNS]
+        for key, cells in wanted.items():
+            if key in table.rows:
+                for column, value in zip(columns, cells):
+                    if table.get_cell(key, column) != value:
+                        table.update_cell(key, column, value)
+            else:
+                table.add_row(*cells, key=key)
+
+    def _refresh_plot(self, report: dict[str, Any]) -> None:
+        days = report["days"][-PLOT_DAYS:]
+        data = [(d["day"][5:], d["cost"] or 0.0, d["cloud_equivalent"] or 0.0) for d in days]
+        if data == self._plotted:
+            return
+        self._plotted = data
+        plot = self.query_one("#costs-plot", PlotextPlot)
+        plt = plot.plt
+        plt.clear_data()
+        if data:
+            plt.multiple_bar([d[0] for d in data], [[d[1] for d in data], [d[2] for d in data]], labels=["here", "cloud"])
+        plt.title(f"spend per day ({report['currency']})" + (" SIM" if report["simulated"] else ""))
+        plot.refresh()

@@ -1,0 +1,119 @@
+"""The Orchestra view against real agents: keys warm, sleep, swap, pin and stop models; modals confirm."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from textual.widgets import OptionList
+
+from agents.lab import load_lab
+from console.app import CetlabApp
+from console.demo import DemoLab
+from console.screens.models import ConfirmScreen, ModelsScreen, PickModelScreen
+from widgets.orchestra_table import OrchestraTable
+
+from tests.test_orchestra import pool_lab, sim_model
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def pool(tmp_path, lab_file):
+    data = pool_lab([sim_model("a", [0], 18), sim_model("b", [0], 18), sim_model("c", [1], 4)], orchestra={"warm": ["a"]})
+    with DemoLab(tmp_path / "run", source=lab_file(data)) as demo:
+        yield load_lab(demo.lab_path)
+
+
+def model_state(app: CetlabApp, name: str) -> dict:
+    section = app.state.machines["box"].sections.get("models") or {"models": []}
+    return next((m for m in section["models"] if m["name"] == name), {"state": None, "op": None})
+
+
+async def until(pilot, app: CetlabApp, name: str, state: str, timeout: float = 30.0) -> dict:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        model = model_state(app, name)
+        if model["state"] == state and not model.get("op"):
+            return model
+        await pilot.pause(0.1)
+    raise AssertionError(f"{name} is {model_state(app, name)['state']}, not {state}")
+
+
+def cell(app: CetlabApp, name: str, column: str) -> str:
+    return str(app.screen.query_one(OrchestraTable).get_cell(f"box/{name}", column))
+
+
+async def test_models_view_keys_drive_the_pool(pool):
+    app = CetlabApp(pool)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.press("colon", *"models", "enter")
+        assert isinstance(app.screen, ModelsScreen)
+        await until(pilot, app, "a", "warm")
+        await pilot.pause(0.6)  # one render
+        assert cell(app, "a", "state").startswith("warm") and "SIM" in cell(app, "a", "engine")
+        assert cell(app, "b", "state") in ("cold", "cached")
+
+        # s asks first; n leaves the model serving
+        await pilot.press("s")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        assert isinstance(app.screen, ModelsScreen)
+        await pilot.pause(0.3)
+        assert model_state(app, "a")["state"] == "warm" and not model_state(app, "a").get("op")
+        await pilot.press("s")
+        await pilot.press("y")
+        await until(pilot, app, "a", "sleeping")
+
+        # w wakes it (no question: it interrupts nothing)
+        await pilot.press("w")
+        a = await until(pilot, app, "a", "warm")
+        assert a["wake_s"] is not None
+
+        # x: pick the model to bring in on a's GPU, confirm, watch it swap
+        await pilot.press("x")
+        assert isinstance(app.screen, PickModelScreen)
+        options = app.screen.query_one(OptionList)
+        assert [options.get_option_at_index(i).id for i in range(options.option_count)] == ["b", "c"]
+        options.focus()
+        options.highlighted = 0
+        await pilot.press("enter")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await until(pilot, app, "b", "warm")
+        assert model_state(app, "a")["state"] == "sleeping" and model_state(app, "b")["gpus"] == [0]
+
+        # p pins the selected model; c stops it after a question
+        await pilot.press("down", "down")
+        assert app.screen.query_one(OrchestraTable).selected()["name"] == "c"
+        await pilot.press("w")
+        await until(pilot, app, "c", "warm")
+        await pilot.press("p")
+        for _ in range(50):
+            if model_state(app, "c").get("pinned"):
+                break
+            await pilot.pause(0.1)
+        assert model_state(app, "c")["pinned"] is True
+        await pilot.pause(0.6)
+        assert "PIN" in cell(app, "c", "state")
+        await pilot.press("c")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        for _ in range(100):
+            if model_state(app, "c")["state"] in ("cold", "cached"):
+                break
+            await pilot.pause(0.1)
+        assert model_state(app, "c")["state"] in ("cold", "cached")
+
+
+async def test_models_view_read_only_acts_on_nothing(pool):
+    app = CetlabApp(pool, readonly=True)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.switch_mode("models")
+        await until(pilot, app, "a", "warm")
+        await pilot.press("down")  # b, cold
+        await pilot.press("w", "x", "s")
+        assert isinstance(app.screen, ModelsScreen)  # no modal opened
+        await pilot.pause(1.0)
+        assert model_state(app, "b")["state"] in ("cold", "cached") and not model_state(app, "b").get("op")

@@ -1,0 +1,110 @@
+"""The model pool as a live table: one row per model, state in colour, figures updated cell by cell."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from widgets.format import GIB, fmt
+
+STATE_STYLES = {
+    "warm": "bold green",
+    "warming": "bold yellow",
+    "loading": "yellow",
+    "sleeping": "cyan",
+    "cached": "blue",
+    "cold": "dim",
+    "failed": "bold red",
+}
+COLUMNS = [
+    ("model", "MODEL", 20), ("machine", "MACHINE", 11), ("gpus", "GPUS", 5), ("engine", "ENGINE", 16),
+    ("state", "STATE", 26), ("vram", "VRAM", 5), ("requests", "RUN/WAIT", 8), ("tokens", "TOK/S", 6),
+    ("kv", "KV", 4), ("load", "LOAD", 6), ("warmup", "WARM-UP", 7), ("wake", "WAKE", 5), ("ram", "RAM", 5),
+]
+
+
+def row_key(model: dict[str, Any]) -> str:
+    return f"{model['machine']}/{model['name']}"
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def state_cell(model: dict[str, Any]) -> Text:
+    state = model["state"]
+    text = Text(state, style=STATE_STYLES.get(state, ""))
+    progress = model.get("progress")
+    if progress:
+        phase = progress.get("phase", "")
+        if progress.get("total_bytes"):
+            phase += f" {progress['done_bytes'] / progress['total_bytes']:.0%}"
+        text.append(f" {phase}", style="italic")
+    if model.get("pinned"):
+        text.append(" PIN", style="bold magenta")
+    return text
+
+
+def model_cells(model: dict[str, Any]) -> tuple[Any, ...]:
+    """The row of one model (plain data in, Rich text out)."""
+    running, waiting = model.get("requests_running"), model.get("requests_waiting")
+    engine = Text(model["engine"])
+    if model.get("simulated"):
+        engine.append(" SIM", style="bold magenta")
+    cached = model.get("cached_fraction")
+    return (
+        Text(model["name"], style="bold"),
+        model["machine"],
+        ",".join(map(str, model["gpus"])) or "cpu",
+        engine,
+        state_cell(model),
+        f"{model['vram_bytes'] / GIB:.0f}G" if model.get("vram_bytes") else "-",
+        "-" if running is None else f"{running:.0f}/{waiting or 0:.0f}",
+        fmt(model.get("tokens_per_s"), ".0f") if model.get("tokens_per_s") is not None else "-",
+        "-" if model.get("kv_cache_pct") is None else f"{model['kv_cache_pct']:.0f}%",
+        _secs(model.get("load_s")),
+        _secs(model.get("warmup_s")),
+        _secs(model.get("wake_s")),
+        "-" if cached is None else f"{cached:.0%}",
+    )
+
+
+class OrchestraTable(DataTable):
+    """Give it the models (dicts as `models.list` returns them); it adds, removes and updates rows by key."""
+
+    DEFAULT_CSS = "OrchestraTable { height: 1fr; }"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.models: dict[str, dict[str, Any]] = {}
+        self._cells: dict[str, tuple] = {}
+
+    def on_mount(self) -> None:
+        for key, label, width in COLUMNS:
+            self.add_column(label, key=key, width=width)
+
+    def show(self, models: list[dict[str, Any]]) -> None:
+        wanted = {row_key(m): m for m in models}
+        for key in [k for k in self._cells if k not in wanted]:
+            self.remove_row(key)
+            del self._cells[key]
+        columns = [key for key, _, _ in COLUMNS]
+        for key, model in wanted.items():
+            cells = model_cells(model)
+            old = self._cells.get(key)
+            if old is None:
+                self.add_row(*cells, key=key)
+            elif old != cells:
+                for column, value, before in zip(columns, cells, old):
+                    if value != before:
+                        self.update_cell(key, column, value)
+            self._cells[key] = cells
+        self.models = wanted
+
+    def selected(self) -> dict[str, Any] | None:
+        if not self.row_count:
+            return None
+        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        return self.models.get(key)

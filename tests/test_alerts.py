@@ -204,6 +204,9 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
             with pytest.raises(RemoteError) as info:
                 await client.call("box", "alerts.ack", {"id": "plain-1"})
             assert info.value.code == "not_found"
+            with pytest.raises(RemoteError) as info:
+                await client.call("box", "costs.get", {"by": "gpu", "since": "last week"})
+            assert info.value.code == "invalid_params" and "since" in info.value.message
             assert (await client.call("box", "ping"))["t"] > 0  # and the agent keeps serving
 
         out = await asyncio.to_thread(
@@ -245,3 +248,26 @@ async def test_alerts_view_notifies_lists_and_acknowledges(tmp_path, lab_file):
             await wait_for(lambda: not hot_rows(), timeout=20)
             await pilot.press("h")  # the history keeps it, cleared
             await wait_for(lambda: hot_rows() and "cleared" in hot_rows()[0][0], timeout=15)
+
+
+def test_console_files_alerts_by_target_and_raises_offline_ones():
+    from agents.lab import parse_lab
+    from console.alerts import alerts_by_target
+    from console.state import LabState
+
+    lab = parse_lab("lab: t\nalerts: {offline_for_s: 30}\nmachines: [{name: a}, {name: b}, {name: c}]\n")
+    state = LabState(lab)
+    state.set_link("a", "online")
+    state.machines["a"].sections["alerts"] = {"active": [
+        {"id": "a-1", "rule": "gpu_starved", "target": "gpu0", "job": "3", "machine": "a", "fired_at": 10.0},
+        {"id": "a-2", "rule": "engine_failed", "target": "model llama", "model": "llama", "machine": "a", "fired_at": 11.0},
+    ]}
+    state.set_link("b", "offline", "connection refused")
+    state.machines["b"].last_seen = 1000.0
+    state.set_link("c", "offline", "connection refused")
+    state.machines["c"].last_seen = 1020.0
+    by = alerts_by_target(state, now=1040.0)
+    assert [a["id"] for a in by[("a", "gpu0")]] == [a["id"] for a in by[("a", "job 3")]] == ["a-1"]
+    assert [a["id"] for a in by[("a", "model llama")]] == ["a-2"]
+    assert [a["message"] for a in by[("b", "machine")]] == ["b is offline: connection refused"]
+    assert ("c", "machine") not in by  # offline for 20 s only: not yet an alert

@@ -14,7 +14,8 @@ SPARK_WIDTH = 16
 
 def gpu_line(gpu: dict[str, Any], util_history: list[float], owner: str | None, limits: Thresholds) -> Text:
     name = f"gpu{gpu['index']} {gpu['name'][:24]:<24}"
-    line = Text(name, style="bold")
+    line = Text()
+    line.append(name, style="bold")
     if gpu.get("failed"):
         line.append(f"  FAILED: {gpu['failed']}", style="bold red")
         return line

@@ -12,7 +12,8 @@ from widgets.format import GIB
 
 def header_text(lab: str, view: str, online: int, machines: int, gpus: int, vram_bytes: int,
                 simulated: bool, readonly: bool, now: float, cost: Text | str | None = None) -> Text:
-    line = Text(" cetlab ", style="bold black on cyan")
+    line = Text()
+    line.append(" cetlab ", style="bold black on cyan")
     line.append(f" {lab} ", style="bold")
     line.append(f"· {view} ", style="italic")
     line.append(f"· {online}/{machines} machines online ", style="green" if online == machines else "bold red")

@@ -14,7 +14,8 @@ from widgets.gpu_row import GpuRow
 
 def header_line(name: str, role: str, link: str, error: str | None, last_seen: float | None,
                 host: dict[str, Any], simulated: bool, badges: list[str], now: float) -> Text:
-    line = Text(f"{name}", style="bold")
+    line = Text()
+    line.append(name, style="bold")
     if role:
         line.append(f"  {role}", style="dim")
     if simulated:

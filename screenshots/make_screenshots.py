@@ -1,0 +1,60 @@
+"""Regenerate screenshots/*.svg from the live demo lab: every view, as a newcomer sees it."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agents.lab import load_lab  # noqa: E402
+from console.app import CetlabApp  # noqa: E402
+from console.demo import DemoLab  # noqa: E402
+from console.views import VIEWS  # noqa: E402
+
+OUT = Path(__file__).resolve().parent
+SIZE = (160, 48)
+
+
+async def shoot(lab_path: Path) -> list[Path]:
+    written = []
+    app = CetlabApp(load_lab(lab_path))
+    async with app.run_test(size=SIZE) as pilot:
+        deadline = time.monotonic() + 60
+        while not all(v.online for v in app.state.machines.values()) and time.monotonic() < deadline:
+            await pilot.pause(0.2)
+        await pilot.pause(4)  # a few seconds of history for the sparklines
+
+        def save(name: str) -> None:
+            path = OUT / f"{name}.svg"
+            app.save_screenshot(filename=path.name, path=str(OUT))
+            written.append(path)
+
+        save("fleet")
+        await pilot.press("enter")
+        await pilot.pause(1.5)
+        save("machine")
+        await pilot.press("escape", "question_mark")
+        await pilot.pause(0.5)
+        save("help")
+        await pilot.press("escape")
+        for name in VIEWS:
+            if name == "fleet":
+                continue
+            await app.switch_mode(name)
+            await pilot.pause(2)
+            save(name)
+    return written
+
+
+def main() -> None:
+    with DemoLab(Path(tempfile.mkdtemp(prefix="cetlab-shots-"))) as demo:
+        for path in asyncio.run(shoot(demo.lab_path)):
+            print(f"wrote {path.relative_to(OUT.parent)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shutil
 import sys
 import tempfile
 import time
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if demo is not None:
             demo.stop()
+            shutil.rmtree(demo.dir, ignore_errors=True)  # keys and state of this run only
     return 0
 
 

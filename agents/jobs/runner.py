@@ -78,7 +78,9 @@ def run(job_dir: Path, log_path: Path, argv: list[str], max_bytes: int, keep: in
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     assert child.stdout is not None
     while chunk := child.stdout.read1(CHUNK_BYTES):
-        log.info(decoder.decode(chunk))
+        # one record per line, so files rotate between lines and stay near max_bytes
+        for line in decoder.decode(chunk).splitlines(keepends=True):
+            log.info(line)
     tail = decoder.decode(b"", final=True)
     if tail:
         log.info(tail)

@@ -105,7 +105,7 @@ class Job:
     stop_requested: str | None = None  # "stop" | "kill"
     kill_at: float | None = None  # when a graceful stop turns into SIGKILL
     progress: dict[str, Any] = field(default_factory=dict)
-    loss_history: list[float] = field(default_factory=list)
+    loss_points: list[list] = field(default_factory=list)  # [step, loss], sorted, the last LOSS_POINTS
     last_lines: list[str] = field(default_factory=list)
     error: str | None = None
     adopted: bool = False  # re-adopted after an agent restart
@@ -118,7 +118,7 @@ class Job:
     PERSISTED = (
         "id", "recipe", "machine", "gpus", "params", "argv", "cwd", "output_dir", "log_path", "job_dir",
         "started_at", "state", "exit_code", "ended_at", "runner_pid", "runner_started", "pid", "pid_started",
-        "stop_requested", "kill_at", "progress", "loss_history", "last_lines", "error", "adopted",
+        "stop_requested", "kill_at", "progress", "loss_points", "last_lines", "error", "adopted",
     )
 
     def record(self) -> str:
@@ -147,7 +147,7 @@ class Job:
             "max_steps": p.get("max_steps"),
             "epoch": p.get("epoch"),
             "loss": p.get("loss"),
-            "loss_history": self.loss_history,
+            "loss_history": [loss for _, loss in self.loss_points],
             "learning_rate": p.get("learning_rate"),
             "samples_per_s": p.get("samples_per_s"),
             "tokens_per_s": p.get("tokens_per_s"),
@@ -373,12 +373,24 @@ class JobsComponent:
         doc = read_progress(Path(job.job_dir) / "progress.json")
         if not doc or doc.get("updated_at") == job.progress.get("updated_at"):
             return False
-        old_step = job.progress.get("step")
+        previous = job.progress
         job.progress = {k: doc.get(k) for k in (
             "state", "step", "max_steps", "epoch", "loss", "learning_rate", "samples_per_s", "tokens_per_s",
             "eta_s", "checkpoints", "updated_at", "error", "stop_reason")}
-        if isinstance(doc.get("loss"), (int, float)) and doc.get("step") != old_step:
-            job.loss_history = (job.loss_history + [round(float(doc["loss"]), 5)])[-LOSS_POINTS:]
+        points = {step: loss for step, loss in job.loss_points}
+        loss, step = doc.get("loss"), doc.get("step")
+        if isinstance(loss, (int, float)) and isinstance(step, int) and loss != previous.get("loss"):
+            points[step] = round(float(loss), 5)  # a new logged loss, seen at this tick's step
+        checkpoints = [c for c in doc.get("checkpoints") or [] if isinstance(c, dict) and isinstance(c.get("step"), int)]
+        if checkpoints and checkpoints[-1] != (previous.get("checkpoints") or [None])[-1]:
+            # the newest checkpoint's log_history has every logged step up to it, at its true step
+            latest = checkpoints[-1]
+            state = read_json(Path(str(latest.get("path"))) / "trainer_state.json") or {}
+            rows = [r for r in state.get("log_history") or [] if isinstance(r, dict) and isinstance(r.get("step"), int) and isinstance(r.get("loss"), (int, float))]
+            if rows:
+                points = {s: v for s, v in points.items() if s > latest["step"]}
+                points.update({r["step"]: round(float(r["loss"]), 5) for r in rows})
+        job.loss_points = [[s, points[s]] for s in sorted(points)][-LOSS_POINTS:]
         return True
 
     def _finish(self, job: Job) -> None:
@@ -514,7 +526,7 @@ class JobsComponent:
         @rpc.method("jobs.get", params=JobParams, doc="One job, with its command line and last log lines.")
         async def get_job(peer: Peer, params: JobParams) -> dict:
             job = self.get(params.id)
-            return {**job.to_json(self.agent.simulated), "argv": job.argv, "cwd": job.cwd}
+            return {**job.to_json(self.agent.simulated), "argv": job.argv, "cwd": job.cwd, "runner_pid": job.runner_pid}
 
         @rpc.method("jobs.start", role=Role.OPERATOR, params=StartParams, doc="Launch a recipe with validated params.")
         async def start_job(peer: Peer, params: StartParams) -> dict:

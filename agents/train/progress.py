@@ -60,7 +60,9 @@ standard Hugging Face one: ``<output_dir>/checkpoint-<step>/`` holding
 
 Stopping: on SIGTERM (or a first Ctrl-C) the trainer finishes the current
 optimizer step, saves a checkpoint, writes ``state: "finished"`` with
-``stop_reason: "signal:SIGTERM"`` and exits 0. A second signal stops it at once.
+``stop_reason: "signal:SIGTERM"`` and exits 0 (a signal that comes before
+training has begun ends the run the same way, with no checkpoint). A second
+signal stops it at once: ``"failed"``, exit status 130.
 
 Readers must ignore keys they do not know; new keys may be added without
 bumping ``version``.

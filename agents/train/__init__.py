@@ -1,0 +1,1 @@
+"""cetlab-train: the default LoRA / QLoRA fine-tuning trainer that cetlab's agents launch."""

@@ -1,0 +1,357 @@
+"""The training run: tokenizer + causal LM + LoRA (peft) on transformers' Trainer, reporting progress.
+
+``run(config)`` returns the process exit status:
+
+* 0 - trained to max_steps / epochs, or stopped early by SIGTERM / a first
+  Ctrl-C (a checkpoint is saved at the step it stopped at; progress says
+  ``finished`` with ``stop_reason`` set);
+* 1 - training failed (progress ``failed``; the traceback goes to stderr);
+* 2 - the dataset, model folder or an option cannot be used (one line on
+  stderr, progress ``failed``);
+* 130 - interrupted twice (the second signal is not waited on).
+
+torch, transformers and peft are imported here, inside functions.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from agents.train.config import ConfigError, TrainConfig
+from agents.train.data import DataError
+from agents.train.progress import clean_number, read_progress, write_progress
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class Reporter:
+    """Holds the progress document and writes it (atomically) on every change."""
+
+    def __init__(self, path: Path, started: float):
+        self.path = path
+        self.started = started
+        self.doc: dict[str, Any] = {"pid": os.getpid(), "state": "starting", "step": 0, "checkpoints": []}
+
+    def update(self, **changes: Any) -> None:
+        self.doc.update(changes)
+        self.doc["elapsed_s"] = round(time.monotonic() - self.started, 3)
+        try:
+            write_progress(self.path, self.doc)
+        except OSError as exc:  # progress is best effort; never kill a run over it
+            log(f"cetlab-train: cannot write progress to {self.path}: {exc}")
+
+    def carry_checkpoints(self, output_dir: Path) -> None:
+        """Keep the checkpoints a previous run in the same output_dir reported, if still on disk."""
+        output_dir = output_dir.resolve()
+        old = read_progress(self.path) or {}
+        known = [
+            c for c in old.get("checkpoints") or []
+            if isinstance(c, dict) and isinstance(c.get("path"), str)
+            and Path(c["path"]).parent == output_dir and Path(c["path"]).is_dir()
+        ]
+        paths = {c["path"] for c in known}
+        for folder in sorted(output_dir.glob("checkpoint-*"), key=_step_of):
+            if folder.is_dir() and str(folder) not in paths and _step_of(folder) >= 0:
+                known.append({"step": _step_of(folder), "path": str(folder), "save_s": None, "at": folder.stat().st_mtime})
+        self.doc["checkpoints"] = sorted(known, key=lambda c: c.get("step") or 0)
+
+
+def _step_of(folder: Path) -> int:
+    try:
+        return int(folder.name.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+class StopFlag:
+    """SIGTERM / SIGINT: the first asks for a clean stop, the second acts at once."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self._pid = os.getpid()
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        self._pid = os.getpid()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                pass
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked dataloader worker: the trainer process shuts it down
+        name = signal.Signals(signum).name
+        if self.signal_name is not None:
+            raise KeyboardInterrupt(f"second {name}")
+        self.signal_name = name
+        log(f"cetlab-train: {name}: stopping after this step (a checkpoint will be saved); send it again to stop at once")
+
+
+def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
+    from transformers import TrainerCallback
+
+    class ProgressCallback(TrainerCallback):
+        """Writes progress on train begin, every log, around every save; honours the StopFlag."""
+
+        def __init__(self) -> None:
+            self.t0 = self.last_t = time.monotonic()
+            self.step0 = self.last_step = 0
+            self.last_tokens = 0
+            self.save_t0: float | None = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.t0 = self.last_t = time.monotonic()
+            self.step0 = self.last_step = state.global_step
+            self.last_tokens = state.num_input_tokens_seen or 0
+            reporter.update(state="running", step=state.global_step, max_steps=state.max_steps, epoch=state.epoch)
+            if stop.signal_name:
+                control.should_training_stop = True
+            return control
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if stop.signal_name and not reporter.doc.get("stop_reason"):
+                reporter.doc["stop_reason"] = f"signal:{stop.signal_name}"
+                control.should_training_stop = True
+                control.should_save = True
+            if control.should_training_stop:
+                control.should_log = True  # report the loss of the last steps too
+            if control.should_save:
+                reporter.update(state="saving", step=state.global_step, epoch=state.epoch)
+                self.save_t0 = time.monotonic()
+            return control
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            if "loss" not in logs:
+                return control  # the end-of-training summary
+            now = time.monotonic()
+            changes: dict[str, Any] = {
+                "step": state.global_step,
+                "max_steps": state.max_steps,
+                "epoch": clean_number(state.epoch),
+                "loss": clean_number(logs.get("loss")),
+                "learning_rate": clean_number(logs.get("learning_rate")),
+                "grad_norm": clean_number(logs.get("grad_norm")),
+            }
+            steps, dt = state.global_step - self.last_step, now - self.last_t
+            if steps > 0 and dt > 0:
+                tokens = state.num_input_tokens_seen or 0
+                changes["samples_per_s"] = round(steps * samples_per_step / dt, 3)
+                changes["tokens_per_s"] = round((tokens - self.last_tokens) / dt, 3) if tokens else None
+                self.last_tokens = tokens
+            done, total = state.global_step - self.step0, now - self.t0
+            if done > 0 and total > 0:
+                changes["eta_s"] = round(max(state.max_steps - state.global_step, 0) * total / done, 3)
+            self.last_step, self.last_t = state.global_step, now
+            reporter.update(**changes)
+            if self.save_t0 is not None:
+                self.save_t0 = time.monotonic()  # the save has not started yet; do not count the log
+            return control
+
+        def on_save(self, args, state, control, **kwargs):
+            now = time.monotonic()
+            save_s = now - self.save_t0 if self.save_t0 is not None else None
+            self.save_t0 = None
+            path = Path(args.output_dir).resolve() / f"checkpoint-{state.global_step}"
+            entries = [c for c in reporter.doc["checkpoints"] if c.get("path") != str(path) and Path(c["path"]).is_dir()]
+            entries.append({"step": state.global_step, "path": str(path),
+                            "save_s": round(save_s, 4) if save_s is not None else None, "at": time.time()})
+            log(f"cetlab-train: saved {path.name} in {save_s:.2f}s" if save_s is not None else f"cetlab-train: saved {path.name}")
+            reporter.update(state="running", checkpoints=entries)
+            # throughput is training throughput: take the save out of the current window
+            self.last_t += time.monotonic() - now + (save_s or 0.0)
+            return control
+
+    return ProgressCallback()
+
+
+def run(config: TrainConfig) -> int:
+    """Train per ``config``; returns the exit status (see the module docstring)."""
+    started = time.monotonic()
+    reporter = Reporter(Path(config.progress_file), started)
+    reporter.carry_checkpoints(Path(config.output_dir))
+    reporter.update(state="starting")
+    stop = StopFlag()
+    stop.install()
+    try:
+        _train(config, reporter, stop)
+        reporter.update(state="finished", eta_s=0.0, stop_reason=reporter.doc.get("stop_reason") or "max_steps")
+        log(f"cetlab-train: finished at step {reporter.doc.get('step')} (loss {reporter.doc.get('loss')})")
+        return 0
+    except (ConfigError, DataError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reporter.update(state="failed", error=message)
+        log(f"cetlab-train: error: {exc}")
+        return 2
+    except KeyboardInterrupt as exc:
+        reporter.update(state="failed", error=f"interrupted ({exc or 'SIGINT'})")
+        log("cetlab-train: interrupted")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - report every failure in the progress file
+        traceback.print_exc()
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        reporter.update(state="failed", error=message)
+        log(f"cetlab-train: failed: {message}")
+        return 1
+    finally:
+        stop.uninstall()
+
+
+def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
+    base = Path(cfg.base_model)
+    if cfg.make_tiny_if_missing and base.is_absolute() and not (base / "config.json").exists():
+        from agents.train.tiny import make_tiny_model
+
+        log(f"cetlab-train: creating the tiny demo model in {base}")
+        make_tiny_model(base, seed=cfg.seed)
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cfg.qlora:
+        if not cuda:
+            raise ConfigError("qlora: true needs a CUDA GPU (4-bit bitsandbytes weights); none is visible here. Set qlora: false to train LoRA in full precision")
+        import importlib.util
+
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise ConfigError("qlora: true needs the bitsandbytes package: pip install bitsandbytes")
+    if cfg.bf16 and cuda and not torch.cuda.is_bf16_supported():
+        raise ConfigError("bf16: true but this GPU has no bfloat16 support; set bf16: false")
+
+    import transformers
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from agents.train.data import PadCollator, build_dataset
+
+    transformers.set_seed(cfg.seed)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(cfg.base_model)
+    except OSError as exc:
+        raise ConfigError(f"base_model: cannot load a tokenizer from {cfg.base_model}: {str(exc).splitlines()[0]}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    if tokenizer.pad_token_id is None:
+        raise ConfigError(f"base_model: the tokenizer in {cfg.base_model} has neither a pad nor an eos token")
+
+    dataset = build_dataset(Path(cfg.dataset), tokenizer, cfg.max_seq_len, cfg.pretokenized_cache, log=log)
+    log(f"cetlab-train: {len(dataset)} rows, {dataset.token_count()} tokens from {cfg.dataset}")
+
+    dtype = torch.bfloat16 if cfg.bf16 else torch.float32
+    model_kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": "sdpa" if cfg.sdpa else "eager"}
+    if cfg.qlora:
+        from transformers import BitsAndBytesConfig
+
+        compute = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        model_kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute
+        )
+        model_kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(cfg.base_model, **model_kwargs)
+    except OSError as exc:
+        raise ConfigError(f"base_model: cannot load a model from {cfg.base_model}: {str(exc).splitlines()[0]}") from None
+    model.config.use_cache = False
+    if cfg.qlora:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
+    elif cfg.gradient_checkpointing:
+        model.enable_input_require_grads()
+
+    lora = LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=cfg.lora.target_modules,
+        modules_to_save=cfg.lora.modules_to_save or None,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        model = get_peft_model(model, lora)
+    except ValueError as exc:
+        raise ConfigError(f"lora: {str(exc).splitlines()[0]}") from None
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    log(f"cetlab-train: {trainable:,} of {total:,} parameters trainable ({100 * trainable / max(total, 1):.2f}%)")
+
+    output_dir = Path(cfg.output_dir)
+    resume = cfg.resume_from_checkpoint
+    if resume == "latest":
+        resume = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+        log(f"cetlab-train: resuming from {resume}" if resume else f"cetlab-train: no checkpoint in {output_dir} yet; starting fresh")
+    elif resume:
+        log(f"cetlab-train: resuming from {resume}")
+
+    if cfg.tf32 and not cuda:
+        log("cetlab-train: tf32 only applies to CUDA GPUs; ignoring it on CPU")
+    extra: dict[str, Any] = {}
+    if cfg.gradient_checkpointing:
+        import inspect
+
+        # renamed activation_checkpointing in transformers 5
+        name = "activation_checkpointing" if "activation_checkpointing" in inspect.signature(TrainingArguments).parameters else "gradient_checkpointing"
+        extra[name] = True
+        extra[f"{name}_kwargs"] = {"use_reentrant": False}
+    args = TrainingArguments(
+        **extra,
+        output_dir=str(output_dir),
+        per_device_train_batch_size=cfg.per_device_batch_size,
+        gradient_accumulation_steps=cfg.grad_accumulation,
+        num_train_epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler,
+        warmup_steps=cfg.warmup_steps,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        logging_strategy="steps",
+        logging_steps=cfg.logging_steps,
+        logging_first_step=True,
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
+        bf16=cfg.bf16,
+        tf32=True if (cfg.tf32 and cuda) else None,
+        torch_compile=cfg.torch_compile,
+        dataloader_num_workers=cfg.dataloader_workers,
+        dataloader_pin_memory=cuda,
+        seed=cfg.seed,
+        use_cpu=not cuda,
+        report_to="none",
+        remove_unused_columns=False,
+        include_num_input_tokens_seen="non_padding",
+        disable_tqdm=not sys.stderr.isatty(),
+    )
+    samples_per_step = cfg.per_device_batch_size * cfg.grad_accumulation * max(args.world_size, 1)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=PadCollator(tokenizer.pad_token_id),
+        processing_class=tokenizer,
+        callbacks=[make_callback(reporter, stop, samples_per_step)],
+    )
+    if stop.signal_name:
+        reporter.doc["stop_reason"] = f"signal:{stop.signal_name}"
+        log("cetlab-train: stopped before training began")
+        return
+    trainer.train(resume_from_checkpoint=resume)
+    state = trainer.state
+    reporter.doc.update(step=state.global_step, max_steps=state.max_steps, epoch=clean_number(state.epoch))

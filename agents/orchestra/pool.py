@@ -131,6 +131,7 @@ class OrchestraComponent:
         self.slots: dict[str, Slot] = {}
         self._tasks: list[asyncio.Task] = []
         self._held_at_sample: dict[str, tuple[tuple[int, ...], int, bool]] = {}
+        self._sampled = asyncio.Event()  # placement needs one GPU sample first
         self._rotation_task: asyncio.Task | None = None
         self.rotation_index = -1  # -1: the start set (orchestra.warm); then positions in orchestra.rotation
         self.next_rotation_at: float | None = None
@@ -195,6 +196,7 @@ class OrchestraComponent:
         self._held_at_sample = {
             s.name: (tuple(s.gpus), s.held_bytes(), nvml and s.state == "loading") for s in self.slots.values()
         }
+        self._sampled.set()
 
     def section(self) -> Any:
         if not self.slots:
@@ -746,6 +748,7 @@ class OrchestraComponent:
 
     async def _bring_up_plan(self) -> None:
         """At start: pre-read `cached`, bring up `warm` (or the plan's current set) and pins, then `sleeping`."""
+        await self._sampled.wait()
         plan = self.agent.lab.orchestra
         warm = set(plan.rotation[self.rotation_index % len(plan.rotation)] if plan.rotation and self.rotation_index >= 0 else plan.warm)
         warm |= {s.name for s in self.slots.values() if s.pinned}

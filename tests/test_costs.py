@@ -241,6 +241,40 @@ async def test_cli_costs_json_over_ssh(small_demo):
     assert [b["machine"] for b in data["by"]] == ["box"]
 
 
+@pytest.mark.timeout(90)
+async def test_a_running_job_is_charged_for_its_gpu(tmp_path, lab_file):
+    lab = {**LAB, "trainers": [{
+        "name": "sleeper", "machine": "box", "gpus": [0], "output_dir": str(tmp_path / "out" / "{job_id}"),
+        "command": [sys.executable, "-c", "import time; time.sleep(120)"], "stop_grace_s": "2s",
+    }]}
+    with DemoLab(tmp_path / "run", source=lab_file(lab)) as demo:
+        from agents.lab import load_lab
+
+        async with FleetClient(load_lab(demo.lab_path), subscribe=["tick"]) as client:
+            box = client.state.machines["box"]
+            await wait_for(lambda: box.online, timeout=30)
+            job = await client.call("box", "jobs.start", {"recipe": "sleeper"})
+            jobs = lambda: [j for j in box.sections.get("jobs") or [] if j["id"] == job["id"] and j["state"] == "running"]  # noqa: E731
+            await wait_for(jobs, timeout=30)
+
+            async def charged() -> dict | None:
+                report = await client.call("box", "costs.get", {"by": "job"})
+                return next((e for e in report["by"] if e["job"] == job["id"] and e["gpu_hours"] * 3600 >= 3), None)
+
+            entry = None
+            for _ in range(100):
+                entry = await charged()
+                if entry:
+                    break
+                await asyncio.sleep(0.2)
+            assert entry, "the job was never charged"
+            assert entry["label"] == "sleeper" and entry["machine"] == "box" and entry["kwh"] > 0
+            assert entry["cost"] == pytest.approx(entry["kwh"] * 0.30, abs=1e-6)
+            month = (await client.call("box", "costs.get", {}))["month"]
+            assert entry["kwh"] < month["kwh"]  # the host's idle draw is not the job's
+            await client.call("box", "jobs.stop", {"id": job["id"]})
+
+
 # ---------------------------------------------------------------------------- the console
 
 from agents.lab import load_lab  # noqa: E402

@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 from pydantic import BaseModel, ConfigDict
 
 from agents.lab import Lab, Machine
-from agents.protocol import ErrorCode, RemoteError, Telemetry
+from agents.protocol import Telemetry
 from agents.store import Store
 
 if TYPE_CHECKING:

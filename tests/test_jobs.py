@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -56,6 +57,19 @@ def lab_data(tiny: Path, blocked: Path) -> dict:
     }
 
 
+@contextmanager
+def running(demo: DemoLab):
+    """The demo's agents while the test runs; afterwards no job of it is left behind, even after a failure."""
+    try:
+        with demo:
+            yield demo
+    finally:
+        for child in demo.dir.glob("agents/*/jobs/*/child.json"):
+            pid = (read_json(child) or {}).get("pid")
+            if pid and _alive(pid, (read_json(child) or {}).get("create_time")):
+                os.killpg(pid, signal.SIGKILL)
+
+
 def make_lab(root: Path, tiny: Path) -> DemoLab:
     source = root / "src"
     source.mkdir(parents=True)
@@ -74,7 +88,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def jobs_lab(tmp_path_factory, tiny_model):
-    with make_lab(tmp_path_factory.mktemp("jobs"), tiny_model) as demo:
+    with running(make_lab(tmp_path_factory.mktemp("jobs"), tiny_model)) as demo:
         yield demo
 
 
@@ -265,8 +279,7 @@ async def test_bad_input_gets_typed_errors_and_nothing_starts(jobs_lab):
 
 
 async def test_jobs_survive_kill_9_of_the_agent_and_are_readopted(tmp_path, tiny_model):
-    demo = make_lab(tmp_path, tiny_model)
-    with demo:
+    with running(make_lab(tmp_path, tiny_model)) as demo:
         client = await connect(demo)
         try:
             waiter = await client.call("box", "jobs.start", {"recipe": "waiter"})  # exits 7 when told to

@@ -271,3 +271,35 @@ def test_console_files_alerts_by_target_and_raises_offline_ones():
     assert [a["id"] for a in by[("a", "model llama")]] == ["a-2"]
     assert [a["message"] for a in by[("b", "machine")]] == ["b is offline: connection refused"]
     assert ("c", "machine") not in by  # offline for 20 s only: not yet an alert
+
+
+async def test_an_alert_firing_when_the_agent_stops_is_still_active_after_a_restart(tmp_path):
+    from agents.agent import Agent
+    from agents.alerts import AlertsComponent
+    from agents.lab import parse_lab
+    from agents.store import Store
+
+    lab = parse_lab("lab: t\nalerts: {temp_for_s: 0, clear_for_s: 0}\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
+
+    async def agent_with_alerts() -> tuple[Agent, AlertsComponent]:
+        component = AlertsComponent()
+        agent = Agent(lab, "box", tmp_path, components=[component])
+        agent.store = Store(tmp_path / "state.db")
+        await component.start(agent)
+        return agent, component
+
+    agent, alerts = await agent_with_alerts()
+    agent.gpus.override(0, temp_c=99.0)
+    agent._tick()
+    (fired,) = alerts.section()["active"]
+    agent.store.close()
+
+    agent, alerts = await agent_with_alerts()  # a new process on the same state
+    assert [a["id"] for a in alerts.section()["active"]] == [fired["id"]] == ["box-1"]
+    agent.gpus.override(0, temp_c=99.0)
+    agent._tick()  # still hot: the same alert, not a second one
+    assert [a["id"] for a in alerts.section()["active"]] == ["box-1"]
+    agent.gpus.override(0, temp_c=40.0)
+    agent._tick()
+    assert alerts.section()["active"] == [] and alerts.section()["recent"][0]["id"] == "box-1"
+    agent.store.close()

@@ -337,8 +337,9 @@ class Agent:
 def default_components() -> list[Component]:
     """The parts every agent runs; each later subsystem adds itself here."""
     from agents.alerts import AlertsComponent
+    from agents.checkpoints import CheckpointsComponent
     from agents.costs import CostsComponent
     from agents.jobs.supervisor import JobsComponent
     from agents.orchestra import OrchestraComponent
 
-    return [CostsComponent(), AlertsComponent(), JobsComponent(), OrchestraComponent()]
+    return [CostsComponent(), AlertsComponent(), JobsComponent(), OrchestraComponent(), CheckpointsComponent()]

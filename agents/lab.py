@@ -204,6 +204,19 @@ class Trainer(Strict):
         return value
 
 
+class CheckpointDir(Strict):
+    machine: Name  # the agent that watches it
+    path: str  # a run folder (holding checkpoint-<step>/) or a folder of run folders; relative to the lab file
+
+
+class Checkpoints(Strict):
+    """Checkpoint discovery: the trainers' output dirs are always watched; these add more."""
+
+    dirs: list[CheckpointDir] = Field(default_factory=list)  # runs not started by cetlab
+    poll_s: Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=3600)] = 3.0
+    settle_s: Duration = 5.0  # a checkpoint with a file modified this recently is still being saved
+
+
 # ---------------------------------------------------------------------------- alerts & console
 
 
@@ -243,6 +256,7 @@ class Lab(Strict):
     orchestra: Orchestra = Field(default_factory=Orchestra)
     trainers: list[Trainer] = Field(default_factory=list)
     alerts: Alerts = Field(default_factory=Alerts)
+    checkpoints: Checkpoints = Field(default_factory=Checkpoints)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
 
     # Where the file was read from; relative paths in it are relative to its folder.
@@ -373,6 +387,9 @@ def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
         for j, name in enumerate(warm_set):
             if name not in models:
                 problems.append((("orchestra", "rotation", i, j), f"no model named {name!r}"))
+    for i, entry in enumerate(lab.checkpoints.dirs):
+        if entry.machine not in machines:
+            problems.append((("checkpoints", "dirs", i, "machine"), f"no machine named {entry.machine!r}"))
     for i, trainer in enumerate(lab.trainers):
         if trainer.launcher == "torchrun" and not trainer.gpus and trainer.nproc_per_node is None:
             problems.append((("trainers", i, "nproc_per_node"), "torchrun needs gpus or nproc_per_node"))

@@ -195,6 +195,9 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--json" in argv:  # accepted anywhere: `cetlab --json jobs` and `cetlab jobs --json`
+        argv = ["--json"] + [a for a in argv if a != "--json"]
     args = build_parser().parse_args(argv)
     try:
         return asyncio.run(run(args))

@@ -9,10 +9,11 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-READ_BUFFER_BYTES = 16 * 1024 * 1024  # large sequential reads: the disk's best case
+CHUNK_BYTES = 8 * 1024 * 1024  # per sendfile call: progress granularity, no copy to user space
+FALLBACK_BUFFER_BYTES = 1024 * 1024  # where sendfile is refused: small enough to stay in the CPU cache
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -69,25 +70,41 @@ def residency(files: list[Path]) -> Residency:
     return Residency(resident, total)
 
 
+def _read_chunks(fd: int, sink: int) -> Iterator[int]:
+    """Bytes read per step. sendfile to /dev/null: the kernel reads the pages into the cache and
+    copies nothing to us, faster than read() into a buffer; plain reads where it is refused."""
+    offset = 0
+    try:
+        while n := os.sendfile(sink, fd, offset, CHUNK_BYTES):
+            offset += n
+            yield n
+        return
+    except OSError:
+        os.lseek(fd, offset, os.SEEK_SET)
+    view = memoryview(bytearray(FALLBACK_BUFFER_BYTES))
+    while n := os.readv(fd, [view]):
+        yield n
+
+
 def warm(files: list[Path], on_progress: Callable[[int, int], None] | None = None) -> tuple[int, float]:
-    """Read the files into the page cache sequentially; returns (bytes read, seconds)."""
+    """Read the files into the page cache, in order; returns (bytes read, seconds)."""
     total = sum(p.stat().st_size for p in files)
     done = 0
-    buffer = bytearray(READ_BUFFER_BYTES)
-    view = memoryview(buffer)
     started = time.perf_counter()
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            # tell the kernel the whole file is wanted, in order: it reads ahead in big chunks
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            while n := os.readv(fd, [view]):
-                done += n
-                if on_progress is not None:
-                    on_progress(done, total)
-        finally:
-            os.close(fd)
+    sink = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead
+                for n in _read_chunks(fd, sink):
+                    done += n
+                    if on_progress is not None:
+                        on_progress(done, total)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(sink)
     return done, time.perf_counter() - started
 
 

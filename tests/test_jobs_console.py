@@ -1,0 +1,160 @@
+"""The Jobs and log views against real agents: start a recipe from the form, watch it, search its log, stop it."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+from textual.widgets import Input
+
+from agents.lab import load_lab
+from console.app import CetlabApp
+from console.demo import DemoLab
+from console.screens.jobs import JobsScreen, PickRecipeScreen, StartJobScreen
+from console.screens.logs import LogScreen
+from console.screens.models import ConfirmScreen
+from tests.conftest import wait_for
+from widgets.jobs_table import JobsTable
+
+pytestmark = pytest.mark.timeout(120)
+
+# A trainer that speaks the progress protocol for real, without torch: falling loss, one line per step.
+FAKE_TRAINER = """
+import os, sys, time
+from agents.train.progress import ENV_VAR, write_progress
+steps = int(sys.argv[sys.argv.index('--steps') + 1])
+for step in range(1, steps + 1):
+    print(f'step {step} loss {5 / step:.3f}', flush=True)
+    write_progress(os.environ[ENV_VAR], {'state': 'running', 'step': step, 'max_steps': steps, 'loss': 5 / step,
+                                         'samples_per_s': 42.0, 'eta_s': (steps - step) * 0.2})
+    time.sleep(0.2)
+write_progress(os.environ[ENV_VAR], {'state': 'finished', 'step': steps, 'max_steps': steps, 'loss': 5 / steps, 'eta_s': 0})
+"""
+
+
+@pytest.fixture
+def lab(tmp_path, lab_file):
+    data = {
+        "lab": "jobs-console",
+        "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250}] * 2}}],
+        "alerts": {"starved_util_pct": 50, "starved_for_s": 1},
+        "trainers": [
+            {"name": "fake", "machine": "box", "gpus": [0], "command": [sys.executable, "-c", FAKE_TRAINER], "output_dir": "runs/{job_id}",
+             "params": [{"name": "steps", "type": "int", "default": 200, "min": 1, "max": 1000, "help": "how long"}]},
+            {"name": "idle", "machine": "box", "gpus": [1], "command": [sys.executable, "-c", "import time; time.sleep(120)"],
+             "output_dir": "runs/{job_id}", "stop_grace_s": 1},
+        ],
+    }
+    with DemoLab(tmp_path / "run", source=lab_file(data)) as demo:
+        yield load_lab(demo.lab_path)
+        for job in (demo.dir / "agents" / "box" / "jobs").glob("*"):  # nothing outlives the test
+            _kill_job(job)
+
+
+def _kill_job(job_dir) -> None:
+    import os
+    import signal
+
+    from agents.jobs.runner import read_json
+    from agents.jobs.supervisor import _alive
+
+    child = read_json(job_dir / "child.json") or {}
+    if child.get("pid") and _alive(child["pid"], child.get("create_time")):
+        os.killpg(child["pid"], signal.SIGKILL)
+
+
+def job_of(app: CetlabApp, job_id: str) -> dict:
+    return next((j for j in app.state.machines["box"].sections.get("jobs") or [] if j["id"] == job_id), {})
+
+
+def cell(app: CetlabApp, job_id: str, column: str) -> str:
+    return str(app.screen.query_one(JobsTable).get_cell(job_id, column))
+
+
+async def until_screen(pilot, app: CetlabApp, kind: type, timeout: float = 15.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not isinstance(app.screen, kind):
+        if loop.time() > deadline:
+            raise AssertionError(f"screen is {type(app.screen).__name__}, not {kind.__name__}")
+        await pilot.pause(0.05)
+    return app.screen
+
+
+async def test_start_watch_search_and_stop_a_run_from_the_jobs_view(lab):
+    app = CetlabApp(lab)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(lambda: app.state.machines["box"].online, timeout=30)
+        await pilot.press("colon", *"jobs", "enter")
+        screen = await until_screen(pilot, app, JobsScreen)
+        assert "n starts a recipe" in str(screen.query_one("#jobs-detail").render())
+
+        # n: pick the recipe, then its form
+        await pilot.press("n")
+        await until_screen(pilot, app, PickRecipeScreen)
+        await pilot.press("enter")  # the first recipe: fake
+        form = await until_screen(pilot, app, StartJobScreen)
+        steps = form.query_one("#param-steps", Input)
+        assert steps.value == "200"
+        # the agent's verdict on a bad value stays on the form
+        steps.value = "0"
+        await pilot.press("enter")
+        await wait_for(lambda: "below the minimum" in str(form.query_one("#start-error").render()), timeout=10)
+        assert isinstance(app.screen, StartJobScreen)
+        steps.value = "60"
+        await pilot.press("enter")
+        await until_screen(pilot, app, JobsScreen)
+        await wait_for(lambda: (job_of(app, "box-1").get("step") or 0) >= 5, timeout=30)
+        await pilot.pause(0.6)  # one render
+        assert cell(app, "box-1", "state").startswith("running")
+        assert "/60" in cell(app, "box-1", "step") and "SIM" in cell(app, "box-1", "gpus")
+        loss = cell(app, "box-1", "loss")
+        assert any(c in loss for c in "▁▂▃▄▅▆▇█")  # the sparkline
+        assert cell(app, "box-1", "speed") == "42.0"
+
+        # l: the log, followed live; / searches it
+        await pilot.press("l")
+        logs = await until_screen(pilot, app, LogScreen)
+        await wait_for(lambda: len(logs.lines) >= 8, timeout=20)
+        await pilot.press("slash", *"step 3 ", "enter")
+        assert logs.match_at is not None and logs.lines[logs.match_at].startswith("step 3 loss")
+        assert not logs.following  # a match holds the view still
+        grown = len(logs.lines)
+        await wait_for(lambda: len(logs.lines) > grown, timeout=10)  # still fetching meanwhile
+        await pilot.press("f")
+        assert logs.following
+        await pilot.press("escape")
+        await until_screen(pilot, app, JobsScreen)
+
+        # s: asks first; n leaves it running; y stops it
+        await pilot.press("s")
+        await until_screen(pilot, app, ConfirmScreen)
+        await pilot.press("n")
+        await until_screen(pilot, app, JobsScreen)
+        assert job_of(app, "box-1")["state"] == "running"
+        await pilot.press("s")
+        await until_screen(pilot, app, ConfirmScreen)
+        await pilot.press("y")
+        await wait_for(lambda: job_of(app, "box-1").get("state") == "exited", timeout=30)
+        await pilot.pause(0.6)
+        assert cell(app, "box-1", "state") == "exited(-15)"
+
+
+async def test_a_starved_run_is_flagged_and_a_readonly_console_cannot_act(lab):
+    app = CetlabApp(lab, readonly=True)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(lambda: app.state.machines["box"].online, timeout=30)
+        await pilot.press("colon", *"jobs", "enter")
+        await until_screen(pilot, app, JobsScreen)
+        # a console that may not act: n does nothing but say so
+        await pilot.press("n")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, JobsScreen)
+        job = await app.client.call("box", "jobs.start", {"recipe": "idle"})
+        await wait_for(lambda: job_of(app, job["id"]).get("starved"), timeout=30)
+        await pilot.pause(0.6)
+        assert "GPU starved" in cell(app, job["id"], "state")
+        assert "GPU starved" in str(app.screen.query_one("#jobs-detail").render())
+        await app.client.call("box", "jobs.kill", {"id": job["id"]})
+        await wait_for(lambda: job_of(app, job["id"]).get("state") == "exited", timeout=30)

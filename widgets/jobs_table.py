@@ -1,0 +1,116 @@
+"""Training runs as a live table: one row per job, loss sparkline, figures updated cell by cell."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from widgets.format import fmt_duration, spark
+
+ACTIVE = ("starting", "running", "stopping")
+STATE_STYLES = {
+    "starting": "yellow",
+    "running": "bold green",
+    "stopping": "bold yellow",
+    "exited": "dim",
+    "failed": "bold red",
+    "lost": "bold magenta",
+}
+SPARK_WIDTH = 16
+COLUMNS = [
+    ("job", "JOB", 10), ("recipe", "RECIPE", 14), ("machine", "MACHINE", 11), ("gpus", "GPUS", 7),
+    ("state", "STATE", 26), ("step", "STEP", 13), ("loss", "LOSS", SPARK_WIDTH + 8), ("speed", "SAMPLES/S", 9),
+    ("eta", "ETA", 7), ("elapsed", "ELAPSED", 8),
+]
+
+
+def state_cell(job: dict[str, Any]) -> Text:
+    state = job["state"]
+    text = Text(state, style=STATE_STYLES.get(state, ""))
+    if state in ("exited", "failed") and job.get("exit_code") is not None:
+        text.append(f"({job['exit_code']})", style=STATE_STYLES[state])
+    if job.get("starved"):
+        text.append(" GPU starved", style="bold black on yellow")
+    if job.get("adopted") and state in ACTIVE:
+        text.append(" re-adopted", style="italic dim")
+    if job.get("offline"):
+        text.append(" (agent offline)", style="italic red")
+    return text
+
+
+def step_cell(job: dict[str, Any]) -> str:
+    step, total = job.get("step"), job.get("max_steps")
+    if step is None:
+        return "-"
+    return f"{step}/{total} {step / total:.0%}" if total else str(step)
+
+
+def loss_cell(job: dict[str, Any]) -> Text:
+    history = job.get("loss_history") or []
+    loss = job.get("loss")
+    text = Text(spark(history, SPARK_WIDTH, lo=min(history, default=0.0)) if history else " " * SPARK_WIDTH, style="cyan")
+    text.append(" -" if loss is None else f" {loss:.4f}")
+    return text
+
+
+def job_cells(job: dict[str, Any]) -> tuple[Any, ...]:
+    """The row of one job (plain data in, Rich text out)."""
+    active = job["state"] in ACTIVE
+    gpus = ",".join(map(str, job.get("gpus") or [])) or "-"
+    return (
+        Text(job["id"], style="bold"),
+        job["recipe"],
+        job["machine"],
+        Text.assemble(gpus, (" SIM", "bold magenta") if job.get("simulated") and job.get("gpus") else ""),
+        state_cell(job),
+        step_cell(job),
+        loss_cell(job),
+        "-" if job.get("samples_per_s") is None else f"{job['samples_per_s']:.1f}",
+        fmt_duration(job.get("eta_s")) if active and job.get("eta_s") is not None else "-",
+        fmt_duration(job.get("elapsed_s")),
+    )
+
+
+class JobsTable(DataTable):
+    """Give it the jobs (dicts as `jobs.list` returns them); rows are keyed by job id, newest first."""
+
+    DEFAULT_CSS = "JobsTable { height: 1fr; }"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self._cells: dict[str, tuple] = {}
+
+    def on_mount(self) -> None:
+        for key, label, width in COLUMNS:
+            self.add_column(label, key=key, width=width)
+
+    def show(self, jobs: list[dict[str, Any]]) -> None:
+        wanted = {job["id"]: job for job in jobs}
+        self.jobs = wanted
+        for key in [k for k in self._cells if k not in wanted]:
+            self.remove_row(key)
+            del self._cells[key]
+        columns = [key for key, _, _ in COLUMNS]
+        added = False
+        for key, job in wanted.items():
+            cells = job_cells(job)
+            old = self._cells.get(key)
+            if old is None:
+                self.add_row(*cells, key=key)
+                added = True
+            elif old != cells:
+                for column, value, before in zip(columns, cells, old):
+                    if value != before:
+                        self.update_cell(key, column, value)
+            self._cells[key] = cells
+        if added:  # only when rows arrive: a sort moves the cursor's row, which should not happen every tick
+            self.sort("job", key=lambda cell: -self.jobs[cell.plain]["started_at"])
+
+    def selected(self) -> dict[str, Any] | None:
+        if not self.row_count:
+            return None
+        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        return self.jobs.get(key)

@@ -314,3 +314,36 @@ async def test_transformers_serve_tiny_model_cold_to_warm_and_back(run_pool):
         assert tiny["state"] in ("cold", "cached") and tiny["endpoint"] is None
         with pytest.raises(OSError):  # the server is gone with its process group
             urllib.request.urlopen(endpoint.removesuffix("/v1") + "/health", timeout=2)
+
+
+# ---------------------------------------------------------------------------- the bundled demo lab
+
+
+@pytest.mark.timeout(180)
+async def test_demo_lab_pool_states_and_a_swap_over_ssh(demo_lab):
+    lab = load_lab(demo_lab.lab_path)
+    async with FleetClient(lab) as client:
+        await client.wait_connected(10)
+        # the start-up plan: warm, sleeping, cached and cold models, each on the machine lab.yaml says
+        expected = {"llama-3.1-8b": "warm", "qwen2.5-coder-7b": "warm", "mistral-7b-awq": "warm", "llama-3.1-70b-4bit": "sleeping",
+                    "phi-3-mini": "sleeping", "codellama-7b": "cached", "llama-3.2-3b": "cold", "tiny-llama": "cold"}
+        machines = {m.name: m.machine for m in lab.models}
+        for name, state in expected.items():
+            model = await settle(client, name, (state,), timeout=90, machine=machines[name])
+            assert model["simulated"] is (model["engine"] == "sim")
+        listed = await client.call("m5", "models.list")
+        assert listed["rotation"]["plan"] and listed["rotation"]["next_at"] > 0
+        assert {m["name"] for m in listed["models"]} == {n for n, machine in machines.items() if machine == "m5"}
+
+        # swap on the demo lab: codellama takes qwen's P40, then qwen comes back (awake in about a second)
+        await client.call("m5", "models.swap", {"out": "qwen2.5-coder-7b", "in": "codellama-7b"})
+        codellama = await settle(client, "codellama-7b", ("warm",), machine="m5")
+        assert codellama["gpus"] == [2] and codellama["cached_fraction"] == 1.0
+        assert (await client.call("m5", "models.get", {"model": "qwen2.5-coder-7b"}))["state"] == "sleeping"
+        with pytest.raises(RemoteError) as exc:
+            await client.call("m5", "models.sleep", {"model": "llama-3.1-8b"})
+        assert exc.value.code == ErrorCode.CONFLICT and "pinned" in exc.value.message
+        await client.call("m5", "models.swap", {"out": "codellama-7b", "in": "qwen2.5-coder-7b"})
+        qwen = await settle(client, "qwen2.5-coder-7b", ("warm",), machine="m5")
+        assert qwen["wake_s"] is not None and qwen["swap_s"] is not None
+        assert (await client.call("m5", "models.get", {"model": "codellama-7b"}))["state"] == "sleeping"

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Protocol
 
 from agents import __version__
-from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, ensure_key
+from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, StateDirError, ensure_key, prepare_state_dir
 from agents.lab import Lab, Machine, SimGpus
 from agents.protocol import (
     EVENT_TICK,
@@ -32,6 +34,8 @@ from agents.telemetry.host import HostSampler
 log = logging.getLogger("cetlab.agent")
 
 HISTORY_S = 3600  # one hour of samples at the sampling rate
+SOCKET_NAME = "agent.sock"
+PID_FILE_NAME = "agent.pid"
 
 
 class GpuSampler(Protocol):
@@ -119,11 +123,18 @@ class Agent:
         listen: tuple[str, int] | None = None,
         gpu_sampler: GpuSampler | None = None,
         components: list[Component] | None = None,
+        unix_socket: Path | None = None,
+        keep_engines: bool = False,
     ):
         self.lab = lab
         self.machine = lab.machine(machine)
         self.state_dir = state_dir
         self.listen_addr = listen or (self.machine.host, self.machine.port)
+        self.unix_socket = unix_socket or state_dir / SOCKET_NAME  # for `via: sshd`
+        self.keep_engines = keep_engines  # model servers outlive this agent (systemd); the next one re-adopts them
+        self.pid_file = state_dir / PID_FILE_NAME  # locked while this agent runs; engines follow its pid
+        self._pid_fd: int | None = None
+        self._unix_server: asyncio.AbstractServer | None = None
         self.interval_s = self.machine.sample_interval_s
         self.gpus = gpu_sampler or open_gpu_sampler(self.machine)
         self.host = HostSampler(str(state_dir))
@@ -150,8 +161,8 @@ class Agent:
     async def start(self) -> None:
         from agents import server
 
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.state_dir.chmod(0o700)
+        prepare_state_dir(self.state_dir)
+        self._lock_state_dir()
         host_key = ensure_key(self.state_dir / HOST_KEY_NAME, comment=f"cetlab-agent@{self.machine.name}")
         authorized = AuthorizedKeys(self.state_dir / AUTHORIZED_KEYS_NAME)
         authorized.entries()  # refuse a malformed or too-open file now, not at the first login
@@ -161,10 +172,24 @@ class Agent:
         self._tick()  # a first sample before anyone connects
         self._loop_task = asyncio.create_task(self._run_loop(), name="telemetry")
         self._acceptor = await server.listen(self, self.listen_addr[0], self.listen_addr[1], host_key, authorized)
+        self._unix_server = await server.listen_unix(self, self.unix_socket)
         log.info(
             "agent for %s listening on %s:%s (%s GPUs: %s)",
             self.machine.name, *self.listen_addr, self.gpus.backend, self.gpus.status or "ok",
         )
+
+    def _lock_state_dir(self) -> None:
+        """One agent per state dir: a second one would fight over jobs, engines and the socket."""
+        fd = os.open(self.pid_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            raise StateDirError(f"another agent (pid {other or '?'}) is using {self.state_dir}; stop it first") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._pid_fd = fd
 
     @property
     def bound_port(self) -> int:
@@ -173,6 +198,8 @@ class Agent:
     async def stop(self) -> None:
         if self._acceptor is not None:
             self._acceptor.close()
+        if self._unix_server is not None:
+            self._unix_server.close()
         if self._loop_task is not None:
             self._loop_task.cancel()
         for component in reversed(self.components):
@@ -183,6 +210,9 @@ class Agent:
         self.gpus.close()
         if self.store is not None:
             self.store.close()
+        if self._pid_fd is not None:
+            os.close(self._pid_fd)  # releases the lock
+            self._pid_fd = None
 
     # -- sampling
 
@@ -337,9 +367,10 @@ class Agent:
 def default_components() -> list[Component]:
     """The parts every agent runs; each later subsystem adds itself here."""
     from agents.alerts import AlertsComponent
+    from agents.audit import AuditComponent
     from agents.checkpoints import CheckpointsComponent
     from agents.costs import CostsComponent
     from agents.jobs.supervisor import JobsComponent
     from agents.orchestra import OrchestraComponent
 
-    return [CostsComponent(), AlertsComponent(), JobsComponent(), OrchestraComponent(), CheckpointsComponent()]
+    return [AuditComponent(), CostsComponent(), AlertsComponent(), JobsComponent(), OrchestraComponent(), CheckpointsComponent()]

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
+import json
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
 from platformdirs import user_state_path
 
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, KeyFileError, ensure_key
-from agents.lab import LabError, load_lab
+from agents.lab import Lab, LabError, load_lab
 from agents.protocol import Role
+from agents.systemd import Notifier, enable_commands, render_unit, status_line, unit_path
 
 log = logging.getLogger("cetlab.agent")
 
@@ -45,15 +49,16 @@ async def serve(args: argparse.Namespace) -> int:
     for machine in args.machine:
         if machine not in names:
             raise LabError([f"{args.lab}: no machine named {machine!r} (machines: {', '.join(names)})"])
-    if len(args.machine) > 1 and args.listen:
-        raise LabError(["--listen serves one machine; with several --machine each listens where lab.yaml says"])
+    if len(args.machine) > 1 and (args.listen or args.unix_socket):
+        raise LabError(["--listen and --unix-socket serve one machine; with several --machine each listens where lab.yaml says"])
     agents = []
     for machine in args.machine:
         if args.state_dir:
             state_dir = Path(args.state_dir) if len(args.machine) == 1 else Path(args.state_dir) / machine
         else:
             state_dir = default_state_dir(machine)
-        agents.append(Agent(lab, machine, state_dir.resolve(), listen=args.listen))
+        agents.append(Agent(lab, machine, state_dir.resolve(), listen=args.listen, keep_engines=args.keep_engines,
+                            unix_socket=Path(args.unix_socket).resolve() if args.unix_socket else None))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -68,8 +73,15 @@ async def serve(args: argparse.Namespace) -> int:
         Path(args.ready_file).write_text(str(agents[0].bound_port))
     if args.parent_pid:
         asyncio.create_task(_exit_with_parent(args.parent_pid, stop))
+    notifier = Notifier()
+    if notifier.enabled:
+        notifier.send(READY=1, STATUS=status_line(agents), MAINPID=os.getpid())
+        watchdog = asyncio.create_task(notifier.run(agents), name="sd-notify")
     await stop.wait()
     log.info("stopping")
+    if notifier.enabled:
+        watchdog.cancel()
+        notifier.send(STOPPING=1, STATUS="stopping")
     for agent in agents:
         await agent.stop()
     return 0
@@ -102,6 +114,57 @@ def cmd_authorize(args: argparse.Namespace) -> int:
     return 0
 
 
+def pick_machine(lab_path: str, machine: str | None) -> tuple[Lab, str]:
+    """The lab and this machine's name: given, or the lab's machine named like this host."""
+    lab = load_lab(lab_path)
+    names = [m.name for m in lab.machines]
+    if machine is None:
+        host = socket.gethostname().split(".")[0]
+        if host not in names:
+            raise LabError([f"{lab_path}: no machine named like this host ({host!r}); pass --machine (one of {', '.join(names)})"])
+        machine = host
+    if machine not in names:
+        raise LabError([f"{lab_path}: no machine named {machine!r} (machines: {', '.join(names)})"])
+    return lab, machine
+
+
+def cmd_install_unit(args: argparse.Namespace) -> int:
+    lab, machine = pick_machine(args.lab, args.machine)
+    if args.state_dir:
+        state_dir = Path(args.state_dir).resolve()
+    else:
+        state_dir = default_state_dir(machine) if args.user else Path("/var/lib/cetlab") / machine
+    run_as = None if args.user else (args.run_as or os.environ.get("SUDO_USER") or getpass.getuser())
+    text = render_unit(lab, Path(args.lab).resolve(), machine, state_dir, user_unit=args.user, run_as=run_as,
+                       unix_socket=Path(args.unix_socket).resolve() if args.unix_socket else None)
+    if args.print:
+        sys.stdout.write(text)
+        return 0
+    path = unit_path(args.user)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote {path}; now run:")
+    for command in enable_commands(args.user, path):
+        print(f"  {command}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from agents.doctor import FAIL, run_checks
+
+    lab, machine = pick_machine(args.lab, args.machine)
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir(machine)
+    checks = run_checks(lab, machine, state_dir)
+    failed = any(c.level == FAIL for c in checks)
+    if args.json:
+        print(json.dumps({"machine": machine, "ok": not failed, "checks": [c.to_json() for c in checks]}, indent=2))
+    else:
+        width = max(len(c.name) for c in checks)
+        for check in checks:
+            print(f"{check.level:<4}  {check.name:<{width}}  {check.message}")
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cetlab-agent", description="The cetlab agent for one lab machine.")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -114,9 +177,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", help="keys, SQLite state and logs (default: the user state dir)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (default: off)")
     p.add_argument("--metrics-listen", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
+    p.add_argument("--unix-socket", help="serve consoles that come through this machine's sshd (via: sshd) here (default: STATE_DIR/agent.sock)")
+    p.add_argument("--keep-engines", action="store_true",
+                   help="leave model servers running when the agent stops; the next agent re-adopts them (the systemd unit sets this)")
     p.add_argument("--ready-file", help=argparse.SUPPRESS)
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.set_defaults(run=lambda a: asyncio.run(serve(a)))
+
+    p = sub.add_parser("install-unit", help="write a systemd unit that runs this agent headless, and say how to enable it")
+    p.add_argument("--user", action="store_true", help="a user unit (~/.config/systemd/user) instead of a system one")
+    p.add_argument("--lab", default="lab.yaml", help="path to lab.yaml (default ./lab.yaml)")
+    p.add_argument("--machine", help="this machine's name in lab.yaml (default: the one whose name is this host's name)")
+    p.add_argument("--state-dir", help="default: /var/lib/cetlab/MACHINE (system unit) or the user state dir (--user)")
+    p.add_argument("--unix-socket", help="the socket consoles reach through sshd (default: STATE_DIR/agent.sock)")
+    p.add_argument("--run-as", help="system unit: the user the agent runs as (default: the invoking user)")
+    p.add_argument("--print", action="store_true", help="write the unit to stdout instead of installing it")
+    p.set_defaults(run=cmd_install_unit)
+
+    p = sub.add_parser("doctor", help="check this machine: driver, NVML, engines, state dir, keys, disk, clock")
+    p.add_argument("--lab", default="lab.yaml", help="path to lab.yaml (default ./lab.yaml)")
+    p.add_argument("--machine", help="this machine's name in lab.yaml (default: the one whose name is this host's name)")
+    p.add_argument("--state-dir", help="default: the user state dir")
+    p.add_argument("--json", action="store_true", help="one JSON object: checks and whether any failed")
+    p.set_defaults(run=cmd_doctor)
 
     for name, func, helptext in (
         ("host-key", cmd_keys, "print the agent's public host key (creating it if missing)"),

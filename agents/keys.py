@@ -32,6 +32,22 @@ def check_not_writable_by_others(path: Path) -> None:
         raise KeyFileError(f"{path} is writable by others (mode {stat.S_IMODE(mode):o}); run: chmod 600 {path}")
 
 
+class StateDirError(KeyFileError):
+    """The agent's state dir is unsafe (writable by others) or in use by another agent."""
+
+
+def prepare_state_dir(path: Path) -> None:
+    """Create the state dir (mode 700); refuse an existing one that group or others can write."""
+    if not path.exists():
+        path.mkdir(parents=True, mode=0o700)
+        return
+    mode = path.stat().st_mode
+    if not stat.S_ISDIR(mode):
+        raise StateDirError(f"state dir {path} is not a folder")
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise StateDirError(f"state dir {path} is writable by others (mode {stat.S_IMODE(mode):o}); run: chmod 700 {path}")
+
+
 def write_private(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -14,6 +15,8 @@ from agents.protocol import ErrorCode, MethodSpec, RemoteError, Role, encode
 log = logging.getLogger("cetlab.rpc")
 
 Handler = Callable[["Peer", Any], Awaitable[Any]]
+# (peer, method, raw params, response, seconds): called for every call of an operator method, allowed or not
+AuditHook = Callable[["Peer", str, Any, dict[str, Any], float], None]
 
 
 @dataclass(eq=False)
@@ -44,6 +47,7 @@ class Registry:
     def __init__(self) -> None:
         self.specs: dict[str, MethodSpec] = {}
         self._handlers: dict[str, Handler] = {}
+        self.audit: AuditHook | None = None
 
     def method(self, name: str, role: Role = Role.VIEWER, params: type[BaseModel] | None = None, doc: str = ""):
         """Register ``async def handler(peer, params)``; params is a validated model or None."""
@@ -58,7 +62,21 @@ class Registry:
         return decorator
 
     async def dispatch(self, peer: Peer, line: bytes) -> dict[str, Any]:
-        """One request line -> one response object. Never raises."""
+        """One request line -> one response object. Never raises; operator methods go to the audit hook."""
+        started = time.monotonic()
+        audited: list[tuple[str, Any]] = []  # (method, params) once known to be an operator method
+        response: dict[str, Any] = {"id": None, "error": {"code": "cancelled", "message": "the connection closed first"}}
+        try:
+            response = await self._dispatch(peer, line, audited)
+            return response
+        finally:
+            if audited and self.audit is not None:
+                try:
+                    self.audit(peer, *audited[0], response, time.monotonic() - started)
+                except Exception:  # the trail failing must not fail the action; the log has it
+                    log.exception("audit record failed")
+
+    async def _dispatch(self, peer: Peer, line: bytes, audited: list[tuple[str, Any]]) -> dict[str, Any]:
         request_id: Any = None
         try:
             try:
@@ -77,6 +95,8 @@ class Registry:
             spec = self.specs.get(method)
             if spec is None:
                 raise RemoteError(ErrorCode.METHOD_NOT_FOUND, f"unknown method {method[:80]!r}")
+            if spec.role is Role.OPERATOR:
+                audited.append((method, request.get("params")))
             if not peer.role.allows(spec.role):
                 raise RemoteError(ErrorCode.FORBIDDEN, f"{method} needs the {spec.role} role; this key is a {peer.role}")
             raw = request.get("params")

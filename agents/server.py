@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from typing import TYPE_CHECKING
+import os
+import pwd
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import asyncssh
 
-from agents.keys import AuthorizedKeys, KeyFileError
+from agents.keys import AuthorizedKeys, KeyFileError, check_not_writable_by_others
 from agents.protocol import MAX_MESSAGE_BYTES, SUBSYSTEM, ErrorCode, Role, encode
 from agents.rpc import Peer
 
@@ -18,22 +25,119 @@ if TYPE_CHECKING:
 log = logging.getLogger("cetlab.server")
 
 MAX_CONCURRENT_CALLS = 32  # per connection; further requests wait their turn
+RATE_PER_S = 200.0  # requests per second per connection, sustained ...
+RATE_BURST = 400  # ... and in a burst; beyond that: RATE_LIMITED, not executed
+SOCKET_ROLES_NAME = "socket_roles"
+MAX_SOCKET_PATH_BYTES = 107  # sockaddr_un.sun_path, less the terminating NUL
 
 
-class _Session(asyncssh.SSHServerSession):
-    """One console's channel: split JSON lines, dispatch them, push events."""
+class TokenBucket:
+    def __init__(self, rate_per_s: float = RATE_PER_S, burst: int = RATE_BURST):
+        self.rate_per_s, self.burst = rate_per_s, burst
+        self.tokens = float(burst)
+        self.at = time.monotonic()
 
-    def __init__(self, agent: Agent, role: Role, who: str):
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate_per_s)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+def _request_id(line: bytes) -> Any:
+    """The id of a request we will not run, so the caller's wait ends with the error."""
+    try:
+        request_id = json.loads(line).get("id")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return None
+    return request_id if isinstance(request_id, (int, str)) and not isinstance(request_id, bool) else None
+
+
+class _Channel:
+    """One console's JSON-lines stream, whatever carries it (SSH channel, unix socket)."""
+
+    def __init__(self, agent: Agent, role: Role, who: str, write: Callable[[bytes], None]):
         self.agent = agent
         self.peer = Peer(role=role, who=who, send=self._send)
-        self._chan: asyncssh.SSHServerChannel | None = None
+        self._write = write
         self._buffer = bytearray()
         self._discarding = False  # inside an oversized line: drop bytes until its newline
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
         self._tasks: set[asyncio.Task] = set()
+        self._bucket = TokenBucket()
+
+    def open(self) -> None:
+        self.agent.peers.add(self.peer)
+        log.info("session opened by %s (%s)", self.peer.who, self.peer.role)
+
+    def _send(self, data: bytes) -> None:
+        if not self.peer.closed:
+            try:
+                self._write(data)
+            except (asyncssh.Error, OSError, BrokenPipeError, RuntimeError):
+                self.peer.closed = True
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+        while True:
+            newline = self._buffer.find(b"\n")
+            if newline < 0:
+                if len(self._buffer) > MAX_MESSAGE_BYTES:
+                    if not self._discarding:
+                        self._reply_error(None, ErrorCode.TOO_LARGE, f"message larger than {MAX_MESSAGE_BYTES} bytes; discarded")
+                    self._discarding = True
+                    self._buffer.clear()
+                return
+            line = bytes(self._buffer[:newline])
+            del self._buffer[: newline + 1]
+            if self._discarding:  # the tail of an oversized line
+                self._discarding = False
+                continue
+            if len(line) > MAX_MESSAGE_BYTES:
+                self._reply_error(None, ErrorCode.TOO_LARGE, f"message larger than {MAX_MESSAGE_BYTES} bytes; discarded")
+                continue
+            if not line.strip():
+                continue
+            if not self._bucket.take():
+                self._reply_error(_request_id(line), ErrorCode.RATE_LIMITED,
+                                  f"more than {RATE_PER_S:.0f} requests/s (burst {RATE_BURST}) on one connection; slow down and retry")
+                continue
+            task = asyncio.ensure_future(self._handle(line))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _reply_error(self, request_id: Any, code: ErrorCode, message: str) -> None:
+        self._send(encode({"id": request_id, "error": {"code": code.value, "message": message}}))
+
+    async def _handle(self, line: bytes) -> None:
+        async with self._slots:
+            response = await self.agent.rpc.dispatch(self.peer, line)
+        self._send(encode(response))
+
+    def close(self) -> None:
+        self.peer.closed = True
+        self.agent.peers.discard(self.peer)
+        for task in self._tasks:
+            task.cancel()
+        log.info("session closed by %s", self.peer.who)
+
+
+class _Session(asyncssh.SSHServerSession):
+    """One console's SSH channel (subsystem cetlab) carrying a _Channel."""
+
+    def __init__(self, agent: Agent, role: Role, who: str):
+        self.channel = _Channel(agent, role, who, self._write)
+        self._chan: asyncssh.SSHServerChannel | None = None
 
     def connection_made(self, chan: asyncssh.SSHServerChannel) -> None:
         self._chan = chan
+
+    def _write(self, data: bytes) -> None:
+        if self._chan is not None:
+            self._chan.write(data)
 
     def subsystem_requested(self, subsystem: str) -> bool:
         return subsystem == SUBSYSTEM
@@ -45,58 +149,16 @@ class _Session(asyncssh.SSHServerSession):
         return False
 
     def session_started(self) -> None:
-        self.agent.peers.add(self.peer)
-        log.info("session opened by %s (%s)", self.peer.who, self.peer.role)
-
-    def _send(self, data: bytes) -> None:
-        if self._chan is not None and not self.peer.closed:
-            try:
-                self._chan.write(data)
-            except (asyncssh.Error, OSError, BrokenPipeError):
-                self.peer.closed = True
+        self.channel.open()
 
     def data_received(self, data: bytes, datatype) -> None:
-        self._buffer += data
-        while True:
-            newline = self._buffer.find(b"\n")
-            if newline < 0:
-                if len(self._buffer) > MAX_MESSAGE_BYTES:
-                    if not self._discarding:
-                        self._reply_too_large()
-                    self._discarding = True
-                    self._buffer.clear()
-                return
-            line = bytes(self._buffer[:newline])
-            del self._buffer[: newline + 1]
-            if self._discarding:  # the tail of an oversized line
-                self._discarding = False
-                continue
-            if len(line) > MAX_MESSAGE_BYTES:
-                self._reply_too_large()
-                continue
-            if line.strip():
-                task = asyncio.ensure_future(self._handle(line))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-
-    def _reply_too_large(self) -> None:
-        message = f"message larger than {MAX_MESSAGE_BYTES} bytes; discarded"
-        self._send(encode({"id": None, "error": {"code": ErrorCode.TOO_LARGE.value, "message": message}}))
-
-    async def _handle(self, line: bytes) -> None:
-        async with self._slots:
-            response = await self.agent.rpc.dispatch(self.peer, line)
-        self._send(encode(response))
+        self.channel.feed(data)
 
     def eof_received(self) -> bool:
         return False  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.peer.closed = True
-        self.agent.peers.discard(self.peer)
-        for task in self._tasks:
-            task.cancel()
-        log.info("session closed by %s", self.peer.who)
+        self.channel.close()
 
 
 class _Server(asyncssh.SSHServer):
@@ -155,3 +217,99 @@ async def listen(agent: Agent, host: str, port: int, host_key: asyncssh.SSHKey, 
         x11_forwarding=False,
         line_editor=False,
     )
+
+
+# ---------------------------------------------------------------------------- the unix socket (via: sshd)
+
+
+class SocketRoles:
+    """``<state>/socket_roles``: lines ``operator alice`` / ``viewer bob``, re-read on change.
+
+    The socket's peer is known by its uid (SO_PEERCRED); through sshd that is the user who
+    logged in. The agent's own user is always an operator (it owns the state dir anyway);
+    anyone else not listed is refused.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._stamp: tuple | None = None
+        self._roles: dict[str, Role] = {}
+
+    def roles(self) -> dict[str, Role]:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return {}
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
+        if stamp != self._stamp:
+            check_not_writable_by_others(self.path)
+            roles = {}
+            for number, line in enumerate(self.path.read_text().splitlines(), 1):
+                parts = line.split("#", 1)[0].split()
+                if not parts:
+                    continue
+                if len(parts) != 2 or parts[0] not in Role._value2member_map_:
+                    raise KeyFileError(f"{self.path}:{number}: expected '<viewer|operator> <user name or uid>'")
+                roles[parts[1]] = Role(parts[0])
+            self._roles, self._stamp = roles, stamp
+        return self._roles
+
+    def lookup(self, uid: int) -> tuple[Role | None, str]:
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = str(uid)
+        if uid == os.getuid():
+            return Role.OPERATOR, name
+        roles = self.roles()
+        return roles.get(name) or roles.get(str(uid)), name
+
+
+class _UnixConnection(asyncio.Protocol):
+    """One local client of the agent's socket; sshd's direct-streamlocal forwards land here."""
+
+    def __init__(self, agent: Agent, roles: SocketRoles):
+        self.agent, self.roles = agent, roles
+        self.channel: _Channel | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        sock = transport.get_extra_info("socket")
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        try:
+            role, name = self.roles.lookup(uid)
+            problem = None if role else f"user {name} (uid {uid}) has no role on this agent: add 'viewer {name}' or 'operator {name}' to {self.roles.path}"
+        except KeyFileError as exc:
+            role, name, problem = None, str(uid), f"the agent refuses every socket user: {exc}"
+        if role is None:
+            log.warning("unix socket: refused %s", problem)
+            transport.write(encode({"id": None, "error": {"code": ErrorCode.FORBIDDEN.value, "message": problem}}))
+            transport.close()
+            return
+        self.channel = _Channel(self.agent, role, f"{name} (unix socket)", transport.write)
+        self.channel.open()
+
+    def data_received(self, data: bytes) -> None:
+        if self.channel is not None:
+            self.channel.feed(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.channel is not None:
+            self.channel.close()
+
+
+async def listen_unix(agent: Agent, path: Path) -> asyncio.AbstractServer | None:
+    """Serve the same protocol on a unix socket (mode 660) for consoles that come through the machine's sshd."""
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+        log.warning("unix socket path %s is longer than %d bytes: via: sshd is off; pass --unix-socket with a shorter path",
+                    path, MAX_SOCKET_PATH_BYTES)
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    roles = SocketRoles(agent.state_dir / SOCKET_ROLES_NAME)
+    roles.roles()  # a malformed or too-open file fails the start, not the first login
+    # a stale socket of a killed agent is replaced (the state dir lock says no other agent runs)
+    server = await asyncio.get_running_loop().create_unix_server(lambda: _UnixConnection(agent, roles), path=str(path))
+    os.chmod(path, 0o660)
+    return server

@@ -77,6 +77,7 @@ class Engine:
     simulated = False
     can_sleep = False
     has_metrics = False
+    agent_pid_file: Path | None = None  # the agent that owns this engine now (a restarted agent takes over)
 
     def __init__(self, model: Model, path: Path, machine: str, gpus: list[int], log_path: Path, gpu_total_bytes: int | None = None):
         self.model = model
@@ -232,9 +233,6 @@ class VllmSleepMixin:
 
     async def wake(self) -> None:
         await self.http("POST", "/wake_up", timeout_s=600.0)
-
-    async def is_sleeping(self) -> bool:
-        return bool(json.loads(await self.http("GET", "/is_sleeping", timeout_s=3.0)).get("is_sleeping"))
 
     async def load_adapter(self, name: str, path: str) -> None:
         await self.http("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout_s=600.0)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.lab import NAME_RE, Model
 from agents.orchestra import pagecache
+from agents.orchestra.adopt import adopt, remember
 from agents.orchestra.engine import GIB, Engine, EngineDown, EngineRequestFailed
 from agents.orchestra.rotation import Candidate, plan_moves
 from agents.orchestra.sim_engine import SimEngine
@@ -167,15 +168,14 @@ class OrchestraComponent:
         await asyncio.to_thread(self._measure_all)
         for slot in self.slots.values():
             slot.state = self._rest_state(slot)
+        await adopt(self, kv.get("engines") or {})  # what a previous agent left running (systemd restart, crash)
+        self._register(agent)
         if self.slots:
-            self._register(agent)
             plan = lab.orchestra
             if plan.rotate_every and plan.rotation:
                 self.next_rotation_at = kv.get("next_rotation_at") or time.time() + plan.rotate_every
             self._tasks.append(asyncio.create_task(self._loop(), name="orchestra"))
             self._tasks.append(asyncio.create_task(self._bring_up_plan(), name="orchestra-start"))
-        else:
-            self._register(agent)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -186,7 +186,8 @@ class OrchestraComponent:
         for task in ops:
             task.cancel()
         await asyncio.gather(*self._tasks, *ops, return_exceptions=True)
-        await asyncio.gather(*(s.engine.stop() for s in self.slots.values() if s.engine), return_exceptions=True)
+        if not self.agent.keep_engines:  # else they keep serving and the next agent re-adopts them
+            await asyncio.gather(*(s.engine.stop() for s in self.slots.values() if s.engine), return_exceptions=True)
         for slot in self.slots.values():
             self.agent.release_gpus(f"model:{slot.name}")
 
@@ -285,6 +286,7 @@ class OrchestraComponent:
         if state != "warm":
             slot.metrics, slot._tokens = {}, None
         self._claim(slot)
+        self._kv_save(engines=remember(self.slots))
 
     def _claim(self, slot: Slot, util_pct: float | None = None) -> None:
         """Show the model on simulated GPUs (NVML machines see the real process)."""
@@ -440,6 +442,7 @@ class OrchestraComponent:
             total = next((g.mem_total_bytes for g in self.agent.latest.gpus if g.index == gpus[0]), None)
         engine = ENGINES[slot.model.engine](slot.model, slot.path, self.agent.machine.name, gpus,
                                             self.agent.state_dir / "models" / f"{slot.name}.log", total)
+        engine.agent_pid_file = self.agent.pid_file
         engine.check()
         return engine
 

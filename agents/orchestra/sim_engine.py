@@ -20,8 +20,9 @@ class SimEngine(VllmSleepMixin, Engine):
             "--host", self.host, "--port", str(self.port), "--served-name", self.served_name, "--path", str(self.path),
             "--load-s", str(sim.load_s), "--cold-factor", str(sim.cold_factor), "--warmup-s", str(sim.warmup_s),
             "--wake-s", str(sim.wake_s), "--tokens-per-s", str(sim.tokens_per_s), "--traffic-rps", str(sim.traffic_rps),
-            "--parent-pid", str(os.getpid()),
         ]
+        # follow the agent that owns the state dir, not just our parent, so a restarted agent can re-adopt us
+        argv += ["--agent-pid-file", str(self.agent_pid_file)] if self.agent_pid_file else ["--parent-pid", str(os.getpid())]
         if sim.fail_after_s is not None:
             argv += ["--fail-after-s", str(sim.fail_after_s)]
         return argv

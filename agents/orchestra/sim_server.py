@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from agents.orchestra import pagecache
 
+ORPHAN_GRACE_S = 30.0  # how long a server whose agent died waits to be re-adopted
 MAX_NUM_SEQS = 8  # concurrent sequences; more requests wait, as in vLLM's scheduler
 WORDS = ("the model answers briefly and the lab keeps serving while weights stay warm in memory "
          "a context window holds the prompt so each token follows from what came before").split()
@@ -200,6 +201,20 @@ def _exit_with_parent(pid: int) -> None:
             os._exit(0)
 
 
+def _follow_agent(pid_file: Path) -> None:
+    """Live while some agent owns the state dir: a restarted agent re-adopts us; none for ORPHAN_GRACE_S: exit."""
+    orphan_since = None
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(int(pid_file.read_text().strip()), 0)
+            orphan_since = None
+        except (OSError, ValueError):
+            orphan_since = orphan_since or time.monotonic()
+            if time.monotonic() - orphan_since > ORPHAN_GRACE_S:
+                os._exit(0)
+
+
 def _fail_later(seconds: float) -> None:
     time.sleep(seconds)
     print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (SIMULATED failure: fail_after_s)", file=sys.stderr, flush=True)
@@ -220,10 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-after-s", type=float)
     parser.add_argument("--traffic-rps", type=float, default=0.0)
     parser.add_argument("--parent-pid", type=int)
+    parser.add_argument("--agent-pid-file", type=Path)
     args = parser.parse_args(argv)
 
     if args.parent_pid:
         threading.Thread(target=_exit_with_parent, args=(args.parent_pid,), daemon=True).start()
+    if args.agent_pid_file:
+        threading.Thread(target=_follow_agent, args=(args.agent_pid_file,), daemon=True).start()
     if args.fail_after_s is not None:
         threading.Thread(target=_fail_later, args=(args.fail_after_s,), daemon=True).start()
     log(f"SIMULATED engine for {args.path} (served as {args.served_name})")

@@ -1,0 +1,136 @@
+"""`cetlab-agent doctor`: one line per check of this machine (driver, engines, state dir, keys, disk, clock)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import stat
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, KeyFileError, parse_authorized_keys
+from agents.lab import Lab, SimGpus
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    level: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def check_gpus(lab: Lab, machine: str) -> Check:
+    gpus = lab.machine(machine).gpus
+    if isinstance(gpus, SimGpus):
+        return Check("gpus", OK, f"SIMULATED: {len(gpus.sim)} GPUs from lab.yaml")
+    if gpus == "none":
+        return Check("gpus", OK, "none (lab.yaml says gpus: none)")
+    from agents.telemetry.nvml import NvmlSampler
+
+    sampler = NvmlSampler()
+    try:
+        if sampler.status is not None:
+            return Check("gpus", FAIL, f"{sampler.status} (lab.yaml says gpus: nvml)")
+        samples = sampler.sample()
+    finally:
+        sampler.close()
+    failed = [s for s in samples if s.failed]
+    names = ", ".join(sorted({s.name for s in samples}))
+    if failed:
+        return Check("gpus", FAIL, f"NVML: {len(failed)} of {len(samples)} GPUs failed: " + "; ".join(f"GPU {s.index}: {s.failed}" for s in failed))
+    return Check("gpus", OK, f"NVML: {len(samples)} GPUs ({names})")
+
+
+def check_torch(lab: Lab, machine: str) -> Check:
+    if importlib.util.find_spec("torch") is None:
+        return Check("torch", WARN, "not installed: trainers that need it will fail (pip install torch)")
+    import torch
+
+    if torch.cuda.is_available():
+        return Check("torch", OK, f"{torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} devices")
+    simulated = isinstance(lab.machine(machine).gpus, SimGpus) or lab.machine(machine).gpus == "none"
+    return Check("torch", OK if simulated else WARN, f"{torch.__version__}, torch.cuda.is_available() is False"
+                 + ("" if simulated else ": trainers run on the CPU (a CPU-only torch build, or a driver/CUDA mismatch)"))
+
+
+def check_engines(lab: Lab, machine: str) -> list[Check]:
+    needed = {m.engine for m in lab.models if m.machine == machine}
+    checks = []
+    if "vllm" in needed:
+        found = importlib.util.find_spec("vllm") is not None and shutil.which("vllm") is not None
+        checks.append(Check("vllm", OK if found else FAIL, "importable, `vllm` on PATH" if found
+                            else "models of this machine use engine: vllm, which is not installed (pip install vllm)"))
+    else:
+        found = importlib.util.find_spec("vllm") is not None
+        checks.append(Check("vllm", OK, "importable" if found else "not installed (no model of this machine needs it)"))
+    if "transformers" in needed and importlib.util.find_spec("transformers") is None:
+        checks.append(Check("transformers", FAIL, "models use engine: transformers, which is not installed (pip install 'transformers[serving]')"))
+    return checks
+
+
+def check_state_dir(state_dir: Path) -> list[Check]:
+    if not state_dir.exists():
+        return [Check("state dir", WARN, f"{state_dir} does not exist yet (the agent creates it, mode 700)")]
+    mode = stat.S_IMODE(state_dir.stat().st_mode)
+    checks = []
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        checks.append(Check("state dir", FAIL, f"{state_dir} is writable by others (mode {mode:o}); run: chmod 700 {state_dir}"))
+    else:
+        checks.append(Check("state dir", OK, f"{state_dir} (mode {mode:o})"))
+    host_key = state_dir / HOST_KEY_NAME
+    if not host_key.exists():
+        checks.append(Check("host key", WARN, f"{host_key} missing: created at the first start"))
+    else:
+        key_mode = stat.S_IMODE(host_key.stat().st_mode)
+        too_open = key_mode & (stat.S_IRWXG | stat.S_IRWXO)
+        checks.append(Check("host key", FAIL if too_open else OK,
+                            f"{host_key} is too open (mode {key_mode:o}); run: chmod 600 {host_key}" if too_open else f"{host_key} (mode {key_mode:o})"))
+    authorized = state_dir / AUTHORIZED_KEYS_NAME
+    if not authorized.exists():
+        checks.append(Check("authorized keys", WARN, f"{authorized} missing: no console can log in (cetlab-agent authorize)"))
+    else:
+        auth_mode = stat.S_IMODE(authorized.stat().st_mode)
+        try:
+            if auth_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise KeyFileError(f"{authorized} is writable by others (mode {auth_mode:o}); run: chmod 600 {authorized}")
+            entries = parse_authorized_keys(authorized.read_text(), str(authorized))
+            operators = sum(1 for e in entries if e.role == "operator")
+            checks.append(Check("authorized keys", OK if entries else WARN,
+                                f"{len(entries)} keys ({operators} operators)" if entries else "no keys: no console can log in"))
+        except KeyFileError as exc:
+            checks.append(Check("authorized keys", FAIL, str(exc)))
+    return checks
+
+
+def check_disk(lab: Lab, state_dir: Path) -> Check:
+    probe = state_dir if state_dir.exists() else next((p for p in state_dir.parents if p.exists()), Path("/"))
+    usage = shutil.disk_usage(probe)
+    free_pct = 100 * usage.free / usage.total if usage.total else 0.0
+    threshold = lab.alerts.disk_free_pct
+    level = FAIL if free_pct < threshold else WARN if free_pct < 2 * threshold else OK
+    return Check("disk", level, f"{usage.free / 1024**3:.1f} GiB free ({free_pct:.0f}%) on {probe}" + (f", below {threshold:g}%" if level == FAIL else ""))
+
+
+def check_clock() -> Check:
+    """Costs and history need a synchronised clock; timedatectl says, where systemd runs."""
+    if shutil.which("timedatectl") is None:
+        return Check("time sync", WARN, "unknown (no timedatectl)")
+    try:
+        out = subprocess.run(["timedatectl", "show", "-p", "NTPSynchronized", "--value"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("time sync", WARN, f"unknown ({exc})")
+    value = out.stdout.strip()
+    if out.returncode != 0 or value not in ("yes", "no"):
+        return Check("time sync", WARN, f"unknown ({(out.stderr.strip() or 'timedatectl gave no answer').splitlines()[0]})")
+    return Check("time sync", OK if value == "yes" else WARN, "NTP synchronised" if value == "yes" else "the clock is not NTP-synchronised")
+
+
+def run_checks(lab: Lab, machine: str, state_dir: Path) -> list[Check]:
+    return [check_gpus(lab, machine), check_torch(lab, machine), *check_engines(lab, machine), *check_state_dir(state_dir),
+            check_disk(lab, state_dir), check_clock()]

@@ -1,0 +1,107 @@
+"""Model servers outlive an agent restart: the pool remembers its running engines and a new agent re-adopts them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from agents.orchestra.engine import EngineDown, EngineRequestFailed
+
+if TYPE_CHECKING:
+    from agents.orchestra.engine import Engine
+    from agents.orchestra.pool import OrchestraComponent, Slot
+
+log = logging.getLogger("cetlab.orchestra")
+
+POLL_S = 0.5
+
+
+def _alive(pid: int, create_time: float | None) -> bool:
+    """This very process (a reused pid has another start time) is running."""
+    try:
+        proc = psutil.Process(pid)
+        return (create_time is None or abs(proc.create_time() - create_time) < 0.05) and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class AdoptedProcess:
+    """Stands in for the asyncio Process of an engine a previous agent started: not our child, so we poll it."""
+
+    def __init__(self, pid: int, create_time: float | None):
+        self.pid, self.create_time = pid, create_time
+        self.returncode: int | None = None
+
+    async def wait(self) -> int | None:
+        while _alive(self.pid, self.create_time):
+            await asyncio.sleep(POLL_S)
+        self.returncode = -1  # not our child: its exit code went to its parent (init)
+        return self.returncode
+
+
+def remember(slots: dict[str, Slot]) -> dict[str, dict[str, Any]]:
+    """The engine processes running now, as a record kept in SQLite."""
+    running = {}
+    for slot in slots.values():
+        engine = slot.engine
+        if engine is None or engine.pid is None or engine.returncode is not None:
+            continue
+        proc = engine.proc
+        create_time = getattr(proc, "create_time", None)
+        if create_time is None:
+            try:
+                create_time = psutil.Process(engine.pid).create_time()
+            except psutil.Error:
+                continue
+        running[slot.name] = {"pid": engine.pid, "create_time": create_time, "port": engine.port, "gpus": slot.gpus,
+                              "log_offset": engine._log_offset}
+    return running
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def adopt(pool: OrchestraComponent, records: dict[str, dict[str, Any]]) -> list[str]:
+    """Take over engines a previous agent left running: healthy ones are warm (or sleeping) again, others are stopped."""
+    adopted = []
+    for name, record in records.items():
+        slot = pool.slots.get(name)
+        pid, create_time = record.get("pid"), record.get("create_time")
+        if not isinstance(pid, int) or not _alive(pid, create_time):
+            continue
+        if slot is None:
+            log.warning("engine pid %s serves %s, no longer in lab.yaml for this machine: stopping it", pid, name)
+            _kill_group(pid)
+            continue
+        try:
+            engine: Engine = pool._new_engine(slot, list(record.get("gpus") or slot.model.gpus))
+        except Exception as exc:  # the model's path or engine went away: the orphan cannot be served
+            log.warning("cannot re-adopt %s (pid %s): %s; stopping it", name, pid, exc)
+            _kill_group(pid)
+            continue
+        engine.port, engine._log_offset = record["port"], record.get("log_offset", 0)
+        engine.proc = AdoptedProcess(pid, create_time)
+        if not await engine.health():
+            log.warning("engine of %s (pid %s) does not answer /health: stopping it", name, pid)
+            _kill_group(pid)
+            continue
+        try:
+            sleeping = engine.can_sleep and await engine.is_sleeping()
+        except (EngineDown, EngineRequestFailed):
+            sleeping = False
+        slot.gpus, slot.engine, slot.last_engine, slot.error = engine.gpus, engine, engine, None
+        pool._set_state(slot, "sleeping" if sleeping else "warm")
+        pool._event(slot, "adopt", detail={"pid": pid, "port": engine.port})
+        pool._tasks.append(asyncio.create_task(pool._supervise(slot, engine), name=f"supervise-{name}"))
+        log.info("re-adopted the %s engine of %s (pid %s, port %s)", slot.model.engine, name, pid, engine.port)
+        adopted.append(name)
+    return adopted

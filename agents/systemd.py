@@ -1,0 +1,196 @@
+"""systemd integration: sd_notify (READY, STATUS, WATCHDOG) and the agent's unit file."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agents.agent import Agent
+    from agents.lab import Lab
+
+log = logging.getLogger("cetlab.systemd")
+
+WATCHDOG_S = 30  # WatchdogSec of the unit; the agent pings every half of it
+UNIT_NAME = "cetlab-agent.service"
+
+
+class Notifier:
+    """sd_notify(3) over $NOTIFY_SOCKET; does nothing when not started by systemd."""
+
+    def __init__(self, env: dict[str, str] | None = None):
+        env = os.environ if env is None else env
+        address = env.get("NOTIFY_SOCKET") or None
+        if address and address.startswith("@"):  # abstract namespace
+            address = "\0" + address[1:]
+        self.address = address
+        usec = env.get("WATCHDOG_USEC", "")
+        # WATCHDOG_PID names the process the watchdog is meant for; a child that inherits the env is not it
+        for_us = env.get("WATCHDOG_PID", str(os.getpid())) == str(os.getpid())
+        self.watchdog_s = int(usec) / 1e6 if usec.isdigit() and int(usec) > 0 and for_us else None
+        self._sock: socket.socket | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.address is not None
+
+    def send(self, **fields: Any) -> None:
+        """One datagram of KEY=value lines, e.g. send(READY=1, STATUS="serving")."""
+        if self.address is None:
+            return
+        if self._sock is None:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        message = "\n".join(f"{key}={value}" for key, value in fields.items()).encode()
+        try:
+            self._sock.sendto(message, self.address)
+        except OSError as exc:  # systemd gone or the socket unreachable: keep serving, say so once per message
+            log.warning("sd_notify to %s failed: %s", self.address.lstrip("\0"), exc)
+
+    async def run(self, agents: list[Agent]) -> None:
+        """Keep systemd told: STATUS when it changes, WATCHDOG=1 every WatchdogSec/2 while the telemetry loop ticks."""
+        period_s = self.watchdog_s / 2 if self.watchdog_s else 5.0
+        status = ""
+        ticks = [a.ticks for a in agents]
+        ticked_at = time.monotonic()
+        while True:
+            await asyncio.sleep(period_s)
+            now_ticks = [a.ticks for a in agents]
+            if now_ticks != ticks:
+                ticks, ticked_at = now_ticks, time.monotonic()
+            new_status = status_line(agents)
+            fields: dict[str, Any] = {}
+            if new_status != status:
+                status = fields["STATUS"] = new_status
+            if self.watchdog_s:
+                # a stuck telemetry loop (a hung NVML call) stops the pings too, so systemd restarts us
+                if time.monotonic() - ticked_at < self.watchdog_s:
+                    fields["WATCHDOG"] = 1
+                else:
+                    log.error("no telemetry tick for %.0f s: letting the watchdog restart the agent", time.monotonic() - ticked_at)
+            if fields:
+                self.send(**fields)
+
+
+def _count(section: Any, key: str, states: tuple[str, ...]) -> int:
+    items = section.get(key) if isinstance(section, dict) else section
+    return sum(1 for item in items or [] if isinstance(item, dict) and item.get("state") in states)
+
+
+def status_line(agents: list[Agent]) -> str:
+    """One line for `systemctl status`: e.g. "3 consoles, 2 jobs, 1 model warm, 5 GPUs, sampling 1 Hz"."""
+    consoles = jobs = warm = gpus = failed = 0
+    for agent in agents:
+        consoles += sum(1 for p in agent.peers if not p.closed)
+        sections = agent.sections()
+        jobs += _count(sections.get("jobs"), "jobs", ("starting", "running", "stopping"))
+        warm += _count(sections.get("models"), "models", ("warm",))
+        if agent.latest is not None:
+            gpus += len(agent.latest.gpus)
+            failed += sum(1 for g in agent.latest.gpus if g.failed)
+    hz = 1 / agents[0].interval_s if agents else 0
+    parts = [f"{consoles} console{'s' * (consoles != 1)}", f"{jobs} job{'s' * (jobs != 1)}", f"{warm} model{'s' * (warm != 1)} warm",
+             f"{gpus} GPU{'s' * (gpus != 1)}" + (f" ({failed} failed)" if failed else ""), f"sampling {hz:g} Hz"]
+    if agents and agents[0].simulated:
+        parts.append("SIMULATED GPUs")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------- the unit file
+
+
+def _writable_paths(lab: Lab, machine: str, state_dir: Path) -> list[str]:
+    """What the agent and its children write: the state dir (must exist) and trainers' outputs ('-': may not exist yet)."""
+    paths = [str(state_dir)]
+    for trainer in lab.trainers:
+        if trainer.machine != machine:
+            continue
+        for raw in (trainer.output_dir, *trainer.checkpoint_dirs):
+            fixed = raw.split("{", 1)[0]
+            if fixed != raw:  # {job_id} differs per run: open the folder above it
+                fixed = fixed.rpartition("/")[0] or "."
+            paths.append(f"-{lab.resolve(fixed)}")
+    for model in lab.models:
+        if model.machine == machine and (model.make_tiny_if_missing or model.sim.placeholder_mib):
+            paths.append(f"-{lab.resolve(model.path).parent}")
+    return list(dict.fromkeys(paths))
+
+
+def agent_command() -> list[str]:
+    """How systemd starts the agent: the installed console script beside this Python, else -m."""
+    script = Path(sys.executable).with_name("cetlab-agent")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("cetlab-agent")
+    return [found] if found else [sys.executable, "-m", "agents.daemon"]
+
+
+def render_unit(lab: Lab, lab_path: Path, machine: str, state_dir: Path, *, user_unit: bool, run_as: str | None,
+                unix_socket: Path | None = None) -> str:
+    """The unit text. Hardening leaves /dev alone: no PrivateDevices, no DeviceAllow, so /dev/nvidia* stay usable."""
+    argv = [*agent_command(), "serve", "--lab", str(lab_path), "--machine", machine, "--state-dir", str(state_dir), "--keep-engines"]
+    if unix_socket is not None:
+        argv += ["--unix-socket", str(unix_socket)]
+    lines = [
+        "# Written by `cetlab-agent install-unit`. Local changes: `systemctl edit` (a drop-in), not this file.",
+        "[Unit]",
+        f"Description=cetlab agent for {machine} (GPU telemetry, trainers, model servers)",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "",
+        "[Service]",
+        "Type=notify",
+        "NotifyAccess=main",
+        f"ExecStart={shlex.join(argv)}",
+        "Environment=PYTHONUNBUFFERED=1",
+        "Restart=on-failure",
+        "RestartSec=5",
+        f"WatchdogSec={WATCHDOG_S}",
+        "TimeoutStartSec=120",
+        "TimeoutStopSec=30",
+        "# Only the agent is stopped: trainers and model servers keep running and the next agent re-adopts them.",
+        "KillMode=process",
+        "UMask=0077",
+        "NoNewPrivileges=yes",
+    ]
+    if not user_unit:  # filesystem sandboxing needs the system manager (a user manager cannot set up the mounts)
+        if run_as:
+            lines.append(f"User={run_as}")
+        if state_dir.is_relative_to("/var/lib"):  # systemd creates it, owned by User=, before the start
+            lines += [f"StateDirectory={state_dir.relative_to('/var/lib')}", "StateDirectoryMode=0700"]
+        lines += [
+            "ProtectSystem=strict",
+            "ProtectHome=read-only",
+            f"ReadWritePaths={' '.join(_writable_paths(lab, machine, state_dir))}",
+            "ProtectKernelTunables=yes",
+            "ProtectKernelModules=yes",
+            "ProtectControlGroups=yes",
+            "RestrictSUIDSGID=yes",
+            "RestrictRealtime=yes",
+            "LockPersonality=yes",
+            "# No PrivateDevices=, DevicePolicy= or ProtectClock= (each closes /dev): the GPUs are /dev/nvidia*.",
+        ]
+    lines += ["", "[Install]", f"WantedBy={'default.target' if user_unit else 'multi-user.target'}", ""]
+    return "\n".join(lines)
+
+
+def unit_path(user_unit: bool) -> Path:
+    if user_unit:
+        config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+        return config / "systemd" / "user" / UNIT_NAME
+    return Path("/etc/systemd/system") / UNIT_NAME
+
+
+def enable_commands(user_unit: bool, path: Path) -> list[str]:
+    ctl = "systemctl --user" if user_unit else "sudo systemctl"
+    commands = [f"{ctl} daemon-reload", f"{ctl} enable --now {UNIT_NAME}", f"{'journalctl --user' if user_unit else 'journalctl'} -u {UNIT_NAME} -f"]
+    if user_unit:  # without lingering a user's services stop at logout
+        commands.insert(0, f"sudo loginctl enable-linger {os.environ.get('USER', '$USER')}")
+    return [f"systemd-analyze verify {path}", *commands]

@@ -1,0 +1,202 @@
+"""Faults on purpose: kill -9 with a trainer and a model server running, a frozen agent, a cut socket, a lost GPU."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import time
+import urllib.request
+
+import psutil
+import pynvml
+import pytest
+import yaml
+
+from agents.agent import Agent
+from agents.lab import load_lab
+from agents.protocol import EVENT_TICK, Role
+from agents.rpc import Peer
+from agents.telemetry.nvml import GPU_LOST, NvmlSampler
+from console.demo import DemoLab
+from tests.conftest import wait_for
+from tests.hardening_fixtures import P4, PY, SLEEPER, connected, one_machine_lab
+from tests.test_nvml_sampler import FakeNvml, gpu
+
+FAST_SIM = {"load_s": 0.3, "cold_factor": 1, "warmup_s": 0.2, "wake_s": 0.1, "tokens_per_s": 500, "placeholder_mib": 1}
+
+
+def sim_servers(port: int) -> list[psutil.Process]:
+    """The sim model server processes listening on this port (by their command line)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "agents.orchestra.sim_server" in cmd and str(port) in cmd:
+            found.append(proc)
+    return found
+
+
+def complete(endpoint: str, model: str) -> dict:
+    body = json.dumps({"model": model, "prompt": "still serving?", "max_tokens": 3}).encode()
+    request = urllib.request.Request(endpoint + "/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=20) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.timeout(180)
+async def test_kill_9_then_restart_readopts_trainer_and_model_server(tmp_path):
+    source = tmp_path / "lab.yaml"
+    source.write_text(yaml.safe_dump({
+        "lab": "hardening",
+        "machines": [{"name": "box", "gpus": {"sim": [P4, P4]}}],
+        "trainers": [{"name": "steady", "machine": "box", "gpus": [0], "command": [PY, "-c", SLEEPER], "output_dir": "runs/{job_id}"}],
+        "models": [{"name": "m", "path": "models/m", "engine": "sim", "machine": "box", "gpus": [1], "vram_gib": 4, "sim": FAST_SIM}],
+        "orchestra": {"warm": ["m"]},
+    }))
+    demo = DemoLab(tmp_path / "run", source=source)
+    demo.start()
+    client = None
+    try:
+        demo.wait_listening()
+        client = await connected(demo.lab_path)
+        job = await client.call("box", "jobs.start", {"recipe": "steady"})
+
+        async def states(via=None) -> tuple[dict, dict]:
+            via = via or client
+            jobs = await via.call("box", "jobs.list")
+            models = (await via.call("box", "models.list"))["models"]
+            return next(j for j in jobs if j["id"] == job["id"]), next(m for m in models if m["name"] == "m")
+
+        async def both_up() -> bool:
+            j, m = await states()
+            return j["state"] == "running" and m["state"] == "warm"
+
+        for _ in range(300):
+            if await both_up():
+                break
+            await asyncio.sleep(0.1)
+        before_job, before_model = await states()
+        assert before_job["state"] == "running" and before_model["state"] == "warm", (before_job, before_model)
+        endpoint = before_model["endpoint"]
+        port = int(endpoint.rsplit(":", 1)[1].split("/")[0])
+        [server] = sim_servers(port)
+        trainer = psutil.Process(before_job["pid"])
+        audit_before = (await client.call("box", "audit.list"))["total"]
+        assert audit_before >= 1  # jobs.start
+
+        agent = demo.processes[0]
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(timeout=10)
+        demo.processes.clear()
+        await asyncio.sleep(2.5)  # longer than the sim server's check of its agent: it must wait to be re-adopted
+        assert trainer.is_running() and server.is_running()
+        db = sqlite3.connect(demo.dir / "agents" / "box" / "state.db")  # WAL + transactions: intact after kill -9
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        db.close()
+
+        started = time.monotonic()
+        demo.launch()
+        await asyncio.to_thread(demo.wait_listening)
+        fresh = await connected(demo.lab_path)  # a console that connects as soon as the agent listens
+        try:
+            j, m = await states(fresh)
+        finally:
+            await fresh.stop()
+        readopted_s = time.monotonic() - started
+        assert j["state"] == "running" and j["adopted"] and m["state"] == "warm", (j, m)
+        view = client.state.machines["box"]
+        await wait_for(lambda: view.online, timeout=60)  # the first console reconnects by itself (with backoff)
+        print(f"\nre-adoption after kill -9: trainer and model server serving again {readopted_s:.2f} s after the agent's restart;"
+              f" the console that saw the crash was back after {time.monotonic() - started:.2f} s")
+        j, m = await states()
+        assert j["pid"] == trainer.pid and m["endpoint"] == endpoint  # the same processes, not new ones
+        assert sim_servers(port) == [server]
+        assert complete(endpoint, "m")["usage"]["completion_tokens"] == 3
+        log_lines = (await client.call("box", "jobs.logs", {"id": job["id"], "tail_lines": 2}))["lines"]
+        step = int(log_lines[-1].split()[1])
+        await asyncio.sleep(1.2)
+        later = int((await client.call("box", "jobs.logs", {"id": job["id"], "tail_lines": 1}))["lines"][-1].split()[1])
+        assert later > step  # its log is still followed
+        history = (await client.call("box", "models.get", {"model": "m"}))["history"]
+        assert any(h["event"] == "adopt" for h in history)
+        assert (await client.call("box", "audit.list"))["total"] >= audit_before  # nothing lost
+        await client.call("box", "jobs.kill", {"id": job["id"]})
+    finally:
+        if client is not None:
+            await client.stop()
+        demo.stop()  # SIGTERM without --keep-engines: the agent stops its model servers
+    await wait_for(lambda: not server.is_running(), timeout=20)
+
+
+@pytest.mark.timeout(120)
+async def test_frozen_agent_shows_offline_then_recovers_by_itself(small_demo):
+    client = await connected(small_demo.lab_path)
+    view = client.state.machines["box"]
+    agent = psutil.Process(small_demo.processes[0].pid)
+    try:
+        assert view.online
+        await wait_for(lambda: view.sample_t, timeout=10)
+        stopped = time.monotonic()
+        agent.suspend()  # SIGSTOP: the TCP connection stays open, nothing answers
+        try:
+            await wait_for(lambda: view.link == "offline", timeout=40)
+            offline_s = time.monotonic() - stopped
+            called = time.monotonic()
+            with pytest.raises(Exception) as info:
+                await client.call("box", "ping", timeout=2)
+            assert getattr(info.value, "code", None) in ("disconnected", "timeout")
+            assert time.monotonic() - called < 10  # the caller is told, never left hanging
+            await asyncio.sleep(max(0.0, 10.0 - (time.monotonic() - stopped)))
+        finally:
+            agent.resume()
+        resumed = time.monotonic()
+        await wait_for(lambda: view.link == "online", timeout=60)
+        recovered_s = time.monotonic() - resumed
+        print(f"\nSIGSTOP 10 s: offline after {offline_s:.1f} s, online again {recovered_s:.1f} s after SIGCONT")
+        assert (await client.call("box", "ping"))["t"] > 0
+        first = view.sample_t
+        await wait_for(lambda: view.sample_t > first, timeout=10)  # the stream flows again
+
+        cut = time.monotonic()
+        client._links["box"].conn.abort()  # the socket closes under the client
+        await wait_for(lambda: view.link != "online", timeout=10)
+        await wait_for(lambda: view.link == "online", timeout=30)
+        print(f"socket cut under the client: online again in {time.monotonic() - cut:.1f} s")
+    finally:
+        if agent.status() == psutil.STATUS_STOPPED:
+            agent.resume()
+        await client.stop()
+
+
+async def test_a_gpu_lost_mid_run_is_failed_and_the_others_keep_reporting(tmp_path):
+    lab_path = one_machine_lab(tmp_path / "lab.yaml")
+    data = yaml.safe_load(lab_path.read_text())
+    data["machines"][0].update(gpus="nvml", sample_interval_s=0.1)
+    lab_path.write_text(yaml.safe_dump(data))
+    nvml = FakeNvml(gpu(), gpu("NVIDIA A100-SXM4-40GB"), gpu("NVIDIA L4"))
+    agent = Agent(load_lab(lab_path), "box", tmp_path / "state", listen=("127.0.0.1", 0), gpu_sampler=NvmlSampler(nvml), components=[])
+    ticks: list[dict] = []
+    peer = Peer(role=Role.VIEWER, who="test", send=lambda line: ticks.append(json.loads(line)))
+    await agent.start()
+    try:
+        agent.peers.add(peer)
+        await agent.rpc.dispatch(peer, json.dumps({"id": 1, "method": "subscribe", "params": {"topics": [EVENT_TICK]}}).encode())
+        await wait_for(lambda: len(ticks) >= 3, timeout=10)
+        for key in ("util", "temp", "power_mw", "mem_used"):
+            nvml.gpus[1][key] = pynvml.NVMLError_GpuIsLost()  # fell off the bus
+        nvml.gpus[0]["util"] = 88
+        await wait_for(lambda: agent.latest.gpus[1].failed == GPU_LOST, timeout=10)
+        seen = agent.ticks
+        nvml.gpus[2]["util"] = 55
+        await wait_for(lambda: agent.ticks >= seen + 3, timeout=10)
+        status = (await agent.rpc.dispatch(peer, b'{"id": 2, "method": "status"}'))["result"]
+        by_index = {g["index"]: g for g in status["gpus"]}
+        assert by_index[1]["failed"] == GPU_LOST and by_index[1]["util_pct"] is None
+        assert by_index[0]["util_pct"] == 88.0 and by_index[2]["util_pct"] == 55.0 and by_index[2]["failed"] is None
+        pushed = [g for t in ticks if t.get("event") == EVENT_TICK for g in t["data"]["changed"].get("gpus", [])]
+        assert any(g["index"] == 1 and g["failed"] == GPU_LOST for g in pushed)  # consoles are told
+        assert os.stat(tmp_path / "state").st_mode & 0o077 == 0
+    finally:
+        await agent.stop()

@@ -1,0 +1,143 @@
+"""Security: roles on every method, the audit trail, rate limits, refused key files and state dirs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import pytest
+
+from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key
+from agents.protocol import ErrorCode, RemoteError
+from agents.server import RATE_BURST
+from tests.conftest import wait_for
+from tests.hardening_fixtures import connected, next_reply, one_machine_lab, raw_channel, start_agent
+
+
+def add_key(demo, role: str, tmp_path, comment: str):
+    path = tmp_path / comment
+    key = ensure_key(path, comment=comment)
+    with (demo.dir / "agents" / "box" / AUTHORIZED_KEYS_NAME).open("a") as f:  # re-read live by the agent
+        f.write(f"{role} {key.export_public_key().decode().strip()}\n")
+    return path
+
+
+async def test_a_viewer_is_forbidden_every_operator_method_and_the_trail_shows_it(small_demo, tmp_path):
+    viewer_key = add_key(small_demo, "viewer", tmp_path, "bob-viewer")
+    operator = await connected(small_demo.lab_path)
+    viewer = await connected(small_demo.lab_path, key_path=viewer_key)
+    try:
+        methods = await operator.call("box", "methods")
+        guarded = sorted(m["name"] for m in methods if m["role"] == "operator")
+        # every subsystem guards its actions: a list that shrank would hide an unguarded verb
+        assert {"set_interval", "jobs.start", "jobs.stop", "jobs.kill", "models.warm", "models.cold", "models.swap",
+                "alerts.ack", "audit.list"} <= set(guarded), guarded
+        for name in guarded:
+            with pytest.raises(RemoteError) as info:
+                await viewer.call("box", name, {})
+            assert info.value.code == ErrorCode.FORBIDDEN, (name, info.value)
+            assert "operator" in info.value.message
+        viewable = [m["name"] for m in methods if m["role"] == "viewer"]
+        assert "status" in viewable and (await viewer.call("box", "status"))["gpus"]
+        trail = await operator.call("box", "audit.list", {"who": "bob-viewer", "limit": 1000})
+        denied = {e["method"] for e in trail["entries"] if e["outcome"] == "forbidden"}
+        assert denied == set(guarded) - {"audit.list"}  # reading the trail is not an action
+        assert all(e["role"] == "viewer" for e in trail["entries"])
+    finally:
+        await viewer.stop()
+        await operator.stop()
+
+
+async def test_operator_actions_are_audited_with_params_and_outcome(small_demo):
+    client = await connected(small_demo.lab_path)
+    try:
+        before = (await client.call("box", "audit.list", {"limit": 1}))["total"]
+        await client.call("box", "set_interval", {"interval_s": 1.0})
+        with pytest.raises(RemoteError):
+            await client.call("box", "set_interval", {"interval_s": 1000})
+        with pytest.raises(RemoteError):
+            await client.call("box", "jobs.start", {"recipe": "no-such-recipe", "params": {"lr": 0.1}})
+        await client.call("box", "ping")  # viewer-level calls are not actions
+        trail = await client.call("box", "audit.list", {"limit": 3})
+        assert trail["total"] == before + 3
+        newest, middle, oldest = trail["entries"]
+        assert (oldest["method"], oldest["outcome"], json.loads(oldest["params"])) == ("set_interval", "ok", {"interval_s": 1.0})
+        assert (middle["outcome"], middle["method"]) == ("invalid_params", "set_interval") and "interval_s" in middle["message"]
+        assert newest["method"] == "jobs.start" and newest["outcome"] == "not_found"
+        assert json.loads(newest["params"]) == {"params": {"lr": 0.1}, "recipe": "no-such-recipe"}
+        assert newest["who"] == "demo-console" and newest["role"] == "operator"
+        assert oldest["t"] <= middle["t"] <= newest["t"] and newest["duration_s"] >= 0
+        view = client.state.machines["box"]
+        await wait_for(lambda: (view.sections.get("audit") or {}).get("count") == before + 3, timeout=10)
+    finally:
+        await client.stop()
+
+
+async def test_a_burst_beyond_the_rate_limit_is_answered_not_run(small_demo):
+    conn, writer, reader = await raw_channel(small_demo)
+    other = await connected(small_demo.lab_path)
+    try:
+        count = RATE_BURST * 3
+        writer.write(b"".join(json.dumps({"id": i, "method": "ping"}).encode() + b"\n" for i in range(count)))
+        replies = [await next_reply(reader) for _ in range(count)]
+        assert sorted(r["id"] for r in replies) == list(range(count))  # every request answered, by its id
+        limited = [r for r in replies if "error" in r]
+        assert limited and all(r["error"]["code"] == ErrorCode.RATE_LIMITED for r in limited)
+        assert "slow down" in limited[0]["error"]["message"]
+        assert len(replies) - len(limited) >= RATE_BURST
+        assert (await other.call("box", "ping"))["t"] > 0  # the limit is per connection
+        await asyncio.sleep(1.0)  # the bucket refills
+        writer.write(b'{"id": "after", "method": "ping"}\n')
+        assert "result" in await next_reply(reader)
+    finally:
+        conn.close()
+        await other.stop()
+
+
+def _refusal(lab_path, state, timeout: float = 60) -> str:
+    proc = start_agent(lab_path, state)
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 2, (proc.returncode, err)
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1, lines  # one clear line, no traceback
+    return lines[0]
+
+
+def test_world_readable_host_key_stops_the_agent_with_one_line(tmp_path):
+    lab_path = one_machine_lab(tmp_path / "lab.yaml")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    ensure_key(state / HOST_KEY_NAME)
+    (state / HOST_KEY_NAME).chmod(0o644)
+    line = _refusal(lab_path, state)
+    assert "too open" in line and f"chmod 600 {state / HOST_KEY_NAME}" in line
+
+
+def test_group_writable_state_dir_stops_the_agent(tmp_path):
+    lab_path = one_machine_lab(tmp_path / "lab.yaml")
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o770)
+    line = _refusal(lab_path, state)
+    assert "writable by others" in line and f"chmod 700 {state}" in line
+    assert not (state / "state.db").exists()  # refused before anything was written
+
+
+def test_second_agent_on_one_state_dir_is_refused(tmp_path):
+    lab_path = one_machine_lab(tmp_path / "lab.yaml")
+    state = tmp_path / "state"
+    first = start_agent(lab_path, state)
+    try:
+        for _ in range(600):
+            if (state / "agent.pid").exists() and (state / "agent.pid").read_text().strip() == str(first.pid):
+                break
+            assert first.poll() is None, first.stderr.read()
+            time.sleep(0.05)
+        line = _refusal(one_machine_lab(tmp_path / "other.yaml"), state)
+        assert f"another agent (pid {first.pid})" in line
+    finally:
+        first.terminate()
+        first.wait(timeout=20)
+    assert os.stat(state).st_mode & 0o077 == 0

@@ -179,6 +179,17 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         assert a["wake_s"] is not None and a["wake_s"] >= 0.1
         assert post(a["endpoint"], "/v1/completions", {"model": "a", "prompt": "again", "max_tokens": 2})[0] == 200
 
+        # a LoRA adapter loads into the warm engine (vLLM's runtime endpoint; the sim speaks it too)
+        adapter = Path(demo.lab_path).parent / "adapters" / "capitals"
+        adapter.mkdir(parents=True)
+        (adapter / "adapter_config.json").write_text("{}")
+        assert (await client.call("box", "models.adapter", {"model": "a", "name": "capitals", "path": "adapters/capitals"}))["adapter"] == "capitals"
+        with urllib.request.urlopen(a["endpoint"] + "/models", timeout=10) as response:
+            assert "capitals" in [m["id"] for m in json.loads(response.read())["data"]]
+        with pytest.raises(RemoteError) as exc:
+            await client.call("box", "models.adapter", {"model": "a", "name": "x", "path": "adapters"})
+        assert exc.value.code == ErrorCode.NOT_FOUND and "adapter_config.json" in exc.value.message
+
         # bad input: typed errors a user can act on, and the agent keeps serving
         for params, code, words in [
             ({"model": "ghost"}, ErrorCode.NOT_FOUND, "no model named 'ghost'"),

@@ -30,6 +30,8 @@ def bare(config, steps: int) -> None:
 
     from agents.train.data import PadCollator, build_dataset
 
+    if config.cpu_threads:
+        torch.set_num_threads(config.cpu_threads)
     transformers.set_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(config.base_model)
     data = build_dataset(Path(config.dataset), tokenizer, config.max_seq_len, None, log=lambda m: None)

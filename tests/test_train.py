@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 def trainer_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "CETLAB_PROGRESS_FILE"}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("OMP_NUM_THREADS", "2")
+    env.setdefault("OMP_NUM_THREADS", "1")
     env["TOKENIZERS_PARALLELISM"] = "false"
     env.update(extra)
     return env
@@ -254,7 +254,7 @@ def test_config_paths_overrides_and_env(tmp_path, monkeypatch):
     assert config.progress_file == path.parent / "run" / "progress.json"
     assert config.pretokenized_cache == path.parent / "cache"
     assert (config.max_seq_len, config.lora.r, config.lora.target_modules, config.logging_steps) == (256, 8, ["q_proj", "v_proj"], 1)
-    assert (config.max_steps, config.dataloader_workers, config.resume_from_checkpoint) == (-1, 0, None)
+    assert (config.max_steps, config.dataloader_workers, config.resume_from_checkpoint, config.cpu_threads) == (-1, 0, None, None)
 
     monkeypatch.chdir(tmp_path)
     config = load_config(path, {"output_dir": "cli-out", "max_steps": 7, "lora.r": 4, "resume_from_checkpoint": "latest"},

@@ -68,6 +68,9 @@ class TrainConfig(Strict):
     torch_compile: bool = False
     gradient_checkpointing: bool = False
     dataloader_workers: int = Field(default=0, ge=0)
+    # torch CPU threads (torch.set_num_threads); null: torch's default (OMP_NUM_THREADS or all cores).
+    # Small models on a busy CPU run far faster with 1: idle OpenMP threads spin against other processes.
+    cpu_threads: int | None = Field(default=None, ge=1)
     pretokenized_cache: Path | None = None  # a file (or a folder: <folder>/tokenized.pt)
     seed: int = 42
     resume_from_checkpoint: str | None = None  # a checkpoint folder, "latest", or null

@@ -111,6 +111,8 @@ save_steps: 50
 save_total_limit: 3
 logging_steps: 5
 seed: 0
+# one CPU thread: fastest for a model this small, and immune to other processes on the cores
+cpu_threads: 1
 resume_from_checkpoint: null
 """
 

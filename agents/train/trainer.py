@@ -222,6 +222,8 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
 
     import torch
 
+    if cfg.cpu_threads:
+        torch.set_num_threads(cfg.cpu_threads)
     cuda = torch.cuda.is_available()
     if cfg.qlora:
         if not cuda:

@@ -1,0 +1,331 @@
+"""The Checkpoints view (`:checkpoints`): a run's loss with a marker per checkpoint; resume, serve, delete, keep and prune by key."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Footer, Input, Static
+
+from agents.protocol import RemoteError
+from console.screens.base import LabScreen
+from console.screens.models import ConfirmScreen
+from widgets.checkpoint_timeline import CheckpointTimeline
+from widgets.format import fmt_bytes, fmt_duration
+from widgets.lab_header import LabHeader
+
+ACTIVE_REFETCH_S = 3.0  # while the run's job trains, its listing is fetched again this often
+COLUMNS = [("step", "STEP", 7), ("epoch", "EPOCH", 6), ("loss", "LOSS", 8), ("eval", "EVAL", 8), ("size", "SIZE", 7),
+           ("save", "SAVE", 7), ("kind", "KIND", 17), ("age", "WRITTEN", 12), ("flags", "", 60)]
+
+
+class AskNumberScreen(ModalScreen[int | None]):
+    """A whole number, or None on escape."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    AskNumberScreen { align: center middle; }
+    AskNumberScreen > Vertical { width: 72; height: auto; padding: 1 2; border: thick $warning; background: $surface; }
+    """
+
+    def __init__(self, question: str, default: int) -> None:
+        super().__init__()
+        self.question, self.default = question, default
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.question)
+            yield Input(str(self.default), type="integer", id="ask-number")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        try:
+            value = int(event.value)
+        except ValueError:
+            self.notify("a whole number, please", severity="warning")
+            return
+        if value >= 0:
+            self.dismiss(value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+def loss_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def flags_text(ckpt: dict[str, Any]) -> Text:
+    text = Text()
+    for label, on, style in (("BEST", ckpt.get("is_best"), "bold green"), ("newest", ckpt.get("newest"), "bold"),
+                             ("kept", ckpt.get("kept"), "magenta")):
+        if on:
+            text.append(f"{label} ", style=style)
+    serving = ckpt.get("serving") or {}
+    if serving and serving.get("state") not in ("cold", "cached", "unloaded"):
+        text.append(f"served:{serving['model']} ({serving['state']}) ", style="red" if serving["state"] == "failed" else "cyan")
+    if not ckpt.get("complete", True):
+        text.append(f"INCOMPLETE: {ckpt.get('problem')}", style="bold red")
+    return text
+
+
+def checkpoint_cells(ckpt: dict[str, Any], now: float) -> tuple[Any, ...]:
+    kind = ckpt["kind"] + ("+optimizer" if ckpt.get("has_optimizer") else "")
+    save = "-" if ckpt.get("save_s") is None else f"{ckpt['save_s']:.2f}s" + ("" if ckpt.get("save_s_from") == "trainer" else "~")
+    age = "-" if ckpt.get("written_at") is None else fmt_duration(max(0.0, now - ckpt["written_at"])) + " ago"
+    return (Text(str(ckpt["step"]), style="bold" if ckpt.get("is_best") else ""), "-" if ckpt.get("epoch") is None else f"{ckpt['epoch']:.2f}",
+            loss_text(ckpt.get("loss")), loss_text(ckpt.get("eval_loss")), fmt_bytes(ckpt["size_bytes"]), save, kind, age, flags_text(ckpt))
+
+
+def run_line(run: dict[str, Any], index: int, total: int) -> str:
+    share = f" ({run['save_share_pct']:.2f}% of {fmt_duration(run['wall_s'])})" if run.get("save_share_pct") is not None else ""
+    job = f" · job {run['job']} ({run['job_state']})" if run.get("job") else " · not started by cetlab"
+    return (f"[b]{run['run']}[/b] on {run['machine']}{job} · {run['count']} checkpoints"
+            + (f" + [red]{run['incomplete']} incomplete[/]" if run.get("incomplete") else "")
+            + f" · {fmt_bytes(run['disk_bytes'])} on disk · saves {fmt_duration(run.get('save_s_total'))}{share}"
+            + f"   [dim]run {index + 1}/{total}: [ ] to switch[/]")
+
+
+def detail_text(ckpt: dict[str, Any] | None) -> str:
+    if ckpt is None:
+        return ""
+    lines = [f"[b]step {ckpt['step']}[/b] · {ckpt['path']}"]
+    save_from = {"trainer": "reported by the trainer", "file_times": "from file times"}.get(ckpt.get("save_s_from") or "", "")
+    if ckpt.get("save_s") is not None:
+        lines[0] += f" · saved in {ckpt['save_s']:.2f}s ({save_from})"
+    if ckpt.get("problem"):
+        lines.append(f"[b red]incomplete:[/] {ckpt['problem']} (never deleted automatically; d deletes it)")
+    if ckpt.get("in_use"):
+        lines.append(f"[b yellow]in use:[/] {ckpt['in_use']}")
+    serving = ckpt.get("serving")
+    if serving:
+        lines.append(f"serving: {serving['mode']} on model {serving['model']}, {serving['state']}"
+                     + (f": {serving['error']}" if serving.get("error") else ""))
+    return "\n".join(lines)
+
+
+class CheckpointsScreen(LabScreen):
+    VIEW_NAME = "checkpoints"
+    BINDINGS = [
+        Binding("r", "resume", "Resume"),
+        Binding("v", "serve", "Serve"),
+        Binding("d", "delete", "Delete"),
+        Binding("k", "keep", "Keep"),
+        Binding("P", "prune", "Prune"),
+        Binding("right_square_bracket", "next_run(1)", "Next run"),
+        Binding("left_square_bracket", "next_run(-1)", "Prev run", show=False),
+    ]
+    DEFAULT_CSS = """
+    CheckpointsScreen #ckpt-run { height: auto; padding: 0 1; }
+    CheckpointsScreen #ckpt-timeline { height: 2fr; min-height: 12; }
+    CheckpointsScreen #ckpt-table { height: 1fr; }
+    CheckpointsScreen #ckpt-detail { height: auto; min-height: 2; padding: 0 1; border-top: solid $panel; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.run_key: tuple[str, str] | None = None  # (machine, run) shown
+        self.detail: dict[str, Any] | None = None  # checkpoints.list of the shown run
+        self._fetched: tuple[Any, float] | None = None  # (summary it was fetched for, when)
+
+    def compose(self) -> ComposeResult:
+        yield LabHeader()
+        yield Static("no runs with checkpoints yet: start one with `cetlab train` or point lab.yaml checkpoints.dirs at your runs", id="ckpt-run")
+        yield CheckpointTimeline(id="ckpt-timeline")
+        yield DataTable(id="ckpt-table", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="ckpt-detail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.refresh_data()
+
+    def table(self) -> DataTable:
+        table = self.query_one("#ckpt-table", DataTable)
+        if not table.columns:  # a resume can come before the mount
+            for key, label, width in COLUMNS:
+                table.add_column(label, key=key, width=width)
+        return table
+
+    # -- data
+
+    def runs(self) -> list[dict[str, Any]]:
+        runs = []
+        for view in self.lab_app.state.machines.values():
+            section = view.sections.get("checkpoints")
+            if isinstance(section, list):
+                runs += section
+        return runs
+
+    def summary(self) -> dict[str, Any] | None:
+        return next((r for r in self.runs() if self.run_key == (r["machine"], r["run"])), None)
+
+    def show_run(self, machine: str, run: str) -> None:
+        """Open this run (from another view, e.g. `c` on a job)."""
+        if self.run_key != (machine, run):
+            self.run_key, self.detail, self._fetched = (machine, run), None, None
+        self.refresh_data()
+
+    def refresh_data(self) -> None:
+        runs = self.runs()
+        if runs and (self.run_key is None or self.summary() is None and self.detail is None):
+            active = [r for r in runs if r.get("job_state") in ("starting", "running", "stopping")]
+            pick = (active or runs)[-1]
+            self.run_key = (pick["machine"], pick["run"])
+        summary = self.summary()
+        if summary is not None:
+            index = runs.index(summary)
+            self.query_one("#ckpt-run", Static).update(run_line(summary, index, len(runs)))
+            stale = self._fetched is None or self._fetched[0] != summary or (
+                summary.get("job_state") in ("starting", "running") and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
+            if stale and self.lab_app.connect:
+                self._fetched = (summary, time.monotonic())
+                self.fetch(*self.run_key)
+        self.render_detail()
+
+    @work(exclusive=True, group="checkpoints-fetch")
+    async def fetch(self, machine: str, run: str) -> None:
+        try:
+            detail = await self.lab_app.client.call(machine, "checkpoints.list", {"run": run})
+        except RemoteError as exc:
+            self.notify(exc.message, severity="warning")
+            return
+        if self.run_key == (machine, run):
+            self.show_detail(detail)
+
+    def show_detail(self, detail: dict[str, Any]) -> None:
+        self.detail = detail
+        self.render_detail()
+
+    def render_detail(self) -> None:
+        detail = self.detail
+        table = self.table()
+        checkpoints = detail["checkpoints"] if detail else []
+        now = self.lab_app.clock()
+        with self.app.batch_update():
+            keys = [str(c["step"]) for c in checkpoints]
+            if [str(k.value) for k in table.rows] != keys:
+                selected = self.selected_step()
+                table.clear()
+                for ckpt in checkpoints:
+                    table.add_row(*checkpoint_cells(ckpt, now), key=str(ckpt["step"]))
+                if selected is not None and str(selected) in keys:
+                    table.move_cursor(row=keys.index(str(selected)))
+                elif checkpoints:
+                    best = next((i for i, c in enumerate(checkpoints) if c.get("is_best")), len(checkpoints) - 1)
+                    table.move_cursor(row=best)
+            else:
+                for ckpt in checkpoints:
+                    for (column, _, _), value in zip(COLUMNS, checkpoint_cells(ckpt, now)):
+                        if str(table.get_cell(str(ckpt["step"]), column)) != str(value):
+                            table.update_cell(str(ckpt["step"]), column, value)
+            selected = self.selected()
+            if detail is not None:
+                curves = detail.get("curves") or {}
+                self.query_one(CheckpointTimeline).show(f"{detail['run']}: loss by step, one marker per checkpoint", curves.get("loss") or [],
+                                                         curves.get("eval_loss") or [], checkpoints, selected["step"] if selected else None)
+            self.query_one("#ckpt-detail", Static).update(detail_text(selected))
+
+    def selected_step(self) -> int | None:
+        table = self.table()
+        if not table.row_count:
+            return None
+        return int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+
+    def selected(self) -> dict[str, Any] | None:
+        step = self.selected_step()
+        return next((c for c in (self.detail or {}).get("checkpoints", []) if c["step"] == step), None)
+
+    def on_data_table_row_highlighted(self, _event) -> None:
+        self.render_detail()
+
+    def action_next_run(self, delta: int) -> None:
+        runs = self.runs()
+        if not runs:
+            return
+        summary = self.summary()
+        index = (runs.index(summary) + delta) % len(runs) if summary in runs else 0
+        self.show_run(runs[index]["machine"], runs[index]["run"])
+
+    # -- actions
+
+    def _target(self) -> tuple[str, str, dict[str, Any]] | None:
+        ckpt = self.selected()
+        if ckpt is None or self.run_key is None:
+            self.notify("no checkpoint selected", severity="warning")
+            return None
+        if not self.require_operator():
+            return None
+        return self.run_key[0], self.run_key[1], ckpt
+
+    def _confirm_then(self, question: str, then) -> None:
+        self.app.push_screen(ConfirmScreen(question), lambda yes: then() if yes else None)
+
+    def action_resume(self) -> None:
+        target = self._target()
+        if target is None:
+            return
+        machine, run, ckpt = target
+        self._confirm_then(f"Start a new job of run [b]{run}[/b]'s recipe, resuming from step [b]{ckpt['step']}[/b]?",
+                           lambda: self._act(machine, "checkpoints.resume", {"run": run, "step": ckpt["step"]},
+                                             lambda r: f"resumed {run} from step {ckpt['step']} as job {r['id']}"))
+
+    def action_serve(self) -> None:
+        target = self._target()
+        if target is None:
+            return
+        machine, run, ckpt = target
+        self._act(machine, "checkpoints.serve", {"run": run, "step": ckpt["step"]},
+                  lambda r: f"step {ckpt['step']}: {r['mode']} on model {r['model']} ({r['state']}); see :models", timeout=30.0)
+
+    def action_keep(self) -> None:
+        target = self._target()
+        if target is None:
+            return
+        machine, run, ckpt = target
+        kept = not ckpt.get("kept")
+        self._act(machine, "checkpoints.keep", {"run": run, "step": ckpt["step"], "kept": kept},
+                  lambda r: f"step {ckpt['step']} {'kept: prune leaves it' if kept else 'no longer kept'}")
+
+    def action_delete(self) -> None:
+        target = self._target()
+        if target is None:
+            return
+        machine, run, ckpt = target
+        special = [w for w, on in (("the BEST", ckpt.get("is_best")), ("the NEWEST", ckpt.get("newest"))) if on]
+        delete = lambda: self._act(machine, "checkpoints.delete", {"run": run, "step": ckpt["step"], "confirm_special": bool(special)},  # noqa: E731
+                                   lambda r: f"deleted step {ckpt['step']} of {run}, freed {fmt_bytes(r['freed_bytes'])}")
+        first = f"Delete checkpoint [b]{ckpt['step']}[/b] of {run} ({fmt_bytes(ckpt['size_bytes'])})? This removes its folder."
+        if special:
+            second = f"Step {ckpt['step']} is {' and '.join(special)} checkpoint of {run}. Really delete it?"
+            self._confirm_then(first, lambda: self._confirm_then(second, delete))
+        else:
+            self._confirm_then(first, delete)
+
+    def action_prune(self) -> None:
+        if self.run_key is None or not self.require_operator():
+            return
+        machine, run = self.run_key
+
+        def asked(n: int | None) -> None:
+            if n is not None:
+                self._confirm_then(f"Prune [b]{run}[/b]: keep the best, the last {n} and the kept checkpoints, delete the rest?",
+                                   lambda: self._act(machine, "checkpoints.prune", {"run": run, "keep_last": n},
+                                                     lambda r: f"pruned {run}: deleted {len(r['deleted'])}, freed {fmt_bytes(r['freed_bytes'])}"))
+
+        self.app.push_screen(AskNumberScreen(f"Prune {run}: how many of the newest checkpoints to keep (besides the best and the kept)?", 2), asked)
+
+    @work(group="checkpoints-actions")
+    async def _act(self, machine: str, method: str, params: dict[str, Any], done, timeout: float | None = None) -> None:
+        try:
+            result = await self.lab_app.client.call(machine, method, params, timeout)
+        except RemoteError as exc:
+            self.notify(exc.message, severity="error", timeout=10)
+            return
+        self.notify(done(result))
+        self._fetched = None  # the listing changed: fetch it again now
+        self.refresh_data()

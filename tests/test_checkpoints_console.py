@@ -1,0 +1,154 @@
+"""The Checkpoints view: Pilot against real agents and real checkpoints; a snapshot of a deterministic run."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import pytest
+
+from agents.lab import load_lab
+from console.app import CetlabApp
+from console.client import FleetClient
+from console.screens.checkpoints import AskNumberScreen, CheckpointsScreen
+from console.screens.models import ConfirmScreen
+from tests.console_fixtures import FROZEN_NOW, frozen_state
+from tests.test_checkpoints import hand_runs, lab, tiny_model  # noqa: F401 (module fixtures: real checkpoints, real agents)
+from widgets.checkpoint_timeline import CheckpointTimeline, marker_groups
+
+SIZE = (160, 50)
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_markers_sit_on_the_curve_by_kind():
+    loss = [[1, 3.0], [2, 2.0], [3, 1.5], [4, 1.0]]
+    checkpoints = [{"step": 2, "loss": None, "complete": True}, {"step": 3, "loss": 1.5, "is_best": True, "complete": True},
+                   {"step": 4, "loss": 1.0, "kept": True, "complete": True}, {"step": 5, "complete": False}]
+    groups = {label: (steps, ys) for label, _, _, steps, ys in marker_groups(checkpoints, loss, selected=4)}
+    assert groups == {"saved": ([2], [2.0]), "incomplete": ([5], [1.0]), "best": ([3], [1.5]), "selected": ([4], [1.0])}
+
+
+async def until(pilot, condition, timeout: float = 30.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if condition():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError("the view never showed it")
+
+
+def complete_steps(run) -> list[int]:
+    """The steps of the run's complete checkpoints still on disk (9 and up are the broken ones)."""
+    return sorted(s for s in (int(p.name.split("-")[1]) for p in run.glob("checkpoint-*")) if s <= 8)
+
+
+def table_steps(app) -> list[int]:
+    return [int(k.value) for k in app.screen.query_one("#ckpt-table").rows]
+
+
+async def test_view_shows_a_run_and_acts_on_its_checkpoints(lab, hand_runs):  # noqa: F811
+    app = CetlabApp(load_lab(lab.lab_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("colon", *"checkpoints", "enter")
+        screen = app.screen
+        assert isinstance(screen, CheckpointsScreen)
+        await until(pilot, lambda: screen.runs())
+        screen.show_run("box", "exp3")
+        await until(pilot, lambda: table_steps(app)[:1] == [1] and screen.detail and screen.detail["run"] == "exp3")
+        assert "exp3" in str(screen.query_one("#ckpt-run").render())
+        timeline = screen.query_one(CheckpointTimeline)
+        assert timeline._shown is not None and timeline._shown[1]  # the loss curve is drawn
+        best = next(c["step"] for c in screen.detail["checkpoints"] if c["is_best"])
+        assert screen.selected_step() == best  # the cursor starts on the best one
+        assert "step" in str(screen.query_one("#ckpt-detail").render())
+
+        # k keeps the selected checkpoint; the table says so once the agent answered
+        await pilot.press("k")
+        await until(pilot, lambda: next(c for c in screen.detail["checkpoints"] if c["step"] == best)["kept"])
+        assert (hand_runs / "exp3" / f"checkpoint-{best}").is_dir()
+
+        # d on the best asks twice; n at the second question leaves it on disk
+        await pilot.press("d")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await pilot.pause(0.3)
+        assert (hand_runs / "exp3" / f"checkpoint-{best}").is_dir()
+
+        # P asks for N, confirms, and the agent prunes: best + last 1 + kept remain
+        await pilot.press("P")
+        assert isinstance(app.screen, AskNumberScreen)
+        await pilot.press("backspace", "1", "enter")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await until(pilot, lambda: len(complete_steps(hand_runs / "exp3")) < 8)
+        left = complete_steps(hand_runs / "exp3")
+        assert left == sorted({best, 8})  # the best (also kept) and the newest
+        await until(pilot, lambda: set(table_steps(app)) == set(left) | {9, 10, 11})  # incomplete ones stay, listed
+
+
+async def test_readonly_console_refuses_the_verbs(lab):  # noqa: F811
+    app = CetlabApp(load_lab(lab.lab_path), readonly=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("colon", *"checkpoints", "enter")
+        screen = app.screen
+        await until(pilot, lambda: screen.runs())
+        screen.show_run("box", "exp1")
+        await until(pilot, lambda: table_steps(app))
+        for key in ("d", "P", "r", "v", "k"):
+            await pilot.press(key)
+            await pilot.pause(0.05)
+            assert app.screen is screen  # no modal: nothing may act
+        assert (await app.client.call("box", "checkpoints.list", {"run": "exp1"}))["count"] >= 8
+
+
+# ---------------------------------------------------------------------------- snapshot
+
+
+def frozen_run() -> tuple[dict, dict]:
+    """A 300-step run, loss every 5 steps, eval every 50, a checkpoint every 50 (one half-written)."""
+    loss = [[s, round(0.9 + 5.6 * math.exp(-s / 70) + 0.08 * math.sin(s / 7), 4)] for s in range(5, 301, 5)]
+    evals = [[s, round(1.1 + 5.0 * math.exp(-s / 80) + (0.15 if s == 300 else 0.0), 4)] for s in range(50, 301, 50)]
+    at = dict(loss)
+    checkpoints = []
+    for i, step in enumerate(range(50, 301, 50)):
+        checkpoints.append({
+            "run": "m5-3", "step": step, "epoch": round(step / 12.5, 2), "path": f"/runs/m5-3/checkpoint-{step}",
+            "written_at": FROZEN_NOW - 60 * (6 - i), "size_bytes": 3_400_000 + 1000 * i, "loss": at[step], "eval_loss": dict(evals)[step],
+            "save_s": 0.4 + 0.05 * i, "save_s_from": "trainer", "is_best": step == 250, "kept": step == 100, "newest": step == 300,
+            "kind": "adapter", "has_optimizer": True, "complete": True, "problem": None, "in_use": None,
+            "serving": {"model": "m5-3-step250", "mode": "merged", "state": "warm", "error": None} if step == 250 else None})
+    checkpoints.append({**checkpoints[-1], "step": 350, "path": "/runs/m5-3/checkpoint-350", "loss": None, "eval_loss": None,
+                        "save_s": None, "is_best": False, "newest": False, "kept": False, "complete": False,
+                        "problem": "save in progress (written 1 s ago)", "written_at": FROZEN_NOW - 1, "serving": None})
+    summary = {"run": "m5-3", "machine": "m5", "path": "/runs/m5-3", "job": "m5-3", "recipe": "demo-lora", "job_state": "exited",
+               "count": 6, "incomplete": 1, "newest_step": 300, "best_step": 250, "best_loss": evals[4][1],
+               "disk_bytes": sum(c["size_bytes"] for c in checkpoints), "save_s_total": 3.15, "wall_s": 412.0, "save_share_pct": 0.76}
+    return summary, {**summary, "checkpoints": checkpoints, "curves": {"loss": loss, "eval_loss": evals}}
+
+
+@pytest.fixture
+def frozen_app(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    state = frozen_state()
+    summary, _ = frozen_run()
+    state.machines["m5"].sections["checkpoints"] = [summary]
+    yield CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+    monkeypatch.delenv("TZ")
+    time.tzset()
+
+
+def test_snapshot_checkpoints(snap_compare, frozen_app):
+    async def open_view(pilot):
+        await pilot.pause(0.3)
+        await pilot.press("colon", *"checkpoints", "enter")
+        await pilot.pause(0.3)
+        pilot.app.screen.show_detail(frozen_run()[1])
+        await pilot.pause(0.7)
+
+    assert snap_compare(frozen_app, terminal_size=SIZE, run_before=open_view)

@@ -1,0 +1,61 @@
+"""A run's loss (and eval-loss) curve with a marker per checkpoint: best, kept, incomplete and the selected one stand out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual_plotext import PlotextPlot
+
+
+def marker_y(ckpt: dict[str, Any], loss: list[list]) -> float | None:
+    """Where a checkpoint sits on the curve: its own loss, else the curve's last value at or before its step."""
+    if ckpt.get("loss") is not None:
+        return ckpt["loss"]
+    before = [value for step, value in loss if step <= ckpt["step"]]
+    return before[-1] if before else (loss[0][1] if loss else None)
+
+
+def marker_groups(checkpoints: list[dict[str, Any]], loss: list[list], selected: int | None) -> list[tuple[str, str, str, list, list]]:
+    """(label, marker, colour, steps, ys) per kind of checkpoint, in drawing order (the selected one last, on top)."""
+    kinds = {"saved": ("saved", "dot", "cyan"), "kept": ("kept", "hd", "magenta"), "incomplete": ("incomplete", "x", "red"),
+             "best": ("best", "hd", "green"), "selected": ("selected", "sd", "yellow")}
+    points: dict[str, tuple[list, list]] = {k: ([], []) for k in kinds}
+    for ckpt in checkpoints:
+        y = marker_y(ckpt, loss)
+        if y is None:
+            continue
+        kind = ("selected" if ckpt["step"] == selected else "incomplete" if not ckpt.get("complete", True)
+                else "best" if ckpt.get("is_best") else "kept" if ckpt.get("kept") else "saved")
+        points[kind][0].append(ckpt["step"])
+        points[kind][1].append(y)
+    return [(*kinds[k], *points[k]) for k in kinds if points[k][0]]
+
+
+class CheckpointTimeline(PlotextPlot):
+    """Plain data in (curves as [[step, value]], checkpoints as the agent lists them); redraws only on change."""
+
+    DEFAULT_CSS = """
+    CheckpointTimeline { height: 1fr; min-height: 10; }
+    """
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._shown: Any = None
+
+    def show(self, title: str, loss: list[list], eval_loss: list[list], checkpoints: list[dict[str, Any]], selected: int | None) -> None:
+        data = (title, loss, eval_loss, [(c["step"], c.get("loss"), c.get("is_best"), c.get("kept"), c.get("complete")) for c in checkpoints], selected)
+        if data == self._shown:
+            return
+        self._shown = data
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.title(title)
+        plt.xlabel("step")
+        if loss:
+            plt.plot([p[0] for p in loss], [p[1] for p in loss], label="loss", color="blue", marker="braille")
+        if eval_loss:
+            plt.plot([p[0] for p in eval_loss], [p[1] for p in eval_loss], label="eval loss", color="orange", marker="braille")
+        for label, marker, colour, steps, ys in marker_groups(checkpoints, loss, selected):
+            plt.scatter(steps, ys, label=label, marker=marker, color=colour)
+        self.refresh()

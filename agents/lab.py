@@ -393,6 +393,13 @@ def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
     for i, trainer in enumerate(lab.trainers):
         if trainer.launcher == "torchrun" and not trainer.gpus and trainer.nproc_per_node is None:
             problems.append((("trainers", i, "nproc_per_node"), "torchrun needs gpus or nproc_per_node"))
+        names: set[str] = set()
+        for j, param in enumerate(trainer.params):
+            if param.name in names:
+                problems.append((("trainers", i, "params", j, "name"), f"param {param.name!r} declared twice"))
+            names.add(param.name)
+            if param.type == "choice" and not param.choices:
+                problems.append((("trainers", i, "params", j, "choices"), "a choice param needs choices: [...]"))
     return problems
 
 

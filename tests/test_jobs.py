@@ -382,3 +382,24 @@ def test_a_reused_pid_is_not_mistaken_for_the_job():
     assert _alive(me.pid, me.create_time())
     assert not _alive(me.pid, me.create_time() - 100)
     assert not _alive(None, None)
+
+
+def test_recipe_params_are_checked_when_the_lab_loads():
+    from agents.lab import LabError, parse_lab
+
+    text = """lab: x
+machines: [{name: a, gpus: none}]
+trainers:
+  - name: t
+    machine: a
+    command: [x]
+    output_dir: o
+    params:
+      - {name: steps, type: int}
+      - {name: steps, type: int}
+      - {name: mode, type: choice}
+"""
+    with pytest.raises(LabError) as info:
+        parse_lab(text)
+    assert info.value.problems == ["lab.yaml:10: trainers[0].params[1].name: param 'steps' declared twice",
+                                   "lab.yaml:11: trainers[0].params[2].choices: a choice param needs choices: [...]"]

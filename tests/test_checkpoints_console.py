@@ -91,6 +91,21 @@ async def test_view_shows_a_run_and_acts_on_its_checkpoints(lab, hand_runs):  # 
         await until(pilot, lambda: set(table_steps(app)) == set(left) | {9, 10, 11})  # incomplete ones stay, listed
 
 
+async def test_c_on_a_job_opens_its_runs_checkpoints(lab):  # noqa: F811
+    app = CetlabApp(load_lab(lab.lab_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.state.machines["box"].online)
+        job = await app.client.call("box", "jobs.start", {"recipe": "tiny", "params": {"max_steps": 2, "save_steps": 2}})
+        await pilot.press("colon", *"jobs", "enter")
+        await until(pilot, lambda: any(j["id"] == job["id"] and j["state"] == "exited" for j in app.state.machines["box"].sections.get("jobs") or []), 120)
+        await pilot.pause(0.6)
+        await pilot.press("c")
+        await until(pilot, lambda: isinstance(app.screen, CheckpointsScreen))
+        assert app.screen.run_key == ("box", job["id"])
+        await until(pilot, lambda: table_steps(app) == [2])
+        assert app.screen.detail["job"] == job["id"] and app.screen.detail["recipe"] == "tiny"
+
+
 async def test_readonly_console_refuses_the_verbs(lab):  # noqa: F811
     app = CetlabApp(load_lab(lab.lab_path), readonly=True)
     async with app.run_test(size=SIZE) as pilot:

@@ -172,11 +172,13 @@ class CheckpointsScreen(LabScreen):
 
     def refresh_data(self) -> None:
         runs = self.runs()
-        if runs and (self.run_key is None or self.summary() is None and self.detail is None):
+        if runs and self.run_key is None:
             active = [r for r in runs if r.get("job_state") in ("starting", "running", "stopping")]
             pick = (active or runs)[-1]
             self.run_key = (pick["machine"], pick["run"])
         summary = self.summary()
+        if summary is None and self.run_key is not None:
+            self.query_one("#ckpt-run", Static).update(f"[b]{self.run_key[1]}[/b] on {self.run_key[0]}: no checkpoints yet   [dim][ ] to switch runs[/]")
         if summary is not None:
             index = runs.index(summary)
             self.query_one("#ckpt-run", Static).update(run_line(summary, index, len(runs)))
@@ -224,10 +226,10 @@ class CheckpointsScreen(LabScreen):
                         if str(table.get_cell(str(ckpt["step"]), column)) != str(value):
                             table.update_cell(str(ckpt["step"]), column, value)
             selected = self.selected()
-            if detail is not None:
-                curves = detail.get("curves") or {}
-                self.query_one(CheckpointTimeline).show(f"{detail['run']}: loss by step, one marker per checkpoint", curves.get("loss") or [],
-                                                         curves.get("eval_loss") or [], checkpoints, selected["step"] if selected else None)
+            curves = (detail or {}).get("curves") or {}
+            title = f"{detail['run']}: loss by step, one marker per checkpoint" if detail else "no run shown"
+            self.query_one(CheckpointTimeline).show(title, curves.get("loss") or [], curves.get("eval_loss") or [], checkpoints,
+                                                     selected["step"] if selected else None)
             self.query_one("#ckpt-detail", Static).update(detail_text(selected))
 
     def selected_step(self) -> int | None:

@@ -163,6 +163,7 @@ class JobsScreen(LabScreen):
         Binding("s", "stop", "Stop"),
         Binding("k", "kill", "Kill"),
         Binding("l", "logs", "Logs"),
+        Binding("c", "checkpoints", "Checkpoints"),
     ]
     DEFAULT_CSS = """
     JobsScreen #jobs-detail { height: auto; min-height: 3; padding: 0 1; border-top: solid $panel; }
@@ -260,6 +261,16 @@ class JobsScreen(LabScreen):
             from console.screens.logs import LogScreen
 
             self.app.push_screen(LogScreen(job["machine"], job["id"]))
+
+    def action_checkpoints(self) -> None:
+        job = self.selected()
+        if job is not None:
+            self.run_worker(self._open_checkpoints(job["machine"], job["id"]))
+
+    async def _open_checkpoints(self, machine: str, run: str) -> None:
+        """The Checkpoints view on this job's run (runs of cetlab jobs are named by job id)."""
+        await self.app.switch_mode("checkpoints")
+        self.app.screen.show_run(machine, run)
 
     @work(group="jobs-actions")
     async def _act(self, machine: str, method: str, params: dict[str, Any], done: str) -> None:

@@ -130,6 +130,8 @@ class Agent:
         self.machine = lab.machine(machine)
         self.state_dir = state_dir
         self.listen_addr = listen or (self.machine.host, self.machine.port)
+        # via: sshd consoles come through the machine's sshd to the socket: no SSH port of our own unless asked
+        self.serves_tcp = listen is not None or self.machine.via == "agent"
         self.unix_socket = unix_socket or state_dir / SOCKET_NAME  # for `via: sshd`
         self.keep_engines = keep_engines  # model servers outlive this agent (systemd); the next one re-adopts them
         self.pid_file = state_dir / PID_FILE_NAME  # locked while this agent runs; engines follow its pid
@@ -171,11 +173,13 @@ class Agent:
             await component.start(self)
         self._tick()  # a first sample before anyone connects
         self._loop_task = asyncio.create_task(self._run_loop(), name="telemetry")
-        self._acceptor = await server.listen(self, self.listen_addr[0], self.listen_addr[1], host_key, authorized)
+        if self.serves_tcp:
+            self._acceptor = await server.listen(self, self.listen_addr[0], self.listen_addr[1], host_key, authorized)
         self._unix_server = await server.listen_unix(self, self.unix_socket)
         log.info(
-            "agent for %s listening on %s:%s (%s GPUs: %s)",
-            self.machine.name, *self.listen_addr, self.gpus.backend, self.gpus.status or "ok",
+            "agent for %s listening on %s (%s GPUs: %s)", self.machine.name,
+            " and ".join(filter(None, [self.serves_tcp and "%s:%s" % self.listen_addr, self._unix_server and str(self.unix_socket)])),
+            self.gpus.backend, self.gpus.status or "ok",
         )
 
     def _lock_state_dir(self) -> None:

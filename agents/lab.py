@@ -79,7 +79,9 @@ class Machine(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=7022, ge=1, le=65535)
     via: Literal["agent", "sshd"] = "agent"  # sshd: ride the machine's own sshd to the agent's socket
-    user: str | None = None  # ssh user for via: sshd
+    user: str | None = None  # ssh user for via: sshd (default: ~/.ssh/config, else the local user)
+    ssh_port: int | None = Field(default=None, ge=1, le=65535)  # via: sshd: the sshd port (default: ~/.ssh/config, else 22)
+    socket: str | None = None  # via: sshd: the agent's unix socket on that machine (default /var/lib/cetlab/<name>/agent.sock)
     role: str = ""  # free text: training, inference, storage ...
     idle_watts: NonNegative = 0.0  # host draw NVML cannot see
     hourly_rate: NonNegative = 0.0  # > 0 for rented machines

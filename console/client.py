@@ -92,13 +92,15 @@ class FleetClient:
     # -- lifecycle
 
     async def start(self) -> None:
+        key_problem = None
         try:
             self._client_key = asyncssh.read_private_key(self.key_path)
         except (OSError, asyncssh.KeyImportError) as exc:
-            for name in self._links:
-                self.state.set_link(name, "refused", f"cannot read the console key {self.key_path}: {exc}")
-            return
+            key_problem = f"cannot read the console key {self.key_path}: {exc}"
         for link in self._links.values():
+            if key_problem and link.machine.via == "agent":  # via: sshd uses the user's own ssh keys instead
+                self.state.set_link(link.machine.name, "refused", key_problem)
+                continue
             link.connected = asyncio.Event()
             link.task = asyncio.create_task(self._run(link), name=f"link-{link.machine.name}")
 
@@ -177,7 +179,10 @@ class FleetClient:
                 self.state.set_link(name, "refused", f"the agent refused our key {self.key_path}.pub: authorize it with `cetlab-agent authorize --machine {name} --role operator KEY.pub` on {name}")
                 link.backoff_s = BACKOFF_MAX_S
             except RemoteError as exc:
-                self.state.set_link(name, "offline", exc.message)
+                refused = exc.code == ErrorCode.FORBIDDEN  # e.g. a socket user without a role: retrying will not help
+                self.state.set_link(name, "refused" if refused else "offline", exc.message)
+                if refused:
+                    link.backoff_s = BACKOFF_MAX_S
             except (OSError, asyncssh.Error, asyncio.TimeoutError, ConnectionError) as exc:
                 self.state.set_link(name, "offline", _describe(exc))
             finally:
@@ -191,6 +196,9 @@ class FleetClient:
             await asyncio.sleep(delay)
 
     def _host_key_problem(self, machine: Machine, exc: Exception) -> str:
+        if machine.via == "sshd":
+            return (f"the host key of {machine.host} is not trusted by ~/.ssh/known_hosts (or it changed): "
+                    f"`ssh {machine.host}` once to check and accept it ({exc})")
         where = f"{machine.host}:{machine.port}"
         if known_hosts_has(self.known_hosts, machine.host, machine.port):
             return (f"HOST KEY CHANGED for {machine.name} at {where}: refusing to connect. If the agent was "
@@ -209,10 +217,33 @@ class FleetClient:
             f.write(f"{host_pattern(machine.host, machine.port)} {key.export_public_key().decode().strip()}\n")
         log.warning("trusted the new host key of %s (%s) on first use", machine.name, key.get_fingerprint())
 
-    async def _session(self, link: _Link) -> None:
+    async def _through_sshd(self, link: _Link) -> tuple[asyncssh.SSHReader, asyncssh.SSHWriter]:
+        """via: sshd: the machine's own sshd, as the user's ssh would (keys, agent, known_hosts, ~/.ssh/config with ProxyJump)."""
+        machine = link.machine
+        config = Path("~/.ssh/config").expanduser()
+        link.conn = await asyncio.wait_for(
+            asyncssh.connect(
+                machine.host,
+                port=machine.ssh_port or (),
+                username=machine.user or (),
+                config=[str(config)] if config.exists() else None,
+                keepalive_interval=self.keepalive_s,
+                keepalive_count_max=2,
+            ),
+            self.connect_timeout_s,
+        )
+        path = machine.socket or f"/var/lib/cetlab/{machine.name}/agent.sock"
+        try:
+            return await link.conn.open_unix_connection(path)
+        except asyncssh.ChannelOpenError as exc:
+            raise RemoteError(ErrorCode.DISCONNECTED, f"{machine.host}'s sshd cannot open the agent's socket {path}: {exc.reason} "
+                              f"(is the agent running there, is `socket:` in lab.yaml right, may this user reach it?)") from None
+
+    async def _direct(self, link: _Link) -> tuple[asyncssh.SSHReader, asyncssh.SSHWriter]:
+        """The agent's own SSH server, with the console's key and known_hosts."""
         machine = link.machine
         await self._trust_new_host(machine)
-        conn = await asyncio.wait_for(
+        link.conn = await asyncio.wait_for(
             asyncssh.connect(
                 machine.host,
                 machine.port,
@@ -228,8 +259,12 @@ class FleetClient:
             ),
             self.connect_timeout_s,
         )
-        link.conn = conn
-        writer, reader, _stderr = await conn.open_session(subsystem=SUBSYSTEM, encoding=None)
+        writer, reader, _stderr = await link.conn.open_session(subsystem=SUBSYSTEM, encoding=None)
+        return reader, writer
+
+    async def _session(self, link: _Link) -> None:
+        machine = link.machine
+        reader, writer = await (self._through_sshd(link) if machine.via == "sshd" else self._direct(link))
         link.writer, link.pending = writer, {}
         reader_task = asyncio.create_task(self._read(link, reader))
         try:
@@ -280,8 +315,13 @@ class FleetClient:
                 continue
             future = link.pending.get(message.get("id")) if link.pending is not None else None
             if future is None or future.done():
-                if "error" in message:
-                    log.warning("%s: %s", name, message["error"].get("message"))
+                error = message.get("error") or {}
+                if error:
+                    log.warning("%s: %s", name, error.get("message"))
+                if error.get("code") == ErrorCode.FORBIDDEN and message.get("id") is None:  # refused at the door (unix socket)
+                    for waiting in (link.pending or {}).values():
+                        if not waiting.done():
+                            waiting.set_exception(RemoteError(ErrorCode.FORBIDDEN, error.get("message", "")))
                 continue
             if "error" in message:
                 error = message["error"]

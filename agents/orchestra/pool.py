@@ -500,7 +500,7 @@ class OrchestraComponent:
         load_s = time.monotonic() - started
         self._event(slot, "load", load_s, detail=engine.load_phases() or None)
         self._set_state(slot, "warming")
-        slot.progress = {"phase": "warm-up request"}
+        slot.progress = {"phase": "warm-up"}
         warm_started = time.monotonic()
         try:
             await engine.warm_up(WARMUP_TIMEOUT_S)

@@ -236,6 +236,13 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         a = await client.call("box", "models.cold", {"model": "a"})
         assert a["state"] == "cached" and a["endpoint"] is None  # stopped, weights still in RAM
 
+        # cold while loading cancels the load and stops the half-started engine
+        assert (await client.call("box", "models.warm", {"model": "b"}))["state"] == "loading"
+        b = await client.call("box", "models.cold", {"model": "b"})
+        assert b["state"] in ("cold", "cached") and b["endpoint"] is None and b["op"] is None
+        assert (await client.call("box", "models.warm", {"model": "b"}))["state"] == "loading"
+        assert (await settle(client, "b", ("warm",)))["endpoint"]
+
 
 async def test_swap_cache_budget_and_rotation_plan(run_pool):
     demo = run_pool(pool_lab(

@@ -64,7 +64,8 @@ def models_human(data: dict[str, Any]) -> str:
     for machine, rotation in data.get("rotation", {}).items():
         if rotation and rotation.get("plan"):
             when = "-" if rotation.get("next_at") is None else f"in {max(0, rotation['next_at'] - time.time()):.0f} s"
-            lines.append(f"{machine}: rotation {rotation['index']} of {len(rotation['plan'])}, next {when}, "
+            step = "start" if rotation["index"] is None else rotation["index"] + 1
+            lines.append(f"{machine}: rotation step {step} of {len(rotation['plan'])}, next {when}, "
                          f"overhead {rotation['overhead_pct']:.3f}% (target < {rotation['target_pct']}%)")
     lines += [f"{name}: OFFLINE {error}" for name, error in data.get("offline", {}).items()]
     return "\n".join(lines)

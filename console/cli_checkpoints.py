@@ -23,6 +23,13 @@ def fmt_size(n: float | None) -> str:
     return f"{n:.0f}B"
 
 
+def fmt_secs(seconds: float | None) -> str:
+    """Save times: hundredths below a minute (saves are often sub-second), else minutes and seconds."""
+    if seconds is None:
+        return "-"
+    return f"{seconds:.2f}s" if seconds < 60 else f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
+
+
 def fmt_loss(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
@@ -49,7 +56,7 @@ def runs_human(data: dict[str, Any]) -> str:
                      f"{run['count']}" + (f"+{run['incomplete']}?" if run["incomplete"] else ""),
                      str(run["newest_step"] if run["newest_step"] is not None else "-"),
                      str(run["best_step"] if run["best_step"] is not None else "-"), fmt_loss(run.get("best_loss")),
-                     fmt_size(run["disk_bytes"]), fmt_duration(run.get("save_s_total")) + share, run["path"]))
+                     fmt_size(run["disk_bytes"]), fmt_secs(run.get("save_s_total")) + share, run["path"]))
     lines = table(rows) if len(rows) > 1 else ["(no checkpoints found)"]
     return "\n".join(lines + [f"{name}: OFFLINE {error}" for name, error in data["offline"].items()])
 
@@ -57,7 +64,7 @@ def runs_human(data: dict[str, Any]) -> str:
 def run_human(run: dict[str, Any]) -> str:
     share = f", {run['save_share_pct']:.2f}% of {fmt_duration(run['wall_s'])} wall time" if run.get("save_share_pct") is not None else ""
     lines = [f"run {run['run']} on {run['machine']} ({run['path']}): {run['count']} checkpoints, {fmt_size(run['disk_bytes'])}, "
-             f"saves {fmt_duration(run.get('save_s_total'))}{share}"]
+             f"saves {fmt_secs(run.get('save_s_total'))}{share}"]
     rows = [("STEP", "EPOCH", "LOSS", "EVAL", "SIZE", "SAVE", "KIND", "WRITTEN", "")]
     for c in run["checkpoints"]:
         kind = c["kind"] + ("+optim" if c.get("has_optimizer") else "")

@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from agents.protocol import RemoteError
+from console.cli_checkpoints import fmt_secs
 from console.screens.base import LabScreen
 from console.screens.models import ConfirmScreen
 from widgets.checkpoint_timeline import CheckpointTimeline
@@ -87,7 +88,7 @@ def run_line(run: dict[str, Any], index: int, total: int) -> str:
     job = f" · job {run['job']} ({run['job_state']})" if run.get("job") else " · not started by cetlab"
     return (f"[b]{run['run']}[/b] on {run['machine']}{job} · {run['count']} checkpoints"
             + (f" + [red]{run['incomplete']} incomplete[/]" if run.get("incomplete") else "")
-            + f" · {fmt_bytes(run['disk_bytes'])} on disk · saves {fmt_duration(run.get('save_s_total'))}{share}"
+            + f" · {fmt_bytes(run['disk_bytes'])} on disk · saves {fmt_secs(run.get('save_s_total'))}{share}"
             + f"   [dim]run {index + 1}/{total}: [ ] to switch[/]")
 
 

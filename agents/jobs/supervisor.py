@@ -35,6 +35,8 @@ ACTIVE = ("starting", "running", "stopping")
 LOSS_POINTS = 120  # loss history kept per job, for the sparkline
 LAST_LINES = 20  # log lines kept in the record of a finished job
 SECTION_FINISHED = 20  # finished jobs shown beside the active ones
+SECTION_LOSS_POINTS = 60
+SECTION_LAST_LINES = 3
 NO_PROGRESS_RUNNING_S = 3.0  # a command without a progress file counts as running after this long
 CHILD_WAIT_S = 5.0  # how long stop/kill wait for the runner to name its trainer
 SIM_UTIL_CAP_PCT = 97.0
@@ -498,7 +500,14 @@ class JobsComponent:
         jobs = sorted(self.jobs.values(), key=lambda j: j.started_at, reverse=True)
         finished = [j for j in jobs if not j.active][:SECTION_FINISHED]
         keep = {j.id for j in finished}
-        return [j.to_json(self.agent.simulated, now) for j in jobs if j.active or j.id in keep]
+        return [self._pushed(j, now) for j in jobs if j.active or j.id in keep]
+
+    def _pushed(self, job: Job, now: float) -> dict[str, Any]:
+        """A job as pushed to every console at every change: trimmed (jobs.get has the rest)."""
+        data = job.to_json(self.agent.simulated, now)
+        data["loss_history"] = data["loss_history"][-SECTION_LOSS_POINTS:]
+        data["last_lines"] = data["last_lines"][-SECTION_LAST_LINES:]
+        return data
 
     def get(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)

@@ -13,4 +13,5 @@ VIEWS: dict[str, tuple[str, str, str]] = {
     "checkpoints": ("console.screens.checkpoints", "CheckpointsScreen", "a run's loss with its checkpoints: resume (r), serve (v), delete (d), keep (k), prune (P)"),
     "costs": ("console.screens.costs", "CostsScreen", "money now, today, this month; the saving vs cloud; spend per day"),
     "alerts": ("console.screens.alerts", "AlertsScreen", "what is wrong now across the lab, the history, acknowledgement"),
+    "audit": ("console.screens.audit", "AuditScreen", "who did what: every operator action on the agents, with its outcome"),
 }

@@ -1,0 +1,57 @@
+"""`cetlab audit`: who did what on the lab's agents (operator actions, newest first)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from agents.protocol import RemoteError
+
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+def merge_trails(results: dict[str, Any], limit: int) -> dict[str, Any]:
+    """call_all answers of audit.list -> one list, newest first, plus the machines that did not answer and why."""
+    entries, unavailable = [], {}
+    for machine, result in results.items():
+        if isinstance(result, RemoteError):
+            unavailable[machine] = result.message
+        elif isinstance(result, dict):
+            entries += [{**entry, "machine": machine} for entry in result["entries"]]
+    entries.sort(key=lambda e: -e["t"])
+    return {"entries": entries[:limit], "unavailable": unavailable}
+
+
+def audit_human(data: dict[str, Any]) -> str:
+    lines = []
+    for e in data["entries"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["t"]))
+        outcome = e["outcome"] if e["outcome"] == "ok" else f"{e['outcome']}: {e.get('message') or ''}"
+        lines.append(f"{when}  {e['machine']:<12} {e['who']:<24} {e['method']:<20} {e.get('params') or '':<40} {outcome}")
+    lines += [f"{machine}: {why}" for machine, why in data["unavailable"].items()]
+    return "\n".join(lines) or "no operator actions recorded"
+
+
+async def cmd_audit(ctx) -> int:
+    params: dict[str, Any] = {"limit": ctx.args.limit}
+    for key in ("who", "method"):
+        if getattr(ctx.args, key):
+            params[key] = getattr(ctx.args, key)
+    if ctx.args.since_s:
+        params["since"] = time.time() - ctx.args.since_s
+    machines = [ctx.args.machine] if ctx.args.machine else list(ctx.state.machines)
+    results = {m: r for m, r in (await ctx.client.call_all("audit.list", params)).items() if m in machines}
+    data = merge_trails(results, ctx.args.limit)
+    ctx.out(data, audit_human)
+    return EXIT_OK if len(data["unavailable"]) < len(results) else EXIT_FAILED
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("audit", help="the audit trail: every operator action (who, what, params, outcome); operator keys only")
+    p.add_argument("--machine", help="one machine (default: all)")
+    p.add_argument("--who", help="only this caller (key comment, or socket user as shown)")
+    p.add_argument("--method", help="only this method, e.g. jobs.start")
+    p.add_argument("--since-s", type=float, help="only the last N seconds")
+    p.add_argument("--limit", type=int, default=50, help="at most this many entries (default 50)")
+    p.set_defaults(func=cmd_audit)

@@ -1,0 +1,84 @@
+"""The Audit view: every operator action on the lab's agents (who, what, params, outcome), newest first."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Footer, Static
+
+from console.cli_audit import merge_trails
+from console.screens.base import LabScreen
+from widgets.lab_header import LabHeader
+
+LIMIT = 500
+COLUMNS = [("when", "when", 19), ("machine", "machine", 12), ("who", "who", 22), ("role", "role", 8), ("method", "method", 20),
+           ("params", "params", 36), ("outcome", "outcome", 16), ("message", "message", None)]
+
+
+def audit_cells(entry: dict[str, Any]) -> tuple[str, ...]:
+    outcome = entry["outcome"]
+    return (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry["t"])), entry["machine"], entry["who"], entry["role"],
+            entry["method"], entry.get("params") or "", outcome if outcome == "ok" else f"[red]{outcome}[/]", entry.get("message") or "")
+
+
+class AuditScreen(LabScreen):
+    VIEW_NAME = "audit"
+    BINDINGS = [
+        Binding("e", "toggle_errors", "Errors only"),
+        Binding("r", "fetch", "Refresh"),
+    ]
+    DEFAULT_CSS = """
+    AuditScreen #audit-summary { height: auto; padding: 0 1; }
+    AuditScreen #audit-table { height: 1fr; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors_only = False
+        self.trail: dict[str, Any] = {"entries": [], "unavailable": {}}
+        self._counts: dict[str, Any] = {}
+
+    def compose(self) -> ComposeResult:
+        yield LabHeader()
+        yield Static("", id="audit-summary")
+        yield DataTable(id="audit-table", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#audit-table", DataTable)
+        for key, label, width in COLUMNS:
+            table.add_column(label, key=key, width=width)
+        self.action_fetch()
+
+    def refresh_data(self) -> None:
+        # the agents push only a count; the trail itself is fetched when a count moves
+        counts = {name: (view.sections.get("audit") or {}).get("count") for name, view in self.lab_app.state.machines.items()}
+        if counts != self._counts:
+            self._counts = counts
+            self.action_fetch()
+        entries = [e for e in self.trail["entries"] if not self.errors_only or e["outcome"] != "ok"]
+        failed = sum(1 for e in self.trail["entries"] if e["outcome"] != "ok")
+        unavailable = "".join(f" · {m}: {why}" for m, why in self.trail["unavailable"].items())
+        self.query_one("#audit-summary", Static).update(
+            f"[b]{len(self.trail['entries'])} operator actions[/b] ({failed} refused or failed) · "
+            f"showing {'errors only' if self.errors_only else 'all'} · [b]e[/b] errors only · [b]r[/b] refresh{unavailable}")
+        table = self.query_one("#audit-table", DataTable)
+        wanted = {f"{e['machine']}:{e['id']}": e for e in entries}  # newest first
+        if list(wanted) != [k.value for k in table.rows]:  # entries never change: rebuild only when the list moved
+            table.clear()
+            for key, entry in wanted.items():
+                table.add_row(*audit_cells(entry), key=key)
+
+    def action_toggle_errors(self) -> None:
+        self.errors_only = not self.errors_only
+        self.refresh_data()
+
+    @work(exclusive=True, group="audit-fetch")
+    async def action_fetch(self) -> None:
+        results = await self.lab_app.client.call_all("audit.list", {"limit": LIMIT})
+        self.trail = merge_trails(results, LIMIT)
+        self.refresh_data()

@@ -157,7 +157,7 @@ def render_unit(lab: Lab, lab_path: Path, machine: str, state_dir: Path, *, user
         "TimeoutStopSec=30",
         "# Only the agent is stopped: trainers and model servers keep running and the next agent re-adopts them.",
         "KillMode=process",
-        "UMask=0077",
+        "UMask=0027",  # what the agent and its children write: the group may read (shared run folders), others not
         "NoNewPrivileges=yes",
     ]
     if not user_unit:  # filesystem sandboxing needs the system manager (a user manager cannot set up the mounts)

@@ -234,7 +234,7 @@ class FleetClient:
         )
         path = machine.socket or f"/var/lib/cetlab/{machine.name}/agent.sock"
         try:
-            return await link.conn.open_unix_connection(path)
+            return await asyncio.wait_for(link.conn.open_unix_connection(path), self.connect_timeout_s)
         except asyncssh.ChannelOpenError as exc:
             raise RemoteError(ErrorCode.DISCONNECTED, f"{machine.host}'s sshd cannot open the agent's socket {path}: {exc.reason} "
                               f"(is the agent running there, is `socket:` in lab.yaml right, may this user reach it?)") from None
@@ -259,7 +259,8 @@ class FleetClient:
             ),
             self.connect_timeout_s,
         )
-        writer, reader, _stderr = await link.conn.open_session(subsystem=SUBSYSTEM, encoding=None)
+        # bounded too: an agent that authenticates and then freezes must not hold the link
+        writer, reader, _stderr = await asyncio.wait_for(link.conn.open_session(subsystem=SUBSYSTEM, encoding=None), self.connect_timeout_s)
         return reader, writer
 
     async def _session(self, link: _Link) -> None:

@@ -253,6 +253,7 @@ async def test_bad_input_gets_typed_errors_and_nothing_starts(jobs_lab):
     client = await connect(jobs_lab)
     try:
         before = [j["id"] for j in await client.call("box", "jobs.list", {})]
+        folders = sorted((jobs_lab.dir / "runs").glob("*"))
         cases = [
             ({"recipe": "nope"}, ErrorCode.NOT_FOUND, "no recipe named 'nope'"),
             ({"recipe": "tiny", "params": {"max_steps": "ten"}}, ErrorCode.INVALID_PARAMS, "expected an integer"),
@@ -270,6 +271,7 @@ async def test_bad_input_gets_typed_errors_and_nothing_starts(jobs_lab):
                                      ("jobs.logs", {"id": "box-1", "tail_lines": -1}, ErrorCode.INVALID_PARAMS)):
             assert (await error_of(client, method, params)).code == code
         assert [j["id"] for j in await client.call("box", "jobs.list", {})] == before  # nothing was started
+        assert sorted((jobs_lab.dir / "runs").glob("*")) == folders  # and no output folder made
         tiny = next(r for r in await client.call("box", "jobs.recipes") if r["name"] == "tiny")
         first = tiny["params"][0]
         assert (first["name"], first["type"], first["default"], first["flag"]) == ("max_steps", "int", 12, "--max-steps")

@@ -242,8 +242,7 @@ class JobsComponent:
         env = dict(os.environ)
         env.update({k: recipes.expand(v, job_id, output_dir) for k, v in recipe.env.items()})
         env["PATH"] = recipes.search_path(env)
-        if recipe.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = recipes.visible_devices(recipe.gpus)
+        env["CUDA_VISIBLE_DEVICES"] = recipes.visible_devices(recipe.gpus)  # none: no GPU, not every GPU
         env["CETLAB_JOB_ID"] = job_id
         env["PYTHONUNBUFFERED"] = "1"  # log lines as they happen, not when a buffer fills
         return env
@@ -276,14 +275,8 @@ class JobsComponent:
         self._check_gpus(recipe)
         job_id = self._next_id()
         output_dir = lab.resolve(recipes.expand(recipe.output_dir, job_id))
-        try:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            if not os.access(output_dir, os.W_OK):
-                raise PermissionError("permission denied")
-        except OSError as exc:
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"output_dir {output_dir} of recipe {name} is not writable: {exc.strerror or exc}") from None
         cwd = lab.resolve(recipe.cwd) if recipe.cwd else (lab.source.parent if lab.source else output_dir)
-        if not cwd.is_dir():
+        if cwd != output_dir and not cwd.is_dir():
             raise RemoteError(ErrorCode.UNAVAILABLE, f"cwd {cwd} of recipe {name} is not a folder")
         env = self._recipe_env(recipe, job_id, str(output_dir))
         program = recipes.expand(recipe.command[0], job_id, str(output_dir))
@@ -295,6 +288,12 @@ class JobsComponent:
             torchrun = recipes.find_program("torchrun", cwd, env["PATH"])
             if torchrun is None:
                 raise RemoteError(ErrorCode.UNAVAILABLE, f"recipe {name} uses torchrun, which is not installed on {agent.machine.name}")
+        try:  # last: a refused start leaves no empty folder behind
+            output_dir.mkdir(parents=True, exist_ok=True)
+            if not os.access(output_dir, os.W_OK):
+                raise PermissionError("permission denied")
+        except OSError as exc:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"output_dir {output_dir} of recipe {name} is not writable: {exc.strerror or exc}") from None
         argv = recipes.build_argv(recipe, values, job_id, str(output_dir), torchrun)
         job_dir = self.jobs_dir / job_id
         job_dir.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,8 @@ STATE_STYLES = {
 }
 SPARK_WIDTH = 16
 COLUMNS = [
-    ("job", "JOB", 10), ("recipe", "RECIPE", 14), ("machine", "MACHINE", 11), ("gpus", "GPUS", 7),
-    ("state", "STATE", 26), ("step", "STEP", 13), ("loss", "LOSS", SPARK_WIDTH + 8), ("speed", "SAMPLES/S", 9),
+    ("job", "JOB", 8), ("recipe", "RECIPE", 14), ("machine", "MACHINE", 10), ("gpus", "GPUS", 11),
+    ("state", "STATE", 32), ("step", "STEP", 13), ("loss", "LOSS", SPARK_WIDTH + 8), ("speed", "SAMPLES/S", 9),
     ("eta", "ETA", 7), ("elapsed", "ELAPSED", 8),
 ]
 

@@ -234,5 +234,8 @@ class VllmSleepMixin:
     async def wake(self) -> None:
         await self.http("POST", "/wake_up", timeout_s=600.0)
 
+    async def is_sleeping(self) -> bool:
+        return bool(json.loads(await self.http("GET", "/is_sleeping", timeout_s=3.0)).get("is_sleeping"))
+
     async def load_adapter(self, name: str, path: str) -> None:
         await self.http("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout_s=600.0)

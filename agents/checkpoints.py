@@ -669,6 +669,8 @@ class CheckpointsComponent:
 
         name = _safe_name(f"{run.name}-step{ckpt.step}")
         existing = orchestra.slots.get(name)
+        if any(m.name == name for m in self.agent.lab.models):
+            raise RemoteError(ErrorCode.CONFLICT, f"lab.yaml already has a model named {name}; rename the run's folder or that model")
         if existing is not None and (existing.state in UP or existing.busy):
             return self._runtime_json(run, ckpt, existing, "merged" if merge_base else "full")
         record = self.serving.get(ckpt.path)
@@ -686,7 +688,7 @@ class CheckpointsComponent:
 
         async def bring_up() -> None:
             try:
-                if merge_base is not None and not (weights / "config.json").is_file():
+                if merge_base is not None:  # merged anew each time: the checkpoint may have been rewritten since
                     await self._merge(merge_base, ckpt.path, weights)
                 slot = Slot(model, weights, gpus)
                 orchestra.slots[name] = slot

@@ -46,6 +46,8 @@ def lab_data(tiny: Path, blocked: Path) -> dict:
              "params": [{"name": "max_steps", "type": "int", "default": 12, "min": 1, "max": 100000},
                         {"name": "save_steps", "type": "int", "default": 6, "min": 1},
                         {"name": "learning_rate", "type": "float", "default": 0.003, "min": 0, "max": 1}]},
+            {"name": "ddp", "machine": "box", "gpus": [1, 2], "launcher": "torchrun", "command": train, "output_dir": "runs/{job_id}",
+             "params": [{"name": "max_steps", "type": "int", "default": 3}, {"name": "save_steps", "type": "int", "default": 3}]},
             {"name": "crash", "machine": "box", "gpus": [2], "command": [PY, "-c", "import sys; print('boom'); sys.exit(3)"], "output_dir": "runs/{job_id}"},
             {"name": "sleeper", "machine": "box", "gpus": [1], "command": [PY, "-c", SLEEPER], "output_dir": "runs/{job_id}", "stop_grace_s": 10},
             {"name": "stubborn", "machine": "box", "gpus": [1], "command": [PY, "-c", STUBBORN], "output_dir": "runs/{job_id}", "stop_grace_s": 1},
@@ -182,6 +184,22 @@ async def test_stop_a_running_trainer_gracefully(jobs_lab):
         # the trainer saved a checkpoint at the step it stopped at and exited 0
         assert done["state"] == "exited" and done["exit_code"] == 0 and done["stop_reason"] == "signal:SIGTERM", done
         assert (Path(done["output_dir"]) / f"checkpoint-{done['step']}").is_dir()
+    finally:
+        await client.stop()
+
+
+@pytest.mark.slow
+async def test_torchrun_recipe_runs_two_ranks_through_the_agent(jobs_lab):
+    client = await connect(jobs_lab)
+    try:
+        job = await client.call("box", "jobs.start", {"recipe": "ddp"})
+        assert Path(job["argv"][0]).name == "torchrun"
+        assert job["argv"][1:8] == ["--standalone", "--nnodes", "1", "--nproc-per-node", "2", "--no-python", "cetlab-train"]
+        done = await wait_job(client, job["id"], ended, timeout=120)
+        # two CPU ranks (gloo) stand in for the two GPUs; both report to the same progress file
+        assert done["state"] == "exited" and done["exit_code"] == 0 and done["step"] == 3, done
+        assert (Path(done["output_dir"]) / "checkpoint-3" / "adapter_model.safetensors").is_file()
+        assert Path(done["log_path"]).read_text().count("finished at step 3") == 2  # one line per rank
     finally:
         await client.stop()
 

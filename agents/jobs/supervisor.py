@@ -35,6 +35,7 @@ ACTIVE = ("starting", "running", "stopping")
 LOSS_POINTS = 120  # loss history kept per job, for the sparkline
 LAST_LINES = 20  # log lines kept in the record of a finished job
 SECTION_FINISHED = 20  # finished jobs shown beside the active ones
+KEPT_FINISHED = 200  # finished jobs kept in memory (for the checkpoints view); older ones stay in SQLite only
 SECTION_LOSS_POINTS = 60
 SECTION_LAST_LINES = 3
 NO_PROGRESS_RUNNING_S = 3.0  # a command without a progress file counts as running after this long
@@ -219,7 +220,7 @@ class JobsComponent:
     def _load(self) -> None:
         rows = self.agent.store.query(
             "SELECT record FROM jobs WHERE state IN ('starting','running','stopping') OR n > (SELECT COALESCE(MAX(n), 0) FROM jobs) - ? ORDER BY n",
-            (SECTION_FINISHED + 30,),
+            (KEPT_FINISHED,),
         )
         for row in rows:
             job = Job.from_record(row["record"])
@@ -411,6 +412,9 @@ class JobsComponent:
         job.last_lines, _ = tail(Path(job.log_path), LAST_LINES)
         job.starved = False
         job.popen = job.proc = None
+        finished = sorted((j for j in self.jobs.values() if not j.active), key=lambda j: j.started_at)
+        for old in finished[:-KEPT_FINISHED]:
+            del self.jobs[old.id]
         self.agent.release_gpus(f"job:{job.id}")
         log.info("job %s %s (exit code %s)", job.id, job.state, job.exit_code)
         self.agent.notify(EVENT_NOTICE, {"level": "info" if job.state == "exited" else "error",

@@ -51,7 +51,7 @@ def lab_data(tiny: Path, blocked: Path) -> dict:
             {"name": "crash", "machine": "box", "gpus": [2], "command": [PY, "-c", "import sys; print('boom'); sys.exit(3)"], "output_dir": "runs/{job_id}"},
             {"name": "sleeper", "machine": "box", "gpus": [1], "command": [PY, "-c", SLEEPER], "output_dir": "runs/{job_id}", "stop_grace_s": 10},
             {"name": "stubborn", "machine": "box", "gpus": [1], "command": [PY, "-c", STUBBORN], "output_dir": "runs/{job_id}", "stop_grace_s": 1},
-            {"name": "waiter", "machine": "box", "gpus": [2], "command": [PY, "-c", WAITER, "{output_dir}/release"], "output_dir": "runs/{job_id}"},
+            {"name": "waiter", "machine": "box", "command": [PY, "-c", WAITER, "{output_dir}/release"], "output_dir": "runs/{job_id}"},
             {"name": "chatty", "machine": "box", "command": [PY, "-c", CHATTY], "output_dir": "runs/{job_id}"},
             {"name": "blocked", "machine": "box", "command": [PY, "-c", "pass"], "output_dir": str(blocked / "sub")},
             {"name": "missing", "machine": "box", "command": ["no-such-trainer-xyz"], "output_dir": "runs/{job_id}"},
@@ -302,19 +302,29 @@ async def test_jobs_survive_kill_9_of_the_agent_and_are_readopted(tmp_path, tiny
     with running(make_lab(tmp_path, tiny_model)) as demo:
         client = await connect(demo)
         try:
+            crash = await client.call("box", "jobs.start", {"recipe": "crash"})
+            await wait_job(client, crash["id"], ended, timeout=30)
             waiter = await client.call("box", "jobs.start", {"recipe": "waiter"})  # exits 7 when told to
+            early = await client.call("box", "jobs.start", {"recipe": "waiter"})  # told while the agent is down
             sleeper = await client.call("box", "jobs.start", {"recipe": "sleeper"})
-            await wait_job(client, waiter["id"], lambda j: j["state"] == "running", timeout=30)
+            for job in (waiter, early):
+                await wait_job(client, job["id"], lambda j: j["state"] == "running", timeout=30)
             sleeper_pid = (await wait_job(client, sleeper["id"], lambda j: j["pid"]))["pid"]
             demo.processes[0].kill()  # kill -9: no chance to clean up
             demo.processes[0].wait()
             demo.processes.clear()
             assert _alive(sleeper_pid, None)  # the job outlives its agent
+            (Path(early["output_dir"]) / "release").touch()
+            await wait_for(lambda: (demo.dir / "agents" / "box" / "jobs" / early["id"] / "exit.json").exists(), timeout=20)
             await wait_for(lambda: client.state.machines["box"].link == "offline", timeout=20)
             demo.launch()
             await wait_for(lambda: client.state.machines["box"].online, timeout=40)
             adopted = await client.call("box", "jobs.get", {"id": sleeper["id"]})
             assert adopted["adopted"] and adopted["state"] == "running" and adopted["pid"] == sleeper_pid
+            # what ended before or during the outage keeps its exit code
+            assert (await client.call("box", "jobs.get", {"id": crash["id"]}))["exit_code"] == 3
+            ended_away = await client.call("box", "jobs.get", {"id": early["id"]})
+            assert ended_away["state"] == "failed" and ended_away["exit_code"] == 7 and ended_away["adopted"]
             # the exit code is the job's own, read from the runner's exit file (the agent cannot waitpid it)
             assert (await client.call("box", "jobs.get", {"id": waiter["id"]}))["state"] == "running"
             (Path(waiter["output_dir"]) / "release").touch()

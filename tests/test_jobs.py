@@ -154,12 +154,6 @@ async def test_real_training_through_the_agent(jobs_lab):
         assert any("finished at step 12" in line for line in logs["lines"]), logs["lines"]
         for key in ("id", "recipe", "machine", "gpus", "state", "exit_code", "step", "max_steps", "loss", "samples_per_s", "eta_s", "started_at", "log_path"):
             assert key in done
-        # the same through the CLI, as a script sees it
-        cli = subprocess.run([PY, "-m", "console.cli", "--lab", str(jobs_lab.lab_path), "--json", "jobs", "--all"],
-                             capture_output=True, text=True, timeout=60)
-        assert cli.returncode == 0, cli.stderr
-        listed = {j["id"]: j for j in json.loads(cli.stdout)["jobs"]}
-        assert listed[job["id"]]["state"] == "exited" and listed[job["id"]]["exit_code"] == 0
         # the GPU went back: from the next sample on, no claim of this job on the simulated V100
         view = client.state.machines["box"]
         await wait_for(lambda: not any(p["command"].startswith(f"job {job['id']} ") for p in view.gpus[0]["processes"]), timeout=10)
@@ -243,7 +237,6 @@ async def test_stop_turns_into_sigkill_after_the_grace_period(jobs_lab):
     client = await connect(jobs_lab)
     try:
         job = await client.call("box", "jobs.start", {"recipe": "stubborn"})
-        await wait_job(client, job["id"], lambda j: j["state"] == "running", timeout=30)
         logs = await client.call("box", "jobs.logs", {"id": job["id"], "tail_lines": 10})
         await wait_for(lambda: "ready" in tail(Path(logs["path"]), 10)[0], timeout=15)
         await client.call("box", "jobs.stop", {"id": job["id"]})  # ignored by the job: SIGKILL 1 s later
@@ -265,6 +258,31 @@ async def test_follow_a_log_over_the_wire(jobs_lab):
         assert events[-1]["state"] == "exited" and events[-1]["exit_code"] == 0
     finally:
         await client.stop()
+
+
+def cli(demo: DemoLab, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "console.cli", "--lab", str(demo.lab_path), *args], capture_output=True, text=True, timeout=90)
+
+
+def test_cli_train_follow_stop_and_logs(jobs_lab):
+    followed = cli(jobs_lab, "train", "chatty", "--follow")
+    assert followed.returncode == 0, followed.stderr
+    lines = followed.stdout.splitlines()
+    assert lines[0].startswith("job box-") and "(chatty)" in lines[0]
+    assert [line for line in lines if line.startswith("line ")] == [f"line {i}" for i in range(300)]
+    job_id = lines[0].split()[1]
+    crashed = cli(jobs_lab, "--json", "train", "crash", "--follow")
+    assert crashed.returncode == 1  # the job failed: so does the command
+    assert json.loads(crashed.stdout.splitlines()[-1]) == {"job": json.loads(crashed.stdout.splitlines()[0])["id"], "line": "boom"}
+    logs = cli(jobs_lab, "--json", "logs", job_id, "--tail", "2")
+    assert logs.returncode == 0 and json.loads(logs.stdout)["lines"] == ["line 298", "line 299"]
+    listed = cli(jobs_lab, "--json", "jobs", "--all")
+    assert listed.returncode == 0, listed.stderr
+    assert {j["id"]: (j["state"], j["exit_code"]) for j in json.loads(listed.stdout)["jobs"]}[job_id] == ("exited", 0)
+    for args, text in ((("stop", job_id), "already exited"), (("stop", "nobox-1"), "job ids look like <machine>-<n>"),
+                       (("train", "tiny", "--set", "max_steps"), "key=value")):
+        result = cli(jobs_lab, "--json", *args)
+        assert result.returncode == 1 and text in json.loads(result.stdout)["error"]["message"], (args, result.stdout)
 
 
 async def test_bad_input_gets_typed_errors_and_nothing_starts(jobs_lab):

@@ -118,7 +118,7 @@ def test_other_users_need_a_role_in_socket_roles(socket_agent):
     hello = {"id": 1, "method": "hello"}
     refused = _as_user(nobody.pw_uid, nobody.pw_gid, sock_path, [hello])
     assert isinstance(refused, list) and refused[0]["error"]["code"] == ErrorCode.FORBIDDEN, refused
-    assert f"'viewer nobody'" in refused[0]["error"]["message"] and str(state / "socket_roles") in refused[0]["error"]["message"]
+    assert "'viewer nobody'" in refused[0]["error"]["message"] and str(state / "socket_roles") in refused[0]["error"]["message"]
     (state / "socket_roles").write_text("# who may use the socket\nviewer nobody\n")
     (state / "socket_roles").chmod(0o600)
     hello_reply, action = _as_user(nobody.pw_uid, nobody.pw_gid, sock_path, [hello, {"id": 2, "method": "set_interval", "params": {"interval_s": 2}}])

@@ -46,7 +46,10 @@ def ask(sock_path: Path, *requests: dict) -> list[dict]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)
         s.connect(str(sock_path))
-        s.sendall(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+        try:
+            s.sendall(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+        except BrokenPipeError:  # refused at the door: the agent's answer is already waiting to be read
+            pass
         data = b""
         replies: list[dict] = []
         while len(replies) < len(requests):

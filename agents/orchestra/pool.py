@@ -228,6 +228,9 @@ class OrchestraComponent:
             "tokens_per_s": m.get("tokens_per_s"),
             "kv_cache_pct": m.get("kv_cache_pct"),
             "ttft_s": m.get("ttft_s"),
+            # engine counters (reset when the engine restarts); the cost ledger prices tokens served from them
+            "prompt_tokens_total": m.get("prompt_tokens_total"),
+            "generation_tokens_total": m.get("generation_tokens_total"),
             "endpoint": engine.endpoint if engine is not None else None,
             "served_name": engine.served_name if engine is not None else (slot.model.served_name or slot.model.name),
             "pinned": slot.pinned,

@@ -43,6 +43,8 @@ class Reporter:
     def update(self, **changes: Any) -> None:
         self.doc.update(changes)
         self.doc["elapsed_s"] = round(time.monotonic() - self.started, 3)
+        if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 speaks for the run
+            return
         try:
             write_progress(self.path, self.doc)
         except OSError as exc:  # progress is best effort; never kill a run over it

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import asyncssh
 from platformdirs import user_config_path
 
+from agents.keys import KeyFileError, check_private
 from agents.lab import Lab, Machine
 from agents.protocol import EVENT_TICK, PROTOCOL_VERSION, SSH_USERNAME, SUBSYSTEM, ErrorCode, RemoteError, encode
 from console.state import SPARK_POINTS, LabState
@@ -94,9 +95,10 @@ class FleetClient:
     async def start(self) -> None:
         key_problem = None
         try:
+            check_private(self.key_path)  # like ssh: a private key others can read is not used
             self._client_key = asyncssh.read_private_key(self.key_path)
-        except (OSError, asyncssh.KeyImportError) as exc:
-            key_problem = f"cannot read the console key {self.key_path}: {exc}"
+        except (OSError, asyncssh.KeyImportError, KeyFileError) as exc:
+            key_problem = f"cannot use the console key {self.key_path}: {exc}"
         for link in self._links.values():
             if key_problem and link.machine.via == "agent":  # via: sshd uses the user's own ssh keys instead
                 self.state.set_link(link.machine.name, "refused", key_problem)

@@ -141,3 +141,16 @@ def test_second_agent_on_one_state_dir_is_refused(tmp_path):
         first.terminate()
         first.wait(timeout=20)
     assert os.stat(state).st_mode & 0o077 == 0
+
+
+async def test_world_readable_console_key_is_not_used(small_demo, tmp_path):
+    key_path = tmp_path / "console_key"
+    ensure_key(key_path, comment="careless")
+    key_path.chmod(0o644)
+    client = await connected(small_demo.lab_path, key_path=key_path, reconnect=False)
+    try:
+        view = client.state.machines["box"]
+        assert view.link == "refused"
+        assert "too open" in view.error and f"chmod 600 {key_path}" in view.error
+    finally:
+        await client.stop()

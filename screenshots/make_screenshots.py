@@ -41,6 +41,13 @@ async def shoot(lab_path: Path) -> list[Path]:
         await pilot.pause(0.5)
         save("help")
         await pilot.press("escape")
+        # a real run of the demo recipe, so the jobs and checkpoints views have something to show
+        await app.client.call("m5", "jobs.start", {"recipe": "demo-lora", "params": {"max_steps": 2000, "save_steps": 200}})
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not any(
+            (job.get("step") or 0) >= 600 for job in app.state.machines["m5"].items("jobs")
+        ):
+            await pilot.pause(0.5)
         for name in VIEWS:
             if name == "fleet":
                 continue

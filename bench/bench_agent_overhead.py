@@ -11,7 +11,6 @@ import asyncio
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import psutil

@@ -15,12 +15,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from agents.lab import Lab, LabError, load_lab
 from agents.protocol import RemoteError
 from console.client import FleetClient
-from console.state import LabState, MachineView
+from console.state import LabState
+from widgets.format import fmt, fmt_bytes
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -57,22 +58,6 @@ def find_lab(explicit: str | None) -> Path:
 
 
 # ---------------------------------------------------------------------------- formatting
-
-GIB = 1024**3
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "N/A"
-    for unit, size in (("T", 1024**4), ("G", GIB), ("M", 1024**2), ("K", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.1f}{unit}"
-    return f"{n:.0f}B"
-
-
-def fmt(value: float | None, spec: str = ".0f", suffix: str = "") -> str:
-    return "N/A" if value is None else f"{value:{spec}}{suffix}"
-
 
 def status_json(state: LabState) -> dict[str, Any]:
     now = time.time()
@@ -211,13 +196,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
-
-
-def machine_view(ctx: Context, name: str) -> MachineView:
-    try:
-        return ctx.state.machines[name]
-    except KeyError:
-        raise RemoteError("not_found", f"no machine named {name!r}") from None
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import time
@@ -12,7 +11,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.lab import load_lab
 from console.demo import DemoLab
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from widgets.format import fmt_duration, spark
+from widgets.live_table import sync_rows
 
 ACTIVE = ("starting", "running", "stopping")
 STATE_STYLES = {
@@ -90,23 +91,8 @@ class JobsTable(DataTable):
     def show(self, jobs: list[dict[str, Any]]) -> None:
         wanted = {job["id"]: job for job in jobs}
         self.jobs = wanted
-        for key in [k for k in self._cells if k not in wanted]:
-            self.remove_row(key)
-            del self._cells[key]
-        columns = [key for key, _, _ in COLUMNS]
-        added = False
-        for key, job in wanted.items():
-            cells = job_cells(job)
-            old = self._cells.get(key)
-            if old is None:
-                self.add_row(*cells, key=key)
-                added = True
-            elif old != cells:
-                for column, value, before in zip(columns, cells, old):
-                    if value != before:
-                        self.update_cell(key, column, value)
-            self._cells[key] = cells
-        if added:  # only when rows arrive: a sort moves the cursor's row, which should not happen every tick
+        rows = {key: job_cells(job) for key, job in wanted.items()}
+        if sync_rows(self, rows, [key for key, _, _ in COLUMNS], self._cells):  # only when rows arrive: a sort moves the cursor's row, which should not happen every tick
             self.sort("job", key=lambda cell: -self.jobs[cell.plain]["started_at"])
 
     def selected(self) -> dict[str, Any] | None:

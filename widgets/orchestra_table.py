@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from widgets.format import GIB, fmt
+from widgets.live_table import sync_rows
 
 STATE_STYLES = {
     "warm": "bold green",
@@ -87,20 +88,7 @@ class OrchestraTable(DataTable):
 
     def show(self, models: list[dict[str, Any]]) -> None:
         wanted = {row_key(m): m for m in models}
-        for key in [k for k in self._cells if k not in wanted]:
-            self.remove_row(key)
-            del self._cells[key]
-        columns = [key for key, _, _ in COLUMNS]
-        for key, model in wanted.items():
-            cells = model_cells(model)
-            old = self._cells.get(key)
-            if old is None:
-                self.add_row(*cells, key=key)
-            elif old != cells:
-                for column, value, before in zip(columns, cells, old):
-                    if value != before:
-                        self.update_cell(key, column, value)
-            self._cells[key] = cells
+        sync_rows(self, {key: model_cells(m) for key, m in wanted.items()}, [key for key, _, _ in COLUMNS], self._cells)
         self.models = wanted
 
     def selected(self) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from agents.protocol import RemoteError
 from console.alerts import active_alerts
 from console.screens.base import LabScreen
 from widgets.lab_header import LabHeader
+from widgets.live_table import sync_rows
 
 FETCH_S = 5.0  # history comes from alerts.list this often while it is shown
 COLUMNS = [("state", "state", 8), ("level", "level", 9), ("machine", "machine", 12), ("target", "target", 18),
@@ -77,16 +78,7 @@ class AlertsScreen(LabScreen):
             "[b]a[/b] acknowledges the selected alert · [b]h[/b] toggles the history")
         table = self.query_one("#alerts-table", DataTable)
         wanted = {key: alert_cells(alert) for key, alert in rows.items()}
-        for key in [k.value for k in list(table.rows) if k.value not in wanted]:
-            table.remove_row(key)
-        columns = [key for key, _, _ in COLUMNS]
-        for key, cells in wanted.items():
-            if key in table.rows:
-                for column, value in zip(columns, cells):
-                    if table.get_cell(key, column) != value:
-                        table.update_cell(key, column, value)
-            else:
-                table.add_row(*cells, key=key)
+        sync_rows(table, wanted, [key for key, _, _ in COLUMNS], self._shown_rows)
 
     def action_toggle_history(self) -> None:
         self.history = not self.history

@@ -18,6 +18,10 @@ class LabScreen(Screen):
     # Key hints of this view's verbs (shown in the footer through BINDINGS), and its name for `:`.
     VIEW_NAME = ""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._shown_rows: dict[str, tuple] = {}  # what this view's live table shows (widgets.live_table)
+
     @property
     def lab_app(self) -> CetlabApp:
         return self.app  # type: ignore[return-value]

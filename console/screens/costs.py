@@ -17,6 +17,7 @@ from console.costs import lab_costs, live_totals
 from console.screens.base import LabScreen
 from widgets.cost_counter import CostCounter, fmt_money
 from widgets.lab_header import LabHeader
+from widgets.live_table import sync_rows
 
 FETCH_S = 5.0  # the breakdown and the daily totals come from costs.get this often; the counter ticks with the stream
 PLOT_DAYS = 30
@@ -82,6 +83,7 @@ class CostsScreen(LabScreen):
     def action_next_breakdown(self) -> None:
         self.by = BREAKDOWNS[(BREAKDOWNS.index(self.by) + 1) % len(BREAKDOWNS)]
         self.query_one("#costs-by", DataTable).clear()
+        self._shown_rows.clear()
         self.action_fetch()
 
     @work(exclusive=True, group="costs")
@@ -118,17 +120,7 @@ class CostsScreen(LabScreen):
 
     def _refresh_table(self, report: dict[str, Any]) -> None:
         table = self.query_one("#costs-by", DataTable)
-        wanted = breakdown_rows(report)
-        for key in [k.value for k in list(table.rows) if k.value not in wanted]:
-            table.remove_row(key)
-        columns = [key for key, _, _ in COLUMNS]
-        for key, cells in wanted.items():
-            if key in table.rows:
-                for column, value in zip(columns, cells):
-                    if table.get_cell(key, column) != value:
-                        table.update_cell(key, column, value)
-            else:
-                table.add_row(*cells, key=key)
+        sync_rows(table, breakdown_rows(report), [key for key, _, _ in COLUMNS], self._shown_rows)
 
     def _refresh_plot(self, report: dict[str, Any]) -> None:
         days = report["days"][-PLOT_DAYS:]

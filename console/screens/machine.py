@@ -12,6 +12,7 @@ from console.screens.fleet import gpu_owners
 from widgets.format import fmt, fmt_ago, fmt_bytes
 from widgets.gpu_panel import SERIES, GpuPanel
 from widgets.lab_header import LabHeader
+from widgets.live_table import sync_rows
 
 
 class MachineScreen(LabScreen):
@@ -91,13 +92,4 @@ class MachineScreen(LabScreen):
                 key = f"{i}:{proc['pid']}:{proc.get('command')}"
                 wanted[key] = (str(i), str(proc["pid"]), proc.get("user") or "N/A",
                                fmt_bytes(proc.get("mem_used_bytes")), (proc.get("command") or "N/A")[:120])
-        for key in [k.value for k in list(table.rows) if k.value not in wanted]:
-            table.remove_row(key)
-        columns = ["gpu", "pid", "user", "vram", "command"]
-        for key, cells in wanted.items():
-            if key in table.rows:
-                for column, value in zip(columns, cells):
-                    if table.get_cell(key, column) != value:
-                        table.update_cell(key, column, value)
-            else:
-                table.add_row(*cells, key=key)
+        sync_rows(table, wanted, ["gpu", "pid", "user", "vram", "command"], self._shown_rows)

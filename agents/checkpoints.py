@@ -739,22 +739,9 @@ class CheckpointsComponent:
             run = await self.run(params.run)
             return {**run.summary(self.agent.machine.name), "checkpoints": [c.to_json() for c in run.checkpoints], "curves": run.curves()}
 
-        @rpc.method("checkpoints.resume", role=Role.OPERATOR, params=ResumeParams, doc="A new job of the run's recipe, resuming from this checkpoint.")
-        async def resume(peer: Peer, params: ResumeParams) -> dict:
-            return await self.resume(peer, params)
-
-        @rpc.method("checkpoints.serve", role=Role.OPERATOR, params=ServeParams, doc="Serve a checkpoint: adapter into a warm model, or as a new model.")
-        async def serve(peer: Peer, params: ServeParams) -> dict:
-            return await self.serve(peer, params)
-
-        @rpc.method("checkpoints.delete", role=Role.OPERATOR, params=DeleteParams, doc="Delete one checkpoint (the best or newest only with confirm_special).")
-        async def delete(peer: Peer, params: DeleteParams) -> dict:
-            return await self.delete(peer, params)
-
-        @rpc.method("checkpoints.keep", role=Role.OPERATOR, params=KeepParams, doc="Mark a checkpoint kept (prune never deletes it), or un-keep it.")
-        async def keep(peer: Peer, params: KeepParams) -> dict:
-            return await self.keep(peer, params)
-
-        @rpc.method("checkpoints.prune", role=Role.OPERATOR, params=PruneParams, doc="Delete all but the best, the last N and the kept checkpoints.")
-        async def prune(peer: Peer, params: PruneParams) -> dict:
-            return await self.prune(peer, params)
+        # The actions are methods of this component with the handler signature (peer, params).
+        rpc.method("checkpoints.resume", role=Role.OPERATOR, params=ResumeParams, doc="A new job of the run's recipe, resuming from this checkpoint.")(self.resume)
+        rpc.method("checkpoints.serve", role=Role.OPERATOR, params=ServeParams, doc="Serve a checkpoint: adapter into a warm model, or as a new model.")(self.serve)
+        rpc.method("checkpoints.delete", role=Role.OPERATOR, params=DeleteParams, doc="Delete one checkpoint (the best or newest only with confirm_special).")(self.delete)
+        rpc.method("checkpoints.keep", role=Role.OPERATOR, params=KeepParams, doc="Mark a checkpoint kept (prune never deletes it), or un-keep it.")(self.keep)
+        rpc.method("checkpoints.prune", role=Role.OPERATOR, params=PruneParams, doc="Delete all but the best, the last N and the kept checkpoints.")(self.prune)

@@ -235,25 +235,25 @@ class JobsScreen(LabScreen):
 
         self.app.push_screen(ConfirmScreen(question), answer)
 
-    def action_stop(self) -> None:
+    def _active_selected(self) -> dict[str, Any] | None:
+        """The selected job if it still runs and this console may act on it."""
         job = self.selected()
         if job is None or not self.require_operator():
-            return
+            return None
         if job["state"] not in ACTIVE:
             self.notify(f"{job['id']} has already {job['state']}", severity="warning")
-            return
-        self._ask(f"Stop job [b]{job['id']}[/b] ({job['recipe']}, step {job.get('step') or 0})?\n"
-                  "SIGTERM now (a cetlab-train run saves a checkpoint), SIGKILL after the recipe's grace period.",
-                  "jobs.stop", job, f"stopping {job['id']}")
+            return None
+        return job
+
+    def action_stop(self) -> None:
+        if job := self._active_selected():
+            self._ask(f"Stop job [b]{job['id']}[/b] ({job['recipe']}, step {job.get('step') or 0})?\n"
+                      "SIGTERM now (a cetlab-train run saves a checkpoint), SIGKILL after the recipe's grace period.",
+                      "jobs.stop", job, f"stopping {job['id']}")
 
     def action_kill(self) -> None:
-        job = self.selected()
-        if job is None or not self.require_operator():
-            return
-        if job["state"] not in ACTIVE:
-            self.notify(f"{job['id']} has already {job['state']}", severity="warning")
-            return
-        self._ask(f"Kill job [b]{job['id']}[/b] ({job['recipe']}) now with SIGKILL? Nothing is saved.", "jobs.kill", job, f"killed {job['id']}")
+        if job := self._active_selected():
+            self._ask(f"Kill job [b]{job['id']}[/b] ({job['recipe']}) now with SIGKILL? Nothing is saved.", "jobs.kill", job, f"killed {job['id']}")
 
     def action_logs(self) -> None:
         job = self.selected()

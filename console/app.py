@@ -67,7 +67,7 @@ class CetlabApp(App):
 
     def render_tick(self) -> None:
         screen = self.screen
-        if not isinstance(screen, LabScreen):
+        if not isinstance(screen, LabScreen) or not screen.ready:
             return
         screen.refresh_header()
         if self.state.version != self._rendered_version or screen.is_current:

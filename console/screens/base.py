@@ -21,6 +21,7 @@ class LabScreen(Screen):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._shown_rows: dict[str, tuple] = {}  # what this view's live table shows (widgets.live_table)
+        self.ready = False  # True once mounted: refresh_data may run
 
     @property
     def lab_app(self) -> CetlabApp:
@@ -41,8 +42,13 @@ class LabScreen(Screen):
     def refresh_data(self) -> None:
         """Read app.state and update widgets that changed; never fetch here."""
 
+    def on_mount(self) -> None:
+        # Textual runs this after the subclass's on_mount (handlers run up the MRO): the view is set up.
+        self.ready = True
+
     def on_screen_resume(self) -> None:
-        self.refresh_data()
+        if self.ready:
+            self.refresh_data()
 
     def thresholds(self) -> Thresholds:
         alerts = self.lab_app.lab.alerts

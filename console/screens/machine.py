@@ -86,6 +86,8 @@ class MachineScreen(LabScreen):
 
     def _refresh_processes(self, view) -> None:
         table = self.query_one("#procs", DataTable)
+        if not table.columns:  # a render tick can come before on_mount has added them
+            return
         wanted = {}
         for i, gpu in view.gpus.items():
             for proc in gpu.get("processes") or []:

@@ -20,7 +20,8 @@ from bench.common import percentile  # noqa: E402
 from console.client import FleetClient  # noqa: E402
 from console.demo import DemoLab  # noqa: E402
 
-CALLS = 2000
+CALLS = 1000
+PACE_S = 1 / 150  # one call per pace at most: under the agent's per-connection rate limit (200/s), same for both
 LAB = """
 lab: bench
 machines:
@@ -68,6 +69,7 @@ async def _echo_client(key_path: Path, port: int) -> list[float]:
             writer.write(b'{"id": %d, "method": "ping"}\n' % i)
             await reader.readline()
             rtts.append(time.perf_counter() - t0)
+            await asyncio.sleep(max(0.0, PACE_S - rtts[-1]))
     return rtts
 
 
@@ -93,6 +95,7 @@ async def agent_rtts(lab_path: Path) -> list[float]:
             t0 = time.perf_counter()
             await client.call("box", "ping")
             rtts.append(time.perf_counter() - t0)
+            await asyncio.sleep(max(0.0, PACE_S - rtts[-1]))
     return rtts
 
 

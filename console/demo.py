@@ -58,7 +58,9 @@ def _scaled(data: dict[str, Any], scale: int) -> dict[str, Any]:
         {"name": f"node{i:03d}", "role": "emulated", "idle_watts": 200, "gpus": {"seed": i, "sim": SCALE_GPUS}}
         for i in range(scale)
     ]
-    return {**data, "lab": f"{data.get('lab', 'lab')}-x{scale}", "machines": machines, "models": [], "trainers": [], "orchestra": {}}
+    # only the lab-wide sections: models, trainers and the like name the demo lab's machines
+    kept = {key: data[key] for key in ("costs", "cloud_prices", "alerts") if key in data}
+    return {**kept, "lab": f"{data.get('lab', 'lab')}-x{scale}", "machines": machines}
 
 
 class DemoLab:

@@ -451,3 +451,25 @@ trainers:
         parse_lab(text)
     assert info.value.problems == ["lab.yaml:10: trainers[0].params[1].name: param 'steps' declared twice",
                                    "lab.yaml:11: trainers[0].params[2].choices: a choice param needs choices: [...]"]
+
+
+async def test_a_recipe_cannot_take_gpus_that_hold_a_warm_model(demo_lab):
+    """The demo's p40-ddp recipe wants the P40s, where the orchestra keeps llama-3.1-8b warm."""
+    from agents.lab import load_lab
+    from console.client import FleetClient
+
+    async with FleetClient(load_lab(demo_lab.lab_path), subscribe=[]) as client:
+        await client.wait_connected(15)
+
+        async def llama_warm() -> bool:
+            return (await client.call("m5", "models.get", {"model": "llama-3.1-8b"}))["state"] == "warm"
+
+        deadline = asyncio.get_running_loop().time() + 90
+        while not await llama_warm():
+            assert asyncio.get_running_loop().time() < deadline, "llama-3.1-8b never became warm"
+            await asyncio.sleep(0.5)
+        with pytest.raises(RemoteError) as info:
+            await client.call("m5", "jobs.start", {"recipe": "p40-ddp"})
+        assert info.value.code == ErrorCode.CONFLICT
+        assert "llama-3.1-8b" in info.value.message and "cetlab sleep llama-3.1-8b" in info.value.message
+        assert not [j for j in await client.call("m5", "jobs.list") if j["recipe"] == "p40-ddp"]

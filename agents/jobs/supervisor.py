@@ -261,6 +261,23 @@ class JobsComponent:
                     f"GPU {','.join(map(str, taken))} is taken by job {other.id} ({other.recipe}, {other.state}); stop it first or pick other GPUs",
                     {"job": other.id},
                 )
+        for model in self._models_on_gpus():
+            taken = sorted(set(model.get("gpus") or []) & set(recipe.gpus))
+            if taken:
+                raise RemoteError(
+                    ErrorCode.CONFLICT,
+                    f"GPU {','.join(map(str, taken))} holds model {model['name']} ({model['state']}); "
+                    f"`cetlab sleep {model['name']}` or `cetlab cold {model['name']}` first, or pick other GPUs",
+                    {"model": model["name"]},
+                )
+
+    def _models_on_gpus(self) -> list[dict[str, Any]]:
+        """Models of the orchestra that occupy their GPUs now (a sleeping vLLM engine has freed them)."""
+        for component in self.agent.components:
+            if component.name == "models":
+                section = component.section() or {}
+                return [m for m in section.get("models", []) if m.get("state") in ("loading", "warming", "warm")]
+        return []
 
     def _next_id(self) -> str:
         row = self.agent.store.query("SELECT COALESCE(MAX(n), 0) + 1 AS n FROM jobs")

@@ -12,7 +12,8 @@ from widgets.format import Thresholds, bar, fmt, fmt_bytes, level_colour, spark
 SPARK_WIDTH = 16
 
 
-def gpu_line(gpu: dict[str, Any], util_history: list[float], owner: str | None, limits: Thresholds) -> Text:
+def gpu_line(gpu: dict[str, Any], util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False) -> Text:
+    """One GPU as a line; `stale` (its machine is offline) greys out the last known figures."""
     name = f"gpu{gpu['index']} {gpu['name'][:24]:<24}"
     line = Text()
     line.append(name, style="bold")
@@ -36,6 +37,8 @@ def gpu_line(gpu: dict[str, Any], util_history: list[float], owner: str | None, 
     line.append(f"  {fmt(power, '>4.0f')}/{fmt(limit, '.0f', 'W'):<5}", style=power_style)
     if owner:
         line.append(f"  {owner}", style="magenta")
+    if stale:
+        line.stylize("grey50")
     return line
 
 
@@ -49,9 +52,9 @@ class GpuRow(Static):
         self._shown: tuple | None = None
         self.text = Text()
 
-    def show(self, gpu: dict[str, Any], util_history: list[float], owner: str | None, limits: Thresholds) -> None:
-        key = (tuple(sorted((k, v) for k, v in gpu.items() if k != "processes")), tuple(util_history[-SPARK_WIDTH:]), owner, limits)
+    def show(self, gpu: dict[str, Any], util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False) -> None:
+        key = (tuple(sorted((k, v) for k, v in gpu.items() if k != "processes")), tuple(util_history[-SPARK_WIDTH:]), owner, limits, stale)
         if key != self._shown:
             self._shown = key
-            self.text = gpu_line(gpu, util_history, owner, limits)
+            self.text = gpu_line(gpu, util_history, owner, limits, stale)
             self.update(self.text)

@@ -78,4 +78,4 @@ class MachineCard(Vertical, can_focus=True):
             if row is None:
                 row = self._rows[index] = GpuRow()
                 self.mount(row)
-            row.show(gpus[index], util_history.get(index, []), owners.get(index), limits)
+            row.show(gpus[index], util_history.get(index, []), owners.get(index), limits, stale=link != "online")

@@ -17,7 +17,7 @@ STOP_TIMEOUT_S = 30.0  # models.cold waits for the engine to exit (its grace per
 # The stable JSON of one model (documented in the README); the agent's extra keys stay in `models.get`.
 MODEL_KEYS = ("name", "machine", "engine", "state", "gpus", "vram_bytes", "cached_fraction", "load_s", "warmup_s",
               "wake_s", "requests_running", "endpoint", "simulated")
-EXTRA_KEYS = ("requests_waiting", "tokens_per_s", "kv_cache_pct", "ttft_s", "swap_s", "pinned", "progress", "error", "op", "size_bytes")
+EXTRA_KEYS = ("served_name", "requests_waiting", "tokens_per_s", "kv_cache_pct", "ttft_s", "swap_s", "pinned", "progress", "error", "op", "size_bytes")
 
 
 def model_json(model: dict[str, Any]) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def models_human(data: dict[str, Any]) -> str:
 def model_human(m: dict[str, Any]) -> str:
     line = f"{m['name']} on {m['machine']} GPU {','.join(map(str, m['gpus'])) or 'cpu'}: {state_text(m)}"
     if m.get("endpoint") and m["state"] == "warm":
-        line += f"  {m['endpoint']}"
+        line += f"  {m['endpoint']} (model name: {m.get('served_name') or m['name']})"
     if m.get("error"):
         line += f"\n  error: {m['error']['message']}"
         line += "".join(f"\n  | {text}" for text in (m["error"].get("log_tail") or [])[-8:])

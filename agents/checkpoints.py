@@ -594,11 +594,16 @@ class CheckpointsComponent:
         await self.rescan()
         return self.runs[run.name].by_step(ckpt.step).to_json()
 
-    async def resume(self, peer: Peer, params: ResumeParams) -> dict[str, Any]:
-        run = await self.run(params.run)
-        ckpt = run.by_step(params.step)
+    async def _complete(self, run_name: str, step: int):
+        """The run and its checkpoint at `step`, which must be complete to be acted on."""
+        run = await self.run(run_name)
+        ckpt = run.by_step(step)
         if not ckpt.complete:
             raise RemoteError(ErrorCode.CONFLICT, f"checkpoint {ckpt.step} of {run.name} is incomplete ({ckpt.problem}); pick a complete one")
+        return run, ckpt
+
+    async def resume(self, peer: Peer, params: ResumeParams) -> dict[str, Any]:
+        run, ckpt = await self._complete(params.run, params.step)
         jobs = self._jobs()
         recipe = next((r for r in self.agent.lab.trainers if r.name == run.recipe and r.machine == self.agent.machine.name), None)
         if jobs is None or recipe is None:
@@ -615,10 +620,7 @@ class CheckpointsComponent:
         return {**job.to_json(self.agent.simulated), "argv": job.argv, "resumed_from": ckpt.to_json()}
 
     async def serve(self, peer: Peer, params: ServeParams) -> dict[str, Any]:
-        run = await self.run(params.run)
-        ckpt = run.by_step(params.step)
-        if not ckpt.complete:
-            raise RemoteError(ErrorCode.CONFLICT, f"checkpoint {ckpt.step} of {run.name} is incomplete ({ckpt.problem}); pick a complete one")
+        run, ckpt = await self._complete(params.run, params.step)
         orchestra = self._orchestra()
         if orchestra is None:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"no model pool on {self.agent.machine.name}")

@@ -26,11 +26,12 @@ Shape changes against the untyped sections (kept as small as the console allows)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.protocol import Finite, FiniteFloat, GpuSample, HostSample
+from agents.protocol import Finite, FiniteFloat, GpuSample, HostSample, Telemetry
 from agents.states import JobState, ModelState
 
 
@@ -89,6 +90,8 @@ class JobInfo(Section):
     checkpoints: list[CheckpointReport] = Field(default_factory=list)
     trainer_state: str | None = None  # the progress file's state: starting | running | saving | finished | failed
     stop_reason: str | None = None
+    precision: str | None = None  # bf16 | fp16 | fp32, as the trainer chose it for the GPU
+    notes: list[str] = Field(default_factory=list)  # the trainer's remarks, e.g. "tf32 off: it needs compute capability 8.0"
     started_at: FiniteFloat
     ended_at: Finite = None
     elapsed_s: Finite = None
@@ -330,3 +333,15 @@ class TickEvent(BaseModel):
     t: FiniteFloat
     full: bool = False
     changed: dict[str, Any] = Field(default_factory=dict)  # section name -> its JSON (see SECTION_MODELS)
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One tick as the readers (costs, alerts) see it: the sample and the sections its owners made of it."""
+
+    telemetry: Telemetry
+    jobs: list[JobInfo]
+    models: ModelsSection | None
+
+    def model_list(self) -> list[ModelInfo]:
+        return self.models.models if self.models is not None else []

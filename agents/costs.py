@@ -124,6 +124,10 @@ class Ledger:
                 db.executemany("INSERT OR REPLACE INTO cost_token_marks VALUES (?, ?)", list(marks.items()))
         return dict(rows)
 
+    def totals(self) -> list[dict[str, Any]]:
+        """Energy (J) and tokens served by kind and owner, over the whole ledger."""
+        return self.store.query("SELECT kind, owner, SUM(energy_j) AS energy_j, SUM(tokens) AS tokens FROM cost_ledger GROUP BY kind, owner")
+
     def rows(self, since_day: str | None = None) -> list[dict[str, Any]]:
         if since_day is None:
             return self.store.query("SELECT * FROM cost_ledger")

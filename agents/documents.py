@@ -9,6 +9,7 @@ caller reports it on its job or run and goes on. Numbers are finite or null by t
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agents.protocol import Finite
 from agents.sections import CheckpointReport
+
+log = logging.getLogger("cetlab.documents")
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024  # a trainer_state.json of a long run is a few MB; more is not one
 
@@ -179,3 +182,27 @@ class EngineFigures(Document):
         if not self.ttft_count or self.ttft_sum_s is None:
             return None
         return round(self.ttft_sum_s / self.ttft_count, 3)
+
+
+class ChildRecord(Document):
+    """The job runner's child.json: which process is the trainer (its pid and start time, against pid reuse)."""
+
+    pid: int
+    create_time: Finite = None
+
+
+class ExitRecord(Document):
+    """The job runner's exit.json: how the trainer ended."""
+
+    exit_code: int | None = None
+    ended_at: Finite = None
+    error: str | None = None
+
+
+def load_quietly(path: Path, schema: type[Document]) -> Any:
+    """A runner's record, or None when it is missing, torn or not what its schema says (the caller treats it as absent)."""
+    try:
+        return load(path, schema)
+    except BadDocument as exc:
+        log.warning("%s", exc)
+        return None

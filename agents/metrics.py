@@ -92,13 +92,12 @@ class AgentCollector:
             models = sections.get("models")
             for model in models.models if isinstance(models, ModelsSection) else []:
                 model_state.add_metric([name, model.name, model.state], 1)
-            summary = sections.get("costs")
-            if isinstance(summary, CostsSummary):
-                for row in agent.store.query("SELECT kind, owner, SUM(energy_j) AS j FROM cost_ledger GROUP BY kind, owner"):
-                    energy.add_metric([name, row["kind"], row["owner"]], row["j"])
-                for row in agent.store.query("SELECT owner, SUM(tokens) AS n FROM cost_ledger WHERE kind='model' GROUP BY owner"):
-                    if row["n"]:
-                        tokens.add_metric([name, row["owner"]], row["n"])
+            summary, costs = sections.get("costs"), agent.component("costs")
+            if isinstance(summary, CostsSummary) and costs is not None:
+                for row in costs.ledger.totals():
+                    energy.add_metric([name, row["kind"], row["owner"]], row["energy_j"])
+                    if row["kind"] == "model" and row["tokens"]:
+                        tokens.add_metric([name, row["owner"]], row["tokens"])
                 if summary.power_w is not None:
                     power.add_metric([name], summary.power_w)
                 for key, family in money.items():

@@ -11,7 +11,7 @@ from pydantic import TypeAdapter, ValidationError
 from agents.agent import Agent
 from agents.checkpoints.discovery import RANK_MARK, safe_name, unique_names
 from agents.costs import CostsComponent
-from agents.documents import BadDocument, load_progress, load_trainer_state
+from agents.documents import BadDocument, ChildRecord, ExitRecord, load_progress, load_quietly, load_trainer_state
 from agents.lab import LabError, load_lab, parse_lab
 from agents.protocol import EVENT_TICK, GpuSample, Telemetry
 from agents.rpc import Peer
@@ -82,6 +82,16 @@ def test_trainer_state_keeps_where_the_loss_went_nan(tmp_path):
     path.write_text('{"log_history": 5}')
     with pytest.raises(BadDocument, match="log_history"):
         load_trainer_state(path)
+
+
+def test_a_runners_record_that_fits_no_schema_counts_as_absent(tmp_path):
+    path = tmp_path / "exit.json"
+    path.write_text('{"exit_code": "zero", "ended_at": NaN}')
+    assert load_quietly(path, ExitRecord) is None
+    path.write_text('{"exit_code": 0, "ended_at": NaN}')
+    assert load_quietly(path, ExitRecord) == ExitRecord(exit_code=0, ended_at=None)
+    path.write_text('{"pid": [1]}')
+    assert load_quietly(path, ChildRecord) is None
 
 
 # ---------------------------------------------------------------------------- run names

@@ -61,8 +61,8 @@ def register(jobs: JobsComponent) -> None:
     async def list_jobs(peer: Peer, params: ListParams) -> list:
         rows = agent.store.query("SELECT id, record FROM jobs ORDER BY n DESC LIMIT ?", (params.limit,))
         now = time.time()
-        jobs = [jobs.jobs.get(row["id"]) or Job.from_record(row["record"]) for row in rows]
-        return [job.to_json(agent.simulated, now) for job in jobs]
+        listed = [jobs.jobs.get(row["id"]) or Job.from_record(row["record"]) for row in rows]
+        return [job.to_json(agent.simulated, now) for job in listed]
 
     @rpc.method("jobs.get", params=JobParams, doc="One job, with its command line and last log lines.")
     async def get_job(peer: Peer, params: JobParams) -> dict:

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from agents.documents import ChildRecord, ExitRecord, load_quietly
 from agents.jobs import recipes
 from agents.jobs.job import Job, JobView
 from agents.jobs.logs import Follower, read_from, tail
 from agents.jobs.methods import LogsParams, register
 from agents.jobs.progress import update_progress
-from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, read_json
+from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES
 from agents.lab import Trainer
 from agents.protocol import EVENT_LOG, EVENT_NOTICE, ErrorCode, RemoteError, Telemetry
 from agents.rpc import Peer
@@ -260,9 +261,9 @@ class JobsComponent:
     # -- supervision, once per tick
 
     def _read_child(self, job: Job) -> None:
-        child = read_json(Path(job.job_dir) / "child.json")
-        if child and isinstance(child.get("pid"), int):
-            job.pid, job.pid_started = child["pid"], child.get("create_time")
+        child = load_quietly(Path(job.job_dir) / "child.json", ChildRecord)
+        if child is not None:
+            job.pid, job.pid_started = child.pid, child.create_time
 
     def _runner_ended(self, job: Job) -> bool:
         if job.popen is not None:
@@ -272,17 +273,17 @@ class JobsComponent:
     def _finish(self, job: Job) -> None:
         """The runner is gone: take the exit code it recorded, or call the job lost."""
         update_progress(job)
-        ended = read_json(Path(job.job_dir) / "exit.json")
-        job.ended_at = (ended or {}).get("ended_at") or time.time()
-        if ended is None or not isinstance(ended.get("exit_code"), int):
+        ended = load_quietly(Path(job.job_dir) / "exit.json", ExitRecord)
+        job.ended_at = (ended.ended_at if ended is not None else None) or time.time()
+        if ended is None or ended.exit_code is None:
             job.state = JobState.LOST
             job.error = "the job's runner ended without recording an exit code (killed, or the machine rebooted)"
         else:
-            job.exit_code = ended["exit_code"]
+            job.exit_code = ended.exit_code
             stopped = job.stop_requested is not None
             job.state = JobState.EXITED if job.exit_code == 0 or stopped else JobState.FAILED
             if job.state == JobState.FAILED:
-                job.error = ended.get("error") or job.progress.get("error") or f"exited with code {job.exit_code}"
+                job.error = ended.error or job.progress.get("error") or f"exited with code {job.exit_code}"
         job.last_lines, _ = tail(Path(job.log_path), LAST_LINES)
         job.starved = False
         job.popen = job.proc = None
@@ -377,7 +378,14 @@ class JobsComponent:
         jobs = sorted(self.jobs.values(), key=lambda j: j.started_at, reverse=True)
         finished = [j for j in jobs if not j.active][:SECTION_FINISHED]
         keep = {j.id for j in finished}
-        return [self._pushed(j, now) for j in jobs if j.active or j.id in keep]
+        section = []
+        for job in jobs:
+            if job.active or job.id in keep:
+                try:
+                    section.append(self._pushed(job, now))
+                except ValueError as exc:  # a record that fits no JobInfo costs its own row, not the section
+                    log.error("job %s cannot be shown: %s", job.id, exc)
+        return section
 
     def _pushed(self, job: Job, now: float) -> JobInfo:
         """A job as pushed to every console at every change: trimmed (jobs.get has the rest)."""

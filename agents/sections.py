@@ -19,6 +19,9 @@ Sections and their models (``SECTION_MODELS``):
 Shape changes against the untyped sections (kept as small as the console allows):
 - ``jobs[].diverged_at_step`` and ``jobs[].progress_problem`` are new (issue 11: a diverged
   run and a progress file that does not match its schema are shown on their job);
+  ``jobs[].precision`` and ``jobs[].notes`` carry the trainer's (real lab);
+- ``models.models[].error`` is an object (``ModelError``: message, exit_code, oom, log_tail ...),
+  as it always was; read ``error.message`` for the one line;
 - ``checkpoints[].problem`` (a run's bad progress.json) and ``CheckpointInfo.diverged_at_step`` are new;
 - ``costs`` is null (not ``{}``) before the first tick;
 - the rotation plan stays inside the ``models`` section (``models.rotation``), where consoles read it.

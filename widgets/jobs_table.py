@@ -7,7 +7,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
-from widgets.format import fmt_duration, spark
+from widgets.format import NA, fmt, fmt_duration, spark
 from widgets.live_table import sync_rows
 
 ACTIVE = ("starting", "running", "stopping")
@@ -44,7 +44,7 @@ def state_cell(job: dict[str, Any]) -> Text:
 def step_cell(job: dict[str, Any]) -> str:
     step, total = job.get("step"), job.get("max_steps")
     if step is None:
-        return "-"
+        return NA
     return f"{step}/{total} {step / total:.0%}" if total else str(step)
 
 
@@ -52,14 +52,14 @@ def loss_cell(job: dict[str, Any]) -> Text:
     history = job.get("loss_history") or []
     loss = job.get("loss")
     text = Text(spark(history, SPARK_WIDTH, lo=min(history, default=0.0)) if history else " " * SPARK_WIDTH, style="cyan")
-    text.append(" -" if loss is None else f" {loss:.4f}")
+    text.append(" " + fmt(loss, ".4f"))
     return text
 
 
 def job_cells(job: dict[str, Any]) -> tuple[Any, ...]:
     """The row of one job (plain data in, Rich text out)."""
     active = job["state"] in ACTIVE
-    gpus = ",".join(map(str, job.get("gpus") or [])) or "-"
+    gpus = ",".join(map(str, job.get("gpus") or [])) or NA
     return (
         Text(job["id"], style="bold"),
         job["recipe"],
@@ -68,8 +68,8 @@ def job_cells(job: dict[str, Any]) -> tuple[Any, ...]:
         state_cell(job),
         step_cell(job),
         loss_cell(job),
-        "-" if job.get("samples_per_s") is None else f"{job['samples_per_s']:.1f}",
-        fmt_duration(job.get("eta_s")) if active and job.get("eta_s") is not None else "-",
+        fmt(job.get("samples_per_s"), ".1f"),
+        fmt_duration(job.get("eta_s")) if active else NA,
         fmt_duration(job.get("elapsed_s")),
     )
 

@@ -17,7 +17,7 @@ def header_text(lab: str, view: str, online: int, machines: int, gpus: int, vram
     line.append(f" {lab} ", style="bold")
     line.append(f"· {view} ", style="italic")
     line.append(f"· {online}/{machines} machines online ", style="green" if online == machines else "bold red")
-    line.append(f"· {gpus} GPUs · {vram_bytes / GIB:.0f} GB VRAM ")
+    line.append(f"· {gpus} GPUs · {vram_bytes / GIB:.0f} GiB VRAM ")
     if simulated:
         line.append(" SIM ", style="bold black on yellow")
     if readonly:

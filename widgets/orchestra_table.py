@@ -7,7 +7,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
-from widgets.format import GIB, fmt
+from widgets.format import NA, fmt, fmt_gib
 from widgets.live_table import sync_rows
 
 STATE_STYLES = {
@@ -31,7 +31,7 @@ def row_key(model: dict[str, Any]) -> str:
 
 
 def _secs(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}s"
+    return fmt(value, ".1f", "s")
 
 
 def state_cell(model: dict[str, Any]) -> Text:
@@ -61,14 +61,14 @@ def model_cells(model: dict[str, Any]) -> tuple[Any, ...]:
         ",".join(map(str, model["gpus"])) or "cpu",
         engine,
         state_cell(model),
-        f"{model['vram_bytes'] / GIB:.0f}G" if model.get("vram_bytes") else "-",
-        "-" if running is None else f"{running:.0f}/{waiting or 0:.0f}",
-        fmt(model.get("tokens_per_s"), ".0f") if model.get("tokens_per_s") is not None else "-",
-        "-" if model.get("kv_cache_pct") is None else f"{model['kv_cache_pct']:.0f}%",
+        fmt_gib(model.get("vram_bytes")),
+        NA if running is None else f"{running:.0f}/{waiting or 0:.0f}",
+        fmt(model.get("tokens_per_s")),
+        fmt(model.get("kv_cache_pct"), ".0f", "%"),
         _secs(model.get("load_s")),
         _secs(model.get("warmup_s")),
         _secs(model.get("wake_s")),
-        "-" if cached is None else f"{cached:.0%}",
+        fmt(cached, ".0%"),
     )
 
 

@@ -13,6 +13,7 @@ from textual.widgets import DataTable, Footer, Static
 from agents.protocol import RemoteError
 from console.alerts import active_alerts
 from console.screens.base import LabScreen
+from widgets.format import fmt_time
 from widgets.lab_header import LabHeader
 from widgets.live_table import sync_rows
 
@@ -25,7 +26,7 @@ LEVEL_STYLE = {"critical": "bold red", "warning": "yellow"}
 def alert_cells(alert: dict[str, Any]) -> tuple[str, ...]:
     state = "cleared" if alert.get("cleared_at") else ("acked" if alert.get("acked_at") else "ACTIVE")
     level = alert.get("level", "")
-    fired = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(alert["fired_at"])) if alert.get("fired_at") else "?"
+    fired = fmt_time(alert.get("fired_at"))
     style = LEVEL_STYLE.get(level, "") if state == "ACTIVE" else "dim"
     return (f"[{style}]{state}[/]" if style else state, level, alert.get("machine", ""), alert.get("target", ""),
             alert.get("rule", ""), fired, alert.get("message", ""))

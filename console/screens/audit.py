@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, Static
 
-from console.cli_audit import merge_trails
+from console.audit import merge_trails
 from console.screens.base import LabScreen
 from widgets.lab_header import LabHeader
 

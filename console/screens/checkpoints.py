@@ -14,11 +14,10 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from agents.protocol import RemoteError
-from console.cli_checkpoints import fmt_secs
 from console.screens.base import LabScreen
 from console.screens.models import ConfirmScreen
 from widgets.checkpoint_timeline import CheckpointTimeline
-from widgets.format import fmt_bytes, fmt_duration
+from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs
 from widgets.lab_header import LabHeader
 
 ACTIVE_REFETCH_S = 3.0  # while the run's job trains, its listing is fetched again this often
@@ -58,7 +57,7 @@ class AskNumberScreen(ModalScreen[int | None]):
 
 
 def loss_text(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
+    return fmt(value, ".4f")
 
 
 def flags_text(ckpt: dict[str, Any]) -> Text:
@@ -77,9 +76,9 @@ def flags_text(ckpt: dict[str, Any]) -> Text:
 
 def checkpoint_cells(ckpt: dict[str, Any], now: float) -> tuple[Any, ...]:
     kind = ckpt["kind"] + ("+optimizer" if ckpt.get("has_optimizer") else "")
-    save = "-" if ckpt.get("save_s") is None else f"{ckpt['save_s']:.2f}s" + ("" if ckpt.get("save_s_from") == "trainer" else "~")
-    age = "-" if ckpt.get("written_at") is None else fmt_duration(max(0.0, now - ckpt["written_at"])) + " ago"
-    return (Text(str(ckpt["step"]), style="bold" if ckpt.get("is_best") else ""), "-" if ckpt.get("epoch") is None else f"{ckpt['epoch']:.2f}",
+    save = NA if ckpt.get("save_s") is None else f"{ckpt['save_s']:.2f}s" + ("" if ckpt.get("save_s_from") == "trainer" else "~")
+    age = NA if ckpt.get("written_at") is None else fmt_duration(max(0.0, now - ckpt["written_at"])) + " ago"
+    return (Text(str(ckpt["step"]), style="bold" if ckpt.get("is_best") else ""), fmt(ckpt.get("epoch"), ".2f"),
             loss_text(ckpt.get("loss")), loss_text(ckpt.get("eval_loss")), fmt_bytes(ckpt["size_bytes"]), save, kind, age, flags_text(ckpt))
 
 

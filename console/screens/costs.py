@@ -15,7 +15,8 @@ from textual_plotext import PlotextPlot
 from agents.protocol import RemoteError
 from console.costs import lab_costs, live_totals
 from console.screens.base import LabScreen
-from widgets.cost_counter import CostCounter, fmt_money
+from widgets.cost_counter import CostCounter
+from widgets.format import fmt_money, fmt_pct
 from widgets.lab_header import LabHeader
 from widgets.live_table import sync_rows
 
@@ -26,10 +27,6 @@ COLUMNS = [("name", "name", 34), ("kwh", "kWh", 10), ("cost", "cost", 14), ("clo
            ("saving", "saving", 8), ("gpu_h", "GPU-h", 8), ("busy_h", "busy GPU-h", 10), ("tokens", "tokens", 12)]
 
 
-def pct(value: float | None) -> str:
-    return "?" if value is None else f"{value:.0f}%"
-
-
 def breakdown_rows(report: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     """Row key -> cells of the breakdown table, from lab_costs() output."""
     by, currency = report["by_kind"], report["currency"]
@@ -38,7 +35,7 @@ def breakdown_rows(report: dict[str, Any]) -> dict[str, tuple[str, ...]]:
         key = entry[by] if by == "machine" else f"{entry['machine']}/{entry[by]}"
         name = entry[by] if by == "machine" else f"{entry[by]} {entry.get('label') or ''}".strip() + f" @{entry['machine']}"
         rows[key] = (name[:34], f"{entry['kwh']:.3f}", fmt_money(entry["cost"], currency), fmt_money(entry["cloud_equivalent"], currency),
-                     pct(entry["saving_pct"]), f"{entry['gpu_hours']:.2f}", f"{entry['gpu_busy_hours']:.2f}", f"{entry['tokens']:,}")
+                     fmt_pct(entry["saving_pct"]), f"{entry['gpu_hours']:.2f}", f"{entry['gpu_busy_hours']:.2f}", f"{entry['tokens']:,}")
     return rows
 
 
@@ -107,7 +104,7 @@ class CostsScreen(LabScreen):
         sim = " [black on yellow] SIM [/] GPU power is simulated" if report["simulated"] else ""
         lines = [
             f"[b]this month[/b] {fmt_money(report['month'], currency)}   cloud equivalent {fmt_money(report['cloud_equivalent_month'], currency)}"
-            f"   [b]saving {fmt_money(report['saving_month'], currency)} ({pct(report['saving_pct_month'])})[/b]{sim}",
+            f"   [b]saving {fmt_money(report['saving_month'], currency)} ({fmt_pct(report['saving_pct_month'])})[/b]{sim}",
             f"today {fmt_money(report['today'], currency)}   cloud {fmt_money(report['cloud_equivalent_today'], currency)}"
             f"   {report['kwh_today'] or 0:.2f} kWh today, {report['kwh_month'] or 0:.2f} kWh this month",
             f"by {report['by_kind']} since {report['since']}   ([b]b[/b] switches machine / job / model)",

@@ -9,6 +9,7 @@ from textual.widgets import Footer, Input, Log, Static
 
 from agents.protocol import RemoteError
 from console.screens.base import LabScreen
+from widgets.format import NA
 from widgets.lab_header import LabHeader
 
 FIRST_LINES = 1000  # the tail shown on open; then every new line
@@ -35,7 +36,7 @@ class LogScreen(LabScreen):
         self.machine, self.job_id = machine, job_id
         self.log_offset: int | None = None  # None until the tail came back
         self.lines: list[str] = []
-        self.job_state = "?"
+        self.job_state = NA
         self.pattern = ""
         self.match_at: int | None = None
         self.error: str | None = None

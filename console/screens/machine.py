@@ -9,7 +9,7 @@ from textual.widgets import DataTable, Footer, Static
 
 from console.screens.base import LabScreen
 from console.screens.fleet import gpu_owners
-from widgets.format import fmt, fmt_ago, fmt_bytes
+from widgets.format import NA, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_panel import SERIES, GpuPanel
 from widgets.lab_header import LabHeader
 from widgets.live_table import sync_rows
@@ -55,7 +55,7 @@ class MachineScreen(LabScreen):
         sim = "  [black on yellow] SIM [/]" if view.simulated else ""
         if view.online:
             text = (f"[b]{self.machine}[/b]  {view.config.role}{sim}  [green]● online[/]  "
-                    f"CPU {fmt(host.get('cpu_pct'), '.0f', '%')} of {host.get('cpu_count', '?')} cores  "
+                    f"CPU {fmt(host.get('cpu_pct'), '.0f', '%')} of {fmt(host.get('cpu_count'))} cores  "
                     f"load {fmt(host.get('load_1'), '.2f')}/{fmt(host.get('load_5'), '.2f')}/{fmt(host.get('load_15'), '.2f')}  "
                     f"RAM {fmt_bytes(host.get('ram_used_bytes'))}/{fmt_bytes(host.get('ram_total_bytes'))}  "
                     f"swap {fmt_bytes(host.get('swap_used_bytes'))}/{fmt_bytes(host.get('swap_total_bytes'))}  "
@@ -92,6 +92,6 @@ class MachineScreen(LabScreen):
         for i, gpu in view.gpus.items():
             for proc in gpu.get("processes") or []:
                 key = f"{i}:{proc['pid']}:{proc.get('command')}"
-                wanted[key] = (str(i), str(proc["pid"]), proc.get("user") or "N/A",
-                               fmt_bytes(proc.get("mem_used_bytes")), (proc.get("command") or "N/A")[:120])
+                wanted[key] = (str(i), str(proc["pid"]), proc.get("user") or NA,
+                               fmt_bytes(proc.get("mem_used_bytes")), (proc.get("command") or NA)[:120])
         sync_rows(table, wanted, ["gpu", "pid", "user", "vram", "command"], self._shown_rows)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import subprocess
 import sys
 import time
@@ -59,11 +60,33 @@ def run_agent(lab_path: Path, machine: str, state_dir: Path) -> subprocess.Popen
 
 
 async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):
-    """Poll until predicate() is truthy; fail the test with a clear message on timeout."""
+    """Poll until predicate() is truthy (a coroutine function is awaited); fail with a clear message on timeout.
+
+    Returns the predicate's truthy value. Every wait in the tests goes through here: no sleeps, no
+    hand-made deadline loops, no pauses that hope the console has caught up.
+    """
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {getattr(predicate, '__name__', predicate)}")
         await asyncio.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s: {getattr(predicate, '__name__', predicate)}")
+
+
+def drawn(app, kind: type | None = None) -> bool:
+    """The console shows a view (of this kind) that has drawn the newest LabState."""
+    from console.screens.base import LabScreen
+
+    screen = app.screen
+    return (isinstance(screen, LabScreen) and (kind is None or isinstance(screen, kind)) and screen.ready
+            and screen.drawn_version == app.state.version)
+
+
+async def until_drawn(pilot, kind: type | None = None, timeout: float = 20.0) -> None:
+    """Wait until the view (of this kind) has drawn the newest data, then let Textual finish the frame."""
+    await wait_for(lambda: drawn(pilot.app, kind), timeout)
+    await pilot.pause()  # no delay: only the messages already queued (the redraw) run

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from textual.widgets import DataTable
 
 from widgets.format import NA, fmt, fmt_duration, spark
-from widgets.live_table import sync_rows
+from widgets.live_table import LiveTable
 
 ACTIVE = ("starting", "running", "stopping")
 STATE_STYLES = {
@@ -74,29 +73,14 @@ def job_cells(job: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-class JobsTable(DataTable):
+class JobsTable(LiveTable):
     """Give it the jobs (dicts as `jobs.list` returns them); rows are keyed by job id, newest first."""
 
     DEFAULT_CSS = "JobsTable { height: 1fr; }"
+    COLUMNS = COLUMNS
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-        self.jobs: dict[str, dict[str, Any]] = {}
-        self._cells: dict[str, tuple] = {}
+    def cells(self, item: dict[str, Any]) -> tuple:
+        return job_cells(item)
 
-    def on_mount(self) -> None:
-        for key, label, width in COLUMNS:
-            self.add_column(label, key=key, width=width)
-
-    def show(self, jobs: list[dict[str, Any]]) -> None:
-        wanted = {job["id"]: job for job in jobs}
-        self.jobs = wanted
-        rows = {key: job_cells(job) for key, job in wanted.items()}
-        if sync_rows(self, rows, [key for key, _, _ in COLUMNS], self._cells):  # only when rows arrive: a sort moves the cursor's row, which should not happen every tick
-            self.sort("job", key=lambda cell: -self.jobs[cell.plain]["started_at"])
-
-    def selected(self) -> dict[str, Any] | None:
-        if not self.row_count:
-            return None
-        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-        return self.jobs.get(key)
+    def show_jobs(self, jobs: list[dict[str, Any]]) -> None:
+        self.show({job["id"]: job for job in sorted(jobs, key=lambda job: -job["started_at"])})

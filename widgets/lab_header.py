@@ -34,9 +34,9 @@ class LabHeader(Static):
 
     def __init__(self, **kwargs) -> None:
         super().__init__("", **kwargs)
-        self._shown: Text | None = None
+        self.text: Text | None = None  # the line shown now
 
     def show(self, text: Text) -> None:
-        if text != self._shown:
-            self._shown = text
+        if text != self.text:
+            self.text = text
             self.update(text)

@@ -56,18 +56,29 @@ class MachineCard(Vertical, can_focus=True):
         self._header = Static("", classes="card-header")
         self._note = Static("", classes="card-note")
         self._rows: dict[int, GpuRow] = {}
-        self._header_shown: Text | None = None
+        self.header: Text | None = None  # the header line shown now
+        self.shown_version: int | None = None  # the machine's LabState version drawn last
 
     def compose(self):
         yield self._header
         yield self._note
 
-    def show(self, *, role: str, link: str, error: str | None, last_seen: float | None, host: dict[str, Any],
+    @property
+    def has_rows(self) -> bool:
+        return bool(self._rows)
+
+    @property
+    def gpu_rows(self) -> list[GpuRow]:
+        """The GPU rows, in GPU index order."""
+        return [self._rows[i] for i in sorted(self._rows)]
+
+    def show(self, *, version: int | None = None, role: str, link: str, error: str | None, last_seen: float | None, host: dict[str, Any],
              gpus: dict[int, dict[str, Any]], util_history: dict[int, list[float]], owners: dict[int, str],
              simulated: bool, gpu_status: str | None, limits: Thresholds, now: float, badges: list[str] | None = None) -> None:
+        self.shown_version = version
         header = header_line(self.machine, role, link, error, last_seen, host, simulated, badges or [], now)
-        if header != self._header_shown:
-            self._header_shown = header
+        if header != self.header:
+            self.header = header
             self._header.update(header)
         self.set_class(link != "online", "offline")
         self._note.display = bool(gpu_status)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from textual.widgets import DataTable
 
 from widgets.format import NA, fmt, fmt_gib
-from widgets.live_table import sync_rows
+from widgets.live_table import LiveTable
 
 STATE_STYLES = {
     "warm": "bold green",
@@ -72,27 +71,14 @@ def model_cells(model: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-class OrchestraTable(DataTable):
-    """Give it the models (dicts as `models.list` returns them); it adds, removes and updates rows by key."""
+class OrchestraTable(LiveTable):
+    """Give it the models (dicts as `models.list` returns them); rows keyed by machine/name."""
 
     DEFAULT_CSS = "OrchestraTable { height: 1fr; }"
+    COLUMNS = COLUMNS
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-        self.models: dict[str, dict[str, Any]] = {}
-        self._cells: dict[str, tuple] = {}
+    def cells(self, item: dict[str, Any]) -> tuple:
+        return model_cells(item)
 
-    def on_mount(self) -> None:
-        for key, label, width in COLUMNS:
-            self.add_column(label, key=key, width=width)
-
-    def show(self, models: list[dict[str, Any]]) -> None:
-        wanted = {row_key(m): m for m in models}
-        sync_rows(self, {key: model_cells(m) for key, m in wanted.items()}, [key for key, _, _ in COLUMNS], self._cells)
-        self.models = wanted
-
-    def selected(self) -> dict[str, Any] | None:
-        if not self.row_count:
-            return None
-        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-        return self.models.get(key)
+    def show_models(self, models: list[dict[str, Any]]) -> None:
+        self.show({row_key(m): m for m in models})

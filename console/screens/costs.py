@@ -9,7 +9,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
 from agents.protocol import RemoteError
@@ -18,7 +18,7 @@ from console.screens.base import LabScreen
 from widgets.cost_counter import CostCounter
 from widgets.format import fmt_money, fmt_pct
 from widgets.lab_header import LabHeader
-from widgets.live_table import sync_rows
+from widgets.live_table import LiveTable
 
 FETCH_S = 5.0  # the breakdown and the daily totals come from costs.get this often; the counter ticks with the stream
 PLOT_DAYS = 30
@@ -41,6 +41,7 @@ def breakdown_rows(report: dict[str, Any]) -> dict[str, tuple[str, ...]]:
 
 class CostsScreen(LabScreen):
     VIEW_NAME = "costs"
+    FETCH_S = FETCH_S
     BINDINGS = [
         Binding("b", "next_breakdown", "Breakdown"),
         Binding("r", "fetch", "Refresh"),
@@ -63,25 +64,20 @@ class CostsScreen(LabScreen):
         yield CostCounter(id="costs-counter")
         yield Static("loading costs …", id="costs-summary")
         with Horizontal(id="costs-body"):
-            yield DataTable(id="costs-by", cursor_type="row", zebra_stripes=True)
+            yield LiveTable(COLUMNS, lambda cells: cells, id="costs-by")
             yield PlotextPlot(id="costs-plot")
         yield Footer()
 
-    def on_mount(self) -> None:
-        table = self.query_one("#costs-by", DataTable)
-        for key, label, width in COLUMNS:
-            table.add_column(label, key=key, width=width)
-        self.set_interval(FETCH_S, self.action_fetch)
-        self.action_fetch()
+    def fetch(self) -> None:
+        self._fetch(self.by)
 
     def action_fetch(self) -> None:
-        self._fetch(self.by)
+        self.fetch()
 
     def action_next_breakdown(self) -> None:
         self.by = BREAKDOWNS[(BREAKDOWNS.index(self.by) + 1) % len(BREAKDOWNS)]
-        self.query_one("#costs-by", DataTable).clear()
-        self._shown_rows.clear()
-        self.action_fetch()
+        self.query_one("#costs-by", LiveTable).show({})
+        self.fetch()
 
     @work(exclusive=True, group="costs")
     async def _fetch(self, by: str) -> None:
@@ -116,8 +112,7 @@ class CostsScreen(LabScreen):
         self._refresh_plot(report)
 
     def _refresh_table(self, report: dict[str, Any]) -> None:
-        table = self.query_one("#costs-by", DataTable)
-        sync_rows(table, breakdown_rows(report), [key for key, _, _ in COLUMNS], self._shown_rows)
+        self.query_one("#costs-by", LiveTable).show(breakdown_rows(report))
 
     def _refresh_plot(self, report: dict[str, Any]) -> None:
         days = report["days"][-PLOT_DAYS:]

@@ -35,10 +35,11 @@ def alert_badges(view: MachineView) -> list[str]:
 
 class FleetScreen(LabScreen):
     VIEW_NAME = "fleet"
+    CLOCK_S = 1.0  # an offline card's "last seen ... ago"
     BINDINGS = [
         Binding("enter", "open_machine", "Machine"),
-        Binding("down,j", "focus_next_card", "Next", show=False),
-        Binding("up,k", "focus_previous_card", "Previous", show=False),
+        Binding("down", "move(1)", "Next", show=False),  # j / k / g / G come with every view
+        Binding("up", "move(-1)", "Previous", show=False),
     ]
 
     def compose(self) -> ComposeResult:
@@ -61,13 +62,13 @@ class FleetScreen(LabScreen):
         top, bottom = scroll.scroll_offset.y, scroll.scroll_offset.y + scroll.size.height
         for card in self.query(MachineCard):
             region = card.virtual_region
-            if card._rows and (region.bottom < top or region.y > bottom):
+            if card.has_rows and (region.bottom < top or region.y > bottom):
                 continue  # off screen: drawn when scrolled into view (its version is still behind)
             view = state.machines[card.machine]
-            if getattr(card, "_version_shown", None) == view.version and view.online:
+            if card.shown_version == view.version and view.online:
                 continue  # offline cards still tick: "last seen ... ago" moves
-            card._version_shown = view.version
             card.show(
+                version=view.version,
                 role=view.config.role,
                 link=view.link,
                 error=view.error,
@@ -86,20 +87,24 @@ class FleetScreen(LabScreen):
     def _cards(self) -> list[MachineCard]:
         return list(self.query(MachineCard))
 
-    def _move(self, step: int) -> None:
+    def action_move(self, step: int) -> None:
+        """j / k: the next or the previous machine's card."""
         cards = self._cards()
         if not cards:
             return
         current = self.focused if isinstance(self.focused, MachineCard) else None
         index = cards.index(current) if current in cards else -step
-        cards[(index + step) % len(cards)].focus()
-        cards[(index + step) % len(cards)].scroll_visible()
+        self._focus(cards[(index + step) % len(cards)])
 
-    def action_focus_next_card(self) -> None:
-        self._move(1)
+    def action_move_to_end(self, bottom: bool) -> None:
+        """g / G: the first or the last machine."""
+        cards = self._cards()
+        if cards:
+            self._focus(cards[-1] if bottom else cards[0])
 
-    def action_focus_previous_card(self) -> None:
-        self._move(-1)
+    def _focus(self, card: MachineCard) -> None:
+        card.focus()
+        card.scroll_visible()
 
     def action_open_machine(self) -> None:
         if isinstance(self.focused, MachineCard):

@@ -18,6 +18,7 @@ MAX_LINES = 20000  # kept on screen; older ones scroll out
 
 class LogScreen(LabScreen):
     VIEW_NAME = "logs"
+    FETCH_S = 1.0  # the log's new lines (jobs.logs from the offset reached)
     BINDINGS = [
         Binding("slash", "search", "Search"),
         Binding("n", "next_match(1)", "Next"),
@@ -49,14 +50,13 @@ class LogScreen(LabScreen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.refresh_data()
+        self._show_status()
 
     @property
     def following(self) -> bool:
         return self.query_one(Log).auto_scroll
 
     def refresh_data(self) -> None:
-        self.fetch()
         self._show_status()
 
     def _show_status(self) -> None:

@@ -5,18 +5,22 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import Footer, Static
 
 from console.screens.base import LabScreen
 from console.screens.fleet import gpu_owners
 from widgets.format import NA, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_panel import SERIES, GpuPanel
 from widgets.lab_header import LabHeader
-from widgets.live_table import sync_rows
+from widgets.live_table import LiveTable
+
+
+PROCESS_COLUMNS = [("gpu", "GPU", 4), ("pid", "PID", 8), ("user", "user", 10), ("vram", "VRAM", 8), ("command", "command", None)]
 
 
 class MachineScreen(LabScreen):
     VIEW_NAME = "machine"
+    CLOCK_S = 1.0  # "last seen ... ago" while it is offline
     BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
     DEFAULT_CSS = """
     MachineScreen #host { padding: 0 1; height: auto; }
@@ -33,16 +37,10 @@ class MachineScreen(LabScreen):
         yield Static("", id="host")
         yield VerticalScroll(id="gpus")
         yield Static(" GPU processes", classes="title")
-        yield DataTable(id="procs", cursor_type="row", zebra_stripes=True)
+        yield LiveTable(PROCESS_COLUMNS, lambda cells: cells, id="procs")
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one("#procs", DataTable)
-        table.add_column("GPU", key="gpu", width=4)
-        table.add_column("PID", key="pid", width=8)
-        table.add_column("user", key="user", width=10)
-        table.add_column("VRAM", key="vram", width=8)
-        table.add_column("command", key="command")
         self.refresh_data()
 
     @property
@@ -74,24 +72,23 @@ class MachineScreen(LabScreen):
             self._gpu_indices = indices
             container.remove_children()
             container.mount_all(GpuPanel(id=f"gpu-{i}") for i in indices)
-            self.call_after_refresh(self.refresh_data)
+        panels = list(container.query(GpuPanel))
+        if len(panels) != len(indices) or not all(panel.is_mounted for panel in panels):
+            self.drawn_version = -1  # the panels fill on a later tick of the scheduler, once mounted
             return
         owners = gpu_owners(view)
         limits = self.thresholds()
-        for panel in container.query(GpuPanel):
+        for panel in panels:
             i = int(panel.id.split("-")[1])
             if i in view.gpus:
                 history = {key: view.spark(f"gpu{i}.{key}") for key, _ in SERIES}
                 panel.show(view.gpus[i], history, owners.get(i), limits)
 
     def _refresh_processes(self, view) -> None:
-        table = self.query_one("#procs", DataTable)
-        if not table.columns:  # a render tick can come before on_mount has added them
-            return
         wanted = {}
         for i, gpu in view.gpus.items():
             for proc in gpu.get("processes") or []:
                 key = f"{i}:{proc['pid']}:{proc.get('command')}"
                 wanted[key] = (str(i), str(proc["pid"]), proc.get("user") or NA,
                                fmt_bytes(proc.get("mem_used_bytes")), (proc.get("command") or NA)[:120])
-        sync_rows(table, wanted, ["gpu", "pid", "user", "vram", "command"], self._shown_rows)
+        self.query_one("#procs", LiveTable).show(wanted)

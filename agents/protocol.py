@@ -12,10 +12,11 @@ Units are in the field names: bytes, seconds, watts, percent, degrees Celsius.
 from __future__ import annotations
 
 import json
+import math
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 PROTOCOL_VERSION = 1
 SUBSYSTEM = "cetlab"
@@ -72,6 +73,20 @@ def encode(message: dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":"), allow_nan=False, default=str).encode() + b"\n"
 
 
+# ---------------------------------------------------------------------------- numbers
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """JSON has no NaN or infinity: a non-finite number is "no value"."""
+    return value if value is None or math.isfinite(value) else None
+
+
+# Every float that may travel on the wire has one of these types:
+# Finite turns NaN and +-inf into null where they enter; FiniteFloat (for required figures such as times) refuses them.
+Finite = Annotated[float | None, AfterValidator(finite_or_none)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
 # ---------------------------------------------------------------------------- snapshots
 
 
@@ -92,13 +107,13 @@ class GpuSample(Snapshot):
     index: int
     name: str
     uuid: str | None = None
-    util_pct: float | None = None
+    util_pct: Finite = None
     mem_used_bytes: int | None = None
     mem_total_bytes: int | None = None
-    temp_c: float | None = None
-    power_w: float | None = None
-    power_limit_w: float | None = None
-    fan_pct: float | None = None
+    temp_c: Finite = None
+    power_w: Finite = None
+    power_limit_w: Finite = None
+    fan_pct: Finite = None
     sm_clock_mhz: int | None = None
     processes: list[GpuProcess] = Field(default_factory=list)
     failed: str | None = None  # why this GPU stopped reporting (e.g. "GPU is lost")
@@ -106,11 +121,11 @@ class GpuSample(Snapshot):
 
 
 class HostSample(Snapshot):
-    cpu_pct: float | None = None
+    cpu_pct: Finite = None
     cpu_count: int | None = None
-    load_1: float | None = None
-    load_5: float | None = None
-    load_15: float | None = None
+    load_1: Finite = None
+    load_5: Finite = None
+    load_15: Finite = None
     ram_used_bytes: int | None = None
     ram_total_bytes: int | None = None
     swap_used_bytes: int | None = None
@@ -118,15 +133,15 @@ class HostSample(Snapshot):
     disk_path: str | None = None
     disk_used_bytes: int | None = None
     disk_total_bytes: int | None = None
-    net_rx_bytes_per_s: float | None = None
-    net_tx_bytes_per_s: float | None = None
+    net_rx_bytes_per_s: Finite = None
+    net_tx_bytes_per_s: Finite = None
 
 
 class Telemetry(Snapshot):
     """Everything sampled on one machine in one tick."""
 
     machine: str
-    t: float  # unix time of the sample
+    t: FiniteFloat  # unix time of the sample
     gpus: list[GpuSample] = Field(default_factory=list)
     host: HostSample = Field(default_factory=HostSample)
     gpu_backend: str = "none"  # "nvml" | "sim" | "none"
@@ -158,10 +173,6 @@ class MethodSpec(BaseModel):
     role: Role = Role.VIEWER
     params: type[BaseModel] | None = None
     doc: str = ""
-
-
-class NoParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class HistoryParams(BaseModel):

@@ -1,0 +1,148 @@
+"""Documents the agent reads from disk (a trainer's progress.json, a checkpoint's trainer_state.json), validated where they enter.
+
+A document that is missing or half-written is "no news" (None). One that parses but does not
+match its schema raises :class:`BadDocument`, whose message names the file and the field; the
+caller reports it on its job or run and goes on. Numbers are finite or null by type: a NaN loss
+(a diverged run) becomes null, and the step where it happened is kept (``diverged_at_step``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agents.protocol import Finite
+from agents.sections import CheckpointReport
+
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024  # a trainer_state.json of a long run is a few MB; more is not one
+
+
+class BadDocument(ValueError):
+    """A file that parses but does not hold what its schema says."""
+
+
+def _non_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+class Document(BaseModel):
+    """Readers ignore keys they do not know: writers may add keys without a new version."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class Progress(Document):
+    """cetlab-train's progress file (agents/train/progress.py has the protocol)."""
+
+    version: int = 1
+    pid: int | None = None
+    state: str | None = None  # starting | running | saving | finished | failed
+    step: int | None = None
+    max_steps: int | None = None
+    epoch: Finite = None
+    loss: Finite = None
+    learning_rate: Finite = None
+    grad_norm: Finite = None
+    tokens_per_s: Finite = None
+    samples_per_s: Finite = None
+    eta_s: Finite = None
+    elapsed_s: Finite = None
+    checkpoints: list[CheckpointReport] = Field(default_factory=list)
+    updated_at: Finite = None
+    error: str | None = None
+    stop_reason: str | None = None
+    precision: str | None = None  # e.g. "bf16", "fp16", "fp32"
+    notes: list[str] = Field(default_factory=list)
+    loss_diverged: bool = False  # the trainer wrote a NaN or infinite loss (set on reading, never by the writer)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _see_divergence(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {**data, "loss_diverged": _non_finite(data.get("loss"))}
+        return data
+
+
+class LogRow(Document):
+    """One row of a trainer_state.json log_history (a logging step, an eval, or the end-of-run summary)."""
+
+    step: int | None = None
+    global_step: int | None = None
+    loss: Finite = None
+    train_loss: Finite = None
+    eval_loss: Finite = None
+    loss_diverged: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _see_divergence(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {**data, "loss_diverged": _non_finite(data.get("loss")) or _non_finite(data.get("train_loss"))}
+        return data
+
+    @property
+    def at_step(self) -> int | None:
+        return self.step if self.step is not None else self.global_step
+
+
+class TrainerState(Document):
+    """A Hugging Face checkpoint's trainer_state.json (the fields the agent uses)."""
+
+    epoch: Finite = None
+    global_step: int | None = None
+    best_model_checkpoint: str | None = None
+    log_history: list[LogRow] = Field(default_factory=list)
+
+    @property
+    def diverged_at_step(self) -> int | None:
+        """The first logged step whose training loss was NaN or infinite."""
+        return next((row.at_step for row in self.log_history if row.loss_diverged), None)
+
+
+def _problem(path: Path, exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:3]:
+        where = ".".join(str(p) for p in error["loc"]) or "document"
+        parts.append(f"{where}: {error['msg']}")
+    return f"{path}: " + "; ".join(parts)
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in a file, or None when it is missing, empty or half-written; BadDocument when it is not an object."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_DOCUMENT_BYTES + 1)
+    except OSError:
+        return None
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise BadDocument(f"{path}: larger than {MAX_DOCUMENT_BYTES // 2**20} MiB")
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):  # torn, empty, not UTF-8, or nested past reason
+        return None
+    if not isinstance(doc, dict):
+        raise BadDocument(f"{path}: not a JSON object")
+    return doc
+
+
+def load(path: Path, schema: type[Document]) -> Any:
+    """The document at ``path`` validated into ``schema``; None for no news, BadDocument for a bad one."""
+    doc = read_json_object(path)
+    if doc is None:
+        return None
+    try:
+        return schema.model_validate(doc)
+    except ValidationError as exc:
+        raise BadDocument(_problem(path, exc)) from None
+
+
+def load_progress(path: Path) -> Progress | None:
+    return load(path, Progress)
+
+
+def load_trainer_state(path: Path) -> TrainerState | None:
+    return load(path, TrainerState)

@@ -1,0 +1,332 @@
+"""The typed sections of a tick: one model per section, produced by the agent's components, parsed by consoles.
+
+A tick event is ``{"t", "full", "changed": {section: value}}`` (see :class:`TickEvent`); `status`
+answers every section whole. Each section here serializes (``model_dump(mode="json")``) to
+the JSON consoles read; numbers are finite or null by type (:data:`agents.protocol.Finite`).
+
+Sections and their models (``SECTION_MODELS``):
+
+    gpus        list[GpuSample]   only the GPUs that changed in a diff tick, all of them in a full one
+    host        HostSample
+    gpu_status  GpuStatus
+    jobs        list[JobInfo]     active jobs and the newest finished ones
+    models      ModelsSection | null   the models of this machine and the rotation plan (null: no models here)
+    checkpoints list[RunSummary]
+    costs       CostsSummary | null    null until the first tick is booked
+    alerts      AlertsSection
+    audit       AuditSection
+
+Shape changes against the untyped sections (kept as small as the console allows):
+- ``jobs[].diverged_at_step`` and ``jobs[].progress_problem`` are new (issue 11: a diverged
+  run and a progress file that does not match its schema are shown on their job);
+- ``checkpoints[].problem`` (a run's bad progress.json) and ``CheckpointInfo.diverged_at_step`` are new;
+- ``costs`` is null (not ``{}``) before the first tick;
+- the rotation plan stays inside the ``models`` section (``models.rotation``), where consoles read it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.protocol import Finite, FiniteFloat, GpuSample, HostSample
+from agents.states import JobState, ModelState
+
+
+# A recipe's launch parameter (lab.yaml trainers[].params: int, float, str, bool, choice)
+ParamValue = bool | int | Finite | str
+
+
+class Section(BaseModel):
+    """A section model: extra keys are ignored on parsing, so an older console reads a newer agent."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+# ---------------------------------------------------------------------------- machine
+
+
+class GpuStatus(Section):
+    backend: str  # "nvml" | "sim" | "none"
+    status: str | None = None  # why there are no GPU figures, e.g. "NVML library not found"
+    simulated: bool = False
+
+
+# ---------------------------------------------------------------------------- jobs
+
+
+class CheckpointReport(Section):
+    """A checkpoint as the trainer reported it in its progress file."""
+
+    step: int
+    path: str
+    save_s: Finite = None  # wall time of the save alone
+    at: Finite = None  # unix time the save ended
+
+
+class JobInfo(Section):
+    """One trainer job, as pushed in the jobs section (trimmed: `jobs.get` adds argv, cwd, runner_pid)."""
+
+    id: str
+    recipe: str
+    machine: str
+    gpus: list[int] = Field(default_factory=list)
+    state: JobState
+    exit_code: int | None = None
+    step: int | None = None
+    max_steps: int | None = None
+    epoch: Finite = None
+    loss: Finite = None  # null after a divergence: diverged_at_step says where
+    loss_history: list[Finite] = Field(default_factory=list)  # logged losses, oldest first
+    learning_rate: Finite = None
+    samples_per_s: Finite = None
+    tokens_per_s: Finite = None
+    eta_s: Finite = None
+    checkpoints: list[CheckpointReport] = Field(default_factory=list)
+    trainer_state: str | None = None  # the progress file's state: starting | running | saving | finished | failed
+    stop_reason: str | None = None
+    started_at: FiniteFloat
+    ended_at: Finite = None
+    elapsed_s: Finite = None
+    pid: int | None = None
+    params: dict[str, ParamValue] = Field(default_factory=dict)
+    output_dir: str
+    log_path: str
+    stop_requested: str | None = None  # "stop" | "kill"
+    adopted: bool = False
+    starved: bool = False
+    error: str | None = None
+    last_lines: list[str] = Field(default_factory=list)
+    diverged_at_step: int | None = None  # the first step whose loss was NaN or infinite
+    progress_problem: str | None = None  # the progress file does not match its schema (what and where)
+    simulated: bool = False
+
+
+class JobDetail(JobInfo):
+    """`jobs.get` and `jobs.start`: a job with its command line."""
+
+    argv: list[str] = Field(default_factory=list)
+    cwd: str | None = None
+    runner_pid: int | None = None
+
+
+# ---------------------------------------------------------------------------- models
+
+
+class ModelProgress(Section):
+    phase: str  # "caching", "loading", "warm-up", "waking", ...
+    done_bytes: int | None = None
+    total_bytes: int | None = None
+
+
+class ModelError(Section):
+    message: str
+    exit_code: int | None = None
+    oom: bool = False
+    log_tail: list[str] = Field(default_factory=list)
+    log_path: str | None = None
+    t: Finite = None
+
+
+class ModelInfo(Section):
+    name: str
+    machine: str
+    engine: str  # vllm | transformers | sim
+    state: ModelState
+    since: FiniteFloat
+    gpus: list[int] = Field(default_factory=list)
+    vram_bytes: int = 0
+    cached_fraction: Finite = None
+    size_bytes: int = 0
+    load_s: Finite = None
+    warmup_s: Finite = None
+    wake_s: Finite = None
+    swap_s: Finite = None
+    requests_running: Finite = None
+    requests_waiting: Finite = None
+    tokens_per_s: Finite = None
+    kv_cache_pct: Finite = None
+    ttft_s: Finite = None
+    # engine counters (reset when the engine restarts); the cost ledger prices tokens served from them
+    prompt_tokens_total: Finite = None
+    generation_tokens_total: Finite = None
+    endpoint: str | None = None
+    served_name: str | None = None
+    pinned: bool = False
+    op: str | None = None  # the operation in flight: warm, wake, sleep, swap, cache, cold
+    progress: ModelProgress | None = None
+    error: ModelError | None = None
+    cloud_equivalent: str | None = None
+    simulated: bool = False
+
+    @property
+    def tokens_total(self) -> float | None:
+        """Tokens served by the engine so far (prompt + generation), or None when it reports neither."""
+        parts = [n for n in (self.prompt_tokens_total, self.generation_tokens_total) if n is not None]
+        return sum(parts) if parts else None
+
+
+class RotationRun(Section):
+    """The last rotation: what moved and how long it took."""
+
+    t: FiniteFloat
+    index: int
+    duration_s: Finite = None
+    swaps: list[tuple[str, str]] = Field(default_factory=list)  # (out, in) on shared GPUs
+    out: list[str] = Field(default_factory=list)
+    up: list[str] = Field(default_factory=list)
+    not_warm: list[str] = Field(default_factory=list)
+    problems: list[str] = Field(default_factory=list)
+
+
+class Rotation(Section):
+    plan: list[list[str]] = Field(default_factory=list)
+    every_s: Finite = None
+    index: int | None = None  # position in the plan; null at the start set
+    next_set: list[str] | None = None
+    next_at: Finite = None
+    running: bool = False
+    pinned: list[str] = Field(default_factory=list)
+    unavailable_s: Finite = None
+    wall_s: Finite = None
+    overhead_pct: Finite = None
+    target_pct: Finite = None
+    last: RotationRun | None = None
+
+
+class ModelsSection(Section):
+    models: list[ModelInfo] = Field(default_factory=list)
+    rotation: Rotation | None = None
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+
+class Serving(Section):
+    model: str
+    mode: str  # adapter | merged | full
+    state: str  # a ModelState, or merging | unloaded | failed
+    error: str | None = None
+
+
+class CheckpointInfo(Section):
+    """One checkpoint folder (`checkpoints.list`)."""
+
+    run: str
+    step: int
+    path: str
+    epoch: Finite = None
+    written_at: Finite = None
+    size_bytes: int = 0
+    loss: Finite = None
+    eval_loss: Finite = None
+    save_s: Finite = None
+    save_s_from: str | None = None  # "trainer" (its progress reports) | "file_times"
+    is_best: bool = False
+    kept: bool = False
+    newest: bool = False
+    kind: str = "unknown"  # adapter | full | unknown
+    has_optimizer: bool = False
+    complete: bool = True
+    problem: str | None = None
+    in_use: str | None = None  # why it cannot be deleted now
+    serving: Serving | None = None
+    diverged_at_step: int | None = None  # its trainer_state.json logged a NaN or infinite loss at this step
+
+
+class RunSummary(Section):
+    """One run folder with checkpoints, as pushed in the checkpoints section."""
+
+    run: str
+    machine: str
+    path: str
+    job: str | None = None
+    recipe: str | None = None
+    job_state: JobState | None = None
+    count: int = 0
+    incomplete: int = 0
+    newest_step: int | None = None
+    best_step: int | None = None
+    best_loss: Finite = None
+    disk_bytes: int = 0
+    save_s_total: Finite = None
+    wall_s: Finite = None
+    save_share_pct: Finite = None
+    problem: str | None = None  # its progress.json does not match its schema
+
+
+# ---------------------------------------------------------------------------- costs, alerts, audit
+
+
+class CostsSummary(Section):
+    """The header's money figures of one machine, every tick."""
+
+    currency: str
+    power_w: Finite = None
+    now_per_hour: Finite = None
+    today: Finite = None
+    month: Finite = None
+    cloud_equivalent_month: Finite = None
+    missing: list[str] = Field(default_factory=list)  # prices lab.yaml lacks
+    simulated: bool = False
+
+
+class AlertInfo(Section):
+    id: str  # "<machine>-<n>"
+    n: int
+    machine: str
+    rule: str
+    target: str
+    level: str  # info | warning | critical
+    message: str
+    fired_at: FiniteFloat
+    value: Finite = None
+    threshold: Finite = None
+    gpu: int | None = None
+    job: str | None = None
+    model: str | None = None
+    cleared_at: Finite = None
+    acked_at: Finite = None
+    acked_by: str | None = None
+    acked: bool = False
+
+
+class AlertsSection(Section):
+    active: list[AlertInfo] = Field(default_factory=list)
+    recent: list[AlertInfo] = Field(default_factory=list)  # the newest cleared ones
+    unacked: int = 0
+
+
+class AuditSection(Section):
+    count: int = 0  # rows in the trail; who did what is for operators, through audit.list
+    last_t: Finite = None
+
+
+# ---------------------------------------------------------------------------- the tick
+
+
+SECTION_MODELS: dict[str, Any] = {
+    "gpus": list[GpuSample],
+    "host": HostSample,
+    "gpu_status": GpuStatus,
+    "jobs": list[JobInfo],
+    "models": ModelsSection | None,
+    "checkpoints": list[RunSummary],
+    "costs": CostsSummary | None,
+    "alerts": AlertsSection,
+    "audit": AuditSection,
+}
+
+
+class TickEvent(BaseModel):
+    """The `tick` event's data: the sections that changed (all of them when ``full``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    t: FiniteFloat
+    full: bool = False
+    changed: dict[str, Any] = Field(default_factory=dict)  # section name -> its JSON (see SECTION_MODELS)

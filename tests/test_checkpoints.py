@@ -129,7 +129,7 @@ async def test_discovers_a_hand_started_run_with_its_details(client, lab, hand_r
     assert 0 < listing["save_share_pct"] < 100 and listing["wall_s"] == progress["elapsed_s"]
     assert listing["curves"]["loss"] == [[s, logged[s]] for s in sorted(logged)]
     # the section pushed to consoles carries the same summary
-    await wait_for(lambda: any(r["run"] == "exp1" for r in client.state.machines["box"].sections.get("checkpoints") or []))
+    await wait_for(lambda: any(r.run == "exp1" for r in client.state.machines["box"].checkpoints))
     # nothing was deleted on the way, and bad input is a typed error that leaves the agent serving
     assert (hand_runs / "exp1" / "checkpoint-9").is_dir() and (hand_runs / "exp1" / "tmp-checkpoint-11").is_dir()
     assert (await error_of(client, "checkpoints.list", {"run": "nope"})).code == ErrorCode.NOT_FOUND
@@ -221,8 +221,7 @@ async def test_resume_from_a_checkpoint_continues_the_step_count(client, lab):
 
 
 async def test_serve_an_adapter_into_a_warm_model_and_merged_on_transformers(client, lab, hand_runs):
-    await wait_for(lambda: client.state.machines["box"].sections.get("models") and next(
-        m for m in client.state.machines["box"].sections["models"]["models"] if m["name"] == "tiny-sim")["state"] == "warm", timeout=60)
+    await wait_for(lambda: any(m.name == "tiny-sim" and m.state == "warm" for m in client.state.machines["box"].model_list), timeout=60)
     # 1. the warm sim model of the same base loads the adapter at run time (vLLM's /v1/load_lora_adapter)
     served = await client.call("box", "checkpoints.serve", {"run": "exp1", "step": 4})
     assert served["mode"] == "adapter" and served["model"] == "tiny-sim" and served["base_matches"] and served["simulated"]

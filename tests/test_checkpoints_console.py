@@ -94,7 +94,7 @@ async def test_c_on_a_job_opens_its_runs_checkpoints(lab):
         await wait_for(lambda: app.state.machines["box"].online, 30)
         job = await app.client.call("box", "jobs.start", {"recipe": "tiny", "params": {"max_steps": 2, "save_steps": 2}})
         await pilot.press("colon", *"jobs", "enter")
-        await wait_for(lambda: any(j["id"] == job["id"] and j["state"] == "exited" for j in app.state.machines["box"].sections.get("jobs") or []), 120)
+        await wait_for(lambda: any(j.id == job["id"] and j.state == "exited" for j in app.state.machines["box"].jobs), 120)
         await wait_for(lambda: job["id"] in app.screen.query_one("#jobs-table").items)
         app.screen.query_one("#jobs-table").select_key(job["id"])
         await pilot.press("c")
@@ -150,7 +150,7 @@ def frozen_app(monkeypatch):
     time.tzset()
     state = frozen_state()
     summary, _ = frozen_run()
-    state.machines["m5"].sections["checkpoints"] = [summary]
+    state.machines["m5"].apply_section("checkpoints", [summary])
     yield CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
     monkeypatch.delenv("TZ")
     time.tzset()

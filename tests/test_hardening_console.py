@@ -60,7 +60,7 @@ async def test_readonly_console_acts_on_nothing_in_any_view(demo_lab):
 
         app.client.call, app.client.call_all = spy_call, spy_call_all
         await wait_for(lambda: all(v.online for v in app.state.machines.values()), timeout=30)
-        await wait_for(lambda: any(app.state.machines["m5"].items("models")), timeout=30)
+        await wait_for(lambda: app.state.machines["m5"].model_list, timeout=30)
         operator_methods = {m["name"] for m in await real_call("m5", "methods") if m["role"] == "operator"}
         for name in VIEWS:
             await app.switch_mode(name)

@@ -64,7 +64,8 @@ def _kill_job(job_dir) -> None:
 
 
 def job_of(app: CetlabApp, job_id: str) -> dict:
-    return next((j for j in app.state.machines["box"].sections.get("jobs") or [] if j["id"] == job_id), {})
+    """The job as the console's LabState has it, as a dict ({} before it arrives)."""
+    return next((j.model_dump() for j in app.state.machines["box"].jobs if j.id == job_id), {})
 
 
 def cell(app: CetlabApp, job_id: str, column: str) -> str:
@@ -203,7 +204,7 @@ def test_snapshot_jobs(snap_compare, monkeypatch):
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
     state = frozen_state()
-    state.machines["m5"].sections["jobs"] = frozen_jobs()
+    state.machines["m5"].apply_section("jobs", frozen_jobs())
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
 
     async def open_view(pilot):

@@ -25,8 +25,7 @@ def pool(tmp_path, lab_file):
 
 
 def model_state(app: CetlabApp, name: str) -> dict:
-    section = app.state.machines["box"].sections.get("models") or {"models": []}
-    return next((m for m in section["models"] if m["name"] == name), {"state": None, "op": None})
+    return next((m.model_dump() for m in app.state.machines["box"].model_list if m.name == name), {"state": None, "op": None})
 
 
 async def until(app: CetlabApp, name: str, state: str, timeout: float = 30.0) -> dict:
@@ -47,7 +46,7 @@ async def test_models_view_keys_drive_the_pool(pool):
     app = CetlabApp(pool)
     async with app.run_test(size=(160, 50)) as pilot:
         await pilot.press("colon", *"models", "enter")
-        assert isinstance(app.screen, ModelsScreen)
+        await wait_for(lambda: isinstance(app.screen, ModelsScreen))
         await until(app, "a", "warm")
         await until_drawn(pilot, ModelsScreen)
         assert cell(app, "a", "state").startswith("warm") and "SIM" in cell(app, "a", "engine")
@@ -85,11 +84,11 @@ async def test_models_view_keys_drive_the_pool(pool):
         # j / k / g / G move; p pins the selected model; c stops it after a question
         table = app.screen.query_one(OrchestraTable)
         await pilot.press("G")
-        assert table.selected()["name"] == "c"
+        assert table.selected().name == "c"
         await pilot.press("g", "j")
-        assert table.selected()["name"] == "b"
+        assert table.selected().name == "b"
         await pilot.press("j")
-        assert table.selected()["name"] == "c"
+        assert table.selected().name == "c"
         await pilot.press("w")
         await until(app, "c", "warm")
         await pilot.press("p")

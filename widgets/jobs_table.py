@@ -6,17 +6,18 @@ from typing import Any
 
 from rich.text import Text
 
+from agents.sections import JobInfo
+from agents.states import JOB_ACTIVE, JobState
 from widgets.format import NA, fmt, fmt_duration, spark
 from widgets.live_table import LiveTable
 
-ACTIVE = ("starting", "running", "stopping")
 STATE_STYLES = {
-    "starting": "yellow",
-    "running": "bold green",
-    "stopping": "bold yellow",
-    "exited": "dim",
-    "failed": "bold red",
-    "lost": "bold magenta",
+    JobState.STARTING: "yellow",
+    JobState.RUNNING: "bold green",
+    JobState.STOPPING: "bold yellow",
+    JobState.EXITED: "dim",
+    JobState.FAILED: "bold red",
+    JobState.LOST: "bold magenta",
 }
 SPARK_WIDTH = 16
 COLUMNS = [
@@ -26,61 +27,61 @@ COLUMNS = [
 ]
 
 
-def state_cell(job: dict[str, Any]) -> Text:
-    state = job["state"]
+def state_cell(job: JobInfo, offline: bool = False) -> Text:
+    state = job.state
     text = Text(state, style=STATE_STYLES.get(state, ""))
-    if state in ("exited", "failed") and job.get("exit_code") is not None:
-        text.append(f"({job['exit_code']})", style=STATE_STYLES[state])
-    if job.get("starved"):
+    if state in (JobState.EXITED, JobState.FAILED) and job.exit_code is not None:
+        text.append(f"({job.exit_code})", style=STATE_STYLES[state])
+    if job.starved:
         text.append(" GPU starved", style="bold black on yellow")
-    if job.get("adopted") and state in ACTIVE:
+    if job.adopted and state in JOB_ACTIVE:
         text.append(" re-adopted", style="italic dim")
-    if job.get("offline"):
+    if offline:
         text.append(" (agent offline)", style="italic red")
     return text
 
 
-def step_cell(job: dict[str, Any]) -> str:
-    step, total = job.get("step"), job.get("max_steps")
-    if step is None:
+def step_cell(job: JobInfo) -> str:
+    if job.step is None:
         return NA
-    return f"{step}/{total} {step / total:.0%}" if total else str(step)
+    return f"{job.step}/{job.max_steps} {job.step / job.max_steps:.0%}" if job.max_steps else str(job.step)
 
 
-def loss_cell(job: dict[str, Any]) -> Text:
-    history = job.get("loss_history") or []
-    loss = job.get("loss")
+def loss_cell(job: JobInfo) -> Text:
+    history = [v for v in job.loss_history if v is not None]
     text = Text(spark(history, SPARK_WIDTH, lo=min(history, default=0.0)) if history else " " * SPARK_WIDTH, style="cyan")
-    text.append(" " + fmt(loss, ".4f"))
+    text.append(" " + fmt(job.loss, ".4f"))
     return text
 
 
-def job_cells(job: dict[str, Any]) -> tuple[Any, ...]:
-    """The row of one job (plain data in, Rich text out)."""
-    active = job["state"] in ACTIVE
-    gpus = ",".join(map(str, job.get("gpus") or [])) or NA
+def job_cells(job: JobInfo, offline: bool = False) -> tuple[Any, ...]:
+    """The row of one job (its typed section in, Rich text out); `offline`: its agent is not reachable now."""
+    gpus = ",".join(map(str, job.gpus)) or NA
     return (
-        Text(job["id"], style="bold"),
-        job["recipe"],
-        job["machine"],
-        Text.assemble(gpus, (" SIM", "bold magenta") if job.get("simulated") and job.get("gpus") else ""),
-        state_cell(job),
+        Text(job.id, style="bold"),
+        job.recipe,
+        job.machine,
+        Text.assemble(gpus, (" SIM", "bold magenta") if job.simulated and job.gpus else ""),
+        state_cell(job, offline),
         step_cell(job),
         loss_cell(job),
-        fmt(job.get("samples_per_s"), ".1f"),
-        fmt_duration(job.get("eta_s")) if active else NA,
-        fmt_duration(job.get("elapsed_s")),
+        fmt(job.samples_per_s, ".1f"),
+        fmt_duration(job.eta_s) if job.state in JOB_ACTIVE else NA,
+        fmt_duration(job.elapsed_s),
     )
 
 
 class JobsTable(LiveTable):
-    """Give it the jobs (dicts as `jobs.list` returns them); rows are keyed by job id, newest first."""
+    """Give it the jobs (the typed jobs sections); rows are keyed by job id, newest first."""
 
     DEFAULT_CSS = "JobsTable { height: 1fr; }"
     COLUMNS = COLUMNS
 
-    def cells(self, item: dict[str, Any]) -> tuple:
-        return job_cells(item)
+    offline: frozenset[str] = frozenset()  # machines whose agent is not reachable now: their jobs say so
 
-    def show_jobs(self, jobs: list[dict[str, Any]]) -> None:
-        self.show({job["id"]: job for job in sorted(jobs, key=lambda job: -job["started_at"])})
+    def cells(self, item: JobInfo) -> tuple:
+        return job_cells(item, item.machine in self.offline)
+
+    def show_jobs(self, jobs: list[JobInfo], offline: frozenset[str] = frozenset()) -> None:
+        self.offline = offline
+        self.show({job.id: job for job in sorted(jobs, key=lambda job: -job.started_at)})

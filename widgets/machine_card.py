@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from agents.protocol import GpuSample, HostSample
 from widgets.format import Thresholds, bar, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_row import GpuRow
 
 
 def header_line(name: str, role: str, link: str, error: str | None, last_seen: float | None,
-                host: dict[str, Any], simulated: bool, badges: list[str], now: float) -> Text:
+                host: HostSample, simulated: bool, badges: list[str], now: float) -> Text:
     line = Text()
     line.append(name, style="bold")
     if role:
@@ -30,14 +29,14 @@ def header_line(name: str, role: str, link: str, error: str | None, last_seen: f
             line.append(f"\n  {error}", style="red")
         return line
     line.append("  ● online", style="green")
-    cpu = host.get("cpu_pct")
-    used, total = host.get("ram_used_bytes"), host.get("ram_total_bytes")
-    disk_used, disk_total = host.get("disk_used_bytes"), host.get("disk_total_bytes")
+    cpu = host.cpu_pct
+    used, total = host.ram_used_bytes, host.ram_total_bytes
+    disk_used, disk_total = host.disk_used_bytes, host.disk_total_bytes
     line.append(f"   CPU {bar(cpu, 6)} {fmt(cpu, '>3.0f', '%')}", style="default")
     line.append(f"   RAM {fmt_bytes(used)}/{fmt_bytes(total)}")
     line.append(f"   disk {fmt_bytes(disk_used)}/{fmt_bytes(disk_total)}")
-    if host.get("load_1") is not None:
-        line.append(f"   load {host['load_1']:.2f}", style="dim")
+    if host.load_1 is not None:
+        line.append(f"   load {host.load_1:.2f}", style="dim")
     return line
 
 
@@ -72,8 +71,8 @@ class MachineCard(Vertical, can_focus=True):
         """The GPU rows, in GPU index order."""
         return [self._rows[i] for i in sorted(self._rows)]
 
-    def show(self, *, version: int | None = None, role: str, link: str, error: str | None, last_seen: float | None, host: dict[str, Any],
-             gpus: dict[int, dict[str, Any]], util_history: dict[int, list[float]], owners: dict[int, str],
+    def show(self, *, version: int | None = None, role: str, link: str, error: str | None, last_seen: float | None, host: HostSample,
+             gpus: dict[int, GpuSample], util_history: dict[int, list[float]], owners: dict[int, str],
              simulated: bool, gpu_status: str | None, limits: Thresholds, now: float, badges: list[str] | None = None) -> None:
         self.shown_version = version
         header = header_line(self.machine, role, link, error, last_seen, host, simulated, badges or [], now)

@@ -54,7 +54,7 @@ class AuditScreen(LabScreen):
 
     def refresh_data(self) -> None:
         # the agents push only a count; the trail itself is fetched when a count moves
-        counts = {name: (view.sections.get("audit") or {}).get("count") for name, view in self.lab_app.state.machines.items()}
+        counts = {name: view.audit.count for name, view in self.lab_app.state.machines.items()}
         if counts != self._counts:
             self._counts = counts
             self.fetch()

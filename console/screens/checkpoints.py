@@ -12,6 +12,8 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 
 from agents.protocol import RemoteError
+from agents.sections import RunSummary
+from agents.states import JOB_ACTIVE
 from console.screens.base import LabScreen
 from console.screens.modals import AskNumberScreen
 from widgets.checkpoint_timeline import CheckpointTimeline
@@ -50,12 +52,12 @@ def checkpoint_cells(ckpt: dict[str, Any], now: float) -> tuple[Any, ...]:
             loss_text(ckpt.get("loss")), loss_text(ckpt.get("eval_loss")), fmt_bytes(ckpt["size_bytes"]), save, kind, age, flags_text(ckpt))
 
 
-def run_line(run: dict[str, Any], index: int, total: int) -> str:
-    share = f" ({run['save_share_pct']:.2f}% of {fmt_duration(run['wall_s'])})" if run.get("save_share_pct") is not None else ""
-    job = f" · job {run['job']} ({run['job_state']})" if run.get("job") else " · not started by cetlab"
-    return (f"[b]{run['run']}[/b] on {run['machine']}{job} · {run['count']} checkpoints"
-            + (f" + [red]{run['incomplete']} incomplete[/]" if run.get("incomplete") else "")
-            + f" · {fmt_bytes(run['disk_bytes'])} on disk · saves {fmt_secs(run.get('save_s_total'))}{share}"
+def run_line(run: RunSummary, index: int, total: int) -> str:
+    share = f" ({run.save_share_pct:.2f}% of {fmt_duration(run.wall_s)})" if run.save_share_pct is not None else ""
+    job = f" · job {run.job} ({run.job_state})" if run.job else " · not started by cetlab"
+    return (f"[b]{run.run}[/b] on {run.machine}{job} · {run.count} checkpoints"
+            + (f" + [red]{run.incomplete} incomplete[/]" if run.incomplete else "")
+            + f" · {fmt_bytes(run.disk_bytes)} on disk · saves {fmt_secs(run.save_s_total)}{share}"
             + f"   [dim]run {index + 1}/{total}: [ ] to switch[/]")
 
 
@@ -119,16 +121,11 @@ class CheckpointsScreen(LabScreen):
 
     # -- data
 
-    def runs(self) -> list[dict[str, Any]]:
-        runs = []
-        for view in self.lab_app.state.machines.values():
-            section = view.sections.get("checkpoints")
-            if isinstance(section, list):
-                runs += section
-        return runs
+    def runs(self) -> list[RunSummary]:
+        return [run for view in self.lab_app.state.machines.values() for run in view.checkpoints]
 
-    def summary(self) -> dict[str, Any] | None:
-        return next((r for r in self.runs() if self.run_key == (r["machine"], r["run"])), None)
+    def summary(self) -> RunSummary | None:
+        return next((r for r in self.runs() if self.run_key == (r.machine, r.run)), None)
 
     def show_run(self, machine: str, run: str) -> None:
         """Open this run (from another view, e.g. `c` on a job)."""
@@ -139,9 +136,9 @@ class CheckpointsScreen(LabScreen):
     def refresh_data(self) -> None:
         runs = self.runs()
         if runs and self.run_key is None:
-            active = [r for r in runs if r.get("job_state") in ("starting", "running", "stopping")]
+            active = [r for r in runs if r.job_state in JOB_ACTIVE]
             pick = (active or runs)[-1]
-            self.run_key = (pick["machine"], pick["run"])
+            self.run_key = (pick.machine, pick.run)
         summary = self.summary()
         if summary is None and self.run_key is not None:
             self.query_one("#ckpt-run", Static).update(f"[b]{self.run_key[1]}[/b] on {self.run_key[0]}: no checkpoints yet   [dim][ ] to switch runs[/]")
@@ -149,7 +146,7 @@ class CheckpointsScreen(LabScreen):
             index = runs.index(summary)
             self.query_one("#ckpt-run", Static).update(run_line(summary, index, len(runs)))
             stale = self._fetched is None or self._fetched[0] != summary or (
-                summary.get("job_state") in ("starting", "running") and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
+                summary.job_state in JOB_ACTIVE and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
             if stale and self.lab_app.connect:
                 self._fetched = (summary, time.monotonic())
                 self.fetch(*self.run_key)
@@ -198,7 +195,7 @@ class CheckpointsScreen(LabScreen):
             return
         summary = self.summary()
         index = (runs.index(summary) + delta) % len(runs) if summary in runs else 0
-        self.show_run(runs[index]["machine"], runs[index]["run"])
+        self.show_run(runs[index].machine, runs[index].run)
 
     # -- actions
 

@@ -7,6 +7,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
+from agents.states import JOB_HOLDS_GPU, MODEL_ENGINE_UP
 from console.screens.base import LabScreen
 from console.state import MachineView
 from widgets.lab_header import LabHeader
@@ -16,21 +17,19 @@ from widgets.machine_card import MachineCard
 def gpu_owners(view: MachineView) -> dict[int, str]:
     """Which job or model holds each GPU, from the agent's jobs and models sections."""
     owners: dict[int, list[str]] = {}
-    for job in view.items("jobs"):
-        if job.get("state") in ("starting", "running", "stopping"):
-            for index in job.get("gpus") or []:
-                owners.setdefault(index, []).append(f"job {job.get('id')} {job.get('recipe', '')}".strip())
-    for model in view.items("models"):
-        if model.get("state") in ("loading", "warming", "warm", "sleeping"):
-            for index in model.get("gpus") or []:
-                owners.setdefault(index, []).append(f"model {model.get('name')} ({model.get('state')})")
+    for job in view.jobs:
+        if job.state in JOB_HOLDS_GPU:
+            for index in job.gpus:
+                owners.setdefault(index, []).append(f"job {job.id} {job.recipe}")
+    for model in view.model_list:
+        if model.state in MODEL_ENGINE_UP:  # a sleeping engine still owns its GPU's place
+            for index in model.gpus:
+                owners.setdefault(index, []).append(f"model {model.name} ({model.state})")
     return {index: ", ".join(names) for index, names in owners.items()}
 
 
 def alert_badges(view: MachineView) -> list[str]:
-    alerts = view.sections.get("alerts") or {}
-    active = alerts.get("active", []) if isinstance(alerts, dict) else []
-    return [f"⚠ {a.get('rule', 'alert')}" for a in active if not a.get("acked")][:3]
+    return [f"⚠ {a.rule}" for a in view.alerts.active if not a.acked][:3]
 
 
 class FleetScreen(LabScreen):
@@ -78,7 +77,7 @@ class FleetScreen(LabScreen):
                 util_history={i: view.spark(f"gpu{i}.util_pct") for i in view.gpus},
                 owners=gpu_owners(view),
                 simulated=view.simulated,
-                gpu_status=(view.sections.get("gpu_status") or {}).get("status"),
+                gpu_status=view.gpu_status.status if view.gpu_status else None,
                 limits=limits,
                 now=self.lab_app.clock(),
                 badges=alert_badges(view),

@@ -9,36 +9,37 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
+from agents.sections import JobInfo
+from agents.states import JOB_ACTIVE, JobState
 from console.screens.base import LabScreen
 from console.screens.modals import PickRecipeScreen, StartJobScreen
-from widgets.jobs_table import ACTIVE, JobsTable
+from widgets.jobs_table import JobsTable
 from widgets.lab_header import LabHeader
 
 
-def detail_text(job: dict[str, Any] | None) -> str:
+def detail_text(job: JobInfo | None) -> str:
     if job is None:
         return "no jobs yet: [b]n[/b] starts a recipe from lab.yaml"
-    params = " ".join(f"{k}={v}" for k, v in (job.get("params") or {}).items())
-    lines = [f"[b]{job['id']}[/b] {job['recipe']} on {job['machine']}  {params}"]
+    params = " ".join(f"{k}={v}" for k, v in job.params.items())
+    lines = [f"[b]{job.id}[/b] {job.recipe} on {job.machine}  {params}"]
     figures = []
-    if job.get("learning_rate") is not None:
-        figures.append(f"lr {job['learning_rate']:.3g}")
-    if job.get("tokens_per_s") is not None:
-        figures.append(f"{job['tokens_per_s']:.0f} tokens/s")
-    checkpoints = job.get("checkpoints") or []
-    if checkpoints:
-        last = checkpoints[-1]
-        figures.append(f"checkpoints {', '.join(str(c['step']) for c in checkpoints)} (last save {last.get('save_s') or 0:.2f}s)")
-    if job.get("starved"):
+    if job.learning_rate is not None:
+        figures.append(f"lr {job.learning_rate:.3g}")
+    if job.tokens_per_s is not None:
+        figures.append(f"{job.tokens_per_s:.0f} tokens/s")
+    if job.checkpoints:
+        last = job.checkpoints[-1]
+        figures.append(f"checkpoints {', '.join(str(c.step) for c in job.checkpoints)} (last save {last.save_s or 0:.2f}s)")
+    if job.starved:
         figures.append("[b black on yellow] GPU starved [/] its GPUs sit under the lab's starved_util_pct: check dataloader workers and I/O")
-    if job.get("simulated") and job.get("gpus"):
+    if job.simulated and job.gpus:
         figures.append("[b magenta]SIM[/] GPU figures")
     if figures:
         lines.append(" · ".join(figures))
-    lines.append(f"[dim]log {job['log_path']} · output {job.get('output_dir')}[/]")
-    if job["state"] in ("failed", "lost"):
-        lines.append(f"[b red]{job['state']}:[/] {job.get('error') or ''}")
-        lines += [f"[dim]{line}[/]" for line in (job.get("last_lines") or [])[-3:]]
+    lines.append(f"[dim]log {job.log_path} · output {job.output_dir}[/]")
+    if job.state in (JobState.FAILED, JobState.LOST):
+        lines.append(f"[b red]{job.state}:[/] {job.error or ''}")
+        lines += [f"[dim]{line}[/]" for line in job.last_lines[-3:]]
     return "\n".join(lines)
 
 
@@ -65,17 +66,11 @@ class JobsScreen(LabScreen):
     def on_mount(self) -> None:
         self.refresh_data()
 
-    def all_jobs(self) -> list[dict[str, Any]]:
-        jobs = []
-        for view in self.lab_app.state.machines.values():
-            for job in view.sections.get("jobs") or []:
-                jobs.append({**job, "offline": not view.online})
-        return jobs
-
     def refresh_data(self) -> None:
+        machines = self.lab_app.state.machines.values()
         table = self.query_one(JobsTable)
         with self.app.batch_update():
-            table.show_jobs(self.all_jobs())
+            table.show_jobs([job for view in machines for job in view.jobs], frozenset(v.name for v in machines if not v.online))
             self.query_one("#jobs-detail", Static).update(detail_text(table.selected()))
 
     def on_data_table_row_highlighted(self, _event) -> None:
@@ -84,7 +79,7 @@ class JobsScreen(LabScreen):
     def on_data_table_row_selected(self, _event) -> None:  # enter on a row: its log
         self.action_logs()
 
-    def selected(self) -> dict[str, Any] | None:
+    def selected(self) -> JobInfo | None:
         job = self.query_one(JobsTable).selected()
         if job is None:
             self.notify("no job selected", severity="warning")
@@ -114,36 +109,36 @@ class JobsScreen(LabScreen):
 
         self.app.push_screen(PickRecipeScreen(found), picked)
 
-    def _active_selected(self) -> dict[str, Any] | None:
+    def _active_selected(self) -> JobInfo | None:
         """The selected job if it still runs."""
         job = self.selected()
-        if job is not None and job["state"] not in ACTIVE:
-            self.notify(f"{job['id']} has already {job['state']}", severity="warning")
+        if job is not None and job.state not in JOB_ACTIVE:
+            self.notify(f"{job.id} has already {job.state}", severity="warning")
             return None
         return job
 
     def action_stop(self) -> None:
         if job := self._active_selected():
-            self.confirm(f"Stop job [b]{job['id']}[/b] ({job['recipe']}, step {job.get('step') or 0})?\n"
+            self.confirm(f"Stop job [b]{job.id}[/b] ({job.recipe}, step {job.step or 0})?\n"
                          "SIGTERM now (a cetlab-train run saves a checkpoint), SIGKILL after the recipe's grace period.",
-                         lambda: self.act(job["machine"], "jobs.stop", {"id": job["id"]}, f"stopping {job['id']}"))
+                         lambda: self.act(job.machine, "jobs.stop", {"id": job.id}, f"stopping {job.id}"))
 
     def action_kill(self) -> None:
         if job := self._active_selected():
-            self.confirm(f"Kill job [b]{job['id']}[/b] ({job['recipe']}) now with SIGKILL? Nothing is saved.",
-                         lambda: self.act(job["machine"], "jobs.kill", {"id": job["id"]}, f"killed {job['id']}"))
+            self.confirm(f"Kill job [b]{job.id}[/b] ({job.recipe}) now with SIGKILL? Nothing is saved.",
+                         lambda: self.act(job.machine, "jobs.kill", {"id": job.id}, f"killed {job.id}"))
 
     def action_logs(self) -> None:
         job = self.selected()
         if job is not None:
             from console.screens.logs import LogScreen
 
-            self.app.push_screen(LogScreen(job["machine"], job["id"]))
+            self.app.push_screen(LogScreen(job.machine, job.id))
 
     def action_checkpoints(self) -> None:
         job = self.selected()
         if job is not None:
-            self.run_worker(self._open_checkpoints(job["machine"], job["id"]))
+            self.run_worker(self._open_checkpoints(job.machine, job.id))
 
     async def _open_checkpoints(self, machine: str, run: str) -> None:
         """The Checkpoints view on this job's run (runs of cetlab jobs are named by job id)."""

@@ -53,12 +53,12 @@ class MachineScreen(LabScreen):
         sim = "  [black on yellow] SIM [/]" if view.simulated else ""
         if view.online:
             text = (f"[b]{self.machine}[/b]  {view.config.role}{sim}  [green]● online[/]  "
-                    f"CPU {fmt(host.get('cpu_pct'), '.0f', '%')} of {fmt(host.get('cpu_count'))} cores  "
-                    f"load {fmt(host.get('load_1'), '.2f')}/{fmt(host.get('load_5'), '.2f')}/{fmt(host.get('load_15'), '.2f')}  "
-                    f"RAM {fmt_bytes(host.get('ram_used_bytes'))}/{fmt_bytes(host.get('ram_total_bytes'))}  "
-                    f"swap {fmt_bytes(host.get('swap_used_bytes'))}/{fmt_bytes(host.get('swap_total_bytes'))}  "
-                    f"disk {fmt_bytes(host.get('disk_used_bytes'))}/{fmt_bytes(host.get('disk_total_bytes'))}  "
-                    f"net ↓{fmt_bytes(host.get('net_rx_bytes_per_s'))}/s ↑{fmt_bytes(host.get('net_tx_bytes_per_s'))}/s")
+                    f"CPU {fmt(host.cpu_pct, '.0f', '%')} of {fmt(host.cpu_count)} cores  "
+                    f"load {fmt(host.load_1, '.2f')}/{fmt(host.load_5, '.2f')}/{fmt(host.load_15, '.2f')}  "
+                    f"RAM {fmt_bytes(host.ram_used_bytes)}/{fmt_bytes(host.ram_total_bytes)}  "
+                    f"swap {fmt_bytes(host.swap_used_bytes)}/{fmt_bytes(host.swap_total_bytes)}  "
+                    f"disk {fmt_bytes(host.disk_used_bytes)}/{fmt_bytes(host.disk_total_bytes)}  "
+                    f"net ↓{fmt_bytes(host.net_rx_bytes_per_s)}/s ↑{fmt_bytes(host.net_tx_bytes_per_s)}/s")
         else:
             text = f"[b]{self.machine}[/b]  [bold red]{view.link.upper()}[/]  last seen {fmt_ago(view.last_seen, self.lab_app.clock())}\n{view.error or ''}"
         self.query_one("#host", Static).update(text)
@@ -87,8 +87,7 @@ class MachineScreen(LabScreen):
     def _refresh_processes(self, view) -> None:
         wanted = {}
         for i, gpu in view.gpus.items():
-            for proc in gpu.get("processes") or []:
-                key = f"{i}:{proc['pid']}:{proc.get('command')}"
-                wanted[key] = (str(i), str(proc["pid"]), proc.get("user") or NA,
-                               fmt_bytes(proc.get("mem_used_bytes")), (proc.get("command") or NA)[:120])
+            for proc in gpu.processes:
+                key = f"{i}:{proc.pid}:{proc.command}"
+                wanted[key] = (str(i), str(proc.pid), proc.user or NA, fmt_bytes(proc.mem_used_bytes), (proc.command or NA)[:120])
         self.query_one("#procs", LiveTable).show(wanted)

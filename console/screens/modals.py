@@ -15,6 +15,7 @@ from textual.widgets import Input, Label, OptionList, Select, Static, Switch
 from textual.widgets.option_list import Option
 
 from agents.protocol import RemoteError
+from agents.sections import ModelInfo
 from console.views import VIEWS
 from widgets.format import NA, fmt_gib
 from widgets.orchestra_table import state_cell
@@ -50,7 +51,7 @@ class PickModelScreen(ModalScreen[str | None]):
     PickModelScreen OptionList { height: auto; max-height: 18; }
     """
 
-    def __init__(self, title: str, models: list[dict[str, Any]]) -> None:
+    def __init__(self, title: str, models: list[ModelInfo]) -> None:
         super().__init__()
         self.title_text = title
         self.models = models
@@ -58,7 +59,7 @@ class PickModelScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(self.title_text, classes="title")
-            yield OptionList(*[Option(Text.assemble(f"{m['name']:<22}", state_cell(m), f"  {fmt_gib(m['vram_bytes'])}"), id=m["name"])
+            yield OptionList(*[Option(Text.assemble(f"{m.name:<22}", state_cell(m), f"  {fmt_gib(m.vram_bytes)}"), id=m.name)
                                for m in self.models], id="pick-model")
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:

@@ -3,59 +3,57 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
+from agents.sections import ModelInfo, Rotation
+from agents.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
 from console.screens.base import LabScreen
 from console.screens.modals import PickModelScreen
 from widgets.format import fmt_duration
 from widgets.lab_header import LabHeader
 from widgets.orchestra_table import OrchestraTable
 
-SERVING = ("loading", "warming", "warm", "sleeping")  # stopping these interrupts (or drops) a model
-
-
-def rotation_text(rotations: dict[str, dict[str, Any]], now: float) -> str:
+def rotation_text(rotations: dict[str, Rotation | None], now: float) -> str:
     """One line: the plan's step, the next rotation with its countdown, the measured overhead."""
-    planned = {m: r for m, r in rotations.items() if r and r.get("plan")}
+    planned = {m: r for m, r in rotations.items() if r and r.plan}
     if not planned:
         return "no rotation plan (lab.yaml orchestra.rotation)"
-    next_at = min((r["next_at"] for r in planned.values() if r.get("next_at")), default=None)
+    next_at = min((r.next_at for r in planned.values() if r.next_at), default=None)
     any_plan = next(iter(planned.values()))
-    step = any_plan["index"]
-    parts = [f"rotation: step {'start' if step is None else step + 1} of {len(any_plan['plan'])}"]
+    step = any_plan.index
+    parts = [f"rotation: step {'start' if step is None else step + 1} of {len(any_plan.plan)}"]
     if next_at is not None:
         parts.append(f"next in {fmt_duration(max(0.0, next_at - now))} (at {time.strftime('%H:%M', time.localtime(next_at))}) → "
-                     + ", ".join(any_plan.get("next_set") or []))
-    if any(r.get("running") for r in planned.values()):
+                     + ", ".join(any_plan.next_set or []))
+    if any(r.running for r in planned.values()):
         parts.append("[b yellow]rotating now[/]")
-    worst = max(r["overhead_pct"] for r in planned.values())
-    colour = "green" if worst < any_plan["target_pct"] else "red"
-    parts.append(f"overhead [{colour}]{worst:.3f}%[/] (target < {any_plan['target_pct']:g}%)")
+    worst = max(r.overhead_pct or 0.0 for r in planned.values())
+    target = any_plan.target_pct or 0.0
+    colour = "green" if worst < target else "red"
+    parts.append(f"overhead [{colour}]{worst:.3f}%[/] (target < {target:g}%)")
     return " · ".join(parts)
 
 
-def detail_text(model: dict[str, Any] | None) -> str:
+def detail_text(model: ModelInfo | None) -> str:
     if model is None:
         return ""
-    parts = [f"[b]{model['name']}[/b] on {model['machine']}"]
-    if model.get("endpoint") and model["state"] == "warm":
-        parts.append(f"endpoint {model['endpoint']} (model {model.get('served_name')})")
-    if model.get("ttft_s") is not None:
-        parts.append(f"TTFT {model['ttft_s']:.2f}s")
-    if model.get("swap_s") is not None:
-        parts.append(f"last swap {model['swap_s']:.1f}s")
-    if model.get("simulated"):
+    parts = [f"[b]{model.name}[/b] on {model.machine}"]
+    if model.endpoint and model.state == ModelState.WARM:
+        parts.append(f"endpoint {model.endpoint} (model {model.served_name})")
+    if model.ttft_s is not None:
+        parts.append(f"TTFT {model.ttft_s:.2f}s")
+    if model.swap_s is not None:
+        parts.append(f"last swap {model.swap_s:.1f}s")
+    if model.simulated:
         parts.append("[b magenta]SIM[/] engine: figures are simulated")
     line = " · ".join(parts)
-    if model.get("error"):
-        line += f"\n[b red]failed:[/] {model['error']['message']}"
-        tail = model["error"].get("log_tail") or []
-        if tail:
-            line += f"\n[dim]{tail[-1]}[/]"
+    if model.error:
+        line += f"\n[b red]failed:[/] {model.error.message}"
+        if model.error.log_tail:
+            line += f"\n[dim]{model.error.log_tail[-1]}[/]"
     return line
 
 
@@ -87,13 +85,12 @@ class ModelsScreen(LabScreen):
 
     # -- data
 
-    def pool(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    def pool(self) -> tuple[list[ModelInfo], dict[str, Rotation | None]]:
         models, rotations = [], {}
         for view in self.lab_app.state.machines.values():
-            section = view.sections.get("models")
-            if isinstance(section, dict):
-                models += [{**m, "online": view.online} for m in section.get("models", [])]
-                rotations[view.name] = section.get("rotation")
+            if view.models is not None:
+                models += view.models.models
+                rotations[view.name] = view.models.rotation
         return models, rotations
 
     def refresh_data(self) -> None:
@@ -111,7 +108,7 @@ class ModelsScreen(LabScreen):
         if not self.lab_app.readonly:
             self.action_swap()
 
-    def selected(self) -> dict[str, Any] | None:
+    def selected(self) -> ModelInfo | None:
         model = self.query_one(OrchestraTable).selected()
         if model is None:
             self.notify("no model selected", severity="warning")
@@ -121,49 +118,45 @@ class ModelsScreen(LabScreen):
 
     def action_warm(self) -> None:
         if model := self.selected():
-            self.act(model["machine"], "models.warm", {"model": model["name"]}, f"warming {model['name']}")
+            self.act(model.machine, "models.warm", {"model": model.name}, f"warming {model.name}")
 
     def action_sleep(self) -> None:
         if model := self.selected():
-            self.confirm(f"Put [b]{model['name']}[/b] to sleep? It stops answering until woken (about "
-                         f"{model.get('wake_s') or 1:.0f} s).",
-                         lambda: self.act(model["machine"], "models.sleep", {"model": model["name"]}, f"{model['name']} going to sleep"))
+            self.confirm(f"Put [b]{model.name}[/b] to sleep? It stops answering until woken (about {model.wake_s or 1:.0f} s).",
+                         lambda: self.act(model.machine, "models.sleep", {"model": model.name}, f"{model.name} going to sleep"))
 
     def action_cold(self) -> None:
         model = self.selected()
         if model is None:
             return
-        go = lambda: self.act(model["machine"], "models.cold", {"model": model["name"]}, f"stopping {model['name']}", timeout=30.0)  # noqa: E731
-        if model["state"] in SERVING:
-            self.confirm(f"Stop [b]{model['name']}[/b] ({model['state']})? Its engine exits; bringing it back is a full load.", go)
+        go = lambda: self.act(model.machine, "models.cold", {"model": model.name}, f"stopping {model.name}", timeout=30.0)  # noqa: E731
+        if model.state in MODEL_ENGINE_UP:  # stopping it interrupts (or drops) a model
+            self.confirm(f"Stop [b]{model.name}[/b] ({model.state})? Its engine exits; bringing it back is a full load.", go)
         else:
             go()
 
     def action_pin(self) -> None:
         if model := self.selected():
-            pinned = not model.get("pinned")
-            self.act(model["machine"], "models.pin", {"model": model["name"], "pinned": pinned},
-                     f"{'pinned' if pinned else 'unpinned'} {model['name']}")
+            pinned = not model.pinned
+            self.act(model.machine, "models.pin", {"model": model.name, "pinned": pinned}, f"{'pinned' if pinned else 'unpinned'} {model.name}")
 
     def action_swap(self) -> None:
         out = self.selected()
         if out is None:
             return
-        if out["state"] not in ("warm", "sleeping"):
-            self.notify(f"{out['name']} is {out['state']}: select a warm model to swap out, or press w", severity="warning")
+        if out.state not in (ModelState.WARM, ModelState.SLEEPING):
+            self.notify(f"{out.name} is {out.state}: select a warm model to swap out, or press w", severity="warning")
             return
         models, _ = self.pool()
-        candidates = [m for m in models if m["machine"] == out["machine"] and m["name"] != out["name"]
-                      and m["state"] not in ("loading", "warming", "warm")]
+        candidates = [m for m in models if m.machine == out.machine and m.name != out.name and m.state not in MODEL_HOLDS_GPU]
         if not candidates:
-            self.notify(f"no other model on {out['machine']} to bring in", severity="warning")
+            self.notify(f"no other model on {out.machine} to bring in", severity="warning")
             return
 
         def picked(name: str | None) -> None:
             if name:
-                self.confirm(f"Swap [b]{out['name']}[/b] out (it stops answering) and bring [b]{name}[/b] in on GPU "
-                             f"{','.join(map(str, out['gpus']))} of {out['machine']}?",
-                             lambda: self.act(out["machine"], "models.swap", {"out": out["name"], "in": name},
-                                              f"swapping {out['name']} → {name}"))
+                self.confirm(f"Swap [b]{out.name}[/b] out (it stops answering) and bring [b]{name}[/b] in on GPU "
+                             f"{','.join(map(str, out.gpus))} of {out.machine}?",
+                             lambda: self.act(out.machine, "models.swap", {"out": out.name, "in": name}, f"swapping {out.name} → {name}"))
 
-        self.app.push_screen(PickModelScreen(f"bring in on {out['machine']} instead of {out['name']}:", candidates), picked)
+        self.app.push_screen(PickModelScreen(f"bring in on {out.machine} instead of {out.name}:", candidates), picked)

@@ -78,7 +78,7 @@ class MachineView:
             parsed = adapter.validate_python(value)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"])
+            where = ".".join([name, *(str(part) for part in first["loc"])])
             self.problems[name] = f"{self.name} sent a {name} section that does not fit: {where}: {first['msg']}"
             log.warning("%s", self.problems[name])
             return

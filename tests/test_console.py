@@ -14,7 +14,7 @@ from console.screens.fleet import FleetScreen
 from console.screens.machine import MachineScreen
 from console.screens.modals import HelpScreen
 from tests.conftest import until_drawn, wait_for
-from tests.console_fixtures import FROZEN_NOW, frozen_state
+from tests.console_fixtures import FROZEN_NOW, frozen_jobs, frozen_state
 from widgets.lab_header import LabHeader
 from widgets.machine_card import MachineCard
 
@@ -120,3 +120,26 @@ def test_snapshot_help(snap_compare, frozen_app):
         await pilot.pause()
 
     assert snap_compare(frozen_app, terminal_size=SIZE, run_before=open_help)
+
+
+def test_labstate_parses_each_section_once_and_refuses_what_does_not_fit():
+    from agents.protocol import GpuSample, HostSample
+    from agents.states import JobState
+
+    state = frozen_state(offline=())
+    view = state.machines["m5"]
+    assert isinstance(view.gpus[0], GpuSample) and isinstance(view.host, HostSample) and view.host.cpu_count == 28
+    state.apply_tick("m5", {"t": FROZEN_NOW, "changed": {"jobs": frozen_jobs()}})
+    assert view.jobs[0].state is JobState.RUNNING and view.jobs[0].loss_history and not view.problems
+
+    # a section in a shape the agent never sends (the old "bare or {section: [...]}" guess) is refused, named, and the last good one kept
+    state.apply_tick("m5", {"t": FROZEN_NOW + 1, "changed": {"jobs": {"jobs": frozen_jobs()[:1]}}})
+    assert len(view.jobs) == 4 and "m5 sent a jobs section that does not fit" in view.problems["jobs"]
+    # numbers are finite or null by type: a NaN temperature is a missing one; a GPU without its index is refused, with where
+    nan = view.gpus[0].model_dump(mode="json") | {"temp_c": float("nan")}
+    state.apply_tick("m5", {"t": FROZEN_NOW + 2, "changed": {"gpus": [nan]}})
+    assert view.gpus[0].temp_c is None and "gpus" not in view.problems
+    state.apply_tick("m5", {"t": FROZEN_NOW + 2, "changed": {"gpus": [{"name": "Tesla V100"}]}})
+    assert "gpus.0.index: Field required" in view.problems["gpus"] and view.gpus[0].name == "Tesla V100"
+    state.apply_tick("m5", {"t": FROZEN_NOW + 3, "changed": {"jobs": frozen_jobs()[:2]}})
+    assert len(view.jobs) == 2 and "jobs" not in view.problems  # a good section clears the complaint

@@ -66,7 +66,7 @@ async def run_supervised(client: FleetClient, steps: int) -> tuple[float, float]
     job = await client.call("box", "jobs.start", {"recipe": "tiny", "params": {"max_steps": steps, "save_steps": steps}})
     view = client.state.machines["box"]
     while True:  # watch it the way the console does: from the stream, no extra calls
-        mine = next((j for j in view.sections.get("jobs") or [] if j["id"] == job["id"]), None)
+        mine = next((j.model_dump() for j in view.jobs if j.id == job["id"]), None)
         if mine and mine["state"] not in ("starting", "running", "stopping"):
             break
         await asyncio.sleep(0.1)

@@ -27,9 +27,8 @@ def active_alerts(state: LabState, now: float) -> list[dict[str, Any]]:
     """Every active alert in the lab, the newest first."""
     alerts = offline_alerts(state, now, state.lab.alerts.offline_for_s)
     for view in state.machines.values():
-        section = view.sections.get("alerts")
-        if isinstance(section, dict) and view.online:
-            alerts += section.get("active") or []
+        if view.online:  # as dicts: the view mixes them with the history that alerts.list answers
+            alerts += [alert.model_dump(mode="json") for alert in view.alerts.active]
     return sorted(alerts, key=lambda a: -(a.get("fired_at") or 0))
 
 

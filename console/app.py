@@ -23,7 +23,7 @@ from console.screens.base import LabScreen
 from console.state import LabState
 from console.views import VIEWS
 
-RENDER_INTERVAL_S = 0.5  # screens redraw at this fixed rate, never per message
+RENDER_INTERVAL_S = 0.5  # the one scheduler's period: fetches and redraws happen on its ticks, never per message
 
 
 def _view_factory(name: str):
@@ -52,7 +52,6 @@ class CetlabApp(App):
         self.client = client or FleetClient(lab, self.state, trust_on_first_use=trust_on_first_use,
                                             subscribe=[EVENT_TICK, EVENT_NOTICE], on_event=self._on_event)
         self.render_ages: deque[float] = deque(maxlen=3600)  # newest data age at each render, for benchmarks
-        self._rendered_version = -1
         for name in VIEWS:
             self.add_mode(name, _view_factory(name))
 
@@ -66,13 +65,15 @@ class CetlabApp(App):
         await self.client.stop()
 
     def render_tick(self) -> None:
+        """The one scheduler: the visible view fetches what is due and redraws only when its data or its clock moved.
+
+        Hidden views get no ticks at all, so their fetches pause with them.
+        """
         screen = self.screen
         if not isinstance(screen, LabScreen) or not screen.ready:
             return
         screen.refresh_header()
-        if self.state.version != self._rendered_version or screen.is_current:
-            self._rendered_version = self.state.version
-            screen.refresh_data()
+        screen.tick(self.state.version, time.monotonic())
         now = self.clock()
         ages = [v.age_s(now) for v in self.state.machines.values() if v.online and v.sample_t]
         if ages:
@@ -94,13 +95,13 @@ class CetlabApp(App):
     # -- actions
 
     def action_help(self) -> None:
-        from console.screens.help import HelpScreen
+        from console.screens.modals import HelpScreen
 
-        bindings = [(b.key_display or b.key, b.description) for b in getattr(self.screen, "BINDINGS", []) if isinstance(b, Binding) and b.description]
-        self.push_screen(HelpScreen(bindings))
+        screen = self.screen
+        self.push_screen(HelpScreen(screen.visible_bindings() if isinstance(screen, LabScreen) else []))
 
     def action_jump(self) -> None:
-        from console.screens.jump import JumpScreen
+        from console.screens.modals import JumpScreen
 
         def go(name: str | None) -> None:
             if name:

@@ -24,6 +24,8 @@ from console.state import LabState
 from widgets.format import fmt, fmt_bytes
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# a GPU in `cetlab --json status` (documented in the README)
+STATUS_GPU_KEYS = {"index", "name", "util_pct", "mem_used_bytes", "mem_total_bytes", "temp_c", "power_w", "power_limit_w", "failed", "simulated"}
 
 # Verb modules: each has register(subparsers) adding parsers whose `func(ctx)` is async.
 VERB_MODULES: list[str] = ["console.cli_costs", "console.cli_jobs", "console.cli_models", "console.cli_checkpoints", "console.cli_audit"]
@@ -68,26 +70,15 @@ def status_json(state: LabState) -> dict[str, Any]:
             "online": view.online,
             "simulated": view.simulated,
             "age_s": None if view.age_s(now) is None else round(view.age_s(now), 3),
-            "cpu_pct": view.host.get("cpu_pct"),
-            "ram_used_bytes": view.host.get("ram_used_bytes"),
-            "ram_total_bytes": view.host.get("ram_total_bytes"),
-            "disk_used_bytes": view.host.get("disk_used_bytes"),
-            "disk_total_bytes": view.host.get("disk_total_bytes"),
-            "gpu_status": (view.sections.get("gpu_status") or {}).get("status"),
+            "cpu_pct": view.host.cpu_pct,
+            "ram_used_bytes": view.host.ram_used_bytes,
+            "ram_total_bytes": view.host.ram_total_bytes,
+            "disk_used_bytes": view.host.disk_used_bytes,
+            "disk_total_bytes": view.host.disk_total_bytes,
+            "gpu_status": view.gpu_status.status if view.gpu_status else None,
             "gpus": [
-                {
-                    "index": g["index"],
-                    "name": g["name"],
-                    "util_pct": g.get("util_pct"),
-                    "mem_used_bytes": g.get("mem_used_bytes"),
-                    "mem_total_bytes": g.get("mem_total_bytes"),
-                    "temp_c": g.get("temp_c"),
-                    "power_w": g.get("power_w"),
-                    "power_limit_w": g.get("power_limit_w"),
-                    "failed": g.get("failed"),
-                    "simulated": g.get("simulated", False),
-                }
-                for g in sorted(view.gpus.values(), key=lambda g: g["index"])
+                g.model_dump(include=STATUS_GPU_KEYS)
+                for g in sorted(view.gpus.values(), key=lambda g: g.index)
             ],
         }
         if not view.online:

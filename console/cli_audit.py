@@ -6,21 +6,9 @@ import argparse
 import time
 from typing import Any
 
-from agents.protocol import RemoteError
+from console.audit import merge_trails
 
 EXIT_OK, EXIT_FAILED = 0, 1
-
-
-def merge_trails(results: dict[str, Any], limit: int) -> dict[str, Any]:
-    """call_all answers of audit.list -> one list, newest first, plus the machines that did not answer and why."""
-    entries, unavailable = [], {}
-    for machine, result in results.items():
-        if isinstance(result, RemoteError):
-            unavailable[machine] = result.message
-        elif isinstance(result, dict):
-            entries += [{**entry, "machine": machine} for entry in result["entries"]]
-    entries.sort(key=lambda e: -e["t"])
-    return {"entries": entries[:limit], "unavailable": unavailable}
 
 
 def audit_human(data: dict[str, Any]) -> str:

@@ -8,30 +8,15 @@ import time
 from typing import Any
 
 from agents.protocol import ErrorCode, RemoteError
-from console.cli_jobs import fmt_duration, job_human, parse_sets
+from console.cli_jobs import job_human, parse_sets
+from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, fmt_time
 
 EXIT_OK, EXIT_FAILED = 0, 1
 SERVE_WAIT_S = 600.0
 
 
-def fmt_size(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return f"{n:.0f}B"
-
-
-def fmt_secs(seconds: float | None) -> str:
-    """Save times: hundredths below a minute (saves are often sub-second), else minutes and seconds."""
-    if seconds is None:
-        return "-"
-    return f"{seconds:.2f}s" if seconds < 60 else f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
-
-
 def fmt_loss(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
+    return fmt(value, ".4f")
 
 
 def marks(ckpt: dict[str, Any]) -> str:
@@ -52,31 +37,31 @@ def runs_human(data: dict[str, Any]) -> str:
     rows = [("RUN", "MACHINE", "JOB", "CKPTS", "NEWEST", "BEST", "BEST LOSS", "DISK", "SAVE TIME", "PATH")]
     for run in data["runs"]:
         share = f" ({run['save_share_pct']:.1f}%)" if run.get("save_share_pct") is not None else ""
-        rows.append((run["run"], run["machine"], run.get("job_state") or "-",
+        rows.append((run["run"], run["machine"], run.get("job_state") or NA,
                      f"{run['count']}" + (f"+{run['incomplete']}?" if run["incomplete"] else ""),
-                     str(run["newest_step"] if run["newest_step"] is not None else "-"),
-                     str(run["best_step"] if run["best_step"] is not None else "-"), fmt_loss(run.get("best_loss")),
-                     fmt_size(run["disk_bytes"]), fmt_secs(run.get("save_s_total")) + share, run["path"]))
+                     fmt(run["newest_step"], "d"),
+                     fmt(run["best_step"], "d"), fmt_loss(run.get("best_loss")),
+                     fmt_bytes(run["disk_bytes"]), fmt_secs(run.get("save_s_total")) + share, run["path"]))
     lines = table(rows) if len(rows) > 1 else ["(no checkpoints found)"]
     return "\n".join(lines + [f"{name}: OFFLINE {error}" for name, error in data["offline"].items()])
 
 
 def run_human(run: dict[str, Any]) -> str:
     share = f", {run['save_share_pct']:.2f}% of {fmt_duration(run['wall_s'])} wall time" if run.get("save_share_pct") is not None else ""
-    lines = [f"run {run['run']} on {run['machine']} ({run['path']}): {run['count']} checkpoints, {fmt_size(run['disk_bytes'])}, "
+    lines = [f"run {run['run']} on {run['machine']} ({run['path']}): {run['count']} checkpoints, {fmt_bytes(run['disk_bytes'])}, "
              f"saves {fmt_secs(run.get('save_s_total'))}{share}"]
     rows = [("STEP", "EPOCH", "LOSS", "EVAL", "SIZE", "SAVE", "KIND", "WRITTEN", "")]
     for c in run["checkpoints"]:
         kind = c["kind"] + ("+optim" if c.get("has_optimizer") else "")
-        written = time.strftime("%m-%d %H:%M:%S", time.localtime(c["written_at"])) if c.get("written_at") else "-"
-        rows.append((str(c["step"]), "-" if c.get("epoch") is None else f"{c['epoch']:.2f}", fmt_loss(c.get("loss")),
-                     fmt_loss(c.get("eval_loss")), fmt_size(c["size_bytes"]), "-" if c.get("save_s") is None else f"{c['save_s']:.2f}s",
+        written = fmt_time(c.get("written_at"), "%m-%d %H:%M:%S")
+        rows.append((str(c["step"]), fmt(c.get("epoch"), ".2f"), fmt_loss(c.get("loss")),
+                     fmt_loss(c.get("eval_loss")), fmt_bytes(c["size_bytes"]), fmt(c.get("save_s"), ".2f", "s"),
                      kind, written, marks(c)))
     return "\n".join(lines + table(rows))
 
 
 def prune_human(data: dict[str, Any]) -> str:
-    lines = [f"pruned run {data['run']}: deleted {len(data['deleted'])} checkpoints, freed {fmt_size(data['freed_bytes'])}"]
+    lines = [f"pruned run {data['run']}: deleted {len(data['deleted'])} checkpoints, freed {fmt_bytes(data['freed_bytes'])}"]
     lines += [f"  deleted step {c['step']}" for c in data["deleted"]]
     lines += [f"  kept    step {c['step']} ({c['reason']})" for c in data["kept"]]
     lines += [f"  skipped step {c['step']} ({c['reason']})" for c in data["skipped"]]
@@ -170,7 +155,7 @@ async def cmd_keep(ctx) -> int:
 async def cmd_delete(ctx) -> int:
     machine = await locate(ctx, ctx.args.run)
     data = await ctx.call(machine, "checkpoints.delete", {"run": ctx.args.run, "step": ctx.args.step, "confirm_special": ctx.args.force})
-    ctx.out(data, lambda d: f"deleted {d['run']} step {ctx.args.step}, freed {fmt_size(d['freed_bytes'])}")
+    ctx.out(data, lambda d: f"deleted {d['run']} step {ctx.args.step}, freed {fmt_bytes(d['freed_bytes'])}")
     return EXIT_OK
 
 

@@ -9,15 +9,11 @@ from typing import Any
 
 from console.alerts import offline_alerts
 from console.costs import lab_costs
-from widgets.cost_counter import fmt_money as money
+from widgets.format import fmt_money as money
+from widgets.format import fmt_pct as pct
+from widgets.format import fmt_time
 
 EXIT_OK, EXIT_FAILED = 0, 1
-
-
-
-
-def pct(value: float | None) -> str:
-    return "?" if value is None else f"{value:.0f}%"
 
 
 def costs_human(data: dict[str, Any]) -> str:
@@ -57,7 +53,7 @@ async def cmd_costs(ctx) -> int:
 def alerts_human(data: dict[str, Any]) -> str:
     lines = []
     for alert in data["alerts"]:
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(alert["fired_at"])) if alert.get("fired_at") else "?"
+        since = fmt_time(alert.get("fired_at"))
         state = "CLEARED" if alert.get("cleared_at") else ("acked" if alert.get("acked_at") else "ACTIVE")
         lines.append(f"{alert['id']:<16} {state:<8} {alert['level']:<8} {alert['machine']:<12} {alert['target']:<14} {since}  {alert['message']}")
     return "\n".join(lines) or "no alerts"

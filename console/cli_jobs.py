@@ -8,18 +8,10 @@ import json
 from typing import Any
 
 from agents.protocol import EVENT_LOG, ErrorCode, RemoteError
+from agents.states import JOB_ACTIVE
+from widgets.format import NA, fmt, fmt_duration
 
 EXIT_OK, EXIT_FAILED = 0, 1
-ACTIVE = ("starting", "running", "stopping")
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def state_text(job: dict[str, Any]) -> str:
@@ -31,7 +23,7 @@ def state_text(job: dict[str, Any]) -> str:
 
 def step_text(job: dict[str, Any]) -> str:
     if job.get("step") is None:
-        return "-"
+        return NA
     return f"{job['step']}/{job['max_steps']}" if job.get("max_steps") else str(job["step"])
 
 
@@ -39,10 +31,9 @@ def jobs_human(data: dict[str, Any]) -> str:
     rows = [("JOB", "RECIPE", "GPUS", "STATE", "STEP", "LOSS", "SAMPLES/S", "ETA", "ELAPSED")]
     for job in data["jobs"]:
         rows.append((
-            job["id"], job["recipe"], ",".join(map(str, job["gpus"])) or "-", state_text(job), step_text(job),
-            "-" if job.get("loss") is None else f"{job['loss']:.4f}",
-            "-" if job.get("samples_per_s") is None else f"{job['samples_per_s']:.1f}",
-            fmt_duration(job.get("eta_s")) if job["state"] in ACTIVE else "-", fmt_duration(job.get("elapsed_s")),
+            job["id"], job["recipe"], ",".join(map(str, job["gpus"])) or NA, state_text(job), step_text(job),
+            fmt(job.get("loss"), ".4f"), fmt(job.get("samples_per_s"), ".1f"),
+            fmt_duration(job.get("eta_s")) if job["state"] in JOB_ACTIVE else NA, fmt_duration(job.get("elapsed_s")),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
@@ -53,7 +44,7 @@ def jobs_human(data: dict[str, Any]) -> str:
 
 
 def job_human(job: dict[str, Any]) -> str:
-    lines = [f"job {job['id']} ({job['recipe']}) on {job['machine']} GPU {','.join(map(str, job['gpus'])) or '-'}: {state_text(job)}"]
+    lines = [f"job {job['id']} ({job['recipe']}) on {job['machine']} GPU {','.join(map(str, job['gpus'])) or NA}: {state_text(job)}"]
     if job.get("argv"):
         lines.append("  " + " ".join(job["argv"]))
     lines.append(f"  log: {job['log_path']}")
@@ -98,7 +89,7 @@ async def follow(ctx, machine: str, job_id: str, tail_lines: int, offset: int | 
     for line in first["lines"]:
         emit(line)
     state, exit_code = first["state"], None
-    while state in ACTIVE:
+    while state in JOB_ACTIVE:
         try:
             data = await asyncio.wait_for(queue.get(), 2.0)
         except asyncio.TimeoutError:
@@ -133,7 +124,7 @@ async def cmd_jobs(ctx) -> int:
     jobs = [job for r in results.values() if isinstance(r, list) for job in r]
     jobs.sort(key=lambda j: j["started_at"], reverse=True)
     if not ctx.args.all:
-        jobs = [j for j in jobs if j["state"] in ACTIVE] + [j for j in jobs if j["state"] not in ACTIVE][:10]
+        jobs = [j for j in jobs if j["state"] in JOB_ACTIVE] + [j for j in jobs if j["state"] not in JOB_ACTIVE][:10]
     offline = {name: str(r.message if isinstance(r, RemoteError) else r) for name, r in results.items() if not isinstance(r, list)}
     ctx.out({"jobs": jobs, "offline": offline}, jobs_human)
     return EXIT_OK if len(offline) < len(results) else EXIT_FAILED

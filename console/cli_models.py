@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from agents.protocol import ErrorCode, RemoteError
+from widgets.format import NA, fmt, fmt_gib
 
 EXIT_OK, EXIT_FAILED = 0, 1
 POLL_S = 0.25
@@ -25,11 +26,11 @@ def model_json(model: dict[str, Any]) -> dict[str, Any]:
 
 
 def _secs(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}s"
+    return fmt(value, ".1f", "s")
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.0f}%"
+def _pct(fraction: float | None) -> str:
+    return fmt(fraction, ".0%")
 
 
 def state_text(model: dict[str, Any]) -> str:
@@ -46,12 +47,11 @@ def state_text(model: dict[str, Any]) -> str:
 def models_human(data: dict[str, Any]) -> str:
     rows = [("MODEL", "MACHINE", "GPUS", "ENGINE", "STATE", "VRAM", "RUN/WAIT", "TOK/S", "KV", "LOAD", "WARM-UP", "WAKE", "RAM")]
     for m in data["models"]:
-        running = "-" if m.get("requests_running") is None else f"{m['requests_running']:.0f}/{m.get('requests_waiting') or 0:.0f}"
+        running = NA if m.get("requests_running") is None else f"{m['requests_running']:.0f}/{m.get('requests_waiting') or 0:.0f}"
         rows.append((
             m["name"], m["machine"], ",".join(map(str, m["gpus"])) or "cpu", m["engine"] + (" SIM" if m["simulated"] else ""),
-            state_text(m), f"{m['vram_bytes'] / 1024**3:.0f}G", running,
-            "-" if m.get("tokens_per_s") is None else f"{m['tokens_per_s']:.0f}",
-            "-" if m.get("kv_cache_pct") is None else f"{m['kv_cache_pct']:.0f}%",
+            state_text(m), fmt_gib(m["vram_bytes"]), running,
+            fmt(m.get("tokens_per_s")), fmt(m.get("kv_cache_pct"), ".0f", "%"),
             _secs(m["load_s"]), _secs(m["warmup_s"]), _secs(m["wake_s"]), _pct(m["cached_fraction"]),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -63,7 +63,7 @@ def models_human(data: dict[str, Any]) -> str:
             lines.append(f"{m['name']}: {m['error']['message']}")
     for machine, rotation in data.get("rotation", {}).items():
         if rotation and rotation.get("plan"):
-            when = "-" if rotation.get("next_at") is None else f"in {max(0, rotation['next_at'] - time.time()):.0f} s"
+            when = NA if rotation.get("next_at") is None else f"in {max(0, rotation['next_at'] - time.time()):.0f} s"
             step = "start" if rotation["index"] is None else rotation["index"] + 1
             lines.append(f"{machine}: rotation step {step} of {len(rotation['plan'])}, next {when}, "
                          f"overhead {rotation['overhead_pct']:.3f}% (target < {rotation['target_pct']}%)")

@@ -50,12 +50,15 @@ class _Link:
     """The live connection to one agent."""
 
     machine: Machine
+    status: str = "connecting"  # connecting | online | offline | refused | untrusted (LabState gets a copy)
+    error: str | None = None
     conn: asyncssh.SSHClientConnection | None = None
     writer: asyncssh.SSHWriter | None = None
     task: asyncio.Task | None = None
-    connected: asyncio.Event | None = None
+    settled: asyncio.Event | None = None  # set once the first attempt is online or has failed
     pending: dict | None = None
     backoff_s: float = BACKOFF_START_S
+    last_message: float = 0.0  # monotonic time of the last line from the agent
 
 
 class FleetClient:
@@ -101,9 +104,9 @@ class FleetClient:
             key_problem = f"cannot use the console key {self.key_path}: {exc}"
         for link in self._links.values():
             if key_problem and link.machine.via == "agent":  # via: sshd uses the user's own ssh keys instead
-                self.state.set_link(link.machine.name, "refused", key_problem)
+                self._set_link(link, "refused", key_problem)
                 continue
-            link.connected = asyncio.Event()
+            link.settled = asyncio.Event()
             link.task = asyncio.create_task(self._run(link), name=f"link-{link.machine.name}")
 
     async def stop(self) -> None:
@@ -122,16 +125,18 @@ class FleetClient:
         await self.stop()
 
     async def wait_connected(self, timeout: float) -> None:
-        """Wait until every machine is online or has failed its first attempt."""
-        async def one(name: str) -> None:
-            link = self._links[name]
-            while self.state.machines[name].link == "connecting" and link.connected is not None:
-                await asyncio.sleep(0.05)
+        """Wait until every machine is online or has failed its first attempt (at most `timeout` s)."""
+        waits = [asyncio.ensure_future(link.settled.wait()) for link in self._links.values() if link.settled is not None]
+        if not waits:
+            return
+        _done, pending = await asyncio.wait(waits, timeout=timeout)
+        for waiting in pending:
+            waiting.cancel()
 
-        try:
-            await asyncio.wait_for(asyncio.gather(*(one(n) for n in self._links)), timeout)
-        except asyncio.TimeoutError:
-            pass
+    def _set_link(self, link: _Link, status: str, error: str | None = None) -> None:
+        """The link's state is kept here and copied into LabState for the screens and the CLI."""
+        link.status, link.error = status, error
+        self.state.set_link(link.machine.name, status, error)
 
     # -- calls
 
@@ -141,8 +146,7 @@ class FleetClient:
         if link is None:
             raise RemoteError(ErrorCode.NOT_FOUND, f"no machine named {machine!r} in the lab")
         if link.writer is None or link.pending is None:
-            view = self.state.machines[machine]
-            raise RemoteError(ErrorCode.DISCONNECTED, f"{machine} is {view.link}" + (f": {view.error}" if view.error else ""))
+            raise RemoteError(ErrorCode.DISCONNECTED, f"{machine} is {link.status}" + (f": {link.error}" if link.error else ""))
         request_id = next(self._ids)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         link.pending[request_id] = future
@@ -172,25 +176,24 @@ class FleetClient:
         while True:
             try:
                 await self._session(link)
-                error = "the agent closed the connection"
-                self.state.set_link(name, "offline", error)
+                self._set_link(link, "offline", "the agent closed the connection")
             except asyncssh.HostKeyNotVerifiable as exc:
-                self.state.set_link(name, "untrusted", self._host_key_problem(link.machine, exc))
+                self._set_link(link, "untrusted", self._host_key_problem(link.machine, exc))
                 link.backoff_s = BACKOFF_MAX_S
             except asyncssh.PermissionDenied:
-                self.state.set_link(name, "refused", f"the agent refused our key {self.key_path}.pub: authorize it with `cetlab-agent authorize --machine {name} --role operator KEY.pub` on {name}")
+                self._set_link(link, "refused", f"the agent refused our key {self.key_path}.pub: authorize it with `cetlab-agent authorize --machine {name} --role operator KEY.pub` on {name}")
                 link.backoff_s = BACKOFF_MAX_S
             except RemoteError as exc:
                 refused = exc.code == ErrorCode.FORBIDDEN  # e.g. a socket user without a role: retrying will not help
-                self.state.set_link(name, "refused" if refused else "offline", exc.message)
+                self._set_link(link, "refused" if refused else "offline", exc.message)
                 if refused:
                     link.backoff_s = BACKOFF_MAX_S
             except (OSError, asyncssh.Error, asyncio.TimeoutError, ConnectionError) as exc:
-                self.state.set_link(name, "offline", _describe(exc))
+                self._set_link(link, "offline", _describe(exc))
             finally:
                 self._drop(link)
-            if link.connected is not None:
-                link.connected.set()
+            if link.settled is not None:
+                link.settled.set()
             if not self.reconnect:
                 return
             delay = link.backoff_s * (0.8 + 0.4 * random.random())
@@ -280,10 +283,10 @@ class FleetClient:
                 await self.call(machine.name, "subscribe", {"topics": self.topics})
             else:  # no stream: take one snapshot so the state is not empty
                 self.state.apply_status(machine.name, await self.call(machine.name, "status"))
-            self.state.set_link(machine.name, "online")
+            self._set_link(link, "online")
             link.backoff_s = BACKOFF_START_S
-            if link.connected is not None:
-                link.connected.set()
+            if link.settled is not None:
+                link.settled.set()
             await self._watch(link, reader_task, hello.get("sample_interval_s", 1.0))
         finally:
             reader_task.cancel()
@@ -293,9 +296,9 @@ class FleetClient:
         silent_after = max(3 * interval_s + 2.0, self.keepalive_s * 2)
         while not reader_task.done():
             await asyncio.wait({reader_task}, timeout=1.0)
-            view = self.state.machines[link.machine.name]
-            if self.topics and view.last_seen and time.time() - view.last_seen > silent_after:
-                raise RemoteError(ErrorCode.DISCONNECTED, f"no data for {time.time() - view.last_seen:.0f} s")
+            silent_s = time.monotonic() - link.last_message
+            if self.topics and silent_s > silent_after:
+                raise RemoteError(ErrorCode.DISCONNECTED, f"no data for {silent_s:.0f} s")
         reader_task.result()
 
     async def _read(self, link: _Link, reader: asyncssh.SSHReader) -> None:
@@ -304,6 +307,7 @@ class FleetClient:
             line = await reader.readline()
             if not line:
                 return
+            link.last_message = time.monotonic()
             try:
                 message = json.loads(line)
             except ValueError:

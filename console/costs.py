@@ -60,16 +60,16 @@ def lab_costs(currency: str, results: dict[str, Any], by: str = "machine") -> di
 
 def live_totals(state: LabState) -> dict[str, Any] | None:
     """The header counter's figures from the "costs" sections the agents push every tick; None before any arrive."""
-    parts = [v.sections["costs"] for v in state.machines.values() if v.online and v.sections.get("costs")]
+    parts = [v.costs for v in state.machines.values() if v.online and v.costs]
     if not parts:
         return None
     return {
         "currency": state.lab.costs.currency,
-        "per_hour": _sum([p.get("now_per_hour") for p in parts]),
-        "today": _sum([p.get("today") for p in parts]),
-        "month": _sum([p.get("month") for p in parts]),
-        "power_w": _sum([p.get("power_w") for p in parts]),
-        "missing": sorted({m for p in parts for m in p.get("missing") or []}),
-        "simulated": any(p.get("simulated") for p in parts),
-        "not_counted": sorted(v.name for v in state.machines.values() if not (v.online and v.sections.get("costs"))),
+        "per_hour": _sum([p.now_per_hour for p in parts]),
+        "today": _sum([p.today for p in parts]),
+        "month": _sum([p.month for p in parts]),
+        "power_w": _sum([p.power_w for p in parts]),
+        "missing": sorted({m for p in parts for m in p.missing}),
+        "simulated": any(p.simulated for p in parts),
+        "not_counted": sorted(v.name for v in state.machines.values() if not (v.online and v.costs)),
     }

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from agents.lab import Lab, Machine
+from agents.protocol import GpuSample, HostSample
+from agents.sections import SECTION_MODELS, AlertsSection, AuditSection, CostsSummary, GpuStatus, JobInfo, ModelInfo, ModelsSection, RunSummary
+
+log = logging.getLogger("cetlab.state")
 
 SPARK_POINTS = 120  # per GPU and host series: two minutes at 1 Hz
+GPU_SERIES = ("util_pct", "mem_used_bytes", "temp_c", "power_w")
+_SECTIONS = {name: TypeAdapter(model) for name, model in SECTION_MODELS.items()}  # built once: parsing is the 1 Hz path
 
 
 @dataclass
@@ -22,8 +31,17 @@ class MachineView:
     last_seen: float | None = None  # wall time of the last message from the agent
     sample_t: float | None = None  # agent's time of the newest sample
     hello: dict[str, Any] | None = None
-    sections: dict[str, Any] = field(default_factory=dict)
-    gpus: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # the tick's sections, each parsed once into its model (agents/sections.py) where it enters
+    gpus: dict[int, GpuSample] = field(default_factory=dict)
+    host: HostSample = field(default_factory=HostSample)
+    gpu_status: GpuStatus | None = None
+    jobs: list[JobInfo] = field(default_factory=list)
+    models: ModelsSection | None = None
+    checkpoints: list[RunSummary] = field(default_factory=list)
+    costs: CostsSummary | None = None
+    alerts: AlertsSection = field(default_factory=AlertsSection)
+    audit: AuditSection = field(default_factory=AuditSection)
+    problems: dict[str, str] = field(default_factory=dict)  # section -> why the agent's last value of it was refused
     series: dict[str, deque] = field(default_factory=dict)  # "gpu0.util_pct" -> values
     version: int = 0  # bumped on every change; screens redraw what moved
 
@@ -40,15 +58,38 @@ class MachineView:
         return bool(self.hello and self.hello.get("simulated")) or self.config.simulated
 
     @property
-    def host(self) -> dict[str, Any]:
-        return self.sections.get("host") or {}
+    def model_list(self) -> list[ModelInfo]:
+        """The models of this machine's pool (none when it has no models section)."""
+        return self.models.models if self.models else []
 
-    def items(self, section: str) -> list[dict[str, Any]]:
-        """A list section (jobs, models ...) as dicts, whether sent bare or as {section: [...]}."""
-        value = self.sections.get(section)
-        if isinstance(value, dict):
-            value = value.get(section)
-        return [item for item in value or [] if isinstance(item, dict)]
+    def clear_sections(self) -> None:
+        """A full tick follows: forget every section."""
+        fresh = MachineView(self.config)
+        self.gpus, self.host, self.gpu_status, self.jobs = {}, fresh.host, None, []
+        self.models, self.checkpoints, self.costs, self.alerts, self.audit = None, [], None, fresh.alerts, fresh.audit
+        self.problems = {}
+
+    def apply_section(self, name: str, value: Any) -> None:
+        """Parse one section of a tick into its model; a value that does not fit is refused, named, and logged."""
+        adapter = _SECTIONS.get(name)
+        if adapter is None:
+            return  # a section this console does not know (a newer agent): ignored, as extra keys are
+        try:
+            parsed = adapter.validate_python(value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join([name, *(str(part) for part in first["loc"])])
+            self.problems[name] = f"{self.name} sent a {name} section that does not fit: {where}: {first['msg']}"
+            log.warning("%s", self.problems[name])
+            return
+        self.problems.pop(name, None)
+        if name == "gpus":
+            for gpu in parsed:
+                self.gpus[gpu.index] = gpu
+        elif name == "host":
+            self.host = parsed or HostSample()
+        else:
+            setattr(self, name, parsed)
 
     def age_s(self, now: float | None = None) -> float | None:
         if self.sample_t is None:
@@ -90,27 +131,23 @@ class LabState:
     def apply_tick(self, name: str, data: dict[str, Any]) -> None:
         """Merge one tick (whole or a diff) into the machine's view."""
         view = self.machines[name]
-        changed = dict(data.get("changed") or {})
-        gpus = changed.pop("gpus", None) or []
         if data.get("full"):
-            view.sections = {}
-            view.gpus = {}
-        view.sections.update(changed)
-        for gpu in gpus:
-            view.gpus[gpu["index"]] = gpu
+            view.clear_sections()
+        for section, value in (data.get("changed") or {}).items():
+            view.apply_section(section, value)
         view.sample_t = data.get("t", view.sample_t)
         view.last_seen = time.time()
         for index, gpu in view.gpus.items():
-            for key in ("util_pct", "mem_used_bytes", "temp_c", "power_w"):
-                view._record(f"gpu{index}.{key}", gpu.get(key))
-        view._record("cpu_pct", view.host.get("cpu_pct"))
+            for key in GPU_SERIES:
+                view._record(f"gpu{index}.{key}", getattr(gpu, key))
+        view._record("cpu_pct", view.host.cpu_pct)
         self._bump(view)
 
     def seed_history(self, name: str, history: dict[str, Any]) -> None:
         """Fill the sparklines from the agent's ring buffer, so a new console starts with a past."""
         view = self.machines[name]
         for gpu in history.get("gpus", []):
-            for key in ("util_pct", "mem_used_bytes", "temp_c", "power_w"):
+            for key in GPU_SERIES:
                 series = view.series[f"gpu{gpu['index']}.{key}"] = deque(maxlen=SPARK_POINTS)
                 series.extend(gpu.get(key, [])[-SPARK_POINTS:])
         cpu = view.series["cpu_pct"] = deque(maxlen=SPARK_POINTS)
@@ -130,5 +167,5 @@ class LabState:
         for view in self.machines.values():
             for gpu in view.gpus.values():
                 count += 1
-                total += gpu.get("mem_total_bytes") or 0
+                total += gpu.mem_total_bytes or 0
         return count, total

@@ -45,7 +45,7 @@ async def shoot(lab_path: Path) -> list[Path]:
         await app.client.call("m5", "jobs.start", {"recipe": "demo-lora", "params": {"max_steps": 2000, "save_steps": 200}})
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not any(
-            (job.get("step") or 0) >= 600 for job in app.state.machines["m5"].items("jobs")
+            (job.step or 0) >= 600 for job in app.state.machines["m5"].jobs
         ):
             await pilot.pause(0.5)
         for name in VIEWS:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -14,6 +17,8 @@ import yaml
 from console.demo import DemoLab
 
 REPO = Path(__file__).resolve().parent.parent
+HOUR_S = 3600
+V100 = {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250}
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +51,89 @@ def small_demo(tmp_path, lab_file):
         yield demo
 
 
+# ---------------------------------------------------------------- real checkpoints (tests of checkpoints and their view)
+
+
+def trainer_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "CETLAB_PROGRESS_FILE"}
+    env.update(OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def age(folder: Path, seconds: float) -> None:
+    """Make a checkpoint look written `seconds` ago, so the settle window does not depend on the test's speed."""
+    then = time.time() - seconds
+    for path in [*folder.rglob("*"), folder]:
+        os.utime(path, (then, then))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from agents.train.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def hand_runs(tmp_path_factory, tiny_model) -> Path:
+    """A run not started by cetlab (8 steps, a checkpoint every step) plus a corrupt, an in-progress and a tmp checkpoint."""
+    root = tmp_path_factory.mktemp("hand")
+    config = {
+        "base_model": str(tiny_model), "dataset": str(REPO / "demo" / "train.jsonl"), "output_dir": "exp1", "max_seq_len": 32,
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+        "per_device_batch_size": 4, "max_steps": 8, "learning_rate": 3e-3, "save_steps": 1, "logging_steps": 1, "seed": 0,
+    }
+    (root / "train.yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.run([sys.executable, "-m", "agents.train", "--config", str(root / "train.yaml")], cwd=REPO, env=trainer_env(),
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = root / "exp1"
+    for folder in run.glob("checkpoint-*"):
+        age(folder, HOUR_S)
+    shutil.copytree(run / "checkpoint-8", run / "checkpoint-9")
+    state = run / "checkpoint-9" / "trainer_state.json"
+    state.write_text(state.read_text()[:200])  # truncated, as a crash mid-write leaves it
+    age(run / "checkpoint-9", HOUR_S)
+    shutil.copytree(run / "checkpoint-8", run / "tmp-checkpoint-11")
+    age(run / "tmp-checkpoint-11", HOUR_S)
+    shutil.copytree(run / "checkpoint-8", run / "checkpoint-10")  # being written right now (fresh files)
+    (run / "checkpoint-10" / "trainer_state.json").unlink()
+    age(run / "checkpoint-10", 0)
+    for name in ("exp2", "exp3"):  # copies for the tests that delete
+        shutil.copytree(run, root / name, symlinks=True)  # file times come along
+    return root
+
+
+@pytest.fixture(scope="module")
+def checkpoints_lab(tmp_path_factory, tiny_model, hand_runs) -> DemoLab:
+    """A one-machine lab whose agent sees hand_runs and serves the tiny model (sim and transformers)."""
+    root = tmp_path_factory.mktemp("ckpt")
+    source = root / "src"
+    source.mkdir()
+    shutil.copytree(REPO / "demo", source / "demo")
+    train = ["cetlab-train", "--config", "demo/train.yaml", "--output-dir", "{output_dir}", "--set", f"base_model={tiny_model}",
+             "--set", "logging_steps=1", "--set", "max_seq_len=32"]
+    fast = {"load_s": 0.1, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.1}
+    data = {
+        "lab": "ckpt-test",
+        "machines": [{"name": "box", "gpus": {"sim": [V100, V100]}}],
+        "models": [
+            {"name": "tiny-sim", "path": str(tiny_model), "engine": "sim", "machine": "box", "gpus": [1], "vram_gib": 1, "sim": fast},
+            {"name": "tiny-hf", "path": str(tiny_model), "engine": "transformers", "machine": "box", "load_timeout_s": "180s"},
+        ],
+        "orchestra": {"warm": ["tiny-sim"]},
+        "trainers": [{
+            "name": "tiny", "machine": "box", "gpus": [0], "command": train, "output_dir": "runs/{job_id}",
+            "params": [{"name": "max_steps", "type": "int", "default": 4, "min": 1},
+                       {"name": "save_steps", "type": "int", "default": 2, "min": 1},
+                       {"name": "resume_from_checkpoint", "type": "str"}]}],
+        "checkpoints": {"dirs": [{"machine": "box", "path": str(hand_runs)}], "poll_s": 1, "settle_s": 600},
+    }
+    (source / "lab.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    with DemoLab(root / "run", source=source / "lab.yaml") as demo:
+        yield demo
+
+
 def run_agent(lab_path: Path, machine: str, state_dir: Path) -> subprocess.Popen:
     """Start `cetlab-agent serve` as a real process (for kill/restart tests)."""
     return subprocess.Popen(
@@ -59,11 +147,33 @@ def run_agent(lab_path: Path, machine: str, state_dir: Path) -> subprocess.Popen
 
 
 async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):
-    """Poll until predicate() is truthy; fail the test with a clear message on timeout."""
+    """Poll until predicate() is truthy (a coroutine function is awaited); fail with a clear message on timeout.
+
+    Returns the predicate's truthy value. Every wait in the tests goes through here: no sleeps, no
+    hand-made deadline loops, no pauses that hope the console has caught up.
+    """
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {getattr(predicate, '__name__', predicate)}")
         await asyncio.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s: {getattr(predicate, '__name__', predicate)}")
+
+
+def drawn(app, kind: type | None = None) -> bool:
+    """The console shows a view (of this kind) that has drawn the newest LabState."""
+    from console.screens.base import LabScreen
+
+    screen = app.screen
+    return (isinstance(screen, LabScreen) and (kind is None or isinstance(screen, kind)) and screen.ready
+            and screen.drawn_version == app.state.version)
+
+
+async def until_drawn(pilot, kind: type | None = None, timeout: float = 20.0) -> None:
+    """Wait until the view (of this kind) has drawn the newest data, then let Textual finish the frame."""
+    await wait_for(lambda: drawn(pilot.app, kind), timeout)
+    await pilot.pause()  # no delay: only the messages already queued (the redraw) run

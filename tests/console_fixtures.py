@@ -32,3 +32,26 @@ def frozen_state(offline: tuple[str, ...] = ("pharaoh",), ticks: int = 40) -> La
         else:
             state.set_link(machine.name, "online")
     return state
+
+
+def frozen_jobs() -> list[dict]:
+    """The jobs section of m5: a running run with its loss falling, a GPU-starved one, a crash and a finished run."""
+    def job(n: int, recipe: str, gpus: list[int], state: str, **more) -> dict:
+        return {"id": f"m5-{n}", "recipe": recipe, "machine": "m5", "gpus": gpus, "state": state, "exit_code": None, "step": None,
+                "max_steps": None, "loss": None, "loss_history": [], "samples_per_s": None, "tokens_per_s": None, "learning_rate": None,
+                "eta_s": None, "checkpoints": [], "started_at": FROZEN_NOW - 1000 + n, "elapsed_s": 0.0, "params": {},
+                "log_path": f"/var/lib/cetlab/logs/job-m5-{n}.log", "output_dir": f"/runs/m5-{n}", "starved": False,
+                "adopted": False, "error": None, "last_lines": [], "simulated": True, **more}
+
+    losses = [round(6.4 * 0.97 ** i + 0.3 * (i % 3) / 10, 4) for i in range(60)]
+    return [
+        job(4, "demo-lora", [0], "running", step=240, max_steps=400, loss=losses[-1], loss_history=losses, samples_per_s=123.4,
+            tokens_per_s=1008.0, learning_rate=0.0021, eta_s=95.0, elapsed_s=148.0, params={"max_steps": 400},
+            checkpoints=[{"step": s, "path": f"/runs/m5-4/checkpoint-{s}", "save_s": 0.05} for s in (80, 160, 240)]),
+        job(3, "p40-ddp", [1, 2, 3, 4], "running", starved=True, step=12, max_steps=1000, loss=5.9, loss_history=[6.3, 6.1, 5.9],
+            samples_per_s=3.1, eta_s=3800.0, elapsed_s=640.0, adopted=True),
+        job(2, "demo-lora", [0], "failed", exit_code=1, elapsed_s=7.0, error="exited with code 1",
+            last_lines=["Traceback (most recent call last):", "  ...", "RuntimeError: CUDA out of memory"]),
+        job(1, "demo-lora", [0], "exited", exit_code=0, step=100, max_steps=100, loss=2.31, loss_history=losses[:40],
+            samples_per_s=140.2, eta_s=0.0, elapsed_s=61.0),
+    ]

@@ -36,10 +36,10 @@ async def test_hello_stream_and_history(small_demo):
         first = await wait_for(lambda: view.sample_t)
         await wait_for(lambda: view.sample_t > first + 1.5)  # the stream keeps coming
         gpu = view.gpus[0]
-        assert gpu["name"] == "Tesla P4" and gpu["simulated"] is True
-        assert gpu["mem_total_bytes"] == 8 * 1024**3
-        assert 0 <= gpu["util_pct"] <= 100 and gpu["power_w"] > 0
-        assert view.host["ram_total_bytes"] > 0
+        assert gpu.name == "Tesla P4" and gpu.simulated is True
+        assert gpu.mem_total_bytes == 8 * 1024**3
+        assert 0 <= gpu.util_pct <= 100 and gpu.power_w > 0
+        assert view.host.ram_total_bytes > 0
         history = await client.call("box", "history", {"max_points": 3600})
         assert len(history["t"]) >= 3 and history["simulated"] is True
         assert len(history["gpus"][0]["power_w"]) == len(history["t"])

@@ -178,10 +178,10 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
         client = FleetClient(lab, subscribe=[EVENT_TICK, EVENT_NOTICE], on_event=lambda m, e, d: notices.append((m, e, d)))
         async with client:
             box = client.state.machines["box"]
-            await wait_for(lambda: box.online and "alerts" in box.sections, timeout=30)
+            await wait_for(lambda: box.online and box.sample_t is not None, timeout=30)
 
             def hot() -> list[dict]:  # (a nearly full disk on the test machine would be an alert too)
-                return [a for a in box.sections["alerts"]["active"] if a["rule"] == "gpu_hot"]
+                return [a.model_dump() for a in box.alerts.active if a.rule == "gpu_hot"]
 
             assert hot() == []
             await client.call("box", "sim.override", {"gpu": 0, "temp_c": 95})
@@ -196,7 +196,7 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
 
             await client.call("box", "sim.override", {"gpu": 0, "temp_c": 40, "clear": True})
             await wait_for(lambda: not hot(), timeout=20)
-            assert box.sections["alerts"]["recent"][0]["id"] == alert["id"]
+            assert box.alerts.recent[0].id == alert["id"]
             history = await client.call("box", "alerts.list", {})
             assert history["alerts"][0]["cleared_at"] >= history["alerts"][0]["fired_at"]
 
@@ -234,7 +234,7 @@ async def test_alerts_view_notifies_lists_and_acknowledges(tmp_path, lab_file):
         app = CetlabApp(load_lab(demo.lab_path))
         async with app.run_test(size=(160, 50)) as pilot:
             box = app.state.machines["box"]
-            await wait_for(lambda: box.online and "alerts" in box.sections, timeout=30)
+            await wait_for(lambda: box.online and box.sample_t is not None, timeout=30)
             await pilot.press("colon", *"alerts", "enter")
             await wait_for(lambda: isinstance(app.screen, AlertsScreen), timeout=10)
             screen = app.screen
@@ -248,7 +248,7 @@ async def test_alerts_view_notifies_lists_and_acknowledges(tmp_path, lab_file):
             assert "ACTIVE" in hot_rows()[0][0] and hot_rows()[0][2] == "box" and "97 C" in hot_rows()[0][6]
             await wait_for(lambda: any("gpu0 Tesla P4 at 97 C" in n.message for n in app._notifications), timeout=10)
 
-            table.move_cursor(row=[k.value for k in table.rows].index(next(a["id"] for a in box.sections["alerts"]["active"] if a["rule"] == "gpu_hot")))
+            table.move_cursor(row=[k.value for k in table.rows].index(next(a.id for a in box.alerts.active if a.rule == "gpu_hot")))
             await pilot.press("a")
             await wait_for(lambda: "acked" in hot_rows()[0][0], timeout=10)
 
@@ -266,10 +266,12 @@ def test_console_files_alerts_by_target_and_raises_offline_ones():
     lab = parse_lab("lab: t\nalerts: {offline_for_s: 30}\nmachines: [{name: a}, {name: b}, {name: c}]\n")
     state = LabState(lab)
     state.set_link("a", "online")
-    state.machines["a"].sections["alerts"] = {"active": [
-        {"id": "a-1", "rule": "gpu_starved", "target": "gpu0", "job": "3", "machine": "a", "fired_at": 10.0},
-        {"id": "a-2", "rule": "engine_failed", "target": "model llama", "model": "llama", "machine": "a", "fired_at": 11.0},
-    ]}
+    state.machines["a"].apply_section("alerts", {"active": [  # as the agent's alerts section carries them
+        {"id": "a-1", "n": 1, "rule": "gpu_starved", "target": "gpu0", "job": "3", "machine": "a", "level": "warning",
+         "message": "gpu0 starved", "fired_at": 10.0},
+        {"id": "a-2", "n": 2, "rule": "engine_failed", "target": "model llama", "model": "llama", "machine": "a", "level": "critical",
+         "message": "llama failed", "fired_at": 11.0},
+    ]})
     state.set_link("b", "offline", "connection refused")
     state.machines["b"].last_seen = 1000.0
     state.set_link("c", "offline", "connection refused")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -13,100 +11,25 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agents.checkpoints import Checkpoint, history_points, mark_best
 from agents.lab import load_lab
 from agents.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from console.demo import DemoLab
-from tests.conftest import REPO, wait_for
+from tests.conftest import wait_for
 
 PY = sys.executable
 V100 = {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250}
-HOUR_S = 3600
 SPEC_KEYS = {"run", "step", "epoch", "path", "written_at", "size_bytes", "loss", "eval_loss", "save_s", "is_best", "kept", "kind", "complete", "problem"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
-def trainer_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "CETLAB_PROGRESS_FILE"}
-    env.update(OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
-    return env
-
-
-def age(folder: Path, seconds: float) -> None:
-    """Make a checkpoint look written `seconds` ago, so the settle window does not depend on the test's speed."""
-    then = time.time() - seconds
-    for path in [*folder.rglob("*"), folder]:
-        os.utime(path, (then, then))
-
-
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    from agents.train.tiny import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def hand_runs(tmp_path_factory, tiny_model) -> Path:
-    """A run not started by cetlab (8 steps, a checkpoint every step) plus a corrupt, an in-progress and a tmp checkpoint."""
-    root = tmp_path_factory.mktemp("hand")
-    config = {
-        "base_model": str(tiny_model), "dataset": str(REPO / "demo" / "train.jsonl"), "output_dir": "exp1", "max_seq_len": 32,
-        "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-        "per_device_batch_size": 4, "max_steps": 8, "learning_rate": 3e-3, "save_steps": 1, "logging_steps": 1, "seed": 0,
-    }
-    (root / "train.yaml").write_text(yaml.safe_dump(config))
-    proc = subprocess.run([PY, "-m", "agents.train", "--config", str(root / "train.yaml")], cwd=REPO, env=trainer_env(),
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run = root / "exp1"
-    for folder in run.glob("checkpoint-*"):
-        age(folder, HOUR_S)
-    shutil.copytree(run / "checkpoint-8", run / "checkpoint-9")
-    state = run / "checkpoint-9" / "trainer_state.json"
-    state.write_text(state.read_text()[:200])  # truncated, as a crash mid-write leaves it
-    age(run / "checkpoint-9", HOUR_S)
-    shutil.copytree(run / "checkpoint-8", run / "tmp-checkpoint-11")
-    age(run / "tmp-checkpoint-11", HOUR_S)
-    shutil.copytree(run / "checkpoint-8", run / "checkpoint-10")  # being written right now (fresh files)
-    (run / "checkpoint-10" / "trainer_state.json").unlink()
-    age(run / "checkpoint-10", 0)
-    for name in ("exp2", "exp3"):  # copies for the tests that delete
-        shutil.copytree(run, root / name, symlinks=True)  # file times come along
-    return root
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory, tiny_model, hand_runs):
-    root = tmp_path_factory.mktemp("ckpt")
-    source = root / "src"
-    source.mkdir()
-    shutil.copytree(REPO / "demo", source / "demo")
-    train = ["cetlab-train", "--config", "demo/train.yaml", "--output-dir", "{output_dir}", "--set", f"base_model={tiny_model}",
-             "--set", "logging_steps=1", "--set", "max_seq_len=32"]
-    fast = {"load_s": 0.1, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.1}
-    data = {
-        "lab": "ckpt-test",
-        "machines": [{"name": "box", "gpus": {"sim": [V100, V100]}}],
-        "models": [
-            {"name": "tiny-sim", "path": str(tiny_model), "engine": "sim", "machine": "box", "gpus": [1], "vram_gib": 1, "sim": fast},
-            {"name": "tiny-hf", "path": str(tiny_model), "engine": "transformers", "machine": "box", "load_timeout_s": "180s"},
-        ],
-        "orchestra": {"warm": ["tiny-sim"]},
-        "trainers": [{
-            "name": "tiny", "machine": "box", "gpus": [0], "command": train, "output_dir": "runs/{job_id}",
-            "params": [{"name": "max_steps", "type": "int", "default": 4, "min": 1},
-                       {"name": "save_steps", "type": "int", "default": 2, "min": 1},
-                       {"name": "resume_from_checkpoint", "type": "str"}]}],
-        "checkpoints": {"dirs": [{"machine": "box", "path": str(hand_runs)}], "poll_s": 1, "settle_s": 600},
-    }
-    (source / "lab.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    with DemoLab(root / "run", source=source / "lab.yaml") as demo:
-        yield demo
+def lab(checkpoints_lab):
+    """The checkpoints lab of tests/conftest.py (real checkpoints, one agent), for this module."""
+    return checkpoints_lab
 
 
 @pytest.fixture
@@ -206,7 +129,7 @@ async def test_discovers_a_hand_started_run_with_its_details(client, lab, hand_r
     assert 0 < listing["save_share_pct"] < 100 and listing["wall_s"] == progress["elapsed_s"]
     assert listing["curves"]["loss"] == [[s, logged[s]] for s in sorted(logged)]
     # the section pushed to consoles carries the same summary
-    await wait_for(lambda: any(r["run"] == "exp1" for r in client.state.machines["box"].sections.get("checkpoints") or []))
+    await wait_for(lambda: any(r.run == "exp1" for r in client.state.machines["box"].checkpoints))
     # nothing was deleted on the way, and bad input is a typed error that leaves the agent serving
     assert (hand_runs / "exp1" / "checkpoint-9").is_dir() and (hand_runs / "exp1" / "tmp-checkpoint-11").is_dir()
     assert (await error_of(client, "checkpoints.list", {"run": "nope"})).code == ErrorCode.NOT_FOUND
@@ -298,8 +221,7 @@ async def test_resume_from_a_checkpoint_continues_the_step_count(client, lab):
 
 
 async def test_serve_an_adapter_into_a_warm_model_and_merged_on_transformers(client, lab, hand_runs):
-    await wait_for(lambda: client.state.machines["box"].sections.get("models") and next(
-        m for m in client.state.machines["box"].sections["models"]["models"] if m["name"] == "tiny-sim")["state"] == "warm", timeout=60)
+    await wait_for(lambda: any(m.name == "tiny-sim" and m.state == "warm" for m in client.state.machines["box"].model_list), timeout=60)
     # 1. the warm sim model of the same base loads the adapter at run time (vLLM's /v1/load_lora_adapter)
     served = await client.call("box", "checkpoints.serve", {"run": "exp1", "step": 4})
     assert served["mode"] == "adapter" and served["model"] == "tiny-sim" and served["base_matches"] and served["simulated"]

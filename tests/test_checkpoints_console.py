@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 
@@ -11,10 +10,10 @@ import pytest
 from agents.lab import load_lab
 from console.app import CetlabApp
 from console.client import FleetClient
-from console.screens.checkpoints import AskNumberScreen, CheckpointsScreen
-from console.screens.models import ConfirmScreen
+from console.screens.checkpoints import CheckpointsScreen
+from console.screens.modals import AskNumberScreen, ConfirmScreen
+from tests.conftest import until_drawn, wait_for
 from tests.console_fixtures import FROZEN_NOW, frozen_state
-from tests.test_checkpoints import hand_runs, lab, tiny_model  # noqa: F401 (module fixtures: real checkpoints, real agents)
 from widgets.checkpoint_timeline import CheckpointTimeline, marker_groups
 
 SIZE = (160, 50)
@@ -30,13 +29,10 @@ def test_markers_sit_on_the_curve_by_kind():
     assert groups == {"saved": ([2], [2.0]), "incomplete": ([5], [1.0]), "best": ([3], [1.5]), "selected": ([4], [1.0])}
 
 
-async def until(pilot, condition, timeout: float = 30.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if condition():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError("the view never showed it")
+@pytest.fixture(scope="module")
+def lab(checkpoints_lab):
+    """Real checkpoints (tests/conftest.py), one agent, for this module."""
+    return checkpoints_lab
 
 
 def complete_steps(run) -> list[int]:
@@ -45,79 +41,81 @@ def complete_steps(run) -> list[int]:
 
 
 def table_steps(app) -> list[int]:
-    return [int(k.value) for k in app.screen.query_one("#ckpt-table").rows]
+    return [int(key) for key in app.screen.query_one("#ckpt-table").items]
 
 
-async def test_view_shows_a_run_and_acts_on_its_checkpoints(lab, hand_runs):  # noqa: F811
+async def test_view_shows_a_run_and_acts_on_its_checkpoints(lab, hand_runs):
     app = CetlabApp(load_lab(lab.lab_path))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("colon", *"checkpoints", "enter")
         screen = app.screen
         assert isinstance(screen, CheckpointsScreen)
-        await until(pilot, lambda: screen.runs())
+        await wait_for(lambda: screen.runs(), 30)
         screen.show_run("box", "exp3")
-        await until(pilot, lambda: table_steps(app)[:1] == [1] and screen.detail and screen.detail["run"] == "exp3")
+        await wait_for(lambda: table_steps(app)[:1] == [1] and screen.detail and screen.detail["run"] == "exp3", 30)
         assert "exp3" in str(screen.query_one("#ckpt-run").render())
         timeline = screen.query_one(CheckpointTimeline)
-        assert timeline._shown is not None and timeline._shown[1]  # the loss curve is drawn
+        assert timeline.shown_curve  # the loss curve is drawn
         best = next(c["step"] for c in screen.detail["checkpoints"] if c["is_best"])
-        assert screen.selected_step() == best  # the cursor starts on the best one
+        assert screen.selected()["step"] == best  # the cursor starts on the best one
         assert "step" in str(screen.query_one("#ckpt-detail").render())
 
-        # k keeps the selected checkpoint; the table says so once the agent answered
-        await pilot.press("k")
-        await until(pilot, lambda: next(c for c in screen.detail["checkpoints"] if c["step"] == best)["kept"])
+        # k moves up (as in every view); p keeps the selected checkpoint; the table says so once the agent answered
+        await pilot.press("k", "j")
+        assert screen.selected()["step"] == best and app.screen is screen
+        await pilot.press("p")
+        await wait_for(lambda: next(c for c in screen.detail["checkpoints"] if c["step"] == best)["kept"], 30)
         assert (hand_runs / "exp3" / f"checkpoint-{best}").is_dir()
 
-        # d on the best asks twice; n at the second question leaves it on disk
-        await pilot.press("d")
-        assert isinstance(app.screen, ConfirmScreen)
+        # ctrl+d on the best asks twice; n at the second question leaves it on disk
+        await pilot.press("ctrl+d")
+        first = await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen)
         await pilot.press("y")
-        await pilot.pause(0.1)
-        assert isinstance(app.screen, ConfirmScreen)
+        await wait_for(lambda: isinstance(app.screen, ConfirmScreen) and app.screen is not first)
         await pilot.press("n")
-        await pilot.pause(0.3)
+        await wait_for(lambda: app.screen is screen)
         assert (hand_runs / "exp3" / f"checkpoint-{best}").is_dir()
 
         # P asks for N, confirms, and the agent prunes: best + last 1 + kept remain
         await pilot.press("P")
-        assert isinstance(app.screen, AskNumberScreen)
+        await wait_for(lambda: isinstance(app.screen, AskNumberScreen))
         await pilot.press("backspace", "1", "enter")
-        assert isinstance(app.screen, ConfirmScreen)
+        await wait_for(lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("y")
-        await until(pilot, lambda: len(complete_steps(hand_runs / "exp3")) < 8)
+        await wait_for(lambda: len(complete_steps(hand_runs / "exp3")) < 8, 30)
         left = complete_steps(hand_runs / "exp3")
         assert left == sorted({best, 8})  # the best (also kept) and the newest
-        await until(pilot, lambda: set(table_steps(app)) == set(left) | {9, 10, 11})  # incomplete ones stay, listed
+        await wait_for(lambda: set(table_steps(app)) == set(left) | {9, 10, 11}, 30)  # incomplete ones stay, listed
 
 
-async def test_c_on_a_job_opens_its_runs_checkpoints(lab):  # noqa: F811
+async def test_c_on_a_job_opens_its_runs_checkpoints(lab):
     app = CetlabApp(load_lab(lab.lab_path))
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.state.machines["box"].online)
+        await wait_for(lambda: app.state.machines["box"].online, 30)
         job = await app.client.call("box", "jobs.start", {"recipe": "tiny", "params": {"max_steps": 2, "save_steps": 2}})
         await pilot.press("colon", *"jobs", "enter")
-        await until(pilot, lambda: any(j["id"] == job["id"] and j["state"] == "exited" for j in app.state.machines["box"].sections.get("jobs") or []), 120)
-        await pilot.pause(0.6)
+        await wait_for(lambda: any(j.id == job["id"] and j.state == "exited" for j in app.state.machines["box"].jobs), 120)
+        await wait_for(lambda: job["id"] in app.screen.query_one("#jobs-table").items)
+        app.screen.query_one("#jobs-table").select_key(job["id"])
         await pilot.press("c")
-        await until(pilot, lambda: isinstance(app.screen, CheckpointsScreen))
+        await wait_for(lambda: isinstance(app.screen, CheckpointsScreen))
         assert app.screen.run_key == ("box", job["id"])
-        await until(pilot, lambda: table_steps(app) == [2])
+        await wait_for(lambda: table_steps(app) == [2], 30)
         assert app.screen.detail["job"] == job["id"] and app.screen.detail["recipe"] == "tiny"
 
 
-async def test_readonly_console_refuses_the_verbs(lab):  # noqa: F811
+async def test_readonly_console_does_not_bind_the_verbs(lab):
     app = CetlabApp(load_lab(lab.lab_path), readonly=True)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("colon", *"checkpoints", "enter")
         screen = app.screen
-        await until(pilot, lambda: screen.runs())
+        await wait_for(lambda: screen.runs(), 30)
         screen.show_run("box", "exp1")
-        await until(pilot, lambda: table_steps(app))
-        for key in ("d", "P", "r", "v", "k"):
-            await pilot.press(key)
-            await pilot.pause(0.05)
-            assert app.screen is screen  # no modal: nothing may act
+        await wait_for(lambda: table_steps(app), 30)
+        assert not {"ctrl+d", "P", "r", "v", "p"} & set(screen.active_bindings)
+        await pilot.press("ctrl+d", "P", "r", "v", "p")
+        await pilot.pause()
+        assert app.screen is screen  # no modal: nothing may act
         assert (await app.client.call("box", "checkpoints.list", {"run": "exp1"}))["count"] >= 8
 
 
@@ -152,7 +150,7 @@ def frozen_app(monkeypatch):
     time.tzset()
     state = frozen_state()
     summary, _ = frozen_run()
-    state.machines["m5"].sections["checkpoints"] = [summary]
+    state.machines["m5"].apply_section("checkpoints", [summary])
     yield CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
     monkeypatch.delenv("TZ")
     time.tzset()
@@ -160,10 +158,11 @@ def frozen_app(monkeypatch):
 
 def test_snapshot_checkpoints(snap_compare, frozen_app):
     async def open_view(pilot):
-        await pilot.pause(0.3)
+        await until_drawn(pilot)
         await pilot.press("colon", *"checkpoints", "enter")
-        await pilot.pause(0.3)
+        await until_drawn(pilot, CheckpointsScreen)
         pilot.app.screen.show_detail(frozen_run()[1])
-        await pilot.pause(0.7)
+        await wait_for(lambda: pilot.app.screen.query_one(CheckpointTimeline).shown_curve)
+        await pilot.pause()
 
     assert snap_compare(frozen_app, terminal_size=SIZE, run_before=open_view)

@@ -11,10 +11,11 @@ from agents.lab import load_lab
 from console.app import CetlabApp
 from console.client import FleetClient
 from console.screens.fleet import FleetScreen
-from console.screens.help import HelpScreen
 from console.screens.machine import MachineScreen
-from tests.conftest import wait_for
-from tests.console_fixtures import FROZEN_NOW, frozen_state
+from console.screens.modals import HelpScreen
+from tests.conftest import until_drawn, wait_for
+from tests.console_fixtures import FROZEN_NOW, frozen_jobs, frozen_state
+from widgets.lab_header import LabHeader
 from widgets.machine_card import MachineCard
 
 SIZE = (160, 50)
@@ -22,7 +23,11 @@ SIZE = (160, 50)
 
 def card_text(app, name: str) -> str:
     card = app.screen.query_one(f"#card-{name}", MachineCard)
-    return str(card._header_shown)
+    return str(card.header)
+
+
+def header_of(app) -> str:
+    return str(app.screen.query_one(LabHeader).text)
 
 
 async def test_fleet_shows_every_gpu_live_and_navigates(demo_lab):
@@ -30,24 +35,25 @@ async def test_fleet_shows_every_gpu_live_and_navigates(demo_lab):
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(lambda: all(v.online for v in app.state.machines.values()), timeout=30)
         await wait_for(lambda: app.state.gpu_totals() == (9, 156 * 1024**3))
-        await pilot.pause(0.6)
-        assert isinstance(app.screen, FleetScreen)
-        header = str(app.screen.query_one("LabHeader")._shown)
-        assert "4/4 machines online" in header and "9 GPUs" in header and "156 GB VRAM" in header and "SIM" in header
+        await until_drawn(pilot, FleetScreen)
+        header = await wait_for(lambda: "4/4 machines online" in header_of(app) and header_of(app))
+        assert "9 GPUs" in header and "156 GiB VRAM" in header and "SIM" in header
         assert "SIM" in card_text(app, "m5") and "online" in card_text(app, "m5")
-        rows = app.screen.query_one("#card-m5", MachineCard)._rows
+        rows = app.screen.query_one("#card-m5", MachineCard).gpu_rows
         assert len(rows) == 5 and "Tesla V100" in str(rows[0].text)
 
         await pilot.press("enter")  # the focused card is m5
         assert isinstance(app.screen, MachineScreen) and app.screen.machine == "m5"
-        await pilot.pause(1.2)
-        procs = app.screen.query_one("#procs")
-        assert procs.row_count >= 1  # the simulated background load shows as a process
+        # the simulated background load shows as a process
+        await wait_for(lambda: isinstance(app.screen, MachineScreen) and app.screen.query_one("#procs").row_count >= 1)
         await pilot.press("escape")
         assert isinstance(app.screen, FleetScreen)
 
-        await pilot.press("down", "enter")
+        await pilot.press("j", "enter")  # j: the next card, as down does
         assert isinstance(app.screen, MachineScreen) and app.screen.machine == "irina"
+        await pilot.press("escape")
+        await pilot.press("G", "k", "enter")  # the last card, then one up
+        assert isinstance(app.screen, MachineScreen) and app.screen.machine == list(app.state.machines)[-2]
         await pilot.press("escape")
 
         await pilot.press("question_mark")
@@ -56,8 +62,7 @@ async def test_fleet_shows_every_gpu_live_and_navigates(demo_lab):
 
         await pilot.press("colon")
         await pilot.press(*"fleet", "enter")
-        await pilot.pause(0.2)
-        assert isinstance(app.screen, FleetScreen)
+        await wait_for(lambda: isinstance(app.screen, FleetScreen))
         await pilot.press("q")
     assert app.return_code in (0, None)
 
@@ -70,16 +75,15 @@ async def test_an_offline_machine_is_shown_with_its_last_seen_time(small_demo):
     app = CetlabApp(load_lab(path))
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(lambda: app.state.machines["box"].online and app.state.machines["ghost"].link == "offline", timeout=30)
-        await pilot.pause(0.6)
+        await until_drawn(pilot)
         assert "OFFLINE" in card_text(app, "ghost") and "last seen never" in card_text(app, "ghost")
         assert "connection refused" in card_text(app, "ghost")
         assert "online" in card_text(app, "box")
-        header = str(app.screen.query_one("LabHeader")._shown)
-        assert "1/2 machines online" in header
+        await wait_for(lambda: "1/2 machines online" in header_of(app))
         # the machine that was online goes away: the card says so, with when it was last seen
         small_demo.stop()
         await wait_for(lambda: app.state.machines["box"].link == "offline", timeout=30)
-        await pilot.pause(0.6)
+        await until_drawn(pilot)
         assert "OFFLINE" in card_text(app, "box")
         assert time.strftime("%H:%M", time.localtime(app.state.machines["box"].last_seen)) in card_text(app, "box")
 
@@ -96,22 +100,46 @@ def frozen_app(monkeypatch):
 
 
 def test_snapshot_fleet(snap_compare, frozen_app):
-    assert snap_compare(frozen_app, terminal_size=SIZE, run_before=lambda pilot: pilot.pause(0.7))
+    assert snap_compare(frozen_app, terminal_size=SIZE, run_before=until_drawn)
 
 
 def test_snapshot_machine(snap_compare, frozen_app):
     async def open_m5(pilot):
-        await pilot.pause(0.7)
+        await until_drawn(pilot, FleetScreen)
         await pilot.press("enter")
-        await pilot.pause(0.7)
+        await until_drawn(pilot, MachineScreen)
 
     assert snap_compare(frozen_app, terminal_size=SIZE, run_before=open_m5)
 
 
 def test_snapshot_help(snap_compare, frozen_app):
     async def open_help(pilot):
-        await pilot.pause(0.3)
+        await until_drawn(pilot, FleetScreen)
         await pilot.press("question_mark")
-        await pilot.pause(0.3)
+        await wait_for(lambda: isinstance(pilot.app.screen, HelpScreen))
+        await pilot.pause()
 
     assert snap_compare(frozen_app, terminal_size=SIZE, run_before=open_help)
+
+
+def test_labstate_parses_each_section_once_and_refuses_what_does_not_fit():
+    from agents.protocol import GpuSample, HostSample
+    from agents.states import JobState
+
+    state = frozen_state(offline=())
+    view = state.machines["m5"]
+    assert isinstance(view.gpus[0], GpuSample) and isinstance(view.host, HostSample) and view.host.cpu_count == 28
+    state.apply_tick("m5", {"t": FROZEN_NOW, "changed": {"jobs": frozen_jobs()}})
+    assert view.jobs[0].state is JobState.RUNNING and view.jobs[0].loss_history and not view.problems
+
+    # a section in a shape the agent never sends (the old "bare or {section: [...]}" guess) is refused, named, and the last good one kept
+    state.apply_tick("m5", {"t": FROZEN_NOW + 1, "changed": {"jobs": {"jobs": frozen_jobs()[:1]}}})
+    assert len(view.jobs) == 4 and "m5 sent a jobs section that does not fit" in view.problems["jobs"]
+    # numbers are finite or null by type: a NaN temperature is a missing one; a GPU without its index is refused, with where
+    nan = view.gpus[0].model_dump(mode="json") | {"temp_c": float("nan")}
+    state.apply_tick("m5", {"t": FROZEN_NOW + 2, "changed": {"gpus": [nan]}})
+    assert view.gpus[0].temp_c is None and "gpus" not in view.problems
+    state.apply_tick("m5", {"t": FROZEN_NOW + 2, "changed": {"gpus": [{"name": "Tesla V100"}]}})
+    assert "gpus.0.index: Field required" in view.problems["gpus"] and view.gpus[0].name == "Tesla V100"
+    state.apply_tick("m5", {"t": FROZEN_NOW + 3, "changed": {"jobs": frozen_jobs()[:2]}})
+    assert len(view.jobs) == 2 and "jobs" not in view.problems  # a good section clears the complaint

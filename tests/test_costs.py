@@ -261,7 +261,7 @@ async def test_a_running_job_is_charged_for_its_gpu(tmp_path, lab_file):
             box = client.state.machines["box"]
             await wait_for(lambda: box.online, timeout=30)
             job = await client.call("box", "jobs.start", {"recipe": "sleeper"})
-            jobs = lambda: [j for j in box.sections.get("jobs") or [] if j["id"] == job["id"] and j["state"] == "running"]  # noqa: E731
+            jobs = lambda: [j for j in box.jobs if j.id == job["id"] and j.state == "running"]  # noqa: E731
             await wait_for(jobs, timeout=30)
 
             async def charged() -> dict | None:

@@ -14,10 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents.protocol import MAX_MESSAGE_BYTES, ErrorCode
-from agents.server import RATE_PER_S
+from agents.server import RATE_BURST, RATE_PER_S, TokenBucket
 from tests.hardening_fixtures import connected, raw_channel
 
-PACE_PER_S = RATE_PER_S * 0.9  # stay under the per-connection rate limit so every message reaches the dispatcher
+# The client paces itself with the agent's own token bucket at 90% of its rate and half its burst, so every
+# message reaches the dispatcher however the machine stalls: a stall refills the client's bucket no further than
+# half the agent's, and the client sends a batch only after the previous one was answered.
+CLIENT_RATE_PER_S, CLIENT_BURST = RATE_PER_S * 0.9, RATE_BURST // 2
 CODES = {c.value for c in ErrorCode} - {ErrorCode.INTERNAL.value}
 PARAM_KEYS = ["interval_s", "since", "max_points", "topics", "recipe", "params", "id", "tail_lines", "offset", "follow",
               "grace_s", "limit", "model", "pinned", "out", "in", "name", "path", "by", "who", "method", "before_id", "step"]
@@ -36,17 +39,18 @@ class Wire:
         self.thread.start()
         self.conn, self.writer, self.reader = self.run(raw_channel(demo))
         self.sent = 0
-        self.started = time.monotonic()
+        self.bucket = TokenBucket(CLIENT_RATE_PER_S, CLIENT_BURST)
         self.codes: dict[str, int] = {}
 
     def run(self, coro, timeout: float = 60):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def _pace(self, count: int) -> None:
-        self.sent += count
-        ahead_s = self.sent / PACE_PER_S - (time.monotonic() - self.started)
-        if ahead_s > 0:
-            time.sleep(ahead_s)
+    def _pace(self, lines: int) -> None:
+        """Take a token per line from the client's bucket, waiting for its refill when it is empty."""
+        self.sent += lines
+        for _ in range(lines):
+            while not self.bucket.take():
+                time.sleep(1 / CLIENT_RATE_PER_S)
 
     async def _exchange(self, data: bytes, sentinel: str, count: int) -> list[bytes]:
         # requests run concurrently, so replies come in any order: wait for the sentinel ping and `count` others
@@ -67,7 +71,7 @@ class Wire:
 
     def replies(self, data: bytes, count: int) -> list[dict]:
         """Send raw bytes and a ping; `count` replies besides the ping's, parsed and checked."""
-        self._pace(count + 1)
+        self._pace(data.count(b"\n") + 1)  # every line costs the agent a token (the sentinel's too)
         sentinel = f"sentinel-{self.sent}"
         lines = self.run(self._exchange(data, sentinel, count))
         replies = []

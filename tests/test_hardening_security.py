@@ -70,7 +70,7 @@ async def test_operator_actions_are_audited_with_params_and_outcome(small_demo):
         assert newest["who"] == "demo-console" and newest["role"] == "operator"
         assert oldest["t"] <= middle["t"] <= newest["t"] and newest["duration_s"] >= 0
         view = client.state.machines["box"]
-        await wait_for(lambda: (view.sections.get("audit") or {}).get("count") == before + 3, timeout=10)
+        await wait_for(lambda: view.audit.count == before + 3, timeout=10)
     finally:
         await client.stop()
 

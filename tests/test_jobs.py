@@ -156,7 +156,7 @@ async def test_real_training_through_the_agent(jobs_lab):
             assert key in done
         # the GPU went back: from the next sample on, no claim of this job on the simulated V100
         view = client.state.machines["box"]
-        await wait_for(lambda: not any(p["command"].startswith(f"job {job['id']} ") for p in view.gpus[0]["processes"]), timeout=10)
+        await wait_for(lambda: not any((p.command or "").startswith(f"job {job['id']} ") for p in view.gpus[0].processes), timeout=10)
     finally:
         await client.stop()
 
@@ -219,7 +219,7 @@ async def test_sleeper_is_claimed_starved_then_stopped(jobs_lab):
         starved = await wait_job(client, job["id"], lambda j: j["starved"], timeout=30)
         assert starved["state"] == "running" and starved["simulated"] is True
         view = client.state.machines["box"]
-        await wait_for(lambda: any(j["id"] == job["id"] and j["starved"] for j in view.sections.get("jobs") or []))
+        await wait_for(lambda: any(j.id == job["id"] and j.starved for j in view.jobs))
         # GPU 1 is taken now
         conflict = await error_of(client, "jobs.start", {"recipe": "stubborn"})
         assert conflict.code == ErrorCode.CONFLICT and job["id"] in conflict.message

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 import pytest
@@ -11,10 +10,10 @@ from textual.widgets import Input
 from agents.lab import load_lab
 from console.app import CetlabApp
 from console.demo import DemoLab
-from console.screens.jobs import JobsScreen, PickRecipeScreen, StartJobScreen
+from console.screens.jobs import JobsScreen
 from console.screens.logs import LogScreen
-from console.screens.models import ConfirmScreen
-from tests.conftest import wait_for
+from console.screens.modals import ConfirmScreen, PickRecipeScreen, StartJobScreen
+from tests.conftest import until_drawn, wait_for
 from widgets.jobs_table import JobsTable
 
 pytestmark = pytest.mark.timeout(120)
@@ -65,7 +64,8 @@ def _kill_job(job_dir) -> None:
 
 
 def job_of(app: CetlabApp, job_id: str) -> dict:
-    return next((j for j in app.state.machines["box"].sections.get("jobs") or [] if j["id"] == job_id), {})
+    """The job as the console's LabState has it, as a dict ({} before it arrives)."""
+    return next((j.model_dump() for j in app.state.machines["box"].jobs if j.id == job_id), {})
 
 
 def cell(app: CetlabApp, job_id: str, column: str) -> str:
@@ -73,13 +73,8 @@ def cell(app: CetlabApp, job_id: str, column: str) -> str:
 
 
 async def until_screen(pilot, app: CetlabApp, kind: type, timeout: float = 15.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not isinstance(app.screen, kind):
-        if loop.time() > deadline:
-            raise AssertionError(f"screen is {type(app.screen).__name__}, not {kind.__name__}")
-        await pilot.pause(0.05)
-    return app.screen
+    """The screen of this kind, once it is the one shown."""
+    return await wait_for(lambda: isinstance(app.screen, kind) and app.screen, timeout)
 
 
 async def test_start_watch_search_and_stop_a_run_from_the_jobs_view(lab):
@@ -102,13 +97,13 @@ async def test_start_watch_search_and_stop_a_run_from_the_jobs_view(lab):
         await pilot.press("enter")
         await wait_for(lambda: "below the minimum" in str(form.query_one("#start-error").render()), timeout=10)
         assert isinstance(app.screen, StartJobScreen)
-        steps.value = "60"
+        steps.value = "300"  # a minute: it still runs when the test stops it
         await pilot.press("enter")
         await until_screen(pilot, app, JobsScreen)
         await wait_for(lambda: (job_of(app, "box-1").get("step") or 0) >= 5, timeout=30)
-        await pilot.pause(0.6)  # one render
+        await until_drawn(pilot, JobsScreen)
         assert cell(app, "box-1", "state").startswith("running")
-        assert "/60" in cell(app, "box-1", "step") and "SIM" in cell(app, "box-1", "gpus")
+        assert "/300" in cell(app, "box-1", "step") and "SIM" in cell(app, "box-1", "gpus")
         loss = cell(app, "box-1", "loss")
         assert any(c in loss for c in "▁▂▃▄▅▆▇█")  # the sparkline
         assert cell(app, "box-1", "speed") == "42.0"
@@ -127,6 +122,16 @@ async def test_start_watch_search_and_stop_a_run_from_the_jobs_view(lab):
         await pilot.press("escape")
         await until_screen(pilot, app, JobsScreen)
 
+        # k moves, as in every view; the kill is ctrl+k, and it asks first
+        await pilot.press("k")
+        await pilot.pause()
+        assert isinstance(app.screen, JobsScreen)
+        await pilot.press("ctrl+k")
+        confirm = await until_screen(pilot, app, ConfirmScreen)
+        assert "Kill job" in str(confirm.query_one("#confirm-question").render())
+        await pilot.press("n")
+        await until_screen(pilot, app, JobsScreen)
+
         # s: asks first; n leaves it running; y stops it
         await pilot.press("s")
         await until_screen(pilot, app, ConfirmScreen)
@@ -137,7 +142,7 @@ async def test_start_watch_search_and_stop_a_run_from_the_jobs_view(lab):
         await until_screen(pilot, app, ConfirmScreen)
         await pilot.press("y")
         await wait_for(lambda: job_of(app, "box-1").get("state") == "exited", timeout=30)
-        await pilot.pause(0.6)
+        await until_drawn(pilot, JobsScreen)
         assert cell(app, "box-1", "state") == "exited(-15)"
 
 
@@ -146,63 +151,43 @@ async def test_a_starved_run_is_flagged_and_a_readonly_console_cannot_act(lab):
     async with app.run_test(size=(160, 50)) as pilot:
         await wait_for(lambda: app.state.machines["box"].online, timeout=30)
         await pilot.press("colon", *"jobs", "enter")
-        await until_screen(pilot, app, JobsScreen)
-        # a console that may not act: n does nothing but say so
-        await pilot.press("n")
-        await pilot.pause(0.3)
-        assert isinstance(app.screen, JobsScreen)
+        screen = await until_screen(pilot, app, JobsScreen)
+        # a console that may not act does not bind the acting keys: no footer hint, no help line, no effect
+        assert not {"n", "s", "ctrl+k"} & set(screen.active_bindings)
+        assert "l" in screen.active_bindings and "j" in screen.active_bindings
+        assert [desc for _, desc in screen.visible_bindings()] == ["Logs", "Checkpoints"]
         job = await app.client.call("box", "jobs.start", {"recipe": "idle"})
         await wait_for(lambda: job_of(app, job["id"]).get("starved"), timeout=30)
-        await pilot.pause(0.6)
+        await until_drawn(pilot, JobsScreen)
+        said: list[str] = []
+        app.notify = lambda message, **_: said.append(message)  # what the console tells the operator
+        await pilot.press("n", "s", "ctrl+k")
+        await pilot.pause()
+        assert isinstance(app.screen, JobsScreen) and said == []  # nothing opened, nothing refused after the press
         assert "GPU starved" in cell(app, job["id"], "state")
         assert "GPU starved" in str(app.screen.query_one("#jobs-detail").render())
         await app.client.call("box", "jobs.kill", {"id": job["id"]})
         await wait_for(lambda: job_of(app, job["id"]).get("state") == "exited", timeout=30)
 
 
-def frozen_jobs() -> list[dict]:
-    """A running run with its loss falling, a GPU-starved one, a crash and a finished run."""
-    from tests.console_fixtures import FROZEN_NOW
-
-    def job(n: int, recipe: str, gpus: list[int], state: str, **more) -> dict:
-        return {"id": f"m5-{n}", "recipe": recipe, "machine": "m5", "gpus": gpus, "state": state, "exit_code": None, "step": None,
-                "max_steps": None, "loss": None, "loss_history": [], "samples_per_s": None, "tokens_per_s": None, "learning_rate": None,
-                "eta_s": None, "checkpoints": [], "started_at": FROZEN_NOW - 1000 + n, "elapsed_s": 0.0, "params": {},
-                "log_path": f"/var/lib/cetlab/logs/job-m5-{n}.log", "output_dir": f"/runs/m5-{n}", "starved": False,
-                "adopted": False, "error": None, "last_lines": [], "simulated": True, **more}
-
-    losses = [round(6.4 * 0.97 ** i + 0.3 * (i % 3) / 10, 4) for i in range(60)]
-    return [
-        job(4, "demo-lora", [0], "running", step=240, max_steps=400, loss=losses[-1], loss_history=losses, samples_per_s=123.4,
-            tokens_per_s=1008.0, learning_rate=0.0021, eta_s=95.0, elapsed_s=148.0, params={"max_steps": 400},
-            checkpoints=[{"step": s, "path": f"/runs/m5-4/checkpoint-{s}", "save_s": 0.05} for s in (80, 160, 240)]),
-        job(3, "p40-ddp", [1, 2, 3, 4], "running", starved=True, step=12, max_steps=1000, loss=5.9, loss_history=[6.3, 6.1, 5.9],
-            samples_per_s=3.1, eta_s=3800.0, elapsed_s=640.0, adopted=True),
-        job(2, "demo-lora", [0], "failed", exit_code=1, elapsed_s=7.0, error="exited with code 1",
-            last_lines=["Traceback (most recent call last):", "  ...", "RuntimeError: CUDA out of memory"]),
-        job(1, "demo-lora", [0], "exited", exit_code=0, step=100, max_steps=100, loss=2.31, loss_history=losses[:40],
-            samples_per_s=140.2, eta_s=0.0, elapsed_s=61.0),
-    ]
-
-
 def test_snapshot_jobs(snap_compare, monkeypatch):
     import time
 
     from console.client import FleetClient
-    from tests.console_fixtures import FROZEN_NOW, frozen_state
+    from tests.console_fixtures import FROZEN_NOW, frozen_jobs, frozen_state
 
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
     state = frozen_state()
-    state.machines["m5"].sections["jobs"] = frozen_jobs()
+    state.machines["m5"].apply_section("jobs", frozen_jobs())
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
 
     async def open_view(pilot):
-        await pilot.pause(0.3)
+        await until_drawn(pilot)
         await pilot.press("colon", *"jobs", "enter")
-        await pilot.pause(0.7)
-        await pilot.press("down", "down")  # the crash: its error and last lines below the table
-        await pilot.pause(0.3)
+        await until_drawn(pilot, JobsScreen)
+        await pilot.press("j", "j")  # the crash: its error and last lines below the table
+        await pilot.pause()
 
     try:
         assert snap_compare(app, terminal_size=(160, 50), run_before=open_view)

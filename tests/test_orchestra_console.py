@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from textual.widgets import OptionList
 
 from agents.lab import load_lab
 from console.app import CetlabApp
 from console.demo import DemoLab
-from console.screens.models import ConfirmScreen, ModelsScreen, PickModelScreen
-from widgets.orchestra_table import OrchestraTable
-
+from console.screens.modals import ConfirmScreen, PickModelScreen
+from console.screens.models import ModelsScreen
+from tests.conftest import until_drawn, wait_for
 from tests.test_orchestra import pool_lab, sim_model
+from widgets.orchestra_table import OrchestraTable
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,19 +25,17 @@ def pool(tmp_path, lab_file):
 
 
 def model_state(app: CetlabApp, name: str) -> dict:
-    section = app.state.machines["box"].sections.get("models") or {"models": []}
-    return next((m for m in section["models"] if m["name"] == name), {"state": None, "op": None})
+    return next((m.model_dump() for m in app.state.machines["box"].model_list if m.name == name), {"state": None, "op": None})
 
 
-async def until(pilot, app: CetlabApp, name: str, state: str, timeout: float = 30.0) -> dict:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
+async def until(app: CetlabApp, name: str, state: str, timeout: float = 30.0) -> dict:
+    """The model once it has settled in this state (no operation in flight)."""
+    def settled() -> dict | None:
         model = model_state(app, name)
-        if model["state"] == state and not model.get("op"):
-            return model
-        await pilot.pause(0.1)
-    raise AssertionError(f"{name} is {model_state(app, name)['state']}, not {state}")
+        return model if model["state"] == state and not model.get("op") else None
+
+    settled.__name__ = f"{name} settled {state}"
+    return await wait_for(settled, timeout)
 
 
 def cell(app: CetlabApp, name: str, column: str) -> str:
@@ -49,9 +46,9 @@ async def test_models_view_keys_drive_the_pool(pool):
     app = CetlabApp(pool)
     async with app.run_test(size=(160, 50)) as pilot:
         await pilot.press("colon", *"models", "enter")
-        assert isinstance(app.screen, ModelsScreen)
-        await until(pilot, app, "a", "warm")
-        await pilot.pause(0.6)  # one render
+        await wait_for(lambda: isinstance(app.screen, ModelsScreen))
+        await until(app, "a", "warm")
+        await until_drawn(pilot, ModelsScreen)
         assert cell(app, "a", "state").startswith("warm") and "SIM" in cell(app, "a", "engine")
         assert cell(app, "b", "state") in ("cold", "cached")
 
@@ -60,15 +57,15 @@ async def test_models_view_keys_drive_the_pool(pool):
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
         assert isinstance(app.screen, ModelsScreen)
-        await pilot.pause(0.3)
+        await pilot.pause()
         assert model_state(app, "a")["state"] == "warm" and not model_state(app, "a").get("op")
         await pilot.press("s")
         await pilot.press("y")
-        await until(pilot, app, "a", "sleeping")
+        await until(app, "a", "sleeping")
 
         # w wakes it (no question: it interrupts nothing)
         await pilot.press("w")
-        a = await until(pilot, app, "a", "warm")
+        a = await until(app, "a", "warm")
         assert a["wake_s"] is not None
 
         # x: pick the model to bring in on a's GPU, confirm, watch it swap
@@ -81,39 +78,38 @@ async def test_models_view_keys_drive_the_pool(pool):
         await pilot.press("enter")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
-        await until(pilot, app, "b", "warm")
+        await until(app, "b", "warm")
         assert model_state(app, "a")["state"] == "sleeping" and model_state(app, "b")["gpus"] == [0]
 
-        # p pins the selected model; c stops it after a question
-        await pilot.press("down", "down")
-        assert app.screen.query_one(OrchestraTable).selected()["name"] == "c"
+        # j / k / g / G move; p pins the selected model; c stops it after a question
+        table = app.screen.query_one(OrchestraTable)
+        await pilot.press("G")
+        assert table.selected().name == "c"
+        await pilot.press("g", "j")
+        assert table.selected().name == "b"
+        await pilot.press("j")
+        assert table.selected().name == "c"
         await pilot.press("w")
-        await until(pilot, app, "c", "warm")
+        await until(app, "c", "warm")
         await pilot.press("p")
-        for _ in range(50):
-            if model_state(app, "c").get("pinned"):
-                break
-            await pilot.pause(0.1)
-        assert model_state(app, "c")["pinned"] is True
-        await pilot.pause(0.6)
-        assert "PIN" in cell(app, "c", "state")
+        await wait_for(lambda: model_state(app, "c").get("pinned") is True)
+        await wait_for(lambda: "PIN" in cell(app, "c", "state"))
         await pilot.press("c")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
-        for _ in range(100):
-            if model_state(app, "c")["state"] in ("cold", "cached"):
-                break
-            await pilot.pause(0.1)
-        assert model_state(app, "c")["state"] in ("cold", "cached")
+        await wait_for(lambda: model_state(app, "c")["state"] in ("cold", "cached"), 30)
 
 
 async def test_models_view_read_only_acts_on_nothing(pool):
     app = CetlabApp(pool, readonly=True)
     async with app.run_test(size=(160, 50)) as pilot:
         await app.switch_mode("models")
-        await until(pilot, app, "a", "warm")
-        await pilot.press("down")  # b, cold
-        await pilot.press("w", "x", "s")
+        await until(app, "a", "warm")
+        await until_drawn(pilot, ModelsScreen)
+        assert not {"w", "s", "c", "x", "p"} & set(app.screen.active_bindings)  # not bound at all
+        await pilot.press("j")  # b, cold
+        await pilot.press("w", "x", "s", "enter")
+        await pilot.pause()
         assert isinstance(app.screen, ModelsScreen)  # no modal opened
-        await pilot.pause(1.0)
-        assert model_state(app, "b")["state"] in ("cold", "cached") and not model_state(app, "b").get("op")
+        audit = await app.client.call("box", "audit.list", {})
+        assert not [e for e in audit["entries"] if e["method"].startswith("models.")]  # nothing reached the agent

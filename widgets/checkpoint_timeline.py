@@ -41,12 +41,14 @@ class CheckpointTimeline(PlotextPlot):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self._shown: Any = None
+        self.shown_curve: list[list] = []  # the loss points drawn now
 
     def show(self, title: str, loss: list[list], eval_loss: list[list], checkpoints: list[dict[str, Any]], selected: int | None) -> None:
         data = (title, loss, eval_loss, [(c["step"], c.get("loss"), c.get("is_best"), c.get("kept"), c.get("complete")) for c in checkpoints], selected)
         if data == self._shown:
             return
         self._shown = data
+        self.shown_curve = loss
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()

@@ -7,11 +7,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-
-def fmt_money(value: float | None, currency: str) -> str:
-    if value is None:
-        return "?"
-    return f"{value:,.2f} {currency}" if abs(value) >= 0.01 or value == 0 else f"{value:.4f} {currency}"
+from widgets.format import NA, fmt_money
 
 
 def cost_text(totals: dict[str, Any] | None) -> Text:
@@ -21,7 +17,7 @@ def cost_text(totals: dict[str, Any] | None) -> Text:
     currency = totals["currency"]
     line = Text()
     if totals["per_hour"] is None or totals["today"] is None:
-        line.append(f"cost ? ({'; '.join(totals['missing']) or 'no figure yet'})", style="bold yellow")
+        line.append(f"cost {NA} ({'; '.join(totals['missing']) or 'no figure yet'})", style="bold yellow")
     else:
         line.append(f"{fmt_money(totals['per_hour'], currency)}/h", style="bold")
         line.append(f" · today {fmt_money(totals['today'], currency)}")

@@ -1,30 +1,41 @@
-"""Plain formatting shared by widgets and the CLI: sizes, N/A, sparklines, threshold colours."""
+"""Plain formatting shared by the console and the CLI (no Textual): sizes, times, money, one missing-value marker."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
+NA = "-"  # the one marker for a value nobody measured (a table cell, a CLI column, a header figure)
 GIB = 1024**3
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
 
+def fmt(value: float | None, spec: str = ".0f", suffix: str = "") -> str:
+    """`value` in format `spec` with `suffix`, or NA."""
+    return NA if value is None else f"{value:{spec}}{suffix}"
+
+
 def fmt_bytes(n: float | None) -> str:
+    """Binary units, one decimal: 1.5G is 1.5 GiB."""
     if n is None:
-        return "N/A"
+        return NA
     for unit, size in (("T", 1024**4), ("G", GIB), ("M", 1024**2), ("K", 1024)):
         if abs(n) >= size:
             return f"{n / size:.1f}{unit}"
     return f"{n:.0f}B"
 
 
-def fmt(value: float | None, spec: str = ".0f", suffix: str = "") -> str:
-    return "N/A" if value is None else f"{value:{spec}}{suffix}"
+def fmt_gib(n: float | None) -> str:
+    """A model's or a GPU's memory in GiB: one decimal under 10 G (4.5G), whole above (24G)."""
+    if not n:
+        return NA
+    gib = n / GIB
+    return f"{gib:.1f}G" if gib < 10 else f"{gib:.0f}G"
 
 
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
-        return "N/A"
+        return NA
     seconds = int(seconds)
     if seconds < 60:
         return f"{seconds}s"
@@ -33,10 +44,32 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def fmt_secs(seconds: float | None) -> str:
+    """Short operations (saves, loads): hundredths below a minute (they are often sub-second), else minutes and seconds."""
+    if seconds is None:
+        return NA
+    return f"{seconds:.2f}s" if seconds < 60 else f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
+
+
 def fmt_ago(t: float | None, now: float | None = None) -> str:
     if t is None:
         return "never"
     return f"{fmt_duration((now or time.time()) - t)} ago ({time.strftime('%H:%M:%S', time.localtime(t))})"
+
+
+def fmt_time(t: float | None, pattern: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """A wall time in local time, or NA."""
+    return NA if t is None else time.strftime(pattern, time.localtime(t))
+
+
+def fmt_money(value: float | None, currency: str) -> str:
+    if value is None:
+        return NA
+    return f"{value:,.2f} {currency}" if abs(value) >= 0.01 or value == 0 else f"{value:.4f} {currency}"
+
+
+def fmt_pct(value: float | None) -> str:
+    return fmt(value, ".0f", "%")
 
 
 def spark(values: list[float], width: int, lo: float = 0.0, hi: float | None = None) -> str:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
-from widgets.format import Thresholds, fmt
+from agents.protocol import GpuSample
+from widgets.format import NA, Thresholds, fmt
 from widgets.gpu_row import gpu_line
 
 SERIES = (("util_pct", "util %"), ("power_w", "power W"), ("temp_c", "temp °C"))
@@ -32,14 +31,14 @@ class GpuPanel(Vertical):
                     yield Static(label, classes="label")
                     yield Sparkline([], id=f"spark-{key.split('_')[0]}")
 
-    def show(self, gpu: dict[str, Any], history: dict[str, list[float]], owner: str | None, limits: Thresholds) -> None:
+    def show(self, gpu: GpuSample, history: dict[str, list[float]], owner: str | None, limits: Thresholds) -> None:
         if not self.is_mounted or not self.children:
             return
         self.query_one(".line", Static).update(gpu_line(gpu, history.get("util_pct", []), owner, limits))
         self.query_one(".extra", Static).update(
-            f"fan {fmt(gpu.get('fan_pct'), '.0f', '%')}  SM clock {fmt(gpu.get('sm_clock_mhz'), '.0f', ' MHz')}  "
-            f"power limit {fmt(gpu.get('power_limit_w'), '.0f', ' W')}  uuid {gpu.get('uuid') or 'N/A'}"
-            + ("  [black on yellow] SIM [/]" if gpu.get("simulated") else "")
+            f"fan {fmt(gpu.fan_pct, '.0f', '%')}  SM clock {fmt(gpu.sm_clock_mhz, '.0f', ' MHz')}  "
+            f"power limit {fmt(gpu.power_limit_w, '.0f', ' W')}  uuid {gpu.uuid or NA}"
+            + ("  [black on yellow] SIM [/]" if gpu.simulated else "")
         )
         for key, _ in SERIES:
             for spark in self.query(f"#spark-{key.split('_')[0]}").results(Sparkline):

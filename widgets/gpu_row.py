@@ -2,37 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual.widgets import Static
 
+from agents.protocol import GpuSample
 from widgets.format import Thresholds, bar, fmt, fmt_bytes, level_colour, spark
 
 SPARK_WIDTH = 16
 
 
-def gpu_line(gpu: dict[str, Any], util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False) -> Text:
+def gpu_line(gpu: GpuSample, util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False) -> Text:
     """One GPU as a line; `stale` (its machine is offline) greys out the last known figures."""
-    name = f"gpu{gpu['index']} {gpu['name'][:24]:<24}"
+    name = f"gpu{gpu.index} {gpu.name[:24]:<24}"
     line = Text()
     line.append(name, style="bold")
-    if gpu.get("failed"):
-        line.append(f"  FAILED: {gpu['failed']}", style="bold red")
+    if gpu.failed:
+        line.append(f"  FAILED: {gpu.failed}", style="bold red")
         return line
-    util = gpu.get("util_pct")
+    util = gpu.util_pct
     line.append(f" {bar(util, 8)} ", style="cyan")
     line.append(f"{fmt(util, '>3.0f', '%')} ", style="bold cyan")
     line.append(spark(util_history, SPARK_WIDTH, 0, 100), style="cyan")
-    used, total = gpu.get("mem_used_bytes"), gpu.get("mem_total_bytes")
+    used, total = gpu.mem_used_bytes, gpu.mem_total_bytes
     vram_pct = used / total * 100 if used is not None and total else None
     vram_style = level_colour(vram_pct, limits.vram_warn_pct, limits.vram_alert_pct)
     line.append("  VRAM ", style="dim")
     line.append(bar(vram_pct, 8), style=vram_style)
     line.append(f" {fmt_bytes(used):>6}/{fmt_bytes(total):<6}{fmt(vram_pct, '>3.0f', '%')}", style=vram_style)
-    temp = gpu.get("temp_c")
+    temp = gpu.temp_c
     line.append(f"  {fmt(temp, '>3.0f', '°C')}", style=level_colour(temp, limits.temp_warn_c, limits.temp_alert_c))
-    power, limit = gpu.get("power_w"), gpu.get("power_limit_w")
+    power, limit = gpu.power_w, gpu.power_limit_w
     power_style = "yellow" if power is not None and limit and power >= 0.9 * limit else "default"
     line.append(f"  {fmt(power, '>4.0f')}/{fmt(limit, '.0f', 'W'):<5}", style=power_style)
     if owner:
@@ -52,8 +51,9 @@ class GpuRow(Static):
         self._shown: tuple | None = None
         self.text = Text()
 
-    def show(self, gpu: dict[str, Any], util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False) -> None:
-        key = (tuple(sorted((k, v) for k, v in gpu.items() if k != "processes")), tuple(util_history[-SPARK_WIDTH:]), owner, limits, stale)
+    def show(self, gpu: GpuSample, util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False) -> None:
+        shown = (gpu.index, gpu.name, gpu.failed, gpu.util_pct, gpu.mem_used_bytes, gpu.mem_total_bytes, gpu.temp_c, gpu.power_w, gpu.power_limit_w)
+        key = (shown, tuple(util_history[-SPARK_WIDTH:]), owner, limits, stale)
         if key != self._shown:
             self._shown = key
             self.text = gpu_line(gpu, util_history, owner, limits, stale)

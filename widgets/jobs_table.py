@@ -5,19 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from textual.widgets import DataTable
 
-from widgets.format import fmt_duration, spark
-from widgets.live_table import sync_rows
+from agents.sections import JobInfo
+from agents.states import JOB_ACTIVE, JobState
+from widgets.format import NA, fmt, fmt_duration, spark
+from widgets.live_table import LiveTable
 
-ACTIVE = ("starting", "running", "stopping")
 STATE_STYLES = {
-    "starting": "yellow",
-    "running": "bold green",
-    "stopping": "bold yellow",
-    "exited": "dim",
-    "failed": "bold red",
-    "lost": "bold magenta",
+    JobState.STARTING: "yellow",
+    JobState.RUNNING: "bold green",
+    JobState.STOPPING: "bold yellow",
+    JobState.EXITED: "dim",
+    JobState.FAILED: "bold red",
+    JobState.LOST: "bold magenta",
 }
 SPARK_WIDTH = 16
 COLUMNS = [
@@ -27,76 +27,61 @@ COLUMNS = [
 ]
 
 
-def state_cell(job: dict[str, Any]) -> Text:
-    state = job["state"]
+def state_cell(job: JobInfo, offline: bool = False) -> Text:
+    state = job.state
     text = Text(state, style=STATE_STYLES.get(state, ""))
-    if state in ("exited", "failed") and job.get("exit_code") is not None:
-        text.append(f"({job['exit_code']})", style=STATE_STYLES[state])
-    if job.get("starved"):
+    if state in (JobState.EXITED, JobState.FAILED) and job.exit_code is not None:
+        text.append(f"({job.exit_code})", style=STATE_STYLES[state])
+    if job.starved:
         text.append(" GPU starved", style="bold black on yellow")
-    if job.get("adopted") and state in ACTIVE:
+    if job.adopted and state in JOB_ACTIVE:
         text.append(" re-adopted", style="italic dim")
-    if job.get("offline"):
+    if offline:
         text.append(" (agent offline)", style="italic red")
     return text
 
 
-def step_cell(job: dict[str, Any]) -> str:
-    step, total = job.get("step"), job.get("max_steps")
-    if step is None:
-        return "-"
-    return f"{step}/{total} {step / total:.0%}" if total else str(step)
+def step_cell(job: JobInfo) -> str:
+    if job.step is None:
+        return NA
+    return f"{job.step}/{job.max_steps} {job.step / job.max_steps:.0%}" if job.max_steps else str(job.step)
 
 
-def loss_cell(job: dict[str, Any]) -> Text:
-    history = job.get("loss_history") or []
-    loss = job.get("loss")
+def loss_cell(job: JobInfo) -> Text:
+    history = [v for v in job.loss_history if v is not None]
     text = Text(spark(history, SPARK_WIDTH, lo=min(history, default=0.0)) if history else " " * SPARK_WIDTH, style="cyan")
-    text.append(" -" if loss is None else f" {loss:.4f}")
+    text.append(" " + fmt(job.loss, ".4f"))
     return text
 
 
-def job_cells(job: dict[str, Any]) -> tuple[Any, ...]:
-    """The row of one job (plain data in, Rich text out)."""
-    active = job["state"] in ACTIVE
-    gpus = ",".join(map(str, job.get("gpus") or [])) or "-"
+def job_cells(job: JobInfo, offline: bool = False) -> tuple[Any, ...]:
+    """The row of one job (its typed section in, Rich text out); `offline`: its agent is not reachable now."""
+    gpus = ",".join(map(str, job.gpus)) or NA
     return (
-        Text(job["id"], style="bold"),
-        job["recipe"],
-        job["machine"],
-        Text.assemble(gpus, (" SIM", "bold magenta") if job.get("simulated") and job.get("gpus") else ""),
-        state_cell(job),
+        Text(job.id, style="bold"),
+        job.recipe,
+        job.machine,
+        Text.assemble(gpus, (" SIM", "bold magenta") if job.simulated and job.gpus else ""),
+        state_cell(job, offline),
         step_cell(job),
         loss_cell(job),
-        "-" if job.get("samples_per_s") is None else f"{job['samples_per_s']:.1f}",
-        fmt_duration(job.get("eta_s")) if active and job.get("eta_s") is not None else "-",
-        fmt_duration(job.get("elapsed_s")),
+        fmt(job.samples_per_s, ".1f"),
+        fmt_duration(job.eta_s) if job.state in JOB_ACTIVE else NA,
+        fmt_duration(job.elapsed_s),
     )
 
 
-class JobsTable(DataTable):
-    """Give it the jobs (dicts as `jobs.list` returns them); rows are keyed by job id, newest first."""
+class JobsTable(LiveTable):
+    """Give it the jobs (the typed jobs sections); rows are keyed by job id, newest first."""
 
     DEFAULT_CSS = "JobsTable { height: 1fr; }"
+    COLUMNS = COLUMNS
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-        self.jobs: dict[str, dict[str, Any]] = {}
-        self._cells: dict[str, tuple] = {}
+    offline: frozenset[str] = frozenset()  # machines whose agent is not reachable now: their jobs say so
 
-    def on_mount(self) -> None:
-        for key, label, width in COLUMNS:
-            self.add_column(label, key=key, width=width)
+    def cells(self, item: JobInfo) -> tuple:
+        return job_cells(item, item.machine in self.offline)
 
-    def show(self, jobs: list[dict[str, Any]]) -> None:
-        wanted = {job["id"]: job for job in jobs}
-        self.jobs = wanted
-        rows = {key: job_cells(job) for key, job in wanted.items()}
-        if sync_rows(self, rows, [key for key, _, _ in COLUMNS], self._cells):  # only when rows arrive: a sort moves the cursor's row, which should not happen every tick
-            self.sort("job", key=lambda cell: -self.jobs[cell.plain]["started_at"])
-
-    def selected(self) -> dict[str, Any] | None:
-        if not self.row_count:
-            return None
-        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-        return self.jobs.get(key)
+    def show_jobs(self, jobs: list[JobInfo], offline: frozenset[str] = frozenset()) -> None:
+        self.offline = offline
+        self.show({job.id: job for job in sorted(jobs, key=lambda job: -job.started_at)})

@@ -17,7 +17,7 @@ def header_text(lab: str, view: str, online: int, machines: int, gpus: int, vram
     line.append(f" {lab} ", style="bold")
     line.append(f"· {view} ", style="italic")
     line.append(f"· {online}/{machines} machines online ", style="green" if online == machines else "bold red")
-    line.append(f"· {gpus} GPUs · {vram_bytes / GIB:.0f} GB VRAM ")
+    line.append(f"· {gpus} GPUs · {vram_bytes / GIB:.0f} GiB VRAM ")
     if simulated:
         line.append(" SIM ", style="bold black on yellow")
     if readonly:
@@ -34,9 +34,9 @@ class LabHeader(Static):
 
     def __init__(self, **kwargs) -> None:
         super().__init__("", **kwargs)
-        self._shown: Text | None = None
+        self.text: Text | None = None  # the line shown now
 
     def show(self, text: Text) -> None:
-        if text != self._shown:
-            self._shown = text
+        if text != self.text:
+            self.text = text
             self.update(text)

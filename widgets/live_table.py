@@ -1,24 +1,83 @@
-"""Live DataTables without flicker: stable row keys, only changed cells updated, never clear()."""
+"""LiveTable: a DataTable that owns its columns, its row cache and its selection; rows keyed, cells updated in place."""
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from textual.widgets import DataTable
 
+Column = tuple[str, str, int | None]  # (key, label, width or None for the rest)
 
-def sync_rows(table: DataTable, rows: dict[str, tuple], columns: list[str], shown: dict[str, tuple]) -> bool:
-    """Make `table` show `rows` (key -> cells); `shown` remembers what it shows. True if rows were added."""
-    for key in [k for k in shown if k not in rows]:
-        table.remove_row(key)
-        del shown[key]
-    added = False
-    for key, cells in rows.items():
-        old = shown.get(key)
-        if old is None:
-            table.add_row(*cells, key=key)
-            added = True
-        elif old != cells:
-            for column, value, before in zip(columns, cells, old):
-                if value != before:
-                    table.update_cell(key, column, value)
-        shown[key] = cells
-    return added
+
+class LiveTable(DataTable):
+    """Give it items by row key (in the order to show); it adds, removes and updates only what changed.
+
+    Subclasses set COLUMNS and cells(); a plain LiveTable takes them as arguments.
+    """
+
+    COLUMNS: list[Column] = []
+
+    def __init__(self, columns: list[Column] | None = None, cells: Callable[[Any], tuple] | None = None, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.column_spec = columns if columns is not None else self.COLUMNS
+        self._cells_of = cells
+        self.items: dict[str, Any] = {}
+        self._shown: dict[str, tuple] = {}  # what each row shows now
+
+    def cells(self, item: Any) -> tuple:
+        """The row of one item (plain data in, strings or Rich text out)."""
+        if self._cells_of is None:
+            raise NotImplementedError("give LiveTable cells= or override cells()")
+        return self._cells_of(item)
+
+    def _ensure_columns(self) -> None:
+        if not self.columns:  # show() can come before the mount
+            for key, label, width in self.column_spec:
+                self.add_column(label, key=key, width=width)
+
+    def show(self, items: dict[str, Any]) -> None:
+        """Show these items, in this order; the cursor stays on its row's key."""
+        self._ensure_columns()
+        self.items = items
+        wanted = {key: self.cells(item) for key, item in items.items()}
+        for key in [k for k in self._shown if k not in wanted]:
+            self.remove_row(key)
+            del self._shown[key]
+        kept = list(self._shown)
+        if list(wanted)[:len(kept)] != kept:  # rows moved: rebuild in order (rare: a new job on top, a resort)
+            self._rebuild(wanted)
+            return
+        keys = [column for column, _, _ in self.column_spec]
+        for key, cells in wanted.items():
+            old = self._shown.get(key)
+            if old is None:
+                self.add_row(*cells, key=key)
+            elif old != cells:
+                for column, value, before in zip(keys, cells, old):
+                    if value != before:
+                        self.update_cell(key, column, value)
+            self._shown[key] = cells
+
+    def _rebuild(self, wanted: dict[str, tuple]) -> None:
+        selected = self.selected_key()
+        self.clear()
+        for key, cells in wanted.items():
+            self.add_row(*cells, key=key)
+        self._shown = dict(wanted)
+        if selected in wanted:
+            self.move_cursor(row=list(wanted).index(selected))
+
+    def selected_key(self) -> str | None:
+        if not self.row_count:
+            return None
+        return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+
+    def selected(self) -> Any | None:
+        """The item under the cursor, or None."""
+        key = self.selected_key()
+        return None if key is None else self.items.get(key)
+
+    def select_key(self, key: str) -> None:
+        """Move the cursor to this row."""
+        if key in self._shown:
+            self.move_cursor(row=list(self._shown).index(key))

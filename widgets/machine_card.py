@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from agents.protocol import GpuSample, HostSample
 from widgets.format import Thresholds, bar, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_row import GpuRow
 
 
 def header_line(name: str, role: str, link: str, error: str | None, last_seen: float | None,
-                host: dict[str, Any], simulated: bool, badges: list[str], now: float) -> Text:
+                host: HostSample, simulated: bool, badges: list[str], now: float) -> Text:
     line = Text()
     line.append(name, style="bold")
     if role:
@@ -30,14 +29,14 @@ def header_line(name: str, role: str, link: str, error: str | None, last_seen: f
             line.append(f"\n  {error}", style="red")
         return line
     line.append("  ● online", style="green")
-    cpu = host.get("cpu_pct")
-    used, total = host.get("ram_used_bytes"), host.get("ram_total_bytes")
-    disk_used, disk_total = host.get("disk_used_bytes"), host.get("disk_total_bytes")
+    cpu = host.cpu_pct
+    used, total = host.ram_used_bytes, host.ram_total_bytes
+    disk_used, disk_total = host.disk_used_bytes, host.disk_total_bytes
     line.append(f"   CPU {bar(cpu, 6)} {fmt(cpu, '>3.0f', '%')}", style="default")
     line.append(f"   RAM {fmt_bytes(used)}/{fmt_bytes(total)}")
     line.append(f"   disk {fmt_bytes(disk_used)}/{fmt_bytes(disk_total)}")
-    if host.get("load_1") is not None:
-        line.append(f"   load {host['load_1']:.2f}", style="dim")
+    if host.load_1 is not None:
+        line.append(f"   load {host.load_1:.2f}", style="dim")
     return line
 
 
@@ -56,18 +55,29 @@ class MachineCard(Vertical, can_focus=True):
         self._header = Static("", classes="card-header")
         self._note = Static("", classes="card-note")
         self._rows: dict[int, GpuRow] = {}
-        self._header_shown: Text | None = None
+        self.header: Text | None = None  # the header line shown now
+        self.shown_version: int | None = None  # the machine's LabState version drawn last
 
     def compose(self):
         yield self._header
         yield self._note
 
-    def show(self, *, role: str, link: str, error: str | None, last_seen: float | None, host: dict[str, Any],
-             gpus: dict[int, dict[str, Any]], util_history: dict[int, list[float]], owners: dict[int, str],
+    @property
+    def has_rows(self) -> bool:
+        return bool(self._rows)
+
+    @property
+    def gpu_rows(self) -> list[GpuRow]:
+        """The GPU rows, in GPU index order."""
+        return [self._rows[i] for i in sorted(self._rows)]
+
+    def show(self, *, version: int | None = None, role: str, link: str, error: str | None, last_seen: float | None, host: HostSample,
+             gpus: dict[int, GpuSample], util_history: dict[int, list[float]], owners: dict[int, str],
              simulated: bool, gpu_status: str | None, limits: Thresholds, now: float, badges: list[str] | None = None) -> None:
+        self.shown_version = version
         header = header_line(self.machine, role, link, error, last_seen, host, simulated, badges or [], now)
-        if header != self._header_shown:
-            self._header_shown = header
+        if header != self.header:
+            self.header = header
             self._header.update(header)
         self.set_class(link != "online", "offline")
         self._note.display = bool(gpu_status)

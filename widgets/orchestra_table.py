@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from textual.widgets import DataTable
 
-from widgets.format import GIB, fmt
-from widgets.live_table import sync_rows
+from agents.sections import ModelInfo
+from widgets.format import NA, fmt, fmt_gib
+from widgets.live_table import LiveTable
 
 STATE_STYLES = {
     "warm": "bold green",
@@ -26,73 +26,58 @@ COLUMNS = [
 ]
 
 
-def row_key(model: dict[str, Any]) -> str:
-    return f"{model['machine']}/{model['name']}"
+def row_key(model: ModelInfo) -> str:
+    return f"{model.machine}/{model.name}"
 
 
 def _secs(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}s"
+    return fmt(value, ".1f", "s")
 
 
-def state_cell(model: dict[str, Any]) -> Text:
-    state = model["state"]
-    text = Text(state, style=STATE_STYLES.get(state, ""))
-    progress = model.get("progress")
+def state_cell(model: ModelInfo) -> Text:
+    text = Text(model.state, style=STATE_STYLES.get(model.state, ""))
+    progress = model.progress
     if progress:
-        phase = progress.get("phase", "")
-        if progress.get("total_bytes"):
-            phase += f" {progress['done_bytes'] / progress['total_bytes']:.0%}"
+        phase = progress.phase
+        if progress.total_bytes:
+            phase += f" {(progress.done_bytes or 0) / progress.total_bytes:.0%}"
         text.append(f" {phase}", style="italic")
-    if model.get("pinned"):
+    if model.pinned:
         text.append(" PIN", style="bold magenta")
     return text
 
 
-def model_cells(model: dict[str, Any]) -> tuple[Any, ...]:
-    """The row of one model (plain data in, Rich text out)."""
-    running, waiting = model.get("requests_running"), model.get("requests_waiting")
-    engine = Text(model["engine"])
-    if model.get("simulated"):
+def model_cells(model: ModelInfo) -> tuple[Any, ...]:
+    """The row of one model (its typed section in, Rich text out)."""
+    running, waiting = model.requests_running, model.requests_waiting
+    engine = Text(model.engine)
+    if model.simulated:
         engine.append(" SIM", style="bold magenta")
-    cached = model.get("cached_fraction")
     return (
-        Text(model["name"], style="bold"),
-        model["machine"],
-        ",".join(map(str, model["gpus"])) or "cpu",
+        Text(model.name, style="bold"),
+        model.machine,
+        ",".join(map(str, model.gpus)) or "cpu",
         engine,
         state_cell(model),
-        f"{model['vram_bytes'] / GIB:.0f}G" if model.get("vram_bytes") else "-",
-        "-" if running is None else f"{running:.0f}/{waiting or 0:.0f}",
-        fmt(model.get("tokens_per_s"), ".0f") if model.get("tokens_per_s") is not None else "-",
-        "-" if model.get("kv_cache_pct") is None else f"{model['kv_cache_pct']:.0f}%",
-        _secs(model.get("load_s")),
-        _secs(model.get("warmup_s")),
-        _secs(model.get("wake_s")),
-        "-" if cached is None else f"{cached:.0%}",
+        fmt_gib(model.vram_bytes),
+        NA if running is None else f"{running:.0f}/{waiting or 0:.0f}",
+        fmt(model.tokens_per_s),
+        fmt(model.kv_cache_pct, ".0f", "%"),
+        _secs(model.load_s),
+        _secs(model.warmup_s),
+        _secs(model.wake_s),
+        fmt(model.cached_fraction, ".0%"),
     )
 
 
-class OrchestraTable(DataTable):
-    """Give it the models (dicts as `models.list` returns them); it adds, removes and updates rows by key."""
+class OrchestraTable(LiveTable):
+    """Give it the models (the typed models sections); rows keyed by machine/name."""
 
     DEFAULT_CSS = "OrchestraTable { height: 1fr; }"
+    COLUMNS = COLUMNS
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-        self.models: dict[str, dict[str, Any]] = {}
-        self._cells: dict[str, tuple] = {}
+    def cells(self, item: ModelInfo) -> tuple:
+        return model_cells(item)
 
-    def on_mount(self) -> None:
-        for key, label, width in COLUMNS:
-            self.add_column(label, key=key, width=width)
-
-    def show(self, models: list[dict[str, Any]]) -> None:
-        wanted = {row_key(m): m for m in models}
-        sync_rows(self, {key: model_cells(m) for key, m in wanted.items()}, [key for key, _, _ in COLUMNS], self._cells)
-        self.models = wanted
-
-    def selected(self) -> dict[str, Any] | None:
-        if not self.row_count:
-            return None
-        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-        return self.models.get(key)
+    def show_models(self, models: list[ModelInfo]) -> None:
+        self.show({row_key(m): m for m in models})

@@ -8,13 +8,13 @@ from typing import Any
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import Footer, Static
 
-from agents.protocol import RemoteError
 from console.alerts import active_alerts
 from console.screens.base import LabScreen
+from widgets.format import fmt_time
 from widgets.lab_header import LabHeader
-from widgets.live_table import sync_rows
+from widgets.live_table import LiveTable
 
 FETCH_S = 5.0  # history comes from alerts.list this often while it is shown
 COLUMNS = [("state", "state", 8), ("level", "level", 9), ("machine", "machine", 12), ("target", "target", 18),
@@ -25,7 +25,7 @@ LEVEL_STYLE = {"critical": "bold red", "warning": "yellow"}
 def alert_cells(alert: dict[str, Any]) -> tuple[str, ...]:
     state = "cleared" if alert.get("cleared_at") else ("acked" if alert.get("acked_at") else "ACTIVE")
     level = alert.get("level", "")
-    fired = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(alert["fired_at"])) if alert.get("fired_at") else "?"
+    fired = fmt_time(alert.get("fired_at"))
     style = LEVEL_STYLE.get(level, "") if state == "ACTIVE" else "dim"
     return (f"[{style}]{state}[/]" if style else state, level, alert.get("machine", ""), alert.get("target", ""),
             alert.get("rule", ""), fired, alert.get("message", ""))
@@ -33,6 +33,9 @@ def alert_cells(alert: dict[str, Any]) -> tuple[str, ...]:
 
 class AlertsScreen(LabScreen):
     VIEW_NAME = "alerts"
+    FETCH_S = FETCH_S
+    CLOCK_S = 1.0  # a machine becomes an offline alert after a while, with no new data
+    ACTING = frozenset({"ack"})
     BINDINGS = [
         Binding("a", "ack", "Acknowledge"),
         Binding("h", "toggle_history", "History"),
@@ -50,15 +53,14 @@ class AlertsScreen(LabScreen):
     def compose(self) -> ComposeResult:
         yield LabHeader()
         yield Static("", id="alerts-summary")
-        yield DataTable(id="alerts-table", cursor_type="row", zebra_stripes=True)
+        yield LiveTable(COLUMNS, alert_cells, id="alerts-table")
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one("#alerts-table", DataTable)
-        for key, label, width in COLUMNS:
-            table.add_column(label, key=key, width=width)
-        self.set_interval(FETCH_S, self._fetch_history)
         self.refresh_data()
+
+    def fetch(self) -> None:
+        self._fetch_history()
 
     def rows(self) -> dict[str, dict[str, Any]]:
         """Alert id -> alert: the active ones live from the stream, then (with history) the cleared ones."""
@@ -76,9 +78,7 @@ class AlertsScreen(LabScreen):
         self.query_one("#alerts-summary", Static).update(
             f"[b]{len(active)} active[/b] ({unacked} not acknowledged) · showing {mode} · "
             "[b]a[/b] acknowledges the selected alert · [b]h[/b] toggles the history")
-        table = self.query_one("#alerts-table", DataTable)
-        wanted = {key: alert_cells(alert) for key, alert in rows.items()}
-        sync_rows(table, wanted, [key for key, _, _ in COLUMNS], self._shown_rows)
+        self.query_one("#alerts-table", LiveTable).show(rows)
 
     def action_toggle_history(self) -> None:
         self.history = not self.history
@@ -95,27 +95,14 @@ class AlertsScreen(LabScreen):
         self.refresh_data()
 
     def selected(self) -> dict[str, Any] | None:
-        table = self.query_one("#alerts-table", DataTable)
-        if not table.row_count:
-            return None
-        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        return self.rows().get(key)
+        return self.query_one("#alerts-table", LiveTable).selected()
 
     def action_ack(self) -> None:
         alert = self.selected()
-        if alert is None or not self.require_operator():
+        if alert is None:
             return
         if alert["rule"] == "offline":
             self.notify("an offline machine clears itself when it is back", severity="warning")
             return
-        self._ack(alert)
-
-    @work(group="alerts-ack")
-    async def _ack(self, alert: dict[str, Any]) -> None:
-        try:
-            await self.lab_app.client.call(alert["machine"], "alerts.ack", {"id": alert["id"]})
-        except RemoteError as exc:
-            self.notify(f"could not acknowledge {alert['id']}: {exc.message}", severity="error")
-            return
-        self.notify(f"acknowledged {alert['id']}")
-        self._fetch_history()
+        self.act(alert["machine"], "alerts.ack", {"id": alert["id"]}, f"acknowledged {alert['id']}",
+                 then=lambda _result: self._fetch_history())

@@ -8,11 +8,12 @@ from typing import Any
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import Footer, Static
 
-from console.cli_audit import merge_trails
+from console.audit import merge_trails
 from console.screens.base import LabScreen
 from widgets.lab_header import LabHeader
+from widgets.live_table import LiveTable
 
 LIMIT = 500
 COLUMNS = [("when", "when", 19), ("machine", "machine", 12), ("who", "who", 22), ("role", "role", 8), ("method", "method", 20),
@@ -45,40 +46,35 @@ class AuditScreen(LabScreen):
     def compose(self) -> ComposeResult:
         yield LabHeader()
         yield Static("", id="audit-summary")
-        yield DataTable(id="audit-table", cursor_type="row", zebra_stripes=True)
+        yield LiveTable(COLUMNS, audit_cells, id="audit-table")
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one("#audit-table", DataTable)
-        for key, label, width in COLUMNS:
-            table.add_column(label, key=key, width=width)
-        self.action_fetch()
+        self.fetch()
 
     def refresh_data(self) -> None:
         # the agents push only a count; the trail itself is fetched when a count moves
-        counts = {name: (view.sections.get("audit") or {}).get("count") for name, view in self.lab_app.state.machines.items()}
+        counts = {name: view.audit.count for name, view in self.lab_app.state.machines.items()}
         if counts != self._counts:
             self._counts = counts
-            self.action_fetch()
+            self.fetch()
         entries = [e for e in self.trail["entries"] if not self.errors_only or e["outcome"] != "ok"]
         failed = sum(1 for e in self.trail["entries"] if e["outcome"] != "ok")
         unavailable = "".join(f" · {m}: {why}" for m, why in self.trail["unavailable"].items())
         self.query_one("#audit-summary", Static).update(
             f"[b]{len(self.trail['entries'])} operator actions[/b] ({failed} refused or failed) · "
             f"showing {'errors only' if self.errors_only else 'all'} · [b]e[/b] errors only · [b]r[/b] refresh{unavailable}")
-        table = self.query_one("#audit-table", DataTable)
-        wanted = {f"{e['machine']}:{e['id']}": e for e in entries}  # newest first
-        if list(wanted) != [k.value for k in table.rows]:  # entries never change: rebuild only when the list moved
-            table.clear()
-            for key, entry in wanted.items():
-                table.add_row(*audit_cells(entry), key=key)
+        self.query_one("#audit-table", LiveTable).show({f"{e['machine']}:{e['id']}": e for e in entries})  # newest first
 
     def action_toggle_errors(self) -> None:
         self.errors_only = not self.errors_only
         self.refresh_data()
 
+    def action_fetch(self) -> None:
+        self.fetch()
+
     @work(exclusive=True, group="audit-fetch")
-    async def action_fetch(self) -> None:
+    async def fetch(self) -> None:
         results = await self.lab_app.client.call_all("audit.list", {"limit": LIMIT})
         self.trail = merge_trails(results, LIMIT)
         self.refresh_data()

@@ -1,11 +1,13 @@
-"""LabScreen: what every console view shares (data refresh at the app's fixed rate)."""
+"""LabScreen: what every console view shares: the scheduler's tick, one key language, one way to act."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
+from textual.binding import Binding
 from textual.screen import Screen
 
+from agents.protocol import RemoteError
 from widgets.format import Thresholds
 
 if TYPE_CHECKING:
@@ -13,19 +15,46 @@ if TYPE_CHECKING:
 
 
 class LabScreen(Screen):
-    """A view of the lab. The app calls refresh_data() at a fixed rate while it is shown."""
+    """A view of the lab. The app's scheduler calls tick() while it is shown; it fetches and redraws what is due."""
 
-    # Key hints of this view's verbs (shown in the footer through BINDINGS), and its name for `:`.
-    VIEW_NAME = ""
+    VIEW_NAME = ""  # its name for `:` and the header
+    FETCH_S: float | None = None  # fetch() runs this often while the view is shown (data the stream does not carry)
+    CLOCK_S: float | None = None  # redraw at least this often without new data: the view shows ages or countdowns
+    # Actions that change the lab. A read-only console does not bind them: no footer hint, no help line, the key is free.
+    ACTING: frozenset[str] = frozenset()
+
+    # One key language: j/k (and the arrows) move, g/G go to the top and the bottom, in every view.
+    BINDINGS = [
+        Binding("j", "move(1)", "Down", show=False),
+        Binding("k", "move(-1)", "Up", show=False),
+        Binding("g", "move_to_end(False)", "Top", show=False),
+        Binding("G", "move_to_end(True)", "Bottom", show=False),
+    ]
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._shown_rows: dict[str, tuple] = {}  # what this view's live table shows (widgets.live_table)
         self.ready = False  # True once mounted: refresh_data may run
+        self.drawn_version = -1  # LabState.version of the last redraw
+        self.drawn_at = 0.0  # monotonic time of the last redraw
+        self.fetched_at: float | None = None  # monotonic time of the last scheduled fetch
 
     @property
     def lab_app(self) -> CetlabApp:
         return self.app  # type: ignore[return-value]
+
+    # -- the scheduler's side
+
+    def tick(self, version: int, now: float) -> None:
+        """Called by the app's one scheduler: fetch what is due, redraw if the data or the clock moved."""
+        if self.FETCH_S is not None and (self.fetched_at is None or now - self.fetched_at >= self.FETCH_S):
+            self.fetched_at = now
+            self.fetch()
+        if version != self.drawn_version or (self.CLOCK_S is not None and now - self.drawn_at >= self.CLOCK_S):
+            self.drawn_version, self.drawn_at = version, now
+            self.refresh_data()
+
+    def fetch(self) -> None:
+        """Start fetching what this view shows beyond the stream (a worker); it calls refresh_data when it has it."""
 
     def refresh_header(self) -> None:
         from widgets.lab_header import LabHeader, header_text
@@ -55,9 +84,68 @@ class LabScreen(Screen):
         return Thresholds(temp_warn_c=alerts.temp_c - 10, temp_alert_c=alerts.temp_c,
                           vram_warn_pct=min(alerts.vram_pct, 85.0), vram_alert_pct=alerts.vram_pct)
 
+    # -- keys
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in self.ACTING and self.lab_app.readonly:
+            return False  # unbound: Textual hides it and lets the key fall through
+        return True
+
+    def visible_bindings(self) -> list[tuple[str, str]]:
+        """(key, description) of this view's keys that are bound now, for the help screen."""
+        out = []
+        for binding in self.BINDINGS:
+            if isinstance(binding, Binding) and binding.description and self.check_action(binding.action.split("(")[0], ()):
+                out.append((binding.key_display or binding.key, binding.description))
+        return out
+
+    def action_move(self, step: int) -> None:
+        """j / k: the focused table's cursor (or the focused scroller) one row down or up."""
+        target = self.focused
+        for name in (("cursor_down", "scroll_down") if step > 0 else ("cursor_up", "scroll_up")):
+            action = getattr(target, f"action_{name}", None)
+            if action is not None:
+                action()
+                return
+
+    def action_move_to_end(self, bottom: bool) -> None:
+        """g / G: the first or the last row."""
+        target = self.focused
+        for name in (("scroll_bottom", "scroll_end") if bottom else ("scroll_top", "scroll_home")):
+            action = getattr(target, f"action_{name}", None)
+            if action is not None:
+                action()
+                return
+
+    # -- acting on the lab
+
     def require_operator(self) -> bool:
-        """False (with a notification) when this console may not act."""
+        """False (with a notification) when this console may not act (a row's enter in a read-only console)."""
         if self.lab_app.readonly:
             self.notify("read-only console: actions are disabled", severity="warning")
             return False
         return True
+
+    def confirm(self, question: str, then: Callable[[], None]) -> None:
+        """Ask y/n in a modal; run `then` on yes."""
+        from console.screens.modals import ConfirmScreen
+
+        self.app.push_screen(ConfirmScreen(question), lambda yes: then() if yes else None)
+
+    def act(self, machine: str, method: str, params: dict[str, Any], done: str | Callable[[Any], str], *,
+            timeout: float | None = None, then: Callable[[Any], None] | None = None) -> None:
+        """Call `method` on `machine` as the operator and say how it went; `then(result)` runs on success."""
+        if not self.require_operator():
+            return
+        self.run_worker(self._act(machine, method, params, done, timeout, then), group="lab-actions")
+
+    async def _act(self, machine: str, method: str, params: dict[str, Any], done: str | Callable[[Any], str],
+                   timeout: float | None, then: Callable[[Any], None] | None) -> None:
+        try:
+            result = await self.lab_app.client.call(machine, method, params, timeout)
+        except RemoteError as exc:
+            self.notify(exc.message, severity="error", timeout=10)
+            return
+        self.notify(done(result) if callable(done) else done)
+        if then is not None:
+            then(result)

@@ -9,56 +9,25 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
-from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import Footer, Static
 
 from agents.protocol import RemoteError
-from console.cli_checkpoints import fmt_secs
+from agents.sections import RunSummary
+from agents.states import JOB_ACTIVE
 from console.screens.base import LabScreen
-from console.screens.models import ConfirmScreen
+from console.screens.modals import AskNumberScreen
 from widgets.checkpoint_timeline import CheckpointTimeline
-from widgets.format import fmt_bytes, fmt_duration
+from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs
 from widgets.lab_header import LabHeader
+from widgets.live_table import LiveTable
 
 ACTIVE_REFETCH_S = 3.0  # while the run's job trains, its listing is fetched again this often
 COLUMNS = [("step", "STEP", 7), ("epoch", "EPOCH", 6), ("loss", "LOSS", 8), ("eval", "EVAL", 8), ("size", "SIZE", 7),
            ("save", "SAVE", 7), ("kind", "KIND", 17), ("age", "WRITTEN", 12), ("flags", "", 60)]
 
 
-class AskNumberScreen(ModalScreen[int | None]):
-    """A whole number, or None on escape."""
-
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
-    DEFAULT_CSS = """
-    AskNumberScreen { align: center middle; }
-    AskNumberScreen > Vertical { width: 72; height: auto; padding: 1 2; border: thick $warning; background: $surface; }
-    """
-
-    def __init__(self, question: str, default: int) -> None:
-        super().__init__()
-        self.question, self.default = question, default
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(self.question)
-            yield Input(str(self.default), type="integer", id="ask-number")
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        try:
-            value = int(event.value)
-        except ValueError:
-            self.notify("a whole number, please", severity="warning")
-            return
-        if value >= 0:
-            self.dismiss(value)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-
 def loss_text(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
+    return fmt(value, ".4f")
 
 
 def flags_text(ckpt: dict[str, Any]) -> Text:
@@ -77,18 +46,18 @@ def flags_text(ckpt: dict[str, Any]) -> Text:
 
 def checkpoint_cells(ckpt: dict[str, Any], now: float) -> tuple[Any, ...]:
     kind = ckpt["kind"] + ("+optimizer" if ckpt.get("has_optimizer") else "")
-    save = "-" if ckpt.get("save_s") is None else f"{ckpt['save_s']:.2f}s" + ("" if ckpt.get("save_s_from") == "trainer" else "~")
-    age = "-" if ckpt.get("written_at") is None else fmt_duration(max(0.0, now - ckpt["written_at"])) + " ago"
-    return (Text(str(ckpt["step"]), style="bold" if ckpt.get("is_best") else ""), "-" if ckpt.get("epoch") is None else f"{ckpt['epoch']:.2f}",
+    save = NA if ckpt.get("save_s") is None else f"{ckpt['save_s']:.2f}s" + ("" if ckpt.get("save_s_from") == "trainer" else "~")
+    age = NA if ckpt.get("written_at") is None else fmt_duration(max(0.0, now - ckpt["written_at"])) + " ago"
+    return (Text(str(ckpt["step"]), style="bold" if ckpt.get("is_best") else ""), fmt(ckpt.get("epoch"), ".2f"),
             loss_text(ckpt.get("loss")), loss_text(ckpt.get("eval_loss")), fmt_bytes(ckpt["size_bytes"]), save, kind, age, flags_text(ckpt))
 
 
-def run_line(run: dict[str, Any], index: int, total: int) -> str:
-    share = f" ({run['save_share_pct']:.2f}% of {fmt_duration(run['wall_s'])})" if run.get("save_share_pct") is not None else ""
-    job = f" · job {run['job']} ({run['job_state']})" if run.get("job") else " · not started by cetlab"
-    return (f"[b]{run['run']}[/b] on {run['machine']}{job} · {run['count']} checkpoints"
-            + (f" + [red]{run['incomplete']} incomplete[/]" if run.get("incomplete") else "")
-            + f" · {fmt_bytes(run['disk_bytes'])} on disk · saves {fmt_secs(run.get('save_s_total'))}{share}"
+def run_line(run: RunSummary, index: int, total: int) -> str:
+    share = f" ({run.save_share_pct:.2f}% of {fmt_duration(run.wall_s)})" if run.save_share_pct is not None else ""
+    job = f" · job {run.job} ({run.job_state})" if run.job else " · not started by cetlab"
+    return (f"[b]{run.run}[/b] on {run.machine}{job} · {run.count} checkpoints"
+            + (f" + [red]{run.incomplete} incomplete[/]" if run.incomplete else "")
+            + f" · {fmt_bytes(run.disk_bytes)} on disk · saves {fmt_secs(run.save_s_total)}{share}"
             + f"   [dim]run {index + 1}/{total}: [ ] to switch[/]")
 
 
@@ -100,7 +69,7 @@ def detail_text(ckpt: dict[str, Any] | None) -> str:
     if ckpt.get("save_s") is not None:
         lines[0] += f" · saved in {ckpt['save_s']:.2f}s ({save_from})"
     if ckpt.get("problem"):
-        lines.append(f"[b red]incomplete:[/] {ckpt['problem']} (never deleted automatically; d deletes it)")
+        lines.append(f"[b red]incomplete:[/] {ckpt['problem']} (never deleted automatically; ctrl+d deletes it)")
     if ckpt.get("in_use"):
         lines.append(f"[b yellow]in use:[/] {ckpt['in_use']}")
     serving = ckpt.get("serving")
@@ -112,11 +81,13 @@ def detail_text(ckpt: dict[str, Any] | None) -> str:
 
 class CheckpointsScreen(LabScreen):
     VIEW_NAME = "checkpoints"
+    CLOCK_S = 1.0  # "written ... ago"
+    ACTING = frozenset({"resume", "serve", "delete", "keep", "prune"})
     BINDINGS = [
         Binding("r", "resume", "Resume"),
         Binding("v", "serve", "Serve"),
-        Binding("d", "delete", "Delete"),
-        Binding("k", "keep", "Keep"),
+        Binding("ctrl+d", "delete", "Delete"),  # destructive: not a bare letter
+        Binding("p", "keep", "Keep"),  # p as in pin: prune leaves it (k moves up, as everywhere)
         Binding("P", "prune", "Prune"),
         Binding("right_square_bracket", "next_run(1)", "Next run"),
         Binding("left_square_bracket", "next_run(-1)", "Prev run", show=False),
@@ -138,32 +109,23 @@ class CheckpointsScreen(LabScreen):
         yield LabHeader()
         yield Static("no runs with checkpoints yet: start one with `cetlab train` or point lab.yaml checkpoints.dirs at your runs", id="ckpt-run")
         yield CheckpointTimeline(id="ckpt-timeline")
-        yield DataTable(id="ckpt-table", cursor_type="row", zebra_stripes=True)
+        yield LiveTable(COLUMNS, lambda ckpt: checkpoint_cells(ckpt, self.lab_app.clock()), id="ckpt-table")
         yield Static("", id="ckpt-detail")
         yield Footer()
 
     def on_mount(self) -> None:
         self.refresh_data()
 
-    def table(self) -> DataTable:
-        table = self.query_one("#ckpt-table", DataTable)
-        if not table.columns:  # a resume can come before the mount
-            for key, label, width in COLUMNS:
-                table.add_column(label, key=key, width=width)
-        return table
+    def table(self) -> LiveTable:
+        return self.query_one("#ckpt-table", LiveTable)
 
     # -- data
 
-    def runs(self) -> list[dict[str, Any]]:
-        runs = []
-        for view in self.lab_app.state.machines.values():
-            section = view.sections.get("checkpoints")
-            if isinstance(section, list):
-                runs += section
-        return runs
+    def runs(self) -> list[RunSummary]:
+        return [run for view in self.lab_app.state.machines.values() for run in view.checkpoints]
 
-    def summary(self) -> dict[str, Any] | None:
-        return next((r for r in self.runs() if self.run_key == (r["machine"], r["run"])), None)
+    def summary(self) -> RunSummary | None:
+        return next((r for r in self.runs() if self.run_key == (r.machine, r.run)), None)
 
     def show_run(self, machine: str, run: str) -> None:
         """Open this run (from another view, e.g. `c` on a job)."""
@@ -174,9 +136,9 @@ class CheckpointsScreen(LabScreen):
     def refresh_data(self) -> None:
         runs = self.runs()
         if runs and self.run_key is None:
-            active = [r for r in runs if r.get("job_state") in ("starting", "running", "stopping")]
+            active = [r for r in runs if r.job_state in JOB_ACTIVE]
             pick = (active or runs)[-1]
-            self.run_key = (pick["machine"], pick["run"])
+            self.run_key = (pick.machine, pick.run)
         summary = self.summary()
         if summary is None and self.run_key is not None:
             self.query_one("#ckpt-run", Static).update(f"[b]{self.run_key[1]}[/b] on {self.run_key[0]}: no checkpoints yet   [dim][ ] to switch runs[/]")
@@ -184,7 +146,7 @@ class CheckpointsScreen(LabScreen):
             index = runs.index(summary)
             self.query_one("#ckpt-run", Static).update(run_line(summary, index, len(runs)))
             stale = self._fetched is None or self._fetched[0] != summary or (
-                summary.get("job_state") in ("starting", "running") and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
+                summary.job_state in JOB_ACTIVE and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
             if stale and self.lab_app.connect:
                 self._fetched = (summary, time.monotonic())
                 self.fetch(*self.run_key)
@@ -208,24 +170,12 @@ class CheckpointsScreen(LabScreen):
         detail = self.detail
         table = self.table()
         checkpoints = detail["checkpoints"] if detail else []
-        now = self.lab_app.clock()
         with self.app.batch_update():
-            keys = [str(c["step"]) for c in checkpoints]
-            if [str(k.value) for k in table.rows] != keys:
-                selected = self.selected_step()
-                table.clear()
-                for ckpt in checkpoints:
-                    table.add_row(*checkpoint_cells(ckpt, now), key=str(ckpt["step"]))
-                if selected is not None and str(selected) in keys:
-                    table.move_cursor(row=keys.index(str(selected)))
-                elif checkpoints:
-                    best = next((i for i, c in enumerate(checkpoints) if c.get("is_best")), len(checkpoints) - 1)
-                    table.move_cursor(row=best)
-            else:
-                for ckpt in checkpoints:
-                    for (column, _, _), value in zip(COLUMNS, checkpoint_cells(ckpt, now)):
-                        if str(table.get_cell(str(ckpt["step"]), column)) != str(value):
-                            table.update_cell(str(ckpt["step"]), column, value)
+            before = table.selected_key()
+            table.show({str(c["step"]): c for c in checkpoints})
+            if checkpoints and (before is None or before not in table.items):  # a run newly shown: the cursor on its best
+                best = next((c for c in checkpoints if c.get("is_best")), checkpoints[-1])
+                table.select_key(str(best["step"]))
             selected = self.selected()
             curves = (detail or {}).get("curves") or {}
             title = f"{detail['run']}: loss by step, one marker per checkpoint" if detail else "no run shown"
@@ -233,15 +183,8 @@ class CheckpointsScreen(LabScreen):
                                                      selected["step"] if selected else None)
             self.query_one("#ckpt-detail", Static).update(detail_text(selected))
 
-    def selected_step(self) -> int | None:
-        table = self.table()
-        if not table.row_count:
-            return None
-        return int(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
-
     def selected(self) -> dict[str, Any] | None:
-        step = self.selected_step()
-        return next((c for c in (self.detail or {}).get("checkpoints", []) if c["step"] == step), None)
+        return self.table().selected()
 
     def on_data_table_row_highlighted(self, _event) -> None:
         self.render_detail()
@@ -252,7 +195,7 @@ class CheckpointsScreen(LabScreen):
             return
         summary = self.summary()
         index = (runs.index(summary) + delta) % len(runs) if summary in runs else 0
-        self.show_run(runs[index]["machine"], runs[index]["run"])
+        self.show_run(runs[index].machine, runs[index].run)
 
     # -- actions
 
@@ -261,29 +204,32 @@ class CheckpointsScreen(LabScreen):
         if ckpt is None or self.run_key is None:
             self.notify("no checkpoint selected", severity="warning")
             return None
-        if not self.require_operator():
-            return None
         return self.run_key[0], self.run_key[1], ckpt
 
-    def _confirm_then(self, question: str, then) -> None:
-        self.app.push_screen(ConfirmScreen(question), lambda yes: then() if yes else None)
+    def _act_and_refetch(self, machine: str, method: str, params: dict[str, Any], done, timeout: float | None = None) -> None:
+        """Act, then fetch the listing again at once (it changed)."""
+        self.act(machine, method, params, done, timeout=timeout, then=lambda _result: self._refetch())
+
+    def _refetch(self) -> None:
+        self._fetched = None
+        self.refresh_data()
 
     def action_resume(self) -> None:
         target = self._target()
         if target is None:
             return
         machine, run, ckpt = target
-        self._confirm_then(f"Start a new job of run [b]{run}[/b]'s recipe, resuming from step [b]{ckpt['step']}[/b]?",
-                           lambda: self._act(machine, "checkpoints.resume", {"run": run, "step": ckpt["step"]},
-                                             lambda r: f"resumed {run} from step {ckpt['step']} as job {r['id']}"))
+        self.confirm(f"Start a new job of run [b]{run}[/b]'s recipe, resuming from step [b]{ckpt['step']}[/b]?",
+                     lambda: self._act_and_refetch(machine, "checkpoints.resume", {"run": run, "step": ckpt["step"]},
+                                                   lambda r: f"resumed {run} from step {ckpt['step']} as job {r['id']}"))
 
     def action_serve(self) -> None:
         target = self._target()
         if target is None:
             return
         machine, run, ckpt = target
-        self._act(machine, "checkpoints.serve", {"run": run, "step": ckpt["step"]},
-                  lambda r: f"step {ckpt['step']}: {r['mode']} on model {r['model']} ({r['state']}); see :models", timeout=30.0)
+        self._act_and_refetch(machine, "checkpoints.serve", {"run": run, "step": ckpt["step"]},
+                              lambda r: f"step {ckpt['step']}: {r['mode']} on model {r['model']} ({r['state']}); see :models", timeout=30.0)
 
     def action_keep(self) -> None:
         target = self._target()
@@ -291,8 +237,8 @@ class CheckpointsScreen(LabScreen):
             return
         machine, run, ckpt = target
         kept = not ckpt.get("kept")
-        self._act(machine, "checkpoints.keep", {"run": run, "step": ckpt["step"], "kept": kept},
-                  lambda r: f"step {ckpt['step']} {'kept: prune leaves it' if kept else 'no longer kept'}")
+        self._act_and_refetch(machine, "checkpoints.keep", {"run": run, "step": ckpt["step"], "kept": kept},
+                              lambda r: f"step {ckpt['step']} {'kept: prune leaves it' if kept else 'no longer kept'}")
 
     def action_delete(self) -> None:
         target = self._target()
@@ -300,35 +246,24 @@ class CheckpointsScreen(LabScreen):
             return
         machine, run, ckpt = target
         special = [w for w, on in (("the BEST", ckpt.get("is_best")), ("the NEWEST", ckpt.get("newest"))) if on]
-        delete = lambda: self._act(machine, "checkpoints.delete", {"run": run, "step": ckpt["step"], "confirm_special": bool(special)},  # noqa: E731
-                                   lambda r: f"deleted step {ckpt['step']} of {run}, freed {fmt_bytes(r['freed_bytes'])}")
+        delete = lambda: self._act_and_refetch(machine, "checkpoints.delete", {"run": run, "step": ckpt["step"], "confirm_special": bool(special)},  # noqa: E731
+                                               lambda r: f"deleted step {ckpt['step']} of {run}, freed {fmt_bytes(r['freed_bytes'])}")
         first = f"Delete checkpoint [b]{ckpt['step']}[/b] of {run} ({fmt_bytes(ckpt['size_bytes'])})? This removes its folder."
         if special:
             second = f"Step {ckpt['step']} is {' and '.join(special)} checkpoint of {run}. Really delete it?"
-            self._confirm_then(first, lambda: self._confirm_then(second, delete))
+            self.confirm(first, lambda: self.confirm(second, delete))
         else:
-            self._confirm_then(first, delete)
+            self.confirm(first, delete)
 
     def action_prune(self) -> None:
-        if self.run_key is None or not self.require_operator():
+        if self.run_key is None:
             return
         machine, run = self.run_key
 
         def asked(n: int | None) -> None:
             if n is not None:
-                self._confirm_then(f"Prune [b]{run}[/b]: keep the best, the last {n} and the kept checkpoints, delete the rest?",
-                                   lambda: self._act(machine, "checkpoints.prune", {"run": run, "keep_last": n},
-                                                     lambda r: f"pruned {run}: deleted {len(r['deleted'])}, freed {fmt_bytes(r['freed_bytes'])}"))
+                self.confirm(f"Prune [b]{run}[/b]: keep the best, the last {n} and the kept checkpoints, delete the rest?",
+                             lambda: self._act_and_refetch(machine, "checkpoints.prune", {"run": run, "keep_last": n},
+                                                           lambda r: f"pruned {run}: deleted {len(r['deleted'])}, freed {fmt_bytes(r['freed_bytes'])}"))
 
         self.app.push_screen(AskNumberScreen(f"Prune {run}: how many of the newest checkpoints to keep (besides the best and the kept)?", 2), asked)
-
-    @work(group="checkpoints-actions")
-    async def _act(self, machine: str, method: str, params: dict[str, Any], done, timeout: float | None = None) -> None:
-        try:
-            result = await self.lab_app.client.call(machine, method, params, timeout)
-        except RemoteError as exc:
-            self.notify(exc.message, severity="error", timeout=10)
-            return
-        self.notify(done(result))
-        self._fetched = None  # the listing changed: fetch it again now
-        self.refresh_data()

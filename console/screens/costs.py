@@ -9,25 +9,22 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
 from agents.protocol import RemoteError
 from console.costs import lab_costs, live_totals
 from console.screens.base import LabScreen
-from widgets.cost_counter import CostCounter, fmt_money
+from widgets.cost_counter import CostCounter
+from widgets.format import fmt_money, fmt_pct
 from widgets.lab_header import LabHeader
-from widgets.live_table import sync_rows
+from widgets.live_table import LiveTable
 
 FETCH_S = 5.0  # the breakdown and the daily totals come from costs.get this often; the counter ticks with the stream
 PLOT_DAYS = 30
 BREAKDOWNS = ("machine", "job", "model")
 COLUMNS = [("name", "name", 34), ("kwh", "kWh", 10), ("cost", "cost", 14), ("cloud", "cloud equiv.", 14),
            ("saving", "saving", 8), ("gpu_h", "GPU-h", 8), ("busy_h", "busy GPU-h", 10), ("tokens", "tokens", 12)]
-
-
-def pct(value: float | None) -> str:
-    return "?" if value is None else f"{value:.0f}%"
 
 
 def breakdown_rows(report: dict[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -38,12 +35,13 @@ def breakdown_rows(report: dict[str, Any]) -> dict[str, tuple[str, ...]]:
         key = entry[by] if by == "machine" else f"{entry['machine']}/{entry[by]}"
         name = entry[by] if by == "machine" else f"{entry[by]} {entry.get('label') or ''}".strip() + f" @{entry['machine']}"
         rows[key] = (name[:34], f"{entry['kwh']:.3f}", fmt_money(entry["cost"], currency), fmt_money(entry["cloud_equivalent"], currency),
-                     pct(entry["saving_pct"]), f"{entry['gpu_hours']:.2f}", f"{entry['gpu_busy_hours']:.2f}", f"{entry['tokens']:,}")
+                     fmt_pct(entry["saving_pct"]), f"{entry['gpu_hours']:.2f}", f"{entry['gpu_busy_hours']:.2f}", f"{entry['tokens']:,}")
     return rows
 
 
 class CostsScreen(LabScreen):
     VIEW_NAME = "costs"
+    FETCH_S = FETCH_S
     BINDINGS = [
         Binding("b", "next_breakdown", "Breakdown"),
         Binding("r", "fetch", "Refresh"),
@@ -66,25 +64,20 @@ class CostsScreen(LabScreen):
         yield CostCounter(id="costs-counter")
         yield Static("loading costs …", id="costs-summary")
         with Horizontal(id="costs-body"):
-            yield DataTable(id="costs-by", cursor_type="row", zebra_stripes=True)
+            yield LiveTable(COLUMNS, lambda cells: cells, id="costs-by")
             yield PlotextPlot(id="costs-plot")
         yield Footer()
 
-    def on_mount(self) -> None:
-        table = self.query_one("#costs-by", DataTable)
-        for key, label, width in COLUMNS:
-            table.add_column(label, key=key, width=width)
-        self.set_interval(FETCH_S, self.action_fetch)
-        self.action_fetch()
+    def fetch(self) -> None:
+        self._fetch(self.by)
 
     def action_fetch(self) -> None:
-        self._fetch(self.by)
+        self.fetch()
 
     def action_next_breakdown(self) -> None:
         self.by = BREAKDOWNS[(BREAKDOWNS.index(self.by) + 1) % len(BREAKDOWNS)]
-        self.query_one("#costs-by", DataTable).clear()
-        self._shown_rows.clear()
-        self.action_fetch()
+        self.query_one("#costs-by", LiveTable).show({})
+        self.fetch()
 
     @work(exclusive=True, group="costs")
     async def _fetch(self, by: str) -> None:
@@ -107,7 +100,7 @@ class CostsScreen(LabScreen):
         sim = " [black on yellow] SIM [/] GPU power is simulated" if report["simulated"] else ""
         lines = [
             f"[b]this month[/b] {fmt_money(report['month'], currency)}   cloud equivalent {fmt_money(report['cloud_equivalent_month'], currency)}"
-            f"   [b]saving {fmt_money(report['saving_month'], currency)} ({pct(report['saving_pct_month'])})[/b]{sim}",
+            f"   [b]saving {fmt_money(report['saving_month'], currency)} ({fmt_pct(report['saving_pct_month'])})[/b]{sim}",
             f"today {fmt_money(report['today'], currency)}   cloud {fmt_money(report['cloud_equivalent_today'], currency)}"
             f"   {report['kwh_today'] or 0:.2f} kWh today, {report['kwh_month'] or 0:.2f} kWh this month",
             f"by {report['by_kind']} since {report['since']}   ([b]b[/b] switches machine / job / model)",
@@ -119,8 +112,7 @@ class CostsScreen(LabScreen):
         self._refresh_plot(report)
 
     def _refresh_table(self, report: dict[str, Any]) -> None:
-        table = self.query_one("#costs-by", DataTable)
-        sync_rows(table, breakdown_rows(report), [key for key, _, _ in COLUMNS], self._shown_rows)
+        self.query_one("#costs-by", LiveTable).show(breakdown_rows(report))
 
     def _refresh_plot(self, report: dict[str, Any]) -> None:
         days = report["days"][-PLOT_DAYS:]

@@ -7,6 +7,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
+from agents.states import JOB_HOLDS_GPU, MODEL_ENGINE_UP
 from console.screens.base import LabScreen
 from console.state import MachineView
 from widgets.lab_header import LabHeader
@@ -16,29 +17,28 @@ from widgets.machine_card import MachineCard
 def gpu_owners(view: MachineView) -> dict[int, str]:
     """Which job or model holds each GPU, from the agent's jobs and models sections."""
     owners: dict[int, list[str]] = {}
-    for job in view.items("jobs"):
-        if job.get("state") in ("starting", "running", "stopping"):
-            for index in job.get("gpus") or []:
-                owners.setdefault(index, []).append(f"job {job.get('id')} {job.get('recipe', '')}".strip())
-    for model in view.items("models"):
-        if model.get("state") in ("loading", "warming", "warm", "sleeping"):
-            for index in model.get("gpus") or []:
-                owners.setdefault(index, []).append(f"model {model.get('name')} ({model.get('state')})")
+    for job in view.jobs:
+        if job.state in JOB_HOLDS_GPU:
+            for index in job.gpus:
+                owners.setdefault(index, []).append(f"job {job.id} {job.recipe}")
+    for model in view.model_list:
+        if model.state in MODEL_ENGINE_UP:  # a sleeping engine still owns its GPU's place
+            for index in model.gpus:
+                owners.setdefault(index, []).append(f"model {model.name} ({model.state})")
     return {index: ", ".join(names) for index, names in owners.items()}
 
 
 def alert_badges(view: MachineView) -> list[str]:
-    alerts = view.sections.get("alerts") or {}
-    active = alerts.get("active", []) if isinstance(alerts, dict) else []
-    return [f"⚠ {a.get('rule', 'alert')}" for a in active if not a.get("acked")][:3]
+    return [f"⚠ {a.rule}" for a in view.alerts.active if not a.acked][:3]
 
 
 class FleetScreen(LabScreen):
     VIEW_NAME = "fleet"
+    CLOCK_S = 1.0  # an offline card's "last seen ... ago"
     BINDINGS = [
         Binding("enter", "open_machine", "Machine"),
-        Binding("down,j", "focus_next_card", "Next", show=False),
-        Binding("up,k", "focus_previous_card", "Previous", show=False),
+        Binding("down", "move(1)", "Next", show=False),  # j / k / g / G come with every view
+        Binding("up", "move(-1)", "Previous", show=False),
     ]
 
     def compose(self) -> ComposeResult:
@@ -61,13 +61,13 @@ class FleetScreen(LabScreen):
         top, bottom = scroll.scroll_offset.y, scroll.scroll_offset.y + scroll.size.height
         for card in self.query(MachineCard):
             region = card.virtual_region
-            if card._rows and (region.bottom < top or region.y > bottom):
+            if card.has_rows and (region.bottom < top or region.y > bottom):
                 continue  # off screen: drawn when scrolled into view (its version is still behind)
             view = state.machines[card.machine]
-            if getattr(card, "_version_shown", None) == view.version and view.online:
+            if card.shown_version == view.version and view.online:
                 continue  # offline cards still tick: "last seen ... ago" moves
-            card._version_shown = view.version
             card.show(
+                version=view.version,
                 role=view.config.role,
                 link=view.link,
                 error=view.error,
@@ -77,7 +77,7 @@ class FleetScreen(LabScreen):
                 util_history={i: view.spark(f"gpu{i}.util_pct") for i in view.gpus},
                 owners=gpu_owners(view),
                 simulated=view.simulated,
-                gpu_status=(view.sections.get("gpu_status") or {}).get("status"),
+                gpu_status=view.gpu_status.status if view.gpu_status else None,
                 limits=limits,
                 now=self.lab_app.clock(),
                 badges=alert_badges(view),
@@ -86,20 +86,24 @@ class FleetScreen(LabScreen):
     def _cards(self) -> list[MachineCard]:
         return list(self.query(MachineCard))
 
-    def _move(self, step: int) -> None:
+    def action_move(self, step: int) -> None:
+        """j / k: the next or the previous machine's card."""
         cards = self._cards()
         if not cards:
             return
         current = self.focused if isinstance(self.focused, MachineCard) else None
         index = cards.index(current) if current in cards else -step
-        cards[(index + step) % len(cards)].focus()
-        cards[(index + step) % len(cards)].scroll_visible()
+        self._focus(cards[(index + step) % len(cards)])
 
-    def action_focus_next_card(self) -> None:
-        self._move(1)
+    def action_move_to_end(self, bottom: bool) -> None:
+        """g / G: the first or the last machine."""
+        cards = self._cards()
+        if cards:
+            self._focus(cards[-1] if bottom else cards[0])
 
-    def action_focus_previous_card(self) -> None:
-        self._move(-1)
+    def _focus(self, card: MachineCard) -> None:
+        card.focus()
+        card.scroll_visible()
 
     def action_open_machine(self) -> None:
         if isinstance(self.focused, MachineCard):

@@ -9,6 +9,7 @@ from textual.widgets import Footer, Input, Log, Static
 
 from agents.protocol import RemoteError
 from console.screens.base import LabScreen
+from widgets.format import NA
 from widgets.lab_header import LabHeader
 
 FIRST_LINES = 1000  # the tail shown on open; then every new line
@@ -17,6 +18,7 @@ MAX_LINES = 20000  # kept on screen; older ones scroll out
 
 class LogScreen(LabScreen):
     VIEW_NAME = "logs"
+    FETCH_S = 1.0  # the log's new lines (jobs.logs from the offset reached)
     BINDINGS = [
         Binding("slash", "search", "Search"),
         Binding("n", "next_match(1)", "Next"),
@@ -35,7 +37,7 @@ class LogScreen(LabScreen):
         self.machine, self.job_id = machine, job_id
         self.log_offset: int | None = None  # None until the tail came back
         self.lines: list[str] = []
-        self.job_state = "?"
+        self.job_state = NA
         self.pattern = ""
         self.match_at: int | None = None
         self.error: str | None = None
@@ -48,14 +50,13 @@ class LogScreen(LabScreen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.refresh_data()
+        self._show_status()
 
     @property
     def following(self) -> bool:
         return self.query_one(Log).auto_scroll
 
     def refresh_data(self) -> None:
-        self.fetch()
         self._show_status()
 
     def _show_status(self) -> None:

@@ -5,18 +5,22 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import Footer, Static
 
 from console.screens.base import LabScreen
 from console.screens.fleet import gpu_owners
-from widgets.format import fmt, fmt_ago, fmt_bytes
+from widgets.format import NA, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_panel import SERIES, GpuPanel
 from widgets.lab_header import LabHeader
-from widgets.live_table import sync_rows
+from widgets.live_table import LiveTable
+
+
+PROCESS_COLUMNS = [("gpu", "GPU", 4), ("pid", "PID", 8), ("user", "user", 10), ("vram", "VRAM", 8), ("command", "command", None)]
 
 
 class MachineScreen(LabScreen):
     VIEW_NAME = "machine"
+    CLOCK_S = 1.0  # "last seen ... ago" while it is offline
     BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
     DEFAULT_CSS = """
     MachineScreen #host { padding: 0 1; height: auto; }
@@ -33,16 +37,10 @@ class MachineScreen(LabScreen):
         yield Static("", id="host")
         yield VerticalScroll(id="gpus")
         yield Static(" GPU processes", classes="title")
-        yield DataTable(id="procs", cursor_type="row", zebra_stripes=True)
+        yield LiveTable(PROCESS_COLUMNS, lambda cells: cells, id="procs")
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one("#procs", DataTable)
-        table.add_column("GPU", key="gpu", width=4)
-        table.add_column("PID", key="pid", width=8)
-        table.add_column("user", key="user", width=10)
-        table.add_column("VRAM", key="vram", width=8)
-        table.add_column("command", key="command")
         self.refresh_data()
 
     @property
@@ -55,12 +53,12 @@ class MachineScreen(LabScreen):
         sim = "  [black on yellow] SIM [/]" if view.simulated else ""
         if view.online:
             text = (f"[b]{self.machine}[/b]  {view.config.role}{sim}  [green]● online[/]  "
-                    f"CPU {fmt(host.get('cpu_pct'), '.0f', '%')} of {host.get('cpu_count', '?')} cores  "
-                    f"load {fmt(host.get('load_1'), '.2f')}/{fmt(host.get('load_5'), '.2f')}/{fmt(host.get('load_15'), '.2f')}  "
-                    f"RAM {fmt_bytes(host.get('ram_used_bytes'))}/{fmt_bytes(host.get('ram_total_bytes'))}  "
-                    f"swap {fmt_bytes(host.get('swap_used_bytes'))}/{fmt_bytes(host.get('swap_total_bytes'))}  "
-                    f"disk {fmt_bytes(host.get('disk_used_bytes'))}/{fmt_bytes(host.get('disk_total_bytes'))}  "
-                    f"net ↓{fmt_bytes(host.get('net_rx_bytes_per_s'))}/s ↑{fmt_bytes(host.get('net_tx_bytes_per_s'))}/s")
+                    f"CPU {fmt(host.cpu_pct, '.0f', '%')} of {fmt(host.cpu_count)} cores  "
+                    f"load {fmt(host.load_1, '.2f')}/{fmt(host.load_5, '.2f')}/{fmt(host.load_15, '.2f')}  "
+                    f"RAM {fmt_bytes(host.ram_used_bytes)}/{fmt_bytes(host.ram_total_bytes)}  "
+                    f"swap {fmt_bytes(host.swap_used_bytes)}/{fmt_bytes(host.swap_total_bytes)}  "
+                    f"disk {fmt_bytes(host.disk_used_bytes)}/{fmt_bytes(host.disk_total_bytes)}  "
+                    f"net ↓{fmt_bytes(host.net_rx_bytes_per_s)}/s ↑{fmt_bytes(host.net_tx_bytes_per_s)}/s")
         else:
             text = f"[b]{self.machine}[/b]  [bold red]{view.link.upper()}[/]  last seen {fmt_ago(view.last_seen, self.lab_app.clock())}\n{view.error or ''}"
         self.query_one("#host", Static).update(text)
@@ -74,24 +72,22 @@ class MachineScreen(LabScreen):
             self._gpu_indices = indices
             container.remove_children()
             container.mount_all(GpuPanel(id=f"gpu-{i}") for i in indices)
-            self.call_after_refresh(self.refresh_data)
+        panels = list(container.query(GpuPanel))
+        if len(panels) != len(indices) or not all(panel.is_mounted for panel in panels):
+            self.drawn_version = -1  # the panels fill on a later tick of the scheduler, once mounted
             return
         owners = gpu_owners(view)
         limits = self.thresholds()
-        for panel in container.query(GpuPanel):
+        for panel in panels:
             i = int(panel.id.split("-")[1])
             if i in view.gpus:
                 history = {key: view.spark(f"gpu{i}.{key}") for key, _ in SERIES}
                 panel.show(view.gpus[i], history, owners.get(i), limits)
 
     def _refresh_processes(self, view) -> None:
-        table = self.query_one("#procs", DataTable)
-        if not table.columns:  # a render tick can come before on_mount has added them
-            return
         wanted = {}
         for i, gpu in view.gpus.items():
-            for proc in gpu.get("processes") or []:
-                key = f"{i}:{proc['pid']}:{proc.get('command')}"
-                wanted[key] = (str(i), str(proc["pid"]), proc.get("user") or "N/A",
-                               fmt_bytes(proc.get("mem_used_bytes")), (proc.get("command") or "N/A")[:120])
-        sync_rows(table, wanted, ["gpu", "pid", "user", "vram", "command"], self._shown_rows)
+            for proc in gpu.processes:
+                key = f"{i}:{proc.pid}:{proc.command}"
+                wanted[key] = (str(i), str(proc.pid), proc.user or NA, fmt_bytes(proc.mem_used_bytes), (proc.command or NA)[:120])
+        self.query_one("#procs", LiveTable).show(wanted)

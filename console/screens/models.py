@@ -3,117 +3,64 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
-from textual.screen import ModalScreen
-from textual.widgets import Footer, OptionList, Static
-from textual.widgets.option_list import Option
+from textual.widgets import Footer, Static
 
-from agents.protocol import RemoteError
+from agents.sections import ModelInfo, Rotation
+from agents.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
 from console.screens.base import LabScreen
+from console.screens.modals import PickModelScreen
 from widgets.format import fmt_duration
 from widgets.lab_header import LabHeader
-from widgets.orchestra_table import OrchestraTable, state_cell
+from widgets.orchestra_table import OrchestraTable
 
-SERVING = ("loading", "warming", "warm", "sleeping")  # stopping these interrupts (or drops) a model
-
-
-class ConfirmScreen(ModalScreen[bool]):
-    """y / enter: go ahead; n / escape: leave it."""
-
-    BINDINGS = [Binding("y,enter", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
-    DEFAULT_CSS = """
-    ConfirmScreen { align: center middle; }
-    ConfirmScreen > Static { width: 72; padding: 1 2; border: thick $warning; background: $surface; }
-    """
-
-    def __init__(self, question: str) -> None:
-        super().__init__()
-        self.question = question
-
-    def compose(self) -> ComposeResult:
-        yield Static(f"{self.question}\n\n[b]y[/b] yes   [b]n[/b] no", id="confirm-question")
-
-    def action_answer(self, yes: bool) -> None:
-        self.dismiss(yes)
-
-
-class PickModelScreen(ModalScreen[str | None]):
-    """Choose the model to bring in on the selected one's GPUs."""
-
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
-    DEFAULT_CSS = """
-    PickModelScreen { align: center middle; }
-    PickModelScreen > Vertical { width: 72; height: auto; max-height: 24; border: thick $accent; background: $surface; }
-    PickModelScreen OptionList { height: auto; max-height: 18; }
-    """
-
-    def __init__(self, title: str, models: list[dict[str, Any]]) -> None:
-        super().__init__()
-        self.title_text = title
-        self.models = models
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(self.title_text, classes="title")
-            yield OptionList(*[Option(Text.assemble(f"{m['name']:<22}", state_cell(m), f"  {m['vram_bytes'] / 1024**3:.0f}G"), id=m["name"])
-                               for m in self.models], id="pick-model")
-
-    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(event.option.id)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-
-def rotation_text(rotations: dict[str, dict[str, Any]], now: float) -> str:
+def rotation_text(rotations: dict[str, Rotation | None], now: float) -> str:
     """One line: the plan's step, the next rotation with its countdown, the measured overhead."""
-    planned = {m: r for m, r in rotations.items() if r and r.get("plan")}
+    planned = {m: r for m, r in rotations.items() if r and r.plan}
     if not planned:
         return "no rotation plan (lab.yaml orchestra.rotation)"
-    next_at = min((r["next_at"] for r in planned.values() if r.get("next_at")), default=None)
+    next_at = min((r.next_at for r in planned.values() if r.next_at), default=None)
     any_plan = next(iter(planned.values()))
-    step = any_plan["index"]
-    parts = [f"rotation: step {'start' if step is None else step + 1} of {len(any_plan['plan'])}"]
+    step = any_plan.index
+    parts = [f"rotation: step {'start' if step is None else step + 1} of {len(any_plan.plan)}"]
     if next_at is not None:
         parts.append(f"next in {fmt_duration(max(0.0, next_at - now))} (at {time.strftime('%H:%M', time.localtime(next_at))}) → "
-                     + ", ".join(any_plan.get("next_set") or []))
-    if any(r.get("running") for r in planned.values()):
+                     + ", ".join(any_plan.next_set or []))
+    if any(r.running for r in planned.values()):
         parts.append("[b yellow]rotating now[/]")
-    worst = max(r["overhead_pct"] for r in planned.values())
-    colour = "green" if worst < any_plan["target_pct"] else "red"
-    parts.append(f"overhead [{colour}]{worst:.3f}%[/] (target < {any_plan['target_pct']:g}%)")
+    worst = max(r.overhead_pct or 0.0 for r in planned.values())
+    target = any_plan.target_pct or 0.0
+    colour = "green" if worst < target else "red"
+    parts.append(f"overhead [{colour}]{worst:.3f}%[/] (target < {target:g}%)")
     return " · ".join(parts)
 
 
-def detail_text(model: dict[str, Any] | None) -> str:
+def detail_text(model: ModelInfo | None) -> str:
     if model is None:
         return ""
-    parts = [f"[b]{model['name']}[/b] on {model['machine']}"]
-    if model.get("endpoint") and model["state"] == "warm":
-        parts.append(f"endpoint {model['endpoint']} (model {model.get('served_name')})")
-    if model.get("ttft_s") is not None:
-        parts.append(f"TTFT {model['ttft_s']:.2f}s")
-    if model.get("swap_s") is not None:
-        parts.append(f"last swap {model['swap_s']:.1f}s")
-    if model.get("simulated"):
+    parts = [f"[b]{model.name}[/b] on {model.machine}"]
+    if model.endpoint and model.state == ModelState.WARM:
+        parts.append(f"endpoint {model.endpoint} (model {model.served_name})")
+    if model.ttft_s is not None:
+        parts.append(f"TTFT {model.ttft_s:.2f}s")
+    if model.swap_s is not None:
+        parts.append(f"last swap {model.swap_s:.1f}s")
+    if model.simulated:
         parts.append("[b magenta]SIM[/] engine: figures are simulated")
     line = " · ".join(parts)
-    if model.get("error"):
-        line += f"\n[b red]failed:[/] {model['error']['message']}"
-        tail = model["error"].get("log_tail") or []
-        if tail:
-            line += f"\n[dim]{tail[-1]}[/]"
+    if model.error:
+        line += f"\n[b red]failed:[/] {model.error.message}"
+        if model.error.log_tail:
+            line += f"\n[dim]{model.error.log_tail[-1]}[/]"
     return line
 
 
 class ModelsScreen(LabScreen):
     VIEW_NAME = "models"
+    CLOCK_S = 1.0  # the rotation's countdown
+    ACTING = frozenset({"warm", "sleep", "cold", "swap", "pin"})
     BINDINGS = [
         Binding("w", "warm", "Warm"),
         Binding("s", "sleep", "Sleep"),
@@ -138,20 +85,19 @@ class ModelsScreen(LabScreen):
 
     # -- data
 
-    def pool(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    def pool(self) -> tuple[list[ModelInfo], dict[str, Rotation | None]]:
         models, rotations = [], {}
         for view in self.lab_app.state.machines.values():
-            section = view.sections.get("models")
-            if isinstance(section, dict):
-                models += [{**m, "online": view.online} for m in section.get("models", [])]
-                rotations[view.name] = section.get("rotation")
+            if view.models is not None:
+                models += view.models.models
+                rotations[view.name] = view.models.rotation
         return models, rotations
 
     def refresh_data(self) -> None:
         models, rotations = self.pool()
         table = self.query_one(OrchestraTable)
         with self.app.batch_update():
-            table.show(models)
+            table.show_models(models)
             self.query_one("#models-rotation", Static).update(rotation_text(rotations, self.lab_app.clock()))
             self.query_one("#models-detail", Static).update(detail_text(table.selected()))
 
@@ -159,9 +105,10 @@ class ModelsScreen(LabScreen):
         self.query_one("#models-detail", Static).update(detail_text(self.query_one(OrchestraTable).selected()))
 
     def on_data_table_row_selected(self, _event) -> None:  # enter on a row: swap it out
-        self.action_swap()
+        if not self.lab_app.readonly:
+            self.action_swap()
 
-    def selected(self) -> dict[str, Any] | None:
+    def selected(self) -> ModelInfo | None:
         model = self.query_one(OrchestraTable).selected()
         if model is None:
             self.notify("no model selected", severity="warning")
@@ -169,69 +116,47 @@ class ModelsScreen(LabScreen):
 
     # -- actions
 
-    def _confirm_then(self, question: str, then) -> None:
-        self.app.push_screen(ConfirmScreen(question), lambda yes: then() if yes else None)
-
     def action_warm(self) -> None:
-        model = self.selected()
-        if model is None or not self.require_operator():
-            return
-        self._act(model["machine"], "models.warm", {"model": model["name"]}, f"warming {model['name']}")
+        if model := self.selected():
+            self.act(model.machine, "models.warm", {"model": model.name}, f"warming {model.name}")
 
     def action_sleep(self) -> None:
-        model = self.selected()
-        if model is None or not self.require_operator():
-            return
-        self._confirm_then(f"Put [b]{model['name']}[/b] to sleep? It stops answering until woken (about "
-                           f"{model.get('wake_s') or 1:.0f} s).",
-                           lambda: self._act(model["machine"], "models.sleep", {"model": model["name"]}, f"{model['name']} going to sleep"))
+        if model := self.selected():
+            self.confirm(f"Put [b]{model.name}[/b] to sleep? It stops answering until woken (about {model.wake_s or 1:.0f} s).",
+                         lambda: self.act(model.machine, "models.sleep", {"model": model.name}, f"{model.name} going to sleep"))
 
     def action_cold(self) -> None:
         model = self.selected()
-        if model is None or not self.require_operator():
+        if model is None:
             return
-        go = lambda: self._act(model["machine"], "models.cold", {"model": model["name"]}, f"stopping {model['name']}", 30.0)  # noqa: E731
-        if model["state"] in SERVING:
-            self._confirm_then(f"Stop [b]{model['name']}[/b] ({model['state']})? Its engine exits; bringing it back is a full load.", go)
+        go = lambda: self.act(model.machine, "models.cold", {"model": model.name}, f"stopping {model.name}", timeout=30.0)  # noqa: E731
+        if model.state in MODEL_ENGINE_UP:  # stopping it interrupts (or drops) a model
+            self.confirm(f"Stop [b]{model.name}[/b] ({model.state})? Its engine exits; bringing it back is a full load.", go)
         else:
             go()
 
     def action_pin(self) -> None:
-        model = self.selected()
-        if model is None or not self.require_operator():
-            return
-        pinned = not model.get("pinned")
-        self._act(model["machine"], "models.pin", {"model": model["name"], "pinned": pinned},
-                  f"{'pinned' if pinned else 'unpinned'} {model['name']}")
+        if model := self.selected():
+            pinned = not model.pinned
+            self.act(model.machine, "models.pin", {"model": model.name, "pinned": pinned}, f"{'pinned' if pinned else 'unpinned'} {model.name}")
 
     def action_swap(self) -> None:
         out = self.selected()
-        if out is None or not self.require_operator():
+        if out is None:
             return
-        if out["state"] not in ("warm", "sleeping"):
-            self.notify(f"{out['name']} is {out['state']}: select a warm model to swap out, or press w", severity="warning")
+        if out.state not in (ModelState.WARM, ModelState.SLEEPING):
+            self.notify(f"{out.name} is {out.state}: select a warm model to swap out, or press w", severity="warning")
             return
         models, _ = self.pool()
-        candidates = [m for m in models if m["machine"] == out["machine"] and m["name"] != out["name"]
-                      and m["state"] not in ("loading", "warming", "warm")]
+        candidates = [m for m in models if m.machine == out.machine and m.name != out.name and m.state not in MODEL_HOLDS_GPU]
         if not candidates:
-            self.notify(f"no other model on {out['machine']} to bring in", severity="warning")
+            self.notify(f"no other model on {out.machine} to bring in", severity="warning")
             return
 
         def picked(name: str | None) -> None:
             if name:
-                self._confirm_then(f"Swap [b]{out['name']}[/b] out (it stops answering) and bring [b]{name}[/b] in on GPU "
-                                   f"{','.join(map(str, out['gpus']))} of {out['machine']}?",
-                                   lambda: self._act(out["machine"], "models.swap", {"out": out["name"], "in": name},
-                                                     f"swapping {out['name']} → {name}"))
+                self.confirm(f"Swap [b]{out.name}[/b] out (it stops answering) and bring [b]{name}[/b] in on GPU "
+                             f"{','.join(map(str, out.gpus))} of {out.machine}?",
+                             lambda: self.act(out.machine, "models.swap", {"out": out.name, "in": name}, f"swapping {out.name} → {name}"))
 
-        self.app.push_screen(PickModelScreen(f"bring in on {out['machine']} instead of {out['name']}:", candidates), picked)
-
-    @work(group="models-actions")
-    async def _act(self, machine: str, method: str, params: dict[str, Any], done: str, timeout: float | None = None) -> None:
-        try:
-            await self.lab_app.client.call(machine, method, params, timeout)
-        except RemoteError as exc:
-            self.notify(exc.message, severity="error", timeout=10)
-            return
-        self.notify(done)
+        self.app.push_screen(PickModelScreen(f"bring in on {out.machine} instead of {out.name}:", candidates), picked)

@@ -1,0 +1,268 @@
+"""Every dialog of the console in one place: confirm, ask a number, pick a model or a recipe, the start form, help, jump."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.suggester import SuggestFromList
+from textual.widgets import Input, Label, OptionList, Select, Static, Switch
+from textual.widgets.option_list import Option
+
+from agents.protocol import RemoteError
+from agents.sections import ModelInfo
+from console.views import VIEWS
+from widgets.format import NA, fmt_gib
+from widgets.orchestra_table import state_cell
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """y / enter: go ahead; n / escape: leave it."""
+
+    BINDINGS = [Binding("y,enter", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen > Static { width: 72; padding: 1 2; border: thick $warning; background: $surface; }
+    """
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        yield Static(f"{self.question}\n\n[b]y[/b] yes   [b]n[/b] no", id="confirm-question")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class PickModelScreen(ModalScreen[str | None]):
+    """Choose the model to bring in on the selected one's GPUs."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    PickModelScreen { align: center middle; }
+    PickModelScreen > Vertical { width: 72; height: auto; max-height: 24; border: thick $accent; background: $surface; }
+    PickModelScreen OptionList { height: auto; max-height: 18; }
+    """
+
+    def __init__(self, title: str, models: list[ModelInfo]) -> None:
+        super().__init__()
+        self.title_text = title
+        self.models = models
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.title_text, classes="title")
+            yield OptionList(*[Option(Text.assemble(f"{m.name:<22}", state_cell(m), f"  {fmt_gib(m.vram_bytes)}"), id=m.name)
+                               for m in self.models], id="pick-model")
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class AskNumberScreen(ModalScreen[int | None]):
+    """A whole number, or None on escape."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    AskNumberScreen { align: center middle; }
+    AskNumberScreen > Vertical { width: 72; height: auto; padding: 1 2; border: thick $warning; background: $surface; }
+    """
+
+    def __init__(self, question: str, default: int) -> None:
+        super().__init__()
+        self.question, self.default = question, default
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.question)
+            yield Input(str(self.default), type="integer", id="ask-number")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        try:
+            value = int(event.value)
+        except ValueError:
+            self.notify("a whole number, please", severity="warning")
+            return
+        if value >= 0:
+            self.dismiss(value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class PickRecipeScreen(ModalScreen[dict | None]):
+    """Choose the recipe to start."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    PickRecipeScreen { align: center middle; }
+    PickRecipeScreen > Vertical { width: 80; height: auto; max-height: 24; border: thick $accent; background: $surface; }
+    PickRecipeScreen OptionList { height: auto; max-height: 18; }
+    """
+
+    def __init__(self, recipes: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.recipes = recipes
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static("start which recipe?", classes="title")
+            yield OptionList(*[Option(f"{r['name']:<20} {r['machine']:<12} GPU {','.join(map(str, r['gpus'])) or NA:<8} {r['launcher']}", id=str(i))
+                               for i, r in enumerate(self.recipes)], id="pick-recipe")
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(self.recipes[int(event.option.id)])
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+def param_hint(param: dict[str, Any]) -> str:
+    parts = [param["type"]]
+    if param.get("min") is not None or param.get("max") is not None:
+        parts.append(f"{param.get('min', '')}..{param.get('max', '')}".replace("None", ""))
+    text = f"[b]{param['name']}[/b] ({', '.join(parts)}) {param['flag']}"
+    return text + (f"  [dim]{param['help']}[/]" if param.get("help") else "")
+
+
+class StartJobScreen(ModalScreen[dict | None]):
+    """The recipe's params with their defaults; enter starts it, the agent's verdict stays on the form."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "start", "Start")]
+    DEFAULT_CSS = """
+    StartJobScreen { align: center middle; }
+    StartJobScreen > VerticalScroll { width: 90; height: auto; max-height: 90%; border: thick $accent; background: $surface; padding: 0 1; }
+    StartJobScreen Label { margin-top: 1; }
+    StartJobScreen #start-error { color: $error; height: auto; }
+    """
+
+    def __init__(self, recipe: dict[str, Any]) -> None:
+        super().__init__()
+        self.recipe = recipe
+
+    def compose(self) -> ComposeResult:
+        r = self.recipe
+        with VerticalScroll():
+            yield Static(f"start [b]{r['name']}[/b] on {r['machine']} GPU {','.join(map(str, r['gpus'])) or NA}"
+                         + (f" (torchrun x{r['nproc_per_node']})" if r["launcher"] == "torchrun" else ""), classes="title")
+            for p in r["params"]:
+                yield Label(param_hint(p))
+                default = p.get("default")
+                if p["type"] == "bool":
+                    yield Switch(value=bool(default), id=f"param-{p['name']}")
+                elif p["type"] == "choice":
+                    yield Select([(c, c) for c in p["choices"]], value=default if default in p["choices"] else Select.BLANK,
+                                 id=f"param-{p['name']}")
+                else:
+                    kind = {"int": "integer", "float": "number"}.get(p["type"], "text")
+                    yield Input(value="" if default is None else str(default), type=kind, id=f"param-{p['name']}")
+            if not r["params"]:
+                yield Label("no params: it runs as lab.yaml says")
+            yield Static("", id="start-error")
+            yield Static("[b]enter[/b] / ctrl+s start   [b]esc[/b] cancel", classes="dim")
+
+    def on_mount(self) -> None:
+        inputs = self.query(Input)
+        if inputs:
+            inputs.first().focus()
+
+    def values(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for p in self.recipe["params"]:
+            widget = self.query_one(f"#param-{p['name']}")
+            if isinstance(widget, Switch):
+                values[p["name"]] = widget.value
+            elif isinstance(widget, Select):
+                if widget.value is not Select.BLANK:
+                    values[p["name"]] = widget.value
+            elif widget.value.strip():
+                values[p["name"]] = widget.value.strip()  # the agent parses and checks it
+        return values
+
+    def on_input_submitted(self, _event: Input.Submitted) -> None:
+        self.action_start()
+
+    def action_start(self) -> None:
+        self.start()
+
+    @work(exclusive=True, group="start-job")
+    async def start(self) -> None:
+        error = self.query_one("#start-error", Static)
+        error.update("starting ...")
+        try:
+            job = await self.app.client.call(self.recipe["machine"], "jobs.start", {"recipe": self.recipe["name"], "params": self.values()})
+        except RemoteError as exc:
+            error.update(f"{exc.code}: {exc.message}")
+            return
+        self.dismiss(job)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+GLOBAL_KEYS = [
+    ("j / k", "down / up (the arrows too)"),
+    ("g / G", "first / last row"),
+    ("?", "this help"),
+    (":", "jump to a view by name (:fleet, :jobs, :models ...)"),
+    ("esc", "back"),
+    ("q", "quit"),
+]
+
+
+class HelpScreen(ModalScreen):
+    """`?`: every key of the current view and every view reachable with `:`."""
+
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll { width: 80; height: auto; max-height: 90%; border: thick $accent; background: $surface; padding: 1 2; }
+    """
+
+    def __init__(self, bindings: list[tuple[str, str]]):
+        super().__init__()
+        self.view_bindings = bindings
+
+    def compose(self) -> ComposeResult:
+        lines = ["[b]Keys of this view[/b]"]
+        lines += [f"  [b cyan]{key:<10}[/] {desc}" for key, desc in self.view_bindings] or ["  (none)"]
+        lines += ["", "[b]Everywhere[/b]"] + [f"  [b cyan]{key:<10}[/] {desc}" for key, desc in GLOBAL_KEYS]
+        lines += ["", "[b]Views[/b] (type : then the name)"] + [f"  [b cyan]:{name:<9}[/] {desc}" for name, (_, _, desc) in VIEWS.items()]
+        with VerticalScroll():
+            yield Static("\n".join(lines))
+
+
+class JumpScreen(ModalScreen[str | None]):
+    """`:`: type a view's name (with completion) and jump there, k9s style."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    JumpScreen { align: center top; }
+    JumpScreen > Input { width: 60; margin-top: 2; border: tall $accent; }
+    JumpScreen > Static { width: 60; color: $text-muted; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="view name: " + " ".join(VIEWS), suggester=SuggestFromList(list(VIEWS), case_sensitive=False), id="jump")
+        yield Static("", id="jump-error")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        name = event.value.strip().lstrip(":").lower()
+        matches = [v for v in VIEWS if v.startswith(name)] if name else []
+        if len(matches) == 1 or name in VIEWS:
+            self.dismiss(name if name in VIEWS else matches[0])
+        else:
+            self.query_one("#jump-error", Static).update(f"no view {name!r}; views: {', '.join(VIEWS)}")
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

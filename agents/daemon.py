@@ -38,7 +38,7 @@ def _setup_logging(level: str) -> None:
     # stderr, no timestamps of our own under systemd (journald stamps every line)
     fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("INVOCATION_ID") else "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, stream=sys.stderr)
-    logging.getLogger("asyncssh").setLevel(logging.WARNING)
+    logging.getLogger("asyncssh").setLevel(logging.WARNING if level != "debug" else logging.INFO)
 
 
 async def serve(args: argparse.Namespace) -> int:

@@ -21,6 +21,8 @@ PROTOCOL_VERSION = 1
 SUBSYSTEM = "cetlab"
 # One JSON line may not exceed this; larger requests get TOO_LARGE and are discarded.
 MAX_MESSAGE_BYTES = 1024 * 1024
+# No reply or event line is larger than this (long answers are cut and say so); consoles read lines up to it.
+MAX_REPLY_BYTES = 8 * 1024 * 1024
 SSH_USERNAME = "cetlab"
 
 

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import socket
 import stat
 import struct
@@ -281,8 +282,8 @@ class SocketRoles:
         if stamp != self._stamp:
             check_not_writable_by_others(self.path)
             roles = {}
-            for number, line in enumerate(self.path.read_text().splitlines(), 1):
-                parts = line.split("#", 1)[0].split()
+            for number, line in enumerate(self.path.read_text().split("\n"), 1):  # lines end at \n only, as in keys
+                parts = [p for p in re.split(r"[ \t]+", line.split("#", 1)[0].strip(" \t\r")) if p]
                 if not parts:
                     continue
                 if len(parts) != 2 or parts[0] not in Role._value2member_map_:

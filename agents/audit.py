@@ -79,6 +79,12 @@ class AuditComponent:
         agent.store.migrate(self.name, SCHEMA)
         row = agent.store.query("SELECT COUNT(*) AS n, MAX(t) AS t FROM audit")[0]
         self.count, self.last_t = row["n"], row["t"]
+        if agent.store.notice:  # the state was lost or moved aside at this start: the trail says so first
+            with agent.store.transaction() as db:
+                db.execute("INSERT INTO audit (t, who, role, method, params, outcome, message, duration_s) VALUES (?,?,?,?,?,?,?,?)",
+                           (time.time(), "cetlab-agent", str(Role.OPERATOR), "agent.start", None, "state_lost",
+                            agent.store.notice[:MESSAGE_CHARS], 0.0))
+            self.count += 1
         agent.rpc.audit = self
 
         @agent.rpc.method("audit.list", role=Role.OPERATOR, params=AuditListParams,

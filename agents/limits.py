@@ -70,7 +70,7 @@ class ThrottledLog:
         self._last: dict[str, float] = {}
         self._held: dict[str, int] = {}
 
-    def __call__(self, level: int, key: str, message: str, *args: Any) -> None:
+    def __call__(self, level: int, key: str, message: str, *args: Any, **kwargs: Any) -> None:
         now = time.monotonic()
         if now - self._last.get(key, -self.every_s) < self.every_s:
             self._held[key] = self._held.get(key, 0) + 1
@@ -79,7 +79,7 @@ class ThrottledLog:
         held = self._held.pop(key, 0)
         if held:
             message += f" (and {held} more like it in the last {self.every_s:.0f} s)"
-        self.logger.log(level, message, *args)
+        self.logger.log(level, message, *args, **kwargs)
 
 
 class Doorman:

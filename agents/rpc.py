@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
@@ -46,10 +47,28 @@ class Peer:
             return
         try:
             line = encode({"event": event, "data": data})
-        except (ValueError, TypeError, RecursionError):  # a non-finite number or worse: skip this event, keep the stream
+        except ValueError:  # a NaN or infinity got through: send it as null rather than stop the stream
+            log.error("event %s held a non-finite number; sent as null", event)
+            try:
+                line = encode({"event": event, "data": _finite(data)})
+            except (ValueError, TypeError, RecursionError):
+                log.exception("event %s could not be encoded; not sent", event)
+                return
+        except (TypeError, RecursionError):
             log.exception("event %s could not be encoded; not sent", event)
             return
         self.send(line)
+
+
+def _finite(value: Any) -> Any:
+    """value with every NaN and infinity replaced by None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def parse_request(line: bytes) -> dict[str, Any]:

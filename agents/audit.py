@@ -73,6 +73,7 @@ class AuditComponent:
         self.agent: Agent | None = None
         self.count = 0
         self.last_t: float | None = None
+        self._refusals: dict[tuple[float, str, str, str], int] = {}  # (minute, who, role, method) -> refused calls
 
     async def start(self, agent: Agent) -> None:
         self.agent = agent
@@ -97,10 +98,11 @@ class AuditComponent:
                     args.append(value)
             rows = agent.store.query(
                 f"SELECT * FROM audit {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY id DESC LIMIT ?", (*args, params.limit))
-            refusals = self._refusals(params)
+            self._flush_refusals()
+            refusals = self._refusal_rows(params)
             return {"machine": agent.machine.name, "total": self.count, "entries": rows, "refusals": refusals}
 
-    def _refusals(self, params: AuditListParams) -> list[dict[str, Any]]:
+    def _refusal_rows(self, params: AuditListParams) -> list[dict[str, Any]]:
         """Refused calls per key, method and minute, newest first (the same filters as the actions)."""
         where, args = [], []
         for clause, value in (("minute >= ?", None if params.since is None else params.since - params.since % 60),
@@ -113,10 +115,10 @@ class AuditComponent:
             "ORDER BY minute DESC, who, method LIMIT ?", (*args, params.limit))
 
     async def stop(self) -> None:
-        pass
+        self._flush_refusals()
 
     def on_telemetry(self, telemetry: Telemetry) -> None:
-        pass
+        self._flush_refusals()
 
     def section(self) -> dict[str, Any]:
         # counts only: who did what is for operators, through audit.list
@@ -151,15 +153,24 @@ class AuditComponent:
         )
 
     def refused(self, peer: Peer, method: str) -> None:
-        """One more refused call of this key and method in this minute (bounded table, apart from actions)."""
+        """One more refused call of this key and method in this minute: counted in memory, written once a tick."""
         if method in NOT_AUDITED:
             return
         now = time.time()
+        key = (now - now % 60, peer.who, str(peer.role), method)
+        self._refusals[key] = self._refusals.get(key, 0) + 1
+
+    def _flush_refusals(self) -> None:
+        """The refusals counted since the last flush, in one transaction (bounded table, apart from actions)."""
+        if not self._refusals:
+            return
+        counted, self._refusals = self._refusals, {}
         with self.agent.store.transaction() as db:
-            db.execute(
-                "INSERT INTO audit_refusals (minute, who, role, method, count) VALUES (?,?,?,?,1) "
-                "ON CONFLICT (minute, who, method) DO UPDATE SET count = count + 1",
-                (now - now % 60, peer.who, str(peer.role), method),
+            db.executemany(
+                "INSERT INTO audit_refusals (minute, who, role, method, count) VALUES (?,?,?,?,?) "
+                "ON CONFLICT (minute, who, method) DO UPDATE SET count = count + excluded.count",
+                [(*key, n) for key, n in counted.items()],
             )
-            if db.execute("SELECT COUNT(*) FROM audit_refusals").fetchone()[0] > KEEP_REFUSAL_ROWS:
-                db.execute("DELETE FROM audit_refusals WHERE rowid IN (SELECT rowid FROM audit_refusals ORDER BY minute LIMIT 100)")
+            excess = db.execute("SELECT COUNT(*) FROM audit_refusals").fetchone()[0] - KEEP_REFUSAL_ROWS
+            if excess > 0:
+                db.execute("DELETE FROM audit_refusals WHERE rowid IN (SELECT rowid FROM audit_refusals ORDER BY minute LIMIT ?)", (excess,))

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agents.keys import AUTHORIZED_KEYS_NAME, ensure_key  # noqa: E402
 from agents.lab import load_lab  # noqa: E402
 from bench.common import percentile  # noqa: E402
-from console.client import FleetClient  # noqa: E402
+from console.client import FleetClient, read_line  # noqa: E402
 from console.demo import DemoLab  # noqa: E402
 
 FD_LIMIT = 1024
@@ -163,18 +163,29 @@ async def flood_connections(demo: DemoLab, viewer: Path, seconds: float, results
 
 
 async def flood_history(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
-    """history max_points 3600 at 190/s, never reading a reply."""
-    conn, writer, _reader = await open_channel(demo, viewer)
+    """history max_points 3600 at 190/s, not reading a reply until the end; then how many of them ran."""
+    conn, writer, reader = await open_channel(demo, viewer)
     line = json.dumps({"id": 1, "method": "history", "params": {"max_points": 3600}}).encode() + b"\n"
     sent = 0
+    codes: dict[str, int] = {}
     try:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             writer.write(line * 19)
             sent += 19
             await asyncio.sleep(0.1)
+        try:
+            async with asyncio.timeout(3):  # now read what came back (the agent stopped reading us meanwhile)
+                while True:
+                    reply = await read_line(reader)
+                    if not reply:
+                        break
+                    code = json.loads(reply).get("error", {}).get("code", "ran")
+                    codes[code] = codes.get(code, 0) + 1
+        except TimeoutError:
+            pass
     finally:
-        results["history_sent"] = sent
+        results["history_sent"], results["history_answers"] = sent, codes
         conn.abort()
 
 

@@ -18,6 +18,7 @@ MAX_PENDING_LOGINS = 64  # ... and in all; beyond either, the oldest such connec
 MAX_CHANNELS_PER_CONNECTION = 4  # a console needs one
 BUDGET_PER_S = 200.0  # request cost per second per connection, sustained (a ping costs 1) ...
 BUDGET_BURST = 400  # ... and in a burst; beyond that: RATE_LIMITED, not executed
+BYTES_PER_COST = 4096  # a request line also costs one ping per 4 KiB: a 750 KB line costs ~180, before it is parsed
 PAUSE_READING_BYTES = 256 * 1024  # replies not yet taken by the console: stop reading its requests ...
 MAX_UNSENT_BYTES = 16 * 1024 * 1024  # ... and past this (events keep coming), close its channel
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import asyncssh
 
 from agents.keys import AuthorizedKeys, KeyFileError, StateDirError, check_not_writable_by_others
-from agents.limits import (BUDGET_BURST, BUDGET_PER_S, LOGIN_TIMEOUT_S, MAX_CHANNELS_PER_CONNECTION, MAX_UNSENT_BYTES,
+from agents.limits import (BUDGET_BURST, BUDGET_PER_S, BYTES_PER_COST, LOGIN_TIMEOUT_S, MAX_CHANNELS_PER_CONNECTION, MAX_UNSENT_BYTES,
                            PAUSE_READING_BYTES, Doorman, ThrottledLog, TokenBucket, reply_line, request_cost)
 from agents.protocol import MAX_MESSAGE_BYTES, SUBSYSTEM, ErrorCode, RemoteError, Role, encode
 from agents.rpc import Peer, parse_request, request_id_of
@@ -111,6 +111,10 @@ class _Channel:
                 self._accept(line)
 
     def _accept(self, line: bytes) -> None:
+        size_cost = len(line) / BYTES_PER_COST
+        if size_cost > 1 and not self._budget.take(size_cost):  # refused before the parser spends time on it
+            self._reply_error(None, ErrorCode.RATE_LIMITED, f"over this connection's budget (long lines cost one ping per {BYTES_PER_COST} bytes); slow down")
+            return
         try:
             request = parse_request(line)
         except RemoteError as exc:

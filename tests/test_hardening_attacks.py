@@ -91,7 +91,8 @@ async def test_costly_requests_do_not_stall_another_console(target, attack):
     if attack == "6 1,000 channels":
         assert figures["channels_opened"] <= 4 and figures["channels_refused"] >= 995
     if attack == "6 subscribe topics":
-        assert figures["subscribe_answers"] == ["invalid_params"]
+        assert "invalid_params" in figures["subscribe_answers"]  # never taken (and past the budget, not even parsed)
+        assert set(figures["subscribe_answers"]) <= {"invalid_params", "rate_limited"}
 
 
 @pytest.mark.timeout(180)

@@ -266,8 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     except (LabError, KeyFileError) as exc:
         print(f"cetlab-agent: {exc}", file=sys.stderr)
         return 2
-    except (OSError, StoreError, sqlite3.Error) as exc:  # e.g. the port is taken, the disk is full
+    except (OSError, StoreError) as exc:  # e.g. the port is taken, state.db cannot be opened
         print(f"cetlab-agent: {exc}", file=sys.stderr)
+        return 1
+    except sqlite3.Error as exc:  # a write at start failed: a full disk, most likely
+        print(f"cetlab-agent: state.db: {exc}; check free disk space in the state dir", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -16,10 +16,10 @@ from tests.hardening_fixtures import PY, connected, one_machine_lab, start_agent
 FILE_SIZE_LIMIT = 256 * 1024
 
 
-def start_agent_on_full_disk(lab_path, state) -> subprocess.Popen:
+def start_agent_on_full_disk(lab_path, state, limit: int = FILE_SIZE_LIMIT) -> subprocess.Popen:
     """The agent with RLIMIT_FSIZE: every write past the limit fails as on a full disk (Python ignores SIGXFSZ)."""
     def full_disk() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     return subprocess.Popen(
         [PY, "-m", "agents.daemon", "--log-level", "warning", "serve", "--lab", str(lab_path), "--machine", "box",
@@ -63,3 +63,10 @@ async def test_an_operator_action_is_refused_when_its_audit_row_cannot_be_writte
     finally:
         agent.terminate()
         agent.wait(timeout=30)
+
+
+def test_a_full_disk_at_start_is_one_line_not_a_traceback(tmp_path):
+    agent = start_agent_on_full_disk(one_machine_lab(tmp_path / "lab.yaml"), tmp_path / "state", limit=16 * 1024)
+    assert agent.wait(timeout=60) == 1
+    lines = agent.stderr.read().decode().strip().splitlines()
+    assert len(lines) == 1 and "state.db" in lines[0] and "disk" in lines[0], lines

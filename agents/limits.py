@@ -13,8 +13,8 @@ from agents.protocol import MAX_REPLY_BYTES, ErrorCode, encode
 log = logging.getLogger("cetlab.limits")
 
 LOGIN_TIMEOUT_S = 10.0  # a connection that has not logged in by then is closed (asyncssh's default: 120 s)
-MAX_PENDING_LOGINS_PER_ADDRESS = 8  # connections not logged in yet, per source address ...
-MAX_PENDING_LOGINS = 64  # ... and in all; beyond either, the oldest such connection is closed
+MAX_PENDING_LOGINS_PER_ADDRESS = 32  # connections not logged in yet, per source address (16 consoles at once from one host) ...
+MAX_PENDING_LOGINS = 128  # ... and in all; beyond either, the oldest such connection is closed
 MAX_CHANNELS_PER_CONNECTION = 4  # a console needs one
 BUDGET_PER_S = 200.0  # request cost per second per connection, sustained (a ping costs 1) ...
 BUDGET_BURST = 400  # ... and in a burst; beyond that: RATE_LIMITED, not executed

@@ -18,7 +18,7 @@ import asyncssh
 
 from agents.keys import AuthorizedKeys, KeyFileError, StateDirError, check_not_writable_by_others
 from agents.limits import (BUDGET_BURST, BUDGET_PER_S, BYTES_PER_COST, LOGIN_TIMEOUT_S, MAX_CHANNELS_PER_CONNECTION, MAX_UNSENT_BYTES,
-                           PAUSE_READING_BYTES, Doorman, ThrottledLog, TokenBucket, reply_line, request_cost)
+                           OVER_BUDGET_PAUSE_S, PAUSE_READING_BYTES, Doorman, ThrottledLog, TokenBucket, reply_line, request_cost)
 from agents.protocol import MAX_MESSAGE_BYTES, SUBSYSTEM, ErrorCode, RemoteError, Role, encode
 from agents.rpc import Peer, parse_request, request_id_of
 
@@ -61,6 +61,7 @@ class _Channel:
         self._discarding = False  # inside an oversized line: drop bytes until its newline
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
         self._tasks: set[asyncio.Task] = set()
+        self._holds: set[str] = set()  # why we read nothing from this console now: "unread" replies, over "budget"
         transport.set_write_buffer_limits(high=PAUSE_READING_BYTES)
 
     def open(self) -> None:
@@ -83,10 +84,32 @@ class _Channel:
 
     def pause(self) -> None:
         """The console is not taking its replies: read no more of its requests until it does."""
-        self._transport.pause_reading()
+        self._hold("unread")
 
     def resume(self) -> None:
-        self._transport.resume_reading()
+        self._release("unread")
+
+    def _hold(self, reason: str) -> None:
+        if not self._holds:
+            self._transport.pause_reading()
+        self._holds.add(reason)
+
+    def _release(self, reason: str) -> None:
+        if reason not in self._holds:
+            return
+        self._holds.discard(reason)
+        if not self._holds and not self.peer.closed:
+            try:
+                self._transport.resume_reading()
+            except (asyncssh.Error, OSError, RuntimeError):  # closed meanwhile
+                pass
+
+    def _over_budget(self, request_id: Any, message: str) -> None:
+        """Answer rate_limited, and read nothing more for a moment: a sender past its budget waits in TCP, not on our CPU."""
+        self._reply_error(request_id, ErrorCode.RATE_LIMITED, message)
+        if "budget" not in self._holds:
+            self._hold("budget")
+            asyncio.get_running_loop().call_later(OVER_BUDGET_PAUSE_S, self._release, "budget")
 
     def feed(self, data: bytes) -> None:
         self._buffer += data
@@ -113,7 +136,7 @@ class _Channel:
     def _accept(self, line: bytes) -> None:
         size_cost = len(line) / BYTES_PER_COST
         if size_cost > 1 and not self._budget.take(size_cost):  # refused before the parser spends time on it
-            self._reply_error(None, ErrorCode.RATE_LIMITED, f"over this connection's budget (long lines cost one ping per {BYTES_PER_COST} bytes); slow down")
+            self._over_budget(None, f"over this connection's budget (long lines cost one ping per {BYTES_PER_COST} bytes); slow down")
             return
         try:
             request = parse_request(line)
@@ -121,7 +144,7 @@ class _Channel:
             self._send(encode({"id": None, "error": exc.to_wire()}))
             return
         if not self._budget.take(request_cost(request.get("method"), request.get("params"))):
-            self._reply_error(request_id_of(request), ErrorCode.RATE_LIMITED,
+            self._over_budget(request_id_of(request),
                               f"over this connection's budget ({RATE_PER_S:.0f} pings/s, burst {RATE_BURST:.0f}; "
                               "history, logs and lists cost more by size); slow down and retry")
             return

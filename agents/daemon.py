@@ -10,17 +10,25 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import sys
+import threading
+import time
 from pathlib import Path
 
 from platformdirs import user_state_path
 
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, KeyFileError, ensure_key
 from agents.lab import Lab, LabError, load_lab
+from agents.limits import ThrottledLog
 from agents.protocol import Role
+from agents.store import StoreError
 from agents.systemd import Notifier, enable_commands, render_unit, status_line, unit_path
 
 log = logging.getLogger("cetlab.agent")
+
+STOP_GRACE_S = 25.0  # SIGTERM to exit, whatever hangs; under the unit's TimeoutStopSec=30 (engines get 10 s of it)
+EXIT_STOP_TIMEOUT = 70  # EX_SOFTWARE: the orderly stop did not finish
 
 
 def default_state_dir(machine: str) -> Path:
@@ -38,7 +46,7 @@ def _setup_logging(level: str) -> None:
     # stderr, no timestamps of our own under systemd (journald stamps every line)
     fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("INVOCATION_ID") else "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, stream=sys.stderr)
-    logging.getLogger("asyncssh").setLevel(logging.WARNING)
+    logging.getLogger("asyncssh").setLevel(logging.WARNING if level != "debug" else logging.INFO)
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -61,8 +69,8 @@ async def serve(args: argparse.Namespace) -> int:
                             unix_socket=Path(args.unix_socket).resolve() if args.unix_socket else None))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    loop.set_exception_handler(_throttled_exception_handler())
+    _stop_on_signals(loop, stop, args.stop_grace)
     for agent in agents:
         await agent.start()
     if args.metrics_port is not None:
@@ -85,6 +93,40 @@ async def serve(args: argparse.Namespace) -> int:
     for agent in agents:
         await agent.stop()
     return 0
+
+
+def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, grace_s: float) -> None:
+    """SIGTERM/SIGINT stop the agent, and it is gone within grace_s whatever a component does.
+
+    Plain signal handlers (not the loop's) run even while a task hogs the loop; the timer thread
+    then ends the process if the orderly stop has not finished in time.
+    """
+    def on_signal(signum: int, _frame) -> None:
+        loop.call_soon_threadsafe(stop.set)
+        if not any(t.name == "stop-deadline" for t in threading.enumerate()):
+            threading.Thread(target=_deadline, args=(grace_s, signal.Signals(signum).name), name="stop-deadline", daemon=True).start()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+
+
+def _deadline(grace_s: float, signame: str) -> None:
+    time.sleep(grace_s)
+    log.critical("did not stop within %.0f s of %s (a component hangs): exiting now", grace_s, signame)
+    logging.shutdown()
+    os._exit(EXIT_STOP_TIMEOUT)
+
+
+def _throttled_exception_handler():
+    """The loop's error reports (e.g. accept() out of file descriptors, many per second) at most once per 10 s each."""
+    throttled = ThrottledLog(logging.getLogger("cetlab.loop"))
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        message = context.get("message", "unhandled error in the event loop")
+        exc = context.get("exception")
+        throttled(logging.ERROR, message, "%s", message, exc_info=exc)
+
+    return handler
 
 
 async def _exit_with_parent(pid: int, stop: asyncio.Event) -> None:
@@ -180,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unix-socket", help="serve consoles that come through this machine's sshd (via: sshd) here (default: STATE_DIR/agent.sock)")
     p.add_argument("--keep-engines", action="store_true",
                    help="leave model servers running when the agent stops; the next agent re-adopts them (the systemd unit sets this)")
+    p.add_argument("--stop-grace", type=float, default=STOP_GRACE_S, help=argparse.SUPPRESS)
     p.add_argument("--ready-file", help=argparse.SUPPRESS)
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.set_defaults(run=lambda a: asyncio.run(serve(a)))
@@ -223,8 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     except (LabError, KeyFileError) as exc:
         print(f"cetlab-agent: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # e.g. the port is taken
+    except (OSError, StoreError) as exc:  # e.g. the port is taken, state.db cannot be opened
         print(f"cetlab-agent: {exc}", file=sys.stderr)
+        return 1
+    except sqlite3.Error as exc:  # a write at start failed: a full disk, most likely
+        print(f"cetlab-agent: state.db: {exc}; check free disk space in the state dir", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

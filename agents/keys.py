@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,13 +82,25 @@ class AuthorizedKey:
         return self.comment or self.key.get_fingerprint()
 
 
+def _control_characters(text: str) -> list[str]:
+    """The control and line-separating characters in text (other than the tab), as escapes."""
+    return sorted({repr(c)[1:-1] for c in text if c != "\t" and (unicodedata.category(c) in ("Cc", "Zl", "Zp") or c == "\x85")})
+
+
 def parse_authorized_keys(text: str, source: str = "authorized_keys") -> list[AuthorizedKey]:
-    """Lines of ``<role> <key-type> <base64> [comment]``; # comments and blank lines allowed."""
+    """Lines of ``<role> <key-type> <base64> [comment]``; # comments and blank lines allowed.
+
+    Lines end at ``\n`` only (what `cat` and `wc -l` show); a line holding any other control or
+    line-separating character is refused, so no comment can smuggle in a second entry.
+    """
     entries = []
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r").strip(" \t")
         if not line or line.startswith("#"):
             continue
+        odd = _control_characters(line)
+        if odd:
+            raise KeyFileError(f"{source}:{number}: control characters ({', '.join(odd)}) in a key line; remove them")
         parts = line.split(None, 3)
         if len(parts) < 3 or parts[0] not in Role._value2member_map_:
             raise KeyFileError(f"{source}:{number}: expected '<viewer|operator> <key-type> <base64> [comment]'")
@@ -127,11 +140,25 @@ class AuthorizedKeys:
         return None
 
     def add(self, role: Role, public_key: str) -> AuthorizedKey:
-        """Append a key (``ssh-ed25519 AAAA... comment``) with a role; replaces an existing role."""
-        parts = public_key.strip().split(None, 2)
+        """Append one key (``ssh-ed25519 AAAA... comment``) with a role; replaces an existing role.
+
+        Exactly one key per call, and no control characters in its comment: the line written
+        must read back as this one entry and nothing else.
+        """
+        lines = [line for line in public_key.split("\n") if line.strip() and not line.lstrip().startswith("#")]
+        if len(lines) != 1:
+            raise KeyFileError(f"expected exactly one public key line like 'ssh-ed25519 AAAA... comment', got {len(lines)}")
+        line = lines[0].removesuffix("\r").strip(" \t")
+        odd = _control_characters(line)
+        if odd:
+            raise KeyFileError(f"control characters ({', '.join(odd)}) in the public key line; refusing it")
+        parts = line.split(None, 2)
         if len(parts) < 2:
             raise KeyFileError("expected a public key line like 'ssh-ed25519 AAAA... comment'")
-        key = asyncssh.import_public_key(f"{parts[0]} {parts[1]}")
+        try:
+            key = asyncssh.import_public_key(f"{parts[0]} {parts[1]}")
+        except asyncssh.KeyImportError as exc:
+            raise KeyFileError(f"not a public key: {exc}") from None
         comment = parts[2] if len(parts) > 2 else ""
         kept = [e for e in (self.entries() if self.path.exists() else []) if e.key.public_data != key.public_data]
         entry = AuthorizedKey(role, key, comment)

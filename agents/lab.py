@@ -300,7 +300,7 @@ def _line_map(node: yaml.Node, path: tuple = (), lines: dict | None = None, dupe
     if isinstance(node, yaml.MappingNode):
         seen: set = set()
         for key_node, value_node in node.value:
-            key = key_node.value
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else f"<{key_node.id} key>"
             if key in seen:
                 dupes.append((path + (key,), key_node.start_mark.line + 1))
             seen.add(key)
@@ -406,21 +406,86 @@ def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
     return problems
 
 
-def parse_lab(text: str, source: str = "lab.yaml", path: Path | None = None) -> Lab:
-    """Validate lab.yaml text; raises LabError naming file, line and key path."""
+MAX_LAB_BYTES = 1024 * 1024  # a lab of a hundred machines is ~50 KB
+MAX_LAB_DEPTH = 32  # lab.yaml nests 6 levels deep
+MAX_LAB_ALIASES = 100  # anchors are handy (`<<: *defaults`), bombs are not ...
+MAX_LAB_NODES = 50_000  # ... nor is a document that holds or expands to more values (a big lab has ~5,000)
+MAX_NUMBER_DIGITS = 30
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where installed: ~10x faster
+
+
+def _check_shape(text: str, source: str) -> None:
+    """Refuse deep nesting, alias bombs and huge documents from the event stream, before anything is built."""
+    depth, aliases = 0, 0
+    for count, event in enumerate(yaml.parse(text, Loader=_LOADER)):
+        if count > MAX_LAB_NODES:
+            raise LabError([f"{source}:{event.start_mark.line + 1}: more than {MAX_LAB_NODES} values; is this a lab file?"])
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_LAB_DEPTH:
+                raise LabError([f"{source}:{event.start_mark.line + 1}: nested deeper than {MAX_LAB_DEPTH} levels"])
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+        elif isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_LAB_ALIASES:
+                raise LabError([f"{source}:{event.start_mark.line + 1}: more than {MAX_LAB_ALIASES} aliases (*name)"])
+
+
+def _check_expansion(root: yaml.Node, source: str) -> None:
+    """Refuse a document whose aliases expand past MAX_LAB_NODES values, and numbers too long to be real."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:  # depth is bounded by _check_shape
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if isinstance(node, yaml.ScalarNode):
+            total = 1
+            if node.tag.endswith((":int", ":float")) and len(node.value) > MAX_NUMBER_DIGITS:
+                raise LabError([f"{source}:{node.start_mark.line + 1}: a number of {len(node.value)} characters; "
+                                f"numbers here have at most {MAX_NUMBER_DIGITS}"])
+        elif isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(item) for item in node.value)
+        else:
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        if total > MAX_LAB_NODES:
+            raise LabError([f"{source}:{node.start_mark.line + 1}: its aliases expand to more than {MAX_LAB_NODES} values"])
+        sizes[id(node)] = total
+        return total
+
+    size(root)
+
+
+def _load_yaml(text: str, source: str) -> tuple[dict, list, Any]:
+    """Parse once: line numbers and duplicate keys from the node tree, and the data built from it; LabError otherwise."""
+    if len(text) > MAX_LAB_BYTES:
+        raise LabError([f"{source}: {len(text)} characters; a lab file may have at most {MAX_LAB_BYTES}"])
     try:
-        # libyaml's loader when PyYAML has it: the pure-Python one spent ~0.2 s of every CLI run here
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        node = yaml.compose(text, Loader=loader)
-        data = yaml.load(text, Loader=loader)  # noqa: S506 (a safe loader)
+        _check_shape(text, source)
+        loader = _LOADER(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return {}, [], None
+            _check_expansion(node, source)
+            lines, dupes = _line_map(node)  # before construction, which flattens merge keys in place
+            return lines, dupes, loader.construct_document(node)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else 1
         problem = getattr(exc, "problem", None) or str(exc)
         raise LabError([f"{source}:{line}: not valid YAML: {problem}"]) from None
-    if node is None or not isinstance(data, dict):
+    except (ValueError, RecursionError, MemoryError) as exc:  # what construction can still raise: say it in one line
+        raise LabError([f"{source}: not a usable lab file: {type(exc).__name__}: {str(exc)[:200]}"]) from None
+
+
+def parse_lab(text: str, source: str = "lab.yaml", path: Path | None = None) -> Lab:
+    """Validate lab.yaml text; raises LabError naming file, line and key path."""
+    lines, dupes, data = _load_yaml(text, source)
+    if not isinstance(data, dict):
         raise LabError([f"{source}:1: expected a mapping with at least 'lab:' and 'machines:'"])
-    lines, dupes = _line_map(node)
     if dupes:
         raise LabError([_problem(source, lines, p, "key given twice") for p, _ in dupes])
     try:
@@ -441,7 +506,15 @@ def parse_lab(text: str, source: str = "lab.yaml", path: Path | None = None) -> 
 def load_lab(path: str | Path) -> Lab:
     path = Path(path).expanduser()
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_LAB_BYTES + 1)
     except OSError as exc:
         raise LabError([f"{path}: cannot read lab file: {exc.strerror or exc}"]) from None
+    if len(raw) > MAX_LAB_BYTES:
+        raise LabError([f"{path}: larger than {MAX_LAB_BYTES} bytes; a lab file is a few KB (is this the right file?)"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise LabError([f"{path}:{line}: not UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8"]) from None
     return parse_lab(text, source=str(path), path=path.resolve())

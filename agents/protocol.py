@@ -16,12 +16,15 @@ import math
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 PROTOCOL_VERSION = 1
 SUBSYSTEM = "cetlab"
 # One JSON line may not exceed this; larger requests get TOO_LARGE and are discarded.
 MAX_MESSAGE_BYTES = 1024 * 1024
+# No reply or event line is larger than this (long answers are cut and say so); consoles read lines up to it.
+MAX_REPLY_BYTES = 8 * 1024 * 1024
+MAX_TOPICS = 16  # per subscribe call (there are three topics)
 SSH_USERNAME = "cetlab"
 
 
@@ -191,10 +194,19 @@ class IntervalParams(BaseModel):
 class SubscribeParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    topics: list[str] = Field(default_factory=lambda: ["tick"])
+    topics: list[str] = Field(default_factory=lambda: ["tick"], max_length=MAX_TOPICS)
+
+    @field_validator("topics")
+    @classmethod
+    def _known_topics(cls, topics: list[str]) -> list[str]:
+        unknown = sorted({t[:40] for t in topics} - SUBSCRIBABLE)
+        if unknown:  # a peer's topic set only ever holds known names: bounded memory per console
+            raise ValueError(f"unknown topics {', '.join(map(repr, unknown[:3]))} (known: {', '.join(sorted(SUBSCRIBABLE))})")
+        return topics
 
 
 # Events pushed by the agent.
 EVENT_TICK = "tick"  # data: {"t", "changed": {section: value}} only what changed since the last tick
 EVENT_LOG = "log"  # data: {"job", "lines"}
 EVENT_NOTICE = "notice"  # data: {"level", "message"} (alerts, state changes worth a toast)
+SUBSCRIBABLE = frozenset({EVENT_TICK, EVENT_LOG, EVENT_NOTICE})  # `subscribe` takes these; `log:<job>` comes with jobs.logs follow

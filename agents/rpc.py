@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -15,8 +16,19 @@ from agents.protocol import ErrorCode, MethodSpec, RemoteError, Role, encode
 log = logging.getLogger("cetlab.rpc")
 
 Handler = Callable[["Peer", Any], Awaitable[Any]]
-# (peer, method, raw params, response, seconds): called for every call of an operator method, allowed or not
-AuditHook = Callable[["Peer", str, Any, dict[str, Any], float], None]
+
+
+class AuditTrail(Protocol):
+    """Where operator methods are recorded: before they run (no row, no action), and their outcome after."""
+
+    def begin(self, peer: Peer, method: str, params: Any) -> Any:
+        """Record the call; raise if it cannot be recorded (then it does not run). Returns a token for end()."""
+
+    def end(self, token: Any, response: dict[str, Any], duration_s: float) -> None:
+        """Record the outcome of a call begun."""
+
+    def refused(self, peer: Peer, method: str) -> None:
+        """Count a call refused for the caller's role (kept apart from actions, aggregated)."""
 
 
 @dataclass(eq=False)
@@ -31,8 +43,51 @@ class Peer:
     closed: bool = False
 
     def push(self, event: str, data: Any) -> None:
-        if not self.closed:
-            self.send(encode({"event": event, "data": data}))
+        if self.closed:
+            return
+        try:
+            line = encode({"event": event, "data": data})
+        except ValueError:  # a NaN or infinity got through: send it as null rather than stop the stream
+            log.error("event %s held a non-finite number; sent as null", event)
+            try:
+                line = encode({"event": event, "data": _finite(data)})
+            except (ValueError, TypeError, RecursionError):
+                log.exception("event %s could not be encoded; not sent", event)
+                return
+        except (TypeError, RecursionError):
+            log.exception("event %s could not be encoded; not sent", event)
+            return
+        self.send(line)
+
+
+def _finite(value: Any) -> Any:
+    """value with every NaN and infinity replaced by None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def parse_request(line: bytes) -> dict[str, Any]:
+    """One request line as a JSON object; RemoteError (parse_error, invalid_request) otherwise."""
+    try:
+        request = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RemoteError(ErrorCode.PARSE_ERROR, f"not a JSON line: {exc}") from None
+    except RecursionError:  # json's C decoder gives up past ~1,000 nested levels
+        raise RemoteError(ErrorCode.INVALID_REQUEST, "JSON nested too deeply") from None
+    if not isinstance(request, dict):
+        raise RemoteError(ErrorCode.INVALID_REQUEST, "expected a JSON object with id, method, params")
+    return request
+
+
+def request_id_of(request: dict[str, Any]) -> int | str | None:
+    """The request's id when it is a usable one (an integer or a string)."""
+    request_id = request.get("id")
+    return request_id if isinstance(request_id, (int, str)) and not isinstance(request_id, bool) else None
 
 
 def _params_error(exc: ValidationError) -> str:
@@ -47,7 +102,7 @@ class Registry:
     def __init__(self) -> None:
         self.specs: dict[str, MethodSpec] = {}
         self._handlers: dict[str, Handler] = {}
-        self.audit: AuditHook | None = None
+        self.audit: AuditTrail | None = None
 
     def method(self, name: str, role: Role = Role.VIEWER, params: type[BaseModel] | None = None, doc: str = ""):
         """Register ``async def handler(peer, params)``; params is a validated model or None."""
@@ -61,61 +116,75 @@ class Registry:
 
         return decorator
 
-    async def dispatch(self, peer: Peer, line: bytes) -> dict[str, Any]:
-        """One request line -> one response object. Never raises; operator methods go to the audit hook."""
-        started = time.monotonic()
-        audited: list[tuple[str, Any]] = []  # (method, params) once known to be an operator method
-        response: dict[str, Any] = {"id": None, "error": {"code": "cancelled", "message": "the connection closed first"}}
+    async def dispatch(self, peer: Peer, line: bytes | dict[str, Any]) -> dict[str, Any]:
+        """One request (a line, or a line already parsed) -> one response object. Never raises."""
         try:
-            response = await self._dispatch(peer, line, audited)
-            return response
-        finally:
-            if audited and self.audit is not None:
-                try:
-                    self.audit(peer, *audited[0], response, time.monotonic() - started)
-                except Exception:  # the trail failing must not fail the action; the log has it
-                    log.exception("audit record failed")
-
-    async def _dispatch(self, peer: Peer, line: bytes, audited: list[tuple[str, Any]]) -> dict[str, Any]:
-        request_id: Any = None
+            request = parse_request(line) if isinstance(line, bytes) else line
+        except RemoteError as exc:
+            return {"id": None, "error": exc.to_wire()}
+        request_id = request_id_of(request)
         try:
-            try:
-                request = json.loads(line)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise RemoteError(ErrorCode.PARSE_ERROR, f"not a JSON line: {exc}") from None
-            if not isinstance(request, dict):
-                raise RemoteError(ErrorCode.INVALID_REQUEST, "expected a JSON object with id, method, params")
-            request_id = request.get("id")
-            if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, (int, str))):
-                request_id = None
-                raise RemoteError(ErrorCode.INVALID_REQUEST, "id must be an integer or a string")
-            method = request.get("method")
-            if not isinstance(method, str):
-                raise RemoteError(ErrorCode.INVALID_REQUEST, "method must be a string")
-            spec = self.specs.get(method)
-            if spec is None:
-                raise RemoteError(ErrorCode.METHOD_NOT_FOUND, f"unknown method {method[:80]!r}")
-            if spec.role is Role.OPERATOR:
-                audited.append((method, request.get("params")))
-            if not peer.role.allows(spec.role):
-                raise RemoteError(ErrorCode.FORBIDDEN, f"{method} needs the {spec.role} role; this key is a {peer.role}")
-            raw = request.get("params")
-            if raw is None:
-                raw = {}
-            if not isinstance(raw, dict):
-                raise RemoteError(ErrorCode.INVALID_PARAMS, "params must be an object")
-            params = None
-            if spec.params is not None:
-                try:
-                    params = spec.params.model_validate(raw)
-                except ValidationError as exc:
-                    raise RemoteError(ErrorCode.INVALID_PARAMS, _params_error(exc)) from None
-            elif raw:
-                raise RemoteError(ErrorCode.INVALID_PARAMS, f"{method} takes no params")
-            result = await self._handlers[method](peer, params)
-            return {"id": request_id, "result": result}
+            return {"id": request_id, "result": await self._dispatch(peer, request)}
         except RemoteError as exc:
             return {"id": request_id, "error": exc.to_wire()}
         except Exception:  # a bug: full story in the log, a typed error on the wire
-            log.exception("handler failed for request %r", line[:200])
+            log.exception("handler failed for request %.200r", request)
             return {"id": request_id, "error": {"code": ErrorCode.INTERNAL.value, "message": "internal error; see the agent's log"}}
+
+    async def _dispatch(self, peer: Peer, request: dict[str, Any]) -> Any:
+        request_id = request.get("id")
+        if request_id is not None and request_id_of(request) is None:
+            raise RemoteError(ErrorCode.INVALID_REQUEST, "id must be an integer or a string")
+        method = request.get("method")
+        if not isinstance(method, str):
+            raise RemoteError(ErrorCode.INVALID_REQUEST, "method must be a string")
+        spec = self.specs.get(method)
+        if spec is None:
+            raise RemoteError(ErrorCode.METHOD_NOT_FOUND, f"unknown method {method[:80]!r}")
+        if not peer.role.allows(spec.role):
+            if self.audit is not None:
+                try:
+                    self.audit.refused(peer, method)
+                except Exception:  # counting refusals must never cost more than refusing
+                    log.exception("audit of a refused call failed")
+            raise RemoteError(ErrorCode.FORBIDDEN, f"{method} needs the {spec.role} role; this key is a {peer.role}")
+        if spec.role is not Role.OPERATOR or self.audit is None:
+            return await self._run(method, spec, request.get("params"), peer)
+        started = time.monotonic()
+        try:
+            token = self.audit.begin(peer, method, request.get("params"))
+        except Exception as exc:  # no row, no action: an operator action never goes unrecorded
+            log.error("refused %s from %s: the audit trail cannot be written: %s", method, peer.who, exc)
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"{method} refused: the audit trail cannot be written ({exc}); "
+                              "free disk space on this machine and retry") from None
+        response: dict[str, Any] = {"error": {"code": "cancelled", "message": "the connection closed first"}}
+        try:
+            result = await self._run(method, spec, request.get("params"), peer)
+            response = {"result": result}
+            return result
+        except RemoteError as exc:
+            response = {"error": exc.to_wire()}
+            raise
+        except Exception:
+            response = {"error": {"code": ErrorCode.INTERNAL.value, "message": "internal error"}}
+            raise
+        finally:
+            try:
+                self.audit.end(token, response, time.monotonic() - started)
+            except Exception:  # the action happened and its row exists; only the outcome is missing
+                log.exception("audit outcome of %s could not be written", method)
+
+    async def _run(self, method: str, spec: MethodSpec, raw: Any, peer: Peer) -> Any:
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise RemoteError(ErrorCode.INVALID_PARAMS, "params must be an object")
+        params = None
+        if spec.params is not None:
+            try:
+                params = spec.params.model_validate(raw)
+            except ValidationError as exc:
+                raise RemoteError(ErrorCode.INVALID_PARAMS, _params_error(exc)) from None
+        elif raw:
+            raise RemoteError(ErrorCode.INVALID_PARAMS, f"{method} takes no params")
+        return await self._handlers[method](peer, params)

@@ -7,78 +7,109 @@ import json
 import logging
 import os
 import pwd
+import re
 import socket
+import stat
 import struct
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import asyncssh
 
-from agents.keys import AuthorizedKeys, KeyFileError, check_not_writable_by_others
-from agents.protocol import MAX_MESSAGE_BYTES, SUBSYSTEM, ErrorCode, Role, encode
-from agents.rpc import Peer
+from agents.keys import AuthorizedKeys, KeyFileError, StateDirError, check_not_writable_by_others
+from agents.limits import (BUDGET_BURST, BUDGET_PER_S, BYTES_PER_COST, LOGIN_TIMEOUT_S, MAX_CHANNELS_PER_CONNECTION, MAX_UNSENT_BYTES,
+                           OVER_BUDGET_PAUSE_S, PAUSE_READING_BYTES, Doorman, ThrottledLog, TokenBucket, reply_line, request_cost)
+from agents.protocol import MAX_MESSAGE_BYTES, SUBSYSTEM, ErrorCode, RemoteError, Role, encode
+from agents.rpc import Peer, parse_request, request_id_of
 
 if TYPE_CHECKING:
     from agents.agent import Agent
 
 log = logging.getLogger("cetlab.server")
+throttled = ThrottledLog(log)
 
-MAX_CONCURRENT_CALLS = 32  # per connection; further requests wait their turn
-RATE_PER_S = 200.0  # requests per second per connection, sustained ...
-RATE_BURST = 400  # ... and in a burst; beyond that: RATE_LIMITED, not executed
+MAX_CONCURRENT_CALLS = 32  # per channel; further requests wait their turn
+RATE_PER_S, RATE_BURST = BUDGET_PER_S, BUDGET_BURST  # a connection's budget, in pings
 SOCKET_ROLES_NAME = "socket_roles"
 MAX_SOCKET_PATH_BYTES = 107  # sockaddr_un.sun_path, less the terminating NUL
 
 
-class TokenBucket:
-    def __init__(self, rate_per_s: float = RATE_PER_S, burst: int = RATE_BURST):
-        self.rate_per_s, self.burst = rate_per_s, burst
-        self.tokens = float(burst)
-        self.at = time.monotonic()
+class _Transport(Protocol):
+    """What a channel writes to: an SSH channel or a unix socket's transport (both have these)."""
 
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate_per_s)
-        self.at = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
-
-
-def _request_id(line: bytes) -> Any:
-    """The id of a request we will not run, so the caller's wait ends with the error."""
-    try:
-        request_id = json.loads(line).get("id")
-    except (ValueError, UnicodeDecodeError, AttributeError):
-        return None
-    return request_id if isinstance(request_id, (int, str)) and not isinstance(request_id, bool) else None
+    def write(self, data: bytes) -> None: ...
+    def get_write_buffer_size(self) -> int: ...
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None: ...
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def close(self) -> None: ...
 
 
 class _Channel:
-    """One console's JSON-lines stream, whatever carries it (SSH channel, unix socket)."""
+    """One console's JSON-lines stream, whatever carries it (SSH channel, unix socket).
 
-    def __init__(self, agent: Agent, role: Role, who: str, write: Callable[[bytes], None]):
+    Requests spend the connection's budget by cost; a console that stops taking its replies
+    stops being read (the transport's write buffer says so), and one far behind is closed.
+    """
+
+    def __init__(self, agent: Agent, role: Role, who: str, transport: _Transport, budget: TokenBucket):
         self.agent = agent
         self.peer = Peer(role=role, who=who, send=self._send)
-        self._write = write
+        self._transport = transport
+        self._budget = budget
         self._buffer = bytearray()
         self._discarding = False  # inside an oversized line: drop bytes until its newline
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
         self._tasks: set[asyncio.Task] = set()
-        self._bucket = TokenBucket()
+        self._holds: set[str] = set()  # why we read nothing from this console now: "unread" replies, over "budget"
+        transport.set_write_buffer_limits(high=PAUSE_READING_BYTES)
 
     def open(self) -> None:
         self.agent.peers.add(self.peer)
         log.info("session opened by %s (%s)", self.peer.who, self.peer.role)
 
     def _send(self, data: bytes) -> None:
-        if not self.peer.closed:
-            try:
-                self._write(data)
-            except (asyncssh.Error, OSError, BrokenPipeError, RuntimeError):
+        if self.peer.closed:
+            return
+        try:
+            if self._transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
+                throttled(logging.WARNING, "behind", "closed the session of %s: %d bytes not taken (a console that stopped reading)",
+                          self.peer.who, self._transport.get_write_buffer_size())
                 self.peer.closed = True
+                self._transport.close()
+                return
+            self._transport.write(data)
+        except (asyncssh.Error, OSError, RuntimeError):
+            self.peer.closed = True
+
+    def pause(self) -> None:
+        """The console is not taking its replies: read no more of its requests until it does."""
+        self._hold("unread")
+
+    def resume(self) -> None:
+        self._release("unread")
+
+    def _hold(self, reason: str) -> None:
+        if not self._holds:
+            self._transport.pause_reading()
+        self._holds.add(reason)
+
+    def _release(self, reason: str) -> None:
+        if reason not in self._holds:
+            return
+        self._holds.discard(reason)
+        if not self._holds and not self.peer.closed:
+            try:
+                self._transport.resume_reading()
+            except (asyncssh.Error, OSError, RuntimeError):  # closed meanwhile
+                pass
+
+    def _over_budget(self, request_id: Any, message: str) -> None:
+        """Answer rate_limited, and read nothing more for a moment: a sender past its budget waits in TCP, not on our CPU."""
+        self._reply_error(request_id, ErrorCode.RATE_LIMITED, message)
+        if "budget" not in self._holds:
+            self._hold("budget")
+            asyncio.get_running_loop().call_later(OVER_BUDGET_PAUSE_S, self._release, "budget")
 
     def feed(self, data: bytes) -> None:
         self._buffer += data
@@ -99,23 +130,35 @@ class _Channel:
             if len(line) > MAX_MESSAGE_BYTES:
                 self._reply_error(None, ErrorCode.TOO_LARGE, f"message larger than {MAX_MESSAGE_BYTES} bytes; discarded")
                 continue
-            if not line.strip():
-                continue
-            if not self._bucket.take():
-                self._reply_error(_request_id(line), ErrorCode.RATE_LIMITED,
-                                  f"more than {RATE_PER_S:.0f} requests/s (burst {RATE_BURST}) on one connection; slow down and retry")
-                continue
-            task = asyncio.ensure_future(self._handle(line))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            if line.strip():
+                self._accept(line)
+
+    def _accept(self, line: bytes) -> None:
+        size_cost = len(line) / BYTES_PER_COST
+        if size_cost > 1 and not self._budget.take(size_cost):  # refused before the parser spends time on it
+            self._over_budget(None, f"over this connection's budget (long lines cost one ping per {BYTES_PER_COST} bytes); slow down")
+            return
+        try:
+            request = parse_request(line)
+        except RemoteError as exc:
+            self._send(encode({"id": None, "error": exc.to_wire()}))
+            return
+        if not self._budget.take(request_cost(request.get("method"), request.get("params"))):
+            self._over_budget(request_id_of(request),
+                              f"over this connection's budget ({RATE_PER_S:.0f} pings/s, burst {RATE_BURST:.0f}; "
+                              "history, logs and lists cost more by size); slow down and retry")
+            return
+        task = asyncio.ensure_future(self._handle(request))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _reply_error(self, request_id: Any, code: ErrorCode, message: str) -> None:
         self._send(encode({"id": request_id, "error": {"code": code.value, "message": message}}))
 
-    async def _handle(self, line: bytes) -> None:
+    async def _handle(self, request: dict[str, Any]) -> None:
         async with self._slots:
-            response = await self.agent.rpc.dispatch(self.peer, line)
-        self._send(encode(response))
+            response = await self.agent.rpc.dispatch(self.peer, request)
+        self._send(reply_line(response))
 
     def close(self) -> None:
         self.peer.closed = True
@@ -128,16 +171,12 @@ class _Channel:
 class _Session(asyncssh.SSHServerSession):
     """One console's SSH channel (subsystem cetlab) carrying a _Channel."""
 
-    def __init__(self, agent: Agent, role: Role, who: str):
-        self.channel = _Channel(agent, role, who, self._write)
-        self._chan: asyncssh.SSHServerChannel | None = None
+    def __init__(self, server: _Server):
+        self.server = server
+        self.channel: _Channel | None = None
 
     def connection_made(self, chan: asyncssh.SSHServerChannel) -> None:
-        self._chan = chan
-
-    def _write(self, data: bytes) -> None:
-        if self._chan is not None:
-            self._chan.write(data)
+        self.channel = _Channel(self.server.agent, self.server.role, self.server.who, chan, self.server.budget)
 
     def subsystem_requested(self, subsystem: str) -> bool:
         return subsystem == SUBSYSTEM
@@ -154,24 +193,43 @@ class _Session(asyncssh.SSHServerSession):
     def data_received(self, data: bytes, datatype) -> None:
         self.channel.feed(data)
 
+    def pause_writing(self) -> None:
+        self.channel.pause()
+
+    def resume_writing(self) -> None:
+        self.channel.resume()
+
     def eof_received(self) -> bool:
         return False  # close our side too
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.channel.close()
+        self.server.channels -= 1
+        if self.channel is not None:
+            self.channel.close()
 
 
 class _Server(asyncssh.SSHServer):
-    def __init__(self, agent: Agent, authorized: AuthorizedKeys):
+    def __init__(self, agent: Agent, authorized: AuthorizedKeys, doorman: Doorman):
         self.agent = agent
         self.authorized = authorized
+        self.doorman = doorman
         self.role: Role | None = None
         self.who = "?"
         self._peername = "?"
+        self.budget = TokenBucket()  # shared by the connection's channels
+        self.channels = 0
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         peer = conn.get_extra_info("peername")
         self._peername = f"{peer[0]}:{peer[1]}" if peer else "?"
+        loop = asyncio.get_running_loop()
+        self.doorman.arrive(self, peer[0] if peer else "?", lambda: loop.call_soon(conn.abort))
+
+    def auth_completed(self) -> None:
+        self.doorman.leave(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.doorman.leave(self)
 
     def begin_auth(self, username: str) -> bool:
         return True  # always authenticate; the key decides
@@ -189,10 +247,10 @@ class _Server(asyncssh.SSHServer):
         try:
             entry = self.authorized.lookup(key)
         except KeyFileError as exc:
-            log.error("refusing every key: %s", exc)
+            throttled(logging.ERROR, "keyfile", "refusing every key: %s", exc)
             return False
         if entry is None:
-            log.warning("refused unknown key %s from %s", key.get_fingerprint(), self._peername)
+            throttled(logging.WARNING, "unknown-key", "refused unknown key %s from %s", key.get_fingerprint(), self._peername)
             return False
         self.role, self.who = entry.role, entry.who
         return True
@@ -200,16 +258,23 @@ class _Server(asyncssh.SSHServer):
     def session_requested(self) -> asyncssh.SSHServerSession | bool:
         if self.role is None:
             return False
-        return _Session(self.agent, self.role, self.who)
+        if self.channels >= MAX_CHANNELS_PER_CONNECTION:
+            throttled(logging.WARNING, "channels", "refused a channel from %s: %d open on one connection already",
+                      self.who, self.channels)
+            return False
+        self.channels += 1
+        return _Session(self)
 
 
 async def listen(agent: Agent, host: str, port: int, host_key: asyncssh.SSHKey, authorized: AuthorizedKeys) -> asyncssh.SSHAcceptor:
+    doorman = Doorman()
     return await asyncssh.listen(
         host,
         port,
-        server_factory=lambda: _Server(agent, authorized),
+        server_factory=lambda: _Server(agent, authorized, doorman),
         server_host_keys=[host_key],
         encoding=None,
+        login_timeout=LOGIN_TIMEOUT_S,
         keepalive_interval=15,
         keepalive_count_max=4,
         allow_scp=False,
@@ -244,8 +309,8 @@ class SocketRoles:
         if stamp != self._stamp:
             check_not_writable_by_others(self.path)
             roles = {}
-            for number, line in enumerate(self.path.read_text().splitlines(), 1):
-                parts = line.split("#", 1)[0].split()
+            for number, line in enumerate(self.path.read_text().split("\n"), 1):  # lines end at \n only, as in keys
+                parts = [p for p in re.split(r"[ \t]+", line.split("#", 1)[0].strip(" \t\r")) if p]
                 if not parts:
                     continue
                 if len(parts) != 2 or parts[0] not in Role._value2member_map_:
@@ -285,12 +350,20 @@ class _UnixConnection(asyncio.Protocol):
             transport.write(encode({"id": None, "error": {"code": ErrorCode.FORBIDDEN.value, "message": problem}}))
             transport.close()
             return
-        self.channel = _Channel(self.agent, role, f"{name} (unix socket)", transport.write)
+        self.channel = _Channel(self.agent, role, f"{name} (unix socket)", transport, TokenBucket())
         self.channel.open()
 
     def data_received(self, data: bytes) -> None:
         if self.channel is not None:
             self.channel.feed(data)
+
+    def pause_writing(self) -> None:
+        if self.channel is not None:
+            self.channel.pause()
+
+    def resume_writing(self) -> None:
+        if self.channel is not None:
+            self.channel.resume()
 
     def eof_received(self) -> bool:
         return False
@@ -309,7 +382,29 @@ async def listen_unix(agent: Agent, path: Path) -> asyncio.AbstractServer | None
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     roles = SocketRoles(agent.state_dir / SOCKET_ROLES_NAME)
     roles.roles()  # a malformed or too-open file fails the start, not the first login
-    # a stale socket of a killed agent is replaced (the state dir lock says no other agent runs)
+    _refuse_live_socket(path)
     server = await asyncio.get_running_loop().create_unix_server(lambda: _UnixConnection(agent, roles), path=str(path))
     os.chmod(path, 0o660)
     return server
+
+
+def _refuse_live_socket(path: Path) -> None:
+    """Remove the stale socket of a killed agent; refuse a path where a live agent answers, or that is no socket."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise StateDirError(f"{path} exists and is not a socket; pass --unix-socket with another path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        path.unlink(missing_ok=True)  # nobody listens: a killed agent's leftover
+        return
+    except OSError as exc:
+        raise StateDirError(f"{path}: cannot tell whether an agent serves it ({exc}); pass --unix-socket with another path") from None
+    finally:
+        probe.close()
+    raise StateDirError(f"another agent serves {path}; stop it, or pass this agent another --unix-socket")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
+import unicodedata
 from typing import Any
 
 from agents.protocol import EVENT_LOG, ErrorCode, RemoteError
@@ -43,10 +45,23 @@ def jobs_human(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _shown_arg(arg: str) -> str:
+    """One argument as a shell would take it back; control and bidi characters as $'\\n' / $'\\u202e' escapes."""
+    if not any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in arg):
+        return shlex.quote(arg)
+    escaped = "".join("\\" + c if c in "\\'" else c if c.isprintable() else repr(c)[1:-1] for c in arg)
+    return f"$'{escaped}'"
+
+
+def shown_argv(argv: list[str]) -> str:
+    """A command line for the terminal: one line, no character that could forge output or reorder text."""
+    return " ".join(_shown_arg(str(arg)) for arg in argv)
+
+
 def job_human(job: dict[str, Any]) -> str:
     lines = [f"job {job['id']} ({job['recipe']}) on {job['machine']} GPU {','.join(map(str, job['gpus'])) or NA}: {state_text(job)}"]
     if job.get("argv"):
-        lines.append("  " + " ".join(job["argv"]))
+        lines.append("  " + shown_argv(job["argv"]))
     lines.append(f"  log: {job['log_path']}")
     if job.get("error"):
         lines.append(f"  error: {job['error']}")

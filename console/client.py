@@ -17,7 +17,7 @@ from platformdirs import user_config_path
 
 from agents.keys import KeyFileError, check_private
 from agents.lab import Lab, Machine
-from agents.protocol import EVENT_TICK, PROTOCOL_VERSION, SSH_USERNAME, SUBSYSTEM, ErrorCode, RemoteError, encode
+from agents.protocol import EVENT_TICK, MAX_REPLY_BYTES, PROTOCOL_VERSION, SSH_USERNAME, SUBSYSTEM, ErrorCode, RemoteError, encode
 from console.state import SPARK_POINTS, LabState
 
 log = logging.getLogger("cetlab.client")
@@ -277,6 +277,9 @@ class FleetClient:
             hello = await self.call(machine.name, "hello", timeout=self.connect_timeout_s)
             if hello.get("protocol") != PROTOCOL_VERSION:
                 raise RemoteError(ErrorCode.UNAVAILABLE, f"agent speaks protocol {hello.get('protocol')}, this console {PROTOCOL_VERSION}: upgrade one of them")
+            if hello.get("machine") != machine.name:  # another agent at this address (a taken port or socket)
+                raise RemoteError(ErrorCode.UNAVAILABLE, f"the agent at {machine.host} answers as machine {hello.get('machine')!r}, "
+                                  f"not {machine.name!r}: check host, port and socket in lab.yaml; refusing it")
             self.state.set_hello(machine.name, hello)
             if self.topics:
                 self.state.seed_history(machine.name, await self.call(machine.name, "history", {"max_points": SPARK_POINTS}))
@@ -304,10 +307,13 @@ class FleetClient:
     async def _read(self, link: _Link, reader: asyncssh.SSHReader) -> None:
         name = link.machine.name
         while True:
-            line = await reader.readline()
-            if not line:
+            line = await read_line(reader)
+            if line is None:
                 return
             link.last_message = time.monotonic()
+            if not line:  # longer than any reply may be: dropped whole
+                log.warning("%s sent a line longer than %d bytes; dropped", name, MAX_REPLY_BYTES)
+                continue
             try:
                 message = json.loads(line)
             except ValueError:
@@ -345,6 +351,24 @@ class FleetClient:
         if link.conn is not None:
             link.conn.close()
             link.conn = None
+
+
+async def read_line(reader: asyncssh.SSHReader, limit: int = MAX_REPLY_BYTES) -> bytes | None:
+    """One whole line (asyncssh's readline hands back pieces of lines longer than its window).
+
+    None at the end of the stream; b"" for a line longer than `limit`, read to its end and dropped.
+    """
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        piece = await reader.readline()
+        if not piece:
+            return None
+        size += len(piece)
+        if size <= limit + 1:
+            parts.append(piece)
+        if piece.endswith(b"\n"):
+            return b"".join(parts) if size <= limit + 1 else b""
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,0 +1,160 @@
+"""Caps on what one connection may cost an agent: login slots, request budgets, channels, reply sizes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import OrderedDict
+from typing import Any, Callable
+
+from agents.protocol import MAX_REPLY_BYTES, ErrorCode, encode
+
+log = logging.getLogger("cetlab.limits")
+
+LOGIN_TIMEOUT_S = 10.0  # a connection that has not logged in by then is closed (asyncssh's default: 120 s)
+MAX_PENDING_LOGINS_PER_ADDRESS = 32  # connections not logged in yet, per source address (16 consoles at once from one host) ...
+MAX_PENDING_LOGINS = 128  # ... and in all; beyond either, the oldest such connection is closed
+MAX_CHANNELS_PER_CONNECTION = 4  # a console needs one
+BUDGET_PER_S = 200.0  # request cost per second per connection, sustained (a ping costs 1) ...
+BUDGET_BURST = 400  # ... and in a burst; beyond that: RATE_LIMITED, not executed ...
+OVER_BUDGET_PAUSE_S = 0.25  # ... and that console's channel is not read for this long
+BYTES_PER_COST = 4096  # a request line also costs one ping per 4 KiB: a 750 KB line costs ~180, before it is parsed
+PAUSE_READING_BYTES = 256 * 1024  # replies not yet taken by the console: stop reading its requests ...
+MAX_UNSENT_BYTES = 16 * 1024 * 1024  # ... and past this (events keep coming), close its channel
+
+# Methods whose answer grows with a param: (param, default, units of that param per cost unit).
+# history with max_points 3600 costs 101 pings; everything else costs 1.
+_SIZED_COSTS: dict[str, tuple[str, int, int]] = {
+    "history": ("max_points", 3600, 36),
+    "jobs.logs": ("tail_lines", 100, 100),
+    "audit.list": ("limit", 200, 50),
+    "alerts.list": ("limit", 100, 50),
+}
+_MAX_COSTED_SIZE = 1_000_000  # an out-of-range size is refused by the params check; cap its cost before that
+
+
+def request_cost(method: Any, params: Any) -> float:
+    """What one request costs the agent, in pings."""
+    sized = _SIZED_COSTS.get(method) if isinstance(method, str) else None
+    if sized is None:
+        return 1.0
+    key, default, per_unit = sized
+    size = params.get(key, default) if isinstance(params, dict) else default
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        size = default
+    return 1.0 + min(size, _MAX_COSTED_SIZE) / per_unit
+
+
+class TokenBucket:
+    """A budget that refills at `rate_per_s` up to `burst`; a request spends its cost or is refused."""
+
+    def __init__(self, rate_per_s: float = BUDGET_PER_S, burst: int = BUDGET_BURST):
+        self.rate_per_s, self.burst = rate_per_s, burst
+        self.tokens = float(burst)
+        self.at = time.monotonic()
+
+    def take(self, cost: float = 1.0) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate_per_s)
+        self.at = now
+        if self.tokens < min(cost, self.burst):  # a request dearer than the burst waits for a full bucket
+            return False
+        self.tokens -= cost
+        return True
+
+
+class ThrottledLog:
+    """At most one line per `every_s` per key; the lines held back are counted in the next one."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 10.0):
+        self.logger, self.every_s = logger, every_s
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def __call__(self, level: int, key: str, message: str, *args: Any, **kwargs: Any) -> None:
+        now = time.monotonic()
+        if now - self._last.get(key, -self.every_s) < self.every_s:
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        self._last[key] = now
+        held = self._held.pop(key, 0)
+        if held:
+            message += f" (and {held} more like it in the last {self.every_s:.0f} s)"
+        self.logger.log(level, message, *args, **kwargs)
+
+
+class Doorman:
+    """Counts connections that have not logged in yet; closes the oldest when an address or the total is at its cap.
+
+    Closing the oldest (not refusing the newest) keeps the door open for a real console during
+    a flood of idle connections: it logs in within milliseconds, long before it is the oldest.
+    """
+
+    def __init__(self, per_address: int = MAX_PENDING_LOGINS_PER_ADDRESS, total: int = MAX_PENDING_LOGINS):
+        self.per_address, self.total = per_address, total
+        self._pending: OrderedDict[Any, tuple[str, Callable[[], None]]] = OrderedDict()
+        self._log = ThrottledLog(log)
+
+    def arrive(self, conn: Any, address: str, close: Callable[[], None]) -> None:
+        """A new connection from `address`; `close` drops it if it has to make room later."""
+        same = [c for c, (a, _) in self._pending.items() if a == address]
+        if len(same) >= self.per_address:
+            self._evict(same[0], f"{self.per_address} connections from {address} have not logged in yet")
+        elif len(self._pending) >= self.total:
+            self._evict(next(iter(self._pending)), f"{self.total} connections have not logged in yet")
+        self._pending[conn] = (address, close)
+
+    def leave(self, conn: Any) -> None:
+        """The connection logged in, or closed."""
+        self._pending.pop(conn, None)
+
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def _evict(self, conn: Any, why: str) -> None:
+        address, close = self._pending.pop(conn)
+        self._log(logging.WARNING, "evict", "closed a connection from %s that had not logged in: %s", address, why)
+        close()
+
+
+def _item_sizes(items: list) -> list[int]:
+    return [len(json.dumps(item, separators=(",", ":"), allow_nan=False, default=str)) + 1 for item in items]
+
+
+def reply_line(response: dict[str, Any], limit: int = MAX_REPLY_BYTES) -> bytes:
+    """The response as one JSON line of at most `limit` bytes; never raises.
+
+    An answer too large has its longest list cut and says so (`truncated`, `omitted`): a log's
+    `lines` keep their newest end, any other list its first items (the caller pages on from the
+    last one). An answer that cannot be encoded (a NaN that got through) becomes `internal`.
+    """
+    request_id = response.get("id")
+    try:
+        line = encode(response)
+    except (ValueError, TypeError, RecursionError):
+        log.exception("reply to request %r could not be encoded", request_id)
+        return encode({"id": request_id, "error": {"code": ErrorCode.INTERNAL.value, "message": "internal error: the answer could not be encoded; see the agent's log"}})
+    if len(line) <= limit:
+        return line
+    result = response.get("result")
+    lists = {k: v for k, v in result.items() if isinstance(v, list) and v} if isinstance(result, dict) else {}
+    if lists:
+        key = max(lists, key=lambda k: len(lists[k]))
+        items = lists[key]
+        sizes = _item_sizes(items)
+        room = limit - (len(line) - sum(sizes)) - 200  # the rest of the answer, and the marks we add
+        newest_last = key == "lines"
+        keep, used = 0, 0
+        for size in reversed(sizes) if newest_last else sizes:
+            if used + size > room:
+                break
+            used, keep = used + size, keep + 1
+        kept = (items[len(items) - keep:] if keep else []) if newest_last else items[:keep]
+        cut = {**response, "result": {**result, key: kept, "truncated": True, "omitted": len(items) - keep}}
+        line = encode(cut)
+        if len(line) <= limit:
+            log.warning("reply to request %r cut to %d of %d %s (limit %d bytes)", request_id, keep, len(items), key, limit)
+            return line
+    return encode({"id": request_id, "error": {"code": ErrorCode.TOO_LARGE.value,
+                                               "message": f"the answer is larger than {limit} bytes; ask for less (a smaller limit or tail)"}})

@@ -1,0 +1,342 @@
+"""Attacks on one agent (issue 11: findings 5, 6, 7) and what a legitimate console sees meanwhile, same run.
+
+For each attack: a console's ping p50/p99 and its largest gap between ticks without the attack and
+during it, and the agent's open fds and RSS before and after. The agent runs with a 1,024-fd
+limit (systemd's default). Loopback only. Run: .venv/bin/python bench/bench_attacks.py [seconds]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import asyncssh
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agents.keys import AUTHORIZED_KEYS_NAME, ensure_key  # noqa: E402
+from agents.lab import load_lab  # noqa: E402
+from bench.common import percentile  # noqa: E402
+from console.client import FleetClient, read_line  # noqa: E402
+from console.demo import DemoLab  # noqa: E402
+
+FD_LIMIT = 1024
+FLOOD_CONNECTIONS = 1100
+LAB = """
+lab: attacks
+machines:
+  - name: box
+    gpus: {sim: [{name: "Tesla P4", memory_gib: 8, tdp_w: 75}, {name: "Tesla P4", memory_gib: 8, tdp_w: 75}]}
+"""
+
+
+def launch_agent(demo: DemoLab) -> subprocess.Popen:
+    """The demo's agent for `box` as a real process with systemd's default fd limit; its log in DIR/agent.log."""
+    def limit_fds() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+
+    with open(demo.dir / "agent.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "agents.daemon", "--log-level", "warning", "serve", "--lab", str(demo.lab_path),
+             "--machine", "box", "--state-dir", str(demo.dir / "agents" / "box")],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, preexec_fn=limit_fds,
+        )
+
+
+def add_viewer(demo: DemoLab, where: Path) -> Path:
+    """A viewer key for the attacker, authorized on the agent (re-read live)."""
+    key = ensure_key(where / "viewer_key", comment="mallory")
+    with (demo.dir / "agents" / "box" / AUTHORIZED_KEYS_NAME).open("a") as f:
+        f.write(f"viewer {key.export_public_key().decode().strip()}\n")
+    return where / "viewer_key"
+
+
+async def open_channel(demo: DemoLab, key: Path) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHWriter, asyncssh.SSHReader]:
+    lab = load_lab(demo.lab_path)
+    m = lab.machine("box")
+    conn = await asyncssh.connect(m.host, m.port, username="cetlab", client_keys=[str(key)],
+                                  known_hosts=str(lab.resolve(lab.console.known_hosts)), agent_path=None, config=None)
+    writer, reader, _ = await conn.open_session(subsystem="cetlab", encoding=None)
+    return conn, writer, reader
+
+
+@dataclass
+class Window:
+    """What the legitimate console saw over one window."""
+
+    pings_ms: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    tick_times: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def max_gap_s(self) -> float:
+        times = self.tick_times
+        return max((b - a for a, b in zip(times, times[1:])), default=float("inf"))
+
+    def line(self) -> str:
+        return (f"ping p50 {percentile(self.pings_ms, 50):6.1f} ms  p99 {percentile(self.pings_ms, 99):7.1f} ms  "
+                f"({len(self.pings_ms)} answered, {len(self.failures)} failed)  ticks {len(self.tick_times):3d} "
+                f"in {self.seconds:.0f} s, largest gap {self.max_gap_s():.2f} s")
+
+
+class Console:
+    """A legitimate operator console: pings every 50 ms and counts its ticks."""
+
+    def __init__(self, demo: DemoLab):
+        self.demo = demo
+        self._ticks: list[float] = []
+        self.client = FleetClient(load_lab(demo.lab_path), on_event=self._on_event, reconnect=False)
+
+    def _on_event(self, machine: str, event: str, data) -> None:
+        if event == "tick":
+            self._ticks.append(time.monotonic())
+
+    async def start(self) -> None:
+        await self.client.start()
+        await self.client.wait_connected(30)
+
+    async def window(self, seconds: float) -> Window:
+        window = Window(seconds=seconds)
+        first_tick = len(self._ticks)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            started = time.perf_counter()
+            try:
+                await self.client.call("box", "ping", timeout=10)
+                window.pings_ms.append((time.perf_counter() - started) * 1000)
+            except Exception as exc:
+                window.failures.append(str(exc))
+            await asyncio.sleep(0.05)
+        window.tick_times = self._ticks[first_tick:]
+        return window
+
+    async def stop(self) -> None:
+        await self.client.stop()
+
+
+# ---------------------------------------------------------------------------- the attacks: each runs for `seconds`
+
+
+async def flood_connections(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """1,100 idle TCP connections (from ten loopback addresses), held; meanwhile a new operator console connects."""
+    port = load_lab(demo.lab_path).machine("box").port
+    held: list[socket.socket] = []
+    try:
+        for i in range(FLOOD_CONNECTIONS):
+            s = socket.socket()
+            s.bind((f"127.0.0.{2 + i % 10}", 0))
+            s.setblocking(False)
+            try:
+                await asyncio.wait_for(asyncio.get_running_loop().sock_connect(s, ("127.0.0.1", port)), 2)
+            except (OSError, asyncio.TimeoutError):
+                s.close()
+                continue
+            held.append(s)
+        results["flood_opened"] = len(held)
+        started = time.monotonic()
+        late = FleetClient(load_lab(demo.lab_path), subscribe=[], reconnect=False)
+        await late.start()
+        try:
+            await late.wait_connected(20)
+            results["late_console_online"] = late.state.machines["box"].online
+            results["late_console_connect_s"] = time.monotonic() - started
+            await late.call("box", "jobs.list", timeout=10)  # an fd-hungry action works meanwhile
+            results["late_console_jobs_list"] = "ok"
+        finally:
+            await late.stop()
+        await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
+    finally:
+        for s in held:
+            s.close()
+
+
+async def flood_history(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """history max_points 3600 at 190/s, not reading a reply until the end; then how many of them ran."""
+    conn, writer, reader = await open_channel(demo, viewer)
+    line = json.dumps({"id": 1, "method": "history", "params": {"max_points": 3600}}).encode() + b"\n"
+    sent = 0
+    codes: dict[str, int] = {}
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            writer.write(line * 19)
+            sent += 19
+            await asyncio.sleep(0.1)
+        try:
+            async with asyncio.timeout(3):  # now read what came back (the agent stopped reading us meanwhile)
+                while True:
+                    reply = await read_line(reader)
+                    if not reply:
+                        break
+                    code = json.loads(reply).get("error", {}).get("code", "ran")
+                    codes[code] = codes.get(code, 0) + 1
+        except TimeoutError:
+            pass
+    finally:
+        results["history_sent"], results["history_answers"] = sent, codes
+        conn.abort()
+
+
+async def flood_subscribe(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """subscribe with 80,000 topics a line (~750 KB), 2 lines/s, reading the replies."""
+    conn, writer, reader = await open_channel(demo, viewer)
+    line = json.dumps({"id": 1, "method": "subscribe", "params": {"topics": [f"t{i}" for i in range(80_000)]}}).encode() + b"\n"
+    answers = []
+
+    async def read() -> None:
+        while True:
+            got = await reader.readline()
+            if not got:
+                return
+            answers.append(json.loads(got).get("error", {}).get("code"))
+
+    reading = asyncio.create_task(read())
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            writer.write(line)
+            await asyncio.sleep(0.5)
+    finally:
+        results["subscribe_answers"] = sorted(set(filter(None, answers)))
+        reading.cancel()
+        conn.abort()
+
+
+async def flood_channels(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """1,000 channels on one connection (each tried; the agent opens only its cap)."""
+    conn, _writer, _reader = await open_channel(demo, viewer)
+    opened, refused = 1, 0
+    try:
+        for _ in range(999):
+            try:
+                await conn.open_session(subsystem="cetlab", encoding=None)
+                opened += 1
+            except asyncssh.ChannelOpenError:
+                refused += 1
+        results["channels_opened"], results["channels_refused"] = opened, refused
+        await asyncio.sleep(seconds)
+    finally:
+        conn.abort()
+
+
+async def flood_refusals(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """A viewer calling an operator method as fast as its budget lets it (reading the refusals)."""
+    conn, writer, reader = await open_channel(demo, viewer)
+    line = json.dumps({"id": 1, "method": "set_interval", "params": {"interval_s": 1}}).encode() + b"\n"
+    codes: dict[str, int] = {}
+
+    async def read() -> None:
+        while True:
+            got = await reader.readline()
+            if not got:
+                return
+            code = json.loads(got).get("error", {}).get("code", "ok")
+            codes[code] = codes.get(code, 0) + 1
+
+    reading = asyncio.create_task(read())
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            writer.write(line * 50)
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+    finally:
+        results["refusal_codes"] = codes
+        reading.cancel()
+        conn.abort()
+
+
+ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
+    "5 idle TCP flood": flood_connections,
+    "6 history, unread": flood_history,
+    "6 subscribe topics": flood_subscribe,
+    "6 1,000 channels": flood_channels,
+    "7 refused calls": flood_refusals,
+}
+
+
+async def run_attack(demo: DemoLab, viewer: Path, name: str, seconds: float) -> dict:
+    """One attack in its own process (its client-side work must not slow the console we measure); its results."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--attack", name, "--lab", str(demo.lab_path), "--key", str(viewer), "--seconds", str(seconds),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"attack {name!r} failed: {err.decode()[-2000:]}")
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+async def measure(demo: DemoLab, agent_pid: int, console: Console, viewer: Path, name: str, seconds: float) -> dict:
+    """One attack: the console's window without it, then with it; the agent's fds and RSS around it."""
+    proc = psutil.Process(agent_pid)
+    quiet = await console.window(seconds)
+    fds0, rss0 = proc.num_fds(), proc.memory_info().rss
+    attack = asyncio.create_task(run_attack(demo, viewer, name, seconds))
+    await asyncio.sleep(0.3)  # the attacker's interpreter starting
+    during = await console.window(seconds)
+    results = await attack
+    fds1, rss1 = proc.num_fds(), proc.memory_info().rss
+    return {"name": name, "quiet": quiet, "during": during, "fds": (fds0, fds1), "rss_mb": (rss0 / 2**20, rss1 / 2**20), **results}
+
+
+async def attack_main(name: str, lab_path: Path, key: Path, seconds: float) -> None:
+    """The attacker's process: run one attack, print its results as one JSON line."""
+    results: dict = {}
+    await ATTACKS[name](DemoLab(lab_path.parent, source=lab_path), key, seconds, results)
+    print(json.dumps(results))
+
+
+def report(figures: dict) -> str:
+    extra = {k: v for k, v in figures.items() if k not in ("name", "quiet", "during", "fds", "rss_mb")}
+    return (f"{figures['name']}\n  without: {figures['quiet'].line()}\n  during:  {figures['during'].line()}\n"
+            f"  agent fds {figures['fds'][0]} -> {figures['fds'][1]} (limit {FD_LIMIT}), "
+            f"RSS {figures['rss_mb'][0]:.0f} -> {figures['rss_mb'][1]:.0f} MB; {extra}")
+
+
+async def main(seconds: float) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "src.yaml"
+        source.write_text(LAB)
+        demo = DemoLab(Path(tmp) / "demo", source=source)
+        demo.prepare()
+        viewer = add_viewer(demo, Path(tmp))
+        agent = launch_agent(demo)
+        demo.processes.append(agent)  # for wait_listening's check that it is alive
+        try:
+            demo.wait_listening()
+            console = Console(demo)
+            await console.start()
+            print(f"agent pid {agent.pid}, {os.cpu_count()} CPUs, {seconds:.0f} s windows")
+            for name in ATTACKS:
+                print(report(await measure(demo, agent.pid, console, viewer, name, seconds)), flush=True)
+            await console.stop()
+        finally:
+            agent.terminate()
+            agent.wait(timeout=30)
+            print(f"agent log: {(demo.dir / 'agent.log').stat().st_size} bytes")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("seconds", nargs="?", type=float, default=10.0, help="each window (default 10)")
+    parser.add_argument("--attack", choices=list(ATTACKS), help=argparse.SUPPRESS)
+    parser.add_argument("--lab", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--key", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, dest="attack_seconds", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.attack:
+        asyncio.run(attack_main(args.attack, args.lab, args.key, args.attack_seconds))
+    else:
+        asyncio.run(main(args.seconds))

@@ -1,0 +1,72 @@
+"""A full disk under the audit trail: an operator action is refused, never done without its row."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+
+import pytest
+import yaml
+
+from agents.protocol import ErrorCode, RemoteError
+from console.demo import DemoLab
+from tests.hardening_fixtures import PY, connected, one_machine_lab, start_agent, wait_listening
+
+# The largest file the agent may write: state.db (~110 KB) and some sixty WAL frames.
+FILE_SIZE_LIMIT = 256 * 1024
+
+
+def start_agent_on_full_disk(lab_path, state, limit: int = FILE_SIZE_LIMIT) -> subprocess.Popen:
+    """The agent with RLIMIT_FSIZE: every write past the limit fails as on a full disk (Python ignores SIGXFSZ)."""
+    def full_disk() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return subprocess.Popen(
+        [PY, "-m", "agents.daemon", "--log-level", "warning", "serve", "--lab", str(lab_path), "--machine", "box",
+         "--state-dir", str(state)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=full_disk,
+    )
+
+
+@pytest.mark.timeout(120)
+async def test_an_operator_action_is_refused_when_its_audit_row_cannot_be_written(tmp_path):
+    demo = DemoLab(tmp_path / "run", source=one_machine_lab(tmp_path / "lab.yaml"))
+    demo.prepare()  # keys and known_hosts; the agent is ours to start
+    port = yaml.safe_load(demo.lab_path.read_text())["machines"][0]["port"]
+    first = start_agent(demo.lab_path, demo.dir / "agents" / "box")  # once with room: state.db and its tables
+    wait_listening("127.0.0.1", port, first)
+    first.terminate()
+    assert first.wait(timeout=30) == 0
+    agent = start_agent_on_full_disk(demo.lab_path, demo.dir / "agents" / "box")
+    try:
+        wait_listening("127.0.0.1", port, agent)
+        client = await connected(demo.lab_path)
+        try:
+            applied, refused = None, None
+            for n in range(200):  # each action writes its row first: the WAL grows until the limit
+                interval = 1.0 + (n % 50) / 100
+                try:
+                    await client.call("box", "set_interval", {"interval_s": interval})
+                    applied = interval
+                except RemoteError as exc:
+                    refused = (interval, exc)
+                    break
+            assert refused is not None, "200 actions and the trail never filled the disk"
+            interval, exc = refused
+            assert exc.code == ErrorCode.UNAVAILABLE and "audit trail cannot be written" in exc.message, exc
+            print(f"\nrefused after {n} actions: {exc.message}")
+            hello = await client.call("box", "hello")
+            assert hello["sample_interval_s"] == applied != interval  # the refused action was not done
+            assert "t" in await client.call("box", "ping")  # and the agent serves on
+        finally:
+            await client.stop()
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+
+
+def test_a_full_disk_at_start_is_one_line_not_a_traceback(tmp_path):
+    agent = start_agent_on_full_disk(one_machine_lab(tmp_path / "lab.yaml"), tmp_path / "state", limit=16 * 1024)
+    assert agent.wait(timeout=60) == 1
+    lines = agent.stderr.read().decode().strip().splitlines()
+    assert len(lines) == 1 and "state.db" in lines[0] and "disk" in lines[0], lines

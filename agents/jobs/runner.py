@@ -47,6 +47,14 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every process below ``pid``, whatever session or group it moved to (torchrun's workers do)."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
 def open_log(path: Path, max_bytes: int, keep: int) -> logging.Logger:
     handler = RotatingFileHandler(path, maxBytes=max_bytes, backupCount=keep, encoding="utf-8")
     handler.terminator = ""  # chunks carry their own newlines

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.jobs import recipes
 from agents.jobs.logs import Follower, read_from, tail
-from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, read_json
+from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, descendants, read_json
 from agents.lab import Trainer
 from agents.protocol import EVENT_LOG, EVENT_NOTICE, ErrorCode, RemoteError, Role, Telemetry
 from agents.rpc import Peer
@@ -157,6 +157,8 @@ class Job:
             "checkpoints": p.get("checkpoints") or [],
             "trainer_state": p.get("state"),
             "stop_reason": p.get("stop_reason"),
+            "precision": p.get("precision"),  # bf16 | fp16 | fp32, as the trainer chose it for the GPU
+            "notes": p.get("notes") or [],  # e.g. "tf32 off: it needs compute capability 8.0 ..."
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "elapsed_s": round(max(0.0, end - self.started_at), 1),
@@ -240,8 +242,11 @@ class JobsComponent:
 
     def _recipe_env(self, recipe: Trainer, job_id: str, output_dir: str) -> dict[str, str]:
         env = dict(os.environ)
+        # torchrun's grace for its workers after SIGTERM (its default is 30 s): the recipe's own
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(max(1, int(recipe.stop_grace_s)))
         env.update({k: recipes.expand(v, job_id, output_dir) for k, v in recipe.env.items()})
         env["PATH"] = recipes.search_path(env)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML does (PCI order), not fastest first
         env["CUDA_VISIBLE_DEVICES"] = recipes.visible_devices(recipe.gpus)  # none: no GPU, not every GPU
         env["CETLAB_JOB_ID"] = job_id
         env["PYTHONUNBUFFERED"] = "1"  # log lines as they happen, not when a buffer fills
@@ -353,10 +358,17 @@ class JobsComponent:
     def _signal(self, job: Job, sig: signal.Signals) -> None:
         if job.pid is None or not _alive(job.pid, job.pid_started):
             return
+        # torchrun starts its workers in sessions of their own: a kill must reach the whole tree, not the group alone
+        tree = descendants(job.pid) if sig == signal.SIGKILL else []
         try:
             os.killpg(job.pid, sig)
         except ProcessLookupError:
             pass
+        for proc in tree:
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
 
     async def stop_job(self, job: Job, grace_s: float | None, kill: bool) -> Job:
         if not job.active:
@@ -394,7 +406,7 @@ class JobsComponent:
         previous = job.progress
         job.progress = {k: doc.get(k) for k in (
             "state", "step", "max_steps", "epoch", "loss", "learning_rate", "samples_per_s", "tokens_per_s",
-            "eta_s", "checkpoints", "updated_at", "error", "stop_reason")}
+            "eta_s", "checkpoints", "updated_at", "error", "stop_reason", "precision", "notes")}
         points = {step: loss for step, loss in job.loss_points}
         loss, step = doc.get("loss"), doc.get("step")
         if isinstance(loss, (int, float)) and isinstance(step, int) and loss != previous.get("loss"):

@@ -50,7 +50,9 @@ A JSON object; numbers are JSON numbers, times are Unix seconds (float)::
       ],
       "updated_at": 1760000001.5,   # when this document was written
       "error": null,                # one line when state is "failed"
-      "stop_reason": null           # "max_steps" | "signal:SIGTERM" | "signal:SIGINT" | null
+      "stop_reason": null,          # "max_steps" | "signal:SIGTERM" | "signal:SIGINT" | null
+      "precision": "fp16",          # bf16 | fp16 | fp32: what the run trains in (null until chosen)
+      "notes": ["tf32 off: ..."]    # one line each: what was chosen for this GPU and what was turned off
     }
 
 ``save_s`` is the wall time of the checkpoint save alone (model/adapter,
@@ -99,6 +101,8 @@ FIELDS: dict[str, Any] = {
     "updated_at": None,
     "error": None,
     "stop_reason": None,
+    "precision": None,
+    "notes": [],
 }
 
 
@@ -110,7 +114,7 @@ def write_progress(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     created if needed.
     """
     path = Path(path)
-    doc = {**FIELDS, "checkpoints": [], **data}
+    doc = {**FIELDS, "checkpoints": [], "notes": [], **data}
     if doc["pid"] is None:
         doc["pid"] = os.getpid()
     doc["updated_at"] = time.time()

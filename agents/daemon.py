@@ -178,7 +178,8 @@ def cmd_install_unit(args: argparse.Namespace) -> int:
         state_dir = default_state_dir(machine) if args.user else Path("/var/lib/cetlab") / machine
     run_as = None if args.user else (args.run_as or os.environ.get("SUDO_USER") or getpass.getuser())
     text = render_unit(lab, Path(args.lab).resolve(), machine, state_dir, user_unit=args.user, run_as=run_as,
-                       unix_socket=Path(args.unix_socket).resolve() if args.unix_socket else None)
+                       unix_socket=Path(args.unix_socket).resolve() if args.unix_socket else None,
+                       cache_dir=Path(args.cache_dir).resolve() if args.cache_dir else None)
     if args.print:
         sys.stdout.write(text)
         return 0
@@ -234,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", help="default: /var/lib/cetlab/MACHINE (system unit) or the user state dir (--user)")
     p.add_argument("--unix-socket", help="the socket consoles reach through sshd (default: STATE_DIR/agent.sock)")
     p.add_argument("--run-as", help="system unit: the user the agent runs as (default: the invoking user)")
+    p.add_argument("--cache-dir", help="system unit: the Hugging Face, vLLM, Triton and Inductor caches (default: STATE_DIR/cache)")
     p.add_argument("--print", action="store_true", help="write the unit to stdout instead of installing it")
     p.set_defaults(run=cmd_install_unit)
 

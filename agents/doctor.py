@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import re
 import shutil
 import stat
 import subprocess
@@ -60,17 +62,54 @@ def check_torch(lab: Lab, machine: str) -> Check:
 
 
 def check_engines(lab: Lab, machine: str) -> list[Check]:
+    from agents.orchestra.vllm import vllm_cli
+
     needed = {m.engine for m in lab.models if m.machine == machine}
     checks = []
     if "vllm" in needed:
-        found = importlib.util.find_spec("vllm") is not None and shutil.which("vllm") is not None
-        checks.append(Check("vllm", OK if found else FAIL, "importable, `vllm` on PATH" if found
+        cli = vllm_cli()
+        found = importlib.util.find_spec("vllm") is not None and cli is not None
+        checks.append(Check("vllm", OK if found else FAIL, f"importable, {cli}" if found
                             else "models of this machine use engine: vllm, which is not installed (pip install vllm)"))
     else:
         found = importlib.util.find_spec("vllm") is not None
         checks.append(Check("vllm", OK, "importable" if found else "not installed (no model of this machine needs it)"))
-    if "transformers" in needed and importlib.util.find_spec("transformers") is None:
-        checks.append(Check("transformers", FAIL, "models use engine: transformers, which is not installed (pip install 'transformers[serving]')"))
+    if "transformers" in needed:
+        checks.append(check_transformers_serve())
+    return checks
+
+
+def check_transformers_serve() -> Check:
+    """`transformers serve` as the engine drives it: a positional model (5.5) and /v1/completions (5.6)."""
+    from agents.orchestra.transformers_engine import SERVE_MIN_VERSION
+
+    wanted = ".".join(map(str, SERVE_MIN_VERSION))
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return Check("transformers", FAIL, f"models use engine: transformers, which is not installed (pip install 'transformers[serving]>={wanted}')")
+    found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if found < SERVE_MIN_VERSION:
+        return Check("transformers", FAIL, f"{version}: `transformers serve` needs {wanted} or newer (a positional model, /v1/completions); "
+                     f"pip install -U 'transformers[serving]>={wanted}'")
+    return Check("transformers", OK, f"{version} (`transformers serve` works from {wanted})")
+
+
+def check_precision() -> list[Check]:
+    """What `precision: auto` picks on each CUDA device, and what it turns off (from the compute capability)."""
+    if importlib.util.find_spec("torch") is None:
+        return []
+    import torch
+
+    from agents.train.precision import plan_precision
+
+    checks = []
+    for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+        capability, name = torch.cuda.get_device_capability(index), torch.cuda.get_device_name(index)
+        plan = plan_precision("auto", capability, tf32=True, torch_compile=True, device_name=name)
+        off = [note.split(":")[0] for note in plan.notes[1:]]
+        checks.append(Check(f"precision cuda:{index}", OK, f"{name} ({capability[0]}.{capability[1]}): {plan.precision}"
+                            + (f"; {' and '.join(off)}" if off else "; tf32 and torch_compile available")))
     return checks
 
 
@@ -132,5 +171,5 @@ def check_clock() -> Check:
 
 
 def run_checks(lab: Lab, machine: str, state_dir: Path) -> list[Check]:
-    return [check_gpus(lab, machine), check_torch(lab, machine), *check_engines(lab, machine), *check_state_dir(state_dir),
+    return [check_gpus(lab, machine), check_torch(lab, machine), *check_precision(), *check_engines(lab, machine), *check_state_dir(state_dir),
             check_disk(lab, state_dir), check_clock()]

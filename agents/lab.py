@@ -154,7 +154,10 @@ class Model(Strict):
     served_name: str | None = None
     port: int | None = Field(default=None, ge=1, le=65535)  # None: chosen at start
     cloud_equivalent: str | None = None
-    sleep_level: Literal[1, 2] = 1
+    sleep_level: Literal[1, 2] = 1  # 2 drops the weights: waking reloads them (vLLM's wake_up/reload_weights sequence)
+    # runtime LoRA (vllm, sim): --enable-lora --max-loras N --max-lora-rank R; 0 serves without LoRA
+    max_loras: int = Field(default=1, ge=0)
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = 16  # the ranks vLLM accepts; an adapter's r must fit
     load_timeout_s: Duration = 1800.0  # start until /health answers; then the model is failed
     warmup_prompt: str = "Hello"  # the first request, sent before the model is called warm
     make_tiny_if_missing: bool = False  # demo: create the tiny random Llama (agents/train/tiny.py) at path first

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -19,8 +20,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cetlab.systemd")
 
-WATCHDOG_S = 30  # WatchdogSec of the unit; the agent pings every half of it
+WATCHDOG_S = 30  # WatchdogSec of the unit at least; the agent pings every half of it
 UNIT_NAME = "cetlab-agent.service"
+NOFILE_LIMIT = 65536  # consoles, engines' sockets, log followers, page-cache reads: far over the default 1024
+# Caches the agent's children write (Hugging Face, vLLM's compile cache, Triton, Inductor); under
+# ProtectHome=read-only the defaults in ~/.cache are read-only, so they move to a writable folder.
+CACHE_ENV = {"XDG_CACHE_HOME": "", "HF_HOME": "huggingface", "VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton",
+             "TORCHINDUCTOR_CACHE_DIR": "inductor"}
 
 
 class Notifier:
@@ -57,6 +63,8 @@ class Notifier:
     async def run(self, agents: list[Agent]) -> None:
         """Keep systemd told: STATUS when it changes, WATCHDOG=1 every WatchdogSec/2 while the telemetry loop ticks."""
         period_s = self.watchdog_s / 2 if self.watchdog_s else 5.0
+        # a tick every sample_interval_s: a slow sampler (60 s) is not a stuck one until two intervals pass
+        stall_s = max(self.watchdog_s or 0.0, *(stall_allowance_s(a.interval_s) for a in agents)) if agents else self.watchdog_s
         status = ""
         ticks = [a.ticks for a in agents]
         ticked_at = time.monotonic()
@@ -71,12 +79,27 @@ class Notifier:
                 status = fields["STATUS"] = new_status
             if self.watchdog_s:
                 # a stuck telemetry loop (a hung NVML call) stops the pings too, so systemd restarts us
-                if time.monotonic() - ticked_at < self.watchdog_s:
+                if time.monotonic() - ticked_at < stall_s:
                     fields["WATCHDOG"] = 1
                 else:
                     log.error("no telemetry tick for %.0f s: letting the watchdog restart the agent", time.monotonic() - ticked_at)
             if fields:
                 self.send(**fields)
+
+
+def stall_allowance_s(sample_interval_s: float) -> float:
+    """How long the telemetry loop may go without a tick before it counts as stuck: two sample intervals."""
+    return 2 * sample_interval_s
+
+
+def watchdog_sec(sample_interval_s: float) -> int:
+    """The unit's WatchdogSec: WATCHDOG_S, or two sample intervals where that is longer."""
+    return max(WATCHDOG_S, math.ceil(stall_allowance_s(sample_interval_s)))
+
+
+def nvidia_modprobe() -> str | None:
+    """nvidia-modprobe, which loads nvidia_uvm on demand (setuid: NoNewPrivileges stops it inside the unit)."""
+    return shutil.which("nvidia-modprobe", path="/usr/bin:/usr/sbin:/bin:/sbin")
 
 
 def _count(section: Any, key: str, states: tuple[str, ...]) -> int:
@@ -133,30 +156,41 @@ def agent_command() -> list[str]:
 
 
 def render_unit(lab: Lab, lab_path: Path, machine: str, state_dir: Path, *, user_unit: bool, run_as: str | None,
-                unix_socket: Path | None = None) -> str:
-    """The unit text. Hardening leaves /dev alone: no PrivateDevices, no DeviceAllow, so /dev/nvidia* stay usable."""
+                unix_socket: Path | None = None, cache_dir: Path | None = None) -> str:
+    """The unit text. Hardening leaves /dev alone: no PrivateDevices, no DeviceAllow, so /dev/nvidia* stay usable.
+
+    ``cache_dir`` (default STATE_DIR/cache) holds the Hugging Face, vLLM, Triton and Inductor caches of a system unit.
+    """
     argv = [*agent_command(), "serve", "--lab", str(lab_path), "--machine", machine, "--state-dir", str(state_dir), "--keep-engines"]
     if unix_socket is not None:
         argv += ["--unix-socket", str(unix_socket)]
+    interval_s = next((m.sample_interval_s for m in lab.machines if m.name == machine), 1.0)
+    modprobe = nvidia_modprobe()
     lines = [
         "# Written by `cetlab-agent install-unit`. Local changes: `systemctl edit` (a drop-in), not this file.",
         "[Unit]",
         f"Description=cetlab agent for {machine} (GPU telemetry, trainers, model servers)",
-        "After=network-online.target",
+        # the persistence daemon (where installed) has the driver initialised before CUDA's first use
+        "After=network-online.target" + ("" if user_unit else " nvidia-persistenced.service"),
         "Wants=network-online.target",
         "",
         "[Service]",
         "Type=notify",
         "NotifyAccess=main",
+    ]
+    if modprobe:  # '+': with full privileges (NoNewPrivileges and the sandbox would stop it); '-': its failure is not ours
+        lines.append(f"ExecStartPre=+-{modprobe} -u -c=0")
+    lines += [
         f"ExecStart={shlex.join(argv)}",
         "Environment=PYTHONUNBUFFERED=1",
         "Restart=on-failure",
         "RestartSec=5",
-        f"WatchdogSec={WATCHDOG_S}",
+        f"WatchdogSec={watchdog_sec(interval_s)}",
         "TimeoutStartSec=120",
         "TimeoutStopSec=30",
         "# Only the agent is stopped: trainers and model servers keep running and the next agent re-adopts them.",
         "KillMode=process",
+        f"LimitNOFILE={NOFILE_LIMIT}",
         "UMask=0027",  # what the agent and its children write: the group may read (shared run folders), others not
         "NoNewPrivileges=yes",
     ]
@@ -165,10 +199,17 @@ def render_unit(lab: Lab, lab_path: Path, machine: str, state_dir: Path, *, user
             lines.append(f"User={run_as}")
         if state_dir.is_relative_to("/var/lib"):  # systemd creates it, owned by User=, before the start
             lines += [f"StateDirectory={state_dir.relative_to('/var/lib')}", "StateDirectoryMode=0700"]
+        cache = cache_dir or state_dir / "cache"
+        writable = _writable_paths(lab, machine, state_dir)
+        if not cache.is_relative_to(state_dir):
+            writable.append(f"-{cache}")
         lines += [
+            # vLLM's IPC sockets and every tool's temp files need a writable /tmp of their own
+            "PrivateTmp=yes",
+            *(f"Environment={name}={cache / sub if sub else cache}" for name, sub in CACHE_ENV.items()),
             "ProtectSystem=strict",
             "ProtectHome=read-only",
-            f"ReadWritePaths={' '.join(_writable_paths(lab, machine, state_dir))}",
+            f"ReadWritePaths={' '.join(writable)}",
             "ProtectKernelTunables=yes",
             "ProtectKernelModules=yes",
             "ProtectControlGroups=yes",

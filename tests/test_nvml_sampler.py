@@ -29,6 +29,7 @@ MIRRORED = (
     "NVML_ERROR_NO_PERMISSION",
     "NVML_TEMPERATURE_GPU",
     "NVML_CLOCK_SM",
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
 )
 NOT_AVAILABLE_BYTES = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 
@@ -336,3 +337,97 @@ def test_close_shuts_nvml_down_once_and_never_raises():
 
     assert nvml.shutdowns == 1
     assert sampler.sample() == []
+
+
+# ---------------------------------------------------------------------------- older drivers and bindings, MIG
+
+FUNCTION_NOT_FOUND = pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
+class OldDriverNvml(FakeNvml):
+    """nvidia-ml-py 13 on a driver without the _v3 process calls: _v3 is not found, the unversioned call is a mismatch."""
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, h: int) -> list[SimpleNamespace]:
+        self.calls["compute_v3", h] += 1
+        raise FUNCTION_NOT_FOUND
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, h: int) -> list[SimpleNamespace]:
+        return FakeNvml.nvmlDeviceGetComputeRunningProcesses(self, h)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match the NVML lib version.")
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, h: int) -> list[SimpleNamespace]:
+        raise FUNCTION_NOT_FOUND
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, h: int) -> list[SimpleNamespace]:
+        return FakeNvml.nvmlDeviceGetGraphicsRunningProcesses(self, h)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called")
+
+
+def test_process_lists_fall_back_to_v2_on_an_older_driver():
+    me = os.getpid()
+    nvml = OldDriverNvml(gpu(compute=[(me, 2 * GiB)]))
+    sampler = NvmlSampler(nvml)
+    first, second = sampler.sample()[0], sampler.sample()[0]
+
+    assert [(p.pid, p.mem_used_bytes) for p in first.processes] == [(me, 2 * GiB)]
+    assert second.processes == first.processes
+    assert nvml.calls["compute_v3", 0] == 1  # the version that works is remembered
+
+
+def test_process_lists_from_old_bindings_with_only_the_v1_call():
+    me = os.getpid()
+    nvml = FakeNvml(gpu(compute=[(me, GiB)]))  # FakeNvml has no _v2/_v3 attributes at all: old bindings
+    assert not hasattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v3")
+
+    assert [(p.pid, p.mem_used_bytes) for p in NvmlSampler(nvml).sample()[0].processes] == [(me, GiB)]
+
+
+class MemoryV2Nvml(FakeNvml):
+    """Bindings with nvmlMemory_v2: v1's "used" includes the driver's reserved memory, v2's does not."""
+
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+    reserved = 512 * 1024**2
+
+    def __init__(self, *gpus: dict[str, Any], driver_has_v2: bool = True):
+        super().__init__(*gpus)
+        self.driver_has_v2 = driver_has_v2
+
+    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> SimpleNamespace:
+        total, used = self._get(h, "mem_total"), self._get(h, "mem_used")
+        if version is None:
+            return SimpleNamespace(total=total, used=used + self.reserved, free=total - used - self.reserved)
+        assert version == pynvml.nvmlMemory_v2
+        if not self.driver_has_v2:
+            raise FUNCTION_NOT_FOUND
+        return SimpleNamespace(total=total, used=used, reserved=self.reserved, free=total - used - self.reserved)
+
+
+@pytest.mark.parametrize(("driver_has_v2", "expected_used"), [(True, 20 * GiB), (False, 20 * GiB + MemoryV2Nvml.reserved)])
+def test_memory_reads_v2_where_the_driver_has_it(driver_has_v2, expected_used):
+    sample = NvmlSampler(MemoryV2Nvml(gpu(), driver_has_v2=driver_has_v2)).sample()[0]
+
+    assert sample.mem_used_bytes == expected_used and sample.mem_total_bytes == 80 * GiB
+
+
+class MigNvml(FakeNvml):
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+
+    def nvmlDeviceGetMigMode(self, h: int) -> list[int]:
+        return self._get(h, "mig")
+
+
+def test_a_mig_gpu_is_shown_as_such_and_never_crashes():
+    no_permission = pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+    nvml = MigNvml(
+        gpu("NVIDIA A100-SXM4-40GB", mig=[1, 1], util=pynvml.NVMLError_NotSupported(), compute=no_permission, graphics=no_permission),
+        gpu("NVIDIA A100-SXM4-40GB", mig=pynvml.NVMLError_NotSupported()),
+    )
+    mig, plain = NvmlSampler(nvml).sample()
+
+    assert mig.name == "NVIDIA A100-SXM4-40GB (MIG)" and mig.failed is None
+    assert mig.util_pct is None and mig.processes == [] and mig.mem_used_bytes == 20 * GiB
+    assert plain.name == "NVIDIA A100-SXM4-40GB" and plain.util_pct == 37.0

@@ -106,6 +106,8 @@ def test_trains_saves_checkpoints_and_reports_progress(first_run):
     assert progress["tokens_per_s"] > 0 and progress["samples_per_s"] > 0
     assert progress["eta_s"] == 0 and progress["elapsed_s"] > 0
     assert progress["error"] is None
+    # no CUDA GPU here: fp32, and the run says so
+    assert progress["precision"] == "fp32" and any("no CUDA GPU" in note for note in progress["notes"])
     saved = {c["step"]: c for c in progress["checkpoints"]}
     assert sorted(saved) == [3, 6]
     for step, entry in saved.items():

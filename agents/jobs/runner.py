@@ -17,6 +17,7 @@ import codecs
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +46,33 @@ def read_json(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every process below ``pid``, whatever session or group it moved to (torchrun's workers do)."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def copy_truncate(path: Path, max_bytes: int, keep: int) -> bool:
+    """Rotate a log that another process appends to (O_APPEND): copy it to .1 (older ones shift), then empty it.
+
+    For logs written by a process that outlives us (a model server); returns whether it rotated.
+    """
+    try:
+        if path.stat().st_size < max_bytes:
+            return False
+    except OSError:
+        return False
+    for index in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{index}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{index + 1}"))
+    shutil.copyfile(path, path.with_name(f"{path.name}.1"))
+    os.truncate(path, 0)  # the writer's next append lands at the new end, offset 0
+    return True
 
 
 def open_log(path: Path, max_bytes: int, keep: int) -> logging.Logger:

@@ -24,7 +24,7 @@ from agents.jobs.job import Job, JobView
 from agents.jobs.logs import Follower, read_from, tail
 from agents.jobs.methods import LogsParams, register
 from agents.jobs.progress import update_progress
-from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES
+from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, descendants
 from agents.lab import Trainer
 from agents.protocol import EVENT_LOG, EVENT_NOTICE, ErrorCode, RemoteError, Telemetry
 from agents.rpc import Peer
@@ -130,8 +130,11 @@ class JobsComponent:
 
     def _recipe_env(self, recipe: Trainer, job_id: str, output_dir: str) -> dict[str, str]:
         env = dict(os.environ)
+        # torchrun's grace for its workers after SIGTERM (its default is 30 s): the recipe's own
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(max(1, int(recipe.stop_grace_s)))
         env.update({k: recipes.expand(v, job_id, output_dir) for k, v in recipe.env.items()})
         env["PATH"] = recipes.search_path(env)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML does (PCI order), not fastest first
         env["CUDA_VISIBLE_DEVICES"] = recipes.visible_devices(recipe.gpus)  # none: no GPU, not every GPU
         env["CETLAB_JOB_ID"] = job_id
         env["PYTHONUNBUFFERED"] = "1"  # log lines as they happen, not when a buffer fills
@@ -236,10 +239,17 @@ class JobsComponent:
     def _signal(self, job: Job, sig: signal.Signals) -> None:
         if job.pid is None or not _alive(job.pid, job.pid_started):
             return
+        # torchrun starts its workers in sessions of their own: a kill must reach the whole tree, not the group alone
+        tree = descendants(job.pid) if sig == signal.SIGKILL else []
         try:
             os.killpg(job.pid, sig)
         except ProcessLookupError:
             pass
+        for proc in tree:
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
 
     async def stop_job(self, job: Job, grace_s: float | None, kill: bool) -> Job:
         if not job.active:

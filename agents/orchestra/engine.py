@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import signal
@@ -16,20 +17,25 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, descendants
 from agents.lab import Model
+from agents.protocol import GpuSample
 
 GIB = 1024**3
+MAX_GPU_MEMORY_UTILIZATION = 0.95
 LOG_TAIL_BYTES = 256 * 1024
 STOP_GRACE_S = 10.0
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError")
 
-# Load-phase lines vLLM writes (the sim engine writes the same ones), parsed into seconds.
+# Load-phase lines vLLM writes (the sim engine writes the same ones), parsed into seconds:
+# "took 1.23 seconds" up to vLLM 0.12, "took 1.23 s" from 0.33 on.
+_SECONDS = r"([\d.]+) ?(?:seconds|secs|s)\b"
 _PHASES = {
-    "weights_s": re.compile(r"Loading weights took ([\d.]+) seconds"),
-    "model_load_s": re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds"),
-    "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
-    "init_engine_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) seconds"),
-    "first_pass_s": re.compile(r"warm-up \(first forward pass\) took ([\d.]+) seconds"),
+    "weights_s": re.compile(r"Loading weights took " + _SECONDS),
+    "model_load_s": re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and " + _SECONDS),
+    "graph_capture_s": re.compile(r"Graph capturing finished in " + _SECONDS),
+    "init_engine_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _SECONDS),
+    "first_pass_s": re.compile(r"warm-up \(first forward pass\) took " + _SECONDS),
 }
 
 
@@ -103,6 +109,7 @@ class Engine:
     def env(self) -> dict[str, str]:
         env = {**os.environ, **self.model.env}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML does (PCI order), not fastest first
         return env
 
     @property
@@ -117,6 +124,7 @@ class Engine:
 
     async def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.rotate_log()
         argv = self.argv()
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()
@@ -135,6 +143,16 @@ class Engine:
     @property
     def returncode(self) -> int | None:
         return self.proc.returncode if self.proc else None
+
+    def pids(self) -> list[int]:
+        """The server and every process under it (vLLM's engine core and workers hold the GPU memory)."""
+        if self.pid is None:
+            return []
+        return [self.pid, *(p.pid for p in descendants(self.pid))]
+
+    def vram_by_gpu(self, gpus: list[GpuSample]) -> dict[int, int] | None:
+        """What NVML says this engine's processes hold on each of its GPUs (bytes), or None where it cannot tell."""
+        return process_vram_bytes(gpus, self.pids(), self.gpus)
 
     async def stop(self) -> None:
         """SIGTERM the server's process group, SIGKILL it after a grace period."""
@@ -190,6 +208,8 @@ class Engine:
         raise NotImplementedError
 
     async def metrics(self) -> dict[str, float | None]:
+        """The engine's /metrics figures; the pool polls this every few seconds, so the log is rotated here too."""
+        self.rotate_log()
         if not self.has_metrics:
             return {}
         return parse_metrics((await self.http("GET", "/metrics", timeout_s=3.0)).decode())
@@ -205,6 +225,11 @@ class Engine:
                 return f.read().decode(errors="replace")
         except OSError:
             return ""
+
+    def rotate_log(self) -> None:
+        """Rotate the engine log as job logs are (LOG_MAX_BYTES, LOG_KEEP files); the engine keeps appending."""
+        if copy_truncate(self.log_path, LOG_MAX_BYTES, LOG_KEEP):
+            self._log_offset = 0
 
     def log_tail(self, lines: int = 20) -> list[str]:
         return self.log_text().splitlines()[-lines:]
@@ -223,19 +248,123 @@ class Engine:
         return any(marker in text for marker in OOM_MARKERS)
 
 
+def process_vram_bytes(samples: list[GpuSample], pids: list[int], gpus: list[int]) -> dict[int, int] | None:
+    """Per GPU index in ``gpus``: the memory NVML reports for ``pids`` (summed); None when NVML gave no figure.
+
+    The pool's fit check wants this, not the lab.yaml estimate: a warm model may hold far more or
+    less, and a sleeping vLLM keeps its CUDA context and graphs (measured, not assumed).
+    """
+    wanted = set(pids)
+    by_gpu: dict[int, int] = {}
+    seen = False
+    for sample in samples:
+        if sample.index not in gpus:
+            continue
+        held = [p.mem_used_bytes for p in sample.processes if p.pid in wanted]
+        if any(m is not None for m in held):
+            seen = True
+        by_gpu[sample.index] = sum(m for m in held if m is not None)
+    return by_gpu if seen else None
+
+
+class AdapterNotLoadable(EngineRequestFailed):
+    """vLLM would refuse this adapter at run time; str() says why and offers the merge path."""
+
+
+MERGE_HINT = "serve it merged into its base instead (`cetlab serve-checkpoint` merges an adapter no warm model can load)"
+
+
+def adapter_problem(adapter_dir: Path, model: Model) -> str | None:
+    """Why vLLM cannot hot-load the PEFT adapter in ``adapter_dir`` into ``model`` (None: it can).
+
+    vLLM refuses adapters that train whole modules (modules_to_save, e.g. embed_tokens and lm_head),
+    ranks above --max-lora-rank, and any adapter when the server runs without --enable-lora.
+    """
+    config_file = adapter_dir / "adapter_config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{config_file} is not a readable adapter config ({getattr(exc, 'strerror', None) or exc})"
+    if not isinstance(config, dict):
+        return f"{config_file} is not a JSON object"
+    if model.max_loras == 0:
+        return f"model {model.name} runs without --enable-lora (max_loras: 0 in lab.yaml); {MERGE_HINT}"
+    saved = config.get("modules_to_save") or []
+    if saved:
+        names = ", ".join(map(str, saved)) if isinstance(saved, list) else str(saved)
+        return f"vLLM cannot hot-load an adapter with modules_to_save ({names}); {MERGE_HINT}"
+    rank = config.get("r")
+    if isinstance(rank, int) and rank > model.max_lora_rank:
+        return (f"the adapter's rank r={rank} is above max_lora_rank {model.max_lora_rank} of model {model.name} "
+                f"(raise max_lora_rank in lab.yaml and restart the model), or {MERGE_HINT}")
+    return None
+
+
+def vllm_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment a vLLM server (or the sim engine standing in for it) needs, from ``env``."""
+    env = dict(env)
+    env["VLLM_SERVER_DEV_MODE"] = "1"  # exposes /sleep, /wake_up, /is_sleeping, /collective_rpc
+    env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # exposes /v1/load_lora_adapter
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        if "expandable_segments" in env.get(name, ""):  # vLLM's sleep mode allocator cannot work with it
+            del env[name]
+    return env
+
+
 class VllmSleepMixin:
-    """vLLM's sleep mode endpoints (dev mode): level 1 keeps weights in host RAM, level 2 drops them."""
+    """vLLM's contract (flags, environment, sleep mode, runtime LoRA), shared by the vLLM and the sim engine.
+
+    Sleep level 1 keeps the weights in host RAM; level 2 drops them, so waking follows vLLM's
+    documented sequence: wake the weights, reload them (collective_rpc reload_weights), wake the KV cache.
+    """
 
     can_sleep = True
+    slept_level: int | None = None
+
+    def serve_flags(self) -> list[str]:
+        """`vllm serve MODEL` flags after the model: the agent's, then lab.yaml's args (which win where they repeat)."""
+        model, args = self.model, list(self.model.args)
+        flags = ["--host", self.host, "--port", str(self.port), "--served-model-name", self.served_name,
+                 "--enable-sleep-mode", "--disable-uvicorn-access-log"]  # the agent polls /metrics: no access line each time
+        if model.max_loras and "--enable-lora" not in args:
+            flags += ["--enable-lora", "--max-loras", str(model.max_loras), "--max-lora-rank", str(model.max_lora_rank)]
+        if "--tensor-parallel-size" not in args and len(self.gpus) > 1:
+            flags += ["--tensor-parallel-size", str(len(self.gpus))]
+        if "--gpu-memory-utilization" not in args and self.gpu_total_bytes and model.vram_gib:
+            # vLLM takes a share of each GPU: the model's estimate, not the default 90%
+            per_gpu = model.vram_gib * GIB / max(1, len(self.gpus))
+            share = min(MAX_GPU_MEMORY_UTILIZATION, math.ceil(100 * per_gpu / self.gpu_total_bytes) / 100)
+            flags += ["--gpu-memory-utilization", f"{share:.2f}"]
+        return flags + args
+
+    def env(self) -> dict[str, str]:
+        return vllm_env(super().env())
 
     async def sleep(self, level: int) -> None:
         await self.http("POST", f"/sleep?level={level}", timeout_s=600.0)
+        self.slept_level = level
 
     async def wake(self) -> None:
-        await self.http("POST", "/wake_up", timeout_s=600.0)
+        # an engine adopted after an agent restart slept at the model's configured level
+        level = self.slept_level or self.model.sleep_level
+        if level == 2:
+            await self.http("POST", "/wake_up?tags=weights", timeout_s=600.0)
+            try:
+                await self.http("POST", "/collective_rpc", {"method": "reload_weights"}, timeout_s=600.0)
+            except EngineRequestFailed as exc:
+                raise EngineRequestFailed(f"sleep level 2 needs reload_weights, which this vLLM refused ({exc}); "
+                                          "use sleep_level: 1 for this model") from None
+            await self.http("POST", "/wake_up?tags=kv_cache", timeout_s=600.0)
+        else:
+            await self.http("POST", "/wake_up", timeout_s=600.0)
+        self.slept_level = None
 
     async def is_sleeping(self) -> bool:
         return bool(json.loads(await self.http("GET", "/is_sleeping", timeout_s=3.0)).get("is_sleeping"))
 
     async def load_adapter(self, name: str, path: str) -> None:
+        """Load a LoRA adapter at run time; AdapterNotLoadable (before asking) when vLLM would refuse it."""
+        problem = adapter_problem(Path(path), self.model)
+        if problem is not None:
+            raise AdapterNotLoadable(problem)
         await self.http("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout_s=600.0)

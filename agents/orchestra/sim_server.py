@@ -1,8 +1,16 @@
 """The simulated engine: a real HTTP server speaking the vLLM subset the agent uses (SIMULATED).
 
-Run as ``python -m agents.orchestra.sim_server --port P --served-name NAME --path PATH ...``.
+Run as ``python -m agents.orchestra.sim_server MODEL --port P --served-model-name NAME ...``:
+vLLM's own flags (others are accepted and ignored) plus the simulated delays.
 Loading reads the model's files for real (page cache), then waits out the configured
 delays; the first request pays the warm-up; counters count the tokens really served.
+
+It holds vLLM's contract, so a regression in how the agent drives vLLM shows in tests:
+the sleep endpoints exist only with VLLM_SERVER_DEV_MODE=1 (and sleep needs
+--enable-sleep-mode); /v1/load_lora_adapter only with VLLM_ALLOW_RUNTIME_LORA_UPDATING,
+and it loads only with --enable-lora, an adapter rank <= --max-lora-rank and no
+modules_to_save; after a level-2 sleep the weights are gone, and a wake without
+``collective_rpc reload_weights`` answers garbage, as vLLM does.
 """
 
 from __future__ import annotations
@@ -23,6 +31,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from agents.orchestra import pagecache
 
+GARBAGE = "!"  # what a model with uninitialised weights tends to repeat
+SLEEP_TAGS = ("weights", "kv_cache")
+DEV_ROUTES = ("/sleep", "/wake_up", "/is_sleeping", "/collective_rpc")
 ORPHAN_GRACE_S = 30.0  # how long a server whose agent died waits to be re-adopted
 MAX_NUM_SEQS = 8  # concurrent sequences; more requests wait, as in vLLM's scheduler
 WORDS = ("the model answers briefly and the lab keeps serving while weights stay warm in memory "
@@ -37,7 +48,8 @@ class SimEngineState:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.started = time.monotonic()
-        self.sleeping = False
+        self.asleep: set[str] = set()  # the tags (weights, kv_cache) put to sleep and not woken yet
+        self.weights_lost = False  # a level-2 sleep discarded them; only reload_weights brings them back
         self.warmed_up = False
         self.warmup_lock = threading.Lock()
         self.slots = threading.Semaphore(MAX_NUM_SEQS)
@@ -53,7 +65,11 @@ class SimEngineState:
         self.m_gen = Counter("vllm:generation_tokens", "Generation tokens produced (SIMULATED).", labels, registry=registry)
         self.m_ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token (SIMULATED).", labels, registry=registry,
                                 buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0))
-        self.name = args.served_name
+        self.name = args.served_model_name or args.model
+
+    @property
+    def sleeping(self) -> bool:
+        return bool(self.asleep)
 
     def _gauges(self) -> None:
         self.m_running.labels(self.name).set(self.running)
@@ -83,7 +99,8 @@ class SimEngineState:
                 self.m_ttft.labels(self.name).observe(time.monotonic() - received)
                 time.sleep(per_token_s * (max_tokens - 1))
                 rng = random.Random(hashlib.sha256(prompt.encode()).digest())
-                text = " " + " ".join(rng.choice(WORDS) for _ in range(max_tokens))
+                # weights woken after a level-2 sleep but never reloaded: vLLM computes with garbage too
+                text = GARBAGE * max_tokens if self.weights_lost else " " + " ".join(rng.choice(WORDS) for _ in range(max_tokens))
                 self.m_prompt.labels(self.name).inc(prompt_tokens)
                 self.m_gen.labels(self.name).inc(max_tokens)
                 return text, prompt_tokens, max_tokens
@@ -98,9 +115,16 @@ class Handler(BaseHTTPRequestHandler):
     state: SimEngineState
 
     def log_message(self, fmt: str, *args) -> None:
-        # an access log like uvicorn's, without the agent's polling (it would drown the rest)
-        if urlparse(self.path).path not in ("/metrics", "/health", "/is_sleeping"):
+        # an access line per request, as uvicorn writes, unless vLLM's --disable-uvicorn-access-log
+        if not self.state.args.disable_uvicorn_access_log:
             log(f'{self.address_string()} - "{self.requestline}" {args[1] if len(args) > 1 else ""}')
+
+    def _dev_route(self, path: str) -> bool:
+        """vLLM registers the sleep and RPC routes only in dev mode; elsewhere they are 404."""
+        if path in DEV_ROUTES and os.environ.get("VLLM_SERVER_DEV_MODE") != "1":
+            self._send(404, {"detail": "Not Found"})
+            return False
+        return True
 
     def _send(self, status: int, body: object, content_type: str = "application/json") -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -120,13 +144,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         state, path = self.state, urlparse(self.path).path
+        if not self._dev_route(path):
+            return
         if path == "/health":
             self._send(200, b"", "text/plain")
         elif path == "/is_sleeping":
             self._send(200, {"is_sleeping": state.sleeping})
         elif path == "/v1/models":
             ids = [state.name, *state.adapters]
-            self._send(200, {"object": "list", "data": [{"id": i, "object": "model", "owned_by": "cetlab-sim", "root": state.args.path} for i in ids]})
+            self._send(200, {"object": "list", "data": [{"id": i, "object": "model", "owned_by": "cetlab-sim", "root": state.args.model} for i in ids]})
         elif path == "/metrics":
             self._send(200, generate_latest(state.registry), "text/plain; version=0.0.4")
         else:
@@ -135,24 +161,37 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         state, url = self.state, urlparse(self.path)
         body = self._body()
+        if not self._dev_route(url.path):
+            return
+        query = parse_qs(url.query)
         if url.path == "/sleep":
-            level = parse_qs(url.query).get("level", ["1"])[0]
+            if not state.args.enable_sleep_mode:
+                self._send(500, {"error": {"message": "Sleep mode is not enabled: start the server with --enable-sleep-mode"}})
+                return
+            level = query.get("level", ["1"])[0]
             time.sleep(state.args.wake_s)
-            state.sleeping = True
-            log(f"engine put to sleep (level {level}); GPU memory freed")
+            state.asleep = set(SLEEP_TAGS)
+            state.weights_lost = state.weights_lost or level == "2"
+            log(f"engine put to sleep (level {level}); GPU memory freed" + ("; weights discarded" if level == "2" else ""))
             self._send(200, b"", "text/plain")
         elif url.path == "/wake_up":
+            tags = query.get("tags") or list(SLEEP_TAGS)
             time.sleep(state.args.wake_s)
-            state.sleeping = False
-            log(f"engine woken up in {state.args.wake_s:.2f} seconds")
+            state.asleep -= set(tags)
+            log(f"engine woke up ({', '.join(tags)}) in {state.args.wake_s:.2f} seconds")
             self._send(200, b"", "text/plain")
-        elif url.path == "/v1/load_lora_adapter":
-            name, path = body.get("lora_name"), body.get("lora_path")
-            if not isinstance(name, str) or not isinstance(path, str) or not Path(path).exists():
-                self._send(400, {"error": {"message": f"cannot load LoRA adapter from {path!r}"}})
+        elif url.path == "/collective_rpc":
+            if body.get("method") != "reload_weights":
+                self._send(500, {"error": {"message": f"the simulated workers have no method {body.get('method')!r}"}})
                 return
-            state.adapters[name] = path
-            self._send(200, f"Success: LoRA adapter '{name}' added successfully.".encode(), "text/plain")
+            if "weights" in state.asleep:
+                self._send(500, {"error": {"message": "reload_weights: the weights are asleep; wake_up?tags=weights first"}})
+                return
+            state.weights_lost = False
+            log("weights reloaded from the model files")
+            self._send(200, {"results": [None]})
+        elif url.path == "/v1/load_lora_adapter":
+            self._load_adapter(state, body)
         elif url.path in ("/v1/completions", "/v1/chat/completions"):
             if state.sleeping:
                 self._send(503, {"error": {"message": "the engine is sleeping; wake it up first"}})
@@ -179,6 +218,32 @@ class Handler(BaseHTTPRequestHandler):
             })
         else:
             self._send(404, {"error": f"no route {url.path}"})
+
+    def _load_adapter(self, state: SimEngineState, body: dict) -> None:
+        """vLLM's rules: runtime updating allowed, --enable-lora, a readable PEFT adapter it can serve."""
+        if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() not in ("1", "true"):
+            self._send(404, {"detail": "Not Found"})
+            return
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not state.args.enable_lora:
+            self._send(400, {"error": {"message": "LoRA is not enabled. Use --enable-lora to enable LoRA."}})
+            return
+        try:
+            config = json.loads((Path(str(path)) / "adapter_config.json").read_text())
+        except (OSError, ValueError):
+            config = None
+        if not isinstance(name, str) or not isinstance(config, dict):
+            self._send(400, {"error": {"message": f"cannot load LoRA adapter from {path!r}: no adapter_config.json"}})
+            return
+        rank = config.get("r") or 0
+        if isinstance(rank, int) and rank > state.args.max_lora_rank:
+            self._send(400, {"error": {"message": f"LoRA rank {rank} is greater than max_lora_rank {state.args.max_lora_rank}."}})
+            return
+        if config.get("modules_to_save"):
+            self._send(400, {"error": {"message": f"vLLM does not support modules_to_save ({config['modules_to_save']}) in a LoRA adapter."}})
+            return
+        state.adapters[name] = str(path)
+        self._send(200, f"Success: LoRA adapter '{name}' added successfully.".encode(), "text/plain")
 
 
 def _traffic(state: SimEngineState, rps: float) -> None:
@@ -222,11 +287,16 @@ def _fail_later(seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="cetlab's simulated model server (vLLM subset).")
+    parser = argparse.ArgumentParser(description="cetlab's simulated model server (vLLM subset; other vLLM flags are ignored).")
+    parser.add_argument("model", help="the model folder, as `vllm serve MODEL`")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--served-name", required=True)
-    parser.add_argument("--path", required=True)
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--enable-sleep-mode", action="store_true")
+    parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--max-loras", type=int, default=1)
+    parser.add_argument("--max-lora-rank", type=int, default=16)
+    parser.add_argument("--disable-uvicorn-access-log", action="store_true")
     parser.add_argument("--load-s", type=float, default=15.0)
     parser.add_argument("--cold-factor", type=float, default=14.0)
     parser.add_argument("--warmup-s", type=float, default=40.0)
@@ -236,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traffic-rps", type=float, default=0.0)
     parser.add_argument("--parent-pid", type=int)
     parser.add_argument("--agent-pid-file", type=Path)
-    args = parser.parse_args(argv)
+    args, ignored = parser.parse_known_args(argv)
 
     if args.parent_pid:
         threading.Thread(target=_exit_with_parent, args=(args.parent_pid,), daemon=True).start()
@@ -244,9 +314,10 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_follow_agent, args=(args.agent_pid_file,), daemon=True).start()
     if args.fail_after_s is not None:
         threading.Thread(target=_fail_later, args=(args.fail_after_s,), daemon=True).start()
-    log(f"SIMULATED engine for {args.path} (served as {args.served_name})")
+    log(f"SIMULATED engine for {args.model} (served as {args.served_model_name or args.model})"
+        + (f"; vLLM flags not simulated: {' '.join(ignored)}" if ignored else ""))
     started = time.monotonic()
-    files = pagecache.model_files(Path(args.path))
+    files = pagecache.model_files(Path(args.model))
     cached = pagecache.residency(files).fraction
     # from RAM the load takes load_s; from disk cold_factor times longer (field notes: ~14x)
     load_s = args.load_s if cached >= 0.5 else args.load_s * args.cold_factor

@@ -10,6 +10,11 @@ from agents.orchestra.engine import Engine
 from agents.protocol import ErrorCode, RemoteError
 
 
+# `transformers serve MODEL` takes the model as a positional argument from 5.5 and serves /v1/completions
+# (the warm-up request) from 5.6; older versions exit 2 or fail the warm-up (pyproject pins the same).
+SERVE_MIN_VERSION = (5, 6)
+
+
 def _transformers_cli() -> str | None:
     beside = Path(sys.executable).with_name("transformers")  # the venv the agent runs in first
     return str(beside) if beside.exists() else shutil.which("transformers")

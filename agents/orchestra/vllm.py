@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-import math
 import shutil
+import sys
+from pathlib import Path
 
-from agents.orchestra.engine import GIB, Engine, VllmSleepMixin
+from agents.orchestra.engine import Engine, VllmSleepMixin
 from agents.protocol import ErrorCode, RemoteError
 
-MAX_GPU_MEMORY_UTILIZATION = 0.95
+
+def vllm_cli() -> str | None:
+    """`vllm` beside the agent's Python first: systemd's PATH does not hold the venv."""
+    beside = Path(sys.executable).with_name("vllm")
+    return str(beside) if beside.exists() else shutil.which("vllm")
 
 
 class VllmEngine(VllmSleepMixin, Engine):
@@ -16,24 +21,8 @@ class VllmEngine(VllmSleepMixin, Engine):
     has_metrics = True
 
     def check(self) -> None:
-        if shutil.which("vllm") is None:
+        if vllm_cli() is None:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"vllm is not installed on {self.machine} (pip install vllm there, or use engine: sim)")
 
     def argv(self) -> list[str]:
-        args = list(self.model.args)
-        argv = ["vllm", "serve", str(self.path), "--host", self.host, "--port", str(self.port),
-                "--served-model-name", self.served_name, "--enable-sleep-mode"]
-        if "--tensor-parallel-size" not in args and len(self.gpus) > 1:
-            argv += ["--tensor-parallel-size", str(len(self.gpus))]
-        if "--gpu-memory-utilization" not in args and self.gpu_total_bytes and self.model.vram_gib:
-            # vLLM takes a share of each GPU: the model's estimate, not the default 90%
-            per_gpu = self.model.vram_gib * GIB / max(1, len(self.gpus))
-            share = min(MAX_GPU_MEMORY_UTILIZATION, math.ceil(100 * per_gpu / self.gpu_total_bytes) / 100)
-            argv += ["--gpu-memory-utilization", f"{share:.2f}"]
-        return argv + args
-
-    def env(self) -> dict[str, str]:
-        env = super().env()
-        env["VLLM_SERVER_DEV_MODE"] = "1"  # exposes /sleep, /wake_up, /is_sleeping
-        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # exposes /v1/load_lora_adapter
-        return env
+        return [vllm_cli() or "vllm", "serve", str(self.path), *self.serve_flags()]

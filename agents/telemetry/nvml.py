@@ -25,8 +25,17 @@ INIT_REASONS = {
 }
 
 
+# Process lists, newest struct first: old drivers lack _v3 (and _v2), old bindings have only the unversioned (v1) call.
+PROCESS_VERSIONS = ("_v3", "_v2", "")
+MIG_SUFFIX = " (MIG)"  # a GPU split into MIG instances: utilization and processes are per instance, often N/A here
+
+
 class _GpuLost(Exception):
     """Raised out of one GPU's queries so that GPU stops being queried."""
+
+
+class _Missing(Exception):
+    """This NVML call is absent from the bindings or the driver: try an older version of it."""
 
 
 @dataclass
@@ -38,6 +47,8 @@ class _Gpu:
     mem_total_bytes: int | None = None
     failed: str | None = None
     slow: dict[str, tuple[float, Any]] = field(default_factory=dict)  # field -> (clock s, value)
+    # per family of versioned calls (memory, Compute, Graphics): the position of the newest one that works here
+    working: dict[str, int] = field(default_factory=dict)
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -89,6 +100,7 @@ class NvmlSampler:
         # Process queries raise NVMLLibraryMismatchError (not an NVMLError) on a driver/bindings mismatch.
         names = ("NVMLError", "NVMLLibraryMismatchError")
         self._errors = tuple(getattr(nvml_module, name) for name in names if hasattr(nvml_module, name))
+        self._mismatch = getattr(nvml_module, "NVMLLibraryMismatchError", None)
         try:
             nvml_module.nvmlInit()
             self._initialised = True
@@ -127,8 +139,10 @@ class NvmlSampler:
             return _Gpu(index, None, failed=GPU_LOST if self._is_lost(exc) else _error_text(exc))
         try:
             gpu.name = _text(self._query(gpu, "nvmlDeviceGetName")) or NAME_UNKNOWN
+            if self._mig_enabled(gpu):
+                gpu.name += MIG_SUFFIX
             gpu.uuid = _text(self._query(gpu, "nvmlDeviceGetUUID"))
-            memory = self._query(gpu, "nvmlDeviceGetMemoryInfo")
+            memory = self._memory(gpu)
             gpu.mem_total_bytes = None if memory is None else int(memory.total)
         except _GpuLost:
             gpu.failed = GPU_LOST
@@ -137,17 +151,55 @@ class NvmlSampler:
     def _is_lost(self, exc: Exception) -> bool:
         return getattr(exc, "value", None) == self._nvml.NVML_ERROR_GPU_IS_LOST
 
-    def _query(self, gpu: _Gpu, function: str, *args: Any) -> Any:
+    def _query(self, gpu: _Gpu, function: str, *args: Any, **kwargs: Any) -> Any:
         """One NVML call on one GPU: None when N/A (unsupported, or missing from old bindings)."""
+        try:
+            return self._call(gpu, function, *args, **kwargs)
+        except _Missing:
+            return None
+
+    def _call(self, gpu: _Gpu, function: str, *args: Any, **kwargs: Any) -> Any:
+        """One NVML call: None when N/A; raises _Missing when the bindings or the driver lack it."""
         fn = getattr(self._nvml, function, None)
         if fn is None:
-            return None
+            raise _Missing(function)
         try:
-            return fn(gpu.handle, *args)
+            return fn(gpu.handle, *args, **kwargs)
         except self._errors as exc:
             if self._is_lost(exc):
                 raise _GpuLost from exc
+            if self._is_missing(exc):
+                raise _Missing(function) from exc
             return None
+        except TypeError as exc:  # old bindings: no such keyword (e.g. version=)
+            raise _Missing(function) from exc
+
+    def _is_missing(self, exc: Exception) -> bool:
+        return (self._mismatch is not None and isinstance(exc, self._mismatch)) or \
+            getattr(exc, "value", None) == getattr(self._nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", object())
+
+    def _first_working(self, gpu: _Gpu, family: str, calls: list[tuple[str, dict[str, Any]]]) -> Any:
+        """The first of ``calls`` (newest first) that this driver and these bindings have; remembered per GPU (as nvitop does)."""
+        start = gpu.working.get(family, 0)
+        for position, (function, kwargs) in enumerate(calls[start:], start):
+            try:
+                value = self._call(gpu, function, **kwargs)
+            except _Missing:
+                continue
+            gpu.working[family] = position
+            return value
+        return None
+
+    def _memory(self, gpu: _Gpu) -> Any:
+        """Memory info, v2 where it exists: v1's "used" counts the driver's reserved memory too."""
+        version = getattr(self._nvml, "nvmlMemory_v2", None)
+        calls = [("nvmlDeviceGetMemoryInfo", {"version": version})] if version is not None else []
+        return self._first_working(gpu, "memory", [*calls, ("nvmlDeviceGetMemoryInfo", {})])
+
+    def _mig_enabled(self, gpu: _Gpu) -> bool:
+        mode = self._query(gpu, "nvmlDeviceGetMigMode")
+        enabled = getattr(self._nvml, "NVML_DEVICE_MIG_ENABLE", 1)
+        return isinstance(mode, (list, tuple)) and bool(mode) and mode[0] == enabled
 
     def _slow(self, gpu: _Gpu, key: str, fetch: Callable[[], Any]) -> Any:
         """A slow-changing field, fetched at most once per slow_ttl_s."""
@@ -169,7 +221,7 @@ class NvmlSampler:
 
     def _read(self, gpu: _Gpu) -> GpuSample:
         utilization = self._query(gpu, "nvmlDeviceGetUtilizationRates")
-        memory = self._query(gpu, "nvmlDeviceGetMemoryInfo")
+        memory = self._memory(gpu)
         temp_c = self._query(gpu, "nvmlDeviceGetTemperature", self._nvml.NVML_TEMPERATURE_GPU)
         power_mw = self._query(gpu, "nvmlDeviceGetPowerUsage")
         power_limit_mw = self._slow(gpu, "power_limit_mw", lambda: self._power_limit_mw(gpu))
@@ -197,9 +249,10 @@ class NvmlSampler:
     def _processes(self, gpu: _Gpu) -> list[GpuProcess]:
         """Compute and graphics processes merged by pid, with user and command from the host."""
         mem_by_pid: dict[int, int | None] = {}
-        for function in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-            for proc in self._query(gpu, function) or []:
-                used = proc.usedGpuMemory
+        for kind in ("Compute", "Graphics"):
+            function = f"nvmlDeviceGet{kind}RunningProcesses"
+            for proc in self._first_working(gpu, kind, [(function + v, {}) for v in PROCESS_VERSIONS]) or []:
+                used = getattr(proc, "usedGpuMemory", None)
                 if mem_by_pid.get(proc.pid) is None:
                     mem_by_pid[proc.pid] = None if used is None or used == NOT_AVAILABLE_BYTES else int(used)
         return [_host_process(pid, used) for pid, used in sorted(mem_by_pid.items())]

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from agents.train.precision import PrecisionChoice
 from agents.train.progress import ENV_VAR as PROGRESS_ENV_VAR
 
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -62,10 +63,11 @@ class TrainConfig(Strict):
     save_total_limit: int | None = Field(default=None, ge=1)  # null: keep every checkpoint
     logging_steps: int = Field(default=1, ge=1)
 
-    bf16: bool = False
-    tf32: bool = False  # CUDA only; ignored (with a note) on CPU
+    # auto: bf16 from compute capability 8.0, fp16 (loss scaling) on 7.x, fp32 on Pascal and the CPU (agents/train/precision.py)
+    precision: PrecisionChoice = "auto"
+    tf32: bool = False  # Ampere (8.0) and newer; elsewhere off, with a note
     sdpa: bool = True  # attn_implementation="sdpa" (else "eager")
-    torch_compile: bool = False
+    torch_compile: bool = False  # compute capability 7.0 and newer (Triton); elsewhere off, with a note
     gradient_checkpointing: bool = False
     dataloader_workers: int = Field(default=0, ge=0)
     # torch CPU threads (torch.set_num_threads); null: torch's default (OMP_NUM_THREADS or all cores).
@@ -78,6 +80,13 @@ class TrainConfig(Strict):
 
     # the YAML file this came from (not a key in the file)
     source: Path | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bf16_key(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "bf16" in data:
+            raise ValueError("bf16: replaced by precision: auto | bf16 | fp16 | fp32 (auto picks by the GPU's compute capability)")
+        return data
 
     @field_validator("max_steps")
     @classmethod

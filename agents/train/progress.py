@@ -52,8 +52,8 @@ A JSON object; numbers are JSON numbers, times are Unix seconds (float)::
       "error": null,                # one line when state is "failed"
       "stop_reason": null,          # "max_steps" | "signal:SIGTERM" | "signal:SIGINT" | null
       "diverged_at_step": null,     # optional: the first step whose loss was NaN or infinite
-      "precision": "bf16",          # optional: the precision training runs in
-      "notes": []                   # optional: one-line remarks for the operator
+      "precision": "fp16",          # bf16 | fp16 | fp32: what the run trains in (null until chosen)
+      "notes": ["tf32 off: ..."]    # one line each: what was chosen for this GPU and what was turned off
     }
 
 A diverged run (a NaN or infinite loss) is a normal event: write ``"loss": NaN``
@@ -109,6 +109,8 @@ FIELDS: dict[str, Any] = {
     "updated_at": None,
     "error": None,
     "stop_reason": None,
+    "precision": None,
+    "notes": [],
 }
 
 
@@ -120,7 +122,7 @@ def write_progress(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     created if needed.
     """
     path = Path(path)
-    doc = {**FIELDS, "checkpoints": [], **data}
+    doc = {**FIELDS, "checkpoints": [], "notes": [], **data}
     if doc["pid"] is None:
         doc["pid"] = os.getpid()
     doc["updated_at"] = time.time()

@@ -167,8 +167,11 @@ def _is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / "tokenizer.json").is_file() and any(path.glob("*.safetensors"))
 
 
-def make_tiny_model(dir: str | os.PathLike[str], seed: int = 0) -> Path:
-    """Create the tiny Llama + tokenizer in ``dir`` (skipped when already there). Returns ``dir``."""
+def make_tiny_model(dir: str | os.PathLike[str], seed: int = 0, shape: dict[str, int] | None = None) -> Path:
+    """Create the tiny Llama + tokenizer in ``dir`` (skipped when already there). Returns ``dir``.
+
+    ``shape`` replaces TINY_SHAPE's LlamaConfig sizes (the GPU check makes a ~150M-parameter one).
+    """
     target = Path(dir).expanduser().resolve()
     if _is_model_dir(target):
         return target
@@ -183,7 +186,7 @@ def make_tiny_model(dir: str | os.PathLike[str], seed: int = 0) -> Path:
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
         rms_norm_eps=1e-6,
-        **TINY_SHAPE,
+        **(shape or TINY_SHAPE),
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -25,6 +25,7 @@ from typing import Any
 
 from agents.train.config import ConfigError, TrainConfig
 from agents.train.data import DataError
+from agents.train.precision import PrecisionPlan, PrecisionRefused, device_capability, plan_precision
 from agents.train.progress import clean_number, read_progress, write_progress
 
 
@@ -104,6 +105,23 @@ class StopFlag:
         log(f"cetlab-train: {name}: stopping after this step (a checkpoint will be saved); send it again to stop at once")
 
 
+def agreed_stop(signal_name: str | None, device: Any) -> str | None:
+    """The stop signal any rank has seen (None: none has), so that every rank stops at the same step.
+
+    Ranks get SIGTERM at slightly different moments; one that stopped alone would leave the
+    others waiting in the next collective. One all-reduce (MAX of the signal number) per step.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return signal_name
+    flag = torch.tensor([signal.Signals[signal_name].value if signal_name else 0], dtype=torch.int64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    value = int(flag.item())
+    return signal.Signals(value).name if value else None
+
+
 def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
     from transformers import TrainerCallback
 
@@ -126,8 +144,9 @@ def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
             return control
 
         def on_step_end(self, args, state, control, **kwargs):
-            if stop.signal_name and not reporter.doc.get("stop_reason"):
-                reporter.doc["stop_reason"] = f"signal:{stop.signal_name}"
+            signal_name = agreed_stop(stop.signal_name, args.device)
+            if signal_name and not reporter.doc.get("stop_reason"):
+                reporter.doc["stop_reason"] = f"signal:{signal_name}"
                 control.should_training_stop = True
                 control.should_save = True
             if control.should_training_stop:
@@ -214,6 +233,19 @@ def run(config: TrainConfig) -> int:
         stop.uninstall()
 
 
+def _precision_plan(cfg: TrainConfig, reporter: Reporter) -> PrecisionPlan:
+    """The run's precision for the device it trains on; notes go to the log and the progress file."""
+    capability, name = device_capability()
+    try:
+        plan = plan_precision(cfg.precision, capability, tf32=cfg.tf32, torch_compile=cfg.torch_compile, device_name=name)
+    except PrecisionRefused as exc:
+        raise ConfigError(str(exc)) from None
+    for note in plan.notes:
+        log(f"cetlab-train: {note}")
+    reporter.update(precision=plan.precision, notes=list(plan.notes))
+    return plan
+
+
 def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
     base = Path(cfg.base_model)
     if cfg.make_tiny_if_missing and base.is_absolute() and not (base / "config.json").exists():
@@ -234,8 +266,7 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
 
         if importlib.util.find_spec("bitsandbytes") is None:
             raise ConfigError("qlora: true needs the bitsandbytes package: pip install bitsandbytes")
-    if cfg.bf16 and cuda and not torch.cuda.is_bf16_supported():
-        raise ConfigError("bf16: true but this GPU has no bfloat16 support; set bf16: false")
+    plan = _precision_plan(cfg, reporter)
 
     import transformers
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
@@ -258,12 +289,13 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
     dataset = build_dataset(Path(cfg.dataset), tokenizer, cfg.max_seq_len, cfg.pretokenized_cache, log=log)
     log(f"cetlab-train: {len(dataset)} rows, {dataset.token_count()} tokens from {cfg.dataset}")
 
-    dtype = torch.bfloat16 if cfg.bf16 else torch.float32
+    # fp16 keeps float32 master weights (autocast + loss scaling); bf16 trains in bf16 weights
+    dtype = torch.bfloat16 if plan.precision == "bf16" else torch.float32
     model_kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": "sdpa" if cfg.sdpa else "eager"}
     if cfg.qlora:
         from transformers import BitsAndBytesConfig
 
-        compute = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        compute = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[plan.precision]
         model_kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute
         )
@@ -303,8 +335,6 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
     elif resume:
         log(f"cetlab-train: resuming from {resume}")
 
-    if cfg.tf32 and not cuda:
-        log("cetlab-train: tf32 only applies to CUDA GPUs; ignoring it on CPU")
     extra: dict[str, Any] = {}
     if cfg.gradient_checkpointing:
         import inspect
@@ -331,9 +361,10 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
         save_strategy="steps",
         save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit,
-        bf16=cfg.bf16,
-        tf32=True if (cfg.tf32 and cuda) else None,
-        torch_compile=cfg.torch_compile,
+        bf16=plan.precision == "bf16",
+        fp16=plan.precision == "fp16",
+        tf32=True if plan.tf32 else None,
+        torch_compile=plan.torch_compile,
         dataloader_num_workers=cfg.dataloader_workers,
         dataloader_pin_memory=cuda,
         seed=cfg.seed,

@@ -1,0 +1,106 @@
+"""A unit GPU services survive: private /tmp, writable caches, nvidia-modprobe, a watchdog that fits the sample interval."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import stat
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from agents import systemd
+from agents.lab import load_lab
+from agents.systemd import CACHE_ENV, Notifier, render_unit
+from tests.hardening_fixtures import one_machine_lab
+
+
+def unit_lines(text: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            found.setdefault(key, []).append(value)
+    return found
+
+
+def verify(path: Path, text: str) -> None:
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    path.write_text(text)
+    result = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and str(path) not in result.stderr, result.stderr
+
+
+def test_system_unit_gives_gpu_services_a_private_tmp_writable_caches_and_file_descriptors(tmp_path, monkeypatch):
+    modprobe = tmp_path / "bin" / "nvidia-modprobe"
+    modprobe.parent.mkdir()
+    modprobe.write_text("#!/bin/sh\n")
+    modprobe.chmod(modprobe.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(systemd, "nvidia_modprobe", lambda: str(modprobe))
+    lab = load_lab(one_machine_lab(tmp_path / "lab.yaml"))
+    state = Path("/var/lib/cetlab/box")
+    text = render_unit(lab, tmp_path / "lab.yaml", "box", state, user_unit=False, run_as="cetlab")
+    lines = unit_lines(text)
+    assert lines["PrivateTmp"] == ["yes"] and lines["LimitNOFILE"] == ["65536"]
+    assert lines["ExecStartPre"] == [f"+-{modprobe} -u -c=0"]
+    assert "nvidia-persistenced.service" in lines["After"][0]
+    env = dict(v.split("=", 1) for v in lines["Environment"])
+    assert set(CACHE_ENV) <= set(env) and env["HF_HOME"] == str(state / "cache" / "huggingface")
+    writable = lines["ReadWritePaths"][0].split()
+    for name in CACHE_ENV:  # every cache is inside a writable path
+        assert any(Path(env[name]).is_relative_to(p.lstrip("-")) for p in writable), name
+    verify(tmp_path / "cetlab-agent.service", text)
+
+
+def test_a_configured_cache_dir_is_made_writable_and_no_modprobe_where_there_is_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(systemd, "nvidia_modprobe", lambda: None)
+    lab = load_lab(one_machine_lab(tmp_path / "lab.yaml"))
+    text = render_unit(lab, tmp_path / "lab.yaml", "box", Path("/var/lib/cetlab/box"), user_unit=False, run_as="cetlab",
+                       cache_dir=Path("/srv/cache"))
+    lines = unit_lines(text)
+    assert "ExecStartPre" not in lines
+    assert "-/srv/cache" in lines["ReadWritePaths"][0].split() and "Environment=TRITON_CACHE_DIR=/srv/cache/triton" in text
+    verify(tmp_path / "cetlab-agent.service", text)
+
+
+def test_watchdog_is_the_larger_of_its_default_and_two_sample_intervals(tmp_path):
+    for interval, expected in ((1, 30), (20, 40), (60, 120)):
+        path = one_machine_lab(tmp_path / f"lab{interval}.yaml")
+        data = path.read_text().replace("name: box", f"name: box\n  sample_interval_s: {interval}", 1)
+        path.write_text(data)
+        lab = load_lab(path)
+        assert lab.machines[0].sample_interval_s == interval
+        unit = render_unit(lab, path, "box", Path("/var/lib/cetlab/box"), user_unit=True, run_as=None)
+        assert unit_lines(unit)["WatchdogSec"] == [str(expected)]
+
+
+def stub_agent(interval_s: float) -> SimpleNamespace:
+    return SimpleNamespace(ticks=1, interval_s=interval_s, peers=[], sections=lambda: {}, latest=None, simulated=True)
+
+
+@pytest.mark.timeout(60)
+async def test_a_slow_sampler_is_not_taken_for_a_stuck_one(tmp_path):
+    """sample_interval_s 60 ticks once a minute: the pings go on past WatchdogSec, until two intervals pass."""
+    name = f"cetlab-test-{uuid.uuid4().hex[:12]}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind("\0" + name)
+    sock.setblocking(False)
+    notifier = Notifier({"NOTIFY_SOCKET": f"@{name}", "WATCHDOG_USEC": "200000"})  # WatchdogSec=0.2 s
+    started = time.monotonic()
+    task = asyncio.create_task(notifier.run([stub_agent(60.0)]))
+    late_pings = 0
+    try:
+        loop = asyncio.get_running_loop()
+        while late_pings < 3:  # pings well after WatchdogSec without a tick
+            message = (await asyncio.wait_for(loop.sock_recv(sock, 4096), 10)).decode()
+            if "WATCHDOG=1" in message.splitlines() and time.monotonic() - started > 3 * notifier.watchdog_s:
+                late_pings += 1
+    finally:
+        task.cancel()
+        sock.close()

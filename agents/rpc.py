@@ -97,7 +97,7 @@ class Registry:
                 raise RemoteError(ErrorCode.METHOD_NOT_FOUND, f"unknown method {method[:80]!r}")
             if spec.role is Role.OPERATOR:
                 audited.append((method, request.get("params")))
-            if not peer.role.allows(spec.role):
+            if not peer.role.allows(spec.role, method):
                 raise RemoteError(ErrorCode.FORBIDDEN, f"{method} needs the {spec.role} role; this key is a {peer.role}")
             raw = request.get("params")
             if raw is None:

@@ -26,7 +26,8 @@ from widgets.format import fmt, fmt_bytes
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 # Verb modules: each has register(subparsers) adding parsers whose `func(ctx)` is async.
-VERB_MODULES: list[str] = ["console.cli_costs", "console.cli_jobs", "console.cli_models", "console.cli_checkpoints", "console.cli_audit"]
+VERB_MODULES: list[str] = ["console.cli_costs", "console.cli_jobs", "console.cli_models", "console.cli_checkpoints", "console.cli_audit",
+                          "console.cli_gateway"]
 
 
 class Context:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import stat
+import subprocess
+import sys
 
 import aiohttp
 import pytest
@@ -275,3 +278,90 @@ def test_config_cross_references_are_checked():
         parse_lab(yaml.safe_dump(bad))
     text = str(err.value)
     assert "gateway.machine: no machine named 'nowhere'" in text and "is no provider's model" in text
+
+
+async def test_gateway_role_may_wake_but_not_operate(gw):
+    """The gateway's peer key reads and brings models up or down; anything else an operator does is refused."""
+    from agents.peers import PeerClient
+
+    lab = load_lab(gw.demo.lab_path)
+    peers = PeerClient(lab, gw.demo.dir / "agents" / "hub", machines=["node"], topics=[])
+    await peers.start()
+    try:
+        await asyncio.wait_for(peers.links["node"].online.wait(), 20)
+        assert (await peers.call("node", "hello"))["role"] == "gateway"
+        assert (await peers.call("node", "models.list"))["models"]
+        for method, params in (("jobs.start", {"recipe": "x"}), ("set_interval", {"interval_s": 5}), ("models.pin", {"model": "fast-b"})):
+            with pytest.raises(Exception) as err:
+                await peers.call("node", method, params)
+            assert getattr(err.value, "code", None) == "forbidden" or "forbidden" in str(err.value), method
+    finally:
+        await peers.stop()
+
+
+def test_cli_gateway_json_and_keys(gw_lab):
+    def cli(*args: str) -> dict:
+        out = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(gw_lab.lab_path), "--json", *args],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    lab = load_lab(gw_lab.lab_path)
+    status = cli("gateway")
+    assert status["url"] == f"http://127.0.0.1:{lab.gateway.port}/v1"
+    assert {"rps", "p95_latency_s", "wakes"} <= set(status["models"][0])
+    added = cli("gateway", "keys", "add", "from-cli", "--rpm", "10")
+    assert added["key"].startswith("cetlab-gw-") and added["rpm"] == 10
+    assert "from-cli" in [k["name"] for k in cli("gateway", "keys", "list")["keys"]]
+    assert cli("gateway", "keys", "revoke", "from-cli")["revoked"] is True
+    key_file = gw_lab.dir / "console" / "gateway.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+
+
+async def test_gateway_view_shows_traffic_and_spend(gw):
+    from console.app import CetlabApp
+    from console.screens.gateway import GatewayScreen
+
+    assert (await gw.chat("fast-a"))[0] == 200
+    app = CetlabApp(load_lab(gw.demo.lab_path), readonly=True)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.switch_mode("gateway")
+        screen = app.screen
+        assert isinstance(screen, GatewayScreen)
+
+        def shows_traffic():
+            row = screen._shown_rows.get("local:fast-a")  # p50 latency is N/A until a request in the last minute
+            return row is not None and row[7] != "N/A" and "cloud" in str(screen.query_one("#gateway-spend").render())
+
+        await wait_for(shows_traffic, timeout=30)
+        await pilot.pause()
+
+
+async def test_prometheus_series_of_the_gateway(gw_lab, tmp_path):
+    """A second gateway agent in this process (any free port), scraped through the agent's own collector."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from agents.agent import Agent
+    from agents.gateway.component import GatewayComponent
+    from agents.gateway.keys import KeyAddParams
+    from agents.metrics import AgentCollector
+
+    lab = load_lab(gw_lab.lab_path)
+    lab = lab.model_copy(update={"gateway": lab.gateway.model_copy(update={"port": 0})})
+    gateway = GatewayComponent()
+    agent = Agent(lab, "hub", tmp_path / "state", listen=("127.0.0.1", 0), components=[gateway])
+    await agent.start()
+    try:
+        token = gateway.keys.add(KeyAddParams(name="scraper"))
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://127.0.0.1:{gateway.http.port}/v1/chat/completions", headers={"Authorization": f"Bearer {token}"},
+                                    json={"model": "cloud-big", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}) as r:
+                assert r.status == 200
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(AgentCollector([agent]))
+        text = generate_latest(registry).decode()
+        assert 'cetlab_gateway_requests_total{model="cloud-big",tier="provider"} 1.0' in text
+        assert 'cetlab_gateway_provider_spend{currency="USD",period="month",provider="cloud"}' in text
+        assert 'cetlab_gateway_key_requests_total{key="scraper"} 1.0' in text
+    finally:
+        await agent.stop()

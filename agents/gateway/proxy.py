@@ -27,6 +27,8 @@ class Outcome:
     ttft_s: float | None = None
     error: str | None = None
     data: dict | None = None  # the parsed JSON answer (non-streaming)
+    raw: bytes = b""  # ... as it came, passed on unchanged
+    content_type: str = "application/json"
 
 
 def tier_headers(target: Target) -> dict[str, str]:
@@ -72,7 +74,7 @@ async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body:
     async with session.post(f"{target.base_url}{path}", json=payload, headers=upstream_headers(target),
                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
         raw = await response.read()
-    outcome = Outcome(status=response.status, ttft_s=time.monotonic() - started)
+    outcome = Outcome(status=response.status, ttft_s=time.monotonic() - started, raw=raw, content_type=response.content_type)
     try:
         outcome.data = json.loads(raw)
     except ValueError:

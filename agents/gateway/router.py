@@ -233,16 +233,20 @@ class Router:
                 candidates.append((self.last_request.get(other.name, 0.0), other.name))
         return min(candidates)[1] if candidates else None
 
+    async def refresh(self, machine: str) -> None:
+        """A fresh look at a machine's models, not the last tick's (ticks come once a second)."""
+        link = self.peers.links[machine]
+        try:
+            listing = await self.peers.call(machine, "models.list")
+        except RemoteError as exc:
+            if exc.code == ErrorCode.DISCONNECTED:
+                await link.online.wait()
+            return
+        link.sections["models"] = {"models": listing.get("models") or [], "rotation": listing.get("rotation")}
+
     async def _wait_warm(self, model: Model) -> dict[str, Any]:
-        link = self.peers.links[model.machine]
         while True:
-            try:  # a fresh look, not the last tick's (ticks come once a second)
-                listing = await self.peers.call(model.machine, "models.list")
-                link.sections["models"] = {"models": listing.get("models") or [], "rotation": listing.get("rotation")}
-            except RemoteError as exc:
-                if exc.code == ErrorCode.DISCONNECTED:
-                    await link.online.wait()
-                continue
+            await self.refresh(model.machine)
             entry = self.model_json(model.name)
             state = entry.get("state") if entry else None
             if state == "warm" and entry.get("endpoint"):

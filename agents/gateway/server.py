@@ -133,14 +133,21 @@ class GatewayHttp:
             record.model, record.stream = self.gw.router.canonical(model), body.get("stream") is True
             stats = self.gw.meter.stats(record.model)
             stats.in_flight += 1
-            target = await self.gw.router.route(model, _max_wait(request))
-            record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
-            timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
-            if record.stream:
-                response, outcome = await proxy.stream(request, self.session, target, path, body, timeout_s)
-            else:
-                outcome = await proxy.fetch(self.session, target, path, body, timeout_s)
-                response = web.json_response(outcome.data, status=outcome.status, headers=proxy.tier_headers(target))
+            max_wait_s = _max_wait(request)
+            for attempt in range(2):
+                target = await self.gw.router.route(model, max_wait_s)
+                record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
+                timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
+                if record.stream:
+                    response, outcome = await proxy.stream(request, self.session, target, path, body, timeout_s)
+                else:
+                    outcome = await proxy.fetch(self.session, target, path, body, timeout_s)
+                    response = web.Response(body=outcome.raw, status=outcome.status, content_type=outcome.content_type,
+                                            headers=proxy.tier_headers(target))
+                if outcome.status != 503 or target.tier != "local" or attempt:
+                    break
+                # the engine went to sleep (or is going) since its agent's last tick: look again, wake it, once
+                await self.gw.router.refresh(target.where)
             self._finish(key, record, outcome, target, body)
             return response
         except NotServable as exc:

@@ -104,6 +104,8 @@ class SimEngineState:
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "cetlab-sim-engine"
+    protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn serves vLLM: clients and the gateway reuse connections
+    disable_nagle_algorithm = True  # headers and body go out as separate writes: without this a kept-alive reply waits ~40 ms
     state: SimEngineState
 
     def log_message(self, fmt: str, *args) -> None:
@@ -201,7 +203,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
-        self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
+        self.send_header("Connection", "close")  # no length known: the stream ends when the connection closes
+        self.end_headers()
+        self.close_connection = True
 
         def event(data: object) -> None:
             self.wfile.write(b"data: " + (data if isinstance(data, bytes) else json.dumps(data).encode()) + b"\n\n")

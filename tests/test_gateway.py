@@ -153,6 +153,14 @@ async def test_rpm_quota(gw):
     assert [(await gw.chat("fast-a", key=issued["key"]))[0] for _ in range(3)] == [200, 200, 429]
 
 
+async def test_tokens_per_day_quota(gw):
+    issued = await gw.client.call("hub", "gateway.keys.add", {"name": "daily", "tokens_per_day": 10})
+    status, body, _ = await gw.chat("fast-a", key=issued["key"])  # 3 prompt + 8 completion tokens: past the 10
+    assert status == 200 and body["usage"]["total_tokens"] == 11
+    status, body, _ = await gw.chat("fast-a", key=issued["key"])
+    assert status == 429 and body["error"]["code"] == "quota_exceeded" and "tokens per day" in body["error"]["message"]
+
+
 async def test_streaming_passes_every_chunk(gw):
     payload = {"model": "streamer", "messages": [{"role": "user", "content": "stream me"}], "max_tokens": 20, "stream": True,
                "stream_options": {"include_usage": True}}

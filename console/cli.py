@@ -136,7 +136,10 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     try:
         demo.start()
         await asyncio.to_thread(demo.wait_listening, 60.0)
-        print(f"demo lab running: {demo.lab_path}\n  try: cetlab --lab {demo.lab_path} status\n  stop with Ctrl-C", flush=True)
+        print(f"demo lab running: {demo.lab_path}\n  try: cetlab --lab {demo.lab_path} status", flush=True)
+        from console.gateway_demo import describe
+
+        print(describe(demo.dir, demo.lab_path) + "  stop with Ctrl-C", flush=True)
         await stop.wait()
     finally:
         demo.stop()

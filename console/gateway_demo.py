@@ -66,3 +66,16 @@ def stand_in_argvs(directory: Path, data: dict[str, Any]) -> list[list[str]]:
                       "--served-name", provider["name"], "--path", str(path), "--load-s", "0", "--warmup-s", "0",
                       "--wake-s", "0", "--tokens-per-s", str(STAND_IN_TOKENS_PER_S)])
     return argvs
+
+
+def describe(directory: Path, lab_path: Path) -> str:
+    """Where the demo's gateway listens and where its key is, with a curl to try ('' without a gateway)."""
+    from agents.lab import load_lab
+
+    gateway = load_lab(lab_path).gateway
+    key_file = directory / GATEWAY_KEY_FILE
+    if gateway is None or not key_file.exists():
+        return ""
+    return (f"  gateway: {gateway.url} (key in {key_file})\n"
+            f"  try: curl -s {gateway.url}/chat/completions -H \"Authorization: Bearer $(cat {key_file})\" "
+            f"-H 'Content-Type: application/json' -d '{{\"model\": \"phi-3-mini\", \"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}'\n")

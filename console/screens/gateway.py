@@ -7,6 +7,7 @@ from typing import Any
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Footer, Static
 
+from console.gateway_demo import GATEWAY_KEY_FILE
 from console.screens.base import LabScreen
 from widgets.cost_counter import fmt_money
 from widgets.format import fmt
@@ -84,8 +85,11 @@ class GatewayScreen(LabScreen):
             section = {}
         else:
             down = [f"{m} {s}" for m, s in section.get("peers", {}).items() if s != "online"]
+            source = self.lab_app.lab.source
+            key_file = source.parent / GATEWAY_KEY_FILE if source else None
             summary.update(f"[b]{section.get('url') or 'NOT SERVING'}[/b] on {section['machine']}"
                            + (f" · [red]{section['error']}[/]" if section.get("error") else "")
-                           + (f" · peers: [red]{', '.join(down)}[/]" if down else " · every peer online"))
+                           + (f" · peers: [red]{', '.join(down)}[/]" if down else " · every peer online")
+                           + (f" · demo key: {key_file}" if key_file is not None and key_file.exists() else ""))
         sync_rows(self.query_one("#gateway-table", DataTable), model_rows(section), [c[0] for c in COLUMNS], self._shown_rows)
         self.query_one("#gateway-spend", Static).update(spend_text(section))

@@ -178,6 +178,30 @@ async def test_streaming_passes_every_chunk(gw):
     assert text == body["choices"][0]["message"]["content"]  # the engine's answer is a function of the prompt
 
 
+async def test_a_client_leaving_mid_stream_is_metered_and_the_gateway_keeps_serving(gw):
+    async def crawler_errors() -> int:
+        return next(m for m in (await gw.status())["models"] if m["name"] == "crawler")["errors"]
+
+    before = await crawler_errors()
+    payload = {"model": "crawler", "messages": [{"role": "user", "content": "slowly"}], "max_tokens": 40, "stream": True}
+    async with aiohttp.ClientSession() as own:  # its own connection, closed under the stream
+        async with own.post(f"{gw.url}/v1/chat/completions", json=payload, headers=gw.headers()) as r:
+            assert (await r.content.readline()).startswith(b"data: ")
+            r.connection.transport.abort()
+    deadline = asyncio.get_running_loop().time() + 30
+    while await crawler_errors() == before:  # the next token's write finds the client gone
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.1)
+    assert (await gw.chat("fast-a"))[0] == 200
+    db = gw.demo.dir / "agents" / "hub" / "state.db"
+
+    def last_crawler_row():
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            return conn.execute("SELECT status, stream, error FROM gateway_requests WHERE model='crawler' ORDER BY id DESC LIMIT 1").fetchone()
+
+    assert await wait_for(lambda: last_crawler_row() == (499, 1, "the client closed the stream"))
+
+
 async def test_wakes_a_sleeping_model_on_request_and_idle_ttl_puts_it_back(gw):
     assert await gw.model_state("node", "sleepy") == "sleeping"
     results = await asyncio.gather(gw.chat("sleepy"), gw.chat("sleepy"))

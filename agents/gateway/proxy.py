@@ -112,7 +112,11 @@ async def stream(request: web.Request, session: aiohttp.ClientSession, target: T
         async for chunk in upstream.content.iter_any():
             if outcome.ttft_s is None:
                 outcome.ttft_s = time.monotonic() - started
-            await response.write(chunk)
+            try:
+                await response.write(chunk)
+            except ConnectionResetError:  # the client went away: stop reading (closing the upstream stops the engine's work)
+                outcome.status, outcome.error = 499, "the client closed the stream"
+                return response, outcome
             tail += chunk
             *done, tail = tail.split(b"\n\n")
             for event in done:

@@ -380,7 +380,8 @@ def default_components() -> list[Component]:
     from agents.audit import AuditComponent
     from agents.checkpoints import CheckpointsComponent
     from agents.costs import CostsComponent
+    from agents.gateway.component import GatewayComponent
     from agents.jobs.supervisor import JobsComponent
     from agents.orchestra import OrchestraComponent
 
-    return [AuditComponent(), CostsComponent(), AlertsComponent(), JobsComponent(), OrchestraComponent(), CheckpointsComponent()]
+    return [AuditComponent(), CostsComponent(), AlertsComponent(), JobsComponent(), OrchestraComponent(), CheckpointsComponent(), GatewayComponent()]

@@ -171,6 +171,7 @@ class Orchestra(Strict):
     pinned: list[Name] = Field(default_factory=list)
     rotate_every: Duration | None = None
     rotation: list[list[Name]] = Field(default_factory=list)  # warm sets to cycle through
+    groups: dict[Name, list[str]] = Field(default_factory=dict)  # fan-out sets for the gateway's orchestra call
 
 
 # ---------------------------------------------------------------------------- trainers
@@ -253,6 +254,9 @@ class ConsoleSettings(Strict):
     connect_timeout_s: Positive = 5.0
 
 
+from agents.gateway.config import Gateway, Provider, cross_check as gateway_cross_check  # noqa: E402 (needs Strict above)
+
+
 class Lab(Strict):
     lab: Name
     costs: Costs = Field(default_factory=Costs)
@@ -264,6 +268,8 @@ class Lab(Strict):
     alerts: Alerts = Field(default_factory=Alerts)
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+    gateway: Gateway | None = None
+    providers: list[Provider] = Field(default_factory=list)
 
     # Where the file was read from; relative paths in it are relative to its folder.
     source: Path | None = Field(default=None, exclude=True)
@@ -406,7 +412,7 @@ def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
             names.add(param.name)
             if param.type == "choice" and not param.choices:
                 problems.append((("trainers", i, "params", j, "choices"), "a choice param needs choices: [...]"))
-    return problems
+    return problems + gateway_cross_check(lab)
 
 
 MAX_LAB_BYTES = 1024 * 1024  # a lab of a hundred machines is ~50 KB

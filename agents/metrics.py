@@ -110,6 +110,8 @@ class AgentCollector:
                 counts[(alert.rule, alert.level)] = counts.get((alert.rule, alert.level), 0) + 1
             for (rule, level), count in counts.items():
                 alerts.add_metric([name, rule, level], count)
+            for component in agent.components:  # a component with series of its own (the gateway) yields them
+                yield from getattr(component, "metric_families", lambda: ())()
         yield from gpu.values()
         yield fb_free
         yield simulated

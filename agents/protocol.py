@@ -31,9 +31,14 @@ SSH_USERNAME = "cetlab"
 class Role(StrEnum):
     VIEWER = "viewer"
     OPERATOR = "operator"
+    GATEWAY = "gateway"  # the lab gateway's key: reads, and may call GATEWAY_METHODS only
 
-    def allows(self, needed: Role) -> bool:
-        return self is Role.OPERATOR or needed is Role.VIEWER
+    def allows(self, needed: Role, method: str = "") -> bool:
+        return self is Role.OPERATOR or needed is Role.VIEWER or (self is Role.GATEWAY and method in GATEWAY_METHODS)
+
+
+# What the gateway role may do beyond reading: bring models up and take them down, nothing else.
+GATEWAY_METHODS = frozenset({"models.warm", "models.sleep", "models.swap", "models.cold"})
 
 
 class ErrorCode(StrEnum):

@@ -141,7 +141,7 @@ class Registry:
         spec = self.specs.get(method)
         if spec is None:
             raise RemoteError(ErrorCode.METHOD_NOT_FOUND, f"unknown method {method[:80]!r}")
-        if not peer.role.allows(spec.role):
+        if not peer.role.allows(spec.role, method):
             if self.audit is not None:
                 try:
                     self.audit.refused(peer, method)

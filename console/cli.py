@@ -28,7 +28,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 STATUS_GPU_KEYS = {"index", "name", "util_pct", "mem_used_bytes", "mem_total_bytes", "temp_c", "power_w", "power_limit_w", "failed", "simulated"}
 
 # Verb modules: each has register(subparsers) adding parsers whose `func(ctx)` is async.
-VERB_MODULES: list[str] = ["console.cli_costs", "console.cli_jobs", "console.cli_models", "console.cli_checkpoints", "console.cli_audit"]
+VERB_MODULES: list[str] = ["console.cli_costs", "console.cli_jobs", "console.cli_models", "console.cli_checkpoints", "console.cli_audit",
+                          "console.cli_gateway"]
 
 
 class Context:
@@ -126,7 +127,10 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     try:
         demo.start()
         await asyncio.to_thread(demo.wait_listening, 60.0)
-        print(f"demo lab running: {demo.lab_path}\n  try: cetlab --lab {demo.lab_path} status\n  stop with Ctrl-C", flush=True)
+        print(f"demo lab running: {demo.lab_path}\n  try: cetlab --lab {demo.lab_path} status", flush=True)
+        from console.gateway_demo import describe
+
+        print(describe(demo.dir, demo.lab_path) + "  stop with Ctrl-C", flush=True)
         await stop.wait()
     finally:
         demo.stop()

@@ -17,6 +17,7 @@ import yaml
 
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, write_private
 from agents.lab import load_lab
+from console import gateway_demo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,14 +88,17 @@ class DemoLab:
         client_key = ensure_key(console_dir / "id_ed25519", comment="cetlab-demo-console")
         client_pub = client_key.export_public_key().decode().split()
         ports = free_ports(len(data["machines"]))
+        gateway_line = gateway_demo.peer_key_line(self.dir, data)  # the gateway's agent calls the others with the gateway role
         known_hosts = []
         for machine, port in zip(data["machines"], ports):
             machine.update(host="127.0.0.1", port=port, via="agent")
             state = self.dir / "agents" / machine["name"]
             host_key = ensure_key(state / HOST_KEY_NAME, comment=f"cetlab-agent@{machine['name']}")
-            write_private(state / AUTHORIZED_KEYS_NAME, f"operator {client_pub[0]} {client_pub[1]} demo-console\n".encode())
+            authorized = f"operator {client_pub[0]} {client_pub[1]} demo-console\n" + gateway_line
+            write_private(state / AUTHORIZED_KEYS_NAME, authorized.encode())
             known_hosts.append(f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}")
         (console_dir / "known_hosts").write_text("\n".join(known_hosts) + "\n")
+        gateway_demo.prepare(self.dir, data, "\n".join(known_hosts) + "\n")
         data["console"] = {**(data.get("console") or {}), "key": "console/id_ed25519", "known_hosts": "console/known_hosts"}
         header = "# Written by `cetlab demo`: the demo lab on loopback, with this run's ports and keys.\n"
         self.lab_path.write_text(header + yaml.safe_dump(data, sort_keys=False))
@@ -111,6 +115,11 @@ class DemoLab:
     def launch(self) -> None:
         """Start the agent processes of an already prepared demo dir (again, after a stop)."""
         names = self.machine_names()
+        for argv in gateway_demo.stand_in_argvs(self.dir, yaml.safe_load(self.lab_path.read_text())):
+            log = open(self.dir / "agents" / "provider-stand-in.log", "ab")
+            self.processes.append(subprocess.Popen([*argv, "--parent-pid", str(os.getpid())], stdout=log, stderr=log,
+                                                   stdin=subprocess.DEVNULL, start_new_session=True))
+            log.close()
         step = max(1, self.agents_per_process)
         for i in range(0, len(names), step):
             group = names[i : i + step]

@@ -14,4 +14,5 @@ VIEWS: dict[str, tuple[str, str, str]] = {
     "costs": ("console.screens.costs", "CostsScreen", "money now, today, this month; the saving vs cloud; spend per day"),
     "alerts": ("console.screens.alerts", "AlertsScreen", "what is wrong now across the lab, the history, acknowledgement"),
     "audit": ("console.screens.audit", "AuditScreen", "who did what: every operator action on the agents, with its outcome"),
+    "gateway": ("console.screens.gateway", "GatewayScreen", "the lab gateway: traffic per model, wakes, errors, provider spend, keys"),
 }

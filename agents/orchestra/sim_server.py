@@ -76,8 +76,10 @@ class SimEngineState:
         self.m_waiting.labels(self.name).set(self.waiting)
         self.m_kv.labels(self.name).set(round(0.9 * self.running / MAX_NUM_SEQS, 4))
 
-    def generate(self, prompt: str, max_tokens: int) -> tuple[str, int, int]:
-        """Serve one request: wait for a slot, pay the warm-up once, produce tokens at the configured rate."""
+    def generate(self, prompt: str, max_tokens: int, on_token=None) -> tuple[str, int, int]:
+        """Serve one request: wait for a slot, pay the warm-up once, produce tokens at the configured rate.
+
+        ``on_token(word)`` (streaming) is called as each token is produced."""
         received = time.monotonic()
         with self.lock:
             self.waiting += 1
@@ -95,12 +97,20 @@ class SimEngineState:
                         log(f"warm-up (first forward pass) took {self.args.warmup_s:.2f} seconds")
                 prompt_tokens = max(1, round(len(prompt.split()) * 1.3))
                 per_token_s = 1.0 / self.args.tokens_per_s if self.args.tokens_per_s else 0.0
+                rng = random.Random(hashlib.sha256(prompt.encode()).digest())
+                words = [rng.choice(WORDS) for _ in range(max_tokens)]
                 time.sleep(per_token_s)
                 self.m_ttft.labels(self.name).observe(time.monotonic() - received)
-                time.sleep(per_token_s * (max_tokens - 1))
-                rng = random.Random(hashlib.sha256(prompt.encode()).digest())
-                # weights woken after a level-2 sleep but never reloaded: vLLM computes with garbage too
-                text = GARBAGE * max_tokens if self.weights_lost else " " + " ".join(rng.choice(WORDS) for _ in range(max_tokens))
+                if self.weights_lost:  # woken after a level-2 sleep but never reloaded: vLLM computes with garbage too
+                    words = [GARBAGE] * max_tokens
+                if on_token is None:
+                    time.sleep(per_token_s * (max_tokens - 1))
+                else:
+                    for i, word in enumerate(words):
+                        if i:
+                            time.sleep(per_token_s)
+                        on_token(" " + word)
+                text = GARBAGE * max_tokens if self.weights_lost else " " + " ".join(words)
                 self.m_prompt.labels(self.name).inc(prompt_tokens)
                 self.m_gen.labels(self.name).inc(max_tokens)
                 return text, prompt_tokens, max_tokens
@@ -112,6 +122,8 @@ class SimEngineState:
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "cetlab-sim-engine"
+    protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn serves vLLM: clients and the gateway reuse connections
+    disable_nagle_algorithm = True  # headers and body go out as separate writes: without this a kept-alive reply waits ~40 ms
     state: SimEngineState
 
     def log_message(self, fmt: str, *args) -> None:
@@ -204,6 +216,9 @@ class Handler(BaseHTTPRequestHandler):
                 prompt = str(body.get("prompt", ""))
             max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
             max_tokens = max(1, min(int(max_tokens), 4096)) if isinstance(max_tokens, int) else 16
+            if body.get("stream") is True:
+                self._stream(chat, prompt, max_tokens, (body.get("stream_options") or {}).get("include_usage") is True)
+                return
             text, prompt_tokens, completion_tokens = state.generate(prompt, max_tokens)
             choice = {"index": 0, "finish_reason": "length"}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
@@ -244,6 +259,35 @@ class Handler(BaseHTTPRequestHandler):
             return
         state.adapters[name] = str(path)
         self._send(200, f"Success: LoRA adapter '{name}' added successfully.".encode(), "text/plain")
+
+
+    def _stream(self, chat: bool, prompt: str, max_tokens: int, include_usage: bool) -> None:
+        """Server-sent events as vLLM sends them: one delta per token, usage last when asked, then [DONE]."""
+        state = self.state
+        stamp = {"id": f"cmpl-sim-{time.time_ns()}", "object": "chat.completion.chunk" if chat else "text_completion",
+                 "created": int(time.time()), "model": state.name}
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")  # no length known: the stream ends when the connection closes
+        self.end_headers()
+        self.close_connection = True
+
+        def event(data: object) -> None:
+            self.wfile.write(b"data: " + (data if isinstance(data, bytes) else json.dumps(data).encode()) + b"\n\n")
+            self.wfile.flush()
+
+        def on_token(word: str) -> None:
+            choice = {"index": 0, "delta": {"content": word}, "finish_reason": None} if chat else {"index": 0, "text": word, "finish_reason": None}
+            event({**stamp, "choices": [choice]})
+
+        _text, prompt_tokens, completion_tokens = state.generate(prompt, max_tokens, on_token)
+        last = {"index": 0, "delta": {}, "finish_reason": "length"} if chat else {"index": 0, "text": "", "finish_reason": "length"}
+        event({**stamp, "choices": [last]})
+        if include_usage:
+            event({**stamp, "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                                                     "total_tokens": prompt_tokens + completion_tokens}})
+        event(b"[DONE]")
 
 
 def _traffic(state: SimEngineState, rps: float) -> None:

@@ -1,0 +1,246 @@
+"""The gateway as an agent component: starts the HTTP side on `gateway.machine`, keys RPC, section, budgets."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from agents.gateway.config import find_provider_model
+from agents.gateway.keys import KeyAddParams, KeyNameParams, KeyStore
+from agents.gateway.metering import Meter
+from agents.gateway.router import Router, Target
+from agents.gateway.section import GatewayModelFigures, GatewaySection, KeyUse, ProviderSpend
+from agents.gateway.server import GatewayHttp
+from agents.peers import PeerClient
+from agents.protocol import EVENT_NOTICE, Role, Telemetry
+
+if TYPE_CHECKING:
+    from agents.agent import Agent
+
+log = logging.getLogger("cetlab.gateway")
+
+LOOP_S = 1.0  # flush the request log, idle TTLs, budget alerts
+BUDGET_ALERTS_PCT = (80.0, 100.0)
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is None or math.isfinite(value) else None
+
+
+class GatewayComponent:
+    """Serves the lab gateway when lab.yaml's gateway.machine is this agent's machine; else does nothing."""
+
+    name = "gateway"
+
+    def __init__(self) -> None:
+        self.agent: Agent | None = None
+        self.enabled = False
+        self.error: str | None = None
+        self._task: asyncio.Task | None = None
+        self.http: GatewayHttp | None = None
+        self.peers: PeerClient | None = None
+
+    @property
+    def lab(self):
+        return self.agent.lab
+
+    @property
+    def policies(self):
+        return self.lab.gateway.policies
+
+    async def start(self, agent: Agent) -> None:
+        self.agent = agent
+        config = agent.lab.gateway
+        if config is None or config.machine != agent.machine.name:
+            return
+        self.enabled = True
+        self.meter = Meter(agent.store, agent.lab.costs.timezone)
+        self.keys = KeyStore(agent.store, self.meter.today)
+        self.keys.seed_usage(self.meter.tokens_today_by_key())
+        self.peers = PeerClient(agent.lab, agent.state_dir, machines=sorted({m.machine for m in agent.lab.models}))
+        await self.peers.start()
+        self.router = Router(agent.lab, agent.machine.name, self.peers, self.meter)
+        self._register(agent)
+        self.http = GatewayHttp(self)
+        try:
+            await self.http.start(config.host, config.port)
+            log.info("gateway on http://%s:%d/v1", config.host, self.http.port)
+        except OSError as exc:  # the agent keeps serving; the section says why the gateway does not
+            self.error = f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
+            log.error("gateway: %s", self.error)
+        self._task = asyncio.create_task(self._loop(), name="gateway")
+
+    async def stop(self) -> None:
+        if not self.enabled:
+            return
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.http.stop()
+        await self.peers.stop()
+        self.meter.flush()
+
+    def on_telemetry(self, telemetry: Telemetry) -> None:
+        pass
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(LOOP_S)
+            try:
+                self.meter.flush()
+                self._budget_alerts()
+                await self.router.put_idle_to_sleep()
+            except Exception:
+                log.exception("gateway loop")
+
+    # -- money
+
+    def price(self, target: Target, prompt_tokens: int, completion_tokens: int) -> tuple[float | None, float | None]:
+        """(what the lab pays at the gateway, what its providers would have charged)."""
+        if target.provider_model is not None:
+            pm = target.provider_model
+            cost = (prompt_tokens * pm.prompt_per_million + completion_tokens * pm.completion_per_million) / 1e6
+            return round(cost, 8), round(cost, 8)
+        # local: the energy is in the costs ledger; the cloud price says what the providers would have charged
+        policy = self.lab.gateway.models.get(target.model)
+        model = self.router.local[target.model]
+        found = None
+        for name in (policy.fallback if policy else None, model.cloud_equivalent):
+            found = find_provider_model(self.lab.providers, name) if name else None
+            if found:
+                break
+        if found:
+            pm = found[1]
+            cloud = (prompt_tokens * pm.prompt_per_million + completion_tokens * pm.completion_per_million) / 1e6
+        elif model.cloud_equivalent in self.lab.cloud_prices.tokens_per_million:
+            cloud = (prompt_tokens + completion_tokens) * self.lab.cloud_prices.tokens_per_million[model.cloud_equivalent] / 1e6
+        else:
+            cloud = None
+        return 0.0, None if cloud is None else round(cloud, 8)
+
+    def _budget_alerts(self) -> None:
+        """A notice once per provider, month and threshold (80%, 100%); the section carries budget_pct for the alerts rules."""
+        month = self.meter.month()
+        for provider in self.lab.providers:
+            if not provider.monthly_budget:
+                continue
+            pct = 100.0 * self.meter.spend_month.get(provider.name, 0.0) / provider.monthly_budget
+            for threshold in BUDGET_ALERTS_PCT:
+                marker = f"budget:{provider.name}:{month}:{threshold:g}"
+                if pct >= threshold and self.meter.kv_get(marker) is None:
+                    self.meter.kv_set(marker, f"{pct:.1f}")
+                    level = "error" if threshold >= 100 else "warning"
+                    policy = f"; past it the gateway will {self.policies.budget_exceeded}" if threshold < 100 else \
+                        f"; the gateway now will {self.policies.budget_exceeded}"
+                    self.agent.notify(EVENT_NOTICE, {
+                        "level": level, "machine": self.agent.machine.name, "rule": "gateway_budget",
+                        "message": f"{provider.name}: {pct:.0f}% of its monthly budget spent "
+                                   f"({self.meter.spend_month.get(provider.name, 0.0):.2f} of {provider.monthly_budget:.2f} "
+                                   f"{self.lab.costs.currency}){policy}",
+                    })
+
+    # -- what it shows
+
+    def catalogue(self) -> list[dict[str, Any]]:
+        """/v1/models: every lab and cloud model with its state and tier."""
+        out = []
+        for name, model in self.router.local.items():
+            entry = self.router.model_json(name) or {}
+            policy = self.lab.gateway.models.get(name)
+            out.append({"id": name, "object": "model", "owned_by": "cetlab", "tier": "local", "machine": model.machine,
+                        "state": entry.get("state", "unknown"), "simulated": model.engine == "sim",
+                        "aliases": policy.aliases if policy else [], "fallback": policy.fallback if policy else None})
+        for provider in self.lab.providers:
+            for pm in provider.models:
+                out.append({"id": pm.name, "object": "model", "owned_by": provider.name, "tier": "provider", "provider": provider.name,
+                            "state": "over-budget" if self.router.over_budget(provider) else "available", "simulated": provider.simulated,
+                            "prompt_per_million": pm.prompt_per_million, "completion_per_million": pm.completion_per_million})
+        return out
+
+    def section(self) -> Any:
+        if not self.enabled:
+            return None
+        figures = self.meter.model_figures()
+        models = []
+        for entry in self.catalogue():
+            name = entry["id"]
+            models.append(GatewayModelFigures(name=name, tier=entry["tier"], where=entry.get("machine") or entry.get("provider"),
+                                              state=entry["state"], simulated=entry["simulated"], **figures.get(name, {})))
+        providers = []
+        for p in self.lab.providers:
+            month = self.meter.spend_month.get(p.name, 0.0)
+            pct = 100.0 * month / p.monthly_budget if p.monthly_budget else None
+            providers.append(ProviderSpend(name=p.name, simulated=p.simulated, spend_today=round(self.meter.spend_day.get(p.name, 0.0), 8),
+                                           spend_month=round(month, 8), monthly_budget=p.monthly_budget, budget_pct=_finite(pct),
+                                           key_set=not p.api_key_env or bool(os.environ.get(p.api_key_env))))
+        keys = [KeyUse(name=k["name"], revoked=k["revoked_at"] is not None, rpm=k["rpm"], tokens_per_day=k["tokens_per_day"],
+                       requests=k["requests"], requests_last_minute=k["requests_last_minute"], tokens_today=k["tokens_today"],
+                       last_used=k["last_used"]) for k in self.keys.listing()]
+        port = self.http.port if self.http else None
+        return GatewaySection(
+            url=f"http://{self.lab.gateway.host}:{port}/v1" if port else None, machine=self.agent.machine.name, error=self.error,
+            currency=self.lab.costs.currency, peers={name: link.state for name, link in self.peers.links.items()},
+            models=models, providers=providers, keys=keys,
+        ).model_dump(mode="json")
+
+    def metric_families(self) -> Iterator[Metric]:
+        """Prometheus series of the gateway (the agent's collector yields them)."""
+        if not self.enabled:
+            return
+        section = self.section()
+        labels = ["model", "tier"]
+        gauges = {key: GaugeMetricFamily(f"cetlab_gateway_{key}", doc, labels=labels) for key, doc in (
+            ("rps", "Requests per second over the last minute."), ("in_flight", "Requests being answered."),
+            ("queued", "Requests waiting for the model to come up."), ("p50_latency_s", "Median latency (s), last minute."),
+            ("p95_latency_s", "95th percentile latency (s), last minute."), ("p50_ttft_s", "Median time to first token (s)."),
+            ("p95_ttft_s", "95th percentile time to first token (s)."))}
+        counters = {key: CounterMetricFamily(f"cetlab_gateway_{key}", doc, labels=labels) for key, doc in (
+            ("requests", "Requests since the agent started."), ("wakes", "Bring-ups the gateway caused."), ("errors", "Requests answered with an error."))}
+        for m in section["models"]:
+            for key, family in {**gauges, **counters}.items():
+                if m.get(key) is not None:
+                    family.add_metric([m["name"], m["tier"]], m[key])
+        spend = GaugeMetricFamily("cetlab_gateway_provider_spend", "Provider spend by period.", labels=["provider", "period", "currency"])
+        budget = GaugeMetricFamily("cetlab_gateway_provider_budget", "Provider monthly budget.", labels=["provider", "currency"])
+        for p in section["providers"]:
+            spend.add_metric([p["name"], "today", section["currency"]], p["spend_today"])
+            spend.add_metric([p["name"], "month", section["currency"]], p["spend_month"])
+            if p["monthly_budget"] is not None:
+                budget.add_metric([p["name"], section["currency"]], p["monthly_budget"])
+        key_requests = CounterMetricFamily("cetlab_gateway_key_requests", "Requests per gateway key since the agent started.", labels=["key"])
+        for k in section["keys"]:
+            key_requests.add_metric([k["name"]], k["requests"])
+        yield from gauges.values()
+        yield from counters.values()
+        yield from (spend, budget, key_requests)
+
+    # -- RPC
+
+    def _register(self, agent: Agent) -> None:
+        rpc = agent.rpc
+
+        @rpc.method("gateway.status", doc="The gateway's section: url, per-model traffic, provider spend, keys.")
+        async def gateway_status(peer, _params) -> dict:
+            return self.section()
+
+        @rpc.method("gateway.keys.add", role=Role.OPERATOR, params=KeyAddParams, doc="Issue a gateway API key; the token is shown once.")
+        async def keys_add(peer, params: KeyAddParams) -> dict:
+            token = self.keys.add(params)
+            log.info("%s issued gateway key %s", peer.who, params.name)
+            return {"name": params.name, "key": token, "rpm": params.rpm, "tokens_per_day": params.tokens_per_day,
+                    "url": self.section()["url"]}
+
+        @rpc.method("gateway.keys.list", doc="Gateway keys (names, quotas, use; never the tokens).")
+        async def keys_list(peer, _params) -> dict:
+            return {"keys": self.keys.listing()}
+
+        @rpc.method("gateway.keys.revoke", role=Role.OPERATOR, params=KeyNameParams, doc="Revoke a gateway key at once.")
+        async def keys_revoke(peer, params: KeyNameParams) -> dict:
+            self.keys.revoke(params.name)
+            log.info("%s revoked gateway key %s", peer.who, params.name)
+            return {"name": params.name, "revoked": True}

@@ -1,0 +1,135 @@
+"""Forwarding one request to its target: JSON or SSE passed through chunk by chunk, usage read on the way."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from agents.gateway.router import Target
+
+SSE_USAGE_MARKERS = (b'"usage":{', b'"usage": {')  # only these events are parsed; the rest pass untouched
+SSE_TOKEN_MARKERS = (b'"finish_reason":null', b'"finish_reason": null')  # a delta still generating: one token
+
+
+@dataclass
+class Outcome:
+    """What came back, for the meter."""
+
+    status: int
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    usage_source: str | None = None
+    ttft_s: float | None = None
+    error: str | None = None
+    data: dict | None = None  # the parsed JSON answer (non-streaming)
+    raw: bytes = b""  # ... as it came, passed on unchanged
+    content_type: str = "application/json"
+
+
+def tier_headers(target: Target) -> dict[str, str]:
+    headers = {"x-cetlab-tier": target.tier, "x-cetlab-model": target.model, "x-cetlab-target": target.where}
+    if target.simulated:
+        headers["x-cetlab-simulated"] = "true"
+    if target.reason:
+        headers["x-cetlab-fallback-reason"] = target.reason[:300].encode("ascii", "replace").decode()
+    if target.woke:
+        headers["x-cetlab-woke"] = "true"
+    return headers
+
+
+def upstream_headers(target: Target) -> dict[str, str]:
+    headers = {"Content-Type": "application/json"}
+    if target.provider is not None and target.provider.api_key_env:
+        key = os.environ.get(target.provider.api_key_env)
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
+def counted_prompt_tokens(body: dict) -> int:
+    """No usage from the engine: a word count (x1.3) of the prompt stands in for its tokenizer."""
+    if isinstance(body.get("messages"), list):
+        text = " ".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
+    else:
+        text = str(body.get("prompt", ""))
+    return max(1, round(len(text.split()) * 1.3))
+
+
+def _usage(outcome: Outcome, usage: object) -> None:
+    if isinstance(usage, dict):
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int) and isinstance(completion, int):
+            outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source = prompt, completion, "engine"
+
+
+async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body: dict, timeout_s: float) -> Outcome:
+    """A non-streaming call; the answer is parsed (the orchestra call and the JSON passthrough both use it)."""
+    started = time.monotonic()
+    payload = {**body, "model": target.upstream_model, "stream": False}
+    async with session.post(f"{target.base_url}{path}", json=payload, headers=upstream_headers(target),
+                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        raw = await response.read()
+    outcome = Outcome(status=response.status, ttft_s=time.monotonic() - started, raw=raw, content_type=response.content_type)
+    try:
+        outcome.data = json.loads(raw)
+    except ValueError:
+        outcome.data = {"error": {"message": raw[:300].decode(errors="replace")}}
+    if response.status == 200 and isinstance(outcome.data, dict):
+        _usage(outcome, outcome.data.get("usage"))
+    else:
+        outcome.error = f"{target.where} answered {response.status}"
+    return outcome
+
+
+async def stream(request: web.Request, session: aiohttp.ClientSession, target: Target, path: str, body: dict,
+                 timeout_s: float) -> tuple[web.StreamResponse, Outcome]:
+    """SSE from the target to the client, each chunk written as it arrives; usage from the last event, else counted."""
+    started = time.monotonic()
+    payload = {**body, "model": target.upstream_model}
+    async with session.post(f"{target.base_url}{path}", json=payload, headers=upstream_headers(target),
+                            timeout=aiohttp.ClientTimeout(total=timeout_s, sock_read=timeout_s)) as upstream:
+        if upstream.status != 200 or not upstream.content_type.startswith("text/event-stream"):
+            raw = await upstream.read()
+            outcome = Outcome(status=upstream.status, ttft_s=time.monotonic() - started,
+                              error=None if upstream.status == 200 else f"{target.where} answered {upstream.status}")
+            if upstream.status == 200:
+                try:
+                    _usage(outcome, json.loads(raw).get("usage"))
+                except (ValueError, AttributeError):
+                    pass
+            response = web.Response(body=raw, status=upstream.status, content_type=upstream.content_type, headers=tier_headers(target))
+            return response, outcome
+        response = web.StreamResponse(status=200, headers={**tier_headers(target), "Content-Type": "text/event-stream",
+                                                            "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        outcome = Outcome(status=200)
+        events, tail = 0, b""
+        async for chunk in upstream.content.iter_any():
+            if outcome.ttft_s is None:
+                outcome.ttft_s = time.monotonic() - started
+            try:
+                await response.write(chunk)
+            except ConnectionResetError:  # the client went away: stop reading (closing the upstream stops the engine's work)
+                outcome.status, outcome.error = 499, "the client closed the stream"
+                return response, outcome
+            tail += chunk
+            *done, tail = tail.split(b"\n\n")
+            for event in done:
+                if not event.startswith(b"data:") or event.endswith(b"[DONE]"):
+                    continue
+                if any(marker in event for marker in SSE_USAGE_MARKERS):
+                    try:
+                        _usage(outcome, json.loads(event[5:]).get("usage"))
+                    except (ValueError, AttributeError):
+                        pass
+                elif any(marker in event for marker in SSE_TOKEN_MARKERS):
+                    events += 1
+        await response.write_eof()
+    if outcome.usage_source is None:  # one delta event per token, as vLLM and OpenAI send them
+        outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source = counted_prompt_tokens(body), events, "counted"
+    return response, outcome

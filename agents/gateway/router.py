@@ -1,0 +1,280 @@
+"""Routing: a model name to a warm endpoint on some machine or to a provider; wake on request, fallback tiers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from agents.gateway.config import Provider, ProviderModel, find_provider_model
+from agents.gateway.metering import Meter
+from agents.lab import Lab, Model
+from agents.peers import PeerClient
+from agents.protocol import ErrorCode, RemoteError
+
+log = logging.getLogger("cetlab.gateway")
+
+WAKE_POLL_S = 0.01  # while a model wakes (about a second): ask its agent this often, so the answer is not a tick late
+LOAD_POLL_S = 0.25  # while a model loads (tens of seconds)
+ASLEEP = ("sleeping", "cold", "cached")
+# Used when the pool has not timed a model yet: the field notes' figures
+DEFAULT_WAKE_S, DEFAULT_LOAD_S, DEFAULT_WARMUP_S, COLD_FACTOR = 6.0, 15.0, 52.0, 14.0
+
+
+class NotServable(Exception):
+    """The request cannot be answered: an HTTP status, a message, and for 503 a Retry-After."""
+
+    def __init__(self, status: int, message: str, code: str, retry_after_s: int | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.retry_after_s = status, message, code, retry_after_s
+
+
+@dataclass
+class Target:
+    """Where one request goes."""
+
+    model: str  # the lab's name for it
+    tier: str  # local | provider
+    base_url: str  # ends in /v1
+    upstream_model: str  # the name the endpoint answers to
+    where: str  # machine or provider name
+    simulated: bool
+    provider: Provider | None = None
+    provider_model: ProviderModel | None = None
+    woke: bool = False
+    reason: str | None = None  # why a fallback answered
+
+
+class Router:
+    """Knows every local model's state (the peers' ticks) and brings models up behind a bounded queue."""
+
+    def __init__(self, lab: Lab, machine: str, peers: PeerClient, meter: Meter):
+        self.lab, self.machine, self.peers, self.meter = lab, machine, peers, meter
+        self.gateway = lab.gateway
+        self.policies = lab.gateway.policies
+        self.local = {m.name: m for m in lab.models}
+        self.aliases = {alias: name for name, p in self.gateway.models.items() for alias in p.aliases}
+        self._bring_ups: dict[str, asyncio.Task] = {}
+        self.last_request: dict[str, float] = {}  # model -> monotonic time of the last gateway request
+        self.brought_up: set[str] = set()  # models the gateway woke or loaded: its idle TTL takes them down again
+
+    # -- what the lab looks like
+
+    def model_json(self, name: str) -> dict[str, Any] | None:
+        model = self.local[name]
+        link = self.peers.links.get(model.machine)
+        section = link.sections.get("models") if link else None
+        for entry in (section or {}).get("models") or []:
+            if isinstance(entry, dict) and entry.get("name") == name:
+                return entry
+        return None
+
+    def canonical(self, name: str) -> str:
+        return self.aliases.get(name, name)
+
+    def endpoint(self, model: Model, entry: dict[str, Any]) -> str:
+        """The engine's endpoint as the gateway reaches it: a peer's loopback address becomes its lab.yaml host."""
+        url = urlsplit(entry["endpoint"])
+        if model.machine != self.machine and url.hostname in ("127.0.0.1", "localhost"):
+            url = url._replace(netloc=f"{self.lab.machine(model.machine).host}:{url.port}")
+        return urlunsplit(url)
+
+    def expected_bring_up_s(self, entry: dict[str, Any] | None) -> float:
+        """How long until this model can answer, from the pool's own timings."""
+        if entry is None:
+            return float("inf")
+        state = entry.get("state")
+        load = entry.get("load_s") or DEFAULT_LOAD_S
+        warmup = entry.get("warmup_s") or DEFAULT_WARMUP_S
+        if state == "warm":
+            return 0.0
+        if state == "sleeping":
+            return entry.get("wake_s") or DEFAULT_WAKE_S
+        if state == "cached":
+            return load + warmup
+        if state == "cold":
+            return load * COLD_FACTOR + warmup
+        if state in ("loading", "warming"):
+            elapsed = time.time() - (entry.get("since") or time.time())
+            total = (entry.get("wake_s") or DEFAULT_WAKE_S) if entry.get("op") == "wake" else load + warmup
+            return max(0.0, total - elapsed)
+        return float("inf")  # failed
+
+    def provider_target(self, name: str, reason: str | None = None) -> Target:
+        provider, model = find_provider_model(self.lab.providers, name)
+        return Target(model=model.name, tier="provider", base_url=provider.base_url.rstrip("/"), upstream_model=model.upstream_name,
+                      where=provider.name, simulated=provider.simulated, provider=provider, provider_model=model, reason=reason)
+
+    def over_budget(self, provider: Provider) -> bool:
+        return provider.monthly_budget is not None and self.meter.spend_month.get(provider.name, 0.0) >= provider.monthly_budget
+
+    # -- routing
+
+    async def route(self, name: str, max_wait_s: float | None) -> Target:
+        """The target for a request of `name`; wakes or loads a local model, or falls back, as the policies say."""
+        name = self.canonical(name)
+        if name in self.local:
+            return await self._route_local(self.local[name], max_wait_s)
+        found = find_provider_model(self.lab.providers, name)
+        if found is None:
+            known = sorted([*self.local, *self.aliases, *(m.name for p in self.lab.providers for m in p.models)])
+            raise NotServable(404, f"no model {name!r} in the lab or its providers (try: {', '.join(known[:20])})", "model_not_found")
+        provider, pmodel = found
+        if self.over_budget(provider):
+            local = self._local_for(pmodel.name)
+            if self.policies.budget_exceeded == "fallback-local" and local is not None:
+                target = await self._route_local(local, max_wait_s, allow_fallback=False)
+                target.reason = f"{provider.name} is past its monthly budget"
+                return target
+            raise NotServable(429, f"{provider.name} has spent its monthly budget ({provider.monthly_budget}); "
+                              f"gateway.policies.budget_exceeded is {self.policies.budget_exceeded}", "budget_exceeded")
+        return self.provider_target(f"{provider.name}/{pmodel.name}")
+
+    def _local_for(self, provider_model: str) -> Model | None:
+        """The local model standing in for a provider's (its fallback, or its cloud_equivalent)."""
+        for name, policy in self.gateway.models.items():
+            if policy.fallback and policy.fallback.rpartition("/")[2] == provider_model:
+                return self.local[name]
+        return next((m for m in self.lab.models if m.cloud_equivalent == provider_model), None)
+
+    async def _route_local(self, model: Model, max_wait_s: float | None, allow_fallback: bool = True) -> Target:
+        policy = self.gateway.models.get(model.name)
+        fallback = policy.fallback if policy and allow_fallback else None
+        if fallback is not None:
+            provider, _ = find_provider_model(self.lab.providers, fallback)
+            if self.over_budget(provider):
+                fallback = None  # the budget forces the other direction: local only
+        budget_s = max_wait_s if max_wait_s is not None else (policy.max_wait_s if policy and policy.max_wait_s else None)
+        self.last_request[model.name] = time.monotonic()
+        entry = self.model_json(model.name)
+        if entry is not None and entry.get("state") == "warm" and entry.get("endpoint"):
+            return self._local_target(model, entry, woke=False)
+        if entry is not None and entry.get("state") == "failed":
+            if fallback:
+                return self.provider_target(fallback, f"{model.name} failed on {model.machine}")
+            raise NotServable(502, f"{model.name} failed on {model.machine}: {(entry.get('error') or {}).get('message')}", "engine_failed")
+        if fallback and budget_s is not None and self.expected_bring_up_s(entry) > budget_s:
+            return self.provider_target(fallback, f"{model.name} is {entry.get('state') if entry else 'unknown'}: "
+                                        f"about {self.expected_bring_up_s(entry):.1f} s to bring up, over the {budget_s:g} s budget")
+        timeout_s = min(self.policies.queue_timeout_s, budget_s) if budget_s is not None else self.policies.queue_timeout_s
+        try:
+            entry = await self.ensure_warm(model, timeout_s)
+        except NotServable as exc:
+            if fallback and exc.code != "queue_full":
+                return self.provider_target(fallback, exc.message)
+            raise
+        return self._local_target(model, entry, woke=True)
+
+    def _local_target(self, model: Model, entry: dict[str, Any], woke: bool) -> Target:
+        return Target(model=model.name, tier="local", base_url=self.endpoint(model, entry).rstrip("/"),
+                      upstream_model=entry.get("served_name") or model.name, where=model.machine,
+                      simulated=bool(entry.get("simulated")), woke=woke)
+
+    # -- bringing models up
+
+    async def ensure_warm(self, model: Model, timeout_s: float) -> dict[str, Any]:
+        """Wait (in the bounded queue) until the model is warm; concurrent requests share one bring-up."""
+        stats = self.meter.stats(model.name)
+        if stats.queued >= self.policies.queue_size:
+            raise NotServable(503, f"{stats.queued} requests already wait for {model.name} (gateway.policies.queue_size)",
+                              "queue_full", self.policies.retry_after_s)
+        stats.queued += 1
+        try:
+            task = self._bring_ups.get(model.name)
+            if task is None or task.done():
+                task = self._bring_ups[model.name] = asyncio.create_task(self._bring_up(model), name=f"gateway-up-{model.name}")
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(task)
+        except TimeoutError:
+            raise NotServable(504, f"{model.name} was not warm within {timeout_s:g} s", "timeout", self.policies.retry_after_s) from None
+        finally:
+            stats.queued -= 1
+
+    async def _bring_up(self, model: Model) -> dict[str, Any]:
+        entry = self.model_json(model.name)
+        if entry is None:
+            raise NotServable(503, f"{model.machine} is {self.peers.links[model.machine].state}: its models are unknown", "machine_offline",
+                              self.policies.retry_after_s)
+        if entry.get("state") in ASLEEP and not entry.get("op"):
+            await self._start(model)
+        return await self._wait_warm(model)
+
+    async def _start(self, model: Model) -> None:
+        try:
+            await self.peers.call(model.machine, "models.warm", {"model": model.name})
+        except RemoteError as exc:
+            if exc.code != ErrorCode.CONFLICT or self.policies.swap != "lru-unpinned":
+                raise NotServable(503, f"cannot bring {model.name} up on {model.machine}: {exc.message}", "no_room",
+                                  self.policies.retry_after_s) from None
+            victim = self._swap_victim(model)
+            if victim is None:
+                raise NotServable(503, f"no room for {model.name} on {model.machine} and nothing idle to swap out: {exc.message}",
+                                  "no_room", self.policies.retry_after_s) from None
+            try:
+                await self.peers.call(model.machine, "models.swap", {"out": victim, "in": model.name})
+            except RemoteError as swap_exc:
+                raise NotServable(503, f"swapping {victim} out for {model.name} failed: {swap_exc.message}", "no_room",
+                                  self.policies.retry_after_s) from None
+        self.meter.stats(model.name).wakes += 1
+        self.brought_up.add(model.name)
+
+    def _swap_victim(self, model: Model) -> str | None:
+        """An unpinned, idle model on the same GPUs, least recently asked for: never one with requests in flight."""
+        candidates = []
+        for other in self.lab.models:
+            if other.machine != model.machine or other.name == model.name or not set(other.gpus) & set(model.gpus):
+                continue
+            entry = self.model_json(other.name) or {}
+            busy = self.meter.stats(other.name).in_flight or (entry.get("requests_running") or 0) or entry.get("op")
+            if entry.get("state") in ("warm", "sleeping") and not entry.get("pinned") and not busy:
+                candidates.append((self.last_request.get(other.name, 0.0), other.name))
+        return min(candidates)[1] if candidates else None
+
+    async def refresh(self, machine: str) -> None:
+        """A fresh look at a machine's models, not the last tick's (ticks come once a second)."""
+        link = self.peers.links[machine]
+        try:
+            listing = await self.peers.call(machine, "models.list")
+        except RemoteError as exc:
+            if exc.code == ErrorCode.DISCONNECTED:
+                await link.online.wait()
+            return
+        link.sections["models"] = {"models": listing.get("models") or [], "rotation": listing.get("rotation")}
+
+    async def _wait_warm(self, model: Model) -> dict[str, Any]:
+        while True:
+            await self.refresh(model.machine)
+            entry = self.model_json(model.name)
+            state = entry.get("state") if entry else None
+            if state == "warm" and entry.get("endpoint"):
+                return entry
+            if state == "failed":
+                raise NotServable(502, f"{model.name} failed on {model.machine}: {(entry.get('error') or {}).get('message')}", "engine_failed")
+            if state in ASLEEP and entry and not entry.get("op"):
+                raise NotServable(503, f"{model.name} went back to {state} on {model.machine}", "no_room", self.policies.retry_after_s)
+            waking = entry is not None and entry.get("op") == "wake"
+            await asyncio.sleep(WAKE_POLL_S if waking else LOAD_POLL_S)
+
+    # -- idle TTL
+
+    async def put_idle_to_sleep(self) -> None:
+        """Models idle past their TTL go to sleep (or stop, where the engine cannot sleep)."""
+        now = time.monotonic()
+        for name, model in self.local.items():
+            policy = self.gateway.models.get(name)
+            ttl = policy.idle_ttl_s if policy and policy.idle_ttl_s else (self.policies.idle_ttl_s if name in self.brought_up else None)
+            entry = self.model_json(name)
+            if ttl is None or entry is None or entry.get("state") != "warm" or entry.get("pinned") or entry.get("op"):
+                continue
+            if self.meter.stats(name).in_flight or now - self.last_request.get(name, now) < ttl:
+                continue
+            method = "models.sleep" if model.engine in ("vllm", "sim") else "models.cold"
+            try:
+                await self.peers.call(model.machine, method, {"model": name})
+                self.brought_up.discard(name)
+                log.info("%s idle for %.0f s: %s", name, now - self.last_request.get(name, now), method)
+            except RemoteError as exc:
+                log.warning("idle TTL of %s: %s", name, exc.message)

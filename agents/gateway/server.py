@@ -1,0 +1,254 @@
+"""The gateway's HTTP side: OpenAI-compatible routes, keys on every call, the orchestra fan-out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from agents.gateway import proxy
+from agents.gateway.keys import ApiKey, QuotaExceeded
+from agents.gateway.metering import Record
+from agents.gateway.router import NotServable, Target
+
+if TYPE_CHECKING:
+    from agents.gateway.component import GatewayComponent
+
+log = logging.getLogger("cetlab.gateway")
+
+MAX_WAIT_HEADER = "x-cetlab-max-wait-s"
+MAX_FANOUT = 32  # models in one orchestra call
+
+
+def error_response(status: int, message: str, code: str, retry_after_s: int | None = None) -> web.Response:
+    """An OpenAI-style error body."""
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s else None
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return web.json_response({"error": {"message": message, "type": kind, "code": code}}, status=status, headers=headers)
+
+
+def _max_wait(request: web.Request) -> float | None:
+    raw = request.headers.get(MAX_WAIT_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise NotServable(400, f"{MAX_WAIT_HEADER} must be a number of seconds >= 0, got {raw[:40]!r}", "invalid_header")
+    return value
+
+
+class GatewayHttp:
+    """The aiohttp application of one gateway component."""
+
+    def __init__(self, gateway: GatewayComponent):
+        self.gw = gateway
+        self.session: aiohttp.ClientSession | None = None
+        self.runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        limit = self.gw.policies.max_body_bytes
+        app = web.Application(client_max_size=limit, middlewares=[self._auth])
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/orchestra/chat/completions", self._orchestra)
+        # many streams at once to few engines: no per-host cap below the gateway's own queue
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300),
+                                             auto_decompress=False)
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, host, port, reuse_address=True)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+        if self.session is not None:
+            await self.session.close()
+
+    # -- auth
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        if request.path == "/health":
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        key = self.gw.keys.lookup(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+        if key is None:
+            return error_response(401, "a valid gateway key is required: Authorization: Bearer <key> (`cetlab gateway keys add NAME`)",
+                                  "invalid_api_key")
+        try:
+            self.gw.keys.admit(key)
+        except QuotaExceeded as exc:
+            return error_response(429, str(exc), "quota_exceeded", exc.retry_after_s)
+        request["key"] = key
+        return await handler(request)
+
+    # -- routes
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": self.gw.catalogue()})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, "/chat/completions")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, "/completions")
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            raise NotServable(400, "the body is not JSON", "invalid_json") from None
+        if not isinstance(body, dict):
+            raise NotServable(400, "the body must be a JSON object", "invalid_json")
+        return body
+
+    async def _complete(self, request: web.Request, path: str) -> web.StreamResponse:
+        started = time.monotonic()
+        key = request["key"]
+        record = Record(key=key.name, model="?", tier="none", target=None, status=500, stream=False)
+        stats = None
+        try:
+            body = await self._body(request)
+            model = body.get("model")
+            if not isinstance(model, str) or not model:
+                raise NotServable(400, "model is required (GET /v1/models lists them)", "invalid_model")
+            record.model, record.stream = self.gw.router.canonical(model), body.get("stream") is True
+            stats = self.gw.meter.stats(record.model)
+            stats.in_flight += 1
+            max_wait_s = _max_wait(request)
+            for attempt in range(2):
+                target = await self.gw.router.route(model, max_wait_s)
+                record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
+                timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
+                if record.stream:
+                    response, outcome = await proxy.stream(request, self.session, target, path, body, timeout_s)
+                else:
+                    outcome = await proxy.fetch(self.session, target, path, body, timeout_s)
+                    response = web.Response(body=outcome.raw, status=outcome.status, content_type=outcome.content_type,
+                                            headers=proxy.tier_headers(target))
+                if outcome.status != 503 or target.tier != "local" or attempt:
+                    break
+                # the engine went to sleep (or is going) since its agent's last tick: look again, wake it, once
+                await self.gw.router.refresh(target.where)
+            self._finish(key, record, outcome, target, body)
+            return response
+        except NotServable as exc:
+            record.status, record.error = exc.status, exc.message
+            return error_response(exc.status, exc.message, exc.code, exc.retry_after_s)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            record.status, record.error = 502, f"{record.target}: {exc or type(exc).__name__}"
+            return error_response(502, f"{record.model} on {record.target}: {exc or type(exc).__name__}", "upstream_failed")
+        finally:
+            if stats is not None:
+                stats.in_flight -= 1
+            record.latency_s = round(time.monotonic() - started, 6)
+            self.gw.meter.record(record)
+
+    def _finish(self, key: ApiKey, record: Record, outcome: proxy.Outcome, target: Target, body: dict) -> None:
+        record.status, record.error, record.ttft_s = outcome.status, outcome.error, outcome.ttft_s
+        if outcome.status == 200 and outcome.usage_source is None:
+            outcome.prompt_tokens, outcome.usage_source = proxy.counted_prompt_tokens(body), "counted"
+        record.prompt_tokens, record.completion_tokens, record.usage_source = outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source
+        record.cost, record.cloud_equivalent = self.gw.price(target, outcome.prompt_tokens or 0, outcome.completion_tokens or 0)
+        self.gw.keys.charge(key, (outcome.prompt_tokens or 0) + (outcome.completion_tokens or 0))
+
+    # -- the orchestra call
+
+    async def _orchestra(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            members = self._members(body)
+            deadline_s = _max_wait(request)
+            if deadline_s is None:
+                deadline_s = float(body.get("deadline_s") or self.gw.policies.queue_timeout_s)
+        except (NotServable, TypeError, ValueError) as exc:
+            if isinstance(exc, NotServable):
+                return error_response(exc.status, exc.message, exc.code)
+            return error_response(400, f"deadline_s: {exc}", "invalid_deadline")
+        payload = {k: v for k, v in body.items() if k not in ("models", "group", "deadline_s", "stream")}
+        started = time.monotonic()
+        tasks = {name: asyncio.create_task(self._one(request["key"], name, payload, deadline_s)) for name in members}
+        done, pending = await asyncio.wait(tasks.values(), timeout=deadline_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        results = []
+        for name, task in tasks.items():
+            if task in done and not task.cancelled() and task.exception() is None:
+                results.append(task.result())
+            else:
+                results.append({"model": name, "status": "timeout", "error": f"no answer within the {deadline_s:g} s deadline"})
+                self.gw.meter.record(Record(key=request["key"].name, model=self.gw.router.canonical(name), tier="none", target=None,
+                                            status=504, stream=False, latency_s=round(deadline_s, 6), error="orchestra deadline"))
+        answered = [r for r in results if r["status"] == "ok"]
+        return web.json_response({
+            "object": "orchestra.chat.completion", "deadline_s": deadline_s, "latency_s": round(time.monotonic() - started, 6),
+            "partial": len(answered) < len(results), "answered": len(answered), "asked": len(results),
+            "cost": round(sum(r.get("cost") or 0.0 for r in answered), 8), "results": results,
+        })
+
+    def _members(self, body: dict) -> list[str]:
+        if isinstance(body.get("group"), str):
+            group = self.gw.lab.orchestra.groups.get(body["group"])
+            if group is None:
+                raise NotServable(404, f"no orchestra group {body['group']!r} (orchestra.groups: {', '.join(self.gw.lab.orchestra.groups) or 'none'})",
+                                  "group_not_found")
+            return list(dict.fromkeys(group))
+        models = body.get("models")
+        if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
+            raise NotServable(400, "give models: [names] or group: NAME", "invalid_models")
+        if len(models) > MAX_FANOUT:
+            raise NotServable(400, f"at most {MAX_FANOUT} models in one orchestra call", "too_many_models")
+        return list(dict.fromkeys(models))
+
+    async def _one(self, key: ApiKey, name: str, payload: dict, deadline_s: float) -> dict[str, Any]:
+        """One member of the fan-out, metered like any request."""
+        started = time.monotonic()
+        record = Record(key=key.name, model=self.gw.router.canonical(name), tier="none", target=None, status=500, stream=False)
+        stats = self.gw.meter.stats(record.model)
+        stats.in_flight += 1
+        try:
+            target = await self.gw.router.route(name, deadline_s)
+            record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
+            outcome = await proxy.fetch(self.session, target, "/chat/completions", {**payload, "model": name}, deadline_s)
+            self._finish(key, record, outcome, target, payload)
+            result = {"model": target.model, "tier": target.tier, "target": target.where, "simulated": target.simulated,
+                      "status": "ok" if outcome.status == 200 else "error", "http_status": outcome.status,
+                      "latency_s": round(time.monotonic() - started, 6), "ttft_s": outcome.ttft_s,
+                      "usage": {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
+                                "source": outcome.usage_source},
+                      "cost": record.cost, "cloud_equivalent": record.cloud_equivalent, "fallback_reason": target.reason, "woke": target.woke}
+            if outcome.status == 200:
+                result["choices"] = (outcome.data or {}).get("choices")
+            else:
+                result["error"] = json.dumps((outcome.data or {}).get("error"))[:500]
+            return result
+        except NotServable as exc:
+            record.status, record.error = exc.status, exc.message
+            return {"model": record.model, "status": "error", "http_status": exc.status, "error": exc.message}
+        except (aiohttp.ClientError, OSError) as exc:
+            record.status, record.error = 502, str(exc)
+            return {"model": record.model, "status": "error", "http_status": 502, "error": str(exc)}
+        finally:
+            stats.in_flight -= 1
+            record.latency_s = round(time.monotonic() - started, 6)
+            if record.status != 500 or record.error:
+                self.gw.meter.record(record)

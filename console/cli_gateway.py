@@ -1,0 +1,93 @@
+"""`cetlab gateway`: the lab gateway's URL, traffic, spend and keys; `cetlab gateway keys add|list|revoke`."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from agents.protocol import ErrorCode, RemoteError
+from widgets.cost_counter import fmt_money as money
+from widgets.format import fmt
+
+EXIT_OK = 0
+
+
+def gateway_machine(ctx) -> str:
+    if ctx.lab.gateway is None:
+        raise RemoteError(ErrorCode.UNAVAILABLE, "this lab has no gateway: add `gateway: {machine: NAME}` to lab.yaml (README: Gateway)")
+    return ctx.lab.gateway.machine
+
+
+def gateway_human(data: dict[str, Any]) -> str:
+    c = data["currency"]
+    lines = [f"gateway {data['url'] or 'NOT SERVING'} on {data['machine']}" + (f": {data['error']}" if data.get("error") else "")]
+    down = {m: s for m, s in data["peers"].items() if s != "online"}
+    if down:
+        lines.append("peers not reachable: " + ", ".join(f"{m} ({s})" for m, s in down.items()))
+    lines.append(f"{'model':<24} {'tier':<8} {'where':<12} {'state':<10} {'rps':>6} {'fly':>4} {'queue':>5} {'p50':>7} {'p95':>7} "
+                 f"{'ttft50':>7} {'wakes':>5} {'err':>4}")
+    for m in data["models"]:
+        sim = " SIM" if m["simulated"] else ""
+        lines.append(f"{m['name']:<24} {m['tier']:<8} {(m['where'] or '') + sim:<12} {m['state'] or '':<10} {m['rps']:>6.2f} "
+                     f"{m['in_flight']:>4} {m['queued']:>5} {fmt(m['p50_latency_s'], '.3f'):>7} {fmt(m['p95_latency_s'], '.3f'):>7} "
+                     f"{fmt(m['p50_ttft_s'], '.3f'):>7} {m['wakes']:>5} {m['errors']:>4}")
+    for p in data["providers"]:
+        budget = f" of {money(p['monthly_budget'], c)} ({fmt(p['budget_pct'], '.0f', '%')})" if p["monthly_budget"] is not None else ""
+        flags = (" SIM" if p["simulated"] else "") + ("" if p["key_set"] else "  API KEY NOT SET")
+        lines.append(f"provider {p['name']}{flags}: today {money(p['spend_today'], c)}, this month {money(p['spend_month'], c)}{budget}")
+    for k in data["keys"]:
+        state = "REVOKED" if k["revoked"] else f"{k['requests']} requests, {k['tokens_today']:,} tokens today"
+        lines.append(f"key {k['name']:<16} {state}")
+    return "\n".join(lines)
+
+
+async def cmd_gateway(ctx) -> int:
+    data = await ctx.call(gateway_machine(ctx), "gateway.status")
+    ctx.out(data, gateway_human)
+    return EXIT_OK
+
+
+async def cmd_keys_add(ctx) -> int:
+    params = {"name": ctx.args.name, "rpm": ctx.args.rpm, "tokens_per_day": ctx.args.tokens_per_day}
+    data = await ctx.call(gateway_machine(ctx), "gateway.keys.add", {k: v for k, v in params.items() if v is not None})
+    ctx.out(data, lambda d: f"gateway key {d['name']} (shown once, keep it secret):\n{d['key']}\nuse: curl -H 'Authorization: Bearer "
+                            f"{d['key']}' {d['url']}/models")
+    return EXIT_OK
+
+
+def keys_human(data: dict[str, Any]) -> str:
+    lines = []
+    for k in data["keys"]:
+        quota = ", ".join(filter(None, [k["rpm"] and f"{k['rpm']} rpm", k["tokens_per_day"] and f"{k['tokens_per_day']:,} tokens/day"]))
+        state = f"revoked {time.strftime('%Y-%m-%d %H:%M', time.localtime(k['revoked_at']))}" if k["revoked_at"] else "active"
+        lines.append(f"{k['name']:<20} {state:<24} {quota or 'no quota':<32} {k['requests']} requests, {k['tokens_today']:,} tokens today")
+    return "\n".join(lines) or "no gateway keys: `cetlab gateway keys add NAME`"
+
+
+async def cmd_keys_list(ctx) -> int:
+    ctx.out(await ctx.call(gateway_machine(ctx), "gateway.keys.list"), keys_human)
+    return EXIT_OK
+
+
+async def cmd_keys_revoke(ctx) -> int:
+    data = await ctx.call(gateway_machine(ctx), "gateway.keys.revoke", {"name": ctx.args.name})
+    ctx.out(data, lambda d: f"revoked gateway key {d['name']}")
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gateway", help="the lab gateway: url, traffic per model, provider spend, keys")
+    p.set_defaults(func=cmd_gateway)
+    verbs = p.add_subparsers(dest="gateway_verb", metavar="keys")
+    keys = verbs.add_parser("keys", help="gateway API keys (add and revoke need an operator key)")
+    key_verbs = keys.add_subparsers(dest="keys_verb", required=True, metavar="add|list|revoke")
+    add = key_verbs.add_parser("add", help="issue a key (printed once)")
+    add.add_argument("name")
+    add.add_argument("--rpm", type=int, help="requests per minute")
+    add.add_argument("--tokens-per-day", type=int, help="prompt + completion tokens per day")
+    add.set_defaults(func=cmd_keys_add)
+    key_verbs.add_parser("list", help="names, quotas and use (never the keys)").set_defaults(func=cmd_keys_list)
+    revoke = key_verbs.add_parser("revoke", help="refuse a key from now on")
+    revoke.add_argument("name")
+    revoke.set_defaults(func=cmd_keys_revoke)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import sys
@@ -47,6 +48,17 @@ class Context:
 
     async def call(self, machine: str, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
         return await self.client.call(machine, method, params, timeout)
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above zero (0 or less would give up before connecting)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} s: must be more than 0")
+    return value
 
 
 def find_lab(explicit: str | None) -> Path:
@@ -149,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cetlab", description="cetlab: operate a GPU lab from scripts.")
     parser.add_argument("--lab", help="lab.yaml (default: $CETLAB_LAB, else ./lab.yaml)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the machines (default 10)")
+    parser.add_argument("--timeout", type=positive_seconds, default=10.0, help="seconds to wait for the machines (default 10)")
     parser.add_argument("--trust-new-hosts", action="store_true", help="trust and record unknown host keys on first use")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 

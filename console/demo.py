@@ -61,6 +61,13 @@ def demo_cli_line(directory: Path | None = None) -> str:
     return f"{program} --lab {shown_path((directory or default_demo_dir()) / 'lab.yaml')} status"
 
 
+def demo_cli_hint(lab_path: Path | None) -> str | None:
+    """The CLI line for the lab a console shows, when that lab is a demo's (for the help screen); else None."""
+    if lab_path is None or not (lab_path.parent / LOCK_NAME).exists():
+        return None
+    return demo_cli_line(lab_path.parent)
+
+
 def demo_quit_message(directory: Path) -> str:
     """What the console prints when the demo stops: where its lab is kept and how to reach it again."""
     return (f"the demo lab stopped; its lab file, runs and checkpoints stay in {shown_path(directory)}/ for the next `make demo`.\n"

@@ -254,3 +254,12 @@ def test_the_source_lab_says_which_file_the_demo_uses():
     assert result.returncode == 0  # status: the lab loaded, whatever the machines say
     assert "is the demo lab's source" in result.stderr
     assert "--lab .cetlab-demo/lab.yaml status" in result.stderr or f"--lab {REPO / '.cetlab-demo' / 'lab.yaml'} status" in result.stderr
+
+
+def test_the_help_screen_can_ask_for_the_demo_cli_line(tmp_path):
+    from console.demo import demo_cli_hint
+
+    with DemoLab(tmp_path / "d", source=saver_lab(tmp_path / "src")) as demo:
+        assert demo_cli_hint(demo.lab_path).endswith(f"--lab {demo.lab_path} status")
+    assert demo_cli_hint(tmp_path / "src" / "lab.yaml") is None  # not a demo's lab file
+    assert demo_cli_hint(None) is None

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from console.cli import find_lab
 
-    demo = None
+    demo, demo_started = None, False
     try:
         if args.demo:
             from console.demo import DemoLab, default_demo_dir, shown_path
@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             demo = DemoLab(default_demo_dir(), source=Path(args.lab) if args.lab else None)
             print(f"starting the demo lab's agents (lab file, state, runs and checkpoints in {shown_path(demo.dir)}) ...", flush=True)
             demo.start()
+            demo_started = True
             demo.wait_listening()
             lab = load_lab(demo.lab_path)
         else:
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if demo is not None:
             demo.stop()
+        if demo_started:
             from console.demo import demo_quit_message
 
             print(demo_quit_message(demo.dir), flush=True)

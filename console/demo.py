@@ -55,10 +55,14 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
+def cli_program() -> str:
+    """How to type `cetlab` here: bare when on PATH, else the one beside this Python (make does not activate .venv)."""
+    return "cetlab" if shutil.which("cetlab") else shown_path(Path(sys.executable).parent / "cetlab")
+
+
 def demo_cli_line(directory: Path | None = None) -> str:
     """The CLI line that talks to the demo lab (while its agents run): for the help screen and the quit message."""
-    program = "cetlab" if shutil.which("cetlab") else shown_path(Path(sys.executable).parent / "cetlab")  # make does not activate .venv
-    return f"{program} --lab {shown_path((directory or default_demo_dir()) / 'lab.yaml')} status"
+    return f"{cli_program()} --lab {shown_path((directory or default_demo_dir()) / 'lab.yaml')} status"
 
 
 def demo_cli_hint(lab_path: Path | None) -> str | None:
@@ -71,7 +75,7 @@ def demo_cli_hint(lab_path: Path | None) -> str | None:
 def demo_quit_message(directory: Path) -> str:
     """What the console prints when the demo stops: where its lab is kept and how to reach it again."""
     return (f"the demo lab stopped; its lab file, runs and checkpoints stay in {shown_path(directory)}/ for the next `make demo`.\n"
-            f"  headless: cetlab demo, then in another terminal: {demo_cli_line(directory)}")
+            f"  headless: {cli_program()} demo, then in another terminal: {demo_cli_line(directory)}")
 
 
 def is_demo_source(lab_path: Path) -> bool:

@@ -233,7 +233,9 @@ def test_make_demo_twice_keeps_runs_checkpoints_and_keys(tmp_path, monkeypatch, 
     assert isinstance(seen[1]["port"], int) and seen[1]["port"] > 0 and first_port > 0  # fresh ports, written each start
 
 
-def test_one_demo_per_folder_at_a_time(tmp_path):
+def test_one_demo_per_folder_at_a_time(tmp_path, monkeypatch, capsys):
+    import console.app
+    import console.demo
     from console.demo import DemoRunningError
 
     source = saver_lab(tmp_path / "src")
@@ -241,6 +243,10 @@ def test_one_demo_per_folder_at_a_time(tmp_path):
         port = running.lab_path.read_text()
         with pytest.raises(DemoRunningError, match=r"already running from .* \(pid \d+\); use it: .*--lab .*lab.yaml status"):
             DemoLab(tmp_path / "d", source=source).start()
+        monkeypatch.setattr(console.demo, "default_demo_dir", lambda: tmp_path / "d")
+        assert console.app.main(["--demo", "--lab", str(source)]) == 1  # a second `make demo`
+        said = capsys.readouterr()
+        assert f"already running from {tmp_path / 'd'} (pid {os.getpid()})" in said.err and "stopped" not in said.out
         assert running.lab_path.read_text() == port  # the running demo's ports were not rewritten
     again = DemoLab(tmp_path / "d", source=source)  # stopped: the folder is free again
     again.lock()

@@ -15,6 +15,8 @@ from widgets.cost_counter import fmt_money as money
 EXIT_OK, EXIT_FAILED = 0, 1
 
 
+
+
 def pct(value: float | None) -> str:
     return "?" if value is None else f"{value:.0f}%"
 

@@ -8,14 +8,18 @@ import json
 from typing import Any
 
 from agents.protocol import EVENT_LOG, ErrorCode, RemoteError
-from widgets.format import fmt_duration
 
 EXIT_OK, EXIT_FAILED = 0, 1
 ACTIVE = ("starting", "running", "stopping")
 
 
-def duration_text(seconds: float | None) -> str:
-    return "-" if seconds is None else fmt_duration(seconds)
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def state_text(job: dict[str, Any]) -> str:
@@ -38,7 +42,7 @@ def jobs_human(data: dict[str, Any]) -> str:
             job["id"], job["machine"], job["recipe"], ",".join(map(str, job["gpus"])) or "-", state_text(job), step_text(job),
             "-" if job.get("loss") is None else f"{job['loss']:.4f}",
             "-" if job.get("samples_per_s") is None else f"{job['samples_per_s']:.1f}",
-            duration_text(job.get("eta_s")) if job["state"] in ACTIVE else "-", duration_text(job.get("elapsed_s")),
+            fmt_duration(job.get("eta_s")) if job["state"] in ACTIVE else "-", fmt_duration(job.get("elapsed_s")),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -72,7 +72,7 @@ def models_human(data: dict[str, Any]) -> str:
 
 
 def rotation_schedule(rotation: dict[str, Any], now: float) -> str:
-    """"next in 3h51m, overhead 0.012% (target < 1%)": one machine's rotation clock, in human durations."""
+    """One machine's rotation clock in human durations: `next in 3h51m, overhead 0.012% (target < 1%)`."""
     when = "not scheduled" if rotation.get("next_at") is None else f"in {fmt_duration(max(0.0, rotation['next_at'] - now))}"
     return f"next {when}, overhead {rotation['overhead_pct']:.3f}% (target < {rotation['target_pct']}%)"
 

@@ -21,8 +21,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# The benches start cetlab's commands (cetlab-train, cetlab-agent): the venv's, first on PATH.
 bench: $(STAMP)
-	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+	for b in bench/bench_*.py; do PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python $$b || exit 1; done
 
 screenshots: $(STAMP)
 	$(BIN)/python screenshots/make_screenshots.py

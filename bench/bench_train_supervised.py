@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agents.lab import load_lab  # noqa: E402
+from bench.common import console_script  # noqa: E402
 from console.client import FleetClient  # noqa: E402
 from console.demo import DemoLab  # noqa: E402
 
@@ -44,8 +45,8 @@ def train_runtime_s(log_text: str) -> float:
 
 
 def command(tiny: Path, output_dir: str) -> list[str]:
-    """The recipe's command; the agent adds the params as `--max-steps N --save-steps N`."""
-    return ["cetlab-train", "--config", "demo/train.yaml", "--output-dir", output_dir, "--set", f"base_model={tiny}"]
+    """The recipe's command, the same cetlab-train for both runs; the agent adds the params as `--max-steps N --save-steps N`."""
+    return [console_script("cetlab-train"), "--config", "demo/train.yaml", "--output-dir", output_dir, "--set", f"base_model={tiny}"]
 
 
 def run_bare(lab_dir: Path, tiny: Path, steps: int, n: int) -> tuple[float, float]:

@@ -1,10 +1,20 @@
-"""Shared helpers for the benchmarks: percentiles, CPU share of a process over a window."""
+"""Shared helpers for the benchmarks: percentiles, CPU share of a process over a window, the venv's commands."""
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import psutil
+
+
+def console_script(name: str) -> str:
+    """The path of one of cetlab's commands beside the running Python: `make bench` does not put .venv/bin on PATH."""
+    path = Path(sys.executable).parent / name  # not resolved: a venv's python is a link out of the venv
+    if not path.is_file():
+        raise SystemExit(f"{name} is not beside {sys.executable}: install cetlab into this Python (pip install -e '.[train]')")
+    return str(path)
 
 
 def percentile(values: list[float], pct: float) -> float:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import shutil
 import sys
-import tempfile
 import time
 from collections import deque
 from pathlib import Path
@@ -125,14 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from console.cli import find_lab
 
-    demo = None
+    demo, demo_started = None, False
     try:
         if args.demo:
-            from console.demo import DemoLab
+            from console.demo import DemoLab, default_demo_dir, shown_path
 
-            demo = DemoLab(Path(tempfile.mkdtemp(prefix="cetlab-demo-")), source=Path(args.lab) if args.lab else None)
-            print("starting the demo lab's agents ...", flush=True)
+            demo = DemoLab(default_demo_dir(), source=Path(args.lab) if args.lab else None)
+            print(f"starting the demo lab's agents (lab file, state, runs and checkpoints in {shown_path(demo.dir)}) ...", flush=True)
             demo.start()
+            demo_started = True
             demo.wait_listening()
             lab = load_lab(demo.lab_path)
         else:
@@ -147,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if demo is not None:
             demo.stop()
-            shutil.rmtree(demo.dir, ignore_errors=True)  # keys and state of this run only
+        if demo_started:
+            from console.demo import demo_quit_message
+
+            print(demo_quit_message(demo.dir), flush=True)
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import sys
@@ -50,6 +51,17 @@ class Context:
 
     async def call(self, machine: str, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
         return await self.client.call(machine, method, params, timeout)
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above zero (0 or less would give up before connecting)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} s: must be more than 0")
+    return value
 
 
 def find_lab(explicit: str | None) -> Path:
@@ -117,24 +129,40 @@ async def cmd_status(ctx: Context) -> int:
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
-    from console.demo import DemoLab
+    from console.demo import DemoLab, default_demo_dir, demo_cli_line
 
-    demo = DemoLab(Path(args.dir), scale=args.scale, agents_per_process=args.agents_per_process or (8 if args.scale else 1))
+    demo = DemoLab(Path(args.dir) if args.dir else default_demo_dir(), scale=args.scale,
+                   agents_per_process=args.agents_per_process or (8 if args.scale else 1))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        demo.start()
-        await asyncio.to_thread(demo.wait_listening, 60.0)
-        print(f"demo lab running: {demo.lab_path}\n  try: cetlab --lab {demo.lab_path} status", flush=True)
+        try:
+            demo.start()
+            await asyncio.to_thread(demo.wait_listening, 60.0)
+        except RuntimeError as exc:  # already running from that folder, or an agent did not start
+            print(f"cetlab: {exc}", file=sys.stderr)
+            return EXIT_FAILED
         from console.gateway_demo import describe
 
+        print(f"demo lab running: {demo.lab_path}\n  try: {demo_cli_line(demo.dir)}", flush=True)
         print(describe(demo.dir, demo.lab_path) + "  stop with Ctrl-C", flush=True)
         await stop.wait()
     finally:
         demo.stop()
     return EXIT_OK
+
+
+def hint_demo_lab(lab_path: Path) -> None:
+    """No machine answered: if this is the demo's source lab, its ports are not the running demo's; say which file is."""
+    from console.demo import default_demo_dir, demo_cli_line, is_demo_source, shown_path
+
+    if not is_demo_source(lab_path):
+        return
+    print(f"cetlab: {shown_path(lab_path)} is the demo lab's source; the demo runs its agents with other ports and keys, "
+          f"written to {shown_path(default_demo_dir() / 'lab.yaml')}. While the demo runs (`make demo`, or headless: "
+          f"`cetlab demo`), use:\n  {demo_cli_line()}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------- main
@@ -144,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cetlab", description="cetlab: operate a GPU lab from scripts.")
     parser.add_argument("--lab", help="lab.yaml (default: $CETLAB_LAB, else ./lab.yaml)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the machines (default 10)")
+    parser.add_argument("--timeout", type=positive_seconds, default=10.0, help="seconds to wait for the machines (default 10)")
     parser.add_argument("--trust-new-hosts", action="store_true", help="trust and record unknown host keys on first use")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
@@ -152,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("demo", help="run the demo lab's agents headless until Ctrl-C")
-    p.add_argument("--dir", required=True, help="where to write lab.yaml, keys and agent state")
+    p.add_argument("--dir", help="where to keep lab.yaml, keys, agent state, runs and checkpoints "
+                   "(default: the checkout's .cetlab-demo/, the same as `make demo`)")
     p.add_argument("--scale", type=int, help="emulate N machines of 8 GPUs instead of the demo lab")
     p.add_argument("--agents-per-process", type=int, help=argparse.SUPPRESS)
     p.set_defaults(standalone=cmd_demo)
@@ -166,10 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
 async def run(args: argparse.Namespace) -> int:
     if getattr(args, "standalone", None):
         return await args.standalone(args)
-    lab = load_lab(find_lab(args.lab))
+    lab_path = find_lab(args.lab)
+    lab = load_lab(lab_path)
     client = FleetClient(lab, trust_on_first_use=args.trust_new_hosts or None, subscribe=[], reconnect=False)
     async with client:
         await client.wait_connected(args.timeout)
+        if not any(view.online for view in client.state.machines.values()):
+            hint_demo_lab(lab_path)
         ctx = Context(args, lab, client)
         return await args.func(ctx)
 

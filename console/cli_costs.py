@@ -7,6 +7,7 @@ import time
 from datetime import date
 from typing import Any
 
+from agents.protocol import ErrorCode, RemoteError
 from console.alerts import offline_alerts
 from console.costs import lab_costs
 from widgets.format import fmt_money as money
@@ -59,9 +60,21 @@ def alerts_human(data: dict[str, Any]) -> str:
     return "\n".join(lines) or "no alerts"
 
 
+def alert_machine(ctx, alert_id: str) -> str:
+    """The machine that raised an alert: its id is "<machine>-<n>" (agents/alerts.py); a clear error for anything else."""
+    machine, _, n = alert_id.rpartition("-")
+    names = [m.name for m in ctx.lab.machines]
+    if n == "offline" and machine in names:
+        raise RemoteError(ErrorCode.CONFLICT, f"{alert_id} is raised by this console, not an agent: it clears when {machine} answers again")
+    if machine not in names or not n.isdigit():
+        raise RemoteError(ErrorCode.NOT_FOUND, f"no alert {alert_id!r} in {ctx.lab.lab}: alert ids look like {names[0]}-12 "
+                          "(see `cetlab alerts --all`)")
+    return machine
+
+
 async def cmd_alerts(ctx) -> int:
     if ctx.args.ack:
-        machine = ctx.args.ack.rpartition("-")[0]
+        machine = alert_machine(ctx, ctx.args.ack)
         result = await ctx.call(machine, "alerts.ack", {"id": ctx.args.ack})
         ctx.out(result, lambda r: f"acknowledged {r['id']}: {r['message']}")
         return EXIT_OK

@@ -30,10 +30,10 @@ def step_text(job: dict[str, Any]) -> str:
 
 
 def jobs_human(data: dict[str, Any]) -> str:
-    rows = [("JOB", "RECIPE", "GPUS", "STATE", "STEP", "LOSS", "SAMPLES/S", "ETA", "ELAPSED")]
+    rows = [("JOB", "MACHINE", "RECIPE", "GPUS", "STATE", "STEP", "LOSS", "SAMPLES/S", "ETA", "ELAPSED")]
     for job in data["jobs"]:
         rows.append((
-            job["id"], job["recipe"], ",".join(map(str, job["gpus"])) or NA, state_text(job), step_text(job),
+            job["id"], job["machine"], job["recipe"], ",".join(map(str, job["gpus"])) or NA, state_text(job), step_text(job),
             fmt(job.get("loss"), ".4f"), fmt(job.get("samples_per_s"), ".1f"),
             fmt_duration(job.get("eta_s")) if job["state"] in JOB_ACTIVE else NA, fmt_duration(job.get("elapsed_s")),
         ))

@@ -9,7 +9,8 @@ import time
 from typing import Any
 
 from agents.protocol import ErrorCode, RemoteError
-from widgets.format import NA, fmt, fmt_gib
+from console.cli import positive_seconds
+from widgets.format import NA, fmt, fmt_duration, fmt_gib
 
 EXIT_OK, EXIT_FAILED = 0, 1
 POLL_S = 0.25
@@ -63,11 +64,46 @@ def models_human(data: dict[str, Any]) -> str:
             lines.append(f"{m['name']}: {m['error']['message']}")
     for machine, rotation in data.get("rotation", {}).items():
         if rotation and rotation.get("plan"):
-            when = NA if rotation.get("next_at") is None else f"in {max(0, rotation['next_at'] - time.time()):.0f} s"
             step = "start" if rotation["index"] is None else rotation["index"] + 1
-            lines.append(f"{machine}: rotation step {step} of {len(rotation['plan'])}, next {when}, "
-                         f"overhead {rotation['overhead_pct']:.3f}% (target < {rotation['target_pct']}%)")
+            lines.append(f"{machine}: rotation step {step} of {len(rotation['plan'])}, {rotation_schedule(rotation, time.time())}")
     lines += [f"{name}: OFFLINE {error}" for name, error in data.get("offline", {}).items()]
+    return "\n".join(lines)
+
+
+def rotation_schedule(rotation: dict[str, Any], now: float) -> str:
+    """One machine's rotation clock in human durations: `next in 3h51m, overhead 0.012% (target < 1%)`."""
+    when = "not scheduled" if rotation.get("next_at") is None else f"in {fmt_duration(max(0.0, rotation['next_at'] - now))}"
+    return f"next {when}, overhead {rotation['overhead_pct']:.3f}% (target < {rotation['target_pct']}%)"
+
+
+def rotation_human(data: dict[str, dict[str, Any]], now: float | None = None) -> str:
+    """What `cetlab rotate` did on each machine: the set it moved to, the moves, what is not warm, the next rotation."""
+    now = time.time() if now is None else now
+    lines = []
+    for machine, rotation in data.items():
+        sets, last = rotation.get("plan") or [], rotation.get("last")
+        if rotation.get("running") and rotation.get("index") is not None:  # the index moves when a rotation starts
+            lines.append(f"{machine}: rotating to set {rotation['index'] + 1} of {len(sets)} "
+                         f"({', '.join(sets[rotation['index']])}); `cetlab models` to watch")
+        elif last is None:
+            lines.append(f"{machine}: not rotated yet")
+        else:
+            target = sets[last["index"]] if 0 <= last["index"] < len(sets) else []
+            lines.append(f"{machine}: rotated to set {last['index'] + 1} of {len(sets)} ({', '.join(target)}) "
+                         f"in {last['duration_s']:.1f} s, {fmt_duration(now - last['t'])} ago")
+            lines += [f"  swapped {out} out for {incoming}" for out, incoming in last.get("swaps") or []]
+            if last.get("out"):
+                lines.append(f"  freed: {', '.join(last['out'])}")
+            if last.get("up"):
+                lines.append(f"  brought up: {', '.join(last['up'])}")
+            if last.get("not_warm"):
+                lines.append(f"  NOT WARM: {', '.join(last['not_warm'])}")
+            lines += [f"  problem: {problem}" for problem in last.get("problems") or []]
+            if not (last.get("swaps") or last.get("out") or last.get("up")):
+                lines.append("  nothing to move: its set was already up")
+        if rotation.get("pinned"):
+            lines.append(f"  pinned (never rotated out): {', '.join(rotation['pinned'])}")
+        lines.append(f"  {rotation_schedule(rotation, now)}")
     return "\n".join(lines)
 
 
@@ -149,10 +185,16 @@ async def cmd_cache(ctx) -> int:
     return await _act(ctx, "models.cache", ctx.args.model, ("cold", "cached", "warm", "sleeping", "failed"))
 
 
+def pin_human(m: dict[str, Any]) -> str:
+    """What `cetlab pin` changed, then where the model stands."""
+    said = "pinned: rotation never takes it out" if m.get("pinned") else "unpinned: rotation may take it out"
+    return f"{m['name']} {said}\n{model_human(m)}"
+
+
 async def cmd_pin(ctx) -> int:
     machine = model_machine(ctx, ctx.args.model)
     model = await ctx.call(machine, "models.pin", {"model": ctx.args.model, "pinned": not ctx.args.unpin})
-    ctx.out(model_json(model), model_human)
+    ctx.out(model_json(model), pin_human)
     return EXIT_OK
 
 
@@ -185,14 +227,14 @@ async def cmd_rotate(ctx) -> int:
         while any(r["running"] for r in results.values()) and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
             results = {m: await ctx.call(m, "models.rotation") for m in machines}
-    ctx.out(results, lambda d: "\n".join(f"{m}: {r['last']}" for m, r in d.items()))
+    ctx.out(results, rotation_human)
     return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     def waiting(p: argparse.ArgumentParser) -> None:
         p.add_argument("--no-wait", action="store_true", help="return at once with the new state")
-        p.add_argument("--wait-timeout", type=float, default=1800.0, help="seconds to wait for the final state (default 1800)")
+        p.add_argument("--wait-timeout", type=positive_seconds, default=1800.0, help="seconds to wait for the final state (default 1800)")
 
     p = sub.add_parser("models", help="the model pool: state, load / warm-up / wake times, RAM cache")
     p.set_defaults(func=cmd_models)

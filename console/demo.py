@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -14,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from platformdirs import user_state_path
 
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, write_private
 from agents.lab import load_lab
 from console import gateway_demo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+DEMO_DIR_NAME = ".cetlab-demo"  # git-ignored
+LOCK_NAME = "demo.lock"
 
 # GPUs of the emulated machines of `--scale N`: 8 each, mixed like a real second-hand lab.
 SCALE_GPUS = [
@@ -32,6 +36,55 @@ SCALE_GPUS = [
     {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "serving"},
     {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "idle"},
 ]
+
+
+def default_demo_dir() -> Path:
+    """Where the demo lab keeps its lab file, keys, agent state, runs and checkpoints across restarts.
+
+    In a checkout: its git-ignored `.cetlab-demo/`; installed from a wheel: the user's state folder.
+    """
+    if (REPO_ROOT / "lab.yaml").exists() and os.access(REPO_ROOT, os.W_OK):
+        return REPO_ROOT / DEMO_DIR_NAME
+    return user_state_path("cetlab") / "demo"
+
+
+def shown_path(path: Path) -> str:
+    """A path as a person would type it here: relative to the working folder when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def cli_program() -> str:
+    """How to type `cetlab` here: bare when on PATH, else the one beside this Python (make does not activate .venv)."""
+    return "cetlab" if shutil.which("cetlab") else shown_path(Path(sys.executable).parent / "cetlab")
+
+
+def demo_cli_line(directory: Path | None = None) -> str:
+    """The CLI line that talks to the demo lab (while its agents run): for the help screen and the quit message."""
+    return f"{cli_program()} --lab {shown_path((directory or default_demo_dir()) / 'lab.yaml')} status"
+
+
+def demo_cli_hint(lab_path: Path | None) -> str | None:
+    """The CLI line for the lab a console shows, when that lab is a demo's (for the help screen); else None."""
+    if lab_path is None or not (lab_path.parent / LOCK_NAME).exists():
+        return None
+    return demo_cli_line(lab_path.parent)
+
+
+def demo_quit_message(directory: Path) -> str:
+    """What the console prints when the demo stops: where its lab is kept and how to reach it again."""
+    return (f"the demo lab stopped; its lab file, runs and checkpoints stay in {shown_path(directory)}/ for the next `make demo`.\n"
+            f"  headless: {cli_program()} demo, then in another terminal: {demo_cli_line(directory)}")
+
+
+def is_demo_source(lab_path: Path) -> bool:
+    """True when lab_path is the demo lab's source: its machines' ports are placeholders, the demo writes the real ones."""
+    try:
+        return lab_path.resolve() == bundled_lab().resolve()
+    except OSError:
+        return False
 
 
 def bundled_lab() -> Path:
@@ -64,8 +117,16 @@ def _scaled(data: dict[str, Any], scale: int) -> dict[str, Any]:
     return {**kept, "lab": f"{data.get('lab', 'lab')}-x{scale}", "machines": machines}
 
 
+class DemoRunningError(RuntimeError):
+    """Another process runs a demo lab from the same folder."""
+
+
 class DemoLab:
-    """Writes DIR/lab.yaml (client side complete) and runs one agent per machine."""
+    """Writes DIR/lab.yaml (client side complete) and runs one agent per machine.
+
+    DIR is kept: a second start on it reuses its keys, agent state, runs and checkpoints,
+    with fresh ports (written into DIR/lab.yaml and its known_hosts). One demo per DIR at a time.
+    """
 
     def __init__(self, directory: Path, source: Path | None = None, scale: int | None = None, agents_per_process: int = 1):
         self.dir = directory.resolve()
@@ -74,6 +135,7 @@ class DemoLab:
         self.agents_per_process = agents_per_process
         self.lab_path = self.dir / "lab.yaml"
         self.processes: list[subprocess.Popen] = []
+        self._lock_fd: int | None = None
 
     def prepare(self) -> Path:
         load_lab(self.source)  # a broken source lab fails here, with file and line
@@ -82,8 +144,8 @@ class DemoLab:
             data = _scaled(data, self.scale)
         self.dir.mkdir(parents=True, exist_ok=True)
         assets = self.source.parent / "demo"
-        if assets.is_dir() and not (self.dir / "demo").exists():
-            shutil.copytree(assets, self.dir / "demo")
+        if assets.is_dir():  # refreshed on every start: the checkout's recipe files may have changed
+            shutil.copytree(assets, self.dir / "demo", dirs_exist_ok=True)
         console_dir = self.dir / "console"
         client_key = ensure_key(console_dir / "id_ed25519", comment="cetlab-demo-console")
         client_pub = client_key.export_public_key().decode().split()
@@ -109,8 +171,31 @@ class DemoLab:
         return [m["name"] for m in yaml.safe_load(self.lab_path.read_text())["machines"]]
 
     def start(self) -> None:
+        self.lock()
         self.prepare()
         self.launch()
+
+    def lock(self) -> None:
+        """Hold DIR for this process: a second demo on it would rewrite the ports under the first one's agents."""
+        if self._lock_fd is not None:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            raise DemoRunningError(f"a demo lab is already running from {shown_path(self.dir)} (pid {other or '?'}); "
+                                   f"use it: {demo_cli_line(self.dir)}") from None
+        os.ftruncate(fd, 0)  # a pid left by a demo that died is rewritten, never trusted
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def launch(self) -> None:
         """Start the agent processes of an already prepared demo dir (again, after a stop)."""
@@ -161,6 +246,7 @@ class DemoLab:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.processes.clear()
+        self.unlock()
 
     def __enter__(self) -> DemoLab:
         self.start()

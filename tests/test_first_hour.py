@@ -1,0 +1,271 @@
+"""The first hour of a new user (issue 13): the CLI's rough edges, `make bench`, the demo's own lab file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from console.cli import main as cli_main
+from console.cli_models import rotation_human
+from console.demo import DemoLab
+
+PY = sys.executable
+REPO = Path(__file__).resolve().parent.parent
+FAST = {"load_s": 0.2, "warmup_s": 0.3, "wake_s": 0.1, "tokens_per_s": 400, "placeholder_mib": 2}
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def sim_model(name: str, gpu: int) -> dict:
+    return {"name": name, "path": f"models/{name}", "engine": "sim", "machine": "box", "gpus": [gpu], "vram_gib": 4, "sim": FAST}
+
+
+@pytest.fixture(scope="module")
+def box_lab(tmp_path_factory):
+    """One machine with two sim models on a 4 h rotation and a trainer that prints a line: its agent running."""
+    root = tmp_path_factory.mktemp("first-hour")
+    data = {
+        "lab": "first-hour",
+        "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}] * 2}}],
+        "models": [sim_model("a", 0), sim_model("b", 1)],
+        "orchestra": {"warm": ["a"], "rotate_every": "4h", "rotation": [["b"], ["a"]]},
+        "trainers": [{"name": "hello", "machine": "box", "command": [PY, "-c", "print('hello')"], "output_dir": "runs/{job_id}"}],
+    }
+    (root / "lab.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    with DemoLab(root / "run", source=root / "lab.yaml") as demo:
+        yield demo
+
+
+def cli(lab: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "console.cli", "--lab", str(lab), *args], capture_output=True, text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------- 8: --timeout
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_a_timeout_that_cannot_wait_is_a_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli_main(["--lab", "nowhere.yaml", "--timeout", value, "status"])
+    assert info.value.code == 2
+    assert "--timeout" in capsys.readouterr().err
+
+
+def test_wait_timeout_of_models_must_be_positive_too(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli_main(["--lab", "nowhere.yaml", "warm", "a", "--wait-timeout", "0"])
+    assert info.value.code == 2 and "--wait-timeout" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- 9, 18: rotation in words
+
+
+def test_rotate_says_what_moved_in_lines_and_durations_in_hours(box_lab):
+    done = cli(box_lab.lab_path, "rotate")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "{" not in out and "'swaps'" not in out  # no raw Python dicts
+    assert re.search(r"^box: rotated to set 1 of 2 \(b\) in \d+\.\d s", out, re.M), out
+    assert "brought up: b" in out or "swapped a out for b" in out or "freed: a" in out, out
+    assert re.search(r"next in 3h5\dm, overhead \d+\.\d{3}% \(target < 1", out), out  # 4 h, not "in 14399 s"
+    as_json = cli(box_lab.lab_path, "--json", "rotate", "--no-wait")
+    assert json.loads(as_json.stdout)["box"]["plan"] == [["b"], ["a"]]  # --json stays JSON
+    models = cli(box_lab.lab_path, "models")
+    assert re.search(r"box: rotation step \d of 2, next in [34]h\d\dm", models.stdout), models.stdout
+    assert not re.search(r"in \d+ s", models.stdout)
+
+
+def test_rotation_text_names_problems_and_what_is_not_warm():
+    rotation = {"plan": [["x", "y"], ["z"]], "index": 0, "running": False, "next_at": 1000.0 + 90, "pinned": ["p"],
+                "overhead_pct": 0.0123, "target_pct": 1.0,
+                "last": {"t": 1000.0 - 3600, "index": 0, "duration_s": 2.5, "swaps": [["z", "x"]], "out": [], "up": ["y"],
+                         "not_warm": ["y"], "problems": ["y needs 4.5 GiB on GPU 1 of m5"]}}
+    text = rotation_human({"m5": rotation}, now=1000.0)
+    assert text.splitlines() == [
+        "m5: rotated to set 1 of 2 (x, y) in 2.5 s, 1h00m ago",
+        "  swapped z out for x",
+        "  brought up: y",
+        "  NOT WARM: y",
+        "  problem: y needs 4.5 GiB on GPU 1 of m5",
+        "  pinned (never rotated out): p",
+        "  next in 1m30s, overhead 0.012% (target < 1.0%)",
+    ]
+
+
+# ---------------------------------------------------------------------------- 11, 12: pin, jobs
+
+
+def test_unpin_says_it_is_unpinned(box_lab):
+    pinned = cli(box_lab.lab_path, "pin", "a")
+    assert pinned.returncode == 0 and pinned.stdout.startswith("a pinned: rotation never takes it out"), pinned.stdout
+    unpinned = cli(box_lab.lab_path, "pin", "a", "--unpin")
+    assert unpinned.returncode == 0 and unpinned.stdout.startswith("a unpinned: rotation may take it out"), unpinned.stdout
+    assert "PINNED" not in unpinned.stdout
+
+
+def test_jobs_has_a_machine_column(box_lab):
+    started = cli(box_lab.lab_path, "train", "hello", "--follow")
+    assert started.returncode == 0, started.stderr
+    listed = cli(box_lab.lab_path, "jobs", "--all")
+    header, *rows = listed.stdout.splitlines()
+    assert header.split()[:3] == ["JOB", "MACHINE", "RECIPE"]
+    assert any(row.split()[1:3] == ["box", "hello"] for row in rows), listed.stdout
+
+
+# ---------------------------------------------------------------------------- 7: alerts --ack
+
+
+@pytest.mark.parametrize("alert_id, says", [
+    ("nosuch", "no alert 'nosuch' in first-hour: alert ids look like box-12"),
+    ("ghost-3", "no alert 'ghost-3' in first-hour"),
+    ("box-offline", "box-offline is raised by this console, not an agent"),
+    ("box-999999", "no alert 'box-999999' on box"),
+])
+def test_acking_an_unknown_alert_names_the_alert(box_lab, alert_id, says):
+    result = cli(box_lab.lab_path, "alerts", "--ack", alert_id)
+    assert result.returncode == 1
+    assert says in result.stderr, result.stderr
+    assert "no machine named" not in result.stderr
+
+
+# ---------------------------------------------------------------------------- 2: make bench
+
+
+@pytest.mark.slow
+def test_the_supervised_training_bench_runs_without_the_venv_on_path(tmp_path):
+    """`make bench` runs .venv/bin/python bench/...: the venv's bin folder is not on PATH."""
+    venv_bin = str(Path(PY).parent)
+    path = os.pathsep.join(p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != venv_bin)
+    env = {**os.environ, "PATH": path, "TMPDIR": str(tmp_path)}
+    result = subprocess.run([PY, "bench/bench_train_supervised.py", "--steps", "4", "--rounds", "1"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=170)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.splitlines()[-1])
+    assert figures["bare_steps_per_s"] > 0 and figures["supervised_steps_per_s"] > 0
+
+
+# ---------------------------------------------------------------------------- 13: the demo's lab file, kept
+
+SAVER = """import json, pathlib, sys
+ckpt = pathlib.Path(sys.argv[1]) / "checkpoint-2"
+ckpt.mkdir(parents=True)
+(ckpt / "adapter_model.safetensors").write_bytes(b"weights")
+(ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 2, "log_history": [{"step": 2, "loss": 1.5}]}))
+print("saved", ckpt)
+"""
+
+
+def saver_lab(root: Path) -> Path:
+    """A one-machine demo source whose trainer writes one checkpoint (real files) and exits."""
+    data = {
+        "lab": "kept-lab",
+        "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
+        "trainers": [{"name": "saver", "machine": "box", "command": [PY, "-c", SAVER, "{output_dir}"], "output_dir": "runs/{job_id}"}],
+        "checkpoints": {"poll_s": 1, "settle_s": 0},
+    }
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "lab.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return root / "lab.yaml"
+
+
+def wait_cli(lab: Path, args: list[str], done, timeout: float = 60.0):
+    """Run a `cetlab --json` command until done(its JSON) holds (the agents poll their folders every poll_s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = cli(lab, "--json", *args)
+        data = json.loads(result.stdout) if result.returncode == 0 else None
+        if data is not None and done(data):
+            return data
+        assert time.monotonic() < deadline, (args, result.stdout, result.stderr)
+
+
+def test_the_demo_lab_lives_in_the_checkout_and_git_ignores_it():
+    from console.demo import default_demo_dir
+
+    assert default_demo_dir() == REPO / ".cetlab-demo"
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(REPO / ".cetlab-demo" / "lab.yaml")], cwd=REPO)
+    assert ignored.returncode == 0, ".cetlab-demo/ must be git-ignored"
+
+
+def test_make_demo_twice_keeps_runs_checkpoints_and_keys(tmp_path, monkeypatch, capsys):
+    """`cetlab-console --demo` (make demo) twice on its known folder: what the first made, the second lists."""
+    import console.app
+    import console.demo
+
+    demo_dir = tmp_path / "kept"
+    source = saver_lab(tmp_path / "src")
+    monkeypatch.setattr(console.demo, "default_demo_dir", lambda: demo_dir)
+    seen: list[dict] = []
+
+    def first_session(app) -> None:  # the operator trains in the console; here through the CLI on the same lab file
+        assert cli(app.lab.source, "train", "saver", "--follow").returncode == 0
+        seen.append(wait_cli(app.lab.source, ["checkpoints"], lambda d: any(r["newest_step"] == 2 for r in d["runs"])))
+
+    def second_session(app) -> None:
+        seen.append({"jobs": wait_cli(app.lab.source, ["jobs", "--all"], lambda d: bool(d["jobs"]))["jobs"],
+                     "runs": wait_cli(app.lab.source, ["checkpoints"], lambda d: bool(d["runs"]))["runs"],
+                     "port": app.lab.machines[0].port})
+
+    monkeypatch.setattr(console.app.CetlabApp, "run", first_session)
+    assert console.app.main(["--demo", "--lab", str(source)]) == 0
+    host_key = (demo_dir / "agents" / "box" / "ssh_host_ed25519_key.pub").read_bytes()
+    first_port = yaml.safe_load((demo_dir / "lab.yaml").read_text())["machines"][0]["port"]
+    quit_text = capsys.readouterr().out
+    assert f"--lab {demo_dir / 'lab.yaml'} status" in quit_text  # the line to use against it, printed on quit
+    assert (demo_dir / "lab.yaml").exists()  # kept: not a temp folder deleted on quit
+    # a demo that died leaves its lock file (and the agents their pid files): a new start is not stopped by them
+    (demo_dir / "demo.lock").write_text("999999\n")
+
+    monkeypatch.setattr(console.app.CetlabApp, "run", second_session)
+    assert console.app.main(["--demo", "--lab", str(source)]) == 0
+    (run,) = seen[0]["runs"]
+    assert [j["id"] for j in seen[1]["jobs"]] == [run["job"]] and seen[1]["jobs"][0]["state"] == "exited"
+    assert [(r["run"], r["newest_step"]) for r in seen[1]["runs"]] == [(run["run"], 2)]
+    assert (demo_dir / "agents" / "box" / "ssh_host_ed25519_key.pub").read_bytes() == host_key  # the same keys
+    assert isinstance(seen[1]["port"], int) and seen[1]["port"] > 0 and first_port > 0  # fresh ports, written each start
+
+
+def test_one_demo_per_folder_at_a_time(tmp_path, monkeypatch, capsys):
+    import console.app
+    import console.demo
+    from console.demo import DemoRunningError
+
+    source = saver_lab(tmp_path / "src")
+    with DemoLab(tmp_path / "d", source=source) as running:
+        port = running.lab_path.read_text()
+        with pytest.raises(DemoRunningError, match=r"already running from .* \(pid \d+\); use it: .*--lab .*lab.yaml status"):
+            DemoLab(tmp_path / "d", source=source).start()
+        monkeypatch.setattr(console.demo, "default_demo_dir", lambda: tmp_path / "d")
+        assert console.app.main(["--demo", "--lab", str(source)]) == 1  # a second `make demo`
+        said = capsys.readouterr()
+        assert f"already running from {tmp_path / 'd'} (pid {os.getpid()})" in said.err and "stopped" not in said.out
+        assert running.lab_path.read_text() == port  # the running demo's ports were not rewritten
+    again = DemoLab(tmp_path / "d", source=source)  # stopped: the folder is free again
+    again.lock()
+    again.unlock()
+
+
+def test_the_source_lab_says_which_file_the_demo_uses():
+    from console.demo import bundled_lab
+
+    result = cli(bundled_lab(), "--timeout", "1", "status")
+    assert result.returncode == 0  # status: the lab loaded, whatever the machines say
+    assert "is the demo lab's source" in result.stderr
+    assert "--lab .cetlab-demo/lab.yaml status" in result.stderr or f"--lab {REPO / '.cetlab-demo' / 'lab.yaml'} status" in result.stderr
+
+
+def test_the_help_screen_can_ask_for_the_demo_cli_line(tmp_path):
+    from console.demo import demo_cli_hint
+
+    with DemoLab(tmp_path / "d", source=saver_lab(tmp_path / "src")) as demo:
+        assert demo_cli_hint(demo.lab_path).endswith(f"--lab {demo.lab_path} status")
+    assert demo_cli_hint(tmp_path / "src" / "lab.yaml") is None  # not a demo's lab file
+    assert demo_cli_hint(None) is None

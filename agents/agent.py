@@ -7,13 +7,14 @@ import fcntl
 import logging
 import os
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import BaseModel
+
 from agents import __version__
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, StateDirError, ensure_key, prepare_state_dir
-from agents.lab import Lab, Machine, SimGpus
+from agents.lab import Lab
 from agents.protocol import (
     EVENT_TICK,
     PROTOCOL_VERSION,
@@ -26,30 +27,28 @@ from agents.protocol import (
     Role,
     SubscribeParams,
     Telemetry,
+    encode,
 )
 from agents.rpc import Peer, Registry
+from agents.sections import GpuStatus, ModelsSection, Tick
 from agents.store import Store
+from agents.history import History
 from agents.telemetry.host import HostSampler
+from agents.telemetry.samplers import GpuSampler, open_gpu_sampler
 
 log = logging.getLogger("cetlab.agent")
 
-HISTORY_S = 3600  # one hour of samples at the sampling rate
 SOCKET_NAME = "agent.sock"
 PID_FILE_NAME = "agent.pid"
 
 
-class GpuSampler(Protocol):
-    backend: str
-    simulated: bool
-    status: str | None
-
-    def sample(self) -> list[GpuSample]: ...
-
-    def close(self) -> None: ...
-
-
 class Component(Protocol):
-    """A part of the agent (jobs, orchestra, costs, alerts) plugged into its loop."""
+    """A part of the agent (jobs, orchestra, checkpoints, costs, alerts, audit) plugged into its loop.
+
+    A tick has two phases. The components that own state (jobs, models, checkpoints, audit) have
+    ``on_telemetry(telemetry)``: they update from the new sample first. The readers (costs, alerts)
+    have ``on_tick(tick)`` instead: they then see that same tick, with the owners' typed sections.
+    """
 
     name: str
 
@@ -57,61 +56,16 @@ class Component(Protocol):
 
     async def stop(self) -> None: ...
 
-    def on_telemetry(self, telemetry: Telemetry) -> None: ...  # called once per tick
-
-    def section(self) -> Any: ...  # JSON-able state pushed under `name` when it changes
+    def section(self) -> Any: ...  # its typed section (agents/sections.py), pushed under `name` when it changes
 
 
-class _NoGpus:
-    backend = "none"
-    simulated = False
-
-    def __init__(self, status: str):
-        self.status = status
-
-    def sample(self) -> list[GpuSample]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-
-def open_gpu_sampler(machine: Machine) -> GpuSampler:
-    if isinstance(machine.gpus, SimGpus):
-        from agents.telemetry.sim import SimSampler
-
-        return SimSampler(machine.gpus.sim, seed=machine.gpus.seed)
-    if machine.gpus == "none":
-        return _NoGpus("no GPUs (lab.yaml says gpus: none)")
-    from agents.telemetry.nvml import NvmlSampler
-
-    return NvmlSampler()
-
-
-class History:
-    """Ring buffer of compact samples: one hour at the sampling rate."""
-
-    def __init__(self, interval_s: float):
-        self.rows: deque[tuple] = deque(maxlen=max(1, int(HISTORY_S / interval_s)))
-
-    def add(self, t: Telemetry) -> None:
-        gpus = tuple((g.util_pct, g.mem_used_bytes, g.temp_c, g.power_w) for g in t.gpus)
-        self.rows.append((t.t, gpus, t.host.cpu_pct, t.host.ram_used_bytes))
-
-    def export(self, since: float | None, max_points: int) -> dict[str, Any]:
-        rows = [r for r in self.rows if since is None or r[0] > since]
-        step = max(1, -(-len(rows) // max_points))  # ceil: keep at most max_points
-        rows = rows[::step]
-        n_gpus = max((len(r[1]) for r in rows), default=0)
-        gpus = []
-        for i in range(n_gpus):
-            cols = [[r[1][i][k] if i < len(r[1]) else None for r in rows] for k in range(4)]
-            gpus.append({"index": i, "util_pct": cols[0], "mem_used_bytes": cols[1], "temp_c": cols[2], "power_w": cols[3]})
-        return {
-            "t": [r[0] for r in rows],
-            "gpus": gpus,
-            "host": {"cpu_pct": [r[2] for r in rows], "ram_used_bytes": [r[3] for r in rows]},
-        }
+def wire(value: Any) -> Any:
+    """A typed section (a model, a list of models, or None) as JSON."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, list):
+        return [wire(item) for item in value]
+    return value
 
 
 class Agent:
@@ -149,6 +103,7 @@ class Agent:
         self.store: Store | None = None
         self._acceptor = None
         self._loop_task: asyncio.Task | None = None
+        self.current: dict[str, Any] = {}  # the typed sections of the latest tick, by name (agents/sections.py)
         self._last_sections: dict[str, Any] = {}
         self._last_gpus: dict[int, dict] = {}
         self.ticks = 0
@@ -157,6 +112,12 @@ class Agent:
     @property
     def simulated(self) -> bool:
         return self.gpus.simulated
+
+    def component(self, name: str) -> Any | None:
+        """The component of that name (jobs, models, checkpoints ...), or None where this agent runs without it.
+
+        Components talk to each other through the public methods of what this returns, never their attributes."""
+        return next((c for c in self.components if c.name == name), None)
 
     # -- lifecycle
 
@@ -250,29 +211,45 @@ class Agent:
         self.latest = telemetry
         self.history.add(telemetry)
         self.ticks += 1
-        for component in self.components:
-            try:
-                component.on_telemetry(telemetry)
-            except Exception:
-                log.exception("%s.on_telemetry failed", component.name)
+        for component in self.components:  # phase one: the owners of state update
+            if hasattr(component, "on_telemetry"):
+                try:
+                    component.on_telemetry(telemetry)
+                except Exception:
+                    log.exception("%s.on_telemetry failed", component.name)
+        owned = self._sections(c for c in self.components if not hasattr(c, "on_tick"))
+        models = owned.get("models")
+        tick = Tick(telemetry, owned.get("jobs") or [], models if isinstance(models, ModelsSection) else None)
+        for component in self.components:  # phase two: the readers see this same tick
+            if hasattr(component, "on_tick"):
+                try:
+                    component.on_tick(tick)
+                except Exception:
+                    log.exception("%s.on_tick failed", component.name)
+        read = self._sections(c for c in self.components if hasattr(c, "on_tick"))
+        self.current = {**self._machine_sections(telemetry), **owned, **read}
         self._broadcast(telemetry)
 
-    def sections(self) -> dict[str, Any]:
-        """The whole state pushed to consoles, by section."""
-        t = self.latest
+    def _machine_sections(self, t: Telemetry) -> dict[str, Any]:
+        return {"host": t.host, "gpu_status": GpuStatus(backend=t.gpu_backend, status=t.gpu_status, simulated=t.simulated)}
+
+    def _sections(self, components) -> dict[str, Any]:
+        """The typed sections of these components; one that fails is left out (its log says why), the rest go on."""
         sections: dict[str, Any] = {}
-        if t is not None:
-            sections["host"] = t.host.model_dump(mode="json")
-            sections["gpu_status"] = {"backend": t.gpu_backend, "status": t.gpu_status, "simulated": t.simulated}
-        for component in self.components:
+        for component in components:
             try:
                 sections[component.name] = component.section()
             except Exception:
                 log.exception("%s.section failed", component.name)
         return sections
 
+    def sections(self) -> dict[str, Any]:
+        """The whole state, by section, as JSON, as it is now (between ticks too: `status` answers with it)."""
+        current = {**(self._machine_sections(self.latest) if self.latest else {}), **self._sections(self.components)}
+        return {name: wire(value) for name, value in current.items()}
+
     def _broadcast(self, telemetry: Telemetry) -> None:
-        sections = self.sections()
+        sections = {name: wire(value) for name, value in self.current.items()}
         gpus = {g.index: g.model_dump(mode="json") for g in telemetry.gpus}
         changed = {k: v for k, v in sections.items() if self._last_sections.get(k) != v}
         changed_gpus = [g for i, g in gpus.items() if self._last_gpus.get(i) != g]
@@ -282,9 +259,34 @@ class Agent:
                 continue
             if peer.wants_full:
                 peer.wants_full = False
-                peer.push(EVENT_TICK, {"t": telemetry.t, "full": True, "changed": {**sections, "gpus": list(gpus.values())}})
+                self._push_tick(peer, {"t": telemetry.t, "full": True, "changed": {**sections, "gpus": list(gpus.values())}})
             else:
-                peer.push(EVENT_TICK, {"t": telemetry.t, "full": False, "changed": {**changed, "gpus": changed_gpus}})
+                self._push_tick(peer, {"t": telemetry.t, "full": False, "changed": {**changed, "gpus": changed_gpus}})
+
+    def _push_tick(self, peer: Peer, data: dict[str, Any]) -> None:
+        """A tick to one peer. A section that cannot be encoded (a bug: sections are finite by type) is left out
+        and logged; the other sections go out, and the tick goes on."""
+        try:
+            peer.push(EVENT_TICK, data)
+            return
+        except (ValueError, TypeError, RecursionError):
+            pass
+        changed = {}
+        for name, value in data["changed"].items():
+            try:
+                encode(value)
+                changed[name] = value
+            except (ValueError, TypeError, RecursionError):
+                log.error("the %s section of %s cannot be encoded (NaN or infinity?); left out of the tick", name, self.machine.name)
+        self._push(peer, EVENT_TICK, {**data, "changed": changed})
+
+    @staticmethod
+    def _push(peer: Peer, event: str, data: Any) -> None:
+        """One event to one peer; a value that cannot be encoded is logged, and the tick goes on for everyone."""
+        try:
+            peer.push(event, data)
+        except (ValueError, TypeError, RecursionError):
+            log.exception("could not encode a %s event for %s; it was not sent", event, peer.who)
 
     def claim_gpus(self, indices: list[int], key: str, owner: str, mem_bytes: int, util_pct: float, pid: int = 0) -> None:
         """Tell a simulated backend what now runs on these GPUs (NVML sees real processes itself)."""
@@ -305,7 +307,7 @@ class Agent:
         """Push an event to every subscriber of its topic."""
         for peer in list(self.peers):
             if event in peer.topics:
-                peer.push(event, data)
+                self._push(peer, event, data)
 
     # -- core methods
 
@@ -362,6 +364,10 @@ class Agent:
             self.interval_s = params.interval_s
             log.info("%s set the sampling interval to %.2f s", peer.who, params.interval_s)
             return {"interval_s": self.interval_s}
+
+        from agents.telemetry.sim import register_methods as register_sim_methods
+
+        register_sim_methods(self)
 
         @rpc.method("methods", doc="Every method with its role and doc.")
         async def methods(peer: Peer, _params) -> list:

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.costs import JOB_STATES, component_section, section_items
 from agents.lab import Alerts
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError, Role, Telemetry
+from agents.sections import AlertInfo, AlertsSection, JobInfo, ModelInfo, Tick
+from agents.states import JOB_ACTIVE, JobState, ModelState
 
 if TYPE_CHECKING:
     from agents.agent import Agent
@@ -70,8 +71,11 @@ class Alert:
     def id(self) -> str:
         return f"{self.machine}-{self.n}"
 
+    def info(self) -> AlertInfo:
+        return AlertInfo(id=self.id, **asdict(self), acked=self.acked_at is not None)
+
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, **asdict(self), "acked": self.acked_at is not None}
+        return self.info().to_wire()
 
 
 @dataclass
@@ -95,7 +99,7 @@ class AlertEngine:
     tracks: dict[tuple[str, str], _Track] = field(default_factory=dict)
     best: dict[str, _LossBest] = field(default_factory=dict)
 
-    def observe(self, telemetry: Telemetry, jobs: Any = None, models: Any = None) -> list[Observation]:
+    def observe(self, telemetry: Telemetry, jobs: list[JobInfo] | None = None, models: list[ModelInfo] | None = None) -> list[Observation]:
         """Every rule's view of this tick."""
         s = self.settings
         low, high = 1 - s.hysteresis_pct / 100, 1 + s.hysteresis_pct / 100
@@ -111,12 +115,18 @@ class AlertEngine:
                 out.append(Observation(
                     "vram_full", f"gpu{g.index}", pct > s.vram_pct, pct < s.vram_pct * low, s.vram_for_s, "warning",
                     f"gpu{g.index} {g.name} VRAM {pct:.0f}% used (limit {s.vram_pct:.0f}%)", round(pct, 1), s.vram_pct, gpu=g.index))
-        for job in section_items(jobs):
-            if job.get("state") not in JOB_STATES or job.get("id") is None:
+        jobs, models = jobs or [], models or []
+        for job in jobs:
+            name = f"job {job.id} {job.recipe}"
+            if job.diverged_at_step is not None:  # shown while the job is in the section, running or not
+                out.append(Observation(
+                    "diverged", f"job {job.id}", True, False, 0.0, "critical",
+                    f"{name}: loss: NaN, diverged at step {job.diverged_at_step}", job.diverged_at_step, job=job.id))
+            if job.state not in JOB_ACTIVE:
                 continue
-            job_id, name = str(job["id"]), f"job {job['id']}" + (f" {job['recipe']}" if job.get("recipe") else "")
-            if job.get("state") == "running":
-                for index in job.get("gpus") or []:
+            job_id = job.id
+            if job.state == JobState.RUNNING:
+                for index in job.gpus:
                     util = gpus[index].util_pct if index in gpus else None
                     if util is not None:
                         out.append(Observation(
@@ -130,22 +140,21 @@ class AlertEngine:
                     "no_improvement", f"job {job_id}", steps >= s.no_improvement_steps, steps < s.no_improvement_steps, 0.0, "warning",
                     f"{name}: no loss improvement for {steps} steps (best {best.loss:.4g} at step {best.step})",
                     steps, s.no_improvement_steps, job=job_id))
-            saves = [c for c in job.get("checkpoints") or [] if isinstance(c, dict) and isinstance(c.get("save_s"), (int, float))]
+            saves = [c for c in job.checkpoints if c.save_s is not None]
             if saves:
-                last = max(saves, key=lambda c: (c.get("at") or 0, c.get("step") or 0))
+                last = max(saves, key=lambda c: (c.at or 0, c.step))
                 out.append(Observation(
-                    "checkpoint_slow", f"job {job_id}", last["save_s"] > s.checkpoint_save_s, last["save_s"] < s.checkpoint_save_s * low,
-                    0.0, "warning", f"{name}: checkpoint save at step {last.get('step')} took {last['save_s']:.0f} s "
-                    f"(limit {s.checkpoint_save_s:.0f} s): save less often or to a faster disk", last["save_s"], s.checkpoint_save_s, job=job_id))
-        for job_id in set(self.best) - {str(j.get("id")) for j in section_items(jobs) if j.get("state") in JOB_STATES}:
+                    "checkpoint_slow", f"job {job_id}", last.save_s > s.checkpoint_save_s, last.save_s < s.checkpoint_save_s * low,
+                    0.0, "warning", f"{name}: checkpoint save at step {last.step} took {last.save_s:.0f} s "
+                    f"(limit {s.checkpoint_save_s:.0f} s): save less often or to a faster disk", last.save_s, s.checkpoint_save_s, job=job_id))
+        for job_id in set(self.best) - {j.id for j in jobs if j.state in JOB_ACTIVE}:
             del self.best[job_id]
-        for model in section_items(models):
-            if model.get("name"):
-                failed = model.get("state") == "failed"
-                reason = model.get("error") or model.get("reason") or (f"exit code {model['exit_code']}" if model.get("exit_code") is not None else "")
-                out.append(Observation(
-                    "engine_failed", f"model {model['name']}", failed, not failed, 0.0, "critical",
-                    f"model {model['name']}: engine failed" + (f": {reason}" if reason else ""), model=str(model["name"])))
+        for model in models:
+            failed = model.state == ModelState.FAILED
+            reason = model.error.message if model.error is not None else ""
+            out.append(Observation(
+                "engine_failed", f"model {model.name}", failed, not failed, 0.0, "critical",
+                f"model {model.name}: engine failed" + (f": {reason}" if reason else ""), model=model.name))
         host = telemetry.host
         if host.disk_total_bytes and host.disk_used_bytes is not None:
             free = (1 - host.disk_used_bytes / host.disk_total_bytes) * 100
@@ -154,9 +163,9 @@ class AlertEngine:
                 f"disk {host.disk_path} {free:.1f}% free (under {s.disk_free_pct:.0f}%)", round(free, 2), s.disk_free_pct))
         return out
 
-    def _steps_without_improvement(self, job_id: str, job: dict) -> tuple[int, _LossBest] | None:
-        step, loss = job.get("step"), job.get("loss")
-        if not isinstance(step, int) or not isinstance(loss, (int, float)):
+    def _steps_without_improvement(self, job_id: str, job: JobInfo) -> tuple[int, _LossBest] | None:
+        step, loss = job.step, job.loss
+        if step is None or loss is None:
             return None
         best = self.best.get(job_id)
         if best is None or loss < best.loss or step < best.step:  # a lower loss, or a job restarted from scratch
@@ -212,26 +221,15 @@ class AckParams(BaseModel):
     id: str = Field(max_length=100)
 
 
-class OverrideParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    gpu: int = Field(ge=0)
-    temp_c: float | None = Field(default=None, ge=-50, le=200)
-    util_pct: float | None = Field(default=None, ge=0, le=100)
-    mem_used_bytes: int | None = Field(default=None, ge=0)
-    power_w: float | None = Field(default=None, ge=0)
-    clear: bool = False  # drop this GPU's overrides first (alone: back to the simulation)
-
-
 class AlertsComponent:
-    """Component "alerts": the engine on every tick, history in SQLite, notices, ack; plus `sim.override`."""
+    """Component "alerts": the engine on every tick, history in SQLite, notices, ack."""
 
     name = "alerts"
 
     def __init__(self) -> None:
         self.agent: Agent | None = None
         self.engine: AlertEngine | None = None
-        self._section: dict[str, Any] = {"active": [], "recent": [], "unacked": 0}
+        self._section = AlertsSection()
 
     async def start(self, agent: Agent) -> None:
         self.agent = agent
@@ -254,10 +252,11 @@ class AlertsComponent:
             n = db.execute(f"INSERT INTO alerts ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})", tuple(fields.values())).lastrowid
         return Alert(n=n, machine=self.agent.machine.name, **fields)
 
-    def on_telemetry(self, telemetry: Telemetry) -> None:
+    def on_tick(self, tick: Tick) -> None:
+        """Evaluate every rule on this tick: the sample and the jobs and models of the same tick."""
         agent = self.agent
-        observations = self.engine.observe(telemetry, component_section(agent, "jobs"), component_section(agent, "models"))
-        fired, cleared = self.engine.evaluate(telemetry.t, observations, self._new_alert)
+        observations = self.engine.observe(tick.telemetry, tick.jobs, tick.model_list())
+        fired, cleared = self.engine.evaluate(tick.telemetry.t, observations, self._new_alert)
         if cleared:
             with agent.store.transaction() as db:
                 db.executemany("UPDATE alerts SET cleared_at=? WHERE n=?", [(a.cleared_at, a.n) for a in cleared])
@@ -273,13 +272,13 @@ class AlertsComponent:
     def _refresh(self) -> None:
         active = sorted(self.engine.active(), key=lambda a: -a.fired_at)
         recent = self.agent.store.query("SELECT * FROM alerts WHERE cleared_at IS NOT NULL ORDER BY n DESC LIMIT ?", (SECTION_RECENT,))
-        self._section = {
-            "active": [a.to_json() for a in active],
-            "recent": [Alert(machine=self.agent.machine.name, **r).to_json() for r in recent],
-            "unacked": sum(1 for a in active if a.acked_at is None),
-        }
+        self._section = AlertsSection(
+            active=[a.info() for a in active],
+            recent=[Alert(machine=self.agent.machine.name, **r).info() for r in recent],
+            unacked=sum(1 for a in active if a.acked_at is None),
+        )
 
-    def section(self) -> dict[str, Any]:
+    def section(self) -> AlertsSection:
         return self._section
 
     def _register(self) -> None:
@@ -314,22 +313,3 @@ class AlertsComponent:
             log.info("alert %s acknowledged by %s", params.id, peer.who)
             self._refresh()
             return Alert(machine=agent.machine.name, **rows[0]).to_json()
-
-        @rpc.method("sim.override", role=Role.OPERATOR, params=OverrideParams,
-                    doc="Simulated GPUs only: force temp_c / util_pct / mem_used_bytes / power_w of one GPU (clear: true drops them).")
-        async def override(peer, params: OverrideParams) -> dict:
-            sampler = agent.gpus
-            if not agent.simulated or not hasattr(sampler, "override"):
-                raise RemoteError(ErrorCode.UNAVAILABLE, f"{agent.machine.name} has real GPUs ({sampler.backend}); sim.override only drives simulated ones")
-            count = len(agent.latest.gpus) if agent.latest else 0
-            if params.gpu >= count:
-                raise RemoteError(ErrorCode.NOT_FOUND, f"{agent.machine.name} has {count} GPUs (0..{count - 1}), no GPU {params.gpu}")
-            fields = params.model_dump(exclude={"gpu", "clear"}, exclude_none=True)
-            if not fields and not params.clear:
-                raise RemoteError(ErrorCode.INVALID_PARAMS, "give at least one of temp_c, util_pct, mem_used_bytes, power_w, or clear: true")
-            if params.clear:
-                sampler.override(params.gpu)
-            if fields:
-                sampler.override(params.gpu, **fields)
-            log.info("%s overrode simulated gpu%d: %s", peer.who, params.gpu, fields or "cleared")
-            return {"gpu": params.gpu, "overrides": fields, "simulated": True}

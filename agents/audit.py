@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.protocol import Role, Telemetry
 from agents.rpc import Peer
+from agents.sections import AuditSection
 
 if TYPE_CHECKING:
     from agents.agent import Agent
@@ -87,9 +88,9 @@ class AuditComponent:
     def on_telemetry(self, telemetry: Telemetry) -> None:
         pass
 
-    def section(self) -> dict[str, Any]:
+    def section(self) -> AuditSection:
         # counts only: who did what is for operators, through audit.list
-        return {"count": self.count, "last_t": self.last_t}
+        return AuditSection(count=self.count, last_t=self.last_t)
 
     def record(self, peer: Peer, method: str, params: Any, response: dict[str, Any], duration_s: float) -> None:
         if method in NOT_AUDITED:

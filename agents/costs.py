@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict
 
 from agents.lab import Lab, Machine
 from agents.protocol import Telemetry
+from agents.sections import CostsSummary, JobInfo, ModelInfo, Tick
+from agents.states import JOB_HOLDS_GPU, MODEL_HOLDS_GPU
 from agents.store import Store
 
 if TYPE_CHECKING:
@@ -24,8 +26,6 @@ log = logging.getLogger("cetlab.costs")
 BUSY_UTIL_PCT = 10.0  # a GPU above this utilisation is busy: its time counts for the cloud equivalent
 MAX_GAP_INTERVALS = 3  # a gap between samples longer than this many intervals adds nothing
 JOULES_PER_KWH = 3.6e6
-JOB_STATES = ("starting", "running", "stopping")  # a job in these states holds its GPUs
-MODEL_STATES = ("loading", "warming", "warm")  # a sleeping model has given its GPU back
 COLUMNS = ("energy_j", "up_s", "held_s", "busy_s", "rent_s", "tokens")
 
 SCHEMA = [
@@ -124,6 +124,10 @@ class Ledger:
                 db.executemany("INSERT OR REPLACE INTO cost_token_marks VALUES (?, ?)", list(marks.items()))
         return dict(rows)
 
+    def totals(self) -> list[dict[str, Any]]:
+        """Energy (J) and tokens served by kind and owner, over the whole ledger."""
+        return self.store.query("SELECT kind, owner, SUM(energy_j) AS energy_j, SUM(tokens) AS tokens FROM cost_ledger GROUP BY kind, owner")
+
     def rows(self, since_day: str | None = None) -> list[dict[str, Any]]:
         if since_day is None:
             return self.store.query("SELECT * FROM cost_ledger")
@@ -211,56 +215,23 @@ def price(rows: list[dict[str, Any]], prices: Prices) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- attribution
 
 
-def component_section(agent: Agent, name: str) -> Any:
-    """Another component's section (jobs, models), or None when that component is absent or broken."""
-    for component in agent.components:
-        if component.name == name:
-            try:
-                return component.section()
-            except Exception:
-                log.exception("%s.section failed", name)
-    return None
-
-
-def section_items(section: Any) -> list[dict]:
-    """A jobs/models section as a list of dicts, whichever of the plausible shapes it has."""
-    if isinstance(section, dict):
-        section = section.get("jobs") or section.get("models") or section.get("items") or []
-    return [item for item in section or [] if isinstance(item, dict)]
-
-
-def gpu_holders(jobs: Any, models: Any) -> dict[int, tuple[str, str, str]]:
+def gpu_holders(jobs: list[JobInfo], models: list[ModelInfo]) -> dict[int, tuple[str, str, str]]:
     """GPU index -> (kind, owner, label) from the jobs and models sections."""
     holders: dict[int, tuple[str, str, str]] = {}
-    for model in section_items(models):
-        if model.get("state") in MODEL_STATES and model.get("name"):
-            for index in model.get("gpus") or []:
-                holders[index] = ("model", str(model["name"]), str(model["name"]))
-    for job in section_items(jobs):  # a job and a model on one GPU: the job is what the GPU works for
-        if job.get("state") in JOB_STATES and job.get("id") is not None:
-            label = str(job.get("recipe") or job.get("trainer") or job.get("name") or "")
-            for index in job.get("gpus") or []:
-                holders[index] = ("job", str(job["id"]), label)
+    for model in models:
+        if model.state in MODEL_HOLDS_GPU:
+            for index in model.gpus:
+                holders[index] = ("model", model.name, model.name)
+    for job in jobs:  # a job and a model on one GPU: the job is what the GPU works for
+        if job.state in JOB_HOLDS_GPU:
+            for index in job.gpus:
+                holders[index] = ("job", job.id, job.recipe)
     return holders
 
 
-def token_count(model: dict) -> float | None:
-    """Tokens served so far by one model's engine (a counter), from its section entry."""
-    source = model.get("metrics") if isinstance(model.get("metrics"), dict) else model
-    if isinstance(source.get("tokens_total"), (int, float)):
-        return float(source["tokens_total"])
-    parts = [source.get(k) for k in ("prompt_tokens_total", "generation_tokens_total")]
-    parts = [p for p in parts if isinstance(p, (int, float))]
-    return float(sum(parts)) if parts else None
-
-
-def token_counts(models: Any) -> dict[str, float]:
-    counts = {}
-    for model in section_items(models):
-        count = token_count(model)
-        if count is not None and model.get("name"):
-            counts[str(model["name"])] = count
-    return counts
+def token_counts(models: list[ModelInfo]) -> dict[str, float]:
+    """Tokens served so far by each model's engine (a counter that restarts with the engine)."""
+    return {model.name: count for model in models if (count := model.tokens_total) is not None}
 
 
 def readings(telemetry: Telemetry, machine: Machine, holders: dict[int, tuple[str, str, str]]) -> dict[str, Reading]:
@@ -308,7 +279,7 @@ class CostsComponent:
     def __init__(self) -> None:
         self.agent: Agent | None = None
         self.ledger: Ledger | None = None
-        self._summary: dict[str, Any] = {}
+        self._summary: CostsSummary | None = None
         self.now: dict[str, Any] = {}
 
     async def start(self, agent: Agent) -> None:
@@ -324,25 +295,26 @@ class CostsComponent:
     async def stop(self) -> None:
         pass
 
-    def on_telemetry(self, telemetry: Telemetry) -> None:
-        agent = self.agent
-        models = component_section(agent, "models")
-        holders = gpu_holders(component_section(agent, "jobs"), models)
-        self.ledger.add(telemetry.t, readings(telemetry, agent.machine, holders), token_counts(models))
+    def on_tick(self, tick: Tick) -> None:
+        """Book this tick: the GPUs' owners are the jobs and models of the same tick."""
+        telemetry = tick.telemetry
+        models = tick.model_list()
+        holders = gpu_holders(tick.jobs, models)
+        self.ledger.add(telemetry.t, readings(telemetry, self.agent.machine, holders), token_counts(models))
         self.now = self.rate_now(telemetry)
         today, month = self._windows(telemetry.t)
-        self._summary = {
-            "currency": self.prices.currency,
-            "power_w": self.now["power_w"],
-            "now_per_hour": self.now["per_hour"],
-            "today": today["cost"],
-            "month": month["cost"],
-            "cloud_equivalent_month": month["cloud_equivalent"],
-            "missing": sorted(set(self.now["missing"] + today["missing"] + month["missing"])),
-            "simulated": telemetry.simulated,
-        }
+        self._summary = CostsSummary(
+            currency=self.prices.currency,
+            power_w=self.now["power_w"],
+            now_per_hour=self.now["per_hour"],
+            today=today["cost"],
+            month=month["cost"],
+            cloud_equivalent_month=month["cloud_equivalent"],
+            missing=sorted(set(self.now["missing"] + today["missing"] + month["missing"])),
+            simulated=telemetry.simulated,
+        )
 
-    def section(self) -> dict[str, Any]:
+    def section(self) -> CostsSummary | None:
         return self._summary
 
     def rate_now(self, telemetry: Telemetry) -> dict[str, Any]:

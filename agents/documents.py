@@ -1,4 +1,4 @@
-"""Documents the agent reads from disk (a trainer's progress.json, a checkpoint's trainer_state.json), validated where they enter.
+"""What enters the agent from outside (a trainer's progress.json, a checkpoint's trainer_state.json, an engine's /metrics), validated where it enters.
 
 A document that is missing or half-written is "no news" (None). One that parses but does not
 match its schema raises :class:`BadDocument`, whose message names the file and the field; the
@@ -9,14 +9,17 @@ caller reports it on its job or run and goes on. Numbers are finite or null by t
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agents.protocol import Finite
 from agents.sections import CheckpointReport
+
+log = logging.getLogger("cetlab.documents")
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024  # a trainer_state.json of a long run is a few MB; more is not one
 
@@ -57,6 +60,7 @@ class Progress(Document):
     stop_reason: str | None = None
     precision: str | None = None  # e.g. "bf16", "fp16", "fp32"
     notes: list[str] = Field(default_factory=list)
+    diverged_at_step: int | None = None  # written by a trainer that replaced a NaN loss with null
     loss_diverged: bool = False  # the trainer wrote a NaN or infinite loss (set on reading, never by the writer)
 
     @model_validator(mode="before")
@@ -65,6 +69,13 @@ class Progress(Document):
         if isinstance(data, dict):
             data = {**data, "loss_diverged": _non_finite(data.get("loss"))}
         return data
+
+    @property
+    def diverged_step(self) -> int | None:
+        """Where the run diverged, if it did: the trainer's word, else this report's step when its loss is NaN."""
+        if self.diverged_at_step is not None:
+            return self.diverged_at_step
+        return self.step if self.loss_diverged else None
 
 
 class LogRow(Document):
@@ -96,6 +107,12 @@ class TrainerState(Document):
     global_step: int | None = None
     best_model_checkpoint: str | None = None
     log_history: list[LogRow] = Field(default_factory=list)
+
+    @field_validator("log_history", mode="before")
+    @classmethod
+    def _rows_only(cls, rows: Any) -> Any:
+        # a row that is not an object carries nothing to read; skip it rather than refuse the run's history
+        return [row for row in rows if isinstance(row, dict)] if isinstance(rows, list) else rows
 
     @property
     def diverged_at_step(self) -> int | None:
@@ -146,3 +163,46 @@ def load_progress(path: Path) -> Progress | None:
 
 def load_trainer_state(path: Path) -> TrainerState | None:
     return load(path, TrainerState)
+
+
+class EngineFigures(Document):
+    """A model server's /metrics page, as the engine parsed it (vLLM names, summed over labels)."""
+
+    requests_running: Finite = None
+    requests_waiting: Finite = None
+    kv_cache_pct: Finite = None
+    prompt_tokens_total: Finite = None
+    generation_tokens_total: Finite = None
+    ttft_sum_s: Finite = None
+    ttft_count: Finite = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Mean time to first token since the engine started."""
+        if not self.ttft_count or self.ttft_sum_s is None:
+            return None
+        return round(self.ttft_sum_s / self.ttft_count, 3)
+
+
+class ChildRecord(Document):
+    """The job runner's child.json: which process is the trainer (its pid and start time, against pid reuse)."""
+
+    pid: int
+    create_time: Finite = None
+
+
+class ExitRecord(Document):
+    """The job runner's exit.json: how the trainer ended."""
+
+    exit_code: int | None = None
+    ended_at: Finite = None
+    error: str | None = None
+
+
+def load_quietly(path: Path, schema: type[Document]) -> Any:
+    """A runner's record, or None when it is missing, torn or not what its schema says (the caller treats it as absent)."""
+    try:
+        return load(path, schema)
+    except BadDocument as exc:
+        log.warning("%s", exc)
+        return None

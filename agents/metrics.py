@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Iterator
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from agents.costs import component_section, section_items
+from agents.sections import AlertsSection, CostsSummary, ModelsSection
+from agents.states import JobState
 
 if TYPE_CHECKING:
     from agents.agent import Agent
@@ -82,31 +83,31 @@ class AgentCollector:
                     value = getattr(latest.host, field)
                     if value is not None:
                         host[metric].add_metric([name], value)
-            for job in section_items(component_section(agent, "jobs")):
-                job_id = str(job.get("id"))
-                job_info.add_metric([name, job_id, str(job.get("recipe") or ""), str(job.get("state") or "")], 1)
-                for family, key in ((job_step, "step"), (job_loss, "loss")):
-                    if isinstance(job.get(key), (int, float)) and job.get("state") == "running":
-                        family.add_metric([name, job_id], job[key])
-            costs = next((c for c in agent.components if c.name == "costs"), None)
-            for model in section_items(component_section(agent, "models")):
-                model_state.add_metric([name, str(model.get("name")), str(model.get("state"))], 1)
-            if costs is not None and costs.ledger is not None:
-                for row in agent.store.query("SELECT kind, owner, SUM(energy_j) AS j FROM cost_ledger GROUP BY kind, owner"):
-                    energy.add_metric([name, row["kind"], row["owner"]], row["j"])
-                for row in agent.store.query("SELECT owner, SUM(tokens) AS n FROM cost_ledger WHERE kind='model' GROUP BY owner"):
-                    if row["n"]:
-                        tokens.add_metric([name, row["owner"]], row["n"])
-                summary = costs.section()
-                if summary.get("power_w") is not None:
-                    power.add_metric([name], summary["power_w"])
+            sections = agent.current  # the latest tick's typed sections: what consoles saw
+            for job in sections.get("jobs") or []:
+                job_info.add_metric([name, job.id, job.recipe, job.state], 1)
+                for family, value in ((job_step, job.step), (job_loss, job.loss)):
+                    if value is not None and job.state == JobState.RUNNING:
+                        family.add_metric([name, job.id], value)
+            models = sections.get("models")
+            for model in models.models if isinstance(models, ModelsSection) else []:
+                model_state.add_metric([name, model.name, model.state], 1)
+            summary, costs = sections.get("costs"), agent.component("costs")
+            if isinstance(summary, CostsSummary) and costs is not None:
+                for row in costs.ledger.totals():
+                    energy.add_metric([name, row["kind"], row["owner"]], row["energy_j"])
+                    if row["kind"] == "model" and row["tokens"]:
+                        tokens.add_metric([name, row["owner"]], row["tokens"])
+                if summary.power_w is not None:
+                    power.add_metric([name], summary.power_w)
                 for key, family in money.items():
-                    value = summary.get("now_per_hour" if key == "per_hour" else key)
+                    value = getattr(summary, "now_per_hour" if key == "per_hour" else key)
                     if value is not None:  # a missing price: no sample rather than a wrong one
-                        family.add_metric([name, summary["currency"]], value)
+                        family.add_metric([name, summary.currency], value)
             counts: dict[tuple[str, str], int] = {}
-            for alert in (component_section(agent, "alerts") or {}).get("active", []):
-                counts[(alert["rule"], alert["level"])] = counts.get((alert["rule"], alert["level"]), 0) + 1
+            alerts_section = sections.get("alerts")
+            for alert in alerts_section.active if isinstance(alerts_section, AlertsSection) else []:
+                counts[(alert.rule, alert.level)] = counts.get((alert.rule, alert.level), 0) + 1
             for (rule, level), count in counts.items():
                 alerts.add_metric([name, rule, level], count)
         yield from gpu.values()

@@ -19,6 +19,9 @@ Sections and their models (``SECTION_MODELS``):
 Shape changes against the untyped sections (kept as small as the console allows):
 - ``jobs[].diverged_at_step`` and ``jobs[].progress_problem`` are new (issue 11: a diverged
   run and a progress file that does not match its schema are shown on their job);
+  ``jobs[].precision`` and ``jobs[].notes`` carry the trainer's (real lab);
+- ``models.models[].error`` is an object (``ModelError``: message, exit_code, oom, log_tail ...),
+  as it always was; read ``error.message`` for the one line;
 - ``checkpoints[].problem`` (a run's bad progress.json) and ``CheckpointInfo.diverged_at_step`` are new;
 - ``costs`` is null (not ``{}``) before the first tick;
 - the rotation plan stays inside the ``models`` section (``models.rotation``), where consoles read it.
@@ -26,11 +29,12 @@ Shape changes against the untyped sections (kept as small as the console allows)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.protocol import Finite, FiniteFloat, GpuSample, HostSample
+from agents.protocol import Finite, FiniteFloat, GpuSample, HostSample, Telemetry
 from agents.states import JobState, ModelState
 
 
@@ -89,6 +93,8 @@ class JobInfo(Section):
     checkpoints: list[CheckpointReport] = Field(default_factory=list)
     trainer_state: str | None = None  # the progress file's state: starting | running | saving | finished | failed
     stop_reason: str | None = None
+    precision: str | None = None  # bf16 | fp16 | fp32, as the trainer chose it for the GPU
+    notes: list[str] = Field(default_factory=list)  # the trainer's remarks, e.g. "tf32 off: it needs compute capability 8.0"
     started_at: FiniteFloat
     ended_at: Finite = None
     elapsed_s: Finite = None
@@ -330,3 +336,15 @@ class TickEvent(BaseModel):
     t: FiniteFloat
     full: bool = False
     changed: dict[str, Any] = Field(default_factory=dict)  # section name -> its JSON (see SECTION_MODELS)
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One tick as the readers (costs, alerts) see it: the sample and the sections its owners made of it."""
+
+    telemetry: Telemetry
+    jobs: list[JobInfo]
+    models: ModelsSection | None
+
+    def model_list(self) -> list[ModelInfo]:
+        return self.models.models if self.models is not None else []

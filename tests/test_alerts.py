@@ -13,6 +13,7 @@ import pytest
 from agents.alerts import Alert, AlertEngine
 from agents.lab import Alerts, load_lab
 from agents.protocol import EVENT_NOTICE, EVENT_TICK, GpuSample, HostSample, RemoteError, Telemetry
+from agents.sections import JobInfo, ModelInfo
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import wait_for
@@ -31,6 +32,10 @@ def telemetry(*gpus: GpuSample, disk_free_pct: float = 50.0) -> Telemetry:
     return Telemetry(machine="m", t=0.0, gpus=list(gpus), host=host)
 
 
+JOB_FIELDS = {"recipe": "cet-d", "machine": "m", "started_at": 1.0, "output_dir": "/runs/x", "log_path": "/logs/x"}
+MODEL_FIELDS = {"machine": "m", "engine": "vllm", "since": 1.0}
+
+
 class Script:
     """Feeds an engine one tick per second and records when each rule fired and cleared."""
 
@@ -45,6 +50,9 @@ class Script:
                      fired_at=t, value=obs.value, threshold=obs.threshold, gpu=obs.gpu, job=obs.job, model=obs.model)
 
     def tick(self, tel: Telemetry, jobs=None, models=None, rule: str | None = None) -> None:
+        # the sections as the agent types them: the fields a test leaves out take their usual values
+        jobs = [JobInfo.model_validate({**JOB_FIELDS, **j}) for j in jobs or []]
+        models = [ModelInfo.model_validate({**MODEL_FIELDS, **m}) for m in models or []]
         fired, cleared = self.engine.evaluate(self.t, self.engine.observe(tel, jobs, models), self._new)
         self.events += [(self.t, "fired", a.rule, a.target) for a in fired if rule in (None, a.rule)]
         self.events += [(self.t, "cleared", a.rule, a.target) for a in cleared if rule in (None, a.rule)]
@@ -114,14 +122,14 @@ def test_no_loss_improvement_for_n_steps():
 
 def test_slow_checkpoint_save():
     s = Script()
-    job = {"id": "7", "gpus": [], "state": "running", "checkpoints": [{"step": 1000, "save_s": 12.0, "at": 1.0}]}
+    job = {"id": "7", "gpus": [], "state": "running", "checkpoints": [{"step": 1000, "path": "/runs/7/checkpoint-1000", "save_s": 12.0, "at": 1.0}]}
     s.tick(telemetry(), jobs=[job])
     assert s.events == []
-    job["checkpoints"] = job["checkpoints"] + [{"step": 2000, "save_s": 74.0, "at": 2.0}]
+    job["checkpoints"] = job["checkpoints"] + [{"step": 2000, "path": "/runs/7/checkpoint-2000", "save_s": 74.0, "at": 2.0}]
     s.tick(telemetry(), jobs=[job])
     assert s.events == [(1, "fired", "checkpoint_slow", "job 7")]
     assert "took 74 s" in s.engine.active()[0].message
-    job["checkpoints"] = job["checkpoints"] + [{"step": 3000, "save_s": 9.0, "at": 3.0}]
+    job["checkpoints"] = job["checkpoints"] + [{"step": 3000, "path": "/runs/7/checkpoint-3000", "save_s": 9.0, "at": 3.0}]
     for _ in range(3):
         s.tick(telemetry(), jobs=[job])
     assert s.events[1:] == [(4, "cleared", "checkpoint_slow", "job 7")]
@@ -142,7 +150,7 @@ def test_disk_nearly_full():
 def test_engine_failed():
     s = Script()
     s.tick(telemetry(), models=[{"name": "llama", "state": "warm"}])
-    s.tick(telemetry(), models=[{"name": "llama", "state": "failed", "error": "CUDA out of memory"}])
+    s.tick(telemetry(), models=[{"name": "llama", "state": "failed", "error": {"message": "CUDA out of memory"}}])
     assert s.events == [(1, "fired", "engine_failed", "model llama")]
     assert s.engine.active()[0].message == "model llama: engine failed: CUDA out of memory"
     for _ in range(3):
@@ -293,15 +301,15 @@ async def test_an_alert_firing_when_the_agent_stops_is_still_active_after_a_rest
     agent, alerts = await agent_with_alerts()
     agent.gpus.override(0, temp_c=99.0)
     agent._tick()
-    (fired,) = alerts.section()["active"]
+    (fired,) = alerts.section().to_wire()["active"]
     agent.store.close()
 
     agent, alerts = await agent_with_alerts()  # a new process on the same state
-    assert [a["id"] for a in alerts.section()["active"]] == [fired["id"]] == ["box-1"]
+    assert [a.id for a in alerts.section().active] == [fired["id"]] == ["box-1"]
     agent.gpus.override(0, temp_c=99.0)
     agent._tick()  # still hot: the same alert, not a second one
-    assert [a["id"] for a in alerts.section()["active"]] == ["box-1"]
+    assert [a.id for a in alerts.section().active] == ["box-1"]
     agent.gpus.override(0, temp_c=40.0)
     agent._tick()
-    assert alerts.section()["active"] == [] and alerts.section()["recent"][0]["id"] == "box-1"
+    assert alerts.section().active == [] and alerts.section().recent[0].id == "box-1"
     agent.store.close()

@@ -16,6 +16,7 @@ import pytest
 from agents.costs import JOULES_PER_KWH, Ledger, Prices, Reading, gpu_holders, price, readings, token_counts
 from agents.lab import LabError, parse_lab
 from agents.protocol import GpuSample, Telemetry
+from agents.sections import JobInfo, ModelInfo
 from agents.store import Store
 
 UTC = timezone.utc
@@ -137,13 +138,19 @@ def test_missing_prices_are_named_instead_of_a_wrong_number():
 
 
 def test_attribution_from_jobs_and_models_sections():
-    jobs = [{"id": 3, "gpus": [0], "state": "running", "recipe": "cet-d"}, {"id": 4, "gpus": [1], "state": "exited"}]
-    models = [{"name": "llama", "gpus": [1, 2], "state": "warm", "tokens_total": 1234}, {"name": "phi", "gpus": [3], "state": "sleeping"}]
+    def job(id_: str, gpus: list[int], state: str, recipe: str) -> JobInfo:
+        return JobInfo(id=id_, recipe=recipe, machine="m", gpus=gpus, state=state, started_at=1.0, output_dir="/o", log_path="/l")
+
+    def model(name: str, gpus: list[int], state: str, **counters: float) -> ModelInfo:
+        return ModelInfo(name=name, machine="m", engine="vllm", gpus=gpus, state=state, since=1.0, **counters)
+
+    jobs = [job("3", [0], "running", "cet-d"), job("4", [1], "exited", "cet-d")]
+    models = [model("llama", [1, 2], "warm", prompt_tokens_total=1000, generation_tokens_total=234), model("phi", [3], "sleeping")]
     holders = gpu_holders(jobs, models)
     assert holders == {0: ("job", "3", "cet-d"), 1: ("model", "llama", "llama"), 2: ("model", "llama", "llama")}
-    assert gpu_holders(None, {"models": "garbage"}) == {}
-    assert token_counts(models) == {"llama": 1234.0}
-    assert token_counts([{"name": "x", "metrics": {"prompt_tokens_total": 10, "generation_tokens_total": 5}}]) == {"x": 15.0}
+    assert gpu_holders([], []) == {}
+    assert token_counts(models) == {"llama": 1234.0}  # phi's engine reports no counters: no count rather than zero
+    assert token_counts([model("x", [], "warm", generation_tokens_total=float("nan"))]) == {}  # a NaN counter is no count
 
     lab = parse_lab("lab: t\nmachines: [{name: m, idle_watts: 50, gpus: {sim: [{name: G, memory_gib: 8, tdp_w: 100}, {name: G, memory_gib: 8, tdp_w: 100}, {name: G, memory_gib: 8, tdp_w: 100}, {name: G, memory_gib: 8, tdp_w: 100}]}}]\n")
     gpus = [GpuSample(index=i, name="G", power_w=10.0 * (i + 1), util_pct=50.0 * i) for i in range(4)]

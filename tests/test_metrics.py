@@ -17,6 +17,7 @@ from agents.alerts import AlertsComponent
 from agents.costs import CostsComponent
 from agents.lab import parse_lab
 from agents.metrics import AgentCollector
+from agents.sections import JobInfo, ModelInfo, ModelsSection
 from agents.store import Store
 from console.demo import DemoLab, free_ports
 from tests.conftest import wait_for
@@ -88,7 +89,7 @@ async def test_agent_serves_prometheus_metrics(tmp_path, lab_file):
 
 
 class Section:
-    """A stand-in for the jobs or models component: just its section."""
+    """A stand-in for the jobs or models component: just its section, typed as the real component makes it."""
 
     def __init__(self, name: str, data):
         self.name, self.data = name, data
@@ -108,14 +109,16 @@ class Section:
 
 async def test_collector_labels_jobs_models_tokens_and_alerts(tmp_path):
     lab = parse_lab("lab: t\ncosts: {electricity_per_kwh: 0.2}\nalerts: {temp_for_s: 0}\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
-    jobs = Section("jobs", [{"id": "4", "recipe": "demo-lora", "gpus": [0], "state": "running", "step": 120, "loss": 1.25}])
-    models = Section("models", [{"name": "llama", "gpus": [], "state": "warm", "metrics": {"prompt_tokens_total": 10, "generation_tokens_total": 20}}])
+    jobs = Section("jobs", [JobInfo(id="4", recipe="demo-lora", machine="box", gpus=[0], state="running", step=120, loss=1.25,
+                                    started_at=1.0, output_dir="/runs/4", log_path="/logs/4")])
+    llama = ModelInfo(name="llama", machine="box", engine="sim", gpus=[], state="warm", since=1.0, prompt_tokens_total=10, generation_tokens_total=20)
+    models = Section("models", ModelsSection(models=[llama]))
     agent = Agent(lab, "box", tmp_path, components=[CostsComponent(), AlertsComponent(), jobs, models])
     agent.store = Store(tmp_path / "state.db")
     for component in agent.components:
         await component.start(agent)
     agent._tick()
-    models.data[0]["metrics"]["generation_tokens_total"] = 520  # 500 tokens served since the first look
+    llama.generation_tokens_total = 520  # 500 tokens served since the first look
     agent.gpus.override(0, temp_c=99.0)
     await asyncio.sleep(0.01)
     agent._tick()

@@ -1,37 +1,42 @@
-"""JobsComponent: launches trainer recipes, supervises them, re-adopts them after an agent restart."""
+"""JobsComponent: launches trainer recipes, supervises them, re-adopts them after an agent restart.
+
+Beside it: job.py (the job record and its views), progress.py (taking in a trainer's progress),
+methods.py (jobs.* RPC), recipes.py (params and argv), runner.py (the process that outlives the agent).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field
 
+from agents.documents import ChildRecord, ExitRecord, load_quietly
 from agents.jobs import recipes
+from agents.jobs.job import Job, JobView
 from agents.jobs.logs import Follower, read_from, tail
-from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, read_json
+from agents.jobs.methods import LogsParams, register
+from agents.jobs.progress import update_progress
+from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES
 from agents.lab import Trainer
-from agents.protocol import EVENT_LOG, EVENT_NOTICE, ErrorCode, RemoteError, Role, Telemetry
+from agents.protocol import EVENT_LOG, EVENT_NOTICE, ErrorCode, RemoteError, Telemetry
 from agents.rpc import Peer
-from agents.train.progress import ENV_VAR as PROGRESS_ENV, read_progress
+from agents.sections import JobInfo
+from agents.states import JOB_ACTIVE, JobState
+from agents.train.progress import ENV_VAR as PROGRESS_ENV
 
 if TYPE_CHECKING:
     from agents.agent import Agent
 
 log = logging.getLogger("cetlab.jobs")
 
-ACTIVE = ("starting", "running", "stopping")
-LOSS_POINTS = 120  # loss history kept per job, for the sparkline
 LAST_LINES = 20  # log lines kept in the record of a finished job
 SECTION_FINISHED = 20  # finished jobs shown beside the active ones
 KEPT_FINISHED = 200  # finished jobs kept in memory (for the checkpoints view); older ones stay in SQLite only
@@ -51,126 +56,6 @@ SCHEMA = [
     )""",
     "CREATE INDEX jobs_state ON jobs(state)",
 ]
-
-
-class StartParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    recipe: str = Field(max_length=64)
-    params: dict[str, Any] = Field(default_factory=dict, max_length=64)
-
-
-class JobParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(max_length=100)
-
-
-class StopParams(JobParams):
-    grace_s: float | None = Field(default=None, ge=0, le=86400)
-
-
-class LogsParams(JobParams):
-    tail_lines: int = Field(default=100, ge=0, le=10000)
-    offset: int | None = Field(default=None, ge=0)  # continue from here instead of the tail
-    follow: bool = False  # push new lines as `log` events to this connection
-
-
-class ListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    limit: int = Field(default=100, ge=1, le=10000)
-
-
-@dataclass
-class Job:
-    """One run of a recipe; everything but the live handles is persisted as JSON."""
-
-    id: str
-    recipe: str
-    machine: str
-    gpus: list[int]
-    params: dict[str, Any]
-    argv: list[str]
-    cwd: str
-    output_dir: str
-    log_path: str
-    job_dir: str
-    started_at: float
-    state: str = "starting"
-    exit_code: int | None = None
-    ended_at: float | None = None
-    runner_pid: int | None = None
-    runner_started: float | None = None
-    pid: int | None = None
-    pid_started: float | None = None
-    stop_requested: str | None = None  # "stop" | "kill"
-    kill_at: float | None = None  # when a graceful stop turns into SIGKILL
-    progress: dict[str, Any] = field(default_factory=dict)
-    loss_points: list[list] = field(default_factory=list)  # [step, loss], sorted, the last LOSS_POINTS
-    last_lines: list[str] = field(default_factory=list)
-    error: str | None = None
-    adopted: bool = False  # re-adopted after an agent restart
-    starved: bool = False
-    # live handles, not persisted
-    popen: subprocess.Popen | None = field(default=None, repr=False)
-    proc: psutil.Process | None = field(default=None, repr=False)
-    starved_since: float | None = field(default=None, repr=False)
-
-    PERSISTED = (
-        "id", "recipe", "machine", "gpus", "params", "argv", "cwd", "output_dir", "log_path", "job_dir",
-        "started_at", "state", "exit_code", "ended_at", "runner_pid", "runner_started", "pid", "pid_started",
-        "stop_requested", "kill_at", "progress", "loss_points", "last_lines", "error", "adopted",
-    )
-
-    def record(self) -> str:
-        return json.dumps({k: getattr(self, k) for k in self.PERSISTED})
-
-    @classmethod
-    def from_record(cls, text: str) -> Job:
-        data = json.loads(text)
-        return cls(**{k: v for k, v in data.items() if k in cls.PERSISTED})
-
-    @property
-    def active(self) -> bool:
-        return self.state in ACTIVE
-
-    def to_json(self, simulated: bool, now: float | None = None) -> dict[str, Any]:
-        p = self.progress
-        end = self.ended_at or now or time.time()
-        return {
-            "id": self.id,
-            "recipe": self.recipe,
-            "machine": self.machine,
-            "gpus": self.gpus,
-            "state": self.state,
-            "exit_code": self.exit_code,
-            "step": p.get("step"),
-            "max_steps": p.get("max_steps"),
-            "epoch": p.get("epoch"),
-            "loss": p.get("loss"),
-            "loss_history": [loss for _, loss in self.loss_points],
-            "learning_rate": p.get("learning_rate"),
-            "samples_per_s": p.get("samples_per_s"),
-            "tokens_per_s": p.get("tokens_per_s"),
-            "eta_s": p.get("eta_s"),
-            "checkpoints": p.get("checkpoints") or [],
-            "trainer_state": p.get("state"),
-            "stop_reason": p.get("stop_reason"),
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
-            "elapsed_s": round(max(0.0, end - self.started_at), 1),
-            "pid": self.pid,
-            "params": self.params,
-            "output_dir": self.output_dir,
-            "log_path": self.log_path,
-            "stop_requested": self.stop_requested,
-            "adopted": self.adopted,
-            "starved": self.starved,
-            "error": self.error,
-            "last_lines": self.last_lines,
-            "simulated": simulated,  # GPU figures (util, VRAM, starved) come from the simulator
-        }
 
 
 def _alive(pid: int | None, started: float | None) -> bool:
@@ -211,18 +96,23 @@ class JobsComponent:
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         agent.store.migrate("jobs", SCHEMA)
         self._load()
-        self._register()
+        register(self)
 
     async def stop(self) -> None:
         """Nothing to stop: jobs outlive the agent on purpose, and a restarted agent re-adopts them."""
 
     def _load(self) -> None:
+        active = sorted(JOB_ACTIVE)
         rows = self.agent.store.query(
-            "SELECT record FROM jobs WHERE state IN ('starting','running','stopping') OR n > (SELECT COALESCE(MAX(n), 0) FROM jobs) - ? ORDER BY n",
-            (KEPT_FINISHED,),
+            f"SELECT id, record FROM jobs WHERE state IN ({','.join('?' * len(active))}) OR n > (SELECT COALESCE(MAX(n), 0) FROM jobs) - ? ORDER BY n",
+            (*active, KEPT_FINISHED),
         )
         for row in rows:
-            job = Job.from_record(row["record"])
+            try:
+                job = Job.from_record(row["record"])
+            except (ValueError, TypeError) as exc:  # one bad record costs its job, not the agent's start
+                log.error("job %s: its record in state.db is unreadable (%s); left out", row["id"], exc)
+                continue
             self.jobs[job.id] = job
             if job.active:
                 job.adopted = True
@@ -261,23 +151,16 @@ class JobsComponent:
                     f"GPU {','.join(map(str, taken))} is taken by job {other.id} ({other.recipe}, {other.state}); stop it first or pick other GPUs",
                     {"job": other.id},
                 )
-        for model in self._models_on_gpus():
-            taken = sorted(set(model.get("gpus") or []) & set(recipe.gpus))
+        pool = self.agent.component("models")
+        for model in pool.holding_gpus() if pool is not None else []:
+            taken = sorted(set(model.gpus) & set(recipe.gpus))
             if taken:
                 raise RemoteError(
                     ErrorCode.CONFLICT,
-                    f"GPU {','.join(map(str, taken))} holds model {model['name']} ({model['state']}); "
-                    f"`cetlab sleep {model['name']}` or `cetlab cold {model['name']}` first, or pick other GPUs",
-                    {"model": model["name"]},
+                    f"GPU {','.join(map(str, taken))} holds model {model.name} ({model.state}); "
+                    f"`cetlab sleep {model.name}` or `cetlab cold {model.name}` first, or pick other GPUs",
+                    {"model": model.name},
                 )
-
-    def _models_on_gpus(self) -> list[dict[str, Any]]:
-        """Models of the orchestra that occupy their GPUs now (a sleeping vLLM engine has freed them)."""
-        for component in self.agent.components:
-            if component.name == "models":
-                section = component.section() or {}
-                return [m for m in section.get("models", []) if m.get("state") in ("loading", "warming", "warm")]
-        return []
 
     def _next_id(self) -> str:
         row = self.agent.store.query("SELECT COALESCE(MAX(n), 0) + 1 AS n FROM jobs")
@@ -329,7 +212,7 @@ class JobsComponent:
                 # a new session: the job is nobody's terminal child and survives the agent
                 job.popen = subprocess.Popen(runner, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
         except OSError as exc:
-            job.state, job.error, job.ended_at = "failed", f"could not start the runner: {exc}", time.time()
+            job.state, job.error, job.ended_at = JobState.FAILED, f"could not start the runner: {exc}", time.time()
             self.jobs[job.id] = job
             self._save(job)
             raise RemoteError(ErrorCode.UNAVAILABLE, job.error) from None
@@ -364,7 +247,7 @@ class JobsComponent:
         await self._trainer_pid(job)
         recipe = next((r for r in self.agent.lab.trainers if r.name == job.recipe), None)
         grace = grace_s if grace_s is not None else (recipe.stop_grace_s if recipe else 60.0)
-        job.state = "stopping"
+        job.state = JobState.STOPPING
         if kill or job.stop_requested == "kill":
             job.stop_requested, job.kill_at = "kill", time.time()
             self._signal(job, signal.SIGKILL)
@@ -378,53 +261,29 @@ class JobsComponent:
     # -- supervision, once per tick
 
     def _read_child(self, job: Job) -> None:
-        child = read_json(Path(job.job_dir) / "child.json")
-        if child and isinstance(child.get("pid"), int):
-            job.pid, job.pid_started = child["pid"], child.get("create_time")
+        child = load_quietly(Path(job.job_dir) / "child.json", ChildRecord)
+        if child is not None:
+            job.pid, job.pid_started = child.pid, child.create_time
 
     def _runner_ended(self, job: Job) -> bool:
         if job.popen is not None:
             return job.popen.poll() is not None  # our child: reap it
         return not _alive(job.runner_pid, job.runner_started)
 
-    def _update_progress(self, job: Job) -> bool:
-        doc = read_progress(Path(job.job_dir) / "progress.json")
-        if not doc or doc.get("updated_at") == job.progress.get("updated_at"):
-            return False
-        previous = job.progress
-        job.progress = {k: doc.get(k) for k in (
-            "state", "step", "max_steps", "epoch", "loss", "learning_rate", "samples_per_s", "tokens_per_s",
-            "eta_s", "checkpoints", "updated_at", "error", "stop_reason")}
-        points = {step: loss for step, loss in job.loss_points}
-        loss, step = doc.get("loss"), doc.get("step")
-        if isinstance(loss, (int, float)) and isinstance(step, int) and loss != previous.get("loss"):
-            points[step] = round(float(loss), 5)  # a new logged loss, seen at this tick's step
-        checkpoints = [c for c in doc.get("checkpoints") or [] if isinstance(c, dict) and isinstance(c.get("step"), int)]
-        if checkpoints and checkpoints[-1] != (previous.get("checkpoints") or [None])[-1]:
-            # the newest checkpoint's log_history has every logged step up to it, at its true step
-            latest = checkpoints[-1]
-            state = read_json(Path(str(latest.get("path"))) / "trainer_state.json") or {}
-            rows = [r for r in state.get("log_history") or [] if isinstance(r, dict) and isinstance(r.get("step"), int) and isinstance(r.get("loss"), (int, float))]
-            if rows:
-                points = {s: v for s, v in points.items() if s > latest["step"]}
-                points.update({r["step"]: round(float(r["loss"]), 5) for r in rows})
-        job.loss_points = [[s, points[s]] for s in sorted(points)][-LOSS_POINTS:]
-        return True
-
     def _finish(self, job: Job) -> None:
         """The runner is gone: take the exit code it recorded, or call the job lost."""
-        self._update_progress(job)
-        ended = read_json(Path(job.job_dir) / "exit.json")
-        job.ended_at = (ended or {}).get("ended_at") or time.time()
-        if ended is None or not isinstance(ended.get("exit_code"), int):
-            job.state = "lost"
+        update_progress(job)
+        ended = load_quietly(Path(job.job_dir) / "exit.json", ExitRecord)
+        job.ended_at = (ended.ended_at if ended is not None else None) or time.time()
+        if ended is None or ended.exit_code is None:
+            job.state = JobState.LOST
             job.error = "the job's runner ended without recording an exit code (killed, or the machine rebooted)"
         else:
-            job.exit_code = ended["exit_code"]
+            job.exit_code = ended.exit_code
             stopped = job.stop_requested is not None
-            job.state = "exited" if job.exit_code == 0 or stopped else "failed"
-            if job.state == "failed":
-                job.error = ended.get("error") or job.progress.get("error") or f"exited with code {job.exit_code}"
+            job.state = JobState.EXITED if job.exit_code == 0 or stopped else JobState.FAILED
+            if job.state == JobState.FAILED:
+                job.error = ended.error or job.progress.get("error") or f"exited with code {job.exit_code}"
         job.last_lines, _ = tail(Path(job.log_path), LAST_LINES)
         job.starved = False
         job.popen = job.proc = None
@@ -433,7 +292,7 @@ class JobsComponent:
             del self.jobs[old.id]
         self.agent.release_gpus(f"job:{job.id}")
         log.info("job %s %s (exit code %s)", job.id, job.state, job.exit_code)
-        self.agent.notify(EVENT_NOTICE, {"level": "info" if job.state == "exited" else "error",
+        self.agent.notify(EVENT_NOTICE, {"level": "info" if job.state == JobState.EXITED else "error",
                                          "message": f"job {job.id} ({job.recipe}) {job.state}" + (f" with exit code {job.exit_code}" if job.exit_code is not None else "")})
 
     def _claim(self, job: Job) -> None:
@@ -454,7 +313,7 @@ class JobsComponent:
     def _check_starved(self, job: Job, telemetry: Telemetry, now: float) -> None:
         alerts = self.agent.lab.alerts
         utils = [g.util_pct for g in telemetry.gpus if g.index in job.gpus and g.util_pct is not None]
-        if job.state != "running" or not utils or max(utils) >= alerts.starved_util_pct:
+        if job.state != JobState.RUNNING or not utils or max(utils) >= alerts.starved_util_pct:
             job.starved_since, job.starved = None, False
             return
         job.starved_since = job.starved_since or now
@@ -468,13 +327,13 @@ class JobsComponent:
             before = job.record()
             if job.pid is None:
                 self._read_child(job)
-            progressed = self._update_progress(job)
+            progressed = update_progress(job)
             if self._runner_ended(job):
                 self._finish(job)
             else:
-                if job.state == "starting" and (job.progress.get("state") in ("running", "saving") or (not job.progress and now - job.started_at >= NO_PROGRESS_RUNNING_S)):
-                    job.state = "running"
-                if job.state == "stopping" and job.kill_at is not None and now >= job.kill_at and job.stop_requested == "stop":
+                if job.state == JobState.STARTING and (job.progress.get("state") in ("running", "saving") or (not job.progress and now - job.started_at >= NO_PROGRESS_RUNNING_S)):
+                    job.state = JobState.RUNNING
+                if job.state == JobState.STOPPING and job.kill_at is not None and now >= job.kill_at and job.stop_requested == "stop":
                     log.warning("job %s did not stop within its grace period: SIGKILL", job.id)
                     job.stop_requested = "kill"
                     self._signal(job, signal.SIGKILL)
@@ -514,19 +373,30 @@ class JobsComponent:
 
     # -- state
 
-    def section(self) -> list[dict[str, Any]]:
+    def section(self) -> list[JobInfo]:
         now = time.time()
         jobs = sorted(self.jobs.values(), key=lambda j: j.started_at, reverse=True)
         finished = [j for j in jobs if not j.active][:SECTION_FINISHED]
         keep = {j.id for j in finished}
-        return [self._pushed(j, now) for j in jobs if j.active or j.id in keep]
+        section = []
+        for job in jobs:
+            if job.active or job.id in keep:
+                try:
+                    section.append(self._pushed(job, now))
+                except ValueError as exc:  # a record that fits no JobInfo costs its own row, not the section
+                    log.error("job %s cannot be shown: %s", job.id, exc)
+        return section
 
-    def _pushed(self, job: Job, now: float) -> dict[str, Any]:
+    def _pushed(self, job: Job, now: float) -> JobInfo:
         """A job as pushed to every console at every change: trimmed (jobs.get has the rest)."""
-        data = job.to_json(self.agent.simulated, now)
-        data["loss_history"] = data["loss_history"][-SECTION_LOSS_POINTS:]
-        data["last_lines"] = data["last_lines"][-SECTION_LAST_LINES:]
-        return data
+        info = job.info(self.agent.simulated, now)
+        info.loss_history = info.loss_history[-SECTION_LOSS_POINTS:]
+        info.last_lines = info.last_lines[-SECTION_LAST_LINES:]
+        return info
+
+    def views(self) -> list[JobView]:
+        """Every job in memory as a read-only copy, oldest first: what other components may know of jobs."""
+        return [job.view() for job in sorted(self.jobs.values(), key=lambda j: j.started_at)]
 
     def get(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
@@ -536,44 +406,3 @@ class JobsComponent:
                 raise RemoteError(ErrorCode.NOT_FOUND, f"no job {job_id!r} on {self.agent.machine.name} (see `cetlab jobs`)")
             job = Job.from_record(rows[0]["record"])
         return job
-
-    def _register(self) -> None:
-        rpc = self.agent.rpc
-
-        @rpc.method("jobs.recipes", doc="The recipes of this machine with their launch params.")
-        async def list_recipes(peer: Peer, _params) -> list:
-            return [recipes.recipe_json(r) for r in self.agent.lab.trainers if r.machine == self.agent.machine.name]
-
-        @rpc.method("jobs.list", params=ListParams, doc="Jobs, newest first: the active ones and recent history.")
-        async def list_jobs(peer: Peer, params: ListParams) -> list:
-            rows = self.agent.store.query("SELECT id, record FROM jobs ORDER BY n DESC LIMIT ?", (params.limit,))
-            now = time.time()
-            jobs = [self.jobs.get(row["id"]) or Job.from_record(row["record"]) for row in rows]
-            return [job.to_json(self.agent.simulated, now) for job in jobs]
-
-        @rpc.method("jobs.get", params=JobParams, doc="One job, with its command line and last log lines.")
-        async def get_job(peer: Peer, params: JobParams) -> dict:
-            job = self.get(params.id)
-            return {**job.to_json(self.agent.simulated), "argv": job.argv, "cwd": job.cwd, "runner_pid": job.runner_pid}
-
-        @rpc.method("jobs.start", role=Role.OPERATOR, params=StartParams, doc="Launch a recipe with validated params.")
-        async def start_job(peer: Peer, params: StartParams) -> dict:
-            job = self.start_job(params.recipe, params.params)
-            log.info("job %s started by %s", job.id, peer.who)
-            return {**job.to_json(self.agent.simulated), "argv": job.argv, "cwd": job.cwd}
-
-        @rpc.method("jobs.stop", role=Role.OPERATOR, params=StopParams, doc="SIGTERM to the job's process group; SIGKILL after grace_s.")
-        async def stop_job(peer: Peer, params: StopParams) -> dict:
-            job = await self.stop_job(self.get(params.id), params.grace_s, kill=False)
-            log.info("job %s stop requested by %s", job.id, peer.who)
-            return job.to_json(self.agent.simulated)
-
-        @rpc.method("jobs.kill", role=Role.OPERATOR, params=JobParams, doc="SIGKILL to the job's process group now.")
-        async def kill_job(peer: Peer, params: JobParams) -> dict:
-            job = await self.stop_job(self.get(params.id), None, kill=True)
-            log.info("job %s killed by %s", job.id, peer.who)
-            return job.to_json(self.agent.simulated)
-
-        @rpc.method("jobs.logs", params=LogsParams, doc="Log lines: the tail, or from an offset; follow pushes `log` events.")
-        async def job_logs(peer: Peer, params: LogsParams) -> dict:
-            return self.logs(peer, self.get(params.id), params)

@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
+from agents.states import ModelState
 
 if TYPE_CHECKING:
     from agents.orchestra.engine import Engine
-    from agents.orchestra.pool import OrchestraComponent, Slot
+    from agents.orchestra.pool import OrchestraComponent
+    from agents.orchestra.slot import Slot
 
 log = logging.getLogger("cetlab.orchestra")
 
@@ -99,7 +101,7 @@ async def adopt(pool: OrchestraComponent, records: dict[str, dict[str, Any]]) ->
         except (EngineDown, EngineRequestFailed):
             sleeping = False
         slot.gpus, slot.engine, slot.last_engine, slot.error = engine.gpus, engine, engine, None
-        pool._set_state(slot, "sleeping" if sleeping else "warm")
+        pool._set_state(slot, ModelState.SLEEPING if sleeping else ModelState.WARM)
         pool._event(slot, "adopt", detail={"pid": pid, "port": engine.port})
         pool._tasks.append(asyncio.create_task(pool._supervise(slot, engine), name=f"supervise-{name}"))
         log.info("re-adopted the %s engine of %s (pid %s, port %s)", slot.model.engine, name, pid, engine.port)

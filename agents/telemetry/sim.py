@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from agents.lab import SimGpu
-from agents.protocol import GpuProcess, GpuSample
+from agents.protocol import ErrorCode, GpuProcess, GpuSample, RemoteError, Role
+
+if TYPE_CHECKING:
+    from agents.agent import Agent
+
+log = logging.getLogger("cetlab.sim")
 
 GIB = 1024**3
 WARMUP_TICKS = 90
@@ -77,10 +86,6 @@ class SimSampler:
 
     def fail(self, index: int, reason: str = "GPU is lost") -> None:
         self._gpus[index].failed = reason
-
-    def free_bytes(self, index: int) -> int:
-        gpu = self._gpus[index]
-        return int(gpu.spec.memory_gib * GIB) - self._mem_used(gpu)
 
     # -- sampling
 
@@ -152,3 +157,40 @@ class SimSampler:
 
     def close(self) -> None:
         pass
+
+
+# ---------------------------------------------------------------------------- driving it over the wire
+
+
+class OverrideParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    gpu: int = Field(ge=0)
+    temp_c: float | None = Field(default=None, ge=-50, le=200)
+    util_pct: float | None = Field(default=None, ge=0, le=100)
+    mem_used_bytes: int | None = Field(default=None, ge=0, le=2**50)
+    power_w: float | None = Field(default=None, ge=0, le=10_000)
+    clear: bool = False  # drop this GPU's overrides first (alone: back to the simulation)
+
+
+def register_methods(agent: Agent) -> None:
+    """`sim.override`: scenarios (a hot GPU, a full one) on simulated GPUs; machines with real ones answer `unavailable`."""
+
+    @agent.rpc.method("sim.override", role=Role.OPERATOR, params=OverrideParams,
+                      doc="Simulated GPUs only: force temp_c / util_pct / mem_used_bytes / power_w of one GPU (clear: true drops them).")
+    async def override(peer, params: OverrideParams) -> dict:
+        sampler = agent.gpus
+        if not isinstance(sampler, SimSampler):
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"{agent.machine.name} has real GPUs ({sampler.backend}); sim.override only drives simulated ones")
+        count = len(agent.latest.gpus) if agent.latest else 0
+        if params.gpu >= count:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"{agent.machine.name} has {count} GPUs (0..{count - 1}), no GPU {params.gpu}")
+        fields = params.model_dump(exclude={"gpu", "clear"}, exclude_none=True)
+        if not fields and not params.clear:
+            raise RemoteError(ErrorCode.INVALID_PARAMS, "give at least one of temp_c, util_pct, mem_used_bytes, power_w, or clear: true")
+        if params.clear:
+            sampler.override(params.gpu)
+        if fields:
+            sampler.override(params.gpu, **fields)
+        log.info("%s overrode simulated gpu%d: %s", peer.who, params.gpu, fields or "cleared")
+        return {"gpu": params.gpu, "overrides": fields, "simulated": True}

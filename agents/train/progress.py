@@ -50,8 +50,16 @@ A JSON object; numbers are JSON numbers, times are Unix seconds (float)::
       ],
       "updated_at": 1760000001.5,   # when this document was written
       "error": null,                # one line when state is "failed"
-      "stop_reason": null           # "max_steps" | "signal:SIGTERM" | "signal:SIGINT" | null
+      "stop_reason": null,          # "max_steps" | "signal:SIGTERM" | "signal:SIGINT" | null
+      "diverged_at_step": null,     # optional: the first step whose loss was NaN or infinite
+      "precision": "bf16",          # optional: the precision training runs in
+      "notes": []                   # optional: one-line remarks for the operator
     }
+
+A diverged run (a NaN or infinite loss) is a normal event: write ``"loss": NaN``
+(Python's json writes it unless told not to) or ``"loss": null`` with
+``diverged_at_step``. The agent reads either as "loss: NaN, diverged at step N",
+shows it on the job and raises an alert.
 
 ``save_s`` is the wall time of the checkpoint save alone (model/adapter,
 optimizer, scheduler, RNG and trainer state). A checkpoint directory is a
@@ -65,7 +73,9 @@ training has begun ends the run the same way, with no checkpoint). A second
 signal stops it at once: ``"failed"``, exit status 130.
 
 Readers must ignore keys they do not know; new keys may be added without
-bumping ``version``.
+bumping ``version``. The agent validates the document against this schema
+(``agents.documents.Progress``); one that does not match (``"checkpoints": 5``)
+is reported on its job and otherwise ignored.
 """
 
 from __future__ import annotations

@@ -1,0 +1,114 @@
+"""Acting on checkpoints: delete, prune, keep, and resume a run from one."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agents.checkpoints.discovery import Run
+from agents.checkpoints.parsing import CHECKPOINT_RE, Checkpoint
+from agents.protocol import ErrorCode, RemoteError
+from agents.rpc import Peer
+
+if TYPE_CHECKING:
+    from agents.checkpoints.rpc import DeleteParams, KeepParams, PruneParams, ResumeParams
+
+log = logging.getLogger("cetlab.checkpoints")
+
+RESUME_PARAM = "resume_from_checkpoint"  # the recipe param a resume fills in (cetlab-train's --resume-from-checkpoint)
+
+
+class ActionsMixin:
+    """The operator's actions on checkpoints, part of CheckpointsComponent."""
+
+    def _delete_path(self, run: Run, ckpt: Checkpoint) -> None:
+        path = Path(ckpt.path)
+        # only a checkpoint-<step> folder right inside a watched run folder is ever removed
+        if path.parent.resolve() != run.path or not CHECKPOINT_RE.match(path.name):
+            raise RemoteError(ErrorCode.INVALID_PARAMS, f"{path} is not a checkpoint folder of run {run.name}")
+        if path.is_symlink():
+            path.unlink()
+        else:
+            shutil.rmtree(path)
+        self.scanner.forget(str(path))
+
+    def _forget(self, paths: list[str]) -> None:
+        with self.agent.store.transaction() as db:
+            db.executemany("DELETE FROM checkpoint_flags WHERE path=?", [(p,) for p in paths])
+        self.kept -= set(paths)
+
+    async def delete(self, peer: Peer, params: DeleteParams) -> dict[str, Any]:
+        run = await self.run(params.run)
+        ckpt = run.by_step(params.step)
+        if ckpt.in_use:
+            raise RemoteError(ErrorCode.CONFLICT, f"checkpoint {ckpt.step} of {run.name} is in use: {ckpt.in_use}")
+        special = [w for w, flag in (("the best", ckpt.is_best), ("the newest", ckpt.newest)) if flag]
+        if special and not params.confirm_special:
+            raise RemoteError(ErrorCode.CONFLICT, f"checkpoint {ckpt.step} is {' and '.join(special)} of run {run.name}; "
+                              "confirm to delete it anyway (confirm_special / --force)", {"special": special})
+        try:
+            await asyncio.to_thread(self._delete_path, run, ckpt)
+        except OSError as exc:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"cannot delete {ckpt.path}: {exc.strerror or exc}") from None
+        self._forget([ckpt.path])
+        self._event(run, ckpt, "delete", peer.who, {"size_bytes": ckpt.size_bytes, "special": special})
+        log.info("%s deleted %s", peer.who, ckpt.path)
+        await self.rescan()
+        return {"run": run.name, "deleted": [ckpt.to_json()], "freed_bytes": ckpt.size_bytes}
+
+    async def prune(self, peer: Peer, params: PruneParams) -> dict[str, Any]:
+        run = await self.run(params.run)
+        complete = [c for c in run.checkpoints if c.complete]
+        last = {c.path for c in complete[-params.keep_last:]} if params.keep_last else set()
+        kept, deleted, skipped = [], [], []
+        for ckpt in run.checkpoints:
+            if not ckpt.complete:
+                skipped.append({**ckpt.to_json(), "reason": f"incomplete: {ckpt.problem}; delete it by hand if it is garbage"})
+            elif ckpt.is_best or ckpt.path in last or ckpt.kept:
+                kept.append({**ckpt.to_json(), "reason": "best" if ckpt.is_best else "kept" if ckpt.kept else "last"})
+            elif ckpt.in_use:
+                skipped.append({**ckpt.to_json(), "reason": ckpt.in_use})
+            else:
+                try:
+                    await asyncio.to_thread(self._delete_path, run, ckpt)
+                except OSError as exc:
+                    skipped.append({**ckpt.to_json(), "reason": f"cannot delete: {exc.strerror or exc}"})
+                    continue
+                deleted.append(ckpt.to_json())
+        self._forget([c["path"] for c in deleted])
+        freed = sum(c["size_bytes"] for c in deleted)
+        self._event(run, None, "prune", peer.who, {"keep_last": params.keep_last, "deleted": [c["step"] for c in deleted], "freed_bytes": freed})
+        log.info("%s pruned run %s: deleted steps %s", peer.who, run.name, [c["step"] for c in deleted])
+        await self.rescan()
+        return {"run": run.name, "keep_last": params.keep_last, "deleted": deleted, "kept": kept, "skipped": skipped, "freed_bytes": freed}
+
+    async def keep(self, peer: Peer, params: KeepParams) -> dict[str, Any]:
+        run = await self.run(params.run)
+        ckpt = run.by_step(params.step)
+        with self.agent.store.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO checkpoint_flags (path, kept, t) VALUES (?, ?, ?)", (ckpt.path, int(params.kept), time.time()))
+        (self.kept.add if params.kept else self.kept.discard)(ckpt.path)
+        self._event(run, ckpt, "keep" if params.kept else "unkeep", peer.who)
+        await self.rescan()
+        return self.runs[run.name].by_step(ckpt.step).to_json()
+
+    async def resume(self, peer: Peer, params: ResumeParams) -> dict[str, Any]:
+        run, ckpt = await self._complete(params.run, params.step)
+        jobs = self._jobs()
+        recipe = next((r for r in self.agent.lab.trainers if r.name == run.recipe and r.machine == self.agent.machine.name), None)
+        if jobs is None or recipe is None:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"run {run.name} was not started from a recipe of {self.agent.machine.name}; "
+                              f"resume it with its own trainer (--resume-from-checkpoint {ckpt.path})")
+        if not any(p.name == RESUME_PARAM for p in recipe.params):
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"recipe {recipe.name} declares no {RESUME_PARAM} param; add "
+                              f"{{name: {RESUME_PARAM}, type: str}} to its params in lab.yaml (cetlab-train takes --resume-from-checkpoint)")
+        previous = jobs.get(run.job).params if run.job else {}
+        values = {**{k: v for k, v in previous.items() if k != RESUME_PARAM}, **params.params, RESUME_PARAM: ckpt.path}
+        job = jobs.start_job(recipe.name, values)
+        self._event(run, ckpt, "resume", peer.who, {"job": job.id})
+        log.info("%s resumed run %s from step %s as job %s", peer.who, run.name, ckpt.step, job.id)
+        return {**job.detail(self.agent.simulated).to_wire(), "resumed_from": ckpt.to_json()}

@@ -1,0 +1,143 @@
+"""Serving a checkpoint: an adapter loaded into a warm model, or the weights (merged if need be) as a new model."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agents.checkpoints.discovery import Run, safe_name
+from agents.checkpoints.parsing import Checkpoint
+from agents.lab import Model
+from agents.orchestra.engine import EngineDown, EngineRequestFailed
+from agents.orchestra.slot import ADAPTER_ENGINES
+from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError
+from agents.rpc import Peer
+from agents.states import MODEL_ENGINE_UP, ModelState
+
+if TYPE_CHECKING:
+    from agents.checkpoints.rpc import ServeParams
+    from agents.orchestra.pool import OrchestraComponent
+    from agents.orchestra.slot import Slot
+
+log = logging.getLogger("cetlab.checkpoints")
+
+
+def merge_adapter(base: str, adapter: str, out: str) -> None:
+    """Merge a PEFT adapter into a copy of its base model (peft merge_and_unload); runs in a child process."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = Path(out)
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    merged.save_pretrained(tmp)
+    tokenizer_from = adapter if (Path(adapter) / "tokenizer_config.json").is_file() else base
+    AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+
+
+class ServingMixin:
+    """Serving checkpoints through the model pool's public interface, part of CheckpointsComponent."""
+
+    async def serve(self, peer: Peer, params: ServeParams) -> dict[str, Any]:
+        run, ckpt = await self._complete(params.run, params.step)
+        pool = self._pool()
+        if pool is None:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"no model pool on {self.agent.machine.name}")
+        named = pool.slot(params.model) if params.model else None
+        if ckpt.kind == "adapter":
+            target = named or (pool.adapter_host(Path(ckpt.base_model)) if ckpt.base_model else None)
+            if target is not None and target.model.engine in ADAPTER_ENGINES:
+                return await self._load_adapter(peer, run, ckpt, target)
+            base = str(named.path) if named is not None else ckpt.base_model
+            if not base or not Path(base).is_dir():
+                raise RemoteError(ErrorCode.UNAVAILABLE, f"the adapter's base model {base!r} is not a folder on {self.agent.machine.name}; "
+                                  "name a warm model of the same base with --model")
+            return self._start_runtime(peer, run, ckpt, pool, template=named, merge_base=base)
+        if ckpt.kind == "full":
+            return self._start_runtime(peer, run, ckpt, pool, template=named, merge_base=None)
+        raise RemoteError(ErrorCode.UNAVAILABLE, f"checkpoint {ckpt.step} of {run.name} holds no model or adapter weights")
+
+    async def _load_adapter(self, peer: Peer, run: Run, ckpt: Checkpoint, slot: Slot) -> dict[str, Any]:
+        if slot.state != ModelState.WARM or slot.engine is None:
+            raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is {slot.state}; warm it first (`cetlab warm {slot.name}`), then serve the adapter")
+        name = safe_name(f"{run.name}-step{ckpt.step}")
+        try:
+            await slot.engine.load_adapter(name, ckpt.path)
+        except (EngineDown, EngineRequestFailed) as exc:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"{slot.name} refused the adapter: {exc}") from None
+        self.serving[ckpt.path] = {"model": slot.name, "mode": "adapter", "state": ModelState.WARM, "engine": slot.engine, "adapter": name}
+        self._event(run, ckpt, "serve", peer.who, {"model": slot.name, "mode": "adapter", "adapter": name})
+        await self.rescan()
+        base_matches = ckpt.base_model is not None and Path(ckpt.base_model).resolve() == slot.path.resolve()
+        return {"run": run.name, "step": ckpt.step, "mode": "adapter", "model": slot.name, "served_name": name,
+                "endpoint": slot.engine.endpoint, "state": ModelState.WARM, "base_matches": base_matches, "simulated": slot.model.engine == "sim"}
+
+    def _start_runtime(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: OrchestraComponent, template: Slot | None,
+                       merge_base: str | None) -> dict[str, Any]:
+        """A new model entry for this checkpoint (weights as they are, or the adapter merged into its base), warmed in the background."""
+        name = safe_name(f"{run.name}-step{ckpt.step}")
+        existing = pool.find(name)
+        if any(m.name == name for m in self.agent.lab.models):
+            raise RemoteError(ErrorCode.CONFLICT, f"lab.yaml already has a model named {name}; rename the run's folder or that model")
+        if existing is not None and (existing.state in MODEL_ENGINE_UP or existing.busy):
+            return self._runtime_json(run, ckpt, existing, "merged" if merge_base else "full")
+        record = self.serving.get(ckpt.path)
+        if record is not None and record["state"] == "merging":
+            return {"run": run.name, "step": ckpt.step, "mode": record["mode"], "model": name, "state": "merging", "endpoint": None}
+        # --model lends its engine, GPUs and VRAM estimate; else `transformers serve` on the CPU
+        engine = template.model.engine if template is not None else "transformers"
+        gpus = list(template.model.gpus) if template is not None else []
+        weights = Path(ckpt.path) if merge_base is None else self.agent.state_dir / "checkpoints" / "merged" / name
+        model = Model(name=name, path=str(weights), engine=engine, machine=self.agent.machine.name, gpus=gpus,
+                      vram_gib=template.model.vram_gib if template is not None else 0.0,
+                      args=list(template.model.args) if template is not None else [])
+        mode = "merged" if merge_base else "full"
+        self.serving[ckpt.path] = {"model": name, "mode": mode, "state": "merging" if merge_base else ModelState.LOADING}
+
+        async def bring_up() -> None:
+            try:
+                if merge_base is not None:  # merged anew each time: the checkpoint may have been rewritten since
+                    await self._merge(merge_base, ckpt.path, weights)
+                pool.remove_model(name)  # a previous serving of this checkpoint, at rest or failed
+                slot = pool.add_model(model, weights)
+                self.serving[ckpt.path]["state"] = ModelState.LOADING
+                task = pool.warm(slot)
+                if task is not None:
+                    await task
+                self.serving[ckpt.path]["state"] = slot.state
+                if slot.state == ModelState.FAILED:
+                    self.serving[ckpt.path]["error"] = (slot.error or {}).get("message")
+            except (RemoteError, RuntimeError, OSError) as exc:
+                self.serving[ckpt.path].update(state=ModelState.FAILED, error=str(exc))
+                log.warning("serving %s failed: %s", ckpt.path, exc)
+                self.agent.notify(EVENT_NOTICE, {"level": "error", "message": f"serving {run.name} step {ckpt.step} failed: {exc}"})
+
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.create_task(bring_up(), name=f"serve-{name}"))
+        self._event(run, ckpt, "serve", peer.who, {"model": name, "mode": mode, "engine": engine})
+        return {"run": run.name, "step": ckpt.step, "mode": mode, "model": name, "engine": engine,
+                "state": self.serving[ckpt.path]["state"], "endpoint": None, "simulated": engine == "sim"}
+
+    def _runtime_json(self, run: Run, ckpt: Checkpoint, slot: Slot, mode: str) -> dict[str, Any]:
+        return {"run": run.name, "step": ckpt.step, "mode": mode, "model": slot.name, "engine": slot.model.engine, "state": slot.state,
+                "endpoint": slot.engine.endpoint if slot.engine else None, "simulated": slot.model.engine == "sim"}
+
+    async def _merge(self, base: str, adapter: str, out: Path) -> None:
+        """peft merge_and_unload in a child process: torch stays out of the agent."""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        code = "import sys; from agents.checkpoints import merge_adapter; merge_adapter(*sys.argv[1:])"
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, base, adapter, str(out), stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        output, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"merging the adapter into {base} failed: {output.decode(errors='replace').strip()[-300:]}")

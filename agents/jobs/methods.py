@@ -1,0 +1,92 @@
+"""The jobs.* methods and their params."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.jobs import recipes
+from agents.jobs.job import Job
+from agents.protocol import Role
+from agents.rpc import Peer
+
+if TYPE_CHECKING:
+    from agents.jobs.supervisor import JobsComponent
+
+log = logging.getLogger("cetlab.jobs")
+
+
+class StartParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    recipe: str = Field(max_length=64)
+    params: dict[str, Any] = Field(default_factory=dict, max_length=64)
+
+
+class JobParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(max_length=100)
+
+
+class StopParams(JobParams):
+    grace_s: float | None = Field(default=None, ge=0, le=86400)
+
+
+class LogsParams(JobParams):
+    tail_lines: int = Field(default=100, ge=0, le=10000)
+    offset: int | None = Field(default=None, ge=0)  # continue from here instead of the tail
+    follow: bool = False  # push new lines as `log` events to this connection
+
+
+class ListParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=100, ge=1, le=10000)
+
+
+def register(jobs: JobsComponent) -> None:
+    """The jobs.* methods."""
+    agent = jobs.agent
+    rpc = agent.rpc
+
+    @rpc.method("jobs.recipes", doc="The recipes of this machine with their launch params.")
+    async def list_recipes(peer: Peer, _params) -> list:
+        return [recipes.recipe_json(r) for r in agent.lab.trainers if r.machine == agent.machine.name]
+
+    @rpc.method("jobs.list", params=ListParams, doc="Jobs, newest first: the active ones and recent history.")
+    async def list_jobs(peer: Peer, params: ListParams) -> list:
+        rows = agent.store.query("SELECT id, record FROM jobs ORDER BY n DESC LIMIT ?", (params.limit,))
+        now = time.time()
+        listed = [jobs.jobs.get(row["id"]) or Job.from_record(row["record"]) for row in rows]
+        return [job.to_json(agent.simulated, now) for job in listed]
+
+    @rpc.method("jobs.get", params=JobParams, doc="One job, with its command line and last log lines.")
+    async def get_job(peer: Peer, params: JobParams) -> dict:
+        job = jobs.get(params.id)
+        return job.detail(agent.simulated).to_wire()
+
+    @rpc.method("jobs.start", role=Role.OPERATOR, params=StartParams, doc="Launch a recipe with validated params.")
+    async def start_job(peer: Peer, params: StartParams) -> dict:
+        job = jobs.start_job(params.recipe, params.params)
+        log.info("job %s started by %s", job.id, peer.who)
+        return job.detail(agent.simulated).to_wire()
+
+    @rpc.method("jobs.stop", role=Role.OPERATOR, params=StopParams, doc="SIGTERM to the job's process group; SIGKILL after grace_s.")
+    async def stop_job(peer: Peer, params: StopParams) -> dict:
+        job = await jobs.stop_job(jobs.get(params.id), params.grace_s, kill=False)
+        log.info("job %s stop requested by %s", job.id, peer.who)
+        return job.to_json(agent.simulated)
+
+    @rpc.method("jobs.kill", role=Role.OPERATOR, params=JobParams, doc="SIGKILL to the job's process group now.")
+    async def kill_job(peer: Peer, params: JobParams) -> dict:
+        job = await jobs.stop_job(jobs.get(params.id), None, kill=True)
+        log.info("job %s killed by %s", job.id, peer.who)
+        return job.to_json(agent.simulated)
+
+    @rpc.method("jobs.logs", params=LogsParams, doc="Log lines: the tail, or from an offset; follow pushes `log` events.")
+    async def job_logs(peer: Peer, params: LogsParams) -> dict:
+        return jobs.logs(peer, jobs.get(params.id), params)

@@ -1,0 +1,294 @@
+"""Engine lifecycles: load, warm up, wake, sleep, stop, fail; and the operations (warm, sleep, cold, swap, cache) built on them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+from agents.orchestra.engine import Engine, EngineDown, EngineRequestFailed
+from agents.orchestra.sim_engine import SimEngine
+from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, EngineFailed, Slot, gib_text
+from agents.orchestra.transformers_engine import TransformersEngine
+from agents.orchestra.vllm import VllmEngine
+from agents.protocol import ErrorCode, RemoteError
+from agents.states import MODEL_AT_REST, MODEL_BRINGING_UP, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, MODEL_SETTLED, ModelState
+
+log = logging.getLogger("cetlab.orchestra")
+
+ENGINES: dict[str, type[Engine]] = {"sim": SimEngine, "vllm": VllmEngine, "transformers": TransformersEngine}
+HEALTH_POLL_S = 0.1
+WARMUP_TIMEOUT_S = 900.0
+
+
+class LifecycleMixin:
+    """Part of OrchestraComponent: one engine's life, and the long operations that answer at once and run in a task."""
+
+    def _new_engine(self, slot: Slot, gpus: list[int]) -> Engine:
+        if not slot.path.exists() and not slot.model.make_tiny_if_missing:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.agent.machine.name}")
+        total = None
+        if gpus and self.agent.latest is not None:
+            total = next((g.mem_total_bytes for g in self.agent.latest.gpus if g.index == gpus[0]), None)
+        engine = ENGINES[slot.model.engine](slot.model, slot.path, self.agent.machine.name, gpus,
+                                            self.agent.state_dir / "models" / f"{slot.name}.log", total)
+        engine.agent_pid_file = self.agent.pid_file
+        engine.check()
+        return engine
+
+    async def _supervise(self, slot: Slot, engine: Engine) -> None:
+        code = await engine.proc.wait()
+        if engine.stopping or slot.engine is not engine:
+            return
+        self._fail(slot, engine, f"the engine exited with code {code}")
+        if slot.busy and slot.op is not asyncio.current_task():
+            slot.op.cancel()
+
+    def _fail(self, slot: Slot, engine: Engine | None, message: str) -> None:
+        oom = engine is not None and engine.out_of_memory()
+        if oom:
+            message += ": CUDA out of memory (lower vram use: --max-model-len, --gpu-memory-utilization, or another GPU)"
+        slot.error = {
+            "message": message,
+            "exit_code": engine.returncode if engine else None,
+            "oom": oom,
+            "log_tail": engine.log_tail(20) if engine else [],
+            "log_path": str(engine.log_path) if engine else None,
+            "t": time.time(),
+        }
+        slot.progress = None
+        if slot.engine is engine:
+            slot.engine = None
+        self._set_state(slot, ModelState.FAILED)
+        self._event(slot, "fail", detail={"message": message, "exit_code": slot.error["exit_code"], "oom": oom})
+        self._notice("error", f"{slot.name} failed on {self.agent.machine.name}: {message}")
+        if engine is not None and engine.returncode is None:
+            asyncio.get_running_loop().create_task(engine.stop())
+
+    async def _load(self, slot: Slot, gpus: list[int], engine: Engine) -> float:
+        """cold/cached -> loading -> warming -> warm. Returns the seconds spent waiting on the engine."""
+        slot.gpus, slot.error = gpus, None
+        self._set_state(slot, ModelState.LOADING)
+        if not slot.path.exists():
+            await self._make_tiny(slot)
+        await self._cache(slot, strict=False)
+        slot.progress = {"phase": "starting"}
+        started = time.monotonic()
+        slot.engine = slot.last_engine = engine
+        await engine.start()
+        self._claim(slot)
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.create_task(self._supervise(slot, engine), name=f"supervise-{slot.name}"))
+        deadline = started + slot.model.load_timeout_s
+        slot.progress = {"phase": "loading"}
+        while not await engine.health():
+            if engine.returncode is not None:
+                raise EngineFailed(f"the engine exited with code {engine.returncode} while loading")
+            if time.monotonic() > deadline:
+                raise EngineFailed(f"no answer on /health after {slot.model.load_timeout_s:.0f} s (load_timeout_s)")
+            await asyncio.sleep(HEALTH_POLL_S)
+        load_s = time.monotonic() - started
+        self._event(slot, "load", load_s, detail=engine.load_phases() or None)
+        self._set_state(slot, ModelState.WARMING)
+        slot.progress = {"phase": "warm-up"}
+        warm_started = time.monotonic()
+        try:
+            await engine.warm_up(WARMUP_TIMEOUT_S)
+        except (EngineDown, EngineRequestFailed) as exc:
+            raise EngineFailed(f"the warm-up request failed: {exc}") from None
+        warmup_s = time.monotonic() - warm_started
+        self._event(slot, "warmup", warmup_s)
+        slot.progress = None
+        self._set_state(slot, ModelState.WARM)
+        return time.monotonic() - started
+
+    async def _wake(self, slot: Slot) -> float:
+        started = time.monotonic()
+        self._set_state(slot, ModelState.LOADING)
+        slot.progress = {"phase": "waking"}
+        try:
+            await slot.engine.wake()
+        except (EngineDown, EngineRequestFailed) as exc:
+            raise EngineFailed(f"wake_up failed: {exc}") from None
+        wake_s = time.monotonic() - started
+        self._event(slot, "wake", wake_s)
+        slot.progress = None
+        self._set_state(slot, ModelState.WARM)
+        return wake_s
+
+    async def _sleep(self, slot: Slot) -> float:
+        started = time.monotonic()
+        slot.progress = {"phase": "going to sleep"}
+        try:
+            await slot.engine.sleep(slot.model.sleep_level)
+        except (EngineDown, EngineRequestFailed) as exc:
+            raise EngineFailed(f"sleep failed: {exc}") from None
+        seconds = time.monotonic() - started
+        slot.progress = None
+        self._event(slot, "sleep", seconds, detail={"level": slot.model.sleep_level})
+        self._set_state(slot, ModelState.SLEEPING)
+        return seconds
+
+    async def _stop(self, slot: Slot) -> float:
+        started = time.monotonic()
+        engine, slot.engine = slot.engine, None
+        if engine is not None:
+            slot.progress = {"phase": "stopping"}
+            await engine.stop()
+        slot.progress = None
+        await asyncio.to_thread(self._measure, slot)
+        seconds = time.monotonic() - started
+        self._event(slot, "stop", seconds)
+        self._set_state(slot, self._rest_state(slot))
+        return seconds
+
+    @staticmethod
+    def _held_after_free(slot: Slot) -> int:
+        if slot.state == ModelState.WARM and slot.engine is not None and slot.engine.can_sleep:
+            return SLEEP_RESIDUAL_BYTES if slot.gpus else 0
+        return slot.held_bytes() if slot.state == ModelState.SLEEPING else 0
+
+    async def _free(self, slot: Slot) -> float:
+        """Take a model off its GPUs: sleep when the engine can, else stop; a sleeping one stays asleep."""
+        if slot.state == ModelState.WARM and slot.engine is not None and slot.engine.can_sleep:
+            return await self._sleep(slot)
+        if slot.state in MODEL_HOLDS_GPU:
+            return await self._stop(slot)
+        return 0.0
+
+    async def _bring_up(self, slot: Slot, gpus: list[int], engine: Engine | None) -> float:
+        if slot.state == ModelState.SLEEPING:
+            return await self._wake(slot)
+        return await self._load(slot, gpus, engine)
+
+    # ------------------------------------------------------------------ operations
+
+    def _begin(self, slots: list[Slot], name: str, work: Callable[[], Awaitable[Any]]) -> asyncio.Task:
+        """Run one long operation on these models; the RPC answers at once, ticks show the rest."""
+        for slot in slots:
+            if slot.busy:
+                raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is busy ({slot.op_name}); wait, or `cetlab cold {slot.name}`")
+        task = asyncio.get_running_loop().create_task(self._guard(slots, name, work), name=f"{name}-{slots[0].name}")
+        for slot in slots:
+            slot.op, slot.op_name = task, name
+        return task
+
+    async def _guard(self, slots: list[Slot], name: str, work: Callable[[], Awaitable[Any]]) -> Any:
+        await asyncio.sleep(0)  # let _begin mark the slots busy first
+        try:
+            return await work()
+        except asyncio.CancelledError:
+            for slot in slots:  # a half-started model is stopped; settled ones stay as they are
+                if slot.state in MODEL_BRINGING_UP:
+                    await self._stop(slot)
+            raise
+        except (EngineFailed, RemoteError) as exc:
+            message = exc.message if isinstance(exc, RemoteError) else str(exc)
+            failing = next((s for s in slots if s.state in MODEL_BRINGING_UP), None)
+            if failing is not None:
+                self._fail(failing, failing.engine or failing.last_engine, message)
+            else:  # a settled model (a failed sleep or cache) stays as it is; the operator hears why
+                self._notice("warning", f"{name} {slots[0].name}: {message}")
+        except Exception:
+            log.exception("%s of %s failed", name, ", ".join(s.name for s in slots))
+            for slot in slots:
+                if slot.state in MODEL_BRINGING_UP:
+                    self._fail(slot, slot.engine, "internal error in the agent; see its log")
+        finally:
+            for slot in slots:
+                if slot.state in MODEL_SETTLED:
+                    slot.progress = None
+
+    def warm(self, slot: Slot) -> asyncio.Task | None:
+        """Bring a model to warm; checks everything that can be checked before answering."""
+        if slot.busy and slot.op_name in ("warm", "wake"):
+            return slot.op
+        if slot.state == ModelState.WARM and not slot.busy:
+            return None
+        if slot.busy:
+            raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is busy ({slot.op_name}); wait, or `cetlab cold {slot.name}`")
+        if slot.state == ModelState.SLEEPING:
+            self._check_fit(slot, slot.gpus)
+            return self._begin([slot], "wake", lambda: self._wake(slot))
+        gpus = list(slot.model.gpus)
+        engine = self._new_engine(slot, gpus)
+        self._check_fit(slot, gpus)
+        slot.gpus = gpus
+        self._set_state(slot, ModelState.LOADING)  # reserve the GPUs before answering
+        return self._begin([slot], "warm", lambda: self._load(slot, gpus, engine))
+
+    def sleep(self, slot: Slot) -> asyncio.Task | None:
+        if slot.state == ModelState.SLEEPING:
+            return None
+        if slot.state != ModelState.WARM or slot.engine is None:
+            raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is {slot.state}; only a warm model can sleep")
+        if not slot.engine.can_sleep:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"the {slot.model.engine} engine has no sleep mode; use `cetlab cold {slot.name}`")
+        if slot.pinned:
+            raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is pinned; unpin it first")
+        return self._begin([slot], "sleep", lambda: self._sleep(slot))
+
+    async def cold(self, slot: Slot) -> None:
+        """Stop a model wherever it is, cancelling what it was doing."""
+        if slot.busy:
+            slot.op.cancel()
+            await asyncio.gather(slot.op, return_exceptions=True)
+        if slot.engine is not None or slot.state in MODEL_ENGINE_UP:
+            await self._stop(slot)
+        elif slot.state == ModelState.FAILED:
+            slot.error = None
+            self._set_state(slot, self._rest_state(slot))
+
+    def swap(self, out: Slot, incoming: Slot, rotation: bool = False) -> asyncio.Task:
+        if out is incoming:
+            raise RemoteError(ErrorCode.INVALID_PARAMS, "swap needs two different models")
+        if out.state not in (ModelState.WARM, ModelState.SLEEPING):
+            raise RemoteError(ErrorCode.CONFLICT, f"{out.name} is {out.state}, not serving: use `cetlab warm {incoming.name}`")
+        if incoming.state in MODEL_HOLDS_GPU:
+            raise RemoteError(ErrorCode.CONFLICT, f"{incoming.name} is already {incoming.state} on {self.agent.machine.name} (GPUs {incoming.gpus})")
+        if out.pinned and not rotation:
+            raise RemoteError(ErrorCode.CONFLICT, f"{out.name} is pinned; unpin it first")
+        for slot in (out, incoming):
+            if slot.busy:
+                raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is busy ({slot.op_name}); wait, or `cetlab cold {slot.name}`")
+        engine = None
+        if incoming.state == ModelState.SLEEPING:
+            gpus = incoming.gpus  # a sleeping engine wakes where it sleeps
+        else:
+            gpus = list(out.gpus) if len(out.gpus) == len(incoming.model.gpus) else list(incoming.model.gpus)
+            engine = self._new_engine(incoming, gpus)
+        self._check_fit(incoming, gpus, {out.name: self._held_after_free(out)})
+
+        async def work() -> None:
+            started = time.monotonic()
+            engine_s = await self._free(out)
+            freed = time.monotonic()
+            engine_s += await self._bring_up(incoming, gpus, engine)
+            done = time.monotonic()
+            total_s = done - started
+            self.unavailable_s += 0.0 if rotation else total_s  # a rotation counts its whole span itself
+            self._kv_save(unavailable_s=self.unavailable_s)
+            with self.agent.store.transaction() as db:
+                db.execute("INSERT INTO model_swaps (t, out_model, in_model, free_s, bring_up_s, total_s, engine_s, rotation) VALUES (?,?,?,?,?,?,?,?)",
+                           (time.time(), out.name, incoming.name, freed - started, done - freed, total_s, engine_s, int(rotation)))
+            self._event(incoming, "swap", total_s, detail={"out": out.name, "engine_s": engine_s, "control_s": total_s - engine_s})
+            out.timings["swap_s"] = round(total_s, 3)
+
+        return self._begin([out, incoming], "swap", work)
+
+    async def cache(self, slot: Slot) -> asyncio.Task:
+        if not slot.path.exists():
+            raise RemoteError(ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.agent.machine.name}")
+        await asyncio.to_thread(self._measure, slot)
+        budget = self._budget_bytes()
+        if budget is not None and slot.size_bytes > budget:
+            raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is {gib_text(slot.size_bytes)}, more than the RAM-cache budget of "
+                              f"{self.agent.machine.name} ({gib_text(budget)}, machines[].ram_cache_gib)")
+
+        async def work() -> None:
+            await self._cache(slot, strict=True)
+            if slot.state in MODEL_AT_REST:
+                self._set_state(slot, self._rest_state(slot))
+
+        return self._begin([slot], "cache", work)

@@ -1,0 +1,132 @@
+"""The models.* methods and their params."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.lab import NAME_RE
+from agents.orchestra.engine import EngineDown, EngineRequestFailed
+from agents.protocol import ErrorCode, RemoteError, Role
+from agents.states import ModelState
+
+if TYPE_CHECKING:
+    from agents.orchestra.pool import OrchestraComponent
+
+
+class ModelParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(pattern=NAME_RE)
+
+
+class PinParams(ModelParams):
+    pinned: bool = True
+
+
+class SwapParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    out: str = Field(pattern=NAME_RE)
+    in_: str = Field(alias="in", pattern=NAME_RE)
+
+
+class AdapterParams(ModelParams):
+    name: str = Field(pattern=NAME_RE)
+    path: str = Field(min_length=1, max_length=4096)
+
+
+def register(pool: OrchestraComponent) -> None:
+    """The models.* methods, on the pool's public interface."""
+    agent = pool.agent
+    rpc = agent.rpc
+
+    @rpc.method("models.list", doc="Every model of this machine with its state and figures, and the rotation plan.")
+    async def models_list(peer, _params) -> dict:
+        section = pool.section()
+        return {"machine": agent.machine.name, **(section.to_wire() if section else {"models": [], "rotation": None})}
+
+    @rpc.method("models.get", params=ModelParams, doc="One model with its history, load phases and log tail.")
+    async def models_get(peer, params: ModelParams) -> dict:
+        slot = pool.slot(params.model)
+        engine = slot.engine or slot.last_engine
+        history = agent.store.query(
+            "SELECT t, event, from_state, to_state, duration_s, detail FROM model_events WHERE model=? ORDER BY id DESC LIMIT 50",
+            (slot.name,))
+        swaps = agent.store.query(
+            "SELECT t, out_model, in_model, free_s, bring_up_s, total_s, engine_s, rotation FROM model_swaps "
+            "WHERE out_model=? OR in_model=? ORDER BY id DESC LIMIT 20", (slot.name, slot.name))
+        return {
+            **pool.info(slot).to_wire(),
+            "path": str(slot.path),
+            "history": [{**r, "detail": json.loads(r["detail"]) if r["detail"] else None} for r in history],
+            "swaps": swaps,
+            "load_phases": engine.load_phases() if engine else {},
+            "log_tail": engine.log_tail(40) if engine else [],
+            "log_path": str(engine.log_path) if engine else None,
+        }
+
+    @rpc.method("models.warm", role=Role.OPERATOR, params=ModelParams, doc="Bring a model up (or wake it); returns at once.")
+    async def models_warm(peer, params: ModelParams) -> dict:
+        slot = pool.slot(params.model)
+        pool.warm(slot)
+        return pool.info(slot).to_wire()
+
+    @rpc.method("models.sleep", role=Role.OPERATOR, params=ModelParams, doc="Put a warm model to sleep (GPU freed, weights in RAM).")
+    async def models_sleep(peer, params: ModelParams) -> dict:
+        slot = pool.slot(params.model)
+        pool.sleep(slot)
+        return pool.info(slot).to_wire()
+
+    @rpc.method("models.cold", role=Role.OPERATOR, params=ModelParams, doc="Stop a model's engine; waits until it is stopped.")
+    async def models_cold(peer, params: ModelParams) -> dict:
+        slot = pool.slot(params.model)
+        await pool.cold(slot)
+        return pool.info(slot).to_wire()
+
+    @rpc.method("models.swap", role=Role.OPERATOR, params=SwapParams, doc="Free OUT's GPUs and bring IN up there; returns at once.")
+    async def models_swap(peer, params: SwapParams) -> dict:
+        out, incoming = pool.slot(params.out), pool.slot(params.in_)
+        pool.swap(out, incoming)
+        return {"out": pool.info(out).to_wire(), "in": pool.info(incoming).to_wire()}
+
+    @rpc.method("models.cache", role=Role.OPERATOR, params=ModelParams, doc="Pre-read a model's files into RAM (page cache).")
+    async def models_cache(peer, params: ModelParams) -> dict:
+        slot = pool.slot(params.model)
+        await pool.cache(slot)
+        return pool.info(slot).to_wire()
+
+    @rpc.method("models.pin", role=Role.OPERATOR, params=PinParams, doc="Pin (or unpin) a model: rotation never takes it out.")
+    async def models_pin(peer, params: PinParams) -> dict:
+        slot = pool.slot(params.model)
+        slot.pinned = params.pinned
+        pool._kv_save(pins={s.name: s.pinned for s in pool.slots.values()})
+        return pool.info(slot).to_wire()
+
+    @rpc.method("models.rotation", doc="The rotation plan, the next rotation time and the measured overhead.")
+    async def models_rotation(peer, _params) -> dict:
+        return pool.rotation_info().to_wire()
+
+    @rpc.method("models.rotate", role=Role.OPERATOR, doc="Run the next rotation of the plan now; returns at once.")
+    async def models_rotate(peer, _params) -> dict:
+        if not agent.lab.orchestra.rotation:
+            raise RemoteError(ErrorCode.UNAVAILABLE, "lab.yaml has no orchestra.rotation plan")
+        pool._start_rotation()
+        await asyncio.sleep(0)
+        return pool.rotation_info().to_wire()
+
+    @rpc.method("models.adapter", role=Role.OPERATOR, params=AdapterParams, doc="Load a LoRA adapter into a warm vLLM (or sim) model.")
+    async def models_adapter(peer, params: AdapterParams) -> dict:
+        slot = pool.slot(params.model)
+        path = agent.lab.resolve(params.path)
+        if not (path / "adapter_config.json").is_file():
+            raise RemoteError(ErrorCode.NOT_FOUND, f"{path} is not a LoRA adapter folder (no adapter_config.json) on {agent.machine.name}")
+        if slot.state != ModelState.WARM or slot.engine is None or not hasattr(slot.engine, "load_adapter"):
+            raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is {slot.state} on the {slot.model.engine} engine; adapters load into a warm vllm model")
+        try:
+            await slot.engine.load_adapter(params.name, str(path))
+        except (EngineDown, EngineRequestFailed) as exc:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"{slot.name} refused the adapter: {exc}") from None
+        pool._event(slot, "adapter", detail={"name": params.name, "path": str(path)})
+        return {**pool.info(slot).to_wire(), "adapter": params.name}

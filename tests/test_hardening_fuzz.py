@@ -190,7 +190,7 @@ async def test_channels_cut_mid_message_leave_the_agent_serving(small_demo):
         for cut in (b'{"id": 1, "meth', b"\xff" * 5000, b'{"id": 2, "method": "ping"}\n{"id": 3', b" " * (MAX_MESSAGE_BYTES + 5)):
             conn, writer, _reader = await raw_channel(small_demo)
             writer.write(cut)
-            await asyncio.sleep(0.05)
+            await writer.drain()  # the partial message has left this side before the channel is cut
             conn.abort()
         for _ in range(3):
             conn, writer, _reader = await raw_channel(small_demo)

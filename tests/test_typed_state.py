@@ -185,9 +185,9 @@ async def test_every_section_on_the_wire_parses_into_its_model(small_demo):
             assert name in status, name
             TypeAdapter(model).validate_python(status[name])
         view = client.state.machines["box"]
-        await wait_for(lambda: set(SECTION_MODELS) - {"gpus"} <= set(view.sections), timeout=15)  # a full tick carries them all
-        for name, value in view.sections.items():
-            TypeAdapter(SECTION_MODELS[name]).validate_python(value)
+        # the console's LabState parses each section of the stream once into its model: none refused
+        await wait_for(lambda: view.gpus and view.gpu_status is not None and view.costs is not None, timeout=15)
+        assert view.problems == {} and view.host.ram_total_bytes
 
 
 def test_models_module_documents_every_section():

@@ -57,4 +57,4 @@ class GpuRow(Static):
         if key != self._shown:
             self._shown = key
             self.text = gpu_line(gpu, util_history, owner, limits, stale)
-            self.update(self.text)
+            self.update(self.text, layout=False)  # always one line: a relayout of the whole fleet would cost more than the row

@@ -39,4 +39,4 @@ class LabHeader(Static):
     def show(self, text: Text) -> None:
         if text != self.text:
             self.text = text
-            self.update(text)
+            self.update(text, layout=False)  # one line, always

@@ -77,11 +77,14 @@ class MachineCard(Vertical, can_focus=True):
         self.shown_version = version
         header = header_line(self.machine, role, link, error, last_seen, host, simulated, badges or [], now)
         if header != self.header:
+            lines_before = None if self.header is None else self.header.plain.count("\n")
             self.header = header
-            self._header.update(header)
-        self.set_class(link != "online", "offline")
-        self._note.display = bool(gpu_status)
-        if gpu_status:
+            self._header.update(header, layout=header.plain.count("\n") != lines_before)  # relayout only when its height changes
+        if self.has_class("offline") != (link != "online"):
+            self.set_class(link != "online", "offline")
+        if self._note.display != bool(gpu_status):  # each of these, set even to the same value, costs a relayout
+            self._note.display = bool(gpu_status)
+        if gpu_status and self._note.content != gpu_status:
             self._note.update(gpu_status)
         for index in sorted(gpus):
             row = self._rows.get(index)

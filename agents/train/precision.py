@@ -19,7 +19,7 @@ An explicit ``bf16`` below 8.0 is refused (it would train on slow emulated bf16)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Precision = Literal["bf16", "fp16", "fp32"]
 PrecisionChoice = Literal["auto", "bf16", "fp16", "fp32"]
@@ -89,6 +89,13 @@ def plan_precision(requested: PrecisionChoice, capability: tuple[int, int] | Non
     if torch_compile and not use_compile:
         notes.append(f"torch_compile off: Triton needs compute capability {_cc(TRITON_MIN_CAPABILITY)} or newer; {where}")
     return PrecisionPlan(precision, use_tf32, use_compile, notes)
+
+
+def compute_dtype(precision: Precision) -> Any:
+    """The torch dtype the matmuls run in: QLoRA's bnb_4bit_compute_dtype follows the run's precision."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
 
 
 def device_capability() -> tuple[tuple[int, int] | None, str]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from agents.train.config import ConfigError, TrainConfig
 from agents.train.data import DataError
-from agents.train.precision import PrecisionPlan, PrecisionRefused, device_capability, plan_precision
+from agents.train.precision import PrecisionPlan, PrecisionRefused, compute_dtype, device_capability, plan_precision
 from agents.train.progress import clean_number, read_progress, write_progress
 
 
@@ -295,7 +295,7 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
     if cfg.qlora:
         from transformers import BitsAndBytesConfig
 
-        compute = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[plan.precision]
+        compute = compute_dtype(plan.precision)
         model_kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute
         )

@@ -397,3 +397,23 @@ async def test_prometheus_series_of_the_gateway(gw_lab, tmp_path):
         assert 'cetlab_gateway_key_requests_total{key="scraper"} 1.0' in text
     finally:
         await agent.stop()
+
+
+async def test_peer_client_verifies_host_keys_and_needs_an_authorized_key(gw_lab, tmp_path):
+    """No known_hosts entry: untrusted, never trust on first use; the right host keys but a key no agent knows: refused."""
+    import shutil
+
+    from agents.peers import PEER_KNOWN_HOSTS_NAME, PeerClient
+
+    lab = load_lab(gw_lab.lab_path)
+    for state_dir, expected in ((tmp_path / "empty", "untrusted"), (tmp_path / "stranger", "refused")):
+        state_dir.mkdir(mode=0o700)
+        if expected == "refused":
+            shutil.copy(gw_lab.dir / "agents" / "hub" / PEER_KNOWN_HOSTS_NAME, state_dir / PEER_KNOWN_HOSTS_NAME)
+        peers = PeerClient(lab, state_dir, machines=["node"], topics=[])
+        await peers.start()
+        try:
+            await wait_for(lambda: peers.links["node"].state == expected, timeout=30)
+            assert peers.links["node"].writer is None and not peers.links["node"].online.is_set()
+        finally:
+            await peers.stop()

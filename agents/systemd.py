@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agents.states import JOB_ACTIVE, ModelState
+
 if TYPE_CHECKING:
     from agents.agent import Agent
     from agents.lab import Lab
@@ -102,19 +104,15 @@ def nvidia_modprobe() -> str | None:
     return shutil.which("nvidia-modprobe", path="/usr/bin:/usr/sbin:/bin:/sbin")
 
 
-def _count(section: Any, key: str, states: tuple[str, ...]) -> int:
-    items = section.get(key) if isinstance(section, dict) else section
-    return sum(1 for item in items or [] if isinstance(item, dict) and item.get("state") in states)
-
-
 def status_line(agents: list[Agent]) -> str:
     """One line for `systemctl status`: e.g. "3 consoles, 2 jobs, 1 model warm, 5 GPUs, sampling 1 Hz"."""
     consoles = jobs = warm = gpus = failed = 0
     for agent in agents:
         consoles += sum(1 for p in agent.peers if not p.closed)
-        sections = agent.sections()
-        jobs += _count(sections.get("jobs"), "jobs", ("starting", "running", "stopping"))
-        warm += _count(sections.get("models"), "models", ("warm",))
+        current = agent.current  # the typed sections of the latest tick
+        jobs += sum(1 for job in current.get("jobs") or [] if job.state in JOB_ACTIVE)
+        models = current.get("models")
+        warm += sum(1 for model in models.models if model.state == ModelState.WARM) if models is not None else 0
         if agent.latest is not None:
             gpus += len(agent.latest.gpus)
             failed += sum(1 for g in agent.latest.gpus if g.failed)

@@ -29,7 +29,7 @@ OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError")
 
 # Load-phase lines vLLM writes (the sim engine writes the same ones), parsed into seconds:
 # "took 1.23 seconds" up to vLLM 0.12, "took 1.23 s" from 0.33 on.
-_SECONDS = r"([\d.]+) ?(?:seconds|secs|s)\b"
+_SECONDS = r"(\d+(?:\.\d+)?) ?(?:seconds|secs|s)\b"  # "took 12.5 seconds" (vLLM 0.11), "took 12.50 s" (0.33)
 _PHASES = {
     "weights_s": re.compile(r"Loading weights took " + _SECONDS),
     "model_load_s": re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and " + _SECONDS),
@@ -239,8 +239,9 @@ class Engine:
         phases = {}
         for key, pattern in _PHASES.items():
             found = pattern.findall(text)
-            if found:
-                phases[key] = float(found[-1])
+            seconds = float(found[-1]) if found else math.inf
+            if math.isfinite(seconds):  # a log line is outside input: a 400-digit "took" is no phase time
+                phases[key] = seconds
         return phases
 
     def out_of_memory(self) -> bool:

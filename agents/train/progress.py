@@ -109,6 +109,7 @@ FIELDS: dict[str, Any] = {
     "updated_at": None,
     "error": None,
     "stop_reason": None,
+    "diverged_at_step": None,
     "precision": None,
     "notes": [],
 }

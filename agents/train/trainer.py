@@ -169,6 +169,8 @@ def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
                 "learning_rate": clean_number(logs.get("learning_rate")),
                 "grad_norm": clean_number(logs.get("grad_norm")),
             }
+            if changes["loss"] is None and reporter.doc.get("diverged_at_step") is None:
+                changes["diverged_at_step"] = state.global_step  # a NaN/inf loss: the run diverged here
             steps, dt = state.global_step - self.last_step, now - self.last_t
             if steps > 0 and dt > 0:
                 tokens = state.num_input_tokens_seen or 0

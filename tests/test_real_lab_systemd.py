@@ -81,7 +81,7 @@ def test_watchdog_is_the_larger_of_its_default_and_two_sample_intervals(tmp_path
 
 
 def stub_agent(interval_s: float) -> SimpleNamespace:
-    return SimpleNamespace(ticks=1, interval_s=interval_s, peers=[], sections=lambda: {}, latest=None, simulated=True)
+    return SimpleNamespace(ticks=1, interval_s=interval_s, peers=[], current={}, latest=None, simulated=True)
 
 
 @pytest.mark.timeout(60)

@@ -72,6 +72,13 @@ def _alive(pid: int | None, started: float | None) -> bool:
         return False
 
 
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children()
+    except psutil.Error:
+        return []
+
+
 def _create_time(pid: int) -> float | None:
     try:
         return psutil.Process(pid).create_time()
@@ -247,10 +254,15 @@ class JobsComponent:
             return
         # torchrun starts its workers in sessions of their own: a kill must reach the whole tree, not the group alone
         tree = descendants(job.pid) if sig == signal.SIGKILL else []
-        try:
-            os.killpg(job.pid, sig)
-        except ProcessLookupError:
-            pass
+        if sig == signal.SIGTERM and job.node_rank is not None and (workers := _children(job.pid)):
+            # a node of a multi-node job: its workers stop at the step all ranks agree on and exit 0, and torchrun
+            # with them (its own SIGTERM handler would exit 1); before the workers exist torchrun itself gets it
+            tree = workers
+        else:
+            try:
+                os.killpg(job.pid, sig)
+            except ProcessLookupError:
+                pass
         for proc in tree:
             try:
                 proc.send_signal(sig)

@@ -33,7 +33,7 @@ def tiny_model(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
-def make_lab(root: Path, tiny: Path) -> DemoLab:
+def make_lab(root: Path, tiny: Path, offline_for_s: float = 30) -> DemoLab:
     source = root / "src"
     source.mkdir(parents=True)
     shutil.copytree(REPO / "demo", source / "demo")
@@ -41,6 +41,7 @@ def make_lab(root: Path, tiny: Path) -> DemoLab:
              "--set", "logging_steps=1", "--set", "max_seq_len=32", "--set", "per_device_batch_size=2"]
     data = {
         "lab": "multinode-test",
+        "alerts": {"offline_for_s": offline_for_s},  # a node whose agent is silent this long fails the job
         "machines": [{"name": name, "gpus": {"sim": [P4]}} for name in NODES],
         "trainers": [{
             "name": "ddp", "nodes": [{"machine": "a", "gpus": [0]}, {"machine": "b", "gpus": [0]}], "launcher": "torchrun",
@@ -54,7 +55,8 @@ def make_lab(root: Path, tiny: Path) -> DemoLab:
 
 
 @pytest.fixture
-def lab(tmp_path, tiny_model, monkeypatch):
+def with_torchrun(tmp_path, monkeypatch):
+    """torchrun on PATH, as the agents look for it."""
     if recipes.find_program("torchrun", tmp_path, recipes.search_path(dict(os.environ))) is None:
         # a venv without torch's console scripts: torchrun is `python -m torch.distributed.run` all the same
         bin_dir = tmp_path / "bin"
@@ -62,6 +64,10 @@ def lab(tmp_path, tiny_model, monkeypatch):
         (bin_dir / "torchrun").write_text(f"#!/bin/sh\nexec {sys.executable} -m torch.distributed.run \"$@\"\n")
         (bin_dir / "torchrun").chmod(0o755)
         monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+@pytest.fixture
+def lab(tmp_path, tiny_model, with_torchrun):
     with running(make_lab(tmp_path, tiny_model)) as demo:
         yield demo
 
@@ -159,7 +165,12 @@ async def test_a_dead_trainer_on_one_node_fails_the_job_on_both_naming_the_node(
         await client.stop()
 
 
-async def test_an_agent_restart_mid_run_re_adopts_its_node(lab):
+async def test_an_agent_restart_mid_run_re_adopts_its_node(tmp_path, tiny_model, with_torchrun):
+    with running(make_lab(tmp_path, tiny_model, offline_for_s=600)) as lab:
+        await _restart_mid_run(lab)
+
+
+async def _restart_mid_run(lab: DemoLab) -> None:
     client = await connect(lab)
     try:
         job = await client.call("a", "jobs.start", {"recipe": "ddp", "params": {"max_steps": 100000, "save_steps": 100000}})

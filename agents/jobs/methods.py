@@ -71,8 +71,7 @@ def register(jobs: JobsComponent) -> None:
 
     @rpc.method("jobs.start", role=Role.OPERATOR, params=StartParams, doc="Launch a recipe with validated params.")
     async def start_job(peer: Peer, params: StartParams) -> dict:
-        recipe = recipes.find_recipe(agent.lab, params.recipe, agent.machine.name)
-        job = await jobs.coordinator.start_job(recipe, params.params) if recipe.nodes else jobs.start_job(params.recipe, params.params)
+        job = await jobs.start_recipe(params.recipe, params.params)
         log.info("job %s started by %s", job.id, peer.who)
         return job.detail(agent.simulated).to_wire()
 

@@ -4,7 +4,9 @@ The coordinator (the agent of a recipe's first node) starts its own node, then a
 node's agent (``jobs.node_start``, with its node key, role ``node`` there) to start theirs. Each
 agent runs its own torchrun under its own runner, so each node is an ordinary job there (same id)
 that survives its agent and is re-adopted by it. The coordinator polls the nodes every second: a node
-that fails, or whose agent stops answering, fails the job on every node, naming it.
+that fails, or whose agent does not answer for the lab's alerts.offline_for_s, fails the job on every node, naming it.
+(A node's trainer outlives its agent, so a short agent restart is not a failure; a machine that is really gone
+breaks the collective first, and the node that notices fails.)
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("cetlab.jobs")
 
 POLL_S = 1.0  # how often the coordinator asks its nodes how they are
-NODE_OFFLINE_S = 5.0  # a node whose agent does not answer this long has failed the job
 START_TIMEOUT_S = 30.0
 FAILED_LINES = 3  # last log lines of a failed node named in the job's error
 OFFLINE = "offline"
@@ -198,7 +199,7 @@ class Coordinator:
         while True:
             await asyncio.sleep(POLL_S)
             for job in [j for j in self.jobs.jobs.values() if j.nodes and j.coordinator == self.jobs.agent.machine.name]:
-                if job.active or any(n["state"] in JOB_ACTIVE for n in job.nodes[1:]):
+                if job.active or any(n["state"] in JOB_ACTIVE for n in job.nodes):
                     try:
                         await self._poll(job)
                     except Exception:  # one job's trouble must not end the watch of the others
@@ -219,7 +220,7 @@ class Coordinator:
                     seen.append({"state": JobState.LOST, "error": exc.message, "ended_at": now})
                     continue
                 since = self.silent_since.setdefault(key, now)
-                lost = now - since >= NODE_OFFLINE_S and node["state"] in JOB_ACTIVE | {OFFLINE}
+                lost = now - since >= self.jobs.agent.lab.alerts.offline_for_s and node["state"] in JOB_ACTIVE | {OFFLINE}
                 seen.append({"state": OFFLINE, "error": f"its agent does not answer: {exc.message}", "ended_at": since} if lost else
                             {"state": node["state"], "exit_code": node.get("exit_code"), "error": node.get("error")})
         changed = False

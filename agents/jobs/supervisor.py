@@ -181,6 +181,11 @@ class JobsComponent:
         row = self.agent.store.query("SELECT COALESCE(MAX(n), 0) + 1 AS n FROM jobs")
         return f"{self.agent.machine.name}-{row[0]['n']}"
 
+    async def start_recipe(self, name: str, given: dict[str, Any]) -> Job:
+        """Start a recipe of this machine: over all its nodes when it has nodes (this agent coordinates), else here."""
+        recipe = recipes.find_recipe(self.agent.lab, name, self.agent.machine.name)
+        return await self.coordinator.start_job(recipe, given) if recipe.nodes else self.start_job(name, given)
+
     def start_job(self, name: str, given: dict[str, Any], node: NodeLaunch | None = None) -> Job:
         """Check everything, then launch; any problem is a typed error before a process exists. ``node``: one node of a multi-node job."""
         agent = self.agent

@@ -211,3 +211,41 @@ async def test_the_node_role_may_call_the_node_methods_only(lab):
         assert info.value.code == ErrorCode.NOT_FOUND
     finally:
         await client.stop()
+
+
+def test_recipes_over_nodes_are_checked_at_load(lab_file):
+    from agents.lab import LabError
+
+    def lab(**trainer) -> dict:
+        return {"lab": "t", "machines": [{"name": n, "gpus": {"sim": [P4]}} for n in ("a", "b")],
+                "trainers": [{"name": "ddp", "command": ["x"], "output_dir": "o", "launcher": "torchrun", **trainer}]}
+
+    good = load_lab(lab_file(lab(nodes=[{"machine": "a", "gpus": [0]}, {"machine": "b", "gpus": [0], "nccl_socket_ifname": "eth1"}])))
+    assert good.trainers[0].machine == "a" and good.trainers[0].gpus == [0]  # the first node coordinates
+    refused = {
+        "no machine named 'c'": lab(nodes=[{"machine": "a", "gpus": [0]}, {"machine": "c", "gpus": [0]}]),
+        "no GPU 3": lab(nodes=[{"machine": "a", "gpus": [0]}, {"machine": "b", "gpus": [3]}]),
+        "is a node twice": lab(nodes=[{"machine": "a", "gpus": [0]}, {"machine": "a", "gpus": [0]}]),
+        "two machines or more": lab(nodes=[{"machine": "a", "gpus": [0]}]),
+        "needs launcher: torchrun": lab(nodes=[{"machine": "a", "gpus": [0]}, {"machine": "b", "gpus": [0]}], launcher="local"),
+        "needs the recipe's nproc_per_node": lab(nodes=[{"machine": "a", "gpus": [0]}, {"machine": "b"}]),
+        "rdzv_port needs nodes": lab(machine="a", gpus=[0], rdzv_port=29400),
+        "leave them out": lab(machine="b", nodes=[{"machine": "a", "gpus": [0]}, {"machine": "b", "gpus": [0]}]),
+    }
+    for message, data in refused.items():
+        with pytest.raises(LabError, match=re.escape(message)):
+            load_lab(lab_file(data))
+
+
+def test_the_demo_authorizes_the_coordinator_key_with_the_node_role_only(tmp_path):
+    from agents.keys import AUTHORIZED_KEYS_NAME
+    from agents.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
+
+    demo = DemoLab(tmp_path / "demo")
+    demo.prepare()
+    node_key = (demo.dir / "agents" / "m5" / f"{NODE_KEY_NAME}.pub").read_text().split()[1]
+    irina = (demo.dir / "agents" / "irina" / AUTHORIZED_KEYS_NAME).read_text().splitlines()
+    assert [line.split()[0] for line in irina if node_key in line] == ["node"]
+    assert not any(node_key in line for line in (demo.dir / "agents" / "m5" / AUTHORIZED_KEYS_NAME).read_text().splitlines())
+    assert (demo.dir / "agents" / "m5" / PEER_KNOWN_HOSTS_NAME).exists()
+    assert [t for t in load_lab(demo.lab_path).trainers if t.name == "ddp-2node"][0].nodes[1].machine == "irina"

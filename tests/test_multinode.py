@@ -19,7 +19,7 @@ from agents.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import REPO, run_agent, wait_for
-from tests.test_jobs import running
+from tests.test_jobs import cli, running
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
@@ -125,6 +125,10 @@ async def test_two_nodes_train_to_exit_0_with_rank_0_checkpoints_and_progress(la
         listed = next(j for j in await client.call("a", "jobs.list", {}) if j["id"] == started["id"])
         assert [{k: n[k] for k in ("machine", "gpus", "state")} for n in listed["nodes"]] == [
             {"machine": "a", "gpus": [0], "state": "exited"}, {"machine": "b", "gpus": [0], "state": "exited"}]
+        shown = cli(lab, "jobs", "--json")  # one job, not one per node
+        assert [j["id"] for j in json.loads(shown.stdout)["jobs"]] == [started["id"]], shown.stderr
+        assert "a+b" in cli(lab, "jobs").stdout
+        assert "finished at step 6" in cli(lab, "logs", started["id"], "--node", "b").stdout
     finally:
         await client.stop()
 

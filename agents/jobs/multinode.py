@@ -17,15 +17,16 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.jobs.job import Job
+from agents.documents import Progress
+from agents.jobs.job import PROGRESS_KEPT, Job
 from agents.jobs.logs import tail
 from agents.lab import NAME_RE, Trainer
 from agents.peers import NODE_KEY_NAME, PeerClient
-from agents.protocol import ErrorCode, RemoteError, Role
+from agents.protocol import Finite, ErrorCode, RemoteError, Role
 from agents.rpc import Peer
 from agents.states import JOB_ACTIVE, JobState
 
@@ -100,6 +101,29 @@ class NodeStatusParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(max_length=100)
+
+
+class NodeStatus(BaseModel):
+    """A node's answer to jobs.node_status, checked where it enters the coordinator."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    state: JobState
+    exit_code: int | None = None
+    error: str | None = Field(default=None, max_length=8000)
+    ended_at: Finite = None
+    last_lines: list[Annotated[str, Field(max_length=4000)]] = Field(default_factory=list, max_length=FAILED_LINES)
+    progress: dict[str, Any] = Field(default_factory=dict)
+    loss_points: list[tuple[int, Finite]] = Field(default_factory=list, max_length=60)
+
+    def checked_progress(self) -> dict[str, Any] | None:
+        """Its progress as the trainer's progress file schema allows (None: none, or it does not fit)."""
+        if not self.progress:
+            return None
+        try:
+            return Progress.model_validate(self.progress).model_dump(mode="json", include=PROGRESS_KEPT)
+        except ValidationError:
+            return None
 
 
 def node_status(job: Job) -> dict[str, Any]:
@@ -212,9 +236,14 @@ class Coordinator:
         for node in job.nodes[1:]:
             key = (job.id, node["machine"])
             try:
-                status = await self._call(node["machine"], "jobs.node_status", {"id": job.id}, timeout=5.0)
+                answer = await self._call(node["machine"], "jobs.node_status", {"id": job.id}, timeout=5.0)
+                status = NodeStatus.model_validate(answer)
                 self.silent_since.pop(key, None)
-                seen.append(status)
+                seen.append({**status.model_dump(), "progress": status.checked_progress(),
+                             "loss_points": [[step, loss] for step, loss in status.loss_points if loss is not None]})
+            except ValidationError as exc:  # a node that answers nonsense is as good as silent
+                log.warning("job %s: node %s answered a status that does not fit: %s", job.id, node["machine"], exc.errors()[:1])
+                seen.append({"state": node["state"], "exit_code": node.get("exit_code"), "error": node.get("error")})
             except RemoteError as exc:
                 if exc.code == ErrorCode.NOT_FOUND:
                     seen.append({"state": JobState.LOST, "error": exc.message, "ended_at": now})
@@ -224,12 +253,14 @@ class Coordinator:
                 seen.append({"state": OFFLINE, "error": f"its agent does not answer: {exc.message}", "ended_at": since} if lost else
                             {"state": node["state"], "exit_code": node.get("exit_code"), "error": node.get("error")})
         changed = False
+        rank_0_here = (Path(job.job_dir) / "progress.json").exists()  # c10d ranks nodes itself: rank 0 may be elsewhere
         for node, status in zip(job.nodes, seen):
             entry = {"machine": node["machine"], "gpus": node["gpus"], "state": str(status["state"]),
                      "exit_code": status.get("exit_code"), "error": status.get("error")}
             changed |= entry != node
             node.update(entry)
-            if status.get("progress") and not job.progress:  # c10d ranked a node other than the first 0: take its progress
+            if status.get("progress") and not rank_0_here:  # rank 0 writes progress on its node: take it from there
+                changed |= status["progress"] != job.progress
                 job.progress, job.loss_points = status["progress"], status.get("loss_points") or []
         failed = sorted((s.get("ended_at") or now, node["machine"], s) for node, s in zip(job.nodes, seen)
                         if s["state"] in (JobState.FAILED, JobState.LOST, OFFLINE))

@@ -252,4 +252,4 @@ def test_the_demo_authorizes_the_coordinator_key_with_the_node_role_only(tmp_pat
     assert [line.split()[0] for line in irina if node_key in line] == ["node"]
     assert not any(node_key in line for line in (demo.dir / "agents" / "m5" / AUTHORIZED_KEYS_NAME).read_text().splitlines())
     assert (demo.dir / "agents" / "m5" / PEER_KNOWN_HOSTS_NAME).exists()
-    assert [t for t in load_lab(demo.lab_path).trainers if t.name == "ddp-2node"][0].nodes[1].machine == "irina"
+    assert next(t for t in load_lab(demo.lab_path).trainers if t.name == "ddp-2node").nodes[1].machine == "irina"

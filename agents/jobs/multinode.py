@@ -26,7 +26,7 @@ from agents.jobs.job import PROGRESS_KEPT, Job
 from agents.jobs.logs import tail
 from agents.lab import NAME_RE, Trainer
 from agents.peers import NODE_KEY_NAME, PeerClient
-from agents.protocol import Finite, ErrorCode, RemoteError, Role
+from agents.protocol import ErrorCode, Finite, RemoteError, Role
 from agents.rpc import Peer
 from agents.states import JOB_ACTIVE, JobState
 

@@ -16,6 +16,7 @@ from pydantic import (
     Tag,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -188,9 +189,17 @@ class TrainerParam(Strict):
     flag: str | None = None  # e.g. "--max-steps"; default: --<name with dashes>
 
 
+class TrainerNode(Strict):
+    """One machine of a multi-node recipe: its GPUs and, for labs with several networks, the interface NCCL uses."""
+
+    machine: Name
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    nccl_socket_ifname: Annotated[str, Field(pattern=r"^\^?[A-Za-z0-9_.:-]{1,32}(,\^?[A-Za-z0-9_.:-]{1,32}){0,7}$")] | None = None
+
+
 class Trainer(Strict):
     name: Name
-    machine: Name
+    machine: Name  # with nodes: the first node's machine (the coordinator), filled in when left out
     gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     # argv list, never a shell string; {job_id} and {output_dir} are expanded by the agent
     command: list[str] = Field(min_length=1)
@@ -202,6 +211,17 @@ class Trainer(Strict):
     params: list[TrainerParam] = Field(default_factory=list)
     checkpoint_dirs: list[str] = Field(default_factory=list)  # extra dirs to watch
     stop_grace_s: Duration = 60.0  # SIGTERM, then SIGKILL after this long
+    # one job over several machines (launcher: torchrun, c10d rendezvous on the first node)
+    nodes: list[TrainerNode] = Field(default_factory=list)
+    rdzv_port: int | None = Field(default=None, ge=1024, le=65535)  # default: a free port on the first node
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_node_coordinates(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("nodes") and isinstance(value["nodes"], list) and isinstance(value["nodes"][0], dict):
+            first = value["nodes"][0]
+            value = {**value, "machine": value.get("machine", first.get("machine")), "gpus": value.get("gpus", first.get("gpus", []))}
+        return value
 
     @field_validator("command", mode="before")
     @classmethod
@@ -405,6 +425,7 @@ def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
     for i, trainer in enumerate(lab.trainers):
         if trainer.launcher == "torchrun" and not trainer.gpus and trainer.nproc_per_node is None:
             problems.append((("trainers", i, "nproc_per_node"), "torchrun needs gpus or nproc_per_node"))
+        problems += _nodes_cross_check(trainer, i, machines)
         names: set[str] = set()
         for j, param in enumerate(trainer.params):
             if param.name in names:
@@ -413,6 +434,36 @@ def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
             if param.type == "choice" and not param.choices:
                 problems.append((("trainers", i, "params", j, "choices"), "a choice param needs choices: [...]"))
     return problems + gateway_cross_check(lab)
+
+
+def _nodes_cross_check(trainer: Trainer, i: int, machines: dict[str, Machine]) -> list[tuple[tuple, str]]:
+    """A multi-node recipe: torchrun, two machines or more, each named once, present, with the GPUs it lists."""
+    if not trainer.nodes:
+        return [(("trainers", i, "rdzv_port"), "rdzv_port needs nodes: [...]")] if trainer.rdzv_port is not None else []
+    problems: list[tuple[tuple, str]] = []
+    if trainer.launcher != "torchrun":
+        problems.append((("trainers", i, "launcher"), "a recipe with nodes needs launcher: torchrun"))
+    if len(trainer.nodes) < 2:
+        problems.append((("trainers", i, "nodes"), "nodes needs two machines or more (one machine: machine and gpus)"))
+    first = trainer.nodes[0]
+    if trainer.machine != first.machine or trainer.gpus != first.gpus:
+        problems.append((("trainers", i, "machine"), f"with nodes, machine and gpus are the first node's ({first.machine} {first.gpus}); leave them out"))
+    seen: set[str] = set()
+    for j, node in enumerate(trainer.nodes):
+        machine = machines.get(node.machine)
+        if node.machine in seen:
+            problems.append((("trainers", i, "nodes", j, "machine"), f"machine {node.machine} is a node twice"))
+        seen.add(node.machine)
+        if machine is None:
+            problems.append((("trainers", i, "nodes", j, "machine"), f"no machine named {node.machine!r} (machines: {', '.join(machines)})"))
+            continue
+        if not node.gpus and trainer.nproc_per_node is None:
+            problems.append((("trainers", i, "nodes", j, "gpus"), "a node without gpus needs the recipe's nproc_per_node"))
+        count = machine.gpu_count
+        for k, gpu in enumerate(node.gpus):
+            if count is not None and gpu >= count:
+                problems.append((("trainers", i, "nodes", j, "gpus", k), f"machine {machine.name} has {count} GPUs (0..{count - 1}), no GPU {gpu}"))
+    return problems
 
 
 MAX_LAB_BYTES = 1024 * 1024  # a lab of a hundred machines is ~50 KB

@@ -21,6 +21,7 @@ log = logging.getLogger("cetlab.peers")
 
 PEER_KEY_NAME = "peer_ed25519_key"  # this agent's client key; authorize its .pub on the peers (with the least role that works)
 PEER_KNOWN_HOSTS_NAME = "peer_known_hosts"  # the peers' host keys; never trusted on first use
+NODE_KEY_NAME = "node_ed25519_key"  # the key a multi-node job's coordinator calls the other nodes with (role node there)
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 15.0
 CONNECT_TIMEOUT_S = 5.0
@@ -55,9 +56,9 @@ class PeerClient:
     """
 
     def __init__(self, lab: Lab, state_dir: Path, machines: list[str] | None = None, topics: list[str] | None = None,
-                 on_tick: TickHandler | None = None):
+                 on_tick: TickHandler | None = None, key_name: str = PEER_KEY_NAME):
         self.lab = lab
-        self.key_path = state_dir / PEER_KEY_NAME
+        self.key_path = state_dir / key_name
         self.known_hosts = state_dir / PEER_KNOWN_HOSTS_NAME
         self.topics = topics if topics is not None else [EVENT_TICK]
         self.on_tick = on_tick

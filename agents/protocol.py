@@ -32,13 +32,18 @@ class Role(StrEnum):
     VIEWER = "viewer"
     OPERATOR = "operator"
     GATEWAY = "gateway"  # the lab gateway's key: reads, and may call GATEWAY_METHODS only
+    NODE = "node"  # a multi-node job's coordinating agent: NODE_METHODS only, not even reads
 
     def allows(self, needed: Role, method: str = "") -> bool:
+        if self is Role.NODE:
+            return method in NODE_METHODS
         return self is Role.OPERATOR or needed is Role.VIEWER or (self is Role.GATEWAY and method in GATEWAY_METHODS)
 
 
 # What the gateway role may do beyond reading: bring models up and take them down, nothing else.
 GATEWAY_METHODS = frozenset({"models.warm", "models.sleep", "models.swap", "models.cold"})
+# What the node role may do: start, stop and report this machine's node of a multi-node recipe its own lab.yaml names.
+NODE_METHODS = frozenset({"hello", "jobs.node_start", "jobs.node_stop", "jobs.node_status"})
 
 
 class ErrorCode(StrEnum):

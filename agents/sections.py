@@ -72,6 +72,16 @@ class CheckpointReport(Section):
     at: Finite = None  # unix time the save ended
 
 
+class JobNode(Section):
+    """One machine of a multi-node job, as its coordinator last saw it."""
+
+    machine: str
+    gpus: list[int] = Field(default_factory=list)
+    state: str  # a JobState, or "offline" while its agent does not answer
+    exit_code: int | None = None
+    error: str | None = None
+
+
 class JobInfo(Section):
     """One trainer job, as pushed in the jobs section (trimmed: `jobs.get` adds argv, cwd, runner_pid)."""
 
@@ -110,6 +120,9 @@ class JobInfo(Section):
     diverged_at_step: int | None = None  # the first step whose loss was NaN or infinite
     progress_problem: str | None = None  # the progress file does not match its schema (what and where)
     simulated: bool = False
+    nodes: list[JobNode] = Field(default_factory=list)  # a multi-node job on its coordinator (the first node): every node
+    node_rank: int | None = None  # a node of a multi-node job: its torchrun --node-rank
+    coordinator: str | None = None  # ... and the machine whose agent coordinates it (the job's row is there)
 
 
 class JobDetail(JobInfo):

@@ -33,7 +33,7 @@ def jobs_human(data: dict[str, Any]) -> str:
     rows = [("JOB", "MACHINE", "RECIPE", "GPUS", "STATE", "STEP", "LOSS", "SAMPLES/S", "ETA", "ELAPSED")]
     for job in data["jobs"]:
         rows.append((
-            job["id"], job["machine"], job["recipe"], ",".join(map(str, job["gpus"])) or NA, state_text(job), step_text(job),
+            job["id"], "+".join(n["machine"] for n in job.get("nodes") or []) or job["machine"], job["recipe"], ",".join(map(str, job["gpus"])) or NA, state_text(job), step_text(job),
             fmt(job.get("loss"), ".4f"), fmt(job.get("samples_per_s"), ".1f"),
             fmt_duration(job.get("eta_s")) if job["state"] in JOB_ACTIVE else NA, fmt_duration(job.get("elapsed_s")),
         ))
@@ -63,6 +63,8 @@ def job_human(job: dict[str, Any]) -> str:
     if job.get("argv"):
         lines.append("  " + shown_argv(job["argv"]))
     lines.append(f"  log: {job['log_path']}")
+    for node in job.get("nodes") or []:
+        lines.append(f"  node {node['machine']} GPU {','.join(map(str, node['gpus'])) or NA}: {state_text(node)}")
     if job.get("error"):
         lines.append(f"  error: {job['error']}")
     return "\n".join(lines)
@@ -129,6 +131,7 @@ async def cmd_train(ctx) -> int:
     job = await ctx.call(recipe.machine, "jobs.start", {"recipe": recipe.name, "params": parse_sets(ctx.args.set)})
     if ctx.args.follow:
         print(json.dumps(job) if ctx.args.json else job_human(job), flush=True)
+        # a multi-node job: the first node's log (rank 0 speaks for the run); its outcome there is the job's
         return await follow(ctx, recipe.machine, job["id"], 0, offset=0)
     ctx.out(job, job_human)
     return EXIT_OK
@@ -136,7 +139,8 @@ async def cmd_train(ctx) -> int:
 
 async def cmd_jobs(ctx) -> int:
     results = await ctx.client.call_all("jobs.list", {"limit": ctx.args.limit})
-    jobs = [job for r in results.values() if isinstance(r, list) for job in r]
+    # a node of a multi-node job is a row of its coordinator's job ("nodes"), not a job of its own
+    jobs = [job for r in results.values() if isinstance(r, list) for job in r if not job.get("node_rank")]
     jobs.sort(key=lambda j: j["started_at"], reverse=True)
     if not ctx.args.all:
         jobs = [j for j in jobs if j["state"] in JOB_ACTIVE] + [j for j in jobs if j["state"] not in JOB_ACTIVE][:10]
@@ -159,7 +163,7 @@ async def cmd_stop(ctx) -> int:
 
 
 async def cmd_logs(ctx) -> int:
-    machine = job_machine(ctx, ctx.args.job)
+    machine = ctx.args.node or job_machine(ctx, ctx.args.job)
     if ctx.args.follow:
         return await follow(ctx, machine, ctx.args.job, ctx.args.tail)
     data = await ctx.call(machine, "jobs.logs", {"id": ctx.args.job, "tail_lines": ctx.args.tail})
@@ -189,4 +193,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("job", help="job id, <machine>-<n>")
     p.add_argument("--tail", type=int, default=100, help="lines (default 100)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    p.add_argument("--node", metavar="MACHINE", help="a multi-node job: this node's log (default: the first node's)")
     p.set_defaults(func=cmd_logs)

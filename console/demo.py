@@ -19,6 +19,7 @@ from platformdirs import user_state_path
 
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, write_private
 from agents.lab import load_lab
+from agents.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
 from console import gateway_demo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -121,6 +122,28 @@ class DemoRunningError(RuntimeError):
     """Another process runs a demo lab from the same folder."""
 
 
+def coordinators(data: dict[str, Any]) -> list[str]:
+    """The machines that coordinate a multi-node recipe (its first node)."""
+    return sorted({t["nodes"][0]["machine"] for t in data.get("trainers") or [] if t.get("nodes")})
+
+
+def node_key_lines(directory: Path, data: dict[str, Any]) -> dict[str, str]:
+    """Per machine, the authorized_keys lines giving each coordinator of a multi-node recipe on it the node role."""
+    lines: dict[str, str] = {}
+    for trainer in data.get("trainers") or []:
+        nodes = trainer.get("nodes") or []
+        if not nodes:
+            continue
+        first = nodes[0]["machine"]
+        key = ensure_key(directory / "agents" / first / NODE_KEY_NAME, comment=f"cetlab-node@{first}")
+        kind, blob = key.export_public_key().decode().split()[:2]
+        for node in nodes[1:]:
+            line = f"node {kind} {blob} node@{first}\n"
+            if line not in lines.get(node["machine"], ""):
+                lines[node["machine"]] = lines.get(node["machine"], "") + line
+    return lines
+
+
 class DemoLab:
     """Writes DIR/lab.yaml (client side complete) and runs one agent per machine.
 
@@ -151,16 +174,19 @@ class DemoLab:
         client_pub = client_key.export_public_key().decode().split()
         ports = free_ports(len(data["machines"]))
         gateway_line = gateway_demo.peer_key_line(self.dir, data)  # the gateway's agent calls the others with the gateway role
+        node_lines = node_key_lines(self.dir, data)  # the first node's agent of a multi-node recipe calls the others with the node role
         known_hosts = []
         for machine, port in zip(data["machines"], ports):
             machine.update(host="127.0.0.1", port=port, via="agent")
             state = self.dir / "agents" / machine["name"]
             host_key = ensure_key(state / HOST_KEY_NAME, comment=f"cetlab-agent@{machine['name']}")
-            authorized = f"operator {client_pub[0]} {client_pub[1]} demo-console\n" + gateway_line
+            authorized = f"operator {client_pub[0]} {client_pub[1]} demo-console\n" + gateway_line + node_lines.get(machine["name"], "")
             write_private(state / AUTHORIZED_KEYS_NAME, authorized.encode())
             known_hosts.append(f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}")
         (console_dir / "known_hosts").write_text("\n".join(known_hosts) + "\n")
         gateway_demo.prepare(self.dir, data, "\n".join(known_hosts) + "\n")
+        for coordinator in coordinators(data):
+            write_private(self.dir / "agents" / coordinator / PEER_KNOWN_HOSTS_NAME, ("\n".join(known_hosts) + "\n").encode())
         data["console"] = {**(data.get("console") or {}), "key": "console/id_ed25519", "known_hosts": "console/known_hosts"}
         header = "# Written by `cetlab demo`: the demo lab on loopback, with this run's ports and keys.\n"
         self.lab_path.write_text(header + yaml.safe_dump(data, sort_keys=False))

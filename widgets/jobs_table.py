@@ -60,7 +60,7 @@ def job_cells(job: JobInfo, offline: bool = False) -> tuple[Any, ...]:
     return (
         Text(job.id, style="bold"),
         job.recipe,
-        job.machine,
+        "+".join(node.machine for node in job.nodes) or job.machine,  # a multi-node job: every node
         Text.assemble(gpus, (" SIM", "bold magenta") if job.simulated and job.gpus else ""),
         state_cell(job, offline),
         step_cell(job),
@@ -84,4 +84,5 @@ class JobsTable(LiveTable):
 
     def show_jobs(self, jobs: list[JobInfo], offline: frozenset[str] = frozenset()) -> None:
         self.offline = offline
-        self.show({job.id: job for job in sorted(jobs, key=lambda job: -job.started_at)})
+        # a node of a multi-node job is shown in its coordinator's row (nodes), not as a row of its own
+        self.show({job.id: job for job in sorted(jobs, key=lambda job: -job.started_at) if not job.node_rank})

@@ -108,7 +108,7 @@ class ActionsMixin:
                               f"{{name: {RESUME_PARAM}, type: str}} to its params in lab.yaml (cetlab-train takes --resume-from-checkpoint)")
         previous = jobs.get(run.job).params if run.job else {}
         values = {**{k: v for k, v in previous.items() if k != RESUME_PARAM}, **params.params, RESUME_PARAM: ckpt.path}
-        job = jobs.start_job(recipe.name, values)
+        job = await jobs.start_recipe(recipe.name, values)  # a multi-node recipe starts again over the same nodes
         self._event(run, ckpt, "resume", peer.who, {"job": job.id})
         log.info("%s resumed run %s from step %s as job %s", peer.who, run.name, ckpt.step, job.id)
         return {**job.detail(self.agent.simulated).to_wire(), "resumed_from": ckpt.to_json()}

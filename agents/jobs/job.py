@@ -53,6 +53,10 @@ class Job:
     starved: bool = False
     diverged_at_step: int | None = None  # the first step whose loss the trainer reported as NaN or infinite
     progress_problem: str | None = None  # its progress file (or the newest checkpoint's trainer_state.json) is bad: what and where
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # multi-node, on the coordinator: JobNode per node, rank order
+    node_rank: int | None = None  # multi-node: this machine's rank
+    coordinator: str | None = None  # multi-node: the first node's machine
+    failure: str | None = None  # multi-node: why the coordinator failed the job (another node failed); kept as its error
     # live handles, not persisted
     popen: subprocess.Popen | None = field(default=None, repr=False)
     proc: psutil.Process | None = field(default=None, repr=False)
@@ -62,7 +66,7 @@ class Job:
         "id", "recipe", "machine", "gpus", "params", "argv", "cwd", "output_dir", "log_path", "job_dir",
         "started_at", "state", "exit_code", "ended_at", "runner_pid", "runner_started", "pid", "pid_started",
         "stop_requested", "kill_at", "progress", "loss_points", "last_lines", "error", "adopted",
-        "diverged_at_step", "progress_problem",
+        "diverged_at_step", "progress_problem", "nodes", "node_rank", "coordinator", "failure",
     )
 
     def record(self) -> str:
@@ -139,6 +143,9 @@ class Job:
             "diverged_at_step": self.diverged_at_step,
             "progress_problem": self.progress_problem,
             "simulated": simulated,  # GPU figures (util, VRAM, starved) come from the simulator
+            "nodes": self.nodes,
+            "node_rank": self.node_rank,
+            "coordinator": self.coordinator,
         }
 
 

@@ -71,19 +71,19 @@ def register(jobs: JobsComponent) -> None:
 
     @rpc.method("jobs.start", role=Role.OPERATOR, params=StartParams, doc="Launch a recipe with validated params.")
     async def start_job(peer: Peer, params: StartParams) -> dict:
-        job = jobs.start_job(params.recipe, params.params)
+        job = await jobs.start_recipe(params.recipe, params.params)
         log.info("job %s started by %s", job.id, peer.who)
         return job.detail(agent.simulated).to_wire()
 
     @rpc.method("jobs.stop", role=Role.OPERATOR, params=StopParams, doc="SIGTERM to the job's process group; SIGKILL after grace_s.")
     async def stop_job(peer: Peer, params: StopParams) -> dict:
-        job = await jobs.stop_job(jobs.get(params.id), params.grace_s, kill=False)
+        job = await jobs.stop_everywhere(jobs.get(params.id), params.grace_s, kill=False)
         log.info("job %s stop requested by %s", job.id, peer.who)
         return job.to_json(agent.simulated)
 
     @rpc.method("jobs.kill", role=Role.OPERATOR, params=JobParams, doc="SIGKILL to the job's process group now.")
     async def kill_job(peer: Peer, params: JobParams) -> dict:
-        job = await jobs.stop_job(jobs.get(params.id), None, kill=True)
+        job = await jobs.stop_everywhere(jobs.get(params.id), None, kill=True)
         log.info("job %s killed by %s", job.id, peer.who)
         return job.to_json(agent.simulated)
 

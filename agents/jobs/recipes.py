@@ -120,12 +120,16 @@ def nproc(recipe: Trainer) -> int:
     return recipe.nproc_per_node or len(recipe.gpus)
 
 
-def build_argv(recipe: Trainer, values: dict[str, Any], job_id: str, output_dir: str, torchrun: str = "torchrun") -> list[str]:
-    """The full command line: the recipe's argv (placeholders expanded), its declared flags, under torchrun if asked."""
+def build_argv(recipe: Trainer, values: dict[str, Any], job_id: str, output_dir: str, torchrun: str = "torchrun",
+               rendezvous: list[str] | None = None) -> list[str]:
+    """The full command line: the recipe's argv (placeholders expanded), its declared flags, under torchrun if asked.
+
+    ``rendezvous``: torchrun's arguments for one node of a multi-node job; default a standalone single node.
+    """
     command = [expand(arg, job_id, output_dir) for arg in recipe.command] + param_args(recipe, values)
     if recipe.launcher != "torchrun":
         return command
-    launch = [torchrun, "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc(recipe))]
+    launch = [torchrun, *(rendezvous or ["--standalone", "--nnodes", "1"]), "--nproc-per-node", str(nproc(recipe))]
     # torchrun runs a .py script with Python itself; anything else (a console script, a binary) as is
     return launch + (command if command[0].endswith(".py") else ["--no-python", *command])
 

@@ -23,6 +23,7 @@ from agents.jobs import recipes
 from agents.jobs.job import Job, JobView
 from agents.jobs.logs import Follower, read_from, tail
 from agents.jobs.methods import LogsParams, register
+from agents.jobs.multinode import Coordinator, NodeLaunch, register as register_nodes
 from agents.jobs.progress import update_progress
 from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, descendants
 from agents.lab import Trainer
@@ -71,6 +72,13 @@ def _alive(pid: int | None, started: float | None) -> bool:
         return False
 
 
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children()
+    except psutil.Error:
+        return []
+
+
 def _create_time(pid: int) -> float | None:
     try:
         return psutil.Process(pid).create_time()
@@ -97,9 +105,13 @@ class JobsComponent:
         agent.store.migrate("jobs", SCHEMA)
         self._load()
         register(self)
+        register_nodes(self)
+        self.coordinator = Coordinator(self)
+        await self.coordinator.start()
 
     async def stop(self) -> None:
-        """Nothing to stop: jobs outlive the agent on purpose, and a restarted agent re-adopts them."""
+        """Only the watch of multi-node jobs: jobs outlive the agent on purpose, and a restarted agent re-adopts them."""
+        await self.coordinator.stop()
 
     def _load(self) -> None:
         active = sorted(JOB_ACTIVE)
@@ -120,9 +132,9 @@ class JobsComponent:
                     log.info("re-adopted job %s (runner pid %s)", job.id, job.runner_pid)
                 else:
                     self._finish(job)  # ended while the agent was away: its exit code is on disk
-                self._save(job)
+                self.save(job)
 
-    def _save(self, job: Job) -> None:
+    def save(self, job: Job) -> None:
         with self.agent.store.transaction() as db:
             db.execute("UPDATE jobs SET record=?, state=? WHERE id=?", (job.record(), job.state, job.id))
 
@@ -165,23 +177,28 @@ class JobsComponent:
                     {"model": model.name},
                 )
 
-    def _next_id(self) -> str:
+    def next_id(self) -> str:
         row = self.agent.store.query("SELECT COALESCE(MAX(n), 0) + 1 AS n FROM jobs")
         return f"{self.agent.machine.name}-{row[0]['n']}"
 
-    def start_job(self, name: str, given: dict[str, Any]) -> Job:
-        """Check everything, then launch; any problem is a typed error before a process exists."""
+    async def start_recipe(self, name: str, given: dict[str, Any]) -> Job:
+        """Start a recipe of this machine: over all its nodes when it has nodes (this agent coordinates), else here."""
+        recipe = recipes.find_recipe(self.agent.lab, name, self.agent.machine.name)
+        return await self.coordinator.start_job(recipe, given) if recipe.nodes else self.start_job(name, given)
+
+    def start_job(self, name: str, given: dict[str, Any], node: NodeLaunch | None = None) -> Job:
+        """Check everything, then launch; any problem is a typed error before a process exists. ``node``: one node of a multi-node job."""
         agent = self.agent
         lab = agent.lab
-        recipe = recipes.find_recipe(lab, name, agent.machine.name)
+        recipe = node.recipe if node is not None else recipes.find_recipe(lab, name, agent.machine.name)
         values = recipes.resolve_params(recipe, given)
         self._check_gpus(recipe)
-        job_id = self._next_id()
+        job_id = node.job_id if node is not None else self.next_id()
         output_dir = lab.resolve(recipes.expand(recipe.output_dir, job_id))
         cwd = lab.resolve(recipe.cwd) if recipe.cwd else (lab.source.parent if lab.source else output_dir)
         if cwd != output_dir and not cwd.is_dir():
             raise RemoteError(ErrorCode.UNAVAILABLE, f"cwd {cwd} of recipe {name} is not a folder")
-        env = self._recipe_env(recipe, job_id, str(output_dir))
+        env = self._recipe_env(recipe, job_id, str(output_dir)) | (node.env() if node is not None else {})
         program = recipes.expand(recipe.command[0], job_id, str(output_dir))
         found = recipes.find_program(program, cwd, env["PATH"])
         if found is None:
@@ -197,7 +214,7 @@ class JobsComponent:
                 raise PermissionError("permission denied")
         except OSError as exc:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"output_dir {output_dir} of recipe {name} is not writable: {exc.strerror or exc}") from None
-        argv = recipes.build_argv(recipe, values, job_id, str(output_dir), torchrun)
+        argv = recipes.build_argv(recipe, values, job_id, str(output_dir), torchrun, node.torchrun_args() if node is not None else None)
         job_dir = self.jobs_dir / job_id
         job_dir.mkdir(parents=True, exist_ok=True)
         env[PROGRESS_ENV] = str(job_dir / "progress.json")
@@ -205,6 +222,7 @@ class JobsComponent:
             id=job_id, recipe=name, machine=agent.machine.name, gpus=list(recipe.gpus), params=values, argv=argv,
             cwd=str(cwd), output_dir=str(output_dir), log_path=str(self.logs_dir / f"job-{job_id}.log"),
             job_dir=str(job_dir), started_at=time.time(),
+            node_rank=node.rank if node is not None else None, coordinator=node.coordinator if node is not None else None,
         )
         with agent.store.transaction() as db:
             db.execute("INSERT INTO jobs (id, recipe, record, state) VALUES (?, ?, ?, ?)", (job.id, name, job.record(), job.state))
@@ -217,11 +235,11 @@ class JobsComponent:
         except OSError as exc:
             job.state, job.error, job.ended_at = JobState.FAILED, f"could not start the runner: {exc}", time.time()
             self.jobs[job.id] = job
-            self._save(job)
+            self.save(job)
             raise RemoteError(ErrorCode.UNAVAILABLE, job.error) from None
         job.runner_pid, job.runner_started = job.popen.pid, _create_time(job.popen.pid)
         self.jobs[job.id] = job
-        self._save(job)
+        self.save(job)
         log.info("started job %s (%s): %s", job.id, name, " ".join(argv))
         return job
 
@@ -241,15 +259,26 @@ class JobsComponent:
             return
         # torchrun starts its workers in sessions of their own: a kill must reach the whole tree, not the group alone
         tree = descendants(job.pid) if sig == signal.SIGKILL else []
-        try:
-            os.killpg(job.pid, sig)
-        except ProcessLookupError:
-            pass
+        if sig == signal.SIGTERM and job.node_rank is not None and (workers := _children(job.pid)):
+            # a node of a multi-node job: its workers stop at the step all ranks agree on and exit 0, and torchrun
+            # with them (its own SIGTERM handler would exit 1); before the workers exist torchrun itself gets it
+            tree = workers
+        else:
+            try:
+                os.killpg(job.pid, sig)
+            except ProcessLookupError:
+                pass
         for proc in tree:
             try:
                 proc.send_signal(sig)
             except psutil.Error:
                 pass
+
+    async def stop_everywhere(self, job: Job, grace_s: float | None, kill: bool) -> Job:
+        """Stop or kill a job: on every node when this agent coordinates it, else here."""
+        if job.nodes and job.coordinator == self.agent.machine.name:
+            return await self.coordinator.stop_job(job, grace_s, kill)
+        return await self.stop_job(job, grace_s, kill)
 
     async def stop_job(self, job: Job, grace_s: float | None, kill: bool) -> Job:
         if not job.active:
@@ -265,7 +294,7 @@ class JobsComponent:
             job.stop_requested = "stop"
             job.kill_at = min(job.kill_at or float("inf"), time.time() + grace)
             self._signal(job, signal.SIGTERM)
-        self._save(job)
+        self.save(job)
         return job
 
     # -- supervision, once per tick
@@ -294,6 +323,8 @@ class JobsComponent:
             job.state = JobState.EXITED if job.exit_code == 0 or stopped else JobState.FAILED
             if job.state == JobState.FAILED:
                 job.error = ended.error or job.progress.get("error") or f"exited with code {job.exit_code}"
+        if job.failure is not None:  # the coordinator failed the job (another node failed): that is its outcome on every node
+            job.state, job.error = JobState.FAILED, job.failure
         job.last_lines, _ = tail(Path(job.log_path), LAST_LINES)
         job.starved = False
         job.popen = job.proc = None
@@ -350,7 +381,7 @@ class JobsComponent:
                 self._claim(job)
                 self._check_starved(job, telemetry, now)
             if progressed or job.record() != before:
-                self._save(job)
+                self.save(job)
         self._push_logs()
 
     # -- logs

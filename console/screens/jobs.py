@@ -12,7 +12,7 @@ from textual.widgets import Footer, Static
 from agents.sections import JobInfo
 from agents.states import JOB_ACTIVE, JobState
 from console.screens.base import LabScreen
-from console.screens.modals import PickRecipeScreen, StartJobScreen
+from console.screens.modals import AskNumberScreen, PickRecipeScreen, StartJobScreen
 from widgets.jobs_table import JobsTable
 from widgets.lab_header import LabHeader
 
@@ -37,6 +37,8 @@ def detail_text(job: JobInfo | None) -> str:
     if figures:
         lines.append(" · ".join(figures))
     lines.append(f"[dim]log {job.log_path} · output {job.output_dir}[/]")
+    lines += [f"node {i} [b]{node.machine}[/b] GPU {','.join(map(str, node.gpus)) or '-'}: {node.state}"
+              + (f" ({node.exit_code})" if node.exit_code is not None else "") for i, node in enumerate(job.nodes)]
     if job.state in (JobState.FAILED, JobState.LOST):
         lines.append(f"[b red]{job.state}:[/] {job.error or ''}")
         lines += [f"[dim]{line}[/]" for line in job.last_lines[-3:]]
@@ -133,7 +135,16 @@ class JobsScreen(LabScreen):
         if job is not None:
             from console.screens.logs import LogScreen
 
-            self.app.push_screen(LogScreen(job.machine, job.id))
+            if len(job.nodes) < 2:
+                self.app.push_screen(LogScreen(job.machine, job.id))
+                return
+
+            def picked(rank: int | None) -> None:  # a multi-node job: any node's log (the same job id on its agent)
+                if rank is not None and rank < len(job.nodes):
+                    self.app.push_screen(LogScreen(job.nodes[rank].machine, job.id))
+
+            names = ", ".join(f"{i} {node.machine}" for i, node in enumerate(job.nodes))
+            self.app.push_screen(AskNumberScreen(f"Log of which node of {job.id}? ({names})", 0), picked)
 
     def action_checkpoints(self) -> None:
         job = self.selected()

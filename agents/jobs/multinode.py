@@ -1,0 +1,317 @@
+"""One training job over several machines: the first node's agent coordinates the others through torchrun's c10d rendezvous.
+
+The coordinator (the agent of a recipe's first node) starts its own node, then asks every other
+node's agent (``jobs.node_start``, with its node key, role ``node`` there) to start theirs. Each
+agent runs its own torchrun under its own runner, so each node is an ordinary job there (same id)
+that survives its agent and is re-adopted by it. The coordinator polls the nodes every second: a node
+that fails, or whose agent does not answer for the lab's alerts.offline_for_s, fails the job on every node, naming it.
+(A node's trainer outlives its agent, so a short agent restart is not a failure; a machine that is really gone
+breaks the collective first, and the node that notices fails.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agents.documents import Progress
+from agents.jobs.job import PROGRESS_KEPT, Job
+from agents.jobs.logs import tail
+from agents.lab import NAME_RE, Trainer
+from agents.peers import NODE_KEY_NAME, PeerClient
+from agents.protocol import ErrorCode, Finite, RemoteError, Role
+from agents.rpc import Peer
+from agents.states import JOB_ACTIVE, JobState
+
+if TYPE_CHECKING:
+    from agents.jobs.supervisor import JobsComponent
+
+log = logging.getLogger("cetlab.jobs")
+
+POLL_S = 1.0  # how often the coordinator asks its nodes how they are
+START_TIMEOUT_S = 30.0
+FAILED_LINES = 3  # last log lines of a failed node named in the job's error
+OFFLINE = "offline"
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """What makes one node's torchrun part of the job: its rank and the rendezvous on the first node."""
+
+    recipe: Trainer  # the recipe with this node's machine and GPUs
+    job_id: str
+    rank: int
+    nnodes: int
+    endpoint: str  # host:port of the first node's c10d store
+    coordinator: str
+    nccl_socket_ifname: str | None
+
+    def torchrun_args(self) -> list[str]:
+        # c10d ignores --node-rank (it ranks nodes itself); is_host says which torchrun hosts the store
+        return ["--nnodes", str(self.nnodes), "--node-rank", str(self.rank), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.job_id, "--rdzv-conf", f"is_host={int(self.rank == 0)}",
+                "--max-restarts", "0"]
+
+    def env(self) -> dict[str, str]:
+        return {"NCCL_SOCKET_IFNAME": self.nccl_socket_ifname, "GLOO_SOCKET_IFNAME": self.nccl_socket_ifname} if self.nccl_socket_ifname else {}
+
+
+def launch_for(recipe: Trainer, machine: str, rank: int, job_id: str, rdzv_host: str, port: int) -> NodeLaunch:
+    """The launch of ``machine``'s node; everything but the job id and the port comes from this agent's own lab.yaml."""
+    if rank >= len(recipe.nodes) or recipe.nodes[rank].machine != machine:
+        raise RemoteError(ErrorCode.INVALID_PARAMS, f"{machine} is not node {rank} of recipe {recipe.name}")
+    node = recipe.nodes[rank]
+    return NodeLaunch(recipe.model_copy(update={"machine": machine, "gpus": list(node.gpus)}), job_id, rank, len(recipe.nodes),
+                      f"{rdzv_host}:{port}", recipe.nodes[0].machine, node.nccl_socket_ifname)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+class NodeStartParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=NAME_RE)
+    recipe: str = Field(max_length=64)
+    params: dict[str, Any] = Field(default_factory=dict, max_length=64)
+    node_rank: int = Field(ge=1, le=1024)  # rank 0 is the coordinator's own node
+    rdzv_port: int = Field(ge=1024, le=65535)
+
+
+class NodeStopParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(max_length=100)
+    kill: bool = False
+    grace_s: float | None = Field(default=None, ge=0, le=86400)
+    reason: str | None = Field(default=None, max_length=4000)  # the coordinator failed the job: why
+
+
+class NodeStatusParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(max_length=100)
+
+
+class NodeStatus(BaseModel):
+    """A node's answer to jobs.node_status, checked where it enters the coordinator."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    state: JobState
+    exit_code: int | None = None
+    error: str | None = Field(default=None, max_length=8000)
+    ended_at: Finite = None
+    last_lines: list[Annotated[str, Field(max_length=4000)]] = Field(default_factory=list, max_length=FAILED_LINES)
+    progress: dict[str, Any] = Field(default_factory=dict)
+    loss_points: list[tuple[int, Finite]] = Field(default_factory=list, max_length=60)
+
+    def checked_progress(self) -> dict[str, Any] | None:
+        """Its progress as the trainer's progress file schema allows (None: none, or it does not fit)."""
+        if not self.progress:
+            return None
+        try:
+            return Progress.model_validate(self.progress).model_dump(mode="json", include=PROGRESS_KEPT)
+        except ValidationError:
+            return None
+
+
+def node_status(job: Job) -> dict[str, Any]:
+    """A node as its coordinator needs it: state, outcome, last lines, and progress (c10d may rank any node 0)."""
+    lines, _ = tail(Path(job.log_path), FAILED_LINES) if job.active else (job.last_lines[-FAILED_LINES:], 0)
+    return {"state": job.state, "exit_code": job.exit_code, "error": job.error, "ended_at": job.ended_at,
+            "last_lines": lines, "progress": job.progress, "loss_points": job.loss_points[-60:]}
+
+
+class Coordinator:
+    """The multi-node side of JobsComponent: starts, stops and watches the jobs whose first node is this machine."""
+
+    def __init__(self, jobs: JobsComponent):
+        self.jobs = jobs
+        self.peers: PeerClient | None = None
+        self.task: asyncio.Task | None = None
+        self.silent_since: dict[tuple[str, str], float] = {}  # (job, machine) -> when its agent stopped answering
+
+    async def start(self) -> None:
+        agent = self.jobs.agent
+        me = agent.machine.name
+        others = sorted({n.machine for r in agent.lab.trainers if r.nodes and r.machine == me for n in r.nodes[1:]})
+        if others:
+            self.peers = PeerClient(agent.lab, agent.state_dir, machines=others, topics=[], key_name=NODE_KEY_NAME)
+            await self.peers.start()
+            self.task = asyncio.create_task(self._watch(), name="multinode-watch")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        if self.peers is not None:
+            await self.peers.stop()
+
+    async def _call(self, machine: str, method: str, params: dict, timeout: float = 10.0) -> Any:
+        if self.peers is None:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"{self.jobs.agent.machine.name} coordinates no multi-node recipe")
+        link = self.peers.links.get(machine)
+        if link is not None and not link.online.is_set():
+            try:  # a link still connecting (the agent just started) gets a moment
+                await asyncio.wait_for(link.online.wait(), 5.0)
+            except asyncio.TimeoutError:
+                pass
+        return await self.peers.call(machine, method, params, timeout=timeout)
+
+    # -- start and stop
+
+    async def start_job(self, recipe: Trainer, given: dict[str, Any]) -> Job:
+        """Start node 0 here, then every other node at once; one that cannot start takes the whole job down."""
+        agent = self.jobs.agent
+        port = recipe.rdzv_port or free_port()
+        job_id = self.jobs.next_id()
+        job = self.jobs.start_job(recipe.name, given, launch_for(recipe, agent.machine.name, 0, job_id, agent.machine.host, port))
+        job.nodes = [{"machine": n.machine, "gpus": list(n.gpus), "state": JobState.STARTING} for n in recipe.nodes]
+        calls = [self._call(n.machine, "jobs.node_start", {"id": job_id, "recipe": recipe.name, "params": given, "node_rank": rank,
+                                                           "rdzv_port": port}, timeout=START_TIMEOUT_S)
+                 for rank, n in enumerate(recipe.nodes) if rank > 0]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        refused = [(n.machine, r) for n, r in zip(recipe.nodes[1:], results) if isinstance(r, BaseException)]
+        if refused:
+            machine, exc = refused[0]
+            reason = f"node {machine} could not start: {exc.message if isinstance(exc, RemoteError) else exc}"
+            job.failure = reason
+            await self._fail_all(job, reason)
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"job {job_id} of recipe {recipe.name}: {reason}", {"job": job_id})
+        self.jobs.save(job)
+        return job
+
+    async def stop_job(self, job: Job, grace_s: float | None, kill: bool) -> Job:
+        """SIGTERM (or SIGKILL) to every node's torchrun at once; the ranks agree on the step they stop at."""
+        remote = [asyncio.create_task(self._call(n["machine"], "jobs.node_stop", {"id": job.id, "kill": kill, "grace_s": grace_s}))
+                  for n in job.nodes[1:] if n["state"] in JOB_ACTIVE]
+        if not job.active and not remote:
+            raise RemoteError(ErrorCode.CONFLICT, f"job {job.id} has already {job.state}")
+        if job.active:
+            await self.jobs.stop_job(job, grace_s, kill)
+        for node, result in zip([n for n in job.nodes[1:] if n["state"] in JOB_ACTIVE], await asyncio.gather(*remote, return_exceptions=True)):
+            if isinstance(result, BaseException):
+                log.warning("job %s: stopping node %s: %s", job.id, node["machine"], result)
+        return job
+
+    async def _fail_all(self, job: Job, reason: str) -> None:
+        """Kill every node still running, each recording the reason as its error."""
+        calls = [self._call(n["machine"], "jobs.node_stop", {"id": job.id, "kill": True, "reason": reason})
+                 for n in job.nodes[1:] if n["state"] in JOB_ACTIVE | {JobState.STARTING}]
+        if job.active:
+            await self.jobs.stop_job(job, None, kill=True)
+        else:
+            job.state, job.error = JobState.FAILED, reason
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, BaseException):
+                log.warning("job %s: killing a node: %s", job.id, result)
+        self.jobs.save(job)
+
+    # -- watching
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_S)
+            for job in [j for j in self.jobs.jobs.values() if j.nodes and j.coordinator == self.jobs.agent.machine.name]:
+                if job.active or any(n["state"] in JOB_ACTIVE for n in job.nodes):
+                    try:
+                        await self._poll(job)
+                    except Exception:  # one job's trouble must not end the watch of the others
+                        log.exception("job %s: watching its nodes failed", job.id)
+
+    async def _poll(self, job: Job) -> None:
+        now = time.time()
+        seen: list[dict[str, Any]] = [{"state": job.state, "exit_code": job.exit_code, "error": job.error, "ended_at": job.ended_at,
+                                       "last_lines": job.last_lines[-FAILED_LINES:]}]
+        for node in job.nodes[1:]:
+            key = (job.id, node["machine"])
+            try:
+                answer = await self._call(node["machine"], "jobs.node_status", {"id": job.id}, timeout=5.0)
+                status = NodeStatus.model_validate(answer)
+                self.silent_since.pop(key, None)
+                seen.append({**status.model_dump(), "progress": status.checked_progress(),
+                             "loss_points": [[step, loss] for step, loss in status.loss_points if loss is not None]})
+            except ValidationError as exc:  # a node that answers nonsense is as good as silent
+                log.warning("job %s: node %s answered a status that does not fit: %s", job.id, node["machine"], exc.errors()[:1])
+                seen.append({"state": node["state"], "exit_code": node.get("exit_code"), "error": node.get("error")})
+            except RemoteError as exc:
+                if exc.code == ErrorCode.NOT_FOUND:
+                    seen.append({"state": JobState.LOST, "error": exc.message, "ended_at": now})
+                    continue
+                since = self.silent_since.setdefault(key, now)
+                lost = now - since >= self.jobs.agent.lab.alerts.offline_for_s and node["state"] in JOB_ACTIVE | {OFFLINE}
+                seen.append({"state": OFFLINE, "error": f"its agent does not answer: {exc.message}", "ended_at": since} if lost else
+                            {"state": node["state"], "exit_code": node.get("exit_code"), "error": node.get("error")})
+        changed = False
+        rank_0_here = (Path(job.job_dir) / "progress.json").exists()  # c10d ranks nodes itself: rank 0 may be elsewhere
+        for node, status in zip(job.nodes, seen):
+            entry = {"machine": node["machine"], "gpus": node["gpus"], "state": str(status["state"]),
+                     "exit_code": status.get("exit_code"), "error": status.get("error")}
+            changed |= entry != node
+            node.update(entry)
+            if status.get("progress") and not rank_0_here:  # rank 0 writes progress on its node: take it from there
+                changed |= status["progress"] != job.progress
+                job.progress, job.loss_points = status["progress"], status.get("loss_points") or []
+        failed = sorted((s.get("ended_at") or now, node["machine"], s) for node, s in zip(job.nodes, seen)
+                        if s["state"] in (JobState.FAILED, JobState.LOST, OFFLINE))
+        if failed and job.failure is None:
+            job.failure = "; ".join(f"node {machine} {s['state']}" + (f" (exit code {s['exit_code']})" if s.get("exit_code") is not None else "")
+                                    + (f": {s['error']}" if s.get("error") else "")
+                                    + (" | " + " | ".join(line.rstrip() for line in s.get("last_lines") or []) if s.get("last_lines") else "")
+                                    for _, machine, s in failed)
+            log.warning("job %s failed: %s", job.id, job.failure)
+            await self._fail_all(job, job.failure)
+        elif changed:
+            self.jobs.save(job)
+
+
+def register(jobs: JobsComponent) -> None:
+    """jobs.node_*: what the coordinator of a multi-node job may ask of this agent (the `node` role allows these only)."""
+    agent = jobs.agent
+    rpc = agent.rpc
+
+    def node_job(job_id: str) -> Job:
+        job = jobs.get(job_id)
+        if job.coordinator is None or job.node_rank in (None, 0):
+            raise RemoteError(ErrorCode.NOT_FOUND, f"job {job_id} is not a node of a multi-node job on {agent.machine.name}")
+        return job
+
+    @rpc.method("jobs.node_start", role=Role.OPERATOR, params=NodeStartParams,
+                doc="Start this machine's node of a multi-node recipe named in this agent's own lab.yaml.")
+    async def node_start(peer: Peer, params: NodeStartParams) -> dict:
+        recipe = next((r for r in agent.lab.trainers if r.name == params.recipe and r.nodes), None)
+        if recipe is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no multi-node recipe named {params.recipe!r} in {agent.machine.name}'s lab.yaml")
+        if params.id in jobs.jobs or agent.store.query("SELECT 1 FROM jobs WHERE id=?", (params.id,)):
+            raise RemoteError(ErrorCode.CONFLICT, f"{agent.machine.name} already has a job {params.id}")
+        first = agent.lab.machine(recipe.nodes[0].machine)
+        launch = launch_for(recipe, agent.machine.name, params.node_rank, params.id, first.host, params.rdzv_port)
+        job = jobs.start_job(recipe.name, params.params, launch)
+        log.info("job %s: node %d started for %s", job.id, params.node_rank, peer.who)
+        return node_status(job)
+
+    @rpc.method("jobs.node_stop", role=Role.OPERATOR, params=NodeStopParams, doc="Stop or kill this machine's node of a multi-node job.")
+    async def node_stop(peer: Peer, params: NodeStopParams) -> dict:
+        job = node_job(params.id)
+        if params.reason:
+            job.failure = params.reason
+            if not job.active and job.state != JobState.FAILED:
+                job.state, job.error = JobState.FAILED, params.reason
+                jobs.save(job)
+        if job.active:
+            await jobs.stop_job(job, params.grace_s, params.kill)
+        return node_status(job)
+
+    @rpc.method("jobs.node_status", role=Role.OPERATOR, params=NodeStatusParams, doc="This machine's node of a multi-node job.")
+    async def node_status_method(peer: Peer, params: NodeStatusParams) -> dict:
+        return node_status(node_job(params.id))

@@ -27,7 +27,6 @@ from agents.protocol import (
     Role,
     SubscribeParams,
     Telemetry,
-    encode,
 )
 from agents.rpc import Peer, Registry
 from agents.sections import GpuStatus, ModelsSection, Tick
@@ -259,34 +258,9 @@ class Agent:
                 continue
             if peer.wants_full:
                 peer.wants_full = False
-                self._push_tick(peer, {"t": telemetry.t, "full": True, "changed": {**sections, "gpus": list(gpus.values())}})
+                peer.push(EVENT_TICK, {"t": telemetry.t, "full": True, "changed": {**sections, "gpus": list(gpus.values())}})
             else:
-                self._push_tick(peer, {"t": telemetry.t, "full": False, "changed": {**changed, "gpus": changed_gpus}})
-
-    def _push_tick(self, peer: Peer, data: dict[str, Any]) -> None:
-        """A tick to one peer. A section that cannot be encoded (a bug: sections are finite by type) is left out
-        and logged; the other sections go out, and the tick goes on."""
-        try:
-            peer.push(EVENT_TICK, data)
-            return
-        except (ValueError, TypeError, RecursionError):
-            pass
-        changed = {}
-        for name, value in data["changed"].items():
-            try:
-                encode(value)
-                changed[name] = value
-            except (ValueError, TypeError, RecursionError):
-                log.error("the %s section of %s cannot be encoded (NaN or infinity?); left out of the tick", name, self.machine.name)
-        self._push(peer, EVENT_TICK, {**data, "changed": changed})
-
-    @staticmethod
-    def _push(peer: Peer, event: str, data: Any) -> None:
-        """One event to one peer; a value that cannot be encoded is logged, and the tick goes on for everyone."""
-        try:
-            peer.push(event, data)
-        except (ValueError, TypeError, RecursionError):
-            log.exception("could not encode a %s event for %s; it was not sent", event, peer.who)
+                peer.push(EVENT_TICK, {"t": telemetry.t, "full": False, "changed": {**changed, "gpus": changed_gpus}})
 
     def claim_gpus(self, indices: list[int], key: str, owner: str, mem_bytes: int, util_pct: float, pid: int = 0) -> None:
         """Tell a simulated backend what now runs on these GPUs (NVML sees real processes itself)."""
@@ -307,7 +281,7 @@ class Agent:
         """Push an event to every subscriber of its topic."""
         for peer in list(self.peers):
             if event in peer.topics:
-                self._push(peer, event, data)
+                peer.push(event, data)  # never raises: a NaN goes out as null, an unencodable event is logged
 
     # -- core methods
 

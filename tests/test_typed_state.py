@@ -163,7 +163,7 @@ async def test_readers_see_the_tick_the_owners_just_made(tmp_path):
     agent.store.close()
 
 
-async def test_a_section_that_cannot_be_encoded_is_left_out_and_the_tick_goes_on(tmp_path):
+async def test_a_non_finite_number_past_the_types_goes_out_as_null_and_the_tick_goes_on(tmp_path):
     agent = Agent(parse_lab(ONE_GPU), "box", tmp_path, components=[Untyped(), CostsComponent()])
     agent.store = Store(tmp_path / "state.db")
     for component in agent.components:
@@ -173,7 +173,7 @@ async def test_a_section_that_cannot_be_encoded_is_left_out_and_the_tick_goes_on
     agent._tick()
     agent._tick()
     assert len(sent) == 2
-    assert "broken" not in sent[0]["data"]["changed"] and {"costs", "host", "gpus"} <= sent[0]["data"]["changed"].keys()
+    assert sent[0]["data"]["changed"]["broken"] == {"loss": None} and {"costs", "host", "gpus"} <= sent[0]["data"]["changed"].keys()
     agent.store.close()
 
 

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from agents.protocol import ErrorCode, RemoteError
-from widgets.cost_counter import fmt_money as money
+from widgets.format import fmt_money as money
 from widgets.format import fmt
 
 EXIT_OK = 0

@@ -12,7 +12,18 @@ from pydantic import TypeAdapter, ValidationError
 
 from agents.lab import Lab, Machine
 from agents.protocol import GpuSample, HostSample
-from agents.sections import SECTION_MODELS, AlertsSection, AuditSection, CostsSummary, GpuStatus, JobInfo, ModelInfo, ModelsSection, RunSummary
+from agents.sections import (
+    SECTION_MODELS,
+    AlertsSection,
+    AuditSection,
+    CostsSummary,
+    GatewaySection,
+    GpuStatus,
+    JobInfo,
+    ModelInfo,
+    ModelsSection,
+    RunSummary,
+)
 
 log = logging.getLogger("cetlab.state")
 
@@ -41,6 +52,7 @@ class MachineView:
     costs: CostsSummary | None = None
     alerts: AlertsSection = field(default_factory=AlertsSection)
     audit: AuditSection = field(default_factory=AuditSection)
+    gateway: GatewaySection | None = None  # on the gateway's machine only
     problems: dict[str, str] = field(default_factory=dict)  # section -> why the agent's last value of it was refused
     series: dict[str, deque] = field(default_factory=dict)  # "gpu0.util_pct" -> values
     version: int = 0  # bumped on every change; screens redraw what moved
@@ -67,6 +79,7 @@ class MachineView:
         fresh = MachineView(self.config)
         self.gpus, self.host, self.gpu_status, self.jobs = {}, fresh.host, None, []
         self.models, self.checkpoints, self.costs, self.alerts, self.audit = None, [], None, fresh.alerts, fresh.audit
+        self.gateway = None
         self.problems = {}
 
     def apply_section(self, name: str, value: Any) -> None:

@@ -14,7 +14,7 @@ from agents.gateway.config import find_provider_model
 from agents.gateway.keys import KeyAddParams, KeyNameParams, KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.router import Router, Target
-from agents.gateway.section import GatewayModelFigures, GatewaySection, KeyUse, ProviderSpend
+from agents.sections import GatewayModelFigures, GatewaySection, KeyUse, ProviderSpend
 from agents.gateway.server import GatewayHttp
 from agents.peers import PeerClient
 from agents.protocol import EVENT_NOTICE, Role, Telemetry

@@ -2,47 +2,40 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.app import ComposeResult
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import Footer, Static
 
+from agents.sections import GatewayModelFigures, GatewaySection
 from console.gateway_demo import GATEWAY_KEY_FILE
 from console.screens.base import LabScreen
-from widgets.cost_counter import fmt_money
-from widgets.format import fmt
+from widgets.format import NA, fmt, fmt_money
 from widgets.lab_header import LabHeader
-from widgets.live_table import sync_rows
+from widgets.live_table import LiveTable
 
 COLUMNS = [("model", "model", 24), ("tier", "tier", 8), ("where", "where", 14), ("state", "state", 10), ("rps", "rps", 6),
            ("in_flight", "in flight", 9), ("queued", "queued", 6), ("p50", "p50 s", 7), ("p95", "p95 s", 7),
            ("ttft50", "TTFT p50", 8), ("ttft95", "TTFT p95", 8), ("wakes", "wakes", 5), ("errors", "errors", 6)]
 
 
-def model_rows(section: dict[str, Any]) -> dict[str, tuple[str, ...]]:
-    rows = {}
-    for m in section.get("models") or []:
-        where = (m.get("where") or "") + (" SIM" if m.get("simulated") else "")
-        errors = f"[red]{m['errors']}[/]" if m["errors"] else "0"
-        rows[f"{m['tier']}:{m['name']}"] = (
-            m["name"], m["tier"], where, m.get("state") or "", f"{m['rps']:.2f}", str(m["in_flight"]), str(m["queued"]),
-            fmt(m["p50_latency_s"], ".3f"), fmt(m["p95_latency_s"], ".3f"), fmt(m["p50_ttft_s"], ".3f"), fmt(m["p95_ttft_s"], ".3f"),
-            str(m["wakes"]), errors)
-    return rows
+def model_cells(m: GatewayModelFigures) -> tuple[str, ...]:
+    where = (m.where or "") + (" SIM" if m.simulated else "")
+    errors = f"[red]{m.errors}[/]" if m.errors else "0"
+    return (m.name, m.tier, where, m.state or NA, f"{m.rps:.2f}", str(m.in_flight), str(m.queued),
+            fmt(m.p50_latency_s, ".3f"), fmt(m.p95_latency_s, ".3f"), fmt(m.p50_ttft_s, ".3f"), fmt(m.p95_ttft_s, ".3f"),
+            str(m.wakes), errors)
 
 
-def spend_text(section: dict[str, Any]) -> str:
-    currency = section.get("currency", "USD")
+def spend_text(section: GatewaySection) -> str:
+    currency = section.currency
     lines = []
-    for p in section.get("providers") or []:
-        pct = p.get("budget_pct")
+    for p in section.providers:
+        pct = p.budget_pct
         colour = "red" if pct is not None and pct >= 100 else "yellow" if pct is not None and pct >= 80 else "green"
-        budget = f" of {fmt_money(p['monthly_budget'], currency)} [{colour}]{fmt(pct, '.0f', '%')}[/]" if p.get("monthly_budget") is not None else ""
-        sim = " [b]SIM[/b]" if p.get("simulated") else ""
-        missing = " [red]API key not set[/]" if not p.get("key_set", True) else ""
-        lines.append(f"[b]{p['name']}[/b]{sim}: today {fmt_money(p['spend_today'], currency)} · month {fmt_money(p['spend_month'], currency)}{budget}{missing}")
-    keys = [f"{k['name']}{' (revoked)' if k['revoked'] else ''} {k['requests']} req, {k['tokens_today']:,} tok today"
-            for k in section.get("keys") or []]
+        budget = f" of {fmt_money(p.monthly_budget, currency)} [{colour}]{fmt(pct, '.0f', '%')}[/]" if p.monthly_budget is not None else ""
+        sim = " [b]SIM[/b]" if p.simulated else ""
+        missing = "" if p.key_set else " [red]API key not set[/]"
+        lines.append(f"[b]{p.name}[/b]{sim}: today {fmt_money(p.spend_today, currency)} · month {fmt_money(p.spend_month, currency)}{budget}{missing}")
+    keys = [f"{k.name}{' (revoked)' if k.revoked else ''} {k.requests} req, {k.tokens_today:,} tok today" for k in section.keys]
     if keys:
         lines.append("[b]keys[/b]: " + " · ".join(keys))
     return "\n".join(lines) or "no providers"
@@ -59,19 +52,14 @@ class GatewayScreen(LabScreen):
     def compose(self) -> ComposeResult:
         yield LabHeader()
         yield Static("", id="gateway-summary")
-        yield DataTable(id="gateway-table", cursor_type="row", zebra_stripes=True)
+        yield LiveTable(COLUMNS, model_cells, id="gateway-table")
         yield Static("", id="gateway-spend")
         yield Footer()
 
-    def on_mount(self) -> None:
-        table = self.query_one("#gateway-table", DataTable)
-        for key, label, width in COLUMNS:
-            table.add_column(label, key=key, width=width)
-
-    def section(self) -> dict[str, Any] | None:
+    def section(self) -> GatewaySection | None:
         gateway = self.lab_app.lab.gateway
         view = self.lab_app.state.machines.get(gateway.machine) if gateway else None
-        return (view.sections.get("gateway") if view else None) or None
+        return view.gateway if view else None
 
     def refresh_data(self) -> None:
         gateway = self.lab_app.lab.gateway
@@ -79,17 +67,17 @@ class GatewayScreen(LabScreen):
         summary = self.query_one("#gateway-summary", Static)
         if gateway is None:
             summary.update("this lab has no gateway: add [b]gateway: {machine: NAME}[/b] to lab.yaml (README: Gateway)")
-            section = {}
+            section = GatewaySection(machine="")
         elif section is None:
             summary.update(f"gateway on [b]{gateway.machine}[/b]: no data yet (is its agent online?)")
-            section = {}
+            section = GatewaySection(machine=gateway.machine)
         else:
-            down = [f"{m} {s}" for m, s in section.get("peers", {}).items() if s != "online"]
+            down = [f"{m} {s}" for m, s in section.peers.items() if s != "online"]
             source = self.lab_app.lab.source
             key_file = source.parent / GATEWAY_KEY_FILE if source else None
-            summary.update(f"[b]{section.get('url') or 'NOT SERVING'}[/b] on {section['machine']}"
-                           + (f" · [red]{section['error']}[/]" if section.get("error") else "")
+            summary.update(f"[b]{section.url or 'NOT SERVING'}[/b] on {section.machine}"
+                           + (f" · [red]{section.error}[/]" if section.error else "")
                            + (f" · peers: [red]{', '.join(down)}[/]" if down else " · every peer online")
                            + (f" · demo key: {key_file}" if key_file is not None and key_file.exists() else ""))
-        sync_rows(self.query_one("#gateway-table", DataTable), model_rows(section), [c[0] for c in COLUMNS], self._shown_rows)
+        self.query_one("#gateway-table", LiveTable).show({f"{m.tier}:{m.name}": m for m in section.models})
         self.query_one("#gateway-spend", Static).update(spend_text(section))

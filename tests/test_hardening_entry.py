@@ -61,7 +61,7 @@ async def writer_running(tmp_path: Path, lab_file, document: str):
 
 
 def job_in_section(client: FleetClient, job_id: str) -> dict | None:
-    return next((j for j in client.state.machines["box"].sections.get("jobs") or [] if j["id"] == job_id), None)
+    return next((j.model_dump(mode="json") for j in client.state.machines["box"].jobs if j.id == job_id), None)
 
 
 async def test_a_nan_loss_in_a_progress_file_shows_a_diverged_run_and_the_agent_keeps_ticking(tmp_path, lab_file):
@@ -69,7 +69,7 @@ async def test_a_nan_loss_in_a_progress_file_shows_a_diverged_run_and_the_agent_
     async with writer_running(tmp_path, lab_file, document) as (_, client, job):
         shown = await wait_for(lambda: (j := job_in_section(client, job["id"])) and j["diverged_at_step"] == 7 and j, timeout=30)
         assert shown["loss"] is None and shown["epoch"] is None and shown["step"] == 7
-        alerts = lambda: [a for a in client.state.machines["box"].sections["alerts"]["active"] if a["rule"] == "diverged"]  # noqa: E731
+        alerts = lambda: [a.model_dump(mode="json") for a in client.state.machines["box"].alerts.active if a.rule == "diverged"]  # noqa: E731
         (alert,) = await wait_for(alerts, timeout=15)
         assert alert["job"] == job["id"] and "loss: NaN, diverged at step 7" in alert["message"]
         await ticking(client)

@@ -146,6 +146,7 @@ class ModelInfo(Section):
     since: FiniteFloat
     gpus: list[int] = Field(default_factory=list)
     vram_bytes: int = 0
+    vram_measured: bool = False  # vram_bytes is NVML's figure for the engine's processes, not the estimate
     cached_fraction: Finite = None
     size_bytes: int = 0
     load_s: Finite = None

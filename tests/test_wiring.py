@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import sys
+import time
+
 import pytest
 
-from agents.lab import load_lab
+from agents.lab import Model, load_lab
+from agents.orchestra.engine import GIB, Engine
+from agents.orchestra.pool import OrchestraComponent
+from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, Slot
+from agents.protocol import GpuProcess, GpuSample, Telemetry
+from agents.states import ModelState
 from console.client import FleetClient
 from tests.test_orchestra import pool_lab, run_pool, settle, sim_model  # noqa: F401 (run_pool is a fixture)
 
@@ -22,3 +31,38 @@ async def test_one_model_failing_in_the_start_plan_leaves_the_rest_of_the_plan_r
         assert "exited" in a["error"]["message"] and a["error"]["oom"], a["error"]
         b = await settle(client, "b", ("sleeping",))
         assert b["error"] is None
+
+
+async def test_pool_vram_follows_nvml_per_process_memory_and_a_sleeping_residual_is_measured(tmp_path):
+    # NVML's per-process figures for the engine's own process (a real child standing in for vLLM), on two GPUs
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "import time; time.sleep(60)")
+    try:
+        model = Model(name="big", path=str(tmp_path), engine="vllm", machine="box", gpus=[0, 1], vram_gib=20)
+        engine = Engine(model, tmp_path, "box", [0, 1], tmp_path / "big.log")
+        engine.proc = proc
+        pool = OrchestraComponent()
+        slot = Slot(model=model, path=tmp_path, gpus=[0, 1], state=ModelState.WARM, engine=engine)
+        pool.slots["big"] = slot
+
+        def sample(held: dict[int, int], simulated: bool = False) -> Telemetry:
+            gpus = [GpuSample(index=i, name="H100", mem_used_bytes=b + GIB, mem_total_bytes=80 * GIB,
+                              processes=[GpuProcess(pid=proc.pid, mem_used_bytes=b), GpuProcess(pid=1, mem_used_bytes=GIB)])
+                    for i, b in held.items()]
+            return Telemetry(machine="box", t=time.time(), gpus=gpus, simulated=simulated)
+
+        assert slot.held_bytes(0) == 10 * GIB  # the estimate: 20 GiB over two GPUs
+        pool.on_telemetry(sample({0: 14 * GIB, 1: 13 * GIB}))
+        assert slot.held_bytes(0) == 14 * GIB and slot.held_bytes(1) == 13 * GIB
+        info = pool.info(slot)
+        assert info.vram_bytes == 27 * GIB and info.vram_measured
+        # asleep: the constant residual until the next sample, then what the sample says
+        slot.state, slot.measured = ModelState.SLEEPING, None
+        assert slot.held_bytes(0) == SLEEP_RESIDUAL_BYTES
+        pool.on_telemetry(sample({0: 3 * GIB, 1: 3 * GIB}))
+        assert slot.held_bytes(0) == 3 * GIB and pool.info(slot).vram_bytes == 6 * GIB
+        # simulated GPUs keep the estimate
+        pool.on_telemetry(sample({0: 3 * GIB, 1: 3 * GIB}, simulated=True))
+        assert slot.held_bytes(0) == SLEEP_RESIDUAL_BYTES and not pool.info(slot).vram_measured
+    finally:
+        proc.kill()
+        await proc.wait()

@@ -256,6 +256,8 @@ class AlertsComponent:
         """Evaluate every rule on this tick: the sample and the jobs and models of the same tick."""
         agent = self.agent
         observations = self.engine.observe(tick.telemetry, tick.jobs, tick.model_list())
+        if agent.store.notice:  # state.db was corrupt or lost at this start: a badge on the machine row, until the next start
+            observations.append(Observation("state_lost", "machine", True, False, 0.0, "critical", agent.store.notice))
         fired, cleared = self.engine.evaluate(tick.telemetry.t, observations, self._new_alert)
         if cleared:
             with agent.store.transaction() as db:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 
 import pytest
+import yaml
 
 from agents.lab import Model, load_lab
 from agents.orchestra.engine import GIB, Engine
@@ -15,6 +17,9 @@ from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, Slot
 from agents.protocol import GpuProcess, GpuSample, Telemetry
 from agents.states import ModelState
 from console.client import FleetClient
+from tests.conftest import wait_for
+from tests.hardening_fixtures import connected, start_agent, wait_listening
+from tests.test_hardening_files import _ran_once, wait_exit
 from tests.test_orchestra import pool_lab, run_pool, settle, sim_model  # noqa: F401 (run_pool is a fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -66,3 +71,30 @@ async def test_pool_vram_follows_nvml_per_process_memory_and_a_sleeping_residual
     finally:
         proc.kill()
         await proc.wait()
+
+
+async def test_a_corrupt_state_db_is_a_critical_alert_consoles_see(small_demo):
+    small_demo.stop()
+    state = small_demo.dir / "agents" / "box"
+    await _ran_once(small_demo.lab_path, state)
+    db = state / "state.db"
+    data = db.read_bytes()
+    db.write_bytes(data[:100] + os.urandom(4096) + data[4196:])
+    proc = start_agent(small_demo.lab_path, state)
+    try:
+        wait_listening("127.0.0.1", yaml.safe_load(small_demo.lab_path.read_text())["machines"][0]["port"], proc)
+        client = await connected(small_demo.lab_path)
+        try:
+            def state_lost() -> list[dict]:
+                return [a for a in client.state.machines["box"].alerts.active if a.rule == "state_lost"]
+
+            await wait_for(lambda: bool(state_lost()), timeout=30)
+            alert = state_lost()[0]
+            assert alert.level == "critical" and "corrupt" in alert.message and "moved aside" in alert.message
+            listed = await client.call("box", "alerts.list", {"active": True})
+            assert any(a["rule"] == "state_lost" for a in listed["alerts"])
+        finally:
+            await client.stop()
+    finally:
+        proc.terminate()
+        assert wait_exit(proc, 30) == 0

@@ -292,3 +292,22 @@ async def test_an_adapter_vllm_refuses_is_merged_on_the_warm_models_engine(clien
         await asyncio.sleep(0.5)
     assert state["state"] == "warm", state
     await client.call("box", "models.cold", {"model": served["model"]}, timeout=30)
+
+
+async def test_delete_and_prune_refuse_a_run_that_is_a_symlink_out_of_the_watched_folder(client, hand_runs, tmp_path):
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(hand_runs / "exp1", outside, symlinks=True)
+    (hand_runs / "exp-link").symlink_to(outside, target_is_directory=True)
+
+    async def linked() -> bool:
+        return any(r["run"] == "exp-link" for r in await client.call("box", "checkpoints.runs"))
+
+    deadline = time.monotonic() + 30
+    while not await linked() and time.monotonic() < deadline:
+        await asyncio.sleep(0.3)
+    refused = await error_of(client, "checkpoints.delete", {"run": "exp-link", "step": 1})
+    assert refused.code == ErrorCode.CONFLICT and "symlink" in refused.message
+    refused = await error_of(client, "checkpoints.prune", {"run": "exp-link", "keep_last": 1})
+    assert refused.code == ErrorCode.CONFLICT and "symlink" in refused.message
+    assert sorted(p.name for p in outside.glob("checkpoint-*")) == sorted(p.name for p in (hand_runs / "exp1").glob("checkpoint-*"))
+    (hand_runs / "exp-link").unlink()

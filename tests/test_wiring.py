@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import time
 
@@ -17,8 +18,9 @@ from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, Slot
 from agents.protocol import GpuProcess, GpuSample, Telemetry
 from agents.states import ModelState
 from console.client import FleetClient
+from console.demo import DemoLab
 from tests.conftest import wait_for
-from tests.hardening_fixtures import connected, start_agent, wait_listening
+from tests.hardening_fixtures import connected, one_machine_lab, start_agent, wait_listening
 from tests.test_hardening_files import _ran_once, wait_exit
 from tests.test_orchestra import pool_lab, run_pool, settle, sim_model  # noqa: F401 (run_pool is a fixture)
 
@@ -93,6 +95,42 @@ async def test_a_corrupt_state_db_is_a_critical_alert_consoles_see(small_demo):
             assert alert.level == "critical" and "corrupt" in alert.message and "moved aside" in alert.message
             listed = await client.call("box", "alerts.list", {"active": True})
             assert any(a["rule"] == "state_lost" for a in listed["alerts"])
+        finally:
+            await client.stop()
+    finally:
+        proc.terminate()
+        assert wait_exit(proc, 30) == 0
+
+
+async def test_kill_9_of_the_agent_while_a_model_loads_is_said_after_the_restart(tmp_path):
+    demo = DemoLab(tmp_path / "run", source=one_machine_lab(tmp_path / "lab.yaml", models=[
+        {"name": "slow", "path": str(tmp_path / "models" / "slow"), "engine": "sim", "machine": "box", "gpus": [0], "vram_gib": 2,
+         "sim": {"load_s": 60, "warmup_s": 0.1, "placeholder_mib": 1}}]))
+    demo.start()
+    demo.wait_listening()
+    demo.stop()  # keys and state in place; the agent runs as a process of this test, to be killed
+    lab_path, state = demo.lab_path, demo.dir / "agents" / "box"
+    port = yaml.safe_load(lab_path.read_text())["machines"][0]["port"]
+    proc = start_agent(lab_path, state)
+    try:
+        wait_listening("127.0.0.1", port, proc)
+        client = await connected(lab_path)
+        try:
+            await client.call("box", "models.warm", {"model": "slow"})
+            await wait_for(lambda: (m := client.state.machines["box"].models) is not None and any(
+                x.name == "slow" and x.progress is not None and x.progress.phase == "loading" for x in m.models), timeout=30)
+        finally:
+            await client.stop()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the agent, not its engine (the engine has a session of its own)
+        proc.wait()
+    proc = start_agent(lab_path, state)
+    try:
+        wait_listening("127.0.0.1", port, proc)
+        client = await connected(lab_path)
+        try:
+            slow = await client.call("box", "models.get", {"model": "slow"})
+            assert slow["state"] == "failed" and "restarted while loading" in slow["error"]["message"], slow
         finally:
             await client.stop()
     finally:

@@ -13,10 +13,12 @@ from agents.lab import Alerts
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError, Role, Telemetry
 from agents.sections import AlertInfo, AlertsSection, JobInfo, ModelInfo, Tick
 from agents.states import JOB_ACTIVE, JobState, ModelState
+from agents.store import DiskFull
 
 if TYPE_CHECKING:
     from agents.agent import Agent
 
+DISK_FULL_HOLD_S = 60.0  # a state.db write that failed for want of space keeps the disk alert up this long
 log = logging.getLogger("cetlab.alerts")
 
 SECTION_RECENT = 10  # cleared alerts kept in the section; the rest through alerts.list
@@ -230,6 +232,7 @@ class AlertsComponent:
         self.agent: Agent | None = None
         self.engine: AlertEngine | None = None
         self._section = AlertsSection()
+        self._unsaved = 0  # numbers (negative) of alerts state.db had no room for
 
     async def start(self, agent: Agent) -> None:
         self.agent = agent
@@ -248,14 +251,23 @@ class AlertsComponent:
     def _new_alert(self, obs: Observation, t: float) -> Alert:
         fields = dict(rule=obs.rule, target=obs.target, level=obs.level, message=obs.message, value=obs.value,
                       threshold=obs.threshold, gpu=obs.gpu, job=obs.job, model=obs.model, fired_at=t)
-        with self.agent.store.transaction() as db:
-            n = db.execute(f"INSERT INTO alerts ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})", tuple(fields.values())).lastrowid
+        try:
+            with self.agent.store.transaction() as db:
+                n = db.execute(f"INSERT INTO alerts ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})",
+                               tuple(fields.values())).lastrowid
+        except DiskFull:  # the alert that says so must not be lost to the full disk: shown, not kept in the history
+            self._unsaved -= 1
+            n = self._unsaved
         return Alert(n=n, machine=self.agent.machine.name, **fields)
 
     def on_tick(self, tick: Tick) -> None:
         """Evaluate every rule on this tick: the sample and the jobs and models of the same tick."""
         agent = self.agent
         observations = self.engine.observe(tick.telemetry, tick.jobs, tick.model_list())
+        # a write to state.db failed for want of space lately (the ledger's, an action's ...)
+        store = agent.store
+        full = store.full_at is not None and tick.telemetry.t - store.full_at < DISK_FULL_HOLD_S
+        observations.append(Observation("disk_full", "state.db", full, not full, 0.0, "critical", store.disk_full or "state.db writes"))
         if agent.store.notice:  # state.db was corrupt or lost at this start: a badge on the machine row, until the next start
             observations.append(Observation("state_lost", "machine", True, False, 0.0, "critical", agent.store.notice))
         fired, cleared = self.engine.evaluate(tick.telemetry.t, observations, self._new_alert)

@@ -136,3 +136,40 @@ async def test_kill_9_of_the_agent_while_a_model_loads_is_said_after_the_restart
     finally:
         proc.terminate()
         assert wait_exit(proc, 30) == 0
+
+
+async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_path, caplog):
+    from agents.agent import Agent
+    from agents.alerts import AlertsComponent
+    from agents.costs import CostsComponent
+    from agents.lab import parse_lab
+    from agents.protocol import Role
+    from agents.rpc import Peer
+    from agents.store import Store
+
+    lab = parse_lab("lab: t\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
+    alerts, costs = AlertsComponent(), CostsComponent()
+    agent = Agent(lab, "box", tmp_path, components=[costs, alerts])
+    agent.store = Store(tmp_path / "state.db")
+    for component in (costs, alerts):
+        await component.start(agent)
+    agent.store.execute("CREATE TABLE filler (blob BLOB)")
+
+    @agent.rpc.method("test.write", role=Role.VIEWER)
+    async def write(peer, params) -> dict:
+        with agent.store.transaction() as db:
+            db.execute("INSERT INTO filler VALUES (?)", (os.urandom(64 * 1024),))
+        return {}
+
+    agent._tick()
+    # SQLite's own SQLITE_FULL: state.db may not grow by one more page
+    pages = agent.store.query("PRAGMA page_count")[0]["page_count"]
+    agent.store.query(f"PRAGMA max_page_count = {pages}")
+    answer = await agent.rpc.dispatch(Peer(role=Role.VIEWER, who="test", send=lambda line: None), {"id": 1, "method": "test.write"})
+    assert answer["error"]["code"] == "unavailable" and answer["error"]["message"].startswith("disk full"), answer
+    for _ in range(3):
+        agent._tick()
+    (alert,) = [a for a in alerts.section().active if a.rule == "disk_full"]
+    assert alert.level == "critical" and alert.target == "state.db" and "disk full" in alert.message
+    assert not [r for r in caplog.records if r.exc_info]  # said, never a traceback
+    agent.store.close()

@@ -15,6 +15,7 @@ Sections and their models (``SECTION_MODELS``):
     costs       CostsSummary | null    null until the first tick is booked
     alerts      AlertsSection
     audit       AuditSection
+    gateway     GatewaySection | null  only on the gateway's machine: traffic per model, provider spend, keys
 
 Shape changes against the untyped sections (kept as small as the console allows):
 - ``jobs[].diverged_at_step`` and ``jobs[].progress_problem`` are new (issue 11: a diverged
@@ -313,6 +314,63 @@ class AuditSection(Section):
     last_t: Finite = None
 
 
+# ---------------------------------------------------------------------------- gateway (on the gateway's machine)
+
+
+class GatewayModelFigures(Section):
+    """One model as the gateway sees it: its traffic over the last minute and what it caused."""
+
+    name: str
+    tier: str  # local | provider
+    where: str | None = None  # machine or provider
+    state: str | None = None  # the pool's state for local models
+    simulated: bool = False
+    rps: FiniteFloat = 0.0
+    in_flight: int = 0
+    queued: int = 0
+    p50_latency_s: Finite = None
+    p95_latency_s: Finite = None
+    p50_ttft_s: Finite = None
+    p95_ttft_s: Finite = None
+    requests: int = 0  # since the agent started
+    wakes: int = 0  # bring-ups the gateway caused
+    errors: int = 0
+
+
+class ProviderSpend(Section):
+    """A provider's spend against its monthly budget (alerts fire at 80% and 100%)."""
+
+    name: str
+    simulated: bool = False
+    spend_today: FiniteFloat = 0.0
+    spend_month: FiniteFloat = 0.0
+    monthly_budget: Finite = None
+    budget_pct: Finite = None
+    key_set: bool = True  # its api_key_env is set in the agent's environment (or none is needed)
+
+
+class KeyUse(Section):
+    name: str
+    revoked: bool = False
+    rpm: int | None = None
+    tokens_per_day: int | None = None
+    requests: int = 0
+    requests_last_minute: int = 0
+    tokens_today: int = 0
+    last_used: Finite = None
+
+
+class GatewaySection(Section):
+    url: str | None = None  # None until it listens
+    machine: str
+    error: str | None = None  # why it does not serve
+    currency: str = "USD"
+    peers: dict[str, str] = Field(default_factory=dict)  # machine -> online | offline | refused | untrusted ...
+    models: list[GatewayModelFigures] = Field(default_factory=list)
+    providers: list[ProviderSpend] = Field(default_factory=list)
+    keys: list[KeyUse] = Field(default_factory=list)
+
+
 # ---------------------------------------------------------------------------- the tick
 
 
@@ -326,6 +384,7 @@ SECTION_MODELS: dict[str, Any] = {
     "costs": CostsSummary | None,
     "alerts": AlertsSection,
     "audit": AuditSection,
+    "gateway": GatewaySection | None,
 }
 
 

@@ -12,7 +12,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from agents.lab import Lab, Machine
 from agents.protocol import GpuSample, HostSample
-from agents.sections import SECTION_MODELS, AlertsSection, AuditSection, CostsSummary, GpuStatus, JobInfo, ModelInfo, ModelsSection, RunSummary
+from agents.sections import (SECTION_MODELS, AlertsSection, AuditSection, CostsSummary, GatewaySection, GpuStatus, JobInfo, ModelInfo,
+                             ModelsSection, RunSummary)
 
 log = logging.getLogger("cetlab.state")
 
@@ -41,6 +42,7 @@ class MachineView:
     costs: CostsSummary | None = None
     alerts: AlertsSection = field(default_factory=AlertsSection)
     audit: AuditSection = field(default_factory=AuditSection)
+    gateway: GatewaySection | None = None  # only from the gateway's machine
     problems: dict[str, str] = field(default_factory=dict)  # section -> why the agent's last value of it was refused
     series: dict[str, deque] = field(default_factory=dict)  # "gpu0.util_pct" -> values
     version: int = 0  # bumped on every change; screens redraw what moved

@@ -173,3 +173,18 @@ async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_
     assert alert.level == "critical" and alert.target == "state.db" and "disk full" in alert.message
     assert not [r for r in caplog.records if r.exc_info]  # said, never a traceback
     agent.store.close()
+
+
+def test_the_gateway_section_is_listed_and_parsed_like_every_other_section():
+    from agents.lab import parse_lab
+    from agents.sections import SECTION_MODELS, GatewaySection
+    from console.state import MachineView
+
+    assert SECTION_MODELS["gateway"] == GatewaySection | None
+    lab = parse_lab("lab: t\nmachines: [{name: box, gpus: none}]\n")
+    view = MachineView(lab.machines[0])
+    spend = {"name": "openai", "spend_month": 8.5, "monthly_budget": 10.0, "budget_pct": 85.0}
+    view.apply_section("gateway", {"machine": "box", "url": "http://127.0.0.1:1/v1", "providers": [spend]})
+    assert isinstance(view.gateway, GatewaySection) and view.gateway.providers[0].budget_pct == 85.0
+    view.apply_section("gateway", {"machine": "box", "models": [{"name": "m", "tier": "local", "rps": "nan"}]})
+    assert "gateway.models.0.rps" in view.problems["gateway"]  # numbers on the wire are finite or null

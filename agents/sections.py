@@ -405,6 +405,7 @@ class Tick:
     telemetry: Telemetry
     jobs: list[JobInfo]
     models: ModelsSection | None
+    gateway: GatewaySection | None = None  # only on the gateway's machine
 
     def model_list(self) -> list[ModelInfo]:
         return self.models.models if self.models is not None else []

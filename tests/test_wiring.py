@@ -188,3 +188,24 @@ def test_the_gateway_section_is_listed_and_parsed_like_every_other_section():
     assert isinstance(view.gateway, GatewaySection) and view.gateway.providers[0].budget_pct == 85.0
     view.apply_section("gateway", {"machine": "box", "models": [{"name": "m", "tier": "local", "rps": "nan"}]})
     assert "gateway.models.0.rps" in view.problems["gateway"]  # numbers on the wire are finite or null
+
+
+def test_provider_budget_alerts_fire_at_80_and_100_percent_from_the_gateway_section():
+    from agents.alerts import AlertEngine
+    from agents.lab import Alerts
+    from agents.sections import GatewaySection, ProviderSpend
+
+    engine = AlertEngine(Alerts())
+    telemetry = Telemetry(machine="hub", t=1000.0)
+
+    def fired(pct: float) -> set[tuple[str, str]]:
+        spend = ProviderSpend(name="pricey", spend_month=pct / 100 * 20, monthly_budget=20.0, budget_pct=pct)
+        observations = engine.observe(telemetry, gateway=GatewaySection(machine="hub", providers=[spend]))
+        engine.evaluate(telemetry.t, observations, lambda obs, t: obs)
+        return {(a.rule, a.level) for a in engine.active()}
+
+    assert fired(50.0) == set()
+    assert fired(87.0) == {("budget_80", "warning")}
+    assert fired(104.0) == {("budget_80", "warning"), ("budget_100", "critical")}
+    (critical,) = [a for a in engine.active() if a.rule == "budget_100"]
+    assert "pricey: 104% of its monthly budget spent (20.80 of 20.00 USD)" == critical.message

@@ -29,7 +29,7 @@ from agents.protocol import (
     Telemetry,
 )
 from agents.rpc import Peer, Registry
-from agents.sections import GpuStatus, ModelsSection, Tick
+from agents.sections import GatewaySection, GpuStatus, ModelsSection, Tick
 from agents.store import Store
 from agents.history import History
 from agents.telemetry.host import HostSampler
@@ -218,7 +218,9 @@ class Agent:
                     log.exception("%s.on_telemetry failed", component.name)
         owned = self._sections(c for c in self.components if not hasattr(c, "on_tick"))
         models = owned.get("models")
-        tick = Tick(telemetry, owned.get("jobs") or [], models if isinstance(models, ModelsSection) else None)
+        gateway = owned.get("gateway")
+        tick = Tick(telemetry, owned.get("jobs") or [], models if isinstance(models, ModelsSection) else None,
+                    gateway if isinstance(gateway, GatewaySection) else None)
         for component in self.components:  # phase two: the readers see this same tick
             if hasattr(component, "on_tick"):
                 try:

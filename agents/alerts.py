@@ -11,12 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.lab import Alerts
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError, Role, Telemetry
-from agents.sections import AlertInfo, AlertsSection, JobInfo, ModelInfo, Tick
+from agents.sections import AlertInfo, AlertsSection, GatewaySection, JobInfo, ModelInfo, Tick
 from agents.states import JOB_ACTIVE, JobState, ModelState
+from agents.store import DiskFull
 
 if TYPE_CHECKING:
     from agents.agent import Agent
 
+BUDGET_ALERTS = ((80.0, "warning"), (100.0, "critical"))  # a provider's month spend against its monthly budget (gateway)
+DISK_FULL_HOLD_S = 60.0  # a state.db write that failed for want of space keeps the disk alert up this long
 log = logging.getLogger("cetlab.alerts")
 
 SECTION_RECENT = 10  # cleared alerts kept in the section; the rest through alerts.list
@@ -99,7 +102,8 @@ class AlertEngine:
     tracks: dict[tuple[str, str], _Track] = field(default_factory=dict)
     best: dict[str, _LossBest] = field(default_factory=dict)
 
-    def observe(self, telemetry: Telemetry, jobs: list[JobInfo] | None = None, models: list[ModelInfo] | None = None) -> list[Observation]:
+    def observe(self, telemetry: Telemetry, jobs: list[JobInfo] | None = None, models: list[ModelInfo] | None = None,
+                gateway: GatewaySection | None = None) -> list[Observation]:
         """Every rule's view of this tick."""
         s = self.settings
         low, high = 1 - s.hysteresis_pct / 100, 1 + s.hysteresis_pct / 100
@@ -155,6 +159,15 @@ class AlertEngine:
             out.append(Observation(
                 "engine_failed", f"model {model.name}", failed, not failed, 0.0, "critical",
                 f"model {model.name}: engine failed" + (f": {reason}" if reason else ""), model=model.name))
+        for provider in gateway.providers if gateway is not None else []:
+            pct = provider.budget_pct
+            if pct is None or not provider.monthly_budget:
+                continue
+            for threshold, level in BUDGET_ALERTS:
+                out.append(Observation(
+                    f"budget_{threshold:g}", f"provider {provider.name}", pct >= threshold, pct < threshold, 0.0, level,
+                    f"{provider.name}: {pct:.0f}% of its monthly budget spent ({provider.spend_month:.2f} of "
+                    f"{provider.monthly_budget:.2f} {gateway.currency})", round(pct, 1), threshold))
         host = telemetry.host
         if host.disk_total_bytes and host.disk_used_bytes is not None:
             free = (1 - host.disk_used_bytes / host.disk_total_bytes) * 100
@@ -230,6 +243,7 @@ class AlertsComponent:
         self.agent: Agent | None = None
         self.engine: AlertEngine | None = None
         self._section = AlertsSection()
+        self._unsaved = 0  # numbers (negative) of alerts state.db had no room for
 
     async def start(self, agent: Agent) -> None:
         self.agent = agent
@@ -248,14 +262,25 @@ class AlertsComponent:
     def _new_alert(self, obs: Observation, t: float) -> Alert:
         fields = dict(rule=obs.rule, target=obs.target, level=obs.level, message=obs.message, value=obs.value,
                       threshold=obs.threshold, gpu=obs.gpu, job=obs.job, model=obs.model, fired_at=t)
-        with self.agent.store.transaction() as db:
-            n = db.execute(f"INSERT INTO alerts ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})", tuple(fields.values())).lastrowid
+        try:
+            with self.agent.store.transaction() as db:
+                n = db.execute(f"INSERT INTO alerts ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})",
+                               tuple(fields.values())).lastrowid
+        except DiskFull:  # the alert that says so must not be lost to the full disk: shown, not kept in the history
+            self._unsaved -= 1
+            n = self._unsaved
         return Alert(n=n, machine=self.agent.machine.name, **fields)
 
     def on_tick(self, tick: Tick) -> None:
         """Evaluate every rule on this tick: the sample and the jobs and models of the same tick."""
         agent = self.agent
-        observations = self.engine.observe(tick.telemetry, tick.jobs, tick.model_list())
+        observations = self.engine.observe(tick.telemetry, tick.jobs, tick.model_list(), tick.gateway)
+        # a write to state.db failed for want of space lately (the ledger's, an action's ...)
+        store = agent.store
+        full = store.full_at is not None and tick.telemetry.t - store.full_at < DISK_FULL_HOLD_S
+        observations.append(Observation("disk_full", "state.db", full, not full, 0.0, "critical", store.disk_full or "state.db writes"))
+        if agent.store.notice:  # state.db was corrupt or lost at this start: a badge on the machine row, until the next start
+            observations.append(Observation("state_lost", "machine", True, False, 0.0, "critical", agent.store.notice))
         fired, cleared = self.engine.evaluate(tick.telemetry.t, observations, self._new_alert)
         if cleared:
             with agent.store.transaction() as db:

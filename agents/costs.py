@@ -16,7 +16,7 @@ from agents.lab import Lab, Machine
 from agents.protocol import Telemetry
 from agents.sections import CostsSummary, JobInfo, ModelInfo, Tick
 from agents.states import JOB_HOLDS_GPU, MODEL_HOLDS_GPU
-from agents.store import Store
+from agents.store import DiskFull, Store
 
 if TYPE_CHECKING:
     from agents.agent import Agent
@@ -281,6 +281,7 @@ class CostsComponent:
         self.ledger: Ledger | None = None
         self._summary: CostsSummary | None = None
         self.now: dict[str, Any] = {}
+        self._unbooked = False  # the last tick could not be booked (a full disk)
 
     async def start(self, agent: Agent) -> None:
         self.agent = agent
@@ -300,7 +301,14 @@ class CostsComponent:
         telemetry = tick.telemetry
         models = tick.model_list()
         holders = gpu_holders(tick.jobs, models)
-        self.ledger.add(telemetry.t, readings(telemetry, self.agent.machine, holders), token_counts(models))
+        try:
+            self.ledger.add(telemetry.t, readings(telemetry, self.agent.machine, holders), token_counts(models))
+        except DiskFull as exc:  # the disk alert says it on consoles; the log says it once per episode, not every tick
+            if not self._unbooked:
+                log.error("the ledger cannot book: %s", exc)
+            self._unbooked = True
+        else:
+            self._unbooked = False
         self.now = self.rate_now(telemetry)
         today, month = self._windows(telemetry.t)
         self._summary = CostsSummary(

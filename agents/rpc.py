@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable, Protocol
 from pydantic import BaseModel, ValidationError
 
 from agents.protocol import ErrorCode, MethodSpec, RemoteError, Role, encode
+from agents.store import DiskFull
 
 log = logging.getLogger("cetlab.rpc")
 
@@ -127,6 +128,8 @@ class Registry:
             return {"id": request_id, "result": await self._dispatch(peer, request)}
         except RemoteError as exc:
             return {"id": request_id, "error": exc.to_wire()}
+        except DiskFull as exc:  # not a bug: the machine's disk is full, and the operator must hear exactly that
+            return {"id": request_id, "error": {"code": ErrorCode.UNAVAILABLE.value, "message": str(exc)}}
         except Exception:  # a bug: full story in the log, a typed error on the wire
             log.exception("handler failed for request %.200r", request)
             return {"id": request_id, "error": {"code": ErrorCode.INTERNAL.value, "message": "internal error; see the agent's log"}}
@@ -164,6 +167,9 @@ class Registry:
             return result
         except RemoteError as exc:
             response = {"error": exc.to_wire()}
+            raise
+        except DiskFull as exc:
+            response = {"error": {"code": ErrorCode.UNAVAILABLE.value, "message": str(exc)}}
             raise
         except Exception:
             response = {"error": {"code": ErrorCode.INTERNAL.value, "message": "internal error"}}

@@ -160,6 +160,7 @@ class ModelInfo(Section):
     since: FiniteFloat
     gpus: list[int] = Field(default_factory=list)
     vram_bytes: int = 0
+    vram_measured: bool = False  # vram_bytes is NVML's figure for the engine's processes, not the estimate
     cached_fraction: Finite = None
     size_bytes: int = 0
     load_s: Finite = None
@@ -417,6 +418,7 @@ class Tick:
     telemetry: Telemetry
     jobs: list[JobInfo]
     models: ModelsSection | None
+    gateway: GatewaySection | None = None  # only on the gateway's machine
 
     def model_list(self) -> list[ModelInfo]:
         return self.models.models if self.models is not None else []

@@ -20,6 +20,14 @@ class StoreError(Exception):
     """state.db cannot be opened or written (a full disk, permissions); str() says what to do."""
 
 
+class DiskFull(StoreError):
+    """A write to state.db failed for want of space (SQLITE_FULL)."""
+
+
+def _is_full(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorname", None) == "SQLITE_FULL" or "disk is full" in str(exc)
+
+
 def _is_corrupt(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorname", None) in _CORRUPT or "malformed" in str(exc) or "not a database" in str(exc)
 
@@ -32,6 +40,8 @@ class Store:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = path
         self.notice: str | None = None  # set when the state was lost or moved aside at this start
+        self.disk_full: str | None = None  # the last write that failed for want of space, said for consoles
+        self.full_at: float | None = None  # when it failed (a full disk lets small writes through now and then)
         marker = path.with_name(path.name + CREATED_MARKER_SUFFIX)
         had_state = path.exists() and path.stat().st_size > 0
         if not had_state and marker.exists():
@@ -101,13 +111,24 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        self.db.execute("BEGIN IMMEDIATE")
+        """One write transaction; a full disk raises DiskFull (saying so) and records it in ``disk_full`` and ``full_at``."""
         try:
-            yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if not _is_full(exc):
+                raise
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            self.disk_full = f"disk full: {self.path} cannot be written ({exc}); free disk space on this machine"
+            self.full_at = time.time()
+            raise DiskFull(self.disk_full) from None
 
     def execute(self, sql: str, args: tuple | dict = ()) -> sqlite3.Cursor:
         return self.db.execute(sql, args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from agents.lab import load_lab
 from agents.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from console.demo import DemoLab
-from tests.conftest import wait_for
+from tests.conftest import HOUR_S, age, wait_for
 
 PY = sys.executable
 V100 = {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250}
@@ -251,3 +252,62 @@ async def test_serve_an_adapter_into_a_warm_model_and_merged_on_transformers(cli
     in_use = await error_of(client, "checkpoints.delete", {"run": "exp1", "step": 8, "confirm_special": True})
     assert in_use.code == ErrorCode.CONFLICT and f"served by model {name}" in in_use.message
     await client.call("box", "models.cold", {"model": name}, timeout=30)
+
+
+async def test_an_adapter_vllm_refuses_is_merged_on_the_warm_models_engine(client, lab, hand_runs, tiny_model):
+    """modules_to_save (the demo recipe trains embed_tokens and lm_head): vLLM cannot hot-load it, so serve merges it."""
+    from safetensors.torch import load_file, save_file
+    await wait_for(lambda: any(m.name == "tiny-sim" and m.state == "warm" for m in client.state.machines["box"].model_list), timeout=60)
+    run = hand_runs / "exp-mts"
+    run.mkdir()
+    shutil.copytree(hand_runs / "exp1" / "checkpoint-4", run / "checkpoint-4")
+    config_file = run / "checkpoint-4" / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "modules_to_save": ["embed_tokens", "lm_head"]}))
+    # the whole modules such an adapter carries (PEFT's key names), here the base's own weights
+    base = load_file(tiny_model / "model.safetensors")
+    weights = load_file(run / "checkpoint-4" / "adapter_model.safetensors")
+    embed = base["model.embed_tokens.weight"]
+    weights["base_model.model.model.embed_tokens.weight"] = embed.clone()
+    weights["base_model.model.lm_head.weight"] = base.get("lm_head.weight", embed).clone()
+    save_file(weights, run / "checkpoint-4" / "adapter_model.safetensors")
+    age(run / "checkpoint-4", HOUR_S)
+
+    async def discovered() -> bool:
+        return any(r["run"] == "exp-mts" for r in await client.call("box", "checkpoints.runs"))
+
+    deadline = time.monotonic() + 30
+    while not await discovered() and time.monotonic() < deadline:
+        await asyncio.sleep(0.3)
+    served = await client.call("box", "checkpoints.serve", {"run": "exp-mts", "step": 4})
+    assert served["mode"] == "merged" and served["engine"] == "sim", served
+    assert "modules_to_save" in served["why_merged"] and "embed_tokens" in served["why_merged"]
+
+    async def serving() -> dict:
+        listing = await client.call("box", "checkpoints.list", {"run": "exp-mts"})
+        return next(c for c in listing["checkpoints"] if c["step"] == 4)["serving"]
+
+    deadline = time.monotonic() + 200
+    while (state := await serving())["state"] not in ("warm", "failed") and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    assert state["state"] == "warm", state
+    await client.call("box", "models.cold", {"model": served["model"]}, timeout=30)
+
+
+async def test_delete_and_prune_refuse_a_run_that_is_a_symlink_out_of_the_watched_folder(client, hand_runs, tmp_path):
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(hand_runs / "exp1", outside, symlinks=True)
+    (hand_runs / "exp-link").symlink_to(outside, target_is_directory=True)
+
+    async def linked() -> bool:
+        return any(r["run"] == "exp-link" for r in await client.call("box", "checkpoints.runs"))
+
+    deadline = time.monotonic() + 30
+    while not await linked() and time.monotonic() < deadline:
+        await asyncio.sleep(0.3)
+    refused = await error_of(client, "checkpoints.delete", {"run": "exp-link", "step": 1})
+    assert refused.code == ErrorCode.CONFLICT and "symlink" in refused.message
+    refused = await error_of(client, "checkpoints.prune", {"run": "exp-link", "keep_last": 1})
+    assert refused.code == ErrorCode.CONFLICT and "symlink" in refused.message
+    assert sorted(p.name for p in outside.glob("checkpoint-*")) == sorted(p.name for p in (hand_runs / "exp1").glob("checkpoint-*"))
+    (hand_runs / "exp-link").unlink()

@@ -270,7 +270,9 @@ async def test_budget_alerts_and_refusal_past_100_percent(gw):
         assert (await gw.chat("premium", max_tokens=10))[0] == 200
         await wait_for(lambda: any(n.get("level") == "warning" and "87% of its monthly budget" in n.get("message", "") for n in notices))
         assert (await gw.chat("premium", max_tokens=10))[0] == 200
-        await wait_for(lambda: any(n.get("level") == "error" and "pricey" in n.get("message", "") for n in notices))
+        await wait_for(lambda: any(n.get("level") == "critical" and "pricey" in n.get("message", "") for n in notices))
+        rules = {(a["rule"], a["target"]) for a in (await listener.call("hub", "alerts.list", {"active": True}))["alerts"]}
+        assert {("budget_80", "provider pricey"), ("budget_100", "provider pricey")} <= rules  # real alerts, on the gateway's machine
         status, body, _ = await gw.chat("premium")
     assert status == 429 and body["error"]["code"] == "budget_exceeded"
     spend = next(p for p in (await gw.status())["providers"] if p["name"] == "pricey")

@@ -7,7 +7,6 @@ import signal
 import socket
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,8 +17,7 @@ import yaml
 from agents.keys import AUTHORIZED_KEYS_NAME, ensure_key
 from agents.lab import load_lab
 from console.cli_jobs import job_human
-from console.demo import DemoLab, free_ports
-from tests.conftest import wait_for
+from console.demo import free_ports
 from tests.hardening_fixtures import PY, connected, one_machine_lab, start_agent, wait_listening
 
 ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(

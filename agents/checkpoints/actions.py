@@ -36,6 +36,13 @@ class ActionsMixin:
             shutil.rmtree(path)
         self.scanner.forget(str(path))
 
+    @staticmethod
+    def _refuse_linked(run: Run) -> None:
+        """A run reached through a symlink lives outside the watched folders: cetlab deletes nothing there."""
+        if run.link is not None:
+            raise RemoteError(ErrorCode.CONFLICT, f"run {run.name} is the symlink {run.link} -> {run.path}, outside the watched folders; "
+                              "cetlab does not delete through symlinks: delete there by hand")
+
     def _forget(self, paths: list[str]) -> None:
         with self.agent.store.transaction() as db:
             db.executemany("DELETE FROM checkpoint_flags WHERE path=?", [(p,) for p in paths])
@@ -43,6 +50,7 @@ class ActionsMixin:
 
     async def delete(self, peer: Peer, params: DeleteParams) -> dict[str, Any]:
         run = await self.run(params.run)
+        self._refuse_linked(run)
         ckpt = run.by_step(params.step)
         if ckpt.in_use:
             raise RemoteError(ErrorCode.CONFLICT, f"checkpoint {ckpt.step} of {run.name} is in use: {ckpt.in_use}")
@@ -62,6 +70,7 @@ class ActionsMixin:
 
     async def prune(self, peer: Peer, params: PruneParams) -> dict[str, Any]:
         run = await self.run(params.run)
+        self._refuse_linked(run)
         complete = [c for c in run.checkpoints if c.complete]
         last = {c.path for c in complete[-params.keep_last:]} if params.keep_last else set()
         kept, deleted, skipped = [], [], []

@@ -32,6 +32,7 @@ class Run:
     job_state: str | None = None
     wall_s: float | None = None
     problem: str | None = None  # its progress.json is bad
+    link: Path | None = None  # the watched folder's entry when it is a symlink to this run (delete and prune refuse it)
     checkpoints: list[Checkpoint] = field(default_factory=list)
     live_loss: list[list] = field(default_factory=list)  # the job's loss beyond its newest checkpoint
 
@@ -113,6 +114,7 @@ class Scanner:
     def scan(self, roots: list[tuple[Path, str | None]], jobs: dict[Path, JobView], kept: set[str], now: float) -> dict[str, Run]:
         """Every run under the roots (runs in a thread: it reads no live state, only its arguments)."""
         found: dict[Path, str | None] = {}
+        links: dict[Path, Path] = {}
         for root, recipe in roots:
             root = root.resolve()
             if checkpoint_dirs(root):
@@ -125,14 +127,16 @@ class Scanner:
             for sub in subdirs:
                 if checkpoint_dirs(sub):
                     found.setdefault(sub.resolve(), recipe)
+                    if sub.is_symlink():
+                        links.setdefault(sub.resolve(), sub)
         paths = sorted(found)
-        names = unique_names([safe_name(jobs[p].id if p in jobs else p.name) for p in paths])
+        names = unique_names([safe_name(jobs[p].id if p in jobs else links.get(p, p).name) for p in paths])  # a link: the name it has here
         runs: dict[str, Run] = {}
         seen: set[str] = set()
         for path, name in zip(paths, names):
             job = jobs.get(path)
             run = Run(name=name, path=path, job=job.id if job else None, recipe=job.recipe if job else found[path],
-                      job_state=job.state if job else None)
+                      job_state=job.state if job else None, link=links.get(path))
             reports = self._reports(run, job)
             for folder in sorted(checkpoint_dirs(path), key=lambda p: (int(CHECKPOINT_RE.match(p.name).group(2)), p.name)):
                 seen.add(str(folder))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from agents.checkpoints.discovery import Run, safe_name
 from agents.checkpoints.parsing import Checkpoint
 from agents.lab import Model
-from agents.orchestra.engine import EngineDown, EngineRequestFailed
+from agents.orchestra.engine import EngineDown, EngineRequestFailed, adapter_problem
 from agents.orchestra.slot import ADAPTER_ENGINES
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError
 from agents.rpc import Peer
@@ -56,13 +56,18 @@ class ServingMixin:
         named = pool.slot(params.model) if params.model else None
         if ckpt.kind == "adapter":
             target = named or (pool.adapter_host(Path(ckpt.base_model)) if ckpt.base_model else None)
+            why_merged = None
             if target is not None and target.model.engine in ADAPTER_ENGINES:
-                return await self._load_adapter(peer, run, ckpt, target)
+                # vLLM refuses some adapters (modules_to_save, rank, no --enable-lora): merge those instead of failing
+                why_merged = adapter_problem(Path(ckpt.path), target.model)
+                if why_merged is None:
+                    return await self._load_adapter(peer, run, ckpt, target)
+                named = target
             base = str(named.path) if named is not None else ckpt.base_model
             if not base or not Path(base).is_dir():
                 raise RemoteError(ErrorCode.UNAVAILABLE, f"the adapter's base model {base!r} is not a folder on {self.agent.machine.name}; "
                                   "name a warm model of the same base with --model")
-            return self._start_runtime(peer, run, ckpt, pool, template=named, merge_base=base)
+            return self._start_runtime(peer, run, ckpt, pool, template=named, merge_base=base, why_merged=why_merged)
         if ckpt.kind == "full":
             return self._start_runtime(peer, run, ckpt, pool, template=named, merge_base=None)
         raise RemoteError(ErrorCode.UNAVAILABLE, f"checkpoint {ckpt.step} of {run.name} holds no model or adapter weights")
@@ -83,8 +88,11 @@ class ServingMixin:
                 "endpoint": slot.engine.endpoint, "state": ModelState.WARM, "base_matches": base_matches, "simulated": slot.model.engine == "sim"}
 
     def _start_runtime(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: OrchestraComponent, template: Slot | None,
-                       merge_base: str | None) -> dict[str, Any]:
-        """A new model entry for this checkpoint (weights as they are, or the adapter merged into its base), warmed in the background."""
+                       merge_base: str | None, why_merged: str | None = None) -> dict[str, Any]:
+        """A new model entry for this checkpoint (weights as they are, or the adapter merged into its base), warmed in the background.
+
+        ``why_merged`` says why an adapter meant for a warm vLLM model is merged instead (vLLM cannot hot-load it).
+        """
         name = safe_name(f"{run.name}-step{ckpt.step}")
         existing = pool.find(name)
         if any(m.name == name for m in self.agent.lab.models):
@@ -124,9 +132,12 @@ class ServingMixin:
 
         self._tasks = [t for t in self._tasks if not t.done()]
         self._tasks.append(asyncio.create_task(bring_up(), name=f"serve-{name}"))
-        self._event(run, ckpt, "serve", peer.who, {"model": name, "mode": mode, "engine": engine})
-        return {"run": run.name, "step": ckpt.step, "mode": mode, "model": name, "engine": engine,
-                "state": self.serving[ckpt.path]["state"], "endpoint": None, "simulated": engine == "sim"}
+        detail: dict[str, Any] = {"model": name, "mode": mode, "engine": engine}
+        if why_merged is not None:
+            detail["why_merged"] = why_merged
+        self._event(run, ckpt, "serve", peer.who, detail)
+        return {"run": run.name, "step": ckpt.step, **detail, "state": self.serving[ckpt.path]["state"], "endpoint": None,
+                "simulated": engine == "sim"}
 
     def _runtime_json(self, run: Run, ckpt: Checkpoint, slot: Slot, mode: str) -> dict[str, Any]:
         return {"run": run.name, "step": ckpt.step, "mode": mode, "model": slot.name, "engine": slot.model.engine, "state": slot.state,

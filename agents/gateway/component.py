@@ -17,15 +17,14 @@ from agents.gateway.router import Router, Target
 from agents.sections import GatewayModelFigures, GatewaySection, KeyUse, ProviderSpend
 from agents.gateway.server import GatewayHttp
 from agents.peers import PeerClient
-from agents.protocol import EVENT_NOTICE, Role, Telemetry
+from agents.protocol import Role, Telemetry
 
 if TYPE_CHECKING:
     from agents.agent import Agent
 
 log = logging.getLogger("cetlab.gateway")
 
-LOOP_S = 1.0  # flush the request log, idle TTLs, budget alerts
-BUDGET_ALERTS_PCT = (80.0, 100.0)
+LOOP_S = 1.0  # flush the request log (spend for the section, whose budget_pct the alerts rules read), idle TTLs
 
 
 def _finite(value: float | None) -> float | None:
@@ -93,7 +92,6 @@ class GatewayComponent:
             await asyncio.sleep(LOOP_S)
             try:
                 self.meter.flush()
-                self._budget_alerts()
                 await self.router.put_idle_to_sleep()
             except Exception:
                 log.exception("gateway loop")
@@ -123,27 +121,6 @@ class GatewayComponent:
             cloud = None
         return 0.0, None if cloud is None else round(cloud, 8)
 
-    def _budget_alerts(self) -> None:
-        """A notice once per provider, month and threshold (80%, 100%); the section carries budget_pct for the alerts rules."""
-        month = self.meter.month()
-        for provider in self.lab.providers:
-            if not provider.monthly_budget:
-                continue
-            pct = 100.0 * self.meter.spend_month.get(provider.name, 0.0) / provider.monthly_budget
-            for threshold in BUDGET_ALERTS_PCT:
-                marker = f"budget:{provider.name}:{month}:{threshold:g}"
-                if pct >= threshold and self.meter.kv_get(marker) is None:
-                    self.meter.kv_set(marker, f"{pct:.1f}")
-                    level = "error" if threshold >= 100 else "warning"
-                    policy = f"; past it the gateway will {self.policies.budget_exceeded}" if threshold < 100 else \
-                        f"; the gateway now will {self.policies.budget_exceeded}"
-                    self.agent.notify(EVENT_NOTICE, {
-                        "level": level, "machine": self.agent.machine.name, "rule": "gateway_budget",
-                        "message": f"{provider.name}: {pct:.0f}% of its monthly budget spent "
-                                   f"({self.meter.spend_month.get(provider.name, 0.0):.2f} of {provider.monthly_budget:.2f} "
-                                   f"{self.lab.costs.currency}){policy}",
-                    })
-
     # -- what it shows
 
     def catalogue(self) -> list[dict[str, Any]]:
@@ -162,7 +139,7 @@ class GatewayComponent:
                             "prompt_per_million": pm.prompt_per_million, "completion_per_million": pm.completion_per_million})
         return out
 
-    def section(self) -> Any:
+    def section(self) -> GatewaySection | None:
         if not self.enabled:
             return None
         figures = self.meter.model_figures()
@@ -186,13 +163,13 @@ class GatewayComponent:
             url=f"http://{self.lab.gateway.host}:{port}/v1" if port else None, machine=self.agent.machine.name, error=self.error,
             currency=self.lab.costs.currency, peers={name: link.state for name, link in self.peers.links.items()},
             models=models, providers=providers, keys=keys,
-        ).model_dump(mode="json")
+        )
 
     def metric_families(self) -> Iterator[Metric]:
         """Prometheus series of the gateway (the agent's collector yields them)."""
         if not self.enabled:
             return
-        section = self.section()
+        section = self.section().to_wire()
         labels = ["model", "tier"]
         gauges = {key: GaugeMetricFamily(f"cetlab_gateway_{key}", doc, labels=labels) for key, doc in (
             ("rps", "Requests per second over the last minute."), ("in_flight", "Requests being answered."),
@@ -226,14 +203,15 @@ class GatewayComponent:
 
         @rpc.method("gateway.status", doc="The gateway's section: url, per-model traffic, provider spend, keys.")
         async def gateway_status(peer, _params) -> dict:
-            return self.section()
+            section = self.section()
+            return section.to_wire() if section is not None else None
 
         @rpc.method("gateway.keys.add", role=Role.OPERATOR, params=KeyAddParams, doc="Issue a gateway API key; the token is shown once.")
         async def keys_add(peer, params: KeyAddParams) -> dict:
             token = self.keys.add(params)
             log.info("%s issued gateway key %s", peer.who, params.name)
             return {"name": params.name, "key": token, "rpm": params.rpm, "tokens_per_day": params.tokens_per_day,
-                    "url": self.section()["url"]}
+                    "url": self.section().url}
 
         @rpc.method("gateway.keys.list", doc="Gateway keys (names, quotas, use; never the tokens).")
         async def keys_list(peer, _params) -> dict:

@@ -61,7 +61,7 @@ def remember(slots: dict[str, Slot]) -> dict[str, dict[str, Any]]:
             except psutil.Error:
                 continue
         running[slot.name] = {"pid": engine.pid, "create_time": create_time, "port": engine.port, "gpus": slot.gpus,
-                              "log_offset": engine._log_offset}
+                              "log_offset": engine._log_offset, "state": slot.state}
     return running
 
 
@@ -95,6 +95,8 @@ async def adopt(pool: OrchestraComponent, records: dict[str, dict[str, Any]]) ->
         if not await engine.health():
             log.warning("engine of %s (pid %s) does not answer /health: stopping it", name, pid)
             _kill_group(pid)
+            if record.get("state") in (ModelState.LOADING, ModelState.WARMING):  # the operator's warm request was lost: say so
+                pool._fail(slot, None, "the agent restarted while loading; warm it again")
             continue
         try:
             sleeping = engine.can_sleep and await engine.is_sleeping()

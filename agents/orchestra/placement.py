@@ -20,11 +20,11 @@ class PlacementMixin:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"GPU {index} of {self.agent.machine.name} is {why}: cannot place a model there")
         free = gpu.mem_total_bytes - gpu.mem_used_bytes
         for slot in self.slots.values():
-            gpus, held, invisible = self._held_at_sample.get(slot.name, ((), 0, False))
+            gpus, held, invisible = self._held_at_sample.get(slot.name, ((), {}, False))
             if index in gpus and not invisible:
-                free += held
+                free += held.get(index, 0)
             if index in slot.gpus:
-                free -= after.get(slot.name, slot.held_bytes())
+                free -= after.get(slot.name, slot.held_bytes(index))
         return free
 
     def _check_fit(self, slot: Slot, gpus: list[int], after: dict[str, int] | None = None) -> None:

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from agents.documents import EngineFigures
 from agents.lab import Model
 from agents.orchestra.adopt import adopt, remember
-from agents.orchestra.engine import GIB, EngineDown, EngineRequestFailed
+from agents.orchestra.engine import EngineDown, EngineRequestFailed
 from agents.orchestra.lifecycle import LifecycleMixin
 from agents.orchestra.methods import register
 from agents.orchestra.placement import PlacementMixin
@@ -60,7 +60,7 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
         self.agent: Agent | None = None
         self.slots: dict[str, Slot] = {}
         self._tasks: list[asyncio.Task] = []
-        self._held_at_sample: dict[str, tuple[tuple[int, ...], int, bool]] = {}
+        self._held_at_sample: dict[str, tuple[tuple[int, ...], dict[int, int], bool]] = {}
         self._sampled = asyncio.Event()  # placement needs one GPU sample first
         self._rotation_task: asyncio.Task | None = None
         self.rotation_index = -1  # -1: the start set (orchestra.warm); then positions in orchestra.rotation
@@ -123,8 +123,12 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
     def on_telemetry(self, telemetry: Telemetry) -> None:
         # what our models held when this sample was taken: placement adds what changed since
         nvml = not telemetry.simulated
+        for s in self.slots.values():  # a loading model is still growing: it keeps its estimate until it is up
+            measurable = nvml and s.engine is not None and s.state in MODEL_ENGINE_UP and s.state != ModelState.LOADING
+            s.measured = s.engine.vram_by_gpu(telemetry.gpus) if measurable else None
         self._held_at_sample = {
-            s.name: (tuple(s.gpus), s.held_bytes(), nvml and s.state == ModelState.LOADING) for s in self.slots.values()
+            s.name: (tuple(s.gpus), {i: s.held_bytes(i) for i in s.gpus}, nvml and s.state == ModelState.LOADING)
+            for s in self.slots.values()
         }
         self._sampled.set()
 
@@ -186,7 +190,8 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
             state=slot.state,
             since=round(slot.since, 3),
             gpus=slot.gpus,
-            vram_bytes=int(slot.model.vram_gib * GIB),
+            vram_bytes=slot.vram_bytes(),
+            vram_measured=slot.measured is not None,
             cached_fraction=slot.cached_fraction,
             size_bytes=slot.size_bytes,
             load_s=slot.timings.get("load_s"),
@@ -253,6 +258,7 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
         self._event(slot, "state", round(now - slot.since, 3), from_state=slot.state, to_state=state)
         log.info("%s: %s -> %s", slot.name, slot.state, state)
         slot.state, slot.since = state, now
+        slot.measured = None  # e.g. a sleeping vLLM's residual: taken from the next sample, the estimate until then
         if state in MODEL_ENGINE_UP:
             slot.last_used = now
         if state != ModelState.WARM:

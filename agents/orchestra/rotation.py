@@ -135,3 +135,9 @@ class RotationMixin:
         except RemoteError as exc:
             log.warning("start-up plan: %s: %s", slot.name, exc.message)
             self._notice("warning", f"{slot.name}: {exc.message}")
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the plan itself is being stopped
+            # the model's own operation was cancelled (its engine died, and it is failed with that error): the plan goes on
+            log.warning("start-up plan: %s stopped while coming up (%s)", slot.name, slot.state)

@@ -11,7 +11,7 @@ from typing import Any
 from agents.documents import EngineFigures
 from agents.lab import Model
 from agents.orchestra.engine import GIB, Engine
-from agents.states import MODEL_HOLDS_GPU, ModelState
+from agents.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
 
 ADAPTER_ENGINES = ("vllm", "sim")  # engines that load LoRA adapters at run time (/v1/load_lora_adapter)
 SLEEP_RESIDUAL_BYTES = GIB // 2  # CUDA context and buffers a sleeping vLLM keeps on each GPU
@@ -44,6 +44,7 @@ class Slot:
     tokens_per_s: float | None = None  # generation rate between the last two polls
     timings: dict[str, float] = field(default_factory=dict)  # last load_s, warmup_s, wake_s, swap_s, cache_s
     token_mark: tuple[float, float] | None = None  # (monotonic time, generation tokens) of the last poll
+    measured: dict[int, int] | None = None  # NVML's bytes per GPU for the engine's processes, this state (None: estimate)
 
     @property
     def name(self) -> str:
@@ -57,13 +58,20 @@ class Slot:
     def cached_fraction(self) -> float | None:
         return None if not self.size_bytes else round(self.cached_bytes / self.size_bytes, 3)
 
-    def held_bytes(self) -> int:
-        """What this model holds on each of its GPUs now, by its state (from its VRAM estimate)."""
+    def held_bytes(self, index: int | None = None) -> int:
+        """What this model holds on GPU ``index`` (None: its largest share) now: NVML's figure when measured, else its estimate."""
         if not self.gpus:
             return 0
+        if self.measured is not None and self.state in MODEL_ENGINE_UP:
+            return self.measured.get(index, 0) if index is not None else max(self.measured.values(), default=0)
         if self.state in MODEL_HOLDS_GPU:
             return int(self.model.vram_gib * GIB / len(self.gpus))
         return SLEEP_RESIDUAL_BYTES if self.state == ModelState.SLEEPING else 0
+
+
+    def vram_bytes(self) -> int:
+        """The model's VRAM over all its GPUs: measured when NVML tells, else the lab.yaml estimate."""
+        return sum(self.measured.values()) if self.measured is not None else int(self.model.vram_gib * GIB)
 
 
 def gib_text(n: float) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -269,3 +270,53 @@ def test_the_help_screen_can_ask_for_the_demo_cli_line(tmp_path):
         assert demo_cli_hint(demo.lab_path).endswith(f"--lab {demo.lab_path} status")
     assert demo_cli_hint(tmp_path / "src" / "lab.yaml") is None  # not a demo's lab file
     assert demo_cli_hint(None) is None
+
+
+# ---------------------------------------------------------------------------- 1: `cetlab warm` during the start plan
+
+
+@pytest.fixture()
+def plan_lab(tmp_path):
+    """One machine whose start plan brings model p up and then puts it to sleep (slow enough to ask during it)."""
+    slow = {**FAST, "load_s": 4.0, "cold_factor": 1.0}
+    data = {
+        "lab": "start-plan",
+        "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
+        "models": [{**sim_model("p", 0), "sim": slow}],
+        "orchestra": {"sleeping": ["p"]},
+    }
+    (tmp_path / "lab.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    with DemoLab(tmp_path / "run", source=tmp_path / "lab.yaml") as demo:
+        yield demo
+
+
+def test_an_operators_warm_wins_over_the_start_plans_sleep(plan_lab):
+    done = cli(plan_lab.lab_path, "warm", "p", "--wait-timeout", "60")
+    assert done.stderr.startswith("p: loading"), done.stderr  # asked while the start plan was bringing it up
+    assert done.returncode == 0, done.stderr  # before: the plan put it to sleep and the wait hung to its timeout
+    assert done.stdout.startswith("p on box GPU 0: warm"), done.stdout
+    after = json.loads(cli(plan_lab.lab_path, "--json", "models").stdout)
+    assert [m["state"] for m in after["models"]] == ["warm"]
+
+
+class ScriptedModels:
+    """A CLI context whose models.get answers a script of states, the last one repeated (the wait's logic alone)."""
+
+    def __init__(self, states: list[tuple[str, str | None]]):
+        self.states = states
+        self.args = type("Args", (), {"json": False})()
+        self.lab = type("Lab", (), {"models": [type("M", (), {"name": "p", "machine": "box"})()], "lab": "x"})()
+
+    async def call(self, machine, method, params, timeout=None):
+        state, op = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        history = [{"t": 0.0, "event": "sleep", "from_state": "warm", "to_state": "sleeping", "detail": None}]
+        return {"name": "p", "machine": "box", "gpus": [0], "state": state, "op": op, "history": history}
+
+
+def test_a_wait_for_warm_ends_when_the_model_settles_asleep_and_says_why(capsys):
+    from console.cli_models import SettledElsewhere, wait_settled
+
+    ctx = ScriptedModels([("loading", "warm"), ("warm", "sleep"), ("sleeping", None)])
+    with pytest.raises(SettledElsewhere) as info:
+        asyncio.run(wait_settled(ctx, "p", ("warm",), timeout_s=30))
+    assert "p settled sleeping, not warm: its last move was sleep (warm → sleeping)" in info.value.message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -22,7 +23,7 @@ def detail_text(job: JobInfo | None) -> str:
         return "no jobs yet: [b]n[/b] starts a recipe from lab.yaml"
     params = " ".join(f"{k}={v}" for k, v in job.params.items())
     lines = [f"[b]{job.id}[/b] {job.recipe} on {job.machine}  {params}"]
-    figures = []
+    figures = [f"precision {job.precision}"] if job.precision else []
     if job.learning_rate is not None:
         figures.append(f"lr {job.learning_rate:.3g}")
     if job.tokens_per_s is not None:
@@ -36,6 +37,7 @@ def detail_text(job: JobInfo | None) -> str:
         figures.append("[b magenta]SIM[/] GPU figures")
     if figures:
         lines.append(" · ".join(figures))
+    lines += [f"note: {escape(note)}" for note in job.notes]
     lines.append(f"[dim]log {job.log_path} · output {job.output_dir}[/]")
     if job.state in (JobState.FAILED, JobState.LOST):
         lines.append(f"[b red]{job.state}:[/] {job.error or ''}")

@@ -113,3 +113,41 @@ async def test_models_view_read_only_acts_on_nothing(pool):
         assert isinstance(app.screen, ModelsScreen)  # no modal opened
         audit = await app.client.call("box", "audit.list", {})
         assert not [e for e in audit["entries"] if e["method"].startswith("models.")]  # nothing reached the agent
+
+
+async def test_the_swap_picker_offers_what_fits_first_and_names_the_true_gpu():
+    from console.client import FleetClient
+    from tests.console_fixtures import FROZEN_NOW, frozen_state
+
+    gib = 1024**3
+    state = frozen_state()
+    irina = state.machines["irina"]
+    irina.gpus[1] = irina.gpus[1].model_copy(update={"mem_used_bytes": int(6.9 * gib)})  # 1.1 GiB free on GPU 1
+
+    def model(name: str, state_: str, gpus: list[int], vram_gib: float) -> dict:
+        return {"name": name, "machine": "irina", "engine": "sim", "state": state_, "since": FROZEN_NOW - 60, "gpus": gpus,
+                "vram_bytes": int(vram_gib * gib), "simulated": True}
+
+    irina.apply_section("models", {"models": [
+        model("mistral-7b-awq", "warm", [0], 5), model("phi-3-mini", "sleeping", [1], 4.5),
+        model("tiny-llama", "cold", [0], 2), model("qwen-0.5b", "sleeping", [1], 1)]})
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until_drawn(pilot)
+        await pilot.press("colon", *"models", "enter")
+        await until_drawn(pilot, ModelsScreen)
+        table = app.screen.query_one(OrchestraTable)
+        table.move_cursor(row=table.get_row_index("irina/mistral-7b-awq"))
+        await pilot.press("x")
+        assert isinstance(app.screen, PickModelScreen)
+        options = app.screen.query_one(OptionList)
+        shown = [options.get_option_at_index(i) for i in range(options.option_count)]
+        assert [o.id for o in shown] == ["tiny-llama", "qwen-0.5b", "phi-3-mini"]  # what fits first
+        assert [o.disabled for o in shown] == [False, False, True]
+        assert "cannot: needs 4.5G on GPU 1, 1.1G free" in str(shown[2].prompt), shown[2].prompt
+        options.focus()
+        options.highlighted = 1
+        await pilot.press("enter")
+        assert isinstance(app.screen, ConfirmScreen)
+        question = str(app.screen.query_one("#confirm-question").render())
+        assert "bring qwen-0.5b in on GPU 1 of irina?" in question, question  # it wakes where it sleeps, not on GPU 0

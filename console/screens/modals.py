@@ -47,20 +47,28 @@ class PickModelScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = """
     PickModelScreen { align: center middle; }
-    PickModelScreen > Vertical { width: 72; height: auto; max-height: 24; border: thick $accent; background: $surface; }
+    PickModelScreen > Vertical { width: 96; height: auto; max-height: 24; border: thick $accent; background: $surface; }
     PickModelScreen OptionList { height: auto; max-height: 18; }
     """
 
-    def __init__(self, title: str, models: list[ModelInfo]) -> None:
+    def __init__(self, title: str, models: list[ModelInfo], notes: dict[str, tuple[str, str | None]] | None = None) -> None:
+        """`notes`: per model, where it would come up and why it cannot (None: it can); one that cannot is shown, not offered."""
         super().__init__()
         self.title_text = title
         self.models = models
+        self.notes = notes or {}
+
+    def _option(self, model: ModelInfo) -> Option:
+        where, why = self.notes.get(model.name, ("", None))
+        text = Text.assemble(f"{model.name:<22}", state_cell(model), f"  {fmt_gib(model.vram_bytes)}  {where}")
+        if why:
+            text.append(f"  cannot: {why}", style="red")
+        return Option(text, id=model.name, disabled=why is not None)
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(self.title_text, classes="title")
-            yield OptionList(*[Option(Text.assemble(f"{m.name:<22}", state_cell(m), f"  {fmt_gib(m.vram_bytes)}"), id=m.name)
-                               for m in self.models], id="pick-model")
+            yield OptionList(*[self._option(m) for m in self.models], id="pick-model")
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.dismiss(event.option.id)

@@ -8,11 +8,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
+from agents.protocol import GpuSample
 from agents.sections import ModelInfo, Rotation
 from agents.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
 from console.screens.base import LabScreen
 from console.screens.modals import PickModelScreen
-from widgets.format import fmt_duration
+from widgets.format import fmt_duration, fmt_gib
 from widgets.lab_header import LabHeader
 from widgets.orchestra_table import OrchestraTable
 
@@ -35,6 +36,30 @@ def rotation_text(rotations: dict[str, Rotation | None], now: float) -> str:
     colour = "green" if worst < target else "red"
     parts.append(f"overhead [{colour}]{worst:.3f}%[/] (target < {target:g}%)")
     return " · ".join(parts)
+
+
+def swap_fit(out: ModelInfo, incoming: ModelInfo, gpus: dict[int, GpuSample]) -> tuple[list[int], str | None]:
+    """Where a swap would bring `incoming` up (the agent's rule) and why it would not fit there (None: it fits).
+
+    A sleeping model wakes on the GPUs it sleeps on; another takes out's GPUs when it needs as many.
+    Free memory is the last sample's, plus what `out` gives back on its GPUs.
+    """
+    if incoming.state == ModelState.SLEEPING or len(out.gpus) != len(incoming.gpus):
+        target = list(incoming.gpus)
+    else:
+        target = list(out.gpus)
+    if not target or not incoming.vram_bytes:
+        return target, None
+    need = incoming.vram_bytes / len(target)
+    given_back = out.vram_bytes / len(out.gpus) if out.gpus and out.state == ModelState.WARM else 0
+    for index in target:
+        gpu = gpus.get(index)
+        if gpu is None or gpu.mem_total_bytes is None or gpu.mem_used_bytes is None:
+            continue  # not reported: the agent decides
+        free = gpu.mem_total_bytes - gpu.mem_used_bytes + (given_back if index in out.gpus else 0)
+        if free < need:
+            return target, f"needs {fmt_gib(need)} on GPU {index}, {fmt_gib(max(0.0, free))} free"
+    return target, None
 
 
 def detail_text(model: ModelInfo | None) -> str:
@@ -144,19 +169,24 @@ class ModelsScreen(LabScreen):
         out = self.selected()
         if out is None:
             return
+        models, _ = self.pool()
+        out = next((m for m in models if (m.machine, m.name) == (out.machine, out.name)), out)  # the newest tick, not the last redraw
         if out.state not in (ModelState.WARM, ModelState.SLEEPING):
             self.notify(f"{out.name} is {out.state}: select a warm model to swap out, or press w", severity="warning")
             return
-        models, _ = self.pool()
         candidates = [m for m in models if m.machine == out.machine and m.name != out.name and m.state not in MODEL_HOLDS_GPU]
         if not candidates:
             self.notify(f"no other model on {out.machine} to bring in", severity="warning")
             return
 
+        fits = {m.name: swap_fit(out, m, self.lab_app.state.machines[out.machine].gpus) for m in candidates}
+        candidates.sort(key=lambda m: fits[m.name][1] is not None)  # the swaps that can work first
+
         def picked(name: str | None) -> None:
             if name:
                 self.confirm(f"Swap [b]{out.name}[/b] out (it stops answering) and bring [b]{name}[/b] in on GPU "
-                             f"{','.join(map(str, out.gpus))} of {out.machine}?",
+                             f"{','.join(map(str, fits[name][0]))} of {out.machine}?",
                              lambda: self.act(out.machine, "models.swap", {"out": out.name, "in": name}, f"swapping {out.name} → {name}"))
 
-        self.app.push_screen(PickModelScreen(f"bring in on {out.machine} instead of {out.name}:", candidates), picked)
+        notes = {name: (f"GPU {','.join(map(str, gpus))}", why) for name, (gpus, why) in fits.items()}
+        self.app.push_screen(PickModelScreen(f"bring in on {out.machine} instead of {out.name}:", candidates, notes), picked)

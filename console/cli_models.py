@@ -38,10 +38,11 @@ def state_text(model: dict[str, Any]) -> str:
     text = model["state"]
     progress = model.get("progress")
     if progress:
-        phase = progress.get("phase", "")
+        phase = "" if progress.get("phase") == model["state"] else progress.get("phase", "")  # not "loading (loading)"
         if progress.get("total_bytes"):
             phase += f" {progress['done_bytes'] / progress['total_bytes']:.0%}"
-        text += f" ({phase})"
+        if phase.strip():
+            text += f" ({phase.strip()})"
     return text + (" PINNED" if model.get("pinned") else "")
 
 

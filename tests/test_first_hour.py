@@ -320,3 +320,49 @@ def test_a_wait_for_warm_ends_when_the_model_settles_asleep_and_says_why(capsys)
     with pytest.raises(SettledElsewhere) as info:
         asyncio.run(wait_settled(ctx, "p", ("warm",), timeout_s=30))
     assert "p settled sleeping, not warm: its last move was sleep (warm → sleeping)" in info.value.message
+
+
+# ---------------------------------------------------------------------------- 11: cut and odd text
+
+
+def test_a_phase_that_repeats_the_state_is_said_once():
+    from agents.sections import ModelInfo
+    from console.cli_models import state_text
+    from widgets.orchestra_table import COLUMNS, state_cell
+
+    loading = {"name": "m", "machine": "box", "engine": "sim", "state": "loading", "since": 0.0}
+    assert state_text({**loading, "progress": {"phase": "loading"}}) == "loading"
+    assert state_text({**loading, "progress": {"phase": "warm-up"}}) == "loading (warm-up)"
+    assert str(state_cell(ModelInfo(**loading, progress={"phase": "loading"}))) == "loading"
+    tiny = str(state_cell(ModelInfo(**loading, progress={"phase": "making the tiny model"})))
+    assert tiny == "loading making the tiny model" and len(tiny) <= dict((k, w) for k, _, w in COLUMNS)["state"]
+
+
+def test_the_step_cell_keeps_its_percent():
+    from agents.sections import JobInfo
+    from tests.console_fixtures import frozen_jobs
+    from widgets.jobs_table import COLUMNS, step_cell
+
+    width = dict((k, w) for k, _, w in COLUMNS)["step"]
+    for step, max_steps in ((2000, 2000), (1230, 100000)):
+        job = JobInfo(**{**frozen_jobs()[0], "step": step, "max_steps": max_steps})
+        assert step_cell(job).endswith("%") and len(step_cell(job)) <= width, step_cell(job)
+
+
+def test_the_start_forms_bounds_are_written_as_numbers_people_write():
+    from console.screens.modals import param_hint
+
+    hint = param_hint({"name": "max_steps", "type": "int", "min": 1.0, "max": 100000.0, "flag": "--max-steps"})
+    assert "(int, 1..100000)" in hint, hint
+    assert "(float, ..0.5)" in param_hint({"name": "lr", "type": "float", "min": None, "max": 0.5, "flag": "--lr"})
+
+
+def test_one_checkpoint_is_singular_and_a_model_is_named_once_in_costs():
+    from console.cli_checkpoints import prune_human
+    from console.screens.costs import breakdown_rows
+
+    assert "deleted 1 checkpoint," in prune_human({"run": "r", "deleted": [{"step": 1}], "freed_bytes": 10, "kept": [], "skipped": []})
+    entry = {"model": "llama-3.1-8b", "label": "llama-3.1-8b", "machine": "m5", "kwh": 1.0, "cost": 0.3, "cloud_equivalent": 2.0,
+             "saving_pct": 85.0, "gpu_hours": 1.0, "gpu_busy_hours": 0.5, "tokens": 1000}
+    rows = breakdown_rows({"by_kind": "model", "currency": "EUR", "by": [entry]})
+    assert rows["m5/llama-3.1-8b"][0] == "llama-3.1-8b @m5"

@@ -22,7 +22,7 @@ STATE_STYLES = {
 SPARK_WIDTH = 16
 COLUMNS = [
     ("job", "JOB", 8), ("recipe", "RECIPE", 14), ("machine", "MACHINE", 10), ("gpus", "GPUS", 11), ("precision", "PREC", 4),
-    ("state", "STATE", 32), ("step", "STEP", 13), ("loss", "LOSS", SPARK_WIDTH + 8), ("speed", "SAMPLES/S", 9),
+    ("state", "STATE", 30), ("step", "STEP", 15), ("loss", "LOSS", SPARK_WIDTH + 8), ("speed", "SAMPLES/S", 9),
     ("eta", "ETA", 7), ("elapsed", "ELAPSED", 8),
 ]
 

@@ -17,7 +17,7 @@ from textual.widgets.option_list import Option
 from agents.protocol import RemoteError
 from agents.sections import ModelInfo
 from console.views import VIEWS
-from widgets.format import NA, fmt_gib
+from widgets.format import NA, fmt_gib, fmt_limit
 from widgets.orchestra_table import state_cell
 
 
@@ -138,7 +138,8 @@ class PickRecipeScreen(ModalScreen[dict | None]):
 def param_hint(param: dict[str, Any]) -> str:
     parts = [param["type"]]
     if param.get("min") is not None or param.get("max") is not None:
-        parts.append(f"{param.get('min', '')}..{param.get('max', '')}".replace("None", ""))
+        low, high = (NA if param.get(k) is None else fmt_limit(param[k]) for k in ("min", "max"))
+        parts.append(f"{low}..{high}".replace(NA, ""))
     text = f"[b]{param['name']}[/b] ({', '.join(parts)}) {param['flag']}"
     return text + (f"  [dim]{param['help']}[/]" if param.get("help") else "")
 

@@ -151,3 +151,33 @@ async def test_the_swap_picker_offers_what_fits_first_and_names_the_true_gpu():
         assert isinstance(app.screen, ConfirmScreen)
         question = str(app.screen.query_one("#confirm-question").render())
         assert "bring qwen-0.5b in on GPU 1 of irina?" in question, question  # it wakes where it sleeps, not on GPU 0
+
+
+def frozen_pool_app(models: list[dict]):
+    """The frozen demo lab with this models section on irina; no agents behind it (a call would fail loudly)."""
+    from console.client import FleetClient
+    from tests.console_fixtures import FROZEN_NOW, frozen_state
+
+    state = frozen_state()
+    base = {"machine": "irina", "engine": "sim", "since": FROZEN_NOW - 60, "gpus": [0], "vram_bytes": 4 * 1024**3, "simulated": True}
+    state.machines["irina"].apply_section("models", {"models": [{**base, **m} for m in models]})
+    return CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+
+
+async def test_w_on_a_warm_model_says_so_and_s_on_a_pinned_one_says_so_before_asking():
+    app = frozen_pool_app([{"name": "warm-one", "state": "warm"}, {"name": "pinned-one", "state": "warm", "pinned": True, "gpus": [1]}])
+    calls = []
+    async with app.run_test(size=(160, 50)) as pilot:
+        app.client.call = lambda *args, **kwargs: calls.append(args)  # noqa: E731  nothing may reach the agent
+        await until_drawn(pilot)
+        await pilot.press("colon", *"models", "enter")
+        await until_drawn(pilot, ModelsScreen)
+        table = app.screen.query_one(OrchestraTable)
+        table.move_cursor(row=table.get_row_index("irina/warm-one"))
+        await pilot.press("w")
+        await wait_for(lambda: any(n.message == "warm-one is already warm" for n in app._notifications))
+        table.move_cursor(row=table.get_row_index("irina/pinned-one"))
+        await pilot.press("s")
+        await wait_for(lambda: any("pinned-one is pinned: unpin it (p)" in n.message for n in app._notifications))
+        assert isinstance(app.screen, ModelsScreen)  # no y/n first
+        assert calls == [] and not any(n.message.startswith("warming") for n in app._notifications)

@@ -204,9 +204,17 @@ class StartJobScreen(ModalScreen[dict | None]):
     def action_start(self) -> None:
         self.start()
 
+    def cleared(self) -> list[dict[str, Any]]:
+        """The params with a default whose field was emptied: the agent would run the default, unasked."""
+        return [p for p in self.recipe["params"] if p.get("default") is not None and p["type"] not in ("bool", "choice")
+                and not self.query_one(f"#param-{p['name']}", Input).value.strip()]
+
     @work(exclusive=True, group="start-job")
     async def start(self) -> None:
         error = self.query_one("#start-error", Static)
+        if cleared := self.cleared():
+            error.update("; ".join(f"{p['name']} is empty: it would run with its default {p['default']}; type a value" for p in cleared))
+            return
         error.update("starting ...")
         try:
             job = await self.app.client.call(self.recipe["machine"], "jobs.start", {"recipe": self.recipe["name"], "params": self.values()})

@@ -143,10 +143,16 @@ class ModelsScreen(LabScreen):
 
     def action_warm(self) -> None:
         if model := self.selected():
+            if model.state == ModelState.WARM and not model.op:  # nothing to do: no call, no audit row
+                self.notify(f"{model.name} is already warm")
+                return
             self.act(model.machine, "models.warm", {"model": model.name}, f"warming {model.name}")
 
     def action_sleep(self) -> None:
         if model := self.selected():
+            if model.pinned:  # said before the question, not after the y
+                self.notify(f"{model.name} is pinned: unpin it (p) before putting it to sleep", severity="warning")
+                return
             self.confirm(f"Put [b]{model.name}[/b] to sleep? It stops answering until woken (about {model.wake_s or 1:.0f} s).",
                          lambda: self.act(model.machine, "models.sleep", {"model": model.name}, f"{model.name} going to sleep"))
 

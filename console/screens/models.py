@@ -137,7 +137,9 @@ class ModelsScreen(LabScreen):
         model = self.query_one(OrchestraTable).selected()
         if model is None:
             self.notify("no model selected", severity="warning")
-        return model
+            return None
+        models, _ = self.pool()  # the newest tick, not the last redraw: keys act on what the model is now
+        return next((m for m in models if (m.machine, m.name) == (model.machine, model.name)), model)
 
     # -- actions
 
@@ -176,7 +178,6 @@ class ModelsScreen(LabScreen):
         if out is None:
             return
         models, _ = self.pool()
-        out = next((m for m in models if (m.machine, m.name) == (out.machine, out.name)), out)  # the newest tick, not the last redraw
         if out.state not in (ModelState.WARM, ModelState.SLEEPING):
             self.notify(f"{out.name} is {out.state}: select a warm model to swap out, or press w", severity="warning")
             return

@@ -143,3 +143,40 @@ def test_labstate_parses_each_section_once_and_refuses_what_does_not_fit():
     assert "gpus.0.index: Field required" in view.problems["gpus"] and view.gpus[0].name == "Tesla V100"
     state.apply_tick("m5", {"t": FROZEN_NOW + 3, "changed": {"jobs": frozen_jobs()[:2]}})
     assert len(view.jobs) == 2 and "jobs" not in view.problems  # a good section clears the complaint
+
+
+async def test_slash_filters_the_fleet_and_every_table():
+    from console.screens.jobs import JobsScreen
+    from console.screens.modals import AskTextScreen
+    from widgets.jobs_table import JobsTable
+
+    state = frozen_state()
+    state.machines["m5"].apply_section("jobs", frozen_jobs())
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+
+    async def filter_by(pilot, text: str) -> None:
+        await pilot.press("slash")
+        await wait_for(lambda: isinstance(app.screen, AskTextScreen) and app.screen.query("#ask-text"))
+        app.screen.query_one("#ask-text").value = text
+        await pilot.press("enter")
+        await wait_for(lambda: not isinstance(app.screen, AskTextScreen))
+
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until_drawn(pilot, FleetScreen)
+        await filter_by(pilot, "IRINA")
+        shown = [card.machine for card in app.screen.query(MachineCard) if card.display]
+        assert shown == ["irina"]
+        await filter_by(pilot, "")
+        assert all(card.display for card in app.screen.query(MachineCard))
+
+        await pilot.press("colon", *"jobs", "enter")
+        await until_drawn(pilot, JobsScreen)
+        table = app.screen.query_one(JobsTable)
+        assert table.row_count == 4
+        await filter_by(pilot, "p40")
+        assert table.row_count == 1 and table.selected().id == "m5-3"
+        state.machines["m5"].apply_section("jobs", frozen_jobs())  # the next tick keeps the filter
+        app.screen.refresh_data()
+        assert table.row_count == 1
+        await filter_by(pilot, "")
+        assert table.row_count == 4

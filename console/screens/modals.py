@@ -108,6 +108,31 @@ class AskNumberScreen(ModalScreen[int | None]):
         self.dismiss(None)
 
 
+class AskTextScreen(ModalScreen[str | None]):
+    """A line of text (enter), or None on escape."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    AskTextScreen { align: center middle; }
+    AskTextScreen > Vertical { width: 72; height: auto; padding: 1 2; border: thick $accent; background: $surface; }
+    """
+
+    def __init__(self, question: str, default: str = "") -> None:
+        super().__init__()
+        self.question, self.default = question, default
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.question)
+            yield Input(self.default, id="ask-text")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
 class PickRecipeScreen(ModalScreen[dict | None]):
     """Choose the recipe to start."""
 
@@ -230,6 +255,7 @@ class StartJobScreen(ModalScreen[dict | None]):
 GLOBAL_KEYS = [
     ("j / k", "down / up (the arrows too)"),
     ("g / G", "first / last row"),
+    ("/", "filter the rows (every table, the fleet's machines)"),
     ("?", "this help"),
     (":", "jump to a view by name (:fleet, :jobs, :models ...)"),
     ("esc", "back"),

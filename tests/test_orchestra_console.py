@@ -181,3 +181,25 @@ async def test_w_on_a_warm_model_says_so_and_s_on_a_pinned_one_says_so_before_as
         await wait_for(lambda: any("pinned-one is pinned: unpin it (p)" in n.message for n in app._notifications))
         assert isinstance(app.screen, ModelsScreen)  # no y/n first
         assert calls == [] and not any(n.message.startswith("warming") for n in app._notifications)
+
+
+async def test_shift_r_rotates_now_after_a_question():
+    app = frozen_pool_app([{"name": "warm-one", "state": "warm"}])
+    rotation = {"plan": [["warm-one"], ["other"]], "index": 0, "next_set": ["other"], "overhead_pct": 0.1, "target_pct": 1.0}
+    app.state.machines["irina"].apply_section("models", {**app.state.machines["irina"].models.to_wire(), "rotation": rotation})
+    calls = []
+
+    async def call(machine, method, params=None, timeout=None):
+        calls.append((machine, method))
+        return {}
+
+    async with app.run_test(size=(160, 50)) as pilot:
+        app.client.call = call
+        await until_drawn(pilot)
+        await pilot.press("colon", *"models", "enter")
+        await until_drawn(pilot, ModelsScreen)
+        await pilot.press("R")
+        await wait_for(lambda: isinstance(app.screen, ConfirmScreen))
+        assert "Rotate now on irina?" in str(app.screen.query_one("#confirm-question").render())
+        await pilot.press("y")
+        await wait_for(lambda: calls == [("irina", "models.rotate")])

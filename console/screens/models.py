@@ -85,13 +85,14 @@ def detail_text(model: ModelInfo | None) -> str:
 class ModelsScreen(LabScreen):
     VIEW_NAME = "models"
     CLOCK_S = 1.0  # the rotation's countdown
-    ACTING = frozenset({"warm", "sleep", "cold", "swap", "pin"})
+    ACTING = frozenset({"warm", "sleep", "cold", "swap", "pin", "rotate"})
     BINDINGS = [
         Binding("w", "warm", "Warm"),
         Binding("s", "sleep", "Sleep"),
         Binding("c", "cold", "Cold"),
         Binding("x", "swap", "Swap"),
         Binding("p", "pin", "Pin"),
+        Binding("R", "rotate", "Rotate now"),
     ]
     DEFAULT_CSS = """
     ModelsScreen #models-rotation { height: auto; padding: 0 1; }
@@ -172,6 +173,20 @@ class ModelsScreen(LabScreen):
         if model := self.selected():
             pinned = not model.pinned
             self.act(model.machine, "models.pin", {"model": model.name, "pinned": pinned}, f"{'pinned' if pinned else 'unpinned'} {model.name}")
+
+    def action_rotate(self) -> None:
+        """R: the next step of the rotation plan now, on every machine that has one (after a question)."""
+        _, rotations = self.pool()
+        machines = [m for m, r in rotations.items() if r and r.plan]
+        if not machines:
+            self.notify("no rotation plan (lab.yaml orchestra.rotation)", severity="warning")
+            return
+
+        def go() -> None:
+            for machine in machines:
+                self.act(machine, "models.rotate", {}, f"rotating {machine}: the next set of its plan comes up")
+
+        self.confirm(f"Rotate now on {', '.join(machines)}? Models going out stop answering while the next set comes up.", go)
 
     def action_swap(self) -> None:
         out = self.selected()

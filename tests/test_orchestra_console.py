@@ -203,3 +203,18 @@ async def test_shift_r_rotates_now_after_a_question():
         assert "Rotate now on irina?" in str(app.screen.query_one("#confirm-question").render())
         await pilot.press("y")
         await wait_for(lambda: calls == [("irina", "models.rotate")])
+
+
+def test_rotation_figures_are_per_machine_in_human_durations():
+    from agents.sections import Rotation
+    from console.screens.models import rotation_text
+
+    now = 1_790_000_000.0
+    rotations = {
+        "irina": Rotation(plan=[["a"], ["b"]], index=0, next_set=["b"], next_at=now + 13882, overhead_pct=0.587, target_pct=1.0, wall_s=7200),
+        "m5": Rotation(plan=[["c"], ["d"]], index=None, next_set=["c"], next_at=now + 90, overhead_pct=0.012, target_pct=1.0, wall_s=86400),
+        "pharaoh": None,
+    }
+    irina, m5 = rotation_text(rotations, now).splitlines()
+    assert irina.startswith("[b]irina[/b] rotation: step 1 of 2 · next in 3h51m") and "0.587%[/] of 2h00m" in irina, irina
+    assert m5.startswith("[b]m5[/b] rotation: step start of 2 · next in 1m30s") and "0.012%[/] of 24h00m" in m5, m5

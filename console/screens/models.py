@@ -18,24 +18,24 @@ from widgets.lab_header import LabHeader
 from widgets.orchestra_table import OrchestraTable
 
 def rotation_text(rotations: dict[str, Rotation | None], now: float) -> str:
-    """One line: the plan's step, the next rotation with its countdown, the measured overhead."""
+    """One line per machine with a plan: its step, the next rotation with its countdown, its own measured overhead."""
     planned = {m: r for m, r in rotations.items() if r and r.plan}
     if not planned:
         return "no rotation plan (lab.yaml orchestra.rotation)"
-    next_at = min((r.next_at for r in planned.values() if r.next_at), default=None)
-    any_plan = next(iter(planned.values()))
-    step = any_plan.index
-    parts = [f"rotation: step {'start' if step is None else step + 1} of {len(any_plan.plan)}"]
-    if next_at is not None:
-        parts.append(f"next in {fmt_duration(max(0.0, next_at - now))} (at {time.strftime('%H:%M', time.localtime(next_at))}) → "
-                     + ", ".join(any_plan.next_set or []))
-    if any(r.running for r in planned.values()):
-        parts.append("[b yellow]rotating now[/]")
-    worst = max(r.overhead_pct or 0.0 for r in planned.values())
-    target = any_plan.target_pct or 0.0
-    colour = "green" if worst < target else "red"
-    parts.append(f"overhead [{colour}]{worst:.3f}%[/] (target < {target:g}%)")
-    return " · ".join(parts)
+    lines = []
+    for machine, rotation in planned.items():
+        parts = [f"[b]{machine}[/b] rotation: step {'start' if rotation.index is None else rotation.index + 1} of {len(rotation.plan)}"]
+        if rotation.next_at is not None:
+            parts.append(f"next in {fmt_duration(max(0.0, rotation.next_at - now))} (at {time.strftime('%H:%M', time.localtime(rotation.next_at))})"
+                         + " → " + ", ".join(rotation.next_set or []))
+        if rotation.running:
+            parts.append("[b yellow]rotating now[/]")
+        target = rotation.target_pct or 0.0
+        if rotation.overhead_pct is not None:
+            colour = "green" if rotation.overhead_pct < target else "red"
+            parts.append(f"overhead [{colour}]{rotation.overhead_pct:.3f}%[/] of {fmt_duration(rotation.wall_s)} (target < {target:g}%)")
+        lines.append(" · ".join(parts))
+    return "\n".join(lines)
 
 
 def swap_fit(out: ModelInfo, incoming: ModelInfo, gpus: dict[int, GpuSample]) -> tuple[list[int], str | None]:

@@ -180,3 +180,17 @@ async def test_slash_filters_the_fleet_and_every_table():
         assert table.row_count == 1
         await filter_by(pilot, "")
         assert table.row_count == 4
+
+
+async def test_the_help_screen_shows_the_cli_line_of_a_demo_lab(tmp_path):
+    from console.demo import DemoLab
+    from tests.test_first_hour import saver_lab
+
+    with DemoLab(tmp_path / "d", source=saver_lab(tmp_path / "src")) as demo:
+        app = CetlabApp(load_lab(demo.lab_path))
+        async with app.run_test(size=(160, 50)) as pilot:
+            await until_drawn(pilot, FleetScreen)
+            await pilot.press("question_mark")
+            help_screen = await wait_for(lambda: isinstance(app.screen, HelpScreen) and app.screen)
+            text = "\n".join(str(s.render()) for s in help_screen.query("Static"))
+            assert "The CLI on this demo lab" in text and f"--lab {demo.lab_path} status" in text, text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -272,15 +273,19 @@ class HelpScreen(ModalScreen):
     HelpScreen > VerticalScroll { width: 80; height: auto; max-height: 90%; border: thick $accent; background: $surface; padding: 1 2; }
     """
 
-    def __init__(self, bindings: list[tuple[str, str]]):
+    def __init__(self, bindings: list[tuple[str, str]], cli_line: str | None = None):
+        """`cli_line`: the CLI line that reaches the demo lab shown, when it is one."""
         super().__init__()
         self.view_bindings = bindings
+        self.cli_line = cli_line
 
     def compose(self) -> ComposeResult:
         lines = ["[b]Keys of this view[/b]"]
         lines += [f"  [b cyan]{key:<10}[/] {desc}" for key, desc in self.view_bindings] or ["  (none)"]
         lines += ["", "[b]Everywhere[/b]"] + [f"  [b cyan]{key:<10}[/] {desc}" for key, desc in GLOBAL_KEYS]
         lines += ["", "[b]Views[/b] (type : then the name)"] + [f"  [b cyan]:{name:<9}[/] {desc}" for name, (_, _, desc) in VIEWS.items()]
+        if self.cli_line:
+            lines += ["", "[b]The CLI on this demo lab[/b]", f"  {escape(self.cli_line)}"]
         with VerticalScroll():
             yield Static("\n".join(lines))
 

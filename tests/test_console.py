@@ -194,3 +194,27 @@ async def test_the_help_screen_shows_the_cli_line_of_a_demo_lab(tmp_path):
             help_screen = await wait_for(lambda: isinstance(app.screen, HelpScreen) and app.screen)
             text = "\n".join(str(s.render()) for s in help_screen.query("Static"))
             assert "The CLI on this demo lab" in text and f"--lab {demo.lab_path} status" in text, text
+
+
+async def test_the_audit_view_shows_the_refused_calls_the_agents_count():
+    from console.screens.audit import AuditScreen
+
+    state = frozen_state()
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+    entry = {"id": 1, "t": FROZEN_NOW - 5, "who": "ops", "role": "operator", "method": "models.warm", "params": {}, "outcome": "ok",
+             "error": None, "duration_s": 0.1}
+    refusal = {"minute": FROZEN_NOW - 60, "who": "intern", "role": "viewer", "method": "jobs.start", "count": 7}
+
+    async def call_all(method, params=None):
+        assert method == "audit.list"
+        return {"m5": {"machine": "m5", "total": 1, "entries": [entry], "refusals": [refusal]}, "irina": {"entries": [], "refusals": []}}
+
+    async with app.run_test(size=(160, 50)) as pilot:
+        app.client.call_all = call_all
+        await until_drawn(pilot)
+        await pilot.press("colon", *"audit", "enter")
+        screen = await wait_for(lambda: isinstance(app.screen, AuditScreen) and app.screen)
+        screen.action_fetch()
+        summary = screen.query_one("#audit-summary")
+        await wait_for(lambda: "7 refused calls" in str(summary.render()))
+        assert "intern (viewer) jobs.start ×7 on m5" in str(summary.render())

@@ -218,3 +218,23 @@ async def test_the_audit_view_shows_the_refused_calls_the_agents_count():
         summary = screen.query_one("#audit-summary")
         await wait_for(lambda: "7 refused calls" in str(summary.render()))
         assert "intern (viewer) jobs.start ×7 on m5" in str(summary.render())
+
+
+async def test_an_offline_spell_reaches_the_alerts_history_once_the_machine_is_back():
+    from console.screens.alerts import AlertsScreen
+
+    state = frozen_state()  # pharaoh unreachable for 75 s: an offline alert
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+
+    async def call_all(method, params=None):
+        return {name: {"alerts": []} for name in state.machines}  # the agents know nothing of it
+
+    async with app.run_test(size=(160, 50)) as pilot:
+        app.client.call_all = call_all
+        await until_drawn(pilot)
+        await pilot.press("colon", *"alerts", "enter")
+        screen = await wait_for(lambda: isinstance(app.screen, AlertsScreen) and app.screen)
+        state.set_link("pharaoh", "online")  # it answers again: the alert clears
+        await pilot.press("h")
+        table = screen.query_one("#alerts-table")
+        await wait_for(lambda: any(a["rule"] == "offline" and a["machine"] == "pharaoh" and a["cleared_at"] for a in table.items.values()))

@@ -93,10 +93,11 @@ class CetlabApp(App):
     # -- actions
 
     def action_help(self) -> None:
+        from console.demo import demo_cli_hint
         from console.screens.modals import HelpScreen
 
         screen = self.screen
-        self.push_screen(HelpScreen(screen.visible_bindings() if isinstance(screen, LabScreen) else []))
+        self.push_screen(HelpScreen(screen.visible_bindings() if isinstance(screen, LabScreen) else [], demo_cli_hint(self.lab.source)))
 
     def action_jump(self) -> None:
         from console.screens.modals import JumpScreen

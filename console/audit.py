@@ -8,12 +8,25 @@ from agents.protocol import RemoteError
 
 
 def merge_trails(results: dict[str, Any], limit: int) -> dict[str, Any]:
-    """call_all answers of audit.list -> one list, newest first, plus the machines that did not answer and why."""
-    entries, unavailable = [], {}
+    """call_all answers of audit.list -> one list of actions and one of refusals (counted per key, method and minute),
+    newest first, plus the machines that did not answer and why."""
+    entries, refusals, unavailable = [], [], {}
     for machine, result in results.items():
         if isinstance(result, RemoteError):
             unavailable[machine] = result.message
         elif isinstance(result, dict):
             entries += [{**entry, "machine": machine} for entry in result["entries"]]
+            refusals += [{**row, "machine": machine} for row in result.get("refusals") or []]
     entries.sort(key=lambda e: -e["t"])
-    return {"entries": entries[:limit], "unavailable": unavailable}
+    refusals.sort(key=lambda r: -r["minute"])
+    return {"entries": entries[:limit], "refusals": refusals[:limit], "unavailable": unavailable}
+
+
+def refusals_line(refusals: list[dict[str, Any]], shown: int = 3) -> str:
+    """The refused calls in one line: how many, then the newest groups (who, role, method, count)."""
+    if not refusals:
+        return "no refused calls"
+    total = sum(r["count"] for r in refusals)
+    groups = ", ".join(f"{r['who']} ({r['role']}) {r['method']} ×{r['count']} on {r['machine']}" for r in refusals[:shown])
+    more = f" and {len(refusals) - shown} more" if len(refusals) > shown else ""
+    return f"{total} refused calls (a key without the role for the method): {groups}{more}"

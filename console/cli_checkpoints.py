@@ -9,7 +9,7 @@ from typing import Any
 
 from agents.protocol import ErrorCode, RemoteError
 from console.cli_jobs import job_human, parse_sets
-from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, fmt_time
+from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, fmt_time, plural
 
 EXIT_OK, EXIT_FAILED = 0, 1
 SERVE_WAIT_S = 600.0
@@ -48,7 +48,7 @@ def runs_human(data: dict[str, Any]) -> str:
 
 def run_human(run: dict[str, Any]) -> str:
     share = f", {run['save_share_pct']:.2f}% of {fmt_duration(run['wall_s'])} wall time" if run.get("save_share_pct") is not None else ""
-    lines = [f"run {run['run']} on {run['machine']} ({run['path']}): {run['count']} checkpoints, {fmt_bytes(run['disk_bytes'])}, "
+    lines = [f"run {run['run']} on {run['machine']} ({run['path']}): {plural(run['count'], 'checkpoint')}, {fmt_bytes(run['disk_bytes'])}, "
              f"saves {fmt_secs(run.get('save_s_total'))}{share}"]
     rows = [("STEP", "EPOCH", "LOSS", "EVAL", "SIZE", "SAVE", "KIND", "WRITTEN", "")]
     for c in run["checkpoints"]:
@@ -61,7 +61,7 @@ def run_human(run: dict[str, Any]) -> str:
 
 
 def prune_human(data: dict[str, Any]) -> str:
-    lines = [f"pruned run {data['run']}: deleted {len(data['deleted'])} checkpoints, freed {fmt_bytes(data['freed_bytes'])}"]
+    lines = [f"pruned run {data['run']}: deleted {plural(len(data['deleted']), 'checkpoint')}, freed {fmt_bytes(data['freed_bytes'])}"]
     lines += [f"  deleted step {c['step']}" for c in data["deleted"]]
     lines += [f"  kept    step {c['step']} ({c['reason']})" for c in data["kept"]]
     lines += [f"  skipped step {c['step']} ({c['reason']})" for c in data["skipped"]]

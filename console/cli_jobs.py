@@ -30,10 +30,11 @@ def step_text(job: dict[str, Any]) -> str:
 
 
 def jobs_human(data: dict[str, Any]) -> str:
-    rows = [("JOB", "MACHINE", "RECIPE", "GPUS", "STATE", "STEP", "LOSS", "SAMPLES/S", "ETA", "ELAPSED")]
+    rows = [("JOB", "MACHINE", "RECIPE", "GPUS", "PREC", "STATE", "STEP", "LOSS", "SAMPLES/S", "ETA", "ELAPSED")]
     for job in data["jobs"]:
         rows.append((
-            job["id"], "+".join(n["machine"] for n in job.get("nodes") or []) or job["machine"], job["recipe"], ",".join(map(str, job["gpus"])) or NA, state_text(job), step_text(job),
+            job["id"], "+".join(n["machine"] for n in job.get("nodes") or []) or job["machine"], job["recipe"],
+            ",".join(map(str, job["gpus"])) or NA, job.get("precision") or NA, state_text(job), step_text(job),
             fmt(job.get("loss"), ".4f"), fmt(job.get("samples_per_s"), ".1f"),
             fmt_duration(job.get("eta_s")) if job["state"] in JOB_ACTIVE else NA, fmt_duration(job.get("elapsed_s")),
         ))
@@ -65,6 +66,9 @@ def job_human(job: dict[str, Any]) -> str:
     lines.append(f"  log: {job['log_path']}")
     for node in job.get("nodes") or []:
         lines.append(f"  node {node['machine']} GPU {','.join(map(str, node['gpus'])) or NA}: {state_text(node)}")
+    if job.get("precision"):
+        lines.append(f"  precision: {job['precision']}")
+    lines += [f"  note: {note}" for note in job.get("notes") or []]
     if job.get("error"):
         lines.append(f"  error: {job['error']}")
     return "\n".join(lines)

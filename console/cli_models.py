@@ -38,10 +38,11 @@ def state_text(model: dict[str, Any]) -> str:
     text = model["state"]
     progress = model.get("progress")
     if progress:
-        phase = progress.get("phase", "")
+        phase = "" if progress.get("phase") == model["state"] else progress.get("phase", "")  # not "loading (loading)"
         if progress.get("total_bytes"):
             phase += f" {progress['done_bytes'] / progress['total_bytes']:.0%}"
-        text += f" ({phase})"
+        if phase.strip():
+            text += f" ({phase.strip()})"
     return text + (" PINNED" if model.get("pinned") else "")
 
 
@@ -125,8 +126,35 @@ def model_machine(ctx, name: str) -> str:
     raise RemoteError(ErrorCode.NOT_FOUND, f"no model named {name!r} in {ctx.lab.lab} (models: {known})")
 
 
-async def wait_settled(ctx, name: str, until: tuple[str, ...], timeout_s: float) -> dict[str, Any]:
-    """Poll models.get until the model settles; progress lines go to stderr for people."""
+BRINGING_UP = ("loading", "warming")  # the states an operation passes through; every other one is where a model settles
+
+
+class SettledElsewhere(RemoteError):
+    """The model settled in a state other than the one asked for; the message says where and why."""
+
+    def __init__(self, model: dict[str, Any], wanted: tuple[str, ...]) -> None:
+        super().__init__(ErrorCode.CONFLICT, f"{model['name']} settled {model['state']}, not {' or '.join(wanted)}: {settled_reason(model)}")
+        self.model = model
+
+
+def settled_reason(model: dict[str, Any]) -> str:
+    """Why a model is where it is: its error, else the last move in its history."""
+    if model.get("error"):
+        return model["error"]["message"]
+    for event in model.get("history") or []:
+        if event.get("to_state") == model["state"]:
+            when = time.strftime("%H:%M:%S", time.localtime(event["t"]))
+            return f"its last move was {event['event']} ({event['from_state']} → {event['to_state']}) at {when}; `cetlab models` to see it"
+    return "`cetlab models` to see it"
+
+
+async def wait_settled(ctx, name: str, wanted: tuple[str, ...], timeout_s: float) -> dict[str, Any]:
+    """Poll models.get until the model settles; SettledElsewhere when that is not a state in `wanted`.
+
+    A model settles when no operation runs on it and it is not on its way up: a wait for `warm`
+    ends as soon as something else (the start plan, a rotation, another operator) put it to sleep.
+    Progress lines go to stderr for people.
+    """
     machine = model_machine(ctx, name)
     deadline = time.monotonic() + timeout_s
     last = None
@@ -136,8 +164,10 @@ async def wait_settled(ctx, name: str, until: tuple[str, ...], timeout_s: float)
         if text != last and not ctx.args.json:
             print(f"{name}: {text}", file=sys.stderr, flush=True)
             last = text
-        if model["state"] in until and not model.get("op"):
-            return model
+        if not model.get("op") and model["state"] not in BRINGING_UP:
+            if model["state"] in wanted:
+                return model
+            raise SettledElsewhere(model, wanted)
         if time.monotonic() > deadline:
             raise RemoteError(ErrorCode.TIMEOUT, f"{name} is still {model['state']} after {timeout_s:.0f} s (it goes on; `cetlab models` to watch)")
         await asyncio.sleep(POLL_S)
@@ -164,25 +194,30 @@ async def _act(ctx, method: str, name: str, until: tuple[str, ...], params: dict
     timeout = STOP_TIMEOUT_S if method == "models.cold" else None
     model = await ctx.call(machine, method, params or {"model": name}, timeout)
     if not ctx.args.no_wait:
-        model = await wait_settled(ctx, name, until, ctx.args.wait_timeout)
+        try:
+            model = await wait_settled(ctx, name, until, ctx.args.wait_timeout)
+        except SettledElsewhere as exc:
+            ctx.out(model_json(exc.model) if ctx.args.json else exc.model, model_human)
+            print(f"error: {exc.message}", file=sys.stderr)
+            return EXIT_FAILED
     ctx.out(model_json(model) if ctx.args.json else model, model_human)
     return EXIT_FAILED if model["state"] == "failed" else EXIT_OK
 
 
 async def cmd_warm(ctx) -> int:
-    return await _act(ctx, "models.warm", ctx.args.model, ("warm", "failed", "cold", "cached"))
+    return await _act(ctx, "models.warm", ctx.args.model, ("warm",))
 
 
 async def cmd_sleep(ctx) -> int:
-    return await _act(ctx, "models.sleep", ctx.args.model, ("sleeping", "failed", "warm", "cold", "cached"))
+    return await _act(ctx, "models.sleep", ctx.args.model, ("sleeping",))
 
 
 async def cmd_cold(ctx) -> int:
-    return await _act(ctx, "models.cold", ctx.args.model, ("cold", "cached", "failed"))
+    return await _act(ctx, "models.cold", ctx.args.model, ("cold", "cached"))
 
 
 async def cmd_cache(ctx) -> int:
-    return await _act(ctx, "models.cache", ctx.args.model, ("cold", "cached", "warm", "sleeping", "failed"))
+    return await _act(ctx, "models.cache", ctx.args.model, ("cold", "cached", "warm", "sleeping"))
 
 
 def pin_human(m: dict[str, Any]) -> str:
@@ -206,15 +241,21 @@ async def cmd_swap(ctx) -> int:
                           f"machine; use `cetlab sleep {out}` and `cetlab warm {incoming}`")
     started = time.monotonic()
     await ctx.call(machine, "models.swap", {"out": out, "in": incoming})
-    result = {"out": None, "in": None}
+    result, problems = {}, []
     if not ctx.args.no_wait:
-        result["in"] = await wait_settled(ctx, incoming, ("warm", "failed", "cold", "cached"), ctx.args.wait_timeout)
-        result["out"] = await wait_settled(ctx, out, ("sleeping", "cold", "cached", "failed", "warm"), ctx.args.wait_timeout)
+        for key, name, wanted in (("in", incoming, ("warm",)), ("out", out, ("sleeping", "cold", "cached"))):
+            try:
+                result[key] = await wait_settled(ctx, name, wanted, ctx.args.wait_timeout)
+            except SettledElsewhere as exc:
+                result[key] = exc.model
+                problems.append(exc.message)
     else:
         result = {k: await ctx.call(machine, "models.get", {"model": n}) for k, n in (("out", out), ("in", incoming))}
     data = {"out": model_json(result["out"]), "in": model_json(result["in"]), "elapsed_s": round(time.monotonic() - started, 3)}
     ctx.out(data, lambda d: f"{model_human(d['out'])}\n{model_human(d['in'])}\nswap took {d['elapsed_s']:.1f} s")
-    return EXIT_FAILED if data["in"]["state"] == "failed" else EXIT_OK
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return EXIT_FAILED if problems or data["in"]["state"] == "failed" else EXIT_OK
 
 
 async def cmd_rotate(ctx) -> int:

@@ -124,6 +124,8 @@ class LabState:
         self.lab = lab
         self.machines: dict[str, MachineView] = {m.name: MachineView(m) for m in lab.machines}
         self.version = 0
+        # offline alerts that cleared: only the console raises them, so only it can keep their history (newest last)
+        self.offline_history: deque[dict[str, Any]] = deque(maxlen=200)
 
     def _bump(self, view: MachineView) -> None:
         view.version += 1
@@ -131,6 +133,13 @@ class LabState:
 
     def set_link(self, name: str, link: str, error: str | None = None) -> None:
         view = self.machines[name]
+        if link == "online" and view.link not in ("online", "connecting") and view.last_seen is not None:
+            now = time.time()
+            if now - view.last_seen >= self.lab.alerts.offline_for_s:  # it was an alert: it clears now, into the history
+                self.offline_history.append({
+                    "id": f"{name}-offline-{int(view.last_seen)}", "rule": "offline", "level": "critical", "machine": name,
+                    "target": "machine", "message": f"{name} was {view.link}" + (f": {view.error}" if view.error else ""),
+                    "fired_at": view.last_seen, "cleared_at": now, "acked_at": None})
         if view.link != link or view.error != error:
             view.link, view.error = link, error
             self._bump(view)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 
@@ -166,3 +167,21 @@ def test_snapshot_checkpoints(snap_compare, frozen_app):
         await pilot.pause()
 
     assert snap_compare(frozen_app, terminal_size=SIZE, run_before=open_view)
+
+
+async def test_the_details_follow_the_row_when_the_served_model_warms(frozen_app):
+    app = frozen_app
+    async with app.run_test(size=SIZE) as pilot:
+        await until_drawn(pilot)
+        await pilot.press("colon", *"checkpoints", "enter")
+        screen = await wait_for(lambda: isinstance(app.screen, CheckpointsScreen) and app.screen)
+        _, detail = frozen_run()
+        best = next(c for c in detail["checkpoints"] if c["is_best"])
+        best["serving"] = {**best["serving"], "state": "loading"}
+        screen.show_detail(copy.deepcopy(detail))
+        assert screen.selected()["step"] == best["step"]
+        best["serving"]["state"] = "warm"
+        screen.show_detail(copy.deepcopy(detail))  # the next listing: the row and the details both say warm, the cursor unmoved
+        await pilot.pause()
+        assert "(warm)" in str(screen.table().get_cell(str(best["step"]), "flags"))
+        assert "merged on model m5-3-step250, warm" in str(screen.query_one("#ckpt-detail").render())

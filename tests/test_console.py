@@ -143,3 +143,98 @@ def test_labstate_parses_each_section_once_and_refuses_what_does_not_fit():
     assert "gpus.0.index: Field required" in view.problems["gpus"] and view.gpus[0].name == "Tesla V100"
     state.apply_tick("m5", {"t": FROZEN_NOW + 3, "changed": {"jobs": frozen_jobs()[:2]}})
     assert len(view.jobs) == 2 and "jobs" not in view.problems  # a good section clears the complaint
+
+
+async def test_slash_filters_the_fleet_and_every_table():
+    from console.screens.jobs import JobsScreen
+    from console.screens.modals import AskTextScreen
+    from widgets.jobs_table import JobsTable
+
+    state = frozen_state()
+    state.machines["m5"].apply_section("jobs", frozen_jobs())
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+
+    async def filter_by(pilot, text: str) -> None:
+        await pilot.press("slash")
+        await wait_for(lambda: isinstance(app.screen, AskTextScreen) and app.screen.query("#ask-text"))
+        app.screen.query_one("#ask-text").value = text
+        await pilot.press("enter")
+        await wait_for(lambda: not isinstance(app.screen, AskTextScreen))
+
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until_drawn(pilot, FleetScreen)
+        await filter_by(pilot, "IRINA")
+        shown = [card.machine for card in app.screen.query(MachineCard) if card.display]
+        assert shown == ["irina"]
+        await filter_by(pilot, "")
+        assert all(card.display for card in app.screen.query(MachineCard))
+
+        await pilot.press("colon", *"jobs", "enter")
+        await until_drawn(pilot, JobsScreen)
+        table = app.screen.query_one(JobsTable)
+        assert table.row_count == 4
+        await filter_by(pilot, "p40")
+        assert table.row_count == 1 and table.selected().id == "m5-3"
+        state.machines["m5"].apply_section("jobs", frozen_jobs())  # the next tick keeps the filter
+        app.screen.refresh_data()
+        assert table.row_count == 1
+        await filter_by(pilot, "")
+        assert table.row_count == 4
+
+
+async def test_the_help_screen_shows_the_cli_line_of_a_demo_lab(tmp_path):
+    from console.demo import DemoLab
+    from tests.test_first_hour import saver_lab
+
+    with DemoLab(tmp_path / "d", source=saver_lab(tmp_path / "src")) as demo:
+        app = CetlabApp(load_lab(demo.lab_path))
+        async with app.run_test(size=(160, 50)) as pilot:
+            await until_drawn(pilot, FleetScreen)
+            await pilot.press("question_mark")
+            help_screen = await wait_for(lambda: isinstance(app.screen, HelpScreen) and app.screen)
+            text = "\n".join(str(s.render()) for s in help_screen.query("Static"))
+            assert "The CLI on this demo lab" in text and f"--lab {demo.lab_path} status" in text, text
+
+
+async def test_the_audit_view_shows_the_refused_calls_the_agents_count():
+    from console.screens.audit import AuditScreen
+
+    state = frozen_state()
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+    entry = {"id": 1, "t": FROZEN_NOW - 5, "who": "ops", "role": "operator", "method": "models.warm", "params": {}, "outcome": "ok",
+             "error": None, "duration_s": 0.1}
+    refusal = {"minute": FROZEN_NOW - 60, "who": "intern", "role": "viewer", "method": "jobs.start", "count": 7}
+
+    async def call_all(method, params=None):
+        assert method == "audit.list"
+        return {"m5": {"machine": "m5", "total": 1, "entries": [entry], "refusals": [refusal]}, "irina": {"entries": [], "refusals": []}}
+
+    async with app.run_test(size=(160, 50)) as pilot:
+        app.client.call_all = call_all
+        await until_drawn(pilot)
+        await pilot.press("colon", *"audit", "enter")
+        screen = await wait_for(lambda: isinstance(app.screen, AuditScreen) and app.screen)
+        screen.action_fetch()
+        summary = screen.query_one("#audit-summary")
+        await wait_for(lambda: "7 refused calls" in str(summary.render()))
+        assert "intern (viewer) jobs.start ×7 on m5" in str(summary.render())
+
+
+async def test_an_offline_spell_reaches_the_alerts_history_once_the_machine_is_back():
+    from console.screens.alerts import AlertsScreen
+
+    state = frozen_state()  # pharaoh unreachable for 75 s: an offline alert
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+
+    async def call_all(method, params=None):
+        return {name: {"alerts": []} for name in state.machines}  # the agents know nothing of it
+
+    async with app.run_test(size=(160, 50)) as pilot:
+        app.client.call_all = call_all
+        await until_drawn(pilot)
+        await pilot.press("colon", *"alerts", "enter")
+        screen = await wait_for(lambda: isinstance(app.screen, AlertsScreen) and app.screen)
+        state.set_link("pharaoh", "online")  # it answers again: the alert clears
+        await pilot.press("h")
+        table = screen.query_one("#alerts-table")
+        await wait_for(lambda: any(a["rule"] == "offline" and a["machine"] == "pharaoh" and a["cleared_at"] for a in table.items.values()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -269,3 +270,99 @@ def test_the_help_screen_can_ask_for_the_demo_cli_line(tmp_path):
         assert demo_cli_hint(demo.lab_path).endswith(f"--lab {demo.lab_path} status")
     assert demo_cli_hint(tmp_path / "src" / "lab.yaml") is None  # not a demo's lab file
     assert demo_cli_hint(None) is None
+
+
+# ---------------------------------------------------------------------------- 1: `cetlab warm` during the start plan
+
+
+@pytest.fixture()
+def plan_lab(tmp_path):
+    """One machine whose start plan brings model p up and then puts it to sleep (slow enough to ask during it)."""
+    slow = {**FAST, "load_s": 4.0, "cold_factor": 1.0}
+    data = {
+        "lab": "start-plan",
+        "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
+        "models": [{**sim_model("p", 0), "sim": slow}],
+        "orchestra": {"sleeping": ["p"]},
+    }
+    (tmp_path / "lab.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    with DemoLab(tmp_path / "run", source=tmp_path / "lab.yaml") as demo:
+        yield demo
+
+
+def test_an_operators_warm_wins_over_the_start_plans_sleep(plan_lab):
+    done = cli(plan_lab.lab_path, "warm", "p", "--wait-timeout", "60")
+    assert done.stderr.startswith("p: loading"), done.stderr  # asked while the start plan was bringing it up
+    assert done.returncode == 0, done.stderr  # before: the plan put it to sleep and the wait hung to its timeout
+    assert done.stdout.startswith("p on box GPU 0: warm"), done.stdout
+    after = json.loads(cli(plan_lab.lab_path, "--json", "models").stdout)
+    assert [m["state"] for m in after["models"]] == ["warm"]
+
+
+class ScriptedModels:
+    """A CLI context whose models.get answers a script of states, the last one repeated (the wait's logic alone)."""
+
+    def __init__(self, states: list[tuple[str, str | None]]):
+        self.states = states
+        self.args = type("Args", (), {"json": False})()
+        self.lab = type("Lab", (), {"models": [type("M", (), {"name": "p", "machine": "box"})()], "lab": "x"})()
+
+    async def call(self, machine, method, params, timeout=None):
+        state, op = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        history = [{"t": 0.0, "event": "sleep", "from_state": "warm", "to_state": "sleeping", "detail": None}]
+        return {"name": "p", "machine": "box", "gpus": [0], "state": state, "op": op, "history": history}
+
+
+def test_a_wait_for_warm_ends_when_the_model_settles_asleep_and_says_why(capsys):
+    from console.cli_models import SettledElsewhere, wait_settled
+
+    ctx = ScriptedModels([("loading", "warm"), ("warm", "sleep"), ("sleeping", None)])
+    with pytest.raises(SettledElsewhere) as info:
+        asyncio.run(wait_settled(ctx, "p", ("warm",), timeout_s=30))
+    assert "p settled sleeping, not warm: its last move was sleep (warm → sleeping)" in info.value.message
+
+
+# ---------------------------------------------------------------------------- 11: cut and odd text
+
+
+def test_a_phase_that_repeats_the_state_is_said_once():
+    from agents.sections import ModelInfo
+    from console.cli_models import state_text
+    from widgets.orchestra_table import COLUMNS, state_cell
+
+    loading = {"name": "m", "machine": "box", "engine": "sim", "state": "loading", "since": 0.0}
+    assert state_text({**loading, "progress": {"phase": "loading"}}) == "loading"
+    assert state_text({**loading, "progress": {"phase": "warm-up"}}) == "loading (warm-up)"
+    assert str(state_cell(ModelInfo(**loading, progress={"phase": "loading"}))) == "loading"
+    tiny = str(state_cell(ModelInfo(**loading, progress={"phase": "making the tiny model"})))
+    assert tiny == "loading making the tiny model" and len(tiny) <= dict((k, w) for k, _, w in COLUMNS)["state"]
+
+
+def test_the_step_cell_keeps_its_percent():
+    from agents.sections import JobInfo
+    from tests.console_fixtures import frozen_jobs
+    from widgets.jobs_table import COLUMNS, step_cell
+
+    width = dict((k, w) for k, _, w in COLUMNS)["step"]
+    for step, max_steps in ((2000, 2000), (1230, 100000)):
+        job = JobInfo(**{**frozen_jobs()[0], "step": step, "max_steps": max_steps})
+        assert step_cell(job).endswith("%") and len(step_cell(job)) <= width, step_cell(job)
+
+
+def test_the_start_forms_bounds_are_written_as_numbers_people_write():
+    from console.screens.modals import param_hint
+
+    hint = param_hint({"name": "max_steps", "type": "int", "min": 1.0, "max": 100000.0, "flag": "--max-steps"})
+    assert "(int, 1..100000)" in hint, hint
+    assert "(float, ..0.5)" in param_hint({"name": "lr", "type": "float", "min": None, "max": 0.5, "flag": "--lr"})
+
+
+def test_one_checkpoint_is_singular_and_a_model_is_named_once_in_costs():
+    from console.cli_checkpoints import prune_human
+    from console.screens.costs import breakdown_rows
+
+    assert "deleted 1 checkpoint," in prune_human({"run": "r", "deleted": [{"step": 1}], "freed_bytes": 10, "kept": [], "skipped": []})
+    entry = {"model": "llama-3.1-8b", "label": "llama-3.1-8b", "machine": "m5", "kwh": 1.0, "cost": 0.3, "cloud_equivalent": 2.0,
+             "saving_pct": 85.0, "gpu_hours": 1.0, "gpu_busy_hours": 0.5, "tokens": 1000}
+    rows = breakdown_rows({"by_kind": "model", "currency": "EUR", "by": [entry]})
+    assert rows["m5/llama-3.1-8b"][0] == "llama-3.1-8b @m5"

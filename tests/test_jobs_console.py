@@ -194,3 +194,54 @@ def test_snapshot_jobs(snap_compare, monkeypatch):
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+async def test_precision_shows_in_the_table_and_notes_in_the_details(monkeypatch):
+    from console.client import FleetClient
+    from tests.console_fixtures import FROZEN_NOW, frozen_jobs, frozen_state
+
+    jobs = frozen_jobs()
+    jobs[0].update(precision="fp16", notes=["bf16 off: the P4 has no bf16 (compute capability 6.1)"])
+    state = frozen_state()
+    state.machines["m5"].apply_section("jobs", jobs)
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until_drawn(pilot)
+        await pilot.press("colon", *"jobs", "enter")
+        await until_drawn(pilot, JobsScreen)
+        assert cell(app, "m5-4", "precision") == "fp16" and cell(app, "m5-3", "precision") == "-"
+        detail = str(app.screen.query_one("#jobs-detail").render())
+        assert "precision fp16" in detail and "note: bf16 off: the P4 has no bf16" in detail, detail
+
+
+def test_cetlab_jobs_has_a_precision_column_and_the_job_its_notes():
+    from console.cli_jobs import job_human, jobs_human
+    from tests.console_fixtures import frozen_jobs
+
+    jobs = frozen_jobs()
+    jobs[0].update(precision="bf16", notes=["tf32 on"])
+    header, first, second, *_ = jobs_human({"jobs": jobs, "offline": {}}).splitlines()
+    assert header.split()[4] == "PREC" and first.split()[4] == "bf16" and second.split()[4] == "-"
+    assert "  precision: bf16\n  note: tf32 on" in job_human(jobs[0])
+
+
+async def test_clearing_a_param_with_a_default_is_refused_not_run_as_the_default():
+    from console.client import FleetClient
+    from tests.console_fixtures import FROZEN_NOW, frozen_state
+
+    state = frozen_state()
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+    recipe = {"name": "demo-lora", "machine": "m5", "gpus": [0], "launcher": "python",
+              "params": [{"name": "max_steps", "type": "int", "default": 2000, "min": 1, "max": 100000, "flag": "--max-steps", "help": ""}]}
+    calls = []
+    async with app.run_test(size=(160, 50)) as pilot:
+        app.client.call = lambda *args, **kwargs: calls.append(args)  # noqa: E731  nothing may reach the agent
+        await until_drawn(pilot)
+        app.push_screen(StartJobScreen(recipe))
+        form = await until_screen(pilot, app, StartJobScreen)
+        field = await wait_for(lambda: form.query("#param-max_steps").first() if form.query("#param-max_steps") else None)
+        field.value = ""
+        await pilot.press("ctrl+s")
+        error = form.query_one("#start-error")
+        await wait_for(lambda: "max_steps is empty: it would run with its default 2000" in str(error.render()))
+        assert app.screen is form and calls == []

@@ -33,6 +33,16 @@ def fmt_gib(n: float | None) -> str:
     return f"{gib:.1f}G" if gib < 10 else f"{gib:.0f}G"
 
 
+def plural(n: int, word: str) -> str:
+    """`1 checkpoint`, `2 checkpoints`."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def fmt_limit(value: float) -> str:
+    """A param's bound as a person writes it: 100000, not 100000.0."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return NA

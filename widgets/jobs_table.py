@@ -21,8 +21,8 @@ STATE_STYLES = {
 }
 SPARK_WIDTH = 16
 COLUMNS = [
-    ("job", "JOB", 8), ("recipe", "RECIPE", 14), ("machine", "MACHINE", 10), ("gpus", "GPUS", 11),
-    ("state", "STATE", 32), ("step", "STEP", 13), ("loss", "LOSS", SPARK_WIDTH + 8), ("speed", "SAMPLES/S", 9),
+    ("job", "JOB", 8), ("recipe", "RECIPE", 14), ("machine", "MACHINE", 10), ("gpus", "GPUS", 11), ("precision", "PREC", 4),
+    ("state", "STATE", 30), ("step", "STEP", 15), ("loss", "LOSS", SPARK_WIDTH + 8), ("speed", "SAMPLES/S", 9),
     ("eta", "ETA", 7), ("elapsed", "ELAPSED", 8),
 ]
 
@@ -62,6 +62,7 @@ def job_cells(job: JobInfo, offline: bool = False) -> tuple[Any, ...]:
         job.recipe,
         "+".join(node.machine for node in job.nodes) or job.machine,  # a multi-node job: every node
         Text.assemble(gpus, (" SIM", "bold magenta") if job.simulated and job.gpus else ""),
+        job.precision or NA,
         state_cell(job, offline),
         step_cell(job),
         loss_cell(job),

@@ -21,7 +21,9 @@ class LiveTable(DataTable):
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.column_spec = columns if columns is not None else self.COLUMNS
         self._cells_of = cells
-        self.items: dict[str, Any] = {}
+        self.items: dict[str, Any] = {}  # the items shown (those the filter lets through)
+        self.all_items: dict[str, Any] = {}  # every item given to show()
+        self.filter_text = ""  # `/`: only rows whose text holds this (any case) are shown
         self._shown: dict[str, tuple] = {}  # what each row shows now
 
     def cells(self, item: Any) -> tuple:
@@ -35,11 +37,20 @@ class LiveTable(DataTable):
             for key, label, width in self.column_spec:
                 self.add_column(label, key=key, width=width)
 
+    def set_filter(self, text: str) -> None:
+        """Show only the rows whose text holds `text` (any case); "" shows every row again."""
+        self.filter_text = text.strip()
+        self.show(self.all_items)
+
     def show(self, items: dict[str, Any]) -> None:
-        """Show these items, in this order; the cursor stays on its row's key."""
+        """Show these items, in this order (those the filter lets through); the cursor stays on its row's key."""
         self._ensure_columns()
-        self.items = items
+        self.all_items = items
         wanted = {key: self.cells(item) for key, item in items.items()}
+        if self.filter_text:
+            needle = self.filter_text.casefold()
+            wanted = {key: cells for key, cells in wanted.items() if needle in " ".join(map(str, cells)).casefold()}
+        self.items = {key: items[key] for key in wanted}
         for key in [k for k in self._shown if k not in wanted]:
             self.remove_row(key)
             del self._shown[key]

@@ -21,7 +21,7 @@ STATE_STYLES = {
 }
 COLUMNS = [
     ("model", "MODEL", 20), ("machine", "MACHINE", 11), ("gpus", "GPUS", 5), ("engine", "ENGINE", 16),
-    ("state", "STATE", 28), ("vram", "VRAM", 5), ("requests", "RUN/WAIT", 8), ("tokens", "TOK/S", 6),
+    ("state", "STATE", 30), ("vram", "VRAM", 5), ("requests", "RUN/WAIT", 8), ("tokens", "TOK/S", 6),
     ("kv", "KV", 4), ("load", "LOAD", 6), ("warmup", "WARM-UP", 7), ("wake", "WAKE", 5), ("ram", "RAM", 5),
 ]
 
@@ -38,10 +38,11 @@ def state_cell(model: ModelInfo) -> Text:
     text = Text(model.state, style=STATE_STYLES.get(model.state, ""))
     progress = model.progress
     if progress:
-        phase = progress.phase
+        phase = "" if progress.phase == model.state else progress.phase  # not "loading loading"
         if progress.total_bytes:
             phase += f" {(progress.done_bytes or 0) / progress.total_bytes:.0%}"
-        text.append(f" {phase}", style="italic")
+        if phase.strip():
+            text.append(f" {phase.strip()}", style="italic")
     if model.pinned:
         text.append(" PIN", style="bold magenta")
     return text

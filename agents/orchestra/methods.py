@@ -71,17 +71,20 @@ def register(pool: OrchestraComponent) -> None:
     async def models_warm(peer, params: ModelParams) -> dict:
         slot = pool.slot(params.model)
         pool.warm(slot)
+        slot.operator_warm = True
         return pool.info(slot).to_wire()
 
     @rpc.method("models.sleep", role=Role.OPERATOR, params=ModelParams, doc="Put a warm model to sleep (GPU freed, weights in RAM).")
     async def models_sleep(peer, params: ModelParams) -> dict:
         slot = pool.slot(params.model)
         pool.sleep(slot)
+        slot.operator_warm = False
         return pool.info(slot).to_wire()
 
     @rpc.method("models.cold", role=Role.OPERATOR, params=ModelParams, doc="Stop a model's engine; waits until it is stopped.")
     async def models_cold(peer, params: ModelParams) -> dict:
         slot = pool.slot(params.model)
+        slot.operator_warm = False
         await pool.cold(slot)
         return pool.info(slot).to_wire()
 
@@ -89,6 +92,7 @@ def register(pool: OrchestraComponent) -> None:
     async def models_swap(peer, params: SwapParams) -> dict:
         out, incoming = pool.slot(params.out), pool.slot(params.in_)
         pool.swap(out, incoming)
+        out.operator_warm, incoming.operator_warm = False, True
         return {"out": pool.info(out).to_wire(), "in": pool.info(incoming).to_wire()}
 
     @rpc.method("models.cache", role=Role.OPERATOR, params=ModelParams, doc="Pre-read a model's files into RAM (page cache).")
@@ -113,6 +117,8 @@ def register(pool: OrchestraComponent) -> None:
         if not agent.lab.orchestra.rotation:
             raise RemoteError(ErrorCode.UNAVAILABLE, "lab.yaml has no orchestra.rotation plan")
         pool._start_rotation()
+        for slot in pool.slots.values():  # the operator's latest command wins: this rotation may take them out
+            slot.operator_warm = False
         await asyncio.sleep(0)
         return pool.rotation_info().to_wire()
 

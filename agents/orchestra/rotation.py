@@ -72,7 +72,8 @@ class RotationMixin:
         up = [Candidate(s.name, tuple(s.gpus)) for s in self.slots.values() if s.state in MODEL_HOLDS_GPU]
         rest = [Candidate(s.name, tuple(s.gpus if s.state == ModelState.SLEEPING else s.model.gpus), s.state == ModelState.SLEEPING)
                 for s in self.slots.values() if s.state not in MODEL_HOLDS_GPU]
-        moves = plan_moves(up, target, {s.name for s in self.slots.values() if s.pinned}, rest)
+        held = {s.name for s in self.slots.values() if s.pinned or s.operator_warm}  # never taken out
+        moves = plan_moves(up, target, held, rest)
         started, problems = time.monotonic(), []
 
         async def run(task_factory: Callable[[], asyncio.Task | None]) -> None:
@@ -120,8 +121,8 @@ class RotationMixin:
             await self._try(slot, lambda: self.cache(slot))
         await asyncio.gather(*(self._try(s, lambda s=s: self.warm(s)) for s in mine(sorted(warm))))
         await asyncio.gather(*(self._try(s, lambda s=s: self.warm(s)) for s in mine(plan.sleeping) if s.name not in warm))
-        for slot in mine(plan.sleeping):
-            if slot.name not in warm and slot.state == ModelState.WARM:
+        for slot in mine(plan.sleeping):  # an operator who asked for it warm meanwhile wins over the plan
+            if slot.name not in warm and slot.state == ModelState.WARM and not slot.operator_warm:
                 await self._try(slot, lambda: self.sleep(slot))
 
     async def _try(self, slot: Slot, step: Callable[[], Any]) -> None:

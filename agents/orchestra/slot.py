@@ -37,6 +37,7 @@ class Slot:
     progress: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     pinned: bool = False
+    operator_warm: bool = False  # an operator asked for it warm: the start plan and the timed rotation leave it up
     cached_bytes: int = 0
     size_bytes: int = 0
     last_used: float = 0.0

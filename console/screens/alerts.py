@@ -65,7 +65,8 @@ class AlertsScreen(LabScreen):
         """Alert id -> alert: the active ones live from the stream, then (with history) the cleared ones."""
         alerts = {a["id"]: a for a in active_alerts(self.lab_app.state, self.lab_app.clock())}
         if self.history:
-            for alert in self.past:
+            past = [*self.past, *self.lab_app.state.offline_history]
+            for alert in sorted(past, key=lambda a: -(a.get("fired_at") or 0)):
                 alerts.setdefault(alert["id"], alert)
         return alerts
 

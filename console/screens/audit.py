@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rich.markup import escape
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from console.audit import merge_trails
+from console.audit import merge_trails, refusals_line
 from console.screens.base import LabScreen
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
@@ -40,7 +41,7 @@ class AuditScreen(LabScreen):
     def __init__(self) -> None:
         super().__init__()
         self.errors_only = False
-        self.trail: dict[str, Any] = {"entries": [], "unavailable": {}}
+        self.trail: dict[str, Any] = {"entries": [], "refusals": [], "unavailable": {}}
         self._counts: dict[str, Any] = {}
 
     def compose(self) -> ComposeResult:
@@ -63,7 +64,8 @@ class AuditScreen(LabScreen):
         unavailable = "".join(f" · {m}: {why}" for m, why in self.trail["unavailable"].items())
         self.query_one("#audit-summary", Static).update(
             f"[b]{len(self.trail['entries'])} operator actions[/b] ({failed} refused or failed) · "
-            f"showing {'errors only' if self.errors_only else 'all'} · [b]e[/b] errors only · [b]r[/b] refresh{unavailable}")
+            f"showing {'errors only' if self.errors_only else 'all'} · [b]e[/b] errors only · [b]r[/b] refresh{unavailable}\n"
+            + escape(refusals_line(self.trail["refusals"])))
         self.query_one("#audit-table", LiveTable).show({f"{e['machine']}:{e['id']}": e for e in entries})  # newest first
 
     def action_toggle_errors(self) -> None:

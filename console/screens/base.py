@@ -29,6 +29,7 @@ class LabScreen(Screen):
         Binding("k", "move(-1)", "Up", show=False),
         Binding("g", "move_to_end(False)", "Top", show=False),
         Binding("G", "move_to_end(True)", "Bottom", show=False),
+        Binding("slash", "filter", "Filter"),
     ]
 
     def __init__(self, *args, **kwargs) -> None:
@@ -116,6 +117,26 @@ class LabScreen(Screen):
             if action is not None:
                 action()
                 return
+
+    def action_filter(self) -> None:
+        """`/`: ask for the text every table of this view filters its rows by (empty: all rows)."""
+        from console.screens.modals import AskTextScreen
+
+        current = getattr(self, "filter_text", "")
+        self.app.push_screen(AskTextScreen("show only the rows holding (empty: every row):", current), self._filter_answered)
+
+    def _filter_answered(self, text: str | None) -> None:
+        if text is not None:
+            self.filter_text = text.strip()
+            self.apply_filter(self.filter_text)
+            self.notify(f"filter: {self.filter_text}" if self.filter_text else "filter cleared")
+
+    def apply_filter(self, text: str) -> None:
+        """Filter this view's tables; a view of something other than tables overrides it."""
+        from widgets.live_table import LiveTable
+
+        for table in self.query(LiveTable):
+            table.set_filter(text)
 
     # -- acting on the lab
 

@@ -17,7 +17,7 @@ from agents.states import JOB_ACTIVE
 from console.screens.base import LabScreen
 from console.screens.modals import AskNumberScreen
 from widgets.checkpoint_timeline import CheckpointTimeline
-from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs
+from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, plural
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
 
@@ -55,7 +55,7 @@ def checkpoint_cells(ckpt: dict[str, Any], now: float) -> tuple[Any, ...]:
 def run_line(run: RunSummary, index: int, total: int) -> str:
     share = f" ({run.save_share_pct:.2f}% of {fmt_duration(run.wall_s)})" if run.save_share_pct is not None else ""
     job = f" · job {run.job} ({run.job_state})" if run.job else " · not started by cetlab"
-    return (f"[b]{run.run}[/b] on {run.machine}{job} · {run.count} checkpoints"
+    return (f"[b]{run.run}[/b] on {run.machine}{job} · {plural(run.count, 'checkpoint')}"
             + (f" + [red]{run.incomplete} incomplete[/]" if run.incomplete else "")
             + f" · {fmt_bytes(run.disk_bytes)} on disk · saves {fmt_secs(run.save_s_total)}{share}"
             + f"   [dim]run {index + 1}/{total}: [ ] to switch[/]")

@@ -33,7 +33,9 @@ def breakdown_rows(report: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     rows = {}
     for entry in report["by"]:
         key = entry[by] if by == "machine" else f"{entry['machine']}/{entry[by]}"
-        name = entry[by] if by == "machine" else f"{entry[by]} {entry.get('label') or ''}".strip() + f" @{entry['machine']}"
+        label = entry.get("label") or ""
+        shown = entry[by] if label in ("", entry[by]) else f"{entry[by]} {label}"  # a model's label is its own name: once
+        name = entry[by] if by == "machine" else f"{shown} @{entry['machine']}"
         rows[key] = (name[:34], f"{entry['kwh']:.3f}", fmt_money(entry["cost"], currency), fmt_money(entry["cloud_equivalent"], currency),
                      fmt_pct(entry["saving_pct"]), f"{entry['gpu_hours']:.2f}", f"{entry['gpu_busy_hours']:.2f}", f"{entry['tokens']:,}")
     return rows

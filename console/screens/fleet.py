@@ -54,6 +54,13 @@ class FleetScreen(LabScreen):
         if cards:
             cards[0].focus()
 
+    def apply_filter(self, text: str) -> None:
+        """`/` on the fleet: only the cards of machines whose name or role holds the text."""
+        needle = text.casefold()
+        for card in self.query(MachineCard):
+            config = self.lab_app.state.machines[card.machine].config
+            card.display = needle in f"{card.machine} {config.role}".casefold()
+
     def refresh_data(self) -> None:
         state = self.lab_app.state
         limits = self.thresholds()

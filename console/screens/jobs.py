@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 
+from rich.markup import escape
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -21,7 +22,7 @@ def detail_text(job: JobInfo | None) -> str:
         return "no jobs yet: [b]n[/b] starts a recipe from lab.yaml"
     params = " ".join(f"{k}={v}" for k, v in job.params.items())
     lines = [f"[b]{job.id}[/b] {job.recipe} on {job.machine}  {params}"]
-    figures = []
+    figures = [f"precision {job.precision}"] if job.precision else []
     if job.learning_rate is not None:
         figures.append(f"lr {job.learning_rate:.3g}")
     if job.tokens_per_s is not None:
@@ -35,6 +36,7 @@ def detail_text(job: JobInfo | None) -> str:
         figures.append("[b magenta]SIM[/] GPU figures")
     if figures:
         lines.append(" · ".join(figures))
+    lines += [f"note: {escape(note)}" for note in job.notes]
     lines.append(f"[dim]log {job.log_path} · output {job.output_dir}[/]")
     lines += [f"node {i} [b]{node.machine}[/b] GPU {','.join(map(str, node.gpus)) or '-'}: {node.state}"
               + (f" ({node.exit_code})" if node.exit_code is not None else "") for i, node in enumerate(job.nodes)]

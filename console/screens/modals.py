@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -17,7 +18,7 @@ from textual.widgets.option_list import Option
 from agents.protocol import RemoteError
 from agents.sections import ModelInfo
 from console.views import VIEWS
-from widgets.format import NA, fmt_gib
+from widgets.format import NA, fmt_gib, fmt_limit
 from widgets.orchestra_table import state_cell
 
 
@@ -47,20 +48,28 @@ class PickModelScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = """
     PickModelScreen { align: center middle; }
-    PickModelScreen > Vertical { width: 72; height: auto; max-height: 24; border: thick $accent; background: $surface; }
+    PickModelScreen > Vertical { width: 96; height: auto; max-height: 24; border: thick $accent; background: $surface; }
     PickModelScreen OptionList { height: auto; max-height: 18; }
     """
 
-    def __init__(self, title: str, models: list[ModelInfo]) -> None:
+    def __init__(self, title: str, models: list[ModelInfo], notes: dict[str, tuple[str, str | None]] | None = None) -> None:
+        """`notes`: per model, where it would come up and why it cannot (None: it can); one that cannot is shown, not offered."""
         super().__init__()
         self.title_text = title
         self.models = models
+        self.notes = notes or {}
+
+    def _option(self, model: ModelInfo) -> Option:
+        where, why = self.notes.get(model.name, ("", None))
+        text = Text.assemble(f"{model.name:<22}", state_cell(model), f"  {fmt_gib(model.vram_bytes)}  {where}")
+        if why:
+            text.append(f"  cannot: {why}", style="red")
+        return Option(text, id=model.name, disabled=why is not None)
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(self.title_text, classes="title")
-            yield OptionList(*[Option(Text.assemble(f"{m.name:<22}", state_cell(m), f"  {fmt_gib(m.vram_bytes)}"), id=m.name)
-                               for m in self.models], id="pick-model")
+            yield OptionList(*[self._option(m) for m in self.models], id="pick-model")
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.dismiss(event.option.id)
@@ -100,6 +109,31 @@ class AskNumberScreen(ModalScreen[int | None]):
         self.dismiss(None)
 
 
+class AskTextScreen(ModalScreen[str | None]):
+    """A line of text (enter), or None on escape."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    AskTextScreen { align: center middle; }
+    AskTextScreen > Vertical { width: 72; height: auto; padding: 1 2; border: thick $accent; background: $surface; }
+    """
+
+    def __init__(self, question: str, default: str = "") -> None:
+        super().__init__()
+        self.question, self.default = question, default
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.question)
+            yield Input(self.default, id="ask-text")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
 class PickRecipeScreen(ModalScreen[dict | None]):
     """Choose the recipe to start."""
 
@@ -130,7 +164,8 @@ class PickRecipeScreen(ModalScreen[dict | None]):
 def param_hint(param: dict[str, Any]) -> str:
     parts = [param["type"]]
     if param.get("min") is not None or param.get("max") is not None:
-        parts.append(f"{param.get('min', '')}..{param.get('max', '')}".replace("None", ""))
+        low, high = (NA if param.get(k) is None else fmt_limit(param[k]) for k in ("min", "max"))
+        parts.append(f"{low}..{high}".replace(NA, ""))
     text = f"[b]{param['name']}[/b] ({', '.join(parts)}) {param['flag']}"
     return text + (f"  [dim]{param['help']}[/]" if param.get("help") else "")
 
@@ -195,9 +230,17 @@ class StartJobScreen(ModalScreen[dict | None]):
     def action_start(self) -> None:
         self.start()
 
+    def cleared(self) -> list[dict[str, Any]]:
+        """The params with a default whose field was emptied: the agent would run the default, unasked."""
+        return [p for p in self.recipe["params"] if p.get("default") is not None and p["type"] not in ("bool", "choice")
+                and not self.query_one(f"#param-{p['name']}", Input).value.strip()]
+
     @work(exclusive=True, group="start-job")
     async def start(self) -> None:
         error = self.query_one("#start-error", Static)
+        if cleared := self.cleared():
+            error.update("; ".join(f"{p['name']} is empty: it would run with its default {p['default']}; type a value" for p in cleared))
+            return
         error.update("starting ...")
         try:
             job = await self.app.client.call(self.recipe["machine"], "jobs.start", {"recipe": self.recipe["name"], "params": self.values()})
@@ -213,6 +256,7 @@ class StartJobScreen(ModalScreen[dict | None]):
 GLOBAL_KEYS = [
     ("j / k", "down / up (the arrows too)"),
     ("g / G", "first / last row"),
+    ("/", "filter the rows (every table, the fleet's machines)"),
     ("?", "this help"),
     (":", "jump to a view by name (:fleet, :jobs, :models ...)"),
     ("esc", "back"),
@@ -229,15 +273,19 @@ class HelpScreen(ModalScreen):
     HelpScreen > VerticalScroll { width: 80; height: auto; max-height: 90%; border: thick $accent; background: $surface; padding: 1 2; }
     """
 
-    def __init__(self, bindings: list[tuple[str, str]]):
+    def __init__(self, bindings: list[tuple[str, str]], cli_line: str | None = None):
+        """`cli_line`: the CLI line that reaches the demo lab shown, when it is one."""
         super().__init__()
         self.view_bindings = bindings
+        self.cli_line = cli_line
 
     def compose(self) -> ComposeResult:
         lines = ["[b]Keys of this view[/b]"]
         lines += [f"  [b cyan]{key:<10}[/] {desc}" for key, desc in self.view_bindings] or ["  (none)"]
         lines += ["", "[b]Everywhere[/b]"] + [f"  [b cyan]{key:<10}[/] {desc}" for key, desc in GLOBAL_KEYS]
         lines += ["", "[b]Views[/b] (type : then the name)"] + [f"  [b cyan]:{name:<9}[/] {desc}" for name, (_, _, desc) in VIEWS.items()]
+        if self.cli_line:
+            lines += ["", "[b]The CLI on this demo lab[/b]", f"  {escape(self.cli_line)}"]
         with VerticalScroll():
             yield Static("\n".join(lines))
 

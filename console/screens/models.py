@@ -8,33 +8,58 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
+from agents.protocol import GpuSample
 from agents.sections import ModelInfo, Rotation
 from agents.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
 from console.screens.base import LabScreen
 from console.screens.modals import PickModelScreen
-from widgets.format import fmt_duration
+from widgets.format import fmt_duration, fmt_gib
 from widgets.lab_header import LabHeader
 from widgets.orchestra_table import OrchestraTable
 
 def rotation_text(rotations: dict[str, Rotation | None], now: float) -> str:
-    """One line: the plan's step, the next rotation with its countdown, the measured overhead."""
+    """One line per machine with a plan: its step, the next rotation with its countdown, its own measured overhead."""
     planned = {m: r for m, r in rotations.items() if r and r.plan}
     if not planned:
         return "no rotation plan (lab.yaml orchestra.rotation)"
-    next_at = min((r.next_at for r in planned.values() if r.next_at), default=None)
-    any_plan = next(iter(planned.values()))
-    step = any_plan.index
-    parts = [f"rotation: step {'start' if step is None else step + 1} of {len(any_plan.plan)}"]
-    if next_at is not None:
-        parts.append(f"next in {fmt_duration(max(0.0, next_at - now))} (at {time.strftime('%H:%M', time.localtime(next_at))}) → "
-                     + ", ".join(any_plan.next_set or []))
-    if any(r.running for r in planned.values()):
-        parts.append("[b yellow]rotating now[/]")
-    worst = max(r.overhead_pct or 0.0 for r in planned.values())
-    target = any_plan.target_pct or 0.0
-    colour = "green" if worst < target else "red"
-    parts.append(f"overhead [{colour}]{worst:.3f}%[/] (target < {target:g}%)")
-    return " · ".join(parts)
+    lines = []
+    for machine, rotation in planned.items():
+        parts = [f"[b]{machine}[/b] rotation: step {'start' if rotation.index is None else rotation.index + 1} of {len(rotation.plan)}"]
+        if rotation.next_at is not None:
+            parts.append(f"next in {fmt_duration(max(0.0, rotation.next_at - now))} (at {time.strftime('%H:%M', time.localtime(rotation.next_at))})"
+                         + " → " + ", ".join(rotation.next_set or []))
+        if rotation.running:
+            parts.append("[b yellow]rotating now[/]")
+        target = rotation.target_pct or 0.0
+        if rotation.overhead_pct is not None:
+            colour = "green" if rotation.overhead_pct < target else "red"
+            parts.append(f"overhead [{colour}]{rotation.overhead_pct:.3f}%[/] of {fmt_duration(rotation.wall_s)} (target < {target:g}%)")
+        lines.append(" · ".join(parts))
+    return "\n".join(lines)
+
+
+def swap_fit(out: ModelInfo, incoming: ModelInfo, gpus: dict[int, GpuSample]) -> tuple[list[int], str | None]:
+    """Where a swap would bring `incoming` up (the agent's rule) and why it would not fit there (None: it fits).
+
+    A sleeping model wakes on the GPUs it sleeps on; another takes out's GPUs when it needs as many.
+    Free memory is the last sample's, plus what `out` gives back on its GPUs.
+    """
+    if incoming.state == ModelState.SLEEPING or len(out.gpus) != len(incoming.gpus):
+        target = list(incoming.gpus)
+    else:
+        target = list(out.gpus)
+    if not target or not incoming.vram_bytes:
+        return target, None
+    need = incoming.vram_bytes / len(target)
+    given_back = out.vram_bytes / len(out.gpus) if out.gpus and out.state == ModelState.WARM else 0
+    for index in target:
+        gpu = gpus.get(index)
+        if gpu is None or gpu.mem_total_bytes is None or gpu.mem_used_bytes is None:
+            continue  # not reported: the agent decides
+        free = gpu.mem_total_bytes - gpu.mem_used_bytes + (given_back if index in out.gpus else 0)
+        if free < need:
+            return target, f"needs {fmt_gib(need)} on GPU {index}, {fmt_gib(max(0.0, free))} free"
+    return target, None
 
 
 def detail_text(model: ModelInfo | None) -> str:
@@ -60,13 +85,14 @@ def detail_text(model: ModelInfo | None) -> str:
 class ModelsScreen(LabScreen):
     VIEW_NAME = "models"
     CLOCK_S = 1.0  # the rotation's countdown
-    ACTING = frozenset({"warm", "sleep", "cold", "swap", "pin"})
+    ACTING = frozenset({"warm", "sleep", "cold", "swap", "pin", "rotate"})
     BINDINGS = [
         Binding("w", "warm", "Warm"),
         Binding("s", "sleep", "Sleep"),
         Binding("c", "cold", "Cold"),
         Binding("x", "swap", "Swap"),
         Binding("p", "pin", "Pin"),
+        Binding("R", "rotate", "Rotate now"),
     ]
     DEFAULT_CSS = """
     ModelsScreen #models-rotation { height: auto; padding: 0 1; }
@@ -112,16 +138,24 @@ class ModelsScreen(LabScreen):
         model = self.query_one(OrchestraTable).selected()
         if model is None:
             self.notify("no model selected", severity="warning")
-        return model
+            return None
+        models, _ = self.pool()  # the newest tick, not the last redraw: keys act on what the model is now
+        return next((m for m in models if (m.machine, m.name) == (model.machine, model.name)), model)
 
     # -- actions
 
     def action_warm(self) -> None:
         if model := self.selected():
+            if model.state == ModelState.WARM and not model.op:  # nothing to do: no call, no audit row
+                self.notify(f"{model.name} is already warm")
+                return
             self.act(model.machine, "models.warm", {"model": model.name}, f"warming {model.name}")
 
     def action_sleep(self) -> None:
         if model := self.selected():
+            if model.pinned:  # said before the question, not after the y
+                self.notify(f"{model.name} is pinned: unpin it (p) before putting it to sleep", severity="warning")
+                return
             self.confirm(f"Put [b]{model.name}[/b] to sleep? It stops answering until woken (about {model.wake_s or 1:.0f} s).",
                          lambda: self.act(model.machine, "models.sleep", {"model": model.name}, f"{model.name} going to sleep"))
 
@@ -140,23 +174,41 @@ class ModelsScreen(LabScreen):
             pinned = not model.pinned
             self.act(model.machine, "models.pin", {"model": model.name, "pinned": pinned}, f"{'pinned' if pinned else 'unpinned'} {model.name}")
 
+    def action_rotate(self) -> None:
+        """R: the next step of the rotation plan now, on every machine that has one (after a question)."""
+        _, rotations = self.pool()
+        machines = [m for m, r in rotations.items() if r and r.plan]
+        if not machines:
+            self.notify("no rotation plan (lab.yaml orchestra.rotation)", severity="warning")
+            return
+
+        def go() -> None:
+            for machine in machines:
+                self.act(machine, "models.rotate", {}, f"rotating {machine}: the next set of its plan comes up")
+
+        self.confirm(f"Rotate now on {', '.join(machines)}? Models going out stop answering while the next set comes up.", go)
+
     def action_swap(self) -> None:
         out = self.selected()
         if out is None:
             return
+        models, _ = self.pool()
         if out.state not in (ModelState.WARM, ModelState.SLEEPING):
             self.notify(f"{out.name} is {out.state}: select a warm model to swap out, or press w", severity="warning")
             return
-        models, _ = self.pool()
         candidates = [m for m in models if m.machine == out.machine and m.name != out.name and m.state not in MODEL_HOLDS_GPU]
         if not candidates:
             self.notify(f"no other model on {out.machine} to bring in", severity="warning")
             return
 
+        fits = {m.name: swap_fit(out, m, self.lab_app.state.machines[out.machine].gpus) for m in candidates}
+        candidates.sort(key=lambda m: fits[m.name][1] is not None)  # the swaps that can work first
+
         def picked(name: str | None) -> None:
             if name:
                 self.confirm(f"Swap [b]{out.name}[/b] out (it stops answering) and bring [b]{name}[/b] in on GPU "
-                             f"{','.join(map(str, out.gpus))} of {out.machine}?",
+                             f"{','.join(map(str, fits[name][0]))} of {out.machine}?",
                              lambda: self.act(out.machine, "models.swap", {"out": out.name, "in": name}, f"swapping {out.name} → {name}"))
 
-        self.app.push_screen(PickModelScreen(f"bring in on {out.machine} instead of {out.name}:", candidates), picked)
+        notes = {name: (f"GPU {','.join(map(str, gpus))}", why) for name, (gpus, why) in fits.items()}
+        self.app.push_screen(PickModelScreen(f"bring in on {out.machine} instead of {out.name}:", candidates, notes), picked)

@@ -47,8 +47,9 @@ class Store:
         if not had_state and marker.exists():
             created = marker.read_text(errors="replace").strip()[:40]
             aside = self._move_aside() if path.exists() else None
-            self.notice = (f"{path} was {'empty' if aside else 'missing'} although this agent kept its state there since "
-                           f"{created}: jobs, ledger and audit trail start empty" + (f" (the empty file is at {aside})" if aside else ""))
+            # what happened first, the long paths last: a trail or a toast that cuts the line still says it
+            self.notice = (f"{path.name} was {'empty' if aside else 'missing'}, jobs, ledger and audit trail start empty "
+                           f"(this agent kept its state there since {created}; {path})" + (f"; the empty file is at {aside}" if aside else ""))
         try:
             self.db = self._open_checked() if had_state else self._open()
         except sqlite3.Error as exc:
@@ -83,8 +84,8 @@ class Store:
         if db is not None:
             db.close()
         aside = self._move_aside()
-        self.notice = (f"{self.path} was corrupt ({problem}): moved aside to {aside}; jobs, ledger and audit trail start "
-                       f"empty (`sqlite3 {aside} .recover` may save some of it)")
+        self.notice = (f"{self.path.name} was corrupt, jobs, ledger and audit trail start empty ({problem}); "
+                       f"moved aside to {aside} (`sqlite3 {aside} .recover` may save some of it)")
         return self._open()
 
     def _move_aside(self) -> Path:

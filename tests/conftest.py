@@ -177,3 +177,20 @@ async def until_drawn(pilot, kind: type | None = None, timeout: float = 20.0) ->
     """Wait until the view (of this kind) has drawn the newest data, then let Textual finish the frame."""
     await wait_for(lambda: drawn(pilot.app, kind), timeout)
     await pilot.pause()  # no delay: only the messages already queued (the redraw) run
+
+
+@pytest.fixture
+def run_pool(tmp_path, lab_file):
+    """Start a DemoLab from a pool lab; yields (demo, connected client factory)."""
+    labs: list[DemoLab] = []
+
+    def start(data: dict) -> DemoLab:
+        demo = DemoLab(tmp_path / f"run{len(labs)}", source=lab_file(data, name=f"lab{len(labs)}.yaml"))
+        demo.start()
+        labs.append(demo)
+        demo.wait_listening()
+        return demo
+
+    yield start
+    for demo in labs:
+        demo.stop()

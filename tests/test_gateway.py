@@ -360,7 +360,7 @@ async def test_gateway_view_shows_traffic_and_spend(gw):
 
     assert (await gw.chat("fast-a"))[0] == 200
     app = CetlabApp(load_lab(gw.demo.lab_path), readonly=True)
-    async with app.run_test(size=(160, 50)) as pilot:
+    async with app.run_test(size=(160, 50)):
         await app.switch_mode("gateway")
         screen = app.screen
         assert isinstance(screen, GatewayScreen)

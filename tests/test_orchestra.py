@@ -20,52 +20,9 @@ from agents.orchestra.rotation import Candidate, plan_moves
 from agents.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from console.demo import DemoLab
+from tests.pool_fixtures import pool_lab, post, settle, sim_model
 
 pytestmark = pytest.mark.timeout(120)
-
-FAST = {"load_s": 0.2, "warmup_s": 0.3, "wake_s": 0.1, "tokens_per_s": 400, "placeholder_mib": 2}
-
-
-def pool_lab(models: list[dict], orchestra: dict | None = None, ram_cache_gib: float | None = None) -> dict:
-    machine = {"name": "box", "gpus": {"sim": [
-        {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250},
-        {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75},
-    ]}}
-    if ram_cache_gib is not None:
-        machine["ram_cache_gib"] = ram_cache_gib
-    return {"lab": "pool-lab", "machines": [machine], "models": models, "orchestra": orchestra or {}}
-
-
-def sim_model(name: str, gpus: list[int], vram_gib: float, **sim) -> dict:
-    return {"name": name, "path": f"models/{name}", "engine": "sim", "machine": "box", "gpus": gpus,
-            "vram_gib": vram_gib, "sim": {**FAST, **sim}}
-
-
-async def settle(client: FleetClient, name: str, states: tuple[str, ...], timeout: float = 30.0, machine: str = "box") -> dict:
-    """Poll models.get until the model is in one of the states with no operation running."""
-    found: dict = {}
-
-    async def check() -> bool:
-        found.update(await client.call(machine, "models.get", {"model": name}))
-        return found["state"] in states and not found["op"]
-
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{name} did not reach {states}: {found['state']} {found.get('progress')} {found.get('error')}")
-        await asyncio.sleep(0.1)
-    return found
-
-
-def post(endpoint: str, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(endpoint.removesuffix("/v1") + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
-
 
 def metric(endpoint: str, name: str) -> float:
     with urllib.request.urlopen(endpoint.removesuffix("/v1") + "/metrics", timeout=10) as response:
@@ -75,23 +32,6 @@ def metric(endpoint: str, name: str) -> float:
 
 def gpu_used(status: dict, index: int) -> int:
     return next(g["mem_used_bytes"] for g in status["gpus"] if g["index"] == index)
-
-
-@pytest.fixture
-def run_pool(tmp_path, lab_file):
-    """Start a DemoLab from a pool lab; yields (demo, connected client factory)."""
-    labs: list[DemoLab] = []
-
-    def start(data: dict) -> DemoLab:
-        demo = DemoLab(tmp_path / f"run{len(labs)}", source=lab_file(data, name=f"lab{len(labs)}.yaml"))
-        demo.start()
-        labs.append(demo)
-        demo.wait_listening()
-        return demo
-
-    yield start
-    for demo in labs:
-        demo.stop()
 
 
 # ---------------------------------------------------------------------------- page cache

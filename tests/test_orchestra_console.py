@@ -11,7 +11,7 @@ from console.demo import DemoLab
 from console.screens.modals import ConfirmScreen, PickModelScreen
 from console.screens.models import ModelsScreen
 from tests.conftest import until_drawn, wait_for
-from tests.test_orchestra import pool_lab, sim_model
+from tests.pool_fixtures import pool_lab, sim_model
 from widgets.orchestra_table import OrchestraTable
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,7 +10,7 @@ import pytest
 from agents.lab import load_lab
 from agents.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
-from tests.test_orchestra import post, run_pool, settle  # noqa: F401 (run_pool is a fixture)
+from tests.pool_fixtures import post, settle
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from console.demo import DemoLab
 from tests.conftest import wait_for
 from tests.hardening_fixtures import connected, one_machine_lab, start_agent, wait_listening
 from tests.test_hardening_files import _ran_once, wait_exit
-from tests.test_orchestra import pool_lab, run_pool, settle, sim_model  # noqa: F401 (run_pool is a fixture)
+from tests.pool_fixtures import pool_lab, settle, sim_model
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -23,15 +23,14 @@ BYTES_PER_COST = 4096  # a request line also costs one ping per 4 KiB: a 750 KB 
 PAUSE_READING_BYTES = 256 * 1024  # replies not yet taken by the console: stop reading its requests ...
 MAX_UNSENT_BYTES = 16 * 1024 * 1024  # ... and past this (events keep coming), close its channel
 
-# Methods whose answer grows with a param: (param, default, units of that param per cost unit).
+# Methods whose answer grows with a param: (param, default, largest its params check allows, units per cost unit).
 # history with max_points 3600 costs 101 pings; everything else costs 1.
-_SIZED_COSTS: dict[str, tuple[str, int, int]] = {
-    "history": ("max_points", 3600, 36),
-    "jobs.logs": ("tail_lines", 100, 100),
-    "audit.list": ("limit", 200, 50),
-    "alerts.list": ("limit", 100, 50),
+_SIZED_COSTS: dict[str, tuple[str, int, int, int]] = {
+    "history": ("max_points", 3600, 3600, 36),
+    "jobs.logs": ("tail_lines", 100, 10000, 100),
+    "audit.list": ("limit", 200, 5000, 50),
+    "alerts.list": ("limit", 100, 1000, 50),
 }
-_MAX_COSTED_SIZE = 1_000_000  # an out-of-range size is refused by the params check; cap its cost before that
 
 
 def request_cost(method: Any, params: Any) -> float:
@@ -39,11 +38,13 @@ def request_cost(method: Any, params: Any) -> float:
     sized = _SIZED_COSTS.get(method) if isinstance(method, str) else None
     if sized is None:
         return 1.0
-    key, default, per_unit = sized
+    key, default, largest, per_unit = sized
     size = params.get(key, default) if isinstance(params, dict) else default
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         size = default
-    return 1.0 + min(size, _MAX_COSTED_SIZE) / per_unit
+    if size > largest:  # the params check refuses it, for the price of a ping: never a debt that outlasts the burst
+        return 1.0
+    return 1.0 + size / per_unit
 
 
 class TokenBucket:

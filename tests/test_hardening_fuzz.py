@@ -14,6 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents.protocol import MAX_MESSAGE_BYTES, ErrorCode
+from agents.limits import BYTES_PER_COST, request_cost
+from agents.protocol import RemoteError
+from agents.rpc import parse_request
 from agents.server import RATE_BURST, RATE_PER_S, TokenBucket
 from tests.hardening_fixtures import connected, raw_channel
 
@@ -45,11 +48,21 @@ class Wire:
     def run(self, coro, timeout: float = 60):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def _pace(self, lines: int) -> None:
-        """Take a token per line from the client's bucket, waiting for its refill when it is empty."""
-        self.sent += lines
-        for _ in range(lines):
-            while not self.bucket.take():
+    def _pace(self, data: bytes) -> None:
+        """Take from the client's bucket what each line costs the agent (its length, then its method), waiting
+        for the refill: with the same costs, a slower rate and half the burst, the agent's budget never runs out."""
+        for line in data.split(b"\n"):
+            if not line.strip() or len(line) > MAX_MESSAGE_BYTES:
+                continue  # blank lines are skipped and oversized ones refused before the budget
+            self.sent += 1
+            size_cost = len(line) / BYTES_PER_COST
+            cost = size_cost if size_cost > 1 else 0.0
+            try:
+                request = parse_request(line)
+                cost += request_cost(request.get("method"), request.get("params"))
+            except RemoteError:
+                pass  # answered by the parser, free of budget
+            while not self.bucket.take(cost):
                 time.sleep(1 / CLIENT_RATE_PER_S)
 
     async def _exchange(self, data: bytes, sentinel: str, count: int) -> list[bytes]:
@@ -71,7 +84,7 @@ class Wire:
 
     def replies(self, data: bytes, count: int) -> list[dict]:
         """Send raw bytes and a ping; `count` replies besides the ping's, parsed and checked."""
-        self._pace(data.count(b"\n") + 1)  # every line costs the agent a token (the sentinel's too)
+        self._pace(data + b"\n" + json.dumps({"id": "sentinel", "method": "ping"}).encode())  # the sentinel's too
         sentinel = f"sentinel-{self.sent}"
         lines = self.run(self._exchange(data, sentinel, count))
         replies = []

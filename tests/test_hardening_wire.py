@@ -172,3 +172,11 @@ async def test_the_console_refuses_an_agent_that_answers_as_another_machine(smal
             await client.call("elsewhere", "ping")
     finally:
         await client.stop()
+
+
+def test_a_size_past_the_params_check_costs_a_ping_not_a_debt_that_outlasts_the_burst():
+    from agents.limits import request_cost
+
+    assert request_cost("history", {"max_points": 3600}) == 101.0
+    assert request_cost("history", {"max_points": 10**9}) == 1.0  # refused by the params check anyway
+    assert request_cost("jobs.logs", {"tail_lines": 10000}) == 101.0 and request_cost("ping", {}) == 1.0

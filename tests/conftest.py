@@ -146,6 +146,21 @@ def run_agent(lab_path: Path, machine: str, state_dir: Path) -> subprocess.Popen
     )
 
 
+def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05, what: str | None = None):
+    """wait_for for synchronous tests (a subprocess to watch, no event loop): poll a condition, fail on timeout.
+
+    The predicate may raise (an AssertionError that the watched process died, say) to end the wait early.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {what or getattr(predicate, '__name__', predicate)}")
+        time.sleep(interval)
+
+
 async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):
     """Poll until predicate() is truthy (a coroutine function is awaited); fail with a clear message on timeout.
 

@@ -18,7 +18,14 @@ from agents.keys import AUTHORIZED_KEYS_NAME, ensure_key
 from agents.lab import load_lab
 from console.cli_jobs import job_human
 from console.demo import free_ports
-from tests.hardening_fixtures import PY, connected, one_machine_lab, start_agent, wait_listening
+from tests.conftest import wait_until
+from tests.hardening_fixtures import (
+    PY,
+    connected,
+    one_machine_lab,
+    start_agent,
+    wait_listening,
+)
 
 ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
@@ -222,10 +229,11 @@ def test_sigterm_stops_the_agent_within_its_grace_even_while_a_component_hangs(t
     state = tmp_path / "state"
     proc = start_agent(lab_path, state, "--stop-grace", "3")
     try:
-        deadline = time.monotonic() + 60
-        while not (state / "agent.pid").exists() and time.monotonic() < deadline:  # it got as far as starting its parts
+        def started_its_parts() -> bool:
             assert proc.poll() is None, proc.stderr.read()
-            time.sleep(0.05)
+            return (state / "agent.pid").exists()
+
+        wait_until(started_its_parts, 60)
         # whatever a part is doing now (hanging or not), SIGTERM must end it
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)

@@ -5,15 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 
 import pytest
 
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key
 from agents.protocol import ErrorCode, RemoteError
 from agents.server import RATE_BURST
-from tests.conftest import wait_for
-from tests.hardening_fixtures import connected, next_reply, one_machine_lab, raw_channel, start_agent
+from tests.conftest import wait_for, wait_until
+from tests.hardening_fixtures import (
+    connected,
+    next_reply,
+    one_machine_lab,
+    raw_channel,
+    start_agent,
+)
 
 
 def add_key(demo, role: str, tmp_path, comment: str):
@@ -131,11 +136,11 @@ def test_second_agent_on_one_state_dir_is_refused(tmp_path):
     state = tmp_path / "state"
     first = start_agent(lab_path, state)
     try:
-        for _ in range(600):
-            if (state / "agent.pid").exists() and (state / "agent.pid").read_text().strip() == str(first.pid):
-                break
+        def holds_the_lock() -> bool:
             assert first.poll() is None, first.stderr.read()
-            time.sleep(0.05)
+            return (state / "agent.pid").exists() and (state / "agent.pid").read_text().strip() == str(first.pid)
+
+        wait_until(holds_the_lock, 30)
         line = _refusal(one_machine_lab(tmp_path / "other.yaml"), state)
         assert f"another agent (pid {first.pid})" in line
     finally:

@@ -11,7 +11,6 @@ import socket
 import stat
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import yaml
 from agents.keys import ensure_key
 from agents.protocol import ErrorCode, RemoteError
 from console.demo import free_ports
-from tests.conftest import wait_for
+from tests.conftest import wait_for, wait_until
 from tests.hardening_fixtures import P4, connected, start_agent, wait_listening
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -34,11 +33,11 @@ def socket_lab(tmp_path: Path, name: str = "lab.yaml", **machine) -> Path:
 
 
 def wait_for_path(path: Path, proc: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+    def appeared() -> bool:
         assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.monotonic() < deadline, f"{path} did not appear"
-        time.sleep(0.05)
+        return path.exists()
+
+    wait_until(appeared, timeout, what=f"{path} to appear")
 
 
 def ask(sock_path: Path, *requests: dict) -> list[dict]:

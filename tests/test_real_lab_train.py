@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -17,6 +16,7 @@ from agents.train import trainer as trainer_module
 from agents.train.config import ConfigError, load_config
 from agents.train.precision import PrecisionRefused, compute_dtype, plan_precision
 from agents.train.progress import read_progress
+from tests.conftest import wait_until
 from tests.test_train import trainer_env, write_config
 
 # (compute capability, GPU) of the lab's cards
@@ -114,10 +114,11 @@ def test_sigterm_on_one_rank_stops_both_at_the_same_step(tmp_path):
         proc = subprocess.Popen(torchrun, env=trainer_env(CETLAB_PROGRESS_FILE=str(progress_file)), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while ((read_progress(progress_file) or {}).get("step") or 0) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        def two_steps() -> bool:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            return ((read_progress(progress_file) or {}).get("step") or 0) >= 2
+
+        wait_until(two_steps, 240, interval=0.2, what=f"two steps; log: {log}")
         ranks = {_rank_of(p): p for p in psutil.Process(proc.pid).children(recursive=True)}
         ranks["1"].send_signal(signal.SIGTERM)
         assert proc.wait(timeout=240) == 0, log.read_text()[-3000:]

@@ -15,6 +15,7 @@ import yaml
 
 from agents.train.config import ConfigError, load_config
 from agents.train.progress import read_progress, write_progress
+from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DATA = REPO / "demo" / "train.jsonl"
@@ -145,14 +146,11 @@ def test_sigterm_stops_cleanly_with_a_checkpoint(tiny_model, tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and proc.poll() is None:
-            doc = read_progress(progress_file)
-            if doc and doc.get("step", 0) >= 1:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail(f"the trainer never reported a step: {proc.poll()=}")
+        def reported_a_step() -> bool:
+            assert proc.poll() is None, f"the trainer exited before reporting a step: {proc.poll()=}"
+            return ((read_progress(progress_file) or {}).get("step") or 0) >= 1
+
+        wait_until(reported_a_step, 90)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
     finally:

@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import asyncssh
@@ -17,6 +16,7 @@ import yaml
 from agents.lab import load_lab
 from console.client import FleetClient
 from console.demo import DemoLab, free_ports
+from tests.conftest import wait_until
 
 P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
 PY = sys.executable
@@ -43,16 +43,16 @@ def start_agent(lab_path: Path, state_dir: Path, *args: str, env: dict[str, str]
 
 
 def wait_listening(host: str, port: int, proc: subprocess.Popen | None = None, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def listens() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"the agent exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
         try:
             socket.create_connection((host, port), timeout=0.2).close()
-            return
+            return True
         except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {host}:{port} after {timeout} s")
+            return False
+
+    wait_until(listens, timeout, what=f"something listening on {host}:{port}")
 
 
 async def connected(lab_path: Path, timeout: float = 20.0, **kwargs) -> FleetClient:

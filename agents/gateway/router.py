@@ -194,13 +194,29 @@ class Router:
             stats.queued -= 1
 
     async def _bring_up(self, model: Model) -> dict[str, Any]:
-        entry = self.model_json(model.name)
-        if entry is None:
-            raise NotServable(503, f"{model.machine} is {self.peers.links[model.machine].state}: its models are unknown", "machine_offline",
-                              self.policies.retry_after_s)
-        if entry.get("state") in ASLEEP and not entry.get("op"):
-            await self._start(model)
-        return await self._wait_warm(model)
+        """Wake or load the model, deciding on a fresh listing: the last tick can be a second old (a model that was
+        going to sleep then may be asleep now, and needs waking, not waiting for)."""
+        started = False
+        while True:
+            fresh = await self.refresh(model.machine)
+            entry = self.model_json(model.name)
+            if entry is None:
+                raise NotServable(503, f"{model.machine} is {self.peers.links[model.machine].state}: its models are unknown",
+                                  "machine_offline", self.policies.retry_after_s)
+            state = entry.get("state")
+            if state == "warm" and entry.get("endpoint"):
+                return entry
+            if state == "failed":
+                raise NotServable(502, f"{model.name} failed on {model.machine}: {(entry.get('error') or {}).get('message')}",
+                                  "engine_failed")
+            if fresh and state in ASLEEP and not entry.get("op"):
+                if started:  # woken by us, then put back by someone else before we could use it
+                    raise NotServable(503, f"{model.name} went back to {state} on {model.machine}", "no_room",
+                                      self.policies.retry_after_s)
+                await self._start(model)
+                started = True
+                continue
+            await asyncio.sleep(WAKE_POLL_S if entry.get("op") == "wake" else LOAD_POLL_S)
 
     async def _start(self, model: Model) -> None:
         try:
@@ -233,30 +249,18 @@ class Router:
                 candidates.append((self.last_request.get(other.name, 0.0), other.name))
         return min(candidates)[1] if candidates else None
 
-    async def refresh(self, machine: str) -> None:
-        """A fresh look at a machine's models, not the last tick's (ticks come once a second)."""
+    async def refresh(self, machine: str) -> bool:
+        """A fresh look at a machine's models, not the last tick's (ticks come once a second). False when the
+        machine did not answer (the last tick's view stays; a lost connection is waited for first)."""
         link = self.peers.links[machine]
         try:
             listing = await self.peers.call(machine, "models.list")
         except RemoteError as exc:
             if exc.code == ErrorCode.DISCONNECTED:
                 await link.online.wait()
-            return
+            return False
         link.sections["models"] = {"models": listing.get("models") or [], "rotation": listing.get("rotation")}
-
-    async def _wait_warm(self, model: Model) -> dict[str, Any]:
-        while True:
-            await self.refresh(model.machine)
-            entry = self.model_json(model.name)
-            state = entry.get("state") if entry else None
-            if state == "warm" and entry.get("endpoint"):
-                return entry
-            if state == "failed":
-                raise NotServable(502, f"{model.name} failed on {model.machine}: {(entry.get('error') or {}).get('message')}", "engine_failed")
-            if state in ASLEEP and entry and not entry.get("op"):
-                raise NotServable(503, f"{model.name} went back to {state} on {model.machine}", "no_room", self.policies.retry_after_s)
-            waking = entry is not None and entry.get("op") == "wake"
-            await asyncio.sleep(WAKE_POLL_S if waking else LOAD_POLL_S)
+        return True
 
     # -- idle TTL
 

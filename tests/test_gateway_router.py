@@ -1,0 +1,90 @@
+"""The gateway router's wake decision when its view is a tick behind the agent (a race seen in CI under load).
+
+The peer here is a stand-in that answers the way an agent does: the last tick still says the model is warm and
+going to sleep, a fresh `models.list` says it is asleep now. The race cannot be timed reliably against real agents
+(it needs the request to land between the agent's sleep and its next tick), so this test builds it exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from agents.gateway.metering import Meter
+from agents.gateway.router import NotServable, Router
+from agents.lab import parse_lab
+from agents.store import Store
+
+import pytest
+
+LAB = {
+    "lab": "router-test",
+    "machines": [{"name": "hub", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
+    "models": [{"name": "sleepy", "path": "models/sleepy", "engine": "sim", "machine": "hub", "gpus": [0], "vram_gib": 1}],
+    "gateway": {"machine": "hub"},
+}
+
+
+@dataclass
+class Link:
+    sections: dict[str, Any]
+    state: str = "online"
+    online: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class AgentStandIn:
+    """The peer client's interface (links, call) over one model whose real state moves on as an agent's would."""
+
+    def __init__(self, tick_view: dict[str, Any], truth: dict[str, Any]):
+        self.links = {"hub": Link({"models": {"models": [tick_view]}})}
+        self.truth = truth
+        self.calls: list[str] = []
+
+    async def call(self, machine: str, method: str, params: dict | None = None) -> Any:
+        self.calls.append(method)
+        if method == "models.list":
+            listing = {"models": [dict(self.truth)]}
+            if self.truth.get("op") == "wake":  # the wake ends between two listings
+                self.truth.update(state="warm", op=None, endpoint="http://127.0.0.1:1/v1")
+            return listing
+        if method == "models.warm":
+            if self.truth["state"] == "warm" or self.truth.get("op"):
+                raise AssertionError(f"models.warm sent while the agent says {self.truth}")
+            self.truth.update(state="loading", op="wake")
+            return {"model": "sleepy"}
+        raise AssertionError(f"unexpected call {method}")
+
+
+def router_for(peers: AgentStandIn, tmp_path) -> Router:
+    lab = parse_lab(yaml.safe_dump(LAB))
+    return Router(lab, "hub", peers, Meter(Store(tmp_path / "state.db"), None))
+
+
+async def test_a_model_that_fell_asleep_since_the_last_tick_is_woken_not_refused(tmp_path):
+    peers = AgentStandIn(tick_view={"name": "sleepy", "state": "warm", "op": "sleep"},
+                         truth={"name": "sleepy", "state": "sleeping", "op": None})
+    router = router_for(peers, tmp_path)
+    entry = await router.ensure_warm(router.local["sleepy"], timeout_s=10)
+    assert entry["state"] == "warm" and entry["endpoint"]
+    assert peers.calls.count("models.warm") == 1 and router.meter.stats("sleepy").wakes == 1
+
+
+async def test_a_model_put_back_to_sleep_after_its_wake_is_refused_with_the_reason(tmp_path):
+    peers = AgentStandIn(tick_view={"name": "sleepy", "state": "sleeping", "op": None},
+                         truth={"name": "sleepy", "state": "sleeping", "op": None})
+    original = peers.call
+
+    async def call(machine: str, method: str, params: dict | None = None) -> Any:
+        answer = await original(machine, method, params)
+        if method == "models.warm":  # someone else's sleep lands right after our wake is accepted
+            peers.truth.update(state="sleeping", op=None)
+        return answer
+
+    peers.call = call
+    router = router_for(peers, tmp_path)
+    with pytest.raises(NotServable, match="went back to sleeping"):
+        await router.ensure_warm(router.local["sleepy"], timeout_s=10)
+    assert peers.calls.count("models.warm") == 1

@@ -468,7 +468,7 @@ def _nodes_cross_check(trainer: Trainer, i: int, machines: dict[str, Machine]) -
 
 MAX_LAB_BYTES = 1024 * 1024  # a lab of a hundred machines is ~50 KB
 MAX_LAB_DEPTH = 32  # lab.yaml nests 6 levels deep
-MAX_LAB_ALIASES = 100  # anchors are handy (`<<: *defaults`), bombs are not ...
+MAX_LAB_ALIASES = 5_000  # anchors are handy (`<<: *p40-box` on each of 200 machines), bombs are not ...
 MAX_LAB_NODES = 50_000  # ... nor is a document that holds or expands to more values (a big lab has ~5,000)
 MAX_NUMBER_DIGITS = 30
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where installed: ~10x faster

@@ -110,7 +110,7 @@ def free_ports(count: int) -> list[int]:
 
 def _scaled(data: dict[str, Any], scale: int) -> dict[str, Any]:
     machines = [
-        {"name": f"node{i:03d}", "role": "emulated", "idle_watts": 200, "gpus": {"seed": i, "sim": SCALE_GPUS}}
+        {"name": f"node{i:03d}", "role": "emulated", "idle_watts": 200, "gpus": {"seed": i, "sim": [dict(g) for g in SCALE_GPUS]}}
         for i in range(scale)
     ]
     # only the lab-wide sections: models, trainers and the like name the demo lab's machines

@@ -26,3 +26,11 @@ def test_scale_emulates_machines_of_eight_gpus(tmp_path):
     assert [m.name for m in lab.machines] == ["node000", "node001", "node002"]
     assert all(len(m.gpus.sim) == 8 for m in lab.machines)
     assert not lab.models and not lab.trainers  # they name the demo lab's machines
+
+
+def test_scale_256_writes_a_lab_file_that_loads(tmp_path):
+    """The issue's benchmark lab: 256 machines (once refused for its 256 YAML aliases of one shared GPU list)."""
+    path = DemoLab(tmp_path / "big", scale=256).prepare()
+    assert "*" not in path.read_text()  # a plain file, one GPU list per machine
+    lab = load_lab(path)
+    assert len(lab.machines) == 256 and sum(len(m.gpus.sim) for m in lab.machines) == 2048

@@ -67,6 +67,8 @@ class CetlabApp(App):
 
         Hidden views get no ticks at all, so their fetches pause with them.
         """
+        if not self.is_running:  # shutting down: the views' widgets are being removed
+            return
         screen = self.screen
         if not isinstance(screen, LabScreen) or not screen.ready:
             return

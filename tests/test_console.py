@@ -39,8 +39,8 @@ async def test_fleet_shows_every_gpu_live_and_navigates(demo_lab):
         header = await wait_for(lambda: "4/4 machines online" in header_of(app) and header_of(app))
         assert "9 GPUs" in header and "156 GiB VRAM" in header and "SIM" in header
         assert "SIM" in card_text(app, "m5") and "online" in card_text(app, "m5")
-        rows = app.screen.query_one("#card-m5", MachineCard).gpu_rows
-        assert len(rows) == 5 and "Tesla V100" in str(rows[0].text)
+        lines = app.screen.query_one("#card-m5", MachineCard).gpu_lines
+        assert len(lines) == 5 and "Tesla V100" in lines[0].plain
 
         await pilot.press("enter")  # the focused card is m5
         assert isinstance(app.screen, MachineScreen) and app.screen.machine == "m5"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from agents.protocol import GpuSample
 from widgets.format import Thresholds, bar, fmt, fmt_bytes, level_colour, spark
@@ -41,20 +40,29 @@ def gpu_line(gpu: GpuSample, util_history: list[float], owner: str | None, limit
     return line
 
 
-class GpuRow(Static):
-    """Re-renders only when what it shows has changed."""
+class GpuLines:
+    """A machine's GPUs as lines, each rebuilt only when what it shows has changed."""
 
-    DEFAULT_CSS = "GpuRow { height: 1; padding: 0 1; }"
+    def __init__(self) -> None:
+        self._keys: dict[int, tuple] = {}
+        self.lines: dict[int, Text] = {}
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__("", **kwargs)
-        self._shown: tuple | None = None
-        self.text = Text()
-
-    def show(self, gpu: GpuSample, util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False) -> None:
+    def show(self, gpu: GpuSample, util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False) -> bool:
+        """Update one GPU's line; True when it changed."""
         shown = (gpu.index, gpu.name, gpu.failed, gpu.util_pct, gpu.mem_used_bytes, gpu.mem_total_bytes, gpu.temp_c, gpu.power_w, gpu.power_limit_w)
         key = (shown, tuple(util_history[-SPARK_WIDTH:]), owner, limits, stale)
-        if key != self._shown:
-            self._shown = key
-            self.text = gpu_line(gpu, util_history, owner, limits, stale)
-            self.update(self.text, layout=False)  # always one line: a relayout of the whole fleet would cost more than the row
+        if self._keys.get(gpu.index) == key:
+            return False
+        self._keys[gpu.index] = key
+        self.lines[gpu.index] = gpu_line(gpu, util_history, owner, limits, stale)
+        return True
+
+    def keep(self, indices: set[int]) -> bool:
+        """Forget GPUs no longer reported; True when one went."""
+        gone = set(self.lines) - indices
+        for index in gone:
+            del self.lines[index], self._keys[index]
+        return bool(gone)
+
+    def text(self) -> Text:
+        return Text("\n").join(self.lines[i] for i in sorted(self.lines))

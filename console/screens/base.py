@@ -38,6 +38,7 @@ class LabScreen(Screen):
         self.drawn_version = -1  # LabState.version of the last redraw
         self.drawn_at = 0.0  # monotonic time of the last redraw
         self.fetched_at: float | None = None  # monotonic time of the last scheduled fetch
+        self._headers: list | None = None
 
     @property
     def lab_app(self) -> CetlabApp:
@@ -60,7 +61,9 @@ class LabScreen(Screen):
     def refresh_header(self) -> None:
         from widgets.lab_header import LabHeader, header_text
 
-        for header in self.query(LabHeader):
+        if self._headers is None:  # found once: a query walks every widget of the view, each time
+            self._headers = list(self.query(LabHeader))
+        for header in self._headers:
             app = self.lab_app
             state = app.state
             gpus, vram = state.gpu_totals()

@@ -43,32 +43,31 @@ class FleetScreen(LabScreen):
 
     def compose(self) -> ComposeResult:
         yield LabHeader()
-        with VerticalScroll(id="fleet"):
-            for name in self.lab_app.state.machines:
-                yield MachineCard(name, id=f"card-{name}")
+        self.cards = [MachineCard(name, id=f"card-{name}") for name in self.lab_app.state.machines]
+        self.scroll = VerticalScroll(*self.cards, id="fleet")
+        yield self.scroll
         yield Footer()
 
     def on_mount(self) -> None:
         self.refresh_data()
-        cards = list(self.query(MachineCard))
-        if cards:
-            cards[0].focus()
+        if self.cards:
+            self.cards[0].focus()
 
     def apply_filter(self, text: str) -> None:
         """`/` on the fleet: only the cards of machines whose name or role holds the text."""
         needle = text.casefold()
-        for card in self.query(MachineCard):
+        for card in self.cards:
             config = self.lab_app.state.machines[card.machine].config
             card.display = needle in f"{card.machine} {config.role}".casefold()
 
     def refresh_data(self) -> None:
         state = self.lab_app.state
         limits = self.thresholds()
-        scroll = self.query_one("#fleet", VerticalScroll)
+        scroll = self.scroll
         top, bottom = scroll.scroll_offset.y, scroll.scroll_offset.y + scroll.size.height
-        for card in self.query(MachineCard):
+        for card in self.cards:  # kept from compose: a query walks every widget of the fleet, each time
             region = card.virtual_region
-            if card.has_rows and (region.bottom < top or region.y > bottom):
+            if card.shown_version is not None and (region.bottom < top or region.y > bottom):
                 continue  # off screen: drawn when scrolled into view (its version is still behind)
             view = state.machines[card.machine]
             if card.shown_version == view.version and view.online:
@@ -91,7 +90,7 @@ class FleetScreen(LabScreen):
             )
 
     def _cards(self) -> list[MachineCard]:
-        return list(self.query(MachineCard))
+        return [card for card in self.cards if card.display]
 
     def action_move(self, step: int) -> None:
         """j / k: the next or the previous machine's card."""

@@ -7,7 +7,9 @@ machine. Here the ticks are made ahead of time (the agents' work) and replayed a
 decode, LabState, the scheduler and Textual's rendering. SSH's decryption is not in it.
 Baseline, in the same run: the same console with nothing fed (nothing but the header to draw).
 
-Usage: python bench/bench_console_feed.py [SCALE] [WINDOW_S]; run it in the tree to measure.
+Usage: python bench/bench_console_feed.py [SCALE] [WINDOW_S] [--tmux]; run it in the tree to measure.
+--tmux runs both consoles in a real terminal (a detached tmux session of 200x60) instead of headless:
+the figure then includes writing the screen to a terminal.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from bench.common import CpuWindow, percentile  # noqa: E402
 from console.app import CetlabApp  # noqa: E402
 from console.demo import DemoLab  # noqa: E402
 
-SCALE = int(sys.argv[1]) if len(sys.argv) > 1 else 256
-WINDOW_S = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
+ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
+SCALE = int(ARGS[0]) if ARGS else 256
+WINDOW_S = float(ARGS[1]) if len(ARGS) > 1 else 30.0
+TMUX = "--tmux" in sys.argv
+IN_TERMINAL = os.environ.get("CETLAB_BENCH_RESULT")  # set for the run inside tmux: where it writes its figures
 PROFILE = os.environ.get("CETLAB_BENCH_PROFILE")
 TICKS_AHEAD = 20
 T_SLOT, FULL_SLOT = "@T@", "@FULL@"  # distinct ticks per machine, replayed in a loop
@@ -78,34 +83,75 @@ async def run_console(lab, ticks: dict[str, list[dict]] | None) -> tuple[float, 
     """(CPU % of one core, data ages at each render, the share of the due ticks it managed to apply,
     seconds until every card was first drawn)."""
     app = CetlabApp(lab, connect=False)
-    async with app.run_test(size=(200, 60)):
-        for name in app.state.machines:
-            app.state.set_link(name, "online" if ticks else "offline")
-        stop = asyncio.Event()
-        started = time.monotonic()
-        feeder = asyncio.create_task(feed(app, ticks, stop)) if ticks else None
-        first_drawn = None
-        while ticks and time.monotonic() - started < 120:  # every machine's first tick in, and drawn: the start-up cost
-            if all(view.gpus for view in app.state.machines.values()) and app.screen.cards[0].gpu_lines:
-                first_drawn = time.monotonic() - started
-                break
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(5)  # past the first full ticks: the window measures the steady state
-        app.render_ages.clear()
-        window, fed_before = CpuWindow(), FED[0]
-        profiler = cProfile.Profile() if PROFILE and ticks else None  # CETLAB_BENCH_PROFILE=FILE: where the window's time goes
-        if profiler:
-            profiler.enable()
-        await asyncio.sleep(WINDOW_S)
-        cpu = window.share_pct()
-        kept_up = (FED[0] - fed_before) / (len(app.state.machines) * WINDOW_S)
-        if profiler:
-            profiler.disable()
-            profiler.dump_stats(PROFILE)
-        stop.set()
-        if feeder:
-            await feeder
-        return cpu, list(app.render_ages), kept_up, first_drawn
+    if not IN_TERMINAL:
+        async with app.run_test(size=(200, 60)):
+            return await measure(app, ticks)
+    from console.screens.base import LabScreen
+
+    figures = []
+
+    async def drive() -> None:
+        while not (app.is_running and isinstance(app.screen, LabScreen) and app.screen.ready):
+            await asyncio.sleep(0.05)
+        figures.append(await measure(app, ticks))
+        app.exit()
+
+    driver = asyncio.create_task(drive())
+    await app.run_async()
+    await driver
+    return figures[0]
+
+
+async def measure(app: CetlabApp, ticks: dict[str, list[dict]] | None) -> tuple[float, list[float], float, float | None]:
+    for name in app.state.machines:
+        app.state.set_link(name, "online" if ticks else "offline")
+    stop = asyncio.Event()
+    started = time.monotonic()
+    feeder = asyncio.create_task(feed(app, ticks, stop)) if ticks else None
+    first_drawn = None
+    while ticks and time.monotonic() - started < 120:  # every machine's first tick in, and drawn: the start-up cost
+        if all(view.gpus for view in app.state.machines.values()) and app.screen.cards[0].gpu_lines:
+            first_drawn = time.monotonic() - started
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(5)  # past the first full ticks: the window measures the steady state
+    app.render_ages.clear()
+    window, fed_before = CpuWindow(), FED[0]
+    profiler = cProfile.Profile() if PROFILE and ticks else None  # CETLAB_BENCH_PROFILE=FILE: where the window's time goes
+    if profiler:
+        profiler.enable()
+    await asyncio.sleep(WINDOW_S)
+    cpu = window.share_pct()
+    kept_up = (FED[0] - fed_before) / (len(app.state.machines) * WINDOW_S)
+    if profiler:
+        profiler.disable()
+        profiler.dump_stats(PROFILE)
+    stop.set()
+    if feeder:
+        await feeder
+    return cpu, list(app.render_ages), kept_up, first_drawn
+
+
+def in_tmux() -> None:
+    """This script again, inside a detached tmux session of 200x60; its figures come back through a file."""
+    import shutil
+    import subprocess
+
+    if shutil.which("tmux") is None:
+        raise SystemExit("--tmux needs tmux (apt install tmux)")
+    result = Path(tempfile.mkdtemp(prefix="cetlab-bench-tmux-")) / "result.txt"
+    session = f"cetlab-bench-{os.getpid()}"
+    command = f"CETLAB_BENCH_RESULT={result} {sys.executable} {Path(__file__).resolve()} {SCALE} {WINDOW_S:g}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "60", command], check=True, cwd=Path.cwd())
+    try:
+        while subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0:
+            time.sleep(1)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    if not result.exists():
+        raise SystemExit("the run in tmux wrote no figures")
+    print("in a real terminal (tmux, 200x60):")
+    print(result.read_text(), end="")
 
 
 async def main() -> None:
@@ -115,6 +161,8 @@ async def main() -> None:
     ticks = made_ticks(lab)
     base_cpu, _, _, _ = await run_console(lab, None)
     cpu, ages, kept_up, first_drawn = await run_console(lab, ticks)
+    out: list[str] = []
+    print = out.append  # noqa: A001  (the lines go to the terminal, or through a file out of tmux)
     print(f"{SCALE} machines, {SCALE * 8} simulated GPUs, ticks at 1 Hz fed in-process; window {WINDOW_S:.0f} s, {len(ages)} renders")
     print(f"every machine in and drawn {first_drawn:.1f} s after the first tick" if first_drawn else "not every machine was in within 120 s")
     print(f"console, nothing fed (baseline): {base_cpu:5.1f}% of one core")
@@ -126,5 +174,15 @@ async def main() -> None:
     print(f"data age on screen: p50 {percentile(ages, 50):.2f} s  p95 {percentile(ages, 95):.2f} s  (goal p95 <= 1.5 s)")
 
 
+    text = "\n".join(out) + "\n"
+    if IN_TERMINAL:
+        Path(IN_TERMINAL).write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    if TMUX:
+        in_tmux()
+    else:
+        asyncio.run(main())

@@ -43,7 +43,7 @@ Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 
 class Strict(BaseModel):
     # allow_inf_nan=False: every number in lab.yaml is finite (YAML's .inf and .nan are refused at load, with file:line)
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
 
 # ---------------------------------------------------------------------------- machines

@@ -104,7 +104,7 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class Snapshot(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
 
 
 class GpuProcess(Snapshot):

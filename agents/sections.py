@@ -46,7 +46,7 @@ ParamValue = bool | int | Finite | str
 class Section(BaseModel):
     """A section model: extra keys are ignored on parsing, so an older console reads a newer agent."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -404,7 +404,7 @@ SECTION_MODELS: dict[str, Any] = {
 class TickEvent(BaseModel):
     """The `tick` event's data: the sections that changed (all of them when ``full``)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     t: FiniteFloat
     full: bool = False

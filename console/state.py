@@ -29,7 +29,14 @@ log = logging.getLogger("cetlab.state")
 
 SPARK_POINTS = 120  # per GPU and host series: two minutes at 1 Hz
 GPU_SERIES = ("util_pct", "mem_used_bytes", "temp_c", "power_w")
-_SECTIONS = {name: TypeAdapter(model) for name, model in SECTION_MODELS.items()}  # built once: parsing is the 1 Hz path
+_SECTIONS: dict[str, TypeAdapter] = {}  # built once each, on first use: parsing is the 1 Hz path, and `cetlab status` needs three
+
+
+def _adapter(name: str) -> TypeAdapter | None:
+    adapter = _SECTIONS.get(name)
+    if adapter is None and name in SECTION_MODELS:
+        adapter = _SECTIONS[name] = TypeAdapter(SECTION_MODELS[name])
+    return adapter
 
 
 @dataclass
@@ -84,7 +91,7 @@ class MachineView:
 
     def apply_section(self, name: str, value: Any) -> None:
         """Parse one section of a tick into its model; a value that does not fit is refused, named, and logged."""
-        adapter = _SECTIONS.get(name)
+        adapter = _adapter(name)
         if adapter is None:
             return  # a section this console does not know (a newer agent): ignored, as extra keys are
         try:

@@ -12,9 +12,10 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict
 
+from agents.gateway.config import find_provider_model
 from agents.lab import Lab, Machine
 from agents.protocol import Telemetry
-from agents.sections import CostsSummary, JobInfo, ModelInfo, Tick
+from agents.sections import CostsSummary, JobInfo, ModelInfo, ProviderSpend, Tick
 from agents.states import JOB_HOLDS_GPU, MODEL_HOLDS_GPU
 from agents.store import DiskFull, Store
 
@@ -147,10 +148,14 @@ class Prices:
 
     @classmethod
     def of(cls, lab: Lab, machine: Machine) -> Prices:
+        """The prices that apply to this machine. Local tokens are compared at what the lab's own providers charge
+        for the same model (lab.yaml `providers:`), else at `cloud_prices.tokens_per_million`. The ledger counts
+        prompt and generated tokens together, so a provider's price is the mean of its prompt and completion prices."""
         token_price = {}
         for model in lab.models:
-            # a model without cloud_equivalent is compared under its own name
-            price = lab.cloud_prices.tokens_per_million.get(model.cloud_equivalent or model.name)
+            name = model.cloud_equivalent or model.name  # a model without cloud_equivalent is compared under its own name
+            sold = find_provider_model(lab.providers, name)
+            price = (sold[1].prompt_per_million + sold[1].completion_per_million) / 2 if sold else lab.cloud_prices.tokens_per_million.get(name)
             if price is not None:
                 token_price[model.name] = price
         return cls(lab.costs.currency, lab.costs.electricity_per_kwh, machine.hourly_rate, dict(lab.cloud_prices.gpu_hour), token_price)
@@ -182,6 +187,8 @@ def price(rows: list[dict[str, Any]], prices: Prices) -> dict[str, Any]:
     cloud_tokens = sum(r["tokens"] / 1e6 * prices.token_price[r["owner"]] for r in rows if r["kind"] == "model" and r["owner"] in prices.token_price)
     cloud_gpu: float | None = 0.0
     for r in rows:
+        if r["kind"] not in ("job", "model"):
+            continue  # only the lab's own work would move to the cloud: not a GPU's background load (another user's, a SIM's)
         if not r["busy_s"] or (r["kind"] == "model" and r["owner"] in prices.token_price):
             continue  # idle, or work a per-token price already compares
         rate = prices.gpu_hour.get(r["gpu_name"])
@@ -320,7 +327,35 @@ class CostsComponent:
             cloud_equivalent_month=month["cloud_equivalent"],
             missing=sorted(set(self.now["missing"] + today["missing"] + month["missing"])),
             simulated=telemetry.simulated,
+            api=self._provider_spend(),
         )
+
+    def _provider_spend(self) -> list[ProviderSpend]:
+        gateway = self.agent.component("gateway")
+        return gateway.provider_spend() if gateway is not None else []
+
+    def api_report(self, today: str, month_start: str, since_day: str) -> dict[str, Any] | None:
+        """API spend per provider (today, this month, since a day) against its budget: on the gateway's machine only."""
+        spend = self._provider_spend()
+        if not spend:
+            return None
+        gateway = self.agent.component("gateway")
+        by_day = gateway.spend_by_day(min(since_day, month_start))
+        providers = []
+        for p in spend:
+            days = by_day.get(p.name, {})
+            providers.append({
+                "provider": p.name, "simulated": p.simulated, "monthly_budget": p.monthly_budget,
+                "today": _r(days.get(today, 0.0), 8),  # API spend comes in fractions of a cent
+                "month": _r(sum(v for d, v in days.items() if d >= month_start), 8),
+                "since": _r(sum(v for d, v in days.items() if d >= since_day), 8),
+                "budget_pct": _r(sum(v for d, v in days.items() if d >= month_start) / p.monthly_budget * 100, 2) if p.monthly_budget else None,
+            })
+        return {
+            "providers": providers,
+            **{period: _r(sum(p[period] for p in providers), 8) for period in ("today", "month", "since")},
+            "days": {day: _r(sum(days.get(day, 0.0) for days in by_day.values()), 8) for day in sorted({d for v in by_day.values() for d in v})},
+        }
 
     def section(self) -> CostsSummary | None:
         return self._summary
@@ -366,4 +401,5 @@ class CostsComponent:
             "since": {"day": since_day, **price(window, self.prices)},
             "by": group_by(window, by, self.prices, self.agent.machine.name),
             "days": [{"day": day, **price(group, self.prices)} for day, group in sorted(days.items()) if day >= since_day],
+            "api": self.api_report(today, month_start, since_day),
         }

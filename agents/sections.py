@@ -283,6 +283,18 @@ class RunSummary(Section):
 # ---------------------------------------------------------------------------- costs, alerts, audit
 
 
+class ProviderSpend(Section):
+    """A provider's spend against its monthly budget (alerts fire at 80% and 100%)."""
+
+    name: str
+    simulated: bool = False
+    spend_today: FiniteFloat = 0.0
+    spend_month: FiniteFloat = 0.0
+    monthly_budget: Finite = None
+    budget_pct: Finite = None
+    key_set: bool = True  # its api_key_env is set in the agent's environment (or none is needed)
+
+
 class CostsSummary(Section):
     """The header's money figures of one machine, every tick."""
 
@@ -294,6 +306,7 @@ class CostsSummary(Section):
     cloud_equivalent_month: Finite = None
     missing: list[str] = Field(default_factory=list)  # prices lab.yaml lacks
     simulated: bool = False
+    api: list[ProviderSpend] = Field(default_factory=list)  # the gateway's machine: API spend per provider, against its budget
 
 
 class AlertInfo(Section):
@@ -348,18 +361,6 @@ class GatewayModelFigures(Section):
     requests: int = 0  # since the agent started
     wakes: int = 0  # bring-ups the gateway caused
     errors: int = 0
-
-
-class ProviderSpend(Section):
-    """A provider's spend against its monthly budget (alerts fire at 80% and 100%)."""
-
-    name: str
-    simulated: bool = False
-    spend_today: FiniteFloat = 0.0
-    spend_month: FiniteFloat = 0.0
-    monthly_budget: Finite = None
-    budget_pct: Finite = None
-    key_set: bool = True  # its api_key_env is set in the agent's environment (or none is needed)
 
 
 class KeyUse(Section):

@@ -25,8 +25,9 @@ def costs_human(data: dict[str, Any]) -> str:
         f"today      {money(data['today'], c):>14}   cloud {money(data['cloud_equivalent_today'], c)}   {data['kwh_today'] or 0:.2f} kWh",
         f"this month {money(data['month'], c):>14}   cloud {money(data['cloud_equivalent_month'], c)}   saving {pct(data['saving_pct_month'])}",
         f"since {data['since']} {money(data['since_total'], c):>10}   cloud {money(data['cloud_equivalent_since'], c)}   saving {pct(data['saving_pct_since'])}",
-        f"by {data['by_kind']}:",
     ]
+    lines += api_lines(data)
+    lines.append(f"by {data['by_kind']}:")
     key = data["by_kind"]
     for entry in data["by"]:
         name = entry[key] if key == "machine" else f"{entry[key]} {entry.get('label') or ''}".strip() + f" @{entry['machine']}"
@@ -39,6 +40,20 @@ def costs_human(data: dict[str, Any]) -> str:
     lines += [f"{m}" for m in data["missing"]]
     lines += [f"not counted, offline: {name}: {why}" for name, why in data["offline"].items()]
     return "\n".join(lines)
+
+
+def api_lines(data: dict[str, Any]) -> list[str]:
+    """The gateway's API spend per provider against its monthly budget, and the lab's month with it."""
+    if not data["api_providers"]:
+        return []
+    c = data["currency"]
+    lines = [f"API        today {money(data['api_today'], c)}   this month {money(data['api_month'], c)}   "
+             f"lab total this month {money(data['total_month'], c)}"]
+    for p in data["api_providers"]:
+        budget = f" of {money(p['monthly_budget'], c)} ({pct(p['budget_pct'])})" if p["monthly_budget"] is not None else " (no budget)"
+        lines.append(f"  {p['provider'] + (' SIM' if p['simulated'] else ''):<20} today {money(p['today'], c):>12}   "
+                     f"this month {money(p['month'], c)}{budget}")
+    return lines
 
 
 async def cmd_costs(ctx) -> int:

@@ -28,6 +28,10 @@ def lab_costs(currency: str, results: dict[str, Any], by: str = "machine") -> di
             entry = days.setdefault(day["day"], {"cost": [], "cloud_equivalent": [], "kwh": []})
             for key in entry:
                 entry[key].append(day[key])
+    apis = [r["api"] for r in parts if r.get("api")]  # the gateway's machine reports the API spend
+    for api in apis:
+        for day, spend in api["days"].items():
+            days.setdefault(day, {"cost": [0.0], "cloud_equivalent": [0.0], "kwh": [0.0]}).setdefault("api", []).append(spend)
     missing = sorted({m for r in parts for key in ("now", "today", "month", "since") for m in r[key]["missing"]})
     month = _sum([r["month"]["cost"] for r in parts])
     cloud_month = _sum([r["month"]["cloud_equivalent"] for r in parts])
@@ -49,9 +53,14 @@ def lab_costs(currency: str, results: dict[str, Any], by: str = "machine") -> di
         "since_total": since,
         "cloud_equivalent_since": cloud_since,
         "saving_pct_since": _saving_pct(since, cloud_since),
+        "api_providers": [p for api in apis for p in api["providers"]],
+        "api_today": _sum([api["today"] for api in apis]),
+        "api_month": _sum([api["month"] for api in apis]),
+        "api_since": _sum([api["since"] for api in apis]),
+        "total_month": None if month is None else _sum([month, *(api["month"] for api in apis)]),
         "by_kind": by,
         "by": [entry for r in parts for entry in r["by"]],
-        "days": [{"day": d, **{k: _sum(v) for k, v in e.items()}} for d, e in sorted(days.items())],
+        "days": [{"day": d, "api": 0.0, **{k: _sum(v) for k, v in e.items()}} for d, e in sorted(days.items())],
         "missing": missing,
         "offline": offline,
         "simulated": any(r["simulated"] for r in parts),

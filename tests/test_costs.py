@@ -123,6 +123,30 @@ def test_money_cloud_equivalent_and_saving():
     assert money["missing"] == []
 
 
+def test_only_the_labs_own_work_counts_toward_the_cloud_equivalent():
+    """A GPU busy with work no job or model of the lab holds (another user's, a SIM background load) would not
+    move to the cloud: it costs energy here, and no cloud equivalent (once it inflated "saving 95%")."""
+    rows = [row("job", "1", busy_s=3600), row("other", "gpu0", energy_j=JOULES_PER_KWH, held_s=3600, busy_s=3600)]
+    money = price(rows, prices())
+    assert money["cloud_gpu"] == pytest.approx(2.48)  # the job's busy hour only
+    assert money["kwh"] == pytest.approx(1.0) and money["gpu_busy_hours"] == pytest.approx(2.0)
+
+
+def test_local_tokens_are_compared_at_the_labs_own_providers_prices():
+    lab = parse_lab("""
+lab: t
+machines: [{name: m, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]
+cloud_prices: {tokens_per_million: {llama-3.1-70b: 0.50, phi-3-mini: 0.10}}
+models:
+  - {name: big, path: m/big, engine: sim, machine: m, gpus: [0], cloud_equivalent: llama-3.1-70b}
+  - {name: small, path: m/small, engine: sim, machine: m, gpus: [0], cloud_equivalent: phi-3-mini}
+providers:
+  - {name: p, base_url: "http://127.0.0.1:1/v1", models: [{name: llama-3.1-70b, prompt_per_million: 0.80, completion_per_million: 1.00}]}
+""")
+    token_price = Prices.of(lab, lab.machines[0]).token_price
+    assert token_price == {"big": pytest.approx(0.90), "small": 0.10}  # the provider's (mean of prompt and completion), else cloud_prices
+
+
 def test_rented_machine_pays_rent_by_uptime_not_power():
     rows = [row("host", "host", "", energy_j=JOULES_PER_KWH, up_s=7200), row(energy_j=JOULES_PER_KWH, held_s=7200, rent_s=7200)]
     money = price(rows, prices(hourly_rate=2.5, electricity_per_kwh=None))

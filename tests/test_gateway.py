@@ -31,6 +31,7 @@ def model(name: str, machine: str, gpu: int, **sim) -> dict:
 
 LAB = {
     "lab": "gw-test",
+    "costs": {"electricity_per_kwh": 0.30},
     "machines": [{"name": "hub", "gpus": {"sim": [P4]}}, {"name": "node", "gpus": {"sim": [P4, P4]}}],
     "models": [
         model("fast-a", "hub", 0), model("fast-b", "node", 0), model("meter-me", "node", 0),
@@ -279,7 +280,39 @@ async def test_budget_alerts_and_refusal_past_100_percent(gw):
     assert spend["budget_pct"] >= 100 and spend["spend_month"] == pytest.approx(spend["spend_today"])
 
 
-async def test_metered_tokens_equal_the_engine_counters(gw):
+async def test_api_spend_per_provider_in_costs_and_the_cli(gw):
+    """Issue 14: the costs section and `cetlab costs` carry API spend per provider against its monthly budget."""
+    def api(report: dict) -> dict:
+        return {p["provider"]: p for p in (report["api"] or {}).get("providers", [])}
+
+    before = api(await gw.client.call("hub", "costs.get", {}))
+    assert set(before) == {"cloud", "pricey"} and before["pricey"]["monthly_budget"] == 0.015
+    assert (await gw.client.call("node", "costs.get", {}))["api"] is None  # only the gateway's machine pays providers
+    status, body, _ = await gw.chat("cloud-big", max_tokens=8)
+    assert status == 200, body
+    spent = (body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]) * 0.88 / 1e6
+    after = api(await gw.client.call("hub", "costs.get", {}))
+    assert after["cloud"]["month"] == pytest.approx(before["cloud"]["month"] + spent, abs=1e-8)
+    assert after["cloud"]["today"] == pytest.approx(after["cloud"]["month"], abs=1e-8) and after["cloud"]["simulated"]
+
+    async def section_has_it():  # the section every tick carries (the next tick's): the console's :costs reads it
+        section = (await gw.client.call("hub", "status"))["costs"]
+        return {p["name"]: p["spend_month"] for p in section["api"]}["cloud"] == pytest.approx(after["cloud"]["month"], abs=1e-8)
+
+    await wait_for(section_has_it)
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "console.cli", "--lab", str(gw.demo.lab_path), "--json", "costs"],
+                                  capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lab_costs = json.loads(out.stdout)
+    assert {p["provider"] for p in lab_costs["api_providers"]} == {"cloud", "pricey"}
+    assert lab_costs["api_month"] == pytest.approx(sum(p["month"] for p in after.values()), abs=1e-6)
+    assert lab_costs["total_month"] == pytest.approx(lab_costs["month"] + lab_costs["api_month"], abs=1e-6)
+    human = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "console.cli", "--lab", str(gw.demo.lab_path), "costs"],
+                                    capture_output=True, text=True, timeout=60)
+    assert "API " in human.stdout and "pricey" in human.stdout and "of 0.01 USD" in human.stdout, human.stdout
+
+
+
     async def counters():
         entry = next(m for m in (await gw.client.call("node", "models.list"))["models"] if m["name"] == "meter-me")
         return entry["prompt_tokens_total"], entry["generation_tokens_total"]
@@ -373,6 +406,14 @@ async def test_gateway_view_shows_traffic_and_spend(gw):
             return row[7] != NA and "cloud" in str(screen.query_one("#gateway-spend").render())
 
         await wait_for(shows_traffic, timeout=30)
+
+        await app.switch_mode("costs")  # the API spend, per provider against its budget, beside the energy
+
+        def costs_show_api():
+            text = str(app.screen.query_one("#costs-summary").render())
+            return "API" in text and "pricey" in text and "of 0.01 USD" in text
+
+        await wait_for(costs_show_api, timeout=30)
 
 
 async def test_prometheus_series_of_the_gateway(gw_lab, tmp_path):

@@ -139,6 +139,23 @@ class GatewayComponent:
                             "prompt_per_million": pm.prompt_per_million, "completion_per_million": pm.completion_per_million})
         return out
 
+    def provider_spend(self) -> list[ProviderSpend]:
+        """Each provider's spend today and this month against its monthly budget (the costs component shows it too)."""
+        if not self.enabled:
+            return []
+        providers = []
+        for p in self.lab.providers:
+            month = self.meter.spend_month.get(p.name, 0.0)
+            pct = 100.0 * month / p.monthly_budget if p.monthly_budget else None
+            providers.append(ProviderSpend(name=p.name, simulated=p.simulated, spend_today=round(self.meter.spend_day.get(p.name, 0.0), 8),
+                                           spend_month=round(month, 8), monthly_budget=p.monthly_budget, budget_pct=_finite(pct),
+                                           key_set=not p.api_key_env or bool(os.environ.get(p.api_key_env))))
+        return providers
+
+    def spend_by_day(self, since_day: str) -> dict[str, dict[str, float]]:
+        """Provider -> day -> spend from since_day on (empty where this agent serves no gateway)."""
+        return self.meter.spend_by_day(since_day) if self.enabled else {}
+
     def section(self) -> GatewaySection | None:
         if not self.enabled:
             return None
@@ -148,13 +165,7 @@ class GatewayComponent:
             name = entry["id"]
             models.append(GatewayModelFigures(name=name, tier=entry["tier"], where=entry.get("machine") or entry.get("provider"),
                                               state=entry["state"], simulated=entry["simulated"], **figures.get(name, {})))
-        providers = []
-        for p in self.lab.providers:
-            month = self.meter.spend_month.get(p.name, 0.0)
-            pct = 100.0 * month / p.monthly_budget if p.monthly_budget else None
-            providers.append(ProviderSpend(name=p.name, simulated=p.simulated, spend_today=round(self.meter.spend_day.get(p.name, 0.0), 8),
-                                           spend_month=round(month, 8), monthly_budget=p.monthly_budget, budget_pct=_finite(pct),
-                                           key_set=not p.api_key_env or bool(os.environ.get(p.api_key_env))))
+        providers = self.provider_spend()
         keys = [KeyUse(name=k["name"], revoked=k["revoked_at"] is not None, rpm=k["rpm"], tokens_per_day=k["tokens_per_day"],
                        requests=k["requests"], requests_last_minute=k["requests_last_minute"], tokens_today=k["tokens_today"],
                        last_used=k["last_used"]) for k in self.keys.listing()]

@@ -129,6 +129,18 @@ class Meter:
                 [(r.t, *self._period, r.key, r.model, r.tier, r.target, r.status, int(r.stream), r.prompt_tokens, r.completion_tokens,
                   r.usage_source, r.latency_s, r.ttft_s, r.cost, r.cloud_equivalent, int(r.woke), r.error) for r in rows])
 
+    def spend_by_day(self, since_day: str) -> dict[str, dict[str, float]]:
+        """Provider -> day -> spend, from since_day (the lab's local date) on; requests not yet flushed included."""
+        out: dict[str, dict[str, float]] = {}
+        for row in self.store.query("SELECT target, day, SUM(cost) AS cost FROM gateway_requests WHERE day>=? AND tier='provider' "
+                                    "AND target IS NOT NULL GROUP BY target, day", (since_day,)):
+            out.setdefault(row["target"], {})[row["day"]] = row["cost"] or 0.0
+        for record in self._pending:
+            if record.tier == "provider" and record.cost and record.target and self._period[0] >= since_day:
+                days = out.setdefault(record.target, {})
+                days[self._period[0]] = days.get(self._period[0], 0.0) + record.cost
+        return out
+
     def tokens_today_by_key(self) -> dict[str, int]:
         rows = self.store.query("SELECT key, SUM(COALESCE(prompt_tokens,0) + COALESCE(completion_tokens,0)) AS n FROM gateway_requests "
                                 "WHERE day=? AND key IS NOT NULL GROUP BY key", (self.today(),))

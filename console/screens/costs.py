@@ -107,6 +107,12 @@ class CostsScreen(LabScreen):
             f"   {report['kwh_today'] or 0:.2f} kWh today, {report['kwh_month'] or 0:.2f} kWh this month",
             f"by {report['by_kind']} since {report['since']}   ([b]b[/b] switches machine / job / model)",
         ]
+        if report["api_providers"]:
+            lines.append(f"[b]API[/b] today {fmt_money(report['api_today'], currency)}   this month {fmt_money(report['api_month'], currency)}"
+                         f"   lab total this month {fmt_money(report['total_month'], currency)}")
+            lines += [f"  {p['provider']}{' [black on yellow] SIM [/]' if p['simulated'] else ''}: this month {fmt_money(p['month'], currency)}"
+                      + (f" of {fmt_money(p['monthly_budget'], currency)} ({fmt_pct(p['budget_pct'])})" if p["monthly_budget"] is not None else "")
+                      for p in report["api_providers"]]
         lines += [f"[yellow]{m}[/]" for m in report["missing"]]
         lines += [f"[red]not counted, offline: {name}: {why}[/]" for name, why in report["offline"].items()]
         self.query_one("#costs-summary", Static).update("\n".join(lines))

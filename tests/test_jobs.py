@@ -30,6 +30,7 @@ from tests.conftest import REPO, wait_for
 PY = sys.executable
 SLEEPER = "import time; print('sleeping', flush=True); time.sleep(600)"
 STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"
+BURNER = "import subprocess, sys; print('burning', flush=True); subprocess.run([sys.executable, '-c', 'while True: pass'])"  # the work in a child, as torchrun ranks
 WAITER = "import pathlib, sys, time\nwhile not pathlib.Path(sys.argv[1]).exists():\n    time.sleep(0.05)\nsys.exit(7)"
 CHATTY = "import time\nfor i in range(300):\n    print(f'line {i}', flush=True)\n    time.sleep(0.004)"
 V100 = {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250}
@@ -50,6 +51,7 @@ def lab_data(tiny: Path, blocked: Path) -> dict:
              "params": [{"name": "max_steps", "type": "int", "default": 3}, {"name": "save_steps", "type": "int", "default": 3}]},
             {"name": "crash", "machine": "box", "gpus": [2], "command": [PY, "-c", "import sys; print('boom'); sys.exit(3)"], "output_dir": "runs/{job_id}"},
             {"name": "sleeper", "machine": "box", "gpus": [1], "command": [PY, "-c", SLEEPER], "output_dir": "runs/{job_id}", "stop_grace_s": 10},
+            {"name": "burner", "machine": "box", "gpus": [2], "command": [PY, "-c", BURNER], "output_dir": "runs/{job_id}", "stop_grace_s": 5},
             {"name": "stubborn", "machine": "box", "gpus": [1], "command": [PY, "-c", STUBBORN], "output_dir": "runs/{job_id}", "stop_grace_s": 1},
             {"name": "waiter", "machine": "box", "command": [PY, "-c", WAITER, "{output_dir}/release"], "output_dir": "runs/{job_id}"},
             {"name": "chatty", "machine": "box", "command": [PY, "-c", CHATTY], "output_dir": "runs/{job_id}"},
@@ -229,6 +231,22 @@ async def test_sleeper_is_claimed_starved_then_stopped(jobs_lab):
         assert done["state"] == "exited" and done["exit_code"] == -signal.SIGTERM and not done["starved"]
         again = await error_of(client, "jobs.stop", {"id": job["id"]})
         assert again.code == ErrorCode.CONFLICT and "already exited" in again.message
+    finally:
+        await client.stop()
+
+
+async def test_a_busy_trainer_drives_its_simulated_gpu_not_a_false_starved(jobs_lab):
+    """Issue 13 item 19: the work runs in a child of the job's process (as torchrun's ranks do); its CPU drives the
+    simulated GPU's utilisation (it once read 0-2%: only the idle launcher was measured), so no false "GPU starved"."""
+    client = await connect(jobs_lab)
+    try:
+        job = await client.call("box", "jobs.start", {"recipe": "burner"})
+        view = client.state.machines["box"]
+        await wait_for(lambda: 2 in view.gpus and (view.gpus[2].util_pct or 0) >= 60, timeout=30)
+        running_job = await wait_job(client, job["id"], lambda j: j["state"] == "running")
+        assert not running_job["starved"]
+        await client.call("box", "jobs.stop", {"id": job["id"]})
+        await wait_job(client, job["id"], ended, timeout=30)
     finally:
         await client.stop()
 

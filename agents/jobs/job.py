@@ -60,6 +60,7 @@ class Job:
     # live handles, not persisted
     popen: subprocess.Popen | None = field(default=None, repr=False)
     proc: psutil.Process | None = field(default=None, repr=False)
+    child_procs: dict[int, psutil.Process] = field(default_factory=dict, repr=False)  # the trainer's processes, by pid
     starved_since: float | None = field(default=None, repr=False)
 
     PERSISTED = (

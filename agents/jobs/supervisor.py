@@ -337,19 +337,33 @@ class JobsComponent:
                                          "message": f"job {job.id} ({job.recipe}) {job.state}" + (f" with exit code {job.exit_code}" if job.exit_code is not None else "")})
 
     def _claim(self, job: Job) -> None:
-        """Simulated GPUs show what the trainer really does on the CPU: its RSS as VRAM, its CPU as load."""
+        """Simulated GPUs show what the trainer really does on the CPU: its RSS as VRAM, its CPU as load.
+
+        The load of each GPU is the job's CPU per GPU against the share of the machine's cores one GPU's
+        process can have: torchrun's four ranks on two cores at 50% each are four busy GPUs, and a rank that
+        waits (on data, on a lock) shows as a starved GPU, as it would on real hardware."""
         if not job.gpus or job.pid is None or not self.agent.simulated:
             return
         try:
             if job.proc is None or job.proc.pid != job.pid:
-                job.proc = psutil.Process(job.pid)
+                job.proc, job.child_procs = psutil.Process(job.pid), {}
                 job.proc.cpu_percent(None)
-            procs = [job.proc, *job.proc.children(recursive=True)]
+            children = []
+            for child in job.proc.children(recursive=True):  # kept: a fresh Process's first cpu_percent is always 0
+                known = job.child_procs.get(child.pid)
+                if known is None or known.create_time() != child.create_time():
+                    known = job.child_procs[child.pid] = child
+                    known.cpu_percent(None)
+                children.append(known)
+            job.child_procs = {p.pid: p for p in children}
+            procs = [job.proc, *children]
             cpu_pct = sum(p.cpu_percent(None) for p in procs)
             rss = sum(p.memory_info().rss for p in procs)
         except psutil.Error:
             return
-        self.agent.claim_gpus(job.gpus, f"job:{job.id}", f"job {job.id} {job.recipe}", rss, min(SIM_UTIL_CAP_PCT, cpu_pct), pid=job.pid)
+        fair_share_pct = min(100.0, 100.0 * (psutil.cpu_count() or 1) / len(job.gpus))
+        util = min(SIM_UTIL_CAP_PCT, cpu_pct / len(job.gpus) / fair_share_pct * 100)
+        self.agent.claim_gpus(job.gpus, f"job:{job.id}", f"job {job.id} {job.recipe}", rss, util, pid=job.pid)
 
     def _check_starved(self, job: Job, telemetry: Telemetry, now: float) -> None:
         alerts = self.agent.lab.alerts

@@ -46,7 +46,10 @@ def complete(endpoint: str, model: str) -> dict:
 
 
 @pytest.mark.timeout(180)
-async def test_kill_9_then_restart_readopts_trainer_and_model_server(tmp_path):
+@pytest.mark.parametrize("state_db", ["kept", "lost"])
+async def test_kill_9_then_restart_readopts_trainer_and_model_server(tmp_path, state_db):
+    """kill -9, restart: the trainer and the model server are serving again, the same processes. With state.db
+    lost as well (deleted; a corrupt one is moved aside the same way), both are found again from their folders."""
     source = tmp_path / "lab.yaml"
     source.write_text(yaml.safe_dump({
         "lab": "hardening",
@@ -95,6 +98,9 @@ async def test_kill_9_then_restart_readopts_trainer_and_model_server(tmp_path):
         db = sqlite3.connect(demo.dir / "agents" / "box" / "state.db")  # WAL + transactions: intact after kill -9
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         db.close()
+        if state_db == "lost":
+            for path in (demo.dir / "agents" / "box").glob("state.db*"):
+                path.unlink()
 
         started = time.monotonic()
         demo.launch()
@@ -121,8 +127,18 @@ async def test_kill_9_then_restart_readopts_trainer_and_model_server(tmp_path):
         assert later > step  # its log is still followed
         history = (await client.call("box", "models.get", {"model": "m"}))["history"]
         assert any(h["event"] == "adopt" for h in history)
-        assert (await client.call("box", "audit.list"))["total"] >= audit_before  # nothing lost
+        if state_db == "kept":
+            assert (await client.call("box", "audit.list"))["total"] >= audit_before  # nothing lost
         await client.call("box", "jobs.kill", {"id": job["id"]})
+        if state_db == "lost":  # a new job counts past the folders of the found ones: no id is used twice
+
+            async def ended() -> bool:
+                return (await client.call("box", "jobs.get", {"id": job["id"]}))["state"] not in ("running", "stopping", "starting")
+
+            await wait_for(ended, timeout=30)
+            again = await client.call("box", "jobs.start", {"recipe": "steady"})
+            assert again["id"] != job["id"]
+            await client.call("box", "jobs.kill", {"id": again["id"]})
     finally:
         if client is not None:
             await client.stop()

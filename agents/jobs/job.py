@@ -78,8 +78,8 @@ class Job:
         data = json.loads(text)
         job = cls(**{k: v for k, v in data.items() if k in cls.PERSISTED})
         job.state = JobState(job.state)
-        try:  # kept by an older agent, which did not check its trainer's file: check it now
-            job.progress = Progress.model_validate(job.progress).model_dump(mode="json", include=PROGRESS_KEPT)
+        try:  # kept by an older agent, which did not check its trainer's file: check it now (none stays none)
+            job.progress = Progress.model_validate(job.progress).model_dump(mode="json", include=PROGRESS_KEPT) if job.progress else {}
         except ValidationError:
             job.progress, job.progress_problem = {}, "the recorded progress did not match the progress file's schema"
         job.loss_points = [[s, v] for s, v in job.loss_points if finite_or_none(v) is not None]

@@ -25,6 +25,7 @@ from agents.jobs.logs import Follower, read_from, tail
 from agents.jobs.methods import LogsParams, register
 from agents.jobs.multinode import Coordinator, NodeLaunch, register as register_nodes
 from agents.jobs.progress import update_progress
+from agents.jobs.refind import found_on_disk, keep_on_disk
 from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, descendants
 from agents.lab import Trainer
 from agents.protocol import EVENT_LOG, EVENT_NOTICE, ErrorCode, RemoteError, Telemetry
@@ -126,6 +127,16 @@ class JobsComponent:
                 log.error("job %s: its record in state.db is unreadable (%s); left out", row["id"], exc)
                 continue
             self.jobs[job.id] = job
+        known = {row["id"] for row in self.agent.store.query("SELECT id FROM jobs")}
+        for job in found_on_disk(self.jobs_dir, known):  # state.db lost them (deleted, or corrupt and moved aside)
+            with self.agent.store.transaction() as db:
+                db.execute("INSERT INTO jobs (id, recipe, record, state) VALUES (?, ?, ?, ?)", (job.id, job.recipe, job.record(), job.state))
+            log.warning("job %s (%s) found again in its folder: state.db had no record of it", job.id, job.recipe)
+            self._read_child(job)  # its record is the one at launch: catch up with what it did since
+            update_progress(job)
+            self._maybe_running(job, time.time())
+            self.jobs[job.id] = job
+        for job in list(self.jobs.values()):
             if job.active:
                 job.adopted = True
                 if _alive(job.runner_pid, job.runner_started):
@@ -133,6 +144,13 @@ class JobsComponent:
                 else:
                     self._finish(job)  # ended while the agent was away: its exit code is on disk
                 self.save(job)
+
+    @staticmethod
+    def _maybe_running(job: Job, now: float) -> None:
+        """starting -> running: the trainer says it runs, or says nothing for a while."""
+        if job.state == JobState.STARTING and (job.progress.get("state") in ("running", "saving")
+                                               or (not job.progress and now - job.started_at >= NO_PROGRESS_RUNNING_S)):
+            job.state = JobState.RUNNING
 
     def save(self, job: Job) -> None:
         with self.agent.store.transaction() as db:
@@ -178,8 +196,11 @@ class JobsComponent:
                 )
 
     def next_id(self) -> str:
-        row = self.agent.store.query("SELECT COALESCE(MAX(n), 0) + 1 AS n FROM jobs")
-        return f"{self.agent.machine.name}-{row[0]['n']}"
+        """The next job id: past every job state.db knows and every job folder (a lost state.db starts counting again)."""
+        n = self.agent.store.query("SELECT COALESCE(MAX(n), 0) + 1 AS n FROM jobs")[0]["n"]
+        while (self.jobs_dir / f"{self.agent.machine.name}-{n}").exists():
+            n += 1
+        return f"{self.agent.machine.name}-{n}"
 
     async def start_recipe(self, name: str, given: dict[str, Any]) -> Job:
         """Start a recipe of this machine: over all its nodes when it has nodes (this agent coordinates), else here."""
@@ -240,6 +261,7 @@ class JobsComponent:
         job.runner_pid, job.runner_started = job.popen.pid, _create_time(job.popen.pid)
         self.jobs[job.id] = job
         self.save(job)
+        keep_on_disk(job)
         log.info("started job %s (%s): %s", job.id, name, " ".join(argv))
         return job
 
@@ -386,8 +408,7 @@ class JobsComponent:
             if self._runner_ended(job):
                 self._finish(job)
             else:
-                if job.state == JobState.STARTING and (job.progress.get("state") in ("running", "saving") or (not job.progress and now - job.started_at >= NO_PROGRESS_RUNNING_S)):
-                    job.state = JobState.RUNNING
+                self._maybe_running(job, now)
                 if job.state == JobState.STOPPING and job.kill_at is not None and now >= job.kill_at and job.stop_requested == "stop":
                     log.warning("job %s did not stop within its grace period: SIGKILL", job.id)
                     job.stop_requested = "kill"

@@ -8,8 +8,12 @@ import os
 import signal
 from typing import TYPE_CHECKING, Any
 
+from pathlib import Path
+
 import psutil
 
+from agents.documents import BadDocument, read_json_object
+from agents.jobs.runner import write_json
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
 from agents.states import ModelState
 
@@ -63,6 +67,38 @@ def remember(slots: dict[str, Slot]) -> dict[str, dict[str, Any]]:
         running[slot.name] = {"pid": engine.pid, "create_time": create_time, "port": engine.port, "gpus": slot.gpus,
                               "log_offset": engine._log_offset, "state": slot.state}
     return running
+
+
+ENGINES_FILE = "engines.json"  # in <state>/models/: the same record, for a start that lost state.db
+
+
+def keep_on_disk(models_dir: Path, running: dict[str, dict[str, Any]]) -> None:
+    try:
+        models_dir.mkdir(parents=True, exist_ok=True)
+        write_json(models_dir / ENGINES_FILE, {"engines": running})
+    except OSError as exc:  # a full disk: state.db has the record; only this fallback is lost
+        log.warning("could not keep the running engines in %s: %s", models_dir / ENGINES_FILE, exc)
+
+
+def found_on_disk(models_dir: Path) -> dict[str, dict[str, Any]]:
+    """The engines the last agent recorded in its folder (state.db lost them); malformed entries are left out."""
+    try:
+        doc = read_json_object(models_dir / ENGINES_FILE)
+    except BadDocument as exc:
+        log.error("%s", exc)
+        return {}
+    engines = (doc or {}).get("engines")
+    if not isinstance(engines, dict):
+        return {}
+    kept = {}
+    for name, record in engines.items():
+        if isinstance(record, dict) and isinstance(record.get("pid"), int) and isinstance(record.get("port"), int):
+            kept[name] = record
+        else:
+            log.error("%s: the entry of %r is not an engine record; left out", models_dir / ENGINES_FILE, name)
+    if kept:
+        log.warning("state.db has no record of running engines: looking for the %d in %s", len(kept), models_dir / ENGINES_FILE)
+    return kept
 
 
 def _kill_group(pid: int) -> None:

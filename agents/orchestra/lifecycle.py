@@ -7,7 +7,6 @@ import logging
 import time
 from typing import Any, Awaitable, Callable
 
-from agents.orchestra.adopt import remember
 from agents.orchestra.engine import Engine, EngineDown, EngineRequestFailed
 from agents.orchestra.sim_engine import SimEngine
 from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, EngineFailed, Slot, gib_text
@@ -79,7 +78,7 @@ class LifecycleMixin:
         slot.engine = slot.last_engine = engine
         await engine.start()
         self._claim(slot)
-        self._kv_save(engines=remember(self.slots))  # a restarted agent finds (and reports) an engine it was loading
+        self.remember_engines()  # a restarted agent finds (and reports) an engine it was loading
         self._tasks = [t for t in self._tasks if not t.done()]
         self._tasks.append(asyncio.create_task(self._supervise(slot, engine), name=f"supervise-{slot.name}"))
         deadline = started + slot.model.load_timeout_s

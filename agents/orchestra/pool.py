@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from agents.documents import EngineFigures
 from agents.lab import Model
-from agents.orchestra.adopt import adopt, remember
+from agents.orchestra.adopt import adopt, found_on_disk, keep_on_disk, remember
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
 from agents.orchestra.lifecycle import LifecycleMixin
 from agents.orchestra.methods import register
@@ -97,7 +97,10 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
         await asyncio.to_thread(self._measure_all)
         for slot in self.slots.values():
             slot.state = self._rest_state(slot)
-        await adopt(self, kv.get("engines") or {})  # what a previous agent left running (systemd restart, crash)
+        engines = kv.get("engines")
+        if engines is None:  # never recorded here: a first start, or a state.db lost (deleted, or corrupt and moved aside)
+            engines = found_on_disk(self.agent.state_dir / "models")
+        await adopt(self, engines or {})  # what a previous agent left running (systemd restart, crash)
         register(self)
         if self.slots:
             plan = lab.orchestra
@@ -236,6 +239,12 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
 
     # ------------------------------------------------------------------ bookkeeping
 
+    def remember_engines(self) -> None:
+        """The running engines, in state.db and in the models folder: a restarted agent re-adopts them."""
+        running = remember(self.slots)
+        self._kv_save(engines=running)
+        keep_on_disk(self.agent.state_dir / "models", running)
+
     def _kv_save(self, **values: Any) -> None:
         with self.agent.store.transaction() as db:
             for key, value in values.items():
@@ -264,7 +273,7 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
         if state != ModelState.WARM:
             slot.metrics, slot.tokens_per_s, slot.token_mark = EngineFigures(), None, None
         self._claim(slot)
-        self._kv_save(engines=remember(self.slots))
+        self.remember_engines()
 
     def _claim(self, slot: Slot, util_pct: float | None = None) -> None:
         """Show the model on simulated GPUs (NVML machines see the real process)."""

@@ -127,6 +127,14 @@ async def test_kill_9_then_restart_readopts_trainer_and_model_server(tmp_path, s
         assert later > step  # its log is still followed
         history = (await client.call("box", "models.get", {"model": "m"}))["history"]
         assert any(h["event"] == "adopt" for h in history)
+        server.kill()  # a re-adopted engine that dies: how it ended went to init, and the model says so (never "code -1")
+
+        async def failed_model() -> dict | None:
+            m = (await states())[1]
+            return m if m["state"] == "failed" else None
+
+        gone = await wait_for(failed_model, timeout=30)
+        assert "re-adopted after an agent restart" in gone["error"]["message"] and "-1" not in gone["error"]["message"], gone["error"]
         if state_db == "kept":
             assert (await client.call("box", "audit.list"))["total"] >= audit_before  # nothing lost
         await client.call("box", "jobs.kill", {"id": job["id"]})

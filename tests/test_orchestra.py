@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agents.lab import load_lab
@@ -181,7 +183,15 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         b = await client.call("box", "models.cold", {"model": "b"})
         assert b["state"] in ("cold", "cached") and b["endpoint"] is None and b["op"] is None
         assert (await client.call("box", "models.warm", {"model": "b"}))["state"] == "loading"
-        assert (await settle(client, "b", ("warm",)))["endpoint"]
+        endpoint = (await settle(client, "b", ("warm",)))["endpoint"]
+
+        # an engine killed by a signal: the signal is named (not "exited with code -9")
+        port = endpoint.rsplit(":", 1)[1].split("/")[0]
+        [server] = [p for p in psutil.process_iter(["cmdline"]) if "agents.orchestra.sim_server" in (p.info["cmdline"] or [])
+                    and port in (p.info["cmdline"] or [])]
+        server.send_signal(signal.SIGKILL)
+        killed = await settle(client, "b", ("failed",))
+        assert killed["error"]["message"] == "the engine was killed by SIGKILL", killed["error"]
 
 
 async def test_swap_cache_budget_and_rotation_plan(run_pool):

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cetlab.orchestra")
 
 POLL_S = 0.5
+UNKNOWN_EXIT = -1  # the return code of a re-adopted engine that ended: how, only its log can say
 
 
 def _alive(pid: int, create_time: float | None) -> bool:
@@ -46,7 +47,7 @@ class AdoptedProcess:
     async def wait(self) -> int | None:
         while _alive(self.pid, self.create_time):
             await asyncio.sleep(POLL_S)
-        self.returncode = -1  # not our child: its exit code went to its parent (init)
+        self.returncode = UNKNOWN_EXIT  # not our child: its exit status went to its parent (init), not to us
         return self.returncode
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from typing import Any, Awaitable, Callable
 
+from agents.orchestra.adopt import AdoptedProcess
 from agents.orchestra.engine import Engine, EngineDown, EngineRequestFailed
 from agents.orchestra.sim_engine import SimEngine
 from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, EngineFailed, Slot, gib_text
@@ -20,6 +22,13 @@ log = logging.getLogger("cetlab.orchestra")
 ENGINES: dict[str, type[Engine]] = {"sim": SimEngine, "vllm": VllmEngine, "transformers": TransformersEngine}
 HEALTH_POLL_S = 0.1
 WARMUP_TIMEOUT_S = 900.0
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 class LifecycleMixin:
@@ -41,7 +50,12 @@ class LifecycleMixin:
         code = await engine.proc.wait()
         if engine.stopping or slot.engine is not engine:
             return
-        self._fail(slot, engine, f"the engine exited with code {code}")
+        if isinstance(engine.proc, AdoptedProcess):  # never "code -1": a restarted agent cannot see how it ended
+            self._fail(slot, engine, "the engine ended; it was re-adopted after an agent restart, so its exit code and signal "
+                                     "went to init, not to this agent: see its log")
+        else:
+            self._fail(slot, engine, f"the engine exited with code {code}" if code is None or code >= 0
+                       else f"the engine was killed by {signal_name(-code)}")
         if slot.busy and slot.op is not asyncio.current_task():
             slot.op.cancel()
 

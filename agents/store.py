@@ -28,6 +28,11 @@ def _is_full(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorname", None) == "SQLITE_FULL" or "disk is full" in str(exc)
 
 
+def _write_failed(exc: sqlite3.Error) -> bool:
+    """A write the disk refused: full (ENOSPC), or an I/O error (over quota, a file size limit, a failing disk)."""
+    return _is_full(exc) or str(getattr(exc, "sqlite_errorname", "")).startswith("SQLITE_IOERR") or "disk I/O error" in str(exc)
+
+
 def _is_corrupt(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorname", None) in _CORRUPT or "malformed" in str(exc) or "not a database" in str(exc)
 
@@ -123,11 +128,18 @@ class Store:
                 raise
             self.db.execute("COMMIT")
         except sqlite3.Error as exc:
-            if not _is_full(exc):
+            if not _write_failed(exc):
                 raise
             if self.db.in_transaction:
-                self.db.execute("ROLLBACK")
-            self.disk_full = f"disk full: {self.path} cannot be written ({exc}); free disk space on this machine"
+                try:
+                    self.db.execute("ROLLBACK")
+                except sqlite3.Error:  # the rollback may fail the same way; SQLite has rolled back by itself then
+                    pass
+            if _is_full(exc):
+                self.disk_full = f"disk full: {self.path} cannot be written ({exc}); free disk space on this machine"
+            else:
+                self.disk_full = (f"disk full or failing: {self.path} cannot be written ({exc}); check the disk's free space, "
+                                  "quota and health")
             self.full_at = time.time()
             raise DiskFull(self.disk_full) from None
 

@@ -10,6 +10,7 @@ import yaml
 
 from agents.protocol import ErrorCode, RemoteError
 from console.demo import DemoLab
+from tests.conftest import wait_for
 from tests.hardening_fixtures import PY, connected, one_machine_lab, start_agent, wait_listening
 
 # The largest file the agent may write: state.db (~110 KB) and some sixty WAL frames.
@@ -70,3 +71,43 @@ def test_a_full_disk_at_start_is_one_line_not_a_traceback(tmp_path):
     assert agent.wait(timeout=60) == 1
     lines = agent.stderr.read().decode().strip().splitlines()
     assert len(lines) == 1 and "state.db" in lines[0] and "disk" in lines[0], lines
+
+
+@pytest.mark.timeout(120)
+async def test_the_ledger_on_a_full_disk_keeps_the_agent_ticking_and_raises_the_disk_alert(tmp_path):
+    """Issue 11 finding 12: on a full disk the energy ledger cannot book. That is said (the disk alert on state.db,
+    one log line per episode), and everything else goes on: ticks, status, costs of what was booked."""
+    lab = one_machine_lab(tmp_path / "lab.yaml")
+    data = yaml.safe_load(lab.read_text())
+    data["machines"][0]["sample_interval_s"] = 0.1  # ten ledger transactions a second: the disk fills in seconds
+    lab.write_text(yaml.safe_dump(data))
+    demo = DemoLab(tmp_path / "run", source=lab)
+    demo.prepare()
+    port = yaml.safe_load(demo.lab_path.read_text())["machines"][0]["port"]
+    first = start_agent(demo.lab_path, demo.dir / "agents" / "box")  # once with room: state.db and its tables
+    wait_listening("127.0.0.1", port, first)
+    first.terminate()
+    assert first.wait(timeout=30) == 0
+    agent = start_agent_on_full_disk(demo.lab_path, demo.dir / "agents" / "box")
+    try:
+        wait_listening("127.0.0.1", port, agent)
+        client = await connected(demo.lab_path)
+        try:
+            view = client.state.machines["box"]
+
+            def disk_alert():  # on every console (the tick's alerts section); its history row cannot be written
+                return next((a for a in view.alerts.active if a.rule == "disk_full" and a.target == "state.db"), None)
+
+            alert = await wait_for(disk_alert, timeout=60)
+            assert "disk full" in alert.message and alert.level == "critical", alert
+            seen = view.sample_t
+            await wait_for(lambda: view.sample_t and view.sample_t > seen, timeout=10)  # ticks go on
+            costs = await client.call("box", "costs.get", {})
+            assert costs["now"]["power_w"] is not None  # costs answers from what was booked
+        finally:
+            await client.stop()
+    finally:
+        agent.terminate()
+        agent.wait(timeout=30)
+    log = agent.stderr.read().decode()
+    assert log.count("the ledger cannot book") == 1 and "Traceback" not in log, log[-3000:]

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
@@ -19,31 +16,8 @@ from pydantic import (
     model_validator,
 )
 
-NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-Name = Annotated[str, Field(pattern=NAME_RE)]
-NonNegative = Annotated[float, Field(ge=0)]
-Positive = Annotated[float, Field(gt=0)]
-
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-
-
-def parse_duration(value: Any) -> Any:
-    """'90s', '30m', '4h', '1d' or a number of seconds -> seconds (float)."""
-    if isinstance(value, str):
-        match = _DURATION_RE.match(value)
-        if not match:
-            raise ValueError(f"expected a duration like 90s, 30m, 4h or 1d, got {value!r}")
-        return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    return value
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
-
-
-class Strict(BaseModel):
-    # allow_inf_nan=False: every number in lab.yaml is finite (YAML's .inf and .nan are refused at load, with file:line)
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
+from agents.gateway.config import Gateway, Provider, cross_check as gateway_cross_check
+from agents.schema import Duration, Name, NonNegative, Positive, Strict, parse_duration
 
 
 # ---------------------------------------------------------------------------- machines
@@ -274,7 +248,6 @@ class ConsoleSettings(Strict):
     connect_timeout_s: Positive = 5.0
 
 
-from agents.gateway.config import Gateway, Provider, cross_check as gateway_cross_check  # noqa: E402 (needs Strict above)
 
 
 class Lab(Strict):

@@ -184,7 +184,7 @@ class DemoLab:
             write_private(state / AUTHORIZED_KEYS_NAME, authorized.encode())
             known_hosts.append(f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}")
         (console_dir / "known_hosts").write_text("\n".join(known_hosts) + "\n")
-        gateway_demo.prepare(self.dir, data, "\n".join(known_hosts) + "\n")
+        gateway_demo.prepare(self.dir, data, "\n".join(known_hosts) + "\n", free_ports)
         for coordinator in coordinators(data):
             write_private(self.dir / "agents" / coordinator / PEER_KNOWN_HOSTS_NAME, ("\n".join(known_hosts) + "\n").encode())
         data["console"] = {**(data.get("console") or {}), "key": "console/id_ed25519", "known_hosts": "console/known_hosts"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from agents.gateway.keys import KeyAddParams, KeyStore
@@ -30,10 +30,8 @@ def peer_key_line(directory: Path, data: dict[str, Any]) -> str:
     return f"gateway {kind} {blob} gateway@{data['gateway']['machine']}\n"
 
 
-def prepare(directory: Path, data: dict[str, Any], known_hosts: str) -> None:
-    """Rewrite `gateway:` and the simulated providers for this run's ports; a demo key at console/gateway.key."""
-    from console.demo import free_ports
-
+def prepare(directory: Path, data: dict[str, Any], known_hosts: str, free_ports: Callable[[int], list[int]]) -> None:
+    """Rewrite `gateway:` and the simulated providers for ports `free_ports` finds; a demo key at console/gateway.key."""
     if not data.get("gateway"):
         return
     stand_ins = [p for p in data.get("providers") or [] if p.get("simulated")]

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from agents.lab import LabError, load_lab, parse_duration, parse_lab
+from agents.lab import LabError, load_lab, parse_lab
+from agents.schema import parse_duration
 from console.demo import bundled_lab
 
 GOOD_MACHINE = """

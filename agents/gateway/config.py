@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
-from agents.lab import NAME_RE, Name, NonNegative, Strict, parse_duration
+from agents.schema import NAME_RE, Name, NonNegative, Strict, parse_duration
 
 if TYPE_CHECKING:
     from agents.lab import Lab

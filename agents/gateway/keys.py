@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.lab import NAME_RE
+from agents.schema import NAME_RE
 from agents.protocol import ErrorCode, RemoteError
 from agents.store import Store
 

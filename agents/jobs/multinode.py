@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agents.documents import Progress
 from agents.jobs.job import PROGRESS_KEPT, Job
 from agents.jobs.logs import tail
-from agents.lab import NAME_RE, Trainer
+from agents.lab import Trainer
+from agents.schema import NAME_RE
 from agents.peers import NODE_KEY_NAME, PeerClient
 from agents.protocol import ErrorCode, Finite, RemoteError, Role
 from agents.rpc import Peer

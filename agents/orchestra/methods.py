@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.lab import NAME_RE
+from agents.schema import NAME_RE
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
 from agents.protocol import ErrorCode, RemoteError, Role
 from agents.states import ModelState

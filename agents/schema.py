@@ -1,0 +1,34 @@
+"""The building blocks of lab.yaml's schema, shared by every part of it (the lab, the gateway, the trainers)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+Name = Annotated[str, Field(pattern=NAME_RE)]
+NonNegative = Annotated[float, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0)]
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(value: Any) -> Any:
+    """'90s', '30m', '4h', '1d' or a number of seconds -> seconds (float)."""
+    if isinstance(value, str):
+        match = _DURATION_RE.match(value)
+        if not match:
+            raise ValueError(f"expected a duration like 90s, 30m, 4h or 1d, got {value!r}")
+        return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+
+
+class Strict(BaseModel):
+    # allow_inf_nan=False: every number in lab.yaml is finite (YAML's .inf and .nan are refused at load, with file:line)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)

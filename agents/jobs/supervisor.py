@@ -20,6 +20,7 @@ import psutil
 
 from agents.documents import ChildRecord, ExitRecord, load_quietly
 from agents.jobs import recipes
+from agents.jobs.gpu_load import check_starved, claim_sim_gpus
 from agents.jobs.job import Job, JobView
 from agents.jobs.logs import Follower, read_from, tail
 from agents.jobs.methods import LogsParams, register
@@ -46,7 +47,6 @@ SECTION_LOSS_POINTS = 60
 SECTION_LAST_LINES = 3
 NO_PROGRESS_RUNNING_S = 3.0  # a command without a progress file counts as running after this long
 CHILD_WAIT_S = 5.0  # how long stop/kill wait for the runner to name its trainer
-SIM_UTIL_CAP_PCT = 97.0
 
 SCHEMA = [
     """CREATE TABLE jobs (
@@ -358,44 +358,6 @@ class JobsComponent:
         self.agent.notify(EVENT_NOTICE, {"level": "info" if job.state == JobState.EXITED else "error",
                                          "message": f"job {job.id} ({job.recipe}) {job.state}" + (f" with exit code {job.exit_code}" if job.exit_code is not None else "")})
 
-    def _claim(self, job: Job) -> None:
-        """Simulated GPUs show what the trainer really does on the CPU: its RSS as VRAM, its CPU as load.
-
-        The load of each GPU is the job's CPU per GPU against the share of the machine's cores one GPU's
-        process can have: torchrun's four ranks on two cores at 50% each are four busy GPUs, and a rank that
-        waits (on data, on a lock) shows as a starved GPU, as it would on real hardware."""
-        if not job.gpus or job.pid is None or not self.agent.simulated:
-            return
-        try:
-            if job.proc is None or job.proc.pid != job.pid:
-                job.proc, job.child_procs = psutil.Process(job.pid), {}
-                job.proc.cpu_percent(None)
-            children = []
-            for child in job.proc.children(recursive=True):  # kept: a fresh Process's first cpu_percent is always 0
-                known = job.child_procs.get(child.pid)
-                if known is None or known.create_time() != child.create_time():
-                    known = job.child_procs[child.pid] = child
-                    known.cpu_percent(None)
-                children.append(known)
-            job.child_procs = {p.pid: p for p in children}
-            procs = [job.proc, *children]
-            cpu_pct = sum(p.cpu_percent(None) for p in procs)
-            rss = sum(p.memory_info().rss for p in procs)
-        except psutil.Error:
-            return
-        fair_share_pct = min(100.0, 100.0 * (psutil.cpu_count() or 1) / len(job.gpus))
-        util = min(SIM_UTIL_CAP_PCT, cpu_pct / len(job.gpus) / fair_share_pct * 100)
-        self.agent.claim_gpus(job.gpus, f"job:{job.id}", f"job {job.id} {job.recipe}", rss, util, pid=job.pid)
-
-    def _check_starved(self, job: Job, telemetry: Telemetry, now: float) -> None:
-        alerts = self.agent.lab.alerts
-        utils = [g.util_pct for g in telemetry.gpus if g.index in job.gpus and g.util_pct is not None]
-        if job.state != JobState.RUNNING or not utils or max(utils) >= alerts.starved_util_pct:
-            job.starved_since, job.starved = None, False
-            return
-        job.starved_since = job.starved_since or now
-        job.starved = now - job.starved_since >= alerts.starved_for_s
-
     def on_telemetry(self, telemetry: Telemetry) -> None:
         now = time.time()
         for job in list(self.jobs.values()):
@@ -413,8 +375,8 @@ class JobsComponent:
                     log.warning("job %s did not stop within its grace period: SIGKILL", job.id)
                     job.stop_requested = "kill"
                     self._signal(job, signal.SIGKILL)
-                self._claim(job)
-                self._check_starved(job, telemetry, now)
+                claim_sim_gpus(self.agent, job)
+                check_starved(job, telemetry, self.agent.lab.alerts, now)
             if progressed or job.record() != before:
                 self.save(job)
         self._push_logs()

@@ -29,18 +29,28 @@ def start_agent_on_full_disk(lab_path, state, limit: int = FILE_SIZE_LIMIT) -> s
     )
 
 
-@pytest.mark.timeout(120)
-async def test_an_operator_action_is_refused_when_its_audit_row_cannot_be_written(tmp_path):
-    demo = DemoLab(tmp_path / "run", source=one_machine_lab(tmp_path / "lab.yaml"))
+def agent_on_a_disk_that_fills(tmp_path, lab) -> tuple[DemoLab, subprocess.Popen]:
+    """The lab's agent started once with room (state.db and its tables), then again on a disk that fills; listening."""
+    demo = DemoLab(tmp_path / "run", source=lab)
     demo.prepare()  # keys and known_hosts; the agent is ours to start
     port = yaml.safe_load(demo.lab_path.read_text())["machines"][0]["port"]
-    first = start_agent(demo.lab_path, demo.dir / "agents" / "box")  # once with room: state.db and its tables
+    first = start_agent(demo.lab_path, demo.dir / "agents" / "box")
     wait_listening("127.0.0.1", port, first)
     first.terminate()
     assert first.wait(timeout=30) == 0
     agent = start_agent_on_full_disk(demo.lab_path, demo.dir / "agents" / "box")
     try:
         wait_listening("127.0.0.1", port, agent)
+    except BaseException:
+        agent.kill()
+        raise
+    return demo, agent
+
+
+@pytest.mark.timeout(120)
+async def test_an_operator_action_is_refused_when_its_audit_row_cannot_be_written(tmp_path):
+    demo, agent = agent_on_a_disk_that_fills(tmp_path, one_machine_lab(tmp_path / "lab.yaml"))
+    try:
         client = await connected(demo.lab_path)
         try:
             applied, refused = None, None
@@ -81,16 +91,8 @@ async def test_the_ledger_on_a_full_disk_keeps_the_agent_ticking_and_raises_the_
     data = yaml.safe_load(lab.read_text())
     data["machines"][0]["sample_interval_s"] = 0.1  # ten ledger transactions a second: the disk fills in seconds
     lab.write_text(yaml.safe_dump(data))
-    demo = DemoLab(tmp_path / "run", source=lab)
-    demo.prepare()
-    port = yaml.safe_load(demo.lab_path.read_text())["machines"][0]["port"]
-    first = start_agent(demo.lab_path, demo.dir / "agents" / "box")  # once with room: state.db and its tables
-    wait_listening("127.0.0.1", port, first)
-    first.terminate()
-    assert first.wait(timeout=30) == 0
-    agent = start_agent_on_full_disk(demo.lab_path, demo.dir / "agents" / "box")
+    demo, agent = agent_on_a_disk_that_fills(tmp_path, lab)
     try:
-        wait_listening("127.0.0.1", port, agent)
         client = await connected(demo.lab_path)
         try:
             view = client.state.machines["box"]

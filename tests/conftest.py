@@ -209,3 +209,22 @@ def run_pool(tmp_path, lab_file):
     yield start
     for demo in labs:
         demo.stop()
+
+
+def kill_jobs_left(directory) -> None:
+    """Kill the trainers (their process groups) of every job under a demo's folder: jobs outlive agents on purpose,
+    so a test that failed half-way would leave them running."""
+    import os
+    import signal
+
+    from agents.jobs.runner import read_json
+    from agents.jobs.supervisor import _alive
+
+    for child in directory.glob("agents/*/jobs/*/child.json"):
+        record = read_json(child) or {}
+        pid = record.get("pid")
+        if pid and _alive(pid, record.get("create_time")):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

@@ -21,7 +21,7 @@ from agents.protocol import EVENT_TICK, ErrorCode, RemoteError, Role
 from agents.rpc import Peer
 from agents.telemetry.nvml import GPU_LOST, NvmlSampler
 from console.demo import DemoLab
-from tests.conftest import wait_for
+from tests.conftest import kill_jobs_left, wait_for
 from tests.hardening_fixtures import P4, PY, SLEEPER, connected, one_machine_lab
 from tests.test_nvml_sampler import FakeNvml, gpu
 
@@ -151,6 +151,7 @@ async def test_kill_9_then_restart_readopts_trainer_and_model_server(tmp_path, s
         if client is not None:
             await client.stop()
         demo.stop()  # SIGTERM without --keep-engines: the agent stops its model servers
+        kill_jobs_left(demo.dir)  # a failure half-way leaves no trainer behind
     await wait_for(lambda: not server.is_running(), timeout=20)
 
 

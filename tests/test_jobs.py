@@ -25,7 +25,7 @@ from agents.lab import Trainer, TrainerParam, load_lab
 from agents.protocol import EVENT_LOG, ErrorCode, RemoteError
 from console.client import FleetClient
 from console.demo import DemoLab
-from tests.conftest import REPO, wait_for
+from tests.conftest import REPO, kill_jobs_left, wait_for
 
 PY = sys.executable
 SLEEPER = "import time; print('sleeping', flush=True); time.sleep(600)"
@@ -68,10 +68,7 @@ def running(demo: DemoLab):
         with demo:
             yield demo
     finally:
-        for child in demo.dir.glob("agents/*/jobs/*/child.json"):
-            pid = (read_json(child) or {}).get("pid")
-            if pid and _alive(pid, (read_json(child) or {}).get("create_time")):
-                os.killpg(pid, signal.SIGKILL)
+        kill_jobs_left(demo.dir)
 
 
 def make_lab(root: Path, tiny: Path) -> DemoLab:

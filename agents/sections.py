@@ -296,8 +296,30 @@ class CostsSummary(Section):
     simulated: bool = False
 
 
+ALERT_ID_FORM = "<machine>#<n>"  # "m5#12": a "#" no job id (m5-1) or model name carries
+
+
+def alert_id(machine: str, n: int | str) -> str:
+    """An alert's id: the machine that raised it and its number there ("offline" for the console's own)."""
+    return f"{machine}#{n}"
+
+
+def parse_alert_id(text: str, legacy: bool = False) -> tuple[str, str] | None:
+    """(machine, n) of an alert id, n a number or "offline"; None when it is not one.
+
+    `legacy` also takes the "<machine>-<n>" form alert ids had before, which a console of
+    that version still sends to an agent of this one (the agent keeps only n in state.db).
+    """
+    machine, sep, n = text.rpartition("#")
+    if not sep and legacy:
+        machine, sep, n = text.rpartition("-")
+    if not sep or not machine or not (n.isdigit() or n == "offline"):
+        return None
+    return machine, n
+
+
 class AlertInfo(Section):
-    id: str  # "<machine>-<n>"
+    id: str  # alert_id(machine, n): "<machine>#<n>"
     n: int
     machine: str
     rule: str

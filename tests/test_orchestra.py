@@ -20,6 +20,7 @@ from agents.orchestra.rotation import Candidate, plan_moves
 from agents.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from console.demo import DemoLab
+from tests.conftest import wait_for
 from tests.pool_fixtures import pool_lab, post, settle, sim_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -230,6 +231,33 @@ async def test_swap_cache_budget_and_rotation_plan(run_pool):
         with pytest.raises(RemoteError) as exc:
             await client.call("box", "models.swap", {"out": down, "in": up})
         assert exc.value.code == ErrorCode.CONFLICT and "already warm" in exc.value.message
+
+
+@pytest.mark.parametrize("takes_all", [False, True])
+async def test_rotation_takes_out_only_the_models_its_sets_name(run_pool, takes_all):
+    """`loose` is in no rotation set (like a model warmed by hand or a served checkpoint): the rotation leaves it up,
+    unless lab.yaml says `rotation_takes_all: true`."""
+    demo = run_pool(pool_lab(
+        [sim_model("a", [0], 18), sim_model("b", [0], 18), sim_model("loose", [1], 4)],
+        orchestra={"warm": ["a", "loose"], "rotation": [["b"], ["a"]], "rotation_takes_all": takes_all},
+    ))
+    async with FleetClient(load_lab(demo.lab_path)) as client:
+        await client.wait_connected(10)
+        await settle(client, "a", ("warm",))
+        await settle(client, "loose", ("warm",))
+        await client.call("box", "models.rotate")
+
+        async def rotated() -> dict | None:
+            rotation = await client.call("box", "models.rotation")
+            return rotation["last"] if rotation["last"] and not rotation["running"] else None
+
+        last = await wait_for(rotated, timeout=60)
+        assert last["index"] == 0 and last["swaps"] == [["a", "b"]] and last["not_warm"] == [] and last["problems"] == []
+        loose = await settle(client, "loose", ("warm", "sleeping"))
+        if takes_all:
+            assert last["out"] == ["loose"] and loose["state"] == "sleeping"
+        else:
+            assert last["out"] == [] and loose["state"] == "warm"
 
 
 async def test_cli_models_warm_swap_cold_json(run_pool):

@@ -169,7 +169,8 @@ class ModelInfo(Section):
     swap_s: Finite = None
     requests_running: Finite = None
     requests_waiting: Finite = None
-    tokens_per_s: Finite = None
+    tokens_per_s: Finite = None  # generated tokens per second over the last tokens_per_s_window_s
+    tokens_per_s_window_s: Finite = None
     kv_cache_pct: Finite = None
     ttft_s: Finite = None
     # engine counters (reset when the engine restarts); the cost ledger prices tokens served from them

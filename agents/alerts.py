@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.lab import Alerts
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError, Role, Telemetry
-from agents.sections import AlertInfo, AlertsSection, GatewaySection, JobInfo, ModelInfo, Tick
+from agents.sections import ALERT_ID_FORM, AlertInfo, AlertsSection, GatewaySection, JobInfo, ModelInfo, Tick, alert_id, parse_alert_id
 from agents.states import JOB_ACTIVE, JobState, ModelState
 from agents.store import DiskFull
 
@@ -26,7 +26,7 @@ SECTION_RECENT = 10  # cleared alerts kept in the section; the rest through aler
 
 SCHEMA = [
     """CREATE TABLE alerts (
-        n INTEGER PRIMARY KEY AUTOINCREMENT,  -- the alert id is "<machine>-<n>"
+        n INTEGER PRIMARY KEY AUTOINCREMENT,  -- the alert id is "<machine>#<n>" (agents.sections.alert_id)
         rule TEXT NOT NULL, target TEXT NOT NULL, level TEXT NOT NULL, message TEXT NOT NULL,
         value REAL, threshold REAL, gpu INTEGER, job TEXT, model TEXT,
         fired_at REAL NOT NULL, cleared_at REAL, acked_at REAL, acked_by TEXT)""",
@@ -72,7 +72,7 @@ class Alert:
 
     @property
     def id(self) -> str:
-        return f"{self.machine}-{self.n}"
+        return alert_id(self.machine, self.n)
 
     def info(self) -> AlertInfo:
         return AlertInfo(id=self.id, **asdict(self), acked=self.acked_at is not None)
@@ -323,9 +323,13 @@ class AlertsComponent:
 
         @rpc.method("alerts.ack", role=Role.OPERATOR, params=AckParams, doc="Acknowledge an alert: its badge goes, its history stays.")
         async def ack(peer, params: AckParams) -> dict:
-            machine, _, n = params.id.rpartition("-")
-            if machine != agent.machine.name or not n.isdigit():
-                raise RemoteError(ErrorCode.NOT_FOUND, f"no alert {params.id!r} on {agent.machine.name} (ids look like {agent.machine.name}-12; see `cetlab alerts --all`)")
+            parsed = parse_alert_id(params.id, legacy=True)
+            if parsed is None or not parsed[1].isdigit():
+                raise RemoteError(ErrorCode.INVALID_PARAMS, f"alert id {params.id!r} is not one: alert ids are {ALERT_ID_FORM}, "
+                                  f"e.g. {alert_id(agent.machine.name, 12)} (see `cetlab alerts --all`)")
+            machine, n = parsed
+            if machine != agent.machine.name:
+                raise RemoteError(ErrorCode.NOT_FOUND, f"no alert {params.id!r} on {agent.machine.name}: it names machine {machine!r}")
             now = time.time()
             with agent.store.transaction() as db:
                 db.execute("UPDATE alerts SET acked_at=?, acked_by=? WHERE n=? AND acked_at IS NULL", (now, peer.who, int(n)))

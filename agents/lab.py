@@ -146,6 +146,8 @@ class Orchestra(Strict):
     pinned: list[Name] = Field(default_factory=list)
     rotate_every: Duration | None = None
     rotation: list[list[Name]] = Field(default_factory=list)  # warm sets to cycle through
+    # false: a rotation takes out only models its sets name, never one an operator warmed; true: every model not pinned
+    rotation_takes_all: bool = False
     groups: dict[Name, list[str]] = Field(default_factory=dict)  # fan-out sets for the gateway's orchestra call
 
 

@@ -169,7 +169,8 @@ class ModelInfo(Section):
     swap_s: Finite = None
     requests_running: Finite = None
     requests_waiting: Finite = None
-    tokens_per_s: Finite = None
+    tokens_per_s: Finite = None  # generated tokens per second over the last tokens_per_s_window_s
+    tokens_per_s_window_s: Finite = None
     kv_cache_pct: Finite = None
     ttft_s: Finite = None
     # engine counters (reset when the engine restarts); the cost ledger prices tokens served from them
@@ -309,8 +310,30 @@ class CostsSummary(Section):
     api: list[ProviderSpend] = Field(default_factory=list)  # the gateway's machine: API spend per provider, against its budget
 
 
+ALERT_ID_FORM = "<machine>#<n>"  # "m5#12": a "#" no job id (m5-1) or model name carries
+
+
+def alert_id(machine: str, n: int | str) -> str:
+    """An alert's id: the machine that raised it and its number there ("offline" for the console's own)."""
+    return f"{machine}#{n}"
+
+
+def parse_alert_id(text: str, legacy: bool = False) -> tuple[str, str] | None:
+    """(machine, n) of an alert id, n a number or "offline"; None when it is not one.
+
+    `legacy` also takes the "<machine>-<n>" form alert ids had before, which a console of
+    that version still sends to an agent of this one (the agent keeps only n in state.db).
+    """
+    machine, sep, n = text.rpartition("#")
+    if not sep and legacy:
+        machine, sep, n = text.rpartition("-")
+    if not sep or not machine or not (n.isdigit() or n == "offline"):
+        return None
+    return machine, n
+
+
 class AlertInfo(Section):
-    id: str  # "<machine>-<n>"
+    id: str  # alert_id(machine, n): "<machine>#<n>"
     n: int
     machine: str
     rule: str

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.sections import alert_id
 from console.state import LabState
 
 
@@ -16,7 +17,7 @@ def offline_alerts(state: LabState, now: float, offline_for_s: float) -> list[di
         if view.last_seen is not None and now - view.last_seen < offline_for_s:
             continue
         out.append({
-            "id": f"{view.name}-offline", "rule": "offline", "level": "critical", "machine": view.name,
+            "id": alert_id(view.name, "offline"), "rule": "offline", "level": "critical", "machine": view.name,
             "target": "machine", "message": f"{view.name} is {view.link}" + (f": {view.error}" if view.error else ""),
             "fired_at": view.last_seen, "cleared_at": None, "acked_at": None,
         })

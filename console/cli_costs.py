@@ -8,6 +8,7 @@ from datetime import date
 from typing import Any
 
 from agents.protocol import ErrorCode, RemoteError
+from agents.sections import ALERT_ID_FORM, parse_alert_id
 from console.alerts import offline_alerts
 from console.costs import lab_costs
 from widgets.format import fmt_money as money
@@ -75,15 +76,23 @@ def alerts_human(data: dict[str, Any]) -> str:
     return "\n".join(lines) or "no alerts"
 
 
+def alert_id_arg(text: str) -> str:
+    """--ack's argument: an alert id as `cetlab alerts` lists it; anything else (a job id, a typo) is a usage error."""
+    if parse_alert_id(text) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an alert id: alert ids are {ALERT_ID_FORM}, e.g. m5#12 "
+                                         "(see `cetlab alerts --all`)")
+    return text
+
+
 def alert_machine(ctx, alert_id: str) -> str:
-    """The machine that raised an alert: its id is "<machine>-<n>" (agents/alerts.py); a clear error for anything else."""
-    machine, _, n = alert_id.rpartition("-")
+    """The machine that raised an alert (its id is "<machine>#<n>", checked by alert_id_arg); a clear error for any other."""
+    machine, n = parse_alert_id(alert_id)
     names = [m.name for m in ctx.lab.machines]
-    if n == "offline" and machine in names:
+    if machine not in names:
+        raise RemoteError(ErrorCode.NOT_FOUND, f"no alert {alert_id!r} in {ctx.lab.lab}: there is no machine {machine!r} "
+                          f"(machines: {', '.join(names)})")
+    if n == "offline":
         raise RemoteError(ErrorCode.CONFLICT, f"{alert_id} is raised by this console, not an agent: it clears when {machine} answers again")
-    if machine not in names or not n.isdigit():
-        raise RemoteError(ErrorCode.NOT_FOUND, f"no alert {alert_id!r} in {ctx.lab.lab}: alert ids look like {names[0]}-12 "
-                          "(see `cetlab alerts --all`)")
     return machine
 
 
@@ -112,5 +121,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("alerts", help="active alerts (and, with --all, their history); --ack ID acknowledges one")
     p.add_argument("--all", action="store_true", help="include cleared alerts")
     p.add_argument("--limit", type=int, default=100, help="at most this many per machine (default 100)")
-    p.add_argument("--ack", metavar="ID", help="acknowledge the alert with this id (e.g. m5-12)")
+    p.add_argument("--ack", metavar="ID", type=alert_id_arg, help="acknowledge the alert with this id (e.g. m5#12)")
     p.set_defaults(func=cmd_alerts)

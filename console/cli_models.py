@@ -19,7 +19,7 @@ STOP_TIMEOUT_S = 30.0  # models.cold waits for the engine to exit (its grace per
 # The stable JSON of one model (documented in the README); the agent's extra keys stay in `models.get`.
 MODEL_KEYS = ("name", "machine", "engine", "state", "gpus", "vram_bytes", "cached_fraction", "load_s", "warmup_s",
               "wake_s", "requests_running", "endpoint", "simulated")
-EXTRA_KEYS = ("served_name", "requests_waiting", "tokens_per_s", "kv_cache_pct", "ttft_s", "swap_s", "pinned", "progress", "error", "op", "size_bytes")
+EXTRA_KEYS = ("served_name", "requests_waiting", "tokens_per_s", "tokens_per_s_window_s", "kv_cache_pct", "ttft_s", "swap_s", "pinned", "progress", "error", "op", "size_bytes")
 
 
 def model_json(model: dict[str, Any]) -> dict[str, Any]:
@@ -60,6 +60,9 @@ def models_human(data: dict[str, Any]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     if len(rows) == 1:
         lines.append("(no models in lab.yaml)")
+    windows = sorted({m["tokens_per_s_window_s"] for m in data["models"] if m.get("tokens_per_s_window_s")})
+    if windows:
+        lines.append(f"TOK/S: generated tokens per second over the last {' or '.join(f'{w:g}' for w in windows)} s")
     for m in data["models"]:
         if m.get("error"):
             lines.append(f"{m['name']}: {m['error']['message']}")

@@ -23,6 +23,7 @@ from agents.sections import (
     ModelInfo,
     ModelsSection,
     RunSummary,
+    alert_id,
 )
 
 log = logging.getLogger("cetlab.state")
@@ -144,7 +145,7 @@ class LabState:
             now = time.time()
             if now - view.last_seen >= self.lab.alerts.offline_for_s:  # it was an alert: it clears now, into the history
                 self.offline_history.append({
-                    "id": f"{name}-offline-{int(view.last_seen)}", "rule": "offline", "level": "critical", "machine": name,
+                    "id": f"{alert_id(name, 'offline')}-{int(view.last_seen)}", "rule": "offline", "level": "critical", "machine": name,
                     "target": "machine", "message": f"{name} was {view.link}" + (f": {view.error}" if view.error else ""),
                     "fired_at": view.last_seen, "cleared_at": now, "acked_at": None})
         if view.link != link or view.error != error:

@@ -210,7 +210,7 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
                 await client.call("plain", "sim.override", {"gpu": 0, "temp_c": 90})
             assert info.value.code == "unavailable"
             with pytest.raises(RemoteError) as info:
-                await client.call("box", "alerts.ack", {"id": "plain-1"})
+                await client.call("box", "alerts.ack", {"id": "plain#1"})
             assert info.value.code == "not_found"
             with pytest.raises(RemoteError) as info:
                 await client.call("box", "costs.get", {"by": "gpu", "since": "last week"})
@@ -305,11 +305,49 @@ async def test_an_alert_firing_when_the_agent_stops_is_still_active_after_a_rest
     agent.store.close()
 
     agent, alerts = await agent_with_alerts()  # a new process on the same state
-    assert [a.id for a in alerts.section().active] == [fired["id"]] == ["box-1"]
+    assert [a.id for a in alerts.section().active] == [fired["id"]] == ["box#1"]
     agent.gpus.override(0, temp_c=99.0)
     agent._tick()  # still hot: the same alert, not a second one
-    assert [a.id for a in alerts.section().active] == ["box-1"]
+    assert [a.id for a in alerts.section().active] == ["box#1"]
     agent.gpus.override(0, temp_c=40.0)
     agent._tick()
-    assert alerts.section().active == [] and alerts.section().recent[0].id == "box-1"
+    assert alerts.section().active == [] and alerts.section().recent[0].id == "box#1"
+    agent.store.close()
+
+
+async def test_an_alert_is_acked_by_its_id_and_by_the_form_ids_had_before(tmp_path):
+    """Ids are "<machine>#<n>"; state.db keeps only n, so every stored alert has one. A console of the previous
+    version still sends "<machine>-<n>": the agent takes it. Anything else is invalid params, naming the form."""
+    from agents.agent import Agent
+    from agents.alerts import AlertsComponent
+    from agents.lab import parse_lab
+    from agents.protocol import Role
+    from agents.rpc import Peer
+    from agents.store import Store
+
+    lab = parse_lab("lab: t\nalerts: {temp_for_s: 0, clear_for_s: 0}\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
+    alerts = AlertsComponent()
+    agent = Agent(lab, "box", tmp_path, components=[alerts])
+    agent.store = Store(tmp_path / "state.db")
+    await alerts.start(agent)
+    peer = Peer(role=Role.OPERATOR, who="test", send=lambda line: None)
+
+    async def ack(alert_id: str) -> dict:
+        return await agent.rpc.dispatch(peer, {"id": 1, "method": "alerts.ack", "params": {"id": alert_id}})
+
+    agent.gpus.override(0, temp_c=99.0)
+    agent._tick()
+    (fired,) = alerts.section().active
+    assert fired.id == "box#1"
+    assert (await ack("box#1"))["result"]["acked"] is True
+    assert alerts.section().active[0].acked and alerts.section().unacked == 0
+    assert (await ack("box-1"))["result"]["id"] == "box#1"  # the previous form: the same alert
+    for bad in ("nosuch", "box-x", "box#", "#1", "box#offline"):
+        error = (await ack(bad))["error"]
+        assert error["code"] == "invalid_params" and "<machine>#<n>" in error["message"] and "box#12" in error["message"], (bad, error)
+    error = (await ack("m5#1"))["error"]
+    assert error["code"] == "not_found" and "'m5'" in error["message"]
+    error = (await ack("box#99"))["error"]
+    assert error["code"] == "not_found" and "box#99" in error["message"]
+    assert (await agent.rpc.dispatch(peer, {"id": 2, "method": "ping"}))["result"]["t"] > 0  # and it keeps serving
     agent.store.close()

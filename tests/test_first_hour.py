@@ -124,11 +124,21 @@ def test_jobs_has_a_machine_column(box_lab):
 # ---------------------------------------------------------------------------- 7: alerts --ack
 
 
+@pytest.mark.parametrize("alert_id", ["nosuch", "box-1", "box-12", "box#", "#3", "box#x"])
+def test_an_alert_id_that_is_not_one_is_a_usage_error(alert_id, capsys):
+    """An alert id is "<machine>#<n>": a job id (box-1) or a typo is refused before anything is asked, naming the form."""
+    with pytest.raises(SystemExit) as info:
+        cli_main(["--lab", "nowhere.yaml", "alerts", "--ack", alert_id])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{alert_id!r} is not an alert id: alert ids are <machine>#<n>, e.g. m5#12" in err, err
+    assert "no machine named" not in err
+
+
 @pytest.mark.parametrize("alert_id, says", [
-    ("nosuch", "no alert 'nosuch' in first-hour: alert ids look like box-12"),
-    ("ghost-3", "no alert 'ghost-3' in first-hour"),
-    ("box-offline", "box-offline is raised by this console, not an agent"),
-    ("box-999999", "no alert 'box-999999' on box"),
+    ("ghost#3", "no alert 'ghost#3' in first-hour: there is no machine 'ghost' (machines: box)"),
+    ("box#offline", "box#offline is raised by this console, not an agent"),
+    ("box#999999", "no alert 'box#999999' on box"),
 ])
 def test_acking_an_unknown_alert_names_the_alert(box_lab, alert_id, says):
     result = cli(box_lab.lab_path, "alerts", "--ack", alert_id)

@@ -121,7 +121,7 @@ def test_cli_audit_json(demo_lab):
                              "--machine", "pharaoh", "--limit", "5"], capture_output=True, text=True, timeout=60)
     before = json.loads(result.stdout)["entries"] if result.returncode == 0 else None
     assert before is not None, result.stderr
-    subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path), "--json", "alerts", "--ack", "pharaoh-999999"],
+    subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path), "--json", "alerts", "--ack", "pharaoh#999999"],
                    capture_output=True, text=True, timeout=60)
     result = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path), "--json", "audit",
                              "--machine", "pharaoh", "--method", "alerts.ack"], capture_output=True, text=True, timeout=60)
@@ -129,5 +129,5 @@ def test_cli_audit_json(demo_lab):
     data = json.loads(result.stdout)
     entry = data["entries"][0]
     assert entry["machine"] == "pharaoh" and entry["method"] == "alerts.ack" and entry["outcome"] != "ok"
-    assert json.loads(entry["params"]) == {"id": "pharaoh-999999"} and data["unavailable"] == {}
+    assert json.loads(entry["params"]) == {"id": "pharaoh#999999"} and data["unavailable"] == {}
     assert set(entry) >= {"t", "who", "role", "method", "params", "outcome", "message", "duration_s"}

@@ -19,9 +19,11 @@ import pytest
 from agents.lab import load_lab
 from agents.orchestra import pagecache
 from agents.orchestra.rotation import Candidate, plan_moves
+from agents.orchestra.slot import WindowRate
 from agents.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from console.demo import DemoLab
+from tests.conftest import wait_for
 from tests.pool_fixtures import pool_lab, post, settle, sim_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -66,6 +68,42 @@ def test_plan_moves_pairs_models_sharing_gpus():
     moves = plan_moves(up, target={"b", "d", "e", "pinned"}, pinned={"pinned"}, rest=rest)
     assert moves.swaps == [("a", "b")]  # b sleeps on GPU 0: only a's GPUs will do
     assert moves.out == ["c"] and moves.up == ["d", "e"]  # d needs 1 GPU, c has 2: no pair
+
+
+# ---------------------------------------------------------------------------- tokens per second
+
+
+def test_tokens_per_s_is_the_counter_over_a_stated_window():
+    """Times are given, not read from a clock: the rate is the counter's rise over exactly the window."""
+    rate = WindowRate(10.0)
+    assert rate.add(100.0, 0.0) is None  # one sample: no rate yet
+    assert rate.add(102.0, 160.0) == 80.0  # before a whole window: the span so far
+    for t in (103.5, 106.0, 107.0, 109.9, 112.0, 113.1, 116.0):  # polls that fall unevenly
+        assert rate.add(t, 80.0 * (t - 100.0)) == pytest.approx(80.0)
+    # the window starts between two samples: the count there is interpolated, 10 s exactly
+    rate = WindowRate(10.0)
+    for t, count in ((0.0, 0.0), (7.0, 70.0), (14.0, 140.0)):
+        rate.add(t, count)
+    assert rate.add(20.0, 500.0) == pytest.approx((500.0 - 100.0) / 10.0)
+    assert rate.add(20.0, 900.0) == pytest.approx(40.0)  # not later than the last sample: ignored
+    assert rate.add(21.0, 5.0) is None  # the counter went down (the engine restarted): it starts over
+    assert rate.add(23.0, 45.0) == pytest.approx(20.0)
+
+
+def test_tokens_per_s_stays_steady_on_an_engine_that_counts_in_lumps():
+    """1-2 requests of 256 tokens at 40 tok/s each, one finishing every 3.2 s, counted at their end, polled every ~2 s:
+    the rate between two polls jumps between 0 and 128 (the issue's 0 -> 123 -> 44); over 10 s it stays near 80."""
+    def counted(t: float) -> float:
+        return 256.0 * int(t / 3.2)
+
+    polls = [2.0 * i + (0.3 if i % 3 else 0.0) for i in range(40)]
+    windowed, between_polls = WindowRate(10.0), []
+    rates = [windowed.add(t, counted(t)) for t in polls]
+    for before, t in zip(polls, polls[1:]):
+        between_polls.append((counted(t) - counted(before)) / (t - before))
+    steady = [r for t, r in zip(polls, rates) if t >= 10.0]
+    assert max(between_polls) - min(between_polls) > 100  # the old figure
+    assert 70.0 <= min(steady) and max(steady) <= 105.0, steady  # 3 or 4 lumps of 256 in any 10 s
 
 
 # ---------------------------------------------------------------------------- the sim engine over SSH
@@ -240,6 +278,59 @@ async def test_swap_cache_budget_and_rotation_plan(run_pool):
         with pytest.raises(RemoteError) as exc:
             await client.call("box", "models.swap", {"out": down, "in": up})
         assert exc.value.code == ErrorCode.CONFLICT and "already warm" in exc.value.message
+
+
+async def test_the_sim_engine_counts_tokens_as_it_makes_them_and_the_pool_reports_a_windowed_rate(run_pool):
+    """vLLM counts each generated token at the step that makes it: the counter rises while a request runs.
+    One request at 40 tok/s: the pool's figure over its 10 s window can never be more than 40 (plus a token)."""
+    demo = run_pool(pool_lab([sim_model("talky", [1], 4, tokens_per_s=40)], orchestra={"warm": ["talky"]}))
+    async with FleetClient(load_lab(demo.lab_path)) as client:
+        await client.wait_connected(10)
+        talky = await settle(client, "talky", ("warm",))
+        assert talky["tokens_per_s_window_s"] == 10.0
+        before = metric(talky["endpoint"], "vllm:generation_tokens_total")  # the pool's warm-up request
+        request = asyncio.create_task(asyncio.to_thread(
+            post, talky["endpoint"], "/v1/completions", {"model": "talky", "prompt": "count slowly", "max_tokens": 200}))
+        await wait_for(lambda: before < metric(talky["endpoint"], "vllm:generation_tokens_total") < before + 200, timeout=30)
+
+        async def rated() -> float | None:
+            return (await client.call("box", "models.get", {"model": "talky"}))["tokens_per_s"]
+
+        assert 0 < await wait_for(rated, timeout=30) <= 41.0
+        status, answer = await request
+        assert status == 200 and answer["usage"]["completion_tokens"] == 200
+        assert metric(talky["endpoint"], "vllm:generation_tokens_total") == before + 200
+        assert 0 < await rated() <= 41.0
+        listed = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "models"],
+                                         capture_output=True, text=True, timeout=60)
+        assert "TOK/S: generated tokens per second over the last 10 s" in listed.stdout, listed.stdout + listed.stderr
+
+
+@pytest.mark.parametrize("takes_all", [False, True])
+async def test_rotation_takes_out_only_the_models_its_sets_name(run_pool, takes_all):
+    """`loose` is in no rotation set (like a model warmed by hand or a served checkpoint): the rotation leaves it up,
+    unless lab.yaml says `rotation_takes_all: true`."""
+    demo = run_pool(pool_lab(
+        [sim_model("a", [0], 18), sim_model("b", [0], 18), sim_model("loose", [1], 4)],
+        orchestra={"warm": ["a", "loose"], "rotation": [["b"], ["a"]], "rotation_takes_all": takes_all},
+    ))
+    async with FleetClient(load_lab(demo.lab_path)) as client:
+        await client.wait_connected(10)
+        await settle(client, "a", ("warm",))
+        await settle(client, "loose", ("warm",))
+        await client.call("box", "models.rotate")
+
+        async def rotated() -> dict | None:
+            rotation = await client.call("box", "models.rotation")
+            return rotation["last"] if rotation["last"] and not rotation["running"] else None
+
+        last = await wait_for(rotated, timeout=60)
+        assert last["index"] == 0 and last["swaps"] == [["a", "b"]] and last["not_warm"] == [] and last["problems"] == []
+        loose = await settle(client, "loose", ("warm", "sleeping"))
+        if takes_all:
+            assert last["out"] == ["loose"] and loose["state"] == "sleeping"
+        else:
+            assert last["out"] == [] and loose["state"] == "warm"
 
 
 async def test_cli_models_warm_swap_cold_json(run_pool):

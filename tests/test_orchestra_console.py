@@ -218,3 +218,17 @@ def test_rotation_figures_are_per_machine_in_human_durations():
     irina, m5 = rotation_text(rotations, now).splitlines()
     assert irina.startswith("[b]irina[/b] rotation: step 1 of 2 · next in 3h51m") and "0.587%[/] of 2h00m" in irina, irina
     assert m5.startswith("[b]m5[/b] rotation: step start of 2 · next in 1m30s") and "0.012%[/] of 24h00m" in m5, m5
+
+
+def test_model_details_say_the_window_of_tokens_per_s():
+    from agents.sections import ModelInfo
+    from console.cli_models import models_human
+    from console.screens.models import detail_text
+
+    fields = {"name": "talky", "machine": "box", "engine": "sim", "state": "warm", "since": 1.0, "gpus": [0], "simulated": True,
+              "tokens_per_s": 41.84, "tokens_per_s_window_s": 10.0}
+    assert "41.8 tokens/s over the last 10 s" in detail_text(ModelInfo(**fields))
+    lines = models_human({"models": [{**fields, "vram_bytes": 0, "cached_fraction": None, "load_s": None, "warmup_s": None,
+                                      "wake_s": None, "requests_running": 1}]}).splitlines()
+    assert lines[0].split()[7] == "TOK/S" and lines[1].split()[8] == "42"
+    assert "TOK/S: generated tokens per second over the last 10 s" in lines

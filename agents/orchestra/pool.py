@@ -25,7 +25,7 @@ from agents.orchestra.methods import register
 from agents.orchestra.placement import PlacementMixin
 from agents.orchestra.residency import ResidencyMixin
 from agents.orchestra.rotation import RotationMixin
-from agents.orchestra.slot import ADAPTER_ENGINES, Slot
+from agents.orchestra.slot import ADAPTER_ENGINES, TOKENS_PER_S_WINDOW_S, Slot, WindowRate
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError, Telemetry
 from agents.sections import ModelInfo, ModelsSection, Rotation
 from agents.states import MODEL_AT_REST, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
@@ -204,6 +204,7 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
             requests_running=m.requests_running,
             requests_waiting=m.requests_waiting,
             tokens_per_s=slot.tokens_per_s,
+            tokens_per_s_window_s=TOKENS_PER_S_WINDOW_S,
             kv_cache_pct=m.kv_cache_pct,
             ttft_s=m.ttft_s,
             prompt_tokens_total=m.prompt_tokens_total,
@@ -271,7 +272,7 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
         if state in MODEL_ENGINE_UP:
             slot.last_used = now
         if state != ModelState.WARM:
-            slot.metrics, slot.tokens_per_s, slot.token_mark = EngineFigures(), None, None
+            slot.metrics, slot.tokens_per_s, slot.token_rate = EngineFigures(), None, WindowRate(TOKENS_PER_S_WINDOW_S)
         self._claim(slot)
         self.remember_engines()
 
@@ -323,12 +324,10 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
             return
         if slot.engine is not engine or slot.state != ModelState.WARM:
             return
-        now = time.monotonic()
         generated = figures.generation_tokens_total
-        if generated is not None and slot.token_mark is not None and now > slot.token_mark[0]:
-            slot.tokens_per_s = round(max(0.0, generated - slot.token_mark[1]) / (now - slot.token_mark[0]), 1)
         if generated is not None:
-            slot.token_mark = (now, generated)
+            rate = slot.token_rate.add(time.monotonic(), generated)
+            slot.tokens_per_s = None if rate is None else round(rate, 1)
         slot.metrics = figures
         running = figures.requests_running or 0
         self._claim(slot, min(100.0, 10.0 + 85.0 * running / MAX_SEQS_FOR_UTIL))

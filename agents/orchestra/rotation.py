@@ -65,14 +65,22 @@ class RotationMixin:
     """Part of OrchestraComponent: the rotation plan of lab.yaml and the start-up plan, run on the pool."""
 
     async def rotate(self) -> dict[str, Any]:
-        """Move to the next warm set of the plan: swaps on shared GPUs first, then the rest."""
+        """Move to the next warm set of the plan: swaps on shared GPUs first, then the rest.
+
+        Only models named in the plan's sets go out: one in no set (a model warmed by hand, a
+        served checkpoint) and one an operator warmed stay up, unless `orchestra.rotation_takes_all`.
+        """
         plan = self.agent.lab.orchestra
         self.rotation_index = (self.rotation_index + 1) % len(plan.rotation)
         target = set(plan.rotation[self.rotation_index]) | {s.name for s in self.slots.values() if s.pinned}
+        if plan.rotation_takes_all:
+            held = {s.name for s in self.slots.values() if s.pinned}
+        else:
+            planned = {name for names in plan.rotation for name in names}
+            held = {s.name for s in self.slots.values() if s.pinned or s.operator_warm or s.name not in planned}
         up = [Candidate(s.name, tuple(s.gpus)) for s in self.slots.values() if s.state in MODEL_HOLDS_GPU]
         rest = [Candidate(s.name, tuple(s.gpus if s.state == ModelState.SLEEPING else s.model.gpus), s.state == ModelState.SLEEPING)
                 for s in self.slots.values() if s.state not in MODEL_HOLDS_GPU]
-        held = {s.name for s in self.slots.values() if s.pinned or s.operator_warm}  # never taken out
         moves = plan_moves(up, target, held, rest)
         started, problems = time.monotonic(), []
 

@@ -103,16 +103,17 @@ class SimEngineState:
                 self.m_ttft.labels(self.name).observe(time.monotonic() - received)
                 if self.weights_lost:  # woken after a level-2 sleep but never reloaded: vLLM computes with garbage too
                     words = [GARBAGE] * max_tokens
-                if on_token is None:
-                    time.sleep(per_token_s * (max_tokens - 1))
-                else:
-                    for i, word in enumerate(words):
-                        if i:
-                            time.sleep(per_token_s)
+                # vLLM counts the prompt at prefill and each generated token at the step that makes it: the
+                # counters rise while a request runs, not in one lump at its end (a rate read from them is steady)
+                self.m_prompt.labels(self.name).inc(prompt_tokens)
+                generated = self.m_gen.labels(self.name)
+                for i, word in enumerate(words):
+                    if i and per_token_s:
+                        time.sleep(per_token_s)
+                    generated.inc()
+                    if on_token is not None:
                         on_token(" " + word)
                 text = GARBAGE * max_tokens if self.weights_lost else " " + " ".join(words)
-                self.m_prompt.labels(self.name).inc(prompt_tokens)
-                self.m_gen.labels(self.name).inc(max_tokens)
                 return text, prompt_tokens, max_tokens
             finally:
                 with self.lock:

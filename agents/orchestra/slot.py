@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,41 @@ from agents.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
 
 ADAPTER_ENGINES = ("vllm", "sim")  # engines that load LoRA adapters at run time (/v1/load_lora_adapter)
 SLEEP_RESIDUAL_BYTES = GIB // 2  # CUDA context and buffers a sleeping vLLM keeps on each GPU
+TOKENS_PER_S_WINDOW_S = 10.0  # tokens/s is the engine's generation counter over this many seconds (a 2 s poll jumps)
+
+
+@dataclass
+class WindowRate:
+    """A counter's rate over the last `window_s` seconds, from (time, count) samples.
+
+    The count at the window's start is interpolated between the samples around it, so the
+    rate covers exactly the window however the samples fall; until a window has passed it
+    covers the samples so far. A count that goes down (the engine restarted) starts over.
+    """
+
+    window_s: float
+    samples: deque[tuple[float, float]] = field(default_factory=deque)
+
+    def add(self, t: float, count: float) -> float | None:
+        """Record the counter at time t; the rate over the window that ends there (None until two samples)."""
+        if self.samples and t <= self.samples[-1][0]:
+            return self.rate()  # not later than the last sample: nothing new to say
+        if self.samples and count < self.samples[-1][1]:
+            self.samples.clear()
+        self.samples.append((t, count))
+        while len(self.samples) > 2 and self.samples[1][0] <= t - self.window_s:
+            self.samples.popleft()  # keep one sample at or before the window's start
+        return self.rate()
+
+    def rate(self) -> float | None:
+        if len(self.samples) < 2:
+            return None
+        (t0, c0), (t1, c1), (t, count) = self.samples[0], self.samples[1], self.samples[-1]
+        start = t - self.window_s
+        if t0 < start:  # the window starts between the first two samples
+            c0 += (c1 - c0) * (start - t0) / (t1 - t0)
+            t0 = start
+        return (count - c0) / (t - t0)
 
 
 class EngineFailed(Exception):
@@ -42,9 +78,9 @@ class Slot:
     size_bytes: int = 0
     last_used: float = 0.0
     metrics: EngineFigures = field(default_factory=EngineFigures)  # the engine's last /metrics (warm models)
-    tokens_per_s: float | None = None  # generation rate between the last two polls
+    tokens_per_s: float | None = None  # generation rate over the last TOKENS_PER_S_WINDOW_S (token_rate)
     timings: dict[str, float] = field(default_factory=dict)  # last load_s, warmup_s, wake_s, swap_s, cache_s
-    token_mark: tuple[float, float] | None = None  # (monotonic time, generation tokens) of the last poll
+    token_rate: WindowRate = field(default_factory=lambda: WindowRate(TOKENS_PER_S_WINDOW_S))  # the polls' generation counts
     measured: dict[int, int] | None = None  # NVML's bytes per GPU for the engine's processes, this state (None: estimate)
 
     @property

@@ -68,6 +68,9 @@ def detail_text(model: ModelInfo | None) -> str:
     parts = [f"[b]{model.name}[/b] on {model.machine}"]
     if model.endpoint and model.state == ModelState.WARM:
         parts.append(f"endpoint {model.endpoint} (model {model.served_name})")
+    if model.tokens_per_s is not None:
+        window = f" over the last {model.tokens_per_s_window_s:g} s" if model.tokens_per_s_window_s else ""
+        parts.append(f"{model.tokens_per_s:.1f} tokens/s{window}")
     if model.ttft_s is not None:
         parts.append(f"TTFT {model.ttft_s:.2f}s")
     if model.swap_s is not None:

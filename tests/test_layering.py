@@ -36,3 +36,13 @@ def test_a_cli_verb_runs_without_textual(small_demo):
     assert verdict == {"exit": 0, "textual": []}
     machines = json.loads(status)["machines"]
     assert [m["name"] for m in machines] == ["box"] and machines[0]["online"] and machines[0]["gpus"]
+
+
+def test_an_agent_without_the_gateway_does_not_load_aiohttp():
+    """Only the gateway's machine serves HTTP: every other agent stays ~10 MB lighter (issue 10's RSS goal)."""
+    code = ("import sys; from agents.agent import Agent; "
+            "import agents.alerts, agents.audit, agents.costs, agents.jobs.supervisor, agents.checkpoints, agents.orchestra, "
+            "agents.metrics, agents.gateway.component, agents.server; "
+            "print('aiohttp' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stdout + result.stderr

@@ -15,11 +15,11 @@ from agents.gateway.keys import KeyAddParams, KeyNameParams, KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.router import Router, Target
 from agents.sections import GatewayModelFigures, GatewaySection, KeyUse, ProviderSpend
-from agents.gateway.server import GatewayHttp
 from agents.peers import PeerClient
 from agents.protocol import Role, Telemetry
 
 if TYPE_CHECKING:
+    from agents.gateway.server import GatewayHttp
     from agents.agent import Agent
 
 log = logging.getLogger("cetlab.gateway")
@@ -65,6 +65,8 @@ class GatewayComponent:
         await self.peers.start()
         self.router = Router(agent.lab, agent.machine.name, self.peers, self.meter)
         self._register(agent)
+        from agents.gateway.server import GatewayHttp  # aiohttp (~10 MB) only in the one agent that serves the gateway
+
         self.http = GatewayHttp(self)
         try:
             await self.http.start(config.host, config.port)

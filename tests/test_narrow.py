@@ -134,3 +134,25 @@ async def test_a_resized_terminal_refits_the_fleet_and_the_models(frozen_lab):
         await pilot.resize_terminal(*WIDE)
         await pilot.pause()
         assert "RAM" in seen(app)["columns"] and table.selected().name == "mistral-7b-awq"  # the cursor stays on its row
+
+
+def test_every_table_keeps_its_key_columns_at_100_and_80_columns():
+    from console.screens import alerts, audit, checkpoints, costs
+    from widgets import jobs_table, orchestra_table
+    from widgets.live_table import LiveTable
+
+    kept = {  # what each table must still show in a split pane
+        jobs_table: {"job", "state", "step", "eta"},
+        orchestra_table: {"model", "state", "vram", "requests"},
+        alerts: {"state", "machine", "rule", "message"},
+        audit: {"when", "method", "outcome", "message"},
+        checkpoints: {"step", "loss", "age", "flags"},
+        costs: {"name", "cost", "cloud", "saving", "tokens"},
+    }
+    for module, keys in kept.items():
+        table = LiveTable(module.COLUMNS, lambda item: item, module.DROP)
+        for width in (98, 78):
+            shown = {module.COLUMNS[i][0] for i in table.columns_for(width)}
+            assert keys <= shown, (module.__name__, width, shown)
+            fixed = sum((module.COLUMNS[i][2] or 0) + 2 for i in table.columns_for(width))
+            assert fixed <= width or shown == keys | {k for k, _, _ in module.COLUMNS if k not in module.DROP}, (module.__name__, width)

@@ -8,23 +8,26 @@ from typing import Any, Callable
 from textual.events import Resize
 from textual.widgets import DataTable
 
-# (key, label, width or None for the rest[, drop]): a column with a drop rank goes when the table is narrower than its
-# columns' sum, rank 1 first, then 2, ...; a column without one always stays
-Column = tuple[str, str, int | None] | tuple[str, str, int | None, int]
+Column = tuple[str, str, int | None]  # (key, label, width or None for the rest)
 CELL_PADDING = 2  # DataTable pads each cell by one on either side
+REST_MIN = 24  # the least a column "for the rest" (width None) needs to say something
 
 
 class LiveTable(DataTable):
     """Give it items by row key (in the order to show); it adds, removes and updates only what changed.
 
-    Subclasses set COLUMNS and cells(); a plain LiveTable takes them as arguments.
+    Subclasses set COLUMNS, DROP and cells(); a plain LiveTable takes them as arguments. DROP names the columns that go,
+    first to last, while the table is narrower than its columns' sum (a split pane); the others always stay.
     """
 
     COLUMNS: list[Column] = []
+    DROP: tuple[str, ...] = ()
 
-    def __init__(self, columns: list[Column] | None = None, cells: Callable[[Any], tuple] | None = None, **kwargs) -> None:
+    def __init__(self, columns: list[Column] | None = None, cells: Callable[[Any], tuple] | None = None,
+                 drop: tuple[str, ...] | None = None, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.column_spec = columns if columns is not None else self.COLUMNS
+        self.drop_order = drop if drop is not None else self.DROP
         self._cells_of = cells
         self.items: dict[str, Any] = {}  # the items shown (those the filter lets through)
         self.all_items: dict[str, Any] = {}  # every item given to show()
@@ -41,17 +44,18 @@ class LiveTable(DataTable):
     def _ensure_columns(self) -> None:
         if not self.columns:  # show() can come before the mount
             for index in self.shown_columns:
-                key, label, width = self.column_spec[index][:3]
+                key, label, width = self.column_spec[index]
                 self.add_column(label, key=key, width=width)
 
     def columns_for(self, width: int) -> list[int]:
-        """The columns that fit `width` cells: those with a drop rank go, lowest rank first, until the rest fit."""
+        """The columns that fit `width` cells: those in the drop order go, first to last, until the rest fit."""
         shown = list(range(len(self.column_spec)))
-        needed = lambda: sum((self.column_spec[i][2] or 0) + CELL_PADDING for i in shown)  # noqa: E731
-        for rank, index in sorted((spec[3], i) for i, spec in enumerate(self.column_spec) if len(spec) > 3):
+        index_of = {key: i for i, (key, _, _) in enumerate(self.column_spec)}
+        needed = lambda: sum((self.column_spec[i][2] or REST_MIN) + CELL_PADDING for i in shown)  # noqa: E731
+        for key in self.drop_order:
             if needed() <= width:
                 break
-            shown.remove(index)
+            shown.remove(index_of[key])
         return shown
 
     def on_resize(self, event: Resize) -> None:

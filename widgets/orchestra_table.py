@@ -19,13 +19,14 @@ STATE_STYLES = {
     "cold": "dim",
     "failed": "bold red",
 }
+COLUMNS = [
+    ("model", "MODEL", 20), ("machine", "MACHINE", 11), ("gpus", "GPUS", 5), ("engine", "ENGINE", 16),
+    ("state", "STATE", 30), ("vram", "VRAM", 5), ("requests", "RUN/WAIT", 8), ("tokens", "TOK/S", 6),
+    ("kv", "KV", 4), ("load", "LOAD", 6), ("warmup", "WARM-UP", 7), ("wake", "WAKE", 5), ("ram", "RAM", 5),
+]
 # in a narrow terminal the timings go first, then KV, the engine, the GPUs and the machine: name, state, VRAM and the
 # live load stay (the detail line below the table names the machine)
-COLUMNS = [
-    ("model", "MODEL", 20), ("machine", "MACHINE", 11, 8), ("gpus", "GPUS", 5, 7), ("engine", "ENGINE", 16, 6),
-    ("state", "STATE", 30), ("vram", "VRAM", 5), ("requests", "RUN/WAIT", 8), ("tokens", "TOK/S", 6, 9),
-    ("kv", "KV", 4, 5), ("load", "LOAD", 6, 4), ("warmup", "WARM-UP", 7, 3), ("wake", "WAKE", 5, 2), ("ram", "RAM", 5, 1),
-]
+DROP = ("ram", "wake", "warmup", "load", "kv", "engine", "gpus", "machine", "tokens")
 
 
 def row_key(model: ModelInfo) -> str:
@@ -78,6 +79,7 @@ class OrchestraTable(LiveTable):
 
     DEFAULT_CSS = "OrchestraTable { height: 1fr; }"
     COLUMNS = COLUMNS
+    DROP = DROP
 
     def cells(self, item: ModelInfo) -> tuple:
         return model_cells(item)

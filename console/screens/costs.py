@@ -22,9 +22,9 @@ from widgets.live_table import LiveTable
 FETCH_S = 5.0  # the breakdown and the daily totals come from costs.get this often; the counter ticks with the stream
 PLOT_DAYS = 30
 BREAKDOWNS = ("machine", "job", "model")
-# a narrow terminal drops the hours first, then kWh: name, cost, cloud equivalent, saving and tokens stay
-COLUMNS = [("name", "name", 34), ("kwh", "kWh", 10, 3), ("cost", "cost", 14), ("cloud", "cloud equiv.", 14),
-           ("saving", "saving", 8), ("gpu_h", "GPU-h", 8, 2), ("busy_h", "busy GPU-h", 10, 1), ("tokens", "tokens", 12)]
+COLUMNS = [("name", "name", 34), ("kwh", "kWh", 10), ("cost", "cost", 14), ("cloud", "cloud equiv.", 14),
+           ("saving", "saving", 8), ("gpu_h", "GPU-h", 8), ("busy_h", "busy GPU-h", 10), ("tokens", "tokens", 12)]
+DROP = ("busy_h", "gpu_h", "kwh")  # a narrow terminal drops the hours, then kWh: cost, cloud, saving and tokens stay
 
 
 def breakdown_rows(report: dict[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -65,7 +65,7 @@ class CostsScreen(LabScreen):
         yield CostCounter(id="costs-counter")
         yield Static("loading costs …", id="costs-summary")
         # the table above the chart, each the full width: side by side, the table's last column ran into the axis
-        yield LiveTable(COLUMNS, lambda cells: cells, id="costs-by")
+        yield LiveTable(COLUMNS, lambda cells: cells, DROP, id="costs-by")
         yield PlotextPlot(id="costs-plot")
         yield Footer()
 

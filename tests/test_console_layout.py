@@ -81,3 +81,22 @@ async def test_a_short_runs_loss_plot_shows_whole_steps_on_its_x_axis():
         labels = axis.split()
         assert labels and all("." not in label for label in labels), axis
         assert {"2", "4", "6", "8"} <= set(labels), axis
+
+
+def test_a_models_vram_reads_the_same_in_the_console_and_the_cli():
+    from agents.sections import ModelInfo
+    from console.cli_models import models_human
+    from tests.console_fixtures import frozen_models
+    from widgets.orchestra_table import COLUMNS, model_cells
+
+    models = [m for section in frozen_models().values() for m in section["models"]]
+    measured = {**models[-1], "name": "tiny-hf-gpu", "gpus": [0], "vram_bytes": int(1.3 * 1024**3), "vram_measured": True}
+    models.append(measured)  # a transformers model on a GPU, its VRAM measured by NVML
+    lines = models_human({"models": [ModelInfo(**m).model_dump(mode="json") for m in models]}).splitlines()
+    vram_at = lines[0].index("VRAM")
+    vram_column = [key for key, _, _ in COLUMNS].index("vram")
+    for model, line in zip(models, lines[1:]):
+        cli = line[vram_at:].split()[0]
+        console = str(model_cells(ModelInfo(**model))[vram_column])
+        assert cli == console, (model["name"], cli, console)
+    assert str(model_cells(ModelInfo(**measured))[vram_column]) == "1.3G"

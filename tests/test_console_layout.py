@@ -32,7 +32,7 @@ def costs_report(machine: str, tokens: int) -> dict:
             "api_providers": [], "api_today": 0.0, "api_month": 0.0, "api_since": 0.0, "total_month": 3.2}
 
 
-@pytest.mark.parametrize("size", [(160, 50), (100, 30)])
+@pytest.mark.parametrize("size", [(160, 50), (100, 30), (80, 24)])
 async def test_the_costs_table_and_chart_each_have_their_own_space(size):
     state = frozen_state()
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)

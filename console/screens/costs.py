@@ -24,7 +24,7 @@ PLOT_DAYS = 30
 BREAKDOWNS = ("machine", "job", "model")
 COLUMNS = [("name", "name", 34), ("kwh", "kWh", 10), ("cost", "cost", 14), ("cloud", "cloud equiv.", 14),
            ("saving", "saving", 8), ("gpu_h", "GPU-h", 8), ("busy_h", "busy GPU-h", 10), ("tokens", "tokens", 12)]
-DROP = ("busy_h", "gpu_h", "kwh")  # a narrow terminal drops the hours, then kWh: cost, cloud, saving and tokens stay
+DROP = ("busy_h", "gpu_h", "kwh", "cloud")  # narrow: the hours go, then kWh, then the cloud figure (saving % says it)
 
 
 def breakdown_rows(report: dict[str, Any]) -> dict[str, tuple[str, ...]]:

@@ -52,7 +52,7 @@ def _owner_room(owner: str | None) -> int:
 def fit_layout(gpu: GpuSample, owner: str | None, width: int) -> int:
     """The widest layout (an index into LAYOUTS) that fits `width` with room for the owner, else without it.
 
-    The owner gives way before the GPU's name is cut to its last 10 cells (the last layout).
+    The owner gives way before the GPU's name is cut to 10 cells (the last layout).
     """
     used = [len(_line(gpu, [], Thresholds(), *layout).plain.rstrip()) for layout in LAYOUTS]
     with_owner = next((i for i in range(len(LAYOUTS) - 1) if used[i] + _owner_room(owner) <= width), None)
@@ -132,7 +132,7 @@ class GpuLines:
     def _relayout(self) -> bool:
         """Redraw every line when the card's layout changes; True when it did."""
         layout = max(self._layouts.values(), default=None)
-        if layout == self.layout and set(self.lines) == set(self._args):
+        if layout == self.layout and len(self.lines) == len(self._args):  # the lines' keys are always among the args'
             return False
         self.layout = layout
         self.lines = {index: self._draw(index) for index in self._args}

@@ -10,7 +10,7 @@ from textual.widgets import DataTable
 
 Column = tuple[str, str, int | None]  # (key, label, width or None for the rest)
 CELL_PADDING = 2  # DataTable pads each cell by one on either side
-REST_MIN = 24  # the least a column "for the rest" (width None) needs to say something
+REST_MIN = 4  # what a column "for the rest" (width None) counts for: a wide terminal keeps every column it showed
 
 
 class LiveTable(DataTable):

@@ -55,3 +55,30 @@ def frozen_jobs() -> list[dict]:
         job(1, "demo-lora", [0], "exited", exit_code=0, step=100, max_steps=100, loss=2.31, loss_history=losses[:40],
             samples_per_s=140.2, eta_s=0.0, elapsed_s=61.0),
     ]
+
+
+def frozen_models() -> dict[str, dict]:
+    """The models sections of m5, irina and the workstation: warm, loading, sleeping, cached and cold models on sim and transformers."""
+    def model(name: str, machine: str, gpus: list[int], state: str, vram_gib: float, engine: str = "sim", **more) -> dict:
+        return {"name": name, "machine": machine, "engine": engine, "state": state, "since": FROZEN_NOW - 600, "gpus": gpus,
+                "vram_bytes": int(vram_gib * 1024**3), "cached_fraction": 1.0, "size_bytes": int(vram_gib * 1024**3),
+                "load_s": 4.1, "warmup_s": 6.2, "wake_s": 0.8, "simulated": engine == "sim", **more}
+
+    warm = {"requests_running": 2, "requests_waiting": 1, "tokens_per_s": 80.0, "kv_cache_pct": 12.0}
+    rotation = {"plan": [["codellama-7b", "phi-3-mini"], ["llama-3.1-8b"]], "every_s": 14400, "index": 0,
+                "next_set": ["llama-3.1-8b"], "next_at": FROZEN_NOW + 5400, "wall_s": 3600, "overhead_pct": 0.587, "target_pct": 1}
+    return {
+        "m5": {"models": [
+            model("llama-3.1-8b", "m5", [1], "warm", 18, pinned=True, **warm),
+            model("qwen2.5-coder-7b", "m5", [2], "loading", 17, progress={"phase": "loading", "done_bytes": 45, "total_bytes": 100}),
+            model("codellama-7b", "m5", [2], "cached", 16, load_s=None, warmup_s=None, wake_s=None),
+        ], "rotation": rotation},
+        "irina": {"models": [
+            model("mistral-7b-awq", "irina", [0], "warm", 4.5, **warm),
+            model("phi-3-mini", "irina", [1], "sleeping", 4.5),
+        ]},
+        "workstation": {"models": [
+            model("tiny-llama", "workstation", [], "warm", 0, engine="transformers", cached_fraction=None, wake_s=None,
+                  requests_running=0, requests_waiting=0, tokens_per_s=0.0),
+        ]},
+    }

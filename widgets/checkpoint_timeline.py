@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from textual_plotext import PlotextPlot
+
+MOST_TICKS = 6
+
+
+def step_ticks(first: int, last: int, most: int = MOST_TICKS) -> list[int]:
+    """Whole steps to label an x axis from `first` to `last`: at most `most`, 1, 2 or 5 times a power of ten apart."""
+    span = max(0, last - first)
+    if span == 0:
+        return [first]
+    raw = span / most
+    magnitude = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude * most >= span)
+    start = math.ceil(first / step) * step
+    return list(range(int(start), int(last) + 1, int(step)))
 
 
 def marker_y(ckpt: dict[str, Any], loss: list[list]) -> float | None:
@@ -60,4 +75,7 @@ class CheckpointTimeline(PlotextPlot):
             plt.plot([p[0] for p in eval_loss], [p[1] for p in eval_loss], label="eval loss", color="orange", marker="braille")
         for label, marker, colour, steps, ys in marker_groups(checkpoints, loss, selected):
             plt.scatter(steps, ys, label=label, marker=marker, color=colour)
+        steps = [p[0] for p in loss + eval_loss] + [c["step"] for c in checkpoints]
+        if steps:  # plotext would pick fractional ticks (2.5) for a short run: steps are whole
+            plt.xticks(step_ticks(int(min(steps)), int(max(steps))))
         self.refresh()

@@ -1,16 +1,29 @@
-"""One GPU in detail: its line, extra fields and sparklines of utilisation, power and temperature."""
+"""One GPU in detail: its line, extra fields and charts of utilisation, VRAM, power and temperature on fixed, labelled scales."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Sparkline, Static
+from textual.widgets import Static
 
 from agents.protocol import GpuSample
-from widgets.format import NA, Thresholds, fmt
+from widgets.charts import ScaleChart
+from widgets.format import NA, Thresholds, fmt, fmt_bytes
 from widgets.gpu_row import gpu_line
 
-SERIES = (("util_pct", "util %"), ("power_w", "power W"), ("temp_c", "temp °C"))
+SERIES = (("util_pct", "util %"), ("mem_used_bytes", "VRAM"), ("power_w", "power W"), ("temp_c", "temp °C"))
+TEMP_TOP_C = 100.0  # a GPU throttles well below this: the scale every card shares
+
+
+def chart_scale(key: str, gpu: GpuSample) -> tuple[float | None, str, str]:
+    """(top, top label, zero label) of one series' chart: 0-100 %, 0 to the GPU's VRAM, 0 to its power limit, 0-100 °C."""
+    if key == "util_pct":
+        return 100.0, "100%", "0%"
+    if key == "mem_used_bytes":
+        return gpu.mem_total_bytes, fmt_bytes(gpu.mem_total_bytes), "0"
+    if key == "power_w":
+        return gpu.power_limit_w, fmt(gpu.power_limit_w, ".0f", "W"), "0W"
+    return TEMP_TOP_C, f"{TEMP_TOP_C:.0f}°C", "0°C"
 
 
 class GpuPanel(Vertical):
@@ -18,7 +31,7 @@ class GpuPanel(Vertical):
     GpuPanel { height: auto; border: round $panel-lighten-2; padding: 0 1; }
     GpuPanel > Horizontal { height: 3; }
     GpuPanel > Horizontal > Vertical { width: 1fr; height: 3; padding: 0 1 0 0; }
-    GpuPanel Sparkline { height: 2; }
+    GpuPanel ScaleChart { height: 2; }
     GpuPanel .label { color: $text-muted; height: 1; }
     """
 
@@ -29,17 +42,17 @@ class GpuPanel(Vertical):
             for key, label in SERIES:
                 with Vertical():
                     yield Static(label, classes="label")
-                    yield Sparkline([], id=f"spark-{key.split('_')[0]}")
+                    yield ScaleChart(id=f"chart-{key}")
 
     def show(self, gpu: GpuSample, history: dict[str, list[float]], owner: str | None, limits: Thresholds) -> None:
         if not self.is_mounted or not self.children:
             return
-        self.query_one(".line", Static).update(gpu_line(gpu, history.get("util_pct", []), owner, limits))
+        line = self.query_one(".line", Static)
+        line.update(gpu_line(gpu, history.get("util_pct", []), owner, limits, width=line.size.width or None))
         self.query_one(".extra", Static).update(
             f"fan {fmt(gpu.fan_pct, '.0f', '%')}  SM clock {fmt(gpu.sm_clock_mhz, '.0f', ' MHz')}  "
             f"power limit {fmt(gpu.power_limit_w, '.0f', ' W')}  uuid {gpu.uuid or NA}"
             + ("  [black on yellow] SIM [/]" if gpu.simulated else "")
         )
         for key, _ in SERIES:
-            for spark in self.query(f"#spark-{key.split('_')[0]}").results(Sparkline):
-                spark.data = history.get(key, [])
+            self.query_one(f"#chart-{key}", ScaleChart).show(history.get(key, []), *chart_scale(key, gpu))

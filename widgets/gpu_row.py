@@ -1,4 +1,4 @@
-"""One GPU as one line: utilisation with its sparkline, VRAM, temperature, power, owner."""
+"""One GPU as one line: utilisation with its sparkline, VRAM, temperature, power, owner; fitted to the width it has."""
 
 from __future__ import annotations
 
@@ -8,60 +8,148 @@ from agents.protocol import GpuSample
 from widgets.format import Thresholds, bar, fmt, fmt_bytes, level_colour, spark
 
 SPARK_WIDTH = 16
+NAME_WIDTH = 24
+OWNER_MIN = 12  # an owner cut shorter than this says nothing: the line gives up its bars for it first
+# (sparkline, bar, GPU name) widths, widest first: a narrow line drops the sparkline, then shrinks the bars, then the
+# name; utilisation %, VRAM, temperature and power always stay
+LAYOUTS = ((SPARK_WIDTH, 8, NAME_WIDTH), (0, 8, NAME_WIDTH), (0, 6, NAME_WIDTH), (0, 4, NAME_WIDTH), (0, 0, NAME_WIDTH),
+           (0, 0, 16), (0, 0, 10))
 
 
-def gpu_line(gpu: GpuSample, util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False) -> Text:
-    """One GPU as a line; `stale` (its machine is offline) greys out the last known figures."""
-    name = f"gpu{gpu.index} {gpu.name[:24]:<24}"
-    line = Text()
-    line.append(name, style="bold")
-    if gpu.failed:
-        line.append(f"  FAILED: {gpu.failed}", style="bold red")
-        return line
-    util = gpu.util_pct
-    line.append(f" {bar(util, 8)} ", style="cyan")
-    line.append(f"{fmt(util, '>3.0f', '%')} ", style="bold cyan")
-    line.append(spark(util_history, SPARK_WIDTH, 0, 100), style="cyan")
-    used, total = gpu.mem_used_bytes, gpu.mem_total_bytes
-    vram_pct = used / total * 100 if used is not None and total else None
-    vram_style = level_colour(vram_pct, limits.vram_warn_pct, limits.vram_alert_pct)
-    line.append("  VRAM ", style="dim")
-    line.append(bar(vram_pct, 8), style=vram_style)
-    line.append(f" {fmt_bytes(used):>6}/{fmt_bytes(total):<6}{fmt(vram_pct, '>3.0f', '%')}", style=vram_style)
-    temp = gpu.temp_c
-    line.append(f"  {fmt(temp, '>3.0f', '°C')}", style=level_colour(temp, limits.temp_warn_c, limits.temp_alert_c))
-    power, limit = gpu.power_w, gpu.power_limit_w
-    power_style = "yellow" if power is not None and limit and power >= 0.9 * limit else "default"
-    line.append(f"  {fmt(power, '>4.0f')}/{fmt(limit, '.0f', 'W'):<5}", style=power_style)
-    if owner:
-        line.append(f"  {owner}", style="magenta")
+def gpu_line(gpu: GpuSample, util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False,
+             width: int | None = None, layout: int | None = None) -> Text:
+    """One GPU as a line of at most `width` cells (None: as wide as it likes); `stale` (its machine is offline) greys it out.
+
+    `layout` (an index into LAYOUTS) forces one, so that a card's lines keep their columns aligned; by default the
+    widest that fits. The owner comes last and takes what is left, cut with an ellipsis.
+    """
+    owner_part = f"  {owner}" if owner else ""
+    if width is None:
+        line = _line(gpu, util_history, limits, *LAYOUTS[0])
+    else:
+        line = _line(gpu, util_history, limits, *LAYOUTS[fit_layout(gpu, owner, width) if layout is None else layout])
+        if line.cell_len + _owner_room(owner) > width:
+            line.rstrip()  # the power column's padding can go at the end of a line
+        room = width - line.cell_len
+        if room < _owner_room(owner):
+            owner_part = ""
+        elif len(owner_part) > room:
+            owner_part = owner_part[:room - 1] + "…"
+    if owner_part and not gpu.failed:
+        line.append(owner_part, style="magenta")
+    if width is not None:
+        line.truncate(width)
     if stale:
         line.stylize("grey50")
     return line
 
 
+def _owner_room(owner: str | None) -> int:
+    """The fewest cells worth giving the owner: an owner cut shorter than OWNER_MIN says nothing."""
+    return min(len(owner) + 2, OWNER_MIN + 2) if owner else 0
+
+
+def fit_layout(gpu: GpuSample, owner: str | None, width: int) -> int:
+    """The widest layout (an index into LAYOUTS) that fits `width` with room for the owner, else without it.
+
+    The owner gives way before the GPU's name is cut to 10 cells (the last layout).
+    """
+    used = [len(_line(gpu, [], Thresholds(), *layout).plain.rstrip()) for layout in LAYOUTS]
+    with_owner = next((i for i in range(len(LAYOUTS) - 1) if used[i] + _owner_room(owner) <= width), None)
+    if with_owner is not None:
+        return with_owner
+    return next((i for i, cells in enumerate(used) if cells <= width), len(LAYOUTS) - 1)
+
+
+def _line(gpu: GpuSample, util_history: list[float], limits: Thresholds, spark_width: int, bar_width: int, name_width: int) -> Text:
+    """The line without its owner, in one layout."""
+    line = Text()
+    name = gpu.name if len(gpu.name) <= name_width else gpu.name[:name_width - 1] + "…"
+    line.append(f"gpu{gpu.index} {name:<{name_width}}", style="bold")
+    if gpu.failed:
+        line.append(f"  FAILED: {gpu.failed}", style="bold red")
+        return line
+    util = gpu.util_pct
+    line.append(f" {bar(util, bar_width)} " if bar_width else " ", style="cyan")
+    line.append(fmt(util, '>3.0f', '%') + (" " if spark_width else ""), style="bold cyan")
+    if spark_width:
+        line.append(spark(util_history, spark_width, 0, 100), style="cyan")
+    used, total = gpu.mem_used_bytes, gpu.mem_total_bytes
+    vram_pct = used / total * 100 if used is not None and total else None
+    vram_style = level_colour(vram_pct, limits.vram_warn_pct, limits.vram_alert_pct)
+    line.append("  VRAM ", style="dim")
+    if bar_width:
+        line.append(bar(vram_pct, bar_width), style=vram_style)
+    line.append(f"{' ' if bar_width else ''}{fmt_bytes(used):>6}/{fmt_bytes(total):<6}{fmt(vram_pct, '>3.0f', '%')}", style=vram_style)
+    temp = gpu.temp_c
+    line.append(f"  {fmt(temp, '>3.0f', '°C')}", style=level_colour(temp, limits.temp_warn_c, limits.temp_alert_c))
+    power, limit = gpu.power_w, gpu.power_limit_w
+    power_style = "yellow" if power is not None and limit and power >= 0.9 * limit else "default"
+    line.append(f"  {fmt(power, '>4.0f')}/{fmt(limit, '.0f', 'W'):<5}", style=power_style)
+    return line
+
+
 class GpuLines:
-    """A machine's GPUs as lines, each rebuilt only when what it shows has changed."""
+    """A machine's GPUs as lines fitted to one width in one layout (columns aligned), each rebuilt only when what it
+    shows, the width or the card's layout has changed."""
 
     def __init__(self) -> None:
         self._keys: dict[int, tuple] = {}
+        self._args: dict[int, tuple] = {}  # what each line was drawn from: redrawn as is when the width changes
+        self._layouts: dict[int, int] = {}  # the widest layout each line fits alone
+        self._fitted_for: dict[int, tuple] = {}  # the (name, failed, owner) each line's layout was found for
+        self.layout: int | None = None  # the card's: the narrowest any of its lines needs
         self.lines: dict[int, Text] = {}
+        self.width: int | None = None  # None: lines as wide as they like (before the first layout)
 
     def show(self, gpu: GpuSample, util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False) -> bool:
-        """Update one GPU's line; True when it changed."""
+        """Update one GPU's line; True when it (or, through the card's layout, another) changed."""
         shown = (gpu.index, gpu.name, gpu.failed, gpu.util_pct, gpu.mem_used_bytes, gpu.mem_total_bytes, gpu.temp_c, gpu.power_w, gpu.power_limit_w)
         key = (shown, tuple(util_history[-SPARK_WIDTH:]), owner, limits, stale)
         if self._keys.get(gpu.index) == key:
             return False
         self._keys[gpu.index] = key
-        self.lines[gpu.index] = gpu_line(gpu, util_history, owner, limits, stale)
+        self._args[gpu.index] = (gpu, util_history[-SPARK_WIDTH:], owner, limits, stale)
+        fitted_for = self._fitted_for.get(gpu.index)
+        if self.width is not None and fitted_for != (gpu.name, gpu.failed, owner):  # the figures are fixed-width: only these move it
+            self._fitted_for[gpu.index] = (gpu.name, gpu.failed, owner)
+            self._layouts[gpu.index] = fit_layout(gpu, owner, self.width)
+        if not self._relayout():
+            self.lines[gpu.index] = self._draw(gpu.index)
         return True
+
+    def fit(self, width: int | None) -> bool:
+        """Redraw every line for a new width; True when the width changed."""
+        if width == self.width:
+            return False
+        self.width = width
+        self._layouts = {} if width is None else {i: fit_layout(args[0], args[2], width) for i, args in self._args.items()}
+        self._fitted_for = {i: (args[0].name, args[0].failed, args[2]) for i, args in self._args.items()}
+        self.layout = None
+        self._relayout()
+        return True
+
+    def _relayout(self) -> bool:
+        """Redraw every line when the card's layout changes; True when it did."""
+        layout = max(self._layouts.values(), default=None)
+        if layout == self.layout and len(self.lines) == len(self._args):  # the lines' keys are always among the args'
+            return False
+        self.layout = layout
+        self.lines = {index: self._draw(index) for index in self._args}
+        return True
+
+    def _draw(self, index: int) -> Text:
+        return gpu_line(*self._args[index], width=self.width, layout=self.layout)
 
     def keep(self, indices: set[int]) -> bool:
         """Forget GPUs no longer reported; True when one went."""
         gone = set(self.lines) - indices
         for index in gone:
-            del self.lines[index], self._keys[index]
+            del self.lines[index], self._keys[index], self._args[index]
+            self._layouts.pop(index, None)
+            self._fitted_for.pop(index, None)
+        if gone:
+            self._relayout()
         return bool(gone)
 
     def text(self) -> Text:

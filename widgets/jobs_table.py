@@ -25,6 +25,7 @@ COLUMNS = [
     ("state", "STATE", 30), ("step", "STEP", 15), ("loss", "LOSS", SPARK_WIDTH + 8), ("speed", "SAMPLES/S", 9),
     ("eta", "ETA", 7), ("elapsed", "ELAPSED", 8),
 ]
+DROP = ("elapsed", "precision", "gpus", "machine", "speed", "recipe", "loss", "eta")  # narrow: these go, in this order
 
 
 def state_cell(job: JobInfo, offline: bool = False) -> Text:
@@ -77,6 +78,7 @@ class JobsTable(LiveTable):
 
     DEFAULT_CSS = "JobsTable { height: 1fr; }"
     COLUMNS = COLUMNS
+    DROP = DROP
 
     offline: frozenset[str] = frozenset()  # machines whose agent is not reachable now: their jobs say so
 

@@ -1,31 +1,61 @@
-"""The header every view shows: lab, machines online, GPUs, VRAM, SIM, cost, view name."""
+"""The header every view shows: lab, machines online, GPUs, VRAM, SIM, cost, view name, and the clock."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from rich.text import Text
+from textual.events import Resize
 from textual.widgets import Static
 
 from widgets.format import GIB
 
 
-def header_text(lab: str, view: str, online: int, machines: int, gpus: int, vram_bytes: int,
-                simulated: bool, readonly: bool, now: float, cost: Text | str | None = None) -> Text:
+@dataclass(frozen=True)
+class HeaderFigures:
+    """What the header says, before it is fitted to a width."""
+
+    lab: str
+    view: str
+    online: int
+    machines: int
+    gpus: int
+    vram_bytes: int
+    simulated: bool
+    readonly: bool
+    now: float
+    cost: Text | str | None = None
+
+
+def header_text(figures: HeaderFigures, width: int | None = None) -> Text:
+    """The header line; in a narrow terminal the cost goes first, then the figures shorten, then the lab's name: the clock stays."""
+    clock = time.strftime('%H:%M:%S', time.localtime(figures.now))
+    for cost, short, lab in ((True, False, True), (False, False, True), (False, True, True), (False, True, False)):
+        line = _left(figures, cost, short, lab)
+        if width is None or line.cell_len + len(clock) + 2 <= width:
+            break
+    line.append(f"  {clock}", style="dim")
+    return line
+
+
+def _left(figures: HeaderFigures, cost: bool, short: bool, lab: bool) -> Text:
     line = Text()
     line.append(" cetlab ", style="bold black on cyan")
-    line.append(f" {lab} ", style="bold")
-    line.append(f"· {view} ", style="italic")
-    line.append(f"· {online}/{machines} machines online ", style="green" if online == machines else "bold red")
-    line.append(f"· {gpus} GPUs · {vram_bytes / GIB:.0f} GiB VRAM ")
-    if simulated:
+    if lab:
+        line.append(f" {figures.lab} ", style="bold")
+    line.append(f"· {figures.view} ", style="italic")
+    online, machines = figures.online, figures.machines
+    line.append(f"· {online}/{machines} {'online' if short else 'machines online'} ", style="green" if online == machines else "bold red")
+    vram = f"{figures.vram_bytes / GIB:.0f}"
+    line.append(f"· {figures.gpus} GPUs {vram}G " if short else f"· {figures.gpus} GPUs · {vram} GiB VRAM ")
+    if figures.simulated:
         line.append(" SIM ", style="bold black on yellow")
-    if readonly:
-        line.append(" READ-ONLY ", style="bold white on blue")
-    if cost:
+    if figures.readonly:
+        line.append(" RO " if short else " READ-ONLY ", style="bold white on blue")
+    if cost and figures.cost:
         line.append("  ")
-        line.append(cost if isinstance(cost, Text) else Text(cost))
-    line.append(f"  {time.strftime('%H:%M:%S', time.localtime(now))}", style="dim")
+        line.append(figures.cost if isinstance(figures.cost, Text) else Text(figures.cost))
     return line
 
 
@@ -35,8 +65,20 @@ class LabHeader(Static):
     def __init__(self, **kwargs) -> None:
         super().__init__("", **kwargs)
         self.text: Text | None = None  # the line shown now
+        self._figures: HeaderFigures | None = None
 
-    def show(self, text: Text) -> None:
+    def show(self, figures: HeaderFigures) -> None:
+        """Show these figures, fitted to the header's width."""
+        self._figures = figures
+        self._draw()
+
+    def on_resize(self, _event: Resize) -> None:
+        self._draw()
+
+    def _draw(self) -> None:
+        if self._figures is None:
+            return
+        text = header_text(self._figures, self.size.width or None)
         if text != self.text:
             self.text = text
             self.update(text, layout=False)  # one line, always

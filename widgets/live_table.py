@@ -1,30 +1,39 @@
-"""LiveTable: a DataTable that owns its columns, its row cache and its selection; rows keyed, cells updated in place."""
+"""LiveTable: a DataTable that owns its columns, its row cache and its selection; rows keyed, cells updated in place;
+columns that do not fit a narrow table drop by priority."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from textual.events import Resize
 from textual.widgets import DataTable
 
 Column = tuple[str, str, int | None]  # (key, label, width or None for the rest)
+CELL_PADDING = 2  # DataTable pads each cell by one on either side
+REST_MIN = 4  # what a column "for the rest" (width None) counts for: a wide terminal keeps every column it showed
 
 
 class LiveTable(DataTable):
     """Give it items by row key (in the order to show); it adds, removes and updates only what changed.
 
-    Subclasses set COLUMNS and cells(); a plain LiveTable takes them as arguments.
+    Subclasses set COLUMNS, DROP and cells(); a plain LiveTable takes them as arguments. DROP names the columns that go,
+    first to last, while the table is narrower than its columns' sum (a split pane); the others always stay.
     """
 
     COLUMNS: list[Column] = []
+    DROP: tuple[str, ...] = ()
 
-    def __init__(self, columns: list[Column] | None = None, cells: Callable[[Any], tuple] | None = None, **kwargs) -> None:
+    def __init__(self, columns: list[Column] | None = None, cells: Callable[[Any], tuple] | None = None,
+                 drop: tuple[str, ...] | None = None, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.column_spec = columns if columns is not None else self.COLUMNS
+        self.drop_order = drop if drop is not None else self.DROP
         self._cells_of = cells
         self.items: dict[str, Any] = {}  # the items shown (those the filter lets through)
         self.all_items: dict[str, Any] = {}  # every item given to show()
         self.filter_text = ""  # `/`: only rows whose text holds this (any case) are shown
-        self._shown: dict[str, tuple] = {}  # what each row shows now
+        self._shown: dict[str, tuple] = {}  # what each row shows now (every column's cell, shown or not)
+        self.shown_columns: list[int] = list(range(len(self.column_spec)))  # indices into column_spec, in order
 
     def cells(self, item: Any) -> tuple:
         """The row of one item (plain data in, strings or Rich text out)."""
@@ -34,8 +43,35 @@ class LiveTable(DataTable):
 
     def _ensure_columns(self) -> None:
         if not self.columns:  # show() can come before the mount
-            for key, label, width in self.column_spec:
+            for index in self.shown_columns:
+                key, label, width = self.column_spec[index]
                 self.add_column(label, key=key, width=width)
+
+    def columns_for(self, width: int) -> list[int]:
+        """The columns that fit `width` cells: those in the drop order go, first to last, until the rest fit."""
+        shown = list(range(len(self.column_spec)))
+        index_of = {key: i for i, (key, _, _) in enumerate(self.column_spec)}
+        needed = lambda: sum((self.column_spec[i][2] or REST_MIN) + CELL_PADDING for i in shown)  # noqa: E731
+        for key in self.drop_order:
+            if needed() <= width:
+                break
+            shown.remove(index_of[key])
+        return shown
+
+    def on_resize(self, event: Resize) -> None:
+        """Drop (or bring back) the columns that do not fit the new width."""
+        wanted = self.columns_for(self.scrollable_content_region.width or event.size.width)
+        if wanted != self.shown_columns:
+            selected = self.selected_key()
+            self.shown_columns = wanted
+            self.clear(columns=True)
+            self._ensure_columns()
+            self._rebuild(self._shown)
+            if selected is not None:
+                self.select_key(selected)
+
+    def _visible(self, cells: tuple) -> tuple:
+        return tuple(cells[i] for i in self.shown_columns)
 
     def set_filter(self, text: str) -> None:
         """Show only the rows whose text holds `text` (any case); "" shows every row again."""
@@ -58,13 +94,13 @@ class LiveTable(DataTable):
         if list(wanted)[:len(kept)] != kept:  # rows moved: rebuild in order (rare: a new job on top, a resort)
             self._rebuild(wanted)
             return
-        keys = [column for column, _, _ in self.column_spec]
+        keys = [self.column_spec[i][0] for i in self.shown_columns]
         for key, cells in wanted.items():
             old = self._shown.get(key)
             if old is None:
-                self.add_row(*cells, key=key)
+                self.add_row(*self._visible(cells), key=key)
             elif old != cells:
-                for column, value, before in zip(keys, cells, old):
+                for column, value, before in zip(keys, self._visible(cells), self._visible(old)):
                     if value != before:
                         self.update_cell(key, column, value)
             self._shown[key] = cells
@@ -73,7 +109,7 @@ class LiveTable(DataTable):
         selected = self.selected_key()
         self.clear()
         for key, cells in wanted.items():
-            self.add_row(*cells, key=key)
+            self.add_row(*self._visible(cells), key=key)
         self._shown = dict(wanted)
         if selected in wanted:
             self.move_cursor(row=list(wanted).index(selected))

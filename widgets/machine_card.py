@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.containers import Vertical
+from textual.events import Resize
 from textual.widgets import Static
 
 from agents.protocol import GpuSample, HostSample
@@ -13,7 +14,8 @@ from widgets.gpu_row import GpuLines
 
 
 def header_line(name: str, role: str, link: str, error: str | None, last_seen: float | None,
-                host: HostSample, simulated: bool, badges: list[str], now: float) -> Text:
+                host: HostSample, simulated: bool, badges: list[str], now: float, width: int | None = None) -> Text:
+    """The card's first line; the host figures that do not fit `width` (None: no limit) drop, load first, then disk, then RAM."""
     line = Text()
     line.append(name, style="bold")
     if role:
@@ -30,14 +32,17 @@ def header_line(name: str, role: str, link: str, error: str | None, last_seen: f
             line.append(f"\n  {error}", style="red")
         return line
     line.append("  ● online", style="green")
-    cpu = host.cpu_pct
-    used, total = host.ram_used_bytes, host.ram_total_bytes
-    disk_used, disk_total = host.disk_used_bytes, host.disk_total_bytes
-    line.append(f"   CPU {bar(cpu, 6)} {fmt(cpu, '>3.0f', '%')}", style="default")
-    line.append(f"   RAM {fmt_bytes(used)}/{fmt_bytes(total)}")
-    line.append(f"   disk {fmt_bytes(disk_used)}/{fmt_bytes(disk_total)}")
+    figures = [f"   CPU {bar(host.cpu_pct, 6)} {fmt(host.cpu_pct, '>3.0f', '%')}",
+               f"   RAM {fmt_bytes(host.ram_used_bytes)}/{fmt_bytes(host.ram_total_bytes)}",
+               f"   disk {fmt_bytes(host.disk_used_bytes)}/{fmt_bytes(host.disk_total_bytes)}"]
     if host.load_1 is not None:
-        line.append(f"   load {host.load_1:.2f}", style="dim")
+        figures.append(f"   load {host.load_1:.2f}")
+    room = None if width is None else width - line.cell_len
+    for figure in figures:
+        if room is not None and len(figure) > room:
+            break  # in order of importance: what follows matters less
+        line.append(figure, style="dim" if figure.startswith("   load") else "default" if figure.startswith("   CPU") else "")
+        room = None if room is None else room - len(figure)
     return line
 
 
@@ -59,6 +64,8 @@ class MachineCard(Vertical, can_focus=True):
         self._gpus = Static("", classes="card-gpus")
         self._lines = GpuLines()
         self.header: Text | None = None  # the header line shown now
+        self._header_args: tuple = ()  # what the header was drawn from: redrawn as is when the width changes
+        self._width: int | None = None  # the content width (None before the first layout)
         self.shown_version: int | None = None  # the machine's LabState version drawn last
 
     def compose(self):
@@ -71,15 +78,29 @@ class MachineCard(Vertical, can_focus=True):
         """The GPU lines shown, in GPU index order."""
         return [self._lines.lines[i] for i in sorted(self._lines.lines)]
 
+    def on_resize(self, event: Resize) -> None:
+        """Fit the header and the GPU lines to the card's new width (a split pane, a resized terminal)."""
+        width = event.size.width - self.styles.gutter.width - self._gpus.styles.gutter.width
+        if width <= 0 or width == self._width:
+            return
+        self._width = width
+        if self._header_args:
+            self._show_header(header_line(*self._header_args, width=width), relayout=True)  # it may have wrapped before
+        if self._lines.fit(width):
+            self._gpus.update(self._lines.text())  # lines that wrapped no longer do: the height changes
+
+    def _show_header(self, header: Text, relayout: bool = False) -> None:
+        if header != self.header:
+            lines_before = None if self.header is None else self.header.plain.count("\n")
+            self.header = header
+            self._header.update(header, layout=relayout or header.plain.count("\n") != lines_before)  # relayout only when its height changes
+
     def show(self, *, version: int | None = None, role: str, link: str, error: str | None, last_seen: float | None, host: HostSample,
              gpus: dict[int, GpuSample], util_history: dict[int, list[float]], owners: dict[int, str],
              simulated: bool, gpu_status: str | None, limits: Thresholds, now: float, badges: list[str] | None = None) -> None:
         self.shown_version = version
-        header = header_line(self.machine, role, link, error, last_seen, host, simulated, badges or [], now)
-        if header != self.header:
-            lines_before = None if self.header is None else self.header.plain.count("\n")
-            self.header = header
-            self._header.update(header, layout=header.plain.count("\n") != lines_before)  # relayout only when its height changes
+        self._header_args = (self.machine, role, link, error, last_seen, host, simulated, badges or [], now)
+        self._show_header(header_line(*self._header_args, width=self._width))
         if self.has_class("offline") != (link != "online"):
             self.set_class(link != "online", "offline")
         if self._note.display != bool(gpu_status):  # each of these, set even to the same value, costs a relayout

@@ -24,6 +24,9 @@ COLUMNS = [
     ("state", "STATE", 30), ("vram", "VRAM", 5), ("requests", "RUN/WAIT", 8), ("tokens", "TOK/S", 6),
     ("kv", "KV", 4), ("load", "LOAD", 6), ("warmup", "WARM-UP", 7), ("wake", "WAKE", 5), ("ram", "RAM", 5),
 ]
+# in a narrow terminal the timings go first, then KV, the engine, the GPUs and the machine: name, state, VRAM and the
+# live load stay (the detail line below the table names the machine)
+DROP = ("ram", "wake", "warmup", "load", "kv", "engine", "gpus", "machine", "tokens")
 
 
 def row_key(model: ModelInfo) -> str:
@@ -76,6 +79,7 @@ class OrchestraTable(LiveTable):
 
     DEFAULT_CSS = "OrchestraTable { height: 1fr; }"
     COLUMNS = COLUMNS
+    DROP = DROP
 
     def cells(self, item: ModelInfo) -> tuple:
         return model_cells(item)

@@ -19,6 +19,7 @@ from widgets.live_table import LiveTable
 LIMIT = 500
 COLUMNS = [("when", "when", 19), ("machine", "machine", 12), ("who", "who", 22), ("role", "role", 8), ("method", "method", 20),
            ("params", "params", 36), ("outcome", "outcome", 16), ("message", "message", None)]
+DROP = ("params", "role", "who", "machine")  # narrow: these go, in this order
 
 
 def audit_cells(entry: dict[str, Any]) -> tuple[str, ...]:
@@ -47,7 +48,7 @@ class AuditScreen(LabScreen):
     def compose(self) -> ComposeResult:
         yield LabHeader()
         yield Static("", id="audit-summary")
-        yield LiveTable(COLUMNS, audit_cells, id="audit-table")
+        yield LiveTable(COLUMNS, audit_cells, DROP, id="audit-table")
         yield Footer()
 
     def on_mount(self) -> None:

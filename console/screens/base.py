@@ -59,7 +59,7 @@ class LabScreen(Screen):
         """Start fetching what this view shows beyond the stream (a worker); it calls refresh_data when it has it."""
 
     def refresh_header(self) -> None:
-        from widgets.lab_header import LabHeader, header_text
+        from widgets.lab_header import HeaderFigures, LabHeader
 
         if self._headers is None:  # found once: a query walks every widget of the view, each time
             self._headers = list(self.query(LabHeader))
@@ -69,8 +69,8 @@ class LabScreen(Screen):
             gpus, vram = state.gpu_totals()
             online = sum(v.online for v in state.machines.values())
             simulated = any(v.simulated for v in state.machines.values())
-            header.show(header_text(state.lab.lab, self.VIEW_NAME, online, len(state.machines), gpus, vram,
-                                    simulated, app.readonly, app.clock(), app.header_cost()))
+            header.show(HeaderFigures(state.lab.lab, self.VIEW_NAME, online, len(state.machines), gpus, vram,
+                                      simulated, app.readonly, app.clock(), app.header_cost()))
 
     def refresh_data(self) -> None:
         """Read app.state and update widgets that changed; never fetch here."""

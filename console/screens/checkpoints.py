@@ -24,6 +24,7 @@ from widgets.live_table import LiveTable
 ACTIVE_REFETCH_S = 3.0  # while the run's job trains, its listing is fetched again this often
 COLUMNS = [("step", "STEP", 7), ("epoch", "EPOCH", 6), ("loss", "LOSS", 8), ("eval", "EVAL", 8), ("size", "SIZE", 7),
            ("save", "SAVE", 7), ("kind", "KIND", 17), ("age", "WRITTEN", 12), ("flags", "", 60)]
+DROP = ("epoch", "save", "kind", "eval", "size")  # narrow: these go, in this order
 
 
 def loss_text(value: float | None) -> str:
@@ -109,7 +110,7 @@ class CheckpointsScreen(LabScreen):
         yield LabHeader()
         yield Static("no runs with checkpoints yet: start one with `cetlab train` or point lab.yaml checkpoints.dirs at your runs", id="ckpt-run")
         yield CheckpointTimeline(id="ckpt-timeline")
-        yield LiveTable(COLUMNS, lambda ckpt: checkpoint_cells(ckpt, self.lab_app.clock()), id="ckpt-table")
+        yield LiveTable(COLUMNS, lambda ckpt: checkpoint_cells(ckpt, self.lab_app.clock()), DROP, id="ckpt-table")
         yield Static("", id="ckpt-detail")
         yield Footer()
 

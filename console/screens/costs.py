@@ -8,7 +8,6 @@ from typing import Any
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
 from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
@@ -25,6 +24,7 @@ PLOT_DAYS = 30
 BREAKDOWNS = ("machine", "job", "model")
 COLUMNS = [("name", "name", 34), ("kwh", "kWh", 10), ("cost", "cost", 14), ("cloud", "cloud equiv.", 14),
            ("saving", "saving", 8), ("gpu_h", "GPU-h", 8), ("busy_h", "busy GPU-h", 10), ("tokens", "tokens", 12)]
+DROP = ("busy_h", "gpu_h", "kwh", "cloud")  # narrow: the hours go, then kWh, then the cloud figure (saving % says it)
 
 
 def breakdown_rows(report: dict[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -50,9 +50,8 @@ class CostsScreen(LabScreen):
     ]
     DEFAULT_CSS = """
     CostsScreen #costs-summary { height: auto; padding: 0 1; }
-    CostsScreen #costs-body { height: 1fr; }
-    CostsScreen #costs-by { width: 3fr; height: 1fr; }
-    CostsScreen #costs-plot { width: 2fr; height: 1fr; }
+    CostsScreen #costs-by { height: auto; max-height: 45%; }
+    CostsScreen #costs-plot { height: 1fr; min-height: 8; border-top: solid $panel; }
     """
 
     def __init__(self) -> None:
@@ -65,9 +64,9 @@ class CostsScreen(LabScreen):
         yield LabHeader()
         yield CostCounter(id="costs-counter")
         yield Static("loading costs …", id="costs-summary")
-        with Horizontal(id="costs-body"):
-            yield LiveTable(COLUMNS, lambda cells: cells, id="costs-by")
-            yield PlotextPlot(id="costs-plot")
+        # the table above the chart, each the full width: side by side, the table's last column ran into the axis
+        yield LiveTable(COLUMNS, lambda cells: cells, DROP, id="costs-by")
+        yield PlotextPlot(id="costs-plot")
         yield Footer()
 
     def fetch(self) -> None:

@@ -1,0 +1,158 @@
+"""Narrow terminals (issue 13 item 14): every view usable at 100x30 and readable at 80x24; columns shrink or drop by priority."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agents.protocol import GpuSample
+from console.app import CetlabApp
+from console.client import FleetClient
+from console.screens.fleet import FleetScreen
+from console.screens.models import ModelsScreen
+from tests.conftest import until_drawn
+from tests.console_fixtures import FROZEN_NOW, frozen_models, frozen_state
+from widgets.format import Thresholds
+from widgets.gpu_row import gpu_line
+from widgets.lab_header import LabHeader
+from widgets.machine_card import MachineCard
+from widgets.orchestra_table import OrchestraTable
+
+WIDE, SPLIT, SMALL = (160, 50), (100, 30), (80, 24)
+CLOCK = "14:13:20"  # FROZEN_NOW in UTC
+V100 = GpuSample(index=0, name="Tesla V100-SXM2-32GB", util_pct=91, mem_used_bytes=25 * 1024**3, mem_total_bytes=32 * 1024**3,
+                 temp_c=74, power_w=214, power_limit_w=250)
+
+
+@pytest.mark.parametrize("width", [160, 94, 82])
+def test_a_gpu_line_fits_its_width_and_keeps_util_vram_temperature_and_power(width):
+    line = gpu_line(V100, [50.0] * 20, "job m5-4 demo-lora", Thresholds(), width=width).plain
+    assert len(line) <= width, line
+    for kept in ("91%", "25.0G/32.0G", "78%", "74°C", "214/250W"):
+        assert kept in line, (kept, line)
+    assert "job m5" in line  # the owner, cut if it must be
+    if width < 112:  # the sparkline goes first
+        assert "▄" not in line
+
+
+def test_a_gpu_line_gives_up_its_owner_only_when_nothing_else_is_left():
+    line = gpu_line(V100, [], "model llama-3.1-8b (warm)", Thresholds(), width=76).plain
+    assert len(line) <= 76 and "Tesla V100-SXM2" in line and "74°C" in line and "214/250W" in line and "model" not in line
+    assert len(gpu_line(V100, [], None, Thresholds(), width=62).plain) <= 62  # the name is cut, the figures stay
+    assert "model llama-3.1-8b (warm)" in gpu_line(V100, [], "model llama-3.1-8b (warm)", Thresholds()).plain  # no width: whole
+
+
+@pytest.fixture
+def frozen_lab(monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    state = frozen_state()
+    for machine, section in frozen_models().items():
+        state.machines[machine].apply_section("models", section)
+    yield state
+    monkeypatch.delenv("TZ")
+    time.tzset()
+
+
+def frozen_app(state) -> CetlabApp:
+    return CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+
+
+def seen(app) -> dict[str, object]:
+    """What the view shows that matters at a narrow width: the header, the GPU lines, the models' columns."""
+    screen = app.screen
+    shown = {"header": str(screen.query_one(LabHeader).text)}
+    if isinstance(screen, FleetScreen):
+        shown["gpu_lines"] = [line.plain for card in screen.query(MachineCard) for line in card.gpu_lines]
+        shown["card_width"] = screen.query_one(MachineCard).size.width
+    if isinstance(screen, ModelsScreen):
+        shown["columns"] = [str(column.label) for column in screen.query_one(OrchestraTable).ordered_columns]
+    return shown
+
+
+async def open_models(pilot) -> None:
+    await until_drawn(pilot, FleetScreen)
+    await pilot.press("colon", *"models", "enter")
+    await until_drawn(pilot, ModelsScreen)
+
+
+def assert_fleet_fits(shown: dict, width: int) -> None:
+    assert CLOCK in shown["header"] and len(shown["header"]) <= width, shown["header"]
+    assert len(shown["gpu_lines"]) == 9
+    for line in shown["gpu_lines"]:
+        assert len(line) <= shown["card_width"] and "VRAM" in line and "°C" in line and "W" in line and "%" in line, line
+
+
+@pytest.mark.parametrize("size", [SPLIT, SMALL], ids=["100x30", "80x24"])
+def test_snapshot_fleet_narrow(snap_compare, frozen_lab, size):
+    shown = {}
+
+    async def look(pilot):
+        await until_drawn(pilot, FleetScreen)
+        shown.update(seen(pilot.app))
+
+    assert snap_compare(frozen_app(frozen_lab), terminal_size=size, run_before=look)
+    assert_fleet_fits(shown, size[0])
+
+
+@pytest.mark.parametrize("size", [SPLIT, SMALL], ids=["100x30", "80x24"])
+def test_snapshot_models_narrow(snap_compare, frozen_lab, size):
+    shown = {}
+
+    async def look(pilot):
+        await open_models(pilot)
+        shown.update(seen(pilot.app))
+
+    assert snap_compare(frozen_app(frozen_lab), terminal_size=size, run_before=look)
+    assert CLOCK in shown["header"]
+    assert shown["columns"][:1] == ["MODEL"] and {"STATE", "VRAM", "RUN/WAIT"} <= set(shown["columns"])
+    assert "RAM" not in shown["columns"] and "WAKE" not in shown["columns"]  # the timings went first
+    if size == SPLIT:
+        assert {"MACHINE", "TOK/S"} <= set(shown["columns"])
+
+
+async def test_a_resized_terminal_refits_the_fleet_and_the_models(frozen_lab):
+    app = frozen_app(frozen_lab)
+    async with app.run_test(size=WIDE) as pilot:
+        await until_drawn(pilot, FleetScreen)
+        wide = seen(app)
+        assert any("▁" in line or "█" in line for line in wide["gpu_lines"])  # room for sparklines and bars
+        await pilot.resize_terminal(*SMALL)
+        await pilot.pause()
+        assert_fleet_fits(seen(app), SMALL[0])
+        await pilot.resize_terminal(*WIDE)
+
+        await open_models(pilot)
+        assert "RAM" in seen(app)["columns"]  # 160 columns: every column
+        await pilot.resize_terminal(*SMALL)
+        await pilot.pause()
+        small = seen(app)["columns"]
+        assert "RAM" not in small and "RUN/WAIT" in small
+        table = app.screen.query_one(OrchestraTable)
+        table.move_cursor(row=3)
+        await pilot.resize_terminal(*WIDE)
+        await pilot.pause()
+        assert "RAM" in seen(app)["columns"] and table.selected().name == "mistral-7b-awq"  # the cursor stays on its row
+
+
+def test_every_table_keeps_its_key_columns_at_100_and_80_columns():
+    from console.screens import alerts, audit, checkpoints, costs
+    from widgets import jobs_table, orchestra_table
+    from widgets.live_table import LiveTable
+
+    kept = {  # what each table must still show in a split pane
+        jobs_table: {"job", "state", "step", "eta"},
+        orchestra_table: {"model", "state", "vram", "requests"},
+        alerts: {"state", "machine", "rule", "message"},
+        audit: {"when", "method", "outcome", "message"},
+        checkpoints: {"step", "loss", "age", "flags"},
+        costs: {"name", "cost", "saving", "tokens"},
+    }
+    for module, keys in kept.items():
+        table = LiveTable(module.COLUMNS, lambda item: item, module.DROP)
+        for width in (98, 78):
+            shown = {module.COLUMNS[i][0] for i in table.columns_for(width)}
+            assert keys <= shown, (module.__name__, width, shown)
+            fixed = sum((module.COLUMNS[i][2] or 0) + 2 for i in table.columns_for(width))
+            assert fixed <= width or shown == keys | {k for k, _, _ in module.COLUMNS if k not in module.DROP}, (module.__name__, width)

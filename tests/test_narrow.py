@@ -137,7 +137,7 @@ async def test_a_resized_terminal_refits_the_fleet_and_the_models(frozen_lab):
 
 
 def test_every_table_keeps_its_key_columns_at_100_and_80_columns():
-    from console.screens import alerts, audit, checkpoints, costs
+    from console.screens import alerts, audit, checkpoints, costs, gateway
     from widgets import jobs_table, orchestra_table
     from widgets.live_table import LiveTable
 
@@ -148,6 +148,7 @@ def test_every_table_keeps_its_key_columns_at_100_and_80_columns():
         audit: {"when", "method", "outcome", "message"},
         checkpoints: {"step", "loss", "age", "flags"},
         costs: {"name", "cost", "saving", "tokens"},
+        gateway: {"model", "state", "rps", "p50", "wakes", "errors"},
     }
     for module, keys in kept.items():
         table = LiveTable(module.COLUMNS, lambda item: item, module.DROP)
@@ -156,3 +157,25 @@ def test_every_table_keeps_its_key_columns_at_100_and_80_columns():
             assert keys <= shown, (module.__name__, width, shown)
             fixed = sum((module.COLUMNS[i][2] or 0) + 2 for i in table.columns_for(width))
             assert fixed <= width or shown == keys | {k for k, _, _ in module.COLUMNS if k not in module.DROP}, (module.__name__, width)
+
+
+@pytest.mark.parametrize("width", [100, 80])
+async def test_a_long_message_is_cut_to_the_table_never_scrolls_it_sideways(width):
+    """The column "for the rest" (an alert's message) gets the width that is left (at 100 columns the alerts
+    table once grew past the screen, with a sideways scrollbar, as long as its longest message)."""
+    from textual.app import App
+
+    from console.screens import alerts
+    from widgets.live_table import LiveTable
+
+    class One(App):
+        def compose(self):
+            yield LiveTable(alerts.COLUMNS, lambda item: item, alerts.DROP)
+
+    app = One()
+    async with app.run_test(size=(width, 20)) as pilot:
+        table = app.query_one(LiveTable)
+        row = ("ACTIVE", "critical", "m5", "gpu3", "temp", "03:31:35", "GPU 3 at 91 °C for 2 min: " + "hot " * 80)
+        table.show({"a": row})
+        await pilot.pause()
+        assert table.virtual_size.width <= table.size.width, (table.virtual_size, table.size)

@@ -34,6 +34,7 @@ class LiveTable(DataTable):
         self.filter_text = ""  # `/`: only rows whose text holds this (any case) are shown
         self._shown: dict[str, tuple] = {}  # what each row shows now (every column's cell, shown or not)
         self.shown_columns: list[int] = list(range(len(self.column_spec)))  # indices into column_spec, in order
+        self.rest_width: int | None = None  # the width left for the column "for the rest" (None: its content's)
 
     def cells(self, item: Any) -> tuple:
         """The row of one item (plain data in, strings or Rich text out)."""
@@ -45,7 +46,7 @@ class LiveTable(DataTable):
         if not self.columns:  # show() can come before the mount
             for index in self.shown_columns:
                 key, label, width = self.column_spec[index]
-                self.add_column(label, key=key, width=width)
+                self.add_column(label, key=key, width=width if width is not None else self.rest_width)
 
     def columns_for(self, width: int) -> list[int]:
         """The columns that fit `width` cells: those in the drop order go, first to last, until the rest fit."""
@@ -60,10 +61,13 @@ class LiveTable(DataTable):
 
     def on_resize(self, event: Resize) -> None:
         """Drop (or bring back) the columns that do not fit the new width."""
-        wanted = self.columns_for(self.scrollable_content_region.width or event.size.width)
-        if wanted != self.shown_columns:
+        width = self.scrollable_content_region.width or event.size.width
+        wanted = self.columns_for(width)
+        fixed = sum((self.column_spec[i][2] or 0) + CELL_PADDING for i in wanted)
+        rest = max(REST_MIN, width - fixed - 1) if any(self.column_spec[i][2] is None for i in wanted) else None
+        if wanted != self.shown_columns or rest != self.rest_width:
             selected = self.selected_key()
-            self.shown_columns = wanted
+            self.shown_columns, self.rest_width = wanted, rest
             self.clear(columns=True)
             self._ensure_columns()
             self._rebuild(self._shown)

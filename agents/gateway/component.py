@@ -151,7 +151,7 @@ class GatewayComponent:
             pct = 100.0 * month / p.monthly_budget if p.monthly_budget else None
             providers.append(ProviderSpend(name=p.name, simulated=p.simulated, spend_today=round(self.meter.spend_day.get(p.name, 0.0), 8),
                                            spend_month=round(month, 8), monthly_budget=p.monthly_budget, budget_pct=_finite(pct),
-                                           key_set=not p.api_key_env or bool(os.environ.get(p.api_key_env))))
+                                           key_set=not p.api_key_env or p.simulated or bool(os.environ.get(p.api_key_env))))
         return providers
 
     def spend_by_day(self, since_day: str) -> dict[str, dict[str, float]]:

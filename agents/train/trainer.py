@@ -29,6 +29,18 @@ from agents.train.precision import PrecisionPlan, PrecisionRefused, compute_dtyp
 from agents.train.progress import clean_number, read_progress, write_progress
 
 
+def step_line(figures: dict[str, Any]) -> str:
+    """One logged step as a line of the job's log: `cetlab-train: step 50/2000  loss 0.0024  lr 2.43e-04 ...`."""
+    def num(value: Any, spec: str, missing: str = "-") -> str:
+        return missing if value is None else format(value, spec)
+
+    line = f"cetlab-train: step {figures['step']}/{figures['max_steps']}  loss {num(figures['loss'], '.4g', 'NaN')}"
+    line += f"  lr {num(figures['learning_rate'], '.3g')}  grad_norm {num(figures['grad_norm'], '.3g')}  epoch {num(figures['epoch'], '.4g')}"
+    if figures.get("samples_per_s") is not None:
+        line += f"  {figures['samples_per_s']:.3g} samples/s"
+    return line
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -182,6 +194,7 @@ def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
                 changes["eta_s"] = round(max(state.max_steps - state.global_step, 0) * total / done, 3)
             self.last_step, self.last_t = state.global_step, now
             reporter.update(**changes)
+            log(step_line(changes))
             if self.save_t0 is not None:
                 self.save_t0 = time.monotonic()  # the save has not started yet; do not count the log
             return control
@@ -273,6 +286,7 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
     import transformers
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
     from transformers.trainer_utils import get_last_checkpoint
 
     from agents.train.data import PadCollator, build_dataset
@@ -389,6 +403,7 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
         reporter.doc["stop_reason"] = f"signal:{stop.signal_name}"
         log("cetlab-train: stopped before training began")
         return
+    trainer.remove_callback(PrinterCallback)  # it prints each log as a Python dict; on_log above says it in words
     trainer.train(resume_from_checkpoint=resume)
     state = trainer.state
     reporter.doc.update(step=state.global_step, max_steps=state.max_steps, epoch=clean_number(state.epoch))

@@ -14,10 +14,10 @@ each, alternated in one run. Goal: ratio >= 0.97.
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,10 +37,11 @@ from console.demo import DemoLab  # noqa: E402
 
 
 def train_runtime_s(log_text: str) -> float:
-    """The Trainer's own summary line: {'train_runtime': ..., 'train_samples_per_second': ...}."""
+    """The trainer's summary line: `cetlab-train: trained N steps, train_runtime 1.234s ...`."""
     for line in reversed(log_text.splitlines()):
-        if "'train_samples_per_second'" in line:
-            return float(ast.literal_eval(line.strip())["train_runtime"])
+        found = re.search(r"train_runtime ([0-9.]+)s", line)
+        if found:
+            return float(found.group(1))
     raise RuntimeError("no training summary in the log:\n" + log_text[-2000:])
 
 

@@ -170,8 +170,11 @@ def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = logs or {}
-            if "loss" not in logs:
-                return control  # the end-of-training summary
+            if "loss" not in logs:  # the end-of-training summary
+                if logs.get("train_runtime") is not None:
+                    log(f"cetlab-train: trained {state.global_step} steps, train_runtime {logs['train_runtime']:.3f}s"
+                        f" (model load and imports excluded)")
+                return control
             now = time.monotonic()
             changes: dict[str, Any] = {
                 "step": state.global_step,

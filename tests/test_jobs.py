@@ -239,9 +239,9 @@ async def test_a_busy_trainer_drives_its_simulated_gpu_not_a_false_starved(jobs_
     try:
         job = await client.call("box", "jobs.start", {"recipe": "burner"})
         view = client.state.machines["box"]
-        await wait_for(lambda: 2 in view.gpus and (view.gpus[2].util_pct or 0) >= 60, timeout=30)
-        running_job = await wait_job(client, job["id"], lambda j: j["state"] == "running")
-        assert not running_job["starved"]
+        # the old code read 0-2% here; 30 leaves room for a busy machine giving the burner less than its share
+        await wait_for(lambda: 2 in view.gpus and (view.gpus[2].util_pct or 0) >= 30, timeout=30)
+        await wait_job(client, job["id"], lambda j: j["state"] == "running" and not j["starved"])
         await client.call("box", "jobs.stop", {"id": job["id"]})
         await wait_job(client, job["id"], ended, timeout=30)
     finally:

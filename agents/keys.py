@@ -7,10 +7,12 @@ import stat
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-
-import asyncssh
+from typing import TYPE_CHECKING
 
 from agents.protocol import Role
+
+if TYPE_CHECKING:  # asyncssh is loaded where keys are read or made: the CLI's file checks need none of it
+    import asyncssh
 
 HOST_KEY_NAME = "ssh_host_ed25519_key"
 AUTHORIZED_KEYS_NAME = "authorized_keys"
@@ -59,6 +61,8 @@ def write_private(path: Path, data: bytes) -> None:
 
 def ensure_key(path: Path, comment: str = "") -> asyncssh.SSHKey:
     """Load an ed25519 private key, generating it (mode 600, plus .pub) the first time."""
+    import asyncssh
+
     if path.exists():
         check_private(path)
         try:
@@ -93,6 +97,8 @@ def parse_authorized_keys(text: str, source: str = "authorized_keys") -> list[Au
     Lines end at ``\n`` only (what `cat` and `wc -l` show); a line holding any other control or
     line-separating character is refused, so no comment can smuggle in a second entry.
     """
+    import asyncssh
+
     entries = []
     for number, line in enumerate(text.split("\n"), 1):
         line = line.removesuffix("\r").strip(" \t")
@@ -145,6 +151,8 @@ class AuthorizedKeys:
         Exactly one key per call, and no control characters in its comment: the line written
         must read back as this one entry and nothing else.
         """
+        import asyncssh
+
         lines = [line for line in public_key.split("\n") if line.strip() and not line.lstrip().startswith("#")]
         if len(lines) != 1:
             raise KeyFileError(f"expected exactly one public key line like 'ssh-ed25519 AAAA... comment', got {len(lines)}")

@@ -28,6 +28,7 @@ log = logging.getLogger("cetlab.server")
 throttled = ThrottledLog(log)
 
 MAX_CONCURRENT_CALLS = 32  # per channel; further requests wait their turn
+FINISH_AFTER_EOF_S = 30.0  # after a console's EOF, its calls in flight get this long to be answered
 RATE_PER_S, RATE_BURST = BUDGET_PER_S, BUDGET_BURST  # a connection's budget, in pings
 SOCKET_ROLES_NAME = "socket_roles"
 MAX_SOCKET_PATH_BYTES = 107  # sockaddr_un.sun_path, less the terminating NUL
@@ -60,6 +61,7 @@ class _Channel:
         self._discarding = False  # inside an oversized line: drop bytes until its newline
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
         self._tasks: set[asyncio.Task] = set()
+        self._finishing: asyncio.Task | None = None  # after EOF: answering the last calls, then closing
         self._holds: set[str] = set()  # why we read nothing from this console now: "unread" replies, over "budget"
         transport.set_write_buffer_limits(high=PAUSE_READING_BYTES)
 
@@ -151,6 +153,20 @@ class _Channel:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def end_of_requests(self) -> None:
+        """The console sent EOF: it asks nothing more. Answer what it asked, then close the channel.
+
+        A client that waits for the server's close before it exits (OpenSSH's `ssh -s cetlab`,
+        `echo '{...}' | ssh ...`) gets its replies and ends, instead of waiting forever.
+        """
+        async def finish() -> None:
+            if self._tasks:
+                await asyncio.wait(set(self._tasks), timeout=FINISH_AFTER_EOF_S)
+            exit_with = getattr(self._transport, "exit", None)  # an SSH channel says "status 0" as it closes
+            exit_with(0) if exit_with is not None else self._transport.close()
+
+        self._finishing = asyncio.ensure_future(finish())
+
     def _reply_error(self, request_id: Any, code: ErrorCode, message: str) -> None:
         self._send(encode({"id": request_id, "error": {"code": code.value, "message": message}}))
 
@@ -164,6 +180,8 @@ class _Channel:
         self.agent.peers.discard(self.peer)
         for task in self._tasks:
             task.cancel()
+        if self._finishing is not None:
+            self._finishing.cancel()
         log.info("session closed by %s", self.peer.who)
 
 
@@ -199,7 +217,9 @@ class _Session(asyncssh.SSHServerSession):
         self.channel.resume()
 
     def eof_received(self) -> bool:
-        return False  # close our side too
+        if self.channel is not None:
+            self.channel.end_of_requests()
+        return True  # half-open until the replies are sent; the channel closes itself then
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.channels -= 1
@@ -365,7 +385,10 @@ class _UnixConnection(asyncio.Protocol):
             self.channel.resume()
 
     def eof_received(self) -> bool:
-        return False
+        if self.channel is None:
+            return False
+        self.channel.end_of_requests()
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.channel is not None:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from agents.lab import Lab, LabError, load_lab
 from agents.protocol import RemoteError
+from console import openssh
 from console.client import FleetClient
 from console.state import LabState
 from widgets.format import fmt, fmt_bytes
@@ -197,7 +198,7 @@ async def run(args: argparse.Namespace) -> int:
         return await args.standalone(args)
     lab_path = find_lab(args.lab)
     lab = load_lab(lab_path)
-    client = FleetClient(lab, trust_on_first_use=args.trust_new_hosts or None, subscribe=[], reconnect=False)
+    client = FleetClient(lab, trust_on_first_use=args.trust_new_hosts or None, subscribe=[], reconnect=False, use_openssh=openssh.available())
     async with client:
         await client.wait_connected(args.timeout)
         if not any(view.online for view in client.state.machines.values()):

@@ -7,18 +7,20 @@ import itertools
 import json
 import logging
 import random
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-
-import asyncssh
-from platformdirs import user_config_path
+from typing import TYPE_CHECKING, Any, Callable
 
 from agents.keys import KeyFileError, check_private
 from agents.lab import Lab, Machine
 from agents.protocol import EVENT_TICK, MAX_REPLY_BYTES, PROTOCOL_VERSION, SSH_USERNAME, SUBSYSTEM, ErrorCode, RemoteError, encode
+from console import openssh
 from console.state import SPARK_POINTS, LabState
+
+if TYPE_CHECKING:
+    import asyncssh
 
 log = logging.getLogger("cetlab.client")
 
@@ -26,12 +28,31 @@ BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 
 
+def _asyncssh():
+    """asyncssh, loaded on first use: a CLI verb over OpenSSH never needs it."""
+    import asyncssh
+
+    return asyncssh
+
+
+def _ssh_error(name: str) -> tuple[type, ...]:
+    """asyncssh's exception class by name for an `except`, or none where asyncssh was never loaded."""
+    module = sys.modules.get("asyncssh")
+    return (getattr(module, name),) if module is not None else ()
+
+
+def _config_dir() -> Path:
+    from platformdirs import user_config_path
+
+    return user_config_path("cetlab")
+
+
 def default_key_path() -> Path:
-    return user_config_path("cetlab") / "id_ed25519"
+    return _config_dir() / "id_ed25519"
 
 
 def default_known_hosts() -> Path:
-    return user_config_path("cetlab") / "known_hosts"
+    return _config_dir() / "known_hosts"
 
 
 def host_pattern(host: str, port: int) -> str:
@@ -53,7 +74,8 @@ class _Link:
     status: str = "connecting"  # connecting | online | offline | refused | untrusted (LabState gets a copy)
     error: str | None = None
     conn: asyncssh.SSHClientConnection | None = None
-    writer: asyncssh.SSHWriter | None = None
+    ssh: openssh.Session | None = None  # the OpenSSH client process, where the link uses one
+    writer: asyncssh.SSHWriter | asyncio.StreamWriter | None = None
     task: asyncio.Task | None = None
     settled: asyncio.Event | None = None  # set once the first attempt is online or has failed
     pending: dict | None = None
@@ -75,6 +97,7 @@ class FleetClient:
         subscribe: list[str] | None = None,
         on_event: Callable[[str, str, Any], None] | None = None,
         reconnect: bool = True,
+        use_openssh: bool = False,
     ):
         self.lab = lab
         self.state = state or LabState(lab)
@@ -92,6 +115,18 @@ class FleetClient:
         self._links = {m.name: _Link(m) for m in lab.machines}
         self._client_key: asyncssh.SSHKey | None = None
         self.calls_timed_out = 0
+        # one-shot use (the CLI): the system's ssh where it can carry the link, asyncssh otherwise
+        self._openssh_argv: dict[str, list[str]] = {}
+        if use_openssh and not self.trust_on_first_use:
+            for m in lab.machines:
+                command = m.via == "agent" and openssh.argv(m.host, m.port, self.key_path, self.known_hosts, self.connect_timeout_s, self.keepalive_s)
+                if command:
+                    self._openssh_argv[m.name] = command
+
+    @property
+    def transports(self) -> dict[str, str]:
+        """Which SSH client each machine's link uses: openssh or asyncssh."""
+        return {name: "openssh" if name in self._openssh_argv else "asyncssh" for name in self._links}
 
     # -- lifecycle
 
@@ -99,8 +134,9 @@ class FleetClient:
         key_problem = None
         try:
             check_private(self.key_path)  # like ssh: a private key others can read is not used
-            self._client_key = asyncssh.read_private_key(self.key_path)
-        except (OSError, asyncssh.KeyImportError, KeyFileError) as exc:
+            if any(link.machine.via == "agent" and name not in self._openssh_argv for name, link in self._links.items()):
+                self._client_key = _asyncssh().read_private_key(self.key_path)
+        except (OSError, KeyFileError, *_ssh_error("KeyImportError")) as exc:
             key_problem = f"cannot use the console key {self.key_path}: {exc}"
         for link in self._links.values():
             if key_problem and link.machine.via == "agent":  # via: sshd uses the user's own ssh keys instead
@@ -157,7 +193,7 @@ class FleetClient:
         except asyncio.TimeoutError:
             self.calls_timed_out += 1
             raise RemoteError(ErrorCode.TIMEOUT, f"{machine} did not answer {method} within {timeout or self.call_timeout_s:.0f} s") from None
-        except (asyncssh.Error, OSError) as exc:
+        except (OSError, *_ssh_error("Error")) as exc:
             raise RemoteError(ErrorCode.DISCONNECTED, f"{machine}: connection lost ({exc})") from None
         finally:
             if link.pending is not None:
@@ -177,21 +213,34 @@ class FleetClient:
             try:
                 await self._session(link)
                 self._set_link(link, "offline", "the agent closed the connection")
-            except asyncssh.HostKeyNotVerifiable as exc:
+            except _ssh_error("HostKeyNotVerifiable") as exc:
                 self._set_link(link, "untrusted", self._host_key_problem(link.machine, exc))
                 link.backoff_s = BACKOFF_MAX_S
-            except asyncssh.PermissionDenied:
-                self._set_link(link, "refused", f"the agent refused our key {self.key_path}.pub: authorize it with `cetlab-agent authorize --machine {name} --role operator KEY.pub` on {name}")
+            except _ssh_error("PermissionDenied"):
+                self._set_link(link, "refused", self._key_refused(name))
                 link.backoff_s = BACKOFF_MAX_S
+            except openssh.SshFailed as exc:  # the OpenSSH client ended: the same statuses and words as above
+                if exc.link_status == "untrusted":
+                    self._set_link(link, "untrusted", self._host_key_problem(link.machine, exc.message))
+                elif exc.link_status == "refused":
+                    key_problem = exc.message.startswith("key: ")
+                    self._set_link(link, "refused", f"cannot use the console key {self.key_path}: {exc.message[5:]}" if key_problem else self._key_refused(name))
+                else:
+                    self._set_link(link, "offline", exc.message)
+                if exc.link_status != "offline":
+                    link.backoff_s = BACKOFF_MAX_S
             except RemoteError as exc:
                 refused = exc.code == ErrorCode.FORBIDDEN  # e.g. a socket user without a role: retrying will not help
                 self._set_link(link, "refused" if refused else "offline", exc.message)
                 if refused:
                     link.backoff_s = BACKOFF_MAX_S
-            except (OSError, asyncssh.Error, asyncio.TimeoutError, ConnectionError) as exc:
+            except (OSError, asyncio.TimeoutError, ConnectionError, *_ssh_error("Error")) as exc:
                 self._set_link(link, "offline", _describe(exc))
             finally:
                 self._drop(link)
+                if link.ssh is not None:
+                    session, link.ssh = link.ssh, None
+                    await session.close()
             if link.settled is not None:
                 link.settled.set()
             if not self.reconnect:
@@ -200,7 +249,10 @@ class FleetClient:
             link.backoff_s = min(BACKOFF_MAX_S, link.backoff_s * 2)
             await asyncio.sleep(delay)
 
-    def _host_key_problem(self, machine: Machine, exc: Exception) -> str:
+    def _key_refused(self, name: str) -> str:
+        return f"the agent refused our key {self.key_path}.pub: authorize it with `cetlab-agent authorize --machine {name} --role operator KEY.pub` on {name}"
+
+    def _host_key_problem(self, machine: Machine, exc: Exception | str) -> str:
         if machine.via == "sshd":
             return (f"the host key of {machine.host} is not trusted by ~/.ssh/known_hosts (or it changed): "
                     f"`ssh {machine.host}` once to check and accept it ({exc})")
@@ -214,6 +266,7 @@ class FleetClient:
     async def _trust_new_host(self, machine: Machine) -> None:
         if not self.trust_on_first_use or known_hosts_has(self.known_hosts, machine.host, machine.port):
             return
+        asyncssh = _asyncssh()
         key = await asyncio.wait_for(asyncssh.get_server_host_key(machine.host, machine.port), self.connect_timeout_s)
         if key is None:
             return
@@ -224,6 +277,7 @@ class FleetClient:
 
     async def _through_sshd(self, link: _Link) -> tuple[asyncssh.SSHReader, asyncssh.SSHWriter]:
         """via: sshd: the machine's own sshd, as the user's ssh would (keys, agent, known_hosts, ~/.ssh/config with ProxyJump)."""
+        asyncssh = _asyncssh()
         machine = link.machine
         config = Path("~/.ssh/config").expanduser()
         link.conn = await asyncio.wait_for(
@@ -246,6 +300,7 @@ class FleetClient:
 
     async def _direct(self, link: _Link) -> tuple[asyncssh.SSHReader, asyncssh.SSHWriter]:
         """The agent's own SSH server, with the console's key and known_hosts."""
+        asyncssh = _asyncssh()
         machine = link.machine
         await self._trust_new_host(machine)
         link.conn = await asyncio.wait_for(
@@ -268,9 +323,17 @@ class FleetClient:
         writer, reader, _stderr = await asyncio.wait_for(link.conn.open_session(subsystem=SUBSYSTEM, encoding=None), self.connect_timeout_s)
         return reader, writer
 
+    async def _through_openssh(self, link: _Link) -> tuple[openssh.PipeReader, asyncio.StreamWriter]:
+        """The agent's own SSH server through the system's ssh: the same key, known_hosts and subsystem."""
+        link.ssh = await openssh.open_session(self._openssh_argv[link.machine.name])
+        return link.ssh.reader, link.ssh.writer
+
     async def _session(self, link: _Link) -> None:
         machine = link.machine
-        reader, writer = await (self._through_sshd(link) if machine.via == "sshd" else self._direct(link))
+        if machine.name in self._openssh_argv:
+            reader, writer = await self._through_openssh(link)
+        else:
+            reader, writer = await (self._through_sshd(link) if machine.via == "sshd" else self._direct(link))
         link.writer, link.pending = writer, {}
         reader_task = asyncio.create_task(self._read(link, reader))
         try:
@@ -293,6 +356,8 @@ class FleetClient:
             await self._watch(link, reader_task, hello.get("sample_interval_s", 1.0))
         finally:
             reader_task.cancel()
+            if reader_task.done() and not reader_task.cancelled():
+                reader_task.exception()  # raised to the waiting call already; retrieved here, not logged as lost
 
     async def _watch(self, link: _Link, reader_task: asyncio.Task, interval_s: float) -> None:
         """Return when the stream ends or goes silent (faster than SSH keepalives notice)."""
@@ -304,11 +369,15 @@ class FleetClient:
                 raise RemoteError(ErrorCode.DISCONNECTED, f"no data for {silent_s:.0f} s")
         reader_task.result()
 
-    async def _read(self, link: _Link, reader: asyncssh.SSHReader) -> None:
+    async def _read(self, link: _Link, reader: asyncssh.SSHReader | openssh.PipeReader) -> None:
         name = link.machine.name
         while True:
             line = await read_line(reader)
             if line is None:
+                if link.ssh is not None:  # ssh ended: say why, to the calls waiting too (the first is `hello`)
+                    failure = await link.ssh.failure(self.connect_timeout_s)
+                    self._fail_pending(link, failure)
+                    raise failure
                 return
             link.last_message = time.monotonic()
             if not line:  # longer than any reply may be: dropped whole
@@ -342,18 +411,20 @@ class FleetClient:
             else:
                 future.set_result(message.get("result"))
 
+    def _fail_pending(self, link: _Link, exc: Exception) -> None:
+        for future in (link.pending or {}).values():
+            if not future.done():
+                future.set_exception(exc)
+
     def _drop(self, link: _Link) -> None:
-        if link.pending:
-            for future in link.pending.values():
-                if not future.done():
-                    future.set_exception(RemoteError(ErrorCode.DISCONNECTED, f"{link.machine.name}: connection lost"))
+        self._fail_pending(link, RemoteError(ErrorCode.DISCONNECTED, f"{link.machine.name}: connection lost"))
         link.pending, link.writer = None, None
         if link.conn is not None:
             link.conn.close()
             link.conn = None
 
 
-async def read_line(reader: asyncssh.SSHReader, limit: int = MAX_REPLY_BYTES) -> bytes | None:
+async def read_line(reader: asyncssh.SSHReader | openssh.PipeReader, limit: int = MAX_REPLY_BYTES) -> bytes | None:
     """One whole line (asyncssh's readline hands back pieces of lines longer than its window).
 
     None at the end of the stream; b"" for a line longer than `limit`, read to its end and dropped.
@@ -376,6 +447,6 @@ def _describe(exc: BaseException) -> str:
         return "no answer (timed out)"
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused (is the agent running?)"
-    if isinstance(exc, asyncssh.DisconnectError):
+    if isinstance(exc, _ssh_error("DisconnectError")):
         return f"disconnected: {exc.reason}"
     return str(exc) or type(exc).__name__

@@ -51,6 +51,12 @@ def small_demo(tmp_path, lab_file):
         yield demo
 
 
+@pytest.fixture(params=["asyncssh", pytest.param("openssh", marks=pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client on PATH"))])
+def use_openssh(request) -> bool:
+    """Both SSH clients a link can use: asyncssh (the console) and the system's ssh (one-shot CLI verbs)."""
+    return request.param == "openssh"
+
+
 # ---------------------------------------------------------------- real checkpoints (tests of checkpoints and their view)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 from agents.keys import AUTHORIZED_KEYS_NAME, ensure_key
 from agents.lab import load_lab
 from agents.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ErrorCode, RemoteError
+from console import openssh
 from console.client import FleetClient
 from tests.conftest import wait_for
 
@@ -70,10 +72,41 @@ async def test_reconnects_after_the_agent_is_killed_and_restarted(small_demo):
         await client.stop()
 
 
-async def test_unknown_client_key_is_refused(small_demo, tmp_path):
+async def one_shot(demo, use_openssh: bool, **kwargs) -> FleetClient:
+    """A CLI-like client (no stream, no reconnect) over the SSH client asked for; checks it is the one used."""
+    client = await connected(demo, subscribe=[], reconnect=False, use_openssh=use_openssh, **kwargs)
+    assert set(client.transports.values()) == {"openssh" if use_openssh else "asyncssh"}
+    return client
+
+
+async def test_a_one_shot_client_gets_the_same_lab_over_either_ssh_client(small_demo, use_openssh):
+    client = await one_shot(small_demo, use_openssh)
+    try:
+        view = client.state.machines["box"]
+        assert view.link == "online", view.error
+        assert view.hello["protocol"] == PROTOCOL_VERSION and view.hello["role"] == "operator"
+        assert view.gpus[0].name == "Tesla P4" and view.host.ram_total_bytes > 0  # the status snapshot, parsed
+        assert (await client.call("box", "ping"))["t"] > 0
+        with pytest.raises(RemoteError) as info:
+            await client.call("box", "no.such.method")
+        assert info.value.code == ErrorCode.METHOD_NOT_FOUND
+    finally:
+        await client.stop()
+    assert view.link == "online" and not _ssh_children()  # stopped: no ssh process left behind
+
+
+def _ssh_children() -> list[str]:
+    import os
+
+    import psutil
+
+    return [p.name() for p in psutil.Process(os.getpid()).children(recursive=True) if p.name() == "ssh"]
+
+
+async def test_unknown_client_key_is_refused(small_demo, tmp_path, use_openssh):
     stranger = tmp_path / "stranger_key"
     ensure_key(stranger)
-    client = await connected(small_demo, key_path=stranger, reconnect=False)
+    client = await one_shot(small_demo, use_openssh, key_path=stranger)
     try:
         view = client.state.machines["box"]
         assert view.link == "refused"
@@ -82,13 +115,39 @@ async def test_unknown_client_key_is_refused(small_demo, tmp_path):
         await client.stop()
 
 
-async def test_changed_host_key_is_refused(small_demo, tmp_path):
+async def test_a_corrupt_console_key_is_named(small_demo, tmp_path, use_openssh):
+    broken = tmp_path / "broken_key"
+    broken.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnot a key\n-----END OPENSSH PRIVATE KEY-----\n")
+    broken.chmod(0o600)
+    client = await one_shot(small_demo, use_openssh, key_path=broken)
+    try:
+        view = client.state.machines["box"]
+        assert view.link == "refused" and f"cannot use the console key {broken}" in view.error, view.error
+    finally:
+        await client.stop()
+
+
+async def test_nobody_listening_reads_offline_with_the_reason(small_demo, use_openssh):
+    small_demo.stop()  # the agent is gone; its port refuses
+    client = await one_shot(small_demo, use_openssh)
+    try:
+        view = client.state.machines["box"]
+        assert view.link == "offline" and view.error == "connection refused (is the agent running?)", view.error
+        with pytest.raises(RemoteError) as info:
+            await client.call("box", "ping")
+        assert info.value.code == ErrorCode.DISCONNECTED
+    finally:
+        await client.stop()
+
+
+async def test_changed_host_key_is_refused(small_demo, tmp_path, use_openssh):
     lab = load_lab(small_demo.lab_path)
     machine = lab.machine("box")
     impostor = asyncssh.generate_private_key("ssh-ed25519")
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text(f"[127.0.0.1]:{machine.port} {impostor.export_public_key().decode()}")
-    client = await connected(small_demo, known_hosts=known_hosts, trust_on_first_use=True, reconnect=False)
+    # trust on first use never covers a changed key (with it, a link keeps to asyncssh, which does the trusting)
+    client = await one_shot(small_demo, use_openssh, known_hosts=known_hosts, trust_on_first_use=not use_openssh)
     try:
         view = client.state.machines["box"]
         assert view.link == "untrusted"
@@ -97,9 +156,9 @@ async def test_changed_host_key_is_refused(small_demo, tmp_path):
         await client.stop()
 
 
-async def test_unknown_host_needs_trust_on_first_use(small_demo, tmp_path):
+async def test_unknown_host_needs_trust_on_first_use(small_demo, tmp_path, use_openssh):
     known_hosts = tmp_path / "known_hosts"
-    client = await connected(small_demo, known_hosts=known_hosts, reconnect=False)
+    client = await one_shot(small_demo, use_openssh, known_hosts=known_hosts)
     try:
         assert client.state.machines["box"].link == "untrusted"
         assert "unknown host key" in client.state.machines["box"].error
@@ -219,3 +278,18 @@ def test_cli_status_json_lists_offline_machines(small_demo, tmp_path):
     assert set(gpu) >= {"index", "name", "util_pct", "mem_used_bytes", "mem_total_bytes", "temp_c", "power_w"}
     assert machines["ghost"]["online"] is False
     assert "refused" in machines["ghost"]["error"]
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client on PATH")
+def test_a_console_that_ends_its_input_gets_its_replies_then_the_agent_closes(small_demo):
+    """`echo '{...}' | ssh -s cetlab`: the agent answers what was asked, then closes, so ssh exits (and a
+    CLI killed mid-verb leaves no ssh behind: its ssh's input ends the same way)."""
+    lab = load_lab(small_demo.lab_path)
+    machine = lab.machine("box")
+    console_dir = small_demo.dir / "console"
+    command = openssh.argv(machine.host, machine.port, console_dir / "id_ed25519", console_dir / "known_hosts", 10, 15)
+    requests = b'{"id": 1, "method": "hello", "params": {}}\n{"id": 2, "method": "status", "params": {}}\n'
+    result = subprocess.run(command, input=requests, capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    replies = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["id"] for r in replies] == [1, 2] and replies[1]["result"]["gpus"]

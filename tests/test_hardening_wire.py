@@ -14,6 +14,7 @@ from agents.lab import load_lab
 from agents.limits import MAX_CHANNELS_PER_CONNECTION
 from agents.protocol import MAX_REPLY_BYTES, ErrorCode, RemoteError
 from console.client import FleetClient, read_line
+from console.openssh import PipeReader
 from console.demo import DemoLab
 from tests.conftest import wait_for
 from tests.hardening_fixtures import connected, next_reply, raw_channel
@@ -93,8 +94,9 @@ async def test_json_nested_past_the_parser_is_invalid_request_also_when_rate_lim
         conn.close()
 
 
-async def test_replies_larger_than_the_ssh_window_arrive_whole_and_none_is_larger_than_the_limit(chatty_demo):
-    client = await connected(chatty_demo.lab_path, subscribe=[])
+async def test_replies_larger_than_the_ssh_window_arrive_whole_and_none_is_larger_than_the_limit(chatty_demo, use_openssh):
+    client = await connected(chatty_demo.lab_path, subscribe=[], reconnect=False, use_openssh=use_openssh)
+    assert client.transports["box"] == ("openssh" if use_openssh else "asyncssh")
     try:
         wide = await client.call("box", "jobs.start", {"recipe": "wide"})
         escaped = await client.call("box", "jobs.start", {"recipe": "escaped"})
@@ -135,6 +137,19 @@ async def test_a_line_longer_than_the_limit_is_dropped_whole_and_the_next_one_re
     assert await read_line(reader) == b""  # too long: dropped, read to its end
     assert await read_line(reader) == b'{"b": 2}\n'
     assert await read_line(reader) is None
+
+
+async def test_the_openssh_pipe_reads_lines_past_its_buffer_and_drops_only_the_over_long_one():
+    """ssh's stdout is a pipe with a 64 KiB reader buffer: a longer line comes in pieces, as from asyncssh."""
+    stream = asyncio.StreamReader(limit=64 * 1024)
+    wide = b'{"lines": "' + b"w" * (3 * 1024 * 1024) + b'"}\n'
+    stream.feed_data(b'{"a": 1}\n' + wide + b"x" * (MAX_REPLY_BYTES + 10) + b"\n" + b'{"b": 2}')
+    stream.feed_eof()
+    reader = PipeReader(stream)
+    assert await read_line(reader) == b'{"a": 1}\n'
+    assert await read_line(reader) == wide  # 3 MiB, whole
+    assert await read_line(reader) == b""  # over the limit: dropped, read to its end
+    assert await read_line(reader) is None  # a last line the stream cut before its end is no message
 
 
 async def test_channels_per_connection_and_subscribe_topics_are_capped(small_demo):

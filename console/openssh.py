@@ -1,0 +1,163 @@
+"""The system's OpenSSH client as a one-shot transport to an agent (`via: agent`).
+
+The CLI is a process started cold for each verb, and importing asyncssh (with the parts of
+`cryptography` it loads) is about a third of its start. For one-shot verbs the CLI runs
+`ssh -s cetlab` instead: the same SSH session channel and subsystem as asyncssh opens,
+the same console key and the same known_hosts file, strict host-key checking, key-only
+auth and no user ssh config (`-F /dev/null`), so what it trusts does not change. The
+console (long-lived, reconnecting) and trust-on-first-use keep asyncssh.
+
+What can fail before the first reply (an unknown host key, a refused key, nobody
+listening) is read from ssh's own error lines and given the same link status and words
+as the asyncssh path (`classify`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from agents.protocol import SSH_USERNAME, SUBSYSTEM, ErrorCode, RemoteError
+
+STDERR_KEEP_BYTES = 16 * 1024  # ssh says what failed in a line or two
+
+
+class SshFailed(RemoteError):
+    """The ssh process ended; `link_status` is how the link reads (offline | refused | untrusted)."""
+
+    def __init__(self, link_status: str, message: str):
+        super().__init__(ErrorCode.DISCONNECTED, message)
+        self.link_status = link_status
+
+
+def available() -> bool:
+    """Use OpenSSH for one-shot verbs unless CETLAB_SSH=asyncssh or there is no `ssh` on PATH."""
+    return os.environ.get("CETLAB_SSH", "auto") != "asyncssh" and shutil.which("ssh") is not None
+
+
+def _option_path(path: Path) -> str | None:
+    """A path as an ssh option value: ssh expands %-tokens and splits on blanks unless quoted."""
+    text = str(path)
+    if '"' in text:
+        return None
+    return '"' + text.replace("%", "%%") + '"'
+
+
+def argv(host: str, port: int, key: Path, known_hosts: Path, connect_timeout_s: float, keepalive_s: float) -> list[str] | None:
+    """The ssh command line, or None where a value cannot be passed to ssh safely (then asyncssh is used)."""
+    key_value, known_value = _option_path(key), _option_path(known_hosts)
+    if key_value is None or known_value is None or not host or host.startswith("-") or any(c.isspace() for c in host):
+        return None
+    options = {
+        "IdentityFile": key_value,
+        "IdentitiesOnly": "yes",
+        "IdentityAgent": "none",
+        "PreferredAuthentications": "publickey",
+        "BatchMode": "yes",  # never a prompt: a question ssh would ask is a refusal
+        "StrictHostKeyChecking": "yes",
+        "UserKnownHostsFile": known_value,
+        "GlobalKnownHostsFile": "/dev/null",
+        "CheckHostIP": "no",
+        "UpdateHostKeys": "no",
+        "ConnectTimeout": str(max(1, round(connect_timeout_s))),
+        "ServerAliveInterval": str(max(1, round(keepalive_s))),
+        "ServerAliveCountMax": "2",
+        "ControlMaster": "no",
+        "ControlPath": "none",
+        "ClearAllForwardings": "yes",
+        "LogLevel": "ERROR",
+    }
+    out = ["ssh", "-F", "/dev/null", "-T", "-s", "-p", str(port), "-l", SSH_USERNAME]
+    for name, value in options.items():
+        out += ["-o", f"{name}={value}"]
+    return out + ["--", host, SUBSYSTEM]
+
+
+class PipeReader:
+    """asyncssh's reader contract over a pipe: readline() gives a line, or a piece of a long one, b"" at the end."""
+
+    def __init__(self, stream: asyncio.StreamReader):
+        self._stream = stream
+
+    async def readline(self) -> bytes:
+        try:
+            return await self._stream.readuntil(b"\n")
+        except asyncio.IncompleteReadError as exc:  # the end: what is left, then b""
+            return exc.partial
+        except asyncio.LimitOverrunError as exc:  # longer than the buffer: hand it on in pieces
+            return await self._stream.read(max(1, exc.consumed))
+
+
+@dataclass
+class Session:
+    process: asyncio.subprocess.Process
+    reader: PipeReader
+    writer: asyncio.StreamWriter
+    _stderr: asyncio.Task
+
+    async def failure(self, timeout_s: float) -> SshFailed:
+        """Why the stream ended: ssh's exit and its error lines, in the asyncssh path's words."""
+        try:
+            code = await asyncio.wait_for(self.process.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            code = None
+        try:
+            text = (await asyncio.wait_for(self._stderr, 1.0)).decode(errors="replace")
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            text = ""
+        return classify(code, text)
+
+    async def close(self) -> None:
+        if self.writer.can_write_eof():
+            self.writer.close()
+        if self.process.returncode is None:
+            try:
+                self.process.terminate()
+            except ProcessLookupError:
+                pass
+        await self.process.wait()
+        self._stderr.cancel()
+
+
+async def _read_stderr(stream: asyncio.StreamReader) -> bytes:
+    kept = b""
+    while chunk := await stream.read(4096):
+        kept = (kept + chunk)[-STDERR_KEEP_BYTES:]
+    return kept
+
+
+async def open_session(command: list[str]) -> Session:
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,  # a Ctrl-C reaches the CLI, which closes ssh itself
+    )
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    return Session(process, PipeReader(process.stdout), process.stdin, asyncio.create_task(_read_stderr(process.stderr)))
+
+
+def classify(exit_code: int | None, stderr: str) -> SshFailed:
+    """ssh's exit as the link's status and a message; `untrusted` and `refused` get their full words in the client."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    text = "\n".join(lines)
+    last = lines[-1] if lines else ""
+    if "Host key verification failed" in text or "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "host key is known for" in text:
+        return SshFailed("untrusted", last)
+    if text.startswith("Load key") or "\nLoad key" in text:
+        return SshFailed("refused", "key: " + next(line for line in lines if line.startswith("Load key")))
+    if "Permission denied" in text:
+        return SshFailed("refused", last)
+    if "Connection refused" in text:
+        return SshFailed("offline", "connection refused (is the agent running?)")
+    if "timed out" in text.lower():
+        return SshFailed("offline", "no answer (timed out)")
+    if exit_code is None:
+        return SshFailed("offline", "the connection ended, and ssh did not exit")
+    if last:
+        return SshFailed("offline", last.removeprefix("ssh: "))
+    return SshFailed("offline", f"the agent closed the connection (ssh exited with {exit_code})")

@@ -1,11 +1,10 @@
-"""The lab.yaml schema and its loader: errors name the file, the line and the key path."""
+"""The lab.yaml schema and its loader: errors name the file, the line and the key path (agents/yaml_doc.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (
     BeforeValidator,
     Discriminator,
@@ -18,6 +17,9 @@ from pydantic import (
 
 from agents.gateway.config import Gateway, Provider, cross_check as gateway_cross_check
 from agents.schema import Duration, Name, NonNegative, Positive, Strict, parse_duration
+from agents.yaml_doc import MAX_BYTES as MAX_LAB_BYTES
+from agents.yaml_doc import YamlDocError, data_path, describe, problem_at
+from agents.yaml_doc import load as load_yaml
 
 
 # ---------------------------------------------------------------------------- machines
@@ -288,81 +290,8 @@ class Lab(Strict):
 # ---------------------------------------------------------------------------- loading
 
 
-class LabError(Exception):
+class LabError(YamlDocError):
     """lab.yaml is unreadable or invalid; str() is one line per problem, file:line first."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__("\n".join(problems))
-        self.problems = problems
-
-
-def _line_map(node: yaml.Node, path: tuple = (), lines: dict | None = None, dupes: list | None = None):
-    """Map every key path in the YAML tree to its 1-based line; note duplicate keys."""
-    lines = {} if lines is None else lines
-    dupes = [] if dupes is None else dupes
-    lines.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        seen: set = set()
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else f"<{key_node.id} key>"
-            if key in seen:
-                dupes.append((path + (key,), key_node.start_mark.line + 1))
-            seen.add(key)
-            lines[path + (key,)] = key_node.start_mark.line + 1
-            _line_map(value_node, path + (key,), lines, dupes)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            lines[path + (i,)] = item.start_mark.line + 1
-            _line_map(item, path + (i,), lines, dupes)
-    return lines, dupes
-
-
-def format_path(path: tuple) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-def _data_path(data: Any, loc: tuple, key_error: bool) -> tuple:
-    """Pydantic's error location reduced to the keys that exist in the YAML data.
-
-    Union tags and validator names in the location are skipped; a missing or unknown
-    key (the location's last part) is kept so the message can name it.
-    """
-    path: list = []
-    for position, part in enumerate(loc):
-        if isinstance(part, int) and isinstance(data, list) and part < len(data):
-            path.append(part)
-            data = data[part]
-        elif isinstance(part, str) and isinstance(data, dict) and part in data:
-            path.append(part)
-            data = data[part]
-        elif isinstance(part, str) and key_error and position == len(loc) - 1:
-            path.append(part)
-    return tuple(path)
-
-
-def _problem(source: str, lines: dict, path: tuple, message: str) -> str:
-    probe = path
-    while probe not in lines and probe:
-        probe = probe[:-1]
-    line = lines.get(probe, 1)
-    return f"{source}:{line}: {format_path(path)}: {message}"
-
-
-def _describe(error: dict) -> str:
-    message = error["msg"]
-    if message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
-    if error["type"] == "extra_forbidden":
-        return "unknown key (check the spelling; see the README's lab.yaml reference)"
-    if error["type"] == "missing":
-        return "required key is missing"
-    got = error.get("input")
-    if error["type"] not in ("union_tag_invalid",) and not isinstance(got, (dict, list)):
-        message += f" (got {got!r})"
-    return message
 
 
 def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
@@ -441,100 +370,28 @@ def _nodes_cross_check(trainer: Trainer, i: int, machines: dict[str, Machine]) -
     return problems
 
 
-MAX_LAB_BYTES = 1024 * 1024  # a lab of a hundred machines is ~50 KB
-MAX_LAB_DEPTH = 32  # lab.yaml nests 6 levels deep
-MAX_LAB_ALIASES = 5_000  # anchors are handy (`<<: *p40-box` on each of 200 machines), bombs are not ...
-MAX_LAB_NODES = 50_000  # ... nor is a document that holds or expands to more values (a big lab has ~5,000)
-MAX_NUMBER_DIGITS = 30
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where installed: ~10x faster
-
-
-def _check_shape(text: str, source: str) -> None:
-    """Refuse deep nesting, alias bombs and huge documents from the event stream, before anything is built."""
-    depth, aliases = 0, 0
-    for count, event in enumerate(yaml.parse(text, Loader=_LOADER)):
-        if count > MAX_LAB_NODES:
-            raise LabError([f"{source}:{event.start_mark.line + 1}: more than {MAX_LAB_NODES} values; is this a lab file?"])
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            depth += 1
-            if depth > MAX_LAB_DEPTH:
-                raise LabError([f"{source}:{event.start_mark.line + 1}: nested deeper than {MAX_LAB_DEPTH} levels"])
-        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            depth -= 1
-        elif isinstance(event, yaml.AliasEvent):
-            aliases += 1
-            if aliases > MAX_LAB_ALIASES:
-                raise LabError([f"{source}:{event.start_mark.line + 1}: more than {MAX_LAB_ALIASES} aliases (*name)"])
-
-
-def _check_expansion(root: yaml.Node, source: str) -> None:
-    """Refuse a document whose aliases expand past MAX_LAB_NODES values, and numbers too long to be real."""
-    sizes: dict[int, int] = {}
-
-    def size(node: yaml.Node) -> int:  # depth is bounded by _check_shape
-        if id(node) in sizes:
-            return sizes[id(node)]
-        if isinstance(node, yaml.ScalarNode):
-            total = 1
-            if node.tag.endswith((":int", ":float")) and len(node.value) > MAX_NUMBER_DIGITS:
-                raise LabError([f"{source}:{node.start_mark.line + 1}: a number of {len(node.value)} characters; "
-                                f"numbers here have at most {MAX_NUMBER_DIGITS}"])
-        elif isinstance(node, yaml.SequenceNode):
-            total = 1 + sum(size(item) for item in node.value)
-        else:
-            total = 1 + sum(size(k) + size(v) for k, v in node.value)
-        if total > MAX_LAB_NODES:
-            raise LabError([f"{source}:{node.start_mark.line + 1}: its aliases expand to more than {MAX_LAB_NODES} values"])
-        sizes[id(node)] = total
-        return total
-
-    size(root)
-
-
-def _load_yaml(text: str, source: str) -> tuple[dict, list, Any]:
-    """Parse once: line numbers and duplicate keys from the node tree, and the data built from it; LabError otherwise."""
-    if len(text) > MAX_LAB_BYTES:
-        raise LabError([f"{source}: {len(text)} characters; a lab file may have at most {MAX_LAB_BYTES}"])
-    try:
-        _check_shape(text, source)
-        loader = _LOADER(text)
-        try:
-            node = loader.get_single_node()
-            if node is None:
-                return {}, [], None
-            _check_expansion(node, source)
-            lines, dupes = _line_map(node)  # before construction, which flattens merge keys in place
-            return lines, dupes, loader.construct_document(node)
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise LabError([f"{source}:{line}: not valid YAML: {problem}"]) from None
-    except (ValueError, RecursionError, MemoryError) as exc:  # what construction can still raise: say it in one line
-        raise LabError([f"{source}: not a usable lab file: {type(exc).__name__}: {str(exc)[:200]}"]) from None
-
-
 def parse_lab(text: str, source: str = "lab.yaml", path: Path | None = None) -> Lab:
     """Validate lab.yaml text; raises LabError naming file, line and key path."""
-    lines, dupes, data = _load_yaml(text, source)
+    try:
+        lines, dupes, data = load_yaml(text, source)
+    except YamlDocError as exc:
+        raise LabError(exc.problems) from None
     if not isinstance(data, dict):
         raise LabError([f"{source}:1: expected a mapping with at least 'lab:' and 'machines:'"])
     if dupes:
-        raise LabError([_problem(source, lines, p, "key given twice") for p, _ in dupes])
+        raise LabError([problem_at(source, lines, p, "key given twice") for p, _ in dupes])
     try:
         lab = Lab.model_validate({**data, "source": path})
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            problem = _problem(source, lines, _data_path(data, error["loc"], error["type"] in ("missing", "extra_forbidden")), _describe(error))
+            problem = problem_at(source, lines, data_path(data, error["loc"], error["type"] in ("missing", "extra_forbidden")), describe(error))
             if problem not in problems:
                 problems.append(problem)
         raise LabError(problems) from None
     cross = _cross_check(lab)
     if cross:
-        raise LabError([_problem(source, lines, p, msg) for p, msg in cross])
+        raise LabError([problem_at(source, lines, p, msg) for p, msg in cross])
     return lab
 
 

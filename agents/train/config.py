@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agents.train.precision import PrecisionChoice
+from agents.yaml_doc import format_path, line_map
 from agents.train.progress import ENV_VAR as PROGRESS_ENV_VAR
 
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -117,33 +118,12 @@ class TrainConfig(Strict):
 _PATH_KEYS = ("dataset", "output_dir", "pretokenized_cache", "progress_file")
 
 
-def _line_map(node: yaml.Node, path: tuple = (), lines: dict | None = None) -> dict:
-    """Every key path in the YAML tree -> its 1-based line."""
-    lines = {} if lines is None else lines
-    lines.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            lines[path + (key_node.value,)] = key_node.start_mark.line + 1
-            _line_map(value_node, path + (key_node.value,), lines)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _line_map(item, path + (i,), lines)
-    return lines
-
-
-def _key(path: tuple) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
 class _Where:
     def __init__(self, source: Path, lines: dict, cli_keys: set[str]):
         self.source, self.lines, self.cli_keys = source, lines, cli_keys
 
     def __call__(self, path: tuple, message: str) -> str:
-        key = _key(path)
+        key = format_path(path)
         if key in self.cli_keys:
             return f"{self.source}: {key} (from the command line): {message}"
         probe = path
@@ -222,7 +202,7 @@ def load_config(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}:1: expected a mapping of keys (base_model:, dataset:, output_dir: ...)")
-    lines = _line_map(node) if node is not None else {}
+    lines = line_map(node)[0] if node is not None else {}
     base_dir = source.resolve().parent
     cwd = Path.cwd()
 

@@ -337,7 +337,8 @@ def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
             names.add(param.name)
             if param.type == "choice" and not param.choices:
                 problems.append((("trainers", i, "params", j, "choices"), "a choice param needs choices: [...]"))
-    return problems + gateway_cross_check(lab)
+    return problems + gateway_cross_check(lab.providers, lab.gateway, [m.name for m in lab.machines], {m.name for m in lab.models},
+                                          lab.orchestra.groups)
 
 
 def _nodes_cross_check(trainer: Trainer, i: int, machines: dict[str, Machine]) -> list[tuple[tuple, str]]:

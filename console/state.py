@@ -25,6 +25,7 @@ from agents.sections import (
     RunSummary,
     alert_id,
 )
+from agents.states import JOB_HOLDS_GPU, MODEL_ENGINE_UP
 
 log = logging.getLogger("cetlab.state")
 
@@ -119,6 +120,19 @@ class MachineView:
 
     def spark(self, key: str) -> list[float]:
         return [v for v in self.series.get(key, ()) if v is not None]
+
+    def gpu_owners(self) -> dict[int, str]:
+        """Which job or model holds each GPU, from the agent's jobs and models sections."""
+        owners: dict[int, list[str]] = {}
+        for job in self.jobs:
+            if job.state in JOB_HOLDS_GPU:
+                for index in job.gpus:
+                    owners.setdefault(index, []).append(f"job {job.id} {job.recipe}")
+        for model in self.model_list:
+            if model.state in MODEL_ENGINE_UP:  # a sleeping engine still owns its GPU's place
+                for index in model.gpus:
+                    owners.setdefault(index, []).append(f"model {model.name} ({model.state})")
+        return {index: ", ".join(names) for index, names in owners.items()}
 
     def _record(self, key: str, value: Any) -> None:
         series = self.series.get(key)

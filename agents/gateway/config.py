@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
 from agents.schema import NAME_RE, Name, NonNegative, Strict, parse_duration
-
-if TYPE_CHECKING:
-    from agents.lab import Lab
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 ENV_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -85,33 +82,32 @@ def find_provider_model(providers: list[Provider], name: str) -> tuple[Provider,
     return None
 
 
-def cross_check(lab: Lab) -> list[tuple[tuple, str]]:
-    """References of the gateway and providers sections: machine, models, fallbacks, groups, aliases."""
+def cross_check(providers: list[Provider], gateway: Gateway | None, machines: list[str], local: set[str],
+                groups: dict[str, list[str]]) -> list[tuple[tuple, str]]:
+    """References of the gateway and providers sections to the rest of the lab (its machines, local models and
+    orchestra groups): machine, models, fallbacks, groups, aliases."""
     problems: list[tuple[tuple, str]] = []
     seen: set[str] = set()
-    for i, provider in enumerate(lab.providers):
+    for i, provider in enumerate(providers):
         if provider.name in seen:
             problems.append((("providers", i, "name"), f"duplicate provider {provider.name!r}"))
         seen.add(provider.name)
-    gateway = lab.gateway
     if gateway is None:
         return problems
-    machines = [m.name for m in lab.machines]
     if gateway.machine not in machines:
         problems.append((("gateway", "machine"), f"no machine named {gateway.machine!r} (machines: {', '.join(machines)})"))
-    local = {m.name for m in lab.models}
     names: dict[str, str] = {}
     for name, policy in gateway.models.items():
         if name not in local:
             problems.append((("gateway", "models", name), f"no model named {name!r} in models:"))
-        if policy.fallback is not None and find_provider_model(lab.providers, policy.fallback) is None:
+        if policy.fallback is not None and find_provider_model(providers, policy.fallback) is None:
             problems.append((("gateway", "models", name, "fallback"), f"{policy.fallback!r} is no provider's model (providers: {', '.join(seen) or 'none'})"))
         for j, alias in enumerate(policy.aliases):
             if alias in local or alias in names:
                 problems.append((("gateway", "models", name, "aliases", j), f"alias {alias!r} is already a model's name or alias"))
             names[alias] = name
-    for group, members in lab.orchestra.groups.items():
+    for group, members in groups.items():
         for j, member in enumerate(members):
-            if member not in local and member not in names and find_provider_model(lab.providers, member) is None:
+            if member not in local and member not in names and find_provider_model(providers, member) is None:
                 problems.append((("orchestra", "groups", group, j), f"{member!r} is no lab model, alias or provider model"))
     return problems

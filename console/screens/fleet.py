@@ -7,25 +7,10 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer
 
-from agents.states import JOB_HOLDS_GPU, MODEL_ENGINE_UP
 from console.screens.base import LabScreen
 from console.state import MachineView
 from widgets.lab_header import LabHeader
 from widgets.machine_card import MachineCard
-
-
-def gpu_owners(view: MachineView) -> dict[int, str]:
-    """Which job or model holds each GPU, from the agent's jobs and models sections."""
-    owners: dict[int, list[str]] = {}
-    for job in view.jobs:
-        if job.state in JOB_HOLDS_GPU:
-            for index in job.gpus:
-                owners.setdefault(index, []).append(f"job {job.id} {job.recipe}")
-    for model in view.model_list:
-        if model.state in MODEL_ENGINE_UP:  # a sleeping engine still owns its GPU's place
-            for index in model.gpus:
-                owners.setdefault(index, []).append(f"model {model.name} ({model.state})")
-    return {index: ", ".join(names) for index, names in owners.items()}
 
 
 def alert_badges(view: MachineView) -> list[str]:
@@ -81,7 +66,7 @@ class FleetScreen(LabScreen):
                 host=view.host,
                 gpus=view.gpus,
                 util_history={i: view.spark(f"gpu{i}.util_pct") for i in view.gpus},
-                owners=gpu_owners(view),
+                owners=view.gpu_owners(),
                 simulated=view.simulated,
                 gpu_status=view.gpu_status.status if view.gpu_status else None,
                 limits=limits,

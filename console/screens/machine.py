@@ -8,7 +8,6 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
 from console.screens.base import LabScreen
-from console.screens.fleet import gpu_owners
 from widgets.format import NA, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_panel import SERIES, GpuPanel
 from widgets.lab_header import LabHeader
@@ -76,7 +75,7 @@ class MachineScreen(LabScreen):
         if len(panels) != len(indices) or not all(panel.is_mounted for panel in panels):
             self.drawn_version = -1  # the panels fill on a later tick of the scheduler, once mounted
             return
-        owners = gpu_owners(view)
+        owners = view.gpu_owners()
         limits = self.thresholds()
         for panel in panels:
             i = int(panel.id.split("-")[1])

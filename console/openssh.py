@@ -26,6 +26,7 @@ from agents.protocol import SSH_USERNAME, SUBSYSTEM, ErrorCode, RemoteError
 STDERR_KEEP_BYTES = 16 * 1024  # ssh says what failed in a line or two
 # A host ssh takes as asyncssh does: a name or an address, nothing ssh reads as more (user@, ssh://, an option)
 PLAIN_HOST = re.compile(r"[A-Za-z0-9_.:][A-Za-z0-9_.:-]*")
+SSH_MAX_SECONDS = 2**31 - 1  # ssh refuses a longer time value (and so the link), where asyncssh waits that long
 
 
 class SshFailed(RemoteError):
@@ -53,6 +54,10 @@ def _option_path(path: Path) -> str | None:
     return '"' + text.replace("%", "%%") + '"'
 
 
+def _seconds(value: float) -> str:
+    return str(min(SSH_MAX_SECONDS, max(1, round(value))))
+
+
 def argv(host: str, port: int, key: Path, known_hosts: Path, connect_timeout_s: float, keepalive_s: float) -> list[str] | None:
     """The ssh command line, or None where a value cannot be passed to ssh safely (then asyncssh is used)."""
     key_value, known_value = _option_path(key), _option_path(known_hosts)
@@ -69,8 +74,8 @@ def argv(host: str, port: int, key: Path, known_hosts: Path, connect_timeout_s: 
         "GlobalKnownHostsFile": "/dev/null",
         "CheckHostIP": "no",
         "UpdateHostKeys": "no",
-        "ConnectTimeout": str(max(1, round(connect_timeout_s))),
-        "ServerAliveInterval": str(max(1, round(keepalive_s))),
+        "ConnectTimeout": _seconds(connect_timeout_s),
+        "ServerAliveInterval": _seconds(keepalive_s),
         "ServerAliveCountMax": "2",
         "ControlMaster": "no",
         "ControlPath": "none",

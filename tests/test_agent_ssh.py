@@ -326,3 +326,5 @@ def test_plain_hosts_and_paths_with_blanks_and_percent_go_to_ssh_quoted(tmp_path
     assert command is not None and command[-3:] == ["--", "gpu-box.lab", "cetlab"]
     assert f'IdentityFile="{tmp_path}/my keys/id%%h"' in command and "StrictHostKeyChecking=yes" in command
     assert openssh.argv("::1", 22, tmp_path / "key", tmp_path / "kh", 5, 15) is not None
+    patient = openssh.argv("box", 22, tmp_path / "key", tmp_path / "kh", 1e300, 0.1)  # lab.yaml allows any positive number
+    assert patient is not None and "ConnectTimeout=2147483647" in patient and "ServerAliveInterval=1" in patient

@@ -45,11 +45,12 @@ def available() -> bool:
 def _option_path(path: Path) -> str | None:
     """A path as an ssh option value: ssh expands %-tokens and splits on blanks unless quoted.
 
-    None for what has no one spelling across OpenSSH versions: a quote, or a backslash (9.x reads
-    `\\\\` inside quotes as one backslash, so another file would be read), or a control character.
+    None for what has no one spelling across OpenSSH versions: a quote, a backslash (9.x reads
+    `\\\\` inside quotes as one backslash), `${` (8.4+ puts an environment variable there), or a
+    control character; ssh would read another file than asyncssh does.
     """
     text = str(path)
-    if '"' in text or "\\" in text or any(ord(c) < 32 or ord(c) == 127 for c in text):
+    if '"' in text or "\\" in text or "${" in text or any(ord(c) < 32 or ord(c) == 127 for c in text):
         return None
     return '"' + text.replace("%", "%%") + '"'
 

@@ -315,7 +315,7 @@ def test_a_host_ssh_would_read_as_more_than_a_host_keeps_to_asyncssh(host, tmp_p
     assert openssh.argv(host, 22, tmp_path / "key", tmp_path / "kh", 5, 15) is None
 
 
-@pytest.mark.parametrize("folder", ['q"uote', "back\\slash", "back\\\\slashes", "new\nline"])
+@pytest.mark.parametrize("folder", ['q"uote', "back\\slash", "back\\\\slashes", "new\nline", "${HOME}"])
 def test_a_key_path_ssh_would_read_as_another_file_keeps_to_asyncssh(folder, tmp_path):
     assert openssh.argv("127.0.0.1", 22, tmp_path / folder / "key", tmp_path / "kh", 5, 15) is None
     assert openssh.argv("127.0.0.1", 22, tmp_path / "key", tmp_path / folder / "kh", 5, 15) is None

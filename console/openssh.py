@@ -49,7 +49,7 @@ def _option_path(path: Path) -> str | None:
     `\\\\` inside quotes as one backslash), `${` (8.4+ puts an environment variable there), or a
     control character; ssh would read another file than asyncssh does.
     """
-    text = str(path)
+    text = os.path.abspath(path)  # relative, a leading `~x` would be user x's home to ssh
     if '"' in text or "\\" in text or "${" in text or any(ord(c) < 32 or ord(c) == 127 for c in text):
         return None
     return '"' + text.replace("%", "%%") + '"'

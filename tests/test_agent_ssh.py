@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import asyncssh
 import pytest
@@ -326,5 +327,7 @@ def test_plain_hosts_and_paths_with_blanks_and_percent_go_to_ssh_quoted(tmp_path
     assert command is not None and command[-3:] == ["--", "gpu-box.lab", "cetlab"]
     assert f'IdentityFile="{tmp_path}/my keys/id%%h"' in command and "StrictHostKeyChecking=yes" in command
     assert openssh.argv("::1", 22, tmp_path / "key", tmp_path / "kh", 5, 15) is not None
+    tilde = openssh.argv("box", 22, Path("~root/key"), tmp_path / "kh", 5, 15)  # a folder named so, here
+    assert tilde is not None and f'IdentityFile="{Path.cwd()}/~root/key"' in tilde
     patient = openssh.argv("box", 22, tmp_path / "key", tmp_path / "kh", 1e300, 0.1)  # lab.yaml allows any positive number
     assert patient is not None and "ConnectTimeout=2147483647" in patient and "ServerAliveInterval=1" in patient

@@ -15,18 +15,32 @@ import gc
 import os
 import sys
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as `main` answers a Ctrl-C during a verb
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
+
 
 def entry() -> None:
+    try:
+        code = _run()
+    except KeyboardInterrupt:  # a Ctrl-C before a verb runs (importing, parsing): no traceback
+        code = EXIT_INTERRUPTED
+    except BrokenPipeError:  # `cetlab logs -f JOB | head -1`: the reader left mid-verb (its links closed on the way out)
+        code = EXIT_BROKEN_PIPE
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:  # `cetlab status | head -1`: the rest is not read
+            code = EXIT_BROKEN_PIPE
+        except ValueError:  # a closed stream: nothing more to say
+            pass
+    os._exit(code or 0)
+
+
+def _run() -> int:
     gc.disable()
     try:
         from console.cli import main
     finally:
         gc.enable()
     gc.freeze()  # what the imports built lives as long as the process: later collections skip it
-    code = main()
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (BrokenPipeError, ValueError):  # `cetlab status | head -1`, or a closed stream: nothing more to say
-        pass
-    os._exit(code or 0)
+    return main()

@@ -222,9 +222,9 @@ class FleetClient:
             except openssh.SshFailed as exc:  # the OpenSSH client ended: the same statuses and words as above
                 if exc.link_status == "untrusted":
                     self._set_link(link, "untrusted", self._host_key_problem(link.machine, exc.message))
-                elif exc.link_status == "refused":
-                    key_problem = exc.message.startswith("key: ")
-                    self._set_link(link, "refused", f"cannot use the console key {self.key_path}: {exc.message[5:]}" if key_problem else self._key_refused(name))
+                elif exc.link_status == "refused":  # a key ssh could not load reads as refused too: ask why
+                    problem = exc.message[5:] if exc.message.startswith("key: ") else await openssh.key_problem(self.key_path)
+                    self._set_link(link, "refused", f"cannot use the console key {self.key_path}: {problem}" if problem else self._key_refused(name))
                 else:
                     self._set_link(link, "offline", exc.message)
                 if exc.link_status != "offline":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,9 @@ from pathlib import Path
 from agents.protocol import SSH_USERNAME, SUBSYSTEM, ErrorCode, RemoteError
 
 STDERR_KEEP_BYTES = 16 * 1024  # ssh says what failed in a line or two
+# A host ssh takes as asyncssh does: a name or an address, nothing ssh reads as more (user@, ssh://, an option)
+PLAIN_HOST = re.compile(r"[A-Za-z0-9_.:][A-Za-z0-9_.:-]*")
+SSH_MAX_SECONDS = 2**31 - 1  # ssh refuses a longer time value (and so the link), where asyncssh waits that long
 
 
 class SshFailed(RemoteError):
@@ -39,17 +43,26 @@ def available() -> bool:
 
 
 def _option_path(path: Path) -> str | None:
-    """A path as an ssh option value: ssh expands %-tokens and splits on blanks unless quoted."""
-    text = str(path)
-    if '"' in text:
+    """A path as an ssh option value: ssh expands %-tokens and splits on blanks unless quoted.
+
+    None for what has no one spelling across OpenSSH versions: a quote, a backslash (9.x reads
+    `\\\\` inside quotes as one backslash), `${` (8.4+ puts an environment variable there), or a
+    control character; ssh would read another file than asyncssh does.
+    """
+    text = os.path.abspath(path)  # relative, a leading `~x` would be user x's home to ssh
+    if '"' in text or "\\" in text or "${" in text or any(ord(c) < 32 or ord(c) == 127 for c in text):
         return None
     return '"' + text.replace("%", "%%") + '"'
+
+
+def _seconds(value: float) -> str:
+    return str(min(SSH_MAX_SECONDS, max(1, round(value))))
 
 
 def argv(host: str, port: int, key: Path, known_hosts: Path, connect_timeout_s: float, keepalive_s: float) -> list[str] | None:
     """The ssh command line, or None where a value cannot be passed to ssh safely (then asyncssh is used)."""
     key_value, known_value = _option_path(key), _option_path(known_hosts)
-    if key_value is None or known_value is None or not host or host.startswith("-") or any(c.isspace() for c in host):
+    if key_value is None or known_value is None or not PLAIN_HOST.fullmatch(host):
         return None
     options = {
         "IdentityFile": key_value,
@@ -62,8 +75,8 @@ def argv(host: str, port: int, key: Path, known_hosts: Path, connect_timeout_s: 
         "GlobalKnownHostsFile": "/dev/null",
         "CheckHostIP": "no",
         "UpdateHostKeys": "no",
-        "ConnectTimeout": str(max(1, round(connect_timeout_s))),
-        "ServerAliveInterval": str(max(1, round(keepalive_s))),
+        "ConnectTimeout": _seconds(connect_timeout_s),
+        "ServerAliveInterval": _seconds(keepalive_s),
         "ServerAliveCountMax": "2",
         "ControlMaster": "no",
         "ControlPath": "none",
@@ -139,6 +152,25 @@ async def open_session(command: list[str]) -> Session:
     )
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     return Session(process, PipeReader(process.stdout), process.stdin, asyncio.create_task(_read_stderr(process.stderr)))
+
+
+async def key_problem(key: Path) -> str | None:
+    """Why ssh cannot use the console key, or None: ssh itself says only "Permission denied" for a key
+    it cannot load (one with a passphrase, or a public key), which would read as a key the agent refused."""
+    keygen = shutil.which("ssh-keygen")
+    if keygen is None:
+        return None
+    process = await asyncio.create_subprocess_exec(
+        keygen, "-y", "-P", "", "-f", str(key),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await process.communicate()
+    if process.returncode == 0:
+        return None
+    said = stderr.decode(errors="replace").strip().splitlines()
+    if said and "passphrase" in said[-1]:
+        return "it is protected by a passphrase, which a console cannot type: use a key without one"
+    return said[-1] if said else f"ssh-keygen cannot read it (exit {process.returncode})"
 
 
 def classify(exit_code: int | None, stderr: str) -> SshFailed:

@@ -376,3 +376,45 @@ def test_one_checkpoint_is_singular_and_a_model_is_named_once_in_costs():
              "saving_pct": 85.0, "gpu_hours": 1.0, "gpu_busy_hours": 0.5, "tokens": 1000}
     rows = breakdown_rows({"by_kind": "model", "currency": "EUR", "by": [entry]})
     assert rows["m5/llama-3.1-8b"][0] == "llama-3.1-8b @m5"
+
+
+# ---------------------------------------------------------------------------- the entry point's ways out
+
+
+def test_a_reader_that_leaves_mid_output_gets_no_traceback(tmp_path):
+    """`cetlab --json status | head -c 10`: more output than a pipe buffer, the reader gone, no traceback, 141."""
+    machines = [{"name": f"m{i}", "port": 1, "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}} for i in range(80)]
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(yaml.safe_dump({"lab": "wide", "machines": machines, "console": {"key": "absent_key"}}, sort_keys=False))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has left before the first byte
+    try:
+        result = subprocess.run([PY, "-c", "from console.cli_entry import entry; entry()", "--lab", str(lab), "--json", "status"],
+                                stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120, env=dict(os.environ, CETLAB_SSH="asyncssh"))
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in result.stderr and result.returncode == 141, result.stderr
+
+
+def test_a_ctrl_c_before_the_verb_runs_exits_130_without_a_traceback(monkeypatch):
+    import gc
+
+    import console.cli
+    from console import cli_entry
+
+    def interrupted():
+        raise KeyboardInterrupt  # as a Ctrl-C lands while the verbs' modules are imported for the parser
+
+    def exit_with(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(console.cli, "build_parser", interrupted)
+    monkeypatch.setattr(cli_entry.os, "_exit", exit_with)
+    try:
+        with pytest.raises(SystemExit) as info:
+            cli_entry.entry()
+    except KeyboardInterrupt:
+        pytest.fail("the Ctrl-C went on to the interpreter, which prints a traceback")
+    finally:
+        gc.unfreeze()
+    assert info.value.code == 130

@@ -8,11 +8,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench screenshots clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[train,test]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[train,test]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -147,3 +147,124 @@ def test_the_python_of_a_trainer_script_is_its_shebang(tmp_path):
     binary = tmp_path / "trainer-bin"
     binary.write_bytes(b"\x7fELF...")
     assert python_of(binary) is None
+
+
+# ---------------------------------------------------------------------------- a real agent refuses before launching
+
+
+CUDA13_TORCH_SIM = {"version": "2.13.0+cu130", "cuda": "13.0", "archs": CUDA13}
+
+
+def refusing_lab(root: Path) -> Path:
+    """m5 pretends (SIM) that its trainers' torch is a CUDA 13 build: a V100 and a P40 it has no kernels for; the workstation's 3050 it has."""
+    models = root / "models"
+    (models / "llama-8b").mkdir(parents=True)
+    stacks = {"torch": CUDA13_TORCH_SIM}
+    data = {
+        "lab": "support-test",
+        "machines": [
+            {"name": "m5", "gpus": {"sim": [{"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250},
+                                           {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250}], "stacks": stacks}},
+            {"name": "workstation", "gpus": {"sim": [{"name": "NVIDIA GeForce RTX 3050", "memory_gib": 8, "tdp_w": 130}], "stacks": stacks}},
+        ],
+        "models": [
+            {"name": "llama-8b-vllm", "path": str(models / "llama-8b"), "engine": "vllm", "machine": "m5", "gpus": [1], "vram_gib": 16},
+            {"name": "llama-8b-sim", "path": str(models / "llama-8b"), "engine": "sim", "machine": "m5", "gpus": [0], "vram_gib": 16,
+             "sim": {"load_s": 0, "warmup_s": 0, "wake_s": 0, "cold_factor": 1}},
+        ],
+        "trainers": [
+            {"name": "on-p40", "machine": "m5", "gpus": [1], "command": [PY, "-c", "print('trained')"], "output_dir": "runs/{job_id}"},
+            {"name": "on-3050", "machine": "workstation", "gpus": [0], "command": [PY, "-c", "print('trained')"], "output_dir": "runs/{job_id}"},
+        ],
+    }
+    path = root / "lab.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def refusing(tmp_path_factory):
+    root = tmp_path_factory.mktemp("support")
+    with DemoLab(root / "run", source=refusing_lab(root)) as demo:
+        yield demo
+
+
+async def connect(demo: DemoLab) -> FleetClient:
+    client = FleetClient(load_lab(demo.lab_path))
+    await client.start()
+    await client.wait_connected(15)
+    return client
+
+
+async def test_a_job_on_a_gpu_its_torch_cannot_run_is_refused_with_the_fix(refusing):
+    client = await connect(refusing)
+    try:
+        with pytest.raises(RemoteError) as info:
+            await client.call("m5", "jobs.start", {"recipe": "on-p40"})
+        error = info.value
+        assert error.code == ErrorCode.UNAVAILABLE
+        assert error.message.startswith("recipe on-p40 refused: m5 GPU 1 is a Tesla P40 (sm_61, SIM); this torch 2.13 build (CUDA 13.0) "
+                                        "has kernels for sm_75 and newer; install PyTorch 2.14 from PyTorch's CUDA 12.6 wheel index")
+        assert error.data and error.data["gpu_support"]["runs"] is False and error.data["gpu_support"]["simulated"] is True
+        assert (await client.call("m5", "jobs.list", {})) == []  # refused before anything was launched
+        job = await client.call("workstation", "jobs.start", {"recipe": "on-3050"})  # the same torch has sm_86 kernels: it runs
+        assert job["state"] in ("starting", "running", "exited")
+    finally:
+        await client.stop()
+
+
+async def test_a_model_whose_engine_cannot_run_on_its_gpu_is_refused_and_the_sim_engine_is_not(refusing):
+    client = await connect(refusing)
+    try:
+        with pytest.raises(RemoteError) as info:
+            await client.call("m5", "models.warm", {"model": "llama-8b-vllm"})
+        assert info.value.message == ("model llama-8b-vllm (engine vllm) refused: m5 GPU 1 is a Tesla P40 (sm_61, SIM); vLLM 0.33 needs compute "
+                                      "capability 7.0 or newer; serve this model with engine llamacpp (GGUF)")
+        models = (await client.call("m5", "status"))["models"]["models"]
+        assert next(m for m in models if m["name"] == "llama-8b-vllm")["state"] == "cold"
+        await client.call("m5", "models.warm", {"model": "llama-8b-sim"})  # the sim engine needs no GPU
+        await wait_for(lambda: client.state.machines["m5"].model_list and any(
+            m.name == "llama-8b-sim" and m.state == "warm" for m in client.state.machines["m5"].model_list), 60)
+    finally:
+        await client.stop()
+
+
+async def test_the_matrix_reaches_the_console_typed(refusing):
+    client = await connect(refusing)
+    try:
+        view = client.state.machines["m5"]
+        await wait_for(lambda: view.gpu_support is not None and view.gpu_support.verdicts, 15)
+        assert view.gpus[1].compute_capability == CC["P40"] and view.gpus[1].simulated
+        rows = {(v.gpu, v.stack): v for v in view.gpu_support.verdicts}
+        assert rows[(1, "trainer torch")].runs is False and rows[(1, "vLLM")].runs is False and rows[(1, "llama-server")].runs is True
+        assert rows[(0, "vLLM")].runs is False  # a V100 is 7.0, but the default sim vLLM's torch is a CUDA 13 build
+        assert all(s.simulated for s in view.gpu_support.stacks)
+        answer = await client.call("m5", "gpus.support")
+        assert answer["verdicts"][0]["machine"] == "m5"
+    finally:
+        await client.stop()
+
+
+def test_the_cli_says_why_and_the_fix(refusing):
+    done = subprocess.run([str(Path(PY).with_name("cetlab")), "--lab", str(refusing.lab_path), "train", "on-p40"],
+                          capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode != 0
+    assert "m5 GPU 1 is a Tesla P40 (sm_61, SIM)" in done.stderr + done.stdout and "CUDA 12.6 wheel index" in done.stderr + done.stdout
+    status = subprocess.run([str(Path(PY).with_name("cetlab")), "--lab", str(refusing.lab_path), "--json", "status"],
+                            capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    machine = next(m for m in json.loads(status.stdout)["machines"] if m["name"] == "m5")
+    assert machine["gpus"][1]["compute_capability"] == {"major": 6, "minor": 1}
+    support = {(v["gpu"], v["stack"]): v for v in machine["gpu_support"]["verdicts"]}
+    assert support[(1, "vLLM")]["runs"] is False and "engine llamacpp" in support[(1, "vLLM")]["fix"]
+
+
+def test_the_demo_lab_keeps_training_on_its_simulated_v100_and_p40s():
+    """The demo's sim machines assume a lab installed as the README says: torch 2.14 CUDA 12.6 runs on the V100 and the P40s."""
+    lab = load_lab(REPO / "lab.yaml")
+    m5 = lab.machine("m5")
+    stacks = sim_stacks(m5.gpus.stacks)
+    samples = SimSampler(m5.gpus.sim, background=False).sample()
+    rows = matrix("m5", samples, list(stacks.values()))
+    assert all(v.runs for v in rows if v.kind == StackKind.TORCH), [v.message for v in rows if not v.runs]
+    assert [v.runs for v in rows if v.kind == StackKind.VLLM] == [False] * 5
+    assert stacks[StackKind.TORCH].archs == DEFAULT_SIM_STACKS.torch.archs

@@ -268,3 +268,43 @@ def test_the_demo_lab_keeps_training_on_its_simulated_v100_and_p40s():
     assert all(v.runs for v in rows if v.kind == StackKind.TORCH), [v.message for v in rows if not v.runs]
     assert [v.runs for v in rows if v.kind == StackKind.VLLM] == [False] * 5
     assert stacks[StackKind.TORCH].archs == DEFAULT_SIM_STACKS.torch.archs
+
+
+# ---------------------------------------------------------------------------- doctor
+
+
+def agent_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "agents.daemon", *args], capture_output=True, text=True, timeout=180, cwd=cwd,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+
+
+def test_doctor_runs_before_lab_yaml_exists(tmp_path):
+    """A new machine, pre-flighted: NVML, torch and its CUDA kernels, disk; no lab.yaml needed (issue 23 item 14)."""
+    done = agent_cli("doctor", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr  # here: no driver (a WARN before a lab says gpus: nvml), a CPU torch
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["lab.yaml"]["level"] == "WARN" and "not found" in checks["lab.yaml"]["message"]
+    assert {"gpus", "torch", "disk", "time sync"} <= set(checks)
+    assert "NVML" in checks["gpus"]["message"] or "NVIDIA" in checks["gpus"]["message"]
+
+
+def test_doctor_prints_the_matrix_per_gpu_and_fails_what_lab_yaml_places_where_it_cannot_run(tmp_path):
+    lab = refusing_lab(tmp_path)
+    done = agent_cli("doctor", "--lab", str(lab), "--machine", "m5", "--state-dir", str(tmp_path / "state"))
+    assert done.returncode == 1, done.stdout
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("OK") and "gpu 1 support" in line and "Tesla P40 (sm_61, SIM): trainer torch no, vLLM no, llama-server yes" in line
+               for line in lines), done.stdout
+    fail = next(line for line in lines if line.startswith("FAIL") and "gpu 1 vLLM" in line)
+    assert "model llama-8b-vllm: m5 GPU 1 is a Tesla P40 (sm_61, SIM); vLLM 0.33 needs compute capability 7.0" in fail
+    torch_fail = next(line for line in lines if line.startswith("FAIL") and "gpu 1 trainer torch" in line)
+    assert "trainer on-p40:" in torch_fail and "CUDA 12.6 wheel index" in torch_fail
+    assert any(line.startswith("WARN") and "gpu 0 trainer torch" in line for line in lines)  # nothing is placed on GPU 0's torch
+
+
+def test_doctor_on_a_demo_without_state_dir_checks_the_demos_agent(small_demo):
+    done = agent_cli("doctor", "--lab", str(small_demo.lab_path), "--machine", "box", "--json")
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["host key"]["level"] == "OK" and str(small_demo.dir / "agents" / "box") in checks["host key"]["message"]
+    assert checks["authorized keys"]["level"] == "OK"
+    assert done.returncode == 0, done.stdout

@@ -308,3 +308,54 @@ def test_doctor_on_a_demo_without_state_dir_checks_the_demos_agent(small_demo):
     assert checks["host key"]["level"] == "OK" and str(small_demo.dir / "agents" / "box") in checks["host key"]["message"]
     assert checks["authorized keys"]["level"] == "OK"
     assert done.returncode == 0, done.stdout
+
+
+# ---------------------------------------------------------------------------- NVML
+
+
+def test_nvml_compute_capability_is_read_once_per_gpu_and_na_where_unsupported():
+    import pynvml
+
+    from agents.telemetry.nvml import NvmlSampler
+    from tests.test_nvml_sampler import FakeNvml, gpu
+
+    class WithCapability(FakeNvml):
+        def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:  # nvidia-ml-py returns (major, minor)
+            return self._get(h, "cc")
+
+    unsupported = pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    fake = WithCapability(gpu("Tesla P40", cc=(6, 1)), gpu("Tesla V100-SXM2-32GB", cc=(7, 0)), gpu("odd", cc=unsupported))
+    sampler = NvmlSampler(nvml_module=fake)
+    first, second = sampler.sample(), sampler.sample()
+    assert [str(g.compute_capability) for g in second] == ["6.1", "7.0", "None"]
+    assert first == second and fake.calls["cc", 0] == 1 and not second[0].simulated
+    assert NvmlSampler(nvml_module=FakeNvml(gpu("old bindings"))).sample()[0].compute_capability is None  # no such call
+
+
+# ---------------------------------------------------------------------------- the console
+
+
+async def test_the_machine_detail_shows_which_stacks_each_gpu_runs(refusing):
+    from textual.widgets import Static
+
+    from console.app import CetlabApp
+    from console.screens.fleet import FleetScreen
+    from console.screens.machine import MachineScreen
+    from tests.conftest import until_drawn
+    from widgets.gpu_panel import GpuPanel
+
+    app = CetlabApp(load_lab(refusing.lab_path))
+    async with app.run_test(size=(160, 50)) as pilot:
+        await wait_for(lambda: app.state.machines["m5"].gpu_support is not None, 30)
+        await until_drawn(pilot, FleetScreen)
+        await pilot.press("enter")  # m5, the first card
+        await until_drawn(pilot, MachineScreen)
+
+        def support_text() -> str:
+            panel = app.screen.query_one("#gpu-1", GpuPanel)
+            return str(panel.query_one(".extra", Static).render())
+
+        text = await wait_for(lambda: "not: vLLM" in support_text() and support_text())
+        assert "compute 6.1" in text and "runs: llama-server" in text
+        assert "not: trainer torch (this torch 2.13 build (CUDA 13.0) has kernels for sm_75 and newer)" in text
+        assert "not: vLLM (vLLM 0.33 needs compute capability 7.0 or newer)" in text

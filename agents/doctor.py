@@ -212,19 +212,22 @@ def check_gpu_support(lab: Lab | None, machine: str) -> list[Check]:
     placed: dict[tuple[int, StackKind], str] = {}  # (GPU, stack) -> what lab.yaml puts there
     for model in lab.models if lab is not None else []:
         kind = engine_stack_kind(model.engine)
-        for index in model.gpus if model.machine == machine and kind is not None else []:
+        if kind is None or model.machine != machine:
+            continue
+        for index in model.gpus:
             placed.setdefault((index, kind), f"model {model.name}")
     for trainer in lab.trainers if lab is not None else []:
         nodes = [(n.machine, n.gpus) for n in trainer.nodes] or [(trainer.machine, trainer.gpus)]
         for index in next((g for m, g in nodes if m == machine), []):
             placed.setdefault((index, StackKind.TORCH), f"trainer {trainer.name}")
+    absent = {s.name for s in stacks.values() if s.problem is not None and s.problem.startswith("not installed")}
     verdicts = matrix(machine, gpus, list(stacks.values()))
     checks = []
     for gpu in gpus:
         rows = [v for v in verdicts if v.gpu == gpu.index]
         if not rows:
             continue
-        summary = ", ".join(f"{v.stack} {'yes' if v.runs else 'no' if v.runs is False else '?'}" for v in rows)
+        summary = ", ".join(f"{v.stack} {'yes' if v.runs else 'no' if v.runs is False else '?'}" for v in rows if v.stack not in absent)
         sim = ", SIM" if gpu.simulated else ""
         cc = gpu.compute_capability
         checks.append(Check(f"gpu {gpu.index} support", OK, f"{gpu.name} ({cc.sm if cc else 'capability N/A'}{sim}): {summary}"))
@@ -234,8 +237,8 @@ def check_gpu_support(lab: Lab | None, machine: str) -> list[Check]:
                 checks.append(Check(f"gpu {gpu.index} {v.stack}", FAIL if where else WARN, (f"{where}: " if where else "") + v.message))
             elif v.runs is None and v.kind == StackKind.TORCH:
                 checks.append(Check(f"gpu {gpu.index} {v.stack}", WARN, v.reason))
-    stack_lines = [Check(f"stack {s.name}", OK if s.problem is None else WARN,
-                         (s.problem or f"{s.version or '?'}, " + ("CPU build" if s.cpu_build else f"CUDA {s.cuda or '?'}, kernels "
-                                                                   + (" ".join(s.archs) or "not said"))) + f" ({s.source})")
+    stack_lines = [Check(f"stack {s.name}", WARN if s.problem is not None and s.kind == StackKind.TORCH else OK,
+                         (s.problem or (f"{s.version}, " if s.version else "") + ("CPU build" if s.cpu_build else f"CUDA {s.cuda or '?'}, kernels "
+                                                                                   + (" ".join(s.archs) or "not said"))) + f" ({s.source})")
                    for s in stacks.values()]
     return stack_lines + checks

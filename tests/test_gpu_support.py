@@ -359,3 +359,56 @@ async def test_the_machine_detail_shows_which_stacks_each_gpu_runs(refusing):
         assert "compute 6.1" in text and "runs: llama-server" in text
         assert "not: trainer torch (this torch 2.13 build (CUDA 13.0) has kernels for sm_75 and newer)" in text
         assert "not: vLLM (vLLM 0.33 needs compute capability 7.0 or newer)" in text
+
+
+# ---------------------------------------------------------------------------- a real-GPU machine (NVML answers faked), the installed torch
+
+
+async def test_on_nvml_gpus_the_installed_torch_is_judged_and_a_cpu_build_refused(tmp_path):
+    """The real path: NVML's capability (a fake driver's answers) against this Python's torch read in a subprocess (a CPU build here)."""
+    import torch
+
+    from agents.agent import Agent
+    from agents.gpusupport.component import GpuSupportComponent
+    from agents.jobs.supervisor import JobsComponent
+    from agents.lab import parse_lab
+    from agents.store import Store
+    from agents.telemetry.nvml import NvmlSampler
+    from tests.test_nvml_sampler import FakeNvml, gpu
+
+    class WithCapability(FakeNvml):
+        def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
+            return self._get(h, "cc")
+
+    lab = parse_lab(yaml.safe_dump({"lab": "real", "machines": [{"name": "box", "gpus": "nvml"}], "trainers": [
+        {"name": "train", "machine": "box", "gpus": [0], "command": [PY, "-c", "print(1)"], "output_dir": str(tmp_path / "runs/{job_id}")},
+        {"name": "not-python", "machine": "box", "gpus": [0], "command": ["true"], "output_dir": str(tmp_path / "runs/{job_id}")}]}))
+    support = GpuSupportComponent()
+    jobs = JobsComponent()
+    agent = Agent(lab, "box", tmp_path / "state", gpu_sampler=NvmlSampler(nvml_module=WithCapability(gpu("Tesla V100-SXM2-32GB", cc=(7, 0)))),
+                  components=[support, jobs])
+    (tmp_path / "state").mkdir()
+    agent.store = Store(tmp_path / "state" / "state.db")
+    try:
+        for component in agent.components:
+            await component.start(agent)
+        agent._tick()
+        await wait_for(lambda: support.section().stacks, 120)  # read in a thread at start
+        section = support.section()
+        torch_row = next(v for v in section.verdicts if v.stack == "trainer torch")
+        assert not section.simulated and not torch_row.simulated and torch_row.capability == CC["V100"]
+        if torch.version.cuda is None:  # CI and this machine: a CPU build on a (faked) GPU is refused with the fix
+            assert torch_row.runs is False and "is a CPU build" in torch_row.reason
+            with pytest.raises(RemoteError) as info:
+                jobs.start_job("train", {})
+            assert info.value.message.startswith("recipe train refused: box GPU 0 is a Tesla V100-SXM2-32GB (sm_70); this torch ")
+            assert f"{PY} -m pip install 'torch==2.14.*' --index-url https://download.pytorch.org/whl/cu126" in info.value.message
+        else:  # a developer's GPU workstation: what its torch really has
+            from agents.gpusupport.matrix import has_kernels
+
+            assert torch_row.runs is has_kernels(torch.cuda.get_arch_list(), CC["V100"])
+        assert jobs.start_job("not-python", {}).state  # a program that is not Python: its torch is not known, nothing refused
+    finally:
+        for component in reversed(agent.components):
+            await component.stop()
+        agent.store.close()

@@ -136,7 +136,8 @@ class GpuSupportComponent:
         """Refuse a model whose engine's build cannot run on one of its GPUs. ``engine``: its engine description, when there is one."""
         if not gpus:
             return
-        stack = self._stack(engine_stack_kind(engine if engine is not None else model.engine))
+        kind = (engine_stack_kind(engine) if engine is not None else None) or engine_stack_kind(model.engine)
+        stack = self._stack(kind)
         if stack is not None:
             self._refuse(gpus, stack, True, f"model {model.name} (engine {model.engine})")
 

@@ -44,7 +44,7 @@ class LifecycleMixin:
                                             self.agent.state_dir / "models" / f"{slot.name}.log", total)
         engine.agent_pid_file = self.agent.pid_file
         if check_gpus and (support := self.agent.component("gpu_support")) is not None:  # its build runs on these GPUs, or the fix
-            support.check_model(slot.model, gpus)
+            support.check_model(slot.model, gpus, engine)
         engine.check()
         return engine
 

@@ -268,6 +268,10 @@ def test_the_demo_lab_keeps_training_on_its_simulated_v100_and_p40s():
     assert all(v.runs for v in rows if v.kind == StackKind.TORCH), [v.message for v in rows if not v.runs]
     assert [v.runs for v in rows if v.kind == StackKind.VLLM] == [False] * 5
     assert stacks[StackKind.TORCH].archs == DEFAULT_SIM_STACKS.torch.archs
+    pharaoh = lab.machine("pharaoh")  # the demo's one misinstalled box (SIM): a CUDA 13 torch, and no trainer placed there
+    rows = matrix("pharaoh", SimSampler(pharaoh.gpus.sim, background=False).sample(), list(sim_stacks(pharaoh.gpus.stacks).values()))
+    assert next(v for v in rows if v.kind == StackKind.TORCH).runs is False
+    assert not [t for t in lab.trainers if t.machine == "pharaoh" or any(n.machine == "pharaoh" for n in t.nodes)]
 
 
 # ---------------------------------------------------------------------------- doctor

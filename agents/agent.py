@@ -357,7 +357,9 @@ def default_components() -> list[Component]:
     from agents.checkpoints import CheckpointsComponent
     from agents.costs import CostsComponent
     from agents.gateway.component import GatewayComponent
+    from agents.gpusupport.component import GpuSupportComponent
     from agents.jobs.supervisor import JobsComponent
     from agents.orchestra import OrchestraComponent
 
-    return [AuditComponent(), CostsComponent(), AlertsComponent(), JobsComponent(), OrchestraComponent(), CheckpointsComponent(), GatewayComponent()]
+    return [AuditComponent(), CostsComponent(), AlertsComponent(), GpuSupportComponent(), JobsComponent(), OrchestraComponent(),
+            CheckpointsComponent(), GatewayComponent()]

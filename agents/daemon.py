@@ -193,11 +193,15 @@ def cmd_install_unit(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from agents.doctor import FAIL, run_checks
+    from agents.doctor import FAIL, run_checks, run_machine_checks
 
-    lab, machine = pick_machine(args.lab, args.machine)
-    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir(machine)
-    checks = run_checks(lab, machine, state_dir)
+    lab_path = Path(args.lab)
+    if not lab_path.exists():  # a new machine, pre-flighted before its lab.yaml is written
+        machine = args.machine or socket.gethostname().split(".")[0]
+        checks = run_machine_checks(lab_path, machine, Path(args.state_dir) if args.state_dir else None)
+    else:
+        lab, machine = pick_machine(args.lab, args.machine)
+        checks = run_checks(lab, machine, Path(args.state_dir) if args.state_dir else doctor_state_dir(lab_path, machine))
     failed = any(c.level == FAIL for c in checks)
     if args.json:
         print(json.dumps({"machine": machine, "ok": not failed, "checks": [c.to_json() for c in checks]}, indent=2))
@@ -206,6 +210,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         for check in checks:
             print(f"{check.level:<4}  {check.name:<{width}}  {check.message}")
     return 1 if failed else 0
+
+
+def doctor_state_dir(lab_path: Path, machine: str) -> Path:
+    """The state dir doctor checks: a demo's (DIR/agents/MACHINE beside the lab.yaml `cetlab demo` wrote), else the default."""
+    demo = lab_path.resolve().parent / "agents" / machine
+    return demo if (demo / HOST_KEY_NAME).exists() else default_state_dir(machine)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -239,10 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print", action="store_true", help="write the unit to stdout instead of installing it")
     p.set_defaults(run=cmd_install_unit)
 
-    p = sub.add_parser("doctor", help="check this machine: driver, NVML, engines, state dir, keys, disk, clock")
-    p.add_argument("--lab", default="lab.yaml", help="path to lab.yaml (default ./lab.yaml)")
+    p = sub.add_parser("doctor", help="check this machine: driver, NVML, what each GPU can run, engines, state dir, keys, disk, clock")
+    p.add_argument("--lab", default="lab.yaml", help="path to lab.yaml (default ./lab.yaml; missing: this machine's own checks only)")
     p.add_argument("--machine", help="this machine's name in lab.yaml (default: the one whose name is this host's name)")
-    p.add_argument("--state-dir", help="default: the user state dir")
+    p.add_argument("--state-dir", help="default: a demo's DIR/agents/MACHINE beside its lab.yaml, else the user state dir")
     p.add_argument("--json", action="store_true", help="one JSON object: checks and whether any failed")
     p.set_defaults(run=cmd_doctor)
 

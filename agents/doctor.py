@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, KeyFileError, parse_authorized_keys
-from agents.lab import Lab, SimGpus
+from agents.lab import Alerts, Lab, SimGpus
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -27,8 +27,8 @@ class Check:
         return asdict(self)
 
 
-def check_gpus(lab: Lab, machine: str) -> Check:
-    gpus = lab.machine(machine).gpus
+def check_gpus(lab: Lab | None, machine: str) -> Check:
+    gpus = lab.machine(machine).gpus if lab is not None else "nvml"
     if isinstance(gpus, SimGpus):
         return Check("gpus", OK, f"SIMULATED: {len(gpus.sim)} GPUs from lab.yaml")
     if gpus == "none":
@@ -38,6 +38,8 @@ def check_gpus(lab: Lab, machine: str) -> Check:
     sampler = NvmlSampler()
     try:
         if sampler.status is not None:
+            if lab is None:  # a pre-flight: the lab may yet say gpus: none
+                return Check("gpus", WARN, f"{sampler.status}; a GPU machine needs the NVIDIA driver (and nvidia-ml-py)")
             return Check("gpus", FAIL, f"{sampler.status} (lab.yaml says gpus: nvml)")
         samples = sampler.sample()
     finally:
@@ -49,14 +51,14 @@ def check_gpus(lab: Lab, machine: str) -> Check:
     return Check("gpus", OK, f"NVML: {len(samples)} GPUs ({names})")
 
 
-def check_torch(lab: Lab, machine: str) -> Check:
+def check_torch(lab: Lab | None, machine: str) -> Check:
     if importlib.util.find_spec("torch") is None:
         return Check("torch", WARN, "not installed: trainers that need it will fail (pip install torch)")
     import torch
 
     if torch.cuda.is_available():
         return Check("torch", OK, f"{torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} devices")
-    simulated = isinstance(lab.machine(machine).gpus, SimGpus) or lab.machine(machine).gpus == "none"
+    simulated = lab is not None and (isinstance(lab.machine(machine).gpus, SimGpus) or lab.machine(machine).gpus == "none")
     return Check("torch", OK if simulated else WARN, f"{torch.__version__}, torch.cuda.is_available() is False"
                  + ("" if simulated else ": trainers run on the CPU (a CPU-only torch build, or a driver/CUDA mismatch)"))
 
@@ -147,11 +149,11 @@ def check_state_dir(state_dir: Path) -> list[Check]:
     return checks
 
 
-def check_disk(lab: Lab, state_dir: Path) -> Check:
+def check_disk(lab: Lab | None, state_dir: Path) -> Check:
     probe = state_dir if state_dir.exists() else next((p for p in state_dir.parents if p.exists()), Path("/"))
     usage = shutil.disk_usage(probe)
     free_pct = 100 * usage.free / usage.total if usage.total else 0.0
-    threshold = lab.alerts.disk_free_pct
+    threshold = (lab.alerts if lab is not None else Alerts()).disk_free_pct
     level = FAIL if free_pct < threshold else WARN if free_pct < 2 * threshold else OK
     return Check("disk", level, f"{usage.free / 1024**3:.1f} GiB free ({free_pct:.0f}%) on {probe}" + (f", below {threshold:g}%" if level == FAIL else ""))
 
@@ -171,5 +173,72 @@ def check_clock() -> Check:
 
 
 def run_checks(lab: Lab, machine: str, state_dir: Path) -> list[Check]:
-    return [check_gpus(lab, machine), check_torch(lab, machine), *check_precision(), *check_engines(lab, machine), *check_state_dir(state_dir),
-            check_disk(lab, state_dir), check_clock()]
+    return [check_gpus(lab, machine), check_torch(lab, machine), *check_precision(), *check_gpu_support(lab, machine),
+            *check_engines(lab, machine), *check_state_dir(state_dir), check_disk(lab, state_dir), check_clock()]
+
+
+def run_machine_checks(lab_path: Path, machine: str, state_dir: Path | None) -> list[Check]:
+    """Before lab.yaml exists: what this machine can do on its own (NVML, torch and its CUDA kernels per GPU, disk, clock)."""
+    lab_line = Check("lab.yaml", WARN, f"{lab_path} not found: this machine's own checks only (engines, keys and what lab.yaml "
+                                       "places on each GPU need it)")
+    return [lab_line, check_gpus(None, machine), check_torch(None, machine), *check_precision(), *check_gpu_support(None, machine),
+            *(check_state_dir(state_dir) if state_dir is not None else []), check_disk(None, state_dir or Path.cwd()), check_clock()]
+
+
+def check_gpu_support(lab: Lab | None, machine: str) -> list[Check]:
+    """Per GPU: which stacks (trainer torch, vLLM, llama-server) run there; FAIL where lab.yaml places one that cannot."""
+    from agents.gpusupport.matrix import matrix
+    from agents.gpusupport.stacks import TorchReader, engine_stack_kind, real_stacks, sim_stacks
+    from agents.gpusupport.model import StackKind
+
+    spec = lab.machine(machine).gpus if lab is not None else "nvml"
+    if spec == "none":
+        return []
+    if isinstance(spec, SimGpus):
+        from agents.telemetry.sim import SimSampler
+
+        gpus, stacks = SimSampler(spec.sim, seed=spec.seed, background=False).sample(), sim_stacks(spec.stacks)
+    else:
+        from agents.telemetry.nvml import NvmlSampler
+
+        sampler = NvmlSampler()
+        try:
+            gpus = sampler.sample()
+        finally:
+            sampler.close()
+        if not gpus:
+            return []
+        stacks = real_stacks(TorchReader())
+    placed: dict[tuple[int, StackKind], str] = {}  # (GPU, stack) -> what lab.yaml puts there
+    for model in lab.models if lab is not None else []:
+        kind = engine_stack_kind(model.engine)
+        if kind is None or model.machine != machine:
+            continue
+        for index in model.gpus:
+            placed.setdefault((index, kind), f"model {model.name}")
+    for trainer in lab.trainers if lab is not None else []:
+        nodes = [(n.machine, n.gpus) for n in trainer.nodes] or [(trainer.machine, trainer.gpus)]
+        for index in next((g for m, g in nodes if m == machine), []):
+            placed.setdefault((index, StackKind.TORCH), f"trainer {trainer.name}")
+    absent = {s.name for s in stacks.values() if s.problem is not None and s.problem.startswith("not installed")}
+    verdicts = matrix(machine, gpus, list(stacks.values()))
+    checks = []
+    for gpu in gpus:
+        rows = [v for v in verdicts if v.gpu == gpu.index]
+        if not rows:
+            continue
+        summary = ", ".join(f"{v.stack} {'yes' if v.runs else 'no' if v.runs is False else '?'}" for v in rows if v.stack not in absent)
+        sim = ", SIM" if gpu.simulated else ""
+        cc = gpu.compute_capability
+        checks.append(Check(f"gpu {gpu.index} support", OK, f"{gpu.name} ({cc.sm if cc else 'capability N/A'}{sim}): {summary}"))
+        for v in rows:
+            if v.runs is False:
+                where = placed.get((gpu.index, v.kind))
+                checks.append(Check(f"gpu {gpu.index} {v.stack}", FAIL if where else WARN, (f"{where}: " if where else "") + v.message))
+            elif v.runs is None and v.kind == StackKind.TORCH:
+                checks.append(Check(f"gpu {gpu.index} {v.stack}", WARN, v.reason))
+    stack_lines = [Check(f"stack {s.name}", WARN if s.problem is not None and s.kind == StackKind.TORCH else OK,
+                         (s.problem or (f"{s.version}, " if s.version else "") + ("CPU build" if s.cpu_build else f"CUDA {s.cuda or '?'}, kernels "
+                                                                                   + (" ".join(s.archs) or "not said"))) + f" ({s.source})")
+                   for s in stacks.values()]
+    return stack_lines + checks

@@ -33,11 +33,33 @@ class SimGpu(Strict):
     tdp_w: Positive
     idle_w: NonNegative | None = None  # default: 12% of tdp_w
     profile: Literal["idle", "training", "serving", "bursty"] = "idle"  # background load in the demo
+    # "6.1"; default: from the name (Tesla P40 6.1, Tesla V100 7.0, RTX 3050 8.6, H100 9.0: agents/gpusupport/capability.py)
+    compute_capability: Annotated[str, Field(pattern=r"^\d{1,2}\.\d$")] | None = None
+
+
+class SimStack(Strict):
+    """A stack a simulated machine pretends to have installed (its GPUs are simulated; its processes run on the CPU)."""
+
+    version: str | None = None  # "2.14.0+cu126"
+    cuda: str | None = None  # "12.6"; leave out with cpu_build
+    archs: list[Annotated[str, Field(pattern=r"^(sm|compute)_\d{2,3}[af]?$")]] = Field(default_factory=list)
+    cpu_build: bool = False
+    min_compute_capability: Annotated[str, Field(pattern=r"^\d{1,2}\.\d$")] | None = None
+
+
+class SimStacks(Strict):
+    """What a simulated machine's GPU support check judges against; each left out takes the default of a lab set up as
+    the README's "Older GPUs" section says (torch 2.14 CUDA 12.6, vLLM 0.33 on CUDA 13, llama-server CUDA 12 for 61;70;86)."""
+
+    torch: SimStack | None = None
+    vllm: SimStack | None = None
+    llamacpp: SimStack | None = None
 
 
 class SimGpus(Strict):
     sim: list[SimGpu] = Field(min_length=0)
     seed: int = 0
+    stacks: SimStacks = Field(default_factory=SimStacks)  # the stacks the GPU support check assumes here (SIM)
 
 
 def _gpu_source_tag(value: Any) -> str:

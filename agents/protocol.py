@@ -114,6 +114,25 @@ class GpuProcess(Snapshot):
     mem_used_bytes: int | None = None
 
 
+class ComputeCapability(Snapshot):
+    """A GPU's CUDA compute capability (6.1 for a Tesla P40): which kernels (sm_61) can run on it."""
+
+    major: int = Field(ge=1, le=99)
+    minor: int = Field(ge=0, le=9)
+
+    @property
+    def sm(self) -> str:
+        return f"sm_{self.major}{self.minor}"
+
+    @property
+    def number(self) -> int:
+        """61 for 6.1: the form of torch's arch list."""
+        return self.major * 10 + self.minor
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+
 class GpuSample(Snapshot):
     """One GPU at one instant. ``None`` means N/A (unsupported by this GPU or driver)."""
 
@@ -131,6 +150,7 @@ class GpuSample(Snapshot):
     processes: list[GpuProcess] = Field(default_factory=list)
     failed: str | None = None  # why this GPU stopped reporting (e.g. "GPU is lost")
     simulated: bool = False
+    compute_capability: ComputeCapability | None = None  # NVML's, or the sim spec's (simulated: true); None: N/A
 
 
 class HostSample(Snapshot):

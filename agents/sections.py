@@ -16,6 +16,7 @@ Sections and their models (``SECTION_MODELS``):
     alerts      AlertsSection
     audit       AuditSection
     gateway     GatewaySection | null  on the gateway's machine only (agents/gateway/): traffic per model, spend, keys
+    gpu_support GpuSupportSection  the stacks this machine launches and, per GPU, whether each runs there (agents/gpusupport/)
 
 Shape changes against the untyped sections (kept as small as the console allows):
 - ``jobs[].diverged_at_step`` and ``jobs[].progress_problem`` are new (issue 11: a diverged
@@ -35,6 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agents.gpusupport.model import GpuSupportSection
 from agents.protocol import Finite, FiniteFloat, GpuSample, HostSample, Telemetry
 from agents.states import JobState, ModelState
 
@@ -422,6 +424,7 @@ SECTION_MODELS: dict[str, Any] = {
     "alerts": AlertsSection,
     "audit": AuditSection,
     "gateway": GatewaySection | None,
+    "gpu_support": GpuSupportSection,
 }
 
 

@@ -27,7 +27,8 @@ from widgets.format import fmt, fmt_bytes
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # a GPU in `cetlab --json status` (documented in the README)
-STATUS_GPU_KEYS = {"index", "name", "util_pct", "mem_used_bytes", "mem_total_bytes", "temp_c", "power_w", "power_limit_w", "failed", "simulated"}
+STATUS_GPU_KEYS = {"index", "name", "util_pct", "mem_used_bytes", "mem_total_bytes", "temp_c", "power_w", "power_limit_w", "failed", "simulated",
+                   "compute_capability"}
 
 # Verb modules: each has register(subparsers) adding parsers whose `func(ctx)` is async.
 VERB_MODULES: list[str] = ["console.cli_costs", "console.cli_jobs", "console.cli_models", "console.cli_checkpoints", "console.cli_audit",
@@ -95,6 +96,8 @@ def status_json(state: LabState) -> dict[str, Any]:
                 for g in sorted(view.gpus.values(), key=lambda g: g.index)
             ],
         }
+        if view.gpu_support is not None:  # which stacks each GPU can run, with the reason and the fix (README "Older GPUs")
+            entry["gpu_support"] = view.gpu_support.to_wire()
         if not view.online:
             entry["error"] = view.error or view.link
             entry["last_seen"] = view.last_seen

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from agents.gpusupport.model import GpuSupportSection
 from agents.lab import Lab, Machine
 from agents.protocol import GpuSample, HostSample
 from agents.sections import (
@@ -62,6 +63,7 @@ class MachineView:
     alerts: AlertsSection = field(default_factory=AlertsSection)
     audit: AuditSection = field(default_factory=AuditSection)
     gateway: GatewaySection | None = None  # on the gateway's machine only
+    gpu_support: GpuSupportSection | None = None  # which stacks each GPU can run (agents/gpusupport/)
     problems: dict[str, str] = field(default_factory=dict)  # section -> why the agent's last value of it was refused
     series: dict[str, deque] = field(default_factory=dict)  # "gpu0.util_pct" -> values
     version: int = 0  # bumped on every change; screens redraw what moved
@@ -89,6 +91,7 @@ class MachineView:
         self.gpus, self.host, self.gpu_status, self.jobs = {}, fresh.host, None, []
         self.models, self.checkpoints, self.costs, self.alerts, self.audit = None, [], None, fresh.alerts, fresh.audit
         self.gateway = None
+        self.gpu_support = None
         self.problems = {}
 
     def apply_section(self, name: str, value: Any) -> None:

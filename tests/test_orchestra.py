@@ -179,7 +179,7 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         for params, code, words in [
             ({"model": "ghost"}, ErrorCode.NOT_FOUND, "no model named 'ghost'"),
             ({"model": "nowhere"}, ErrorCode.NOT_FOUND, "does not exist"),
-            ({"model": "big"}, ErrorCode.UNAVAILABLE, "vllm is not installed on box"),
+            ({"model": "big"}, ErrorCode.UNAVAILABLE, "box GPU 1 is a Tesla P4 (sm_61, SIM); vLLM 0.33 needs compute capability 7.0"),
             ({"model": "a", "extra": 1}, ErrorCode.INVALID_PARAMS, "extra"),
         ]:
             with pytest.raises(RemoteError) as exc:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
+from agents.gpusupport.model import Verdict
 from agents.protocol import GpuSample
 from widgets.charts import ScaleChart
 from widgets.format import NA, Thresholds, fmt, fmt_bytes
@@ -26,6 +28,22 @@ def chart_scale(key: str, gpu: GpuSample) -> tuple[float | None, str, str]:
     return TEMP_TOP_C, f"{TEMP_TOP_C:.0f}°C", "0°C"
 
 
+def support_line(gpu: GpuSample, support: list[Verdict]) -> str:
+    """Which stacks this GPU can run: "compute 6.1  runs: trainer torch, llama-server  not: vLLM (vLLM 0.33 needs compute capability 7.0 or newer)"."""
+    runs = [v.stack for v in support if v.runs]
+    unknown = [v.stack for v in support if v.runs is None]
+    parts = [f"compute {gpu.compute_capability or NA}"]
+    if runs:
+        parts.append("[green]runs:[/] " + ", ".join(runs))
+    for verdict in support:
+        if verdict.runs is False:
+            why = verdict.reason.split("; ", 1)[-1]
+            parts.append(f"[red]not: {verdict.stack}[/] ({escape(why)})")
+    if unknown:
+        parts.append("unknown: " + ", ".join(unknown))
+    return "  ".join(parts)
+
+
 class GpuPanel(Vertical):
     DEFAULT_CSS = """
     GpuPanel { height: auto; border: round $panel-lighten-2; padding: 0 1; }
@@ -44,7 +62,8 @@ class GpuPanel(Vertical):
                     yield Static(label, classes="label")
                     yield ScaleChart(id=f"chart-{key}")
 
-    def show(self, gpu: GpuSample, history: dict[str, list[float]], owner: str | None, limits: Thresholds) -> None:
+    def show(self, gpu: GpuSample, history: dict[str, list[float]], owner: str | None, limits: Thresholds,
+             support: list[Verdict] | None = None) -> None:
         if not self.is_mounted or not self.children:
             return
         line = self.query_one(".line", Static)
@@ -53,6 +72,7 @@ class GpuPanel(Vertical):
             f"fan {fmt(gpu.fan_pct, '.0f', '%')}  SM clock {fmt(gpu.sm_clock_mhz, '.0f', ' MHz')}  "
             f"power limit {fmt(gpu.power_limit_w, '.0f', ' W')}  uuid {gpu.uuid or NA}"
             + ("  [black on yellow] SIM [/]" if gpu.simulated else "")
+            + (f"\n{support_line(gpu, support)}" if support else "")
         )
         for key, _ in SERIES:
             self.query_one(f"#chart-{key}", ScaleChart).show(history.get(key, []), *chart_scale(key, gpu))

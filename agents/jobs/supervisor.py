@@ -224,6 +224,8 @@ class JobsComponent:
         found = recipes.find_program(program, cwd, env["PATH"])
         if found is None:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"command {program!r} of recipe {name} not found or not executable on {agent.machine.name} (PATH {env['PATH']})")
+        if (support := agent.component("gpu_support")) is not None:  # its torch has kernels for its GPUs, or a refusal with the fix
+            support.check_job(name, recipe.gpus, str(found))
         torchrun = "torchrun"
         if recipe.launcher == "torchrun":
             torchrun = recipes.find_program("torchrun", cwd, env["PATH"])

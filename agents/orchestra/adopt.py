@@ -122,7 +122,7 @@ async def adopt(pool: OrchestraComponent, records: dict[str, dict[str, Any]]) ->
             _kill_group(pid)
             continue
         try:
-            engine: Engine = pool._new_engine(slot, list(record.get("gpus") or slot.model.gpus))
+            engine: Engine = pool._new_engine(slot, list(record.get("gpus") or slot.model.gpus), check_gpus=False)
         except Exception as exc:  # the model's path or engine went away: the orphan cannot be served
             log.warning("cannot re-adopt %s (pid %s): %s; stopping it", name, pid, exc)
             _kill_group(pid)

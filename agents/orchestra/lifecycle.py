@@ -34,7 +34,7 @@ def signal_name(number: int) -> str:
 class LifecycleMixin:
     """Part of OrchestraComponent: one engine's life, and the long operations that answer at once and run in a task."""
 
-    def _new_engine(self, slot: Slot, gpus: list[int]) -> Engine:
+    def _new_engine(self, slot: Slot, gpus: list[int], check_gpus: bool = True) -> Engine:
         if not slot.path.exists() and not slot.model.make_tiny_if_missing:
             raise RemoteError(ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.agent.machine.name}")
         total = None
@@ -43,6 +43,8 @@ class LifecycleMixin:
         engine = ENGINES[slot.model.engine](slot.model, slot.path, self.agent.machine.name, gpus,
                                             self.agent.state_dir / "models" / f"{slot.name}.log", total)
         engine.agent_pid_file = self.agent.pid_file
+        if check_gpus and (support := self.agent.component("gpu_support")) is not None:  # its build runs on these GPUs, or the fix
+            support.check_model(slot.model, gpus, engine)
         engine.check()
         return engine
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from agents.protocol import GpuProcess, GpuSample
+from agents.protocol import ComputeCapability, GpuProcess, GpuSample
 
 GPU_LOST = "GPU is lost"
 NAME_UNKNOWN = "N/A"
@@ -45,6 +45,7 @@ class _Gpu:
     name: str = NAME_UNKNOWN
     uuid: str | None = None
     mem_total_bytes: int | None = None
+    capability: ComputeCapability | None = None
     failed: str | None = None
     slow: dict[str, tuple[float, Any]] = field(default_factory=dict)  # field -> (clock s, value)
     # per family of versioned calls (memory, Compute, Graphics): the position of the newest one that works here
@@ -74,6 +75,15 @@ def _host_process(pid: int, mem_used_bytes: int | None) -> GpuProcess:
     user = ask(psutil.Process.username)
     command = ask(lambda proc: " ".join(proc.cmdline())[:COMMAND_MAX_CHARS] or None)
     return GpuProcess(pid=pid, user=user, command=command, mem_used_bytes=mem_used_bytes)
+
+
+def _capability(value: Any) -> ComputeCapability | None:
+    """nvmlDeviceGetCudaComputeCapability's (major, minor), e.g. (6, 1) for a Tesla P40; None when N/A or odd."""
+    try:
+        major, minor = value
+        return ComputeCapability(major=int(major), minor=int(minor))
+    except (TypeError, ValueError):
+        return None
 
 
 class NvmlSampler:
@@ -144,6 +154,7 @@ class NvmlSampler:
             gpu.uuid = _text(self._query(gpu, "nvmlDeviceGetUUID"))
             memory = self._memory(gpu)
             gpu.mem_total_bytes = None if memory is None else int(memory.total)
+            gpu.capability = _capability(self._query(gpu, "nvmlDeviceGetCudaComputeCapability"))
         except _GpuLost:
             gpu.failed = GPU_LOST
         return gpu
@@ -240,6 +251,7 @@ class NvmlSampler:
             fan_pct=None if fan_pct is None else float(fan_pct),
             sm_clock_mhz=None if sm_clock_mhz is None else int(sm_clock_mhz),
             processes=self._processes(gpu),
+            compute_capability=gpu.capability,
         )
 
     def _power_limit_mw(self, gpu: _Gpu) -> int | None:

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.lab import SimGpu
-from agents.protocol import ErrorCode, GpuProcess, GpuSample, RemoteError, Role
+from agents.gpusupport.capability import capability_by_name, parse_capability
+from agents.protocol import ComputeCapability, ErrorCode, GpuProcess, GpuSample, RemoteError, Role
 
 if TYPE_CHECKING:
     from agents.agent import Agent
@@ -50,6 +51,11 @@ _PROFILES = {
     "serving": (8.0, 65.0, 0.72, 45),
     "bursty": (2.0, 92.0, 0.55, 120),
 }
+
+
+def sim_capability(spec: SimGpu) -> ComputeCapability | None:
+    """The sim spec's compute_capability, else the one of a real GPU of that name."""
+    return parse_capability(spec.compute_capability) if spec.compute_capability else capability_by_name(spec.name)
 
 
 class SimSampler:
@@ -153,6 +159,7 @@ class SimSampler:
             sm_clock_mhz=int(300 + 1100 * min(1.0, util / 60)),
             processes=processes,
             simulated=True,
+            compute_capability=sim_capability(spec),
         )
 
     def close(self) -> None:

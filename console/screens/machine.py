@@ -81,7 +81,7 @@ class MachineScreen(LabScreen):
             i = int(panel.id.split("-")[1])
             if i in view.gpus:
                 history = {key: view.spark(f"gpu{i}.{key}") for key, _ in SERIES}
-                panel.show(view.gpus[i], history, owners.get(i), limits)
+                panel.show(view.gpus[i], history, owners.get(i), limits, view.gpu_support.for_gpu(i) if view.gpu_support else None)
 
     def _refresh_processes(self, view) -> None:
         wanted = {}

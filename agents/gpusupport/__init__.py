@@ -1,0 +1,1 @@
+"""What each GPU can run: compute capabilities, the stacks the agent launches (torch, vLLM, llama-server) and the matrix of the two."""

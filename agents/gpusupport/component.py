@@ -1,0 +1,145 @@
+"""The agent's GPU support check: the `gpu_support` section (every GPU x every stack) and the refusals before a launch.
+
+Real GPUs (NVML) are judged against the stacks installed here, read in subprocesses and cached. Simulated machines are judged
+against the stacks their lab.yaml entry declares (`gpus.stacks`, else a lab installed as the README's "Older GPUs" says),
+labelled SIM: their trainers really run on the CPU, so the check plays what the real lab would do, nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from agents.gpusupport.matrix import judge, matrix
+from agents.gpusupport.model import GpuSupportSection, Stack, StackKind, Verdict
+from agents.gpusupport.stacks import (
+    TorchReader,
+    default_llama_server,
+    engine_stack_kind,
+    llama_server_stack,
+    python_of,
+    real_stacks,
+    sim_engine_stack,
+    sim_stacks,
+    transformers_python,
+    vllm_stack,
+)
+from agents.lab import Model, SimGpus
+from agents.protocol import ErrorCode, GpuSample, RemoteError
+
+if TYPE_CHECKING:
+    from agents.agent import Agent
+    from agents.rpc import Peer
+
+log = logging.getLogger("cetlab.gpusupport")
+
+
+class GpuSupportComponent:
+    name = "gpu_support"
+
+    def __init__(self, reader: TorchReader | None = None, llama_server: Callable[[], str | None] = default_llama_server) -> None:
+        self.reader = reader or TorchReader()
+        self.llama_server = llama_server
+        self._agent: Agent | None = None
+        self._stacks: dict[StackKind, Stack] | None = None  # None until read (real machines read them in a thread at start)
+        self._task: asyncio.Task[None] | None = None
+        self._cached: tuple[Any, GpuSupportSection] | None = None
+
+    @property
+    def agent(self) -> Agent:
+        assert self._agent is not None, "used before start()"
+        return self._agent
+
+    async def start(self, agent: Agent) -> None:
+        self._agent = agent
+        gpus = agent.machine.gpus
+        if isinstance(gpus, SimGpus):
+            self._stacks = sim_stacks(gpus.stacks)
+        else:
+            self._task = asyncio.get_running_loop().create_task(self._read(), name="gpu-support-read")
+
+        @agent.rpc.method("gpus.support", doc="Which stacks (trainer torch, vLLM, llama-server) each GPU can run, with the reason and the fix.")
+        async def support(peer: Peer, _params: Any) -> dict[str, Any]:
+            if self._stacks is None and self._task is not None:
+                await asyncio.shield(self._task)
+            return self.section().to_wire()
+
+    async def _read(self) -> None:
+        try:
+            self._stacks = await asyncio.to_thread(real_stacks, self.reader, self.llama_server)
+            self._cached = None
+        except Exception:
+            log.exception("reading this machine's stacks failed; no GPU support check")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    # -- the section
+
+    def _gpus(self) -> list[GpuSample]:
+        latest = self.agent.latest
+        return list(latest.gpus) if latest is not None else []
+
+    def section(self) -> GpuSupportSection:
+        gpus = self._gpus()
+        stacks = list((self._stacks or {}).values())
+        key = (tuple((g.index, g.name, g.compute_capability, g.simulated, g.failed) for g in gpus), id(self._stacks))
+        if self._cached is None or self._cached[0] != key:
+            self._cached = (key, GpuSupportSection(stacks=stacks, verdicts=matrix(self.agent.machine.name, gpus, stacks),
+                                                   simulated=self.agent.machine.simulated))
+        return self._cached[1]
+
+    # -- refusals before a launch
+
+    def _stack(self, kind: StackKind | None, python: str | None = None) -> Stack | None:
+        """The stack a launch would use, read now (cached): a job's own Python may differ from the agent's."""
+        if kind is None:
+            return None
+        if kind == StackKind.SIM:
+            return sim_engine_stack()
+        if isinstance(self.agent.machine.gpus, SimGpus):
+            return (self._stacks or sim_stacks(self.agent.machine.gpus.stacks))[kind]
+        if kind == StackKind.TORCH:
+            return self.reader.stack(python or transformers_python())
+        if kind == StackKind.VLLM:
+            from agents.orchestra.vllm import vllm_cli
+
+            return vllm_stack(self.reader, vllm_cli())
+        return llama_server_stack(self.llama_server())
+
+    def _refuse(self, gpus: list[int], stack: Stack, for_model: bool, what: str) -> None:
+        by_index = {g.index: g for g in self._gpus()}
+        for index in gpus:
+            gpu = by_index.get(index)
+            if gpu is None or gpu.failed is not None:
+                continue
+            verdict = judge(self.agent.machine.name, index, gpu.name, gpu.compute_capability, stack, gpu.simulated, for_model)
+            if verdict.runs is False:
+                raise RemoteError(ErrorCode.UNAVAILABLE, f"{what} refused: {verdict.message}", {"gpu_support": verdict.to_wire()})
+
+    def check_job(self, recipe: str, gpus: list[int], program: str) -> None:
+        """Refuse a trainer whose Python's torch has no kernels for one of its GPUs (a program that is not Python: not checked)."""
+        if not gpus:
+            return
+        simulated = isinstance(self.agent.machine.gpus, SimGpus)
+        python = None if simulated else python_of(program)
+        if python is None and not simulated:
+            return
+        stack = self._stack(StackKind.TORCH, python)
+        if stack is not None:
+            self._refuse(gpus, stack, False, f"recipe {recipe}")
+
+    def check_model(self, model: Model, gpus: list[int], engine: Any = None) -> None:
+        """Refuse a model whose engine's build cannot run on one of its GPUs. ``engine``: its engine description, when there is one."""
+        if not gpus:
+            return
+        kind = (engine_stack_kind(engine) if engine is not None else None) or engine_stack_kind(model.engine)
+        stack = self._stack(kind)
+        if stack is not None:
+            self._refuse(gpus, stack, True, f"model {model.name} (engine {model.engine})")
+
+    def verdicts(self, index: int) -> list[Verdict]:
+        return self.section().for_gpu(index)

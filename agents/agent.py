@@ -358,6 +358,8 @@ def default_components() -> list[Component]:
     from agents.costs import CostsComponent
     from agents.gateway.component import GatewayComponent
     from agents.jobs.supervisor import JobsComponent
+    from agents.notify.component import NotifyComponent
     from agents.orchestra import OrchestraComponent
 
-    return [AuditComponent(), CostsComponent(), AlertsComponent(), JobsComponent(), OrchestraComponent(), CheckpointsComponent(), GatewayComponent()]
+    return [AuditComponent(), CostsComponent(), AlertsComponent(), NotifyComponent(), JobsComponent(), OrchestraComponent(),
+            CheckpointsComponent(), GatewayComponent()]

@@ -212,6 +212,7 @@ class NotifyComponent:
             route = sender.route
             routes.append(RouteStatus.model_validate({
                 **self.outbox.route_counts(name), "name": name, "kind": getattr(route, "kind"), "format": getattr(route, "format", None),
+                "simulated": route.simulated,
                 "target": describe(route), "queued": self.outbox.pending_count(name), "rate_limited": sender.rate_limited,
                 "next_try_at": sender.next_try_at, "problem": sender.problem}))
         return NotifyStatus(machine=self.agent.machine.name, routes=routes)

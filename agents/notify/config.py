@@ -85,6 +85,7 @@ class RouteBase(Strict):
     send_resolved: bool = True  # also say when an alert clears
     timeout_s: Seconds = 10.0  # one delivery attempt; then it counts as failed and is retried
     rate_limit: RateLimit = Field(default_factory=RateLimit)
+    simulated: bool = False  # a local stand-in (the demo's receiver): labelled SIM wherever it shows
 
     def takes(self, kind: Kind, level: Level, machine: str) -> bool:
         """Whether this route takes a notification of that kind and level from that machine (`test` always)."""

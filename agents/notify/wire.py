@@ -58,6 +58,7 @@ class RouteStatus(BaseModel):
     name: str
     kind: str  # alertmanager | webhook | command
     format: str | None = None  # webhooks: json | slack | discord | ntfy
+    simulated: bool = False  # the demo's local receiver: SIM
     target: str  # the clear URL, or where the secret is read ("$SLACK_URL", "file /etc/cetlab/slack.url"), or the argv[0]
     queued: int = 0  # waiting to be sent (retrying, or held by the rate limit)
     delivered: int = 0  # accepted by the endpoint, all time

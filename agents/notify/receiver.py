@@ -55,7 +55,8 @@ class Receiver:
                     with receiver._lock:
                         receiver.held -= 1
                 receiver._record(entry)
-                payload = b'{"ok": true}'
+                ok = 200 <= receiver.status < 300
+                payload = json.dumps({"ok": True} if ok else {"error": f"no hook at {self.path}"}).encode()  # as many servers do: echo the path
                 self.send_response(receiver.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))

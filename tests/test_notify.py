@@ -1,0 +1,350 @@
+"""Notifications: routes in lab.yaml, payloads in each format at a real local receiver, durable delivery across
+restarts and kill -9, one send per firing, secrets kept out of everything, and a stalled endpoint that never stalls the tick."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agents.lab import LabError, load_lab, parse_lab
+from agents.notify.receiver import Receiver
+from console.client import FleetClient
+from console.demo import DemoLab
+from tests.conftest import REPO, wait_for
+
+P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
+FAST = {"retry_first": "0.2s", "retry_max": "0.5s"}
+
+
+def lab_with(tmp_path: Path, routes: list[dict[str, Any]], gpus: int = 1, **extra: Any) -> Path:
+    data = {"lab": "notify-lab", "alerts": {"temp_for_s": 0, "clear_for_s": 0},
+            "machines": [{"name": "box", "gpus": {"sim": [P4] * gpus}}],
+            "notify": {**FAST, "routes": routes}, **extra}
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def by_status(received: list[dict[str, Any]], route_path: str = "") -> Counter:
+    """(alert id, status) -> how many JSON notifications of that kind arrived (at paths starting with route_path)."""
+    return Counter((r["json"]["alert_id"], r["json"]["status"]) for r in received
+                   if r["path"].startswith(route_path) and isinstance(r.get("json"), dict) and "alert_id" in r["json"])
+
+
+async def hot(client: FleetClient, gpu: int = 0, temp_c: float = 95.0) -> None:
+    await client.call("box", "sim.override", {"gpu": gpu, "temp_c": temp_c})
+
+
+async def active_ids(client: FleetClient) -> set[str]:
+    return {a["id"] for a in (await client.call("box", "alerts.list", {"active": True}))["alerts"]}
+
+
+# ---------------------------------------------------------------------------- lab.yaml
+
+
+def test_routes_are_validated_and_a_secret_in_clear_is_refused_without_being_echoed():
+    head = "lab: t\nmachines: [{name: box}]\nnotify:\n  routes:\n"
+    with pytest.raises(LabError) as bad:
+        parse_lab(head + "    - {name: chat, kind: webhook, format: slack, url: 'https://hooks.slack.com/services/T1/B2/TOPSECRET'}\n"
+                  "    - {name: am, kind: alertmanager, url: 'http://admin:TOPSECRET@127.0.0.1:9093'}\n"
+                  "    - {name: hook, kind: webhook, url: 'https://example.com/h?token=TOPSECRET'}\n"
+                  "    - {name: page, kind: command, argv: 'page-me --urgent'}\n"
+                  "    - {name: both, kind: webhook, url: 'http://127.0.0.1:1/x', url_env: HOOK}\n"
+                  "    - {name: odd, kind: pager, url: 'http://127.0.0.1:1/x'}\n")
+    text = str(bad.value)
+    assert "TOPSECRET" not in text  # the error names where, never what the secret is
+    assert "lab.yaml:5: notify.routes[0]: a slack incoming-webhook URL holds its token" in text
+    assert "lab.yaml:6: notify.routes[1]: url: a URL with user:password@ holds a secret" in text
+    assert "lab.yaml:7: notify.routes[2]: url: a URL with a ?query" in text
+    assert "lab.yaml:8: notify.routes[3].argv: expected an argv list" in text
+    assert "lab.yaml:9: notify.routes[4]: give exactly one of url, url_env" in text
+    assert "lab.yaml:10: notify.routes[5]" in text
+    with pytest.raises(LabError, match=r"(?s)notify.routes\[1\].machines\[0\]: no machine named .m9.*notify.routes\[2\].name: duplicate route name"):
+        parse_lab(head + "    - {name: a, kind: webhook, url_env: HOOK}\n    - {name: b, kind: webhook, url_env: HOOK, machines: [m9]}\n"
+                  "    - {name: a, kind: command, argv: [/bin/true]}\n")
+    lab = parse_lab(head + "    - {name: am, kind: alertmanager, url: 'http://127.0.0.1:9093', levels: [critical], kinds: [gpu_hot, job_failed]}\n")
+    route = lab.notify.routes[0]
+    assert route.takes("gpu_hot", "critical", "box") and not route.takes("gpu_hot", "warning", "box")
+    assert not route.takes("disk_full", "critical", "box") and route.takes("test", "info", "box")
+
+
+def test_the_repository_lab_routes_the_demo_to_its_receiver_from_a_private_file():
+    lab = load_lab(REPO / "lab.yaml")
+    (route,) = lab.notify.routes
+    assert route.simulated and route.url is None and route.url_file  # the hook's URL is never in lab.yaml
+    assert {"gpu_hot", "job_failed"} <= set(route.kinds)
+
+
+# ---------------------------------------------------------------------------- formats
+
+
+async def test_each_webhook_format_arrives_at_a_real_receiver_fired_and_resolved(tmp_path, monkeypatch):
+    receiver = Receiver().start()
+    try:
+        monkeypatch.setenv("SLACK_HOOK", f"{receiver.url}/slack/T0/B0/s3cr3t-slack-token")
+        monkeypatch.setenv("DISCORD_HOOK", f"{receiver.url}/discord/123/s3cr3t-discord-token")
+        monkeypatch.setenv("NTFY_TOKEN", "tk_s3cr3t-ntfy")
+        lab = lab_with(tmp_path, [
+            {"name": "raw", "kind": "webhook", "url": f"{receiver.url}/json"},
+            {"name": "slack", "kind": "webhook", "format": "slack", "url_env": "SLACK_HOOK"},
+            {"name": "discord", "kind": "webhook", "format": "discord", "url_env": "DISCORD_HOOK", "send_resolved": False},
+            {"name": "ntfy", "kind": "webhook", "format": "ntfy", "url": f"{receiver.url}/ntfy/lab-alerts", "token_env": "NTFY_TOKEN",
+             "levels": ["critical"]},
+        ])
+        with DemoLab(tmp_path / "run", source=lab) as demo:
+            async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
+                await client.wait_connected(10)
+                await hot(client)
+                await wait_for(lambda: len(receiver.received) >= 4, timeout=30)
+                await client.call("box", "sim.override", {"gpu": 0, "clear": True})
+                await wait_for(lambda: len(receiver.received) >= 6, timeout=30)  # resolved: all but discord (send_resolved: false)
+        paths = Counter(r["path"].split("/")[1] for r in receiver.received)
+        assert paths == {"json": 2, "slack": 2, "discord": 1, "ntfy": 2}
+        plain = [r["json"] for r in receiver.received if r["path"] == "/json"]
+        assert [(p["status"], p["kind"], p["level"], p["machine"], p["alert_id"], p["gpu"], p["simulated"]) for p in plain] == [
+            ("firing", "gpu_hot", "critical", "box", "box#1", 0, True), ("resolved", "gpu_hot", "critical", "box", "box#1", 0, True)]
+        assert plain[1]["cleared_at"] >= plain[1]["fired_at"]
+        slack = [r["json"] for r in receiver.received if r["path"].startswith("/slack/")]
+        assert set(slack[0]) == {"text"} and slack[0]["text"].startswith(":rotating_light: *[CRITICAL] box (SIM): gpu0 Tesla P4 at 95 C")
+        assert "RESOLVED" in slack[1]["text"]
+        (discord,) = [r["json"] for r in receiver.received if r["path"].startswith("/discord/")]
+        assert set(discord) == {"content", "username"} and "[CRITICAL] box (SIM): gpu0" in discord["content"]
+        ntfy = [r for r in receiver.received if r["path"] == "/ntfy/lab-alerts"]
+        assert ntfy[0]["headers"]["X-Priority"] == "5" and ntfy[0]["headers"]["X-Title"].startswith("[CRITICAL] box (SIM)")
+        assert ntfy[0]["headers"]["Authorization"] == "Bearer tk_s3cr3t-ntfy" and "alert box#1" in ntfy[0]["text"]
+    finally:
+        receiver.stop()
+
+
+# ---------------------------------------------------------------------------- durable delivery
+
+
+def agent_pid(demo: DemoLab) -> int:
+    (proc,) = [p for p in demo.processes if "agents.daemon" in " ".join(map(str, p.args))]
+    return proc.pid
+
+
+async def test_nothing_is_lost_across_a_restart_and_a_kill_9_while_the_receiver_is_down(tmp_path):
+    receiver = Receiver().start()
+    port = receiver.port
+    receiver.stop()  # down from the start: connections refused
+    lab = lab_with(tmp_path, [{"name": "hook", "kind": "webhook", "url": f"http://127.0.0.1:{port}/hook"}], gpus=2)
+    demo = DemoLab(tmp_path / "run", source=lab)
+    demo.start()
+    try:
+        demo.wait_listening()
+        async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
+            await client.wait_connected(10)
+            await hot(client, gpu=0)
+            await wait_for(lambda: active_ids(client), timeout=20)
+
+            async def failing() -> bool:
+                (route,) = (await client.call("box", "notify.status"))["routes"]
+                return route["failures"] >= 1 and route["queued"] == 1
+
+            await wait_for(failing, timeout=20)
+        demo.stop()  # a clean restart, the receiver still down
+        demo.launch()
+        demo.wait_listening()
+        async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
+            await client.wait_connected(10)
+            await hot(client, gpu=1)
+            await wait_for(lambda: active_ids(client), timeout=20)
+            os.kill(agent_pid(demo), signal.SIGKILL)  # and then a kill -9, still down
+        demo.stop()
+        receiver = Receiver(port).start()  # the receiver comes back; then the agent
+        demo.launch()
+        demo.wait_listening()
+        # gpu0's alert fired before the restart (its override went with the process: it resolves now); gpu1's too
+        await wait_for(lambda: by_status(receiver.received)[("box#1", "firing")] and by_status(receiver.received)[("box#2", "firing")]
+                       and by_status(receiver.received)[("box#1", "resolved")] and by_status(receiver.received)[("box#2", "resolved")],
+                       timeout=40)
+        async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
+            await client.wait_connected(10)
+
+            async def drained() -> bool:
+                (route,) = (await client.call("box", "notify.status"))["routes"]
+                return route["queued"] == 0 and route["delivered"] == 4
+
+            await wait_for(drained, timeout=20)
+        assert by_status(receiver.received) == {("box#1", "firing"): 1, ("box#1", "resolved"): 1,
+                                                ("box#2", "firing"): 1, ("box#2", "resolved"): 1}
+    finally:
+        demo.stop()
+        receiver.stop()
+
+
+async def test_a_flapping_alert_sends_one_notification_per_firing(tmp_path):
+    receiver = Receiver().start()
+    try:
+        lab = lab_with(tmp_path, [{"name": "hook", "kind": "webhook", "url": f"{receiver.url}/hook", "send_resolved": False}])
+        with DemoLab(tmp_path / "run", source=lab) as demo:
+            async with FleetClient(load_lab(demo.lab_path)) as client:
+                await client.wait_connected(10)
+                view = client.state.machines["box"]
+
+                async def seen(temp: float) -> None:  # a tick with this temperature reached the console: the rules saw it
+                    await hot(client, temp_c=temp)
+                    await wait_for(lambda: view.gpus.get(0) is not None and view.gpus[0].temp_c == temp, timeout=20)
+
+                for firing in range(3):
+                    await seen(95.0)
+                    for temp in (84.0, 96.0, 83.0, 97.0):  # inside the hysteresis band (clears below 80.75): the same firing
+                        await seen(temp)
+                    await seen(40.0)  # cleared
+                    await wait_for(lambda: not view.alerts.active, timeout=20)
+                fired = [a for a in (await client.call("box", "alerts.list", {"limit": 50}))["alerts"] if a["rule"] == "gpu_hot"]
+                assert len(fired) == 3
+                await wait_for(lambda: len(receiver.received) >= 3, timeout=20)
+                await seen(40.0)  # one more tick: nothing more arrives for the three firings
+        assert by_status(receiver.received) == {(a["id"], "firing"): 1 for a in fired}
+    finally:
+        receiver.stop()
+
+
+async def test_the_rate_limit_holds_sends_back_without_dropping_them(tmp_path):
+    receiver = Receiver().start()
+    try:
+        lab = lab_with(tmp_path, [{"name": "hook", "kind": "webhook", "url": f"{receiver.url}/hook", "send_resolved": False,
+                                   "rate_limit": {"count": 1, "per": "3s"}}], gpus=3)
+        with DemoLab(tmp_path / "run", source=lab) as demo:
+            async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
+                await client.wait_connected(10)
+                for gpu in range(3):
+                    await hot(client, gpu=gpu)
+
+                async def held() -> bool:
+                    (route,) = (await client.call("box", "notify.status"))["routes"]
+                    return route["rate_limited"] and route["queued"] >= 1
+
+                await wait_for(held, timeout=20)
+                assert len(receiver.received) <= 2  # one per 3 s window
+                await wait_for(lambda: len(receiver.received) == 3, timeout=30)
+        times = sorted(r["at"] for r in receiver.received)
+        assert times[2] - times[0] >= 3.0  # three sends spread over at least two windows
+    finally:
+        receiver.stop()
+
+
+# ---------------------------------------------------------------------------- secrets
+
+
+async def read_wire(socket_path: Path, calls: list[tuple[str, dict[str, Any]]]) -> bytes:
+    """Everything the agent writes to one console on its raw JSON-lines socket while these calls run."""
+    reader, writer = await asyncio.open_unix_connection(str(socket_path))
+    wire = b""
+    try:
+        for n, (method, params) in enumerate([("hello", {}), ("subscribe", {"topics": ["tick", "notice"]}), *calls], 1):
+            writer.write(json.dumps({"id": n, "method": method, "params": params}).encode() + b"\n")
+            await writer.drain()
+            while True:
+                line = await asyncio.wait_for(reader.readline(), 30)
+                assert line, "the agent closed the socket"
+                wire += line
+                if json.loads(line).get("id") == n:
+                    break
+    finally:
+        writer.close()
+    return wire
+
+
+async def test_a_secret_never_appears_in_the_audit_the_logs_the_json_output_or_the_wire(tmp_path, monkeypatch):
+    secret_path, token = "/hooks/T0/B0/XOXB-s3cr3t-path", "s3cr3t-bearer-token"
+    receiver = Receiver(status=404).start()  # answers 404 and echoes the path it was asked for, as many servers do
+    try:
+        monkeypatch.setenv("CHAT_HOOK", receiver.url + secret_path)
+        url_file = tmp_path / "ntfy.url"
+        url_file.write_text(f"{receiver.url}/ntfy/s3cr3t-topic\n")
+        url_file.chmod(0o644)  # too open first: refused, and said so
+        monkeypatch.setenv("NTFY_TOKEN", token)
+        lab = lab_with(tmp_path, [{"name": "chat", "kind": "webhook", "format": "slack", "url_env": "CHAT_HOOK"},
+                                  {"name": "ntfy", "kind": "webhook", "format": "ntfy", "url_file": str(url_file), "token_env": "NTFY_TOKEN"}])
+        with DemoLab(tmp_path / "run", source=lab) as demo:
+            cli = [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path)]
+            async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
+                await client.wait_connected(10)
+                await hot(client)
+
+                async def both_answered() -> bool:
+                    routes = {r["name"]: r for r in (await client.call("box", "notify.status"))["routes"]}
+                    return routes["chat"]["dropped"] >= 1 and routes["ntfy"]["problem"] is not None
+
+                await wait_for(both_answered, timeout=30)
+                routes = {r["name"]: r for r in (await client.call("box", "notify.status"))["routes"]}
+                assert routes["chat"]["last_failure"]["answer"].startswith("HTTP 404")  # refused for good: not retried
+                assert "<secret>" in routes["chat"]["last_failure"]["answer"]  # the echoed path, redacted
+                assert "is mode 0644, readable by others: chmod 600" in routes["ntfy"]["problem"]
+                url_file.chmod(0o600)
+                receiver.status = 200
+                answer = await client.call("box", "notify.test", {"route": "ntfy"})
+                assert answer["ok"] and answer["answer"].startswith("HTTP 200")
+            outputs = [subprocess.run([*cli, *args], capture_output=True, text=True, timeout=60, cwd=REPO)
+                       for args in (["--json", "alerts", "--all"], ["alerts"], ["--json", "alerts", "notify-test", "chat"],
+                                    ["alerts", "notify-test", "ntfy"], ["--json", "audit"])]
+            json_alerts = json.loads(outputs[0].stdout)
+            assert {r["name"]: r["target"] for r in json_alerts["routes"]} == {"chat": "$CHAT_HOOK", "ntfy": f"file {url_file}"}
+            assert json.loads(outputs[2].stdout)["tests"][0]["ok"]
+            wire = await read_wire(demo.dir / "agents" / "box" / "agent.sock", [
+                ("status", {}), ("notify.status", {}), ("alerts.list", {"limit": 50}), ("notify.test", {"route": "chat"}),
+                ("audit.list", {"limit": 100})])
+            assert b"notify.test" in wire and b"$CHAT_HOOK" in wire
+        assert any(r["path"] == secret_path for r in receiver.received)  # the secret went where it belongs, only there
+        log = (demo.dir / "agents" / "box.log").read_text()
+        db = sqlite3.connect(demo.dir / "agents" / "box" / "state.db")
+        tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        stored = "\n".join(str(row) for table in tables for row in db.execute(f"SELECT * FROM {table}"))  # the audit trail and the queue
+        db.close()
+        texts = {"log": log, "state.db": stored, "wire": wire.decode(), **{f"cli {i}": o.stdout + o.stderr for i, o in enumerate(outputs)}}
+        for secret in ("XOXB-s3cr3t-path", token, "s3cr3t-topic"):
+            leaks = [where for where, text in texts.items() if secret in text]
+            assert leaks == [], f"{secret} appears in {leaks}"
+        assert "notify.test" in stored  # the audit trail has the test, by route name
+    finally:
+        receiver.stop()
+
+
+# ---------------------------------------------------------------------------- the tick
+
+
+async def test_a_stalled_endpoint_does_not_hold_the_tick(tmp_path):
+    receiver = Receiver().start()
+    receiver.stall.set()  # reads each request and answers none until released
+    try:
+        lab = lab_with(tmp_path, [{"name": "hook", "kind": "webhook", "url": f"{receiver.url}/hook", "timeout_s": "120s"}], gpus=2)
+        with DemoLab(tmp_path / "run", source=lab) as demo:
+            async with FleetClient(load_lab(demo.lab_path)) as client:
+                await client.wait_connected(10)
+                await hot(client, gpu=0)
+                await wait_for(lambda: receiver.held == 1, timeout=30)  # the agent's request hangs at the endpoint
+                view = client.state.machines["box"]
+                ticks: list[float] = []
+
+                def tick_seen() -> bool:
+                    if view.sample_t is not None and (not ticks or view.sample_t != ticks[-1]):
+                        ticks.append(view.sample_t)
+                    return len(ticks) >= 8
+
+                await wait_for(tick_seen, timeout=60, interval=0.02)
+                assert receiver.held == 1  # every one of those ticks came while the send hung
+                await hot(client, gpu=1)  # and the tick still raises alerts: queued behind the hung one
+                await wait_for(lambda: len(view.alerts.active) == 2, timeout=20)
+                gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+                print(f"tick gaps while the endpoint stalled: max {max(gaps):.2f} s, mean {sum(gaps) / len(gaps):.2f} s "
+                      f"(interval 1 s, endpoint timeout 120 s)")
+                assert max(gaps) < 60  # a held tick would wait for the 120 s timeout
+                receiver.stall.clear()
+                await wait_for(lambda: len(by_status(receiver.received)) == 2, timeout=30)
+    finally:
+        receiver.stall.clear()
+        receiver.stop()

@@ -348,3 +348,98 @@ async def test_a_stalled_endpoint_does_not_hold_the_tick(tmp_path):
     finally:
         receiver.stall.clear()
         receiver.stop()
+
+
+# ---------------------------------------------------------------------------- a real Alertmanager
+
+ALERTMANAGER = "/usr/bin/prometheus-alertmanager"  # Debian's prometheus-alertmanager (.ci/run installs it)
+
+
+@pytest.fixture
+def alertmanager(tmp_path):
+    """A real Alertmanager on loopback whose one receiver is a webhook to a local Receiver; yields (url, receiver)."""
+    binary = ALERTMANAGER if os.path.exists(ALERTMANAGER) else None
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{ALERTMANAGER} is missing: .ci/run installs Debian's prometheus-alertmanager")
+        pytest.skip("Debian's prometheus-alertmanager is not installed (apt-get install prometheus-alertmanager; CI installs it)")
+    from console.demo import free_ports
+
+    receiver = Receiver().start()
+    (port,) = free_ports(1)
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(yaml.safe_dump({
+        "route": {"receiver": "hook", "group_by": ["alertname", "machine", "target"], "group_wait": "0s", "group_interval": "1s",
+                  "repeat_interval": "1h"},
+        "receivers": [{"name": "hook", "webhook_configs": [{"url": f"{receiver.url}/am", "send_resolved": True}]}]}))
+    log = open(tmp_path / "alertmanager.log", "wb")
+    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.path={tmp_path / 'am-data'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield f"http://127.0.0.1:{port}", receiver
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        receiver.stop()
+
+
+async def am_alerts(url: str) -> list[dict[str, Any]]:
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/api/v2/alerts") as response:
+            return await response.json() if response.status == 200 else []
+    except aiohttp.ClientError:
+        return []
+
+
+def am_webhooks(receiver: Receiver, alertname: str, status: str) -> list[dict[str, Any]]:
+    """The alerts Alertmanager's webhook delivered with this name and status."""
+    return [a for r in receiver.received if r["path"] == "/am" for a in r["json"]["alerts"]
+            if a["labels"].get("alertname") == alertname and a["status"] == status]
+
+
+async def test_a_real_alertmanager_gets_fired_resolved_and_job_failed_alerts_with_their_labels(tmp_path, alertmanager):
+    url, hook = alertmanager
+    crash = [sys.executable, "-c", "import sys; print('loading data'); print('RuntimeError: CUDA out of memory (SIM)'); sys.exit(3)"]
+    lab = lab_with(tmp_path, [{"name": "oncall", "kind": "alertmanager", "url": url, "resend_every": "1s"}],
+                   trainers=[{"name": "crash", "machine": "box", "command": crash, "output_dir": "runs/{job_id}"}])
+    with DemoLab(tmp_path / "run", source=lab) as demo:
+        async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
+            await client.wait_connected(10)
+            await hot(client)
+
+            async def firing() -> dict[str, Any] | None:
+                return next((a for a in await am_alerts(url) if a["labels"]["alertname"] == "gpu_hot"), None)
+
+            alert = await wait_for(firing, timeout=30)
+            assert alert["labels"] == {"alertname": "gpu_hot", "rule": "gpu_hot", "severity": "critical", "lab": "notify-lab",
+                                       "machine": "box", "target": "gpu0", "gpu": "0", "source": "cetlab", "simulated": "true"}
+            assert alert["status"]["state"] == "active" and alert["annotations"]["alert_id"] == "box#1"
+            assert alert["annotations"]["summary"] == "gpu0 Tesla P4 at 95 C (limit 85 C)"
+
+            async def resent() -> bool:  # re-posted while it fires: its end moves on
+                again = await firing()
+                return again is not None and again["endsAt"] > alert["endsAt"]
+
+            await wait_for(resent, timeout=30)
+            await wait_for(lambda: am_webhooks(hook, "gpu_hot", "firing"), timeout=30)
+            await client.call("box", "sim.override", {"gpu": 0, "clear": True})
+            (resolved,) = await wait_for(lambda: am_webhooks(hook, "gpu_hot", "resolved"), timeout=30)
+            assert resolved["labels"]["machine"] == "box" and resolved["labels"]["gpu"] == "0"
+
+            async def gone() -> bool:  # ended: Alertmanager lists it no more
+                return await firing() is None
+
+            await wait_for(gone, timeout=30)
+
+            job = await client.call("box", "jobs.start", {"recipe": "crash"})
+            (failed,) = await wait_for(lambda: am_webhooks(hook, "job_failed", "firing"), timeout=60)
+            assert failed["labels"]["job"] == job["id"] and failed["labels"]["severity"] == "critical"
+            assert "CUDA out of memory" in failed["annotations"]["last_lines"] and failed["annotations"]["exit_code"] == "3"
+    assert len(am_webhooks(hook, "gpu_hot", "firing")) == 1  # one notification for the one firing

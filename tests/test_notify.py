@@ -443,3 +443,53 @@ async def test_a_real_alertmanager_gets_fired_resolved_and_job_failed_alerts_wit
             assert failed["labels"]["job"] == job["id"] and failed["labels"]["severity"] == "critical"
             assert "CUDA out of memory" in failed["annotations"]["last_lines"] and failed["annotations"]["exit_code"] == "3"
     assert len(am_webhooks(hook, "gpu_hot", "firing")) == 1  # one notification for the one firing
+
+
+# ---------------------------------------------------------------------------- the demo
+
+
+def demo_m5_only(tmp_path: Path) -> Path:
+    """The bundled demo lab cut down to m5 and its LoRA recipe (the rest would only load the machine), notify as shipped."""
+    import shutil
+
+    data = yaml.safe_load((REPO / "lab.yaml").read_text())
+    data["machines"] = [m for m in data["machines"] if m["name"] == "m5"]
+    data["alerts"] = {**data["alerts"], "temp_for_s": 0}  # the README's scenario waits 30 s: the test does not
+    for key in ("models", "providers", "trainers"):
+        data[key] = [t for t in data.get(key, []) if key == "trainers" and t["name"] == "demo-lora"]
+    data.pop("gateway")
+    data["orchestra"], data["checkpoints"] = {}, {}
+    source = tmp_path / "source"
+    shutil.copytree(REPO / "demo", source / "demo")
+    (source / "lab.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return source / "lab.yaml"
+
+
+async def test_the_demo_hot_gpu_scenario_and_a_failed_run_each_reach_the_demo_receiver(tmp_path):
+    from console.notify_demo import RECEIVED_FILE
+
+    with DemoLab(tmp_path / "run", source=demo_m5_only(tmp_path)) as demo:
+        url_file = demo.dir / "console" / "team-chat.url"
+        hook_url = url_file.read_text().strip()  # with a token in its path, as a real hook's
+        assert url_file.stat().st_mode & 0o777 == 0o600 and hook_url not in demo.lab_path.read_text()
+        received = demo.dir / RECEIVED_FILE
+
+        def arrived() -> list[dict[str, Any]]:
+            return [json.loads(line) for line in received.read_text().splitlines()] if received.exists() else []
+
+        cli = [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path)]
+        hot_gpu = subprocess.run([*cli, "sim-override", "m5", "--gpu", "0", "--temp-c", "95"], capture_output=True, text=True,
+                                 timeout=60, cwd=REPO)
+        assert hot_gpu.returncode == 0, hot_gpu.stderr
+        (first,) = await wait_for(arrived, timeout=30)
+        assert first["json"]["text"].startswith(":rotating_light: *[CRITICAL] m5 (SIM): gpu0 Tesla V100 at 95 C")
+        fail = subprocess.run([*cli, "train", "demo-lora", "--set", "resume_from_checkpoint=/no/such/checkpoint-1"],
+                              capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert fail.returncode == 0, fail.stderr
+        await wait_for(lambda: len(arrived()) == 2, timeout=120)
+        failed = arrived()[1]["json"]["text"]
+        assert "[CRITICAL] m5 (SIM): job m5-1 (demo-lora) failed" in failed and "checkpoint folder not found" in failed
+        shown = subprocess.run([*cli, "alerts"], capture_output=True, text=True, timeout=60, cwd=REPO).stdout
+        assert "team-chat SIM (webhook slack → file console/team-chat.url) from m5 · last delivered" in shown
+        assert len(arrived()) == 2  # one each
+        assert hook_url not in shown and hook_url.rsplit("/", 1)[1] not in (demo.dir / "agents" / "m5.log").read_text()

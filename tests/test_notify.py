@@ -493,3 +493,92 @@ async def test_the_demo_hot_gpu_scenario_and_a_failed_run_each_reach_the_demo_re
         assert "team-chat SIM (webhook slack → file console/team-chat.url) from m5 · last delivered" in shown
         assert len(arrived()) == 2  # one each
         assert hook_url not in shown and hook_url.rsplit("/", 1)[1] not in (demo.dir / "agents" / "m5.log").read_text()
+
+
+# ---------------------------------------------------------------------------- job events
+
+
+JOB = {"recipe": "cet-d", "machine": "box", "output_dir": "/runs/x", "log_path": "/logs/x"}
+
+
+async def test_job_events_finished_failed_lost_and_stalled_are_sent_once_each_and_a_stopped_run_is_not(tmp_path):
+    from agents.agent import Agent
+    from agents.notify.component import NotifyComponent
+    from agents.protocol import Telemetry
+    from agents.sections import JobInfo, Tick
+    from agents.store import Store
+
+    receiver = Receiver().start()
+    lab = parse_lab(f"lab: t\nmachines: [{{name: box, gpus: {{sim: [{{name: Tesla P4, memory_gib: 8, tdp_w: 75}}]}}}}]\n"
+                    f"notify: {{stall_after: 60s, routes: [{{name: hook, kind: webhook, url: '{receiver.url}/hook'}}]}}\n")
+    notify = NotifyComponent()
+    agent = Agent(lab, "box", tmp_path, components=[notify])
+    agent.store = Store(tmp_path / "state.db")
+    await notify.start(agent)
+    try:
+        start = notify.outbox.since
+
+        def tick(t: float, *jobs: dict[str, Any]) -> None:
+            notify.on_tick(Tick(Telemetry(machine="box", t=t, gpus=[]), [JobInfo.model_validate({**JOB, "started_at": start, **j}) for j in jobs], None))
+
+        finished = {"id": "box-1", "state": "exited", "exit_code": 0, "step": 2000, "max_steps": 2000, "loss": 0.4213, "ended_at": start + 5}
+        failed = {"id": "box-2", "state": "failed", "exit_code": 1, "step": 17, "error": "exited with code 1", "ended_at": start + 6,
+                  "last_lines": ["step 17", "Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory"]}
+        lost = {"id": "box-3", "state": "lost", "ended_at": start + 7}
+        stopped = {"id": "box-4", "state": "exited", "exit_code": -15, "stop_requested": "stop", "ended_at": start + 8}
+        old = {"id": "box-5", "state": "failed", "exit_code": 1, "ended_at": start - 3600}  # before notifications began
+        running = {"id": "box-6", "state": "running", "step": 40}
+        for t in range(0, 200, 10):  # box-6 makes no step for 200 s: stalled once (after 60 s), not at every tick
+            tick(start + t, finished, failed, lost, stopped, old, running)
+        await wait_for(lambda: len(receiver.received) >= 4, timeout=20)
+        tick(start + 210, {**running, "step": 41})  # it moves again ...
+        for t in range(220, 300, 10):
+            tick(start + t, {**running, "step": 41})  # ... and stalls again at the new step: a new event
+        await wait_for(lambda: len(receiver.received) >= 5, timeout=20)
+        assert notify.outbox.pending_count("hook") == 0
+        sent = [r["json"] for r in receiver.received]
+        assert Counter((s["kind"], s["job"]) for s in sent) == {("job_finished", "box-1"): 1, ("job_failed", "box-2"): 1,
+                                                               ("job_failed", "box-3"): 1, ("job_stalled", "box-6"): 2}
+        done = next(s for s in sent if s["kind"] == "job_finished")
+        assert done["level"] == "info" and done["details"]["final_loss"] == 0.4213 and "final loss 0.4213" in done["message"]
+        crash = next(s for s in sent if s["job"] == "box-2")
+        assert crash["level"] == "critical" and crash["details"]["last_lines"][-1] == "RuntimeError: CUDA error: out of memory"
+        assert "no new step for 1 min" in next(s for s in sent if s["kind"] == "job_stalled")["message"]
+    finally:
+        await notify.stop()
+        agent.store.close()
+        receiver.stop()
+
+
+# ---------------------------------------------------------------------------- the console
+
+
+async def test_the_alerts_view_shows_each_routes_last_delivery_and_failures(tmp_path):
+    from console.app import CetlabApp
+    from console.screens.alerts import AlertsScreen
+
+    receiver = Receiver().start()
+    dead = Receiver().start()
+    dead.stop()  # nobody listens there
+    try:
+        lab = lab_with(tmp_path, [{"name": "chat", "kind": "webhook", "url": f"{receiver.url}/hook"},
+                                  {"name": "pager", "kind": "webhook", "url": f"http://127.0.0.1:{dead.port}/hook"}])
+        with DemoLab(tmp_path / "run", source=lab) as demo:
+            app = CetlabApp(load_lab(demo.lab_path))
+            async with app.run_test(size=(160, 50)) as pilot:
+                box = app.state.machines["box"]
+                await wait_for(lambda: box.online and box.sample_t is not None, timeout=30)
+                await app.client.call("box", "sim.override", {"gpu": 0, "temp_c": 97})
+                await pilot.press("colon", *"alerts", "enter")
+                await wait_for(lambda: isinstance(app.screen, AlertsScreen), timeout=10)
+                routes = app.screen.query_one("#alerts-routes")
+
+                def shown() -> str:
+                    return str(routes.render())
+
+                await wait_for(lambda: "chat (webhook json" in shown() and "last delivered" in shown()
+                               and "pager (webhook json" in shown() and "FAILING" in shown(), timeout=30)
+                pager = next(line for line in shown().splitlines() if line.startswith("pager"))
+                assert "1 queued" in pager and "failed attempts" in pager and "nothing delivered yet" in pager
+    finally:
+        receiver.stop()

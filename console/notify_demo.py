@@ -40,9 +40,10 @@ def receiver_argvs(directory: Path, data: dict[str, Any]) -> list[list[str]]:
 
 def describe(directory: Path, lab_path: Path) -> str:
     """Where the demo's notifications arrive ('' without a simulated route)."""
-    import yaml
+    from agents.lab import load_lab
+    from agents.notify.config import WebhookRoute
 
-    if not _simulated_hooks(yaml.safe_load(lab_path.read_text())):
+    if not any(isinstance(r, WebhookRoute) and r.simulated and r.url_file for r in load_lab(lab_path).notify.routes):
         return ""
     return (f"  notifications (SIM receiver): tail -f {directory / RECEIVED_FILE}\n"
             f"  try: a hot GPU: cetlab --lab {lab_path} sim-override m5 --gpu 0 --temp-c 95 (then --clear)\n")

@@ -463,6 +463,7 @@ def demo_m5_only(tmp_path: Path) -> Path:
     for key in ("models", "providers", "trainers"):
         data[key] = [t for t in data.get(key, []) if key == "trainers" and t["name"] == "demo-lora"]
     data.pop("gateway")
+    data["notify"].pop("watch_offline")  # pharaoh is cut
     data["orchestra"], data["checkpoints"] = {}, {}
     source = tmp_path / "source"
     shutil.copytree(REPO / "demo", source / "demo")
@@ -586,4 +587,37 @@ async def test_the_alerts_view_shows_each_routes_last_delivery_and_failures(tmp_
                 pager = next(line for line in shown().splitlines() if line.startswith("pager"))
                 assert "1 queued" in pager and "failed attempts" in pager and "nothing delivered yet" in pager
     finally:
+        receiver.stop()
+
+
+async def test_the_watcher_sends_machine_offline_when_another_agent_is_gone_and_resolved_when_it_is_back(tmp_path):
+    from tests.conftest import run_agent
+
+    receiver = Receiver().start()
+    lab = lab_with(tmp_path, [{"name": "hook", "kind": "webhook", "url": f"{receiver.url}/hook", "kinds": ["machine_offline"]}])
+    data = yaml.safe_load(lab.read_text())
+    data["machines"].append({"name": "other", "gpus": {"sim": [P4]}})
+    data["alerts"]["offline_for_s"] = "1s"
+    data["notify"]["watch_offline"] = "box"
+    lab.write_text(yaml.safe_dump(data, sort_keys=False))
+    back = None
+    try:
+        with DemoLab(tmp_path / "run", source=lab) as demo:
+            (other,) = [p for p in demo.processes if "other" in p.args]
+            other.kill()  # kill -9
+            other.wait(timeout=10)
+
+            def sent(status: str) -> list[dict[str, Any]]:
+                return [r["json"] for r in receiver.received if r["json"]["kind"] == "machine_offline" and r["json"]["status"] == status]
+
+            (down,) = await wait_for(lambda: sent("firing"), timeout=30)
+            assert down["machine"] == "other" and down["alert_id"] == "other#offline" and down["details"] == {"watched_by": "box"}
+            back = run_agent(demo.lab_path, "other", demo.dir / "agents" / "other")
+            (up,) = await wait_for(lambda: sent("resolved"), timeout=30)
+            assert up["machine"] == "other" and up["fired_at"] == down["fired_at"] and "answers again" in up["message"]
+            assert len(sent("firing")) == 1
+    finally:
+        if back is not None:
+            back.terminate()
+            back.wait(timeout=10)
         receiver.stop()

@@ -13,6 +13,7 @@ from agents.notify.config import AlertmanagerRoute, CommandRoute, HttpRoute, Kin
 from agents.notify.outbox import Outbox
 from agents.notify.secrets import describe
 from agents.notify.sender import RouteSender
+from agents.notify.watch import OfflineWatch, Outage
 from agents.notify.wire import Notification, NotifyStatus, RouteStatus, TestResult
 from agents.protocol import ErrorCode, RemoteError, Role
 from agents.schema import Name
@@ -52,6 +53,7 @@ class NotifyComponent:
         self._outbox: Outbox | None = None
         self.senders: dict[str, RouteSender] = {}
         self._progress: dict[str, _Progress] = {}
+        self._watch: OfflineWatch | None = None
 
     @property
     def agent(self) -> Agent:
@@ -69,15 +71,18 @@ class NotifyComponent:
         self._outbox = Outbox(agent.store)
         settings = agent.lab.notify
         base = agent.lab.source.parent if agent.lab.source is not None else None
-        for route in settings.routes:
-            if route.machines and agent.machine.name not in route.machines:
-                continue  # this machine sends nothing there: no task, no HTTP client
+        for route in settings.routes:  # on every machine: `machines` filters what is about a machine (the watcher's news too)
             self.senders[route.name] = RouteSender(route, settings, self.outbox, base, self._firing_for)
         for sender in self.senders.values():
             sender.start()
+        if settings.watch_offline == agent.machine.name and self.senders:
+            self._watch = OfflineWatch(agent.lab, agent.machine.name, agent.store, self._offline, self._back)
+            self._watch.start()
         self._register()
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            await self._watch.stop()
         for sender in self.senders.values():
             await sender.stop()
 
@@ -121,6 +126,24 @@ class NotifyComponent:
             if kind is not None and alert.n > 0:
                 self._queue(kind, f"{alert.id}:resolved", self._alert_notification(alert, "resolved", kind),
                             only_if_fired=f"{alert.id}:firing")
+
+    def _outage(self, outage: Outage, status: Literal["firing", "resolved"], at: float) -> Notification:
+        minutes = (at - outage.since) / 60
+        message = (f"{outage.machine} is offline: {outage.error}" if status == "firing"
+                   else f"{outage.machine} answers again after {minutes:.0f} min offline")
+        return Notification(
+            status=status, kind=Kind.MACHINE_OFFLINE, rule="offline", level=Level.CRITICAL, lab=self.agent.lab.lab,
+            machine=outage.machine, target="machine", message=message, at=at, alert_id=f"{outage.machine}#offline",
+            fired_at=outage.since, cleared_at=at if status == "resolved" else None,
+            details={"watched_by": self.agent.machine.name}, simulated=self.agent.lab.machine(outage.machine).simulated)
+
+    def _offline(self, outage: Outage) -> None:
+        key = f"{outage.machine}#offline@{outage.since:.3f}"
+        self._queue(Kind.MACHINE_OFFLINE, f"{key}:firing", self._outage(outage, "firing", outage.since))
+
+    def _back(self, outage: Outage, at: float) -> None:
+        key = f"{outage.machine}#offline@{outage.since:.3f}"
+        self._queue(Kind.MACHINE_OFFLINE, f"{key}:resolved", self._outage(outage, "resolved", at), only_if_fired=f"{key}:firing")
 
     def _firing_for(self, route: AlertmanagerRoute) -> list[Notification]:
         """The alerts firing now that this route takes (Alertmanager gets them again every resend_every)."""
@@ -221,10 +244,6 @@ class NotifyComponent:
         sender = self.senders.get(route_name)
         if sender is None:
             names = [r.name for r in self.agent.lab.notify.routes]
-            configured = self.agent.lab.notify.route(route_name)
-            if configured is not None:
-                raise RemoteError(ErrorCode.NOT_FOUND, f"route {route_name!r} takes only machines {', '.join(configured.machines)}, "
-                                  f"not {self.agent.machine.name}")
             raise RemoteError(ErrorCode.NOT_FOUND, f"no route {route_name!r} in lab.yaml's notify.routes"
                               + (f" (routes: {', '.join(names)})" if names else " (it has none)"))
         now = time.time()

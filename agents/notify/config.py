@@ -167,6 +167,7 @@ class Notify(Strict):
     """Where alerts and job events go when nobody watches a console."""
 
     routes: list[Route] = Field(default_factory=list)
+    watch_offline: Name | None = None  # the machine whose agent checks that the others answer (machine_offline)
     stall_after: Seconds = 1800.0  # a running job with no new step this long is job_stalled
     retry_first: Seconds = 5.0  # a failed delivery is retried after this, doubling each time ...
     retry_max: Seconds = 300.0  # ... up to this
@@ -179,6 +180,8 @@ class Notify(Strict):
 def cross_check(notify: Notify, machines: list[str]) -> list[tuple[tuple[str | int, ...], str]]:
     """Route names unique, machines named exist."""
     problems: list[tuple[tuple[str | int, ...], str]] = []
+    if notify.watch_offline is not None and notify.watch_offline not in machines:
+        problems.append((("notify", "watch_offline"), f"no machine named {notify.watch_offline!r} (machines: {', '.join(machines)})"))
     seen: set[str] = set()
     for i, route in enumerate(notify.routes):
         if route.name in seen:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cetlab.notify")
 
 LAST_LINES = 10  # of a failed job's log, in its notification
+STORED_KEYS_MAX = 10000
 
 
 class TestParams(BaseModel):
@@ -54,6 +55,7 @@ class NotifyComponent:
         self.senders: dict[str, RouteSender] = {}
         self._progress: dict[str, _Progress] = {}
         self._watch: OfflineWatch | None = None
+        self._stored: set[tuple[str, str]] = set()  # (route, key) known to be in the queue (or sent)
 
     @property
     def agent(self) -> Agent:
@@ -99,7 +101,14 @@ class NotifyComponent:
             if notification.status == "resolved" and (not route.send_resolved or only_if_fired is None
                                                       or not self.outbox.has(name, only_if_fired)):
                 continue  # a resolve only follows a firing this route was sent
-            if self.outbox.put(name, key, notification):
+            if (name, key) in self._stored:
+                continue  # a job that ended stays in the jobs section: its event is stored once, not written every tick
+            queued = self.outbox.put(name, key, notification)
+            if queued is not None:
+                if len(self._stored) >= STORED_KEYS_MAX:
+                    self._stored.clear()  # the queue's unique key still sends each once; this only saves writes
+                self._stored.add((name, key))
+            if queued:
                 sender.wake.set()
 
     def _base(self) -> dict[str, Any]:

@@ -54,8 +54,10 @@ class Outbox:
             db.execute("DELETE FROM notify_outbox WHERE COALESCE(delivered_at, dropped_at) < ?", (now - KEEP_S,))
         self.since: float = store.query("SELECT value FROM notify_meta WHERE key='since'")[0]["value"]
 
-    def put(self, route: str, key: str, notification: Notification) -> bool:
-        """Queue it for a route unless that route already has this key (a firing is sent once). True if queued."""
+    def put(self, route: str, key: str, notification: Notification) -> bool | None:
+        """Queue it for a route unless that route already has this key (a firing is sent once).
+
+        Returns True if queued now, False if it was already, None if state.db could not take it (try again later)."""
         try:
             with self.store.transaction() as db:
                 cursor = db.execute("INSERT OR IGNORE INTO notify_outbox (route, key, notification, created_at, next_at) "
@@ -63,7 +65,7 @@ class Outbox:
                 return cursor.rowcount == 1
         except DiskFull:
             log.error("notification %s for route %s not queued: state.db's disk is full", key, route)
-            return False
+            return None
 
     def has(self, route: str, key: str) -> bool:
         return bool(self.store.query("SELECT 1 FROM notify_outbox WHERE route=? AND key=?", (route, key)))

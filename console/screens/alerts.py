@@ -93,8 +93,9 @@ class AlertsScreen(LabScreen):
             "[b]a[/b] acknowledges the selected alert · [b]h[/b] toggles the history")
         self.query_one("#alerts-table", LiveTable).show(rows)
         now = self.lab_app.clock()
-        self.query_one("#alerts-routes", Static).update(
-            "\n".join(["notification routes:", *(route_line(machine, route, now) for machine, route in self.routes)]) if self.routes else "")
+        routes = self.query_one("#alerts-routes", Static)
+        routes.display = bool(self.routes)  # a lab without notify routes keeps the view as it was
+        routes.update("\n".join(["notification routes:", *(route_line(machine, route, now) for machine, route in self.routes)]))
 
     def action_toggle_history(self) -> None:
         self.history = not self.history

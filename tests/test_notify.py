@@ -621,3 +621,18 @@ async def test_the_watcher_sends_machine_offline_when_another_agent_is_gone_and_
             back.terminate()
             back.wait(timeout=10)
         receiver.stop()
+
+
+@pytest.mark.slow
+async def test_a_real_training_run_that_finishes_sends_its_final_loss_and_checkpoint(tmp_path):
+    from console.notify_demo import RECEIVED_FILE
+
+    with DemoLab(tmp_path / "run", source=demo_m5_only(tmp_path)) as demo:
+        received = demo.dir / RECEIVED_FILE
+        run = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "train", "demo-lora",
+                              "--set", "max_steps=30", "--set", "save_steps=10"], capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert run.returncode == 0, run.stderr
+        (line,) = await wait_for(lambda: received.exists() and received.read_text().splitlines(), timeout=240)
+        text = json.loads(line)["json"]["text"]
+        assert text.startswith(":information_source: *[INFO] m5 (SIM): job m5-1 (demo-lora) finished at step 30, final loss ")
+        assert ("best checkpoint:" in text or "last checkpoint: " in text) and "/checkpoint-" in text

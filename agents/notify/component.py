@@ -199,7 +199,11 @@ class NotifyComponent:
         details: dict[str, Any] = {"steps": job.step, "max_steps": job.max_steps, "elapsed_s": job.elapsed_s}
         if kind == Kind.JOB_FINISHED:
             details["final_loss"] = job.loss
-            details["best_checkpoint"] = self._best_checkpoint(job)
+            best = self._best_checkpoint(job)
+            if best is not None:
+                details["best_checkpoint"] = best
+            elif job.checkpoints:  # the checkpoints component has not judged the run yet (its files settle first)
+                details["last_checkpoint"] = max(job.checkpoints, key=lambda c: c.step).path
         else:
             details["exit_code"] = job.exit_code
             details["error"] = job.error
@@ -212,14 +216,14 @@ class NotifyComponent:
             job=job.id, details={k: v for k, v in details.items() if v is not None}, **self._base()))
 
     def _best_checkpoint(self, job: JobInfo) -> str | None:
-        """The run's best checkpoint as the checkpoints component found it (else the job's newest)."""
+        """The run's best checkpoint as the checkpoints component found it (None while it has not)."""
         checkpoints = self.agent.component("checkpoints")
         runs = checkpoints.section() if checkpoints is not None else []
         for run in runs if isinstance(runs, list) else []:
             if isinstance(run, RunSummary) and run.job == job.id and run.best_step is not None:
                 loss = f" (loss {run.best_loss:.4g})" if run.best_loss is not None else ""
                 return f"{run.path.rstrip('/')}/checkpoint-{run.best_step}{loss}"
-        return max(job.checkpoints, key=lambda c: c.step).path if job.checkpoints else None
+        return None
 
     def _job_progress(self, job: JobInfo, now: float) -> None:
         progress = self._progress.get(job.id)

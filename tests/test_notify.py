@@ -18,6 +18,8 @@ import pytest
 import yaml
 
 from agents.lab import LabError, load_lab, parse_lab
+from agents.notify.config import Kind, Level
+from agents.notify.wire import Notification
 from agents.notify.receiver import Receiver
 from console.client import FleetClient
 from console.demo import DemoLab
@@ -636,3 +638,37 @@ async def test_a_real_training_run_that_finishes_sends_its_final_loss_and_checkp
         text = json.loads(line)["json"]["text"]
         assert text.startswith(":information_source: *[INFO] m5 (SIM): job m5-1 (demo-lora) finished at step 30, final loss ")
         assert ("best checkpoint:" in text or "last checkpoint: " in text) and "/checkpoint-" in text
+
+
+async def test_a_notification_not_accepted_within_give_up_after_is_dropped_and_counted(tmp_path):
+    from agents.agent import Agent
+    from agents.notify.component import NotifyComponent
+    from agents.store import Store
+
+    dead = Receiver().start()
+    dead.stop()
+    lab = parse_lab("lab: t\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n"
+                    f"notify: {{retry_first: 0.1s, retry_max: 0.2s, give_up_after: 1s, routes: [{{name: hook, kind: webhook, "
+                    f"url: 'http://127.0.0.1:{dead.port}/hook'}}]}}\n", path=tmp_path / "lab.yaml")
+    notify = NotifyComponent()
+    agent = Agent(lab, "box", tmp_path, components=[notify])
+    agent.store = Store(tmp_path / "state.db")
+    await notify.start(agent)
+    try:
+        answer = await notify.test("hook")
+        assert not answer.ok and "Connect" in answer.answer
+        hot_gpu = Notification(status="firing", kind=Kind.GPU_HOT, rule="gpu_hot", level=Level.CRITICAL, lab="t", machine="box",
+                               target="gpu0", message="gpu0 at 95 C", at=0.0, alert_id="box#1")
+        notify._queue(Kind.GPU_HOT, "box#1:firing", hot_gpu)
+
+        def dropped() -> bool:
+            (route,) = notify.status().routes
+            return route.dropped == 1 and route.queued == 0
+
+        await wait_for(dropped, timeout=20)
+        (route,) = notify.status().routes
+        assert route.failures >= 2 and route.last_failure is not None and route.last_failure.answer.startswith("given up after")
+    finally:
+        await notify.stop()
+        agent.store.close()
+

@@ -359,7 +359,9 @@ def default_components() -> list[Component]:
     from agents.gateway.component import GatewayComponent
     from agents.gpusupport.component import GpuSupportComponent
     from agents.jobs.supervisor import JobsComponent
+    from agents.notify.component import NotifyComponent
     from agents.orchestra import OrchestraComponent
 
-    return [AuditComponent(), CostsComponent(), AlertsComponent(), GpuSupportComponent(), JobsComponent(), OrchestraComponent(),
+    return [AuditComponent(), CostsComponent(), AlertsComponent(), NotifyComponent(), GpuSupportComponent(), JobsComponent(),
+            OrchestraComponent(),
             CheckpointsComponent(), GatewayComponent()]

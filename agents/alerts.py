@@ -293,6 +293,9 @@ class AlertsComponent:
             agent.notify(EVENT_NOTICE, {"level": "info", "message": f"{agent.machine.name}: cleared: {alert.message}", "alert": alert.to_json()})
         if fired or cleared:
             self._refresh()
+            notify = agent.component("notify")
+            if notify is not None:  # lab.yaml's notify routes (agents/notify/): queued now, sent off the tick
+                notify.alerts_changed(fired, cleared)
 
     def _refresh(self) -> None:
         active = sorted(self.engine.active(), key=lambda a: -a.fired_at)

@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from agents.gateway.config import Gateway, Provider, cross_check as gateway_cross_check
+from agents.notify.config import Notify, cross_check as notify_cross_check
 from agents.schema import Duration, Name, NonNegative, Positive, Strict, parse_duration
 from agents.yaml_doc import MAX_BYTES as MAX_LAB_BYTES
 from agents.yaml_doc import YamlDocError, data_path, describe, problem_at
@@ -285,6 +286,7 @@ class Lab(Strict):
     orchestra: Orchestra = Field(default_factory=Orchestra)
     trainers: list[Trainer] = Field(default_factory=list)
     alerts: Alerts = Field(default_factory=Alerts)
+    notify: Notify = Field(default_factory=Notify)  # where alerts and job events go (agents/notify/)
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     gateway: Gateway | None = None
@@ -359,6 +361,7 @@ def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
             names.add(param.name)
             if param.type == "choice" and not param.choices:
                 problems.append((("trainers", i, "params", j, "choices"), "a choice param needs choices: [...]"))
+    problems += notify_cross_check(lab.notify, list(machines))
     return problems + gateway_cross_check(lab.providers, lab.gateway, [m.name for m in lab.machines], {m.name for m in lab.models},
                                           lab.orchestra.groups)
 

@@ -32,7 +32,7 @@ STATUS_GPU_KEYS = {"index", "name", "util_pct", "mem_used_bytes", "mem_total_byt
 
 # Verb modules: each has register(subparsers) adding parsers whose `func(ctx)` is async.
 VERB_MODULES: list[str] = ["console.cli_costs", "console.cli_jobs", "console.cli_models", "console.cli_checkpoints", "console.cli_audit",
-                          "console.cli_gateway"]
+                          "console.cli_gateway", "console.cli_sim"]
 
 
 class Context:
@@ -151,7 +151,9 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         from console.gateway_demo import describe
 
         print(f"demo lab running: {demo.lab_path}\n  try: {demo_cli_line(demo.dir)}", flush=True)
-        print(describe(demo.dir, demo.lab_path) + "  stop with Ctrl-C", flush=True)
+        from console import notify_demo
+
+        print(describe(demo.dir, demo.lab_path) + notify_demo.describe(demo.dir, demo.lab_path) + "  stop with Ctrl-C", flush=True)
         await stop.wait()
     finally:
         demo.stop()

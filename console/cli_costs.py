@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from datetime import date
 from typing import Any
 
 from agents.protocol import ErrorCode, RemoteError
+from agents.notify.wire import RouteStatus
 from agents.sections import ALERT_ID_FORM, parse_alert_id
 from console.alerts import offline_alerts
 from console.costs import lab_costs
+from console.notify import route_line, route_statuses, routes_json
 from widgets.format import fmt_money as money
 from widgets.format import fmt_pct as pct
 from widgets.format import fmt_time
@@ -73,7 +76,9 @@ def alerts_human(data: dict[str, Any]) -> str:
         since = fmt_time(alert.get("fired_at"))
         state = "CLEARED" if alert.get("cleared_at") else ("acked" if alert.get("acked_at") else "ACTIVE")
         lines.append(f"{alert['id']:<16} {state:<8} {alert['level']:<8} {alert['machine']:<12} {alert['target']:<14} {since}  {alert['message']}")
-    return "\n".join(lines) or "no alerts"
+    text = "\n".join(lines) or "no alerts"
+    routes = [route_line(r["machine"], RouteStatus.model_validate(r)) for r in data.get("routes", [])]
+    return text + ("\nnotification routes:\n" + "\n".join(f"  {line}" for line in routes) if routes else "")
 
 
 def alert_id_arg(text: str) -> str:
@@ -96,7 +101,33 @@ def alert_machine(ctx, alert_id: str) -> str:
     return machine
 
 
+async def cmd_notify_test(ctx) -> int:
+    """`cetlab alerts notify-test ROUTE`: each machine that sends on the route sends a test; what each endpoint answered."""
+    names = [r.name for r in ctx.lab.notify.routes]
+    route = ctx.lab.notify.route(ctx.args.route)
+    if route is None:
+        raise RemoteError(ErrorCode.NOT_FOUND, f"no route {ctx.args.route!r} in {ctx.lab.lab}'s notify.routes"
+                          + (f" (routes: {', '.join(names)})" if names else " (it has none; see the README's \"Notifications\")"))
+    machines = route.machines or [m.name for m in ctx.lab.machines]
+    results = await asyncio.gather(*(ctx.call(m, "notify.test", {"route": route.name}, max(ctx.args.timeout, route.timeout_s + 5))
+                                     for m in machines), return_exceptions=True)
+    answers = []
+    for machine, result in zip(machines, results):
+        if isinstance(result, BaseException):
+            answers.append({"route": route.name, "machine": machine, "ok": False, "answer": getattr(result, "message", str(result)),
+                            "sent": False})
+        else:
+            answers.append({**result, "sent": True})
+    ctx.out({"tests": answers}, lambda d: "\n".join(
+        f"{a['route']} from {a['machine']}: {'OK' if a['ok'] else 'FAILED'}: {a['answer']}" for a in d["tests"]))
+    return EXIT_OK if answers and all(a["ok"] for a in answers) else EXIT_FAILED
+
+
 async def cmd_alerts(ctx) -> int:
+    if ctx.args.action == "notify-test":
+        if not ctx.args.route:
+            raise RemoteError(ErrorCode.INVALID_PARAMS, "usage: cetlab alerts notify-test ROUTE (a name from lab.yaml's notify.routes)")
+        return await cmd_notify_test(ctx)
     if ctx.args.ack:
         machine = alert_machine(ctx, ctx.args.ack)
         result = await ctx.call(machine, "alerts.ack", {"id": ctx.args.ack})
@@ -108,7 +139,8 @@ async def cmd_alerts(ctx) -> int:
         if isinstance(result, dict):
             alerts += result["alerts"]
     alerts.sort(key=lambda a: (a.get("cleared_at") is not None, -(a.get("fired_at") or 0)))
-    ctx.out({"alerts": alerts}, alerts_human)
+    routes = routes_json(route_statuses(await ctx.client.call_all("notify.status"))) if ctx.lab.notify.routes else []
+    ctx.out({"alerts": alerts, "routes": routes}, alerts_human)
     return EXIT_OK
 
 
@@ -122,4 +154,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--all", action="store_true", help="include cleared alerts")
     p.add_argument("--limit", type=int, default=100, help="at most this many per machine (default 100)")
     p.add_argument("--ack", metavar="ID", type=alert_id_arg, help="acknowledge the alert with this id (e.g. m5#12)")
+    p.add_argument("action", nargs="?", choices=["notify-test"], help="notify-test ROUTE: send a test notification on a route")
+    p.add_argument("route", nargs="?", help="the route's name (lab.yaml notify.routes)")
     p.set_defaults(func=cmd_alerts)

@@ -20,7 +20,7 @@ from platformdirs import user_state_path
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, write_private
 from agents.lab import load_lab
 from agents.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
-from console import gateway_demo
+from console import gateway_demo, notify_demo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_DIR_NAME = ".cetlab-demo"  # git-ignored
@@ -185,6 +185,7 @@ class DemoLab:
             known_hosts.append(f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}")
         (console_dir / "known_hosts").write_text("\n".join(known_hosts) + "\n")
         gateway_demo.prepare(self.dir, data, "\n".join(known_hosts) + "\n", free_ports)
+        notify_demo.prepare(self.dir, data, free_ports)
         for coordinator in coordinators(data):
             write_private(self.dir / "agents" / coordinator / PEER_KNOWN_HOSTS_NAME, ("\n".join(known_hosts) + "\n").encode())
         data["console"] = {**(data.get("console") or {}), "key": "console/id_ed25519", "known_hosts": "console/known_hosts"}
@@ -226,7 +227,8 @@ class DemoLab:
     def launch(self) -> None:
         """Start the agent processes of an already prepared demo dir (again, after a stop)."""
         names = self.machine_names()
-        for argv in gateway_demo.stand_in_argvs(self.dir, yaml.safe_load(self.lab_path.read_text())):
+        data = yaml.safe_load(self.lab_path.read_text())
+        for argv in gateway_demo.stand_in_argvs(self.dir, data) + notify_demo.receiver_argvs(self.dir, data):
             log = open(self.dir / "agents" / "provider-stand-in.log", "ab")
             self.processes.append(subprocess.Popen([*argv, "--parent-pid", str(os.getpid())], stdout=log, stderr=log,
                                                    stdin=subprocess.DEVNULL, start_new_session=True))

@@ -45,7 +45,7 @@ def test_an_agent_without_the_gateway_does_not_load_aiohttp():
     """Only the gateway's machine serves HTTP: every other agent stays ~10 MB lighter (issue 10's RSS goal)."""
     code = ("import sys; from agents.agent import Agent; "
             "import agents.alerts, agents.audit, agents.costs, agents.jobs.supervisor, agents.checkpoints, agents.orchestra, "
-            "agents.metrics, agents.gateway.component, agents.server; "
+            "agents.metrics, agents.gateway.component, agents.server, agents.notify.component, agents.notify.watch; "
             "print('aiohttp' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stdout + result.stderr

@@ -9,7 +9,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
+from agents.notify.wire import RouteStatus
 from console.alerts import active_alerts
+from console.notify import route_line, route_statuses
 from console.screens.base import LabScreen
 from widgets.format import fmt_time
 from widgets.lab_header import LabHeader
@@ -42,6 +44,7 @@ class AlertsScreen(LabScreen):
     ]
     DEFAULT_CSS = """
     AlertsScreen #alerts-summary { height: auto; padding: 0 1; }
+    AlertsScreen #alerts-routes { height: auto; max-height: 8; padding: 0 1; }
     AlertsScreen #alerts-table { height: 1fr; }
     """
 
@@ -49,10 +52,12 @@ class AlertsScreen(LabScreen):
         super().__init__()
         self.history = False
         self.past: list[dict[str, Any]] = []
+        self.routes: list[tuple[str, RouteStatus]] = []  # notification routes, from notify.status (lab.yaml notify.routes)
 
     def compose(self) -> ComposeResult:
         yield LabHeader()
         yield Static("", id="alerts-summary")
+        yield Static("", id="alerts-routes", markup=False)
         yield LiveTable(COLUMNS, alert_cells, DROP, id="alerts-table")
         yield Footer()
 
@@ -61,6 +66,13 @@ class AlertsScreen(LabScreen):
 
     def fetch(self) -> None:
         self._fetch_history()
+        if self.lab_app.state.lab.notify.routes:
+            self._fetch_routes()
+
+    @work(exclusive=True, group="alerts-routes")
+    async def _fetch_routes(self) -> None:
+        self.routes = route_statuses(await self.lab_app.client.call_all("notify.status"))
+        self.refresh_data()
 
     def rows(self) -> dict[str, dict[str, Any]]:
         """Alert id -> alert: the active ones live from the stream, then (with history) the cleared ones."""
@@ -80,6 +92,10 @@ class AlertsScreen(LabScreen):
             f"[b]{len(active)} active[/b] ({unacked} not acknowledged) · showing {mode} · "
             "[b]a[/b] acknowledges the selected alert · [b]h[/b] toggles the history")
         self.query_one("#alerts-table", LiveTable).show(rows)
+        now = self.lab_app.clock()
+        routes = self.query_one("#alerts-routes", Static)
+        routes.display = bool(self.routes)  # a lab without notify routes keeps the view as it was
+        routes.update("\n".join(["notification routes:", *(route_line(machine, route, now) for machine, route in self.routes)]))
 
     def action_toggle_history(self) -> None:
         self.history = not self.history

@@ -1,0 +1,1 @@
+"""Notifications: alerts and job events routed to Alertmanager, webhooks and commands, from a durable queue."""

@@ -1,0 +1,53 @@
+"""Notification routes as the console and the CLI show them: each machine's `notify.status`, one line per route."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from agents.notify.wire import NotifyStatus, RouteStatus
+from widgets.format import fmt_ago
+
+
+def route_statuses(results: dict[str, Any]) -> list[tuple[str, RouteStatus]]:
+    """(machine, route) for every route of every machine that answered `notify.status` (an error or an old agent: none)."""
+    out: list[tuple[str, RouteStatus]] = []
+    for machine, result in results.items():
+        if not isinstance(result, dict):
+            continue
+        try:
+            status = NotifyStatus.model_validate(result)
+        except ValidationError:
+            continue
+        out += [(machine, route) for route in status.routes]
+    return sorted(out, key=lambda mr: (mr[1].name, mr[0]))
+
+
+def routes_json(routes: list[tuple[str, RouteStatus]]) -> list[dict[str, Any]]:
+    """`cetlab --json alerts`' "routes": each route on each machine that sends on it, with its delivery state."""
+    return [{"machine": machine, **route.model_dump(mode="json")} for machine, route in routes]
+
+
+def route_line(machine: str, route: RouteStatus, now: float | None = None) -> str:
+    """One line: the route, where it sends, its last delivery, what waits and the last failure."""
+    now = now or time.time()
+    kind = route.kind + (f" {route.format}" if route.format else "")
+    parts = [f"{route.name}{' SIM' if route.simulated else ''} ({kind} → {route.target}) from {machine}"]
+    if route.last_delivery is not None:
+        parts.append(f"last delivered {fmt_ago(route.last_delivery.at, now)}: {route.last_delivery.answer}")
+    else:
+        parts.append("nothing delivered yet")
+    parts.append(f"{route.delivered} delivered")
+    if route.queued:
+        parts.append(f"{route.queued} queued" + (" (rate limit)" if route.rate_limited else ""))
+    if route.failures:
+        parts.append(f"{route.failures} failed attempts")
+    if route.dropped:
+        parts.append(f"{route.dropped} dropped")
+    if route.problem:
+        parts.append(f"PROBLEM: {route.problem}")
+    elif route.last_failure is not None and (route.last_delivery is None or route.last_failure.at > route.last_delivery.at):
+        parts.append(f"FAILING {fmt_ago(route.last_failure.at, now)}: {route.last_failure.answer}")
+    return " · ".join(parts)

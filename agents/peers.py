@@ -45,6 +45,8 @@ class PeerLink:
     task: asyncio.Task | None = None
     backoff_s: float = BACKOFF_START_S
     online: asyncio.Event = field(default_factory=asyncio.Event)
+    tunnels: dict[int, asyncssh.SSHListener] = field(default_factory=dict)  # peer's engine port -> our loopback forward
+    tunnel_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class PeerClient:
@@ -100,6 +102,26 @@ class PeerClient:
             raise RemoteError(ErrorCode.DISCONNECTED, f"{machine}: connection lost ({exc})") from None
         finally:
             link.pending.pop(request_id, None)
+
+    async def tunnel(self, machine: str, port: int) -> int:
+        """A port on this machine's 127.0.0.1 that reaches 127.0.0.1:``port`` on ``machine`` through our SSH
+        connection to its agent (a direct-tcpip forward per connection; that agent allows it to its engines' ports
+        only, for the gateway's key only). Raises RemoteError(DISCONNECTED) while the peer is not connected."""
+        link = self.links.get(machine)
+        if link is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no peer named {machine!r}")
+        async with link.tunnel_lock:
+            listener = link.tunnels.get(port)
+            if listener is not None:
+                return listener.get_port()
+            if link.conn is None or link.writer is None:
+                raise RemoteError(ErrorCode.DISCONNECTED, f"{machine} is {link.state}" + (f": {link.error}" if link.error else ""))
+            try:
+                listener = await link.conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", port)
+            except (asyncssh.Error, OSError) as exc:
+                raise RemoteError(ErrorCode.DISCONNECTED, f"{machine}: cannot forward to its port {port} ({exc})") from None
+            link.tunnels[port] = listener
+            return listener.get_port()
 
     # -- the connection loop
 
@@ -182,6 +204,9 @@ class PeerClient:
                 future.set_exception(RemoteError(ErrorCode.DISCONNECTED, f"{link.machine.name}: connection lost"))
         link.pending.clear()
         link.writer = None
+        for listener in link.tunnels.values():
+            listener.close()
+        link.tunnels.clear()
         if link.conn is not None:
             link.conn.close()
             link.conn = None

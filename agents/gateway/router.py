@@ -75,12 +75,18 @@ class Router:
     def canonical(self, name: str) -> str:
         return self.aliases.get(name, name)
 
-    def endpoint(self, model: Model, entry: dict[str, Any]) -> str:
-        """The engine's endpoint as the gateway reaches it: a peer's loopback address becomes its lab.yaml host."""
+    async def endpoint(self, model: Model, entry: dict[str, Any]) -> str:
+        """The engine's endpoint as the gateway reaches it. Engines listen on their machine's 127.0.0.1 only:
+        another machine's engine is reached through the SSH connection to its agent (a forward on our loopback)."""
         url = urlsplit(entry["endpoint"])
-        if model.machine != self.machine and url.hostname in ("127.0.0.1", "localhost"):
-            url = url._replace(netloc=f"{self.lab.machine(model.machine).host}:{url.port}")
-        return urlunsplit(url)
+        if model.machine == self.machine or url.port is None:
+            return urlunsplit(url)
+        try:
+            port = await self.peers.tunnel(model.machine, url.port)
+        except RemoteError as exc:
+            raise NotServable(503, f"cannot reach {model.name} on {model.machine}: {exc.message}", "machine_offline",
+                              self.policies.retry_after_s) from None
+        return urlunsplit(url._replace(netloc=f"127.0.0.1:{port}"))
 
     def expected_bring_up_s(self, entry: dict[str, Any] | None) -> float:
         """How long until this model can answer, from the pool's own timings."""
@@ -151,7 +157,7 @@ class Router:
         self.last_request[model.name] = time.monotonic()
         entry = self.model_json(model.name)
         if entry is not None and entry.get("state") == "warm" and entry.get("endpoint"):
-            return self._local_target(model, entry, woke=False)
+            return await self._local_target(model, entry, woke=False)
         if entry is not None and entry.get("state") == "failed":
             if fallback:
                 return self.provider_target(fallback, f"{model.name} failed on {model.machine}")
@@ -166,10 +172,10 @@ class Router:
             if fallback and exc.code != "queue_full":
                 return self.provider_target(fallback, exc.message)
             raise
-        return self._local_target(model, entry, woke=True)
+        return await self._local_target(model, entry, woke=True)
 
-    def _local_target(self, model: Model, entry: dict[str, Any], woke: bool) -> Target:
-        return Target(model=model.name, tier="local", base_url=self.endpoint(model, entry).rstrip("/"),
+    async def _local_target(self, model: Model, entry: dict[str, Any], woke: bool) -> Target:
+        return Target(model=model.name, tier="local", base_url=(await self.endpoint(model, entry)).rstrip("/"),
                       upstream_model=entry.get("served_name") or model.name, where=model.machine,
                       simulated=bool(entry.get("simulated")), woke=woke)
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from agents.gateway.config import Provider, ProviderModel, find_provider_model
@@ -16,9 +16,11 @@ from agents.peers import PeerClient
 from agents.protocol import ErrorCode, RemoteError
 
 log = logging.getLogger("cetlab.gateway")
+T = TypeVar("T")
 
 WAKE_POLL_S = 0.01  # while a model wakes (about a second): ask its agent this often, so the answer is not a tick late
 LOAD_POLL_S = 0.25  # while a model loads (tens of seconds)
+WATCH_POLL_S = 0.25  # while requests wait at an engine: how often its state (the ticks) is looked at
 ASLEEP = ("sleeping", "cold", "cached")
 # Used when the pool has not timed a model yet: the field notes' figures
 DEFAULT_WAKE_S, DEFAULT_LOAD_S, DEFAULT_WARMUP_S, COLD_FACTOR = 6.0, 15.0, 52.0, 14.0
@@ -178,6 +180,38 @@ class Router:
         return Target(model=model.name, tier="local", base_url=(await self.endpoint(model, entry)).rstrip("/"),
                       upstream_model=entry.get("served_name") or model.name, where=model.machine,
                       simulated=bool(entry.get("simulated")), woke=woke)
+
+    # -- a request at an engine that goes to sleep
+
+    async def while_awake(self, target: Target, work: Awaitable[T]) -> T:
+        """Run ``work`` (a request to ``target``), waking its model should it go to sleep meanwhile.
+
+        vLLM queues a request that reaches a sleeping engine until someone wakes it (never a 503): one sent
+        just as a rotation or `cetlab sleep` puts the model down would wait for the gateway's timeout. The
+        gateway watches the model's state while its requests wait and wakes it; if it cannot, they fail now.
+        """
+        job = asyncio.ensure_future(work)
+        if target.tier != "local":
+            return await job
+        watcher = asyncio.create_task(self._wake_if_asleep(self.local[target.model]))
+        try:
+            await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not job.done():
+                watcher.result()  # raises NotServable: the model could not be woken
+            return await job
+        finally:
+            watcher.cancel()
+            if not job.done():
+                job.cancel()
+                await asyncio.gather(job, return_exceptions=True)
+
+    async def _wake_if_asleep(self, model: Model) -> None:
+        while True:
+            await asyncio.sleep(WATCH_POLL_S)
+            entry = self.model_json(model.name)
+            if entry is not None and entry.get("state") in ASLEEP and not entry.get("op"):
+                log.info("%s went to %s with gateway requests waiting at its engine: waking it", model.name, entry.get("state"))
+                await self.ensure_warm(model, self.policies.queue_timeout_s)
 
     # -- bringing models up
 

@@ -139,9 +139,10 @@ class GatewayHttp:
                 record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
                 timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
                 if record.stream:
-                    response, outcome = await proxy.stream(request, self.session, target, path, body, timeout_s)
+                    response, outcome = await self.gw.router.while_awake(
+                        target, proxy.stream(request, self.session, target, path, body, timeout_s))
                 else:
-                    outcome = await proxy.fetch(self.session, target, path, body, timeout_s)
+                    outcome = await self.gw.router.while_awake(target, proxy.fetch(self.session, target, path, body, timeout_s))
                     response = web.Response(body=outcome.raw, status=outcome.status, content_type=outcome.content_type,
                                             headers=proxy.tier_headers(target))
                 if outcome.status != 503 or target.tier != "local" or attempt:

@@ -29,9 +29,9 @@ DEFAULT_WAKE_S, DEFAULT_LOAD_S, DEFAULT_WARMUP_S, COLD_FACTOR = 6.0, 15.0, 52.0,
 class NotServable(Exception):
     """The request cannot be answered: an HTTP status, a message, and for 503 a Retry-After."""
 
-    def __init__(self, status: int, message: str, code: str, retry_after_s: int | None = None):
+    def __init__(self, status: int, message: str, code: str, retry_after_s: int | None = None, param: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.code, self.retry_after_s = status, message, code, retry_after_s
+        self.status, self.message, self.code, self.retry_after_s, self.param = status, message, code, retry_after_s, param
 
 
 @dataclass
@@ -48,6 +48,7 @@ class Target:
     provider_model: ProviderModel | None = None
     woke: bool = False
     reason: str | None = None  # why a fallback answered
+    engine_model: Model | None = None  # local: the model whose engine answers (an adapter's base, or the model itself)
 
 
 class Router:
@@ -62,11 +63,12 @@ class Router:
         self._bring_ups: dict[str, asyncio.Task] = {}
         self.last_request: dict[str, float] = {}  # model -> monotonic time of the last gateway request
         self.brought_up: set[str] = set()  # models the gateway woke or loaded: its idle TTL takes them down again
+        self.runtime: dict[str, Model] = {}  # checkpoints served as models at run time, as the gateway last saw them
 
     # -- what the lab looks like
 
     def model_json(self, name: str) -> dict[str, Any] | None:
-        model = self.local[name]
+        model = self.local.get(name) or self.runtime[name]
         link = self.peers.links.get(model.machine)
         section = link.sections.get("models") if link else None
         for entry in (section or {}).get("models") or []:
@@ -76,6 +78,29 @@ class Router:
 
     def canonical(self, name: str) -> str:
         return self.aliases.get(name, name)
+
+    def served(self) -> dict[str, tuple[Model, str]]:
+        """What the agents serve beyond lab.yaml: checkpoints served as models and LoRA adapters loaded into warm
+        engines (`<run>-step<N>`), by name: (the model whose engine answers, the name to ask that engine for)."""
+        found: dict[str, tuple[Model, str]] = {}
+        for machine, link in self.peers.links.items():
+            for entry in (link.sections.get("models") or {}).get("models") or []:
+                if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                    continue
+                name = entry["name"]
+                model = self.local.get(name)
+                if model is None:
+                    model = self.runtime.get(name)
+                    if model is None or model.machine != machine:
+                        # built unvalidated: the agent that serves it validated it, and its engine may be one lab.yaml
+                        # of this agent's version does not spell
+                        model = self.runtime[name] = Model.model_construct(
+                            name=name, path="", engine=entry.get("engine"), machine=machine, gpus=list(entry.get("gpus") or []))
+                    found[name] = (model, entry.get("served_name") or name)
+                for adapter in entry.get("adapters") or []:
+                    if isinstance(adapter, str) and adapter not in self.local:
+                        found[adapter] = (model, adapter)
+        return found
 
     async def endpoint(self, model: Model, entry: dict[str, Any]) -> str:
         """The engine's endpoint as the gateway reaches it. Engines listen on their machine's 127.0.0.1 only:
@@ -126,10 +151,17 @@ class Router:
         name = self.canonical(name)
         if name in self.local:
             return await self._route_local(self.local[name], max_wait_s)
+        served = self.served().get(name)
+        if served is not None:
+            engine_model, upstream = served
+            target = await self._route_local(engine_model, max_wait_s, allow_fallback=False)
+            target.model, target.upstream_model = name, upstream  # metered under its own name
+            return target
         found = find_provider_model(self.lab.providers, name)
         if found is None:
-            known = sorted([*self.local, *self.aliases, *(m.name for p in self.lab.providers for m in p.models)])
-            raise NotServable(404, f"no model {name!r} in the lab or its providers (try: {', '.join(known[:20])})", "model_not_found")
+            known = sorted([*self.local, *self.aliases, *self.served(), *(m.name for p in self.lab.providers for m in p.models)])
+            raise NotServable(404, f"no model {name!r} in the lab or its providers (try: {', '.join(known[:20])})", "model_not_found",
+                              param="model")
         provider, pmodel = found
         if self.over_budget(provider):
             local = self._local_for(pmodel.name)
@@ -179,7 +211,7 @@ class Router:
     async def _local_target(self, model: Model, entry: dict[str, Any], woke: bool) -> Target:
         return Target(model=model.name, tier="local", base_url=(await self.endpoint(model, entry)).rstrip("/"),
                       upstream_model=entry.get("served_name") or model.name, where=model.machine,
-                      simulated=bool(entry.get("simulated")), woke=woke)
+                      simulated=bool(entry.get("simulated")), woke=woke, engine_model=model)
 
     # -- a request at an engine that goes to sleep
 
@@ -191,9 +223,9 @@ class Router:
         gateway watches the model's state while its requests wait and wakes it; if it cannot, they fail now.
         """
         job = asyncio.ensure_future(work)
-        if target.tier != "local":
+        if target.engine_model is None:
             return await job
-        watcher = asyncio.create_task(self._wake_if_asleep(self.local[target.model]))
+        watcher = asyncio.create_task(self._wake_if_asleep(target.engine_model))
         try:
             await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if not job.done():

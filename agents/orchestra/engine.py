@@ -318,6 +318,7 @@ class VllmSleepMixin:
 
     can_sleep = True
     slept_level: int | None = None
+    adapters: dict[str, str] = {}  # name -> path of the adapters loaded at run time (replaced, never mutated in place)
 
     def serve_flags(self) -> list[str]:
         """`vllm serve MODEL` flags after the model: the agent's, then lab.yaml's args (which win where they repeat)."""
@@ -370,3 +371,4 @@ class VllmSleepMixin:
         # load_inplace: a name already loaded (a second serve-checkpoint of the same step) is reloaded, not refused
         await self.http("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": True},
                         timeout_s=600.0)
+        self.adapters = {**self.adapters, name: path}

@@ -70,8 +70,8 @@ def client_wants_usage(body: dict[str, Any]) -> bool:
 
 def upstream_stream_body(body: dict[str, Any]) -> dict[str, Any]:
     """The stream request as sent upstream: usage always asked for, so spend is measured, never estimated."""
-    options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
-    return {**body, "stream_options": {**options, "include_usage": True}}
+    options = body.get("stream_options")
+    return {**body, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
 
 
 def rewrite_answer(raw: bytes, client_model: str) -> bytes:
@@ -123,7 +123,8 @@ class StreamRewriter:
         usage = data.get("usage")
         if isinstance(usage, dict):
             self.usage = usage
-        choices = data.get("choices") if isinstance(data.get("choices"), list) else []
+        listed = data.get("choices")
+        choices: list[Any] = listed if isinstance(listed, list) else []
         for choice in choices:
             if not isinstance(choice, dict):
                 continue

@@ -225,7 +225,7 @@ class Router:
         job = asyncio.ensure_future(work)
         if target.engine_model is None:
             return await job
-        watcher = asyncio.create_task(self._wake_if_asleep(target.engine_model))
+        watcher = asyncio.create_task(self._wake_if_asleep(target))
         try:
             await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if not job.done():
@@ -237,13 +237,16 @@ class Router:
                 job.cancel()
                 await asyncio.gather(job, return_exceptions=True)
 
-    async def _wake_if_asleep(self, model: Model) -> None:
+    async def _wake_if_asleep(self, target: Target) -> None:
+        model = target.engine_model
+        assert model is not None
         while True:
             await asyncio.sleep(WATCH_POLL_S)
             entry = self.model_json(model.name)
             if entry is not None and entry.get("state") in ASLEEP and not entry.get("op"):
                 log.info("%s went to %s with gateway requests waiting at its engine: waking it", model.name, entry.get("state"))
                 await self.ensure_warm(model, self.policies.queue_timeout_s)
+                target.woke = True
 
     # -- bringing models up
 

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import time
@@ -336,8 +337,24 @@ class VllmSleepMixin:
             flags += ["--gpu-memory-utilization", f"{share:.2f}"]
         return flags + args
 
+    @property
+    def runtime_dir(self) -> Path:
+        """The engine's own temp folder, under the agent's state dir: a kept engine outlives the agent, and under
+        systemd's PrivateTmp the agent's /tmp is deleted when it stops (vLLM's IPC sockets, its metrics files)."""
+        return self.log_path.with_suffix(".run")
+
     def env(self) -> dict[str, str]:
-        return vllm_env(super().env())
+        env = vllm_env(super().env())
+        run = self.runtime_dir
+        env.update(TMPDIR=str(run / "tmp"), VLLM_RPC_BASE_PATH=str(run / "rpc"), PROMETHEUS_MULTIPROC_DIR=str(run / "metrics"))
+        return env
+
+    async def start(self) -> None:
+        # vLLM asks that a PROMETHEUS_MULTIPROC_DIR it did not make be wiped between runs: a new one each start
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        for sub in ("tmp", "rpc", "metrics"):
+            (self.runtime_dir / sub).mkdir(parents=True, mode=0o700)
+        await super().start()  # type: ignore[misc]
 
     async def sleep(self, level: int) -> None:
         # mode=wait: vLLM (0.33 on) lets in-flight requests finish first; its default, abort, cuts users' streams.

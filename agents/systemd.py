@@ -233,8 +233,10 @@ def tmp_path_warnings(lab: Lab, lab_path: Path, machine: str, state_dir: Path, c
     named = [("the lab file", lab_path), ("the state dir", state_dir)]
     if cache_dir is not None:
         named.append(("the cache dir", cache_dir))
-    named += [(f"trainer {t.name}'s output_dir", lab.resolve(t.output_dir.split("{", 1)[0] or "."))
-              for t in lab.trainers if t.machine == machine]
+    for trainer in lab.trainers:
+        output = lab.resolve(trainer.output_dir.split("{", 1)[0] or ".")
+        if trainer.machine == machine and output is not None:
+            named.append((f"trainer {trainer.name}'s output_dir", output))
     why = "the unit's PrivateTmp gives the agent a /tmp of its own, deleted when it stops" if not user_unit else "/tmp is cleaned at boot"
     return [f"{what} {path} is under {root}: {why}; move it (e.g. under /var/lib or /srv)"
             for what, path in named for root in TMP_ROOTS if Path(path).resolve().is_relative_to(root)]

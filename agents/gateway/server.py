@@ -27,7 +27,7 @@ MAX_WAIT_HEADER = "x-cetlab-max-wait-s"
 MAX_FANOUT = 32  # models in one orchestra call
 
 
-def error_response(status: int, message: str, code: str, retry_after_s: int | None = None, param: str | None = None,
+def error_response(status: int, message: str, code: str | None, retry_after_s: int | None = None, param: str | None = None,
                    headers: dict[str, str] | None = None) -> web.Response:
     """An OpenAI-style error body, typed as OpenAI types it (401 authentication_error, ...)."""
     headers = {**(headers or {}), **({"Retry-After": str(retry_after_s)} if retry_after_s else {})}

@@ -371,7 +371,8 @@ class Handler(BaseHTTPRequestHandler):
                 return
             chat = url.path.endswith("chat/completions")
             if chat:
-                messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+                listed = body.get("messages")
+                messages = listed if isinstance(listed, list) else []
                 prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
             else:
                 prompt = str(body.get("prompt", ""))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from agents.peers import PEER_KEY_NAME, PEER_KNOWN_HOSTS_NAME
 from agents.store import Store
 
 GATEWAY_KEY_FILE = "console/gateway.key"
+ANY_PORT_ENV = "CETLAB_DEMO_ANY_GATEWAY_PORT"  # set: the demo's gateway takes a free port even where lab.yaml's is free
 STAND_IN_TOKENS_PER_S = 80.0  # the simulated provider's speed
 
 
@@ -47,7 +49,8 @@ def prepare(directory: Path, data: dict[str, Any], known_hosts: str, free_ports:
         return
     stand_ins = [p for p in data.get("providers") or [] if p.get("simulated")]
     ports = free_ports(1 + len(stand_ins))
-    named = data["gateway"].get("port")  # the port lab.yaml names is kept when it is free: clients keep their URL
+    # the port lab.yaml names is kept when it is free, so clients keep their URL (tests, many demos at once: any port)
+    named = None if os.environ.get(ANY_PORT_ENV) else data["gateway"].get("port")
     data["gateway"].update(host="127.0.0.1", port=named if isinstance(named, int) and named and _free(named) else ports[0])
     for provider, port in zip(stand_ins, ports[1:]):
         provider["base_url"] = f"http://127.0.0.1:{port}/v1"

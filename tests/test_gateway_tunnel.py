@@ -142,3 +142,24 @@ def test_lab_yaml_cannot_put_an_engine_on_the_network():
         data["models"][0]["args"] = args
         with pytest.raises(LabError, match="127.0.0.1 only"):
             parse_lab(yaml.safe_dump(data))
+
+
+def test_the_demo_keeps_lab_yamls_gateway_port_when_it_is_free(tmp_path, monkeypatch):
+    import socket
+
+    from console import gateway_demo
+
+    monkeypatch.delenv(gateway_demo.ANY_PORT_ENV, raising=False)
+    ports = iter(range(20000, 20100))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    data = {"gateway": {"machine": "hub", "port": free}, "providers": []}
+    gateway_demo.prepare(tmp_path, data, "", lambda n: [next(ports) for _ in range(n)])
+    assert data["gateway"]["port"] == free
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free))
+        taken.listen()
+        data = {"gateway": {"machine": "hub", "port": free}, "providers": []}
+        gateway_demo.prepare(tmp_path, data, "", lambda n: [next(ports) for _ in range(n)])
+        assert data["gateway"]["port"] != free  # taken: another one, the demo still starts

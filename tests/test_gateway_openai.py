@@ -38,6 +38,7 @@ LAB = {
                sim_model("dozy", "node", 2), sim_model("far-away", "hub", 0, load_s=60)],
     "orchestra": {"warm": ["chatty", "slowly"], "sleeping": ["dozy"]},
     "gateway": {"machine": "hub", "models": {"far-away": {"fallback": "cloud-big", "max_wait_s": 1}, "chatty": {"aliases": ["chat"]}}},
+    "checkpoints": {"dirs": [{"machine": "node", "path": "runs"}], "settle_s": 0, "poll_s": 0.5},
     "providers": [{"name": "cloud", "base_url": "http://127.0.0.1:1/v1", "simulated": True,
                    "models": [{"name": "cloud-big", "prompt_per_million": 0.88, "completion_per_million": 0.88}]}],
 }
@@ -165,7 +166,31 @@ async def _state_is(fleet: FleetClient, name: str, state: str) -> bool:
 
 
 async def test_a_served_checkpoint_by_name(sdk, sdk_lab, fleet):
-    adapter = sdk_lab.dir / "runs" / "cet-a" / "checkpoint-100"
+    """A full checkpoint served as a model of its own (`serve-checkpoint`, here on the sim engine of `chatty`)."""
+    folder = sdk_lab.dir / "runs" / "cet-b" / "checkpoint-200"
+    folder.mkdir(parents=True)
+    for name, text in (("config.json", "{}"), ("model.safetensors", "weights"), ("trainer_state.json", '{"global_step": 200, "log_history": []}')):
+        (folder / name).write_text(text)
+
+    async def found() -> bool:
+        listing = await fleet.call("node", "checkpoints.list", {"run": "cet-b"})
+        return any(c["step"] == 200 and c["complete"] for c in listing["checkpoints"])
+
+    await wait_for(found, timeout=30, interval=0.2)
+    served = await fleet.call("node", "checkpoints.serve", {"run": "cet-b", "step": 200, "model": "chatty"})
+    assert served["model"] == "cet-b-step200" and served["mode"] == "full"
+
+    async def warm() -> bool:
+        return any(m.id == "cet-b-step200" and getattr(m, "state", None) == "warm" for m in (await sdk.models.list()).data)
+
+    await wait_for(warm, timeout=60, interval=0.2)
+    answer = await sdk.chat.completions.create(model="cet-b-step200", messages=MESSAGES, max_tokens=3)
+    assert answer.model == "cet-b-step200" and answer.choices[0].message.content
+    await wait_for(lambda: (0, 200, "engine", 3) in request_log(sdk_lab, "cet-b-step200"), timeout=10)  # metered as itself
+
+
+async def test_a_loaded_adapter_by_name(sdk, sdk_lab, fleet):
+    adapter = sdk_lab.dir / "adapters" / "cet-a-100"
     adapter.mkdir(parents=True, exist_ok=True)
     (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "base_model_name_or_path": "models/chatty"}))
     await fleet.call("node", "models.adapter", {"model": "chatty", "name": "cet-a-step100", "path": str(adapter)})

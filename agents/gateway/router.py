@@ -64,6 +64,8 @@ class Router:
         self.last_request: dict[str, float] = {}  # model -> monotonic time of the last gateway request
         self.brought_up: set[str] = set()  # models the gateway woke or loaded: its idle TTL takes them down again
         self.runtime: dict[str, Model] = {}  # checkpoints served as models at run time, as the gateway last saw them
+        self._watchers: dict[str, asyncio.Task] = {}  # model -> the task that wakes it while requests wait at its engine
+        self._watching: dict[str, int] = {}  # model -> requests waiting at its engine
 
     # -- what the lab looks like
 
@@ -219,34 +221,42 @@ class Router:
         """Run ``work`` (a request to ``target``), waking its model should it go to sleep meanwhile.
 
         vLLM queues a request that reaches a sleeping engine until someone wakes it (never a 503): one sent
-        just as a rotation or `cetlab sleep` puts the model down would wait for the gateway's timeout. The
-        gateway watches the model's state while its requests wait and wakes it; if it cannot, they fail now.
+        just as a rotation or `cetlab sleep` puts the model down would wait for the gateway's timeout. While
+        requests wait at an engine, one watcher per model looks at its state and wakes it; if it cannot, they
+        fail now, with the reason.
         """
         job = asyncio.ensure_future(work)
-        if target.engine_model is None:
+        model = target.engine_model
+        if model is None:
             return await job
-        watcher = asyncio.create_task(self._wake_if_asleep(target))
+        watcher = self._watchers.get(model.name)
+        if watcher is None or watcher.done():
+            watcher = self._watchers[model.name] = asyncio.create_task(self._wake_if_asleep(model), name=f"gateway-watch-{model.name}")
+        self._watching[model.name] = self._watching.get(model.name, 0) + 1
+        wakes = self.meter.stats(model.name).wakes
         try:
             await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if not job.done():
                 watcher.result()  # raises NotServable: the model could not be woken
             return await job
         finally:
-            watcher.cancel()
+            self._watching[model.name] -= 1
+            if not self._watching[model.name]:
+                del self._watching[model.name]
+                watcher.cancel()
             if not job.done():
                 job.cancel()
                 await asyncio.gather(job, return_exceptions=True)
+            if self.meter.stats(model.name).wakes > wakes:
+                target.woke = True
 
-    async def _wake_if_asleep(self, target: Target) -> None:
-        model = target.engine_model
-        assert model is not None
+    async def _wake_if_asleep(self, model: Model) -> None:
         while True:
             await asyncio.sleep(WATCH_POLL_S)
             entry = self.model_json(model.name)
             if entry is not None and entry.get("state") in ASLEEP and not entry.get("op"):
                 log.info("%s went to %s with gateway requests waiting at its engine: waking it", model.name, entry.get("state"))
                 await self.ensure_warm(model, self.policies.queue_timeout_s)
-                target.woke = True
 
     # -- bringing models up
 

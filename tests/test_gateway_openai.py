@@ -140,6 +140,9 @@ async def test_errors_are_the_sdks_own_classes(sdk, sdk_lab):
         with pytest.raises(openai.BadRequestError) as err:
             await sdk.chat.completions.create(model="chatty", messages=MESSAGES, **bad)
         assert err.value.body["param"] == next(iter(bad)), bad
+    with pytest.raises(openai.BadRequestError) as err:  # inside OpenAI's range, refused by the engine (vLLM's rule)
+        await sdk.chat.completions.create(model="chatty", messages=MESSAGES, top_p=0)
+    assert "top_p must be in (0, 1]" in err.value.body["message"]
     key = (sdk_lab.dir / "console" / "gateway.key").read_text().strip()
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
         for method, path, status in (("GET", "/v1/nowhere", 404), ("DELETE", "/v1/models", 405), ("POST", "/v1/chat/completions", 413)):
@@ -226,3 +229,14 @@ async def test_a_model_put_to_sleep_mid_stream_finishes_the_stream_and_later_req
 
 async def _op_is(fleet: FleetClient, name: str, op: str) -> bool:
     return (await states(fleet, "node"))[name]["op"] == op
+
+
+def test_upstream_errors_take_openais_shape():
+    from agents.gateway.openai_api import upstream_error
+
+    vllm_old = json.loads(upstream_error(b'{"object":"error","message":"bad n","type":"BadRequestError","param":"n","code":400}', 400, "m5"))
+    assert vllm_old["error"] == {"message": "bad n", "type": "invalid_request_error", "param": "n", "code": "400"}
+    page = json.loads(upstream_error(b"<html>Bad Gateway</html>", 502, "cloud"))
+    assert page["error"]["type"] == "server_error" and page["error"]["message"].startswith("cloud answered 502: <html>")
+    openai_shaped = b'{"error":{"message":"x","type":"invalid_request_error","param":null,"code":null}}'
+    assert upstream_error(openai_shaped, 400, "cloud") == openai_shaped

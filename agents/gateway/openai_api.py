@@ -86,6 +86,25 @@ def rewrite_answer(raw: bytes, client_model: str) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
+def upstream_error(raw: bytes, status: int, where: str) -> bytes:
+    """An upstream's error answer in OpenAI's shape: vLLM's older top-level form, a plain-text or HTML page and
+    FastAPI's `detail` all become `{"error": {"message", "type", "param", "code"}}`; OpenAI's own passes as is."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict) and "message" in data["error"]:
+        return raw
+    if isinstance(data, dict) and isinstance(data.get("message"), str):
+        message, param, code = data["message"], data.get("param"), data.get("code")
+    elif isinstance(data, dict) and "detail" in data:
+        message, param, code = f"{where}: {json.dumps(data['detail'])[:300]}", None, None
+    else:
+        message, param, code = f"{where} answered {status}: {raw[:300].decode(errors='replace')}", None, None
+    body = error_body(status, message, str(code) if code is not None else None, param if isinstance(param, str) else None)
+    return json.dumps(body).encode()
+
+
 class StreamRewriter:
     """Rewrites an upstream SSE stream event by event: `model` as the client asked, `delta.role` in each choice's
     first chat chunk, usage kept for the meter and passed on only to a client that asked for it."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from agents.gateway.openai_api import StreamRewriter, client_wants_usage, rewrite_answer, upstream_stream_body
+from agents.gateway.openai_api import StreamRewriter, client_wants_usage, rewrite_answer, upstream_error, upstream_stream_body
 from agents.gateway.router import Target
 
 
@@ -83,6 +83,7 @@ async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body:
         if isinstance(body.get("model"), str):
             outcome.raw = rewrite_answer(raw, body["model"])
     else:
+        outcome.raw, outcome.content_type = upstream_error(raw, response.status, target.where), "application/json"
         outcome.error = f"{target.where} answered {response.status}"
     return outcome
 
@@ -106,7 +107,10 @@ async def stream(request: web.Request, session: aiohttp.ClientSession, target: T
                 except (ValueError, AttributeError):
                     pass
                 raw = rewrite_answer(raw, client_model)
-            response = web.Response(body=raw, status=upstream.status, content_type=upstream.content_type, headers=tier_headers(target))
+                content_type = upstream.content_type
+            else:
+                raw, content_type = upstream_error(raw, upstream.status, target.where), "application/json"
+            response = web.Response(body=raw, status=upstream.status, content_type=content_type, headers=tier_headers(target))
             return response, outcome
         response = web.StreamResponse(status=200, headers={**tier_headers(target), "Content-Type": "text/event-stream",
                                                             "Cache-Control": "no-cache"})

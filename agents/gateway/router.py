@@ -20,7 +20,9 @@ T = TypeVar("T")
 
 WAKE_POLL_S = 0.01  # while a model wakes (about a second): ask its agent this often, so the answer is not a tick late
 LOAD_POLL_S = 0.25  # while a model loads (tens of seconds)
-WATCH_POLL_S = 0.25  # while requests wait at an engine: how often its state (the ticks) is looked at
+# while requests wait at an engine, its agent is asked whether it went to sleep after 20 ms, then at doubling
+# intervals up to a second (a request that just joined starts the 20 ms again, at most once a second)
+WATCH_FIRST_S, WATCH_MAX_S = 0.02, 1.0
 ASLEEP = ("sleeping", "cold", "cached")
 # Used when the pool has not timed a model yet: the field notes' figures
 DEFAULT_WAKE_S, DEFAULT_LOAD_S, DEFAULT_WARMUP_S, COLD_FACTOR = 6.0, 15.0, 52.0, 14.0
@@ -66,6 +68,8 @@ class Router:
         self.runtime: dict[str, Model] = {}  # checkpoints served as models at run time, as the gateway last saw them
         self._watchers: dict[str, asyncio.Task] = {}  # model -> the task that wakes it while requests wait at its engine
         self._watching: dict[str, int] = {}  # model -> requests waiting at its engine
+        self._watch_interval: dict[str, float] = {}  # model -> the watcher's next wait
+        self._poked: dict[str, float] = {}  # model -> when a joining request last reset that wait
 
     # -- what the lab looks like
 
@@ -233,6 +237,7 @@ class Router:
         if watcher is None or watcher.done():
             watcher = self._watchers[model.name] = asyncio.create_task(self._wake_if_asleep(model), name=f"gateway-watch-{model.name}")
         self._watching[model.name] = self._watching.get(model.name, 0) + 1
+        self._poke(model.name)
         wakes = self.meter.stats(model.name).wakes
         try:
             await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -250,9 +255,20 @@ class Router:
             if self.meter.stats(model.name).wakes > wakes:
                 target.woke = True
 
+    def _poke(self, name: str) -> None:
+        """A request joins: look again soon (the last tick may be a second old), at most once a second per model."""
+        now = time.monotonic()
+        if now - self._poked.get(name, 0.0) >= 1.0:
+            self._poked[name] = now
+            self._watch_interval[name] = WATCH_FIRST_S
+
     async def _wake_if_asleep(self, model: Model) -> None:
+        """Ask the model's agent (fresh, not the tick) at growing intervals while requests wait; wake it if it sleeps."""
         while True:
-            await asyncio.sleep(WATCH_POLL_S)
+            interval = self._watch_interval.get(model.name, WATCH_FIRST_S)
+            await asyncio.sleep(interval)
+            self._watch_interval[model.name] = min(WATCH_MAX_S, interval * 2)
+            await self.refresh(model.machine)
             entry = self.model_json(model.name)
             if entry is not None and entry.get("state") in ASLEEP and not entry.get("op"):
                 log.info("%s went to %s with gateway requests waiting at its engine: waking it", model.name, entry.get("state"))

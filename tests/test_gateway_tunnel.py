@@ -163,3 +163,15 @@ def test_the_demo_keeps_lab_yamls_gateway_port_when_it_is_free(tmp_path, monkeyp
         data = {"gateway": {"machine": "hub", "port": free}, "providers": []}
         gateway_demo.prepare(tmp_path, data, "", lambda n: [next(ports) for _ in range(n)])
         assert data["gateway"]["port"] != free  # taken: another one, the demo still starts
+
+
+@pytest.mark.parametrize("kind", ["sim", "vllm", "transformers"])
+def test_every_engine_is_started_on_loopback(tmp_path, kind):
+    """Whatever lab.yaml's args say (a --host is refused at load), the engine's command line binds 127.0.0.1."""
+    from agents.lab import Model
+    from agents.orchestra.lifecycle import ENGINES
+
+    model = Model(name="m", path=str(tmp_path), engine=kind, machine="hub", gpus=[0], args=["--max-model-len", "512"])
+    argv = ENGINES[kind](model, tmp_path, "hub", [0], tmp_path / "m.log").argv()
+    hosts = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--host"]
+    assert hosts == ["127.0.0.1"], argv

@@ -270,8 +270,9 @@ class Router:
             self._watch_interval[model.name] = min(WATCH_MAX_S, interval * 2)
             await self.refresh(model.machine)
             entry = self.model_json(model.name)
-            if entry is not None and entry.get("state") in ASLEEP and not entry.get("op"):
-                log.info("%s went to %s with gateway requests waiting at its engine: waking it", model.name, entry.get("state"))
+            # only a sleeping engine holds requests (a stopped one refuses them: they fail, and are not reloaded for)
+            if entry is not None and entry.get("state") == "sleeping" and not entry.get("op"):
+                log.info("%s went to sleep with gateway requests waiting at its engine: waking it", model.name)
                 await self.ensure_warm(model, self.policies.queue_timeout_s)
 
     # -- bringing models up

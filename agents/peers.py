@@ -7,6 +7,8 @@ import itertools
 import json
 import logging
 import random
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -45,7 +47,7 @@ class PeerLink:
     task: asyncio.Task | None = None
     backoff_s: float = BACKOFF_START_S
     online: asyncio.Event = field(default_factory=asyncio.Event)
-    tunnels: dict[int, asyncssh.SSHListener] = field(default_factory=dict)  # peer's engine port -> our loopback forward
+    tunnels: dict[int, tuple[asyncssh.SSHListener, str]] = field(default_factory=dict)  # peer's engine port -> (forward, its socket)
     tunnel_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -68,6 +70,7 @@ class PeerClient:
         self.links = {name: PeerLink(lab.machine(name)) for name in wanted}
         self._ids = itertools.count(1)
         self._key: asyncssh.SSHKey | None = None
+        self._tunnel_dir: Path | None = None
 
     async def start(self) -> None:
         self._key = ensure_key(self.key_path, comment="cetlab-peer")
@@ -81,6 +84,8 @@ class PeerClient:
             if link.conn is not None:
                 link.conn.close()
         await asyncio.gather(*(link.task for link in self.links.values() if link.task), return_exceptions=True)
+        if self._tunnel_dir is not None:
+            shutil.rmtree(self._tunnel_dir, ignore_errors=True)
 
     async def call(self, machine: str, method: str, params: dict | None = None, timeout: float = CALL_TIMEOUT_S) -> Any:
         """Call a method on one peer; raises RemoteError (DISCONNECTED, TIMEOUT or the peer's own)."""
@@ -103,25 +108,30 @@ class PeerClient:
         finally:
             link.pending.pop(request_id, None)
 
-    async def tunnel(self, machine: str, port: int) -> int:
-        """A port on this machine's 127.0.0.1 that reaches 127.0.0.1:``port`` on ``machine`` through our SSH
-        connection to its agent (a direct-tcpip forward per connection; that agent allows it to its engines' ports
-        only, for the gateway's key only). Raises RemoteError(DISCONNECTED) while the peer is not connected."""
+    async def tunnel(self, machine: str, port: int) -> str:
+        """A unix socket on this machine that reaches 127.0.0.1:``port`` on ``machine`` through our SSH connection
+        to its agent (a direct-tcpip forward per connection; that agent allows it to its engines' ports only, for
+        the gateway's key only). The socket is in a folder only this agent's user can enter: no other local user
+        reaches a remote engine through it. Raises RemoteError(DISCONNECTED) while the peer is not connected."""
         link = self.links.get(machine)
         if link is None:
             raise RemoteError(ErrorCode.NOT_FOUND, f"no peer named {machine!r}")
         async with link.tunnel_lock:
-            listener = link.tunnels.get(port)
-            if listener is not None:
-                return listener.get_port()
+            found = link.tunnels.get(port)
+            if found is not None:
+                return found[1]
             if link.conn is None or link.writer is None:
                 raise RemoteError(ErrorCode.DISCONNECTED, f"{machine} is {link.state}" + (f": {link.error}" if link.error else ""))
+            if self._tunnel_dir is None:  # short, private (0700), and gone with the agent; sun_path holds 107 bytes
+                self._tunnel_dir = Path(tempfile.mkdtemp(prefix="cetlab-tunnels-"))
+            path = str(self._tunnel_dir / f"{machine}-{port}.sock")
+            Path(path).unlink(missing_ok=True)
             try:
-                listener = await link.conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", port)
+                listener = await link.conn.forward_local_path_to_port(path, "127.0.0.1", port)
             except (asyncssh.Error, OSError) as exc:
                 raise RemoteError(ErrorCode.DISCONNECTED, f"{machine}: cannot forward to its port {port} ({exc})") from None
-            link.tunnels[port] = listener
-            return listener.get_port()
+            link.tunnels[port] = (listener, path)
+            return path
 
     # -- the connection loop
 
@@ -204,8 +214,9 @@ class PeerClient:
                 future.set_exception(RemoteError(ErrorCode.DISCONNECTED, f"{link.machine.name}: connection lost"))
         link.pending.clear()
         link.writer = None
-        for listener in link.tunnels.values():
+        for listener, path in link.tunnels.values():
             listener.close()
+            Path(path).unlink(missing_ok=True)
         link.tunnels.clear()
         if link.conn is not None:
             link.conn.close()

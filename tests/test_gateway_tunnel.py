@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -90,6 +92,11 @@ async def test_gateway_serves_another_machines_model_through_the_tunnel(tunnel_l
         # the engine's connection comes from the node's own agent (the far end of the SSH forward), never from the hub
         await wait_for(lambda: connects_to(agent_pid(tunnel_lab, "node"), port), timeout=10)
         assert not connects_to(agent_pid(tunnel_lab, "hub"), port)
+    # the forward's end on the gateway machine is a unix socket in a folder of the agent's user only: no other local
+    # user reaches the remote engine through it (a loopback TCP port would let anyone on the gateway machine in)
+    sockets = [c.laddr for c in psutil.Process(agent_pid(tunnel_lab, "hub")).net_connections(kind="unix")
+               if c.laddr and c.laddr.endswith(f"/node-{port}.sock")]
+    assert sockets and all(stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700 for path in sockets)
 
 
 async def test_forwards_only_for_the_gateway_key_and_only_to_running_engines(tunnel_lab, client):

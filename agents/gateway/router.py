@@ -51,6 +51,7 @@ class Target:
     woke: bool = False
     reason: str | None = None  # why a fallback answered
     engine_model: Model | None = None  # local: the model whose engine answers (an adapter's base, or the model itself)
+    unix_socket: str | None = None  # another machine's engine: the SSH forward that carries base_url
 
 
 class Router:
@@ -108,18 +109,20 @@ class Router:
                         found[adapter] = (model, adapter)
         return found
 
-    async def endpoint(self, model: Model, entry: dict[str, Any]) -> str:
-        """The engine's endpoint as the gateway reaches it. Engines listen on their machine's 127.0.0.1 only:
-        another machine's engine is reached through the SSH connection to its agent (a forward on our loopback)."""
+    async def endpoint(self, model: Model, entry: dict[str, Any]) -> tuple[str, str | None]:
+        """The engine's endpoint as the gateway reaches it: (its URL, the unix socket that carries it or None).
+
+        Engines listen on their machine's 127.0.0.1 only: another machine's engine is reached through the SSH
+        connection to its agent, a forward from a private unix socket here (the URL stays the engine's own)."""
         url = urlsplit(entry["endpoint"])
         if model.machine == self.machine or url.port is None:
-            return urlunsplit(url)
+            return urlunsplit(url), None
         try:
-            port = await self.peers.tunnel(model.machine, url.port)
+            socket_path = await self.peers.tunnel(model.machine, url.port)
         except RemoteError as exc:
             raise NotServable(503, f"cannot reach {model.name} on {model.machine}: {exc.message}", "machine_offline",
                               self.policies.retry_after_s) from None
-        return urlunsplit(url._replace(netloc=f"127.0.0.1:{port}"))
+        return urlunsplit(url), socket_path
 
     def expected_bring_up_s(self, entry: dict[str, Any] | None) -> float:
         """How long until this model can answer, from the pool's own timings."""
@@ -215,9 +218,10 @@ class Router:
         return await self._local_target(model, entry, woke=True)
 
     async def _local_target(self, model: Model, entry: dict[str, Any], woke: bool) -> Target:
-        return Target(model=model.name, tier="local", base_url=(await self.endpoint(model, entry)).rstrip("/"),
-                      upstream_model=entry.get("served_name") or model.name, where=model.machine,
-                      simulated=bool(entry.get("simulated")), woke=woke, engine_model=model)
+        url, socket_path = await self.endpoint(model, entry)
+        return Target(model=model.name, tier="local", base_url=url.rstrip("/"), upstream_model=entry.get("served_name") or model.name,
+                      where=model.machine, simulated=bool(entry.get("simulated")), woke=woke, engine_model=model,
+                      unix_socket=socket_path)
 
     # -- a request at an engine that goes to sleep
 

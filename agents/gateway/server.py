@@ -53,6 +53,7 @@ class GatewayHttp:
     def __init__(self, gateway: GatewayComponent):
         self.gw = gateway
         self.session: aiohttp.ClientSession | None = None
+        self.tunnel_sessions: dict[str, aiohttp.ClientSession] = {}  # SSH forward's unix socket -> its session
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -79,6 +80,19 @@ class GatewayHttp:
             await self.runner.cleanup()
         if self.session is not None:
             await self.session.close()
+        for session in self.tunnel_sessions.values():
+            await session.close()
+
+    def session_for(self, target: Target) -> aiohttp.ClientSession:
+        """The HTTP session that reaches the target: through its SSH forward's socket for another machine's engine."""
+        if target.unix_socket is None:
+            assert self.session is not None
+            return self.session
+        session = self.tunnel_sessions.get(target.unix_socket)
+        if session is None:
+            session = self.tunnel_sessions[target.unix_socket] = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=target.unix_socket, limit=0, limit_per_host=0), auto_decompress=False)
+        return session
 
     # -- errors: OpenAI's JSON body for every status, aiohttp's own (404, 405, 413) included
 
@@ -174,9 +188,9 @@ class GatewayHttp:
                 timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
                 if record.stream:
                     response, outcome = await self.gw.router.while_awake(
-                        target, proxy.stream(request, self.session, target, path, body, timeout_s))
+                        target, proxy.stream(request, self.session_for(target), target, path, body, timeout_s))
                 else:
-                    outcome = await self.gw.router.while_awake(target, proxy.fetch(self.session, target, path, body, timeout_s))
+                    outcome = await self.gw.router.while_awake(target, proxy.fetch(self.session_for(target), target, path, body, timeout_s))
                     response = web.Response(body=outcome.raw, status=outcome.status, content_type=outcome.content_type,
                                             headers=proxy.tier_headers(target))
                 if outcome.status != 503 or target.tier != "local" or attempt:
@@ -263,7 +277,7 @@ class GatewayHttp:
         try:
             target = await self.gw.router.route(name, deadline_s)
             record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
-            outcome = await proxy.fetch(self.session, target, "/chat/completions", {**payload, "model": name}, deadline_s)
+            outcome = await proxy.fetch(self.session_for(target), target, "/chat/completions", {**payload, "model": name}, deadline_s)
             self._finish(key, record, outcome, target, payload)
             result = {"model": target.model, "tier": target.tier, "target": target.where, "simulated": target.simulated,
                       "status": "ok" if outcome.status == 200 else "error", "http_status": outcome.status,

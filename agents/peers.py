@@ -29,6 +29,40 @@ BACKOFF_MAX_S = 15.0
 CONNECT_TIMEOUT_S = 5.0
 CALL_TIMEOUT_S = 10.0
 
+TUNNEL_BACKLOG = 2048  # as the engines' own (uvicorn's): a burst of streams queues, never refused (asyncssh's listener: 100)
+TUNNEL_CHUNK_BYTES = 256 * 1024
+
+
+async def _forward(conn: asyncssh.SSHClientConnection, path: str, port: int) -> asyncio.Server:
+    """Listen on the unix socket ``path``; each connection becomes a direct-tcpip channel to 127.0.0.1:``port`` on
+    the far side of ``conn``, bytes copied both ways as they come (half-closes passed on)."""
+
+    async def copy(source: asyncio.StreamReader | asyncssh.SSHReader, sink: asyncio.StreamWriter | asyncssh.SSHWriter) -> None:
+        try:
+            while chunk := await source.read(TUNNEL_CHUNK_BYTES):
+                sink.write(chunk)
+                await sink.drain()
+            if sink.can_write_eof():
+                sink.write_eof()
+        except (OSError, asyncssh.Error):
+            pass
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            far_reader, far_writer = await conn.open_connection("127.0.0.1", port, encoding=None)
+        except (OSError, asyncssh.Error) as exc:
+            log.warning("forward to port %d refused: %s", port, exc)
+            writer.close()
+            return
+        try:
+            await asyncio.gather(copy(reader, far_writer), copy(far_reader, writer))
+        finally:
+            far_writer.close()
+            writer.close()
+
+    return await asyncio.start_unix_server(handle, path, backlog=TUNNEL_BACKLOG, limit=TUNNEL_CHUNK_BYTES)
+
+
 # (machine, changed sections of a tick, full) -> None
 TickHandler = Callable[[str, dict[str, Any], bool], None]
 
@@ -47,7 +81,7 @@ class PeerLink:
     task: asyncio.Task | None = None
     backoff_s: float = BACKOFF_START_S
     online: asyncio.Event = field(default_factory=asyncio.Event)
-    tunnels: dict[int, tuple[asyncssh.SSHListener, str]] = field(default_factory=dict)  # peer's engine port -> (forward, its socket)
+    tunnels: dict[int, tuple[asyncio.Server, str]] = field(default_factory=dict)  # peer's engine port -> (forward, its socket)
     tunnel_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -127,8 +161,8 @@ class PeerClient:
             path = str(self._tunnel_dir / f"{machine}-{port}.sock")
             Path(path).unlink(missing_ok=True)
             try:
-                listener = await link.conn.forward_local_path_to_port(path, "127.0.0.1", port)
-            except (asyncssh.Error, OSError) as exc:
+                listener = await _forward(link.conn, path, port)
+            except OSError as exc:
                 raise RemoteError(ErrorCode.DISCONNECTED, f"{machine}: cannot forward to its port {port} ({exc})") from None
             link.tunnels[port] = (listener, path)
             return path

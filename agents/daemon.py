@@ -23,7 +23,7 @@ from agents.lab import Lab, LabError, load_lab
 from agents.limits import ThrottledLog
 from agents.protocol import Role
 from agents.store import StoreError
-from agents.systemd import Notifier, enable_commands, render_unit, status_line, unit_path
+from agents.systemd import Notifier, enable_commands, render_unit, status_line, tmp_path_warnings, unit_path
 
 log = logging.getLogger("cetlab.agent")
 
@@ -177,9 +177,11 @@ def cmd_install_unit(args: argparse.Namespace) -> int:
     else:
         state_dir = default_state_dir(machine) if args.user else Path("/var/lib/cetlab") / machine
     run_as = None if args.user else (args.run_as or os.environ.get("SUDO_USER") or getpass.getuser())
+    cache_dir = Path(args.cache_dir).resolve() if args.cache_dir else None
     text = render_unit(lab, Path(args.lab).resolve(), machine, state_dir, user_unit=args.user, run_as=run_as,
-                       unix_socket=Path(args.unix_socket).resolve() if args.unix_socket else None,
-                       cache_dir=Path(args.cache_dir).resolve() if args.cache_dir else None)
+                       unix_socket=Path(args.unix_socket).resolve() if args.unix_socket else None, cache_dir=cache_dir)
+    for warning in tmp_path_warnings(lab, Path(args.lab).resolve(), machine, state_dir, cache_dir, user_unit=args.user):
+        print(f"warning: {warning}", file=sys.stderr)
     if args.print:
         sys.stdout.write(text)
         return 0

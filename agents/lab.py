@@ -163,6 +163,21 @@ class Model(Strict):
     make_tiny_if_missing: bool = False  # demo: create the tiny random Llama (agents/train/tiny.py) at path first
     sim: SimEngine = Field(default_factory=SimEngine)
 
+    @field_validator("args")
+    @classmethod
+    def _engine_stays_on_loopback(cls, args: list[str]) -> list[str]:
+        # the agent binds every engine to 127.0.0.1 (the gateway reaches other machines' engines over SSH):
+        # an engine's dev endpoints (/sleep, /collective_rpc, adapter loading) have no authentication
+        for arg in args:
+            if arg in BIND_FLAGS or arg.split("=", 1)[0] in BIND_FLAGS:
+                raise ValueError(f"{arg!r}: engines listen on 127.0.0.1 only (the gateway reaches other machines' engines "
+                                 "through their agent's SSH connection); remove it from args")
+        return args
+
+
+# Flags that would put an engine's port on the network (vLLM, transformers serve, llama-server)
+BIND_FLAGS = frozenset({"--host"})
+
 
 class Orchestra(Strict):
     warm: list[Name] = Field(default_factory=list)

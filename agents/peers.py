@@ -7,6 +7,8 @@ import itertools
 import json
 import logging
 import random
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +29,40 @@ BACKOFF_MAX_S = 15.0
 CONNECT_TIMEOUT_S = 5.0
 CALL_TIMEOUT_S = 10.0
 
+TUNNEL_BACKLOG = 2048  # as the engines' own (uvicorn's): a burst of streams queues, never refused (asyncssh's listener: 100)
+TUNNEL_CHUNK_BYTES = 256 * 1024
+
+
+async def _forward(conn: asyncssh.SSHClientConnection, path: str, port: int) -> asyncio.Server:
+    """Listen on the unix socket ``path``; each connection becomes a direct-tcpip channel to 127.0.0.1:``port`` on
+    the far side of ``conn``, bytes copied both ways as they come (half-closes passed on)."""
+
+    async def copy(source: asyncio.StreamReader | asyncssh.SSHReader, sink: asyncio.StreamWriter | asyncssh.SSHWriter) -> None:
+        try:
+            while chunk := await source.read(TUNNEL_CHUNK_BYTES):
+                sink.write(chunk)
+                await sink.drain()
+            if sink.can_write_eof():
+                sink.write_eof()
+        except (OSError, asyncssh.Error):
+            pass
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            far_reader, far_writer = await conn.open_connection("127.0.0.1", port, encoding=None)
+        except (OSError, asyncssh.Error) as exc:
+            log.warning("forward to port %d refused: %s", port, exc)
+            writer.close()
+            return
+        try:
+            await asyncio.gather(copy(reader, far_writer), copy(far_reader, writer))
+        finally:
+            far_writer.close()
+            writer.close()
+
+    return await asyncio.start_unix_server(handle, path, backlog=TUNNEL_BACKLOG, limit=TUNNEL_CHUNK_BYTES)
+
+
 # (machine, changed sections of a tick, full) -> None
 TickHandler = Callable[[str, dict[str, Any], bool], None]
 
@@ -45,6 +81,8 @@ class PeerLink:
     task: asyncio.Task | None = None
     backoff_s: float = BACKOFF_START_S
     online: asyncio.Event = field(default_factory=asyncio.Event)
+    tunnels: dict[int, tuple[asyncio.Server, str]] = field(default_factory=dict)  # peer's engine port -> (forward, its socket)
+    tunnel_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class PeerClient:
@@ -66,6 +104,7 @@ class PeerClient:
         self.links = {name: PeerLink(lab.machine(name)) for name in wanted}
         self._ids = itertools.count(1)
         self._key: asyncssh.SSHKey | None = None
+        self._tunnel_dir: Path | None = None
 
     async def start(self) -> None:
         self._key = ensure_key(self.key_path, comment="cetlab-peer")
@@ -79,6 +118,8 @@ class PeerClient:
             if link.conn is not None:
                 link.conn.close()
         await asyncio.gather(*(link.task for link in self.links.values() if link.task), return_exceptions=True)
+        if self._tunnel_dir is not None:
+            shutil.rmtree(self._tunnel_dir, ignore_errors=True)
 
     async def call(self, machine: str, method: str, params: dict | None = None, timeout: float = CALL_TIMEOUT_S) -> Any:
         """Call a method on one peer; raises RemoteError (DISCONNECTED, TIMEOUT or the peer's own)."""
@@ -100,6 +141,31 @@ class PeerClient:
             raise RemoteError(ErrorCode.DISCONNECTED, f"{machine}: connection lost ({exc})") from None
         finally:
             link.pending.pop(request_id, None)
+
+    async def tunnel(self, machine: str, port: int) -> str:
+        """A unix socket on this machine that reaches 127.0.0.1:``port`` on ``machine`` through our SSH connection
+        to its agent (a direct-tcpip forward per connection; that agent allows it to its engines' ports only, for
+        the gateway's key only). The socket is in a folder only this agent's user can enter: no other local user
+        reaches a remote engine through it. Raises RemoteError(DISCONNECTED) while the peer is not connected."""
+        link = self.links.get(machine)
+        if link is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no peer named {machine!r}")
+        async with link.tunnel_lock:
+            found = link.tunnels.get(port)
+            if found is not None:
+                return found[1]
+            if link.conn is None or link.writer is None:
+                raise RemoteError(ErrorCode.DISCONNECTED, f"{machine} is {link.state}" + (f": {link.error}" if link.error else ""))
+            if self._tunnel_dir is None:  # short, private (0700), and gone with the agent; sun_path holds 107 bytes
+                self._tunnel_dir = Path(tempfile.mkdtemp(prefix="cetlab-tunnels-"))
+            path = str(self._tunnel_dir / f"{machine}-{port}.sock")
+            Path(path).unlink(missing_ok=True)
+            try:
+                listener = await _forward(link.conn, path, port)
+            except OSError as exc:
+                raise RemoteError(ErrorCode.DISCONNECTED, f"{machine}: cannot forward to its port {port} ({exc})") from None
+            link.tunnels[port] = (listener, path)
+            return path
 
     # -- the connection loop
 
@@ -182,6 +248,10 @@ class PeerClient:
                 future.set_exception(RemoteError(ErrorCode.DISCONNECTED, f"{link.machine.name}: connection lost"))
         link.pending.clear()
         link.writer = None
+        for listener, path in link.tunnels.values():
+            listener.close()
+            Path(path).unlink(missing_ok=True)
+        link.tunnels.clear()
         if link.conn is not None:
             link.conn.close()
             link.conn = None

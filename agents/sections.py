@@ -180,6 +180,7 @@ class ModelInfo(Section):
     generation_tokens_total: Finite = None
     endpoint: str | None = None
     served_name: str | None = None
+    adapters: list[str] = Field(default_factory=list)  # LoRA adapters loaded into its engine (the gateway routes them by name)
     pinned: bool = False
     op: str | None = None  # the operation in flight: warm, wake, sleep, swap, cache, cold
     progress: ModelProgress | None = None

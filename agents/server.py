@@ -274,6 +274,15 @@ class _Server(asyncssh.SSHServer):
         self.role, self.who = entry.role, entry.who
         return True
 
+    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> bool:
+        """A direct-tcpip forward: only the gateway's key, only to 127.0.0.1 ports of engines this agent runs now."""
+        problem = forward_problem(self.agent, self.role, dest_host, dest_port)
+        if problem is not None:
+            throttled(logging.WARNING, "forward", "refused a forward from %s (%s) to %s:%s: %s",
+                      self.who, self.role, dest_host, dest_port, problem)
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, problem)
+        return True  # asyncssh connects to 127.0.0.1:dest_port and pipes the channel both ways
+
     def session_requested(self) -> asyncssh.SSHServerSession | bool:
         if self.role is None:
             return False
@@ -283,6 +292,18 @@ class _Server(asyncssh.SSHServer):
             return False
         self.channels += 1
         return _Session(self)
+
+
+def forward_problem(agent: Agent, role: Role | None, dest_host: str, dest_port: int) -> str | None:
+    """Why a forward to dest_host:dest_port is refused (None: allowed)."""
+    if role is not Role.GATEWAY:
+        return "only the gateway's key may open forwards"
+    if dest_host != "127.0.0.1":
+        return "forwards go to 127.0.0.1 only"
+    pool = agent.component("models")
+    if pool is None or dest_port not in pool.engine_ports():
+        return f"no engine runs on port {dest_port} here"
+    return None
 
 
 async def listen(agent: Agent, host: str, port: int, host_key: asyncssh.SSHKey, authorized: AuthorizedKeys) -> asyncssh.SSHAcceptor:

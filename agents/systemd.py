@@ -27,8 +27,10 @@ UNIT_NAME = "cetlab-agent.service"
 NOFILE_LIMIT = 65536  # consoles, engines' sockets, log followers, page-cache reads: far over the default 1024
 # Caches the agent's children write (Hugging Face, vLLM's compile cache, Triton, Inductor); under
 # ProtectHome=read-only the defaults in ~/.cache are read-only, so they move to a writable folder.
+# FlashInfer's JIT kernels, vLLM's config root and CUDA's kernel cache (~/.nv) would otherwise also land in ~/.
 CACHE_ENV = {"XDG_CACHE_HOME": "", "HF_HOME": "huggingface", "VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton",
-             "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+             "TORCHINDUCTOR_CACHE_DIR": "inductor", "FLASHINFER_WORKSPACE_BASE": "flashinfer", "VLLM_CONFIG_ROOT": "vllm-config",
+             "CUDA_CACHE_PATH": "nv"}
 
 
 class Notifier:
@@ -181,6 +183,7 @@ def render_unit(lab: Lab, lab_path: Path, machine: str, state_dir: Path, *, user
     lines += [
         f"ExecStart={shlex.join(argv)}",
         "Environment=PYTHONUNBUFFERED=1",
+        "Environment=VLLM_NO_USAGE_STATS=1",  # no usage report to vLLM's servers from a lab box
         "Restart=on-failure",
         "RestartSec=5",
         f"WatchdogSec={watchdog_sec(interval_s)}",
@@ -202,7 +205,8 @@ def render_unit(lab: Lab, lab_path: Path, machine: str, state_dir: Path, *, user
         if not cache.is_relative_to(state_dir):
             writable.append(f"-{cache}")
         lines += [
-            # vLLM's IPC sockets and every tool's temp files need a writable /tmp of their own
+            # every tool's temp files need a writable /tmp of their own; a kept engine outlives this one (deleted at
+            # the agent's stop), so engines get their own temp, IPC and metrics folders under the state dir instead
             "PrivateTmp=yes",
             *(f"Environment={name}={cache / sub if sub else cache}" for name, sub in CACHE_ENV.items()),
             "ProtectSystem=strict",
@@ -218,6 +222,24 @@ def render_unit(lab: Lab, lab_path: Path, machine: str, state_dir: Path, *, user
         ]
     lines += ["", "[Install]", f"WantedBy={'default.target' if user_unit else 'multi-user.target'}", ""]
     return "\n".join(lines)
+
+
+TMP_ROOTS = (Path("/tmp"), Path("/var/tmp"))
+
+
+def tmp_path_warnings(lab: Lab, lab_path: Path, machine: str, state_dir: Path, cache_dir: Path | None, *, user_unit: bool) -> list[str]:
+    """Paths of the unit under /tmp or /var/tmp: under PrivateTmp the agent sees its own empty /tmp (deleted when it
+    stops), and even without it /tmp is cleaned at boot: the lab, the state (keys, ledger) or outputs would be lost."""
+    named = [("the lab file", lab_path), ("the state dir", state_dir)]
+    if cache_dir is not None:
+        named.append(("the cache dir", cache_dir))
+    for trainer in lab.trainers:
+        output = lab.resolve(trainer.output_dir.split("{", 1)[0] or ".")
+        if trainer.machine == machine and output is not None:
+            named.append((f"trainer {trainer.name}'s output_dir", output))
+    why = "the unit's PrivateTmp gives the agent a /tmp of its own, deleted when it stops" if not user_unit else "/tmp is cleaned at boot"
+    return [f"{what} {path} is under {root}: {why}; move it (e.g. under /var/lib or /srv)"
+            for what, path in named for root in TMP_ROOTS if Path(path).resolve().is_relative_to(root)]
 
 
 def unit_path(user_unit: bool) -> Path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -14,6 +16,7 @@ from agents.peers import PEER_KEY_NAME, PEER_KNOWN_HOSTS_NAME
 from agents.store import Store
 
 GATEWAY_KEY_FILE = "console/gateway.key"
+ANY_PORT_ENV = "CETLAB_DEMO_ANY_GATEWAY_PORT"  # set: the demo's gateway takes a free port even where lab.yaml's is free
 STAND_IN_TOKENS_PER_S = 80.0  # the simulated provider's speed
 
 
@@ -30,13 +33,25 @@ def peer_key_line(directory: Path, data: dict[str, Any]) -> str:
     return f"gateway {kind} {blob} gateway@{data['gateway']['machine']}\n"
 
 
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the gateway binds: a closed run's TIME_WAIT is no owner
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def prepare(directory: Path, data: dict[str, Any], known_hosts: str, free_ports: Callable[[int], list[int]]) -> None:
     """Rewrite `gateway:` and the simulated providers for ports `free_ports` finds; a demo key at console/gateway.key."""
     if not data.get("gateway"):
         return
     stand_ins = [p for p in data.get("providers") or [] if p.get("simulated")]
     ports = free_ports(1 + len(stand_ins))
-    data["gateway"].update(host="127.0.0.1", port=ports[0])
+    # the port lab.yaml names is kept when it is free, so clients keep their URL (tests, many demos at once: any port)
+    named = None if os.environ.get(ANY_PORT_ENV) else data["gateway"].get("port")
+    data["gateway"].update(host="127.0.0.1", port=named if isinstance(named, int) and named and _free(named) else ports[0])
     for provider, port in zip(stand_ins, ports[1:]):
         provider["base_url"] = f"http://127.0.0.1:{port}/v1"
     state = _state(directory, data)

@@ -17,6 +17,8 @@ import yaml
 from console.demo import DemoLab
 
 REPO = Path(__file__).resolve().parent.parent
+# demos started by tests (several at once, on a shared machine) never race for lab.yaml's gateway port 8400
+os.environ["CETLAB_DEMO_ANY_GATEWAY_PORT"] = "1"
 HOUR_S = 3600
 V100 = {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250}
 

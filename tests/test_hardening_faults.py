@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import time
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pynvml
@@ -120,6 +121,16 @@ async def test_kill_9_then_restart_readopts_trainer_and_model_server(tmp_path, s
         assert j["pid"] == trainer.pid and m["endpoint"] == endpoint  # the same processes, not new ones
         assert sim_servers(port) == [server]
         assert complete(endpoint, "m")["usage"]["completion_tokens"] == 3
+        # the engine's temp, IPC and metrics folders are its own, under the state dir: a kept engine keeps them when
+        # the agent (and systemd's PrivateTmp with it) goes, and the restarted agent reads its metrics
+        env = server.environ()
+        for name in ("TMPDIR", "VLLM_RPC_BASE_PATH", "PROMETHEUS_MULTIPROC_DIR"):
+            assert Path(env[name]).is_relative_to(demo.dir / "agents" / "box") and Path(env[name]).is_dir(), name
+
+        async def metrics_read() -> bool:
+            return (await client.call("box", "models.get", {"model": "m"})).get("generation_tokens_total") is not None
+
+        await wait_for(metrics_read, timeout=30)
         log_lines = (await client.call("box", "jobs.logs", {"id": job["id"], "tail_lines": 2}))["lines"]
         step = int(log_lines[-1].split()[1])
         await asyncio.sleep(1.2)

@@ -148,11 +148,12 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
             await client.call("box", "models.warm", {"model": "b"})
         assert exc.value.code == ErrorCode.CONFLICT and "missing" in exc.value.message and "swap a b" in exc.value.message
 
-        # sleep: GPU freed, requests refused, then woken in about wake_s
+        # sleep: GPU freed; a request queues at the engine (vLLM's contract: no 503), answered after the wake
         await client.call("box", "models.sleep", {"model": "a"})
         a = await settle(client, "a", ("sleeping",))
-        status, _ = post(a["endpoint"], "/v1/completions", {"model": "a", "prompt": "hi", "max_tokens": 2})
-        assert status == 503
+        queued = asyncio.ensure_future(asyncio.to_thread(post, a["endpoint"], "/v1/completions", {"model": "a", "prompt": "hi", "max_tokens": 2}))
+        await wait_for(lambda: metric(a["endpoint"], "vllm:num_requests_waiting") == 1, timeout=10)
+        assert not queued.done()
 
         for _ in range(50):  # the next tick shows the freed memory
             if gpu_used(await client.call("box", "status"), 0) < 4 * 1024**3:
@@ -162,6 +163,7 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         await client.call("box", "models.warm", {"model": "a"})
         a = await settle(client, "a", ("warm",))
         assert a["wake_s"] is not None and a["wake_s"] >= 0.1
+        assert (await queued)[0] == 200
         assert post(a["endpoint"], "/v1/completions", {"model": "a", "prompt": "again", "max_tokens": 2})[0] == 200
 
         # a LoRA adapter loads into the warm engine (vLLM's runtime endpoint; the sim speaks it too)

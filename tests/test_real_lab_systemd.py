@@ -7,6 +7,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -104,3 +105,20 @@ async def test_a_slow_sampler_is_not_taken_for_a_stuck_one(tmp_path):
     finally:
         task.cancel()
         sock.close()
+
+
+def test_vllm_box_caches_and_no_usage_report_and_a_warning_for_paths_under_tmp(tmp_path):
+    lab = load_lab(one_machine_lab(tmp_path / "lab.yaml"))
+    state = Path("/var/lib/cetlab/box")
+    lines = unit_lines(render_unit(lab, tmp_path / "lab.yaml", "box", state, user_unit=False, run_as="cetlab"))
+    env = dict(v.split("=", 1) for v in lines["Environment"])
+    assert env["VLLM_NO_USAGE_STATS"] == "1"
+    for name in ("FLASHINFER_WORKSPACE_BASE", "VLLM_CONFIG_ROOT", "CUDA_CACHE_PATH"):  # JIT kernels, config, ~/.nv
+        assert Path(env[name]).is_relative_to(state), name
+    assert systemd.tmp_path_warnings(lab, Path("/srv/lab/lab.yaml"), "box", state, None, user_unit=False) == []
+    warnings = systemd.tmp_path_warnings(lab, Path("/srv/lab/lab.yaml"), "box", Path("/tmp/cetlab-state"), Path("/var/tmp/c"),
+                                         user_unit=False)
+    assert len(warnings) == 2 and "the state dir /tmp/cetlab-state is under /tmp" in warnings[0] and "PrivateTmp" in warnings[0]
+    result = subprocess.run([sys.executable, "-m", "agents.daemon", "install-unit", "--lab", str(tmp_path / "lab.yaml"),
+                             "--machine", "box", "--state-dir", "/tmp/cetlab-state", "--print"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "warning: the state dir /tmp/cetlab-state is under /tmp" in result.stderr

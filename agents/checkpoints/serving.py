@@ -108,7 +108,8 @@ class ServingMixin:
         weights = Path(ckpt.path) if merge_base is None else self.agent.state_dir / "checkpoints" / "merged" / name
         model = Model(name=name, path=str(weights), engine=engine, machine=self.agent.machine.name, gpus=gpus,
                       vram_gib=template.model.vram_gib if template is not None else 0.0,
-                      args=list(template.model.args) if template is not None else [])
+                      args=list(template.model.args) if template is not None else [],
+                      **({"sim": template.model.sim} if template is not None else {}))  # a sim template lends its delays too
         mode = "merged" if merge_base else "full"
         self.serving[ckpt.path] = {"model": name, "mode": mode, "state": "merging" if merge_base else ModelState.LOADING}
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import os
+import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -61,7 +62,9 @@ class GatewayComponent:
         self.meter = Meter(agent.store, agent.lab.costs.timezone)
         self.keys = KeyStore(agent.store, self.meter.today)
         self.keys.seed_usage(self.meter.tokens_today_by_key())
-        self.peers = PeerClient(agent.lab, agent.state_dir, machines=sorted({m.machine for m in agent.lab.models}))
+        self.created = int(time.time())  # `created` of every model the gateway lists
+        # every machine: a checkpoint may be served on one lab.yaml gives no model
+        self.peers = PeerClient(agent.lab, agent.state_dir, machines=[m.name for m in agent.lab.machines])
         await self.peers.start()
         self.router = Router(agent.lab, agent.machine.name, self.peers, self.meter)
         self._register(agent)
@@ -108,7 +111,9 @@ class GatewayComponent:
             return round(cost, 8), round(cost, 8)
         # local: the energy is in the costs ledger; the cloud price says what the providers would have charged
         policy = self.lab.gateway.models.get(target.model)
-        model = self.router.local[target.model]
+        model = self.router.local.get(target.model)
+        if model is None:  # a served checkpoint or adapter: no cloud price stands for it
+            return 0.0, None
         found = None
         for name in (policy.fallback if policy else None, model.cloud_equivalent):
             found = find_provider_model(self.lab.providers, name) if name else None
@@ -131,12 +136,18 @@ class GatewayComponent:
         for name, model in self.router.local.items():
             entry = self.router.model_json(name) or {}
             policy = self.lab.gateway.models.get(name)
-            out.append({"id": name, "object": "model", "owned_by": "cetlab", "tier": "local", "machine": model.machine,
-                        "state": entry.get("state", "unknown"), "simulated": model.engine == "sim",
+            out.append({"id": name, "object": "model", "created": self.created, "owned_by": "cetlab", "tier": "local",
+                        "machine": model.machine, "state": entry.get("state", "unknown"), "simulated": model.engine == "sim",
                         "aliases": policy.aliases if policy else [], "fallback": policy.fallback if policy else None})
+        for name, (engine_model, _upstream) in sorted(self.router.served().items()):
+            entry = self.router.model_json(engine_model.name) or {}
+            out.append({"id": name, "object": "model", "created": self.created, "owned_by": "cetlab", "tier": "local",
+                        "machine": engine_model.machine, "state": entry.get("state", "unknown"), "simulated": bool(entry.get("simulated")),
+                        "served_by": engine_model.name if engine_model.name != name else None, "aliases": [], "fallback": None})
         for provider in self.lab.providers:
             for pm in provider.models:
-                out.append({"id": pm.name, "object": "model", "owned_by": provider.name, "tier": "provider", "provider": provider.name,
+                out.append({"id": pm.name, "object": "model", "created": self.created, "owned_by": provider.name, "tier": "provider",
+                            "provider": provider.name,
                             "state": "over-budget" if self.router.over_budget(provider) else "available", "simulated": provider.simulated,
                             "prompt_per_million": pm.prompt_per_million, "completion_per_million": pm.completion_per_million})
         return out

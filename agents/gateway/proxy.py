@@ -10,10 +10,9 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from agents.gateway.openai_api import StreamRewriter, client_wants_usage, rewrite_answer, upstream_error, upstream_stream_body
 from agents.gateway.router import Target
 
-SSE_USAGE_MARKERS = (b'"usage":{', b'"usage": {')  # only these events are parsed; the rest pass untouched
-SSE_TOKEN_MARKERS = (b'"finish_reason":null', b'"finish_reason": null')  # a delta still generating: one token
 
 
 @dataclass
@@ -81,16 +80,21 @@ async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body:
         outcome.data = {"error": {"message": raw[:300].decode(errors="replace")}}
     if response.status == 200 and isinstance(outcome.data, dict):
         _usage(outcome, outcome.data.get("usage"))
+        if isinstance(body.get("model"), str):
+            outcome.raw = rewrite_answer(raw, body["model"])
     else:
+        outcome.raw, outcome.content_type = upstream_error(raw, response.status, target.where), "application/json"
         outcome.error = f"{target.where} answered {response.status}"
     return outcome
 
 
 async def stream(request: web.Request, session: aiohttp.ClientSession, target: Target, path: str, body: dict,
                  timeout_s: float) -> tuple[web.StreamResponse, Outcome]:
-    """SSE from the target to the client, each chunk written as it arrives; usage from the last event, else counted."""
+    """SSE from the target to the client, each event written as it arrives (rewritten: agents.gateway.openai_api);
+    usage asked for upstream on every stream and read from the last event, else counted."""
     started = time.monotonic()
-    payload = {**body, "model": target.upstream_model}
+    client_model = str(body.get("model"))
+    payload = {**upstream_stream_body(body), "model": target.upstream_model}
     async with session.post(f"{target.base_url}{path}", json=payload, headers=upstream_headers(target),
                             timeout=aiohttp.ClientTimeout(total=timeout_s, sock_read=timeout_s)) as upstream:
         if upstream.status != 200 or not upstream.content_type.startswith("text/event-stream"):
@@ -102,34 +106,33 @@ async def stream(request: web.Request, session: aiohttp.ClientSession, target: T
                     _usage(outcome, json.loads(raw).get("usage"))
                 except (ValueError, AttributeError):
                     pass
-            response = web.Response(body=raw, status=upstream.status, content_type=upstream.content_type, headers=tier_headers(target))
+                raw = rewrite_answer(raw, client_model)
+                content_type = upstream.content_type
+            else:
+                raw, content_type = upstream_error(raw, upstream.status, target.where), "application/json"
+            response = web.Response(body=raw, status=upstream.status, content_type=content_type, headers=tier_headers(target))
             return response, outcome
         response = web.StreamResponse(status=200, headers={**tier_headers(target), "Content-Type": "text/event-stream",
                                                             "Cache-Control": "no-cache"})
         await response.prepare(request)
         outcome = Outcome(status=200)
-        events, tail = 0, b""
+        rewriter = StreamRewriter(client_model, client_wants_usage(body), chat=path.endswith("chat/completions"))
         async for chunk in upstream.content.iter_any():
             if outcome.ttft_s is None:
                 outcome.ttft_s = time.monotonic() - started
+            out = rewriter.feed(chunk)
             try:
-                await response.write(chunk)
+                if out:
+                    await response.write(out)
             except ConnectionResetError:  # the client went away: stop reading (closing the upstream stops the engine's work)
                 outcome.status, outcome.error = 499, "the client closed the stream"
+                _usage(outcome, rewriter.usage)
                 return response, outcome
-            tail += chunk
-            *done, tail = tail.split(b"\n\n")
-            for event in done:
-                if not event.startswith(b"data:") or event.endswith(b"[DONE]"):
-                    continue
-                if any(marker in event for marker in SSE_USAGE_MARKERS):
-                    try:
-                        _usage(outcome, json.loads(event[5:]).get("usage"))
-                    except (ValueError, AttributeError):
-                        pass
-                elif any(marker in event for marker in SSE_TOKEN_MARKERS):
-                    events += 1
+        last = rewriter.flush()
+        if last:
+            await response.write(last)
         await response.write_eof()
+    _usage(outcome, rewriter.usage)
     if outcome.usage_source is None:  # one delta event per token, as vLLM and OpenAI send them
-        outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source = counted_prompt_tokens(body), events, "counted"
+        outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source = counted_prompt_tokens(body), rewriter.token_events, "counted"
     return response, outcome

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from agents.gateway.config import Provider, ProviderModel, find_provider_model
@@ -16,9 +16,13 @@ from agents.peers import PeerClient
 from agents.protocol import ErrorCode, RemoteError
 
 log = logging.getLogger("cetlab.gateway")
+T = TypeVar("T")
 
 WAKE_POLL_S = 0.01  # while a model wakes (about a second): ask its agent this often, so the answer is not a tick late
 LOAD_POLL_S = 0.25  # while a model loads (tens of seconds)
+# while requests wait at an engine, its agent is asked whether it went to sleep after 20 ms, then at doubling
+# intervals up to a second (a request that just joined starts the 20 ms again, at most once a second)
+WATCH_FIRST_S, WATCH_MAX_S = 0.02, 1.0
 ASLEEP = ("sleeping", "cold", "cached")
 # Used when the pool has not timed a model yet: the field notes' figures
 DEFAULT_WAKE_S, DEFAULT_LOAD_S, DEFAULT_WARMUP_S, COLD_FACTOR = 6.0, 15.0, 52.0, 14.0
@@ -27,9 +31,9 @@ DEFAULT_WAKE_S, DEFAULT_LOAD_S, DEFAULT_WARMUP_S, COLD_FACTOR = 6.0, 15.0, 52.0,
 class NotServable(Exception):
     """The request cannot be answered: an HTTP status, a message, and for 503 a Retry-After."""
 
-    def __init__(self, status: int, message: str, code: str, retry_after_s: int | None = None):
+    def __init__(self, status: int, message: str, code: str, retry_after_s: int | None = None, param: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.code, self.retry_after_s = status, message, code, retry_after_s
+        self.status, self.message, self.code, self.retry_after_s, self.param = status, message, code, retry_after_s, param
 
 
 @dataclass
@@ -46,6 +50,8 @@ class Target:
     provider_model: ProviderModel | None = None
     woke: bool = False
     reason: str | None = None  # why a fallback answered
+    engine_model: Model | None = None  # local: the model whose engine answers (an adapter's base, or the model itself)
+    unix_socket: str | None = None  # another machine's engine: the SSH forward that carries base_url
 
 
 class Router:
@@ -60,11 +66,16 @@ class Router:
         self._bring_ups: dict[str, asyncio.Task] = {}
         self.last_request: dict[str, float] = {}  # model -> monotonic time of the last gateway request
         self.brought_up: set[str] = set()  # models the gateway woke or loaded: its idle TTL takes them down again
+        self.runtime: dict[str, Model] = {}  # checkpoints served as models at run time, as the gateway last saw them
+        self._watchers: dict[str, asyncio.Task] = {}  # model -> the task that wakes it while requests wait at its engine
+        self._watching: dict[str, int] = {}  # model -> requests waiting at its engine
+        self._watch_interval: dict[str, float] = {}  # model -> the watcher's next wait
+        self._poked: dict[str, float] = {}  # model -> when a joining request last reset that wait
 
     # -- what the lab looks like
 
     def model_json(self, name: str) -> dict[str, Any] | None:
-        model = self.local[name]
+        model = self.local.get(name) or self.runtime[name]
         link = self.peers.links.get(model.machine)
         section = link.sections.get("models") if link else None
         for entry in (section or {}).get("models") or []:
@@ -75,12 +86,43 @@ class Router:
     def canonical(self, name: str) -> str:
         return self.aliases.get(name, name)
 
-    def endpoint(self, model: Model, entry: dict[str, Any]) -> str:
-        """The engine's endpoint as the gateway reaches it: a peer's loopback address becomes its lab.yaml host."""
+    def served(self) -> dict[str, tuple[Model, str]]:
+        """What the agents serve beyond lab.yaml: checkpoints served as models and LoRA adapters loaded into warm
+        engines (`<run>-step<N>`), by name: (the model whose engine answers, the name to ask that engine for)."""
+        found: dict[str, tuple[Model, str]] = {}
+        for machine, link in self.peers.links.items():
+            for entry in (link.sections.get("models") or {}).get("models") or []:
+                if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                    continue
+                name = entry["name"]
+                model = self.local.get(name)
+                if model is None:
+                    model = self.runtime.get(name)
+                    if model is None or model.machine != machine:
+                        # built unvalidated: the agent that serves it validated it, and its engine may be one lab.yaml
+                        # of this agent's version does not spell
+                        model = self.runtime[name] = Model.model_construct(
+                            name=name, path="", engine=entry.get("engine"), machine=machine, gpus=list(entry.get("gpus") or []))
+                    found[name] = (model, entry.get("served_name") or name)
+                for adapter in entry.get("adapters") or []:
+                    if isinstance(adapter, str) and adapter not in self.local:
+                        found[adapter] = (model, adapter)
+        return found
+
+    async def endpoint(self, model: Model, entry: dict[str, Any]) -> tuple[str, str | None]:
+        """The engine's endpoint as the gateway reaches it: (its URL, the unix socket that carries it or None).
+
+        Engines listen on their machine's 127.0.0.1 only: another machine's engine is reached through the SSH
+        connection to its agent, a forward from a private unix socket here (the URL stays the engine's own)."""
         url = urlsplit(entry["endpoint"])
-        if model.machine != self.machine and url.hostname in ("127.0.0.1", "localhost"):
-            url = url._replace(netloc=f"{self.lab.machine(model.machine).host}:{url.port}")
-        return urlunsplit(url)
+        if model.machine == self.machine or url.port is None:
+            return urlunsplit(url), None
+        try:
+            socket_path = await self.peers.tunnel(model.machine, url.port)
+        except RemoteError as exc:
+            raise NotServable(503, f"cannot reach {model.name} on {model.machine}: {exc.message}", "machine_offline",
+                              self.policies.retry_after_s) from None
+        return urlunsplit(url), socket_path
 
     def expected_bring_up_s(self, entry: dict[str, Any] | None) -> float:
         """How long until this model can answer, from the pool's own timings."""
@@ -118,10 +160,17 @@ class Router:
         name = self.canonical(name)
         if name in self.local:
             return await self._route_local(self.local[name], max_wait_s)
+        served = self.served().get(name)
+        if served is not None:
+            engine_model, upstream = served
+            target = await self._route_local(engine_model, max_wait_s, allow_fallback=False)
+            target.model, target.upstream_model = name, upstream  # metered under its own name
+            return target
         found = find_provider_model(self.lab.providers, name)
         if found is None:
-            known = sorted([*self.local, *self.aliases, *(m.name for p in self.lab.providers for m in p.models)])
-            raise NotServable(404, f"no model {name!r} in the lab or its providers (try: {', '.join(known[:20])})", "model_not_found")
+            known = sorted([*self.local, *self.aliases, *self.served(), *(m.name for p in self.lab.providers for m in p.models)])
+            raise NotServable(404, f"no model {name!r} in the lab or its providers (try: {', '.join(known[:20])})", "model_not_found",
+                              param="model")
         provider, pmodel = found
         if self.over_budget(provider):
             local = self._local_for(pmodel.name)
@@ -151,7 +200,7 @@ class Router:
         self.last_request[model.name] = time.monotonic()
         entry = self.model_json(model.name)
         if entry is not None and entry.get("state") == "warm" and entry.get("endpoint"):
-            return self._local_target(model, entry, woke=False)
+            return await self._local_target(model, entry, woke=False)
         if entry is not None and entry.get("state") == "failed":
             if fallback:
                 return self.provider_target(fallback, f"{model.name} failed on {model.machine}")
@@ -166,12 +215,69 @@ class Router:
             if fallback and exc.code != "queue_full":
                 return self.provider_target(fallback, exc.message)
             raise
-        return self._local_target(model, entry, woke=True)
+        return await self._local_target(model, entry, woke=True)
 
-    def _local_target(self, model: Model, entry: dict[str, Any], woke: bool) -> Target:
-        return Target(model=model.name, tier="local", base_url=self.endpoint(model, entry).rstrip("/"),
-                      upstream_model=entry.get("served_name") or model.name, where=model.machine,
-                      simulated=bool(entry.get("simulated")), woke=woke)
+    async def _local_target(self, model: Model, entry: dict[str, Any], woke: bool) -> Target:
+        url, socket_path = await self.endpoint(model, entry)
+        return Target(model=model.name, tier="local", base_url=url.rstrip("/"), upstream_model=entry.get("served_name") or model.name,
+                      where=model.machine, simulated=bool(entry.get("simulated")), woke=woke, engine_model=model,
+                      unix_socket=socket_path)
+
+    # -- a request at an engine that goes to sleep
+
+    async def while_awake(self, target: Target, work: Awaitable[T]) -> T:
+        """Run ``work`` (a request to ``target``), waking its model should it go to sleep meanwhile.
+
+        vLLM queues a request that reaches a sleeping engine until someone wakes it (never a 503): one sent
+        just as a rotation or `cetlab sleep` puts the model down would wait for the gateway's timeout. While
+        requests wait at an engine, one watcher per model looks at its state and wakes it; if it cannot, they
+        fail now, with the reason.
+        """
+        job = asyncio.ensure_future(work)
+        model = target.engine_model
+        if model is None:
+            return await job
+        watcher = self._watchers.get(model.name)
+        if watcher is None or watcher.done():
+            watcher = self._watchers[model.name] = asyncio.create_task(self._wake_if_asleep(model), name=f"gateway-watch-{model.name}")
+        self._watching[model.name] = self._watching.get(model.name, 0) + 1
+        self._poke(model.name)
+        wakes = self.meter.stats(model.name).wakes
+        try:
+            await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not job.done():
+                watcher.result()  # raises NotServable: the model could not be woken
+            return await job
+        finally:
+            self._watching[model.name] -= 1
+            if not self._watching[model.name]:
+                del self._watching[model.name]
+                watcher.cancel()
+            if not job.done():
+                job.cancel()
+                await asyncio.gather(job, return_exceptions=True)
+            if self.meter.stats(model.name).wakes > wakes:
+                target.woke = True
+
+    def _poke(self, name: str) -> None:
+        """A request joins: look again soon (the last tick may be a second old), at most once a second per model."""
+        now = time.monotonic()
+        if now - self._poked.get(name, 0.0) >= 1.0:
+            self._poked[name] = now
+            self._watch_interval[name] = WATCH_FIRST_S
+
+    async def _wake_if_asleep(self, model: Model) -> None:
+        """Ask the model's agent (fresh, not the tick) at growing intervals while requests wait; wake it if it sleeps."""
+        while True:
+            interval = self._watch_interval.get(model.name, WATCH_FIRST_S)
+            await asyncio.sleep(interval)
+            self._watch_interval[model.name] = min(WATCH_MAX_S, interval * 2)
+            await self.refresh(model.machine)
+            entry = self.model_json(model.name)
+            # only a sleeping engine holds requests (a stopped one refuses them: they fail, and are not reloaded for)
+            if entry is not None and entry.get("state") == "sleeping" and not entry.get("op"):
+                log.info("%s went to sleep with gateway requests waiting at its engine: waking it", model.name)
+                await self.ensure_warm(model, self.policies.queue_timeout_s)
 
     # -- bringing models up
 

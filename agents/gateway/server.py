@@ -14,6 +14,7 @@ from aiohttp import web
 
 from agents.gateway import proxy
 from agents.gateway.keys import ApiKey, QuotaExceeded
+from agents.gateway.openai_api import error_body, parameter_problem
 from agents.gateway.metering import Record
 from agents.gateway.router import NotServable, Target
 
@@ -26,11 +27,11 @@ MAX_WAIT_HEADER = "x-cetlab-max-wait-s"
 MAX_FANOUT = 32  # models in one orchestra call
 
 
-def error_response(status: int, message: str, code: str, retry_after_s: int | None = None) -> web.Response:
-    """An OpenAI-style error body."""
-    headers = {"Retry-After": str(retry_after_s)} if retry_after_s else None
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return web.json_response({"error": {"message": message, "type": kind, "code": code}}, status=status, headers=headers)
+def error_response(status: int, message: str, code: str | None, retry_after_s: int | None = None, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    """An OpenAI-style error body, typed as OpenAI types it (401 authentication_error, ...)."""
+    headers = {**(headers or {}), **({"Retry-After": str(retry_after_s)} if retry_after_s else {})}
+    return web.json_response(error_body(status, message, code, param), status=status, headers=headers or None)
 
 
 def _max_wait(request: web.Request) -> float | None:
@@ -52,14 +53,16 @@ class GatewayHttp:
     def __init__(self, gateway: GatewayComponent):
         self.gw = gateway
         self.session: aiohttp.ClientSession | None = None
+        self.tunnel_sessions: dict[str, aiohttp.ClientSession] = {}  # SSH forward's unix socket -> its session
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
 
     async def start(self, host: str, port: int) -> None:
         limit = self.gw.policies.max_body_bytes
-        app = web.Application(client_max_size=limit, middlewares=[self._auth])
+        app = web.Application(client_max_size=limit, middlewares=[self._errors, self._auth])
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/orchestra/chat/completions", self._orchestra)
@@ -77,6 +80,39 @@ class GatewayHttp:
             await self.runner.cleanup()
         if self.session is not None:
             await self.session.close()
+        for session in self.tunnel_sessions.values():
+            await session.close()
+
+    def session_for(self, target: Target) -> aiohttp.ClientSession:
+        """The HTTP session that reaches the target: through its SSH forward's socket for another machine's engine."""
+        if target.unix_socket is None:
+            assert self.session is not None
+            return self.session
+        session = self.tunnel_sessions.get(target.unix_socket)
+        if session is None:
+            session = self.tunnel_sessions[target.unix_socket] = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=target.unix_socket, limit=0, limit_per_host=0), auto_decompress=False)
+        return session
+
+    # -- errors: OpenAI's JSON body for every status, aiohttp's own (404, 405, 413) included
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            if exc.status == 404:
+                message, code = f"no route {request.method} {request.path} (the gateway serves /v1/models, /v1/chat/completions, /v1/completions)", "not_found"
+            elif exc.status == 405:
+                message, code = f"{request.method} is not allowed on {request.path}", "method_not_allowed"
+            elif exc.status == 413:
+                message, code = f"the body is larger than gateway.policies.max_body_bytes ({self.gw.policies.max_body_bytes})", "request_too_large"
+            else:
+                message, code = exc.reason, None
+            allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            return error_response(exc.status, message, code, headers=allow)
 
     # -- auth
 
@@ -105,6 +141,15 @@ class GatewayHttp:
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": self.gw.catalogue()})
 
+    async def _model(self, request: web.Request) -> web.Response:
+        """GET /v1/models/{id}: one model (an alias answers as itself), or OpenAI's 404."""
+        name = request.match_info["model"]
+        canonical = self.gw.router.canonical(name)
+        for entry in self.gw.catalogue():
+            if entry["id"] in (name, canonical) or (entry.get("provider") and f"{entry['provider']}/{entry['id']}" == name):
+                return web.json_response({**entry, "id": name})
+        return error_response(404, f"The model '{name}' does not exist (GET /v1/models lists them)", "model_not_found", param="model")
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, "/chat/completions")
 
@@ -130,6 +175,9 @@ class GatewayHttp:
             model = body.get("model")
             if not isinstance(model, str) or not model:
                 raise NotServable(400, "model is required (GET /v1/models lists them)", "invalid_model")
+            problem = parameter_problem(body)
+            if problem is not None:
+                raise NotServable(400, problem[0], "invalid_parameter", param=problem[1])
             record.model, record.stream = self.gw.router.canonical(model), body.get("stream") is True
             stats = self.gw.meter.stats(record.model)
             stats.in_flight += 1
@@ -139,9 +187,10 @@ class GatewayHttp:
                 record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
                 timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
                 if record.stream:
-                    response, outcome = await proxy.stream(request, self.session, target, path, body, timeout_s)
+                    response, outcome = await self.gw.router.while_awake(
+                        target, proxy.stream(request, self.session_for(target), target, path, body, timeout_s))
                 else:
-                    outcome = await proxy.fetch(self.session, target, path, body, timeout_s)
+                    outcome = await self.gw.router.while_awake(target, proxy.fetch(self.session_for(target), target, path, body, timeout_s))
                     response = web.Response(body=outcome.raw, status=outcome.status, content_type=outcome.content_type,
                                             headers=proxy.tier_headers(target))
                 if outcome.status != 503 or target.tier != "local" or attempt:
@@ -152,7 +201,7 @@ class GatewayHttp:
             return response
         except NotServable as exc:
             record.status, record.error = exc.status, exc.message
-            return error_response(exc.status, exc.message, exc.code, exc.retry_after_s)
+            return error_response(exc.status, exc.message, exc.code, exc.retry_after_s, param=exc.param)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             record.status, record.error = 502, f"{record.target}: {exc or type(exc).__name__}"
             return error_response(502, f"{record.model} on {record.target}: {exc or type(exc).__name__}", "upstream_failed")
@@ -228,7 +277,7 @@ class GatewayHttp:
         try:
             target = await self.gw.router.route(name, deadline_s)
             record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
-            outcome = await proxy.fetch(self.session, target, "/chat/completions", {**payload, "model": name}, deadline_s)
+            outcome = await proxy.fetch(self.session_for(target), target, "/chat/completions", {**payload, "model": name}, deadline_s)
             self._finish(key, record, outcome, target, payload)
             result = {"model": target.model, "tier": target.tier, "target": target.where, "simulated": target.simulated,
                       "status": "ok" if outcome.status == 200 else "error", "http_status": outcome.status,

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import time
@@ -19,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, descendants
 from agents.lab import Model
+from agents.orchestra.lora_rules import lora_config_problem
 from agents.protocol import GpuSample
 
 GIB = 1024**3
@@ -278,8 +280,9 @@ MERGE_HINT = "serve it merged into its base instead (`cetlab serve-checkpoint` m
 def adapter_problem(adapter_dir: Path, model: Model) -> str | None:
     """Why vLLM cannot hot-load the PEFT adapter in ``adapter_dir`` into ``model`` (None: it can).
 
-    vLLM refuses adapters that train whole modules (modules_to_save, e.g. embed_tokens and lm_head),
-    ranks above --max-lora-rank, and any adapter when the server runs without --enable-lora.
+    vLLM refuses any adapter when the server runs without --enable-lora, and the adapters
+    agents.orchestra.lora_rules lists (modules_to_save, DoRA, bias, ranks above --max-lora-rank,
+    initialisations that changed the base weights).
     """
     config_file = adapter_dir / "adapter_config.json"
     try:
@@ -290,15 +293,10 @@ def adapter_problem(adapter_dir: Path, model: Model) -> str | None:
         return f"{config_file} is not a JSON object"
     if model.max_loras == 0:
         return f"model {model.name} runs without --enable-lora (max_loras: 0 in lab.yaml); {MERGE_HINT}"
-    saved = config.get("modules_to_save") or []
-    if saved:
-        names = ", ".join(map(str, saved)) if isinstance(saved, list) else str(saved)
-        return f"vLLM cannot hot-load an adapter with modules_to_save ({names}); {MERGE_HINT}"
-    rank = config.get("r")
-    if isinstance(rank, int) and rank > model.max_lora_rank:
-        return (f"the adapter's rank r={rank} is above max_lora_rank {model.max_lora_rank} of model {model.name} "
-                f"(raise max_lora_rank in lab.yaml and restart the model), or {MERGE_HINT}")
-    return None
+    problem = lora_config_problem(config, model.max_lora_rank)
+    if problem is not None and "max_lora_rank" in problem:
+        return f"{problem} of model {model.name} (raise max_lora_rank in lab.yaml and restart the model), or {MERGE_HINT}"
+    return None if problem is None else f"{problem}; {MERGE_HINT}"
 
 
 def vllm_env(env: dict[str, str]) -> dict[str, str]:
@@ -321,6 +319,7 @@ class VllmSleepMixin:
 
     can_sleep = True
     slept_level: int | None = None
+    adapters: dict[str, str] = {}  # name -> path of the adapters loaded at run time (replaced, never mutated in place)
 
     def serve_flags(self) -> list[str]:
         """`vllm serve MODEL` flags after the model: the agent's, then lab.yaml's args (which win where they repeat)."""
@@ -338,11 +337,29 @@ class VllmSleepMixin:
             flags += ["--gpu-memory-utilization", f"{share:.2f}"]
         return flags + args
 
+    @property
+    def runtime_dir(self) -> Path:
+        """The engine's own temp folder, under the agent's state dir: a kept engine outlives the agent, and under
+        systemd's PrivateTmp the agent's /tmp is deleted when it stops (vLLM's IPC sockets, its metrics files)."""
+        return self.log_path.with_suffix(".run")
+
     def env(self) -> dict[str, str]:
-        return vllm_env(super().env())
+        env = vllm_env(super().env())
+        run = self.runtime_dir
+        env.update(TMPDIR=str(run / "tmp"), VLLM_RPC_BASE_PATH=str(run / "rpc"), PROMETHEUS_MULTIPROC_DIR=str(run / "metrics"))
+        return env
+
+    async def start(self) -> None:
+        # vLLM asks that a PROMETHEUS_MULTIPROC_DIR it did not make be wiped between runs: a new one each start
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        for sub in ("tmp", "rpc", "metrics"):
+            (self.runtime_dir / sub).mkdir(parents=True, mode=0o700)
+        await super().start()  # type: ignore[misc]
 
     async def sleep(self, level: int) -> None:
-        await self.http("POST", f"/sleep?level={level}", timeout_s=600.0)
+        # mode=wait: vLLM (0.33 on) lets in-flight requests finish first; its default, abort, cuts users' streams.
+        # Older vLLM ignores the parameter. Requests that arrive meanwhile queue until a wake.
+        await self.http("POST", f"/sleep?level={level}&mode=wait", timeout_s=600.0)
         self.slept_level = level
 
     async def wake(self) -> None:
@@ -368,4 +385,7 @@ class VllmSleepMixin:
         problem = adapter_problem(Path(path), self.model)
         if problem is not None:
             raise AdapterNotLoadable(problem)
-        await self.http("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout_s=600.0)
+        # load_inplace: a name already loaded (a second serve-checkpoint of the same step) is reloaded, not refused
+        await self.http("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": True},
+                        timeout_s=600.0)
+        self.adapters = {**self.adapters, name: path}

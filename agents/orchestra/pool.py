@@ -155,6 +155,11 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
     def find(self, name: str) -> Slot | None:
         return self.slots.get(name)
 
+    def engine_ports(self) -> frozenset[int]:
+        """The 127.0.0.1 ports of the engines running here now: the only ones the gateway may reach over SSH."""
+        return frozenset(s.engine.port for s in self.slots.values()
+                         if s.engine is not None and s.state in MODEL_ENGINE_UP and s.engine.returncode is None)
+
     def holding_gpus(self) -> list[ModelInfo]:
         """The models that occupy their GPUs now (a sleeping vLLM engine has given them back)."""
         return [self.info(s) for s in self.slots.values() if s.state in MODEL_HOLDS_GPU]
@@ -211,6 +216,7 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
             generation_tokens_total=m.generation_tokens_total,
             endpoint=engine.endpoint if engine is not None else None,
             served_name=engine.served_name if engine is not None else (slot.model.served_name or slot.model.name),
+            adapters=sorted(getattr(engine, "adapters", None) or {}),
             pinned=slot.pinned,
             op=slot.op_name if slot.busy else None,
             progress=slot.progress,

@@ -9,8 +9,15 @@ It holds vLLM's contract, so a regression in how the agent drives vLLM shows in 
 the sleep endpoints exist only with VLLM_SERVER_DEV_MODE=1 (and sleep needs
 --enable-sleep-mode); /v1/load_lora_adapter only with VLLM_ALLOW_RUNTIME_LORA_UPDATING,
 and it loads only with --enable-lora, an adapter rank <= --max-lora-rank and no
-modules_to_save; after a level-2 sleep the weights are gone, and a wake without
+modules_to_save (agents.orchestra.lora_rules); a name already loaded reloads only with
+``load_inplace``; after a level-2 sleep the weights are gone, and a wake without
 ``collective_rpc reload_weights`` answers garbage, as vLLM does.
+
+Sleep is vLLM 0.33's: ``/sleep?mode=abort`` (the default) ends in-flight requests with
+finish_reason "abort", ``mode=wait`` lets them finish first, ``mode=keep`` freezes them until the
+wake; requests that arrive while the engine sleeps queue until a wake (never 503). Sampling
+parameters are validated as vLLM's SamplingParams does (400 with its messages); ``n``, ``stop``
+and ``seed`` are honoured.
 """
 
 from __future__ import annotations
@@ -28,20 +35,109 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agents.orchestra import pagecache
+from agents.orchestra.lora_rules import lora_config_problem
 
 GARBAGE = "!"  # what a model with uninitialised weights tends to repeat
 SLEEP_TAGS = ("weights", "kv_cache")
 DEV_ROUTES = ("/sleep", "/wake_up", "/is_sleeping", "/collective_rpc")
 ORPHAN_GRACE_S = 30.0  # how long a server whose agent died waits to be re-adopted
 MAX_NUM_SEQS = 8  # concurrent sequences; more requests wait, as in vLLM's scheduler
+LISTEN_BACKLOG = 2048  # uvicorn's default backlog, which vLLM's server keeps
+SLEEP_MODES = ("abort", "wait", "keep")
 WORDS = ("the model answers briefly and the lab keeps serving while weights stay warm in memory "
          "a context window holds the prompt so each token follows from what came before").split()
 
 
 def log(message: str) -> None:
     print(f"{time.strftime('%m-%d %H:%M:%S')} INFO [sim] {message}", flush=True)
+
+
+class Sampling(BaseModel):
+    """The sampling parameters of a completion request, checked as vLLM's SamplingParams checks them."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+
+    @field_validator("max_tokens", "max_completion_tokens")
+    @classmethod
+    def _at_least_one(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {value}.")
+        return value
+
+    @field_validator("temperature")
+    @classmethod
+    def _non_negative(cls, value: float | None) -> float | None:
+        if value is not None and value < 0:
+            raise ValueError(f"temperature must be non-negative, got {value}.")
+        return value
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, value: float | None) -> float | None:
+        if value is not None and not 0 < value <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {value}.")
+        return value
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"n must be at least 1, got {value}.")
+        return value
+
+    @property
+    def tokens(self) -> int:
+        return min(self.max_tokens or self.max_completion_tokens or 16, 4096)
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop or [] if s]
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class Choice:
+    """One sequence of a request: its words, cut at the first stop string."""
+
+    def __init__(self, words: list[str], stops: list[str]):
+        self.finish_reason = "length"
+        text = ""
+        kept: list[str] = []
+        for word in words:
+            piece = " " + word
+            candidate = text + piece
+            hit = min((i for i in (candidate.find(stop) for stop in stops) if i >= 0), default=-1)
+            if hit >= 0:
+                if hit > len(text):
+                    kept.append(candidate[len(text):hit])
+                self.finish_reason = "stop"
+                break
+            kept.append(piece)
+            text = candidate
+        self.pieces = kept
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+class Aborted(Exception):
+    """The engine went to sleep with mode=abort while this request ran."""
 
 
 class SimEngineState:
@@ -55,7 +151,13 @@ class SimEngineState:
         self.slots = threading.Semaphore(MAX_NUM_SEQS)
         self.lock = threading.Lock()
         self.running = self.waiting = 0
+        self.parked = 0  # requests queued while the engine sleeps
         self.adapters: dict[str, str] = {}
+        self.awake = threading.Event()  # cleared from a /sleep until the wake: new requests queue here
+        self.awake.set()
+        self.frozen = False  # mode=keep: running requests pause at their next token until the wake
+        self.abort_epoch = 0  # mode=abort: requests started in an older epoch end as aborted
+        self.drained = threading.Condition(self.lock)  # mode=wait: notified as running requests finish
         registry = self.registry = CollectorRegistry()
         labels = ["model_name"]
         self.m_running = Gauge("vllm:num_requests_running", "Requests running on the engine (SIMULATED).", labels, registry=registry)
@@ -73,16 +175,32 @@ class SimEngineState:
 
     def _gauges(self) -> None:
         self.m_running.labels(self.name).set(self.running)
-        self.m_waiting.labels(self.name).set(self.waiting)
+        self.m_waiting.labels(self.name).set(self.waiting + self.parked)
         self.m_kv.labels(self.name).set(round(0.9 * self.running / MAX_NUM_SEQS, 4))
 
-    def generate(self, prompt: str, max_tokens: int, on_token=None) -> tuple[str, int, int]:
-        """Serve one request: wait for a slot, pay the warm-up once, produce tokens at the configured rate.
+    def generate(self, prompt: str, max_tokens: int, on_token=None, sampling: Sampling | None = None) -> tuple[str, int, int]:
+        """Serve one request (one sequence): the text, prompt and completion tokens (see generate_choices)."""
+        choices, prompt_tokens = self.generate_choices(prompt, sampling or Sampling(max_tokens=max_tokens),
+                                                       None if on_token is None else (lambda _i, piece: on_token(piece)))
+        return choices[0].text, prompt_tokens, len(choices[0].pieces)
 
-        ``on_token(word)`` (streaming) is called as each token is produced."""
+    def generate_choices(self, prompt: str, sampling: Sampling, on_token=None) -> tuple[list[Choice], int]:
+        """Serve one request: queue while the engine sleeps, wait for a slot, pay the warm-up once, produce the
+        ``n`` sequences' tokens at the configured rate (one step makes a token of each).
+
+        ``on_token(index, piece)`` (streaming) is called as each token is produced; raises Aborted when the
+        engine is put to sleep with mode=abort meanwhile (the choices so far are in the exception's args)."""
         received = time.monotonic()
+        if not self.awake.is_set():  # vLLM queues requests to a sleeping engine until it wakes (counted as waiting)
+            with self.lock:
+                self.parked += 1
+                self._gauges()
+            self.awake.wait()
+            with self.lock:
+                self.parked -= 1
         with self.lock:
             self.waiting += 1
+            epoch = self.abort_epoch
             self._gauges()
         with self.slots:
             with self.lock:
@@ -97,28 +215,57 @@ class SimEngineState:
                         log(f"warm-up (first forward pass) took {self.args.warmup_s:.2f} seconds")
                 prompt_tokens = max(1, round(len(prompt.split()) * 1.3))
                 per_token_s = 1.0 / self.args.tokens_per_s if self.args.tokens_per_s else 0.0
-                rng = random.Random(hashlib.sha256(prompt.encode()).digest())
-                words = [rng.choice(WORDS) for _ in range(max_tokens)]
+                choices = []
+                for index in range(sampling.n):
+                    seed = prompt if sampling.seed is None and index == 0 else f"{prompt}\0{sampling.seed}\0{index}"
+                    rng = random.Random(hashlib.sha256(seed.encode()).digest())
+                    words = [rng.choice(WORDS) for _ in range(sampling.tokens)]
+                    if self.weights_lost:  # woken after a level-2 sleep but never reloaded: vLLM computes with garbage too
+                        words = [GARBAGE] * sampling.tokens
+                    choices.append(Choice(words, sampling.stops))
                 time.sleep(per_token_s)
                 self.m_ttft.labels(self.name).observe(time.monotonic() - received)
-                if self.weights_lost:  # woken after a level-2 sleep but never reloaded: vLLM computes with garbage too
-                    words = [GARBAGE] * max_tokens
                 # vLLM counts the prompt at prefill and each generated token at the step that makes it: the
                 # counters rise while a request runs, not in one lump at its end (a rate read from them is steady)
                 self.m_prompt.labels(self.name).inc(prompt_tokens)
                 generated = self.m_gen.labels(self.name)
-                for i, word in enumerate(words):
-                    if i and per_token_s:
+                for step in range(max(len(c.pieces) for c in choices)):
+                    if step and per_token_s:
                         time.sleep(per_token_s)
-                    generated.inc()
-                    if on_token is not None:
-                        on_token(" " + word)
-                text = GARBAGE * max_tokens if self.weights_lost else " " + " ".join(words)
-                return text, prompt_tokens, max_tokens
+                    if self.frozen:
+                        self.awake.wait()
+                    if self.abort_epoch != epoch:
+                        for choice in choices:
+                            choice.pieces, choice.finish_reason = choice.pieces[:step], "abort"
+                        raise Aborted(choices, prompt_tokens)
+                    for index, choice in enumerate(choices):
+                        if step < len(choice.pieces):
+                            generated.inc()
+                            if on_token is not None:
+                                on_token(index, choice.pieces[step])
+                return choices, prompt_tokens
             finally:
                 with self.lock:
                     self.running -= 1
                     self._gauges()
+                    self.drained.notify_all()
+
+    def put_to_sleep(self, mode: str) -> None:
+        """vLLM's pause before the sleep: new requests queue; in-flight ones are aborted, drained or frozen."""
+        self.awake.clear()
+        with self.lock:
+            if mode == "abort":
+                self.abort_epoch += 1
+            elif mode == "keep":
+                self.frozen = True
+            else:  # wait: until every running and queued-for-a-slot request has finished
+                self.drained.wait_for(lambda: self.running == 0 and self.waiting == 0)
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.asleep -= set(tags)
+        if not self.asleep:
+            self.frozen = False
+            self.awake.set()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -146,6 +293,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _error(self, status: int, message: str, param: str | None = None) -> None:
+        """vLLM's error body (ErrorResponse): OpenAI's shape with vLLM's type names."""
+        self._send(status, {"error": {"message": message, "type": "BadRequestError" if status == 400 else "NotFoundError",
+                                      "param": param, "code": status}})
 
     def _body(self) -> dict:
         length = int(self.headers.get("Content-Length") or 0)
@@ -182,6 +334,11 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(500, {"error": {"message": "Sleep mode is not enabled: start the server with --enable-sleep-mode"}})
                 return
             level = query.get("level", ["1"])[0]
+            mode = query.get("mode", ["abort"])[0]  # vLLM 0.33's default
+            if mode not in SLEEP_MODES:
+                self._error(400, f"mode must be one of {', '.join(SLEEP_MODES)}, got {mode!r}", "mode")
+                return
+            state.put_to_sleep(mode)
             time.sleep(state.args.wake_s)
             state.asleep = set(SLEEP_TAGS)
             state.weights_lost = state.weights_lost or level == "2"
@@ -190,7 +347,7 @@ class Handler(BaseHTTPRequestHandler):
         elif url.path == "/wake_up":
             tags = query.get("tags") or list(SLEEP_TAGS)
             time.sleep(state.args.wake_s)
-            state.asleep -= set(tags)
+            state.wake_up(tags)
             log(f"engine woke up ({', '.join(tags)}) in {state.args.wake_s:.2f} seconds")
             self._send(200, b"", "text/plain")
         elif url.path == "/collective_rpc":
@@ -206,29 +363,38 @@ class Handler(BaseHTTPRequestHandler):
         elif url.path == "/v1/load_lora_adapter":
             self._load_adapter(state, body)
         elif url.path in ("/v1/completions", "/v1/chat/completions"):
-            if state.sleeping:
-                self._send(503, {"error": {"message": "the engine is sleeping; wake it up first"}})
+            try:
+                sampling = Sampling.model_validate(body)
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                self._error(400, str(error["msg"]).removeprefix("Value error, "), ".".join(map(str, error["loc"])))
                 return
             chat = url.path.endswith("chat/completions")
             if chat:
-                messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+                listed = body.get("messages")
+                messages = listed if isinstance(listed, list) else []
                 prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
             else:
                 prompt = str(body.get("prompt", ""))
-            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
-            max_tokens = max(1, min(int(max_tokens), 4096)) if isinstance(max_tokens, int) else 16
-            if body.get("stream") is True:
-                self._stream(chat, prompt, max_tokens, (body.get("stream_options") or {}).get("include_usage") is True)
+            if sampling.stream:
+                self._stream(chat, prompt, sampling)
                 return
-            text, prompt_tokens, completion_tokens = state.generate(prompt, max_tokens)
-            choice = {"index": 0, "finish_reason": "length"}
-            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+            try:
+                choices, prompt_tokens = state.generate_choices(prompt, sampling)
+            except Aborted as exc:
+                choices, prompt_tokens = exc.args
+            out = []
+            for index, choice in enumerate(choices):
+                entry: dict = {"index": index, "finish_reason": choice.finish_reason}
+                entry.update({"message": {"role": "assistant", "content": choice.text}} if chat else {"text": choice.text})
+                out.append(entry)
+            completion_tokens = sum(len(c.pieces) for c in choices)
             self._send(200, {
                 "id": f"cmpl-sim-{time.time_ns()}",
                 "object": "chat.completion" if chat else "text_completion",
                 "created": int(time.time()),
                 "model": state.name,
-                "choices": [choice],
+                "choices": out,
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
                 "simulated": True,
             })
@@ -251,19 +417,21 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(name, str) or not isinstance(config, dict):
             self._send(400, {"error": {"message": f"cannot load LoRA adapter from {path!r}: no adapter_config.json"}})
             return
-        rank = config.get("r") or 0
-        if isinstance(rank, int) and rank > state.args.max_lora_rank:
-            self._send(400, {"error": {"message": f"LoRA rank {rank} is greater than max_lora_rank {state.args.max_lora_rank}."}})
+        if name in state.adapters and body.get("load_inplace") is not True:
+            self._error(400, f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
+                             "in place, set 'load_inplace' to True.", "lora_name")
             return
-        if config.get("modules_to_save"):
-            self._send(400, {"error": {"message": f"vLLM does not support modules_to_save ({config['modules_to_save']}) in a LoRA adapter."}})
+        problem = lora_config_problem(config, state.args.max_lora_rank)
+        if problem is not None:
+            self._error(400, problem + ".")
             return
         state.adapters[name] = str(path)
         self._send(200, f"Success: LoRA adapter '{name}' added successfully.".encode(), "text/plain")
 
 
-    def _stream(self, chat: bool, prompt: str, max_tokens: int, include_usage: bool) -> None:
-        """Server-sent events as vLLM sends them: one delta per token, usage last when asked, then [DONE]."""
+    def _stream(self, chat: bool, prompt: str, sampling: Sampling) -> None:
+        """Server-sent events as vLLM sends them: a first chat chunk with the role, one delta per token and
+        choice, each choice's finish, usage last when asked, then [DONE]."""
         state = self.state
         stamp = {"id": f"cmpl-sim-{time.time_ns()}", "object": "chat.completion.chunk" if chat else "text_completion",
                  "created": int(time.time()), "model": state.name}
@@ -278,17 +446,30 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"data: " + (data if isinstance(data, bytes) else json.dumps(data).encode()) + b"\n\n")
             self.wfile.flush()
 
-        def on_token(word: str) -> None:
-            choice = {"index": 0, "delta": {"content": word}, "finish_reason": None} if chat else {"index": 0, "text": word, "finish_reason": None}
+        if chat:
+            for index in range(sampling.n):
+                event({**stamp, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+
+        def on_token(index: int, word: str) -> None:
+            choice = {"index": index, "delta": {"content": word}, "finish_reason": None} if chat else {"index": index, "text": word, "finish_reason": None}
             event({**stamp, "choices": [choice]})
 
-        _text, prompt_tokens, completion_tokens = state.generate(prompt, max_tokens, on_token)
-        last = {"index": 0, "delta": {}, "finish_reason": "length"} if chat else {"index": 0, "text": "", "finish_reason": "length"}
-        event({**stamp, "choices": [last]})
-        if include_usage:
+        try:
+            choices, prompt_tokens = state.generate_choices(prompt, sampling, on_token)
+        except Aborted as exc:
+            choices, prompt_tokens = exc.args
+        for index, choice in enumerate(choices):
+            last = {"index": index, "delta": {}, "finish_reason": choice.finish_reason} if chat else {"index": index, "text": "", "finish_reason": choice.finish_reason}
+            event({**stamp, "choices": [last]})
+        completion_tokens = sum(len(c.pieces) for c in choices)
+        if sampling.include_usage:
             event({**stamp, "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                                      "total_tokens": prompt_tokens + completion_tokens}})
         event(b"[DONE]")
+
+
+class Server(ThreadingHTTPServer):
+    request_queue_size = LISTEN_BACKLOG  # socketserver's default is 5: a burst of clients gets refused
 
 
 def _traffic(state: SimEngineState, rps: float) -> None:
@@ -373,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"Model loading took {size_bytes / 2**30:.4f} GiB and {took:.2f} seconds")
     state = SimEngineState(args)
     Handler.state = state
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server = Server((args.host, args.port), Handler)
     server.daemon_threads = True
     if args.traffic_rps > 0:
         threading.Thread(target=_traffic, args=(state, args.traffic_rps), daemon=True).start()

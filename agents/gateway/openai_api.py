@@ -1,0 +1,164 @@
+"""OpenAI's API as clients expect it: error types, parameter ranges, and answers and stream chunks rewritten so
+that `model` is the name the client asked for, the first chat chunk has a role and usage is always measured."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MAX_N = 128  # OpenAI's bound on choices per request
+MAX_STOPS = 4
+
+
+def error_type(status: int) -> str:
+    """OpenAI's `error.type` for an HTTP status (LiteLLM and the SDKs map exceptions from status and type)."""
+    if status == 401:
+        return "authentication_error"
+    if status == 403:
+        return "permission_error"
+    if status == 429:
+        return "rate_limit_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def error_body(status: int, message: str, code: str | None, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
+
+
+class SamplingParams(BaseModel):
+    """The parameters OpenAI bounds, checked before a request leaves the gateway (the rest pass through as sent)."""
+
+    model_config = ConfigDict(extra="allow", strict=False)
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    n: int | None = Field(default=None, ge=1, le=MAX_N)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+
+
+def parameter_problem(body: dict[str, Any]) -> tuple[str, str] | None:
+    """(message, param) for the first parameter OpenAI would refuse with a 400, or None."""
+    try:
+        params = SamplingParams.model_validate(body)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        param = ".".join(str(part) for part in error["loc"]) or None
+        value = body.get(str(error["loc"][0])) if error["loc"] else None
+        return f"{param}: {error['msg']} (got {json.dumps(value)[:60]})", param or ""
+    if isinstance(params.stop, list) and len(params.stop) > MAX_STOPS:
+        return f"stop: at most {MAX_STOPS} sequences (got {len(params.stop)})", "stop"
+    if params.stream_options is not None and not params.stream:
+        return "stream_options: only allowed when stream is true", "stream_options"
+    return None
+
+
+def client_wants_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def upstream_stream_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The stream request as sent upstream: usage always asked for, so spend is measured, never estimated."""
+    options = body.get("stream_options")
+    return {**body, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
+
+
+def rewrite_answer(raw: bytes, client_model: str) -> bytes:
+    """A JSON answer with `model` set to the client's name for it (never a path or an upstream name)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return raw
+    if not isinstance(data, dict) or "model" not in data:
+        return raw
+    data["model"] = client_model
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def upstream_error(raw: bytes, status: int, where: str) -> bytes:
+    """An upstream's error answer in OpenAI's shape: vLLM's older top-level form, a plain-text or HTML page and
+    FastAPI's `detail` all become `{"error": {"message", "type", "param", "code"}}`; OpenAI's own passes as is."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict) and "message" in data["error"]:
+        return raw
+    if isinstance(data, dict) and isinstance(data.get("message"), str):
+        message, param, code = data["message"], data.get("param"), data.get("code")
+    elif isinstance(data, dict) and "detail" in data:
+        message, param, code = f"{where}: {json.dumps(data['detail'])[:300]}", None, None
+    else:
+        message, param, code = f"{where} answered {status}: {raw[:300].decode(errors='replace')}", None, None
+    body = error_body(status, message, str(code) if code is not None else None, param if isinstance(param, str) else None)
+    return json.dumps(body).encode()
+
+
+class StreamRewriter:
+    """Rewrites an upstream SSE stream event by event: `model` as the client asked, `delta.role` in each choice's
+    first chat chunk, usage kept for the meter and passed on only to a client that asked for it."""
+
+    def __init__(self, client_model: str, wants_usage: bool, chat: bool):
+        self.client_model, self.wants_usage, self.chat = client_model, wants_usage, chat
+        self.usage: dict[str, Any] | None = None
+        self.token_events = 0  # deltas still generating: one token each, for when no usage comes
+        self._tail = b""
+        self._roled: set[int] = set()
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The complete events of what has arrived so far, rewritten; a partial event waits for its end."""
+        self._tail += chunk.replace(b"\r\n", b"\n")
+        *events, self._tail = self._tail.split(b"\n\n")
+        return b"".join(out + b"\n\n" for out in map(self._event, events) if out is not None)
+
+    def flush(self) -> bytes:
+        tail, self._tail = self._tail, b""
+        out = self._event(tail) if tail.strip() else None
+        return out + b"\n\n" if out else b""
+
+    def _event(self, event: bytes) -> bytes | None:
+        if not event.startswith(b"data:"):
+            return event
+        payload = event[5:].strip()
+        if payload == b"[DONE]":
+            return event
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            return event
+        if not isinstance(data, dict):
+            return event
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        listed = data.get("choices")
+        choices: list[Any] = listed if isinstance(listed, list) else []
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            if choice.get("finish_reason") is None:
+                self.token_events += 1
+            index = choice.get("index", 0)
+            if self.chat and index not in self._roled:
+                self._roled.add(index)
+                delta = choice.get("delta")
+                if isinstance(delta, dict) and "role" not in delta:
+                    choice["delta"] = {"role": "assistant", **delta}
+        if not self.wants_usage and "usage" in data:
+            if not choices and usage is not None:
+                return None  # the usage chunk the gateway asked for, not the client
+            del data["usage"]
+        if "model" in data:
+            data["model"] = self.client_model
+        return b"data: " + json.dumps(data, separators=(",", ":")).encode()

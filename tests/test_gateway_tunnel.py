@@ -1,0 +1,184 @@
+"""Engines never on the network: the gateway reaches another machine's engine over its agent's SSH connection."""
+
+from __future__ import annotations
+
+import os
+import stat
+from urllib.parse import urlsplit
+
+import aiohttp
+import asyncssh
+import psutil
+import pytest
+import yaml
+
+from agents.keys import ensure_key
+from agents.lab import LabError, load_lab, parse_lab
+from agents.peers import PEER_KEY_NAME
+from agents.protocol import SSH_USERNAME
+from console.client import FleetClient
+from console.demo import DemoLab
+from tests.conftest import wait_for
+from tests.engine_sockets import assert_engines_on_loopback
+
+pytestmark = pytest.mark.timeout(240)
+
+SIM = {"load_s": 0.1, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.2, "tokens_per_s": 0, "placeholder_mib": 1}
+P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
+LAB = {
+    "lab": "tunnel-test",
+    "machines": [{"name": "hub", "gpus": {"sim": [P4]}}, {"name": "node", "gpus": {"sim": [P4, P4]}}],
+    "models": [
+        {"name": "near", "path": "models/near", "engine": "sim", "machine": "hub", "gpus": [0], "vram_gib": 1, "sim": SIM},
+        {"name": "far", "path": "models/far", "engine": "sim", "machine": "node", "gpus": [0], "vram_gib": 1, "sim": SIM},
+        {"name": "spare", "path": "models/spare", "engine": "sim", "machine": "node", "gpus": [1], "vram_gib": 1, "sim": SIM},
+    ],
+    "orchestra": {"warm": ["near", "far", "spare"]},
+    "gateway": {"machine": "hub"},
+}
+
+
+@pytest.fixture(scope="module")
+def tunnel_lab(tmp_path_factory):
+    source = tmp_path_factory.mktemp("tunsrc") / "lab.yaml"
+    source.write_text(yaml.safe_dump(LAB, sort_keys=False))
+    with DemoLab(tmp_path_factory.mktemp("tun"), source=source) as demo:
+        yield demo
+
+
+@pytest.fixture
+async def client(tunnel_lab):
+    async with FleetClient(load_lab(tunnel_lab.lab_path), subscribe=[]) as fleet:
+        await fleet.wait_connected(20)
+
+        async def warm() -> bool:
+            listed = [await fleet.call(m, "models.list") for m in ("hub", "node")]
+            states = {e["name"]: e["state"] for listing in listed for e in listing["models"]}
+            if states.get("spare") in ("cold", "cached"):
+                await fleet.call("node", "models.warm", {"model": "spare"})
+            return all(states.get(n) == "warm" for n in ("near", "far", "spare"))
+
+        await wait_for(warm, timeout=60, interval=0.2)
+        yield fleet
+
+
+async def engine_port(fleet: FleetClient, machine: str, name: str) -> int:
+    listing = await fleet.call(machine, "models.list")
+    port = urlsplit(next(e for e in listing["models"] if e["name"] == name)["endpoint"]).port
+    assert port is not None
+    return port
+
+
+def agent_pid(demo: DemoLab, machine: str) -> int:
+    return next(p.pid for p in demo.processes if "agents.daemon" in p.args and machine in p.args)
+
+
+def connects_to(pid: int, port: int) -> bool:
+    return any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+               for c in psutil.Process(pid).net_connections(kind="inet"))
+
+
+async def test_gateway_serves_another_machines_model_through_the_tunnel(tunnel_lab, client):
+    lab = load_lab(tunnel_lab.lab_path)
+    key = (tunnel_lab.dir / "console" / "gateway.key").read_text().strip()
+    port = await engine_port(client, "node", "far")
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
+        body = {"model": "far", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        async with session.post(f"{lab.gateway.url}/chat/completions", json={**body, "stream": True}) as r:
+            assert r.status == 200 and b"[DONE]" in await r.read()
+        async with session.post(f"{lab.gateway.url}/chat/completions", json=body) as r:  # kept alive after it
+            assert r.status == 200, await r.text()
+            assert r.headers["x-cetlab-target"] == "node"
+        # the engine's connection comes from the node's own agent (the far end of the SSH forward), never from the hub
+        await wait_for(lambda: connects_to(agent_pid(tunnel_lab, "node"), port), timeout=10)
+        assert not connects_to(agent_pid(tunnel_lab, "hub"), port)
+    # the forward's end on the gateway machine is a unix socket in a folder of the agent's user only: no other local
+    # user reaches the remote engine through it (a loopback TCP port would let anyone on the gateway machine in)
+    sockets = [c.laddr for c in psutil.Process(agent_pid(tunnel_lab, "hub")).net_connections(kind="unix")
+               if c.laddr and c.laddr.endswith(f"/node-{port}.sock")]
+    assert sockets and all(stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700 for path in sockets)
+
+
+async def test_forwards_only_for_the_gateway_key_and_only_to_running_engines(tunnel_lab, client):
+    lab = load_lab(tunnel_lab.lab_path)
+    node = lab.machine("node")
+    known_hosts = str(tunnel_lab.dir / "console" / "known_hosts")
+    gateway_key = ensure_key(tunnel_lab.dir / "agents" / "hub" / PEER_KEY_NAME)
+    console_key = ensure_key(tunnel_lab.dir / "console" / "id_ed25519")
+    far, spare, near = (await engine_port(client, "node", "far"), await engine_port(client, "node", "spare"),
+                        await engine_port(client, "hub", "near"))
+
+    async def forward(key: asyncssh.SSHKey, host: str, port: int) -> bytes:
+        async with asyncssh.connect(node.host, node.port, username=SSH_USERNAME, client_keys=[key], known_hosts=known_hosts,
+                                    agent_path=None, config=None) as conn:
+            reader, writer = await conn.open_connection(host, port)
+            writer.write(b"GET /health HTTP/1.0\r\n\r\n")
+            data = await reader.read()
+            writer.close()
+            return data
+
+    assert (await forward(gateway_key, "127.0.0.1", far)).startswith(b"HTTP/1.")
+    refused = [
+        (console_key, "127.0.0.1", far),  # an operator's key: no forwards at all
+        (gateway_key, "127.0.0.1", node.port),  # the agent's own port
+        (gateway_key, "127.0.0.1", near),  # an engine port of another machine
+        (gateway_key, "localhost", far),  # by another name
+    ]
+    for key, host, port in refused:
+        with pytest.raises(asyncssh.ChannelOpenError):
+            await forward(key, host, port)
+    await client.call("node", "models.cold", {"model": "spare"})
+    await wait_for(lambda: _stopped(client, "node", "spare"), timeout=30)
+    with pytest.raises(asyncssh.ChannelOpenError):  # its engine has stopped: the port is no longer one of ours
+        await forward(gateway_key, "127.0.0.1", spare)
+
+
+async def _stopped(client: FleetClient, machine: str, name: str) -> bool:
+    listing = await client.call(machine, "models.list")
+    return next(e for e in listing["models"] if e["name"] == name)["state"] in ("cold", "cached")
+
+
+async def test_no_engine_listens_beyond_loopback(tunnel_lab, client):
+    listeners = assert_engines_on_loopback(tunnel_lab)
+    assert len(listeners) >= 2
+
+
+def test_lab_yaml_cannot_put_an_engine_on_the_network():
+    data = {**LAB, "models": [{**LAB["models"][0], "engine": "vllm", "args": ["--host=0.0.0.0"]}]}
+    for args in (["--host", "0.0.0.0"], ["--max-model-len", "8192", "--host=0.0.0.0"]):
+        data["models"][0]["args"] = args
+        with pytest.raises(LabError, match="127.0.0.1 only"):
+            parse_lab(yaml.safe_dump(data))
+
+
+def test_the_demo_keeps_lab_yamls_gateway_port_when_it_is_free(tmp_path, monkeypatch):
+    import socket
+
+    from console import gateway_demo
+
+    monkeypatch.delenv(gateway_demo.ANY_PORT_ENV, raising=False)
+    ports = iter(range(20000, 20100))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    data = {"gateway": {"machine": "hub", "port": free}, "providers": []}
+    gateway_demo.prepare(tmp_path, data, "", lambda n: [next(ports) for _ in range(n)])
+    assert data["gateway"]["port"] == free
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free))
+        taken.listen()
+        data = {"gateway": {"machine": "hub", "port": free}, "providers": []}
+        gateway_demo.prepare(tmp_path, data, "", lambda n: [next(ports) for _ in range(n)])
+        assert data["gateway"]["port"] != free  # taken: another one, the demo still starts
+
+
+@pytest.mark.parametrize("kind", ["sim", "vllm", "transformers"])
+def test_every_engine_is_started_on_loopback(tmp_path, kind):
+    """Whatever lab.yaml's args say (a --host is refused at load), the engine's command line binds 127.0.0.1."""
+    from agents.lab import Model
+    from agents.orchestra.lifecycle import ENGINES
+
+    model = Model(name="m", path=str(tmp_path), engine=kind, machine="hub", gpus=[0], args=["--max-model-len", "512"])
+    argv = ENGINES[kind](model, tmp_path, "hub", [0], tmp_path / "m.log").argv()
+    hosts = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--host"]
+    assert hosts == ["127.0.0.1"], argv

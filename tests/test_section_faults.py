@@ -11,7 +11,7 @@ import sys
 
 from agents.agent import Agent
 from agents.lab import load_lab, parse_lab
-from agents.protocol import EVENT_TICK
+from agents.protocol import EVENT_TICK, Role
 from agents.rpc import Peer
 from agents.sections import FaultsSection
 from console.app import CetlabApp
@@ -38,6 +38,7 @@ async def test_a_failing_section_is_shown_failed_on_the_console_and_the_cli_and_
     agent = Agent(lab, "box", demo.dir / "agents" / "box")
     await agent.start()
     jobs = agent.component("jobs")
+    assert jobs is not None
 
     def broken_section():
         raise RuntimeError("the jobs table is gone [red]x[/red]")
@@ -54,7 +55,7 @@ async def test_a_failing_section_is_shown_failed_on_the_console_and_the_cli_and_
             jobs.section = broken_section  # the component raises from the next tick on
             await wait_for(lambda: box.failed("jobs"), timeout=20)
             fault = box.failed("jobs")
-            assert (fault.phase, fault.error) == ("section", ERROR)
+            assert fault is not None and (fault.phase, fault.error) == ("section", ERROR)
             await until_drawn(pilot, JobsScreen)
             await wait_for(lambda: any("box: jobs FAILED since" in line for line in screen_lines(app)), timeout=10)
             lines = screen_lines(app)
@@ -106,7 +107,7 @@ async def test_a_component_raising_in_its_update_is_a_fault_pushed_once_logged_o
     counter = Counter()
     agent = Agent(lab, "box", tmp_path, components=[counter])
     sent: list[dict] = []
-    agent.peers.add(Peer(role="viewer", who="test", send=lambda line: sent.append(json.loads(line)), topics={EVENT_TICK}))
+    agent.peers.add(Peer(role=Role.VIEWER, who="test", send=lambda line: sent.append(json.loads(line)), topics={EVENT_TICK}))
 
     def pushed_faults() -> list[FaultsSection]:
         return [FaultsSection.model_validate(m["data"]["changed"]["faults"]) for m in sent if "faults" in m["data"]["changed"]]

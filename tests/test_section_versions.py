@@ -44,6 +44,7 @@ async def test_an_unchanged_jobs_view_does_not_redraw_on_ticks_that_change_nothi
         await pilot.press("colon", *"jobs", "enter")
         await until_drawn(pilot, JobsScreen)
         screen = app.screen
+        assert isinstance(screen, JobsScreen)
         redraws = screen.redraws
         for i in range(10):  # every machine ticks; the GPUs and hosts move; no job does
             for machine in ("m5", "irina"):

@@ -15,14 +15,15 @@ from widgets.machine_card import MachineCard
 
 
 def alert_badges(view: MachineView) -> list[str]:
-    failed = [f"✖ {f.section} failed" for f in view.faults.failed]  # a component that fails: its section is stale
+    failed = [f"✖ {f.section} failed" for f in view.faults.failed if view.online]  # a component that fails: its section is stale
     return failed + [f"⚠ {a.rule}" for a in view.alerts.active if not a.acked][:3]
 
 
 def card_note(view: MachineView) -> str | None:
     """The card's note line: the GPU backend's status, then each failing section with its error."""
     lines = [view.gpu_status.status] if view.gpu_status and view.gpu_status.status else []
-    lines += [escape(f"{f.section} failed ({f.phase}): {f.error}") for f in view.faults.failed]  # the agent's text, not markup
+    if view.online:  # an offline card says so, not what failed before
+        lines += [escape(f"{f.section} failed ({f.phase}): {f.error}") for f in view.faults.failed]  # the agent's text, not markup
     return "\n".join(lines) or None
 
 

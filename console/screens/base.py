@@ -60,9 +60,10 @@ class LabScreen(Screen):
             self.fetch()
         if version == self.drawn_version and (self.CLOCK_S is None or now - self.drawn_at < self.CLOCK_S):
             return
+        forced = self.drawn_version == -1  # the first draw, or a view that set it back to -1 to be drawn again
         self.drawn_version = version
         key = version if self.SECTIONS is None else self.lab_app.state.sections_version((*self.SECTIONS, "faults"))
-        if key != self.drawn_key or (self.CLOCK_S is not None and now - self.drawn_at >= self.CLOCK_S):
+        if forced or key != self.drawn_key or (self.CLOCK_S is not None and now - self.drawn_at >= self.CLOCK_S):
             self.drawn_key, self.drawn_at = key, now
             self.redraws += 1
             self.refresh_faults()

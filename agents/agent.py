@@ -8,7 +8,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterable, Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -29,7 +29,7 @@ from agents.protocol import (
     Telemetry,
 )
 from agents.rpc import Peer, Registry
-from agents.sections import GatewaySection, GpuStatus, ModelsSection, Tick
+from agents.sections import FaultsSection, GatewaySection, GpuStatus, ModelsSection, SectionFault, Tick
 from agents.store import Store
 from agents.history import History
 from agents.telemetry.host import HostSampler
@@ -104,6 +104,7 @@ class Agent:
         self._loop_task: asyncio.Task | None = None
         self.current: dict[str, Any] = {}  # the typed sections of the latest tick, by name (agents/sections.py)
         self._last_sections: dict[str, Any] = {}
+        self.faults: dict[str, SectionFault] = {}  # the sections whose component raised in the latest tick
         self._last_gpus: dict[int, dict] = {}
         self.ticks = 0
         self._register_core()
@@ -210,13 +211,14 @@ class Agent:
         self.latest = telemetry
         self.history.add(telemetry)
         self.ticks += 1
+        failing: dict[str, SectionFault] = {}  # this tick's faults, by section: consoles are told (the `faults` section)
         for component in self.components:  # phase one: the owners of state update
             if hasattr(component, "on_telemetry"):
                 try:
                     component.on_telemetry(telemetry)
-                except Exception:
-                    log.exception("%s.on_telemetry failed", component.name)
-        owned = self._sections(c for c in self.components if not hasattr(c, "on_tick"))
+                except Exception as exc:
+                    self._failed(failing, component.name, "update", exc)
+        owned = self._sections((c for c in self.components if not hasattr(c, "on_tick")), failing)
         models = owned.get("models")
         gateway = owned.get("gateway")
         tick = Tick(telemetry, owned.get("jobs") or [], models if isinstance(models, ModelsSection) else None,
@@ -225,23 +227,41 @@ class Agent:
             if hasattr(component, "on_tick"):
                 try:
                     component.on_tick(tick)
-                except Exception:
-                    log.exception("%s.on_tick failed", component.name)
-        read = self._sections(c for c in self.components if hasattr(c, "on_tick"))
+                except Exception as exc:
+                    self._failed(failing, component.name, "read", exc)
+        read = self._sections((c for c in self.components if hasattr(c, "on_tick")), failing)
+        for name in self.faults.keys() - failing.keys():
+            log.warning("%s recovered (it failed since %s)", name, time.strftime("%H:%M:%S", time.localtime(self.faults[name].since)))
+        self.faults = failing
         self.current = {**self._machine_sections(telemetry), **owned, **read}
         self._broadcast(telemetry)
 
     def _machine_sections(self, t: Telemetry) -> dict[str, Any]:
-        return {"host": t.host, "gpu_status": GpuStatus(backend=t.gpu_backend, status=t.gpu_status, simulated=t.simulated)}
+        return {"host": t.host, "gpu_status": GpuStatus(backend=t.gpu_backend, status=t.gpu_status, simulated=t.simulated),
+                "faults": FaultsSection(failed=sorted(self.faults.values(), key=lambda f: f.section))}
 
-    def _sections(self, components) -> dict[str, Any]:
-        """The typed sections of these components; one that fails is left out (its log says why), the rest go on."""
+    def _failed(self, failing: dict[str, SectionFault], name: str, phase: Literal["update", "read", "section"], exc: Exception) -> None:
+        """Note that a component raised: its section shows as failed on every console until a tick goes through clean."""
+        if name in failing:
+            return  # the first error of the tick says what went wrong
+        error = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        before = self.faults.get(name)
+        if before is None or before.error != error:  # logged once per new error, not at every tick
+            log.error("%s failed (%s): %s", name, phase, error, exc_info=exc)
+        failing[name] = SectionFault(section=name, phase=phase, error=error,
+                                     since=before.since if before is not None else time.time())
+
+    def _sections(self, components: Iterable[Component], failing: dict[str, SectionFault] | None = None) -> dict[str, Any]:
+        """The typed sections of these components; one that fails is left out (noted in `failing`), the rest go on."""
         sections: dict[str, Any] = {}
         for component in components:
             try:
                 sections[component.name] = component.section()
-            except Exception:
-                log.exception("%s.section failed", component.name)
+            except Exception as exc:
+                if failing is not None:
+                    self._failed(failing, component.name, "section", exc)
+                else:
+                    log.exception("%s.section failed", component.name)
         return sections
 
     def sections(self) -> dict[str, Any]:

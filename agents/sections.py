@@ -17,6 +17,7 @@ Sections and their models (``SECTION_MODELS``):
     audit       AuditSection
     gateway     GatewaySection | null  on the gateway's machine only (agents/gateway/): traffic per model, spend, keys
     gpu_support GpuSupportSection  the stacks this machine launches and, per GPU, whether each runs there (agents/gpusupport/)
+    faults      FaultsSection     the sections whose component raised in this tick, with the error (empty: all well)
 
 Shape changes against the untyped sections (kept as small as the console allows):
 - ``jobs[].diverged_at_step`` and ``jobs[].progress_problem`` are new (issue 11: a diverged
@@ -32,7 +33,7 @@ Shape changes against the untyped sections (kept as small as the console allows)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -411,6 +412,28 @@ class GatewaySection(Section):
     keys: list[KeyUse] = Field(default_factory=list)
 
 
+# ---------------------------------------------------------------------------- a component that fails
+
+
+class SectionFault(Section):
+    """A section whose component raised in this tick: consoles show it failed, with the error, until it recovers.
+
+    The section's last value stays on the consoles, marked stale by this; the fault clears on the first tick
+    in which the component updates and reports again without raising."""
+
+    section: str  # the section's name, as in SECTION_MODELS (the component's name)
+    phase: Literal["update", "read", "section"]  # update: on_telemetry; read: on_tick; section: making its section
+    error: str  # "<exception type>: <message>", one line
+    since: FiniteFloat  # agent's wall time of the first failing tick in a row
+
+
+class FaultsSection(Section):
+    failed: list[SectionFault] = Field(default_factory=list)  # one per failing section, by name
+
+    def of(self, section: str) -> SectionFault | None:
+        return next((f for f in self.failed if f.section == section), None)
+
+
 # ---------------------------------------------------------------------------- the tick
 
 
@@ -426,6 +449,7 @@ SECTION_MODELS: dict[str, Any] = {
     "audit": AuditSection,
     "gateway": GatewaySection | None,
     "gpu_support": GpuSupportSection,
+    "faults": FaultsSection,
 }
 
 

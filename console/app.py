@@ -13,6 +13,7 @@ from typing import Any
 from rich.text import Text
 from textual.app import App
 from textual.binding import Binding
+from textual.notifications import Notification, SeverityLevel
 
 from agents.lab import Lab, LabError, load_lab
 from agents.protocol import EVENT_NOTICE, EVENT_TICK
@@ -50,6 +51,7 @@ class CetlabApp(App):
         self.client = client or FleetClient(lab, self.state, trust_on_first_use=trust_on_first_use,
                                             subscribe=[EVENT_TICK, EVENT_NOTICE], on_event=self._on_event)
         self.render_ages: deque[float] = deque(maxlen=3600)  # newest data age at each render, for benchmarks
+        self.notices: deque[Notification] = deque(maxlen=200)  # every notification shown (toasts), newest last
         for name in VIEWS:
             self.add_mode(name, _view_factory(name))
 
@@ -78,6 +80,12 @@ class CetlabApp(App):
         ages = [v.age_s(now) for v in self.state.machines.values() if v.online and v.sample_t]
         if ages:
             self.render_ages.append(max(ages))
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information", timeout: float | None = None,
+               markup: bool = True) -> None:
+        """Show a toast (Textual's notify) and keep it in `notices`, newest last: what the console told the operator."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+        self.notices.append(Notification(message, title, severity, timeout or self.NOTIFICATION_TIMEOUT, markup=markup))
 
     def header_cost(self) -> Text | str | None:
         """The cost counter shown in every header: the lab's rate and today's total, from the agents' costs sections."""

@@ -96,6 +96,8 @@ def status_json(state: LabState) -> dict[str, Any]:
                 for g in sorted(view.gpus.values(), key=lambda g: g.index)
             ],
         }
+        # sections whose component fails on the agent now: their figures elsewhere are the last ones before it failed
+        entry["sections_failed"] = [f.to_wire() for f in view.faults.failed]
         if view.gpu_support is not None:  # which stacks each GPU can run, with the reason and the fix (README "Older GPUs")
             entry["gpu_support"] = view.gpu_support.to_wire()
         if not view.online:
@@ -115,6 +117,7 @@ def status_human(data: dict[str, Any]) -> str:
         lines.append(f"{m['name']:<14} online{sim}  cpu {fmt(m['cpu_pct'], '.0f', '%')}  ram {fmt_bytes(m['ram_used_bytes'])}/{fmt_bytes(m['ram_total_bytes'])}")
         if m.get("gpu_status"):
             lines.append(f"  {m['gpu_status']}")
+        lines += [f"  section {f['section']} FAILED ({f['phase']}): {f['error']}" for f in m.get("sections_failed", [])]
         for g in m["gpus"]:
             if g.get("failed"):
                 lines.append(f"  gpu{g['index']} {g['name']:<26} FAILED: {g['failed']}")

@@ -6,7 +6,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -23,7 +23,9 @@ from agents.sections import (
     JobInfo,
     ModelInfo,
     ModelsSection,
+    FaultsSection,
     RunSummary,
+    SectionFault,
     alert_id,
 )
 from agents.states import JOB_HOLDS_GPU, MODEL_ENGINE_UP
@@ -64,9 +66,12 @@ class MachineView:
     audit: AuditSection = field(default_factory=AuditSection)
     gateway: GatewaySection | None = None  # on the gateway's machine only
     gpu_support: GpuSupportSection | None = None  # which stacks each GPU can run (agents/gpusupport/)
+    faults: FaultsSection = field(default_factory=FaultsSection)  # sections whose component fails now (their last value is stale)
     problems: dict[str, str] = field(default_factory=dict)  # section -> why the agent's last value of it was refused
     series: dict[str, deque] = field(default_factory=dict)  # "gpu0.util_pct" -> values
     version: int = 0  # bumped on every change; screens redraw what moved
+    # per section (and "link", "hello", "series"): bumped only when that part changed, so a view redraws what it shows
+    section_versions: dict[str, int] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -92,6 +97,7 @@ class MachineView:
         self.models, self.checkpoints, self.costs, self.alerts, self.audit = None, [], None, fresh.alerts, fresh.audit
         self.gateway = None
         self.gpu_support = None
+        self.faults = fresh.faults
         self.problems = {}
 
     def apply_section(self, name: str, value: Any) -> None:
@@ -109,12 +115,28 @@ class MachineView:
             return
         self.problems.pop(name, None)
         if name == "gpus":
+            changed = False
             for gpu in parsed:
+                changed = changed or self.gpus.get(gpu.index) != gpu
                 self.gpus[gpu.index] = gpu
         elif name == "host":
-            self.host = parsed or HostSample()
+            parsed = parsed or HostSample()
+            changed = self.host != parsed
+            self.host = parsed
         else:
+            changed = getattr(self, name) != parsed
             setattr(self, name, parsed)
+        if changed:
+            self.touch(name)
+
+    def touch(self, *parts: str) -> None:
+        """Note that these sections (or "link", "hello", "series") changed: the views showing them redraw."""
+        for part in parts:
+            self.section_versions[part] = self.section_versions.get(part, 0) + 1
+
+    def failed(self, section: str) -> SectionFault | None:
+        """The agent's fault on this section now (its value here is the last one before it failed), or None."""
+        return self.faults.of(section)
 
     def age_s(self, now: float | None = None) -> float | None:
         if self.sample_t is None:
@@ -167,12 +189,14 @@ class LabState:
                     "fired_at": view.last_seen, "cleared_at": now, "acked_at": None})
         if view.link != link or view.error != error:
             view.link, view.error = link, error
+            view.touch("link")
             self._bump(view)
 
     def set_hello(self, name: str, hello: dict[str, Any]) -> None:
         view = self.machines[name]
         view.hello = hello
         view.last_seen = time.time()
+        view.touch("hello")
         self._bump(view)
 
     def apply_tick(self, name: str, data: dict[str, Any]) -> None:
@@ -180,6 +204,7 @@ class LabState:
         view = self.machines[name]
         if data.get("full"):
             view.clear_sections()
+            view.touch(*SECTION_MODELS)  # whatever was shown may be gone
         for section, value in (data.get("changed") or {}).items():
             view.apply_section(section, value)
         view.sample_t = data.get("t", view.sample_t)
@@ -188,6 +213,7 @@ class LabState:
             for key in GPU_SERIES:
                 view._record(f"gpu{index}.{key}", getattr(gpu, key))
         view._record("cpu_pct", view.host.cpu_pct)
+        view.touch("series")
         self._bump(view)
 
     def seed_history(self, name: str, history: dict[str, Any]) -> None:
@@ -199,12 +225,24 @@ class LabState:
                 series.extend(gpu.get(key, [])[-SPARK_POINTS:])
         cpu = view.series["cpu_pct"] = deque(maxlen=SPARK_POINTS)
         cpu.extend(history.get("host", {}).get("cpu_pct", [])[-SPARK_POINTS:])
+        view.touch("series")
         self._bump(view)
 
     def apply_status(self, name: str, status: dict[str, Any]) -> None:
         """A whole `status` answer, as the CLI gets it."""
         data = {"t": status.get("t"), "full": True, "changed": {k: v for k, v in status.items() if k not in ("t", "machine", "simulated")}}
         self.apply_tick(name, data)
+
+    def sections_version(self, parts: Iterable[str]) -> int:
+        """A number that moves exactly when one of these parts changed on any machine (a sum of counters that only grow)."""
+        names = tuple(parts)
+        return sum(view.section_versions.get(name, 0) for view in self.machines.values() for name in names)
+
+    def faults(self, sections: Iterable[str] | None = None) -> list[tuple[str, SectionFault]]:
+        """(machine, fault) of every section failing now on an online machine (only these sections, when given)."""
+        wanted = None if sections is None else set(sections)
+        return [(view.name, fault) for view in self.machines.values() if view.online
+                for fault in view.faults.failed if wanted is None or fault.section in wanted]
 
     # -- lab-wide figures
 

@@ -246,7 +246,7 @@ async def test_alerts_view_notifies_lists_and_acknowledges(tmp_path, lab_file):
             await app.client.call("box", "sim.override", {"gpu": 0, "temp_c": 97})
             await wait_for(hot_rows, timeout=20)
             assert "ACTIVE" in hot_rows()[0][0] and hot_rows()[0][2] == "box" and "97 C" in hot_rows()[0][6]
-            await wait_for(lambda: any("gpu0 Tesla P4 at 97 C" in n.message for n in app._notifications), timeout=10)
+            await wait_for(lambda: any("gpu0 Tesla P4 at 97 C" in n.message for n in app.notices), timeout=10)
 
             table.move_cursor(row=[k.value for k in table.rows].index(next(a.id for a in box.alerts.active if a.rule == "gpu_hot")))
             await pilot.press("a")

@@ -14,6 +14,7 @@ from console.screens.costs import CostsScreen
 from console.screens.fleet import FleetScreen
 from tests.conftest import until_drawn, wait_for
 from tests.console_fixtures import FROZEN_NOW, frozen_state
+from tests.screen_text import screen_lines
 from widgets.checkpoint_timeline import CheckpointTimeline, step_ticks
 
 
@@ -52,7 +53,7 @@ async def test_the_costs_table_and_chart_each_have_their_own_space(size):
         assert not table.region.overlaps(plot.region) and plot.region.height >= 8
         assert table.virtual_size.width <= table.scrollable_content_region.width  # every column it shows fits: none cut
         assert [str(c.label) for c in table.ordered_columns][-1] == "tokens"
-        lines = [strip.text for strip in screen._compositor.render_strips()]
+        lines = screen_lines(app)
         row = next(line for line in lines if "153,783" in line)
         assert "┤" not in row, row  # the chart's axis is on lines of its own
 
@@ -76,7 +77,7 @@ async def test_a_short_runs_loss_plot_shows_whole_steps_on_its_x_axis():
         loss = [[step, 2.0 - step / 10] for step in range(1, 9)]
         timeline.show("run exp1", loss, [], [{"step": 4, "loss": 1.6}, {"step": 8, "loss": 1.2}], selected=8)
         await pilot.pause()
-        lines = [strip.text for strip in app.screen._compositor.render_strips()]
+        lines = screen_lines(app)
         axis = next(line for line in reversed(lines) if "step" not in line and any(c.isdigit() for c in line))
         labels = axis.split()
         assert labels and all("." not in label for label in labels), axis

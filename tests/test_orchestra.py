@@ -140,8 +140,11 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         assert status == 200 and answer["usage"]["completion_tokens"] == 5 and answer["choices"][0]["text"].strip()
         assert metric(a["endpoint"], "vllm:generation_tokens_total") == before + 5
 
-        # the GPU shows the model (the simulated backend follows the claim)
-        assert gpu_used(await client.call("box", "status"), 0) >= 18 * 1024**3
+        # the GPU shows the model (the simulated backend follows the claim) from the next tick on
+        async def gpu_shows_a() -> bool:
+            return gpu_used(await client.call("box", "status"), 0) >= 18 * 1024**3
+
+        await wait_for(gpu_shows_a)
 
         # b does not fit next to a: CONFLICT saying how much is missing
         with pytest.raises(RemoteError) as exc:
@@ -155,11 +158,10 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         await wait_for(lambda: metric(a["endpoint"], "vllm:num_requests_waiting") == 1, timeout=10)
         assert not queued.done()
 
-        for _ in range(50):  # the next tick shows the freed memory
-            if gpu_used(await client.call("box", "status"), 0) < 4 * 1024**3:
-                break
-            await asyncio.sleep(0.1)
-        assert gpu_used(await client.call("box", "status"), 0) < 4 * 1024**3
+        async def gpu_freed() -> bool:  # the next tick shows the freed memory
+            return gpu_used(await client.call("box", "status"), 0) < 4 * 1024**3
+
+        await wait_for(gpu_freed)
         await client.call("box", "models.warm", {"model": "a"})
         a = await settle(client, "a", ("warm",))
         assert a["wake_s"] is not None and a["wake_s"] >= 0.1

@@ -175,12 +175,12 @@ async def test_w_on_a_warm_model_says_so_and_s_on_a_pinned_one_says_so_before_as
         table = app.screen.query_one(OrchestraTable)
         table.move_cursor(row=table.get_row_index("irina/warm-one"))
         await pilot.press("w")
-        await wait_for(lambda: any(n.message == "warm-one is already warm" for n in app._notifications))
+        await wait_for(lambda: any(n.message == "warm-one is already warm" for n in app.notices))
         table.move_cursor(row=table.get_row_index("irina/pinned-one"))
         await pilot.press("s")
-        await wait_for(lambda: any("pinned-one is pinned: unpin it (p)" in n.message for n in app._notifications))
+        await wait_for(lambda: any("pinned-one is pinned: unpin it (p)" in n.message for n in app.notices))
         assert isinstance(app.screen, ModelsScreen)  # no y/n first
-        assert calls == [] and not any(n.message.startswith("warming") for n in app._notifications)
+        assert calls == [] and not any(n.message.startswith("warming") for n in app.notices)
 
 
 async def test_shift_r_rotates_now_after_a_question():

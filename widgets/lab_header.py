@@ -26,6 +26,7 @@ class HeaderFigures:
     readonly: bool
     now: float
     cost: Text | str | None = None
+    failed: int = 0  # sections failing on the agents now (a component raising in its tick)
 
 
 def header_text(figures: HeaderFigures, width: int | None = None) -> Text:
@@ -51,6 +52,9 @@ def _left(figures: HeaderFigures, cost: bool, short: bool, lab: bool) -> Text:
     line.append(f"· {figures.gpus} GPUs {vram}G " if short else f"· {figures.gpus} GPUs · {vram} GiB VRAM ")
     if figures.simulated:
         line.append(" SIM ", style="bold black on yellow")
+    if figures.failed:
+        line.append(f" {figures.failed} FAILED " if short else f" {figures.failed} SECTION{'S' if figures.failed > 1 else ''} FAILED ",
+                    style="bold white on red")
     if figures.readonly:
         line.append(" RO " if short else " READ-ONLY ", style="bold white on blue")
     if cost and figures.cost:

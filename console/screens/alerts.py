@@ -35,6 +35,7 @@ def alert_cells(alert: dict[str, Any]) -> tuple[str, ...]:
 
 class AlertsScreen(LabScreen):
     VIEW_NAME = "alerts"
+    SECTIONS = ("alerts", "link")  # redrawn only when these change
     FETCH_S = FETCH_S
     CLOCK_S = 1.0  # a machine becomes an offline alert after a while, with no new data
     ACTING = frozenset({"ack"})

@@ -30,6 +30,7 @@ def audit_cells(entry: dict[str, Any]) -> tuple[str, ...]:
 
 class AuditScreen(LabScreen):
     VIEW_NAME = "audit"
+    SECTIONS = ("audit", "link")  # redrawn only when these change
     BINDINGS = [
         Binding("e", "toggle_errors", "Errors only"),
         Binding("r", "fetch", "Refresh"),

@@ -11,6 +11,7 @@ from agents.protocol import RemoteError
 from widgets.format import Thresholds
 
 if TYPE_CHECKING:
+    from agents.sections import SectionFault
     from console.app import CetlabApp
 
 
@@ -20,6 +21,9 @@ class LabScreen(Screen):
     VIEW_NAME = ""  # its name for `:` and the header
     FETCH_S: float | None = None  # fetch() runs this often while the view is shown (data the stream does not carry)
     CLOCK_S: float | None = None  # redraw at least this often without new data: the view shows ages or countdowns
+    # The parts of each machine's state this view draws (tick sections, "link", "hello", "series"): it redraws only when
+    # one of them changed (or its clock is due). None: every change. A failing section among them is shown on the view.
+    SECTIONS: tuple[str, ...] | None = None
     # Actions that change the lab. A read-only console does not bind them: no footer hint, no help line, the key is free.
     ACTING: frozenset[str] = frozenset()
 
@@ -35,7 +39,10 @@ class LabScreen(Screen):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.ready = False  # True once mounted: refresh_data may run
-        self.drawn_version = -1  # LabState.version of the last redraw
+        self.drawn_version = -1  # LabState.version the view last caught up with (redrawn, or nothing it shows changed)
+        self.drawn_key = -1  # the version of what it shows (LabState.sections_version of SECTIONS) at the last redraw
+        self.redraws = 0  # refresh_data calls from the scheduler, for benchmarks and tests
+        self._faults: list[tuple[str, SectionFault]] | None = None  # shown under the header (None: not mounted yet)
         self.drawn_at = 0.0  # monotonic time of the last redraw
         self.fetched_at: float | None = None  # monotonic time of the last scheduled fetch
         self._headers: list | None = None
@@ -51,9 +58,40 @@ class LabScreen(Screen):
         if self.FETCH_S is not None and (self.fetched_at is None or now - self.fetched_at >= self.FETCH_S):
             self.fetched_at = now
             self.fetch()
-        if version != self.drawn_version or (self.CLOCK_S is not None and now - self.drawn_at >= self.CLOCK_S):
-            self.drawn_version, self.drawn_at = version, now
+        if version == self.drawn_version and (self.CLOCK_S is None or now - self.drawn_at < self.CLOCK_S):
+            return
+        forced = self.drawn_version == -1  # the first draw, or a view that set it back to -1 to be drawn again
+        self.drawn_version = version
+        key = version if self.SECTIONS is None else self.lab_app.state.sections_version((*self.SECTIONS, "faults"))
+        if forced or key != self.drawn_key or (self.CLOCK_S is not None and now - self.drawn_at >= self.CLOCK_S):
+            self.drawn_key, self.drawn_at = key, now
+            self.redraws += 1
+            self.refresh_faults()
             self.refresh_data()
+
+    def shown_faults(self) -> list[tuple[str, SectionFault]]:
+        """(machine, SectionFault) of the failing sections this view draws (none for a view of every section)."""
+        if self.SECTIONS is None:
+            return []
+        return self.lab_app.state.faults(self.SECTIONS)
+
+    def refresh_faults(self) -> None:
+        """Show the failing sections of this view, with their errors, under its header; hidden when none fails."""
+        from widgets.lab_header import LabHeader
+        from widgets.section_faults import SectionFaults
+
+        faults = self.shown_faults()
+        if self._faults is None:  # mounted under the header at the first redraw: the views' compose stays as it is
+            if not faults:
+                return
+            headers = list(self.query(LabHeader))
+            self._faults = []
+            self.mount(SectionFaults(id="section-faults"), **({"after": headers[0]} if headers else {}))
+            self.call_after_refresh(self.refresh_faults)  # once mounted
+            return
+        if faults != self._faults:
+            self._faults = faults
+            self.query_one(SectionFaults).show(faults)
 
     def fetch(self) -> None:
         """Start fetching what this view shows beyond the stream (a worker); it calls refresh_data when it has it."""
@@ -70,7 +108,7 @@ class LabScreen(Screen):
             online = sum(v.online for v in state.machines.values())
             simulated = any(v.simulated for v in state.machines.values())
             header.show(HeaderFigures(state.lab.lab, self.VIEW_NAME, online, len(state.machines), gpus, vram,
-                                      simulated, app.readonly, app.clock(), app.header_cost()))
+                                      simulated, app.readonly, app.clock(), app.header_cost(), failed=len(state.faults())))
 
     def refresh_data(self) -> None:
         """Read app.state and update widgets that changed; never fetch here."""

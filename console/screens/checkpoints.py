@@ -82,6 +82,7 @@ def detail_text(ckpt: dict[str, Any] | None) -> str:
 
 class CheckpointsScreen(LabScreen):
     VIEW_NAME = "checkpoints"
+    SECTIONS = ("checkpoints", "link")  # redrawn only when these change
     CLOCK_S = 1.0  # "written ... ago"
     ACTING = frozenset({"resume", "serve", "delete", "keep", "prune"})
     BINDINGS = [

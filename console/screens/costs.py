@@ -43,6 +43,7 @@ def breakdown_rows(report: dict[str, Any]) -> dict[str, tuple[str, ...]]:
 
 class CostsScreen(LabScreen):
     VIEW_NAME = "costs"
+    SECTIONS = ("costs", "link")  # redrawn only when these change
     FETCH_S = FETCH_S
     BINDINGS = [
         Binding("b", "next_breakdown", "Breakdown"),

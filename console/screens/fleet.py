@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -14,7 +15,16 @@ from widgets.machine_card import MachineCard
 
 
 def alert_badges(view: MachineView) -> list[str]:
-    return [f"⚠ {a.rule}" for a in view.alerts.active if not a.acked][:3]
+    failed = [f"✖ {f.section} failed" for f in view.faults.failed if view.online]  # a component that fails: its section is stale
+    return failed + [f"⚠ {a.rule}" for a in view.alerts.active if not a.acked][:3]
+
+
+def card_note(view: MachineView) -> str | None:
+    """The card's note line: the GPU backend's status, then each failing section with its error."""
+    lines = [view.gpu_status.status] if view.gpu_status and view.gpu_status.status else []
+    if view.online:  # an offline card says so, not what failed before
+        lines += [escape(f"{f.section} failed ({f.phase}): {f.error}") for f in view.faults.failed]  # the agent's text, not markup
+    return "\n".join(lines) or None
 
 
 class FleetScreen(LabScreen):
@@ -68,7 +78,7 @@ class FleetScreen(LabScreen):
                 util_history={i: view.spark(f"gpu{i}.util_pct") for i in view.gpus},
                 owners=view.gpu_owners(),
                 simulated=view.simulated,
-                gpu_status=view.gpu_status.status if view.gpu_status else None,
+                gpu_status=card_note(view),
                 limits=limits,
                 now=self.lab_app.clock(),
                 badges=alert_badges(view),

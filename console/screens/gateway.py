@@ -44,6 +44,7 @@ def spend_text(section: GatewaySection) -> str:
 
 class GatewayScreen(LabScreen):
     VIEW_NAME = "gateway"
+    SECTIONS = ("gateway", "link")  # redrawn only when these change
     DEFAULT_CSS = """
     GatewayScreen #gateway-summary { height: auto; padding: 0 1; }
     GatewayScreen #gateway-table { height: 1fr; }

@@ -48,6 +48,7 @@ def detail_text(job: JobInfo | None) -> str:
 
 class JobsScreen(LabScreen):
     VIEW_NAME = "jobs"
+    SECTIONS = ("jobs", "link")  # redrawn only when these change
     ACTING = frozenset({"new", "stop", "kill"})
     BINDINGS = [
         Binding("n", "new", "New run"),

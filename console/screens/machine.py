@@ -7,6 +7,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
+from agents.sections import SectionFault
 from console.screens.base import LabScreen
 from widgets.format import NA, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_panel import SERIES, GpuPanel
@@ -45,6 +46,10 @@ class MachineScreen(LabScreen):
     @property
     def view(self):
         return self.lab_app.state.machines[self.machine]
+
+    def shown_faults(self) -> list[tuple[str, SectionFault]]:
+        """Every failing section of this machine: its detail is where one looks first."""
+        return [(m, f) for m, f in self.lab_app.state.faults() if m == self.machine]
 
     def refresh_data(self) -> None:
         view = self.view

@@ -87,6 +87,7 @@ def detail_text(model: ModelInfo | None) -> str:
 
 class ModelsScreen(LabScreen):
     VIEW_NAME = "models"
+    SECTIONS = ("models", "link")  # redrawn only when these change
     CLOCK_S = 1.0  # the rotation's countdown
     ACTING = frozenset({"warm", "sleep", "cold", "swap", "pin", "rotate"})
     BINDINGS = [

@@ -1,0 +1,127 @@
+"""A component that starts failing is visible (issue 22 item 7): its section shows as failed, with the error, on the
+console's view of it, the fleet card, the header, `cetlab status` and its JSON, and it recovers when the component does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+
+from agents.agent import Agent
+from agents.lab import load_lab, parse_lab
+from agents.protocol import EVENT_TICK, Role
+from agents.rpc import Peer
+from agents.sections import FaultsSection
+from console.app import CetlabApp
+from console.demo import DemoLab
+from console.screens.fleet import FleetScreen
+from console.screens.jobs import JobsScreen
+from tests.conftest import until_drawn, wait_for
+from tests.screen_text import screen_lines
+
+ERROR = "RuntimeError: the jobs table is gone [red]x[/red]"  # markup in an error is shown as text
+
+
+def cli(lab_path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(lab_path), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+async def test_a_failing_section_is_shown_failed_on_the_console_and_the_cli_and_recovers(tmp_path, lab_file):
+    source = lab_file({"lab": "faults", "machines": [{"name": "box", "sample_interval_s": 0.2,
+                                                        "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}]})
+    demo = DemoLab(tmp_path / "run", source=source)
+    demo.prepare()  # keys, ports, known hosts; the agent runs here, real SSH on loopback, so the test can break a part of it
+    lab = load_lab(demo.lab_path)
+    agent = Agent(lab, "box", demo.dir / "agents" / "box")
+    await agent.start()
+    jobs = agent.component("jobs")
+    assert jobs is not None
+
+    def broken_section():
+        raise RuntimeError("the jobs table is gone [red]x[/red]")
+
+    try:
+        app = CetlabApp(lab)
+        async with app.run_test(size=(160, 40)) as pilot:
+            box = app.state.machines["box"]
+            await wait_for(lambda: box.online and box.sample_t, timeout=30)
+            await pilot.press("colon", *"jobs", "enter")
+            await until_drawn(pilot, JobsScreen)
+            assert not any("FAILED" in line for line in screen_lines(app))
+
+            jobs.section = broken_section  # the component raises from the next tick on
+            await wait_for(lambda: box.failed("jobs"), timeout=20)
+            fault = box.failed("jobs")
+            assert fault is not None and (fault.phase, fault.error) == ("section", ERROR)
+            await until_drawn(pilot, JobsScreen)
+            await wait_for(lambda: any("box: jobs FAILED since" in line for line in screen_lines(app)), timeout=10)
+            lines = screen_lines(app)
+            assert any(ERROR in line for line in lines), lines
+            assert "1 SECTION FAILED" in lines[0], lines[0]
+
+            status = await asyncio.to_thread(cli, demo.lab_path, "--json", "status")
+            (machine,) = json.loads(status.stdout)["machines"]
+            assert [(f["section"], f["phase"], f["error"]) for f in machine["sections_failed"]] == [("jobs", "section", ERROR)]
+            human = await asyncio.to_thread(cli, demo.lab_path, "status")
+            assert f"section jobs FAILED (section): {ERROR}" in human.stdout, human.stdout
+
+            await pilot.press("escape")  # back to the fleet: the card says it too
+            await until_drawn(pilot, FleetScreen)
+            await wait_for(lambda: any(f"jobs failed (section): {ERROR}" in line for line in screen_lines(app)), timeout=10)
+            assert any("✖ jobs failed" in line for line in screen_lines(app))
+
+            del jobs.section  # it recovers: the next tick clears the fault everywhere
+            await wait_for(lambda: not box.failed("jobs"), timeout=20)
+            await until_drawn(pilot, FleetScreen)
+            await wait_for(lambda: not any("failed" in line.casefold() for line in screen_lines(app)), timeout=10)
+            await pilot.press("colon", *"jobs", "enter")
+            await until_drawn(pilot, JobsScreen)
+            await wait_for(lambda: not any("FAILED" in line for line in screen_lines(app)), timeout=10)
+        status = await asyncio.to_thread(cli, demo.lab_path, "--json", "status")
+        assert json.loads(status.stdout)["machines"][0]["sections_failed"] == []
+    finally:
+        await agent.stop()
+
+
+async def test_a_component_raising_in_its_update_is_a_fault_pushed_once_logged_once_and_cleared(tmp_path, caplog):
+    lab = parse_lab("lab: t\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
+
+    class Counter:
+        name = "counter"
+        broken = False
+
+        async def start(self, agent) -> None: ...
+
+        async def stop(self) -> None: ...
+
+        def on_telemetry(self, telemetry) -> None:
+            if self.broken:
+                raise OSError("disk read failed")
+
+        def section(self) -> dict:
+            return {"n": 1}
+
+    counter = Counter()
+    agent = Agent(lab, "box", tmp_path, components=[counter])
+    sent: list[dict] = []
+    agent.peers.add(Peer(role=Role.VIEWER, who="test", send=lambda line: sent.append(json.loads(line)), topics={EVENT_TICK}))
+
+    def pushed_faults() -> list[FaultsSection]:
+        return [FaultsSection.model_validate(m["data"]["changed"]["faults"]) for m in sent if "faults" in m["data"]["changed"]]
+
+    agent._tick()
+    assert pushed_faults() == [FaultsSection()]  # the first tick pushes every section: none failing
+    counter.broken = True
+    with caplog.at_level(logging.ERROR, logger="cetlab.agent"):
+        for _ in range(3):
+            agent._tick()
+    assert len(pushed_faults()) == 2  # pushed when it starts failing, not again while it goes on failing the same way
+    (fault,) = pushed_faults()[-1].failed
+    assert (fault.section, fault.phase, fault.error) == ("counter", "update", "OSError: disk read failed")
+    assert len([r for r in caplog.records if "counter failed" in r.getMessage()]) == 1
+    counter.broken = False
+    agent._tick()
+    assert pushed_faults()[-1] == FaultsSection()

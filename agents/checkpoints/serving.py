@@ -14,7 +14,7 @@ from agents.checkpoints.discovery import Run, safe_name
 from agents.checkpoints.parsing import Checkpoint
 from agents.lab import Model
 from agents.orchestra.engine import EngineDown, EngineRequestFailed, adapter_problem
-from agents.orchestra.slot import ADAPTER_ENGINES
+from agents.orchestra.engines import engine_spec
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError
 from agents.rpc import Peer
 from agents.states import MODEL_ENGINE_UP, ModelState
@@ -45,6 +45,14 @@ def merge_adapter(base: str, adapter: str, out: str) -> None:
     os.replace(tmp, target)
 
 
+def gguf_adapter_refusal(model: str, engine: str) -> str:
+    """Why a trained (PEFT) adapter is not served on a llama.cpp model, and what can serve it."""
+    return (f"{model} runs engine {engine}: llama-server loads only GGUF adapters, and only at start (--lora); a cetlab-train "
+            "adapter is a PEFT folder. Convert it with llama.cpp's convert_lora_to_gguf.py (beside the cached llama-server build) "
+            f"and add `--lora <file>.gguf` to {model}'s args, or serve it on a vllm model of the same base "
+            "(--model), or merged on the CPU with transformers (leave --model out)")
+
+
 class ServingMixin:
     """Serving checkpoints through the model pool's public interface, part of CheckpointsComponent."""
 
@@ -57,7 +65,9 @@ class ServingMixin:
         if ckpt.kind == "adapter":
             target = named or (pool.adapter_host(Path(ckpt.base_model)) if ckpt.base_model else None)
             why_merged = None
-            if target is not None and target.model.engine in ADAPTER_ENGINES:
+            if target is not None and not engine_spec(target.model.engine).hot_adapters and engine_spec(target.model.engine).adapter_format == "gguf":
+                raise RemoteError(ErrorCode.UNAVAILABLE, gguf_adapter_refusal(target.name, target.model.engine))
+            if target is not None and engine_spec(target.model.engine).hot_adapters:
                 # vLLM refuses some adapters (modules_to_save, rank, no --enable-lora): merge those instead of failing
                 why_merged = adapter_problem(Path(ckpt.path), target.model)
                 if why_merged is None:
@@ -85,7 +95,7 @@ class ServingMixin:
         await self.rescan()
         base_matches = ckpt.base_model is not None and Path(ckpt.base_model).resolve() == slot.path.resolve()
         return {"run": run.name, "step": ckpt.step, "mode": "adapter", "model": slot.name, "served_name": name,
-                "endpoint": slot.engine.endpoint, "state": ModelState.WARM, "base_matches": base_matches, "simulated": slot.model.engine == "sim"}
+                "endpoint": slot.engine.endpoint, "state": ModelState.WARM, "base_matches": base_matches, "simulated": engine_spec(slot.model.engine).simulated}
 
     def _start_runtime(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: OrchestraComponent, template: Slot | None,
                        merge_base: str | None, why_merged: str | None = None) -> dict[str, Any]:
@@ -104,6 +114,10 @@ class ServingMixin:
             return {"run": run.name, "step": ckpt.step, "mode": record["mode"], "model": name, "state": "merging", "endpoint": None}
         # --model lends its engine, GPUs and VRAM estimate; else `transformers serve` on the CPU
         engine = template.model.engine if template is not None else "transformers"
+        if "hf" not in engine_spec(engine).model_formats:  # a checkpoint (and a merge) is a Hugging Face folder
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"{template.name if template else engine} runs engine {engine}, which loads "
+                              f"{'/'.join(engine_spec(engine).model_formats)} files, not a checkpoint folder: serve it with "
+                              "--model naming a vllm or transformers model of the same base (or leave --model out: transformers on the CPU)")
         gpus = list(template.model.gpus) if template is not None else []
         weights = Path(ckpt.path) if merge_base is None else self.agent.state_dir / "checkpoints" / "merged" / name
         model = Model(name=name, path=str(weights), engine=engine, machine=self.agent.machine.name, gpus=gpus,
@@ -137,11 +151,11 @@ class ServingMixin:
             detail["why_merged"] = why_merged
         self._event(run, ckpt, "serve", peer.who, detail)
         return {"run": run.name, "step": ckpt.step, **detail, "state": self.serving[ckpt.path]["state"], "endpoint": None,
-                "simulated": engine == "sim"}
+                "simulated": engine_spec(engine).simulated}
 
     def _runtime_json(self, run: Run, ckpt: Checkpoint, slot: Slot, mode: str) -> dict[str, Any]:
         return {"run": run.name, "step": ckpt.step, "mode": mode, "model": slot.name, "engine": slot.model.engine, "state": slot.state,
-                "endpoint": slot.engine.endpoint if slot.engine else None, "simulated": slot.model.engine == "sim"}
+                "endpoint": slot.engine.endpoint if slot.engine else None, "simulated": engine_spec(slot.model.engine).simulated}
 
     async def _merge(self, base: str, adapter: str, out: Path) -> None:
         """peft merge_and_unload in a child process: torch stays out of the agent."""

@@ -14,6 +14,7 @@ from agents.gateway.config import find_provider_model
 from agents.gateway.keys import KeyAddParams, KeyNameParams, KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.router import Router, Target
+from agents.orchestra.engines import engine_spec
 from agents.sections import GatewayModelFigures, GatewaySection, KeyUse, ProviderSpend
 from agents.peers import PeerClient
 from agents.protocol import Role, Telemetry
@@ -132,7 +133,7 @@ class GatewayComponent:
             entry = self.router.model_json(name) or {}
             policy = self.lab.gateway.models.get(name)
             out.append({"id": name, "object": "model", "owned_by": "cetlab", "tier": "local", "machine": model.machine,
-                        "state": entry.get("state", "unknown"), "simulated": model.engine == "sim",
+                        "state": entry.get("state", "unknown"), "simulated": engine_spec(model.engine).simulated,
                         "aliases": policy.aliases if policy else [], "fallback": policy.fallback if policy else None})
         for provider in self.lab.providers:
             for pm in provider.models:

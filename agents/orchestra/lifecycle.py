@@ -10,16 +10,14 @@ from typing import Any, Awaitable, Callable
 
 from agents.orchestra.adopt import AdoptedProcess
 from agents.orchestra.engine import Engine, EngineDown, EngineRequestFailed
-from agents.orchestra.sim_engine import SimEngine
+from agents.orchestra.engines import ENGINES
 from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, EngineFailed, Slot, gib_text
-from agents.orchestra.transformers_engine import TransformersEngine
-from agents.orchestra.vllm import VllmEngine
 from agents.protocol import ErrorCode, RemoteError
 from agents.states import MODEL_AT_REST, MODEL_BRINGING_UP, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, MODEL_SETTLED, ModelState
 
 log = logging.getLogger("cetlab.orchestra")
 
-ENGINES: dict[str, type[Engine]] = {"sim": SimEngine, "vllm": VllmEngine, "transformers": TransformersEngine}
+__all__ = ["ENGINES", "LifecycleMixin"]
 HEALTH_POLL_S = 0.1
 WARMUP_TIMEOUT_S = 900.0
 
@@ -43,6 +41,9 @@ class LifecycleMixin:
         engine = ENGINES[slot.model.engine](slot.model, slot.path, self.agent.machine.name, gpus,
                                             self.agent.state_dir / "models" / f"{slot.name}.log", total)
         engine.agent_pid_file = self.agent.pid_file
+        if gpus and self.agent.latest is not None:  # each GPU's memory: llama.cpp splits a model by it
+            by_index = {g.index: g.mem_total_bytes for g in self.agent.latest.gpus}
+            engine.gpu_totals = [by_index.get(g) or 0 for g in gpus]
         engine.check()
         return engine
 

@@ -19,6 +19,7 @@ log = logging.getLogger("cetlab.orchestra")
 
 __all__ = ["ENGINES", "LifecycleMixin"]
 HEALTH_POLL_S = 0.1
+HEALTH_POLL_FIRST_S = 0.01  # then 1.5x each time up to HEALTH_POLL_S
 WARMUP_TIMEOUT_S = 900.0
 
 
@@ -98,12 +99,14 @@ class LifecycleMixin:
         self._tasks.append(asyncio.create_task(self._supervise(slot, engine), name=f"supervise-{slot.name}"))
         deadline = started + slot.model.load_timeout_s
         slot.progress = {"phase": "loading"}
+        poll_s = HEALTH_POLL_FIRST_S  # a GGUF from the page cache is up in a fraction of a second: look often at first
         while not await engine.health():
             if engine.returncode is not None:
                 raise EngineFailed(f"the engine exited with code {engine.returncode} while loading")
             if time.monotonic() > deadline:
                 raise EngineFailed(f"no answer on /health after {slot.model.load_timeout_s:.0f} s (load_timeout_s)")
-            await asyncio.sleep(HEALTH_POLL_S)
+            await asyncio.sleep(poll_s)
+            poll_s = min(HEALTH_POLL_S, poll_s * 1.5)
         load_s = time.monotonic() - started
         self._event(slot, "load", load_s, detail=engine.load_phases() or None)
         self._set_state(slot, ModelState.WARMING)

@@ -36,8 +36,9 @@ def _copy_field(writer: GGUFWriter, reader: GGUFReader, key: str) -> None:
         writer.add_uint32(key, int(field.parts[field.data[0]][0]))
 
 
-def write_tiny_gguf(out: Path, vocab: Path, seed: int = 0, name: str = "tiny-llama") -> Path:
-    """A 2-layer random Llama (f32, ~17 MB) at ``out``, tokenizer from ``vocab``; returns ``out``."""
+def write_tiny_gguf(out: Path, vocab: Path, seed: int = 0, name: str = "tiny-llama",
+                    embed: int = EMBED, layers: int = LAYERS, ffn: int = FFN) -> Path:
+    """A random Llama at ``out`` (by default 2 layers, f32, ~17 MB; benches ask for bigger), tokenizer from ``vocab``."""
     reader = GGUFReader(str(vocab))
     n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     rng = np.random.default_rng(seed)
@@ -45,14 +46,14 @@ def write_tiny_gguf(out: Path, vocab: Path, seed: int = 0, name: str = "tiny-lla
     tmp = out.with_name(out.name + ".part")
     writer = GGUFWriter(str(tmp), "llama")
     writer.add_name(name)
-    writer.add_block_count(LAYERS)
+    writer.add_block_count(layers)
     writer.add_context_length(CONTEXT)
-    writer.add_embedding_length(EMBED)
-    writer.add_feed_forward_length(FFN)
+    writer.add_embedding_length(embed)
+    writer.add_feed_forward_length(ffn)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(HEADS)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_dimension_count(EMBED // HEADS)
+    writer.add_rope_dimension_count(embed // HEADS)
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(0)  # all f32
     for key in TOKENIZER_KEYS:
@@ -61,17 +62,17 @@ def write_tiny_gguf(out: Path, vocab: Path, seed: int = 0, name: str = "tiny-lla
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
-    writer.add_tensor("token_embd.weight", weight(n_vocab, EMBED))
-    writer.add_tensor("output_norm.weight", np.ones(EMBED, dtype=np.float32))
-    writer.add_tensor("output.weight", weight(n_vocab, EMBED))
-    for i in range(LAYERS):
-        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(EMBED, dtype=np.float32))
+    writer.add_tensor("token_embd.weight", weight(n_vocab, embed))
+    writer.add_tensor("output_norm.weight", np.ones(embed, dtype=np.float32))
+    writer.add_tensor("output.weight", weight(n_vocab, embed))
+    for i in range(layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(embed, dtype=np.float32))
         for t in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            writer.add_tensor(f"blk.{i}.{t}.weight", weight(EMBED, EMBED))
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(EMBED, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(FFN, EMBED))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(FFN, EMBED))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(EMBED, FFN))
+            writer.add_tensor(f"blk.{i}.{t}.weight", weight(embed, embed))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(embed, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(ffn, embed))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(ffn, embed))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(embed, ffn))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

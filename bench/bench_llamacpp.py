@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -104,6 +104,7 @@ async def bench_gateway_and_swaps(folder: Path, vocab: Path) -> None:
                                       "orchestra": {"warm": ["a"]}, "gateway": {"machine": "box", "policies": {"idle_ttl_s": 3600}}}))
     with DemoLab(folder / "demo", source=source) as demo:
         lab = load_lab(demo.lab_path)
+        assert lab.gateway is not None
         auth = {"Authorization": f"Bearer {(demo.dir / 'console' / 'gateway.key').read_text().strip()}"}
         async with FleetClient(lab, subscribe=[]) as client, aiohttp.ClientSession() as session:
             await client.wait_connected(30)

@@ -233,6 +233,13 @@ async def test_real_llama_server_warm_tokens_metrics_adapter_swap_gateway_idle_s
         chunks = [c async for c in await gateway.completions.create(model="tiny-b", prompt="Hello", max_tokens=5, stream=True)]
         assert "".join(c.choices[0].text for c in chunks if c.choices)
         await gateway.close()
+        # the gateway meters it like any engine: requests, errors, its own TTFT (llama-server has no TTFT series)
+        async def metered() -> dict | None:
+            figures = {m["name"]: m for m in (await client.call("box", "gateway.status"))["models"]}["tiny-b"]
+            return figures if figures["requests"] == 2 else None
+
+        figures = await wait_for(metered, 20)
+        assert figures["errors"] == 0 and figures["p50_ttft_s"] is not None and not figures["simulated"]
         # llama-server's own idle sleep (--sleep-idle-seconds 2): the model leaves memory, the next task reloads it
         props = b["endpoint"].removesuffix("/v1") + "/props"
         await wait_for(lambda: json.loads(http(props)[1]).get("is_sleeping"), 30, interval=0.2)

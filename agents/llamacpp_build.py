@@ -9,8 +9,8 @@ A CPU build is the default; ``--cuda`` builds with CUDA for the archs given (``-
     python -m agents.llamacpp_build --print-path
 
 The build lands in ${XDG_CACHE_HOME:-~/.cache}/cetlab/llama-server-<PIN>[-cuda]/ with bin/llama-server,
-ggml-vocab-llama-spm.gguf (the tokenizer the tests' tiny GGUF uses), convert_lora_to_gguf.py with its
-gguf-py, and build.json (the stamp: pin, llama.cpp commit, CPU or CUDA and its archs, cmake flags).
+ggml-vocab-llama-spm.gguf (the tokenizer the tests' tiny GGUF uses), convert_lora_to_gguf.py and
+convert_hf_to_gguf.py with what they import (gguf-py, conversion/), and build.json (the stamp: pin, llama.cpp commit, CPU or CUDA and its archs, cmake flags).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ BINARY_ENV = "CETLAB_LLAMA_SERVER"  # a llama-server of one's own (a distributio
 VOCAB_NAME = "ggml-vocab-llama-spm.gguf"
 STAMP_NAME = "build.json"
 MAKE_HINT = "make llama-server (or: python -m agents.llamacpp_build)"
+# a cached build is complete with all of these (an older layout is built again)
+COMPLETE = ("bin/llama-server", STAMP_NAME, VOCAB_NAME, "convert_lora_to_gguf.py", "gguf-py", "conversion")
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF"]
 
@@ -91,7 +93,7 @@ def build(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = 
     """Download the pinned sdist with pip, build llama-server, cache it; returns the binary (built once)."""
     out = build_dir(cuda)
     binary = out / "bin" / "llama-server"
-    if binary.is_file() and (out / STAMP_NAME).is_file():
+    if all((out / part).exists() for part in COMPLETE):
         return binary
     for tool in ("cmake", "ninja", "c++"):
         if shutil.which(tool) is None:
@@ -120,8 +122,9 @@ def build(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = 
         shutil.copy2(src / "models" / VOCAB_NAME, out / VOCAB_NAME)
         shutil.copy2(src / "convert_lora_to_gguf.py", out / "convert_lora_to_gguf.py")
         shutil.copy2(src / "convert_hf_to_gguf.py", out / "convert_hf_to_gguf.py")
-        shutil.rmtree(out / "gguf-py", ignore_errors=True)
-        shutil.copytree(src / "gguf-py", out / "gguf-py")
+        for tree in ("gguf-py", "conversion"):  # what the converters import
+            shutil.rmtree(out / tree, ignore_errors=True)
+            shutil.copytree(src / tree, out / tree)
         commit = ""
         version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
         for line in (version.stdout + version.stderr).splitlines():

@@ -126,7 +126,6 @@ def checkpoints_lab(tmp_path_factory, tiny_model, hand_runs) -> DemoLab:
         "models": [
             {"name": "tiny-sim", "path": str(tiny_model), "engine": "sim", "machine": "box", "gpus": [1], "vram_gib": 1, "sim": fast},
             {"name": "tiny-hf", "path": str(tiny_model), "engine": "transformers", "machine": "box", "load_timeout_s": "180s"},
-            {"name": "tiny-gguf", "path": "tiny.gguf", "engine": "sim-llamacpp", "machine": "box", "gpus": [1], "vram_gib": 1, "sim": fast},
         ],
         "orchestra": {"warm": ["tiny-sim"]},
         "trainers": [{

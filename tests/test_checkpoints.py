@@ -254,12 +254,6 @@ async def test_serve_an_adapter_into_a_warm_model_and_merged_on_transformers(cli
     await client.call("box", "models.cold", {"model": name}, timeout=30)
 
 
-async def test_a_checkpoint_onto_a_llamacpp_model_is_refused_with_the_engines_that_can_serve_it(client, hand_runs):
-    adapter = await error_of(client, "checkpoints.serve", {"run": "exp1", "step": 4, "model": "tiny-gguf"})
-    assert adapter.code == ErrorCode.UNAVAILABLE and "only GGUF adapters" in adapter.message
-    assert "convert_lora_to_gguf.py" in adapter.message and "vllm model" in adapter.message
-
-
 async def test_an_adapter_vllm_refuses_is_merged_on_the_warm_models_engine(client, lab, hand_runs, tiny_model):
     """modules_to_save (the demo recipe trains embed_tokens and lm_head): vLLM cannot hot-load it, so serve merges it."""
     from safetensors.torch import load_file, save_file

@@ -22,7 +22,7 @@ from agents.orchestra.spec import GpuBuild
 from agents.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from console.demo import DemoLab
-from tests.conftest import wait_for
+from tests.conftest import HOUR_S, age, wait_for
 from tests.llamacpp_fixtures import llama_server_or_skip, tiny_models
 from tests.pool_fixtures import FAST, pool_lab, post, settle
 
@@ -93,7 +93,6 @@ def test_llama_server_flags_split_a_model_over_gpus_by_their_memory():
     cpu = engine_for({"name": "tiny", "path": "/m/t.gguf", "args": ["--lora", "/a/x.gguf,/a/y.gguf", "-ngl", "10"]}, [])
     flags = cpu.argv()
     assert "--split-mode" not in flags and flags.count("-ngl") == 1 and flags[flags.index("-ngl") + 1] == "10"  # lab.yaml's args win
-    assert "--lora-init-without-apply" in flags  # adapters loaded, none applied until asked
     assert lora_files(cpu.model.args) == ["/a/x.gguf", "/a/y.gguf"]
 
 
@@ -162,7 +161,8 @@ async def test_sim_llamacpp_holds_llama_servers_contract(run_pool):
 def llama_lab(tmp_path_factory):
     llama_server_or_skip()
     models = tiny_models(tmp_path_factory.mktemp("gguf"))
-    spare = models["lora"].with_name("not-named-at-start.gguf")
+    second, spare = models["lora"].with_name("second.gguf"), models["lora"].with_name("not-named-at-start.gguf")
+    shutil.copy(models["lora"], second)
     shutil.copy(models["lora"], spare)
     args = ["-c", "256", "-t", "1", "--parallel", "2"]
     lab = {
@@ -170,7 +170,7 @@ def llama_lab(tmp_path_factory):
         "machines": [{"name": "box", "gpus": "none"}],
         "models": [
             {"name": "tiny-a", "path": str(models["a"]), "engine": "llamacpp", "machine": "box", "load_timeout_s": "60s",
-             "args": [*args, "--lora", str(models["lora"])]},
+             "args": [*args, "--lora", f"{models['lora']},{second}"]},
             {"name": "tiny-b", "path": str(models["b"]), "engine": "llamacpp", "machine": "box", "load_timeout_s": "60s",
              "args": [*args, "--sleep-idle-seconds", "2"]},
             {"name": "hf-folder", "path": str(models["a"].parent), "engine": "llamacpp", "machine": "box"},
@@ -212,10 +212,11 @@ async def test_real_llama_server_warm_tokens_metrics_adapter_swap_gateway_idle_s
         with pytest.raises(RemoteError) as exc:
             await client.call("box", "models.sleep", {"model": "tiny-a"})
         assert exc.value.code == ErrorCode.UNAVAILABLE and "no sleep mode" in exc.value.message
-        # a GGUF adapter named at start is applied at run time; one not named at start is refused with the reason
+        # of the GGUF adapters named at start (all at scale 1), one is selected at run time; one not named is refused
+        lora_url = a["endpoint"].removesuffix("/v1") + "/lora-adapters"
+        assert [x["scale"] for x in json.loads((await asyncio.to_thread(http, lora_url))[1])] == [1.0, 1.0]
         await client.call("box", "models.adapter", {"model": "tiny-a", "name": "style", "path": str(models["lora"])})
-        adapters = json.loads((await asyncio.to_thread(http, a["endpoint"].removesuffix("/v1") + "/lora-adapters"))[1])
-        assert [(x["id"], x["scale"]) for x in adapters] == [(0, 1.0)]
+        assert [(x["id"], x["scale"]) for x in json.loads((await asyncio.to_thread(http, lora_url))[1])] == [(0, 1.0), (1, 0.0)]
         with pytest.raises(RemoteError) as exc:
             await client.call("box", "models.adapter", {"model": "tiny-a", "name": "other", "path": str(spare)})
         assert "only at start" in exc.value.message
@@ -251,3 +252,62 @@ async def test_real_llama_server_warm_tokens_metrics_adapter_swap_gateway_idle_s
             await client.call("box", "models.warm", {"model": "hf-folder"})
         assert exc.value.code == ErrorCode.UNAVAILABLE and ".gguf" in exc.value.message
         await client.call("box", "models.cold", {"model": "tiny-b"}, timeout=30)
+
+
+# ---------------------------------------------------------------------------- a trained adapter onto a llama.cpp model
+
+
+@pytest.fixture(scope="module")
+def adapter_lab(tmp_path_factory, hand_runs):
+    """hand_runs' PEFT adapters (q_proj, v_proj of the tiny HF Llama: hidden 64, 2 layers, as the tiny GGUF) and a llama.cpp model."""
+    llama_server_or_skip()
+    models = tiny_models(tmp_path_factory.mktemp("gguf"))
+    runs = tmp_path_factory.mktemp("runs")
+    shutil.copytree(hand_runs / "exp1" / "checkpoint-4", runs / "exp-nobase" / "checkpoint-4")
+    config = runs / "exp-nobase" / "checkpoint-4" / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": "/nowhere/base"}))
+    age(runs / "exp-nobase" / "checkpoint-4", HOUR_S)
+    lab = {
+        "lab": "gguf-adapter-lab",
+        "machines": [{"name": "box", "gpus": "none"}],
+        "models": [{"name": "tiny-gguf", "path": str(models["a"]), "engine": "llamacpp", "machine": "box", "load_timeout_s": "60s",
+                    "args": ["-c", "256", "-t", "1"]}],
+        "checkpoints": {"dirs": [{"machine": "box", "path": str(hand_runs)}, {"machine": "box", "path": str(runs)}],
+                        "poll_s": 1, "settle_s": 600},
+    }
+    source = tmp_path_factory.mktemp("adaptersrc") / "lab.yaml"
+    source.write_text(yaml.safe_dump(lab, sort_keys=False))
+    with DemoLab(tmp_path_factory.mktemp("adapter"), source=source) as demo:
+        yield demo
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_a_trained_adapter_is_converted_to_gguf_and_served_on_llama_server(adapter_lab):
+    async with FleetClient(load_lab(adapter_lab.lab_path)) as client:
+        await client.wait_connected(20)
+
+        async def discovered() -> bool:
+            return {"exp1", "exp-nobase"} <= {r["run"] for r in await client.call("box", "checkpoints.runs")}
+
+        await wait_for(discovered, 60, interval=0.5)
+        # no base config to convert against: refused, with what can serve it
+        with pytest.raises(RemoteError) as exc:
+            await client.call("box", "checkpoints.serve", {"run": "exp-nobase", "step": 4, "model": "tiny-gguf"})
+        assert exc.value.code == ErrorCode.UNAVAILABLE and "/nowhere/base" in exc.value.message and "vllm model" in exc.value.message
+        # converted with llama.cpp's convert_lora_to_gguf.py, started with --lora, applied once warm
+        served = await client.call("box", "checkpoints.serve", {"run": "exp1", "step": 4, "model": "tiny-gguf"})
+        assert served["mode"] == "gguf-adapter" and served["state"] == "converting" and served["adapter_gguf"].endswith(".gguf")
+        async def added() -> bool:  # after the conversion (a child process importing torch)
+            return served["model"] in {m["name"] for m in (await client.call("box", "models.list"))["models"]}
+
+        await wait_for(added, 150, interval=0.5)
+        model = await settle(client, served["model"], ("warm", "failed"), timeout=90)
+        assert model["state"] == "warm", model["error"]
+        base = model["endpoint"].removesuffix("/v1")
+        adapters = json.loads((await asyncio.to_thread(http, base + "/lora-adapters"))[1])
+        assert [(Path(a["path"]).name, a["scale"]) for a in adapters] == [(Path(served["adapter_gguf"]).name, 1.0)]
+        status, answer = await asyncio.to_thread(post, model["endpoint"], "/v1/completions",
+                                                 {"model": served["model"], "prompt": "Hello", "max_tokens": 4})
+        assert status == 200 and answer["usage"]["completion_tokens"] == 4
+        await client.call("box", "models.cold", {"model": served["model"]}, timeout=30)

@@ -15,6 +15,7 @@ from agents.checkpoints.parsing import Checkpoint
 from agents.lab import Model
 from agents.orchestra.engine import EngineDown, EngineRequestFailed, adapter_problem
 from agents.orchestra.engines import engine_spec
+from agents.orchestra.llamacpp import convert_lora_argv, converter_env
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError
 from agents.rpc import Peer
 from agents.states import MODEL_ENGINE_UP, ModelState
@@ -45,12 +46,11 @@ def merge_adapter(base: str, adapter: str, out: str) -> None:
     os.replace(tmp, target)
 
 
-def gguf_adapter_refusal(model: str, engine: str) -> str:
-    """Why a trained (PEFT) adapter is not served on a llama.cpp model, and what can serve it."""
-    return (f"{model} runs engine {engine}: llama-server loads only GGUF adapters, and only at start (--lora); a cetlab-train "
-            "adapter is a PEFT folder. Convert it with llama.cpp's convert_lora_to_gguf.py (beside the cached llama-server build) "
-            f"and add `--lora <file>.gguf` to {model}'s args, or serve it on a vllm model of the same base "
-            "(--model), or merged on the CPU with transformers (leave --model out)")
+def gguf_adapter_refusal(model: str, engine: str, why: str) -> str:
+    """Why a trained (PEFT) adapter cannot be served on a llama.cpp model, and what can serve it."""
+    return (f"{model} runs engine {engine}, which loads only GGUF adapters, at start (--lora); this PEFT adapter was not "
+            f"converted ({why}). Serve it on a vllm model of the same base (--model), or merged on the CPU with "
+            "transformers (leave --model out)")
 
 
 class ServingMixin:
@@ -65,8 +65,8 @@ class ServingMixin:
         if ckpt.kind == "adapter":
             target = named or (pool.adapter_host(Path(ckpt.base_model)) if ckpt.base_model else None)
             why_merged = None
-            if target is not None and not engine_spec(target.model.engine).hot_adapters and engine_spec(target.model.engine).adapter_format == "gguf":
-                raise RemoteError(ErrorCode.UNAVAILABLE, gguf_adapter_refusal(target.name, target.model.engine))
+            if target is not None and engine_spec(target.model.engine).adapter_format == "gguf":
+                return self._start_gguf_adapter(peer, run, ckpt, pool, target)
             if target is not None and engine_spec(target.model.engine).hot_adapters:
                 # vLLM refuses some adapters (modules_to_save, rank, no --enable-lora): merge those instead of failing
                 why_merged = adapter_problem(Path(ckpt.path), target.model)
@@ -152,6 +152,63 @@ class ServingMixin:
         self._event(run, ckpt, "serve", peer.who, detail)
         return {"run": run.name, "step": ckpt.step, **detail, "state": self.serving[ckpt.path]["state"], "endpoint": None,
                 "simulated": engine_spec(engine).simulated}
+
+    def _start_gguf_adapter(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: OrchestraComponent, template: Slot) -> dict[str, Any]:
+        """llama.cpp: the PEFT adapter converted to GGUF (llama.cpp's convert_lora_to_gguf.py), then a new model: the
+        template's GGUF started with `--lora` that file, the adapter applied once it is warm. Refused when it cannot convert."""
+        spec = engine_spec(template.model.engine)
+        base = ckpt.base_model
+        if not base or not (Path(base) / "config.json").is_file():
+            raise RemoteError(ErrorCode.UNAVAILABLE, gguf_adapter_refusal(
+                template.name, spec.name, f"the converter reads the base's config.json, and the adapter's base {base!r} is no such folder "
+                f"on {self.agent.machine.name}"))
+        name = safe_name(f"{run.name}-step{ckpt.step}")
+        if any(m.name == name for m in self.agent.lab.models):
+            raise RemoteError(ErrorCode.CONFLICT, f"lab.yaml already has a model named {name}; rename the run's folder or that model")
+        existing = pool.find(name)
+        if existing is not None and (existing.state in MODEL_ENGINE_UP or existing.busy):
+            return self._runtime_json(run, ckpt, existing, "gguf-adapter")
+        argv = convert_lora_argv(Path(ckpt.path), Path(base), self.agent.state_dir / "checkpoints" / "gguf" / f"{name}.gguf")
+        if argv is None:
+            raise RemoteError(ErrorCode.UNAVAILABLE, gguf_adapter_refusal(
+                template.name, spec.name, f"llama.cpp's convert_lora_to_gguf.py is not on {self.agent.machine.name}: make llama-server"))
+        out = Path(argv[argv.index("--outfile") + 1])
+        model = template.model.model_copy(update={"name": name, "served_name": None, "port": None,
+                                                  "args": [*template.model.args, "--lora", str(out)]})
+        self.serving[ckpt.path] = {"model": name, "mode": "gguf-adapter", "state": "converting"}
+
+        async def bring_up() -> None:
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                            stderr=asyncio.subprocess.STDOUT, env=converter_env())
+                output, _ = await proc.communicate()
+                if proc.returncode != 0:
+                    lines = output.decode(errors="replace").strip().splitlines()
+                    raise RuntimeError(gguf_adapter_refusal(template.name, spec.name, "convert_lora_to_gguf.py failed: "
+                                                            + (lines[-1] if lines else f"exit {proc.returncode}")))
+                pool.remove_model(name)
+                slot = pool.add_model(model, template.path)
+                self.serving[ckpt.path]["state"] = ModelState.LOADING
+                task = pool.warm(slot)
+                if task is not None:
+                    await task
+                if slot.state == ModelState.WARM and slot.engine is not None:
+                    await slot.engine.load_adapter(name, str(out))  # named at start, applied now (scale 1)
+                self.serving[ckpt.path]["state"] = slot.state
+                if slot.state == ModelState.FAILED:
+                    self.serving[ckpt.path]["error"] = (slot.error or {}).get("message")
+            except (RemoteError, RuntimeError, OSError, EngineDown, EngineRequestFailed) as exc:
+                message = exc.message if isinstance(exc, RemoteError) else str(exc)
+                self.serving[ckpt.path].update(state=ModelState.FAILED, error=message)
+                log.warning("serving %s failed: %s", ckpt.path, message)
+                self.agent.notify(EVENT_NOTICE, {"level": "error", "message": f"serving {run.name} step {ckpt.step} failed: {message}"})
+
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.create_task(bring_up(), name=f"serve-{name}"))
+        detail: dict[str, Any] = {"model": name, "mode": "gguf-adapter", "engine": spec.name, "adapter_gguf": str(out)}
+        self._event(run, ckpt, "serve", peer.who, detail)
+        return {"run": run.name, "step": ckpt.step, **detail, "state": "converting", "endpoint": None, "simulated": spec.simulated}
 
     def _runtime_json(self, run: Run, ckpt: Checkpoint, slot: Slot, mode: str) -> dict[str, Any]:
         return {"run": run.name, "step": ckpt.step, "mode": mode, "model": slot.name, "engine": slot.model.engine, "state": slot.state,

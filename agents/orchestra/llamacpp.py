@@ -12,8 +12,10 @@ What the pinned llama-server (llama-cpp-python 0.3.36's vendor/llama.cpp, tools/
   the VRAM to that model), so taking a model off its GPUs stops the process: the GGUF is memory-mapped and
   stays in the page cache (state cached), and the next warm loads it at RAM speed (bench/bench_llamacpp.py).
   A model's args may add --sleep-idle-seconds: llama-server then sleeps on its own while cetlab shows it warm.
-- LoRA: GGUF adapters are named at start (--lora FILE, several allowed; cetlab adds --lora-init-without-apply
-  so none is applied until asked) and switched at run time with POST /lora-adapters [{"id", "scale"}].
+- LoRA: GGUF adapters are named at start (--lora FILE, several allowed) and switched at run time with
+  POST /lora-adapters [{"id", "scale"}]. In the pinned version every request applies the adapters at their
+  listed scale (1 unless --lora-scaled says otherwise), even with --lora-init-without-apply (that flag only
+  keeps them out of the context at start; the server's per-request adapter list still has scale 1).
   A new adapter cannot be loaded into a running server; a PEFT checkpoint is converted to GGUF first
   (llama.cpp's convert_lora_to_gguf.py) and the model restarted with it.
 """
@@ -138,8 +140,6 @@ class LlamacppEngine(Engine):
         """llama-server's flags after the model: the agent's, then lab.yaml's args (which win where they repeat)."""
         args = list(self.model.args)
         flags = ["--host", self.host, "--port", str(self.port), "--alias", self.served_name, "--metrics", *self.split_flags()]
-        if lora_files(args) and "--lora-init-without-apply" not in args:
-            flags.append("--lora-init-without-apply")  # adapters are loaded, none applied until asked
         return flags + args
 
     def argv(self) -> list[str]:
@@ -168,7 +168,7 @@ class LlamacppEngine(Engine):
         return doc if isinstance(doc, list) else []
 
     async def load_adapter(self, name: str, path: str) -> None:
-        """Apply an adapter named at start (scale 1, the others 0); one not named at start cannot be loaded now."""
+        """Select an adapter named at start (scale 1, the others 0); one not named at start cannot be loaded now."""
         loaded = await self.adapters()
         wanted = Path(path).resolve()
         ids = [a.get("id") for a in loaded if Path(str(a.get("path", ""))).resolve() == wanted]
@@ -178,17 +178,18 @@ class LlamacppEngine(Engine):
         body = [{"id": a.get("id"), "scale": 1.0 if a.get("id") in ids else 0.0} for a in loaded]
         await self.http("POST", "/lora-adapters", body, timeout_s=30.0)  # type: ignore[arg-type]
 
-    def convert_adapter_argv(self, peft_dir: Path, out: Path) -> list[str] | None:
-        """llama.cpp's own converter for a PEFT adapter of this model's base (None when the build has no converter).
 
-        convert_lora_to_gguf.py reads the base's config from the HF folder named by --base; the adapter's
-        base_model_name_or_path is used when that is a folder.
-        """
-        binary = self.binary()
-        script = binary.parent.parent / "convert_lora_to_gguf.py" if binary else None
-        if script is None or not script.is_file():
-            return None
-        return [sys.executable, str(script), str(peft_dir), "--outfile", str(out), "--outtype", "f16"]
+def convert_lora_argv(peft_dir: Path, base_dir: Path, out: Path) -> list[str] | None:
+    """llama.cpp's own converter for a PEFT adapter (None when no cetlab build of llama-server carries it).
+
+    convert_lora_to_gguf.py reads the base's config.json from ``base_dir`` (no weights needed) and writes
+    the adapter's tensors under llama.cpp's names (blk.N.attn_q.weight.lora_a, ...).
+    """
+    binary = llamacpp_build.find_llama_server()
+    script = binary.parent.parent / "convert_lora_to_gguf.py" if binary else None
+    if script is None or not script.is_file() or not (script.parent / "conversion").is_dir():
+        return None
+    return [sys.executable, str(script), str(peft_dir), "--base", str(base_dir), "--outfile", str(out), "--outtype", "f32"]
 
 
 def converter_env() -> dict[str, str]:

@@ -123,7 +123,7 @@ def register(pool: OrchestraComponent) -> None:
         await asyncio.sleep(0)
         return pool.rotation_info().to_wire()
 
-    @rpc.method("models.adapter", role=Role.OPERATOR, params=AdapterParams, doc="Load a LoRA adapter into a warm vLLM (or sim) model; on llama.cpp, apply one named at start.")
+    @rpc.method("models.adapter", role=Role.OPERATOR, params=AdapterParams, doc="Load a LoRA adapter into a warm vLLM (or sim) model; on llama.cpp, select one named at start.")
     async def models_adapter(peer, params: AdapterParams) -> dict:
         slot = pool.slot(params.model)
         path = agent.lab.resolve(params.path)

@@ -49,7 +49,8 @@ class State:
         self.prompt_tokens = self.predicted = 0
         self.prompt_s = self.predicted_s = 0.0
         self.last_task = time.monotonic()
-        self.loras = [{"id": i, "path": p, "scale": 0.0 if args.lora_init_without_apply else 1.0} for i, p in enumerate(loras)]
+        # scale 1 even with --lora-init-without-apply: the pinned server's per-request list keeps the listed scale
+        self.loras = [{"id": i, "path": p, "scale": 1.0} for i, p in enumerate(loras)]
 
     def load(self) -> None:
         started = time.monotonic()

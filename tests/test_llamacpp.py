@@ -131,9 +131,15 @@ def http(url: str, body: object | None = None) -> tuple[int, str]:
 
 async def test_sim_llamacpp_holds_llama_servers_contract(run_pool):
     demo = run_pool(pool_lab([{"name": "p40-7b", "path": "models/p40-7b.Q4_K_M.gguf", "engine": "sim-llamacpp", "machine": "box",
-                               "gpus": [0], "vram_gib": 5, "args": ["--sleep-idle-seconds", "1"], "sim": {**FAST}}]))
+                               "gpus": [0], "vram_gib": 5, "args": ["--sleep-idle-seconds", "1"], "sim": {**FAST}},
+                              {"name": "p4-3b", "path": "models/p4-3b.Q8_0.gguf", "engine": "sim-llamacpp", "machine": "box",
+                               "gpus": [1], "vram_gib": 4, "sim": {**FAST}}],
+                             orchestra={"sleeping": ["p4-3b"]}))
     async with FleetClient(load_lab(demo.lab_path)) as client:
         await client.wait_connected(10)
+        # in the start plan's `sleeping`, a llama.cpp model (no sleep mode) is kept in RAM instead: never brought up
+        p4 = await settle(client, "p4-3b", ("cached",))
+        assert p4["load_s"] is None and p4["cached_fraction"] >= 0.9
         await client.call("box", "models.warm", {"model": "p40-7b"})
         info = await settle(client, "p40-7b", ("warm", "failed"))
         assert info["state"] == "warm" and info["simulated"] is True and info["engine"] == "sim-llamacpp"

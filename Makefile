@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench screenshots clean
+.PHONY: demo test bench screenshots clean llama-server
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,13 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/cetlab-console --demo
 
-test: $(STAMP)
+test: $(STAMP) llama-server
 	$(BIN)/python -m pytest -q
+
+# The pinned llama-server (llama.cpp from llama-cpp-python's sdist), built once into ~/.cache/cetlab/;
+# on a GPU box: make llama-server LLAMA_CUDA_ARCHS="61;70;86" (needs nvcc)
+llama-server: $(STAMP)
+	$(BIN)/python -m agents.llamacpp_build $(if $(LLAMA_CUDA_ARCHS),--cuda --cuda-archs "$(LLAMA_CUDA_ARCHS)")
 
 # The benches start cetlab's commands (cetlab-train, cetlab-agent): the venv's, first on PATH.
 bench: $(STAMP)

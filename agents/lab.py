@@ -145,7 +145,7 @@ class SimEngine(Strict):
 class Model(Strict):
     name: Name
     path: str
-    engine: Literal["vllm", "transformers", "sim"]
+    engine: Literal["vllm", "transformers", "sim", "llamacpp", "sim-llamacpp"]  # agents.orchestra.engines holds each one's spec
     machine: Name
     gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     vram_gib: NonNegative = 0.0

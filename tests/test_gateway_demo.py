@@ -53,13 +53,13 @@ async def test_demo_gateway_wakes_asks_the_group_and_serves_real_tokens(demo):
         await client.wait_connected(30)
         for _ in range(600):  # the start plan: phi-3-mini comes up, then sleeps; the gateway's peers connect
             status = await client.call("pharaoh", "gateway.status")
-            if (await states(client, "irina")).get("phi-3-mini") == "sleeping" and all(v == "online" for v in status["peers"].values()):
+            if (await states(client, "workstation")).get("phi-3-mini") == "sleeping" and all(v == "online" for v in status["peers"].values()):
                 break
             await asyncio.sleep(0.2)
         headers, body = curl(demo, "/chat/completions", {"model": "phi-3-mini", "max_tokens": 8,
                                                           "messages": [{"role": "user", "content": "wake up"}]})
         assert headers["status"] == 200 and headers["x-cetlab-woke"] == "true", body
-        assert body["usage"]["completion_tokens"] == 8 and (await states(client, "irina"))["phi-3-mini"] == "warm"
+        assert body["usage"]["completion_tokens"] == 8 and (await states(client, "workstation"))["phi-3-mini"] == "warm"
 
         headers, body = curl(demo, "/orchestra/chat/completions", {"group": "ensemble", "deadline_s": 60, "max_tokens": 8,
                                                                     "messages": [{"role": "user", "content": "all of you"}]})

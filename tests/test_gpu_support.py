@@ -90,11 +90,11 @@ def test_matrix_covers_every_gpu_and_stack_and_skips_failed_gpus():
 
 
 def test_engines_map_to_their_stacks():
-    class Described:  # what an engine description declares (agents/orchestra engine objects)
-        gpu_stack = StackKind.LLAMACPP
+    from agents.orchestra.engines import ENGINES
 
     assert engine_stack_kind("vllm") == StackKind.VLLM and engine_stack_kind("transformers") == StackKind.TORCH
-    assert engine_stack_kind("llamacpp") == StackKind.LLAMACPP and engine_stack_kind(Described()) == StackKind.LLAMACPP
+    assert engine_stack_kind("llamacpp") == StackKind.LLAMACPP and engine_stack_kind(ENGINES["llamacpp"]) == StackKind.LLAMACPP
+    assert engine_stack_kind("sim") == StackKind.SIM and engine_stack_kind("sim-llamacpp") == StackKind.SIM  # CPU processes
     assert engine_stack_kind("someday") is None
 
 

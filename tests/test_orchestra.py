@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from agents.orchestra.engines import engine_spec
 from agents.lab import load_lab
 from agents.orchestra import pagecache
 from agents.orchestra.rotation import Candidate, plan_moves
@@ -392,25 +393,25 @@ async def _pool_states_and_a_swap(demo_lab: DemoLab) -> None:
     async with FleetClient(lab) as client:
         await client.wait_connected(10)
         # the start-up plan: warm, sleeping, cached and cold models, each on the machine lab.yaml says
-        expected = {"llama-3.1-8b": "warm", "qwen2.5-coder-7b": "warm", "mistral-7b-awq": "warm", "llama-3.1-70b-4bit": "sleeping",
+        expected = {"llama-3.1-8b": "warm", "qwen2.5-coder-7b": "warm", "mistral-7b-q4": "warm", "llama-3.1-70b-4bit": "cached",
                     "phi-3-mini": "sleeping", "codellama-7b": "cached", "llama-3.2-3b": "cold", "tiny-llama": "cold"}
         machines = {m.name: m.machine for m in lab.models}
         for name, state in expected.items():
             model = await settle(client, name, (state,), timeout=90, machine=machines[name])
-            assert model["simulated"] is (model["engine"] == "sim")
+            assert model["simulated"] is engine_spec(model["engine"]).simulated
         listed = await client.call("m5", "models.list")
         assert listed["rotation"]["plan"] and listed["rotation"]["next_at"] > 0
         assert {m["name"] for m in listed["models"]} == {n for n, machine in machines.items() if machine == "m5"}
 
-        # swap on the demo lab: codellama takes qwen's P40, then qwen comes back (awake in about a second)
+        # swap on the demo lab: codellama takes qwen's P40 (llama.cpp: qwen stops, its GGUF stays in RAM), then qwen comes back
         await client.call("m5", "models.swap", {"out": "qwen2.5-coder-7b", "in": "codellama-7b"})
         codellama = await settle(client, "codellama-7b", ("warm",), machine="m5")
         assert codellama["gpus"] == [2] and codellama["cached_fraction"] >= 0.9
-        assert (await client.call("m5", "models.get", {"model": "qwen2.5-coder-7b"}))["state"] == "sleeping"
+        assert (await client.call("m5", "models.get", {"model": "qwen2.5-coder-7b"}))["state"] == "cached"
         with pytest.raises(RemoteError) as exc:
-            await client.call("m5", "models.sleep", {"model": "llama-3.1-8b"})
+            await client.call("m5", "models.swap", {"out": "llama-3.1-8b", "in": "llama-3.1-70b-4bit"})
         assert exc.value.code == ErrorCode.CONFLICT and "pinned" in exc.value.message
         await client.call("m5", "models.swap", {"out": "codellama-7b", "in": "qwen2.5-coder-7b"})
         qwen = await settle(client, "qwen2.5-coder-7b", ("warm",), machine="m5")
-        assert qwen["wake_s"] is not None and qwen["swap_s"] is not None
-        assert (await client.call("m5", "models.get", {"model": "codellama-7b"}))["state"] == "sleeping"
+        assert qwen["load_s"] is not None and qwen["swap_s"] is not None
+        assert (await client.call("m5", "models.get", {"model": "codellama-7b"}))["state"] == "cached"

@@ -14,7 +14,8 @@ from agents.checkpoints.discovery import Run, safe_name
 from agents.checkpoints.parsing import Checkpoint
 from agents.lab import Model
 from agents.orchestra.engine import EngineDown, EngineRequestFailed, adapter_problem
-from agents.orchestra.slot import ADAPTER_ENGINES
+from agents.orchestra.engines import engine_spec
+from agents.orchestra.llamacpp import convert_lora_argv, converter_env
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError
 from agents.rpc import Peer
 from agents.states import MODEL_ENGINE_UP, ModelState
@@ -45,6 +46,13 @@ def merge_adapter(base: str, adapter: str, out: str) -> None:
     os.replace(tmp, target)
 
 
+def gguf_adapter_refusal(model: str, engine: str, why: str) -> str:
+    """Why a trained (PEFT) adapter cannot be served on a llama.cpp model, and what can serve it."""
+    return (f"{model} runs engine {engine}, which loads only GGUF adapters, at start (--lora); this PEFT adapter was not "
+            f"converted ({why}). Serve it on a vllm model of the same base (--model), or merged on the CPU with "
+            "transformers (leave --model out)")
+
+
 class ServingMixin:
     """Serving checkpoints through the model pool's public interface, part of CheckpointsComponent."""
 
@@ -57,7 +65,9 @@ class ServingMixin:
         if ckpt.kind == "adapter":
             target = named or (pool.adapter_host(Path(ckpt.base_model)) if ckpt.base_model else None)
             why_merged = None
-            if target is not None and target.model.engine in ADAPTER_ENGINES:
+            if target is not None and engine_spec(target.model.engine).adapter_format == "gguf":
+                return self._start_gguf_adapter(peer, run, ckpt, pool, target)
+            if target is not None and engine_spec(target.model.engine).hot_adapters:
                 # vLLM refuses some adapters (modules_to_save, rank, no --enable-lora): merge those instead of failing
                 why_merged = adapter_problem(Path(ckpt.path), target.model)
                 if why_merged is None:
@@ -85,7 +95,7 @@ class ServingMixin:
         await self.rescan()
         base_matches = ckpt.base_model is not None and Path(ckpt.base_model).resolve() == slot.path.resolve()
         return {"run": run.name, "step": ckpt.step, "mode": "adapter", "model": slot.name, "served_name": name,
-                "endpoint": slot.engine.endpoint, "state": ModelState.WARM, "base_matches": base_matches, "simulated": slot.model.engine == "sim"}
+                "endpoint": slot.engine.endpoint, "state": ModelState.WARM, "base_matches": base_matches, "simulated": engine_spec(slot.model.engine).simulated}
 
     def _start_runtime(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: OrchestraComponent, template: Slot | None,
                        merge_base: str | None, why_merged: str | None = None) -> dict[str, Any]:
@@ -104,6 +114,10 @@ class ServingMixin:
             return {"run": run.name, "step": ckpt.step, "mode": record["mode"], "model": name, "state": "merging", "endpoint": None}
         # --model lends its engine, GPUs and VRAM estimate; else `transformers serve` on the CPU
         engine = template.model.engine if template is not None else "transformers"
+        if "hf" not in engine_spec(engine).model_formats:  # a checkpoint (and a merge) is a Hugging Face folder
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"{template.name if template else engine} runs engine {engine}, which loads "
+                              f"{'/'.join(engine_spec(engine).model_formats)} files, not a checkpoint folder: serve it with "
+                              "--model naming a vllm or transformers model of the same base (or leave --model out: transformers on the CPU)")
         gpus = list(template.model.gpus) if template is not None else []
         weights = Path(ckpt.path) if merge_base is None else self.agent.state_dir / "checkpoints" / "merged" / name
         model = Model(name=name, path=str(weights), engine=engine, machine=self.agent.machine.name, gpus=gpus,
@@ -138,11 +152,68 @@ class ServingMixin:
             detail["why_merged"] = why_merged
         self._event(run, ckpt, "serve", peer.who, detail)
         return {"run": run.name, "step": ckpt.step, **detail, "state": self.serving[ckpt.path]["state"], "endpoint": None,
-                "simulated": engine == "sim"}
+                "simulated": engine_spec(engine).simulated}
+
+    def _start_gguf_adapter(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: OrchestraComponent, template: Slot) -> dict[str, Any]:
+        """llama.cpp: the PEFT adapter converted to GGUF (llama.cpp's convert_lora_to_gguf.py), then a new model: the
+        template's GGUF started with `--lora` that file, the adapter applied once it is warm. Refused when it cannot convert."""
+        spec = engine_spec(template.model.engine)
+        base = ckpt.base_model
+        if not base or not (Path(base) / "config.json").is_file():
+            raise RemoteError(ErrorCode.UNAVAILABLE, gguf_adapter_refusal(
+                template.name, spec.name, f"the converter reads the base's config.json, and the adapter's base {base!r} is no such folder "
+                f"on {self.agent.machine.name}"))
+        name = safe_name(f"{run.name}-step{ckpt.step}")
+        if any(m.name == name for m in self.agent.lab.models):
+            raise RemoteError(ErrorCode.CONFLICT, f"lab.yaml already has a model named {name}; rename the run's folder or that model")
+        existing = pool.find(name)
+        if existing is not None and (existing.state in MODEL_ENGINE_UP or existing.busy):
+            return self._runtime_json(run, ckpt, existing, "gguf-adapter")
+        argv = convert_lora_argv(Path(ckpt.path), Path(base), self.agent.state_dir / "checkpoints" / "gguf" / f"{name}.gguf")
+        if argv is None:
+            raise RemoteError(ErrorCode.UNAVAILABLE, gguf_adapter_refusal(
+                template.name, spec.name, f"llama.cpp's convert_lora_to_gguf.py is not on {self.agent.machine.name}: make llama-server"))
+        out = Path(argv[argv.index("--outfile") + 1])
+        model = template.model.model_copy(update={"name": name, "served_name": None, "port": None,
+                                                  "args": [*template.model.args, "--lora", str(out)]})
+        self.serving[ckpt.path] = {"model": name, "mode": "gguf-adapter", "state": "converting"}
+
+        async def bring_up() -> None:
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                            stderr=asyncio.subprocess.STDOUT, env=converter_env())
+                output, _ = await proc.communicate()
+                if proc.returncode != 0:
+                    lines = output.decode(errors="replace").strip().splitlines()
+                    raise RuntimeError(gguf_adapter_refusal(template.name, spec.name, "convert_lora_to_gguf.py failed: "
+                                                            + (lines[-1] if lines else f"exit {proc.returncode}")))
+                pool.remove_model(name)
+                slot = pool.add_model(model, template.path)
+                self.serving[ckpt.path]["state"] = ModelState.LOADING
+                task = pool.warm(slot)
+                if task is not None:
+                    await task
+                if slot.state == ModelState.WARM and slot.engine is not None:
+                    await slot.engine.load_adapter(name, str(out))  # named at start, applied now (scale 1)
+                self.serving[ckpt.path]["state"] = slot.state
+                if slot.state == ModelState.FAILED:
+                    self.serving[ckpt.path]["error"] = (slot.error or {}).get("message")
+            except (RemoteError, RuntimeError, OSError, EngineDown, EngineRequestFailed) as exc:
+                message = exc.message if isinstance(exc, RemoteError) else str(exc)
+                self.serving[ckpt.path].update(state=ModelState.FAILED, error=message)
+                log.warning("serving %s failed: %s", ckpt.path, message)
+                self.agent.notify(EVENT_NOTICE, {"level": "error", "message": f"serving {run.name} step {ckpt.step} failed: {message}"})
+
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.create_task(bring_up(), name=f"serve-{name}"))
+        detail: dict[str, Any] = {"model": name, "mode": "gguf-adapter", "engine": spec.name, "adapter_gguf": str(out)}
+        self._event(run, ckpt, "serve", peer.who, detail)
+        return {"run": run.name, "step": ckpt.step, **detail, "state": "converting", "endpoint": None, "simulated": spec.simulated}
 
     def _runtime_json(self, run: Run, ckpt: Checkpoint, slot: Slot, mode: str) -> dict[str, Any]:
         return {"run": run.name, "step": ckpt.step, "mode": mode, "model": slot.name, "engine": slot.model.engine, "state": slot.state,
-                "endpoint": slot.engine.endpoint if slot.engine else None, "simulated": slot.model.engine == "sim"}
+                "endpoint": slot.engine.endpoint if slot.engine else None, "simulated": engine_spec(slot.model.engine).simulated}
 
     async def _merge(self, base: str, adapter: str, out: Path) -> None:
         """peft merge_and_unload in a child process: torch stays out of the agent."""

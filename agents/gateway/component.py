@@ -15,6 +15,7 @@ from agents.gateway.config import find_provider_model
 from agents.gateway.keys import KeyAddParams, KeyNameParams, KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.router import Router, Target
+from agents.orchestra.engines import engine_spec
 from agents.sections import GatewayModelFigures, GatewaySection, KeyUse, ProviderSpend
 from agents.peers import PeerClient
 from agents.protocol import Role, Telemetry
@@ -137,7 +138,7 @@ class GatewayComponent:
             entry = self.router.model_json(name) or {}
             policy = self.lab.gateway.models.get(name)
             out.append({"id": name, "object": "model", "created": self.created, "owned_by": "cetlab", "tier": "local",
-                        "machine": model.machine, "state": entry.get("state", "unknown"), "simulated": model.engine == "sim",
+                        "machine": model.machine, "state": entry.get("state", "unknown"), "simulated": engine_spec(model.engine).simulated,
                         "aliases": policy.aliases if policy else [], "fallback": policy.fallback if policy else None})
         for name, (engine_model, _upstream) in sorted(self.router.served().items()):
             entry = self.router.model_json(engine_model.name) or {}

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 from agents.gateway.config import Provider, ProviderModel, find_provider_model
 from agents.gateway.metering import Meter
 from agents.lab import Lab, Model
+from agents.orchestra.engines import engine_spec
 from agents.peers import PeerClient
 from agents.protocol import ErrorCode, RemoteError
 
@@ -381,7 +382,7 @@ class Router:
                 continue
             if self.meter.stats(name).in_flight or now - self.last_request.get(name, now) < ttl:
                 continue
-            method = "models.sleep" if model.engine in ("vllm", "sim") else "models.cold"
+            method = "models.sleep" if engine_spec(model.engine).can_sleep else "models.cold"
             try:
                 await self.peers.call(model.machine, method, {"model": name})
                 self.brought_up.discard(name)

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agents.gpusupport.matrix import judge, matrix
 from agents.gpusupport.model import GpuSupportSection, Stack, StackKind, Verdict
 from agents.gpusupport.stacks import (
     TorchReader,
-    default_llama_server,
     engine_stack_kind,
     llama_server_stack,
     python_of,
@@ -39,9 +37,8 @@ log = logging.getLogger("cetlab.gpusupport")
 class GpuSupportComponent:
     name = "gpu_support"
 
-    def __init__(self, reader: TorchReader | None = None, llama_server: Callable[[], str | None] = default_llama_server) -> None:
+    def __init__(self, reader: TorchReader | None = None) -> None:
         self.reader = reader or TorchReader()
-        self.llama_server = llama_server
         self._agent: Agent | None = None
         self._stacks: dict[StackKind, Stack] | None = None  # None until read (real machines read them in a thread at start)
         self._task: asyncio.Task[None] | None = None
@@ -68,7 +65,7 @@ class GpuSupportComponent:
 
     async def _read(self) -> None:
         try:
-            self._stacks = await asyncio.to_thread(real_stacks, self.reader, self.llama_server)
+            self._stacks = await asyncio.to_thread(real_stacks, self.reader)
             self._cached = None
         except Exception:
             log.exception("reading this machine's stacks failed; no GPU support check")
@@ -108,7 +105,7 @@ class GpuSupportComponent:
             from agents.orchestra.vllm import vllm_cli
 
             return vllm_stack(self.reader, vllm_cli())
-        return llama_server_stack(self.llama_server())
+        return llama_server_stack()
 
     def _refuse(self, gpus: list[int], stack: Stack, for_model: bool, what: str) -> None:
         by_index = {g.index: g for g in self._gpus()}

@@ -159,21 +159,19 @@ def vllm_stack(reader: TorchReader, cli: str | None) -> Stack:
                  cpu_build=found.cuda is None, min_capability=minimum, source=source)
 
 
-def llama_server_stack(binary: str | None, timeout_s: float = 15.0) -> Stack:
-    """llama-server's build: CUDA or CPU. The llama.cpp engine fills in its archs from its build record (CMAKE_CUDA_ARCHITECTURES);
-    until then a CUDA build (libggml-cuda beside it, or ggml_cuda_init in its --version output) has unknown archs: no refusal."""
-    if binary is None:
-        return Stack(name="llama-server", kind=StackKind.LLAMACPP, source="PATH", problem="not installed (no llama-server)")
-    folder = Path(binary).resolve().parent
-    cuda = any(folder.glob("libggml-cuda*")) or any(folder.parent.glob("lib*/libggml-cuda*"))
-    if not cuda:
-        try:
-            done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=timeout_s)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return Stack(name="llama-server", kind=StackKind.LLAMACPP, source=binary, problem=f"{binary} --version failed: {exc}")
-        cuda = "ggml_cuda_init" in done.stdout + done.stderr
-    return Stack(name="llama-server", kind=StackKind.LLAMACPP, cpu_build=not cuda,
-                 source=f"{binary}: {'a CUDA build' if cuda else 'no CUDA backend'} (libggml-cuda, --version)")
+def llama_server_stack() -> Stack:
+    """llama-server's build as the llama.cpp engine reads it (its build stamp: CPU or CUDA with CMAKE_CUDA_ARCHITECTURES;
+    a binary built elsewhere: CUDA or not, archs unknown, so no refusal)."""
+    from agents.orchestra.llamacpp import LlamacppEngine
+
+    build = LlamacppEngine.gpu_build()
+    name, kind = "llama-server", StackKind.LLAMACPP
+    if build.kind == "absent":
+        return Stack(name=name, kind=kind, source="llama-server", problem=f"not installed: {build.detail}")
+    if build.kind == "unknown":
+        return Stack(name=name, kind=kind, source=build.detail, problem=f"could not be read: {build.detail}")
+    return Stack(name=name, kind=kind, cpu_build=build.kind == "cpu", archs=[f"sm_{a}" for a in build.archs if a.isdigit()],
+                 source=build.detail)
 
 
 def sim_stacks(declared: SimStacks) -> dict[StackKind, Stack]:
@@ -195,23 +193,15 @@ def sim_engine_stack() -> Stack:
 
 
 def engine_stack_kind(engine: Any) -> StackKind | None:
-    """The stack a model's engine runs on (None: an engine this check does not know, not checked).
+    """The stack a model's engine launches on its GPUs (None: an engine this agent does not know, not checked).
 
-    ``engine``: lab.yaml's engine name, or an engine object: its ``gpu_stack`` (a StackKind) first, else its ``kind`` or ``name``."""
-    declared = getattr(engine, "gpu_stack", None)
-    if isinstance(declared, StackKind):
-        return declared
-    name = engine if isinstance(engine, str) else getattr(engine, "kind", None) or getattr(engine, "name", None)
-    return ENGINE_STACKS.get(str(name))
+    ``engine``: an engine class or object (its ``spec.gpu_stack``), or lab.yaml's engine name, looked up the same way."""
+    from agents.orchestra.engines import ENGINES
 
-
-# lab.yaml models[].engine -> its stack (an engine description's `gpu_stack` attribute takes precedence: engine_stack_kind)
-ENGINE_STACKS: dict[str, StackKind] = {"vllm": StackKind.VLLM, "transformers": StackKind.TORCH, "llamacpp": StackKind.LLAMACPP, "sim": StackKind.SIM}
-
-
-def default_llama_server() -> str | None:
-    """The llama-server the llama.cpp engine would start (CETLAB_LLAMA_SERVER, else PATH); the engine module takes this over."""
-    return os.environ.get("CETLAB_LLAMA_SERVER") or shutil.which("llama-server")
+    if isinstance(engine, str):
+        engine = ENGINES.get(engine)
+    spec = getattr(engine, "spec", None)
+    return None if spec is None else StackKind(spec.gpu_stack)
 
 
 def transformers_python() -> str:
@@ -220,10 +210,10 @@ def transformers_python() -> str:
     return python_of(beside) or sys.executable if beside.exists() else sys.executable
 
 
-def real_stacks(reader: TorchReader, llama_server: Callable[[], str | None] = default_llama_server) -> dict[StackKind, Stack]:
+def real_stacks(reader: TorchReader) -> dict[StackKind, Stack]:
     """This machine's installed stacks: the agent's Python's torch (what cetlab-train and transformers serve run on), vLLM, llama-server.
     Blocking (subprocesses, cached): call from a thread."""
     from agents.orchestra.vllm import vllm_cli
 
     return {StackKind.TORCH: reader.stack(sys.executable), StackKind.VLLM: vllm_stack(reader, vllm_cli()),
-            StackKind.LLAMACPP: llama_server_stack(llama_server())}
+            StackKind.LLAMACPP: llama_server_stack()}

@@ -14,13 +14,14 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, descendants
 from agents.lab import Model
 from agents.orchestra.lora_rules import lora_config_problem
+from agents.orchestra.spec import EngineSpec, GpuBuild
 from agents.protocol import GpuSample
 
 GIB = 1024**3
@@ -32,12 +33,17 @@ OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError")
 # Load-phase lines vLLM writes (the sim engine writes the same ones), parsed into seconds:
 # "took 1.23 seconds" up to vLLM 0.12, "took 1.23 s" from 0.33 on.
 _SECONDS = r"(\d+(?:\.\d+)?) ?(?:seconds|secs|s)\b"  # "took 12.5 seconds" (vLLM 0.11), "took 12.50 s" (0.33)
-_PHASES = {
-    "weights_s": re.compile(r"Loading weights took " + _SECONDS),
-    "model_load_s": re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and " + _SECONDS),
-    "graph_capture_s": re.compile(r"Graph capturing finished in " + _SECONDS),
-    "init_engine_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _SECONDS),
-    "first_pass_s": re.compile(r"warm-up \(first forward pass\) took " + _SECONDS),
+VLLM_PHASES = {
+    "weights_s": r"Loading weights took " + _SECONDS,
+    "model_load_s": r"Model loading took [\d.]+ GiB(?: memory)? and " + _SECONDS,
+    "graph_capture_s": r"Graph capturing finished in " + _SECONDS,
+    "init_engine_s": r"init engine \(profile, create kv cache, warmup model\) took " + _SECONDS,
+    "first_pass_s": r"warm-up \(first forward pass\) took " + _SECONDS,
+}
+VLLM_METRICS: dict[str, str | None] = {
+    "requests_running": "vllm:num_requests_running", "requests_waiting": "vllm:num_requests_waiting",
+    "kv_cache_pct": "vllm:kv_cache_usage_perc", "prompt_tokens_total": "vllm:prompt_tokens_total",
+    "generation_tokens_total": "vllm:generation_tokens_total", "ttft": "vllm:time_to_first_token_seconds",
 }
 
 
@@ -79,13 +85,15 @@ def parse_metrics(text: str) -> dict[str, float | None]:
 
 
 class Engine:
-    """One model server. Subclasses say how to start it and what it can do."""
+    """One model server. Subclasses say how to start it; their ``spec`` says what it can do."""
 
+    spec: ClassVar[EngineSpec] = EngineSpec(name="", title="")
     kind = ""
     simulated = False
     can_sleep = False
     has_metrics = False
     agent_pid_file: Path | None = None  # the agent that owns this engine now (a restarted agent takes over)
+    gpu_totals: list[int] | None = None  # each GPU's memory in self.gpus order, where the pool knows it
 
     def __init__(self, model: Model, path: Path, machine: str, gpus: list[int], log_path: Path, gpu_total_bytes: int | None = None):
         self.model = model
@@ -99,6 +107,17 @@ class Engine:
         self.proc: asyncio.subprocess.Process | None = None
         self._log_offset = 0
         self.stopping = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "spec" in cls.__dict__:  # the spec is the one source of these
+            cls.kind, cls.simulated = cls.spec.name, cls.spec.simulated
+            cls.can_sleep, cls.has_metrics = cls.spec.can_sleep, cls.spec.has_metrics
+
+    @classmethod
+    def gpu_build(cls) -> GpuBuild:
+        """What this machine's build of the engine runs on (CUDA archs, CPU only); engines that can tell override it."""
+        return GpuBuild("unknown", min_compute_capability=cls.spec.min_compute_capability, detail="not probed")
 
     # -- what subclasses provide
 
@@ -214,7 +233,11 @@ class Engine:
         self.rotate_log()
         if not self.has_metrics:
             return {}
-        return parse_metrics((await self.http("GET", "/metrics", timeout_s=3.0)).decode())
+        return self.parse_metrics((await self.http("GET", "/metrics", timeout_s=3.0)).decode())
+
+    def parse_metrics(self, text: str) -> dict[str, float | None]:
+        """The console's figures from this engine's /metrics page (vLLM's series; other engines override)."""
+        return parse_metrics(text)
 
     # -- the log
 
@@ -237,14 +260,8 @@ class Engine:
         return self.log_text().splitlines()[-lines:]
 
     def load_phases(self) -> dict[str, float]:
-        text = self.log_text()
-        phases = {}
-        for key, pattern in _PHASES.items():
-            found = pattern.findall(text)
-            seconds = float(found[-1]) if found else math.inf
-            if math.isfinite(seconds):  # a log line is outside input: a 400-digit "took" is no phase time
-                phases[key] = seconds
-        return phases
+        # a log line is outside input: the spec drops a 400-digit "took" (no finite phase time)
+        return self.spec.parse_phases(self.log_text())
 
     def out_of_memory(self) -> bool:
         text = self.log_text()

@@ -10,17 +10,16 @@ from typing import Any, Awaitable, Callable
 
 from agents.orchestra.adopt import AdoptedProcess
 from agents.orchestra.engine import Engine, EngineDown, EngineRequestFailed
-from agents.orchestra.sim_engine import SimEngine
+from agents.orchestra.engines import ENGINES
 from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, EngineFailed, Slot, gib_text
-from agents.orchestra.transformers_engine import TransformersEngine
-from agents.orchestra.vllm import VllmEngine
 from agents.protocol import ErrorCode, RemoteError
 from agents.states import MODEL_AT_REST, MODEL_BRINGING_UP, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, MODEL_SETTLED, ModelState
 
 log = logging.getLogger("cetlab.orchestra")
 
-ENGINES: dict[str, type[Engine]] = {"sim": SimEngine, "vllm": VllmEngine, "transformers": TransformersEngine}
+__all__ = ["ENGINES", "LifecycleMixin"]
 HEALTH_POLL_S = 0.1
+HEALTH_POLL_FIRST_S = 0.01  # then 1.5x each time up to HEALTH_POLL_S
 WARMUP_TIMEOUT_S = 900.0
 
 
@@ -43,6 +42,9 @@ class LifecycleMixin:
         engine = ENGINES[slot.model.engine](slot.model, slot.path, self.agent.machine.name, gpus,
                                             self.agent.state_dir / "models" / f"{slot.name}.log", total)
         engine.agent_pid_file = self.agent.pid_file
+        if gpus and self.agent.latest is not None:  # each GPU's memory: llama.cpp splits a model by it
+            by_index = {g.index: g.mem_total_bytes for g in self.agent.latest.gpus}
+            engine.gpu_totals = [by_index.get(g) or 0 for g in gpus]
         if check_gpus and (support := self.agent.component("gpu_support")) is not None:  # its build runs on these GPUs, or the fix
             support.check_model(slot.model, gpus, engine)
         engine.check()
@@ -99,12 +101,14 @@ class LifecycleMixin:
         self._tasks.append(asyncio.create_task(self._supervise(slot, engine), name=f"supervise-{slot.name}"))
         deadline = started + slot.model.load_timeout_s
         slot.progress = {"phase": "loading"}
+        poll_s = HEALTH_POLL_FIRST_S  # a GGUF from the page cache is up in a fraction of a second: look often at first
         while not await engine.health():
             if engine.returncode is not None:
                 raise EngineFailed(f"the engine exited with code {engine.returncode} while loading")
             if time.monotonic() > deadline:
                 raise EngineFailed(f"no answer on /health after {slot.model.load_timeout_s:.0f} s (load_timeout_s)")
-            await asyncio.sleep(HEALTH_POLL_S)
+            await asyncio.sleep(poll_s)
+            poll_s = min(HEALTH_POLL_S, poll_s * 1.5)
         load_s = time.monotonic() - started
         self._event(slot, "load", load_s, detail=engine.load_phases() or None)
         self._set_state(slot, ModelState.WARMING)

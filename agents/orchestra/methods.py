@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.schema import NAME_RE
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
+from agents.orchestra.engines import engine_spec
 from agents.protocol import ErrorCode, RemoteError, Role
 from agents.states import ModelState
 
@@ -122,11 +123,15 @@ def register(pool: OrchestraComponent) -> None:
         await asyncio.sleep(0)
         return pool.rotation_info().to_wire()
 
-    @rpc.method("models.adapter", role=Role.OPERATOR, params=AdapterParams, doc="Load a LoRA adapter into a warm vLLM (or sim) model.")
+    @rpc.method("models.adapter", role=Role.OPERATOR, params=AdapterParams, doc="Load a LoRA adapter into a warm vLLM (or sim) model; on llama.cpp, select one named at start.")
     async def models_adapter(peer, params: AdapterParams) -> dict:
         slot = pool.slot(params.model)
         path = agent.lab.resolve(params.path)
-        if not (path / "adapter_config.json").is_file():
+        if engine_spec(slot.model.engine).adapter_format == "gguf":  # llama.cpp: one GGUF adapter file, named at start
+            if not (path.is_file() and path.suffix.lower() == ".gguf"):
+                raise RemoteError(ErrorCode.NOT_FOUND, f"{path} is not a GGUF adapter file on {agent.machine.name} "
+                                  f"({slot.name} runs llama.cpp, which takes --lora FILE.gguf)")
+        elif not (path / "adapter_config.json").is_file():
             raise RemoteError(ErrorCode.NOT_FOUND, f"{path} is not a LoRA adapter folder (no adapter_config.json) on {agent.machine.name}")
         if slot.state != ModelState.WARM or slot.engine is None or not hasattr(slot.engine, "load_adapter"):
             raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is {slot.state} on the {slot.model.engine} engine; adapters load into a warm vllm model")

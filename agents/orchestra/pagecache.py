@@ -135,3 +135,18 @@ def write_placeholder(path: Path, size_bytes: int) -> None:
     (path / "config.json").write_text('{"simulated": true}\n')
     os.replace(tmp, target)
     evict([target])
+
+
+def write_placeholder_file(path: Path, size_bytes: int, magic: bytes = b"GGUF") -> None:
+    """One placeholder weights file (a simulated GGUF model): real bytes on disk, then out of the cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.part")
+    block = (b"cetlab-sim-weights" * 4096)[: 1024 * 1024]
+    with open(tmp, "wb") as f:
+        f.write(magic)
+        for _ in range(size_bytes // len(block)):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    evict([path])

@@ -25,7 +25,8 @@ from agents.orchestra.methods import register
 from agents.orchestra.placement import PlacementMixin
 from agents.orchestra.residency import ResidencyMixin
 from agents.orchestra.rotation import RotationMixin
-from agents.orchestra.slot import ADAPTER_ENGINES, TOKENS_PER_S_WINDOW_S, Slot, WindowRate
+from agents.orchestra.engines import engine_spec
+from agents.orchestra.slot import TOKENS_PER_S_WINDOW_S, Slot, WindowRate
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError, Telemetry
 from agents.sections import ModelInfo, ModelsSection, Rotation
 from agents.states import MODEL_AT_REST, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
@@ -168,7 +169,7 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
         """A warm model whose engine loads LoRA adapters at run time and whose weights are ``base``."""
         base = base.resolve()
         for slot in self.slots.values():
-            if slot.state == ModelState.WARM and slot.model.engine in ADAPTER_ENGINES and slot.path.resolve() == base:
+            if slot.state == ModelState.WARM and engine_spec(slot.model.engine).hot_adapters and slot.path.resolve() == base:
                 return slot
         return None
 
@@ -222,7 +223,7 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
             progress=slot.progress,
             error=slot.error,
             cloud_equivalent=slot.model.cloud_equivalent,
-            simulated=slot.model.engine == "sim",
+            simulated=engine_spec(slot.model.engine).simulated,
         )
 
     def rotation_info(self) -> Rotation:

@@ -8,6 +8,7 @@ import time
 
 from agents.orchestra import pagecache
 from agents.orchestra.engine import GIB
+from agents.orchestra.engines import engine_spec
 from agents.orchestra.slot import EngineFailed, Slot, gib_text
 from agents.protocol import ErrorCode, RemoteError
 from agents.states import MODEL_ENGINE_UP, ModelState
@@ -21,8 +22,12 @@ class ResidencyMixin:
     def _make_placeholders(self) -> None:
         for slot in self.slots.values():
             size_mib = slot.model.sim.placeholder_mib
-            if slot.model.engine == "sim" and size_mib is not None and not slot.path.exists():
-                pagecache.write_placeholder(slot.path, int(size_mib * 1024 * 1024))
+            spec = engine_spec(slot.model.engine)
+            if spec.simulated and size_mib is not None and not slot.path.exists():
+                if spec.model_formats == ("gguf",):  # one .gguf file, not a folder
+                    pagecache.write_placeholder_file(slot.path, int(size_mib * 1024 * 1024))
+                else:
+                    pagecache.write_placeholder(slot.path, int(size_mib * 1024 * 1024))
 
     async def _make_tiny(self, slot: Slot) -> None:
         """The demo's tiny Llama, made in a child process (torch stays out of the agent)."""

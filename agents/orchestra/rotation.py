@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from agents.orchestra.engines import engine_spec
 from agents.orchestra.slot import Slot
 from agents.protocol import ErrorCode, RemoteError
 from agents.states import MODEL_HOLDS_GPU, ModelState
@@ -125,12 +126,17 @@ class RotationMixin:
         warm = set(plan.rotation[self.rotation_index % len(plan.rotation)] if plan.rotation and self.rotation_index >= 0 else plan.warm)
         warm |= {s.name for s in self.slots.values() if s.pinned}
         mine = lambda names: [self.slots[n] for n in names if n in self.slots]  # noqa: E731
-        for slot in mine(plan.cached):
+        # an engine with no sleep mode (llama.cpp) cannot be brought up and put to sleep: its files are kept in RAM instead
+        sleepless = [s for s in mine(plan.sleeping) if s.name not in warm and not engine_spec(s.model.engine).can_sleep]
+        for slot in sleepless:
+            log.info("start-up plan: %s: engine %s has no sleep mode; cached instead of sleeping", slot.name, slot.model.engine)
+        for slot in mine(plan.cached) + sleepless:
             await self._try(slot, lambda: self.cache(slot))
         await asyncio.gather(*(self._try(s, lambda s=s: self.warm(s)) for s in mine(sorted(warm))))
-        await asyncio.gather(*(self._try(s, lambda s=s: self.warm(s)) for s in mine(plan.sleeping) if s.name not in warm))
-        for slot in mine(plan.sleeping):  # an operator who asked for it warm meanwhile wins over the plan
-            if slot.name not in warm and slot.state == ModelState.WARM and not slot.operator_warm:
+        sleeping = [s for s in mine(plan.sleeping) if s.name not in warm and s not in sleepless]
+        await asyncio.gather(*(self._try(s, lambda s=s: self.warm(s)) for s in sleeping))
+        for slot in sleeping:  # an operator who asked for it warm meanwhile wins over the plan
+            if slot.state == ModelState.WARM and not slot.operator_warm:
                 await self._try(slot, lambda: self.sleep(slot))
 
     async def _try(self, slot: Slot, step: Callable[[], Any]) -> None:

@@ -9,13 +9,15 @@ from __future__ import annotations
 import os
 import sys
 
+import dataclasses
+
 from agents.orchestra.engine import Engine, VllmSleepMixin
+from agents.orchestra.vllm import VLLM_SPEC
 
 
 class SimEngine(VllmSleepMixin, Engine):
-    kind = "sim"
-    simulated = True
-    has_metrics = True
+    spec = dataclasses.replace(VLLM_SPEC, name="sim", title="vLLM (simulated)", simulated=True, min_compute_capability=None,
+                                gpu_stack="sim")
 
     def argv(self) -> list[str]:
         sim = self.model.sim

@@ -14,7 +14,6 @@ from agents.lab import Model
 from agents.orchestra.engine import GIB, Engine
 from agents.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
 
-ADAPTER_ENGINES = ("vllm", "sim")  # engines that load LoRA adapters at run time (/v1/load_lora_adapter)
 SLEEP_RESIDUAL_BYTES = GIB // 2  # CUDA context and buffers a sleeping vLLM keeps on each GPU
 TOKENS_PER_S_WINDOW_S = 10.0  # tokens/s is the engine's generation counter over this many seconds (a 2 s poll jumps)
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from agents.orchestra.engine import Engine
+from agents.orchestra.spec import EngineSpec
 from agents.protocol import ErrorCode, RemoteError
 
 
@@ -21,7 +22,8 @@ def _transformers_cli() -> str | None:
 
 
 class TransformersEngine(Engine):
-    kind = "transformers"
+    # no sleep mode, no runtime adapters (a checkpoint is merged), one device; its GPU floor is the torch build's
+    spec = EngineSpec(name="transformers", title="transformers serve", model_formats=("hf",), gpu_stack="torch")
 
     def check(self) -> None:
         if _transformers_cli() is None:

@@ -6,7 +6,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from agents.orchestra.engine import Engine, VllmSleepMixin
+from agents.orchestra.engine import VLLM_METRICS, VLLM_PHASES, Engine, VllmSleepMixin
+from agents.orchestra.spec import EngineSpec
 from agents.protocol import ErrorCode, RemoteError
 
 
@@ -16,9 +17,17 @@ def vllm_cli() -> str | None:
     return str(beside) if beside.exists() else shutil.which("vllm")
 
 
+VLLM_SPEC = EngineSpec(
+    gpu_stack="vllm",
+    name="vllm", title="vLLM", free_mode="sleep", sleep_levels=(1, 2), adapters="runtime", adapter_format="peft",
+    multi_gpu="tensor-parallel", model_formats=("hf",), metric_names=VLLM_METRICS,
+    min_compute_capability=7.0,  # vLLM's floor in every build (no Pascal)
+    load_phases=VLLM_PHASES,
+)
+
+
 class VllmEngine(VllmSleepMixin, Engine):
-    kind = "vllm"
-    has_metrics = True
+    spec = VLLM_SPEC
 
     def check(self) -> None:
         if vllm_cli() is None:

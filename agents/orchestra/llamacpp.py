@@ -1,0 +1,239 @@
+"""The llama.cpp engine: `llama-server` serving one GGUF model, and its simulated stand-in (engine: sim-llamacpp).
+
+What the pinned llama-server (llama-cpp-python 0.3.36's vendor/llama.cpp, tools/server/) offers, and how cetlab uses it:
+- health: GET /health answers 503 while the model loads, 200 once it serves.
+- metrics: --metrics exposes llamacpp:* series (prompt_tokens_total, tokens_predicted_total, requests_processing,
+  requests_deferred, ...); it has no TTFT histogram and no KV-cache gauge, so those figures stay empty.
+- GPUs: -ngl (layers on the GPU), --split-mode layer --tensor-split (a model over several GPUs, split by memory).
+- sleep: llama-server has no sleep-on-request. Its --sleep-idle-seconds frees the model and KV cache after
+  that long idle and reloads on the next task, inside the same process, with no call to trigger it; its router
+  mode (--models-dir, /models/load, /models/unload, --models-max) runs each model in a child process of a
+  router. cetlab runs one llama-server per model (its own GPUs, port and process group, so NVML charges
+  the VRAM to that model), so taking a model off its GPUs stops the process: the GGUF is memory-mapped and
+  stays in the page cache (state cached), and the next warm loads it at RAM speed (bench/bench_llamacpp.py).
+  A model's args may add --sleep-idle-seconds: llama-server then sleeps on its own while cetlab shows it warm.
+- LoRA: GGUF adapters are named at start (--lora FILE, several allowed) and switched at run time with
+  POST /lora-adapters [{"id", "scale"}]. In the pinned version every request applies the adapters at their
+  listed scale (1 unless --lora-scaled says otherwise), even with --lora-init-without-apply (that flag only
+  keeps them out of the context at start; the server's per-request adapter list still has scale 1).
+  A new adapter cannot be loaded into a running server; a PEFT checkpoint is converted to GGUF first
+  (llama.cpp's convert_lora_to_gguf.py) and the model restarted with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from agents import llamacpp_build
+from agents.orchestra.engine import Engine, EngineRequestFailed
+from agents.orchestra.spec import EngineSpec, GpuBuild
+from agents.protocol import ErrorCode, RemoteError
+
+LLAMACPP_METRICS: dict[str, str | None] = {
+    "requests_running": "llamacpp:requests_processing", "requests_waiting": "llamacpp:requests_deferred",
+    "kv_cache_pct": None, "prompt_tokens_total": "llamacpp:prompt_tokens_total",
+    "generation_tokens_total": "llamacpp:tokens_predicted_total", "ttft": None,
+}
+# ggml-cuda's floor: Maxwell (5.0) and newer; the P40/P4/P1000 (6.1) are llama.cpp's classic cards
+LLAMACPP_CUDA_MIN_CC = 5.0
+LLAMACPP_SPEC = EngineSpec(
+    gpu_stack="llamacpp",
+    name="llamacpp", title="llama.cpp (llama-server)", free_mode="stop", adapters="at-start", adapter_format="gguf",
+    multi_gpu="layer-split", model_formats=("gguf",), metric_names=LLAMACPP_METRICS,
+    min_compute_capability=LLAMACPP_CUDA_MIN_CC,
+)
+# llama-server log lines start with "M.SS.mmm.uuu" (minutes, seconds, ms, us since start)
+_STAMPED = re.compile(r"^(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) \w (.*)$", re.M)
+_PHASE_LINES = {"model_load_s": "llama_server: model loaded", "listening_s": "llama_server: listening on"}
+ALL_GPU_LAYERS = "999"  # -ngl: every layer on the GPU(s)
+
+
+def parse_llamacpp_metrics(text: str) -> dict[str, float | None]:
+    """The console's figures from llama-server's /metrics (llamacpp:* series; counters keep the _total name)."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[sample.name] = sample.value
+    figures: dict[str, float | None] = {}
+    for key, series in LLAMACPP_METRICS.items():
+        if key == "ttft":
+            continue
+        figures[key] = values.get(series) if series else None
+    figures["ttft_sum_s"] = figures["ttft_count"] = None
+    return figures
+
+
+def tensor_split(totals: list[int]) -> str:
+    """--tensor-split proportions: each GPU's share of the layers by its memory (llama.cpp normalises them)."""
+    if not totals or any(t <= 0 for t in totals):
+        return ",".join("1" for _ in totals)
+    gib = [t / 1024**3 for t in totals]
+    return ",".join(f"{g:.1f}".rstrip("0").rstrip(".") for g in gib)
+
+
+def lora_files(args: list[str]) -> list[str]:
+    """The adapter files the args name (--lora F, --lora F1,F2, --lora-scaled F:S), in llama-server's id order."""
+    files: list[str] = []
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--lora":
+            files += [f for f in args[i + 1].split(",") if f]
+        elif arg == "--lora-scaled":
+            files += [f.rsplit(":", 1)[0] for f in args[i + 1].split(",") if f]
+    return files
+
+
+class LlamacppEngine(Engine):
+    spec = LLAMACPP_SPEC
+    gpu_totals: list[int] | None = None  # each GPU's memory, in self.gpus order (the pool sets it), for --tensor-split
+
+    @staticmethod
+    def binary() -> Path | None:
+        return llamacpp_build.find_llama_server()
+
+    @classmethod
+    def gpu_build(cls) -> GpuBuild:
+        """CPU or CUDA and its archs, from cetlab's build stamp; a llama-server built elsewhere is looked into."""
+        binary = cls.binary()
+        if binary is None:
+            return GpuBuild("absent", detail=f"no llama-server ({llamacpp_build.MAKE_HINT})")
+        stamp = llamacpp_build.read_stamp(binary)
+        if stamp is not None:
+            if stamp.get("cuda"):
+                archs = tuple(str(a) for a in stamp.get("cuda_archs", []))
+                return GpuBuild("cuda", archs, LLAMACPP_CUDA_MIN_CC, f"{binary} (build stamp)")
+            return GpuBuild("cpu", detail=f"{binary} (build stamp: CPU build)")
+        try:  # not ours: a static CUDA build carries ggml-cuda's symbols, a shared one its library beside it
+            cuda = b"ggml_backend_cuda" in binary.read_bytes() or any(binary.parent.glob("libggml-cuda*"))
+        except OSError as exc:
+            return GpuBuild("unknown", detail=f"{binary}: {exc.strerror}")
+        return GpuBuild("cuda" if cuda else "cpu", (), LLAMACPP_CUDA_MIN_CC if cuda else None,
+                        f"{binary} (no build stamp; CUDA archs not known)")
+
+    def check(self) -> None:
+        if self.binary() is None:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"llama-server is not on {self.machine}: {llamacpp_build.MAKE_HINT}, "
+                                                     f"or set {llamacpp_build.BINARY_ENV}")
+        if self.spec.accepts(str(self.path)) is None:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"model {self.model.name}: llama.cpp loads one .gguf file, not {self.path} "
+                                                     "(convert it with llama.cpp's convert_hf_to_gguf.py, or serve the folder with engine vllm or transformers)")
+
+    def split_flags(self) -> list[str]:
+        args = self.model.args
+        flags = []
+        if not any(a in args for a in ("-ngl", "--gpu-layers", "--n-gpu-layers")):
+            flags += ["-ngl", ALL_GPU_LAYERS if self.gpus else "0"]
+        if len(self.gpus) > 1 and not any(a in args for a in ("-sm", "--split-mode")):
+            flags += ["--split-mode", "layer"]
+            if not any(a in args for a in ("-ts", "--tensor-split")):
+                flags += ["--tensor-split", tensor_split(self.gpu_totals or [])]
+        return flags
+
+    def serve_flags(self) -> list[str]:
+        """llama-server's flags after the model: the agent's, then lab.yaml's args (which win where they repeat)."""
+        args = list(self.model.args)
+        flags = ["--host", self.host, "--port", str(self.port), "--alias", self.served_name, "--metrics", *self.split_flags()]
+        return flags + args
+
+    def argv(self) -> list[str]:
+        return [str(self.binary() or "llama-server"), "-m", str(self.path), *self.serve_flags()]
+
+    def parse_metrics(self, text: str) -> dict[str, float | None]:
+        return parse_llamacpp_metrics(text)
+
+    def load_phases(self) -> dict[str, float]:
+        phases: dict[str, float] = {}
+        for m in _STAMPED.finditer(self.log_text()):
+            for key, marker in _PHASE_LINES.items():
+                if marker in m.group(5):
+                    phases[key] = int(m.group(1)) * 60 + int(m.group(2)) + int(m.group(3)) / 1e3 + int(m.group(4)) / 1e6
+        return phases
+
+    async def sleep(self, level: int) -> None:
+        raise EngineRequestFailed("llama-server has no sleep on request (only --sleep-idle-seconds); the pool stops it instead")
+
+    async def wake(self) -> None:
+        raise EngineRequestFailed("llama-server has no wake on request; the pool starts it again")
+
+    async def adapters(self) -> list[dict[str, Any]]:
+        """GET /lora-adapters: [{"id", "path", "scale"}, ...] of the adapters named at start."""
+        doc = json.loads(await self.http("GET", "/lora-adapters", timeout_s=10.0))
+        return doc if isinstance(doc, list) else []
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Select an adapter named at start (scale 1, the others 0); one not named at start cannot be loaded now."""
+        loaded = await self.adapters()
+        wanted = Path(path).resolve()
+        ids = [a.get("id") for a in loaded if Path(str(a.get("path", ""))).resolve() == wanted]
+        if not ids:
+            raise EngineRequestFailed(f"llama-server loads adapters only at start; {path} is not among this model's --lora files "
+                                      f"({', '.join(str(a.get('path')) for a in loaded) or 'none'}): add it to the model's args and restart it")
+        body = [{"id": a.get("id"), "scale": 1.0 if a.get("id") in ids else 0.0} for a in loaded]
+        await self.http("POST", "/lora-adapters", body, timeout_s=30.0)  # type: ignore[arg-type]
+
+
+def convert_lora_argv(peft_dir: Path, base_dir: Path, out: Path) -> list[str] | None:
+    """llama.cpp's own converter for a PEFT adapter (None when no cetlab build of llama-server carries it).
+
+    convert_lora_to_gguf.py reads the base's config.json from ``base_dir`` (no weights needed) and writes
+    the adapter's tensors under llama.cpp's names (blk.N.attn_q.weight.lora_a, ...).
+    """
+    binary = llamacpp_build.find_llama_server()
+    script = binary.parent.parent / "convert_lora_to_gguf.py" if binary else None
+    if script is None or not script.is_file() or not (script.parent / "conversion").is_dir():
+        return None
+    return [sys.executable, str(script), str(peft_dir), "--base", str(base_dir), "--outfile", str(out), "--outtype", "f32"]
+
+
+def converter_env() -> dict[str, str]:
+    """convert_lora_to_gguf.py imports gguf-py from the llama.cpp tree (copied beside the build)."""
+    binary = llamacpp_build.find_llama_server()
+    env = dict(os.environ)
+    if binary is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(binary.parent.parent / "gguf-py"), env.get("PYTHONPATH")]))
+    return env
+
+
+def llama_server_version(binary: Path) -> str:
+    done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
+    return (done.stdout + done.stderr).strip()
+
+
+SIM_LLAMACPP_SPEC = dataclasses.replace(LLAMACPP_SPEC, name="sim-llamacpp", title="llama.cpp (simulated)", simulated=True, gpu_stack="sim",
+                                        min_compute_capability=None)
+
+
+class SimLlamacppEngine(LlamacppEngine):
+    """agents.orchestra.sim_llamacpp: llama-server's contract (flags, routes, metric names, refusals), simulated delays."""
+
+    spec = SIM_LLAMACPP_SPEC
+
+    @staticmethod
+    def binary() -> Path | None:
+        return Path(sys.executable)
+
+    @classmethod
+    def gpu_build(cls) -> GpuBuild:
+        return GpuBuild("unknown", detail="simulated")
+
+    def check(self) -> None:
+        if self.spec.accepts(str(self.path)) is None:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"model {self.model.name}: llama.cpp loads one .gguf file, not {self.path}")
+
+    def argv(self) -> list[str]:
+        sim = self.model.sim
+        argv = [sys.executable, "-m", "agents.orchestra.sim_llamacpp", "-m", str(self.path), *self.serve_flags(),
+                "--sim-load-s", str(sim.load_s), "--sim-cold-factor", str(sim.cold_factor), "--sim-warmup-s", str(sim.warmup_s),
+                "--sim-tokens-per-s", str(sim.tokens_per_s), "--sim-traffic-rps", str(sim.traffic_rps)]
+        argv += ["--sim-agent-pid-file", str(self.agent_pid_file)] if self.agent_pid_file else ["--sim-parent-pid", str(os.getpid())]
+        if sim.fail_after_s is not None:
+            argv += ["--sim-fail-after-s", str(sim.fail_after_s)]
+        return argv

@@ -1,0 +1,103 @@
+"""A tiny random-weight Llama as one GGUF file (and a GGUF LoRA adapter for it), for tests, benches and the demo.
+
+The tokenizer is llama.cpp's own (models/ggml-vocab-llama-spm.gguf, 32000 SentencePiece tokens), copied
+field by field, so llama-server tokenizes and detokenizes real text; the weights are random, so the
+answers are nonsense, but every token is a real forward pass of llama.cpp.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.scores",
+                  "tokenizer.ggml.token_type", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                  "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token")
+EMBED, LAYERS, HEADS, FFN, CONTEXT = 64, 2, 4, 128, 512
+
+
+def _copy_field(writer: GGUFWriter, reader: GGUFReader, key: str) -> None:
+    field = reader.fields[key]
+    kind = field.types[0]
+    if kind == GGUFValueType.ARRAY:
+        sub = field.types[1]
+        if sub == GGUFValueType.STRING:
+            values: list = [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+        else:
+            values = [field.parts[i].tolist()[0] for i in field.data]
+        writer.add_array(key, values)
+    elif kind == GGUFValueType.STRING:
+        writer.add_string(key, bytes(field.parts[field.data[0]]).decode())
+    elif kind == GGUFValueType.BOOL:
+        writer.add_bool(key, bool(field.parts[field.data[0]][0]))
+    else:
+        writer.add_uint32(key, int(field.parts[field.data[0]][0]))
+
+
+def write_tiny_gguf(out: Path, vocab: Path, seed: int = 0, name: str = "tiny-llama",
+                    embed: int = EMBED, layers: int = LAYERS, ffn: int = FFN) -> Path:
+    """A random Llama at ``out`` (by default 2 layers, f32, ~17 MB; benches ask for bigger), tokenizer from ``vocab``."""
+    reader = GGUFReader(str(vocab))
+    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    rng = np.random.default_rng(seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    writer = GGUFWriter(str(tmp), "llama")
+    writer.add_name(name)
+    writer.add_block_count(layers)
+    writer.add_context_length(CONTEXT)
+    writer.add_embedding_length(embed)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(HEADS)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(embed // HEADS)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(0)  # all f32
+    for key in TOKENIZER_KEYS:
+        _copy_field(writer, reader, key)
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    writer.add_tensor("token_embd.weight", weight(n_vocab, embed))
+    writer.add_tensor("output_norm.weight", np.ones(embed, dtype=np.float32))
+    writer.add_tensor("output.weight", weight(n_vocab, embed))
+    for i in range(layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(embed, dtype=np.float32))
+        for t in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            writer.add_tensor(f"blk.{i}.{t}.weight", weight(embed, embed))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(embed, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(ffn, embed))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(ffn, embed))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(embed, ffn))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(out)
+    return out
+
+
+def write_tiny_lora_gguf(out: Path, rank: int = 4, seed: int = 1, alpha: float = 8.0) -> Path:
+    """A GGUF LoRA adapter for write_tiny_gguf's model (q and v projections), as convert_lora_to_gguf.py writes one."""
+    rng = np.random.default_rng(seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    writer = GGUFWriter(str(tmp), "llama")
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", alpha)
+    for i in range(LAYERS):
+        for t in ("attn_q", "attn_v"):
+            # numpy shapes are GGUF's ne reversed: lora_a ne=[n_in, r], lora_b ne=[r, n_out]
+            writer.add_tensor(f"blk.{i}.{t}.weight.lora_a", (rng.standard_normal((rank, EMBED)) * 0.5).astype(np.float32))
+            writer.add_tensor(f"blk.{i}.{t}.weight.lora_b", (rng.standard_normal((EMBED, rank)) * 0.5).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(out)
+    return out

@@ -1,0 +1,319 @@
+"""The engine interface and the llama.cpp engine: specs instead of names, llama-server's flags and metrics,
+the simulated llama-server's contract, and the real pinned llama-server through the pool and the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import typing
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agents.lab import Model, load_lab
+from agents.orchestra.engines import ENGINES, engine_spec
+from agents.orchestra.llamacpp import LlamacppEngine, lora_files, parse_llamacpp_metrics, tensor_split
+from agents.orchestra.spec import GpuBuild
+from agents.protocol import ErrorCode, RemoteError
+from console.client import FleetClient
+from console.demo import DemoLab
+from tests.conftest import HOUR_S, age, wait_for
+from tests.llamacpp_fixtures import llama_server_or_skip, tiny_models
+from tests.pool_fixtures import FAST, pool_lab, post, settle
+
+ROOT = Path(__file__).resolve().parent.parent
+GIB = 1024**3
+
+# ---------------------------------------------------------------------------- the interface
+
+
+def test_every_engine_lab_yaml_names_has_one_spec_and_back():
+    named = set(typing.get_args(Model.model_fields["engine"].annotation))
+    assert named == set(ENGINES), "lab.yaml's engine names and agents.orchestra.engines must match"
+    for name, cls in ENGINES.items():
+        assert cls.spec.name == name and cls.kind == name
+        assert cls.can_sleep == cls.spec.can_sleep and cls.simulated == cls.spec.simulated
+
+
+def test_no_code_outside_the_engine_modules_asks_an_engine_by_its_name():
+    """`model.engine == "sim"`, `engine in ("vllm", "sim")`: every such question goes to the engine's spec."""
+    by_name = re.compile(r"""engine\s*(==|!=|in|not in)\s*[(\[{]?\s*["'](vllm|sim|transformers|llamacpp|sim-llamacpp)["']""")
+    offenders = []
+    for folder in ("agents", "console", "widgets"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if by_name.search(line):
+                    offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_what_each_engine_declares():
+    vllm, llama, sim_llama = engine_spec("vllm"), engine_spec("llamacpp"), engine_spec("sim-llamacpp")
+    assert vllm.can_sleep and vllm.hot_adapters and vllm.min_compute_capability == 7.0 and vllm.multi_gpu == "tensor-parallel"
+    assert not llama.can_sleep and llama.free_mode == "stop" and llama.adapters == "at-start" and llama.adapter_format == "gguf"
+    assert llama.model_formats == ("gguf",) and llama.multi_gpu == "layer-split" and llama.min_compute_capability == 5.0
+    assert llama.metric_names["generation_tokens_total"] == "llamacpp:tokens_predicted_total"
+    assert sim_llama.simulated and not llama.simulated and sim_llama.adapters == llama.adapters
+    assert llama.accepts("/m/llama-70b.Q4_K_M.gguf") == "gguf" and llama.accepts("/m/llama-70b") is None
+    with pytest.raises(KeyError, match="no engine named 'tgi'"):
+        engine_spec("tgi")
+
+
+def test_gpu_build_answers_which_gpus_a_build_runs_on():
+    p40, v100, old = 6.1, 7.0, 3.5
+    cuda = GpuBuild("cuda", ("61", "70"), 5.0)
+    assert cuda.runs_on(p40) and cuda.runs_on(v100) and not cuda.runs_on(8.6) and not cuda.runs_on(old)
+    assert GpuBuild("cuda", ("75", "80"), 7.0).runs_on(p40) is False  # below the engine's floor
+    assert GpuBuild("cuda", (), 7.0).runs_on(8.0) is None  # archs not known
+    assert GpuBuild("cpu").runs_on(p40) is False and GpuBuild("absent").runs_on(p40) is False
+
+
+def engine_for(model: dict, gpus: list[int], totals: list[int] | None = None) -> LlamacppEngine:
+    engine = LlamacppEngine(Model.model_validate({"machine": "m5", "engine": "llamacpp", **model}), Path(model["path"]),
+                            "m5", gpus, Path("/tmp/x.log"))
+    engine.gpu_totals = totals
+    return engine
+
+
+def test_llama_server_flags_split_a_model_over_gpus_by_their_memory():
+    seventy = engine_for({"name": "llama-70b", "path": "/m/70b.gguf", "port": 8080}, [1, 2, 3, 4], [24 * GIB] * 4)
+    argv = seventy.argv()
+    assert argv[1:3] == ["-m", "/m/70b.gguf"]
+    flags = argv[3:]
+    assert flags[flags.index("--port") + 1] == "8080" and flags[flags.index("--alias") + 1] == "llama-70b"
+    assert "--metrics" in flags and flags[flags.index("-ngl") + 1] == "999"
+    assert flags[flags.index("--split-mode") + 1] == "layer" and flags[flags.index("--tensor-split") + 1] == "24,24,24,24"
+    assert seventy.env()["CUDA_VISIBLE_DEVICES"] == "1,2,3,4"
+    assert tensor_split([24 * GIB, 8 * GIB]) == "24,8"  # a P40 and a P4: three layers of four on the P40
+    cpu = engine_for({"name": "tiny", "path": "/m/t.gguf", "args": ["--lora", "/a/x.gguf,/a/y.gguf", "-ngl", "10"]}, [])
+    flags = cpu.argv()
+    assert "--split-mode" not in flags and flags.count("-ngl") == 1 and flags[flags.index("-ngl") + 1] == "10"  # lab.yaml's args win
+    assert lora_files(cpu.model.args) == ["/a/x.gguf", "/a/y.gguf"]
+
+
+def test_llamacpp_metrics_become_the_console_figures():
+    text = ("# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n# TYPE llamacpp:prompt_tokens_total counter\n"
+            "llamacpp:prompt_tokens_total 12\n# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 40\n"
+            "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n"
+            "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 1\n")
+    figures = parse_llamacpp_metrics(text)
+    assert figures["prompt_tokens_total"] == 12 and figures["generation_tokens_total"] == 40
+    assert figures["requests_running"] == 2 and figures["requests_waiting"] == 1
+    assert figures["kv_cache_pct"] is None and figures["ttft_count"] is None  # llama-server has neither series
+
+
+def test_a_hugging_face_folder_on_llamacpp_is_refused_with_the_way_out(tmp_path):
+    engine = engine_for({"name": "hf", "path": str(tmp_path)}, [])
+    with pytest.raises(RemoteError) as exc:
+        engine.check()
+    assert exc.value.code == ErrorCode.UNAVAILABLE
+    assert "one .gguf file" in exc.value.message or "llama-server is not" in exc.value.message
+
+
+# ---------------------------------------------------------------------------- the simulated llama-server
+
+
+def http(url: str, body: object | None = None) -> tuple[int, str]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {},
+                                     method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+async def test_sim_llamacpp_holds_llama_servers_contract(run_pool):
+    demo = run_pool(pool_lab([{"name": "p40-7b", "path": "models/p40-7b.Q4_K_M.gguf", "engine": "sim-llamacpp", "machine": "box",
+                               "gpus": [0], "vram_gib": 5, "args": ["--sleep-idle-seconds", "1"], "sim": {**FAST}},
+                              {"name": "p4-3b", "path": "models/p4-3b.Q8_0.gguf", "engine": "sim-llamacpp", "machine": "box",
+                               "gpus": [1], "vram_gib": 4, "sim": {**FAST}}],
+                             orchestra={"sleeping": ["p4-3b"]}))
+    async with FleetClient(load_lab(demo.lab_path)) as client:
+        await client.wait_connected(10)
+        # in the start plan's `sleeping`, a llama.cpp model (no sleep mode) is kept in RAM instead: never brought up
+        p4 = await settle(client, "p4-3b", ("cached",))
+        assert p4["load_s"] is None and p4["cached_fraction"] >= 0.9
+        await client.call("box", "models.warm", {"model": "p40-7b"})
+        info = await settle(client, "p40-7b", ("warm", "failed"))
+        assert info["state"] == "warm" and info["simulated"] is True and info["engine"] == "sim-llamacpp"
+        base = info["endpoint"].removesuffix("/v1")
+        status, answer = await asyncio.to_thread(post, info["endpoint"], "/v1/completions", {"model": "p40-7b", "prompt": "hi", "max_tokens": 5})
+        assert status == 200 and answer["usage"]["completion_tokens"] == 5
+        status, metrics = await asyncio.to_thread(http, base + "/metrics")
+        assert status == 200 and "llamacpp:tokens_predicted_total 13" in metrics  # the warm-up 8 + 5 and "vllm:" not in metrics
+        for route in ("/sleep", "/wake_up", "/v1/load_lora_adapter"):  # vLLM's routes: llama-server has none of them
+            assert (await asyncio.to_thread(http, base + route, {}))[0] == 404
+        await wait_for(lambda: json.loads(http(base + "/props")[1])["is_sleeping"], 15)  # its own idle sleep
+        status, answer = await asyncio.to_thread(post, info["endpoint"], "/v1/completions", {"model": "p40-7b", "prompt": "hi", "max_tokens": 3})
+        assert status == 200 and not json.loads(http(base + "/props")[1])["is_sleeping"]  # a task wakes it
+        with pytest.raises(RemoteError) as exc:
+            await client.call("box", "models.sleep", {"model": "p40-7b"})
+        assert exc.value.code == ErrorCode.UNAVAILABLE and "no sleep mode" in exc.value.message
+        info = await client.call("box", "models.cold", {"model": "p40-7b"}, timeout=30)
+        assert info["state"] == "cached"  # the GGUF stays in the page cache: the next load reads it from RAM
+
+
+# ---------------------------------------------------------------------------- the real llama-server
+
+
+@pytest.fixture(scope="module")
+def llama_lab(tmp_path_factory):
+    llama_server_or_skip()
+    models = tiny_models(tmp_path_factory.mktemp("gguf"))
+    second, spare = models["lora"].with_name("second.gguf"), models["lora"].with_name("not-named-at-start.gguf")
+    shutil.copy(models["lora"], second)
+    shutil.copy(models["lora"], spare)
+    args = ["-c", "256", "-t", "1", "--parallel", "2"]
+    lab = {
+        "lab": "llama-lab",
+        "machines": [{"name": "box", "gpus": "none"}],
+        "models": [
+            {"name": "tiny-a", "path": str(models["a"]), "engine": "llamacpp", "machine": "box", "load_timeout_s": "60s",
+             "args": [*args, "--lora", f"{models['lora']},{second}"]},
+            {"name": "tiny-b", "path": str(models["b"]), "engine": "llamacpp", "machine": "box", "load_timeout_s": "60s",
+             "args": [*args, "--sleep-idle-seconds", "2"]},
+            {"name": "hf-folder", "path": str(models["a"].parent), "engine": "llamacpp", "machine": "box"},
+        ],
+        "gateway": {"machine": "box"},
+    }
+    source = tmp_path_factory.mktemp("llamasrc") / "lab.yaml"
+    source.write_text(yaml.safe_dump(lab, sort_keys=False))
+    with DemoLab(tmp_path_factory.mktemp("llama"), source=source) as demo:
+        yield demo, models, spare
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_real_llama_server_warm_tokens_metrics_adapter_swap_gateway_idle_sleep(llama_lab):
+    from openai import AsyncOpenAI
+
+    demo, models, spare = llama_lab
+    lab = load_lab(demo.lab_path)
+    async with FleetClient(lab) as client:
+        await client.wait_connected(20)
+        await client.call("box", "models.warm", {"model": "tiny-a"})
+        a = await settle(client, "tiny-a", ("warm", "failed"), timeout=90)
+        assert a["state"] == "warm", a["error"]
+        assert a["simulated"] is False and a["engine"] == "llamacpp"
+        assert "model_load_s" in (await client.call("box", "models.get", {"model": "tiny-a"}))["load_phases"]
+        # real tokens from llama.cpp's forward pass
+        status, answer = await asyncio.to_thread(post, a["endpoint"], "/v1/completions",
+                                                 {"model": "tiny-a", "prompt": "The capital of France is", "max_tokens": 8})
+        assert status == 200 and answer["usage"]["completion_tokens"] == 8 and answer["choices"][0]["text"]
+        # its llamacpp:* counters become the console's figures (warm-up 8 + this request 8 tokens)
+
+        async def counted() -> bool:
+            got = await client.call("box", "models.get", {"model": "tiny-a"})
+            return (got["generation_tokens_total"] or 0) >= 16 and (got["prompt_tokens_total"] or 0) > 0
+
+        await wait_for(counted, 30, interval=0.5)
+        # no sleep on request: the pool says so, and stopping it leaves the GGUF in the page cache
+        with pytest.raises(RemoteError) as exc:
+            await client.call("box", "models.sleep", {"model": "tiny-a"})
+        assert exc.value.code == ErrorCode.UNAVAILABLE and "no sleep mode" in exc.value.message
+        # of the GGUF adapters named at start (all at scale 1), one is selected at run time; one not named is refused
+        lora_url = a["endpoint"].removesuffix("/v1") + "/lora-adapters"
+        assert [x["scale"] for x in json.loads((await asyncio.to_thread(http, lora_url))[1])] == [1.0, 1.0]
+        await client.call("box", "models.adapter", {"model": "tiny-a", "name": "style", "path": str(models["lora"])})
+        assert [(x["id"], x["scale"]) for x in json.loads((await asyncio.to_thread(http, lora_url))[1])] == [(0, 1.0), (1, 0.0)]
+        with pytest.raises(RemoteError) as exc:
+            await client.call("box", "models.adapter", {"model": "tiny-a", "name": "other", "path": str(spare)})
+        assert "only at start" in exc.value.message
+        # a swap: tiny-a out (stopped, its process group gone), tiny-b in
+        await client.call("box", "models.swap", {"out": "tiny-a", "in": "tiny-b"})
+        b = await settle(client, "tiny-b", ("warm", "failed"), timeout=90)
+        assert b["state"] == "warm", b["error"]
+        a = await client.call("box", "models.get", {"model": "tiny-a"})
+        assert a["state"] in ("cold", "cached") and a["endpoint"] is None
+        # through the gateway with the official SDK, streamed and not
+        gateway = AsyncOpenAI(base_url=f"http://{lab.gateway.host}:{lab.gateway.port}/v1",
+                              api_key=(demo.dir / "console" / "gateway.key").read_text().strip())
+        reply = await gateway.completions.create(model="tiny-b", prompt="Once upon a time", max_tokens=6)
+        assert reply.usage is not None and reply.usage.completion_tokens == 6 and reply.choices[0].text
+        chunks = [c async for c in await gateway.completions.create(model="tiny-b", prompt="Hello", max_tokens=5, stream=True)]
+        assert "".join(c.choices[0].text for c in chunks if c.choices)
+        await gateway.close()
+        # the gateway meters it like any engine: requests, errors, its own TTFT (llama-server has no TTFT series)
+        async def metered() -> dict | None:
+            figures = {m["name"]: m for m in (await client.call("box", "gateway.status"))["models"]}["tiny-b"]
+            return figures if figures["requests"] == 2 else None
+
+        figures = await wait_for(metered, 20)
+        assert figures["errors"] == 0 and figures["p50_ttft_s"] is not None and not figures["simulated"]
+        # llama-server's own idle sleep (--sleep-idle-seconds 2): the model leaves memory, the next task reloads it
+        props = b["endpoint"].removesuffix("/v1") + "/props"
+        await wait_for(lambda: json.loads(http(props)[1]).get("is_sleeping"), 30, interval=0.2)
+        status, answer = await asyncio.to_thread(post, b["endpoint"], "/v1/completions", {"model": "tiny-b", "prompt": "Hi", "max_tokens": 4})
+        assert status == 200 and answer["usage"]["completion_tokens"] == 4
+        assert json.loads(http(props)[1])["is_sleeping"] is False
+        # a Hugging Face folder is not a GGUF: refused before anything starts
+        with pytest.raises(RemoteError) as exc:
+            await client.call("box", "models.warm", {"model": "hf-folder"})
+        assert exc.value.code == ErrorCode.UNAVAILABLE and ".gguf" in exc.value.message
+        await client.call("box", "models.cold", {"model": "tiny-b"}, timeout=30)
+
+
+# ---------------------------------------------------------------------------- a trained adapter onto a llama.cpp model
+
+
+@pytest.fixture(scope="module")
+def adapter_lab(tmp_path_factory, hand_runs):
+    """hand_runs' PEFT adapters (q_proj, v_proj of the tiny HF Llama: hidden 64, 2 layers, as the tiny GGUF) and a llama.cpp model."""
+    llama_server_or_skip()
+    models = tiny_models(tmp_path_factory.mktemp("gguf"))
+    runs = tmp_path_factory.mktemp("runs")
+    shutil.copytree(hand_runs / "exp1" / "checkpoint-4", runs / "exp-nobase" / "checkpoint-4")
+    config = runs / "exp-nobase" / "checkpoint-4" / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": "/nowhere/base"}))
+    age(runs / "exp-nobase" / "checkpoint-4", HOUR_S)
+    lab = {
+        "lab": "gguf-adapter-lab",
+        "machines": [{"name": "box", "gpus": "none"}],
+        "models": [{"name": "tiny-gguf", "path": str(models["a"]), "engine": "llamacpp", "machine": "box", "load_timeout_s": "60s",
+                    "args": ["-c", "256", "-t", "1"]}],
+        "checkpoints": {"dirs": [{"machine": "box", "path": str(hand_runs)}, {"machine": "box", "path": str(runs)}],
+                        "poll_s": 1, "settle_s": 600},
+    }
+    source = tmp_path_factory.mktemp("adaptersrc") / "lab.yaml"
+    source.write_text(yaml.safe_dump(lab, sort_keys=False))
+    with DemoLab(tmp_path_factory.mktemp("adapter"), source=source) as demo:
+        yield demo
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_a_trained_adapter_is_converted_to_gguf_and_served_on_llama_server(adapter_lab):
+    async with FleetClient(load_lab(adapter_lab.lab_path)) as client:
+        await client.wait_connected(20)
+
+        async def discovered() -> bool:
+            return {"exp1", "exp-nobase"} <= {r["run"] for r in await client.call("box", "checkpoints.runs")}
+
+        await wait_for(discovered, 60, interval=0.5)
+        # no base config to convert against: refused, with what can serve it
+        with pytest.raises(RemoteError) as exc:
+            await client.call("box", "checkpoints.serve", {"run": "exp-nobase", "step": 4, "model": "tiny-gguf"})
+        assert exc.value.code == ErrorCode.UNAVAILABLE and "/nowhere/base" in exc.value.message and "vllm model" in exc.value.message
+        # converted with llama.cpp's convert_lora_to_gguf.py, started with --lora, applied once warm
+        served = await client.call("box", "checkpoints.serve", {"run": "exp1", "step": 4, "model": "tiny-gguf"})
+        assert served["mode"] == "gguf-adapter" and served["state"] == "converting" and served["adapter_gguf"].endswith(".gguf")
+        async def added() -> bool:  # after the conversion (a child process importing torch)
+            return served["model"] in {m["name"] for m in (await client.call("box", "models.list"))["models"]}
+
+        await wait_for(added, 150, interval=0.5)
+        model = await settle(client, served["model"], ("warm", "failed"), timeout=90)
+        assert model["state"] == "warm", model["error"]
+        base = model["endpoint"].removesuffix("/v1")
+        adapters = json.loads((await asyncio.to_thread(http, base + "/lora-adapters"))[1])
+        assert [(Path(a["path"]).name, a["scale"]) for a in adapters] == [(Path(served["adapter_gguf"]).name, 1.0)]
+        status, answer = await asyncio.to_thread(post, model["endpoint"], "/v1/completions",
+                                                 {"model": served["model"], "prompt": "Hello", "max_tokens": 4})
+        assert status == 200 and answer["usage"]["completion_tokens"] == 4
+        await client.call("box", "models.cold", {"model": served["model"]}, timeout=30)

@@ -94,6 +94,7 @@ class Engine:
     has_metrics = False
     agent_pid_file: Path | None = None  # the agent that owns this engine now (a restarted agent takes over)
     gpu_totals: list[int] | None = None  # each GPU's memory in self.gpus order, where the pool knows it
+    adapters: dict[str, str] = {}  # name -> path of the adapters loaded at run time (replaced, never mutated in place)
 
     def __init__(self, model: Model, path: Path, machine: str, gpus: list[int], log_path: Path, gpu_total_bytes: int | None = None):
         self.model = model
@@ -336,7 +337,6 @@ class VllmSleepMixin:
 
     can_sleep = True
     slept_level: int | None = None
-    adapters: dict[str, str] = {}  # name -> path of the adapters loaded at run time (replaced, never mutated in place)
 
     def serve_flags(self) -> list[str]:
         """`vllm serve MODEL` flags after the model: the agent's, then lab.yaml's args (which win where they repeat)."""

@@ -163,14 +163,14 @@ class LlamacppEngine(Engine):
     async def wake(self) -> None:
         raise EngineRequestFailed("llama-server has no wake on request; the pool starts it again")
 
-    async def adapters(self) -> list[dict[str, Any]]:
+    async def lora_adapters(self) -> list[dict[str, Any]]:
         """GET /lora-adapters: [{"id", "path", "scale"}, ...] of the adapters named at start."""
         doc = json.loads(await self.http("GET", "/lora-adapters", timeout_s=10.0))
         return doc if isinstance(doc, list) else []
 
     async def load_adapter(self, name: str, path: str) -> None:
         """Select an adapter named at start (scale 1, the others 0); one not named at start cannot be loaded now."""
-        loaded = await self.adapters()
+        loaded = await self.lora_adapters()
         wanted = Path(path).resolve()
         ids = [a.get("id") for a in loaded if Path(str(a.get("path", ""))).resolve() == wanted]
         if not ids:

@@ -217,7 +217,7 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
             generation_tokens_total=m.generation_tokens_total,
             endpoint=engine.endpoint if engine is not None else None,
             served_name=engine.served_name if engine is not None else (slot.model.served_name or slot.model.name),
-            adapters=sorted(getattr(engine, "adapters", None) or {}),
+            adapters=sorted(engine.adapters) if engine is not None else [],
             pinned=slot.pinned,
             op=slot.op_name if slot.busy else None,
             progress=slot.progress,

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agents.protocol import Finite
+from agents.safe_read import NotARegularFile, TooLarge, read_capped
 from agents.sections import CheckpointReport
 
 log = logging.getLogger("cetlab.documents")
@@ -131,12 +132,13 @@ def _problem(path: Path, exc: ValidationError) -> str:
 def read_json_object(path: Path) -> dict[str, Any] | None:
     """The JSON object in a file, or None when it is missing, empty or half-written; BadDocument when it is not an object."""
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_DOCUMENT_BYTES + 1)
+        raw = read_capped(path, MAX_DOCUMENT_BYTES)
+    except TooLarge:
+        raise BadDocument(f"{path}: larger than {MAX_DOCUMENT_BYTES // 2**20} MiB") from None
+    except NotARegularFile as exc:  # a symlink, FIFO or device where a document belongs: never followed or waited on
+        raise BadDocument(f"{path}: {exc.strerror}; not read") from None
     except OSError:
         return None
-    if len(raw) > MAX_DOCUMENT_BYTES:
-        raise BadDocument(f"{path}: larger than {MAX_DOCUMENT_BYTES // 2**20} MiB")
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):  # torn, empty, not UTF-8, or nested past reason

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from agents.safe_read import read_range, read_tail
 
 MAX_READ_BYTES = 256 * 1024  # per call or push; a follower catches up over the next ticks
 
@@ -19,15 +20,11 @@ def tail(path: Path, lines: int) -> tuple[list[str], int]:
     size = 0
     for i, candidate in enumerate((path, path.with_name(path.name + ".1"))):
         try:
-            with open(candidate, "rb") as f:
-                end = f.seek(0, os.SEEK_END)
-                if i == 0:
-                    size = end
-                start = max(0, end - max(4096, lines * 512))
-                f.seek(start)
-                chunk = f.read()
-        except OSError:
+            chunk, start, end = read_tail(candidate, max(4096, lines * 512))
+        except OSError:  # missing, or not a regular file (never followed or waited on)
             continue
+        if i == 0:
+            size = end
         found = _lines(chunk)
         if start > 0 and found:
             found = found[1:]  # the first one is cut
@@ -41,12 +38,10 @@ def read_from(path: Path, offset: int, final: bool = False) -> tuple[list[str], 
     """Complete lines from `offset` on (from 0 when the file was rotated under it) and the next offset;
     `final`: the file will not grow, so a last line without a newline counts too."""
     try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            if offset > size:
-                offset = 0
-            f.seek(offset)
-            data = f.read(MAX_READ_BYTES)
+        data, size = read_range(path, offset, MAX_READ_BYTES)
+        if offset > size:
+            offset = 0
+            data, size = read_range(path, offset, MAX_READ_BYTES)
     except OSError:
         return [], offset
     end = len(data) - 1 if final else data.rfind(b"\n")

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, descendants
 from agents.lab import Model
 from agents.protocol import GpuSample
+from agents.safe_read import ADAPTER_CONFIG_MAX_BYTES, read_capped
 
 GIB = 1024**3
 MAX_GPU_MEMORY_UTILIZATION = 0.95
@@ -283,7 +284,7 @@ def adapter_problem(adapter_dir: Path, model: Model) -> str | None:
     """
     config_file = adapter_dir / "adapter_config.json"
     try:
-        config = json.loads(config_file.read_text())
+        config = json.loads(read_capped(config_file, ADAPTER_CONFIG_MAX_BYTES))
     except (OSError, ValueError) as exc:
         return f"{config_file} is not a readable adapter config ({getattr(exc, 'strerror', None) or exc})"
     if not isinstance(config, dict):

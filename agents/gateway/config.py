@@ -55,7 +55,7 @@ class GatewayPolicies(Strict):
     retry_after_s: Annotated[int, Field(ge=1, le=3600)] = 5  # in a 503's Retry-After
     max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 4 * 1024 * 1024
     max_tokens: Annotated[int, Field(ge=1, le=10_000_000)] = 32768  # the most one request may ask for; more is a 400
-    key_concurrency: Annotated[int, Field(ge=1, le=10000)] = 8  # requests one key may have in flight; beyond: 429
+    key_concurrency: Annotated[int, Field(ge=1, le=10000)] = 4  # requests one key may have in flight (an orchestra call is one); beyond: 429
     max_connections: Annotated[int, Field(ge=1, le=65536)] | None = None  # None: 1/8 of the agent's fd limit
     first_request_s: Seconds = 10.0  # a connection sends its first request head within this, or is closed
     idle_s: Seconds = 15.0  # a kept-alive connection with no request (or half a request head) this long is closed

@@ -20,6 +20,8 @@ import hashlib
 import json
 import os
 import random
+import select
+import socket
 import sys
 import threading
 import time
@@ -76,10 +78,12 @@ class SimEngineState:
         self.m_waiting.labels(self.name).set(self.waiting)
         self.m_kv.labels(self.name).set(round(0.9 * self.running / MAX_NUM_SEQS, 4))
 
-    def generate(self, prompt: str, max_tokens: int, on_token=None) -> tuple[str, int, int]:
+    def generate(self, prompt: str, max_tokens: int, on_token=None, client_gone=None) -> tuple[str, int, int]:
         """Serve one request: wait for a slot, pay the warm-up once, produce tokens at the configured rate.
 
-        ``on_token(word)`` (streaming) is called as each token is produced."""
+        ``on_token(word)`` (streaming) is called as each token is produced; ``client_gone()`` is asked at each token,
+        and ClientGone raised when it says so (vLLM aborts a request whose client disconnected: its routes are
+        wrapped in ``with_cancellation``), which frees the slot."""
         received = time.monotonic()
         with self.lock:
             self.waiting += 1
@@ -110,6 +114,8 @@ class SimEngineState:
                 for i, word in enumerate(words):
                     if i and per_token_s:
                         time.sleep(per_token_s)
+                    if client_gone is not None and client_gone():
+                        raise ClientGone()
                     generated.inc()
                     if on_token is not None:
                         on_token(" " + word)
@@ -119,6 +125,10 @@ class SimEngineState:
                 with self.lock:
                     self.running -= 1
                     self._gauges()
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer: the request was aborted."""
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -220,7 +230,12 @@ class Handler(BaseHTTPRequestHandler):
             if body.get("stream") is True:
                 self._stream(chat, prompt, max_tokens, (body.get("stream_options") or {}).get("include_usage") is True)
                 return
-            text, prompt_tokens, completion_tokens = state.generate(prompt, max_tokens)
+            try:
+                text, prompt_tokens, completion_tokens = state.generate(prompt, max_tokens, client_gone=self._client_gone)
+            except ClientGone:
+                log(f"{self.address_string()} disconnected: request aborted")
+                self.close_connection = True
+                return
             choice = {"index": 0, "finish_reason": "length"}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
             self._send(200, {
@@ -234,6 +249,14 @@ class Handler(BaseHTTPRequestHandler):
             })
         else:
             self._send(404, {"error": f"no route {url.path}"})
+
+    def _client_gone(self) -> bool:
+        """The client closed its connection (it reads as end of file) while its answer was being made."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def _load_adapter(self, state: SimEngineState, body: dict) -> None:
         """vLLM's rules: runtime updating allowed, --enable-lora, a readable PEFT adapter it can serve."""

@@ -87,7 +87,7 @@ def gateway_url_and_key(demo: DemoLab, attacker: bool = False) -> tuple[str, str
 
 async def issue_attacker_gateway_key(demo: DemoLab, client: FleetClient) -> None:
     """A gateway key of the attacker's own (the legitimate client keeps the demo key)."""
-    if not (demo.dir / ATTACKER_GATEWAY_KEY).exists():
+    if load_lab(demo.lab_path).gateway is not None and not (demo.dir / ATTACKER_GATEWAY_KEY).exists():
         token = (await client.call("box", "gateway.keys.add", {"name": "mallory"}))["key"]
         (demo.dir / ATTACKER_GATEWAY_KEY).write_text(token + "\n")
 
@@ -119,6 +119,8 @@ class Window:
     seconds: float = 0.0
     gateway_ms: list[float] = field(default_factory=list)
     gateway_failures: list[str] = field(default_factory=list)
+    logins_ms: list[float] = field(default_factory=list)  # fresh console logins (only where the attack is at the door)
+    login_failures: list[str] = field(default_factory=list)
 
     def max_gap_s(self) -> float:
         times = self.tick_times
@@ -128,7 +130,9 @@ class Window:
         return (f"ping p50 {percentile(self.pings_ms, 50):6.1f} ms  p99 {percentile(self.pings_ms, 99):7.1f} ms  "
                 f"({len(self.pings_ms)} answered, {len(self.failures)} failed)  ticks {len(self.tick_times):3d} "
                 f"in {self.seconds:.0f} s, largest gap {self.max_gap_s():.2f} s; gateway p50 {percentile(self.gateway_ms, 50):6.1f} ms "
-                f"p99 {percentile(self.gateway_ms, 99):7.1f} ms ({len(self.gateway_ms)} answered, {len(self.gateway_failures)} failed)")
+                f"p99 {percentile(self.gateway_ms, 99):7.1f} ms ({len(self.gateway_ms)} answered, {len(self.gateway_failures)} failed)"
+                + (f"; new logins {len(self.logins_ms)} ok, {len(self.login_failures)} failed, p99 {percentile(self.logins_ms, 99):.0f} ms"
+                   if self.logins_ms or self.login_failures else ""))
 
 
 class Console:
@@ -148,7 +152,9 @@ class Console:
         await self.client.wait_connected(30)
 
     async def _gateway(self, window: Window, end: float) -> None:
-        """A legitimate gateway client: one tiny completion every 100 ms, its latency."""
+        """A legitimate gateway client: one tiny completion every 100 ms, its latency (none in a lab without a gateway)."""
+        if load_lab(self.demo.lab_path).gateway is None:
+            return
         url, key = gateway_url_and_key(self.demo)
         payload = {"model": GATEWAY_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
@@ -164,11 +170,28 @@ class Console:
                     window.gateway_failures.append(str(exc) or type(exc).__name__)
                 await asyncio.sleep(0.1)
 
-    async def window(self, seconds: float) -> Window:
+    async def _logins(self, window: Window, end: float) -> None:
+        """A console logging in afresh every 200 ms (connect, hello, ping, leave)."""
+        while time.monotonic() < end:
+            started = time.perf_counter()
+            client = FleetClient(load_lab(self.demo.lab_path), subscribe=[], reconnect=False)
+            try:
+                await client.start()
+                await client.wait_connected(10)
+                await client.call("box", "ping", timeout=10)
+                window.logins_ms.append((time.perf_counter() - started) * 1000)
+            except Exception as exc:
+                window.login_failures.append(str(exc) or type(exc).__name__)
+            finally:
+                await client.stop()
+            await asyncio.sleep(0.2)
+
+    async def window(self, seconds: float, logins: bool = False) -> Window:
         window = Window(seconds=seconds)
         first_tick = len(self._ticks)
         end = time.monotonic() + seconds
         gateway = asyncio.create_task(self._gateway(window, end))
+        login_task = asyncio.create_task(self._logins(window, end)) if logins else None
         while time.monotonic() < end:
             started = time.perf_counter()
             try:
@@ -178,6 +201,8 @@ class Console:
                 window.failures.append(str(exc))
             await asyncio.sleep(0.05)
         await gateway
+        if login_task is not None:
+            await login_task
         window.tick_times = self._ticks[first_tick:]
         return window
 
@@ -422,6 +447,38 @@ async def abandoned_requests(demo: DemoLab, viewer: Path, seconds: float, result
     results["abandoned_codes"] = codes
 
 
+async def login_storm(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """N10: new idle TCP connections to the SSH port from the console's own address (127.0.0.1), as fast as they open
+    (the issue measured 2,000 a second), each held until the agent closes it or 900 newer ones are open."""
+    port = load_lab(demo.lab_path).machine("box").port
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    held: list[socket.socket] = []
+    opened = 0
+    loop = asyncio.get_running_loop()
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                await asyncio.wait_for(loop.sock_connect(s, ("127.0.0.1", port)), 1)
+            except (OSError, asyncio.TimeoutError):
+                s.close()
+                continue
+            opened += 1
+            held.append(s)
+            if len(held) > 900:
+                held.pop(0).close()
+            if opened % 20 == 0:
+                await asyncio.sleep(0.01)  # ~2,000 a second at most
+    finally:
+        for s in held:
+            s.close()
+    results["storm_opened"] = opened
+    results["storm_rate_per_s"] = round(opened / seconds)
+
+
 ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "5 idle TCP flood": flood_connections,
     "6 history, unread": flood_history,
@@ -431,6 +488,7 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "N1 dropped streams": dropped_streams,
     "N3 gateway idle flood": flood_gateway,
     "N8 abandoned requests": abandoned_requests,
+    "N10 login storm": login_storm,
 }
 
 
@@ -450,11 +508,12 @@ async def measure(demo: DemoLab, agent_pid: int, console: Console, viewer: Path,
     """One attack: the console's window without it, then with it; the agent's fds and RSS around it (and `settle_s` after)."""
     proc = psutil.Process(agent_pid)
     await issue_attacker_gateway_key(demo, console.client)
-    quiet = await console.window(seconds)
+    logins = name.startswith("N10")
+    quiet = await console.window(seconds, logins)
     fds0, rss0 = proc.num_fds(), proc.memory_info().rss
     attack = asyncio.create_task(run_attack(demo, viewer, name, seconds))
     await asyncio.sleep(0.3)  # the attacker's interpreter starting
-    during = await console.window(seconds)
+    during = await console.window(seconds, logins)
     results = await attack
     fds1, rss1 = proc.num_fds(), proc.memory_info().rss
     figures = {"name": name, "quiet": quiet, "during": during, "fds": (fds0, fds1), "rss_mb": (rss0 / 2**20, rss1 / 2**20), **results}

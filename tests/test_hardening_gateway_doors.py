@@ -1,4 +1,4 @@
-"""The gateway's doors (issue 21, N3 and N8): its port cannot bring back the idle-connection flood (H2), and a key that
+"""The doors (issue 21, N3, N8 and N10): its port cannot bring back the idle-connection flood (H2), and a key that
 abandons its requests cannot keep the engine from a legitimate client. A real agent with systemd's 1,024 fds, serving
 the gateway; a legitimate console and gateway client measured while the attack runs (bench/bench_attacks.py prints
 the same figures over longer windows).
@@ -97,3 +97,15 @@ async def test_a_key_abandoning_its_requests_does_not_slow_another_client(gatewa
     assert_kept_going(figures)
     codes = figures["abandoned_codes"]
     assert codes.get("429", 0) > codes.get("left", 0)  # at most 4 in flight for the key; the rest refused at once
+
+
+@pytest.mark.timeout(240)
+async def test_a_storm_of_idle_connections_from_the_consoles_own_address_keeps_logins_working(gateway_target):
+    """N10: the login door closes a silent connection for room, never a console in its handshake."""
+    demo, agent, console, viewer = gateway_target
+    figures = await measure(demo, agent.pid, console, viewer, "N10 login storm", SECONDS)
+    print("\n" + report(figures))
+    during = figures["during"]
+    assert figures["storm_opened"] >= 1000
+    assert len(during.logins_ms) >= 3 and not during.login_failures, during.login_failures[:3]  # before: 26% failed
+    assert not during.failures and during.max_gap_s() < SECONDS / 2 + 1

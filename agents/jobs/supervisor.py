@@ -442,5 +442,9 @@ class JobsComponent:
             rows = self.agent.store.query("SELECT record FROM jobs WHERE id=?", (job_id,))
             if not rows:
                 raise RemoteError(ErrorCode.NOT_FOUND, f"no job {job_id!r} on {self.agent.machine.name} (see `cetlab jobs`)")
-            job = Job.from_record(rows[0]["record"])
+            try:
+                job = Job.from_record(rows[0]["record"])
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+                raise RemoteError(ErrorCode.UNAVAILABLE, f"job {job_id!r}: its record in state.db is damaged "
+                                  f"({type(exc).__name__}: {str(exc)[:200]})") from None
         return job

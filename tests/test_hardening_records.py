@@ -30,3 +30,30 @@ async def test_a_damaged_job_record_is_listed_as_damaged_and_the_rest_still_list
         assert info.value.code == ErrorCode.UNAVAILABLE and "damaged" in info.value.message
     finally:
         await client.stop()
+
+
+@pytest.mark.parametrize("base_url, expected", [
+    ("https://user:secret@api.example.com/v1", "credentials"),
+    ("https://api.example.com/v1\r\nX-Injected: 1", "control characters"),
+    ("https://api.example.com/v 1", "control characters"),
+])
+def test_a_provider_base_url_with_credentials_or_crlf_is_refused_at_load(lab_file, base_url, expected):
+    """N17: a provider's URL neither carries a secret into logs nor splits a header."""
+    from agents.lab import LabError, load_lab
+
+    lab = {"lab": "x", "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
+           "providers": [{"name": "p", "base_url": base_url, "models": [{"name": "m"}]}]}
+    with pytest.raises(LabError) as info:
+        load_lab(lab_file(lab))
+    assert "base_url" in str(info.value) and expected in str(info.value)
+
+
+def test_an_orchestra_group_past_the_fan_out_cap_is_refused_at_load(lab_file):
+    from agents.lab import LabError, load_lab
+
+    lab = {"lab": "x", "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
+           "providers": [{"name": "p", "base_url": "http://127.0.0.1:1/v1", "models": [{"name": f"m{i}"} for i in range(40)]}],
+           "gateway": {"machine": "box"}, "orchestra": {"groups": {"all": [f"m{i}" for i in range(40)]}}}
+    with pytest.raises(LabError) as info:
+        load_lab(lab_file(lab))
+    assert "40 members" in str(info.value)

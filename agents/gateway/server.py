@@ -14,7 +14,7 @@ import aiohttp
 from aiohttp import web
 
 from agents.gateway import proxy
-from agents.gateway.config import find_provider_model
+from agents.gateway.config import MAX_GROUP_MEMBERS, find_provider_model
 from agents.gateway.keys import ApiKey, QuotaExceeded
 from agents.gateway.limits import ConnectionGate, UpstreamTooLarge, connection_cap
 from agents.gateway.metering import Record
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cetlab.gateway")
 
 MAX_WAIT_HEADER = "x-cetlab-max-wait-s"
-MAX_FANOUT = 32  # models in one orchestra call
+MAX_FANOUT = MAX_GROUP_MEMBERS  # models in one orchestra call
 MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}")  # checked before anything keeps or echoes a name
 UNKNOWN_MODEL = "?"  # how the meter files a request for a name that is no model (the name itself is kept nowhere)
 

@@ -6,6 +6,7 @@ Real agents over real SSH on loopback; the "trainer" is a real process that turn
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -115,3 +116,34 @@ async def test_a_watched_folder_of_fifos_and_dev_zero_links_is_listed_with_probl
         agent.wait(timeout=30)
         print(f"stopped {time.monotonic() - started:.1f} s after SIGTERM")  # before (fifo): 25 s, a scan thread stuck in open()
         assert time.monotonic() - started < 10
+
+
+async def test_an_engines_record_without_a_start_time_signals_nobody(tmp_path):
+    """N13: a start without state.db reads engines.json; an entry naming a live pid with no start time (or the wrong
+    one, or another command line) is not the agent's engine: its process group is left alone."""
+    import subprocess
+
+    from tests.hardening_fixtures import one_machine_lab, start_agent, wait_listening
+
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    try:
+        lab = one_machine_lab(tmp_path / "lab.yaml")
+        state = tmp_path / "state"
+        (state / "models").mkdir(parents=True)
+        started = psutil.Process(victim.pid).create_time()
+        records = {"ghost": {"pid": victim.pid, "port": 1234},  # no start time
+                   "wrong-start": {"pid": victim.pid, "port": 1234, "create_time": started - 100},
+                   "other-command": {"pid": victim.pid, "port": 1234, "create_time": started}}
+        (state / "models" / "engines.json").write_text(__import__("json").dumps({"engines": records}))
+        agent = start_agent(lab, state)
+        try:
+            port = __import__("yaml").safe_load(lab.read_text())["machines"][0]["port"]
+            await asyncio.to_thread(wait_listening, "127.0.0.1", port, agent)  # the start's adoption pass is over
+        finally:
+            agent.terminate()
+            _, err = agent.communicate(timeout=30)
+        assert victim.poll() is None, err.decode()[-2000:]  # before: SIGKILLed with its process group
+        assert b"without its start time: not trusted, left alone" in err
+    finally:
+        victim.kill()
+        victim.wait()

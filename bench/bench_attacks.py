@@ -447,6 +447,28 @@ async def abandoned_requests(demo: DemoLab, viewer: Path, seconds: float, result
     results["abandoned_codes"] = codes
 
 
+async def many_connections_one_key(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """N6: one viewer key opens 400 connections, each asking history (3,600 points) 190 times a second, never reading."""
+    line = json.dumps({"id": 1, "method": "history", "params": {"max_points": 3600}}).encode() + b"\n"
+    held: list[tuple[asyncssh.SSHClientConnection, asyncssh.SSHWriter, asyncssh.SSHReader]] = []
+    refused = 0
+    for _ in range(400):
+        try:
+            held.append(await open_channel(demo, viewer))
+        except (asyncssh.Error, OSError):
+            refused += 1
+    results["key_connections_opened"], results["key_connections_refused"] = len(held), refused
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for _, writer, _ in held:
+                writer.write(line * 19)
+            await asyncio.sleep(0.1)
+    finally:
+        for conn, _, _ in held:
+            conn.abort()
+
+
 async def login_storm(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """N10: new idle TCP connections to the SSH port from the console's own address (127.0.0.1), as fast as they open
     (the issue measured 2,000 a second), each held until the agent closes it or 900 newer ones are open."""
@@ -487,6 +509,7 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "7 refused calls": flood_refusals,
     "N1 dropped streams": dropped_streams,
     "N3 gateway idle flood": flood_gateway,
+    "N6 400 connections of one key": many_connections_one_key,
     "N8 abandoned requests": abandoned_requests,
     "N10 login storm": login_storm,
 }

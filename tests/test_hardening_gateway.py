@@ -243,3 +243,17 @@ async def test_an_endless_event_and_a_huge_answer_are_cut_off(gw):
     print(f"\na 40 MB answer refused, an endless event cut after {received / 2**20:.1f} MB; agent RSS +{grown_mb:.0f} MB")
     assert received < 8 * 2**20  # the upstream had 125 MB to send
     assert grown_mb < 150  # before: 512 MB (quadratic re-splitting), 1,148 MB for a 300 MB answer
+
+
+async def test_a_malformed_header_is_not_echoed_back_or_logged(gw):
+    """N17: aiohttp's 400 quoted the bad header line, a bearer key included, in the answer and the agent's log."""
+    secret = "cetlab-gw-SECRET-do-not-echo"
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(gw.url.split(":")[2].split("/")[0]))
+    try:
+        writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\x01\r\n\r\n".encode())
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(65536), 10)
+    finally:
+        writer.close()
+    assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request") and secret.encode() not in answer, answer[:300]
+    assert secret not in (gw.demo.dir / "agents" / "box.log").read_text(errors="replace")

@@ -4,11 +4,16 @@ and caps on what an upstream may send back (answer size, one SSE event), split i
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import resource
-from typing import Callable
+from typing import Any, Callable
 
 import aiohttp
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from agents.limits import ThrottledLog
 
 log = logging.getLogger("cetlab.gateway")
 
@@ -123,6 +128,35 @@ class _Refused(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         transport.write(REFUSED)
         transport.close()
+
+
+_MALFORMED = json.dumps({"error": {"message": "malformed HTTP request", "type": "invalid_request_error", "code": "bad_request"}})
+_malformed_log = ThrottledLog(log)
+
+
+class _QuietHandler(RequestHandler):
+    """aiohttp answers (and logs) a malformed request with the parser's message, which quotes the bad line: a bearer
+    key included. This handler's 400s say only that the request was malformed, in the log too."""
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None) -> Any:
+        if status != 400:
+            return super().handle_error(request, status, exc, message)
+        _malformed_log(logging.WARNING, "malformed", "gateway: a malformed HTTP request from %s (%s)", request.remote,
+                       type(exc).__name__ if exc else "bad request")
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already sent")
+        response = web.Response(status=400, text=_MALFORMED, content_type="application/json")
+        response.force_close()
+        return response
+
+
+def quiet_factory(server: web.Server) -> Callable[[], asyncio.Protocol]:
+    """aiohttp's protocol factory for `server`, with the quiet 400s (aiohttp's own where its internals differ)."""
+    kwargs = getattr(server, "_kwargs", None)
+    loop = getattr(server, "_loop", None)
+    if not isinstance(kwargs, dict) or loop is None:
+        return server
+    return lambda: _QuietHandler(server, loop=loop, **kwargs)
 
 
 class _Gated(asyncio.Protocol):

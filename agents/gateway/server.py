@@ -16,7 +16,7 @@ from aiohttp import web
 from agents.gateway import proxy
 from agents.gateway.config import MAX_GROUP_MEMBERS, find_provider_model
 from agents.gateway.keys import ApiKey, QuotaExceeded
-from agents.gateway.limits import ConnectionGate, UpstreamTooLarge, connection_cap
+from agents.gateway.limits import ConnectionGate, UpstreamTooLarge, connection_cap, quiet_factory
 from agents.gateway.metering import Record
 from agents.gateway.reservation import Hold, Reservations, asked_max_tokens, with_max_tokens
 from agents.gateway.router import NotServable, Target
@@ -90,7 +90,8 @@ class GatewayHttp:
         self.runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
                                     keepalive_timeout=policies.idle_s)
         await self.runner.setup()
-        self.gate = ConnectionGate(self.runner.server, cap, policies.first_request_s)
+        assert self.runner.server is not None
+        self.gate = ConnectionGate(quiet_factory(self.runner.server), cap, policies.first_request_s)
         self.listener = await asyncio.get_running_loop().create_server(self.gate, host, port, reuse_address=True)
         self.port = self.listener.sockets[0].getsockname()[1]
         log.info("gateway: at most %d connections, first request within %g s, idle %g s", cap, policies.first_request_s, policies.idle_s)

@@ -141,6 +141,31 @@ class ThrottledLog:
         self.logger.log(level, message, *args, **kwargs)
 
 
+class RepeatFilter(logging.Filter):
+    """Lets a logger's record of one message through at most once per `every_s`; the ones held back are counted in
+    the next (asyncio's "socket.send() raised exception." comes once per write to a peer that left: thousands)."""
+
+    def __init__(self, every_s: float = 10.0):
+        super().__init__()
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = str(record.msg)[:200]
+        now = time.monotonic()
+        if now - self._last.get(key, -self.every_s) < self.every_s:
+            self._held[key] = self._held.get(key, 0) + 1
+            return False
+        if len(self._last) > 1000:  # bounded: old keys go
+            self._last.clear()
+        self._last[key] = now
+        held = self._held.pop(key, 0)
+        if held:
+            record.msg = f"{record.msg} (and {held} more like it in the last {self.every_s:.0f} s)"
+        return True
+
+
 class Doorman:
     """Counts connections that have not logged in yet; at an address's or the total cap, one has to go.
 

@@ -71,3 +71,25 @@ def test_a_key_given_twice_thousands_of_times_is_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(path), "status"], capture_output=True, timeout=60)
     lines = done.stderr.decode().strip().splitlines()
     assert done.returncode == 2 and len(lines) <= 3 and "key given twice" in lines[-1], lines[:5]
+
+
+def test_a_repeated_asyncio_warning_is_one_line_per_ten_seconds():
+    """N17: asyncio logs "socket.send() raised exception." once per write to a peer that left: unthrottled, thousands."""
+    import logging
+
+    from agents.limits import RepeatFilter
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("asyncio-test-repeat")
+    logger.propagate = False
+    logger.addHandler(Keep())
+    logger.addFilter(RepeatFilter())
+    for _ in range(5000):
+        logger.warning("socket.send() raised exception.")
+    logger.warning("another message")
+    assert [r.getMessage() for r in records] == ["socket.send() raised exception.", "another message"]

@@ -93,3 +93,14 @@ def test_a_repeated_asyncio_warning_is_one_line_per_ten_seconds():
         logger.warning("socket.send() raised exception.")
     logger.warning("another message")
     assert [r.getMessage() for r in records] == ["socket.send() raised exception.", "another message"]
+
+
+def test_a_log_tail_of_long_lines_returns_as_many_lines_as_asked(tmp_path):
+    """N17: `jobs.logs` read 512 bytes a line asked for and silently returned fewer lines when they were longer."""
+    from agents.jobs.logs import tail
+
+    log = tmp_path / "job.log"
+    log.write_text("".join(f"{i:04d} " + "x" * 2000 + "\n" for i in range(100)))
+    lines, size = tail(log, 50)
+    assert len(lines) == 50 and lines[0].startswith("0050 ") and lines[-1].startswith("0099 ")  # before: 12 lines
+    assert size == log.stat().st_size

@@ -8,6 +8,7 @@ from pathlib import Path
 from agents.safe_read import read_range, read_tail
 
 MAX_READ_BYTES = 256 * 1024  # per call or push; a follower catches up over the next ticks
+TAIL_MAX_BYTES = 8 * 1024 * 1024  # the most a tail reads of one file (a reply is cut at 8 MiB anyway)
 
 
 def _lines(data: bytes) -> list[str]:
@@ -15,20 +16,27 @@ def _lines(data: bytes) -> list[str]:
 
 
 def tail(path: Path, lines: int) -> tuple[list[str], int]:
-    """The last `lines` lines (from the current file, then the rotated `.1`) and the current file's size."""
+    """The last `lines` lines (from the current file, then the rotated `.1`) and the current file's size. Long lines
+    widen the read (x4 at a time, up to TAIL_MAX_BYTES), so as many lines come back as were asked and exist."""
     out: list[str] = []
     size = 0
     for i, candidate in enumerate((path, path.with_name(path.name + ".1"))):
-        try:
-            chunk, start, end = read_tail(candidate, max(4096, lines * 512))
-        except OSError:  # missing, or not a regular file (never followed or waited on)
-            continue
+        window = max(4096, lines * 512)
+        while True:
+            try:
+                chunk, start, end = read_tail(candidate, window)
+            except OSError:  # missing, or not a regular file (never followed or waited on)
+                chunk, start, end = b"", 0, 0
+                break
+            found = _lines(chunk)
+            if start > 0 and found:
+                found = found[1:]  # the first one is cut
+            if len(found) + len(out) >= lines or start == 0 or window >= TAIL_MAX_BYTES:
+                break
+            window = min(TAIL_MAX_BYTES, window * 4)
         if i == 0:
             size = end
-        found = _lines(chunk)
-        if start > 0 and found:
-            found = found[1:]  # the first one is cut
-        out = found + out
+        out = found + out if chunk else out
         if len(out) >= lines:
             break
     return out[-lines:] if lines else [], size

@@ -189,6 +189,12 @@ class Agent:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             if loop.time() - next_at > self.interval_s:  # fell behind (suspend, overload): skip, don't burst
                 next_at = loop.time()
+            for component in self.components:  # files from outside (a trainer's progress) read off the loop first
+                if hasattr(component, "prefetch"):
+                    try:
+                        await component.prefetch()
+                    except Exception:
+                        log.exception("%s.prefetch failed", component.name)
             try:
                 if self.gpus.backend == "nvml":
                     gpus = await asyncio.to_thread(self.gpus.sample)

@@ -45,6 +45,9 @@ SCHEMA = [
         count INTEGER NOT NULL,
         PRIMARY KEY (minute, who, method)
     )""",
+    # the key's fingerprint beside its comment: two keys with one comment are two callers (None: the unix socket)
+    "ALTER TABLE audit ADD COLUMN key TEXT",
+    "ALTER TABLE audit_refusals ADD COLUMN key TEXT",
 ]
 
 
@@ -55,6 +58,7 @@ class AuditListParams(BaseModel):
     since: float | None = None  # unix time
     before_id: int | None = Field(default=None, ge=1)  # page back from here
     who: str | None = Field(default=None, max_length=200)
+    key: str | None = Field(default=None, max_length=200)  # a key's fingerprint (SHA256:...)
     method: str | None = Field(default=None, max_length=100)
 
 
@@ -74,7 +78,7 @@ class AuditComponent:
         self.agent: Agent | None = None
         self.count = 0
         self.last_t: float | None = None
-        self._refusals: dict[tuple[float, str, str, str], int] = {}  # (minute, who, role, method) -> refused calls
+        self._refusals: dict[tuple[float, str, str | None, str, str], int] = {}  # (minute, who, key, role, method) -> refused calls
 
     async def start(self, agent: Agent) -> None:
         self.agent = agent
@@ -93,7 +97,8 @@ class AuditComponent:
                           doc="Operator actions on this agent, newest first (operators only: it names who did what).")
         async def audit_list(peer: Peer, params: AuditListParams) -> dict:
             where, args = [], []
-            for clause, value in (("t >= ?", params.since), ("id < ?", params.before_id), ("who = ?", params.who), ("method = ?", params.method)):
+            for clause, value in (("t >= ?", params.since), ("id < ?", params.before_id), ("who = ?", params.who), ("key = ?", params.key),
+                                  ("method = ?", params.method)):
                 if value is not None:
                     where.append(clause)
                     args.append(value)
@@ -107,7 +112,7 @@ class AuditComponent:
         """Refused calls per key, method and minute, newest first (the same filters as the actions)."""
         where, args = [], []
         for clause, value in (("minute >= ?", None if params.since is None else params.since - params.since % 60),
-                              ("who = ?", params.who), ("method = ?", params.method)):
+                              ("who = ?", params.who), ("key = ?", params.key), ("method = ?", params.method)):
             if value is not None:
                 where.append(clause)
                 args.append(value)
@@ -132,8 +137,8 @@ class AuditComponent:
         now = time.time()
         with self.agent.store.transaction() as db:
             row_id = db.execute(
-                "INSERT INTO audit (t, who, role, method, params, outcome, message, duration_s) VALUES (?,?,?,?,?,?,?,?)",
-                (now, peer.who, str(peer.role), method, summarize(params), STARTED, None, 0.0),
+                "INSERT INTO audit (t, who, key, role, method, params, outcome, message, duration_s) VALUES (?,?,?,?,?,?,?,?,?)",
+                (now, peer.who, peer.key, str(peer.role), method, summarize(params), STARTED, None, 0.0),
             ).lastrowid
             self.count += 1
             if self.count >= KEEP_ROWS + 1000:
@@ -158,7 +163,7 @@ class AuditComponent:
         if method in NOT_AUDITED:
             return
         now = time.time()
-        key = (now - now % 60, peer.who, str(peer.role), method)
+        key = (now - now % 60, peer.who, peer.key, str(peer.role), method)
         self._refusals[key] = self._refusals.get(key, 0) + 1
 
     def _flush_refusals(self) -> None:
@@ -168,7 +173,7 @@ class AuditComponent:
         counted, self._refusals = self._refusals, {}
         with self.agent.store.transaction() as db:
             db.executemany(
-                "INSERT INTO audit_refusals (minute, who, role, method, count) VALUES (?,?,?,?,?) "
+                "INSERT INTO audit_refusals (minute, who, key, role, method, count) VALUES (?,?,?,?,?,?) "
                 "ON CONFLICT (minute, who, method) DO UPDATE SET count = count + excluded.count",
                 [(*key, n) for key, n in counted.items()],
             )

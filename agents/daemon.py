@@ -20,7 +20,7 @@ from platformdirs import user_state_path
 
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, KeyFileError, ensure_key
 from agents.lab import Lab, LabError, load_lab
-from agents.limits import ThrottledLog
+from agents.limits import RepeatFilter, ThrottledLog
 from agents.protocol import Role
 from agents.store import StoreError
 from agents.systemd import Notifier, enable_commands, render_unit, status_line, tmp_path_warnings, unit_path
@@ -47,6 +47,7 @@ def _setup_logging(level: str) -> None:
     fmt = "%(levelname)s %(name)s: %(message)s" if os.environ.get("INVOCATION_ID") else "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, stream=sys.stderr)
     logging.getLogger("asyncssh").setLevel(logging.WARNING if level != "debug" else logging.INFO)
+    logging.getLogger("asyncio").addFilter(RepeatFilter())  # its per-write warnings for peers that left, once per 10 s
 
 
 async def serve(args: argparse.Namespace) -> int:

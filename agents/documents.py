@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agents.protocol import Finite
+from agents.safe_read import NotARegularFile, TooLarge, read_capped
 from agents.sections import CheckpointReport
 
 log = logging.getLogger("cetlab.documents")
@@ -131,12 +132,20 @@ def _problem(path: Path, exc: ValidationError) -> str:
 def read_json_object(path: Path) -> dict[str, Any] | None:
     """The JSON object in a file, or None when it is missing, empty or half-written; BadDocument when it is not an object."""
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_DOCUMENT_BYTES + 1)
-    except OSError:
-        return None
-    if len(raw) > MAX_DOCUMENT_BYTES:
+        raw = read_capped(path, MAX_DOCUMENT_BYTES)
+    except OSError as exc:
+        return parse_json_object(exc, path)
+    return parse_json_object(raw, path)
+
+
+def parse_json_object(raw: bytes | OSError, path: Path) -> dict[str, Any] | None:
+    """:func:`read_json_object` on what reading the file gave: its bytes, or the OSError (read off the loop elsewhere)."""
+    if isinstance(raw, TooLarge):
         raise BadDocument(f"{path}: larger than {MAX_DOCUMENT_BYTES // 2**20} MiB")
+    if isinstance(raw, NotARegularFile):  # a symlink, FIFO or device where a document belongs: never followed or waited on
+        raise BadDocument(f"{path}: {raw.strerror}; not read")
+    if isinstance(raw, OSError):
+        return None
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):  # torn, empty, not UTF-8, or nested past reason
@@ -146,9 +155,10 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
     return doc
 
 
-def load(path: Path, schema: type[Document]) -> Any:
-    """The document at ``path`` validated into ``schema``; None for no news, BadDocument for a bad one."""
-    doc = read_json_object(path)
+def load(path: Path, schema: type[Document], raw: bytes | OSError | None = None) -> Any:
+    """The document at ``path`` (or what reading it gave, `raw`) validated into ``schema``; None for no news,
+    BadDocument for a bad one."""
+    doc = read_json_object(path) if raw is None else parse_json_object(raw, path)
     if doc is None:
         return None
     try:
@@ -157,8 +167,8 @@ def load(path: Path, schema: type[Document]) -> Any:
         raise BadDocument(_problem(path, exc)) from None
 
 
-def load_progress(path: Path) -> Progress | None:
-    return load(path, Progress)
+def load_progress(path: Path, raw: bytes | OSError | None = None) -> Progress | None:
+    return load(path, Progress, raw)
 
 
 def load_trainer_state(path: Path) -> TrainerState | None:

@@ -420,7 +420,8 @@ def parse_lab(text: str, source: str = "lab.yaml", path: Path | None = None) -> 
     if not isinstance(data, dict):
         raise LabError([f"{source}:1: expected a mapping with at least 'lab:' and 'machines:'"])
     if dupes:
-        raise LabError([problem_at(source, lines, p, "key given twice") for p, _ in dupes])
+        problems = list(dict.fromkeys(problem_at(source, lines, p, "key given twice") for p, _ in dupes))  # once each
+        raise LabError(problems[:20] + ([f"{source}: ... and {len(problems) - 20} more keys given twice"] if len(problems) > 20 else []))
     try:
         lab = Lab.model_validate({**data, "source": path})
     except ValidationError as exc:

@@ -39,6 +39,7 @@ class Peer:
     role: Role
     who: str  # key comment or fingerprint: who is calling, for logs and the audit trail
     send: Callable[[bytes], None]
+    key: str | None = None  # the SSH key's fingerprint (None: the unix socket); two keys may share a comment
     topics: set[str] = field(default_factory=set)
     wants_full: bool = True  # next tick goes out whole (just subscribed)
     closed: bool = False

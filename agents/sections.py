@@ -127,6 +127,7 @@ class JobInfo(Section):
     nodes: list[JobNode] = Field(default_factory=list)  # a multi-node job on its coordinator (the first node): every node
     node_rank: int | None = None  # a node of a multi-node job: its torchrun --node-rank
     coordinator: str | None = None  # ... and the machine whose agent coordinates it (the job's row is there)
+    damaged: bool = False  # its record in state.db could not be read: only its id (and why, in error) are known
 
 
 class JobDetail(JobInfo):

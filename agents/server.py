@@ -17,7 +17,8 @@ import asyncssh
 
 from agents.keys import AuthorizedKeys, KeyFileError, StateDirError, check_not_writable_by_others
 from agents.limits import (BUDGET_BURST, BUDGET_PER_S, BYTES_PER_COST, LOGIN_TIMEOUT_S, MAX_CHANNELS_PER_CONNECTION, MAX_UNSENT_BYTES,
-                           OVER_BUDGET_PAUSE_S, PAUSE_READING_BYTES, Doorman, ThrottledLog, TokenBucket, reply_line, request_cost)
+                           OVER_BUDGET_PAUSE_S, PAUSE_READING_BYTES, Doorman, KeyBudget, KeyTally, ThrottledLog, TokenBucket, reply_line,
+                           request_cost)
 from agents.protocol import MAX_MESSAGE_BYTES, SUBSYSTEM, ErrorCode, RemoteError, Role, encode
 from agents.rpc import Peer, parse_request, request_id_of
 
@@ -52,9 +53,10 @@ class _Channel:
     stops being read (the transport's write buffer says so), and one far behind is closed.
     """
 
-    def __init__(self, agent: Agent, role: Role, who: str, transport: _Transport, budget: TokenBucket):
+    def __init__(self, agent: Agent, role: Role, who: str, transport: _Transport, budget: TokenBucket | KeyBudget,
+                 key: str | None = None):
         self.agent = agent
-        self.peer = Peer(role=role, who=who, send=self._send)
+        self.peer = Peer(role=role, who=who, send=self._send, key=key)
         self._transport = transport
         self._budget = budget
         self._buffer = bytearray()
@@ -193,7 +195,7 @@ class _Session(asyncssh.SSHServerSession):
         self.channel: _Channel | None = None
 
     def connection_made(self, chan: asyncssh.SSHServerChannel) -> None:
-        self.channel = _Channel(self.server.agent, self.server.role, self.server.who, chan, self.server.budget)
+        self.channel = _Channel(self.server.agent, self.server.role, self.server.who, chan, self.server.budget, self.server.key)
 
     def subsystem_requested(self, subsystem: str) -> bool:
         return subsystem == SUBSYSTEM
@@ -228,29 +230,47 @@ class _Session(asyncssh.SSHServerSession):
 
 
 class _Server(asyncssh.SSHServer):
-    def __init__(self, agent: Agent, authorized: AuthorizedKeys, doorman: Doorman):
+    def __init__(self, agent: Agent, authorized: AuthorizedKeys, doorman: Doorman, tally: KeyTally):
         self.agent = agent
         self.authorized = authorized
         self.doorman = doorman
+        self.tally = tally
         self.role: Role | None = None
         self.who = "?"
+        self.key: str | None = None  # the key's fingerprint
+        self._counted = False  # in the tally of its key's connections
         self._peername = "?"
-        self.budget = TokenBucket()  # shared by the connection's channels
+        self._conn: asyncssh.SSHServerConnection | None = None
+        self.budget: TokenBucket | KeyBudget = TokenBucket()  # shared by the connection's channels (and its key's, once known)
         self.channels = 0
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         peer = conn.get_extra_info("peername")
         self._peername = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._conn = conn
         loop = asyncio.get_running_loop()
-        self.doorman.arrive(self, peer[0] if peer else "?", lambda: loop.call_soon(conn.abort))
+        self.doorman.arrive(self, peer[0] if peer else "?", lambda: loop.call_soon(conn.abort),
+                            lambda: conn.get_extra_info("client_version") is not None)
 
     def auth_completed(self) -> None:
         self.doorman.leave(self)
+        assert self.key is not None
+        if not self.tally.login(self.key, self.who):  # its key's connections are at their cap (several logged in at once)
+            self.role = None  # no channel for it
+            if self._conn is not None:
+                asyncio.get_running_loop().call_soon(self._conn.abort)
+            return
+        self._counted = True
+        self.budget = self.tally.budget(self.key, TokenBucket())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.doorman.leave(self)
+        if self._counted and self.key is not None:
+            self._counted = False
+            self.tally.logout(self.key)
 
     def begin_auth(self, username: str) -> bool:
+        self.doorman.authenticating(self)
         return True  # always authenticate; the key decides
 
     def password_auth_supported(self) -> bool:
@@ -271,7 +291,11 @@ class _Server(asyncssh.SSHServer):
         if entry is None:
             throttled(logging.WARNING, "unknown-key", "refused unknown key %s from %s", key.get_fingerprint(), self._peername)
             return False
-        self.role, self.who = entry.role, entry.who
+        fingerprint = key.get_fingerprint()
+        if self.tally.full(fingerprint):
+            self.tally.login(fingerprint, entry.who)  # (refused: logged, throttled)
+            return False
+        self.role, self.who, self.key = entry.role, entry.who, fingerprint
         return True
 
     def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> bool:
@@ -308,10 +332,11 @@ def forward_problem(agent: Agent, role: Role | None, dest_host: str, dest_port: 
 
 async def listen(agent: Agent, host: str, port: int, host_key: asyncssh.SSHKey, authorized: AuthorizedKeys) -> asyncssh.SSHAcceptor:
     doorman = Doorman()
+    tally = KeyTally()
     return await asyncssh.listen(
         host,
         port,
-        server_factory=lambda: _Server(agent, authorized, doorman),
+        server_factory=lambda: _Server(agent, authorized, doorman, tally),
         server_host_keys=[host_key],
         encoding=None,
         login_timeout=LOGIN_TIMEOUT_S,

@@ -1,8 +1,10 @@
-"""Attacks on one agent (issue 11: findings 5, 6, 7) and what a legitimate console sees meanwhile, same run.
+"""Attacks on one agent (issue 11: findings 5, 6, 7; issue 21: N1, N3, N6, N8, N10) and what a legitimate console
+and a legitimate gateway client see meanwhile, same run.
 
-For each attack: a console's ping p50/p99 and its largest gap between ticks without the attack and
-during it, and the agent's open fds and RSS before and after. The agent runs with a 1,024-fd
-limit (systemd's default). Loopback only. Run: .venv/bin/python bench/bench_attacks.py [seconds]
+For each attack: a console's ping p50/p99 and its largest gap between ticks, and a gateway client's latency p50/p99
+(one tiny completion every 100 ms from the simulated provider), without the attack and during it, and the agent's
+open fds and RSS before and after (and 30 s after with --settle). The agent serves the lab gateway and runs with a
+1,024-fd limit (systemd's default). Loopback only. Run: .venv/bin/python bench/bench_attacks.py [seconds] [--only N3,...]
 """
 
 from __future__ import annotations
@@ -21,14 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
+import aiohttp
 import asyncssh
 import psutil
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.keys import AUTHORIZED_KEYS_NAME, ensure_key  # noqa: E402
 from agents.lab import load_lab  # noqa: E402
 from bench.common import percentile  # noqa: E402
+from console import gateway_demo  # noqa: E402
 from console.client import FleetClient, read_line  # noqa: E402
 from console.demo import DemoLab  # noqa: E402
 
@@ -39,7 +44,12 @@ lab: attacks
 machines:
   - name: box
     gpus: {sim: [{name: "Tesla P4", memory_gib: 8, tdp_w: 75}, {name: "Tesla P4", memory_gib: 8, tdp_w: 75}]}
+gateway: {machine: box}
+providers:
+  - {name: cloud, base_url: "http://127.0.0.1:1/v1", simulated: true, monthly_budget: 1000,
+     models: [{name: cloud-small, prompt_per_million: 3.5, completion_per_million: 3.5}]}
 """
+GATEWAY_MODEL = "cloud-small"
 
 
 def launch_agent(demo: DemoLab) -> subprocess.Popen:
@@ -53,6 +63,33 @@ def launch_agent(demo: DemoLab) -> subprocess.Popen:
              "--machine", "box", "--state-dir", str(demo.dir / "agents" / "box")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, preexec_fn=limit_fds,
         )
+
+
+def launch_stand_ins(demo: DemoLab) -> list[subprocess.Popen]:
+    """The lab's simulated provider (the demo's stand-in), for the gateway's client to ask."""
+    procs = []
+    for argv in gateway_demo.stand_in_argvs(demo.dir, yaml.safe_load(demo.lab_path.read_text())):
+        with open(demo.dir / "stand-in.log", "ab") as log:
+            procs.append(subprocess.Popen([*argv, "--parent-pid", str(os.getpid())], stdout=log, stderr=log,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
+    return procs
+
+
+ATTACKER_GATEWAY_KEY = "mallory.gateway.key"  # in the demo dir: the attacker's own gateway key
+
+
+def gateway_url_and_key(demo: DemoLab, attacker: bool = False) -> tuple[str, str]:
+    lab = load_lab(demo.lab_path)
+    assert lab.gateway is not None
+    path = demo.dir / (ATTACKER_GATEWAY_KEY if attacker else gateway_demo.GATEWAY_KEY_FILE)
+    return f"http://{lab.gateway.host}:{lab.gateway.port}/v1", path.read_text().strip()
+
+
+async def issue_attacker_gateway_key(demo: DemoLab, client: FleetClient) -> None:
+    """A gateway key of the attacker's own (the legitimate client keeps the demo key)."""
+    if load_lab(demo.lab_path).gateway is not None and not (demo.dir / ATTACKER_GATEWAY_KEY).exists():
+        token = (await client.call("box", "gateway.keys.add", {"name": "mallory"}))["key"]
+        (demo.dir / ATTACKER_GATEWAY_KEY).write_text(token + "\n")
 
 
 def add_viewer(demo: DemoLab, where: Path) -> Path:
@@ -80,6 +117,10 @@ class Window:
     failures: list[str] = field(default_factory=list)
     tick_times: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    gateway_ms: list[float] = field(default_factory=list)
+    gateway_failures: list[str] = field(default_factory=list)
+    logins_ms: list[float] = field(default_factory=list)  # fresh console logins (only where the attack is at the door)
+    login_failures: list[str] = field(default_factory=list)
 
     def max_gap_s(self) -> float:
         times = self.tick_times
@@ -88,7 +129,10 @@ class Window:
     def line(self) -> str:
         return (f"ping p50 {percentile(self.pings_ms, 50):6.1f} ms  p99 {percentile(self.pings_ms, 99):7.1f} ms  "
                 f"({len(self.pings_ms)} answered, {len(self.failures)} failed)  ticks {len(self.tick_times):3d} "
-                f"in {self.seconds:.0f} s, largest gap {self.max_gap_s():.2f} s")
+                f"in {self.seconds:.0f} s, largest gap {self.max_gap_s():.2f} s; gateway p50 {percentile(self.gateway_ms, 50):6.1f} ms "
+                f"p99 {percentile(self.gateway_ms, 99):7.1f} ms ({len(self.gateway_ms)} answered, {len(self.gateway_failures)} failed)"
+                + (f"; new logins {len(self.logins_ms)} ok, {len(self.login_failures)} failed, p99 {percentile(self.logins_ms, 99):.0f} ms"
+                   if self.logins_ms or self.login_failures else ""))
 
 
 class Console:
@@ -107,10 +151,47 @@ class Console:
         await self.client.start()
         await self.client.wait_connected(30)
 
-    async def window(self, seconds: float) -> Window:
+    async def _gateway(self, window: Window, end: float) -> None:
+        """A legitimate gateway client: one tiny completion every 100 ms, its latency (none in a lab without a gateway)."""
+        if load_lab(self.demo.lab_path).gateway is None:
+            return
+        url, key = gateway_url_and_key(self.demo)
+        payload = {"model": GATEWAY_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            while time.monotonic() < end:
+                started = time.perf_counter()
+                try:
+                    async with session.post(f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"}) as r:
+                        await r.read()
+                        if r.status != 200:
+                            raise RuntimeError(f"HTTP {r.status}")
+                    window.gateway_ms.append((time.perf_counter() - started) * 1000)
+                except Exception as exc:
+                    window.gateway_failures.append(str(exc) or type(exc).__name__)
+                await asyncio.sleep(0.1)
+
+    async def _logins(self, window: Window, end: float) -> None:
+        """A console logging in afresh every 200 ms (connect, hello, ping, leave)."""
+        while time.monotonic() < end:
+            started = time.perf_counter()
+            client = FleetClient(load_lab(self.demo.lab_path), subscribe=[], reconnect=False)
+            try:
+                await client.start()
+                await client.wait_connected(10)
+                await client.call("box", "ping", timeout=10)
+                window.logins_ms.append((time.perf_counter() - started) * 1000)
+            except Exception as exc:
+                window.login_failures.append(str(exc) or type(exc).__name__)
+            finally:
+                await client.stop()
+            await asyncio.sleep(0.2)
+
+    async def window(self, seconds: float, logins: bool = False) -> Window:
         window = Window(seconds=seconds)
         first_tick = len(self._ticks)
         end = time.monotonic() + seconds
+        gateway = asyncio.create_task(self._gateway(window, end))
+        login_task = asyncio.create_task(self._logins(window, end)) if logins else None
         while time.monotonic() < end:
             started = time.perf_counter()
             try:
@@ -119,6 +200,9 @@ class Console:
             except Exception as exc:
                 window.failures.append(str(exc))
             await asyncio.sleep(0.05)
+        await gateway
+        if login_task is not None:
+            await login_task
         window.tick_times = self._ticks[first_tick:]
         return window
 
@@ -258,12 +342,181 @@ async def flood_refusals(demo: DemoLab, viewer: Path, seconds: float, results: d
         conn.abort()
 
 
+async def flood_gateway(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """N3: 1,100 idle TCP connections to the gateway port (ten loopback addresses), held; meanwhile a new operator
+    console connects and a new gateway client asks once."""
+    lab = load_lab(demo.lab_path)
+    assert lab.gateway is not None
+    held: list[socket.socket] = []
+    try:
+        for i in range(FLOOD_CONNECTIONS):
+            s = socket.socket()
+            s.bind((f"127.0.0.{2 + i % 10}", 0))
+            s.setblocking(False)
+            try:
+                await asyncio.wait_for(asyncio.get_running_loop().sock_connect(s, ("127.0.0.1", lab.gateway.port)), 2)
+            except (OSError, asyncio.TimeoutError):
+                s.close()
+                continue
+            held.append(s)
+        results["flood_opened"] = len(held)
+        started = time.monotonic()
+        late = FleetClient(lab, subscribe=[], reconnect=False)
+        await late.start()
+        try:
+            await late.wait_connected(20)
+            results["late_console_online"] = late.state.machines["box"].online
+            await late.call("box", "jobs.list", timeout=10)
+            results["late_console_jobs_list"] = "ok"
+        except Exception as exc:  # the figure, not the end of the bench
+            results["late_console_jobs_list"] = f"failed: {exc}"[:120]
+        finally:
+            await late.stop()
+        url, key = gateway_url_and_key(demo)
+        payload = {"model": GATEWAY_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+                async with session.post(f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"}) as r:
+                    results["late_gateway_status"] = r.status
+        except Exception as exc:
+            results["late_gateway_status"] = f"failed: {exc or type(exc).__name__}"[:120]
+        await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
+        closed = 0
+        for s in held:  # how many the gateway closed meanwhile (each read: b"" closed, or nothing yet)
+            try:
+                closed += s.recv(1) == b""
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed += 1
+        results["flood_closed_by_gateway"] = closed
+    finally:
+        for s in held:
+            s.close()
+
+
+async def _gateway_status(demo: DemoLab, viewer: Path) -> dict:
+    async with FleetClient(load_lab(demo.lab_path), key_path=viewer, subscribe=[], reconnect=False) as client:
+        await client.wait_connected(20)
+        return await client.call("box", "gateway.status")
+
+
+async def dropped_streams(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """N1: streams of 400 tokens from the provider, each dropped after 20 events, 10 at a time, for the window;
+    then what the gateway metered against what was read."""
+    url, key = gateway_url_and_key(demo, attacker=True)
+    before = next(k["tokens_today"] for k in (await _gateway_status(demo, viewer))["keys"] if k["name"] == "mallory")
+    payload = {"model": GATEWAY_MODEL, "stream": True, "max_tokens": 400, "messages": [{"role": "user", "content": "talk"}]}
+    read = streams = 0
+
+    async def one(session: aiohttp.ClientSession) -> int:
+        got = 0
+        async with session.post(f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"}) as r:
+            async for line in r.content:
+                got += line.startswith(b"data:")
+                if got >= 20:
+                    break
+            r.close()
+        return got
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            got = await asyncio.gather(*(one(session) for _ in range(8)), return_exceptions=True)
+            read += sum(g for g in got if isinstance(g, int))
+            streams += len(got)
+    await asyncio.sleep(2.0)  # the gateway's meter settles the last ones
+    after = next(k["tokens_today"] for k in (await _gateway_status(demo, viewer))["keys"] if k["name"] == "mallory")
+    results.update(dropped_streams=streams, events_read=read, tokens_metered=after - before)
+
+
+async def abandoned_requests(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """N8: a key sends 20 requests for 200 tokens at once and leaves each after 0.3 s, over and over."""
+    url, key = gateway_url_and_key(demo, attacker=True)
+    payload = {"model": GATEWAY_MODEL, "max_tokens": 200, "messages": [{"role": "user", "content": "think"}]}
+    codes: dict[str, int] = {}
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        try:
+            async with session.post(f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"},
+                                    timeout=aiohttp.ClientTimeout(total=0.3)) as r:
+                code = str(r.status)
+        except asyncio.TimeoutError:
+            code = "left"
+        codes[code] = codes.get(code, 0) + 1
+
+    async with aiohttp.ClientSession() as session:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            await asyncio.gather(*(one(session) for _ in range(20)))
+    results["abandoned_codes"] = codes
+
+
+async def many_connections_one_key(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """N6: one viewer key opens 400 connections, each asking history (3,600 points) 190 times a second, never reading."""
+    line = json.dumps({"id": 1, "method": "history", "params": {"max_points": 3600}}).encode() + b"\n"
+    held: list[tuple[asyncssh.SSHClientConnection, asyncssh.SSHWriter, asyncssh.SSHReader]] = []
+    refused = 0
+    for _ in range(400):
+        try:
+            held.append(await open_channel(demo, viewer))
+        except (asyncssh.Error, OSError):
+            refused += 1
+    results["key_connections_opened"], results["key_connections_refused"] = len(held), refused
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for _, writer, _ in held:
+                writer.write(line * 19)
+            await asyncio.sleep(0.1)
+    finally:
+        for conn, _, _ in held:
+            conn.abort()
+
+
+async def login_storm(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """N10: new idle TCP connections to the SSH port from the console's own address (127.0.0.1), as fast as they open
+    (the issue measured 2,000 a second), each held until the agent closes it or 900 newer ones are open."""
+    port = load_lab(demo.lab_path).machine("box").port
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    held: list[socket.socket] = []
+    opened = 0
+    loop = asyncio.get_running_loop()
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                await asyncio.wait_for(loop.sock_connect(s, ("127.0.0.1", port)), 1)
+            except (OSError, asyncio.TimeoutError):
+                s.close()
+                continue
+            opened += 1
+            held.append(s)
+            if len(held) > 900:
+                held.pop(0).close()
+            if opened % 20 == 0:
+                await asyncio.sleep(0.01)  # ~2,000 a second at most
+    finally:
+        for s in held:
+            s.close()
+    results["storm_opened"] = opened
+    results["storm_rate_per_s"] = round(opened / seconds)
+
+
 ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "5 idle TCP flood": flood_connections,
     "6 history, unread": flood_history,
     "6 subscribe topics": flood_subscribe,
     "6 1,000 channels": flood_channels,
     "7 refused calls": flood_refusals,
+    "N1 dropped streams": dropped_streams,
+    "N3 gateway idle flood": flood_gateway,
+    "N6 400 connections of one key": many_connections_one_key,
+    "N8 abandoned requests": abandoned_requests,
+    "N10 login storm": login_storm,
 }
 
 
@@ -278,17 +531,24 @@ async def run_attack(demo: DemoLab, viewer: Path, name: str, seconds: float) -> 
     return json.loads(out.decode().strip().splitlines()[-1])
 
 
-async def measure(demo: DemoLab, agent_pid: int, console: Console, viewer: Path, name: str, seconds: float) -> dict:
-    """One attack: the console's window without it, then with it; the agent's fds and RSS around it."""
+async def measure(demo: DemoLab, agent_pid: int, console: Console, viewer: Path, name: str, seconds: float,
+                  settle_s: float = 0.0) -> dict:
+    """One attack: the console's window without it, then with it; the agent's fds and RSS around it (and `settle_s` after)."""
     proc = psutil.Process(agent_pid)
-    quiet = await console.window(seconds)
+    await issue_attacker_gateway_key(demo, console.client)
+    logins = name.startswith("N10")
+    quiet = await console.window(seconds, logins)
     fds0, rss0 = proc.num_fds(), proc.memory_info().rss
     attack = asyncio.create_task(run_attack(demo, viewer, name, seconds))
     await asyncio.sleep(0.3)  # the attacker's interpreter starting
-    during = await console.window(seconds)
+    during = await console.window(seconds, logins)
     results = await attack
     fds1, rss1 = proc.num_fds(), proc.memory_info().rss
-    return {"name": name, "quiet": quiet, "during": during, "fds": (fds0, fds1), "rss_mb": (rss0 / 2**20, rss1 / 2**20), **results}
+    figures = {"name": name, "quiet": quiet, "during": during, "fds": (fds0, fds1), "rss_mb": (rss0 / 2**20, rss1 / 2**20), **results}
+    if settle_s:
+        await asyncio.sleep(settle_s)
+        figures["settled"] = {"after_s": settle_s, "fds": proc.num_fds(), "rss_mb": round(proc.memory_info().rss / 2**20, 1)}
+    return figures
 
 
 async def attack_main(name: str, lab_path: Path, key: Path, seconds: float) -> None:
@@ -305,7 +565,7 @@ def report(figures: dict) -> str:
             f"RSS {figures['rss_mb'][0]:.0f} -> {figures['rss_mb'][1]:.0f} MB; {extra}")
 
 
-async def main(seconds: float) -> None:
+async def main(seconds: float, only: list[str] | None = None, settle_s: float = 0.0) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "src.yaml"
         source.write_text(LAB)
@@ -314,23 +574,31 @@ async def main(seconds: float) -> None:
         viewer = add_viewer(demo, Path(tmp))
         agent = launch_agent(demo)
         demo.processes.append(agent)  # for wait_listening's check that it is alive
+        stand_ins = launch_stand_ins(demo)
         try:
             demo.wait_listening()
             console = Console(demo)
             await console.start()
             print(f"agent pid {agent.pid}, {os.cpu_count()} CPUs, {seconds:.0f} s windows")
             for name in ATTACKS:
-                print(report(await measure(demo, agent.pid, console, viewer, name, seconds)), flush=True)
+                if only and not any(name.startswith(prefix) for prefix in only):
+                    continue
+                print(report(await measure(demo, agent.pid, console, viewer, name, seconds, settle_s)), flush=True)
             await console.stop()
         finally:
             agent.terminate()
             agent.wait(timeout=30)
+            for proc in stand_ins:
+                proc.terminate()
+                proc.wait(timeout=10)
             print(f"agent log: {(demo.dir / 'agent.log').stat().st_size} bytes")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("seconds", nargs="?", type=float, default=10.0, help="each window (default 10)")
+    parser.add_argument("--only", help="attacks whose names start with these, comma-separated (e.g. N1,N3)")
+    parser.add_argument("--settle", type=float, default=0.0, help="also read fds and RSS this many seconds after each attack")
     parser.add_argument("--attack", choices=list(ATTACKS), help=argparse.SUPPRESS)
     parser.add_argument("--lab", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--key", type=Path, help=argparse.SUPPRESS)
@@ -339,4 +607,4 @@ if __name__ == "__main__":
     if args.attack:
         asyncio.run(attack_main(args.attack, args.lab, args.key, args.attack_seconds))
     else:
-        asyncio.run(main(args.seconds))
+        asyncio.run(main(args.seconds, args.only.split(",") if args.only else None, args.settle))

@@ -42,7 +42,7 @@ models:
   - {name: sleeper, path: m/sleeper, engine: sim, machine: hub, gpus: [0], vram_gib: 1,
      sim: {load_s: 0, warmup_s: 0, wake_s: 0.5, tokens_per_s: 0, placeholder_mib: 1}}
 orchestra: {warm: [instant, streamer, crowd], sleeping: [sleeper]}
-gateway: {machine: hub, policies: {queue_size: 1000, idle_ttl_s: 3600}}
+gateway: {machine: hub, policies: {queue_size: 1000, idle_ttl_s: 3600, key_concurrency: 256}}
 """ % {"rate": STREAM_RATE}
 BODY = {"messages": [{"role": "user", "content": "one two three"}], "max_tokens": 4}
 

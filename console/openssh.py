@@ -39,7 +39,7 @@ class SshFailed(RemoteError):
 
 def available() -> bool:
     """Use OpenSSH for one-shot verbs unless CETLAB_SSH=asyncssh or there is no `ssh` on PATH."""
-    return os.environ.get("CETLAB_SSH", "auto") != "asyncssh" and shutil.which("ssh") is not None
+    return os.environ.get("CETLAB_SSH", "auto").strip().lower() != "asyncssh" and shutil.which("ssh") is not None
 
 
 def _option_path(path: Path) -> str | None:

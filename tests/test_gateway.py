@@ -156,8 +156,8 @@ async def test_rpm_quota(gw):
 
 async def test_tokens_per_day_quota(gw):
     issued = await gw.client.call("hub", "gateway.keys.add", {"name": "daily", "tokens_per_day": 10})
-    status, body, _ = await gw.chat("fast-a", key=issued["key"])  # 3 prompt + 8 completion tokens: past the 10
-    assert status == 200 and body["usage"]["total_tokens"] == 11
+    status, body, _ = await gw.chat("fast-a", key=issued["key"])  # 3 prompt + 8 completion would pass the 10: max_tokens lowered to 7
+    assert status == 200 and body["usage"]["total_tokens"] == 10
     status, body, _ = await gw.chat("fast-a", key=issued["key"])
     assert status == 429 and body["error"]["code"] == "quota_exceeded" and "tokens per day" in body["error"]["message"]
 
@@ -270,14 +270,13 @@ async def test_budget_alerts_and_refusal_past_100_percent(gw):
         await listener.wait_connected(20)
         assert (await gw.chat("premium", max_tokens=10))[0] == 200
         await wait_for(lambda: any(n.get("level") == "warning" and "87% of its monthly budget" in n.get("message", "") for n in notices))
-        assert (await gw.chat("premium", max_tokens=10))[0] == 200
-        await wait_for(lambda: any(n.get("level") == "critical" and "pricey" in n.get("message", "") for n in notices))
         rules = {(a["rule"], a["target"]) for a in (await listener.call("hub", "alerts.list", {"active": True}))["alerts"]}
-        assert {("budget_80", "provider pricey"), ("budget_100", "provider pricey")} <= rules  # real alerts, on the gateway's machine
-        status, body, _ = await gw.chat("premium")
+        assert ("budget_80", "provider pricey") in rules  # a real alert, on the gateway's machine
+        # the next one's worst case (its prompt alone: 0.003) does not fit in what is left: refused before it goes out
+        status, body, _ = await gw.chat("premium", max_tokens=10)
     assert status == 429 and body["error"]["code"] == "budget_exceeded"
     spend = next(p for p in (await gw.status())["providers"] if p["name"] == "pricey")
-    assert spend["budget_pct"] >= 100 and spend["spend_month"] == pytest.approx(spend["spend_today"])
+    assert spend["budget_pct"] <= 100 and spend["spend_month"] == pytest.approx(spend["spend_today"])
 
 
 async def test_api_spend_per_provider_in_costs_and_the_cli(gw):

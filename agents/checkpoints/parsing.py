@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from agents.documents import BadDocument, LogRow, TrainerState, load_trainer_state
+from agents.safe_read import ADAPTER_CONFIG_MAX_BYTES, read_capped
 from agents.sections import CheckpointInfo
 
 CHECKPOINT_RE = re.compile(r"^(tmp-)?checkpoint-(\d+)$")
@@ -119,7 +120,7 @@ def read_checkpoint(run: str, path: Path, settle_s: float, now: float, reported:
     ckpt.has_optimizer = bool(names & set(OPTIMIZER_FILES))
     if ckpt.kind == "adapter":
         try:
-            base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            base = json.loads(read_capped(path / "adapter_config.json", ADAPTER_CONFIG_MAX_BYTES)).get("base_model_name_or_path")
             ckpt.base_model = base if isinstance(base, str) else None
         except (OSError, ValueError, AttributeError):
             pass

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from agents.schema import NAME_RE, Name, NonNegative, Strict, parse_duration
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 ENV_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+MAX_GROUP_MEMBERS = 32  # an orchestra call fans out to at most this many models (the gateway's MAX_FANOUT)
 
 
 class ProviderModel(Strict):
@@ -25,11 +27,23 @@ class ProviderModel(Strict):
         return self.upstream or self.name
 
 
+def _plain_base_url(url: str) -> str:
+    """A provider's base_url: no credentials in it (api_key_env holds the key) and nothing that could split a header."""
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("must not hold credentials (user:password@); name the variable holding the key in api_key_env")
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
+        raise ValueError("must not hold spaces or control characters (CR, LF ...)")
+    if not parts.hostname:
+        raise ValueError("names no host")
+    return url
+
+
 class Provider(Strict):
     """A cloud tier: an OpenAI-compatible API paid per token, within a monthly budget."""
 
     name: Name
-    base_url: Annotated[str, Field(pattern=r"^https?://")]  # ends before /chat/completions, e.g. https://api.x.com/v1
+    base_url: Annotated[str, Field(pattern=r"^https?://", max_length=2048), AfterValidator(_plain_base_url)]  # ends before /chat/completions
     api_key_env: Annotated[str, Field(pattern=ENV_RE)] | None = None  # the variable holding the key; never the key itself
     models: list[ProviderModel] = Field(min_length=1)
     monthly_budget: NonNegative | None = None  # None: no budget
@@ -54,6 +68,12 @@ class GatewayPolicies(Strict):
     budget_exceeded: Literal["refuse", "fallback-local"] = "refuse"  # past 100% of a provider's budget
     retry_after_s: Annotated[int, Field(ge=1, le=3600)] = 5  # in a 503's Retry-After
     max_body_bytes: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 4 * 1024 * 1024
+    max_tokens: Annotated[int, Field(ge=1, le=10_000_000)] = 32768  # the most one request may ask for; more is a 400
+    key_concurrency: Annotated[int, Field(ge=1, le=10000)] = 4  # requests one key may have in flight (an orchestra call is one); beyond: 429
+    max_connections: Annotated[int, Field(ge=1, le=65536)] | None = None  # None: 1/8 of the agent's fd limit
+    first_request_s: Seconds = 10.0  # a connection sends its first request head within this, or is closed
+    idle_s: Seconds = 15.0  # a kept-alive connection with no request (or half a request head) this long is closed
+    body_timeout_s: Seconds = 30.0  # a request body arrives whole within this, or 408
 
 
 class Gateway(Strict):
@@ -107,6 +127,8 @@ def cross_check(providers: list[Provider], gateway: Gateway | None, machines: li
                 problems.append((("gateway", "models", name, "aliases", j), f"alias {alias!r} is already a model's name or alias"))
             names[alias] = name
     for group, members in groups.items():
+        if len(members) > MAX_GROUP_MEMBERS:
+            problems.append((("orchestra", "groups", group), f"{len(members)} members; an orchestra call asks at most {MAX_GROUP_MEMBERS}"))
         for j, member in enumerate(members):
             if member not in local and member not in names and find_provider_model(providers, member) is None:
                 problems.append((("orchestra", "groups", group, j), f"{member!r} is no lab model, alias or provider model"))

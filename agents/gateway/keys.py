@@ -116,6 +116,10 @@ class KeyStore:
         self._tokens_today(key)
         key.tokens_day += tokens
 
+    def tokens_today(self, key: ApiKey) -> int:
+        """Tokens the key was charged today (requests in flight not included)."""
+        return self._tokens_today(key)
+
     def _tokens_today(self, key: ApiKey) -> int:
         today = self.today()
         if key.day != today:

@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agents.gateway.limits import SseSplitter
+
 MAX_N = 128  # OpenAI's bound on choices per request
 MAX_STOPS = 4
 
@@ -113,17 +115,17 @@ class StreamRewriter:
         self.client_model, self.wants_usage, self.chat = client_model, wants_usage, chat
         self.usage: dict[str, Any] | None = None
         self.token_events = 0  # deltas still generating: one token each, for when no usage comes
-        self._tail = b""
+        self._events = SseSplitter()  # split as the bytes come (never the whole tail again), each event capped
         self._roled: set[int] = set()
 
     def feed(self, chunk: bytes) -> bytes:
-        """The complete events of what has arrived so far, rewritten; a partial event waits for its end."""
-        self._tail += chunk.replace(b"\r\n", b"\n")
-        *events, self._tail = self._tail.split(b"\n\n")
+        """The complete events of what has arrived so far, rewritten; a partial event waits for its end.
+        Raises UpstreamTooLarge when one event grows past the gateway's cap."""
+        events = self._events.feed(chunk.replace(b"\r\n", b"\n"))
         return b"".join(out + b"\n\n" for out in map(self._event, events) if out is not None)
 
     def flush(self) -> bytes:
-        tail, self._tail = self._tail, b""
+        tail = self._events.rest()
         out = self._event(tail) if tail.strip() else None
         return out + b"\n\n" if out else b""
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from agents.gateway.limits import UpstreamTooLarge, read_capped
 from agents.gateway.openai_api import StreamRewriter, client_wants_usage, rewrite_answer, upstream_error, upstream_stream_body
 from agents.gateway.router import Target
 
@@ -28,6 +29,10 @@ class Outcome:
     data: dict | None = None  # the parsed JSON answer (non-streaming)
     raw: bytes = b""  # ... as it came, passed on unchanged
     content_type: str = "application/json"
+    events: int = 0  # token events of a stream seen so far
+
+
+STREAM_OUTCOME = "cetlab.stream_outcome"  # the request's key for the outcome of a stream under way
 
 
 def tier_headers(target: Target) -> dict[str, str]:
@@ -72,7 +77,7 @@ async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body:
     payload = {**body, "model": target.upstream_model, "stream": False}
     async with session.post(f"{target.base_url}{path}", json=payload, headers=upstream_headers(target),
                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-        raw = await response.read()
+        raw = await read_capped(response)
     outcome = Outcome(status=response.status, ttft_s=time.monotonic() - started, raw=raw, content_type=response.content_type)
     try:
         outcome.data = json.loads(raw)
@@ -98,7 +103,7 @@ async def stream(request: web.Request, session: aiohttp.ClientSession, target: T
     async with session.post(f"{target.base_url}{path}", json=payload, headers=upstream_headers(target),
                             timeout=aiohttp.ClientTimeout(total=timeout_s, sock_read=timeout_s)) as upstream:
         if upstream.status != 200 or not upstream.content_type.startswith("text/event-stream"):
-            raw = await upstream.read()
+            raw = await read_capped(upstream)
             outcome = Outcome(status=upstream.status, ttft_s=time.monotonic() - started,
                               error=None if upstream.status == 200 else f"{target.where} answered {upstream.status}")
             if upstream.status == 200:
@@ -116,23 +121,40 @@ async def stream(request: web.Request, session: aiohttp.ClientSession, target: T
                                                             "Cache-Control": "no-cache"})
         await response.prepare(request)
         outcome = Outcome(status=200)
+        request[STREAM_OUTCOME] = outcome  # what was produced so far, for the meter if the client leaves mid-stream
         rewriter = StreamRewriter(client_model, client_wants_usage(body), chat=path.endswith("chat/completions"))
         async for chunk in upstream.content.iter_any():
             if outcome.ttft_s is None:
                 outcome.ttft_s = time.monotonic() - started
-            out = rewriter.feed(chunk)
+            try:
+                out = rewriter.feed(chunk)
+            except UpstreamTooLarge as exc:  # the stream ends here, with an error event the client can read
+                outcome.status, outcome.error = 502, f"{target.where}: {exc}"
+                error = {"error": {"message": str(exc), "type": "server_error", "code": "upstream_too_large"}}
+                await response.write(b"data: " + json.dumps(error).encode() + b"\n\n")
+                break
+            # counted before it is written: what the engine produced is metered, read or not
+            _usage(outcome, rewriter.usage)
+            outcome.events = rewriter.token_events
             try:
                 if out:
                     await response.write(out)
             except ConnectionResetError:  # the client went away: stop reading (closing the upstream stops the engine's work)
                 outcome.status, outcome.error = 499, "the client closed the stream"
-                _usage(outcome, rewriter.usage)
+                settle_counted(outcome, body)
                 return response, outcome
-        last = rewriter.flush()
-        if last:
-            await response.write(last)
+        else:
+            last = rewriter.flush()
+            _usage(outcome, rewriter.usage)
+            outcome.events = rewriter.token_events
+            if last:
+                await response.write(last)
         await response.write_eof()
-    _usage(outcome, rewriter.usage)
-    if outcome.usage_source is None:  # one delta event per token, as vLLM and OpenAI send them
-        outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source = counted_prompt_tokens(body), rewriter.token_events, "counted"
+    settle_counted(outcome, body)
     return response, outcome
+
+
+def settle_counted(outcome: Outcome, body: dict) -> None:
+    """No usage from the engine: one delta event per token, as vLLM and OpenAI send them, and the prompt counted."""
+    if outcome.usage_source is None:
+        outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source = counted_prompt_tokens(body), outcome.events, "counted"

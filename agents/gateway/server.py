@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -13,9 +14,12 @@ import aiohttp
 from aiohttp import web
 
 from agents.gateway import proxy
+from agents.gateway.config import MAX_GROUP_MEMBERS, find_provider_model
 from agents.gateway.keys import ApiKey, QuotaExceeded
 from agents.gateway.openai_api import error_body, parameter_problem
+from agents.gateway.limits import ConnectionGate, UpstreamTooLarge, connection_cap, quiet_factory
 from agents.gateway.metering import Record
+from agents.gateway.reservation import Hold, Reservations, asked_max_tokens, with_max_tokens
 from agents.gateway.router import NotServable, Target
 
 if TYPE_CHECKING:
@@ -24,7 +28,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("cetlab.gateway")
 
 MAX_WAIT_HEADER = "x-cetlab-max-wait-s"
-MAX_FANOUT = 32  # models in one orchestra call
+MAX_FANOUT = MAX_GROUP_MEMBERS  # models in one orchestra call
+MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}")  # checked before anything keeps or echoes a name
+UNKNOWN_MODEL = "?"  # how the meter files a request for a name that is no model (the name itself is kept nowhere)
 
 
 def error_response(status: int, message: str, code: str | None, retry_after_s: int | None = None, param: str | None = None,
@@ -32,6 +38,15 @@ def error_response(status: int, message: str, code: str | None, retry_after_s: i
     """An OpenAI-style error body, typed as OpenAI types it (401 authentication_error, ...)."""
     headers = {**(headers or {}), **({"Retry-After": str(retry_after_s)} if retry_after_s else {})}
     return web.json_response(error_body(status, message, code, param), status=status, headers=headers or None)
+
+
+def _deadline(raw: object, default: float) -> float:
+    """The orchestra call's deadline_s: a finite number of seconds > 0 (at most a day), or the default."""
+    if raw is None:
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or not 0 < raw <= 86400:
+        raise NotServable(400, f"deadline_s must be a number of seconds > 0 and <= 86400, got {str(raw)[:40]!r}", "invalid_deadline")
+    return float(raw)
 
 
 def _max_wait(request: web.Request) -> float | None:
@@ -56,6 +71,9 @@ class GatewayHttp:
         self.tunnel_sessions: dict[str, aiohttp.ClientSession] = {}  # SSH forward's unix socket -> its session
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
+        self.gate: ConnectionGate | None = None
+        self.listener: asyncio.Server | None = None
+        self.holds = Reservations(gateway.keys, gateway.meter, gateway.policies)
 
     async def start(self, host: str, port: int) -> None:
         limit = self.gw.policies.max_body_bytes
@@ -66,16 +84,24 @@ class GatewayHttp:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/orchestra/chat/completions", self._orchestra)
-        # many streams at once to few engines: no per-host cap below the gateway's own queue
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300),
+        policies = self.gw.policies
+        cap = connection_cap(policies.max_connections)
+        # many streams at once to few engines: no per-host cap below the gateway's own; as many as its own connections
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=cap, limit_per_host=0, ttl_dns_cache=300),
                                              auto_decompress=False)
-        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # handler_cancellation: a client that leaves cancels its handler, which closes the upstream request (the engine stops)
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
+                                    keepalive_timeout=policies.idle_s)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, reuse_address=True)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        assert self.runner.server is not None
+        self.gate = ConnectionGate(quiet_factory(self.runner.server), cap, policies.first_request_s)
+        self.listener = await asyncio.get_running_loop().create_server(self.gate, host, port, reuse_address=True)
+        self.port = self.listener.sockets[0].getsockname()[1]
+        log.info("gateway: at most %d connections, first request within %g s, idle %g s", cap, policies.first_request_s, policies.idle_s)
 
     async def stop(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
         if self.runner is not None:
             await self.runner.cleanup()
         if self.session is not None:
@@ -118,6 +144,8 @@ class GatewayHttp:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
+        if self.gate is not None:
+            self.gate.request_seen(request.transport)
         if request.path == "/health":
             return await handler(request)
         header = request.headers.get("Authorization", "")
@@ -158,39 +186,67 @@ class GatewayHttp:
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:
-            body = await request.json()
+            raw = await asyncio.wait_for(request.read(), self.gw.policies.body_timeout_s)
+        except TimeoutError:
+            raise NotServable(408, f"the body did not arrive within {self.gw.policies.body_timeout_s:g} s", "body_timeout") from None
+        try:
+            body = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             raise NotServable(400, "the body is not JSON", "invalid_json") from None
+        except RecursionError:
+            raise NotServable(400, "the body is JSON nested too deeply", "invalid_json") from None
         if not isinstance(body, dict):
             raise NotServable(400, "the body must be a JSON object", "invalid_json")
         return body
 
+    def _model_name(self, body: dict[str, Any]) -> tuple[str, bool]:
+        """The asked model's name, checked for form before anything keeps it; and whether it names a known model."""
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise NotServable(400, "model is required (GET /v1/models lists them)", "invalid_model")
+        if not MODEL_NAME_RE.fullmatch(model):
+            raise NotServable(400, "model is no model's name (letters, digits and ._:/@+-, at most 256; GET /v1/models lists them)",
+                              "invalid_model")
+        name = self.gw.router.canonical(model)
+        router = self.gw.router
+        return model, (name in router.local or name in router.served()
+                       or find_provider_model(self.gw.lab.providers, name) is not None)
+
     async def _complete(self, request: web.Request, path: str) -> web.StreamResponse:
         started = time.monotonic()
         key = request["key"]
-        record = Record(key=key.name, model="?", tier="none", target=None, status=500, stream=False)
-        stats = None
+        record = Record(key=key.name, model=UNKNOWN_MODEL, tier="none", target=None, status=500, stream=False)
+        stats, hold, target, entered = None, None, None, False
         try:
             body = await self._body(request)
-            model = body.get("model")
-            if not isinstance(model, str) or not model:
-                raise NotServable(400, "model is required (GET /v1/models lists them)", "invalid_model")
+            model, known = self._model_name(body)
             problem = parameter_problem(body)
             if problem is not None:
                 raise NotServable(400, problem[0], "invalid_parameter", param=problem[1])
-            record.model, record.stream = self.gw.router.canonical(model), body.get("stream") is True
-            stats = self.gw.meter.stats(record.model)
-            stats.in_flight += 1
+            record.stream = body.get("stream") is True
+            if known:  # an unknown name gets no figures of its own (and its 404 below)
+                record.model = self.gw.router.canonical(model)
+                stats = self.gw.meter.stats(record.model)
+                stats.in_flight += 1
+            asked = asked_max_tokens(body, self.gw.policies.max_tokens)
             max_wait_s = _max_wait(request)
+            self.holds.enter(key)
+            entered = True
+            prompt_tokens = proxy.counted_prompt_tokens(body)
+            hold = self.holds.reserve_tokens(key, prompt_tokens, asked)
             for attempt in range(2):
                 target = await self.gw.router.route(model, max_wait_s)
                 record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
+                if not attempt:
+                    self.holds.reserve_money(hold, target, prompt_tokens)
+                upstream_body = with_max_tokens(body, hold)
                 timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
                 if record.stream:
                     response, outcome = await self.gw.router.while_awake(
-                        target, proxy.stream(request, self.session_for(target), target, path, body, timeout_s))
+                        target, proxy.stream(request, self.session_for(target), target, path, upstream_body, timeout_s))
                 else:
-                    outcome = await self.gw.router.while_awake(target, proxy.fetch(self.session_for(target), target, path, body, timeout_s))
+                    outcome = await self.gw.router.while_awake(
+                        target, proxy.fetch(self.session_for(target), target, path, upstream_body, timeout_s))
                     response = web.Response(body=outcome.raw, status=outcome.status, content_type=outcome.content_type,
                                             headers=proxy.tier_headers(target))
                 if outcome.status != 503 or target.tier != "local" or attempt:
@@ -202,14 +258,37 @@ class GatewayHttp:
         except NotServable as exc:
             record.status, record.error = exc.status, exc.message
             return error_response(exc.status, exc.message, exc.code, exc.retry_after_s, param=exc.param)
+        except UpstreamTooLarge as exc:
+            record.status, record.error = 502, f"{record.target}: {exc}"
+            return error_response(502, f"{record.model} on {record.target}: {exc}", "upstream_too_large")
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             record.status, record.error = 502, f"{record.target}: {exc or type(exc).__name__}"
             return error_response(502, f"{record.model} on {record.target}: {exc or type(exc).__name__}", "upstream_failed")
+        except asyncio.CancelledError:  # the client left: the upstream request is closed; what it produced is still charged
+            if target is not None and hold is not None:
+                self._abandoned(request, key, record, target, hold, body)
+            raise
         finally:
             if stats is not None:
                 stats.in_flight -= 1
+            if hold is not None:
+                self.holds.release(hold)
+            if entered:
+                self.holds.leave(key)
             record.latency_s = round(time.monotonic() - started, 6)
             self.gw.meter.record(record)
+
+    def _abandoned(self, request: web.Request, key: ApiKey, record: Record, target: Target, hold: Hold, body: dict) -> None:
+        """Meter a request whose client left: a stream at the tokens it produced so far; an answer not yet come at
+        its worst case where a provider bills it (a local engine stops when its connection closes: its prompt only)."""
+        outcome = request.get(proxy.STREAM_OUTCOME)
+        if outcome is None:
+            outcome = proxy.Outcome(status=499, prompt_tokens=proxy.counted_prompt_tokens(body), usage_source="reserved")
+            outcome.completion_tokens = max(0, hold.tokens - outcome.prompt_tokens) if target.tier == "provider" else 0
+        elif outcome.usage_source is None:
+            proxy.settle_counted(outcome, body)
+        outcome.status, outcome.error = 499, "the client closed the stream" if record.stream else "the client left before the answer came"
+        self._finish(key, record, outcome, target, body)
 
     def _finish(self, key: ApiKey, record: Record, outcome: proxy.Outcome, target: Target, body: dict) -> None:
         record.status, record.error, record.ttft_s = outcome.status, outcome.error, outcome.ttft_s
@@ -227,26 +306,27 @@ class GatewayHttp:
             members = self._members(body)
             deadline_s = _max_wait(request)
             if deadline_s is None:
-                deadline_s = float(body.get("deadline_s") or self.gw.policies.queue_timeout_s)
-        except (NotServable, TypeError, ValueError) as exc:
-            if isinstance(exc, NotServable):
-                return error_response(exc.status, exc.message, exc.code)
-            return error_response(400, f"deadline_s: {exc}", "invalid_deadline")
+                deadline_s = _deadline(body.get("deadline_s"), self.gw.policies.queue_timeout_s)
+            asked_max_tokens(body, self.gw.policies.max_tokens)
+            self.holds.enter(request["key"])
+        except NotServable as exc:
+            return error_response(exc.status, exc.message, exc.code, exc.retry_after_s)
         payload = {k: v for k, v in body.items() if k not in ("models", "group", "deadline_s", "stream")}
         started = time.monotonic()
         tasks = {name: asyncio.create_task(self._one(request["key"], name, payload, deadline_s)) for name in members}
-        done, pending = await asyncio.wait(tasks.values(), timeout=deadline_s)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            done, pending = await asyncio.wait(tasks.values(), timeout=deadline_s)
+        finally:  # the client left (cancelled) or the deadline passed: no member keeps running upstream
+            for task in tasks.values():
+                task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            self.holds.leave(request["key"])
         results = []
         for name, task in tasks.items():
             if task in done and not task.cancelled() and task.exception() is None:
                 results.append(task.result())
             else:
                 results.append({"model": name, "status": "timeout", "error": f"no answer within the {deadline_s:g} s deadline"})
-                self.gw.meter.record(Record(key=request["key"].name, model=self.gw.router.canonical(name), tier="none", target=None,
-                                            status=504, stream=False, latency_s=round(deadline_s, 6), error="orchestra deadline"))
         answered = [r for r in results if r["status"] == "ok"]
         return web.json_response({
             "object": "orchestra.chat.completion", "deadline_s": deadline_s, "latency_s": round(time.monotonic() - started, 6),
@@ -274,10 +354,15 @@ class GatewayHttp:
         record = Record(key=key.name, model=self.gw.router.canonical(name), tier="none", target=None, status=500, stream=False)
         stats = self.gw.meter.stats(record.model)
         stats.in_flight += 1
+        hold, target = None, None
         try:
+            prompt_tokens = proxy.counted_prompt_tokens(payload)
+            hold = self.holds.reserve_tokens(key, prompt_tokens, asked_max_tokens(payload, self.gw.policies.max_tokens))
             target = await self.gw.router.route(name, deadline_s)
             record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
-            outcome = await proxy.fetch(self.session_for(target), target, "/chat/completions", {**payload, "model": name}, deadline_s)
+            self.holds.reserve_money(hold, target, prompt_tokens)
+            outcome = await proxy.fetch(self.session_for(target), target, "/chat/completions",
+                                        with_max_tokens({**payload, "model": name}, hold), deadline_s)
             self._finish(key, record, outcome, target, payload)
             result = {"model": target.model, "tier": target.tier, "target": target.where, "simulated": target.simulated,
                       "status": "ok" if outcome.status == 200 else "error", "http_status": outcome.status,
@@ -293,10 +378,19 @@ class GatewayHttp:
         except NotServable as exc:
             record.status, record.error = exc.status, exc.message
             return {"model": record.model, "status": "error", "http_status": exc.status, "error": exc.message}
-        except (aiohttp.ClientError, OSError) as exc:
+        except (aiohttp.ClientError, OSError, UpstreamTooLarge) as exc:
             record.status, record.error = 502, str(exc)
             return {"model": record.model, "status": "error", "http_status": 502, "error": str(exc)}
+        except asyncio.CancelledError:  # past the deadline, or the client left: a provider bills what it was asked
+            if target is not None and hold is not None and target.tier == "provider":
+                outcome = proxy.Outcome(status=504, prompt_tokens=prompt_tokens, completion_tokens=max(0, hold.tokens - prompt_tokens),
+                                        usage_source="reserved", error="orchestra deadline")
+                self._finish(key, record, outcome, target, payload)
+            record.status, record.error = 504, "orchestra deadline"
+            raise
         finally:
+            if hold is not None:
+                self.holds.release(hold)
             stats.in_flight -= 1
             record.latency_s = round(time.monotonic() - started, 6)
             if record.status != 500 or record.error:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.safe_read import read_range, read_tail
+
 MAX_READ_BYTES = 256 * 1024  # per call or push; a follower catches up over the next ticks
+TAIL_MAX_BYTES = 8 * 1024 * 1024  # the most a tail reads of one file (a reply is cut at 8 MiB anyway)
 
 
 def _lines(data: bytes) -> list[str]:
@@ -14,24 +16,27 @@ def _lines(data: bytes) -> list[str]:
 
 
 def tail(path: Path, lines: int) -> tuple[list[str], int]:
-    """The last `lines` lines (from the current file, then the rotated `.1`) and the current file's size."""
+    """The last `lines` lines (from the current file, then the rotated `.1`) and the current file's size. Long lines
+    widen the read (x4 at a time, up to TAIL_MAX_BYTES), so as many lines come back as were asked and exist."""
     out: list[str] = []
     size = 0
     for i, candidate in enumerate((path, path.with_name(path.name + ".1"))):
-        try:
-            with open(candidate, "rb") as f:
-                end = f.seek(0, os.SEEK_END)
-                if i == 0:
-                    size = end
-                start = max(0, end - max(4096, lines * 512))
-                f.seek(start)
-                chunk = f.read()
-        except OSError:
-            continue
-        found = _lines(chunk)
-        if start > 0 and found:
-            found = found[1:]  # the first one is cut
-        out = found + out
+        window = max(4096, lines * 512)
+        while True:
+            try:
+                chunk, start, end = read_tail(candidate, window)
+            except OSError:  # missing, or not a regular file (never followed or waited on)
+                chunk, start, end = b"", 0, 0
+                break
+            found = _lines(chunk)
+            if start > 0 and found:
+                found = found[1:]  # the first one is cut
+            if len(found) + len(out) >= lines or start == 0 or window >= TAIL_MAX_BYTES:
+                break
+            window = min(TAIL_MAX_BYTES, window * 4)
+        if i == 0:
+            size = end
+        out = found + out if chunk else out
         if len(out) >= lines:
             break
     return out[-lines:] if lines else [], size
@@ -41,12 +46,10 @@ def read_from(path: Path, offset: int, final: bool = False) -> tuple[list[str], 
     """Complete lines from `offset` on (from 0 when the file was rotated under it) and the next offset;
     `final`: the file will not grow, so a last line without a newline counts too."""
     try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            if offset > size:
-                offset = 0
-            f.seek(offset)
-            data = f.read(MAX_READ_BYTES)
+        data, size = read_range(path, offset, MAX_READ_BYTES)
+        if offset > size:
+            offset = 0
+            data, size = read_range(path, offset, MAX_READ_BYTES)
     except OSError:
         return [], offset
     end = len(data) - 1 if final else data.rfind(b"\n")

@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.jobs import recipes
 from agents.jobs.job import Job
+from agents.sections import JobInfo
+from agents.states import JobState
 from agents.protocol import Role
 from agents.rpc import Peer
 
@@ -48,6 +50,14 @@ class ListParams(BaseModel):
     limit: int = Field(default=100, ge=1, le=10000)
 
 
+def damaged_job(job_id: str, recipe: object, machine: str, exc: Exception) -> dict[str, Any]:
+    """A job whose record in state.db cannot be read, as a listing line that says so."""
+    log.error("job %s: its record in state.db is unreadable (%s); listed as damaged", job_id, str(exc)[:200])
+    return JobInfo(id=str(job_id), recipe=recipe if isinstance(recipe, str) else "?", machine=machine, state=JobState.LOST,
+                   started_at=0.0, output_dir="", log_path="", damaged=True,
+                   error=f"damaged record in state.db: {type(exc).__name__}: {str(exc)[:200]}").to_wire()
+
+
 def register(jobs: JobsComponent) -> None:
     """The jobs.* methods."""
     agent = jobs.agent
@@ -59,10 +69,16 @@ def register(jobs: JobsComponent) -> None:
 
     @rpc.method("jobs.list", params=ListParams, doc="Jobs, newest first: the active ones and recent history.")
     async def list_jobs(peer: Peer, params: ListParams) -> list:
-        rows = agent.store.query("SELECT id, record FROM jobs ORDER BY n DESC LIMIT ?", (params.limit,))
+        rows = agent.store.query("SELECT id, recipe, record FROM jobs ORDER BY n DESC LIMIT ?", (params.limit,))
         now = time.time()
-        listed = [jobs.jobs.get(row["id"]) or Job.from_record(row["record"]) for row in rows]
-        return [job.to_json(agent.simulated, now) for job in listed]
+        listed = []
+        for row in rows:
+            try:
+                job = jobs.jobs.get(row["id"]) or Job.from_record(row["record"])
+                listed.append(job.to_json(agent.simulated, now))
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:  # one bad row costs its own line only
+                listed.append(damaged_job(row["id"], row["recipe"], agent.machine.name, exc))
+        return listed
 
     @rpc.method("jobs.get", params=JobParams, doc="One job, with its command line and last log lines.")
     async def get_job(peer: Peer, params: JobParams) -> dict:

@@ -14,10 +14,11 @@ log = logging.getLogger("cetlab.jobs")
 LOSS_POINTS = 120  # loss history kept per job, for the sparkline
 
 
-def update_progress(job: Job) -> bool:
-    """Take in the trainer's progress file; a bad one is reported on the job, never raised."""
+def update_progress(job: Job, raw: bytes | OSError | None = None) -> bool:
+    """Take in the trainer's progress file (or what reading it off the loop gave, `raw`); a bad one is reported on
+    the job, never raised."""
     try:
-        doc = load_progress(Path(job.job_dir) / "progress.json")
+        doc = load_progress(Path(job.job_dir) / "progress.json", raw)
     except BadDocument as exc:
         return _progress_problem(job, str(exc))
     if doc is None or doc.updated_at == job.progress.get("updated_at"):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from agents.documents import ChildRecord, ExitRecord, load_quietly
+from agents.documents import MAX_DOCUMENT_BYTES, ChildRecord, ExitRecord, load_quietly
 from agents.jobs import recipes
 from agents.jobs.gpu_load import check_starved, claim_sim_gpus
 from agents.jobs.job import Job, JobView
@@ -27,6 +27,7 @@ from agents.jobs.methods import LogsParams, register
 from agents.jobs.multinode import Coordinator, NodeLaunch, register as register_nodes
 from agents.jobs.progress import update_progress
 from agents.jobs.refind import found_on_disk, keep_on_disk
+from agents.safe_read import READ_TIMEOUT_S, read_capped_async
 from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, descendants
 from agents.lab import Trainer
 from agents.protocol import EVENT_LOG, EVENT_NOTICE, ErrorCode, RemoteError, Telemetry
@@ -58,6 +59,18 @@ SCHEMA = [
     )""",
     "CREATE INDEX jobs_state ON jobs(state)",
 ]
+
+
+PREFETCH_WAIT_S = 0.5  # how long a tick waits for the progress files' reads
+
+
+async def _read_progress(path: Path) -> bytes | OSError:
+    try:
+        return await read_capped_async(path, MAX_DOCUMENT_BYTES)
+    except TimeoutError:  # (an OSError too): no news this time
+        return OSError(f"not read within {READ_TIMEOUT_S:g} s")
+    except OSError as exc:  # missing (no news), not a regular file, too large: the parser says which
+        return exc
 
 
 def _alive(pid: int | None, started: float | None) -> bool:
@@ -94,6 +107,8 @@ class JobsComponent:
         self.agent: Agent | None = None
         self.jobs: dict[str, Job] = {}
         self.followers: dict[tuple[int, str], tuple[Peer, Follower]] = {}
+        self._reads: dict[str, asyncio.Task] = {}  # job id -> its progress file being read off the loop
+        self._read: dict[str, bytes | OSError] = {}  # job id -> what the last finished read gave, for the next tick
 
     # -- lifecycle
 
@@ -360,6 +375,19 @@ class JobsComponent:
         self.agent.notify(EVENT_NOTICE, {"level": "info" if job.state == JobState.EXITED else "error",
                                          "message": f"job {job.id} ({job.recipe}) {job.state}" + (f" with exit code {job.exit_code}" if job.exit_code is not None else "")})
 
+    async def prefetch(self) -> None:
+        """Before a tick: the active jobs' progress files read in threads (the agent waits at most PREFETCH_WAIT_S; a
+        read still going is left to finish, never started twice). A trainer controls that file: see agents/safe_read.py."""
+        for job in self.jobs.values():
+            if job.active and job.id not in self._reads:
+                self._reads[job.id] = asyncio.create_task(_read_progress(Path(job.job_dir) / "progress.json"))
+        if self._reads:
+            await asyncio.wait(self._reads.values(), timeout=PREFETCH_WAIT_S)
+        for job_id, task in list(self._reads.items()):
+            if task.done():
+                del self._reads[job_id]
+                self._read[job_id] = task.result()
+
     def on_telemetry(self, telemetry: Telemetry) -> None:
         now = time.time()
         for job in list(self.jobs.values()):
@@ -368,7 +396,8 @@ class JobsComponent:
             before = job.record()
             if job.pid is None:
                 self._read_child(job)
-            progressed = update_progress(job)
+            raw = self._read.pop(job.id, None)
+            progressed = update_progress(job, raw) if raw is not None else False
             if self._runner_ended(job):
                 self._finish(job)
             else:
@@ -444,5 +473,9 @@ class JobsComponent:
             rows = self.agent.store.query("SELECT record FROM jobs WHERE id=?", (job_id,))
             if not rows:
                 raise RemoteError(ErrorCode.NOT_FOUND, f"no job {job_id!r} on {self.agent.machine.name} (see `cetlab jobs`)")
-            job = Job.from_record(rows[0]["record"])
+            try:
+                job = Job.from_record(rows[0]["record"])
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+                raise RemoteError(ErrorCode.UNAVAILABLE, f"job {job_id!r}: its record in state.db is damaged "
+                                  f"({type(exc).__name__}: {str(exc)[:200]})") from None
         return job

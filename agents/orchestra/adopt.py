@@ -102,6 +102,17 @@ def found_on_disk(models_dir: Path) -> dict[str, dict[str, Any]]:
     return kept
 
 
+def _ours(pid: int, create_time: Any, port: Any) -> bool:
+    """The very engine a record names, before any signal: the pid alive with the recorded start time (a record
+    without one names nothing), leading its own process group, with the recorded port on its command line."""
+    if isinstance(create_time, bool) or not isinstance(create_time, (int, float)) or not _alive(pid, float(create_time)):
+        return False
+    try:
+        return os.getpgid(pid) == pid and str(port) in psutil.Process(pid).cmdline()
+    except (OSError, psutil.Error):
+        return False
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -115,7 +126,9 @@ async def adopt(pool: OrchestraComponent, records: dict[str, dict[str, Any]]) ->
     for name, record in records.items():
         slot = pool.slots.get(name)
         pid, create_time = record.get("pid"), record.get("create_time")
-        if not isinstance(pid, int) or not _alive(pid, create_time):
+        if not isinstance(pid, int) or not _ours(pid, create_time, record.get("port")):
+            if isinstance(pid, int) and create_time is None:
+                log.warning("engine record of %s names pid %s without its start time: not trusted, left alone", name, pid)
             continue
         if slot is None:
             log.warning("engine pid %s serves %s, no longer in lab.yaml for this machine: stopping it", pid, name)

@@ -23,6 +23,7 @@ from agents.lab import Model
 from agents.orchestra.lora_rules import lora_config_problem
 from agents.orchestra.spec import EngineSpec, GpuBuild
 from agents.protocol import GpuSample
+from agents.safe_read import ADAPTER_CONFIG_MAX_BYTES, read_capped
 
 GIB = 1024**3
 MAX_GPU_MEMORY_UTILIZATION = 0.95
@@ -304,7 +305,7 @@ def adapter_problem(adapter_dir: Path, model: Model) -> str | None:
     """
     config_file = adapter_dir / "adapter_config.json"
     try:
-        config = json.loads(config_file.read_text())
+        config = json.loads(read_capped(config_file, ADAPTER_CONFIG_MAX_BYTES))
     except (OSError, ValueError) as exc:
         return f"{config_file} is not a readable adapter config ({getattr(exc, 'strerror', None) or exc})"
     if not isinstance(config, dict):

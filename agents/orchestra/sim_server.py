@@ -27,6 +27,8 @@ import hashlib
 import json
 import os
 import random
+import select
+import socket
 import sys
 import threading
 import time
@@ -178,18 +180,21 @@ class SimEngineState:
         self.m_waiting.labels(self.name).set(self.waiting + self.parked)
         self.m_kv.labels(self.name).set(round(0.9 * self.running / MAX_NUM_SEQS, 4))
 
-    def generate(self, prompt: str, max_tokens: int, on_token=None, sampling: Sampling | None = None) -> tuple[str, int, int]:
+    def generate(self, prompt: str, max_tokens: int, on_token=None, sampling: Sampling | None = None,
+                 client_gone=None) -> tuple[str, int, int]:
         """Serve one request (one sequence): the text, prompt and completion tokens (see generate_choices)."""
         choices, prompt_tokens = self.generate_choices(prompt, sampling or Sampling(max_tokens=max_tokens),
-                                                       None if on_token is None else (lambda _i, piece: on_token(piece)))
+                                                       None if on_token is None else (lambda _i, piece: on_token(piece)), client_gone)
         return choices[0].text, prompt_tokens, len(choices[0].pieces)
 
-    def generate_choices(self, prompt: str, sampling: Sampling, on_token=None) -> tuple[list[Choice], int]:
+    def generate_choices(self, prompt: str, sampling: Sampling, on_token=None, client_gone=None) -> tuple[list[Choice], int]:
         """Serve one request: queue while the engine sleeps, wait for a slot, pay the warm-up once, produce the
         ``n`` sequences' tokens at the configured rate (one step makes a token of each).
 
         ``on_token(index, piece)`` (streaming) is called as each token is produced; raises Aborted when the
-        engine is put to sleep with mode=abort meanwhile (the choices so far are in the exception's args)."""
+        engine is put to sleep with mode=abort meanwhile (the choices so far are in the exception's args).
+        ``client_gone()`` is asked at each step, and ClientGone raised when it says so (vLLM aborts a request whose client
+        disconnected: its routes are wrapped in ``with_cancellation``), which frees the slot."""
         received = time.monotonic()
         if not self.awake.is_set():  # vLLM queues requests to a sleeping engine until it wakes (counted as waiting)
             with self.lock:
@@ -232,6 +237,8 @@ class SimEngineState:
                 for step in range(max(len(c.pieces) for c in choices)):
                     if step and per_token_s:
                         time.sleep(per_token_s)
+                    if client_gone is not None and client_gone():
+                        raise ClientGone()
                     if self.frozen:
                         self.awake.wait()
                     if self.abort_epoch != epoch:
@@ -266,6 +273,10 @@ class SimEngineState:
         if not self.asleep:
             self.frozen = False
             self.awake.set()
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer: the request was aborted."""
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -380,7 +391,11 @@ class Handler(BaseHTTPRequestHandler):
                 self._stream(chat, prompt, sampling)
                 return
             try:
-                choices, prompt_tokens = state.generate_choices(prompt, sampling)
+                choices, prompt_tokens = state.generate_choices(prompt, sampling, client_gone=self._client_gone)
+            except ClientGone:
+                log(f"{self.address_string()} disconnected: request aborted")
+                self.close_connection = True
+                return
             except Aborted as exc:
                 choices, prompt_tokens = exc.args
             out = []
@@ -400,6 +415,14 @@ class Handler(BaseHTTPRequestHandler):
             })
         else:
             self._send(404, {"error": f"no route {url.path}"})
+
+    def _client_gone(self) -> bool:
+        """The client closed its connection (it reads as end of file) while its answer was being made."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def _load_adapter(self, state: SimEngineState, body: dict) -> None:
         """vLLM's rules: runtime updating allowed, --enable-lora, a readable PEFT adapter it can serve."""

@@ -36,10 +36,10 @@ def asked_max_tokens(body: dict[str, Any], cap: int) -> int | None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise NotServable(400, f"{name} must be a whole number >= 1", "invalid_max_tokens")
+            raise NotServable(400, f"{name} must be a whole number >= 1", "invalid_max_tokens", param=name)
         if value > cap:
             raise NotServable(400, f"{name} is {str(value)[:24]}; this gateway answers at most {cap} tokens a request "
-                              "(gateway.policies.max_tokens)", "invalid_max_tokens")
+                              "(gateway.policies.max_tokens)", "invalid_max_tokens", param=name)
         return value
     return None
 

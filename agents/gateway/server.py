@@ -220,6 +220,7 @@ class GatewayHttp:
         try:
             body = await self._body(request)
             model, known = self._model_name(body)
+            asked = asked_max_tokens(body, self.gw.policies.max_tokens)  # the gateway's own cap first, then OpenAI's ranges
             problem = parameter_problem(body)
             if problem is not None:
                 raise NotServable(400, problem[0], "invalid_parameter", param=problem[1])
@@ -228,7 +229,6 @@ class GatewayHttp:
                 record.model = self.gw.router.canonical(model)
                 stats = self.gw.meter.stats(record.model)
                 stats.in_flight += 1
-            asked = asked_max_tokens(body, self.gw.policies.max_tokens)
             max_wait_s = _max_wait(request)
             self.holds.enter(key)
             entered = True

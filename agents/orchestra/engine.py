@@ -8,7 +8,6 @@ import math
 import os
 import re
 import signal
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, descendants
 from agents.lab import Model
+from agents.ports import server_port
 from agents.protocol import GpuSample
 
 GIB = 1024**3
@@ -48,9 +48,7 @@ class EngineRequestFailed(Exception):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return server_port(host)  # not port 0's: an outgoing connection may take that before the engine binds it
 
 
 def _sum_samples(families: dict[str, Any], names: tuple[str, ...], suffix: str = "") -> float | None:

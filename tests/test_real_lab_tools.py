@@ -46,7 +46,9 @@ def test_doctor_fails_a_transformers_too_old_to_serve(monkeypatch, version, leve
 
 
 def run_script(*args: str, path: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": path})
+    # no CUDA device for torch, whatever this machine has: the fake nvidia-smi's GPU is the one these tests mean
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": path, "CUDA_VISIBLE_DEVICES": ""})
 
 
 def fake_nvidia_smi(folder: Path, listing: str) -> str:

@@ -185,3 +185,24 @@ async def test_the_details_follow_the_row_when_the_served_model_warms(frozen_app
         await pilot.pause()
         assert "(warm)" in str(screen.table().get_cell(str(best["step"]), "flags"))
         assert "merged on model m5-3-step250, warm" in str(screen.query_one("#ckpt-detail").render())
+
+
+async def test_a_serve_on_its_way_is_fetched_again_until_it_settles(frozen_app, monkeypatch):
+    """Merging, then loading: the run's summary and job do not change, the listing must be asked for again (it said merging forever)."""
+    app = frozen_app
+    async with app.run_test(size=SIZE) as pilot:
+        await until_drawn(pilot)
+        await pilot.press("colon", *"checkpoints", "enter")
+        screen = await wait_for(lambda: isinstance(app.screen, CheckpointsScreen) and app.screen)
+        fetched: list[str] = []
+        monkeypatch.setattr(screen, "fetch", lambda machine, run: fetched.append(run))
+        monkeypatch.setattr(app, "connect", True)
+        _, detail = frozen_run()
+        best = next(c for c in detail["checkpoints"] if c["is_best"])
+        for state, again in (("merging", True), ("loading", True), ("warm", False)):
+            best["serving"]["state"] = state
+            screen.show_detail(copy.deepcopy(detail))
+            screen._fetched = (screen.summary(), time.monotonic() - 10)  # fetched 10 s ago; the run's job has exited
+            fetched.clear()
+            screen.refresh_data()
+            assert fetched == (["m5-3"] if again else []), state

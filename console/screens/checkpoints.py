@@ -21,7 +21,8 @@ from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, plural
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
 
-ACTIVE_REFETCH_S = 3.0  # while the run's job trains, its listing is fetched again this often
+ACTIVE_REFETCH_S = 3.0  # while the run's job trains or one of its checkpoints is being served, its listing is fetched again this often
+SERVING_SETTLED = {"warm", "sleeping", "failed", "cold", "cached", "unloaded"}  # a serve in any other state (merging, loading ...) moves on
 COLUMNS = [("step", "STEP", 7), ("epoch", "EPOCH", 6), ("loss", "LOSS", 8), ("eval", "EVAL", 8), ("size", "SIZE", 7),
            ("save", "SAVE", 7), ("kind", "KIND", 17), ("age", "WRITTEN", 12), ("flags", "", 60)]
 DROP = ("epoch", "save", "kind", "eval", "size")  # narrow: these go, in this order
@@ -51,6 +52,11 @@ def checkpoint_cells(ckpt: dict[str, Any], now: float) -> tuple[Any, ...]:
     age = NA if ckpt.get("written_at") is None else fmt_duration(max(0.0, now - ckpt["written_at"])) + " ago"
     return (Text(str(ckpt["step"]), style="bold" if ckpt.get("is_best") else ""), fmt(ckpt.get("epoch"), ".2f"),
             loss_text(ckpt.get("loss")), loss_text(ckpt.get("eval_loss")), fmt_bytes(ckpt["size_bytes"]), save, kind, age, flags_text(ckpt))
+
+
+def serving_moves(detail: dict[str, Any] | None) -> bool:
+    """Whether a checkpoint of this listing is on its way to being served (its state will change without the run's)."""
+    return any((c.get("serving") or {}).get("state", "warm") not in SERVING_SETTLED for c in (detail or {}).get("checkpoints", []))
 
 
 def run_line(run: RunSummary, index: int, total: int) -> str:
@@ -146,8 +152,8 @@ class CheckpointsScreen(LabScreen):
         if summary is not None:
             index = runs.index(summary)
             self.query_one("#ckpt-run", Static).update(run_line(summary, index, len(runs)))
-            stale = self._fetched is None or self._fetched[0] != summary or (
-                summary.job_state in JOB_ACTIVE and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
+            moving = summary.job_state in JOB_ACTIVE or serving_moves(self.detail)  # a serve changes no summary: ask again
+            stale = self._fetched is None or self._fetched[0] != summary or (moving and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
             if stale and self.lab_app.connect:
                 self._fetched = (summary, time.monotonic())
                 self.fetch(*self.run_key)

@@ -132,6 +132,11 @@ async def test_two_nodes_train_to_exit_0_with_rank_0_checkpoints_and_progress(la
         assert [j["id"] for j in json.loads(shown.stdout)["jobs"]] == [started["id"]], shown.stderr
         assert "a+b" in cli(lab, "jobs").stdout
         assert "finished at step 6" in cli(lab, "logs", started["id"], "--node", "b").stdout
+        # both agents see the run's folder (one filesystem: shared storage): one run, one row, and its name is enough
+        runs = await wait_for(lambda: _runs_listed(lab, started["id"]), timeout=30)
+        assert len(runs) == 1 and runs[0]["count"] == 2, runs
+        listing = cli(lab, "checkpoints", started["id"])
+        assert listing.returncode == 0 and listing.stdout.startswith(f"run {started['id']} on a"), listing.stdout + listing.stderr
     finally:
         await client.stop()
 
@@ -336,6 +341,12 @@ async def test_a_fixed_rendezvous_port_in_use_fails_the_job_in_one_line(tmp_path
                 await client.stop()
 
 
+def _runs_listed(demo: DemoLab, run: str) -> list[dict] | None:
+    """The rows of `cetlab checkpoints --json` for this run, once both agents have found its folder."""
+    shown = json.loads(cli(demo, "checkpoints", "--json").stdout)
+    return [r for r in shown["runs"] if r["run"] == run] or None
+
+
 async def _node_started(client: FleetClient, machine: str, job_id: str) -> dict | None:
     try:
         return await job_on(client, machine, job_id)
@@ -360,3 +371,13 @@ def test_server_ports_come_from_below_the_ephemeral_range(tmp_path):
     assert all(ports.is_free(port) for port in chosen)
     (tmp_path / "range").write_text("40000\t60999\n")
     assert ports.ephemeral_low(tmp_path / "range") == 40000 and ports.ephemeral_low(tmp_path / "missing") == ports.DEFAULT_EPHEMERAL_LOW
+
+
+def test_one_row_per_run_keeps_a_multi_node_run_once_and_other_runs_apart():
+    from console.runs import RunKey, one_row_per_run
+
+    rows = [("irina", "m5-4", "m5-4", 3), ("m5", "m5-4", "m5-4", 3), ("m5", "exp1", None, 2), ("irina", "exp1", None, 1),
+            ("irina", "m5-5", "m5-5", 2), ("m5", "m5-5", "m5-5", 0)]
+    kept = one_row_per_run(rows, lambda r: RunKey(*r))
+    # the coordinator's row on a tie, the node with the checkpoints otherwise (no shared storage: rank 0's folder); hand runs apart
+    assert kept == [("m5", "m5-4", "m5-4", 3), ("m5", "exp1", None, 2), ("irina", "exp1", None, 1), ("irina", "m5-5", "m5-5", 2)]

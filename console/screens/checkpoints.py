@@ -14,6 +14,7 @@ from textual.widgets import Footer, Static
 from agents.protocol import RemoteError
 from agents.sections import RunSummary
 from agents.states import JOB_ACTIVE
+from console.runs import RunKey, one_row_per_run
 from console.screens.base import LabScreen
 from console.screens.modals import AskNumberScreen
 from widgets.checkpoint_timeline import CheckpointTimeline
@@ -129,7 +130,8 @@ class CheckpointsScreen(LabScreen):
     # -- data
 
     def runs(self) -> list[RunSummary]:
-        return [run for view in self.lab_app.state.machines.values() for run in view.checkpoints]
+        runs = [run for view in self.lab_app.state.machines.values() for run in view.checkpoints]
+        return one_row_per_run(runs, lambda r: RunKey(r.machine, r.run, r.job, r.count))  # a multi-node run once
 
     def summary(self) -> RunSummary | None:
         return next((r for r in self.runs() if self.run_key == (r.machine, r.run)), None)

@@ -12,7 +12,7 @@ class RunKey(NamedTuple):
     machine: str
     run: str
     job: str | None  # the job id: every node of a multi-node job has the same one
-    count: int  # complete checkpoints in the folder
+    checkpoints: int  # complete checkpoints in the folder
 
 
 def one_row_per_run(rows: list[Row], key: Callable[[Row], RunKey]) -> list[Row]:
@@ -33,4 +33,4 @@ def one_row_per_run(rows: list[Row], key: Callable[[Row], RunKey]) -> list[Row]:
 
 
 def _rank(k: RunKey) -> tuple[int, bool]:
-    return k.count, k.job is not None and k.job.rsplit("-", 1)[0] == k.machine
+    return k.checkpoints, k.job is not None and k.job.rsplit("-", 1)[0] == k.machine

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import shlex
@@ -107,3 +108,25 @@ def test_the_gateway_wake_example_wakes_after_the_demo_restarted_warm(tmp_path):
         result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, f"{script}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         assert "x-cetlab-woke: true" in result.stdout.lower(), result.stdout[-3000:]
+
+
+# ---------------------------------------------------------------------------- the multi-node run
+
+
+def test_the_multi_node_run_runs_as_written(demo_lab):
+    """`cetlab train ddp-2node --follow` from the README: one job over m5 and irina, exit 0 (EADDRINUSE on its first try once)."""
+    text = (REPO / "README.md").read_text()
+    command = re.search(r"`(cetlab train ddp-2node[^`]*)`", text)
+    assert command and "--follow" in command.group(1)
+    argv = shlex.split(command.group(1))
+    result = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path), *argv[1:]],
+                            capture_output=True, text=True, timeout=540)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    job_id = re.match(r"job (m5-\d+) \(ddp-2node\)", result.stdout).group(1)
+    for _ in range(60):  # the coordinator hears of the other node's end at its next poll (every second)
+        job = next(j for j in json.loads(cli(demo_lab, "--json", "jobs").stdout)["jobs"] if j["id"] == job_id)
+        if all(n["state"] == "exited" for n in job["nodes"]):
+            break
+    assert job["state"] == "exited" and [n["state"] for n in job["nodes"]] == ["exited", "exited"], job
+    listing = cli(demo_lab, "checkpoints", job_id)  # one run on shared storage: its name is enough
+    assert listing.returncode == 0 and listing.stdout.startswith(f"run {job_id} on m5"), listing.stdout + listing.stderr

@@ -418,3 +418,11 @@ def test_a_ctrl_c_before_the_verb_runs_exits_130_without_a_traceback(monkeypatch
     finally:
         gc.unfreeze()
     assert info.value.code == 130
+
+
+def test_the_start_forms_bounds_keep_exponents_and_minus_signs():
+    """The N/A marker is "-": removing it ate 1e-06's sign and a negative minimum's ("(float, 1e06..1)")."""
+    from console.screens.modals import param_hint
+
+    assert "(float, 1e-06..1)" in param_hint({"name": "learning_rate", "type": "float", "min": 1e-6, "max": 1.0, "flag": "--learning-rate"})
+    assert "(float, -2.5..)" in param_hint({"name": "bias", "type": "float", "min": -2.5, "max": None, "flag": "--bias"})

@@ -164,8 +164,8 @@ class PickRecipeScreen(ModalScreen[dict | None]):
 def param_hint(param: dict[str, Any]) -> str:
     parts = [param["type"]]
     if param.get("min") is not None or param.get("max") is not None:
-        low, high = (NA if param.get(k) is None else fmt_limit(param[k]) for k in ("min", "max"))
-        parts.append(f"{low}..{high}".replace(NA, ""))
+        low, high = ("" if param.get(k) is None else fmt_limit(param[k]) for k in ("min", "max"))  # an open end stays empty
+        parts.append(f"{low}..{high}")
     text = f"[b]{param['name']}[/b] ({', '.join(parts)}) {param['flag']}"
     return text + (f"  [dim]{param['help']}[/]" if param.get("help") else "")
 

@@ -29,6 +29,11 @@ def _view_factory(name: str):
     return lambda: getattr(importlib.import_module(module), cls)()
 
 
+def notice_toast(machine: str, notice: dict[str, Any]) -> str:
+    """A notice as its toast says it: the machine it came from (the agent leaves it out of the message), then the message."""
+    return f"{machine}: {notice.get('message', '')}"
+
+
 class CetlabApp(App):
     TITLE = "cetlab"
     CSS_PATH = "styles/app.tcss"
@@ -90,7 +95,7 @@ class CetlabApp(App):
     def _on_event(self, machine: str, event: str, data: Any) -> None:
         if event == EVENT_NOTICE and isinstance(data, dict):
             severity = {"critical": "error", "error": "error", "warning": "warning"}.get(data.get("level", ""), "information")
-            self.notify(f"{machine}: {data.get('message', '')}", severity=severity, timeout=8)
+            self.notify(notice_toast(machine, data), severity=severity, timeout=8)
 
     # -- actions
 

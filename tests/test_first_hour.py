@@ -426,3 +426,14 @@ def test_the_start_forms_bounds_keep_exponents_and_minus_signs():
 
     assert "(float, 1e-06..1)" in param_hint({"name": "learning_rate", "type": "float", "min": 1e-6, "max": 1.0, "flag": "--learning-rate"})
     assert "(float, -2.5..)" in param_hint({"name": "bias", "type": "float", "min": -2.5, "max": None, "flag": "--bias"})
+
+
+def test_a_rotation_line_names_the_machines_own_models_of_the_set():
+    """`cetlab rotate` said "workstation: rotated to set 2 of 2 (qwen2.5-coder-7b, mistral-7b-awq)" though none of them is there."""
+    last = {"t": 900.0, "index": 1, "duration_s": 0.1, "swaps": [], "out": [], "up": [], "not_warm": [], "problems": []}
+    rotation = {"plan": [["a"], ["qwen", "mistral", "phi"]], "index": 1, "running": False, "next_at": 2000.0, "pinned": [],
+                "overhead_pct": 0.0, "target_pct": 1.0, "last": last}
+    text = rotation_human({"workstation": rotation, "irina": rotation}, now=1000.0,
+                          models_on={"workstation": {"tiny"}, "irina": {"mistral", "phi"}})
+    assert "workstation: rotated to set 2 of 2 (none of its models) in 0.1 s" in text, text
+    assert "irina: rotated to set 2 of 2 (mistral, phi) in 0.1 s" in text, text

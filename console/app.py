@@ -75,7 +75,12 @@ class CetlabApp(App):
         if not self.is_running:  # shutting down: the views' widgets are being removed
             return
         screen = self.screen
-        if not isinstance(screen, LabScreen) or not screen.ready:
+        if not isinstance(screen, LabScreen):  # a modal: the view beneath it still shows, its clock and cost must go on
+            beneath = next((s for s in reversed(self.screen_stack) if isinstance(s, LabScreen)), None)
+            if beneath is not None and beneath.ready:
+                beneath.refresh_header()
+            return
+        if not screen.ready:
             return
         screen.refresh_header()
         screen.tick(self.state.version, time.monotonic())

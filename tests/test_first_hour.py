@@ -437,3 +437,26 @@ def test_a_rotation_line_names_the_machines_own_models_of_the_set():
                           models_on={"workstation": {"tiny"}, "irina": {"mistral", "phi"}})
     assert "workstation: rotated to set 2 of 2 (none of its models) in 0.1 s" in text, text
     assert "irina: rotated to set 2 of 2 (mistral, phi) in 0.1 s" in text, text
+
+
+async def test_the_header_clock_and_cost_go_on_while_a_modal_is_open():
+    from console.app import CetlabApp
+    from console.client import FleetClient
+    from console.screens.modals import HelpScreen
+    from tests.conftest import until_drawn, wait_for
+    from tests.console_fixtures import FROZEN_NOW, frozen_state
+    from widgets.lab_header import LabHeader
+
+    now = [FROZEN_NOW]
+    state = frozen_state()
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: now[0])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until_drawn(pilot)
+        view = app.screen
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        before = str(view.query_one(LabHeader).text)
+        now[0] += 75  # 1 min 15 s later, the help still open
+        clock = time.strftime("%H:%M:%S", time.localtime(now[0]))
+        shown = await wait_for(lambda: clock in str(view.query_one(LabHeader).text) and str(view.query_one(LabHeader).text), timeout=10)
+        assert shown != before and isinstance(app.screen, HelpScreen)

@@ -16,7 +16,7 @@ from agents.sections import RunSummary
 from agents.states import JOB_ACTIVE
 from console.runs import RunKey, one_row_per_run
 from console.screens.base import LabScreen
-from console.screens.modals import AskNumberScreen
+from console.screens.modals import AskNumberScreen, ResumeJobScreen
 from widgets.checkpoint_timeline import CheckpointTimeline
 from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, plural
 from widgets.lab_header import LabHeader
@@ -228,9 +228,29 @@ class CheckpointsScreen(LabScreen):
         if target is None:
             return
         machine, run, ckpt = target
-        self.confirm(f"Start a new job of run [b]{run}[/b]'s recipe, resuming from step [b]{ckpt['step']}[/b]?",
-                     lambda: self._act_and_refetch(machine, "checkpoints.resume", {"run": run, "step": ckpt["step"]},
-                                                   lambda r: f"resumed {run} from step {ckpt['step']} as job {r['id']}"))
+        self.open_resume(machine, run, ckpt["step"])
+
+    @work(exclusive=True, group="checkpoints-resume")
+    async def open_resume(self, machine: str, run: str, step: int) -> None:
+        """The resume form: the run's recipe with the params it ran with, to change before the new job starts (as `--set` does)."""
+        summary = self.summary()
+        try:
+            recipes = await self.lab_app.client.call(machine, "jobs.recipes")
+            previous = (await self.lab_app.client.call(machine, "jobs.get", {"id": summary.job}))["params"] if summary and summary.job else {}
+        except RemoteError as exc:
+            self.notify(exc.message, severity="warning")
+            return
+        recipe = next((r for r in recipes if summary is not None and r["name"] == summary.recipe), None)
+        if recipe is None:
+            self.notify(f"run {run} was not started from a recipe of {machine}: resume it with its own trainer", severity="warning")
+            return
+
+        def resumed(job: dict | None) -> None:
+            if job:
+                self.notify(f"resumed {run} from step {step} as job {job['id']}")
+                self._refetch()
+
+        self.app.push_screen(ResumeJobScreen(recipe, machine, run, step, previous), resumed)
 
     def action_serve(self) -> None:
         target = self._target()

@@ -170,6 +170,9 @@ def param_hint(param: dict[str, Any]) -> str:
     return text + (f"  [dim]{param['help']}[/]" if param.get("help") else "")
 
 
+RESUME_PARAM = "resume_from_checkpoint"  # filled in by the agent on a resume (agents/checkpoints/actions.py)
+
+
 class StartJobScreen(ModalScreen[dict | None]):
     """The recipe's params with their defaults; enter starts it, the agent's verdict stays on the form."""
 
@@ -184,13 +187,18 @@ class StartJobScreen(ModalScreen[dict | None]):
     def __init__(self, recipe: dict[str, Any]) -> None:
         super().__init__()
         self.recipe = recipe
+        self.params: list[dict[str, Any]] = recipe["params"]  # the fields of the form
+
+    def heading(self) -> str:
+        r = self.recipe
+        return (f"start [b]{r['name']}[/b] on {r['machine']} GPU {','.join(map(str, r['gpus'])) or NA}"
+                + (f" (torchrun x{r['nproc_per_node']})" if r["launcher"] == "torchrun" else ""))
 
     def compose(self) -> ComposeResult:
         r = self.recipe
         with VerticalScroll():
-            yield Static(f"start [b]{r['name']}[/b] on {r['machine']} GPU {','.join(map(str, r['gpus'])) or NA}"
-                         + (f" (torchrun x{r['nproc_per_node']})" if r["launcher"] == "torchrun" else ""), classes="title")
-            for p in r["params"]:
+            yield Static(self.heading(), classes="title")
+            for p in self.params:
                 yield Label(param_hint(p))
                 default = p.get("default")
                 if p["type"] == "bool":
@@ -201,7 +209,7 @@ class StartJobScreen(ModalScreen[dict | None]):
                 else:
                     kind = {"int": "integer", "float": "number"}.get(p["type"], "text")
                     yield Input(value="" if default is None else str(default), type=kind, id=f"param-{p['name']}")
-            if not r["params"]:
+            if not self.params:
                 yield Label("no params: it runs as lab.yaml says")
             yield Static("", id="start-error")
             yield Static("[b]enter[/b] / ctrl+s start   [b]esc[/b] cancel", classes="dim")
@@ -213,7 +221,7 @@ class StartJobScreen(ModalScreen[dict | None]):
 
     def values(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
-        for p in self.recipe["params"]:
+        for p in self.params:
             widget = self.query_one(f"#param-{p['name']}")
             if isinstance(widget, Switch):
                 values[p["name"]] = widget.value
@@ -232,7 +240,7 @@ class StartJobScreen(ModalScreen[dict | None]):
 
     def cleared(self) -> list[dict[str, Any]]:
         """The params with a default whose field was emptied: the agent would run the default, unasked."""
-        return [p for p in self.recipe["params"] if p.get("default") is not None and p["type"] not in ("bool", "choice")
+        return [p for p in self.params if p.get("default") is not None and p["type"] not in ("bool", "choice")
                 and not self.query_one(f"#param-{p['name']}", Input).value.strip()]
 
     @work(exclusive=True, group="start-job")
@@ -243,14 +251,35 @@ class StartJobScreen(ModalScreen[dict | None]):
             return
         error.update("starting ...")
         try:
-            job = await self.app.client.call(self.recipe["machine"], "jobs.start", {"recipe": self.recipe["name"], "params": self.values()})
+            job = await self.submit(self.values())
         except RemoteError as exc:
             error.update(f"{exc.code}: {exc.message}")
             return
         self.dismiss(job)
 
+    async def submit(self, values: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = await self.app.client.call(self.recipe["machine"], "jobs.start", {"recipe": self.recipe["name"], "params": values})
+        return result
+
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class ResumeJobScreen(StartJobScreen):
+    """Resume a run from a checkpoint: its recipe's params, filled with the run's own, to change (max_steps ...) before it starts."""
+
+    def __init__(self, recipe: dict[str, Any], machine: str, run: str, step: int, previous: dict[str, Any]) -> None:
+        super().__init__(recipe)
+        self.machine, self.run, self.step = machine, run, step
+        # the agent fills in the checkpoint itself; every other field starts at what the run ran with
+        self.params = [{**p, "default": previous.get(p["name"], p.get("default"))} for p in recipe["params"] if p["name"] != RESUME_PARAM]
+
+    def heading(self) -> str:
+        return f"resume run [b]{self.run}[/b] from step [b]{self.step}[/b]: a new job of {self.recipe['name']} on {self.machine}"
+
+    async def submit(self, values: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = await self.app.client.call(self.machine, "checkpoints.resume", {"run": self.run, "step": self.step, "params": values})
+        return result
 
 
 GLOBAL_KEYS = [

@@ -168,6 +168,17 @@ async def test_slash_filters_the_fleet_and_every_table():
         assert shown == ["irina"]
         await filter_by(pilot, "")
         assert all(card.display for card in app.screen.query(MachineCard))
+        # a GPU model or a model of the pool finds its machine; nothing found says so
+        await filter_by(pilot, "P40")
+        assert [card.machine for card in app.screen.query(MachineCard) if card.display] == ["m5"]
+        await filter_by(pilot, "phi-3")
+        assert [card.machine for card in app.screen.query(MachineCard) if card.display] == ["irina"]
+        nothing = app.screen.query_one("#fleet-nothing")
+        assert not nothing.display
+        await filter_by(pilot, "no-such-thing")
+        assert nothing.display and "no machine matches 'no-such-thing'" in str(nothing.render())
+        await filter_by(pilot, "")
+        assert not nothing.display
 
         await pilot.press("colon", *"jobs", "enter")
         await until_drawn(pilot, JobsScreen)

@@ -460,3 +460,16 @@ async def test_the_header_clock_and_cost_go_on_while_a_modal_is_open():
         clock = time.strftime("%H:%M:%S", time.localtime(now[0]))
         shown = await wait_for(lambda: clock in str(view.query_one(LabHeader).text) and str(view.query_one(LabHeader).text), timeout=10)
         assert shown != before and isinstance(app.screen, HelpScreen)
+
+
+def test_the_costs_plot_spans_its_days_and_names_its_window():
+    """A one-day lab drew two bars as wide as the plot; the view said "since 2026-10-26" where the CLI says the month's 1st."""
+    from datetime import date
+
+    from console.screens.costs import PLOT_DAYS, plot_days
+
+    today = date(2026, 11, 24)
+    days = plot_days([{"day": "2026-11-24", "cost": 1.5, "cloud_equivalent": 9.0}], date(2026, 10, 26), today)
+    assert len(days) == PLOT_DAYS and days[-1] == ("11-24", 1.5, 9.0) and days[0] == ("10-26", 0.0, 0.0)
+    assert all(cost == cloud == 0.0 for _, cost, cloud in days[:-1])
+    assert plot_days([], today, today) == [("11-24", 0.0, 0.0)]

@@ -473,3 +473,29 @@ def test_the_costs_plot_spans_its_days_and_names_its_window():
     assert len(days) == PLOT_DAYS and days[-1] == ("11-24", 1.5, 9.0) and days[0] == ("10-26", 0.0, 0.0)
     assert all(cost == cloud == 0.0 for _, cost, cloud in days[:-1])
     assert plot_days([], today, today) == [("11-24", 0.0, 0.0)]
+
+
+def test_make_bench_ends_with_goals_met_and_missed_and_fails_on_a_miss():
+    """`make bench` exited 0 whatever its goals said."""
+    from bench.run_all import Outcome, summary, verdicts
+
+    agent = verdicts("bench_agent_overhead.py", ["agent - idle  :  0.30% of one core (goal < 1%: OK), RSS 70.1 MB (goal <= 64 MB: MISSED)\n"])
+    cli = verdicts("bench_cli.py", ["cold status 0.59 s (goal <= 0.5 s: met)\n", "a line with no verdict\n"])
+    figures = verdicts("bench_attacks.py", ["agent fds 13 -> 13\n"])
+    assert (len(agent.met), len(agent.missed), len(cli.met), len(cli.missed)) == (0, 1, 1, 0)
+    table, status = summary([agent, cli, figures])
+    assert status == 1 and "missed: bench_agent_overhead.py: agent - idle" in table and "figures only" in table, table
+    assert summary([cli, figures])[1] == 0
+    assert summary([cli, Outcome("bench_rpc.py", exit_code=1)])[1] == 2
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    assert "bench/run_all.py" in makefile.split("bench: ", 1)[1].split("\n\n")[0]
+
+
+def test_the_readme_states_the_benches_goals_as_they_check_them():
+    """The agent's RSS goal was 64 MB in its bench and 80 MB in the README."""
+    root = Path(__file__).resolve().parent.parent
+    bench = (root / "bench" / "bench_agent_overhead.py").read_text()
+    row = next(line for line in (root / "README.md").read_text().splitlines() if line.startswith("| `bench_agent_overhead.py`"))
+    goal = re.search(r"goal <= (\d+) MB", bench).group(1)
+    assert row.rstrip(" |").endswith(f"<= {goal} MB"), row
+    assert "minutes" in (root / "README.md").read_text().split("## Benchmarks", 1)[1].split("| benchmark |")[0]

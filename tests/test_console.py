@@ -203,7 +203,12 @@ async def test_the_help_screen_shows_the_cli_line_of_a_demo_lab(tmp_path):
             await until_drawn(pilot, FleetScreen)
             await pilot.press("question_mark")
             help_screen = await wait_for(lambda: isinstance(app.screen, HelpScreen) and app.screen)
-            text = "\n".join(str(s.render()) for s in help_screen.query("Static"))
+            from rich.console import Console
+
+            console = Console(width=200, record=True, color_system=None)
+            for shown in help_screen.query("Static"):
+                console.print(shown.content)
+            text = console.export_text()
             assert "The CLI on this demo lab" in text and f"--lab {demo.lab_path} status" in text, text
 
 

@@ -499,3 +499,36 @@ def test_the_readme_states_the_benches_goals_as_they_check_them():
     goal = re.search(r"goal <= (\d+) MB", bench).group(1)
     assert row.rstrip(" |").endswith(f"<= {goal} MB"), row
     assert "minutes" in (root / "README.md").read_text().split("## Benchmarks", 1)[1].split("| benchmark |")[0]
+
+
+async def test_the_jump_placeholder_names_every_view_and_help_wraps_in_its_column():
+    """The `:` placeholder was cut before audit and gateway; `?` wrapped a long description back to column 0."""
+    from rich.console import Console
+    from textual.widgets import Input, Static
+
+    from console.app import CetlabApp
+    from console.client import FleetClient
+    from console.screens.modals import HelpScreen, JumpScreen
+    from console.views import VIEWS
+    from tests.conftest import until_drawn, wait_for
+    from tests.console_fixtures import FROZEN_NOW, frozen_state
+
+    state = frozen_state()
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until_drawn(pilot)
+        await pilot.press("colon")
+        jump = await wait_for(lambda: isinstance(app.screen, JumpScreen) and app.screen)
+        await pilot.pause()
+        field = jump.query_one("#jump", Input)
+        assert field.content_size.width >= len(field.placeholder) and all(name in field.placeholder for name in VIEWS)
+        await pilot.press("escape")
+        long = "resume a run from the selected checkpoint with the params it ran with, each of them changeable before it starts"
+        app.push_screen(HelpScreen([("r", long)]))
+        help_screen = await wait_for(lambda: isinstance(app.screen, HelpScreen) and app.screen)
+        await pilot.pause()
+        console = Console(width=help_screen.query_one(Static).content_size.width, record=True, color_system=None)
+        console.print(help_screen.query_one(Static).content)
+        lines = console.export_text().splitlines()
+        first = next(i for i, line in enumerate(lines) if line.lstrip().startswith("r "))
+        assert lines[first + 1].startswith(" " * 12) and lines[first + 1].strip(), lines[first:first + 3]

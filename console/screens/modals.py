@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Group
 from rich.markup import escape
+from rich.padding import Padding
+from rich.table import Table
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -309,14 +312,24 @@ class HelpScreen(ModalScreen):
         self.cli_line = cli_line
 
     def compose(self) -> ComposeResult:
-        lines = ["[b]Keys of this view[/b]"]
-        lines += [f"  [b cyan]{key:<10}[/] {desc}" for key, desc in self.view_bindings] or ["  (none)"]
-        lines += ["", "[b]Everywhere[/b]"] + [f"  [b cyan]{key:<10}[/] {desc}" for key, desc in GLOBAL_KEYS]
-        lines += ["", "[b]Views[/b] (type : then the name)"] + [f"  [b cyan]:{name:<9}[/] {desc}" for name, (_, _, desc) in VIEWS.items()]
+        parts: list[Any] = [Text("Keys of this view", style="b"), keys_grid(self.view_bindings or [("", "(none)")]),
+                            Text(""), Text("Everywhere", style="b"), keys_grid(GLOBAL_KEYS),
+                            Text(""), Text.assemble(("Views", "b"), " (type : then the name)"),
+                            keys_grid([(f":{name}", desc) for name, (_, _, desc) in VIEWS.items()])]
         if self.cli_line:
-            lines += ["", "[b]The CLI on this demo lab[/b]", f"  {escape(self.cli_line)}"]
+            parts += [Text(""), Text("The CLI on this demo lab", style="b"), Padding(Text(self.cli_line), (0, 0, 0, 2))]
         with VerticalScroll():
-            yield Static("\n".join(lines))
+            yield Static(Group(*parts))
+
+
+def keys_grid(rows: list[tuple[str, str]]) -> Padding:
+    """Keys and what they do in two columns: a long description wraps within its own column, not back to the margin."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="b cyan", no_wrap=True, min_width=10)
+    grid.add_column(overflow="fold")
+    for key, desc in rows:
+        grid.add_row(Text(key), Text(desc))
+    return Padding(grid, (0, 0, 0, 2))
 
 
 class JumpScreen(ModalScreen[str | None]):
@@ -325,8 +338,8 @@ class JumpScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = """
     JumpScreen { align: center top; }
-    JumpScreen > Input { width: 60; margin-top: 2; border: tall $accent; }
-    JumpScreen > Static { width: 60; color: $text-muted; }
+    JumpScreen > Input { width: 76; max-width: 100%; margin-top: 2; border: tall $accent; }
+    JumpScreen > Static { width: 76; max-width: 100%; color: $text-muted; }
     """
 
     def compose(self) -> ComposeResult:

@@ -532,3 +532,17 @@ async def test_the_jump_placeholder_names_every_view_and_help_wraps_in_its_colum
         lines = console.export_text().splitlines()
         first = next(i for i, line in enumerate(lines) if line.lstrip().startswith("r "))
         assert lines[first + 1].startswith(" " * 12) and lines[first + 1].strip(), lines[first:first + 3]
+
+
+def test_a_bad_name_is_refused_in_words_not_with_the_pattern():
+    """`cetlab gateway keys add 'bad name!'` printed pydantic's raw regular expression."""
+    from pydantic import ValidationError
+
+    from agents.gateway.keys import KeyAddParams
+    from agents.rpc import _params_error
+
+    with pytest.raises(ValidationError) as info:
+        KeyAddParams.model_validate({"name": "bad name!"})
+    message = _params_error(info.value)
+    assert message == "name: 'bad name!' is not a name: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64"
+    assert "^[" not in message

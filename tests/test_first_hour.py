@@ -552,3 +552,17 @@ def test_a_bad_name_is_refused_in_words_not_with_the_pattern():
     message = _params_error(info.value)
     assert message == "name: 'bad name!' is not a name: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64"
     assert "^[" not in message
+
+
+def test_the_benches_say_what_they_measure():
+    """Issue 23 item 16: "data age on screen" was the state's age at each tick; the streaming ratio compared two engine-paced
+    streams; the rotation overhead was mostly assumed delays. Each line now says which."""
+    root = Path(__file__).resolve().parent.parent
+    scale = (root / "bench" / "bench_console_scale.py").read_text()
+    assert "data age on screen" not in scale and "not read back from the widgets" in scale
+    gateway = (root / "bench" / "bench_gateway.py").read_text()
+    assert "both paced by the engine" in gateway and "not its ceiling" in gateway
+    orchestra = (root / "bench" / "bench_orchestra.py").read_text()
+    assert "assumed: the field notes' engine delays" in orchestra and "measured: the rotation took" in orchestra
+    readme = (root / "README.md").read_text()
+    assert "data age on screen" not in readme and "assumed, not measured" in readme and "keeps pace with it" in readme

@@ -1,6 +1,6 @@
 """The console at scale: `cetlab demo --scale 64` (512 simulated GPUs at 1 Hz) on one screen.
 
-Goals (issue 2): data age on screen p95 <= 1.5 s; the console process under 25% of one core.
+Goals (issue 2): data age at each render tick p95 <= 1.5 s; the console process under 25% of one core.
 Data age = render tick time minus the agent's sample time of the newest sample in the console's
 state (the oldest machine counts at each tick): what a view redraws from at that tick, not read
 back from what its widgets drew (a card off screen, or unchanged, is not redrawn). The baseline is the same console with every machine

@@ -566,3 +566,23 @@ def test_the_benches_say_what_they_measure():
     assert "assumed: the field notes' engine delays" in orchestra and "measured: the rotation took" in orchestra
     readme = (root / "README.md").read_text()
     assert "data age on screen" not in readme and "assumed, not measured" in readme and "keeps pace with it" in readme
+
+
+async def test_the_machine_detail_gives_its_charts_the_rows_it_has():
+    """Two-row charts on a 50-row screen before: the GPU panels now share the view's height."""
+    from console.app import CetlabApp
+    from console.client import FleetClient
+    from console.screens.machine import MachineScreen
+    from tests.conftest import until_drawn, wait_for
+    from tests.console_fixtures import FROZEN_NOW, frozen_state
+    from widgets.gpu_panel import GpuPanel
+
+    state = frozen_state()
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until_drawn(pilot)
+        app.push_screen(MachineScreen("irina"))  # two GPUs
+        screen = await wait_for(lambda: isinstance(app.screen, MachineScreen) and len(app.screen.query(GpuPanel)) == 2 and app.screen)
+        await pilot.pause()
+        heights = [chart.size.height for chart in screen.query("ScaleChart")]
+        assert heights and min(heights) >= 6, heights

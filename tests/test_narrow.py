@@ -202,3 +202,16 @@ def test_a_split_pane_keeps_where_jobs_and_models_run_and_an_alerts_message():
         kept = table.columns_for(width)
         message = width - sum((alerts.COLUMNS[i][2] or 0) + 2 for i in kept) - 1
         assert message >= 30 and {"state", "machine", "rule", "message"} <= {alerts.COLUMNS[i][0] for i in kept}, (width, message)
+
+
+async def test_at_100_columns_a_gpu_with_an_owner_keeps_its_bars(frozen_lab):
+    """The fleet at 100 columns dropped the bars of lines with an owner while padding every GPU name to 24 cells."""
+    app = frozen_app(frozen_lab)
+    async with app.run_test(size=SPLIT) as pilot:
+        await until_drawn(pilot, FleetScreen)
+        card = app.screen.query_one("#card-m5", MachineCard)
+        lines = [line.plain for line in card.gpu_lines]
+        owned = [line for line in lines if "model " in line]
+        assert owned and all("░" in line or "█" in line for line in owned), lines
+        assert all(line.startswith(("gpu0 Tesla V100 ", "gpu1 Tesla P40  ", "gpu2 Tesla P40  ", "gpu3 Tesla P40  ", "gpu4 Tesla P40  "))
+                   for line in lines), lines  # the name column as wide as the card's longest name

@@ -249,11 +249,11 @@ class Coordinator:
         """
         me = self.jobs.agent.machine.name
         lost: set[int] = set()
+        offset = 0  # where this try's output starts in the job's log (a new job id: a new log)
         for attempt in range(1, RDZV_TRIES + 1):
-            offset = Path(job.log_path).stat().st_size if Path(job.log_path).exists() else 0
             deadline = time.monotonic() + RDZV_LISTEN_WAIT_S
             while job.popen is not None and job.popen.poll() is None and not store_listens(job, port) and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.2)
             if job.popen is None or job.popen.poll() is None or not lost_port(job.log_path, offset):
                 return job, port  # listening, or failed for its own reasons (the tick and the watch report those)
             lost.add(port)
@@ -266,6 +266,7 @@ class Coordinator:
                 out.write(f"cetlab: rendezvous port {port} was taken before torchrun bound it (EADDRINUSE): starting again on another port\n")
             nodes = job.nodes
             self.jobs.forget(job)
+            offset = Path(job.log_path).stat().st_size
             port = server_port(avoid=frozenset(lost))
             job = self.jobs.start_job(recipe.name, given, launch_for(recipe, me, 0, job.id, self.jobs.agent.machine.host, port))
             job.nodes = nodes

@@ -287,10 +287,10 @@ class AlertsComponent:
                 db.executemany("UPDATE alerts SET cleared_at=? WHERE n=?", [(a.cleared_at, a.n) for a in cleared])
         for alert in fired:
             log.warning("alert %s %s: %s", alert.id, alert.rule, alert.message)
-            agent.notify(EVENT_NOTICE, {"level": alert.level, "message": f"{agent.machine.name}: {alert.message}", "alert": alert.to_json()})
+            agent.notify(EVENT_NOTICE, {"level": alert.level, "message": alert.message, "alert": alert.to_json()})
         for alert in cleared:
             log.info("alert %s cleared: %s", alert.id, alert.message)
-            agent.notify(EVENT_NOTICE, {"level": "info", "message": f"{agent.machine.name}: cleared: {alert.message}", "alert": alert.to_json()})
+            agent.notify(EVENT_NOTICE, {"level": "info", "message": f"cleared: {alert.message}", "alert": alert.to_json()})
         if fired or cleared:
             self._refresh()
             notify = agent.component("notify")

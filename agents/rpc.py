@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable, Protocol
 from pydantic import BaseModel, ValidationError
 
 from agents.protocol import ErrorCode, MethodSpec, RemoteError, Role, encode
+from agents.schema import NAME_RE, NAME_RULE
 from agents.store import DiskFull
 
 log = logging.getLogger("cetlab.rpc")
@@ -96,7 +97,10 @@ def _params_error(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors()[:5]:
         where = ".".join(str(p) for p in error["loc"]) or "params"
-        parts.append(f"{where}: {error['msg']}")
+        if error["type"] == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == NAME_RE:
+            parts.append(f"{where}: {error['input']!r} is not a name: {NAME_RULE}")  # not the regular expression
+        else:
+            parts.append(f"{where}: {error['msg']}")
     return "; ".join(parts)
 
 

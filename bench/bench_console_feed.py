@@ -171,7 +171,7 @@ async def main() -> None:
     if kept_up < 0.97:  # a busy machine gave the console less CPU than the feed needs: say what it would take
         print(f"only {kept_up:.0%} of the due ticks were applied (the machine is busy): at full rate that is "
               f"{cpu / kept_up:5.1f}% of one core; the data ages below are the backlog's, not the console's")
-    print(f"data age on screen: p50 {percentile(ages, 50):.2f} s  p95 {percentile(ages, 95):.2f} s  (goal p95 <= 1.5 s)")
+    print(f"data age at each render tick (the console state's newest sample, not read back from the widgets): p50 {percentile(ages, 50):.2f} s  p95 {percentile(ages, 95):.2f} s  (goal p95 <= 1.5 s)")
 
 
     text = "\n".join(out) + "\n"

@@ -119,8 +119,11 @@ async def bench(demo: DemoLab) -> None:
             seconds, events, _ = await stream(session, f"{gateway}/chat/completions", "streamer", STREAM_TOKENS, auth)
             rates_g.append(events / seconds)
         ratio = sum(rates_g) / sum(rates_d)
-        print(f"streaming {STREAM_TOKENS} tokens at {STREAM_RATE:.0f}/s: direct {sum(rates_d) / 3:.1f} events/s, gateway "
-              f"{sum(rates_g) / 3:.1f} events/s: ratio {ratio:.3f} (goal >= 0.98) {'OK' if ratio >= 0.98 else 'MISSED'}")
+        # both paced by the sim engine (STREAM_RATE tokens/s): this says whether the gateway keeps pace with an engine,
+        # not how fast the gateway could stream (the engine is the bottleneck of both)
+        print(f"streaming {STREAM_TOKENS} tokens, both paced by the engine at {STREAM_RATE:.0f}/s: direct {sum(rates_d) / 3:.1f} "
+              f"events/s, gateway {sum(rates_g) / 3:.1f} events/s: ratio {ratio:.3f}, the gateway keeping pace, not its ceiling "
+              f"(goal >= 0.98) {'OK' if ratio >= 0.98 else 'MISSED'}")
 
         # 3. 200 concurrent streams, direct then through the gateway
         async def crowd(url: str, headers: dict | None) -> tuple[list[float], int]:

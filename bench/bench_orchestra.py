@@ -165,9 +165,12 @@ async def bench_rotation(directory: Path, sleeping_ins: bool) -> None:
     control_s = max(0.0, measured_s - delays_s / SCALE)
     estimate_s = delays_s + control_s
     print(f"3. rotation of 2 of 5 models, ins {tag}: swaps {last['swaps']}, not warm after: {last['not_warm'] or 'none'}")
-    print(f"   measured {measured_s:.2f} s at 1/{SCALE:.0f} delays; control (not scaled) {control_s:.2f} s; "
-          f"at field-notes delays {estimate_s:.1f} s = {100 * estimate_s / ROTATE_EVERY_S:.3f}% of 4 h "
-          f"(goal < 1%: {'OK' if estimate_s / ROTATE_EVERY_S < 0.01 else 'MISSED'}); naive x{SCALE:.0f} "
+    # what was measured and what was assumed, apart: the estimate is mostly the field notes' delays
+    print(f"   measured: the rotation took {measured_s:.2f} s with the engine's delays at 1/{SCALE:.0f}; the agent's own "
+          f"control time in it {control_s:.2f} s (not scaled)")
+    print(f"   assumed: the field notes' engine delays, {delays_s:.0f} s for 2 swaps (not measured here)")
+    print(f"   estimate = assumed + measured control = {estimate_s:.1f} s = {100 * estimate_s / ROTATE_EVERY_S:.3f}% of 4 h "
+          f"(goal < 1%, on the estimate: {'OK' if estimate_s / ROTATE_EVERY_S < 0.01 else 'MISSED'}); naive x{SCALE:.0f} "
           f"{measured_s * SCALE:.0f} s = {100 * measured_s * SCALE / ROTATE_EVERY_S:.2f}%")
 
 

@@ -74,14 +74,26 @@ def cetlab_json(lab: Path, *args: str) -> dict:
     return json.loads(out.stdout)
 
 
-def gpu_lines(status: dict, gpu: int) -> list[str]:
+def gpu_lines(status: dict, gpu: int, agent_status: dict | None = None) -> list[str]:
+    """GPU ``gpu`` as `cetlab --json status` shows it; its processes from the agent's own `status` (the CLI's JSON has none)."""
     machine = next(m for m in status["machines"] if m["name"] == MACHINE) if "machines" in status else status
     sample = next(g for g in machine["gpus"] if g["index"] == gpu)
     lines = [f"GPU {gpu} {sample['name']}: util {sample['util_pct']}%, power {sample['power_w']} W, "
              f"{(sample['mem_used_bytes'] or 0) / 2**20:.0f} MiB used, {sample['temp_c']} C, simulated={sample.get('simulated')}"]
+    if agent_status is None:
+        return lines + ["  processes: not asked (the agent's `status` lists them)"]
+    held = next((g for g in agent_status["gpus"] if g["index"] == gpu), {}).get("processes") or []
     lines += [f"  pid {p['pid']} {p.get('user')} {(p.get('mem_used_bytes') or 0) / 2**20:.0f} MiB {str(p.get('command'))[:80]}"
-              for p in sample["processes"]]
+              for p in held] or ["  no process holds it"]
     return lines
+
+
+async def show_gpu(lab: Path, client: FleetClient, gpu: int) -> None:
+    try:
+        print("\n".join(gpu_lines(cetlab_json(lab, "status"), gpu, await client.call(MACHINE, "status"))))
+    except Exception:  # noqa: BLE001 - a failed step still lets the others report
+        traceback.print_exc()
+        failed("status step raised")
 
 
 def write_lab(work: Path, model: Path, gpu: int) -> Path:
@@ -197,12 +209,12 @@ async def run(work: Path, gpu: int, window_s: float) -> None:
             await client.wait_connected(30)
             step("cetlab status --json, idle")
             await asyncio.sleep(3)
-            print("\n".join(gpu_lines(cetlab_json(demo.lab_path, "status"), gpu)))
+            await show_gpu(demo.lab_path, client, gpu)
             step("cetlab status --json, under a matmul load")
             load = subprocess.Popen([sys.executable, "-c", MATMUL, "25"], env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu),
                                                                       "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
             await asyncio.sleep(12)
-            print("\n".join(gpu_lines(cetlab_json(demo.lab_path, "status"), gpu)))
+            await show_gpu(demo.lab_path, client, gpu)
             load.wait()
             for name, part in (("LoRA", lambda: lora(client)), ("transformers", lambda: transformers_model(client))):
                 try:

@@ -30,6 +30,11 @@ def _view_factory(name: str):
     return lambda: getattr(importlib.import_module(module), cls)()
 
 
+def notice_toast(machine: str, notice: dict[str, Any]) -> str:
+    """A notice as its toast says it: the machine it came from (the agent leaves it out of the message), then the message."""
+    return f"{machine}: {notice.get('message', '')}"
+
+
 class CetlabApp(App):
     TITLE = "cetlab"
     CSS_PATH = "styles/app.tcss"
@@ -72,7 +77,12 @@ class CetlabApp(App):
         if not self.is_running:  # shutting down: the views' widgets are being removed
             return
         screen = self.screen
-        if not isinstance(screen, LabScreen) or not screen.ready:
+        if not isinstance(screen, LabScreen):  # a modal: the view beneath it still shows, its clock and cost must go on
+            beneath = next((s for s in reversed(self.screen_stack) if isinstance(s, LabScreen)), None)
+            if beneath is not None and beneath.ready:
+                beneath.refresh_header()
+            return
+        if not screen.ready:
             return
         screen.refresh_header()
         screen.tick(self.state.version, time.monotonic())
@@ -98,7 +108,7 @@ class CetlabApp(App):
     def _on_event(self, machine: str, event: str, data: Any) -> None:
         if event == EVENT_NOTICE and isinstance(data, dict):
             severity = {"critical": "error", "error": "error", "warning": "warning"}.get(data.get("level", ""), "information")
-            self.notify(f"{machine}: {data.get('message', '')}", severity=severity, timeout=8)
+            self.notify(notice_toast(machine, data), severity=severity, timeout=8)
 
     # -- actions
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from agents.protocol import ErrorCode, RemoteError
 from console.cli_jobs import job_human, parse_sets
+from console.runs import RunKey, one_row_per_run
 from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, fmt_time, plural
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -75,12 +76,18 @@ def serve_human(data: dict[str, Any]) -> str:
     return f"{data['run']} step {data['step']}: {data['mode']} on model {data['model']}, {data['state']}{error}{where}{sim}"
 
 
+def listed_runs(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every agent's runs, a multi-node job's run once (each node's agent sees its folder on shared storage)."""
+    runs = [run for r in results.values() if isinstance(r, list) for run in r]
+    return one_row_per_run(runs, lambda x: RunKey(x["machine"], x["run"], x.get("job"), x.get("count") or 0))
+
+
 async def locate(ctx, run: str) -> str:
     """The machine holding a run: --machine, else whichever agent knows it (runs are job ids or folder names)."""
     if ctx.args.machine:
         return ctx.args.machine
     results = await ctx.client.call_all("checkpoints.runs")
-    holders = [name for name, r in results.items() if isinstance(r, list) and any(x["run"] == run for x in r)]
+    holders = [x["machine"] for x in listed_runs(results) if x["run"] == run]
     if len(holders) > 1:
         raise RemoteError(ErrorCode.CONFLICT, f"run {run!r} exists on {', '.join(holders)}; pick one with --machine")
     if not holders:
@@ -94,7 +101,7 @@ async def locate(ctx, run: str) -> str:
 async def cmd_checkpoints(ctx) -> int:
     if ctx.args.run is None:
         results = await ctx.client.call_all("checkpoints.runs")
-        runs = [run for r in results.values() if isinstance(r, list) for run in r]
+        runs = listed_runs(results)
         offline = {n: str(r.message if isinstance(r, RemoteError) else r) for n, r in results.items() if not isinstance(r, list)}
         ctx.out({"runs": runs, "offline": offline}, runs_human)
         return EXIT_OK if len(offline) < len(results) else EXIT_FAILED

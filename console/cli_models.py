@@ -68,8 +68,8 @@ def models_human(data: dict[str, Any]) -> str:
             lines.append(f"{m['name']}: {m['error']['message']}")
     for machine, rotation in data.get("rotation", {}).items():
         if rotation and rotation.get("plan"):
-            step = "start" if rotation["index"] is None else rotation["index"] + 1
-            lines.append(f"{machine}: rotation step {step} of {len(rotation['plan'])}, {rotation_schedule(rotation, time.time())}")
+            step = f"not rotated yet ({len(rotation['plan'])} sets)" if rotation["index"] is None else f"step {rotation['index'] + 1} of {len(rotation['plan'])}"
+            lines.append(f"{machine}: rotation {step}, {rotation_schedule(rotation, time.time())}")
     lines += [f"{name}: OFFLINE {error}" for name, error in data.get("offline", {}).items()]
     return "\n".join(lines)
 
@@ -80,20 +80,24 @@ def rotation_schedule(rotation: dict[str, Any], now: float) -> str:
     return f"next {when}, overhead {rotation['overhead_pct']:.3f}% (target < {rotation['target_pct']}%)"
 
 
-def rotation_human(data: dict[str, dict[str, Any]], now: float | None = None) -> str:
-    """What `cetlab rotate` did on each machine: the set it moved to, the moves, what is not warm, the next rotation."""
+def rotation_human(data: dict[str, dict[str, Any]], now: float | None = None, models_on: dict[str, set[str]] | None = None) -> str:
+    """What `cetlab rotate` did on each machine: the set it moved to (the machine's own models of it: ``models_on``,
+    machine -> its models; None: the whole set), the moves, what is not warm, the next rotation."""
     now = time.time() if now is None else now
     lines = []
     for machine, rotation in data.items():
         sets, last = rotation.get("plan") or [], rotation.get("last")
+        def own(names: list[str]) -> str:
+            return ", ".join(n for n in names if models_on is None or n in models_on.get(machine, set())) or "none of its models"
+
         if rotation.get("running") and rotation.get("index") is not None:  # the index moves when a rotation starts
             lines.append(f"{machine}: rotating to set {rotation['index'] + 1} of {len(sets)} "
-                         f"({', '.join(sets[rotation['index']])}); `cetlab models` to watch")
+                         f"({own(sets[rotation['index']])}); `cetlab models` to watch")
         elif last is None:
             lines.append(f"{machine}: not rotated yet")
         else:
             target = sets[last["index"]] if 0 <= last["index"] < len(sets) else []
-            lines.append(f"{machine}: rotated to set {last['index'] + 1} of {len(sets)} ({', '.join(target)}) "
+            lines.append(f"{machine}: rotated to set {last['index'] + 1} of {len(sets)} ({own(target)}) "
                          f"in {last['duration_s']:.1f} s, {fmt_duration(now - last['t'])} ago")
             lines += [f"  swapped {out} out for {incoming}" for out, incoming in last.get("swaps") or []]
             if last.get("out"):
@@ -271,7 +275,10 @@ async def cmd_rotate(ctx) -> int:
         while any(r["running"] for r in results.values()) and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
             results = {m: await ctx.call(m, "models.rotation") for m in machines}
-    ctx.out(results, rotation_human)
+    models_on: dict[str, set[str]] = {}
+    for model in ctx.lab.models:
+        models_on.setdefault(model.machine, set()).add(model.name)
+    ctx.out(results, lambda data: rotation_human(data, models_on=models_on))
     return EXIT_OK
 
 

@@ -366,7 +366,8 @@ class FleetClient:
             await asyncio.wait({reader_task}, timeout=1.0)
             silent_s = time.monotonic() - link.last_message
             if self.topics and silent_s > silent_after:
-                raise RemoteError(ErrorCode.DISCONNECTED, f"no data for {silent_s:.0f} s")
+                # the threshold, not a count: the card's "last seen ... ago" is the one figure that moves
+                raise RemoteError(ErrorCode.DISCONNECTED, f"went silent: no data within {silent_after:.0f} s")
         reader_task.result()
 
     async def _read(self, link: _Link, reader: asyncssh.SSHReader | openssh.PipeReader) -> None:

@@ -197,6 +197,14 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
             await client.call("box", "sim.override", {"gpu": 0, "temp_c": 40, "clear": True})
             await wait_for(lambda: not hot(), timeout=20)
             assert box.alerts.recent[0].id == alert["id"]
+            from console.app import notice_toast  # the toasts name the machine once ("m5: m5: cleared: ..." before)
+
+            def toasts() -> list[str]:
+                return [notice_toast(m, d) for m, e, d in notices if e == EVENT_NOTICE and d.get("alert", {}).get("id") == alert["id"]]
+
+            shown = await wait_for(lambda: len(toasts()) == 2 and toasts(), timeout=10)
+            assert shown[0].startswith("box: gpu0") and shown[1].startswith("box: cleared: gpu0"), shown
+
             history = await client.call("box", "alerts.list", {})
             assert history["alerts"][0]["cleared_at"] >= history["alerts"][0]["fired_at"]
 

@@ -185,3 +185,60 @@ async def test_the_details_follow_the_row_when_the_served_model_warms(frozen_app
         await pilot.pause()
         assert "(warm)" in str(screen.table().get_cell(str(best["step"]), "flags"))
         assert "merged on model m5-3-step250, warm" in str(screen.query_one("#ckpt-detail").render())
+
+
+async def test_a_serve_on_its_way_is_fetched_again_until_it_settles(frozen_app, monkeypatch):
+    """Merging, then loading: the run's summary and job do not change, the listing must be asked for again (it said merging forever)."""
+    app = frozen_app
+    async with app.run_test(size=SIZE) as pilot:
+        await until_drawn(pilot)
+        await pilot.press("colon", *"checkpoints", "enter")
+        screen = await wait_for(lambda: isinstance(app.screen, CheckpointsScreen) and app.screen)
+        fetched: list[str] = []
+        monkeypatch.setattr(screen, "fetch", lambda machine, run: fetched.append(run))
+        monkeypatch.setattr(app, "connect", True)
+        _, detail = frozen_run()
+        best = next(c for c in detail["checkpoints"] if c["is_best"])
+        for state, again in (("merging", True), ("loading", True), ("warm", False)):
+            best["serving"]["state"] = state
+            screen.show_detail(copy.deepcopy(detail))
+            screen._fetched = (screen.summary(), time.monotonic() - 10)  # fetched 10 s ago; the run's job has exited
+            fetched.clear()
+            screen.refresh_data()
+            assert fetched == (["m5-3"] if again else []), state
+
+
+async def test_resume_opens_a_form_with_the_runs_params_to_change(frozen_app, monkeypatch):
+    """`r` on a checkpoint: the run's recipe, filled with what the run ran with; max_steps changed as `--set max_steps=240` does."""
+    from textual.widgets import Input
+
+    from console.screens.modals import ResumeJobScreen
+
+    app = frozen_app
+    recipe = {"name": "demo-lora", "machine": "m5", "gpus": [0], "launcher": "local", "nproc_per_node": None, "command": ["x"],
+              "output_dir": "runs/{job_id}", "params": [
+                  {"name": "max_steps", "type": "int", "default": 200, "min": 1, "max": 100000, "flag": "--max-steps", "help": None},
+                  {"name": "resume_from_checkpoint", "type": "str", "default": None, "min": None, "max": None, "flag": "--resume-from-checkpoint", "help": None}]}
+    calls: list[tuple[str, str, dict]] = []
+
+    async def call(machine: str, method: str, params: dict | None = None, timeout: float | None = None):
+        calls.append((machine, method, params or {}))
+        return {"jobs.recipes": [recipe], "jobs.get": {"id": "m5-3", "params": {"max_steps": 300}},
+                "checkpoints.resume": {"id": "m5-9"}}[method]
+
+    monkeypatch.setattr(app.client, "call", call)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_drawn(pilot)
+        await pilot.press("colon", *"checkpoints", "enter")
+        screen = await wait_for(lambda: isinstance(app.screen, CheckpointsScreen) and app.screen)
+        screen.show_detail(frozen_run()[1])
+        await pilot.pause()
+        await pilot.press("r")
+        form = await wait_for(lambda: isinstance(app.screen, ResumeJobScreen) and app.screen)
+        await pilot.pause()
+        field = form.query_one("#param-max_steps", Input)
+        assert field.value == "300" and not form.query("#param-resume_from_checkpoint")  # the run's own; the agent fills the checkpoint
+        field.value = "240"
+        await pilot.press("ctrl+s")
+        await wait_for(lambda: isinstance(app.screen, CheckpointsScreen))
+        assert ("m5", "checkpoints.resume", {"run": "m5-3", "step": 250, "params": {"max_steps": "240"}}) in calls, calls

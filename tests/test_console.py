@@ -168,6 +168,17 @@ async def test_slash_filters_the_fleet_and_every_table():
         assert shown == ["irina"]
         await filter_by(pilot, "")
         assert all(card.display for card in app.screen.query(MachineCard))
+        # a GPU model or a model of the pool finds its machine; nothing found says so
+        await filter_by(pilot, "P40")
+        assert [card.machine for card in app.screen.query(MachineCard) if card.display] == ["m5"]
+        await filter_by(pilot, "phi-3")
+        assert [card.machine for card in app.screen.query(MachineCard) if card.display] == ["irina"]
+        nothing = app.screen.query_one("#fleet-nothing")
+        assert not nothing.display
+        await filter_by(pilot, "no-such-thing")
+        assert nothing.display and "no machine matches 'no-such-thing'" in str(nothing.render())
+        await filter_by(pilot, "")
+        assert not nothing.display
 
         await pilot.press("colon", *"jobs", "enter")
         await until_drawn(pilot, JobsScreen)
@@ -192,7 +203,12 @@ async def test_the_help_screen_shows_the_cli_line_of_a_demo_lab(tmp_path):
             await until_drawn(pilot, FleetScreen)
             await pilot.press("question_mark")
             help_screen = await wait_for(lambda: isinstance(app.screen, HelpScreen) and app.screen)
-            text = "\n".join(str(s.render()) for s in help_screen.query("Static"))
+            from rich.console import Console
+
+            console = Console(width=200, record=True, color_system=None)
+            for shown in help_screen.query("Static"):
+                console.print(shown.content)
+            text = console.export_text()
             assert "The CLI on this demo lab" in text and f"--lab {demo.lab_path} status" in text, text
 
 

@@ -358,6 +358,7 @@ async def test_header_counter_and_costs_view(tmp_path, lab_file):
             assert {table.get_row(k)[0] for k in table.rows} == {"box", "rented"}
             summary = str(screen.query_one("#costs-summary").render())
             assert "this month" in summary and "saving" in summary and "SIM" in summary
+            assert "over the last 30 days, since " in summary and "(as `cetlab costs --since " in summary  # the window, as the CLI asks it
             await wait_for(lambda: screen._plotted and screen._plotted[-1][1] > 0, timeout=15)  # today's spend is on the plot
             assert "EUR/h" in str(screen.query_one("#costs-counter")._shown)
 

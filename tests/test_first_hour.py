@@ -345,7 +345,13 @@ def test_a_phase_that_repeats_the_state_is_said_once():
     assert state_text({**loading, "progress": {"phase": "warm-up"}}) == "loading (warm-up)"
     assert str(state_cell(ModelInfo(**loading, progress={"phase": "loading"}))) == "loading"
     tiny = str(state_cell(ModelInfo(**loading, progress={"phase": "making the tiny model"})))
-    assert tiny == "loading making the tiny model" and len(tiny) <= dict((k, w) for k, _, w in COLUMNS)["state"]
+    assert tiny == "loading making the tiny model"
+    from widgets.live_table import LiveTable
+    from widgets.orchestra_table import DROP, STATE_MIN
+
+    table = LiveTable(COLUMNS, lambda item: item, DROP, rest_min=STATE_MIN)  # STATE is the column for the rest
+    state_width = 158 - sum((COLUMNS[i][2] or 0) + 2 for i in table.columns_for(158)) - 1
+    assert len(tiny) <= state_width, state_width
 
 
 def test_the_step_cell_keeps_its_percent():
@@ -418,3 +424,165 @@ def test_a_ctrl_c_before_the_verb_runs_exits_130_without_a_traceback(monkeypatch
     finally:
         gc.unfreeze()
     assert info.value.code == 130
+
+
+def test_the_start_forms_bounds_keep_exponents_and_minus_signs():
+    """The N/A marker is "-": removing it ate 1e-06's sign and a negative minimum's ("(float, 1e06..1)")."""
+    from console.screens.modals import param_hint
+
+    assert "(float, 1e-06..1)" in param_hint({"name": "learning_rate", "type": "float", "min": 1e-6, "max": 1.0, "flag": "--learning-rate"})
+    assert "(float, -2.5..)" in param_hint({"name": "bias", "type": "float", "min": -2.5, "max": None, "flag": "--bias"})
+
+
+def test_a_rotation_line_names_the_machines_own_models_of_the_set():
+    """`cetlab rotate` said "workstation: rotated to set 2 of 2 (qwen2.5-coder-7b, mistral-7b-awq)" though none of them is there."""
+    last = {"t": 900.0, "index": 1, "duration_s": 0.1, "swaps": [], "out": [], "up": [], "not_warm": [], "problems": []}
+    rotation = {"plan": [["a"], ["qwen", "mistral", "phi"]], "index": 1, "running": False, "next_at": 2000.0, "pinned": [],
+                "overhead_pct": 0.0, "target_pct": 1.0, "last": last}
+    text = rotation_human({"workstation": rotation, "irina": rotation}, now=1000.0,
+                          models_on={"workstation": {"tiny"}, "irina": {"mistral", "phi"}})
+    assert "workstation: rotated to set 2 of 2 (none of its models) in 0.1 s" in text, text
+    assert "irina: rotated to set 2 of 2 (mistral, phi) in 0.1 s" in text, text
+
+
+async def test_the_header_clock_and_cost_go_on_while_a_modal_is_open():
+    from console.app import CetlabApp
+    from console.client import FleetClient
+    from console.screens.modals import HelpScreen
+    from tests.conftest import until_drawn, wait_for
+    from tests.console_fixtures import FROZEN_NOW, frozen_state
+    from widgets.lab_header import LabHeader
+
+    now = [FROZEN_NOW]
+    state = frozen_state()
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: now[0])
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until_drawn(pilot)
+        view = app.screen
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        before = str(view.query_one(LabHeader).text)
+        now[0] += 75  # 1 min 15 s later, the help still open
+        clock = time.strftime("%H:%M:%S", time.localtime(now[0]))
+        shown = await wait_for(lambda: clock in str(view.query_one(LabHeader).text) and str(view.query_one(LabHeader).text), timeout=10)
+        assert shown != before and isinstance(app.screen, HelpScreen)
+
+
+def test_the_costs_plot_spans_its_days_and_names_its_window():
+    """A one-day lab drew two bars as wide as the plot; the view said "since 2026-10-26" where the CLI says the month's 1st."""
+    from datetime import date
+
+    from console.screens.costs import PLOT_DAYS, plot_days
+
+    today = date(2026, 11, 24)
+    days = plot_days([{"day": "2026-11-24", "cost": 1.5, "cloud_equivalent": 9.0}], date(2026, 10, 26), today)
+    assert len(days) == PLOT_DAYS and days[-1] == ("11-24", 1.5, 9.0) and days[0] == ("10-26", 0.0, 0.0)
+    assert all(cost == cloud == 0.0 for _, cost, cloud in days[:-1])
+    assert plot_days([], today, today) == [("11-24", 0.0, 0.0)]
+
+
+def test_make_bench_ends_with_goals_met_and_missed_and_fails_on_a_miss():
+    """`make bench` exited 0 whatever its goals said."""
+    from bench.run_all import Outcome, summary, verdicts
+
+    agent = verdicts("bench_agent_overhead.py", ["agent - idle  :  0.30% of one core (goal < 1%: OK), RSS 70.1 MB (goal <= 64 MB: MISSED)\n"])
+    cli = verdicts("bench_cli.py", ["cold status 0.59 s (goal <= 0.5 s: met)\n", "a line with no verdict\n"])
+    figures = verdicts("bench_attacks.py", ["agent fds 13 -> 13\n"])
+    assert (len(agent.met), len(agent.missed), len(cli.met), len(cli.missed)) == (0, 1, 1, 0)
+    table, status = summary([agent, cli, figures])
+    assert status == 1 and "missed: bench_agent_overhead.py: agent - idle" in table and "figures only" in table, table
+    assert summary([cli, figures])[1] == 0
+    assert summary([cli, Outcome("bench_rpc.py", exit_code=1)])[1] == 2
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    assert "bench/run_all.py" in makefile.split("bench: ", 1)[1].split("\n\n")[0]
+
+
+def test_the_readme_states_the_benches_goals_as_they_check_them():
+    """The agent's RSS goal was 64 MB in its bench and 80 MB in the README."""
+    root = Path(__file__).resolve().parent.parent
+    bench = (root / "bench" / "bench_agent_overhead.py").read_text()
+    row = next(line for line in (root / "README.md").read_text().splitlines() if line.startswith("| `bench_agent_overhead.py`"))
+    goal = re.search(r"goal <= (\d+) MB", bench).group(1)
+    assert row.rstrip(" |").endswith(f"<= {goal} MB"), row
+    assert "minutes" in (root / "README.md").read_text().split("## Benchmarks", 1)[1].split("| benchmark |")[0]
+
+
+async def test_the_jump_placeholder_names_every_view_and_help_wraps_in_its_column():
+    """The `:` placeholder was cut before audit and gateway; `?` wrapped a long description back to column 0."""
+    from rich.console import Console
+    from textual.widgets import Input, Static
+
+    from console.app import CetlabApp
+    from console.client import FleetClient
+    from console.screens.modals import HelpScreen, JumpScreen
+    from console.views import VIEWS
+    from tests.conftest import until_drawn, wait_for
+    from tests.console_fixtures import FROZEN_NOW, frozen_state
+
+    state = frozen_state()
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until_drawn(pilot)
+        await pilot.press("colon")
+        jump = await wait_for(lambda: isinstance(app.screen, JumpScreen) and app.screen)
+        await pilot.pause()
+        field = jump.query_one("#jump", Input)
+        assert field.content_size.width >= len(field.placeholder) and all(name in field.placeholder for name in VIEWS)
+        await pilot.press("escape")
+        long = "resume a run from the selected checkpoint with the params it ran with, each of them changeable before it starts"
+        app.push_screen(HelpScreen([("r", long)]))
+        help_screen = await wait_for(lambda: isinstance(app.screen, HelpScreen) and app.screen)
+        await pilot.pause()
+        console = Console(width=help_screen.query_one(Static).content_size.width, record=True, color_system=None)
+        console.print(help_screen.query_one(Static).content)
+        lines = console.export_text().splitlines()
+        first = next(i for i, line in enumerate(lines) if line.lstrip().startswith("r "))
+        assert lines[first + 1].startswith(" " * 12) and lines[first + 1].strip(), lines[first:first + 3]
+
+
+def test_a_bad_name_is_refused_in_words_not_with_the_pattern():
+    """`cetlab gateway keys add 'bad name!'` printed pydantic's raw regular expression."""
+    from pydantic import ValidationError
+
+    from agents.gateway.keys import KeyAddParams
+    from agents.rpc import _params_error
+
+    with pytest.raises(ValidationError) as info:
+        KeyAddParams.model_validate({"name": "bad name!"})
+    message = _params_error(info.value)
+    assert message == "name: 'bad name!' is not a name: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64"
+    assert "^[" not in message
+
+
+def test_the_benches_say_what_they_measure():
+    """Issue 23 item 16: "data age on screen" was the state's age at each tick; the streaming ratio compared two engine-paced
+    streams; the rotation overhead was mostly assumed delays. Each line now says which."""
+    root = Path(__file__).resolve().parent.parent
+    scale = (root / "bench" / "bench_console_scale.py").read_text()
+    assert "data age on screen" not in scale and "not read back from the widgets" in scale
+    gateway = (root / "bench" / "bench_gateway.py").read_text()
+    assert "both paced by the engine" in gateway and "not its ceiling" in gateway
+    orchestra = (root / "bench" / "bench_orchestra.py").read_text()
+    assert "assumed: the field notes' engine delays" in orchestra and "measured: the rotation took" in orchestra
+    readme = (root / "README.md").read_text()
+    assert "data age on screen" not in readme and "assumed, not measured" in readme and "keeps pace with it" in readme
+
+
+async def test_the_machine_detail_gives_its_charts_the_rows_it_has():
+    """Two-row charts on a 50-row screen before: the GPU panels now share the view's height."""
+    from console.app import CetlabApp
+    from console.client import FleetClient
+    from console.screens.machine import MachineScreen
+    from tests.conftest import until_drawn, wait_for
+    from tests.console_fixtures import FROZEN_NOW, frozen_state
+    from widgets.gpu_panel import GpuPanel
+
+    state = frozen_state()
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await until_drawn(pilot)
+        app.push_screen(MachineScreen("irina"))  # two GPUs
+        screen = await wait_for(lambda: isinstance(app.screen, MachineScreen) and len(app.screen.query(GpuPanel)) == 2 and app.screen)
+        await pilot.pause()
+        heights = [chart.size.height for chart in screen.query("ScaleChart")]
+        assert heights and min(heights) >= 6, heights

@@ -179,6 +179,8 @@ async def test_frozen_agent_shows_offline_then_recovers_by_itself(small_demo):
         try:
             await wait_for(lambda: view.link == "offline", timeout=40)
             offline_s = time.monotonic() - stopped
+            # one moving figure on the card ("last seen 14s ago"), not a second frozen one beside it ("no data for 11 s")
+            assert "no data for" not in (view.error or "") and "went silent: no data within" in (view.error or ""), view.error
             with pytest.raises(RemoteError) as info:  # the caller is told, never left hanging
                 await asyncio.wait_for(client.call("box", "ping", timeout=2), 30)
             assert info.value.code in (ErrorCode.DISCONNECTED, ErrorCode.TIMEOUT)

@@ -33,7 +33,7 @@ def tiny_model(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
-def make_lab(root: Path, tiny: Path, offline_for_s: float = 30) -> DemoLab:
+def make_lab(root: Path, tiny: Path, offline_for_s: float = 30, rdzv_port: int | None = None) -> DemoLab:
     source = root / "src"
     source.mkdir(parents=True)
     shutil.copytree(REPO / "demo", source / "demo")
@@ -50,6 +50,8 @@ def make_lab(root: Path, tiny: Path, offline_for_s: float = 30) -> DemoLab:
                        {"name": "save_steps", "type": "int", "default": 3, "min": 1},
                        {"name": "resume_from_checkpoint", "type": "str"}]}],
     }
+    if rdzv_port is not None:
+        data["trainers"][0]["rdzv_port"] = rdzv_port
     (source / "lab.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     return DemoLab(root / "run", source=source / "lab.yaml")
 
@@ -110,7 +112,8 @@ async def test_two_nodes_train_to_exit_0_with_rank_0_checkpoints_and_progress(la
         assert [n["machine"] for n in started["nodes"]] == ["a", "b"]
         argv = " ".join(started["argv"])
         assert "--nnodes 2" in argv and "--rdzv-backend c10d" in argv and "--rdzv-endpoint 127.0.0.1:" in argv
-        node_b = await job_on(client, "b", started["id"])  # the same job id on the second node
+        # the other nodes start once node 0's torchrun holds the rendezvous port: the same job id on the second node
+        node_b = await wait_for(lambda: _node_started(client, "b", started["id"]), timeout=120)
         assert node_b["node_rank"] == 1 and node_b["coordinator"] == "a"
         assert "--rdzv-conf is_host=0" in " ".join(node_b["argv"]) and "--rdzv-conf is_host=1" in argv
         done = await wait_for(lambda: all_ended(client, started["id"]), timeout=240)
@@ -129,6 +132,11 @@ async def test_two_nodes_train_to_exit_0_with_rank_0_checkpoints_and_progress(la
         assert [j["id"] for j in json.loads(shown.stdout)["jobs"]] == [started["id"]], shown.stderr
         assert "a+b" in cli(lab, "jobs").stdout
         assert "finished at step 6" in cli(lab, "logs", started["id"], "--node", "b").stdout
+        # both agents see the run's folder (one filesystem: shared storage): one run, one row, and its name is enough
+        runs = await wait_for(lambda: _runs_listed(lab, started["id"]), timeout=30)
+        assert len(runs) == 1 and runs[0]["count"] == 2, runs
+        listing = cli(lab, "checkpoints", started["id"])
+        assert listing.returncode == 0 and listing.stdout.startswith(f"run {started['id']} on a"), listing.stdout + listing.stderr
     finally:
         await client.stop()
 
@@ -253,3 +261,123 @@ def test_the_demo_authorizes_the_coordinator_key_with_the_node_role_only(tmp_pat
     assert not any(node_key in line for line in (demo.dir / "agents" / "m5" / AUTHORIZED_KEYS_NAME).read_text().splitlines())
     assert (demo.dir / "agents" / "m5" / PEER_KNOWN_HOSTS_NAME).exists()
     assert next(t for t in load_lab(demo.lab_path).trainers if t.name == "ddp-2node").nodes[1].machine == "irina"
+
+
+# listens on the port, then leaves it to a forked child that is no process of the job's (the parent prints its pid and exits)
+SQUAT = ("import os, socket, sys, time\ns = socket.socket(); s.bind(('', int(sys.argv[1]))); s.listen()\n"
+         "pid = os.fork()\nif pid:\n    print(pid, flush=True); os._exit(0)\ntime.sleep(600)\n")
+
+
+@pytest.fixture
+def port_thief(tmp_path, monkeypatch):
+    """A torchrun whose first rendezvous host finds its port taken in between, as the README's run did (EADDRINUSE).
+
+    The first node-0 torchrun starts a process that listens on the port it was given, then runs the real
+    torchrun, which fails to bind its c10d store. Yields the file that names the thief's pid once it struck.
+    """
+    marker = tmp_path / "thief.pid"
+    bin_dir = tmp_path / "thief-bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text(f"""#!{sys.executable}
+import os, subprocess, sys
+from pathlib import Path
+args, marker = sys.argv[1:], Path({str(marker)!r})
+if "is_host=1" in args and not marker.exists():
+    port = args[args.index("--rdzv-endpoint") + 1].rsplit(":", 1)[1]
+    thief = subprocess.Popen([sys.executable, "-c", {SQUAT!r}, port], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    marker.write_text(thief.stdout.readline().decode().strip())
+    thief.wait()
+os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", *args])
+""")
+    (bin_dir / "torchrun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    try:
+        yield marker
+    finally:
+        if marker.exists():
+            try:
+                psutil.Process(int(marker.read_text())).kill()
+            except psutil.Error:
+                pass
+
+
+async def test_a_rendezvous_port_taken_before_torchrun_binds_it_starts_node_0_again_on_another(tmp_path, tiny_model, port_thief):
+    with running(make_lab(tmp_path, tiny_model)) as lab:
+        client = await connect(lab)
+        try:
+            job = await client.call("a", "jobs.start", {"recipe": "ddp", "params": {"max_steps": 2, "save_steps": 2}})
+            done = await wait_for(lambda: all_ended(client, job["id"]), timeout=240)
+            assert port_thief.exists()  # the first port was lost to another process
+            assert done["state"] == "exited" and done["exit_code"] == 0, done
+            assert [n["state"] for n in done["nodes"]] == ["exited", "exited"]
+            log = Path(done["log_path"]).read_text()
+            assert "was taken before torchrun bound it (EADDRINUSE): starting again on another port" in log
+            listed = [j["id"] for j in await client.call("a", "jobs.list", {})]
+            assert listed.count(job["id"]) == 1  # the lost try is no job of its own
+        finally:
+            await client.stop()
+
+
+async def test_a_fixed_rendezvous_port_in_use_fails_the_job_in_one_line(tmp_path, tiny_model, with_torchrun):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with running(make_lab(tmp_path, tiny_model, rdzv_port=port)) as lab:
+            client = await connect(lab)
+            try:
+                job = await client.call("a", "jobs.start", {"recipe": "ddp"})
+                failed = await wait_for(lambda: _ended_on_a(client, job["id"]), timeout=180)
+                error = failed["error"]
+                assert failed["state"] == "failed" and f"could not listen on rendezvous port {port}" in error and "EADDRINUSE" in error, failed
+                assert "\n" not in error and "Traceback" not in error and "change the recipe's rdzv_port" in error
+                assert [n["state"] for n in failed["nodes"]] == ["failed", "failed"]
+                with pytest.raises(RemoteError):  # node b never started
+                    await job_on(client, "b", job["id"])
+            finally:
+                await client.stop()
+
+
+def _runs_listed(demo: DemoLab, run: str) -> list[dict] | None:
+    """The rows of `cetlab checkpoints --json` for this run, once both agents have found its folder."""
+    shown = json.loads(cli(demo, "checkpoints", "--json").stdout)
+    return [r for r in shown["runs"] if r["run"] == run] or None
+
+
+async def _node_started(client: FleetClient, machine: str, job_id: str) -> dict | None:
+    try:
+        return await job_on(client, machine, job_id)
+    except RemoteError as exc:
+        if exc.code != ErrorCode.NOT_FOUND:
+            raise
+        return None
+
+
+async def _ended_on_a(client: FleetClient, job_id: str) -> dict | None:
+    job = await job_on(client, "a", job_id)
+    return job if ended(job) else None
+
+
+def test_server_ports_come_from_below_the_ephemeral_range(tmp_path):
+    """Outgoing connections take their local ports from the ephemeral range: a server's port chosen there is soon someone's."""
+    from agents import ports
+
+    low = ports.ephemeral_low()
+    chosen = {ports.server_port() for _ in range(20)}
+    assert all(ports.LOWEST <= port < low for port in chosen), chosen
+    assert all(ports.is_free(port) for port in chosen)
+    (tmp_path / "range").write_text("40000\t60999\n")
+    assert ports.ephemeral_low(tmp_path / "range") == 40000 and ports.ephemeral_low(tmp_path / "missing") == ports.DEFAULT_EPHEMERAL_LOW
+
+
+def test_one_row_per_run_keeps_a_multi_node_run_once_and_other_runs_apart():
+    from console.runs import RunKey, one_row_per_run
+
+    rows = [("irina", "m5-4", "m5-4", 3), ("m5", "m5-4", "m5-4", 3), ("m5", "exp1", None, 2), ("irina", "exp1", None, 1),
+            ("irina", "m5-5", "m5-5", 2), ("m5", "m5-5", "m5-5", 0)]
+    kept = one_row_per_run(rows, lambda r: RunKey(*r))
+    # the coordinator's row on a tie, the node with the checkpoints otherwise (no shared storage: rank 0's folder); hand runs apart
+    assert kept == [("m5", "m5-4", "m5-4", 3), ("m5", "exp1", None, 2), ("irina", "exp1", None, 1), ("irina", "m5-5", "m5-5", 2)]

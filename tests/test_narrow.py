@@ -179,3 +179,39 @@ async def test_a_long_message_is_cut_to_the_table_never_scrolls_it_sideways(widt
         table.show({"a": row})
         await pilot.pause()
         assert table.virtual_size.width <= table.size.width, (table.virtual_size, table.size)
+
+
+def test_a_split_pane_keeps_where_jobs_and_models_run_and_an_alerts_message():
+    """At 80 columns :jobs dropped MACHINE, RECIPE and LOSS and :models MACHINE (a 30-column STATE); :alerts at 100 cut its
+    message to "gpu0"; ELAPSED showed at no width."""
+    from console.screens import alerts
+    from widgets import jobs_table, orchestra_table
+    from widgets.live_table import LiveTable
+
+    def shown(module, width: int, **kwargs) -> set[str]:
+        table = LiveTable(module.COLUMNS, lambda item: item, module.DROP, **kwargs)
+        return {module.COLUMNS[i][0] for i in table.columns_for(width)}
+
+    assert {"job", "machine", "state", "step", "loss", "eta"} <= shown(jobs_table, 98)
+    assert {"job", "machine", "state", "step", "eta"} <= shown(jobs_table, 78)
+    assert shown(jobs_table, 158) == {key for key, _, _ in jobs_table.COLUMNS}  # a wide terminal: ELAPSED too
+    for width in (98, 78):
+        assert {"model", "machine", "state", "vram", "requests"} <= shown(orchestra_table, width), width
+    table = LiveTable(alerts.COLUMNS, lambda item: item, alerts.DROP, rest_min=alerts.MESSAGE_MIN)
+    for width in (98, 78):
+        kept = table.columns_for(width)
+        message = width - sum((alerts.COLUMNS[i][2] or 0) + 2 for i in kept) - 1
+        assert message >= 30 and {"state", "machine", "rule", "message"} <= {alerts.COLUMNS[i][0] for i in kept}, (width, message)
+
+
+async def test_at_100_columns_a_gpu_with_an_owner_keeps_its_bars(frozen_lab):
+    """The fleet at 100 columns dropped the bars of lines with an owner while padding every GPU name to 24 cells."""
+    app = frozen_app(frozen_lab)
+    async with app.run_test(size=SPLIT) as pilot:
+        await until_drawn(pilot, FleetScreen)
+        card = app.screen.query_one("#card-m5", MachineCard)
+        lines = [line.plain for line in card.gpu_lines]
+        owned = [line for line in lines if "model " in line]
+        assert owned and all("░" in line or "█" in line for line in owned), lines
+        assert all(line.startswith(("gpu0 Tesla V100 ", "gpu1 Tesla P40  ", "gpu2 Tesla P40  ", "gpu3 Tesla P40  ", "gpu4 Tesla P40  "))
+                   for line in lines), lines  # the name column as wide as the card's longest name

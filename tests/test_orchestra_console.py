@@ -217,7 +217,10 @@ def test_rotation_figures_are_per_machine_in_human_durations():
     }
     irina, m5 = rotation_text(rotations, now).splitlines()
     assert irina.startswith("[b]irina[/b] rotation: step 1 of 2 · next in 3h51m") and "0.587%[/] of 2h00m" in irina, irina
-    assert m5.startswith("[b]m5[/b] rotation: step start of 2 · next in 1m30s") and "0.012%[/] of 24h00m" in m5, m5
+    assert m5.startswith("[b]m5[/b] rotation: not rotated yet (2 sets) · next in 1m30s") and "0.012%[/] of 24h00m" in m5, m5
+    # each machine's line names its own models of the next set, not the lab-wide set
+    irina, m5 = rotation_text(rotations, now, {"irina": {"a"}, "m5": {"c", "d"}}).splitlines()
+    assert "→ none of its models ·" in irina and "→ c ·" in m5, (irina, m5)
 
 
 def test_model_details_say_the_window_of_tokens_per_s():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import shlex
 import subprocess
 import sys
@@ -66,3 +68,65 @@ def test_the_checkpoint_walkthrough_runs_as_written(demo_lab):
             subprocess.run(base + ["stop", resumed_job.group(1), "--kill"], capture_output=True, timeout=60)
         if served_model:
             subprocess.run(base + ["cold", served_model.group(1)], capture_output=True, timeout=120)
+
+
+# ---------------------------------------------------------------------------- the gateway's curl examples, after a restart
+
+
+def gateway_block() -> list[str]:
+    """The README's gateway examples up to the wake (continuation lines joined), placeholders as written."""
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"These do more:\n\n```sh\n(.*?)```", text, re.S)
+    assert block, "the README's gateway examples moved"
+    joined = block.group(1).replace("\\\n", " ")
+    lines = [line for line in joined.splitlines() if line.strip()]
+    wake = next(i for i, line in enumerate(lines) if "wakes it" in line)
+    return lines[:wake + 2]  # through the request after the comment that says it wakes
+
+
+def cli(demo, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+def test_the_gateway_wake_example_wakes_after_the_demo_restarted_warm(tmp_path):
+    """Quit and restart returns the demo at its last rotation step, where phi-3-mini is warm: the example still wakes it."""
+    from console.demo import DemoLab
+
+    with DemoLab(tmp_path / "demo") as demo:
+        rotated = cli(demo, "rotate")  # to set 1: codellama-7b, llama-3.1-70b-4bit, phi-3-mini warm
+        assert rotated.returncode == 0, rotated.stderr
+    with DemoLab(tmp_path / "demo") as demo:
+        lab = load_lab(demo.lab_path)
+        script = "\n".join(line.replace("DIR", str(demo.dir)).replace("PORT", str(lab.gateway.port))
+                           .replace("cetlab --lab", f"{shlex.quote(sys.executable)} -m console.cli --lab") for line in gateway_block())
+        for _ in range(300):  # the restart brings the rotation's set back up and the gateway's links connect
+            shown = cli(demo, "--json", "models")
+            if shown.returncode == 0 and '"warm"' in shown.stdout and '"phi-3-mini"' in shown.stdout and "loading" not in shown.stdout:
+                break
+        assert '"phi-3-mini"' in shown.stdout
+        result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, f"{script}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        assert "x-cetlab-woke: true" in result.stdout.lower(), result.stdout[-3000:]
+
+
+# ---------------------------------------------------------------------------- the multi-node run
+
+
+def test_the_multi_node_run_runs_as_written(demo_lab):
+    """`cetlab train ddp-2node --follow` from the README: one job over m5 and irina, exit 0 (EADDRINUSE on its first try once)."""
+    text = (REPO / "README.md").read_text()
+    command = re.search(r"`(cetlab train ddp-2node[^`]*)`", text)
+    assert command and "--follow" in command.group(1)
+    argv = shlex.split(command.group(1))
+    result = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path), *argv[1:]],
+                            capture_output=True, text=True, timeout=540)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    job_id = re.match(r"job (m5-\d+) \(ddp-2node\)", result.stdout).group(1)
+    for _ in range(60):  # the coordinator hears of the other node's end at its next poll (every second)
+        job = next(j for j in json.loads(cli(demo_lab, "--json", "jobs").stdout)["jobs"] if j["id"] == job_id)
+        if all(n["state"] == "exited" for n in job["nodes"]):
+            break
+    assert job["state"] == "exited" and [n["state"] for n in job["nodes"]] == ["exited", "exited"], job
+    listing = cli(demo_lab, "checkpoints", job_id)  # one run on shared storage: its name is enough
+    assert listing.returncode == 0 and listing.stdout.startswith(f"run {job_id} on m5"), listing.stdout + listing.stderr

@@ -46,7 +46,9 @@ def test_doctor_fails_a_transformers_too_old_to_serve(monkeypatch, version, leve
 
 
 def run_script(*args: str, path: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60, env={**os.environ, "PATH": path})
+    # no CUDA device for torch, whatever this machine has: the fake nvidia-smi's GPU is the one these tests mean
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": path, "CUDA_VISIBLE_DEVICES": ""})
 
 
 def fake_nvidia_smi(folder: Path, listing: str) -> str:
@@ -85,3 +87,21 @@ def test_gpu_check_arguments(tmp_path):
     handed = run_script("--dir", str(tmp_path / "work"), "--python", sys.executable, "--window-s", "1", path=path)
     assert "using GPU 0" in handed.stdout
     assert handed.returncode == 3 and "torch sees no CUDA device" in handed.stderr, handed.stderr[-2000:]
+
+
+def test_gpu_check_reads_a_recorded_status_of_a_real_gpu():
+    """bench/gpu_check.py against `cetlab --json status` and the agent's `status` as an H100 box gave them (KeyError 'processes' before)."""
+    import json
+
+    from bench import gpu_check
+    from console.cli import STATUS_GPU_KEYS
+
+    recorded = json.loads((REPO / "tests" / "data" / "gpu_check_status.json").read_text())
+    status, agent_status = recorded["status --json"], recorded["agent status"]
+    assert set(status["machines"][0]["gpus"][0]) == STATUS_GPU_KEYS  # the recording is what the CLI prints today
+    lines = gpu_check.gpu_lines(status, 0, agent_status)
+    assert lines[0].startswith("GPU 0 NVIDIA H100 80GB HBM3: util 100.0%, power 512.3 W, 1634 MiB used, 41.0 C"), lines
+    assert lines[1].startswith("  pid 48211 ubuntu 1088 MiB python -c"), lines
+    assert gpu_check.gpu_lines(status, 0)[1] == "  processes: not asked (the agent's `status` lists them)"
+    agent_status["gpus"][0]["processes"] = []
+    assert gpu_check.gpu_lines(status, 0, agent_status)[1] == "  no process holds it"

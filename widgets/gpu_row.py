@@ -17,17 +17,19 @@ LAYOUTS = ((SPARK_WIDTH, 8, NAME_WIDTH), (0, 8, NAME_WIDTH), (0, 6, NAME_WIDTH),
 
 
 def gpu_line(gpu: GpuSample, util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False,
-             width: int | None = None, layout: int | None = None) -> Text:
+             width: int | None = None, layout: int | None = None, name_cap: int = NAME_WIDTH) -> Text:
     """One GPU as a line of at most `width` cells (None: as wide as it likes); `stale` (its machine is offline) greys it out.
 
     `layout` (an index into LAYOUTS) forces one, so that a card's lines keep their columns aligned; by default the
-    widest that fits. The owner comes last and takes what is left, cut with an ellipsis.
+    widest that fits. The owner comes last and takes what is left, cut with an ellipsis. `name_cap`: the widest the
+    name column need be (a card's longest GPU name): the room it does not need goes to the bars and the owner.
     """
     owner_part = f"  {owner}" if owner else ""
     if width is None:
-        line = _line(gpu, util_history, limits, *LAYOUTS[0])
+        line = _line(gpu, util_history, limits, *_capped(LAYOUTS[0], name_cap))
     else:
-        line = _line(gpu, util_history, limits, *LAYOUTS[fit_layout(gpu, owner, width) if layout is None else layout])
+        chosen = fit_layout(gpu, owner, width, name_cap) if layout is None else layout
+        line = _line(gpu, util_history, limits, *_capped(LAYOUTS[chosen], name_cap))
         if line.cell_len + _owner_room(owner) > width:
             line.rstrip()  # the power column's padding can go at the end of a line
         room = width - line.cell_len
@@ -49,12 +51,17 @@ def _owner_room(owner: str | None) -> int:
     return min(len(owner) + 2, OWNER_MIN + 2) if owner else 0
 
 
-def fit_layout(gpu: GpuSample, owner: str | None, width: int) -> int:
+def _capped(layout: tuple[int, int, int], name_cap: int) -> tuple[int, int, int]:
+    spark_width, bar_width, name_width = layout
+    return spark_width, bar_width, max(1, min(name_width, name_cap))
+
+
+def fit_layout(gpu: GpuSample, owner: str | None, width: int, name_cap: int = NAME_WIDTH) -> int:
     """The widest layout (an index into LAYOUTS) that fits `width` with room for the owner, else without it.
 
     The owner gives way before the GPU's name is cut to 10 cells (the last layout).
     """
-    used = [len(_line(gpu, [], Thresholds(), *layout).plain.rstrip()) for layout in LAYOUTS]
+    used = [len(_line(gpu, [], Thresholds(), *_capped(layout, name_cap)).plain.rstrip()) for layout in LAYOUTS]
     with_owner = next((i for i in range(len(LAYOUTS) - 1) if used[i] + _owner_room(owner) <= width), None)
     if with_owner is not None:
         return with_owner
@@ -101,6 +108,7 @@ class GpuLines:
         self.layout: int | None = None  # the card's: the narrowest any of its lines needs
         self.lines: dict[int, Text] = {}
         self.width: int | None = None  # None: lines as wide as they like (before the first layout)
+        self.name_cap = NAME_WIDTH  # the card's longest GPU name (at most NAME_WIDTH): its name column is no wider
 
     def show(self, gpu: GpuSample, util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False) -> bool:
         """Update one GPU's line; True when it (or, through the card's layout, another) changed."""
@@ -110,10 +118,17 @@ class GpuLines:
             return False
         self._keys[gpu.index] = key
         self._args[gpu.index] = (gpu, util_history[-SPARK_WIDTH:], owner, limits, stale)
+        name_cap = min(NAME_WIDTH, max(len(args[0].name) for args in self._args.values()))
+        if name_cap != self.name_cap:  # every line's fit moves with it
+            self.name_cap = name_cap
+            self.lines = {}  # all redrawn
+            width, self.width = self.width, -1
+            self.fit(width)
+            return True
         fitted_for = self._fitted_for.get(gpu.index)
         if self.width is not None and fitted_for != (gpu.name, gpu.failed, owner):  # the figures are fixed-width: only these move it
             self._fitted_for[gpu.index] = (gpu.name, gpu.failed, owner)
-            self._layouts[gpu.index] = fit_layout(gpu, owner, self.width)
+            self._layouts[gpu.index] = fit_layout(gpu, owner, self.width, self.name_cap)
         if not self._relayout():
             self.lines[gpu.index] = self._draw(gpu.index)
         return True
@@ -123,7 +138,7 @@ class GpuLines:
         if width == self.width:
             return False
         self.width = width
-        self._layouts = {} if width is None else {i: fit_layout(args[0], args[2], width) for i, args in self._args.items()}
+        self._layouts = {} if width is None else {i: fit_layout(args[0], args[2], width, self.name_cap) for i, args in self._args.items()}
         self._fitted_for = {i: (args[0].name, args[0].failed, args[2]) for i, args in self._args.items()}
         self.layout = None
         self._relayout()
@@ -139,7 +154,8 @@ class GpuLines:
         return True
 
     def _draw(self, index: int) -> Text:
-        return gpu_line(*self._args[index], width=self.width, layout=self.layout)
+        gpu, history, owner, limits, stale = self._args[index]
+        return gpu_line(gpu, history, owner, limits, stale, width=self.width, layout=self.layout, name_cap=self.name_cap)
 
     def keep(self, indices: set[int]) -> bool:
         """Forget GPUs no longer reported; True when one went."""

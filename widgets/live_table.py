@@ -22,10 +22,14 @@ class LiveTable(DataTable):
 
     COLUMNS: list[Column] = []
     DROP: tuple[str, ...] = ()
+    REST_MIN_WIDTH = REST_MIN
 
     def __init__(self, columns: list[Column] | None = None, cells: Callable[[Any], tuple] | None = None,
-                 drop: tuple[str, ...] | None = None, **kwargs) -> None:
+                 drop: tuple[str, ...] | None = None, rest_min: int | None = None, **kwargs) -> None:
+        """``rest_min``: the width the column "for the rest" needs (default REST_MIN_WIDTH); columns in the drop order go
+        until it has that much."""
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.rest_min = rest_min if rest_min is not None else self.REST_MIN_WIDTH
         self.column_spec = columns if columns is not None else self.COLUMNS
         self.drop_order = drop if drop is not None else self.DROP
         self._cells_of = cells
@@ -52,7 +56,7 @@ class LiveTable(DataTable):
         """The columns that fit `width` cells: those in the drop order go, first to last, until the rest fit."""
         shown = list(range(len(self.column_spec)))
         index_of = {key: i for i, (key, _, _) in enumerate(self.column_spec)}
-        needed = lambda: sum((self.column_spec[i][2] or REST_MIN) + CELL_PADDING for i in shown)  # noqa: E731
+        needed = lambda: sum((self.column_spec[i][2] or self.rest_min) + CELL_PADDING for i in shown)  # noqa: E731
         for key in self.drop_order:
             if needed() <= width:
                 break

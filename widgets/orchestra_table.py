@@ -21,12 +21,14 @@ STATE_STYLES = {
 }
 COLUMNS = [
     ("model", "MODEL", 20), ("machine", "MACHINE", 11), ("gpus", "GPUS", 5), ("engine", "ENGINE", 16),
-    ("state", "STATE", 30), ("vram", "VRAM", 5), ("requests", "RUN/WAIT", 8), ("tokens", "TOK/S", 6),
+    ("state", "STATE", None), ("vram", "VRAM", 5), ("requests", "RUN/WAIT", 8), ("tokens", "TOK/S", 6),
     ("kv", "KV", 4), ("load", "LOAD", 6), ("warmup", "WARM-UP", 7), ("wake", "WAKE", 5), ("ram", "RAM", 5),
 ]
-# in a narrow terminal the timings go first, then KV, the engine, the GPUs and the machine: name, state, VRAM and the
-# live load stay (the detail line below the table names the machine)
-DROP = ("ram", "wake", "warmup", "load", "kv", "engine", "gpus", "machine", "tokens")
+# in a narrow terminal the timings go first, then KV, the engine, the GPUs and the tokens/s: name, machine, state, VRAM
+# and the live load stay at 80 columns (where a model runs is what a split pane asks first)
+DROP = ("ram", "wake", "warmup", "load", "kv", "engine", "gpus", "tokens", "machine")
+STATE_MIN = 22  # STATE takes the width the other columns leave, at least this (a long phase, "loading making the tiny model", is
+# whole at 160 columns and cut where the table is tight: at 80 the machine's column matters more)
 
 
 def row_key(model: ModelInfo) -> str:
@@ -80,6 +82,7 @@ class OrchestraTable(LiveTable):
     DEFAULT_CSS = "OrchestraTable { height: 1fr; }"
     COLUMNS = COLUMNS
     DROP = DROP
+    REST_MIN_WIDTH = STATE_MIN
 
     def cells(self, item: ModelInfo) -> tuple:
         return model_cells(item)

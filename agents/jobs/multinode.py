@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.documents import Progress
 from agents.jobs.job import PROGRESS_KEPT, Job
 from agents.jobs.logs import tail
+from agents.jobs.runner import descendants
 from agents.lab import Trainer
+from agents.ports import server_port
 from agents.schema import NAME_RE
 from agents.peers import NODE_KEY_NAME, PeerClient
 from agents.protocol import ErrorCode, Finite, RemoteError, Role
@@ -40,6 +42,9 @@ POLL_S = 1.0  # how often the coordinator asks its nodes how they are
 START_TIMEOUT_S = 30.0
 FAILED_LINES = 3  # last log lines of a failed node named in the job's error
 OFFLINE = "offline"
+RDZV_TRIES = 3  # rendezvous ports tried when another process takes the chosen one before torchrun binds it
+RDZV_LISTEN_WAIT_S = 120.0  # torchrun imports torch before it binds its store: seconds, more on a busy machine
+RDZV_TAKEN = ("EADDRINUSE", "address already in use")  # how torch's TCPStore says it could not bind
 
 
 @dataclass(frozen=True)
@@ -73,10 +78,28 @@ def launch_for(recipe: Trainer, machine: str, rank: int, job_id: str, rdzv_host:
                       f"{rdzv_host}:{port}", recipe.nodes[0].machine, node.nccl_socket_ifname)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+def store_listens(job: Job, port: int) -> bool:
+    """Whether a process of ``job`` (node 0's torchrun hosts the c10d store) listens on ``port``."""
+    if job.runner_pid is None:
+        return False
+    for proc in descendants(job.runner_pid):
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in proc.net_connections("tcp")):
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def lost_port(log_path: str, offset: int) -> bool:
+    """Whether the log written since ``offset`` says torchrun could not bind its rendezvous port."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(offset)
+            text = log.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return any(sign in text for sign in RDZV_TAKEN)
 
 
 class NodeStartParams(BaseModel):
@@ -141,6 +164,7 @@ class Coordinator:
         self.jobs = jobs
         self.peers: PeerClient | None = None
         self.task: asyncio.Task | None = None
+        self.starting: dict[str, asyncio.Task] = {}  # job id -> its start: node 0 gets its port, then the others start
         self.silent_since: dict[tuple[str, str], float] = {}  # (job, machine) -> when its agent stopped answering
 
     async def start(self) -> None:
@@ -155,6 +179,8 @@ class Coordinator:
     async def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
+        for task in list(self.starting.values()):
+            task.cancel()
         if self.peers is not None:
             await self.peers.stop()
 
@@ -172,13 +198,36 @@ class Coordinator:
     # -- start and stop
 
     async def start_job(self, recipe: Trainer, given: dict[str, Any]) -> Job:
-        """Start node 0 here, then every other node at once; one that cannot start takes the whole job down."""
+        """Start node 0 here; once its torchrun holds the rendezvous port, every other node at once (in the background)."""
         agent = self.jobs.agent
-        port = recipe.rdzv_port or free_port()
+        port = recipe.rdzv_port or server_port()
         job_id = self.jobs.next_id()
         job = self.jobs.start_job(recipe.name, given, launch_for(recipe, agent.machine.name, 0, job_id, agent.machine.host, port))
         job.nodes = [{"machine": n.machine, "gpus": list(n.gpus), "state": JobState.STARTING} for n in recipe.nodes]
-        calls = [self._call(n.machine, "jobs.node_start", {"id": job_id, "recipe": recipe.name, "params": given, "node_rank": rank,
+        self.jobs.save(job)
+        task = asyncio.create_task(self._start_nodes(recipe, given, job, port), name=f"multinode-start-{job_id}")
+        self.starting[job_id] = task
+        task.add_done_callback(lambda _: self.starting.pop(job_id, None))
+        return job
+
+    async def _start_nodes(self, recipe: Trainer, given: dict[str, Any], job: Job, port: int) -> None:
+        try:
+            job, port = await self._hold_port(recipe, given, job, port)
+        except RemoteError as lost:
+            job.failure = lost.message
+            self.jobs.finish_ended(job)  # node 0's runner has ended: the job fails with this as its error
+            job.nodes[0].update({"state": job.state, "exit_code": job.exit_code, "error": job.error})
+            for node in job.nodes[1:]:
+                node.update({"state": JobState.FAILED, "error": "not started"})
+            self.jobs.save(job)
+            log.warning("job %s failed: %s", job.id, lost.message)
+            return
+        if job.stop_requested is not None:  # stopped before the others started: nothing to stop there
+            for node in job.nodes[1:]:
+                node.update({"state": JobState.EXITED, "error": None})
+            self.jobs.save(job)
+            return
+        calls = [self._call(n.machine, "jobs.node_start", {"id": job.id, "recipe": recipe.name, "params": given, "node_rank": rank,
                                                            "rdzv_port": port}, timeout=START_TIMEOUT_S)
                  for rank, n in enumerate(recipe.nodes) if rank > 0]
         results = await asyncio.gather(*calls, return_exceptions=True)
@@ -188,9 +237,41 @@ class Coordinator:
             reason = f"node {machine} could not start: {exc.message if isinstance(exc, RemoteError) else exc}"
             job.failure = reason
             await self._fail_all(job, reason)
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"job {job_id} of recipe {recipe.name}: {reason}", {"job": job_id})
+            return
         self.jobs.save(job)
-        return job
+
+    async def _hold_port(self, recipe: Trainer, given: dict[str, Any], job: Job, port: int) -> tuple[Job, int]:
+        """Wait until node 0's torchrun listens on the rendezvous port; when another process took the port first, start it again.
+
+        A port can be taken between choosing it and torchrun binding it (EADDRINUSE): then that try is
+        forgotten (its log keeps a line saying so) and node 0 starts again, same job id, on another port,
+        so the other nodes only ever get a port node 0's store holds. Returns node 0's job and its port.
+        """
+        me = self.jobs.agent.machine.name
+        lost: set[int] = set()
+        offset = 0  # where this try's output starts in the job's log (a new job id: a new log)
+        for attempt in range(1, RDZV_TRIES + 1):
+            deadline = time.monotonic() + RDZV_LISTEN_WAIT_S
+            while job.popen is not None and job.popen.poll() is None and not store_listens(job, port) and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            if job.popen is None or job.popen.poll() is None or not lost_port(job.log_path, offset):
+                return job, port  # listening, or failed for its own reasons (the tick and the watch report those)
+            lost.add(port)
+            if recipe.rdzv_port is not None or attempt == RDZV_TRIES:
+                raise RemoteError(ErrorCode.UNAVAILABLE, f"node {me} could not listen on rendezvous port {port}: another process holds it "
+                                  f"(EADDRINUSE); " + ("free it or change the recipe's rdzv_port" if recipe.rdzv_port is not None
+                                                       else f"{RDZV_TRIES} ports tried"))
+            log.warning("job %s: rendezvous port %d was taken before torchrun bound it; starting node 0 again on another port", job.id, port)
+            with open(job.log_path, "a", encoding="utf-8") as out:
+                out.write(f"cetlab: rendezvous port {port} was taken before torchrun bound it (EADDRINUSE): starting again on another port\n")
+            nodes = job.nodes
+            self.jobs.forget(job)
+            offset = Path(job.log_path).stat().st_size
+            port = server_port(avoid=frozenset(lost))
+            job = self.jobs.start_job(recipe.name, given, launch_for(recipe, me, 0, job.id, self.jobs.agent.machine.host, port))
+            job.nodes = nodes
+            self.jobs.save(job)
+        raise AssertionError("unreachable: the last try returns or raises")
 
     async def stop_job(self, job: Job, grace_s: float | None, kill: bool) -> Job:
         """SIGTERM (or SIGKILL) to every node's torchrun at once; the ranks agree on the step they stop at."""
@@ -223,7 +304,7 @@ class Coordinator:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(POLL_S)
-            for job in [j for j in self.jobs.jobs.values() if j.nodes and j.coordinator == self.jobs.agent.machine.name]:
+            for job in [j for j in self.jobs.jobs.values() if j.nodes and j.coordinator == self.jobs.agent.machine.name and j.id not in self.starting]:
                 if job.active or any(n["state"] in JOB_ACTIVE for n in job.nodes):
                     try:
                         await self._poll(job)

@@ -282,6 +282,14 @@ class JobsComponent:
         log.info("started job %s (%s): %s", job.id, name, " ".join(argv))
         return job
 
+    def forget(self, job: Job) -> None:
+        """Drop a job whose runner has ended as if it never started (its log stays): node 0 starting again on another port."""
+        self.jobs.pop(job.id, None)
+        with self.agent.store.transaction() as db:
+            db.execute("DELETE FROM jobs WHERE id=?", (job.id,))
+        for name in ("child.json", "exit.json", "progress.json"):
+            (Path(job.job_dir) / name).unlink(missing_ok=True)
+
     # -- stopping
 
     async def _trainer_pid(self, job: Job) -> int | None:
@@ -348,6 +356,11 @@ class JobsComponent:
             return job.popen.poll() is not None  # our child: reap it
         return not _alive(job.runner_pid, job.runner_started)
 
+    def finish_ended(self, job: Job) -> None:
+        """Record the outcome of a job whose runner has ended now, not at the next tick."""
+        if job.active and self._runner_ended(job):
+            self._finish(job)
+
     def _finish(self, job: Job) -> None:
         """The runner is gone: take the exit code it recorded, or call the job lost."""
         update_progress(job)
@@ -391,7 +404,7 @@ class JobsComponent:
     def on_telemetry(self, telemetry: Telemetry) -> None:
         now = time.time()
         for job in list(self.jobs.values()):
-            if not job.active:
+            if not job.active or job.id in self.coordinator.starting:  # node 0 of a multi-node job getting its port: not yet
                 continue
             before = job.record()
             if job.pid is None:

@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +21,7 @@ from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, descendan
 from agents.lab import Model
 from agents.orchestra.lora_rules import lora_config_problem
 from agents.orchestra.spec import EngineSpec, GpuBuild
+from agents.ports import server_port
 from agents.protocol import GpuSample
 from agents.safe_read import ADAPTER_CONFIG_MAX_BYTES, read_capped
 
@@ -57,9 +57,7 @@ class EngineRequestFailed(Exception):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return server_port(host)  # not port 0's: an outgoing connection may take that before the engine binds it
 
 
 def _sum_samples(families: dict[str, Any], names: tuple[str, ...], suffix: str = "") -> float | None:

@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -339,7 +340,10 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
         task_type="CAUSAL_LM",
     )
     try:
-        model = get_peft_model(model, lora)
+        with warnings.catch_warnings():
+            # peft reads transformers' deprecated is_gradient_checkpointing: a FutureWarning at the top of every job's log
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+            model = get_peft_model(model, lora)
     except ValueError as exc:
         raise ConfigError(f"lora: {str(exc).splitlines()[0]}") from None
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

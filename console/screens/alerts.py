@@ -21,6 +21,7 @@ FETCH_S = 5.0  # history comes from alerts.list this often while it is shown
 COLUMNS = [("state", "state", 8), ("level", "level", 9), ("machine", "machine", 12), ("target", "target", 18),
            ("rule", "rule", 16), ("fired", "fired", 19), ("message", "message", None)]
 DROP = ("level", "fired", "target")  # narrow: these go, in this order
+MESSAGE_MIN = 40  # the message gets this much before the level, the time and the target go ("gpu0" alone at 100 columns before)
 LEVEL_STYLE = {"critical": "bold red", "warning": "yellow"}
 
 
@@ -59,7 +60,7 @@ class AlertsScreen(LabScreen):
         yield LabHeader()
         yield Static("", id="alerts-summary")
         yield Static("", id="alerts-routes", markup=False)
-        yield LiveTable(COLUMNS, alert_cells, DROP, id="alerts-table")
+        yield LiveTable(COLUMNS, alert_cells, DROP, rest_min=MESSAGE_MIN, id="alerts-table")
         yield Footer()
 
     def on_mount(self) -> None:

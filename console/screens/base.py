@@ -33,6 +33,7 @@ class LabScreen(Screen):
         Binding("k", "move(-1)", "Up", show=False),
         Binding("g", "move_to_end(False)", "Top", show=False),
         Binding("G", "move_to_end(True)", "Bottom", show=False),
+        Binding("question_mark", "app.help", "Help"),  # here, not only on the app: first in the key bar, never cut at 80 columns
         Binding("slash", "filter", "Filter"),
     ]
 

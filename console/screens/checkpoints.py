@@ -14,14 +14,16 @@ from textual.widgets import Footer, Static
 from agents.protocol import RemoteError
 from agents.sections import RunSummary
 from agents.states import JOB_ACTIVE
+from console.runs import RunKey, one_row_per_run
 from console.screens.base import LabScreen
-from console.screens.modals import AskNumberScreen
+from console.screens.modals import AskNumberScreen, ResumeJobScreen
 from widgets.checkpoint_timeline import CheckpointTimeline
 from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, plural
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
 
-ACTIVE_REFETCH_S = 3.0  # while the run's job trains, its listing is fetched again this often
+ACTIVE_REFETCH_S = 3.0  # while the run's job trains or one of its checkpoints is being served, its listing is fetched again this often
+SERVING_SETTLED = {"warm", "sleeping", "failed", "cold", "cached", "unloaded"}  # a serve in any other state (merging, loading ...) moves on
 COLUMNS = [("step", "STEP", 7), ("epoch", "EPOCH", 6), ("loss", "LOSS", 8), ("eval", "EVAL", 8), ("size", "SIZE", 7),
            ("save", "SAVE", 7), ("kind", "KIND", 17), ("age", "WRITTEN", 12), ("flags", "", 60)]
 DROP = ("epoch", "save", "kind", "eval", "size")  # narrow: these go, in this order
@@ -51,6 +53,11 @@ def checkpoint_cells(ckpt: dict[str, Any], now: float) -> tuple[Any, ...]:
     age = NA if ckpt.get("written_at") is None else fmt_duration(max(0.0, now - ckpt["written_at"])) + " ago"
     return (Text(str(ckpt["step"]), style="bold" if ckpt.get("is_best") else ""), fmt(ckpt.get("epoch"), ".2f"),
             loss_text(ckpt.get("loss")), loss_text(ckpt.get("eval_loss")), fmt_bytes(ckpt["size_bytes"]), save, kind, age, flags_text(ckpt))
+
+
+def serving_moves(detail: dict[str, Any] | None) -> bool:
+    """Whether a checkpoint of this listing is on its way to being served (its state will change without the run's)."""
+    return any((c.get("serving") or {}).get("state", "warm") not in SERVING_SETTLED for c in (detail or {}).get("checkpoints", []))
 
 
 def run_line(run: RunSummary, index: int, total: int) -> str:
@@ -124,7 +131,8 @@ class CheckpointsScreen(LabScreen):
     # -- data
 
     def runs(self) -> list[RunSummary]:
-        return [run for view in self.lab_app.state.machines.values() for run in view.checkpoints]
+        runs = [run for view in self.lab_app.state.machines.values() for run in view.checkpoints]
+        return one_row_per_run(runs, lambda r: RunKey(r.machine, r.run, r.job, r.count))  # a multi-node run once
 
     def summary(self) -> RunSummary | None:
         return next((r for r in self.runs() if self.run_key == (r.machine, r.run)), None)
@@ -147,8 +155,8 @@ class CheckpointsScreen(LabScreen):
         if summary is not None:
             index = runs.index(summary)
             self.query_one("#ckpt-run", Static).update(run_line(summary, index, len(runs)))
-            stale = self._fetched is None or self._fetched[0] != summary or (
-                summary.job_state in JOB_ACTIVE and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
+            moving = summary.job_state in JOB_ACTIVE or serving_moves(self.detail)  # a serve changes no summary: ask again
+            stale = self._fetched is None or self._fetched[0] != summary or (moving and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
             if stale and self.lab_app.connect:
                 self._fetched = (summary, time.monotonic())
                 self.fetch(*self.run_key)
@@ -221,9 +229,29 @@ class CheckpointsScreen(LabScreen):
         if target is None:
             return
         machine, run, ckpt = target
-        self.confirm(f"Start a new job of run [b]{run}[/b]'s recipe, resuming from step [b]{ckpt['step']}[/b]?",
-                     lambda: self._act_and_refetch(machine, "checkpoints.resume", {"run": run, "step": ckpt["step"]},
-                                                   lambda r: f"resumed {run} from step {ckpt['step']} as job {r['id']}"))
+        self.open_resume(machine, run, ckpt["step"])
+
+    @work(exclusive=True, group="checkpoints-resume")
+    async def open_resume(self, machine: str, run: str, step: int) -> None:
+        """The resume form: the run's recipe with the params it ran with, to change before the new job starts (as `--set` does)."""
+        summary = self.summary()
+        try:
+            recipes = await self.lab_app.client.call(machine, "jobs.recipes")
+            previous = (await self.lab_app.client.call(machine, "jobs.get", {"id": summary.job}))["params"] if summary and summary.job else {}
+        except RemoteError as exc:
+            self.notify(exc.message, severity="warning")
+            return
+        recipe = next((r for r in recipes if summary is not None and r["name"] == summary.recipe), None)
+        if recipe is None:
+            self.notify(f"run {run} was not started from a recipe of {machine}: resume it with its own trainer", severity="warning")
+            return
+
+        def resumed(job: dict | None) -> None:
+            if job:
+                self.notify(f"resumed {run} from step {step} as job {job['id']}")
+                self._refetch()
+
+        self.app.push_screen(ResumeJobScreen(recipe, machine, run, step, previous), resumed)
 
     def action_serve(self) -> None:
         target = self._target()

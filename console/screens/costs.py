@@ -41,6 +41,15 @@ def breakdown_rows(report: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     return rows
 
 
+def plot_days(days: list[dict[str, Any]], since: date, today: date) -> list[tuple[str, float, float]]:
+    """(MM-DD, cost, cloud equivalent) for every day of the window, 0 where nothing was counted: a one-day lab
+    is one day of thirty, not two bars as wide as the plot."""
+    by_day = {d["day"]: d for d in days}
+    window = [since + timedelta(days=i) for i in range(max(1, (today - since).days + 1))][-PLOT_DAYS:]
+    return [(day.isoformat()[5:], (by_day.get(day.isoformat()) or {}).get("cost") or 0.0,
+             (by_day.get(day.isoformat()) or {}).get("cloud_equivalent") or 0.0) for day in window]
+
+
 class CostsScreen(LabScreen):
     VIEW_NAME = "costs"
     SECTIONS = ("costs", "link")  # redrawn only when these change
@@ -105,7 +114,8 @@ class CostsScreen(LabScreen):
             f"   [b]saving {fmt_money(report['saving_month'], currency)} ({fmt_pct(report['saving_pct_month'])})[/b]{sim}",
             f"today {fmt_money(report['today'], currency)}   cloud {fmt_money(report['cloud_equivalent_today'], currency)}"
             f"   {report['kwh_today'] or 0:.2f} kWh today, {report['kwh_month'] or 0:.2f} kWh this month",
-            f"by {report['by_kind']} since {report['since']}   ([b]b[/b] switches machine / job / model)",
+            f"by {report['by_kind']} over the last {PLOT_DAYS} days, since {report['since']} (as `cetlab costs --since {report['since']}`)"
+            "   ([b]b[/b] switches machine / job / model)",
         ]
         if report["api_providers"]:
             lines.append(f"[b]API[/b] today {fmt_money(report['api_today'], currency)}   this month {fmt_money(report['api_month'], currency)}"
@@ -123,8 +133,8 @@ class CostsScreen(LabScreen):
         self.query_one("#costs-by", LiveTable).show(breakdown_rows(report))
 
     def _refresh_plot(self, report: dict[str, Any]) -> None:
-        days = report["days"][-PLOT_DAYS:]
-        data = [(d["day"][5:], d["cost"] or 0.0, d["cloud_equivalent"] or 0.0) for d in days]
+        since = date.fromisoformat(report["since"]) if report.get("since") else date.today() - timedelta(days=PLOT_DAYS - 1)
+        data = plot_days(report["days"], since, date.today())
         if data == self._plotted:
             return
         self._plotted = data

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from rich.markup import escape
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.widgets import Footer
+from textual.widgets import Footer, Static
 
 from console.screens.base import LabScreen
 from console.state import MachineView
@@ -39,7 +40,9 @@ class FleetScreen(LabScreen):
     def compose(self) -> ComposeResult:
         yield LabHeader()
         self.cards = [MachineCard(name, id=f"card-{name}") for name in self.lab_app.state.machines]
-        self.scroll = VerticalScroll(*self.cards, id="fleet")
+        self.nothing = Static("", id="fleet-nothing")
+        self.nothing.display = False
+        self.scroll = VerticalScroll(self.nothing, *self.cards, id="fleet")
         yield self.scroll
         yield Footer()
 
@@ -49,11 +52,18 @@ class FleetScreen(LabScreen):
             self.cards[0].focus()
 
     def apply_filter(self, text: str) -> None:
-        """`/` on the fleet: only the cards of machines whose name or role holds the text."""
+        """`/` on the fleet: only the cards of machines whose name, role, GPUs, models or jobs hold the text."""
         needle = text.casefold()
         for card in self.cards:
-            config = self.lab_app.state.machines[card.machine].config
-            card.display = needle in f"{card.machine} {config.role}".casefold()
+            card.display = needle in self.searched(card.machine).casefold()
+        self.nothing.display = bool(needle) and not self._cards()
+        self.nothing.update(Text(f"no machine matches {text!r} (name, role, GPU, model, job); / and enter on nothing shows all"))
+
+    def searched(self, machine: str) -> str:
+        """What `/` looks in for one machine: name, role, its GPUs' names, its lab.yaml models, what holds its GPUs."""
+        view = self.lab_app.state.machines[machine]
+        models = [m.name for m in self.lab_app.lab.models if m.machine == machine]
+        return " ".join([machine, view.config.role or "", *(g.name for g in view.gpus.values()), *models, *view.gpu_owners().values()])
 
     def refresh_data(self) -> None:
         state = self.lab_app.state

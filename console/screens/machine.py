@@ -25,6 +25,11 @@ class MachineScreen(LabScreen):
     DEFAULT_CSS = """
     MachineScreen #host { padding: 0 1; height: auto; }
     MachineScreen #procs { height: auto; max-height: 20; }
+    /* the GPU panels share the rows the view has (2-row charts on a 50-row screen before); too many scroll */
+    MachineScreen #gpus { height: 1fr; }
+    MachineScreen GpuPanel { height: 1fr; min-height: 7; }
+    MachineScreen GpuPanel > Horizontal, MachineScreen GpuPanel > Horizontal > Vertical { height: 1fr; }
+    MachineScreen GpuPanel ScaleChart { height: 1fr; min-height: 2; }
     """
 
     def __init__(self, machine: str):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Group
 from rich.markup import escape
+from rich.padding import Padding
+from rich.table import Table
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -164,10 +167,13 @@ class PickRecipeScreen(ModalScreen[dict | None]):
 def param_hint(param: dict[str, Any]) -> str:
     parts = [param["type"]]
     if param.get("min") is not None or param.get("max") is not None:
-        low, high = (NA if param.get(k) is None else fmt_limit(param[k]) for k in ("min", "max"))
-        parts.append(f"{low}..{high}".replace(NA, ""))
+        low, high = ("" if param.get(k) is None else fmt_limit(param[k]) for k in ("min", "max"))  # an open end stays empty
+        parts.append(f"{low}..{high}")
     text = f"[b]{param['name']}[/b] ({', '.join(parts)}) {param['flag']}"
     return text + (f"  [dim]{param['help']}[/]" if param.get("help") else "")
+
+
+RESUME_PARAM = "resume_from_checkpoint"  # filled in by the agent on a resume (agents/checkpoints/actions.py)
 
 
 class StartJobScreen(ModalScreen[dict | None]):
@@ -184,13 +190,18 @@ class StartJobScreen(ModalScreen[dict | None]):
     def __init__(self, recipe: dict[str, Any]) -> None:
         super().__init__()
         self.recipe = recipe
+        self.params: list[dict[str, Any]] = recipe["params"]  # the fields of the form
+
+    def heading(self) -> str:
+        r = self.recipe
+        return (f"start [b]{r['name']}[/b] on {r['machine']} GPU {','.join(map(str, r['gpus'])) or NA}"
+                + (f" (torchrun x{r['nproc_per_node']})" if r["launcher"] == "torchrun" else ""))
 
     def compose(self) -> ComposeResult:
         r = self.recipe
         with VerticalScroll():
-            yield Static(f"start [b]{r['name']}[/b] on {r['machine']} GPU {','.join(map(str, r['gpus'])) or NA}"
-                         + (f" (torchrun x{r['nproc_per_node']})" if r["launcher"] == "torchrun" else ""), classes="title")
-            for p in r["params"]:
+            yield Static(self.heading(), classes="title")
+            for p in self.params:
                 yield Label(param_hint(p))
                 default = p.get("default")
                 if p["type"] == "bool":
@@ -201,7 +212,7 @@ class StartJobScreen(ModalScreen[dict | None]):
                 else:
                     kind = {"int": "integer", "float": "number"}.get(p["type"], "text")
                     yield Input(value="" if default is None else str(default), type=kind, id=f"param-{p['name']}")
-            if not r["params"]:
+            if not self.params:
                 yield Label("no params: it runs as lab.yaml says")
             yield Static("", id="start-error")
             yield Static("[b]enter[/b] / ctrl+s start   [b]esc[/b] cancel", classes="dim")
@@ -213,7 +224,7 @@ class StartJobScreen(ModalScreen[dict | None]):
 
     def values(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
-        for p in self.recipe["params"]:
+        for p in self.params:
             widget = self.query_one(f"#param-{p['name']}")
             if isinstance(widget, Switch):
                 values[p["name"]] = widget.value
@@ -232,7 +243,7 @@ class StartJobScreen(ModalScreen[dict | None]):
 
     def cleared(self) -> list[dict[str, Any]]:
         """The params with a default whose field was emptied: the agent would run the default, unasked."""
-        return [p for p in self.recipe["params"] if p.get("default") is not None and p["type"] not in ("bool", "choice")
+        return [p for p in self.params if p.get("default") is not None and p["type"] not in ("bool", "choice")
                 and not self.query_one(f"#param-{p['name']}", Input).value.strip()]
 
     @work(exclusive=True, group="start-job")
@@ -243,14 +254,35 @@ class StartJobScreen(ModalScreen[dict | None]):
             return
         error.update("starting ...")
         try:
-            job = await self.app.client.call(self.recipe["machine"], "jobs.start", {"recipe": self.recipe["name"], "params": self.values()})
+            job = await self.submit(self.values())
         except RemoteError as exc:
             error.update(f"{exc.code}: {exc.message}")
             return
         self.dismiss(job)
 
+    async def submit(self, values: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = await self.app.client.call(self.recipe["machine"], "jobs.start", {"recipe": self.recipe["name"], "params": values})
+        return result
+
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class ResumeJobScreen(StartJobScreen):
+    """Resume a run from a checkpoint: its recipe's params, filled with the run's own, to change (max_steps ...) before it starts."""
+
+    def __init__(self, recipe: dict[str, Any], machine: str, run: str, step: int, previous: dict[str, Any]) -> None:
+        super().__init__(recipe)
+        self.machine, self.run, self.step = machine, run, step
+        # the agent fills in the checkpoint itself; every other field starts at what the run ran with
+        self.params = [{**p, "default": previous.get(p["name"], p.get("default"))} for p in recipe["params"] if p["name"] != RESUME_PARAM]
+
+    def heading(self) -> str:
+        return f"resume run [b]{self.run}[/b] from step [b]{self.step}[/b]: a new job of {self.recipe['name']} on {self.machine}"
+
+    async def submit(self, values: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = await self.app.client.call(self.machine, "checkpoints.resume", {"run": self.run, "step": self.step, "params": values})
+        return result
 
 
 GLOBAL_KEYS = [
@@ -280,14 +312,24 @@ class HelpScreen(ModalScreen):
         self.cli_line = cli_line
 
     def compose(self) -> ComposeResult:
-        lines = ["[b]Keys of this view[/b]"]
-        lines += [f"  [b cyan]{key:<10}[/] {desc}" for key, desc in self.view_bindings] or ["  (none)"]
-        lines += ["", "[b]Everywhere[/b]"] + [f"  [b cyan]{key:<10}[/] {desc}" for key, desc in GLOBAL_KEYS]
-        lines += ["", "[b]Views[/b] (type : then the name)"] + [f"  [b cyan]:{name:<9}[/] {desc}" for name, (_, _, desc) in VIEWS.items()]
+        parts: list[Any] = [Text("Keys of this view", style="b"), keys_grid(self.view_bindings or [("", "(none)")]),
+                            Text(""), Text("Everywhere", style="b"), keys_grid(GLOBAL_KEYS),
+                            Text(""), Text.assemble(("Views", "b"), " (type : then the name)"),
+                            keys_grid([(f":{name}", desc) for name, (_, _, desc) in VIEWS.items()])]
         if self.cli_line:
-            lines += ["", "[b]The CLI on this demo lab[/b]", f"  {escape(self.cli_line)}"]
+            parts += [Text(""), Text("The CLI on this demo lab", style="b"), Padding(Text(self.cli_line), (0, 0, 0, 2))]
         with VerticalScroll():
-            yield Static("\n".join(lines))
+            yield Static(Group(*parts))
+
+
+def keys_grid(rows: list[tuple[str, str]]) -> Padding:
+    """Keys and what they do in two columns: a long description wraps within its own column, not back to the margin."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="b cyan", no_wrap=True, min_width=10)
+    grid.add_column(overflow="fold")
+    for key, desc in rows:
+        grid.add_row(Text(key), Text(desc))
+    return Padding(grid, (0, 0, 0, 2))
 
 
 class JumpScreen(ModalScreen[str | None]):
@@ -296,8 +338,8 @@ class JumpScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = """
     JumpScreen { align: center top; }
-    JumpScreen > Input { width: 60; margin-top: 2; border: tall $accent; }
-    JumpScreen > Static { width: 60; color: $text-muted; }
+    JumpScreen > Input { width: 76; max-width: 100%; margin-top: 2; border: tall $accent; }
+    JumpScreen > Static { width: 76; max-width: 100%; color: $text-muted; }
     """
 
     def compose(self) -> ComposeResult:

@@ -8,6 +8,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
+from agents.lab import Lab
 from agents.protocol import GpuSample
 from agents.sections import ModelInfo, Rotation
 from agents.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
@@ -17,17 +18,20 @@ from widgets.format import fmt_duration, fmt_gib
 from widgets.lab_header import LabHeader
 from widgets.orchestra_table import OrchestraTable
 
-def rotation_text(rotations: dict[str, Rotation | None], now: float) -> str:
-    """One line per machine with a plan: its step, the next rotation with its countdown, its own measured overhead."""
+def rotation_text(rotations: dict[str, Rotation | None], now: float, models_on: dict[str, set[str]] | None = None) -> str:
+    """One line per machine with a plan: its step, the next rotation with its countdown and the machine's own models
+    in the next set (``models_on``: machine -> its models; None: the whole set), its own measured overhead."""
     planned = {m: r for m, r in rotations.items() if r and r.plan}
     if not planned:
         return "no rotation plan (lab.yaml orchestra.rotation)"
     lines = []
     for machine, rotation in planned.items():
-        parts = [f"[b]{machine}[/b] rotation: step {'start' if rotation.index is None else rotation.index + 1} of {len(rotation.plan)}"]
+        step = f"not rotated yet ({len(rotation.plan)} sets)" if rotation.index is None else f"step {rotation.index + 1} of {len(rotation.plan)}"
+        parts = [f"[b]{machine}[/b] rotation: {step}"]
         if rotation.next_at is not None:
+            coming = [m for m in rotation.next_set or [] if models_on is None or m in models_on.get(machine, set())]
             parts.append(f"next in {fmt_duration(max(0.0, rotation.next_at - now))} (at {time.strftime('%H:%M', time.localtime(rotation.next_at))})"
-                         + " → " + ", ".join(rotation.next_set or []))
+                         + " → " + (", ".join(coming) or "none of its models"))
         if rotation.running:
             parts.append("[b yellow]rotating now[/]")
         target = rotation.target_pct or 0.0
@@ -36,6 +40,14 @@ def rotation_text(rotations: dict[str, Rotation | None], now: float) -> str:
             parts.append(f"overhead [{colour}]{rotation.overhead_pct:.3f}%[/] of {fmt_duration(rotation.wall_s)} (target < {target:g}%)")
         lines.append(" · ".join(parts))
     return "\n".join(lines)
+
+
+def models_by_machine(lab: Lab) -> dict[str, set[str]]:
+    """Each machine's models in lab.yaml: a rotation line names only these."""
+    found: dict[str, set[str]] = {}
+    for model in lab.models:
+        found.setdefault(model.machine, set()).add(model.name)
+    return found
 
 
 def swap_fit(out: ModelInfo, incoming: ModelInfo, gpus: dict[int, GpuSample]) -> tuple[list[int], str | None]:
@@ -128,7 +140,7 @@ class ModelsScreen(LabScreen):
         table = self.query_one(OrchestraTable)
         with self.app.batch_update():
             table.show_models(models)
-            self.query_one("#models-rotation", Static).update(rotation_text(rotations, self.lab_app.clock()))
+            self.query_one("#models-rotation", Static).update(rotation_text(rotations, self.lab_app.clock(), models_by_machine(self.lab_app.lab)))
             self.query_one("#models-detail", Static).update(detail_text(table.selected()))
 
     def on_data_table_row_highlighted(self, _event) -> None:

@@ -6,7 +6,6 @@ import asyncio
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import time

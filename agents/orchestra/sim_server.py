@@ -37,7 +37,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from agents.orchestra import pagecache
 from agents.orchestra.lora_rules import lora_config_problem

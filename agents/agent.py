@@ -132,7 +132,7 @@ class Agent:
         self.store = Store(self.state_dir / "state.db")
         for component in self.components:
             await component.start(self)
-        self._tick()  # a first sample before anyone connects
+        self.tick()  # a first sample before anyone connects
         self._loop_task = asyncio.create_task(self._run_loop(), name="telemetry")
         if self.serves_tcp:
             self._acceptor = await server.listen(self, self.listen_addr[0], self.listen_addr[1], host_key, authorized)
@@ -198,13 +198,17 @@ class Agent:
             try:
                 if self.gpus.backend == "nvml":
                     gpus = await asyncio.to_thread(self.gpus.sample)
-                    self._tick(gpus)
+                    self.tick(gpus)
                 else:
-                    self._tick()
+                    self.tick()
             except Exception:
                 log.exception("tick failed")
 
-    def _tick(self, gpus: list[GpuSample] | None = None) -> None:
+    def tick(self, gpus: list[GpuSample] | None = None) -> None:
+        """One tick: sample, let the state owners update, then the readers see that same tick, then push the diff.
+
+        Public so tests drive the agent deterministically (one call, one tick) instead of waiting on the timer;
+        ``gpus``: samples to use instead of the sampler's."""
         telemetry = Telemetry(
             machine=self.machine.name,
             t=time.time(),

@@ -308,17 +308,17 @@ async def test_an_alert_firing_when_the_agent_stops_is_still_active_after_a_rest
 
     agent, alerts = await agent_with_alerts()
     agent.gpus.override(0, temp_c=99.0)
-    agent._tick()
+    agent.tick()
     (fired,) = alerts.section().to_wire()["active"]
     agent.store.close()
 
     agent, alerts = await agent_with_alerts()  # a new process on the same state
     assert [a.id for a in alerts.section().active] == [fired["id"]] == ["box#1"]
     agent.gpus.override(0, temp_c=99.0)
-    agent._tick()  # still hot: the same alert, not a second one
+    agent.tick()  # still hot: the same alert, not a second one
     assert [a.id for a in alerts.section().active] == ["box#1"]
     agent.gpus.override(0, temp_c=40.0)
-    agent._tick()
+    agent.tick()
     assert alerts.section().active == [] and alerts.section().recent[0].id == "box#1"
     agent.store.close()
 
@@ -344,7 +344,7 @@ async def test_an_alert_is_acked_by_its_id_and_by_the_form_ids_had_before(tmp_pa
         return await agent.rpc.dispatch(peer, {"id": 1, "method": "alerts.ack", "params": {"id": alert_id}})
 
     agent.gpus.override(0, temp_c=99.0)
-    agent._tick()
+    agent.tick()
     (fired,) = alerts.section().active
     assert fired.id == "box#1"
     assert (await ack("box#1"))["result"]["acked"] is True

@@ -396,7 +396,7 @@ async def test_on_nvml_gpus_the_installed_torch_is_judged_and_a_cpu_build_refuse
     try:
         for component in agent.components:
             await component.start(agent)
-        agent._tick()
+        agent.tick()
         await wait_for(lambda: support.section().stacks, 120)  # read in a thread at start
         section = support.section()
         torch_row = next(v for v in section.verdicts if v.stack == "trainer torch")

@@ -117,11 +117,11 @@ async def test_collector_labels_jobs_models_tokens_and_alerts(tmp_path):
     agent.store = Store(tmp_path / "state.db")
     for component in agent.components:
         await component.start(agent)
-    agent._tick()
+    agent.tick()
     llama.generation_tokens_total = 520  # 500 tokens served since the first look
     agent.gpus.override(0, temp_c=99.0)
     await asyncio.sleep(0.01)
-    agent._tick()
+    agent.tick()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector([agent]))
     found = families(generate_latest(registry).decode())

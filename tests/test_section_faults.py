@@ -112,16 +112,16 @@ async def test_a_component_raising_in_its_update_is_a_fault_pushed_once_logged_o
     def pushed_faults() -> list[FaultsSection]:
         return [FaultsSection.model_validate(m["data"]["changed"]["faults"]) for m in sent if "faults" in m["data"]["changed"]]
 
-    agent._tick()
+    agent.tick()
     assert pushed_faults() == [FaultsSection()]  # the first tick pushes every section: none failing
     counter.broken = True
     with caplog.at_level(logging.ERROR, logger="cetlab.agent"):
         for _ in range(3):
-            agent._tick()
+            agent.tick()
     assert len(pushed_faults()) == 2  # pushed when it starts failing, not again while it goes on failing the same way
     (fault,) = pushed_faults()[-1].failed
     assert (fault.section, fault.phase, fault.error) == ("counter", "update", "OSError: disk read failed")
     assert len([r for r in caplog.records if "counter failed" in r.getMessage()]) == 1
     counter.broken = False
-    agent._tick()
+    agent.tick()
     assert pushed_faults()[-1] == FaultsSection()

@@ -157,8 +157,8 @@ async def test_readers_see_the_tick_the_owners_just_made(tmp_path):
     agent.store = Store(tmp_path / "state.db")
     for component in agent.components:
         await component.start(agent)
-    agent._tick()  # the job takes GPU 0 in this tick
-    agent._tick()  # the interval since the first tick is booked, both of its ends
+    agent.tick()  # the job takes GPU 0 in this tick
+    agent.tick()  # the interval since the first tick is booked, both of its ends
     assert {r["kind"] for r in costs.ledger.rows() if r["kind"] != "host"} == {"job"}  # one tick behind, half of it was "other"
     agent.store.close()
 
@@ -170,8 +170,8 @@ async def test_a_non_finite_number_past_the_types_goes_out_as_null_and_the_tick_
         await component.start(agent)
     sent: list[dict] = []
     agent.peers.add(Peer(role="viewer", who="test", send=lambda line: sent.append(json.loads(line)), topics={EVENT_TICK}))
-    agent._tick()
-    agent._tick()
+    agent.tick()
+    agent.tick()
     assert len(sent) == 2
     assert sent[0]["data"]["changed"]["broken"] == {"loss": None} and {"costs", "host", "gpus"} <= sent[0]["data"]["changed"].keys()
     agent.store.close()

@@ -161,14 +161,14 @@ async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_
             db.execute("INSERT INTO filler VALUES (?)", (os.urandom(64 * 1024),))
         return {}
 
-    agent._tick()
+    agent.tick()
     # SQLite's own SQLITE_FULL: state.db may not grow by one more page
     pages = agent.store.query("PRAGMA page_count")[0]["page_count"]
     agent.store.query(f"PRAGMA max_page_count = {pages}")
     answer = await agent.rpc.dispatch(Peer(role=Role.VIEWER, who="test", send=lambda line: None), {"id": 1, "method": "test.write"})
     assert answer["error"]["code"] == "unavailable" and answer["error"]["message"].startswith("disk full"), answer
     for _ in range(3):
-        agent._tick()
+        agent.tick()
     (alert,) = [a for a in alerts.section().active if a.rule == "disk_full"]
     assert alert.level == "critical" and alert.target == "state.db" and "disk full" in alert.message
     assert not [r for r in caplog.records if r.exc_info]  # said, never a traceback

@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -50,13 +49,11 @@ async def error_of(client: FleetClient, method: str, params: dict) -> RemoteErro
 
 
 async def wait_job(client: FleetClient, job_id: str, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    async def ended() -> dict | None:
         job = await client.call("box", "jobs.get", {"id": job_id})
-        if job["state"] in ("exited", "failed", "lost"):
-            return job
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"job {job_id} did not end: {job}")
+        return job if job["state"] in ("exited", "failed", "lost") else None
+
+    return await wait_for(ended, timeout=timeout, interval=0.3)
 
 
 def cli(lab: DemoLab, *args: str) -> subprocess.CompletedProcess:
@@ -240,9 +237,11 @@ async def test_serve_an_adapter_into_a_warm_model_and_merged_on_transformers(cli
         listing = await client.call("box", "checkpoints.list", {"run": "exp1"})
         return next(c for c in listing["checkpoints"] if c["step"] == 8)["serving"]
 
-    deadline = time.monotonic() + 200
-    while (serving := await state())["state"] not in ("warm", "failed") and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
+    async def settled() -> dict | None:
+        serving = await state()
+        return serving if serving["state"] in ("warm", "failed") else None
+
+    serving = await wait_for(settled, timeout=200, interval=0.5)
     assert serving["state"] == "warm", serving
     model = await client.call("box", "models.get", {"model": name})
     body = json.dumps({"model": model["served_name"], "messages": [{"role": "user", "content": "Capital of France:"}], "max_tokens": 4}).encode()
@@ -276,9 +275,7 @@ async def test_an_adapter_vllm_refuses_is_merged_on_the_warm_models_engine(clien
     async def discovered() -> bool:
         return any(r["run"] == "exp-mts" for r in await client.call("box", "checkpoints.runs"))
 
-    deadline = time.monotonic() + 30
-    while not await discovered() and time.monotonic() < deadline:
-        await asyncio.sleep(0.3)
+    await wait_for(discovered, timeout=30, interval=0.3)
     served = await client.call("box", "checkpoints.serve", {"run": "exp-mts", "step": 4})
     assert served["mode"] == "merged" and served["engine"] == "sim", served
     assert "modules_to_save" in served["why_merged"] and "embed_tokens" in served["why_merged"]
@@ -287,9 +284,11 @@ async def test_an_adapter_vllm_refuses_is_merged_on_the_warm_models_engine(clien
         listing = await client.call("box", "checkpoints.list", {"run": "exp-mts"})
         return next(c for c in listing["checkpoints"] if c["step"] == 4)["serving"]
 
-    deadline = time.monotonic() + 200
-    while (state := await serving())["state"] not in ("warm", "failed") and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
+    async def settled() -> dict | None:
+        state = await serving()
+        return state if state["state"] in ("warm", "failed") else None
+
+    state = await wait_for(settled, timeout=200, interval=0.5)
     assert state["state"] == "warm", state
     await client.call("box", "models.cold", {"model": served["model"]}, timeout=30)
 
@@ -302,9 +301,7 @@ async def test_delete_and_prune_refuse_a_run_that_is_a_symlink_out_of_the_watche
     async def linked() -> bool:
         return any(r["run"] == "exp-link" for r in await client.call("box", "checkpoints.runs"))
 
-    deadline = time.monotonic() + 30
-    while not await linked() and time.monotonic() < deadline:
-        await asyncio.sleep(0.3)
+    await wait_for(linked, timeout=30, interval=0.3)
     refused = await error_of(client, "checkpoints.delete", {"run": "exp-link", "step": 1})
     assert refused.code == ErrorCode.CONFLICT and "symlink" in refused.message
     refused = await error_of(client, "checkpoints.prune", {"run": "exp-link", "keep_last": 1})

@@ -17,6 +17,7 @@ import yaml
 from console.cli import main as cli_main
 from console.cli_models import rotation_human
 from console.demo import DemoLab
+from tests.conftest import wait_until
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parent.parent
@@ -189,13 +190,12 @@ def saver_lab(root: Path) -> Path:
 
 def wait_cli(lab: Path, args: list[str], done, timeout: float = 60.0):
     """Run a `cetlab --json` command until done(its JSON) holds (the agents poll their folders every poll_s)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def met() -> dict | None:
         result = cli(lab, "--json", *args)
         data = json.loads(result.stdout) if result.returncode == 0 else None
-        if data is not None and done(data):
-            return data
-        assert time.monotonic() < deadline, (args, result.stdout, result.stderr)
+        return data if data is not None and done(data) else None
+
+    return wait_until(met, timeout=timeout, interval=0.2, what=f"cetlab --json {' '.join(args)}")
 
 
 def test_the_demo_lab_lives_in_the_checkout_and_git_ignores_it():

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -104,13 +103,16 @@ async def connect(demo: DemoLab, **kwargs) -> FleetClient:
 async def wait_job(client: FleetClient, job_id: str, predicate, timeout: float = 60.0) -> dict:
     """Poll jobs.get until predicate(job) holds; returns the job."""
     last: dict = {}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    async def met() -> dict | None:
+        nonlocal last
         last = await client.call("box", "jobs.get", {"id": job_id})
-        if predicate(last):
-            return last
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"job {job_id} never met the condition; last seen: {json.dumps(last)[:2000]}")
+        return last if predicate(last) else None
+
+    try:
+        return await wait_for(met, timeout=timeout, interval=0.2)
+    except AssertionError:
+        raise AssertionError(f"job {job_id} never met the condition; last seen: {json.dumps(last)[:2000]}") from None
 
 
 def ended(job: dict) -> bool:

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from agents.lab import Model
 from agents.orchestra.engine import adapter_problem
 from agents.orchestra.engine import free_port
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,14 +60,15 @@ def sim(tmp_path_factory):
                              "--served-model-name", "sim", "--enable-sleep-mode", "--enable-lora", "--max-lora-rank", "16",
                              "--load-s", "0", "--warmup-s", "0", "--wake-s", "0", "--tokens-per-s", "20",
                              "--parent-pid", str(os.getpid())], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
+    def listening() -> bool:
+        assert proc.poll() is None, "the sim server did not start"
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
+            return True
         except OSError:
-            assert time.monotonic() < deadline and proc.poll() is None, "the sim server did not start"
-            time.sleep(0.05)
+            return False
+
+    wait_until(listening, timeout=30)
     yield Sim(port)
     proc.terminate()
     proc.wait(10)
@@ -83,13 +83,6 @@ def in_thread(fn, *args) -> tuple[threading.Thread, list]:
     thread = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
     thread.start()
     return thread, out
-
-
-def wait_until(predicate, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met"
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("body, message", [

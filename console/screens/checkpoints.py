@@ -20,6 +20,7 @@ from widgets.checkpoint_timeline import CheckpointTimeline
 from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, plural
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
+from widgets.wire import esc
 
 ACTIVE_REFETCH_S = 3.0  # while the run's job trains, its listing is fetched again this often
 COLUMNS = [("step", "STEP", 7), ("epoch", "EPOCH", 6), ("loss", "LOSS", 8), ("eval", "EVAL", 8), ("size", "SIZE", 7),
@@ -55,8 +56,8 @@ def checkpoint_cells(ckpt: dict[str, Any], now: float) -> tuple[Any, ...]:
 
 def run_line(run: RunSummary, index: int, total: int) -> str:
     share = f" ({run.save_share_pct:.2f}% of {fmt_duration(run.wall_s)})" if run.save_share_pct is not None else ""
-    job = f" · job {run.job} ({run.job_state})" if run.job else " · not started by cetlab"
-    return (f"[b]{run.run}[/b] on {run.machine}{job} · {plural(run.count, 'checkpoint')}"
+    job = f" · job {esc(run.job)} ({esc(run.job_state)})" if run.job else " · not started by cetlab"
+    return (f"[b]{esc(run.run)}[/b] on {esc(run.machine)}{job} · {plural(run.count, 'checkpoint')}"
             + (f" + [red]{run.incomplete} incomplete[/]" if run.incomplete else "")
             + f" · {fmt_bytes(run.disk_bytes)} on disk · saves {fmt_secs(run.save_s_total)}{share}"
             + f"   [dim]run {index + 1}/{total}: [ ] to switch[/]")
@@ -65,18 +66,18 @@ def run_line(run: RunSummary, index: int, total: int) -> str:
 def detail_text(ckpt: dict[str, Any] | None) -> str:
     if ckpt is None:
         return ""
-    lines = [f"[b]step {ckpt['step']}[/b] · {ckpt['path']}"]
+    lines = [f"[b]step {esc(ckpt['step'])}[/b] · {esc(ckpt['path'])}"]
     save_from = {"trainer": "reported by the trainer", "file_times": "from file times"}.get(ckpt.get("save_s_from") or "", "")
     if ckpt.get("save_s") is not None:
         lines[0] += f" · saved in {ckpt['save_s']:.2f}s ({save_from})"
     if ckpt.get("problem"):
-        lines.append(f"[b red]incomplete:[/] {ckpt['problem']} (never deleted automatically; ctrl+d deletes it)")
+        lines.append(f"[b red]incomplete:[/] {esc(ckpt['problem'])} (never deleted automatically; ctrl+d deletes it)")
     if ckpt.get("in_use"):
-        lines.append(f"[b yellow]in use:[/] {ckpt['in_use']}")
+        lines.append(f"[b yellow]in use:[/] {esc(ckpt['in_use'])}")
     serving = ckpt.get("serving")
     if serving:
-        lines.append(f"serving: {serving['mode']} on model {serving['model']}, {serving['state']}"
-                     + (f": {serving['error']}" if serving.get("error") else ""))
+        lines.append(esc(f"serving: {serving['mode']} on model {serving['model']}, {serving['state']}"
+                         + (f": {serving['error']}" if serving.get("error") else "")))
     return "\n".join(lines)
 
 
@@ -143,7 +144,7 @@ class CheckpointsScreen(LabScreen):
             self.run_key = (pick.machine, pick.run)
         summary = self.summary()
         if summary is None and self.run_key is not None:
-            self.query_one("#ckpt-run", Static).update(f"[b]{self.run_key[1]}[/b] on {self.run_key[0]}: no checkpoints yet   [dim][ ] to switch runs[/]")
+            self.query_one("#ckpt-run", Static).update(f"[b]{esc(self.run_key[1])}[/b] on {esc(self.run_key[0])}: no checkpoints yet   [dim][ ] to switch runs[/]")
         if summary is not None:
             index = runs.index(summary)
             self.query_one("#ckpt-run", Static).update(run_line(summary, index, len(runs)))
@@ -221,7 +222,7 @@ class CheckpointsScreen(LabScreen):
         if target is None:
             return
         machine, run, ckpt = target
-        self.confirm(f"Start a new job of run [b]{run}[/b]'s recipe, resuming from step [b]{ckpt['step']}[/b]?",
+        self.confirm(f"Start a new job of run [b]{esc(run)}[/b]'s recipe, resuming from step [b]{esc(ckpt['step'])}[/b]?",
                      lambda: self._act_and_refetch(machine, "checkpoints.resume", {"run": run, "step": ckpt["step"]},
                                                    lambda r: f"resumed {run} from step {ckpt['step']} as job {r['id']}"))
 
@@ -250,9 +251,9 @@ class CheckpointsScreen(LabScreen):
         special = [w for w, on in (("the BEST", ckpt.get("is_best")), ("the NEWEST", ckpt.get("newest"))) if on]
         delete = lambda: self._act_and_refetch(machine, "checkpoints.delete", {"run": run, "step": ckpt["step"], "confirm_special": bool(special)},  # noqa: E731
                                                lambda r: f"deleted step {ckpt['step']} of {run}, freed {fmt_bytes(r['freed_bytes'])}")
-        first = f"Delete checkpoint [b]{ckpt['step']}[/b] of {run} ({fmt_bytes(ckpt['size_bytes'])})? This removes its folder."
+        first = f"Delete checkpoint [b]{esc(ckpt['step'])}[/b] of {esc(run)} ({fmt_bytes(ckpt['size_bytes'])})? This removes its folder."
         if special:
-            second = f"Step {ckpt['step']} is {' and '.join(special)} checkpoint of {run}. Really delete it?"
+            second = f"Step {esc(ckpt['step'])} is {' and '.join(special)} checkpoint of {esc(run)}. Really delete it?"
             self.confirm(first, lambda: self.confirm(second, delete))
         else:
             self.confirm(first, delete)
@@ -264,7 +265,7 @@ class CheckpointsScreen(LabScreen):
 
         def asked(n: int | None) -> None:
             if n is not None:
-                self.confirm(f"Prune [b]{run}[/b]: keep the best, the last {n} and the kept checkpoints, delete the rest?",
+                self.confirm(f"Prune [b]{esc(run)}[/b]: keep the best, the last {n} and the kept checkpoints, delete the rest?",
                              lambda: self._act_and_refetch(machine, "checkpoints.prune", {"run": run, "keep_last": n},
                                                            lambda r: f"pruned {run}: deleted {len(r['deleted'])}, freed {fmt_bytes(r['freed_bytes'])}"))
 

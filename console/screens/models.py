@@ -16,6 +16,7 @@ from console.screens.modals import PickModelScreen
 from widgets.format import fmt_duration, fmt_gib
 from widgets.lab_header import LabHeader
 from widgets.orchestra_table import OrchestraTable
+from widgets.wire import esc
 
 def rotation_text(rotations: dict[str, Rotation | None], now: float) -> str:
     """One line per machine with a plan: its step, the next rotation with its countdown, its own measured overhead."""
@@ -24,10 +25,10 @@ def rotation_text(rotations: dict[str, Rotation | None], now: float) -> str:
         return "no rotation plan (lab.yaml orchestra.rotation)"
     lines = []
     for machine, rotation in planned.items():
-        parts = [f"[b]{machine}[/b] rotation: step {'start' if rotation.index is None else rotation.index + 1} of {len(rotation.plan)}"]
+        parts = [f"[b]{esc(machine)}[/b] rotation: step {'start' if rotation.index is None else rotation.index + 1} of {len(rotation.plan)}"]
         if rotation.next_at is not None:
             parts.append(f"next in {fmt_duration(max(0.0, rotation.next_at - now))} (at {time.strftime('%H:%M', time.localtime(rotation.next_at))})"
-                         + " → " + ", ".join(rotation.next_set or []))
+                         + " → " + esc(", ".join(rotation.next_set or [])))
         if rotation.running:
             parts.append("[b yellow]rotating now[/]")
         target = rotation.target_pct or 0.0
@@ -65,9 +66,9 @@ def swap_fit(out: ModelInfo, incoming: ModelInfo, gpus: dict[int, GpuSample]) ->
 def detail_text(model: ModelInfo | None) -> str:
     if model is None:
         return ""
-    parts = [f"[b]{model.name}[/b] on {model.machine}"]
+    parts = [f"[b]{esc(model.name)}[/b] on {esc(model.machine)}"]  # the agent's strings: esc(), never markup
     if model.endpoint and model.state == ModelState.WARM:
-        parts.append(f"endpoint {model.endpoint} (model {model.served_name})")
+        parts.append(esc(f"endpoint {model.endpoint} (model {model.served_name})"))
     if model.tokens_per_s is not None:
         window = f" over the last {model.tokens_per_s_window_s:g} s" if model.tokens_per_s_window_s else ""
         parts.append(f"{model.tokens_per_s:.1f} tokens/s{window}")
@@ -79,9 +80,9 @@ def detail_text(model: ModelInfo | None) -> str:
         parts.append("[b magenta]SIM[/] engine: figures are simulated")
     line = " · ".join(parts)
     if model.error:
-        line += f"\n[b red]failed:[/] {model.error.message}"
+        line += f"\n[b red]failed:[/] {esc(model.error.message)}"
         if model.error.log_tail:
-            line += f"\n[dim]{model.error.log_tail[-1]}[/]"
+            line += f"\n[dim]{esc(model.error.log_tail[-1])}[/]"
     return line
 
 
@@ -160,7 +161,7 @@ class ModelsScreen(LabScreen):
             if model.pinned:  # said before the question, not after the y
                 self.notify(f"{model.name} is pinned: unpin it (p) before putting it to sleep", severity="warning")
                 return
-            self.confirm(f"Put [b]{model.name}[/b] to sleep? It stops answering until woken (about {model.wake_s or 1:.0f} s).",
+            self.confirm(f"Put [b]{esc(model.name)}[/b] to sleep? It stops answering until woken (about {model.wake_s or 1:.0f} s).",
                          lambda: self.act(model.machine, "models.sleep", {"model": model.name}, f"{model.name} going to sleep"))
 
     def action_cold(self) -> None:
@@ -169,7 +170,7 @@ class ModelsScreen(LabScreen):
             return
         go = lambda: self.act(model.machine, "models.cold", {"model": model.name}, f"stopping {model.name}", timeout=30.0)  # noqa: E731
         if model.state in MODEL_ENGINE_UP:  # stopping it interrupts (or drops) a model
-            self.confirm(f"Stop [b]{model.name}[/b] ({model.state})? Its engine exits; bringing it back is a full load.", go)
+            self.confirm(f"Stop [b]{esc(model.name)}[/b] ({esc(model.state)})? Its engine exits; bringing it back is a full load.", go)
         else:
             go()
 
@@ -190,7 +191,7 @@ class ModelsScreen(LabScreen):
             for machine in machines:
                 self.act(machine, "models.rotate", {}, f"rotating {machine}: the next set of its plan comes up")
 
-        self.confirm(f"Rotate now on {', '.join(machines)}? Models going out stop answering while the next set comes up.", go)
+        self.confirm(f"Rotate now on {esc(', '.join(machines))}? Models going out stop answering while the next set comes up.", go)
 
     def action_swap(self) -> None:
         out = self.selected()
@@ -210,8 +211,8 @@ class ModelsScreen(LabScreen):
 
         def picked(name: str | None) -> None:
             if name:
-                self.confirm(f"Swap [b]{out.name}[/b] out (it stops answering) and bring [b]{name}[/b] in on GPU "
-                             f"{','.join(map(str, fits[name][0]))} of {out.machine}?",
+                self.confirm(f"Swap [b]{esc(out.name)}[/b] out (it stops answering) and bring [b]{esc(name)}[/b] in on GPU "
+                             f"{','.join(map(str, fits[name][0]))} of {esc(out.machine)}?",
                              lambda: self.act(out.machine, "models.swap", {"out": out.name, "in": name}, f"swapping {out.name} → {name}"))
 
         notes = {name: (f"GPU {','.join(map(str, gpus))}", why) for name, (gpus, why) in fits.items()}

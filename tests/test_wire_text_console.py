@@ -1,0 +1,144 @@
+"""Remote text is shown as text: markup (`[/x]`, `[@click=...]`), terminal escapes and bidi overrides that real agents
+send in every field a view shows crash nothing, appear literally (control characters visibly), and link to nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from textual.widgets import DataTable, Log, OptionList, Static
+
+from agents.lab import load_lab
+from console.app import CetlabApp
+from console.screens.base import LabScreen
+from console.screens.checkpoints import CheckpointsScreen
+from console.screens.jobs import JobsScreen
+from console.screens.logs import LogScreen
+from console.screens.machine import MachineScreen
+from console.views import VIEWS
+from tests.conftest import HOUR_S, age, until_drawn, wait_for
+from tests.hardening_fixtures import connected
+from widgets.wire import visible
+
+SIZE = (200, 60)
+# markup that crashes a parser ([/x]), a live action link, a style; a terminal escape (clear screen, set the title) and a
+# right-to-left override
+HOSTILE = "[/x] [@click=app.quit]x[/] [bold]b \x1b[2J\x1b]0;pwn\x07 \u202eevil"
+GPU = {"name": HOSTILE, "memory_gib": 8, "tdp_w": 75, "profile": "training"}
+FILE_HOSTILE = HOSTILE.replace("/", "|")  # the same, as a folder name
+SHOWN = visible(HOSTILE)  # what the console shows: the text as typed, control characters as visible stand-ins
+FILE_SHOWN = visible(FILE_HOSTILE)
+TRAINER = "import sys\nprint(sys.argv[1:], flush=True)\nprint(sys.argv[-1], file=sys.stderr, flush=True)\nsys.exit(3)"
+
+
+def shown_text(app: CetlabApp) -> str:
+    """Every string the screen shows now: tables' cells, statics, logs, option lists, and the toasts."""
+    parts: list[str] = []
+    for widget in app.screen.query("*"):
+        if isinstance(widget, DataTable):
+            parts += [str(cell) for i in range(widget.row_count) for cell in widget.get_row_at(i)]
+        elif isinstance(widget, Log):
+            parts += list(widget.lines)
+        elif isinstance(widget, OptionList):
+            parts += [str(widget.get_option_at_index(i).prompt) for i in range(widget.option_count)]
+        elif isinstance(widget, Static):
+            rendered = widget.render()  # a markup string is parsed here: `[/x]` raised, `[@click]` became a link
+            parts.append(getattr(rendered, "plain", str(rendered)))
+    parts += [f"{n.title} {n.message}" for n in app.notices]
+    return "\n".join(parts)
+
+
+def check_screen(app: CetlabApp) -> str:
+    """The screen renders, shows no control character, and its screenshot carries no link; returns its text."""
+    text = shown_text(app)
+    assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
+    svg = app.export_screenshot()  # renders every visible widget, as the terminal would get it
+    assert "\u202e" not in svg and "\x1b" not in svg
+    assert "app.quit" not in "".join(str(meta) for meta in _metas(app)), "a live action link"
+    return text
+
+
+def _metas(app: CetlabApp) -> list[dict]:
+    """The meta (where @click lives) of every segment the screen renders now."""
+    metas = []
+    for strip in app.screen._compositor.render_strips():
+        metas += [segment.style._meta and segment.style.meta for segment in strip if segment.style is not None]
+    return [m for m in metas if m]
+
+
+@pytest.mark.timeout(240)
+async def test_hostile_wire_text_in_every_view(run_pool, tmp_path):
+    checkpoints = tmp_path / "hand"
+    run = checkpoints / FILE_HOSTILE
+    (run / "checkpoint-1").mkdir(parents=True)
+    (run / "checkpoint-1" / "trainer_state.json").write_text(json.dumps(
+        {"global_step": 1, "epoch": 1.0, "log_history": [{"step": 1, "loss": 1.5}]}))
+    (run / "checkpoint-1" / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+    age(run / "checkpoint-1", HOUR_S)
+    data = {
+        "lab": "hostile",
+        "machines": [{"name": "box", "role": HOSTILE, "gpus": {"sim": [GPU, GPU]}}],
+        "alerts": {"temp_c": 1, "temp_for_s": 0},  # the sim GPU's temperature fires at once: an alert about a hostile name
+        "models": [{"name": "m1", "path": str(tmp_path / "m1"), "engine": "sim", "machine": "box", "gpus": [0], "vram_gib": 1,
+                    "served_name": HOSTILE, "sim": {"load_s": 0.1, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.1, "placeholder_mib": 1}}],
+        "orchestra": {"warm": ["m1"]},
+        "trainers": [{"name": "evil", "machine": "box", "gpus": [1], "command": [sys.executable, "-c", TRAINER],
+                      "output_dir": str(tmp_path / "runs" / "{job_id}"),
+                      "params": [{"name": "note", "type": "str", "help": HOSTILE}]}],
+        "checkpoints": {"dirs": [{"machine": "box", "path": str(checkpoints)}], "poll_s": 1},
+        "notify": {"routes": [{"name": "pager", "kind": "command", "argv": [sys.executable, "-c", f"# {HOSTILE}"]}]},
+        "gateway": {"machine": "box"},
+    }
+    demo = run_pool(data)
+    actor = await connected(demo.lab_path)
+    try:
+        job = await actor.call("box", "jobs.start", {"recipe": "evil", "params": {"note": HOSTILE}})
+        with pytest.raises(Exception):  # an audit row holding it: its params and the refusal's message
+            await actor.call("box", "alerts.ack", {"id": HOSTILE})
+        app = CetlabApp(load_lab(demo.lab_path))
+        async with app.run_test(size=SIZE) as pilot:
+            state = app.state
+            await wait_for(lambda: state.machines["box"].online and state.machines["box"].gpus, timeout=30)
+            await wait_for(lambda: any(j.id == job["id"] and j.state == "failed" for j in state.machines["box"].jobs), timeout=60)
+            await wait_for(lambda: state.machines["box"].checkpoints, timeout=30)
+            await wait_for(lambda: state.machines["box"].alerts.active, timeout=30)
+            app.notify(HOSTILE)  # a toast with an agent's text (a refusal's message goes the same way)
+            seen: dict[str, str] = {}
+            for name in VIEWS:
+                await app.switch_mode(name)
+                await until_drawn(pilot, type(app.screen))
+                if name in ("audit", "alerts", "costs"):  # fetched views: wait for what they fetch
+                    await wait_for(lambda: SHOWN in shown_text(app) or name == "costs", timeout=20)
+                if name == "alerts":
+                    await wait_for(lambda: "pager" in shown_text(app), timeout=20)
+                if name == "models":
+                    await wait_for(lambda: SHOWN in shown_text(app), timeout=30)  # its detail: the served name, once warm
+                if name == "checkpoints":
+                    await wait_for(lambda: FILE_SHOWN in shown_text(app), timeout=20)
+                seen[name] = check_screen(app)
+                assert app.is_running
+            # the job's detail (params, its error, its last lines), its log, the machine's detail
+            await app.switch_mode("jobs")
+            screen = app.screen
+            assert isinstance(screen, JobsScreen)
+            await until_drawn(pilot, JobsScreen)
+            seen["job detail"] = check_screen(app)
+            await pilot.press("l")
+            await wait_for(lambda: isinstance(app.screen, LogScreen) and app.screen.lines, timeout=20)
+            await wait_for(lambda: SHOWN in shown_text(app), timeout=20)
+            seen["log"] = check_screen(app)
+            await app.switch_mode("fleet")
+            await until_drawn(pilot)
+            await pilot.press("enter")
+            await wait_for(lambda: isinstance(app.screen, MachineScreen), timeout=20)
+            await until_drawn(pilot, MachineScreen)
+            seen["machine"] = check_screen(app)
+            assert app.is_running
+        for name in ("fleet", "jobs", "models", "audit", "alerts", "job detail", "log", "machine"):
+            assert SHOWN in seen[name], f"{name}: the hostile text is not shown literally:\n{seen[name][:3000]}"
+        assert FILE_SHOWN in seen["checkpoints"]
+        assert f"note={SHOWN}" in seen["job detail"]  # the param, as the agent holds it
+        assert isinstance(CheckpointsScreen, type) and isinstance(LabScreen, type)
+    finally:
+        await actor.stop()

@@ -21,7 +21,7 @@ from console.client import FleetClient
 from console.screens.base import LabScreen
 from console.state import LabState
 from console.views import VIEWS
-from widgets.wire import visible
+from widgets.wire import unhide, visible
 
 RENDER_INTERVAL_S = 0.5  # the one scheduler's period: fetches and redraws happen on its ticks, never per message
 
@@ -89,7 +89,7 @@ class CetlabApp(App):
         Always as text, never markup (`markup` is ignored): a toast says what an agent answered, and an agent's text
         (`[/x]`, `[@click=...]`, terminal escapes) must not be parsed or reach the terminal.
         """
-        message, title = visible(message), visible(title)
+        message, title = visible(unhide(message)), visible(unhide(title))
         super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
         self.notices.append(Notification(message, title, severity, timeout or self.NOTIFICATION_TIMEOUT, markup=False))
 

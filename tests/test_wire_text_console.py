@@ -8,11 +8,10 @@ import sys
 
 import pytest
 from textual.widgets import DataTable, Log, OptionList, Static
+from textual.widgets._toast import Toast
 
 from agents.lab import load_lab
 from console.app import CetlabApp
-from console.screens.base import LabScreen
-from console.screens.checkpoints import CheckpointsScreen
 from console.screens.jobs import JobsScreen
 from console.screens.logs import LogScreen
 from console.screens.machine import MachineScreen
@@ -24,7 +23,8 @@ from widgets.wire import visible
 SIZE = (200, 60)
 # markup that crashes a parser ([/x]), a live action link, a style; a terminal escape (clear screen, set the title) and a
 # right-to-left override
-HOSTILE = "[/x] [@click=app.quit]x[/] [bold]b \x1b[2J\x1b]0;pwn\x07 \u202eevil"
+MARKUP = "[/x] [@click=app.quit]x[/] [bold]b"
+HOSTILE = MARKUP + " \x1b[2J\x1b]0;pwn\x07 \u202eevil"
 GPU = {"name": HOSTILE, "memory_gib": 8, "tdp_w": 75, "profile": "training"}
 FILE_HOSTILE = HOSTILE.replace("/", "|")  # the same, as a folder name
 SHOWN = visible(HOSTILE)  # what the console shows: the text as typed, control characters as visible stand-ins
@@ -33,9 +33,11 @@ TRAINER = "import sys\nprint(sys.argv[1:], flush=True)\nprint(sys.argv[-1], file
 
 
 def shown_text(app: CetlabApp) -> str:
-    """Every string the screen shows now: tables' cells, statics, logs, option lists, and the toasts."""
+    """Every string the screen shows now (tables' cells, statics, logs, option lists), the toasts left out."""
     parts: list[str] = []
     for widget in app.screen.query("*"):
+        if isinstance(widget, Toast):
+            continue
         if isinstance(widget, DataTable):
             parts += [str(cell) for i in range(widget.row_count) for cell in widget.get_row_at(i)]
         elif isinstance(widget, Log):
@@ -45,14 +47,16 @@ def shown_text(app: CetlabApp) -> str:
         elif isinstance(widget, Static):
             rendered = widget.render()  # a markup string is parsed here: `[/x]` raised, `[@click]` became a link
             parts.append(getattr(rendered, "plain", str(rendered)))
-    parts += [f"{n.title} {n.message}" for n in app.notices]
     return "\n".join(parts)
 
 
 def check_screen(app: CetlabApp) -> str:
     """The screen renders, shows no control character, and its screenshot carries no link; returns its text."""
     text = shown_text(app)
+    toasts = "".join(f"{n.title} {n.message}" for n in app.notices)
+    assert "\x1b" not in toasts and "\u202e" not in toasts
     assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
+    assert "\ue000" not in text and "\ue001" not in text  # esc()'d text shown without shown(): its brackets would be lost
     svg = app.export_screenshot()  # renders every visible widget, as the terminal would get it
     assert "\u202e" not in svg and "\x1b" not in svg
     assert "app.quit" not in "".join(str(meta) for meta in _metas(app)), "a live action link"
@@ -93,23 +97,23 @@ async def test_hostile_wire_text_in_every_view(run_pool, tmp_path):
     demo = run_pool(data)
     actor = await connected(demo.lab_path)
     try:
-        job = await actor.call("box", "jobs.start", {"recipe": "evil", "params": {"note": HOSTILE}})
         with pytest.raises(Exception):  # an audit row holding it: its params and the refusal's message
             await actor.call("box", "alerts.ack", {"id": HOSTILE})
         app = CetlabApp(load_lab(demo.lab_path))
         async with app.run_test(size=SIZE) as pilot:
             state = app.state
             await wait_for(lambda: state.machines["box"].online and state.machines["box"].gpus, timeout=30)
+            # started while the console watches: its failure (with the trainer's last line) comes as a toast too
+            job = await actor.call("box", "jobs.start", {"recipe": "evil", "params": {"note": HOSTILE}})
             await wait_for(lambda: any(j.id == job["id"] and j.state == "failed" for j in state.machines["box"].jobs), timeout=60)
             await wait_for(lambda: state.machines["box"].checkpoints, timeout=30)
             await wait_for(lambda: state.machines["box"].alerts.active, timeout=30)
-            app.notify(HOSTILE)  # a toast with an agent's text (a refusal's message goes the same way)
             seen: dict[str, str] = {}
             for name in VIEWS:
                 await app.switch_mode(name)
                 await until_drawn(pilot, type(app.screen))
-                if name in ("audit", "alerts", "costs"):  # fetched views: wait for what they fetch
-                    await wait_for(lambda: SHOWN in shown_text(app) or name == "costs", timeout=20)
+                if name == "audit":  # fetched: the row of the refused ack (its params are JSON: control characters escaped)
+                    await wait_for(lambda: MARKUP in shown_text(app), timeout=20)
                 if name == "alerts":
                     await wait_for(lambda: "pager" in shown_text(app), timeout=20)
                 if name == "models":
@@ -134,11 +138,20 @@ async def test_hostile_wire_text_in_every_view(run_pool, tmp_path):
             await wait_for(lambda: isinstance(app.screen, MachineScreen), timeout=20)
             await until_drawn(pilot, MachineScreen)
             seen["machine"] = check_screen(app)
+            screen = app.screen
+            assert isinstance(screen, MachineScreen)
+            screen.act("box", "alerts.ack", {"id": HOSTILE}, "acknowledged")  # the agent's refusal, quoting it, as a toast
+            await wait_for(lambda: any(MARKUP in n.message for n in app.notices), timeout=20)
+            await pilot.pause()
+            check_screen(app)
             assert app.is_running
-        for name in ("fleet", "jobs", "models", "audit", "alerts", "job detail", "log", "machine"):
-            assert SHOWN in seen[name], f"{name}: the hostile text is not shown literally:\n{seen[name][:3000]}"
-        assert FILE_SHOWN in seen["checkpoints"]
+        # literally: the markup as typed (Rich drops BEL from a Text it appends to: the rest shows, ESC as ␛, U+202E as �)
+        for name in ("fleet", "jobs", "models", "audit", "alerts", "costs", "job detail", "log", "machine"):
+            assert MARKUP in seen[name], f"{name}: the hostile text is not shown literally:\n{seen[name][:3000]}"
+            assert "␛[2J" in seen[name] or "\\x1b[2J" in seen[name] or "\\u001b[2J" in seen[name], name  # the escape, inert
+        assert FILE_SHOWN in seen["checkpoints"]  # the run's folder name
         assert f"note={SHOWN}" in seen["job detail"]  # the param, as the agent holds it
-        assert isinstance(CheckpointsScreen, type) and isinstance(LabScreen, type)
+        assert SHOWN in seen["log"] and SHOWN in seen["models"]  # a trainer's line, a model's served name
+        assert any(MARKUP in n.message and not n.markup for n in app.notices)  # a toast, as text
     finally:
         await actor.stop()

@@ -11,7 +11,7 @@ from agents.protocol import GpuSample
 from widgets.charts import ScaleChart
 from widgets.format import NA, Thresholds, fmt, fmt_bytes
 from widgets.gpu_row import gpu_line
-from widgets.wire import esc
+from widgets.wire import esc, shown
 
 SERIES = (("util_pct", "util %"), ("mem_used_bytes", "VRAM"), ("power_w", "power W"), ("temp_c", "temp °C"))
 TEMP_TOP_C = 100.0  # a GPU throttles well below this: the scale every card shares
@@ -68,11 +68,11 @@ class GpuPanel(Vertical):
             return
         line = self.query_one(".line", Static)
         line.update(gpu_line(gpu, history.get("util_pct", []), owner, limits, width=line.size.width or None))
-        self.query_one(".extra", Static).update(
+        self.query_one(".extra", Static).update(shown(
             f"fan {fmt(gpu.fan_pct, '.0f', '%')}  SM clock {fmt(gpu.sm_clock_mhz, '.0f', ' MHz')}  "
             f"power limit {fmt(gpu.power_limit_w, '.0f', ' W')}  uuid {esc(gpu.uuid or NA)}"
             + ("  [black on yellow] SIM [/]" if gpu.simulated else "")
             + (f"\n{support_line(gpu, support)}" if support else "")
-        )
+        ))
         for key, _ in SERIES:
             self.query_one(f"#chart-{key}", ScaleChart).show(history.get(key, []), *chart_scale(key, gpu))

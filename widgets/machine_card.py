@@ -11,7 +11,7 @@ from textual.widgets import Static
 from agents.protocol import GpuSample, HostSample
 from widgets.format import Thresholds, bar, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_row import GpuLines
-from widgets.wire import safe_text
+from widgets.wire import safe_text, shown
 
 
 def header_line(name: str, role: str, link: str, error: str | None, last_seen: float | None,
@@ -65,6 +65,7 @@ class MachineCard(Vertical, can_focus=True):
         self._note = Static("", classes="card-note")
         self._gpus = Static("", classes="card-gpus")
         self._lines = GpuLines()
+        self._note_markup: str | None = None  # the note shown now (markup)
         self.header: Text | None = None  # the header line shown now
         self._header_args: tuple = ()  # what the header was drawn from: redrawn as is when the width changes
         self._width: int | None = None  # the content width (None before the first layout)
@@ -107,8 +108,9 @@ class MachineCard(Vertical, can_focus=True):
             self.set_class(link != "online", "offline")
         if self._note.display != bool(gpu_status):  # each of these, set even to the same value, costs a relayout
             self._note.display = bool(gpu_status)
-        if gpu_status and self._note.content != gpu_status:
-            self._note.update(gpu_status)
+        if gpu_status and self._note_markup != gpu_status:
+            self._note_markup = gpu_status
+            self._note.update(shown(gpu_status))  # markup, with the agent's text in it through esc()
         count_before = len(self._lines.lines)
         changed = self._lines.keep(set(gpus))
         for index in sorted(gpus):

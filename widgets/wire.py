@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.markup import escape
 from rich.text import Text
 
 _BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"  # marks, embeddings, overrides, isolates
@@ -17,7 +16,13 @@ _TABLE = {c: 0x2400 + c for c in range(0x20) if chr(c) not in "\n\t"}
 _TABLE[0x7F] = 0x2421
 _TABLE.update({c: 0xFFFD for c in range(0x80, 0xA0)})
 _TABLE.update({ord(c): 0xFFFD for c in _BIDI + _LINES})
+# esc() hides a wire string's `[` and `\` in a markup string as two private-use characters (so neither markup parser,
+# Rich's or Textual's, can read a tag, an escape or an @click in it); shown() parses the markup, then puts them back
+_OPEN, _SLASH = "\ue000", "\ue001"
+_TABLE.update({ord(_OPEN): 0xFFFD, ord(_SLASH): 0xFFFD})  # never in wire text: they would come back as `[` and `\`
 _BAD = frozenset(chr(c) for c in _TABLE)
+_HIDE = str.maketrans({"[": _OPEN, "\\": _SLASH})
+_UNHIDE = str.maketrans({_OPEN: "[", _SLASH: "\\"})
 
 
 def visible(value: Any) -> str:
@@ -27,8 +32,25 @@ def visible(value: Any) -> str:
 
 
 def esc(value: Any) -> str:
-    """`value` for a place inside a markup string: visible, and its `[` escaped so no tag or @click in it is live."""
-    return escape(visible(value))
+    """`value` for a place inside a markup string that shown() renders: visible, its `[` and `\\` hidden from the parser.
+
+    Not rich.markup.escape: Textual's parser reads some escaped strings back with a stray backslash (`['a', '\\[/x]`),
+    and a string ending in a backslash escapes the markup's next closing tag.
+    """
+    return visible(value).translate(_HIDE)
+
+
+def shown(markup: str) -> Text:
+    """A markup string (ours, with the wire's strings in it through esc()) as a Rich Text: tags applied, the wire's
+    strings literal."""
+    out = Text.from_markup(markup, end="")
+    out.plain = out.plain.translate(_UNHIDE)  # one character for one: the spans stay where they were
+    return out
+
+
+def unhide(value: str) -> str:
+    """A string with esc()'d parts, shown as plain text (a toast)."""
+    return value.translate(_UNHIDE)
 
 
 def text(value: Any, style: str = "") -> Text:

@@ -15,7 +15,7 @@ from console.audit import merge_trails, refusals_line
 from console.screens.base import LabScreen
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
-from widgets.wire import esc, text
+from widgets.wire import esc, shown, text
 
 LIMIT = 500
 COLUMNS = [("when", "when", 19), ("machine", "machine", 12), ("who", "who", 22), ("role", "role", 8), ("method", "method", 20),
@@ -65,10 +65,10 @@ class AuditScreen(LabScreen):
         entries = [e for e in self.trail["entries"] if not self.errors_only or e["outcome"] != "ok"]
         failed = sum(1 for e in self.trail["entries"] if e["outcome"] != "ok")
         unavailable = "".join(f" · {esc(m)}: {esc(why)}" for m, why in self.trail["unavailable"].items())
-        self.query_one("#audit-summary", Static).update(
+        self.query_one("#audit-summary", Static).update(shown(
             f"[b]{len(self.trail['entries'])} operator actions[/b] ({failed} refused or failed) · "
             f"showing {'errors only' if self.errors_only else 'all'} · [b]e[/b] errors only · [b]r[/b] refresh{unavailable}\n"
-            + esc(refusals_line(self.trail["refusals"])))
+            + esc(refusals_line(self.trail["refusals"]))))
         self.query_one("#audit-table", LiveTable).show({f"{e['machine']}:{e['id']}": e for e in entries})  # newest first
 
     def action_toggle_errors(self) -> None:

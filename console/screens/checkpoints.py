@@ -20,7 +20,7 @@ from widgets.checkpoint_timeline import CheckpointTimeline
 from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, plural
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
-from widgets.wire import esc
+from widgets.wire import esc, shown
 
 ACTIVE_REFETCH_S = 3.0  # while the run's job trains, its listing is fetched again this often
 COLUMNS = [("step", "STEP", 7), ("epoch", "EPOCH", 6), ("loss", "LOSS", 8), ("eval", "EVAL", 8), ("size", "SIZE", 7),
@@ -144,10 +144,10 @@ class CheckpointsScreen(LabScreen):
             self.run_key = (pick.machine, pick.run)
         summary = self.summary()
         if summary is None and self.run_key is not None:
-            self.query_one("#ckpt-run", Static).update(f"[b]{esc(self.run_key[1])}[/b] on {esc(self.run_key[0])}: no checkpoints yet   [dim][ ] to switch runs[/]")
+            self.query_one("#ckpt-run", Static).update(shown(f"[b]{esc(self.run_key[1])}[/b] on {esc(self.run_key[0])}: no checkpoints yet   [dim][ ] to switch runs[/]"))
         if summary is not None:
             index = runs.index(summary)
-            self.query_one("#ckpt-run", Static).update(run_line(summary, index, len(runs)))
+            self.query_one("#ckpt-run", Static).update(shown(run_line(summary, index, len(runs))))
             stale = self._fetched is None or self._fetched[0] != summary or (
                 summary.job_state in JOB_ACTIVE and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
             if stale and self.lab_app.connect:
@@ -184,7 +184,7 @@ class CheckpointsScreen(LabScreen):
             title = f"{detail['run']}: loss by step, one marker per checkpoint" if detail else "no run shown"
             self.query_one(CheckpointTimeline).show(title, curves.get("loss") or [], curves.get("eval_loss") or [], checkpoints,
                                                      selected["step"] if selected else None)
-            self.query_one("#ckpt-detail", Static).update(detail_text(selected))
+            self.query_one("#ckpt-detail", Static).update(shown(detail_text(selected)))
 
     def selected(self) -> dict[str, Any] | None:
         return self.table().selected()

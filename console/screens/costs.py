@@ -18,7 +18,7 @@ from widgets.cost_counter import CostCounter
 from widgets.format import fmt_money, fmt_pct
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
-from widgets.wire import esc
+from widgets.wire import esc, shown
 
 FETCH_S = 5.0  # the breakdown and the daily totals come from costs.get this often; the counter ticks with the stream
 PLOT_DAYS = 30
@@ -116,7 +116,7 @@ class CostsScreen(LabScreen):
                       for p in report["api_providers"]]
         lines += [f"[yellow]{esc(m)}[/]" for m in report["missing"]]
         lines += [f"[red]not counted, offline: {esc(name)}: {esc(why)}[/]" for name, why in report["offline"].items()]
-        self.query_one("#costs-summary", Static).update("\n".join(lines))
+        self.query_one("#costs-summary", Static).update(shown("\n".join(lines)))
         self._refresh_table(report)
         self._refresh_plot(report)
 

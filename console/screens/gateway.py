@@ -12,7 +12,7 @@ from console.screens.base import LabScreen
 from widgets.format import NA, fmt, fmt_money
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
-from widgets.wire import esc, text
+from widgets.wire import esc, shown, text
 
 COLUMNS = [("model", "model", 24), ("tier", "tier", 8), ("where", "where", 14), ("state", "state", 10), ("rps", "rps", 6),
            ("in_flight", "in flight", 9), ("queued", "queued", 6), ("p50", "p50 s", 7), ("p95", "p95 s", 7),
@@ -73,15 +73,15 @@ class GatewayScreen(LabScreen):
             summary.update("this lab has no gateway: add [b]gateway: {machine: NAME}[/b] to lab.yaml (README: Gateway)")
             section = GatewaySection(machine="")
         elif section is None:
-            summary.update(f"gateway on [b]{esc(gateway.machine)}[/b]: no data yet (is its agent online?)")
+            summary.update(shown(f"gateway on [b]{esc(gateway.machine)}[/b]: no data yet (is its agent online?)"))
             section = GatewaySection(machine=gateway.machine)
         else:
             down = [f"{esc(m)} {esc(s)}" for m, s in section.peers.items() if s != "online"]
             source = self.lab_app.lab.source
             key_file = source.parent / GATEWAY_KEY_FILE if source else None
-            summary.update(f"[b]{esc(section.url or 'NOT SERVING')}[/b] on {esc(section.machine)}"
+            summary.update(shown(f"[b]{esc(section.url or 'NOT SERVING')}[/b] on {esc(section.machine)}"
                            + (f" · [red]{esc(section.error)}[/]" if section.error else "")
                            + (f" · peers: [red]{', '.join(down)}[/]" if down else " · every peer online")
-                           + (f" · demo key: {esc(key_file)}" if key_file is not None and key_file.exists() else ""))
+                           + (f" · demo key: {esc(key_file)}" if key_file is not None and key_file.exists() else "")))
         self.query_one("#gateway-table", LiveTable).show({f"{m.tier}:{m.name}": m for m in section.models})
-        self.query_one("#gateway-spend", Static).update(spend_text(section))
+        self.query_one("#gateway-spend", Static).update(shown(spend_text(section)))

@@ -13,7 +13,7 @@ from console.screens.base import LabScreen
 from console.screens.modals import AskNumberScreen, PickRecipeScreen, StartJobScreen
 from widgets.jobs_table import JobsTable
 from widgets.lab_header import LabHeader
-from widgets.wire import esc
+from widgets.wire import esc, shown
 
 
 def detail_text(job: JobInfo | None) -> str:
@@ -75,10 +75,10 @@ class JobsScreen(LabScreen):
         table = self.query_one(JobsTable)
         with self.app.batch_update():
             table.show_jobs([job for view in machines for job in view.jobs], frozenset(v.name for v in machines if not v.online))
-            self.query_one("#jobs-detail", Static).update(detail_text(table.selected()))
+            self.query_one("#jobs-detail", Static).update(shown(detail_text(table.selected())))
 
     def on_data_table_row_highlighted(self, _event) -> None:
-        self.query_one("#jobs-detail", Static).update(detail_text(self.query_one(JobsTable).selected()))
+        self.query_one("#jobs-detail", Static).update(shown(detail_text(self.query_one(JobsTable).selected())))
 
     def on_data_table_row_selected(self, _event) -> None:  # enter on a row: its log
         self.action_logs()

@@ -11,7 +11,7 @@ from agents.protocol import RemoteError
 from console.screens.base import LabScreen
 from widgets.format import NA
 from widgets.lab_header import LabHeader
-from widgets.wire import esc, visible
+from widgets.wire import esc, shown, visible
 
 FIRST_LINES = 1000  # the tail shown on open; then every new line
 MAX_LINES = 20000  # kept on screen; older ones scroll out
@@ -70,7 +70,7 @@ class LogScreen(LabScreen):
             parts.append(f"/{esc(self.pattern)}: {where}")
         if self.error:
             parts.append(f"[red]{esc(self.error)}[/]")
-        self.query_one("#log-status", Static).update(" · ".join(parts))
+        self.query_one("#log-status", Static).update(shown(" · ".join(parts)))
 
     @work(exclusive=True, group="log-fetch")
     async def fetch(self) -> None:

@@ -13,7 +13,7 @@ from widgets.format import NA, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_panel import SERIES, GpuPanel
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
-from widgets.wire import esc
+from widgets.wire import esc, shown
 
 
 PROCESS_COLUMNS = [("gpu", "GPU", 4), ("pid", "PID", 8), ("user", "user", 10), ("vram", "VRAM", 8), ("command", "command", None)]
@@ -66,7 +66,7 @@ class MachineScreen(LabScreen):
                     f"net ↓{fmt_bytes(host.net_rx_bytes_per_s)}/s ↑{fmt_bytes(host.net_tx_bytes_per_s)}/s")
         else:
             text = f"[b]{esc(self.machine)}[/b]  [bold red]{esc(view.link.upper())}[/]  last seen {fmt_ago(view.last_seen, self.lab_app.clock())}\n{esc(view.error or '')}"
-        self.query_one("#host", Static).update(text)
+        self.query_one("#host", Static).update(shown(text))
         self._refresh_gpus(view)
         self._refresh_processes(view)
 

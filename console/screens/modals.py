@@ -20,7 +20,7 @@ from agents.sections import ModelInfo
 from console.views import VIEWS
 from widgets.format import NA, fmt_gib, fmt_limit
 from widgets.orchestra_table import state_cell
-from widgets.wire import esc, safe_text, text
+from widgets.wire import esc, safe_text, shown, text
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -37,7 +37,7 @@ class ConfirmScreen(ModalScreen[bool]):
         self.question = question
 
     def compose(self) -> ComposeResult:
-        yield Static(f"{self.question}\n\n[b]y[/b] yes   [b]n[/b] no", id="confirm-question")
+        yield Static(shown(f"{self.question}\n\n[b]y[/b] yes   [b]n[/b] no"), id="confirm-question")
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
@@ -189,10 +189,10 @@ class StartJobScreen(ModalScreen[dict | None]):
     def compose(self) -> ComposeResult:
         r = self.recipe
         with VerticalScroll():
-            yield Static(f"start [b]{esc(r['name'])}[/b] on {esc(r['machine'])} GPU {','.join(map(str, r['gpus'])) or NA}"
-                         + (f" (torchrun x{r['nproc_per_node']})" if r["launcher"] == "torchrun" else ""), classes="title")
+            yield Static(shown(f"start [b]{esc(r['name'])}[/b] on {esc(r['machine'])} GPU {','.join(map(str, r['gpus'])) or NA}"
+                               + (f" (torchrun x{r['nproc_per_node']})" if r["launcher"] == "torchrun" else "")), classes="title")
             for p in r["params"]:
-                yield Label(param_hint(p))
+                yield Label(shown(param_hint(p)))
                 default = p.get("default")
                 if p["type"] == "bool":
                     yield Switch(value=bool(default), id=f"param-{p['name']}")

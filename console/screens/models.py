@@ -16,7 +16,7 @@ from console.screens.modals import PickModelScreen
 from widgets.format import fmt_duration, fmt_gib
 from widgets.lab_header import LabHeader
 from widgets.orchestra_table import OrchestraTable
-from widgets.wire import esc
+from widgets.wire import esc, shown
 
 def rotation_text(rotations: dict[str, Rotation | None], now: float) -> str:
     """One line per machine with a plan: its step, the next rotation with its countdown, its own measured overhead."""
@@ -129,11 +129,11 @@ class ModelsScreen(LabScreen):
         table = self.query_one(OrchestraTable)
         with self.app.batch_update():
             table.show_models(models)
-            self.query_one("#models-rotation", Static).update(rotation_text(rotations, self.lab_app.clock()))
-            self.query_one("#models-detail", Static).update(detail_text(table.selected()))
+            self.query_one("#models-rotation", Static).update(shown(rotation_text(rotations, self.lab_app.clock())))
+            self.query_one("#models-detail", Static).update(shown(detail_text(table.selected())))
 
     def on_data_table_row_highlighted(self, _event) -> None:
-        self.query_one("#models-detail", Static).update(detail_text(self.query_one(OrchestraTable).selected()))
+        self.query_one("#models-detail", Static).update(shown(detail_text(self.query_one(OrchestraTable).selected())))
 
     def on_data_table_row_selected(self, _event) -> None:  # enter on a row: swap it out
         if not self.lab_app.readonly:

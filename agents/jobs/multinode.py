@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ POLL_S = 1.0  # how often the coordinator asks its nodes how they are
 START_TIMEOUT_S = 30.0
 FAILED_LINES = 3  # last log lines of a failed node named in the job's error
 OFFLINE = "offline"
+# Where a coordinator puts a rendezvous when its recipe names no rdzv_port (c10d's default port and the 99 after it): the
+# other nodes accept no other port, so a node key cannot point a node's torchrun at any port of the first node's host
+RDZV_PORTS = range(29400, 29500)
 
 
 @dataclass(frozen=True)
@@ -73,10 +77,38 @@ def launch_for(recipe: Trainer, machine: str, rank: int, job_id: str, rdzv_host:
                       f"{rdzv_host}:{port}", recipe.nodes[0].machine, node.nccl_socket_ifname)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+def rdzv_port(recipe: Trainer) -> int:
+    """The rendezvous port of a new job of ``recipe``: its rdzv_port, else the first free one of RDZV_PORTS here."""
+    if recipe.rdzv_port is not None:
+        return recipe.rdzv_port
+    for port in RDZV_PORTS:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RemoteError(ErrorCode.UNAVAILABLE, f"no free rendezvous port in {RDZV_PORTS.start}-{RDZV_PORTS.stop - 1} for recipe "
+                                             f"{recipe.name}: set its rdzv_port in lab.yaml")
+
+
+def check_node_start(recipe: Trainer, params: NodeStartParams, active: list[Job]) -> None:
+    """A node start is one of a job its coordinator started: an id of the coordinator's form (``<first node>-<n>``, so never
+    another machine's run folder), the port the coordinator announces (the recipe's rdzv_port, else one of RDZV_PORTS), and
+    one job of the recipe at a time (``active``: this agent's active node jobs)."""
+    coordinator = recipe.nodes[0].machine
+    if not re.fullmatch(rf"{re.escape(coordinator)}-[1-9][0-9]{{0,8}}", params.id):
+        raise RemoteError(ErrorCode.INVALID_PARAMS, f"job id {params.id!r} is not one of {coordinator}'s ({coordinator}-<n>), "
+                                                    f"the coordinator of recipe {recipe.name}")
+    if recipe.rdzv_port is not None and params.rdzv_port != recipe.rdzv_port:
+        raise RemoteError(ErrorCode.INVALID_PARAMS, f"rdzv_port {params.rdzv_port} is not recipe {recipe.name}'s ({recipe.rdzv_port})")
+    if recipe.rdzv_port is None and params.rdzv_port not in RDZV_PORTS:
+        raise RemoteError(ErrorCode.INVALID_PARAMS, f"rdzv_port {params.rdzv_port} is not one a coordinator picks "
+                                                    f"({RDZV_PORTS.start}-{RDZV_PORTS.stop - 1}; recipe {recipe.name} sets no rdzv_port)")
+    running = [job.id for job in active if job.recipe == recipe.name]
+    if running:
+        raise RemoteError(ErrorCode.CONFLICT, f"node of job {running[0]} of recipe {recipe.name} is still running here: "
+                                              "one job of a multi-node recipe at a time", {"job": running[0]})
 
 
 class NodeStartParams(BaseModel):
@@ -174,7 +206,7 @@ class Coordinator:
     async def start_job(self, recipe: Trainer, given: dict[str, Any]) -> Job:
         """Start node 0 here, then every other node at once; one that cannot start takes the whole job down."""
         agent = self.jobs.agent
-        port = recipe.rdzv_port or free_port()
+        port = rdzv_port(recipe)
         job_id = self.jobs.next_id()
         job = self.jobs.start_job(recipe.name, given, launch_for(recipe, agent.machine.name, 0, job_id, agent.machine.host, port))
         job.nodes = [{"machine": n.machine, "gpus": list(n.gpus), "state": JobState.STARTING} for n in recipe.nodes]
@@ -297,6 +329,7 @@ def register(jobs: JobsComponent) -> None:
             raise RemoteError(ErrorCode.CONFLICT, f"{agent.machine.name} already has a job {params.id}")
         first = agent.lab.machine(recipe.nodes[0].machine)
         launch = launch_for(recipe, agent.machine.name, params.node_rank, params.id, first.host, params.rdzv_port)
+        check_node_start(recipe, params, [j for j in jobs.jobs.values() if j.active and j.node_rank])
         job = jobs.start_job(recipe.name, params.params, launch)
         log.info("job %s: node %d started for %s", job.id, params.node_rank, peer.who)
         return node_status(job)

@@ -1,11 +1,12 @@
 """Text that came off the wire (an agent's job error, a param, an audit row, a GPU name) shown as text: never as
-Textual markup, never as terminal control sequences or bidi overrides. No Textual here: Rich only."""
+Textual markup, never as terminal control sequences or bidi overrides."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rich.text import Text
+from textual.content import Content
 
 _BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"  # marks, embeddings, overrides, isolates
 _LINES = "\u2028\u2029"  # Unicode line and paragraph separators: they would break a one-line cell
@@ -40,12 +41,11 @@ def esc(value: Any) -> str:
     return visible(value).translate(_HIDE)
 
 
-def shown(markup: str) -> Text:
-    """A markup string (ours, with the wire's strings in it through esc()) as a Rich Text: tags applied, the wire's
-    strings literal."""
-    out = Text.from_markup(markup, end="")
-    out.plain = out.plain.translate(_UNHIDE)  # one character for one: the spans stay where they were
-    return out
+def shown(markup: str) -> Content:
+    """A markup string (ours, with the wire's strings in it through esc()) as Textual content: tags applied as Textual
+    applies them, the wire's strings literal."""
+    parsed = Content.from_markup(markup)
+    return Content(parsed.plain.translate(_UNHIDE), list(parsed.spans))  # one character for one: the spans stay where they were
 
 
 def unhide(value: str) -> str:
@@ -59,10 +59,10 @@ def text(value: Any, style: str = "") -> Text:
 
 
 def safe_cell(cell: Any) -> Any:
-    """A table cell as shown: a string is text (a DataTable would parse it as markup), a Text has its control
-    characters made visible (its spans kept); anything else as it is."""
+    """A table cell as shown: a string that a DataTable would parse as markup (one with a `[`) or that holds a control
+    character becomes a Text, a Text has its control characters made visible (its spans kept); anything else as it is."""
     if isinstance(cell, str):
-        return text(cell)
+        return text(cell) if "[" in cell or not _BAD.isdisjoint(cell) else cell
     if isinstance(cell, Text) and not _BAD.isdisjoint(cell.plain):
         cell = cell.copy()
         cell.plain = visible(cell.plain)

@@ -155,3 +155,29 @@ async def test_hostile_wire_text_in_every_view(run_pool, tmp_path):
         assert any(MARKUP in n.message and not n.markup for n in app.notices)  # a toast, as text
     finally:
         await actor.stop()
+
+
+async def test_hostile_gateway_section_is_shown_as_text():
+    """Gateway keys, models and providers are names the agents check (NAME_RE), so no real agent sends these: a
+    gateway section holding them anyway (an older or a hostile agent) is still shown as text."""
+    from console.client import FleetClient
+    from console.screens.gateway import GatewayScreen
+    from tests.console_fixtures import FROZEN_NOW, frozen_state
+
+    state = frozen_state(offline=())
+    machine = state.lab.gateway.machine
+    state.machines[machine].apply_section("gateway", {
+        "url": f"http://127.0.0.1:1/{HOSTILE}", "machine": machine, "error": HOSTILE, "peers": {HOSTILE: HOSTILE},
+        "models": [{"name": HOSTILE, "tier": HOSTILE, "where": HOSTILE, "state": HOSTILE, "errors": 3}],
+        "providers": [{"name": HOSTILE, "spend_today": 1.0, "monthly_budget": 10.0, "budget_pct": 10.0, "key_set": False}],
+        "keys": [{"name": HOSTILE, "requests": 2}],
+    })
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_drawn(pilot)
+        await app.switch_mode("gateway")
+        await until_drawn(pilot, GatewayScreen)
+        text = check_screen(app)
+        assert app.is_running
+    # the summary's url, error, peer and its state; the table's name, tier, where and state; the provider; the key
+    assert text.count(SHOWN) == 10, text

@@ -77,3 +77,19 @@ async def test_a_recipes_rdzv_port_is_the_only_one_its_nodes_take(tmp_path, with
             assert error.code == ErrorCode.INVALID_PARAMS and "29611" in error.message
         finally:
             await client.stop()
+
+
+async def test_the_coordinator_starts_one_job_of_a_recipe_at_a_time_at_an_announced_port(tmp_path, with_torchrun):  # noqa: F811
+    with running(start_lab(tmp_path)) as demo:
+        client = await connected(demo.lab_path)
+        try:
+            job = await client.call("a", "jobs.start", {"recipe": "ddp"})
+            assert [n["machine"] for n in job["nodes"]] == ["a", "b"]
+            endpoint = next(arg for arg, before in zip(job["argv"][1:], job["argv"]) if before == "--rdzv-endpoint")
+            assert int(endpoint.rsplit(":", 1)[1]) in RDZV_PORTS
+            with pytest.raises(RemoteError) as info:
+                await client.call("a", "jobs.start", {"recipe": "ddp"})
+            assert info.value.code == ErrorCode.CONFLICT and "one job of a multi-node recipe at a time" in info.value.message
+            await client.call("a", "jobs.kill", {"id": job["id"]})
+        finally:
+            await client.stop()

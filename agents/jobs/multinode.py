@@ -206,6 +206,10 @@ class Coordinator:
     async def start_job(self, recipe: Trainer, given: dict[str, Any]) -> Job:
         """Start node 0 here, then every other node at once; one that cannot start takes the whole job down."""
         agent = self.jobs.agent
+        running = [j.id for j in self.jobs.jobs.values() if j.recipe == recipe.name and j.nodes and j.active]
+        if running:  # its nodes take one job of the recipe at a time: said here, before node 0 starts
+            raise RemoteError(ErrorCode.CONFLICT, f"job {running[0]} of recipe {recipe.name} still runs: one job of a "
+                                                  "multi-node recipe at a time", {"job": running[0]})
         port = rdzv_port(recipe)
         job_id = self.jobs.next_id()
         job = self.jobs.start_job(recipe.name, given, launch_for(recipe, agent.machine.name, 0, job_id, agent.machine.host, port))

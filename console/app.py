@@ -21,6 +21,7 @@ from console.client import FleetClient
 from console.screens.base import LabScreen
 from console.state import LabState
 from console.views import VIEWS
+from widgets.wire import unhide, visible
 
 RENDER_INTERVAL_S = 0.5  # the one scheduler's period: fetches and redraws happen on its ticks, never per message
 
@@ -93,9 +94,14 @@ class CetlabApp(App):
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information", timeout: float | None = None,
                markup: bool = True) -> None:
-        """Show a toast (Textual's notify) and keep it in `notices`, newest last: what the console told the operator."""
-        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
-        self.notices.append(Notification(message, title, severity, timeout or self.NOTIFICATION_TIMEOUT, markup=markup))
+        """Show a toast (Textual's notify) and keep it in `notices`, newest last: what the console told the operator.
+
+        Always as text, never markup (`markup` is ignored): a toast says what an agent answered, and an agent's text
+        (`[/x]`, `[@click=...]`, terminal escapes) must not be parsed or reach the terminal.
+        """
+        message, title = visible(unhide(message)), visible(unhide(title))
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+        self.notices.append(Notification(message, title, severity, timeout or self.NOTIFICATION_TIMEOUT, markup=False))
 
     def header_cost(self) -> Text | str | None:
         """The cost counter shown in every header: the lab's rate and today's total, from the agents' costs sections."""

@@ -7,6 +7,8 @@ from typing import Any
 
 from textual_plotext import PlotextPlot
 
+from widgets.wire import visible
+
 MOST_TICKS = 6
 
 
@@ -67,7 +69,7 @@ class CheckpointTimeline(PlotextPlot):
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
-        plt.title(title)
+        plt.title(visible(title))  # the run's name is the agent's: plotext's output is read back as ANSI
         plt.xlabel("step")
         if loss:
             plt.plot([p[0] for p in loss], [p[1] for p in loss], label="loss", color="blue", marker="braille")

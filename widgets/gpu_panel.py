@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from rich.markup import escape
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
@@ -12,6 +11,7 @@ from agents.protocol import GpuSample
 from widgets.charts import ScaleChart
 from widgets.format import NA, Thresholds, fmt, fmt_bytes
 from widgets.gpu_row import gpu_line
+from widgets.wire import esc, shown
 
 SERIES = (("util_pct", "util %"), ("mem_used_bytes", "VRAM"), ("power_w", "power W"), ("temp_c", "temp °C"))
 TEMP_TOP_C = 100.0  # a GPU throttles well below this: the scale every card shares
@@ -32,15 +32,15 @@ def support_line(gpu: GpuSample, support: list[Verdict]) -> str:
     """Which stacks this GPU can run: "compute 6.1  runs: trainer torch, llama-server  not: vLLM (vLLM 0.33 needs compute capability 7.0 or newer)"."""
     runs = [v.stack for v in support if v.runs]
     unknown = [v.stack for v in support if v.runs is None]
-    parts = [f"compute {gpu.compute_capability or NA}"]
+    parts = [f"compute {esc(gpu.compute_capability or NA)}"]
     if runs:
-        parts.append("[green]runs:[/] " + ", ".join(runs))
+        parts.append("[green]runs:[/] " + esc(", ".join(runs)))
     for verdict in support:
         if verdict.runs is False:
             why = verdict.reason.split("; ", 1)[-1]
-            parts.append(f"[red]not: {verdict.stack}[/] ({escape(why)})")
+            parts.append(f"[red]not: {esc(verdict.stack)}[/] ({esc(why)})")
     if unknown:
-        parts.append("unknown: " + ", ".join(unknown))
+        parts.append("unknown: " + esc(", ".join(unknown)))
     return "  ".join(parts)
 
 
@@ -68,11 +68,11 @@ class GpuPanel(Vertical):
             return
         line = self.query_one(".line", Static)
         line.update(gpu_line(gpu, history.get("util_pct", []), owner, limits, width=line.size.width or None))
-        self.query_one(".extra", Static).update(
+        self.query_one(".extra", Static).update(shown(
             f"fan {fmt(gpu.fan_pct, '.0f', '%')}  SM clock {fmt(gpu.sm_clock_mhz, '.0f', ' MHz')}  "
-            f"power limit {fmt(gpu.power_limit_w, '.0f', ' W')}  uuid {gpu.uuid or NA}"
+            f"power limit {fmt(gpu.power_limit_w, '.0f', ' W')}  uuid {esc(gpu.uuid or NA)}"
             + ("  [black on yellow] SIM [/]" if gpu.simulated else "")
             + (f"\n{support_line(gpu, support)}" if support else "")
-        )
+        ))
         for key, _ in SERIES:
             self.query_one(f"#chart-{key}", ScaleChart).show(history.get(key, []), *chart_scale(key, gpu))

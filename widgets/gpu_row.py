@@ -6,6 +6,7 @@ from rich.text import Text
 
 from agents.protocol import GpuSample
 from widgets.format import Thresholds, bar, fmt, fmt_bytes, level_colour, spark
+from widgets.wire import safe_text
 
 SPARK_WIDTH = 16
 NAME_WIDTH = 24
@@ -43,7 +44,7 @@ def gpu_line(gpu: GpuSample, util_history: list[float], owner: str | None, limit
         line.truncate(width)
     if stale:
         line.stylize("grey50")
-    return line
+    return safe_text(line)  # the GPU's name, its failure and its owner are the agent's: control characters shown visibly
 
 
 def _owner_room(owner: str | None) -> int:

@@ -10,6 +10,7 @@ from textual.events import Resize
 from textual.widgets import Static
 
 from widgets.format import GIB
+from widgets.wire import safe_text
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ def header_text(figures: HeaderFigures, width: int | None = None) -> Text:
         if width is None or line.cell_len + len(clock) + 2 <= width:
             break
     line.append(f"  {clock}", style="dim")
-    return line
+    return safe_text(line)
 
 
 def _left(figures: HeaderFigures, cost: bool, short: bool, lab: bool) -> Text:

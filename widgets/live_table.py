@@ -8,6 +8,8 @@ from typing import Any, Callable
 from textual.events import Resize
 from textual.widgets import DataTable
 
+from widgets.wire import safe_cell
+
 Column = tuple[str, str, int | None]  # (key, label, width or None for the rest)
 CELL_PADDING = 2  # DataTable pads each cell by one on either side
 REST_MIN = 4  # what a column "for the rest" (width None) counts for: a wide terminal keeps every column it showed
@@ -41,7 +43,7 @@ class LiveTable(DataTable):
         self.rest_width: int | None = None  # the width left for the column "for the rest" (None: its content's)
 
     def cells(self, item: Any) -> tuple:
-        """The row of one item (plain data in, strings or Rich text out)."""
+        """The row of one item (plain data in, strings or Rich text out; a string is shown as text, never as markup)."""
         if self._cells_of is None:
             raise NotImplementedError("give LiveTable cells= or override cells()")
         return self._cells_of(item)
@@ -90,7 +92,8 @@ class LiveTable(DataTable):
         """Show these items, in this order (those the filter lets through); the cursor stays on its row's key."""
         self._ensure_columns()
         self.all_items = items
-        wanted = {key: self.cells(item) for key, item in items.items()}
+        # every cell goes through safe_cell: a string off the wire (`[/x]`, `[@click=...]`) is text, never DataTable markup
+        wanted = {key: tuple(map(safe_cell, self.cells(item))) for key, item in items.items()}
         if self.filter_text:
             needle = self.filter_text.casefold()
             wanted = {key: cells for key, cells in wanted.items() if needle in " ".join(map(str, cells)).casefold()}

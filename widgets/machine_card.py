@@ -11,11 +11,13 @@ from textual.widgets import Static
 from agents.protocol import GpuSample, HostSample
 from widgets.format import Thresholds, bar, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_row import GpuLines
+from widgets.wire import safe_text, shown
 
 
 def header_line(name: str, role: str, link: str, error: str | None, last_seen: float | None,
                 host: HostSample, simulated: bool, badges: list[str], now: float, width: int | None = None) -> Text:
-    """The card's first line; the host figures that do not fit `width` (None: no limit) drop, load first, then disk, then RAM."""
+    """The card's first line; the host figures that do not fit `width` (None: no limit) drop, load first, then disk, then RAM.
+    Text, never markup; control characters in the agent's strings (role, error, badges) shown visibly."""
     line = Text()
     line.append(name, style="bold")
     if role:
@@ -30,7 +32,7 @@ def header_line(name: str, role: str, link: str, error: str | None, last_seen: f
         line.append(f"  last seen {fmt_ago(last_seen, now)}", style="dim")
         if error:
             line.append(f"\n  {error}", style="red")
-        return line
+        return safe_text(line)
     line.append("  ● online", style="green")
     figures = [f"   CPU {bar(host.cpu_pct, 6)} {fmt(host.cpu_pct, '>3.0f', '%')}",
                f"   RAM {fmt_bytes(host.ram_used_bytes)}/{fmt_bytes(host.ram_total_bytes)}",
@@ -43,7 +45,7 @@ def header_line(name: str, role: str, link: str, error: str | None, last_seen: f
             break  # in order of importance: what follows matters less
         line.append(figure, style="dim" if figure.startswith("   load") else "default" if figure.startswith("   CPU") else "")
         room = None if room is None else room - len(figure)
-    return line
+    return safe_text(line)
 
 
 class MachineCard(Vertical, can_focus=True):
@@ -63,6 +65,7 @@ class MachineCard(Vertical, can_focus=True):
         self._note = Static("", classes="card-note")
         self._gpus = Static("", classes="card-gpus")
         self._lines = GpuLines()
+        self._note_markup: str | None = None  # the note shown now (markup)
         self.header: Text | None = None  # the header line shown now
         self._header_args: tuple = ()  # what the header was drawn from: redrawn as is when the width changes
         self._width: int | None = None  # the content width (None before the first layout)
@@ -105,8 +108,9 @@ class MachineCard(Vertical, can_focus=True):
             self.set_class(link != "online", "offline")
         if self._note.display != bool(gpu_status):  # each of these, set even to the same value, costs a relayout
             self._note.display = bool(gpu_status)
-        if gpu_status and self._note.content != gpu_status:
-            self._note.update(gpu_status)
+        if gpu_status and self._note_markup != gpu_status:
+            self._note_markup = gpu_status
+            self._note.update(shown(gpu_status))  # markup, with the agent's text in it through esc()
         count_before = len(self._lines.lines)
         changed = self._lines.keep(set(gpus))
         for index in sorted(gpus):

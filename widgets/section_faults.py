@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from agents.sections import SectionFault
+from widgets.wire import safe_text
 
 
 def fault_line(machine: str, fault: SectionFault) -> Text:
@@ -18,7 +19,7 @@ def fault_line(machine: str, fault: SectionFault) -> Text:
     line.append(f" since {time.strftime('%H:%M:%S', time.localtime(fault.since))} ({fault.phase}): ", style="red")
     line.append(fault.error)
     line.append("  (shown as it was before)", style="dim")
-    return line
+    return safe_text(line)
 
 
 def fault_lines(faults: list[tuple[str, SectionFault]]) -> Text:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +28,6 @@ from agents.jobs.job import PROGRESS_KEPT, Job
 from agents.jobs.logs import tail
 from agents.jobs.runner import descendants
 from agents.lab import Trainer
-from agents.ports import server_port
 from agents.schema import NAME_RE
 from agents.peers import NODE_KEY_NAME, PeerClient
 from agents.protocol import ErrorCode, Finite, RemoteError, Role
@@ -45,6 +46,9 @@ OFFLINE = "offline"
 RDZV_TRIES = 3  # rendezvous ports tried when another process takes the chosen one before torchrun binds it
 RDZV_LISTEN_WAIT_S = 120.0  # torchrun imports torch before it binds its store: seconds, more on a busy machine
 RDZV_TAKEN = ("EADDRINUSE", "address already in use")  # how torch's TCPStore says it could not bind
+# Where a coordinator puts a rendezvous when its recipe names no rdzv_port (c10d's default port and the 99 after it): the
+# other nodes accept no other port, so a node key cannot point a node's torchrun at any port of the first node's host
+RDZV_PORTS = range(29400, 29500)
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,44 @@ def lost_port(log_path: str, offset: int) -> bool:
     except OSError:
         return False
     return any(sign in text for sign in RDZV_TAKEN)
+
+
+def rdzv_port(recipe: Trainer, avoid: frozenset[int] = frozenset()) -> int:
+    """The rendezvous port of a new job of ``recipe``: its rdzv_port, else the first free one of RDZV_PORTS here (not in
+    ``avoid``: ports another process took before torchrun could bind them). RDZV_PORTS lie below the kernel's ephemeral
+    range, so no outgoing connection lands on one between this choice and torchrun's bind."""
+    if recipe.rdzv_port is not None:
+        return recipe.rdzv_port
+    for port in RDZV_PORTS:
+        if port in avoid:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RemoteError(ErrorCode.UNAVAILABLE, f"no free rendezvous port in {RDZV_PORTS.start}-{RDZV_PORTS.stop - 1} for recipe "
+                                             f"{recipe.name}: set its rdzv_port in lab.yaml")
+
+
+def check_node_start(recipe: Trainer, params: NodeStartParams, active: list[Job]) -> None:
+    """A node start is one of a job its coordinator started: an id of the coordinator's form (``<first node>-<n>``, so never
+    another machine's run folder), the port the coordinator announces (the recipe's rdzv_port, else one of RDZV_PORTS), and
+    one job of the recipe at a time (``active``: this agent's active node jobs)."""
+    coordinator = recipe.nodes[0].machine
+    if not re.fullmatch(rf"{re.escape(coordinator)}-[1-9][0-9]{{0,8}}", params.id):
+        raise RemoteError(ErrorCode.INVALID_PARAMS, f"job id {params.id!r} is not one of {coordinator}'s ({coordinator}-<n>), "
+                                                    f"the coordinator of recipe {recipe.name}")
+    if recipe.rdzv_port is not None and params.rdzv_port != recipe.rdzv_port:
+        raise RemoteError(ErrorCode.INVALID_PARAMS, f"rdzv_port {params.rdzv_port} is not recipe {recipe.name}'s ({recipe.rdzv_port})")
+    if recipe.rdzv_port is None and params.rdzv_port not in RDZV_PORTS:
+        raise RemoteError(ErrorCode.INVALID_PARAMS, f"rdzv_port {params.rdzv_port} is not one a coordinator picks "
+                                                    f"({RDZV_PORTS.start}-{RDZV_PORTS.stop - 1}; recipe {recipe.name} sets no rdzv_port)")
+    running = [job.id for job in active if job.recipe == recipe.name]
+    if running:
+        raise RemoteError(ErrorCode.CONFLICT, f"node of job {running[0]} of recipe {recipe.name} is still running here: "
+                                              "one job of a multi-node recipe at a time", {"job": running[0]})
 
 
 class NodeStartParams(BaseModel):
@@ -200,7 +242,11 @@ class Coordinator:
     async def start_job(self, recipe: Trainer, given: dict[str, Any]) -> Job:
         """Start node 0 here; once its torchrun holds the rendezvous port, every other node at once (in the background)."""
         agent = self.jobs.agent
-        port = recipe.rdzv_port or server_port()
+        running = [j.id for j in self.jobs.jobs.values() if j.recipe == recipe.name and j.nodes and j.active]
+        if running:  # its nodes take one job of the recipe at a time: said here, before node 0 starts
+            raise RemoteError(ErrorCode.CONFLICT, f"job {running[0]} of recipe {recipe.name} still runs: one job of a "
+                                                  "multi-node recipe at a time", {"job": running[0]})
+        port = rdzv_port(recipe)
         job_id = self.jobs.next_id()
         job = self.jobs.start_job(recipe.name, given, launch_for(recipe, agent.machine.name, 0, job_id, agent.machine.host, port))
         job.nodes = [{"machine": n.machine, "gpus": list(n.gpus), "state": JobState.STARTING} for n in recipe.nodes]
@@ -267,7 +313,7 @@ class Coordinator:
             nodes = job.nodes
             self.jobs.forget(job)
             offset = Path(job.log_path).stat().st_size
-            port = server_port(avoid=frozenset(lost))
+            port = rdzv_port(recipe, avoid=frozenset(lost))
             job = self.jobs.start_job(recipe.name, given, launch_for(recipe, me, 0, job.id, self.jobs.agent.machine.host, port))
             job.nodes = nodes
             self.jobs.save(job)
@@ -378,6 +424,7 @@ def register(jobs: JobsComponent) -> None:
             raise RemoteError(ErrorCode.CONFLICT, f"{agent.machine.name} already has a job {params.id}")
         first = agent.lab.machine(recipe.nodes[0].machine)
         launch = launch_for(recipe, agent.machine.name, params.node_rank, params.id, first.host, params.rdzv_port)
+        check_node_start(recipe, params, [j for j in jobs.jobs.values() if j.active and j.node_rank])
         job = jobs.start_job(recipe.name, params.params, launch)
         log.info("job %s: node %d started for %s", job.id, params.node_rank, peer.who)
         return node_status(job)

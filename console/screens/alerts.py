@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -16,6 +17,7 @@ from console.screens.base import LabScreen
 from widgets.format import fmt_time
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
+from widgets.wire import text
 
 FETCH_S = 5.0  # history comes from alerts.list this often while it is shown
 COLUMNS = [("state", "state", 8), ("level", "level", 9), ("machine", "machine", 12), ("target", "target", 18),
@@ -25,12 +27,12 @@ MESSAGE_MIN = 40  # the message gets this much before the level, the time and th
 LEVEL_STYLE = {"critical": "bold red", "warning": "yellow"}
 
 
-def alert_cells(alert: dict[str, Any]) -> tuple[str, ...]:
+def alert_cells(alert: dict[str, Any]) -> tuple[str | Text, ...]:
     state = "cleared" if alert.get("cleared_at") else ("acked" if alert.get("acked_at") else "ACTIVE")
     level = alert.get("level", "")
     fired = fmt_time(alert.get("fired_at"))
     style = LEVEL_STYLE.get(level, "") if state == "ACTIVE" else "dim"
-    return (f"[{style}]{state}[/]" if style else state, level, alert.get("machine", ""), alert.get("target", ""),
+    return (text(state, style), level, alert.get("machine", ""), alert.get("target", ""),
             alert.get("rule", ""), fired, alert.get("message", ""))
 
 
@@ -97,7 +99,7 @@ class AlertsScreen(LabScreen):
         now = self.lab_app.clock()
         routes = self.query_one("#alerts-routes", Static)
         routes.display = bool(self.routes)  # a lab without notify routes keeps the view as it was
-        routes.update("\n".join(["notification routes:", *(route_line(machine, route, now) for machine, route in self.routes)]))
+        routes.update(text("\n".join(["notification routes:", *(route_line(machine, route, now) for machine, route in self.routes)])))
 
     def action_toggle_history(self) -> None:
         self.history = not self.history

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rich.markup import escape
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -15,6 +15,7 @@ from console.audit import merge_trails, refusals_line
 from console.screens.base import LabScreen
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
+from widgets.wire import esc, shown, text
 
 LIMIT = 500
 COLUMNS = [("when", "when", 19), ("machine", "machine", 12), ("who", "who", 22), ("role", "role", 8), ("method", "method", 20),
@@ -22,10 +23,10 @@ COLUMNS = [("when", "when", 19), ("machine", "machine", 12), ("who", "who", 22),
 DROP = ("params", "role", "who", "machine")  # narrow: these go, in this order
 
 
-def audit_cells(entry: dict[str, Any]) -> tuple[str, ...]:
+def audit_cells(entry: dict[str, Any]) -> tuple[str | Text, ...]:
     outcome = entry["outcome"]
     return (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry["t"])), entry["machine"], entry["who"], entry["role"],
-            entry["method"], entry.get("params") or "", outcome if outcome == "ok" else f"[red]{outcome}[/]", entry.get("message") or "")
+            entry["method"], entry.get("params") or "", outcome if outcome == "ok" else text(outcome, "red"), entry.get("message") or "")
 
 
 class AuditScreen(LabScreen):
@@ -63,11 +64,11 @@ class AuditScreen(LabScreen):
             self.fetch()
         entries = [e for e in self.trail["entries"] if not self.errors_only or e["outcome"] != "ok"]
         failed = sum(1 for e in self.trail["entries"] if e["outcome"] != "ok")
-        unavailable = "".join(f" · {m}: {why}" for m, why in self.trail["unavailable"].items())
-        self.query_one("#audit-summary", Static).update(
+        unavailable = "".join(f" · {esc(m)}: {esc(why)}" for m, why in self.trail["unavailable"].items())
+        self.query_one("#audit-summary", Static).update(shown(
             f"[b]{len(self.trail['entries'])} operator actions[/b] ({failed} refused or failed) · "
             f"showing {'errors only' if self.errors_only else 'all'} · [b]e[/b] errors only · [b]r[/b] refresh{unavailable}\n"
-            + escape(refusals_line(self.trail["refusals"])))
+            + esc(refusals_line(self.trail["refusals"]))))
         self.query_one("#audit-table", LiveTable).show({f"{e['machine']}:{e['id']}": e for e in entries})  # newest first
 
     def action_toggle_errors(self) -> None:

@@ -21,6 +21,7 @@ from widgets.checkpoint_timeline import CheckpointTimeline
 from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, plural
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
+from widgets.wire import esc, shown
 
 ACTIVE_REFETCH_S = 3.0  # while the run's job trains or one of its checkpoints is being served, its listing is fetched again this often
 SERVING_SETTLED = {"warm", "sleeping", "failed", "cold", "cached", "unloaded"}  # a serve in any other state (merging, loading ...) moves on
@@ -62,8 +63,8 @@ def serving_moves(detail: dict[str, Any] | None) -> bool:
 
 def run_line(run: RunSummary, index: int, total: int) -> str:
     share = f" ({run.save_share_pct:.2f}% of {fmt_duration(run.wall_s)})" if run.save_share_pct is not None else ""
-    job = f" · job {run.job} ({run.job_state})" if run.job else " · not started by cetlab"
-    return (f"[b]{run.run}[/b] on {run.machine}{job} · {plural(run.count, 'checkpoint')}"
+    job = f" · job {esc(run.job)} ({esc(run.job_state)})" if run.job else " · not started by cetlab"
+    return (f"[b]{esc(run.run)}[/b] on {esc(run.machine)}{job} · {plural(run.count, 'checkpoint')}"
             + (f" + [red]{run.incomplete} incomplete[/]" if run.incomplete else "")
             + f" · {fmt_bytes(run.disk_bytes)} on disk · saves {fmt_secs(run.save_s_total)}{share}"
             + f"   [dim]run {index + 1}/{total}: [ ] to switch[/]")
@@ -72,18 +73,18 @@ def run_line(run: RunSummary, index: int, total: int) -> str:
 def detail_text(ckpt: dict[str, Any] | None) -> str:
     if ckpt is None:
         return ""
-    lines = [f"[b]step {ckpt['step']}[/b] · {ckpt['path']}"]
+    lines = [f"[b]step {esc(ckpt['step'])}[/b] · {esc(ckpt['path'])}"]
     save_from = {"trainer": "reported by the trainer", "file_times": "from file times"}.get(ckpt.get("save_s_from") or "", "")
     if ckpt.get("save_s") is not None:
         lines[0] += f" · saved in {ckpt['save_s']:.2f}s ({save_from})"
     if ckpt.get("problem"):
-        lines.append(f"[b red]incomplete:[/] {ckpt['problem']} (never deleted automatically; ctrl+d deletes it)")
+        lines.append(f"[b red]incomplete:[/] {esc(ckpt['problem'])} (never deleted automatically; ctrl+d deletes it)")
     if ckpt.get("in_use"):
-        lines.append(f"[b yellow]in use:[/] {ckpt['in_use']}")
+        lines.append(f"[b yellow]in use:[/] {esc(ckpt['in_use'])}")
     serving = ckpt.get("serving")
     if serving:
-        lines.append(f"serving: {serving['mode']} on model {serving['model']}, {serving['state']}"
-                     + (f": {serving['error']}" if serving.get("error") else ""))
+        lines.append(esc(f"serving: {serving['mode']} on model {serving['model']}, {serving['state']}"
+                         + (f": {serving['error']}" if serving.get("error") else "")))
     return "\n".join(lines)
 
 
@@ -151,10 +152,10 @@ class CheckpointsScreen(LabScreen):
             self.run_key = (pick.machine, pick.run)
         summary = self.summary()
         if summary is None and self.run_key is not None:
-            self.query_one("#ckpt-run", Static).update(f"[b]{self.run_key[1]}[/b] on {self.run_key[0]}: no checkpoints yet   [dim][ ] to switch runs[/]")
+            self.query_one("#ckpt-run", Static).update(shown(f"[b]{esc(self.run_key[1])}[/b] on {esc(self.run_key[0])}: no checkpoints yet   [dim][ ] to switch runs[/]"))
         if summary is not None:
             index = runs.index(summary)
-            self.query_one("#ckpt-run", Static).update(run_line(summary, index, len(runs)))
+            self.query_one("#ckpt-run", Static).update(shown(run_line(summary, index, len(runs))))
             moving = summary.job_state in JOB_ACTIVE or serving_moves(self.detail)  # a serve changes no summary: ask again
             stale = self._fetched is None or self._fetched[0] != summary or (moving and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
             if stale and self.lab_app.connect:
@@ -191,7 +192,7 @@ class CheckpointsScreen(LabScreen):
             title = f"{detail['run']}: loss by step, one marker per checkpoint" if detail else "no run shown"
             self.query_one(CheckpointTimeline).show(title, curves.get("loss") or [], curves.get("eval_loss") or [], checkpoints,
                                                      selected["step"] if selected else None)
-            self.query_one("#ckpt-detail", Static).update(detail_text(selected))
+            self.query_one("#ckpt-detail", Static).update(shown(detail_text(selected)))
 
     def selected(self) -> dict[str, Any] | None:
         return self.table().selected()
@@ -278,9 +279,9 @@ class CheckpointsScreen(LabScreen):
         special = [w for w, on in (("the BEST", ckpt.get("is_best")), ("the NEWEST", ckpt.get("newest"))) if on]
         delete = lambda: self._act_and_refetch(machine, "checkpoints.delete", {"run": run, "step": ckpt["step"], "confirm_special": bool(special)},  # noqa: E731
                                                lambda r: f"deleted step {ckpt['step']} of {run}, freed {fmt_bytes(r['freed_bytes'])}")
-        first = f"Delete checkpoint [b]{ckpt['step']}[/b] of {run} ({fmt_bytes(ckpt['size_bytes'])})? This removes its folder."
+        first = f"Delete checkpoint [b]{esc(ckpt['step'])}[/b] of {esc(run)} ({fmt_bytes(ckpt['size_bytes'])})? This removes its folder."
         if special:
-            second = f"Step {ckpt['step']} is {' and '.join(special)} checkpoint of {run}. Really delete it?"
+            second = f"Step {esc(ckpt['step'])} is {' and '.join(special)} checkpoint of {esc(run)}. Really delete it?"
             self.confirm(first, lambda: self.confirm(second, delete))
         else:
             self.confirm(first, delete)
@@ -292,7 +293,7 @@ class CheckpointsScreen(LabScreen):
 
         def asked(n: int | None) -> None:
             if n is not None:
-                self.confirm(f"Prune [b]{run}[/b]: keep the best, the last {n} and the kept checkpoints, delete the rest?",
+                self.confirm(f"Prune [b]{esc(run)}[/b]: keep the best, the last {n} and the kept checkpoints, delete the rest?",
                              lambda: self._act_and_refetch(machine, "checkpoints.prune", {"run": run, "keep_last": n},
                                                            lambda r: f"pruned {run}: deleted {len(r['deleted'])}, freed {fmt_bytes(r['freed_bytes'])}"))
 

@@ -18,6 +18,7 @@ from widgets.cost_counter import CostCounter
 from widgets.format import fmt_money, fmt_pct
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
+from widgets.wire import esc, shown
 
 FETCH_S = 5.0  # the breakdown and the daily totals come from costs.get this often; the counter ticks with the stream
 PLOT_DAYS = 30
@@ -120,12 +121,12 @@ class CostsScreen(LabScreen):
         if report["api_providers"]:
             lines.append(f"[b]API[/b] today {fmt_money(report['api_today'], currency)}   this month {fmt_money(report['api_month'], currency)}"
                          f"   lab total this month {fmt_money(report['total_month'], currency)}")
-            lines += [f"  {p['provider']}{' [black on yellow] SIM [/]' if p['simulated'] else ''}: this month {fmt_money(p['month'], currency)}"
+            lines += [f"  {esc(p['provider'])}{' [black on yellow] SIM [/]' if p['simulated'] else ''}: this month {fmt_money(p['month'], currency)}"
                       + (f" of {fmt_money(p['monthly_budget'], currency)} ({fmt_pct(p['budget_pct'])})" if p["monthly_budget"] is not None else "")
                       for p in report["api_providers"]]
-        lines += [f"[yellow]{m}[/]" for m in report["missing"]]
-        lines += [f"[red]not counted, offline: {name}: {why}[/]" for name, why in report["offline"].items()]
-        self.query_one("#costs-summary", Static).update("\n".join(lines))
+        lines += [f"[yellow]{esc(m)}[/]" for m in report["missing"]]
+        lines += [f"[red]not counted, offline: {esc(name)}: {esc(why)}[/]" for name, why in report["offline"].items()]
+        self.query_one("#costs-summary", Static).update(shown("\n".join(lines)))
         self._refresh_table(report)
         self._refresh_plot(report)
 

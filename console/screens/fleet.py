@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from rich.markup import escape
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -13,6 +12,7 @@ from console.screens.base import LabScreen
 from console.state import MachineView
 from widgets.lab_header import LabHeader
 from widgets.machine_card import MachineCard
+from widgets.wire import esc
 
 
 def alert_badges(view: MachineView) -> list[str]:
@@ -21,10 +21,10 @@ def alert_badges(view: MachineView) -> list[str]:
 
 
 def card_note(view: MachineView) -> str | None:
-    """The card's note line: the GPU backend's status, then each failing section with its error."""
-    lines = [view.gpu_status.status] if view.gpu_status and view.gpu_status.status else []
+    """The card's note line (markup): the GPU backend's status, then each failing section with its error: the agent's text."""
+    lines = [esc(view.gpu_status.status)] if view.gpu_status and view.gpu_status.status else []
     if view.online:  # an offline card says so, not what failed before
-        lines += [escape(f"{f.section} failed ({f.phase}): {f.error}") for f in view.faults.failed]  # the agent's text, not markup
+        lines += [esc(f"{f.section} failed ({f.phase}): {f.error}") for f in view.faults.failed]
     return "\n".join(lines) or None
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-
-from rich.markup import escape
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -15,14 +13,16 @@ from console.screens.base import LabScreen
 from console.screens.modals import AskNumberScreen, PickRecipeScreen, StartJobScreen
 from widgets.jobs_table import JobsTable
 from widgets.lab_header import LabHeader
+from widgets.wire import esc, shown
 
 
 def detail_text(job: JobInfo | None) -> str:
     if job is None:
         return "no jobs yet: [b]n[/b] starts a recipe from lab.yaml"
-    params = " ".join(f"{k}={v}" for k, v in job.params.items())
-    lines = [f"[b]{job.id}[/b] {job.recipe} on {job.machine}  {params}"]
-    figures = [f"precision {job.precision}"] if job.precision else []
+    # every string of the job is the agent's: shown as text (esc), never as markup
+    params = " ".join(f"{esc(k)}={esc(v)}" for k, v in job.params.items())
+    lines = [f"[b]{esc(job.id)}[/b] {esc(job.recipe)} on {esc(job.machine)}  {params}"]
+    figures = [f"precision {esc(job.precision)}"] if job.precision else []
     if job.learning_rate is not None:
         figures.append(f"lr {job.learning_rate:.3g}")
     if job.tokens_per_s is not None:
@@ -36,13 +36,13 @@ def detail_text(job: JobInfo | None) -> str:
         figures.append("[b magenta]SIM[/] GPU figures")
     if figures:
         lines.append(" · ".join(figures))
-    lines += [f"note: {escape(note)}" for note in job.notes]
-    lines.append(f"[dim]log {job.log_path} · output {job.output_dir}[/]")
-    lines += [f"node {i} [b]{node.machine}[/b] GPU {','.join(map(str, node.gpus)) or '-'}: {node.state}"
+    lines += [f"note: {esc(note)}" for note in job.notes]
+    lines.append(f"[dim]log {esc(job.log_path)} · output {esc(job.output_dir)}[/]")
+    lines += [f"node {i} [b]{esc(node.machine)}[/b] GPU {','.join(map(str, node.gpus)) or '-'}: {esc(node.state)}"
               + (f" ({node.exit_code})" if node.exit_code is not None else "") for i, node in enumerate(job.nodes)]
     if job.state in (JobState.FAILED, JobState.LOST):
-        lines.append(f"[b red]{job.state}:[/] {job.error or ''}")
-        lines += [f"[dim]{line}[/]" for line in job.last_lines[-3:]]
+        lines.append(f"[b red]{esc(job.state)}:[/] {esc(job.error or '')}")
+        lines += [f"[dim]{esc(line)}[/]" for line in job.last_lines[-3:]]
     return "\n".join(lines)
 
 
@@ -75,10 +75,10 @@ class JobsScreen(LabScreen):
         table = self.query_one(JobsTable)
         with self.app.batch_update():
             table.show_jobs([job for view in machines for job in view.jobs], frozenset(v.name for v in machines if not v.online))
-            self.query_one("#jobs-detail", Static).update(detail_text(table.selected()))
+            self.query_one("#jobs-detail", Static).update(shown(detail_text(table.selected())))
 
     def on_data_table_row_highlighted(self, _event) -> None:
-        self.query_one("#jobs-detail", Static).update(detail_text(self.query_one(JobsTable).selected()))
+        self.query_one("#jobs-detail", Static).update(shown(detail_text(self.query_one(JobsTable).selected())))
 
     def on_data_table_row_selected(self, _event) -> None:  # enter on a row: its log
         self.action_logs()
@@ -123,13 +123,13 @@ class JobsScreen(LabScreen):
 
     def action_stop(self) -> None:
         if job := self._active_selected():
-            self.confirm(f"Stop job [b]{job.id}[/b] ({job.recipe}, step {job.step or 0})?\n"
+            self.confirm(f"Stop job [b]{esc(job.id)}[/b] ({esc(job.recipe)}, step {job.step or 0})?\n"
                          "SIGTERM now (a cetlab-train run saves a checkpoint), SIGKILL after the recipe's grace period.",
                          lambda: self.act(job.machine, "jobs.stop", {"id": job.id}, f"stopping {job.id}"))
 
     def action_kill(self) -> None:
         if job := self._active_selected():
-            self.confirm(f"Kill job [b]{job.id}[/b] ({job.recipe}) now with SIGKILL? Nothing is saved.",
+            self.confirm(f"Kill job [b]{esc(job.id)}[/b] ({esc(job.recipe)}) now with SIGKILL? Nothing is saved.",
                          lambda: self.act(job.machine, "jobs.kill", {"id": job.id}, f"killed {job.id}"))
 
     def action_logs(self) -> None:

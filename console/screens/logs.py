@@ -11,6 +11,7 @@ from agents.protocol import RemoteError
 from console.screens.base import LabScreen
 from widgets.format import NA
 from widgets.lab_header import LabHeader
+from widgets.wire import esc, shown, visible
 
 FIRST_LINES = 1000  # the tail shown on open; then every new line
 MAX_LINES = 20000  # kept on screen; older ones scroll out
@@ -60,16 +61,16 @@ class LogScreen(LabScreen):
         self._show_status()
 
     def _show_status(self) -> None:
-        parts = [f"[b]{self.job_id}[/b] on {self.machine}", self.job_state, f"{len(self.lines)} lines",
+        parts = [f"[b]{esc(self.job_id)}[/b] on {esc(self.machine)}", esc(self.job_state), f"{len(self.lines)} lines",
                  "[green]following[/]" if self.following else "[yellow]paused[/] (f follows)"]
         if self.pattern:
             matches = self.matches()
             where = (f"{matches.index(self.match_at) + 1}/{len(matches)} (line {self.match_at + 1})" if self.match_at in matches
                      else f"{len(matches)} matches")
-            parts.append(f"/{self.pattern}: {where}")
+            parts.append(f"/{esc(self.pattern)}: {where}")
         if self.error:
-            parts.append(f"[red]{self.error}[/]")
-        self.query_one("#log-status", Static).update(" · ".join(parts))
+            parts.append(f"[red]{esc(self.error)}[/]")
+        self.query_one("#log-status", Static).update(shown(" · ".join(parts)))
 
     @work(exclusive=True, group="log-fetch")
     async def fetch(self) -> None:
@@ -83,7 +84,7 @@ class LogScreen(LabScreen):
         self.log_offset, self.job_state = data["offset"], data["state"]
         if data["lines"]:
             self.lines = (self.lines + data["lines"])[-MAX_LINES:]
-            self.query_one(Log).write_lines(data["lines"])
+            self.query_one(Log).write_lines([visible(line) for line in data["lines"]])  # no terminal escapes from a trainer
         self._show_status()
 
     # -- search

@@ -13,6 +13,7 @@ from widgets.format import NA, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_panel import SERIES, GpuPanel
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
+from widgets.wire import esc, shown
 
 
 PROCESS_COLUMNS = [("gpu", "GPU", 4), ("pid", "PID", 8), ("user", "user", 10), ("vram", "VRAM", 8), ("command", "command", None)]
@@ -61,7 +62,7 @@ class MachineScreen(LabScreen):
         host = view.host
         sim = "  [black on yellow] SIM [/]" if view.simulated else ""
         if view.online:
-            text = (f"[b]{self.machine}[/b]  {view.config.role}{sim}  [green]● online[/]  "
+            text = (f"[b]{esc(self.machine)}[/b]  {esc(view.config.role)}{sim}  [green]● online[/]  "
                     f"CPU {fmt(host.cpu_pct, '.0f', '%')} of {fmt(host.cpu_count)} cores  "
                     f"load {fmt(host.load_1, '.2f')}/{fmt(host.load_5, '.2f')}/{fmt(host.load_15, '.2f')}  "
                     f"RAM {fmt_bytes(host.ram_used_bytes)}/{fmt_bytes(host.ram_total_bytes)}  "
@@ -69,8 +70,8 @@ class MachineScreen(LabScreen):
                     f"disk {fmt_bytes(host.disk_used_bytes)}/{fmt_bytes(host.disk_total_bytes)}  "
                     f"net ↓{fmt_bytes(host.net_rx_bytes_per_s)}/s ↑{fmt_bytes(host.net_tx_bytes_per_s)}/s")
         else:
-            text = f"[b]{self.machine}[/b]  [bold red]{view.link.upper()}[/]  last seen {fmt_ago(view.last_seen, self.lab_app.clock())}\n{view.error or ''}"
-        self.query_one("#host", Static).update(text)
+            text = f"[b]{esc(self.machine)}[/b]  [bold red]{esc(view.link.upper())}[/]  last seen {fmt_ago(view.last_seen, self.lab_app.clock())}\n{esc(view.error or '')}"
+        self.query_one("#host", Static).update(shown(text))
         self._refresh_gpus(view)
         self._refresh_processes(view)
 

@@ -23,10 +23,11 @@ from agents.sections import ModelInfo
 from console.views import VIEWS
 from widgets.format import NA, fmt_gib, fmt_limit
 from widgets.orchestra_table import state_cell
+from widgets.wire import esc, safe_text, shown, text
 
 
 class ConfirmScreen(ModalScreen[bool]):
-    """y / enter: go ahead; n / escape: leave it."""
+    """y / enter: go ahead; n / escape: leave it. The question is markup: its callers esc() every agent's string in it."""
 
     BINDINGS = [Binding("y,enter", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
     DEFAULT_CSS = """
@@ -39,7 +40,7 @@ class ConfirmScreen(ModalScreen[bool]):
         self.question = question
 
     def compose(self) -> ComposeResult:
-        yield Static(f"{self.question}\n\n[b]y[/b] yes   [b]n[/b] no", id="confirm-question")
+        yield Static(shown(f"{self.question}\n\n[b]y[/b] yes   [b]n[/b] no"), id="confirm-question")
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
@@ -67,11 +68,11 @@ class PickModelScreen(ModalScreen[str | None]):
         text = Text.assemble(f"{model.name:<22}", state_cell(model), f"  {fmt_gib(model.vram_bytes)}  {where}")
         if why:
             text.append(f"  cannot: {why}", style="red")
-        return Option(text, id=model.name, disabled=why is not None)
+        return Option(safe_text(text), id=model.name, disabled=why is not None)
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.title_text, classes="title")
+            yield Static(text(self.title_text), classes="title")
             yield OptionList(*[self._option(m) for m in self.models], id="pick-model")
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
@@ -96,7 +97,7 @@ class AskNumberScreen(ModalScreen[int | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.question)
+            yield Static(text(self.question))
             yield Input(str(self.default), type="integer", id="ask-number")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -127,7 +128,7 @@ class AskTextScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.question)
+            yield Static(text(self.question))
             yield Input(self.default, id="ask-text")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -154,7 +155,7 @@ class PickRecipeScreen(ModalScreen[dict | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static("start which recipe?", classes="title")
-            yield OptionList(*[Option(f"{r['name']:<20} {r['machine']:<12} GPU {','.join(map(str, r['gpus'])) or NA:<8} {r['launcher']}", id=str(i))
+            yield OptionList(*[Option(text(f"{r['name']:<20} {r['machine']:<12} GPU {','.join(map(str, r['gpus'])) or NA:<8} {r['launcher']}"), id=str(i))
                                for i, r in enumerate(self.recipes)], id="pick-recipe")
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
@@ -169,8 +170,8 @@ def param_hint(param: dict[str, Any]) -> str:
     if param.get("min") is not None or param.get("max") is not None:
         low, high = ("" if param.get(k) is None else fmt_limit(param[k]) for k in ("min", "max"))  # an open end stays empty
         parts.append(f"{low}..{high}")
-    text = f"[b]{param['name']}[/b] ({', '.join(parts)}) {param['flag']}"
-    return text + (f"  [dim]{param['help']}[/]" if param.get("help") else "")
+    line = f"[b]{esc(param['name'])}[/b] ({esc(', '.join(parts))}) {esc(param['flag'])}"
+    return line + (f"  [dim]{esc(param['help'])}[/]" if param.get("help") else "")
 
 
 RESUME_PARAM = "resume_from_checkpoint"  # filled in by the agent on a resume (agents/checkpoints/actions.py)
@@ -194,20 +195,20 @@ class StartJobScreen(ModalScreen[dict | None]):
 
     def heading(self) -> str:
         r = self.recipe
-        return (f"start [b]{r['name']}[/b] on {r['machine']} GPU {','.join(map(str, r['gpus'])) or NA}"
+        return (f"start [b]{esc(r['name'])}[/b] on {esc(r['machine'])} GPU {','.join(map(str, r['gpus'])) or NA}"
                 + (f" (torchrun x{r['nproc_per_node']})" if r["launcher"] == "torchrun" else ""))
 
     def compose(self) -> ComposeResult:
         r = self.recipe
         with VerticalScroll():
-            yield Static(self.heading(), classes="title")
+            yield Static(shown(self.heading()), classes="title")
             for p in self.params:
-                yield Label(param_hint(p))
+                yield Label(shown(param_hint(p)))
                 default = p.get("default")
                 if p["type"] == "bool":
                     yield Switch(value=bool(default), id=f"param-{p['name']}")
                 elif p["type"] == "choice":
-                    yield Select([(c, c) for c in p["choices"]], value=default if default in p["choices"] else Select.BLANK,
+                    yield Select([(text(c), c) for c in p["choices"]], value=default if default in p["choices"] else Select.BLANK,
                                  id=f"param-{p['name']}")
                 else:
                     kind = {"int": "integer", "float": "number"}.get(p["type"], "text")
@@ -250,13 +251,13 @@ class StartJobScreen(ModalScreen[dict | None]):
     async def start(self) -> None:
         error = self.query_one("#start-error", Static)
         if cleared := self.cleared():
-            error.update("; ".join(f"{p['name']} is empty: it would run with its default {p['default']}; type a value" for p in cleared))
+            error.update(text("; ".join(f"{p['name']} is empty: it would run with its default {p['default']}; type a value" for p in cleared)))
             return
         error.update("starting ...")
         try:
             job = await self.submit(self.values())
         except RemoteError as exc:
-            error.update(f"{exc.code}: {exc.message}")
+            error.update(text(f"{exc.code}: {exc.message}"))
             return
         self.dismiss(job)
 
@@ -278,7 +279,8 @@ class ResumeJobScreen(StartJobScreen):
         self.params = [{**p, "default": previous.get(p["name"], p.get("default"))} for p in recipe["params"] if p["name"] != RESUME_PARAM]
 
     def heading(self) -> str:
-        return f"resume run [b]{self.run}[/b] from step [b]{self.step}[/b]: a new job of {self.recipe['name']} on {self.machine}"
+        return (f"resume run [b]{esc(self.run)}[/b] from step [b]{self.step}[/b]: a new job of {esc(self.recipe['name'])} "
+                f"on {esc(self.machine)}")
 
     async def submit(self, values: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = await self.app.client.call(self.machine, "checkpoints.resume", {"run": self.run, "step": self.step, "params": values})
@@ -352,7 +354,7 @@ class JumpScreen(ModalScreen[str | None]):
         if len(matches) == 1 or name in VIEWS:
             self.dismiss(name if name in VIEWS else matches[0])
         else:
-            self.query_one("#jump-error", Static).update(f"no view {name!r}; views: {', '.join(VIEWS)}")
+            self.query_one("#jump-error", Static).update(text(f"no view {name!r}; views: {', '.join(VIEWS)}"))
 
     def action_cancel(self) -> None:
         self.dismiss(None)

@@ -17,6 +17,7 @@ from console.screens.modals import PickModelScreen
 from widgets.format import fmt_duration, fmt_gib
 from widgets.lab_header import LabHeader
 from widgets.orchestra_table import OrchestraTable
+from widgets.wire import esc, shown
 
 def rotation_text(rotations: dict[str, Rotation | None], now: float, models_on: dict[str, set[str]] | None = None) -> str:
     """One line per machine with a plan: its step, the next rotation with its countdown and the machine's own models
@@ -27,11 +28,11 @@ def rotation_text(rotations: dict[str, Rotation | None], now: float, models_on: 
     lines = []
     for machine, rotation in planned.items():
         step = f"not rotated yet ({len(rotation.plan)} sets)" if rotation.index is None else f"step {rotation.index + 1} of {len(rotation.plan)}"
-        parts = [f"[b]{machine}[/b] rotation: {step}"]
+        parts = [f"[b]{esc(machine)}[/b] rotation: {step}"]
         if rotation.next_at is not None:
             coming = [m for m in rotation.next_set or [] if models_on is None or m in models_on.get(machine, set())]
             parts.append(f"next in {fmt_duration(max(0.0, rotation.next_at - now))} (at {time.strftime('%H:%M', time.localtime(rotation.next_at))})"
-                         + " → " + (", ".join(coming) or "none of its models"))
+                         + " → " + esc(", ".join(coming) or "none of its models"))
         if rotation.running:
             parts.append("[b yellow]rotating now[/]")
         target = rotation.target_pct or 0.0
@@ -77,9 +78,9 @@ def swap_fit(out: ModelInfo, incoming: ModelInfo, gpus: dict[int, GpuSample]) ->
 def detail_text(model: ModelInfo | None) -> str:
     if model is None:
         return ""
-    parts = [f"[b]{model.name}[/b] on {model.machine}"]
+    parts = [f"[b]{esc(model.name)}[/b] on {esc(model.machine)}"]  # the agent's strings: esc(), never markup
     if model.endpoint and model.state == ModelState.WARM:
-        parts.append(f"endpoint {model.endpoint} (model {model.served_name})")
+        parts.append(esc(f"endpoint {model.endpoint} (model {model.served_name})"))
     if model.tokens_per_s is not None:
         window = f" over the last {model.tokens_per_s_window_s:g} s" if model.tokens_per_s_window_s else ""
         parts.append(f"{model.tokens_per_s:.1f} tokens/s{window}")
@@ -91,9 +92,9 @@ def detail_text(model: ModelInfo | None) -> str:
         parts.append("[b magenta]SIM[/] engine: figures are simulated")
     line = " · ".join(parts)
     if model.error:
-        line += f"\n[b red]failed:[/] {model.error.message}"
+        line += f"\n[b red]failed:[/] {esc(model.error.message)}"
         if model.error.log_tail:
-            line += f"\n[dim]{model.error.log_tail[-1]}[/]"
+            line += f"\n[dim]{esc(model.error.log_tail[-1])}[/]"
     return line
 
 
@@ -140,11 +141,11 @@ class ModelsScreen(LabScreen):
         table = self.query_one(OrchestraTable)
         with self.app.batch_update():
             table.show_models(models)
-            self.query_one("#models-rotation", Static).update(rotation_text(rotations, self.lab_app.clock(), models_by_machine(self.lab_app.lab)))
-            self.query_one("#models-detail", Static).update(detail_text(table.selected()))
+            self.query_one("#models-rotation", Static).update(shown(rotation_text(rotations, self.lab_app.clock(), models_by_machine(self.lab_app.lab))))
+            self.query_one("#models-detail", Static).update(shown(detail_text(table.selected())))
 
     def on_data_table_row_highlighted(self, _event) -> None:
-        self.query_one("#models-detail", Static).update(detail_text(self.query_one(OrchestraTable).selected()))
+        self.query_one("#models-detail", Static).update(shown(detail_text(self.query_one(OrchestraTable).selected())))
 
     def on_data_table_row_selected(self, _event) -> None:  # enter on a row: swap it out
         if not self.lab_app.readonly:
@@ -172,7 +173,7 @@ class ModelsScreen(LabScreen):
             if model.pinned:  # said before the question, not after the y
                 self.notify(f"{model.name} is pinned: unpin it (p) before putting it to sleep", severity="warning")
                 return
-            self.confirm(f"Put [b]{model.name}[/b] to sleep? It stops answering until woken (about {model.wake_s or 1:.0f} s).",
+            self.confirm(f"Put [b]{esc(model.name)}[/b] to sleep? It stops answering until woken (about {model.wake_s or 1:.0f} s).",
                          lambda: self.act(model.machine, "models.sleep", {"model": model.name}, f"{model.name} going to sleep"))
 
     def action_cold(self) -> None:
@@ -181,7 +182,7 @@ class ModelsScreen(LabScreen):
             return
         go = lambda: self.act(model.machine, "models.cold", {"model": model.name}, f"stopping {model.name}", timeout=30.0)  # noqa: E731
         if model.state in MODEL_ENGINE_UP:  # stopping it interrupts (or drops) a model
-            self.confirm(f"Stop [b]{model.name}[/b] ({model.state})? Its engine exits; bringing it back is a full load.", go)
+            self.confirm(f"Stop [b]{esc(model.name)}[/b] ({esc(model.state)})? Its engine exits; bringing it back is a full load.", go)
         else:
             go()
 
@@ -202,7 +203,7 @@ class ModelsScreen(LabScreen):
             for machine in machines:
                 self.act(machine, "models.rotate", {}, f"rotating {machine}: the next set of its plan comes up")
 
-        self.confirm(f"Rotate now on {', '.join(machines)}? Models going out stop answering while the next set comes up.", go)
+        self.confirm(f"Rotate now on {esc(', '.join(machines))}? Models going out stop answering while the next set comes up.", go)
 
     def action_swap(self) -> None:
         out = self.selected()
@@ -222,8 +223,8 @@ class ModelsScreen(LabScreen):
 
         def picked(name: str | None) -> None:
             if name:
-                self.confirm(f"Swap [b]{out.name}[/b] out (it stops answering) and bring [b]{name}[/b] in on GPU "
-                             f"{','.join(map(str, fits[name][0]))} of {out.machine}?",
+                self.confirm(f"Swap [b]{esc(out.name)}[/b] out (it stops answering) and bring [b]{esc(name)}[/b] in on GPU "
+                             f"{','.join(map(str, fits[name][0]))} of {esc(out.machine)}?",
                              lambda: self.act(out.machine, "models.swap", {"out": out.name, "in": name}, f"swapping {out.name} → {name}"))
 
         notes = {name: (f"GPU {','.join(map(str, gpus))}", why) for name, (gpus, why) in fits.items()}

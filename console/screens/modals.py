@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Group
-from rich.markup import escape
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -199,7 +198,6 @@ class StartJobScreen(ModalScreen[dict | None]):
                 + (f" (torchrun x{r['nproc_per_node']})" if r["launcher"] == "torchrun" else ""))
 
     def compose(self) -> ComposeResult:
-        r = self.recipe
         with VerticalScroll():
             yield Static(shown(self.heading()), classes="title")
             for p in self.params:

@@ -99,7 +99,7 @@ def test_adapter_problem_says_why_and_offers_the_merge(tmp_path):
     demo = adapter_problem(adapter(tmp_path / "demo", modules_to_save=["embed_tokens", "lm_head"]), served)
     assert "modules_to_save (embed_tokens, lm_head)" in demo and "merged" in demo
     wide = adapter_problem(adapter(tmp_path / "wide", r=64), served)
-    assert "r=64" in wide and "max_lora_rank 16" in wide and "merged" in wide
+    assert "rank 64" in wide and "max_lora_rank 16" in wide and "merged" in wide
     assert "--enable-lora" in adapter_problem(tmp_path / "ok", model(max_loras=0))
     assert "adapter config" in adapter_problem(tmp_path / "missing", served)
 

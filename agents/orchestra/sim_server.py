@@ -116,12 +116,12 @@ class Sampling(BaseModel):
 class Choice:
     """One sequence of a request: its words, cut at the first stop string."""
 
-    def __init__(self, words: list[str], stops: list[str]):
+    def __init__(self, words: list[str], stops: list[str], sep: str = " "):
         self.finish_reason = "length"
         text = ""
         kept: list[str] = []
         for word in words:
-            piece = " " + word
+            piece = sep + word
             candidate = text + piece
             hit = min((i for i in (candidate.find(stop) for stop in stops) if i >= 0), default=-1)
             if hit >= 0:
@@ -227,7 +227,7 @@ class SimEngineState:
                     words = [rng.choice(WORDS) for _ in range(sampling.tokens)]
                     if self.weights_lost:  # woken after a level-2 sleep but never reloaded: vLLM computes with garbage too
                         words = [GARBAGE] * sampling.tokens
-                    choices.append(Choice(words, sampling.stops))
+                    choices.append(Choice(words, sampling.stops, sep="" if self.weights_lost else " "))
                 time.sleep(per_token_s)
                 self.m_ttft.labels(self.name).observe(time.monotonic() - received)
                 # vLLM counts the prompt at prefill and each generated token at the step that makes it: the

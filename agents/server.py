@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import logging
 import os
 import pwd
@@ -10,6 +12,7 @@ import re
 import socket
 import stat
 import struct
+import termios
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -229,6 +232,22 @@ class _Session(asyncssh.SSHServerSession):
             self.channel.close()
 
 
+def has_spoken(conn: asyncssh.SSHServerConnection) -> bool:
+    """Whether a connection sent its SSH version line: parsed already, or waiting unread in the socket (a busy agent
+    reads it late; the login door must not take a real client for an idle connection because of that)."""
+    if conn.get_extra_info("client_version") is not None:
+        return True
+    sock = conn.get_extra_info("socket")
+    if sock is None:
+        return False
+    waiting = array.array("i", [0])
+    try:
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, waiting)
+    except (OSError, ValueError):
+        return False
+    return waiting[0] > 0
+
+
 class _Server(asyncssh.SSHServer):
     def __init__(self, agent: Agent, authorized: AuthorizedKeys, doorman: Doorman, tally: KeyTally):
         self.agent = agent
@@ -249,8 +268,7 @@ class _Server(asyncssh.SSHServer):
         self._peername = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._conn = conn
         loop = asyncio.get_running_loop()
-        self.doorman.arrive(self, peer[0] if peer else "?", lambda: loop.call_soon(conn.abort),
-                            lambda: conn.get_extra_info("client_version") is not None)
+        self.doorman.arrive(self, peer[0] if peer else "?", lambda: loop.call_soon(conn.abort), lambda: has_spoken(conn))
 
     def auth_completed(self) -> None:
         self.doorman.leave(self)

@@ -169,7 +169,7 @@ class Model(Strict):
         # the agent binds every engine to 127.0.0.1 (the gateway reaches other machines' engines over SSH):
         # an engine's dev endpoints (/sleep, /collective_rpc, adapter loading) have no authentication
         for arg in args:
-            if arg in BIND_FLAGS or arg.split("=", 1)[0] in BIND_FLAGS:
+            if binds_elsewhere(arg):
                 raise ValueError(f"{arg!r}: engines listen on 127.0.0.1 only (the gateway reaches other machines' engines "
                                  "through their agent's SSH connection); remove it from args")
         return args
@@ -177,6 +177,14 @@ class Model(Strict):
 
 # Flags that would put an engine's port on the network (vLLM, transformers serve, llama-server)
 BIND_FLAGS = frozenset({"--host"})
+
+
+def binds_elsewhere(arg: str) -> bool:
+    """An engine argument that sets where it listens: a bind flag, or (Python's argparse, which vLLM, `transformers
+    serve` and the sim engines parse with, takes any unambiguous prefix of a long option) an abbreviation of one,
+    `--hos 0.0.0.0` or `--ho=0.0.0.0`."""
+    flag = arg.split("=", 1)[0]
+    return flag in BIND_FLAGS or (len(flag) > 3 and any(bind.startswith(flag) for bind in BIND_FLAGS))
 
 
 class Orchestra(Strict):

@@ -145,10 +145,14 @@ async def test_no_engine_listens_beyond_loopback(tunnel_lab, client):
 
 def test_lab_yaml_cannot_put_an_engine_on_the_network():
     data = {**LAB, "models": [{**LAB["models"][0], "engine": "vllm", "args": ["--host=0.0.0.0"]}]}
-    for args in (["--host", "0.0.0.0"], ["--max-model-len", "8192", "--host=0.0.0.0"]):
+    # argparse (vLLM, transformers serve, the sim engines) takes an unambiguous prefix of --host as --host
+    for args in (["--host", "0.0.0.0"], ["--max-model-len", "8192", "--host=0.0.0.0"], ["--hos", "0.0.0.0"], ["--ho=0.0.0.0"]):
         data["models"][0]["args"] = args
         with pytest.raises(LabError, match="127.0.0.1 only"):
             parse_lab(yaml.safe_dump(data))
+    from agents.lab import binds_elsewhere
+
+    assert not any(binds_elsewhere(arg) for arg in ("--hf-overrides", "{}", "--h", "--", "--port=8000", "--hosts"))
 
 
 def test_the_demo_keeps_lab_yamls_gateway_port_when_it_is_free(tmp_path, monkeypatch):

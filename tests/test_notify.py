@@ -63,7 +63,9 @@ def test_routes_are_validated_and_a_secret_in_clear_is_refused_without_being_ech
                   "    - {name: hook, kind: webhook, url: 'https://example.com/h?token=TOPSECRET'}\n"
                   "    - {name: page, kind: command, argv: 'page-me --urgent'}\n"
                   "    - {name: both, kind: webhook, url: 'http://127.0.0.1:1/x', url_env: HOOK}\n"
-                  "    - {name: odd, kind: pager, url: 'http://127.0.0.1:1/x'}\n")
+                  "    - {name: odd, kind: pager, url: 'http://127.0.0.1:1/x'}\n"
+                  "    - {name: ws, kind: webhook, url: \"https://example.com/\\nTOPSECRET\"}\n"
+                  "    - {name: frag, kind: webhook, url: 'https://example.com/h#TOPSECRET'}\n")
     text = str(bad.value)
     assert "TOPSECRET" not in text  # the error names where, never what the secret is
     assert "lab.yaml:5: notify.routes[0]: a slack incoming-webhook URL holds its token" in text
@@ -72,6 +74,8 @@ def test_routes_are_validated_and_a_secret_in_clear_is_refused_without_being_ech
     assert "lab.yaml:8: notify.routes[3].argv: expected an argv list" in text
     assert "lab.yaml:9: notify.routes[4]: give exactly one of url, url_env" in text
     assert "lab.yaml:10: notify.routes[5]" in text
+    assert "lab.yaml:11: notify.routes[6]: url: a URL has no spaces or control characters" in text
+    assert "lab.yaml:12: notify.routes[7]: url: a URL's #fragment is never sent" in text
     with pytest.raises(LabError, match=r"(?s)notify.routes\[1\].machines\[0\]: no machine named .m9.*notify.routes\[2\].name: duplicate route name"):
         parse_lab(head + "    - {name: a, kind: webhook, url_env: HOOK}\n    - {name: b, kind: webhook, url_env: HOOK, machines: [m9]}\n"
                   "    - {name: a, kind: command, argv: [/bin/true]}\n")

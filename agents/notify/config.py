@@ -63,6 +63,8 @@ class RateLimit(Strict):
 
 def _clear_url(value: str) -> str:
     """A URL written in lab.yaml: http(s), a host, and nothing that looks like a credential."""
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        raise ValueError("url: a URL has no spaces or control characters (percent-encode them)")
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("url: expected an http:// or https:// URL with a host")
@@ -72,6 +74,8 @@ def _clear_url(value: str) -> str:
     if parts.query:
         raise ValueError("url: a URL with a ?query often carries a token: put it in the agent's environment (url_env) "
                          "or a file of mode 600 (url_file), not in lab.yaml")
+    if parts.fragment:
+        raise ValueError("url: a URL's #fragment is never sent to the endpoint (a token pasted there reaches nobody): remove it")
     return value
 
 

@@ -98,6 +98,10 @@ async def test_models_list_and_retrieve(sdk):
     with pytest.raises(openai.NotFoundError) as err:
         await sdk.models.retrieve("no-such-model")
     assert err.value.body["code"] == "model_not_found"
+    for hostile in ("[bold]x<script>", "a" * 5000):  # not a name's form: a 404 that does not echo it
+        with pytest.raises(openai.NotFoundError) as err:
+            await sdk.models.retrieve(hostile)
+        assert err.value.body["code"] == "model_not_found" and hostile not in err.value.body["message"]
 
 
 async def test_chat_and_completions_plain_and_streamed(sdk, sdk_lab):

@@ -172,6 +172,9 @@ class GatewayHttp:
     async def _model(self, request: web.Request) -> web.Response:
         """GET /v1/models/{id}: one model (an alias answers as itself), or OpenAI's 404."""
         name = request.match_info["model"]
+        if not MODEL_NAME_RE.fullmatch(name):  # never echoed: markup, control characters, 8 KiB of anything
+            return error_response(404, "no model of that name (letters, digits and ._:/@+-, at most 256; GET /v1/models lists them)",
+                                  "model_not_found", param="model")
         canonical = self.gw.router.canonical(name)
         for entry in self.gw.catalogue():
             if entry["id"] in (name, canonical) or (entry.get("provider") and f"{entry['provider']}/{entry['id']}" == name):

@@ -220,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     if "--json" in argv:  # accepted anywhere: `cetlab --json jobs` and `cetlab jobs --json`
         argv = ["--json"] + [a for a in argv if a != "--json"]
     args = build_parser().parse_args(argv)
+    if getattr(args, "check", None):
+        args.check(args)  # a verb's own usage errors (exit 2), before any machine is dialled
     try:
         return asyncio.run(run(args))
     except LabError as exc:

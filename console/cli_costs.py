@@ -123,10 +123,18 @@ async def cmd_notify_test(ctx) -> int:
     return EXIT_OK if answers and all(a["ok"] for a in answers) else EXIT_FAILED
 
 
+def check_alerts_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors argparse cannot see, found before any machine is dialled (exit 2, as every usage error)."""
+    if args.action == "notify-test" and not args.route:
+        parser.error("notify-test needs ROUTE: cetlab alerts notify-test ROUTE (a name from lab.yaml's notify.routes)")
+    if args.action is None and args.route:
+        parser.error(f"a route is given with notify-test only: cetlab alerts notify-test {args.route}")
+    if args.action and args.ack:
+        parser.error("--ack and notify-test are separate calls")
+
+
 async def cmd_alerts(ctx) -> int:
     if ctx.args.action == "notify-test":
-        if not ctx.args.route:
-            raise RemoteError(ErrorCode.INVALID_PARAMS, "usage: cetlab alerts notify-test ROUTE (a name from lab.yaml's notify.routes)")
         return await cmd_notify_test(ctx)
     if ctx.args.ack:
         machine = alert_machine(ctx, ctx.args.ack)
@@ -156,4 +164,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ack", metavar="ID", type=alert_id_arg, help="acknowledge the alert with this id (e.g. m5#12)")
     p.add_argument("action", nargs="?", choices=["notify-test"], help="notify-test ROUTE: send a test notification on a route")
     p.add_argument("route", nargs="?", help="the route's name (lab.yaml notify.routes)")
-    p.set_defaults(func=cmd_alerts)
+    p.set_defaults(func=cmd_alerts, check=lambda args: check_alerts_args(p, args))

@@ -676,3 +676,15 @@ async def test_a_notification_not_accepted_within_give_up_after_is_dropped_and_c
         await notify.stop()
         agent.store.close()
 
+
+
+def test_notify_test_without_a_route_is_a_usage_error_before_any_machine_is_dialled(tmp_path, capsys):
+    from console.cli import main
+
+    lab = tmp_path / "lab.yaml"
+    lab.write_text("lab: t\nmachines: [{name: box, port: 1}]\nnotify:\n  routes:\n    - {name: a, kind: command, argv: [/bin/true]}\n")
+    for argv in (["alerts", "notify-test"], ["alerts", "--ack", "box#1", "notify-test", "a"]):
+        with pytest.raises(SystemExit) as done:
+            main(["--lab", str(lab), *argv])
+        assert done.value.code == 2
+    assert "notify-test needs ROUTE" in capsys.readouterr().err

@@ -147,3 +147,33 @@ async def test_an_engines_record_without_a_start_time_signals_nobody(tmp_path):
     finally:
         victim.kill()
         victim.wait()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "not-json"])
+def test_an_unreadable_adapter_config_makes_its_checkpoint_incomplete_and_says_why(tmp_path, kind):
+    """An adapter whose adapter_config.json is a FIFO, a symlink to /dev/zero or no JSON: listed INCOMPLETE with the
+    reason (before: complete, and serving it said "the adapter's base model None is not a folder"). A symlink's own
+    size counts, never its target's."""
+    import json as json_
+
+    from agents.checkpoints.parsing import read_checkpoint
+
+    ckpt = tmp_path / "run" / "checkpoint-10"
+    ckpt.mkdir(parents=True)
+    (ckpt / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+    (ckpt / "trainer_state.json").write_text(json_.dumps({"global_step": 10, "epoch": 1.0, "log_history": [{"step": 10, "loss": 1.0}]}))
+    config = ckpt / "adapter_config.json"
+    if kind == "fifo":
+        os.mkfifo(config)
+    elif kind == "dev-zero":
+        config.symlink_to("/dev/zero")
+    else:
+        config.write_text("[1, 2")
+    found = read_checkpoint("run", ckpt, settle_s=0.0, now=time.time() + 60)
+    assert not found.complete and "adapter_config.json" in found.problem, found.problem
+    assert {"fifo": "FIFO", "dev-zero": "symlink", "not-json": "JSON"}[kind] in found.problem
+    assert found.save_s is None or found.save_s < 60  # /dev/zero's time (the boot) is not this save's
+    config.unlink()
+    config.write_text(json_.dumps({"base_model_name_or_path": "/models/base"}))
+    found = read_checkpoint("run", ckpt, settle_s=0.0, now=time.time() + 60)
+    assert found.complete and found.base_model == "/models/base", found.problem

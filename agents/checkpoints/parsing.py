@@ -82,7 +82,7 @@ def _walk_files(path: Path) -> list[os.stat_result]:
     for root, _dirs, files in os.walk(path):
         for name in files:
             try:
-                stats.append(os.stat(os.path.join(root, name)))
+                stats.append(os.lstat(os.path.join(root, name)))  # a symlink's own size and time: never followed
             except OSError:  # removed while we looked: the next poll sees the new state
                 pass
     return stats
@@ -118,13 +118,20 @@ def read_checkpoint(run: str, path: Path, settle_s: float, now: float, reported:
     names = set(os.listdir(path)) if path.is_dir() else set()
     ckpt.kind = "adapter" if names & set(ADAPTER_FILES) else "full" if (names & set(FULL_FILES) or any(n.startswith("model-") for n in names)) else "unknown"
     ckpt.has_optimizer = bool(names & set(OPTIMIZER_FILES))
+    adapter_problem = None
     if ckpt.kind == "adapter":
         try:
             base = json.loads(read_capped(path / "adapter_config.json", ADAPTER_CONFIG_MAX_BYTES)).get("base_model_name_or_path")
             ckpt.base_model = base if isinstance(base, str) else None
-        except (OSError, ValueError, AttributeError):
+        except FileNotFoundError:
             pass
+        except OSError as exc:  # a FIFO, a symlink (to /dev/zero ...), a device, too large: said as what it is
+            adapter_problem = f"adapter_config.json is unreadable ({exc.strerror or exc})"
+        except (ValueError, AttributeError):
+            adapter_problem = "adapter_config.json is not a JSON object (truncated or half-written?)"
     state = _trainer_state(ckpt, path)
+    if ckpt.problem is None:
+        ckpt.problem = adapter_problem
     if state is not None:
         ckpt.epoch = state.epoch
         ckpt.best_path = state.best_model_checkpoint

@@ -215,3 +215,14 @@ async def test_at_100_columns_a_gpu_with_an_owner_keeps_its_bars(frozen_lab):
         assert owned and all("░" in line or "█" in line for line in owned), lines
         assert all(line.startswith(("gpu0 Tesla V100 ", "gpu1 Tesla P40  ", "gpu2 Tesla P40  ", "gpu3 Tesla P40  ", "gpu4 Tesla P40  "))
                    for line in lines), lines  # the name column as wide as the card's longest name
+
+
+def test_a_models_gpus_fit_the_gpus_column_whole():
+    """`:models`' GPUS column is 5 wide: the seed's 70B on GPUs 1-4 showed "1,2,3" (cut, and wrong); runs are ranges."""
+    from widgets.format import fmt_gpus
+    from widgets.orchestra_table import COLUMNS
+
+    assert fmt_gpus([1, 2, 3, 4]) == "1-4" and fmt_gpus(list(range(8))) == "0-7" and fmt_gpus([0, 1]) == "0,1"
+    assert fmt_gpus([0, 2, 3, 4, 7]) == "0,2-4,7" and fmt_gpus([]) == "-" and fmt_gpus([], "cpu") == "cpu"
+    width = next(w for key, _title, w in COLUMNS if key == "gpus")
+    assert len(fmt_gpus([1, 2, 3, 4])) <= width

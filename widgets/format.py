@@ -33,6 +33,18 @@ def fmt_gib(n: float | None) -> str:
     return f"{gib:.1f}G" if gib < 10 else f"{gib:.0f}G"
 
 
+def fmt_gpus(gpus: list[int], empty: str = NA) -> str:
+    """GPU indices as a narrow column shows them whole: a run of three or more is a range (`1,2,3,4` is `1-4`)."""
+    runs: list[list[int]] = []
+    for index in gpus:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    parts = [f"{r[0]}-{r[-1]}" if len(r) >= 3 else ",".join(map(str, r)) for r in runs]
+    return ",".join(parts) or empty
+
+
 def plural(n: int, word: str) -> str:
     """`1 checkpoint`, `2 checkpoints`."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"

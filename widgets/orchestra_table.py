@@ -7,7 +7,7 @@ from typing import Any
 from rich.text import Text
 
 from agents.sections import ModelInfo
-from widgets.format import NA, fmt, fmt_gib
+from widgets.format import NA, fmt, fmt_gib, fmt_gpus
 from widgets.live_table import LiveTable
 
 STATE_STYLES = {
@@ -62,7 +62,7 @@ def model_cells(model: ModelInfo) -> tuple[Any, ...]:
     return (
         Text(model.name, style="bold"),
         model.machine,
-        ",".join(map(str, model.gpus)) or "cpu",
+        fmt_gpus(model.gpus, "cpu"),
         engine,
         state_cell(model),
         fmt_gib(model.vram_bytes),

@@ -25,11 +25,13 @@ def gateway_human(data: dict[str, Any]) -> str:
     down = {m: s for m, s in data["peers"].items() if s != "online"}
     if down:
         lines.append("peers not reachable: " + ", ".join(f"{m} ({s})" for m, s in down.items()))
-    lines.append(f"{'model':<24} {'tier':<8} {'where':<12} {'state':<10} {'rps':>6} {'fly':>4} {'queue':>5} {'p50':>7} {'p95':>7} "
+    where = {id(m): (m["where"] or "") + (" SIM" if m["simulated"] else "") for m in data["models"]}
+    wn = max([24, *(len(m["name"]) for m in data["models"])])  # the columns fit their longest cell ("workstation SIM")
+    ww = max([12, *map(len, where.values())])
+    lines.append(f"{'model':<{wn}} {'tier':<8} {'where':<{ww}} {'state':<10} {'rps':>6} {'fly':>4} {'queue':>5} {'p50':>7} {'p95':>7} "
                  f"{'ttft50':>7} {'wakes':>5} {'err':>4}")
     for m in data["models"]:
-        sim = " SIM" if m["simulated"] else ""
-        lines.append(f"{m['name']:<24} {m['tier']:<8} {(m['where'] or '') + sim:<12} {m['state'] or '':<10} {m['rps']:>6.2f} "
+        lines.append(f"{m['name']:<{wn}} {m['tier']:<8} {where[id(m)]:<{ww}} {m['state'] or '':<10} {m['rps']:>6.2f} "
                      f"{m['in_flight']:>4} {m['queued']:>5} {fmt(m['p50_latency_s'], '.3f'):>7} {fmt(m['p95_latency_s'], '.3f'):>7} "
                      f"{fmt(m['p50_ttft_s'], '.3f'):>7} {m['wakes']:>5} {m['errors']:>4}")
     for p in data["providers"]:

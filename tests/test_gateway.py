@@ -463,3 +463,18 @@ async def test_peer_client_verifies_host_keys_and_needs_an_authorized_key(gw_lab
             assert peers.links["node"].writer is None and not peers.links["node"].online.is_set()
         finally:
             await peers.stop()
+
+
+def test_cli_gateway_columns_fit_their_longest_cell():
+    """`cetlab gateway` ran "workstation SIM" into the state column; the table is aligned whatever the names."""
+    from console.cli_gateway import gateway_human
+
+    def model(name, where, state):
+        return {"name": name, "tier": "local", "where": where, "simulated": True, "state": state, "rps": 0.0, "in_flight": 0,
+                "queued": 0, "p50_latency_s": None, "p95_latency_s": None, "p50_ttft_s": None, "wakes": 0, "errors": 0}
+
+    data = {"currency": "USD", "url": "http://127.0.0.1:8400/v1", "machine": "hub", "peers": {}, "providers": [], "keys": [],
+            "models": [model("phi-3-mini", "workstation", "warm"), model("a-checkpoint-of-a-long-run-step12000", "m5", "cold")]}
+    lines = gateway_human(data).splitlines()[1:4]
+    starts = {line.index(word) for line, word in zip(lines, ("state", "warm", "cold"))}
+    assert len(starts) == 1, lines

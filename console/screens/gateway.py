@@ -14,7 +14,7 @@ from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
 from widgets.wire import esc, shown, text
 
-COLUMNS = [("model", "model", 24), ("tier", "tier", 8), ("where", "where", 14), ("state", "state", 10), ("rps", "rps", 6),
+COLUMNS = [("model", "model", 24), ("tier", "tier", 8), ("where", "where", 16), ("state", "state", 10), ("rps", "rps", 6),
            ("in_flight", "in flight", 9), ("queued", "queued", 6), ("p50", "p50 s", 7), ("p95", "p95 s", 7),
            ("ttft50", "TTFT p50", 8), ("ttft95", "TTFT p95", 8), ("wakes", "wakes", 5), ("errors", "errors", 6)]
 DROP = ("ttft95", "ttft50", "p95", "queued", "tier", "where", "in_flight")  # narrow: these go, in this order

@@ -15,7 +15,7 @@ from tests.conftest import until_drawn
 from tests.console_fixtures import FROZEN_NOW, frozen_models, frozen_state
 from widgets.format import Thresholds
 from widgets.gpu_row import gpu_line
-from widgets.lab_header import LabHeader
+from widgets.lab_header import HeaderFigures, LabHeader
 from widgets.machine_card import MachineCard
 from widgets.orchestra_table import OrchestraTable
 
@@ -226,3 +226,18 @@ def test_a_models_gpus_fit_the_gpus_column_whole():
     assert fmt_gpus([0, 2, 3, 4, 7]) == "0,2-4,7" and fmt_gpus([]) == "-" and fmt_gpus([], "cpu") == "cpu"
     width = next(w for key, _title, w in COLUMNS if key == "gpus")
     assert len(fmt_gpus([1, 2, 3, 4])) <= width
+
+
+def test_the_header_keeps_the_labs_rate_at_100_columns():
+    """At 100 columns (the size the console is made usable at) the header dropped the cost whole; its rate stays now."""
+    from rich.text import Text
+
+    from widgets.lab_header import header_text
+
+    figures = HeaderFigures("cet-lab", "checkpoints", 4, 4, 9, 156 * 1024**3, True, False, FROZEN_NOW,
+                            Text("0.19 USD/h · today 0.03 USD SIM power"))
+    wide, split, small = (header_text(figures, w).plain for w in (160, 100, 80))
+    assert "0.19 USD/h · today 0.03 USD SIM power" in wide
+    assert "0.19 USD/h SIM" in split and "today" not in split and len(split) <= 100
+    assert "USD" not in small and len(small) <= 80
+    assert all(CLOCK in line for line in (wide, split, small))

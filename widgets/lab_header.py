@@ -31,9 +31,11 @@ class HeaderFigures:
 
 
 def header_text(figures: HeaderFigures, width: int | None = None) -> Text:
-    """The header line; in a narrow terminal the cost goes first, then the figures shorten, then the lab's name: the clock stays."""
+    """The header line; in a narrow terminal the figures shorten, then the cost keeps only its rate, then it goes, then the
+    lab's name: the clock stays."""
     clock = time.strftime('%H:%M:%S', time.localtime(figures.now))
-    for cost, short, lab in ((True, False, True), (False, False, True), (False, True, True), (False, True, False)):
+    # the cost stays longest in its short form (the rate per hour): at 100 columns the header still says what the lab costs
+    for cost, short, lab in (("full", False, True), ("full", True, True), ("short", True, True), (None, True, True), (None, True, False)):
         line = _left(figures, cost, short, lab)
         if width is None or line.cell_len + len(clock) + 2 <= width:
             break
@@ -41,7 +43,20 @@ def header_text(figures: HeaderFigures, width: int | None = None) -> Text:
     return safe_text(line)
 
 
-def _left(figures: HeaderFigures, cost: bool, short: bool, lab: bool) -> Text:
+def _short_cost(cost: Text | str) -> Text:
+    """The cost counter's first figure (the rate, `0.19 USD/h`, or `cost -`), and SIM where its power is simulated."""
+    text = cost if isinstance(cost, Text) else Text(cost)
+    plain = text.plain
+    cut = plain.find(" · ")
+    if cut < 0:
+        cut = plain.find(" (")
+    short = text[:cut] if cut > 0 else text.copy()
+    if "SIM power" in plain:
+        short.append(" SIM", style="black on yellow")
+    return short
+
+
+def _left(figures: HeaderFigures, cost: str | None, short: bool, lab: bool) -> Text:
     line = Text()
     line.append(" cetlab ", style="bold black on cyan")
     if lab:
@@ -60,7 +75,10 @@ def _left(figures: HeaderFigures, cost: bool, short: bool, lab: bool) -> Text:
         line.append(" RO " if short else " READ-ONLY ", style="bold white on blue")
     if cost and figures.cost:
         line.append("  ")
-        line.append(figures.cost if isinstance(figures.cost, Text) else Text(figures.cost))
+        if cost == "short":
+            line.append(_short_cost(figures.cost))
+        else:
+            line.append(figures.cost if isinstance(figures.cost, Text) else Text(figures.cost))
     return line
 
 

@@ -40,6 +40,15 @@ def error_response(status: int, message: str, code: str | None, retry_after_s: i
     return web.json_response(error_body(status, message, code, param), status=status, headers=headers or None)
 
 
+def member_missed(model: str, status: str, error: str, http_status: int, latency_s: float, target: Target | None = None) -> dict[str, Any]:
+    """An orchestra member that did not answer (error, timeout): the keys of one that did, null where there is no figure,
+    so a client reads every result alike."""
+    return {"model": model, "tier": target.tier if target else None, "target": target.where if target else None,
+            "simulated": target.simulated if target else None, "status": status, "http_status": http_status,
+            "latency_s": latency_s, "ttft_s": None, "usage": None, "cost": None, "cloud_equivalent": None,
+            "fallback_reason": target.reason if target else None, "woke": bool(target and target.woke), "error": error}
+
+
 def _deadline(raw: object, default: float) -> float:
     """The orchestra call's deadline_s: a finite number of seconds > 0 (at most a day), or the default."""
     if raw is None:
@@ -329,7 +338,7 @@ class GatewayHttp:
             if task in done and not task.cancelled() and task.exception() is None:
                 results.append(task.result())
             else:
-                results.append({"model": name, "status": "timeout", "error": f"no answer within the {deadline_s:g} s deadline"})
+                results.append(member_missed(name, "timeout", f"no answer within the {deadline_s:g} s deadline", 504, deadline_s))
         answered = [r for r in results if r["status"] == "ok"]
         return web.json_response({
             "object": "orchestra.chat.completion", "deadline_s": deadline_s, "latency_s": round(time.monotonic() - started, 6),
@@ -380,10 +389,10 @@ class GatewayHttp:
             return result
         except NotServable as exc:
             record.status, record.error = exc.status, exc.message
-            return {"model": record.model, "status": "error", "http_status": exc.status, "error": exc.message}
+            return member_missed(record.model, "error", exc.message, exc.status, round(time.monotonic() - started, 6), target)
         except (aiohttp.ClientError, OSError, UpstreamTooLarge) as exc:
             record.status, record.error = 502, str(exc)
-            return {"model": record.model, "status": "error", "http_status": 502, "error": str(exc)}
+            return member_missed(record.model, "error", str(exc), 502, round(time.monotonic() - started, 6), target)
         except asyncio.CancelledError:  # past the deadline, or the client left: a provider bills what it was asked
             if target is not None and hold is not None and target.tier == "provider":
                 outcome = proxy.Outcome(status=504, prompt_tokens=prompt_tokens, completion_tokens=max(0, hold.tokens - prompt_tokens),

@@ -241,3 +241,22 @@ def test_the_header_keeps_the_labs_rate_at_100_columns():
     assert "0.19 USD/h SIM" in split and "today" not in split and len(split) <= 100
     assert "USD" not in small and len(small) <= 80
     assert all(CLOCK in line for line in (wide, split, small))
+
+
+async def test_every_dialog_fits_an_80_column_terminal(frozen_lab):
+    """The new-run form was 90 wide: at 80 columns its right edge and each param's help were off screen."""
+    from console.screens.modals import PickModelScreen, StartJobScreen
+
+    recipe = {"name": "demo-lora", "machine": "m5", "gpus": [0], "launcher": "local", "nproc_per_node": 1,
+              "params": [{"name": "max_steps", "type": "int", "default": 2000, "min": 1, "max": 100000, "flag": "--max-steps",
+                          "help": "optimizer steps (2000 take 20-60 s on 2 CPU cores)"}]}
+    app = frozen_app(frozen_lab)
+    async with app.run_test(size=SMALL) as pilot:
+        await until_drawn(pilot, FleetScreen)
+        for screen in (StartJobScreen(recipe), PickModelScreen("swap in", [], {})):
+            app.push_screen(screen)
+            await pilot.pause()
+            box = screen.children[0].region
+            assert box.x >= 0 and box.right <= SMALL[0], (type(screen).__name__, box)
+            screen.dismiss(None)
+            await pilot.pause()

@@ -31,7 +31,7 @@ class ConfirmScreen(ModalScreen[bool]):
     BINDINGS = [Binding("y,enter", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
     DEFAULT_CSS = """
     ConfirmScreen { align: center middle; }
-    ConfirmScreen > Static { width: 72; padding: 1 2; border: thick $warning; background: $surface; }
+    ConfirmScreen > Static { width: 72; max-width: 100%; padding: 1 2; border: thick $warning; background: $surface; }
     """
 
     def __init__(self, question: str) -> None:
@@ -51,7 +51,7 @@ class PickModelScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = """
     PickModelScreen { align: center middle; }
-    PickModelScreen > Vertical { width: 96; height: auto; max-height: 24; border: thick $accent; background: $surface; }
+    PickModelScreen > Vertical { width: 96; max-width: 100%; height: auto; max-height: 24; border: thick $accent; background: $surface; }
     PickModelScreen OptionList { height: auto; max-height: 18; }
     """
 
@@ -87,7 +87,7 @@ class AskNumberScreen(ModalScreen[int | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = """
     AskNumberScreen { align: center middle; }
-    AskNumberScreen > Vertical { width: 72; height: auto; padding: 1 2; border: thick $warning; background: $surface; }
+    AskNumberScreen > Vertical { width: 72; max-width: 100%; height: auto; padding: 1 2; border: thick $warning; background: $surface; }
     """
 
     def __init__(self, question: str, default: int) -> None:
@@ -118,7 +118,7 @@ class AskTextScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = """
     AskTextScreen { align: center middle; }
-    AskTextScreen > Vertical { width: 72; height: auto; padding: 1 2; border: thick $accent; background: $surface; }
+    AskTextScreen > Vertical { width: 72; max-width: 100%; height: auto; padding: 1 2; border: thick $accent; background: $surface; }
     """
 
     def __init__(self, question: str, default: str = "") -> None:
@@ -143,7 +143,7 @@ class PickRecipeScreen(ModalScreen[dict | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = """
     PickRecipeScreen { align: center middle; }
-    PickRecipeScreen > Vertical { width: 80; height: auto; max-height: 24; border: thick $accent; background: $surface; }
+    PickRecipeScreen > Vertical { width: 80; max-width: 100%; height: auto; max-height: 24; border: thick $accent; background: $surface; }
     PickRecipeScreen OptionList { height: auto; max-height: 18; }
     """
 
@@ -182,7 +182,7 @@ class StartJobScreen(ModalScreen[dict | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "start", "Start")]
     DEFAULT_CSS = """
     StartJobScreen { align: center middle; }
-    StartJobScreen > VerticalScroll { width: 90; height: auto; max-height: 90%; border: thick $accent; background: $surface; padding: 0 1; }
+    StartJobScreen > VerticalScroll { width: 90; max-width: 100%; height: auto; max-height: 90%; border: thick $accent; background: $surface; padding: 0 1; }
     StartJobScreen Label { margin-top: 1; }
     StartJobScreen #start-error { color: $error; height: auto; }
     """
@@ -302,7 +302,7 @@ class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 80; height: auto; max-height: 90%; border: thick $accent; background: $surface; padding: 1 2; }
+    HelpScreen > VerticalScroll { width: 80; max-width: 100%; height: auto; max-height: 90%; border: thick $accent; background: $surface; padding: 1 2; }
     """
 
     def __init__(self, bindings: list[tuple[str, str]], cli_line: str | None = None):

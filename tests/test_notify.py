@@ -688,3 +688,20 @@ def test_notify_test_without_a_route_is_a_usage_error_before_any_machine_is_dial
             main(["--lab", str(lab), *argv])
         assert done.value.code == 2
     assert "notify-test needs ROUTE" in capsys.readouterr().err
+
+
+def test_a_secret_url_is_redacted_in_every_form_an_answer_may_echo(tmp_path, monkeypatch):
+    """An endpoint's error may echo the whole hook URL, its path, its last segment alone (Slack's token) or a
+    user-as-token: each is replaced."""
+    from agents.lab import parse_lab
+    from agents.notify.secrets import endpoint, redact
+
+    monkeypatch.setenv("HOOK", "https://hooks.example.com/services/T0AAAA/B0BBBB/XXsecrettokenXX")
+    monkeypatch.setenv("USERHOOK", "https://tok3nAsUser@example.com/push")
+    lab = parse_lab("lab: t\nmachines: [{name: box}]\nnotify:\n  routes:\n"
+                    "    - {name: chat, kind: webhook, format: slack, url_env: HOOK}\n"
+                    "    - {name: user, kind: webhook, url_env: USERHOOK}\n")
+    chat, user = (endpoint(route, tmp_path) for route in lab.notify.routes)
+    answer = redact("HTTP 404: no_team for XXsecrettokenXX (/services/T0AAAA/B0BBBB/XXsecrettokenXX)", chat.secrets)
+    assert "XXsecrettokenXX" not in answer and "<secret>" in answer
+    assert "tok3nAsUser" not in redact("401: bad credentials for user tok3nAsUser", user.secrets)

@@ -90,6 +90,11 @@ def endpoint(route: HttpRoute, base: Path | None) -> Endpoint:
             secrets.append(parts.query)
         if parts.password:
             secrets.append(parts.password)
+        if parts.username:
+            secrets.append(parts.username)  # https://TOKEN@host: the token is the user
+        last = parts.path.rstrip("/").rsplit("/", 1)[-1]
+        if len(last) >= 8:
+            secrets.append(last)  # a hook's token is its last segment (Slack's T../B../<token>): an error may echo it alone
     if token:
         secrets.append(token)
     return Endpoint(url, token, tuple(sorted(set(secrets), key=len, reverse=True)))

@@ -320,8 +320,8 @@ class _Server(asyncssh.SSHServer):
         """A direct-tcpip forward: only the gateway's key, only to 127.0.0.1 ports of engines this agent runs now."""
         problem = forward_problem(self.agent, self.role, dest_host, dest_port)
         if problem is not None:
-            throttled(logging.WARNING, "forward", "refused a forward from %s (%s) to %s:%s: %s",
-                      self.who, self.role, dest_host, dest_port, problem)
+            throttled(logging.WARNING, "forward", "refused a forward from %s (%s) to %r:%s: %s",  # %r: the client's
+                      self.who, self.role, dest_host[:256], dest_port, problem)  # host, a newline in it forges no log line
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, problem)
         return True  # asyncssh connects to 127.0.0.1:dest_port and pipes the channel both ways
 

@@ -186,3 +186,16 @@ def test_every_engine_is_started_on_loopback(tmp_path, kind):
     argv = ENGINES[kind](model, tmp_path, "hub", [0], tmp_path / "m.log").argv()
     hosts = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--host"]
     assert hosts == ["127.0.0.1"], argv
+
+
+def test_a_refused_forward_is_logged_on_one_line_whatever_host_it_names(caplog):
+    """The forward's host is the client's (any key, a viewer's too): a newline in it forged a log line of its own."""
+    from types import SimpleNamespace
+
+    from agents.protocol import Role
+    from agents.server import _Server
+
+    caller = SimpleNamespace(agent=None, role=Role.VIEWER, who="intruder")
+    with caplog.at_level("WARNING", logger="cetlab.server"), pytest.raises(asyncssh.ChannelOpenError):
+        _Server.connection_requested(caller, "127.0.0.1\n2026-11-24 08:00:00 CRITICAL cetlab: forged", 8400, "x", 0)
+    assert caplog.records and all("\n" not in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]

@@ -705,3 +705,21 @@ def test_a_secret_url_is_redacted_in_every_form_an_answer_may_echo(tmp_path, mon
     answer = redact("HTTP 404: no_team for XXsecrettokenXX (/services/T0AAAA/B0BBBB/XXsecrettokenXX)", chat.secrets)
     assert "XXsecrettokenXX" not in answer and "<secret>" in answer
     assert "tok3nAsUser" not in redact("401: bad credentials for user tok3nAsUser", user.secrets)
+
+
+def test_alerts_lists_a_troubled_route_before_those_that_deliver():
+    """:alerts has a few lines for its routes (8): with two routes on four machines the last were cut at 80x24, a
+    failing one among them. The troubled ones come first."""
+    from agents.notify.wire import Delivery, RouteStatus
+    from console.notify import troubled_first
+
+    ok = Delivery(at=2.0, ok=True, answer="HTTP 200")
+    failed = Delivery(at=3.0, ok=False, answer="HTTP 500")
+
+    def route(name, **kw):
+        return RouteStatus(name=name, kind="webhook", target="$HOOK", **kw)
+
+    routes = [("a", route("chat", last_delivery=ok)), ("b", route("chat", last_delivery=ok, last_failure=failed)),
+              ("a", route("pager", problem="$PAGER is not set")), ("c", route("chat", queued=2)), ("d", route("chat"))]
+    order = [(m, r.name) for m, r in troubled_first(routes)]
+    assert order == [("b", "chat"), ("a", "pager"), ("c", "chat"), ("a", "chat"), ("d", "chat")]

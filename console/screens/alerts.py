@@ -12,7 +12,7 @@ from textual.widgets import Footer, Static
 
 from agents.notify.wire import RouteStatus
 from console.alerts import active_alerts
-from console.notify import route_line, route_statuses
+from console.notify import route_line, route_statuses, troubled_first
 from console.screens.base import LabScreen
 from widgets.format import fmt_time
 from widgets.lab_header import LabHeader
@@ -99,7 +99,7 @@ class AlertsScreen(LabScreen):
         now = self.lab_app.clock()
         routes = self.query_one("#alerts-routes", Static)
         routes.display = bool(self.routes)  # a lab without notify routes keeps the view as it was
-        routes.update(text("\n".join(["notification routes:", *(route_line(machine, route, now) for machine, route in self.routes)])))
+        routes.update(text("\n".join(["notification routes:", *(route_line(machine, route, now) for machine, route in troubled_first(self.routes))])))
 
     def action_toggle_history(self) -> None:
         self.history = not self.history

@@ -403,7 +403,14 @@ async def _pool_states_and_a_swap(demo_lab: DemoLab) -> None:
         assert listed["rotation"]["plan"] and listed["rotation"]["next_at"] > 0
         assert {m["name"] for m in listed["models"]} == {n for n, machine in machines.items() if machine == "m5"}
 
-        # swap on the demo lab: codellama takes qwen's P40 (llama.cpp: qwen stops, its GGUF stays in RAM), then qwen comes back
+        # swap on the demo lab: codellama takes qwen's P40 (llama.cpp: qwen stops, its GGUF stays in RAM), then qwen comes back.
+        # "cached" is measured residency: a loaded machine may have reclaimed the file's pages since qwen loaded minutes ago,
+        # so the test reads it back first (what the agent is tested on is classifying a stopped model by its residency)
+        from agents.orchestra import pagecache
+
+        models = {m.name: m for m in lab.models}
+        for name in ("qwen2.5-coder-7b", "codellama-7b"):
+            pagecache.warm(pagecache.model_files(lab.resolve(models[name].path)))
         await client.call("m5", "models.swap", {"out": "qwen2.5-coder-7b", "in": "codellama-7b"})
         codellama = await settle(client, "codellama-7b", ("warm",), machine="m5")
         assert codellama["gpus"] == [2] and codellama["cached_fraction"] >= 0.9

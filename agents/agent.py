@@ -8,11 +8,13 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable, Literal, Protocol
+import inspect
+from typing import Any, Iterable, Literal, Protocol, Sequence, TypeVar
 
 from pydantic import BaseModel
 
 from agents import __version__
+from agents.core import AgentCore, ComponentFactory
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, StateDirError, ensure_key, prepare_state_dir
 from agents.lab import Lab
 from agents.protocol import (
@@ -36,6 +38,7 @@ from agents.telemetry.host import HostSampler
 from agents.telemetry.samplers import GpuSampler, open_gpu_sampler
 
 log = logging.getLogger("cetlab.agent")
+T = TypeVar("T")
 
 SOCKET_NAME = "agent.sock"
 PID_FILE_NAME = "agent.pid"
@@ -51,7 +54,7 @@ class Component(Protocol):
 
     name: str
 
-    async def start(self, agent: Agent) -> None: ...  # register methods on agent.rpc here
+    async def start(self) -> None: ...  # built with its AgentCore; start() opens what it needs
 
     async def stop(self) -> None: ...
 
@@ -75,7 +78,7 @@ class Agent:
         state_dir: Path,
         listen: tuple[str, int] | None = None,
         gpu_sampler: GpuSampler | None = None,
-        components: list[Component] | None = None,
+        components: ComponentFactory | Sequence[Any] | None = None,
         unix_socket: Path | None = None,
         keep_engines: bool = False,
     ):
@@ -96,10 +99,13 @@ class Agent:
         self.history = History(self.interval_s)
         self.rpc = Registry()
         self.peers: set[Peer] = set()
-        self.components: list[Component] = components if components is not None else default_components()
+        # Components are built with this agent as their AgentCore (a factory); a ready list is the older form,
+        # whose start() takes the agent (kept until every component is built with its core).
+        built = default_components(self) if components is None else components(self) if callable(components) else components
+        self.components: list[Component] = list(built)
         self.latest: Telemetry | None = None
         self.started_at = time.time()
-        self.store: Store | None = None
+        self._store: Store | None = None
         self._acceptor = None
         self._loop_task: asyncio.Task | None = None
         self.current: dict[str, Any] = {}  # the typed sections of the latest tick, by name (agents/sections.py)
@@ -112,6 +118,21 @@ class Agent:
     @property
     def simulated(self) -> bool:
         return self.gpus.simulated
+
+    @property
+    def store(self) -> Store:
+        """The machine's SQLite state, open from start() on."""
+        if self._store is None:
+            raise RuntimeError("the agent's store is opened by start()")
+        return self._store
+
+    @store.setter
+    def store(self, store: Store) -> None:
+        self._store = store
+
+    def find(self, port: type[T]) -> T | None:
+        """The component that provides this port (a runtime-checkable Protocol or a class), None where none runs."""
+        return next((c for c in self.components if isinstance(c, port)), None)
 
     def component(self, name: str) -> Any | None:
         """The component of that name (jobs, models, checkpoints ...), or None where this agent runs without it.
@@ -131,7 +152,10 @@ class Agent:
         authorized.entries()  # refuse a malformed or too-open file now, not at the first login
         self.store = Store(self.state_dir / "state.db")
         for component in self.components:
-            await component.start(self)
+            if inspect.signature(component.start).parameters:  # the older form: start(agent)
+                await component.start(self)  # type: ignore[call-arg]
+            else:
+                await component.start()
         self.tick()  # a first sample before anyone connects
         self._loop_task = asyncio.create_task(self._run_loop(), name="telemetry")
         if self.serves_tcp:
@@ -173,8 +197,8 @@ class Agent:
             except Exception:
                 log.exception("stopping %s failed", component.name)
         self.gpus.close()
-        if self.store is not None:
-            self.store.close()
+        if self._store is not None:
+            self._store.close()
         if self._pid_fd is not None:
             os.close(self._pid_fd)  # releases the lock
             self._pid_fd = None
@@ -380,7 +404,7 @@ class Agent:
             return [{"name": s.name, "role": s.role, "doc": s.doc} for s in self.rpc.specs.values()]
 
 
-def default_components() -> list[Component]:
+def default_components(core: AgentCore) -> list[Component]:
     """The parts every agent runs; each later subsystem adds itself here."""
     from agents.alerts import AlertsComponent
     from agents.audit import AuditComponent

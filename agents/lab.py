@@ -435,7 +435,7 @@ def parse_lab(text: str, source: str = "lab.yaml", path: Path | None = None) -> 
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            problem = problem_at(source, lines, data_path(data, error["loc"], error["type"] in ("missing", "extra_forbidden")), describe(error))
+            problem = problem_at(source, lines, data_path(data, error["loc"], error["type"] in ("missing", "extra_forbidden")), describe(dict(error)))
             if problem not in problems:
                 problems.append(problem)
         raise LabError(problems) from None

@@ -418,5 +418,5 @@ def default_components(core: AgentCore) -> list[Component]:
     from agents.orchestra import OrchestraComponent
 
     return [AuditComponent(), CostsComponent(), AlertsComponent(), NotifyComponent(), GpuSupportComponent(), JobsComponent(),
-            OrchestraComponent(),
-            CheckpointsComponent(), GatewayComponent()]
+            OrchestraComponent(core),
+            CheckpointsComponent(core), GatewayComponent()]

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.gpusupport.model import GpuSupportSection
+from agents.sections_gpu_support import GpuSupportSection
 from agents.protocol import Finite, FiniteFloat, GpuSample, HostSample, Telemetry
 from agents.states import JobState, ModelState
 

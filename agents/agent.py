@@ -426,6 +426,6 @@ def default_components(core: AgentCore) -> list[Any]:  # list[Component] once ev
     from agents.notify.component import NotifyComponent
     from agents.orchestra import OrchestraComponent
 
-    # transition: jobs, the orchestra and the checkpoints are still built bare, started with the agent (their branches)
+    # transition: the jobs are still built bare, started with the agent (their branch)
     return [AuditComponent(core), CostsComponent(core), AlertsComponent(core), NotifyComponent(core), GpuSupportComponent(core),
-            JobsComponent(), OrchestraComponent(), CheckpointsComponent(), GatewayComponent(core)]
+            JobsComponent(), OrchestraComponent(core), CheckpointsComponent(core), GatewayComponent(core)]

@@ -12,6 +12,7 @@ import psutil
 from pydantic import ValidationError
 
 from agents.documents import Progress
+from agents.jobs.port import JobView
 from agents.protocol import finite_or_none
 from agents.sections import CheckpointReport, JobDetail, JobInfo
 from agents.states import JOB_ACTIVE, JobState
@@ -148,23 +149,3 @@ class Job:
             "node_rank": self.node_rank,
             "coordinator": self.coordinator,
         }
-
-
-@dataclass(frozen=True)
-class JobView:
-    """A job as other components see it: a copy, so a scan thread reads no live state."""
-
-    id: str
-    recipe: str
-    state: JobState
-    started_at: float
-    ended_at: float | None
-    output_dir: str
-    argv: tuple[str, ...]
-    params: dict[str, Any]
-    reports: tuple[CheckpointReport, ...]  # the trainer's checkpoint entries (progress.json)
-    loss_points: tuple[tuple[int, float], ...]
-
-    @property
-    def active(self) -> bool:
-        return self.state in JOB_ACTIVE

@@ -21,10 +21,11 @@ import psutil
 from agents.documents import MAX_DOCUMENT_BYTES, ChildRecord, ExitRecord, load_quietly
 from agents.jobs import recipes
 from agents.jobs.gpu_load import check_starved, claim_sim_gpus
-from agents.jobs.job import Job, JobView
+from agents.jobs.job import Job
 from agents.jobs.logs import Follower, read_from, tail
 from agents.jobs.methods import LogsParams, register
 from agents.jobs.multinode import Coordinator, NodeLaunch, register as register_nodes
+from agents.jobs.port import JobView
 from agents.jobs.progress import update_progress
 from agents.jobs.refind import found_on_disk, keep_on_disk
 from agents.safe_read import READ_TIMEOUT_S, read_capped_async
@@ -32,7 +33,7 @@ from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, descendants
 from agents.lab import Trainer
 from agents.protocol import EVENT_LOG, EVENT_NOTICE, ErrorCode, RemoteError, Telemetry
 from agents.rpc import Peer
-from agents.sections import JobInfo
+from agents.sections import JobDetail, JobInfo
 from agents.states import JOB_ACTIVE, JobState
 from agents.train.progress import ENV_VAR as PROGRESS_ENV
 
@@ -479,6 +480,12 @@ class JobsComponent:
     def views(self) -> list[JobView]:
         """Every job in memory as a read-only copy, oldest first: what other components may know of jobs."""
         return [job.view() for job in sorted(self.jobs.values(), key=lambda j: j.started_at)]
+
+    def view(self, job_id: str) -> JobView:
+        return self.get(job_id).view()
+
+    async def launch(self, recipe: str, params: dict[str, Any]) -> JobDetail:
+        return (await self.start_recipe(recipe, params)).detail(self.agent.simulated)
 
     def get(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)

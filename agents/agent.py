@@ -416,6 +416,6 @@ def default_components(core: AgentCore) -> list[Component]:
     from agents.notify.component import NotifyComponent
     from agents.orchestra import OrchestraComponent
 
-    return [AuditComponent(), CostsComponent(), AlertsComponent(), NotifyComponent(), GpuSupportComponent(), JobsComponent(),
+    return [AuditComponent(), CostsComponent(), AlertsComponent(), NotifyComponent(), GpuSupportComponent(), JobsComponent(core),
             OrchestraComponent(),
             CheckpointsComponent(), GatewayComponent()]

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agents.protocol import Finite
 from agents.safe_read import NotARegularFile, TooLarge, read_capped
-from agents.sections import CheckpointReport
+from agents.sections import CheckpointReport, Precision, ProgressState
 
 log = logging.getLogger("cetlab.documents")
 
@@ -44,7 +44,7 @@ class Progress(Document):
 
     version: int = 1
     pid: int | None = None
-    state: str | None = None  # starting | running | saving | finished | failed
+    state: ProgressState | None = None
     step: int | None = None
     max_steps: int | None = None
     epoch: Finite = None
@@ -59,7 +59,7 @@ class Progress(Document):
     updated_at: Finite = None
     error: str | None = None
     stop_reason: str | None = None
-    precision: str | None = None  # e.g. "bf16", "fp16", "fp32"
+    precision: Precision | None = None
     notes: list[str] = Field(default_factory=list)
     diverged_at_step: int | None = None  # written by a trainer that replaced a NaN loss with null
     loss_diverged: bool = False  # the trainer wrote a NaN or infinite loss (set on reading, never by the writer)
@@ -77,6 +77,21 @@ class Progress(Document):
         if self.diverged_at_step is not None:
             return self.diverged_at_step
         return self.step if self.loss_diverged else None
+
+
+# what a job keeps of its trainer's progress file (persisted with the job, sent to a multi-node job's coordinator)
+PROGRESS_KEPT = {"state", "step", "max_steps", "epoch", "loss", "learning_rate", "samples_per_s", "tokens_per_s",
+                 "eta_s", "checkpoints", "updated_at", "error", "stop_reason", "precision", "notes"}
+
+
+def kept_progress(progress: Progress | None) -> dict[str, Any]:
+    """The part of a trainer's progress a job keeps, as JSON ({} for none: the form records and node status have)."""
+    return progress.model_dump(mode="json", include=PROGRESS_KEPT) if progress is not None else {}
+
+
+def trimmed_progress(progress: Progress) -> Progress:
+    """Only what a job keeps of its trainer's progress, so a job in memory equals its record read back."""
+    return Progress.model_validate(kept_progress(progress))
 
 
 class LogRow(Document):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, overload
 
 from pydantic import (
     BeforeValidator,
@@ -323,6 +323,12 @@ class Lab(Strict):
             if machine.name == name:
                 return machine
         raise KeyError(name)
+
+    @overload
+    def resolve(self, path: str) -> Path: ...
+
+    @overload
+    def resolve(self, path: None) -> None: ...
 
     def resolve(self, path: str | None) -> Path | None:
         """A path from lab.yaml, made absolute against the lab file's folder."""

@@ -39,11 +39,24 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.gpusupport.model import GpuSupportSection
 from agents.protocol import Finite, FiniteFloat, GpuSample, HostSample, Telemetry
-from agents.states import JobState, ModelState
+from agents.states import JobState, ModelState, NodeState
 
 
 # A recipe's launch parameter (lab.yaml trainers[].params: int, float, str, bool, choice)
 ParamValue = bool | int | Finite | str
+
+# The secondary states: each the exact values its producer writes (tests/test_typed_state.py checks them against it)
+GpuBackend = Literal["nvml", "sim", "none"]  # agents/telemetry: the GPU sampler's backend
+ProgressState = Literal["starting", "running", "saving", "finished", "failed"]  # a trainer's progress file (agents/train/progress.py)
+Precision = Literal["bf16", "fp16", "fp32"]  # what a run trains in (agents/train/precision.py)
+StopRequest = Literal["stop", "kill"]  # stop: SIGTERM, then SIGKILL after the grace; kill: SIGKILL now
+EngineName = Literal["vllm", "transformers", "sim", "llamacpp", "sim-llamacpp"]  # agents/orchestra/engines.py, lab.yaml's engine
+ModelOp = Literal["warm", "wake", "sleep", "swap", "cache", "cold"]  # the operation in flight on a model
+ModelPhase = Literal["starting", "loading", "warm-up", "waking", "going to sleep", "stopping", "caching", "making the tiny model"]
+CheckpointKind = Literal["adapter", "full", "unknown"]
+SaveTimeSource = Literal["trainer", "file_times"]  # the trainer's progress reports, or the checkpoint's file times
+AlertLevel = Literal["info", "warning", "critical"]
+GatewayTier = Literal["local", "provider"]  # served in the lab, or a cloud provider's API
 
 
 class Section(BaseModel):
@@ -59,7 +72,7 @@ class Section(BaseModel):
 
 
 class GpuStatus(Section):
-    backend: str  # "nvml" | "sim" | "none"
+    backend: GpuBackend
     status: str | None = None  # why there are no GPU figures, e.g. "NVML library not found"
     simulated: bool = False
 
@@ -81,7 +94,7 @@ class JobNode(Section):
 
     machine: str
     gpus: list[int] = Field(default_factory=list)
-    state: str  # a JobState, or "offline" while its agent does not answer
+    state: NodeState  # its job's state there, or "offline" while its agent does not answer
     exit_code: int | None = None
     error: str | None = None
 
@@ -105,9 +118,9 @@ class JobInfo(Section):
     tokens_per_s: Finite = None
     eta_s: Finite = None
     checkpoints: list[CheckpointReport] = Field(default_factory=list)
-    trainer_state: str | None = None  # the progress file's state: starting | running | saving | finished | failed
+    trainer_state: ProgressState | None = None  # the progress file's state
     stop_reason: str | None = None
-    precision: str | None = None  # bf16 | fp16 | fp32, as the trainer chose it for the GPU
+    precision: Precision | None = None  # as the trainer chose it for the GPU
     notes: list[str] = Field(default_factory=list)  # the trainer's remarks, e.g. "tf32 off: it needs compute capability 8.0"
     started_at: FiniteFloat
     ended_at: Finite = None
@@ -116,7 +129,7 @@ class JobInfo(Section):
     params: dict[str, ParamValue] = Field(default_factory=dict)
     output_dir: str
     log_path: str
-    stop_requested: str | None = None  # "stop" | "kill"
+    stop_requested: StopRequest | None = None
     adopted: bool = False
     starved: bool = False
     error: str | None = None
@@ -142,7 +155,7 @@ class JobDetail(JobInfo):
 
 
 class ModelProgress(Section):
-    phase: str  # "caching", "loading", "warm-up", "waking", ...
+    phase: ModelPhase
     done_bytes: int | None = None
     total_bytes: int | None = None
 
@@ -159,7 +172,7 @@ class ModelError(Section):
 class ModelInfo(Section):
     name: str
     machine: str
-    engine: str  # vllm | transformers | sim
+    engine: EngineName
     state: ModelState
     since: FiniteFloat
     gpus: list[int] = Field(default_factory=list)
@@ -184,7 +197,7 @@ class ModelInfo(Section):
     served_name: str | None = None
     adapters: list[str] = Field(default_factory=list)  # LoRA adapters loaded into its engine (the gateway routes them by name)
     pinned: bool = False
-    op: str | None = None  # the operation in flight: warm, wake, sleep, swap, cache, cold
+    op: ModelOp | None = None  # the operation in flight
     progress: ModelProgress | None = None
     error: ModelError | None = None
     cloud_equivalent: str | None = None
@@ -252,11 +265,11 @@ class CheckpointInfo(Section):
     loss: Finite = None
     eval_loss: Finite = None
     save_s: Finite = None
-    save_s_from: str | None = None  # "trainer" (its progress reports) | "file_times"
+    save_s_from: SaveTimeSource | None = None
     is_best: bool = False
     kept: bool = False
     newest: bool = False
-    kind: str = "unknown"  # adapter | full | unknown
+    kind: CheckpointKind = "unknown"
     has_optimizer: bool = False
     complete: bool = True
     problem: str | None = None
@@ -343,7 +356,7 @@ class AlertInfo(Section):
     machine: str
     rule: str
     target: str
-    level: str  # info | warning | critical
+    level: AlertLevel
     message: str
     fired_at: FiniteFloat
     value: Finite = None
@@ -375,7 +388,7 @@ class GatewayModelFigures(Section):
     """One model as the gateway sees it: its traffic over the last minute and what it caused."""
 
     name: str
-    tier: str  # local | provider
+    tier: GatewayTier
     where: str | None = None  # machine or provider
     state: str | None = None  # the pool's state for local models
     simulated: bool = False

@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 import inspect
-from typing import Any, Iterable, Literal, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Literal, Protocol, Sequence, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -130,9 +130,10 @@ class Agent:
     def store(self, store: Store) -> None:
         self._store = store
 
-    def find(self, port: type[T]) -> T | None:
+    def find(self, port: Callable[..., T]) -> T | None:
         """The component that provides this port (a runtime-checkable Protocol or a class), None where none runs."""
-        return next((c for c in self.components if isinstance(c, port)), None)
+        kind = cast("type[T]", port)  # a class; typed as a callable so that mypy takes a Protocol (AgentCore.find)
+        return next((c for c in self.components if isinstance(c, kind)), None)
 
     def component(self, name: str) -> Any | None:
         """The component of that name (jobs, models, checkpoints ...), or None where this agent runs without it.

@@ -68,6 +68,9 @@ class CheckpointsComponent(ActionsMixin, ServingMixin):
     def section(self) -> list[RunSummary]:
         return self._section
 
+    def run_summaries(self) -> list[RunSummary]:  # CheckpointsPort (agents/checkpoints/port.py)
+        return self._section
+
     async def _loop(self) -> None:
         while True:
             try:

@@ -38,7 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.gpusupport.model import GpuSupportSection
-from agents.protocol import Finite, FiniteFloat, GpuSample, HostSample, Telemetry
+from agents.protocol import Finite, FiniteFloat, GpuBackend, GpuSample, HostSample, Telemetry
 from agents.states import JobState, ModelState, NodeState
 
 
@@ -46,7 +46,6 @@ from agents.states import JobState, ModelState, NodeState
 ParamValue = bool | int | Finite | str
 
 # The secondary states: each the exact values its producer writes (tests/test_typed_state.py checks them against it)
-GpuBackend = Literal["nvml", "sim", "none"]  # agents/telemetry: the GPU sampler's backend
 ProgressState = Literal["starting", "running", "saving", "finished", "failed"]  # a trainer's progress file (agents/train/progress.py)
 Precision = Literal["bf16", "fp16", "fp32"]  # what a run trains in (agents/train/precision.py)
 StopRequest = Literal["stop", "kill"]  # stop: SIGTERM, then SIGKILL after the grace; kill: SIGKILL now

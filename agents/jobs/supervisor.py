@@ -20,6 +20,7 @@ import psutil
 
 from agents.core import AgentCore
 from agents.documents import MAX_DOCUMENT_BYTES, ChildRecord, ExitRecord, load_quietly
+from agents.gpusupport.port import GpuSupportPort
 from agents.jobs import recipes
 from agents.jobs.gpu_load import check_starved, claim_sim_gpus
 from agents.jobs.job import Job
@@ -238,13 +239,14 @@ class JobsComponent:
         found = recipes.find_program(program, cwd, env["PATH"])
         if found is None:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"command {program!r} of recipe {name} not found or not executable on {core.machine.name} (PATH {env['PATH']})")
-        if (support := core.component("gpu_support")) is not None:  # its torch has kernels for its GPUs, or a refusal with the fix
+        if (support := core.find(GpuSupportPort)) is not None:  # its torch has kernels for its GPUs, or a refusal with the fix
             support.check_job(name, recipe.gpus, str(found))
         torchrun = "torchrun"
         if recipe.launcher == "torchrun":
-            torchrun = recipes.find_program("torchrun", cwd, env["PATH"])
-            if torchrun is None:
+            installed = recipes.find_program("torchrun", cwd, env["PATH"])
+            if installed is None:
                 raise RemoteError(ErrorCode.UNAVAILABLE, f"recipe {name} uses torchrun, which is not installed on {core.machine.name}")
+            torchrun = installed
         try:  # last: a refused start leaves no empty folder behind
             output_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(output_dir, os.W_OK):

@@ -113,6 +113,11 @@ class TrainConfig(Strict):
             self.progress_file = self.output_dir / "progress.json"
         return self
 
+    @property
+    def progress_path(self) -> Path:
+        """Where the progress file goes: progress_file, set by loading (<output_dir>/progress.json unless given)."""
+        return self.progress_file if self.progress_file is not None else self.output_dir / "progress.json"
+
 
 # ---------------------------------------------------------------------------- loading
 

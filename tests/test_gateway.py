@@ -428,8 +428,9 @@ async def test_prometheus_series_of_the_gateway(gw_lab, tmp_path):
 
     lab = load_lab(gw_lab.lab_path)
     lab = lab.model_copy(update={"gateway": lab.gateway.model_copy(update={"port": 0})})
-    gateway = GatewayComponent()
-    agent = Agent(lab, "hub", tmp_path / "state", listen=("127.0.0.1", 0), components=[gateway])
+    agent = Agent(lab, "hub", tmp_path / "state", listen=("127.0.0.1", 0), components=lambda core: [GatewayComponent(core)])
+    gateway = agent.find(GatewayComponent)
+    assert gateway is not None
     await agent.start()
     try:
         token = gateway.keys.add(KeyAddParams(name="scraper"))

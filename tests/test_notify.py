@@ -523,10 +523,11 @@ async def test_job_events_finished_failed_lost_and_stalled_are_sent_once_each_an
     receiver = Receiver().start()
     lab = parse_lab(f"lab: t\nmachines: [{{name: box, gpus: {{sim: [{{name: Tesla P4, memory_gib: 8, tdp_w: 75}}]}}}}]\n"
                     f"notify: {{stall_after: 60s, routes: [{{name: hook, kind: webhook, url: '{receiver.url}/hook'}}]}}\n")
-    notify = NotifyComponent()
-    agent = Agent(lab, "box", tmp_path, components=[notify])
+    agent = Agent(lab, "box", tmp_path, components=lambda core: [NotifyComponent(core)])
+    notify = agent.find(NotifyComponent)
+    assert notify is not None
     agent.store = Store(tmp_path / "state.db")
-    await notify.start(agent)
+    await agent.start_components()
     try:
         start = notify.outbox.since
 
@@ -654,10 +655,11 @@ async def test_a_notification_not_accepted_within_give_up_after_is_dropped_and_c
     lab = parse_lab("lab: t\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n"
                     f"notify: {{retry_first: 0.1s, retry_max: 0.2s, give_up_after: 1s, routes: [{{name: hook, kind: webhook, "
                     f"url: 'http://127.0.0.1:{dead.port}/hook'}}]}}\n", path=tmp_path / "lab.yaml")
-    notify = NotifyComponent()
-    agent = Agent(lab, "box", tmp_path, components=[notify])
+    agent = Agent(lab, "box", tmp_path, components=lambda core: [NotifyComponent(core)])
+    notify = agent.find(NotifyComponent)
+    assert notify is not None
     agent.store = Store(tmp_path / "state.db")
-    await notify.start(agent)
+    await agent.start_components()
     try:
         answer = await notify.test("hook")
         assert not answer.ok and "Connect" in answer.answer

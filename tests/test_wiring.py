@@ -148,11 +148,11 @@ async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_
     from agents.store import Store
 
     lab = parse_lab("lab: t\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
-    alerts, costs = AlertsComponent(), CostsComponent()
-    agent = Agent(lab, "box", tmp_path, components=[costs, alerts])
+    agent = Agent(lab, "box", tmp_path, components=lambda core: [CostsComponent(core), AlertsComponent(core)])
+    alerts = agent.find(AlertsComponent)
+    assert alerts is not None
     agent.store = Store(tmp_path / "state.db")
-    for component in (costs, alerts):
-        await component.start(agent)
+    await agent.start_components()
     agent.store.execute("CREATE TABLE filler (blob BLOB)")
 
     @agent.rpc.method("test.write", role=Role.VIEWER)

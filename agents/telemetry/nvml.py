@@ -102,7 +102,9 @@ class NvmlSampler:
         self._initialised = False
         if nvml_module is None:
             try:
-                import pynvml as nvml_module
+                import pynvml
+
+                nvml_module = pynvml
             except ImportError as exc:
                 self.status = f"no NVIDIA GPUs: nvidia-ml-py is not installed ({exc})"
                 return

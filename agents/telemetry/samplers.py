@@ -23,7 +23,7 @@ class _NoGpus:
     simulated = False
 
     def __init__(self, status: str):
-        self.status = status
+        self.status: str | None = status
 
     def sample(self) -> list[GpuSample]:
         return []

@@ -102,10 +102,7 @@ class Agent:
         self.history = History(self.interval_s)
         self.rpc = Registry()
         self.peers: set[Peer] = set()
-        # Components are built with this agent as their AgentCore (a factory); a ready list is the older form,
-        # whose start() takes the agent (kept until every component is built with its core).
-        built = default_components(self) if components is None else components(self) if callable(components) else components
-        self.components: list[Component] = list(built)
+        self.components: list[Component] = []
         self.latest: Telemetry | None = None
         self.started_at = time.time()
         self._store: Store | None = None
@@ -116,7 +113,11 @@ class Agent:
         self.faults: dict[str, SectionFault] = {}  # the sections whose component raised in the latest tick
         self._last_gpus: dict[int, dict] = {}
         self.ticks = 0
-        self._register_core()
+        self._register_core()  # the core's methods first (`methods` lists them first)
+        # Last, on a whole core: the components are built with this agent as their AgentCore (a factory); a ready list is
+        # the older form, whose start() takes the agent (kept until every component is built with its core).
+        built = default_components(self) if components is None else components(self) if callable(components) else components
+        self.components = list(built)
 
     @property
     def simulated(self) -> bool:
@@ -425,6 +426,5 @@ def default_components(core: AgentCore) -> list[Any]:  # list[Component] once ev
     from agents.notify.component import NotifyComponent
     from agents.orchestra import OrchestraComponent
 
-    # transition: the orchestra and the checkpoints are still built bare, started with the agent (their branch)
     return [AuditComponent(core), CostsComponent(core), AlertsComponent(core), NotifyComponent(core), GpuSupportComponent(core),
-            JobsComponent(core), OrchestraComponent(), CheckpointsComponent(), GatewayComponent(core)]
+            JobsComponent(core), OrchestraComponent(core), CheckpointsComponent(core), GatewayComponent(core)]

@@ -12,7 +12,7 @@ from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict
 
-from agents.gateway.config import find_provider_model
+from agents.lab_gateway import find_provider_model
 from agents.costs_port import LedgerTotal
 from agents.gateway.port import GatewayPort
 from agents.lab import Lab, Machine

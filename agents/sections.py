@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.gpusupport.model import GpuSupportSection
+from agents.sections_gpu_support import GpuSupportSection
 from agents.protocol import Finite, FiniteFloat, GpuBackend, GpuSample, HostSample, Telemetry
 from agents.states import JobState, ModelState, NodeState
 
@@ -245,10 +245,16 @@ class ModelsSection(Section):
 # ---------------------------------------------------------------------------- checkpoints
 
 
+ServingMode = Literal["adapter", "merged", "full", "gguf-adapter"]  # into a warm model; merged into its base; as it is; converted for llama.cpp
+ServingStep = Literal["merging", "converting", "unloaded"]  # before its model exists; its adapter gone with a restarted engine
+
+
 class Serving(Section):
+    """How a checkpoint is served: by which model, how, and where that stands (its model's state, or a step of its own)."""
+
     model: str
-    mode: str  # adapter | merged | full
-    state: str  # a ModelState, or merging | unloaded | failed
+    mode: ServingMode
+    state: ModelState | ServingStep
     error: str | None = None
 
 

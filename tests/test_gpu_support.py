@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from agents.gpusupport.matrix import judge, matrix
-from agents.gpusupport.model import Stack, StackKind
+from agents.sections_gpu_support import Stack, StackKind
 from agents.gpusupport.stacks import DEFAULT_SIM_STACKS, TorchReader, engine_stack_kind, python_of, sim_stacks
 from agents.lab import SimGpu, load_lab
 from agents.protocol import ComputeCapability, ErrorCode, GpuSample, RemoteError

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from agents.lab import LabError, load_lab, parse_lab
-from agents.notify.config import Kind, Level
+from agents.lab_notify import Kind, Level
 from agents.notify.wire import Notification
 from agents.notify.receiver import Receiver
 from console.client import FleetClient
@@ -83,7 +83,7 @@ def test_routes_are_validated_and_a_secret_in_clear_is_refused_without_being_ech
     route = lab.notify.routes[0]
     assert route.takes("gpu_hot", "critical", "box") and not route.takes("gpu_hot", "warning", "box")
     assert not route.takes("disk_full", "critical", "box") and route.takes("test", "info", "box")
-    from agents.notify.config import kind_of_rule
+    from agents.lab_notify import kind_of_rule
 
     # a model that fails to load and an API budget crossing its line go under the names people route by
     assert [kind_of_rule(r) for r in ("engine_failed", "budget_80", "budget_100", "gpu_hot", "job_stalled", "new_rule")] == [

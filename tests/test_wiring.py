@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -47,7 +48,8 @@ async def test_pool_vram_follows_nvml_per_process_memory_and_a_sleeping_residual
         model = Model(name="big", path=str(tmp_path), engine="vllm", machine="box", gpus=[0, 1], vram_gib=20)
         engine = Engine(model, tmp_path, "box", [0, 1], tmp_path / "big.log")
         engine.proc = proc
-        pool = OrchestraComponent()
+        lab = load_lab(one_machine_lab(tmp_path / "lab.yaml"))
+        pool = OrchestraComponent(SimpleNamespace(lab=lab, machine=lab.machine("box")))  # on_telemetry and info read no more of the core
         slot = Slot(model=model, path=tmp_path, gpus=[0, 1], state=ModelState.WARM, engine=engine)
         pool.slots["big"] = slot
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from agents.gateway.config import find_provider_model
+from agents.lab_gateway import find_provider_model
 from agents.gateway.keys import KeyAddParams, KeyNameParams, KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.router import Router, Target
@@ -23,7 +23,7 @@ from agents.protocol import Role, Telemetry
 if TYPE_CHECKING:
     from agents.core import AgentCore
     from agents.gateway.server import GatewayHttp
-    from agents.gateway.config import Gateway, GatewayPolicies
+    from agents.lab_gateway import Gateway, GatewayPolicies
     from agents.lab import Lab
     from agents.rpc import Peer
 

@@ -8,6 +8,7 @@ import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,7 +65,7 @@ class QuotaExceeded(Exception):
 class KeyStore:
     """The keys, cached in memory by hash (the hot path never touches SQLite)."""
 
-    def __init__(self, store: Store, today: callable):
+    def __init__(self, store: Store, today: Callable[[], str]):
         self.store = store
         self.today = today  # -> "YYYY-MM-DD" in the lab's time zone
         store.migrate("gateway_keys", SCHEMA)

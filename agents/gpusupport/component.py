@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from agents.gpusupport.matrix import judge, matrix
-from agents.gpusupport.model import GpuSupportSection, Stack, StackKind, Verdict
+from agents.sections_gpu_support import GpuSupportSection, Stack, StackKind, Verdict
 from agents.gpusupport.stacks import (
     TorchReader,
     engine_stack_kind,

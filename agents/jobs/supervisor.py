@@ -33,6 +33,7 @@ from agents.jobs.refind import found_on_disk, keep_on_disk
 from agents.safe_read import READ_TIMEOUT_S, read_capped_async
 from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, descendants
 from agents.lab import Trainer
+from agents.orchestra.port import ModelsPort
 from agents.protocol import EVENT_LOG, EVENT_NOTICE, ErrorCode, RemoteError, Telemetry
 from agents.rpc import Peer
 from agents.sections import JobDetail, JobInfo
@@ -199,7 +200,7 @@ class JobsComponent:
                     f"GPU {','.join(map(str, taken))} is taken by job {other.id} ({other.recipe}, {other.state}); stop it first or pick other GPUs",
                     {"job": other.id},
                 )
-        pool = self.core.component("models")
+        pool = self.core.find(ModelsPort)
         for model in pool.holding_gpus() if pool is not None else []:
             taken = sorted(set(model.gpus) & set(recipe.gpus))
             if taken:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from agents.notify.config import AlertmanagerRoute, Kind, Level, kind_of_rule
+from agents.lab_notify import AlertmanagerRoute, Kind, Level, kind_of_rule
 from agents.notify.outbox import Outbox
 from agents.notify.secrets import describe
 from agents.notify.sender import RouteSender

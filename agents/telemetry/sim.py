@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.lab import SimGpu
-from agents.gpusupport.capability import capability_by_name, parse_capability
+from agents.capability import capability_by_name, parse_capability
 from agents.protocol import ComputeCapability, ErrorCode, GpuBackend, GpuProcess, GpuSample, RemoteError, Role
 
 if TYPE_CHECKING:

@@ -33,9 +33,9 @@ Shape changes against the untyped sections (kept as small as the console allows)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_serializer, field_validator
 
 from agents.sections_gpu_support import GpuSupportSection
 from agents.protocol import Finite, FiniteFloat, GpuBackend, GpuSample, HostSample, Telemetry
@@ -86,6 +86,70 @@ class CheckpointReport(Section):
     path: str
     save_s: Finite = None  # wall time of the save alone
     at: Finite = None  # unix time the save ended
+
+
+class JobProgress(Section):
+    """What a job keeps of its trainer's progress file (the whole file is agents/documents.py's ``Progress``, which extends
+    this): persisted with the job, sent by a node to its coordinator, shown in ``JobInfo``."""
+
+    state: ProgressState | None = None
+    step: int | None = None
+    max_steps: int | None = None
+    epoch: Finite = None
+    loss: Finite = None
+    learning_rate: Finite = None
+    tokens_per_s: Finite = None
+    samples_per_s: Finite = None
+    eta_s: Finite = None
+    checkpoints: list[CheckpointReport] = Field(default_factory=list)
+    updated_at: Finite = None
+    error: str | None = None
+    stop_reason: str | None = None
+    precision: Precision | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+NODE_LAST_LINES = 3  # last log lines of a node named in a multi-node job's error
+NODE_ERROR_CHARS = 8000  # a node's error, as its status carries it
+NODE_LINE_CHARS = 4000  # one of its last log lines
+NODE_LOSS_POINTS = 60  # the loss history a node sends its coordinator
+
+
+class NodeStatus(Section):
+    """A node of a multi-node job as its coordinator sees it: a node's answer to `jobs.node_*`, checked where it enters
+    the coordinator, or what the coordinator makes of a node that does not answer (``offline``)."""
+
+    state: NodeState
+    exit_code: int | None = None
+    error: str | None = Field(default=None, max_length=NODE_ERROR_CHARS)
+    ended_at: Finite = None
+    last_lines: list[Annotated[str, Field(max_length=NODE_LINE_CHARS)]] = Field(default_factory=list, max_length=NODE_LAST_LINES)
+    progress: JobProgress | None = None  # rank 0's progress, when rank 0 runs on this node (c10d may rank any node 0)
+    loss_points: list[tuple[int, Finite]] = Field(default_factory=list, max_length=NODE_LOSS_POINTS)
+
+    @field_validator("progress", mode="wrap")
+    @classmethod
+    def _fitting_progress(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> JobProgress | None:
+        """{} (the wire's "none") and a progress that does not fit the progress file's schema are none; the rest of the
+        node's news stands."""
+        if not value:
+            return None
+        try:
+            progress: JobProgress | None = handler(value)
+        except ValidationError:
+            return None
+        return progress
+
+    @field_serializer("progress")
+    def _progress_on_wire(self, progress: JobProgress | None) -> dict[str, Any]:
+        return progress.to_wire() if progress is not None else {}  # {} for none, as nodes have always sent it
+
+    @classmethod
+    def seen(cls, state: NodeState, exit_code: int | None = None, error: str | None = None, ended_at: float | None = None,
+             last_lines: list[str] | None = None) -> NodeStatus:
+        """A status known without asking (the coordinator's own node, a node that does not answer), cut to what a node sends."""
+        return cls(state=state, exit_code=exit_code, error=error[:NODE_ERROR_CHARS] if error is not None else None, ended_at=ended_at,
+                   last_lines=[line[:NODE_LINE_CHARS] for line in (last_lines or [])[-NODE_LAST_LINES:]])
 
 
 class JobNode(Section):

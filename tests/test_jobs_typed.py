@@ -13,16 +13,15 @@ import yaml
 from pydantic import ValidationError
 
 from agents.agent import Agent
-from agents.documents import Progress
 from agents.jobs.job import Job
-from agents.jobs.multinode import MAX_ERROR_CHARS, NodeStatus
 from agents.jobs.port import JobsPort, JobView
 from agents.jobs.progress import update_progress
 from agents.jobs.supervisor import JobsComponent
 from agents.lab import Model, parse_lab
 from agents.orchestra.engines import ENGINES
 from agents.protocol import GpuBackend, RemoteError
-from agents.sections import CheckpointInfo, EngineName, JobDetail, JobInfo, JobNode, ModelInfo, Precision, ProgressState
+from agents.sections import (NODE_ERROR_CHARS, CheckpointInfo, EngineName, JobDetail, JobInfo, JobNode, JobProgress, ModelInfo, NodeStatus,
+                             Precision, ProgressState)
 from agents.states import JobState
 from agents.store import Store
 from agents.telemetry.nvml import NvmlSampler
@@ -73,8 +72,7 @@ def test_a_trainers_progress_file_is_a_progress_on_the_job_and_its_record_keeps_
     write_progress(tmp_path / "progress.json", {"state": "running", "step": 7, "max_steps": 10, "loss": 1.5, "precision": "fp32",
                                                 "checkpoints": [{"step": 5, "path": str(tmp_path / "checkpoint-5"), "save_s": 0.2}]})
     assert update_progress(job)
-    assert isinstance(job.progress, Progress) and job.progress.state == "running" and job.progress.step == 7
-    assert job.progress.pid is None  # only what a job keeps: the pid is the trainer's, not the job's
+    assert type(job.progress) is JobProgress and job.progress.state == "running" and job.progress.step == 7  # not the pid, the grad norm
     assert job.loss_points == [(7, 1.5)]
     job.nodes = [JobNode(machine="box", gpus=[0], state=JobState.RUNNING), JobNode(machine="b", state="offline")]
     record = json.loads(job.record())
@@ -102,7 +100,7 @@ def test_a_record_whose_nodes_do_not_fit_is_refused_and_an_older_record_still_re
         Job.from_record(json.dumps({**record, "stop_requested": "pause"}))
     older = {**record, "progress": {"state": "finished", "step": 9, "pid": 4, "grad_norm": 0.3}, "loss_points": [[3, 1.0], [4, None]]}
     job = Job.from_record(json.dumps(older))
-    assert job.progress is not None and job.progress.step == 9 and job.progress.pid is None and job.loss_points == [(3, 1.0)]
+    assert job.progress == JobProgress(state="finished", step=9) and job.loss_points == [(3, 1.0)]
 
 
 # ---------------------------------------------------------------------------- a node's status
@@ -112,11 +110,11 @@ def test_a_nodes_status_is_typed_where_it_enters_and_on_the_wire_as_before():
     plain = NodeStatus.model_validate({"state": "running", "progress": {}, "loss_points": [[1, 2.0]]})
     assert plain.progress is None and plain.model_dump(mode="json")["progress"] == {}  # {} on the wire for none, as always
     rank_0 = NodeStatus.model_validate({"state": "running", "progress": {"state": "running", "step": 4, "pid": 12}})
-    assert isinstance(rank_0.progress, Progress) and rank_0.progress.step == 4 and rank_0.progress.pid is None
+    assert rank_0.progress == JobProgress(state="running", step=4)
     misfit = NodeStatus.model_validate({"state": "failed", "exit_code": 1, "progress": {"checkpoints": 5}})
     assert misfit.progress is None and misfit.state is JobState.FAILED and misfit.exit_code == 1  # the rest of its news stands
-    seen = NodeStatus.seen(JobState.FAILED, error="x" * (MAX_ERROR_CHARS + 10), last_lines=["a", "b", "c", "y" * 10000])
-    assert seen.error is not None and len(seen.error) == MAX_ERROR_CHARS and seen.last_lines[0] == "b" and len(seen.last_lines[-1]) == 4000
+    seen = NodeStatus.seen(JobState.FAILED, error="x" * (NODE_ERROR_CHARS + 10), last_lines=["a", "b", "c", "y" * 10000])
+    assert seen.error is not None and len(seen.error) == NODE_ERROR_CHARS and seen.last_lines[0] == "b" and len(seen.last_lines[-1]) == 4000
     assert NodeStatus.model_validate(seen.model_dump(mode="json")) == seen  # what a node sends, its coordinator reads back
 
 

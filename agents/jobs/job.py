@@ -11,10 +11,9 @@ from typing import Any
 import psutil
 from pydantic import ValidationError
 
-from agents.documents import Progress, kept_progress, trimmed_progress
 from agents.jobs.port import JobView
 from agents.protocol import finite_or_none
-from agents.sections import JobDetail, JobInfo, JobNode, StopRequest
+from agents.sections import JobDetail, JobInfo, JobNode, JobProgress, StopRequest
 from agents.states import JOB_ACTIVE, JobState
 
 @dataclass
@@ -41,7 +40,7 @@ class Job:
     pid_started: float | None = None
     stop_requested: StopRequest | None = None
     kill_at: float | None = None  # when a graceful stop turns into SIGKILL
-    progress: Progress | None = None  # the trainer's progress file as last read (what PROGRESS_KEPT keeps); None before any
+    progress: JobProgress | None = None  # what the job keeps of its trainer's progress file as last read; None before any
     loss_points: list[tuple[int, float]] = field(default_factory=list)  # (step, loss), sorted, the last LOSS_POINTS
     last_lines: list[str] = field(default_factory=list)
     error: str | None = None
@@ -68,7 +67,7 @@ class Job:
 
     def record(self) -> str:
         data: dict[str, Any] = {k: getattr(self, k) for k in self.PERSISTED}
-        data["progress"] = kept_progress(self.progress)
+        data["progress"] = self.progress.to_wire() if self.progress is not None else {}
         data["nodes"] = [node.to_wire() for node in self.nodes]
         return json.dumps(data)
 
@@ -84,7 +83,7 @@ class Job:
         if job.stop_requested not in (None, "stop", "kill"):
             raise ValueError(f"stop_requested {job.stop_requested!r} is neither stop nor kill")
         try:  # kept by an older agent, which did not check its trainer's file: check it now (none stays none)
-            job.progress = trimmed_progress(Progress.model_validate(data["progress"])) if data.get("progress") else None
+            job.progress = JobProgress.model_validate(data["progress"]) if data.get("progress") else None
         except ValidationError:
             job.progress, job.progress_problem = None, "the recorded progress did not match the progress file's schema"
         job.loss_points = [(int(s), float(v)) for s, v in data.get("loss_points") or [] if finite_or_none(v) is not None]
@@ -115,7 +114,7 @@ class Job:
         return self.info(simulated, now).to_wire()
 
     def _fields(self, simulated: bool, now: float | None) -> dict[str, Any]:
-        p = self.progress or Progress()
+        p = self.progress or JobProgress()
         end = self.ended_at or now or time.time()
         return {
             "id": self.id,

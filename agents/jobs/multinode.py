@@ -18,22 +18,21 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_serializer, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.documents import Progress, kept_progress, trimmed_progress
 from agents.jobs.job import Job
 from agents.jobs.logs import tail
 from agents.jobs.runner import descendants
 from agents.lab import Trainer
 from agents.schema import NAME_RE
 from agents.peers import NODE_KEY_NAME, PeerClient
-from agents.protocol import ErrorCode, Finite, RemoteError, Role
+from agents.protocol import ErrorCode, RemoteError, Role
 from agents.rpc import Peer
-from agents.sections import JobNode
-from agents.states import JOB_ACTIVE, NODE_OFFLINE, JobState, NodeState
+from agents.sections import NODE_LAST_LINES, NODE_LOSS_POINTS, JobNode, NodeStatus
+from agents.states import JOB_ACTIVE, NODE_OFFLINE, JobState
 
 if TYPE_CHECKING:
     from agents.jobs.supervisor import JobsComponent
@@ -42,10 +41,6 @@ log = logging.getLogger("cetlab.jobs")
 
 POLL_S = 1.0  # how often the coordinator asks its nodes how they are
 START_TIMEOUT_S = 30.0
-FAILED_LINES = 3  # last log lines of a failed node named in the job's error
-MAX_ERROR_CHARS = 8000  # a node's error, as its status carries it
-MAX_LINE_CHARS = 4000  # one of its last log lines
-LOSS_POINTS_SENT = 60  # the loss history a node sends its coordinator
 RDZV_TRIES = 3  # rendezvous ports tried when another process takes the chosen one before torchrun binds it
 RDZV_LISTEN_WAIT_S = 120.0  # torchrun imports torch before it binds its store: seconds, more on a busy machine
 RDZV_TAKEN = ("EADDRINUSE", "address already in use")  # how torch's TCPStore says it could not bind
@@ -172,49 +167,11 @@ class NodeStatusParams(BaseModel):
     id: str = Field(max_length=100)
 
 
-class NodeStatus(BaseModel):
-    """A node as its coordinator sees it: a node's answer to jobs.node_status, checked where it enters the coordinator,
-    or what the coordinator makes of a node that does not answer (``offline``)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    state: NodeState
-    exit_code: int | None = None
-    error: str | None = Field(default=None, max_length=MAX_ERROR_CHARS)
-    ended_at: Finite = None
-    last_lines: list[Annotated[str, Field(max_length=MAX_LINE_CHARS)]] = Field(default_factory=list, max_length=FAILED_LINES)
-    progress: Progress | None = None  # rank 0's progress, when rank 0 runs on this node (c10d may rank any node 0)
-    loss_points: list[tuple[int, Finite]] = Field(default_factory=list, max_length=LOSS_POINTS_SENT)
-
-    @field_validator("progress", mode="wrap")
-    @classmethod
-    def _fitting_progress(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Progress | None:
-        """What a job keeps of it; {} (the wire's "none") and a progress that does not fit the progress file's schema are none."""
-        if not value:
-            return None
-        try:
-            progress = handler(value)
-        except ValidationError:
-            return None
-        return trimmed_progress(progress) if progress is not None else None
-
-    @field_serializer("progress")
-    def _progress_on_wire(self, progress: Progress | None) -> dict[str, Any]:
-        return kept_progress(progress)  # {} for none, as nodes have always sent it
-
-    @classmethod
-    def seen(cls, state: NodeState, exit_code: int | None = None, error: str | None = None, ended_at: float | None = None,
-             last_lines: list[str] | None = None) -> NodeStatus:
-        """A status the coordinator knows without asking (its own node, a node that does not answer), cut to what a node sends."""
-        return cls(state=state, exit_code=exit_code, error=error[:MAX_ERROR_CHARS] if error is not None else None, ended_at=ended_at,
-                   last_lines=[line[:MAX_LINE_CHARS] for line in (last_lines or [])[-FAILED_LINES:]])
-
-
 def node_status(job: Job) -> NodeStatus:
     """A node as its coordinator needs it: state, outcome, last lines, and progress (c10d may rank any node 0)."""
-    lines, _ = tail(Path(job.log_path), FAILED_LINES) if job.active else (job.last_lines, 0)
+    lines, _ = tail(Path(job.log_path), NODE_LAST_LINES) if job.active else (job.last_lines, 0)
     status = NodeStatus.seen(job.state, job.exit_code, job.error, job.ended_at, lines)
-    status.progress, status.loss_points = job.progress, list(job.loss_points[-LOSS_POINTS_SENT:])
+    status.progress, status.loss_points = job.progress, list(job.loss_points[-NODE_LOSS_POINTS:])
     return status
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from agents.documents import BadDocument, load_progress, load_trainer_state, trimmed_progress
+from agents.documents import BadDocument, load_progress, load_trainer_state
 from agents.jobs.job import Job
 from agents.sections import CheckpointReport
 
@@ -24,7 +24,7 @@ def update_progress(job: Job, raw: bytes | OSError | None = None) -> bool:
     previous = job.progress
     if doc is None or (previous is not None and doc.updated_at == previous.updated_at):
         return False
-    job.progress = trimmed_progress(doc)
+    job.progress = doc.kept()
     job.progress_problem = None
     _diverged(job, doc.diverged_step)
     points = dict(job.loss_points)

@@ -142,9 +142,6 @@ class OrchestraComponent:
             raise RemoteError(ErrorCode.NOT_FOUND, f"{name} runs on {elsewhere}, not {self.core.machine.name}")
         raise RemoteError(ErrorCode.NOT_FOUND, f"no model named {name!r} on {self.core.machine.name} (models here: {', '.join(self.slots) or 'none'})")
 
-    def find(self, name: str) -> Slot | None:
-        return self.slots.get(name)
-
     # ------------------------------------------------------------------ ModelsPort: what other components ask (port.py)
 
     @staticmethod

@@ -426,6 +426,5 @@ def default_components(core: AgentCore) -> list[Any]:  # list[Component] once ev
     from agents.notify.component import NotifyComponent
     from agents.orchestra import OrchestraComponent
 
-    # transition: the jobs are still built bare, started with the agent (their branch)
     return [AuditComponent(core), CostsComponent(core), AlertsComponent(core), NotifyComponent(core), GpuSupportComponent(core),
-            JobsComponent(), OrchestraComponent(core), CheckpointsComponent(core), GatewayComponent(core)]
+            JobsComponent(core), OrchestraComponent(core), CheckpointsComponent(core), GatewayComponent(core)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, overload
 
 from pydantic import (
     BeforeValidator,
@@ -324,6 +324,12 @@ class Lab(Strict):
                 return machine
         raise KeyError(name)
 
+    @overload
+    def resolve(self, path: str) -> Path: ...
+
+    @overload
+    def resolve(self, path: None) -> None: ...
+
     def resolve(self, path: str | None) -> Path | None:
         """A path from lab.yaml, made absolute against the lab file's folder."""
         if path is None:
@@ -435,7 +441,7 @@ def parse_lab(text: str, source: str = "lab.yaml", path: Path | None = None) -> 
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            problem = problem_at(source, lines, data_path(data, error["loc"], error["type"] in ("missing", "extra_forbidden")), describe(dict(error)))
+            problem = problem_at(source, lines, data_path(data, error["loc"], error["type"] in ("missing", "extra_forbidden")), describe(error))
             if problem not in problems:
                 problems.append(problem)
         raise LabError(problems) from None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -170,6 +170,9 @@ class HostSample(Snapshot):
     net_tx_bytes_per_s: Finite = None
 
 
+GpuBackend = Literal["nvml", "sim", "none"]  # the GPU sampler of a machine (agents/telemetry)
+
+
 class Telemetry(Snapshot):
     """Everything sampled on one machine in one tick."""
 
@@ -177,7 +180,7 @@ class Telemetry(Snapshot):
     t: FiniteFloat  # unix time of the sample
     gpus: list[GpuSample] = Field(default_factory=list)
     host: HostSample = Field(default_factory=HostSample)
-    gpu_backend: str = "none"  # "nvml" | "sim" | "none"
+    gpu_backend: GpuBackend = "none"
     gpu_status: str | None = None  # e.g. "no NVIDIA GPUs: NVML library not found"
     simulated: bool = False
 

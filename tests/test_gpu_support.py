@@ -387,11 +387,10 @@ async def test_on_nvml_gpus_the_installed_torch_is_judged_and_a_cpu_build_refuse
     lab = parse_lab(yaml.safe_dump({"lab": "real", "machines": [{"name": "box", "gpus": "nvml"}], "trainers": [
         {"name": "train", "machine": "box", "gpus": [0], "command": [PY, "-c", "print(1)"], "output_dir": str(tmp_path / "runs/{job_id}")},
         {"name": "not-python", "machine": "box", "gpus": [0], "command": ["true"], "output_dir": str(tmp_path / "runs/{job_id}")}]}))
-    jobs = JobsComponent()
     agent = Agent(lab, "box", tmp_path / "state", gpu_sampler=NvmlSampler(nvml_module=WithCapability(gpu("Tesla V100-SXM2-32GB", cc=(7, 0)))),
-                  components=lambda core: [GpuSupportComponent(core), jobs])
-    support = agent.find(GpuSupportComponent)
-    assert support is not None
+                  components=lambda core: [GpuSupportComponent(core), JobsComponent(core)])
+    support, jobs = agent.find(GpuSupportComponent), agent.find(JobsComponent)
+    assert support is not None and jobs is not None
     (tmp_path / "state").mkdir()
     agent.store = Store(tmp_path / "state" / "state.db")
     try:

@@ -18,7 +18,7 @@ from agents.orchestra.placement import Placement
 from agents.orchestra.residency import Residency
 from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, EngineFailed, Slot, gib_text
 from agents.protocol import ErrorCode, RemoteError
-from agents.sections import ModelError, ModelProgress
+from agents.sections import ModelError, ModelOp, ModelProgress
 from agents.states import MODEL_AT_REST, MODEL_BRINGING_UP, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, MODEL_SETTLED, ModelState
 
 log = logging.getLogger("cetlab.orchestra")
@@ -214,7 +214,7 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ operations
 
-    def begin(self, slots: list[Slot], name: str, work: Callable[[], Awaitable[Any]]) -> asyncio.Task[Any]:
+    def begin(self, slots: list[Slot], name: ModelOp, work: Callable[[], Awaitable[Any]]) -> asyncio.Task[Any]:
         """Run one long operation on these models; the RPC answers at once, ticks show the rest."""
         for slot in slots:
             if slot.busy:

@@ -10,7 +10,7 @@ from pathlib import Path
 from agents.documents import EngineFigures
 from agents.lab import Model
 from agents.orchestra.engine import GIB, Engine
-from agents.sections import ModelError, ModelProgress
+from agents.sections import ModelError, ModelOp, ModelProgress
 from agents.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
 
 SLEEP_RESIDUAL_BYTES = GIB // 2  # CUDA context and buffers a sleeping vLLM keeps on each GPU
@@ -67,7 +67,7 @@ class Slot:
     engine: Engine | None = None
     last_engine: Engine | None = None  # for logs after a stop or a failure
     op: asyncio.Task[object] | None = None
-    op_name: str | None = None
+    op_name: ModelOp | None = None
     progress: ModelProgress | None = None
     error: ModelError | None = None
     pinned: bool = False

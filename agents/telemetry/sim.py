@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.lab import SimGpu
 from agents.capability import capability_by_name, parse_capability
-from agents.protocol import ComputeCapability, ErrorCode, GpuProcess, GpuSample, RemoteError, Role
+from agents.protocol import ComputeCapability, ErrorCode, GpuBackend, GpuProcess, GpuSample, RemoteError, Role
 
 if TYPE_CHECKING:
     from agents.rpc import Peer, Registry
@@ -62,7 +62,7 @@ def sim_capability(spec: SimGpu) -> ComputeCapability | None:
 class SimSampler:
     """Same interface as NvmlSampler; every sample is labelled simulated."""
 
-    backend = "sim"
+    backend: GpuBackend = "sim"
     simulated = True
     status: str | None = None
 

@@ -11,9 +11,8 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from agents.catalogue import CATALOGUE, Method, NoParams
+from agents.catalogue import CATALOGUE, Method, NoParams, params_error
 from agents.protocol import ErrorCode, RemoteError, Role, encode
-from agents.schema import NAME_RE, NAME_RULE
 from agents.store import DiskFull
 
 log = logging.getLogger("cetlab.rpc")
@@ -94,15 +93,7 @@ def request_id_of(request: dict[str, Any]) -> int | str | None:
     return request_id if isinstance(request_id, (int, str)) and not isinstance(request_id, bool) else None
 
 
-def _params_error(exc: ValidationError) -> str:
-    parts = []
-    for error in exc.errors()[:5]:
-        where = ".".join(str(p) for p in error["loc"]) or "params"
-        if error["type"] == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == NAME_RE:
-            parts.append(f"{where}: {error['input']!r} is not a name: {NAME_RULE}")  # not the regular expression
-        else:
-            parts.append(f"{where}: {error['msg']}")
-    return "; ".join(parts)
+_params_error = params_error  # the name the tests know
 
 
 class Registry:

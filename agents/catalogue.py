@@ -62,15 +62,17 @@ R = TypeVar("R", bound=BaseModel)
 # ============================================================================ params
 
 
-class NoParams(BaseModel):
+class Params(BaseModel):
+    """A method's params: unknown keys are refused; the schema is built on first use (the CLI starts cold)."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+
+class NoParams(Params):
     """A method that takes no params (an empty object, or none)."""
 
-    model_config = ConfigDict(extra="forbid")
 
-
-class CostsParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class CostsParams(Params):
     since: date | None = None  # the lab's local date, YYYY-MM-DD; default: this month
     by: Literal["machine", "job", "model"] = "machine"
 
@@ -78,16 +80,12 @@ class CostsParams(BaseModel):
 # -- jobs
 
 
-class StartParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class StartParams(Params):
     recipe: str = Field(max_length=64)
     params: dict[str, Any] = Field(default_factory=dict, max_length=64)
 
 
-class JobParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class JobParams(Params):
     id: str = Field(max_length=100)
 
 
@@ -101,15 +99,11 @@ class LogsParams(JobParams):
     follow: bool = False  # push new lines as `log` events to this connection
 
 
-class JobListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class JobListParams(Params):
     limit: int = Field(default=100, ge=1, le=10000)
 
 
-class NodeStartParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class NodeStartParams(Params):
     id: str = Field(pattern=NAME_RE)
     recipe: str = Field(max_length=64)
     params: dict[str, Any] = Field(default_factory=dict, max_length=64)
@@ -117,26 +111,21 @@ class NodeStartParams(BaseModel):
     rdzv_port: int = Field(ge=1024, le=65535)
 
 
-class NodeStopParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class NodeStopParams(Params):
     id: str = Field(max_length=100)
     kill: bool = False
     grace_s: float | None = Field(default=None, ge=0, le=86400)
     reason: str | None = Field(default=None, max_length=4000)  # the coordinator failed the job: why
 
 
-class NodeStatusParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class NodeStatusParams(Params):
     id: str = Field(max_length=100)
 
 
 # -- models
 
 
-class ModelParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ModelParams(Params):
     model: str = Field(pattern=NAME_RE)
 
 
@@ -144,7 +133,7 @@ class PinParams(ModelParams):
     pinned: bool = True
 
 
-class SwapParams(BaseModel):
+class SwapParams(Params):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     out: str = Field(pattern=NAME_RE)
     in_: str = Field(alias="in", pattern=NAME_RE)
@@ -158,8 +147,7 @@ class AdapterParams(ModelParams):
 # -- checkpoints
 
 
-class RunParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RunParams(Params):
     run: str = Field(min_length=1, max_length=200)
 
 
@@ -190,27 +178,21 @@ class PruneParams(RunParams):
 # -- gateway, notify, audit, alerts, sim
 
 
-class KeyAddParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KeyAddParams(Params):
     name: str = Field(pattern=NAME_RE)
     rpm: int | None = Field(default=None, ge=1, le=1_000_000)  # requests per minute
     tokens_per_day: int | None = Field(default=None, ge=1)
 
 
-class KeyNameParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KeyNameParams(Params):
     name: str = Field(pattern=NAME_RE)
 
 
-class NotifyTestParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class NotifyTestParams(Params):
     route: Name
 
 
-class AuditListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AuditListParams(Params):
     limit: int = Field(default=200, ge=1, le=5000)
     since: float | None = None  # unix time
     before_id: int | None = Field(default=None, ge=1)  # page back from here
@@ -219,21 +201,17 @@ class AuditListParams(BaseModel):
     method: str | None = Field(default=None, max_length=100)
 
 
-class AlertListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AlertListParams(Params):
     active: bool = False  # only alerts not cleared yet
     limit: int = Field(default=100, ge=1, le=1000)
     since: float | None = None  # unix time: alerts fired after it
 
 
-class AckParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AckParams(Params):
     id: str = Field(max_length=100)
 
 
-class OverrideParams(BaseModel):
+class OverrideParams(Params):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     gpu: int = Field(ge=0)
@@ -313,8 +291,10 @@ class MethodInfo(Section):
     doc: str = ""
 
 
-class MethodList(RootModel[list[MethodInfo]]):
-    pass
+class MethodList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+    model_config = ConfigDict(defer_build=True)
+
+    root: list[MethodInfo]
 
 
 class SimOverride(Section):
@@ -350,12 +330,16 @@ class RecipeInfo(Section):
     params: list[RecipeParam] = Field(default_factory=list)
 
 
-class RecipeList(RootModel[list[RecipeInfo]]):
-    pass
+class RecipeList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+    model_config = ConfigDict(defer_build=True)
+
+    root: list[RecipeInfo]
 
 
-class JobList(RootModel[list[JobInfo]]):
-    pass
+class JobList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+    model_config = ConfigDict(defer_build=True)
+
+    root: list[JobInfo]
 
 
 class JobLogs(Section):
@@ -432,8 +416,10 @@ class AdapterLoaded(ModelInfo):
 # -- checkpoints
 
 
-class RunSummaryList(RootModel[list[RunSummary]]):
-    pass
+class RunSummaryList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+    model_config = ConfigDict(defer_build=True)
+
+    root: list[RunSummary]
 
 
 class Curves(Section):
@@ -567,8 +553,12 @@ class CostsReport(Section):
 # -- gateway
 
 
-class GatewayStatus(RootModel[GatewaySection | None]):
+class GatewayStatus(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
     """`gateway.status`: the gateway's section, or null where it does not run."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    root: GatewaySection | None
 
 
 class KeyIssued(Section):

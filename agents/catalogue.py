@@ -11,9 +11,10 @@ result: read ``.root``. Result models ignore keys they do not know (a newer agen
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import date
-from typing import Annotated, Any, Generic, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Generic, Iterable, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
@@ -53,7 +54,7 @@ from agents.sections import (
 )
 from agents.states import JobState
 
-__all__ = ["CATALOGUE", "Caller", "Method", "ReplyInvalid", "parse_result", "request"]
+__all__ = ["CATALOGUE", "Caller", "Method", "ReplyInvalid", "parse_result", "request", "request_all"]
 
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
@@ -789,3 +790,17 @@ async def request(caller: Caller, machine: str, method: Method[P, R], params: P 
     """
     raw = await caller.call(machine, method.name, wire_params(params), timeout)
     return validate_reply(method, raw)
+
+
+async def request_all(caller: Caller, machines: Iterable[str], method: Method[P, R], params: P | None = None,
+                      timeout: float | None = None) -> dict[str, R | RemoteError]:
+    """``request`` on several machines at once: each machine's typed reply, or the RemoteError it gave (offline,
+    refused, a reply that did not validate). Any other exception is a bug and is raised."""
+    names = list(machines)
+    replies = await asyncio.gather(*(request(caller, name, method, params, timeout) for name in names), return_exceptions=True)
+    out: dict[str, R | RemoteError] = {}
+    for name, reply in zip(names, replies):
+        if isinstance(reply, BaseException) and not isinstance(reply, RemoteError):
+            raise reply
+        out[name] = reply
+    return out

@@ -14,14 +14,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import date
-from typing import Annotated, Any, Generic, Iterable, Literal, Protocol, TypeVar
+from typing import Any, Generic, Iterable, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from agents.gpusupport.model import GpuSupportSection
 from agents.notify.wire import NotifyStatus, TestResult
 from agents.protocol import (
-    MAX_TOPICS,
     ErrorCode,
     Finite,
     FiniteFloat,
@@ -279,7 +278,7 @@ class HistoryReply(Section):
 
 
 class Topics(Section):
-    topics: list[str] = Field(default_factory=list, max_length=MAX_TOPICS * 4)
+    topics: list[str] = Field(default_factory=list)  # this connection's topics now (log:<job> for each log it follows)
 
 
 class Interval(Section):
@@ -356,9 +355,9 @@ class NodeStatus(Section):
 
     state: JobState
     exit_code: int | None = None
-    error: str | None = Field(default=None, max_length=8000)
+    error: str | None = None
     ended_at: Finite = None
-    last_lines: list[Annotated[str, Field(max_length=4000)]] = Field(default_factory=list)
+    last_lines: list[str] = Field(default_factory=list)
     progress: dict[str, Any] | None = None  # the trainer's progress file on this node (checked where it is used)
     loss_points: list[tuple[int, Finite]] = Field(default_factory=list, max_length=60)
 
@@ -389,7 +388,7 @@ class SwapRecord(Section):
     bring_up_s: Finite = None
     total_s: Finite = None
     engine_s: Finite = None
-    rotation: int | None = None
+    rotation: int | None = None  # 1: the swap was part of a rotation
 
 
 class ModelDetail(ModelInfo):

@@ -7,8 +7,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from agents.catalogue import AckParams, AlertListParams as ListParams
 from agents.lab import Alerts
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError, Role, Telemetry
 from agents.sections import ALERT_ID_FORM, AlertInfo, AlertsSection, GatewaySection, JobInfo, ModelInfo, Tick, alert_id, parse_alert_id
@@ -223,20 +222,6 @@ class AlertEngine:
 
 
 # ---------------------------------------------------------------------------- the component
-
-
-class ListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    active: bool = False  # only alerts not cleared yet
-    limit: int = Field(default=100, ge=1, le=1000)
-    since: float | None = None  # unix time: alerts fired after it
-
-
-class AckParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(max_length=100)
 
 
 class AlertsComponent:

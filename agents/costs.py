@@ -7,7 +7,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime, tzinfo
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict
@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from agents.lab_gateway import find_provider_model
 from agents.costs_port import LedgerTotal
 from agents.gateway.port import GatewayPort
+from agents.catalogue import CostsParams
 from agents.lab import Lab, Machine
 from agents.protocol import Telemetry
 from agents.sections import CostsSummary, JobInfo, ModelInfo, ProviderSpend, Tick
@@ -258,13 +259,6 @@ def readings(telemetry: Telemetry, machine: Machine, holders: dict[int, tuple[st
 
 
 # ---------------------------------------------------------------------------- the component
-
-
-class CostsParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    since: date | None = None  # the lab's local date, YYYY-MM-DD; default: this month
-    by: Literal["machine", "job", "model"] = "machine"
 
 
 def group_by(rows: list[dict[str, Any]], by: str, prices: Prices, machine: str) -> list[dict[str, Any]]:

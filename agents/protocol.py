@@ -59,6 +59,7 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "rate_limited"
     TIMEOUT = "timeout"  # client side: no answer in time
     DISCONNECTED = "disconnected"  # client side: the machine is offline
+    INVALID_REPLY = "invalid_reply"  # client side: the reply does not match the method's result model (agents/catalogue.py)
     INTERNAL = "internal"  # a bug in the agent; details are in its log, never on the wire
 
 
@@ -198,17 +199,6 @@ class Hello(Snapshot):
 
 
 # ---------------------------------------------------------------------------- methods
-
-
-class MethodSpec(BaseModel):
-    """How a method is exposed: who may call it and what its params look like."""
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
-    name: str
-    role: Role = Role.VIEWER
-    params: type[BaseModel] | None = None
-    doc: str = ""
 
 
 class HistoryParams(BaseModel):

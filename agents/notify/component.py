@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from agents.lab_notify import AlertmanagerRoute, Kind, Level, kind_of_rule
+from agents.catalogue import NotifyTestParams as TestParams
 from agents.notify.outbox import Outbox
 from agents.notify.secrets import describe
 from agents.notify.sender import RouteSender
@@ -31,12 +32,6 @@ log = logging.getLogger("cetlab.notify")
 
 LAST_LINES = 10  # of a failed job's log, in its notification
 STORED_KEYS_MAX = 10000
-
-
-class TestParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    route: Name
 
 
 @dataclass

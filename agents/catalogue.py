@@ -19,7 +19,7 @@ from typing import Any, Generic, Iterable, Literal, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from agents.sections_gpu_support import GpuSupportSection
-from agents.notify.wire import NotifyStatus, TestResult
+from agents.sections_notify import NotifyStatus, TestResult
 from agents.protocol import (
     ErrorCode,
     Finite,

@@ -21,7 +21,7 @@ from agents.catalogue import (
     NotifyTestParams,
     PricedGroup,
 )
-from agents.notify.wire import RouteStatus
+from agents.sections_notify import RouteStatus
 from agents.protocol import ErrorCode, RemoteError
 from agents.sections import ALERT_ID_FORM, parse_alert_id
 from console.alerts import offline_alerts

@@ -58,7 +58,7 @@ def state_text(model: ModelInfo) -> str:
     text = str(model.state)
     progress = model.progress
     if progress is not None:
-        phase = "" if progress.phase == model.state else progress.phase  # not "loading (loading)"
+        phase: str = "" if progress.phase == model.state else progress.phase  # not "loading (loading)"
         if progress.total_bytes:
             phase += f" {(progress.done_bytes or 0) / progress.total_bytes:.0%}"
         if phase.strip():

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agents.notify.wire import NotifyStatus, RouteStatus
+from agents.sections_notify import NotifyStatus, RouteStatus
 from widgets.format import fmt_ago
 
 

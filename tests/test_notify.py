@@ -19,7 +19,7 @@ import yaml
 
 from agents.lab import LabError, load_lab, parse_lab
 from agents.lab_notify import Kind, Level
-from agents.notify.wire import Notification
+from agents.sections_notify import Notification
 from agents.notify.receiver import Receiver
 from console.client import FleetClient
 from console.demo import DemoLab
@@ -712,7 +712,7 @@ def test_a_secret_url_is_redacted_in_every_form_an_answer_may_echo(tmp_path, mon
 def test_alerts_lists_a_troubled_route_before_those_that_deliver():
     """:alerts has a few lines for its routes (8): with two routes on four machines the last were cut at 80x24, a
     failing one among them. The troubled ones come first."""
-    from agents.notify.wire import Delivery, RouteStatus
+    from agents.sections_notify import Delivery, RouteStatus
     from console.notify import troubled_first
 
     ok = Delivery(at=2.0, ok=True, answer="HTTP 200")

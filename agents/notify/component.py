@@ -15,7 +15,7 @@ from agents.notify.outbox import Outbox
 from agents.notify.secrets import describe
 from agents.notify.sender import RouteSender
 from agents.notify.watch import OfflineWatch, Outage
-from agents.notify.wire import Notification, NotifyStatus, RouteStatus, TestResult
+from agents.sections_notify import Notification, NotifyStatus, RouteStatus, TestResult
 from agents.protocol import ErrorCode, RemoteError, Role
 from agents.schema import Name
 from agents.sections import AlertInfo, JobInfo, Tick

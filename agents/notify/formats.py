@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agents.lab_notify import AlertmanagerRoute, Level, WebhookRoute
-from agents.notify.wire import Notification
+from agents.sections_notify import Notification
 
 NTFY_PRIORITY = {Level.INFO: "3", Level.WARNING: "4", Level.CRITICAL: "5"}
 NTFY_TAGS = {Level.INFO: "information_source", Level.WARNING: "warning", Level.CRITICAL: "rotating_light"}

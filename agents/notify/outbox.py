@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from agents.notify.wire import Delivery, Notification
+from agents.sections_notify import Delivery, Notification
 from agents.store import DiskFull, Store
 
 log = logging.getLogger("cetlab.notify")
@@ -21,7 +21,7 @@ SCHEMA = [
         n INTEGER PRIMARY KEY AUTOINCREMENT,
         route TEXT NOT NULL,
         key TEXT NOT NULL,  -- one per firing, resolve or event: "<alert id>:firing", "job m5-3:failed"
-        notification TEXT NOT NULL,  -- agents.notify.wire.Notification as JSON
+        notification TEXT NOT NULL,  -- agents.sections_notify.Notification as JSON
         created_at REAL NOT NULL, next_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
         delivered_at REAL, dropped_at REAL, answer TEXT,
         UNIQUE (route, key))""",

@@ -17,7 +17,7 @@ from agents.lab_notify import AlertmanagerRoute, CommandRoute, HttpRoute, Notify
 from agents.notify.formats import HttpRequest, alertmanager_request, webhook_request
 from agents.notify.outbox import Outbox, Pending
 from agents.notify.secrets import SecretError, endpoint, redact
-from agents.notify.wire import Delivery, Notification
+from agents.sections_notify import Delivery, Notification
 from agents.store import DiskFull
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from agents.notify.wire import RouteStatus
+from agents.sections_notify import RouteStatus
 from console.alerts import active_alerts
 from console.notify import route_line, route_statuses, troubled_first
 from console.screens.base import LabScreen

@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from agents.protocol import ErrorCode, RemoteError
+from agents.protocol import ErrorCode, LinkStatus, RemoteError
 from widgets.format import fmt_money as money
 from widgets.format import fmt
 
@@ -22,7 +22,7 @@ def gateway_machine(ctx) -> str:
 def gateway_human(data: dict[str, Any]) -> str:
     c = data["currency"]
     lines = [f"gateway {data['url'] or 'NOT SERVING'} on {data['machine']}" + (f": {data['error']}" if data.get("error") else "")]
-    down = {m: s for m, s in data["peers"].items() if s != "online"}
+    down = {m: s for m, s in data["peers"].items() if s != LinkStatus.ONLINE}
     if down:
         lines.append("peers not reachable: " + ", ".join(f"{m} ({s})" for m, s in down.items()))
     where = {id(m): (m["where"] or "") + (" SIM" if m["simulated"] else "") for m in data["models"]}

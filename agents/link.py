@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Protocol
 
+from agents.catalogue import CATALOGUE, HELLO, validate_reply
 from agents.lab import Machine
 from agents.protocol import EVENT_TICK, MAX_REPLY_BYTES, PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
 from agents.view import LabView
@@ -210,7 +211,15 @@ class LinkCore:
     # -- calls
 
     async def call(self, machine: str, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
-        """Call a method on one agent; raises RemoteError (DISCONNECTED, TIMEOUT, or the agent's own)."""
+        """Call a method on one agent and return its reply as JSON, checked against the method's result model in the
+        catalogue; raises RemoteError (DISCONNECTED, TIMEOUT, the agent's own, or ReplyInvalid naming the field)."""
+        raw = await self._call(machine, method, params, timeout)
+        known = CATALOGUE.get(method)
+        if known is not None:
+            validate_reply(known, raw)  # readers that want the model use catalogue.request(), which parses it again
+        return raw
+
+    async def _call(self, machine: str, method: str, params: dict[str, Any] | None, timeout: float | None) -> Any:
         link = self.links.get(machine)
         if link is None:
             raise RemoteError(ErrorCode.NOT_FOUND, f"no machine named {machine!r} in the lab")
@@ -277,14 +286,16 @@ class LinkCore:
         link.last_message = time.monotonic()
         reader_task = asyncio.create_task(self._read(link, link.transport))
         try:
-            hello = await self.call(machine.name, "hello", timeout=self.connect_timeout_s)
-            if not isinstance(hello, dict) or hello.get("protocol") != PROTOCOL_VERSION:
-                said = hello.get("protocol") if isinstance(hello, dict) else None
+            # the version first: another protocol's hello may not fit this one's model
+            raw = await self._call(machine.name, HELLO.name, None, self.connect_timeout_s)
+            said = raw.get("protocol") if isinstance(raw, dict) else None
+            if said != PROTOCOL_VERSION:
                 raise RemoteError(ErrorCode.UNAVAILABLE, f"the agent speaks protocol {said}, this client {PROTOCOL_VERSION}: upgrade one of them")
-            if hello.get("machine") != machine.name:  # another agent at this address (a taken port or socket)
-                raise RemoteError(ErrorCode.UNAVAILABLE, f"the agent at {machine.host} answers as machine {hello.get('machine')!r}, "
+            hello = validate_reply(HELLO, raw)
+            if hello.machine != machine.name:  # another agent at this address (a taken port or socket)
+                raise RemoteError(ErrorCode.UNAVAILABLE, f"the agent at {machine.host} answers as machine {hello.machine!r}, "
                                   f"not {machine.name!r}: check host, port and socket in lab.yaml; refusing it")
-            self.view.set_hello(machine.name, hello)
+            self.view.set_hello(machine.name, raw)
             if self.on_connected is not None:
                 await self.on_connected(link)
             if self.topics:
@@ -293,8 +304,7 @@ class LinkCore:
             link.backoff_s = BACKOFF_START_S
             link.online.set()
             link.settled.set()
-            interval = hello.get("sample_interval_s")
-            await self._watch(link, reader_task, float(interval) if isinstance(interval, (int, float)) else 1.0)
+            await self._watch(link, reader_task, hello.sample_interval_s)
         finally:
             reader_task.cancel()
             if reader_task.done() and not reader_task.cancelled():

@@ -239,8 +239,11 @@ class LabView:
         data = {"t": status.get("t"), "full": True, "changed": {k: v for k, v in status.items() if k not in ("t", "machine", "simulated")}}
         self.apply_tick(name, data)
 
-    def apply_models(self, name: str, listing: Mapping[str, Any]) -> None:
-        """A fresh `models.list` answer: the models section as it is now, not as the last tick said."""
+    def apply_models(self, name: str, listing: ModelsSection) -> None:
+        """A fresh `models.list` answer (typed where it entered): the models as they are now, not as the last tick said."""
         view = self.machines[name]
-        view.apply_section("models", {"models": listing.get("models") or [], "rotation": listing.get("rotation")})
+        section = ModelsSection(models=listing.models, rotation=listing.rotation)
+        if view.models != section:
+            view.models = section
+            view.touch("models")
         self.bump(view)

@@ -51,10 +51,10 @@ class AgentStandIn:
         self.truth = truth
         self.calls: list[str] = []
 
-    async def call(self, machine: str, method: str, params: dict | None = None) -> Any:
+    async def call(self, machine: str, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
         self.calls.append(method)
         if method == "models.list":
-            listing = {"models": [dict(self.truth)]}
+            listing = {"machine": "hub", "models": [dict(self.truth)]}
             if self.truth.get("op") == "wake":  # the wake ends between two listings
                 self.truth.update(state="warm", op=None, endpoint="http://127.0.0.1:1/v1")
             return listing
@@ -88,7 +88,7 @@ async def test_a_model_put_back_to_sleep_after_its_wake_is_refused_with_the_reas
                      truth={"name": "sleepy", "state": "sleeping", "op": None})
     original = peers.call
 
-    async def call(machine: str, method: str, params: dict | None = None) -> Any:
+    async def call(machine: str, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
         answer = await original(machine, method, params)
         if method == "models.warm":  # someone else's sleep lands right after our wake is accepted
             peers.truth.update(state="sleeping", op=None)

@@ -15,6 +15,7 @@ from typing import Any, Awaitable, Callable
 import pytest
 import yaml
 
+from agents.catalogue import ReplyInvalid
 from agents.lab import parse_lab
 from agents.link import Link, LinkCore, Transport
 from agents.peers import PeerClient
@@ -177,3 +178,24 @@ def test_the_console_and_the_peers_are_built_on_the_same_core(tmp_path):
     assert isinstance(fleet.core, LinkCore) and isinstance(peers.core, LinkCore)
     assert fleet.links["box"].status is peers.links["box"].status is LinkStatus.CONNECTING
     assert peers.view("box") is peers.views.machines["box"] and fleet.state.machines["box"].link is LinkStatus.CONNECTING
+
+
+async def test_a_reply_that_does_not_fit_its_method_is_a_typed_error_naming_the_field_and_the_link_stays():
+    async def script(method: str, params: dict[str, Any], reply: Callable[[dict[str, Any]], None]) -> None:
+        if method == "models.list":
+            reply({"result": {"machine": "box", "models": [model("llm", "dozing")]}})
+        else:
+            await answers(method, params, reply)
+
+    agent = ScriptedAgent(script)
+    core = core_for(agent)
+    core.start()
+    try:
+        await core.wait_connected(10)
+        with pytest.raises(ReplyInvalid) as raised:
+            await core.call("box", "models.list")
+        assert raised.value.method == "models.list" and raised.value.field == "models.0.state"
+        assert isinstance(raised.value, RemoteError) and "dozing" in raised.value.message
+        assert core.links["box"].status is LinkStatus.ONLINE and agent.opened == 1
+    finally:
+        await core.stop()

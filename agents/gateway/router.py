@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from agents.catalogue import MODELS_LIST, request
 from agents.gateway.config import Provider, ProviderModel, find_provider_model
 from agents.gateway.metering import Meter
 from agents.lab import Lab, Model
@@ -380,7 +381,7 @@ class Router:
         """A fresh look at a machine's models, not the last tick's (ticks come once a second). False when the
         machine did not answer (the last tick's view stays; a lost connection is waited for first)."""
         try:
-            listing = await self.peers.call(machine, "models.list")
+            listing = await request(self.peers, machine, MODELS_LIST)
         except RemoteError as exc:
             if exc.code == ErrorCode.DISCONNECTED:
                 await self.peers.links[machine].online.wait()

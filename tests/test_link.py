@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from typing import Any, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pytest
 import yaml
@@ -84,9 +85,18 @@ class ScriptedAgent:
         self.writers[-1].write(encode({"event": event, "data": data}))
 
 
-def core_for(agent: ScriptedAgent, **options: Any) -> LinkCore:
+@asynccontextmanager
+async def linked(script: Script, **options: Any) -> AsyncIterator[tuple[ScriptedAgent, LinkCore]]:
+    """A core linked to a scripted agent, past its first attempt; stopped on the way out."""
+    agent = ScriptedAgent(script)
     settings = {"topics": ["tick"], "call_timeout_s": 5.0, "connect_timeout_s": 5.0, "keepalive_s": 30.0, "backoff_max_s": 0.2, **options}
-    return LinkCore(LAB.machines, agent, LabView(LAB), **settings)
+    core = LinkCore(LAB.machines, agent, LabView(LAB), **settings)
+    core.start()
+    try:
+        await core.wait_connected(10)
+        yield agent, core
+    finally:
+        await core.stop()
 
 
 async def answers(method: str, params: dict[str, Any], reply: Callable[[dict[str, Any]], None], machine: str = "box") -> None:
@@ -98,11 +108,7 @@ async def answers(method: str, params: dict[str, Any], reply: Callable[[dict[str
 
 
 async def test_ticks_enter_the_view_typed_and_a_section_that_does_not_fit_is_named():
-    agent = ScriptedAgent(answers)
-    core = core_for(agent)
-    core.start()
-    try:
-        await core.wait_connected(10)
+    async with linked(answers) as (agent, core):
         view = core.view.machines["box"]
         assert core.links["box"].status is LinkStatus.ONLINE and view.link is LinkStatus.ONLINE
         agent.push("tick", {"t": 1.0, "full": True, "changed": {"models": {"models": [model("llm", "sleeping")]}}})
@@ -112,8 +118,6 @@ async def test_ticks_enter_the_view_typed_and_a_section_that_does_not_fit_is_nam
         await wait_for(lambda: "models" in view.problems)
         assert "models.models.0.state" in view.problems["models"]
         assert view.model("llm").state is ModelState.SLEEPING  # the last value that fitted stays
-    finally:
-        await core.stop()
 
 
 async def test_a_call_pending_when_the_link_drops_fails_disconnected_and_the_link_comes_back():
@@ -123,26 +127,16 @@ async def test_a_call_pending_when_the_link_drops_fails_disconnected_and_the_lin
         else:
             await answers(method, params, reply)
 
-    agent = ScriptedAgent(script)
-    core = core_for(agent)
-    core.start()
-    try:
-        await core.wait_connected(10)
+    async with linked(script) as (agent, core):
         with pytest.raises(RemoteError) as raised:
             await core.call("box", "jobs.list")
         assert raised.value.code is ErrorCode.DISCONNECTED
         await wait_for(lambda: agent.opened == 2 and core.links["box"].status is LinkStatus.ONLINE)
         assert core.view.machines["box"].link is LinkStatus.ONLINE
-    finally:
-        await core.stop()
 
 
 async def test_an_unanswered_call_times_out_typed_and_an_unknown_machine_is_not_found():
-    agent = ScriptedAgent(answers)  # answers hello and subscribe only
-    core = core_for(agent)
-    core.start()
-    try:
-        await core.wait_connected(10)
+    async with linked(answers) as (_agent, core):  # answers hello and subscribe only
         with pytest.raises(RemoteError) as raised:
             await core.call("box", "models.list", timeout=0.2)
         assert raised.value.code is ErrorCode.TIMEOUT and "models.list" in raised.value.message
@@ -150,26 +144,18 @@ async def test_an_unanswered_call_times_out_typed_and_an_unknown_machine_is_not_
         with pytest.raises(RemoteError) as raised:
             await core.call("nowhere", "hello")
         assert raised.value.code is ErrorCode.NOT_FOUND
-    finally:
-        await core.stop()
 
 
 async def test_an_agent_that_answers_as_another_machine_is_refused_with_the_reason():
     async def script(method: str, params: dict[str, Any], reply: Callable[[dict[str, Any]], None]) -> None:
         await answers(method, params, reply, machine="impostor")
 
-    agent = ScriptedAgent(script)
-    core = core_for(agent, reconnect=False)
-    core.start()
-    try:
-        await core.wait_connected(10)
+    async with linked(script, reconnect=False) as (agent, core):
         link = core.links["box"]
         assert link.status is LinkStatus.OFFLINE and "answers as machine 'impostor'" in (link.error or "")
         with pytest.raises(RemoteError) as raised:
             await core.call("box", "status")
         assert raised.value.code is ErrorCode.DISCONNECTED and "impostor" in raised.value.message
-    finally:
-        await core.stop()
 
 
 def test_the_console_and_the_peers_are_built_on_the_same_core(tmp_path):
@@ -187,15 +173,9 @@ async def test_a_reply_that_does_not_fit_its_method_is_a_typed_error_naming_the_
         else:
             await answers(method, params, reply)
 
-    agent = ScriptedAgent(script)
-    core = core_for(agent)
-    core.start()
-    try:
-        await core.wait_connected(10)
+    async with linked(script) as (agent, core):
         with pytest.raises(ReplyInvalid) as raised:
             await core.call("box", "models.list")
         assert raised.value.method == "models.list" and raised.value.field == "models.0.state"
         assert isinstance(raised.value, RemoteError) and "dozing" in raised.value.message
         assert core.links["box"].status is LinkStatus.ONLINE and agent.opened == 1
-    finally:
-        await core.stop()

@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Protocol
 
-from agents.catalogue import CATALOGUE, HELLO, validate_reply
 from agents.lab import Machine
 from agents.protocol import EVENT_TICK, MAX_REPLY_BYTES, PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
 from agents.view import LabView
@@ -213,6 +212,8 @@ class LinkCore:
     async def call(self, machine: str, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
         """Call a method on one agent and return its reply as JSON, checked against the method's result model in the
         catalogue; raises RemoteError (DISCONNECTED, TIMEOUT, the agent's own, or ReplyInvalid naming the field)."""
+        from agents.catalogue import CATALOGUE, validate_reply  # deferred: ~100 models to build, not on a cold CLI's import path
+
         raw = await self._call(machine, method, params, timeout)
         known = CATALOGUE.get(method)
         if known is not None:
@@ -281,6 +282,8 @@ class LinkCore:
         return LinkStatus.OFFLINE, describe(exc)
 
     async def _session(self, link: Link) -> None:
+        from agents.catalogue import HELLO, validate_reply  # deferred, as in call()
+
         machine = link.machine
         link.transport = await self.opener.open(link)
         link.last_message = time.monotonic()

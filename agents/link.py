@@ -298,7 +298,7 @@ class LinkCore:
             if hello.machine != machine.name:  # another agent at this address (a taken port or socket)
                 raise RemoteError(ErrorCode.UNAVAILABLE, f"the agent at {machine.host} answers as machine {hello.machine!r}, "
                                   f"not {machine.name!r}: check host, port and socket in lab.yaml; refusing it")
-            self.view.set_hello(machine.name, raw)
+            self.view.set_hello(machine.name, hello)
             if self.on_connected is not None:
                 await self.on_connected(link)
             if self.topics:

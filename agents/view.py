@@ -18,7 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from agents.gpusupport.model import GpuSupportSection
 from agents.lab import Lab, Machine
-from agents.protocol import GpuSample, HostSample, LinkStatus
+from agents.protocol import GpuSample, Hello, HostSample, LinkStatus
 from agents.sections import (
     SECTION_MODELS,
     AlertsSection,
@@ -58,7 +58,7 @@ class MachineView:
     error: str | None = None
     last_seen: float | None = None  # wall time of the last message from the agent
     sample_t: float | None = None  # agent's time of the newest sample
-    hello: dict[str, Any] | None = None
+    hello: Hello | None = None  # what the agent said of itself on connecting
     # the tick's sections, each parsed once into its model (agents/sections.py) where it enters
     gpus: dict[int, GpuSample] = field(default_factory=dict)
     host: HostSample = field(default_factory=HostSample)
@@ -88,7 +88,7 @@ class MachineView:
 
     @property
     def simulated(self) -> bool:
-        return bool(self.hello and self.hello.get("simulated")) or self.config.simulated
+        return bool(self.hello and self.hello.simulated) or self.config.simulated
 
     @property
     def model_list(self) -> list[ModelInfo]:
@@ -221,7 +221,7 @@ class LabView:
         if view.set_link(LinkStatus(link), error):
             self.bump(view)
 
-    def set_hello(self, name: str, hello: dict[str, Any]) -> None:
+    def set_hello(self, name: str, hello: Hello) -> None:
         view = self.machines[name]
         view.hello = hello
         view.last_seen = time.time()

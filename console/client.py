@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from agents.keys import KeyFileError, check_private
 from agents.lab import Lab, Machine
 from agents.link import EventHandler, LineReader, LineWriter, Link, LinkCore, Transport, read_line, ssh_error
-from agents.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, LinkStatus, RemoteError
+from agents.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, HistoryParams, LinkStatus, RemoteError
 from console import openssh
 from console.state import SPARK_POINTS, LabState
 
@@ -175,9 +175,11 @@ class FleetClient:
         return None
 
     async def _connected(self, link: Link) -> None:
+        from agents.catalogue import HISTORY, request  # deferred, as in the core: not on a cold CLI's import path
+
         name = link.name
         if self.topics:
-            self.state.seed_history(name, await self.call(name, "history", {"max_points": SPARK_POINTS}))
+            self.state.seed_history(name, await request(self, name, HISTORY, HistoryParams(max_points=SPARK_POINTS)))
         else:  # no stream: take one snapshot so the state is not empty
             self.state.apply_status(name, await self.call(name, "status"))
 

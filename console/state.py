@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from agents.lab import Lab
 from agents.protocol import LinkStatus
 from agents.sections import SectionFault, alert_id
 from agents.view import GPU_SERIES, SPARK_POINTS, LabView, MachineView
+
+if TYPE_CHECKING:
+    from agents.catalogue import HistoryReply
 
 __all__ = ["GPU_SERIES", "SPARK_POINTS", "LabState", "MachineView"]
 
@@ -37,15 +40,15 @@ class LabState(LabView):
                     "fired_at": view.last_seen, "cleared_at": now, "acked_at": None})
         super().set_link(name, link, error)
 
-    def seed_history(self, name: str, history: dict[str, Any]) -> None:
+    def seed_history(self, name: str, history: HistoryReply) -> None:
         """Fill the sparklines from the agent's ring buffer, so a new console starts with a past."""
         view = self.machines[name]
-        for gpu in history.get("gpus", []):
+        for gpu in history.gpus:
             for key in GPU_SERIES:
-                series = view.series[f"gpu{gpu['index']}.{key}"] = deque(maxlen=SPARK_POINTS)
-                series.extend(gpu.get(key, [])[-SPARK_POINTS:])
+                series = view.series[f"gpu{gpu.index}.{key}"] = deque(maxlen=SPARK_POINTS)
+                series.extend(getattr(gpu, key)[-SPARK_POINTS:])
         cpu = view.series["cpu_pct"] = deque(maxlen=SPARK_POINTS)
-        cpu.extend(history.get("host", {}).get("cpu_pct", [])[-SPARK_POINTS:])
+        cpu.extend(history.host.cpu_pct[-SPARK_POINTS:])
         view.touch("series")
         self.bump(view)
 

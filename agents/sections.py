@@ -38,7 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.gpusupport.model import GpuSupportSection
-from agents.protocol import Finite, FiniteFloat, GpuSample, HostSample, LinkStatus, Telemetry
+from agents.protocol import Finite, FiniteFloat, GpuSample, HostSample, Telemetry
 from agents.states import JobState, ModelState
 
 
@@ -407,7 +407,7 @@ class GatewaySection(Section):
     machine: str
     error: str | None = None  # why it does not serve
     currency: str = "USD"
-    peers: dict[str, LinkStatus] = Field(default_factory=dict)  # machine -> its peer link
+    peers: dict[str, str] = Field(default_factory=dict)  # machine -> online | offline | refused | untrusted ...
     models: list[GatewayModelFigures] = Field(default_factory=list)
     providers: list[ProviderSpend] = Field(default_factory=list)
     keys: list[KeyUse] = Field(default_factory=list)

@@ -77,7 +77,7 @@ class GatewayScreen(LabScreen):
             summary.update(shown(f"gateway on [b]{esc(gateway.machine)}[/b]: no data yet (is its agent online?)"))
             section = GatewaySection(machine=gateway.machine)
         else:
-            down = [f"{esc(m)} {esc(s)}" for m, s in section.peers.items() if s is not LinkStatus.ONLINE]
+            down = [f"{esc(m)} {esc(s)}" for m, s in section.peers.items() if s != LinkStatus.ONLINE]
             source = self.lab_app.lab.source
             key_file = source.parent / GATEWAY_KEY_FILE if source else None
             summary.update(shown(f"[b]{esc(section.url or 'NOT SERVING')}[/b] on {esc(section.machine)}"

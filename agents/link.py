@@ -144,6 +144,18 @@ class Link:
         return RemoteError(ErrorCode.DISCONNECTED, f"{self.name} is {self.status}" + (f": {self.error}" if self.error else ""))
 
 
+@dataclass(frozen=True)
+class LinkSettings:
+    """How a client's links behave: what they subscribe to, how long they wait, how they back off."""
+
+    topics: list[str]  # events to subscribe to once online (none: calls only, and no silence watch)
+    call_timeout_s: float
+    connect_timeout_s: float  # opening the transport, and the hello
+    keepalive_s: float  # the SSH keepalive; a subscribed link silent for twice this (or 3 ticks) is dropped
+    backoff_max_s: float  # retries double from BACKOFF_START_S up to this; refused and untrusted links wait this long
+    reconnect: bool = True  # False: one attempt per link (the CLI)
+
+
 # Called once hello has passed, before the link subscribes and reads as online (the console seeds its sparklines).
 Connected = Callable[[Link], Awaitable[None]]
 
@@ -156,24 +168,14 @@ class LinkCore:
         machines: Iterable[Machine],
         opener: Opener,
         view: LabView,
+        settings: LinkSettings,
         *,
-        topics: list[str],
-        call_timeout_s: float,
-        connect_timeout_s: float,
-        keepalive_s: float,
-        backoff_max_s: float,
-        reconnect: bool = True,
         on_event: EventHandler | None = None,
         on_connected: Connected | None = None,
     ):
         self.opener = opener
         self.view = view
-        self.topics = topics
-        self.call_timeout_s = call_timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.keepalive_s = keepalive_s
-        self.backoff_max_s = backoff_max_s
-        self.reconnect = reconnect
+        self.settings = settings
         self.on_event = on_event
         self.on_connected = on_connected
         self.links: dict[str, Link] = {m.name: Link(m) for m in machines}
@@ -226,7 +228,7 @@ class LinkCore:
             raise RemoteError(ErrorCode.NOT_FOUND, f"no machine named {machine!r} in the lab")
         if link.transport is None:
             raise link.unavailable()
-        limit = timeout or self.call_timeout_s
+        limit = timeout or self.settings.call_timeout_s
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         link.pending[request_id] = future
@@ -258,15 +260,15 @@ class LinkCore:
                 status, message = await self._explain(link, exc)
                 self.set_status(link, status, message)
                 if status is not LinkStatus.OFFLINE:  # the fix is on a machine, not in waiting: retry slowly
-                    link.backoff_s = self.backoff_max_s
+                    link.backoff_s = self.settings.backoff_max_s
             finally:
                 await self._drop(link)
             log.info("%s: %s (%s)", link.name, link.status, link.error)
             link.settled.set()
-            if not self.reconnect:
+            if not self.settings.reconnect:
                 return
             delay = link.backoff_s * (0.8 + 0.4 * random.random())
-            link.backoff_s = min(self.backoff_max_s, link.backoff_s * 2)
+            link.backoff_s = min(self.settings.backoff_max_s, link.backoff_s * 2)
             await asyncio.sleep(delay)
 
     async def _explain(self, link: Link, exc: BaseException) -> tuple[LinkStatus, str]:
@@ -290,7 +292,7 @@ class LinkCore:
         reader_task = asyncio.create_task(self._read(link, link.transport))
         try:
             # the version first: another protocol's hello may not fit this one's model
-            raw = await self._call(machine.name, HELLO.name, None, self.connect_timeout_s)
+            raw = await self._call(machine.name, HELLO.name, None, self.settings.connect_timeout_s)
             said = raw.get("protocol") if isinstance(raw, dict) else None
             if said != PROTOCOL_VERSION:
                 raise RemoteError(ErrorCode.UNAVAILABLE, f"the agent speaks protocol {said}, this client {PROTOCOL_VERSION}: upgrade one of them")
@@ -301,8 +303,8 @@ class LinkCore:
             self.view.set_hello(machine.name, hello)
             if self.on_connected is not None:
                 await self.on_connected(link)
-            if self.topics:
-                await self.call(machine.name, "subscribe", {"topics": self.topics})
+            if self.settings.topics:
+                await self.call(machine.name, "subscribe", {"topics": self.settings.topics})
             self.set_status(link, LinkStatus.ONLINE)
             link.backoff_s = BACKOFF_START_S
             link.online.set()
@@ -315,11 +317,11 @@ class LinkCore:
 
     async def _watch(self, link: Link, reader_task: asyncio.Task[None], interval_s: float) -> None:
         """Return when the stream ends or goes silent (faster than SSH keepalives notice)."""
-        silent_after = max(3 * interval_s + 2.0, self.keepalive_s * 2)
+        silent_after = max(3 * interval_s + 2.0, self.settings.keepalive_s * 2)
         while not reader_task.done():
             await asyncio.wait({reader_task}, timeout=1.0)
             silent_s = time.monotonic() - link.last_message
-            if self.topics and silent_s > silent_after:
+            if self.settings.topics and silent_s > silent_after:
                 # the threshold, not a count: the card's "last seen ... ago" is the one figure that moves
                 raise RemoteError(ErrorCode.DISCONNECTED, f"went silent: no data within {silent_after:.0f} s")
         reader_task.result()

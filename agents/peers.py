@@ -13,7 +13,7 @@ import asyncssh
 
 from agents.keys import ensure_key
 from agents.lab import Lab
-from agents.link import Link, LinkCore, Transport
+from agents.link import Link, LinkCore, LinkSettings, Transport
 from agents.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, LinkStatus, RemoteError
 from agents.view import LabView, MachineView
 
@@ -76,9 +76,9 @@ class PeerClient:
         self.known_hosts = state_dir / PEER_KNOWN_HOSTS_NAME
         wanted = machines if machines is not None else [m.name for m in lab.machines]
         self.views = LabView(lab, wanted)
-        self.core = LinkCore([lab.machine(name) for name in wanted], self, self.views, topics=topics if topics is not None else [EVENT_TICK],
-                             call_timeout_s=CALL_TIMEOUT_S, connect_timeout_s=CONNECT_TIMEOUT_S, keepalive_s=KEEPALIVE_S,
-                             backoff_max_s=BACKOFF_MAX_S)
+        settings = LinkSettings(topics=topics if topics is not None else [EVENT_TICK], call_timeout_s=CALL_TIMEOUT_S,
+                                connect_timeout_s=CONNECT_TIMEOUT_S, keepalive_s=KEEPALIVE_S, backoff_max_s=BACKOFF_MAX_S)
+        self.core = LinkCore([lab.machine(name) for name in wanted], self, self.views, settings)
         self.links = self.core.links
         self._key: asyncssh.SSHKey | None = None
         self._tunnel_dir: Path | None = None

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from agents.keys import KeyFileError, check_private
 from agents.lab import Lab, Machine
-from agents.link import EventHandler, LineReader, LineWriter, Link, LinkCore, Transport, read_line, ssh_error
+from agents.link import EventHandler, LineReader, LineWriter, Link, LinkCore, LinkSettings, Transport, read_line, ssh_error
 from agents.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, HistoryParams, LinkStatus, RemoteError
 from console import openssh
 from console.state import SPARK_POINTS, LabState
@@ -90,9 +90,9 @@ class FleetClient:
                 command = m.via == "agent" and openssh.argv(m.host, m.port, self.key_path, self.known_hosts, self.connect_timeout_s, self.keepalive_s)
                 if command:
                     self._openssh_argv[m.name] = command
-        self.core = LinkCore(lab.machines, self, self.state, topics=self.topics, call_timeout_s=settings.call_timeout_s,
-                             connect_timeout_s=self.connect_timeout_s, keepalive_s=self.keepalive_s, backoff_max_s=BACKOFF_MAX_S,
-                             reconnect=reconnect, on_event=on_event, on_connected=self._connected)
+        link_settings = LinkSettings(topics=self.topics, call_timeout_s=settings.call_timeout_s, connect_timeout_s=self.connect_timeout_s,
+                                     keepalive_s=self.keepalive_s, backoff_max_s=BACKOFF_MAX_S, reconnect=reconnect)
+        self.core = LinkCore(lab.machines, self, self.state, link_settings, on_event=on_event, on_connected=self._connected)
         self.links = self.core.links
 
     @property

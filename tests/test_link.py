@@ -18,7 +18,7 @@ import yaml
 
 from agents.catalogue import ReplyInvalid
 from agents.lab import parse_lab
-from agents.link import Link, LinkCore, Transport
+from agents.link import Link, LinkCore, LinkSettings, Transport
 from agents.peers import PeerClient
 from agents.protocol import PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
 from agents.states import ModelState
@@ -89,8 +89,9 @@ class ScriptedAgent:
 async def linked(script: Script, **options: Any) -> AsyncIterator[tuple[ScriptedAgent, LinkCore]]:
     """A core linked to a scripted agent, past its first attempt; stopped on the way out."""
     agent = ScriptedAgent(script)
-    settings = {"topics": ["tick"], "call_timeout_s": 5.0, "connect_timeout_s": 5.0, "keepalive_s": 30.0, "backoff_max_s": 0.2, **options}
-    core = LinkCore(LAB.machines, agent, LabView(LAB), **settings)
+    settings = LinkSettings(**{"topics": ["tick"], "call_timeout_s": 5.0, "connect_timeout_s": 5.0, "keepalive_s": 30.0,
+                               "backoff_max_s": 0.2, **options})
+    core = LinkCore(LAB.machines, agent, LabView(LAB), settings)
     core.start()
     try:
         await core.wait_connected(10)

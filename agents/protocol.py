@@ -46,6 +46,16 @@ GATEWAY_METHODS = frozenset({"models.warm", "models.sleep", "models.swap", "mode
 NODE_METHODS = frozenset({"hello", "jobs.node_start", "jobs.node_stop", "jobs.node_status"})
 
 
+class LinkStatus(StrEnum):
+    """A client's link to one agent (the console's, the CLI's, a peer agent's): one state machine for all of them."""
+
+    CONNECTING = "connecting"  # the first attempt has not ended yet
+    ONLINE = "online"  # hello answered, subscribed: calls go through
+    OFFLINE = "offline"  # no connection now; retried with backoff
+    REFUSED = "refused"  # the agent (or its sshd) refused our key or role: retried slowly, the fix is on that machine
+    UNTRUSTED = "untrusted"  # its host key is not in our known_hosts (or changed): retried slowly, never trusted silently
+
+
 class ErrorCode(StrEnum):
     PARSE_ERROR = "parse_error"  # not JSON, or not UTF-8
     INVALID_REQUEST = "invalid_request"  # JSON, but not a request object

@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path.cwd()))
 
 from agents.lab import load_lab  # noqa: E402
+from agents.protocol import LinkStatus  # noqa: E402
 from agents.telemetry.sim import SimSampler  # noqa: E402
 from bench.common import CpuWindow, percentile  # noqa: E402
 from console.app import CetlabApp  # noqa: E402
@@ -104,7 +105,7 @@ async def run_console(lab, ticks: dict[str, list[dict]] | None) -> tuple[float, 
 
 async def measure(app: CetlabApp, ticks: dict[str, list[dict]] | None) -> tuple[float, list[float], float, float | None]:
     for name in app.state.machines:
-        app.state.set_link(name, "online" if ticks else "offline")
+        app.state.set_link(name, LinkStatus.ONLINE if ticks else LinkStatus.OFFLINE)
     stop = asyncio.Event()
     started = time.monotonic()
     feeder = asyncio.create_task(feed(app, ticks, stop)) if ticks else None

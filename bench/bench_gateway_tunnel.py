@@ -19,6 +19,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.lab import load_lab  # noqa: E402
+from agents.protocol import LinkStatus  # noqa: E402
 from bench.bench_gateway import BODY, stream, timed_post  # noqa: E402
 from bench.common import percentile  # noqa: E402
 from console.client import FleetClient  # noqa: E402
@@ -65,7 +66,7 @@ async def bench(demo: DemoLab) -> None:
         for _ in range(600):
             found = {m["name"]: m for m in (await client.call("node", "models.list"))["models"]}
             peers = (await client.call("hub", "gateway.status"))["peers"]
-            if all(found[n]["state"] == "warm" for n in ("instant", "streamer", "crowd")) and peers.get("node") == "online":
+            if all(found[n]["state"] == "warm" for n in ("instant", "streamer", "crowd")) and peers.get("node") == LinkStatus.ONLINE:
                 break
             await asyncio.sleep(0.2)
         direct = {name: m["endpoint"] for name, m in found.items()}

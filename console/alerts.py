@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.protocol import LinkStatus
 from agents.sections import alert_id
 from console.state import LabState
 
@@ -12,7 +13,7 @@ def offline_alerts(state: LabState, now: float, offline_for_s: float) -> list[di
     """A machine the console cannot reach is an alert only the console can raise."""
     out = []
     for view in state.machines.values():
-        if view.online or view.link == "connecting":
+        if view.online or view.link is LinkStatus.CONNECTING:
             continue
         if view.last_seen is not None and now - view.last_seen < offline_for_s:
             continue

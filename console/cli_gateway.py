@@ -13,7 +13,7 @@ from agents.catalogue import (
     KeyList,
     KeyNameParams,
 )
-from agents.protocol import ErrorCode, RemoteError
+from agents.protocol import ErrorCode, LinkStatus, RemoteError
 from agents.sections import GatewaySection
 from console.cli import Context
 from widgets.format import fmt_money as money
@@ -31,7 +31,7 @@ def gateway_machine(ctx: Context) -> str:
 def gateway_human(data: GatewaySection) -> str:
     c = data.currency
     lines = [f"gateway {data.url or 'NOT SERVING'} on {data.machine}" + (f": {data.error}" if data.error else "")]
-    down = {m: s for m, s in data.peers.items() if s != "online"}
+    down = {m: s for m, s in data.peers.items() if s != LinkStatus.ONLINE}
     if down:
         lines.append("peers not reachable: " + ", ".join(f"{m} ({s})" for m, s in down.items()))
     where = {id(m): (m.where or "") + (" SIM" if m.simulated else "") for m in data.models}

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import logging
-import random
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from agents.keys import KeyFileError, check_private
 from agents.lab import Lab, Machine
-from agents.protocol import EVENT_TICK, MAX_REPLY_BYTES, PROTOCOL_VERSION, SSH_USERNAME, SUBSYSTEM, ErrorCode, RemoteError, encode
+from agents.link import EventHandler, LineReader, LineWriter, Link, LinkCore, LinkSettings, Transport, read_line, ssh_error
+from agents.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, HistoryParams, LinkStatus, RemoteError
 from console import openssh
 from console.state import SPARK_POINTS, LabState
 
@@ -24,21 +20,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cetlab.client")
 
-BACKOFF_START_S = 0.5
+__all__ = ["FleetClient", "read_line"]  # read_line: the core's, where tests of the wire import it
+
 BACKOFF_MAX_S = 30.0
 
 
-def _asyncssh():
+def _asyncssh() -> ModuleType:
     """asyncssh, loaded on first use: a CLI verb over OpenSSH never needs it."""
     import asyncssh
 
     return asyncssh
-
-
-def _ssh_error(name: str) -> tuple[type, ...]:
-    """asyncssh's exception class by name for an `except`, or none where asyncssh was never loaded."""
-    module = sys.modules.get("asyncssh")
-    return (getattr(module, name),) if module is not None else ()
 
 
 def _config_dir() -> Path:
@@ -66,25 +57,8 @@ def known_hosts_has(path: Path, host: str, port: int) -> bool:
     return any(line.split(None, 1)[0].split(",").count(pattern) for line in path.read_text().splitlines() if line.strip() and not line.startswith("#"))
 
 
-@dataclass
-class _Link:
-    """The live connection to one agent."""
-
-    machine: Machine
-    status: str = "connecting"  # connecting | online | offline | refused | untrusted (LabState gets a copy)
-    error: str | None = None
-    conn: asyncssh.SSHClientConnection | None = None
-    ssh: openssh.Session | None = None  # the OpenSSH client process, where the link uses one
-    writer: asyncssh.SSHWriter | asyncio.StreamWriter | None = None
-    task: asyncio.Task | None = None
-    settled: asyncio.Event | None = None  # set once the first attempt is online or has failed
-    pending: dict | None = None
-    backoff_s: float = BACKOFF_START_S
-    last_message: float = 0.0  # monotonic time of the last line from the agent
-
-
 class FleetClient:
-    """Connects to every machine of a lab at once and keeps a LabState current."""
+    """Connects to every machine of a lab at once and keeps a LabState current, on the one client core."""
 
     def __init__(
         self,
@@ -95,7 +69,7 @@ class FleetClient:
         known_hosts: Path | None = None,
         trust_on_first_use: bool | None = None,
         subscribe: list[str] | None = None,
-        on_event: Callable[[str, str, Any], None] | None = None,
+        on_event: EventHandler | None = None,
         reconnect: bool = True,
         use_openssh: bool = False,
     ):
@@ -106,15 +80,9 @@ class FleetClient:
         self.known_hosts = known_hosts or lab.resolve(settings.known_hosts) or default_known_hosts()
         self.trust_on_first_use = settings.trust_on_first_use if trust_on_first_use is None else trust_on_first_use
         self.keepalive_s = settings.keepalive_s
-        self.call_timeout_s = settings.call_timeout_s
         self.connect_timeout_s = settings.connect_timeout_s
         self.topics = subscribe if subscribe is not None else [EVENT_TICK]
-        self.on_event = on_event
-        self.reconnect = reconnect
-        self._ids = itertools.count(1)
-        self._links = {m.name: _Link(m) for m in lab.machines}
         self._client_key: asyncssh.SSHKey | None = None
-        self.calls_timed_out = 0
         # one-shot use (the CLI): the system's ssh where it can carry the link, asyncssh otherwise
         self._openssh_argv: dict[str, list[str]] = {}
         if use_openssh and not self.trust_on_first_use:
@@ -122,11 +90,24 @@ class FleetClient:
                 command = m.via == "agent" and openssh.argv(m.host, m.port, self.key_path, self.known_hosts, self.connect_timeout_s, self.keepalive_s)
                 if command:
                     self._openssh_argv[m.name] = command
+        link_settings = LinkSettings(topics=self.topics, call_timeout_s=settings.call_timeout_s, connect_timeout_s=self.connect_timeout_s,
+                                     keepalive_s=self.keepalive_s, backoff_max_s=BACKOFF_MAX_S, reconnect=reconnect)
+        self.core = LinkCore(lab.machines, self, self.state, link_settings, on_event=on_event, on_connected=self._connected)
+        self.links = self.core.links
+
+    @property
+    def on_event(self) -> EventHandler | None:
+        """Called with (machine, event, data) for every event the agents push (a tick after it reached the state)."""
+        return self.core.on_event
+
+    @on_event.setter
+    def on_event(self, handler: EventHandler | None) -> None:
+        self.core.on_event = handler
 
     @property
     def transports(self) -> dict[str, str]:
         """Which SSH client each machine's link uses: openssh or asyncssh."""
-        return {name: "openssh" if name in self._openssh_argv else "asyncssh" for name in self._links}
+        return {name: "openssh" if name in self._openssh_argv else "asyncssh" for name in self.links}
 
     # -- lifecycle
 
@@ -134,125 +115,78 @@ class FleetClient:
         key_problem = None
         try:
             check_private(self.key_path)  # like ssh: a private key others can read is not used
-            if any(link.machine.via == "agent" and name not in self._openssh_argv for name, link in self._links.items()):
+            if any(link.machine.via == "agent" and name not in self._openssh_argv for name, link in self.links.items()):
                 self._client_key = _asyncssh().read_private_key(self.key_path)
-        except (OSError, KeyFileError, *_ssh_error("KeyImportError")) as exc:
+        except ssh_error("KeyImportError", OSError, KeyFileError) as exc:
             key_problem = f"cannot use the console key {self.key_path}: {exc}"
-        for link in self._links.values():
+        starting = []
+        for name, link in self.links.items():
             if key_problem and link.machine.via == "agent":  # via: sshd uses the user's own ssh keys instead
-                self._set_link(link, "refused", key_problem)
-                continue
-            link.settled = asyncio.Event()
-            link.task = asyncio.create_task(self._run(link), name=f"link-{link.machine.name}")
+                self.core.set_status(link, LinkStatus.REFUSED, key_problem)
+            else:
+                starting.append(name)
+        self.core.start(starting)
 
     async def stop(self) -> None:
-        for link in self._links.values():
-            if link.task:
-                link.task.cancel()
-            if link.conn:
-                link.conn.close()
-        await asyncio.gather(*(link.task for link in self._links.values() if link.task), return_exceptions=True)
+        await self.core.stop()
 
     async def __aenter__(self) -> FleetClient:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
     async def wait_connected(self, timeout: float) -> None:
         """Wait until every machine is online or has failed its first attempt (at most `timeout` s)."""
-        waits = [asyncio.ensure_future(link.settled.wait()) for link in self._links.values() if link.settled is not None]
-        if not waits:
-            return
-        _done, pending = await asyncio.wait(waits, timeout=timeout)
-        for waiting in pending:
-            waiting.cancel()
-
-    def _set_link(self, link: _Link, status: str, error: str | None = None) -> None:
-        """The link's state is kept here and copied into LabState for the screens and the CLI."""
-        link.status, link.error = status, error
-        self.state.set_link(link.machine.name, status, error)
+        await self.core.wait_connected(timeout)
 
     # -- calls
 
-    async def call(self, machine: str, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
+    async def call(self, machine: str, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
         """Call a method on one agent; raises RemoteError (typed) on any failure."""
-        link = self._links.get(machine)
-        if link is None:
-            raise RemoteError(ErrorCode.NOT_FOUND, f"no machine named {machine!r} in the lab")
-        if link.writer is None or link.pending is None:
-            raise RemoteError(ErrorCode.DISCONNECTED, f"{machine} is {link.status}" + (f": {link.error}" if link.error else ""))
-        request_id = next(self._ids)
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        link.pending[request_id] = future
-        try:
-            link.writer.write(encode({"id": request_id, "method": method, "params": params or {}}))
-            async with asyncio.timeout(timeout or self.call_timeout_s):  # no extra task, unlike wait_for
-                return await future
-        except asyncio.TimeoutError:
-            self.calls_timed_out += 1
-            raise RemoteError(ErrorCode.TIMEOUT, f"{machine} did not answer {method} within {timeout or self.call_timeout_s:.0f} s") from None
-        except (OSError, *_ssh_error("Error")) as exc:
-            raise RemoteError(ErrorCode.DISCONNECTED, f"{machine}: connection lost ({exc})") from None
-        finally:
-            if link.pending is not None:
-                link.pending.pop(request_id, None)
+        return await self.core.call(machine, method, params, timeout)
 
-    async def call_all(self, method: str, params: dict | None = None, timeout: float | None = None) -> dict[str, Any]:
+    async def call_all(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]:
         """Call every machine; each value is a result or the RemoteError it raised."""
-        names = list(self._links)
-        results = await asyncio.gather(*(self.call(n, method, params, timeout) for n in names), return_exceptions=True)
-        return dict(zip(names, results))
+        return await self.core.call_all(method, params, timeout)
 
-    # -- the connection loop
+    # -- how a link is opened (the core's Opener)
 
-    async def _run(self, link: _Link) -> None:
-        name = link.machine.name
-        while True:
-            try:
-                await self._session(link)
-                self._set_link(link, "offline", "the agent closed the connection")
-            except _ssh_error("HostKeyNotVerifiable") as exc:
-                self._set_link(link, "untrusted", self._host_key_problem(link.machine, exc))
-                link.backoff_s = BACKOFF_MAX_S
-            except _ssh_error("PermissionDenied"):
-                self._set_link(link, "refused", self._key_refused(name))
-                link.backoff_s = BACKOFF_MAX_S
-            except openssh.SshFailed as exc:  # the OpenSSH client ended: the same statuses and words as above
-                if exc.link_status == "untrusted":
-                    self._set_link(link, "untrusted", self._host_key_problem(link.machine, exc.message))
-                elif exc.link_status == "refused":  # a key ssh could not load reads as refused too: ask why
-                    problem = exc.message[5:] if exc.message.startswith("key: ") else await openssh.key_problem(self.key_path)
-                    self._set_link(link, "refused", f"cannot use the console key {self.key_path}: {problem}" if problem else self._key_refused(name))
-                else:
-                    self._set_link(link, "offline", exc.message)
-                if exc.link_status != "offline":
-                    link.backoff_s = BACKOFF_MAX_S
-            except RemoteError as exc:
-                refused = exc.code == ErrorCode.FORBIDDEN  # e.g. a socket user without a role: retrying will not help
-                self._set_link(link, "refused" if refused else "offline", exc.message)
-                if refused:
-                    link.backoff_s = BACKOFF_MAX_S
-            except (OSError, asyncio.TimeoutError, ConnectionError, *_ssh_error("Error")) as exc:
-                self._set_link(link, "offline", _describe(exc))
-            finally:
-                self._drop(link)
-                if link.ssh is not None:
-                    session, link.ssh = link.ssh, None
-                    await session.close()
-            if link.settled is not None:
-                link.settled.set()
-            if not self.reconnect:
-                return
-            delay = link.backoff_s * (0.8 + 0.4 * random.random())
-            link.backoff_s = min(BACKOFF_MAX_S, link.backoff_s * 2)
-            await asyncio.sleep(delay)
+    async def open(self, link: Link) -> Transport:
+        machine = link.machine
+        if machine.name in self._openssh_argv:
+            return await self._through_openssh(link)
+        return await (self._through_sshd(link) if machine.via == "sshd" else self._direct(link))
+
+    async def explain(self, link: Link, exc: BaseException) -> tuple[LinkStatus, str] | None:
+        """The console's words for a failed attempt: which key to authorize, which host key to check, and how."""
+        if isinstance(exc, ssh_error("HostKeyNotVerifiable")):
+            return LinkStatus.UNTRUSTED, self._host_key_problem(link.machine, exc)
+        if isinstance(exc, ssh_error("PermissionDenied")):
+            return LinkStatus.REFUSED, self._key_refused(link.name)
+        if isinstance(exc, openssh.SshFailed):  # the OpenSSH client ended: the same statuses and words as above
+            if exc.link_status is LinkStatus.UNTRUSTED:
+                return LinkStatus.UNTRUSTED, self._host_key_problem(link.machine, exc.message)
+            if exc.link_status is LinkStatus.REFUSED:  # a key ssh could not load reads as refused too: ask why
+                problem = exc.message[5:] if exc.message.startswith("key: ") else await openssh.key_problem(self.key_path)
+                return LinkStatus.REFUSED, f"cannot use the console key {self.key_path}: {problem}" if problem else self._key_refused(link.name)
+            return exc.link_status, exc.message
+        return None
+
+    async def _connected(self, link: Link) -> None:
+        from agents.catalogue import HISTORY, request  # deferred, as in the core: not on a cold CLI's import path
+
+        name = link.name
+        if self.topics:
+            self.state.seed_history(name, await request(self, name, HISTORY, HistoryParams(max_points=SPARK_POINTS)))
+        else:  # no stream: take one snapshot so the state is not empty
+            self.state.apply_status(name, await self.call(name, "status"))
 
     def _key_refused(self, name: str) -> str:
         return f"the agent refused our key {self.key_path}.pub: authorize it with `cetlab-agent authorize --machine {name} --role operator KEY.pub` on {name}"
 
-    def _host_key_problem(self, machine: Machine, exc: Exception | str) -> str:
+    def _host_key_problem(self, machine: Machine, exc: BaseException | str) -> str:
         if machine.via == "sshd":
             return (f"the host key of {machine.host} is not trusted by ~/.ssh/known_hosts (or it changed): "
                     f"`ssh {machine.host}` once to check and accept it ({exc})")
@@ -275,12 +209,12 @@ class FleetClient:
             f.write(f"{host_pattern(machine.host, machine.port)} {key.export_public_key().decode().strip()}\n")
         log.warning("trusted the new host key of %s (%s) on first use", machine.name, key.get_fingerprint())
 
-    async def _through_sshd(self, link: _Link) -> tuple[asyncssh.SSHReader, asyncssh.SSHWriter]:
+    async def _through_sshd(self, link: Link) -> Transport:
         """via: sshd: the machine's own sshd, as the user's ssh would (keys, agent, known_hosts, ~/.ssh/config with ProxyJump)."""
         asyncssh = _asyncssh()
         machine = link.machine
         config = Path("~/.ssh/config").expanduser()
-        link.conn = await asyncio.wait_for(
+        conn = await asyncio.wait_for(
             asyncssh.connect(
                 machine.host,
                 port=machine.ssh_port or (),
@@ -293,17 +227,22 @@ class FleetClient:
         )
         path = machine.socket or f"/var/lib/cetlab/{machine.name}/agent.sock"
         try:
-            return await asyncio.wait_for(link.conn.open_unix_connection(path), self.connect_timeout_s)
+            reader, writer = await asyncio.wait_for(conn.open_unix_connection(path), self.connect_timeout_s)
         except asyncssh.ChannelOpenError as exc:
+            conn.close()
             raise RemoteError(ErrorCode.DISCONNECTED, f"{machine.host}'s sshd cannot open the agent's socket {path}: {exc.reason} "
                               f"(is the agent running there, is `socket:` in lab.yaml right, may this user reach it?)") from None
+        except BaseException:
+            conn.close()
+            raise
+        return _over(conn, reader, writer)
 
-    async def _direct(self, link: _Link) -> tuple[asyncssh.SSHReader, asyncssh.SSHWriter]:
+    async def _direct(self, link: Link) -> Transport:
         """The agent's own SSH server, with the console's key and known_hosts."""
         asyncssh = _asyncssh()
         machine = link.machine
         await self._trust_new_host(machine)
-        link.conn = await asyncio.wait_for(
+        conn = await asyncio.wait_for(
             asyncssh.connect(
                 machine.host,
                 machine.port,
@@ -319,135 +258,27 @@ class FleetClient:
             ),
             self.connect_timeout_s,
         )
-        # bounded too: an agent that authenticates and then freezes must not hold the link
-        writer, reader, _stderr = await asyncio.wait_for(link.conn.open_session(subsystem=SUBSYSTEM, encoding=None), self.connect_timeout_s)
-        return reader, writer
+        try:  # bounded too: an agent that authenticates and then freezes must not hold the link
+            writer, reader, _stderr = await asyncio.wait_for(conn.open_session(subsystem=SUBSYSTEM, encoding=None), self.connect_timeout_s)
+        except BaseException:
+            conn.close()
+            raise
+        return _over(conn, reader, writer)
 
-    async def _through_openssh(self, link: _Link) -> tuple[openssh.PipeReader, asyncio.StreamWriter]:
+    async def _through_openssh(self, link: Link) -> Transport:
         """The agent's own SSH server through the system's ssh: the same key, known_hosts and subsystem."""
-        link.ssh = await openssh.open_session(self._openssh_argv[link.machine.name])
-        return link.ssh.reader, link.ssh.writer
+        session = await openssh.open_session(self._openssh_argv[link.machine.name])
 
-    async def _session(self, link: _Link) -> None:
-        machine = link.machine
-        if machine.name in self._openssh_argv:
-            reader, writer = await self._through_openssh(link)
-        else:
-            reader, writer = await (self._through_sshd(link) if machine.via == "sshd" else self._direct(link))
-        link.writer, link.pending = writer, {}
-        reader_task = asyncio.create_task(self._read(link, reader))
-        try:
-            hello = await self.call(machine.name, "hello", timeout=self.connect_timeout_s)
-            if hello.get("protocol") != PROTOCOL_VERSION:
-                raise RemoteError(ErrorCode.UNAVAILABLE, f"agent speaks protocol {hello.get('protocol')}, this console {PROTOCOL_VERSION}: upgrade one of them")
-            if hello.get("machine") != machine.name:  # another agent at this address (a taken port or socket)
-                raise RemoteError(ErrorCode.UNAVAILABLE, f"the agent at {machine.host} answers as machine {hello.get('machine')!r}, "
-                                  f"not {machine.name!r}: check host, port and socket in lab.yaml; refusing it")
-            self.state.set_hello(machine.name, hello)
-            if self.topics:
-                self.state.seed_history(machine.name, await self.call(machine.name, "history", {"max_points": SPARK_POINTS}))
-                await self.call(machine.name, "subscribe", {"topics": self.topics})
-            else:  # no stream: take one snapshot so the state is not empty
-                self.state.apply_status(machine.name, await self.call(machine.name, "status"))
-            self._set_link(link, "online")
-            link.backoff_s = BACKOFF_START_S
-            if link.settled is not None:
-                link.settled.set()
-            await self._watch(link, reader_task, hello.get("sample_interval_s", 1.0))
-        finally:
-            reader_task.cancel()
-            if reader_task.done() and not reader_task.cancelled():
-                reader_task.exception()  # raised to the waiting call already; retrieved here, not logged as lost
+        async def ended() -> openssh.SshFailed:
+            return await session.failure(self.connect_timeout_s)
 
-    async def _watch(self, link: _Link, reader_task: asyncio.Task, interval_s: float) -> None:
-        """Return when the stream ends or goes silent (faster than SSH keepalives notice)."""
-        silent_after = max(3 * interval_s + 2.0, self.keepalive_s * 2)
-        while not reader_task.done():
-            await asyncio.wait({reader_task}, timeout=1.0)
-            silent_s = time.monotonic() - link.last_message
-            if self.topics and silent_s > silent_after:
-                # the threshold, not a count: the card's "last seen ... ago" is the one figure that moves
-                raise RemoteError(ErrorCode.DISCONNECTED, f"went silent: no data within {silent_after:.0f} s")
-        reader_task.result()
-
-    async def _read(self, link: _Link, reader: asyncssh.SSHReader | openssh.PipeReader) -> None:
-        name = link.machine.name
-        while True:
-            line = await read_line(reader)
-            if line is None:
-                if link.ssh is not None:  # ssh ended: say why, to the calls waiting too (the first is `hello`)
-                    failure = await link.ssh.failure(self.connect_timeout_s)
-                    self._fail_pending(link, failure)
-                    raise failure
-                return
-            link.last_message = time.monotonic()
-            if not line:  # longer than any reply may be: dropped whole
-                log.warning("%s sent a line longer than %d bytes; dropped", name, MAX_REPLY_BYTES)
-                continue
-            try:
-                message = json.loads(line)
-            except ValueError:
-                log.warning("%s sent a line that is not JSON", name)
-                continue
-            if "event" in message:
-                event, data = message["event"], message.get("data")
-                if event == EVENT_TICK:
-                    self.state.apply_tick(name, data)
-                if self.on_event is not None:
-                    self.on_event(name, event, data)
-                continue
-            future = link.pending.get(message.get("id")) if link.pending is not None else None
-            if future is None or future.done():
-                error = message.get("error") or {}
-                if error:
-                    log.warning("%s: %s", name, error.get("message"))
-                if error.get("code") == ErrorCode.FORBIDDEN and message.get("id") is None:  # refused at the door (unix socket)
-                    for waiting in (link.pending or {}).values():
-                        if not waiting.done():
-                            waiting.set_exception(RemoteError(ErrorCode.FORBIDDEN, error.get("message", "")))
-                continue
-            if "error" in message:
-                error = message["error"]
-                future.set_exception(RemoteError(error.get("code", "internal"), error.get("message", ""), error.get("data")))
-            else:
-                future.set_result(message.get("result"))
-
-    def _fail_pending(self, link: _Link, exc: Exception) -> None:
-        for future in (link.pending or {}).values():
-            if not future.done():
-                future.set_exception(exc)
-
-    def _drop(self, link: _Link) -> None:
-        self._fail_pending(link, RemoteError(ErrorCode.DISCONNECTED, f"{link.machine.name}: connection lost"))
-        link.pending, link.writer = None, None
-        if link.conn is not None:
-            link.conn.close()
-            link.conn = None
+        return Transport(session.reader, session.writer, session.close, ended=ended)
 
 
-async def read_line(reader: asyncssh.SSHReader | openssh.PipeReader, limit: int = MAX_REPLY_BYTES) -> bytes | None:
-    """One whole line (asyncssh's readline hands back pieces of lines longer than its window).
+def _over(conn: asyncssh.SSHClientConnection, reader: LineReader, writer: LineWriter) -> Transport:
+    """A channel on an asyncssh connection as the core's transport: closing it closes the connection."""
 
-    None at the end of the stream; b"" for a line longer than `limit`, read to its end and dropped.
-    """
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        piece = await reader.readline()
-        if not piece:
-            return None
-        size += len(piece)
-        if size <= limit + 1:
-            parts.append(piece)
-        if piece.endswith(b"\n"):
-            return b"".join(parts) if size <= limit + 1 else b""
+    async def close() -> None:
+        conn.close()
 
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.TimeoutError):
-        return "no answer (timed out)"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused (is the agent running?)"
-    if isinstance(exc, _ssh_error("DisconnectError")):
-        return f"disconnected: {exc.reason}"
-    return str(exc) or type(exc).__name__
+    return Transport(reader, writer, close, conn=conn)

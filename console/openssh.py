@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.protocol import SSH_USERNAME, SUBSYSTEM, ErrorCode, RemoteError
+from agents.protocol import SSH_USERNAME, SUBSYSTEM, ErrorCode, LinkStatus, RemoteError
 
 STDERR_KEEP_BYTES = 16 * 1024  # ssh says what failed in a line or two
 # A host ssh takes as asyncssh does: a name or an address, nothing ssh reads as more (user@, ssh://, an option)
@@ -30,9 +30,9 @@ SSH_MAX_SECONDS = 2**31 - 1  # ssh refuses a longer time value (and so the link)
 
 
 class SshFailed(RemoteError):
-    """The ssh process ended; `link_status` is how the link reads (offline | refused | untrusted)."""
+    """The ssh process ended; `link_status` is how the link reads (offline, refused or untrusted)."""
 
-    def __init__(self, link_status: str, message: str):
+    def __init__(self, link_status: LinkStatus, message: str):
         super().__init__(ErrorCode.DISCONNECTED, message)
         self.link_status = link_status
 
@@ -179,17 +179,17 @@ def classify(exit_code: int | None, stderr: str) -> SshFailed:
     text = "\n".join(lines)
     last = lines[-1] if lines else ""
     if "Host key verification failed" in text or "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "host key is known for" in text:
-        return SshFailed("untrusted", last)
+        return SshFailed(LinkStatus.UNTRUSTED, last)
     if text.startswith("Load key") or "\nLoad key" in text:
-        return SshFailed("refused", "key: " + next(line for line in lines if line.startswith("Load key")))
+        return SshFailed(LinkStatus.REFUSED, "key: " + next(line for line in lines if line.startswith("Load key")))
     if "Permission denied" in text:
-        return SshFailed("refused", last)
+        return SshFailed(LinkStatus.REFUSED, last)
     if "Connection refused" in text:
-        return SshFailed("offline", "connection refused (is the agent running?)")
+        return SshFailed(LinkStatus.OFFLINE, "connection refused (is the agent running?)")
     if "timed out" in text.lower():
-        return SshFailed("offline", "no answer (timed out)")
+        return SshFailed(LinkStatus.OFFLINE, "no answer (timed out)")
     if exit_code is None:
-        return SshFailed("offline", "the connection ended, and ssh did not exit")
+        return SshFailed(LinkStatus.OFFLINE, "the connection ended, and ssh did not exit")
     if last:
-        return SshFailed("offline", last.removeprefix("ssh: "))
-    return SshFailed("offline", f"the agent closed the connection (ssh exited with {exit_code})")
+        return SshFailed(LinkStatus.OFFLINE, last.removeprefix("ssh: "))
+    return SshFailed(LinkStatus.OFFLINE, f"the agent closed the connection (ssh exited with {exit_code})")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agents.lab import load_lab
-from agents.protocol import HostSample, Telemetry
+from agents.protocol import PROTOCOL_VERSION, Hello, HostSample, Role, Telemetry
 from agents.telemetry.sim import SimSampler
 from console.demo import bundled_lab
 from console.state import LabState
@@ -24,7 +24,8 @@ def frozen_state(offline: tuple[str, ...] = ("pharaoh",), ticks: int = 40) -> La
             state.apply_tick(machine.name, {"t": t, "full": tick == 0, "changed": {
                 "host": host.model_dump(mode="json"),
                 "gpus": [g.model_dump(mode="json") for g in telemetry.gpus]}})
-        state.set_hello(machine.name, {"simulated": True, "role": "operator"})
+        state.set_hello(machine.name, Hello(protocol=PROTOCOL_VERSION, agent_version="test", machine=machine.name, lab=lab.lab,
+                                            role=Role.OPERATOR, capabilities=[], simulated=True, sample_interval_s=1.0, started_at=0.0))
         state.machines[machine.name].last_seen = FROZEN_NOW - 1
         if machine.name in offline:
             state.set_link(machine.name, "offline", "connection refused (is the agent running?)")

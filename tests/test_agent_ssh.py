@@ -32,10 +32,10 @@ async def test_hello_stream_and_history(small_demo):
     try:
         view = client.state.machines["box"]
         assert view.link == "online", view.error
-        assert view.hello["protocol"] == PROTOCOL_VERSION
-        assert view.hello["role"] == "operator"
-        assert view.hello["simulated"] is True
-        assert "telemetry" in view.hello["capabilities"]
+        assert view.hello.protocol == PROTOCOL_VERSION
+        assert view.hello.role == "operator"
+        assert view.hello.simulated is True
+        assert "telemetry" in view.hello.capabilities
         first = await wait_for(lambda: view.sample_t)
         await wait_for(lambda: view.sample_t > first + 1.5)  # the stream keeps coming
         gpu = view.gpus[0]
@@ -85,7 +85,7 @@ async def test_a_one_shot_client_gets_the_same_lab_over_either_ssh_client(small_
     try:
         view = client.state.machines["box"]
         assert view.link == "online", view.error
-        assert view.hello["protocol"] == PROTOCOL_VERSION and view.hello["role"] == "operator"
+        assert view.hello.protocol == PROTOCOL_VERSION and view.hello.role == "operator"
         assert view.gpus[0].name == "Tesla P4" and view.host.ram_total_bytes > 0  # the status snapshot, parsed
         assert (await client.call("box", "ping"))["t"] > 0
         with pytest.raises(RemoteError) as info:
@@ -181,7 +181,7 @@ async def test_viewer_may_look_but_not_act(small_demo, tmp_path):
         f.write(f"viewer {key.export_public_key().decode().strip()}\n")
     client = await connected(small_demo, key_path=viewer_key)
     try:
-        assert client.state.machines["box"].hello["role"] == "viewer"
+        assert client.state.machines["box"].hello.role == "viewer"
         assert (await client.call("box", "status"))["gpus"]
         with pytest.raises(RemoteError) as info:
             await client.call("box", "set_interval", {"interval_s": 2})

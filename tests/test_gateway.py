@@ -462,7 +462,7 @@ async def test_peer_client_verifies_host_keys_and_needs_an_authorized_key(gw_lab
         peers = PeerClient(lab, state_dir, machines=["node"], topics=[])
         await peers.start()
         try:
-            await wait_for(lambda: peers.links["node"].state == expected, timeout=30)
+            await wait_for(lambda: peers.links["node"].status == expected, timeout=30)
             assert peers.links["node"].writer is None and not peers.links["node"].online.is_set()
         finally:
             await peers.stop()

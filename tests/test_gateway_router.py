@@ -16,7 +16,10 @@ import yaml
 from agents.gateway.metering import Meter
 from agents.gateway.router import NotServable, Router
 from agents.lab import parse_lab
+from agents.protocol import LinkStatus
+from agents.states import ModelState
 from agents.store import Store
+from agents.view import LabView
 
 import pytest
 
@@ -30,23 +33,28 @@ LAB = {
 
 @dataclass
 class Link:
-    sections: dict[str, Any]
-    state: str = "online"
+    status: LinkStatus = LinkStatus.ONLINE
     online: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class AgentStandIn:
-    """The peer client's interface (links, call) over one model whose real state moves on as an agent's would."""
+def model(**fields: Any) -> dict[str, Any]:
+    return {"machine": "hub", "engine": "sim", "since": 0.0, "gpus": [0], **fields}
 
-    def __init__(self, tick_view: dict[str, Any], truth: dict[str, Any]):
-        self.links = {"hub": Link({"models": {"models": [tick_view]}})}
+
+class AgentStandIn:
+    """The peer client's interface (links, views, call) over one model whose real state moves on as an agent's would."""
+
+    def __init__(self, lab, tick_view: dict[str, Any], truth: dict[str, Any]):
+        self.links = {"hub": Link()}
+        self.views = LabView(lab)
+        self.views.apply_tick("hub", {"t": 0.0, "changed": {"models": {"models": [tick_view]}}})  # the last tick, typed
         self.truth = truth
         self.calls: list[str] = []
 
-    async def call(self, machine: str, method: str, params: dict | None = None) -> Any:
+    async def call(self, machine: str, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
         self.calls.append(method)
         if method == "models.list":
-            listing = {"models": [dict(self.truth)]}
+            listing = {"machine": "hub", "models": [dict(self.truth)]}
             if self.truth.get("op") == "wake":  # the wake ends between two listings
                 self.truth.update(state="warm", op=None, endpoint="http://127.0.0.1:1/v1")
             return listing
@@ -58,26 +66,29 @@ class AgentStandIn:
         raise AssertionError(f"unexpected call {method}")
 
 
+def stand_in(tick_view: dict[str, Any], truth: dict[str, Any]) -> AgentStandIn:
+    return AgentStandIn(parse_lab(yaml.safe_dump(LAB)), model(**tick_view), model(**truth))
+
+
 def router_for(peers: AgentStandIn, tmp_path) -> Router:
-    lab = parse_lab(yaml.safe_dump(LAB))
-    return Router(lab, "hub", peers, Meter(Store(tmp_path / "state.db"), None))
+    return Router(peers.views.lab, "hub", peers, Meter(Store(tmp_path / "state.db"), None))
 
 
 async def test_a_model_that_fell_asleep_since_the_last_tick_is_woken_not_refused(tmp_path):
-    peers = AgentStandIn(tick_view={"name": "sleepy", "state": "warm", "op": "sleep"},
-                         truth={"name": "sleepy", "state": "sleeping", "op": None})
+    peers = stand_in(tick_view={"name": "sleepy", "state": "warm", "op": "sleep"},
+                     truth={"name": "sleepy", "state": "sleeping", "op": None})
     router = router_for(peers, tmp_path)
-    entry = await router.ensure_warm(router.local["sleepy"], timeout_s=10)
-    assert entry["state"] == "warm" and entry["endpoint"]
+    info = await router.ensure_warm(router.local["sleepy"], timeout_s=10)
+    assert info.state is ModelState.WARM and info.endpoint
     assert peers.calls.count("models.warm") == 1 and router.meter.stats("sleepy").wakes == 1
 
 
 async def test_a_model_put_back_to_sleep_after_its_wake_is_refused_with_the_reason(tmp_path):
-    peers = AgentStandIn(tick_view={"name": "sleepy", "state": "sleeping", "op": None},
-                         truth={"name": "sleepy", "state": "sleeping", "op": None})
+    peers = stand_in(tick_view={"name": "sleepy", "state": "sleeping", "op": None},
+                     truth={"name": "sleepy", "state": "sleeping", "op": None})
     original = peers.call
 
-    async def call(machine: str, method: str, params: dict | None = None) -> Any:
+    async def call(machine: str, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
         answer = await original(machine, method, params)
         if method == "models.warm":  # someone else's sleep lands right after our wake is accepted
             peers.truth.update(state="sleeping", op=None)

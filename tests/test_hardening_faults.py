@@ -196,7 +196,7 @@ async def test_frozen_agent_shows_offline_then_recovers_by_itself(small_demo):
         await wait_for(lambda: view.sample_t > first, timeout=10)  # the stream flows again
 
         cut = time.monotonic()
-        client._links["box"].conn.abort()  # the socket closes under the client
+        client.links["box"].conn.abort()  # the socket closes under the client
         await wait_for(lambda: view.link != "online", timeout=10)
         await wait_for(lambda: view.link == "online", timeout=30)
         print(f"socket cut under the client: online again in {time.monotonic() - cut:.1f} s")

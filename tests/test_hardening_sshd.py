@@ -200,7 +200,7 @@ async def test_console_reaches_the_agent_through_sshd_and_proxyjump(tmp_path, ss
         try:
             view = client.state.machines["box"]
             assert view.link == "online", view.error
-            assert view.hello["role"] == "operator" and view.hello["machine"] == "box"
+            assert view.hello.role == "operator" and view.hello.machine == "box"
             first = await wait_for(lambda: view.sample_t)
             await wait_for(lambda: view.sample_t > first)  # the tick stream flows through sshd
             assert (await client.call("box", "set_interval", {"interval_s": 1}))["interval_s"] == 1.0

@@ -8,13 +8,13 @@ from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Static
 
-from agents.protocol import GpuSample, HostSample
+from agents.protocol import GpuSample, HostSample, LinkStatus
 from widgets.format import Thresholds, bar, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_row import GpuLines
 from widgets.wire import safe_text, shown
 
 
-def header_line(name: str, role: str, link: str, error: str | None, last_seen: float | None,
+def header_line(name: str, role: str, link: LinkStatus, error: str | None, last_seen: float | None,
                 host: HostSample, simulated: bool, badges: list[str], now: float, width: int | None = None) -> Text:
     """The card's first line; the host figures that do not fit `width` (None: no limit) drop, load first, then disk, then RAM.
     Text, never markup; control characters in the agent's strings (role, error, badges) shown visibly."""
@@ -26,9 +26,9 @@ def header_line(name: str, role: str, link: str, error: str | None, last_seen: f
         line.append("  SIM", style="bold black on yellow")
     for badge in badges:
         line.append(f"  {badge}", style="bold white on red")
-    if link != "online":
-        label = {"connecting": "CONNECTING", "untrusted": "UNTRUSTED HOST KEY", "refused": "REFUSED"}.get(link, "OFFLINE")
-        line.append(f"  {label}", style="bold red" if link != "connecting" else "yellow")
+    if link != LinkStatus.ONLINE:
+        label = {LinkStatus.CONNECTING: "CONNECTING", LinkStatus.UNTRUSTED: "UNTRUSTED HOST KEY", LinkStatus.REFUSED: "REFUSED"}.get(link, "OFFLINE")
+        line.append(f"  {label}", style="bold red" if link != LinkStatus.CONNECTING else "yellow")
         line.append(f"  last seen {fmt_ago(last_seen, now)}", style="dim")
         if error:
             line.append(f"\n  {error}", style="red")
@@ -98,14 +98,15 @@ class MachineCard(Vertical, can_focus=True):
             self.header = header
             self._header.update(header, layout=relayout or header.plain.count("\n") != lines_before)  # relayout only when its height changes
 
-    def show(self, *, version: int | None = None, role: str, link: str, error: str | None, last_seen: float | None, host: HostSample,
+    def show(self, *, version: int | None = None, role: str, link: LinkStatus, error: str | None, last_seen: float | None, host: HostSample,
              gpus: dict[int, GpuSample], util_history: dict[int, list[float]], owners: dict[int, str],
              simulated: bool, gpu_status: str | None, limits: Thresholds, now: float, badges: list[str] | None = None) -> None:
         self.shown_version = version
         self._header_args = (self.machine, role, link, error, last_seen, host, simulated, badges or [], now)
         self._show_header(header_line(*self._header_args, width=self._width))
-        if self.has_class("offline") != (link != "online"):
-            self.set_class(link != "online", "offline")
+        down = link != LinkStatus.ONLINE
+        if self.has_class("offline") != down:
+            self.set_class(down, "offline")
         if self._note.display != bool(gpu_status):  # each of these, set even to the same value, costs a relayout
             self._note.display = bool(gpu_status)
         if gpu_status and self._note_markup != gpu_status:
@@ -114,6 +115,6 @@ class MachineCard(Vertical, can_focus=True):
         count_before = len(self._lines.lines)
         changed = self._lines.keep(set(gpus))
         for index in sorted(gpus):
-            changed |= self._lines.show(gpus[index], util_history.get(index, []), owners.get(index), limits, stale=link != "online")
+            changed |= self._lines.show(gpus[index], util_history.get(index, []), owners.get(index), limits, stale=down)
         if changed:  # relayout only when the card's height changes
             self._gpus.update(self._lines.text(), layout=len(self._lines.lines) != count_before)

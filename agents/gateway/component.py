@@ -148,15 +148,15 @@ class GatewayComponent:
         """/v1/models: every lab and cloud model with its state and tier."""
         out = []
         for name, model in self.router.local.items():
-            entry = self.router.model_json(name) or {}
+            info = self.router.model_info(name)
             policy = self.config.models.get(name)
             out.append({"id": name, "object": "model", "created": self.created, "owned_by": "cetlab", "tier": "local",
-                        "machine": model.machine, "state": entry.get("state", "unknown"), "simulated": engine_spec(model.engine).simulated,
+                        "machine": model.machine, "state": info.state if info else "unknown", "simulated": engine_spec(model.engine).simulated,
                         "aliases": policy.aliases if policy else [], "fallback": policy.fallback if policy else None})
         for name, (engine_model, _upstream) in sorted(self.router.served().items()):
-            entry = self.router.model_json(engine_model.name) or {}
+            info = self.router.model_info(engine_model.name)
             out.append({"id": name, "object": "model", "created": self.created, "owned_by": "cetlab", "tier": "local",
-                        "machine": engine_model.machine, "state": entry.get("state", "unknown"), "simulated": bool(entry.get("simulated")),
+                        "machine": engine_model.machine, "state": info.state if info else "unknown", "simulated": bool(info and info.simulated),
                         "served_by": engine_model.name if engine_model.name != name else None, "aliases": [], "fallback": None})
         for provider in self.lab.providers:
             for pm in provider.models:
@@ -199,7 +199,7 @@ class GatewayComponent:
         port = self.http.port if self.http else None
         return GatewaySection(
             url=f"http://{self.config.host}:{port}/v1" if port else None, machine=self.core.machine.name, error=self.error,
-            currency=self.lab.costs.currency, peers={name: link.state for name, link in (self.peers.links if self.peers else {}).items()},
+            currency=self.lab.costs.currency, peers={name: link.status for name, link in (self.peers.links if self.peers else {}).items()},
             models=models, providers=providers, keys=keys,
         )
 

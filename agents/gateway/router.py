@@ -9,12 +9,16 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from agents.catalogue import MODELS_LIST, request
 from agents.lab_gateway import Provider, ProviderModel, find_provider_model
 from agents.gateway.metering import Meter
 from agents.lab import Lab, Model
 from agents.orchestra.engines import engine_spec
 from agents.peers import PeerClient
 from agents.protocol import ErrorCode, RemoteError
+from agents.sections import ModelInfo
+from agents.states import ModelState
+from agents.view import MachineView
 
 log = logging.getLogger("cetlab.gateway")
 T = TypeVar("T")
@@ -24,9 +28,16 @@ LOAD_POLL_S = 0.25  # while a model loads (tens of seconds)
 # while requests wait at an engine, its agent is asked whether it went to sleep after 20 ms, then at doubling
 # intervals up to a second (a request that just joined starts the 20 ms again, at most once a second)
 WATCH_FIRST_S, WATCH_MAX_S = 0.02, 1.0
-ASLEEP = ("sleeping", "cold", "cached")
+ASLEEP = frozenset({ModelState.SLEEPING, ModelState.COLD, ModelState.CACHED})  # what the gateway wakes or loads
 # Used when the pool has not timed a model yet: the field notes' figures
 DEFAULT_WAKE_S, DEFAULT_LOAD_S, DEFAULT_WARMUP_S, COLD_FACTOR = 6.0, 15.0, 52.0, 14.0
+
+
+SWAPPABLE = frozenset({ModelState.WARM, ModelState.SLEEPING})  # an engine that is up and settled: its GPUs can be taken
+
+
+def _why_failed(info: ModelInfo) -> str | None:
+    return info.error.message if info.error is not None else None
 
 
 class NotServable(Exception):
@@ -60,29 +71,31 @@ class Router:
 
     def __init__(self, lab: Lab, machine: str, peers: PeerClient, meter: Meter):
         self.lab, self.machine, self.peers, self.meter = lab, machine, peers, meter
+        if lab.gateway is None:
+            raise ValueError(f"lab {lab.lab} has no gateway: section")
         self.gateway = lab.gateway
         self.policies = lab.gateway.policies
         self.local = {m.name: m for m in lab.models}
         self.aliases = {alias: name for name, p in self.gateway.models.items() for alias in p.aliases}
-        self._bring_ups: dict[str, asyncio.Task] = {}
+        self._bring_ups: dict[str, asyncio.Task[ModelInfo]] = {}
         self.last_request: dict[str, float] = {}  # model -> monotonic time of the last gateway request
         self.brought_up: set[str] = set()  # models the gateway woke or loaded: its idle TTL takes them down again
         self.runtime: dict[str, Model] = {}  # checkpoints served as models at run time, as the gateway last saw them
-        self._watchers: dict[str, asyncio.Task] = {}  # model -> the task that wakes it while requests wait at its engine
+        self._watchers: dict[str, asyncio.Task[None]] = {}  # model -> the task that wakes it while requests wait at its engine
         self._watching: dict[str, int] = {}  # model -> requests waiting at its engine
         self._watch_interval: dict[str, float] = {}  # model -> the watcher's next wait
         self._poked: dict[str, float] = {}  # model -> when a joining request last reset that wait
 
     # -- what the lab looks like
 
-    def model_json(self, name: str) -> dict[str, Any] | None:
+    def _view(self, machine: str) -> MachineView | None:
+        return self.peers.views.machines.get(machine)
+
+    def model_info(self, name: str) -> ModelInfo | None:
+        """The model as its agent last said (a tick, or a fresh listing); None while its machine's models are unknown."""
         model = self.local.get(name) or self.runtime[name]
-        link = self.peers.links.get(model.machine)
-        section = link.sections.get("models") if link else None
-        for entry in (section or {}).get("models") or []:
-            if isinstance(entry, dict) and entry.get("name") == name:
-                return entry
-        return None
+        view = self._view(model.machine)
+        return view.model(name) if view is not None else None
 
     def canonical(self, name: str) -> str:
         return self.aliases.get(name, name)
@@ -91,11 +104,9 @@ class Router:
         """What the agents serve beyond lab.yaml: checkpoints served as models and LoRA adapters loaded into warm
         engines (`<run>-step<N>`), by name: (the model whose engine answers, the name to ask that engine for)."""
         found: dict[str, tuple[Model, str]] = {}
-        for machine, link in self.peers.links.items():
-            for entry in (link.sections.get("models") or {}).get("models") or []:
-                if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-                    continue
-                name = entry["name"]
+        for machine, view in self.peers.views.machines.items():
+            for info in view.model_list:
+                name = info.name
                 model = self.local.get(name)
                 if model is None:
                     model = self.runtime.get(name)
@@ -103,19 +114,19 @@ class Router:
                         # built unvalidated: the agent that serves it validated it, and its engine may be one lab.yaml
                         # of this agent's version does not spell
                         model = self.runtime[name] = Model.model_construct(
-                            name=name, path="", engine=entry.get("engine"), machine=machine, gpus=list(entry.get("gpus") or []))
-                    found[name] = (model, entry.get("served_name") or name)
-                for adapter in entry.get("adapters") or []:
-                    if isinstance(adapter, str) and adapter not in self.local:
+                            name=name, path="", engine=info.engine, machine=machine, gpus=list(info.gpus))
+                    found[name] = (model, info.served_name or name)
+                for adapter in info.adapters:
+                    if adapter not in self.local:
                         found[adapter] = (model, adapter)
         return found
 
-    async def endpoint(self, model: Model, entry: dict[str, Any]) -> tuple[str, str | None]:
+    async def endpoint(self, model: Model, endpoint: str) -> tuple[str, str | None]:
         """The engine's endpoint as the gateway reaches it: (its URL, the unix socket that carries it or None).
 
         Engines listen on their machine's 127.0.0.1 only: another machine's engine is reached through the SSH
         connection to its agent, a forward from a private unix socket here (the URL stays the engine's own)."""
-        url = urlsplit(entry["endpoint"])
+        url = urlsplit(endpoint)
         if model.machine == self.machine or url.port is None:
             return urlunsplit(url), None
         try:
@@ -125,29 +136,37 @@ class Router:
                               self.policies.retry_after_s) from None
         return urlunsplit(url), socket_path
 
-    def expected_bring_up_s(self, entry: dict[str, Any] | None) -> float:
+    def expected_bring_up_s(self, info: ModelInfo | None) -> float:
         """How long until this model can answer, from the pool's own timings."""
-        if entry is None:
+        if info is None:
             return float("inf")
-        state = entry.get("state")
-        load = entry.get("load_s") or DEFAULT_LOAD_S
-        warmup = entry.get("warmup_s") or DEFAULT_WARMUP_S
-        if state == "warm":
-            return 0.0
-        if state == "sleeping":
-            return entry.get("wake_s") or DEFAULT_WAKE_S
-        if state == "cached":
-            return load + warmup
-        if state == "cold":
-            return load * COLD_FACTOR + warmup
-        if state in ("loading", "warming"):
-            elapsed = time.time() - (entry.get("since") or time.time())
-            total = (entry.get("wake_s") or DEFAULT_WAKE_S) if entry.get("op") == "wake" else load + warmup
-            return max(0.0, total - elapsed)
-        return float("inf")  # failed
+        load = info.load_s or DEFAULT_LOAD_S
+        warmup = info.warmup_s or DEFAULT_WARMUP_S
+        match info.state:
+            case ModelState.WARM:
+                return 0.0
+            case ModelState.SLEEPING:
+                return info.wake_s or DEFAULT_WAKE_S
+            case ModelState.CACHED:
+                return load + warmup
+            case ModelState.COLD:
+                return load * COLD_FACTOR + warmup
+            case ModelState.LOADING | ModelState.WARMING:
+                elapsed = time.time() - (info.since or time.time())
+                total = (info.wake_s or DEFAULT_WAKE_S) if info.op == "wake" else load + warmup
+                return max(0.0, total - elapsed)
+            case ModelState.FAILED:
+                return float("inf")
+
+    def _provider_model(self, name: str) -> tuple[Provider, ProviderModel]:
+        """A provider's model named in lab.yaml (its cross-check makes sure every fallback names one)."""
+        found = find_provider_model(self.lab.providers, name)
+        if found is None:
+            raise NotServable(404, f"no provider has a model {name!r}", "model_not_found", param="model")
+        return found
 
     def provider_target(self, name: str, reason: str | None = None) -> Target:
-        provider, model = find_provider_model(self.lab.providers, name)
+        provider, model = self._provider_model(name)
         return Target(model=model.name, tier="provider", base_url=provider.base_url.rstrip("/"), upstream_model=model.upstream_name,
                       where=provider.name, simulated=provider.simulated, provider=provider, provider_model=model, reason=reason)
 
@@ -194,35 +213,35 @@ class Router:
         policy = self.gateway.models.get(model.name)
         fallback = policy.fallback if policy and allow_fallback else None
         if fallback is not None:
-            provider, _ = find_provider_model(self.lab.providers, fallback)
+            provider, _ = self._provider_model(fallback)
             if self.over_budget(provider):
                 fallback = None  # the budget forces the other direction: local only
         budget_s = max_wait_s if max_wait_s is not None else (policy.max_wait_s if policy and policy.max_wait_s else None)
         self.last_request[model.name] = time.monotonic()
-        entry = self.model_json(model.name)
-        if entry is not None and entry.get("state") == "warm" and entry.get("endpoint"):
-            return await self._local_target(model, entry, woke=False)
-        if entry is not None and entry.get("state") == "failed":
+        info = self.model_info(model.name)
+        if info is not None and info.state is ModelState.WARM and info.endpoint:
+            return await self._local_target(model, info, woke=False)
+        if info is not None and info.state is ModelState.FAILED:
             if fallback:
                 return self.provider_target(fallback, f"{model.name} failed on {model.machine}")
-            raise NotServable(502, f"{model.name} failed on {model.machine}: {(entry.get('error') or {}).get('message')}", "engine_failed")
-        if fallback and budget_s is not None and self.expected_bring_up_s(entry) > budget_s:
-            return self.provider_target(fallback, f"{model.name} is {entry.get('state') if entry else 'unknown'}: "
-                                        f"about {self.expected_bring_up_s(entry):.1f} s to bring up, over the {budget_s:g} s budget")
+            raise NotServable(502, f"{model.name} failed on {model.machine}: {_why_failed(info)}", "engine_failed")
+        if fallback and budget_s is not None and self.expected_bring_up_s(info) > budget_s:
+            return self.provider_target(fallback, f"{model.name} is {info.state if info else 'unknown'}: "
+                                        f"about {self.expected_bring_up_s(info):.1f} s to bring up, over the {budget_s:g} s budget")
         timeout_s = min(self.policies.queue_timeout_s, budget_s) if budget_s is not None else self.policies.queue_timeout_s
         try:
-            entry = await self.ensure_warm(model, timeout_s)
+            info = await self.ensure_warm(model, timeout_s)
         except NotServable as exc:
             if fallback and exc.code != "queue_full":
                 return self.provider_target(fallback, exc.message)
             raise
-        return await self._local_target(model, entry, woke=True)
+        return await self._local_target(model, info, woke=True)
 
-    async def _local_target(self, model: Model, entry: dict[str, Any], woke: bool) -> Target:
-        url, socket_path = await self.endpoint(model, entry)
-        return Target(model=model.name, tier="local", base_url=url.rstrip("/"), upstream_model=entry.get("served_name") or model.name,
-                      where=model.machine, simulated=bool(entry.get("simulated")), woke=woke, engine_model=model,
-                      unix_socket=socket_path)
+    async def _local_target(self, model: Model, info: ModelInfo, woke: bool) -> Target:
+        assert info.endpoint is not None  # a warm model's, checked by every caller
+        url, socket_path = await self.endpoint(model, info.endpoint)
+        return Target(model=model.name, tier="local", base_url=url.rstrip("/"), upstream_model=info.served_name or model.name,
+                      where=model.machine, simulated=info.simulated, woke=woke, engine_model=model, unix_socket=socket_path)
 
     # -- a request at an engine that goes to sleep
 
@@ -274,15 +293,15 @@ class Router:
             await asyncio.sleep(interval)
             self._watch_interval[model.name] = min(WATCH_MAX_S, interval * 2)
             await self.refresh(model.machine)
-            entry = self.model_json(model.name)
+            info = self.model_info(model.name)
             # only a sleeping engine holds requests (a stopped one refuses them: they fail, and are not reloaded for)
-            if entry is not None and entry.get("state") == "sleeping" and not entry.get("op"):
+            if info is not None and info.state is ModelState.SLEEPING and not info.op:
                 log.info("%s went to sleep with gateway requests waiting at its engine: waking it", model.name)
                 await self.ensure_warm(model, self.policies.queue_timeout_s)
 
     # -- bringing models up
 
-    async def ensure_warm(self, model: Model, timeout_s: float) -> dict[str, Any]:
+    async def ensure_warm(self, model: Model, timeout_s: float) -> ModelInfo:
         """Wait (in the bounded queue) until the model is warm; concurrent requests share one bring-up."""
         stats = self.meter.stats(model.name)
         if stats.queued >= self.policies.queue_size:
@@ -300,30 +319,30 @@ class Router:
         finally:
             stats.queued -= 1
 
-    async def _bring_up(self, model: Model) -> dict[str, Any]:
+    async def _bring_up(self, model: Model) -> ModelInfo:
         """Wake or load the model, deciding on a fresh listing: the last tick can be a second old (a model that was
         going to sleep then may be asleep now, and needs waking, not waiting for)."""
         started = False
         while True:
             fresh = await self.refresh(model.machine)
-            entry = self.model_json(model.name)
-            if entry is None:
-                raise NotServable(503, f"{model.machine} is {self.peers.links[model.machine].state}: its models are unknown",
+            info = self.model_info(model.name)
+            if info is None:
+                view = self._view(model.machine)
+                raise NotServable(503, f"{model.machine} is {view.link if view else 'not a peer'}: its models are unknown",
                                   "machine_offline", self.policies.retry_after_s)
-            state = entry.get("state")
-            if state == "warm" and entry.get("endpoint"):
-                return entry
-            if state == "failed":
-                raise NotServable(502, f"{model.name} failed on {model.machine}: {(entry.get('error') or {}).get('message')}",
-                                  "engine_failed")
-            if fresh and state in ASLEEP and not entry.get("op"):
+            state = info.state
+            if state is ModelState.WARM and info.endpoint:
+                return info
+            if state is ModelState.FAILED:
+                raise NotServable(502, f"{model.name} failed on {model.machine}: {_why_failed(info)}", "engine_failed")
+            if fresh and state in ASLEEP and not info.op:
                 if started:  # woken by us, then put back by someone else before we could use it
                     raise NotServable(503, f"{model.name} went back to {state} on {model.machine}", "no_room",
                                       self.policies.retry_after_s)
                 await self._start(model)
                 started = True
                 continue
-            await asyncio.sleep(WAKE_POLL_S if entry.get("op") == "wake" else LOAD_POLL_S)
+            await asyncio.sleep(WAKE_POLL_S if info.op == "wake" else LOAD_POLL_S)
 
     async def _start(self, model: Model) -> None:
         try:
@@ -350,23 +369,24 @@ class Router:
         for other in self.lab.models:
             if other.machine != model.machine or other.name == model.name or not set(other.gpus) & set(model.gpus):
                 continue
-            entry = self.model_json(other.name) or {}
-            busy = self.meter.stats(other.name).in_flight or (entry.get("requests_running") or 0) or entry.get("op")
-            if entry.get("state") in ("warm", "sleeping") and not entry.get("pinned") and not busy:
+            info = self.model_info(other.name)
+            if info is None:
+                continue
+            busy = self.meter.stats(other.name).in_flight or info.requests_running or info.op
+            if info.state in SWAPPABLE and not info.pinned and not busy:
                 candidates.append((self.last_request.get(other.name, 0.0), other.name))
         return min(candidates)[1] if candidates else None
 
     async def refresh(self, machine: str) -> bool:
         """A fresh look at a machine's models, not the last tick's (ticks come once a second). False when the
         machine did not answer (the last tick's view stays; a lost connection is waited for first)."""
-        link = self.peers.links[machine]
         try:
-            listing = await self.peers.call(machine, "models.list")
+            listing = await request(self.peers, machine, MODELS_LIST)
         except RemoteError as exc:
             if exc.code == ErrorCode.DISCONNECTED:
-                await link.online.wait()
+                await self.peers.links[machine].online.wait()
             return False
-        link.sections["models"] = {"models": listing.get("models") or [], "rotation": listing.get("rotation")}
+        self.peers.views.apply_models(machine, listing)
         return True
 
     # -- idle TTL
@@ -377,8 +397,8 @@ class Router:
         for name, model in self.local.items():
             policy = self.gateway.models.get(name)
             ttl = policy.idle_ttl_s if policy and policy.idle_ttl_s else (self.policies.idle_ttl_s if name in self.brought_up else None)
-            entry = self.model_json(name)
-            if ttl is None or entry is None or entry.get("state") != "warm" or entry.get("pinned") or entry.get("op"):
+            info = self.model_info(name)
+            if ttl is None or info is None or info.state is not ModelState.WARM or info.pinned or info.op:
                 continue
             if self.meter.stats(name).in_flight or now - self.last_request.get(name, now) < ttl:
                 continue

@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Footer, Static
 
+from agents.protocol import LinkStatus
 from agents.sections import GatewayModelFigures, GatewaySection
 from console.gateway_demo import GATEWAY_KEY_FILE
 from console.screens.base import LabScreen
@@ -76,7 +77,7 @@ class GatewayScreen(LabScreen):
             summary.update(shown(f"gateway on [b]{esc(gateway.machine)}[/b]: no data yet (is its agent online?)"))
             section = GatewaySection(machine=gateway.machine)
         else:
-            down = [f"{esc(m)} {esc(s)}" for m, s in section.peers.items() if s != "online"]
+            down = [f"{esc(m)} {esc(s)}" for m, s in section.peers.items() if s != LinkStatus.ONLINE]
             source = self.lab_app.lab.source
             key_file = source.parent / GATEWAY_KEY_FILE if source else None
             summary.update(shown(f"[b]{esc(section.url or 'NOT SERVING')}[/b] on {esc(section.machine)}"

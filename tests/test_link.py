@@ -1,0 +1,182 @@
+"""The one client core (agents/link.py): its state machine, pending table, read loop and typed views.
+
+The agent's side here is a scripted JSON-lines peer over a real socket pair: the core does not care how the
+bytes travel (SSH, a machine's sshd or OpenSSH are the openers', tested with real agents elsewhere), and a
+script can answer as no healthy agent would (silence, a dropped connection, another machine's name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import pytest
+import yaml
+
+from agents.catalogue import ReplyInvalid
+from agents.lab import parse_lab
+from agents.link import Link, LinkCore, LinkSettings, Transport
+from agents.peers import PeerClient
+from agents.protocol import PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
+from agents.states import ModelState
+from agents.view import LabView
+from console.client import FleetClient
+from console.openssh import PipeReader
+from tests.conftest import wait_for
+
+LAB = parse_lab(yaml.safe_dump({"lab": "link-test", "machines": [{"name": "box", "gpus": {"sim": []}}]}))
+
+# (method, params, reply writer) -> None: answers one request, or does not
+Script = Callable[[str, dict[str, Any], Callable[[dict[str, Any]], None]], Awaitable[None]]
+
+
+def hello(machine: str = "box") -> dict[str, Any]:
+    return {"protocol": PROTOCOL_VERSION, "agent_version": "test", "machine": machine, "lab": "link-test", "role": "operator",
+            "capabilities": [], "simulated": True, "sample_interval_s": 1.0, "started_at": 0.0}
+
+
+def model(name: str, state: str) -> dict[str, Any]:
+    return {"name": name, "machine": "box", "engine": "sim", "state": state, "since": 0.0}
+
+
+class ScriptedAgent:
+    """Opens each attempt as a socket pair whose far end answers as ``script`` says."""
+
+    def __init__(self, script: Script):
+        self.script = script
+        self.opened = 0
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def open(self, link: Link) -> Transport:
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        far_reader, far_writer = await asyncio.open_unix_connection(sock=theirs)
+        self.opened += 1
+        self.writers.append(far_writer)
+        serving = asyncio.create_task(self._serve(far_reader, far_writer))
+
+        async def close() -> None:
+            writer.close()
+            serving.cancel()
+            far_writer.close()
+
+        return Transport(PipeReader(reader), writer, close)
+
+    async def explain(self, link: Link, exc: BaseException) -> tuple[LinkStatus, str] | None:
+        return None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        def send(message: dict[str, Any]) -> None:
+            writer.write(encode(message))
+
+        while line := await reader.readline():
+            request = json.loads(line)
+
+            def reply(result: dict[str, Any], request_id: int = request["id"]) -> None:
+                send({"id": request_id, **result})
+
+            await self.script(request["method"], request["params"], reply)
+
+    def push(self, event: str, data: Any) -> None:
+        """An event from the agent on its newest connection."""
+        self.writers[-1].write(encode({"event": event, "data": data}))
+
+
+@asynccontextmanager
+async def linked(script: Script, **options: Any) -> AsyncIterator[tuple[ScriptedAgent, LinkCore]]:
+    """A core linked to a scripted agent, past its first attempt; stopped on the way out."""
+    agent = ScriptedAgent(script)
+    settings = LinkSettings(**{"topics": ["tick"], "call_timeout_s": 5.0, "connect_timeout_s": 5.0, "keepalive_s": 30.0,
+                               "backoff_max_s": 0.2, **options})
+    core = LinkCore(LAB.machines, agent, LabView(LAB), settings)
+    core.start()
+    try:
+        await core.wait_connected(10)
+        yield agent, core
+    finally:
+        await core.stop()
+
+
+async def answers(method: str, params: dict[str, Any], reply: Callable[[dict[str, Any]], None], machine: str = "box") -> None:
+    """A healthy agent's answers to what the core asks on connecting."""
+    if method == "hello":
+        reply({"result": hello(machine)})
+    elif method == "subscribe":
+        reply({"result": {"topics": params["topics"]}})
+
+
+async def test_ticks_enter_the_view_typed_and_a_section_that_does_not_fit_is_named():
+    async with linked(answers) as (agent, core):
+        view = core.view.machines["box"]
+        assert core.links["box"].status is LinkStatus.ONLINE and view.link is LinkStatus.ONLINE
+        agent.push("tick", {"t": 1.0, "full": True, "changed": {"models": {"models": [model("llm", "sleeping")]}}})
+        info = await wait_for(lambda: view.model("llm"))
+        assert info.state is ModelState.SLEEPING and view.sample_t == 1.0
+        agent.push("tick", {"t": 2.0, "changed": {"models": {"models": [model("llm", "dozing")]}}})
+        await wait_for(lambda: "models" in view.problems)
+        assert "models.models.0.state" in view.problems["models"]
+        assert view.model("llm").state is ModelState.SLEEPING  # the last value that fitted stays
+
+
+async def test_a_call_pending_when_the_link_drops_fails_disconnected_and_the_link_comes_back():
+    async def script(method: str, params: dict[str, Any], reply: Callable[[dict[str, Any]], None]) -> None:
+        if method == "jobs.list":  # the connection ends instead of an answer
+            agent.writers[-1].close()
+        else:
+            await answers(method, params, reply)
+
+    async with linked(script) as (agent, core):
+        with pytest.raises(RemoteError) as raised:
+            await core.call("box", "jobs.list")
+        assert raised.value.code is ErrorCode.DISCONNECTED
+        await wait_for(lambda: agent.opened == 2 and core.links["box"].status is LinkStatus.ONLINE)
+        assert core.view.machines["box"].link is LinkStatus.ONLINE
+
+
+async def test_an_unanswered_call_times_out_typed_and_an_unknown_machine_is_not_found():
+    async with linked(answers) as (_agent, core):  # answers hello and subscribe only
+        with pytest.raises(RemoteError) as raised:
+            await core.call("box", "models.list", timeout=0.2)
+        assert raised.value.code is ErrorCode.TIMEOUT and "models.list" in raised.value.message
+        assert not core.links["box"].pending
+        with pytest.raises(RemoteError) as raised:
+            await core.call("nowhere", "hello")
+        assert raised.value.code is ErrorCode.NOT_FOUND
+
+
+async def test_an_agent_that_answers_as_another_machine_is_refused_with_the_reason():
+    async def script(method: str, params: dict[str, Any], reply: Callable[[dict[str, Any]], None]) -> None:
+        await answers(method, params, reply, machine="impostor")
+
+    async with linked(script, reconnect=False) as (agent, core):
+        link = core.links["box"]
+        assert link.status is LinkStatus.OFFLINE and "answers as machine 'impostor'" in (link.error or "")
+        with pytest.raises(RemoteError) as raised:
+            await core.call("box", "status")
+        assert raised.value.code is ErrorCode.DISCONNECTED and "impostor" in raised.value.message
+
+
+def test_the_console_and_the_peers_are_built_on_the_same_core(tmp_path):
+    fleet = FleetClient(LAB, key_path=tmp_path / "key", known_hosts=tmp_path / "known_hosts")
+    peers = PeerClient(LAB, tmp_path)
+    assert isinstance(fleet.core, LinkCore) and isinstance(peers.core, LinkCore)
+    assert fleet.links["box"].status is peers.links["box"].status is LinkStatus.CONNECTING
+    assert peers.view("box") is peers.views.machines["box"] and fleet.state.machines["box"].link is LinkStatus.CONNECTING
+
+
+async def test_a_reply_that_does_not_fit_its_method_is_a_typed_error_naming_the_field_and_the_link_stays():
+    async def script(method: str, params: dict[str, Any], reply: Callable[[dict[str, Any]], None]) -> None:
+        if method == "models.list":
+            reply({"result": {"machine": "box", "models": [model("llm", "dozing")]}})
+        else:
+            await answers(method, params, reply)
+
+    async with linked(script) as (agent, core):
+        with pytest.raises(ReplyInvalid) as raised:
+            await core.call("box", "models.list")
+        assert raised.value.method == "models.list" and raised.value.field == "models.0.state"
+        assert isinstance(raised.value, RemoteError) and "dozing" in raised.value.message
+        assert core.links["box"].status is LinkStatus.ONLINE and agent.opened == 1

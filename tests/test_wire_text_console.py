@@ -7,8 +7,8 @@ import json
 import sys
 
 import pytest
+from textual.geometry import Region
 from textual.widgets import DataTable, Log, OptionList, Static
-from textual.widgets._toast import Toast
 
 from agents.lab import load_lab
 from console.app import CetlabApp
@@ -35,8 +35,9 @@ TRAINER = "import sys\nprint(sys.argv[1:], flush=True)\nprint(sys.argv[-1], file
 def shown_text(app: CetlabApp) -> str:
     """Every string the screen shows now (tables' cells, statics, logs, option lists), the toasts left out."""
     parts: list[str] = []
+    toasts = set(app.screen.query("Toast"))  # by its CSS type name: the class lives in a private module
     for widget in app.screen.query("*"):
-        if isinstance(widget, Toast):
+        if widget in toasts:
             continue
         if isinstance(widget, DataTable):
             parts += [str(cell) for i in range(widget.row_count) for cell in widget.get_row_at(i)]
@@ -64,10 +65,14 @@ def check_screen(app: CetlabApp) -> str:
 
 
 def _metas(app: CetlabApp) -> list[dict]:
-    """The meta (where @click lives) of every segment the screen renders now."""
+    """The meta (where @click lives) of every segment each shown widget of the screen renders now."""
     metas = []
-    for strip in app.screen._compositor.render_strips():
-        metas += [segment.style._meta and segment.style.meta for segment in strip if segment.style is not None]
+    for widget in app.screen.query("*"):
+        width, height = widget.region.size
+        if not widget.display or not width or not height:
+            continue
+        for strip in widget.render_lines(Region(0, 0, width, height)):
+            metas += [segment.style.meta for segment in strip if segment.style is not None]
     return [m for m in metas if m]
 
 

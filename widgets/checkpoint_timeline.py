@@ -79,5 +79,6 @@ class CheckpointTimeline(PlotextPlot):
             plt.scatter(steps, ys, label=label, marker=marker, color=colour)
         steps = [p[0] for p in loss + eval_loss] + [c["step"] for c in checkpoints]
         if steps:  # plotext would pick fractional ticks (2.5) for a short run: steps are whole
-            plt.xticks(step_ticks(int(min(steps)), int(max(steps))))
+            ticks: list[float] = list(step_ticks(int(min(steps)), int(max(steps))))  # plotext's type: whole numbers are drawn whole
+            plt.xticks(ticks)
         self.refresh()

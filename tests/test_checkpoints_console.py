@@ -195,7 +195,7 @@ async def test_a_serve_on_its_way_is_fetched_again_until_it_settles(frozen_app, 
         await pilot.press("colon", *"checkpoints", "enter")
         screen = await wait_for(lambda: isinstance(app.screen, CheckpointsScreen) and app.screen)
         fetched: list[str] = []
-        monkeypatch.setattr(screen, "fetch", lambda machine, run: fetched.append(run))
+        monkeypatch.setattr(screen, "fetch_run", lambda machine, run: fetched.append(run))
         monkeypatch.setattr(app, "connect", True)
         _, detail = frozen_run()
         best = next(c for c in detail["checkpoints"] if c["is_best"])

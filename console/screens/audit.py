@@ -78,8 +78,11 @@ class AuditScreen(LabScreen):
     def action_fetch(self) -> None:
         self.fetch()
 
+    def fetch(self) -> None:
+        self._fetch_trail()
+
     @work(exclusive=True, group="audit-fetch")
-    async def fetch(self) -> None:
+    async def _fetch_trail(self) -> None:
         results = await self.lab_app.client.call_all("audit.list", {"limit": LIMIT})
         self.trail = merge_trails(results, LIMIT)
         self.refresh_data()

@@ -196,14 +196,14 @@ class LabScreen(Screen):
         self.app.push_screen(ConfirmScreen(question), lambda yes: then() if yes else None)
 
     def act(self, machine: str, method: str, params: dict[str, Any], done: str | Callable[[Any], str], *,
-            timeout: float | None = None, then: Callable[[Any], None] | None = None) -> None:
+            timeout: float | None = None, then: Callable[[Any], object] | None = None) -> None:
         """Call `method` on `machine` as the operator and say how it went; `then(result)` runs on success."""
         if not self.require_operator():
             return
         self.run_worker(self._act(machine, method, params, done, timeout, then), group="lab-actions")
 
     async def _act(self, machine: str, method: str, params: dict[str, Any], done: str | Callable[[Any], str],
-                   timeout: float | None, then: Callable[[Any], None] | None) -> None:
+                   timeout: float | None, then: Callable[[Any], object] | None) -> None:
         try:
             result = await self.lab_app.client.call(machine, method, params, timeout)
         except RemoteError as exc:

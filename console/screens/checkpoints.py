@@ -160,11 +160,11 @@ class CheckpointsScreen(LabScreen):
             stale = self._fetched is None or self._fetched[0] != summary or (moving and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
             if stale and self.lab_app.connect:
                 self._fetched = (summary, time.monotonic())
-                self.fetch(*self.run_key)
+                self.fetch_run(summary.machine, summary.run)
         self.render_detail()
 
     @work(exclusive=True, group="checkpoints-fetch")
-    async def fetch(self, machine: str, run: str) -> None:
+    async def fetch_run(self, machine: str, run: str) -> None:
         try:
             detail = await self.lab_app.client.call(machine, "checkpoints.list", {"run": run})
         except RemoteError as exc:

@@ -143,6 +143,6 @@ class CostsScreen(LabScreen):
         plt = plot.plt
         plt.clear_data()
         if data:
-            plt.multiple_bar([d[0] for d in data], [[d[1] for d in data], [d[2] for d in data]], labels=["here", "cloud"])
+            plt.multiple_bar([d[0] for d in data], [[d[1] for d in data], [d[2] for d in data]], labels=["here", "cloud"])  # type: ignore[call-arg]  # textual_plotext's stub says label; plotext takes labels
         plt.title(f"spend per day ({report['currency']})" + (" SIM" if report["simulated"] else ""))
         plot.refresh()

@@ -10,6 +10,7 @@ from textual.widgets import Footer, Static
 from agents.sections import JobInfo
 from agents.states import JOB_ACTIVE, JobState
 from console.screens.base import LabScreen
+from console.screens.checkpoints import CheckpointsScreen
 from console.screens.modals import AskNumberScreen, PickRecipeScreen, StartJobScreen
 from widgets.jobs_table import JobsTable
 from widgets.lab_header import LabHeader
@@ -156,4 +157,5 @@ class JobsScreen(LabScreen):
     async def _open_checkpoints(self, machine: str, run: str) -> None:
         """The Checkpoints view on this job's run (runs of cetlab jobs are named by job id)."""
         await self.app.switch_mode("checkpoints")
-        self.app.screen.show_run(machine, run)
+        if isinstance(self.app.screen, CheckpointsScreen):
+            self.app.screen.show_run(machine, run)

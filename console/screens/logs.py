@@ -72,8 +72,11 @@ class LogScreen(LabScreen):
             parts.append(f"[red]{esc(self.error)}[/]")
         self.query_one("#log-status", Static).update(shown(" · ".join(parts)))
 
+    def fetch(self) -> None:
+        self._fetch_log()
+
     @work(exclusive=True, group="log-fetch")
-    async def fetch(self) -> None:
+    async def _fetch_log(self) -> None:
         params = {"id": self.job_id, "tail_lines": FIRST_LINES} if self.log_offset is None else {"id": self.job_id, "offset": self.log_offset}
         try:
             data = await self.lab_app.client.call(self.machine, "jobs.logs", params)

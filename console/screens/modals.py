@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from rich.console import Group
 from rich.padding import Padding
@@ -23,6 +23,12 @@ from console.views import VIEWS
 from widgets.format import NA, fmt_gib, fmt_limit
 from widgets.orchestra_table import state_cell
 from widgets.wire import esc, safe_text, shown, text
+
+if TYPE_CHECKING:
+    from console.app import CetlabApp
+
+InputType = Literal["integer", "number", "text"]
+INPUT_TYPES: dict[str, InputType] = {"int": "integer", "float": "number"}  # a recipe param's type -> its field's (else text)
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -158,7 +164,8 @@ class PickRecipeScreen(ModalScreen[dict | None]):
                                for i, r in enumerate(self.recipes)], id="pick-recipe")
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(self.recipes[int(event.option.id)])
+        if event.option.id is not None:
+            self.dismiss(self.recipes[int(event.option.id)])
 
     def action_cancel(self) -> None:
         self.dismiss(None)
@@ -209,7 +216,7 @@ class StartJobScreen(ModalScreen[dict | None]):
                     yield Select([(text(c), c) for c in p["choices"]], value=default if default in p["choices"] else Select.BLANK,
                                  id=f"param-{p['name']}")
                 else:
-                    kind = {"int": "integer", "float": "number"}.get(p["type"], "text")
+                    kind = INPUT_TYPES.get(p["type"], "text")
                     yield Input(value="" if default is None else str(default), type=kind, id=f"param-{p['name']}")
             if not self.params:
                 yield Label("no params: it runs as lab.yaml says")
@@ -230,7 +237,7 @@ class StartJobScreen(ModalScreen[dict | None]):
             elif isinstance(widget, Select):
                 if widget.value is not Select.BLANK:
                     values[p["name"]] = widget.value
-            elif widget.value.strip():
+            elif isinstance(widget, Input) and widget.value.strip():
                 values[p["name"]] = widget.value.strip()  # the agent parses and checks it
         return values
 
@@ -259,8 +266,12 @@ class StartJobScreen(ModalScreen[dict | None]):
             return
         self.dismiss(job)
 
+    @property
+    def lab_app(self) -> CetlabApp:
+        return cast("CetlabApp", self.app)
+
     async def submit(self, values: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = await self.app.client.call(self.recipe["machine"], "jobs.start", {"recipe": self.recipe["name"], "params": values})
+        result: dict[str, Any] = await self.lab_app.client.call(self.recipe["machine"], "jobs.start", {"recipe": self.recipe["name"], "params": values})
         return result
 
     def action_cancel(self) -> None:
@@ -281,7 +292,7 @@ class ResumeJobScreen(StartJobScreen):
                 f"on {esc(self.machine)}")
 
     async def submit(self, values: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = await self.app.client.call(self.machine, "checkpoints.resume", {"run": self.run, "step": self.step, "params": values})
+        result: dict[str, Any] = await self.lab_app.client.call(self.machine, "checkpoints.resume", {"run": self.run, "step": self.step, "params": values})
         return result
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from agents.protocol import ErrorCode, RemoteError
+from agents.sections import CheckpointInfo
+from agents.served import is_served, serve_failed
 from console.cli_jobs import job_human, parse_sets
 from console.runs import RunKey, one_row_per_run
 from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, fmt_time, plural
@@ -20,16 +22,18 @@ def fmt_loss(value: float | None) -> str:
     return fmt(value, ".4f")
 
 
-def marks(ckpt: dict[str, Any]) -> str:
-    flags = [f for f, on in (("BEST", ckpt.get("is_best")), ("newest", ckpt.get("newest")), ("kept", ckpt.get("kept"))) if on]
-    if ckpt.get("serving") and ckpt["serving"].get("state") not in ("cold", "failed", "unloaded"):
-        flags.append(f"served:{ckpt['serving']['model']}")
-    if not ckpt.get("complete", True):
-        flags.append(f"INCOMPLETE: {ckpt.get('problem')}")
+def marks(ckpt: CheckpointInfo) -> str:
+    flags = [f for f, on in (("BEST", ckpt.is_best), ("newest", ckpt.newest), ("kept", ckpt.kept)) if on]
+    if ckpt.serving is not None and is_served(ckpt.serving):
+        flags.append(f"served:{ckpt.serving.model}")
+    elif ckpt.serving is not None and serve_failed(ckpt.serving):
+        flags.append(f"serve-failed:{ckpt.serving.model}")
+    if not ckpt.complete:
+        flags.append(f"INCOMPLETE: {ckpt.problem}")
     return " ".join(flags)
 
 
-def table(rows: list[tuple[str, ...]]) -> list[str]:
+def table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
@@ -52,12 +56,11 @@ def run_human(run: dict[str, Any]) -> str:
     lines = [f"run {run['run']} on {run['machine']} ({run['path']}): {plural(run['count'], 'checkpoint')}, {fmt_bytes(run['disk_bytes'])}, "
              f"saves {fmt_secs(run.get('save_s_total'))}{share}"]
     rows = [("STEP", "EPOCH", "LOSS", "EVAL", "SIZE", "SAVE", "KIND", "WRITTEN", "")]
-    for c in run["checkpoints"]:
-        kind = c["kind"] + ("+optim" if c.get("has_optimizer") else "")
-        written = fmt_time(c.get("written_at"), "%m-%d %H:%M:%S")
-        rows.append((str(c["step"]), fmt(c.get("epoch"), ".2f"), fmt_loss(c.get("loss")),
-                     fmt_loss(c.get("eval_loss")), fmt_bytes(c["size_bytes"]), fmt(c.get("save_s"), ".2f", "s"),
-                     kind, written, marks(c)))
+    for c in (CheckpointInfo.model_validate(c) for c in run["checkpoints"]):
+        kind = c.kind + ("+optim" if c.has_optimizer else "")
+        written = fmt_time(c.written_at, "%m-%d %H:%M:%S")
+        rows.append((str(c.step), fmt(c.epoch, ".2f"), fmt_loss(c.loss), fmt_loss(c.eval_loss), fmt_bytes(c.size_bytes),
+                     fmt(c.save_s, ".2f", "s"), kind, written, marks(c)))
     return "\n".join(lines + table(rows))
 
 

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from agents.lab import load_lab
+from agents.sections import CheckpointInfo
 from console.app import CetlabApp
 from console.client import FleetClient
 from console.screens.checkpoints import CheckpointsScreen
@@ -24,8 +25,9 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_markers_sit_on_the_curve_by_kind():
     loss = [[1, 3.0], [2, 2.0], [3, 1.5], [4, 1.0]]
-    checkpoints = [{"step": 2, "loss": None, "complete": True}, {"step": 3, "loss": 1.5, "is_best": True, "complete": True},
-                   {"step": 4, "loss": 1.0, "kept": True, "complete": True}, {"step": 5, "complete": False}]
+    checkpoints = [CheckpointInfo(run="r", path=f"r/checkpoint-{c['step']}", **c) for c in (
+        {"step": 2, "loss": None, "complete": True}, {"step": 3, "loss": 1.5, "is_best": True, "complete": True},
+        {"step": 4, "loss": 1.0, "kept": True, "complete": True}, {"step": 5, "complete": False})]
     groups = {label: (steps, ys) for label, _, _, steps, ys in marker_groups(checkpoints, loss, selected=4)}
     assert groups == {"saved": ([2], [2.0]), "incomplete": ([5], [1.0]), "best": ([3], [1.5]), "selected": ([4], [1.0])}
 
@@ -58,12 +60,12 @@ async def test_view_shows_a_run_and_acts_on_its_checkpoints(lab, hand_runs):
         timeline = screen.query_one(CheckpointTimeline)
         assert timeline.shown_curve  # the loss curve is drawn
         best = next(c["step"] for c in screen.detail["checkpoints"] if c["is_best"])
-        assert screen.selected()["step"] == best  # the cursor starts on the best one
+        assert screen.selected().step == best  # the cursor starts on the best one
         assert "step" in str(screen.query_one("#ckpt-detail").render())
 
         # k moves up (as in every view); p keeps the selected checkpoint; the table says so once the agent answered
         await pilot.press("k", "j")
-        assert screen.selected()["step"] == best and app.screen is screen
+        assert screen.selected().step == best and app.screen is screen
         await pilot.press("p")
         await wait_for(lambda: next(c for c in screen.detail["checkpoints"] if c["step"] == best)["kept"], 30)
         assert (hand_runs / "exp3" / f"checkpoint-{best}").is_dir()
@@ -179,7 +181,7 @@ async def test_the_details_follow_the_row_when_the_served_model_warms(frozen_app
         best = next(c for c in detail["checkpoints"] if c["is_best"])
         best["serving"] = {**best["serving"], "state": "loading"}
         screen.show_detail(copy.deepcopy(detail))
-        assert screen.selected()["step"] == best["step"]
+        assert screen.selected().step == best["step"]
         best["serving"]["state"] = "warm"
         screen.show_detail(copy.deepcopy(detail))  # the next listing: the row and the details both say warm, the cursor unmoved
         await pilot.pause()

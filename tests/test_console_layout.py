@@ -8,6 +8,7 @@ from datetime import date
 import pytest
 from textual.app import App
 
+from agents.sections import CheckpointInfo
 from console.app import CetlabApp
 from console.client import FleetClient
 from console.screens.costs import CostsScreen
@@ -75,7 +76,8 @@ async def test_a_short_runs_loss_plot_shows_whole_steps_on_its_x_axis():
     async with app.run_test(size=(100, 20)) as pilot:
         timeline = app.query_one(CheckpointTimeline)
         loss = [[step, 2.0 - step / 10] for step in range(1, 9)]
-        timeline.show("run exp1", loss, [], [{"step": 4, "loss": 1.6}, {"step": 8, "loss": 1.2}], selected=8)
+        checkpoints = [CheckpointInfo(run="exp1", step=step, path=f"exp1/checkpoint-{step}", loss=value) for step, value in ((4, 1.6), (8, 1.2))]
+        timeline.show("run exp1", loss, [], checkpoints, selected=8)
         await pilot.pause()
         lines = screen_lines(app)
         axis = next(line for line in reversed(lines) if "step" not in line and any(c.isdigit() for c in line))

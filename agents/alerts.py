@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from agents.catalogue import AckParams, AlertListParams as ListParams
 
 from agents.lab import Alerts
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError, Role, Telemetry
@@ -218,20 +218,6 @@ class AlertEngine:
 
 
 # ---------------------------------------------------------------------------- the component
-
-
-class ListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    active: bool = False  # only alerts not cleared yet
-    limit: int = Field(default=100, ge=1, le=1000)
-    since: float | None = None  # unix time: alerts fired after it
-
-
-class AckParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(max_length=100)
 
 
 class AlertsComponent:

@@ -6,7 +6,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from agents.catalogue import AuditListParams
 
 from agents.protocol import Role, Telemetry
 from agents.rpc import Peer
@@ -49,17 +49,6 @@ SCHEMA = [
     "ALTER TABLE audit ADD COLUMN key TEXT",
     "ALTER TABLE audit_refusals ADD COLUMN key TEXT",
 ]
-
-
-class AuditListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    limit: int = Field(default=200, ge=1, le=5000)
-    since: float | None = None  # unix time
-    before_id: int | None = Field(default=None, ge=1)  # page back from here
-    who: str | None = Field(default=None, max_length=200)
-    key: str | None = Field(default=None, max_length=200)  # a key's fingerprint (SHA256:...)
-    method: str | None = Field(default=None, max_length=100)
 
 
 def summarize(params: Any) -> str | None:

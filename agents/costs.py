@@ -7,12 +7,11 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime, tzinfo
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from pydantic import BaseModel, ConfigDict
-
 from agents.gateway.config import find_provider_model
+from agents.catalogue import CostsParams
 from agents.lab import Lab, Machine
 from agents.protocol import Telemetry
 from agents.sections import CostsSummary, JobInfo, ModelInfo, ProviderSpend, Tick
@@ -255,13 +254,6 @@ def readings(telemetry: Telemetry, machine: Machine, holders: dict[int, tuple[st
 
 
 # ---------------------------------------------------------------------------- the component
-
-
-class CostsParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    since: date | None = None  # the lab's local date, YYYY-MM-DD; default: this month
-    by: Literal["machine", "job", "model"] = "machine"
 
 
 def group_by(rows: list[dict[str, Any]], by: str, prices: Prices, machine: str) -> list[dict[str, Any]]:

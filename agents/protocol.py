@@ -59,6 +59,7 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "rate_limited"
     TIMEOUT = "timeout"  # client side: no answer in time
     DISCONNECTED = "disconnected"  # client side: the machine is offline
+    INVALID_REPLY = "invalid_reply"  # client side: the reply does not match the method's result model (agents/catalogue.py)
     INTERNAL = "internal"  # a bug in the agent; details are in its log, never on the wire
 
 

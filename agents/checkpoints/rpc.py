@@ -2,44 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from agents.catalogue import DeleteParams, KeepParams, PruneParams, ResumeParams, RunParams, ServeParams
 
 from agents.protocol import Role
 from agents.rpc import Peer
 
 if TYPE_CHECKING:
     from agents.checkpoints.component import CheckpointsComponent
-
-
-class RunParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    run: str = Field(min_length=1, max_length=200)
-
-
-class StepParams(RunParams):
-    step: int = Field(ge=0)
-
-
-class ResumeParams(StepParams):
-    params: dict[str, Any] = Field(default_factory=dict, max_length=64)  # overrides of the run's recipe params
-
-
-class ServeParams(StepParams):
-    model: str | None = Field(default=None, max_length=64)  # a warm model to load the adapter into, or to borrow engine/GPUs from
-
-
-class DeleteParams(StepParams):
-    confirm_special: bool = False  # needed to delete the best or the newest checkpoint
-
-
-class KeepParams(StepParams):
-    kept: bool = True
-
-
-class PruneParams(RunParams):
-    keep_last: int = Field(ge=0, le=100000)
 
 
 def register(component: CheckpointsComponent) -> None:

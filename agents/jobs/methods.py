@@ -6,7 +6,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from agents.catalogue import JobListParams as ListParams, JobParams, LogsParams, StartParams, StopParams
 
 from agents.jobs import recipes
 from agents.jobs.job import Job
@@ -19,35 +19,6 @@ if TYPE_CHECKING:
     from agents.jobs.supervisor import JobsComponent
 
 log = logging.getLogger("cetlab.jobs")
-
-
-class StartParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    recipe: str = Field(max_length=64)
-    params: dict[str, Any] = Field(default_factory=dict, max_length=64)
-
-
-class JobParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(max_length=100)
-
-
-class StopParams(JobParams):
-    grace_s: float | None = Field(default=None, ge=0, le=86400)
-
-
-class LogsParams(JobParams):
-    tail_lines: int = Field(default=100, ge=0, le=10000)
-    offset: int | None = Field(default=None, ge=0)  # continue from here instead of the tail
-    follow: bool = False  # push new lines as `log` events to this connection
-
-
-class ListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    limit: int = Field(default=100, ge=1, le=10000)
 
 
 def damaged_job(job_id: str, recipe: object, machine: str, exc: Exception) -> dict[str, Any]:

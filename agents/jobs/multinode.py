@@ -24,11 +24,11 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.documents import Progress
+from agents.catalogue import NodeStartParams, NodeStatusParams, NodeStopParams
 from agents.jobs.job import PROGRESS_KEPT, Job
 from agents.jobs.logs import tail
 from agents.jobs.runner import descendants
 from agents.lab import Trainer
-from agents.schema import NAME_RE
 from agents.peers import NODE_KEY_NAME, PeerClient
 from agents.protocol import ErrorCode, Finite, RemoteError, Role
 from agents.rpc import Peer
@@ -142,31 +142,6 @@ def check_node_start(recipe: Trainer, params: NodeStartParams, active: list[Job]
     if running:
         raise RemoteError(ErrorCode.CONFLICT, f"node of job {running[0]} of recipe {recipe.name} is still running here: "
                                               "one job of a multi-node recipe at a time", {"job": running[0]})
-
-
-class NodeStartParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(pattern=NAME_RE)
-    recipe: str = Field(max_length=64)
-    params: dict[str, Any] = Field(default_factory=dict, max_length=64)
-    node_rank: int = Field(ge=1, le=1024)  # rank 0 is the coordinator's own node
-    rdzv_port: int = Field(ge=1024, le=65535)
-
-
-class NodeStopParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(max_length=100)
-    kill: bool = False
-    grace_s: float | None = Field(default=None, ge=0, le=86400)
-    reason: str | None = Field(default=None, max_length=4000)  # the coordinator failed the job: why
-
-
-class NodeStatusParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(max_length=100)
 
 
 class NodeStatus(BaseModel):

@@ -7,8 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
+from agents.catalogue import NotifyTestParams as TestParams
 from agents.notify.config import AlertmanagerRoute, Kind, Level, kind_of_rule
 from agents.notify.outbox import Outbox
 from agents.notify.secrets import describe
@@ -16,7 +15,6 @@ from agents.notify.sender import RouteSender
 from agents.notify.watch import OfflineWatch, Outage
 from agents.notify.wire import Notification, NotifyStatus, RouteStatus, TestResult
 from agents.protocol import ErrorCode, RemoteError, Role
-from agents.schema import Name
 from agents.sections import AlertInfo, JobInfo, RunSummary, Tick
 from agents.states import JobState
 
@@ -29,12 +27,6 @@ log = logging.getLogger("cetlab.notify")
 
 LAST_LINES = 10  # of a failed job's log, in its notification
 STORED_KEYS_MAX = 10000
-
-
-class TestParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    route: Name
 
 
 @dataclass

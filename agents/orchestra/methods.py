@@ -6,9 +6,8 @@ import asyncio
 import json
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from agents.catalogue import AdapterParams, ModelParams, PinParams, SwapParams
 
-from agents.schema import NAME_RE
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
 from agents.orchestra.engines import engine_spec
 from agents.protocol import ErrorCode, RemoteError, Role
@@ -16,26 +15,6 @@ from agents.states import ModelState
 
 if TYPE_CHECKING:
     from agents.orchestra.pool import OrchestraComponent
-
-
-class ModelParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str = Field(pattern=NAME_RE)
-
-
-class PinParams(ModelParams):
-    pinned: bool = True
-
-
-class SwapParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    out: str = Field(pattern=NAME_RE)
-    in_: str = Field(alias="in", pattern=NAME_RE)
-
-
-class AdapterParams(ModelParams):
-    name: str = Field(pattern=NAME_RE)
-    path: str = Field(min_length=1, max_length=4096)
 
 
 def register(pool: OrchestraComponent) -> None:

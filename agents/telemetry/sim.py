@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from agents.catalogue import OverrideParams
 
 from agents.lab import SimGpu
 from agents.gpusupport.capability import capability_by_name, parse_capability
@@ -167,17 +167,6 @@ class SimSampler:
 
 
 # ---------------------------------------------------------------------------- driving it over the wire
-
-
-class OverrideParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    gpu: int = Field(ge=0)
-    temp_c: float | None = Field(default=None, ge=-50, le=200)
-    util_pct: float | None = Field(default=None, ge=0, le=100)
-    mem_used_bytes: int | None = Field(default=None, ge=0, le=2**50)
-    power_w: float | None = Field(default=None, ge=0, le=10_000)
-    clear: bool = False  # drop this GPU's overrides first (alone: back to the simulation)
 
 
 def register_methods(agent: Agent) -> None:

@@ -215,12 +215,14 @@ async def test_precision_shows_in_the_table_and_notes_in_the_details(monkeypatch
 
 
 def test_cetlab_jobs_has_a_precision_column_and_the_job_its_notes():
+    from agents.sections import JobInfo
     from console.cli_jobs import job_human, jobs_human
     from tests.console_fixtures import frozen_jobs
 
-    jobs = frozen_jobs()
-    jobs[0].update(precision="bf16", notes=["tf32 on"])
-    header, first, second, *_ = jobs_human({"jobs": jobs, "offline": {}}).splitlines()
+    raw = frozen_jobs()
+    raw[0].update(precision="bf16", notes=["tf32 on"])
+    jobs = [JobInfo.model_validate(j) for j in raw]
+    header, first, second, *_ = jobs_human(jobs, {}).splitlines()
     assert header.split()[4] == "PREC" and first.split()[4] == "bf16" and second.split()[4] == "-"
     assert "  precision: bf16\n  note: tf32 on" in job_human(jobs[0])
 

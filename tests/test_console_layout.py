@@ -75,7 +75,7 @@ async def test_a_short_runs_loss_plot_shows_whole_steps_on_its_x_axis():
     app = Plot()
     async with app.run_test(size=(100, 20)) as pilot:
         timeline = app.query_one(CheckpointTimeline)
-        loss = [[step, 2.0 - step / 10] for step in range(1, 9)]
+        loss = [(step, 2.0 - step / 10) for step in range(1, 9)]
         checkpoints = [CheckpointInfo(run="exp1", step=step, path=f"exp1/checkpoint-{step}", loss=value) for step, value in ((4, 1.6), (8, 1.2))]
         timeline.show("run exp1", loss, [], checkpoints, selected=8)
         await pilot.pause()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from textual_plotext import PlotextPlot
 
@@ -12,6 +12,7 @@ from agents.sections import CheckpointInfo
 from widgets.wire import visible
 
 MOST_TICKS = 6
+Point = tuple[int, float | None]  # (step, loss) of a curve
 
 
 def step_ticks(first: int, last: int, most: int = MOST_TICKS) -> list[int]:
@@ -26,7 +27,7 @@ def step_ticks(first: int, last: int, most: int = MOST_TICKS) -> list[int]:
     return list(range(int(start), int(last) + 1, int(step)))
 
 
-def marker_y(ckpt: CheckpointInfo, loss: list[list]) -> float | None:
+def marker_y(ckpt: CheckpointInfo, loss: Sequence[Point]) -> float | None:
     """Where a checkpoint sits on the curve: its own loss, else the curve's last value at or before its step."""
     if ckpt.loss is not None:
         return ckpt.loss
@@ -34,7 +35,7 @@ def marker_y(ckpt: CheckpointInfo, loss: list[list]) -> float | None:
     return before[-1] if before else (loss[0][1] if loss else None)
 
 
-def marker_groups(checkpoints: list[CheckpointInfo], loss: list[list], selected: int | None) -> list[tuple[str, str, str, list, list]]:
+def marker_groups(checkpoints: list[CheckpointInfo], loss: Sequence[Point], selected: int | None) -> list[tuple[str, str, str, list, list]]:
     """(label, marker, colour, steps, ys) per kind of checkpoint, in drawing order (the selected one last, on top)."""
     kinds = {"saved": ("saved", "dot", "cyan"), "kept": ("kept", "hd", "magenta"), "incomplete": ("incomplete", "x", "red"),
              "best": ("best", "hd", "green"), "selected": ("selected", "sd", "yellow")}
@@ -60,9 +61,9 @@ class CheckpointTimeline(PlotextPlot):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self._shown: Any = None
-        self.shown_curve: list[list] = []  # the loss points drawn now
+        self.shown_curve: Sequence[Point] = ()  # the loss points drawn now
 
-    def show(self, title: str, loss: list[list], eval_loss: list[list], checkpoints: list[CheckpointInfo], selected: int | None) -> None:
+    def show(self, title: str, loss: Sequence[Point], eval_loss: Sequence[Point], checkpoints: list[CheckpointInfo], selected: int | None) -> None:
         data = (title, loss, eval_loss, [(c.step, c.loss, c.is_best, c.kept, c.complete) for c in checkpoints], selected)
         if data == self._shown:
             return
@@ -79,7 +80,7 @@ class CheckpointTimeline(PlotextPlot):
             plt.plot([p[0] for p in eval_loss], [p[1] for p in eval_loss], label="eval loss", color="orange", marker="braille")
         for label, marker, colour, steps, ys in marker_groups(checkpoints, loss, selected):
             plt.scatter(steps, ys, label=label, marker=marker, color=colour)
-        steps = [p[0] for p in loss + eval_loss] + [c.step for c in checkpoints]
+        steps = [p[0] for p in (*loss, *eval_loss)] + [c.step for c in checkpoints]
         if steps:  # plotext would pick fractional ticks (2.5) for a short run: steps are whole
             ticks: list[float] = list(step_ticks(int(min(steps)), int(max(steps))))  # plotext's type: whole numbers are drawn whole
             plt.xticks(ticks)

@@ -3,16 +3,36 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable, TypeVar
 
+from pydantic import BaseModel
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
+from agents.catalogue import (
+    CHECKPOINTS_DELETE,
+    CHECKPOINTS_KEEP,
+    CHECKPOINTS_LIST,
+    CHECKPOINTS_PRUNE,
+    CHECKPOINTS_SERVE,
+    JOBS_GET,
+    JOBS_RECIPES,
+    Curves,
+    DeleteParams,
+    JobParams,
+    KeepParams,
+    Method,
+    PruneParams,
+    RunCheckpoints,
+    RunParams,
+    ServeParams,
+    request,
+)
 from agents.protocol import RemoteError
-from agents.sections import CheckpointInfo, RunSummary
+from agents.sections import CheckpointInfo, JobDetail, RunSummary
 from agents.served import is_served, serve_failed, serve_moving
 from agents.states import JOB_ACTIVE
 from console.runs import RunKey, one_row_per_run
@@ -28,6 +48,8 @@ ACTIVE_REFETCH_S = 3.0  # while the run's job trains or one of its checkpoints i
 COLUMNS = [("step", "STEP", 7), ("epoch", "EPOCH", 6), ("loss", "LOSS", 8), ("eval", "EVAL", 8), ("size", "SIZE", 7),
            ("save", "SAVE", 7), ("kind", "KIND", 17), ("age", "WRITTEN", 12), ("flags", "", 60)]
 DROP = ("epoch", "save", "kind", "eval", "size")  # narrow: these go, in this order
+P = TypeVar("P", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
 
 
 def loss_text(value: float | None) -> str:
@@ -112,8 +134,7 @@ class CheckpointsScreen(LabScreen):
     def __init__(self) -> None:
         super().__init__()
         self.run_key: tuple[str, str] | None = None  # (machine, run) shown
-        self.detail: dict[str, Any] | None = None  # checkpoints.list of the shown run
-        self.checkpoints: list[CheckpointInfo] = []  # its checkpoints, oldest first
+        self.detail: RunCheckpoints | None = None  # checkpoints.list of the shown run
         self._fetched: tuple[Any, float] | None = None  # (summary it was fetched for, when)
 
     def compose(self) -> ComposeResult:
@@ -142,7 +163,7 @@ class CheckpointsScreen(LabScreen):
     def show_run(self, machine: str, run: str) -> None:
         """Open this run (from another view, e.g. `c` on a job)."""
         if self.run_key != (machine, run):
-            self.run_key, self.detail, self.checkpoints, self._fetched = (machine, run), None, [], None
+            self.run_key, self.detail, self._fetched = (machine, run), None, None
         self.refresh_data()
 
     def refresh_data(self) -> None:
@@ -167,17 +188,21 @@ class CheckpointsScreen(LabScreen):
     @work(exclusive=True, group="checkpoints-fetch")
     async def fetch_run(self, machine: str, run: str) -> None:
         try:
-            detail = await self.lab_app.client.call(machine, "checkpoints.list", {"run": run})
+            detail = await request(self.lab_app.client, machine, CHECKPOINTS_LIST, RunParams(run=run))
         except RemoteError as exc:
             self.notify(exc.message, severity="warning")
             return
         if self.run_key == (machine, run):
             self.show_detail(detail)
 
-    def show_detail(self, detail: dict[str, Any]) -> None:
+    def show_detail(self, detail: RunCheckpoints) -> None:
         self.detail = detail
-        self.checkpoints = [CheckpointInfo.model_validate(c) for c in detail["checkpoints"]]
         self.render_detail()
+
+    @property
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """The shown run's checkpoints, oldest first."""
+        return self.detail.checkpoints if self.detail is not None else []
 
     def render_detail(self) -> None:
         detail = self.detail
@@ -190,10 +215,9 @@ class CheckpointsScreen(LabScreen):
                 best = next((c for c in checkpoints if c.is_best), checkpoints[-1])
                 table.select_key(str(best.step))
             selected = self.selected()
-            curves = (detail or {}).get("curves") or {}
-            title = f"{detail['run']}: loss by step, one marker per checkpoint" if detail else "no run shown"
-            self.query_one(CheckpointTimeline).show(title, curves.get("loss") or [], curves.get("eval_loss") or [], checkpoints,
-                                                     selected.step if selected else None)
+            curves = detail.curves if detail is not None else Curves()
+            title = f"{detail.run}: loss by step, one marker per checkpoint" if detail else "no run shown"
+            self.query_one(CheckpointTimeline).show(title, curves.loss, curves.eval_loss, checkpoints, selected.step if selected else None)
             self.query_one("#ckpt-detail", Static).update(shown(detail_text(selected)))
 
     def selected(self) -> CheckpointInfo | None:
@@ -220,7 +244,7 @@ class CheckpointsScreen(LabScreen):
             return None
         return self.run_key[0], self.run_key[1], ckpt
 
-    def _act_and_refetch(self, machine: str, method: str, params: dict[str, Any], done, timeout: float | None = None) -> None:
+    def _act_and_refetch(self, machine: str, method: Method[P, R], params: P, done: Callable[[R], str], timeout: float | None = None) -> None:
         """Act, then fetch the listing again at once (it changed)."""
         self.act(machine, method, params, done, timeout=timeout, then=lambda _result: self._refetch())
 
@@ -239,20 +263,21 @@ class CheckpointsScreen(LabScreen):
     async def open_resume(self, machine: str, run: str, step: int) -> None:
         """The resume form: the run's recipe with the params it ran with, to change before the new job starts (as `--set` does)."""
         summary = self.summary()
+        client = self.lab_app.client
         try:
-            recipes = await self.lab_app.client.call(machine, "jobs.recipes")
-            previous = (await self.lab_app.client.call(machine, "jobs.get", {"id": summary.job}))["params"] if summary and summary.job else {}
+            recipes = await request(client, machine, JOBS_RECIPES)
+            previous = (await request(client, machine, JOBS_GET, JobParams(id=summary.job))).params if summary and summary.job else {}
         except RemoteError as exc:
             self.notify(exc.message, severity="warning")
             return
-        recipe = next((r for r in recipes if summary is not None and r["name"] == summary.recipe), None)
+        recipe = next((r for r in recipes.root if summary is not None and r.name == summary.recipe), None)
         if recipe is None:
             self.notify(f"run {run} was not started from a recipe of {machine}: resume it with its own trainer", severity="warning")
             return
 
-        def resumed(job: dict | None) -> None:
+        def resumed(job: JobDetail | None) -> None:
             if job:
-                self.notify(f"resumed {run} from step {step} as job {job['id']}")
+                self.notify(f"resumed {run} from step {step} as job {job.id}")
                 self._refetch()
 
         self.app.push_screen(ResumeJobScreen(recipe, machine, run, step, previous), resumed)
@@ -262,8 +287,8 @@ class CheckpointsScreen(LabScreen):
         if target is None:
             return
         machine, run, ckpt = target
-        self._act_and_refetch(machine, "checkpoints.serve", {"run": run, "step": ckpt.step},
-                              lambda r: f"step {ckpt.step}: {r['mode']} on model {r['model']} ({r['state']}); see :models", timeout=30.0)
+        self._act_and_refetch(machine, CHECKPOINTS_SERVE, ServeParams(run=run, step=ckpt.step),
+                              lambda r: f"step {ckpt.step}: {r.mode} on model {r.model} ({r.state}); see :models", timeout=30.0)
 
     def action_keep(self) -> None:
         target = self._target()
@@ -271,7 +296,7 @@ class CheckpointsScreen(LabScreen):
             return
         machine, run, ckpt = target
         kept = not ckpt.kept
-        self._act_and_refetch(machine, "checkpoints.keep", {"run": run, "step": ckpt.step, "kept": kept},
+        self._act_and_refetch(machine, CHECKPOINTS_KEEP, KeepParams(run=run, step=ckpt.step, kept=kept),
                               lambda r: f"step {ckpt.step} {'kept: prune leaves it' if kept else 'no longer kept'}")
 
     def action_delete(self) -> None:
@@ -280,8 +305,8 @@ class CheckpointsScreen(LabScreen):
             return
         machine, run, ckpt = target
         special = [w for w, on in (("the BEST", ckpt.is_best), ("the NEWEST", ckpt.newest)) if on]
-        delete = lambda: self._act_and_refetch(machine, "checkpoints.delete", {"run": run, "step": ckpt.step, "confirm_special": bool(special)},  # noqa: E731
-                                               lambda r: f"deleted step {ckpt.step} of {run}, freed {fmt_bytes(r['freed_bytes'])}")
+        delete = lambda: self._act_and_refetch(machine, CHECKPOINTS_DELETE, DeleteParams(run=run, step=ckpt.step, confirm_special=bool(special)),  # noqa: E731
+                                               lambda r: f"deleted step {ckpt.step} of {run}, freed {fmt_bytes(r.freed_bytes)}")
         first = f"Delete checkpoint [b]{esc(ckpt.step)}[/b] of {esc(run)} ({fmt_bytes(ckpt.size_bytes)})? This removes its folder."
         if special:
             second = f"Step {esc(ckpt.step)} is {' and '.join(special)} checkpoint of {esc(run)}. Really delete it?"
@@ -297,7 +322,7 @@ class CheckpointsScreen(LabScreen):
         def asked(n: int | None) -> None:
             if n is not None:
                 self.confirm(f"Prune [b]{esc(run)}[/b]: keep the best, the last {n} and the kept checkpoints, delete the rest?",
-                             lambda: self._act_and_refetch(machine, "checkpoints.prune", {"run": run, "keep_last": n},
-                                                           lambda r: f"pruned {run}: deleted {len(r['deleted'])}, freed {fmt_bytes(r['freed_bytes'])}"))
+                             lambda: self._act_and_refetch(machine, CHECKPOINTS_PRUNE, PruneParams(run=run, keep_last=n),
+                                                           lambda r: f"pruned {run}: deleted {len(r.deleted)}, freed {fmt_bytes(r.freed_bytes)}"))
 
         self.app.push_screen(AskNumberScreen(f"Prune {run}: how many of the newest checkpoints to keep (besides the best and the kept)?", 2), asked)

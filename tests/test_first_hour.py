@@ -375,7 +375,7 @@ def test_the_start_forms_bounds_are_written_as_numbers_people_write():
 
 
 def test_one_checkpoint_is_singular_and_a_model_is_named_once_in_costs():
-    from agents.catalogue import Pruned
+    from agents.catalogue import PricedGroup, Pruned
     from agents.sections import CheckpointInfo
     from console.cli_checkpoints import prune_human
     from console.screens.costs import breakdown_rows
@@ -384,7 +384,7 @@ def test_one_checkpoint_is_singular_and_a_model_is_named_once_in_costs():
     assert "deleted 1 checkpoint," in prune_human(Pruned(run="r", keep_last=0, deleted=[one], freed_bytes=10))
     entry = {"model": "llama-3.1-8b", "label": "llama-3.1-8b", "machine": "m5", "kwh": 1.0, "cost": 0.3, "cloud_equivalent": 2.0,
              "saving_pct": 85.0, "gpu_hours": 1.0, "gpu_busy_hours": 0.5, "tokens": 1000}
-    rows = breakdown_rows({"by_kind": "model", "currency": "EUR", "by": [entry]})
+    rows = breakdown_rows([PricedGroup.model_validate(entry)], "model", "EUR")
     assert rows["m5/llama-3.1-8b"][0] == "llama-3.1-8b @m5"
 
 

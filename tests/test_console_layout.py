@@ -29,7 +29,8 @@ def costs_report(machine: str, tokens: int) -> dict:
     entry = {"machine": machine, "label": "", "kwh": 12.345, "energy_cost": 3.2, "rent": 0.0, "cost": 3.2, "uptime_s": 86400.0,
              "gpu_hours": 24.0, "gpu_busy_hours": 7.5, "tokens": tokens, "cloud_gpu": 20.0, "cloud_tokens": 0.383, "cloud_equivalent": 20.383,
              "saving": 17.18, "saving_pct": 84.3, "missing": []}
-    return {"now": {"power_w": 300.0, "per_hour": 0.09, "missing": []}, "today": priced(0.383), "month": priced(3.2),
+    return {"machine": machine, "currency": "USD", "timezone": "UTC", "rented": False,
+            "now": {"power_w": 300.0, "per_hour": 0.09, "missing": []}, "today": priced(0.383), "month": priced(3.2),
             "since": {"day": today, **priced(3.2)}, "by": [entry], "days": [{"day": today, **priced(0.383)}], "simulated": True,
             "api_providers": [], "api_today": 0.0, "api_month": 0.0, "api_since": 0.0, "total_month": 3.2}
 

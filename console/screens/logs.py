@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Input, Log, Static
 
+from agents.catalogue import JOBS_LOGS, LogsParams, request
 from agents.protocol import RemoteError
 from console.screens.base import LabScreen
 from widgets.format import NA
@@ -77,17 +78,18 @@ class LogScreen(LabScreen):
 
     @work(exclusive=True, group="log-fetch")
     async def _fetch_log(self) -> None:
-        params = {"id": self.job_id, "tail_lines": FIRST_LINES} if self.log_offset is None else {"id": self.job_id, "offset": self.log_offset}
+        params = (LogsParams(id=self.job_id, tail_lines=FIRST_LINES) if self.log_offset is None
+                  else LogsParams(id=self.job_id, offset=self.log_offset))
         try:
-            data = await self.lab_app.client.call(self.machine, "jobs.logs", params)
+            logs = await request(self.lab_app.client, self.machine, JOBS_LOGS, params)
         except RemoteError as exc:
             self.error = exc.message
             return
         self.error = None
-        self.log_offset, self.job_state = data["offset"], data["state"]
-        if data["lines"]:
-            self.lines = (self.lines + data["lines"])[-MAX_LINES:]
-            self.query_one(Log).write_lines([visible(line) for line in data["lines"]])  # no terminal escapes from a trainer
+        self.log_offset, self.job_state = logs.offset, logs.state
+        if logs.lines:
+            self.lines = (self.lines + logs.lines)[-MAX_LINES:]
+            self.query_one(Log).write_lines([visible(line) for line in logs.lines])  # no terminal escapes from a trainer
         self._show_status()
 
     # -- search

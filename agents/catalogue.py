@@ -33,7 +33,7 @@ from agents.protocol import (
     Role,
     SubscribeParams,
 )
-from agents.schema import NAME_RE, Name
+from agents.schema import NAME_RE, NAME_RULE, Name
 from agents.sections import (
     AlertInfo,
     AlertsSection,
@@ -741,6 +741,18 @@ class ReplyInvalid(RemoteError):
                          {"method": method, "field": field})
         self.method = method
         self.field = field
+
+
+def params_error(exc: ValidationError) -> str:
+    """Params that do not validate, in words: each field and what is wrong with it (a name's rule, not its pattern)."""
+    parts = []
+    for error in exc.errors()[:5]:
+        where = ".".join(str(p) for p in error["loc"]) or "params"
+        if error["type"] == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == NAME_RE:
+            parts.append(f"{where}: {error['input']!r} is not a name: {NAME_RULE}")  # not the regular expression
+        else:
+            parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)
 
 
 def _where(loc: tuple[int | str, ...]) -> str:

@@ -198,17 +198,6 @@ class Hello(Snapshot):
 # ---------------------------------------------------------------------------- methods
 
 
-class MethodSpec(BaseModel):
-    """How a method is exposed: who may call it and what its params look like."""
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
-    name: str
-    role: Role = Role.VIEWER
-    params: type[BaseModel] | None = None
-    doc: str = ""
-
-
 class HistoryParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agents.sections import Rotation
 from console.cli import main as cli_main
 from console.cli_models import rotation_human
 from console.demo import DemoLab
@@ -90,7 +91,7 @@ def test_rotation_text_names_problems_and_what_is_not_warm():
                 "overhead_pct": 0.0123, "target_pct": 1.0,
                 "last": {"t": 1000.0 - 3600, "index": 0, "duration_s": 2.5, "swaps": [["z", "x"]], "out": [], "up": ["y"],
                          "not_warm": ["y"], "problems": ["y needs 4.5 GiB on GPU 1 of m5"]}}
-    text = rotation_human({"m5": rotation}, now=1000.0)
+    text = rotation_human({"m5": Rotation.model_validate(rotation)}, now=1000.0)
     assert text.splitlines() == [
         "m5: rotated to set 1 of 2 (x, y) in 2.5 s, 1h00m ago",
         "  swapped z out for x",
@@ -341,8 +342,8 @@ def test_a_phase_that_repeats_the_state_is_said_once():
     from widgets.orchestra_table import COLUMNS, state_cell
 
     loading = {"name": "m", "machine": "box", "engine": "sim", "state": "loading", "since": 0.0}
-    assert state_text({**loading, "progress": {"phase": "loading"}}) == "loading"
-    assert state_text({**loading, "progress": {"phase": "warm-up"}}) == "loading (warm-up)"
+    assert state_text(ModelInfo(**loading, progress={"phase": "loading"})) == "loading"
+    assert state_text(ModelInfo(**loading, progress={"phase": "warm-up"})) == "loading (warm-up)"
     assert str(state_cell(ModelInfo(**loading, progress={"phase": "loading"}))) == "loading"
     tiny = str(state_cell(ModelInfo(**loading, progress={"phase": "making the tiny model"})))
     assert tiny == "loading making the tiny model"
@@ -444,7 +445,8 @@ def test_a_rotation_line_names_the_machines_own_models_of_the_set():
     last = {"t": 900.0, "index": 1, "duration_s": 0.1, "swaps": [], "out": [], "up": [], "not_warm": [], "problems": []}
     rotation = {"plan": [["a"], ["qwen", "mistral", "phi"]], "index": 1, "running": False, "next_at": 2000.0, "pinned": [],
                 "overhead_pct": 0.0, "target_pct": 1.0, "last": last}
-    text = rotation_human({"workstation": rotation, "irina": rotation}, now=1000.0,
+    typed = Rotation.model_validate(rotation)
+    text = rotation_human({"workstation": typed, "irina": typed}, now=1000.0,
                           models_on={"workstation": {"tiny"}, "irina": {"mistral", "phi"}})
     assert "workstation: rotated to set 2 of 2 (none of its models) in 0.1 s" in text, text
     assert "irina: rotated to set 2 of 2 (mistral, phi) in 0.1 s" in text, text

@@ -138,8 +138,9 @@ async def test_kill_9_of_the_agent_while_a_model_loads_is_said_after_the_restart
         assert wait_exit(proc, 30) == 0
 
 
-async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_path, caplog):
+async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_path, caplog, monkeypatch):
     from agents.agent import Agent
+    from agents.catalogue import CATALOGUE, Method, NoParams
     from agents.alerts import AlertsComponent
     from agents.costs import CostsComponent
     from agents.lab import parse_lab
@@ -154,6 +155,8 @@ async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_
     for component in (costs, alerts):
         await component.start(agent)
     agent.store.execute("CREATE TABLE filler (blob BLOB)")
+
+    monkeypatch.setitem(CATALOGUE, "test.write", Method("test.write", NoParams, NoParams))  # a method for this test only
 
     @agent.rpc.method("test.write", role=Role.VIEWER)
     async def write(peer, params) -> dict:

@@ -40,7 +40,7 @@ async def test_the_costs_table_and_chart_each_have_their_own_space(size):
     state = frozen_state()
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
 
-    async def call_all(method, params=None):
+    async def call_all(method, params=None, timeout=None):
         return {name: costs_report(name, 153_783) for name in ("m5", "irina")}
 
     async with app.run_test(size=size) as pilot:

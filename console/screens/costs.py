@@ -11,9 +11,9 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
-from agents.catalogue import COSTS_GET, ApiProviderSpend, CostsParams, CostsReport, PricedGroup, validate_reply, wire_params
-from agents.protocol import RemoteError
+from agents.catalogue import COSTS_GET, ApiProviderSpend, CostsParams, PricedGroup
 from console.costs import lab_costs, live_totals
+from console.replies import request_all
 from console.screens.base import LabScreen
 from widgets.cost_counter import CostCounter
 from widgets.format import fmt, fmt_money, fmt_pct
@@ -42,17 +42,6 @@ def breakdown_rows(groups: list[PricedGroup], by: str, currency: str) -> dict[st
         rows[key] = (name[:34], fmt(entry.kwh, ".3f"), fmt_money(entry.cost, currency), fmt_money(entry.cloud_equivalent, currency),
                      fmt_pct(entry.saving_pct), fmt(entry.gpu_hours, ".2f"), fmt(entry.gpu_busy_hours, ".2f"), f"{entry.tokens:,}")
     return rows
-
-
-def costs_report(result: Any) -> CostsReport | None:
-    """One machine's `costs.get` answer, typed; None for a machine not reached or a reply that does not validate (lab_costs
-    lists those as not counted)."""
-    if isinstance(result, Exception):
-        return None
-    try:
-        return validate_reply(COSTS_GET, result)
-    except RemoteError:
-        return None
 
 
 def plot_days(days: list[dict[str, Any]], since: date, today: date) -> list[tuple[str, float, float]]:
@@ -109,13 +98,13 @@ class CostsScreen(LabScreen):
     @work(exclusive=True, group="costs")
     async def _fetch(self, by: Breakdown) -> None:
         since = date.today() - timedelta(days=PLOT_DAYS - 1)
-        results = await self.lab_app.client.call_all(COSTS_GET.name, wire_params(CostsParams(by=by, since=since)))
+        answers = await request_all(self.lab_app.client, COSTS_GET, CostsParams(by=by, since=since))
         if by != self.by:  # the user switched breakdowns while this call ran
             return
-        if all(isinstance(r, RemoteError) for r in results.values()) and self.report is not None:
+        if not answers.replies and self.report is not None:
             return  # keep the last figures; the header says which machines are offline
-        self.report = lab_costs(self.lab_app.lab.costs.currency, results, by)
-        reports = [report for report in map(costs_report, results.values()) if report is not None]
+        self.report = lab_costs(self.lab_app.lab.costs.currency, {**answers.replies, **answers.errors}, by)
+        reports = list(answers.replies.values())
         self.groups = [group for report in reports for group in report.by]
         self.providers = [p for report in reports if report.api is not None for p in report.api.providers]
         self.refresh_data()

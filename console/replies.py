@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from agents.catalogue import Method, validate_reply, wire_params
 from agents.protocol import RemoteError
 
-if TYPE_CHECKING:
-    from console.client import FleetClient
-
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
+
+
+class AllCaller(Protocol):
+    """What asks every machine at once (FleetClient): per machine, its raw result or the exception it raised."""
+
+    async def call_all(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -29,7 +32,7 @@ class Answers(Generic[R]):
         return {name: exc.message if isinstance(exc, RemoteError) else str(exc) for name, exc in self.errors.items()}
 
 
-async def request_all(client: FleetClient, method: Method[P, R], params: P | None = None, timeout: float | None = None) -> Answers[R]:
+async def request_all(client: AllCaller, method: Method[P, R], params: P | None = None, timeout: float | None = None) -> Answers[R]:
     """Call ``method`` on every machine at once; each answer validated against the method's result model."""
     results = await client.call_all(method.name, wire_params(params), timeout)
     answers: Answers[R] = Answers()

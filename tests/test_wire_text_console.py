@@ -10,6 +10,7 @@ import pytest
 from textual.geometry import Region
 from textual.widgets import DataTable, Log, OptionList, Static
 
+from agents.catalogue import ALERTS_ACK, AckParams
 from agents.lab import load_lab
 from console.app import CetlabApp
 from console.screens.jobs import JobsScreen
@@ -145,7 +146,7 @@ async def test_hostile_wire_text_in_every_view(run_pool, tmp_path):
             seen["machine"] = check_screen(app)
             screen = app.screen
             assert isinstance(screen, MachineScreen)
-            screen.act("box", "alerts.ack", {"id": HOSTILE}, "acknowledged")  # the agent's refusal, quoting it, as a toast
+            screen.act("box", ALERTS_ACK, AckParams(id=HOSTILE), "acknowledged")  # the agent's refusal, quoting it, as a toast
             await wait_for(lambda: any(MARKUP in n.message for n in app.notices), timeout=20)
             await pilot.pause()
             check_screen(app)

@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agents.catalogue import AckParams, AlertListParams as ListParams
-
 from agents.lab import Alerts
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError, Role, Telemetry
 from agents.sections import ALERT_ID_FORM, AlertInfo, AlertsSection, GatewaySection, JobInfo, ModelInfo, Tick, alert_id, parse_alert_id

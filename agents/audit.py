@@ -7,7 +7,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from agents.catalogue import AuditListParams
-
 from agents.protocol import Role, Telemetry
 from agents.rpc import Peer
 from agents.sections import AuditSection

@@ -11,9 +11,10 @@ result: read ``.root``. Result models ignore keys they do not know (a newer agen
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import date
-from typing import Annotated, Any, Generic, Literal, Protocol, TypeVar
+from typing import Annotated, Any, Generic, Iterable, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
@@ -53,7 +54,7 @@ from agents.sections import (
 )
 from agents.states import JobState
 
-__all__ = ["CATALOGUE", "Caller", "Method", "ReplyInvalid", "parse_result", "request"]
+__all__ = ["CATALOGUE", "Caller", "Method", "ReplyInvalid", "parse_result", "request", "request_all"]
 
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
@@ -62,15 +63,17 @@ R = TypeVar("R", bound=BaseModel)
 # ============================================================================ params
 
 
-class NoParams(BaseModel):
+class Params(BaseModel):
+    """A method's params: unknown keys are refused; the schema is built on first use (the CLI starts cold)."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+
+class NoParams(Params):
     """A method that takes no params (an empty object, or none)."""
 
-    model_config = ConfigDict(extra="forbid")
 
-
-class CostsParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class CostsParams(Params):
     since: date | None = None  # the lab's local date, YYYY-MM-DD; default: this month
     by: Literal["machine", "job", "model"] = "machine"
 
@@ -78,16 +81,12 @@ class CostsParams(BaseModel):
 # -- jobs
 
 
-class StartParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class StartParams(Params):
     recipe: str = Field(max_length=64)
     params: dict[str, Any] = Field(default_factory=dict, max_length=64)
 
 
-class JobParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class JobParams(Params):
     id: str = Field(max_length=100)
 
 
@@ -101,15 +100,11 @@ class LogsParams(JobParams):
     follow: bool = False  # push new lines as `log` events to this connection
 
 
-class JobListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class JobListParams(Params):
     limit: int = Field(default=100, ge=1, le=10000)
 
 
-class NodeStartParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class NodeStartParams(Params):
     id: str = Field(pattern=NAME_RE)
     recipe: str = Field(max_length=64)
     params: dict[str, Any] = Field(default_factory=dict, max_length=64)
@@ -117,26 +112,21 @@ class NodeStartParams(BaseModel):
     rdzv_port: int = Field(ge=1024, le=65535)
 
 
-class NodeStopParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class NodeStopParams(Params):
     id: str = Field(max_length=100)
     kill: bool = False
     grace_s: float | None = Field(default=None, ge=0, le=86400)
     reason: str | None = Field(default=None, max_length=4000)  # the coordinator failed the job: why
 
 
-class NodeStatusParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class NodeStatusParams(Params):
     id: str = Field(max_length=100)
 
 
 # -- models
 
 
-class ModelParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ModelParams(Params):
     model: str = Field(pattern=NAME_RE)
 
 
@@ -144,7 +134,7 @@ class PinParams(ModelParams):
     pinned: bool = True
 
 
-class SwapParams(BaseModel):
+class SwapParams(Params):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     out: str = Field(pattern=NAME_RE)
     in_: str = Field(alias="in", pattern=NAME_RE)
@@ -158,8 +148,7 @@ class AdapterParams(ModelParams):
 # -- checkpoints
 
 
-class RunParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RunParams(Params):
     run: str = Field(min_length=1, max_length=200)
 
 
@@ -190,27 +179,21 @@ class PruneParams(RunParams):
 # -- gateway, notify, audit, alerts, sim
 
 
-class KeyAddParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KeyAddParams(Params):
     name: str = Field(pattern=NAME_RE)
     rpm: int | None = Field(default=None, ge=1, le=1_000_000)  # requests per minute
     tokens_per_day: int | None = Field(default=None, ge=1)
 
 
-class KeyNameParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class KeyNameParams(Params):
     name: str = Field(pattern=NAME_RE)
 
 
-class NotifyTestParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class NotifyTestParams(Params):
     route: Name
 
 
-class AuditListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AuditListParams(Params):
     limit: int = Field(default=200, ge=1, le=5000)
     since: float | None = None  # unix time
     before_id: int | None = Field(default=None, ge=1)  # page back from here
@@ -219,21 +202,17 @@ class AuditListParams(BaseModel):
     method: str | None = Field(default=None, max_length=100)
 
 
-class AlertListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AlertListParams(Params):
     active: bool = False  # only alerts not cleared yet
     limit: int = Field(default=100, ge=1, le=1000)
     since: float | None = None  # unix time: alerts fired after it
 
 
-class AckParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AckParams(Params):
     id: str = Field(max_length=100)
 
 
-class OverrideParams(BaseModel):
+class OverrideParams(Params):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     gpu: int = Field(ge=0)
@@ -313,8 +292,10 @@ class MethodInfo(Section):
     doc: str = ""
 
 
-class MethodList(RootModel[list[MethodInfo]]):
-    pass
+class MethodList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+    model_config = ConfigDict(defer_build=True)
+
+    root: list[MethodInfo]
 
 
 class SimOverride(Section):
@@ -350,12 +331,16 @@ class RecipeInfo(Section):
     params: list[RecipeParam] = Field(default_factory=list)
 
 
-class RecipeList(RootModel[list[RecipeInfo]]):
-    pass
+class RecipeList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+    model_config = ConfigDict(defer_build=True)
+
+    root: list[RecipeInfo]
 
 
-class JobList(RootModel[list[JobInfo]]):
-    pass
+class JobList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+    model_config = ConfigDict(defer_build=True)
+
+    root: list[JobInfo]
 
 
 class JobLogs(Section):
@@ -432,8 +417,10 @@ class AdapterLoaded(ModelInfo):
 # -- checkpoints
 
 
-class RunSummaryList(RootModel[list[RunSummary]]):
-    pass
+class RunSummaryList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+    model_config = ConfigDict(defer_build=True)
+
+    root: list[RunSummary]
 
 
 class Curves(Section):
@@ -567,8 +554,12 @@ class CostsReport(Section):
 # -- gateway
 
 
-class GatewayStatus(RootModel[GatewaySection | None]):
+class GatewayStatus(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
     """`gateway.status`: the gateway's section, or null where it does not run."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    root: GatewaySection | None
 
 
 class KeyIssued(Section):
@@ -799,3 +790,17 @@ async def request(caller: Caller, machine: str, method: Method[P, R], params: P 
     """
     raw = await caller.call(machine, method.name, wire_params(params), timeout)
     return validate_reply(method, raw)
+
+
+async def request_all(caller: Caller, machines: Iterable[str], method: Method[P, R], params: P | None = None,
+                      timeout: float | None = None) -> dict[str, R | RemoteError]:
+    """``request`` on several machines at once: each machine's typed reply, or the RemoteError it gave (offline,
+    refused, a reply that did not validate). Any other exception is a bug and is raised."""
+    names = list(machines)
+    replies = await asyncio.gather(*(request(caller, name, method, params, timeout) for name in names), return_exceptions=True)
+    out: dict[str, R | RemoteError] = {}
+    for name, reply in zip(names, replies):
+        if isinstance(reply, BaseException) and not isinstance(reply, RemoteError):
+            raise reply
+        out[name] = reply
+    return out

@@ -10,8 +10,8 @@ from datetime import date, datetime, tzinfo
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from agents.gateway.config import find_provider_model
 from agents.catalogue import CostsParams
+from agents.gateway.config import find_provider_model
 from agents.lab import Lab, Machine
 from agents.protocol import Telemetry
 from agents.sections import CostsSummary, JobInfo, ModelInfo, ProviderSpend, Tick

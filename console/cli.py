@@ -20,7 +20,7 @@ from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from agents.catalogue import Method, params_error, request
+from agents.catalogue import Method, params_error, request, request_all
 from agents.lab import Lab, LabError, load_lab
 from agents.protocol import ErrorCode, RemoteError
 from console import openssh
@@ -67,14 +67,7 @@ class Context:
     async def request_all(self, method: Method[P, R], params: P | None = None, machines: list[str] | None = None,
                           timeout: float | None = None) -> dict[str, R | RemoteError]:
         """Every machine's typed reply (or the RemoteError it gave: offline, refused, a reply that did not validate)."""
-        names = list(self.state.machines) if machines is None else machines
-        replies = await asyncio.gather(*(self.request(name, method, params, timeout) for name in names), return_exceptions=True)
-        out: dict[str, R | RemoteError] = {}
-        for name, reply in zip(names, replies):
-            if isinstance(reply, BaseException) and not isinstance(reply, RemoteError):
-                raise reply
-            out[name] = reply
-        return out
+        return await request_all(self.client, list(self.state.machines) if machines is None else machines, method, params, timeout)
 
 
 def positive_seconds(text: str) -> float:

@@ -323,3 +323,14 @@ async def test_the_agent_answers_internal_rather_than_send_a_result_its_model_re
 
     answer = await registry.dispatch(Peer(role=Role.VIEWER, who="test", send=lambda line: None), {"id": 1, "method": "ping"})
     assert answer["error"]["code"] == "internal" and "ping" in answer["error"]["message"] and "at t" in answer["error"]["message"]
+
+
+def test_cli_params_that_do_not_validate_are_said_before_they_go_out(lab, capsys):
+    from console.cli import main
+
+    assert main(["--lab", str(lab.lab_path), "--json", "gateway", "keys", "add", "bad name!"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["error"]["code"] == "invalid_params"
+    assert "name: 'bad name!' is not a name: letters, digits" in captured.err
+    assert main(["--lab", str(lab.lab_path), "--json", "gateway", "keys", "list"]) == 0
+    assert "keys" in json.loads(capsys.readouterr().out)

@@ -321,7 +321,13 @@ class ScriptedModels:
     async def call(self, machine, method, params, timeout=None):
         state, op = self.states.pop(0) if len(self.states) > 1 else self.states[0]
         history = [{"t": 0.0, "event": "sleep", "from_state": "warm", "to_state": "sleeping", "detail": None}]
-        return {"name": "p", "machine": "box", "gpus": [0], "state": state, "op": op, "history": history}
+        return {"name": "p", "machine": "box", "engine": "sim", "since": 0.0, "path": "models/p", "gpus": [0], "state": state, "op": op,
+                "history": history}
+
+    async def request(self, machine, method, params, timeout=None):
+        from agents.catalogue import validate_reply
+
+        return validate_reply(method, await self.call(machine, method.name, params, timeout))
 
 
 def test_a_wait_for_warm_ends_when_the_model_settles_asleep_and_says_why(capsys):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agents.catalogue import DeleteParams, KeepParams, PruneParams, ResumeParams, RunParams, ServeParams
-
 from agents.protocol import Role
 from agents.rpc import Peer
 

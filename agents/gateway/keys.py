@@ -9,8 +9,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from agents.catalogue import KeyAddParams, KeyNameParams  # noqa: F401 (KeyNameParams: imported from here)
-
+from agents.catalogue import KeyAddParams, KeyNameParams  # noqa: F401 (both are imported from here too)
 from agents.protocol import ErrorCode, RemoteError
 from agents.store import Store
 

@@ -7,7 +7,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from agents.catalogue import JobListParams as ListParams, JobParams, LogsParams, StartParams, StopParams
-
 from agents.jobs import recipes
 from agents.jobs.job import Job
 from agents.sections import JobInfo

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.documents import Progress
 from agents.catalogue import NodeStartParams, NodeStatusParams, NodeStopParams
+from agents.documents import Progress
 from agents.jobs.job import PROGRESS_KEPT, Job
 from agents.jobs.logs import tail
 from agents.jobs.runner import descendants

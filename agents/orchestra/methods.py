@@ -7,7 +7,6 @@ import json
 from typing import TYPE_CHECKING
 
 from agents.catalogue import AdapterParams, ModelParams, PinParams, SwapParams
-
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
 from agents.orchestra.engines import engine_spec
 from agents.protocol import ErrorCode, RemoteError, Role

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agents.catalogue import OverrideParams
-
 from agents.lab import SimGpu
 from agents.gpusupport.capability import capability_by_name, parse_capability
 from agents.protocol import ComputeCapability, ErrorCode, GpuProcess, GpuSample, RemoteError, Role

@@ -33,8 +33,9 @@ from agents.protocol import ErrorCode, RemoteError
 from agents.sections import CheckpointInfo, RunSummary
 from agents.served import is_served, serve_failed
 from agents.states import ModelState
+from console.cli import Context
 from console.cli_jobs import job_human, parse_sets
-from console.replies import Answers, request_all, sent
+from console.replies import Answers, sent
 from console.runs import RunKey, one_row_per_run
 from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, fmt_time, plural
 
@@ -108,11 +109,11 @@ def listed_runs(answers: Answers[RunSummaryList]) -> list[RunSummary]:
     return one_row_per_run(runs, lambda x: RunKey(x.machine, x.run, x.job, x.count or 0))
 
 
-async def locate(ctx, run: str) -> str:
+async def locate(ctx: Context, run: str) -> str:
     """The machine holding a run: --machine, else whichever agent knows it (runs are job ids or folder names)."""
     if ctx.args.machine:
         return ctx.args.machine
-    answers = await request_all(ctx.client, CHECKPOINTS_RUNS)
+    answers = Answers.of(await ctx.request_all(CHECKPOINTS_RUNS))
     holders = [x.machine for x in listed_runs(answers) if x.run == run]
     if len(holders) > 1:
         raise RemoteError(ErrorCode.CONFLICT, f"run {run!r} exists on {', '.join(holders)}; pick one with --machine")
@@ -123,9 +124,9 @@ async def locate(ctx, run: str) -> str:
     return holders[0]
 
 
-async def cmd_checkpoints(ctx) -> int:
+async def cmd_checkpoints(ctx: Context) -> int:
     if ctx.args.run is None:
-        answers = await request_all(ctx.client, CHECKPOINTS_RUNS)
+        answers = Answers.of(await ctx.request_all(CHECKPOINTS_RUNS))
         runs, offline = listed_runs(answers), answers.messages()
         ctx.out({"runs": [sent(r) for r in runs], "offline": offline}, lambda _: runs_human(runs, offline))
         return EXIT_OK if answers.replies else EXIT_FAILED
@@ -135,7 +136,7 @@ async def cmd_checkpoints(ctx) -> int:
     return EXIT_OK
 
 
-async def cmd_resume(ctx) -> int:
+async def cmd_resume(ctx: Context) -> int:
     machine = await locate(ctx, ctx.args.run)
     params = ResumeParams(run=ctx.args.run, step=ctx.args.step, params=parse_sets(ctx.args.set))
     job = await request(ctx.client, machine, CHECKPOINTS_RESUME, params)
@@ -143,7 +144,7 @@ async def cmd_resume(ctx) -> int:
     return EXIT_OK
 
 
-async def cmd_serve(ctx) -> int:
+async def cmd_serve(ctx: Context) -> int:
     machine = await locate(ctx, ctx.args.run)
     params = ServeParams(run=ctx.args.run, step=ctx.args.step, **({"model": ctx.args.model} if ctx.args.model else {}))
     served = await request(ctx.client, machine, CHECKPOINTS_SERVE, params)
@@ -159,7 +160,7 @@ async def cmd_serve(ctx) -> int:
     return EXIT_FAILED if served.state == ModelState.FAILED else EXIT_OK
 
 
-async def serving_state(ctx, machine: str, served: Served) -> tuple[Served, str | None]:
+async def serving_state(ctx: Context, machine: str, served: Served) -> tuple[Served, str | None]:
     """The checkpoint's serving state as its run's listing shows it (and why it failed), with the model's endpoint once up."""
     run = await request(ctx.client, machine, CHECKPOINTS_LIST, RunParams(run=served.run))
     serving = next((c.serving for c in run.checkpoints if c.step == served.step), None)
@@ -171,21 +172,21 @@ async def serving_state(ctx, machine: str, served: Served) -> tuple[Served, str 
     return served, serving.error if serving is not None else None
 
 
-async def cmd_prune(ctx) -> int:
+async def cmd_prune(ctx: Context) -> int:
     machine = await locate(ctx, ctx.args.run)
     pruned = await request(ctx.client, machine, CHECKPOINTS_PRUNE, PruneParams(run=ctx.args.run, keep_last=ctx.args.keep_last))
     ctx.out(sent(pruned), lambda _: prune_human(pruned))
     return EXIT_OK
 
 
-async def cmd_keep(ctx) -> int:
+async def cmd_keep(ctx: Context) -> int:
     machine = await locate(ctx, ctx.args.run)
     ckpt = await request(ctx.client, machine, CHECKPOINTS_KEEP, KeepParams(run=ctx.args.run, step=ctx.args.step, kept=not ctx.args.off))
     ctx.out(sent(ckpt), lambda _: f"{ckpt.run} step {ckpt.step}: {'kept' if ckpt.kept else 'not kept'}")
     return EXIT_OK
 
 
-async def cmd_delete(ctx) -> int:
+async def cmd_delete(ctx: Context) -> int:
     machine = await locate(ctx, ctx.args.run)
     params = DeleteParams(run=ctx.args.run, step=ctx.args.step, confirm_special=ctx.args.force)
     deleted = await request(ctx.client, machine, CHECKPOINTS_DELETE, params)

@@ -26,7 +26,8 @@ from agents.catalogue import (
 from agents.protocol import EVENT_LOG, ErrorCode, RemoteError
 from agents.sections import JobDetail, JobInfo, JobNode
 from agents.states import JOB_ACTIVE, JobState
-from console.replies import request_all, sent
+from console.cli import Context
+from console.replies import Answers, sent
 from widgets.format import NA, fmt, fmt_duration
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -90,7 +91,7 @@ def job_human(job: JobInfo) -> str:
     return "\n".join(lines)
 
 
-def job_machine(ctx, job_id: str) -> str:
+def job_machine(ctx: Context, job_id: str) -> str:
     """Job ids are <machine>-<n>, unique across the lab."""
     machine, _, n = job_id.rpartition("-")
     names = {m.name for m in ctx.lab.machines}
@@ -109,7 +110,7 @@ def parse_sets(items: list[str]) -> dict[str, str]:
     return params
 
 
-async def follow(ctx, machine: str, job_id: str, tail_lines: int, offset: int | None = None) -> int:
+async def follow(ctx: Context, machine: str, job_id: str, tail_lines: int, offset: int | None = None) -> int:
     """Print the log's tail, then every new line until the job ends; the job's outcome is the exit code."""
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -141,7 +142,7 @@ async def follow(ctx, machine: str, job_id: str, tail_lines: int, offset: int | 
     return EXIT_OK if state == JobState.EXITED and exit_code == 0 else EXIT_FAILED
 
 
-async def cmd_train(ctx) -> int:
+async def cmd_train(ctx: Context) -> int:
     recipe = next((r for r in ctx.lab.trainers if r.name == ctx.args.recipe), None)
     if recipe is None:
         names = ", ".join(r.name for r in ctx.lab.trainers) or "none"
@@ -155,8 +156,8 @@ async def cmd_train(ctx) -> int:
     return EXIT_OK
 
 
-async def cmd_jobs(ctx) -> int:
-    answers = await request_all(ctx.client, JOBS_LIST, JobListParams(limit=ctx.args.limit))
+async def cmd_jobs(ctx: Context) -> int:
+    answers = Answers.of(await ctx.request_all(JOBS_LIST, JobListParams(limit=ctx.args.limit)))
     # a node of a multi-node job is a row of its coordinator's job ("nodes"), not a job of its own
     jobs = [job for reply in answers.replies.values() for job in reply.root if not job.node_rank]
     jobs.sort(key=lambda j: j.started_at, reverse=True)
@@ -167,7 +168,7 @@ async def cmd_jobs(ctx) -> int:
     return EXIT_OK if answers.replies else EXIT_FAILED
 
 
-async def cmd_stop(ctx) -> int:
+async def cmd_stop(ctx: Context) -> int:
     machine = job_machine(ctx, ctx.args.job)
     if ctx.args.kill:
         job = await request(ctx.client, machine, JOBS_KILL, JobParams(id=ctx.args.job))
@@ -178,7 +179,7 @@ async def cmd_stop(ctx) -> int:
     return EXIT_OK
 
 
-async def cmd_logs(ctx) -> int:
+async def cmd_logs(ctx: Context) -> int:
     machine = ctx.args.node or job_machine(ctx, ctx.args.job)
     if ctx.args.follow:
         return await follow(ctx, machine, ctx.args.job, ctx.args.tail)

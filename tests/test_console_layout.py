@@ -8,6 +8,7 @@ from datetime import date
 import pytest
 from textual.app import App
 
+from agents.protocol import ErrorCode, RemoteError
 from agents.sections import CheckpointInfo
 from console.app import CetlabApp
 from console.client import FleetClient
@@ -40,11 +41,13 @@ async def test_the_costs_table_and_chart_each_have_their_own_space(size):
     state = frozen_state()
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
 
-    async def call_all(method, params=None, timeout=None):
-        return {name: costs_report(name, 153_783) for name in ("m5", "irina")}
+    async def call(machine, method, params=None, timeout=None):
+        if machine not in ("m5", "irina"):
+            raise RemoteError(ErrorCode.DISCONNECTED, f"{machine} is offline")
+        return costs_report(machine, 153_783)
 
     async with app.run_test(size=size) as pilot:
-        app.client.call_all = call_all
+        app.client.call = call
         await until_drawn(pilot, FleetScreen)
         await pilot.press("colon", *"costs", "enter")
         screen = await wait_for(lambda: isinstance(app.screen, CostsScreen) and app.screen.report is not None and app.screen)

@@ -8,11 +8,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from agents.catalogue import ALERTS_ACK, ALERTS_LIST, AckParams, AlertListParams
+from agents.catalogue import ALERTS_ACK, ALERTS_LIST, AckParams, AlertListParams, request_all
 from agents.notify.wire import RouteStatus
 from console.alerts import AlertRow, active_alerts, offline_history
 from console.notify import route_line, route_statuses, troubled_first
-from console.replies import request_all
+from console.replies import Answers
 from console.screens.base import LabScreen
 from widgets.format import fmt_time
 from widgets.lab_header import LabHeader
@@ -108,7 +108,7 @@ class AlertsScreen(LabScreen):
     async def _fetch_history(self) -> None:
         if not self.history:
             return
-        answers = await request_all(self.lab_app.client, ALERTS_LIST, AlertListParams(limit=200))
+        answers = Answers.of(await request_all(self.lab_app.client, self.lab_app.state.machines, ALERTS_LIST, AlertListParams(limit=200)))
         self.past = sorted((AlertRow.of(a) for reply in answers.replies.values() for a in reply.alerts), key=lambda a: -(a.fired_at or 0))
         self.refresh_data()
 

@@ -10,9 +10,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from agents.catalogue import AUDIT_LIST, AuditEntry, AuditListParams
+from agents.catalogue import AUDIT_LIST, AuditEntry, AuditListParams, request_all
 from console.audit import Trail, lab_trail, refusals_line
-from console.replies import request_all
 from console.screens.base import LabScreen
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
@@ -86,6 +85,5 @@ class AuditScreen(LabScreen):
 
     @work(exclusive=True, group="audit-fetch")
     async def _fetch_trail(self) -> None:
-        answers = await request_all(self.lab_app.client, AUDIT_LIST, AuditListParams(limit=LIMIT))
-        self.trail = lab_trail({**answers.replies, **answers.errors}, LIMIT)
+        self.trail = lab_trail(await request_all(self.lab_app.client, self.lab_app.state.machines, AUDIT_LIST, AuditListParams(limit=LIMIT)), LIMIT)
         self.refresh_data()

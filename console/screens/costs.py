@@ -11,9 +11,9 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
-from agents.catalogue import COSTS_GET, ApiProviderSpend, CostsParams, PricedGroup
+from agents.catalogue import COSTS_GET, ApiProviderSpend, CostsParams, PricedGroup, request_all
 from console.costs import lab_costs, live_totals
-from console.replies import request_all
+from console.replies import Answers
 from console.screens.base import LabScreen
 from widgets.cost_counter import CostCounter
 from widgets.format import fmt, fmt_money, fmt_pct
@@ -98,12 +98,13 @@ class CostsScreen(LabScreen):
     @work(exclusive=True, group="costs")
     async def _fetch(self, by: Breakdown) -> None:
         since = date.today() - timedelta(days=PLOT_DAYS - 1)
-        answers = await request_all(self.lab_app.client, COSTS_GET, CostsParams(by=by, since=since))
+        results = await request_all(self.lab_app.client, self.lab_app.state.machines, COSTS_GET, CostsParams(by=by, since=since))
+        answers = Answers.of(results)
         if by != self.by:  # the user switched breakdowns while this call ran
             return
         if not answers.replies and self.report is not None:
             return  # keep the last figures; the header says which machines are offline
-        self.report = lab_costs(self.lab_app.lab.costs.currency, {**answers.replies, **answers.errors}, by)
+        self.report = lab_costs(self.lab_app.lab.costs.currency, results, by)
         reports = list(answers.replies.values())
         self.groups = [group for report in reports for group in report.by]
         self.providers = [p for report in reports if report.api is not None for p in report.api.providers]

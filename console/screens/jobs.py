@@ -7,12 +7,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from agents.catalogue import JOBS_KILL, JOBS_RECIPES, JOBS_STOP, JobParams, RecipeInfo, StopParams
+from agents.catalogue import JOBS_KILL, JOBS_RECIPES, JOBS_STOP, JobParams, RecipeInfo, StopParams, request_all
 from agents.sections import JobDetail, JobInfo
 from agents.states import JOB_ACTIVE, JobState
 from console.screens.base import LabScreen
 from console.screens.checkpoints import CheckpointsScreen
-from console.replies import request_all
+from console.replies import Answers
 from console.screens.modals import AskNumberScreen, PickRecipeScreen, StartJobScreen
 from widgets.jobs_table import JobsTable
 from widgets.lab_header import LabHeader
@@ -99,7 +99,7 @@ class JobsScreen(LabScreen):
 
     @work(exclusive=True, group="jobs-recipes")
     async def pick_recipe(self) -> None:
-        answers = await request_all(self.lab_app.client, JOBS_RECIPES)
+        answers = Answers.of(await request_all(self.lab_app.client, self.lab_app.state.machines, JOBS_RECIPES))
         found = [r for reply in answers.replies.values() for r in reply.root]
         if not found:
             offline = list(answers.errors)

@@ -31,6 +31,10 @@ def _view_factory(name: str):
     return lambda: getattr(importlib.import_module(module), cls)()
 
 
+# a notice's level -> its toast's severity (information for any other)
+NOTICE_SEVERITY: dict[str, SeverityLevel] = {"critical": "error", "error": "error", "warning": "warning"}
+
+
 def notice_toast(machine: str, notice: dict[str, Any]) -> str:
     """A notice as its toast says it: the machine it came from (the agent leaves it out of the message), then the message."""
     return f"{machine}: {notice.get('message', '')}"
@@ -88,7 +92,7 @@ class CetlabApp(App):
         screen.refresh_header()
         screen.tick(self.state.version, time.monotonic())
         now = self.clock()
-        ages = [v.age_s(now) for v in self.state.machines.values() if v.online and v.sample_t]
+        ages = [age for v in self.state.machines.values() if v.online and v.sample_t and (age := v.age_s(now)) is not None]
         if ages:
             self.render_ages.append(max(ages))
 
@@ -113,7 +117,7 @@ class CetlabApp(App):
 
     def _on_event(self, machine: str, event: str, data: Any) -> None:
         if event == EVENT_NOTICE and isinstance(data, dict):
-            severity = {"critical": "error", "error": "error", "warning": "warning"}.get(data.get("level", ""), "information")
+            severity = NOTICE_SEVERITY.get(data.get("level", ""), "information")
             self.notify(notice_toast(machine, data), severity=severity, timeout=8)
 
     # -- actions
@@ -130,7 +134,7 @@ class CetlabApp(App):
 
         def go(name: str | None) -> None:
             if name:
-                self.run_worker(self.switch_mode(name))
+                self.call_later(self.switch_mode, name)
 
         self.push_screen(JumpScreen(), go)
 
@@ -173,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if demo is not None:
             demo.stop()
-        if demo_started:
+        if demo is not None and demo_started:
             from console.demo import demo_quit_message
 
             print(demo_quit_message(demo.dir), flush=True)

@@ -5,10 +5,37 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from typing import Any
+from typing import Sequence
 
+from agents.catalogue import (
+    CHECKPOINTS_DELETE,
+    CHECKPOINTS_KEEP,
+    CHECKPOINTS_LIST,
+    CHECKPOINTS_PRUNE,
+    CHECKPOINTS_RESUME,
+    CHECKPOINTS_RUNS,
+    CHECKPOINTS_SERVE,
+    MODELS_GET,
+    DeleteParams,
+    KeepParams,
+    ModelParams,
+    PruneParams,
+    Pruned,
+    ResumeParams,
+    RunCheckpoints,
+    RunParams,
+    RunSummaryList,
+    Served,
+    ServeParams,
+    request,
+)
 from agents.protocol import ErrorCode, RemoteError
+from agents.sections import CheckpointInfo, RunSummary
+from agents.served import is_served, serve_failed
+from agents.states import ModelState
+from console.cli import Context
 from console.cli_jobs import job_human, parse_sets
+from console.replies import Answers, sent
 from console.runs import RunKey, one_row_per_run
 from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, fmt_time, plural
 
@@ -20,149 +47,150 @@ def fmt_loss(value: float | None) -> str:
     return fmt(value, ".4f")
 
 
-def marks(ckpt: dict[str, Any]) -> str:
-    flags = [f for f, on in (("BEST", ckpt.get("is_best")), ("newest", ckpt.get("newest")), ("kept", ckpt.get("kept"))) if on]
-    if ckpt.get("serving") and ckpt["serving"].get("state") not in ("cold", "failed", "unloaded"):
-        flags.append(f"served:{ckpt['serving']['model']}")
-    if not ckpt.get("complete", True):
-        flags.append(f"INCOMPLETE: {ckpt.get('problem')}")
+def marks(ckpt: CheckpointInfo) -> str:
+    flags = [f for f, on in (("BEST", ckpt.is_best), ("newest", ckpt.newest), ("kept", ckpt.kept)) if on]
+    if ckpt.serving is not None and is_served(ckpt.serving):
+        flags.append(f"served:{ckpt.serving.model}")
+    elif ckpt.serving is not None and serve_failed(ckpt.serving):
+        flags.append(f"serve-failed:{ckpt.serving.model}")
+    if not ckpt.complete:
+        flags.append(f"INCOMPLETE: {ckpt.problem}")
     return " ".join(flags)
 
 
-def table(rows: list[tuple[str, ...]]) -> list[str]:
+def table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
-def runs_human(data: dict[str, Any]) -> str:
+def runs_human(runs: list[RunSummary], offline: dict[str, str]) -> str:
     rows = [("RUN", "MACHINE", "JOB", "CKPTS", "NEWEST", "BEST", "BEST LOSS", "DISK", "SAVE TIME", "PATH")]
-    for run in data["runs"]:
-        share = f" ({run['save_share_pct']:.1f}%)" if run.get("save_share_pct") is not None else ""
-        rows.append((run["run"], run["machine"], run.get("job_state") or NA,
-                     f"{run['count']}" + (f"+{run['incomplete']}?" if run["incomplete"] else ""),
-                     fmt(run["newest_step"], "d"),
-                     fmt(run["best_step"], "d"), fmt_loss(run.get("best_loss")),
-                     fmt_bytes(run["disk_bytes"]), fmt_secs(run.get("save_s_total")) + share, run["path"]))
+    for run in runs:
+        share = f" ({run.save_share_pct:.1f}%)" if run.save_share_pct is not None else ""
+        rows.append((run.run, run.machine, run.job_state or NA,
+                     f"{run.count}" + (f"+{run.incomplete}?" if run.incomplete else ""),
+                     fmt(run.newest_step, "d"), fmt(run.best_step, "d"), fmt_loss(run.best_loss),
+                     fmt_bytes(run.disk_bytes), fmt_secs(run.save_s_total) + share, run.path))
     lines = table(rows) if len(rows) > 1 else ["(no checkpoints found)"]
-    return "\n".join(lines + [f"{name}: OFFLINE {error}" for name, error in data["offline"].items()])
+    return "\n".join(lines + [f"{name}: OFFLINE {error}" for name, error in offline.items()])
 
 
-def run_human(run: dict[str, Any]) -> str:
-    share = f", {run['save_share_pct']:.2f}% of {fmt_duration(run['wall_s'])} wall time" if run.get("save_share_pct") is not None else ""
-    lines = [f"run {run['run']} on {run['machine']} ({run['path']}): {plural(run['count'], 'checkpoint')}, {fmt_bytes(run['disk_bytes'])}, "
-             f"saves {fmt_secs(run.get('save_s_total'))}{share}"]
+def run_human(run: RunCheckpoints) -> str:
+    share = f", {run.save_share_pct:.2f}% of {fmt_duration(run.wall_s)} wall time" if run.save_share_pct is not None else ""
+    lines = [f"run {run.run} on {run.machine} ({run.path}): {plural(run.count, 'checkpoint')}, {fmt_bytes(run.disk_bytes)}, "
+             f"saves {fmt_secs(run.save_s_total)}{share}"]
     rows = [("STEP", "EPOCH", "LOSS", "EVAL", "SIZE", "SAVE", "KIND", "WRITTEN", "")]
-    for c in run["checkpoints"]:
-        kind = c["kind"] + ("+optim" if c.get("has_optimizer") else "")
-        written = fmt_time(c.get("written_at"), "%m-%d %H:%M:%S")
-        rows.append((str(c["step"]), fmt(c.get("epoch"), ".2f"), fmt_loss(c.get("loss")),
-                     fmt_loss(c.get("eval_loss")), fmt_bytes(c["size_bytes"]), fmt(c.get("save_s"), ".2f", "s"),
-                     kind, written, marks(c)))
+    for c in run.checkpoints:
+        kind = c.kind + ("+optim" if c.has_optimizer else "")
+        written = fmt_time(c.written_at, "%m-%d %H:%M:%S")
+        rows.append((str(c.step), fmt(c.epoch, ".2f"), fmt_loss(c.loss), fmt_loss(c.eval_loss), fmt_bytes(c.size_bytes),
+                     fmt(c.save_s, ".2f", "s"), kind, written, marks(c)))
     return "\n".join(lines + table(rows))
 
 
-def prune_human(data: dict[str, Any]) -> str:
-    lines = [f"pruned run {data['run']}: deleted {plural(len(data['deleted']), 'checkpoint')}, freed {fmt_bytes(data['freed_bytes'])}"]
-    lines += [f"  deleted step {c['step']}" for c in data["deleted"]]
-    lines += [f"  kept    step {c['step']} ({c['reason']})" for c in data["kept"]]
-    lines += [f"  skipped step {c['step']} ({c['reason']})" for c in data["skipped"]]
+def prune_human(data: Pruned) -> str:
+    lines = [f"pruned run {data.run}: deleted {plural(len(data.deleted), 'checkpoint')}, freed {fmt_bytes(data.freed_bytes)}"]
+    lines += [f"  deleted step {c.step}" for c in data.deleted]
+    lines += [f"  kept    step {c.step} ({c.reason})" for c in data.kept]
+    lines += [f"  skipped step {c.step} ({c.reason})" for c in data.skipped]
     return "\n".join(lines)
 
 
-def serve_human(data: dict[str, Any]) -> str:
-    where = f" at {data['endpoint']} as {data.get('served_name') or data['model']!r}" if data.get("endpoint") else ""
-    sim = " (SIM)" if data.get("simulated") else ""
-    error = f": {data['error']}" if data.get("error") else ""
-    return f"{data['run']} step {data['step']}: {data['mode']} on model {data['model']}, {data['state']}{error}{where}{sim}"
+def serve_human(data: Served, error: str | None = None) -> str:
+    where = f" at {data.endpoint} as {data.served_name or data.model!r}" if data.endpoint else ""
+    sim = " (SIM)" if data.simulated else ""
+    why = f": {error}" if error else ""
+    return f"{data.run} step {data.step}: {data.mode} on model {data.model}, {data.state}{why}{where}{sim}"
 
 
-def listed_runs(results: dict[str, Any]) -> list[dict[str, Any]]:
+def listed_runs(answers: Answers[RunSummaryList]) -> list[RunSummary]:
     """Every agent's runs, a multi-node job's run once (each node's agent sees its folder on shared storage)."""
-    runs = [run for r in results.values() if isinstance(r, list) for run in r]
-    return one_row_per_run(runs, lambda x: RunKey(x["machine"], x["run"], x.get("job"), x.get("count") or 0))
+    runs = [run for reply in answers.replies.values() for run in reply.root]
+    return one_row_per_run(runs, lambda x: RunKey(x.machine, x.run, x.job, x.count or 0))
 
 
-async def locate(ctx, run: str) -> str:
+async def locate(ctx: Context, run: str) -> str:
     """The machine holding a run: --machine, else whichever agent knows it (runs are job ids or folder names)."""
     if ctx.args.machine:
         return ctx.args.machine
-    results = await ctx.client.call_all("checkpoints.runs")
-    holders = [x["machine"] for x in listed_runs(results) if x["run"] == run]
+    answers = Answers.of(await ctx.request_all(CHECKPOINTS_RUNS))
+    holders = [x.machine for x in listed_runs(answers) if x.run == run]
     if len(holders) > 1:
         raise RemoteError(ErrorCode.CONFLICT, f"run {run!r} exists on {', '.join(holders)}; pick one with --machine")
     if not holders:
-        known = sorted(x["run"] for r in results.values() if isinstance(r, list) for x in r)
-        offline = [n for n, r in results.items() if not isinstance(r, list)]
-        hint = f"; offline: {', '.join(offline)}" if offline else ""
+        known = sorted(x.run for reply in answers.replies.values() for x in reply.root)
+        hint = f"; offline: {', '.join(answers.errors)}" if answers.errors else ""
         raise RemoteError(ErrorCode.NOT_FOUND, f"no run {run!r} (runs: {', '.join(known) or 'none'}{hint}); see `cetlab checkpoints`")
     return holders[0]
 
 
-async def cmd_checkpoints(ctx) -> int:
+async def cmd_checkpoints(ctx: Context) -> int:
     if ctx.args.run is None:
-        results = await ctx.client.call_all("checkpoints.runs")
-        runs = listed_runs(results)
-        offline = {n: str(r.message if isinstance(r, RemoteError) else r) for n, r in results.items() if not isinstance(r, list)}
-        ctx.out({"runs": runs, "offline": offline}, runs_human)
-        return EXIT_OK if len(offline) < len(results) else EXIT_FAILED
+        answers = Answers.of(await ctx.request_all(CHECKPOINTS_RUNS))
+        runs, offline = listed_runs(answers), answers.messages()
+        ctx.out({"runs": [sent(r) for r in runs], "offline": offline}, lambda _: runs_human(runs, offline))
+        return EXIT_OK if answers.replies else EXIT_FAILED
     machine = await locate(ctx, ctx.args.run)
-    ctx.out(await ctx.call(machine, "checkpoints.list", {"run": ctx.args.run}), run_human)
+    run = await request(ctx.client, machine, CHECKPOINTS_LIST, RunParams(run=ctx.args.run))
+    ctx.out(sent(run), lambda _: run_human(run))
     return EXIT_OK
 
 
-async def cmd_resume(ctx) -> int:
+async def cmd_resume(ctx: Context) -> int:
     machine = await locate(ctx, ctx.args.run)
-    params = {"run": ctx.args.run, "step": ctx.args.step, "params": parse_sets(ctx.args.set)}
-    job = await ctx.call(machine, "checkpoints.resume", params)
-    ctx.out(job, lambda j: f"resumed {ctx.args.run} from step {ctx.args.step}\n" + job_human(j))
+    params = ResumeParams(run=ctx.args.run, step=ctx.args.step, params=parse_sets(ctx.args.set))
+    job = await request(ctx.client, machine, CHECKPOINTS_RESUME, params)
+    ctx.out(sent(job), lambda _: f"resumed {ctx.args.run} from step {ctx.args.step}\n" + job_human(job))
     return EXIT_OK
 
 
-async def cmd_serve(ctx) -> int:
+async def cmd_serve(ctx: Context) -> int:
     machine = await locate(ctx, ctx.args.run)
-    params: dict[str, Any] = {"run": ctx.args.run, "step": ctx.args.step}
-    if ctx.args.model:
-        params["model"] = ctx.args.model
-    data = await ctx.call(machine, "checkpoints.serve", params)
+    params = ServeParams(run=ctx.args.run, step=ctx.args.step, **({"model": ctx.args.model} if ctx.args.model else {}))
+    served = await request(ctx.client, machine, CHECKPOINTS_SERVE, params)
+    waited, error = False, None
     deadline = time.monotonic() + SERVE_WAIT_S
-    while ctx.args.wait and data["state"] not in ("warm", "failed"):
+    while ctx.args.wait and served.state not in (ModelState.WARM, ModelState.FAILED):
         if time.monotonic() > deadline:
-            raise RemoteError(ErrorCode.TIMEOUT, f"{data['model']} is still {data['state']} after {SERVE_WAIT_S:.0f} s")
+            raise RemoteError(ErrorCode.TIMEOUT, f"{served.model} is still {served.state} after {SERVE_WAIT_S:.0f} s")
         await asyncio.sleep(0.5)
-        data = await serving_state(ctx, machine, data)
-    ctx.out(data, serve_human)
-    return EXIT_FAILED if data["state"] == "failed" else EXIT_OK
+        served, error = await serving_state(ctx, machine, served)
+        waited = True
+    ctx.out({**sent(served), "error": error} if waited else sent(served), lambda _: serve_human(served, error))
+    return EXIT_FAILED if served.state == ModelState.FAILED else EXIT_OK
 
 
-async def serving_state(ctx, machine: str, data: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint's serving state as its run's listing shows it, with the model's endpoint once up."""
-    run = await ctx.call(machine, "checkpoints.list", {"run": data["run"]})
-    ckpt = next((c for c in run["checkpoints"] if c["step"] == data["step"]), None)
-    serving = (ckpt or {}).get("serving") or {}
-    data = {**data, "state": serving.get("state", data["state"]), "error": serving.get("error")}
-    if data["state"] == "warm":
-        model = await ctx.call(machine, "models.get", {"model": data["model"]})
-        data.update(endpoint=model["endpoint"], served_name=data.get("served_name") or model["served_name"])
-    return data
+async def serving_state(ctx: Context, machine: str, served: Served) -> tuple[Served, str | None]:
+    """The checkpoint's serving state as its run's listing shows it (and why it failed), with the model's endpoint once up."""
+    run = await request(ctx.client, machine, CHECKPOINTS_LIST, RunParams(run=served.run))
+    serving = next((c.serving for c in run.checkpoints if c.step == served.step), None)
+    if serving is not None:
+        served = served.model_copy(update={"state": serving.state})
+    if served.state == ModelState.WARM:
+        model = await request(ctx.client, machine, MODELS_GET, ModelParams(model=served.model))
+        served = served.model_copy(update={"endpoint": model.endpoint, "served_name": served.served_name or model.served_name})
+    return served, serving.error if serving is not None else None
 
 
-async def cmd_prune(ctx) -> int:
+async def cmd_prune(ctx: Context) -> int:
     machine = await locate(ctx, ctx.args.run)
-    ctx.out(await ctx.call(machine, "checkpoints.prune", {"run": ctx.args.run, "keep_last": ctx.args.keep_last}), prune_human)
+    pruned = await request(ctx.client, machine, CHECKPOINTS_PRUNE, PruneParams(run=ctx.args.run, keep_last=ctx.args.keep_last))
+    ctx.out(sent(pruned), lambda _: prune_human(pruned))
     return EXIT_OK
 
 
-async def cmd_keep(ctx) -> int:
+async def cmd_keep(ctx: Context) -> int:
     machine = await locate(ctx, ctx.args.run)
-    ckpt = await ctx.call(machine, "checkpoints.keep", {"run": ctx.args.run, "step": ctx.args.step, "kept": not ctx.args.off})
-    ctx.out(ckpt, lambda c: f"{c['run']} step {c['step']}: {'kept' if c['kept'] else 'not kept'}")
+    ckpt = await request(ctx.client, machine, CHECKPOINTS_KEEP, KeepParams(run=ctx.args.run, step=ctx.args.step, kept=not ctx.args.off))
+    ctx.out(sent(ckpt), lambda _: f"{ckpt.run} step {ckpt.step}: {'kept' if ckpt.kept else 'not kept'}")
     return EXIT_OK
 
 
-async def cmd_delete(ctx) -> int:
+async def cmd_delete(ctx: Context) -> int:
     machine = await locate(ctx, ctx.args.run)
-    data = await ctx.call(machine, "checkpoints.delete", {"run": ctx.args.run, "step": ctx.args.step, "confirm_special": ctx.args.force})
-    ctx.out(data, lambda d: f"deleted {d['run']} step {ctx.args.step}, freed {fmt_bytes(d['freed_bytes'])}")
+    params = DeleteParams(run=ctx.args.run, step=ctx.args.step, confirm_special=ctx.args.force)
+    deleted = await request(ctx.client, machine, CHECKPOINTS_DELETE, params)
+    ctx.out(sent(deleted), lambda _: f"deleted {deleted.run} step {ctx.args.step}, freed {fmt_bytes(deleted.freed_bytes)}")
     return EXIT_OK
 
 

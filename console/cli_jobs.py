@@ -9,40 +9,57 @@ import shlex
 import unicodedata
 from typing import Any
 
+from agents.catalogue import (
+    JOBS_GET,
+    JOBS_KILL,
+    JOBS_LIST,
+    JOBS_LOGS,
+    JOBS_START,
+    JOBS_STOP,
+    JobListParams,
+    JobParams,
+    LogsParams,
+    StartParams,
+    StopParams,
+    request,
+)
 from agents.protocol import EVENT_LOG, ErrorCode, RemoteError
-from agents.states import JOB_ACTIVE
+from agents.sections import JobDetail, JobInfo, JobNode
+from agents.states import JOB_ACTIVE, JobState
+from console.cli import Context
+from console.replies import Answers, sent
 from widgets.format import NA, fmt, fmt_duration
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
 
-def state_text(job: dict[str, Any]) -> str:
-    state = job["state"]
-    if state in ("exited", "failed") and job.get("exit_code") is not None:
-        state = f"{state}({job['exit_code']})"
-    return state + (" GPU-STARVED" if job.get("starved") else "")
+def state_text(job: JobInfo | JobNode) -> str:
+    state = str(job.state)
+    if state in ("exited", "failed") and job.exit_code is not None:
+        state = f"{state}({job.exit_code})"
+    return state + (" GPU-STARVED" if isinstance(job, JobInfo) and job.starved else "")
 
 
-def step_text(job: dict[str, Any]) -> str:
-    if job.get("step") is None:
+def step_text(job: JobInfo) -> str:
+    if job.step is None:
         return NA
-    return f"{job['step']}/{job['max_steps']}" if job.get("max_steps") else str(job["step"])
+    return f"{job.step}/{job.max_steps}" if job.max_steps else str(job.step)
 
 
-def jobs_human(data: dict[str, Any]) -> str:
+def jobs_human(jobs: list[JobInfo], offline: dict[str, str]) -> str:
     rows = [("JOB", "MACHINE", "RECIPE", "GPUS", "PREC", "STATE", "STEP", "LOSS", "SAMPLES/S", "ETA", "ELAPSED")]
-    for job in data["jobs"]:
+    for job in jobs:
         rows.append((
-            job["id"], "+".join(n["machine"] for n in job.get("nodes") or []) or job["machine"], job["recipe"],
-            ",".join(map(str, job["gpus"])) or NA, job.get("precision") or NA, state_text(job), step_text(job),
-            fmt(job.get("loss"), ".4f"), fmt(job.get("samples_per_s"), ".1f"),
-            fmt_duration(job.get("eta_s")) if job["state"] in JOB_ACTIVE else NA, fmt_duration(job.get("elapsed_s")),
+            job.id, "+".join(n.machine for n in job.nodes) or job.machine, job.recipe,
+            ",".join(map(str, job.gpus)) or NA, job.precision or NA, state_text(job), step_text(job),
+            fmt(job.loss, ".4f"), fmt(job.samples_per_s, ".1f"),
+            fmt_duration(job.eta_s) if job.state in JOB_ACTIVE else NA, fmt_duration(job.elapsed_s),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     if len(rows) == 1:
         lines.append("(no jobs)")
-    lines += [f"{name}: OFFLINE {error}" for name, error in data["offline"].items()]
+    lines += [f"{name}: OFFLINE {error}" for name, error in offline.items()]
     return "\n".join(lines)
 
 
@@ -59,22 +76,22 @@ def shown_argv(argv: list[str]) -> str:
     return " ".join(_shown_arg(str(arg)) for arg in argv)
 
 
-def job_human(job: dict[str, Any]) -> str:
-    lines = [f"job {job['id']} ({job['recipe']}) on {job['machine']} GPU {','.join(map(str, job['gpus'])) or NA}: {state_text(job)}"]
-    if job.get("argv"):
-        lines.append("  " + shown_argv(job["argv"]))
-    lines.append(f"  log: {job['log_path']}")
-    for node in job.get("nodes") or []:
-        lines.append(f"  node {node['machine']} GPU {','.join(map(str, node['gpus'])) or NA}: {state_text(node)}")
-    if job.get("precision"):
-        lines.append(f"  precision: {job['precision']}")
-    lines += [f"  note: {note}" for note in job.get("notes") or []]
-    if job.get("error"):
-        lines.append(f"  error: {job['error']}")
+def job_human(job: JobInfo) -> str:
+    lines = [f"job {job.id} ({job.recipe}) on {job.machine} GPU {','.join(map(str, job.gpus)) or NA}: {state_text(job)}"]
+    if isinstance(job, JobDetail) and job.argv:
+        lines.append("  " + shown_argv(job.argv))
+    lines.append(f"  log: {job.log_path}")
+    for node in job.nodes:
+        lines.append(f"  node {node.machine} GPU {','.join(map(str, node.gpus)) or NA}: {state_text(node)}")
+    if job.precision:
+        lines.append(f"  precision: {job.precision}")
+    lines += [f"  note: {note}" for note in job.notes]
+    if job.error:
+        lines.append(f"  error: {job.error}")
     return "\n".join(lines)
 
 
-def job_machine(ctx, job_id: str) -> str:
+def job_machine(ctx: Context, job_id: str) -> str:
     """Job ids are <machine>-<n>, unique across the lab."""
     machine, _, n = job_id.rpartition("-")
     names = {m.name for m in ctx.lab.machines}
@@ -93,23 +110,21 @@ def parse_sets(items: list[str]) -> dict[str, str]:
     return params
 
 
-async def follow(ctx, machine: str, job_id: str, tail_lines: int, offset: int | None = None) -> int:
+async def follow(ctx: Context, machine: str, job_id: str, tail_lines: int, offset: int | None = None) -> int:
     """Print the log's tail, then every new line until the job ends; the job's outcome is the exit code."""
     queue: asyncio.Queue = asyncio.Queue()
 
-    def on_event(name: str, event: str, data: Any) -> None:
+    def on_event(name: str, event: str, data: Any) -> None:  # a `log` event: {"job", "lines", "offset", "ended", "state", "exit_code"}
         if name == machine and event == EVENT_LOG and data.get("job") == job_id:
             queue.put_nowait(data)
 
     ctx.client.on_event = on_event
-    params: dict[str, Any] = {"id": job_id, "tail_lines": tail_lines, "follow": True}
-    if offset is not None:
-        params["offset"] = offset
-    first = await ctx.call(machine, "jobs.logs", params)
+    params = LogsParams(id=job_id, tail_lines=tail_lines, follow=True, **({"offset": offset} if offset is not None else {}))
+    first = await request(ctx.client, machine, JOBS_LOGS, params)
     emit = (lambda line: print(json.dumps({"job": job_id, "line": line}), flush=True)) if ctx.args.json else (lambda line: print(line, flush=True))
-    for line in first["lines"]:
+    for line in first.lines:
         emit(line)
-    state, exit_code = first["state"], None
+    state, exit_code = str(first.state), None
     while state in JOB_ACTIVE:
         try:
             data = await asyncio.wait_for(queue.get(), 2.0)
@@ -122,56 +137,54 @@ async def follow(ctx, machine: str, job_id: str, tail_lines: int, offset: int | 
         if data.get("ended"):
             state, exit_code = data["state"], data["exit_code"]
     if exit_code is None:
-        job = await ctx.call(machine, "jobs.get", {"id": job_id})
-        state, exit_code = job["state"], job["exit_code"]
-    return EXIT_OK if state == "exited" and exit_code == 0 else EXIT_FAILED
+        job = await request(ctx.client, machine, JOBS_GET, JobParams(id=job_id))
+        state, exit_code = str(job.state), job.exit_code
+    return EXIT_OK if state == JobState.EXITED and exit_code == 0 else EXIT_FAILED
 
 
-async def cmd_train(ctx) -> int:
+async def cmd_train(ctx: Context) -> int:
     recipe = next((r for r in ctx.lab.trainers if r.name == ctx.args.recipe), None)
     if recipe is None:
         names = ", ".join(r.name for r in ctx.lab.trainers) or "none"
         raise RemoteError(ErrorCode.NOT_FOUND, f"no recipe named {ctx.args.recipe!r} in {ctx.lab.source} (recipes: {names})")
-    job = await ctx.call(recipe.machine, "jobs.start", {"recipe": recipe.name, "params": parse_sets(ctx.args.set)})
+    job = await request(ctx.client, recipe.machine, JOBS_START, StartParams(recipe=recipe.name, params=parse_sets(ctx.args.set)))
     if ctx.args.follow:
-        print(json.dumps(job) if ctx.args.json else job_human(job), flush=True)
+        print(json.dumps(sent(job)) if ctx.args.json else job_human(job), flush=True)
         # a multi-node job: the first node's log (rank 0 speaks for the run); its outcome there is the job's
-        return await follow(ctx, recipe.machine, job["id"], 0, offset=0)
-    ctx.out(job, job_human)
+        return await follow(ctx, recipe.machine, job.id, 0, offset=0)
+    ctx.out(sent(job), lambda _: job_human(job))
     return EXIT_OK
 
 
-async def cmd_jobs(ctx) -> int:
-    results = await ctx.client.call_all("jobs.list", {"limit": ctx.args.limit})
+async def cmd_jobs(ctx: Context) -> int:
+    answers = Answers.of(await ctx.request_all(JOBS_LIST, JobListParams(limit=ctx.args.limit)))
     # a node of a multi-node job is a row of its coordinator's job ("nodes"), not a job of its own
-    jobs = [job for r in results.values() if isinstance(r, list) for job in r if not job.get("node_rank")]
-    jobs.sort(key=lambda j: j["started_at"], reverse=True)
+    jobs = [job for reply in answers.replies.values() for job in reply.root if not job.node_rank]
+    jobs.sort(key=lambda j: j.started_at, reverse=True)
     if not ctx.args.all:
-        jobs = [j for j in jobs if j["state"] in JOB_ACTIVE] + [j for j in jobs if j["state"] not in JOB_ACTIVE][:10]
-    offline = {name: str(r.message if isinstance(r, RemoteError) else r) for name, r in results.items() if not isinstance(r, list)}
-    ctx.out({"jobs": jobs, "offline": offline}, jobs_human)
-    return EXIT_OK if len(offline) < len(results) else EXIT_FAILED
+        jobs = [j for j in jobs if j.state in JOB_ACTIVE] + [j for j in jobs if j.state not in JOB_ACTIVE][:10]
+    offline = answers.messages()
+    ctx.out({"jobs": [sent(j) for j in jobs], "offline": offline}, lambda _: jobs_human(jobs, offline))
+    return EXIT_OK if answers.replies else EXIT_FAILED
 
 
-async def cmd_stop(ctx) -> int:
+async def cmd_stop(ctx: Context) -> int:
     machine = job_machine(ctx, ctx.args.job)
     if ctx.args.kill:
-        job = await ctx.call(machine, "jobs.kill", {"id": ctx.args.job})
+        job = await request(ctx.client, machine, JOBS_KILL, JobParams(id=ctx.args.job))
     else:
-        params: dict[str, Any] = {"id": ctx.args.job}
-        if ctx.args.grace is not None:
-            params["grace_s"] = ctx.args.grace
-        job = await ctx.call(machine, "jobs.stop", params)
-    ctx.out(job, job_human)
+        grace = {"grace_s": ctx.args.grace} if ctx.args.grace is not None else {}
+        job = await request(ctx.client, machine, JOBS_STOP, StopParams(id=ctx.args.job, **grace))
+    ctx.out(sent(job), lambda _: job_human(job))
     return EXIT_OK
 
 
-async def cmd_logs(ctx) -> int:
+async def cmd_logs(ctx: Context) -> int:
     machine = ctx.args.node or job_machine(ctx, ctx.args.job)
     if ctx.args.follow:
         return await follow(ctx, machine, ctx.args.job, ctx.args.tail)
-    data = await ctx.call(machine, "jobs.logs", {"id": ctx.args.job, "tail_lines": ctx.args.tail})
-    ctx.out(data, lambda d: "\n".join(d["lines"]))
+    logs = await request(ctx.client, machine, JOBS_LOGS, LogsParams(id=ctx.args.job, tail_lines=ctx.args.tail))
+    ctx.out(sent(logs), lambda _: "\n".join(logs.lines))
     return EXIT_OK
 
 

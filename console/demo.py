@@ -114,7 +114,7 @@ def _scaled(data: dict[str, Any], scale: int) -> dict[str, Any]:
         for i in range(scale)
     ]
     # only the lab-wide sections: models, trainers and the like name the demo lab's machines
-    kept = {key: data[key] for key in ("costs", "cloud_prices", "alerts") if key in data}
+    kept: dict[str, Any] = {key: data[key] for key in ("costs", "cloud_prices", "alerts") if key in data}
     return {**kept, "lab": f"{data.get('lab', 'lab')}-x{scale}", "machines": machines}
 
 

@@ -285,9 +285,9 @@ def test_console_files_alerts_by_target_and_raises_offline_ones():
     state.set_link("c", "offline", "connection refused")
     state.machines["c"].last_seen = 1020.0
     by = alerts_by_target(state, now=1040.0)
-    assert [a["id"] for a in by[("a", "gpu0")]] == [a["id"] for a in by[("a", "job 3")]] == ["a-1"]
-    assert [a["id"] for a in by[("a", "model llama")]] == ["a-2"]
-    assert [a["message"] for a in by[("b", "machine")]] == ["b is offline: connection refused"]
+    assert [a.id for a in by[("a", "gpu0")]] == [a.id for a in by[("a", "job 3")]] == ["a-1"]
+    assert [a.id for a in by[("a", "model llama")]] == ["a-2"]
+    assert [a.message for a in by[("b", "machine")]] == ["b is offline: connection refused"]
     assert ("c", "machine") not in by  # offline for 20 s only: not yet an alert
 
 

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 
 import pytest
 
 from agents.lab import load_lab
+from agents.catalogue import RunCheckpoints
+from agents.sections import CheckpointInfo
 from console.app import CetlabApp
 from console.client import FleetClient
 from console.screens.checkpoints import CheckpointsScreen
 from console.screens.modals import AskNumberScreen, ConfirmScreen
 from tests.conftest import until_drawn, wait_for
-from tests.console_fixtures import FROZEN_NOW, frozen_state
+from tests.console_fixtures import FROZEN_NOW, frozen_jobs, frozen_state
 from widgets.checkpoint_timeline import CheckpointTimeline, marker_groups
 
 SIZE = (160, 50)
@@ -24,8 +25,9 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_markers_sit_on_the_curve_by_kind():
     loss = [[1, 3.0], [2, 2.0], [3, 1.5], [4, 1.0]]
-    checkpoints = [{"step": 2, "loss": None, "complete": True}, {"step": 3, "loss": 1.5, "is_best": True, "complete": True},
-                   {"step": 4, "loss": 1.0, "kept": True, "complete": True}, {"step": 5, "complete": False}]
+    checkpoints = [CheckpointInfo(run="r", path=f"r/checkpoint-{c['step']}", **c) for c in (
+        {"step": 2, "loss": None, "complete": True}, {"step": 3, "loss": 1.5, "is_best": True, "complete": True},
+        {"step": 4, "loss": 1.0, "kept": True, "complete": True}, {"step": 5, "complete": False})]
     groups = {label: (steps, ys) for label, _, _, steps, ys in marker_groups(checkpoints, loss, selected=4)}
     assert groups == {"saved": ([2], [2.0]), "incomplete": ([5], [1.0]), "best": ([3], [1.5]), "selected": ([4], [1.0])}
 
@@ -53,19 +55,19 @@ async def test_view_shows_a_run_and_acts_on_its_checkpoints(lab, hand_runs):
         assert isinstance(screen, CheckpointsScreen)
         await wait_for(lambda: screen.runs(), 30)
         screen.show_run("box", "exp3")
-        await wait_for(lambda: table_steps(app)[:1] == [1] and screen.detail and screen.detail["run"] == "exp3", 30)
+        await wait_for(lambda: table_steps(app)[:1] == [1] and screen.detail and screen.detail.run == "exp3", 30)
         assert "exp3" in str(screen.query_one("#ckpt-run").render())
         timeline = screen.query_one(CheckpointTimeline)
         assert timeline.shown_curve  # the loss curve is drawn
-        best = next(c["step"] for c in screen.detail["checkpoints"] if c["is_best"])
-        assert screen.selected()["step"] == best  # the cursor starts on the best one
+        best = next(c.step for c in screen.detail.checkpoints if c.is_best)
+        assert screen.selected().step == best  # the cursor starts on the best one
         assert "step" in str(screen.query_one("#ckpt-detail").render())
 
         # k moves up (as in every view); p keeps the selected checkpoint; the table says so once the agent answered
         await pilot.press("k", "j")
-        assert screen.selected()["step"] == best and app.screen is screen
+        assert screen.selected().step == best and app.screen is screen
         await pilot.press("p")
-        await wait_for(lambda: next(c for c in screen.detail["checkpoints"] if c["step"] == best)["kept"], 30)
+        await wait_for(lambda: next(c for c in screen.detail.checkpoints if c.step == best).kept, 30)
         assert (hand_runs / "exp3" / f"checkpoint-{best}").is_dir()
 
         # ctrl+d on the best asks twice; n at the second question leaves it on disk
@@ -102,7 +104,7 @@ async def test_c_on_a_job_opens_its_runs_checkpoints(lab):
         await wait_for(lambda: isinstance(app.screen, CheckpointsScreen))
         assert app.screen.run_key == ("box", job["id"])
         await wait_for(lambda: table_steps(app) == [2], 30)
-        assert app.screen.detail["job"] == job["id"] and app.screen.detail["recipe"] == "tiny"
+        assert app.screen.detail.job == job["id"] and app.screen.detail.recipe == "tiny"
 
 
 async def test_readonly_console_does_not_bind_the_verbs(lab):
@@ -162,7 +164,7 @@ def test_snapshot_checkpoints(snap_compare, frozen_app):
         await until_drawn(pilot)
         await pilot.press("colon", *"checkpoints", "enter")
         await until_drawn(pilot, CheckpointsScreen)
-        pilot.app.screen.show_detail(frozen_run()[1])
+        pilot.app.screen.show_detail(RunCheckpoints.model_validate(frozen_run()[1]))
         await wait_for(lambda: pilot.app.screen.query_one(CheckpointTimeline).shown_curve)
         await pilot.pause()
 
@@ -178,10 +180,10 @@ async def test_the_details_follow_the_row_when_the_served_model_warms(frozen_app
         _, detail = frozen_run()
         best = next(c for c in detail["checkpoints"] if c["is_best"])
         best["serving"] = {**best["serving"], "state": "loading"}
-        screen.show_detail(copy.deepcopy(detail))
-        assert screen.selected()["step"] == best["step"]
+        screen.show_detail(RunCheckpoints.model_validate(detail))
+        assert screen.selected().step == best["step"]
         best["serving"]["state"] = "warm"
-        screen.show_detail(copy.deepcopy(detail))  # the next listing: the row and the details both say warm, the cursor unmoved
+        screen.show_detail(RunCheckpoints.model_validate(detail))  # the next listing: the row and the details both say warm, the cursor unmoved
         await pilot.pause()
         assert "(warm)" in str(screen.table().get_cell(str(best["step"]), "flags"))
         assert "merged on model m5-3-step250, warm" in str(screen.query_one("#ckpt-detail").render())
@@ -195,13 +197,13 @@ async def test_a_serve_on_its_way_is_fetched_again_until_it_settles(frozen_app, 
         await pilot.press("colon", *"checkpoints", "enter")
         screen = await wait_for(lambda: isinstance(app.screen, CheckpointsScreen) and app.screen)
         fetched: list[str] = []
-        monkeypatch.setattr(screen, "fetch", lambda machine, run: fetched.append(run))
+        monkeypatch.setattr(screen, "fetch_run", lambda machine, run: fetched.append(run))
         monkeypatch.setattr(app, "connect", True)
         _, detail = frozen_run()
         best = next(c for c in detail["checkpoints"] if c["is_best"])
         for state, again in (("merging", True), ("loading", True), ("warm", False)):
             best["serving"]["state"] = state
-            screen.show_detail(copy.deepcopy(detail))
+            screen.show_detail(RunCheckpoints.model_validate(detail))
             screen._fetched = (screen.summary(), time.monotonic() - 10)  # fetched 10 s ago; the run's job has exited
             fetched.clear()
             screen.refresh_data()
@@ -217,21 +219,22 @@ async def test_resume_opens_a_form_with_the_runs_params_to_change(frozen_app, mo
     app = frozen_app
     recipe = {"name": "demo-lora", "machine": "m5", "gpus": [0], "launcher": "local", "nproc_per_node": None, "command": ["x"],
               "output_dir": "runs/{job_id}", "params": [
-                  {"name": "max_steps", "type": "int", "default": 200, "min": 1, "max": 100000, "flag": "--max-steps", "help": None},
-                  {"name": "resume_from_checkpoint", "type": "str", "default": None, "min": None, "max": None, "flag": "--resume-from-checkpoint", "help": None}]}
+                  {"name": "max_steps", "type": "int", "default": 200, "min": 1, "max": 100000, "flag": "--max-steps", "help": ""},
+                  {"name": "resume_from_checkpoint", "type": "str", "default": None, "min": None, "max": None, "flag": "--resume-from-checkpoint", "help": ""}]}
     calls: list[tuple[str, str, dict]] = []
 
     async def call(machine: str, method: str, params: dict | None = None, timeout: float | None = None):
         calls.append((machine, method, params or {}))
-        return {"jobs.recipes": [recipe], "jobs.get": {"id": "m5-3", "params": {"max_steps": 300}},
-                "checkpoints.resume": {"id": "m5-9"}}[method]
+        job = frozen_jobs()[0]
+        return {"jobs.recipes": [recipe], "jobs.get": {**job, "id": "m5-3", "params": {"max_steps": 300}},
+                "checkpoints.resume": {**job, "id": "m5-9", "resumed_from": frozen_run()[1]["checkpoints"][4]}}[method]
 
     monkeypatch.setattr(app.client, "call", call)
     async with app.run_test(size=SIZE) as pilot:
         await until_drawn(pilot)
         await pilot.press("colon", *"checkpoints", "enter")
         screen = await wait_for(lambda: isinstance(app.screen, CheckpointsScreen) and app.screen)
-        screen.show_detail(frozen_run()[1])
+        screen.show_detail(RunCheckpoints.model_validate(frozen_run()[1]))
         await pilot.pause()
         await pilot.press("r")
         form = await wait_for(lambda: isinstance(app.screen, ResumeJobScreen) and app.screen)

@@ -217,16 +217,17 @@ async def test_the_audit_view_shows_the_refused_calls_the_agents_count():
 
     state = frozen_state()
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
-    entry = {"id": 1, "t": FROZEN_NOW - 5, "who": "ops", "role": "operator", "method": "models.warm", "params": {}, "outcome": "ok",
-             "error": None, "duration_s": 0.1}
+    entry = {"id": 1, "t": FROZEN_NOW - 5, "who": "ops", "role": "operator", "method": "models.warm", "params": "{}", "outcome": "ok",
+             "message": None, "duration_s": 0.1}
     refusal = {"minute": FROZEN_NOW - 60, "who": "intern", "role": "viewer", "method": "jobs.start", "count": 7}
 
-    async def call_all(method, params=None):
+    async def call(machine, method, params=None, timeout=None):
         assert method == "audit.list"
-        return {"m5": {"machine": "m5", "total": 1, "entries": [entry], "refusals": [refusal]}, "irina": {"entries": [], "refusals": []}}
+        entries, refusals = ([entry], [refusal]) if machine == "m5" else ([], [])
+        return {"machine": machine, "total": len(entries), "entries": entries, "refusals": refusals}
 
     async with app.run_test(size=(160, 50)) as pilot:
-        app.client.call_all = call_all
+        app.client.call = call
         await until_drawn(pilot)
         await pilot.press("colon", *"audit", "enter")
         screen = await wait_for(lambda: isinstance(app.screen, AuditScreen) and app.screen)
@@ -242,15 +243,15 @@ async def test_an_offline_spell_reaches_the_alerts_history_once_the_machine_is_b
     state = frozen_state()  # pharaoh unreachable for 75 s: an offline alert
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
 
-    async def call_all(method, params=None):
-        return {name: {"alerts": []} for name in state.machines}  # the agents know nothing of it
+    async def call(machine, method, params=None, timeout=None):
+        return {"machine": machine, "alerts": []}  # the agents know nothing of it
 
     async with app.run_test(size=(160, 50)) as pilot:
-        app.client.call_all = call_all
+        app.client.call = call
         await until_drawn(pilot)
         await pilot.press("colon", *"alerts", "enter")
         screen = await wait_for(lambda: isinstance(app.screen, AlertsScreen) and app.screen)
         state.set_link("pharaoh", "online")  # it answers again: the alert clears
         await pilot.press("h")
         table = screen.query_one("#alerts-table")
-        await wait_for(lambda: any(a["rule"] == "offline" and a["machine"] == "pharaoh" and a["cleared_at"] for a in table.items.values()))
+        await wait_for(lambda: any(a.rule == "offline" and a.machine == "pharaoh" and a.cleared_at for a in table.items.values()))

@@ -8,6 +8,8 @@ from datetime import date
 import pytest
 from textual.app import App
 
+from agents.protocol import ErrorCode, RemoteError
+from agents.sections import CheckpointInfo
 from console.app import CetlabApp
 from console.client import FleetClient
 from console.screens.costs import CostsScreen
@@ -28,7 +30,8 @@ def costs_report(machine: str, tokens: int) -> dict:
     entry = {"machine": machine, "label": "", "kwh": 12.345, "energy_cost": 3.2, "rent": 0.0, "cost": 3.2, "uptime_s": 86400.0,
              "gpu_hours": 24.0, "gpu_busy_hours": 7.5, "tokens": tokens, "cloud_gpu": 20.0, "cloud_tokens": 0.383, "cloud_equivalent": 20.383,
              "saving": 17.18, "saving_pct": 84.3, "missing": []}
-    return {"now": {"power_w": 300.0, "per_hour": 0.09, "missing": []}, "today": priced(0.383), "month": priced(3.2),
+    return {"machine": machine, "currency": "USD", "timezone": "UTC", "rented": False,
+            "now": {"power_w": 300.0, "per_hour": 0.09, "missing": []}, "today": priced(0.383), "month": priced(3.2),
             "since": {"day": today, **priced(3.2)}, "by": [entry], "days": [{"day": today, **priced(0.383)}], "simulated": True,
             "api_providers": [], "api_today": 0.0, "api_month": 0.0, "api_since": 0.0, "total_month": 3.2}
 
@@ -38,11 +41,13 @@ async def test_the_costs_table_and_chart_each_have_their_own_space(size):
     state = frozen_state()
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
 
-    async def call_all(method, params=None):
-        return {name: costs_report(name, 153_783) for name in ("m5", "irina")}
+    async def call(machine, method, params=None, timeout=None):
+        if machine not in ("m5", "irina"):
+            raise RemoteError(ErrorCode.DISCONNECTED, f"{machine} is offline")
+        return costs_report(machine, 153_783)
 
     async with app.run_test(size=size) as pilot:
-        app.client.call_all = call_all
+        app.client.call = call
         await until_drawn(pilot, FleetScreen)
         await pilot.press("colon", *"costs", "enter")
         screen = await wait_for(lambda: isinstance(app.screen, CostsScreen) and app.screen.report is not None and app.screen)
@@ -74,8 +79,9 @@ async def test_a_short_runs_loss_plot_shows_whole_steps_on_its_x_axis():
     app = Plot()
     async with app.run_test(size=(100, 20)) as pilot:
         timeline = app.query_one(CheckpointTimeline)
-        loss = [[step, 2.0 - step / 10] for step in range(1, 9)]
-        timeline.show("run exp1", loss, [], [{"step": 4, "loss": 1.6}, {"step": 8, "loss": 1.2}], selected=8)
+        loss = [(step, 2.0 - step / 10) for step in range(1, 9)]
+        checkpoints = [CheckpointInfo(run="exp1", step=step, path=f"exp1/checkpoint-{step}", loss=value) for step, value in ((4, 1.6), (8, 1.2))]
+        timeline.show("run exp1", loss, [], checkpoints, selected=8)
         await pilot.pause()
         lines = screen_lines(app)
         axis = next(line for line in reversed(lines) if "step" not in line and any(c.isdigit() for c in line))

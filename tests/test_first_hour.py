@@ -373,21 +373,25 @@ def test_the_step_cell_keeps_its_percent():
 
 
 def test_the_start_forms_bounds_are_written_as_numbers_people_write():
+    from agents.catalogue import RecipeParam
     from console.screens.modals import param_hint
 
-    hint = param_hint({"name": "max_steps", "type": "int", "min": 1.0, "max": 100000.0, "flag": "--max-steps"})
+    hint = param_hint(RecipeParam(name="max_steps", type="int", min=1.0, max=100000.0, flag="--max-steps"))
     assert "(int, 1..100000)" in hint, hint
-    assert "(float, ..0.5)" in param_hint({"name": "lr", "type": "float", "min": None, "max": 0.5, "flag": "--lr"})
+    assert "(float, ..0.5)" in param_hint(RecipeParam(name="lr", type="float", min=None, max=0.5, flag="--lr"))
 
 
 def test_one_checkpoint_is_singular_and_a_model_is_named_once_in_costs():
+    from agents.catalogue import PricedGroup, Pruned
+    from agents.sections import CheckpointInfo
     from console.cli_checkpoints import prune_human
     from console.screens.costs import breakdown_rows
 
-    assert "deleted 1 checkpoint," in prune_human({"run": "r", "deleted": [{"step": 1}], "freed_bytes": 10, "kept": [], "skipped": []})
+    one = CheckpointInfo(run="r", step=1, path="r/checkpoint-1")
+    assert "deleted 1 checkpoint," in prune_human(Pruned(run="r", keep_last=0, deleted=[one], freed_bytes=10))
     entry = {"model": "llama-3.1-8b", "label": "llama-3.1-8b", "machine": "m5", "kwh": 1.0, "cost": 0.3, "cloud_equivalent": 2.0,
              "saving_pct": 85.0, "gpu_hours": 1.0, "gpu_busy_hours": 0.5, "tokens": 1000}
-    rows = breakdown_rows({"by_kind": "model", "currency": "EUR", "by": [entry]})
+    rows = breakdown_rows([PricedGroup.model_validate(entry)], "model", "EUR")
     assert rows["m5/llama-3.1-8b"][0] == "llama-3.1-8b @m5"
 
 
@@ -435,10 +439,11 @@ def test_a_ctrl_c_before_the_verb_runs_exits_130_without_a_traceback(monkeypatch
 
 def test_the_start_forms_bounds_keep_exponents_and_minus_signs():
     """The N/A marker is "-": removing it ate 1e-06's sign and a negative minimum's ("(float, 1e06..1)")."""
+    from agents.catalogue import RecipeParam
     from console.screens.modals import param_hint
 
-    assert "(float, 1e-06..1)" in param_hint({"name": "learning_rate", "type": "float", "min": 1e-6, "max": 1.0, "flag": "--learning-rate"})
-    assert "(float, -2.5..)" in param_hint({"name": "bias", "type": "float", "min": -2.5, "max": None, "flag": "--bias"})
+    assert "(float, 1e-06..1)" in param_hint(RecipeParam(name="learning_rate", type="float", min=1e-6, max=1.0, flag="--learning-rate"))
+    assert "(float, -2.5..)" in param_hint(RecipeParam(name="bias", type="float", min=-2.5, max=None, flag="--bias"))
 
 
 def test_a_rotation_line_names_the_machines_own_models_of_the_set():

@@ -16,6 +16,8 @@ import yaml
 
 from agents.keys import AUTHORIZED_KEYS_NAME, ensure_key
 from agents.lab import load_lab
+from agents.sections import JobDetail
+from agents.states import JobState
 from console.cli_jobs import job_human
 from console.demo import free_ports
 from tests.conftest import wait_until
@@ -249,8 +251,8 @@ def test_sigterm_stops_the_agent_within_its_grace_even_while_a_component_hangs(t
 
 
 def test_a_jobs_argv_is_shown_on_one_line_with_control_and_bidi_characters_escaped():
-    job = {"id": "box-1", "recipe": "tiny", "machine": "box", "gpus": [0], "state": "running", "log_path": "/x.log",
-           "argv": ["python", "train.py", "--lr", "0.1\nbox-2 (tiny) on box: exited 0", "name\u202eexe.txt", "a b"]}
+    job = JobDetail(id="box-1", recipe="tiny", machine="box", gpus=[0], state=JobState.RUNNING, log_path="/x.log", started_at=0.0,
+                    output_dir="/runs/box-1", argv=["python", "train.py", "--lr", "0.1\nbox-2 (tiny) on box: exited 0", "name\u202eexe.txt", "a b"])
     shown = job_human(job)
     assert len(shown.splitlines()) == 3, shown
     assert "$'0.1\\nbox-2 (tiny) on box: exited 0'" in shown and "$'name\\u202eexe.txt'" in shown and "'a b'" in shown

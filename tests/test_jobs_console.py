@@ -215,24 +215,28 @@ async def test_precision_shows_in_the_table_and_notes_in_the_details(monkeypatch
 
 
 def test_cetlab_jobs_has_a_precision_column_and_the_job_its_notes():
+    from agents.sections import JobInfo
     from console.cli_jobs import job_human, jobs_human
     from tests.console_fixtures import frozen_jobs
 
-    jobs = frozen_jobs()
-    jobs[0].update(precision="bf16", notes=["tf32 on"])
-    header, first, second, *_ = jobs_human({"jobs": jobs, "offline": {}}).splitlines()
+    raw = frozen_jobs()
+    raw[0].update(precision="bf16", notes=["tf32 on"])
+    jobs = [JobInfo.model_validate(j) for j in raw]
+    header, first, second, *_ = jobs_human(jobs, {}).splitlines()
     assert header.split()[4] == "PREC" and first.split()[4] == "bf16" and second.split()[4] == "-"
     assert "  precision: bf16\n  note: tf32 on" in job_human(jobs[0])
 
 
 async def test_clearing_a_param_with_a_default_is_refused_not_run_as_the_default():
+    from agents.catalogue import RecipeInfo
     from console.client import FleetClient
     from tests.console_fixtures import FROZEN_NOW, frozen_state
 
     state = frozen_state()
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
-    recipe = {"name": "demo-lora", "machine": "m5", "gpus": [0], "launcher": "python",
-              "params": [{"name": "max_steps", "type": "int", "default": 2000, "min": 1, "max": 100000, "flag": "--max-steps", "help": ""}]}
+    recipe = RecipeInfo.model_validate({
+        "name": "demo-lora", "machine": "m5", "gpus": [0], "launcher": "local", "output_dir": "runs/{job_id}",
+        "params": [{"name": "max_steps", "type": "int", "default": 2000, "min": 1, "max": 100000, "flag": "--max-steps", "help": ""}]})
     calls = []
     async with app.run_test(size=(160, 50)) as pilot:
         app.client.call = lambda *args, **kwargs: calls.append(args)  # noqa: E731  nothing may reach the agent

@@ -245,11 +245,13 @@ def test_the_header_keeps_the_labs_rate_at_100_columns():
 
 async def test_every_dialog_fits_an_80_column_terminal(frozen_lab):
     """The new-run form was 90 wide: at 80 columns its right edge and each param's help were off screen."""
+    from agents.catalogue import RecipeInfo
     from console.screens.modals import PickModelScreen, StartJobScreen
 
-    recipe = {"name": "demo-lora", "machine": "m5", "gpus": [0], "launcher": "local", "nproc_per_node": 1,
-              "params": [{"name": "max_steps", "type": "int", "default": 2000, "min": 1, "max": 100000, "flag": "--max-steps",
-                          "help": "optimizer steps (2000 take 20-60 s on 2 CPU cores)"}]}
+    recipe = RecipeInfo.model_validate({
+        "name": "demo-lora", "machine": "m5", "gpus": [0], "launcher": "local", "nproc_per_node": 1, "output_dir": "runs/{job_id}",
+        "params": [{"name": "max_steps", "type": "int", "default": 2000, "min": 1, "max": 100000, "flag": "--max-steps",
+                    "help": "optimizer steps (2000 take 20-60 s on 2 CPU cores)"}]})
     app = frozen_app(frozen_lab)
     async with app.run_test(size=SMALL) as pilot:
         await until_drawn(pilot, FleetScreen)

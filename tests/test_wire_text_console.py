@@ -7,9 +7,10 @@ import json
 import sys
 
 import pytest
+from textual.geometry import Region
 from textual.widgets import DataTable, Log, OptionList, Static
-from textual.widgets._toast import Toast
 
+from agents.catalogue import ALERTS_ACK, AckParams
 from agents.lab import load_lab
 from console.app import CetlabApp
 from console.screens.jobs import JobsScreen
@@ -35,8 +36,9 @@ TRAINER = "import sys\nprint(sys.argv[1:], flush=True)\nprint(sys.argv[-1], file
 def shown_text(app: CetlabApp) -> str:
     """Every string the screen shows now (tables' cells, statics, logs, option lists), the toasts left out."""
     parts: list[str] = []
+    toasts = set(app.screen.query("Toast"))  # by its CSS type name: the class lives in a private module
     for widget in app.screen.query("*"):
-        if isinstance(widget, Toast):
+        if widget in toasts:
             continue
         if isinstance(widget, DataTable):
             parts += [str(cell) for i in range(widget.row_count) for cell in widget.get_row_at(i)]
@@ -64,10 +66,14 @@ def check_screen(app: CetlabApp) -> str:
 
 
 def _metas(app: CetlabApp) -> list[dict]:
-    """The meta (where @click lives) of every segment the screen renders now."""
+    """The meta (where @click lives) of every segment each shown widget of the screen renders now."""
     metas = []
-    for strip in app.screen._compositor.render_strips():
-        metas += [segment.style._meta and segment.style.meta for segment in strip if segment.style is not None]
+    for widget in app.screen.query("*"):
+        width, height = widget.region.size
+        if not widget.display or not width or not height:
+            continue
+        for strip in widget.render_lines(Region(0, 0, width, height)):
+            metas += [segment.style.meta for segment in strip if segment.style is not None]
     return [m for m in metas if m]
 
 
@@ -140,7 +146,7 @@ async def test_hostile_wire_text_in_every_view(run_pool, tmp_path):
             seen["machine"] = check_screen(app)
             screen = app.screen
             assert isinstance(screen, MachineScreen)
-            screen.act("box", "alerts.ack", {"id": HOSTILE}, "acknowledged")  # the agent's refusal, quoting it, as a toast
+            screen.act("box", ALERTS_ACK, AckParams(id=HOSTILE), "acknowledged")  # the agent's refusal, quoting it, as a toast
             await wait_for(lambda: any(MARKUP in n.message for n in app.notices), timeout=20)
             await pilot.pause()
             check_screen(app)

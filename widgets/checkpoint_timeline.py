@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from textual_plotext import PlotextPlot
+
+from agents.sections import CheckpointInfo
 
 from widgets.wire import visible
 
 MOST_TICKS = 6
+Point = tuple[int, float | None]  # (step, loss) of a curve
 
 
 def step_ticks(first: int, last: int, most: int = MOST_TICKS) -> list[int]:
@@ -24,15 +27,15 @@ def step_ticks(first: int, last: int, most: int = MOST_TICKS) -> list[int]:
     return list(range(int(start), int(last) + 1, int(step)))
 
 
-def marker_y(ckpt: dict[str, Any], loss: list[list]) -> float | None:
+def marker_y(ckpt: CheckpointInfo, loss: Sequence[Point]) -> float | None:
     """Where a checkpoint sits on the curve: its own loss, else the curve's last value at or before its step."""
-    if ckpt.get("loss") is not None:
-        return ckpt["loss"]
-    before = [value for step, value in loss if step <= ckpt["step"]]
+    if ckpt.loss is not None:
+        return ckpt.loss
+    before = [value for step, value in loss if step <= ckpt.step]
     return before[-1] if before else (loss[0][1] if loss else None)
 
 
-def marker_groups(checkpoints: list[dict[str, Any]], loss: list[list], selected: int | None) -> list[tuple[str, str, str, list, list]]:
+def marker_groups(checkpoints: list[CheckpointInfo], loss: Sequence[Point], selected: int | None) -> list[tuple[str, str, str, list, list]]:
     """(label, marker, colour, steps, ys) per kind of checkpoint, in drawing order (the selected one last, on top)."""
     kinds = {"saved": ("saved", "dot", "cyan"), "kept": ("kept", "hd", "magenta"), "incomplete": ("incomplete", "x", "red"),
              "best": ("best", "hd", "green"), "selected": ("selected", "sd", "yellow")}
@@ -41,9 +44,9 @@ def marker_groups(checkpoints: list[dict[str, Any]], loss: list[list], selected:
         y = marker_y(ckpt, loss)
         if y is None:
             continue
-        kind = ("selected" if ckpt["step"] == selected else "incomplete" if not ckpt.get("complete", True)
-                else "best" if ckpt.get("is_best") else "kept" if ckpt.get("kept") else "saved")
-        points[kind][0].append(ckpt["step"])
+        kind = ("selected" if ckpt.step == selected else "incomplete" if not ckpt.complete
+                else "best" if ckpt.is_best else "kept" if ckpt.kept else "saved")
+        points[kind][0].append(ckpt.step)
         points[kind][1].append(y)
     return [(*kinds[k], *points[k]) for k in kinds if points[k][0]]
 
@@ -58,10 +61,10 @@ class CheckpointTimeline(PlotextPlot):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self._shown: Any = None
-        self.shown_curve: list[list] = []  # the loss points drawn now
+        self.shown_curve: Sequence[Point] = ()  # the loss points drawn now
 
-    def show(self, title: str, loss: list[list], eval_loss: list[list], checkpoints: list[dict[str, Any]], selected: int | None) -> None:
-        data = (title, loss, eval_loss, [(c["step"], c.get("loss"), c.get("is_best"), c.get("kept"), c.get("complete")) for c in checkpoints], selected)
+    def show(self, title: str, loss: Sequence[Point], eval_loss: Sequence[Point], checkpoints: list[CheckpointInfo], selected: int | None) -> None:
+        data = (title, loss, eval_loss, [(c.step, c.loss, c.is_best, c.kept, c.complete) for c in checkpoints], selected)
         if data == self._shown:
             return
         self._shown = data
@@ -77,7 +80,8 @@ class CheckpointTimeline(PlotextPlot):
             plt.plot([p[0] for p in eval_loss], [p[1] for p in eval_loss], label="eval loss", color="orange", marker="braille")
         for label, marker, colour, steps, ys in marker_groups(checkpoints, loss, selected):
             plt.scatter(steps, ys, label=label, marker=marker, color=colour)
-        steps = [p[0] for p in loss + eval_loss] + [c["step"] for c in checkpoints]
+        steps = [p[0] for p in (*loss, *eval_loss)] + [c.step for c in checkpoints]
         if steps:  # plotext would pick fractional ticks (2.5) for a short run: steps are whole
-            plt.xticks(step_ticks(int(min(steps)), int(max(steps))))
+            ticks: list[float] = list(step_ticks(int(min(steps)), int(max(steps))))  # plotext's type: whole numbers are drawn whole
+            plt.xticks(ticks)
         self.refresh()

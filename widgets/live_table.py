@@ -3,7 +3,7 @@ columns that do not fit a narrow table drop by priority."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from textual.events import Resize
 from textual.widgets import DataTable
@@ -22,11 +22,11 @@ class LiveTable(DataTable):
     first to last, while the table is narrower than its columns' sum (a split pane); the others always stay.
     """
 
-    COLUMNS: list[Column] = []
+    COLUMNS: Sequence[Column] = ()
     DROP: tuple[str, ...] = ()
     REST_MIN_WIDTH = REST_MIN
 
-    def __init__(self, columns: list[Column] | None = None, cells: Callable[[Any], tuple] | None = None,
+    def __init__(self, columns: Sequence[Column] | None = None, cells: Callable[[Any], tuple] | None = None,
                  drop: tuple[str, ...] | None = None, rest_min: int | None = None, **kwargs) -> None:
         """``rest_min``: the width the column "for the rest" needs (default REST_MIN_WIDTH); columns in the drop order go
         until it has that much."""

@@ -13,6 +13,9 @@ from widgets.format import Thresholds, bar, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_row import GpuLines
 from widgets.wire import safe_text, shown
 
+# header_line's arguments but the width: (name, role, link, error, last_seen, host, simulated, badges, now)
+HeaderArgs = tuple[str, str, LinkStatus, str | None, float | None, HostSample, bool, list[str], float]
+
 
 def header_line(name: str, role: str, link: LinkStatus, error: str | None, last_seen: float | None,
                 host: HostSample, simulated: bool, badges: list[str], now: float, width: int | None = None) -> Text:
@@ -67,7 +70,7 @@ class MachineCard(Vertical, can_focus=True):
         self._lines = GpuLines()
         self._note_markup: str | None = None  # the note shown now (markup)
         self.header: Text | None = None  # the header line shown now
-        self._header_args: tuple = ()  # what the header was drawn from: redrawn as is when the width changes
+        self._header_args: HeaderArgs | None = None  # what the header was drawn from: redrawn as is when the width changes
         self._width: int | None = None  # the content width (None before the first layout)
         self.shown_version: int | None = None  # the machine's LabState version drawn last
 
@@ -87,7 +90,7 @@ class MachineCard(Vertical, can_focus=True):
         if width <= 0 or width == self._width:
             return
         self._width = width
-        if self._header_args:
+        if self._header_args is not None:
             self._show_header(header_line(*self._header_args, width=width), relayout=True)  # it may have wrapped before
         if self._lines.fit(width):
             self._gpus.update(self._lines.text())  # lines that wrapped no longer do: the height changes

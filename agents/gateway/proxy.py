@@ -115,8 +115,8 @@ async def stream(request: web.Request, session: aiohttp.ClientSession, target: T
                 content_type = upstream.content_type
             else:
                 raw, content_type = upstream_error(raw, upstream.status, target.where), "application/json"
-            response = web.Response(body=raw, status=upstream.status, content_type=content_type, headers=tier_headers(target))
-            return response, outcome
+            answer = web.Response(body=raw, status=upstream.status, content_type=content_type, headers=tier_headers(target))
+            return answer, outcome
         response = web.StreamResponse(status=200, headers={**tier_headers(target), "Content-Type": "text/event-stream",
                                                             "Cache-Control": "no-cache"})
         await response.prepare(request)

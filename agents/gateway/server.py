@@ -265,6 +265,7 @@ class GatewayHttp:
                     break
                 # the engine went to sleep (or is going) since its agent's last tick: look again, wake it, once
                 await self.gw.router.refresh(target.where)
+            assert target is not None  # the loop above ran at least once
             self._finish(key, record, outcome, target, body)
             return response
         except NotServable as exc:
@@ -295,8 +296,9 @@ class GatewayHttp:
         its worst case where a provider bills it (a local engine stops when its connection closes: its prompt only)."""
         outcome = request.get(proxy.STREAM_OUTCOME)
         if outcome is None:
-            outcome = proxy.Outcome(status=499, prompt_tokens=proxy.counted_prompt_tokens(body), usage_source="reserved")
-            outcome.completion_tokens = max(0, hold.tokens - outcome.prompt_tokens) if target.tier == "provider" else 0
+            prompt_tokens = proxy.counted_prompt_tokens(body)
+            outcome = proxy.Outcome(status=499, prompt_tokens=prompt_tokens, usage_source="reserved")
+            outcome.completion_tokens = max(0, hold.tokens - prompt_tokens) if target.tier == "provider" else 0
         elif outcome.usage_source is None:
             proxy.settle_counted(outcome, body)
         outcome.status, outcome.error = 499, "the client closed the stream" if record.stream else "the client left before the answer came"

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
+from agents.catalogue import ALERTS_ACK, ALERTS_LIST, AckParams, AlertListParams, request_all
 from agents.sections_notify import RouteStatus
-from console.alerts import active_alerts
+from console.alerts import AlertRow, active_alerts, offline_history
 from console.notify import route_line, route_statuses, troubled_first
+from console.replies import Answers
 from console.screens.base import LabScreen
 from widgets.format import fmt_time
 from widgets.lab_header import LabHeader
@@ -27,13 +27,10 @@ MESSAGE_MIN = 40  # the message gets this much before the level, the time and th
 LEVEL_STYLE = {"critical": "bold red", "warning": "yellow"}
 
 
-def alert_cells(alert: dict[str, Any]) -> tuple[str | Text, ...]:
-    state = "cleared" if alert.get("cleared_at") else ("acked" if alert.get("acked_at") else "ACTIVE")
-    level = alert.get("level", "")
-    fired = fmt_time(alert.get("fired_at"))
-    style = LEVEL_STYLE.get(level, "") if state == "ACTIVE" else "dim"
-    return (text(state, style), level, alert.get("machine", ""), alert.get("target", ""),
-            alert.get("rule", ""), fired, alert.get("message", ""))
+def alert_cells(alert: AlertRow) -> tuple[str | Text, ...]:
+    state = "cleared" if alert.cleared_at else ("acked" if alert.acked_at else "ACTIVE")
+    style = LEVEL_STYLE.get(alert.level, "") if state == "ACTIVE" else "dim"
+    return (text(state, style), alert.level, alert.machine, alert.target, alert.rule, fmt_time(alert.fired_at), alert.message)
 
 
 class AlertsScreen(LabScreen):
@@ -55,7 +52,7 @@ class AlertsScreen(LabScreen):
     def __init__(self) -> None:
         super().__init__()
         self.history = False
-        self.past: list[dict[str, Any]] = []
+        self.past: list[AlertRow] = []
         self.routes: list[tuple[str, RouteStatus]] = []  # notification routes, from notify.status (lab.yaml notify.routes)
 
     def compose(self) -> ComposeResult:
@@ -78,19 +75,19 @@ class AlertsScreen(LabScreen):
         self.routes = route_statuses(await self.lab_app.client.call_all("notify.status"))
         self.refresh_data()
 
-    def rows(self) -> dict[str, dict[str, Any]]:
+    def rows(self) -> dict[str, AlertRow]:
         """Alert id -> alert: the active ones live from the stream, then (with history) the cleared ones."""
-        alerts = {a["id"]: a for a in active_alerts(self.lab_app.state, self.lab_app.clock())}
+        alerts = {a.id: a for a in active_alerts(self.lab_app.state, self.lab_app.clock())}
         if self.history:
-            past = [*self.past, *self.lab_app.state.offline_history]
-            for alert in sorted(past, key=lambda a: -(a.get("fired_at") or 0)):
-                alerts.setdefault(alert["id"], alert)
+            past = [*self.past, *offline_history(self.lab_app.state)]
+            for alert in sorted(past, key=lambda a: -(a.fired_at or 0)):
+                alerts.setdefault(alert.id, alert)
         return alerts
 
     def refresh_data(self) -> None:
         rows = self.rows()
-        active = [a for a in rows.values() if not a.get("cleared_at")]
-        unacked = sum(1 for a in active if not a.get("acked_at"))
+        active = [a for a in rows.values() if not a.cleared_at]
+        unacked = sum(1 for a in active if not a.acked_at)
         mode = "active and cleared" if self.history else "active"
         self.query_one("#alerts-summary", Static).update(
             f"[b]{len(active)} active[/b] ({unacked} not acknowledged) · showing {mode} · "
@@ -111,19 +108,19 @@ class AlertsScreen(LabScreen):
     async def _fetch_history(self) -> None:
         if not self.history:
             return
-        results = await self.lab_app.client.call_all("alerts.list", {"limit": 200})
-        self.past = sorted((a for r in results.values() if isinstance(r, dict) for a in r["alerts"]), key=lambda a: -a["fired_at"])
+        answers = Answers.of(await request_all(self.lab_app.client, self.lab_app.state.machines, ALERTS_LIST, AlertListParams(limit=200)))
+        self.past = sorted((AlertRow.of(a) for reply in answers.replies.values() for a in reply.alerts), key=lambda a: -(a.fired_at or 0))
         self.refresh_data()
 
-    def selected(self) -> dict[str, Any] | None:
-        return self.query_one("#alerts-table", LiveTable).selected()
+    def selected(self) -> AlertRow | None:
+        selected: AlertRow | None = self.query_one("#alerts-table", LiveTable).selected()
+        return selected
 
     def action_ack(self) -> None:
         alert = self.selected()
         if alert is None:
             return
-        if alert["rule"] == "offline":
+        if alert.rule == "offline":
             self.notify("an offline machine clears itself when it is back", severity="warning")
             return
-        self.act(alert["machine"], "alerts.ack", {"id": alert["id"]}, f"acknowledged {alert['id']}",
-                 then=lambda _result: self._fetch_history())
+        self.act(alert.machine, ALERTS_ACK, AckParams(id=alert.id), f"acknowledged {alert.id}", then=lambda _result: self._fetch_history())

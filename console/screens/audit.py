@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from rich.text import Text
 from textual import work
@@ -11,7 +10,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from console.audit import merge_trails, refusals_line
+from agents.catalogue import AUDIT_LIST, AuditEntry, AuditListParams, request_all
+from console.audit import Trail, lab_trail, refusals_line
 from console.screens.base import LabScreen
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
@@ -23,10 +23,11 @@ COLUMNS = [("when", "when", 19), ("machine", "machine", 12), ("who", "who", 22),
 DROP = ("params", "role", "who", "machine")  # narrow: these go, in this order
 
 
-def audit_cells(entry: dict[str, Any]) -> tuple[str | Text, ...]:
-    outcome = entry["outcome"]
-    return (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry["t"])), entry["machine"], entry["who"], entry["role"],
-            entry["method"], entry.get("params") or "", outcome if outcome == "ok" else text(outcome, "red"), entry.get("message") or "")
+def audit_cells(row: tuple[str, AuditEntry]) -> tuple[str | Text, ...]:
+    machine, entry = row
+    outcome = entry.outcome
+    return (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.t)), machine, entry.who, entry.role,
+            entry.method, entry.params or "", outcome if outcome == "ok" else text(outcome, "red"), entry.message or "")
 
 
 class AuditScreen(LabScreen):
@@ -44,8 +45,8 @@ class AuditScreen(LabScreen):
     def __init__(self) -> None:
         super().__init__()
         self.errors_only = False
-        self.trail: dict[str, Any] = {"entries": [], "refusals": [], "unavailable": {}}
-        self._counts: dict[str, Any] = {}
+        self.trail = Trail()
+        self._counts: dict[str, int] = {}
 
     def compose(self) -> ComposeResult:
         yield LabHeader()
@@ -62,14 +63,15 @@ class AuditScreen(LabScreen):
         if counts != self._counts:
             self._counts = counts
             self.fetch()
-        entries = [e for e in self.trail["entries"] if not self.errors_only or e["outcome"] != "ok"]
-        failed = sum(1 for e in self.trail["entries"] if e["outcome"] != "ok")
-        unavailable = "".join(f" · {esc(m)}: {esc(why)}" for m, why in self.trail["unavailable"].items())
+        trail = self.trail
+        entries = [(m, e) for m, e in trail.entries if not self.errors_only or e.outcome != "ok"]
+        failed = sum(1 for _, e in trail.entries if e.outcome != "ok")
+        unavailable = "".join(f" · {esc(m)}: {esc(why)}" for m, why in trail.unavailable.items())
         self.query_one("#audit-summary", Static).update(shown(
-            f"[b]{len(self.trail['entries'])} operator actions[/b] ({failed} refused or failed) · "
+            f"[b]{len(trail.entries)} operator actions[/b] ({failed} refused or failed) · "
             f"showing {'errors only' if self.errors_only else 'all'} · [b]e[/b] errors only · [b]r[/b] refresh{unavailable}\n"
-            + esc(refusals_line(self.trail["refusals"]))))
-        self.query_one("#audit-table", LiveTable).show({f"{e['machine']}:{e['id']}": e for e in entries})  # newest first
+            + esc(refusals_line(trail.refusals))))
+        self.query_one("#audit-table", LiveTable).show({f"{m}:{e.id}": (m, e) for m, e in entries})  # newest first
 
     def action_toggle_errors(self) -> None:
         self.errors_only = not self.errors_only
@@ -78,8 +80,10 @@ class AuditScreen(LabScreen):
     def action_fetch(self) -> None:
         self.fetch()
 
+    def fetch(self) -> None:
+        self._fetch_trail()
+
     @work(exclusive=True, group="audit-fetch")
-    async def fetch(self) -> None:
-        results = await self.lab_app.client.call_all("audit.list", {"limit": LIMIT})
-        self.trail = merge_trails(results, LIMIT)
+    async def _fetch_trail(self) -> None:
+        self.trail = lab_trail(await request_all(self.lab_app.client, self.lab_app.state.machines, AUDIT_LIST, AuditListParams(limit=LIMIT)), LIMIT)
         self.refresh_data()

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
+from pydantic import BaseModel
 from textual.binding import Binding
 from textual.screen import Screen
 
+from agents.catalogue import Method, request
 from agents.protocol import RemoteError
 from widgets.format import Thresholds
 
 if TYPE_CHECKING:
     from agents.sections import SectionFault
     from console.app import CetlabApp
+
+P = TypeVar("P", bound=BaseModel)  # a method's params
+R = TypeVar("R", bound=BaseModel)  # ... and its reply
 
 
 class LabScreen(Screen):
@@ -195,17 +200,17 @@ class LabScreen(Screen):
 
         self.app.push_screen(ConfirmScreen(question), lambda yes: then() if yes else None)
 
-    def act(self, machine: str, method: str, params: dict[str, Any], done: str | Callable[[Any], str], *,
-            timeout: float | None = None, then: Callable[[Any], None] | None = None) -> None:
+    def act(self, machine: str, method: Method[P, R], params: P, done: str | Callable[[R], str], *,
+            timeout: float | None = None, then: Callable[[R], object] | None = None) -> None:
         """Call `method` on `machine` as the operator and say how it went; `then(result)` runs on success."""
         if not self.require_operator():
             return
         self.run_worker(self._act(machine, method, params, done, timeout, then), group="lab-actions")
 
-    async def _act(self, machine: str, method: str, params: dict[str, Any], done: str | Callable[[Any], str],
-                   timeout: float | None, then: Callable[[Any], None] | None) -> None:
+    async def _act(self, machine: str, method: Method[P, R], params: P, done: str | Callable[[R], str],
+                   timeout: float | None, then: Callable[[R], object] | None) -> None:
         try:
-            result = await self.lab_app.client.call(machine, method, params, timeout)
+            result = await request(self.lab_app.client, machine, method, params, timeout)
         except RemoteError as exc:
             self.notify(exc.message, severity="error", timeout=10)
             return

@@ -3,16 +3,37 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable, TypeVar
 
+from pydantic import BaseModel
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
+from agents.catalogue import (
+    CHECKPOINTS_DELETE,
+    CHECKPOINTS_KEEP,
+    CHECKPOINTS_LIST,
+    CHECKPOINTS_PRUNE,
+    CHECKPOINTS_SERVE,
+    JOBS_GET,
+    JOBS_RECIPES,
+    Curves,
+    DeleteParams,
+    JobParams,
+    KeepParams,
+    Method,
+    PruneParams,
+    RunCheckpoints,
+    RunParams,
+    ServeParams,
+    request,
+)
 from agents.protocol import RemoteError
-from agents.sections import RunSummary
+from agents.sections import CheckpointInfo, JobDetail, RunSummary
+from agents.served import is_served, serve_failed, serve_moving
 from agents.states import JOB_ACTIVE
 from console.runs import RunKey, one_row_per_run
 from console.screens.base import LabScreen
@@ -24,41 +45,43 @@ from widgets.live_table import LiveTable
 from widgets.wire import esc, shown
 
 ACTIVE_REFETCH_S = 3.0  # while the run's job trains or one of its checkpoints is being served, its listing is fetched again this often
-SERVING_SETTLED = {"warm", "sleeping", "failed", "cold", "cached", "unloaded"}  # a serve in any other state (merging, loading ...) moves on
 COLUMNS = [("step", "STEP", 7), ("epoch", "EPOCH", 6), ("loss", "LOSS", 8), ("eval", "EVAL", 8), ("size", "SIZE", 7),
            ("save", "SAVE", 7), ("kind", "KIND", 17), ("age", "WRITTEN", 12), ("flags", "", 60)]
 DROP = ("epoch", "save", "kind", "eval", "size")  # narrow: these go, in this order
+P = TypeVar("P", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
 
 
 def loss_text(value: float | None) -> str:
     return fmt(value, ".4f")
 
 
-def flags_text(ckpt: dict[str, Any]) -> Text:
+def flags_text(ckpt: CheckpointInfo) -> Text:
     text = Text()
-    for label, on, style in (("BEST", ckpt.get("is_best"), "bold green"), ("newest", ckpt.get("newest"), "bold"),
-                             ("kept", ckpt.get("kept"), "magenta")):
+    for label, on, style in (("BEST", ckpt.is_best, "bold green"), ("newest", ckpt.newest, "bold"), ("kept", ckpt.kept, "magenta")):
         if on:
             text.append(f"{label} ", style=style)
-    serving = ckpt.get("serving") or {}
-    if serving and serving.get("state") not in ("cold", "cached", "unloaded"):
-        text.append(f"served:{serving['model']} ({serving['state']}) ", style="red" if serving["state"] == "failed" else "cyan")
-    if not ckpt.get("complete", True):
-        text.append(f"INCOMPLETE: {ckpt.get('problem')}", style="bold red")
+    serving = ckpt.serving
+    if serving is not None and is_served(serving):
+        text.append(f"served:{serving.model} ({serving.state}) ", style="cyan")
+    elif serving is not None and serve_failed(serving):
+        text.append(f"serve-failed:{serving.model} ", style="red")
+    if not ckpt.complete:
+        text.append(f"INCOMPLETE: {ckpt.problem}", style="bold red")
     return text
 
 
-def checkpoint_cells(ckpt: dict[str, Any], now: float) -> tuple[Any, ...]:
-    kind = ckpt["kind"] + ("+optimizer" if ckpt.get("has_optimizer") else "")
-    save = NA if ckpt.get("save_s") is None else f"{ckpt['save_s']:.2f}s" + ("" if ckpt.get("save_s_from") == "trainer" else "~")
-    age = NA if ckpt.get("written_at") is None else fmt_duration(max(0.0, now - ckpt["written_at"])) + " ago"
-    return (Text(str(ckpt["step"]), style="bold" if ckpt.get("is_best") else ""), fmt(ckpt.get("epoch"), ".2f"),
-            loss_text(ckpt.get("loss")), loss_text(ckpt.get("eval_loss")), fmt_bytes(ckpt["size_bytes"]), save, kind, age, flags_text(ckpt))
+def checkpoint_cells(ckpt: CheckpointInfo, now: float) -> tuple[Any, ...]:
+    kind = ckpt.kind + ("+optimizer" if ckpt.has_optimizer else "")
+    save = NA if ckpt.save_s is None else f"{ckpt.save_s:.2f}s" + ("" if ckpt.save_s_from == "trainer" else "~")
+    age = NA if ckpt.written_at is None else fmt_duration(max(0.0, now - ckpt.written_at)) + " ago"
+    return (Text(str(ckpt.step), style="bold" if ckpt.is_best else ""), fmt(ckpt.epoch, ".2f"),
+            loss_text(ckpt.loss), loss_text(ckpt.eval_loss), fmt_bytes(ckpt.size_bytes), save, kind, age, flags_text(ckpt))
 
 
-def serving_moves(detail: dict[str, Any] | None) -> bool:
+def serving_moves(checkpoints: list[CheckpointInfo]) -> bool:
     """Whether a checkpoint of this listing is on its way to being served (its state will change without the run's)."""
-    return any((c.get("serving") or {}).get("state", "warm") not in SERVING_SETTLED for c in (detail or {}).get("checkpoints", []))
+    return any(serve_moving(c.serving) for c in checkpoints)
 
 
 def run_line(run: RunSummary, index: int, total: int) -> str:
@@ -70,21 +93,20 @@ def run_line(run: RunSummary, index: int, total: int) -> str:
             + f"   [dim]run {index + 1}/{total}: [ ] to switch[/]")
 
 
-def detail_text(ckpt: dict[str, Any] | None) -> str:
+def detail_text(ckpt: CheckpointInfo | None) -> str:
     if ckpt is None:
         return ""
-    lines = [f"[b]step {esc(ckpt['step'])}[/b] · {esc(ckpt['path'])}"]
-    save_from = {"trainer": "reported by the trainer", "file_times": "from file times"}.get(ckpt.get("save_s_from") or "", "")
-    if ckpt.get("save_s") is not None:
-        lines[0] += f" · saved in {ckpt['save_s']:.2f}s ({save_from})"
-    if ckpt.get("problem"):
-        lines.append(f"[b red]incomplete:[/] {esc(ckpt['problem'])} (never deleted automatically; ctrl+d deletes it)")
-    if ckpt.get("in_use"):
-        lines.append(f"[b yellow]in use:[/] {esc(ckpt['in_use'])}")
-    serving = ckpt.get("serving")
-    if serving:
-        lines.append(esc(f"serving: {serving['mode']} on model {serving['model']}, {serving['state']}"
-                         + (f": {serving['error']}" if serving.get("error") else "")))
+    lines = [f"[b]step {esc(ckpt.step)}[/b] · {esc(ckpt.path)}"]
+    save_from = {"trainer": "reported by the trainer", "file_times": "from file times"}.get(ckpt.save_s_from or "", "")
+    if ckpt.save_s is not None:
+        lines[0] += f" · saved in {ckpt.save_s:.2f}s ({save_from})"
+    if ckpt.problem:
+        lines.append(f"[b red]incomplete:[/] {esc(ckpt.problem)} (never deleted automatically; ctrl+d deletes it)")
+    if ckpt.in_use:
+        lines.append(f"[b yellow]in use:[/] {esc(ckpt.in_use)}")
+    serving = ckpt.serving
+    if serving is not None:
+        lines.append(esc(f"serving: {serving.mode} on model {serving.model}, {serving.state}" + (f": {serving.error}" if serving.error else "")))
     return "\n".join(lines)
 
 
@@ -112,7 +134,7 @@ class CheckpointsScreen(LabScreen):
     def __init__(self) -> None:
         super().__init__()
         self.run_key: tuple[str, str] | None = None  # (machine, run) shown
-        self.detail: dict[str, Any] | None = None  # checkpoints.list of the shown run
+        self.detail: RunCheckpoints | None = None  # checkpoints.list of the shown run
         self._fetched: tuple[Any, float] | None = None  # (summary it was fetched for, when)
 
     def compose(self) -> ComposeResult:
@@ -156,46 +178,51 @@ class CheckpointsScreen(LabScreen):
         if summary is not None:
             index = runs.index(summary)
             self.query_one("#ckpt-run", Static).update(shown(run_line(summary, index, len(runs))))
-            moving = summary.job_state in JOB_ACTIVE or serving_moves(self.detail)  # a serve changes no summary: ask again
+            moving = summary.job_state in JOB_ACTIVE or serving_moves(self.checkpoints)  # a serve changes no summary: ask again
             stale = self._fetched is None or self._fetched[0] != summary or (moving and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
             if stale and self.lab_app.connect:
                 self._fetched = (summary, time.monotonic())
-                self.fetch(*self.run_key)
+                self.fetch_run(summary.machine, summary.run)
         self.render_detail()
 
     @work(exclusive=True, group="checkpoints-fetch")
-    async def fetch(self, machine: str, run: str) -> None:
+    async def fetch_run(self, machine: str, run: str) -> None:
         try:
-            detail = await self.lab_app.client.call(machine, "checkpoints.list", {"run": run})
+            detail = await request(self.lab_app.client, machine, CHECKPOINTS_LIST, RunParams(run=run))
         except RemoteError as exc:
             self.notify(exc.message, severity="warning")
             return
         if self.run_key == (machine, run):
             self.show_detail(detail)
 
-    def show_detail(self, detail: dict[str, Any]) -> None:
+    def show_detail(self, detail: RunCheckpoints) -> None:
         self.detail = detail
         self.render_detail()
+
+    @property
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """The shown run's checkpoints, oldest first."""
+        return self.detail.checkpoints if self.detail is not None else []
 
     def render_detail(self) -> None:
         detail = self.detail
         table = self.table()
-        checkpoints = detail["checkpoints"] if detail else []
+        checkpoints = self.checkpoints
         with self.app.batch_update():
             before = table.selected_key()
-            table.show({str(c["step"]): c for c in checkpoints})
+            table.show({str(c.step): c for c in checkpoints})
             if checkpoints and (before is None or before not in table.items):  # a run newly shown: the cursor on its best
-                best = next((c for c in checkpoints if c.get("is_best")), checkpoints[-1])
-                table.select_key(str(best["step"]))
+                best = next((c for c in checkpoints if c.is_best), checkpoints[-1])
+                table.select_key(str(best.step))
             selected = self.selected()
-            curves = (detail or {}).get("curves") or {}
-            title = f"{detail['run']}: loss by step, one marker per checkpoint" if detail else "no run shown"
-            self.query_one(CheckpointTimeline).show(title, curves.get("loss") or [], curves.get("eval_loss") or [], checkpoints,
-                                                     selected["step"] if selected else None)
+            curves = detail.curves if detail is not None else Curves()
+            title = f"{detail.run}: loss by step, one marker per checkpoint" if detail else "no run shown"
+            self.query_one(CheckpointTimeline).show(title, curves.loss, curves.eval_loss, checkpoints, selected.step if selected else None)
             self.query_one("#ckpt-detail", Static).update(shown(detail_text(selected)))
 
-    def selected(self) -> dict[str, Any] | None:
-        return self.table().selected()
+    def selected(self) -> CheckpointInfo | None:
+        selected: CheckpointInfo | None = self.table().selected()
+        return selected
 
     def on_data_table_row_highlighted(self, _event) -> None:
         self.render_detail()
@@ -210,14 +237,14 @@ class CheckpointsScreen(LabScreen):
 
     # -- actions
 
-    def _target(self) -> tuple[str, str, dict[str, Any]] | None:
+    def _target(self) -> tuple[str, str, CheckpointInfo] | None:
         ckpt = self.selected()
         if ckpt is None or self.run_key is None:
             self.notify("no checkpoint selected", severity="warning")
             return None
         return self.run_key[0], self.run_key[1], ckpt
 
-    def _act_and_refetch(self, machine: str, method: str, params: dict[str, Any], done, timeout: float | None = None) -> None:
+    def _act_and_refetch(self, machine: str, method: Method[P, R], params: P, done: Callable[[R], str], timeout: float | None = None) -> None:
         """Act, then fetch the listing again at once (it changed)."""
         self.act(machine, method, params, done, timeout=timeout, then=lambda _result: self._refetch())
 
@@ -230,26 +257,27 @@ class CheckpointsScreen(LabScreen):
         if target is None:
             return
         machine, run, ckpt = target
-        self.open_resume(machine, run, ckpt["step"])
+        self.open_resume(machine, run, ckpt.step)
 
     @work(exclusive=True, group="checkpoints-resume")
     async def open_resume(self, machine: str, run: str, step: int) -> None:
         """The resume form: the run's recipe with the params it ran with, to change before the new job starts (as `--set` does)."""
         summary = self.summary()
+        client = self.lab_app.client
         try:
-            recipes = await self.lab_app.client.call(machine, "jobs.recipes")
-            previous = (await self.lab_app.client.call(machine, "jobs.get", {"id": summary.job}))["params"] if summary and summary.job else {}
+            recipes = await request(client, machine, JOBS_RECIPES)
+            previous = (await request(client, machine, JOBS_GET, JobParams(id=summary.job))).params if summary and summary.job else {}
         except RemoteError as exc:
             self.notify(exc.message, severity="warning")
             return
-        recipe = next((r for r in recipes if summary is not None and r["name"] == summary.recipe), None)
+        recipe = next((r for r in recipes.root if summary is not None and r.name == summary.recipe), None)
         if recipe is None:
             self.notify(f"run {run} was not started from a recipe of {machine}: resume it with its own trainer", severity="warning")
             return
 
-        def resumed(job: dict | None) -> None:
+        def resumed(job: JobDetail | None) -> None:
             if job:
-                self.notify(f"resumed {run} from step {step} as job {job['id']}")
+                self.notify(f"resumed {run} from step {step} as job {job.id}")
                 self._refetch()
 
         self.app.push_screen(ResumeJobScreen(recipe, machine, run, step, previous), resumed)
@@ -259,29 +287,29 @@ class CheckpointsScreen(LabScreen):
         if target is None:
             return
         machine, run, ckpt = target
-        self._act_and_refetch(machine, "checkpoints.serve", {"run": run, "step": ckpt["step"]},
-                              lambda r: f"step {ckpt['step']}: {r['mode']} on model {r['model']} ({r['state']}); see :models", timeout=30.0)
+        self._act_and_refetch(machine, CHECKPOINTS_SERVE, ServeParams(run=run, step=ckpt.step),
+                              lambda r: f"step {ckpt.step}: {r.mode} on model {r.model} ({r.state}); see :models", timeout=30.0)
 
     def action_keep(self) -> None:
         target = self._target()
         if target is None:
             return
         machine, run, ckpt = target
-        kept = not ckpt.get("kept")
-        self._act_and_refetch(machine, "checkpoints.keep", {"run": run, "step": ckpt["step"], "kept": kept},
-                              lambda r: f"step {ckpt['step']} {'kept: prune leaves it' if kept else 'no longer kept'}")
+        kept = not ckpt.kept
+        self._act_and_refetch(machine, CHECKPOINTS_KEEP, KeepParams(run=run, step=ckpt.step, kept=kept),
+                              lambda r: f"step {ckpt.step} {'kept: prune leaves it' if kept else 'no longer kept'}")
 
     def action_delete(self) -> None:
         target = self._target()
         if target is None:
             return
         machine, run, ckpt = target
-        special = [w for w, on in (("the BEST", ckpt.get("is_best")), ("the NEWEST", ckpt.get("newest"))) if on]
-        delete = lambda: self._act_and_refetch(machine, "checkpoints.delete", {"run": run, "step": ckpt["step"], "confirm_special": bool(special)},  # noqa: E731
-                                               lambda r: f"deleted step {ckpt['step']} of {run}, freed {fmt_bytes(r['freed_bytes'])}")
-        first = f"Delete checkpoint [b]{esc(ckpt['step'])}[/b] of {esc(run)} ({fmt_bytes(ckpt['size_bytes'])})? This removes its folder."
+        special = [w for w, on in (("the BEST", ckpt.is_best), ("the NEWEST", ckpt.newest)) if on]
+        delete = lambda: self._act_and_refetch(machine, CHECKPOINTS_DELETE, DeleteParams(run=run, step=ckpt.step, confirm_special=bool(special)),  # noqa: E731
+                                               lambda r: f"deleted step {ckpt.step} of {run}, freed {fmt_bytes(r.freed_bytes)}")
+        first = f"Delete checkpoint [b]{esc(ckpt.step)}[/b] of {esc(run)} ({fmt_bytes(ckpt.size_bytes)})? This removes its folder."
         if special:
-            second = f"Step {esc(ckpt['step'])} is {' and '.join(special)} checkpoint of {esc(run)}. Really delete it?"
+            second = f"Step {esc(ckpt.step)} is {' and '.join(special)} checkpoint of {esc(run)}. Really delete it?"
             self.confirm(first, lambda: self.confirm(second, delete))
         else:
             self.confirm(first, delete)
@@ -294,7 +322,7 @@ class CheckpointsScreen(LabScreen):
         def asked(n: int | None) -> None:
             if n is not None:
                 self.confirm(f"Prune [b]{esc(run)}[/b]: keep the best, the last {n} and the kept checkpoints, delete the rest?",
-                             lambda: self._act_and_refetch(machine, "checkpoints.prune", {"run": run, "keep_last": n},
-                                                           lambda r: f"pruned {run}: deleted {len(r['deleted'])}, freed {fmt_bytes(r['freed_bytes'])}"))
+                             lambda: self._act_and_refetch(machine, CHECKPOINTS_PRUNE, PruneParams(run=run, keep_last=n),
+                                                           lambda r: f"pruned {run}: deleted {len(r.deleted)}, freed {fmt_bytes(r.freed_bytes)}"))
 
         self.app.push_screen(AskNumberScreen(f"Prune {run}: how many of the newest checkpoints to keep (besides the best and the kept)?", 2), asked)

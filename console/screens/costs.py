@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import date, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from textual import work
 from textual.app import ComposeResult
@@ -11,34 +11,36 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
-from agents.protocol import RemoteError
+from agents.catalogue import COSTS_GET, ApiProviderSpend, CostsParams, PricedGroup, request_all
 from console.costs import lab_costs, live_totals
+from console.replies import Answers
 from console.screens.base import LabScreen
 from widgets.cost_counter import CostCounter
-from widgets.format import fmt_money, fmt_pct
+from widgets.format import fmt, fmt_money, fmt_pct
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
 from widgets.wire import esc, shown
 
 FETCH_S = 5.0  # the breakdown and the daily totals come from costs.get this often; the counter ticks with the stream
 PLOT_DAYS = 30
-BREAKDOWNS = ("machine", "job", "model")
+Breakdown = Literal["machine", "job", "model"]
+BREAKDOWNS: tuple[Breakdown, ...] = ("machine", "job", "model")
 COLUMNS = [("name", "name", 34), ("kwh", "kWh", 10), ("cost", "cost", 14), ("cloud", "cloud equiv.", 14),
            ("saving", "saving", 8), ("gpu_h", "GPU-h", 8), ("busy_h", "busy GPU-h", 10), ("tokens", "tokens", 12)]
 DROP = ("busy_h", "gpu_h", "kwh", "cloud")  # narrow: the hours go, then kWh, then the cloud figure (saving % says it)
 
 
-def breakdown_rows(report: dict[str, Any]) -> dict[str, tuple[str, ...]]:
-    """Row key -> cells of the breakdown table, from lab_costs() output."""
-    by, currency = report["by_kind"], report["currency"]
-    rows = {}
-    for entry in report["by"]:
-        key = entry[by] if by == "machine" else f"{entry['machine']}/{entry[by]}"
-        label = entry.get("label") or ""
-        shown = entry[by] if label in ("", entry[by]) else f"{entry[by]} {label}"  # a model's label is its own name: once
-        name = entry[by] if by == "machine" else f"{shown} @{entry['machine']}"
-        rows[key] = (name[:34], f"{entry['kwh']:.3f}", fmt_money(entry["cost"], currency), fmt_money(entry["cloud_equivalent"], currency),
-                     fmt_pct(entry["saving_pct"]), f"{entry['gpu_hours']:.2f}", f"{entry['gpu_busy_hours']:.2f}", f"{entry['tokens']:,}")
+def breakdown_rows(groups: list[PricedGroup], by: str, currency: str) -> dict[str, tuple[str, ...]]:
+    """Row key -> cells of the breakdown table: one row per machine, or per job or model of a machine (`costs.get` by)."""
+    rows: dict[str, tuple[str, ...]] = {}
+    for entry in groups:
+        owner = (entry.job if by == "job" else entry.model if by == "model" else None) or entry.machine
+        key = owner if by == "machine" else f"{entry.machine}/{owner}"
+        label = entry.label or ""
+        shown = owner if label in ("", owner) else f"{owner} {label}"  # a model's label is its own name: once
+        name = owner if by == "machine" else f"{shown} @{entry.machine}"
+        rows[key] = (name[:34], fmt(entry.kwh, ".3f"), fmt_money(entry.cost, currency), fmt_money(entry.cloud_equivalent, currency),
+                     fmt_pct(entry.saving_pct), fmt(entry.gpu_hours, ".2f"), fmt(entry.gpu_busy_hours, ".2f"), f"{entry.tokens:,}")
     return rows
 
 
@@ -67,8 +69,10 @@ class CostsScreen(LabScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self.by = "machine"
-        self.report: dict[str, Any] | None = None
+        self.by: Breakdown = "machine"
+        self.report: dict[str, Any] | None = None  # the lab's sums (console.costs.lab_costs)
+        self.groups: list[PricedGroup] = []  # every machine's breakdown rows, as they answered
+        self.providers: list[ApiProviderSpend] = []  # the gateway's API spend per provider
         self._plotted: list | None = None
 
     def compose(self) -> ComposeResult:
@@ -92,14 +96,18 @@ class CostsScreen(LabScreen):
         self.fetch()
 
     @work(exclusive=True, group="costs")
-    async def _fetch(self, by: str) -> None:
-        since = (date.today() - timedelta(days=PLOT_DAYS - 1)).isoformat()
-        results = await self.lab_app.client.call_all("costs.get", {"by": by, "since": since})
+    async def _fetch(self, by: Breakdown) -> None:
+        since = date.today() - timedelta(days=PLOT_DAYS - 1)
+        results = await request_all(self.lab_app.client, self.lab_app.state.machines, COSTS_GET, CostsParams(by=by, since=since))
+        answers = Answers.of(results)
         if by != self.by:  # the user switched breakdowns while this call ran
             return
-        if all(isinstance(r, RemoteError) for r in results.values()) and self.report is not None:
+        if not answers.replies and self.report is not None:
             return  # keep the last figures; the header says which machines are offline
         self.report = lab_costs(self.lab_app.lab.costs.currency, results, by)
+        reports = list(answers.replies.values())
+        self.groups = [group for report in reports for group in report.by]
+        self.providers = [p for report in reports if report.api is not None for p in report.api.providers]
         self.refresh_data()
 
     def refresh_data(self) -> None:
@@ -118,12 +126,12 @@ class CostsScreen(LabScreen):
             f"by {report['by_kind']} over the last {PLOT_DAYS} days, since {report['since']} (as `cetlab costs --since {report['since']}`)"
             "   ([b]b[/b] switches machine / job / model)",
         ]
-        if report["api_providers"]:
+        if self.providers:
             lines.append(f"[b]API[/b] today {fmt_money(report['api_today'], currency)}   this month {fmt_money(report['api_month'], currency)}"
                          f"   lab total this month {fmt_money(report['total_month'], currency)}")
-            lines += [f"  {esc(p['provider'])}{' [black on yellow] SIM [/]' if p['simulated'] else ''}: this month {fmt_money(p['month'], currency)}"
-                      + (f" of {fmt_money(p['monthly_budget'], currency)} ({fmt_pct(p['budget_pct'])})" if p["monthly_budget"] is not None else "")
-                      for p in report["api_providers"]]
+            lines += [f"  {esc(p.provider)}{' [black on yellow] SIM [/]' if p.simulated else ''}: this month {fmt_money(p.month, currency)}"
+                      + (f" of {fmt_money(p.monthly_budget, currency)} ({fmt_pct(p.budget_pct)})" if p.monthly_budget is not None else "")
+                      for p in self.providers]
         lines += [f"[yellow]{esc(m)}[/]" for m in report["missing"]]
         lines += [f"[red]not counted, offline: {esc(name)}: {esc(why)}[/]" for name, why in report["offline"].items()]
         self.query_one("#costs-summary", Static).update(shown("\n".join(lines)))
@@ -131,7 +139,7 @@ class CostsScreen(LabScreen):
         self._refresh_plot(report)
 
     def _refresh_table(self, report: dict[str, Any]) -> None:
-        self.query_one("#costs-by", LiveTable).show(breakdown_rows(report))
+        self.query_one("#costs-by", LiveTable).show(breakdown_rows(self.groups, report["by_kind"], report["currency"]))
 
     def _refresh_plot(self, report: dict[str, Any]) -> None:
         since = date.fromisoformat(report["since"]) if report.get("since") else date.today() - timedelta(days=PLOT_DAYS - 1)
@@ -143,6 +151,6 @@ class CostsScreen(LabScreen):
         plt = plot.plt
         plt.clear_data()
         if data:
-            plt.multiple_bar([d[0] for d in data], [[d[1] for d in data], [d[2] for d in data]], labels=["here", "cloud"])
+            plt.multiple_bar([d[0] for d in data], [[d[1] for d in data], [d[2] for d in data]], labels=["here", "cloud"])  # type: ignore[call-arg]  # textual_plotext's stub says label; plotext takes labels
         plt.title(f"spend per day ({report['currency']})" + (" SIM" if report["simulated"] else ""))
         plot.refresh()

@@ -7,9 +7,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from agents.sections import JobInfo
+from agents.catalogue import JOBS_KILL, JOBS_RECIPES, JOBS_STOP, JobParams, RecipeInfo, StopParams, request_all
+from agents.sections import JobDetail, JobInfo
 from agents.states import JOB_ACTIVE, JobState
 from console.screens.base import LabScreen
+from console.screens.checkpoints import CheckpointsScreen
+from console.replies import Answers
 from console.screens.modals import AskNumberScreen, PickRecipeScreen, StartJobScreen
 from widgets.jobs_table import JobsTable
 from widgets.lab_header import LabHeader
@@ -96,18 +99,18 @@ class JobsScreen(LabScreen):
 
     @work(exclusive=True, group="jobs-recipes")
     async def pick_recipe(self) -> None:
-        answers = await self.lab_app.client.call_all("jobs.recipes")
-        found = [r for answer in answers.values() if isinstance(answer, list) for r in answer]
+        answers = Answers.of(await request_all(self.lab_app.client, self.lab_app.state.machines, JOBS_RECIPES))
+        found = [r for reply in answers.replies.values() for r in reply.root]
         if not found:
-            offline = [name for name, a in answers.items() if not isinstance(a, list)]
+            offline = list(answers.errors)
             self.notify("no recipes to start" + (f" (offline: {', '.join(offline)})" if offline else ": add trainers: to lab.yaml"), severity="warning")
             return
 
-        def started(job: dict | None) -> None:
+        def started(job: JobDetail | None) -> None:
             if job:
-                self.notify(f"started {job['id']} ({job['recipe']})")
+                self.notify(f"started {job.id} ({job.recipe})")
 
-        def picked(recipe: dict | None) -> None:
+        def picked(recipe: RecipeInfo | None) -> None:
             if recipe:
                 self.app.push_screen(StartJobScreen(recipe), started)
 
@@ -125,12 +128,12 @@ class JobsScreen(LabScreen):
         if job := self._active_selected():
             self.confirm(f"Stop job [b]{esc(job.id)}[/b] ({esc(job.recipe)}, step {job.step or 0})?\n"
                          "SIGTERM now (a cetlab-train run saves a checkpoint), SIGKILL after the recipe's grace period.",
-                         lambda: self.act(job.machine, "jobs.stop", {"id": job.id}, f"stopping {job.id}"))
+                         lambda: self.act(job.machine, JOBS_STOP, StopParams(id=job.id), f"stopping {job.id}"))
 
     def action_kill(self) -> None:
         if job := self._active_selected():
             self.confirm(f"Kill job [b]{esc(job.id)}[/b] ({esc(job.recipe)}) now with SIGKILL? Nothing is saved.",
-                         lambda: self.act(job.machine, "jobs.kill", {"id": job.id}, f"killed {job.id}"))
+                         lambda: self.act(job.machine, JOBS_KILL, JobParams(id=job.id), f"killed {job.id}"))
 
     def action_logs(self) -> None:
         job = self.selected()
@@ -156,4 +159,5 @@ class JobsScreen(LabScreen):
     async def _open_checkpoints(self, machine: str, run: str) -> None:
         """The Checkpoints view on this job's run (runs of cetlab jobs are named by job id)."""
         await self.app.switch_mode("checkpoints")
-        self.app.screen.show_run(machine, run)
+        if isinstance(self.app.screen, CheckpointsScreen):
+            self.app.screen.show_run(machine, run)

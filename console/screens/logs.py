@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Input, Log, Static
 
+from agents.catalogue import JOBS_LOGS, LogsParams, request
 from agents.protocol import RemoteError
 from console.screens.base import LabScreen
 from widgets.format import NA
@@ -72,19 +73,23 @@ class LogScreen(LabScreen):
             parts.append(f"[red]{esc(self.error)}[/]")
         self.query_one("#log-status", Static).update(shown(" · ".join(parts)))
 
+    def fetch(self) -> None:
+        self._fetch_log()
+
     @work(exclusive=True, group="log-fetch")
-    async def fetch(self) -> None:
-        params = {"id": self.job_id, "tail_lines": FIRST_LINES} if self.log_offset is None else {"id": self.job_id, "offset": self.log_offset}
+    async def _fetch_log(self) -> None:
+        params = (LogsParams(id=self.job_id, tail_lines=FIRST_LINES) if self.log_offset is None
+                  else LogsParams(id=self.job_id, offset=self.log_offset))
         try:
-            data = await self.lab_app.client.call(self.machine, "jobs.logs", params)
+            logs = await request(self.lab_app.client, self.machine, JOBS_LOGS, params)
         except RemoteError as exc:
             self.error = exc.message
             return
         self.error = None
-        self.log_offset, self.job_state = data["offset"], data["state"]
-        if data["lines"]:
-            self.lines = (self.lines + data["lines"])[-MAX_LINES:]
-            self.query_one(Log).write_lines([visible(line) for line in data["lines"]])  # no terminal escapes from a trainer
+        self.log_offset, self.job_state = logs.offset, logs.state
+        if logs.lines:
+            self.lines = (self.lines + logs.lines)[-MAX_LINES:]
+            self.query_one(Log).write_lines([visible(line) for line in logs.lines])  # no terminal escapes from a trainer
         self._show_status()
 
     # -- search

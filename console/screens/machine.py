@@ -89,7 +89,7 @@ class MachineScreen(LabScreen):
         owners = view.gpu_owners()
         limits = self.thresholds()
         for panel in panels:
-            i = int(panel.id.split("-")[1])
+            i = int(str(panel.id).removeprefix("gpu-"))
             if i in view.gpus:
                 history = {key: view.spark(f"gpu{i}.{key}") for key, _ in SERIES}
                 panel.show(view.gpus[i], history, owners.get(i), limits, view.gpu_support.for_gpu(i) if view.gpu_support else None)

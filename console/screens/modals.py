@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from rich.console import Group
 from rich.padding import Padding
@@ -17,12 +17,19 @@ from textual.suggester import SuggestFromList
 from textual.widgets import Input, Label, OptionList, Select, Static, Switch
 from textual.widgets.option_list import Option
 
+from agents.catalogue import CHECKPOINTS_RESUME, JOBS_START, RecipeInfo, RecipeParam, ResumeParams, StartParams, request
 from agents.protocol import RemoteError
-from agents.sections import ModelInfo
+from agents.sections import JobDetail, ModelInfo, ParamValue
 from console.views import VIEWS
 from widgets.format import NA, fmt_gib, fmt_limit
 from widgets.orchestra_table import state_cell
 from widgets.wire import esc, safe_text, shown, text
+
+if TYPE_CHECKING:
+    from console.app import CetlabApp
+
+InputType = Literal["integer", "number", "text"]
+INPUT_TYPES: dict[str, InputType] = {"int": "integer", "float": "number"}  # a recipe param's type -> its field's (else text)
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -137,7 +144,7 @@ class AskTextScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
-class PickRecipeScreen(ModalScreen[dict | None]):
+class PickRecipeScreen(ModalScreen[RecipeInfo | None]):
     """Choose the recipe to start."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
@@ -147,36 +154,37 @@ class PickRecipeScreen(ModalScreen[dict | None]):
     PickRecipeScreen OptionList { height: auto; max-height: 18; }
     """
 
-    def __init__(self, recipes: list[dict[str, Any]]) -> None:
+    def __init__(self, recipes: list[RecipeInfo]) -> None:
         super().__init__()
         self.recipes = recipes
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static("start which recipe?", classes="title")
-            yield OptionList(*[Option(text(f"{r['name']:<20} {r['machine']:<12} GPU {','.join(map(str, r['gpus'])) or NA:<8} {r['launcher']}"), id=str(i))
+            yield OptionList(*[Option(text(f"{r.name:<20} {r.machine:<12} GPU {','.join(map(str, r.gpus)) or NA:<8} {r.launcher}"), id=str(i))
                                for i, r in enumerate(self.recipes)], id="pick-recipe")
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        self.dismiss(self.recipes[int(event.option.id)])
+        if event.option.id is not None:
+            self.dismiss(self.recipes[int(event.option.id)])
 
     def action_cancel(self) -> None:
         self.dismiss(None)
 
 
-def param_hint(param: dict[str, Any]) -> str:
-    parts = [param["type"]]
-    if param.get("min") is not None or param.get("max") is not None:
-        low, high = ("" if param.get(k) is None else fmt_limit(param[k]) for k in ("min", "max"))  # an open end stays empty
+def param_hint(param: RecipeParam) -> str:
+    parts: list[str] = [param.type]
+    if param.min is not None or param.max is not None:
+        low, high = ("" if limit is None else fmt_limit(limit) for limit in (param.min, param.max))  # an open end stays empty
         parts.append(f"{low}..{high}")
-    line = f"[b]{esc(param['name'])}[/b] ({esc(', '.join(parts))}) {esc(param['flag'])}"
-    return line + (f"  [dim]{esc(param['help'])}[/]" if param.get("help") else "")
+    line = f"[b]{esc(param.name)}[/b] ({esc(', '.join(parts))}) {esc(param.flag or '')}"
+    return line + (f"  [dim]{esc(param.help)}[/]" if param.help else "")
 
 
 RESUME_PARAM = "resume_from_checkpoint"  # filled in by the agent on a resume (agents/checkpoints/actions.py)
 
 
-class StartJobScreen(ModalScreen[dict | None]):
+class StartJobScreen(ModalScreen[JobDetail | None]):
     """The recipe's params with their defaults; enter starts it, the agent's verdict stays on the form."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "start", "Start")]
@@ -187,30 +195,30 @@ class StartJobScreen(ModalScreen[dict | None]):
     StartJobScreen #start-error { color: $error; height: auto; }
     """
 
-    def __init__(self, recipe: dict[str, Any]) -> None:
+    def __init__(self, recipe: RecipeInfo) -> None:
         super().__init__()
         self.recipe = recipe
-        self.params: list[dict[str, Any]] = recipe["params"]  # the fields of the form
+        self.params: list[RecipeParam] = recipe.params  # the fields of the form
 
     def heading(self) -> str:
         r = self.recipe
-        return (f"start [b]{esc(r['name'])}[/b] on {esc(r['machine'])} GPU {','.join(map(str, r['gpus'])) or NA}"
-                + (f" (torchrun x{r['nproc_per_node']})" if r["launcher"] == "torchrun" else ""))
+        return (f"start [b]{esc(r.name)}[/b] on {esc(r.machine)} GPU {','.join(map(str, r.gpus)) or NA}"
+                + (f" (torchrun x{r.nproc_per_node})" if r.launcher == "torchrun" else ""))
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
             yield Static(shown(self.heading()), classes="title")
             for p in self.params:
                 yield Label(shown(param_hint(p)))
-                default = p.get("default")
-                if p["type"] == "bool":
-                    yield Switch(value=bool(default), id=f"param-{p['name']}")
-                elif p["type"] == "choice":
-                    yield Select([(text(c), c) for c in p["choices"]], value=default if default in p["choices"] else Select.BLANK,
-                                 id=f"param-{p['name']}")
+                default = p.default
+                if p.type == "bool":
+                    yield Switch(value=bool(default), id=f"param-{p.name}")
+                elif p.type == "choice":
+                    yield Select([(text(c), c) for c in p.choices], value=default if isinstance(default, str) and default in p.choices else Select.BLANK,
+                                 id=f"param-{p.name}")
                 else:
-                    kind = {"int": "integer", "float": "number"}.get(p["type"], "text")
-                    yield Input(value="" if default is None else str(default), type=kind, id=f"param-{p['name']}")
+                    kind = INPUT_TYPES.get(p.type, "text")
+                    yield Input(value="" if default is None else str(default), type=kind, id=f"param-{p.name}")
             if not self.params:
                 yield Label("no params: it runs as lab.yaml says")
             yield Static("", id="start-error")
@@ -224,14 +232,14 @@ class StartJobScreen(ModalScreen[dict | None]):
     def values(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for p in self.params:
-            widget = self.query_one(f"#param-{p['name']}")
+            widget = self.query_one(f"#param-{p.name}")
             if isinstance(widget, Switch):
-                values[p["name"]] = widget.value
+                values[p.name] = widget.value
             elif isinstance(widget, Select):
                 if widget.value is not Select.BLANK:
-                    values[p["name"]] = widget.value
-            elif widget.value.strip():
-                values[p["name"]] = widget.value.strip()  # the agent parses and checks it
+                    values[p.name] = widget.value
+            elif isinstance(widget, Input) and widget.value.strip():
+                values[p.name] = widget.value.strip()  # the agent parses and checks it
         return values
 
     def on_input_submitted(self, _event: Input.Submitted) -> None:
@@ -240,16 +248,16 @@ class StartJobScreen(ModalScreen[dict | None]):
     def action_start(self) -> None:
         self.start()
 
-    def cleared(self) -> list[dict[str, Any]]:
+    def cleared(self) -> list[RecipeParam]:
         """The params with a default whose field was emptied: the agent would run the default, unasked."""
-        return [p for p in self.params if p.get("default") is not None and p["type"] not in ("bool", "choice")
-                and not self.query_one(f"#param-{p['name']}", Input).value.strip()]
+        return [p for p in self.params if p.default is not None and p.type not in ("bool", "choice")
+                and not self.query_one(f"#param-{p.name}", Input).value.strip()]
 
     @work(exclusive=True, group="start-job")
     async def start(self) -> None:
         error = self.query_one("#start-error", Static)
         if cleared := self.cleared():
-            error.update(text("; ".join(f"{p['name']} is empty: it would run with its default {p['default']}; type a value" for p in cleared)))
+            error.update(text("; ".join(f"{p.name} is empty: it would run with its default {p.default}; type a value" for p in cleared)))
             return
         error.update("starting ...")
         try:
@@ -259,9 +267,12 @@ class StartJobScreen(ModalScreen[dict | None]):
             return
         self.dismiss(job)
 
-    async def submit(self, values: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = await self.app.client.call(self.recipe["machine"], "jobs.start", {"recipe": self.recipe["name"], "params": values})
-        return result
+    @property
+    def lab_app(self) -> CetlabApp:
+        return cast("CetlabApp", self.app)
+
+    async def submit(self, values: dict[str, Any]) -> JobDetail:
+        return await request(self.lab_app.client, self.recipe.machine, JOBS_START, StartParams(recipe=self.recipe.name, params=values))
 
     def action_cancel(self) -> None:
         self.dismiss(None)
@@ -270,19 +281,18 @@ class StartJobScreen(ModalScreen[dict | None]):
 class ResumeJobScreen(StartJobScreen):
     """Resume a run from a checkpoint: its recipe's params, filled with the run's own, to change (max_steps ...) before it starts."""
 
-    def __init__(self, recipe: dict[str, Any], machine: str, run: str, step: int, previous: dict[str, Any]) -> None:
+    def __init__(self, recipe: RecipeInfo, machine: str, run: str, step: int, previous: dict[str, ParamValue]) -> None:
         super().__init__(recipe)
         self.machine, self.run, self.step = machine, run, step
         # the agent fills in the checkpoint itself; every other field starts at what the run ran with
-        self.params = [{**p, "default": previous.get(p["name"], p.get("default"))} for p in recipe["params"] if p["name"] != RESUME_PARAM]
+        self.params = [p.model_copy(update={"default": previous.get(p.name, p.default)}) for p in recipe.params if p.name != RESUME_PARAM]
 
     def heading(self) -> str:
-        return (f"resume run [b]{esc(self.run)}[/b] from step [b]{self.step}[/b]: a new job of {esc(self.recipe['name'])} "
+        return (f"resume run [b]{esc(self.run)}[/b] from step [b]{self.step}[/b]: a new job of {esc(self.recipe.name)} "
                 f"on {esc(self.machine)}")
 
-    async def submit(self, values: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = await self.app.client.call(self.machine, "checkpoints.resume", {"run": self.run, "step": self.step, "params": values})
-        return result
+    async def submit(self, values: dict[str, Any]) -> JobDetail:
+        return await request(self.lab_app.client, self.machine, CHECKPOINTS_RESUME, ResumeParams(run=self.run, step=self.step, params=values))
 
 
 GLOBAL_KEYS = [

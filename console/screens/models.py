@@ -8,6 +8,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
+from agents.catalogue import MODELS_COLD, MODELS_PIN, MODELS_ROTATE, MODELS_SLEEP, MODELS_SWAP, MODELS_WARM, ModelParams, NoParams, PinParams, SwapParams
 from agents.lab import Lab
 from agents.protocol import GpuSample
 from agents.sections import ModelInfo, Rotation
@@ -166,7 +167,7 @@ class ModelsScreen(LabScreen):
             if model.state == ModelState.WARM and not model.op:  # nothing to do: no call, no audit row
                 self.notify(f"{model.name} is already warm")
                 return
-            self.act(model.machine, "models.warm", {"model": model.name}, f"warming {model.name}")
+            self.act(model.machine, MODELS_WARM, ModelParams(model=model.name), f"warming {model.name}")
 
     def action_sleep(self) -> None:
         if model := self.selected():
@@ -174,13 +175,13 @@ class ModelsScreen(LabScreen):
                 self.notify(f"{model.name} is pinned: unpin it (p) before putting it to sleep", severity="warning")
                 return
             self.confirm(f"Put [b]{esc(model.name)}[/b] to sleep? It stops answering until woken (about {model.wake_s or 1:.0f} s).",
-                         lambda: self.act(model.machine, "models.sleep", {"model": model.name}, f"{model.name} going to sleep"))
+                         lambda: self.act(model.machine, MODELS_SLEEP, ModelParams(model=model.name), f"{model.name} going to sleep"))
 
     def action_cold(self) -> None:
         model = self.selected()
         if model is None:
             return
-        go = lambda: self.act(model.machine, "models.cold", {"model": model.name}, f"stopping {model.name}", timeout=30.0)  # noqa: E731
+        go = lambda: self.act(model.machine, MODELS_COLD, ModelParams(model=model.name), f"stopping {model.name}", timeout=30.0)  # noqa: E731
         if model.state in MODEL_ENGINE_UP:  # stopping it interrupts (or drops) a model
             self.confirm(f"Stop [b]{esc(model.name)}[/b] ({esc(model.state)})? Its engine exits; bringing it back is a full load.", go)
         else:
@@ -189,7 +190,7 @@ class ModelsScreen(LabScreen):
     def action_pin(self) -> None:
         if model := self.selected():
             pinned = not model.pinned
-            self.act(model.machine, "models.pin", {"model": model.name, "pinned": pinned}, f"{'pinned' if pinned else 'unpinned'} {model.name}")
+            self.act(model.machine, MODELS_PIN, PinParams(model=model.name, pinned=pinned), f"{'pinned' if pinned else 'unpinned'} {model.name}")
 
     def action_rotate(self) -> None:
         """R: the next step of the rotation plan now, on every machine that has one (after a question)."""
@@ -201,7 +202,7 @@ class ModelsScreen(LabScreen):
 
         def go() -> None:
             for machine in machines:
-                self.act(machine, "models.rotate", {}, f"rotating {machine}: the next set of its plan comes up")
+                self.act(machine, MODELS_ROTATE, NoParams(), f"rotating {machine}: the next set of its plan comes up")
 
         self.confirm(f"Rotate now on {esc(', '.join(machines))}? Models going out stop answering while the next set comes up.", go)
 
@@ -225,7 +226,7 @@ class ModelsScreen(LabScreen):
             if name:
                 self.confirm(f"Swap [b]{esc(out.name)}[/b] out (it stops answering) and bring [b]{esc(name)}[/b] in on GPU "
                              f"{','.join(map(str, fits[name][0]))} of {esc(out.machine)}?",
-                             lambda: self.act(out.machine, "models.swap", {"out": out.name, "in": name}, f"swapping {out.name} → {name}"))
+                             lambda: self.act(out.machine, MODELS_SWAP, SwapParams.model_validate({"out": out.name, "in": name}), f"swapping {out.name} → {name}"))
 
         notes = {name: (f"GPU {','.join(map(str, gpus))}", why) for name, (gpus, why) in fits.items()}
         self.app.push_screen(PickModelScreen(f"bring in on {out.machine} instead of {out.name}:", candidates, notes), picked)

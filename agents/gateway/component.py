@@ -9,8 +9,6 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from agents.gateway.config import find_provider_model
 from agents.gateway.keys import KeyAddParams, KeyNameParams, KeyStore
 from agents.gateway.metering import Meter
@@ -21,6 +19,7 @@ from agents.peers import PeerClient
 from agents.protocol import Role, Telemetry
 
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
     from agents.gateway.server import GatewayHttp
     from agents.agent import Agent
 
@@ -194,6 +193,8 @@ class GatewayComponent:
         """Prometheus series of the gateway (the agent's collector yields them)."""
         if not self.enabled:
             return
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # only with --metrics-port: not at start
+
         section = self.section().to_wire()
         labels = ["model", "tier"]
         gauges = {key: GaugeMetricFamily(f"cetlab_gateway_{key}", doc, labels=labels) for key, doc in (

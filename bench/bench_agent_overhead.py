@@ -34,7 +34,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.lab import load_lab  # noqa: E402
-from bench.common import CpuWindow  # noqa: E402
+from bench.common import CpuWindow, this_checkout_first  # noqa: E402
 from console.client import FleetClient  # noqa: E402
 from console.demo import SCALE_GPUS, DemoLab  # noqa: E402
 
@@ -114,6 +114,7 @@ async def main() -> int:
     parser.add_argument("--window-s", type=float, default=20.0, help="seconds per round (default 20)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the medians are printed (default 3)")
     args = parser.parse_args()
+    this_checkout_first()
     if args.nvml and (why := nvml_absent()):
         print(f"bench_agent_overhead --nvml: skipped, no NVML here: {why}. Run it on a machine with NVIDIA GPUs "
               "(bench/gpu_check.sh --overhead-only); without --nvml it measures simulated GPUs.")

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def this_checkout_first() -> None:
+    """Child processes (agents, the CLI, loops) import this checkout's code, not the one the venv was installed from."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *[p for p in paths if p != str(REPO)]])
 
 
 def console_script(name: str) -> str:
@@ -39,3 +49,64 @@ class CpuWindow:
     def share_pct(self) -> float:
         times = self.proc.cpu_times()
         return (times.user + times.system - self.cpu0) / (time.monotonic() - self.wall0) * 100
+
+
+class DrawnAges:
+    """The age of the data on the screen: at each paint of a machine card's GPU lines, the console's clock minus the
+    agent's sample time of the tick that card shows (not of the newest tick that arrived).
+
+    Installs widgets.machine_card.PAINT_PROBE and wraps the app's LabState.apply_tick to learn which sample time
+    each machine's state version carries; `close()` takes both away.
+    """
+
+    def __init__(self, app: Any) -> None:
+        from widgets import machine_card
+
+        self.app, self.ages, self._module = app, [], machine_card
+        self.on_screen: list[float] = []  # the same, sampled on a clock over the cards in view (a card never repainted ages too)
+        self._sample_t: dict[str, dict[int, float]] = {}
+        state = app.state
+        apply_tick = state.apply_tick
+
+        def applied(name: str, data: dict[str, Any]) -> None:
+            apply_tick(name, data)
+            view = state.machines[name]
+            if view.sample_t is not None:
+                self._sample_t.setdefault(name, {})[view.version] = view.sample_t
+
+        state.apply_tick = applied
+        self._unwrap = lambda: delattr(state, "apply_tick")
+        machine_card.PAINT_PROBE = self.painted
+
+    def painted(self, machine: str, version: int | None) -> None:
+        age = None if version is None else self.age(machine, version)
+        if age is not None:
+            self.ages.append(age)
+
+    def age(self, machine: str, version: int | None) -> float | None:
+        known = self._sample_t.get(machine, {})
+        for v in range(version or 0, (version or 0) - 8, -1):  # a link or hello change bumps the version, no new sample
+            if v in known:
+                return max(0.0, self.app.clock() - known[v])
+        return None
+
+    async def watch(self, every_s: float = 0.25) -> None:
+        """Until cancelled: every `every_s`, the age of what each card in view shows (into `on_screen`)."""
+        import asyncio
+
+        while True:
+            await asyncio.sleep(every_s)
+            screen = self.app.screen
+            for card in getattr(screen, "cards", []):
+                if card.shown_version is not None and screen.region.overlaps(card.region):
+                    age = self.age(card.machine, card.shown_version)
+                    if age is not None:
+                        self.on_screen.append(age)
+
+    def clear(self) -> None:
+        self.ages.clear()
+        self.on_screen.clear()
+
+    def close(self) -> None:
+        self._module.PAINT_PROBE = None
+        self._unwrap()

@@ -30,6 +30,7 @@ from agents.telemetry.sim import SimSampler  # noqa: E402
 from bench.common import CpuWindow, DrawnAges, percentile  # noqa: E402
 from console.app import CetlabApp  # noqa: E402
 from console.demo import DemoLab  # noqa: E402
+from console.screens.fleet import FleetScreen  # noqa: E402
 
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 SCALE = int(ARGS[0]) if ARGS else 256
@@ -45,7 +46,7 @@ HOST = {"cpu_pct": 23.0, "cpu_count": 64, "load_1": 3.1, "ram_used_bytes": 96 * 
 
 def made_ticks(lab) -> dict[str, list[dict]]:
     """Per machine, diff ticks as an agent sends them: its GPUs and host every second, the cost figures."""
-    ticks = {}
+    ticks: dict[str, list[dict]] = {}
     for machine in lab.machines:
         sampler = SimSampler(machine.gpus.sim, seed=machine.gpus.seed)
         ticks[machine.name] = []
@@ -114,7 +115,8 @@ async def measure(app: CetlabApp, ticks: dict[str, list[dict]] | None) -> Figure
     feeder = asyncio.create_task(feed(app, ticks, stop)) if ticks else None
     first_drawn = None
     while ticks and time.monotonic() - started < 120:  # every machine's first tick in, and drawn: the start-up cost
-        if all(view.gpus for view in app.state.machines.values()) and app.screen.cards[0].gpu_lines:
+        screen = app.screen
+        if all(view.gpus for view in app.state.machines.values()) and isinstance(screen, FleetScreen) and screen.cards[0].gpu_lines:
             first_drawn = time.monotonic() - started
             break
         await asyncio.sleep(0.1)
@@ -133,7 +135,7 @@ async def measure(app: CetlabApp, ticks: dict[str, list[dict]] | None) -> Figure
     kept_up = (FED[0] - fed_before) / (len(app.state.machines) * WINDOW_S)
     if profiler:
         profiler.disable()
-        profiler.dump_stats(PROFILE)
+        profiler.dump_stats(str(PROFILE))
     stop.set()
     if feeder:
         await feeder

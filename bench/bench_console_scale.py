@@ -59,6 +59,7 @@ async def main() -> None:
     demo = subprocess.Popen([sys.executable, "-m", "console.cli", "demo", "--dir", str(directory), "--scale", str(SCALE)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        assert demo.stdout is not None
         line = demo.stdout.readline()
         if "demo lab running" not in line:
             raise SystemExit(f"demo did not start: {line}{demo.stdout.read()}")

@@ -55,14 +55,21 @@ class DrawnAges:
     """The age of the data on the screen: at each paint of a machine card's GPU lines, the console's clock minus the
     agent's sample time of the tick that card shows (not of the newest tick that arrived).
 
-    Installs widgets.machine_card.PAINT_PROBE and wraps the app's LabState.apply_tick to learn which sample time
-    each machine's state version carries; `close()` takes both away.
+    For the bench process only, and nothing in cetlab changes for it: wraps Textual's `Static.render_lines` (what the
+    compositor calls to paint a widget) to see the cards' GPU lines painted, and the app's `LabState.apply_tick` to
+    learn which sample time each machine's state version carries. `close()` takes both away.
     """
 
     def __init__(self, app: Any) -> None:
-        from widgets import machine_card
+        from textual.geometry import Region
+        from textual.strip import Strip
+        from textual.widget import Widget
+        from textual.widgets import Static
 
-        self.app, self.ages, self._module = app, [], machine_card
+        from widgets.machine_card import MachineCard
+
+        self.app: Any = app
+        self.ages: list[float] = []  # at each paint of a card's GPU lines
         self.on_screen: list[float] = []  # the same, sampled on a clock over the cards in view (a card never repainted ages too)
         self._sample_t: dict[str, dict[int, float]] = {}
         state = app.state
@@ -75,17 +82,30 @@ class DrawnAges:
                 self._sample_t.setdefault(name, {})[view.version] = view.sample_t
 
         state.apply_tick = applied
-        self._unwrap = lambda: delattr(state, "apply_tick")
-        machine_card.PAINT_PROBE = self.painted
+        render_lines = Static.render_lines
+        probe = self
 
-    def painted(self, machine: str, version: int | None) -> None:
-        age = None if version is None else self.age(machine, version)
-        if age is not None:
-            self.ages.append(age)
+        def painted(static: Widget, crop: Region) -> list[Strip]:
+            card = static.parent
+            if isinstance(card, MachineCard) and static.has_class("card-gpus"):
+                age = probe.age(card.machine, card.shown_version)
+                if age is not None:
+                    probe.ages.append(age)
+            return render_lines(static, crop)
+
+        setattr(Static, "render_lines", painted)  # the bench's probe, taken away by close()
+
+        def unwrap() -> None:
+            setattr(Static, "render_lines", render_lines)
+            del state.apply_tick
+
+        self._unwrap = unwrap
 
     def age(self, machine: str, version: int | None) -> float | None:
+        if version is None:
+            return None
         known = self._sample_t.get(machine, {})
-        for v in range(version or 0, (version or 0) - 8, -1):  # a link or hello change bumps the version, no new sample
+        for v in range(version, version - 8, -1):  # a link or hello change bumps the version, no new sample
             if v in known:
                 return max(0.0, self.app.clock() - known[v])
         return None
@@ -108,5 +128,4 @@ class DrawnAges:
         self.on_screen.clear()
 
     def close(self) -> None:
-        self._module.PAINT_PROBE = None
         self._unwrap()

@@ -3,13 +3,9 @@ fleet of 256 machines is ~800 widgets to lay out, not ~2,800)."""
 
 from __future__ import annotations
 
-from typing import Callable
-
 from rich.text import Text
 from textual.containers import Vertical
 from textual.events import Resize
-from textual.geometry import Region
-from textual.strip import Strip
 from textual.widgets import Static
 
 from agents.protocol import GpuSample, HostSample
@@ -52,22 +48,6 @@ def header_line(name: str, role: str, link: str, error: str | None, last_seen: f
     return safe_text(line)
 
 
-# For the console benches only: called as (machine, LabState version shown) each time a card's GPU lines are painted,
-# so a bench takes the age of the data on the screen, not of the data that arrived. None outside a bench: one test.
-PAINT_PROBE: Callable[[str, int | None], None] | None = None
-
-
-class _GpuLinesStatic(Static):
-    """The card's GPU lines; tells PAINT_PROBE, when one is set, what it paints."""
-
-    def render_lines(self, crop: Region) -> list[Strip]:
-        if PAINT_PROBE is not None:
-            card = self.parent
-            if isinstance(card, MachineCard):
-                PAINT_PROBE(card.machine, card.shown_version)
-        return super().render_lines(crop)
-
-
 class MachineCard(Vertical, can_focus=True):
     DEFAULT_CSS = """
     MachineCard { height: auto; border: round $panel-lighten-2; padding: 0 0; margin: 0 0 0 0; }
@@ -83,7 +63,7 @@ class MachineCard(Vertical, can_focus=True):
         self.machine = machine
         self._header = Static("", classes="card-header")
         self._note = Static("", classes="card-note")
-        self._gpus = _GpuLinesStatic("", classes="card-gpus")
+        self._gpus = Static("", classes="card-gpus")
         self._lines = GpuLines()
         self._note_markup: str | None = None  # the note shown now (markup)
         self.header: Text | None = None  # the header line shown now

@@ -36,19 +36,34 @@ def percentile(values: list[float], pct: float) -> float:
 
 
 class CpuWindow:
-    """CPU seconds a process used over wall seconds: its share of one core."""
+    """CPU seconds a process used over wall seconds: its share of one core.
+
+    On Linux from the scheduler's own account of every thread (/proc/PID/task/*/schedstat, nanoseconds): psutil's
+    cpu_times count in clock ticks (10 ms), too coarse for a process that needs 2 ms a second (0.05% steps in 20 s).
+    """
 
     def __init__(self, pid: int | None = None):
         self.proc = psutil.Process(pid)
         self.start()
 
+    def cpu_s(self) -> float:
+        try:
+            total = 0
+            for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+                try:
+                    total += int((task / "schedstat").read_text().split()[0])
+                except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+                    continue
+            return total / 1e9
+        except (FileNotFoundError, NotADirectoryError, ValueError, IndexError):  # not Linux, or no schedstat
+            times = self.proc.cpu_times()
+            return times.user + times.system
+
     def start(self) -> None:
-        times = self.proc.cpu_times()
-        self.cpu0, self.wall0 = times.user + times.system, time.monotonic()
+        self.cpu0, self.wall0 = self.cpu_s(), time.monotonic()
 
     def share_pct(self) -> float:
-        times = self.proc.cpu_times()
-        return (times.user + times.system - self.cpu0) / (time.monotonic() - self.wall0) * 100
+        return (self.cpu_s() - self.cpu0) / (time.monotonic() - self.wall0) * 100
 
 
 class DrawnAges:

@@ -40,6 +40,7 @@ class Outcome:
     seconds: float = 0.0
     met: list[str] = field(default_factory=list)
     missed: list[str] = field(default_factory=list)
+    goals: list[str] = field(default_factory=list)  # met and missed, in the order printed
 
 
 def verdicts(name: str, lines: list[str]) -> Outcome:
@@ -52,6 +53,9 @@ def verdicts(name: str, lines: list[str]) -> Outcome:
             outcome.missed.append(line.strip())
         elif MET.search(line):
             outcome.met.append(line.strip())
+        else:
+            continue
+        outcome.goals.append(line.strip())
     return outcome
 
 
@@ -85,7 +89,7 @@ def summary(outcomes: list[Outcome]) -> tuple[str, int]:
 
 
 def goal_lines(outcome: Outcome) -> list[str]:
-    return outcome.met + outcome.missed
+    return outcome.goals or outcome.met + outcome.missed
 
 
 def before_after(before: list[Outcome], after: list[Outcome], ref: str) -> str:

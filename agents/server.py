@@ -253,7 +253,8 @@ def ack_at_once(conn: asyncssh.SSHServerConnection) -> None:
 
     OpenSSH's client leaves Nagle on until a session is set up, and writes two packets in a row twice in a
     handshake (KEXINIT then KEX_ECDH_INIT; NEWKEYS then SERVICE_REQUEST): the second waits for the ACK of the
-    first, which a delayed ACK holds back 40 ms. That was ~85 ms of every `cetlab` command's ~120 ms connect.
+    first, which a delayed ACK can hold back 40 ms. A race (whether our KEXINIT left before theirs came): on
+    loopback, some runs of the demo lab lost 2 x 40 ms on every `cetlab` login, others none.
     """
     sock = conn.get_extra_info("socket")
     quickack = getattr(socket, "TCP_QUICKACK", None)  # Linux only

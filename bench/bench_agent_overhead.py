@@ -119,9 +119,9 @@ async def main() -> int:
         print(f"bench_agent_overhead --nvml: skipped, no NVML here: {why}. Run it on a machine with NVIDIA GPUs "
               "(bench/gpu_check.sh --overhead-only); without --nvml it measures simulated GPUs.")
         return 0
-    directory = Path(tempfile.mkdtemp(prefix="cetlab-bench-agent-"))
     load_before = load_average()
-    with DemoLab(directory / "run", source=lab_source(directory, args.nvml)) as demo:
+    with tempfile.TemporaryDirectory(prefix="cetlab-bench-agent-") as tmp, \
+            DemoLab(Path(tmp) / "run", source=lab_source(Path(tmp), args.nvml)) as demo:
         loop_argv = [sys.executable, "-c", NVML_LOOP] if args.nvml else [sys.executable, "-c", SIM_LOOP, str(demo.lab_path)]
         loop = subprocess.Popen(loop_argv, cwd=Path(__file__).resolve().parent.parent)
         try:

@@ -166,9 +166,10 @@ def in_tmux() -> None:
 
 
 async def main() -> None:
-    demo = DemoLab(Path(tempfile.mkdtemp(prefix="cetlab-bench-feed-")), scale=SCALE)
-    demo.prepare()  # lab.yaml, keys: no agents are started
-    lab = load_lab(demo.lab_path)
+    with tempfile.TemporaryDirectory(prefix="cetlab-bench-feed-") as tmp:
+        demo = DemoLab(Path(tmp), scale=SCALE)
+        demo.prepare()  # lab.yaml, keys: no agents are started
+        lab = load_lab(demo.lab_path)
     ticks = made_ticks(lab)
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     base_cpu, *_ = await run_console(lab, None)

@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 import inspect
-from typing import Any, Iterable, Literal, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Protocol, Sequence, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -36,6 +36,9 @@ from agents.store import Store
 from agents.history import History
 from agents.telemetry.host import HostSampler
 from agents.telemetry.samplers import GpuSampler, open_gpu_sampler
+
+if TYPE_CHECKING:
+    import asyncssh
 
 log = logging.getLogger("cetlab.agent")
 T = TypeVar("T")
@@ -99,21 +102,22 @@ class Agent:
         self.history = History(self.interval_s)
         self.rpc = Registry()
         self.peers: set[Peer] = set()
-        # Components are built with this agent as their AgentCore (a factory); a ready list is the older form,
-        # whose start() takes the agent (kept until every component is built with its core).
-        built = default_components(self) if components is None else components(self) if callable(components) else components
-        self.components: list[Component] = list(built)
+        self.components: list[Component] = []
         self.latest: Telemetry | None = None
         self.started_at = time.time()
         self._store: Store | None = None
-        self._acceptor = None
+        self._acceptor: asyncssh.SSHAcceptor | None = None
         self._loop_task: asyncio.Task | None = None
         self.current: dict[str, Any] = {}  # the typed sections of the latest tick, by name (agents/sections.py)
         self._last_sections: dict[str, Any] = {}
         self.faults: dict[str, SectionFault] = {}  # the sections whose component raised in the latest tick
         self._last_gpus: dict[int, dict] = {}
         self.ticks = 0
-        self._register_core()
+        self._register_core()  # the core's methods first (`methods` lists them first)
+        # Last, on a whole core: the components are built with this agent as their AgentCore (a factory); a ready list is
+        # the older form, whose start() takes the agent (kept until every component is built with its core).
+        built = default_components(self) if components is None else components(self) if callable(components) else components
+        self.components = list(built)
 
     @property
     def simulated(self) -> bool:
@@ -130,14 +134,14 @@ class Agent:
     def store(self, store: Store) -> None:
         self._store = store
 
-    def find(self, port: type[T]) -> T | None:
+    def find(self, port: Callable[..., T]) -> T | None:
         """The component that provides this port (a runtime-checkable Protocol or a class), None where none runs."""
-        return next((c for c in self.components if isinstance(c, port)), None)
+        kind = cast("type[T]", port)  # a class; typed as a callable so that mypy takes a Protocol (AgentCore.find)
+        return next((c for c in self.components if isinstance(c, kind)), None)
 
     def component(self, name: str) -> Any | None:
-        """The component of that name (jobs, models, checkpoints ...), or None where this agent runs without it.
-
-        Components talk to each other through the public methods of what this returns, never their attributes."""
+        """Transition only (removed when the orchestra, the checkpoints and the jobs reach others through ports): the
+        component of that name. New code asks ``find(SomePort)``."""
         return next((c for c in self.components if c.name == name), None)
 
     # -- lifecycle
@@ -151,11 +155,7 @@ class Agent:
         authorized = AuthorizedKeys(self.state_dir / AUTHORIZED_KEYS_NAME)
         authorized.entries()  # refuse a malformed or too-open file now, not at the first login
         self.store = Store(self.state_dir / "state.db")
-        for component in self.components:
-            if inspect.signature(component.start).parameters:  # the older form: start(agent)
-                await component.start(self)  # type: ignore[call-arg]
-            else:
-                await component.start()
+        await self.start_components()
         self.tick()  # a first sample before anyone connects
         self._loop_task = asyncio.create_task(self._run_loop(), name="telemetry")
         if self.serves_tcp:
@@ -163,9 +163,18 @@ class Agent:
         self._unix_server = await server.listen_unix(self, self.unix_socket)
         log.info(
             "agent for %s listening on %s (%s GPUs: %s)", self.machine.name,
-            " and ".join(filter(None, [self.serves_tcp and "%s:%s" % self.listen_addr, self._unix_server and str(self.unix_socket)])),
+            " and ".join(where for where, up in (("%s:%s" % self.listen_addr, self.serves_tcp), (str(self.unix_socket), self._unix_server))
+                         if up),
             self.gpus.backend, self.gpus.status or "ok",
         )
+
+    async def start_components(self) -> None:
+        """Start every component, in order, on the open store (start() does it; tests that serve no SSH call it alone)."""
+        for component in self.components:
+            if inspect.signature(component.start).parameters:  # transition: the older form, start(agent)
+                await component.start(self)  # type: ignore[call-arg]
+            else:
+                await component.start()
 
     def _lock_state_dir(self) -> None:
         """One agent per state dir: a second one would fight over jobs, engines and the socket."""
@@ -397,15 +406,16 @@ class Agent:
 
         from agents.telemetry.sim import register_methods as register_sim_methods
 
-        register_sim_methods(self)
+        register_sim_methods(rpc, self.machine.name, self.gpus, lambda: len(self.latest.gpus) if self.latest is not None else 0)
 
         @rpc.method("methods", doc="Every method with its role and doc.")
         async def methods(peer: Peer, _params) -> list:
             return [{"name": s.name, "role": s.role, "doc": s.doc} for s in self.rpc.specs.values()]
 
 
-def default_components(core: AgentCore) -> list[Component]:
-    """The parts every agent runs; each later subsystem adds itself here."""
+def default_components(core: AgentCore) -> list[Any]:  # list[Component] once every component is built with its core
+    """The parts every agent runs, built with its core, in dependency order: the state owners before the readers of a tick
+    (jobs, then models, then checkpoints), audit first (it writes the trail of every action), the gateway last."""
     from agents.alerts import AlertsComponent
     from agents.audit import AuditComponent
     from agents.checkpoints import CheckpointsComponent
@@ -416,6 +426,5 @@ def default_components(core: AgentCore) -> list[Component]:
     from agents.notify.component import NotifyComponent
     from agents.orchestra import OrchestraComponent
 
-    return [AuditComponent(), CostsComponent(), AlertsComponent(), NotifyComponent(), GpuSupportComponent(), JobsComponent(),
-            OrchestraComponent(),
-            CheckpointsComponent(), GatewayComponent()]
+    return [AuditComponent(core), CostsComponent(core), AlertsComponent(core), NotifyComponent(core), GpuSupportComponent(core),
+            JobsComponent(core), OrchestraComponent(core), CheckpointsComponent(core), GatewayComponent(core)]

@@ -5,24 +5,27 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from agents.catalogue import AckParams, AlertListParams as ListParams
 from agents.lab import Alerts
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError, Role, Telemetry
 from agents.sections import ALERT_ID_FORM, AlertInfo, AlertsSection, GatewaySection, JobInfo, ModelInfo, Tick, alert_id, parse_alert_id
 from agents.states import JOB_ACTIVE, JobState, ModelState
 from agents.store import DiskFull
 
+from agents.notify.port import NotifyPort
+
 if TYPE_CHECKING:
-    from agents.agent import Agent
+    from agents.core import AgentCore
+    from agents.rpc import Peer
 
 BUDGET_ALERTS = ((80.0, "warning"), (100.0, "critical"))  # a provider's month spend against its monthly budget (gateway)
 DISK_FULL_HOLD_S = 60.0  # a state.db write that failed for want of space keeps the disk alert up this long
 log = logging.getLogger("cetlab.alerts")
 
 SECTION_RECENT = 10  # cleared alerts kept in the section; the rest through alerts.list
+INSERTED = ("rule", "target", "level", "message", "value", "threshold", "gpu", "job", "model", "fired_at")  # a new alert's row
 
 SCHEMA = [
     """CREATE TABLE alerts (
@@ -144,13 +147,13 @@ class AlertEngine:
                     "no_improvement", f"job {job_id}", steps >= s.no_improvement_steps, steps < s.no_improvement_steps, 0.0, "warning",
                     f"{name}: no loss improvement for {steps} steps (best {best.loss:.4g} at step {best.step})",
                     steps, s.no_improvement_steps, job=job_id))
-            saves = [c for c in job.checkpoints if c.save_s is not None]
+            saves = [(c.save_s, c) for c in job.checkpoints if c.save_s is not None]
             if saves:
-                last = max(saves, key=lambda c: (c.at or 0, c.step))
+                save_s, last = max(saves, key=lambda sc: (sc[1].at or 0, sc[1].step))
                 out.append(Observation(
-                    "checkpoint_slow", f"job {job_id}", last.save_s > s.checkpoint_save_s, last.save_s < s.checkpoint_save_s * low,
-                    0.0, "warning", f"{name}: checkpoint save at step {last.step} took {last.save_s:.0f} s "
-                    f"(limit {s.checkpoint_save_s:.0f} s): save less often or to a faster disk", last.save_s, s.checkpoint_save_s, job=job_id))
+                    "checkpoint_slow", f"job {job_id}", save_s > s.checkpoint_save_s, save_s < s.checkpoint_save_s * low,
+                    0.0, "warning", f"{name}: checkpoint save at step {last.step} took {save_s:.0f} s "
+                    f"(limit {s.checkpoint_save_s:.0f} s): save less often or to a faster disk", save_s, s.checkpoint_save_s, job=job_id))
         for job_id in set(self.best) - {j.id for j in jobs if j.state in JOB_ACTIVE}:
             del self.best[job_id]
         for model in models:
@@ -159,15 +162,16 @@ class AlertEngine:
             out.append(Observation(
                 "engine_failed", f"model {model.name}", failed, not failed, 0.0, "critical",
                 f"model {model.name}: engine failed" + (f": {reason}" if reason else ""), model=model.name))
+        currency = gateway.currency if gateway is not None else ""
         for provider in gateway.providers if gateway is not None else []:
-            pct = provider.budget_pct
-            if pct is None or not provider.monthly_budget:
+            spent_pct = provider.budget_pct
+            if spent_pct is None or not provider.monthly_budget:
                 continue
             for threshold, level in BUDGET_ALERTS:
                 out.append(Observation(
-                    f"budget_{threshold:g}", f"provider {provider.name}", pct >= threshold, pct < threshold, 0.0, level,
-                    f"{provider.name}: {pct:.0f}% of its monthly budget spent ({provider.spend_month:.2f} of "
-                    f"{provider.monthly_budget:.2f} {gateway.currency})", round(pct, 1), threshold))
+                    f"budget_{threshold:g}", f"provider {provider.name}", spent_pct >= threshold, spent_pct < threshold, 0.0, level,
+                    f"{provider.name}: {spent_pct:.0f}% of its monthly budget spent ({provider.spend_month:.2f} of "
+                    f"{provider.monthly_budget:.2f} {currency})", round(spent_pct, 1), threshold))
         host = telemetry.host
         if host.disk_total_bytes and host.disk_used_bytes is not None:
             free = (1 - host.disk_used_bytes / host.disk_total_bytes) * 100
@@ -185,7 +189,7 @@ class AlertEngine:
             best = self.best[job_id] = _LossBest(float(loss), step)
         return step - best.step, best
 
-    def evaluate(self, t: float, observations: list[Observation], new_alert) -> tuple[list[Alert], list[Alert]]:
+    def evaluate(self, t: float, observations: list[Observation], new_alert: Callable[[Observation, float], Alert]) -> tuple[list[Alert], list[Alert]]:
         """Advance every rule's state to time t; `new_alert(observation, t)` makes a fired Alert. Returns (fired, cleared)."""
         fired, cleared = [], []
         seen = set()
@@ -220,102 +224,95 @@ class AlertEngine:
 # ---------------------------------------------------------------------------- the component
 
 
-class ListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    active: bool = False  # only alerts not cleared yet
-    limit: int = Field(default=100, ge=1, le=1000)
-    since: float | None = None  # unix time: alerts fired after it
-
-
-class AckParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(max_length=100)
-
-
 class AlertsComponent:
     """Component "alerts": the engine on every tick, history in SQLite, notices, ack."""
 
     name = "alerts"
 
-    def __init__(self) -> None:
-        self.agent: Agent | None = None
-        self.engine: AlertEngine | None = None
+    def __init__(self, core: AgentCore) -> None:
+        self.core = core
+        self.engine = AlertEngine(core.lab.alerts)
         self._section = AlertsSection()
         self._unsaved = 0  # numbers (negative) of alerts state.db had no room for
+        self._register()
 
-    async def start(self, agent: Agent) -> None:
-        self.agent = agent
-        self.engine = AlertEngine(agent.lab.alerts)
-        agent.store.migrate("alerts", SCHEMA)
-        for row in agent.store.query("SELECT * FROM alerts WHERE cleared_at IS NULL"):
+    async def start(self) -> None:
+        store = self.core.store
+        store.migrate("alerts", SCHEMA)
+        for row in store.query("SELECT * FROM alerts WHERE cleared_at IS NULL"):
             # still firing when the agent stopped: keep it so it clears (or not) on what it sees now
-            alert = Alert(machine=agent.machine.name, **row)
+            alert = Alert(machine=self.core.machine.name, **row)
             self.engine.tracks[(alert.rule, alert.target)] = _Track(alert=alert)
         self._refresh()
-        self._register()
 
     async def stop(self) -> None:
         pass
 
     def _new_alert(self, obs: Observation, t: float) -> Alert:
-        fields = dict(rule=obs.rule, target=obs.target, level=obs.level, message=obs.message, value=obs.value,
-                      threshold=obs.threshold, gpu=obs.gpu, job=obs.job, model=obs.model, fired_at=t)
+        alert = Alert(n=0, machine=self.core.machine.name, rule=obs.rule, target=obs.target, level=obs.level, message=obs.message,
+                      value=obs.value, threshold=obs.threshold, gpu=obs.gpu, job=obs.job, model=obs.model, fired_at=t)
+        fields = {k: v for k, v in asdict(alert).items() if k in INSERTED}
         try:
-            with self.agent.store.transaction() as db:
-                n = db.execute(f"INSERT INTO alerts ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})",
-                               tuple(fields.values())).lastrowid
+            with self.core.store.transaction() as db:
+                row = db.execute(f"INSERT INTO alerts ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})",
+                                 tuple(fields.values())).lastrowid
+            if row is None:
+                raise RuntimeError("state.db gave the new alert no row number")
+            alert.n = row
         except DiskFull:  # the alert that says so must not be lost to the full disk: shown, not kept in the history
             self._unsaved -= 1
-            n = self._unsaved
-        return Alert(n=n, machine=self.agent.machine.name, **fields)
+            alert.n = self._unsaved
+        return alert
 
     def on_tick(self, tick: Tick) -> None:
         """Evaluate every rule on this tick: the sample and the jobs and models of the same tick."""
-        agent = self.agent
+        core = self.core
         observations = self.engine.observe(tick.telemetry, tick.jobs, tick.model_list(), tick.gateway)
         # a write to state.db failed for want of space lately (the ledger's, an action's ...)
-        store = agent.store
+        store = core.store
         full = store.full_at is not None and tick.telemetry.t - store.full_at < DISK_FULL_HOLD_S
         observations.append(Observation("disk_full", "state.db", full, not full, 0.0, "critical", store.disk_full or "state.db writes"))
-        if agent.store.notice:  # state.db was corrupt or lost at this start: a badge on the machine row, until the next start
-            observations.append(Observation("state_lost", "machine", True, False, 0.0, "critical", agent.store.notice))
+        if store.notice:  # state.db was corrupt or lost at this start: a badge on the machine row, until the next start
+            observations.append(Observation("state_lost", "machine", True, False, 0.0, "critical", store.notice))
         fired, cleared = self.engine.evaluate(tick.telemetry.t, observations, self._new_alert)
         if cleared:
-            with agent.store.transaction() as db:
+            with store.transaction() as db:
                 db.executemany("UPDATE alerts SET cleared_at=? WHERE n=?", [(a.cleared_at, a.n) for a in cleared])
         for alert in fired:
             log.warning("alert %s %s: %s", alert.id, alert.rule, alert.message)
-            agent.notify(EVENT_NOTICE, {"level": alert.level, "message": alert.message, "alert": alert.to_json()})
+            core.notify(EVENT_NOTICE, {"level": alert.level, "message": alert.message, "alert": alert.to_json()})
         for alert in cleared:
             log.info("alert %s cleared: %s", alert.id, alert.message)
-            agent.notify(EVENT_NOTICE, {"level": "info", "message": f"cleared: {alert.message}", "alert": alert.to_json()})
+            core.notify(EVENT_NOTICE, {"level": "info", "message": f"cleared: {alert.message}", "alert": alert.to_json()})
         if fired or cleared:
             self._refresh()
-            notify = agent.component("notify")
+            notify = core.find(NotifyPort)
             if notify is not None:  # lab.yaml's notify routes (agents/notify/): queued now, sent off the tick
-                notify.alerts_changed(fired, cleared)
+                notify.alerts_changed([a.info() for a in fired], [a.info() for a in cleared])
 
     def _refresh(self) -> None:
         active = sorted(self.engine.active(), key=lambda a: -a.fired_at)
-        recent = self.agent.store.query("SELECT * FROM alerts WHERE cleared_at IS NOT NULL ORDER BY n DESC LIMIT ?", (SECTION_RECENT,))
+        recent = self.core.store.query("SELECT * FROM alerts WHERE cleared_at IS NOT NULL ORDER BY n DESC LIMIT ?", (SECTION_RECENT,))
         self._section = AlertsSection(
             active=[a.info() for a in active],
-            recent=[Alert(machine=self.agent.machine.name, **r).info() for r in recent],
+            recent=[Alert(machine=self.core.machine.name, **r).info() for r in recent],
             unacked=sum(1 for a in active if a.acked_at is None),
         )
 
     def section(self) -> AlertsSection:
         return self._section
 
+    def active_alerts(self) -> list[AlertInfo]:  # AlertsPort
+        return self._section.active
+
     def _register(self) -> None:
-        agent = self.agent
+        agent = self.core
         rpc = agent.rpc
 
         @rpc.method("alerts.list", params=ListParams, doc="Alert history, newest first (active only with active: true).")
-        async def list_alerts(peer, params: ListParams) -> dict:
-            where, args = ["1=1"], []
+        async def list_alerts(peer: Peer, params: ListParams) -> dict[str, Any]:
+            where: list[str] = ["1=1"]
+            args: list[Any] = []
             if params.active:
                 where.append("cleared_at IS NULL")
             if params.since is not None:
@@ -325,7 +322,7 @@ class AlertsComponent:
             return {"machine": agent.machine.name, "alerts": [Alert(machine=agent.machine.name, **r).to_json() for r in rows]}
 
         @rpc.method("alerts.ack", role=Role.OPERATOR, params=AckParams, doc="Acknowledge an alert: its badge goes, its history stays.")
-        async def ack(peer, params: AckParams) -> dict:
+        async def ack(peer: Peer, params: AckParams) -> dict[str, Any]:
             parsed = parse_alert_id(params.id, legacy=True)
             if parsed is None or not parsed[1].isdigit():
                 raise RemoteError(ErrorCode.INVALID_PARAMS, f"alert id {params.id!r} is not one: alert ids are {ALERT_ID_FORM}, "

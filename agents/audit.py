@@ -6,14 +6,13 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from agents.catalogue import AuditListParams
 from agents.protocol import Role, Telemetry
 from agents.rpc import Peer
 from agents.sections import AuditSection
 
 if TYPE_CHECKING:
-    from agents.agent import Agent
+    from agents.core import AgentCore
 
 PARAMS_SUMMARY_CHARS = 300
 MESSAGE_CHARS = 300
@@ -51,17 +50,6 @@ SCHEMA = [
 ]
 
 
-class AuditListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    limit: int = Field(default=200, ge=1, le=5000)
-    since: float | None = None  # unix time
-    before_id: int | None = Field(default=None, ge=1)  # page back from here
-    who: str | None = Field(default=None, max_length=200)
-    key: str | None = Field(default=None, max_length=200)  # a key's fingerprint (SHA256:...)
-    method: str | None = Field(default=None, max_length=100)
-
-
 def summarize(params: Any) -> str | None:
     if params is None:
         return None
@@ -74,49 +62,51 @@ class AuditComponent:
 
     name = "audit"
 
-    def __init__(self) -> None:
-        self.agent: Agent | None = None
+    def __init__(self, core: AgentCore) -> None:
+        self.core = core
         self.count = 0
         self.last_t: float | None = None
         self._refusals: dict[tuple[float, str, str | None, str, str], int] = {}  # (minute, who, key, role, method) -> refused calls
 
-    async def start(self, agent: Agent) -> None:
-        self.agent = agent
-        agent.store.migrate(self.name, SCHEMA)
-        row = agent.store.query("SELECT COUNT(*) AS n, MAX(t) AS t FROM audit")[0]
-        self.count, self.last_t = row["n"], row["t"]
-        if agent.store.notice:  # the state was lost or moved aside at this start: the trail says so first
-            with agent.store.transaction() as db:
-                db.execute("INSERT INTO audit (t, who, role, method, params, outcome, message, duration_s) VALUES (?,?,?,?,?,?,?,?)",
-                           (time.time(), "cetlab-agent", str(Role.OPERATOR), "agent.start", None, "state_lost",
-                            agent.store.notice[:MESSAGE_CHARS], 0.0))
-            self.count += 1
-        agent.rpc.audit = self
-
-        @agent.rpc.method("audit.list", role=Role.OPERATOR, params=AuditListParams,
-                          doc="Operator actions on this agent, newest first (operators only: it names who did what).")
-        async def audit_list(peer: Peer, params: AuditListParams) -> dict:
-            where, args = [], []
+        @core.rpc.method("audit.list", role=Role.OPERATOR, params=AuditListParams,
+                         doc="Operator actions on this agent, newest first (operators only: it names who did what).")
+        async def audit_list(peer: Peer, params: AuditListParams) -> dict[str, Any]:
+            where: list[str] = []
+            args: list[Any] = []
             for clause, value in (("t >= ?", params.since), ("id < ?", params.before_id), ("who = ?", params.who), ("key = ?", params.key),
                                   ("method = ?", params.method)):
                 if value is not None:
                     where.append(clause)
                     args.append(value)
-            rows = agent.store.query(
+            rows = core.store.query(
                 f"SELECT * FROM audit {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY id DESC LIMIT ?", (*args, params.limit))
             self._flush_refusals()
             refusals = self._refusal_rows(params)
-            return {"machine": agent.machine.name, "total": self.count, "entries": rows, "refusals": refusals}
+            return {"machine": core.machine.name, "total": self.count, "entries": rows, "refusals": refusals}
+
+    async def start(self) -> None:
+        store = self.core.store
+        store.migrate(self.name, SCHEMA)
+        row = store.query("SELECT COUNT(*) AS n, MAX(t) AS t FROM audit")[0]
+        self.count, self.last_t = row["n"], row["t"]
+        if store.notice:  # the state was lost or moved aside at this start: the trail says so first
+            with store.transaction() as db:
+                db.execute("INSERT INTO audit (t, who, role, method, params, outcome, message, duration_s) VALUES (?,?,?,?,?,?,?,?)",
+                           (time.time(), "cetlab-agent", str(Role.OPERATOR), "agent.start", None, "state_lost",
+                            store.notice[:MESSAGE_CHARS], 0.0))
+            self.count += 1
+        self.core.rpc.audit = self  # the dispatcher writes every operator action here from now on
 
     def _refusal_rows(self, params: AuditListParams) -> list[dict[str, Any]]:
         """Refused calls per key, method and minute, newest first (the same filters as the actions)."""
-        where, args = [], []
+        where: list[str] = []
+        args: list[Any] = []
         for clause, value in (("minute >= ?", None if params.since is None else params.since - params.since % 60),
                               ("who = ?", params.who), ("key = ?", params.key), ("method = ?", params.method)):
             if value is not None:
                 where.append(clause)
                 args.append(value)
-        return self.agent.store.query(
+        return self.core.store.query(
             f"SELECT * FROM audit_refusals {'WHERE ' + ' AND '.join(where) if where else ''} "
             "ORDER BY minute DESC, who, method LIMIT ?", (*args, params.limit))
 
@@ -135,11 +125,13 @@ class AuditComponent:
         if method in NOT_AUDITED:
             return None
         now = time.time()
-        with self.agent.store.transaction() as db:
+        with self.core.store.transaction() as db:
             row_id = db.execute(
                 "INSERT INTO audit (t, who, key, role, method, params, outcome, message, duration_s) VALUES (?,?,?,?,?,?,?,?,?)",
                 (now, peer.who, peer.key, str(peer.role), method, summarize(params), STARTED, None, 0.0),
             ).lastrowid
+            if row_id is None:
+                raise RuntimeError("state.db gave the audit row no id")
             self.count += 1
             if self.count >= KEEP_ROWS + 1000:
                 db.execute("DELETE FROM audit WHERE id <= ?", (row_id - KEEP_ROWS,))
@@ -152,7 +144,7 @@ class AuditComponent:
         if token is None:
             return
         error = response.get("error")
-        self.agent.store.execute(
+        self.core.store.execute(
             "UPDATE audit SET outcome=?, message=?, duration_s=? WHERE id=?",
             (error.get("code", "error") if error else "ok", (error.get("message") or "")[:MESSAGE_CHARS] if error else None,
              round(duration_s, 4), token),
@@ -171,7 +163,7 @@ class AuditComponent:
         if not self._refusals:
             return
         counted, self._refusals = self._refusals, {}
-        with self.agent.store.transaction() as db:
+        with self.core.store.transaction() as db:
             db.executemany(
                 "INSERT INTO audit_refusals (minute, who, key, role, method, count) VALUES (?,?,?,?,?,?) "
                 "ON CONFLICT (minute, who, method) DO UPDATE SET count = count + excluded.count",

@@ -62,7 +62,9 @@ class AgentCore(Protocol):
 
     def release_gpus(self, key: str) -> None: ...
 
-    def find(self, port: type[T]) -> T | None: ...  # the component that provides this port, None where none runs
+    # the component that provides this port (a runtime-checkable Protocol), None where none runs. ``Callable[..., T]``
+    # rather than ``type[T]``: mypy refuses a Protocol class where a concrete ``type[T]`` is expected (type-abstract)
+    def find(self, port: Callable[..., T]) -> T | None: ...
 
 
 ComponentFactory = Callable[[AgentCore], Sequence[Any]]  # builds an agent's components with its core

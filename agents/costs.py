@@ -7,12 +7,15 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime, tzinfo
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from pydantic import BaseModel, ConfigDict
 
-from agents.gateway.config import find_provider_model
+from agents.lab_gateway import find_provider_model
+from agents.costs_port import LedgerTotal
+from agents.gateway.port import GatewayPort
+from agents.catalogue import CostsParams
 from agents.lab import Lab, Machine
 from agents.protocol import Telemetry
 from agents.sections import CostsSummary, JobInfo, ModelInfo, ProviderSpend, Tick
@@ -20,7 +23,8 @@ from agents.states import JOB_HOLDS_GPU, MODEL_HOLDS_GPU
 from agents.store import DiskFull, Store
 
 if TYPE_CHECKING:
-    from agents.agent import Agent
+    from agents.core import AgentCore
+    from agents.rpc import Peer
 
 log = logging.getLogger("cetlab.costs")
 
@@ -257,13 +261,6 @@ def readings(telemetry: Telemetry, machine: Machine, holders: dict[int, tuple[st
 # ---------------------------------------------------------------------------- the component
 
 
-class CostsParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    since: date | None = None  # the lab's local date, YYYY-MM-DD; default: this month
-    by: Literal["machine", "job", "model"] = "machine"
-
-
 def group_by(rows: list[dict[str, Any]], by: str, prices: Prices, machine: str) -> list[dict[str, Any]]:
     if by == "machine":
         return [{"machine": machine, **price(rows, prices)}]
@@ -283,22 +280,30 @@ class CostsComponent:
 
     name = "costs"
 
-    def __init__(self) -> None:
-        self.agent: Agent | None = None
-        self.ledger: Ledger | None = None
+    def __init__(self, core: AgentCore) -> None:
+        self.core = core
+        self.tz = zone(core.lab.costs.timezone)
+        self.prices = Prices.of(core.lab, core.machine)
+        self._ledger: Ledger | None = None
         self._summary: CostsSummary | None = None
         self.now: dict[str, Any] = {}
         self._unbooked = False  # the last tick could not be booked (a full disk)
 
-    async def start(self, agent: Agent) -> None:
-        self.agent = agent
-        self.tz = zone(agent.lab.costs.timezone)
-        self.prices = Prices.of(agent.lab, agent.machine)
-        self.ledger = Ledger(agent.store, agent.interval_s, self.tz)
-
-        @agent.rpc.method("costs.get", params=CostsParams, doc="Energy and money of this machine: now, today, this month, since a date, by job or model.")
-        async def get(peer, params: CostsParams) -> dict:
+        @core.rpc.method("costs.get", params=CostsParams, doc="Energy and money of this machine: now, today, this month, since a date, by job or model.")
+        async def get(peer: Peer, params: CostsParams) -> dict[str, Any]:
             return self.report(params.since, params.by)
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            raise RuntimeError("the costs ledger opens at start()")
+        return self._ledger
+
+    async def start(self) -> None:
+        self._ledger = Ledger(self.core.store, self.core.interval_s, self.tz)
+
+    def ledger_totals(self) -> list[LedgerTotal]:  # CostsPort
+        return [LedgerTotal.model_validate(row) for row in self.ledger.totals()]
 
     async def stop(self) -> None:
         pass
@@ -309,7 +314,7 @@ class CostsComponent:
         models = tick.model_list()
         holders = gpu_holders(tick.jobs, models)
         try:
-            self.ledger.add(telemetry.t, readings(telemetry, self.agent.machine, holders), token_counts(models))
+            self.ledger.add(telemetry.t, readings(telemetry, self.core.machine, holders), token_counts(models))
         except DiskFull as exc:  # the disk alert says it on consoles; the log says it once per episode, not every tick
             if not self._unbooked:
                 log.error("the ledger cannot book: %s", exc)
@@ -331,17 +336,17 @@ class CostsComponent:
         )
 
     def _provider_spend(self) -> list[ProviderSpend]:
-        gateway = self.agent.component("gateway")
+        gateway = self.core.find(GatewayPort)
         return gateway.provider_spend() if gateway is not None else []
 
     def api_report(self, today: str, month_start: str, since_day: str) -> dict[str, Any] | None:
         """API spend per provider (today, this month, since a day) against its budget: on the gateway's machine only."""
-        spend = self._provider_spend()
-        if not spend:
+        gateway = self.core.find(GatewayPort)
+        spend = gateway.provider_spend() if gateway is not None else []
+        if gateway is None or not spend:
             return None
-        gateway = self.agent.component("gateway")
         by_day = gateway.spend_by_day(min(since_day, month_start))
-        providers = []
+        providers: list[dict[str, Any]] = []
         for p in spend:
             days = by_day.get(p.name, {})
             providers.append({
@@ -362,7 +367,7 @@ class CostsComponent:
 
     def rate_now(self, telemetry: Telemetry) -> dict[str, Any]:
         """What the machine costs per hour at this sample's power draw."""
-        power_w = self.agent.machine.idle_watts + sum(g.power_w or 0.0 for g in telemetry.gpus if not g.failed)
+        power_w = self.core.machine.idle_watts + sum(g.power_w or 0.0 for g in telemetry.gpus if not g.failed)
         missing = []
         if self.prices.rented:
             per_hour: float | None = self.prices.hourly_rate
@@ -388,18 +393,18 @@ class CostsComponent:
         days = defaultdict(list)
         for row in rows:
             days[row["day"]].append(row)
-        latest = self.agent.latest
+        latest = self.core.latest
         return {
-            "machine": self.agent.machine.name,
+            "machine": self.core.machine.name,
             "currency": self.prices.currency,
-            "timezone": self.agent.lab.costs.timezone or "local",
+            "timezone": self.core.lab.costs.timezone or "local",
             "rented": self.prices.rented,
             "simulated": bool(latest and latest.simulated),
             "now": self.rate_now(latest) if latest else {"power_w": None, "per_hour": None, "missing": []},
             "today": price([r for r in rows if r["day"] == today], self.prices),
             "month": price([r for r in rows if r["day"] >= month_start], self.prices),
             "since": {"day": since_day, **price(window, self.prices)},
-            "by": group_by(window, by, self.prices, self.agent.machine.name),
+            "by": group_by(window, by, self.prices, self.core.machine.name),
             "days": [{"day": day, **price(group, self.prices)} for day, group in sorted(days.items()) if day >= since_day],
             "api": self.api_report(today, month_start, since_day),
         }

@@ -189,7 +189,7 @@ def check_gpu_support(lab: Lab | None, machine: str) -> list[Check]:
     """Per GPU: which stacks (trainer torch, vLLM, llama-server) run there; FAIL where lab.yaml places one that cannot."""
     from agents.gpusupport.matrix import matrix
     from agents.gpusupport.stacks import TorchReader, engine_stack_kind, real_stacks, sim_stacks
-    from agents.gpusupport.model import StackKind
+    from agents.sections_gpu_support import StackKind
 
     spec = lab.machine(machine).gpus if lab is not None else "nvml"
     if spec == "none":

@@ -12,15 +12,17 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agents.protocol import Finite
 from agents.safe_read import NotARegularFile, TooLarge, read_capped
-from agents.sections import CheckpointReport
+from agents.sections import JobProgress
 
 log = logging.getLogger("cetlab.documents")
+
+D = TypeVar("D", bound=BaseModel)  # a document's schema
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024  # a trainer_state.json of a long run is a few MB; more is not one
 
@@ -39,28 +41,13 @@ class Document(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class Progress(Document):
-    """cetlab-train's progress file (agents/train/progress.py has the protocol)."""
+class Progress(JobProgress):
+    """cetlab-train's progress file (agents/train/progress.py has the protocol): what a job keeps of it, and the rest."""
 
     version: int = 1
     pid: int | None = None
-    state: str | None = None  # starting | running | saving | finished | failed
-    step: int | None = None
-    max_steps: int | None = None
-    epoch: Finite = None
-    loss: Finite = None
-    learning_rate: Finite = None
     grad_norm: Finite = None
-    tokens_per_s: Finite = None
-    samples_per_s: Finite = None
-    eta_s: Finite = None
     elapsed_s: Finite = None
-    checkpoints: list[CheckpointReport] = Field(default_factory=list)
-    updated_at: Finite = None
-    error: str | None = None
-    stop_reason: str | None = None
-    precision: str | None = None  # e.g. "bf16", "fp16", "fp32"
-    notes: list[str] = Field(default_factory=list)
     diverged_at_step: int | None = None  # written by a trainer that replaced a NaN loss with null
     loss_diverged: bool = False  # the trainer wrote a NaN or infinite loss (set on reading, never by the writer)
 
@@ -77,6 +64,10 @@ class Progress(Document):
         if self.diverged_at_step is not None:
             return self.diverged_at_step
         return self.step if self.loss_diverged else None
+
+    def kept(self) -> JobProgress:
+        """What a job keeps of it."""
+        return JobProgress.model_validate(self.model_dump(include=set(JobProgress.model_fields)))
 
 
 class LogRow(Document):
@@ -155,7 +146,7 @@ def parse_json_object(raw: bytes | OSError, path: Path) -> dict[str, Any] | None
     return doc
 
 
-def load(path: Path, schema: type[Document], raw: bytes | OSError | None = None) -> Any:
+def load(path: Path, schema: type[D], raw: bytes | OSError | None = None) -> D | None:
     """The document at ``path`` (or what reading it gave, `raw`) validated into ``schema``; None for no news,
     BadDocument for a bad one."""
     doc = read_json_object(path) if raw is None else parse_json_object(raw, path)
@@ -209,7 +200,7 @@ class ExitRecord(Document):
     error: str | None = None
 
 
-def load_quietly(path: Path, schema: type[Document]) -> Any:
+def load_quietly(path: Path, schema: type[D]) -> D | None:
     """A runner's record, or None when it is missing, torn or not what its schema says (the caller treats it as absent)."""
     try:
         return load(path, schema)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, overload
 
 from pydantic import (
     BeforeValidator,
@@ -15,8 +15,8 @@ from pydantic import (
     model_validator,
 )
 
-from agents.gateway.config import Gateway, Provider, cross_check as gateway_cross_check
-from agents.notify.config import Notify, cross_check as notify_cross_check
+from agents.lab_gateway import Gateway, Provider, cross_check as gateway_cross_check
+from agents.lab_notify import Notify, cross_check as notify_cross_check
 from agents.schema import Duration, Name, NonNegative, Positive, Strict, parse_duration
 from agents.yaml_doc import MAX_BYTES as MAX_LAB_BYTES
 from agents.yaml_doc import YamlDocError, data_path, describe, problem_at
@@ -34,7 +34,7 @@ class SimGpu(Strict):
     tdp_w: Positive
     idle_w: NonNegative | None = None  # default: 12% of tdp_w
     profile: Literal["idle", "training", "serving", "bursty"] = "idle"  # background load in the demo
-    # "6.1"; default: from the name (Tesla P40 6.1, Tesla V100 7.0, RTX 3050 8.6, H100 9.0: agents/gpusupport/capability.py)
+    # "6.1"; default: from the name (Tesla P40 6.1, Tesla V100 7.0, RTX 3050 8.6, H100 9.0: agents/capability.py)
     compute_capability: Annotated[str, Field(pattern=r"^\d{1,2}\.\d$")] | None = None
 
 
@@ -323,6 +323,12 @@ class Lab(Strict):
             if machine.name == name:
                 return machine
         raise KeyError(name)
+
+    @overload
+    def resolve(self, path: str) -> Path: ...
+
+    @overload
+    def resolve(self, path: None) -> None: ...
 
     def resolve(self, path: str | None) -> Path | None:
         """A path from lab.yaml, made absolute against the lab file's folder."""

@@ -257,8 +257,9 @@ def reply_line(response: dict[str, Any], limit: int = MAX_REPLY_BYTES) -> bytes:
         return encode({"id": request_id, "error": {"code": ErrorCode.INTERNAL.value, "message": "internal error: the answer could not be encoded; see the agent's log"}})
     if len(line) <= limit:
         return line
-    result = response.get("result")
-    lists = {k: v for k, v in result.items() if isinstance(v, list) and v} if isinstance(result, dict) else {}
+    answer = response.get("result")
+    result: dict[str, Any] = answer if isinstance(answer, dict) else {}
+    lists = {k: v for k, v in result.items() if isinstance(v, list) and v}
     if lists:
         key = max(lists, key=lambda k: len(lists[k]))
         items = lists[key]

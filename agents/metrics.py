@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Protocol, runtime_checkable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from agents.costs_port import CostsPort
 from agents.sections import AlertsSection, CostsSummary, ModelsSection
 from agents.states import JobState
 
@@ -16,6 +17,13 @@ if TYPE_CHECKING:
     from agents.agent import Agent
 
 log = logging.getLogger("cetlab.metrics")
+
+
+@runtime_checkable
+class MetricsSource(Protocol):
+    """A component with Prometheus series of its own (the gateway): the agent's collector yields them."""
+
+    def metric_families(self) -> Iterator[Metric]: ...
 
 MIB = 1024**2
 GPU_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]  # as dcgm-exporter labels its series
@@ -92,12 +100,12 @@ class AgentCollector:
             models = sections.get("models")
             for model in models.models if isinstance(models, ModelsSection) else []:
                 model_state.add_metric([name, model.name, model.state], 1)
-            summary, costs = sections.get("costs"), agent.component("costs")
+            summary, costs = sections.get("costs"), agent.find(CostsPort)
             if isinstance(summary, CostsSummary) and costs is not None:
-                for row in costs.ledger.totals():
-                    energy.add_metric([name, row["kind"], row["owner"]], row["energy_j"])
-                    if row["kind"] == "model" and row["tokens"]:
-                        tokens.add_metric([name, row["owner"]], row["tokens"])
+                for row in costs.ledger_totals():
+                    energy.add_metric([name, row.kind, row.owner], row.energy_j)
+                    if row.kind == "model" and row.tokens:
+                        tokens.add_metric([name, row.owner], row.tokens)
                 if summary.power_w is not None:
                     power.add_metric([name], summary.power_w)
                 for key, family in money.items():
@@ -110,8 +118,9 @@ class AgentCollector:
                 counts[(alert.rule, alert.level)] = counts.get((alert.rule, alert.level), 0) + 1
             for (rule, level), count in counts.items():
                 alerts.add_metric([name, rule, level], count)
-            for component in agent.components:  # a component with series of its own (the gateway) yields them
-                yield from getattr(component, "metric_families", lambda: ())()
+            for component in agent.components:
+                if isinstance(component, MetricsSource):
+                    yield from component.metric_families()
         yield from gpu.values()
         yield fb_free
         yield simulated

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -59,6 +59,7 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "rate_limited"
     TIMEOUT = "timeout"  # client side: no answer in time
     DISCONNECTED = "disconnected"  # client side: the machine is offline
+    INVALID_REPLY = "invalid_reply"  # client side: the reply does not match the method's result model (agents/catalogue.py)
     INTERNAL = "internal"  # a bug in the agent; details are in its log, never on the wire
 
 
@@ -170,6 +171,9 @@ class HostSample(Snapshot):
     net_tx_bytes_per_s: Finite = None
 
 
+GpuBackend = Literal["nvml", "sim", "none"]  # the GPU sampler of a machine (agents/telemetry)
+
+
 class Telemetry(Snapshot):
     """Everything sampled on one machine in one tick."""
 
@@ -177,7 +181,7 @@ class Telemetry(Snapshot):
     t: FiniteFloat  # unix time of the sample
     gpus: list[GpuSample] = Field(default_factory=list)
     host: HostSample = Field(default_factory=HostSample)
-    gpu_backend: str = "none"  # "nvml" | "sim" | "none"
+    gpu_backend: GpuBackend = "none"
     gpu_status: str | None = None  # e.g. "no NVIDIA GPUs: NVML library not found"
     simulated: bool = False
 
@@ -195,17 +199,6 @@ class Hello(Snapshot):
 
 
 # ---------------------------------------------------------------------------- methods
-
-
-class MethodSpec(BaseModel):
-    """How a method is exposed: who may call it and what its params look like."""
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
-    name: str
-    role: Role = Role.VIEWER
-    params: type[BaseModel] | None = None
-    doc: str = ""
 
 
 class HistoryParams(BaseModel):

@@ -11,8 +11,8 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from agents.protocol import ErrorCode, MethodSpec, RemoteError, Role, encode
-from agents.schema import NAME_RE, NAME_RULE
+from agents.catalogue import CATALOGUE, Method, NoParams, params_error
+from agents.protocol import ErrorCode, RemoteError, Role, encode
 from agents.store import DiskFull
 
 log = logging.getLogger("cetlab.rpc")
@@ -93,30 +93,40 @@ def request_id_of(request: dict[str, Any]) -> int | str | None:
     return request_id if isinstance(request_id, (int, str)) and not isinstance(request_id, bool) else None
 
 
-def _params_error(exc: ValidationError) -> str:
-    parts = []
-    for error in exc.errors()[:5]:
-        where = ".".join(str(p) for p in error["loc"]) or "params"
-        if error["type"] == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == NAME_RE:
-            parts.append(f"{where}: {error['input']!r} is not a name: {NAME_RULE}")  # not the regular expression
-        else:
-            parts.append(f"{where}: {error['msg']}")
-    return "; ".join(parts)
+_params_error = params_error  # the name the tests know
 
 
 class Registry:
-    def __init__(self) -> None:
-        self.specs: dict[str, MethodSpec] = {}
+    """The methods this agent serves: each one an entry of the catalogue, with its handler."""
+
+    def __init__(self, check_results: bool = True) -> None:
+        self.specs: dict[str, Method[Any, Any]] = {}
         self._handlers: dict[str, Handler] = {}
         self.audit: AuditTrail | None = None
+        # each handler's result is validated against the catalogue's result model before it goes out
+        self.check_results = check_results
 
-    def method(self, name: str, role: Role = Role.VIEWER, params: type[BaseModel] | None = None, doc: str = ""):
-        """Register ``async def handler(peer, params)``; params is a validated model or None."""
+    def method(self, name: str, role: Role | None = None, params: type[BaseModel] | None = None,
+               doc: str = "") -> Callable[[Handler], Handler]:
+        """Register ``async def handler(peer, params)`` for the catalogue's method ``name``.
+
+        ``params`` and ``role``, where given, must be the catalogue's (a mismatch is a bug: ValueError at start);
+        the handler gets its params validated (a ``NoParams`` for a method that takes none). ``doc`` is the
+        catalogue's; the argument is kept for the callers that still pass it.
+        """
+        entry = CATALOGUE.get(name)
+        if entry is None:
+            raise ValueError(f"method {name!r} is not in the catalogue (agents/catalogue.py): add its entry there first")
+        if params is not None and params is not entry.params or params is None and entry.params is not NoParams:
+            given = params.__name__ if params is not None else "no params"
+            raise ValueError(f"method {name} registered with {given}; the catalogue says {entry.params.__name__}")
+        if role is not None and role is not entry.role:
+            raise ValueError(f"method {name} registered for the {role} role; the catalogue says {entry.role}")
 
         def decorator(func: Handler) -> Handler:
             if name in self.specs:
                 raise ValueError(f"method {name} registered twice")
-            self.specs[name] = MethodSpec(name=name, role=role, params=params, doc=doc or (func.__doc__ or "").strip())
+            self.specs[name] = entry
             self._handlers[name] = func
             return func
 
@@ -185,17 +195,31 @@ class Registry:
             except Exception:  # the action happened and its row exists; only the outcome is missing
                 log.exception("audit outcome of %s could not be written", method)
 
-    async def _run(self, method: str, spec: MethodSpec, raw: Any, peer: Peer) -> Any:
+    async def _run(self, method: str, spec: Method[Any, Any], raw: Any, peer: Peer) -> Any:
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
             raise RemoteError(ErrorCode.INVALID_PARAMS, "params must be an object")
-        params = None
-        if spec.params is not None:
-            try:
-                params = spec.params.model_validate(raw)
-            except ValidationError as exc:
-                raise RemoteError(ErrorCode.INVALID_PARAMS, _params_error(exc)) from None
-        elif raw:
+        if spec.params is NoParams and raw:
             raise RemoteError(ErrorCode.INVALID_PARAMS, f"{method} takes no params")
-        return await self._handlers[method](peer, params)
+        try:
+            params = spec.params.model_validate(raw)
+        except ValidationError as exc:
+            raise RemoteError(ErrorCode.INVALID_PARAMS, _params_error(exc)) from None
+        result = await self._handlers[method](peer, params)
+        if isinstance(result, BaseModel):  # a handler may answer its typed result: it goes out as its JSON
+            return result.model_dump(mode="json", by_alias=True)
+        if self.check_results:
+            check_result(spec, result)
+        return result
+
+
+def check_result(spec: Method[Any, Any], result: Any) -> None:
+    """Nothing unvalidated reaches the wire: a result that does not match its model is a bug, answered as `internal`."""
+    try:
+        spec.result.model_validate(result)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in error["loc"]) or "(the result)"
+        log.error("%s answered a result that does not match %s at %s: %s (not sent)", spec.name, spec.result.__name__, where, error["msg"])
+        raise RemoteError(ErrorCode.INTERNAL, f"{spec.name}'s result failed its own check at {where}; see the agent's log") from None

@@ -33,17 +33,29 @@ Shape changes against the untyped sections (kept as small as the console allows)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_serializer, field_validator
 
-from agents.gpusupport.model import GpuSupportSection
-from agents.protocol import Finite, FiniteFloat, GpuSample, HostSample, Telemetry
-from agents.states import JobState, ModelState
+from agents.sections_gpu_support import GpuSupportSection
+from agents.protocol import Finite, FiniteFloat, GpuBackend, GpuSample, HostSample, Telemetry
+from agents.states import JobState, ModelState, NodeState
 
 
 # A recipe's launch parameter (lab.yaml trainers[].params: int, float, str, bool, choice)
 ParamValue = bool | int | Finite | str
+
+# The secondary states: each the exact values its producer writes (tests/test_typed_state.py checks them against it)
+ProgressState = Literal["starting", "running", "saving", "finished", "failed"]  # a trainer's progress file (agents/train/progress.py)
+Precision = Literal["bf16", "fp16", "fp32"]  # what a run trains in (agents/train/precision.py)
+StopRequest = Literal["stop", "kill"]  # stop: SIGTERM, then SIGKILL after the grace; kill: SIGKILL now
+EngineName = Literal["vllm", "transformers", "sim", "llamacpp", "sim-llamacpp"]  # agents/orchestra/engines.py, lab.yaml's engine
+ModelOp = Literal["warm", "wake", "sleep", "swap", "cache", "cold"]  # the operation in flight on a model
+ModelPhase = Literal["starting", "loading", "warm-up", "waking", "going to sleep", "stopping", "caching", "making the tiny model"]
+CheckpointKind = Literal["adapter", "full", "unknown"]
+SaveTimeSource = Literal["trainer", "file_times"]  # the trainer's progress reports, or the checkpoint's file times
+AlertLevel = Literal["info", "warning", "critical"]
+GatewayTier = Literal["local", "provider"]  # served in the lab, or a cloud provider's API
 
 
 class Section(BaseModel):
@@ -59,7 +71,7 @@ class Section(BaseModel):
 
 
 class GpuStatus(Section):
-    backend: str  # "nvml" | "sim" | "none"
+    backend: GpuBackend
     status: str | None = None  # why there are no GPU figures, e.g. "NVML library not found"
     simulated: bool = False
 
@@ -76,12 +88,76 @@ class CheckpointReport(Section):
     at: Finite = None  # unix time the save ended
 
 
+class JobProgress(Section):
+    """What a job keeps of its trainer's progress file (the whole file is agents/documents.py's ``Progress``, which extends
+    this): persisted with the job, sent by a node to its coordinator, shown in ``JobInfo``."""
+
+    state: ProgressState | None = None
+    step: int | None = None
+    max_steps: int | None = None
+    epoch: Finite = None
+    loss: Finite = None
+    learning_rate: Finite = None
+    tokens_per_s: Finite = None
+    samples_per_s: Finite = None
+    eta_s: Finite = None
+    checkpoints: list[CheckpointReport] = Field(default_factory=list)
+    updated_at: Finite = None
+    error: str | None = None
+    stop_reason: str | None = None
+    precision: Precision | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+NODE_LAST_LINES = 3  # last log lines of a node named in a multi-node job's error
+NODE_ERROR_CHARS = 8000  # a node's error, as its status carries it
+NODE_LINE_CHARS = 4000  # one of its last log lines
+NODE_LOSS_POINTS = 60  # the loss history a node sends its coordinator
+
+
+class NodeStatus(Section):
+    """A node of a multi-node job as its coordinator sees it: a node's answer to `jobs.node_*`, checked where it enters
+    the coordinator, or what the coordinator makes of a node that does not answer (``offline``)."""
+
+    state: NodeState
+    exit_code: int | None = None
+    error: str | None = Field(default=None, max_length=NODE_ERROR_CHARS)
+    ended_at: Finite = None
+    last_lines: list[Annotated[str, Field(max_length=NODE_LINE_CHARS)]] = Field(default_factory=list, max_length=NODE_LAST_LINES)
+    progress: JobProgress | None = None  # rank 0's progress, when rank 0 runs on this node (c10d may rank any node 0)
+    loss_points: list[tuple[int, Finite]] = Field(default_factory=list, max_length=NODE_LOSS_POINTS)
+
+    @field_validator("progress", mode="wrap")
+    @classmethod
+    def _fitting_progress(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> JobProgress | None:
+        """{} (the wire's "none") and a progress that does not fit the progress file's schema are none; the rest of the
+        node's news stands."""
+        if not value:
+            return None
+        try:
+            progress: JobProgress | None = handler(value)
+        except ValidationError:
+            return None
+        return progress
+
+    @field_serializer("progress")
+    def _progress_on_wire(self, progress: JobProgress | None) -> dict[str, Any]:
+        return progress.to_wire() if progress is not None else {}  # {} for none, as nodes have always sent it
+
+    @classmethod
+    def seen(cls, state: NodeState, exit_code: int | None = None, error: str | None = None, ended_at: float | None = None,
+             last_lines: list[str] | None = None) -> NodeStatus:
+        """A status known without asking (the coordinator's own node, a node that does not answer), cut to what a node sends."""
+        return cls(state=state, exit_code=exit_code, error=error[:NODE_ERROR_CHARS] if error is not None else None, ended_at=ended_at,
+                   last_lines=[line[:NODE_LINE_CHARS] for line in (last_lines or [])[-NODE_LAST_LINES:]])
+
+
 class JobNode(Section):
     """One machine of a multi-node job, as its coordinator last saw it."""
 
     machine: str
     gpus: list[int] = Field(default_factory=list)
-    state: str  # a JobState, or "offline" while its agent does not answer
+    state: NodeState  # its job's state there, or "offline" while its agent does not answer
     exit_code: int | None = None
     error: str | None = None
 
@@ -105,9 +181,9 @@ class JobInfo(Section):
     tokens_per_s: Finite = None
     eta_s: Finite = None
     checkpoints: list[CheckpointReport] = Field(default_factory=list)
-    trainer_state: str | None = None  # the progress file's state: starting | running | saving | finished | failed
+    trainer_state: ProgressState | None = None  # the progress file's state
     stop_reason: str | None = None
-    precision: str | None = None  # bf16 | fp16 | fp32, as the trainer chose it for the GPU
+    precision: Precision | None = None  # as the trainer chose it for the GPU
     notes: list[str] = Field(default_factory=list)  # the trainer's remarks, e.g. "tf32 off: it needs compute capability 8.0"
     started_at: FiniteFloat
     ended_at: Finite = None
@@ -116,7 +192,7 @@ class JobInfo(Section):
     params: dict[str, ParamValue] = Field(default_factory=dict)
     output_dir: str
     log_path: str
-    stop_requested: str | None = None  # "stop" | "kill"
+    stop_requested: StopRequest | None = None
     adopted: bool = False
     starved: bool = False
     error: str | None = None
@@ -142,7 +218,7 @@ class JobDetail(JobInfo):
 
 
 class ModelProgress(Section):
-    phase: str  # "caching", "loading", "warm-up", "waking", ...
+    phase: ModelPhase
     done_bytes: int | None = None
     total_bytes: int | None = None
 
@@ -159,7 +235,7 @@ class ModelError(Section):
 class ModelInfo(Section):
     name: str
     machine: str
-    engine: str  # vllm | transformers | sim
+    engine: EngineName
     state: ModelState
     since: FiniteFloat
     gpus: list[int] = Field(default_factory=list)
@@ -184,7 +260,7 @@ class ModelInfo(Section):
     served_name: str | None = None
     adapters: list[str] = Field(default_factory=list)  # LoRA adapters loaded into its engine (the gateway routes them by name)
     pinned: bool = False
-    op: str | None = None  # the operation in flight: warm, wake, sleep, swap, cache, cold
+    op: ModelOp | None = None  # the operation in flight
     progress: ModelProgress | None = None
     error: ModelError | None = None
     cloud_equivalent: str | None = None
@@ -233,10 +309,16 @@ class ModelsSection(Section):
 # ---------------------------------------------------------------------------- checkpoints
 
 
+ServingMode = Literal["adapter", "merged", "full", "gguf-adapter"]  # into a warm model; merged into its base; as it is; converted for llama.cpp
+ServingStep = Literal["merging", "converting", "unloaded"]  # before its model exists; its adapter gone with a restarted engine
+
+
 class Serving(Section):
+    """How a checkpoint is served: by which model, how, and where that stands (its model's state, or a step of its own)."""
+
     model: str
-    mode: str  # adapter | merged | full
-    state: str  # a ModelState, or merging | unloaded | failed
+    mode: ServingMode
+    state: ModelState | ServingStep
     error: str | None = None
 
 
@@ -252,11 +334,11 @@ class CheckpointInfo(Section):
     loss: Finite = None
     eval_loss: Finite = None
     save_s: Finite = None
-    save_s_from: str | None = None  # "trainer" (its progress reports) | "file_times"
+    save_s_from: SaveTimeSource | None = None
     is_best: bool = False
     kept: bool = False
     newest: bool = False
-    kind: str = "unknown"  # adapter | full | unknown
+    kind: CheckpointKind = "unknown"
     has_optimizer: bool = False
     complete: bool = True
     problem: str | None = None
@@ -343,7 +425,7 @@ class AlertInfo(Section):
     machine: str
     rule: str
     target: str
-    level: str  # info | warning | critical
+    level: AlertLevel
     message: str
     fired_at: FiniteFloat
     value: Finite = None
@@ -375,7 +457,7 @@ class GatewayModelFigures(Section):
     """One model as the gateway sees it: its traffic over the last minute and what it caused."""
 
     name: str
-    tier: str  # local | provider
+    tier: GatewayTier
     where: str | None = None  # machine or provider
     state: str | None = None  # the pool's state for local models
     simulated: bool = False

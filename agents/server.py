@@ -23,6 +23,7 @@ from agents.limits import (BUDGET_BURST, BUDGET_PER_S, BYTES_PER_COST, LOGIN_TIM
                            OVER_BUDGET_PAUSE_S, PAUSE_READING_BYTES, Doorman, KeyBudget, KeyTally, ThrottledLog, TokenBucket, reply_line,
                            request_cost)
 from agents.protocol import MAX_MESSAGE_BYTES, SUBSYSTEM, ErrorCode, RemoteError, Role, encode
+from agents.orchestra.port import ModelsPort
 from agents.rpc import Peer, parse_request, request_id_of
 
 if TYPE_CHECKING:
@@ -198,7 +199,10 @@ class _Session(asyncssh.SSHServerSession):
         self.channel: _Channel | None = None
 
     def connection_made(self, chan: asyncssh.SSHServerChannel) -> None:
-        self.channel = _Channel(self.server.agent, self.server.role, self.server.who, chan, self.server.budget, self.server.key)
+        role = self.server.role
+        if role is None:  # asyncssh opens sessions only after auth, which sets the role
+            raise RuntimeError(f"a session of {self.server.who} opened before its key was accepted")
+        self.channel = _Channel(self.server.agent, role, self.server.who, chan, self.server.budget, self.server.key)
 
     def subsystem_requested(self, subsystem: str) -> bool:
         return subsystem == SUBSYSTEM
@@ -210,16 +214,20 @@ class _Session(asyncssh.SSHServerSession):
         return False
 
     def session_started(self) -> None:
-        self.channel.open()
+        if self.channel is not None:
+            self.channel.open()
 
-    def data_received(self, data: bytes, datatype) -> None:
-        self.channel.feed(data)
+    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        if self.channel is not None:
+            self.channel.feed(data)
 
     def pause_writing(self) -> None:
-        self.channel.pause()
+        if self.channel is not None:
+            self.channel.pause()
 
     def resume_writing(self) -> None:
-        self.channel.resume()
+        if self.channel is not None:
+            self.channel.resume()
 
     def eof_received(self) -> bool:
         if self.channel is not None:
@@ -293,7 +301,11 @@ class _Server(asyncssh.SSHServer):
         self._conn = conn
         ack_at_once(conn)
         loop = asyncio.get_running_loop()
-        self.doorman.arrive(self, peer[0] if peer else "?", lambda: loop.call_soon(conn.abort), lambda: has_spoken(conn))
+
+        def close() -> None:
+            loop.call_soon(conn.abort)
+
+        self.doorman.arrive(self, peer[0] if peer else "?", close, lambda: has_spoken(conn))
 
     def auth_completed(self) -> None:
         self.doorman.leave(self)
@@ -367,7 +379,7 @@ def forward_problem(agent: Agent, role: Role | None, dest_host: str, dest_port: 
         return "only the gateway's key may open forwards"
     if dest_host != "127.0.0.1":
         return "forwards go to 127.0.0.1 only"
-    pool = agent.component("models")
+    pool = agent.find(ModelsPort)
     if pool is None or dest_port not in pool.engine_ports():
         return f"no engine runs on port {dest_port} here"
     return None
@@ -445,7 +457,9 @@ class _UnixConnection(asyncio.Protocol):
         self.agent, self.roles = agent, roles
         self.channel: _Channel | None = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not isinstance(transport, asyncio.Transport):
+            raise TypeError(f"a unix socket's transport is a stream, not {type(transport).__name__}")
         sock = transport.get_extra_info("socket")
         _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         try:

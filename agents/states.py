@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 
 class JobState(StrEnum):
@@ -24,6 +25,10 @@ class JobState(StrEnum):
 JOB_ACTIVE: frozenset[JobState] = frozenset({JobState.STARTING, JobState.RUNNING, JobState.STOPPING})
 JOB_HOLDS_GPU = JOB_ACTIVE
 JOB_ENDED: frozenset[JobState] = frozenset(JobState) - JOB_ACTIVE
+
+# A node of a multi-node job, as its coordinator sees it: its job's state there, or offline while its agent does not answer.
+NODE_OFFLINE: Literal["offline"] = "offline"
+NodeState = JobState | Literal["offline"]
 
 
 class ModelState(StrEnum):

@@ -84,7 +84,7 @@ class Store:
             if not _is_corrupt(exc):
                 raise
             problem = str(exc)
-        if problem is None:
+        if problem is None and db is not None:
             return db
         if db is not None:
             db.close()

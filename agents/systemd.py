@@ -12,7 +12,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from agents.states import JOB_ACTIVE, ModelState
 
@@ -36,8 +36,8 @@ CACHE_ENV = {"XDG_CACHE_HOME": "", "HF_HOME": "huggingface", "VLLM_CACHE_ROOT": 
 class Notifier:
     """sd_notify(3) over $NOTIFY_SOCKET; does nothing when not started by systemd."""
 
-    def __init__(self, env: dict[str, str] | None = None):
-        env = os.environ if env is None else env
+    def __init__(self, env: Mapping[str, str] | None = None):
+        env = os.environ if env is None else env  # a test's own environment, else the process's
         address = env.get("NOTIFY_SOCKET") or None
         if address and address.startswith("@"):  # abstract namespace
             address = "\0" + address[1:]
@@ -68,7 +68,7 @@ class Notifier:
         """Keep systemd told: STATUS when it changes, WATCHDOG=1 every WatchdogSec/2 while the telemetry loop ticks."""
         period_s = self.watchdog_s / 2 if self.watchdog_s else 5.0
         # a tick every sample_interval_s: a slow sampler (60 s) is not a stuck one until two intervals pass
-        stall_s = max(self.watchdog_s or 0.0, *(stall_allowance_s(a.interval_s) for a in agents)) if agents else self.watchdog_s
+        stall_s = max(self.watchdog_s or 0.0, *(stall_allowance_s(a.interval_s) for a in agents)) if agents else self.watchdog_s or 0.0
         status = ""
         ticks = [a.ticks for a in agents]
         ticked_at = time.monotonic()
@@ -142,7 +142,9 @@ def _writable_paths(lab: Lab, machine: str, state_dir: Path) -> list[str]:
             paths.append(f"-{lab.resolve(fixed)}")
     for model in lab.models:
         if model.machine == machine and (model.make_tiny_if_missing or model.sim.placeholder_mib):
-            paths.append(f"-{lab.resolve(model.path).parent}")
+            resolved = lab.resolve(model.path)
+            if resolved is not None:
+                paths.append(f"-{resolved.parent}")
     return list(dict.fromkeys(paths))
 
 

@@ -9,9 +9,12 @@ which also maps every key path to its line for pydantic's errors (`problem_at`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 
 class YamlDocError(Exception):
@@ -152,7 +155,7 @@ def problem_at(source: str, lines: dict, path: tuple, message: str) -> str:
     return f"{source}:{line}: {format_path(path)}: {message}"
 
 
-def describe(error: dict) -> str:
+def describe(error: ErrorDetails) -> str:
     message = error["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
+from agents.catalogue import AUDIT_LIST, AuditList, ReplyInvalid, validate_reply
 from agents.protocol import RemoteError
 
 
-def merge_trails(results: dict[str, Any], limit: int) -> dict[str, Any]:
-    """call_all answers of audit.list -> one list of actions and one of refusals (counted per key, method and minute),
-    newest first, plus the machines that did not answer and why."""
-    entries, refusals, unavailable = [], [], {}
+def merge_trails(results: Mapping[str, Any], limit: int) -> dict[str, Any]:
+    """audit.list answers (typed, or raw and validated here) -> one list of actions and one of refusals (counted per
+    key, method and minute), newest first, plus the machines that did not answer and why."""
+    entries: list[dict[str, Any]] = []
+    refusals: list[dict[str, Any]] = []
+    unavailable: dict[str, str] = {}
     for machine, result in results.items():
+        if isinstance(result, dict):
+            try:
+                result = validate_reply(AUDIT_LIST, result)
+            except ReplyInvalid as exc:
+                result = exc
         if isinstance(result, RemoteError):
             unavailable[machine] = result.message
-        elif isinstance(result, dict):
-            entries += [{**entry, "machine": machine} for entry in result["entries"]]
-            refusals += [{**row, "machine": machine} for row in result.get("refusals") or []]
+        elif isinstance(result, AuditList):
+            entries += [{**entry.model_dump(mode="json", exclude_unset=True), "machine": machine} for entry in result.entries]
+            refusals += [{**row.model_dump(mode="json", exclude_unset=True), "machine": machine} for row in result.refusals]
     entries.sort(key=lambda e: -e["t"])
     refusals.sort(key=lambda r: -r["minute"])
     return {"entries": entries[:limit], "refusals": refusals[:limit], "unavailable": unavailable}

@@ -16,14 +16,20 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from agents.catalogue import Method, params_error, request, request_all
 from agents.lab import Lab, LabError, load_lab
-from agents.protocol import RemoteError
+from agents.protocol import ErrorCode, RemoteError
 from console import openssh
 from console.client import FleetClient
 from console.state import LabState
 from widgets.format import fmt, fmt_bytes
+
+P = TypeVar("P", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # a GPU in `cetlab --json status` (documented in the README)
@@ -38,7 +44,7 @@ VERB_MODULES: list[str] = ["console.cli_costs", "console.cli_jobs", "console.cli
 class Context:
     """What a verb gets: the parsed args, the lab, a connected FleetClient, output helpers."""
 
-    def __init__(self, args: argparse.Namespace, lab: Lab, client: FleetClient):
+    def __init__(self, args: argparse.Namespace, lab: Lab, client: FleetClient) -> None:
         self.args, self.lab, self.client = args, lab, client
 
     @property
@@ -51,8 +57,17 @@ class Context:
         else:
             print(human(data))
 
-    async def call(self, machine: str, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
+    async def call(self, machine: str, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
         return await self.client.call(machine, method, params, timeout)
+
+    async def request(self, machine: str, method: Method[P, R], params: P | None = None, timeout: float | None = None) -> R:
+        """The method's typed reply (agents/catalogue.py); RemoteError, or ReplyInvalid naming the field that did not validate."""
+        return await request(self.client, machine, method, params, timeout)
+
+    async def request_all(self, method: Method[P, R], params: P | None = None, machines: list[str] | None = None,
+                          timeout: float | None = None) -> dict[str, R | RemoteError]:
+        """Every machine's typed reply (or the RemoteError it gave: offline, refused, a reply that did not validate)."""
+        return await request_all(self.client, list(self.state.machines) if machines is None else machines, method, params, timeout)
 
 
 def positive_seconds(text: str) -> float:
@@ -80,11 +95,12 @@ def status_json(state: LabState) -> dict[str, Any]:
     now = time.time()
     machines = []
     for view in state.machines.values():
+        age_s = view.age_s(now)
         entry: dict[str, Any] = {
             "name": view.name,
             "online": view.online,
             "simulated": view.simulated,
-            "age_s": None if view.age_s(now) is None else round(view.age_s(now), 3),
+            "age_s": None if age_s is None else round(age_s, 3),
             "cpu_pct": view.host.cpu_pct,
             "ram_used_bytes": view.host.ram_used_bytes,
             "ram_total_bytes": view.host.ram_total_bytes,
@@ -112,14 +128,14 @@ def status_human(data: dict[str, Any]) -> str:
     for m in data["machines"]:
         sim = " SIM" if m["simulated"] else ""
         if not m["online"]:
-            lines.append(f"{m['name']:<14} OFFLINE  {m.get('error', '')}")
+            lines.append(f"{m['name']:<14} OFFLINE  {m['error']}")
             continue
         lines.append(f"{m['name']:<14} online{sim}  cpu {fmt(m['cpu_pct'], '.0f', '%')}  ram {fmt_bytes(m['ram_used_bytes'])}/{fmt_bytes(m['ram_total_bytes'])}")
-        if m.get("gpu_status"):
+        if m["gpu_status"]:
             lines.append(f"  {m['gpu_status']}")
-        lines += [f"  section {f['section']} FAILED ({f['phase']}): {f['error']}" for f in m.get("sections_failed", [])]
+        lines += [f"  section {f['section']} FAILED ({f['phase']}): {f['error']}" for f in m["sections_failed"]]
         for g in m["gpus"]:
-            if g.get("failed"):
+            if g["failed"]:
                 lines.append(f"  gpu{g['index']} {g['name']:<26} FAILED: {g['failed']}")
                 continue
             lines.append(
@@ -212,7 +228,10 @@ async def run(args: argparse.Namespace) -> int:
         if not any(view.online for view in client.state.machines.values()):
             hint_demo_lab(lab_path)
         ctx = Context(args, lab, client)
-        return await args.func(ctx)
+        try:
+            return await args.func(ctx)
+        except ValidationError as exc:  # a verb's params, checked here before they go out: said as the agent would
+            raise RemoteError(ErrorCode.INVALID_PARAMS, params_error(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

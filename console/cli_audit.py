@@ -6,7 +6,9 @@ import argparse
 import time
 from typing import Any
 
+from agents.catalogue import AUDIT_LIST, AuditListParams
 from console.audit import merge_trails
+from console.cli import Context
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -15,21 +17,21 @@ def audit_human(data: dict[str, Any]) -> str:
     lines = []
     for e in data["entries"]:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["t"]))
-        outcome = e["outcome"] if e["outcome"] == "ok" else f"{e['outcome']}: {e.get('message') or ''}"
-        lines.append(f"{when}  {e['machine']:<12} {e['who']:<24} {e['method']:<20} {e.get('params') or '':<40} {outcome}")
+        outcome = e["outcome"] if e["outcome"] == "ok" else f"{e['outcome']}: {e['message'] or ''}"
+        lines.append(f"{when}  {e['machine']:<12} {e['who']:<24} {e['method']:<20} {e['params'] or '':<40} {outcome}")
     lines += [f"{machine}: {why}" for machine, why in data["unavailable"].items()]
     return "\n".join(lines) or "no operator actions recorded"
 
 
-async def cmd_audit(ctx) -> int:
-    params: dict[str, Any] = {"limit": ctx.args.limit}
+async def cmd_audit(ctx: Context) -> int:
+    wanted: dict[str, Any] = {"limit": ctx.args.limit}
     for key in ("who", "method"):
         if getattr(ctx.args, key):
-            params[key] = getattr(ctx.args, key)
+            wanted[key] = getattr(ctx.args, key)
     if ctx.args.since_s:
-        params["since"] = time.time() - ctx.args.since_s
+        wanted["since"] = time.time() - ctx.args.since_s
     machines = [ctx.args.machine] if ctx.args.machine else list(ctx.state.machines)
-    results = {m: r for m, r in (await ctx.client.call_all("audit.list", params)).items() if m in machines}
+    results = await ctx.request_all(AUDIT_LIST, AuditListParams(**wanted), machines)
     data = merge_trails(results, ctx.args.limit)
     ctx.out(data, audit_human)
     return EXIT_OK if len(data["unavailable"]) < len(results) else EXIT_FAILED

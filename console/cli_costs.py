@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 from datetime import date
 from typing import Any
 
-from agents.protocol import ErrorCode, RemoteError
+from agents.catalogue import (
+    ALERTS_ACK,
+    ALERTS_LIST,
+    COSTS_GET,
+    NOTIFY_STATUS,
+    NOTIFY_TEST,
+    AckParams,
+    AlertListParams,
+    ApiProviderSpend,
+    CostsParams,
+    CostsReport,
+    NotifyTestParams,
+    PricedGroup,
+)
 from agents.notify.wire import RouteStatus
+from agents.protocol import ErrorCode, RemoteError
 from agents.sections import ALERT_ID_FORM, parse_alert_id
 from console.alerts import offline_alerts
+from console.cli import Context
 from console.costs import lab_costs
 from console.notify import route_line, route_statuses, routes_json
 from widgets.format import fmt_money as money
@@ -21,7 +35,8 @@ from widgets.format import fmt_time
 EXIT_OK, EXIT_FAILED = 0, 1
 
 
-def costs_human(data: dict[str, Any]) -> str:
+def costs_human(data: dict[str, Any], groups: list[PricedGroup], providers: list[ApiProviderSpend]) -> str:
+    """The lab's figures (``data``: lab_costs), then each machine's breakdown rows and API providers as they answered."""
     c = data["currency"]
     sim = "  (SIM: simulated GPU power)" if data["simulated"] else ""
     lines = [
@@ -30,55 +45,57 @@ def costs_human(data: dict[str, Any]) -> str:
         f"this month {money(data['month'], c):>14}   cloud {money(data['cloud_equivalent_month'], c)}   saving {pct(data['saving_pct_month'])}",
         f"since {data['since']} {money(data['since_total'], c):>10}   cloud {money(data['cloud_equivalent_since'], c)}   saving {pct(data['saving_pct_since'])}",
     ]
-    lines += api_lines(data)
-    lines.append(f"by {data['by_kind']}:")
+    lines += api_lines(data, providers)
     key = data["by_kind"]
-    for entry in data["by"]:
-        name = entry[key] if key == "machine" else f"{entry[key]} {entry.get('label') or ''}".strip() + f" @{entry['machine']}"
+    lines.append(f"by {key}:")
+    for entry in groups:
+        owner = entry.job if key == "job" else entry.model if key == "model" else entry.machine
+        name = entry.machine if key == "machine" else f"{owner} {entry.label or ''}".strip() + f" @{entry.machine}"
         lines.append(
-            f"  {name:<32} {entry['kwh']:>9.3f} kWh  {money(entry['cost'], c):>14}  cloud {money(entry['cloud_equivalent'], c):>14}"
-            f"  {entry['gpu_hours']:.2f} GPU-h" + (f"  {entry['tokens']:,} tokens" if entry.get("tokens") else "")
+            f"  {name:<32} {entry.kwh or 0:>9.3f} kWh  {money(entry.cost, c):>14}  cloud {money(entry.cloud_equivalent, c):>14}"
+            f"  {entry.gpu_hours or 0:.2f} GPU-h" + (f"  {entry.tokens:,} tokens" if entry.tokens else "")
         )
-    if not data["by"]:
+    if not groups:
         lines.append("  (nothing recorded)")
     lines += [f"{m}" for m in data["missing"]]
     lines += [f"not counted, offline: {name}: {why}" for name, why in data["offline"].items()]
     return "\n".join(lines)
 
 
-def api_lines(data: dict[str, Any]) -> list[str]:
+def api_lines(data: dict[str, Any], providers: list[ApiProviderSpend]) -> list[str]:
     """The gateway's API spend per provider against its monthly budget, and the lab's month with it."""
-    if not data["api_providers"]:
+    if not providers:
         return []
     c = data["currency"]
     lines = [f"API        today {money(data['api_today'], c)}   this month {money(data['api_month'], c)}   "
              f"lab total this month {money(data['total_month'], c)}"]
-    for p in data["api_providers"]:
-        budget = f" of {money(p['monthly_budget'], c)} ({pct(p['budget_pct'])})" if p["monthly_budget"] is not None else " (no budget)"
-        lines.append(f"  {p['provider'] + (' SIM' if p['simulated'] else ''):<20} today {money(p['today'], c):>12}   "
-                     f"this month {money(p['month'], c)}{budget}")
+    for p in providers:
+        budget = f" of {money(p.monthly_budget, c)} ({pct(p.budget_pct)})" if p.monthly_budget is not None else " (no budget)"
+        lines.append(f"  {p.provider + (' SIM' if p.simulated else ''):<20} today {money(p.today, c):>12}   "
+                     f"this month {money(p.month, c)}{budget}")
     return lines
 
 
-async def cmd_costs(ctx) -> int:
-    params: dict[str, Any] = {"by": ctx.args.by}
-    if ctx.args.since:
-        params["since"] = ctx.args.since.isoformat()
-    results = await ctx.client.call_all("costs.get", params)
+async def cmd_costs(ctx: Context) -> int:
+    params = CostsParams(by=ctx.args.by, since=ctx.args.since) if ctx.args.since else CostsParams(by=ctx.args.by)
+    results = await ctx.request_all(COSTS_GET, params)
     data = lab_costs(ctx.lab.costs.currency, results, ctx.args.by)
-    ctx.out(data, costs_human)
+    reports = [r for r in results.values() if isinstance(r, CostsReport)]
+    groups = [g for r in reports for g in r.by]
+    providers = [p for r in reports if r.api is not None for p in r.api.providers]
+    ctx.out(data, lambda d: costs_human(d, groups, providers))
     return EXIT_OK if len(data["offline"]) < len(results) else EXIT_FAILED
 
 
-def alerts_human(data: dict[str, Any]) -> str:
+def alerts_human(data: dict[str, Any], routes: list[tuple[str, RouteStatus]]) -> str:
     lines = []
     for alert in data["alerts"]:
-        since = fmt_time(alert.get("fired_at"))
-        state = "CLEARED" if alert.get("cleared_at") else ("acked" if alert.get("acked_at") else "ACTIVE")
+        since = fmt_time(alert["fired_at"])
+        state = "CLEARED" if alert["cleared_at"] else ("acked" if alert["acked_at"] else "ACTIVE")
         lines.append(f"{alert['id']:<16} {state:<8} {alert['level']:<8} {alert['machine']:<12} {alert['target']:<14} {since}  {alert['message']}")
     text = "\n".join(lines) or "no alerts"
-    routes = [route_line(r["machine"], RouteStatus.model_validate(r)) for r in data.get("routes", [])]
-    return text + ("\nnotification routes:\n" + "\n".join(f"  {line}" for line in routes) if routes else "")
+    shown = [route_line(machine, route) for machine, route in routes]
+    return text + ("\nnotification routes:\n" + "\n".join(f"  {line}" for line in shown) if shown else "")
 
 
 def alert_id_arg(text: str) -> str:
@@ -89,9 +106,12 @@ def alert_id_arg(text: str) -> str:
     return text
 
 
-def alert_machine(ctx, alert_id: str) -> str:
+def alert_machine(ctx: Context, alert_id: str) -> str:
     """The machine that raised an alert (its id is "<machine>#<n>", checked by alert_id_arg); a clear error for any other."""
-    machine, n = parse_alert_id(alert_id)
+    parsed = parse_alert_id(alert_id)
+    if parsed is None:
+        raise RemoteError(ErrorCode.INVALID_PARAMS, f"{alert_id!r} is not an alert id: alert ids are {ALERT_ID_FORM}")
+    machine, n = parsed
     names = [m.name for m in ctx.lab.machines]
     if machine not in names:
         raise RemoteError(ErrorCode.NOT_FOUND, f"no alert {alert_id!r} in {ctx.lab.lab}: there is no machine {machine!r} "
@@ -101,7 +121,7 @@ def alert_machine(ctx, alert_id: str) -> str:
     return machine
 
 
-async def cmd_notify_test(ctx) -> int:
+async def cmd_notify_test(ctx: Context) -> int:
     """`cetlab alerts notify-test ROUTE`: each machine that sends on the route sends a test; what each endpoint answered."""
     names = [r.name for r in ctx.lab.notify.routes]
     route = ctx.lab.notify.route(ctx.args.route)
@@ -109,15 +129,13 @@ async def cmd_notify_test(ctx) -> int:
         raise RemoteError(ErrorCode.NOT_FOUND, f"no route {ctx.args.route!r} in {ctx.lab.lab}'s notify.routes"
                           + (f" (routes: {', '.join(names)})" if names else " (it has none; see the README's \"Notifications\")"))
     machines = route.machines or [m.name for m in ctx.lab.machines]
-    results = await asyncio.gather(*(ctx.call(m, "notify.test", {"route": route.name}, max(ctx.args.timeout, route.timeout_s + 5))
-                                     for m in machines), return_exceptions=True)
-    answers = []
-    for machine, result in zip(machines, results):
-        if isinstance(result, BaseException):
-            answers.append({"route": route.name, "machine": machine, "ok": False, "answer": getattr(result, "message", str(result)),
-                            "sent": False})
+    results = await ctx.request_all(NOTIFY_TEST, NotifyTestParams(route=route.name), machines, max(ctx.args.timeout, route.timeout_s + 5))
+    answers: list[dict[str, Any]] = []
+    for machine, result in results.items():
+        if isinstance(result, RemoteError):
+            answers.append({"route": route.name, "machine": machine, "ok": False, "answer": result.message, "sent": False})
         else:
-            answers.append({**result, "sent": True})
+            answers.append({**result.model_dump(mode="json"), "sent": True})
     ctx.out({"tests": answers}, lambda d: "\n".join(
         f"{a['route']} from {a['machine']}: {'OK' if a['ok'] else 'FAILED'}: {a['answer']}" for a in d["tests"]))
     return EXIT_OK if answers and all(a["ok"] for a in answers) else EXIT_FAILED
@@ -133,22 +151,22 @@ def check_alerts_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error("--ack and notify-test are separate calls")
 
 
-async def cmd_alerts(ctx) -> int:
+async def cmd_alerts(ctx: Context) -> int:
     if ctx.args.action == "notify-test":
         return await cmd_notify_test(ctx)
     if ctx.args.ack:
         machine = alert_machine(ctx, ctx.args.ack)
-        result = await ctx.call(machine, "alerts.ack", {"id": ctx.args.ack})
-        ctx.out(result, lambda r: f"acknowledged {r['id']}: {r['message']}")
+        acked = await ctx.request(machine, ALERTS_ACK, AckParams(id=ctx.args.ack))
+        ctx.out(acked.model_dump(mode="json"), lambda _: f"acknowledged {acked.id}: {acked.message}")
         return EXIT_OK
-    results = await ctx.client.call_all("alerts.list", {"active": not ctx.args.all, "limit": ctx.args.limit})
+    results = await ctx.request_all(ALERTS_LIST, AlertListParams(active=not ctx.args.all, limit=ctx.args.limit))
     alerts = offline_alerts(ctx.state, time.time(), 0.0)
-    for name, result in results.items():
-        if isinstance(result, dict):
-            alerts += result["alerts"]
-    alerts.sort(key=lambda a: (a.get("cleared_at") is not None, -(a.get("fired_at") or 0)))
-    routes = routes_json(route_statuses(await ctx.client.call_all("notify.status"))) if ctx.lab.notify.routes else []
-    ctx.out({"alerts": alerts, "routes": routes}, alerts_human)
+    for result in results.values():
+        if not isinstance(result, RemoteError):
+            alerts += [alert.model_dump(mode="json") for alert in result.alerts]
+    alerts.sort(key=lambda a: (a["cleared_at"] is not None, -(a["fired_at"] or 0)))
+    routes = route_statuses(await ctx.request_all(NOTIFY_STATUS)) if ctx.lab.notify.routes else []
+    ctx.out({"alerts": alerts, "routes": routes_json(routes)}, lambda d: alerts_human(d, routes))
     return EXIT_OK
 
 

@@ -4,77 +4,90 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
-
+from agents.catalogue import (
+    GATEWAY_KEYS_ADD,
+    GATEWAY_KEYS_LIST,
+    GATEWAY_KEYS_REVOKE,
+    GATEWAY_STATUS,
+    KeyAddParams,
+    KeyList,
+    KeyNameParams,
+)
 from agents.protocol import ErrorCode, RemoteError
+from agents.sections import GatewaySection
+from console.cli import Context
 from widgets.format import fmt_money as money
 from widgets.format import fmt
 
 EXIT_OK = 0
 
 
-def gateway_machine(ctx) -> str:
+def gateway_machine(ctx: Context) -> str:
     if ctx.lab.gateway is None:
         raise RemoteError(ErrorCode.UNAVAILABLE, "this lab has no gateway: add `gateway: {machine: NAME}` to lab.yaml (README: Gateway)")
     return ctx.lab.gateway.machine
 
 
-def gateway_human(data: dict[str, Any]) -> str:
-    c = data["currency"]
-    lines = [f"gateway {data['url'] or 'NOT SERVING'} on {data['machine']}" + (f": {data['error']}" if data.get("error") else "")]
-    down = {m: s for m, s in data["peers"].items() if s != "online"}
+def gateway_human(data: GatewaySection) -> str:
+    c = data.currency
+    lines = [f"gateway {data.url or 'NOT SERVING'} on {data.machine}" + (f": {data.error}" if data.error else "")]
+    down = {m: s for m, s in data.peers.items() if s != "online"}
     if down:
         lines.append("peers not reachable: " + ", ".join(f"{m} ({s})" for m, s in down.items()))
-    where = {id(m): (m["where"] or "") + (" SIM" if m["simulated"] else "") for m in data["models"]}
-    wn = max([24, *(len(m["name"]) for m in data["models"])])  # the columns fit their longest cell ("workstation SIM")
+    where = {id(m): (m.where or "") + (" SIM" if m.simulated else "") for m in data.models}
+    wn = max([24, *(len(m.name) for m in data.models)])  # the columns fit their longest cell ("workstation SIM")
     ww = max([12, *map(len, where.values())])
     lines.append(f"{'model':<{wn}} {'tier':<8} {'where':<{ww}} {'state':<10} {'rps':>6} {'fly':>4} {'queue':>5} {'p50':>7} {'p95':>7} "
                  f"{'ttft50':>7} {'wakes':>5} {'err':>4}")
-    for m in data["models"]:
-        lines.append(f"{m['name']:<{wn}} {m['tier']:<8} {where[id(m)]:<{ww}} {m['state'] or '':<10} {m['rps']:>6.2f} "
-                     f"{m['in_flight']:>4} {m['queued']:>5} {fmt(m['p50_latency_s'], '.3f'):>7} {fmt(m['p95_latency_s'], '.3f'):>7} "
-                     f"{fmt(m['p50_ttft_s'], '.3f'):>7} {m['wakes']:>5} {m['errors']:>4}")
-    for p in data["providers"]:
-        budget = f" of {money(p['monthly_budget'], c)} ({fmt(p['budget_pct'], '.0f', '%')})" if p["monthly_budget"] is not None else ""
-        flags = (" SIM" if p["simulated"] else "") + ("" if p["key_set"] else "  API KEY NOT SET")
-        lines.append(f"provider {p['name']}{flags}: today {money(p['spend_today'], c)}, this month {money(p['spend_month'], c)}{budget}")
-    for k in data["keys"]:
-        state = "REVOKED" if k["revoked"] else f"{k['requests']} requests, {k['tokens_today']:,} tokens today"
-        lines.append(f"key {k['name']:<16} {state}")
+    for m in data.models:
+        lines.append(f"{m.name:<{wn}} {m.tier:<8} {where[id(m)]:<{ww}} {m.state or '':<10} {m.rps:>6.2f} "
+                     f"{m.in_flight:>4} {m.queued:>5} {fmt(m.p50_latency_s, '.3f'):>7} {fmt(m.p95_latency_s, '.3f'):>7} "
+                     f"{fmt(m.p50_ttft_s, '.3f'):>7} {m.wakes:>5} {m.errors:>4}")
+    for p in data.providers:
+        budget = f" of {money(p.monthly_budget, c)} ({fmt(p.budget_pct, '.0f', '%')})" if p.monthly_budget is not None else ""
+        flags = (" SIM" if p.simulated else "") + ("" if p.key_set else "  API KEY NOT SET")
+        lines.append(f"provider {p.name}{flags}: today {money(p.spend_today, c)}, this month {money(p.spend_month, c)}{budget}")
+    for k in data.keys:
+        state = "REVOKED" if k.revoked else f"{k.requests} requests, {k.tokens_today:,} tokens today"
+        lines.append(f"key {k.name:<16} {state}")
     return "\n".join(lines)
 
 
-async def cmd_gateway(ctx) -> int:
-    data = await ctx.call(gateway_machine(ctx), "gateway.status")
-    ctx.out(data, gateway_human)
+async def cmd_gateway(ctx: Context) -> int:
+    machine = gateway_machine(ctx)
+    section = (await ctx.request(machine, GATEWAY_STATUS)).root
+    if section is None:
+        raise RemoteError(ErrorCode.UNAVAILABLE, f"the gateway does not run on {machine} (its agent has no gateway section)")
+    ctx.out(section.model_dump(mode="json"), lambda _: gateway_human(section))
     return EXIT_OK
 
 
-async def cmd_keys_add(ctx) -> int:
-    params = {"name": ctx.args.name, "rpm": ctx.args.rpm, "tokens_per_day": ctx.args.tokens_per_day}
-    data = await ctx.call(gateway_machine(ctx), "gateway.keys.add", {k: v for k, v in params.items() if v is not None})
-    ctx.out(data, lambda d: f"gateway key {d['name']} (shown once, keep it secret):\n{d['key']}\nuse: curl -H 'Authorization: Bearer "
-                            f"{d['key']}' {d['url']}/models")
+async def cmd_keys_add(ctx: Context) -> int:
+    params = KeyAddParams(name=ctx.args.name, rpm=ctx.args.rpm, tokens_per_day=ctx.args.tokens_per_day)
+    issued = await ctx.request(gateway_machine(ctx), GATEWAY_KEYS_ADD, params)
+    ctx.out(issued.model_dump(mode="json"), lambda _: f"gateway key {issued.name} (shown once, keep it secret):\n{issued.key}\n"
+                                                      f"use: curl -H 'Authorization: Bearer {issued.key}' {issued.url}/models")
     return EXIT_OK
 
 
-def keys_human(data: dict[str, Any]) -> str:
+def keys_human(data: KeyList) -> str:
     lines = []
-    for k in data["keys"]:
-        quota = ", ".join(filter(None, [k["rpm"] and f"{k['rpm']} rpm", k["tokens_per_day"] and f"{k['tokens_per_day']:,} tokens/day"]))
-        state = f"revoked {time.strftime('%Y-%m-%d %H:%M', time.localtime(k['revoked_at']))}" if k["revoked_at"] else "active"
-        lines.append(f"{k['name']:<20} {state:<24} {quota or 'no quota':<32} {k['requests']} requests, {k['tokens_today']:,} tokens today")
+    for k in data.keys:
+        quota = ", ".join(filter(None, [f"{k.rpm} rpm" if k.rpm else None, f"{k.tokens_per_day:,} tokens/day" if k.tokens_per_day else None]))
+        state = f"revoked {time.strftime('%Y-%m-%d %H:%M', time.localtime(k.revoked_at))}" if k.revoked_at else "active"
+        lines.append(f"{k.name:<20} {state:<24} {quota or 'no quota':<32} {k.requests} requests, {k.tokens_today:,} tokens today")
     return "\n".join(lines) or "no gateway keys: `cetlab gateway keys add NAME`"
 
 
-async def cmd_keys_list(ctx) -> int:
-    ctx.out(await ctx.call(gateway_machine(ctx), "gateway.keys.list"), keys_human)
+async def cmd_keys_list(ctx: Context) -> int:
+    keys = await ctx.request(gateway_machine(ctx), GATEWAY_KEYS_LIST)
+    ctx.out(keys.model_dump(mode="json"), lambda _: keys_human(keys))
     return EXIT_OK
 
 
-async def cmd_keys_revoke(ctx) -> int:
-    data = await ctx.call(gateway_machine(ctx), "gateway.keys.revoke", {"name": ctx.args.name})
-    ctx.out(data, lambda d: f"revoked gateway key {d['name']}")
+async def cmd_keys_revoke(ctx: Context) -> int:
+    revoked = await ctx.request(gateway_machine(ctx), GATEWAY_KEYS_REVOKE, KeyNameParams(name=ctx.args.name))
+    ctx.out(revoked.model_dump(mode="json"), lambda _: f"revoked gateway key {revoked.name}")
     return EXIT_OK
 
 

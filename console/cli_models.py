@@ -8,8 +8,27 @@ import sys
 import time
 from typing import Any
 
+from agents.catalogue import (
+    MODELS_CACHE,
+    MODELS_COLD,
+    MODELS_GET,
+    MODELS_LIST,
+    MODELS_PIN,
+    MODELS_ROTATE,
+    MODELS_ROTATION,
+    MODELS_SLEEP,
+    MODELS_SWAP,
+    MODELS_WARM,
+    Method,
+    ModelDetail,
+    ModelParams,
+    PinParams,
+    SwapParams,
+)
 from agents.protocol import ErrorCode, RemoteError
-from console.cli import positive_seconds
+from agents.sections import ModelInfo, Rotation
+from agents.states import ModelState
+from console.cli import Context, positive_seconds
 from widgets.format import NA, fmt, fmt_duration, fmt_gib
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -22,8 +41,9 @@ MODEL_KEYS = ("name", "machine", "engine", "state", "gpus", "vram_bytes", "cache
 EXTRA_KEYS = ("served_name", "requests_waiting", "tokens_per_s", "tokens_per_s_window_s", "kv_cache_pct", "ttft_s", "swap_s", "pinned", "progress", "error", "op", "size_bytes")
 
 
-def model_json(model: dict[str, Any]) -> dict[str, Any]:
-    return {k: model.get(k) for k in (*MODEL_KEYS, *EXTRA_KEYS)}
+def model_json(model: ModelInfo) -> dict[str, Any]:
+    dumped = model.model_dump(mode="json", include={*MODEL_KEYS, *EXTRA_KEYS})
+    return {k: dumped[k] for k in (*MODEL_KEYS, *EXTRA_KEYS)}
 
 
 def _secs(value: float | None) -> str:
@@ -34,98 +54,97 @@ def _pct(fraction: float | None) -> str:
     return fmt(fraction, ".0%")
 
 
-def state_text(model: dict[str, Any]) -> str:
-    text = model["state"]
-    progress = model.get("progress")
-    if progress:
-        phase = "" if progress.get("phase") == model["state"] else progress.get("phase", "")  # not "loading (loading)"
-        if progress.get("total_bytes"):
-            phase += f" {progress['done_bytes'] / progress['total_bytes']:.0%}"
+def state_text(model: ModelInfo) -> str:
+    text = str(model.state)
+    progress = model.progress
+    if progress is not None:
+        phase = "" if progress.phase == model.state else progress.phase  # not "loading (loading)"
+        if progress.total_bytes:
+            phase += f" {(progress.done_bytes or 0) / progress.total_bytes:.0%}"
         if phase.strip():
             text += f" ({phase.strip()})"
-    return text + (" PINNED" if model.get("pinned") else "")
+    return text + (" PINNED" if model.pinned else "")
 
 
-def models_human(data: dict[str, Any]) -> str:
+def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None], offline: dict[str, str]) -> str:
     rows = [("MODEL", "MACHINE", "GPUS", "ENGINE", "STATE", "VRAM", "RUN/WAIT", "TOK/S", "KV", "LOAD", "WARM-UP", "WAKE", "RAM")]
-    for m in data["models"]:
-        running = NA if m.get("requests_running") is None else f"{m['requests_running']:.0f}/{m.get('requests_waiting') or 0:.0f}"
+    for m in models:
+        running = NA if m.requests_running is None else f"{m.requests_running:.0f}/{m.requests_waiting or 0:.0f}"
         rows.append((
-            m["name"], m["machine"], ",".join(map(str, m["gpus"])) or "cpu", m["engine"] + (" SIM" if m["simulated"] else ""),
-            state_text(m), fmt_gib(m["vram_bytes"]), running,
-            fmt(m.get("tokens_per_s")), fmt(m.get("kv_cache_pct"), ".0f", "%"),
-            _secs(m["load_s"]), _secs(m["warmup_s"]), _secs(m["wake_s"]), _pct(m["cached_fraction"]),
+            m.name, m.machine, ",".join(map(str, m.gpus)) or "cpu", m.engine + (" SIM" if m.simulated else ""),
+            state_text(m), fmt_gib(m.vram_bytes), running,
+            fmt(m.tokens_per_s), fmt(m.kv_cache_pct, ".0f", "%"),
+            _secs(m.load_s), _secs(m.warmup_s), _secs(m.wake_s), _pct(m.cached_fraction),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     if len(rows) == 1:
         lines.append("(no models in lab.yaml)")
-    windows = sorted({m["tokens_per_s_window_s"] for m in data["models"] if m.get("tokens_per_s_window_s")})
+    windows = sorted({m.tokens_per_s_window_s for m in models if m.tokens_per_s_window_s})
     if windows:
         lines.append(f"TOK/S: generated tokens per second over the last {' or '.join(f'{w:g}' for w in windows)} s")
-    for m in data["models"]:
-        if m.get("error"):
-            lines.append(f"{m['name']}: {m['error']['message']}")
-    for machine, rotation in data.get("rotation", {}).items():
-        if rotation and rotation.get("plan"):
-            step = f"not rotated yet ({len(rotation['plan'])} sets)" if rotation["index"] is None else f"step {rotation['index'] + 1} of {len(rotation['plan'])}"
+    lines += [f"{m.name}: {m.error.message}" for m in models if m.error is not None]
+    for machine, rotation in rotations.items():
+        if rotation is not None and rotation.plan:
+            step = f"not rotated yet ({len(rotation.plan)} sets)" if rotation.index is None else f"step {rotation.index + 1} of {len(rotation.plan)}"
             lines.append(f"{machine}: rotation {step}, {rotation_schedule(rotation, time.time())}")
-    lines += [f"{name}: OFFLINE {error}" for name, error in data.get("offline", {}).items()]
+    lines += [f"{name}: OFFLINE {error}" for name, error in offline.items()]
     return "\n".join(lines)
 
 
-def rotation_schedule(rotation: dict[str, Any], now: float) -> str:
+def rotation_schedule(rotation: Rotation, now: float) -> str:
     """One machine's rotation clock in human durations: `next in 3h51m, overhead 0.012% (target < 1%)`."""
-    when = "not scheduled" if rotation.get("next_at") is None else f"in {fmt_duration(max(0.0, rotation['next_at'] - now))}"
-    return f"next {when}, overhead {rotation['overhead_pct']:.3f}% (target < {rotation['target_pct']}%)"
+    when = "not scheduled" if rotation.next_at is None else f"in {fmt_duration(max(0.0, rotation.next_at - now))}"
+    return f"next {when}, overhead {fmt(rotation.overhead_pct, '.3f', '%')} (target < {rotation.target_pct}%)"
 
 
-def rotation_human(data: dict[str, dict[str, Any]], now: float | None = None, models_on: dict[str, set[str]] | None = None) -> str:
+def rotation_human(data: dict[str, Rotation], now: float | None = None, models_on: dict[str, set[str]] | None = None) -> str:
     """What `cetlab rotate` did on each machine: the set it moved to (the machine's own models of it: ``models_on``,
     machine -> its models; None: the whole set), the moves, what is not warm, the next rotation."""
     now = time.time() if now is None else now
     lines = []
     for machine, rotation in data.items():
-        sets, last = rotation.get("plan") or [], rotation.get("last")
+        sets, last = rotation.plan, rotation.last
+
         def own(names: list[str]) -> str:
             return ", ".join(n for n in names if models_on is None or n in models_on.get(machine, set())) or "none of its models"
 
-        if rotation.get("running") and rotation.get("index") is not None:  # the index moves when a rotation starts
-            lines.append(f"{machine}: rotating to set {rotation['index'] + 1} of {len(sets)} "
-                         f"({own(sets[rotation['index']])}); `cetlab models` to watch")
+        if rotation.running and rotation.index is not None:  # the index moves when a rotation starts
+            lines.append(f"{machine}: rotating to set {rotation.index + 1} of {len(sets)} "
+                         f"({own(sets[rotation.index])}); `cetlab models` to watch")
         elif last is None:
             lines.append(f"{machine}: not rotated yet")
         else:
-            target = sets[last["index"]] if 0 <= last["index"] < len(sets) else []
-            lines.append(f"{machine}: rotated to set {last['index'] + 1} of {len(sets)} ({own(target)}) "
-                         f"in {last['duration_s']:.1f} s, {fmt_duration(now - last['t'])} ago")
-            lines += [f"  swapped {out} out for {incoming}" for out, incoming in last.get("swaps") or []]
-            if last.get("out"):
-                lines.append(f"  freed: {', '.join(last['out'])}")
-            if last.get("up"):
-                lines.append(f"  brought up: {', '.join(last['up'])}")
-            if last.get("not_warm"):
-                lines.append(f"  NOT WARM: {', '.join(last['not_warm'])}")
-            lines += [f"  problem: {problem}" for problem in last.get("problems") or []]
-            if not (last.get("swaps") or last.get("out") or last.get("up")):
+            target = sets[last.index] if 0 <= last.index < len(sets) else []
+            lines.append(f"{machine}: rotated to set {last.index + 1} of {len(sets)} ({own(target)}) "
+                         f"in {fmt(last.duration_s, '.1f', ' s')}, {fmt_duration(now - last.t)} ago")
+            lines += [f"  swapped {out} out for {incoming}" for out, incoming in last.swaps]
+            if last.out:
+                lines.append(f"  freed: {', '.join(last.out)}")
+            if last.up:
+                lines.append(f"  brought up: {', '.join(last.up)}")
+            if last.not_warm:
+                lines.append(f"  NOT WARM: {', '.join(last.not_warm)}")
+            lines += [f"  problem: {problem}" for problem in last.problems]
+            if not (last.swaps or last.out or last.up):
                 lines.append("  nothing to move: its set was already up")
-        if rotation.get("pinned"):
-            lines.append(f"  pinned (never rotated out): {', '.join(rotation['pinned'])}")
+        if rotation.pinned:
+            lines.append(f"  pinned (never rotated out): {', '.join(rotation.pinned)}")
         lines.append(f"  {rotation_schedule(rotation, now)}")
     return "\n".join(lines)
 
 
-def model_human(m: dict[str, Any]) -> str:
-    line = f"{m['name']} on {m['machine']} GPU {','.join(map(str, m['gpus'])) or 'cpu'}: {state_text(m)}"
-    if m.get("endpoint") and m["state"] == "warm":
-        line += f"  {m['endpoint']} (model name: {m.get('served_name') or m['name']})"
-    if m.get("error"):
-        line += f"\n  error: {m['error']['message']}"
-        line += "".join(f"\n  | {text}" for text in (m["error"].get("log_tail") or [])[-8:])
+def model_human(m: ModelInfo) -> str:
+    line = f"{m.name} on {m.machine} GPU {','.join(map(str, m.gpus)) or 'cpu'}: {state_text(m)}"
+    if m.endpoint and m.state == ModelState.WARM:
+        line += f"  {m.endpoint} (model name: {m.served_name or m.name})"
+    if m.error is not None:
+        line += f"\n  error: {m.error.message}"
+        line += "".join(f"\n  | {text}" for text in m.error.log_tail[-8:])
     return line
 
 
-def model_machine(ctx, name: str) -> str:
+def model_machine(ctx: Context, name: str) -> str:
     for model in ctx.lab.models:
         if model.name == name:
             return model.machine
@@ -133,29 +152,29 @@ def model_machine(ctx, name: str) -> str:
     raise RemoteError(ErrorCode.NOT_FOUND, f"no model named {name!r} in {ctx.lab.lab} (models: {known})")
 
 
-BRINGING_UP = ("loading", "warming")  # the states an operation passes through; every other one is where a model settles
+BRINGING_UP = (ModelState.LOADING, ModelState.WARMING)  # the states an operation passes through; every other one is where a model settles
 
 
 class SettledElsewhere(RemoteError):
     """The model settled in a state other than the one asked for; the message says where and why."""
 
-    def __init__(self, model: dict[str, Any], wanted: tuple[str, ...]) -> None:
-        super().__init__(ErrorCode.CONFLICT, f"{model['name']} settled {model['state']}, not {' or '.join(wanted)}: {settled_reason(model)}")
+    def __init__(self, model: ModelDetail, wanted: tuple[ModelState, ...]) -> None:
+        super().__init__(ErrorCode.CONFLICT, f"{model.name} settled {model.state}, not {' or '.join(wanted)}: {settled_reason(model)}")
         self.model = model
 
 
-def settled_reason(model: dict[str, Any]) -> str:
+def settled_reason(model: ModelDetail) -> str:
     """Why a model is where it is: its error, else the last move in its history."""
-    if model.get("error"):
-        return model["error"]["message"]
-    for event in model.get("history") or []:
-        if event.get("to_state") == model["state"]:
-            when = time.strftime("%H:%M:%S", time.localtime(event["t"]))
-            return f"its last move was {event['event']} ({event['from_state']} → {event['to_state']}) at {when}; `cetlab models` to see it"
+    if model.error is not None:
+        return model.error.message
+    for event in model.history:
+        if event.to_state == model.state:
+            when = time.strftime("%H:%M:%S", time.localtime(event.t))
+            return f"its last move was {event.event} ({event.from_state} → {event.to_state}) at {when}; `cetlab models` to see it"
     return "`cetlab models` to see it"
 
 
-async def wait_settled(ctx, name: str, wanted: tuple[str, ...], timeout_s: float) -> dict[str, Any]:
+async def wait_settled(ctx: Context, name: str, wanted: tuple[ModelState, ...], timeout_s: float) -> ModelDetail:
     """Poll models.get until the model settles; SettledElsewhere when that is not a state in `wanted`.
 
     A model settles when no operation runs on it and it is not on its way up: a wait for `warm`
@@ -166,40 +185,43 @@ async def wait_settled(ctx, name: str, wanted: tuple[str, ...], timeout_s: float
     deadline = time.monotonic() + timeout_s
     last = None
     while True:
-        model = await ctx.call(machine, "models.get", {"model": name})
+        model = await ctx.request(machine, MODELS_GET, ModelParams(model=name))
         text = state_text(model)
         if text != last and not ctx.args.json:
             print(f"{name}: {text}", file=sys.stderr, flush=True)
             last = text
-        if not model.get("op") and model["state"] not in BRINGING_UP:
-            if model["state"] in wanted:
+        if not model.op and model.state not in BRINGING_UP:
+            if model.state in wanted:
                 return model
             raise SettledElsewhere(model, wanted)
         if time.monotonic() > deadline:
-            raise RemoteError(ErrorCode.TIMEOUT, f"{name} is still {model['state']} after {timeout_s:.0f} s (it goes on; `cetlab models` to watch)")
+            raise RemoteError(ErrorCode.TIMEOUT, f"{name} is still {model.state} after {timeout_s:.0f} s (it goes on; `cetlab models` to watch)")
         await asyncio.sleep(POLL_S)
 
 
-async def cmd_models(ctx) -> int:
+async def cmd_models(ctx: Context) -> int:
     machines = sorted({m.machine for m in ctx.lab.models})
-    results = await asyncio.gather(*(ctx.call(m, "models.list") for m in machines), return_exceptions=True)
-    data: dict[str, Any] = {"lab": ctx.lab.lab, "models": [], "rotation": {}, "offline": {}}
-    for machine, result in zip(machines, results):
-        if isinstance(result, RemoteError):
-            data["offline"][machine] = result.message
+    replies = await ctx.request_all(MODELS_LIST, machines=machines)
+    models: list[ModelInfo] = []
+    rotations: dict[str, Rotation | None] = {}
+    offline: dict[str, str] = {}
+    for machine, reply in replies.items():
+        if isinstance(reply, RemoteError):
+            offline[machine] = reply.message
             continue
-        if isinstance(result, BaseException):
-            raise result
-        data["models"] += [model_json(m) for m in result["models"]]
-        data["rotation"][machine] = result["rotation"]
-    ctx.out(data, models_human)
-    return EXIT_FAILED if data["offline"] and not data["models"] else EXIT_OK
+        models += reply.models
+        rotations[machine] = reply.rotation
+    data = {"lab": ctx.lab.lab, "models": [model_json(m) for m in models],
+            "rotation": {machine: r.model_dump(mode="json") if r is not None else None for machine, r in rotations.items()},
+            "offline": offline}
+    ctx.out(data, lambda _: models_human(models, rotations, offline))
+    return EXIT_FAILED if offline and not models else EXIT_OK
 
 
-async def _act(ctx, method: str, name: str, until: tuple[str, ...], params: dict | None = None) -> int:
+async def _act(ctx: Context, method: Method[Any, ModelInfo], name: str, until: tuple[ModelState, ...]) -> int:
     machine = model_machine(ctx, name)
-    timeout = STOP_TIMEOUT_S if method == "models.cold" else None
-    model = await ctx.call(machine, method, params or {"model": name}, timeout)
+    timeout = STOP_TIMEOUT_S if method is MODELS_COLD else None
+    model: ModelInfo = await ctx.request(machine, method, ModelParams(model=name), timeout)
     if not ctx.args.no_wait:
         try:
             model = await wait_settled(ctx, name, until, ctx.args.wait_timeout)
@@ -208,77 +230,79 @@ async def _act(ctx, method: str, name: str, until: tuple[str, ...], params: dict
             print(f"error: {exc.message}", file=sys.stderr)
             return EXIT_FAILED
     ctx.out(model_json(model) if ctx.args.json else model, model_human)
-    return EXIT_FAILED if model["state"] == "failed" else EXIT_OK
+    return EXIT_FAILED if model.state == ModelState.FAILED else EXIT_OK
 
 
-async def cmd_warm(ctx) -> int:
-    return await _act(ctx, "models.warm", ctx.args.model, ("warm",))
+async def cmd_warm(ctx: Context) -> int:
+    return await _act(ctx, MODELS_WARM, ctx.args.model, (ModelState.WARM,))
 
 
-async def cmd_sleep(ctx) -> int:
-    return await _act(ctx, "models.sleep", ctx.args.model, ("sleeping",))
+async def cmd_sleep(ctx: Context) -> int:
+    return await _act(ctx, MODELS_SLEEP, ctx.args.model, (ModelState.SLEEPING,))
 
 
-async def cmd_cold(ctx) -> int:
-    return await _act(ctx, "models.cold", ctx.args.model, ("cold", "cached"))
+async def cmd_cold(ctx: Context) -> int:
+    return await _act(ctx, MODELS_COLD, ctx.args.model, (ModelState.COLD, ModelState.CACHED))
 
 
-async def cmd_cache(ctx) -> int:
-    return await _act(ctx, "models.cache", ctx.args.model, ("cold", "cached", "warm", "sleeping"))
+async def cmd_cache(ctx: Context) -> int:
+    return await _act(ctx, MODELS_CACHE, ctx.args.model, (ModelState.COLD, ModelState.CACHED, ModelState.WARM, ModelState.SLEEPING))
 
 
-def pin_human(m: dict[str, Any]) -> str:
+def pin_human(m: ModelInfo) -> str:
     """What `cetlab pin` changed, then where the model stands."""
-    said = "pinned: rotation never takes it out" if m.get("pinned") else "unpinned: rotation may take it out"
-    return f"{m['name']} {said}\n{model_human(m)}"
+    said = "pinned: rotation never takes it out" if m.pinned else "unpinned: rotation may take it out"
+    return f"{m.name} {said}\n{model_human(m)}"
 
 
-async def cmd_pin(ctx) -> int:
+async def cmd_pin(ctx: Context) -> int:
     machine = model_machine(ctx, ctx.args.model)
-    model = await ctx.call(machine, "models.pin", {"model": ctx.args.model, "pinned": not ctx.args.unpin})
-    ctx.out(model_json(model), pin_human)
+    model = await ctx.request(machine, MODELS_PIN, PinParams(model=ctx.args.model, pinned=not ctx.args.unpin))
+    ctx.out(model_json(model), lambda _: pin_human(model))
     return EXIT_OK
 
 
-async def cmd_swap(ctx) -> int:
+async def cmd_swap(ctx: Context) -> int:
     out, incoming = ctx.args.out, ctx.args.incoming
     machine, in_machine = model_machine(ctx, out), model_machine(ctx, incoming)
     if machine != in_machine:
         raise RemoteError(ErrorCode.CONFLICT, f"{out} runs on {machine} and {incoming} on {in_machine}: a swap shares GPUs on one "
                           f"machine; use `cetlab sleep {out}` and `cetlab warm {incoming}`")
     started = time.monotonic()
-    await ctx.call(machine, "models.swap", {"out": out, "in": incoming})
-    result, problems = {}, []
+    await ctx.request(machine, MODELS_SWAP, SwapParams.model_validate({"out": out, "in": incoming}))
+    result: dict[str, ModelDetail] = {}
+    problems = []
     if not ctx.args.no_wait:
-        for key, name, wanted in (("in", incoming, ("warm",)), ("out", out, ("sleeping", "cold", "cached"))):
+        for key, name, wanted in (("in", incoming, (ModelState.WARM,)), ("out", out, (ModelState.SLEEPING, ModelState.COLD, ModelState.CACHED))):
             try:
                 result[key] = await wait_settled(ctx, name, wanted, ctx.args.wait_timeout)
             except SettledElsewhere as exc:
                 result[key] = exc.model
                 problems.append(exc.message)
     else:
-        result = {k: await ctx.call(machine, "models.get", {"model": n}) for k, n in (("out", out), ("in", incoming))}
-    data = {"out": model_json(result["out"]), "in": model_json(result["in"]), "elapsed_s": round(time.monotonic() - started, 3)}
-    ctx.out(data, lambda d: f"{model_human(d['out'])}\n{model_human(d['in'])}\nswap took {d['elapsed_s']:.1f} s")
+        result = {k: await ctx.request(machine, MODELS_GET, ModelParams(model=n)) for k, n in (("out", out), ("in", incoming))}
+    elapsed_s = round(time.monotonic() - started, 3)
+    data = {"out": model_json(result["out"]), "in": model_json(result["in"]), "elapsed_s": elapsed_s}
+    ctx.out(data, lambda _: f"{model_human(result['out'])}\n{model_human(result['in'])}\nswap took {elapsed_s:.1f} s")
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
-    return EXIT_FAILED if problems or data["in"]["state"] == "failed" else EXIT_OK
+    return EXIT_FAILED if problems or result["in"].state == ModelState.FAILED else EXIT_OK
 
 
-async def cmd_rotate(ctx) -> int:
+async def cmd_rotate(ctx: Context) -> int:
     machines = sorted({m.machine for m in ctx.lab.models})
     if not ctx.lab.orchestra.rotation:
         raise RemoteError(ErrorCode.UNAVAILABLE, "lab.yaml has no orchestra.rotation plan")
-    results = {m: await ctx.call(m, "models.rotate") for m in machines}
+    results = {m: await ctx.request(m, MODELS_ROTATE) for m in machines}
     if not ctx.args.no_wait:
         deadline = time.monotonic() + ctx.args.wait_timeout
-        while any(r["running"] for r in results.values()) and time.monotonic() < deadline:
+        while any(r.running for r in results.values()) and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
-            results = {m: await ctx.call(m, "models.rotation") for m in machines}
+            results = {m: await ctx.request(m, MODELS_ROTATION) for m in machines}
     models_on: dict[str, set[str]] = {}
     for model in ctx.lab.models:
         models_on.setdefault(model.machine, set()).add(model.name)
-    ctx.out(results, lambda data: rotation_human(data, models_on=models_on))
+    ctx.out({m: r.model_dump(mode="json") for m, r in results.items()}, lambda _: rotation_human(results, models_on=models_on))
     return EXIT_OK
 
 

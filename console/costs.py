@@ -2,68 +2,84 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
-from agents.protocol import RemoteError
+from agents.catalogue import COSTS_GET, CostsReport, ReplyInvalid, validate_reply
+from agents.protocol import ErrorCode, RemoteError
 from console.state import LabState
 
 
 def _sum(values: list[float | None]) -> float | None:
     """A total that is unknown when one part is unknown (a missing price), never a wrong number."""
-    return None if any(v is None for v in values) else round(sum(values), 6)
+    known = [v for v in values if v is not None]
+    return None if len(known) < len(values) else round(sum(known), 6)
 
 
 def _saving_pct(cost: float | None, cloud: float | None) -> float | None:
     return None if cost is None or not cloud else round((cloud - cost) / cloud * 100, 2)
 
 
-def lab_costs(currency: str, results: dict[str, Any], by: str = "machine") -> dict[str, Any]:
-    """Sum `costs.get` answers (or the RemoteErrors of machines not reached) into the lab's figures."""
-    reports = {name: r for name, r in results.items() if isinstance(r, dict)}
-    offline = {name: r.message if isinstance(r, RemoteError) else str(r) for name, r in results.items() if not isinstance(r, dict)}
-    parts = list(reports.values())
-    days: dict[str, dict[str, list]] = {}
+def _report(result: Any) -> CostsReport | RemoteError:
+    """One machine's `costs.get` answer, typed (a raw one is validated here), or why there is none."""
+    if isinstance(result, (CostsReport, RemoteError)):
+        return result
+    if isinstance(result, dict):
+        try:
+            return validate_reply(COSTS_GET, result)
+        except ReplyInvalid as exc:
+            return exc
+    return RemoteError(ErrorCode.INTERNAL, str(result))
+
+
+def lab_costs(currency: str, results: Mapping[str, Any], by: str = "machine") -> dict[str, Any]:
+    """Sum `costs.get` answers (typed, or raw and validated here; or the RemoteErrors of machines not reached) into the
+    lab's figures."""
+    checked = {name: _report(r) for name, r in results.items()}
+    parts = [r for r in checked.values() if isinstance(r, CostsReport)]
+    offline = {name: r.message for name, r in checked.items() if isinstance(r, RemoteError)}
+    days: dict[str, dict[str, list[float | None]]] = {}
     for report in parts:
-        for day in report["days"]:
-            entry = days.setdefault(day["day"], {"cost": [], "cloud_equivalent": [], "kwh": []})
-            for key in entry:
-                entry[key].append(day[key])
-    apis = [r["api"] for r in parts if r.get("api")]  # the gateway's machine reports the API spend
+        for day in report.days:
+            entry = days.setdefault(day.day, {"cost": [], "cloud_equivalent": [], "kwh": []})
+            entry["cost"].append(day.cost)
+            entry["cloud_equivalent"].append(day.cloud_equivalent)
+            entry["kwh"].append(day.kwh)
+    apis = [r.api for r in parts if r.api is not None]  # the gateway's machine reports the API spend
     for api in apis:
-        for day, spend in api["days"].items():
-            days.setdefault(day, {"cost": [0.0], "cloud_equivalent": [0.0], "kwh": [0.0]}).setdefault("api", []).append(spend)
-    missing = sorted({m for r in parts for key in ("now", "today", "month", "since") for m in r[key]["missing"]})
-    month = _sum([r["month"]["cost"] for r in parts])
-    cloud_month = _sum([r["month"]["cloud_equivalent"] for r in parts])
-    since = _sum([r["since"]["cost"] for r in parts])
-    cloud_since = _sum([r["since"]["cloud_equivalent"] for r in parts])
+        for day_name, spend in api.days.items():
+            days.setdefault(day_name, {"cost": [0.0], "cloud_equivalent": [0.0], "kwh": [0.0]}).setdefault("api", []).append(spend)
+    missing = sorted({m for r in parts for m in (*r.now.missing, *r.today.missing, *r.month.missing, *r.since.missing)})
+    month = _sum([r.month.cost for r in parts])
+    cloud_month = _sum([r.month.cloud_equivalent for r in parts])
+    since = _sum([r.since.cost for r in parts])
+    cloud_since = _sum([r.since.cloud_equivalent for r in parts])
     return {
         "currency": currency,
-        "now_per_hour": _sum([r["now"]["per_hour"] for r in parts]),
-        "power_w": _sum([r["now"]["power_w"] for r in parts]),
-        "today": _sum([r["today"]["cost"] for r in parts]),
+        "now_per_hour": _sum([r.now.per_hour for r in parts]),
+        "power_w": _sum([r.now.power_w for r in parts]),
+        "today": _sum([r.today.cost for r in parts]),
         "month": month,
-        "kwh_today": _sum([r["today"]["kwh"] for r in parts]),
-        "kwh_month": _sum([r["month"]["kwh"] for r in parts]),
-        "cloud_equivalent_today": _sum([r["today"]["cloud_equivalent"] for r in parts]),
+        "kwh_today": _sum([r.today.kwh for r in parts]),
+        "kwh_month": _sum([r.month.kwh for r in parts]),
+        "cloud_equivalent_today": _sum([r.today.cloud_equivalent for r in parts]),
         "cloud_equivalent_month": cloud_month,
         "saving_month": None if month is None or cloud_month is None else round(cloud_month - month, 6),
         "saving_pct_month": _saving_pct(month, cloud_month),
-        "since": min((r["since"]["day"] for r in parts), default=None),
+        "since": min((r.since.day for r in parts), default=None),
         "since_total": since,
         "cloud_equivalent_since": cloud_since,
         "saving_pct_since": _saving_pct(since, cloud_since),
-        "api_providers": [p for api in apis for p in api["providers"]],
-        "api_today": _sum([api["today"] for api in apis]),
-        "api_month": _sum([api["month"] for api in apis]),
-        "api_since": _sum([api["since"] for api in apis]),
-        "total_month": None if month is None else _sum([month, *(api["month"] for api in apis)]),
+        "api_providers": [p.model_dump(mode="json", exclude_unset=True) for api in apis for p in api.providers],
+        "api_today": _sum([api.today for api in apis]),
+        "api_month": _sum([api.month for api in apis]),
+        "api_since": _sum([api.since for api in apis]),
+        "total_month": None if month is None else _sum([month, *(api.month for api in apis)]),
         "by_kind": by,
-        "by": [entry for r in parts for entry in r["by"]],
+        "by": [entry.model_dump(mode="json", exclude_unset=True) for r in parts for entry in r.by],
         "days": [{"day": d, "api": 0.0, **{k: _sum(v) for k, v in e.items()}} for d, e in sorted(days.items())],
         "missing": missing,
         "offline": offline,
-        "simulated": any(r["simulated"] for r in parts),
+        "simulated": any(r.simulated for r in parts),
     }
 
 

@@ -12,15 +12,19 @@ from widgets.format import fmt_ago
 
 
 def route_statuses(results: dict[str, Any]) -> list[tuple[str, RouteStatus]]:
-    """(machine, route) for every route of every machine that answered `notify.status` (an error or an old agent: none)."""
+    """(machine, route) for every route of every machine that answered `notify.status`, typed or raw (an error or an old
+    agent: none)."""
     out: list[tuple[str, RouteStatus]] = []
     for machine, result in results.items():
-        if not isinstance(result, dict):
+        if isinstance(result, NotifyStatus):  # typed where it entered (request)
+            status = result
+        elif not isinstance(result, dict):
             continue
-        try:
-            status = NotifyStatus.model_validate(result)
-        except ValidationError:
-            continue
+        else:
+            try:
+                status = NotifyStatus.model_validate(result)
+            except ValidationError:
+                continue
         out += [(machine, route) for route in status.routes]
     return sorted(out, key=lambda mr: (mr[1].name, mr[0]))
 

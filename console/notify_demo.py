@@ -41,7 +41,7 @@ def receiver_argvs(directory: Path, data: dict[str, Any]) -> list[list[str]]:
 def describe(directory: Path, lab_path: Path) -> str:
     """Where the demo's notifications arrive ('' without a simulated route)."""
     from agents.lab import load_lab
-    from agents.notify.config import WebhookRoute
+    from agents.lab_notify import WebhookRoute
 
     if not any(isinstance(r, WebhookRoute) and r.simulated and r.url_file for r in load_lab(lab_path).notify.routes):
         return ""

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 from pydantic import TypeAdapter, ValidationError
 
-from agents.gpusupport.model import GpuSupportSection
+from agents.sections_gpu_support import GpuSupportSection
 from agents.lab import Lab, Machine
 from agents.protocol import GpuSample, HostSample
 from agents.sections import (

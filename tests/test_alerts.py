@@ -300,10 +300,11 @@ async def test_an_alert_firing_when_the_agent_stops_is_still_active_after_a_rest
     lab = parse_lab("lab: t\nalerts: {temp_for_s: 0, clear_for_s: 0}\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
 
     async def agent_with_alerts() -> tuple[Agent, AlertsComponent]:
-        component = AlertsComponent()
-        agent = Agent(lab, "box", tmp_path, components=[component])
+        agent = Agent(lab, "box", tmp_path, components=lambda core: [AlertsComponent(core)])
+        component = agent.find(AlertsComponent)
+        assert component is not None
         agent.store = Store(tmp_path / "state.db")
-        await component.start(agent)
+        await agent.start_components()
         return agent, component
 
     agent, alerts = await agent_with_alerts()
@@ -334,10 +335,11 @@ async def test_an_alert_is_acked_by_its_id_and_by_the_form_ids_had_before(tmp_pa
     from agents.store import Store
 
     lab = parse_lab("lab: t\nalerts: {temp_for_s: 0, clear_for_s: 0}\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
-    alerts = AlertsComponent()
-    agent = Agent(lab, "box", tmp_path, components=[alerts])
+    agent = Agent(lab, "box", tmp_path, components=lambda core: [AlertsComponent(core)])
+    alerts = agent.find(AlertsComponent)
+    assert alerts is not None
     agent.store = Store(tmp_path / "state.db")
-    await alerts.start(agent)
+    await agent.start_components()
     peer = Peer(role=Role.OPERATOR, who="test", send=lambda line: None)
 
     async def ack(alert_id: str) -> dict:

@@ -93,7 +93,7 @@ def test_a_models_vram_reads_the_same_in_the_console_and_the_cli():
     models = [m for section in frozen_models().values() for m in section["models"]]
     measured = {**models[-1], "name": "tiny-hf-gpu", "gpus": [0], "vram_bytes": int(1.3 * 1024**3), "vram_measured": True}
     models.append(measured)  # a transformers model on a GPU, its VRAM measured by NVML
-    lines = models_human({"models": [ModelInfo(**m).model_dump(mode="json") for m in models]}).splitlines()
+    lines = models_human([ModelInfo(**m) for m in models], {}, {}).splitlines()
     vram_at = lines[0].index("VRAM")
     vram_column = [key for key, _, _ in COLUMNS].index("vram")
     for model, line in zip(models, lines[1:]):

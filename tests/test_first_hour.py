@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agents.sections import Rotation
 from console.cli import main as cli_main
 from console.cli_models import rotation_human
 from console.demo import DemoLab
@@ -90,7 +91,7 @@ def test_rotation_text_names_problems_and_what_is_not_warm():
                 "overhead_pct": 0.0123, "target_pct": 1.0,
                 "last": {"t": 1000.0 - 3600, "index": 0, "duration_s": 2.5, "swaps": [["z", "x"]], "out": [], "up": ["y"],
                          "not_warm": ["y"], "problems": ["y needs 4.5 GiB on GPU 1 of m5"]}}
-    text = rotation_human({"m5": rotation}, now=1000.0)
+    text = rotation_human({"m5": Rotation.model_validate(rotation)}, now=1000.0)
     assert text.splitlines() == [
         "m5: rotated to set 1 of 2 (x, y) in 2.5 s, 1h00m ago",
         "  swapped z out for x",
@@ -320,7 +321,13 @@ class ScriptedModels:
     async def call(self, machine, method, params, timeout=None):
         state, op = self.states.pop(0) if len(self.states) > 1 else self.states[0]
         history = [{"t": 0.0, "event": "sleep", "from_state": "warm", "to_state": "sleeping", "detail": None}]
-        return {"name": "p", "machine": "box", "gpus": [0], "state": state, "op": op, "history": history}
+        return {"name": "p", "machine": "box", "engine": "sim", "since": 0.0, "path": "models/p", "gpus": [0], "state": state, "op": op,
+                "history": history}
+
+    async def request(self, machine, method, params, timeout=None):
+        from agents.catalogue import validate_reply
+
+        return validate_reply(method, await self.call(machine, method.name, params, timeout))
 
 
 def test_a_wait_for_warm_ends_when_the_model_settles_asleep_and_says_why(capsys):
@@ -341,8 +348,8 @@ def test_a_phase_that_repeats_the_state_is_said_once():
     from widgets.orchestra_table import COLUMNS, state_cell
 
     loading = {"name": "m", "machine": "box", "engine": "sim", "state": "loading", "since": 0.0}
-    assert state_text({**loading, "progress": {"phase": "loading"}}) == "loading"
-    assert state_text({**loading, "progress": {"phase": "warm-up"}}) == "loading (warm-up)"
+    assert state_text(ModelInfo(**loading, progress={"phase": "loading"})) == "loading"
+    assert state_text(ModelInfo(**loading, progress={"phase": "warm-up"})) == "loading (warm-up)"
     assert str(state_cell(ModelInfo(**loading, progress={"phase": "loading"}))) == "loading"
     tiny = str(state_cell(ModelInfo(**loading, progress={"phase": "making the tiny model"})))
     assert tiny == "loading making the tiny model"
@@ -439,7 +446,8 @@ def test_a_rotation_line_names_the_machines_own_models_of_the_set():
     last = {"t": 900.0, "index": 1, "duration_s": 0.1, "swaps": [], "out": [], "up": [], "not_warm": [], "problems": []}
     rotation = {"plan": [["a"], ["qwen", "mistral", "phi"]], "index": 1, "running": False, "next_at": 2000.0, "pinned": [],
                 "overhead_pct": 0.0, "target_pct": 1.0, "last": last}
-    text = rotation_human({"workstation": rotation, "irina": rotation}, now=1000.0,
+    typed = Rotation.model_validate(rotation)
+    text = rotation_human({"workstation": typed, "irina": typed}, now=1000.0,
                           models_on={"workstation": {"tiny"}, "irina": {"mistral", "phi"}})
     assert "workstation: rotated to set 2 of 2 (none of its models) in 0.1 s" in text, text
     assert "irina: rotated to set 2 of 2 (mistral, phi) in 0.1 s" in text, text

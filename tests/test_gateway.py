@@ -428,8 +428,9 @@ async def test_prometheus_series_of_the_gateway(gw_lab, tmp_path):
 
     lab = load_lab(gw_lab.lab_path)
     lab = lab.model_copy(update={"gateway": lab.gateway.model_copy(update={"port": 0})})
-    gateway = GatewayComponent()
-    agent = Agent(lab, "hub", tmp_path / "state", listen=("127.0.0.1", 0), components=[gateway])
+    agent = Agent(lab, "hub", tmp_path / "state", listen=("127.0.0.1", 0), components=lambda core: [GatewayComponent(core)])
+    gateway = agent.find(GatewayComponent)
+    assert gateway is not None
     await agent.start()
     try:
         token = gateway.keys.add(KeyAddParams(name="scraper"))
@@ -469,6 +470,7 @@ async def test_peer_client_verifies_host_keys_and_needs_an_authorized_key(gw_lab
 
 def test_cli_gateway_columns_fit_their_longest_cell():
     """`cetlab gateway` ran "workstation SIM" into the state column; the table is aligned whatever the names."""
+    from agents.sections import GatewaySection
     from console.cli_gateway import gateway_human
 
     def model(name, where, state):
@@ -477,6 +479,6 @@ def test_cli_gateway_columns_fit_their_longest_cell():
 
     data = {"currency": "USD", "url": "http://127.0.0.1:8400/v1", "machine": "hub", "peers": {}, "providers": [], "keys": [],
             "models": [model("phi-3-mini", "workstation", "warm"), model("a-checkpoint-of-a-long-run-step12000", "m5", "cold")]}
-    lines = gateway_human(data).splitlines()[1:4]
+    lines = gateway_human(GatewaySection.model_validate(data)).splitlines()[1:4]
     starts = {line.index(word) for line, word in zip(lines, ("state", "warm", "cold"))}
     assert len(starts) == 1, lines

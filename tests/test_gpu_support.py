@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from agents.gpusupport.matrix import judge, matrix
-from agents.gpusupport.model import Stack, StackKind
+from agents.sections_gpu_support import Stack, StackKind
 from agents.gpusupport.stacks import DEFAULT_SIM_STACKS, TorchReader, engine_stack_kind, python_of, sim_stacks
 from agents.lab import SimGpu, load_lab
 from agents.protocol import ComputeCapability, ErrorCode, GpuSample, RemoteError
@@ -387,15 +387,14 @@ async def test_on_nvml_gpus_the_installed_torch_is_judged_and_a_cpu_build_refuse
     lab = parse_lab(yaml.safe_dump({"lab": "real", "machines": [{"name": "box", "gpus": "nvml"}], "trainers": [
         {"name": "train", "machine": "box", "gpus": [0], "command": [PY, "-c", "print(1)"], "output_dir": str(tmp_path / "runs/{job_id}")},
         {"name": "not-python", "machine": "box", "gpus": [0], "command": ["true"], "output_dir": str(tmp_path / "runs/{job_id}")}]}))
-    support = GpuSupportComponent()
-    jobs = JobsComponent()
     agent = Agent(lab, "box", tmp_path / "state", gpu_sampler=NvmlSampler(nvml_module=WithCapability(gpu("Tesla V100-SXM2-32GB", cc=(7, 0)))),
-                  components=[support, jobs])
+                  components=lambda core: [GpuSupportComponent(core), JobsComponent(core)])
+    support, jobs = agent.find(GpuSupportComponent), agent.find(JobsComponent)
+    assert support is not None and jobs is not None
     (tmp_path / "state").mkdir()
     agent.store = Store(tmp_path / "state" / "state.db")
     try:
-        for component in agent.components:
-            await component.start(agent)
+        await agent.start_components()
         agent.tick()
         await wait_for(lambda: support.section().stacks, 120)  # read in a thread at start
         section = support.section()

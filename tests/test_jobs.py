@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -481,10 +480,7 @@ async def test_a_recipe_cannot_take_gpus_that_hold_a_warm_model(demo_lab):
         async def llama_warm() -> bool:
             return (await client.call("m5", "models.get", {"model": "llama-3.1-8b"}))["state"] == "warm"
 
-        deadline = asyncio.get_running_loop().time() + 90
-        while not await llama_warm():
-            assert asyncio.get_running_loop().time() < deadline, "llama-3.1-8b never became warm"
-            await asyncio.sleep(0.5)
+        await wait_for(llama_warm, 90, interval=0.5)
         with pytest.raises(RemoteError) as info:
             await client.call("m5", "jobs.start", {"recipe": "p40-ddp"})
         assert info.value.code == ErrorCode.CONFLICT

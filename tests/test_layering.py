@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,24 @@ def test_import_contracts_are_kept():
     result = subprocess.run([str(lint), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
+
+
+def test_the_layers_inside_agents_refuse_a_core_module_on_a_component_and_a_component_on_anothers_internals(tmp_path):
+    """The layers contract bites: in a copy of the tree where the store (core) imports the alerts component and alerts
+    imports notify's sender (not its port), lint-imports breaks the contract and names both imports."""
+    for package in ("agents", "console", "widgets"):
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    with (tmp_path / "agents" / "store.py").open("a") as f:
+        f.write("\nimport agents.alerts  # noqa: E402\n")
+    with (tmp_path / "agents" / "alerts.py").open("a") as f:
+        f.write("\nfrom agents.notify import sender  # noqa: E402\n")
+    lint = Path(sys.executable).parent / "lint-imports"
+    result = subprocess.run([str(lint), "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert result.returncode != 0, result.stdout
+    assert "agents.store -> agents.alerts" in result.stdout, result.stdout
+    assert "agents.alerts -> agents.notify.sender" in result.stdout, result.stdout
 
 
 def test_a_cli_verb_runs_without_textual(small_demo):

@@ -113,10 +113,9 @@ async def test_collector_labels_jobs_models_tokens_and_alerts(tmp_path):
                                     started_at=1.0, output_dir="/runs/4", log_path="/logs/4")])
     llama = ModelInfo(name="llama", machine="box", engine="sim", gpus=[], state="warm", since=1.0, prompt_tokens_total=10, generation_tokens_total=20)
     models = Section("models", ModelsSection(models=[llama]))
-    agent = Agent(lab, "box", tmp_path, components=[CostsComponent(), AlertsComponent(), jobs, models])
+    agent = Agent(lab, "box", tmp_path, components=lambda core: [CostsComponent(core), AlertsComponent(core), jobs, models])
     agent.store = Store(tmp_path / "state.db")
-    for component in agent.components:
-        await component.start(agent)
+    await agent.start_components()
     agent.tick()
     llama.generation_tokens_total = 520  # 500 tokens served since the first look
     agent.gpus.override(0, temp_c=99.0)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from agents.lab import LabError, load_lab, parse_lab
-from agents.notify.config import Kind, Level
+from agents.lab_notify import Kind, Level
 from agents.notify.wire import Notification
 from agents.notify.receiver import Receiver
 from console.client import FleetClient
@@ -83,7 +83,7 @@ def test_routes_are_validated_and_a_secret_in_clear_is_refused_without_being_ech
     route = lab.notify.routes[0]
     assert route.takes("gpu_hot", "critical", "box") and not route.takes("gpu_hot", "warning", "box")
     assert not route.takes("disk_full", "critical", "box") and route.takes("test", "info", "box")
-    from agents.notify.config import kind_of_rule
+    from agents.lab_notify import kind_of_rule
 
     # a model that fails to load and an API budget crossing its line go under the names people route by
     assert [kind_of_rule(r) for r in ("engine_failed", "budget_80", "budget_100", "gpu_hot", "job_stalled", "new_rule")] == [
@@ -523,10 +523,11 @@ async def test_job_events_finished_failed_lost_and_stalled_are_sent_once_each_an
     receiver = Receiver().start()
     lab = parse_lab(f"lab: t\nmachines: [{{name: box, gpus: {{sim: [{{name: Tesla P4, memory_gib: 8, tdp_w: 75}}]}}}}]\n"
                     f"notify: {{stall_after: 60s, routes: [{{name: hook, kind: webhook, url: '{receiver.url}/hook'}}]}}\n")
-    notify = NotifyComponent()
-    agent = Agent(lab, "box", tmp_path, components=[notify])
+    agent = Agent(lab, "box", tmp_path, components=lambda core: [NotifyComponent(core)])
+    notify = agent.find(NotifyComponent)
+    assert notify is not None
     agent.store = Store(tmp_path / "state.db")
-    await notify.start(agent)
+    await agent.start_components()
     try:
         start = notify.outbox.since
 
@@ -654,10 +655,11 @@ async def test_a_notification_not_accepted_within_give_up_after_is_dropped_and_c
     lab = parse_lab("lab: t\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n"
                     f"notify: {{retry_first: 0.1s, retry_max: 0.2s, give_up_after: 1s, routes: [{{name: hook, kind: webhook, "
                     f"url: 'http://127.0.0.1:{dead.port}/hook'}}]}}\n", path=tmp_path / "lab.yaml")
-    notify = NotifyComponent()
-    agent = Agent(lab, "box", tmp_path, components=[notify])
+    agent = Agent(lab, "box", tmp_path, components=lambda core: [NotifyComponent(core)])
+    notify = agent.find(NotifyComponent)
+    assert notify is not None
     agent.store = Store(tmp_path / "state.db")
-    await notify.start(agent)
+    await agent.start_components()
     try:
         answer = await notify.test("hook")
         assert not answer.ok and "Connect" in answer.answer

@@ -231,7 +231,6 @@ def test_model_details_say_the_window_of_tokens_per_s():
     fields = {"name": "talky", "machine": "box", "engine": "sim", "state": "warm", "since": 1.0, "gpus": [0], "simulated": True,
               "tokens_per_s": 41.84, "tokens_per_s_window_s": 10.0}
     assert "41.8 tokens/s over the last 10 s" in detail_text(ModelInfo(**fields))
-    lines = models_human({"models": [{**fields, "vram_bytes": 0, "cached_fraction": None, "load_s": None, "warmup_s": None,
-                                      "wake_s": None, "requests_running": 1}]}).splitlines()
+    lines = models_human([ModelInfo(**fields, vram_bytes=0, requests_running=1)], {}, {}).splitlines()
     assert lines[0].split()[7] == "TOK/S" and lines[1].split()[8] == "42"
     assert "TOK/S: generated tokens per second over the last 10 s" in lines

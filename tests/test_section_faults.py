@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from agents.agent import Agent
+from agents.jobs.supervisor import JobsComponent
 from agents.lab import load_lab, parse_lab
 from agents.protocol import EVENT_TICK, Role
 from agents.rpc import Peer
@@ -37,7 +38,7 @@ async def test_a_failing_section_is_shown_failed_on_the_console_and_the_cli_and_
     lab = load_lab(demo.lab_path)
     agent = Agent(lab, "box", demo.dir / "agents" / "box")
     await agent.start()
-    jobs = agent.component("jobs")
+    jobs = agent.find(JobsComponent)
     assert jobs is not None
 
     def broken_section():

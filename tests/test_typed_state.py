@@ -151,12 +151,12 @@ class Untyped:
 
 async def test_readers_see_the_tick_the_owners_just_made(tmp_path):
     """Costs runs before jobs in the component list, yet books the GPU to the job from the very tick the job took it."""
-    costs = CostsComponent()
-    agent = Agent(parse_lab(ONE_GPU), "box", tmp_path, components=[costs])
+    agent = Agent(parse_lab(ONE_GPU), "box", tmp_path, components=lambda core: [CostsComponent(core)])
+    costs = agent.find(CostsComponent)
+    assert costs is not None
     agent.components.append(Owner(lambda: agent.ticks, at_tick=1))
     agent.store = Store(tmp_path / "state.db")
-    for component in agent.components:
-        await component.start(agent)
+    await agent.start_components()
     agent.tick()  # the job takes GPU 0 in this tick
     agent.tick()  # the interval since the first tick is booked, both of its ends
     assert {r["kind"] for r in costs.ledger.rows() if r["kind"] != "host"} == {"job"}  # one tick behind, half of it was "other"
@@ -164,10 +164,9 @@ async def test_readers_see_the_tick_the_owners_just_made(tmp_path):
 
 
 async def test_a_non_finite_number_past_the_types_goes_out_as_null_and_the_tick_goes_on(tmp_path):
-    agent = Agent(parse_lab(ONE_GPU), "box", tmp_path, components=[Untyped(), CostsComponent()])
+    agent = Agent(parse_lab(ONE_GPU), "box", tmp_path, components=lambda core: [Untyped(), CostsComponent(core)])
     agent.store = Store(tmp_path / "state.db")
-    for component in agent.components:
-        await component.start(agent)
+    await agent.start_components()
     sent: list[dict] = []
     agent.peers.add(Peer(role="viewer", who="test", send=lambda line: sent.append(json.loads(line)), topics={EVENT_TICK}))
     agent.tick()

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -47,7 +48,8 @@ async def test_pool_vram_follows_nvml_per_process_memory_and_a_sleeping_residual
         model = Model(name="big", path=str(tmp_path), engine="vllm", machine="box", gpus=[0, 1], vram_gib=20)
         engine = Engine(model, tmp_path, "box", [0, 1], tmp_path / "big.log")
         engine.proc = proc
-        pool = OrchestraComponent()
+        lab = load_lab(one_machine_lab(tmp_path / "lab.yaml"))
+        pool = OrchestraComponent(SimpleNamespace(lab=lab, machine=lab.machine("box")))  # on_telemetry and info read no more of the core
         slot = Slot(model=model, path=tmp_path, gpus=[0, 1], state=ModelState.WARM, engine=engine)
         pool.slots["big"] = slot
 
@@ -138,8 +140,9 @@ async def test_kill_9_of_the_agent_while_a_model_loads_is_said_after_the_restart
         assert wait_exit(proc, 30) == 0
 
 
-async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_path, caplog):
+async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_path, caplog, monkeypatch):
     from agents.agent import Agent
+    from agents.catalogue import CATALOGUE, Method, NoParams
     from agents.alerts import AlertsComponent
     from agents.costs import CostsComponent
     from agents.lab import parse_lab
@@ -148,12 +151,14 @@ async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_
     from agents.store import Store
 
     lab = parse_lab("lab: t\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
-    alerts, costs = AlertsComponent(), CostsComponent()
-    agent = Agent(lab, "box", tmp_path, components=[costs, alerts])
+    agent = Agent(lab, "box", tmp_path, components=lambda core: [CostsComponent(core), AlertsComponent(core)])
+    alerts = agent.find(AlertsComponent)
+    assert alerts is not None
     agent.store = Store(tmp_path / "state.db")
-    for component in (costs, alerts):
-        await component.start(agent)
+    await agent.start_components()
     agent.store.execute("CREATE TABLE filler (blob BLOB)")
+
+    monkeypatch.setitem(CATALOGUE, "test.write", Method("test.write", NoParams, NoParams))  # a method for this test only
 
     @agent.rpc.method("test.write", role=Role.VIEWER)
     async def write(peer, params) -> dict:

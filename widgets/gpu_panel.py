@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-from agents.gpusupport.model import Verdict
+from agents.sections_gpu_support import Verdict
 from agents.protocol import GpuSample
 from widgets.charts import ScaleChart
 from widgets.format import NA, Thresholds, fmt, fmt_bytes

@@ -43,7 +43,7 @@ def state_cell(model: ModelInfo) -> Text:
     text = Text(model.state, style=STATE_STYLES.get(model.state, ""))
     progress = model.progress
     if progress:
-        phase = "" if progress.phase == model.state else progress.phase  # not "loading loading"
+        phase: str = "" if progress.phase == model.state else progress.phase  # not "loading loading"
         if progress.total_bytes:
             phase += f" {(progress.done_bytes or 0) / progress.total_bytes:.0%}"
         if phase.strip():

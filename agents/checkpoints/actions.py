@@ -9,8 +9,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agents.checkpoints.catalog import RunCatalog
 from agents.checkpoints.discovery import Run
 from agents.checkpoints.parsing import CHECKPOINT_RE, Checkpoint
+from agents.core import AgentCore
+from agents.jobs.port import JobsPort
 from agents.protocol import ErrorCode, RemoteError
 from agents.rpc import Peer
 
@@ -22,8 +25,12 @@ log = logging.getLogger("cetlab.checkpoints")
 RESUME_PARAM = "resume_from_checkpoint"  # the recipe param a resume fills in (cetlab-train's --resume-from-checkpoint)
 
 
-class ActionsMixin:
-    """The operator's actions on checkpoints, part of CheckpointsComponent."""
+class CheckpointActions:
+    """The operator's actions on checkpoints (the handlers of their methods: ``(peer, params)``), on the catalog."""
+
+    def __init__(self, core: AgentCore, catalog: RunCatalog) -> None:
+        self.core = core
+        self.catalog = catalog
 
     def _delete_path(self, run: Run, ckpt: Checkpoint) -> None:
         path = Path(ckpt.path)
@@ -34,7 +41,7 @@ class ActionsMixin:
             path.unlink()
         else:
             shutil.rmtree(path)
-        self.scanner.forget(str(path))
+        self.catalog.scanner.forget(str(path))
 
     @staticmethod
     def _refuse_linked(run: Run) -> None:
@@ -44,12 +51,12 @@ class ActionsMixin:
                               "cetlab does not delete through symlinks: delete there by hand")
 
     def _forget(self, paths: list[str]) -> None:
-        with self.agent.store.transaction() as db:
+        with self.core.store.transaction() as db:
             db.executemany("DELETE FROM checkpoint_flags WHERE path=?", [(p,) for p in paths])
-        self.kept -= set(paths)
+        self.catalog.kept -= set(paths)
 
     async def delete(self, peer: Peer, params: DeleteParams) -> dict[str, Any]:
-        run = await self.run(params.run)
+        run = await self.catalog.run(params.run)
         self._refuse_linked(run)
         ckpt = run.by_step(params.step)
         if ckpt.in_use:
@@ -63,17 +70,19 @@ class ActionsMixin:
         except OSError as exc:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"cannot delete {ckpt.path}: {exc.strerror or exc}") from None
         self._forget([ckpt.path])
-        self._event(run, ckpt, "delete", peer.who, {"size_bytes": ckpt.size_bytes, "special": special})
+        self.catalog.event(run, ckpt, "delete", peer.who, {"size_bytes": ckpt.size_bytes, "special": special})
         log.info("%s deleted %s", peer.who, ckpt.path)
-        await self.rescan()
+        await self.catalog.rescan()
         return {"run": run.name, "deleted": [ckpt.to_json()], "freed_bytes": ckpt.size_bytes}
 
     async def prune(self, peer: Peer, params: PruneParams) -> dict[str, Any]:
-        run = await self.run(params.run)
+        run = await self.catalog.run(params.run)
         self._refuse_linked(run)
         complete = [c for c in run.checkpoints if c.complete]
         last = {c.path for c in complete[-params.keep_last:]} if params.keep_last else set()
-        kept, deleted, skipped = [], [], []
+        kept: list[dict[str, Any]] = []
+        deleted: list[dict[str, Any]] = []
+        skipped: list[dict[str, Any]] = []
         for ckpt in run.checkpoints:
             if not ckpt.complete:
                 skipped.append({**ckpt.to_json(), "reason": f"incomplete: {ckpt.problem}; delete it by hand if it is garbage"})
@@ -90,34 +99,34 @@ class ActionsMixin:
                 deleted.append(ckpt.to_json())
         self._forget([c["path"] for c in deleted])
         freed = sum(c["size_bytes"] for c in deleted)
-        self._event(run, None, "prune", peer.who, {"keep_last": params.keep_last, "deleted": [c["step"] for c in deleted], "freed_bytes": freed})
+        self.catalog.event(run, None, "prune", peer.who, {"keep_last": params.keep_last, "deleted": [c["step"] for c in deleted], "freed_bytes": freed})
         log.info("%s pruned run %s: deleted steps %s", peer.who, run.name, [c["step"] for c in deleted])
-        await self.rescan()
+        await self.catalog.rescan()
         return {"run": run.name, "keep_last": params.keep_last, "deleted": deleted, "kept": kept, "skipped": skipped, "freed_bytes": freed}
 
     async def keep(self, peer: Peer, params: KeepParams) -> dict[str, Any]:
-        run = await self.run(params.run)
+        run = await self.catalog.run(params.run)
         ckpt = run.by_step(params.step)
-        with self.agent.store.transaction() as db:
+        with self.core.store.transaction() as db:
             db.execute("INSERT OR REPLACE INTO checkpoint_flags (path, kept, t) VALUES (?, ?, ?)", (ckpt.path, int(params.kept), time.time()))
-        (self.kept.add if params.kept else self.kept.discard)(ckpt.path)
-        self._event(run, ckpt, "keep" if params.kept else "unkeep", peer.who)
-        await self.rescan()
-        return self.runs[run.name].by_step(ckpt.step).to_json()
+        (self.catalog.kept.add if params.kept else self.catalog.kept.discard)(ckpt.path)
+        self.catalog.event(run, ckpt, "keep" if params.kept else "unkeep", peer.who)
+        await self.catalog.rescan()
+        return self.catalog.runs[run.name].by_step(ckpt.step).to_json()
 
     async def resume(self, peer: Peer, params: ResumeParams) -> dict[str, Any]:
-        run, ckpt = await self._complete(params.run, params.step)
-        jobs = self._jobs()
-        recipe = next((r for r in self.agent.lab.trainers if r.name == run.recipe and r.machine == self.agent.machine.name), None)
+        run, ckpt = await self.catalog.complete(params.run, params.step)
+        jobs = self.core.find(JobsPort)
+        recipe = next((r for r in self.core.lab.trainers if r.name == run.recipe and r.machine == self.core.machine.name), None)
         if jobs is None or recipe is None:
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"run {run.name} was not started from a recipe of {self.agent.machine.name}; "
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"run {run.name} was not started from a recipe of {self.core.machine.name}; "
                               f"resume it with its own trainer (--resume-from-checkpoint {ckpt.path})")
         if not any(p.name == RESUME_PARAM for p in recipe.params):
             raise RemoteError(ErrorCode.UNAVAILABLE, f"recipe {recipe.name} declares no {RESUME_PARAM} param; add "
                               f"{{name: {RESUME_PARAM}, type: str}} to its params in lab.yaml (cetlab-train takes --resume-from-checkpoint)")
-        previous = jobs.get(run.job).params if run.job else {}
+        previous = jobs.view(run.job).params if run.job else {}
         values = {**{k: v for k, v in previous.items() if k != RESUME_PARAM}, **params.params, RESUME_PARAM: ckpt.path}
-        job = await jobs.start_recipe(recipe.name, values)  # a multi-node recipe starts again over the same nodes
-        self._event(run, ckpt, "resume", peer.who, {"job": job.id})
+        job = await jobs.launch(recipe.name, values)  # a multi-node recipe starts again over the same nodes
+        self.catalog.event(run, ckpt, "resume", peer.who, {"job": job.id})
         log.info("%s resumed run %s from step %s as job %s", peer.who, run.name, ckpt.step, job.id)
-        return {**job.detail(self.agent.simulated).to_wire(), "resumed_from": ckpt.to_json()}
+        return {**job.to_wire(), "resumed_from": ckpt.to_json()}

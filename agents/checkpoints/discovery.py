@@ -10,9 +10,10 @@ from pathlib import Path
 
 from agents.checkpoints.parsing import CHECKPOINT_RE, Checkpoint, mark_best, read_checkpoint
 from agents.documents import BadDocument, Progress, load_progress
-from agents.jobs.supervisor import JobView
+from agents.jobs.port import JobView
 from agents.protocol import ErrorCode, RemoteError
 from agents.sections import CheckpointReport, RunSummary
+from agents.states import JobState
 
 log = logging.getLogger("cetlab.checkpoints")
 
@@ -29,7 +30,7 @@ class Run:
     path: Path
     job: str | None = None
     recipe: str | None = None
-    job_state: str | None = None
+    job_state: JobState | None = None
     wall_s: float | None = None
     problem: str | None = None  # its progress.json is bad
     link: Path | None = None  # the watched folder's entry when it is a symlink to this run (delete and prune refuse it)
@@ -85,6 +86,12 @@ def checkpoint_dirs(folder: Path) -> list[Path]:
         return []
 
 
+def folder_step(folder: Path) -> int:
+    """The step of a checkpoint-<step> folder (one checkpoint_dirs found)."""
+    match = CHECKPOINT_RE.match(folder.name)
+    return int(match.group(2)) if match else -1
+
+
 def safe_name(text: str) -> str:
     """A name made of letters, digits and . _ - (never starting or ending with a mark), at most NAME_CHARS long."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")[:NAME_CHARS].strip("-._")
@@ -138,7 +145,7 @@ class Scanner:
             run = Run(name=name, path=path, job=job.id if job else None, recipe=job.recipe if job else found[path],
                       job_state=job.state if job else None, link=links.get(path))
             reports = self._reports(run, job)
-            for folder in sorted(checkpoint_dirs(path), key=lambda p: (int(CHECKPOINT_RE.match(p.name).group(2)), p.name)):
+            for folder in sorted(checkpoint_dirs(path), key=lambda p: (folder_step(p), p.name)):
                 seen.add(str(folder))
                 report = reports.get(str(folder))
                 ckpt = self._read(run.name, folder, now, report is not None)
@@ -165,7 +172,8 @@ class Scanner:
             return Checkpoint(run=run, step=-1, path=str(folder), complete=False, problem="removed while being read")
         cached = self._cache.get(str(folder))
         # a folder read while young may still be written to in place, which its mtime does not show
-        if cached is not None and cached[0] == stat.st_mtime_ns and cached[1] - cached[2].written_at >= self.settle_s:
+        written_at = cached[2].written_at if cached is not None else None
+        if cached is not None and written_at is not None and cached[0] == stat.st_mtime_ns and cached[1] - written_at >= self.settle_s:
             ckpt = cached[2]
         else:
             ckpt = read_checkpoint(run, folder, self.settle_s, now, reported)

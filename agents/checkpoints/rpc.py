@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from agents.catalogue import DeleteParams, KeepParams, PruneParams, ResumeParams, RunParams, ServeParams
 from agents.protocol import Role
 from agents.rpc import Peer
 
@@ -13,38 +12,10 @@ if TYPE_CHECKING:
     from agents.checkpoints.component import CheckpointsComponent
 
 
-class RunParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    run: str = Field(min_length=1, max_length=200)
-
-
-class StepParams(RunParams):
-    step: int = Field(ge=0)
-
-
-class ResumeParams(StepParams):
-    params: dict[str, Any] = Field(default_factory=dict, max_length=64)  # overrides of the run's recipe params
-
-
-class ServeParams(StepParams):
-    model: str | None = Field(default=None, max_length=64)  # a warm model to load the adapter into, or to borrow engine/GPUs from
-
-
-class DeleteParams(StepParams):
-    confirm_special: bool = False  # needed to delete the best or the newest checkpoint
-
-
-class KeepParams(StepParams):
-    kept: bool = True
-
-
-class PruneParams(RunParams):
-    keep_last: int = Field(ge=0, le=100000)
-
-
 def register(component: CheckpointsComponent) -> None:
     """The checkpoints.* methods; the actions are the component's methods with the handler signature (peer, params)."""
-    rpc = component.agent.rpc
+    rpc = component.core.rpc
+    actions, serving = component.actions, component.serving
 
     @rpc.method("checkpoints.runs", doc="Every run with checkpoints on this machine: counts, best, disk, save-time share.")
     async def runs(peer: Peer, _params) -> list:
@@ -54,10 +25,10 @@ def register(component: CheckpointsComponent) -> None:
     @rpc.method("checkpoints.list", params=RunParams, doc="One run's checkpoints (oldest first) and its loss curves.")
     async def list_(peer: Peer, params: RunParams) -> dict:
         run = await component.run(params.run)
-        return {**run.summary(component.agent.machine.name).to_wire(), "checkpoints": [c.to_json() for c in run.checkpoints], "curves": run.curves()}
+        return {**run.summary(component.core.machine.name).to_wire(), "checkpoints": [c.to_json() for c in run.checkpoints], "curves": run.curves()}
 
-    rpc.method("checkpoints.resume", role=Role.OPERATOR, params=ResumeParams, doc="A new job of the run's recipe, resuming from this checkpoint.")(component.resume)
-    rpc.method("checkpoints.serve", role=Role.OPERATOR, params=ServeParams, doc="Serve a checkpoint: adapter into a warm model, or as a new model.")(component.serve)
-    rpc.method("checkpoints.delete", role=Role.OPERATOR, params=DeleteParams, doc="Delete one checkpoint (the best or newest only with confirm_special).")(component.delete)
-    rpc.method("checkpoints.keep", role=Role.OPERATOR, params=KeepParams, doc="Mark a checkpoint kept (prune never deletes it), or un-keep it.")(component.keep)
-    rpc.method("checkpoints.prune", role=Role.OPERATOR, params=PruneParams, doc="Delete all but the best, the last N and the kept checkpoints.")(component.prune)
+    rpc.method("checkpoints.resume", role=Role.OPERATOR, params=ResumeParams, doc="A new job of the run's recipe, resuming from this checkpoint.")(actions.resume)
+    rpc.method("checkpoints.serve", role=Role.OPERATOR, params=ServeParams, doc="Serve a checkpoint: adapter into a warm model, or as a new model.")(serving.serve)
+    rpc.method("checkpoints.delete", role=Role.OPERATOR, params=DeleteParams, doc="Delete one checkpoint (the best or newest only with confirm_special).")(actions.delete)
+    rpc.method("checkpoints.keep", role=Role.OPERATOR, params=KeepParams, doc="Mark a checkpoint kept (prune never deletes it), or un-keep it.")(actions.keep)
+    rpc.method("checkpoints.prune", role=Role.OPERATOR, params=PruneParams, doc="Delete all but the best, the last N and the kept checkpoints.")(actions.prune)

@@ -8,22 +8,22 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Coroutine
 
+from agents.checkpoints.catalog import RunCatalog
 from agents.checkpoints.discovery import Run, safe_name
 from agents.checkpoints.parsing import Checkpoint
+from agents.checkpoints.records import ServedRecord, ServedRecords
+from agents.core import AgentCore
 from agents.lab import Model
-from agents.orchestra.engine import EngineDown, EngineRequestFailed, adapter_problem
-from agents.orchestra.engines import engine_spec
-from agents.orchestra.llamacpp import convert_lora_argv, converter_env
+from agents.orchestra.port import ModelsPort, ModelView
 from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError
 from agents.rpc import Peer
+from agents.sections import Serving, ServingMode
 from agents.states import MODEL_ENGINE_UP, ModelState
 
 if TYPE_CHECKING:
     from agents.checkpoints.rpc import ServeParams
-    from agents.orchestra.pool import OrchestraComponent
-    from agents.orchestra.slot import Slot
 
 log = logging.getLogger("cetlab.checkpoints")
 
@@ -53,167 +53,179 @@ def gguf_adapter_refusal(model: str, engine: str, why: str) -> str:
             "transformers (leave --model out)")
 
 
-class ServingMixin:
-    """Serving checkpoints through the model pool's public interface, part of CheckpointsComponent."""
+class CheckpointServing:
+    """Serving checkpoints through the model pool's port (ModelsPort); the records of what is served are its own."""
+
+    def __init__(self, core: AgentCore, catalog: RunCatalog, served: ServedRecords) -> None:
+        self.core = core
+        self.catalog = catalog
+        self.served = served
+        self.tasks: list[asyncio.Task[None]] = []  # bring-ups running in the background
+
+    def _pool(self) -> ModelsPort:
+        pool = self.core.find(ModelsPort)
+        if pool is None:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"no model pool on {self.core.machine.name}")
+        return pool
+
+    def _record(self, path: str, model: str, mode: ServingMode, state: Any, **extra: Any) -> ServedRecord:
+        record = self.served[path] = ServedRecord(Serving(model=model, mode=mode, state=state), **extra)
+        return record
 
     async def serve(self, peer: Peer, params: ServeParams) -> dict[str, Any]:
-        run, ckpt = await self._complete(params.run, params.step)
+        run, ckpt = await self.catalog.complete(params.run, params.step)
         pool = self._pool()
-        if pool is None:
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"no model pool on {self.agent.machine.name}")
-        named = pool.slot(params.model) if params.model else None
+        named = pool.view(params.model) if params.model else None
         if ckpt.kind == "adapter":
             target = named or (pool.adapter_host(Path(ckpt.base_model)) if ckpt.base_model else None)
             why_merged = None
-            if target is not None and engine_spec(target.model.engine).adapter_format == "gguf":
+            if target is not None and target.spec.adapter_format == "gguf":
                 return self._start_gguf_adapter(peer, run, ckpt, pool, target)
-            if target is not None and engine_spec(target.model.engine).hot_adapters:
+            if target is not None and target.spec.hot_adapters:
                 # vLLM refuses some adapters (modules_to_save, rank, no --enable-lora): merge those instead of failing
-                why_merged = adapter_problem(Path(ckpt.path), target.model)
+                why_merged = pool.adapter_problem(target.name, Path(ckpt.path))
                 if why_merged is None:
-                    return await self._load_adapter(peer, run, ckpt, target)
+                    return await self._load_adapter(peer, run, ckpt, pool, target)
                 named = target
             base = str(named.path) if named is not None else ckpt.base_model
             if not base or not Path(base).is_dir():
-                raise RemoteError(ErrorCode.UNAVAILABLE, f"the adapter's base model {base!r} is not a folder on {self.agent.machine.name}; "
+                raise RemoteError(ErrorCode.UNAVAILABLE, f"the adapter's base model {base!r} is not a folder on {self.core.machine.name}; "
                                   "name a warm model of the same base with --model")
             return self._start_runtime(peer, run, ckpt, pool, template=named, merge_base=base, why_merged=why_merged)
         if ckpt.kind == "full":
             return self._start_runtime(peer, run, ckpt, pool, template=named, merge_base=None)
         raise RemoteError(ErrorCode.UNAVAILABLE, f"checkpoint {ckpt.step} of {run.name} holds no model or adapter weights")
 
-    async def _load_adapter(self, peer: Peer, run: Run, ckpt: Checkpoint, slot: Slot) -> dict[str, Any]:
-        if slot.state != ModelState.WARM or slot.engine is None:
+    async def _load_adapter(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: ModelsPort, slot: ModelView) -> dict[str, Any]:
+        if slot.state != ModelState.WARM or slot.engine_serial is None:
             raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is {slot.state}; warm it first (`cetlab warm {slot.name}`), then serve the adapter")
         name = safe_name(f"{run.name}-step{ckpt.step}")
-        try:
-            await slot.engine.load_adapter(name, ckpt.path)
-        except (EngineDown, EngineRequestFailed) as exc:
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"{slot.name} refused the adapter: {exc}") from None
-        self.serving[ckpt.path] = {"model": slot.name, "mode": "adapter", "state": ModelState.WARM, "engine": slot.engine, "adapter": name}
-        self._event(run, ckpt, "serve", peer.who, {"model": slot.name, "mode": "adapter", "adapter": name})
-        await self.rescan()
+        await pool.load_adapter(slot.name, name, ckpt.path)
+        self._record(ckpt.path, slot.name, "adapter", ModelState.WARM, engine_serial=slot.engine_serial, adapter=name)
+        self.catalog.event(run, ckpt, "serve", peer.who, {"model": slot.name, "mode": "adapter", "adapter": name})
+        await self.catalog.rescan()
         base_matches = ckpt.base_model is not None and Path(ckpt.base_model).resolve() == slot.path.resolve()
         return {"run": run.name, "step": ckpt.step, "mode": "adapter", "model": slot.name, "served_name": name,
-                "endpoint": slot.engine.endpoint, "state": ModelState.WARM, "base_matches": base_matches, "simulated": engine_spec(slot.model.engine).simulated}
+                "endpoint": slot.endpoint, "state": ModelState.WARM, "base_matches": base_matches, "simulated": slot.spec.simulated}
 
-    def _start_runtime(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: OrchestraComponent, template: Slot | None,
+    def _start_runtime(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: ModelsPort, template: ModelView | None,
                        merge_base: str | None, why_merged: str | None = None) -> dict[str, Any]:
         """A new model entry for this checkpoint (weights as they are, or the adapter merged into its base), warmed in the background.
 
         ``why_merged`` says why an adapter meant for a warm vLLM model is merged instead (vLLM cannot hot-load it).
         """
         name = safe_name(f"{run.name}-step{ckpt.step}")
-        existing = pool.find(name)
-        if any(m.name == name for m in self.agent.lab.models):
+        existing = pool.find_view(name)
+        if any(m.name == name for m in self.core.lab.models):
             raise RemoteError(ErrorCode.CONFLICT, f"lab.yaml already has a model named {name}; rename the run's folder or that model")
         if existing is not None and (existing.state in MODEL_ENGINE_UP or existing.busy):
             return self._runtime_json(run, ckpt, existing, "merged" if merge_base else "full")
-        record = self.serving.get(ckpt.path)
-        if record is not None and record["state"] == "merging":
-            return {"run": run.name, "step": ckpt.step, "mode": record["mode"], "model": name, "state": "merging", "endpoint": None}
+        record = self.served.get(ckpt.path)
+        if record is not None and record.serving.state == "merging":
+            return {"run": run.name, "step": ckpt.step, "mode": record.serving.mode, "model": name, "state": "merging", "endpoint": None}
         # --model lends its engine, GPUs and VRAM estimate; else `transformers serve` on the CPU
         engine = template.model.engine if template is not None else "transformers"
-        if "hf" not in engine_spec(engine).model_formats:  # a checkpoint (and a merge) is a Hugging Face folder
+        spec = template.spec if template is not None else pool.engine_spec(engine)
+        if "hf" not in spec.model_formats:  # a checkpoint (and a merge) is a Hugging Face folder
             raise RemoteError(ErrorCode.UNAVAILABLE, f"{template.name if template else engine} runs engine {engine}, which loads "
-                              f"{'/'.join(engine_spec(engine).model_formats)} files, not a checkpoint folder: serve it with "
+                              f"{'/'.join(spec.model_formats)} files, not a checkpoint folder: serve it with "
                               "--model naming a vllm or transformers model of the same base (or leave --model out: transformers on the CPU)")
         gpus = list(template.model.gpus) if template is not None else []
-        weights = Path(ckpt.path) if merge_base is None else self.agent.state_dir / "checkpoints" / "merged" / name
-        model = Model(name=name, path=str(weights), engine=engine, machine=self.agent.machine.name, gpus=gpus,
+        weights = Path(ckpt.path) if merge_base is None else self.core.state_dir / "checkpoints" / "merged" / name
+        model = Model(name=name, path=str(weights), engine=engine, machine=self.core.machine.name, gpus=gpus,
                       vram_gib=template.model.vram_gib if template is not None else 0.0,
-                      args=list(template.model.args) if template is not None else [],
-                      **({"sim": template.model.sim} if template is not None else {}))  # a sim template lends its delays too
-        mode = "merged" if merge_base else "full"
-        self.serving[ckpt.path] = {"model": name, "mode": mode, "state": "merging" if merge_base else ModelState.LOADING}
+                      args=list(template.model.args) if template is not None else [])
+        if template is not None:
+            model = model.model_copy(update={"sim": template.model.sim})  # a sim template lends its delays too
+        mode: ServingMode = "merged" if merge_base else "full"
+        served = self._record(ckpt.path, name, mode, "merging" if merge_base else ModelState.LOADING).serving
 
         async def bring_up() -> None:
             try:
                 if merge_base is not None:  # merged anew each time: the checkpoint may have been rewritten since
                     await self._merge(merge_base, ckpt.path, weights)
                 pool.remove_model(name)  # a previous serving of this checkpoint, at rest or failed
-                slot = pool.add_model(model, weights)
-                self.serving[ckpt.path]["state"] = ModelState.LOADING
-                task = pool.warm(slot)
-                if task is not None:
-                    await task
-                self.serving[ckpt.path]["state"] = slot.state
-                if slot.state == ModelState.FAILED:
-                    self.serving[ckpt.path]["error"] = (slot.error or {}).get("message")
+                pool.add_model(model, weights)
+                served.state = ModelState.LOADING
+                view = await pool.bring_up(name)
+                served.state = view.state
+                if view.state == ModelState.FAILED:
+                    served.error = view.error.message if view.error is not None else None
             except (RemoteError, RuntimeError, OSError) as exc:
-                self.serving[ckpt.path].update(state=ModelState.FAILED, error=str(exc))
+                served.state, served.error = ModelState.FAILED, str(exc)
                 log.warning("serving %s failed: %s", ckpt.path, exc)
-                self.agent.notify(EVENT_NOTICE, {"level": "error", "message": f"serving {run.name} step {ckpt.step} failed: {exc}"})
+                self.core.notify(EVENT_NOTICE, {"level": "error", "message": f"serving {run.name} step {ckpt.step} failed: {exc}"})
 
-        self._tasks = [t for t in self._tasks if not t.done()]
-        self._tasks.append(asyncio.create_task(bring_up(), name=f"serve-{name}"))
+        self._background(bring_up(), name)
         detail: dict[str, Any] = {"model": name, "mode": mode, "engine": engine}
         if why_merged is not None:
             detail["why_merged"] = why_merged
-        self._event(run, ckpt, "serve", peer.who, detail)
-        return {"run": run.name, "step": ckpt.step, **detail, "state": self.serving[ckpt.path]["state"], "endpoint": None,
-                "simulated": engine_spec(engine).simulated}
+        self.catalog.event(run, ckpt, "serve", peer.who, detail)
+        return {"run": run.name, "step": ckpt.step, **detail, "state": served.state, "endpoint": None, "simulated": spec.simulated}
 
-    def _start_gguf_adapter(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: OrchestraComponent, template: Slot) -> dict[str, Any]:
+    def _start_gguf_adapter(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: ModelsPort, template: ModelView) -> dict[str, Any]:
         """llama.cpp: the PEFT adapter converted to GGUF (llama.cpp's convert_lora_to_gguf.py), then a new model: the
         template's GGUF started with `--lora` that file, the adapter applied once it is warm. Refused when it cannot convert."""
-        spec = engine_spec(template.model.engine)
+        spec = template.spec
         base = ckpt.base_model
         if not base or not (Path(base) / "config.json").is_file():
             raise RemoteError(ErrorCode.UNAVAILABLE, gguf_adapter_refusal(
                 template.name, spec.name, f"the converter reads the base's config.json, and the adapter's base {base!r} is no such folder "
-                f"on {self.agent.machine.name}"))
+                f"on {self.core.machine.name}"))
         name = safe_name(f"{run.name}-step{ckpt.step}")
-        if any(m.name == name for m in self.agent.lab.models):
+        if any(m.name == name for m in self.core.lab.models):
             raise RemoteError(ErrorCode.CONFLICT, f"lab.yaml already has a model named {name}; rename the run's folder or that model")
-        existing = pool.find(name)
+        existing = pool.find_view(name)
         if existing is not None and (existing.state in MODEL_ENGINE_UP or existing.busy):
             return self._runtime_json(run, ckpt, existing, "gguf-adapter")
-        argv = convert_lora_argv(Path(ckpt.path), Path(base), self.agent.state_dir / "checkpoints" / "gguf" / f"{name}.gguf")
-        if argv is None:
+        conversion = pool.lora_conversion(Path(ckpt.path), Path(base), self.core.state_dir / "checkpoints" / "gguf" / f"{name}.gguf")
+        if conversion is None:
             raise RemoteError(ErrorCode.UNAVAILABLE, gguf_adapter_refusal(
-                template.name, spec.name, f"llama.cpp's convert_lora_to_gguf.py is not on {self.agent.machine.name}: make llama-server"))
-        out = Path(argv[argv.index("--outfile") + 1])
+                template.name, spec.name, f"llama.cpp's convert_lora_to_gguf.py is not on {self.core.machine.name}: make llama-server"))
+        out = conversion.out
         model = template.model.model_copy(update={"name": name, "served_name": None, "port": None,
                                                   "args": [*template.model.args, "--lora", str(out)]})
-        self.serving[ckpt.path] = {"model": name, "mode": "gguf-adapter", "state": "converting"}
+        served = self._record(ckpt.path, name, "gguf-adapter", "converting").serving
 
         async def bring_up() -> None:
             try:
                 out.parent.mkdir(parents=True, exist_ok=True)
-                proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                                                            stderr=asyncio.subprocess.STDOUT, env=converter_env())
+                proc = await asyncio.create_subprocess_exec(*conversion.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                            stderr=asyncio.subprocess.STDOUT, env=conversion.env)
                 output, _ = await proc.communicate()
                 if proc.returncode != 0:
                     lines = output.decode(errors="replace").strip().splitlines()
                     raise RuntimeError(gguf_adapter_refusal(template.name, spec.name, "convert_lora_to_gguf.py failed: "
                                                             + (lines[-1] if lines else f"exit {proc.returncode}")))
                 pool.remove_model(name)
-                slot = pool.add_model(model, template.path)
-                self.serving[ckpt.path]["state"] = ModelState.LOADING
-                task = pool.warm(slot)
-                if task is not None:
-                    await task
-                if slot.state == ModelState.WARM and slot.engine is not None:
-                    await slot.engine.load_adapter(name, str(out))  # named at start, applied now (scale 1)
-                self.serving[ckpt.path]["state"] = slot.state
-                if slot.state == ModelState.FAILED:
-                    self.serving[ckpt.path]["error"] = (slot.error or {}).get("message")
-            except (RemoteError, RuntimeError, OSError, EngineDown, EngineRequestFailed) as exc:
+                pool.add_model(model, template.path)
+                served.state = ModelState.LOADING
+                view = await pool.bring_up(name)
+                if view.state == ModelState.WARM and view.engine_serial is not None:
+                    await pool.load_adapter(name, name, str(out))  # named at start, applied now (scale 1)
+                view = pool.view(name)
+                served.state = view.state
+                if view.state == ModelState.FAILED:
+                    served.error = view.error.message if view.error is not None else None
+            except (RemoteError, RuntimeError, OSError) as exc:
                 message = exc.message if isinstance(exc, RemoteError) else str(exc)
-                self.serving[ckpt.path].update(state=ModelState.FAILED, error=message)
+                served.state, served.error = ModelState.FAILED, message
                 log.warning("serving %s failed: %s", ckpt.path, message)
-                self.agent.notify(EVENT_NOTICE, {"level": "error", "message": f"serving {run.name} step {ckpt.step} failed: {message}"})
+                self.core.notify(EVENT_NOTICE, {"level": "error", "message": f"serving {run.name} step {ckpt.step} failed: {message}"})
 
-        self._tasks = [t for t in self._tasks if not t.done()]
-        self._tasks.append(asyncio.create_task(bring_up(), name=f"serve-{name}"))
+        self._background(bring_up(), name)
         detail: dict[str, Any] = {"model": name, "mode": "gguf-adapter", "engine": spec.name, "adapter_gguf": str(out)}
-        self._event(run, ckpt, "serve", peer.who, detail)
+        self.catalog.event(run, ckpt, "serve", peer.who, detail)
         return {"run": run.name, "step": ckpt.step, **detail, "state": "converting", "endpoint": None, "simulated": spec.simulated}
 
-    def _runtime_json(self, run: Run, ckpt: Checkpoint, slot: Slot, mode: str) -> dict[str, Any]:
+    def _background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        self.tasks = [t for t in self.tasks if not t.done()]
+        self.tasks.append(asyncio.create_task(work, name=f"serve-{name}"))
+
+    @staticmethod
+    def _runtime_json(run: Run, ckpt: Checkpoint, slot: ModelView, mode: str) -> dict[str, Any]:
         return {"run": run.name, "step": ckpt.step, "mode": mode, "model": slot.name, "engine": slot.model.engine, "state": slot.state,
-                "endpoint": slot.engine.endpoint if slot.engine else None, "simulated": engine_spec(slot.model.engine).simulated}
+                "endpoint": slot.endpoint, "simulated": slot.spec.simulated}
 
     async def _merge(self, base: str, adapter: str, out: Path) -> None:
         """peft merge_and_unload in a child process: torch stays out of the agent."""

@@ -9,7 +9,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from agents.gateway.config import find_provider_model
+from agents.lab_gateway import find_provider_model
 from agents.gateway.keys import KeyAddParams, KeyNameParams, KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.router import Router, Target
@@ -20,8 +20,12 @@ from agents.protocol import Role, Telemetry
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
+
+    from agents.core import AgentCore
     from agents.gateway.server import GatewayHttp
-    from agents.agent import Agent
+    from agents.lab_gateway import Gateway, GatewayPolicies
+    from agents.lab import Lab
+    from agents.rpc import Peer
 
 log = logging.getLogger("cetlab.gateway")
 
@@ -37,37 +41,45 @@ class GatewayComponent:
 
     name = "gateway"
 
-    def __init__(self) -> None:
-        self.agent: Agent | None = None
-        self.enabled = False
+    def __init__(self, core: AgentCore) -> None:
+        self.core = core
+        config = core.lab.gateway
+        self.enabled = config is not None and config.machine == core.machine.name  # else it does nothing at all
         self.error: str | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self.http: GatewayHttp | None = None
         self.peers: PeerClient | None = None
+        if self.enabled:
+            self._register()
 
     @property
-    def lab(self):
-        return self.agent.lab
+    def lab(self) -> Lab:
+        return self.core.lab
 
     @property
-    def policies(self):
-        return self.lab.gateway.policies
+    def config(self) -> Gateway:
+        """lab.yaml's `gateway:` (an enabled gateway has one)."""
+        if self.lab.gateway is None:
+            raise RuntimeError("lab.yaml has no gateway")
+        return self.lab.gateway
 
-    async def start(self, agent: Agent) -> None:
-        self.agent = agent
-        config = agent.lab.gateway
-        if config is None or config.machine != agent.machine.name:
+    @property
+    def policies(self) -> GatewayPolicies:
+        return self.config.policies
+
+    async def start(self) -> None:
+        core = self.core
+        config = core.lab.gateway
+        if not self.enabled or config is None:
             return
-        self.enabled = True
-        self.meter = Meter(agent.store, agent.lab.costs.timezone)
-        self.keys = KeyStore(agent.store, self.meter.today)
+        self.meter = Meter(core.store, core.lab.costs.timezone)
+        self.keys = KeyStore(core.store, self.meter.today)
         self.keys.seed_usage(self.meter.tokens_today_by_key())
         self.created = int(time.time())  # `created` of every model the gateway lists
         # every machine: a checkpoint may be served on one lab.yaml gives no model
-        self.peers = PeerClient(agent.lab, agent.state_dir, machines=[m.name for m in agent.lab.machines])
+        self.peers = PeerClient(core.lab, core.state_dir, machines=[m.name for m in core.lab.machines])
         await self.peers.start()
-        self.router = Router(agent.lab, agent.machine.name, self.peers, self.meter)
-        self._register(agent)
+        self.router = Router(core.lab, core.machine.name, self.peers, self.meter)
         from agents.gateway.server import GatewayHttp  # aiohttp (~10 MB) only in the one agent that serves the gateway
 
         self.http = GatewayHttp(self)
@@ -85,8 +97,10 @@ class GatewayComponent:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await self.http.stop()
-        await self.peers.stop()
+        if self.http is not None:
+            await self.http.stop()
+        if self.peers is not None:
+            await self.peers.stop()
         self.meter.flush()
 
     def on_telemetry(self, telemetry: Telemetry) -> None:
@@ -110,7 +124,7 @@ class GatewayComponent:
             cost = (prompt_tokens * pm.prompt_per_million + completion_tokens * pm.completion_per_million) / 1e6
             return round(cost, 8), round(cost, 8)
         # local: the energy is in the costs ledger; the cloud price says what the providers would have charged
-        policy = self.lab.gateway.models.get(target.model)
+        policy = self.config.models.get(target.model)
         model = self.router.local.get(target.model)
         if model is None:  # a served checkpoint or adapter: no cloud price stands for it
             return 0.0, None
@@ -135,7 +149,7 @@ class GatewayComponent:
         out = []
         for name, model in self.router.local.items():
             entry = self.router.model_json(name) or {}
-            policy = self.lab.gateway.models.get(name)
+            policy = self.config.models.get(name)
             out.append({"id": name, "object": "model", "created": self.created, "owned_by": "cetlab", "tier": "local",
                         "machine": model.machine, "state": entry.get("state", "unknown"), "simulated": engine_spec(model.engine).simulated,
                         "aliases": policy.aliases if policy else [], "fallback": policy.fallback if policy else None})
@@ -184,18 +198,19 @@ class GatewayComponent:
                        last_used=k["last_used"]) for k in self.keys.listing()]
         port = self.http.port if self.http else None
         return GatewaySection(
-            url=f"http://{self.lab.gateway.host}:{port}/v1" if port else None, machine=self.agent.machine.name, error=self.error,
-            currency=self.lab.costs.currency, peers={name: link.state for name, link in self.peers.links.items()},
+            url=f"http://{self.config.host}:{port}/v1" if port else None, machine=self.core.machine.name, error=self.error,
+            currency=self.lab.costs.currency, peers={name: link.state for name, link in (self.peers.links if self.peers else {}).items()},
             models=models, providers=providers, keys=keys,
         )
 
     def metric_families(self) -> Iterator[Metric]:
         """Prometheus series of the gateway (the agent's collector yields them)."""
-        if not self.enabled:
+        current = self.section()
+        if current is None:
             return
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # only with --metrics-port: not at start
 
-        section = self.section().to_wire()
+        section = current.to_wire()
         labels = ["model", "tier"]
         gauges = {key: GaugeMetricFamily(f"cetlab_gateway_{key}", doc, labels=labels) for key, doc in (
             ("rps", "Requests per second over the last minute."), ("in_flight", "Requests being answered."),
@@ -205,7 +220,8 @@ class GatewayComponent:
         counters = {key: CounterMetricFamily(f"cetlab_gateway_{key}", doc, labels=labels) for key, doc in (
             ("requests", "Requests since the agent started."), ("wakes", "Bring-ups the gateway caused."), ("errors", "Requests answered with an error."))}
         for m in section["models"]:
-            for key, family in {**gauges, **counters}.items():
+            families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {**gauges, **counters}
+            for key, family in families.items():
                 if m.get(key) is not None:
                     family.add_metric([m["name"], m["tier"]], m[key])
         spend = GaugeMetricFamily("cetlab_gateway_provider_spend", "Provider spend by period.", labels=["provider", "period", "currency"])
@@ -224,27 +240,28 @@ class GatewayComponent:
 
     # -- RPC
 
-    def _register(self, agent: Agent) -> None:
-        rpc = agent.rpc
+    def _register(self) -> None:
+        rpc = self.core.rpc
 
         @rpc.method("gateway.status", doc="The gateway's section: url, per-model traffic, provider spend, keys.")
-        async def gateway_status(peer, _params) -> dict:
+        async def gateway_status(peer: Peer, _params: Any) -> dict[str, Any] | None:
             section = self.section()
             return section.to_wire() if section is not None else None
 
         @rpc.method("gateway.keys.add", role=Role.OPERATOR, params=KeyAddParams, doc="Issue a gateway API key; the token is shown once.")
-        async def keys_add(peer, params: KeyAddParams) -> dict:
+        async def keys_add(peer: Peer, params: KeyAddParams) -> dict[str, Any]:
             token = self.keys.add(params)
             log.info("%s issued gateway key %s", peer.who, params.name)
+            section = self.section()
             return {"name": params.name, "key": token, "rpm": params.rpm, "tokens_per_day": params.tokens_per_day,
-                    "url": self.section().url}
+                    "url": section.url if section is not None else None}
 
         @rpc.method("gateway.keys.list", doc="Gateway keys (names, quotas, use; never the tokens).")
-        async def keys_list(peer, _params) -> dict:
+        async def keys_list(peer: Peer, _params: Any) -> dict[str, Any]:
             return {"keys": self.keys.listing()}
 
         @rpc.method("gateway.keys.revoke", role=Role.OPERATOR, params=KeyNameParams, doc="Revoke a gateway key at once.")
-        async def keys_revoke(peer, params: KeyNameParams) -> dict:
+        async def keys_revoke(peer: Peer, params: KeyNameParams) -> dict[str, Any]:
             self.keys.revoke(params.name)
             log.info("%s revoked gateway key %s", peer.who, params.name)
             return {"name": params.name, "revoked": True}

@@ -8,10 +8,9 @@ import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from agents.schema import NAME_RE
+from agents.catalogue import KeyAddParams, KeyNameParams  # noqa: F401 (both are imported from here too)
 from agents.protocol import ErrorCode, RemoteError
 from agents.store import Store
 
@@ -20,18 +19,6 @@ SCHEMA = [
     """CREATE TABLE gateway_keys (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, sha256 TEXT NOT NULL UNIQUE,
        created_at REAL NOT NULL, revoked_at REAL, rpm INTEGER, tokens_per_day INTEGER)""",
 ]
-
-
-class KeyAddParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=NAME_RE)
-    rpm: int | None = Field(default=None, ge=1, le=1_000_000)  # requests per minute
-    tokens_per_day: int | None = Field(default=None, ge=1)
-
-
-class KeyNameParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=NAME_RE)
 
 
 def digest(token: str) -> str:
@@ -64,7 +51,7 @@ class QuotaExceeded(Exception):
 class KeyStore:
     """The keys, cached in memory by hash (the hot path never touches SQLite)."""
 
-    def __init__(self, store: Store, today: callable):
+    def __init__(self, store: Store, today: Callable[[], str]):
         self.store = store
         self.today = today  # -> "YYYY-MM-DD" in the lab's time zone
         store.migrate("gateway_keys", SCHEMA)

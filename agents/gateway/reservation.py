@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from agents.gateway.config import GatewayPolicies
+from agents.lab_gateway import GatewayPolicies
 from agents.gateway.keys import ApiKey, KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.router import NotServable, Target

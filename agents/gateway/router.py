@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from agents.gateway.config import Provider, ProviderModel, find_provider_model
+from agents.lab_gateway import Provider, ProviderModel, find_provider_model
 from agents.gateway.metering import Meter
 from agents.lab import Lab, Model
 from agents.orchestra.engines import engine_spec

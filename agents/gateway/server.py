@@ -14,7 +14,7 @@ import aiohttp
 from aiohttp import web
 
 from agents.gateway import proxy
-from agents.gateway.config import MAX_GROUP_MEMBERS, find_provider_model
+from agents.lab_gateway import MAX_GROUP_MEMBERS, find_provider_model
 from agents.gateway.keys import ApiKey, QuotaExceeded
 from agents.gateway.openai_api import error_body, parameter_problem
 from agents.gateway.limits import ConnectionGate, UpstreamTooLarge, connection_cap, quiet_factory

@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from agents.gpusupport.matrix import judge, matrix
-from agents.gpusupport.model import GpuSupportSection, Stack, StackKind, Verdict
+from agents.sections_gpu_support import GpuSupportSection, Stack, StackKind, Verdict
 from agents.gpusupport.stacks import (
     TorchReader,
     engine_stack_kind,
@@ -28,7 +28,7 @@ from agents.lab import Model, SimGpus
 from agents.protocol import ErrorCode, GpuSample, RemoteError
 
 if TYPE_CHECKING:
-    from agents.agent import Agent
+    from agents.core import AgentCore
     from agents.rpc import Peer
 
 log = logging.getLogger("cetlab.gpusupport")
@@ -37,31 +37,25 @@ log = logging.getLogger("cetlab.gpusupport")
 class GpuSupportComponent:
     name = "gpu_support"
 
-    def __init__(self, reader: TorchReader | None = None) -> None:
+    def __init__(self, core: AgentCore, reader: TorchReader | None = None) -> None:
+        self.core = core
         self.reader = reader or TorchReader()
-        self._agent: Agent | None = None
         self._stacks: dict[StackKind, Stack] | None = None  # None until read (real machines read them in a thread at start)
         self._task: asyncio.Task[None] | None = None
         self._cached: tuple[Any, GpuSupportSection] | None = None
-
-    @property
-    def agent(self) -> Agent:
-        assert self._agent is not None, "used before start()"
-        return self._agent
-
-    async def start(self, agent: Agent) -> None:
-        self._agent = agent
-        gpus = agent.machine.gpus
+        gpus = core.machine.gpus
         if isinstance(gpus, SimGpus):
             self._stacks = sim_stacks(gpus.stacks)
-        else:
-            self._task = asyncio.get_running_loop().create_task(self._read(), name="gpu-support-read")
 
-        @agent.rpc.method("gpus.support", doc="Which stacks (trainer torch, vLLM, llama-server) each GPU can run, with the reason and the fix.")
+        @core.rpc.method("gpus.support", doc="Which stacks (trainer torch, vLLM, llama-server) each GPU can run, with the reason and the fix.")
         async def support(peer: Peer, _params: Any) -> dict[str, Any]:
             if self._stacks is None and self._task is not None:
                 await asyncio.shield(self._task)
             return self.section().to_wire()
+
+    async def start(self) -> None:
+        if self._stacks is None:  # a real machine: its stacks are read in a thread (subprocesses), cached
+            self._task = asyncio.get_running_loop().create_task(self._read(), name="gpu-support-read")
 
     async def _read(self) -> None:
         try:
@@ -77,7 +71,7 @@ class GpuSupportComponent:
     # -- the section
 
     def _gpus(self) -> list[GpuSample]:
-        latest = self.agent.latest
+        latest = self.core.latest
         return list(latest.gpus) if latest is not None else []
 
     def section(self) -> GpuSupportSection:
@@ -85,8 +79,8 @@ class GpuSupportComponent:
         stacks = list((self._stacks or {}).values())
         key = (tuple((g.index, g.name, g.compute_capability, g.simulated, g.failed) for g in gpus), id(self._stacks))
         if self._cached is None or self._cached[0] != key:
-            self._cached = (key, GpuSupportSection(stacks=stacks, verdicts=matrix(self.agent.machine.name, gpus, stacks),
-                                                   simulated=self.agent.machine.simulated))
+            self._cached = (key, GpuSupportSection(stacks=stacks, verdicts=matrix(self.core.machine.name, gpus, stacks),
+                                                   simulated=self.core.machine.simulated))
         return self._cached[1]
 
     # -- refusals before a launch
@@ -97,8 +91,8 @@ class GpuSupportComponent:
             return None
         if kind == StackKind.SIM:
             return sim_engine_stack()
-        if isinstance(self.agent.machine.gpus, SimGpus):
-            return (self._stacks or sim_stacks(self.agent.machine.gpus.stacks))[kind]
+        if isinstance(self.core.machine.gpus, SimGpus):
+            return (self._stacks or sim_stacks(self.core.machine.gpus.stacks))[kind]
         if kind == StackKind.TORCH:
             return self.reader.stack(python or transformers_python())
         if kind == StackKind.VLLM:
@@ -113,15 +107,15 @@ class GpuSupportComponent:
             gpu = by_index.get(index)
             if gpu is None or gpu.failed is not None:
                 continue
-            verdict = judge(self.agent.machine.name, index, gpu.name, gpu.compute_capability, stack, gpu.simulated, for_model)
+            verdict = judge(self.core.machine.name, index, gpu.name, gpu.compute_capability, stack, gpu.simulated, for_model)
             if verdict.runs is False:
                 raise RemoteError(ErrorCode.UNAVAILABLE, f"{what} refused: {verdict.message}", {"gpu_support": verdict.to_wire()})
 
-    def check_job(self, recipe: str, gpus: list[int], program: str) -> None:
+    def check_job(self, recipe: str, gpus: list[int], program: str) -> None:  # GpuSupportPort
         """Refuse a trainer whose Python's torch has no kernels for one of its GPUs (a program that is not Python: not checked)."""
         if not gpus:
             return
-        simulated = isinstance(self.agent.machine.gpus, SimGpus)
+        simulated = isinstance(self.core.machine.gpus, SimGpus)
         python = None if simulated else python_of(program)
         if python is None and not simulated:
             return
@@ -129,7 +123,7 @@ class GpuSupportComponent:
         if stack is not None:
             self._refuse(gpus, stack, False, f"recipe {recipe}")
 
-    def check_model(self, model: Model, gpus: list[int], engine: Any = None) -> None:
+    def check_model(self, model: Model, gpus: list[int], engine: object = None) -> None:  # GpuSupportPort
         """Refuse a model whose engine's build cannot run on one of its GPUs. ``engine``: its engine description, when there is one."""
         if not gpus:
             return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from agents.gpusupport.model import Stack, StackKind, Verdict
+from agents.sections_gpu_support import Stack, StackKind, Verdict
 from agents.protocol import ComputeCapability, GpuSample
 
 CU126_INDEX = "https://download.pytorch.org/whl/cu126"

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from agents.gpusupport.capability import parse_capability
-from agents.gpusupport.model import Stack, StackKind
+from agents.capability import parse_capability
+from agents.sections_gpu_support import Stack, StackKind
 from agents.lab import SimStack, SimStacks
 
 log = logging.getLogger("cetlab.gpusupport")

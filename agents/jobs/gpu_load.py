@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import psutil
 
+from agents.core import AgentCore
 from agents.jobs.job import Job
 from agents.lab import Alerts
 from agents.protocol import Telemetry
 from agents.states import JobState
 
-if TYPE_CHECKING:
-    from agents.agent import Agent
-
 SIM_UTIL_CAP_PCT = 97.0  # a busy simulated GPU, as real ones read under a trainer
 
 
-def claim_sim_gpus(agent: Agent, job: Job) -> None:
+def claim_sim_gpus(core: AgentCore, job: Job) -> None:
     """Simulated GPUs show what the trainer really does on the CPU: its RSS as VRAM, its CPU as load.
 
     The load of each GPU is the job's CPU per GPU against the share of the machine's cores one GPU's
     process can have: torchrun's four ranks on two cores at 50% each are four busy GPUs, and a rank that
     waits (on data, on a lock) shows as a starved GPU, as it would on real hardware."""
-    if not job.gpus or job.pid is None or not agent.simulated:
+    if not job.gpus or job.pid is None or not core.simulated:
         return
     try:
         if job.proc is None or job.proc.pid != job.pid:
@@ -44,7 +40,7 @@ def claim_sim_gpus(agent: Agent, job: Job) -> None:
         return
     fair_share_pct = min(100.0, 100.0 * (psutil.cpu_count() or 1) / len(job.gpus))
     util = min(SIM_UTIL_CAP_PCT, cpu_pct / len(job.gpus) / fair_share_pct * 100)
-    agent.claim_gpus(job.gpus, f"job:{job.id}", f"job {job.id} {job.recipe}", rss, util, pid=job.pid)
+    core.claim_gpus(job.gpus, f"job:{job.id}", f"job {job.id} {job.recipe}", rss, util, pid=job.pid)
 
 
 def check_starved(job: Job, telemetry: Telemetry, alerts: Alerts, now: float) -> None:

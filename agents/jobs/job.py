@@ -11,15 +11,10 @@ from typing import Any
 import psutil
 from pydantic import ValidationError
 
-from agents.documents import Progress
+from agents.jobs.port import JobView
 from agents.protocol import finite_or_none
-from agents.sections import CheckpointReport, JobDetail, JobInfo
+from agents.sections import JobDetail, JobInfo, JobNode, JobProgress, StopRequest
 from agents.states import JOB_ACTIVE, JobState
-
-# what a job keeps of its trainer's progress file (persisted with the job)
-PROGRESS_KEPT = {"state", "step", "max_steps", "epoch", "loss", "learning_rate", "samples_per_s", "tokens_per_s",
-                 "eta_s", "checkpoints", "updated_at", "error", "stop_reason", "precision", "notes"}
-
 
 @dataclass
 class Job:
@@ -43,22 +38,22 @@ class Job:
     runner_started: float | None = None
     pid: int | None = None
     pid_started: float | None = None
-    stop_requested: str | None = None  # "stop" | "kill"
+    stop_requested: StopRequest | None = None
     kill_at: float | None = None  # when a graceful stop turns into SIGKILL
-    progress: dict[str, Any] = field(default_factory=dict)
-    loss_points: list[list] = field(default_factory=list)  # [step, loss], sorted, the last LOSS_POINTS
+    progress: JobProgress | None = None  # what the job keeps of its trainer's progress file as last read; None before any
+    loss_points: list[tuple[int, float]] = field(default_factory=list)  # (step, loss), sorted, the last LOSS_POINTS
     last_lines: list[str] = field(default_factory=list)
     error: str | None = None
     adopted: bool = False  # re-adopted after an agent restart
     starved: bool = False
     diverged_at_step: int | None = None  # the first step whose loss the trainer reported as NaN or infinite
     progress_problem: str | None = None  # its progress file (or the newest checkpoint's trainer_state.json) is bad: what and where
-    nodes: list[dict[str, Any]] = field(default_factory=list)  # multi-node, on the coordinator: JobNode per node, rank order
+    nodes: list[JobNode] = field(default_factory=list)  # multi-node, on the coordinator: every node, rank order
     node_rank: int | None = None  # multi-node: this machine's rank
     coordinator: str | None = None  # multi-node: the first node's machine
     failure: str | None = None  # multi-node: why the coordinator failed the job (another node failed); kept as its error
     # live handles, not persisted
-    popen: subprocess.Popen | None = field(default=None, repr=False)
+    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     proc: psutil.Process | None = field(default=None, repr=False)
     child_procs: dict[int, psutil.Process] = field(default_factory=dict, repr=False)  # the trainer's processes, by pid
     starved_since: float | None = field(default=None, repr=False)
@@ -71,18 +66,31 @@ class Job:
     )
 
     def record(self) -> str:
-        return json.dumps({k: getattr(self, k) for k in self.PERSISTED})
+        data: dict[str, Any] = {k: getattr(self, k) for k in self.PERSISTED}
+        data["progress"] = self.progress.to_wire() if self.progress is not None else {}
+        data["nodes"] = [node.to_wire() for node in self.nodes]
+        return json.dumps(data)
 
     @classmethod
     def from_record(cls, text: str) -> Job:
+        """A job from its record in state.db (or its folder); ValueError or TypeError when the record is not one."""
         data = json.loads(text)
-        job = cls(**{k: v for k, v in data.items() if k in cls.PERSISTED})
+        if not isinstance(data, dict):
+            raise ValueError("a job record is a JSON object")
+        fields = {k: v for k, v in data.items() if k in cls.PERSISTED and k not in ("progress", "loss_points", "nodes")}
+        job = cls(**fields)
         job.state = JobState(job.state)
+        if job.stop_requested not in (None, "stop", "kill"):
+            raise ValueError(f"stop_requested {job.stop_requested!r} is neither stop nor kill")
         try:  # kept by an older agent, which did not check its trainer's file: check it now (none stays none)
-            job.progress = Progress.model_validate(job.progress).model_dump(mode="json", include=PROGRESS_KEPT) if job.progress else {}
+            job.progress = JobProgress.model_validate(data["progress"]) if data.get("progress") else None
         except ValidationError:
-            job.progress, job.progress_problem = {}, "the recorded progress did not match the progress file's schema"
-        job.loss_points = [[s, v] for s, v in job.loss_points if finite_or_none(v) is not None]
+            job.progress, job.progress_problem = None, "the recorded progress did not match the progress file's schema"
+        job.loss_points = [(int(s), float(v)) for s, v in data.get("loss_points") or [] if finite_or_none(v) is not None]
+        try:
+            job.nodes = [JobNode.model_validate(node) for node in data.get("nodes") or []]
+        except ValidationError as exc:
+            raise ValueError(f"its nodes do not fit: {exc.errors()[0]['msg']}") from None
         return job
 
     @property
@@ -90,9 +98,9 @@ class Job:
         return self.state in JOB_ACTIVE
 
     def view(self) -> JobView:
-        reports = tuple(CheckpointReport.model_validate(c) for c in self.progress.get("checkpoints") or ())
+        reports = tuple(self.progress.checkpoints) if self.progress is not None else ()
         return JobView(self.id, self.recipe, self.state, self.started_at, self.ended_at, self.output_dir, tuple(self.argv),
-                       dict(self.params), reports, tuple((s, v) for s, v in self.loss_points))
+                       dict(self.params), reports, tuple(self.loss_points))
 
     def info(self, simulated: bool, now: float | None = None) -> JobInfo:
         """The job as the jobs section and `jobs.list` send it."""
@@ -106,7 +114,7 @@ class Job:
         return self.info(simulated, now).to_wire()
 
     def _fields(self, simulated: bool, now: float | None) -> dict[str, Any]:
-        p = self.progress
+        p = self.progress or JobProgress()
         end = self.ended_at or now or time.time()
         return {
             "id": self.id,
@@ -115,20 +123,20 @@ class Job:
             "gpus": self.gpus,
             "state": self.state,
             "exit_code": self.exit_code,
-            "step": p.get("step"),
-            "max_steps": p.get("max_steps"),
-            "epoch": p.get("epoch"),
-            "loss": p.get("loss"),
-            "loss_history": [loss for _, loss in self.loss_points if finite_or_none(loss) is not None],
-            "learning_rate": p.get("learning_rate"),
-            "samples_per_s": p.get("samples_per_s"),
-            "tokens_per_s": p.get("tokens_per_s"),
-            "eta_s": p.get("eta_s"),
-            "checkpoints": p.get("checkpoints") or [],
-            "trainer_state": p.get("state"),
-            "stop_reason": p.get("stop_reason"),
-            "precision": p.get("precision"),
-            "notes": p.get("notes") or [],
+            "step": p.step,
+            "max_steps": p.max_steps,
+            "epoch": p.epoch,
+            "loss": p.loss,
+            "loss_history": [loss for _, loss in self.loss_points],
+            "learning_rate": p.learning_rate,
+            "samples_per_s": p.samples_per_s,
+            "tokens_per_s": p.tokens_per_s,
+            "eta_s": p.eta_s,
+            "checkpoints": p.checkpoints,
+            "trainer_state": p.state,
+            "stop_reason": p.stop_reason,
+            "precision": p.precision,
+            "notes": p.notes,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "elapsed_s": round(max(0.0, end - self.started_at), 1),
@@ -148,23 +156,3 @@ class Job:
             "node_rank": self.node_rank,
             "coordinator": self.coordinator,
         }
-
-
-@dataclass(frozen=True)
-class JobView:
-    """A job as other components see it: a copy, so a scan thread reads no live state."""
-
-    id: str
-    recipe: str
-    state: JobState
-    started_at: float
-    ended_at: float | None
-    output_dir: str
-    argv: tuple[str, ...]
-    params: dict[str, Any]
-    reports: tuple[CheckpointReport, ...]  # the trainer's checkpoint entries (progress.json)
-    loss_points: tuple[tuple[int, float], ...]
-
-    @property
-    def active(self) -> bool:
-        return self.state in JOB_ACTIVE

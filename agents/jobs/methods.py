@@ -6,8 +6,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from agents.catalogue import JobListParams as ListParams, JobParams, LogsParams, StartParams, StopParams
 from agents.jobs import recipes
 from agents.jobs.job import Job
 from agents.sections import JobInfo
@@ -21,35 +20,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("cetlab.jobs")
 
 
-class StartParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    recipe: str = Field(max_length=64)
-    params: dict[str, Any] = Field(default_factory=dict, max_length=64)
-
-
-class JobParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(max_length=100)
-
-
-class StopParams(JobParams):
-    grace_s: float | None = Field(default=None, ge=0, le=86400)
-
-
-class LogsParams(JobParams):
-    tail_lines: int = Field(default=100, ge=0, le=10000)
-    offset: int | None = Field(default=None, ge=0)  # continue from here instead of the tail
-    follow: bool = False  # push new lines as `log` events to this connection
-
-
-class ListParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    limit: int = Field(default=100, ge=1, le=10000)
-
-
 def damaged_job(job_id: str, recipe: object, machine: str, exc: Exception) -> dict[str, Any]:
     """A job whose record in state.db cannot be read, as a listing line that says so."""
     log.error("job %s: its record in state.db is unreadable (%s); listed as damaged", job_id, str(exc)[:200])
@@ -60,48 +30,48 @@ def damaged_job(job_id: str, recipe: object, machine: str, exc: Exception) -> di
 
 def register(jobs: JobsComponent) -> None:
     """The jobs.* methods."""
-    agent = jobs.agent
-    rpc = agent.rpc
+    core = jobs.core
+    rpc = core.rpc
 
     @rpc.method("jobs.recipes", doc="The recipes of this machine with their launch params.")
     async def list_recipes(peer: Peer, _params) -> list:
-        return [recipes.recipe_json(r) for r in agent.lab.trainers if r.machine == agent.machine.name]
+        return [recipes.recipe_json(r) for r in core.lab.trainers if r.machine == core.machine.name]
 
     @rpc.method("jobs.list", params=ListParams, doc="Jobs, newest first: the active ones and recent history.")
     async def list_jobs(peer: Peer, params: ListParams) -> list:
-        rows = agent.store.query("SELECT id, recipe, record FROM jobs ORDER BY n DESC LIMIT ?", (params.limit,))
+        rows = core.store.query("SELECT id, recipe, record FROM jobs ORDER BY n DESC LIMIT ?", (params.limit,))
         now = time.time()
         listed = []
         for row in rows:
             try:
                 job = jobs.jobs.get(row["id"]) or Job.from_record(row["record"])
-                listed.append(job.to_json(agent.simulated, now))
+                listed.append(job.to_json(core.simulated, now))
             except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:  # one bad row costs its own line only
-                listed.append(damaged_job(row["id"], row["recipe"], agent.machine.name, exc))
+                listed.append(damaged_job(row["id"], row["recipe"], core.machine.name, exc))
         return listed
 
     @rpc.method("jobs.get", params=JobParams, doc="One job, with its command line and last log lines.")
     async def get_job(peer: Peer, params: JobParams) -> dict:
         job = jobs.get(params.id)
-        return job.detail(agent.simulated).to_wire()
+        return job.detail(core.simulated).to_wire()
 
     @rpc.method("jobs.start", role=Role.OPERATOR, params=StartParams, doc="Launch a recipe with validated params.")
     async def start_job(peer: Peer, params: StartParams) -> dict:
         job = await jobs.start_recipe(params.recipe, params.params)
         log.info("job %s started by %s", job.id, peer.who)
-        return job.detail(agent.simulated).to_wire()
+        return job.detail(core.simulated).to_wire()
 
     @rpc.method("jobs.stop", role=Role.OPERATOR, params=StopParams, doc="SIGTERM to the job's process group; SIGKILL after grace_s.")
     async def stop_job(peer: Peer, params: StopParams) -> dict:
         job = await jobs.stop_everywhere(jobs.get(params.id), params.grace_s, kill=False)
         log.info("job %s stop requested by %s", job.id, peer.who)
-        return job.to_json(agent.simulated)
+        return job.to_json(core.simulated)
 
     @rpc.method("jobs.kill", role=Role.OPERATOR, params=JobParams, doc="SIGKILL to the job's process group now.")
     async def kill_job(peer: Peer, params: JobParams) -> dict:
         job = await jobs.stop_everywhere(jobs.get(params.id), None, kill=True)
         log.info("job %s killed by %s", job.id, peer.who)
-        return job.to_json(agent.simulated)
+        return job.to_json(core.simulated)
 
     @rpc.method("jobs.logs", params=LogsParams, doc="Log lines: the tail, or from an offset; follow pushes `log` events.")
     async def job_logs(peer: Peer, params: LogsParams) -> dict:

@@ -18,21 +18,21 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.documents import Progress
-from agents.jobs.job import PROGRESS_KEPT, Job
+from agents.catalogue import NodeStartParams, NodeStatusParams, NodeStopParams
+from agents.jobs.job import Job
 from agents.jobs.logs import tail
 from agents.jobs.runner import descendants
 from agents.lab import Trainer
-from agents.schema import NAME_RE
 from agents.peers import NODE_KEY_NAME, PeerClient
-from agents.protocol import ErrorCode, Finite, RemoteError, Role
+from agents.protocol import ErrorCode, RemoteError, Role
 from agents.rpc import Peer
-from agents.states import JOB_ACTIVE, JobState
+from agents.sections import NODE_LAST_LINES, NODE_LOSS_POINTS, JobNode, NodeStatus
+from agents.states import JOB_ACTIVE, NODE_OFFLINE, JobState
 
 if TYPE_CHECKING:
     from agents.jobs.supervisor import JobsComponent
@@ -41,8 +41,6 @@ log = logging.getLogger("cetlab.jobs")
 
 POLL_S = 1.0  # how often the coordinator asks its nodes how they are
 START_TIMEOUT_S = 30.0
-FAILED_LINES = 3  # last log lines of a failed node named in the job's error
-OFFLINE = "offline"
 RDZV_TRIES = 3  # rendezvous ports tried when another process takes the chosen one before torchrun binds it
 RDZV_LISTEN_WAIT_S = 120.0  # torchrun imports torch before it binds its store: seconds, more on a busy machine
 RDZV_TAKEN = ("EADDRINUSE", "address already in use")  # how torch's TCPStore says it could not bind
@@ -144,59 +142,12 @@ def check_node_start(recipe: Trainer, params: NodeStartParams, active: list[Job]
                                               "one job of a multi-node recipe at a time", {"job": running[0]})
 
 
-class NodeStartParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(pattern=NAME_RE)
-    recipe: str = Field(max_length=64)
-    params: dict[str, Any] = Field(default_factory=dict, max_length=64)
-    node_rank: int = Field(ge=1, le=1024)  # rank 0 is the coordinator's own node
-    rdzv_port: int = Field(ge=1024, le=65535)
-
-
-class NodeStopParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(max_length=100)
-    kill: bool = False
-    grace_s: float | None = Field(default=None, ge=0, le=86400)
-    reason: str | None = Field(default=None, max_length=4000)  # the coordinator failed the job: why
-
-
-class NodeStatusParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str = Field(max_length=100)
-
-
-class NodeStatus(BaseModel):
-    """A node's answer to jobs.node_status, checked where it enters the coordinator."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    state: JobState
-    exit_code: int | None = None
-    error: str | None = Field(default=None, max_length=8000)
-    ended_at: Finite = None
-    last_lines: list[Annotated[str, Field(max_length=4000)]] = Field(default_factory=list, max_length=FAILED_LINES)
-    progress: dict[str, Any] = Field(default_factory=dict)
-    loss_points: list[tuple[int, Finite]] = Field(default_factory=list, max_length=60)
-
-    def checked_progress(self) -> dict[str, Any] | None:
-        """Its progress as the trainer's progress file schema allows (None: none, or it does not fit)."""
-        if not self.progress:
-            return None
-        try:
-            return Progress.model_validate(self.progress).model_dump(mode="json", include=PROGRESS_KEPT)
-        except ValidationError:
-            return None
-
-
-def node_status(job: Job) -> dict[str, Any]:
+def node_status(job: Job) -> NodeStatus:
     """A node as its coordinator needs it: state, outcome, last lines, and progress (c10d may rank any node 0)."""
-    lines, _ = tail(Path(job.log_path), FAILED_LINES) if job.active else (job.last_lines[-FAILED_LINES:], 0)
-    return {"state": job.state, "exit_code": job.exit_code, "error": job.error, "ended_at": job.ended_at,
-            "last_lines": lines, "progress": job.progress, "loss_points": job.loss_points[-60:]}
+    lines, _ = tail(Path(job.log_path), NODE_LAST_LINES) if job.active else (job.last_lines, 0)
+    status = NodeStatus.seen(job.state, job.exit_code, job.error, job.ended_at, lines)
+    status.progress, status.loss_points = job.progress, list(job.loss_points[-NODE_LOSS_POINTS:])
+    return status
 
 
 class Coordinator:
@@ -205,16 +156,16 @@ class Coordinator:
     def __init__(self, jobs: JobsComponent):
         self.jobs = jobs
         self.peers: PeerClient | None = None
-        self.task: asyncio.Task | None = None
-        self.starting: dict[str, asyncio.Task] = {}  # job id -> its start: node 0 gets its port, then the others start
+        self.task: asyncio.Task[None] | None = None
+        self.starting: dict[str, asyncio.Task[None]] = {}  # job id -> its start: node 0 gets its port, then the others start
         self.silent_since: dict[tuple[str, str], float] = {}  # (job, machine) -> when its agent stopped answering
 
     async def start(self) -> None:
-        agent = self.jobs.agent
-        me = agent.machine.name
-        others = sorted({n.machine for r in agent.lab.trainers if r.nodes and r.machine == me for n in r.nodes[1:]})
+        core = self.jobs.core
+        me = core.machine.name
+        others = sorted({n.machine for r in core.lab.trainers if r.nodes and r.machine == me for n in r.nodes[1:]})
         if others:
-            self.peers = PeerClient(agent.lab, agent.state_dir, machines=others, topics=[], key_name=NODE_KEY_NAME)
+            self.peers = PeerClient(core.lab, core.state_dir, machines=others, topics=[], key_name=NODE_KEY_NAME)
             await self.peers.start()
             self.task = asyncio.create_task(self._watch(), name="multinode-watch")
 
@@ -226,9 +177,9 @@ class Coordinator:
         if self.peers is not None:
             await self.peers.stop()
 
-    async def _call(self, machine: str, method: str, params: dict, timeout: float = 10.0) -> Any:
+    async def _call(self, machine: str, method: str, params: dict[str, Any], timeout: float = 10.0) -> Any:
         if self.peers is None:
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"{self.jobs.agent.machine.name} coordinates no multi-node recipe")
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"{self.jobs.core.machine.name} coordinates no multi-node recipe")
         link = self.peers.links.get(machine)
         if link is not None and not link.online.is_set():
             try:  # a link still connecting (the agent just started) gets a moment
@@ -241,15 +192,15 @@ class Coordinator:
 
     async def start_job(self, recipe: Trainer, given: dict[str, Any]) -> Job:
         """Start node 0 here; once its torchrun holds the rendezvous port, every other node at once (in the background)."""
-        agent = self.jobs.agent
+        core = self.jobs.core
         running = [j.id for j in self.jobs.jobs.values() if j.recipe == recipe.name and j.nodes and j.active]
         if running:  # its nodes take one job of the recipe at a time: said here, before node 0 starts
             raise RemoteError(ErrorCode.CONFLICT, f"job {running[0]} of recipe {recipe.name} still runs: one job of a "
                                                   "multi-node recipe at a time", {"job": running[0]})
         port = rdzv_port(recipe)
         job_id = self.jobs.next_id()
-        job = self.jobs.start_job(recipe.name, given, launch_for(recipe, agent.machine.name, 0, job_id, agent.machine.host, port))
-        job.nodes = [{"machine": n.machine, "gpus": list(n.gpus), "state": JobState.STARTING} for n in recipe.nodes]
+        job = self.jobs.start_job(recipe.name, given, launch_for(recipe, core.machine.name, 0, job_id, core.machine.host, port))
+        job.nodes = [JobNode(machine=n.machine, gpus=list(n.gpus), state=JobState.STARTING) for n in recipe.nodes]
         self.jobs.save(job)
         task = asyncio.create_task(self._start_nodes(recipe, given, job, port), name=f"multinode-start-{job_id}")
         self.starting[job_id] = task
@@ -262,15 +213,16 @@ class Coordinator:
         except RemoteError as lost:
             job.failure = lost.message
             self.jobs.finish_ended(job)  # node 0's runner has ended: the job fails with this as its error
-            job.nodes[0].update({"state": job.state, "exit_code": job.exit_code, "error": job.error})
+            first = job.nodes[0]
+            first.state, first.exit_code, first.error = job.state, job.exit_code, job.error
             for node in job.nodes[1:]:
-                node.update({"state": JobState.FAILED, "error": "not started"})
+                node.state, node.error = JobState.FAILED, "not started"
             self.jobs.save(job)
             log.warning("job %s failed: %s", job.id, lost.message)
             return
         if job.stop_requested is not None:  # stopped before the others started: nothing to stop there
             for node in job.nodes[1:]:
-                node.update({"state": JobState.EXITED, "error": None})
+                node.state, node.error = JobState.EXITED, None
             self.jobs.save(job)
             return
         calls = [self._call(n.machine, "jobs.node_start", {"id": job.id, "recipe": recipe.name, "params": given, "node_rank": rank,
@@ -293,7 +245,7 @@ class Coordinator:
         forgotten (its log keeps a line saying so) and node 0 starts again, same job id, on another port,
         so the other nodes only ever get a port node 0's store holds. Returns node 0's job and its port.
         """
-        me = self.jobs.agent.machine.name
+        me = self.jobs.core.machine.name
         lost: set[int] = set()
         offset = 0  # where this try's output starts in the job's log (a new job id: a new log)
         for attempt in range(1, RDZV_TRIES + 1):
@@ -314,28 +266,29 @@ class Coordinator:
             self.jobs.forget(job)
             offset = Path(job.log_path).stat().st_size
             port = rdzv_port(recipe, avoid=frozenset(lost))
-            job = self.jobs.start_job(recipe.name, given, launch_for(recipe, me, 0, job.id, self.jobs.agent.machine.host, port))
+            job = self.jobs.start_job(recipe.name, given, launch_for(recipe, me, 0, job.id, self.jobs.core.machine.host, port))
             job.nodes = nodes
             self.jobs.save(job)
         raise AssertionError("unreachable: the last try returns or raises")
 
     async def stop_job(self, job: Job, grace_s: float | None, kill: bool) -> Job:
         """SIGTERM (or SIGKILL) to every node's torchrun at once; the ranks agree on the step they stop at."""
-        remote = [asyncio.create_task(self._call(n["machine"], "jobs.node_stop", {"id": job.id, "kill": kill, "grace_s": grace_s}))
-                  for n in job.nodes[1:] if n["state"] in JOB_ACTIVE]
+        running = [n for n in job.nodes[1:] if n.state in JOB_ACTIVE]
+        remote = [asyncio.create_task(self._call(n.machine, "jobs.node_stop", {"id": job.id, "kill": kill, "grace_s": grace_s}))
+                  for n in running]
         if not job.active and not remote:
             raise RemoteError(ErrorCode.CONFLICT, f"job {job.id} has already {job.state}")
         if job.active:
             await self.jobs.stop_job(job, grace_s, kill)
-        for node, result in zip([n for n in job.nodes[1:] if n["state"] in JOB_ACTIVE], await asyncio.gather(*remote, return_exceptions=True)):
+        for node, result in zip(running, await asyncio.gather(*remote, return_exceptions=True)):
             if isinstance(result, BaseException):
-                log.warning("job %s: stopping node %s: %s", job.id, node["machine"], result)
+                log.warning("job %s: stopping node %s: %s", job.id, node.machine, result)
         return job
 
     async def _fail_all(self, job: Job, reason: str) -> None:
         """Kill every node still running, each recording the reason as its error."""
-        calls = [self._call(n["machine"], "jobs.node_stop", {"id": job.id, "kill": True, "reason": reason})
-                 for n in job.nodes[1:] if n["state"] in JOB_ACTIVE | {JobState.STARTING}]
+        calls = [self._call(n.machine, "jobs.node_stop", {"id": job.id, "kill": True, "reason": reason})
+                 for n in job.nodes[1:] if n.state in JOB_ACTIVE]
         if job.active:
             await self.jobs.stop_job(job, None, kill=True)
         else:
@@ -350,8 +303,8 @@ class Coordinator:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(POLL_S)
-            for job in [j for j in self.jobs.jobs.values() if j.nodes and j.coordinator == self.jobs.agent.machine.name and j.id not in self.starting]:
-                if job.active or any(n["state"] in JOB_ACTIVE for n in job.nodes):
+            for job in [j for j in self.jobs.jobs.values() if j.nodes and j.coordinator == self.jobs.core.machine.name and j.id not in self.starting]:
+                if job.active or any(n.state in JOB_ACTIVE for n in job.nodes):
                     try:
                         await self._poll(job)
                     except Exception:  # one job's trouble must not end the watch of the others
@@ -359,75 +312,77 @@ class Coordinator:
 
     async def _poll(self, job: Job) -> None:
         now = time.time()
-        seen: list[dict[str, Any]] = [{"state": job.state, "exit_code": job.exit_code, "error": job.error, "ended_at": job.ended_at,
-                                       "last_lines": job.last_lines[-FAILED_LINES:]}]
+        seen = [NodeStatus.seen(job.state, job.exit_code, job.error, job.ended_at, job.last_lines)]
         for node in job.nodes[1:]:
-            key = (job.id, node["machine"])
-            try:
-                answer = await self._call(node["machine"], "jobs.node_status", {"id": job.id}, timeout=5.0)
-                status = NodeStatus.model_validate(answer)
-                self.silent_since.pop(key, None)
-                seen.append({**status.model_dump(), "progress": status.checked_progress(),
-                             "loss_points": [[step, loss] for step, loss in status.loss_points if loss is not None]})
-            except ValidationError as exc:  # a node that answers nonsense is as good as silent
-                log.warning("job %s: node %s answered a status that does not fit: %s", job.id, node["machine"], exc.errors()[:1])
-                seen.append({"state": node["state"], "exit_code": node.get("exit_code"), "error": node.get("error")})
-            except RemoteError as exc:
-                if exc.code == ErrorCode.NOT_FOUND:
-                    seen.append({"state": JobState.LOST, "error": exc.message, "ended_at": now})
-                    continue
-                since = self.silent_since.setdefault(key, now)
-                lost = now - since >= self.jobs.agent.lab.alerts.offline_for_s and node["state"] in JOB_ACTIVE | {OFFLINE}
-                seen.append({"state": OFFLINE, "error": f"its agent does not answer: {exc.message}", "ended_at": since} if lost else
-                            {"state": node["state"], "exit_code": node.get("exit_code"), "error": node.get("error")})
+            seen.append(await self._status_of(job, node, now))
         changed = False
         rank_0_here = (Path(job.job_dir) / "progress.json").exists()  # c10d ranks nodes itself: rank 0 may be elsewhere
-        for node, status in zip(job.nodes, seen):
-            entry = {"machine": node["machine"], "gpus": node["gpus"], "state": str(status["state"]),
-                     "exit_code": status.get("exit_code"), "error": status.get("error")}
-            changed |= entry != node
-            node.update(entry)
-            if status.get("progress") and not rank_0_here:  # rank 0 writes progress on its node: take it from there
-                changed |= status["progress"] != job.progress
-                job.progress, job.loss_points = status["progress"], status.get("loss_points") or []
-        failed = sorted((s.get("ended_at") or now, node["machine"], s) for node, s in zip(job.nodes, seen)
-                        if s["state"] in (JobState.FAILED, JobState.LOST, OFFLINE))
+        for rank, (node, status) in enumerate(zip(job.nodes, seen)):
+            entry = JobNode(machine=node.machine, gpus=node.gpus, state=status.state, exit_code=status.exit_code, error=status.error)
+            if entry != node:
+                job.nodes[rank], changed = entry, True
+            if status.progress is not None and not rank_0_here:  # rank 0 writes progress on its node: take it from there
+                changed |= status.progress != job.progress
+                job.progress = status.progress
+                job.loss_points = [(step, loss) for step, loss in status.loss_points if loss is not None]
+        failed = sorted(((s.ended_at or now, node.machine, s) for node, s in zip(job.nodes, seen)
+                         if s.state in (JobState.FAILED, JobState.LOST, NODE_OFFLINE)), key=lambda f: (f[0], f[1]))
         if failed and job.failure is None:
-            job.failure = "; ".join(f"node {machine} {s['state']}" + (f" (exit code {s['exit_code']})" if s.get("exit_code") is not None else "")
-                                    + (f": {s['error']}" if s.get("error") else "")
-                                    + (" | " + " | ".join(line.rstrip() for line in s.get("last_lines") or []) if s.get("last_lines") else "")
+            job.failure = "; ".join(f"node {machine} {s.state}" + (f" (exit code {s.exit_code})" if s.exit_code is not None else "")
+                                    + (f": {s.error}" if s.error else "")
+                                    + (" | " + " | ".join(line.rstrip() for line in s.last_lines) if s.last_lines else "")
                                     for _, machine, s in failed)
             log.warning("job %s failed: %s", job.id, job.failure)
             await self._fail_all(job, job.failure)
         elif changed:
             self.jobs.save(job)
 
+    async def _status_of(self, job: Job, node: JobNode, now: float) -> NodeStatus:
+        """A node's status as its agent answers it; a node that does not answer keeps its last state until it has been
+        silent for the lab's offline_for_s, then it is offline."""
+        key = (job.id, node.machine)
+        as_before = NodeStatus.seen(node.state, node.exit_code, node.error)
+        try:
+            answer = await self._call(node.machine, "jobs.node_status", {"id": job.id}, timeout=5.0)
+            status = NodeStatus.model_validate(answer)
+        except ValidationError as exc:  # a node that answers nonsense is as good as silent
+            log.warning("job %s: node %s answered a status that does not fit: %s", job.id, node.machine, exc.errors()[:1])
+            return as_before
+        except RemoteError as exc:
+            if exc.code == ErrorCode.NOT_FOUND:
+                return NodeStatus.seen(JobState.LOST, error=exc.message, ended_at=now)
+            since = self.silent_since.setdefault(key, now)
+            lost = now - since >= self.jobs.core.lab.alerts.offline_for_s and (node.state in JOB_ACTIVE or node.state == NODE_OFFLINE)
+            return NodeStatus.seen(NODE_OFFLINE, error=f"its agent does not answer: {exc.message}", ended_at=since) if lost else as_before
+        self.silent_since.pop(key, None)
+        return status
+
 
 def register(jobs: JobsComponent) -> None:
     """jobs.node_*: what the coordinator of a multi-node job may ask of this agent (the `node` role allows these only)."""
-    agent = jobs.agent
-    rpc = agent.rpc
+    core = jobs.core
+    rpc = core.rpc
 
     def node_job(job_id: str) -> Job:
         job = jobs.get(job_id)
         if job.coordinator is None or job.node_rank in (None, 0):
-            raise RemoteError(ErrorCode.NOT_FOUND, f"job {job_id} is not a node of a multi-node job on {agent.machine.name}")
+            raise RemoteError(ErrorCode.NOT_FOUND, f"job {job_id} is not a node of a multi-node job on {core.machine.name}")
         return job
 
     @rpc.method("jobs.node_start", role=Role.OPERATOR, params=NodeStartParams,
                 doc="Start this machine's node of a multi-node recipe named in this agent's own lab.yaml.")
     async def node_start(peer: Peer, params: NodeStartParams) -> dict:
-        recipe = next((r for r in agent.lab.trainers if r.name == params.recipe and r.nodes), None)
+        recipe = next((r for r in core.lab.trainers if r.name == params.recipe and r.nodes), None)
         if recipe is None:
-            raise RemoteError(ErrorCode.NOT_FOUND, f"no multi-node recipe named {params.recipe!r} in {agent.machine.name}'s lab.yaml")
-        if params.id in jobs.jobs or agent.store.query("SELECT 1 FROM jobs WHERE id=?", (params.id,)):
-            raise RemoteError(ErrorCode.CONFLICT, f"{agent.machine.name} already has a job {params.id}")
-        first = agent.lab.machine(recipe.nodes[0].machine)
-        launch = launch_for(recipe, agent.machine.name, params.node_rank, params.id, first.host, params.rdzv_port)
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no multi-node recipe named {params.recipe!r} in {core.machine.name}'s lab.yaml")
+        if params.id in jobs.jobs or core.store.query("SELECT 1 FROM jobs WHERE id=?", (params.id,)):
+            raise RemoteError(ErrorCode.CONFLICT, f"{core.machine.name} already has a job {params.id}")
+        first = core.lab.machine(recipe.nodes[0].machine)
+        launch = launch_for(recipe, core.machine.name, params.node_rank, params.id, first.host, params.rdzv_port)
         check_node_start(recipe, params, [j for j in jobs.jobs.values() if j.active and j.node_rank])
         job = jobs.start_job(recipe.name, params.params, launch)
         log.info("job %s: node %d started for %s", job.id, params.node_rank, peer.who)
-        return node_status(job)
+        return node_status(job).model_dump(mode="json")
 
     @rpc.method("jobs.node_stop", role=Role.OPERATOR, params=NodeStopParams, doc="Stop or kill this machine's node of a multi-node job.")
     async def node_stop(peer: Peer, params: NodeStopParams) -> dict:
@@ -439,8 +394,8 @@ def register(jobs: JobsComponent) -> None:
                 jobs.save(job)
         if job.active:
             await jobs.stop_job(job, params.grace_s, params.kill)
-        return node_status(job)
+        return node_status(job).model_dump(mode="json")
 
     @rpc.method("jobs.node_status", role=Role.OPERATOR, params=NodeStatusParams, doc="This machine's node of a multi-node job.")
     async def node_status_method(peer: Peer, params: NodeStatusParams) -> dict:
-        return node_status(node_job(params.id))
+        return node_status(node_job(params.id)).model_dump(mode="json")

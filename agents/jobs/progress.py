@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 
 from agents.documents import BadDocument, load_progress, load_trainer_state
-from agents.jobs.job import PROGRESS_KEPT, Job
+from agents.jobs.job import Job
 from agents.sections import CheckpointReport
 
 log = logging.getLogger("cetlab.jobs")
@@ -21,19 +21,19 @@ def update_progress(job: Job, raw: bytes | OSError | None = None) -> bool:
         doc = load_progress(Path(job.job_dir) / "progress.json", raw)
     except BadDocument as exc:
         return _progress_problem(job, str(exc))
-    if doc is None or doc.updated_at == job.progress.get("updated_at"):
-        return False
     previous = job.progress
-    job.progress = doc.model_dump(mode="json", include=PROGRESS_KEPT)
+    if doc is None or (previous is not None and doc.updated_at == previous.updated_at):
+        return False
+    job.progress = doc.kept()
     job.progress_problem = None
     _diverged(job, doc.diverged_step)
-    points = {step: loss for step, loss in job.loss_points}
-    if doc.loss is not None and doc.step is not None and doc.loss != previous.get("loss"):
+    points = dict(job.loss_points)
+    if doc.loss is not None and doc.step is not None and (previous is None or doc.loss != previous.loss):
         points[doc.step] = round(doc.loss, 5)  # a new logged loss, seen at this tick's step
     newest = doc.checkpoints[-1] if doc.checkpoints else None
-    if newest is not None and newest.to_wire() != (previous.get("checkpoints") or [None])[-1]:
+    if newest is not None and (previous is None or not previous.checkpoints or newest != previous.checkpoints[-1]):
         points = _points_from_checkpoint(job, newest, points)
-    job.loss_points = [[s, points[s]] for s in sorted(points)][-LOSS_POINTS:]
+    job.loss_points = [(s, points[s]) for s in sorted(points)][-LOSS_POINTS:]
     return True
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import io
 import json
 import logging
 import os
@@ -104,8 +105,9 @@ def run(job_dir: Path, log_path: Path, argv: list[str], max_bytes: int, keep: in
         started = None
     write_json(job_dir / "child.json", {"pid": child.pid, "create_time": started})
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    assert child.stdout is not None
-    while chunk := child.stdout.read1(CHUNK_BYTES):
+    stdout = child.stdout
+    assert isinstance(stdout, io.BufferedReader)  # a pipe with Popen's default buffering: read1 returns what is there
+    while chunk := stdout.read1(CHUNK_BYTES):
         # one record per line, so files rotate between lines and stay near max_bytes
         for line in decoder.decode(chunk).splitlines(keepends=True):
             log.info(line)

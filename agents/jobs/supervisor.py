@@ -14,30 +14,31 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
+from agents.core import AgentCore
 from agents.documents import MAX_DOCUMENT_BYTES, ChildRecord, ExitRecord, load_quietly
+from agents.gpusupport.port import GpuSupportPort
 from agents.jobs import recipes
 from agents.jobs.gpu_load import check_starved, claim_sim_gpus
-from agents.jobs.job import Job, JobView
+from agents.jobs.job import Job
 from agents.jobs.logs import Follower, read_from, tail
 from agents.jobs.methods import LogsParams, register
 from agents.jobs.multinode import Coordinator, NodeLaunch, register as register_nodes
+from agents.jobs.port import JobView
 from agents.jobs.progress import update_progress
 from agents.jobs.refind import found_on_disk, keep_on_disk
 from agents.safe_read import READ_TIMEOUT_S, read_capped_async
 from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, descendants
 from agents.lab import Trainer
+from agents.orchestra.port import ModelsPort
 from agents.protocol import EVENT_LOG, EVENT_NOTICE, ErrorCode, RemoteError, Telemetry
 from agents.rpc import Peer
-from agents.sections import JobInfo
+from agents.sections import JobDetail, JobInfo
 from agents.states import JOB_ACTIVE, JobState
 from agents.train.progress import ENV_VAR as PROGRESS_ENV
-
-if TYPE_CHECKING:
-    from agents.agent import Agent
 
 log = logging.getLogger("cetlab.jobs")
 
@@ -103,26 +104,25 @@ def _create_time(pid: int) -> float | None:
 class JobsComponent:
     name = "jobs"
 
-    def __init__(self) -> None:
-        self.agent: Agent | None = None
+    def __init__(self, core: AgentCore) -> None:
+        self.core = core
+        self.logs_dir = core.state_dir / "logs"
+        self.jobs_dir = core.state_dir / "jobs"
         self.jobs: dict[str, Job] = {}
         self.followers: dict[tuple[int, str], tuple[Peer, Follower]] = {}
-        self._reads: dict[str, asyncio.Task] = {}  # job id -> its progress file being read off the loop
+        self._reads: dict[str, asyncio.Task[bytes | OSError]] = {}  # job id -> its progress file being read off the loop
         self._read: dict[str, bytes | OSError] = {}  # job id -> what the last finished read gave, for the next tick
+        self.coordinator = Coordinator(self)
+        register(self)
+        register_nodes(self)
 
     # -- lifecycle
 
-    async def start(self, agent: Agent) -> None:
-        self.agent = agent
-        self.logs_dir = agent.state_dir / "logs"
-        self.jobs_dir = agent.state_dir / "jobs"
+    async def start(self) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
-        agent.store.migrate("jobs", SCHEMA)
+        self.core.store.migrate("jobs", SCHEMA)
         self._load()
-        register(self)
-        register_nodes(self)
-        self.coordinator = Coordinator(self)
         await self.coordinator.start()
 
     async def stop(self) -> None:
@@ -131,7 +131,7 @@ class JobsComponent:
 
     def _load(self) -> None:
         active = sorted(JOB_ACTIVE)
-        rows = self.agent.store.query(
+        rows = self.core.store.query(
             f"SELECT id, record FROM jobs WHERE state IN ({','.join('?' * len(active))}) OR n > (SELECT COALESCE(MAX(n), 0) FROM jobs) - ? ORDER BY n",
             (*active, KEPT_FINISHED),
         )
@@ -142,9 +142,9 @@ class JobsComponent:
                 log.error("job %s: its record in state.db is unreadable (%s); left out", row["id"], exc)
                 continue
             self.jobs[job.id] = job
-        known = {row["id"] for row in self.agent.store.query("SELECT id FROM jobs")}
+        known = {row["id"] for row in self.core.store.query("SELECT id FROM jobs")}
         for job in found_on_disk(self.jobs_dir, known):  # state.db lost them (deleted, or corrupt and moved aside)
-            with self.agent.store.transaction() as db:
+            with self.core.store.transaction() as db:
                 db.execute("INSERT INTO jobs (id, recipe, record, state) VALUES (?, ?, ?, ?)", (job.id, job.recipe, job.record(), job.state))
             log.warning("job %s (%s) found again in its folder: state.db had no record of it", job.id, job.recipe)
             self._read_child(job)  # its record is the one at launch: catch up with what it did since
@@ -163,12 +163,13 @@ class JobsComponent:
     @staticmethod
     def _maybe_running(job: Job, now: float) -> None:
         """starting -> running: the trainer says it runs, or says nothing for a while."""
-        if job.state == JobState.STARTING and (job.progress.get("state") in ("running", "saving")
-                                               or (not job.progress and now - job.started_at >= NO_PROGRESS_RUNNING_S)):
+        trainer = job.progress.state if job.progress is not None else None
+        if job.state == JobState.STARTING and (trainer in ("running", "saving")
+                                               or (job.progress is None and now - job.started_at >= NO_PROGRESS_RUNNING_S)):
             job.state = JobState.RUNNING
 
     def save(self, job: Job) -> None:
-        with self.agent.store.transaction() as db:
+        with self.core.store.transaction() as db:
             db.execute("UPDATE jobs SET record=?, state=? WHERE id=?", (job.record(), job.state, job.id))
 
     # -- launching
@@ -186,11 +187,11 @@ class JobsComponent:
         return env
 
     def _check_gpus(self, recipe: Trainer) -> None:
-        latest = self.agent.latest
+        latest = self.core.latest
         count = len(latest.gpus) if latest is not None and latest.gpu_backend != "none" else None
         for index in recipe.gpus:
             if count is not None and index >= count:
-                raise RemoteError(ErrorCode.UNAVAILABLE, f"recipe {recipe.name} wants GPU {index}, {self.agent.machine.name} has {count} GPUs")
+                raise RemoteError(ErrorCode.UNAVAILABLE, f"recipe {recipe.name} wants GPU {index}, {self.core.machine.name} has {count} GPUs")
         for other in self.jobs.values():
             taken = sorted(set(other.gpus) & set(recipe.gpus))
             if other.active and taken:
@@ -199,7 +200,7 @@ class JobsComponent:
                     f"GPU {','.join(map(str, taken))} is taken by job {other.id} ({other.recipe}, {other.state}); stop it first or pick other GPUs",
                     {"job": other.id},
                 )
-        pool = self.agent.component("models")
+        pool = self.core.find(ModelsPort)
         for model in pool.holding_gpus() if pool is not None else []:
             taken = sorted(set(model.gpus) & set(recipe.gpus))
             if taken:
@@ -212,21 +213,21 @@ class JobsComponent:
 
     def next_id(self) -> str:
         """The next job id: past every job state.db knows and every job folder (a lost state.db starts counting again)."""
-        n = self.agent.store.query("SELECT COALESCE(MAX(n), 0) + 1 AS n FROM jobs")[0]["n"]
-        while (self.jobs_dir / f"{self.agent.machine.name}-{n}").exists():
+        n = self.core.store.query("SELECT COALESCE(MAX(n), 0) + 1 AS n FROM jobs")[0]["n"]
+        while (self.jobs_dir / f"{self.core.machine.name}-{n}").exists():
             n += 1
-        return f"{self.agent.machine.name}-{n}"
+        return f"{self.core.machine.name}-{n}"
 
     async def start_recipe(self, name: str, given: dict[str, Any]) -> Job:
         """Start a recipe of this machine: over all its nodes when it has nodes (this agent coordinates), else here."""
-        recipe = recipes.find_recipe(self.agent.lab, name, self.agent.machine.name)
+        recipe = recipes.find_recipe(self.core.lab, name, self.core.machine.name)
         return await self.coordinator.start_job(recipe, given) if recipe.nodes else self.start_job(name, given)
 
     def start_job(self, name: str, given: dict[str, Any], node: NodeLaunch | None = None) -> Job:
         """Check everything, then launch; any problem is a typed error before a process exists. ``node``: one node of a multi-node job."""
-        agent = self.agent
-        lab = agent.lab
-        recipe = node.recipe if node is not None else recipes.find_recipe(lab, name, agent.machine.name)
+        core = self.core
+        lab = core.lab
+        recipe = node.recipe if node is not None else recipes.find_recipe(lab, name, core.machine.name)
         values = recipes.resolve_params(recipe, given)
         self._check_gpus(recipe)
         job_id = node.job_id if node is not None else self.next_id()
@@ -238,14 +239,15 @@ class JobsComponent:
         program = recipes.expand(recipe.command[0], job_id, str(output_dir))
         found = recipes.find_program(program, cwd, env["PATH"])
         if found is None:
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"command {program!r} of recipe {name} not found or not executable on {agent.machine.name} (PATH {env['PATH']})")
-        if (support := agent.component("gpu_support")) is not None:  # its torch has kernels for its GPUs, or a refusal with the fix
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"command {program!r} of recipe {name} not found or not executable on {core.machine.name} (PATH {env['PATH']})")
+        if (support := core.find(GpuSupportPort)) is not None:  # its torch has kernels for its GPUs, or a refusal with the fix
             support.check_job(name, recipe.gpus, str(found))
         torchrun = "torchrun"
         if recipe.launcher == "torchrun":
-            torchrun = recipes.find_program("torchrun", cwd, env["PATH"])
-            if torchrun is None:
-                raise RemoteError(ErrorCode.UNAVAILABLE, f"recipe {name} uses torchrun, which is not installed on {agent.machine.name}")
+            installed = recipes.find_program("torchrun", cwd, env["PATH"])
+            if installed is None:
+                raise RemoteError(ErrorCode.UNAVAILABLE, f"recipe {name} uses torchrun, which is not installed on {core.machine.name}")
+            torchrun = installed
         try:  # last: a refused start leaves no empty folder behind
             output_dir.mkdir(parents=True, exist_ok=True)
             if not os.access(output_dir, os.W_OK):
@@ -257,12 +259,12 @@ class JobsComponent:
         job_dir.mkdir(parents=True, exist_ok=True)
         env[PROGRESS_ENV] = str(job_dir / "progress.json")
         job = Job(
-            id=job_id, recipe=name, machine=agent.machine.name, gpus=list(recipe.gpus), params=values, argv=argv,
+            id=job_id, recipe=name, machine=core.machine.name, gpus=list(recipe.gpus), params=values, argv=argv,
             cwd=str(cwd), output_dir=str(output_dir), log_path=str(self.logs_dir / f"job-{job_id}.log"),
             job_dir=str(job_dir), started_at=time.time(),
             node_rank=node.rank if node is not None else None, coordinator=node.coordinator if node is not None else None,
         )
-        with agent.store.transaction() as db:
+        with core.store.transaction() as db:
             db.execute("INSERT INTO jobs (id, recipe, record, state) VALUES (?, ?, ?, ?)", (job.id, name, job.record(), job.state))
         runner = [sys.executable, "-m", "agents.jobs.runner", "--job-dir", str(job_dir), "--log", job.log_path,
                   "--log-max-bytes", str(LOG_MAX_BYTES), "--log-keep", str(LOG_KEEP), "--", *argv]
@@ -285,7 +287,7 @@ class JobsComponent:
     def forget(self, job: Job) -> None:
         """Drop a job whose runner has ended as if it never started (its log stays): node 0 starting again on another port."""
         self.jobs.pop(job.id, None)
-        with self.agent.store.transaction() as db:
+        with self.core.store.transaction() as db:
             db.execute("DELETE FROM jobs WHERE id=?", (job.id,))
         for name in ("child.json", "exit.json", "progress.json"):
             (Path(job.job_dir) / name).unlink(missing_ok=True)
@@ -323,7 +325,7 @@ class JobsComponent:
 
     async def stop_everywhere(self, job: Job, grace_s: float | None, kill: bool) -> Job:
         """Stop or kill a job: on every node when this agent coordinates it, else here."""
-        if job.nodes and job.coordinator == self.agent.machine.name:
+        if job.nodes and job.coordinator == self.core.machine.name:
             return await self.coordinator.stop_job(job, grace_s, kill)
         return await self.stop_job(job, grace_s, kill)
 
@@ -331,7 +333,7 @@ class JobsComponent:
         if not job.active:
             raise RemoteError(ErrorCode.CONFLICT, f"job {job.id} has already {job.state}" + (f" (exit code {job.exit_code})" if job.exit_code is not None else ""))
         await self._trainer_pid(job)
-        recipe = next((r for r in self.agent.lab.trainers if r.name == job.recipe), None)
+        recipe = next((r for r in self.core.lab.trainers if r.name == job.recipe), None)
         grace = grace_s if grace_s is not None else (recipe.stop_grace_s if recipe else 60.0)
         job.state = JobState.STOPPING
         if kill or job.stop_requested == "kill":
@@ -374,7 +376,7 @@ class JobsComponent:
             stopped = job.stop_requested is not None
             job.state = JobState.EXITED if job.exit_code == 0 or stopped else JobState.FAILED
             if job.state == JobState.FAILED:
-                job.error = ended.error or job.progress.get("error") or f"exited with code {job.exit_code}"
+                job.error = ended.error or (job.progress.error if job.progress else None) or f"exited with code {job.exit_code}"
         if job.failure is not None:  # the coordinator failed the job (another node failed): that is its outcome on every node
             job.state, job.error = JobState.FAILED, job.failure
         job.last_lines, _ = tail(Path(job.log_path), LAST_LINES)
@@ -383,9 +385,9 @@ class JobsComponent:
         finished = sorted((j for j in self.jobs.values() if not j.active), key=lambda j: j.started_at)
         for old in finished[:-KEPT_FINISHED]:
             del self.jobs[old.id]
-        self.agent.release_gpus(f"job:{job.id}")
+        self.core.release_gpus(f"job:{job.id}")
         log.info("job %s %s (exit code %s)", job.id, job.state, job.exit_code)
-        self.agent.notify(EVENT_NOTICE, {"level": "info" if job.state == JobState.EXITED else "error",
+        self.core.notify(EVENT_NOTICE, {"level": "info" if job.state == JobState.EXITED else "error",
                                          "message": f"job {job.id} ({job.recipe}) {job.state}" + (f" with exit code {job.exit_code}" if job.exit_code is not None else "")})
 
     async def prefetch(self) -> None:
@@ -419,8 +421,8 @@ class JobsComponent:
                     log.warning("job %s did not stop within its grace period: SIGKILL", job.id)
                     job.stop_requested = "kill"
                     self._signal(job, signal.SIGKILL)
-                claim_sim_gpus(self.agent, job)
-                check_starved(job, telemetry, self.agent.lab.alerts, now)
+                claim_sim_gpus(self.core, job)
+                check_starved(job, telemetry, self.core.lab.alerts, now)
             if progressed or job.record() != before:
                 self.save(job)
         self._push_logs()
@@ -471,7 +473,7 @@ class JobsComponent:
 
     def _pushed(self, job: Job, now: float) -> JobInfo:
         """A job as pushed to every console at every change: trimmed (jobs.get has the rest)."""
-        info = job.info(self.agent.simulated, now)
+        info = job.info(self.core.simulated, now)
         info.loss_history = info.loss_history[-SECTION_LOSS_POINTS:]
         info.last_lines = info.last_lines[-SECTION_LAST_LINES:]
         return info
@@ -480,12 +482,18 @@ class JobsComponent:
         """Every job in memory as a read-only copy, oldest first: what other components may know of jobs."""
         return [job.view() for job in sorted(self.jobs.values(), key=lambda j: j.started_at)]
 
+    def view(self, job_id: str) -> JobView:
+        return self.get(job_id).view()
+
+    async def launch(self, recipe: str, params: dict[str, Any]) -> JobDetail:
+        return (await self.start_recipe(recipe, params)).detail(self.core.simulated)
+
     def get(self, job_id: str) -> Job:
         job = self.jobs.get(job_id)
         if job is None:
-            rows = self.agent.store.query("SELECT record FROM jobs WHERE id=?", (job_id,))
+            rows = self.core.store.query("SELECT record FROM jobs WHERE id=?", (job_id,))
             if not rows:
-                raise RemoteError(ErrorCode.NOT_FOUND, f"no job {job_id!r} on {self.agent.machine.name} (see `cetlab jobs`)")
+                raise RemoteError(ErrorCode.NOT_FOUND, f"no job {job_id!r} on {self.core.machine.name} (see `cetlab jobs`)")
             try:
                 job = Job.from_record(rows[0]["record"])
             except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from agents.notify.config import AlertmanagerRoute, Kind, Level, kind_of_rule
+from agents.lab_notify import AlertmanagerRoute, Kind, Level, kind_of_rule
+from agents.catalogue import NotifyTestParams as TestParams
 from agents.notify.outbox import Outbox
 from agents.notify.secrets import describe
 from agents.notify.sender import RouteSender
@@ -17,24 +18,20 @@ from agents.notify.watch import OfflineWatch, Outage
 from agents.notify.wire import Notification, NotifyStatus, RouteStatus, TestResult
 from agents.protocol import ErrorCode, RemoteError, Role
 from agents.schema import Name
-from agents.sections import AlertInfo, JobInfo, RunSummary, Tick
+from agents.sections import AlertInfo, JobInfo, Tick
 from agents.states import JobState
 
+from agents.alerts_port import AlertsPort
+from agents.checkpoints.port import CheckpointsPort
+
 if TYPE_CHECKING:
-    from agents.agent import Agent
-    from agents.alerts import Alert
+    from agents.core import AgentCore
     from agents.rpc import Peer
 
 log = logging.getLogger("cetlab.notify")
 
 LAST_LINES = 10  # of a failed job's log, in its notification
 STORED_KEYS_MAX = 10000
-
-
-class TestParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    route: Name
 
 
 @dataclass
@@ -49,38 +46,32 @@ class NotifyComponent:
 
     name = "notify"
 
-    def __init__(self) -> None:
-        self._agent: Agent | None = None
+    def __init__(self, core: AgentCore) -> None:
+        self.core = core
         self._outbox: Outbox | None = None
         self.senders: dict[str, RouteSender] = {}
         self._progress: dict[str, _Progress] = {}
         self._watch: OfflineWatch | None = None
         self._stored: set[tuple[str, str]] = set()  # (route, key) known to be in the queue (or sent)
-
-    @property
-    def agent(self) -> Agent:
-        assert self._agent is not None, "notify used before start"
-        return self._agent
+        self._register()
 
     @property
     def outbox(self) -> Outbox:
         assert self._outbox is not None, "notify used before start"
         return self._outbox
 
-    async def start(self, agent: Agent) -> None:
-        self._agent = agent
-        assert agent.store is not None
-        self._outbox = Outbox(agent.store)
-        settings = agent.lab.notify
-        base = agent.lab.source.parent if agent.lab.source is not None else None
+    async def start(self) -> None:
+        core = self.core
+        self._outbox = Outbox(core.store)
+        settings = core.lab.notify
+        base = core.lab.source.parent if core.lab.source is not None else None
         for route in settings.routes:  # on every machine: `machines` filters what is about a machine (the watcher's news too)
             self.senders[route.name] = RouteSender(route, settings, self.outbox, base, self._firing_for)
         for sender in self.senders.values():
             sender.start()
-        if settings.watch_offline == agent.machine.name and self.senders:
-            self._watch = OfflineWatch(agent.lab, agent.machine.name, agent.store, self._offline, self._back)
+        if settings.watch_offline == core.machine.name and self.senders:
+            self._watch = OfflineWatch(core.lab, core.machine.name, core.store, self._offline, self._back)
             self._watch.start()
-        self._register()
 
     async def stop(self) -> None:
         if self._watch is not None:
@@ -112,9 +103,9 @@ class NotifyComponent:
                 sender.wake.set()
 
     def _base(self) -> dict[str, Any]:
-        return {"lab": self.agent.lab.lab, "machine": self.agent.machine.name, "simulated": self.agent.simulated}
+        return {"lab": self.core.lab.lab, "machine": self.core.machine.name, "simulated": self.core.simulated}
 
-    def _alert_notification(self, alert: AlertInfo | Alert, status: Literal["firing", "resolved"], kind: Kind) -> Notification:
+    def _alert_notification(self, alert: AlertInfo, status: Literal["firing", "resolved"], kind: Kind) -> Notification:
         level = Level(alert.level) if alert.level in {lv.value for lv in Level} else Level.WARNING
         return Notification(
             status=status, kind=kind, rule=alert.rule, level=level, target=alert.target,
@@ -122,7 +113,7 @@ class NotifyComponent:
             alert_id=alert.id, fired_at=alert.fired_at, cleared_at=alert.cleared_at if status == "resolved" else None,
             value=alert.value, threshold=alert.threshold, gpu=alert.gpu, job=alert.job, model=alert.model, **self._base())
 
-    def alerts_changed(self, fired: list[Alert], cleared: list[Alert]) -> None:
+    def alerts_changed(self, fired: list[AlertInfo], cleared: list[AlertInfo]) -> None:  # NotifyPort
         """Called by the alerts component in the tick an alert fires or clears: queue it (once per firing) for each route."""
         if not self.senders:
             return
@@ -141,10 +132,10 @@ class NotifyComponent:
         message = (f"{outage.machine} is offline: {outage.error}" if status == "firing"
                    else f"{outage.machine} answers again after {minutes:.0f} min offline")
         return Notification(
-            status=status, kind=Kind.MACHINE_OFFLINE, rule="offline", level=Level.CRITICAL, lab=self.agent.lab.lab,
+            status=status, kind=Kind.MACHINE_OFFLINE, rule="offline", level=Level.CRITICAL, lab=self.core.lab.lab,
             machine=outage.machine, target="machine", message=message, at=at, alert_id=f"{outage.machine}#offline",
             fired_at=outage.since, cleared_at=at if status == "resolved" else None,
-            details={"watched_by": self.agent.machine.name}, simulated=self.agent.lab.machine(outage.machine).simulated)
+            details={"watched_by": self.core.machine.name}, simulated=self.core.lab.machine(outage.machine).simulated)
 
     def _offline(self, outage: Outage) -> None:
         key = f"{outage.machine}#offline@{outage.since:.3f}"
@@ -156,13 +147,13 @@ class NotifyComponent:
 
     def _firing_for(self, route: AlertmanagerRoute) -> list[Notification]:
         """The alerts firing now that this route takes (Alertmanager gets them again every resend_every)."""
-        alerts = self.agent.component("alerts")
+        alerts = self.core.find(AlertsPort)
         if alerts is None:
             return []
         out = []
-        for alert in alerts.section().active:
+        for alert in alerts.active_alerts():
             kind = kind_of_rule(alert.rule)
-            if kind is None or not route.takes(kind, Level(alert.level), self.agent.machine.name):
+            if kind is None or not route.takes(kind, Level(alert.level), self.core.machine.name):
                 continue
             if not self.outbox.has(route.name, f"{alert.id}:firing"):
                 continue  # fired before this route existed, or not sent yet (its queued row goes first)
@@ -176,7 +167,7 @@ class NotifyComponent:
         now = tick.telemetry.t
         seen = set()
         for job in tick.jobs:
-            if job.coordinator is not None and job.coordinator != self.agent.machine.name:
+            if job.coordinator is not None and job.coordinator != self.core.machine.name:
                 continue  # a node of another machine's job: its coordinator tells
             seen.add(job.id)
             if job.state in (JobState.EXITED, JobState.FAILED, JobState.LOST):
@@ -217,10 +208,9 @@ class NotifyComponent:
 
     def _best_checkpoint(self, job: JobInfo) -> str | None:
         """The run's best checkpoint as the checkpoints component found it (None while it has not)."""
-        checkpoints = self.agent.component("checkpoints")
-        runs = checkpoints.section() if checkpoints is not None else []
-        for run in runs if isinstance(runs, list) else []:
-            if isinstance(run, RunSummary) and run.job == job.id and run.best_step is not None:
+        checkpoints = self.core.find(CheckpointsPort)
+        for run in checkpoints.run_summaries() if checkpoints is not None else []:
+            if run.job == job.id and run.best_step is not None:
                 loss = f" (loss {run.best_loss:.4g})" if run.best_loss is not None else ""
                 return f"{run.path.rstrip('/')}/checkpoint-{run.best_step}{loss}"
         return None
@@ -230,7 +220,7 @@ class NotifyComponent:
         if progress is None or progress.step != job.step:
             self._progress[job.id] = _Progress(job.step, now)
             return
-        stall = self.agent.lab.notify.stall_after
+        stall = self.core.lab.notify.stall_after
         if progress.stalled or now - progress.since < stall:
             return
         progress.stalled = True
@@ -251,27 +241,27 @@ class NotifyComponent:
                 "simulated": route.simulated,
                 "target": describe(route), "queued": self.outbox.pending_count(name), "rate_limited": sender.rate_limited,
                 "next_try_at": sender.next_try_at, "problem": sender.problem}))
-        return NotifyStatus(machine=self.agent.machine.name, routes=routes)
+        return NotifyStatus(machine=self.core.machine.name, routes=routes)
 
     async def test(self, route_name: str) -> TestResult:
         sender = self.senders.get(route_name)
         if sender is None:
-            names = [r.name for r in self.agent.lab.notify.routes]
+            names = [r.name for r in self.core.lab.notify.routes]
             raise RemoteError(ErrorCode.NOT_FOUND, f"no route {route_name!r} in lab.yaml's notify.routes"
                               + (f" (routes: {', '.join(names)})" if names else " (it has none)"))
         now = time.time()
         notification = Notification(
             status="event", kind=Kind.TEST, rule="test", level=Level.INFO, target="route " + route_name,
-            message=f"test notification from {self.agent.machine.name} for route {route_name} (cetlab alerts notify-test)",
+            message=f"test notification from {self.core.machine.name} for route {route_name} (cetlab alerts notify-test)",
             at=now, **self._base())
         answer, _ = await sender.send(notification)
         self.outbox.record(route_name, answer)
         log.info("route %s: test sent: %s", route_name, answer.answer)
-        return TestResult(route=route_name, machine=self.agent.machine.name, ok=answer.ok, answer=answer.answer,
+        return TestResult(route=route_name, machine=self.core.machine.name, ok=answer.ok, answer=answer.answer,
                           elapsed_s=round(answer.at - now, 3))
 
     def _register(self) -> None:
-        rpc = self.agent.rpc
+        rpc = self.core.rpc
 
         @rpc.method("notify.status", doc="Each notification route of this machine: queued, delivered, failures, the last answers.")
         async def notify_status(peer: Peer, _params: Any) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from agents.notify.config import AlertmanagerRoute, Level, WebhookRoute
+from agents.lab_notify import AlertmanagerRoute, Level, WebhookRoute
 from agents.notify.wire import Notification
 
 NTFY_PRIORITY = {Level.INFO: "3", Level.WARNING: "4", Level.CRITICAL: "5"}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agents.notify.config import CommandRoute, HttpRoute
+from agents.lab_notify import CommandRoute, HttpRoute
 
 MAX_SECRET_BYTES = 8192
 REDACTED = "<secret>"

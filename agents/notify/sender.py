@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from agents.notify.config import AlertmanagerRoute, CommandRoute, HttpRoute, Notify, WebhookRoute
+from agents.lab_notify import AlertmanagerRoute, CommandRoute, HttpRoute, Notify, WebhookRoute
 from agents.notify.formats import HttpRequest, alertmanager_request, webhook_request
 from agents.notify.outbox import Outbox, Pending
 from agents.notify.secrets import SecretError, endpoint, redact

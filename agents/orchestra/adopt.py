@@ -13,13 +13,13 @@ from pathlib import Path
 import psutil
 
 from agents.documents import BadDocument, read_json_object
-from agents.jobs.runner import write_json
+from agents.procfiles import write_json
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
 from agents.states import ModelState
 
 if TYPE_CHECKING:
     from agents.orchestra.engine import Engine
-    from agents.orchestra.pool import OrchestraComponent
+    from agents.orchestra.lifecycle import Lifecycle
     from agents.orchestra.slot import Slot
 
 log = logging.getLogger("cetlab.orchestra")
@@ -120,11 +120,12 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-async def adopt(pool: OrchestraComponent, records: dict[str, dict[str, Any]]) -> list[str]:
+async def adopt(lifecycle: Lifecycle, records: dict[str, dict[str, Any]]) -> list[str]:
     """Take over engines a previous agent left running: healthy ones are warm (or sleeping) again, others are stopped."""
     adopted = []
+    book = lifecycle.book
     for name, record in records.items():
-        slot = pool.slots.get(name)
+        slot = book.slots.get(name)
         pid, create_time = record.get("pid"), record.get("create_time")
         if not isinstance(pid, int) or not _ours(pid, create_time, record.get("port")):
             if isinstance(pid, int) and create_time is None:
@@ -135,7 +136,7 @@ async def adopt(pool: OrchestraComponent, records: dict[str, dict[str, Any]]) ->
             _kill_group(pid)
             continue
         try:
-            engine: Engine = pool._new_engine(slot, list(record.get("gpus") or slot.model.gpus), check_gpus=False)
+            engine: Engine = lifecycle.new_engine(slot, list(record.get("gpus") or slot.model.gpus), check_gpus=False)
         except Exception as exc:  # the model's path or engine went away: the orphan cannot be served
             log.warning("cannot re-adopt %s (pid %s): %s; stopping it", name, pid, exc)
             _kill_group(pid)
@@ -146,16 +147,16 @@ async def adopt(pool: OrchestraComponent, records: dict[str, dict[str, Any]]) ->
             log.warning("engine of %s (pid %s) does not answer /health: stopping it", name, pid)
             _kill_group(pid)
             if record.get("state") in (ModelState.LOADING, ModelState.WARMING):  # the operator's warm request was lost: say so
-                pool._fail(slot, None, "the agent restarted while loading; warm it again")
+                lifecycle.fail(slot, None, "the agent restarted while loading; warm it again")
             continue
         try:
             sleeping = engine.can_sleep and await engine.is_sleeping()
         except (EngineDown, EngineRequestFailed):
             sleeping = False
         slot.gpus, slot.engine, slot.last_engine, slot.error = engine.gpus, engine, engine, None
-        pool._set_state(slot, ModelState.SLEEPING if sleeping else ModelState.WARM)
-        pool._event(slot, "adopt", detail={"pid": pid, "port": engine.port})
-        pool._tasks.append(asyncio.create_task(pool._supervise(slot, engine), name=f"supervise-{name}"))
+        book.set_state(slot, ModelState.SLEEPING if sleeping else ModelState.WARM)
+        book.event(slot, "adopt", detail={"pid": pid, "port": engine.port})
+        lifecycle.supervise(slot, engine)
         log.info("re-adopted the %s engine of %s (pid %s, port %s)", slot.model.engine, name, pid, engine.port)
         adopted.append(name)
     return adopted

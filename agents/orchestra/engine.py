@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -10,9 +11,9 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, descendants
+from agents.procfiles import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, descendants
 from agents.lab import Model
 from agents.orchestra.lora_rules import lora_config_problem
 from agents.orchestra.spec import EngineSpec, GpuBuild
@@ -20,11 +21,15 @@ from agents.ports import server_port
 from agents.protocol import GpuSample
 from agents.safe_read import ADAPTER_CONFIG_MAX_BYTES, read_capped
 
+if TYPE_CHECKING:
+    from agents.orchestra.adopt import AdoptedProcess
+
 GIB = 1024**3
 MAX_GPU_MEMORY_UTILIZATION = 0.95
 LOG_TAIL_BYTES = 256 * 1024
 STOP_GRACE_S = 10.0
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError")
+_SERIALS = itertools.count(1)  # each Engine object gets the next: a record can tell a restarted engine from the one it knew
 
 # Load-phase lines vLLM writes (the sim engine writes the same ones), parsed into seconds:
 # "took 1.23 seconds" up to vLLM 0.12, "took 1.23 s" from 0.33 on.
@@ -101,9 +106,10 @@ class Engine:
         self.gpu_total_bytes = gpu_total_bytes
         self.host = "127.0.0.1"
         self.port = model.port or free_port(self.host)
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | AdoptedProcess | None = None  # AdoptedProcess: started by a previous agent
         self._log_offset = 0
         self.stopping = False
+        self.serial = next(_SERIALS)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -228,6 +234,14 @@ class Engine:
     async def wake(self) -> None:
         raise NotImplementedError
 
+    async def is_sleeping(self) -> bool:
+        """Whether the engine sleeps now (engines with a sleep mode ask it)."""
+        return False
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load (or, at start, select) a LoRA adapter; only engines whose spec has an adapter_format can."""
+        raise EngineRequestFailed(f"the {self.kind} engine loads no adapters")
+
     async def metrics(self) -> dict[str, float | None]:
         """The engine's /metrics figures; the pool polls this every few seconds, so the log is rotated here too."""
         self.rotate_log()
@@ -327,7 +341,7 @@ def vllm_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-class VllmSleepMixin:
+class VllmSleepMixin(Engine):
     """vLLM's contract (flags, environment, sleep mode, runtime LoRA), shared by the vLLM and the sim engine.
 
     Sleep level 1 keeps the weights in host RAM; level 2 drops them, so waking follows vLLM's
@@ -370,7 +384,7 @@ class VllmSleepMixin:
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
         for sub in ("tmp", "rpc", "metrics"):
             (self.runtime_dir / sub).mkdir(parents=True, mode=0o700)
-        await super().start()  # type: ignore[misc]
+        await super().start()
 
     async def sleep(self, level: int) -> None:
         # mode=wait: vLLM (0.33 on) lets in-flight requests finish first; its default, abort, cuts users' streams.

@@ -8,16 +8,23 @@ import signal
 import time
 from typing import Any, Awaitable, Callable
 
+from agents.core import AgentCore
+from agents.gpusupport.port import GpuSupportPort
 from agents.orchestra.adopt import AdoptedProcess
+from agents.orchestra.book import PoolBook
 from agents.orchestra.engine import Engine, EngineDown, EngineRequestFailed
 from agents.orchestra.engines import ENGINES
+from agents.orchestra.placement import Placement
+from agents.orchestra.residency import Residency
 from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, EngineFailed, Slot, gib_text
 from agents.protocol import ErrorCode, RemoteError
+from agents.sections import ModelError, ModelOp, ModelProgress
 from agents.states import MODEL_AT_REST, MODEL_BRINGING_UP, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, MODEL_SETTLED, ModelState
 
 log = logging.getLogger("cetlab.orchestra")
 
-__all__ = ["ENGINES", "LifecycleMixin"]
+__all__ = ["ENGINES", "Lifecycle"]
+AGENT_PID_FILE = "agent.pid"  # in the state dir, locked while the agent runs (agents.agent.PID_FILE_NAME): engines follow it
 HEALTH_POLL_S = 0.1
 HEALTH_POLL_FIRST_S = 0.01  # then 1.5x each time up to HEALTH_POLL_S
 WARMUP_TIMEOUT_S = 900.0
@@ -30,77 +37,97 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-class LifecycleMixin:
-    """Part of OrchestraComponent: one engine's life, and the long operations that answer at once and run in a task."""
+def running_engine(slot: Slot) -> Engine:
+    """The engine a sleeping or warm model runs on (EngineFailed, said to the operator, when it has none)."""
+    if slot.engine is None:
+        raise EngineFailed(f"{slot.name} is {slot.state} with no engine")
+    return slot.engine
 
-    def _new_engine(self, slot: Slot, gpus: list[int], check_gpus: bool = True) -> Engine:
+
+class Lifecycle:
+    """One engine's life, and the long operations on the pool that answer at once and run in a task."""
+
+    def __init__(self, core: AgentCore, book: PoolBook, residency: Residency, placement: Placement) -> None:
+        self.core = core
+        self.book = book
+        self.residency = residency
+        self.placement = placement
+        self.supervisors: list[asyncio.Task[None]] = []  # one per engine started or adopted: notices when it ends
+
+    def new_engine(self, slot: Slot, gpus: list[int], check_gpus: bool = True) -> Engine:
         if not slot.path.exists() and not slot.model.make_tiny_if_missing:
-            raise RemoteError(ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.agent.machine.name}")
+            raise RemoteError(ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.core.machine.name}")
         total = None
-        if gpus and self.agent.latest is not None:
-            total = next((g.mem_total_bytes for g in self.agent.latest.gpus if g.index == gpus[0]), None)
-        engine = ENGINES[slot.model.engine](slot.model, slot.path, self.agent.machine.name, gpus,
-                                            self.agent.state_dir / "models" / f"{slot.name}.log", total)
-        engine.agent_pid_file = self.agent.pid_file
-        if gpus and self.agent.latest is not None:  # each GPU's memory: llama.cpp splits a model by it
-            by_index = {g.index: g.mem_total_bytes for g in self.agent.latest.gpus}
+        latest = self.core.latest
+        if gpus and latest is not None:
+            total = next((g.mem_total_bytes for g in latest.gpus if g.index == gpus[0]), None)
+        engine = ENGINES[slot.model.engine](slot.model, slot.path, self.core.machine.name, gpus,
+                                            self.core.state_dir / "models" / f"{slot.name}.log", total)
+        engine.agent_pid_file = self.core.state_dir / AGENT_PID_FILE
+        if gpus and latest is not None:  # each GPU's memory: llama.cpp splits a model by it
+            by_index = {g.index: g.mem_total_bytes for g in latest.gpus}
             engine.gpu_totals = [by_index.get(g) or 0 for g in gpus]
-        if check_gpus and (support := self.agent.component("gpu_support")) is not None:  # its build runs on these GPUs, or the fix
+        if check_gpus and (support := self.core.find(GpuSupportPort)) is not None:  # its build runs on these GPUs, or the fix
             support.check_model(slot.model, gpus, engine)
         engine.check()
         return engine
 
+    def supervise(self, slot: Slot, engine: Engine) -> None:
+        """Watch the engine's process from now on: its end fails the model (unless it was asked to stop)."""
+        self.supervisors = [t for t in self.supervisors if not t.done()]
+        self.supervisors.append(asyncio.create_task(self._supervise(slot, engine), name=f"supervise-{slot.name}"))
+
     async def _supervise(self, slot: Slot, engine: Engine) -> None:
+        assert engine.proc is not None, "an engine is supervised once started"
         code = await engine.proc.wait()
         if engine.stopping or slot.engine is not engine:
             return
         if isinstance(engine.proc, AdoptedProcess):  # never "code -1": a restarted agent cannot see how it ended
-            self._fail(slot, engine, "the engine ended; it was re-adopted after an agent restart, so its exit code and signal "
+            self.fail(slot, engine, "the engine ended; it was re-adopted after an agent restart, so its exit code and signal "
                                      "went to init, not to this agent: see its log")
         else:
-            self._fail(slot, engine, f"the engine exited with code {code}" if code is None or code >= 0
+            self.fail(slot, engine, f"the engine exited with code {code}" if code is None or code >= 0
                        else f"the engine was killed by {signal_name(-code)}")
-        if slot.busy and slot.op is not asyncio.current_task():
+        if slot.op is not None and slot.busy and slot.op is not asyncio.current_task():
             slot.op.cancel()
 
-    def _fail(self, slot: Slot, engine: Engine | None, message: str) -> None:
+    def fail(self, slot: Slot, engine: Engine | None, message: str) -> None:
         oom = engine is not None and engine.out_of_memory()
         if oom:
             message += ": CUDA out of memory (lower vram use: --max-model-len, --gpu-memory-utilization, or another GPU)"
-        slot.error = {
-            "message": message,
-            "exit_code": engine.returncode if engine else None,
-            "oom": oom,
-            "log_tail": engine.log_tail(20) if engine else [],
-            "log_path": str(engine.log_path) if engine else None,
-            "t": time.time(),
-        }
+        slot.error = ModelError(
+            message=message,
+            exit_code=engine.returncode if engine else None,
+            oom=oom,
+            log_tail=engine.log_tail(20) if engine else [],
+            log_path=str(engine.log_path) if engine else None,
+            t=time.time(),
+        )
         slot.progress = None
         if slot.engine is engine:
             slot.engine = None
-        self._set_state(slot, ModelState.FAILED)
-        self._event(slot, "fail", detail={"message": message, "exit_code": slot.error["exit_code"], "oom": oom})
-        self._notice("error", f"{slot.name} failed on {self.agent.machine.name}: {message}")
+        self.book.set_state(slot, ModelState.FAILED)
+        self.book.event(slot, "fail", detail={"message": message, "exit_code": slot.error.exit_code, "oom": oom})
+        self.book.notice("error", f"{slot.name} failed on {self.core.machine.name}: {message}")
         if engine is not None and engine.returncode is None:
             asyncio.get_running_loop().create_task(engine.stop())
 
     async def _load(self, slot: Slot, gpus: list[int], engine: Engine) -> float:
         """cold/cached -> loading -> warming -> warm. Returns the seconds spent waiting on the engine."""
         slot.gpus, slot.error = gpus, None
-        self._set_state(slot, ModelState.LOADING)
+        self.book.set_state(slot, ModelState.LOADING)
         if not slot.path.exists():
-            await self._make_tiny(slot)
-        await self._cache(slot, strict=False)
-        slot.progress = {"phase": "starting"}
+            await self.residency.make_tiny(slot)
+        await self.residency.cache(slot, strict=False)
+        slot.progress = ModelProgress(phase="starting")
         started = time.monotonic()
         slot.engine = slot.last_engine = engine
         await engine.start()
-        self._claim(slot)
-        self.remember_engines()  # a restarted agent finds (and reports) an engine it was loading
-        self._tasks = [t for t in self._tasks if not t.done()]
-        self._tasks.append(asyncio.create_task(self._supervise(slot, engine), name=f"supervise-{slot.name}"))
+        self.book.claim(slot)
+        self.book.remember_engines()  # a restarted agent finds (and reports) an engine it was loading
+        self.supervise(slot, engine)
         deadline = started + slot.model.load_timeout_s
-        slot.progress = {"phase": "loading"}
+        slot.progress = ModelProgress(phase="loading")
         poll_s = HEALTH_POLL_FIRST_S  # a GGUF from the page cache is up in a fraction of a second: look often at first
         while not await engine.health():
             if engine.returncode is not None:
@@ -110,67 +137,67 @@ class LifecycleMixin:
             await asyncio.sleep(poll_s)
             poll_s = min(HEALTH_POLL_S, poll_s * 1.5)
         load_s = time.monotonic() - started
-        self._event(slot, "load", load_s, detail=engine.load_phases() or None)
-        self._set_state(slot, ModelState.WARMING)
-        slot.progress = {"phase": "warm-up"}
+        self.book.event(slot, "load", load_s, detail=engine.load_phases() or None)
+        self.book.set_state(slot, ModelState.WARMING)
+        slot.progress = ModelProgress(phase="warm-up")
         warm_started = time.monotonic()
         try:
             await engine.warm_up(WARMUP_TIMEOUT_S)
         except (EngineDown, EngineRequestFailed) as exc:
             raise EngineFailed(f"the warm-up request failed: {exc}") from None
         warmup_s = time.monotonic() - warm_started
-        self._event(slot, "warmup", warmup_s)
+        self.book.event(slot, "warmup", warmup_s)
         slot.progress = None
-        self._set_state(slot, ModelState.WARM)
+        self.book.set_state(slot, ModelState.WARM)
         return time.monotonic() - started
 
     async def _wake(self, slot: Slot) -> float:
         started = time.monotonic()
-        self._set_state(slot, ModelState.LOADING)
-        slot.progress = {"phase": "waking"}
+        self.book.set_state(slot, ModelState.LOADING)
+        slot.progress = ModelProgress(phase="waking")
         try:
-            await slot.engine.wake()
+            await running_engine(slot).wake()
         except (EngineDown, EngineRequestFailed) as exc:
             raise EngineFailed(f"wake_up failed: {exc}") from None
         wake_s = time.monotonic() - started
-        self._event(slot, "wake", wake_s)
+        self.book.event(slot, "wake", wake_s)
         slot.progress = None
-        self._set_state(slot, ModelState.WARM)
+        self.book.set_state(slot, ModelState.WARM)
         return wake_s
 
     async def _sleep(self, slot: Slot) -> float:
         started = time.monotonic()
-        slot.progress = {"phase": "going to sleep"}
+        slot.progress = ModelProgress(phase="going to sleep")
         try:
-            await slot.engine.sleep(slot.model.sleep_level)
+            await running_engine(slot).sleep(slot.model.sleep_level)
         except (EngineDown, EngineRequestFailed) as exc:
             raise EngineFailed(f"sleep failed: {exc}") from None
         seconds = time.monotonic() - started
         slot.progress = None
-        self._event(slot, "sleep", seconds, detail={"level": slot.model.sleep_level})
-        self._set_state(slot, ModelState.SLEEPING)
+        self.book.event(slot, "sleep", seconds, detail={"level": slot.model.sleep_level})
+        self.book.set_state(slot, ModelState.SLEEPING)
         return seconds
 
     async def _stop(self, slot: Slot) -> float:
         started = time.monotonic()
         engine, slot.engine = slot.engine, None
         if engine is not None:
-            slot.progress = {"phase": "stopping"}
+            slot.progress = ModelProgress(phase="stopping")
             await engine.stop()
         slot.progress = None
-        await asyncio.to_thread(self._measure, slot)
+        await asyncio.to_thread(self.residency.measure, slot)
         seconds = time.monotonic() - started
-        self._event(slot, "stop", seconds)
-        self._set_state(slot, self._rest_state(slot))
+        self.book.event(slot, "stop", seconds)
+        self.book.set_state(slot, self.residency.rest_state(slot))
         return seconds
 
     @staticmethod
-    def _held_after_free(slot: Slot) -> int:
+    def held_after_free(slot: Slot) -> int:
         if slot.state == ModelState.WARM and slot.engine is not None and slot.engine.can_sleep:
             return SLEEP_RESIDUAL_BYTES if slot.gpus else 0
         return slot.held_bytes() if slot.state == ModelState.SLEEPING else 0
 
-    async def _free(self, slot: Slot) -> float:
+    async def free(self, slot: Slot) -> float:
         """Take a model off its GPUs: sleep when the engine can, else stop; a sleeping one stays asleep."""
         if slot.state == ModelState.WARM and slot.engine is not None and slot.engine.can_sleep:
             return await self._sleep(slot)
@@ -181,11 +208,13 @@ class LifecycleMixin:
     async def _bring_up(self, slot: Slot, gpus: list[int], engine: Engine | None) -> float:
         if slot.state == ModelState.SLEEPING:
             return await self._wake(slot)
+        if engine is None:
+            raise EngineFailed(f"{slot.name} is {slot.state}: it needs a new engine to come up")
         return await self._load(slot, gpus, engine)
 
     # ------------------------------------------------------------------ operations
 
-    def _begin(self, slots: list[Slot], name: str, work: Callable[[], Awaitable[Any]]) -> asyncio.Task:
+    def begin(self, slots: list[Slot], name: ModelOp, work: Callable[[], Awaitable[Any]]) -> asyncio.Task[Any]:
         """Run one long operation on these models; the RPC answers at once, ticks show the rest."""
         for slot in slots:
             if slot.busy:
@@ -196,7 +225,7 @@ class LifecycleMixin:
         return task
 
     async def _guard(self, slots: list[Slot], name: str, work: Callable[[], Awaitable[Any]]) -> Any:
-        await asyncio.sleep(0)  # let _begin mark the slots busy first
+        await asyncio.sleep(0)  # let begin mark the slots busy first
         try:
             return await work()
         except asyncio.CancelledError:
@@ -208,20 +237,20 @@ class LifecycleMixin:
             message = exc.message if isinstance(exc, RemoteError) else str(exc)
             failing = next((s for s in slots if s.state in MODEL_BRINGING_UP), None)
             if failing is not None:
-                self._fail(failing, failing.engine or failing.last_engine, message)
+                self.fail(failing, failing.engine or failing.last_engine, message)
             else:  # a settled model (a failed sleep or cache) stays as it is; the operator hears why
-                self._notice("warning", f"{name} {slots[0].name}: {message}")
+                self.book.notice("warning", f"{name} {slots[0].name}: {message}")
         except Exception:
             log.exception("%s of %s failed", name, ", ".join(s.name for s in slots))
             for slot in slots:
                 if slot.state in MODEL_BRINGING_UP:
-                    self._fail(slot, slot.engine, "internal error in the agent; see its log")
+                    self.fail(slot, slot.engine, "internal error in the agent; see its log")
         finally:
             for slot in slots:
                 if slot.state in MODEL_SETTLED:
                     slot.progress = None
 
-    def warm(self, slot: Slot) -> asyncio.Task | None:
+    def warm(self, slot: Slot) -> asyncio.Task[Any] | None:
         """Bring a model to warm; checks everything that can be checked before answering."""
         if slot.busy and slot.op_name in ("warm", "wake"):
             return slot.op
@@ -230,16 +259,16 @@ class LifecycleMixin:
         if slot.busy:
             raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is busy ({slot.op_name}); wait, or `cetlab cold {slot.name}`")
         if slot.state == ModelState.SLEEPING:
-            self._check_fit(slot, slot.gpus)
-            return self._begin([slot], "wake", lambda: self._wake(slot))
+            self.placement.check_fit(slot, slot.gpus)
+            return self.begin([slot], "wake", lambda: self._wake(slot))
         gpus = list(slot.model.gpus)
-        engine = self._new_engine(slot, gpus)
-        self._check_fit(slot, gpus)
+        engine = self.new_engine(slot, gpus)
+        self.placement.check_fit(slot, gpus)
         slot.gpus = gpus
-        self._set_state(slot, ModelState.LOADING)  # reserve the GPUs before answering
-        return self._begin([slot], "warm", lambda: self._load(slot, gpus, engine))
+        self.book.set_state(slot, ModelState.LOADING)  # reserve the GPUs before answering
+        return self.begin([slot], "warm", lambda: self._load(slot, gpus, engine))
 
-    def sleep(self, slot: Slot) -> asyncio.Task | None:
+    def sleep(self, slot: Slot) -> asyncio.Task[Any] | None:
         if slot.state == ModelState.SLEEPING:
             return None
         if slot.state != ModelState.WARM or slot.engine is None:
@@ -248,26 +277,26 @@ class LifecycleMixin:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"the {slot.model.engine} engine has no sleep mode; use `cetlab cold {slot.name}`")
         if slot.pinned:
             raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is pinned; unpin it first")
-        return self._begin([slot], "sleep", lambda: self._sleep(slot))
+        return self.begin([slot], "sleep", lambda: self._sleep(slot))
 
     async def cold(self, slot: Slot) -> None:
         """Stop a model wherever it is, cancelling what it was doing."""
-        if slot.busy:
+        if slot.op is not None and slot.busy:
             slot.op.cancel()
             await asyncio.gather(slot.op, return_exceptions=True)
         if slot.engine is not None or slot.state in MODEL_ENGINE_UP:
             await self._stop(slot)
         elif slot.state == ModelState.FAILED:
             slot.error = None
-            self._set_state(slot, self._rest_state(slot))
+            self.book.set_state(slot, self.residency.rest_state(slot))
 
-    def swap(self, out: Slot, incoming: Slot, rotation: bool = False) -> asyncio.Task:
+    def swap(self, out: Slot, incoming: Slot, rotation: bool = False) -> asyncio.Task[Any]:
         if out is incoming:
             raise RemoteError(ErrorCode.INVALID_PARAMS, "swap needs two different models")
         if out.state not in (ModelState.WARM, ModelState.SLEEPING):
             raise RemoteError(ErrorCode.CONFLICT, f"{out.name} is {out.state}, not serving: use `cetlab warm {incoming.name}`")
         if incoming.state in MODEL_HOLDS_GPU:
-            raise RemoteError(ErrorCode.CONFLICT, f"{incoming.name} is already {incoming.state} on {self.agent.machine.name} (GPUs {incoming.gpus})")
+            raise RemoteError(ErrorCode.CONFLICT, f"{incoming.name} is already {incoming.state} on {self.core.machine.name} (GPUs {incoming.gpus})")
         if out.pinned and not rotation:
             raise RemoteError(ErrorCode.CONFLICT, f"{out.name} is pinned; unpin it first")
         for slot in (out, incoming):
@@ -278,38 +307,38 @@ class LifecycleMixin:
             gpus = incoming.gpus  # a sleeping engine wakes where it sleeps
         else:
             gpus = list(out.gpus) if len(out.gpus) == len(incoming.model.gpus) else list(incoming.model.gpus)
-            engine = self._new_engine(incoming, gpus)
-        self._check_fit(incoming, gpus, {out.name: self._held_after_free(out)})
+            engine = self.new_engine(incoming, gpus)
+        self.placement.check_fit(incoming, gpus, {out.name: self.held_after_free(out)})
 
         async def work() -> None:
             started = time.monotonic()
-            engine_s = await self._free(out)
+            engine_s = await self.free(out)
             freed = time.monotonic()
             engine_s += await self._bring_up(incoming, gpus, engine)
             done = time.monotonic()
             total_s = done - started
-            self.unavailable_s += 0.0 if rotation else total_s  # a rotation counts its whole span itself
-            self._kv_save(unavailable_s=self.unavailable_s)
-            with self.agent.store.transaction() as db:
+            self.book.unavailable_s += 0.0 if rotation else total_s  # a rotation counts its whole span itself
+            self.book.kv_save(unavailable_s=self.book.unavailable_s)
+            with self.core.store.transaction() as db:
                 db.execute("INSERT INTO model_swaps (t, out_model, in_model, free_s, bring_up_s, total_s, engine_s, rotation) VALUES (?,?,?,?,?,?,?,?)",
                            (time.time(), out.name, incoming.name, freed - started, done - freed, total_s, engine_s, int(rotation)))
-            self._event(incoming, "swap", total_s, detail={"out": out.name, "engine_s": engine_s, "control_s": total_s - engine_s})
+            self.book.event(incoming, "swap", total_s, detail={"out": out.name, "engine_s": engine_s, "control_s": total_s - engine_s})
             out.timings["swap_s"] = round(total_s, 3)
 
-        return self._begin([out, incoming], "swap", work)
+        return self.begin([out, incoming], "swap", work)
 
-    async def cache(self, slot: Slot) -> asyncio.Task:
+    async def cache(self, slot: Slot) -> asyncio.Task[Any]:
         if not slot.path.exists():
-            raise RemoteError(ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.agent.machine.name}")
-        await asyncio.to_thread(self._measure, slot)
-        budget = self._budget_bytes()
+            raise RemoteError(ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.core.machine.name}")
+        await asyncio.to_thread(self.residency.measure, slot)
+        budget = self.residency.budget_bytes()
         if budget is not None and slot.size_bytes > budget:
             raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is {gib_text(slot.size_bytes)}, more than the RAM-cache budget of "
-                              f"{self.agent.machine.name} ({gib_text(budget)}, machines[].ram_cache_gib)")
+                              f"{self.core.machine.name} ({gib_text(budget)}, machines[].ram_cache_gib)")
 
         async def work() -> None:
-            await self._cache(slot, strict=True)
+            await self.residency.cache(slot, strict=True)
             if slot.state in MODEL_AT_REST:
-                self._set_state(slot, self._rest_state(slot))
+                self.book.set_state(slot, self.residency.rest_state(slot))
 
-        return self._begin([slot], "cache", work)
+        return self.begin([slot], "cache", work)

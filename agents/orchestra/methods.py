@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from agents.schema import NAME_RE
+from agents.catalogue import AdapterParams, ModelParams, PinParams, SwapParams
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
 from agents.orchestra.engines import engine_spec
 from agents.protocol import ErrorCode, RemoteError, Role
@@ -18,44 +17,24 @@ if TYPE_CHECKING:
     from agents.orchestra.pool import OrchestraComponent
 
 
-class ModelParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str = Field(pattern=NAME_RE)
-
-
-class PinParams(ModelParams):
-    pinned: bool = True
-
-
-class SwapParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    out: str = Field(pattern=NAME_RE)
-    in_: str = Field(alias="in", pattern=NAME_RE)
-
-
-class AdapterParams(ModelParams):
-    name: str = Field(pattern=NAME_RE)
-    path: str = Field(min_length=1, max_length=4096)
-
-
 def register(pool: OrchestraComponent) -> None:
     """The models.* methods, on the pool's public interface."""
-    agent = pool.agent
-    rpc = agent.rpc
+    core = pool.core
+    rpc = core.rpc
 
     @rpc.method("models.list", doc="Every model of this machine with its state and figures, and the rotation plan.")
     async def models_list(peer, _params) -> dict:
         section = pool.section()
-        return {"machine": agent.machine.name, **(section.to_wire() if section else {"models": [], "rotation": None})}
+        return {"machine": core.machine.name, **(section.to_wire() if section else {"models": [], "rotation": None})}
 
     @rpc.method("models.get", params=ModelParams, doc="One model with its history, load phases and log tail.")
     async def models_get(peer, params: ModelParams) -> dict:
         slot = pool.slot(params.model)
         engine = slot.engine or slot.last_engine
-        history = agent.store.query(
+        history = core.store.query(
             "SELECT t, event, from_state, to_state, duration_s, detail FROM model_events WHERE model=? ORDER BY id DESC LIMIT 50",
             (slot.name,))
-        swaps = agent.store.query(
+        swaps = core.store.query(
             "SELECT t, out_model, in_model, free_s, bring_up_s, total_s, engine_s, rotation FROM model_swaps "
             "WHERE out_model=? OR in_model=? ORDER BY id DESC LIMIT 20", (slot.name, slot.name))
         return {
@@ -106,7 +85,7 @@ def register(pool: OrchestraComponent) -> None:
     async def models_pin(peer, params: PinParams) -> dict:
         slot = pool.slot(params.model)
         slot.pinned = params.pinned
-        pool._kv_save(pins={s.name: s.pinned for s in pool.slots.values()})
+        pool.book.kv_save(pins={s.name: s.pinned for s in pool.slots.values()})
         return pool.info(slot).to_wire()
 
     @rpc.method("models.rotation", doc="The rotation plan, the next rotation time and the measured overhead.")
@@ -115,9 +94,9 @@ def register(pool: OrchestraComponent) -> None:
 
     @rpc.method("models.rotate", role=Role.OPERATOR, doc="Run the next rotation of the plan now; returns at once.")
     async def models_rotate(peer, _params) -> dict:
-        if not agent.lab.orchestra.rotation:
+        if not core.lab.orchestra.rotation:
             raise RemoteError(ErrorCode.UNAVAILABLE, "lab.yaml has no orchestra.rotation plan")
-        pool._start_rotation()
+        pool.rotation.start()
         for slot in pool.slots.values():  # the operator's latest command wins: this rotation may take them out
             slot.operator_warm = False
         await asyncio.sleep(0)
@@ -126,18 +105,18 @@ def register(pool: OrchestraComponent) -> None:
     @rpc.method("models.adapter", role=Role.OPERATOR, params=AdapterParams, doc="Load a LoRA adapter into a warm vLLM (or sim) model; on llama.cpp, select one named at start.")
     async def models_adapter(peer, params: AdapterParams) -> dict:
         slot = pool.slot(params.model)
-        path = agent.lab.resolve(params.path)
+        path = core.lab.resolve(params.path) or Path(params.path)
         if engine_spec(slot.model.engine).adapter_format == "gguf":  # llama.cpp: one GGUF adapter file, named at start
             if not (path.is_file() and path.suffix.lower() == ".gguf"):
-                raise RemoteError(ErrorCode.NOT_FOUND, f"{path} is not a GGUF adapter file on {agent.machine.name} "
+                raise RemoteError(ErrorCode.NOT_FOUND, f"{path} is not a GGUF adapter file on {core.machine.name} "
                                   f"({slot.name} runs llama.cpp, which takes --lora FILE.gguf)")
         elif not (path / "adapter_config.json").is_file():
-            raise RemoteError(ErrorCode.NOT_FOUND, f"{path} is not a LoRA adapter folder (no adapter_config.json) on {agent.machine.name}")
-        if slot.state != ModelState.WARM or slot.engine is None or not hasattr(slot.engine, "load_adapter"):
+            raise RemoteError(ErrorCode.NOT_FOUND, f"{path} is not a LoRA adapter folder (no adapter_config.json) on {core.machine.name}")
+        if slot.state != ModelState.WARM or slot.engine is None or slot.engine.spec.adapter_format == "none":
             raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is {slot.state} on the {slot.model.engine} engine; adapters load into a warm vllm model")
         try:
             await slot.engine.load_adapter(params.name, str(path))
         except (EngineDown, EngineRequestFailed) as exc:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"{slot.name} refused the adapter: {exc}") from None
-        pool._event(slot, "adapter", detail={"name": params.name, "path": str(path)})
+        pool.book.event(slot, "adapter", detail={"name": params.name, "path": str(path)})
         return {**pool.info(slot).to_wire(), "adapter": params.name}

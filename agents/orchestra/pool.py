@@ -1,8 +1,8 @@
-"""OrchestraComponent: the model pool on one machine: its state, its public interface, bookkeeping and the metrics poll.
+"""OrchestraComponent: the model pool on one machine, composed of its parts, its public interface and the metrics poll.
 
-The pool's other jobs live beside it: slot.py (one model), lifecycle.py (engines and operations),
-residency.py (page cache), placement.py (VRAM fit), rotation.py (plans), adopt.py (engines left
-running by a previous agent), methods.py (models.* RPC).
+The parts, each built with what it uses: book.py (the slots and what is recorded of them), residency.py
+(page cache), placement.py (VRAM fit), lifecycle.py (engines and operations), rotation.py (plans); and
+beside them slot.py (one model), adopt.py (engines left running by a previous agent), methods.py (models.* RPC).
 """
 
 from __future__ import annotations
@@ -12,27 +12,29 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
+from agents.core import AgentCore
 from agents.documents import EngineFigures
 from agents.lab import Model
-from agents.orchestra.adopt import adopt, found_on_disk, keep_on_disk, remember
-from agents.orchestra.engine import EngineDown, EngineRequestFailed
-from agents.orchestra.lifecycle import LifecycleMixin
-from agents.orchestra.methods import register
-from agents.orchestra.placement import PlacementMixin
-from agents.orchestra.residency import ResidencyMixin
-from agents.orchestra.rotation import RotationMixin
+from agents.orchestra.adopt import adopt, found_on_disk
+from agents.orchestra.book import PoolBook
+from agents.orchestra.engine import EngineDown, EngineRequestFailed, adapter_problem
 from agents.orchestra.engines import engine_spec
-from agents.orchestra.slot import TOKENS_PER_S_WINDOW_S, Slot, WindowRate
-from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError, Telemetry
-from agents.sections import ModelInfo, ModelsSection, Rotation
+from agents.orchestra.lifecycle import Lifecycle
+from agents.orchestra.llamacpp import convert_lora_argv, converter_env
+from agents.orchestra.methods import register
+from agents.orchestra.placement import Placement
+from agents.orchestra.port import LoraConversion, ModelView
+from agents.orchestra.residency import Residency
+from agents.orchestra.rotation import Rotation, rotation_run
+from agents.orchestra.slot import TOKENS_PER_S_WINDOW_S, Slot
+from agents.orchestra.spec import EngineSpec
+from agents.protocol import ErrorCode, RemoteError, Telemetry
+from agents.sections import ModelInfo, ModelsSection, Rotation as RotationInfo
 from agents.states import MODEL_AT_REST, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
-
-if TYPE_CHECKING:
-    from agents.agent import Agent
 
 log = logging.getLogger("cetlab.orchestra")
 
@@ -40,7 +42,6 @@ METRICS_EVERY_S = 2.0
 RESIDENCY_EVERY_S = 5.0
 OVERHEAD_TARGET_PCT = 1.0
 MAX_SEQS_FOR_UTIL = 8  # requests at which a simulated GPU shows full load
-SIM_UTIL_PCT = {ModelState.LOADING: 25.0, ModelState.WARMING: 95.0, ModelState.WARM: 10.0}  # a simulated GPU's load by state
 
 SCHEMA = [
     """CREATE TABLE model_events (id INTEGER PRIMARY KEY, t REAL NOT NULL, model TEXT NOT NULL, event TEXT NOT NULL,
@@ -52,89 +53,77 @@ SCHEMA = [
 ]
 
 
-class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, RotationMixin):
-    """The agent's model pool: the models whose machine is this one."""
+class OrchestraComponent:
+    """The agent's model pool: the models whose machine is this one (ModelsPort, agents/orchestra/port.py)."""
 
     name = "models"
 
-    def __init__(self) -> None:
-        self.agent: Agent | None = None
-        self.slots: dict[str, Slot] = {}
-        self._tasks: list[asyncio.Task] = []
-        self._held_at_sample: dict[str, tuple[tuple[int, ...], dict[int, int], bool]] = {}
-        self._sampled = asyncio.Event()  # placement needs one GPU sample first
-        self._rotation_task: asyncio.Task | None = None
-        self.rotation_index = -1  # -1: the start set (orchestra.warm); then positions in orchestra.rotation
-        self.next_rotation_at: float | None = None
-        self.since = time.time()
-        self.unavailable_s = 0.0
-        self.last_rotation: dict[str, Any] | None = None
+    def __init__(self, core: AgentCore) -> None:
+        self.core = core
+        self.book = PoolBook(core)
+        self.slots = self.book.slots  # the same dict: the pool owns its slots, its parts share them
+        self.residency = Residency(core, self.book)
+        self.placement = Placement(core, self.slots)
+        self.lifecycle = Lifecycle(core, self.book, self.residency, self.placement)
+        self.rotation = Rotation(core, self.book, self.lifecycle)
+        self._tasks: list[asyncio.Task[None]] = []
+        pinned = set(core.lab.orchestra.pinned)
+        for model in core.lab.models:
+            if model.machine == core.machine.name:
+                self.slots[model.name] = Slot(model, core.lab.resolve(model.path) or Path(model.path), list(model.gpus), pinned=model.name in pinned)
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self, agent: Agent) -> None:
-        self.agent = agent
-        lab, machine = agent.lab, agent.machine.name
-        agent.store.migrate(self.name, SCHEMA)
-        pinned = set(lab.orchestra.pinned)
-        for model in lab.models:
-            if model.machine == machine:
-                self.slots[model.name] = Slot(model, lab.resolve(model.path), list(model.gpus), pinned=model.name in pinned)
-        kv = {row["key"]: json.loads(row["value"]) for row in agent.store.query("SELECT key, value FROM orchestra_kv")}
+    async def start(self) -> None:
+        core, book, rotation = self.core, self.book, self.rotation
+        core.store.migrate(self.name, SCHEMA)
+        kv = {row["key"]: json.loads(row["value"]) for row in core.store.query("SELECT key, value FROM orchestra_kv")}
         for name, value in (kv.get("pins") or {}).items():
             if name in self.slots:
                 self.slots[name].pinned = value
-        self.since = kv.get("since") or time.time()
-        self.unavailable_s = kv.get("unavailable_s") or 0.0
-        self.rotation_index = kv.get("rotation_index", -1)
-        self.last_rotation = kv.get("last_rotation")
-        self._kv_save(since=self.since)
+        book.since = kv.get("since") or time.time()
+        book.unavailable_s = kv.get("unavailable_s") or 0.0
+        rotation.index = kv.get("rotation_index", -1)
+        rotation.last = rotation_run(kv.get("last_rotation"))
+        book.kv_save(since=book.since)
         for slot in self.slots.values():
-            for row in agent.store.query(
+            for row in core.store.query(
                 "SELECT event, duration_s FROM model_events WHERE model=? AND event IN ('load','warmup','wake','swap','cache') "
                 "AND id IN (SELECT MAX(id) FROM model_events WHERE model=? GROUP BY event)", (slot.name, slot.name)):
                 slot.timings[f"{row['event']}_s"] = row["duration_s"]
-        await asyncio.to_thread(self._make_placeholders)
-        await asyncio.to_thread(self._measure_all)
+        await asyncio.to_thread(self.residency.make_placeholders)
+        await asyncio.to_thread(self.residency.measure_all)
         for slot in self.slots.values():
-            slot.state = self._rest_state(slot)
+            slot.state = self.residency.rest_state(slot)
         engines = kv.get("engines")
         if engines is None:  # never recorded here: a first start, or a state.db lost (deleted, or corrupt and moved aside)
-            engines = found_on_disk(self.agent.state_dir / "models")
-        await adopt(self, engines or {})  # what a previous agent left running (systemd restart, crash)
+            engines = found_on_disk(core.state_dir / "models")
+        await adopt(self.lifecycle, engines or {})  # what a previous agent left running (systemd restart, crash)
         register(self)
         if self.slots:
-            plan = lab.orchestra
+            plan = core.lab.orchestra
             if plan.rotate_every and plan.rotation:
-                self.next_rotation_at = kv.get("next_rotation_at") or time.time() + plan.rotate_every
+                rotation.next_at = kv.get("next_rotation_at") or time.time() + plan.rotate_every
             self._tasks.append(asyncio.create_task(self._loop(), name="orchestra"))
-            self._tasks.append(asyncio.create_task(self._bring_up_plan(), name="orchestra-start"))
+            self._tasks.append(asyncio.create_task(rotation.bring_up_plan(), name="orchestra-start"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks: list[asyncio.Task[Any]] = [*self._tasks, *self.lifecycle.supervisors]
+        for task in tasks:
             task.cancel()
-        if self._rotation_task is not None:
-            self._rotation_task.cancel()
-        ops = [s.op for s in self.slots.values() if s.busy]
-        for task in ops:
-            task.cancel()
-        await asyncio.gather(*self._tasks, *ops, return_exceptions=True)
-        if not self.agent.keep_engines:  # else they keep serving and the next agent re-adopts them
+        if self.rotation.task is not None:
+            self.rotation.task.cancel()
+        ops = [s.op for s in self.slots.values() if s.op is not None and s.busy]
+        for op in ops:
+            op.cancel()
+        await asyncio.gather(*tasks, *ops, return_exceptions=True)
+        if not self.core.keep_engines:  # else they keep serving and the next agent re-adopts them
             await asyncio.gather(*(s.engine.stop() for s in self.slots.values() if s.engine), return_exceptions=True)
         for slot in self.slots.values():
-            self.agent.release_gpus(f"model:{slot.name}")
+            self.core.release_gpus(f"model:{slot.name}")
 
     def on_telemetry(self, telemetry: Telemetry) -> None:
-        # what our models held when this sample was taken: placement adds what changed since
-        nvml = not telemetry.simulated
-        for s in self.slots.values():  # a loading model is still growing: it keeps its estimate until it is up
-            measurable = nvml and s.engine is not None and s.state in MODEL_ENGINE_UP and s.state != ModelState.LOADING
-            s.measured = s.engine.vram_by_gpu(telemetry.gpus) if measurable else None
-        self._held_at_sample = {
-            s.name: (tuple(s.gpus), {i: s.held_bytes(i) for i in s.gpus}, nvml and s.state == ModelState.LOADING)
-            for s in self.slots.values()
-        }
-        self._sampled.set()
+        self.placement.observe(telemetry)
 
     def section(self) -> ModelsSection | None:
         if not self.slots:
@@ -148,13 +137,52 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
         slot = self.slots.get(name)
         if slot is not None:
             return slot
-        elsewhere = next((m.machine for m in self.agent.lab.models if m.name == name), None)
+        elsewhere = next((m.machine for m in self.core.lab.models if m.name == name), None)
         if elsewhere is not None:
-            raise RemoteError(ErrorCode.NOT_FOUND, f"{name} runs on {elsewhere}, not {self.agent.machine.name}")
-        raise RemoteError(ErrorCode.NOT_FOUND, f"no model named {name!r} on {self.agent.machine.name} (models here: {', '.join(self.slots) or 'none'})")
+            raise RemoteError(ErrorCode.NOT_FOUND, f"{name} runs on {elsewhere}, not {self.core.machine.name}")
+        raise RemoteError(ErrorCode.NOT_FOUND, f"no model named {name!r} on {self.core.machine.name} (models here: {', '.join(self.slots) or 'none'})")
 
-    def find(self, name: str) -> Slot | None:
-        return self.slots.get(name)
+    # ------------------------------------------------------------------ ModelsPort: what other components ask (port.py)
+
+    @staticmethod
+    def _view(slot: Slot) -> ModelView:
+        engine = slot.engine
+        return ModelView(name=slot.name, model=slot.model, path=slot.path, state=slot.state, busy=slot.busy,
+                         spec=engine_spec(slot.model.engine), engine_serial=engine.serial if engine is not None else None,
+                         endpoint=engine.endpoint if engine is not None else None, error=slot.error)
+
+    def view(self, name: str) -> ModelView:
+        return self._view(self.slot(name))
+
+    def find_view(self, name: str) -> ModelView | None:
+        slot = self.slots.get(name)
+        return None if slot is None else self._view(slot)
+
+    def engine_spec(self, engine: str) -> EngineSpec:
+        return engine_spec(engine)
+
+    def adapter_problem(self, name: str, adapter_dir: Path) -> str | None:
+        return adapter_problem(adapter_dir, self.slot(name).model)
+
+    async def load_adapter(self, name: str, adapter: str, path: str) -> None:
+        slot = self.slot(name)
+        if slot.engine is None:
+            raise RemoteError(ErrorCode.CONFLICT, f"{name} is {slot.state}; warm it first (`cetlab warm {name}`), then serve the adapter")
+        try:
+            await slot.engine.load_adapter(adapter, path)
+        except (EngineDown, EngineRequestFailed) as exc:
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"{name} refused the adapter: {exc}") from None
+
+    def lora_conversion(self, adapter: Path, base: Path, out: Path) -> LoraConversion | None:
+        argv = convert_lora_argv(adapter, base, out)
+        return None if argv is None else LoraConversion(argv=argv, env=converter_env(), out=out)
+
+    async def bring_up(self, name: str) -> ModelView:
+        slot = self.slot(name)
+        task = self.lifecycle.warm(slot)
+        if task is not None:
+            await task
+        return self._view(slot)
 
     def engine_ports(self) -> frozenset[int]:
         """The 127.0.0.1 ports of the engines running here now: the only ones the gateway may reach over SSH."""
@@ -165,20 +193,20 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
         """The models that occupy their GPUs now (a sleeping vLLM engine has given them back)."""
         return [self.info(s) for s in self.slots.values() if s.state in MODEL_HOLDS_GPU]
 
-    def adapter_host(self, base: Path) -> Slot | None:
+    def adapter_host(self, base: Path) -> ModelView | None:
         """A warm model whose engine loads LoRA adapters at run time and whose weights are ``base``."""
         base = base.resolve()
         for slot in self.slots.values():
             if slot.state == ModelState.WARM and engine_spec(slot.model.engine).hot_adapters and slot.path.resolve() == base:
-                return slot
+                return self._view(slot)
         return None
 
-    def add_model(self, model: Model, path: Path) -> Slot:
+    def add_model(self, model: Model, path: Path) -> ModelView:
         """A model made at run time (a checkpoint served as a model), from now on part of the pool."""
         if model.name in self.slots:
-            raise RemoteError(ErrorCode.CONFLICT, f"{model.name} is already a model of {self.agent.machine.name}")
+            raise RemoteError(ErrorCode.CONFLICT, f"{model.name} is already a model of {self.core.machine.name}")
         slot = self.slots[model.name] = Slot(model, path, list(model.gpus))
-        return slot
+        return self._view(slot)
 
     def remove_model(self, name: str) -> None:
         """Forget a model made at run time (it must be at rest); lab.yaml's models stay."""
@@ -226,77 +254,42 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
             simulated=engine_spec(slot.model.engine).simulated,
         )
 
-    def rotation_info(self) -> Rotation:
-        plan = self.agent.lab.orchestra
-        wall_s = max(1e-9, time.time() - self.since)
+    def rotation_info(self) -> RotationInfo:
+        plan = self.core.lab.orchestra
+        rotation, unavailable_s = self.rotation, self.book.unavailable_s
+        wall_s = max(1e-9, time.time() - self.book.since)
         sets = plan.rotation
-        return Rotation(
+        return RotationInfo(
             plan=sets,
             every_s=plan.rotate_every,
-            index=self.rotation_index if sets and self.rotation_index >= 0 else None,
-            next_set=sets[(self.rotation_index + 1) % len(sets)] if sets else None,
-            next_at=self.next_rotation_at,
-            running=self._rotation_task is not None and not self._rotation_task.done(),
+            index=rotation.index if sets and rotation.index >= 0 else None,
+            next_set=sets[(rotation.index + 1) % len(sets)] if sets else None,
+            next_at=rotation.next_at,
+            running=rotation.running,
             pinned=sorted(s.name for s in self.slots.values() if s.pinned),
-            unavailable_s=round(self.unavailable_s, 3),
+            unavailable_s=round(unavailable_s, 3),
             wall_s=round(wall_s, 1),
-            overhead_pct=round(100 * self.unavailable_s / wall_s, 4),
+            overhead_pct=round(100 * unavailable_s / wall_s, 4),
             target_pct=OVERHEAD_TARGET_PCT,
-            last=self.last_rotation,
+            last=rotation.last,
         )
 
-    # ------------------------------------------------------------------ bookkeeping
+    # ------------------------------------------------------------------ operations (the lifecycle's, for methods and ports)
 
-    def remember_engines(self) -> None:
-        """The running engines, in state.db and in the models folder: a restarted agent re-adopts them."""
-        running = remember(self.slots)
-        self._kv_save(engines=running)
-        keep_on_disk(self.agent.state_dir / "models", running)
+    def warm(self, slot: Slot) -> asyncio.Task[Any] | None:
+        return self.lifecycle.warm(slot)
 
-    def _kv_save(self, **values: Any) -> None:
-        with self.agent.store.transaction() as db:
-            for key, value in values.items():
-                db.execute("INSERT OR REPLACE INTO orchestra_kv VALUES (?, ?)", (key, json.dumps(value)))
+    def sleep(self, slot: Slot) -> asyncio.Task[Any] | None:
+        return self.lifecycle.sleep(slot)
 
-    def _event(self, slot: Slot, event: str, duration_s: float | None = None, detail: Any = None,
-               from_state: str | None = None, to_state: str | None = None) -> None:
-        with self.agent.store.transaction() as db:
-            db.execute(
-                "INSERT INTO model_events (t, model, event, from_state, to_state, duration_s, detail) VALUES (?,?,?,?,?,?,?)",
-                (time.time(), slot.name, event, from_state, to_state, duration_s, None if detail is None else json.dumps(detail)),
-            )
-        if duration_s is not None and event in ("load", "warmup", "wake", "swap", "cache"):
-            slot.timings[f"{event}_s"] = round(duration_s, 3)
+    async def cold(self, slot: Slot) -> None:
+        await self.lifecycle.cold(slot)
 
-    def _set_state(self, slot: Slot, state: str) -> None:
-        if slot.state == state:
-            return
-        now = time.time()
-        self._event(slot, "state", round(now - slot.since, 3), from_state=slot.state, to_state=state)
-        log.info("%s: %s -> %s", slot.name, slot.state, state)
-        slot.state, slot.since = state, now
-        slot.measured = None  # e.g. a sleeping vLLM's residual: taken from the next sample, the estimate until then
-        if state in MODEL_ENGINE_UP:
-            slot.last_used = now
-        if state != ModelState.WARM:
-            slot.metrics, slot.tokens_per_s, slot.token_rate = EngineFigures(), None, WindowRate(TOKENS_PER_S_WINDOW_S)
-        self._claim(slot)
-        self.remember_engines()
+    def swap(self, out: Slot, incoming: Slot) -> asyncio.Task[Any]:
+        return self.lifecycle.swap(out, incoming)
 
-    def _claim(self, slot: Slot, util_pct: float | None = None) -> None:
-        """Show the model on simulated GPUs (NVML machines see the real process)."""
-        key = f"model:{slot.name}"
-        held = slot.held_bytes()
-        if not held:
-            self.agent.release_gpus(key)
-            return
-        if util_pct is None:
-            util_pct = SIM_UTIL_PCT.get(slot.state, 0.0)
-        pid = slot.engine.pid if slot.engine and slot.engine.pid else 0
-        self.agent.claim_gpus(slot.gpus, key, f"model {slot.name} ({slot.model.engine})", held, util_pct, pid)
-
-    def _notice(self, level: str, message: str) -> None:
-        self.agent.notify(EVENT_NOTICE, {"level": level, "message": message, "machine": self.agent.machine.name})
+    async def cache(self, slot: Slot) -> asyncio.Task[Any]:
+        return await self.lifecycle.cache(slot)
 
     # ------------------------------------------------------------------ the loop
 
@@ -308,20 +301,24 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
                 await asyncio.gather(*(self._poll(s) for s in self.slots.values() if s.state == ModelState.WARM and s.engine is not None))
                 if time.monotonic() - last_residency >= RESIDENCY_EVERY_S:
                     last_residency = time.monotonic()
-                    await asyncio.to_thread(self._measure_all)
+                    await asyncio.to_thread(self.residency.measure_all)
                     for slot in self.slots.values():
                         if slot.state in MODEL_AT_REST and not slot.busy:
-                            self._set_state(slot, self._rest_state(slot))
-                if self.next_rotation_at is not None and time.time() >= self.next_rotation_at:
-                    self.next_rotation_at = time.time() + self.agent.lab.orchestra.rotate_every
-                    self._kv_save(next_rotation_at=self.next_rotation_at)
-                    if self._rotation_task is None or self._rotation_task.done():
-                        self._start_rotation()
+                            self.book.set_state(slot, self.residency.rest_state(slot))
+                rotation = self.rotation
+                if rotation.next_at is not None and time.time() >= rotation.next_at:
+                    every = self.core.lab.orchestra.rotate_every
+                    rotation.next_at = time.time() + every if every else None
+                    self.book.kv_save(next_rotation_at=rotation.next_at)
+                    if not rotation.running:
+                        rotation.start()
             except Exception:
                 log.exception("orchestra loop")
 
     async def _poll(self, slot: Slot) -> None:
         engine = slot.engine
+        if engine is None:
+            return
         try:
             figures = EngineFigures.model_validate(await engine.metrics())
         except (EngineDown, EngineRequestFailed):
@@ -337,4 +334,4 @@ class OrchestraComponent(LifecycleMixin, ResidencyMixin, PlacementMixin, Rotatio
             slot.tokens_per_s = None if rate is None else round(rate, 1)
         slot.metrics = figures
         running = figures.requests_running or 0
-        self._claim(slot, min(100.0, 10.0 + 85.0 * running / MAX_SEQS_FOR_UTIL))
+        self.book.claim(slot, min(100.0, 10.0 + 85.0 * running / MAX_SEQS_FOR_UTIL))

@@ -7,11 +7,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
 from agents.documents import EngineFigures
 from agents.lab import Model
 from agents.orchestra.engine import GIB, Engine
+from agents.sections import ModelError, ModelOp, ModelProgress
 from agents.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
 
 SLEEP_RESIDUAL_BYTES = GIB // 2  # CUDA context and buffers a sleeping vLLM keeps on each GPU
@@ -67,10 +66,10 @@ class Slot:
     since: float = field(default_factory=time.time)
     engine: Engine | None = None
     last_engine: Engine | None = None  # for logs after a stop or a failure
-    op: asyncio.Task | None = None
-    op_name: str | None = None
-    progress: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
+    op: asyncio.Task[object] | None = None
+    op_name: ModelOp | None = None
+    progress: ModelProgress | None = None
+    error: ModelError | None = None
     pinned: bool = False
     operator_warm: bool = False  # an operator asked for it warm: the start plan and the timed rotation leave it up
     cached_bytes: int = 0

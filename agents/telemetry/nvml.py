@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from agents.protocol import ComputeCapability, GpuProcess, GpuSample
+from agents.protocol import ComputeCapability, GpuBackend, GpuProcess, GpuSample
 
 GPU_LOST = "GPU is lost"
 NAME_UNKNOWN = "N/A"
@@ -89,7 +89,7 @@ def _capability(value: Any) -> ComputeCapability | None:
 class NvmlSampler:
     """Samples every NVIDIA GPU; unsupported fields are None, a lost GPU is marked failed."""
 
-    backend = "nvml"
+    backend: GpuBackend = "nvml"
     simulated = False
 
     def __init__(
@@ -102,7 +102,9 @@ class NvmlSampler:
         self._initialised = False
         if nvml_module is None:
             try:
-                import pynvml as nvml_module
+                import pynvml
+
+                nvml_module = pynvml
             except ImportError as exc:
                 self.status = f"no NVIDIA GPUs: nvidia-ml-py is not installed ({exc})"
                 return

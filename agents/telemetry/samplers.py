@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Protocol
 
 from agents.lab import Machine, SimGpus
-from agents.protocol import GpuSample
+from agents.protocol import GpuBackend, GpuSample
 
 
 class GpuSampler(Protocol):
-    backend: str
+    backend: GpuBackend
     simulated: bool
     status: str | None
 
@@ -19,11 +19,11 @@ class GpuSampler(Protocol):
 
 
 class _NoGpus:
-    backend = "none"
+    backend: GpuBackend = "none"
     simulated = False
 
     def __init__(self, status: str):
-        self.status = status
+        self.status: str | None = status
 
     def sample(self) -> list[GpuSample]:
         return []

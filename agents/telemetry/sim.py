@@ -6,16 +6,16 @@ import logging
 import math
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from agents.catalogue import OverrideParams
 from agents.lab import SimGpu
-from agents.gpusupport.capability import capability_by_name, parse_capability
-from agents.protocol import ComputeCapability, ErrorCode, GpuProcess, GpuSample, RemoteError, Role
+from agents.capability import capability_by_name, parse_capability
+from agents.protocol import ComputeCapability, ErrorCode, GpuBackend, GpuProcess, GpuSample, RemoteError, Role
 
 if TYPE_CHECKING:
-    from agents.agent import Agent
+    from agents.rpc import Peer, Registry
+    from agents.telemetry.samplers import GpuSampler
 
 log = logging.getLogger("cetlab.sim")
 
@@ -61,7 +61,7 @@ def sim_capability(spec: SimGpu) -> ComputeCapability | None:
 class SimSampler:
     """Same interface as NvmlSampler; every sample is labelled simulated."""
 
-    backend = "sim"
+    backend: GpuBackend = "sim"
     simulated = True
     status: str | None = None
 
@@ -169,29 +169,19 @@ class SimSampler:
 # ---------------------------------------------------------------------------- driving it over the wire
 
 
-class OverrideParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+def register_methods(rpc: Registry, machine: str, sampler: GpuSampler, gpu_count: Callable[[], int]) -> None:
+    """`sim.override`: scenarios (a hot GPU, a full one) on simulated GPUs; machines with real ones answer `unavailable`.
 
-    gpu: int = Field(ge=0)
-    temp_c: float | None = Field(default=None, ge=-50, le=200)
-    util_pct: float | None = Field(default=None, ge=0, le=100)
-    mem_used_bytes: int | None = Field(default=None, ge=0, le=2**50)
-    power_w: float | None = Field(default=None, ge=0, le=10_000)
-    clear: bool = False  # drop this GPU's overrides first (alone: back to the simulation)
+    ``gpu_count``: how many GPUs the latest sample has (0 before the first)."""
 
-
-def register_methods(agent: Agent) -> None:
-    """`sim.override`: scenarios (a hot GPU, a full one) on simulated GPUs; machines with real ones answer `unavailable`."""
-
-    @agent.rpc.method("sim.override", role=Role.OPERATOR, params=OverrideParams,
-                      doc="Simulated GPUs only: force temp_c / util_pct / mem_used_bytes / power_w of one GPU (clear: true drops them).")
-    async def override(peer, params: OverrideParams) -> dict:
-        sampler = agent.gpus
+    @rpc.method("sim.override", role=Role.OPERATOR, params=OverrideParams,
+                doc="Simulated GPUs only: force temp_c / util_pct / mem_used_bytes / power_w of one GPU (clear: true drops them).")
+    async def override(peer: Peer, params: OverrideParams) -> dict[str, Any]:
         if not isinstance(sampler, SimSampler):
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"{agent.machine.name} has real GPUs ({sampler.backend}); sim.override only drives simulated ones")
-        count = len(agent.latest.gpus) if agent.latest else 0
+            raise RemoteError(ErrorCode.UNAVAILABLE, f"{machine} has real GPUs ({sampler.backend}); sim.override only drives simulated ones")
+        count = gpu_count()
         if params.gpu >= count:
-            raise RemoteError(ErrorCode.NOT_FOUND, f"{agent.machine.name} has {count} GPUs (0..{count - 1}), no GPU {params.gpu}")
+            raise RemoteError(ErrorCode.NOT_FOUND, f"{machine} has {count} GPUs (0..{count - 1}), no GPU {params.gpu}")
         fields = params.model_dump(exclude={"gpu", "clear"}, exclude_none=True)
         if not fields and not params.clear:
             raise RemoteError(ErrorCode.INVALID_PARAMS, "give at least one of temp_c, util_pct, mem_used_bytes, power_w, or clear: true")

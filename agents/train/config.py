@@ -11,10 +11,11 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from agents.train.precision import PrecisionChoice
 from agents.yaml_doc import format_path, line_map
@@ -112,6 +113,11 @@ class TrainConfig(Strict):
             self.progress_file = self.output_dir / "progress.json"
         return self
 
+    @property
+    def progress_path(self) -> Path:
+        """Where the progress file goes: progress_file, set by loading (<output_dir>/progress.json unless given)."""
+        return self.progress_file if self.progress_file is not None else self.output_dir / "progress.json"
+
 
 # ---------------------------------------------------------------------------- loading
 
@@ -144,7 +150,7 @@ def _fields_at(loc: tuple) -> list[str]:
     return [name for name in model.model_fields if name != "source"]
 
 
-def _describe(error: dict) -> str:
+def _describe(error: ErrorDetails) -> str:
     message = error["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
@@ -175,14 +181,14 @@ def parse_override(text: str) -> tuple[str, Any]:
 def load_config(
     path: str | os.PathLike[str],
     overrides: dict[str, Any] | None = None,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> TrainConfig:
     """Read, override, validate and resolve a cetlab-train YAML config.
 
     ``overrides`` maps dotted keys to values (from command-line flags); path
     values in it resolve against the current directory. Raises ConfigError.
     """
-    env = os.environ if env is None else env
+    environ: Mapping[str, str] = os.environ if env is None else env
     source = Path(path).expanduser()
     try:
         text = source.read_text(encoding="utf-8")
@@ -246,7 +252,7 @@ def load_config(
     if resume not in (None, "latest") and not Path(resume).is_dir():
         raise ConfigError(where(("resume_from_checkpoint",), f"checkpoint folder not found: {resume} (give a checkpoint-<step> folder, 'latest' or null)"))
 
-    progress = env.get(PROGRESS_ENV_VAR)
+    progress = environ.get(PROGRESS_ENV_VAR)
     if progress:
         config.progress_file = (cwd / Path(progress).expanduser()).resolve()
     return config

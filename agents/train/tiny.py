@@ -18,6 +18,7 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
 
@@ -179,6 +180,7 @@ def make_tiny_model(dir: str | os.PathLike[str], seed: int = 0, shape: dict[str,
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     tokenizer = build_tokenizer()
+    sizes: dict[str, Any] = dict(shape or TINY_SHAPE)  # LlamaConfig's size arguments
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
@@ -186,7 +188,7 @@ def make_tiny_model(dir: str | os.PathLike[str], seed: int = 0, shape: dict[str,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
         rms_norm_eps=1e-6,
-        **(shape or TINY_SHAPE),
+        **sizes,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

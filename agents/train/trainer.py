@@ -223,7 +223,7 @@ def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
 def run(config: TrainConfig) -> int:
     """Train per ``config``; returns the exit status (see the module docstring)."""
     started = time.monotonic()
-    reporter = Reporter(Path(config.progress_file), started)
+    reporter = Reporter(config.progress_path, started)
     reporter.carry_checkpoints(Path(config.output_dir))
     reporter.update(state="starting")
     stop = StopFlag()
@@ -332,7 +332,7 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
 
     lora = LoraConfig(
         r=cfg.lora.r,
-        lora_alpha=cfg.lora.alpha,
+        lora_alpha=cfg.lora.alpha,  # type: ignore[arg-type]  # peft annotates int; a float alpha scales the same (alpha / r)
         lora_dropout=cfg.lora.dropout,
         target_modules=cfg.lora.target_modules,
         modules_to_save=cfg.lora.modules_to_save or None,
@@ -343,11 +343,11 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
         with warnings.catch_warnings():
             # peft reads transformers' deprecated is_gradient_checkpointing: a FutureWarning at the top of every job's log
             warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-            model = get_peft_model(model, lora)
+            trained = get_peft_model(model, lora)
     except ValueError as exc:
         raise ConfigError(f"lora: {str(exc).splitlines()[0]}") from None
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in trained.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in trained.parameters())
     log(f"cetlab-train: {trainable:,} of {total:,} parameters trainable ({100 * trainable / max(total, 1):.2f}%)")
 
     output_dir = Path(cfg.output_dir)
@@ -399,7 +399,7 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
     )
     samples_per_step = cfg.per_device_batch_size * cfg.grad_accumulation * max(args.world_size, 1)
     trainer = Trainer(
-        model=model,
+        model=trained,
         args=args,
         train_dataset=dataset,
         data_collator=PadCollator(tokenizer.pad_token_id),

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.notify.config import Kind, Level
+from agents.lab_notify import Kind, Level
 from agents.protocol import Finite
 
 Detail = str | int | Finite | bool | list[str] | None

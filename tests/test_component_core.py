@@ -1,0 +1,147 @@
+"""Components are built with a narrow core (agents/core.py), never the Agent, and reach each other only through ports.
+
+These run the real components (real SQLite) on a small core made here: no Agent, no SSH, no sampler. The peers they
+reach are small stand-ins that provide only the port, so what the component may call of another is the port's
+Protocol and nothing more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, TypeVar, cast
+
+from agents.alerts import AlertsComponent
+from agents.costs import CostsComponent
+from agents.costs_port import CostsPort, LedgerTotal
+from agents.gateway.port import GatewayPort
+from agents.lab import Lab, Machine, parse_lab
+from agents.notify.port import NotifyPort
+from agents.protocol import GpuSample, HostSample, Role, Telemetry
+from agents.rpc import Peer, Registry
+from agents.sections import AlertInfo, ProviderSpend, Tick
+from agents.store import Store
+
+T = TypeVar("T")
+
+LAB = ("lab: t\ncosts: {electricity_per_kwh: 0.2}\nalerts: {temp_for_s: 0, clear_for_s: 0}\n"
+       "machines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
+
+
+@dataclass
+class SmallCore:
+    """An AgentCore with only what a component may use; `parts` stand for the other components."""
+
+    lab: Lab
+    machine: Machine
+    state_dir: Path
+    store: Store
+    rpc: Registry = field(default_factory=Registry)
+    parts: list[Any] = field(default_factory=list)
+    events: list[tuple[str, Any]] = field(default_factory=list)
+    simulated: bool = True
+    keep_engines: bool = False
+    interval_s: float = 1.0
+    latest: Telemetry | None = None
+    current: Mapping[str, Any] = field(default_factory=dict)
+
+    def notify(self, event: str, data: Any) -> None:
+        self.events.append((event, data))
+
+    def claim_gpus(self, indices: list[int], key: str, owner: str, mem_bytes: int, util_pct: float, pid: int = 0) -> None:
+        pass
+
+    def release_gpus(self, key: str) -> None:
+        pass
+
+    def find(self, port: Callable[..., T]) -> T | None:
+        kind = cast("type[T]", port)
+        return next((p for p in self.parts if isinstance(p, kind)), None)
+
+
+class NotifyStandIn:
+    """Provides NotifyPort and nothing else."""
+
+    def __init__(self) -> None:
+        self.fired: list[AlertInfo] = []
+        self.cleared: list[AlertInfo] = []
+
+    def alerts_changed(self, fired: list[AlertInfo], cleared: list[AlertInfo]) -> None:
+        self.fired += fired
+        self.cleared += cleared
+
+
+class GatewayStandIn:
+    """Provides GatewayPort and nothing else."""
+
+    def provider_spend(self) -> list[ProviderSpend]:
+        return [ProviderSpend(name="cloud", spend_today=0.5, spend_month=2.0, monthly_budget=10.0, budget_pct=20.0)]
+
+    def spend_by_day(self, since_day: str) -> dict[str, dict[str, float]]:
+        return {"cloud": {"2026-11-01": 1.5, "2026-11-24": 0.5}}
+
+
+def small_core(tmp_path: Path, *parts: Any) -> SmallCore:
+    lab = parse_lab(LAB)
+    return SmallCore(lab=lab, machine=lab.machine("box"), state_dir=tmp_path, store=Store(tmp_path / "state.db"), parts=list(parts))
+
+
+def tick(t: float, temp_c: float) -> Tick:
+    gpu = GpuSample(index=0, name="Tesla P4", temp_c=temp_c, power_w=30.0, util_pct=0.0, simulated=True)
+    return Tick(Telemetry(machine="box", t=t, gpus=[gpu], host=HostSample(), simulated=True), [], None)
+
+
+def test_the_port_protocols_tell_the_stand_ins_apart():
+    assert isinstance(NotifyStandIn(), NotifyPort) and not isinstance(NotifyStandIn(), GatewayPort)
+    assert isinstance(GatewayStandIn(), GatewayPort) and not isinstance(GatewayStandIn(), NotifyPort)
+
+
+async def test_alerts_built_with_a_core_hand_what_fires_and_clears_to_notify_through_its_port(tmp_path):
+    notify = NotifyStandIn()
+    core = small_core(tmp_path, notify)
+    alerts = AlertsComponent(core)
+    await alerts.start()
+    alerts.on_tick(tick(100.0, temp_c=99.0))
+    assert [(a.id, a.rule, a.target) for a in notify.fired] == [("box#1", "gpu_hot", "gpu0")]
+    assert [a.id for a in alerts.active_alerts()] == ["box#1"]  # AlertsPort, what notify re-sends
+    assert [event for event, _ in core.events] == ["notice"]  # consoles are told through the core
+    alerts.on_tick(tick(101.0, temp_c=40.0))
+    assert [(a.id, a.cleared_at) for a in notify.cleared] == [("box#1", 101.0)]
+    assert alerts.active_alerts() == []
+    core.store.close()
+
+
+async def test_alerts_without_notify_on_the_core_still_fire(tmp_path):
+    core = small_core(tmp_path)
+    alerts = AlertsComponent(core)
+    await alerts.start()
+    alerts.on_tick(tick(100.0, temp_c=99.0))
+    assert [a.rule for a in alerts.section().active] == ["gpu_hot"]
+    core.store.close()
+
+
+async def test_costs_built_with_a_core_read_the_gateways_spend_through_its_port_and_answer_costs_port(tmp_path):
+    core = small_core(tmp_path, GatewayStandIn())
+    costs = CostsComponent(core)
+    assert isinstance(costs, CostsPort)
+    await costs.start()
+    costs.on_tick(tick(100.0, temp_c=40.0))
+    costs.on_tick(tick(101.0, temp_c=40.0))
+    summary = costs.section()
+    assert summary is not None and [(p.name, p.spend_month) for p in summary.api] == [("cloud", 2.0)]
+    report = await core.rpc.dispatch(Peer(role=Role.VIEWER, who="test", send=lambda line: None), {"id": 1, "method": "costs.get", "params": {}})
+    assert report["result"]["api"]["providers"][0]["provider"] == "cloud"
+    totals = costs.ledger_totals()
+    assert totals and all(isinstance(row, LedgerTotal) for row in totals) and {row.kind for row in totals} >= {"host"}
+    core.store.close()
+
+
+async def test_costs_without_a_gateway_report_no_api_spend(tmp_path):
+    core = small_core(tmp_path)
+    costs = CostsComponent(core)
+    await costs.start()
+    costs.on_tick(tick(100.0, temp_c=40.0))
+    summary = costs.section()
+    assert summary is not None and summary.api == []
+    assert costs.report(None, "job")["api"] is None
+    core.store.close()

@@ -1,0 +1,144 @@
+"""The model pool and the checkpoints are built with a small core and meet only through the pool's port (ModelsPort).
+
+The checkpoints run for real here (real runs on disk, real SQLite, their RPC methods) against a stand-in that provides
+ModelsPort and nothing else: what the checkpoints may ask of the pool is that Protocol. The pool runs on the same
+small core and answers the port with typed records (ModelView, ModelError).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from agents.checkpoints import CheckpointsComponent
+from agents.lab import Model, parse_lab
+from agents.orchestra.engines import engine_spec
+from agents.orchestra.pool import SCHEMA, OrchestraComponent
+from agents.orchestra.port import LoraConversion, ModelsPort, ModelView
+from agents.protocol import ErrorCode, RemoteError, Role
+from agents.rpc import Peer
+from agents.sections import ModelError, ModelInfo, Serving
+from agents.states import ModelState
+from agents.store import Store
+from tests.test_component_core import SmallCore
+
+MACHINE = "machines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n"
+
+
+class PoolStandIn:
+    """Provides ModelsPort and nothing else: one warm vLLM model, `base`, whose engine can be restarted."""
+
+    def __init__(self, base_path: Path) -> None:
+        self.base = ModelView(name="base", model=Model(name="base", path=str(base_path), engine="vllm", machine="box"),
+                              path=base_path, state=ModelState.WARM, busy=False, spec=engine_spec("vllm"), engine_serial=1,
+                              endpoint="http://127.0.0.1:1/v1", error=None)
+        self.loaded: list[tuple[str, str, str]] = []
+
+    def restart_engine(self) -> None:
+        self.base = dataclasses.replace(self.base, engine_serial=(self.base.engine_serial or 0) + 1)
+
+    def engine_ports(self) -> frozenset[int]:
+        return frozenset()
+
+    def holding_gpus(self) -> list[ModelInfo]:
+        return []
+
+    def view(self, name: str) -> ModelView:
+        found = self.find_view(name)
+        if found is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no model {name}")
+        return found
+
+    def find_view(self, name: str) -> ModelView | None:
+        return self.base if name == "base" else None
+
+    def adapter_host(self, base: Path) -> ModelView | None:
+        return None
+
+    def engine_spec(self, engine: str) -> Any:
+        return engine_spec(engine)
+
+    def adapter_problem(self, name: str, adapter_dir: Path) -> str | None:
+        return None
+
+    async def load_adapter(self, name: str, adapter: str, path: str) -> None:
+        self.loaded.append((name, adapter, path))
+
+    def lora_conversion(self, adapter: Path, base: Path, out: Path) -> LoraConversion | None:
+        return None
+
+    def add_model(self, model: Model, path: Path) -> ModelView:
+        raise AssertionError("not asked in this test")
+
+    def remove_model(self, name: str) -> None:
+        raise AssertionError("not asked in this test")
+
+    async def bring_up(self, name: str) -> ModelView:
+        raise AssertionError("not asked in this test")
+
+
+def small_core(tmp_path: Path, extra: str = "", parts: tuple[Any, ...] = ()) -> SmallCore:
+    lab = parse_lab("lab: t\n" + MACHINE + extra)
+    return SmallCore(lab=lab, machine=lab.machine("box"), state_dir=tmp_path, store=Store(tmp_path / "state.db"), parts=list(parts))
+
+
+async def call(core: SmallCore, method: str, params: dict[str, Any]) -> Any:
+    reply = await core.rpc.dispatch(Peer(role=Role.OPERATOR, who="test", send=lambda line: None),
+                                    {"id": 1, "method": method, "params": params})
+    assert "result" in reply, reply
+    return reply["result"]
+
+
+async def test_checkpoints_serve_an_adapter_through_the_models_port_and_see_the_engine_restart(tmp_path, hand_runs):
+    pool = PoolStandIn(hand_runs)
+    assert isinstance(pool, ModelsPort)
+    core = small_core(tmp_path, f"checkpoints: {{dirs: [{{machine: box, path: {hand_runs / 'exp1'}}}]}}\n", parts=(pool,))
+    component = CheckpointsComponent(core)
+    await component.start()
+    try:
+        served = await call(core, "checkpoints.serve", {"run": "exp1", "step": 8, "model": "base"})
+        assert served["mode"] == "adapter" and served["model"] == "base" and served["state"] == "warm"
+        assert pool.loaded == [("base", "exp1-step8", str(hand_runs / "exp1" / "checkpoint-8"))]
+        listed = await call(core, "checkpoints.list", {"run": "exp1"})
+        step8 = next(c for c in listed["checkpoints"] if c["step"] == 8)
+        assert step8["serving"] == {"model": "base", "mode": "adapter", "state": "warm", "error": None}
+        assert step8["in_use"] == "served by model base (warm)"
+        pool.restart_engine()  # the adapter went with the old engine
+        listed = await call(core, "checkpoints.list", {"run": "exp1"})
+        step8 = next(c for c in listed["checkpoints"] if c["step"] == 8)
+        assert step8["serving"]["state"] == "unloaded" and step8["in_use"] is None
+    finally:
+        await component.stop()
+
+
+def test_a_serving_record_has_a_known_mode_and_state():
+    assert Serving(model="m", mode="gguf-adapter", state="converting").state == "converting"
+    assert Serving(model="m", mode="merged", state="warming").state == ModelState.WARMING
+    with pytest.raises(ValidationError):
+        Serving(model="m", mode="adapter", state="half-loaded")
+    with pytest.raises(ValidationError):
+        Serving(model="m", mode="sideways", state="warm")
+
+
+def test_the_pool_answers_its_port_and_a_failure_is_a_typed_model_error(tmp_path):
+    core = small_core(tmp_path, "models: [{name: tiny, path: /nonexistent/tiny, engine: sim, machine: box, gpus: [0], vram_gib: 1}]\n")
+    pool = OrchestraComponent(core)
+    assert isinstance(pool, ModelsPort)
+    core.store.migrate(pool.name, SCHEMA)
+    view = pool.view("tiny")
+    assert view.state == ModelState.COLD and view.engine_serial is None and view.spec.name == "sim"
+    with pytest.raises(RemoteError) as refused:
+        pool.view("elsewhere")
+    assert refused.value.code == ErrorCode.NOT_FOUND
+    slot = pool.slot("tiny")
+    pool.lifecycle.fail(slot, None, "the engine exited with code 1")
+    assert isinstance(slot.error, ModelError) and pool.view("tiny").error == slot.error
+    info = pool.info(slot).to_wire()
+    assert info["state"] == "failed"
+    assert info["error"] == {"message": "the engine exited with code 1", "exit_code": None, "oom": False, "log_tail": [],
+                             "log_path": None, "t": slot.error.t}
+    assert core.events and core.events[-1][1]["level"] == "error"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from agents.protocol import ComputeCapability
 
@@ -33,9 +34,13 @@ def parse_capability(text: str) -> ComputeCapability:
 
 def capability_by_name(name: str) -> ComputeCapability | None:
     """The capability of a GPU model from its name ("Tesla P40" -> 6.1); None for a name the table lacks."""
-    lowered = name.lower()
+    found = _by_name(name.lower())
+    return None if found is None else ComputeCapability(major=found[0], minor=found[1])
+
+
+@lru_cache(maxsize=256)  # the simulator asks for every GPU at every sample: the table is searched once per name
+def _by_name(lowered: str) -> tuple[int, int] | None:
     for known in sorted(BY_NAME, key=len, reverse=True):
         if re.search(rf"(^|[\s-]){re.escape(known.lower())}($|[\s-])", lowered):
-            major, minor = BY_NAME[known]
-            return ComputeCapability(major=major, minor=minor)
+            return BY_NAME[known]
     return None

@@ -71,6 +71,7 @@ async def stream(session: aiohttp.ClientSession, url: str, model: str, tokens: i
 
 async def bench(demo: DemoLab) -> None:
     lab = load_lab(demo.lab_path)
+    assert lab.gateway is not None, "the bench's lab has a gateway"
     gateway = f"http://127.0.0.1:{lab.gateway.port}/v1"
     auth = {"Authorization": f"Bearer {(demo.dir / 'console' / 'gateway.key').read_text().strip()}"}
     async with FleetClient(lab, subscribe=[]) as client, aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -96,7 +97,7 @@ async def bench(demo: DemoLab) -> None:
             await timed_post(session, f"{direct['instant']}/chat/completions", {**BODY, "model": "instant"})
             await timed_post(session, f"{gateway}/chat/completions", {**BODY, "model": "instant"}, auth)
         d, g = [], []
-        agent = psutil.Process(next(p.pid for p in demo.processes if "hub" in p.args))
+        agent = psutil.Process(next(p.pid for p in demo.processes if isinstance(p.args, list) and "hub" in p.args))
         cpu0 = sum(agent.cpu_times()[:2])
         for _ in range(CALLS):
             d.append(await timed_post(session, f"{direct['instant']}/chat/completions", {**BODY, "model": "instant"}))

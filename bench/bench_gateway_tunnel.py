@@ -59,6 +59,7 @@ async def paced(session: aiohttp.ClientSession, url: str, tokens: int, headers: 
 
 async def bench(demo: DemoLab) -> None:
     lab = load_lab(demo.lab_path)
+    assert lab.gateway is not None, "the bench's lab has a gateway"
     gateway = f"http://127.0.0.1:{lab.gateway.port}/v1"
     auth = {"Authorization": f"Bearer {(demo.dir / 'console' / 'gateway.key').read_text().strip()}"}
     async with FleetClient(lab, subscribe=[]) as client, aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 

@@ -51,6 +51,7 @@ async def serve_echo() -> None:
 
 async def bare_echo_rtts(key_path: Path) -> list[float]:
     proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--serve-echo", stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
     port = int(await proc.stdout.readline())
     try:
         return await _echo_client(key_path, port)
@@ -105,6 +106,7 @@ async def main() -> None:
     with DemoLab(directory / "run", source=directory / "src.yaml") as demo:
         lab = load_lab(demo.lab_path)
         key = lab.resolve(lab.console.key)
+        assert key is not None, "the demo lab names the console's key"
         await bare_echo_rtts(key)  # warm both paths once
         await agent_rtts(demo.lab_path)
         bare = await bare_echo_rtts(key)

@@ -35,8 +35,8 @@ def bare(config, steps: int) -> None:
     transformers.set_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(config.base_model)
     data = build_dataset(Path(config.dataset), tokenizer, config.max_seq_len, None, log=lambda m: None)
-    model = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(
+    base_model = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=torch.float32)
+    model = get_peft_model(base_model, LoraConfig(
         r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
         target_modules=config.lora.target_modules, modules_to_save=config.lora.modules_to_save or None,
         task_type="CAUSAL_LM",

@@ -82,7 +82,8 @@ def gpu_lines(status: dict, gpu: int, agent_status: dict | None = None) -> list[
              f"{(sample['mem_used_bytes'] or 0) / 2**20:.0f} MiB used, {sample['temp_c']} C, simulated={sample.get('simulated')}"]
     if agent_status is None:
         return lines + ["  processes: not asked (the agent's `status` lists them)"]
-    held = next((g for g in agent_status["gpus"] if g["index"] == gpu), {}).get("processes") or []
+    none: dict = {}
+    held = next((g for g in agent_status["gpus"] if g["index"] == gpu), none).get("processes") or []
     lines += [f"  pid {p['pid']} {p.get('user')} {(p.get('mem_used_bytes') or 0) / 2**20:.0f} MiB {str(p.get('command'))[:80]}"
               for p in held] or ["  no process holds it"]
     return lines

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: cetlab's real paths on a machine with NVIDIA GPUs, in one run.
 #
-#   bench/gpu_check.sh [--dir DIR] [--python PY] [--gpu INDEX] [--window-s S]
+#   bench/gpu_check.sh [--dir DIR] [--python PY] [--gpu INDEX] [--window-s S] [--overhead-only]
 #
 # doctor; an agent with `gpus: nvml` on loopback and `cetlab status --json` idle and under a
 # matmul load; a LoRA through the agent (precision: auto) on a ~150M-parameter random Llama
@@ -18,11 +18,12 @@ usage() {
     echo "  --python PY     the Python with cetlab[train] installed (default: .venv/bin/python, else python3)"
     echo "  --gpu INDEX     the GPU to load and train on (NVML/PCI order; default 0)"
     echo "  --window-s S    the overhead measuring window (default 30)"
+    echo "  --overhead-only only the agent beside the nvitop-style loop: bench_agent_overhead.py --nvml (3 rounds of S)"
     echo "exit: 0 done, 1 a step failed, 2 usage, 3 no NVIDIA GPU here"
 }
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
-dir="" python="" gpu=0 window=30
+dir="" python="" gpu=0 window=30 overhead_only=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
@@ -30,6 +31,7 @@ while [[ $# -gt 0 ]]; do
         --python) python="${2:?--python needs a path}"; shift 2 ;;
         --gpu) gpu="${2:?--gpu needs an index}"; shift 2 ;;
         --window-s) window="${2:?--window-s needs seconds}"; shift 2 ;;
+        --overhead-only) overhead_only=1; shift ;;
         *) echo "gpu_check: unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -58,4 +60,7 @@ dir="${dir:-$(mktemp -d -t cetlab-gpu-check-XXXXXX)}"
 echo "gpu_check: $(wc -l <<<"$listed") GPU(s); using GPU $gpu, $python, $dir"
 echo "$listed" | sed 's/^/  /'
 cd "$here"
+if [[ "$overhead_only" == 1 ]]; then
+    exec "$python" bench/bench_agent_overhead.py --nvml --window-s "$window"
+fi
 exec "$python" -m bench.gpu_check --dir "$dir" --gpu "$gpu" --window-s "$window"

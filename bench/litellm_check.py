@@ -25,9 +25,10 @@ def main(key_file: str, url: str, model: str = "phi-3-mini") -> int:
     chunks = list(litellm.completion(**base, stream=True))
     role = chunks[0].choices[0].delta.role if chunks else None
     results.append(check(f"stream: {len(chunks)} chunks, the first with role {role}", role == "assistant"))
-    for what, change, expected in [("a wrong key", {"api_key": "nope"}, litellm.AuthenticationError),
+    changes: list[tuple[str, dict[str, object], type[Exception]]] = [("a wrong key", {"api_key": "nope"}, litellm.AuthenticationError),
                                    ("an unknown model", {"model": "openai/no-such-model"}, litellm.NotFoundError),
-                                   ("temperature 5", {"temperature": 5}, litellm.BadRequestError)]:
+                                   ("temperature 5", {"temperature": 5}, litellm.BadRequestError)]
+    for what, change, expected in changes:
         try:
             litellm.completion(**{**base, **change})
             results.append(check(f"{what}: no error", False))

@@ -9,8 +9,6 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from agents.lab_gateway import find_provider_model
 from agents.gateway.keys import KeyAddParams, KeyNameParams, KeyStore
 from agents.gateway.metering import Meter
@@ -21,6 +19,8 @@ from agents.peers import PeerClient
 from agents.protocol import Role, Telemetry
 
 if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
     from agents.core import AgentCore
     from agents.gateway.server import GatewayHttp
     from agents.lab_gateway import Gateway, GatewayPolicies
@@ -208,6 +208,8 @@ class GatewayComponent:
         current = self.section()
         if current is None:
             return
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # only with --metrics-port: not at start
+
         section = current.to_wire()
         labels = ["model", "tier"]
         gauges = {key: GaugeMetricFamily(f"cetlab_gateway_{key}", doc, labels=labels) for key, doc in (

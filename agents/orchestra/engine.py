@@ -10,12 +10,8 @@ import os
 import shutil
 import signal
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from agents.procfiles import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, descendants
 from agents.lab import Model
@@ -74,6 +70,8 @@ def _sum_samples(families: dict[str, Any], names: tuple[str, ...], suffix: str =
 
 def parse_metrics(text: str) -> dict[str, float | None]:
     """The figures the console shows, from a vLLM /metrics page (summed over labels)."""
+    from prometheus_client.parser import text_string_to_metric_families  # lazy: not every agent serves models
+
     families = {f.name: f for f in text_string_to_metric_families(text)}
     kv = _sum_samples(families, ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"))
     return {
@@ -200,6 +198,9 @@ class Engine:
     # -- HTTP
 
     def _request(self, method: str, path: str, body: dict | None, timeout_s: float) -> bytes:
+        import urllib.error  # lazy: not every agent serves models
+        import urllib.request
+
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(f"http://{self.host}:{self.port}{path}", data=data, method=method,
                                          headers={"Content-Type": "application/json"} if data else {})

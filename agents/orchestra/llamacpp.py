@@ -31,7 +31,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
 
 from agents import llamacpp_build
 from agents.orchestra.engine import Engine, EngineRequestFailed
@@ -59,6 +58,8 @@ ALL_GPU_LAYERS = "999"  # -ngl: every layer on the GPU(s)
 
 def parse_llamacpp_metrics(text: str) -> dict[str, float | None]:
     """The console's figures from llama-server's /metrics (llamacpp:* series; counters keep the _total name)."""
+    from prometheus_client.parser import text_string_to_metric_families  # lazy: not every agent serves models
+
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

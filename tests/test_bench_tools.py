@@ -1,0 +1,71 @@
+"""The bench harness runs and prints its table: bench/run_all.py's goal lines, the agent-overhead bench without NVML.
+
+No figure is asserted (the benches measure; tests do not time): only that the scripts run and say what they found.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench import run_all  # noqa: E402
+
+
+def write_bench(directory: Path, name: str, lines: list[str], exit_code: int = 0) -> Path:
+    path = directory / name
+    path.write_text("import sys\n" + "".join(f"print({line!r})\n" for line in lines) + f"sys.exit({exit_code})\n")
+    return path
+
+
+def test_run_all_lists_every_goal_line_with_its_verdict(tmp_path, capsys):
+    met = write_bench(tmp_path, "bench_met.py", ["figure 1.2x the floor (goal <= 2.0x: OK)", "other figure 3 s"])
+    missed = write_bench(tmp_path, "bench_missed.py", ["RSS 1.9x the loop (goal <= 1.3x: MISSED)"])
+    quiet = write_bench(tmp_path, "bench_quiet.py", ["a figure, no goal"])
+
+    status = run_all.main([str(met), str(missed), str(quiet)])
+
+    out = capsys.readouterr().out
+    table = out[out.index("bench "):]
+    assert status == 1  # a goal was missed
+    assert "met   : bench_met.py: figure 1.2x the floor (goal <= 2.0x: OK)" in table
+    assert "MISSED: bench_missed.py: RSS 1.9x the loop (goal <= 1.3x: MISSED)" in table
+    assert "bench_quiet.py" in table and "figures only" in table
+    assert "load average at the start" in out
+
+
+def test_run_all_says_a_bench_failed(tmp_path, capsys):
+    broken = write_bench(tmp_path, "bench_broken.py", ["figure (goal: OK)"], exit_code=3)
+    assert run_all.main([str(broken)]) == 2
+    assert "FAILED (exit 3)" in capsys.readouterr().out
+
+
+def test_before_after_pairs_each_goal_line():
+    before = run_all.Outcome("bench_cli.py", met=["cetlab / floor: 2.10x (goal <= 2.0x: OK)"])
+    after = run_all.Outcome("bench_cli.py", met=["cetlab / floor: 1.40x (goal <= 2.0x: OK)"])
+    text = run_all.before_after([before], [after], "main")
+    assert "before: cetlab / floor: 2.10x" in text and "after : cetlab / floor: 1.40x" in text
+    assert text.index("before: cetlab") < text.index("after : cetlab")
+
+
+def test_agent_overhead_on_nvml_without_nvml_says_so_and_measures_nothing():
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        has_nvml = True
+    except Exception:  # noqa: BLE001 - no pynvml, no library, no driver: the case under test
+        has_nvml = False
+    if has_nvml:
+        import pytest
+
+        pytest.skip("NVML works here: bench/gpu_check.sh --overhead-only measures it")
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "bench_agent_overhead.py"), "--nvml"],
+                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "skipped, no NVML here" in result.stdout
+    assert "goal" not in result.stdout  # no figure, so no verdict in `make bench`'s table

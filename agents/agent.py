@@ -8,7 +8,6 @@ import logging
 import os
 import time
 from pathlib import Path
-import inspect
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Protocol, Sequence, TypeVar, cast
 
 from pydantic import BaseModel
@@ -81,7 +80,7 @@ class Agent:
         state_dir: Path,
         listen: tuple[str, int] | None = None,
         gpu_sampler: GpuSampler | None = None,
-        components: ComponentFactory | Sequence[Any] | None = None,
+        components: ComponentFactory | None = None,
         unix_socket: Path | None = None,
         keep_engines: bool = False,
     ):
@@ -114,10 +113,8 @@ class Agent:
         self._last_gpus: dict[int, dict] = {}
         self.ticks = 0
         self._register_core()  # the core's methods first (`methods` lists them first)
-        # Last, on a whole core: the components are built with this agent as their AgentCore (a factory); a ready list is
-        # the older form, whose start() takes the agent (kept until every component is built with its core).
-        built = default_components(self) if components is None else components(self) if callable(components) else components
-        self.components = list(built)
+        # Last, on a whole core: the components are built with this agent as their AgentCore.
+        self.components = list(default_components(self) if components is None else components(self))
 
     @property
     def simulated(self) -> bool:
@@ -138,11 +135,6 @@ class Agent:
         """The component that provides this port (a runtime-checkable Protocol or a class), None where none runs."""
         kind = cast("type[T]", port)  # a class; typed as a callable so that mypy takes a Protocol (AgentCore.find)
         return next((c for c in self.components if isinstance(c, kind)), None)
-
-    def component(self, name: str) -> Any | None:
-        """Transition only (removed when the orchestra, the checkpoints and the jobs reach others through ports): the
-        component of that name. New code asks ``find(SomePort)``."""
-        return next((c for c in self.components if c.name == name), None)
 
     # -- lifecycle
 
@@ -171,10 +163,7 @@ class Agent:
     async def start_components(self) -> None:
         """Start every component, in order, on the open store (start() does it; tests that serve no SSH call it alone)."""
         for component in self.components:
-            if inspect.signature(component.start).parameters:  # transition: the older form, start(agent)
-                await component.start(self)  # type: ignore[call-arg]
-            else:
-                await component.start()
+            await component.start()
 
     def _lock_state_dir(self) -> None:
         """One agent per state dir: a second one would fight over jobs, engines and the socket."""
@@ -413,7 +402,7 @@ class Agent:
             return [{"name": s.name, "role": s.role, "doc": s.doc} for s in self.rpc.specs.values()]
 
 
-def default_components(core: AgentCore) -> list[Any]:  # list[Component] once every component is built with its core
+def default_components(core: AgentCore) -> list[Component]:
     """The parts every agent runs, built with its core, in dependency order: the state owners before the readers of a tick
     (jobs, then models, then checkpoints), audit first (it writes the trail of every action), the gateway last."""
     from agents.alerts import AlertsComponent

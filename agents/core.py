@@ -67,4 +67,4 @@ class AgentCore(Protocol):
     def find(self, port: Callable[..., T]) -> T | None: ...
 
 
-ComponentFactory = Callable[[AgentCore], Sequence[Any]]  # builds an agent's components with its core
+ComponentFactory = Callable[["AgentCore"], Sequence[Any]]  # builds an agent's components with its core

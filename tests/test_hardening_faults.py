@@ -212,7 +212,7 @@ async def test_a_gpu_lost_mid_run_is_failed_and_the_others_keep_reporting(tmp_pa
     data["machines"][0].update(gpus="nvml", sample_interval_s=0.1)
     lab_path.write_text(yaml.safe_dump(data))
     nvml = FakeNvml(gpu(), gpu("NVIDIA A100-SXM4-40GB"), gpu("NVIDIA L4"))
-    agent = Agent(load_lab(lab_path), "box", tmp_path / "state", listen=("127.0.0.1", 0), gpu_sampler=NvmlSampler(nvml), components=[])
+    agent = Agent(load_lab(lab_path), "box", tmp_path / "state", listen=("127.0.0.1", 0), gpu_sampler=NvmlSampler(nvml), components=lambda core: [])
     ticks: list[dict] = []
     peer = Peer(role=Role.VIEWER, who="test", send=lambda line: ticks.append(json.loads(line)))
     await agent.start()

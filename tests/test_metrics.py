@@ -94,7 +94,7 @@ class Section:
     def __init__(self, name: str, data):
         self.name, self.data = name, data
 
-    async def start(self, agent) -> None:
+    async def start(self) -> None:
         pass
 
     async def stop(self) -> None:

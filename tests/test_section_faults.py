@@ -94,7 +94,7 @@ async def test_a_component_raising_in_its_update_is_a_fault_pushed_once_logged_o
         name = "counter"
         broken = False
 
-        async def start(self, agent) -> None: ...
+        async def start(self) -> None: ...
 
         async def stop(self) -> None: ...
 
@@ -106,7 +106,7 @@ async def test_a_component_raising_in_its_update_is_a_fault_pushed_once_logged_o
             return {"n": 1}
 
     counter = Counter()
-    agent = Agent(lab, "box", tmp_path, components=[counter])
+    agent = Agent(lab, "box", tmp_path, components=lambda core: [counter])
     sent: list[dict] = []
     agent.peers.add(Peer(role=Role.VIEWER, who="test", send=lambda line: sent.append(json.loads(line)), topics={EVENT_TICK}))
 

@@ -117,7 +117,7 @@ class Owner:
     def __init__(self, agent_ticks, at_tick: int):
         self.ticks, self.at_tick, self.jobs = agent_ticks, at_tick, []
 
-    async def start(self, agent) -> None:
+    async def start(self) -> None:
         pass
 
     async def stop(self) -> None:
@@ -136,7 +136,7 @@ class Untyped:
 
     name = "broken"
 
-    async def start(self, agent) -> None:
+    async def start(self) -> None:
         pass
 
     async def stop(self) -> None:

@@ -8,6 +8,8 @@ small core and answers the port with typed records (ModelView, ModelError).
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from agents.rpc import Peer
 from agents.sections import ModelError, ModelInfo, Serving
 from agents.states import ModelState
 from agents.store import Store
+from tests.conftest import wait_for
 from tests.test_component_core import SmallCore
 
 MACHINE = "machines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n"
@@ -142,3 +145,59 @@ def test_the_pool_answers_its_port_and_a_failure_is_a_typed_model_error(tmp_path
     assert info["error"] == {"message": "the engine exited with code 1", "exit_code": None, "oom": False, "log_tail": [],
                              "log_path": None, "t": slot.error.t}
     assert core.events and core.events[-1][1]["level"] == "error"
+
+
+class GgufPoolStandIn(PoolStandIn):
+    """`base` is a llama.cpp model: serving an adapter on it converts the adapter to GGUF first (a child process that
+    finishes when the test opens its gate). A cold model of the served name is left from an earlier serve."""
+
+    def __init__(self, base_path: Path, gate: Path) -> None:
+        super().__init__(base_path)
+        self.base = dataclasses.replace(self.base, model=Model(name="base", path=str(base_path / "base.gguf"), engine="llamacpp", machine="box"),
+                                        spec=engine_spec("llamacpp"))
+        self.old = dataclasses.replace(self.base, name="exp1-step8", state=ModelState.COLD, engine_serial=None, endpoint=None)
+        self.gate = gate
+
+    def find_view(self, name: str) -> ModelView | None:
+        return {"base": self.base, self.old.name: self.old}.get(name)
+
+    def lora_conversion(self, adapter: Path, base: Path, out: Path) -> LoraConversion | None:
+        wait = ("import pathlib, sys, time\nfor _ in range(6000):\n    if pathlib.Path(sys.argv[1]).exists(): sys.exit(0)\n"
+                "    time.sleep(0.01)\nsys.exit(1)\n")
+        return LoraConversion(argv=[sys.executable, "-c", wait, str(self.gate)], env=dict(os.environ), out=out)
+
+    def remove_model(self, name: str) -> None:
+        pass
+
+    def add_model(self, model: Model, path: Path) -> ModelView:
+        return self.old
+
+    async def bring_up(self, name: str) -> ModelView:
+        self.old = dataclasses.replace(self.old, state=ModelState.FAILED, error=ModelError(message="not in this test", t=1.0))
+        return self.old
+
+    def view(self, name: str) -> ModelView:
+        found = self.find_view(name)
+        assert found is not None
+        return found
+
+
+async def test_a_checkpoint_being_converted_for_llamacpp_is_served_and_in_use(tmp_path, hand_runs):
+    """While its adapter is converted to GGUF the checkpoint is being served (agents/served.py) and may not be deleted,
+    and its record says `converting`, not the state of an older, cold model of the same name."""
+    gate = tmp_path / "gate"
+    pool = GgufPoolStandIn(hand_runs, gate)
+    core = small_core(tmp_path, f"checkpoints: {{dirs: [{{machine: box, path: {hand_runs / 'exp1'}}}]}}\n", parts=(pool,))
+    component = CheckpointsComponent(core)
+    await component.start()
+    try:
+        served = await call(core, "checkpoints.serve", {"run": "exp1", "step": 8, "model": "base"})
+        assert served["mode"] == "gguf-adapter" and served["state"] == "converting"
+        listed = await call(core, "checkpoints.list", {"run": "exp1"})
+        step8 = next(c for c in listed["checkpoints"] if c["step"] == 8)
+        assert step8["serving"]["state"] == "converting"
+        assert step8["in_use"] == "served by model exp1-step8 (converting)"
+    finally:
+        gate.touch()
+        await wait_for(lambda: all(t.done() for t in component.serving.tasks), timeout=60)
+        await component.stop()

@@ -16,7 +16,8 @@ from agents.jobs.port import JobsPort, JobView
 from agents.orchestra.port import ModelsPort
 from agents.protocol import ErrorCode, RemoteError
 from agents.sections import RunSummary
-from agents.states import MODEL_ENGINE_UP, ModelState
+from agents.served import SERVE_PREPARING, is_served
+from agents.states import ModelState
 
 
 class RunCatalog:
@@ -75,11 +76,12 @@ class RunCatalog:
                 if record is not None:
                     served = record.serving
                     view = pool.find_view(served.model) if pool is not None else None
-                    state = view.state if view is not None and served.state not in ("merging", ModelState.FAILED) else served.state
+                    # the serve's own steps (merging, converting) and its failure are its record's; after them, the model's state
+                    state = view.state if view is not None and served.state not in SERVE_PREPARING | {ModelState.FAILED} else served.state
                     if served.mode == "adapter" and view is not None and view.engine_serial != record.engine_serial:
                         state = "unloaded"  # the engine restarted: the adapter is gone from it
                     ckpt.serving = served.model_copy(update={"state": state})
-                    if state in MODEL_ENGINE_UP or state == "merging":
+                    if is_served(ckpt.serving):  # the one answer the console and the CLI give (agents/served.py)
                         ckpt.in_use = f"served by model {served.model} ({state})"
                 for job in active:
                     if ckpt.path in job.argv:

@@ -18,7 +18,9 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/cetlab-console --demo
 
+# mypy first (agents, console and widgets at zero errors, [tool.mypy] in pyproject), then the suite
 test: $(STAMP) llama-server
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 # The pinned llama-server (llama.cpp from llama-cpp-python's sdist), built once into ~/.cache/cetlab/;

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agents.catalogue import NodeStartParams, NodeStatusParams, NodeStopParams
 from agents.jobs.job import Job
 from agents.jobs.logs import tail
-from agents.jobs.runner import descendants
+from agents.procfiles import descendants
 from agents.lab import Trainer
 from agents.peers import NODE_KEY_NAME, PeerClient
 from agents.protocol import ErrorCode, RemoteError, Role

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from agents.documents import BadDocument, read_json_object
 from agents.jobs.job import Job
-from agents.jobs.runner import write_json
+from agents.procfiles import write_json
 
 log = logging.getLogger("cetlab.jobs")
 

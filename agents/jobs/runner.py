@@ -18,7 +18,6 @@ import io
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,17 +27,10 @@ from pathlib import Path
 
 import psutil
 
+from agents.procfiles import LOG_KEEP, LOG_MAX_BYTES, write_json
+
 CHUNK_BYTES = 64 * 1024
-LOG_MAX_BYTES = 10 * 1024 * 1024
-LOG_KEEP = 5
 EXIT_NOT_STARTED = 127
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Atomically: a reader sees the whole document or none."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 def read_json(path: Path) -> dict | None:
@@ -47,33 +39,6 @@ def read_json(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def descendants(pid: int) -> list[psutil.Process]:
-    """Every process below ``pid``, whatever session or group it moved to (torchrun's workers do)."""
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def copy_truncate(path: Path, max_bytes: int, keep: int) -> bool:
-    """Rotate a log that another process appends to (O_APPEND): copy it to .1 (older ones shift), then empty it.
-
-    For logs written by a process that outlives us (a model server); returns whether it rotated.
-    """
-    try:
-        if path.stat().st_size < max_bytes:
-            return False
-    except OSError:
-        return False
-    for index in range(keep - 1, 0, -1):
-        older = path.with_name(f"{path.name}.{index}")
-        if older.exists():
-            os.replace(older, path.with_name(f"{path.name}.{index + 1}"))
-    shutil.copyfile(path, path.with_name(f"{path.name}.1"))
-    os.truncate(path, 0)  # the writer's next append lands at the new end, offset 0
-    return True
 
 
 def open_log(path: Path, max_bytes: int, keep: int) -> logging.Logger:

@@ -31,7 +31,7 @@ from agents.jobs.port import JobView
 from agents.jobs.progress import update_progress
 from agents.jobs.refind import found_on_disk, keep_on_disk
 from agents.safe_read import READ_TIMEOUT_S, read_capped_async
-from agents.jobs.runner import LOG_KEEP, LOG_MAX_BYTES, descendants
+from agents.procfiles import LOG_KEEP, LOG_MAX_BYTES, descendants
 from agents.lab import Trainer
 from agents.orchestra.port import ModelsPort
 from agents.protocol import EVENT_LOG, EVENT_NOTICE, ErrorCode, RemoteError, Telemetry

@@ -174,7 +174,7 @@ async def test_hostile_gateway_section_is_shown_as_text():
     machine = state.lab.gateway.machine
     state.machines[machine].apply_section("gateway", {
         "url": f"http://127.0.0.1:1/{HOSTILE}", "machine": machine, "error": HOSTILE, "peers": {HOSTILE: HOSTILE},
-        "models": [{"name": HOSTILE, "tier": HOSTILE, "where": HOSTILE, "state": HOSTILE, "errors": 3}],
+        "models": [{"name": HOSTILE, "tier": "local", "where": HOSTILE, "state": HOSTILE, "errors": 3}],  # a tier is a Literal
         "providers": [{"name": HOSTILE, "spend_today": 1.0, "monthly_budget": 10.0, "budget_pct": 10.0, "key_set": False}],
         "keys": [{"name": HOSTILE, "requests": 2}],
     })
@@ -185,5 +185,5 @@ async def test_hostile_gateway_section_is_shown_as_text():
         await until_drawn(pilot, GatewayScreen)
         text = check_screen(app)
         assert app.is_running
-    # the summary's url, error, peer and its state; the table's name, tier, where and state; the provider; the key
-    assert text.count(SHOWN) == 10, text
+    # the summary's url, error, peer and its state; the table's name, where and state; the provider; the key
+    assert text.count(SHOWN) == 9, text

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from agents import __version__
 from agents.core import AgentCore, ComponentFactory
+from agents.events import PushEvent
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, StateDirError, ensure_key, prepare_state_dir
 from agents.lab import Lab
 from agents.protocol import (
@@ -331,11 +332,12 @@ class Agent:
         if release is not None:
             release(key)
 
-    def notify(self, event: str, data: Any) -> None:
+    def notify(self, event: PushEvent) -> None:
         """Push an event to every subscriber of its topic."""
+        data = event.to_wire()
         for peer in list(self.peers):
-            if event in peer.topics:
-                peer.push(event, data)  # never raises: a NaN goes out as null, an unencodable event is logged
+            if event.event in peer.topics:
+                peer.push(event.event, data)  # never raises: a NaN goes out as null, an unencodable event is logged
 
     # -- core methods
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from agents import __version__
 from agents.core import AgentCore, ComponentFactory
+from agents.events import PushEvent, TickEvent
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, StateDirError, ensure_key, prepare_state_dir
 from agents.lab import Lab
 from agents.protocol import (
@@ -307,14 +308,20 @@ class Agent:
         changed = {k: v for k, v in sections.items() if self._last_sections.get(k) != v}
         changed_gpus = [g for i, g in gpus.items() if self._last_gpus.get(i) != g]
         self._last_sections, self._last_gpus = sections, gpus
+        whole: dict[str, Any] | None = None  # built once a tick, for the consoles that just subscribed
+        diff: dict[str, Any] | None = None
         for peer in list(self.peers):
             if EVENT_TICK not in peer.topics:
                 continue
             if peer.wants_full:
                 peer.wants_full = False
-                peer.push(EVENT_TICK, {"t": telemetry.t, "full": True, "changed": {**sections, "gpus": list(gpus.values())}})
+                if whole is None:
+                    whole = TickEvent(t=telemetry.t, full=True, changed={**sections, "gpus": list(gpus.values())}).to_wire()
+                peer.push(EVENT_TICK, whole)
             else:
-                peer.push(EVENT_TICK, {"t": telemetry.t, "full": False, "changed": {**changed, "gpus": changed_gpus}})
+                if diff is None:
+                    diff = TickEvent(t=telemetry.t, full=False, changed={**changed, "gpus": changed_gpus}).to_wire()
+                peer.push(EVENT_TICK, diff)
 
     def claim_gpus(self, indices: list[int], key: str, owner: str, mem_bytes: int, util_pct: float, pid: int = 0) -> None:
         """Tell a simulated backend what now runs on these GPUs (NVML sees real processes itself)."""
@@ -331,11 +338,12 @@ class Agent:
         if release is not None:
             release(key)
 
-    def notify(self, event: str, data: Any) -> None:
+    def notify(self, event: PushEvent) -> None:
         """Push an event to every subscriber of its topic."""
+        data = event.to_wire()
         for peer in list(self.peers):
-            if event in peer.topics:
-                peer.push(event, data)  # never raises: a NaN goes out as null, an unencodable event is logged
+            if event.event in peer.topics:
+                peer.push(event.event, data)  # never raises: a NaN goes out as null, an unencodable event is logged
 
     # -- core methods
 

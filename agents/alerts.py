@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from agents.catalogue import AckParams, AlertListParams as ListParams
 from agents.lab import Alerts
-from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError, Role, Telemetry
+from agents.events import Notice
+from agents.protocol import ErrorCode, RemoteError, Role, Telemetry
 from agents.sections import ALERT_ID_FORM, AlertInfo, AlertsSection, GatewaySection, JobInfo, ModelInfo, Tick, alert_id, parse_alert_id
 from agents.states import JOB_ACTIVE, JobState, ModelState
 from agents.store import DiskFull
@@ -280,10 +281,11 @@ class AlertsComponent:
                 db.executemany("UPDATE alerts SET cleared_at=? WHERE n=?", [(a.cleared_at, a.n) for a in cleared])
         for alert in fired:
             log.warning("alert %s %s: %s", alert.id, alert.rule, alert.message)
-            core.notify(EVENT_NOTICE, {"level": alert.level, "message": alert.message, "alert": alert.to_json()})
+            info = alert.info()
+            core.notify(Notice(level=info.level, message=alert.message, alert=info))
         for alert in cleared:
             log.info("alert %s cleared: %s", alert.id, alert.message)
-            core.notify(EVENT_NOTICE, {"level": "info", "message": f"cleared: {alert.message}", "alert": alert.to_json()})
+            core.notify(Notice(level="info", message=f"cleared: {alert.message}", alert=alert.info()))
         if fired or cleared:
             self._refresh()
             notify = core.find(NotifyPort)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 if TYPE_CHECKING:
+    from agents.events import PushEvent
     from agents.lab import Lab, Machine
     from agents.protocol import Telemetry
     from agents.rpc import Registry
@@ -56,7 +57,7 @@ class AgentCore(Protocol):
     @property
     def current(self) -> Mapping[str, Any]: ...  # the typed sections of the latest tick, by name
 
-    def notify(self, event: str, data: Any) -> None: ...  # push an event to every subscriber of its topic
+    def notify(self, event: PushEvent) -> None: ...  # push an event (agents/events.py) to every subscriber of its topic
 
     def claim_gpus(self, indices: list[int], key: str, owner: str, mem_bytes: int, util_pct: float, pid: int = 0) -> None: ...
 

@@ -21,8 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Protocol
 
+from agents.events import EventInvalid, PushEvent, TickEvent, parse_event
 from agents.lab import Machine
-from agents.protocol import EVENT_TICK, MAX_REPLY_BYTES, PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
+from agents.protocol import MAX_REPLY_BYTES, PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
 from agents.view import LabView
 
 if TYPE_CHECKING:
@@ -32,8 +33,9 @@ log = logging.getLogger("cetlab.link")
 
 BACKOFF_START_S = 0.5
 
-# (machine, event, data) -> None: every event an agent pushes (tick, log, notice), after a tick reached the view
-EventHandler = Callable[[str, str, Any], None]
+# (machine, event, data) -> None: every event an agent pushes (tick, log, notice), typed (agents/events.py), after a
+# tick reached the view; an event that does not validate never reaches it
+EventHandler = Callable[[str, str, PushEvent], None]
 
 
 class LineReader(Protocol):
@@ -126,6 +128,7 @@ class Link:
     online: asyncio.Event = field(default_factory=asyncio.Event)  # set while the link is online
     backoff_s: float = BACKOFF_START_S
     last_message: float = 0.0  # monotonic time of the last line from the agent
+    invalid_events: set[tuple[str, str]] = field(default_factory=set)  # (event, field) of events dropped: logged once each
 
     @property
     def name(self) -> str:
@@ -349,7 +352,7 @@ class LinkCore:
                 log.warning("%s sent a line that is not a JSON object", name)
                 continue
             if "event" in message:
-                self._dispatch(name, message)
+                self._dispatch(link, message)
                 continue
             future = link.pending.get(message["id"]) if isinstance(message.get("id"), int) else None
             if future is None or future.done():
@@ -359,12 +362,20 @@ class LinkCore:
             else:
                 future.set_result(message.get("result"))
 
-    def _dispatch(self, name: str, message: dict[str, Any]) -> None:
-        event, data = message["event"], message.get("data")
-        if event == EVENT_TICK and isinstance(data, dict):
-            self.view.apply_tick(name, data)
+    def _dispatch(self, link: Link, message: dict[str, Any]) -> None:
+        """A pushed event, typed where it enters: into the view (a tick), then to on_event. One that does not
+        validate is dropped, logged once per event and field; the read loop goes on."""
+        try:
+            event = parse_event(message["event"], message.get("data"))
+        except EventInvalid as exc:
+            if (exc.event, exc.field) not in link.invalid_events:
+                link.invalid_events.add((exc.event, exc.field))
+                log.warning("%s pushed an invalid event, dropped (and the like of it from now on, silently): %s", link.name, exc)
+            return
+        if isinstance(event, TickEvent):
+            self.view.apply_tick(link.name, event)
         if self.on_event is not None:
-            self.on_event(name, str(event), data)
+            self.on_event(link.name, event.event, event)
 
     def _unanswered(self, link: Link, message: dict[str, Any]) -> None:
         """A reply no call waits for; an error without an id is the agent refusing us at the door (a unix socket)."""

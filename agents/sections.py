@@ -1,6 +1,6 @@
 """The typed sections of a tick: one model per section, produced by the agent's components, parsed by consoles.
 
-A tick event is ``{"t", "full", "changed": {section: value}}`` (see :class:`TickEvent`); `status`
+A tick event is ``{"t", "full", "changed": {section: value}}`` (see agents/events.py `TickEvent`); `status`
 answers every section whole. Each section here serializes (``model_dump(mode="json")``) to
 the JSON consoles read; numbers are finite or null by type (:data:`agents.protocol.Finite`).
 
@@ -534,16 +534,6 @@ SECTION_MODELS: dict[str, Any] = {
     "gpu_support": GpuSupportSection,
     "faults": FaultsSection,
 }
-
-
-class TickEvent(BaseModel):
-    """The `tick` event's data: the sections that changed (all of them when ``full``)."""
-
-    model_config = ConfigDict(extra="ignore", defer_build=True)
-
-    t: FiniteFloat
-    full: bool = False
-    changed: dict[str, Any] = Field(default_factory=dict)  # section name -> its JSON (see SECTION_MODELS)
 
 
 @dataclass(frozen=True)

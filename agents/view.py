@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 from pydantic import TypeAdapter, ValidationError
 
 from agents.sections_gpu_support import GpuSupportSection
+from agents.events import TickEvent
 from agents.lab import Lab, Machine
 from agents.protocol import GpuSample, Hello, HostSample, LinkStatus
 from agents.sections import (
@@ -146,17 +147,14 @@ class MachineView:
         if changed:
             self.touch(name)
 
-    def apply_tick(self, data: Mapping[str, Any]) -> None:
+    def apply_tick(self, tick: TickEvent) -> None:
         """Merge one tick (whole or a diff) into this view."""
-        if data.get("full"):
+        if tick.full:
             self.clear_sections()
             self.touch(*SECTION_MODELS)  # whatever was shown may be gone
-        changed = data.get("changed")
-        for section, value in (changed.items() if isinstance(changed, Mapping) else ()):
+        for section, value in tick.changed.items():
             self.apply_section(section, value)
-        t = data.get("t")
-        if isinstance(t, (int, float)):
-            self.sample_t = float(t)
+        self.sample_t = tick.t
         self.last_seen = time.time()
         for index, gpu in self.gpus.items():
             for key in GPU_SERIES:
@@ -228,16 +226,16 @@ class LabView:
         view.touch("hello")
         self.bump(view)
 
-    def apply_tick(self, name: str, data: Mapping[str, Any]) -> None:
-        """Merge one tick (whole or a diff) into the machine's view."""
+    def apply_tick(self, name: str, tick: TickEvent | Mapping[str, Any]) -> None:
+        """Merge one tick (whole or a diff; typed where it entered, or its JSON) into the machine's view."""
         view = self.machines[name]
-        view.apply_tick(data)
+        view.apply_tick(tick if isinstance(tick, TickEvent) else TickEvent.model_validate(tick))
         self.bump(view)
 
     def apply_status(self, name: str, status: Mapping[str, Any]) -> None:
         """A whole `status` answer, as the CLI gets it."""
-        data = {"t": status.get("t"), "full": True, "changed": {k: v for k, v in status.items() if k not in ("t", "machine", "simulated")}}
-        self.apply_tick(name, data)
+        changed = {k: v for k, v in status.items() if k not in ("t", "machine", "simulated")}
+        self.apply_tick(name, TickEvent.model_validate({"t": status.get("t"), "full": True, "changed": changed}))
 
     def apply_models(self, name: str, listing: ModelsSection) -> None:
         """A fresh `models.list` answer (typed where it entered): the models as they are now, not as the last tick said."""

@@ -8,13 +8,13 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 from rich.text import Text
 from textual.app import App
 from textual.binding import Binding
 from textual.notifications import Notification, SeverityLevel
 
+from agents.events import Notice, NoticeLevel, PushEvent
 from agents.lab import Lab, LabError, load_lab
 from agents.protocol import EVENT_NOTICE, EVENT_TICK
 from console.client import FleetClient
@@ -32,12 +32,12 @@ def _view_factory(name: str):
 
 
 # a notice's level -> its toast's severity (information for any other)
-NOTICE_SEVERITY: dict[str, SeverityLevel] = {"critical": "error", "error": "error", "warning": "warning"}
+NOTICE_SEVERITY: dict[NoticeLevel, SeverityLevel] = {"critical": "error", "error": "error", "warning": "warning"}
 
 
-def notice_toast(machine: str, notice: dict[str, Any]) -> str:
+def notice_toast(machine: str, notice: Notice) -> str:
     """A notice as its toast says it: the machine it came from (the agent leaves it out of the message), then the message."""
-    return f"{machine}: {notice.get('message', '')}"
+    return f"{machine}: {notice.message}"
 
 
 class CetlabApp(App):
@@ -115,10 +115,9 @@ class CetlabApp(App):
         totals = live_totals(self.state)
         return None if totals is None else cost_text(totals)
 
-    def _on_event(self, machine: str, event: str, data: Any) -> None:
-        if event == EVENT_NOTICE and isinstance(data, dict):
-            severity = NOTICE_SEVERITY.get(data.get("level", ""), "information")
-            self.notify(notice_toast(machine, data), severity=severity, timeout=8)
+    def _on_event(self, machine: str, _event: str, data: PushEvent) -> None:
+        if isinstance(data, Notice):
+            self.notify(notice_toast(machine, data), severity=NOTICE_SEVERITY.get(data.level, "information"), timeout=8)
 
     # -- actions
 

@@ -15,18 +15,15 @@ from agents.catalogue import (
     NOTIFY_TEST,
     AckParams,
     AlertListParams,
-    ApiProviderSpend,
     CostsParams,
-    CostsReport,
     NotifyTestParams,
-    PricedGroup,
 )
 from agents.sections_notify import RouteStatus
 from agents.protocol import ErrorCode, RemoteError
 from agents.sections import ALERT_ID_FORM, parse_alert_id
 from console.alerts import offline_alerts
 from console.cli import Context
-from console.costs import lab_costs
+from console.costs import LabCosts, lab_costs
 from console.notify import route_line, route_statuses, routes_json
 from widgets.format import fmt_money as money
 from widgets.format import fmt_pct as pct
@@ -35,41 +32,41 @@ from widgets.format import fmt_time
 EXIT_OK, EXIT_FAILED = 0, 1
 
 
-def costs_human(data: dict[str, Any], groups: list[PricedGroup], providers: list[ApiProviderSpend]) -> str:
-    """The lab's figures (``data``: lab_costs), then each machine's breakdown rows and API providers as they answered."""
-    c = data["currency"]
-    sim = "  (SIM: simulated GPU power)" if data["simulated"] else ""
+def costs_human(report: LabCosts) -> str:
+    """The lab's figures, then each machine's breakdown rows and API providers as they answered."""
+    c = report.currency
+    sim = "  (SIM: simulated GPU power)" if report.simulated else ""
     lines = [
-        f"now        {money(data['now_per_hour'], c)}/h at {data['power_w'] or 0:,.0f} W{sim}",
-        f"today      {money(data['today'], c):>14}   cloud {money(data['cloud_equivalent_today'], c)}   {data['kwh_today'] or 0:.2f} kWh",
-        f"this month {money(data['month'], c):>14}   cloud {money(data['cloud_equivalent_month'], c)}   saving {pct(data['saving_pct_month'])}",
-        f"since {data['since']} {money(data['since_total'], c):>10}   cloud {money(data['cloud_equivalent_since'], c)}   saving {pct(data['saving_pct_since'])}",
+        f"now        {money(report.now_per_hour, c)}/h at {report.power_w or 0:,.0f} W{sim}",
+        f"today      {money(report.today, c):>14}   cloud {money(report.cloud_equivalent_today, c)}   {report.kwh_today or 0:.2f} kWh",
+        f"this month {money(report.month, c):>14}   cloud {money(report.cloud_equivalent_month, c)}   saving {pct(report.saving_pct_month)}",
+        f"since {report.since} {money(report.since_total, c):>10}   cloud {money(report.cloud_equivalent_since, c)}   saving {pct(report.saving_pct_since)}",
     ]
-    lines += api_lines(data, providers)
-    key = data["by_kind"]
+    lines += api_lines(report)
+    key = report.by_kind
     lines.append(f"by {key}:")
-    for entry in groups:
+    for entry in report.by:
         owner = entry.job if key == "job" else entry.model if key == "model" else entry.machine
         name = entry.machine if key == "machine" else f"{owner} {entry.label or ''}".strip() + f" @{entry.machine}"
         lines.append(
             f"  {name:<32} {entry.kwh or 0:>9.3f} kWh  {money(entry.cost, c):>14}  cloud {money(entry.cloud_equivalent, c):>14}"
             f"  {entry.gpu_hours or 0:.2f} GPU-h" + (f"  {entry.tokens:,} tokens" if entry.tokens else "")
         )
-    if not groups:
+    if not report.by:
         lines.append("  (nothing recorded)")
-    lines += [f"{m}" for m in data["missing"]]
-    lines += [f"not counted, offline: {name}: {why}" for name, why in data["offline"].items()]
+    lines += [f"{m}" for m in report.missing]
+    lines += [f"not counted, offline: {name}: {why}" for name, why in report.offline.items()]
     return "\n".join(lines)
 
 
-def api_lines(data: dict[str, Any], providers: list[ApiProviderSpend]) -> list[str]:
+def api_lines(report: LabCosts) -> list[str]:
     """The gateway's API spend per provider against its monthly budget, and the lab's month with it."""
-    if not providers:
+    if not report.api_providers:
         return []
-    c = data["currency"]
-    lines = [f"API        today {money(data['api_today'], c)}   this month {money(data['api_month'], c)}   "
-             f"lab total this month {money(data['total_month'], c)}"]
-    for p in providers:
+    c = report.currency
+    lines = [f"API        today {money(report.api_today, c)}   this month {money(report.api_month, c)}   "
+             f"lab total this month {money(report.total_month, c)}"]
+    for p in report.api_providers:
         budget = f" of {money(p.monthly_budget, c)} ({pct(p.budget_pct)})" if p.monthly_budget is not None else " (no budget)"
         lines.append(f"  {p.provider + (' SIM' if p.simulated else ''):<20} today {money(p.today, c):>12}   "
                      f"this month {money(p.month, c)}{budget}")
@@ -79,12 +76,9 @@ def api_lines(data: dict[str, Any], providers: list[ApiProviderSpend]) -> list[s
 async def cmd_costs(ctx: Context) -> int:
     params = CostsParams(by=ctx.args.by, since=ctx.args.since) if ctx.args.since else CostsParams(by=ctx.args.by)
     results = await ctx.request_all(COSTS_GET, params)
-    data = lab_costs(ctx.lab.costs.currency, results, ctx.args.by)
-    reports = [r for r in results.values() if isinstance(r, CostsReport)]
-    groups = [g for r in reports for g in r.by]
-    providers = [p for r in reports if r.api is not None for p in r.api.providers]
-    ctx.out(data, lambda d: costs_human(d, groups, providers))
-    return EXIT_OK if len(data["offline"]) < len(results) else EXIT_FAILED
+    report = lab_costs(ctx.lab.costs.currency, results, ctx.args.by)
+    ctx.out(report.to_json(), lambda _: costs_human(report))
+    return EXIT_OK if len(report.offline) < len(results) else EXIT_FAILED
 
 
 def alerts_human(data: dict[str, Any], routes: list[tuple[str, RouteStatus]]) -> str:

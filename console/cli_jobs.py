@@ -7,7 +7,6 @@ import asyncio
 import json
 import shlex
 import unicodedata
-from typing import Any
 
 from agents.catalogue import (
     JOBS_GET,
@@ -23,7 +22,8 @@ from agents.catalogue import (
     StopParams,
     request,
 )
-from agents.protocol import EVENT_LOG, ErrorCode, RemoteError
+from agents.events import LogEvent, PushEvent
+from agents.protocol import ErrorCode, RemoteError
 from agents.sections import JobDetail, JobInfo, JobNode
 from agents.states import JOB_ACTIVE, JobState
 from console.cli import Context
@@ -112,10 +112,10 @@ def parse_sets(items: list[str]) -> dict[str, str]:
 
 async def follow(ctx: Context, machine: str, job_id: str, tail_lines: int, offset: int | None = None) -> int:
     """Print the log's tail, then every new line until the job ends; the job's outcome is the exit code."""
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[LogEvent] = asyncio.Queue()
 
-    def on_event(name: str, event: str, data: Any) -> None:  # a `log` event: {"job", "lines", "offset", "ended", "state", "exit_code"}
-        if name == machine and event == EVENT_LOG and data.get("job") == job_id:
+    def on_event(name: str, _event: str, data: PushEvent) -> None:
+        if name == machine and isinstance(data, LogEvent) and data.job == job_id:
             queue.put_nowait(data)
 
     ctx.client.on_event = on_event
@@ -124,7 +124,8 @@ async def follow(ctx: Context, machine: str, job_id: str, tail_lines: int, offse
     emit = (lambda line: print(json.dumps({"job": job_id, "line": line}), flush=True)) if ctx.args.json else (lambda line: print(line, flush=True))
     for line in first.lines:
         emit(line)
-    state, exit_code = str(first.state), None
+    state: JobState | None = first.state
+    exit_code: int | None = None
     while state in JOB_ACTIVE:
         try:
             data = await asyncio.wait_for(queue.get(), 2.0)
@@ -132,13 +133,13 @@ async def follow(ctx: Context, machine: str, job_id: str, tail_lines: int, offse
             if not ctx.state.machines[machine].online:
                 raise RemoteError(ErrorCode.DISCONNECTED, f"lost {machine} while following {job_id}") from None
             continue
-        for line in data["lines"]:
+        for line in data.lines:
             emit(line)
-        if data.get("ended"):
-            state, exit_code = data["state"], data["exit_code"]
+        if data.ended:
+            state, exit_code = data.state, data.exit_code
     if exit_code is None:
         job = await request(ctx.client, machine, JOBS_GET, JobParams(id=job_id))
-        state, exit_code = str(job.state), job.exit_code
+        state, exit_code = job.state, job.exit_code
     return EXIT_OK if state == JobState.EXITED and exit_code == 0 else EXIT_FAILED
 
 

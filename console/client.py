@@ -97,7 +97,8 @@ class FleetClient:
 
     @property
     def on_event(self) -> EventHandler | None:
-        """Called with (machine, event, data) for every event the agents push (a tick after it reached the state)."""
+        """Called with (machine, event, data) for every event the agents push, data typed (agents/events.py: TickEvent,
+        LogEvent, Notice; a tick after it reached the state); an event that does not validate is dropped before."""
         return self.core.on_event
 
     @on_event.setter

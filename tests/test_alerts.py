@@ -188,7 +188,7 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
             await wait_for(hot, timeout=20)
             alert = hot()[0]
             assert (alert["rule"], alert["target"], alert["level"], alert["acked"]) == ("gpu_hot", "gpu0", "critical", False)
-            await wait_for(lambda: any(e == EVENT_NOTICE and d["alert"]["id"] == alert["id"] for _, e, d in notices), timeout=10)
+            await wait_for(lambda: any(e == EVENT_NOTICE and d.alert and d.alert.id == alert["id"] for _, e, d in notices), timeout=10)
 
             acked = await client.call("box", "alerts.ack", {"id": alert["id"]})
             assert acked["acked"] and acked["acked_by"] == "demo-console"
@@ -200,7 +200,7 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
             from console.app import notice_toast  # the toasts name the machine once ("m5: m5: cleared: ..." before)
 
             def toasts() -> list[str]:
-                return [notice_toast(m, d) for m, e, d in notices if e == EVENT_NOTICE and d.get("alert", {}).get("id") == alert["id"]]
+                return [notice_toast(m, d) for m, e, d in notices if e == EVENT_NOTICE and d.alert and d.alert.id == alert["id"]]
 
             shown = await wait_for(lambda: len(toasts()) == 2 and toasts(), timeout=10)
             assert shown[0].startswith("box: gpu0") and shown[1].startswith("box: cleared: gpu0"), shown

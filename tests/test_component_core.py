@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, TypeVar, cast
 
 from agents.alerts import AlertsComponent
 from agents.costs import CostsComponent
+from agents.events import PushEvent
 from agents.costs_port import CostsPort, LedgerTotal
 from agents.gateway.port import GatewayPort
 from agents.lab import Lab, Machine, parse_lab
@@ -38,15 +39,15 @@ class SmallCore:
     store: Store
     rpc: Registry = field(default_factory=Registry)
     parts: list[Any] = field(default_factory=list)
-    events: list[tuple[str, Any]] = field(default_factory=list)
+    events: list[tuple[str, PushEvent]] = field(default_factory=list)
     simulated: bool = True
     keep_engines: bool = False
     interval_s: float = 1.0
     latest: Telemetry | None = None
     current: Mapping[str, Any] = field(default_factory=dict)
 
-    def notify(self, event: str, data: Any) -> None:
-        self.events.append((event, data))
+    def notify(self, event: PushEvent) -> None:
+        self.events.append((event.event, event))
 
     def claim_gpus(self, indices: list[int], key: str, owner: str, mem_bytes: int, util_pct: float, pid: int = 0) -> None:
         pass

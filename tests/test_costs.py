@@ -267,6 +267,32 @@ async def test_energy_survives_kill_9_of_the_agent(tmp_path, lab_file):
         proc.wait(10)
 
 
+def test_the_labs_sums_are_typed_and_print_as_the_json_cetlab_costs_always_printed():
+    """console.costs.LabCosts: the screen and the CLI read attributes; `--json` keeps its keys, its order, the machines'
+    rows as they sent them, and the int 0 of a sum over nothing (a lab without a gateway has no API spend)."""
+    from agents.catalogue import COSTS_GET, validate_reply
+    from agents.protocol import ErrorCode, RemoteError
+    from console.costs import LabCosts, LabDay, lab_costs
+
+    box = validate_reply(COSTS_GET, {
+        "machine": "box", "currency": "EUR", "timezone": "UTC", "simulated": True, "now": {"power_w": 300.0, "per_hour": 0.09},
+        "today": {"kwh": 1.5, "cost": 0.45, "cloud_equivalent": 3.0}, "month": {"kwh": 10.0, "cost": 3.0, "cloud_equivalent": 20.0},
+        "since": {"day": "2026-11-01", "cost": 3.0, "cloud_equivalent": 20.0}, "by": [{"machine": "box", "kwh": 10.0, "cost": 3.0}],
+        "days": [{"day": "2026-11-24", "cost": 0.45, "cloud_equivalent": 3.0, "kwh": 1.5}]})
+    report = lab_costs("EUR", {"box": box, "gone": RemoteError(ErrorCode.DISCONNECTED, "gone is offline")}, "machine")
+    assert isinstance(report, LabCosts) and report.saving_month == 17.0 and report.offline == {"gone": "gone is offline"}
+    assert report.days == [LabDay(day="2026-11-24", api=0.0, cost=0.45, cloud_equivalent=3.0, kwh=1.5)]
+    data = report.to_json()
+    assert list(data) == ["currency", "now_per_hour", "power_w", "today", "month", "kwh_today", "kwh_month", "cloud_equivalent_today",
+                          "cloud_equivalent_month", "saving_month", "saving_pct_month", "since", "since_total", "cloud_equivalent_since",
+                          "saving_pct_since", "api_providers", "api_today", "api_month", "api_since", "total_month", "by_kind", "by",
+                          "days", "missing", "offline", "simulated"]
+    assert data["by"] == [{"machine": "box", "kwh": 10.0, "cost": 3.0}]  # as the machine sent it
+    assert data["days"] == [{"day": "2026-11-24", "api": 0.0, "cost": 0.45, "cloud_equivalent": 3.0, "kwh": 1.5}]
+    assert type(data["api_month"]) is int and data["api_month"] == 0 and data["total_month"] == 3.0
+    assert data["since"] == "2026-11-01" and data["simulated"] is True
+
+
 @pytest.mark.timeout(60)
 async def test_cli_costs_json_over_ssh(small_demo):
     out = await asyncio.to_thread(
@@ -363,7 +389,7 @@ async def test_header_counter_and_costs_view(tmp_path, lab_file):
             assert "EUR/h" in str(screen.query_one("#costs-counter")._shown)
 
             await pilot.press("b")  # by job: none runs here
-            await wait_for(lambda: screen.report["by_kind"] == "job", timeout=10)
+            await wait_for(lambda: screen.report is not None and screen.report.by_kind == "job", timeout=10)
             assert table.row_count == 0
 
 

@@ -485,10 +485,11 @@ def test_the_costs_plot_spans_its_days_and_names_its_window():
     """A one-day lab drew two bars as wide as the plot; the view said "since 2026-10-26" where the CLI says the month's 1st."""
     from datetime import date
 
+    from console.costs import LabDay
     from console.screens.costs import PLOT_DAYS, plot_days
 
     today = date(2026, 11, 24)
-    days = plot_days([{"day": "2026-11-24", "cost": 1.5, "cloud_equivalent": 9.0}], date(2026, 10, 26), today)
+    days = plot_days([LabDay(day="2026-11-24", api=0.0, cost=1.5, cloud_equivalent=9.0, kwh=None)], date(2026, 10, 26), today)
     assert len(days) == PLOT_DAYS and days[-1] == ("11-24", 1.5, 9.0) and days[0] == ("10-26", 0.0, 0.0)
     assert all(cost == cloud == 0.0 for _, cost, cloud in days[:-1])
     assert plot_days([], today, today) == [("11-24", 0.0, 0.0)]

@@ -271,7 +271,7 @@ async def test_budget_alerts_and_refusal_past_100_percent(gw):
     async with FleetClient(lab, subscribe=["notice"], on_event=lambda m, e, d: notices.append(d)) as listener:
         await listener.wait_connected(20)
         assert (await gw.chat("premium", max_tokens=10))[0] == 200
-        await wait_for(lambda: any(n.get("level") == "warning" and "87% of its monthly budget" in n.get("message", "") for n in notices))
+        await wait_for(lambda: any(n.level == "warning" and "87% of its monthly budget" in n.message for n in notices))
         rules = {(a["rule"], a["target"]) for a in (await listener.call("hub", "alerts.list", {"active": True}))["alerts"]}
         assert ("budget_80", "provider pricey") in rules  # a real alert, on the gateway's machine
         # the next one's worst case (its prompt alone: 0.003) does not fit in what is left: refused before it goes out

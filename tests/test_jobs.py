@@ -20,7 +20,9 @@ from agents.jobs.logs import Follower, tail
 from agents.jobs.runner import read_json
 from agents.jobs.supervisor import _alive
 from agents.lab import Trainer, TrainerParam, load_lab
-from agents.protocol import EVENT_LOG, ErrorCode, RemoteError
+from agents.events import LogEvent
+from agents.protocol import ErrorCode, RemoteError
+from agents.states import JobState
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import REPO, kill_jobs_left, wait_for
@@ -263,15 +265,15 @@ async def test_stop_turns_into_sigkill_after_the_grace_period(jobs_lab):
 
 
 async def test_follow_a_log_over_the_wire(jobs_lab):
-    events: list[dict] = []
-    client = await connect(jobs_lab, on_event=lambda machine, event, data: events.append(data) if event == EVENT_LOG else None)
+    events: list[LogEvent] = []
+    client = await connect(jobs_lab, on_event=lambda machine, event, data: events.append(data) if isinstance(data, LogEvent) else None)
     try:
         job = await client.call("box", "jobs.start", {"recipe": "chatty"})
         first = await client.call("box", "jobs.logs", {"id": job["id"], "offset": 0, "follow": True})
-        await wait_for(lambda: any(e.get("ended") for e in events), timeout=30)
-        lines = first["lines"] + [line for e in events for line in e["lines"]]
+        await wait_for(lambda: any(e.ended for e in events), timeout=30)
+        lines = first["lines"] + [line for e in events for line in e.lines]
         assert lines == [f"line {i}" for i in range(300)]  # each once, in order
-        assert events[-1]["state"] == "exited" and events[-1]["exit_code"] == 0
+        assert events[-1].state == JobState.EXITED and events[-1].exit_code == 0
     finally:
         await client.stop()
 

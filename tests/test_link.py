@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from agents.catalogue import ReplyInvalid
+from agents.events import Notice, PushEvent
 from agents.lab import parse_lab
 from agents.link import Link, LinkCore, LinkSettings, Transport
 from agents.peers import PeerClient
@@ -180,3 +182,25 @@ async def test_a_reply_that_does_not_fit_its_method_is_a_typed_error_naming_the_
         assert raised.value.method == "models.list" and raised.value.field == "models.0.state"
         assert isinstance(raised.value, RemoteError) and "dozing" in raised.value.message
         assert core.links["box"].status is LinkStatus.ONLINE and agent.opened == 1
+
+
+async def test_an_event_that_does_not_validate_is_dropped_and_logged_once_naming_it_and_the_link_stays(caplog):
+    seen: list[tuple[str, PushEvent]] = []
+    async with linked(answers) as (agent, core):
+        core.on_event = lambda machine, name, event: seen.append((name, event))
+        with caplog.at_level(logging.WARNING, logger="cetlab.link"):
+            agent.push("notice", {"level": "loud", "message": "not a level"})
+            agent.push("notice", {"level": "loud", "message": "the same fault again: dropped without a second line"})
+            agent.push("log", {"job": "box-1", "lines": "one line, not a list", "offset": 3})
+            agent.push("tick", {"t": "soon", "changed": {}})
+            agent.push("gossip", {"anything": 1})  # an event this client does not know
+            agent.push("notice", {"level": "warning", "message": "gpu0 is hot", "alert": None})
+            await wait_for(lambda: seen)
+        dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        assert len(dropped) == 4, dropped  # once per event and field
+        assert any("'notice': level" in m for m in dropped) and any("'log': lines" in m for m in dropped), dropped
+        assert any("'tick': t" in m for m in dropped) and any("'gossip'" in m for m in dropped), dropped
+        assert seen == [("notice", Notice(level="warning", message="gpu0 is hot"))]  # only what validated, typed
+        assert isinstance(seen[0][1], Notice) and seen[0][1].level == "warning"
+        assert core.links["box"].status is LinkStatus.ONLINE and agent.opened == 1  # the read loop went on
+        assert core.view.machines["box"].sample_t is None  # the tick that did not fit never reached the view

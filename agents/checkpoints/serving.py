@@ -17,7 +17,8 @@ from agents.checkpoints.records import ServedRecord, ServedRecords
 from agents.core import AgentCore
 from agents.lab import Model
 from agents.orchestra.port import ModelsPort, ModelView
-from agents.protocol import EVENT_NOTICE, ErrorCode, RemoteError
+from agents.events import Notice
+from agents.protocol import ErrorCode, RemoteError
 from agents.rpc import Peer
 from agents.sections import Serving, ServingMode
 from agents.states import MODEL_ENGINE_UP, ModelState
@@ -154,7 +155,7 @@ class CheckpointServing:
             except (RemoteError, RuntimeError, OSError) as exc:
                 served.state, served.error = ModelState.FAILED, str(exc)
                 log.warning("serving %s failed: %s", ckpt.path, exc)
-                self.core.notify(EVENT_NOTICE, {"level": "error", "message": f"serving {run.name} step {ckpt.step} failed: {exc}"})
+                self.core.notify(Notice(level="error", message=f"serving {run.name} step {ckpt.step} failed: {exc}"))
 
         self._background(bring_up(), name)
         detail: dict[str, Any] = {"model": name, "mode": mode, "engine": engine}
@@ -211,7 +212,7 @@ class CheckpointServing:
                 message = exc.message if isinstance(exc, RemoteError) else str(exc)
                 served.state, served.error = ModelState.FAILED, message
                 log.warning("serving %s failed: %s", ckpt.path, message)
-                self.core.notify(EVENT_NOTICE, {"level": "error", "message": f"serving {run.name} step {ckpt.step} failed: {message}"})
+                self.core.notify(Notice(level="error", message=f"serving {run.name} step {ckpt.step} failed: {message}"))
 
         self._background(bring_up(), name)
         detail: dict[str, Any] = {"model": name, "mode": "gguf-adapter", "engine": spec.name, "adapter_gguf": str(out)}

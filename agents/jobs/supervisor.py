@@ -34,7 +34,8 @@ from agents.safe_read import READ_TIMEOUT_S, read_capped_async
 from agents.procfiles import LOG_KEEP, LOG_MAX_BYTES, descendants
 from agents.lab import Trainer
 from agents.orchestra.port import ModelsPort
-from agents.protocol import EVENT_LOG, EVENT_NOTICE, ErrorCode, RemoteError, Telemetry
+from agents.events import LogEvent, Notice
+from agents.protocol import ErrorCode, RemoteError, Telemetry
 from agents.rpc import Peer
 from agents.sections import JobDetail, JobInfo
 from agents.states import JOB_ACTIVE, JobState
@@ -387,8 +388,8 @@ class JobsComponent:
             del self.jobs[old.id]
         self.core.release_gpus(f"job:{job.id}")
         log.info("job %s %s (exit code %s)", job.id, job.state, job.exit_code)
-        self.core.notify(EVENT_NOTICE, {"level": "info" if job.state == JobState.EXITED else "error",
-                                         "message": f"job {job.id} ({job.recipe}) {job.state}" + (f" with exit code {job.exit_code}" if job.exit_code is not None else "")})
+        self.core.notify(Notice(level="info" if job.state == JobState.EXITED else "error",
+                                message=f"job {job.id} ({job.recipe}) {job.state}" + (f" with exit code {job.exit_code}" if job.exit_code is not None else "")))
 
     async def prefetch(self) -> None:
         """Before a tick: the active jobs' progress files read in threads (the agent waits at most PREFETCH_WAIT_S; a
@@ -439,8 +440,9 @@ class JobsComponent:
             job = self.jobs.get(job_id)
             ended = job is None or not job.active
             if lines or ended:
-                peer.push(EVENT_LOG, {"job": job_id, "lines": lines, "offset": offset, "ended": ended and not lines,
-                                      "state": job.state if job else None, "exit_code": job.exit_code if job else None})
+                event = LogEvent(job=job_id, lines=lines, offset=offset, ended=ended and not lines,
+                                 state=job.state if job else None, exit_code=job.exit_code if job else None)
+                peer.push(event.event, event.to_wire())
             if ended and not lines:
                 del self.followers[key]
 

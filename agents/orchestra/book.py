@@ -11,7 +11,7 @@ from agents.core import AgentCore
 from agents.documents import EngineFigures
 from agents.orchestra.adopt import keep_on_disk, remember
 from agents.orchestra.slot import TOKENS_PER_S_WINDOW_S, Slot, WindowRate
-from agents.protocol import EVENT_NOTICE
+from agents.events import Notice, NoticeLevel
 from agents.states import MODEL_ENGINE_UP, ModelState
 
 log = logging.getLogger("cetlab.orchestra")
@@ -75,8 +75,8 @@ class PoolBook:
         pid = slot.engine.pid if slot.engine and slot.engine.pid else 0
         self.core.claim_gpus(slot.gpus, key, f"model {slot.name} ({slot.model.engine})", held, util_pct, pid)
 
-    def notice(self, level: str, message: str) -> None:
-        self.core.notify(EVENT_NOTICE, {"level": level, "message": message, "machine": self.core.machine.name})
+    def notice(self, level: NoticeLevel, message: str) -> None:
+        self.core.notify(Notice(level=level, message=message, machine=self.core.machine.name))
 
     def remember_engines(self) -> None:
         """The running engines, in state.db and in the models folder: a restarted agent re-adopts them."""

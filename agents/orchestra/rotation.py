@@ -12,6 +12,7 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from agents.core import AgentCore
+from agents.events import NoticeLevel
 from agents.orchestra.book import PoolBook
 from agents.orchestra.engines import engine_spec
 from agents.orchestra.lifecycle import Lifecycle
@@ -138,7 +139,7 @@ class Rotation:
         self.last = last = RotationRun(t=time.time(), index=self.index, duration_s=round(duration_s, 3),
                                        swaps=moves.swaps, out=moves.out, up=moves.up, not_warm=failed, problems=problems)
         self.book.kv_save(rotation_index=self.index, unavailable_s=self.book.unavailable_s, last_rotation=last.model_dump(mode="json"))
-        level = "warning" if failed or problems else "info"
+        level: NoticeLevel = "warning" if failed or problems else "info"
         self.book.notice(level, f"rotation {self.index} on {self.core.machine.name} took {duration_s:.1f} s"
                      + (f"; not warm: {', '.join(failed)}" if failed else ""))
         return last

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import date, timedelta
-from typing import Any, Literal
 
 from textual import work
 from textual.app import ComposeResult
@@ -11,8 +10,8 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
-from agents.catalogue import COSTS_GET, ApiProviderSpend, CostsParams, PricedGroup, request_all
-from console.costs import lab_costs, live_totals
+from agents.catalogue import COSTS_GET, CostsParams, PricedGroup, request_all
+from console.costs import Breakdown, LabCosts, LabDay, lab_costs, live_totals
 from console.replies import Answers
 from console.screens.base import LabScreen
 from widgets.cost_counter import CostCounter
@@ -23,7 +22,6 @@ from widgets.wire import esc, shown
 
 FETCH_S = 5.0  # the breakdown and the daily totals come from costs.get this often; the counter ticks with the stream
 PLOT_DAYS = 30
-Breakdown = Literal["machine", "job", "model"]
 BREAKDOWNS: tuple[Breakdown, ...] = ("machine", "job", "model")
 COLUMNS = [("name", "name", 34), ("kwh", "kWh", 10), ("cost", "cost", 14), ("cloud", "cloud equiv.", 14),
            ("saving", "saving", 8), ("gpu_h", "GPU-h", 8), ("busy_h", "busy GPU-h", 10), ("tokens", "tokens", 12)]
@@ -44,13 +42,13 @@ def breakdown_rows(groups: list[PricedGroup], by: str, currency: str) -> dict[st
     return rows
 
 
-def plot_days(days: list[dict[str, Any]], since: date, today: date) -> list[tuple[str, float, float]]:
+def plot_days(days: list[LabDay], since: date, today: date) -> list[tuple[str, float, float]]:
     """(MM-DD, cost, cloud equivalent) for every day of the window, 0 where nothing was counted: a one-day lab
     is one day of thirty, not two bars as wide as the plot."""
-    by_day = {d["day"]: d for d in days}
+    by_day = {d.day: d for d in days}
     window = [since + timedelta(days=i) for i in range(max(1, (today - since).days + 1))][-PLOT_DAYS:]
-    return [(day.isoformat()[5:], (by_day.get(day.isoformat()) or {}).get("cost") or 0.0,
-             (by_day.get(day.isoformat()) or {}).get("cloud_equivalent") or 0.0) for day in window]
+    counted = [by_day.get(day.isoformat()) for day in window]
+    return [(day.isoformat()[5:], (d.cost or 0.0) if d else 0.0, (d.cloud_equivalent or 0.0) if d else 0.0) for day, d in zip(window, counted)]
 
 
 class CostsScreen(LabScreen):
@@ -70,9 +68,7 @@ class CostsScreen(LabScreen):
     def __init__(self) -> None:
         super().__init__()
         self.by: Breakdown = "machine"
-        self.report: dict[str, Any] | None = None  # the lab's sums (console.costs.lab_costs)
-        self.groups: list[PricedGroup] = []  # every machine's breakdown rows, as they answered
-        self.providers: list[ApiProviderSpend] = []  # the gateway's API spend per provider
+        self.report: LabCosts | None = None  # the lab's sums, with every machine's breakdown rows and API providers
         self._plotted: list | None = None
 
     def compose(self) -> ComposeResult:
@@ -105,9 +101,6 @@ class CostsScreen(LabScreen):
         if not answers.replies and self.report is not None:
             return  # keep the last figures; the header says which machines are offline
         self.report = lab_costs(self.lab_app.lab.costs.currency, results, by)
-        reports = list(answers.replies.values())
-        self.groups = [group for report in reports for group in report.by]
-        self.providers = [p for report in reports if report.api is not None for p in report.api.providers]
         self.refresh_data()
 
     def refresh_data(self) -> None:
@@ -116,34 +109,34 @@ class CostsScreen(LabScreen):
         report = self.report
         if report is None:
             return
-        currency = report["currency"]
-        sim = " [black on yellow] SIM [/] GPU power is simulated" if report["simulated"] else ""
+        currency = report.currency
+        sim = " [black on yellow] SIM [/] GPU power is simulated" if report.simulated else ""
         lines = [
-            f"[b]this month[/b] {fmt_money(report['month'], currency)}   cloud equivalent {fmt_money(report['cloud_equivalent_month'], currency)}"
-            f"   [b]saving {fmt_money(report['saving_month'], currency)} ({fmt_pct(report['saving_pct_month'])})[/b]{sim}",
-            f"today {fmt_money(report['today'], currency)}   cloud {fmt_money(report['cloud_equivalent_today'], currency)}"
-            f"   {report['kwh_today'] or 0:.2f} kWh today, {report['kwh_month'] or 0:.2f} kWh this month",
-            f"by {report['by_kind']} over the last {PLOT_DAYS} days, since {report['since']} (as `cetlab costs --since {report['since']}`)"
+            f"[b]this month[/b] {fmt_money(report.month, currency)}   cloud equivalent {fmt_money(report.cloud_equivalent_month, currency)}"
+            f"   [b]saving {fmt_money(report.saving_month, currency)} ({fmt_pct(report.saving_pct_month)})[/b]{sim}",
+            f"today {fmt_money(report.today, currency)}   cloud {fmt_money(report.cloud_equivalent_today, currency)}"
+            f"   {report.kwh_today or 0:.2f} kWh today, {report.kwh_month or 0:.2f} kWh this month",
+            f"by {report.by_kind} over the last {PLOT_DAYS} days, since {report.since} (as `cetlab costs --since {report.since}`)"
             "   ([b]b[/b] switches machine / job / model)",
         ]
-        if self.providers:
-            lines.append(f"[b]API[/b] today {fmt_money(report['api_today'], currency)}   this month {fmt_money(report['api_month'], currency)}"
-                         f"   lab total this month {fmt_money(report['total_month'], currency)}")
+        if report.api_providers:
+            lines.append(f"[b]API[/b] today {fmt_money(report.api_today, currency)}   this month {fmt_money(report.api_month, currency)}"
+                         f"   lab total this month {fmt_money(report.total_month, currency)}")
             lines += [f"  {esc(p.provider)}{' [black on yellow] SIM [/]' if p.simulated else ''}: this month {fmt_money(p.month, currency)}"
                       + (f" of {fmt_money(p.monthly_budget, currency)} ({fmt_pct(p.budget_pct)})" if p.monthly_budget is not None else "")
-                      for p in self.providers]
-        lines += [f"[yellow]{esc(m)}[/]" for m in report["missing"]]
-        lines += [f"[red]not counted, offline: {esc(name)}: {esc(why)}[/]" for name, why in report["offline"].items()]
+                      for p in report.api_providers]
+        lines += [f"[yellow]{esc(m)}[/]" for m in report.missing]
+        lines += [f"[red]not counted, offline: {esc(name)}: {esc(why)}[/]" for name, why in report.offline.items()]
         self.query_one("#costs-summary", Static).update(shown("\n".join(lines)))
         self._refresh_table(report)
         self._refresh_plot(report)
 
-    def _refresh_table(self, report: dict[str, Any]) -> None:
-        self.query_one("#costs-by", LiveTable).show(breakdown_rows(self.groups, report["by_kind"], report["currency"]))
+    def _refresh_table(self, report: LabCosts) -> None:
+        self.query_one("#costs-by", LiveTable).show(breakdown_rows(report.by, report.by_kind, report.currency))
 
-    def _refresh_plot(self, report: dict[str, Any]) -> None:
-        since = date.fromisoformat(report["since"]) if report.get("since") else date.today() - timedelta(days=PLOT_DAYS - 1)
-        data = plot_days(report["days"], since, date.today())
+    def _refresh_plot(self, report: LabCosts) -> None:
+        since = date.fromisoformat(report.since) if report.since else date.today() - timedelta(days=PLOT_DAYS - 1)
+        data = plot_days(report.days, since, date.today())
         if data == self._plotted:
             return
         self._plotted = data
@@ -152,5 +145,5 @@ class CostsScreen(LabScreen):
         plt.clear_data()
         if data:
             plt.multiple_bar([d[0] for d in data], [[d[1] for d in data], [d[2] for d in data]], labels=["here", "cloud"])  # type: ignore[call-arg]  # textual_plotext's stub says label; plotext takes labels
-        plt.title(f"spend per day ({report['currency']})" + (" SIM" if report["simulated"] else ""))
+        plt.title(f"spend per day ({report.currency})" + (" SIM" if report.simulated else ""))
         plot.refresh()

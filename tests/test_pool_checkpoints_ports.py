@@ -144,7 +144,7 @@ def test_the_pool_answers_its_port_and_a_failure_is_a_typed_model_error(tmp_path
     assert info["state"] == "failed"
     assert info["error"] == {"message": "the engine exited with code 1", "exit_code": None, "oom": False, "log_tail": [],
                              "log_path": None, "t": slot.error.t}
-    assert core.events and core.events[-1][1]["level"] == "error"
+    assert core.events and core.events[-1][1].level == "error"
 
 
 class GgufPoolStandIn(PoolStandIn):

@@ -18,7 +18,7 @@ from agents.protocol import ErrorCode, RemoteError
 from agents.rpc import Peer
 
 if TYPE_CHECKING:
-    from agents.checkpoints.rpc import DeleteParams, KeepParams, PruneParams, ResumeParams
+    from agents.catalogue import DeleteParams, KeepParams, PruneParams, ResumeParams
 
 log = logging.getLogger("cetlab.checkpoints")
 

@@ -24,7 +24,7 @@ from agents.sections import Serving, ServingMode
 from agents.states import MODEL_ENGINE_UP, ModelState
 
 if TYPE_CHECKING:
-    from agents.checkpoints.rpc import ServeParams
+    from agents.catalogue import ServeParams
 
 log = logging.getLogger("cetlab.checkpoints")
 

@@ -25,7 +25,8 @@ from agents.jobs import recipes
 from agents.jobs.gpu_load import check_starved, claim_sim_gpus
 from agents.jobs.job import Job
 from agents.jobs.logs import Follower, read_from, tail
-from agents.jobs.methods import LogsParams, register
+from agents.catalogue import LogsParams
+from agents.jobs.methods import register
 from agents.jobs.multinode import Coordinator, NodeLaunch, register as register_nodes
 from agents.jobs.port import JobView
 from agents.jobs.progress import update_progress

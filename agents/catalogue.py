@@ -484,7 +484,8 @@ class Priced(Section):
     gpu_busy_hours: Finite = None
     tokens: int = 0
     cloud_gpu: Finite = None
-    cloud_tokens: Finite = None
+    # money (tokens / 1e6 x each model's price), as the agent sent it: its empty sum is the int 0, kept an int in --json
+    cloud_tokens: int | Finite = None
     cloud_equivalent: Finite = None
     saving: Finite = None
     saving_pct: Finite = None

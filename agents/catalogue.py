@@ -509,17 +509,18 @@ class ApiProviderSpend(Section):
     provider: str
     simulated: bool = False
     monthly_budget: Finite = None
-    today: Finite = None
-    month: Finite = None
-    since: Finite = None
+    # money as the gateway sent it: a sum over nothing is its int 0, kept an int in --json (as cloud_tokens)
+    today: int | Finite = None
+    month: int | Finite = None
+    since: int | Finite = None
     budget_pct: Finite = None
 
 
 class ApiSpend(Section):
     providers: list[ApiProviderSpend] = Field(default_factory=list)
-    today: Finite = None
-    month: Finite = None
-    since: Finite = None
+    today: int | Finite = None
+    month: int | Finite = None
+    since: int | Finite = None
     days: dict[str, Finite] = Field(default_factory=dict)
 
 

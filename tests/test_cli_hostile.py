@@ -131,3 +131,21 @@ async def test_a_real_agents_log_override_and_costs(tmp_path, lab_file):
         costs = json.loads((await asyncio.to_thread(cetlab, demo.lab_path, "--json", "costs")).stdout)
         (row,) = costs["by"]
         assert type(row["cloud_tokens"]) is int and row["cloud_tokens"] == 0, row  # the agent's empty sum, as it sent it
+
+
+def test_costs_json_keeps_the_int_0_of_the_agents_sums():
+    """`cloud_tokens` and the gateway's API spend are money; a sum over nothing is the agent's int 0, and `--json` printed it
+    so before the wire was typed (a float where the agent sent one)."""
+    from agents.catalogue import COSTS_GET, validate_reply
+    from console.costs import lab_costs
+
+    hub = validate_reply(COSTS_GET, {
+        "machine": "hub", "currency": "EUR", "timezone": "UTC", "simulated": True, "now": {"power_w": 300.0, "per_hour": 0.09},
+        "today": {"kwh": 1.5, "cost": 0.45}, "month": {"kwh": 10.0, "cost": 3.0}, "since": {"day": "2026-11-01", "cost": 3.0},
+        "by": [{"machine": "hub", "tokens": 0, "cloud_tokens": 0}, {"machine": "hub", "tokens": 9, "cloud_tokens": 0.5}],
+        "api": {"today": 0.25, "month": 0, "since": 0, "providers": [{"provider": "openai", "today": 0.25, "month": 0, "since": 0}]}})
+    data = lab_costs("EUR", {"hub": hub}, "machine").to_json()
+    assert [type(row["cloud_tokens"]) for row in data["by"]] == [int, float]
+    (provider,) = data["api_providers"]
+    assert type(provider["month"]) is int and type(provider["since"]) is int and provider["today"] == 0.25
+    assert type(data["api_month"]) is int and type(data["api_since"]) is int

@@ -484,7 +484,8 @@ class Priced(Section):
     gpu_busy_hours: Finite = None
     tokens: int = 0
     cloud_gpu: Finite = None
-    cloud_tokens: Finite = None
+    # money (tokens / 1e6 x each model's price), as the agent sent it: its empty sum is the int 0, kept an int in --json
+    cloud_tokens: int | Finite = None
     cloud_equivalent: Finite = None
     saving: Finite = None
     saving_pct: Finite = None
@@ -508,17 +509,18 @@ class ApiProviderSpend(Section):
     provider: str
     simulated: bool = False
     monthly_budget: Finite = None
-    today: Finite = None
-    month: Finite = None
-    since: Finite = None
+    # money as the gateway sent it: a sum over nothing is its int 0, kept an int in --json (as cloud_tokens)
+    today: int | Finite = None
+    month: int | Finite = None
+    since: int | Finite = None
     budget_pct: Finite = None
 
 
 class ApiSpend(Section):
     providers: list[ApiProviderSpend] = Field(default_factory=list)
-    today: Finite = None
-    month: Finite = None
-    since: Finite = None
+    today: int | Finite = None
+    month: int | Finite = None
+    since: int | Finite = None
     days: dict[str, Finite] = Field(default_factory=dict)
 
 

@@ -27,6 +27,7 @@ from console import openssh
 from console.client import FleetClient
 from console.state import LabState
 from widgets.format import fmt, fmt_bytes
+from widgets.terminal import visible
 
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
@@ -53,9 +54,9 @@ class Context:
 
     def out(self, data: Any, human: Callable[[Any], str]) -> None:
         if self.args.json:
-            print(json.dumps(data, indent=2, default=str))
+            print(json.dumps(data, indent=2, default=str))  # JSON escapes every control character itself
         else:
-            print(human(data))
+            say(human(data))
 
     async def call(self, machine: str, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
         return await self.client.call(machine, method, params, timeout)
@@ -68,6 +69,12 @@ class Context:
                           timeout: float | None = None) -> dict[str, R | RemoteError]:
         """Every machine's typed reply (or the RemoteError it gave: offline, refused, a reply that did not validate)."""
         return await request_all(self.client, list(self.state.machines) if machines is None else machines, method, params, timeout)
+
+
+def say(text: str, *, err: bool = False, flush: bool = False) -> None:
+    """The CLI's human output: every line of it holds text an agent sent (names, messages, log lines), so its control
+    characters (ESC, BEL, CR, C1, DEL) and bidi overrides are printed visible, never interpreted by the terminal."""
+    print(visible(text), file=sys.stderr if err else sys.stdout, flush=flush)
 
 
 def positive_seconds(text: str) -> float:
@@ -244,12 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return asyncio.run(run(args))
     except LabError as exc:
-        print(f"cetlab: invalid lab file\n{exc}", file=sys.stderr)
+        say(f"cetlab: invalid lab file\n{exc}", err=True)
         return EXIT_USAGE
     except RemoteError as exc:
         if args.json:
             print(json.dumps({"error": {"code": str(exc.code), "message": exc.message}}))
-        print(f"cetlab: {exc.message}", file=sys.stderr)
+        say(f"cetlab: {exc.message}", err=True)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130

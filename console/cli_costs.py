@@ -18,13 +18,14 @@ from agents.catalogue import (
     CostsParams,
     NotifyTestParams,
 )
-from agents.sections_notify import RouteStatus
+from agents.sections_notify import NotifyStatus, RouteStatus
 from agents.protocol import ErrorCode, RemoteError
 from agents.sections import ALERT_ID_FORM, parse_alert_id
 from console.alerts import offline_alerts
 from console.cli import Context
 from console.costs import LabCosts, lab_costs
 from console.notify import route_line, route_statuses, routes_json
+from console.replies import Answers
 from widgets.format import fmt_money as money
 from widgets.format import fmt_pct as pct
 from widgets.format import fmt_time
@@ -82,14 +83,19 @@ async def cmd_costs(ctx: Context) -> int:
 
 
 def alerts_human(data: dict[str, Any], routes: list[tuple[str, RouteStatus]]) -> str:
+    """The alerts, a line for each machine whose alerts were not read (offline, or a reply that did not validate), then the
+    notification routes, with a line for each machine whose route status was not read."""
     lines = []
     for alert in data["alerts"]:
         since = fmt_time(alert["fired_at"])
         state = "CLEARED" if alert["cleared_at"] else ("acked" if alert["acked_at"] else "ACTIVE")
         lines.append(f"{alert['id']:<16} {state:<8} {alert['level']:<8} {alert['machine']:<12} {alert['target']:<14} {since}  {alert['message']}")
-    text = "\n".join(lines) or "no alerts"
+    if not lines:
+        lines.append("no alerts" + (" from the machines that answered" if data["offline"] else ""))
+    lines += [f"{name}: alerts not read: {error}" for name, error in data["offline"].items()]
     shown = [route_line(machine, route) for machine, route in routes]
-    return text + ("\nnotification routes:\n" + "\n".join(f"  {line}" for line in shown) if shown else "")
+    shown += [f"{name}: route status not read: {error}" for name, error in data["routes_offline"].items()]
+    return "\n".join(lines) + ("\nnotification routes:\n" + "\n".join(f"  {line}" for line in shown) if shown else "")
 
 
 def alert_id_arg(text: str) -> str:
@@ -153,15 +159,17 @@ async def cmd_alerts(ctx: Context) -> int:
         acked = await ctx.request(machine, ALERTS_ACK, AckParams(id=ctx.args.ack))
         ctx.out(acked.model_dump(mode="json"), lambda _: f"acknowledged {acked.id}: {acked.message}")
         return EXIT_OK
-    results = await ctx.request_all(ALERTS_LIST, AlertListParams(active=not ctx.args.all, limit=ctx.args.limit))
+    answers = Answers.of(await ctx.request_all(ALERTS_LIST, AlertListParams(active=not ctx.args.all, limit=ctx.args.limit)))
     alerts = offline_alerts(ctx.state, time.time(), 0.0)
-    for result in results.values():
-        if not isinstance(result, RemoteError):
-            alerts += [alert.model_dump(mode="json") for alert in result.alerts]
+    for reply in answers.replies.values():
+        alerts += [alert.model_dump(mode="json") for alert in reply.alerts]
     alerts.sort(key=lambda a: (a["cleared_at"] is not None, -(a["fired_at"] or 0)))
-    routes = route_statuses(await ctx.request_all(NOTIFY_STATUS)) if ctx.lab.notify.routes else []
-    ctx.out({"alerts": alerts, "routes": routes_json(routes)}, lambda d: alerts_human(d, routes))
-    return EXIT_OK
+    # every machine that gave no alerts (offline, refused, a reply that did not validate) is said, as `jobs` and `models` do
+    statuses: Answers[NotifyStatus] = Answers.of(await ctx.request_all(NOTIFY_STATUS)) if ctx.lab.notify.routes else Answers()
+    routes = route_statuses(dict(statuses.replies))
+    data = {"alerts": alerts, "routes": routes_json(routes), "offline": answers.messages(), "routes_offline": statuses.messages()}
+    ctx.out(data, lambda d: alerts_human(d, routes))
+    return EXIT_OK if answers.replies else EXIT_FAILED
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -26,7 +26,7 @@ from agents.events import LogEvent, PushEvent
 from agents.protocol import ErrorCode, RemoteError
 from agents.sections import JobDetail, JobInfo, JobNode
 from agents.states import JOB_ACTIVE, JobState
-from console.cli import Context
+from console.cli import Context, say
 from console.replies import Answers, sent
 from widgets.format import NA, fmt, fmt_duration
 
@@ -121,7 +121,7 @@ async def follow(ctx: Context, machine: str, job_id: str, tail_lines: int, offse
     ctx.client.on_event = on_event
     params = LogsParams(id=job_id, tail_lines=tail_lines, follow=True, **({"offset": offset} if offset is not None else {}))
     first = await request(ctx.client, machine, JOBS_LOGS, params)
-    emit = (lambda line: print(json.dumps({"job": job_id, "line": line}), flush=True)) if ctx.args.json else (lambda line: print(line, flush=True))
+    emit = (lambda line: print(json.dumps({"job": job_id, "line": line}), flush=True)) if ctx.args.json else (lambda line: say(line, flush=True))
     for line in first.lines:
         emit(line)
     state: JobState | None = first.state
@@ -150,7 +150,10 @@ async def cmd_train(ctx: Context) -> int:
         raise RemoteError(ErrorCode.NOT_FOUND, f"no recipe named {ctx.args.recipe!r} in {ctx.lab.source} (recipes: {names})")
     job = await request(ctx.client, recipe.machine, JOBS_START, StartParams(recipe=recipe.name, params=parse_sets(ctx.args.set)))
     if ctx.args.follow:
-        print(json.dumps(sent(job)) if ctx.args.json else job_human(job), flush=True)
+        if ctx.args.json:
+            print(json.dumps(sent(job)), flush=True)
+        else:
+            say(job_human(job), flush=True)
         # a multi-node job: the first node's log (rank 0 speaks for the run); its outcome there is the job's
         return await follow(ctx, recipe.machine, job.id, 0, offset=0)
     ctx.out(sent(job), lambda _: job_human(job))

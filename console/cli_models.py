@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 from typing import Any
 
@@ -28,7 +27,7 @@ from agents.catalogue import (
 from agents.protocol import ErrorCode, RemoteError
 from agents.sections import ModelInfo, Rotation
 from agents.states import ModelState
-from console.cli import Context, positive_seconds
+from console.cli import Context, positive_seconds, say
 from widgets.format import NA, fmt, fmt_duration, fmt_gib
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -188,7 +187,7 @@ async def wait_settled(ctx: Context, name: str, wanted: tuple[ModelState, ...], 
         model = await ctx.request(machine, MODELS_GET, ModelParams(model=name))
         text = state_text(model)
         if text != last and not ctx.args.json:
-            print(f"{name}: {text}", file=sys.stderr, flush=True)
+            say(f"{name}: {text}", err=True, flush=True)
             last = text
         if not model.op and model.state not in BRINGING_UP:
             if model.state in wanted:
@@ -227,7 +226,7 @@ async def _act(ctx: Context, method: Method[Any, ModelInfo], name: str, until: t
             model = await wait_settled(ctx, name, until, ctx.args.wait_timeout)
         except SettledElsewhere as exc:
             ctx.out(model_json(exc.model) if ctx.args.json else exc.model, model_human)
-            print(f"error: {exc.message}", file=sys.stderr)
+            say(f"error: {exc.message}", err=True)
             return EXIT_FAILED
     ctx.out(model_json(model) if ctx.args.json else model, model_human)
     return EXIT_FAILED if model.state == ModelState.FAILED else EXIT_OK
@@ -285,7 +284,7 @@ async def cmd_swap(ctx: Context) -> int:
     data = {"out": model_json(result["out"]), "in": model_json(result["in"]), "elapsed_s": elapsed_s}
     ctx.out(data, lambda _: f"{model_human(result['out'])}\n{model_human(result['in'])}\nswap took {elapsed_s:.1f} s")
     for problem in problems:
-        print(f"error: {problem}", file=sys.stderr)
+        say(f"error: {problem}", err=True)
     return EXIT_FAILED if problems or result["in"].state == ModelState.FAILED else EXIT_OK
 
 

@@ -5,18 +5,24 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from agents.catalogue import SIM_OVERRIDE, OverrideParams, SimOverride
+from console.cli import Context
+from console.replies import sent
+
 EXIT_OK = 0
+OVERRIDES = ("temp_c", "util_pct", "mem_used_bytes", "power_w")
 
 
-async def cmd_sim_override(ctx: Any) -> int:
-    params: dict[str, Any] = {"gpu": ctx.args.gpu, "clear": ctx.args.clear}
-    for key in ("temp_c", "util_pct", "mem_used_bytes", "power_w"):
-        value = getattr(ctx.args, key)
-        if value is not None:
-            params[key] = value
-    result = await ctx.call(ctx.args.machine, "sim.override", params)
-    ctx.out(result, lambda r: f"{ctx.args.machine} gpu{r['gpu']} (SIM): " + (", ".join(f"{k} {v}" for k, v in r["overrides"].items())
-                                                                             or "back to the simulation"))
+def override_human(machine: str, result: SimOverride) -> str:
+    return f"{machine} gpu{result.gpu} (SIM): " + (", ".join(f"{k} {v}" for k, v in result.overrides.items()) or "back to the simulation")
+
+
+async def cmd_sim_override(ctx: Context) -> int:
+    # checked here before it goes out (nan, inf, out of range: invalid_params naming the field, as the agent would say it)
+    given: dict[str, Any] = {key: getattr(ctx.args, key) for key in OVERRIDES if getattr(ctx.args, key) is not None}
+    params = OverrideParams(gpu=ctx.args.gpu, clear=ctx.args.clear, **given)
+    result = await ctx.request(ctx.args.machine, SIM_OVERRIDE, params)
+    ctx.out(sent(result), lambda _: override_human(ctx.args.machine, result))
     return EXIT_OK
 
 

@@ -1,0 +1,151 @@
+"""The CLI against replies a patched agent could send: alerts that do not validate are said (not "no alerts"), a
+sim-override's numbers are checked before they go out, an agent's text never reaches the terminal as control codes, and
+`costs --json` prints the agent's numbers as it sent them."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.lab import parse_lab
+from agents.protocol import ErrorCode, LinkStatus, RemoteError
+from console import cli
+from console.cli import Context
+from console.cli_costs import cmd_alerts
+from console.demo import DemoLab
+from console.state import LabState
+
+REPO = Path(__file__).resolve().parent.parent
+HOSTILE = "\x1b]0;pwned\x07\x1b[2J[bold red]EVIL[/]\x9b31m\x7f"
+
+
+class Machines:
+    """FleetClient as a verb sees it: the lab's state and `call`, each machine answering what a (patched) agent would."""
+
+    def __init__(self, lab_text: str, answers: dict[str, dict[str, Any]]) -> None:
+        self.state = LabState(parse_lab(lab_text))
+        for name in self.state.machines:
+            self.state.set_link(name, LinkStatus.ONLINE)
+        self.answers = answers
+
+    async def call(self, machine: str, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        answer = self.answers[machine][method]
+        if isinstance(answer, RemoteError):
+            raise answer
+        return answer
+
+
+def alert(machine: str, n: int, **changes: Any) -> dict[str, Any]:
+    return {"id": f"{machine}#{n}", "n": n, "machine": machine, "rule": "gpu_hot", "target": "gpu0", "level": "warning",
+            "message": "gpu0 at 90 C", "fired_at": time.time() - 60, **changes}
+
+
+def route(machine: str) -> dict[str, Any]:
+    return {"machine": machine, "routes": [{"name": "chat", "kind": "command", "target": "/bin/true", "delivered": 3}]}
+
+
+LAB = "lab: t\nmachines: [{name: good, port: 1}, {name: bad, port: 2}]\nnotify:\n  routes:\n    - {name: chat, kind: command, argv: [/bin/true]}\n"
+
+
+async def alerts(capsys, answers: dict[str, dict[str, Any]], *argv: str) -> tuple[int, str]:
+    parser = cli.build_parser()
+    args = parser.parse_args([*argv, "alerts", "--all"])
+    machines = Machines(LAB, answers)
+    code = await cmd_alerts(Context(args, machines.state.lab, machines))  # type: ignore[arg-type]
+    return code, capsys.readouterr().out
+
+
+async def test_alerts_says_which_machine_answered_badly(capsys):
+    answers = {"good": {"alerts.list": {"machine": "good", "alerts": [alert("good", 1)]}, "notify.status": route("good")},
+               "bad": {"alerts.list": {"machine": "bad", "alerts": [alert("bad", 2, level="dancing")]},
+                       "notify.status": {"machine": "bad", "routes": [{"name": "chat"}]}}}
+    code, out = await alerts(capsys, answers)
+    assert code == 0  # a partial answer, as `cetlab jobs` gives it
+    assert "good#1" in out and "bad: alerts not read:" in out and "alerts.list" in out, out
+    assert "chat (command → /bin/true) from good" in out and "bad: route status not read:" in out and "notify.status" in out
+    code, out = await alerts(capsys, answers, "--json")
+    data = json.loads(out)
+    assert [a["id"] for a in data["alerts"]] == ["good#1"] and [r["machine"] for r in data["routes"]] == ["good"]
+    assert list(data["offline"]) == ["bad"] and "alerts.list" in data["offline"]["bad"]
+    assert list(data["routes_offline"]) == ["bad"] and "notify.status" in data["routes_offline"]["bad"]
+
+
+async def test_alerts_with_no_machine_answering_fails(capsys):
+    gone = RemoteError(ErrorCode.DISCONNECTED, "gone")
+    broken = {"machine": "good", "alerts": [alert("good", 1, fired_at="soon")]}
+    answers: dict[str, dict[str, Any]] = {"good": {"alerts.list": broken, "notify.status": gone},
+                                          "bad": {"alerts.list": gone, "notify.status": gone}}
+    code, out = await alerts(capsys, answers)
+    assert code == 1 and "no alerts from the machines that answered" in out and "good: alerts not read:" in out, out
+
+
+def test_an_agents_error_message_reaches_the_terminal_visible(capsys, monkeypatch):
+    async def refused(args: argparse.Namespace) -> int:
+        raise RemoteError(ErrorCode.INVALID_PARAMS, f"no job {HOSTILE}")
+
+    monkeypatch.setattr(cli, "run", refused)
+    assert cli.main(["--lab", "nowhere.yaml", "status"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("cetlab: no job ") and "[bold red]EVIL[/]" in err
+    assert not any(c in err for c in "\x1b\x07\x9b\x7f"), repr(err)
+    assert "␛]0;pwned␇␛[2J" in err
+
+
+def cetlab(lab: Path, *argv: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(lab), *argv], capture_output=True, timeout=60, cwd=REPO)
+
+
+@pytest.mark.timeout(120)
+async def test_a_real_agents_log_override_and_costs(tmp_path, lab_file):
+    lab = lab_file({"lab": "hostile", "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
+                    "trainers": [{"name": "shout", "machine": "box", "gpus": [0], "output_dir": str(tmp_path / "out" / "{job_id}"),
+                                  "command": [sys.executable, "-c", f"print({HOSTILE!r}, flush=True)"]}]})
+    with DemoLab(tmp_path / "run", source=lab) as demo:
+        run = await asyncio.to_thread(cetlab, demo.lab_path, "train", "shout", "--follow")
+        assert run.returncode == 0, run.stderr
+        for shown in (run.stdout, (await asyncio.to_thread(cetlab, demo.lab_path, "logs", "box-1")).stdout):
+            text = shown.decode()
+            assert "␛]0;pwned␇␛[2J[bold red]EVIL[/]" in text, text
+            assert not any(c in text for c in "\x1b\x07\x9b\x7f"), repr(text)
+        logs = json.loads((await asyncio.to_thread(cetlab, demo.lab_path, "--json", "logs", "box-1")).stdout)
+        assert HOSTILE in logs["lines"]  # --json is the agent's text, JSON-escaped
+
+        for bad in ("nan", "inf", "900"):
+            out = await asyncio.to_thread(cetlab, demo.lab_path, "sim-override", "box", "--temp-c", bad)
+            assert out.returncode == 1 and b"Traceback" not in out.stderr and b"temp_c" in out.stderr, out.stderr
+            data = json.loads((await asyncio.to_thread(cetlab, demo.lab_path, "--json", "sim-override", "box", "--temp-c", bad)).stdout)
+            assert data["error"]["code"] == "invalid_params" and "temp_c" in data["error"]["message"]
+        out = await asyncio.to_thread(cetlab, demo.lab_path, "sim-override", "box", "--temp-c", "95")
+        assert out.returncode == 0 and out.stdout.decode().strip() == "box gpu0 (SIM): temp_c 95.0", out
+        data = json.loads((await asyncio.to_thread(cetlab, demo.lab_path, "--json", "sim-override", "box", "--clear")).stdout)
+        assert data["gpu"] == 0 and data["overrides"] == {} and data["simulated"] is True, data
+
+        costs = json.loads((await asyncio.to_thread(cetlab, demo.lab_path, "--json", "costs")).stdout)
+        (row,) = costs["by"]
+        assert type(row["cloud_tokens"]) is int and row["cloud_tokens"] == 0, row  # the agent's empty sum, as it sent it
+
+
+def test_costs_json_keeps_the_int_0_of_the_agents_sums():
+    """`cloud_tokens` and the gateway's API spend are money; a sum over nothing is the agent's int 0, and `--json` printed it
+    so before the wire was typed (a float where the agent sent one)."""
+    from agents.catalogue import COSTS_GET, validate_reply
+    from console.costs import lab_costs
+
+    hub = validate_reply(COSTS_GET, {
+        "machine": "hub", "currency": "EUR", "timezone": "UTC", "simulated": True, "now": {"power_w": 300.0, "per_hour": 0.09},
+        "today": {"kwh": 1.5, "cost": 0.45}, "month": {"kwh": 10.0, "cost": 3.0}, "since": {"day": "2026-11-01", "cost": 3.0},
+        "by": [{"machine": "hub", "tokens": 0, "cloud_tokens": 0}, {"machine": "hub", "tokens": 9, "cloud_tokens": 0.5}],
+        "api": {"today": 0.25, "month": 0, "since": 0, "providers": [{"provider": "openai", "today": 0.25, "month": 0, "since": 0}]}})
+    data = lab_costs("EUR", {"hub": hub}, "machine").to_json()
+    assert [type(row["cloud_tokens"]) for row in data["by"]] == [int, float]
+    (provider,) = data["api_providers"]
+    assert type(provider["month"]) is int and type(provider["since"]) is int and provider["today"] == 0.25
+    assert type(data["api_month"]) is int and type(data["api_since"]) is int

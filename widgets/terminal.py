@@ -14,6 +14,7 @@ _TABLE[0x7F] = 0x2421
 _TABLE.update({c: 0xFFFD for c in range(0x80, 0xA0)})
 _TABLE.update({ord(c): 0xFFFD for c in _BIDI + _LINES})
 _BAD = frozenset(chr(c) for c in _TABLE)
+TABLE: dict[int, int] = dict(_TABLE)  # the console's table starts from this one (widgets/wire.py)
 
 
 def visible(value: object) -> str:

@@ -8,15 +8,12 @@ from typing import Any
 from rich.text import Text
 from textual.content import Content
 
-_BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"  # marks, embeddings, overrides, isolates
-_LINES = "\u2028\u2029"  # Unicode line and paragraph separators: they would break a one-line cell
+from widgets.terminal import TABLE
+
 # each character that must not reach the terminal maps to ONE visible character, so a Text's spans stay where they were:
-# C0 controls (ESC, CR, BEL ...) as their control pictures (␛ ␍ ␇), DEL as ␡, C1 controls and bidi/line format
-# characters as the replacement character. Newline and tab stay: a detail pane's multi-line error keeps its lines.
-_TABLE = {c: 0x2400 + c for c in range(0x20) if chr(c) not in "\n\t"}
-_TABLE[0x7F] = 0x2421
-_TABLE.update({c: 0xFFFD for c in range(0x80, 0xA0)})
-_TABLE.update({ord(c): 0xFFFD for c in _BIDI + _LINES})
+# the CLI's table (widgets/terminal.py: C0 controls as their control pictures, DEL as ␡, C1 and bidi/line format
+# characters as the replacement character; newline and tab stay).
+_TABLE = dict(TABLE)
 # esc() hides a wire string's `[` and `\` in a markup string as two private-use characters (so neither markup parser,
 # Rich's or Textual's, can read a tag, an escape or an @click in it); shown() parses the markup, then puts them back
 _OPEN, _SLASH = "\ue000", "\ue001"

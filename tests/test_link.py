@@ -204,3 +204,68 @@ async def test_an_event_that_does_not_validate_is_dropped_and_logged_once_naming
         assert isinstance(seen[0][1], Notice) and seen[0][1].level == "warning"
         assert core.links["box"].status is LinkStatus.ONLINE and agent.opened == 1  # the read loop went on
         assert core.view.machines["box"].sample_t is None  # the tick that did not fit never reached the view
+
+
+def replying(method_name: str, result: Any) -> Script:
+    """A healthy agent that also answers ``method_name`` with ``result``."""
+
+    async def script(method: str, params: dict[str, Any], reply: Callable[[dict[str, Any]], None]) -> None:
+        if method == method_name:
+            reply({"result": result})
+        else:
+            await answers(method, params, reply)
+
+    return script
+
+
+async def test_a_line_nested_deeper_than_python_parses_is_dropped_and_logged_and_the_link_goes_on(caplog):
+    async with linked(replying("jobs.list", [])) as (agent, core):
+        view = core.view.machines["box"]
+        with caplog.at_level(logging.WARNING, logger="cetlab.link"):
+            agent.writers[-1].write(b'{"event": "tick", "data": ' + b"[" * 200_000 + b"]" * 200_000 + b"}\n")
+            agent.push("tick", {"t": 5.0, "full": True, "changed": {}})
+            await wait_for(lambda: view.sample_t == 5.0)  # the line after it was read
+        assert any("box sent a line that is not JSON" in r.getMessage() and "recursion" in r.getMessage() for r in caplog.records)
+        assert core.links["box"].status is LinkStatus.ONLINE and view.link is LinkStatus.ONLINE and agent.opened == 1
+        assert await core.call("box", "jobs.list") == []  # calls are still answered
+
+
+async def test_an_event_handler_that_raises_is_logged_once_and_the_link_goes_on(caplog):
+    handled: list[float] = []
+
+    def handler(machine: str, name: str, event: PushEvent) -> None:
+        handled.append(getattr(event, "t", 0.0))
+        raise ValueError("the screen's bug")
+
+    async with linked(answers) as (agent, core):
+        core.on_event = handler
+        with caplog.at_level(logging.ERROR, logger="cetlab.link"):
+            for t in (1.0, 2.0, 3.0):
+                agent.push("tick", {"t": t, "changed": {}})
+            await wait_for(lambda: len(handled) == 3)
+        assert len([r for r in caplog.records if "handler of its 'tick' event failed" in r.getMessage()]) == 1
+        assert core.links["box"].status is LinkStatus.ONLINE and agent.opened == 1
+        assert core.view.machines["box"].sample_t == 3.0
+
+
+async def test_any_other_failure_in_the_read_loop_marks_the_link_offline_with_why_and_it_reconnects():
+    async with linked(answers) as (agent, core):
+        seen: list[tuple[LinkStatus, str | None]] = []
+        set_status = core.set_status
+
+        def recording(link: Link, status: LinkStatus, error: str | None = None) -> None:
+            seen.append((status, error))
+            set_status(link, status, error)
+
+        core.set_status = recording  # type: ignore[method-assign]  # records each change, then makes it
+        apply_tick = core.view.apply_tick
+
+        def fails_once(name: str, tick: Any) -> None:
+            core.view.apply_tick = apply_tick  # type: ignore[method-assign]  # only the first tick fails
+            raise RuntimeError("a bug in the view")
+
+        core.view.apply_tick = fails_once  # type: ignore[method-assign]  # a bug past the parsing
+        agent.push("tick", {"t": 1.0, "changed": {}})
+        await wait_for(lambda: agent.opened == 2 and core.links["box"].status is LinkStatus.ONLINE)
+        assert (LinkStatus.OFFLINE, "the link failed unexpectedly: a bug in the view") in seen
+        assert core.view.machines["box"].link is LinkStatus.ONLINE

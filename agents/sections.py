@@ -38,7 +38,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_serializer, field_validator
 
 from agents.sections_gpu_support import GpuSupportSection
-from agents.protocol import Finite, FiniteFloat, GpuBackend, GpuSample, HostSample, Telemetry
+from agents.protocol import Finite, FiniteFloat, GpuBackend, GpuList, GpuSample, HostSample, Telemetry
 from agents.states import JobState, ModelState, NodeState
 
 
@@ -521,7 +521,7 @@ class FaultsSection(Section):
 
 
 SECTION_MODELS: dict[str, Any] = {
-    "gpus": list[GpuSample],
+    "gpus": GpuList,
     "host": HostSample,
     "gpu_status": GpuStatus,
     "jobs": list[JobInfo],

@@ -50,6 +50,12 @@ def _adapter(name: str) -> TypeAdapter[Any] | None:
     return adapter
 
 
+def _gpu_of(key: str) -> int | None:
+    """The GPU index of a series key ("gpu3.util_pct" -> 3); None for a host series."""
+    head = key.partition(".")[0].removeprefix("gpu")
+    return int(head) if head.isdigit() else None
+
+
 @dataclass
 class MachineView:
     """What a client knows of one machine; plain typed data, updated by the client core."""
@@ -156,6 +162,9 @@ class MachineView:
             self.apply_section(section, value)
         self.sample_t = tick.t
         self.last_seen = time.time()
+        if tick.full:  # the GPUs a full tick no longer lists are gone: so are their series
+            for key in [k for k in self.series if k.startswith("gpu") and _gpu_of(k) not in self.gpus]:
+                del self.series[key]
         for index, gpu in self.gpus.items():
             for key in GPU_SERIES:
                 self.record(f"gpu{index}.{key}", getattr(gpu, key))

@@ -24,7 +24,7 @@ from agents.link import Link, LinkCore, LinkSettings, Transport
 from agents.peers import PeerClient
 from agents.protocol import PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
 from agents.states import ModelState
-from agents.view import LabView
+from agents.view import GPU_SERIES, LabView
 from console.client import FleetClient
 from console.openssh import PipeReader
 from tests.conftest import wait_for
@@ -269,3 +269,26 @@ async def test_any_other_failure_in_the_read_loop_marks_the_link_offline_with_wh
         await wait_for(lambda: agent.opened == 2 and core.links["box"].status is LinkStatus.ONLINE)
         assert (LinkStatus.OFFLINE, "the link failed unexpectedly: a bug in the view") in seen
         assert core.view.machines["box"].link is LinkStatus.ONLINE
+
+
+def gpu(index: int) -> dict[str, Any]:
+    return {"index": index, "name": "sim", "util_pct": 5.0}
+
+
+async def test_a_tick_with_thousands_of_gpus_is_refused_and_the_series_keep_to_the_latest_full_tick():
+    async with linked(answers) as (agent, core):
+        view = core.view.machines["box"]
+        agent.push("tick", {"t": 1.0, "full": True, "changed": {"gpus": [gpu(0), gpu(1)]}})
+        await wait_for(lambda: view.sample_t == 1.0)
+        assert sorted(view.gpus) == [0, 1] and "gpu1.util_pct" in view.series
+        agent.push("tick", {"t": 2.0, "changed": {"gpus": [gpu(i) for i in range(2, 5002)]}})  # 5,000 new GPUs a tick
+        await wait_for(lambda: view.sample_t == 2.0)
+        assert "gpus" in view.problems and "at most 64" in view.problems["gpus"], view.problems
+        agent.push("tick", {"t": 3.0, "changed": {"gpus": [gpu(64)]}})  # one GPU past the bound
+        await wait_for(lambda: view.sample_t == 3.0)
+        assert "gpus.0.index" in view.problems["gpus"] and sorted(view.gpus) == [0, 1]
+        agent.push("tick", {"t": 4.0, "full": True, "changed": {"gpus": [gpu(0)]}})  # gpu1 is gone
+        await wait_for(lambda: view.sample_t == 4.0)
+        assert sorted(view.gpus) == [0] and not view.problems
+        assert sorted(view.series) == ["cpu_pct", *sorted(f"gpu0.{key}" for key in GPU_SERIES)]
+        assert core.links["box"].status is LinkStatus.ONLINE

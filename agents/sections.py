@@ -505,7 +505,8 @@ class SectionFault(Section):
     in which the component updates and reports again without raising."""
 
     section: str  # the section's name, as in SECTION_MODELS (the component's name)
-    phase: Literal["update", "read", "section"]  # update: on_telemetry; read: on_tick; section: making its section
+    # update: on_telemetry; read: on_tick; section: making its section; refused: a client refused it as sent (never on the wire)
+    phase: Literal["update", "read", "section", "refused"]
     error: str  # "<exception type>: <message>", one line
     since: FiniteFloat  # agent's wall time of the first failing tick in a row
 

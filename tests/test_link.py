@@ -25,9 +25,12 @@ from agents.peers import PeerClient
 from agents.protocol import PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
 from agents.states import ModelState
 from agents.view import GPU_SERIES, LabView
+from console.cli import status_human, status_json
 from console.client import FleetClient
+from console.state import LabState
 from console.openssh import PipeReader
 from tests.conftest import wait_for
+from widgets.section_faults import fault_line
 
 LAB = parse_lab(yaml.safe_dump({"lab": "link-test", "machines": [{"name": "box", "gpus": {"sim": []}}]}))
 
@@ -88,12 +91,12 @@ class ScriptedAgent:
 
 
 @asynccontextmanager
-async def linked(script: Script, **options: Any) -> AsyncIterator[tuple[ScriptedAgent, LinkCore]]:
+async def linked(script: Script, view: LabView | None = None, **options: Any) -> AsyncIterator[tuple[ScriptedAgent, LinkCore]]:
     """A core linked to a scripted agent, past its first attempt; stopped on the way out."""
     agent = ScriptedAgent(script)
     settings = LinkSettings(**{"topics": ["tick"], "call_timeout_s": 5.0, "connect_timeout_s": 5.0, "keepalive_s": 30.0,
                                "backoff_max_s": 0.2, **options})
-    core = LinkCore(LAB.machines, agent, LabView(LAB), settings)
+    core = LinkCore(LAB.machines, agent, view or LabView(LAB), settings)
     core.start()
     try:
         await core.wait_connected(10)
@@ -292,3 +295,24 @@ async def test_a_tick_with_thousands_of_gpus_is_refused_and_the_series_keep_to_t
         assert sorted(view.gpus) == [0] and not view.problems
         assert sorted(view.series) == ["cpu_pct", *sorted(f"gpu0.{key}" for key in GPU_SERIES)]
         assert core.links["box"].status is LinkStatus.ONLINE
+
+
+async def test_a_section_refused_as_sent_is_shown_as_a_failing_one_until_a_valid_one_arrives():
+    state = LabState(LAB)
+    async with linked(answers, view=state) as (agent, core):
+        agent.push("tick", {"t": 1.0, "full": True, "changed": {"models": {"models": [model("llm", "sleeping")]}}})
+        await wait_for(lambda: state.machines["box"].model("llm"))
+        assert state.faults() == [] and status_json(state)["machines"][0]["sections_failed"] == []
+        agent.push("tick", {"t": 2.0, "changed": {"models": {"models": [model("llm", "dozing")]}}})
+        await wait_for(lambda: state.faults())
+        [(machine, fault)] = state.faults(["models"])
+        assert machine == "box" and fault.section == "models" and fault.phase == "refused"
+        assert "box sent a models section that does not fit: models.models.0.state" in fault.error
+        assert "REFUSED" in fault_line(machine, fault).plain and "models.models.0.state" in fault_line(machine, fault).plain
+        [failed] = status_json(state)["machines"][0]["sections_failed"]  # `cetlab --json status`
+        assert failed["section"] == "models" and failed["phase"] == "refused" and "models.0.state" in failed["error"]
+        assert "section models FAILED (refused)" in status_human(status_json(state))
+        assert state.faults(["jobs"]) == []  # only the views showing models
+        agent.push("tick", {"t": 3.0, "changed": {"models": {"models": [model("llm", "warm")]}}})
+        await wait_for(lambda: not state.faults())
+        assert status_json(state)["machines"][0]["sections_failed"] == []

@@ -222,7 +222,7 @@ class LinkCore:
         raw = await self._call(machine, method, params, timeout)
         known = CATALOGUE.get(method)
         if known is not None:
-            validate_reply(known, raw)  # readers that want the model use catalogue.request(), which parses it again
+            validate_reply(known, raw, machine)  # readers that want the model use catalogue.request(), which parses it again
         return raw
 
     async def _call(self, machine: str, method: str, params: dict[str, Any] | None, timeout: float | None) -> Any:
@@ -302,7 +302,7 @@ class LinkCore:
             said = raw.get("protocol") if isinstance(raw, dict) else None
             if said != PROTOCOL_VERSION:
                 raise RemoteError(ErrorCode.UNAVAILABLE, f"the agent speaks protocol {said}, this client {PROTOCOL_VERSION}: upgrade one of them")
-            hello = validate_reply(HELLO, raw)
+            hello = validate_reply(HELLO, raw, machine.name)
             if hello.machine != machine.name:  # another agent at this address (a taken port or socket)
                 raise RemoteError(ErrorCode.UNAVAILABLE, f"the agent at {machine.host} answers as machine {hello.machine!r}, "
                                   f"not {machine.name!r}: check host, port and socket in lab.yaml; refusing it")

@@ -316,3 +316,23 @@ async def test_a_section_refused_as_sent_is_shown_as_a_failing_one_until_a_valid
         agent.push("tick", {"t": 3.0, "changed": {"models": {"models": [model("llm", "warm")]}}})
         await wait_for(lambda: not state.faults())
         assert status_json(state)["machines"][0]["sections_failed"] == []
+
+
+async def test_a_reply_that_does_not_fit_names_the_machine_and_the_cli_says_bad_reply_not_offline():
+    from agents.catalogue import MODELS_LIST, request
+    from console.cli_checkpoints import runs_human
+    from console.cli_models import models_human
+
+    script = replying("models.list", {"machine": "box", "models": [model("llm", "dozing")]})
+    async with linked(script) as (_agent, core):
+        with pytest.raises(ReplyInvalid) as raised:
+            await core.call("box", "models.list")
+        assert raised.value.message.startswith("box answered models.list with a reply that does not fit at models.0.state: ")
+        with pytest.raises(ReplyInvalid) as typed:
+            await request(core, "box", MODELS_LIST)
+        assert raised.value.code is ErrorCode.INVALID_REPLY and typed.value.machine == "box"
+        assert "box answered models.list" in typed.value.message
+        down = RemoteError(ErrorCode.DISCONNECTED, "gpu2 is offline")
+        for lines in (models_human([], {}, {"box": typed.value, "gpu2": down}), runs_human([], {"box": typed.value, "gpu2": down})):
+            assert "box: bad reply box answered models.list with a reply that does not fit" in lines
+            assert "box: OFFLINE" not in lines and "gpu2: OFFLINE gpu2 is offline" in lines

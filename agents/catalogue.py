@@ -717,11 +717,13 @@ CATALOGUE: dict[str, Method[Any, Any]] = {m.name: m for m in (
 class ReplyInvalid(RemoteError):
     """A reply that does not match its method's result model: which method, which field, what was wrong."""
 
-    def __init__(self, method: str, field: str, problem: str) -> None:
-        super().__init__(ErrorCode.INVALID_REPLY, f"{method} answered a reply that does not validate at {field}: {problem}",
-                         {"method": method, "field": field})
+    def __init__(self, method: str, field: str, problem: str, machine: str | None = None) -> None:
+        said = f"{machine} answered {method} with a reply" if machine else f"{method} answered a reply"
+        super().__init__(ErrorCode.INVALID_REPLY, f"{said} that does not fit at {field}: {problem}",
+                         {"method": method, "field": field, **({"machine": machine} if machine else {})})
         self.method = method
         self.field = field
+        self.machine = machine
 
 
 def params_error(exc: ValidationError) -> str:
@@ -740,8 +742,9 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(part) for part in loc) or "(the reply)"
 
 
-def validate_reply(method: Method[Any, R], raw: Any) -> R:
-    """The reply typed by the method's result model; ReplyInvalid (naming the method and the field) otherwise."""
+def validate_reply(method: Method[Any, R], raw: Any, machine: str | None = None) -> R:
+    """The reply typed by the method's result model; ReplyInvalid (naming the machine that sent it, when given, the
+    method and the field) otherwise."""
     try:
         return method.result.model_validate(raw)
     except ValidationError as exc:
@@ -749,7 +752,7 @@ def validate_reply(method: Method[Any, R], raw: Any) -> R:
         first = errors[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         got = repr(first["input"])[:80] if first["type"] != "missing" else "nothing"
-        raise ReplyInvalid(method.name, _where(first["loc"]), f"{first['msg']}, got {got}{more}") from None
+        raise ReplyInvalid(method.name, _where(first["loc"]), f"{first['msg']}, got {got}{more}", machine) from None
 
 
 def parse_result(method_name: str, raw: Any) -> BaseModel:
@@ -779,7 +782,7 @@ async def request(caller: Caller, machine: str, method: Method[P, R], params: P 
     validate against ``method.result``.
     """
     raw = await caller.call(machine, method.name, wire_params(params), timeout)
-    return validate_reply(method, raw)
+    return validate_reply(method, raw, machine)
 
 
 async def request_all(caller: Caller, machines: Iterable[str], method: Method[P, R], params: P | None = None,

@@ -222,7 +222,7 @@ class LinkCore:
         raw = await self._call(machine, method, params, timeout)
         known = CATALOGUE.get(method)
         if known is not None:
-            validate_reply(known, raw)  # readers that want the model use catalogue.request(), which parses it again
+            validate_reply(known, raw, machine)  # readers that want the model use catalogue.request(), which parses it again
         return raw
 
     async def _call(self, machine: str, method: str, params: dict[str, Any] | None, timeout: float | None) -> Any:
@@ -264,6 +264,9 @@ class LinkCore:
                 self.set_status(link, status, message)
                 if status is not LinkStatus.OFFLINE:  # the fix is on a machine, not in waiting: retry slowly
                     link.backoff_s = self.settings.backoff_max_s
+            except Exception as exc:  # a bug here or a hostile agent: never a link that reads online with no loop behind it
+                log.exception("%s: the link failed unexpectedly; reconnecting", link.name)
+                self.set_status(link, LinkStatus.OFFLINE, f"the link failed unexpectedly: {describe(exc)}")
             finally:
                 await self._drop(link)
             log.info("%s: %s (%s)", link.name, link.status, link.error)
@@ -299,7 +302,7 @@ class LinkCore:
             said = raw.get("protocol") if isinstance(raw, dict) else None
             if said != PROTOCOL_VERSION:
                 raise RemoteError(ErrorCode.UNAVAILABLE, f"the agent speaks protocol {said}, this client {PROTOCOL_VERSION}: upgrade one of them")
-            hello = validate_reply(HELLO, raw)
+            hello = validate_reply(HELLO, raw, machine.name)
             if hello.machine != machine.name:  # another agent at this address (a taken port or socket)
                 raise RemoteError(ErrorCode.UNAVAILABLE, f"the agent at {machine.host} answers as machine {hello.machine!r}, "
                                   f"not {machine.name!r}: check host, port and socket in lab.yaml; refusing it")
@@ -345,8 +348,8 @@ class LinkCore:
                 continue
             try:
                 message = json.loads(line)
-            except ValueError:
-                log.warning("%s sent a line that is not JSON", name)
+            except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested deeper than Python parses
+                log.warning("%s sent a line that is not JSON (%s); dropped", name, describe(exc))
                 continue
             if not isinstance(message, dict):
                 log.warning("%s sent a line that is not a JSON object", name)
@@ -375,7 +378,13 @@ class LinkCore:
         if isinstance(event, TickEvent):
             self.view.apply_tick(link.name, event)
         if self.on_event is not None:
-            self.on_event(link.name, event.event, event)
+            try:
+                self.on_event(link.name, event.event, event)
+            except Exception as exc:  # the handler's bug, not the link's: logged once per event and exception, the loop goes on
+                kind = (event.event, f"handler {type(exc).__name__}")
+                if kind not in link.invalid_events:
+                    link.invalid_events.add(kind)
+                    log.exception("%s: the handler of its %r event failed (logged once)", link.name, event.event)
 
     def _unanswered(self, link: Link, message: dict[str, Any]) -> None:
         """A reply no call waits for; an error without an id is the agent refusing us at the door (a unix socket)."""

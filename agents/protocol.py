@@ -24,6 +24,7 @@ SUBSYSTEM = "cetlab"
 MAX_MESSAGE_BYTES = 1024 * 1024
 # No reply or event line is larger than this (long answers are cut and say so); consoles read lines up to it.
 MAX_REPLY_BYTES = 8 * 1024 * 1024
+MAX_GPUS = 64  # GPUs one machine may report (indices 0..63)
 MAX_TOPICS = 16  # per subscribe call (there are three topics)
 SSH_USERNAME = "cetlab"
 
@@ -147,7 +148,7 @@ class ComputeCapability(Snapshot):
 class GpuSample(Snapshot):
     """One GPU at one instant. ``None`` means N/A (unsupported by this GPU or driver)."""
 
-    index: int
+    index: int = Field(ge=0, lt=MAX_GPUS)  # bounded: a client keeps a series per index
     name: str
     uuid: str | None = None
     util_pct: Finite = None
@@ -184,12 +185,16 @@ class HostSample(Snapshot):
 GpuBackend = Literal["nvml", "sim", "none"]  # the GPU sampler of a machine (agents/telemetry)
 
 
+# a tick's GPUs: at most one per index (a hostile agent's thousands are refused where they enter)
+GpuList = Annotated[list[GpuSample], Field(max_length=MAX_GPUS)]
+
+
 class Telemetry(Snapshot):
     """Everything sampled on one machine in one tick."""
 
     machine: str
     t: FiniteFloat  # unix time of the sample
-    gpus: list[GpuSample] = Field(default_factory=list)
+    gpus: GpuList = Field(default_factory=list)
     host: HostSample = Field(default_factory=HostSample)
     gpu_backend: GpuBackend = "none"
     gpu_status: str | None = None  # e.g. "no NVIDIA GPUs: NVML library not found"

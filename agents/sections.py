@@ -38,7 +38,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_serializer, field_validator
 
 from agents.sections_gpu_support import GpuSupportSection
-from agents.protocol import Finite, FiniteFloat, GpuBackend, GpuSample, HostSample, Telemetry
+from agents.protocol import Finite, FiniteFloat, GpuBackend, GpuList, GpuSample, HostSample, Telemetry
 from agents.states import JobState, ModelState, NodeState
 
 
@@ -505,7 +505,8 @@ class SectionFault(Section):
     in which the component updates and reports again without raising."""
 
     section: str  # the section's name, as in SECTION_MODELS (the component's name)
-    phase: Literal["update", "read", "section"]  # update: on_telemetry; read: on_tick; section: making its section
+    # update: on_telemetry; read: on_tick; section: making its section; refused: a client refused it as sent (never on the wire)
+    phase: Literal["update", "read", "section", "refused"]
     error: str  # "<exception type>: <message>", one line
     since: FiniteFloat  # agent's wall time of the first failing tick in a row
 
@@ -521,7 +522,7 @@ class FaultsSection(Section):
 
 
 SECTION_MODELS: dict[str, Any] = {
-    "gpus": list[GpuSample],
+    "gpus": GpuList,
     "host": HostSample,
     "gpu_status": GpuStatus,
     "jobs": list[JobInfo],

@@ -50,6 +50,12 @@ def _adapter(name: str) -> TypeAdapter[Any] | None:
     return adapter
 
 
+def _gpu_of(key: str) -> int | None:
+    """The GPU index of a series key ("gpu3.util_pct" -> 3); None for a host series."""
+    head = key.partition(".")[0].removeprefix("gpu")
+    return int(head) if head.isdigit() else None
+
+
 @dataclass
 class MachineView:
     """What a client knows of one machine; plain typed data, updated by the client core."""
@@ -74,6 +80,7 @@ class MachineView:
     gpu_support: GpuSupportSection | None = None  # which stacks each GPU can run (agents/gpusupport/)
     faults: FaultsSection = field(default_factory=FaultsSection)  # sections whose component fails now (their last value is stale)
     problems: dict[str, str] = field(default_factory=dict)  # section -> why the agent's last value of it was refused
+    refused: dict[str, SectionFault] = field(default_factory=dict)  # the same, shown as a failing section is (section_faults)
     series: dict[str, deque[Any]] = field(default_factory=dict)  # "gpu0.util_pct" -> values
     version: int = 0  # bumped on every change; screens redraw what moved
     # per section (and "link", "hello", "series"): bumped only when that part changed, so a view redraws what it shows
@@ -116,7 +123,7 @@ class MachineView:
         self.gateway = None
         self.gpu_support = None
         self.faults = fresh.faults
-        self.problems = {}
+        self.problems, self.refused = {}, {}
 
     def apply_section(self, name: str, value: Any) -> None:
         """Parse one section of a tick into its model; a value that does not fit is refused, named, and logged."""
@@ -130,8 +137,15 @@ class MachineView:
             where = ".".join([name, *(str(part) for part in first["loc"])])
             self.problems[name] = f"{self.name} sent a {name} section that does not fit: {where}: {first['msg']}"
             log.warning("%s", self.problems[name])
+            before = self.refused.get(name)
+            fault = SectionFault(section=name, phase="refused", error=self.problems[name], since=before.since if before else time.time())
+            if fault != before:
+                self.refused[name] = fault
+                self.touch("faults")  # the views showing faults redraw: what they show of this section is stale
             return
         self.problems.pop(name, None)
+        if self.refused.pop(name, None) is not None:
+            self.touch("faults")
         if name == "gpus":
             changed = False
             for gpu in parsed:
@@ -156,6 +170,9 @@ class MachineView:
             self.apply_section(section, value)
         self.sample_t = tick.t
         self.last_seen = time.time()
+        if tick.full:  # the GPUs a full tick no longer lists are gone: so are their series
+            for key in [k for k in self.series if k.startswith("gpu") and _gpu_of(k) not in self.gpus]:
+                del self.series[key]
         for index, gpu in self.gpus.items():
             for key in GPU_SERIES:
                 self.record(f"gpu{index}.{key}", getattr(gpu, key))
@@ -168,8 +185,13 @@ class MachineView:
             self.section_versions[part] = self.section_versions.get(part, 0) + 1
 
     def failed(self, section: str) -> SectionFault | None:
-        """The agent's fault on this section now (its value here is the last one before it failed), or None."""
-        return self.faults.of(section)
+        """The agent's fault on this section now, or this client's refusal of what the agent sent of it (its value
+        here is the last one before either), or None."""
+        return self.faults.of(section) or self.refused.get(section)
+
+    def section_faults(self) -> list[SectionFault]:
+        """The sections whose value here is stale: failing on the agent, or refused as sent (it did not fit its model)."""
+        return [*self.faults.failed, *(fault for name, fault in self.refused.items() if self.faults.of(name) is None)]
 
     def age_s(self, now: float | None = None) -> float | None:
         """How old the newest sample is, in seconds (None before the first)."""

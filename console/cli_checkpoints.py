@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from agents.catalogue import (
     CHECKPOINTS_DELETE,
@@ -35,7 +35,7 @@ from agents.served import is_served, serve_failed
 from agents.states import ModelState
 from console.cli import Context
 from console.cli_jobs import job_human, parse_sets
-from console.replies import Answers, sent
+from console.replies import Answers, not_reached, sent
 from console.runs import RunKey, one_row_per_run
 from widgets.format import NA, fmt, fmt_bytes, fmt_duration, fmt_secs, fmt_time, plural
 
@@ -63,7 +63,7 @@ def table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
-def runs_human(runs: list[RunSummary], offline: dict[str, str]) -> str:
+def runs_human(runs: list[RunSummary], offline: Mapping[str, RemoteError]) -> str:
     rows = [("RUN", "MACHINE", "JOB", "CKPTS", "NEWEST", "BEST", "BEST LOSS", "DISK", "SAVE TIME", "PATH")]
     for run in runs:
         share = f" ({run.save_share_pct:.1f}%)" if run.save_share_pct is not None else ""
@@ -72,7 +72,7 @@ def runs_human(runs: list[RunSummary], offline: dict[str, str]) -> str:
                      fmt(run.newest_step, "d"), fmt(run.best_step, "d"), fmt_loss(run.best_loss),
                      fmt_bytes(run.disk_bytes), fmt_secs(run.save_s_total) + share, run.path))
     lines = table(rows) if len(rows) > 1 else ["(no checkpoints found)"]
-    return "\n".join(lines + [f"{name}: OFFLINE {error}" for name, error in offline.items()])
+    return "\n".join(lines + not_reached(offline))
 
 
 def run_human(run: RunCheckpoints) -> str:
@@ -127,8 +127,8 @@ async def locate(ctx: Context, run: str) -> str:
 async def cmd_checkpoints(ctx: Context) -> int:
     if ctx.args.run is None:
         answers = Answers.of(await ctx.request_all(CHECKPOINTS_RUNS))
-        runs, offline = listed_runs(answers), answers.messages()
-        ctx.out({"runs": [sent(r) for r in runs], "offline": offline}, lambda _: runs_human(runs, offline))
+        runs = listed_runs(answers)
+        ctx.out({"runs": [sent(r) for r in runs], "offline": answers.messages()}, lambda _: runs_human(runs, answers.errors))
         return EXIT_OK if answers.replies else EXIT_FAILED
     machine = await locate(ctx, ctx.args.run)
     run = await request(ctx.client, machine, CHECKPOINTS_LIST, RunParams(run=ctx.args.run))

@@ -7,6 +7,7 @@ import asyncio
 import json
 import shlex
 import unicodedata
+from typing import Mapping
 
 from agents.catalogue import (
     JOBS_GET,
@@ -27,7 +28,7 @@ from agents.protocol import ErrorCode, RemoteError
 from agents.sections import JobDetail, JobInfo, JobNode
 from agents.states import JOB_ACTIVE, JobState
 from console.cli import Context, say
-from console.replies import Answers, sent
+from console.replies import Answers, not_reached, sent
 from widgets.format import NA, fmt, fmt_duration
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -46,7 +47,7 @@ def step_text(job: JobInfo) -> str:
     return f"{job.step}/{job.max_steps}" if job.max_steps else str(job.step)
 
 
-def jobs_human(jobs: list[JobInfo], offline: dict[str, str]) -> str:
+def jobs_human(jobs: list[JobInfo], errors: Mapping[str, RemoteError]) -> str:
     rows = [("JOB", "MACHINE", "RECIPE", "GPUS", "PREC", "STATE", "STEP", "LOSS", "SAMPLES/S", "ETA", "ELAPSED")]
     for job in jobs:
         rows.append((
@@ -59,7 +60,7 @@ def jobs_human(jobs: list[JobInfo], offline: dict[str, str]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     if len(rows) == 1:
         lines.append("(no jobs)")
-    lines += [f"{name}: OFFLINE {error}" for name, error in offline.items()]
+    lines += not_reached(errors)  # OFFLINE, or a bad reply
     return "\n".join(lines)
 
 
@@ -168,7 +169,7 @@ async def cmd_jobs(ctx: Context) -> int:
     if not ctx.args.all:
         jobs = [j for j in jobs if j.state in JOB_ACTIVE] + [j for j in jobs if j.state not in JOB_ACTIVE][:10]
     offline = answers.messages()
-    ctx.out({"jobs": [sent(j) for j in jobs], "offline": offline}, lambda _: jobs_human(jobs, offline))
+    ctx.out({"jobs": [sent(j) for j in jobs], "offline": offline}, lambda _: jobs_human(jobs, answers.errors))
     return EXIT_OK if answers.replies else EXIT_FAILED
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from agents.catalogue import (
     MODELS_CACHE,
@@ -28,6 +28,7 @@ from agents.protocol import ErrorCode, RemoteError
 from agents.sections import ModelInfo, Rotation
 from agents.states import ModelState
 from console.cli import Context, positive_seconds, say
+from console.replies import not_reached
 from widgets.format import NA, fmt, fmt_duration, fmt_gib
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -65,7 +66,7 @@ def state_text(model: ModelInfo) -> str:
     return text + (" PINNED" if model.pinned else "")
 
 
-def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None], offline: dict[str, str]) -> str:
+def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None], offline: Mapping[str, RemoteError]) -> str:
     rows = [("MODEL", "MACHINE", "GPUS", "ENGINE", "STATE", "VRAM", "RUN/WAIT", "TOK/S", "KV", "LOAD", "WARM-UP", "WAKE", "RAM")]
     for m in models:
         running = NA if m.requests_running is None else f"{m.requests_running:.0f}/{m.requests_waiting or 0:.0f}"
@@ -87,7 +88,7 @@ def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None],
         if rotation is not None and rotation.plan:
             step = f"not rotated yet ({len(rotation.plan)} sets)" if rotation.index is None else f"step {rotation.index + 1} of {len(rotation.plan)}"
             lines.append(f"{machine}: rotation {step}, {rotation_schedule(rotation, time.time())}")
-    lines += [f"{name}: OFFLINE {error}" for name, error in offline.items()]
+    lines += not_reached(offline)
     return "\n".join(lines)
 
 
@@ -203,16 +204,16 @@ async def cmd_models(ctx: Context) -> int:
     replies = await ctx.request_all(MODELS_LIST, machines=machines)
     models: list[ModelInfo] = []
     rotations: dict[str, Rotation | None] = {}
-    offline: dict[str, str] = {}
+    offline: dict[str, RemoteError] = {}
     for machine, reply in replies.items():
         if isinstance(reply, RemoteError):
-            offline[machine] = reply.message
+            offline[machine] = reply
             continue
         models += reply.models
         rotations[machine] = reply.rotation
     data = {"lab": ctx.lab.lab, "models": [model_json(m) for m in models],
             "rotation": {machine: r.model_dump(mode="json") if r is not None else None for machine, r in rotations.items()},
-            "offline": offline}
+            "offline": {machine: exc.message for machine, exc in offline.items()}}
     ctx.out(data, lambda _: models_human(models, rotations, offline))
     return EXIT_FAILED if offline and not models else EXIT_OK
 

@@ -8,7 +8,7 @@ from typing import Any, Generic, Mapping, TypeVar
 
 from pydantic import BaseModel
 
-from agents.protocol import RemoteError
+from agents.protocol import ErrorCode, RemoteError
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -34,6 +34,17 @@ class Answers(Generic[R]):
     def messages(self) -> dict[str, str]:
         """Machine -> the one line saying why it gave no reply."""
         return {name: exc.message for name, exc in self.errors.items()}
+
+
+def why_not(exc: RemoteError) -> str:
+    """How a machine that gave no reply is labelled: "bad reply" when it answered but the reply does not fit its model
+    (it is online), OFFLINE otherwise."""
+    return "bad reply" if exc.code == ErrorCode.INVALID_REPLY else "OFFLINE"
+
+
+def not_reached(errors: Mapping[str, RemoteError]) -> list[str]:
+    """One line per machine that gave no reply: `m5: OFFLINE ...` or `m5: bad reply m5 answered ... that does not fit ...`."""
+    return [f"{name}: {why_not(exc)} {exc.message}" for name, exc in errors.items()]
 
 
 def sent(reply: BaseModel) -> Any:

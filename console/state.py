@@ -58,10 +58,11 @@ class LabState(LabView):
         return sum(view.section_versions.get(name, 0) for view in self.machines.values() for name in names)
 
     def faults(self, sections: Iterable[str] | None = None) -> list[tuple[str, SectionFault]]:
-        """(machine, fault) of every section failing now on an online machine (only these sections, when given)."""
+        """(machine, fault) of every section failing now on an online machine, or refused here as it sent it (only these
+        sections, when given)."""
         wanted = None if sections is None else set(sections)
         return [(view.name, fault) for view in self.machines.values() if view.online
-                for fault in view.faults.failed if wanted is None or fault.section in wanted]
+                for fault in view.section_faults() if wanted is None or fault.section in wanted]
 
     # -- lab-wide figures
 

@@ -24,10 +24,13 @@ from agents.link import Link, LinkCore, LinkSettings, Transport
 from agents.peers import PeerClient
 from agents.protocol import PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
 from agents.states import ModelState
-from agents.view import LabView
+from agents.view import GPU_SERIES, LabView
+from console.cli import status_human, status_json
 from console.client import FleetClient
+from console.state import LabState
 from console.openssh import PipeReader
 from tests.conftest import wait_for
+from widgets.section_faults import fault_line
 
 LAB = parse_lab(yaml.safe_dump({"lab": "link-test", "machines": [{"name": "box", "gpus": {"sim": []}}]}))
 
@@ -88,12 +91,12 @@ class ScriptedAgent:
 
 
 @asynccontextmanager
-async def linked(script: Script, **options: Any) -> AsyncIterator[tuple[ScriptedAgent, LinkCore]]:
+async def linked(script: Script, view: LabView | None = None, **options: Any) -> AsyncIterator[tuple[ScriptedAgent, LinkCore]]:
     """A core linked to a scripted agent, past its first attempt; stopped on the way out."""
     agent = ScriptedAgent(script)
     settings = LinkSettings(**{"topics": ["tick"], "call_timeout_s": 5.0, "connect_timeout_s": 5.0, "keepalive_s": 30.0,
                                "backoff_max_s": 0.2, **options})
-    core = LinkCore(LAB.machines, agent, LabView(LAB), settings)
+    core = LinkCore(LAB.machines, agent, view or LabView(LAB), settings)
     core.start()
     try:
         await core.wait_connected(10)
@@ -204,3 +207,132 @@ async def test_an_event_that_does_not_validate_is_dropped_and_logged_once_naming
         assert isinstance(seen[0][1], Notice) and seen[0][1].level == "warning"
         assert core.links["box"].status is LinkStatus.ONLINE and agent.opened == 1  # the read loop went on
         assert core.view.machines["box"].sample_t is None  # the tick that did not fit never reached the view
+
+
+def replying(method_name: str, result: Any) -> Script:
+    """A healthy agent that also answers ``method_name`` with ``result``."""
+
+    async def script(method: str, params: dict[str, Any], reply: Callable[[dict[str, Any]], None]) -> None:
+        if method == method_name:
+            reply({"result": result})
+        else:
+            await answers(method, params, reply)
+
+    return script
+
+
+async def test_a_line_nested_deeper_than_python_parses_is_dropped_and_logged_and_the_link_goes_on(caplog):
+    async with linked(replying("jobs.list", [])) as (agent, core):
+        view = core.view.machines["box"]
+        with caplog.at_level(logging.WARNING, logger="cetlab.link"):
+            agent.writers[-1].write(b'{"event": "tick", "data": ' + b"[" * 200_000 + b"]" * 200_000 + b"}\n")
+            agent.push("tick", {"t": 5.0, "full": True, "changed": {}})
+            await wait_for(lambda: view.sample_t == 5.0)  # the line after it was read
+        assert any("box sent a line that is not JSON" in r.getMessage() and "recursion" in r.getMessage() for r in caplog.records)
+        assert core.links["box"].status is LinkStatus.ONLINE and view.link is LinkStatus.ONLINE and agent.opened == 1
+        assert await core.call("box", "jobs.list") == []  # calls are still answered
+
+
+async def test_an_event_handler_that_raises_is_logged_once_and_the_link_goes_on(caplog):
+    handled: list[float] = []
+
+    def handler(machine: str, name: str, event: PushEvent) -> None:
+        handled.append(getattr(event, "t", 0.0))
+        raise ValueError("the screen's bug")
+
+    async with linked(answers) as (agent, core):
+        core.on_event = handler
+        with caplog.at_level(logging.ERROR, logger="cetlab.link"):
+            for t in (1.0, 2.0, 3.0):
+                agent.push("tick", {"t": t, "changed": {}})
+            await wait_for(lambda: len(handled) == 3)
+        assert len([r for r in caplog.records if "handler of its 'tick' event failed" in r.getMessage()]) == 1
+        assert core.links["box"].status is LinkStatus.ONLINE and agent.opened == 1
+        assert core.view.machines["box"].sample_t == 3.0
+
+
+async def test_any_other_failure_in_the_read_loop_marks_the_link_offline_with_why_and_it_reconnects():
+    async with linked(answers) as (agent, core):
+        seen: list[tuple[LinkStatus, str | None]] = []
+        set_status = core.set_status
+
+        def recording(link: Link, status: LinkStatus, error: str | None = None) -> None:
+            seen.append((status, error))
+            set_status(link, status, error)
+
+        core.set_status = recording  # type: ignore[method-assign]  # records each change, then makes it
+        apply_tick = core.view.apply_tick
+
+        def fails_once(name: str, tick: Any) -> None:
+            core.view.apply_tick = apply_tick  # type: ignore[method-assign]  # only the first tick fails
+            raise RuntimeError("a bug in the view")
+
+        core.view.apply_tick = fails_once  # type: ignore[method-assign]  # a bug past the parsing
+        agent.push("tick", {"t": 1.0, "changed": {}})
+        await wait_for(lambda: agent.opened == 2 and core.links["box"].status is LinkStatus.ONLINE)
+        assert (LinkStatus.OFFLINE, "the link failed unexpectedly: a bug in the view") in seen
+        assert core.view.machines["box"].link is LinkStatus.ONLINE
+
+
+def gpu(index: int) -> dict[str, Any]:
+    return {"index": index, "name": "sim", "util_pct": 5.0}
+
+
+async def test_a_tick_with_thousands_of_gpus_is_refused_and_the_series_keep_to_the_latest_full_tick():
+    async with linked(answers) as (agent, core):
+        view = core.view.machines["box"]
+        agent.push("tick", {"t": 1.0, "full": True, "changed": {"gpus": [gpu(0), gpu(1)]}})
+        await wait_for(lambda: view.sample_t == 1.0)
+        assert sorted(view.gpus) == [0, 1] and "gpu1.util_pct" in view.series
+        agent.push("tick", {"t": 2.0, "changed": {"gpus": [gpu(i) for i in range(2, 5002)]}})  # 5,000 new GPUs a tick
+        await wait_for(lambda: view.sample_t == 2.0)
+        assert "gpus" in view.problems and "at most 64" in view.problems["gpus"], view.problems
+        agent.push("tick", {"t": 3.0, "changed": {"gpus": [gpu(64)]}})  # one GPU past the bound
+        await wait_for(lambda: view.sample_t == 3.0)
+        assert "gpus.0.index" in view.problems["gpus"] and sorted(view.gpus) == [0, 1]
+        agent.push("tick", {"t": 4.0, "full": True, "changed": {"gpus": [gpu(0)]}})  # gpu1 is gone
+        await wait_for(lambda: view.sample_t == 4.0)
+        assert sorted(view.gpus) == [0] and not view.problems
+        assert sorted(view.series) == ["cpu_pct", *sorted(f"gpu0.{key}" for key in GPU_SERIES)]
+        assert core.links["box"].status is LinkStatus.ONLINE
+
+
+async def test_a_section_refused_as_sent_is_shown_as_a_failing_one_until_a_valid_one_arrives():
+    state = LabState(LAB)
+    async with linked(answers, view=state) as (agent, core):
+        agent.push("tick", {"t": 1.0, "full": True, "changed": {"models": {"models": [model("llm", "sleeping")]}}})
+        await wait_for(lambda: state.machines["box"].model("llm"))
+        assert state.faults() == [] and status_json(state)["machines"][0]["sections_failed"] == []
+        agent.push("tick", {"t": 2.0, "changed": {"models": {"models": [model("llm", "dozing")]}}})
+        await wait_for(lambda: state.faults())
+        [(machine, fault)] = state.faults(["models"])
+        assert machine == "box" and fault.section == "models" and fault.phase == "refused"
+        assert "box sent a models section that does not fit: models.models.0.state" in fault.error
+        assert "REFUSED" in fault_line(machine, fault).plain and "models.models.0.state" in fault_line(machine, fault).plain
+        [failed] = status_json(state)["machines"][0]["sections_failed"]  # `cetlab --json status`
+        assert failed["section"] == "models" and failed["phase"] == "refused" and "models.0.state" in failed["error"]
+        assert "section models FAILED (refused)" in status_human(status_json(state))
+        assert state.faults(["jobs"]) == []  # only the views showing models
+        agent.push("tick", {"t": 3.0, "changed": {"models": {"models": [model("llm", "warm")]}}})
+        await wait_for(lambda: not state.faults())
+        assert status_json(state)["machines"][0]["sections_failed"] == []
+
+
+async def test_a_reply_that_does_not_fit_names_the_machine_and_the_cli_says_bad_reply_not_offline():
+    from agents.catalogue import MODELS_LIST, request
+    from console.cli_checkpoints import runs_human
+    from console.cli_models import models_human
+
+    script = replying("models.list", {"machine": "box", "models": [model("llm", "dozing")]})
+    async with linked(script) as (_agent, core):
+        with pytest.raises(ReplyInvalid) as raised:
+            await core.call("box", "models.list")
+        assert raised.value.message.startswith("box answered models.list with a reply that does not fit at models.0.state: ")
+        with pytest.raises(ReplyInvalid) as typed:
+            await request(core, "box", MODELS_LIST)
+        assert raised.value.code is ErrorCode.INVALID_REPLY and typed.value.machine == "box"
+        assert "box answered models.list" in typed.value.message
+        down = RemoteError(ErrorCode.DISCONNECTED, "gpu2 is offline")
+        for lines in (models_human([], {}, {"box": typed.value, "gpu2": down}), runs_human([], {"box": typed.value, "gpu2": down})):
+            assert "box: bad reply box answered models.list with a reply that does not fit" in lines
+            assert "box: OFFLINE" not in lines and "gpu2: OFFLINE gpu2 is offline" in lines

@@ -1,4 +1,5 @@
-"""The line a view shows while a section it draws is failing on an agent: which machine, which section, the error."""
+"""The line a view shows while a section it draws is failing on an agent (or was refused as sent): which machine, which
+section, the error."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from widgets.wire import safe_text
 def fault_line(machine: str, fault: SectionFault) -> Text:
     """`✖ box: jobs FAILED since 09:12:03 (update): RuntimeError: ...`: plain text, never markup (the error is the agent's)."""
     line = Text()
-    line.append(f"✖ {machine}: {fault.section} FAILED", style="bold white on red")
+    # refused: this client refused what the agent sent of it (it does not fit its model); its error names where
+    line.append(f"✖ {machine}: {fault.section} {'REFUSED' if fault.phase == 'refused' else 'FAILED'}", style="bold white on red")
     line.append(f" since {time.strftime('%H:%M:%S', time.localtime(fault.since))} ({fault.phase}): ", style="red")
     line.append(fault.error)
     line.append("  (shown as it was before)", style="dim")

@@ -409,11 +409,17 @@ def default_components(core: AgentCore) -> list[Component]:
     from agents.audit import AuditComponent
     from agents.checkpoints import CheckpointsComponent
     from agents.costs import CostsComponent
-    from agents.gateway.component import GatewayComponent
     from agents.gpusupport.component import GpuSupportComponent
     from agents.jobs.supervisor import JobsComponent
     from agents.notify.component import NotifyComponent
     from agents.orchestra import OrchestraComponent
 
-    return [AuditComponent(core), CostsComponent(core), AlertsComponent(core), NotifyComponent(core), GpuSupportComponent(core),
-            JobsComponent(core), OrchestraComponent(core), CheckpointsComponent(core), GatewayComponent(core)]
+    components: list[Component] = [AuditComponent(core), CostsComponent(core), AlertsComponent(core), NotifyComponent(core),
+                                   GpuSupportComponent(core), JobsComponent(core), OrchestraComponent(core), CheckpointsComponent(core)]
+    if core.lab.gateway is not None and core.lab.gateway.machine == core.machine.name:
+        # only on lab.yaml's gateway.machine: elsewhere it would do nothing, and its router, metering and peer links
+        # are not imported at all (the agent's memory; issue 22)
+        from agents.gateway.component import GatewayComponent
+
+        components.append(GatewayComponent(core))
+    return components

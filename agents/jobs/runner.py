@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import time
-from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
 import psutil
@@ -77,6 +76,8 @@ def copy_truncate(path: Path, max_bytes: int, keep: int) -> bool:
 
 
 def open_log(path: Path, max_bytes: int, keep: int) -> logging.Logger:
+    from logging.handlers import RotatingFileHandler  # in the job's runner process, not the agent's
+
     handler = RotatingFileHandler(path, maxBytes=max_bytes, backupCount=keep, encoding="utf-8")
     handler.terminator = ""  # chunks carry their own newlines
     handler.setFormatter(logging.Formatter("%(message)s"))

@@ -1,6 +1,6 @@
 """Agent overhead: 8 GPUs sampled at 1 Hz, one console subscribed, beside an nvitop-style loop measured in the same run.
 
-    python bench/bench_agent_overhead.py [--nvml] [--window-s S] [--rounds N]
+    python bench/bench_agent_overhead.py [--nvml] [--via-sshd] [--window-s S] [--rounds N]
 
 Goals (issue 22): the agent's RSS <= 1.3x the loop's, and the agent's CPU <= 0.25% of one core.
 
@@ -12,6 +12,9 @@ Goals (issue 22): the agent's RSS <= 1.3x the loop's, and the agent's CPU <= 0.2
   `gpus: nvml`; the baseline is the nvitop-style loop over pynvml (utilisation, memory, power,
   temperature and processes of every device at 1 Hz). Without NVML it says so and stops (exit 0,
   no figures): nothing here needs a GPU.
+- `--via-sshd`: the machine is `via: sshd` (consoles come through its sshd to the agent's unix socket): the
+  agent serves no SSH port and never loads asyncssh; the console here is a plain client of that socket
+  (hello, then subscribed to ticks), which is what sshd's direct-streamlocal channel hands the agent.
 
 The CPU figures are CPU seconds over wall seconds of each process (its own work, which the load of a
 shared machine barely changes), measured in ROUNDS windows side by side; the median is printed, and
@@ -83,13 +86,53 @@ def nvml_absent() -> str | None:
     return None if count else "NVML lists no GPU"
 
 
-def lab_source(directory: Path, nvml: bool) -> Path:
+def lab_source(directory: Path, nvml: bool, via_sshd: bool = False) -> Path:
     import yaml
 
     gpus: object = "nvml" if nvml else {"sim": SCALE_GPUS}
     source = directory / "src.yaml"
-    source.write_text(yaml.safe_dump({"lab": "bench", "machines": [{"name": "box", "gpus": gpus}]}))
+    machine: dict[str, object] = {"name": "box", "gpus": gpus, **({"via": "sshd"} if via_sshd else {})}
+    source.write_text(yaml.safe_dump({"lab": "bench", "machines": [machine]}))
     return source
+
+
+async def socket_console(path: Path, received: list[int]) -> None:
+    """A console on the agent's unix socket: hello, subscribed to ticks, reading every line (counted in received[0])."""
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(b'{"id": 1, "method": "hello", "params": {}}\n{"id": 2, "method": "subscribe", "params": {"topics": ["tick"]}}\n')
+    try:
+        while await reader.readline():
+            received[0] += 1
+    finally:
+        writer.close()
+
+
+async def via_sshd_run(tmp: Path, nvml: bool, window_s: float, count: int) -> tuple[dict[str, tuple[list[float], list[float]]], int]:
+    """The agent of a via: sshd machine (no SSH port of its own) beside the loop, one console on its socket; lines received."""
+    lab = lab_source(tmp, nvml, via_sshd=True)
+    sock = tmp / "agent.sock"
+    repo = Path(__file__).resolve().parent.parent
+    with open(tmp / "agent.log", "wb") as log:
+        agent = subprocess.Popen([sys.executable, "-m", "agents.daemon", "--log-level", "warning", "serve", "--lab", str(lab), "--machine", "box",
+                                  "--state-dir", str(tmp / "state"), "--unix-socket", str(sock)], cwd=repo, stdout=log, stderr=log)
+    loop = subprocess.Popen([sys.executable, "-c", NVML_LOOP] if nvml else [sys.executable, "-c", SIM_LOOP, str(lab)], cwd=repo)
+    try:
+        for _ in range(600):
+            if sock.exists() or agent.poll() is not None:
+                break
+            await asyncio.sleep(0.1)
+        if not sock.exists():
+            raise RuntimeError(f"the agent did not open its socket: {(tmp / 'agent.log').read_text()[-2000:]}")
+        received = [0]
+        console = asyncio.create_task(socket_console(sock, received))
+        await asyncio.sleep(5)  # past start-up: the first full tick, the console's first requests
+        figures = await rounds({"agent": agent.pid, "loop": loop.pid}, window_s, count)
+        console.cancel()
+        return figures, received[0]
+    finally:
+        for proc in (loop, agent):
+            proc.kill()
+            proc.wait()
 
 
 def load_average() -> str:
@@ -111,6 +154,8 @@ async def rounds(pids: dict[str, int], window_s: float, count: int) -> dict[str,
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nvml", action="store_true", help="the agent on real NVML beside a pynvml loop (a GPU machine)")
+    parser.add_argument("--via-sshd", action="store_true",
+                        help="the machine is via: sshd: the agent serves its unix socket only (no asyncssh), a console on that socket")
     parser.add_argument("--window-s", type=float, default=20.0, help="seconds per round (default 20)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the medians are printed (default 3)")
     args = parser.parse_args()
@@ -120,6 +165,10 @@ async def main() -> int:
               "(bench/gpu_check.sh --overhead-only); without --nvml it measures simulated GPUs.")
         return 0
     load_before = load_average()
+    if args.via_sshd:
+        with tempfile.TemporaryDirectory(prefix="cetlab-bench-agent-") as tmp:  # short: a socket path has at most 107 bytes
+            figures, ticks = await via_sshd_run(Path(tmp), args.nvml, args.window_s, args.rounds)
+        return report(args, figures, ticks, "all" if args.nvml else str(len(SCALE_GPUS)), load_before)
     with tempfile.TemporaryDirectory(prefix="cetlab-bench-agent-") as tmp, \
             DemoLab(Path(tmp) / "run", source=lab_source(Path(tmp), args.nvml)) as demo:
         loop_argv = [sys.executable, "-c", NVML_LOOP] if args.nvml else [sys.executable, "-c", SIM_LOOP, str(demo.lab_path)]
@@ -134,11 +183,16 @@ async def main() -> int:
         finally:
             loop.kill()
             loop.wait()
+    return report(args, figures, ticks, str(n_gpus), load_before)
+
+
+def report(args: argparse.Namespace, figures: dict[str, tuple[list[float], list[float]]], ticks: int, n_gpus: str, load_before: str) -> int:
     cpu = {name: statistics.median(f[0]) for name, f in figures.items()}
     rss = {name: statistics.median(f[1]) for name, f in figures.items()}
     kind = "NVML" if args.nvml else "simulated"
     loop_name = "nvitop-style pynvml loop" if args.nvml else "nvitop-style loop over SimSampler"
-    print(f"{n_gpus} {kind} GPUs at 1 Hz, one console subscribed ({ticks} updates received); "
+    where = " (via: sshd, the console on the agent's unix socket)" if args.via_sshd else ""
+    print(f"{n_gpus} {kind} GPUs at 1 Hz, one console subscribed{where} ({ticks} updates received); "
           f"{args.rounds} rounds of {args.window_s:.0f} s, medians; load average {load_before} -> {load_average()} (2 cores shared)")
     for name, label in (("loop", loop_name), ("agent", "cetlab-agent")):
         print(f"  {label:34s}: CPU {cpu[name]:5.2f}% of one core (rounds {', '.join(f'{x:.2f}' for x in figures[name][0])}), "

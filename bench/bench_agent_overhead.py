@@ -1,6 +1,6 @@
 """Agent overhead: 8 GPUs sampled at 1 Hz, one console subscribed, beside an nvitop-style loop measured in the same run.
 
-    python bench/bench_agent_overhead.py [--nvml] [--via-sshd] [--window-s S] [--rounds N]
+    python bench/bench_agent_overhead.py [--nvml] [--via-sshd | --floor] [--window-s S] [--rounds N]
 
 Goals (issue 22): the agent's RSS <= 1.3x the loop's, and the agent's CPU <= 0.25% of one core.
 
@@ -15,6 +15,8 @@ Goals (issue 22): the agent's RSS <= 1.3x the loop's, and the agent's CPU <= 0.2
 - `--via-sshd`: the machine is `via: sshd` (consoles come through its sshd to the agent's unix socket): the
   agent serves no SSH port and never loads asyncssh; the console here is a plain client of that socket
   (hello, then subscribed to ticks), which is what sshd's direct-streamlocal channel hands the agent.
+- `--floor`: in the agent's place, the least an agent that serves its own SSH port can be: the same loop plus an
+  asyncssh server (ed25519 host key, one key login) streaming the 8 GPUs' fields to one client at 1 Hz.
 
 The CPU figures are CPU seconds over wall seconds of each process (its own work, which the load of a
 shared machine barely changes), measured in ROUNDS windows side by side; the median is printed, and
@@ -68,6 +70,32 @@ while True:
     time.sleep(1.0)
 """
 
+# the floor of an agent that serves its own SSH port: the loop above plus an asyncssh server (ed25519 host key, one
+# public-key login) that streams the same 8 GPUs' fields to its one client at 1 Hz; nothing else of the agent
+FLOOR = SIM_LOOP.split("while True:")[0] + """
+import asyncio, json
+import asyncssh
+host_key, client_key = asyncssh.generate_private_key("ssh-ed25519"), asyncssh.generate_private_key("ssh-ed25519")
+client_key.write_private_key(sys.argv[2])
+
+class Server(asyncssh.SSHServer):
+    def begin_auth(self, username): return True
+    def public_key_auth_supported(self): return True
+    def validate_public_key(self, username, key): return key.public_data == client_key.public_data
+
+async def stream(process):
+    while True:
+        process.stdout.write(json.dumps([[g.util_pct, g.mem_used_bytes, g.power_w, g.temp_c, len(g.processes)] for g in sampler.sample()]) + "\\n")
+        await asyncio.sleep(1.0)
+
+async def main():
+    server = await asyncssh.create_server(Server, "127.0.0.1", 0, server_host_keys=[host_key], process_factory=stream, encoding="utf-8")
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
 
 def nvml_absent() -> str | None:
     """Why NVML cannot be used here, or None when it can."""
@@ -105,6 +133,36 @@ async def socket_console(path: Path, received: list[int]) -> None:
             received[0] += 1
     finally:
         writer.close()
+
+
+async def floor_run(tmp: Path, window_s: float, count: int) -> tuple[dict[str, tuple[list[float], list[float]]], int]:
+    """The floor process (the loop plus an asyncssh server streaming its samples) beside the loop, its one client here."""
+    import asyncssh
+
+    lab = lab_source(tmp, nvml=False)
+    repo = Path(__file__).resolve().parent.parent
+    floor = subprocess.Popen([sys.executable, "-c", FLOOR, str(lab), str(tmp / "client_key")], cwd=repo, stdout=subprocess.PIPE, text=True)
+    loop = subprocess.Popen([sys.executable, "-c", SIM_LOOP, str(lab)], cwd=repo)
+    try:
+        assert floor.stdout is not None
+        port = int(await asyncio.to_thread(floor.stdout.readline))
+        async with asyncssh.connect("127.0.0.1", port, username="bench", known_hosts=None, client_keys=[str(tmp / "client_key")]) as conn:
+            process = await conn.create_process("stream")
+            received = [0]
+
+            async def read() -> None:
+                async for _line in process.stdout:
+                    received[0] += 1
+
+            reader = asyncio.create_task(read())
+            await asyncio.sleep(5)
+            figures = await rounds({"agent": floor.pid, "loop": loop.pid}, window_s, count)
+            reader.cancel()
+            return figures, received[0]
+    finally:
+        for proc in (loop, floor):
+            proc.kill()
+            proc.wait()
 
 
 async def via_sshd_run(tmp: Path, nvml: bool, window_s: float, count: int) -> tuple[dict[str, tuple[list[float], list[float]]], int]:
@@ -156,6 +214,8 @@ async def main() -> int:
     parser.add_argument("--nvml", action="store_true", help="the agent on real NVML beside a pynvml loop (a GPU machine)")
     parser.add_argument("--via-sshd", action="store_true",
                         help="the machine is via: sshd: the agent serves its unix socket only (no asyncssh), a console on that socket")
+    parser.add_argument("--floor", action="store_true",
+                        help="in the agent's place, the floor of an SSH-serving agent: the same loop plus an asyncssh server streaming it")
     parser.add_argument("--window-s", type=float, default=20.0, help="seconds per round (default 20)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the medians are printed (default 3)")
     args = parser.parse_args()
@@ -165,6 +225,10 @@ async def main() -> int:
               "(bench/gpu_check.sh --overhead-only); without --nvml it measures simulated GPUs.")
         return 0
     load_before = load_average()
+    if args.floor:
+        with tempfile.TemporaryDirectory(prefix="cetlab-bench-agent-") as tmp:
+            figures, ticks = await floor_run(Path(tmp), args.window_s, args.rounds)
+        return report(args, figures, ticks, str(len(SCALE_GPUS)), load_before)
     if args.via_sshd:
         with tempfile.TemporaryDirectory(prefix="cetlab-bench-agent-") as tmp:  # short: a socket path has at most 107 bytes
             figures, ticks = await via_sshd_run(Path(tmp), args.nvml, args.window_s, args.rounds)
@@ -192,16 +256,19 @@ def report(args: argparse.Namespace, figures: dict[str, tuple[list[float], list[
     kind = "NVML" if args.nvml else "simulated"
     loop_name = "nvitop-style pynvml loop" if args.nvml else "nvitop-style loop over SimSampler"
     where = " (via: sshd, the console on the agent's unix socket)" if args.via_sshd else ""
+    if args.floor:
+        where = " (FLOOR: in the agent's place, the loop plus an asyncssh server streaming its samples to one client)"
     print(f"{n_gpus} {kind} GPUs at 1 Hz, one console subscribed{where} ({ticks} updates received); "
           f"{args.rounds} rounds of {args.window_s:.0f} s, medians; load average {load_before} -> {load_average()} (2 cores shared)")
-    for name, label in (("loop", loop_name), ("agent", "cetlab-agent")):
+    for name, label in (("loop", loop_name), ("agent", "floor: loop + asyncssh server" if args.floor else "cetlab-agent")):
         print(f"  {label:34s}: CPU {cpu[name]:5.2f}% of one core (rounds {', '.join(f'{x:.2f}' for x in figures[name][0])}), "
               f"RSS {rss[name]:5.1f} MB")
     rss_ratio = rss["agent"] / rss["loop"]
     cpu_ratio = cpu["agent"] / cpu["loop"] if cpu["loop"] > 0 else float("inf")
-    print(f"agent RSS {rss['agent']:.1f} MB / loop {rss['loop']:.1f} MB = {rss_ratio:.2f}x "
+    who = "floor" if args.floor else "agent"
+    print(f"{who} RSS {rss['agent']:.1f} MB / loop {rss['loop']:.1f} MB = {rss_ratio:.2f}x "
           f"(goal <= {RSS_GOAL}x: {'OK' if rss_ratio <= RSS_GOAL else 'MISSED'})")
-    print(f"agent CPU {cpu['agent']:.2f}% of one core, {cpu_ratio:.1f}x the loop's {cpu['loop']:.2f}% "
+    print(f"{who} CPU {cpu['agent']:.2f}% of one core, {cpu_ratio:.1f}x the loop's {cpu['loop']:.2f}% "
           f"(goal <= {CPU_GOAL}%: {'OK' if cpu['agent'] <= CPU_GOAL else 'MISSED'})")
     return 0
 

@@ -140,20 +140,23 @@ class Agent:
     # -- lifecycle
 
     async def start(self) -> None:
-        from agents import server
+        from agents import channel
 
         prepare_state_dir(self.state_dir)
         self._lock_state_dir()
-        host_key = ensure_key(self.state_dir / HOST_KEY_NAME, comment=f"cetlab-agent@{self.machine.name}")
-        authorized = AuthorizedKeys(self.state_dir / AUTHORIZED_KEYS_NAME)
-        authorized.entries()  # refuse a malformed or too-open file now, not at the first login
+        if self.serves_tcp:  # the SSH server's keys; a `via: sshd` agent has no SSH server, and never loads asyncssh (issue 22)
+            host_key = ensure_key(self.state_dir / HOST_KEY_NAME, comment=f"cetlab-agent@{self.machine.name}")
+            authorized = AuthorizedKeys(self.state_dir / AUTHORIZED_KEYS_NAME)
+            authorized.entries()  # refuse a malformed or too-open file now, not at the first login
         self.store = Store(self.state_dir / "state.db")
         await self.start_components()
         self.tick()  # a first sample before anyone connects
         self._loop_task = asyncio.create_task(self._run_loop(), name="telemetry")
         if self.serves_tcp:
+            from agents import server
+
             self._acceptor = await server.listen(self, self.listen_addr[0], self.listen_addr[1], host_key, authorized)
-        self._unix_server = await server.listen_unix(self, self.unix_socket)
+        self._unix_server = await channel.listen_unix(self, self.unix_socket)
         log.info(
             "agent for %s listening on %s (%s GPUs: %s)", self.machine.name,
             " and ".join(where for where, up in (("%s:%s" % self.listen_addr, self.serves_tcp), (str(self.unix_socket), self._unix_server))
@@ -417,11 +420,17 @@ def default_components(core: AgentCore) -> list[Component]:
     from agents.audit import AuditComponent
     from agents.checkpoints import CheckpointsComponent
     from agents.costs import CostsComponent
-    from agents.gateway.component import GatewayComponent
     from agents.gpusupport.component import GpuSupportComponent
     from agents.jobs.supervisor import JobsComponent
     from agents.notify.component import NotifyComponent
     from agents.orchestra import OrchestraComponent
 
-    return [AuditComponent(core), CostsComponent(core), AlertsComponent(core), NotifyComponent(core), GpuSupportComponent(core),
-            JobsComponent(core), OrchestraComponent(core), CheckpointsComponent(core), GatewayComponent(core)]
+    components: list[Component] = [AuditComponent(core), CostsComponent(core), AlertsComponent(core), NotifyComponent(core),
+                                   GpuSupportComponent(core), JobsComponent(core), OrchestraComponent(core), CheckpointsComponent(core)]
+    if core.lab.gateway is not None and core.lab.gateway.machine == core.machine.name:
+        # only on lab.yaml's gateway.machine: elsewhere it would do nothing, and its router, metering and peer links
+        # are not imported at all (the agent's memory; issue 22)
+        from agents.gateway.component import GatewayComponent
+
+        components.append(GatewayComponent(core))
+    return components

@@ -16,8 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-from platformdirs import user_state_path
-
 from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, KeyFileError, ensure_key
 from agents.lab import Lab, LabError, load_lab
 from agents.limits import RepeatFilter, ThrottledLog
@@ -32,6 +30,8 @@ EXIT_STOP_TIMEOUT = 70  # EX_SOFTWARE: the orderly stop did not finish
 
 
 def default_state_dir(machine: str) -> Path:
+    from platformdirs import user_state_path  # not needed where --state-dir is given
+
     return user_state_path("cetlab") / f"agent-{machine}"
 
 

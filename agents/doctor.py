@@ -115,7 +115,8 @@ def check_precision() -> list[Check]:
     return checks
 
 
-def check_state_dir(state_dir: Path) -> list[Check]:
+def check_state_dir(state_dir: Path, ssh_server: bool = True) -> list[Check]:
+    """ssh_server: the agent serves SSH itself (`via: agent`); a `via: sshd` agent makes and reads no host key."""
     if not state_dir.exists():
         return [Check("state dir", WARN, f"{state_dir} does not exist yet (the agent creates it, mode 700)")]
     mode = stat.S_IMODE(state_dir.stat().st_mode)
@@ -125,7 +126,9 @@ def check_state_dir(state_dir: Path) -> list[Check]:
     else:
         checks.append(Check("state dir", OK, f"{state_dir} (mode {mode:o})"))
     host_key = state_dir / HOST_KEY_NAME
-    if not host_key.exists():
+    if not host_key.exists() and not ssh_server:
+        checks.append(Check("host key", OK, "none needed: via: sshd (consoles come through this machine's sshd)"))
+    elif not host_key.exists():
         checks.append(Check("host key", WARN, f"{host_key} missing: created at the first start"))
     else:
         key_mode = stat.S_IMODE(host_key.stat().st_mode)
@@ -174,7 +177,8 @@ def check_clock() -> Check:
 
 def run_checks(lab: Lab, machine: str, state_dir: Path) -> list[Check]:
     return [check_gpus(lab, machine), check_torch(lab, machine), *check_precision(), *check_gpu_support(lab, machine),
-            *check_engines(lab, machine), *check_state_dir(state_dir), check_disk(lab, state_dir), check_clock()]
+            *check_engines(lab, machine), *check_state_dir(state_dir, ssh_server=lab.machine(machine).via == "agent"),
+            check_disk(lab, state_dir), check_clock()]
 
 
 def run_machine_checks(lab_path: Path, machine: str, state_dir: Path | None) -> list[Check]:

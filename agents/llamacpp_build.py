@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -108,6 +107,8 @@ def build(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = 
         _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(work),
               f"llama-cpp-python=={PIN}"])
         sdist = next(work.glob("llama_cpp_python-*.tar.gz"))
+        import tarfile  # only when a build runs, not in every agent
+
         with tarfile.open(sdist) as tar:
             tar.extractall(work, filter="data")
         src = next(work.glob("llama_cpp_python-*/vendor/llama.cpp"))

@@ -1,6 +1,6 @@
 """Agent overhead: 8 GPUs sampled at 1 Hz, one console subscribed, beside an nvitop-style loop measured in the same run.
 
-    python bench/bench_agent_overhead.py [--nvml] [--window-s S] [--rounds N]
+    python bench/bench_agent_overhead.py [--nvml] [--via-sshd | --floor] [--window-s S] [--rounds N]
 
 Goals (issue 22): the agent's RSS <= 1.3x the loop's, and the agent's CPU <= 0.25% of one core.
 
@@ -12,6 +12,11 @@ Goals (issue 22): the agent's RSS <= 1.3x the loop's, and the agent's CPU <= 0.2
   `gpus: nvml`; the baseline is the nvitop-style loop over pynvml (utilisation, memory, power,
   temperature and processes of every device at 1 Hz). Without NVML it says so and stops (exit 0,
   no figures): nothing here needs a GPU.
+- `--via-sshd`: the machine is `via: sshd` (consoles come through its sshd to the agent's unix socket): the
+  agent serves no SSH port and never loads asyncssh; the console here is a plain client of that socket
+  (hello, then subscribed to ticks), which is what sshd's direct-streamlocal channel hands the agent.
+- `--floor`: in the agent's place, the least an agent that serves its own SSH port can be: the same loop plus an
+  asyncssh server (ed25519 host key, one key login) streaming the 8 GPUs' fields to one client at 1 Hz.
 
 The CPU figures are CPU seconds over wall seconds of each process (its own work, which the load of a
 shared machine barely changes), measured in ROUNDS windows side by side; the median is printed, and
@@ -65,6 +70,32 @@ while True:
     time.sleep(1.0)
 """
 
+# the floor of an agent that serves its own SSH port: the loop above plus an asyncssh server (ed25519 host key, one
+# public-key login) that streams the same 8 GPUs' fields to its one client at 1 Hz; nothing else of the agent
+FLOOR = SIM_LOOP.split("while True:")[0] + """
+import asyncio, json
+import asyncssh
+host_key, client_key = asyncssh.generate_private_key("ssh-ed25519"), asyncssh.generate_private_key("ssh-ed25519")
+client_key.write_private_key(sys.argv[2])
+
+class Server(asyncssh.SSHServer):
+    def begin_auth(self, username): return True
+    def public_key_auth_supported(self): return True
+    def validate_public_key(self, username, key): return key.public_data == client_key.public_data
+
+async def stream(process):
+    while True:
+        process.stdout.write(json.dumps([[g.util_pct, g.mem_used_bytes, g.power_w, g.temp_c, len(g.processes)] for g in sampler.sample()]) + "\\n")
+        await asyncio.sleep(1.0)
+
+async def main():
+    server = await asyncssh.create_server(Server, "127.0.0.1", 0, server_host_keys=[host_key], process_factory=stream, encoding="utf-8")
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
 
 def nvml_absent() -> str | None:
     """Why NVML cannot be used here, or None when it can."""
@@ -83,13 +114,83 @@ def nvml_absent() -> str | None:
     return None if count else "NVML lists no GPU"
 
 
-def lab_source(directory: Path, nvml: bool) -> Path:
+def lab_source(directory: Path, nvml: bool, via_sshd: bool = False) -> Path:
     import yaml
 
     gpus: object = "nvml" if nvml else {"sim": SCALE_GPUS}
     source = directory / "src.yaml"
-    source.write_text(yaml.safe_dump({"lab": "bench", "machines": [{"name": "box", "gpus": gpus}]}))
+    machine: dict[str, object] = {"name": "box", "gpus": gpus, **({"via": "sshd"} if via_sshd else {})}
+    source.write_text(yaml.safe_dump({"lab": "bench", "machines": [machine]}))
     return source
+
+
+async def socket_console(path: Path, received: list[int]) -> None:
+    """A console on the agent's unix socket: hello, subscribed to ticks, reading every line (counted in received[0])."""
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(b'{"id": 1, "method": "hello", "params": {}}\n{"id": 2, "method": "subscribe", "params": {"topics": ["tick"]}}\n')
+    try:
+        while await reader.readline():
+            received[0] += 1
+    finally:
+        writer.close()
+
+
+async def floor_run(tmp: Path, window_s: float, count: int) -> tuple[dict[str, tuple[list[float], list[float]]], int]:
+    """The floor process (the loop plus an asyncssh server streaming its samples) beside the loop, its one client here."""
+    import asyncssh
+
+    lab = lab_source(tmp, nvml=False)
+    repo = Path(__file__).resolve().parent.parent
+    floor = subprocess.Popen([sys.executable, "-c", FLOOR, str(lab), str(tmp / "client_key")], cwd=repo, stdout=subprocess.PIPE, text=True)
+    loop = subprocess.Popen([sys.executable, "-c", SIM_LOOP, str(lab)], cwd=repo)
+    try:
+        assert floor.stdout is not None
+        port = int(await asyncio.to_thread(floor.stdout.readline))
+        async with asyncssh.connect("127.0.0.1", port, username="bench", known_hosts=None, client_keys=[str(tmp / "client_key")]) as conn:
+            process = await conn.create_process("stream")
+            received = [0]
+
+            async def read() -> None:
+                async for _line in process.stdout:
+                    received[0] += 1
+
+            reader = asyncio.create_task(read())
+            await asyncio.sleep(5)
+            figures = await rounds({"agent": floor.pid, "loop": loop.pid}, window_s, count)
+            reader.cancel()
+            return figures, received[0]
+    finally:
+        for proc in (loop, floor):
+            proc.kill()
+            proc.wait()
+
+
+async def via_sshd_run(tmp: Path, nvml: bool, window_s: float, count: int) -> tuple[dict[str, tuple[list[float], list[float]]], int]:
+    """The agent of a via: sshd machine (no SSH port of its own) beside the loop, one console on its socket; lines received."""
+    lab = lab_source(tmp, nvml, via_sshd=True)
+    sock = tmp / "agent.sock"
+    repo = Path(__file__).resolve().parent.parent
+    with open(tmp / "agent.log", "wb") as log:
+        agent = subprocess.Popen([sys.executable, "-m", "agents.daemon", "--log-level", "warning", "serve", "--lab", str(lab), "--machine", "box",
+                                  "--state-dir", str(tmp / "state"), "--unix-socket", str(sock)], cwd=repo, stdout=log, stderr=log)
+    loop = subprocess.Popen([sys.executable, "-c", NVML_LOOP] if nvml else [sys.executable, "-c", SIM_LOOP, str(lab)], cwd=repo)
+    try:
+        for _ in range(600):
+            if sock.exists() or agent.poll() is not None:
+                break
+            await asyncio.sleep(0.1)
+        if not sock.exists():
+            raise RuntimeError(f"the agent did not open its socket: {(tmp / 'agent.log').read_text()[-2000:]}")
+        received = [0]
+        console = asyncio.create_task(socket_console(sock, received))
+        await asyncio.sleep(5)  # past start-up: the first full tick, the console's first requests
+        figures = await rounds({"agent": agent.pid, "loop": loop.pid}, window_s, count)
+        console.cancel()
+        return figures, received[0]
+    finally:
+        for proc in (loop, agent):
+            proc.kill()
+            proc.wait()
 
 
 def load_average() -> str:
@@ -111,6 +212,10 @@ async def rounds(pids: dict[str, int], window_s: float, count: int) -> dict[str,
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nvml", action="store_true", help="the agent on real NVML beside a pynvml loop (a GPU machine)")
+    parser.add_argument("--via-sshd", action="store_true",
+                        help="the machine is via: sshd: the agent serves its unix socket only (no asyncssh), a console on that socket")
+    parser.add_argument("--floor", action="store_true",
+                        help="in the agent's place, the floor of an SSH-serving agent: the same loop plus an asyncssh server streaming it")
     parser.add_argument("--window-s", type=float, default=20.0, help="seconds per round (default 20)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the medians are printed (default 3)")
     args = parser.parse_args()
@@ -120,6 +225,14 @@ async def main() -> int:
               "(bench/gpu_check.sh --overhead-only); without --nvml it measures simulated GPUs.")
         return 0
     load_before = load_average()
+    if args.floor:
+        with tempfile.TemporaryDirectory(prefix="cetlab-bench-agent-") as tmp:
+            figures, ticks = await floor_run(Path(tmp), args.window_s, args.rounds)
+        return report(args, figures, ticks, str(len(SCALE_GPUS)), load_before)
+    if args.via_sshd:
+        with tempfile.TemporaryDirectory(prefix="cetlab-bench-agent-") as tmp:  # short: a socket path has at most 107 bytes
+            figures, ticks = await via_sshd_run(Path(tmp), args.nvml, args.window_s, args.rounds)
+        return report(args, figures, ticks, "all" if args.nvml else str(len(SCALE_GPUS)), load_before)
     with tempfile.TemporaryDirectory(prefix="cetlab-bench-agent-") as tmp, \
             DemoLab(Path(tmp) / "run", source=lab_source(Path(tmp), args.nvml)) as demo:
         loop_argv = [sys.executable, "-c", NVML_LOOP] if args.nvml else [sys.executable, "-c", SIM_LOOP, str(demo.lab_path)]
@@ -134,20 +247,28 @@ async def main() -> int:
         finally:
             loop.kill()
             loop.wait()
+    return report(args, figures, ticks, str(n_gpus), load_before)
+
+
+def report(args: argparse.Namespace, figures: dict[str, tuple[list[float], list[float]]], ticks: int, n_gpus: str, load_before: str) -> int:
     cpu = {name: statistics.median(f[0]) for name, f in figures.items()}
     rss = {name: statistics.median(f[1]) for name, f in figures.items()}
     kind = "NVML" if args.nvml else "simulated"
     loop_name = "nvitop-style pynvml loop" if args.nvml else "nvitop-style loop over SimSampler"
-    print(f"{n_gpus} {kind} GPUs at 1 Hz, one console subscribed ({ticks} updates received); "
+    where = " (via: sshd, the console on the agent's unix socket)" if args.via_sshd else ""
+    if args.floor:
+        where = " (FLOOR: in the agent's place, the loop plus an asyncssh server streaming its samples to one client)"
+    print(f"{n_gpus} {kind} GPUs at 1 Hz, one console subscribed{where} ({ticks} updates received); "
           f"{args.rounds} rounds of {args.window_s:.0f} s, medians; load average {load_before} -> {load_average()} (2 cores shared)")
-    for name, label in (("loop", loop_name), ("agent", "cetlab-agent")):
+    for name, label in (("loop", loop_name), ("agent", "floor: loop + asyncssh server" if args.floor else "cetlab-agent")):
         print(f"  {label:34s}: CPU {cpu[name]:5.2f}% of one core (rounds {', '.join(f'{x:.2f}' for x in figures[name][0])}), "
               f"RSS {rss[name]:5.1f} MB")
     rss_ratio = rss["agent"] / rss["loop"]
     cpu_ratio = cpu["agent"] / cpu["loop"] if cpu["loop"] > 0 else float("inf")
-    print(f"agent RSS {rss['agent']:.1f} MB / loop {rss['loop']:.1f} MB = {rss_ratio:.2f}x "
+    who = "floor" if args.floor else "agent"
+    print(f"{who} RSS {rss['agent']:.1f} MB / loop {rss['loop']:.1f} MB = {rss_ratio:.2f}x "
           f"(goal <= {RSS_GOAL}x: {'OK' if rss_ratio <= RSS_GOAL else 'MISSED'})")
-    print(f"agent CPU {cpu['agent']:.2f}% of one core, {cpu_ratio:.1f}x the loop's {cpu['loop']:.2f}% "
+    print(f"{who} CPU {cpu['agent']:.2f}% of one core, {cpu_ratio:.1f}x the loop's {cpu['loop']:.2f}% "
           f"(goal <= {CPU_GOAL}%: {'OK' if cpu['agent'] <= CPU_GOAL else 'MISSED'})")
     return 0
 

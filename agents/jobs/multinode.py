@@ -28,13 +28,13 @@ from agents.jobs.job import Job
 from agents.jobs.logs import tail
 from agents.procfiles import descendants
 from agents.lab import Trainer
-from agents.peers import NODE_KEY_NAME, PeerClient
 from agents.protocol import ErrorCode, RemoteError, Role
 from agents.rpc import Peer
 from agents.sections import NODE_LAST_LINES, NODE_LOSS_POINTS, JobNode, NodeStatus
 from agents.states import JOB_ACTIVE, NODE_OFFLINE, JobState
 
 if TYPE_CHECKING:
+    from agents.peers import PeerClient
     from agents.jobs.supervisor import JobsComponent
 
 log = logging.getLogger("cetlab.jobs")
@@ -165,6 +165,8 @@ class Coordinator:
         me = core.machine.name
         others = sorted({n.machine for r in core.lab.trainers if r.nodes and r.machine == me for n in r.nodes[1:]})
         if others:
+            from agents.peers import NODE_KEY_NAME, PeerClient  # peer links only where a multi-node job starts here
+
             self.peers = PeerClient(core.lab, core.state_dir, machines=others, topics=[], key_name=NODE_KEY_NAME)
             await self.peers.start()
             self.task = asyncio.create_task(self._watch(), name="multinode-watch")

@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import time
-from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
 import psutil
@@ -42,6 +41,8 @@ def read_json(path: Path) -> dict | None:
 
 
 def open_log(path: Path, max_bytes: int, keep: int) -> logging.Logger:
+    from logging.handlers import RotatingFileHandler  # in the job's runner process, not the agent's
+
     handler = RotatingFileHandler(path, maxBytes=max_bytes, backupCount=keep, encoding="utf-8")
     handler.terminator = ""  # chunks carry their own newlines
     handler.setFormatter(logging.Formatter("%(message)s"))

@@ -8,7 +8,6 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from agents.catalogue import OverrideParams
 from agents.lab import SimGpu
 from agents.capability import capability_by_name, parse_capability
 from agents.protocol import ComputeCapability, ErrorCode, GpuBackend, GpuProcess, GpuSample, RemoteError, Role
@@ -173,6 +172,7 @@ def register_methods(rpc: Registry, machine: str, sampler: GpuSampler, gpu_count
     """`sim.override`: scenarios (a hot GPU, a full one) on simulated GPUs; machines with real ones answer `unavailable`.
 
     ``gpu_count``: how many GPUs the latest sample has (0 before the first)."""
+    from agents.catalogue import OverrideParams  # here: the sampler alone (an nvitop-style loop) needs none of the wire's models
 
     @rpc.method("sim.override", role=Role.OPERATOR, params=OverrideParams,
                 doc="Simulated GPUs only: force temp_c / util_pct / mem_used_bytes / power_w of one GPU (clear: true drops them).")

@@ -20,13 +20,15 @@ demo: $(STAMP)
 
 # mypy first (agents, console and widgets at zero errors, [tool.mypy] in pyproject), then the suite
 test: $(STAMP) llama-server
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 # The pinned llama-server (llama.cpp from llama-cpp-python's sdist), built once into ~/.cache/cetlab/;
 # on a GPU box: make llama-server LLAMA_CUDA_ARCHS="61;70;86" (needs nvcc)
 llama-server: $(STAMP)
-	$(BIN)/python -m agents.llamacpp_build $(if $(LLAMA_CUDA_ARCHS),--cuda --cuda-archs "$(LLAMA_CUDA_ARCHS)")
+	$(BIN)/python -m agents.runtime.llamacpp_build $(if $(LLAMA_CUDA_ARCHS),--cuda --cuda-archs "$(LLAMA_CUDA_ARCHS)")
 
 # The benches start cetlab's commands (cetlab-train, cetlab-agent): the venv's, first on PATH.
 # Ends with a table of goals met and missed; exits 1 when a goal was missed, 2 when a bench failed.

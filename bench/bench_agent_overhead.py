@@ -38,10 +38,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.lab import load_lab  # noqa: E402
-from bench.common import CpuWindow, this_checkout_first  # noqa: E402
-from console.client import FleetClient  # noqa: E402
-from console.demo import SCALE_GPUS, DemoLab  # noqa: E402
+from agents.wire.lab.model import load_lab
+from bench.common import CpuWindow, this_checkout_first
+from console.client import FleetClient
+from console.demo import SCALE_GPUS, DemoLab
 
 RSS_GOAL = 1.3  # x the loop's RSS
 CPU_GOAL = 0.25  # % of one core
@@ -60,7 +60,7 @@ while True:
 # the same loop over the agent's simulated sampler: the same 8 GPUs, the same fields, at 1 Hz
 SIM_LOOP = """
 import sys, time
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
 from agents.telemetry.sim import SimSampler
 machine = load_lab(sys.argv[1]).machines[0]
 sampler = SimSampler(machine.gpus.sim, seed=machine.gpus.seed)
@@ -72,7 +72,9 @@ while True:
 
 # the floor of an agent that serves its own SSH port: the loop above plus an asyncssh server (ed25519 host key, one
 # public-key login) that streams the same 8 GPUs' fields to its one client at 1 Hz; nothing else of the agent
-FLOOR = SIM_LOOP.split("while True:")[0] + """
+FLOOR = (
+    SIM_LOOP.split("while True:")[0]
+    + """
 import asyncio, json
 import asyncssh
 host_key, client_key = asyncssh.generate_private_key("ssh-ed25519"), asyncssh.generate_private_key("ssh-ed25519")
@@ -95,6 +97,7 @@ async def main():
 
 asyncio.run(main())
 """
+)
 
 
 def nvml_absent() -> str | None:
@@ -105,7 +108,7 @@ def nvml_absent() -> str | None:
         return "pynvml (nvidia-ml-py) is not installed"
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...: all mean "no NVML"
+    except Exception as exc:
         return f"NVML does not start ({exc})"
     try:
         count = pynvml.nvmlDeviceGetCount()
@@ -127,7 +130,9 @@ def lab_source(directory: Path, nvml: bool, via_sshd: bool = False) -> Path:
 async def socket_console(path: Path, received: list[int]) -> None:
     """A console on the agent's unix socket: hello, subscribed to ticks, reading every line (counted in received[0])."""
     reader, writer = await asyncio.open_unix_connection(str(path))
-    writer.write(b'{"id": 1, "method": "hello", "params": {}}\n{"id": 2, "method": "subscribe", "params": {"topics": ["tick"]}}\n')
+    writer.write(
+        b'{"id": 1, "method": "hello", "params": {}}\n{"id": 2, "method": "subscribe", "params": {"topics": ["tick"]}}\n'
+    )
     try:
         while await reader.readline():
             received[0] += 1
@@ -141,12 +146,16 @@ async def floor_run(tmp: Path, window_s: float, count: int) -> tuple[dict[str, t
 
     lab = lab_source(tmp, nvml=False)
     repo = Path(__file__).resolve().parent.parent
-    floor = subprocess.Popen([sys.executable, "-c", FLOOR, str(lab), str(tmp / "client_key")], cwd=repo, stdout=subprocess.PIPE, text=True)
+    floor = subprocess.Popen(
+        [sys.executable, "-c", FLOOR, str(lab), str(tmp / "client_key")], cwd=repo, stdout=subprocess.PIPE, text=True
+    )
     loop = subprocess.Popen([sys.executable, "-c", SIM_LOOP, str(lab)], cwd=repo)
     try:
         assert floor.stdout is not None
         port = int(await asyncio.to_thread(floor.stdout.readline))
-        async with asyncssh.connect("127.0.0.1", port, username="bench", known_hosts=None, client_keys=[str(tmp / "client_key")]) as conn:
+        async with asyncssh.connect(
+            "127.0.0.1", port, username="bench", known_hosts=None, client_keys=[str(tmp / "client_key")]
+        ) as conn:
             process = await conn.create_process("stream")
             received = [0]
 
@@ -165,14 +174,35 @@ async def floor_run(tmp: Path, window_s: float, count: int) -> tuple[dict[str, t
             proc.wait()
 
 
-async def via_sshd_run(tmp: Path, nvml: bool, window_s: float, count: int) -> tuple[dict[str, tuple[list[float], list[float]]], int]:
+async def via_sshd_run(
+    tmp: Path, nvml: bool, window_s: float, count: int
+) -> tuple[dict[str, tuple[list[float], list[float]]], int]:
     """The agent of a via: sshd machine (no SSH port of its own) beside the loop, one console on its socket; lines received."""
     lab = lab_source(tmp, nvml, via_sshd=True)
     sock = tmp / "agent.sock"
     repo = Path(__file__).resolve().parent.parent
     with open(tmp / "agent.log", "wb") as log:
-        agent = subprocess.Popen([sys.executable, "-m", "agents.daemon", "--log-level", "warning", "serve", "--lab", str(lab), "--machine", "box",
-                                  "--state-dir", str(tmp / "state"), "--unix-socket", str(sock)], cwd=repo, stdout=log, stderr=log)
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agents.shell.daemon",
+                "--log-level",
+                "warning",
+                "serve",
+                "--lab",
+                str(lab),
+                "--machine",
+                "box",
+                "--state-dir",
+                str(tmp / "state"),
+                "--unix-socket",
+                str(sock),
+            ],
+            cwd=repo,
+            stdout=log,
+            stderr=log,
+        )
     loop = subprocess.Popen([sys.executable, "-c", NVML_LOOP] if nvml else [sys.executable, "-c", SIM_LOOP, str(lab)], cwd=repo)
     try:
         for _ in range(600):
@@ -212,17 +242,25 @@ async def rounds(pids: dict[str, int], window_s: float, count: int) -> dict[str,
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nvml", action="store_true", help="the agent on real NVML beside a pynvml loop (a GPU machine)")
-    parser.add_argument("--via-sshd", action="store_true",
-                        help="the machine is via: sshd: the agent serves its unix socket only (no asyncssh), a console on that socket")
-    parser.add_argument("--floor", action="store_true",
-                        help="in the agent's place, the floor of an SSH-serving agent: the same loop plus an asyncssh server streaming it")
+    parser.add_argument(
+        "--via-sshd",
+        action="store_true",
+        help="the machine is via: sshd: the agent serves its unix socket only (no asyncssh), a console on that socket",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="in the agent's place, the floor of an SSH-serving agent: the same loop plus an asyncssh server streaming it",
+    )
     parser.add_argument("--window-s", type=float, default=20.0, help="seconds per round (default 20)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the medians are printed (default 3)")
     args = parser.parse_args()
     this_checkout_first()
     if args.nvml and (why := nvml_absent()):
-        print(f"bench_agent_overhead --nvml: skipped, no NVML here: {why}. Run it on a machine with NVIDIA GPUs "
-              "(bench/gpu_check.sh --overhead-only); without --nvml it measures simulated GPUs.")
+        print(
+            f"bench_agent_overhead --nvml: skipped, no NVML here: {why}. Run it on a machine with NVIDIA GPUs "
+            "(bench/gpu_check.sh --overhead-only); without --nvml it measures simulated GPUs."
+        )
         return 0
     load_before = load_average()
     if args.floor:
@@ -233,8 +271,10 @@ async def main() -> int:
         with tempfile.TemporaryDirectory(prefix="cetlab-bench-agent-") as tmp:  # short: a socket path has at most 107 bytes
             figures, ticks = await via_sshd_run(Path(tmp), args.nvml, args.window_s, args.rounds)
         return report(args, figures, ticks, "all" if args.nvml else str(len(SCALE_GPUS)), load_before)
-    with tempfile.TemporaryDirectory(prefix="cetlab-bench-agent-") as tmp, \
-            DemoLab(Path(tmp) / "run", source=lab_source(Path(tmp), args.nvml)) as demo:
+    with (
+        tempfile.TemporaryDirectory(prefix="cetlab-bench-agent-") as tmp,
+        DemoLab(Path(tmp) / "run", source=lab_source(Path(tmp), args.nvml)) as demo,
+    ):
         loop_argv = [sys.executable, "-c", NVML_LOOP] if args.nvml else [sys.executable, "-c", SIM_LOOP, str(demo.lab_path)]
         loop = subprocess.Popen(loop_argv, cwd=Path(__file__).resolve().parent.parent)
         try:
@@ -250,7 +290,9 @@ async def main() -> int:
     return report(args, figures, ticks, str(n_gpus), load_before)
 
 
-def report(args: argparse.Namespace, figures: dict[str, tuple[list[float], list[float]]], ticks: int, n_gpus: str, load_before: str) -> int:
+def report(
+    args: argparse.Namespace, figures: dict[str, tuple[list[float], list[float]]], ticks: int, n_gpus: str, load_before: str
+) -> int:
     cpu = {name: statistics.median(f[0]) for name, f in figures.items()}
     rss = {name: statistics.median(f[1]) for name, f in figures.items()}
     kind = "NVML" if args.nvml else "simulated"
@@ -258,18 +300,26 @@ def report(args: argparse.Namespace, figures: dict[str, tuple[list[float], list[
     where = " (via: sshd, the console on the agent's unix socket)" if args.via_sshd else ""
     if args.floor:
         where = " (FLOOR: in the agent's place, the loop plus an asyncssh server streaming its samples to one client)"
-    print(f"{n_gpus} {kind} GPUs at 1 Hz, one console subscribed{where} ({ticks} updates received); "
-          f"{args.rounds} rounds of {args.window_s:.0f} s, medians; load average {load_before} -> {load_average()} (2 cores shared)")
+    print(
+        f"{n_gpus} {kind} GPUs at 1 Hz, one console subscribed{where} ({ticks} updates received); "
+        f"{args.rounds} rounds of {args.window_s:.0f} s, medians; load average {load_before} -> {load_average()} (2 cores shared)"
+    )
     for name, label in (("loop", loop_name), ("agent", "floor: loop + asyncssh server" if args.floor else "cetlab-agent")):
-        print(f"  {label:34s}: CPU {cpu[name]:5.2f}% of one core (rounds {', '.join(f'{x:.2f}' for x in figures[name][0])}), "
-              f"RSS {rss[name]:5.1f} MB")
+        print(
+            f"  {label:34s}: CPU {cpu[name]:5.2f}% of one core (rounds {', '.join(f'{x:.2f}' for x in figures[name][0])}), "
+            f"RSS {rss[name]:5.1f} MB"
+        )
     rss_ratio = rss["agent"] / rss["loop"]
     cpu_ratio = cpu["agent"] / cpu["loop"] if cpu["loop"] > 0 else float("inf")
     who = "floor" if args.floor else "agent"
-    print(f"{who} RSS {rss['agent']:.1f} MB / loop {rss['loop']:.1f} MB = {rss_ratio:.2f}x "
-          f"(goal <= {RSS_GOAL}x: {'OK' if rss_ratio <= RSS_GOAL else 'MISSED'})")
-    print(f"{who} CPU {cpu['agent']:.2f}% of one core, {cpu_ratio:.1f}x the loop's {cpu['loop']:.2f}% "
-          f"(goal <= {CPU_GOAL}%: {'OK' if cpu['agent'] <= CPU_GOAL else 'MISSED'})")
+    print(
+        f"{who} RSS {rss['agent']:.1f} MB / loop {rss['loop']:.1f} MB = {rss_ratio:.2f}x "
+        f"(goal <= {RSS_GOAL}x: {'OK' if rss_ratio <= RSS_GOAL else 'MISSED'})"
+    )
+    print(
+        f"{who} CPU {cpu['agent']:.2f}% of one core, {cpu_ratio:.1f}x the loop's {cpu['loop']:.2f}% "
+        f"(goal <= {CPU_GOAL}%: {'OK' if cpu['agent'] <= CPU_GOAL else 'MISSED'})"
+    )
     return 0
 
 

@@ -19,9 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable
 
 import aiohttp
 import asyncssh
@@ -30,12 +30,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.keys import AUTHORIZED_KEYS_NAME, ensure_key  # noqa: E402
-from agents.lab import load_lab  # noqa: E402
-from bench.common import percentile  # noqa: E402
-from console import gateway_demo  # noqa: E402
-from console.client import FleetClient, read_line  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
+from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
+from agents.shell import demo_gateway as gateway_demo
+from agents.wire.lab.model import load_lab
+from bench.common import percentile
+from console.client import FleetClient, read_line
+from console.demo import DemoLab
 
 FD_LIMIT = 1024
 FLOOD_CONNECTIONS = 1100
@@ -54,14 +54,31 @@ GATEWAY_MODEL = "cloud-small"
 
 def launch_agent(demo: DemoLab) -> subprocess.Popen:
     """The demo's agent for `box` as a real process with systemd's default fd limit; its log in DIR/agent.log."""
+
     def limit_fds() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
 
     with open(demo.dir / "agent.log", "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "agents.daemon", "--log-level", "warning", "serve", "--lab", str(demo.lab_path),
-             "--machine", "box", "--state-dir", str(demo.dir / "agents" / "box")],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, preexec_fn=limit_fds,
+            [
+                sys.executable,
+                "-m",
+                "agents.shell.daemon",
+                "--log-level",
+                "warning",
+                "serve",
+                "--lab",
+                str(demo.lab_path),
+                "--machine",
+                "box",
+                "--state-dir",
+                str(demo.dir / "agents" / "box"),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+            preexec_fn=limit_fds,
         )
 
 
@@ -70,8 +87,15 @@ def launch_stand_ins(demo: DemoLab) -> list[subprocess.Popen]:
     procs = []
     for argv in gateway_demo.stand_in_argvs(demo.dir, yaml.safe_load(demo.lab_path.read_text())):
         with open(demo.dir / "stand-in.log", "ab") as log:
-            procs.append(subprocess.Popen([*argv, "--parent-pid", str(os.getpid())], stdout=log, stderr=log,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [*argv, "--parent-pid", str(os.getpid())],
+                    stdout=log,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
     return procs
 
 
@@ -103,8 +127,15 @@ def add_viewer(demo: DemoLab, where: Path) -> Path:
 async def open_channel(demo: DemoLab, key: Path) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHWriter, asyncssh.SSHReader]:
     lab = load_lab(demo.lab_path)
     m = lab.machine("box")
-    conn = await asyncssh.connect(m.host, m.port, username="cetlab", client_keys=[str(key)],
-                                  known_hosts=str(lab.resolve(lab.console.known_hosts)), agent_path=None, config=None)
+    conn = await asyncssh.connect(
+        m.host,
+        m.port,
+        username="cetlab",
+        client_keys=[str(key)],
+        known_hosts=str(lab.resolve(lab.console.known_hosts)),
+        agent_path=None,
+        config=None,
+    )
     writer, reader, _ = await conn.open_session(subsystem="cetlab", encoding=None)
     return conn, writer, reader
 
@@ -127,12 +158,17 @@ class Window:
         return max((b - a for a, b in zip(times, times[1:])), default=float("inf"))
 
     def line(self) -> str:
-        return (f"ping p50 {percentile(self.pings_ms, 50):6.1f} ms  p99 {percentile(self.pings_ms, 99):7.1f} ms  "
-                f"({len(self.pings_ms)} answered, {len(self.failures)} failed)  ticks {len(self.tick_times):3d} "
-                f"in {self.seconds:.0f} s, largest gap {self.max_gap_s():.2f} s; gateway p50 {percentile(self.gateway_ms, 50):6.1f} ms "
-                f"p99 {percentile(self.gateway_ms, 99):7.1f} ms ({len(self.gateway_ms)} answered, {len(self.gateway_failures)} failed)"
-                + (f"; new logins {len(self.logins_ms)} ok, {len(self.login_failures)} failed, p99 {percentile(self.logins_ms, 99):.0f} ms"
-                   if self.logins_ms or self.login_failures else ""))
+        return (
+            f"ping p50 {percentile(self.pings_ms, 50):6.1f} ms  p99 {percentile(self.pings_ms, 99):7.1f} ms  "
+            f"({len(self.pings_ms)} answered, {len(self.failures)} failed)  ticks {len(self.tick_times):3d} "
+            f"in {self.seconds:.0f} s, largest gap {self.max_gap_s():.2f} s; gateway p50 {percentile(self.gateway_ms, 50):6.1f} ms "
+            f"p99 {percentile(self.gateway_ms, 99):7.1f} ms ({len(self.gateway_ms)} answered, {len(self.gateway_failures)} failed)"
+            + (
+                f"; new logins {len(self.logins_ms)} ok, {len(self.login_failures)} failed, p99 {percentile(self.logins_ms, 99):.0f} ms"
+                if self.logins_ms or self.login_failures
+                else ""
+            )
+        )
 
 
 class Console:
@@ -161,7 +197,9 @@ class Console:
             while time.monotonic() < end:
                 started = time.perf_counter()
                 try:
-                    async with session.post(f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"}) as r:
+                    async with session.post(
+                        f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"}
+                    ) as r:
                         await r.read()
                         if r.status != 200:
                             raise RuntimeError(f"HTTP {r.status}")
@@ -224,7 +262,7 @@ async def flood_connections(demo: DemoLab, viewer: Path, seconds: float, results
             s.setblocking(False)
             try:
                 await asyncio.wait_for(asyncio.get_running_loop().sock_connect(s, ("127.0.0.1", port)), 2)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 s.close()
                 continue
             held.append(s)
@@ -355,7 +393,7 @@ async def flood_gateway(demo: DemoLab, viewer: Path, seconds: float, results: di
             s.setblocking(False)
             try:
                 await asyncio.wait_for(asyncio.get_running_loop().sock_connect(s, ("127.0.0.1", lab.gateway.port)), 2)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 s.close()
                 continue
             held.append(s)
@@ -438,10 +476,14 @@ async def abandoned_requests(demo: DemoLab, viewer: Path, seconds: float, result
 
     async def one(session: aiohttp.ClientSession) -> None:
         try:
-            async with session.post(f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"},
-                                    timeout=aiohttp.ClientTimeout(total=0.3)) as r:
+            async with session.post(
+                f"{url}/chat/completions",
+                json=payload,
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=aiohttp.ClientTimeout(total=0.3),
+            ) as r:
                 code = str(r.status)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             code = "left"
         codes[code] = codes.get(code, 0) + 1
 
@@ -490,7 +532,7 @@ async def login_storm(demo: DemoLab, viewer: Path, seconds: float, results: dict
             s.setblocking(False)
             try:
                 await asyncio.wait_for(loop.sock_connect(s, ("127.0.0.1", port)), 1)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 s.close()
                 continue
             opened += 1
@@ -523,16 +565,28 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
 async def run_attack(demo: DemoLab, viewer: Path, name: str, seconds: float) -> dict:
     """One attack in its own process (its client-side work must not slow the console we measure); its results."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--attack", name, "--lab", str(demo.lab_path), "--key", str(viewer), "--seconds", str(seconds),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        __file__,
+        "--attack",
+        name,
+        "--lab",
+        str(demo.lab_path),
+        "--key",
+        str(viewer),
+        "--seconds",
+        str(seconds),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"attack {name!r} failed: {err.decode()[-2000:]}")
     return json.loads(out.decode().strip().splitlines()[-1])
 
 
-async def measure(demo: DemoLab, agent_pid: int, console: Console, viewer: Path, name: str, seconds: float,
-                  settle_s: float = 0.0) -> dict:
+async def measure(
+    demo: DemoLab, agent_pid: int, console: Console, viewer: Path, name: str, seconds: float, settle_s: float = 0.0
+) -> dict:
     """One attack: the console's window without it, then with it; the agent's fds and RSS around it (and `settle_s` after)."""
     proc = psutil.Process(agent_pid)
     await issue_attacker_gateway_key(demo, console.client)
@@ -544,7 +598,14 @@ async def measure(demo: DemoLab, agent_pid: int, console: Console, viewer: Path,
     during = await console.window(seconds, logins)
     results = await attack
     fds1, rss1 = proc.num_fds(), proc.memory_info().rss
-    figures = {"name": name, "quiet": quiet, "during": during, "fds": (fds0, fds1), "rss_mb": (rss0 / 2**20, rss1 / 2**20), **results}
+    figures = {
+        "name": name,
+        "quiet": quiet,
+        "during": during,
+        "fds": (fds0, fds1),
+        "rss_mb": (rss0 / 2**20, rss1 / 2**20),
+        **results,
+    }
     if settle_s:
         await asyncio.sleep(settle_s)
         figures["settled"] = {"after_s": settle_s, "fds": proc.num_fds(), "rss_mb": round(proc.memory_info().rss / 2**20, 1)}
@@ -560,9 +621,11 @@ async def attack_main(name: str, lab_path: Path, key: Path, seconds: float) -> N
 
 def report(figures: dict) -> str:
     extra = {k: v for k, v in figures.items() if k not in ("name", "quiet", "during", "fds", "rss_mb")}
-    return (f"{figures['name']}\n  without: {figures['quiet'].line()}\n  during:  {figures['during'].line()}\n"
-            f"  agent fds {figures['fds'][0]} -> {figures['fds'][1]} (limit {FD_LIMIT}), "
-            f"RSS {figures['rss_mb'][0]:.0f} -> {figures['rss_mb'][1]:.0f} MB; {extra}")
+    return (
+        f"{figures['name']}\n  without: {figures['quiet'].line()}\n  during:  {figures['during'].line()}\n"
+        f"  agent fds {figures['fds'][0]} -> {figures['fds'][1]} (limit {FD_LIMIT}), "
+        f"RSS {figures['rss_mb'][0]:.0f} -> {figures['rss_mb'][1]:.0f} MB; {extra}"
+    )
 
 
 async def main(seconds: float, only: list[str] | None = None, settle_s: float = 0.0) -> None:

@@ -38,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import console_script, this_checkout_first  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
+from bench.common import console_script, this_checkout_first
+from console.demo import DemoLab
 
 REPO = Path(__file__).resolve().parent.parent
 FLOOR = "import asyncio, argparse, json, yaml\nfrom pydantic import BaseModel\nclass M(BaseModel):\n    a: int = 0\n"
@@ -67,7 +67,9 @@ def lab_of(checkout: Path, directory: Path, stack: ExitStack) -> DemoLab:
 def main() -> None:
     parser = argparse.ArgumentParser(description="A cold `cetlab --json status`, against the floor and the old ways.")
     parser.add_argument("runs", nargs="?", type=int, default=9, help="interleaved rounds (default 9)")
-    parser.add_argument("--before", type=Path, metavar="CHECKOUT", help="also an older checkout's agents and cetlab, in the same rounds")
+    parser.add_argument(
+        "--before", type=Path, metavar="CHECKOUT", help="also an older checkout's agents and cetlab, in the same rounds"
+    )
     args = parser.parse_args()
     this_checkout_first()
     runs = args.runs
@@ -79,13 +81,17 @@ def main() -> None:
         ways: dict[str, tuple[list[str], dict[str, str]]] = {}
         if args.before:
             old = lab_of(args.before.resolve(), Path(tmp) / "before", stack)
-            ways["before"] = ([console_script("cetlab"), "--lab", str(old.lab_path), "--json", "status"],
-                              {**env, "PYTHONPATH": str(args.before.resolve())})
+            ways["before"] = (
+                [console_script("cetlab"), "--lab", str(old.lab_path), "--json", "status"],
+                {**env, "PYTHONPATH": str(args.before.resolve())},
+            )
         ways |= {
             "cetlab": ([console_script("cetlab"), *verb], env),
             "asyncssh": ([console_script("cetlab"), *verb], {**env, "CETLAB_SSH": "asyncssh"}),
-            "baseline": ([sys.executable, "-c", f"import sys; from console.cli import main; sys.exit(main({verb!r}))"],
-                         {**env, "CETLAB_SSH": "asyncssh"}),
+            "baseline": (
+                [sys.executable, "-c", f"import sys; from console.cli import main; sys.exit(main({verb!r}))"],
+                {**env, "CETLAB_SSH": "asyncssh"},
+            ),
             "floor": ([sys.executable, "-c", FLOOR], env),
         }
         for argv, way_env in ways.values():  # warm the page cache and the agents
@@ -99,17 +105,23 @@ def main() -> None:
     print(f"cold `cetlab --json status`, demo lab ({agents} agent processes), {runs} interleaved runs each; load average {load}")
     for name, values in walls.items():
         median = statistics.median(values)
-        print(f"  {name:9s} median {median:.3f} s  (min {min(values):.3f}, max {max(values):.3f})  ratio to baseline {median / base:.3f}")
+        print(
+            f"  {name:9s} median {median:.3f} s  (min {min(values):.3f}, max {max(values):.3f})  ratio to baseline {median / base:.3f}"
+        )
     verdict = "met" if statistics.median(walls["cetlab"]) <= 0.5 else "MISSED"
     print(f"goal <= 0.5 s: {verdict}; what every way must import costs {statistics.median(walls['floor']):.3f} s here")
     paired = statistics.median(c / f for c, f in zip(walls["cetlab"], walls["floor"]))
     of_medians = statistics.median(walls["cetlab"]) / statistics.median(walls["floor"])
-    print(f"cetlab / floor: {paired:.2f}x (median of the rounds' ratios; ratio of the medians {of_medians:.2f}x) "
-          f"(goal <= 2.0x: {'OK' if paired <= 2.0 else 'MISSED'})")
+    print(
+        f"cetlab / floor: {paired:.2f}x (median of the rounds' ratios; ratio of the medians {of_medians:.2f}x) "
+        f"(goal <= 2.0x: {'OK' if paired <= 2.0 else 'MISSED'})"
+    )
     if args.before:
         before = statistics.median(b / f for b, f in zip(walls["before"], walls["floor"]))
-        print(f"before ({args.before}): {statistics.median(walls['before']):.3f} s, {before:.2f}x the floor; "
-              f"after / before {statistics.median(a / b for a, b in zip(walls['cetlab'], walls['before'])):.2f} (median of the rounds' ratios)")
+        print(
+            f"before ({args.before}): {statistics.median(walls['before']):.3f} s, {before:.2f}x the floor; "
+            f"after / before {statistics.median(a / b for a, b in zip(walls['cetlab'], walls['before'])):.2f} (median of the rounds' ratios)"
+        )
 
 
 if __name__ == "__main__":

@@ -25,13 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path.cwd()))
 
-from agents.lab import load_lab  # noqa: E402
-from agents.protocol import LinkStatus  # noqa: E402
-from agents.telemetry.sim import SimSampler  # noqa: E402
-from bench.common import CpuWindow, DrawnAges, percentile  # noqa: E402
-from console.app import CetlabApp  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
-from console.screens.fleet import FleetScreen  # noqa: E402
+from agents.telemetry.sim import SimSampler
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import LinkStatus
+from bench.common import CpuWindow, DrawnAges, percentile
+from console.app import CetlabApp
+from console.demo import DemoLab
+from console.screens.fleet import FleetScreen
 
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 SCALE = int(ARGS[0]) if ARGS else 256
@@ -41,8 +41,15 @@ IN_TERMINAL = os.environ.get("CETLAB_BENCH_RESULT")  # set for the run inside tm
 PROFILE = os.environ.get("CETLAB_BENCH_PROFILE")
 TICKS_AHEAD = 20
 T_SLOT, FULL_SLOT = "@T@", "@FULL@"  # distinct ticks per machine, replayed in a loop
-HOST = {"cpu_pct": 23.0, "cpu_count": 64, "load_1": 3.1, "ram_used_bytes": 96 * 1024**3, "ram_total_bytes": 512 * 1024**3,
-        "disk_used_bytes": 1200 * 1024**3, "disk_total_bytes": 4000 * 1024**3}
+HOST = {
+    "cpu_pct": 23.0,
+    "cpu_count": 64,
+    "load_1": 3.1,
+    "ram_used_bytes": 96 * 1024**3,
+    "ram_total_bytes": 512 * 1024**3,
+    "disk_used_bytes": 1200 * 1024**3,
+    "disk_total_bytes": 4000 * 1024**3,
+}
 
 
 def made_ticks(lab) -> dict[str, list[dict]]:
@@ -53,9 +60,19 @@ def made_ticks(lab) -> dict[str, list[dict]]:
         ticks[machine.name] = []
         for n in range(TICKS_AHEAD):
             host = {**HOST, "cpu_pct": 20.0 + n % 7}
-            costs = {"currency": "EUR", "power_w": 1800.0 + n, "now_per_hour": 0.5, "today": 1.0 + n / 1000, "month": 30.0,
-                     "cloud_equivalent_month": 300.0, "missing": [], "simulated": True}
-            ticks[machine.name].append({"gpus": [g.model_dump(mode="json") for g in sampler.sample()], "host": host, "costs": costs})
+            costs = {
+                "currency": "EUR",
+                "power_w": 1800.0 + n,
+                "now_per_hour": 0.5,
+                "today": 1.0 + n / 1000,
+                "month": 30.0,
+                "cloud_equivalent_month": 300.0,
+                "missing": [],
+                "simulated": True,
+            }
+            ticks[machine.name].append(
+                {"gpus": [g.model_dump(mode="json") for g in sampler.sample()], "host": host, "costs": costs}
+            )
     return ticks
 
 
@@ -66,15 +83,26 @@ async def feed(app: CetlabApp, ticks: dict[str, list[dict]], stop: asyncio.Event
     """Each machine's tick once a second, spread over the second as independent agents spread them."""
     names = list(ticks)
     # encoded ahead (the agents' work), with slots for the time and the full flag
-    lines = {name: [json.dumps({"event": "tick", "data": {"t": T_SLOT, "full": FULL_SLOT, "changed": changed}}).replace(f'"{T_SLOT}"', T_SLOT)
-                    .replace(f'"{FULL_SLOT}"', FULL_SLOT) for changed in made] for name, made in ticks.items()}
+    lines = {
+        name: [
+            json.dumps({"event": "tick", "data": {"t": T_SLOT, "full": FULL_SLOT, "changed": changed}})
+            .replace(f'"{T_SLOT}"', T_SLOT)
+            .replace(f'"{FULL_SLOT}"', FULL_SLOT)
+            for changed in made
+        ]
+        for name, made in ticks.items()
+    }
     n = 0
     started = time.monotonic()
     while not stop.is_set():
         for i, name in enumerate(names):
             due = started + n + i / len(names)
             await asyncio.sleep(max(0.0, due - time.monotonic()))  # yields even when behind, as reads off sockets do
-            line = lines[name][n % TICKS_AHEAD].replace(T_SLOT, repr(time.time()), 1).replace(FULL_SLOT, "true" if n == 0 else "false", 1)
+            line = (
+                lines[name][n % TICKS_AHEAD]
+                .replace(T_SLOT, repr(time.time()), 1)
+                .replace(FULL_SLOT, "true" if n == 0 else "false", 1)
+            )
             message = json.loads(line)  # what FleetClient._read does with each line off the wire
             app.state.apply_tick(name, message["data"])
             FED[0] += 1
@@ -117,7 +145,11 @@ async def measure(app: CetlabApp, ticks: dict[str, list[dict]] | None) -> Figure
     first_drawn = None
     while ticks and time.monotonic() - started < 120:  # every machine's first tick in, and drawn: the start-up cost
         screen = app.screen
-        if all(view.gpus for view in app.state.machines.values()) and isinstance(screen, FleetScreen) and screen.cards[0].gpu_lines:
+        if (
+            all(view.gpus for view in app.state.machines.values())
+            and isinstance(screen, FleetScreen)
+            and screen.cards[0].gpu_lines
+        ):
             first_drawn = time.monotonic() - started
             break
         await asyncio.sleep(0.1)
@@ -177,24 +209,39 @@ async def main() -> None:
     cpu, painted, on_screen, ages, kept_up, first_drawn = await run_console(lab, ticks)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     out: list[str] = []
-    print = out.append  # noqa: A001  (the lines go to the terminal, or through a file out of tmux)
-    print(f"{SCALE} machines, {SCALE * 8} simulated GPUs, ticks at 1 Hz fed in-process; window {WINDOW_S:.0f} s, {len(ages)} renders, "
-          f"{len(painted)} card paints; load average {load_before} -> {load} (2 cores shared)")
-    print(f"every machine in and drawn {first_drawn:.1f} s after the first tick" if first_drawn else "not every machine was in within 120 s")
+    print = out.append
+    print(
+        f"{SCALE} machines, {SCALE * 8} simulated GPUs, ticks at 1 Hz fed in-process; window {WINDOW_S:.0f} s, {len(ages)} renders, "
+        f"{len(painted)} card paints; load average {load_before} -> {load} (2 cores shared)"
+    )
+    print(
+        f"every machine in and drawn {first_drawn:.1f} s after the first tick"
+        if first_drawn
+        else "not every machine was in within 120 s"
+    )
     print(f"console, nothing fed (baseline): {base_cpu:5.1f}% of one core")
-    print(f"console, {SCALE} machines fed    : {cpu:5.1f}% of one core  (goal < 25%: {'OK' if cpu < 25 else 'MISSED'}; "
-          f"{cpu / max(base_cpu, 0.1):.1f}x the baseline)")
+    print(
+        f"console, {SCALE} machines fed    : {cpu:5.1f}% of one core  (goal < 25%: {'OK' if cpu < 25 else 'MISSED'}; "
+        f"{cpu / max(base_cpu, 0.1):.1f}x the baseline)"
+    )
     if kept_up < 0.97:  # a busy machine gave the console less CPU than the feed needs: say what it would take
-        print(f"only {kept_up:.0%} of the due ticks were applied (the machine is busy): at full rate that is "
-              f"{cpu / kept_up:5.1f}% of one core; the data ages below are the backlog's, not the console's")
+        print(
+            f"only {kept_up:.0%} of the due ticks were applied (the machine is busy): at full rate that is "
+            f"{cpu / kept_up:5.1f}% of one core; the data ages below are the backlog's, not the console's"
+        )
     p95 = percentile(painted, 95)
-    print(f"data age as drawn (at each paint of a card's GPU lines, the age of the tick it shows): p50 {percentile(painted, 50):.2f} s  "
-          f"p95 {p95:.2f} s  max {max(painted, default=float('nan')):.2f} s  (goal p95 <= 1.5 s: {'OK' if p95 <= 1.5 else 'MISSED'})")
-    print(f"data age on screen (the cards in view, every 0.25 s; a card not repainted ages too): p50 {percentile(on_screen, 50):.2f} s  "
-          f"p95 {percentile(on_screen, 95):.2f} s  max {max(on_screen, default=float('nan')):.2f} s")
-    print(f"data age at each render tick in the state (as it arrived, not as drawn): p50 {percentile(ages, 50):.2f} s  "
-          f"p95 {percentile(ages, 95):.2f} s")
-
+    print(
+        f"data age as drawn (at each paint of a card's GPU lines, the age of the tick it shows): p50 {percentile(painted, 50):.2f} s  "
+        f"p95 {p95:.2f} s  max {max(painted, default=float('nan')):.2f} s  (goal p95 <= 1.5 s: {'OK' if p95 <= 1.5 else 'MISSED'})"
+    )
+    print(
+        f"data age on screen (the cards in view, every 0.25 s; a card not repainted ages too): p50 {percentile(on_screen, 50):.2f} s  "
+        f"p95 {percentile(on_screen, 95):.2f} s  max {max(on_screen, default=float('nan')):.2f} s"
+    )
+    print(
+        f"data age at each render tick in the state (as it arrived, not as drawn): p50 {percentile(ages, 50):.2f} s  "
+        f"p95 {percentile(ages, 95):.2f} s"
+    )
 
     text = "\n".join(out) + "\n"
     if IN_TERMINAL:

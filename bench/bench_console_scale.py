@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.lab import load_lab  # noqa: E402
-from bench.common import CpuWindow, DrawnAges, percentile, this_checkout_first  # noqa: E402
-from console.app import CetlabApp  # noqa: E402
+from agents.wire.lab.model import load_lab
+from bench.common import CpuWindow, DrawnAges, percentile, this_checkout_first
+from console.app import CetlabApp
 
 SCALE = int(os.environ.get("CETLAB_BENCH_SCALE", "64"))
 WINDOW_S = float(os.environ.get("CETLAB_BENCH_WINDOW_S", "60"))
@@ -56,8 +56,12 @@ async def main() -> None:
     this_checkout_first()
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     directory = Path(tempfile.mkdtemp(prefix="cetlab-bench-scale-"))
-    demo = subprocess.Popen([sys.executable, "-m", "console.cli", "demo", "--dir", str(directory), "--scale", str(SCALE)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "console.cli", "demo", "--dir", str(directory), "--scale", str(SCALE)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert demo.stdout is not None
         line = demo.stdout.readline()
@@ -71,16 +75,26 @@ async def main() -> None:
         demo.wait(timeout=30)
     p95 = percentile(painted, 95)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"{SCALE} machines, {SCALE * 8} simulated GPUs at 1 Hz, {online} online, window {WINDOW_S:.0f} s, {len(ages)} renders, "
-          f"{len(painted)} card paints; load average {load_before} -> {load}")
+    print(
+        f"{SCALE} machines, {SCALE * 8} simulated GPUs at 1 Hz, {online} online, window {WINDOW_S:.0f} s, {len(ages)} renders, "
+        f"{len(painted)} card paints; load average {load_before} -> {load}"
+    )
     print(f"console, nothing connected (baseline): {base_cpu:5.1f}% of one core")
-    print(f"console, {online} machines live        : {cpu:5.1f}% of one core  (goal < 25%: {'OK' if cpu < 25 else 'MISSED'}; "
-          f"{cpu / max(base_cpu, 0.1):.1f}x the baseline)")
-    print(f"data age as drawn (at each paint of a card's GPU lines, the age of the tick it shows): p50 {percentile(painted, 50):.2f} s  "
-          f"p95 {p95:.2f} s  max {max(painted, default=float('nan')):.2f} s  (goal p95 <= 1.5 s: {'OK' if p95 <= 1.5 else 'MISSED'})")
-    print(f"data age on screen (the cards in view, every 0.25 s): p50 {percentile(on_screen, 50):.2f} s  p95 {percentile(on_screen, 95):.2f} s")
-    print(f"data age at each render tick in the state (as it arrived, not as drawn): p50 {percentile(ages, 50):.2f} s  "
-          f"p95 {percentile(ages, 95):.2f} s")
+    print(
+        f"console, {online} machines live        : {cpu:5.1f}% of one core  (goal < 25%: {'OK' if cpu < 25 else 'MISSED'}; "
+        f"{cpu / max(base_cpu, 0.1):.1f}x the baseline)"
+    )
+    print(
+        f"data age as drawn (at each paint of a card's GPU lines, the age of the tick it shows): p50 {percentile(painted, 50):.2f} s  "
+        f"p95 {p95:.2f} s  max {max(painted, default=float('nan')):.2f} s  (goal p95 <= 1.5 s: {'OK' if p95 <= 1.5 else 'MISSED'})"
+    )
+    print(
+        f"data age on screen (the cards in view, every 0.25 s): p50 {percentile(on_screen, 50):.2f} s  p95 {percentile(on_screen, 95):.2f} s"
+    )
+    print(
+        f"data age at each render tick in the state (as it arrived, not as drawn): p50 {percentile(ages, 50):.2f} s  "
+        f"p95 {percentile(ages, 95):.2f} s"
+    )
 
 
 if __name__ == "__main__":

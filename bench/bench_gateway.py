@@ -19,31 +19,31 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.lab import load_lab  # noqa: E402
-from bench.common import percentile  # noqa: E402
-from console.client import FleetClient  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
+from agents.wire.lab.model import load_lab
+from bench.common import percentile
+from console.client import FleetClient
+from console.demo import DemoLab
 
 CALLS = 400
 STREAM_TOKENS, STREAM_RATE = 400, 400.0  # one second per stream at the engine's rate
 CONCURRENT = 200
 WAKES = 5
-LAB = """
+LAB = f"""
 lab: bench-gateway
 machines:
-  - {name: hub, gpus: {sim: [{name: "Tesla P4", memory_gib: 8, tdp_w: 75}]}}
+  - {{name: hub, gpus: {{sim: [{{name: "Tesla P4", memory_gib: 8, tdp_w: 75}}]}}}}
 models:
-  - {name: instant, path: m/instant, engine: sim, machine: hub, gpus: [0], vram_gib: 1,
-     sim: {load_s: 0, warmup_s: 0, wake_s: 0, tokens_per_s: 0, placeholder_mib: 1}}
-  - {name: streamer, path: m/streamer, engine: sim, machine: hub, gpus: [0], vram_gib: 1,
-     sim: {load_s: 0, warmup_s: 0, wake_s: 0, tokens_per_s: %(rate)s, placeholder_mib: 1}}
-  - {name: crowd, path: m/crowd, engine: sim, machine: hub, gpus: [0], vram_gib: 1,
-     sim: {load_s: 0, warmup_s: 0, wake_s: 0, tokens_per_s: 0, placeholder_mib: 1}}
-  - {name: sleeper, path: m/sleeper, engine: sim, machine: hub, gpus: [0], vram_gib: 1,
-     sim: {load_s: 0, warmup_s: 0, wake_s: 0.5, tokens_per_s: 0, placeholder_mib: 1}}
-orchestra: {warm: [instant, streamer, crowd], sleeping: [sleeper]}
-gateway: {machine: hub, policies: {queue_size: 1000, idle_ttl_s: 3600, key_concurrency: 256}}
-""" % {"rate": STREAM_RATE}
+  - {{name: instant, path: m/instant, engine: sim, machine: hub, gpus: [0], vram_gib: 1,
+     sim: {{load_s: 0, warmup_s: 0, wake_s: 0, tokens_per_s: 0, placeholder_mib: 1}}}}
+  - {{name: streamer, path: m/streamer, engine: sim, machine: hub, gpus: [0], vram_gib: 1,
+     sim: {{load_s: 0, warmup_s: 0, wake_s: 0, tokens_per_s: {STREAM_RATE}, placeholder_mib: 1}}}}
+  - {{name: crowd, path: m/crowd, engine: sim, machine: hub, gpus: [0], vram_gib: 1,
+     sim: {{load_s: 0, warmup_s: 0, wake_s: 0, tokens_per_s: 0, placeholder_mib: 1}}}}
+  - {{name: sleeper, path: m/sleeper, engine: sim, machine: hub, gpus: [0], vram_gib: 1,
+     sim: {{load_s: 0, warmup_s: 0, wake_s: 0.5, tokens_per_s: 0, placeholder_mib: 1}}}}
+orchestra: {{warm: [instant, streamer, crowd], sleeping: [sleeper]}}
+gateway: {{machine: hub, policies: {{queue_size: 1000, idle_ttl_s: 3600, key_concurrency: 256}}}}
+"""
 BODY = {"messages": [{"role": "user", "content": "one two three"}], "max_tokens": 4}
 
 
@@ -55,7 +55,9 @@ async def timed_post(session: aiohttp.ClientSession, url: str, json: dict, heade
     return time.perf_counter() - started
 
 
-async def stream(session: aiohttp.ClientSession, url: str, model: str, tokens: int, headers: dict | None = None) -> tuple[float, int, float]:
+async def stream(
+    session: aiohttp.ClientSession, url: str, model: str, tokens: int, headers: dict | None = None
+) -> tuple[float, int, float]:
     """(seconds, delta events, seconds to the first)."""
     started = time.perf_counter()
     first, events = None, 0
@@ -74,7 +76,10 @@ async def bench(demo: DemoLab) -> None:
     assert lab.gateway is not None, "the bench's lab has a gateway"
     gateway = f"http://127.0.0.1:{lab.gateway.port}/v1"
     auth = {"Authorization": f"Bearer {(demo.dir / 'console' / 'gateway.key').read_text().strip()}"}
-    async with FleetClient(lab, subscribe=[]) as client, aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with (
+        FleetClient(lab, subscribe=[]) as client,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
+    ):
         await client.wait_connected(30)
 
         async def models() -> dict:
@@ -82,7 +87,10 @@ async def bench(demo: DemoLab) -> None:
 
         while True:
             found = await models()
-            if all(found[n]["state"] == "warm" for n in ("instant", "streamer", "crowd")) and found["sleeper"]["state"] == "sleeping":
+            if (
+                all(found[n]["state"] == "warm" for n in ("instant", "streamer", "crowd"))
+                and found["sleeper"]["state"] == "sleeping"
+            ):
                 try:
                     async with session.get(gateway.removesuffix("/v1") + "/health") as r:
                         if r.status == 200:
@@ -106,11 +114,17 @@ async def bench(demo: DemoLab) -> None:
         cpu_ms = (sum(agent.cpu_times()[:2]) - cpu0) * 1000 / CALLS
         added50 = (percentile(g, 50) - percentile(d, 50)) * 1000
         added99 = (percentile(g, 99) - percentile(d, 99)) * 1000
-        print(f"latency, {CALLS} sequential requests: direct p50 {percentile(d, 50) * 1000:.2f} ms p99 {percentile(d, 99) * 1000:.2f} ms; "
-              f"gateway p50 {percentile(g, 50) * 1000:.2f} ms p99 {percentile(g, 99) * 1000:.2f} ms")
-        print(f"  the gateway agent's CPU per request: {cpu_ms:.2f} ms (the rest of the added time is waiting for a core: load {os.getloadavg()[0]:.1f})")
-        print(f"  added p50 {added50:.2f} ms (goal <= 1) {'OK' if added50 <= 1 else 'MISSED'}; "
-              f"added p99 {added99:.2f} ms (goal <= 5) {'OK' if added99 <= 5 else 'MISSED'}")
+        print(
+            f"latency, {CALLS} sequential requests: direct p50 {percentile(d, 50) * 1000:.2f} ms p99 {percentile(d, 99) * 1000:.2f} ms; "
+            f"gateway p50 {percentile(g, 50) * 1000:.2f} ms p99 {percentile(g, 99) * 1000:.2f} ms"
+        )
+        print(
+            f"  the gateway agent's CPU per request: {cpu_ms:.2f} ms (the rest of the added time is waiting for a core: load {os.getloadavg()[0]:.1f})"
+        )
+        print(
+            f"  added p50 {added50:.2f} ms (goal <= 1) {'OK' if added50 <= 1 else 'MISSED'}; "
+            f"added p99 {added99:.2f} ms (goal <= 5) {'OK' if added99 <= 5 else 'MISSED'}"
+        )
 
         # 2. streaming tokens per second, alternating
         rates_d, rates_g = [], []
@@ -122,21 +136,27 @@ async def bench(demo: DemoLab) -> None:
         ratio = sum(rates_g) / sum(rates_d)
         # both paced by the sim engine (STREAM_RATE tokens/s): this says whether the gateway keeps pace with an engine,
         # not how fast the gateway could stream (the engine is the bottleneck of both)
-        print(f"streaming {STREAM_TOKENS} tokens, both paced by the engine at {STREAM_RATE:.0f}/s: direct {sum(rates_d) / 3:.1f} "
-              f"events/s, gateway {sum(rates_g) / 3:.1f} events/s: ratio {ratio:.3f}, the gateway keeping pace, not its ceiling "
-              f"(goal >= 0.98) {'OK' if ratio >= 0.98 else 'MISSED'}")
+        print(
+            f"streaming {STREAM_TOKENS} tokens, both paced by the engine at {STREAM_RATE:.0f}/s: direct {sum(rates_d) / 3:.1f} "
+            f"events/s, gateway {sum(rates_g) / 3:.1f} events/s: ratio {ratio:.3f}, the gateway keeping pace, not its ceiling "
+            f"(goal >= 0.98) {'OK' if ratio >= 0.98 else 'MISSED'}"
+        )
 
         # 3. 200 concurrent streams, direct then through the gateway
         async def crowd(url: str, headers: dict | None) -> tuple[list[float], int]:
-            results = await asyncio.gather(*(stream(session, url, "crowd", 16, headers) for _ in range(CONCURRENT)), return_exceptions=True)
+            results = await asyncio.gather(
+                *(stream(session, url, "crowd", 16, headers) for _ in range(CONCURRENT)), return_exceptions=True
+            )
             errors = sum(isinstance(r, BaseException) for r in results)
             return [r[0] for r in results if not isinstance(r, BaseException)], errors
 
         crowd_d, errors_d = await crowd(f"{direct['crowd']}/chat/completions", None)
         crowd_g, errors_g = await crowd(f"{gateway}/chat/completions", auth)
-        print(f"{CONCURRENT} concurrent streams: errors direct {errors_d}, gateway {errors_g} "
-              f"{'OK' if errors_g == 0 else 'MISSED'}; p50 direct {percentile(crowd_d, 50) * 1000:.1f} ms, gateway "
-              f"{percentile(crowd_g, 50) * 1000:.1f} ms (added {(percentile(crowd_g, 50) - percentile(crowd_d, 50)) * 1000:.1f} ms)")
+        print(
+            f"{CONCURRENT} concurrent streams: errors direct {errors_d}, gateway {errors_g} "
+            f"{'OK' if errors_g == 0 else 'MISSED'}; p50 direct {percentile(crowd_d, 50) * 1000:.1f} ms, gateway "
+            f"{percentile(crowd_g, 50) * 1000:.1f} ms (added {(percentile(crowd_g, 50) - percentile(crowd_d, 50)) * 1000:.1f} ms)"
+        )
 
         # 4. wake on request: the time beyond the engine's own wake (the pool's wake_s) and a warm request
         overheads = []
@@ -152,8 +172,10 @@ async def bench(demo: DemoLab) -> None:
             wake_s = (await client.call("hub", "models.get", {"model": "sleeper"}))["wake_s"]
             overheads.append((total - wake_s - warm) * 1000)
         worst = max(overheads)
-        print(f"wake on request, {WAKES} wakes: beyond the engine's wake (0.5 s) and a warm request: median "
-              f"{percentile(overheads, 50):.1f} ms, worst {worst:.1f} ms (goal <= 50) {'OK' if percentile(overheads, 50) <= 50 else 'MISSED'}")
+        print(
+            f"wake on request, {WAKES} wakes: beyond the engine's wake (0.5 s) and a warm request: median "
+            f"{percentile(overheads, 50):.1f} ms, worst {worst:.1f} ms (goal <= 50) {'OK' if percentile(overheads, 50) <= 50 else 'MISSED'}"
+        )
 
 
 def main() -> None:

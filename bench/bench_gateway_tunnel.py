@@ -18,12 +18,12 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.lab import load_lab  # noqa: E402
-from agents.protocol import LinkStatus  # noqa: E402
-from bench.bench_gateway import BODY, stream, timed_post  # noqa: E402
-from bench.common import percentile  # noqa: E402
-from console.client import FleetClient  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import LinkStatus
+from bench.bench_gateway import BODY, stream, timed_post
+from bench.common import percentile
+from console.client import FleetClient
+from console.demo import DemoLab
 
 CALLS = 400
 STREAM_TOKENS, STREAM_RATE = 400, 400.0  # one second per stream at the engine's rate
@@ -62,12 +62,18 @@ async def bench(demo: DemoLab) -> None:
     assert lab.gateway is not None, "the bench's lab has a gateway"
     gateway = f"http://127.0.0.1:{lab.gateway.port}/v1"
     auth = {"Authorization": f"Bearer {(demo.dir / 'console' / 'gateway.key').read_text().strip()}"}
-    async with FleetClient(lab, subscribe=[]) as client, aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with (
+        FleetClient(lab, subscribe=[]) as client,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
+    ):
         await client.wait_connected(30)
         for _ in range(600):
             found = {m["name"]: m for m in (await client.call("node", "models.list"))["models"]}
             peers = (await client.call("hub", "gateway.status"))["peers"]
-            if all(found[n]["state"] == "warm" for n in ("instant", "streamer", "crowd")) and peers.get("node") == LinkStatus.ONLINE:
+            if (
+                all(found[n]["state"] == "warm" for n in ("instant", "streamer", "crowd"))
+                and peers.get("node") == LinkStatus.ONLINE
+            ):
                 break
             await asyncio.sleep(0.2)
         direct = {name: m["endpoint"] for name, m in found.items()}
@@ -82,11 +88,15 @@ async def bench(demo: DemoLab) -> None:
             g.append(await timed_post(session, f"{gateway}/chat/completions", {**BODY, "model": "instant"}, auth))
         added50 = (percentile(g, 50) - percentile(d, 50)) * 1000
         added99 = (percentile(g, 99) - percentile(d, 99)) * 1000
-        print(f"latency, {CALLS} sequential requests to an engine on another agent: direct (its loopback) p50 "
-              f"{percentile(d, 50) * 1000:.2f} ms p99 {percentile(d, 99) * 1000:.2f} ms; through the gateway and the SSH tunnel "
-              f"p50 {percentile(g, 50) * 1000:.2f} ms p99 {percentile(g, 99) * 1000:.2f} ms (load {os.getloadavg()[0]:.1f})")
-        print(f"  added p50 {added50:.2f} ms (goal <= 2) {'OK' if added50 <= 2 else 'MISSED'}; "
-              f"added p99 {added99:.2f} ms (goal <= 10) {'OK' if added99 <= 10 else 'MISSED'}")
+        print(
+            f"latency, {CALLS} sequential requests to an engine on another agent: direct (its loopback) p50 "
+            f"{percentile(d, 50) * 1000:.2f} ms p99 {percentile(d, 99) * 1000:.2f} ms; through the gateway and the SSH tunnel "
+            f"p50 {percentile(g, 50) * 1000:.2f} ms p99 {percentile(g, 99) * 1000:.2f} ms (load {os.getloadavg()[0]:.1f})"
+        )
+        print(
+            f"  added p50 {added50:.2f} ms (goal <= 2) {'OK' if added50 <= 2 else 'MISSED'}; "
+            f"added p99 {added99:.2f} ms (goal <= 10) {'OK' if added99 <= 10 else 'MISSED'}"
+        )
 
         # 2. streaming pace (events per second, first to last) and time to the first event, alternating
         rates_d, rates_g, first_d, first_g = [], [], [], []
@@ -98,22 +108,28 @@ async def bench(demo: DemoLab) -> None:
             rates_g.append(rate)
             first_g.append(first)
         ratio = sum(rates_g) / sum(rates_d)
-        print(f"streaming {STREAM_TOKENS} tokens at {STREAM_RATE:.0f}/s, {STREAM_RUNS} runs each: pace direct {sum(rates_d) / STREAM_RUNS:.1f} "
-              f"events/s, through the tunnel {sum(rates_g) / STREAM_RUNS:.1f} events/s: ratio {ratio:.3f} (goal >= 0.98) "
-              f"{'OK' if ratio >= 0.98 else 'MISSED'}; first event p50 {percentile(first_d, 50) * 1000:.1f} ms direct, "
-              f"{percentile(first_g, 50) * 1000:.1f} ms through the tunnel")
+        print(
+            f"streaming {STREAM_TOKENS} tokens at {STREAM_RATE:.0f}/s, {STREAM_RUNS} runs each: pace direct {sum(rates_d) / STREAM_RUNS:.1f} "
+            f"events/s, through the tunnel {sum(rates_g) / STREAM_RUNS:.1f} events/s: ratio {ratio:.3f} (goal >= 0.98) "
+            f"{'OK' if ratio >= 0.98 else 'MISSED'}; first event p50 {percentile(first_d, 50) * 1000:.1f} ms direct, "
+            f"{percentile(first_g, 50) * 1000:.1f} ms through the tunnel"
+        )
 
         # 3. 200 concurrent streams, direct then through the gateway and the tunnel
         async def crowd(url: str, headers: dict | None) -> tuple[list[float], int]:
-            results = await asyncio.gather(*(stream(session, url, "crowd", 16, headers) for _ in range(CONCURRENT)), return_exceptions=True)
+            results = await asyncio.gather(
+                *(stream(session, url, "crowd", 16, headers) for _ in range(CONCURRENT)), return_exceptions=True
+            )
             errors = sum(isinstance(r, BaseException) for r in results)
             return [r[0] for r in results if not isinstance(r, BaseException)], errors
 
         crowd_d, errors_d = await crowd(f"{direct['crowd']}/chat/completions", None)
         crowd_g, errors_g = await crowd(f"{gateway}/chat/completions", auth)
-        print(f"{CONCURRENT} concurrent streams: errors direct {errors_d}, through the tunnel {errors_g} "
-              f"{'OK' if errors_g == 0 else 'MISSED'}; p50 direct {percentile(crowd_d, 50) * 1000:.1f} ms, through the tunnel "
-              f"{percentile(crowd_g, 50) * 1000:.1f} ms")
+        print(
+            f"{CONCURRENT} concurrent streams: errors direct {errors_d}, through the tunnel {errors_g} "
+            f"{'OK' if errors_g == 0 else 'MISSED'}; p50 direct {percentile(crowd_d, 50) * 1000:.1f} ms, through the tunnel "
+            f"{percentile(crowd_g, 50) * 1000:.1f} ms"
+        )
 
 
 def main() -> None:

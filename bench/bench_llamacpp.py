@@ -27,14 +27,14 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents import llamacpp_build  # noqa: E402
-from agents.lab import load_lab  # noqa: E402
-from agents.orchestra import pagecache  # noqa: E402
-from agents.orchestra.engine import free_port  # noqa: E402
-from agents.orchestra.tiny_gguf import write_tiny_gguf  # noqa: E402
-from bench.common import percentile  # noqa: E402
-from console.client import FleetClient  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
+from agents.orchestra import pagecache
+from agents.orchestra.engine import free_port
+from agents.orchestra.tiny_gguf import write_tiny_gguf
+from agents.runtime import llamacpp_build
+from agents.wire.lab.model import load_lab
+from bench.common import percentile
+from console.client import FleetClient
+from console.demo import DemoLab
 
 COLD_RUNS = 3
 BIG = {"embed": 1024, "layers": 12, "ffn": 2816}  # ~0.8 GB f32: big enough that reading it shows
@@ -47,15 +47,19 @@ def first_token_s(binary: Path, model: Path) -> float:
     """Start llama-server on ``model``; seconds until its first completion token is back; then stop it."""
     port = free_port()
     started = time.monotonic()
-    proc = subprocess.Popen([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         body = json.dumps({"prompt": "Hello", "max_tokens": 1}).encode()
         deadline = started + 300
         while time.monotonic() < deadline:
             try:
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                                 headers={"Content-Type": "application/json"})
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+                )
                 with urllib.request.urlopen(request, timeout=300) as response:
                     response.read()
                 return time.monotonic() - started
@@ -78,8 +82,10 @@ def bench_cold_start(binary: Path, folder: Path, vocab: Path) -> None:
         pagecache.warm([model])
         cached.append(first_token_s(binary, model))
     c, d = statistics.median(cached), statistics.median(dropped)
-    print(f"1. cold start of a {size_gib:.2f} GiB GGUF to its first token, median of {COLD_RUNS}: from the page cache {c:.2f} s, "
-          f"from a dropped cache {d:.2f} s: ratio {d / c:.1f}x (field notes: ~14x on the lab's disks)")
+    print(
+        f"1. cold start of a {size_gib:.2f} GiB GGUF to its first token, median of {COLD_RUNS}: from the page cache {c:.2f} s, "
+        f"from a dropped cache {d:.2f} s: ratio {d / c:.1f}x (field notes: ~14x on the lab's disks)"
+    )
 
 
 async def stream(session: aiohttp.ClientSession, url: str, model: str, headers: dict | None = None) -> tuple[float, int]:
@@ -98,10 +104,21 @@ async def bench_gateway_and_swaps(folder: Path, vocab: Path) -> None:
     a, b = folder / "tiny-a.gguf", folder / "tiny-b.gguf"
     write_tiny_gguf(a, vocab, seed=0)
     write_tiny_gguf(b, vocab, seed=1)
-    models = [{"name": n, "path": str(p), "engine": "llamacpp", "machine": "box", "args": SERVER_ARGS} for n, p in (("a", a), ("b", b))]
+    models = [
+        {"name": n, "path": str(p), "engine": "llamacpp", "machine": "box", "args": SERVER_ARGS} for n, p in (("a", a), ("b", b))
+    ]
     source = folder / "lab.yaml"
-    source.write_text(yaml.safe_dump({"lab": "bench-llamacpp", "machines": [{"name": "box", "gpus": "none"}], "models": models,
-                                      "orchestra": {"warm": ["a"]}, "gateway": {"machine": "box", "policies": {"idle_ttl_s": 3600}}}))
+    source.write_text(
+        yaml.safe_dump(
+            {
+                "lab": "bench-llamacpp",
+                "machines": [{"name": "box", "gpus": "none"}],
+                "models": models,
+                "orchestra": {"warm": ["a"]},
+                "gateway": {"machine": "box", "policies": {"idle_ttl_s": 3600}},
+            }
+        )
+    )
     with DemoLab(folder / "demo", source=source) as demo:
         lab = load_lab(demo.lab_path)
         assert lab.gateway is not None
@@ -135,8 +152,10 @@ async def bench_gateway_and_swaps(folder: Path, vocab: Path) -> None:
                 seconds, tokens = await stream(session, f"{gateway}/completions", "a", auth)
                 rates_g.append(tokens / seconds)
             d, g = statistics.median(rates_d), statistics.median(rates_g)
-            print(f"2. streaming {STREAM_TOKENS} tokens, median of {STREAMS}: direct {d:.0f} tokens/s, through the gateway {g:.0f} tokens/s: "
-                  f"ratio {g / d:.3f} (goal >= 0.98: {'OK' if g / d >= 0.98 else 'MISSED'})")
+            print(
+                f"2. streaming {STREAM_TOKENS} tokens, median of {STREAMS}: direct {d:.0f} tokens/s, through the gateway {g:.0f} tokens/s: "
+                f"ratio {g / d:.3f} (goal >= 0.98: {'OK' if g / d >= 0.98 else 'MISSED'})"
+            )
 
             control_ms, agent_ms, total_ms = [], [], []
             pair = ("a", "b")
@@ -155,10 +174,12 @@ async def bench_gateway_and_swaps(folder: Path, vocab: Path) -> None:
                 agent_ms.append(1000 * swap["detail"]["control_s"])
                 total_ms.append(1000 * swap["duration_s"])
                 pair = (incoming, out)
-            print(f"3. llama.cpp swap (stop out, start in, warm-up), {SWAPS} swaps: total p50 {percentile(total_ms, 50):.0f} ms; "
-                  f"beyond llama-server's own stop + start-to-listening + warm-up: p50 {percentile(control_ms, 50):.1f} ms, "
-                  f"max {max(control_ms):.1f} ms (goal p50 <= 50 ms: {'OK' if percentile(control_ms, 50) <= 50 else 'MISSED'}); "
-                  f"the agent's own account (beyond the time it waited on the engine): p50 {percentile(agent_ms, 50):.1f} ms")
+            print(
+                f"3. llama.cpp swap (stop out, start in, warm-up), {SWAPS} swaps: total p50 {percentile(total_ms, 50):.0f} ms; "
+                f"beyond llama-server's own stop + start-to-listening + warm-up: p50 {percentile(control_ms, 50):.1f} ms, "
+                f"max {max(control_ms):.1f} ms (goal p50 <= 50 ms: {'OK' if percentile(control_ms, 50) <= 50 else 'MISSED'}); "
+                f"the agent's own account (beyond the time it waited on the engine): p50 {percentile(agent_ms, 50):.1f} ms"
+            )
 
 
 def main() -> int:

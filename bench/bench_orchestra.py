@@ -27,11 +27,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.lab import load_lab  # noqa: E402
-from agents.orchestra import pagecache  # noqa: E402
-from bench.common import percentile  # noqa: E402
-from console.client import FleetClient  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
+from agents.orchestra import pagecache
+from agents.wire.lab.model import load_lab
+from bench.common import percentile
+from console.client import FleetClient
+from console.demo import DemoLab
 
 FILES, FILE_MIB = 4, 128
 SWAPS = 40
@@ -71,13 +71,22 @@ def bench_cache(directory: Path) -> None:
     pagecache.evict(files)
     p, w = statistics.median(plain), statistics.median(warm)
     print(f"1. cache warming, {FILES} x {FILE_MIB} MiB from a cold cache (median of 3, alternated):")
-    print(f"   plain sequential read {p / 2**20:8.0f} MiB/s | pagecache.warm {w / 2**20:8.0f} MiB/s | "
-          f"ratio {w / p:.2f} (goal >= 0.9: {'OK' if w / p >= 0.9 else 'MISSED'})")
+    print(
+        f"   plain sequential read {p / 2**20:8.0f} MiB/s | pagecache.warm {w / 2**20:8.0f} MiB/s | "
+        f"ratio {w / p:.2f} (goal >= 0.9: {'OK' if w / p >= 0.9 else 'MISSED'})"
+    )
 
 
 def model(name: str, gpus: list[int], vram_gib: float, **sim) -> dict:
-    return {"name": name, "path": f"models/{name}", "engine": "sim", "machine": "box", "gpus": gpus, "vram_gib": vram_gib,
-            "sim": {"placeholder_mib": 4, "tokens_per_s": 0, **sim}}
+    return {
+        "name": name,
+        "path": f"models/{name}",
+        "engine": "sim",
+        "machine": "box",
+        "gpus": gpus,
+        "vram_gib": vram_gib,
+        "sim": {"placeholder_mib": 4, "tokens_per_s": 0, **sim},
+    }
 
 
 def lab(models: list[dict], orchestra: dict) -> dict:
@@ -122,9 +131,13 @@ async def bench_swaps(directory: Path) -> None:
     total_ms = [1000 * r["total_s"] for r in warm_swaps]
     seen_ms = [1000 * s for s in observed[1:]]
     print(f"2. swap control overhead, sim engine at zero delays, {len(control_ms)} swaps (sleep out + wake in) over SSH:")
-    print(f"   agent: swap p50 {percentile(total_ms, 50):.1f} ms, of which beyond the engine p50 {percentile(control_ms, 50):.1f} ms "
-          f"p95 {percentile(control_ms, 95):.1f} ms (goal p95 <= 50 ms: {'OK' if percentile(control_ms, 95) <= 50 else 'MISSED'})")
-    print(f"   client (call + polling every 10 ms until warm): p50 {percentile(seen_ms, 50):.1f} ms, p95 {percentile(seen_ms, 95):.1f} ms")
+    print(
+        f"   agent: swap p50 {percentile(total_ms, 50):.1f} ms, of which beyond the engine p50 {percentile(control_ms, 50):.1f} ms "
+        f"p95 {percentile(control_ms, 95):.1f} ms (goal p95 <= 50 ms: {'OK' if percentile(control_ms, 95) <= 50 else 'MISSED'})"
+    )
+    print(
+        f"   client (call + polling every 10 ms until warm): p50 {percentile(seen_ms, 50):.1f} ms, p95 {percentile(seen_ms, 95):.1f} ms"
+    )
 
 
 async def bench_rotation(directory: Path, sleeping_ins: bool) -> None:
@@ -166,12 +179,16 @@ async def bench_rotation(directory: Path, sleeping_ins: bool) -> None:
     estimate_s = delays_s + control_s
     print(f"3. rotation of 2 of 5 models, ins {tag}: swaps {last['swaps']}, not warm after: {last['not_warm'] or 'none'}")
     # what was measured and what was assumed, apart: the estimate is mostly the field notes' delays
-    print(f"   measured: the rotation took {measured_s:.2f} s with the engine's delays at 1/{SCALE:.0f}; the agent's own "
-          f"control time in it {control_s:.2f} s (not scaled)")
+    print(
+        f"   measured: the rotation took {measured_s:.2f} s with the engine's delays at 1/{SCALE:.0f}; the agent's own "
+        f"control time in it {control_s:.2f} s (not scaled)"
+    )
     print(f"   assumed: the field notes' engine delays, {delays_s:.0f} s for 2 swaps (not measured here)")
-    print(f"   estimate = assumed + measured control = {estimate_s:.1f} s = {100 * estimate_s / ROTATE_EVERY_S:.3f}% of 4 h "
-          f"(goal < 1%, on the estimate: {'OK' if estimate_s / ROTATE_EVERY_S < 0.01 else 'MISSED'}); naive x{SCALE:.0f} "
-          f"{measured_s * SCALE:.0f} s = {100 * measured_s * SCALE / ROTATE_EVERY_S:.2f}%")
+    print(
+        f"   estimate = assumed + measured control = {estimate_s:.1f} s = {100 * estimate_s / ROTATE_EVERY_S:.3f}% of 4 h "
+        f"(goal < 1%, on the estimate: {'OK' if estimate_s / ROTATE_EVERY_S < 0.01 else 'MISSED'}); naive x{SCALE:.0f} "
+        f"{measured_s * SCALE:.0f} s = {100 * measured_s * SCALE / ROTATE_EVERY_S:.2f}%"
+    )
 
 
 async def main() -> None:

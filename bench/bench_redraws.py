@@ -21,10 +21,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.lab import load_lab  # noqa: E402
-from console.app import CetlabApp  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
-from console.screens.base import LabScreen  # noqa: E402
+from agents.wire.lab.model import load_lab
+from console.app import CetlabApp
+from console.demo import DemoLab
+from console.screens.base import LabScreen
 
 VIEWS = ("jobs", "models", "checkpoints", "costs", "alerts", "audit", "gateway")
 
@@ -80,8 +80,10 @@ def main() -> None:
     for name, ticks, old, new in rows:
         print(f"{name:<12} {ticks:>6} {old:>7} {new:>6} {old / max(ticks, 1):>12.2f} {new / max(ticks, 1):>11.2f}")
     old_sum, new_sum, tick_sum = sum(r[2] for r in rows), sum(r[3] for r in rows), sum(r[1] for r in rows)
-    print(f"{'all views':<12} {tick_sum:>6} {old_sum:>7} {new_sum:>6} {old_sum / max(tick_sum, 1):>12.2f} "
-          f"{new_sum / max(tick_sum, 1):>11.2f}   after/before {new_sum / max(old_sum, 1):.2f}")
+    print(
+        f"{'all views':<12} {tick_sum:>6} {old_sum:>7} {new_sum:>6} {old_sum / max(tick_sum, 1):>12.2f} "
+        f"{new_sum / max(tick_sum, 1):>11.2f}   after/before {new_sum / max(old_sum, 1):.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -15,10 +15,10 @@ import asyncssh
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.lab import load_lab  # noqa: E402
-from bench.common import percentile  # noqa: E402
-from console.client import FleetClient  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
+from agents.wire.lab.model import load_lab
+from bench.common import percentile
+from console.client import FleetClient
+from console.demo import DemoLab
 
 CALLS = 1000
 PACE_S = 1 / 150  # one call per pace at most: under the agent's per-connection rate limit (200/s), same for both
@@ -61,8 +61,9 @@ async def bare_echo_rtts(key_path: Path) -> list[float]:
 
 
 async def _echo_client(key_path: Path, port: int) -> list[float]:
-    async with asyncssh.connect("127.0.0.1", port, username="bench", client_keys=[str(key_path)], known_hosts=None,
-                                agent_path=None, config=None) as conn:
+    async with asyncssh.connect(
+        "127.0.0.1", port, username="bench", client_keys=[str(key_path)], known_hosts=None, agent_path=None, config=None
+    ) as conn:
         writer, reader, _ = await conn.open_session(subsystem="echo", encoding=None)
         rtts = []
         for i in range(CALLS):
@@ -112,7 +113,9 @@ async def main() -> None:
         bare = await bare_echo_rtts(key)
         agent = await agent_rtts(demo.lab_path)
     for name, values in (("bare asyncssh echo", bare), ("agent ping (FleetClient)", agent)):
-        print(f"{name:<26} p50 {percentile(values, 50) * 1e3:6.3f} ms   p95 {percentile(values, 95) * 1e3:6.3f} ms   ({CALLS} calls)")
+        print(
+            f"{name:<26} p50 {percentile(values, 50) * 1e3:6.3f} ms   p95 {percentile(values, 95) * 1e3:6.3f} ms   ({CALLS} calls)"
+        )
     ratio = percentile(agent, 50) / percentile(bare, 50)
     print(f"ratio agent/bare (p50): {ratio:.2f}x   goal <= 2x   {'OK' if ratio <= 2 else 'MISSED'}")
 

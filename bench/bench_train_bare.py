@@ -36,17 +36,31 @@ def bare(config, steps: int) -> None:
     tokenizer = AutoTokenizer.from_pretrained(config.base_model)
     data = build_dataset(Path(config.dataset), tokenizer, config.max_seq_len, None, log=lambda m: None)
     base_model = AutoModelForCausalLM.from_pretrained(config.base_model, dtype=torch.float32)
-    model = get_peft_model(base_model, LoraConfig(
-        r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
-        target_modules=config.lora.target_modules, modules_to_save=config.lora.modules_to_save or None,
-        task_type="CAUSAL_LM",
-    ))
+    model = get_peft_model(
+        base_model,
+        LoraConfig(
+            r=config.lora.r,
+            lora_alpha=config.lora.alpha,
+            lora_dropout=config.lora.dropout,
+            target_modules=config.lora.target_modules,
+            modules_to_save=config.lora.modules_to_save or None,
+            task_type="CAUSAL_LM",
+        ),
+    )
     args = TrainingArguments(
-        output_dir=str(config.output_dir), per_device_train_batch_size=config.per_device_batch_size,
-        max_steps=steps, learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
-        logging_steps=1, save_steps=config.save_steps, save_total_limit=config.save_total_limit,
-        report_to="none", use_cpu=not torch.cuda.is_available(), remove_unused_columns=False,
-        disable_tqdm=True, seed=config.seed,
+        output_dir=str(config.output_dir),
+        per_device_train_batch_size=config.per_device_batch_size,
+        max_steps=steps,
+        learning_rate=config.learning_rate,
+        warmup_steps=config.warmup_steps,
+        logging_steps=1,
+        save_steps=config.save_steps,
+        save_total_limit=config.save_total_limit,
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        remove_unused_columns=False,
+        disable_tqdm=True,
+        seed=config.seed,
     )
     trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=PadCollator(tokenizer.pad_token_id))
     trainer.train()

@@ -30,7 +30,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agents.lab import load_lab  # noqa: E402
+from agents.wire.lab.model import load_lab  # noqa: E402
 from bench.common import console_script  # noqa: E402
 from console.client import FleetClient  # noqa: E402
 from console.demo import DemoLab  # noqa: E402
@@ -47,7 +47,15 @@ def train_runtime_s(log_text: str) -> float:
 
 def command(tiny: Path, output_dir: str) -> list[str]:
     """The recipe's command, the same cetlab-train for both runs; the agent adds the params as `--max-steps N --save-steps N`."""
-    return [console_script("cetlab-train"), "--config", "demo/train.yaml", "--output-dir", output_dir, "--set", f"base_model={tiny}"]
+    return [
+        console_script("cetlab-train"),
+        "--config",
+        "demo/train.yaml",
+        "--output-dir",
+        output_dir,
+        "--set",
+        f"base_model={tiny}",
+    ]
 
 
 def run_bare(lab_dir: Path, tiny: Path, steps: int, n: int) -> tuple[float, float]:
@@ -87,9 +95,16 @@ async def measure(args: argparse.Namespace, work: Path) -> dict:
     lab = {
         "lab": "bench-train",
         "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250}]}}],
-        "trainers": [{"name": "tiny", "machine": "box", "gpus": [0], "output_dir": "runs/{job_id}",
-                      "command": command(tiny, "{output_dir}"),
-                      "params": [{"name": "max_steps", "type": "int"}, {"name": "save_steps", "type": "int"}]}],
+        "trainers": [
+            {
+                "name": "tiny",
+                "machine": "box",
+                "gpus": [0],
+                "output_dir": "runs/{job_id}",
+                "command": command(tiny, "{output_dir}"),
+                "params": [{"name": "max_steps", "type": "int"}, {"name": "save_steps", "type": "int"}],
+            }
+        ],
     }
     (source / "lab.yaml").write_text(yaml.safe_dump(lab, sort_keys=False))
     best = {"bare": 0.0, "supervised": 0.0}
@@ -133,8 +148,10 @@ def main() -> None:
         result = asyncio.run(measure(args, work))
         print(json.dumps(result))
         # the verdict on stderr: stdout stays one JSON line (`make bench` reads both)
-        print(f"supervised / bare steps/s: ratio {result['ratio']:.3f} (goal >= 0.97: {'OK' if result['ratio'] >= 0.97 else 'MISSED'})",
-              file=sys.stderr)
+        print(
+            f"supervised / bare steps/s: ratio {result['ratio']:.3f} (goal >= 0.97: {'OK' if result['ratio'] >= 0.97 else 'MISSED'})",
+            file=sys.stderr,
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -108,10 +108,10 @@ class DrawnAges:
                     probe.ages.append(age)
             return render_lines(static, crop)
 
-        setattr(Static, "render_lines", painted)  # the bench's probe, taken away by close()
+        Static.render_lines = painted  # the bench's probe, taken away by close()
 
         def unwrap() -> None:
-            setattr(Static, "render_lines", render_lines)
+            Static.render_lines = render_lines
             del state.apply_tick
 
         self._unwrap = unwrap

@@ -22,15 +22,21 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agents.lab import load_lab  # noqa: E402
+from agents.wire.lab.model import load_lab  # noqa: E402
 from bench.common import CpuWindow  # noqa: E402
 from console.client import FleetClient  # noqa: E402
 from console.demo import DemoLab  # noqa: E402
 
 MACHINE = "gpu"
 # ~150M parameters with the tiny tokenizer's small vocabulary: the layers carry the weight
-LLAMA_150M = {"hidden_size": 1024, "intermediate_size": 2752, "num_hidden_layers": 12, "num_attention_heads": 16,
-              "num_key_value_heads": 16, "max_position_embeddings": 512}
+LLAMA_150M = {
+    "hidden_size": 1024,
+    "intermediate_size": 2752,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "max_position_embeddings": 512,
+}
 MATMUL = """
 import sys, time, torch
 major, _ = torch.cuda.get_device_capability(0)
@@ -68,7 +74,9 @@ def failed(what: str) -> None:
 
 
 def cetlab_json(lab: Path, *args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(lab), *args, "--json"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "console.cli", "--lab", str(lab), *args, "--json"], capture_output=True, text=True, timeout=120
+    )
     if out.returncode != 0:
         raise RuntimeError(f"cetlab {' '.join(args)} exited {out.returncode}: {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout)
@@ -78,44 +86,81 @@ def gpu_lines(status: dict, gpu: int, agent_status: dict | None = None) -> list[
     """GPU ``gpu`` as `cetlab --json status` shows it; its processes from the agent's own `status` (the CLI's JSON has none)."""
     machine = next(m for m in status["machines"] if m["name"] == MACHINE) if "machines" in status else status
     sample = next(g for g in machine["gpus"] if g["index"] == gpu)
-    lines = [f"GPU {gpu} {sample['name']}: util {sample['util_pct']}%, power {sample['power_w']} W, "
-             f"{(sample['mem_used_bytes'] or 0) / 2**20:.0f} MiB used, {sample['temp_c']} C, simulated={sample.get('simulated')}"]
+    lines = [
+        f"GPU {gpu} {sample['name']}: util {sample['util_pct']}%, power {sample['power_w']} W, "
+        f"{(sample['mem_used_bytes'] or 0) / 2**20:.0f} MiB used, {sample['temp_c']} C, simulated={sample.get('simulated')}"
+    ]
     if agent_status is None:
         return lines + ["  processes: not asked (the agent's `status` lists them)"]
     none: dict = {}
     held = next((g for g in agent_status["gpus"] if g["index"] == gpu), none).get("processes") or []
-    lines += [f"  pid {p['pid']} {p.get('user')} {(p.get('mem_used_bytes') or 0) / 2**20:.0f} MiB {str(p.get('command'))[:80]}"
-              for p in held] or ["  no process holds it"]
+    lines += [
+        f"  pid {p['pid']} {p.get('user')} {(p.get('mem_used_bytes') or 0) / 2**20:.0f} MiB {str(p.get('command'))[:80]}"
+        for p in held
+    ] or ["  no process holds it"]
     return lines
 
 
 async def show_gpu(lab: Path, client: FleetClient, gpu: int) -> None:
     try:
         print("\n".join(gpu_lines(cetlab_json(lab, "status"), gpu, await client.call(MACHINE, "status"))))
-    except Exception:  # noqa: BLE001 - a failed step still lets the others report
+    except Exception:
         traceback.print_exc()
         failed("status step raised")
 
 
 def write_lab(work: Path, model: Path, gpu: int) -> Path:
     train = work / "train.yaml"
-    train.write_text(yaml.safe_dump({
-        "base_model": str(model), "dataset": str(REPO / "demo" / "train.jsonl"), "output_dir": str(work / "out"),
-        "max_seq_len": 128, "precision": "auto", "tf32": True,
-        "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"},
-        "per_device_batch_size": 16, "max_steps": 150, "save_steps": 75, "logging_steps": 10, "learning_rate": 3e-4,
-        "dataloader_workers": 2,
-    }))
+    train.write_text(
+        yaml.safe_dump(
+            {
+                "base_model": str(model),
+                "dataset": str(REPO / "demo" / "train.jsonl"),
+                "output_dir": str(work / "out"),
+                "max_seq_len": 128,
+                "precision": "auto",
+                "tf32": True,
+                "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"},
+                "per_device_batch_size": 16,
+                "max_steps": 150,
+                "save_steps": 75,
+                "logging_steps": 10,
+                "learning_rate": 3e-4,
+                "dataloader_workers": 2,
+            }
+        )
+    )
     source = work / "src.yaml"
-    source.write_text(yaml.safe_dump({
-        "lab": "gpu-check",
-        "costs": {"currency": "USD", "electricity_per_kwh": 0.15},
-        "machines": [{"name": MACHINE, "gpus": "nvml", "sample_interval_s": 1}],
-        "trainers": [{"name": "lora", "machine": MACHINE, "gpus": [gpu], "command": ["cetlab-train", "--config", str(train),
-                      "--output-dir", "{output_dir}"], "output_dir": str(work / "runs" / "{job_id}")}],
-        "models": [{"name": "llama-150m", "path": str(model), "engine": "transformers", "machine": MACHINE, "gpus": [gpu],
-                    "vram_gib": 1.0, "load_timeout_s": 600}],
-    }, sort_keys=False))
+    source.write_text(
+        yaml.safe_dump(
+            {
+                "lab": "gpu-check",
+                "costs": {"currency": "USD", "electricity_per_kwh": 0.15},
+                "machines": [{"name": MACHINE, "gpus": "nvml", "sample_interval_s": 1}],
+                "trainers": [
+                    {
+                        "name": "lora",
+                        "machine": MACHINE,
+                        "gpus": [gpu],
+                        "command": ["cetlab-train", "--config", str(train), "--output-dir", "{output_dir}"],
+                        "output_dir": str(work / "runs" / "{job_id}"),
+                    }
+                ],
+                "models": [
+                    {
+                        "name": "llama-150m",
+                        "path": str(model),
+                        "engine": "transformers",
+                        "machine": MACHINE,
+                        "gpus": [gpu],
+                        "vram_gib": 1.0,
+                        "load_timeout_s": 600,
+                    }
+                ],
+            },
+            sort_keys=False,
+        )
+    )
     return source
 
 
@@ -132,8 +177,12 @@ async def lora(client: FleetClient) -> None:
     step("a LoRA through the agent, precision: auto, on the ~150M random Llama")
     job = await client.call(MACHINE, "jobs.start", {"recipe": "lora", "params": {}})
     done = await wait(client, "jobs.get", {"id": job["id"]}, lambda j: j["state"] in ("exited", "failed", "lost"), 1800)
-    print(f"job {job['id']}: {done['state']} (exit {done['exit_code']}), precision {done.get('precision')}, notes {done.get('notes')}")
-    print(f"  step {done['step']}/{done['max_steps']}, loss {done['loss']}, {done['samples_per_s']} samples/s, {done['tokens_per_s']} tokens/s")
+    print(
+        f"job {job['id']}: {done['state']} (exit {done['exit_code']}), precision {done.get('precision')}, notes {done.get('notes')}"
+    )
+    print(
+        f"  step {done['step']}/{done['max_steps']}, loss {done['loss']}, {done['samples_per_s']} samples/s, {done['tokens_per_s']} tokens/s"
+    )
     print(f"  checkpoints: {[(c['step'], c['save_s']) for c in done['checkpoints']]} (step, save seconds)")
     if done["state"] != "exited" or done["exit_code"] != 0:
         failed(f"LoRA job {done['state']}: {done.get('error')}; last lines: {done.get('last_lines')}")
@@ -143,8 +192,12 @@ async def transformers_model(client: FleetClient) -> None:
     step("a transformers model: warm -> completion -> cold")
     started = time.monotonic()
     await client.call(MACHINE, "models.warm", {"model": "llama-150m"})
-    model = await wait(client, "models.get", {"model": "llama-150m"}, lambda m: m["state"] in ("warm", "failed") and not m["op"], 900)
-    print(f"state {model['state']} after {time.monotonic() - started:.1f} s (load {model.get('load_s')} s, warm-up {model.get('warmup_s')} s)")
+    model = await wait(
+        client, "models.get", {"model": "llama-150m"}, lambda m: m["state"] in ("warm", "failed") and not m["op"], 900
+    )
+    print(
+        f"state {model['state']} after {time.monotonic() - started:.1f} s (load {model.get('load_s')} s, warm-up {model.get('warmup_s')} s)"
+    )
     if model["state"] != "warm":
         failed(f"transformers model {model['state']}: {model.get('error')}")
         return
@@ -154,11 +207,20 @@ async def transformers_model(client: FleetClient) -> None:
     answer = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(request, timeout=120).read()))
     print(f"completion in {time.monotonic() - t0:.2f} s: {answer['choices'][0]['text']!r} ({answer['usage']})")
     status = await client.call(MACHINE, "status")
-    held = [p for g in status["gpus"] for p in g["processes"] if "serve" in str(p.get("command")) and "llama-150m" in str(p.get("command"))]
-    print(f"NVML: the engine's processes hold {[(p['pid'], round((p['mem_used_bytes'] or 0) / 2**20)) for p in held]} (pid, MiB); "
-          f"lab.yaml estimate {(model.get('vram_bytes') or 0) / 2**20:.0f} MiB")
+    held = [
+        p
+        for g in status["gpus"]
+        for p in g["processes"]
+        if "serve" in str(p.get("command")) and "llama-150m" in str(p.get("command"))
+    ]
+    print(
+        f"NVML: the engine's processes hold {[(p['pid'], round((p['mem_used_bytes'] or 0) / 2**20)) for p in held]} (pid, MiB); "
+        f"lab.yaml estimate {(model.get('vram_bytes') or 0) / 2**20:.0f} MiB"
+    )
     await client.call(MACHINE, "models.cold", {"model": "llama-150m"}, timeout=120)
-    cold = await wait(client, "models.get", {"model": "llama-150m"}, lambda m: m["state"] in ("cold", "cached") and not m["op"], 120)
+    cold = await wait(
+        client, "models.get", {"model": "llama-150m"}, lambda m: m["state"] in ("cold", "cached") and not m["op"], 120
+    )
     print(f"then {cold['state']}")
 
 
@@ -168,7 +230,10 @@ async def overhead(agent_pid: int, window_s: float) -> None:
     smi = subprocess.Popen(["nvidia-smi", "-l", "1"], stdout=subprocess.DEVNULL)
     try:
         await asyncio.sleep(3)  # past their start-up
-        windows = {name: CpuWindow(pid) for name, pid in (("cetlab-agent", agent_pid), ("nvml loop", loop.pid), ("nvidia-smi -l 1", smi.pid))}
+        windows = {
+            name: CpuWindow(pid)
+            for name, pid in (("cetlab-agent", agent_pid), ("nvml loop", loop.pid), ("nvidia-smi -l 1", smi.pid))
+        }
         await asyncio.sleep(window_s)
         cpu = {name: w.share_pct() for name, w in windows.items()}
         rss = {name: psutil.Process(w.proc.pid).memory_info().rss / 2**20 for name, w in windows.items()}
@@ -195,14 +260,30 @@ async def run(work: Path, gpu: int, window_s: float) -> None:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model)
-    print(f"{model}: {sum(f.stat().st_size for f in model.glob('*.safetensors')) / 2**20:.0f} MiB of weights, "
-          f"hidden {config.hidden_size} x {config.num_hidden_layers} layers")
+    print(
+        f"{model}: {sum(f.stat().st_size for f in model.glob('*.safetensors')) / 2**20:.0f} MiB of weights, "
+        f"hidden {config.hidden_size} x {config.num_hidden_layers} layers"
+    )
     source = write_lab(work, model, gpu)
 
     with DemoLab(work / "run", source=source) as demo:
         step("cetlab-agent doctor")
-        doctor = subprocess.run([sys.executable, "-m", "agents.daemon", "doctor", "--lab", str(demo.lab_path), "--machine", MACHINE,
-                                 "--state-dir", str(demo.dir / "agents" / MACHINE)], capture_output=True, text=True)
+        doctor = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agents.shell.daemon",
+                "doctor",
+                "--lab",
+                str(demo.lab_path),
+                "--machine",
+                MACHINE,
+                "--state-dir",
+                str(demo.dir / "agents" / MACHINE),
+            ],
+            capture_output=True,
+            text=True,
+        )
         print(doctor.stdout.rstrip())
         if doctor.returncode != 0:
             failed("doctor reported FAIL")
@@ -212,15 +293,17 @@ async def run(work: Path, gpu: int, window_s: float) -> None:
             await asyncio.sleep(3)
             await show_gpu(demo.lab_path, client, gpu)
             step("cetlab status --json, under a matmul load")
-            load = subprocess.Popen([sys.executable, "-c", MATMUL, "25"], env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu),
-                                                                      "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+            load = subprocess.Popen(
+                [sys.executable, "-c", MATMUL, "25"],
+                env={**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+            )
             await asyncio.sleep(12)
             await show_gpu(demo.lab_path, client, gpu)
             load.wait()
             for name, part in (("LoRA", lambda: lora(client)), ("transformers", lambda: transformers_model(client))):
                 try:
                     await part()
-                except Exception:  # noqa: BLE001 - one failed step still lets the others report
+                except Exception:
                     traceback.print_exc()
                     failed(f"{name} step raised")
             step("costs from the measured power")

@@ -77,13 +77,22 @@ def summary(outcomes: list[Outcome]) -> tuple[str, int]:
     """The table `make bench` ends with, and its exit status."""
     rows = [f"{'bench':<28} {'time':>7}  {'met':>3}  {'missed':>6}  result"]
     for o in outcomes:
-        result = (f"FAILED (exit {o.exit_code})" if o.exit_code != 0 else "MISSED" if o.missed
-                  else "figures only" if not o.met else "met")
+        result = (
+            f"FAILED (exit {o.exit_code})"
+            if o.exit_code != 0
+            else "MISSED"
+            if o.missed
+            else "figures only"
+            if not o.met
+            else "met"
+        )
         rows.append(f"{o.name:<28} {o.seconds:6.0f}s  {len(o.met):>3}  {len(o.missed):>6}  {result}")
     rows += [f"  {'MISSED' if line in o.missed else 'met   '}: {o.name}: {line}" for o in outcomes for line in goal_lines(o)]
     total = sum(o.seconds for o in outcomes)
-    rows.append(f"all benches: {total / 60:.1f} min; {sum(len(o.met) for o in outcomes)} goals met, "
-                f"{sum(len(o.missed) for o in outcomes)} missed")
+    rows.append(
+        f"all benches: {total / 60:.1f} min; {sum(len(o.met) for o in outcomes)} goals met, "
+        f"{sum(len(o.missed) for o in outcomes)} missed"
+    )
     status = 2 if any(o.exit_code != 0 for o in outcomes) else 1 if any(o.missed for o in outcomes) else 0
     return "\n".join(rows), status
 
@@ -134,8 +143,10 @@ def main(argv: list[str]) -> int:
         outcomes.append(run(path, cwd=HERE.parent))
     table, status = summary(outcomes)
     print("\n" + table)
-    print(f"load average at the start {load}, at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
-          f"({os.cpu_count()} cores): the CPU and wall figures move with it")
+    print(
+        f"load average at the start {load}, at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
+        f"({os.cpu_count()} cores): the CPU and wall figures move with it"
+    )
     if before is not None:
         print("\n" + before_after(before, outcomes, args.before))
     return status

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agents.protocol import LinkStatus
-from agents.sections import AlertInfo, alert_id
+from agents.wire.protocol import LinkStatus
+from agents.wire.sections.alerts import AlertInfo, alert_id
 from console.state import LabState
 
 
@@ -28,8 +28,19 @@ class AlertRow:
 
     @classmethod
     def of(cls, alert: AlertInfo) -> AlertRow:
-        return cls(id=alert.id, rule=alert.rule, level=alert.level, machine=alert.machine, target=alert.target, message=alert.message,
-                   fired_at=alert.fired_at, cleared_at=alert.cleared_at, acked_at=alert.acked_at, job=alert.job, model=alert.model)
+        return cls(
+            id=alert.id,
+            rule=alert.rule,
+            level=alert.level,
+            machine=alert.machine,
+            target=alert.target,
+            message=alert.message,
+            fired_at=alert.fired_at,
+            cleared_at=alert.cleared_at,
+            acked_at=alert.acked_at,
+            job=alert.job,
+            model=alert.model,
+        )
 
     @property
     def active(self) -> bool:
@@ -44,14 +55,25 @@ def offline_rows(state: LabState, now: float, offline_for_s: float) -> list[Aler
             continue
         if view.last_seen is not None and now - view.last_seen < offline_for_s:
             continue
-        out.append(AlertRow(id=alert_id(view.name, "offline"), rule="offline", level="critical", machine=view.name, target="machine",
-                            message=f"{view.name} is {view.link}" + (f": {view.error}" if view.error else ""), fired_at=view.last_seen))
+        out.append(
+            AlertRow(
+                id=alert_id(view.name, "offline"),
+                rule="offline",
+                level="critical",
+                machine=view.name,
+                target="machine",
+                message=f"{view.name} is {view.link}" + (f": {view.error}" if view.error else ""),
+                fired_at=view.last_seen,
+            )
+        )
     return out
 
 
 def offline_alerts(state: LabState, now: float, offline_for_s: float) -> list[dict[str, Any]]:
     """The offline alerts as `cetlab --json alerts` prints them, beside the agents' (the fields an AlertInfo has)."""
-    return [{k: v for k, v in asdict(row).items() if k not in ("job", "model")} for row in offline_rows(state, now, offline_for_s)]
+    return [
+        {k: v for k, v in asdict(row).items() if k not in ("job", "model")} for row in offline_rows(state, now, offline_for_s)
+    ]
 
 
 def offline_history(state: LabState) -> list[AlertRow]:

@@ -14,9 +14,9 @@ from textual.app import App
 from textual.binding import Binding
 from textual.notifications import Notification, SeverityLevel
 
-from agents.events import Notice, NoticeLevel, PushEvent
-from agents.lab import Lab, LabError, load_lab
-from agents.protocol import EVENT_NOTICE, EVENT_TICK
+from agents.wire.events import Notice, NoticeLevel, PushEvent
+from agents.wire.lab.model import Lab, LabError, load_lab
+from agents.wire.protocol import EVENT_NOTICE, EVENT_TICK
 from console.client import FleetClient
 from console.screens.base import LabScreen
 from console.state import LabState
@@ -50,16 +50,25 @@ class CetlabApp(App):
         Binding("escape", "back", "Back", show=False),
     ]
 
-    def __init__(self, lab: Lab, *, readonly: bool = False, trust_on_first_use: bool | None = None,
-                 client: FleetClient | None = None, connect: bool = True, clock=time.time):
+    def __init__(
+        self,
+        lab: Lab,
+        *,
+        readonly: bool = False,
+        trust_on_first_use: bool | None = None,
+        client: FleetClient | None = None,
+        connect: bool = True,
+        clock=time.time,
+    ):
         super().__init__()
         self.lab = lab
         self.readonly = readonly
         self.connect = connect  # False: show a prepared LabState only (snapshot tests)
         self.clock = clock
         self.state = client.state if client else LabState(lab)
-        self.client = client or FleetClient(lab, self.state, trust_on_first_use=trust_on_first_use,
-                                            subscribe=[EVENT_TICK, EVENT_NOTICE], on_event=self._on_event)
+        self.client = client or FleetClient(
+            lab, self.state, trust_on_first_use=trust_on_first_use, subscribe=[EVENT_TICK, EVENT_NOTICE], on_event=self._on_event
+        )
         self.render_ages: deque[float] = deque(maxlen=3600)  # newest data age at each render, for benchmarks
         self.notices: deque[Notification] = deque(maxlen=200)  # every notification shown (toasts), newest last
         for name in VIEWS:
@@ -96,8 +105,15 @@ class CetlabApp(App):
         if ages:
             self.render_ages.append(max(ages))
 
-    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information", timeout: float | None = None,
-               markup: bool = True) -> None:
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
         """Show a toast (Textual's notify) and keep it in `notices`, newest last: what the console told the operator.
 
         Always as text, never markup (`markup` is ignored): a toast says what an agent answered, and an agent's text
@@ -126,7 +142,9 @@ class CetlabApp(App):
         from console.screens.modals import HelpScreen
 
         screen = self.screen
-        self.push_screen(HelpScreen(screen.visible_bindings() if isinstance(screen, LabScreen) else [], demo_cli_hint(self.lab.source)))
+        self.push_screen(
+            HelpScreen(screen.visible_bindings() if isinstance(screen, LabScreen) else [], demo_cli_hint(self.lab.source))
+        )
 
     def action_jump(self) -> None:
         from console.screens.modals import JumpScreen
@@ -159,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             from console.demo import DemoLab, default_demo_dir, shown_path
 
             demo = DemoLab(default_demo_dir(), source=Path(args.lab) if args.lab else None)
-            print(f"starting the demo lab's agents (lab file, state, runs and checkpoints in {shown_path(demo.dir)}) ...", flush=True)
+            print(
+                f"starting the demo lab's agents (lab file, state, runs and checkpoints in {shown_path(demo.dir)}) ...",
+                flush=True,
+            )
             demo.start()
             demo_started = True
             demo.wait_listening()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
-from agents.catalogue import AUDIT_LIST, AuditEntry, AuditList, AuditRefusal, validate_reply
-from agents.protocol import RemoteError
+from agents.wire.catalogue.audit import AUDIT_LIST, AuditEntry, AuditList, AuditRefusal
+from agents.wire.catalogue.method import validate_reply
+from agents.wire.protocol import RemoteError
 from console.replies import sent
 
 
@@ -20,8 +22,11 @@ class Trail:
 
     def to_json(self) -> dict[str, Any]:
         """`cetlab --json audit`: each entry and refusal as the agent sent it, with "machine"."""
-        return {"entries": [{**sent(e), "machine": m} for m, e in self.entries],
-                "refusals": [{**sent(r), "machine": m} for m, r in self.refusals], "unavailable": self.unavailable}
+        return {
+            "entries": [{**sent(e), "machine": m} for m, e in self.entries],
+            "refusals": [{**sent(r), "machine": m} for m, r in self.refusals],
+            "unavailable": self.unavailable,
+        }
 
 
 def lab_trail(results: Mapping[str, Any], limit: int) -> Trail:

@@ -15,14 +15,15 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from agents.catalogue import Method, params_error, request, request_all
-from agents.lab import Lab, LabError, load_lab
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.catalogue.method import Method, params_error, request, request_all
+from agents.wire.lab.model import Lab, LabError, load_lab
+from agents.wire.protocol import ErrorCode, RemoteError
 from console import openssh
 from console.client import FleetClient
 from console.state import LabState
@@ -34,12 +35,30 @@ R = TypeVar("R", bound=BaseModel)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # a GPU in `cetlab --json status` (documented in the README)
-STATUS_GPU_KEYS = {"index", "name", "util_pct", "mem_used_bytes", "mem_total_bytes", "temp_c", "power_w", "power_limit_w", "failed", "simulated",
-                   "compute_capability"}
+STATUS_GPU_KEYS = {
+    "index",
+    "name",
+    "util_pct",
+    "mem_used_bytes",
+    "mem_total_bytes",
+    "temp_c",
+    "power_w",
+    "power_limit_w",
+    "failed",
+    "simulated",
+    "compute_capability",
+}
 
 # Verb modules: each has register(subparsers) adding parsers whose `func(ctx)` is async.
-VERB_MODULES: list[str] = ["console.cli_costs", "console.cli_jobs", "console.cli_models", "console.cli_checkpoints", "console.cli_audit",
-                          "console.cli_gateway", "console.cli_sim"]
+VERB_MODULES: list[str] = [
+    "console.cli_costs",
+    "console.cli_jobs",
+    "console.cli_models",
+    "console.cli_checkpoints",
+    "console.cli_audit",
+    "console.cli_gateway",
+    "console.cli_sim",
+]
 
 
 class Context:
@@ -62,13 +81,16 @@ class Context:
         return await self.client.call(machine, method, params, timeout)
 
     async def request(self, machine: str, method: Method[P, R], params: P | None = None, timeout: float | None = None) -> R:
-        """The method's typed reply (agents/catalogue.py); RemoteError, or ReplyInvalid naming the field that did not validate."""
+        """The method's typed reply (agents/wire/catalogue/); RemoteError, or ReplyInvalid naming the field that did not validate."""
         return await request(self.client, machine, method, params, timeout)
 
-    async def request_all(self, method: Method[P, R], params: P | None = None, machines: list[str] | None = None,
-                          timeout: float | None = None) -> dict[str, R | RemoteError]:
+    async def request_all(
+        self, method: Method[P, R], params: P | None = None, machines: list[str] | None = None, timeout: float | None = None
+    ) -> dict[str, R | RemoteError]:
         """Every machine's typed reply (or the RemoteError it gave: offline, refused, a reply that did not validate)."""
-        return await request_all(self.client, list(self.state.machines) if machines is None else machines, method, params, timeout)
+        return await request_all(
+            self.client, list(self.state.machines) if machines is None else machines, method, params, timeout
+        )
 
 
 def say(text: str, *, err: bool = False, flush: bool = False) -> None:
@@ -98,6 +120,7 @@ def find_lab(explicit: str | None) -> Path:
 
 # ---------------------------------------------------------------------------- formatting
 
+
 def status_json(state: LabState) -> dict[str, Any]:
     now = time.time()
     machines = []
@@ -114,10 +137,7 @@ def status_json(state: LabState) -> dict[str, Any]:
             "disk_used_bytes": view.host.disk_used_bytes,
             "disk_total_bytes": view.host.disk_total_bytes,
             "gpu_status": view.gpu_status.status if view.gpu_status else None,
-            "gpus": [
-                g.model_dump(include=STATUS_GPU_KEYS)
-                for g in sorted(view.gpus.values(), key=lambda g: g.index)
-            ],
+            "gpus": [g.model_dump(include=STATUS_GPU_KEYS) for g in sorted(view.gpus.values(), key=lambda g: g.index)],
         }
         # sections whose component fails on the agent now: their figures elsewhere are the last ones before it failed
         entry["sections_failed"] = [f.to_wire() for f in view.section_faults()]  # and those refused here as sent
@@ -137,7 +157,9 @@ def status_human(data: dict[str, Any]) -> str:
         if not m["online"]:
             lines.append(f"{m['name']:<14} OFFLINE  {m['error']}")
             continue
-        lines.append(f"{m['name']:<14} online{sim}  cpu {fmt(m['cpu_pct'], '.0f', '%')}  ram {fmt_bytes(m['ram_used_bytes'])}/{fmt_bytes(m['ram_total_bytes'])}")
+        lines.append(
+            f"{m['name']:<14} online{sim}  cpu {fmt(m['cpu_pct'], '.0f', '%')}  ram {fmt_bytes(m['ram_used_bytes'])}/{fmt_bytes(m['ram_total_bytes'])}"
+        )
         if m["gpu_status"]:
             lines.append(f"  {m['gpu_status']}")
         lines += [f"  section {f['section']} FAILED ({f['phase']}): {f['error']}" for f in m["sections_failed"]]
@@ -161,8 +183,11 @@ async def cmd_status(ctx: Context) -> int:
 async def cmd_demo(args: argparse.Namespace) -> int:
     from console.demo import DemoLab, default_demo_dir, demo_cli_line
 
-    demo = DemoLab(Path(args.dir) if args.dir else default_demo_dir(), scale=args.scale,
-                   agents_per_process=args.agents_per_process or (8 if args.scale else 1))
+    demo = DemoLab(
+        Path(args.dir) if args.dir else default_demo_dir(),
+        scale=args.scale,
+        agents_per_process=args.agents_per_process or (8 if args.scale else 1),
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -174,12 +199,14 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         except RuntimeError as exc:  # already running from that folder, or an agent did not start
             print(f"cetlab: {exc}", file=sys.stderr)
             return EXIT_FAILED
-        from console.gateway_demo import describe
+        from agents.shell.demo_gateway import describe
 
         print(f"demo lab running: {demo.lab_path}\n  try: {demo_cli_line(demo.dir)}", flush=True)
         from console import notify_demo
 
-        print(describe(demo.dir, demo.lab_path) + notify_demo.describe(demo.dir, demo.lab_path) + "  stop with Ctrl-C", flush=True)
+        print(
+            describe(demo.dir, demo.lab_path) + notify_demo.describe(demo.dir, demo.lab_path) + "  stop with Ctrl-C", flush=True
+        )
         await stop.wait()
     finally:
         demo.stop()
@@ -192,9 +219,12 @@ def hint_demo_lab(lab_path: Path) -> None:
 
     if not is_demo_source(lab_path):
         return
-    print(f"cetlab: {shown_path(lab_path)} is the demo lab's source; the demo runs its agents with other ports and keys, "
-          f"written to {shown_path(default_demo_dir() / 'lab.yaml')}. While the demo runs (`make demo`, or headless: "
-          f"`cetlab demo`), use:\n  {demo_cli_line()}", file=sys.stderr)
+    print(
+        f"cetlab: {shown_path(lab_path)} is the demo lab's source; the demo runs its agents with other ports and keys, "
+        f"written to {shown_path(default_demo_dir() / 'lab.yaml')}. While the demo runs (`make demo`, or headless: "
+        f"`cetlab demo`), use:\n  {demo_cli_line()}",
+        file=sys.stderr,
+    )
 
 
 # ---------------------------------------------------------------------------- main
@@ -212,8 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("demo", help="run the demo lab's agents headless until Ctrl-C")
-    p.add_argument("--dir", help="where to keep lab.yaml, keys, agent state, runs and checkpoints "
-                   "(default: the checkout's .cetlab-demo/, the same as `make demo`)")
+    p.add_argument(
+        "--dir",
+        help="where to keep lab.yaml, keys, agent state, runs and checkpoints "
+        "(default: the checkout's .cetlab-demo/, the same as `make demo`)",
+    )
     p.add_argument("--scale", type=int, help="emulate N machines of 8 GPUs instead of the demo lab")
     p.add_argument("--agents-per-process", type=int, help=argparse.SUPPRESS)
     p.set_defaults(standalone=cmd_demo)
@@ -229,7 +262,9 @@ async def run(args: argparse.Namespace) -> int:
         return await args.standalone(args)
     lab_path = find_lab(args.lab)
     lab = load_lab(lab_path)
-    client = FleetClient(lab, trust_on_first_use=args.trust_new_hosts or None, subscribe=[], reconnect=False, use_openssh=openssh.available())
+    client = FleetClient(
+        lab, trust_on_first_use=args.trust_new_hosts or None, subscribe=[], reconnect=False, use_openssh=openssh.available()
+    )
     async with client:
         await client.wait_connected(args.timeout)
         if not any(view.online for view in client.state.machines.values()):

@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from agents.catalogue import AUDIT_LIST, AuditListParams
+from agents.wire.catalogue.audit import AUDIT_LIST, AuditListParams
 from console.audit import merge_trails
 from console.cli import Context
 

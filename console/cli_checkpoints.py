@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-from agents.catalogue import (
+from agents.wire.catalogue.checkpoints import (
     CHECKPOINTS_DELETE,
     CHECKPOINTS_KEEP,
     CHECKPOINTS_LIST,
@@ -15,24 +15,23 @@ from agents.catalogue import (
     CHECKPOINTS_RESUME,
     CHECKPOINTS_RUNS,
     CHECKPOINTS_SERVE,
-    MODELS_GET,
     DeleteParams,
     KeepParams,
-    ModelParams,
-    PruneParams,
     Pruned,
+    PruneParams,
     ResumeParams,
     RunCheckpoints,
     RunParams,
     RunSummaryList,
     Served,
     ServeParams,
-    request,
 )
-from agents.protocol import ErrorCode, RemoteError
-from agents.sections import CheckpointInfo, RunSummary
-from agents.served import is_served, serve_failed
-from agents.states import ModelState
+from agents.wire.catalogue.method import request
+from agents.wire.catalogue.models import MODELS_GET, ModelParams
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.checkpoints import CheckpointInfo, RunSummary
+from agents.wire.served import is_served, serve_failed
+from agents.wire.states import ModelState
 from console.cli import Context
 from console.cli_jobs import job_human, parse_sets
 from console.replies import Answers, not_reached, sent
@@ -67,24 +66,47 @@ def runs_human(runs: list[RunSummary], offline: Mapping[str, RemoteError]) -> st
     rows = [("RUN", "MACHINE", "JOB", "CKPTS", "NEWEST", "BEST", "BEST LOSS", "DISK", "SAVE TIME", "PATH")]
     for run in runs:
         share = f" ({run.save_share_pct:.1f}%)" if run.save_share_pct is not None else ""
-        rows.append((run.run, run.machine, run.job_state or NA,
-                     f"{run.count}" + (f"+{run.incomplete}?" if run.incomplete else ""),
-                     fmt(run.newest_step, "d"), fmt(run.best_step, "d"), fmt_loss(run.best_loss),
-                     fmt_bytes(run.disk_bytes), fmt_secs(run.save_s_total) + share, run.path))
+        rows.append(
+            (
+                run.run,
+                run.machine,
+                run.job_state or NA,
+                f"{run.count}" + (f"+{run.incomplete}?" if run.incomplete else ""),
+                fmt(run.newest_step, "d"),
+                fmt(run.best_step, "d"),
+                fmt_loss(run.best_loss),
+                fmt_bytes(run.disk_bytes),
+                fmt_secs(run.save_s_total) + share,
+                run.path,
+            )
+        )
     lines = table(rows) if len(rows) > 1 else ["(no checkpoints found)"]
     return "\n".join(lines + not_reached(offline))
 
 
 def run_human(run: RunCheckpoints) -> str:
     share = f", {run.save_share_pct:.2f}% of {fmt_duration(run.wall_s)} wall time" if run.save_share_pct is not None else ""
-    lines = [f"run {run.run} on {run.machine} ({run.path}): {plural(run.count, 'checkpoint')}, {fmt_bytes(run.disk_bytes)}, "
-             f"saves {fmt_secs(run.save_s_total)}{share}"]
+    lines = [
+        f"run {run.run} on {run.machine} ({run.path}): {plural(run.count, 'checkpoint')}, {fmt_bytes(run.disk_bytes)}, "
+        f"saves {fmt_secs(run.save_s_total)}{share}"
+    ]
     rows = [("STEP", "EPOCH", "LOSS", "EVAL", "SIZE", "SAVE", "KIND", "WRITTEN", "")]
     for c in run.checkpoints:
         kind = c.kind + ("+optim" if c.has_optimizer else "")
         written = fmt_time(c.written_at, "%m-%d %H:%M:%S")
-        rows.append((str(c.step), fmt(c.epoch, ".2f"), fmt_loss(c.loss), fmt_loss(c.eval_loss), fmt_bytes(c.size_bytes),
-                     fmt(c.save_s, ".2f", "s"), kind, written, marks(c)))
+        rows.append(
+            (
+                str(c.step),
+                fmt(c.epoch, ".2f"),
+                fmt_loss(c.loss),
+                fmt_loss(c.eval_loss),
+                fmt_bytes(c.size_bytes),
+                fmt(c.save_s, ".2f", "s"),
+                kind,
+                written,
+                marks(c),
+            )
+        )
     return "\n".join(lines + table(rows))
 
 
@@ -120,7 +142,9 @@ async def locate(ctx: Context, run: str) -> str:
     if not holders:
         known = sorted(x.run for reply in answers.replies.values() for x in reply.root)
         hint = f"; offline: {', '.join(answers.errors)}" if answers.errors else ""
-        raise RemoteError(ErrorCode.NOT_FOUND, f"no run {run!r} (runs: {', '.join(known) or 'none'}{hint}); see `cetlab checkpoints`")
+        raise RemoteError(
+            ErrorCode.NOT_FOUND, f"no run {run!r} (runs: {', '.join(known) or 'none'}{hint}); see `cetlab checkpoints`"
+        )
     return holders[0]
 
 
@@ -181,7 +205,9 @@ async def cmd_prune(ctx: Context) -> int:
 
 async def cmd_keep(ctx: Context) -> int:
     machine = await locate(ctx, ctx.args.run)
-    ckpt = await request(ctx.client, machine, CHECKPOINTS_KEEP, KeepParams(run=ctx.args.run, step=ctx.args.step, kept=not ctx.args.off))
+    ckpt = await request(
+        ctx.client, machine, CHECKPOINTS_KEEP, KeepParams(run=ctx.args.run, step=ctx.args.step, kept=not ctx.args.off)
+    )
     ctx.out(sent(ckpt), lambda _: f"{ckpt.run} step {ckpt.step}: {'kept' if ckpt.kept else 'not kept'}")
     return EXIT_OK
 
@@ -197,14 +223,23 @@ async def cmd_delete(ctx: Context) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     def add(name: str, help: str, func, step: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
-        p.add_argument("run", **({"nargs": "?"} if name == "checkpoints" else {}), help="a run: its job id (m5-3) or its output folder's name")
+        p.add_argument(
+            "run",
+            **({"nargs": "?"} if name == "checkpoints" else {}),
+            help="a run: its job id (m5-3) or its output folder's name",
+        )
         if step:
             p.add_argument("step", type=int, help="the checkpoint's step")
         p.add_argument("--machine", help="the machine holding the run (default: whichever knows it)")
         p.set_defaults(func=func)
         return p
 
-    add("checkpoints", "runs with checkpoints; with RUN, its checkpoints (loss, size, save time, best)", cmd_checkpoints, step=False)
+    add(
+        "checkpoints",
+        "runs with checkpoints; with RUN, its checkpoints (loss, size, save time, best)",
+        cmd_checkpoints,
+        step=False,
+    )
     p = add("resume", "start a new job of the run's recipe from a checkpoint", cmd_resume)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe param, e.g. max_steps=200")
     p = add("serve-checkpoint", "serve a checkpoint: adapter into a warm model, or as a new model", cmd_serve)

@@ -7,20 +7,12 @@ import time
 from datetime import date
 from typing import Any
 
-from agents.catalogue import (
-    ALERTS_ACK,
-    ALERTS_LIST,
-    COSTS_GET,
-    NOTIFY_STATUS,
-    NOTIFY_TEST,
-    AckParams,
-    AlertListParams,
-    CostsParams,
-    NotifyTestParams,
-)
-from agents.sections_notify import NotifyStatus, RouteStatus
-from agents.protocol import ErrorCode, RemoteError
-from agents.sections import ALERT_ID_FORM, parse_alert_id
+from agents.wire.catalogue.alerts import ALERTS_ACK, ALERTS_LIST, AckParams, AlertListParams
+from agents.wire.catalogue.costs import COSTS_GET, CostsParams
+from agents.wire.catalogue.notify import NOTIFY_STATUS, NOTIFY_TEST, NotifyTestParams
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.alerts import ALERT_ID_FORM, parse_alert_id
+from agents.wire.sections.notify import NotifyStatus, RouteStatus
 from console.alerts import offline_alerts
 from console.cli import Context
 from console.costs import LabCosts, lab_costs
@@ -65,12 +57,16 @@ def api_lines(report: LabCosts) -> list[str]:
     if not report.api_providers:
         return []
     c = report.currency
-    lines = [f"API        today {money(report.api_today, c)}   this month {money(report.api_month, c)}   "
-             f"lab total this month {money(report.total_month, c)}"]
+    lines = [
+        f"API        today {money(report.api_today, c)}   this month {money(report.api_month, c)}   "
+        f"lab total this month {money(report.total_month, c)}"
+    ]
     for p in report.api_providers:
         budget = f" of {money(p.monthly_budget, c)} ({pct(p.budget_pct)})" if p.monthly_budget is not None else " (no budget)"
-        lines.append(f"  {p.provider + (' SIM' if p.simulated else ''):<20} today {money(p.today, c):>12}   "
-                     f"this month {money(p.month, c)}{budget}")
+        lines.append(
+            f"  {p.provider + (' SIM' if p.simulated else ''):<20} today {money(p.today, c):>12}   "
+            f"this month {money(p.month, c)}{budget}"
+        )
     return lines
 
 
@@ -89,7 +85,9 @@ def alerts_human(data: dict[str, Any], routes: list[tuple[str, RouteStatus]]) ->
     for alert in data["alerts"]:
         since = fmt_time(alert["fired_at"])
         state = "CLEARED" if alert["cleared_at"] else ("acked" if alert["acked_at"] else "ACTIVE")
-        lines.append(f"{alert['id']:<16} {state:<8} {alert['level']:<8} {alert['machine']:<12} {alert['target']:<14} {since}  {alert['message']}")
+        lines.append(
+            f"{alert['id']:<16} {state:<8} {alert['level']:<8} {alert['machine']:<12} {alert['target']:<14} {since}  {alert['message']}"
+        )
     if not lines:
         lines.append("no alerts" + (" from the machines that answered" if data["offline"] else ""))
     lines += [f"{name}: alerts not read: {error}" for name, error in data["offline"].items()]
@@ -101,8 +99,9 @@ def alerts_human(data: dict[str, Any], routes: list[tuple[str, RouteStatus]]) ->
 def alert_id_arg(text: str) -> str:
     """--ack's argument: an alert id as `cetlab alerts` lists it; anything else (a job id, a typo) is a usage error."""
     if parse_alert_id(text) is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an alert id: alert ids are {ALERT_ID_FORM}, e.g. m5#12 "
-                                         "(see `cetlab alerts --all`)")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an alert id: alert ids are {ALERT_ID_FORM}, e.g. m5#12 (see `cetlab alerts --all`)"
+        )
     return text
 
 
@@ -114,10 +113,14 @@ def alert_machine(ctx: Context, alert_id: str) -> str:
     machine, n = parsed
     names = [m.name for m in ctx.lab.machines]
     if machine not in names:
-        raise RemoteError(ErrorCode.NOT_FOUND, f"no alert {alert_id!r} in {ctx.lab.lab}: there is no machine {machine!r} "
-                          f"(machines: {', '.join(names)})")
+        raise RemoteError(
+            ErrorCode.NOT_FOUND,
+            f"no alert {alert_id!r} in {ctx.lab.lab}: there is no machine {machine!r} (machines: {', '.join(names)})",
+        )
     if n == "offline":
-        raise RemoteError(ErrorCode.CONFLICT, f"{alert_id} is raised by this console, not an agent: it clears when {machine} answers again")
+        raise RemoteError(
+            ErrorCode.CONFLICT, f"{alert_id} is raised by this console, not an agent: it clears when {machine} answers again"
+        )
     return machine
 
 
@@ -126,18 +129,27 @@ async def cmd_notify_test(ctx: Context) -> int:
     names = [r.name for r in ctx.lab.notify.routes]
     route = ctx.lab.notify.route(ctx.args.route)
     if route is None:
-        raise RemoteError(ErrorCode.NOT_FOUND, f"no route {ctx.args.route!r} in {ctx.lab.lab}'s notify.routes"
-                          + (f" (routes: {', '.join(names)})" if names else " (it has none; see the README's \"Notifications\")"))
+        raise RemoteError(
+            ErrorCode.NOT_FOUND,
+            f"no route {ctx.args.route!r} in {ctx.lab.lab}'s notify.routes"
+            + (f" (routes: {', '.join(names)})" if names else ' (it has none; see the README\'s "Notifications")'),
+        )
     machines = route.machines or [m.name for m in ctx.lab.machines]
-    results = await ctx.request_all(NOTIFY_TEST, NotifyTestParams(route=route.name), machines, max(ctx.args.timeout, route.timeout_s + 5))
+    results = await ctx.request_all(
+        NOTIFY_TEST, NotifyTestParams(route=route.name), machines, max(ctx.args.timeout, route.timeout_s + 5)
+    )
     answers: list[dict[str, Any]] = []
     for machine, result in results.items():
         if isinstance(result, RemoteError):
             answers.append({"route": route.name, "machine": machine, "ok": False, "answer": result.message, "sent": False})
         else:
             answers.append({**result.model_dump(mode="json"), "sent": True})
-    ctx.out({"tests": answers}, lambda d: "\n".join(
-        f"{a['route']} from {a['machine']}: {'OK' if a['ok'] else 'FAILED'}: {a['answer']}" for a in d["tests"]))
+    ctx.out(
+        {"tests": answers},
+        lambda d: "\n".join(
+            f"{a['route']} from {a['machine']}: {'OK' if a['ok'] else 'FAILED'}: {a['answer']}" for a in d["tests"]
+        ),
+    )
     return EXIT_OK if answers and all(a["ok"] for a in answers) else EXIT_FAILED
 
 

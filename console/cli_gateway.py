@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from agents.catalogue import (
+
+from agents.wire.catalogue.gateway import (
     GATEWAY_KEYS_ADD,
     GATEWAY_KEYS_LIST,
     GATEWAY_KEYS_REVOKE,
@@ -13,18 +14,20 @@ from agents.catalogue import (
     KeyList,
     KeyNameParams,
 )
-from agents.protocol import ErrorCode, LinkStatus, RemoteError
-from agents.sections import GatewaySection
+from agents.wire.protocol import ErrorCode, LinkStatus, RemoteError
+from agents.wire.sections.gateway import GatewaySection
 from console.cli import Context
-from widgets.format import fmt_money as money
 from widgets.format import fmt
+from widgets.format import fmt_money as money
 
 EXIT_OK = 0
 
 
 def gateway_machine(ctx: Context) -> str:
     if ctx.lab.gateway is None:
-        raise RemoteError(ErrorCode.UNAVAILABLE, "this lab has no gateway: add `gateway: {machine: NAME}` to lab.yaml (README: Gateway)")
+        raise RemoteError(
+            ErrorCode.UNAVAILABLE, "this lab has no gateway: add `gateway: {machine: NAME}` to lab.yaml (README: Gateway)"
+        )
     return ctx.lab.gateway.machine
 
 
@@ -37,12 +40,16 @@ def gateway_human(data: GatewaySection) -> str:
     where = {id(m): (m.where or "") + (" SIM" if m.simulated else "") for m in data.models}
     wn = max([24, *(len(m.name) for m in data.models)])  # the columns fit their longest cell ("workstation SIM")
     ww = max([12, *map(len, where.values())])
-    lines.append(f"{'model':<{wn}} {'tier':<8} {'where':<{ww}} {'state':<10} {'rps':>6} {'fly':>4} {'queue':>5} {'p50':>7} {'p95':>7} "
-                 f"{'ttft50':>7} {'wakes':>5} {'err':>4}")
+    lines.append(
+        f"{'model':<{wn}} {'tier':<8} {'where':<{ww}} {'state':<10} {'rps':>6} {'fly':>4} {'queue':>5} {'p50':>7} {'p95':>7} "
+        f"{'ttft50':>7} {'wakes':>5} {'err':>4}"
+    )
     for m in data.models:
-        lines.append(f"{m.name:<{wn}} {m.tier:<8} {where[id(m)]:<{ww}} {m.state or '':<10} {m.rps:>6.2f} "
-                     f"{m.in_flight:>4} {m.queued:>5} {fmt(m.p50_latency_s, '.3f'):>7} {fmt(m.p95_latency_s, '.3f'):>7} "
-                     f"{fmt(m.p50_ttft_s, '.3f'):>7} {m.wakes:>5} {m.errors:>4}")
+        lines.append(
+            f"{m.name:<{wn}} {m.tier:<8} {where[id(m)]:<{ww}} {m.state or '':<10} {m.rps:>6.2f} "
+            f"{m.in_flight:>4} {m.queued:>5} {fmt(m.p50_latency_s, '.3f'):>7} {fmt(m.p95_latency_s, '.3f'):>7} "
+            f"{fmt(m.p50_ttft_s, '.3f'):>7} {m.wakes:>5} {m.errors:>4}"
+        )
     for p in data.providers:
         budget = f" of {money(p.monthly_budget, c)} ({fmt(p.budget_pct, '.0f', '%')})" if p.monthly_budget is not None else ""
         flags = (" SIM" if p.simulated else "") + ("" if p.key_set else "  API KEY NOT SET")
@@ -65,15 +72,22 @@ async def cmd_gateway(ctx: Context) -> int:
 async def cmd_keys_add(ctx: Context) -> int:
     params = KeyAddParams(name=ctx.args.name, rpm=ctx.args.rpm, tokens_per_day=ctx.args.tokens_per_day)
     issued = await ctx.request(gateway_machine(ctx), GATEWAY_KEYS_ADD, params)
-    ctx.out(issued.model_dump(mode="json"), lambda _: f"gateway key {issued.name} (shown once, keep it secret):\n{issued.key}\n"
-                                                      f"use: curl -H 'Authorization: Bearer {issued.key}' {issued.url}/models")
+    ctx.out(
+        issued.model_dump(mode="json"),
+        lambda _: (
+            f"gateway key {issued.name} (shown once, keep it secret):\n{issued.key}\n"
+            f"use: curl -H 'Authorization: Bearer {issued.key}' {issued.url}/models"
+        ),
+    )
     return EXIT_OK
 
 
 def keys_human(data: KeyList) -> str:
     lines = []
     for k in data.keys:
-        quota = ", ".join(filter(None, [f"{k.rpm} rpm" if k.rpm else None, f"{k.tokens_per_day:,} tokens/day" if k.tokens_per_day else None]))
+        quota = ", ".join(
+            filter(None, [f"{k.rpm} rpm" if k.rpm else None, f"{k.tokens_per_day:,} tokens/day" if k.tokens_per_day else None])
+        )
         state = f"revoked {time.strftime('%Y-%m-%d %H:%M', time.localtime(k.revoked_at))}" if k.revoked_at else "active"
         lines.append(f"{k.name:<20} {state:<24} {quota or 'no quota':<32} {k.requests} requests, {k.tokens_today:,} tokens today")
     return "\n".join(lines) or "no gateway keys: `cetlab gateway keys add NAME`"

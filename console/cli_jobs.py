@@ -7,9 +7,9 @@ import asyncio
 import json
 import shlex
 import unicodedata
-from typing import Mapping
+from collections.abc import Mapping
 
-from agents.catalogue import (
+from agents.wire.catalogue.jobs import (
     JOBS_GET,
     JOBS_KILL,
     JOBS_LIST,
@@ -21,12 +21,12 @@ from agents.catalogue import (
     LogsParams,
     StartParams,
     StopParams,
-    request,
 )
-from agents.events import LogEvent, PushEvent
-from agents.protocol import ErrorCode, RemoteError
-from agents.sections import JobDetail, JobInfo, JobNode
-from agents.states import JOB_ACTIVE, JobState
+from agents.wire.catalogue.method import request
+from agents.wire.events import LogEvent, PushEvent
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.jobs import JobDetail, JobInfo, JobNode
+from agents.wire.states import JOB_ACTIVE, JobState
 from console.cli import Context, say
 from console.replies import Answers, not_reached, sent
 from widgets.format import NA, fmt, fmt_duration
@@ -50,12 +50,21 @@ def step_text(job: JobInfo) -> str:
 def jobs_human(jobs: list[JobInfo], errors: Mapping[str, RemoteError]) -> str:
     rows = [("JOB", "MACHINE", "RECIPE", "GPUS", "PREC", "STATE", "STEP", "LOSS", "SAMPLES/S", "ETA", "ELAPSED")]
     for job in jobs:
-        rows.append((
-            job.id, "+".join(n.machine for n in job.nodes) or job.machine, job.recipe,
-            ",".join(map(str, job.gpus)) or NA, job.precision or NA, state_text(job), step_text(job),
-            fmt(job.loss, ".4f"), fmt(job.samples_per_s, ".1f"),
-            fmt_duration(job.eta_s) if job.state in JOB_ACTIVE else NA, fmt_duration(job.elapsed_s),
-        ))
+        rows.append(
+            (
+                job.id,
+                "+".join(n.machine for n in job.nodes) or job.machine,
+                job.recipe,
+                ",".join(map(str, job.gpus)) or NA,
+                job.precision or NA,
+                state_text(job),
+                step_text(job),
+                fmt(job.loss, ".4f"),
+                fmt(job.samples_per_s, ".1f"),
+                fmt_duration(job.eta_s) if job.state in JOB_ACTIVE else NA,
+                fmt_duration(job.elapsed_s),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     if len(rows) == 1:
@@ -97,7 +106,10 @@ def job_machine(ctx: Context, job_id: str) -> str:
     machine, _, n = job_id.rpartition("-")
     names = {m.name for m in ctx.lab.machines}
     if machine not in names or not n.isdigit():
-        raise RemoteError(ErrorCode.NOT_FOUND, f"no job {job_id!r}: job ids look like <machine>-<n>, e.g. {next(iter(names))}-1 (see `cetlab jobs`)")
+        raise RemoteError(
+            ErrorCode.NOT_FOUND,
+            f"no job {job_id!r}: job ids look like <machine>-<n>, e.g. {next(iter(names))}-1 (see `cetlab jobs`)",
+        )
     return machine
 
 
@@ -122,7 +134,11 @@ async def follow(ctx: Context, machine: str, job_id: str, tail_lines: int, offse
     ctx.client.on_event = on_event
     params = LogsParams(id=job_id, tail_lines=tail_lines, follow=True, **({"offset": offset} if offset is not None else {}))
     first = await request(ctx.client, machine, JOBS_LOGS, params)
-    emit = (lambda line: print(json.dumps({"job": job_id, "line": line}), flush=True)) if ctx.args.json else (lambda line: say(line, flush=True))
+    emit = (
+        (lambda line: print(json.dumps({"job": job_id, "line": line}), flush=True))
+        if ctx.args.json
+        else (lambda line: say(line, flush=True))
+    )
     for line in first.lines:
         emit(line)
     state: JobState | None = first.state
@@ -130,7 +146,7 @@ async def follow(ctx: Context, machine: str, job_id: str, tail_lines: int, offse
     while state in JOB_ACTIVE:
         try:
             data = await asyncio.wait_for(queue.get(), 2.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if not ctx.state.machines[machine].online:
                 raise RemoteError(ErrorCode.DISCONNECTED, f"lost {machine} while following {job_id}") from None
             continue

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from agents.catalogue import (
+from agents.wire.catalogue.method import Method
+from agents.wire.catalogue.models import (
     MODELS_CACHE,
     MODELS_COLD,
     MODELS_GET,
@@ -18,15 +20,14 @@ from agents.catalogue import (
     MODELS_SLEEP,
     MODELS_SWAP,
     MODELS_WARM,
-    Method,
     ModelDetail,
     ModelParams,
     PinParams,
     SwapParams,
 )
-from agents.protocol import ErrorCode, RemoteError
-from agents.sections import ModelInfo, Rotation
-from agents.states import ModelState
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.models import ModelInfo, Rotation
+from agents.wire.states import ModelState
 from console.cli import Context, positive_seconds, say
 from console.replies import not_reached
 from widgets.format import NA, fmt, fmt_duration, fmt_gib
@@ -36,9 +37,35 @@ POLL_S = 0.25
 STOP_TIMEOUT_S = 30.0  # models.cold waits for the engine to exit (its grace period is 10 s)
 
 # The stable JSON of one model (documented in the README); the agent's extra keys stay in `models.get`.
-MODEL_KEYS = ("name", "machine", "engine", "state", "gpus", "vram_bytes", "cached_fraction", "load_s", "warmup_s",
-              "wake_s", "requests_running", "endpoint", "simulated")
-EXTRA_KEYS = ("served_name", "requests_waiting", "tokens_per_s", "tokens_per_s_window_s", "kv_cache_pct", "ttft_s", "swap_s", "pinned", "progress", "error", "op", "size_bytes")
+MODEL_KEYS = (
+    "name",
+    "machine",
+    "engine",
+    "state",
+    "gpus",
+    "vram_bytes",
+    "cached_fraction",
+    "load_s",
+    "warmup_s",
+    "wake_s",
+    "requests_running",
+    "endpoint",
+    "simulated",
+)
+EXTRA_KEYS = (
+    "served_name",
+    "requests_waiting",
+    "tokens_per_s",
+    "tokens_per_s_window_s",
+    "kv_cache_pct",
+    "ttft_s",
+    "swap_s",
+    "pinned",
+    "progress",
+    "error",
+    "op",
+    "size_bytes",
+)
 
 
 def model_json(model: ModelInfo) -> dict[str, Any]:
@@ -70,12 +97,23 @@ def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None],
     rows = [("MODEL", "MACHINE", "GPUS", "ENGINE", "STATE", "VRAM", "RUN/WAIT", "TOK/S", "KV", "LOAD", "WARM-UP", "WAKE", "RAM")]
     for m in models:
         running = NA if m.requests_running is None else f"{m.requests_running:.0f}/{m.requests_waiting or 0:.0f}"
-        rows.append((
-            m.name, m.machine, ",".join(map(str, m.gpus)) or "cpu", m.engine + (" SIM" if m.simulated else ""),
-            state_text(m), fmt_gib(m.vram_bytes), running,
-            fmt(m.tokens_per_s), fmt(m.kv_cache_pct, ".0f", "%"),
-            _secs(m.load_s), _secs(m.warmup_s), _secs(m.wake_s), _pct(m.cached_fraction),
-        ))
+        rows.append(
+            (
+                m.name,
+                m.machine,
+                ",".join(map(str, m.gpus)) or "cpu",
+                m.engine + (" SIM" if m.simulated else ""),
+                state_text(m),
+                fmt_gib(m.vram_bytes),
+                running,
+                fmt(m.tokens_per_s),
+                fmt(m.kv_cache_pct, ".0f", "%"),
+                _secs(m.load_s),
+                _secs(m.warmup_s),
+                _secs(m.wake_s),
+                _pct(m.cached_fraction),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     if len(rows) == 1:
@@ -86,7 +124,11 @@ def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None],
     lines += [f"{m.name}: {m.error.message}" for m in models if m.error is not None]
     for machine, rotation in rotations.items():
         if rotation is not None and rotation.plan:
-            step = f"not rotated yet ({len(rotation.plan)} sets)" if rotation.index is None else f"step {rotation.index + 1} of {len(rotation.plan)}"
+            step = (
+                f"not rotated yet ({len(rotation.plan)} sets)"
+                if rotation.index is None
+                else f"step {rotation.index + 1} of {len(rotation.plan)}"
+            )
             lines.append(f"{machine}: rotation {step}, {rotation_schedule(rotation, time.time())}")
     lines += not_reached(offline)
     return "\n".join(lines)
@@ -110,14 +152,18 @@ def rotation_human(data: dict[str, Rotation], now: float | None = None, models_o
             return ", ".join(n for n in names if models_on is None or n in models_on.get(machine, set())) or "none of its models"
 
         if rotation.running and rotation.index is not None:  # the index moves when a rotation starts
-            lines.append(f"{machine}: rotating to set {rotation.index + 1} of {len(sets)} "
-                         f"({own(sets[rotation.index])}); `cetlab models` to watch")
+            lines.append(
+                f"{machine}: rotating to set {rotation.index + 1} of {len(sets)} "
+                f"({own(sets[rotation.index])}); `cetlab models` to watch"
+            )
         elif last is None:
             lines.append(f"{machine}: not rotated yet")
         else:
             target = sets[last.index] if 0 <= last.index < len(sets) else []
-            lines.append(f"{machine}: rotated to set {last.index + 1} of {len(sets)} ({own(target)}) "
-                         f"in {fmt(last.duration_s, '.1f', ' s')}, {fmt_duration(now - last.t)} ago")
+            lines.append(
+                f"{machine}: rotated to set {last.index + 1} of {len(sets)} ({own(target)}) "
+                f"in {fmt(last.duration_s, '.1f', ' s')}, {fmt_duration(now - last.t)} ago"
+            )
             lines += [f"  swapped {out} out for {incoming}" for out, incoming in last.swaps]
             if last.out:
                 lines.append(f"  freed: {', '.join(last.out)}")
@@ -152,14 +198,19 @@ def model_machine(ctx: Context, name: str) -> str:
     raise RemoteError(ErrorCode.NOT_FOUND, f"no model named {name!r} in {ctx.lab.lab} (models: {known})")
 
 
-BRINGING_UP = (ModelState.LOADING, ModelState.WARMING)  # the states an operation passes through; every other one is where a model settles
+BRINGING_UP = (
+    ModelState.LOADING,
+    ModelState.WARMING,
+)  # the states an operation passes through; every other one is where a model settles
 
 
 class SettledElsewhere(RemoteError):
     """The model settled in a state other than the one asked for; the message says where and why."""
 
     def __init__(self, model: ModelDetail, wanted: tuple[ModelState, ...]) -> None:
-        super().__init__(ErrorCode.CONFLICT, f"{model.name} settled {model.state}, not {' or '.join(wanted)}: {settled_reason(model)}")
+        super().__init__(
+            ErrorCode.CONFLICT, f"{model.name} settled {model.state}, not {' or '.join(wanted)}: {settled_reason(model)}"
+        )
         self.model = model
 
 
@@ -195,7 +246,9 @@ async def wait_settled(ctx: Context, name: str, wanted: tuple[ModelState, ...], 
                 return model
             raise SettledElsewhere(model, wanted)
         if time.monotonic() > deadline:
-            raise RemoteError(ErrorCode.TIMEOUT, f"{name} is still {model.state} after {timeout_s:.0f} s (it goes on; `cetlab models` to watch)")
+            raise RemoteError(
+                ErrorCode.TIMEOUT, f"{name} is still {model.state} after {timeout_s:.0f} s (it goes on; `cetlab models` to watch)"
+            )
         await asyncio.sleep(POLL_S)
 
 
@@ -211,9 +264,12 @@ async def cmd_models(ctx: Context) -> int:
             continue
         models += reply.models
         rotations[machine] = reply.rotation
-    data = {"lab": ctx.lab.lab, "models": [model_json(m) for m in models],
-            "rotation": {machine: r.model_dump(mode="json") if r is not None else None for machine, r in rotations.items()},
-            "offline": {machine: exc.message for machine, exc in offline.items()}}
+    data = {
+        "lab": ctx.lab.lab,
+        "models": [model_json(m) for m in models],
+        "rotation": {machine: r.model_dump(mode="json") if r is not None else None for machine, r in rotations.items()},
+        "offline": {machine: exc.message for machine, exc in offline.items()},
+    }
     ctx.out(data, lambda _: models_human(models, rotations, offline))
     return EXIT_FAILED if offline and not models else EXIT_OK
 
@@ -246,7 +302,9 @@ async def cmd_cold(ctx: Context) -> int:
 
 
 async def cmd_cache(ctx: Context) -> int:
-    return await _act(ctx, MODELS_CACHE, ctx.args.model, (ModelState.COLD, ModelState.CACHED, ModelState.WARM, ModelState.SLEEPING))
+    return await _act(
+        ctx, MODELS_CACHE, ctx.args.model, (ModelState.COLD, ModelState.CACHED, ModelState.WARM, ModelState.SLEEPING)
+    )
 
 
 def pin_human(m: ModelInfo) -> str:
@@ -266,14 +324,20 @@ async def cmd_swap(ctx: Context) -> int:
     out, incoming = ctx.args.out, ctx.args.incoming
     machine, in_machine = model_machine(ctx, out), model_machine(ctx, incoming)
     if machine != in_machine:
-        raise RemoteError(ErrorCode.CONFLICT, f"{out} runs on {machine} and {incoming} on {in_machine}: a swap shares GPUs on one "
-                          f"machine; use `cetlab sleep {out}` and `cetlab warm {incoming}`")
+        raise RemoteError(
+            ErrorCode.CONFLICT,
+            f"{out} runs on {machine} and {incoming} on {in_machine}: a swap shares GPUs on one "
+            f"machine; use `cetlab sleep {out}` and `cetlab warm {incoming}`",
+        )
     started = time.monotonic()
     await ctx.request(machine, MODELS_SWAP, SwapParams.model_validate({"out": out, "in": incoming}))
     result: dict[str, ModelDetail] = {}
     problems = []
     if not ctx.args.no_wait:
-        for key, name, wanted in (("in", incoming, (ModelState.WARM,)), ("out", out, (ModelState.SLEEPING, ModelState.COLD, ModelState.CACHED))):
+        for key, name, wanted in (
+            ("in", incoming, (ModelState.WARM,)),
+            ("out", out, (ModelState.SLEEPING, ModelState.COLD, ModelState.CACHED)),
+        ):
             try:
                 result[key] = await wait_settled(ctx, name, wanted, ctx.args.wait_timeout)
             except SettledElsewhere as exc:
@@ -309,14 +373,18 @@ async def cmd_rotate(ctx: Context) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     def waiting(p: argparse.ArgumentParser) -> None:
         p.add_argument("--no-wait", action="store_true", help="return at once with the new state")
-        p.add_argument("--wait-timeout", type=positive_seconds, default=1800.0, help="seconds to wait for the final state (default 1800)")
+        p.add_argument(
+            "--wait-timeout", type=positive_seconds, default=1800.0, help="seconds to wait for the final state (default 1800)"
+        )
 
     p = sub.add_parser("models", help="the model pool: state, load / warm-up / wake times, RAM cache")
     p.set_defaults(func=cmd_models)
-    for verb, func, text in (("warm", cmd_warm, "bring a model up (or wake it) and wait until it answers"),
-                             ("sleep", cmd_sleep, "put a warm model to sleep: GPU freed, wakes in seconds"),
-                             ("cold", cmd_cold, "stop a model's engine"),
-                             ("cache", cmd_cache, "pre-read a model's files into RAM (page cache)")):
+    for verb, func, text in (
+        ("warm", cmd_warm, "bring a model up (or wake it) and wait until it answers"),
+        ("sleep", cmd_sleep, "put a warm model to sleep: GPU freed, wakes in seconds"),
+        ("cold", cmd_cold, "stop a model's engine"),
+        ("cache", cmd_cache, "pre-read a model's files into RAM (page cache)"),
+    ):
         p = sub.add_parser(verb, help=text)
         p.add_argument("model")
         waiting(p)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from agents.catalogue import SIM_OVERRIDE, OverrideParams, SimOverride
+from agents.wire.catalogue.agent import SIM_OVERRIDE, OverrideParams, SimOverride
 from console.cli import Context
 from console.replies import sent
 
@@ -14,7 +14,9 @@ OVERRIDES = ("temp_c", "util_pct", "mem_used_bytes", "power_w")
 
 
 def override_human(machine: str, result: SimOverride) -> str:
-    return f"{machine} gpu{result.gpu} (SIM): " + (", ".join(f"{k} {v}" for k, v in result.overrides.items()) or "back to the simulation")
+    return f"{machine} gpu{result.gpu} (SIM): " + (
+        ", ".join(f"{k} {v}" for k, v in result.overrides.items()) or "back to the simulation"
+    )
 
 
 async def cmd_sim_override(ctx: Context) -> int:
@@ -27,7 +29,9 @@ async def cmd_sim_override(ctx: Context) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sim-override", help="simulated GPUs: force a GPU's temperature, utilisation, VRAM or power (--clear: back)")
+    p = sub.add_parser(
+        "sim-override", help="simulated GPUs: force a GPU's temperature, utilisation, VRAM or power (--clear: back)"
+    )
     p.add_argument("machine")
     p.add_argument("--gpu", type=int, default=0, help="the GPU's index (default 0)")
     p.add_argument("--temp-c", type=float, dest="temp_c")

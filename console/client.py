@@ -8,10 +8,20 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from agents.keys import KeyFileError, check_private
-from agents.lab import Lab, Machine
-from agents.link import EventHandler, LineReader, LineWriter, Link, LinkCore, LinkSettings, Transport, read_line, ssh_error
-from agents.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, HistoryParams, LinkStatus, RemoteError
+from agents.runtime.keys import KeyFileError, check_private
+from agents.runtime.link import (
+    EventHandler,
+    LineReader,
+    LineWriter,
+    Link,
+    LinkCore,
+    LinkSettings,
+    Transport,
+    read_line,
+    ssh_error,
+)
+from agents.wire.lab.model import Lab, Machine
+from agents.wire.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, HistoryParams, LinkStatus, RemoteError
 from console import openssh
 from console.state import SPARK_POINTS, LabState
 
@@ -54,7 +64,11 @@ def known_hosts_has(path: Path, host: str, port: int) -> bool:
     if not path.exists():
         return False
     pattern = host_pattern(host, port)
-    return any(line.split(None, 1)[0].split(",").count(pattern) for line in path.read_text().splitlines() if line.strip() and not line.startswith("#"))
+    return any(
+        line.split(None, 1)[0].split(",").count(pattern)
+        for line in path.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    )
 
 
 class FleetClient:
@@ -87,17 +101,25 @@ class FleetClient:
         self._openssh_argv: dict[str, list[str]] = {}
         if use_openssh and not self.trust_on_first_use:
             for m in lab.machines:
-                command = m.via == "agent" and openssh.argv(m.host, m.port, self.key_path, self.known_hosts, self.connect_timeout_s, self.keepalive_s)
+                command = m.via == "agent" and openssh.argv(
+                    m.host, m.port, self.key_path, self.known_hosts, self.connect_timeout_s, self.keepalive_s
+                )
                 if command:
                     self._openssh_argv[m.name] = command
-        link_settings = LinkSettings(topics=self.topics, call_timeout_s=settings.call_timeout_s, connect_timeout_s=self.connect_timeout_s,
-                                     keepalive_s=self.keepalive_s, backoff_max_s=BACKOFF_MAX_S, reconnect=reconnect)
+        link_settings = LinkSettings(
+            topics=self.topics,
+            call_timeout_s=settings.call_timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            keepalive_s=self.keepalive_s,
+            backoff_max_s=BACKOFF_MAX_S,
+            reconnect=reconnect,
+        )
         self.core = LinkCore(lab.machines, self, self.state, link_settings, on_event=on_event, on_connected=self._connected)
         self.links = self.core.links
 
     @property
     def on_event(self) -> EventHandler | None:
-        """Called with (machine, event, data) for every event the agents push, data typed (agents/events.py: TickEvent,
+        """Called with (machine, event, data) for every event the agents push, data typed (agents/wire/events.py: TickEvent,
         LogEvent, Notice; a tick after it reached the state); an event that does not validate is dropped before."""
         return self.core.on_event
 
@@ -171,12 +193,16 @@ class FleetClient:
                 return LinkStatus.UNTRUSTED, self._host_key_problem(link.machine, exc.message)
             if exc.link_status is LinkStatus.REFUSED:  # a key ssh could not load reads as refused too: ask why
                 problem = exc.message[5:] if exc.message.startswith("key: ") else await openssh.key_problem(self.key_path)
-                return LinkStatus.REFUSED, f"cannot use the console key {self.key_path}: {problem}" if problem else self._key_refused(link.name)
+                return (
+                    LinkStatus.REFUSED,
+                    f"cannot use the console key {self.key_path}: {problem}" if problem else self._key_refused(link.name),
+                )
             return exc.link_status, exc.message
         return None
 
     async def _connected(self, link: Link) -> None:
-        from agents.catalogue import HISTORY, request  # deferred, as in the core: not on a cold CLI's import path
+        from agents.wire.catalogue.agent import HISTORY
+        from agents.wire.catalogue.method import request  # deferred, as in the core: not on a cold CLI's import path
 
         name = link.name
         if self.topics:
@@ -189,14 +215,20 @@ class FleetClient:
 
     def _host_key_problem(self, machine: Machine, exc: BaseException | str) -> str:
         if machine.via == "sshd":
-            return (f"the host key of {machine.host} is not trusted by ~/.ssh/known_hosts (or it changed): "
-                    f"`ssh {machine.host}` once to check and accept it ({exc})")
+            return (
+                f"the host key of {machine.host} is not trusted by ~/.ssh/known_hosts (or it changed): "
+                f"`ssh {machine.host}` once to check and accept it ({exc})"
+            )
         where = f"{machine.host}:{machine.port}"
         if known_hosts_has(self.known_hosts, machine.host, machine.port):
-            return (f"HOST KEY CHANGED for {machine.name} at {where}: refusing to connect. If the agent was "
-                    f"reinstalled on purpose, remove the line for {host_pattern(machine.host, machine.port)} from {self.known_hosts}")
-        return (f"unknown host key for {machine.name} at {where}: not in {self.known_hosts}. Add it "
-                f"(`cetlab-agent host-key` on the machine) or connect once with --trust-new-hosts")
+            return (
+                f"HOST KEY CHANGED for {machine.name} at {where}: refusing to connect. If the agent was "
+                f"reinstalled on purpose, remove the line for {host_pattern(machine.host, machine.port)} from {self.known_hosts}"
+            )
+        return (
+            f"unknown host key for {machine.name} at {where}: not in {self.known_hosts}. Add it "
+            f"(`cetlab-agent host-key` on the machine) or connect once with --trust-new-hosts"
+        )
 
     async def _trust_new_host(self, machine: Machine) -> None:
         if not self.trust_on_first_use or known_hosts_has(self.known_hosts, machine.host, machine.port):
@@ -231,8 +263,11 @@ class FleetClient:
             reader, writer = await asyncio.wait_for(conn.open_unix_connection(path), self.connect_timeout_s)
         except asyncssh.ChannelOpenError as exc:
             conn.close()
-            raise RemoteError(ErrorCode.DISCONNECTED, f"{machine.host}'s sshd cannot open the agent's socket {path}: {exc.reason} "
-                              f"(is the agent running there, is `socket:` in lab.yaml right, may this user reach it?)") from None
+            raise RemoteError(
+                ErrorCode.DISCONNECTED,
+                f"{machine.host}'s sshd cannot open the agent's socket {path}: {exc.reason} "
+                f"(is the agent running there, is `socket:` in lab.yaml right, may this user reach it?)",
+            ) from None
         except BaseException:
             conn.close()
             raise
@@ -260,7 +295,9 @@ class FleetClient:
             self.connect_timeout_s,
         )
         try:  # bounded too: an agent that authenticates and then freezes must not hold the link
-            writer, reader, _stderr = await asyncio.wait_for(conn.open_session(subsystem=SUBSYSTEM, encoding=None), self.connect_timeout_s)
+            writer, reader, _stderr = await asyncio.wait_for(
+                conn.open_session(subsystem=SUBSYSTEM, encoding=None), self.connect_timeout_s
+            )
         except BaseException:
             conn.close()
             raise

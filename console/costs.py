@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from agents.catalogue import COSTS_GET, ApiProviderSpend, CostsReport, PricedGroup, ReplyInvalid, validate_reply
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.catalogue.costs import COSTS_GET, ApiProviderSpend, CostsReport, PricedGroup
+from agents.wire.catalogue.method import ReplyInvalid, validate_reply
+from agents.wire.protocol import ErrorCode, RemoteError
 from console.state import LabState
 
 Breakdown = Literal["machine", "job", "model"]  # `costs.get`'s by
@@ -103,7 +105,9 @@ def lab_costs(currency: str, results: Mapping[str, Any], by: Breakdown = "machin
     apis = [r.api for r in parts if r.api is not None]  # the gateway's machine reports the API spend
     for api in apis:
         for day_name, spend in api.days.items():
-            days.setdefault(day_name, {"cost": [0.0], "cloud_equivalent": [0.0], "kwh": [0.0]}).setdefault("api", []).append(spend)
+            days.setdefault(day_name, {"cost": [0.0], "cloud_equivalent": [0.0], "kwh": [0.0]}).setdefault("api", []).append(
+                spend
+            )
     missing = sorted({m for r in parts for m in (*r.now.missing, *r.today.missing, *r.month.missing, *r.since.missing)})
     month = _sum([r.month.cost for r in parts])
     cloud_month = _sum([r.month.cloud_equivalent for r in parts])
@@ -132,8 +136,16 @@ def lab_costs(currency: str, results: Mapping[str, Any], by: Breakdown = "machin
         total_month=None if month is None else _sum([month, *(api.month for api in apis)]),
         by_kind=by,
         by=[entry for r in parts for entry in r.by],
-        days=[LabDay(day=d, api=_sum(e["api"]) if "api" in e else 0.0, cost=_sum(e["cost"]), cloud_equivalent=_sum(e["cloud_equivalent"]),
-                     kwh=_sum(e["kwh"])) for d, e in sorted(days.items())],
+        days=[
+            LabDay(
+                day=d,
+                api=_sum(e["api"]) if "api" in e else 0.0,
+                cost=_sum(e["cost"]),
+                cloud_equivalent=_sum(e["cloud_equivalent"]),
+                kwh=_sum(e["kwh"]),
+            )
+            for d, e in sorted(days.items())
+        ],
         missing=missing,
         offline=offline,
         simulated=any(r.simulated for r in parts),

@@ -17,10 +17,11 @@ from typing import Any
 import yaml
 from platformdirs import user_state_path
 
-from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, write_private
-from agents.lab import load_lab
-from agents.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
-from console import gateway_demo, notify_demo
+from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, write_private
+from agents.runtime.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
+from agents.shell import demo_gateway as gateway_demo
+from agents.wire.lab.model import load_lab
+from console import notify_demo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_DIR_NAME = ".cetlab-demo"  # git-ignored
@@ -76,8 +77,10 @@ def demo_cli_hint(lab_path: Path | None) -> str | None:
 
 def demo_quit_message(directory: Path) -> str:
     """What the console prints when the demo stops: where its lab is kept and how to reach it again."""
-    return (f"the demo lab stopped; its lab file, runs and checkpoints stay in {shown_path(directory)}/ for the next `make demo`.\n"
-            f"  headless: {cli_program()} demo, then in another terminal: {demo_cli_line(directory)}")
+    return (
+        f"the demo lab stopped; its lab file, runs and checkpoints stay in {shown_path(directory)}/ for the next `make demo`.\n"
+        f"  headless: {cli_program()} demo, then in another terminal: {demo_cli_line(directory)}"
+    )
 
 
 def is_demo_source(lab_path: Path) -> bool:
@@ -174,13 +177,17 @@ class DemoLab:
         client_pub = client_key.export_public_key().decode().split()
         ports = free_ports(len(data["machines"]))
         gateway_line = gateway_demo.peer_key_line(self.dir, data)  # the gateway's agent calls the others with the gateway role
-        node_lines = node_key_lines(self.dir, data)  # the first node's agent of a multi-node recipe calls the others with the node role
+        node_lines = node_key_lines(
+            self.dir, data
+        )  # the first node's agent of a multi-node recipe calls the others with the node role
         known_hosts = []
         for machine, port in zip(data["machines"], ports):
             machine.update(host="127.0.0.1", port=port, via="agent")
             state = self.dir / "agents" / machine["name"]
             host_key = ensure_key(state / HOST_KEY_NAME, comment=f"cetlab-agent@{machine['name']}")
-            authorized = f"operator {client_pub[0]} {client_pub[1]} demo-console\n" + gateway_line + node_lines.get(machine["name"], "")
+            authorized = (
+                f"operator {client_pub[0]} {client_pub[1]} demo-console\n" + gateway_line + node_lines.get(machine["name"], "")
+            )
             write_private(state / AUTHORIZED_KEYS_NAME, authorized.encode())
             known_hosts.append(f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}")
         (console_dir / "known_hosts").write_text("\n".join(known_hosts) + "\n")
@@ -213,8 +220,10 @@ class DemoLab:
         except BlockingIOError:
             other = os.read(fd, 32).decode(errors="replace").strip()
             os.close(fd)
-            raise DemoRunningError(f"a demo lab is already running from {shown_path(self.dir)} (pid {other or '?'}); "
-                                   f"use it: {demo_cli_line(self.dir)}") from None
+            raise DemoRunningError(
+                f"a demo lab is already running from {shown_path(self.dir)} (pid {other or '?'}); "
+                f"use it: {demo_cli_line(self.dir)}"
+            ) from None
         os.ftruncate(fd, 0)  # a pid left by a demo that died is rewritten, never trusted
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
@@ -230,19 +239,40 @@ class DemoLab:
         data = yaml.safe_load(self.lab_path.read_text())
         for argv in gateway_demo.stand_in_argvs(self.dir, data) + notify_demo.receiver_argvs(self.dir, data):
             log = open(self.dir / "agents" / "provider-stand-in.log", "ab")
-            self.processes.append(subprocess.Popen([*argv, "--parent-pid", str(os.getpid())], stdout=log, stderr=log,
-                                                   stdin=subprocess.DEVNULL, start_new_session=True))
+            self.processes.append(
+                subprocess.Popen(
+                    [*argv, "--parent-pid", str(os.getpid())],
+                    stdout=log,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
             log.close()
         step = max(1, self.agents_per_process)
         for i in range(0, len(names), step):
             group = names[i : i + step]
             state_dir = self.dir / "agents" / group[0] if len(group) == 1 else self.dir / "agents"
-            argv = [sys.executable, "-m", "agents.daemon", "--log-level", "warning", "serve", "--lab", str(self.lab_path),
-                    "--state-dir", str(state_dir), "--parent-pid", str(os.getpid())]
+            argv = [
+                sys.executable,
+                "-m",
+                "agents.shell.daemon",
+                "--log-level",
+                "warning",
+                "serve",
+                "--lab",
+                str(self.lab_path),
+                "--state-dir",
+                str(state_dir),
+                "--parent-pid",
+                str(os.getpid()),
+            ]
             for name in group:
                 argv += ["--machine", name]
             log = open(self.dir / "agents" / f"{group[0]}.log", "ab")
-            self.processes.append(subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True))
+            self.processes.append(
+                subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+            )
             log.close()
 
     def wait_listening(self, timeout: float = 30.0) -> None:

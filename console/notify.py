@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agents.sections_notify import NotifyStatus, RouteStatus
+from agents.wire.sections.notify import NotifyStatus, RouteStatus
 from widgets.format import fmt_ago
 
 
@@ -37,9 +37,13 @@ def routes_json(routes: list[tuple[str, RouteStatus]]) -> list[dict[str, Any]]:
 def troubled_first(routes: list[tuple[str, RouteStatus]]) -> list[tuple[str, RouteStatus]]:
     """The routes as :alerts lists them in its few lines: a problem, a failing or a waiting one before those that deliver
     (with two routes on four machines the last lines are cut at 80x24: the cut ones are then the healthy ones)."""
+
     def troubled(route: RouteStatus) -> bool:
-        failing = route.last_failure is not None and (route.last_delivery is None or route.last_failure.at > route.last_delivery.at)
+        failing = route.last_failure is not None and (
+            route.last_delivery is None or route.last_failure.at > route.last_delivery.at
+        )
         return bool(route.problem or failing or route.queued or route.dropped)
+
     return sorted(routes, key=lambda mr: not troubled(mr[1]))  # stable: by name and machine within each
 
 

@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.protocol import SSH_USERNAME, SUBSYSTEM, ErrorCode, LinkStatus, RemoteError
+from agents.wire.protocol import SSH_USERNAME, SUBSYSTEM, ErrorCode, LinkStatus, RemoteError
 
 STDERR_KEEP_BYTES = 16 * 1024  # ssh says what failed in a line or two
 # A host ssh takes as asyncssh does: a name or an address, nothing ssh reads as more (user@, ssh://, an option)
@@ -115,11 +115,11 @@ class Session:
         """Why the stream ended: ssh's exit and its error lines, in the asyncssh path's words."""
         try:
             code = await asyncio.wait_for(self.process.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             code = None
         try:
             text = (await asyncio.wait_for(self._stderr, 1.0)).decode(errors="replace")
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             text = ""
         return classify(code, text)
 
@@ -161,8 +161,15 @@ async def key_problem(key: Path) -> str | None:
     if keygen is None:
         return None
     process = await asyncio.create_subprocess_exec(
-        keygen, "-y", "-P", "", "-f", str(key),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        keygen,
+        "-y",
+        "-P",
+        "",
+        "-f",
+        str(key),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
     _, stderr = await process.communicate()
     if process.returncode == 0:
@@ -178,7 +185,11 @@ def classify(exit_code: int | None, stderr: str) -> SshFailed:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     text = "\n".join(lines)
     last = lines[-1] if lines else ""
-    if "Host key verification failed" in text or "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "host key is known for" in text:
+    if (
+        "Host key verification failed" in text
+        or "REMOTE HOST IDENTIFICATION HAS CHANGED" in text
+        or "host key is known for" in text
+    ):
         return SshFailed(LinkStatus.UNTRUSTED, last)
     if text.startswith("Load key") or "\nLoad key" in text:
         return SshFailed(LinkStatus.REFUSED, "key: " + next(line for line in lines if line.startswith("Load key")))

@@ -3,19 +3,20 @@ JSON the agent sent."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Mapping, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.protocol import ErrorCode, RemoteError
 
 R = TypeVar("R", bound=BaseModel)
 
 
 @dataclass
 class Answers(Generic[R]):
-    """What several machines answered (agents.catalogue.request_all): typed replies, and why the others gave none (offline,
+    """What several machines answered (agents.wire.catalogue.method.request_all): typed replies, and why the others gave none (offline,
     refused, a reply that did not validate)."""
 
     replies: dict[str, R] = field(default_factory=dict)

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from agents.lab import Lab
-from agents.protocol import LinkStatus
-from agents.sections import SectionFault, alert_id
-from agents.view import GPU_SERIES, SPARK_POINTS, LabView, MachineView
+from agents.runtime.view import GPU_SERIES, SPARK_POINTS, LabView, MachineView
+from agents.wire.lab.model import Lab
+from agents.wire.protocol import LinkStatus
+from agents.wire.sections.alerts import alert_id
+from agents.wire.sections.base import SectionFault
 
 if TYPE_CHECKING:
-    from agents.catalogue import HistoryReply
+    from agents.wire.catalogue.agent import HistoryReply
 
 __all__ = ["GPU_SERIES", "SPARK_POINTS", "LabState", "MachineView"]
 
@@ -21,7 +23,7 @@ _NOT_DOWN = (LinkStatus.ONLINE, LinkStatus.CONNECTING)
 
 
 class LabState(LabView):
-    """The client core's per-machine views (agents/view.py) and what only a console keeps: the cleared offline
+    """The client core's per-machine views (agents/runtime/view.py) and what only a console keeps: the cleared offline
     alerts, and lab-wide figures."""
 
     def __init__(self, lab: Lab):
@@ -34,10 +36,19 @@ class LabState(LabView):
         if link == LinkStatus.ONLINE and view.link not in _NOT_DOWN and view.last_seen is not None:
             now = time.time()
             if now - view.last_seen >= self.lab.alerts.offline_for_s:  # it was an alert: it clears now, into the history
-                self.offline_history.append({
-                    "id": f"{alert_id(name, 'offline')}-{int(view.last_seen)}", "rule": "offline", "level": "critical", "machine": name,
-                    "target": "machine", "message": f"{name} was {view.link}" + (f": {view.error}" if view.error else ""),
-                    "fired_at": view.last_seen, "cleared_at": now, "acked_at": None})
+                self.offline_history.append(
+                    {
+                        "id": f"{alert_id(name, 'offline')}-{int(view.last_seen)}",
+                        "rule": "offline",
+                        "level": "critical",
+                        "machine": name,
+                        "target": "machine",
+                        "message": f"{name} was {view.link}" + (f": {view.error}" if view.error else ""),
+                        "fired_at": view.last_seen,
+                        "cleared_at": now,
+                        "acked_at": None,
+                    }
+                )
         super().set_link(name, link, error)
 
     def seed_history(self, name: str, history: HistoryReply) -> None:
@@ -61,8 +72,13 @@ class LabState(LabView):
         """(machine, fault) of every section failing now on an online machine, or refused here as it sent it (only these
         sections, when given)."""
         wanted = None if sections is None else set(sections)
-        return [(view.name, fault) for view in self.machines.values() if view.online
-                for fault in view.section_faults() if wanted is None or fault.section in wanted]
+        return [
+            (view.name, fault)
+            for view in self.machines.values()
+            if view.online
+            for fault in view.section_faults()
+            if wanted is None or fault.section in wanted
+        ]
 
     # -- lab-wide figures
 

@@ -10,9 +10,17 @@ VIEWS: dict[str, tuple[str, str, str]] = {
     "fleet": ("console.screens.fleet", "FleetScreen", "every GPU of every machine, live"),
     "jobs": ("console.screens.jobs", "JobsScreen", "training runs: progress, loss, start (n), stop (s), kill (ctrl+k), logs (l)"),
     "models": ("console.screens.models", "ModelsScreen", "the model pool: warm, sleeping, cached, cold; swap and rotation"),
-    "checkpoints": ("console.screens.checkpoints", "CheckpointsScreen", "a run's loss with its checkpoints: resume (r), serve (v), keep (p), prune (P), delete (ctrl+d)"),
+    "checkpoints": (
+        "console.screens.checkpoints",
+        "CheckpointsScreen",
+        "a run's loss with its checkpoints: resume (r), serve (v), keep (p), prune (P), delete (ctrl+d)",
+    ),
     "costs": ("console.screens.costs", "CostsScreen", "money now, today, this month; the saving vs cloud; spend per day"),
     "alerts": ("console.screens.alerts", "AlertsScreen", "what is wrong now across the lab, the history, acknowledgement"),
     "audit": ("console.screens.audit", "AuditScreen", "who did what: every operator action on the agents, with its outcome"),
-    "gateway": ("console.screens.gateway", "GatewayScreen", "the lab gateway: traffic per model, wakes, errors, provider spend, keys"),
+    "gateway": (
+        "console.screens.gateway",
+        "GatewayScreen",
+        "the lab gateway: traffic per model, wakes, errors, provider spend, keys",
+    ),
 }

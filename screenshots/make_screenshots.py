@@ -10,10 +10,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.lab import load_lab  # noqa: E402
-from console.app import CetlabApp  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
-from console.views import VIEWS  # noqa: E402
+from agents.wire.lab.model import load_lab
+from console.app import CetlabApp
+from console.demo import DemoLab
+from console.views import VIEWS
 
 OUT = Path(__file__).resolve().parent
 SIZE = (160, 48)
@@ -44,9 +44,7 @@ async def shoot(lab_path: Path) -> list[Path]:
         # a real run of the demo recipe, so the jobs and checkpoints views have something to show
         await app.client.call("m5", "jobs.start", {"recipe": "demo-lora", "params": {"max_steps": 2000, "save_steps": 200}})
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not any(
-            (job.step or 0) >= 600 for job in app.state.machines["m5"].jobs
-        ):
+        while time.monotonic() < deadline and not any((job.step or 0) >= 600 for job in app.state.machines["m5"].jobs):
             await pilot.pause(0.5)
         for name in VIEWS:
             if name == "fleet":

@@ -53,7 +53,12 @@ def small_demo(tmp_path, lab_file):
         yield demo
 
 
-@pytest.fixture(params=["asyncssh", pytest.param("openssh", marks=pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client on PATH"))])
+@pytest.fixture(
+    params=[
+        "asyncssh",
+        pytest.param("openssh", marks=pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client on PATH")),
+    ]
+)
 def use_openssh(request) -> bool:
     """Both SSH clients a link can use: asyncssh (the console) and the system's ssh (one-shot CLI verbs)."""
     return request.param == "openssh"
@@ -87,13 +92,27 @@ def hand_runs(tmp_path_factory, tiny_model) -> Path:
     """A run not started by cetlab (8 steps, a checkpoint every step) plus a corrupt, an in-progress and a tmp checkpoint."""
     root = tmp_path_factory.mktemp("hand")
     config = {
-        "base_model": str(tiny_model), "dataset": str(REPO / "demo" / "train.jsonl"), "output_dir": "exp1", "max_seq_len": 32,
+        "base_model": str(tiny_model),
+        "dataset": str(REPO / "demo" / "train.jsonl"),
+        "output_dir": "exp1",
+        "max_seq_len": 32,
         "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-        "per_device_batch_size": 4, "max_steps": 8, "learning_rate": 3e-3, "save_steps": 1, "logging_steps": 1, "seed": 0,
+        "per_device_batch_size": 4,
+        "max_steps": 8,
+        "learning_rate": 3e-3,
+        "save_steps": 1,
+        "logging_steps": 1,
+        "seed": 0,
     }
     (root / "train.yaml").write_text(yaml.safe_dump(config))
-    proc = subprocess.run([sys.executable, "-m", "agents.train", "--config", str(root / "train.yaml")], cwd=REPO, env=trainer_env(),
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agents.train", "--config", str(root / "train.yaml")],
+        cwd=REPO,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = root / "exp1"
     for folder in run.glob("checkpoint-*"):
@@ -119,22 +138,50 @@ def checkpoints_lab(tmp_path_factory, tiny_model, hand_runs) -> DemoLab:
     source = root / "src"
     source.mkdir()
     shutil.copytree(REPO / "demo", source / "demo")
-    train = ["cetlab-train", "--config", "demo/train.yaml", "--output-dir", "{output_dir}", "--set", f"base_model={tiny_model}",
-             "--set", "logging_steps=1", "--set", "max_seq_len=32"]
+    train = [
+        "cetlab-train",
+        "--config",
+        "demo/train.yaml",
+        "--output-dir",
+        "{output_dir}",
+        "--set",
+        f"base_model={tiny_model}",
+        "--set",
+        "logging_steps=1",
+        "--set",
+        "max_seq_len=32",
+    ]
     fast = {"load_s": 0.1, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.1}
     data = {
         "lab": "ckpt-test",
         "machines": [{"name": "box", "gpus": {"sim": [V100, V100]}}],
         "models": [
-            {"name": "tiny-sim", "path": str(tiny_model), "engine": "sim", "machine": "box", "gpus": [1], "vram_gib": 1, "sim": fast},
+            {
+                "name": "tiny-sim",
+                "path": str(tiny_model),
+                "engine": "sim",
+                "machine": "box",
+                "gpus": [1],
+                "vram_gib": 1,
+                "sim": fast,
+            },
             {"name": "tiny-hf", "path": str(tiny_model), "engine": "transformers", "machine": "box", "load_timeout_s": "180s"},
         ],
         "orchestra": {"warm": ["tiny-sim"]},
-        "trainers": [{
-            "name": "tiny", "machine": "box", "gpus": [0], "command": train, "output_dir": "runs/{job_id}",
-            "params": [{"name": "max_steps", "type": "int", "default": 4, "min": 1},
-                       {"name": "save_steps", "type": "int", "default": 2, "min": 1},
-                       {"name": "resume_from_checkpoint", "type": "str"}]}],
+        "trainers": [
+            {
+                "name": "tiny",
+                "machine": "box",
+                "gpus": [0],
+                "command": train,
+                "output_dir": "runs/{job_id}",
+                "params": [
+                    {"name": "max_steps", "type": "int", "default": 4, "min": 1},
+                    {"name": "save_steps", "type": "int", "default": 2, "min": 1},
+                    {"name": "resume_from_checkpoint", "type": "str"},
+                ],
+            }
+        ],
         "checkpoints": {"dirs": [{"machine": "box", "path": str(hand_runs)}], "poll_s": 1, "settle_s": 600},
     }
     (source / "lab.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
@@ -145,8 +192,20 @@ def checkpoints_lab(tmp_path_factory, tiny_model, hand_runs) -> DemoLab:
 def run_agent(lab_path: Path, machine: str, state_dir: Path) -> subprocess.Popen:
     """Start `cetlab-agent serve` as a real process (for kill/restart tests)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "agents.daemon", "--log-level", "warning", "serve", "--lab", str(lab_path),
-         "--machine", machine, "--state-dir", str(state_dir)],
+        [
+            sys.executable,
+            "-m",
+            "agents.shell.daemon",
+            "--log-level",
+            "warning",
+            "serve",
+            "--lab",
+            str(lab_path),
+            "--machine",
+            machine,
+            "--state-dir",
+            str(state_dir),
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -192,8 +251,12 @@ def drawn(app, kind: type | None = None) -> bool:
     from console.screens.base import LabScreen
 
     screen = app.screen
-    return (isinstance(screen, LabScreen) and (kind is None or isinstance(screen, kind)) and screen.ready
-            and screen.drawn_version == app.state.version)
+    return (
+        isinstance(screen, LabScreen)
+        and (kind is None or isinstance(screen, kind))
+        and screen.ready
+        and screen.drawn_version == app.state.version
+    )
 
 
 async def until_drawn(pilot, kind: type | None = None, timeout: float = 20.0) -> None:
@@ -225,8 +288,8 @@ def kill_jobs_left(directory) -> None:
     import os
     import signal
 
+    from agents.jobs.component import _alive
     from agents.jobs.runner import read_json
-    from agents.jobs.supervisor import _alive
 
     for child in directory.glob("agents/*/jobs/*/child.json"):
         record = read_json(child) or {}

@@ -15,7 +15,7 @@ def engine_listeners(demo: DemoLab) -> list[tuple[int, str, int]]:
     for popen in demo.processes:
         try:
             agent = psutil.Process(popen.pid)
-            if not any("agents.daemon" in part for part in agent.cmdline()):
+            if not any("agents.shell.daemon" in part for part in agent.cmdline()):
                 continue  # the provider stand-in is no engine of the lab
             children = agent.children(recursive=True)
         except psutil.NoSuchProcess:

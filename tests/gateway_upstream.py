@@ -55,10 +55,17 @@ class Upstream:
                 await asyncio.sleep(60)
             if not body.get("stream"):
                 self.produced += n
-                return web.json_response({"id": "x", "object": "chat.completion", "model": model,
-                                          "choices": [{"index": 0, "message": {"role": "assistant", "content": "w " * n},
-                                                       "finish_reason": "length"}],
-                                          "usage": {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}})
+                return web.json_response(
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "model": model,
+                        "choices": [
+                            {"index": 0, "message": {"role": "assistant", "content": "w " * n}, "finish_reason": "length"}
+                        ],
+                        "usage": {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n},
+                    }
+                )
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
             if model == "endless":  # one event that never ends: 64 KB chunks with no blank line

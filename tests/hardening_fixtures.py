@@ -13,7 +13,7 @@ from pathlib import Path
 import asyncssh
 import yaml
 
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
 from console.client import FleetClient
 from console.demo import DemoLab, free_ports
 from tests.conftest import wait_until
@@ -25,19 +25,39 @@ SLEEPER = "import time\nfor i in range(100000):\n    print(f'step {i}', flush=Tr
 
 def one_machine_lab(path: Path, **extra) -> Path:
     """A lab with one simulated machine `box` on a free loopback port; extra top-level keys merged in."""
-    data = {"lab": "hardening", "machines": [{"name": "box", "host": "127.0.0.1", "port": free_ports(1)[0],
-                                               "gpus": {"sim": [P4, P4]}}], **extra}
+    data = {
+        "lab": "hardening",
+        "machines": [{"name": "box", "host": "127.0.0.1", "port": free_ports(1)[0], "gpus": {"sim": [P4, P4]}}],
+        **extra,
+    }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
-def start_agent(lab_path: Path, state_dir: Path, *args: str, env: dict[str, str] | None = None,
-                log_level: str = "warning") -> subprocess.Popen:
+def start_agent(
+    lab_path: Path, state_dir: Path, *args: str, env: dict[str, str] | None = None, log_level: str = "warning"
+) -> subprocess.Popen:
     """`cetlab-agent serve` for machine box as a real process, in its own session."""
     return subprocess.Popen(
-        [PY, "-m", "agents.daemon", "--log-level", log_level, "serve", "--lab", str(lab_path), "--machine", "box",
-         "--state-dir", str(state_dir), *args],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        [
+            PY,
+            "-m",
+            "agents.shell.daemon",
+            "--log-level",
+            log_level,
+            "serve",
+            "--lab",
+            str(lab_path),
+            "--machine",
+            "box",
+            "--state-dir",
+            str(state_dir),
+            *args,
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
         env={**os.environ, **(env or {})},
     )
 
@@ -66,8 +86,15 @@ async def raw_channel(demo: DemoLab, machine: str = "box", key: str | None = Non
     """(conn, writer, reader) of one bare SSH channel on subsystem cetlab, as the demo console's key (or another)."""
     lab = load_lab(demo.lab_path)
     m = lab.machine(machine)
-    conn = await asyncssh.connect(m.host, m.port, username="cetlab", client_keys=[key or str(lab.resolve(lab.console.key))],
-                                  known_hosts=str(lab.resolve(lab.console.known_hosts)), agent_path=None, config=None)
+    conn = await asyncssh.connect(
+        m.host,
+        m.port,
+        username="cetlab",
+        client_keys=[key or str(lab.resolve(lab.console.key))],
+        known_hosts=str(lab.resolve(lab.console.known_hosts)),
+        agent_path=None,
+        config=None,
+    )
     writer, reader, _ = await conn.open_session(subsystem="cetlab", encoding=None)
     return conn, writer, reader
 

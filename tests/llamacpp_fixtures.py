@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agents import llamacpp_build
 from agents.orchestra.tiny_gguf import write_tiny_gguf, write_tiny_lora_gguf
+from agents.runtime import llamacpp_build
 
 
 def llama_server_or_skip() -> Path:

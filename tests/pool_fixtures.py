@@ -13,18 +13,30 @@ FAST = {"load_s": 0.2, "warmup_s": 0.3, "wake_s": 0.1, "tokens_per_s": 400, "pla
 
 
 def pool_lab(models: list[dict], orchestra: dict | None = None, ram_cache_gib: float | None = None) -> dict:
-    machine = {"name": "box", "gpus": {"sim": [
-        {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250},
-        {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75},
-    ]}}
+    machine = {
+        "name": "box",
+        "gpus": {
+            "sim": [
+                {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250},
+                {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75},
+            ]
+        },
+    }
     if ram_cache_gib is not None:
         machine["ram_cache_gib"] = ram_cache_gib
     return {"lab": "pool-lab", "machines": [machine], "models": models, "orchestra": orchestra or {}}
 
 
 def sim_model(name: str, gpus: list[int], vram_gib: float, **sim) -> dict:
-    return {"name": name, "path": f"models/{name}", "engine": "sim", "machine": "box", "gpus": gpus,
-            "vram_gib": vram_gib, "sim": {**FAST, **sim}}
+    return {
+        "name": name,
+        "path": f"models/{name}",
+        "engine": "sim",
+        "machine": "box",
+        "gpus": gpus,
+        "vram_gib": vram_gib,
+        "sim": {**FAST, **sim},
+    }
 
 
 async def settle(client: FleetClient, name: str, states: tuple[str, ...], timeout: float = 30.0, machine: str = "box") -> dict:
@@ -38,13 +50,19 @@ async def settle(client: FleetClient, name: str, states: tuple[str, ...], timeou
     try:
         await wait_for(check, timeout, interval=0.1)
     except AssertionError:
-        raise AssertionError(f"{name} did not reach {states}: {found['state']} {found.get('progress')} {found.get('error')}") from None
+        raise AssertionError(
+            f"{name} did not reach {states}: {found['state']} {found.get('progress')} {found.get('error')}"
+        ) from None
     return found
 
 
 def post(endpoint: str, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(endpoint.removesuffix("/v1") + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        endpoint.removesuffix("/v1") + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read() or b"{}")

@@ -17,16 +17,30 @@ GPU = "{sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}"
 MACHINES = f"machines: [{{name: hub, gpus: {GPU}}}, {{name: box, gpus: {GPU}}}]\n"
 
 # what a machine without the gateway, a multi-node job or a llama.cpp build never needs in the agent's process
-NEVER_HERE = ("agents.gateway.component", "agents.gateway.router", "agents.gateway.metering", "agents.gateway.server",
-              "agents.peers", "agents.link", "aiohttp", "prometheus_client", "tarfile", "logging.handlers", "platformdirs",
-              "torch", "numpy", "textual", "rich")
+NEVER_HERE = (
+    "agents.gateway.component",
+    "agents.gateway.router",
+    "agents.gateway.metering",
+    "agents.gateway.server",
+    "agents.runtime.peers",
+    "agents.runtime.link",
+    "aiohttp",
+    "prometheus_client",
+    "tarfile",
+    "logging.handlers",
+    "platformdirs",
+    "torch",
+    "numpy",
+    "textual",
+    "rich",
+)
 
 PROBE = """
 import json, sys
 from pathlib import Path
-from agents.lab import load_lab
-from agents.agent import Agent
-import agents.daemon  # the entry point's own imports count too
+from agents.wire.lab.model import load_lab
+from agents.shell.agent import Agent
+import agents.shell.daemon  # the entry point's own imports count too
 agent = Agent(load_lab(sys.argv[1]), sys.argv[2], Path(sys.argv[3]))
 print(json.dumps({"components": [c.name for c in agent.components], "modules": sorted(sys.modules)}))
 """
@@ -35,9 +49,9 @@ print(json.dumps({"components": [c.name for c in agent.components], "modules": s
 SERVED = """
 import asyncio, json, sys
 from pathlib import Path
-from agents.lab import load_lab
-from agents.agent import Agent
-import agents.daemon
+from agents.wire.lab.model import load_lab
+from agents.shell.agent import Agent
+import agents.shell.daemon
 
 async def main():
     agent = Agent(load_lab(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), unix_socket=Path(sys.argv[4]))
@@ -58,8 +72,14 @@ asyncio.run(main())
 def built(tmp_path: Path, gateway: str, machine: str) -> tuple[list[str], set[str]]:
     lab = tmp_path / "lab.yaml"
     lab.write_text("lab: t\n" + gateway + MACHINES)
-    out = subprocess.run([sys.executable, "-c", PROBE, str(lab), machine, str(tmp_path / "state")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(lab), machine, str(tmp_path / "state")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
     return answer["components"], set(answer["modules"])
@@ -70,7 +90,9 @@ def test_an_agent_without_the_gateway_imports_none_of_it(tmp_path):
         components, modules = built(tmp_path, gateway, machine)
         assert "gateway" not in components
         assert {"jobs", "models", "checkpoints", "notify", "costs", "alerts", "audit"} <= set(components)
-        assert not modules & set(NEVER_HERE), f"{gateway or 'no gateway'}, machine {machine}: imported {sorted(modules & set(NEVER_HERE))}"
+        assert not modules & set(NEVER_HERE), (
+            f"{gateway or 'no gateway'}, machine {machine}: imported {sorted(modules & set(NEVER_HERE))}"
+        )
 
 
 def test_the_gateways_machine_builds_the_gateway(tmp_path):
@@ -84,17 +106,25 @@ def test_a_via_sshd_agent_serves_its_socket_without_the_ssh_stack(tmp_path):
     lab = tmp_path / "lab.yaml"
     lab.write_text(f"lab: t\nmachines: [{{name: box, via: sshd, gpus: {GPU}}}]\n")
     with tempfile.TemporaryDirectory(dir="/tmp") as short:  # a unix socket's path has at most 107 bytes
-        out = subprocess.run([sys.executable, "-c", SERVED, str(lab), "box", str(tmp_path / "state"), f"{short}/agent.sock"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+        out = subprocess.run(
+            [sys.executable, "-c", SERVED, str(lab), "box", str(tmp_path / "state"), f"{short}/agent.sock"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        )
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
     assert answer["reply"]["id"] == 1 and answer["reply"]["result"]["role"] == "operator"  # the agent's own user
     modules = set(answer["modules"])
-    assert not modules & {"asyncssh", "cryptography", "agents.server", *NEVER_HERE}, sorted(modules & {"asyncssh", "cryptography", "agents.server"})
+    assert not modules & {"asyncssh", "cryptography", "agents.shell.server", *NEVER_HERE}, sorted(
+        modules & {"asyncssh", "cryptography", "agents.shell.server"}
+    )
 
 
 def test_doctor_asks_no_host_key_of_a_via_sshd_agent(tmp_path):
-    from agents.doctor import OK, WARN, check_state_dir
+    from agents.shell.doctor import OK, WARN, check_state_dir
 
     tmp_path.chmod(0o700)
     by_name = {c.name: c for c in check_state_dir(tmp_path, ssh_server=False)}

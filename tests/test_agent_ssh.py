@@ -12,9 +12,9 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from agents.keys import AUTHORIZED_KEYS_NAME, ensure_key
-from agents.lab import load_lab
-from agents.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ErrorCode, RemoteError
+from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ErrorCode, RemoteError
 from console import openssh
 from console.client import FleetClient
 from tests.conftest import wait_for
@@ -209,8 +209,13 @@ async def raw_session(demo):
     lab = load_lab(demo.lab_path)
     machine = lab.machine("box")
     conn = await asyncssh.connect(
-        machine.host, machine.port, username="cetlab", client_keys=[str(lab.resolve(lab.console.key))],
-        known_hosts=str(lab.resolve(lab.console.known_hosts)), agent_path=None, config=None,
+        machine.host,
+        machine.port,
+        username="cetlab",
+        client_keys=[str(lab.resolve(lab.console.key))],
+        known_hosts=str(lab.resolve(lab.console.known_hosts)),
+        agent_path=None,
+        config=None,
     )
     writer, reader, _ = await conn.open_session(subsystem="cetlab", encoding=None)
     return conn, writer, reader
@@ -253,8 +258,13 @@ async def test_no_shell_and_no_exec(small_demo):
     lab = load_lab(small_demo.lab_path)
     machine = lab.machine("box")
     async with asyncssh.connect(
-        machine.host, machine.port, username="cetlab", client_keys=[str(lab.resolve(lab.console.key))],
-        known_hosts=str(lab.resolve(lab.console.known_hosts)), agent_path=None, config=None,
+        machine.host,
+        machine.port,
+        username="cetlab",
+        client_keys=[str(lab.resolve(lab.console.key))],
+        known_hosts=str(lab.resolve(lab.console.known_hosts)),
+        agent_path=None,
+        config=None,
     ) as conn:
         with pytest.raises(asyncssh.ChannelOpenError):
             await conn.run("id", check=True)
@@ -268,8 +278,12 @@ def test_cli_status_json_lists_offline_machines(small_demo, tmp_path):
     data["machines"].append(ghost)
     lab_path = small_demo.dir / "lab-with-ghost.yaml"
     lab_path.write_text(yaml.safe_dump(data))
-    result = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(lab_path), "--json", "--timeout", "10", "status"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "console.cli", "--lab", str(lab_path), "--json", "--timeout", "10", "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
     machines = {m["name"]: m for m in status["machines"]}
@@ -310,7 +324,9 @@ async def test_a_console_key_with_a_passphrase_is_named_not_blamed_on_the_agent(
         await client.stop()
 
 
-@pytest.mark.parametrize("host", ["-oProxyCommand=x", "a b", "evil@127.0.0.1", "ssh://127.0.0.1:22", "127.0.0.%31", "'h'", "h\n", ""])
+@pytest.mark.parametrize(
+    "host", ["-oProxyCommand=x", "a b", "evil@127.0.0.1", "ssh://127.0.0.1:22", "127.0.0.%31", "'h'", "h\n", ""]
+)
 def test_a_host_ssh_would_read_as_more_than_a_host_keeps_to_asyncssh(host, tmp_path):
     """user@host and ssh://host:port mean something else to ssh than to asyncssh; an option must never reach it."""
     assert openssh.argv(host, 22, tmp_path / "key", tmp_path / "kh", 5, 15) is None

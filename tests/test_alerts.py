@@ -10,21 +10,41 @@ import sys
 
 import pytest
 
-from agents.alerts import Alert, AlertEngine
-from agents.lab import Alerts, load_lab
-from agents.protocol import EVENT_NOTICE, EVENT_TICK, GpuSample, HostSample, RemoteError, Telemetry
-from agents.sections import JobInfo, ModelInfo
+from agents.alerts.component import Alert, AlertEngine
+from agents.wire.lab.model import Alerts, load_lab
+from agents.wire.protocol import EVENT_NOTICE, EVENT_TICK, GpuSample, HostSample, RemoteError, Telemetry
+from agents.wire.sections.jobs import JobInfo
+from agents.wire.sections.models import ModelInfo
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import wait_for
 
 GIB = 1024**3
-SETTINGS = Alerts(temp_c=85, temp_for_s=3, vram_pct=95, vram_for_s=3, starved_util_pct=50, starved_for_s=3,
-                  no_improvement_steps=100, checkpoint_save_s=30, disk_free_pct=5, disk_for_s=2, hysteresis_pct=5, clear_for_s=2)
+SETTINGS = Alerts(
+    temp_c=85,
+    temp_for_s=3,
+    vram_pct=95,
+    vram_for_s=3,
+    starved_util_pct=50,
+    starved_for_s=3,
+    no_improvement_steps=100,
+    checkpoint_save_s=30,
+    disk_free_pct=5,
+    disk_for_s=2,
+    hysteresis_pct=5,
+    clear_for_s=2,
+)
 
 
 def gpu(temp_c=60.0, util_pct=90.0, mem_gib=10.0, index=0) -> GpuSample:
-    return GpuSample(index=index, name="Tesla V100", temp_c=temp_c, util_pct=util_pct, mem_used_bytes=int(mem_gib * GIB), mem_total_bytes=32 * GIB)
+    return GpuSample(
+        index=index,
+        name="Tesla V100",
+        temp_c=temp_c,
+        util_pct=util_pct,
+        mem_used_bytes=int(mem_gib * GIB),
+        mem_total_bytes=32 * GIB,
+    )
 
 
 def telemetry(*gpus: GpuSample, disk_free_pct: float = 50.0) -> Telemetry:
@@ -46,8 +66,20 @@ class Script:
         self._n = itertools.count(1)
 
     def _new(self, obs, t) -> Alert:
-        return Alert(n=next(self._n), machine="m", rule=obs.rule, target=obs.target, level=obs.level, message=obs.message,
-                     fired_at=t, value=obs.value, threshold=obs.threshold, gpu=obs.gpu, job=obs.job, model=obs.model)
+        return Alert(
+            n=next(self._n),
+            machine="m",
+            rule=obs.rule,
+            target=obs.target,
+            level=obs.level,
+            message=obs.message,
+            fired_at=t,
+            value=obs.value,
+            threshold=obs.threshold,
+            gpu=obs.gpu,
+            job=obs.job,
+            model=obs.model,
+        )
 
     def tick(self, tel: Telemetry, jobs=None, models=None, rule: str | None = None) -> None:
         # the sections as the agent types them: the fields a test leaves out take their usual values
@@ -122,7 +154,12 @@ def test_no_loss_improvement_for_n_steps():
 
 def test_slow_checkpoint_save():
     s = Script()
-    job = {"id": "7", "gpus": [], "state": "running", "checkpoints": [{"step": 1000, "path": "/runs/7/checkpoint-1000", "save_s": 12.0, "at": 1.0}]}
+    job = {
+        "id": "7",
+        "gpus": [],
+        "state": "running",
+        "checkpoints": [{"step": 1000, "path": "/runs/7/checkpoint-1000", "save_s": 12.0, "at": 1.0}],
+    }
     s.tick(telemetry(), jobs=[job])
     assert s.events == []
     job["checkpoints"] = job["checkpoints"] + [{"step": 2000, "path": "/runs/7/checkpoint-2000", "save_s": 74.0, "at": 2.0}]
@@ -188,7 +225,9 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
             await wait_for(hot, timeout=20)
             alert = hot()[0]
             assert (alert["rule"], alert["target"], alert["level"], alert["acked"]) == ("gpu_hot", "gpu0", "critical", False)
-            await wait_for(lambda: any(e == EVENT_NOTICE and d.alert and d.alert.id == alert["id"] for _, e, d in notices), timeout=10)
+            await wait_for(
+                lambda: any(e == EVENT_NOTICE and d.alert and d.alert.id == alert["id"] for _, e, d in notices), timeout=10
+            )
 
             acked = await client.call("box", "alerts.ack", {"id": alert["id"]})
             assert acked["acked"] and acked["acked_by"] == "demo-console"
@@ -226,8 +265,11 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
             assert (await client.call("box", "ping"))["t"] > 0  # and the agent keeps serving
 
         out = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "--json", "alerts", "--all"],
-            capture_output=True, text=True, timeout=40,
+            subprocess.run,
+            [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "--json", "alerts", "--all"],
+            capture_output=True,
+            text=True,
+            timeout=40,
         )
         assert out.returncode == 0, out.stderr
         assert alert["id"] in [a["id"] for a in json.loads(out.stdout)["alerts"]]
@@ -256,7 +298,9 @@ async def test_alerts_view_notifies_lists_and_acknowledges(tmp_path, lab_file):
             assert "ACTIVE" in hot_rows()[0][0] and hot_rows()[0][2] == "box" and "97 C" in hot_rows()[0][6]
             await wait_for(lambda: any("gpu0 Tesla P4 at 97 C" in n.message for n in app.notices), timeout=10)
 
-            table.move_cursor(row=[k.value for k in table.rows].index(next(a.id for a in box.alerts.active if a.rule == "gpu_hot")))
+            table.move_cursor(
+                row=[k.value for k in table.rows].index(next(a.id for a in box.alerts.active if a.rule == "gpu_hot"))
+            )
             await pilot.press("a")
             await wait_for(lambda: "acked" in hot_rows()[0][0], timeout=10)
 
@@ -267,19 +311,42 @@ async def test_alerts_view_notifies_lists_and_acknowledges(tmp_path, lab_file):
 
 
 def test_console_files_alerts_by_target_and_raises_offline_ones():
-    from agents.lab import parse_lab
+    from agents.wire.lab.model import parse_lab
     from console.alerts import alerts_by_target
     from console.state import LabState
 
     lab = parse_lab("lab: t\nalerts: {offline_for_s: 30}\nmachines: [{name: a}, {name: b}, {name: c}]\n")
     state = LabState(lab)
     state.set_link("a", "online")
-    state.machines["a"].apply_section("alerts", {"active": [  # as the agent's alerts section carries them
-        {"id": "a-1", "n": 1, "rule": "gpu_starved", "target": "gpu0", "job": "3", "machine": "a", "level": "warning",
-         "message": "gpu0 starved", "fired_at": 10.0},
-        {"id": "a-2", "n": 2, "rule": "engine_failed", "target": "model llama", "model": "llama", "machine": "a", "level": "critical",
-         "message": "llama failed", "fired_at": 11.0},
-    ]})
+    state.machines["a"].apply_section(
+        "alerts",
+        {
+            "active": [  # as the agent's alerts section carries them
+                {
+                    "id": "a-1",
+                    "n": 1,
+                    "rule": "gpu_starved",
+                    "target": "gpu0",
+                    "job": "3",
+                    "machine": "a",
+                    "level": "warning",
+                    "message": "gpu0 starved",
+                    "fired_at": 10.0,
+                },
+                {
+                    "id": "a-2",
+                    "n": 2,
+                    "rule": "engine_failed",
+                    "target": "model llama",
+                    "model": "llama",
+                    "machine": "a",
+                    "level": "critical",
+                    "message": "llama failed",
+                    "fired_at": 11.0,
+                },
+            ]
+        },
+    )
     state.set_link("b", "offline", "connection refused")
     state.machines["b"].last_seen = 1000.0
     state.set_link("c", "offline", "connection refused")
@@ -292,12 +359,14 @@ def test_console_files_alerts_by_target_and_raises_offline_ones():
 
 
 async def test_an_alert_firing_when_the_agent_stops_is_still_active_after_a_restart(tmp_path):
-    from agents.agent import Agent
-    from agents.alerts import AlertsComponent
-    from agents.lab import parse_lab
-    from agents.store import Store
+    from agents.alerts.component import AlertsComponent
+    from agents.runtime.store import Store
+    from agents.shell.agent import Agent
+    from agents.wire.lab.model import parse_lab
 
-    lab = parse_lab("lab: t\nalerts: {temp_for_s: 0, clear_for_s: 0}\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
+    lab = parse_lab(
+        "lab: t\nalerts: {temp_for_s: 0, clear_for_s: 0}\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n"
+    )
 
     async def agent_with_alerts() -> tuple[Agent, AlertsComponent]:
         agent = Agent(lab, "box", tmp_path, components=lambda core: [AlertsComponent(core)])
@@ -327,14 +396,16 @@ async def test_an_alert_firing_when_the_agent_stops_is_still_active_after_a_rest
 async def test_an_alert_is_acked_by_its_id_and_by_the_form_ids_had_before(tmp_path):
     """Ids are "<machine>#<n>"; state.db keeps only n, so every stored alert has one. A console of the previous
     version still sends "<machine>-<n>": the agent takes it. Anything else is invalid params, naming the form."""
-    from agents.agent import Agent
-    from agents.alerts import AlertsComponent
-    from agents.lab import parse_lab
-    from agents.protocol import Role
-    from agents.rpc import Peer
-    from agents.store import Store
+    from agents.alerts.component import AlertsComponent
+    from agents.runtime.rpc import Peer
+    from agents.runtime.store import Store
+    from agents.shell.agent import Agent
+    from agents.wire.lab.model import parse_lab
+    from agents.wire.protocol import Role
 
-    lab = parse_lab("lab: t\nalerts: {temp_for_s: 0, clear_for_s: 0}\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
+    lab = parse_lab(
+        "lab: t\nalerts: {temp_for_s: 0, clear_for_s: 0}\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n"
+    )
     agent = Agent(lab, "box", tmp_path, components=lambda core: [AlertsComponent(core)])
     alerts = agent.find(AlertsComponent)
     assert alerts is not None
@@ -354,7 +425,10 @@ async def test_an_alert_is_acked_by_its_id_and_by_the_form_ids_had_before(tmp_pa
     assert (await ack("box-1"))["result"]["id"] == "box#1"  # the previous form: the same alert
     for bad in ("nosuch", "box-x", "box#", "#1", "box#offline"):
         error = (await ack(bad))["error"]
-        assert error["code"] == "invalid_params" and "<machine>#<n>" in error["message"] and "box#12" in error["message"], (bad, error)
+        assert error["code"] == "invalid_params" and "<machine>#<n>" in error["message"] and "box#12" in error["message"], (
+            bad,
+            error,
+        )
     error = (await ack("m5#1"))["error"]
     assert error["code"] == "not_found" and "'m5'" in error["message"]
     error = (await ack("box#99"))["error"]

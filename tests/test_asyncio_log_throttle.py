@@ -9,14 +9,14 @@ import textwrap
 
 import pytest
 
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
 from tests.conftest import wait_until
 from tests.hardening_fixtures import one_machine_lab, start_agent, wait_listening
 
 WRITES = 300  # asyncio logs one line per write from the 5th on, to a transport whose connection was lost
 # Loaded by the agent's interpreter (sitecustomize): once the test says so (the agent is up, its logging set), a thread
 # runs its own event loop with a real socket transport whose far end has closed, and writes to it WRITES times.
-SITECUSTOMIZE = textwrap.dedent(f'''
+SITECUSTOMIZE = textwrap.dedent(f"""
     import os, threading
 
     def _writer():
@@ -39,7 +39,7 @@ SITECUSTOMIZE = textwrap.dedent(f'''
         asyncio.run(main())
 
     threading.Thread(target=_writer, daemon=True).start()
-''')
+""")
 
 
 @pytest.mark.timeout(120)

@@ -29,7 +29,7 @@ def test_run_all_lists_every_goal_line_with_its_verdict(tmp_path, capsys):
     status = run_all.main([str(met), str(missed), str(quiet)])
 
     out = capsys.readouterr().out
-    table = out[out.index("bench "):]
+    table = out[out.index("bench ") :]
     assert status == 1  # a goal was missed
     assert "met   : bench_met.py: figure 1.2x the floor (goal <= 2.0x: OK)" in table
     assert "MISSED: bench_missed.py: RSS 1.9x the loop (goal <= 1.3x: MISSED)" in table
@@ -58,14 +58,19 @@ def test_agent_overhead_on_nvml_without_nvml_says_so_and_measures_nothing():
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
         has_nvml = True
-    except Exception:  # noqa: BLE001 - no pynvml, no library, no driver: the case under test
+    except Exception:
         has_nvml = False
     if has_nvml:
         import pytest
 
         pytest.skip("NVML works here: bench/gpu_check.sh --overhead-only measures it")
-    result = subprocess.run([sys.executable, str(REPO / "bench" / "bench_agent_overhead.py"), "--nvml"],
-                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_agent_overhead.py"), "--nvml"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "skipped, no NVML here" in result.stdout
     assert "goal" not in result.stdout  # no figure, so no verdict in `make bench`'s table

@@ -5,47 +5,35 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
 from pydantic import BaseModel
 
-from agents.catalogue import (
-    CATALOGUE,
-    AckParams,
-    AdapterParams,
-    AlertListParams,
-    AuditListParams,
-    CostsParams,
+from agents.runtime.rpc import Registry
+from agents.wire.catalogue.agent import OverrideParams
+from agents.wire.catalogue.alerts import AckParams, AlertListParams
+from agents.wire.catalogue.audit import AuditListParams
+from agents.wire.catalogue.checkpoints import (
     DeleteParams,
-    JobListParams,
-    JobParams,
     KeepParams,
-    KeyAddParams,
-    KeyNameParams,
-    LogsParams,
-    Method,
-    ModelParams,
-    NoParams,
-    NotifyTestParams,
-    OverrideParams,
-    PinParams,
     PruneParams,
-    ReplyInvalid,
     ResumeParams,
     RunParams,
     ServeParams,
-    StartParams,
-    StopParams,
-    SwapParams,
-    parse_result,
-    request,
 )
-from agents.lab import load_lab
-from agents.protocol import ErrorCode, HistoryParams, IntervalParams, RemoteError, Role, SubscribeParams
-from agents.rpc import Registry
+from agents.wire.catalogue.costs import CostsParams
+from agents.wire.catalogue.gateway import KeyAddParams, KeyNameParams
+from agents.wire.catalogue.index import CATALOGUE, parse_result
+from agents.wire.catalogue.jobs import JobListParams, JobParams, LogsParams, StartParams, StopParams
+from agents.wire.catalogue.method import Method, NoParams, ReplyInvalid, request
+from agents.wire.catalogue.models import AdapterParams, ModelParams, PinParams, SwapParams
+from agents.wire.catalogue.notify import NotifyTestParams
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import ErrorCode, HistoryParams, IntervalParams, RemoteError, Role, SubscribeParams
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import HOUR_S, age, kill_jobs_left, wait_for
@@ -100,9 +88,20 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoLab]:
         "models": [{"name": "alpha", "path": "models/alpha", **model}, {"name": "beta", "path": "models/beta", **model}],
         "orchestra": {"warm": ["alpha"], "rotation": [["alpha"], ["beta"]]},
         "gateway": {"machine": "box", "models": {"alpha": {"aliases": ["a"]}}},
-        "trainers": [{"name": "fake", "machine": "box", "gpus": [0], "command": [PY, "-c", TRAINER, "{output_dir}"],
-                      "output_dir": "runs/{job_id}", "stop_grace_s": 5,
-                      "params": [{"name": "resume_from_checkpoint", "type": "str"}, {"name": "max_steps", "type": "int", "default": 10}]}],
+        "trainers": [
+            {
+                "name": "fake",
+                "machine": "box",
+                "gpus": [0],
+                "command": [PY, "-c", TRAINER, "{output_dir}"],
+                "output_dir": "runs/{job_id}",
+                "stop_grace_s": 5,
+                "params": [
+                    {"name": "resume_from_checkpoint", "type": "str"},
+                    {"name": "max_steps", "type": "int", "default": 10},
+                ],
+            }
+        ],
         "checkpoints": {"dirs": [{"machine": "box", "path": str(hand)}], "poll_s": 1, "settle_s": 5},
         "notify": {"routes": [{"name": "hook", "kind": "webhook", "url": "http://127.0.0.1:1/hook"}]},
     }
@@ -118,7 +117,9 @@ def round_trips(method: Method[Any, Any], raw: Any) -> BaseModel:
     """The reply typed, and typed completely: dumping the model gives back every key and value the agent sent."""
     typed = parse_result(method.name, raw)
     assert isinstance(typed, method.result)
-    assert typed.model_dump(mode="json", by_alias=True, exclude_unset=True) == raw, f"{method.name}: the model loses or changes fields"
+    assert typed.model_dump(mode="json", by_alias=True, exclude_unset=True) == raw, (
+        f"{method.name}: the model loses or changes fields"
+    )
     return typed
 
 
@@ -287,7 +288,10 @@ async def test_a_reply_that_does_not_validate_is_reply_invalid_naming_method_and
     assert error.method == "models.list" and error.field == "models.0.state"
     assert "models.list" in str(error) and "models.0.state" in str(error) and "toasted" in str(error)
     with pytest.raises(ReplyInvalid, match=r"jobs\.list .* at 0\.started_at"):
-        parse_result("jobs.list", [{"id": "box-1", "recipe": "r", "machine": "box", "state": "running", "output_dir": "o", "log_path": "l"}])
+        parse_result(
+            "jobs.list",
+            [{"id": "box-1", "recipe": "r", "machine": "box", "state": "running", "output_dir": "o", "log_path": "l"}],
+        )
     with pytest.raises(ReplyInvalid, match=r"ping .* at \(the reply\)"):
         parse_result("ping", None)
 
@@ -313,7 +317,7 @@ def test_the_registry_refuses_a_method_the_catalogue_does_not_know_or_other_para
 
 
 async def test_the_agent_answers_internal_rather_than_send_a_result_its_model_refuses():
-    from agents.rpc import Peer
+    from agents.runtime.rpc import Peer
 
     registry = Registry()
 

@@ -13,15 +13,30 @@ from pathlib import Path
 import pytest
 
 from agents.checkpoints import Checkpoint, history_points, mark_best
-from agents.lab import load_lab
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import HOUR_S, age, wait_for
 
 PY = sys.executable
 V100 = {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250}
-SPEC_KEYS = {"run", "step", "epoch", "path", "written_at", "size_bytes", "loss", "eval_loss", "save_s", "is_best", "kept", "kind", "complete", "problem"}
+SPEC_KEYS = {
+    "run",
+    "step",
+    "epoch",
+    "path",
+    "written_at",
+    "size_bytes",
+    "loss",
+    "eval_loss",
+    "save_s",
+    "is_best",
+    "kept",
+    "kind",
+    "complete",
+    "problem",
+}
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -57,7 +72,9 @@ async def wait_job(client: FleetClient, job_id: str, timeout: float = 120) -> di
 
 
 def cli(lab: DemoLab, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "console.cli", "--lab", str(lab.lab_path), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [PY, "-m", "console.cli", "--lab", str(lab.lab_path), *args], capture_output=True, text=True, timeout=60
+    )
 
 
 # ---------------------------------------------------------------------------- parsing
@@ -71,7 +88,8 @@ def test_log_history_keys_vary_between_versions():
         {"step": 3, "loss": float("nan")},  # not a number JSON can carry: skipped
         {"step": 4, "loss": 1.2},
         {"step": 4, "train_loss": 1.6, "train_runtime": 9.0},  # the end-of-run average does not replace step 4's loss
-        "garbage", {"loss": 1.0},
+        "garbage",
+        {"loss": 1.0},
     ]
     loss, evals = history_points(history)
     assert loss == [[1, 2.0], [2, 1.5], [4, 1.2]] and evals == [[2, 1.7]]
@@ -79,7 +97,7 @@ def test_log_history_keys_vary_between_versions():
 
 def test_best_is_named_then_lowest_eval_then_lowest_loss():
     def ckpts(*rows):
-        return [Checkpoint(run="r", step=s, path=f"/r/checkpoint-{s}", loss=l, eval_loss=e) for s, l, e in rows]
+        return [Checkpoint(run="r", step=s, path=f"/r/checkpoint-{s}", loss=loss, eval_loss=e) for s, loss, e in rows]
 
     plain = ckpts((1, 3.0, None), (2, 1.0, None), (3, 2.0, None))
     mark_best(plain)
@@ -219,7 +237,9 @@ async def test_resume_from_a_checkpoint_continues_the_step_count(client, lab):
 
 
 async def test_serve_an_adapter_into_a_warm_model_and_merged_on_transformers(client, lab, hand_runs):
-    await wait_for(lambda: any(m.name == "tiny-sim" and m.state == "warm" for m in client.state.machines["box"].model_list), timeout=60)
+    await wait_for(
+        lambda: any(m.name == "tiny-sim" and m.state == "warm" for m in client.state.machines["box"].model_list), timeout=60
+    )
     # 1. the warm sim model of the same base loads the adapter at run time (vLLM's /v1/load_lora_adapter)
     served = await client.call("box", "checkpoints.serve", {"run": "exp1", "step": 4})
     assert served["mode"] == "adapter" and served["model"] == "tiny-sim" and served["base_matches"] and served["simulated"]
@@ -244,8 +264,12 @@ async def test_serve_an_adapter_into_a_warm_model_and_merged_on_transformers(cli
     serving = await wait_for(settled, timeout=200, interval=0.5)
     assert serving["state"] == "warm", serving
     model = await client.call("box", "models.get", {"model": name})
-    body = json.dumps({"model": model["served_name"], "messages": [{"role": "user", "content": "Capital of France:"}], "max_tokens": 4}).encode()
-    request = urllib.request.Request(model["endpoint"] + "/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {"model": model["served_name"], "messages": [{"role": "user", "content": "Capital of France:"}], "max_tokens": 4}
+    ).encode()
+    request = urllib.request.Request(
+        model["endpoint"] + "/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     answer = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(request, timeout=60).read()))
     assert answer["choices"][0]["message"]["content"] is not None and answer["usage"]["completion_tokens"] >= 1
     in_use = await error_of(client, "checkpoints.delete", {"run": "exp1", "step": 8, "confirm_special": True})
@@ -256,7 +280,10 @@ async def test_serve_an_adapter_into_a_warm_model_and_merged_on_transformers(cli
 async def test_an_adapter_vllm_refuses_is_merged_on_the_warm_models_engine(client, lab, hand_runs, tiny_model):
     """modules_to_save (the demo recipe trains embed_tokens and lm_head): vLLM cannot hot-load it, so serve merges it."""
     from safetensors.torch import load_file, save_file
-    await wait_for(lambda: any(m.name == "tiny-sim" and m.state == "warm" for m in client.state.machines["box"].model_list), timeout=60)
+
+    await wait_for(
+        lambda: any(m.name == "tiny-sim" and m.state == "warm" for m in client.state.machines["box"].model_list), timeout=60
+    )
     run = hand_runs / "exp-mts"
     run.mkdir()
     shutil.copytree(hand_runs / "exp1" / "checkpoint-4", run / "checkpoint-4")
@@ -306,5 +333,7 @@ async def test_delete_and_prune_refuse_a_run_that_is_a_symlink_out_of_the_watche
     assert refused.code == ErrorCode.CONFLICT and "symlink" in refused.message
     refused = await error_of(client, "checkpoints.prune", {"run": "exp-link", "keep_last": 1})
     assert refused.code == ErrorCode.CONFLICT and "symlink" in refused.message
-    assert sorted(p.name for p in outside.glob("checkpoint-*")) == sorted(p.name for p in (hand_runs / "exp1").glob("checkpoint-*"))
+    assert sorted(p.name for p in outside.glob("checkpoint-*")) == sorted(
+        p.name for p in (hand_runs / "exp1").glob("checkpoint-*")
+    )
     (hand_runs / "exp-link").unlink()

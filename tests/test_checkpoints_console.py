@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from agents.lab import load_lab
-from agents.catalogue import RunCheckpoints
-from agents.sections import CheckpointInfo
+from agents.wire.catalogue.checkpoints import RunCheckpoints
+from agents.wire.lab.model import load_lab
+from agents.wire.sections.checkpoints import CheckpointInfo
 from console.app import CetlabApp
 from console.client import FleetClient
 from console.screens.checkpoints import CheckpointsScreen
@@ -25,9 +25,15 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_markers_sit_on_the_curve_by_kind():
     loss = [[1, 3.0], [2, 2.0], [3, 1.5], [4, 1.0]]
-    checkpoints = [CheckpointInfo(run="r", path=f"r/checkpoint-{c['step']}", **c) for c in (
-        {"step": 2, "loss": None, "complete": True}, {"step": 3, "loss": 1.5, "is_best": True, "complete": True},
-        {"step": 4, "loss": 1.0, "kept": True, "complete": True}, {"step": 5, "complete": False})]
+    checkpoints = [
+        CheckpointInfo(run="r", path=f"r/checkpoint-{c['step']}", **c)
+        for c in (
+            {"step": 2, "loss": None, "complete": True},
+            {"step": 3, "loss": 1.5, "is_best": True, "complete": True},
+            {"step": 4, "loss": 1.0, "kept": True, "complete": True},
+            {"step": 5, "complete": False},
+        )
+    ]
     groups = {label: (steps, ys) for label, _, _, steps, ys in marker_groups(checkpoints, loss, selected=4)}
     assert groups == {"saved": ([2], [2.0]), "incomplete": ([5], [1.0]), "best": ([3], [1.5]), "selected": ([4], [1.0])}
 
@@ -132,18 +138,63 @@ def frozen_run() -> tuple[dict, dict]:
     at = dict(loss)
     checkpoints = []
     for i, step in enumerate(range(50, 301, 50)):
-        checkpoints.append({
-            "run": "m5-3", "step": step, "epoch": round(step / 12.5, 2), "path": f"/runs/m5-3/checkpoint-{step}",
-            "written_at": FROZEN_NOW - 60 * (6 - i), "size_bytes": 3_400_000 + 1000 * i, "loss": at[step], "eval_loss": dict(evals)[step],
-            "save_s": 0.4 + 0.05 * i, "save_s_from": "trainer", "is_best": step == 250, "kept": step == 100, "newest": step == 300,
-            "kind": "adapter", "has_optimizer": True, "complete": True, "problem": None, "in_use": None,
-            "serving": {"model": "m5-3-step250", "mode": "merged", "state": "warm", "error": None} if step == 250 else None})
-    checkpoints.append({**checkpoints[-1], "step": 350, "path": "/runs/m5-3/checkpoint-350", "loss": None, "eval_loss": None,
-                        "save_s": None, "is_best": False, "newest": False, "kept": False, "complete": False,
-                        "problem": "save in progress (written 1 s ago)", "written_at": FROZEN_NOW - 1, "serving": None})
-    summary = {"run": "m5-3", "machine": "m5", "path": "/runs/m5-3", "job": "m5-3", "recipe": "demo-lora", "job_state": "exited",
-               "count": 6, "incomplete": 1, "newest_step": 300, "best_step": 250, "best_loss": evals[4][1],
-               "disk_bytes": sum(c["size_bytes"] for c in checkpoints), "save_s_total": 3.15, "wall_s": 412.0, "save_share_pct": 0.76}
+        checkpoints.append(
+            {
+                "run": "m5-3",
+                "step": step,
+                "epoch": round(step / 12.5, 2),
+                "path": f"/runs/m5-3/checkpoint-{step}",
+                "written_at": FROZEN_NOW - 60 * (6 - i),
+                "size_bytes": 3_400_000 + 1000 * i,
+                "loss": at[step],
+                "eval_loss": dict(evals)[step],
+                "save_s": 0.4 + 0.05 * i,
+                "save_s_from": "trainer",
+                "is_best": step == 250,
+                "kept": step == 100,
+                "newest": step == 300,
+                "kind": "adapter",
+                "has_optimizer": True,
+                "complete": True,
+                "problem": None,
+                "in_use": None,
+                "serving": {"model": "m5-3-step250", "mode": "merged", "state": "warm", "error": None} if step == 250 else None,
+            }
+        )
+    checkpoints.append(
+        {
+            **checkpoints[-1],
+            "step": 350,
+            "path": "/runs/m5-3/checkpoint-350",
+            "loss": None,
+            "eval_loss": None,
+            "save_s": None,
+            "is_best": False,
+            "newest": False,
+            "kept": False,
+            "complete": False,
+            "problem": "save in progress (written 1 s ago)",
+            "written_at": FROZEN_NOW - 1,
+            "serving": None,
+        }
+    )
+    summary = {
+        "run": "m5-3",
+        "machine": "m5",
+        "path": "/runs/m5-3",
+        "job": "m5-3",
+        "recipe": "demo-lora",
+        "job_state": "exited",
+        "count": 6,
+        "incomplete": 1,
+        "newest_step": 300,
+        "best_step": 250,
+        "best_loss": evals[4][1],
+        "disk_bytes": sum(c["size_bytes"] for c in checkpoints),
+        "save_s_total": 3.15,
+        "wall_s": 412.0,
+        "save_share_pct": 0.76,
+    }
     return summary, {**summary, "checkpoints": checkpoints, "curves": {"loss": loss, "eval_loss": evals}}
 
 
@@ -183,7 +234,9 @@ async def test_the_details_follow_the_row_when_the_served_model_warms(frozen_app
         screen.show_detail(RunCheckpoints.model_validate(detail))
         assert screen.selected().step == best["step"]
         best["serving"]["state"] = "warm"
-        screen.show_detail(RunCheckpoints.model_validate(detail))  # the next listing: the row and the details both say warm, the cursor unmoved
+        screen.show_detail(
+            RunCheckpoints.model_validate(detail)
+        )  # the next listing: the row and the details both say warm, the cursor unmoved
         await pilot.pause()
         assert "(warm)" in str(screen.table().get_cell(str(best["step"]), "flags"))
         assert "merged on model m5-3-step250, warm" in str(screen.query_one("#ckpt-detail").render())
@@ -217,17 +270,37 @@ async def test_resume_opens_a_form_with_the_runs_params_to_change(frozen_app, mo
     from console.screens.modals import ResumeJobScreen
 
     app = frozen_app
-    recipe = {"name": "demo-lora", "machine": "m5", "gpus": [0], "launcher": "local", "nproc_per_node": None, "command": ["x"],
-              "output_dir": "runs/{job_id}", "params": [
-                  {"name": "max_steps", "type": "int", "default": 200, "min": 1, "max": 100000, "flag": "--max-steps", "help": ""},
-                  {"name": "resume_from_checkpoint", "type": "str", "default": None, "min": None, "max": None, "flag": "--resume-from-checkpoint", "help": ""}]}
+    recipe = {
+        "name": "demo-lora",
+        "machine": "m5",
+        "gpus": [0],
+        "launcher": "local",
+        "nproc_per_node": None,
+        "command": ["x"],
+        "output_dir": "runs/{job_id}",
+        "params": [
+            {"name": "max_steps", "type": "int", "default": 200, "min": 1, "max": 100000, "flag": "--max-steps", "help": ""},
+            {
+                "name": "resume_from_checkpoint",
+                "type": "str",
+                "default": None,
+                "min": None,
+                "max": None,
+                "flag": "--resume-from-checkpoint",
+                "help": "",
+            },
+        ],
+    }
     calls: list[tuple[str, str, dict]] = []
 
     async def call(machine: str, method: str, params: dict | None = None, timeout: float | None = None):
         calls.append((machine, method, params or {}))
         job = frozen_jobs()[0]
-        return {"jobs.recipes": [recipe], "jobs.get": {**job, "id": "m5-3", "params": {"max_steps": 300}},
-                "checkpoints.resume": {**job, "id": "m5-9", "resumed_from": frozen_run()[1]["checkpoints"][4]}}[method]
+        return {
+            "jobs.recipes": [recipe],
+            "jobs.get": {**job, "id": "m5-3", "params": {"max_steps": 300}},
+            "checkpoints.resume": {**job, "id": "m5-9", "resumed_from": frozen_run()[1]["checkpoints"][4]},
+        }[method]
 
     monkeypatch.setattr(app.client, "call", call)
     async with app.run_test(size=SIZE) as pilot:
@@ -240,7 +313,9 @@ async def test_resume_opens_a_form_with_the_runs_params_to_change(frozen_app, mo
         form = await wait_for(lambda: isinstance(app.screen, ResumeJobScreen) and app.screen)
         await pilot.pause()
         field = form.query_one("#param-max_steps", Input)
-        assert field.value == "300" and not form.query("#param-resume_from_checkpoint")  # the run's own; the agent fills the checkpoint
+        assert field.value == "300" and not form.query(
+            "#param-resume_from_checkpoint"
+        )  # the run's own; the agent fills the checkpoint
         field.value = "240"
         await pilot.press("ctrl+s")
         await wait_for(lambda: isinstance(app.screen, CheckpointsScreen))

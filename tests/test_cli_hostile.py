@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from agents.lab import parse_lab
-from agents.protocol import ErrorCode, LinkStatus, RemoteError
+from agents.wire.lab.model import parse_lab
+from agents.wire.protocol import ErrorCode, LinkStatus, RemoteError
 from console import cli
 from console.cli import Context
 from console.cli_costs import cmd_alerts
@@ -44,8 +44,17 @@ class Machines:
 
 
 def alert(machine: str, n: int, **changes: Any) -> dict[str, Any]:
-    return {"id": f"{machine}#{n}", "n": n, "machine": machine, "rule": "gpu_hot", "target": "gpu0", "level": "warning",
-            "message": "gpu0 at 90 C", "fired_at": time.time() - 60, **changes}
+    return {
+        "id": f"{machine}#{n}",
+        "n": n,
+        "machine": machine,
+        "rule": "gpu_hot",
+        "target": "gpu0",
+        "level": "warning",
+        "message": "gpu0 at 90 C",
+        "fired_at": time.time() - 60,
+        **changes,
+    }
 
 
 def route(machine: str) -> dict[str, Any]:
@@ -64,9 +73,13 @@ async def alerts(capsys, answers: dict[str, dict[str, Any]], *argv: str) -> tupl
 
 
 async def test_alerts_says_which_machine_answered_badly(capsys):
-    answers = {"good": {"alerts.list": {"machine": "good", "alerts": [alert("good", 1)]}, "notify.status": route("good")},
-               "bad": {"alerts.list": {"machine": "bad", "alerts": [alert("bad", 2, level="dancing")]},
-                       "notify.status": {"machine": "bad", "routes": [{"name": "chat"}]}}}
+    answers = {
+        "good": {"alerts.list": {"machine": "good", "alerts": [alert("good", 1)]}, "notify.status": route("good")},
+        "bad": {
+            "alerts.list": {"machine": "bad", "alerts": [alert("bad", 2, level="dancing")]},
+            "notify.status": {"machine": "bad", "routes": [{"name": "chat"}]},
+        },
+    }
     code, out = await alerts(capsys, answers)
     assert code == 0  # a partial answer, as `cetlab jobs` gives it
     assert "good#1" in out and "bad: alerts not read:" in out and "alerts.list" in out, out
@@ -81,8 +94,10 @@ async def test_alerts_says_which_machine_answered_badly(capsys):
 async def test_alerts_with_no_machine_answering_fails(capsys):
     gone = RemoteError(ErrorCode.DISCONNECTED, "gone")
     broken = {"machine": "good", "alerts": [alert("good", 1, fired_at="soon")]}
-    answers: dict[str, dict[str, Any]] = {"good": {"alerts.list": broken, "notify.status": gone},
-                                          "bad": {"alerts.list": gone, "notify.status": gone}}
+    answers: dict[str, dict[str, Any]] = {
+        "good": {"alerts.list": broken, "notify.status": gone},
+        "bad": {"alerts.list": gone, "notify.status": gone},
+    }
     code, out = await alerts(capsys, answers)
     assert code == 1 and "no alerts from the machines that answered" in out and "good: alerts not read:" in out, out
 
@@ -100,14 +115,28 @@ def test_an_agents_error_message_reaches_the_terminal_visible(capsys, monkeypatc
 
 
 def cetlab(lab: Path, *argv: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(lab), *argv], capture_output=True, timeout=60, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "console.cli", "--lab", str(lab), *argv], capture_output=True, timeout=60, cwd=REPO
+    )
 
 
 @pytest.mark.timeout(120)
 async def test_a_real_agents_log_override_and_costs(tmp_path, lab_file):
-    lab = lab_file({"lab": "hostile", "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
-                    "trainers": [{"name": "shout", "machine": "box", "gpus": [0], "output_dir": str(tmp_path / "out" / "{job_id}"),
-                                  "command": [sys.executable, "-c", f"print({HOSTILE!r}, flush=True)"]}]})
+    lab = lab_file(
+        {
+            "lab": "hostile",
+            "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
+            "trainers": [
+                {
+                    "name": "shout",
+                    "machine": "box",
+                    "gpus": [0],
+                    "output_dir": str(tmp_path / "out" / "{job_id}"),
+                    "command": [sys.executable, "-c", f"print({HOSTILE!r}, flush=True)"],
+                }
+            ],
+        }
+    )
     with DemoLab(tmp_path / "run", source=lab) as demo:
         run = await asyncio.to_thread(cetlab, demo.lab_path, "train", "shout", "--follow")
         assert run.returncode == 0, run.stderr
@@ -121,7 +150,9 @@ async def test_a_real_agents_log_override_and_costs(tmp_path, lab_file):
         for bad in ("nan", "inf", "900"):
             out = await asyncio.to_thread(cetlab, demo.lab_path, "sim-override", "box", "--temp-c", bad)
             assert out.returncode == 1 and b"Traceback" not in out.stderr and b"temp_c" in out.stderr, out.stderr
-            data = json.loads((await asyncio.to_thread(cetlab, demo.lab_path, "--json", "sim-override", "box", "--temp-c", bad)).stdout)
+            data = json.loads(
+                (await asyncio.to_thread(cetlab, demo.lab_path, "--json", "sim-override", "box", "--temp-c", bad)).stdout
+            )
             assert data["error"]["code"] == "invalid_params" and "temp_c" in data["error"]["message"]
         out = await asyncio.to_thread(cetlab, demo.lab_path, "sim-override", "box", "--temp-c", "95")
         assert out.returncode == 0 and out.stdout.decode().strip() == "box gpu0 (SIM): temp_c 95.0", out
@@ -136,14 +167,30 @@ async def test_a_real_agents_log_override_and_costs(tmp_path, lab_file):
 def test_costs_json_keeps_the_int_0_of_the_agents_sums():
     """`cloud_tokens` and the gateway's API spend are money; a sum over nothing is the agent's int 0, and `--json` printed it
     so before the wire was typed (a float where the agent sent one)."""
-    from agents.catalogue import COSTS_GET, validate_reply
+    from agents.wire.catalogue.costs import COSTS_GET
+    from agents.wire.catalogue.method import validate_reply
     from console.costs import lab_costs
 
-    hub = validate_reply(COSTS_GET, {
-        "machine": "hub", "currency": "EUR", "timezone": "UTC", "simulated": True, "now": {"power_w": 300.0, "per_hour": 0.09},
-        "today": {"kwh": 1.5, "cost": 0.45}, "month": {"kwh": 10.0, "cost": 3.0}, "since": {"day": "2026-11-01", "cost": 3.0},
-        "by": [{"machine": "hub", "tokens": 0, "cloud_tokens": 0}, {"machine": "hub", "tokens": 9, "cloud_tokens": 0.5}],
-        "api": {"today": 0.25, "month": 0, "since": 0, "providers": [{"provider": "openai", "today": 0.25, "month": 0, "since": 0}]}})
+    hub = validate_reply(
+        COSTS_GET,
+        {
+            "machine": "hub",
+            "currency": "EUR",
+            "timezone": "UTC",
+            "simulated": True,
+            "now": {"power_w": 300.0, "per_hour": 0.09},
+            "today": {"kwh": 1.5, "cost": 0.45},
+            "month": {"kwh": 10.0, "cost": 3.0},
+            "since": {"day": "2026-11-01", "cost": 3.0},
+            "by": [{"machine": "hub", "tokens": 0, "cloud_tokens": 0}, {"machine": "hub", "tokens": 9, "cloud_tokens": 0.5}],
+            "api": {
+                "today": 0.25,
+                "month": 0,
+                "since": 0,
+                "providers": [{"provider": "openai", "today": 0.25, "month": 0, "since": 0}],
+            },
+        },
+    )
     data = lab_costs("EUR", {"hub": hub}, "machine").to_json()
     assert [type(row["cloud_tokens"]) for row in data["by"]] == [int, float]
     (provider,) = data["api_providers"]

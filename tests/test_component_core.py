@@ -1,4 +1,4 @@
-"""Components are built with a narrow core (agents/core.py), never the Agent, and reach each other only through ports.
+"""Components are built with a narrow core (agents/runtime/core.py), never the Agent, and reach each other only through ports.
 
 These run the real components (real SQLite) on a small core made here: no Agent, no SSH, no sampler. The peers they
 reach are small stand-ins that provide only the port, so what the component may call of another is the port's
@@ -7,26 +7,31 @@ Protocol and nothing more.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar, cast
+from typing import Any, TypeVar, cast
 
-from agents.alerts import AlertsComponent
-from agents.costs import CostsComponent
-from agents.events import PushEvent
-from agents.costs_port import CostsPort, LedgerTotal
+from agents.alerts.component import AlertsComponent
+from agents.costs.component import CostsComponent
+from agents.costs.port import CostsPort, LedgerTotal
 from agents.gateway.port import GatewayPort
-from agents.lab import Lab, Machine, parse_lab
 from agents.notify.port import NotifyPort
-from agents.protocol import GpuSample, HostSample, Role, Telemetry
-from agents.rpc import Peer, Registry
-from agents.sections import AlertInfo, ProviderSpend, Tick
-from agents.store import Store
+from agents.runtime.rpc import Peer, Registry
+from agents.runtime.store import Store
+from agents.wire.events import PushEvent
+from agents.wire.lab.model import Lab, Machine, parse_lab
+from agents.wire.protocol import GpuSample, HostSample, Role, Telemetry
+from agents.wire.sections.alerts import AlertInfo
+from agents.wire.sections.costs import ProviderSpend
+from agents.wire.sections.tick import Tick
 
 T = TypeVar("T")
 
-LAB = ("lab: t\ncosts: {electricity_per_kwh: 0.2}\nalerts: {temp_for_s: 0, clear_for_s: 0}\n"
-       "machines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
+LAB = (
+    "lab: t\ncosts: {electricity_per_kwh: 0.2}\nalerts: {temp_for_s: 0, clear_for_s: 0}\n"
+    "machines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n"
+)
 
 
 @dataclass
@@ -84,7 +89,9 @@ class GatewayStandIn:
 
 def small_core(tmp_path: Path, *parts: Any) -> SmallCore:
     lab = parse_lab(LAB)
-    return SmallCore(lab=lab, machine=lab.machine("box"), state_dir=tmp_path, store=Store(tmp_path / "state.db"), parts=list(parts))
+    return SmallCore(
+        lab=lab, machine=lab.machine("box"), state_dir=tmp_path, store=Store(tmp_path / "state.db"), parts=list(parts)
+    )
 
 
 def tick(t: float, temp_c: float) -> Tick:
@@ -130,7 +137,9 @@ async def test_costs_built_with_a_core_read_the_gateways_spend_through_its_port_
     costs.on_tick(tick(101.0, temp_c=40.0))
     summary = costs.section()
     assert summary is not None and [(p.name, p.spend_month) for p in summary.api] == [("cloud", 2.0)]
-    report = await core.rpc.dispatch(Peer(role=Role.VIEWER, who="test", send=lambda line: None), {"id": 1, "method": "costs.get", "params": {}})
+    report = await core.rpc.dispatch(
+        Peer(role=Role.VIEWER, who="test", send=lambda line: None), {"id": 1, "method": "costs.get", "params": {}}
+    )
     assert report["result"]["api"]["providers"][0]["provider"] == "cloud"
     totals = costs.ledger_totals()
     assert totals and all(isinstance(row, LedgerTotal) for row in totals) and {row.kind for row in totals} >= {"host"}

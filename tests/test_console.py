@@ -7,7 +7,7 @@ import time
 import pytest
 import yaml
 
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
 from console.app import CetlabApp
 from console.client import FleetClient
 from console.screens.fleet import FleetScreen
@@ -123,8 +123,8 @@ def test_snapshot_help(snap_compare, frozen_app):
 
 
 def test_labstate_parses_each_section_once_and_refuses_what_does_not_fit():
-    from agents.protocol import GpuSample, HostSample
-    from agents.states import JobState
+    from agents.wire.protocol import GpuSample, HostSample
+    from agents.wire.states import JobState
 
     state = frozen_state(offline=())
     view = state.machines["m5"]
@@ -172,7 +172,9 @@ async def test_slash_filters_the_fleet_and_every_table():
         await filter_by(pilot, "P40")
         assert [card.machine for card in app.screen.query(MachineCard) if card.display] == ["m5"]
         await filter_by(pilot, "phi-3")
-        assert [card.machine for card in app.screen.query(MachineCard) if card.display] == ["workstation"]  # the demo serves phi-3-mini with vLLM on the RTX 3050
+        assert [card.machine for card in app.screen.query(MachineCard) if card.display] == [
+            "workstation"
+        ]  # the demo serves phi-3-mini with vLLM on the RTX 3050
         nothing = app.screen.query_one("#fleet-nothing")
         assert not nothing.display
         await filter_by(pilot, "no-such-thing")
@@ -217,8 +219,17 @@ async def test_the_audit_view_shows_the_refused_calls_the_agents_count():
 
     state = frozen_state()
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
-    entry = {"id": 1, "t": FROZEN_NOW - 5, "who": "ops", "role": "operator", "method": "models.warm", "params": "{}", "outcome": "ok",
-             "message": None, "duration_s": 0.1}
+    entry = {
+        "id": 1,
+        "t": FROZEN_NOW - 5,
+        "who": "ops",
+        "role": "operator",
+        "method": "models.warm",
+        "params": "{}",
+        "outcome": "ok",
+        "message": None,
+        "duration_s": 0.1,
+    }
     refusal = {"minute": FROZEN_NOW - 60, "who": "intern", "role": "viewer", "method": "jobs.start", "count": 7}
 
     async def call(machine, method, params=None, timeout=None):

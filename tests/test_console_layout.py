@@ -8,8 +8,8 @@ from datetime import date
 import pytest
 from textual.app import App
 
-from agents.protocol import ErrorCode, RemoteError
-from agents.sections import CheckpointInfo
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.checkpoints import CheckpointInfo
 from console.app import CetlabApp
 from console.client import FleetClient
 from console.screens.costs import CostsScreen
@@ -27,13 +27,42 @@ def priced(cost: float, kwh: float = 1.25) -> dict:
 def costs_report(machine: str, tokens: int) -> dict:
     """One machine's `costs.get` answer, by machine, as the agent shapes it."""
     today = date.today().isoformat()
-    entry = {"machine": machine, "label": "", "kwh": 12.345, "energy_cost": 3.2, "rent": 0.0, "cost": 3.2, "uptime_s": 86400.0,
-             "gpu_hours": 24.0, "gpu_busy_hours": 7.5, "tokens": tokens, "cloud_gpu": 20.0, "cloud_tokens": 0.383, "cloud_equivalent": 20.383,
-             "saving": 17.18, "saving_pct": 84.3, "missing": []}
-    return {"machine": machine, "currency": "USD", "timezone": "UTC", "rented": False,
-            "now": {"power_w": 300.0, "per_hour": 0.09, "missing": []}, "today": priced(0.383), "month": priced(3.2),
-            "since": {"day": today, **priced(3.2)}, "by": [entry], "days": [{"day": today, **priced(0.383)}], "simulated": True,
-            "api_providers": [], "api_today": 0.0, "api_month": 0.0, "api_since": 0.0, "total_month": 3.2}
+    entry = {
+        "machine": machine,
+        "label": "",
+        "kwh": 12.345,
+        "energy_cost": 3.2,
+        "rent": 0.0,
+        "cost": 3.2,
+        "uptime_s": 86400.0,
+        "gpu_hours": 24.0,
+        "gpu_busy_hours": 7.5,
+        "tokens": tokens,
+        "cloud_gpu": 20.0,
+        "cloud_tokens": 0.383,
+        "cloud_equivalent": 20.383,
+        "saving": 17.18,
+        "saving_pct": 84.3,
+        "missing": [],
+    }
+    return {
+        "machine": machine,
+        "currency": "USD",
+        "timezone": "UTC",
+        "rented": False,
+        "now": {"power_w": 300.0, "per_hour": 0.09, "missing": []},
+        "today": priced(0.383),
+        "month": priced(3.2),
+        "since": {"day": today, **priced(3.2)},
+        "by": [entry],
+        "days": [{"day": today, **priced(0.383)}],
+        "simulated": True,
+        "api_providers": [],
+        "api_today": 0.0,
+        "api_month": 0.0,
+        "api_since": 0.0,
+        "total_month": 3.2,
+    }
 
 
 @pytest.mark.parametrize("size", [(160, 50), (100, 30), (80, 24)])
@@ -80,7 +109,10 @@ async def test_a_short_runs_loss_plot_shows_whole_steps_on_its_x_axis():
     async with app.run_test(size=(100, 20)) as pilot:
         timeline = app.query_one(CheckpointTimeline)
         loss = [(step, 2.0 - step / 10) for step in range(1, 9)]
-        checkpoints = [CheckpointInfo(run="exp1", step=step, path=f"exp1/checkpoint-{step}", loss=value) for step, value in ((4, 1.6), (8, 1.2))]
+        checkpoints = [
+            CheckpointInfo(run="exp1", step=step, path=f"exp1/checkpoint-{step}", loss=value)
+            for step, value in ((4, 1.6), (8, 1.2))
+        ]
         timeline.show("run exp1", loss, [], checkpoints, selected=8)
         await pilot.pause()
         lines = screen_lines(app)
@@ -91,7 +123,7 @@ async def test_a_short_runs_loss_plot_shows_whole_steps_on_its_x_axis():
 
 
 def test_a_models_vram_reads_the_same_in_the_console_and_the_cli():
-    from agents.sections import ModelInfo
+    from agents.wire.sections.models import ModelInfo
     from console.cli_models import models_human
     from tests.console_fixtures import frozen_models
     from widgets.orchestra_table import COLUMNS, model_cells

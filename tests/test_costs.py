@@ -9,18 +9,19 @@ import sqlite3
 import subprocess
 import sys
 import time
-from datetime import timezone
+from datetime import UTC
 from pathlib import Path
 
 import pytest
 
-from agents.costs import JOULES_PER_KWH, Ledger, Prices, Reading, gpu_holders, price, readings, token_counts
-from agents.lab import LabError, parse_lab
-from agents.protocol import GpuSample, Telemetry
-from agents.sections import JobInfo, ModelInfo
-from agents.store import Store
+from agents.costs.component import JOULES_PER_KWH, Ledger, Prices, Reading, gpu_holders, price, readings, token_counts
+from agents.runtime.store import Store
+from agents.wire.lab.model import LabError, parse_lab
+from agents.wire.protocol import GpuSample, Telemetry
+from agents.wire.sections.jobs import JobInfo
+from agents.wire.sections.models import ModelInfo
 
-UTC = timezone.utc
+UTC = UTC
 DAY = "1970-01-01"
 
 
@@ -96,12 +97,26 @@ def test_tokens_count_deltas_and_survive_counter_resets_and_restarts(tmp_path):
 
 
 def prices(**overrides) -> Prices:
-    base = dict(currency="USD", electricity_per_kwh=0.15, hourly_rate=0.0, gpu_hour={"Tesla V100": 2.48}, token_price={"llama": 0.2})
+    base = dict(
+        currency="USD", electricity_per_kwh=0.15, hourly_rate=0.0, gpu_hour={"Tesla V100": 2.48}, token_price={"llama": 0.2}
+    )
     return Prices(**{**base, **overrides})
 
 
 def row(kind="job", owner="1", gpu_name="Tesla V100", energy_j=0.0, up_s=0.0, held_s=0.0, busy_s=0.0, rent_s=0.0, tokens=0.0):
-    return dict(day=DAY, kind=kind, owner=owner, gpu_name=gpu_name, label="", energy_j=energy_j, up_s=up_s, held_s=held_s, busy_s=busy_s, rent_s=rent_s, tokens=tokens)
+    return dict(
+        day=DAY,
+        kind=kind,
+        owner=owner,
+        gpu_name=gpu_name,
+        label="",
+        energy_j=energy_j,
+        up_s=up_s,
+        held_s=held_s,
+        busy_s=busy_s,
+        rent_s=rent_s,
+        tokens=tokens,
+    )
 
 
 def test_money_cloud_equivalent_and_saving():
@@ -144,7 +159,10 @@ providers:
   - {name: p, base_url: "http://127.0.0.1:1/v1", models: [{name: llama-3.1-70b, prompt_per_million: 0.80, completion_per_million: 1.00}]}
 """)
     token_price = Prices.of(lab, lab.machines[0]).token_price
-    assert token_price == {"big": pytest.approx(0.90), "small": 0.10}  # the provider's (mean of prompt and completion), else cloud_prices
+    assert token_price == {
+        "big": pytest.approx(0.90),
+        "small": 0.10,
+    }  # the provider's (mean of prompt and completion), else cloud_prices
 
 
 def test_rented_machine_pays_rent_by_uptime_not_power():
@@ -170,14 +188,19 @@ def test_attribution_from_jobs_and_models_sections():
         return ModelInfo(name=name, machine="m", engine="vllm", gpus=gpus, state=state, since=1.0, **counters)
 
     jobs = [job("3", [0], "running", "cet-d"), job("4", [1], "exited", "cet-d")]
-    models = [model("llama", [1, 2], "warm", prompt_tokens_total=1000, generation_tokens_total=234), model("phi", [3], "sleeping")]
+    models = [
+        model("llama", [1, 2], "warm", prompt_tokens_total=1000, generation_tokens_total=234),
+        model("phi", [3], "sleeping"),
+    ]
     holders = gpu_holders(jobs, models)
     assert holders == {0: ("job", "3", "cet-d"), 1: ("model", "llama", "llama"), 2: ("model", "llama", "llama")}
     assert gpu_holders([], []) == {}
     assert token_counts(models) == {"llama": 1234.0}  # phi's engine reports no counters: no count rather than zero
     assert token_counts([model("x", [], "warm", generation_tokens_total=float("nan"))]) == {}  # a NaN counter is no count
 
-    lab = parse_lab("lab: t\nmachines: [{name: m, idle_watts: 50, gpus: {sim: [{name: G, memory_gib: 8, tdp_w: 100}, {name: G, memory_gib: 8, tdp_w: 100}, {name: G, memory_gib: 8, tdp_w: 100}, {name: G, memory_gib: 8, tdp_w: 100}]}}]\n")
+    lab = parse_lab(
+        "lab: t\nmachines: [{name: m, idle_watts: 50, gpus: {sim: [{name: G, memory_gib: 8, tdp_w: 100}, {name: G, memory_gib: 8, tdp_w: 100}, {name: G, memory_gib: 8, tdp_w: 100}, {name: G, memory_gib: 8, tdp_w: 100}]}}]\n"
+    )
     gpus = [GpuSample(index=i, name="G", power_w=10.0 * (i + 1), util_pct=50.0 * i) for i in range(4)]
     out = readings(Telemetry(machine="m", t=0.0, gpus=gpus), lab.machines[0], holders)
     assert out["host"].power_w == 50 and out["host"].rent_share == 0.0
@@ -187,12 +210,21 @@ def test_attribution_from_jobs_and_models_sections():
     assert sum(r.rent_share for r in out.values()) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("costs: {electricity_per_kwh: -0.1}", "lab.yaml:2: costs.electricity_per_kwh: Input should be greater than or equal to 0"),
-    ("costs: {electricity_per_kwh: cheap}", "lab.yaml:2: costs.electricity_per_kwh: Input should be a valid number"),
-    ("cloud_prices: {gpu_hour: {V100: -2}}", "lab.yaml:2: cloud_prices.gpu_hour.V100: Input should be greater than or equal to 0"),
-    ("costs: {timezone: Mars/Olympus}", "lab.yaml:2: costs.timezone: unknown time zone 'Mars/Olympus'"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (
+            "costs: {electricity_per_kwh: -0.1}",
+            "lab.yaml:2: costs.electricity_per_kwh: Input should be greater than or equal to 0",
+        ),
+        ("costs: {electricity_per_kwh: cheap}", "lab.yaml:2: costs.electricity_per_kwh: Input should be a valid number"),
+        (
+            "cloud_prices: {gpu_hour: {V100: -2}}",
+            "lab.yaml:2: cloud_prices.gpu_hour.V100: Input should be greater than or equal to 0",
+        ),
+        ("costs: {timezone: Mars/Olympus}", "lab.yaml:2: costs.timezone: unknown time zone 'Mars/Olympus'"),
+    ],
+)
 def test_bad_prices_are_load_errors_with_file_and_line(bad, message):
     with pytest.raises(LabError) as info:
         parse_lab(f"lab: t\n{bad}\nmachines: [{{name: m, hourly_rate: 1}}]\n")
@@ -211,7 +243,13 @@ LAB = {
     "lab": "cost-lab",
     "costs": {"currency": "EUR", "electricity_per_kwh": 0.30, "timezone": "Europe/Berlin"},
     "cloud_prices": {"gpu_hour": {"Tesla P4": 0.60}},
-    "machines": [{"name": "box", "idle_watts": 100, "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "training"}]}}],
+    "machines": [
+        {
+            "name": "box",
+            "idle_watts": 100,
+            "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "training"}]},
+        }
+    ],
 }
 
 
@@ -227,7 +265,7 @@ def db_joules(state_dir: Path) -> float:
 
 
 async def month_joules(lab_path: Path) -> float:
-    from agents.lab import load_lab
+    from agents.wire.lab.model import load_lab
 
     async with FleetClient(load_lab(lab_path), subscribe=[]) as client:  # reconnects until the agent listens
         await wait_for(lambda: client.state.machines["box"].online, timeout=30)
@@ -270,23 +308,58 @@ async def test_energy_survives_kill_9_of_the_agent(tmp_path, lab_file):
 def test_the_labs_sums_are_typed_and_print_as_the_json_cetlab_costs_always_printed():
     """console.costs.LabCosts: the screen and the CLI read attributes; `--json` keeps its keys, its order, the machines'
     rows as they sent them, and the int 0 of a sum over nothing (a lab without a gateway has no API spend)."""
-    from agents.catalogue import COSTS_GET, validate_reply
-    from agents.protocol import ErrorCode, RemoteError
+    from agents.wire.catalogue.costs import COSTS_GET
+    from agents.wire.catalogue.method import validate_reply
+    from agents.wire.protocol import ErrorCode, RemoteError
     from console.costs import LabCosts, LabDay, lab_costs
 
-    box = validate_reply(COSTS_GET, {
-        "machine": "box", "currency": "EUR", "timezone": "UTC", "simulated": True, "now": {"power_w": 300.0, "per_hour": 0.09},
-        "today": {"kwh": 1.5, "cost": 0.45, "cloud_equivalent": 3.0}, "month": {"kwh": 10.0, "cost": 3.0, "cloud_equivalent": 20.0},
-        "since": {"day": "2026-11-01", "cost": 3.0, "cloud_equivalent": 20.0}, "by": [{"machine": "box", "kwh": 10.0, "cost": 3.0}],
-        "days": [{"day": "2026-11-24", "cost": 0.45, "cloud_equivalent": 3.0, "kwh": 1.5}]})
+    box = validate_reply(
+        COSTS_GET,
+        {
+            "machine": "box",
+            "currency": "EUR",
+            "timezone": "UTC",
+            "simulated": True,
+            "now": {"power_w": 300.0, "per_hour": 0.09},
+            "today": {"kwh": 1.5, "cost": 0.45, "cloud_equivalent": 3.0},
+            "month": {"kwh": 10.0, "cost": 3.0, "cloud_equivalent": 20.0},
+            "since": {"day": "2026-11-01", "cost": 3.0, "cloud_equivalent": 20.0},
+            "by": [{"machine": "box", "kwh": 10.0, "cost": 3.0}],
+            "days": [{"day": "2026-11-24", "cost": 0.45, "cloud_equivalent": 3.0, "kwh": 1.5}],
+        },
+    )
     report = lab_costs("EUR", {"box": box, "gone": RemoteError(ErrorCode.DISCONNECTED, "gone is offline")}, "machine")
     assert isinstance(report, LabCosts) and report.saving_month == 17.0 and report.offline == {"gone": "gone is offline"}
     assert report.days == [LabDay(day="2026-11-24", api=0.0, cost=0.45, cloud_equivalent=3.0, kwh=1.5)]
     data = report.to_json()
-    assert list(data) == ["currency", "now_per_hour", "power_w", "today", "month", "kwh_today", "kwh_month", "cloud_equivalent_today",
-                          "cloud_equivalent_month", "saving_month", "saving_pct_month", "since", "since_total", "cloud_equivalent_since",
-                          "saving_pct_since", "api_providers", "api_today", "api_month", "api_since", "total_month", "by_kind", "by",
-                          "days", "missing", "offline", "simulated"]
+    assert list(data) == [
+        "currency",
+        "now_per_hour",
+        "power_w",
+        "today",
+        "month",
+        "kwh_today",
+        "kwh_month",
+        "cloud_equivalent_today",
+        "cloud_equivalent_month",
+        "saving_month",
+        "saving_pct_month",
+        "since",
+        "since_total",
+        "cloud_equivalent_since",
+        "saving_pct_since",
+        "api_providers",
+        "api_today",
+        "api_month",
+        "api_since",
+        "total_month",
+        "by_kind",
+        "by",
+        "days",
+        "missing",
+        "offline",
+        "simulated",
+    ]
     assert data["by"] == [{"machine": "box", "kwh": 10.0, "cost": 3.0}]  # as the machine sent it
     assert data["days"] == [{"day": "2026-11-24", "api": 0.0, "cost": 0.45, "cloud_equivalent": 3.0, "kwh": 1.5}]
     assert type(data["api_month"]) is int and data["api_month"] == 0 and data["total_month"] == 3.0
@@ -296,12 +369,25 @@ def test_the_labs_sums_are_typed_and_print_as_the_json_cetlab_costs_always_print
 @pytest.mark.timeout(60)
 async def test_cli_costs_json_over_ssh(small_demo):
     out = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "console.cli", "--lab", str(small_demo.lab_path), "--json", "costs", "--by", "machine"],
-        capture_output=True, text=True, timeout=40,
+        subprocess.run,
+        [sys.executable, "-m", "console.cli", "--lab", str(small_demo.lab_path), "--json", "costs", "--by", "machine"],
+        capture_output=True,
+        text=True,
+        timeout=40,
     )
     assert out.returncode == 0, out.stderr
     data = __import__("json").loads(out.stdout)
-    assert {"currency", "now_per_hour", "today", "month", "cloud_equivalent_today", "cloud_equivalent_month", "saving_pct_month", "by", "simulated"} <= data.keys()
+    assert {
+        "currency",
+        "now_per_hour",
+        "today",
+        "month",
+        "cloud_equivalent_today",
+        "cloud_equivalent_month",
+        "saving_pct_month",
+        "by",
+        "simulated",
+    } <= data.keys()
     assert data["simulated"] is True and data["currency"] == "USD"
     # the default test lab names no electricity price and no cloud price: the counter says so
     assert data["now_per_hour"] is None and "missing: costs.electricity_per_kwh" in data["missing"]
@@ -310,12 +396,21 @@ async def test_cli_costs_json_over_ssh(small_demo):
 
 @pytest.mark.timeout(90)
 async def test_a_running_job_is_charged_for_its_gpu(tmp_path, lab_file):
-    lab = {**LAB, "trainers": [{
-        "name": "sleeper", "machine": "box", "gpus": [0], "output_dir": str(tmp_path / "out" / "{job_id}"),
-        "command": [sys.executable, "-c", "import time; time.sleep(120)"], "stop_grace_s": "2s",
-    }]}
+    lab = {
+        **LAB,
+        "trainers": [
+            {
+                "name": "sleeper",
+                "machine": "box",
+                "gpus": [0],
+                "output_dir": str(tmp_path / "out" / "{job_id}"),
+                "command": [sys.executable, "-c", "import time; time.sleep(120)"],
+                "stop_grace_s": "2s",
+            }
+        ],
+    }
     with DemoLab(tmp_path / "run", source=lab_file(lab)) as demo:
-        from agents.lab import load_lab
+        from agents.wire.lab.model import load_lab
 
         async with FleetClient(load_lab(demo.lab_path), subscribe=["tick"]) as client:
             box = client.state.machines["box"]
@@ -344,7 +439,7 @@ async def test_a_running_job_is_charged_for_its_gpu(tmp_path, lab_file):
 
 # ---------------------------------------------------------------------------- the console
 
-from agents.lab import load_lab  # noqa: E402
+from agents.wire.lab.model import load_lab  # noqa: E402
 from console.app import CetlabApp  # noqa: E402
 from console.screens.costs import CostsScreen  # noqa: E402
 
@@ -356,8 +451,16 @@ def header(app) -> str:
 TWO_MACHINES = {
     **LAB,
     "machines": [
-        {"name": "box", "idle_watts": 100, "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "training"}]}},
-        {"name": "rented", "hourly_rate": 2.5, "gpus": {"seed": 3, "sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "bursty"}]}},
+        {
+            "name": "box",
+            "idle_watts": 100,
+            "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "training"}]},
+        },
+        {
+            "name": "rented",
+            "hourly_rate": 2.5,
+            "gpus": {"seed": 3, "sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "bursty"}]},
+        },
     ],
 }
 
@@ -384,7 +487,9 @@ async def test_header_counter_and_costs_view(tmp_path, lab_file):
             assert {table.get_row(k)[0] for k in table.rows} == {"box", "rented"}
             summary = str(screen.query_one("#costs-summary").render())
             assert "this month" in summary and "saving" in summary and "SIM" in summary
-            assert "over the last 30 days, since " in summary and "(as `cetlab costs --since " in summary  # the window, as the CLI asks it
+            assert (
+                "over the last 30 days, since " in summary and "(as `cetlab costs --since " in summary
+            )  # the window, as the CLI asks it
             await wait_for(lambda: screen._plotted and screen._plotted[-1][1] > 0, timeout=15)  # today's spend is on the plot
             assert "EUR/h" in str(screen.query_one("#costs-counter")._shown)
 

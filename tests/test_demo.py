@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import stat
 
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
 from console.demo import DemoLab
 
 

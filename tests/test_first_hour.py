@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.sections import Rotation
+from agents.wire.sections.models import Rotation
 from console.cli import main as cli_main
 from console.cli_models import rotation_human
 from console.demo import DemoLab
@@ -87,10 +87,25 @@ def test_rotate_says_what_moved_in_lines_and_durations_in_hours(box_lab):
 
 
 def test_rotation_text_names_problems_and_what_is_not_warm():
-    rotation = {"plan": [["x", "y"], ["z"]], "index": 0, "running": False, "next_at": 1000.0 + 90, "pinned": ["p"],
-                "overhead_pct": 0.0123, "target_pct": 1.0,
-                "last": {"t": 1000.0 - 3600, "index": 0, "duration_s": 2.5, "swaps": [["z", "x"]], "out": [], "up": ["y"],
-                         "not_warm": ["y"], "problems": ["y needs 4.5 GiB on GPU 1 of m5"]}}
+    rotation = {
+        "plan": [["x", "y"], ["z"]],
+        "index": 0,
+        "running": False,
+        "next_at": 1000.0 + 90,
+        "pinned": ["p"],
+        "overhead_pct": 0.0123,
+        "target_pct": 1.0,
+        "last": {
+            "t": 1000.0 - 3600,
+            "index": 0,
+            "duration_s": 2.5,
+            "swaps": [["z", "x"]],
+            "out": [],
+            "up": ["y"],
+            "not_warm": ["y"],
+            "problems": ["y needs 4.5 GiB on GPU 1 of m5"],
+        },
+    }
     text = rotation_human({"m5": Rotation.model_validate(rotation)}, now=1000.0)
     assert text.splitlines() == [
         "m5: rotated to set 1 of 2 (x, y) in 2.5 s, 1h00m ago",
@@ -137,11 +152,14 @@ def test_an_alert_id_that_is_not_one_is_a_usage_error(alert_id, capsys):
     assert "no machine named" not in err
 
 
-@pytest.mark.parametrize("alert_id, says", [
-    ("ghost#3", "no alert 'ghost#3' in first-hour: there is no machine 'ghost' (machines: box)"),
-    ("box#offline", "box#offline is raised by this console, not an agent"),
-    ("box#999999", "no alert 'box#999999' on box"),
-])
+@pytest.mark.parametrize(
+    "alert_id, says",
+    [
+        ("ghost#3", "no alert 'ghost#3' in first-hour: there is no machine 'ghost' (machines: box)"),
+        ("box#offline", "box#offline is raised by this console, not an agent"),
+        ("box#999999", "no alert 'box#999999' on box"),
+    ],
+)
 def test_acking_an_unknown_alert_names_the_alert(box_lab, alert_id, says):
     result = cli(box_lab.lab_path, "alerts", "--ack", alert_id)
     assert result.returncode == 1
@@ -158,8 +176,14 @@ def test_the_supervised_training_bench_runs_without_the_venv_on_path(tmp_path):
     venv_bin = str(Path(PY).parent)
     path = os.pathsep.join(p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != venv_bin)
     env = {**os.environ, "PATH": path, "TMPDIR": str(tmp_path)}
-    result = subprocess.run([PY, "bench/bench_train_supervised.py", "--steps", "4", "--rounds", "1"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=170)
+    result = subprocess.run(
+        [PY, "bench/bench_train_supervised.py", "--steps", "4", "--rounds", "1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout.splitlines()[-1])
     assert figures["bare_steps_per_s"] > 0 and figures["supervised_steps_per_s"] > 0
@@ -181,7 +205,9 @@ def saver_lab(root: Path) -> Path:
     data = {
         "lab": "kept-lab",
         "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
-        "trainers": [{"name": "saver", "machine": "box", "command": [PY, "-c", SAVER, "{output_dir}"], "output_dir": "runs/{job_id}"}],
+        "trainers": [
+            {"name": "saver", "machine": "box", "command": [PY, "-c", SAVER, "{output_dir}"], "output_dir": "runs/{job_id}"}
+        ],
         "checkpoints": {"poll_s": 1, "settle_s": 0},
     }
     root.mkdir(parents=True, exist_ok=True)
@@ -191,6 +217,7 @@ def saver_lab(root: Path) -> Path:
 
 def wait_cli(lab: Path, args: list[str], done, timeout: float = 60.0):
     """Run a `cetlab --json` command until done(its JSON) holds (the agents poll their folders every poll_s)."""
+
     def met() -> dict | None:
         result = cli(lab, "--json", *args)
         data = json.loads(result.stdout) if result.returncode == 0 else None
@@ -222,9 +249,13 @@ def test_make_demo_twice_keeps_runs_checkpoints_and_keys(tmp_path, monkeypatch, 
         seen.append(wait_cli(app.lab.source, ["checkpoints"], lambda d: any(r["newest_step"] == 2 for r in d["runs"])))
 
     def second_session(app) -> None:
-        seen.append({"jobs": wait_cli(app.lab.source, ["jobs", "--all"], lambda d: bool(d["jobs"]))["jobs"],
-                     "runs": wait_cli(app.lab.source, ["checkpoints"], lambda d: bool(d["runs"]))["runs"],
-                     "port": app.lab.machines[0].port})
+        seen.append(
+            {
+                "jobs": wait_cli(app.lab.source, ["jobs", "--all"], lambda d: bool(d["jobs"]))["jobs"],
+                "runs": wait_cli(app.lab.source, ["checkpoints"], lambda d: bool(d["runs"]))["runs"],
+                "port": app.lab.machines[0].port,
+            }
+        )
 
     monkeypatch.setattr(console.app.CetlabApp, "run", first_session)
     assert console.app.main(["--demo", "--lab", str(source)]) == 0
@@ -271,7 +302,10 @@ def test_the_source_lab_says_which_file_the_demo_uses():
     result = cli(bundled_lab(), "--timeout", "1", "status")
     assert result.returncode == 0  # status: the lab loaded, whatever the machines say
     assert "is the demo lab's source" in result.stderr
-    assert "--lab .cetlab-demo/lab.yaml status" in result.stderr or f"--lab {REPO / '.cetlab-demo' / 'lab.yaml'} status" in result.stderr
+    assert (
+        "--lab .cetlab-demo/lab.yaml status" in result.stderr
+        or f"--lab {REPO / '.cetlab-demo' / 'lab.yaml'} status" in result.stderr
+    )
 
 
 def test_the_help_screen_can_ask_for_the_demo_cli_line(tmp_path):
@@ -321,11 +355,20 @@ class ScriptedModels:
     async def call(self, machine, method, params, timeout=None):
         state, op = self.states.pop(0) if len(self.states) > 1 else self.states[0]
         history = [{"t": 0.0, "event": "sleep", "from_state": "warm", "to_state": "sleeping", "detail": None}]
-        return {"name": "p", "machine": "box", "engine": "sim", "since": 0.0, "path": "models/p", "gpus": [0], "state": state, "op": op,
-                "history": history}
+        return {
+            "name": "p",
+            "machine": "box",
+            "engine": "sim",
+            "since": 0.0,
+            "path": "models/p",
+            "gpus": [0],
+            "state": state,
+            "op": op,
+            "history": history,
+        }
 
     async def request(self, machine, method, params, timeout=None):
-        from agents.catalogue import validate_reply
+        from agents.wire.catalogue.method import validate_reply
 
         return validate_reply(method, await self.call(machine, method.name, params, timeout))
 
@@ -343,7 +386,7 @@ def test_a_wait_for_warm_ends_when_the_model_settles_asleep_and_says_why(capsys)
 
 
 def test_a_phase_that_repeats_the_state_is_said_once():
-    from agents.sections import ModelInfo
+    from agents.wire.sections.models import ModelInfo
     from console.cli_models import state_text
     from widgets.orchestra_table import COLUMNS, state_cell
 
@@ -362,7 +405,7 @@ def test_a_phase_that_repeats_the_state_is_said_once():
 
 
 def test_the_step_cell_keeps_its_percent():
-    from agents.sections import JobInfo
+    from agents.wire.sections.jobs import JobInfo
     from tests.console_fixtures import frozen_jobs
     from widgets.jobs_table import COLUMNS, step_cell
 
@@ -373,7 +416,7 @@ def test_the_step_cell_keeps_its_percent():
 
 
 def test_the_start_forms_bounds_are_written_as_numbers_people_write():
-    from agents.catalogue import RecipeParam
+    from agents.wire.catalogue.jobs import RecipeParam
     from console.screens.modals import param_hint
 
     hint = param_hint(RecipeParam(name="max_steps", type="int", min=1.0, max=100000.0, flag="--max-steps"))
@@ -382,15 +425,26 @@ def test_the_start_forms_bounds_are_written_as_numbers_people_write():
 
 
 def test_one_checkpoint_is_singular_and_a_model_is_named_once_in_costs():
-    from agents.catalogue import PricedGroup, Pruned
-    from agents.sections import CheckpointInfo
+    from agents.wire.catalogue.checkpoints import Pruned
+    from agents.wire.catalogue.costs import PricedGroup
+    from agents.wire.sections.checkpoints import CheckpointInfo
     from console.cli_checkpoints import prune_human
     from console.screens.costs import breakdown_rows
 
     one = CheckpointInfo(run="r", step=1, path="r/checkpoint-1")
     assert "deleted 1 checkpoint," in prune_human(Pruned(run="r", keep_last=0, deleted=[one], freed_bytes=10))
-    entry = {"model": "llama-3.1-8b", "label": "llama-3.1-8b", "machine": "m5", "kwh": 1.0, "cost": 0.3, "cloud_equivalent": 2.0,
-             "saving_pct": 85.0, "gpu_hours": 1.0, "gpu_busy_hours": 0.5, "tokens": 1000}
+    entry = {
+        "model": "llama-3.1-8b",
+        "label": "llama-3.1-8b",
+        "machine": "m5",
+        "kwh": 1.0,
+        "cost": 0.3,
+        "cloud_equivalent": 2.0,
+        "saving_pct": 85.0,
+        "gpu_hours": 1.0,
+        "gpu_busy_hours": 0.5,
+        "tokens": 1000,
+    }
     rows = breakdown_rows([PricedGroup.model_validate(entry)], "model", "EUR")
     assert rows["m5/llama-3.1-8b"][0] == "llama-3.1-8b @m5"
 
@@ -400,14 +454,22 @@ def test_one_checkpoint_is_singular_and_a_model_is_named_once_in_costs():
 
 def test_a_reader_that_leaves_mid_output_gets_no_traceback(tmp_path):
     """`cetlab --json status | head -c 10`: more output than a pipe buffer, the reader gone, no traceback, 141."""
-    machines = [{"name": f"m{i}", "port": 1, "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}} for i in range(80)]
+    machines = [
+        {"name": f"m{i}", "port": 1, "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}} for i in range(80)
+    ]
     lab = tmp_path / "lab.yaml"
     lab.write_text(yaml.safe_dump({"lab": "wide", "machines": machines, "console": {"key": "absent_key"}}, sort_keys=False))
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader has left before the first byte
     try:
-        result = subprocess.run([PY, "-c", "from console.cli_entry import entry; entry()", "--lab", str(lab), "--json", "status"],
-                                stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120, env=dict(os.environ, CETLAB_SSH="asyncssh"))
+        result = subprocess.run(
+            [PY, "-c", "from console.cli_entry import entry; entry()", "--lab", str(lab), "--json", "status"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, CETLAB_SSH="asyncssh"),
+        )
     finally:
         os.close(write_end)
     assert "Traceback" not in result.stderr and result.returncode == 141, result.stderr
@@ -439,21 +501,32 @@ def test_a_ctrl_c_before_the_verb_runs_exits_130_without_a_traceback(monkeypatch
 
 def test_the_start_forms_bounds_keep_exponents_and_minus_signs():
     """The N/A marker is "-": removing it ate 1e-06's sign and a negative minimum's ("(float, 1e06..1)")."""
-    from agents.catalogue import RecipeParam
+    from agents.wire.catalogue.jobs import RecipeParam
     from console.screens.modals import param_hint
 
-    assert "(float, 1e-06..1)" in param_hint(RecipeParam(name="learning_rate", type="float", min=1e-6, max=1.0, flag="--learning-rate"))
+    assert "(float, 1e-06..1)" in param_hint(
+        RecipeParam(name="learning_rate", type="float", min=1e-6, max=1.0, flag="--learning-rate")
+    )
     assert "(float, -2.5..)" in param_hint(RecipeParam(name="bias", type="float", min=-2.5, max=None, flag="--bias"))
 
 
 def test_a_rotation_line_names_the_machines_own_models_of_the_set():
     """`cetlab rotate` said "workstation: rotated to set 2 of 2 (qwen2.5-coder-7b, mistral-7b-awq)" though none of them is there."""
     last = {"t": 900.0, "index": 1, "duration_s": 0.1, "swaps": [], "out": [], "up": [], "not_warm": [], "problems": []}
-    rotation = {"plan": [["a"], ["qwen", "mistral", "phi"]], "index": 1, "running": False, "next_at": 2000.0, "pinned": [],
-                "overhead_pct": 0.0, "target_pct": 1.0, "last": last}
+    rotation = {
+        "plan": [["a"], ["qwen", "mistral", "phi"]],
+        "index": 1,
+        "running": False,
+        "next_at": 2000.0,
+        "pinned": [],
+        "overhead_pct": 0.0,
+        "target_pct": 1.0,
+        "last": last,
+    }
     typed = Rotation.model_validate(rotation)
-    text = rotation_human({"workstation": typed, "irina": typed}, now=1000.0,
-                          models_on={"workstation": {"tiny"}, "irina": {"mistral", "phi"}})
+    text = rotation_human(
+        {"workstation": typed, "irina": typed}, now=1000.0, models_on={"workstation": {"tiny"}, "irina": {"mistral", "phi"}}
+    )
     assert "workstation: rotated to set 2 of 2 (none of its models) in 0.1 s" in text, text
     assert "irina: rotated to set 2 of 2 (mistral, phi) in 0.1 s" in text, text
 
@@ -477,7 +550,9 @@ async def test_the_header_clock_and_cost_go_on_while_a_modal_is_open():
         before = str(view.query_one(LabHeader).text)
         now[0] += 75  # 1 min 15 s later, the help still open
         clock = time.strftime("%H:%M:%S", time.localtime(now[0]))
-        shown = await wait_for(lambda: clock in str(view.query_one(LabHeader).text) and str(view.query_one(LabHeader).text), timeout=10)
+        shown = await wait_for(
+            lambda: clock in str(view.query_one(LabHeader).text) and str(view.query_one(LabHeader).text), timeout=10
+        )
         assert shown != before and isinstance(app.screen, HelpScreen)
 
 
@@ -499,7 +574,9 @@ def test_make_bench_ends_with_goals_met_and_missed_and_fails_on_a_miss():
     """`make bench` exited 0 whatever its goals said."""
     from bench.run_all import Outcome, summary, verdicts
 
-    agent = verdicts("bench_agent_overhead.py", ["agent - idle  :  0.30% of one core (goal < 1%: OK), RSS 70.1 MB (goal <= 64 MB: MISSED)\n"])
+    agent = verdicts(
+        "bench_agent_overhead.py", ["agent - idle  :  0.30% of one core (goal < 1%: OK), RSS 70.1 MB (goal <= 64 MB: MISSED)\n"]
+    )
     cli = verdicts("bench_cli.py", ["cold status 0.59 s (goal <= 0.5 s: met)\n", "a line with no verdict\n"])
     figures = verdicts("bench_attacks.py", ["agent fds 13 -> 13\n"])
     assert (len(agent.met), len(agent.missed), len(cli.met), len(cli.missed)) == (0, 1, 1, 0)
@@ -554,7 +631,7 @@ async def test_the_jump_placeholder_names_every_view_and_help_wraps_in_its_colum
         console.print(help_screen.query_one(Static).content)
         lines = console.export_text().splitlines()
         first = next(i for i, line in enumerate(lines) if line.lstrip().startswith("r "))
-        assert lines[first + 1].startswith(" " * 12) and lines[first + 1].strip(), lines[first:first + 3]
+        assert lines[first + 1].startswith(" " * 12) and lines[first + 1].strip(), lines[first : first + 3]
 
 
 def test_a_bad_name_is_refused_in_words_not_with_the_pattern():
@@ -562,12 +639,15 @@ def test_a_bad_name_is_refused_in_words_not_with_the_pattern():
     from pydantic import ValidationError
 
     from agents.gateway.keys import KeyAddParams
-    from agents.rpc import _params_error
+    from agents.runtime.rpc import _params_error
 
     with pytest.raises(ValidationError) as info:
         KeyAddParams.model_validate({"name": "bad name!"})
     message = _params_error(info.value)
-    assert message == "name: 'bad name!' is not a name: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64"
+    assert (
+        message
+        == "name: 'bad name!' is not a name: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64"
+    )
     assert "^[" not in message
 
 
@@ -599,7 +679,9 @@ async def test_the_machine_detail_gives_its_charts_the_rows_it_has():
     async with app.run_test(size=(160, 50)) as pilot:
         await until_drawn(pilot)
         app.push_screen(MachineScreen("irina"))  # two GPUs
-        screen = await wait_for(lambda: isinstance(app.screen, MachineScreen) and len(app.screen.query(GpuPanel)) == 2 and app.screen)
+        screen = await wait_for(
+            lambda: isinstance(app.screen, MachineScreen) and len(app.screen.query(GpuPanel)) == 2 and app.screen
+        )
         await pilot.pause()
         heights = [chart.size.height for chart in screen.query("ScaleChart")]
         assert heights and min(heights) >= 6, heights

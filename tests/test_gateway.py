@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 import yaml
 
-from agents.lab import LabError, load_lab, parse_lab
+from agents.wire.lab.model import LabError, load_lab, parse_lab
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import wait_for
@@ -25,8 +25,15 @@ P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
 
 
 def model(name: str, machine: str, gpu: int, **sim) -> dict:
-    return {"name": name, "path": f"models/{name}", "engine": "sim", "machine": machine, "gpus": [gpu], "vram_gib": 1,
-            "sim": {**SIM, **sim}}
+    return {
+        "name": name,
+        "path": f"models/{name}",
+        "engine": "sim",
+        "machine": machine,
+        "gpus": [gpu],
+        "vram_gib": 1,
+        "sim": {**SIM, **sim},
+    }
 
 
 LAB = {
@@ -34,24 +41,46 @@ LAB = {
     "costs": {"electricity_per_kwh": 0.30},
     "machines": [{"name": "hub", "gpus": {"sim": [P4]}}, {"name": "node", "gpus": {"sim": [P4, P4]}}],
     "models": [
-        model("fast-a", "hub", 0), model("fast-b", "node", 0), model("meter-me", "node", 0),
-        model("sleepy", "node", 1), model("coldie", "node", 1), model("slowpoke", "hub", 0, load_s=60),
-        model("far-away", "hub", 0, load_s=60), model("broken", "node", 1, fail_after_s=0),
-        model("crawler", "hub", 0, tokens_per_s=2), model("streamer", "hub", 0, tokens_per_s=200),
+        model("fast-a", "hub", 0),
+        model("fast-b", "node", 0),
+        model("meter-me", "node", 0),
+        model("sleepy", "node", 1),
+        model("coldie", "node", 1),
+        model("slowpoke", "hub", 0, load_s=60),
+        model("far-away", "hub", 0, load_s=60),
+        model("broken", "node", 1, fail_after_s=0),
+        model("crawler", "hub", 0, tokens_per_s=2),
+        model("streamer", "hub", 0, tokens_per_s=200),
     ],
-    "orchestra": {"warm": ["fast-a", "fast-b", "meter-me", "crawler", "streamer"], "sleeping": ["sleepy"],
-                  "groups": {"band": ["fast-a", "fast-b", "cloud-big", "crawler"]}},
+    "orchestra": {
+        "warm": ["fast-a", "fast-b", "meter-me", "crawler", "streamer"],
+        "sleeping": ["sleepy"],
+        "groups": {"band": ["fast-a", "fast-b", "cloud-big", "crawler"]},
+    },
     "gateway": {
         "machine": "hub",
         "policies": {"queue_size": 2, "queue_timeout_s": 60, "idle_ttl_s": 3600, "budget_exceeded": "refuse"},
-        "models": {"fast-a": {"aliases": ["alpha"]}, "sleepy": {"idle_ttl_s": 2},
-                   "far-away": {"fallback": "cloud/cloud-big"}, "broken": {"fallback": "cloud-big"}},
+        "models": {
+            "fast-a": {"aliases": ["alpha"]},
+            "sleepy": {"idle_ttl_s": 2},
+            "far-away": {"fallback": "cloud/cloud-big"},
+            "broken": {"fallback": "cloud-big"},
+        },
     },
     "providers": [
-        {"name": "cloud", "base_url": "http://127.0.0.1:1/v1", "simulated": True,
-         "models": [{"name": "cloud-big", "prompt_per_million": 0.88, "completion_per_million": 0.88}]},
-        {"name": "pricey", "base_url": "http://127.0.0.1:1/v1", "simulated": True, "monthly_budget": 0.015,
-         "models": [{"name": "premium", "prompt_per_million": 1000, "completion_per_million": 1000}]},
+        {
+            "name": "cloud",
+            "base_url": "http://127.0.0.1:1/v1",
+            "simulated": True,
+            "models": [{"name": "cloud-big", "prompt_per_million": 0.88, "completion_per_million": 0.88}],
+        },
+        {
+            "name": "pricey",
+            "base_url": "http://127.0.0.1:1/v1",
+            "simulated": True,
+            "monthly_budget": 0.015,
+            "models": [{"name": "premium", "prompt_per_million": 1000, "completion_per_million": 1000}],
+        },
     ],
 }
 
@@ -77,8 +106,15 @@ class Gw:
         return {"Authorization": f"Bearer {key or self.key}", **extra}
 
     async def chat(self, model: str, key: str | None = None, headers: dict | None = None, **body) -> tuple[int, dict, dict]:
-        payload = {"model": model, "messages": [{"role": "user", "content": body.pop("content", "hello there")}], "max_tokens": 8, **body}
-        async with self.session.post(f"{self.url}/v1/chat/completions", json=payload, headers={**self.headers(key), **(headers or {})}) as r:
+        payload = {
+            "model": model,
+            "messages": [{"role": "user", "content": body.pop("content", "hello there")}],
+            "max_tokens": 8,
+            **body,
+        }
+        async with self.session.post(
+            f"{self.url}/v1/chat/completions", json=payload, headers={**self.headers(key), **(headers or {})}
+        ) as r:
             return r.status, await r.json(content_type=None), dict(r.headers)
 
     async def model_state(self, machine: str, name: str) -> str:
@@ -103,15 +139,21 @@ async def gw(gw_lab):
             except aiohttp.ClientError:
                 return False
             states = {m["name"]: m["state"] for m in (await g.status())["models"]}
-            return ok and all(states.get(n) == "warm" for n in ("fast-a", "fast-b", "meter-me", "crawler", "streamer")) \
-                and states.get("sleepy") == "sleeping" and states.get("broken") == "failed" and all(
-                    v == "online" for v in (await g.status())["peers"].values())
+            return (
+                ok
+                and all(states.get(n) == "warm" for n in ("fast-a", "fast-b", "meter-me", "crawler", "streamer"))
+                and states.get("sleepy") == "sleeping"
+                and states.get("broken") == "failed"
+                and all(v == "online" for v in (await g.status())["peers"].values())
+            )
 
         if await g.model_state("node", "broken") == "cold":  # not in the start plan: its failure would cut the plan short
             await client.call("node", "models.warm", {"model": "broken"})
         deadline = asyncio.get_running_loop().time() + 60
         while not await ready():
-            assert asyncio.get_running_loop().time() < deadline, str({m["name"]: m["state"] for m in (await g.status())["models"]})
+            assert asyncio.get_running_loop().time() < deadline, str(
+                {m["name"]: m["state"] for m in (await g.status())["models"]}
+            )
             await asyncio.sleep(0.2)
         yield g
 
@@ -127,7 +169,11 @@ async def test_routes_to_warm_models_on_two_machines_and_aliases(gw):
 async def test_provider_tier_and_models_list(gw):
     status, body, headers = await gw.chat("cloud-big")
     assert status == 200, body
-    assert headers["x-cetlab-tier"] == "provider" and headers["x-cetlab-target"] == "cloud" and headers["x-cetlab-simulated"] == "true"
+    assert (
+        headers["x-cetlab-tier"] == "provider"
+        and headers["x-cetlab-target"] == "cloud"
+        and headers["x-cetlab-simulated"] == "true"
+    )
     async with gw.session.get(f"{gw.url}/v1/models", headers=gw.headers()) as r:
         data = (await r.json())["data"]
     tiers = {m["id"]: m["tier"] for m in data}
@@ -156,15 +202,22 @@ async def test_rpm_quota(gw):
 
 async def test_tokens_per_day_quota(gw):
     issued = await gw.client.call("hub", "gateway.keys.add", {"name": "daily", "tokens_per_day": 10})
-    status, body, _ = await gw.chat("fast-a", key=issued["key"])  # 3 prompt + 8 completion would pass the 10: max_tokens lowered to 7
+    status, body, _ = await gw.chat(
+        "fast-a", key=issued["key"]
+    )  # 3 prompt + 8 completion would pass the 10: max_tokens lowered to 7
     assert status == 200 and body["usage"]["total_tokens"] == 10
     status, body, _ = await gw.chat("fast-a", key=issued["key"])
     assert status == 429 and body["error"]["code"] == "quota_exceeded" and "tokens per day" in body["error"]["message"]
 
 
 async def test_streaming_passes_every_chunk(gw):
-    payload = {"model": "streamer", "messages": [{"role": "user", "content": "stream me"}], "max_tokens": 20, "stream": True,
-               "stream_options": {"include_usage": True}}
+    payload = {
+        "model": "streamer",
+        "messages": [{"role": "user", "content": "stream me"}],
+        "max_tokens": 20,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     events = []
     async with gw.session.post(f"{gw.url}/v1/chat/completions", json=payload, headers=gw.headers()) as r:
         assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
@@ -198,7 +251,9 @@ async def test_a_client_leaving_mid_stream_is_metered_and_the_gateway_keeps_serv
 
     def last_crawler_row():
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-            return conn.execute("SELECT status, stream, error FROM gateway_requests WHERE model='crawler' ORDER BY id DESC LIMIT 1").fetchone()
+            return conn.execute(
+                "SELECT status, stream, error FROM gateway_requests WHERE model='crawler' ORDER BY id DESC LIMIT 1"
+            ).fetchone()
 
     assert await wait_for(lambda: last_crawler_row() == (499, 1, "the client closed the stream"))
 
@@ -283,6 +338,7 @@ async def test_budget_alerts_and_refusal_past_100_percent(gw):
 
 async def test_api_spend_per_provider_in_costs_and_the_cli(gw):
     """Issue 14: the costs section and `cetlab costs` carry API spend per provider against its monthly budget."""
+
     def api(report: dict) -> dict:
         return {p["provider"]: p for p in (report["api"] or {}).get("providers", [])}
 
@@ -301,18 +357,26 @@ async def test_api_spend_per_provider_in_costs_and_the_cli(gw):
         return {p["name"]: p["spend_month"] for p in section["api"]}["cloud"] == pytest.approx(after["cloud"]["month"], abs=1e-8)
 
     await wait_for(section_has_it)
-    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "console.cli", "--lab", str(gw.demo.lab_path), "--json", "costs"],
-                                  capture_output=True, text=True, timeout=60)
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "console.cli", "--lab", str(gw.demo.lab_path), "--json", "costs"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     lab_costs = json.loads(out.stdout)
     assert {p["provider"] for p in lab_costs["api_providers"]} == {"cloud", "pricey"}
     assert lab_costs["api_month"] == pytest.approx(sum(p["month"] for p in after.values()), abs=1e-6)
     assert lab_costs["total_month"] == pytest.approx(lab_costs["month"] + lab_costs["api_month"], abs=1e-6)
-    human = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "console.cli", "--lab", str(gw.demo.lab_path), "costs"],
-                                    capture_output=True, text=True, timeout=60)
+    human = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "console.cli", "--lab", str(gw.demo.lab_path), "costs"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "API " in human.stdout and "pricey" in human.stdout and "of 0.01 USD" in human.stdout, human.stdout
-
-
 
     async def counters():
         entry = next(m for m in (await gw.client.call("node", "models.list"))["models"] if m["name"] == "meter-me")
@@ -328,8 +392,10 @@ async def test_api_spend_per_provider_in_costs_and_the_cli(gw):
 
     def metered():
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-            return conn.execute("SELECT COUNT(*), SUM(prompt_tokens), SUM(completion_tokens) FROM gateway_requests "
-                                "WHERE model='meter-me' AND usage_source='engine'").fetchone()
+            return conn.execute(
+                "SELECT COUNT(*), SUM(prompt_tokens), SUM(completion_tokens) FROM gateway_requests "
+                "WHERE model='meter-me' AND usage_source='engine'"
+            ).fetchone()
 
     await wait_for(lambda: metered()[0] == 3)
     deadline = asyncio.get_running_loop().time() + 20
@@ -350,7 +416,7 @@ def test_config_cross_references_are_checked():
 
 async def test_gateway_role_may_wake_but_not_operate(gw):
     """The gateway's peer key reads and brings models up or down; anything else an operator does is refused."""
-    from agents.peers import PeerClient
+    from agents.runtime.peers import PeerClient
 
     lab = load_lab(gw.demo.lab_path)
     peers = PeerClient(lab, gw.demo.dir / "agents" / "hub", machines=["node"], topics=[])
@@ -359,7 +425,11 @@ async def test_gateway_role_may_wake_but_not_operate(gw):
         await asyncio.wait_for(peers.links["node"].online.wait(), 20)
         assert (await peers.call("node", "hello"))["role"] == "gateway"
         assert (await peers.call("node", "models.list"))["models"]
-        for method, params in (("jobs.start", {"recipe": "x"}), ("set_interval", {"interval_s": 5}), ("models.pin", {"model": "fast-b"})):
+        for method, params in (
+            ("jobs.start", {"recipe": "x"}),
+            ("set_interval", {"interval_s": 5}),
+            ("models.pin", {"model": "fast-b"}),
+        ):
             with pytest.raises(Exception) as err:
                 await peers.call("node", method, params)
             assert getattr(err.value, "code", None) == "forbidden" or "forbidden" in str(err.value), method
@@ -369,8 +439,12 @@ async def test_gateway_role_may_wake_but_not_operate(gw):
 
 def test_cli_gateway_json_and_keys(gw_lab):
     def cli(*args: str) -> dict:
-        out = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(gw_lab.lab_path), "--json", *args],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "console.cli", "--lab", str(gw_lab.lab_path), "--json", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 
@@ -421,10 +495,10 @@ async def test_prometheus_series_of_the_gateway(gw_lab, tmp_path):
     """A second gateway agent in this process (any free port), scraped through the agent's own collector."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from agents.agent import Agent
     from agents.gateway.component import GatewayComponent
     from agents.gateway.keys import KeyAddParams
-    from agents.metrics import AgentCollector
+    from agents.shell.agent import Agent
+    from agents.shell.metrics import AgentCollector
 
     lab = load_lab(gw_lab.lab_path)
     lab = lab.model_copy(update={"gateway": lab.gateway.model_copy(update={"port": 0})})
@@ -435,8 +509,11 @@ async def test_prometheus_series_of_the_gateway(gw_lab, tmp_path):
     try:
         token = gateway.keys.add(KeyAddParams(name="scraper"))
         async with aiohttp.ClientSession() as session:
-            async with session.post(f"http://127.0.0.1:{gateway.http.port}/v1/chat/completions", headers={"Authorization": f"Bearer {token}"},
-                                    json={"model": "cloud-big", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}) as r:
+            async with session.post(
+                f"http://127.0.0.1:{gateway.http.port}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {token}"},
+                json={"model": "cloud-big", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            ) as r:
                 assert r.status == 200
         registry = CollectorRegistry(auto_describe=False)
         registry.register(AgentCollector([agent]))
@@ -452,7 +529,7 @@ async def test_peer_client_verifies_host_keys_and_needs_an_authorized_key(gw_lab
     """No known_hosts entry: untrusted, never trust on first use; the right host keys but a key no agent knows: refused."""
     import shutil
 
-    from agents.peers import PEER_KNOWN_HOSTS_NAME, PeerClient
+    from agents.runtime.peers import PEER_KNOWN_HOSTS_NAME, PeerClient
 
     lab = load_lab(gw_lab.lab_path)
     for state_dir, expected in ((tmp_path / "empty", "untrusted"), (tmp_path / "stranger", "refused")):
@@ -470,15 +547,35 @@ async def test_peer_client_verifies_host_keys_and_needs_an_authorized_key(gw_lab
 
 def test_cli_gateway_columns_fit_their_longest_cell():
     """`cetlab gateway` ran "workstation SIM" into the state column; the table is aligned whatever the names."""
-    from agents.sections import GatewaySection
+    from agents.wire.sections.gateway import GatewaySection
     from console.cli_gateway import gateway_human
 
     def model(name, where, state):
-        return {"name": name, "tier": "local", "where": where, "simulated": True, "state": state, "rps": 0.0, "in_flight": 0,
-                "queued": 0, "p50_latency_s": None, "p95_latency_s": None, "p50_ttft_s": None, "wakes": 0, "errors": 0}
+        return {
+            "name": name,
+            "tier": "local",
+            "where": where,
+            "simulated": True,
+            "state": state,
+            "rps": 0.0,
+            "in_flight": 0,
+            "queued": 0,
+            "p50_latency_s": None,
+            "p95_latency_s": None,
+            "p50_ttft_s": None,
+            "wakes": 0,
+            "errors": 0,
+        }
 
-    data = {"currency": "USD", "url": "http://127.0.0.1:8400/v1", "machine": "hub", "peers": {}, "providers": [], "keys": [],
-            "models": [model("phi-3-mini", "workstation", "warm"), model("a-checkpoint-of-a-long-run-step12000", "m5", "cold")]}
+    data = {
+        "currency": "USD",
+        "url": "http://127.0.0.1:8400/v1",
+        "machine": "hub",
+        "peers": {},
+        "providers": [],
+        "keys": [],
+        "models": [model("phi-3-mini", "workstation", "warm"), model("a-checkpoint-of-a-long-run-step12000", "m5", "cold")],
+    }
     lines = gateway_human(GatewaySection.model_validate(data)).splitlines()[1:4]
     starts = {line.index(word) for line, word in zip(lines, ("state", "warm", "cold"))}
     assert len(starts) == 1, lines

@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from agents.lab import load_lab
-from console.client import FleetClient
 from agents.orchestra.transformers_engine import _transformers_cli
+from agents.wire.lab.model import load_lab
+from console.client import FleetClient
 from console.demo import DemoLab
 from tests.engine_sockets import assert_engines_on_loopback
 
@@ -53,16 +53,24 @@ async def test_demo_gateway_wakes_asks_the_group_and_serves_real_tokens(demo):
         await client.wait_connected(30)
         for _ in range(600):  # the start plan: phi-3-mini comes up, then sleeps; the gateway's peers connect
             status = await client.call("pharaoh", "gateway.status")
-            if (await states(client, "workstation")).get("phi-3-mini") == "sleeping" and all(v == "online" for v in status["peers"].values()):
+            if (await states(client, "workstation")).get("phi-3-mini") == "sleeping" and all(
+                v == "online" for v in status["peers"].values()
+            ):
                 break
             await asyncio.sleep(0.2)
-        headers, body = curl(demo, "/chat/completions", {"model": "phi-3-mini", "max_tokens": 8,
-                                                          "messages": [{"role": "user", "content": "wake up"}]})
+        headers, body = curl(
+            demo,
+            "/chat/completions",
+            {"model": "phi-3-mini", "max_tokens": 8, "messages": [{"role": "user", "content": "wake up"}]},
+        )
         assert headers["status"] == 200 and headers["x-cetlab-woke"] == "true", body
         assert body["usage"]["completion_tokens"] == 8 and (await states(client, "workstation"))["phi-3-mini"] == "warm"
 
-        headers, body = curl(demo, "/orchestra/chat/completions", {"group": "ensemble", "deadline_s": 60, "max_tokens": 8,
-                                                                    "messages": [{"role": "user", "content": "all of you"}]})
+        headers, body = curl(
+            demo,
+            "/orchestra/chat/completions",
+            {"group": "ensemble", "deadline_s": 60, "max_tokens": 8, "messages": [{"role": "user", "content": "all of you"}]},
+        )
         assert headers["status"] == 200 and body["answered"] == body["asked"] == 5 and not body["partial"], body
         by_model = {r["model"]: r for r in body["results"]}
         assert by_model["mistral-large"]["tier"] == "provider" and by_model["mistral-large"]["cost"] > 0
@@ -71,7 +79,11 @@ async def test_demo_gateway_wakes_asks_the_group_and_serves_real_tokens(demo):
 
         status = await client.call("pharaoh", "gateway.status")
         figures = {m["name"]: m for m in status["models"]}
-        assert figures["phi-3-mini"]["wakes"] == 1 and figures["phi-3-mini"]["requests"] == 1 and figures["llama-3.1-8b"]["requests"] == 1
+        assert (
+            figures["phi-3-mini"]["wakes"] == 1
+            and figures["phi-3-mini"]["requests"] == 1
+            and figures["llama-3.1-8b"]["requests"] == 1
+        )
         sim_cloud = next(p for p in status["providers"] if p["name"] == "sim-cloud")
         assert sim_cloud["spend_today"] > 0
         assert sim_cloud["key_set"]  # a simulated stand-in needs no key: never "API key not set" on the demo
@@ -79,7 +91,9 @@ async def test_demo_gateway_wakes_asks_the_group_and_serves_real_tokens(demo):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_transformers_cli() is None, reason="the transformers CLI is not installed (pip install 'transformers[serving]')")
+@pytest.mark.skipif(
+    _transformers_cli() is None, reason="the transformers CLI is not installed (pip install 'transformers[serving]')"
+)
 async def test_demo_gateway_loads_the_tiny_llama_and_returns_real_tokens(demo):
     """The real engine: cold, loaded on request behind the queue (the tiny model is made first), real tokens back."""
     headers, body = curl(demo, "/completions", {"model": "tiny-llama", "prompt": "Capital of France:", "max_tokens": 4})

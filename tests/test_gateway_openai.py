@@ -14,7 +14,7 @@ import openai
 import pytest
 import yaml
 
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import wait_for
@@ -27,20 +27,40 @@ P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
 
 
 def sim_model(name: str, machine: str, gpu: int, **sim) -> dict:
-    return {"name": name, "path": f"models/{name}", "engine": "sim", "machine": machine, "gpus": [gpu], "vram_gib": 1,
-            "sim": {**SIM, **sim}}
+    return {
+        "name": name,
+        "path": f"models/{name}",
+        "engine": "sim",
+        "machine": machine,
+        "gpus": [gpu],
+        "vram_gib": 1,
+        "sim": {**SIM, **sim},
+    }
 
 
 LAB = {
     "lab": "sdk-test",
     "machines": [{"name": "hub", "gpus": {"sim": [P4]}}, {"name": "node", "gpus": {"sim": [P4, P4, P4]}}],
-    "models": [sim_model("chatty", "node", 0), sim_model("slowly", "node", 1, tokens_per_s=8),
-               sim_model("dozy", "node", 2), sim_model("far-away", "hub", 0, load_s=60)],
+    "models": [
+        sim_model("chatty", "node", 0),
+        sim_model("slowly", "node", 1, tokens_per_s=8),
+        sim_model("dozy", "node", 2),
+        sim_model("far-away", "hub", 0, load_s=60),
+    ],
     "orchestra": {"warm": ["chatty", "slowly"], "sleeping": ["dozy"]},
-    "gateway": {"machine": "hub", "models": {"far-away": {"fallback": "cloud-big", "max_wait_s": 1}, "chatty": {"aliases": ["chat"]}}},
+    "gateway": {
+        "machine": "hub",
+        "models": {"far-away": {"fallback": "cloud-big", "max_wait_s": 1}, "chatty": {"aliases": ["chat"]}},
+    },
     "checkpoints": {"dirs": [{"machine": "node", "path": "runs"}], "settle_s": 0, "poll_s": 0.5},
-    "providers": [{"name": "cloud", "base_url": "http://127.0.0.1:1/v1", "simulated": True,
-                   "models": [{"name": "cloud-big", "prompt_per_million": 0.88, "completion_per_million": 0.88}]}],
+    "providers": [
+        {
+            "name": "cloud",
+            "base_url": "http://127.0.0.1:1/v1",
+            "simulated": True,
+            "models": [{"name": "cloud-big", "prompt_per_million": 0.88, "completion_per_million": 0.88}],
+        }
+    ],
 }
 MESSAGES = [{"role": "user", "content": "say something"}]
 
@@ -65,8 +85,11 @@ async def fleet(sdk_lab):
         async def ready() -> bool:
             node = await states(client, "node")
             status = await client.call("hub", "gateway.status")
-            return (node["chatty"]["state"] == node["slowly"]["state"] == "warm" and node["dozy"]["state"] in ("sleeping", "warm")
-                    and all(v == "online" for v in status["peers"].values()))
+            return (
+                node["chatty"]["state"] == node["slowly"]["state"] == "warm"
+                and node["dozy"]["state"] in ("sleeping", "warm")
+                and all(v == "online" for v in status["peers"].values())
+            )
 
         await wait_for(ready, timeout=60, interval=0.2)
         yield client
@@ -83,8 +106,9 @@ async def sdk(sdk_lab, fleet):
 def request_log(demo: DemoLab, model: str) -> list[tuple]:
     db = sqlite3.connect(demo.dir / "agents" / "hub" / "state.db")
     try:
-        return db.execute("SELECT stream, status, usage_source, completion_tokens FROM gateway_requests WHERE model = ? ORDER BY id",
-                          (model,)).fetchall()
+        return db.execute(
+            "SELECT stream, status, usage_source, completion_tokens FROM gateway_requests WHERE model = ? ORDER BY id", (model,)
+        ).fetchall()
     finally:
         db.close()
 
@@ -117,8 +141,12 @@ async def test_chat_and_completions_plain_and_streamed(sdk, sdk_lab):
     # ... yet the gateway asked the engine for it: the stream is metered from the engine's count, not estimated
     await wait_for(lambda: (1, 200, "engine", 6) in request_log(sdk_lab, "chatty"), timeout=10)
 
-    chunks = [c async for c in await sdk.chat.completions.create(model="chatty", messages=MESSAGES, max_tokens=3, stream=True,
-                                                                  stream_options={"include_usage": True})]
+    chunks = [
+        c
+        async for c in await sdk.chat.completions.create(
+            model="chatty", messages=MESSAGES, max_tokens=3, stream=True, stream_options={"include_usage": True}
+        )
+    ]
     assert chunks[-1].usage.completion_tokens == 3 and not chunks[-1].choices
     pieces = [c async for c in await sdk.completions.create(model="chatty", prompt="abc", max_tokens=3, stream=True)]
     assert all(p.model == "chatty" for p in pieces) and "".join(p.choices[0].text for p in pieces if p.choices).strip()
@@ -149,7 +177,11 @@ async def test_errors_are_the_sdks_own_classes(sdk, sdk_lab):
     assert "top_p must be in (0, 1]" in err.value.body["message"]
     key = (sdk_lab.dir / "console" / "gateway.key").read_text().strip()
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
-        for method, path, status in (("GET", "/v1/nowhere", 404), ("DELETE", "/v1/models", 405), ("POST", "/v1/chat/completions", 413)):
+        for method, path, status in (
+            ("GET", "/v1/nowhere", 404),
+            ("DELETE", "/v1/models", 405),
+            ("POST", "/v1/chat/completions", 413),
+        ):
             data = b"x" * (lab.gateway.policies.max_body_bytes + 1) if status == 413 else None
             async with session.request(method, lab.gateway.url.removesuffix("/v1") + path.removeprefix(""), data=data) as r:
                 assert r.status == status and r.content_type == "application/json"
@@ -176,7 +208,11 @@ async def test_a_served_checkpoint_by_name(sdk, sdk_lab, fleet):
     """A full checkpoint served as a model of its own (`serve-checkpoint`, here on the sim engine of `chatty`)."""
     folder = sdk_lab.dir / "runs" / "cet-b" / "checkpoint-200"
     folder.mkdir(parents=True)
-    for name, text in (("config.json", "{}"), ("model.safetensors", "weights"), ("trainer_state.json", '{"global_step": 200, "log_history": []}')):
+    for name, text in (
+        ("config.json", "{}"),
+        ("model.safetensors", "weights"),
+        ("trainer_state.json", '{"global_step": 200, "log_history": []}'),
+    ):
         (folder / name).write_text(text)
 
     async def found() -> bool:
@@ -227,7 +263,8 @@ async def test_a_model_put_to_sleep_mid_stream_finishes_the_stream_and_later_req
     raw = await asyncio.wait_for(later, 60)
     assert raw.parse().choices[0].message.content
     assert (await fleet.call("hub", "gateway.status"))["models"] and next(
-        m for m in (await fleet.call("hub", "gateway.status"))["models"] if m["name"] == "slowly")["wakes"] >= 1
+        m for m in (await fleet.call("hub", "gateway.status"))["models"] if m["name"] == "slowly"
+    )["wakes"] >= 1
     assert_engines_on_loopback(sdk_lab)
 
 
@@ -238,7 +275,9 @@ async def _op_is(fleet: FleetClient, name: str, op: str) -> bool:
 def test_upstream_errors_take_openais_shape():
     from agents.gateway.openai_api import upstream_error
 
-    vllm_old = json.loads(upstream_error(b'{"object":"error","message":"bad n","type":"BadRequestError","param":"n","code":400}', 400, "m5"))
+    vllm_old = json.loads(
+        upstream_error(b'{"object":"error","message":"bad n","type":"BadRequestError","param":"n","code":400}', 400, "m5")
+    )
     assert vllm_old["error"] == {"message": "bad n", "type": "invalid_request_error", "param": "n", "code": "400"}
     page = json.loads(upstream_error(b"<html>Bad Gateway</html>", 502, "cloud"))
     assert page["error"]["type"] == "server_error" and page["error"]["message"].startswith("cloud answered 502: <html>")

@@ -7,7 +7,7 @@ import openai
 import pytest
 import yaml
 
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import wait_for
@@ -20,10 +20,24 @@ LAB = {
     "lab": "rotation-test",
     "machines": [{"name": "hub", "gpus": {"sim": [P4]}}, {"name": "node", "gpus": {"sim": [P4]}}],
     "models": [  # the two do not fit on node's one GPU together: the rotation swaps them
-        {"name": "first", "path": "models/first", "engine": "sim", "machine": "node", "gpus": [0], "vram_gib": 6,
-         "sim": {**SIM, "tokens_per_s": 8}},
-        {"name": "second", "path": "models/second", "engine": "sim", "machine": "node", "gpus": [0], "vram_gib": 6,
-         "sim": {**SIM, "tokens_per_s": 0}},
+        {
+            "name": "first",
+            "path": "models/first",
+            "engine": "sim",
+            "machine": "node",
+            "gpus": [0],
+            "vram_gib": 6,
+            "sim": {**SIM, "tokens_per_s": 8},
+        },
+        {
+            "name": "second",
+            "path": "models/second",
+            "engine": "sim",
+            "machine": "node",
+            "gpus": [0],
+            "vram_gib": 6,
+            "sim": {**SIM, "tokens_per_s": 0},
+        },
     ],
     "orchestra": {"warm": ["first"], "rotation": [["second"], ["first"]]},  # the first rotation brings second in
     "gateway": {"machine": "hub"},
@@ -41,7 +55,10 @@ def rotation_lab(tmp_path_factory):
 async def test_a_rotation_during_a_stream_lets_the_stream_finish(rotation_lab):
     lab = load_lab(rotation_lab.lab_path)
     key = (rotation_lab.dir / "console" / "gateway.key").read_text().strip()
-    async with FleetClient(lab, subscribe=[]) as fleet, openai.AsyncOpenAI(base_url=lab.gateway.url, api_key=key, max_retries=0) as sdk:
+    async with (
+        FleetClient(lab, subscribe=[]) as fleet,
+        openai.AsyncOpenAI(base_url=lab.gateway.url, api_key=key, max_retries=0) as sdk,
+    ):
         await fleet.wait_connected(20)
 
         async def states() -> dict[str, dict]:
@@ -52,8 +69,9 @@ async def test_a_rotation_during_a_stream_lets_the_stream_finish(rotation_lab):
             return (await states())["first"]["state"] == "warm" and status["peers"].get("node") == "online"
 
         await wait_for(first_up, timeout=60, interval=0.2)
-        stream = await sdk.chat.completions.create(model="first", messages=[{"role": "user", "content": "go on"}],
-                                                   max_tokens=16, stream=True)  # 2 s at 8 tokens/s
+        stream = await sdk.chat.completions.create(
+            model="first", messages=[{"role": "user", "content": "go on"}], max_tokens=16, stream=True
+        )  # 2 s at 8 tokens/s
         chunks = [await anext(aiter(stream))]
         await fleet.call("node", "models.rotate")
 

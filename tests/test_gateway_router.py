@@ -11,17 +11,16 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import yaml
 
 from agents.gateway.metering import Meter
 from agents.gateway.router import NotServable, Router
-from agents.lab import parse_lab
-from agents.protocol import LinkStatus
-from agents.states import ModelState
-from agents.store import Store
-from agents.view import LabView
-
-import pytest
+from agents.runtime.store import Store
+from agents.runtime.view import LabView
+from agents.wire.lab.model import parse_lab
+from agents.wire.protocol import LinkStatus
+from agents.wire.states import ModelState
 
 LAB = {
     "lab": "router-test",
@@ -75,8 +74,9 @@ def router_for(peers: AgentStandIn, tmp_path) -> Router:
 
 
 async def test_a_model_that_fell_asleep_since_the_last_tick_is_woken_not_refused(tmp_path):
-    peers = stand_in(tick_view={"name": "sleepy", "state": "warm", "op": "sleep"},
-                     truth={"name": "sleepy", "state": "sleeping", "op": None})
+    peers = stand_in(
+        tick_view={"name": "sleepy", "state": "warm", "op": "sleep"}, truth={"name": "sleepy", "state": "sleeping", "op": None}
+    )
     router = router_for(peers, tmp_path)
     info = await router.ensure_warm(router.local["sleepy"], timeout_s=10)
     assert info.state is ModelState.WARM and info.endpoint
@@ -84,8 +84,9 @@ async def test_a_model_that_fell_asleep_since_the_last_tick_is_woken_not_refused
 
 
 async def test_a_model_put_back_to_sleep_after_its_wake_is_refused_with_the_reason(tmp_path):
-    peers = stand_in(tick_view={"name": "sleepy", "state": "sleeping", "op": None},
-                     truth={"name": "sleepy", "state": "sleeping", "op": None})
+    peers = stand_in(
+        tick_view={"name": "sleepy", "state": "sleeping", "op": None}, truth={"name": "sleepy", "state": "sleeping", "op": None}
+    )
     original = peers.call
 
     async def call(machine: str, method: str, params: dict | None = None, timeout: float | None = None) -> Any:

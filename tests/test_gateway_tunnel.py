@@ -12,10 +12,10 @@ import psutil
 import pytest
 import yaml
 
-from agents.keys import ensure_key
-from agents.lab import LabError, load_lab, parse_lab
-from agents.peers import PEER_KEY_NAME
-from agents.protocol import SSH_USERNAME
+from agents.runtime.keys import ensure_key
+from agents.runtime.peers import PEER_KEY_NAME
+from agents.wire.lab.model import LabError, load_lab, parse_lab
+from agents.wire.protocol import SSH_USERNAME
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import wait_for
@@ -70,12 +70,14 @@ async def engine_port(fleet: FleetClient, machine: str, name: str) -> int:
 
 
 def agent_pid(demo: DemoLab, machine: str) -> int:
-    return next(p.pid for p in demo.processes if "agents.daemon" in p.args and machine in p.args)
+    return next(p.pid for p in demo.processes if "agents.shell.daemon" in p.args and machine in p.args)
 
 
 def connects_to(pid: int, port: int) -> bool:
-    return any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
-               for c in psutil.Process(pid).net_connections(kind="inet"))
+    return any(
+        c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+        for c in psutil.Process(pid).net_connections(kind="inet")
+    )
 
 
 async def test_gateway_serves_another_machines_model_through_the_tunnel(tunnel_lab, client):
@@ -94,8 +96,11 @@ async def test_gateway_serves_another_machines_model_through_the_tunnel(tunnel_l
         assert not connects_to(agent_pid(tunnel_lab, "hub"), port)
     # the forward's end on the gateway machine is a unix socket in a folder of the agent's user only: no other local
     # user reaches the remote engine through it (a loopback TCP port would let anyone on the gateway machine in)
-    sockets = [c.laddr for c in psutil.Process(agent_pid(tunnel_lab, "hub")).net_connections(kind="unix")
-               if c.laddr and c.laddr.endswith(f"/node-{port}.sock")]
+    sockets = [
+        c.laddr
+        for c in psutil.Process(agent_pid(tunnel_lab, "hub")).net_connections(kind="unix")
+        if c.laddr and c.laddr.endswith(f"/node-{port}.sock")
+    ]
     assert sockets and all(stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700 for path in sockets)
 
 
@@ -105,12 +110,16 @@ async def test_forwards_only_for_the_gateway_key_and_only_to_running_engines(tun
     known_hosts = str(tunnel_lab.dir / "console" / "known_hosts")
     gateway_key = ensure_key(tunnel_lab.dir / "agents" / "hub" / PEER_KEY_NAME)
     console_key = ensure_key(tunnel_lab.dir / "console" / "id_ed25519")
-    far, spare, near = (await engine_port(client, "node", "far"), await engine_port(client, "node", "spare"),
-                        await engine_port(client, "hub", "near"))
+    far, spare, near = (
+        await engine_port(client, "node", "far"),
+        await engine_port(client, "node", "spare"),
+        await engine_port(client, "hub", "near"),
+    )
 
     async def forward(key: asyncssh.SSHKey, host: str, port: int) -> bytes:
-        async with asyncssh.connect(node.host, node.port, username=SSH_USERNAME, client_keys=[key], known_hosts=known_hosts,
-                                    agent_path=None, config=None) as conn:
+        async with asyncssh.connect(
+            node.host, node.port, username=SSH_USERNAME, client_keys=[key], known_hosts=known_hosts, agent_path=None, config=None
+        ) as conn:
             reader, writer = await conn.open_connection(host, port)
             writer.write(b"GET /health HTTP/1.0\r\n\r\n")
             data = await reader.read()
@@ -150,7 +159,7 @@ def test_lab_yaml_cannot_put_an_engine_on_the_network():
         data["models"][0]["args"] = args
         with pytest.raises(LabError, match="127.0.0.1 only"):
             parse_lab(yaml.safe_dump(data))
-    from agents.lab import binds_elsewhere
+    from agents.wire.lab.model import binds_elsewhere
 
     assert not any(binds_elsewhere(arg) for arg in ("--hf-overrides", "{}", "--h", "--", "--port=8000", "--hosts"))
 
@@ -158,7 +167,7 @@ def test_lab_yaml_cannot_put_an_engine_on_the_network():
 def test_the_demo_keeps_lab_yamls_gateway_port_when_it_is_free(tmp_path, monkeypatch):
     import socket
 
-    from console import gateway_demo
+    from agents.shell import demo_gateway as gateway_demo
 
     monkeypatch.delenv(gateway_demo.ANY_PORT_ENV, raising=False)
     ports = iter(range(20000, 20100))
@@ -179,8 +188,8 @@ def test_the_demo_keeps_lab_yamls_gateway_port_when_it_is_free(tmp_path, monkeyp
 @pytest.mark.parametrize("kind", ["sim", "vllm", "transformers"])
 def test_every_engine_is_started_on_loopback(tmp_path, kind):
     """Whatever lab.yaml's args say (a --host is refused at load), the engine's command line binds 127.0.0.1."""
-    from agents.lab import Model
     from agents.orchestra.lifecycle import ENGINES
+    from agents.wire.lab.model import Model
 
     model = Model(name="m", path=str(tmp_path), engine=kind, machine="hub", gpus=[0], args=["--max-model-len", "512"])
     argv = ENGINES[kind](model, tmp_path, "hub", [0], tmp_path / "m.log").argv()
@@ -192,8 +201,8 @@ def test_a_refused_forward_is_logged_on_one_line_whatever_host_it_names(caplog):
     """The forward's host is the client's (any key, a viewer's too): a newline in it forged a log line of its own."""
     from types import SimpleNamespace
 
-    from agents.protocol import Role
-    from agents.server import _Server
+    from agents.shell.server import _Server
+    from agents.wire.protocol import Role
 
     caller = SimpleNamespace(agent=None, role=Role.VIEWER, who="intruder")
     with caplog.at_level("WARNING", logger="cetlab.server"), pytest.raises(asyncssh.ChannelOpenError):

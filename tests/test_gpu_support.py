@@ -11,25 +11,39 @@ import pytest
 import yaml
 
 from agents.gpusupport.matrix import judge, matrix
-from agents.sections_gpu_support import Stack, StackKind
 from agents.gpusupport.stacks import DEFAULT_SIM_STACKS, TorchReader, engine_stack_kind, python_of, sim_stacks
-from agents.lab import SimGpu, load_lab
-from agents.protocol import ComputeCapability, ErrorCode, GpuSample, RemoteError
 from agents.telemetry.sim import SimSampler
+from agents.wire.lab.model import SimGpu, load_lab
+from agents.wire.protocol import ComputeCapability, ErrorCode, GpuSample, RemoteError
+from agents.wire.sections.gpu_support import Stack, StackKind
 from console.client import FleetClient
 from console.demo import DemoLab
-
 from tests.conftest import REPO, wait_for
 
 PY = sys.executable
-CC = {"P40": ComputeCapability(major=6, minor=1), "V100": ComputeCapability(major=7, minor=0),
-      "3050": ComputeCapability(major=8, minor=6), "H100": ComputeCapability(major=9, minor=0)}
+CC = {
+    "P40": ComputeCapability(major=6, minor=1),
+    "V100": ComputeCapability(major=7, minor=0),
+    "3050": ComputeCapability(major=8, minor=6),
+    "H100": ComputeCapability(major=9, minor=0),
+}
 NAMES = {"P40": "Tesla P40", "V100": "Tesla V100", "3050": "NVIDIA GeForce RTX 3050", "H100": "NVIDIA H100 80GB HBM3"}
 CUDA13 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]  # PyTorch's CUDA 13 wheels from the package index
 CU126 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]  # PyTorch's own CUDA 12.6 wheel index
-TORCH_CUDA13 = Stack(name="trainer torch", kind=StackKind.TORCH, version="2.13.0+cu130", cuda="13.0", archs=CUDA13, source="/lab/venv/bin/python: x")
-TORCH_CU126 = Stack(name="trainer torch", kind=StackKind.TORCH, version="2.14.0+cu126", cuda="12.6", archs=CU126, source="/lab/venv/bin/python: x")
-TORCH_CPU = Stack(name="trainer torch", kind=StackKind.TORCH, version="2.13.0+cpu", cpu_build=True, source="/lab/venv/bin/python: x")
+TORCH_CUDA13 = Stack(
+    name="trainer torch",
+    kind=StackKind.TORCH,
+    version="2.13.0+cu130",
+    cuda="13.0",
+    archs=CUDA13,
+    source="/lab/venv/bin/python: x",
+)
+TORCH_CU126 = Stack(
+    name="trainer torch", kind=StackKind.TORCH, version="2.14.0+cu126", cuda="12.6", archs=CU126, source="/lab/venv/bin/python: x"
+)
+TORCH_CPU = Stack(
+    name="trainer torch", kind=StackKind.TORCH, version="2.13.0+cpu", cpu_build=True, source="/lab/venv/bin/python: x"
+)
 VLLM = Stack(name="vLLM", kind=StackKind.VLLM, version="0.33.0", cuda="13.0", archs=CUDA13, min_capability=CC["V100"], source="x")
 LLAMA_CUDA12 = Stack(name="llama-server", kind=StackKind.LLAMACPP, cuda="12.8", archs=["sm_61", "sm_70", "sm_86"], source="x")
 LLAMA_CPU = Stack(name="llama-server", kind=StackKind.LLAMACPP, cpu_build=True, source="x")
@@ -38,14 +52,33 @@ LLAMA_CPU = Stack(name="llama-server", kind=StackKind.LLAMACPP, cpu_build=True, 
 # ---------------------------------------------------------------------------- the matrix, with typed fake stacks
 
 
-@pytest.mark.parametrize("gpu, stack, runs", [
-    ("P40", TORCH_CUDA13, False), ("V100", TORCH_CUDA13, False), ("3050", TORCH_CUDA13, True), ("H100", TORCH_CUDA13, True),
-    ("P40", TORCH_CU126, True), ("V100", TORCH_CU126, True), ("3050", TORCH_CU126, True), ("H100", TORCH_CU126, True),
-    ("P40", TORCH_CPU, False), ("V100", TORCH_CPU, False), ("3050", TORCH_CPU, False), ("H100", TORCH_CPU, False),
-    ("P40", VLLM, False), ("V100", VLLM, False), ("3050", VLLM, True), ("H100", VLLM, True),
-    ("P40", LLAMA_CUDA12, True), ("V100", LLAMA_CUDA12, True), ("3050", LLAMA_CUDA12, True), ("H100", LLAMA_CUDA12, False),
-    ("P40", LLAMA_CPU, False), ("H100", LLAMA_CPU, False),
-])
+@pytest.mark.parametrize(
+    "gpu, stack, runs",
+    [
+        ("P40", TORCH_CUDA13, False),
+        ("V100", TORCH_CUDA13, False),
+        ("3050", TORCH_CUDA13, True),
+        ("H100", TORCH_CUDA13, True),
+        ("P40", TORCH_CU126, True),
+        ("V100", TORCH_CU126, True),
+        ("3050", TORCH_CU126, True),
+        ("H100", TORCH_CU126, True),
+        ("P40", TORCH_CPU, False),
+        ("V100", TORCH_CPU, False),
+        ("3050", TORCH_CPU, False),
+        ("H100", TORCH_CPU, False),
+        ("P40", VLLM, False),
+        ("V100", VLLM, False),
+        ("3050", VLLM, True),
+        ("H100", VLLM, True),
+        ("P40", LLAMA_CUDA12, True),
+        ("V100", LLAMA_CUDA12, True),
+        ("3050", LLAMA_CUDA12, True),
+        ("H100", LLAMA_CUDA12, False),
+        ("P40", LLAMA_CPU, False),
+        ("H100", LLAMA_CPU, False),
+    ],
+)
 def test_matrix_of_lab_gpus_and_builds(gpu, stack, runs):
     verdict = judge("m5", 1, NAMES[gpu], CC[gpu], stack)
     assert verdict.runs is runs, verdict.message
@@ -54,16 +87,21 @@ def test_matrix_of_lab_gpus_and_builds(gpu, stack, runs):
 
 def test_the_issue_wording_for_a_p40_under_a_cuda13_torch():
     verdict = judge("m5", 1, "Tesla P40", CC["P40"], TORCH_CUDA13, for_model=True)
-    assert verdict.message.startswith("m5 GPU 1 is a Tesla P40 (sm_61); this torch 2.13 build (CUDA 13.0) has kernels for sm_75 and newer; "
-                                      "install PyTorch 2.14 from PyTorch's CUDA 12.6 wheel index (/lab/venv/bin/python -m pip install "
-                                      "'torch==2.14.*' --index-url https://download.pytorch.org/whl/cu126)")
+    assert verdict.message.startswith(
+        "m5 GPU 1 is a Tesla P40 (sm_61); this torch 2.13 build (CUDA 13.0) has kernels for sm_75 and newer; "
+        "install PyTorch 2.14 from PyTorch's CUDA 12.6 wheel index (/lab/venv/bin/python -m pip install "
+        "'torch==2.14.*' --index-url https://download.pytorch.org/whl/cu126)"
+    )
     assert verdict.message.endswith("or serve this model with engine llamacpp")
     job = judge("m5", 1, "Tesla P40", CC["P40"], TORCH_CUDA13)
     assert "llamacpp" not in job.message  # a trainer has no other engine to go to
 
 
 def test_reasons_name_the_build_and_the_fix():
-    assert "vLLM 0.33 needs compute capability 7.0 or newer; serve this model with engine llamacpp" in judge("m5", 2, "Tesla P40", CC["P40"], VLLM).message
+    assert (
+        "vLLM 0.33 needs compute capability 7.0 or newer; serve this model with engine llamacpp"
+        in judge("m5", 2, "Tesla P40", CC["P40"], VLLM).message
+    )
     v100 = judge("m5", 0, "Tesla V100", CC["V100"], VLLM).message
     assert "vLLM 0.33's torch (CUDA 13.0) has kernels for sm_75 and newer" in v100 and "CUDA 12.6" in v100
     cpu = judge("m5", 0, "Tesla V100", CC["V100"], TORCH_CPU).message
@@ -78,15 +116,26 @@ def test_unknown_is_not_a_refusal():
     unread = Stack(name="trainer torch", kind=StackKind.TORCH, source="x", problem="no torch in /usr/bin/python3")
     assert judge("m5", 0, "Tesla V100", CC["V100"], unread).runs is None
     assert judge("m5", 0, "Tesla V100", None, TORCH_CUDA13).runs is None  # capability N/A from the driver
-    assert judge("m5", 0, "x", CC["V100"], Stack(name="llama-server", kind=StackKind.LLAMACPP, source="x")).runs is None  # archs unsaid
+    assert (
+        judge("m5", 0, "x", CC["V100"], Stack(name="llama-server", kind=StackKind.LLAMACPP, source="x")).runs is None
+    )  # archs unsaid
 
 
 def test_matrix_covers_every_gpu_and_stack_and_skips_failed_gpus():
-    gpus = [GpuSample(index=0, name="Tesla V100", compute_capability=CC["V100"]), GpuSample(index=1, name="Tesla P40", compute_capability=CC["P40"]),
-            GpuSample(index=2, name="Tesla P40", failed="GPU is lost")]
+    gpus = [
+        GpuSample(index=0, name="Tesla V100", compute_capability=CC["V100"]),
+        GpuSample(index=1, name="Tesla P40", compute_capability=CC["P40"]),
+        GpuSample(index=2, name="Tesla P40", failed="GPU is lost"),
+    ]
     rows = matrix("m5", gpus, [TORCH_CU126, VLLM, LLAMA_CUDA12])
-    assert [(r.gpu, r.stack, r.runs) for r in rows] == [(0, "trainer torch", True), (0, "vLLM", False), (0, "llama-server", True),
-                                                        (1, "trainer torch", True), (1, "vLLM", False), (1, "llama-server", True)]
+    assert [(r.gpu, r.stack, r.runs) for r in rows] == [
+        (0, "trainer torch", True),
+        (0, "vLLM", False),
+        (0, "llama-server", True),
+        (1, "trainer torch", True),
+        (1, "vLLM", False),
+        (1, "llama-server", True),
+    ]
 
 
 def test_engines_map_to_their_stacks():
@@ -102,10 +151,16 @@ def test_engines_map_to_their_stacks():
 
 
 def test_sim_gpus_carry_their_compute_capability_labelled_simulated():
-    sampler = SimSampler([SimGpu(name="Tesla P40", memory_gib=24, tdp_w=250), SimGpu(name="Tesla V100", memory_gib=32, tdp_w=250),
-                          SimGpu(name="NVIDIA GeForce RTX 3050", memory_gib=8, tdp_w=130),
-                          SimGpu(name="Custom", memory_gib=8, tdp_w=100, compute_capability="7.5"), SimGpu(name="Unknown", memory_gib=8, tdp_w=100)],
-                         background=False)
+    sampler = SimSampler(
+        [
+            SimGpu(name="Tesla P40", memory_gib=24, tdp_w=250),
+            SimGpu(name="Tesla V100", memory_gib=32, tdp_w=250),
+            SimGpu(name="NVIDIA GeForce RTX 3050", memory_gib=8, tdp_w=130),
+            SimGpu(name="Custom", memory_gib=8, tdp_w=100, compute_capability="7.5"),
+            SimGpu(name="Unknown", memory_gib=8, tdp_w=100),
+        ],
+        background=False,
+    )
     samples = sampler.sample()
     assert [str(s.compute_capability) for s in samples] == ["6.1", "7.0", "8.6", "7.5", "None"]
     assert all(s.simulated for s in samples)
@@ -163,18 +218,55 @@ def refusing_lab(root: Path) -> Path:
     data = {
         "lab": "support-test",
         "machines": [
-            {"name": "m5", "gpus": {"sim": [{"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250},
-                                           {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250}], "stacks": stacks}},
-            {"name": "workstation", "gpus": {"sim": [{"name": "NVIDIA GeForce RTX 3050", "memory_gib": 8, "tdp_w": 130}], "stacks": stacks}},
+            {
+                "name": "m5",
+                "gpus": {
+                    "sim": [
+                        {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250},
+                        {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250},
+                    ],
+                    "stacks": stacks,
+                },
+            },
+            {
+                "name": "workstation",
+                "gpus": {"sim": [{"name": "NVIDIA GeForce RTX 3050", "memory_gib": 8, "tdp_w": 130}], "stacks": stacks},
+            },
         ],
         "models": [
-            {"name": "llama-8b-vllm", "path": str(models / "llama-8b"), "engine": "vllm", "machine": "m5", "gpus": [1], "vram_gib": 16},
-            {"name": "llama-8b-sim", "path": str(models / "llama-8b"), "engine": "sim", "machine": "m5", "gpus": [0], "vram_gib": 16,
-             "sim": {"load_s": 0, "warmup_s": 0, "wake_s": 0, "cold_factor": 1}},
+            {
+                "name": "llama-8b-vllm",
+                "path": str(models / "llama-8b"),
+                "engine": "vllm",
+                "machine": "m5",
+                "gpus": [1],
+                "vram_gib": 16,
+            },
+            {
+                "name": "llama-8b-sim",
+                "path": str(models / "llama-8b"),
+                "engine": "sim",
+                "machine": "m5",
+                "gpus": [0],
+                "vram_gib": 16,
+                "sim": {"load_s": 0, "warmup_s": 0, "wake_s": 0, "cold_factor": 1},
+            },
         ],
         "trainers": [
-            {"name": "on-p40", "machine": "m5", "gpus": [1], "command": [PY, "-c", "print('trained')"], "output_dir": "runs/{job_id}"},
-            {"name": "on-3050", "machine": "workstation", "gpus": [0], "command": [PY, "-c", "print('trained')"], "output_dir": "runs/{job_id}"},
+            {
+                "name": "on-p40",
+                "machine": "m5",
+                "gpus": [1],
+                "command": [PY, "-c", "print('trained')"],
+                "output_dir": "runs/{job_id}",
+            },
+            {
+                "name": "on-3050",
+                "machine": "workstation",
+                "gpus": [0],
+                "command": [PY, "-c", "print('trained')"],
+                "output_dir": "runs/{job_id}",
+            },
         ],
     }
     path = root / "lab.yaml"
@@ -203,8 +295,10 @@ async def test_a_job_on_a_gpu_its_torch_cannot_run_is_refused_with_the_fix(refus
             await client.call("m5", "jobs.start", {"recipe": "on-p40"})
         error = info.value
         assert error.code == ErrorCode.UNAVAILABLE
-        assert error.message.startswith("recipe on-p40 refused: m5 GPU 1 is a Tesla P40 (sm_61, SIM); this torch 2.13 build (CUDA 13.0) "
-                                        "has kernels for sm_75 and newer; install PyTorch 2.14 from PyTorch's CUDA 12.6 wheel index")
+        assert error.message.startswith(
+            "recipe on-p40 refused: m5 GPU 1 is a Tesla P40 (sm_61, SIM); this torch 2.13 build (CUDA 13.0) "
+            "has kernels for sm_75 and newer; install PyTorch 2.14 from PyTorch's CUDA 12.6 wheel index"
+        )
         assert error.data and error.data["gpu_support"]["runs"] is False and error.data["gpu_support"]["simulated"] is True
         assert (await client.call("m5", "jobs.list", {})) == []  # refused before anything was launched
         job = await client.call("workstation", "jobs.start", {"recipe": "on-3050"})  # the same torch has sm_86 kernels: it runs
@@ -218,13 +312,20 @@ async def test_a_model_whose_engine_cannot_run_on_its_gpu_is_refused_and_the_sim
     try:
         with pytest.raises(RemoteError) as info:
             await client.call("m5", "models.warm", {"model": "llama-8b-vllm"})
-        assert info.value.message == ("model llama-8b-vllm (engine vllm) refused: m5 GPU 1 is a Tesla P40 (sm_61, SIM); vLLM 0.33 needs compute "
-                                      "capability 7.0 or newer; serve this model with engine llamacpp (GGUF)")
+        assert info.value.message == (
+            "model llama-8b-vllm (engine vllm) refused: m5 GPU 1 is a Tesla P40 (sm_61, SIM); vLLM 0.33 needs compute "
+            "capability 7.0 or newer; serve this model with engine llamacpp (GGUF)"
+        )
         models = (await client.call("m5", "status"))["models"]["models"]
         assert next(m for m in models if m["name"] == "llama-8b-vllm")["state"] == "cold"
         await client.call("m5", "models.warm", {"model": "llama-8b-sim"})  # the sim engine needs no GPU
-        await wait_for(lambda: client.state.machines["m5"].model_list and any(
-            m.name == "llama-8b-sim" and m.state == "warm" for m in client.state.machines["m5"].model_list), 60)
+        await wait_for(
+            lambda: (
+                client.state.machines["m5"].model_list
+                and any(m.name == "llama-8b-sim" and m.state == "warm" for m in client.state.machines["m5"].model_list)
+            ),
+            60,
+        )
     finally:
         await client.stop()
 
@@ -236,7 +337,11 @@ async def test_the_matrix_reaches_the_console_typed(refusing):
         await wait_for(lambda: view.gpu_support is not None and view.gpu_support.verdicts, 15)
         assert view.gpus[1].compute_capability == CC["P40"] and view.gpus[1].simulated
         rows = {(v.gpu, v.stack): v for v in view.gpu_support.verdicts}
-        assert rows[(1, "trainer torch")].runs is False and rows[(1, "vLLM")].runs is False and rows[(1, "llama-server")].runs is True
+        assert (
+            rows[(1, "trainer torch")].runs is False
+            and rows[(1, "vLLM")].runs is False
+            and rows[(1, "llama-server")].runs is True
+        )
         assert rows[(0, "vLLM")].runs is False  # a V100 is 7.0, but the default sim vLLM's torch is a CUDA 13 build
         assert all(s.simulated for s in view.gpu_support.stacks)
         answer = await client.call("m5", "gpus.support")
@@ -246,12 +351,25 @@ async def test_the_matrix_reaches_the_console_typed(refusing):
 
 
 def test_the_cli_says_why_and_the_fix(refusing):
-    done = subprocess.run([str(Path(PY).with_name("cetlab")), "--lab", str(refusing.lab_path), "train", "on-p40"],
-                          capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    done = subprocess.run(
+        [str(Path(PY).with_name("cetlab")), "--lab", str(refusing.lab_path), "train", "on-p40"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode != 0
-    assert "m5 GPU 1 is a Tesla P40 (sm_61, SIM)" in done.stderr + done.stdout and "CUDA 12.6 wheel index" in done.stderr + done.stdout
-    status = subprocess.run([str(Path(PY).with_name("cetlab")), "--lab", str(refusing.lab_path), "--json", "status"],
-                            capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert (
+        "m5 GPU 1 is a Tesla P40 (sm_61, SIM)" in done.stderr + done.stdout
+        and "CUDA 12.6 wheel index" in done.stderr + done.stdout
+    )
+    status = subprocess.run(
+        [str(Path(PY).with_name("cetlab")), "--lab", str(refusing.lab_path), "--json", "status"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )
     machine = next(m for m in json.loads(status.stdout)["machines"] if m["name"] == "m5")
     assert machine["gpus"][1]["compute_capability"] == {"major": 6, "minor": 1}
     support = {(v["gpu"], v["stack"]): v for v in machine["gpu_support"]["verdicts"]}
@@ -269,7 +387,9 @@ def test_the_demo_lab_keeps_training_on_its_simulated_v100_and_p40s():
     assert [v.runs for v in rows if v.kind == StackKind.VLLM] == [False] * 5
     assert stacks[StackKind.TORCH].archs == DEFAULT_SIM_STACKS.torch.archs
     pharaoh = lab.machine("pharaoh")  # the demo's one misinstalled box (SIM): a CUDA 13 torch, and no trainer placed there
-    rows = matrix("pharaoh", SimSampler(pharaoh.gpus.sim, background=False).sample(), list(sim_stacks(pharaoh.gpus.stacks).values()))
+    rows = matrix(
+        "pharaoh", SimSampler(pharaoh.gpus.sim, background=False).sample(), list(sim_stacks(pharaoh.gpus.stacks).values())
+    )
     assert next(v for v in rows if v.kind == StackKind.TORCH).runs is False
     assert not [t for t in lab.trainers if t.machine == "pharaoh" or any(n.machine == "pharaoh" for n in t.nodes)]
 
@@ -278,8 +398,14 @@ def test_the_demo_lab_keeps_training_on_its_simulated_v100_and_p40s():
 
 
 def agent_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "agents.daemon", *args], capture_output=True, text=True, timeout=180, cwd=cwd,
-                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [PY, "-m", "agents.shell.daemon", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=cwd,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 def test_doctor_runs_before_lab_yaml_exists(tmp_path):
@@ -297,8 +423,12 @@ def test_doctor_prints_the_matrix_per_gpu_and_fails_what_lab_yaml_places_where_i
     done = agent_cli("doctor", "--lab", str(lab), "--machine", "m5", "--state-dir", str(tmp_path / "state"))
     assert done.returncode == 1, done.stdout
     lines = done.stdout.splitlines()
-    assert any(line.startswith("OK") and "gpu 1 support" in line and "Tesla P40 (sm_61, SIM): trainer torch no, vLLM no, llama-server yes" in line
-               for line in lines), done.stdout
+    assert any(
+        line.startswith("OK")
+        and "gpu 1 support" in line
+        and "Tesla P40 (sm_61, SIM): trainer torch no, vLLM no, llama-server yes" in line
+        for line in lines
+    ), done.stdout
     fail = next(line for line in lines if line.startswith("FAIL") and "gpu 1 vLLM" in line)
     assert "model llama-8b-vllm: m5 GPU 1 is a Tesla P40 (sm_61, SIM); vLLM 0.33 needs compute capability 7.0" in fail
     torch_fail = next(line for line in lines if line.startswith("FAIL") and "gpu 1 trainer torch" in line)
@@ -372,23 +502,49 @@ async def test_on_nvml_gpus_the_installed_torch_is_judged_and_a_cpu_build_refuse
     """The real path: NVML's capability (a fake driver's answers) against this Python's torch read in a subprocess (a CPU build here)."""
     import torch
 
-    from agents.agent import Agent
     from agents.gpusupport.component import GpuSupportComponent
-    from agents.jobs.supervisor import JobsComponent
-    from agents.lab import parse_lab
-    from agents.store import Store
+    from agents.jobs.component import JobsComponent
+    from agents.runtime.store import Store
+    from agents.shell.agent import Agent
     from agents.telemetry.nvml import NvmlSampler
+    from agents.wire.lab.model import parse_lab
     from tests.test_nvml_sampler import FakeNvml, gpu
 
     class WithCapability(FakeNvml):
         def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
             return self._get(h, "cc")
 
-    lab = parse_lab(yaml.safe_dump({"lab": "real", "machines": [{"name": "box", "gpus": "nvml"}], "trainers": [
-        {"name": "train", "machine": "box", "gpus": [0], "command": [PY, "-c", "print(1)"], "output_dir": str(tmp_path / "runs/{job_id}")},
-        {"name": "not-python", "machine": "box", "gpus": [0], "command": ["true"], "output_dir": str(tmp_path / "runs/{job_id}")}]}))
-    agent = Agent(lab, "box", tmp_path / "state", gpu_sampler=NvmlSampler(nvml_module=WithCapability(gpu("Tesla V100-SXM2-32GB", cc=(7, 0)))),
-                  components=lambda core: [GpuSupportComponent(core), JobsComponent(core)])
+    lab = parse_lab(
+        yaml.safe_dump(
+            {
+                "lab": "real",
+                "machines": [{"name": "box", "gpus": "nvml"}],
+                "trainers": [
+                    {
+                        "name": "train",
+                        "machine": "box",
+                        "gpus": [0],
+                        "command": [PY, "-c", "print(1)"],
+                        "output_dir": str(tmp_path / "runs/{job_id}"),
+                    },
+                    {
+                        "name": "not-python",
+                        "machine": "box",
+                        "gpus": [0],
+                        "command": ["true"],
+                        "output_dir": str(tmp_path / "runs/{job_id}"),
+                    },
+                ],
+            }
+        )
+    )
+    agent = Agent(
+        lab,
+        "box",
+        tmp_path / "state",
+        gpu_sampler=NvmlSampler(nvml_module=WithCapability(gpu("Tesla V100-SXM2-32GB", cc=(7, 0)))),
+        components=lambda core: [GpuSupportComponent(core), JobsComponent(core)],
+    )
     support, jobs = agent.find(GpuSupportComponent), agent.find(JobsComponent)
     assert support is not None and jobs is not None
     (tmp_path / "state").mkdir()

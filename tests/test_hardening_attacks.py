@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
 from bench.bench_attacks import Console, DemoLab, add_viewer, launch_agent, measure, report
 
 SECONDS = 4.0

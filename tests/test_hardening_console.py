@@ -9,7 +9,8 @@ import sys
 import pytest
 from textual.binding import Binding
 
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import RemoteError
 from console.app import CetlabApp
 from console.screens.audit import AuditScreen
 from console.screens.base import LabScreen
@@ -97,7 +98,7 @@ async def test_audit_view_shows_operator_actions_live(demo_lab):
             screen = app.screen
             assert isinstance(screen, AuditScreen)
             await actor.call("irina", "set_interval", {"interval_s": 1})
-            with pytest.raises(Exception):
+            with pytest.raises(RemoteError):
                 await actor.call("irina", "models.warm", {"model": "no-such-model"})
 
             def rows() -> list[list[str]]:
@@ -117,14 +118,50 @@ async def test_audit_view_shows_operator_actions_live(demo_lab):
 
 
 def test_cli_audit_json(demo_lab):
-    result = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path), "--json", "audit",
-                             "--machine", "pharaoh", "--limit", "5"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "console.cli",
+            "--lab",
+            str(demo_lab.lab_path),
+            "--json",
+            "audit",
+            "--machine",
+            "pharaoh",
+            "--limit",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     before = json.loads(result.stdout)["entries"] if result.returncode == 0 else None
     assert before is not None, result.stderr
-    subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path), "--json", "alerts", "--ack", "pharaoh#999999"],
-                   capture_output=True, text=True, timeout=60)
-    result = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path), "--json", "audit",
-                             "--machine", "pharaoh", "--method", "alerts.ack"], capture_output=True, text=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path), "--json", "alerts", "--ack", "pharaoh#999999"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "console.cli",
+            "--lab",
+            str(demo_lab.lab_path),
+            "--json",
+            "audit",
+            "--machine",
+            "pharaoh",
+            "--method",
+            "alerts.ack",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     entry = data["entries"][0]

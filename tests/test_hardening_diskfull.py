@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import yaml
 
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.protocol import ErrorCode, RemoteError
 from console.demo import DemoLab
 from tests.conftest import wait_for
 from tests.hardening_fixtures import PY, connected, one_machine_lab, start_agent, wait_listening
@@ -19,13 +19,30 @@ FILE_SIZE_LIMIT = 256 * 1024
 
 def start_agent_on_full_disk(lab_path, state, limit: int = FILE_SIZE_LIMIT) -> subprocess.Popen:
     """The agent with RLIMIT_FSIZE: every write past the limit fails as on a full disk (Python ignores SIGXFSZ)."""
+
     def full_disk() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     return subprocess.Popen(
-        [PY, "-m", "agents.daemon", "--log-level", "warning", "serve", "--lab", str(lab_path), "--machine", "box",
-         "--state-dir", str(state)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=full_disk,
+        [
+            PY,
+            "-m",
+            "agents.shell.daemon",
+            "--log-level",
+            "warning",
+            "serve",
+            "--lab",
+            str(lab_path),
+            "--machine",
+            "box",
+            "--state-dir",
+            str(state),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=full_disk,
     )
 
 

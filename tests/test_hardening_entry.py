@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.lab import load_lab
-from agents.protocol import EVENT_TICK, ErrorCode, RemoteError
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import EVENT_TICK, ErrorCode, RemoteError
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import wait_for
@@ -22,7 +22,7 @@ from tests.conftest import wait_for
 pytestmark = [pytest.mark.timeout(180)]
 
 # Copies the document named on its command line to the progress file the agent gave it, then trains (sleeps).
-WRITER = ("import os, shutil, sys, time; shutil.copy(sys.argv[1], os.environ['CETLAB_PROGRESS_FILE']); time.sleep(300)")
+WRITER = "import os, shutil, sys, time; shutil.copy(sys.argv[1], os.environ['CETLAB_PROGRESS_FILE']); time.sleep(300)"
 SIM_GPU = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
 
 
@@ -32,8 +32,16 @@ def lab_with_writer(tmp_path: Path, document: str, watched: list[Path] = ()) -> 
     return {
         "lab": "entry-lab",
         "machines": [{"name": "box", "gpus": {"sim": [SIM_GPU]}}],
-        "trainers": [{"name": "writer", "machine": "box", "gpus": [0], "output_dir": str(tmp_path / "out" / "{job_id}"),
-                      "command": [sys.executable, "-c", WRITER, str(doc)], "stop_grace_s": "1s"}],
+        "trainers": [
+            {
+                "name": "writer",
+                "machine": "box",
+                "gpus": [0],
+                "output_dir": str(tmp_path / "out" / "{job_id}"),
+                "command": [sys.executable, "-c", WRITER, str(doc)],
+                "stop_grace_s": "1s",
+            }
+        ],
         "checkpoints": {"poll_s": "1s", "dirs": [{"machine": "box", "path": str(p)} for p in watched]},
     }
 
@@ -65,7 +73,9 @@ def job_in_section(client: FleetClient, job_id: str) -> dict | None:
 
 
 async def test_a_nan_loss_in_a_progress_file_shows_a_diverged_run_and_the_agent_keeps_ticking(tmp_path, lab_file):
-    document = '{"version": 1, "state": "running", "step": 7, "max_steps": 100, "loss": NaN, "epoch": Infinity, "updated_at": 1.0}'
+    document = (
+        '{"version": 1, "state": "running", "step": 7, "max_steps": 100, "loss": NaN, "epoch": Infinity, "updated_at": 1.0}'
+    )
     async with writer_running(tmp_path, lab_file, document) as (_, client, job):
         shown = await wait_for(lambda: (j := job_in_section(client, job["id"])) and j["diverged_at_step"] == 7 and j, timeout=30)
         assert shown["loss"] is None and shown["epoch"] is None and shown["step"] == 7
@@ -79,9 +89,19 @@ async def test_a_nan_loss_in_a_progress_file_shows_a_diverged_run_and_the_agent_
 async def test_a_nan_in_the_newest_checkpoints_trainer_state_is_no_point_of_the_curve(tmp_path, lab_file):
     checkpoint = tmp_path / "elsewhere" / "checkpoint-2"
     checkpoint.mkdir(parents=True)
-    (checkpoint / "trainer_state.json").write_text('{"global_step": 2, "log_history": [{"step": 1, "loss": 2.5}, {"step": 2, "loss": NaN}]}')
-    document = json.dumps({"version": 1, "state": "running", "step": 2, "loss": 2.5, "updated_at": 1.0,
-                           "checkpoints": [{"step": 2, "path": str(checkpoint), "save_s": 0.1, "at": 1.0}]})
+    (checkpoint / "trainer_state.json").write_text(
+        '{"global_step": 2, "log_history": [{"step": 1, "loss": 2.5}, {"step": 2, "loss": NaN}]}'
+    )
+    document = json.dumps(
+        {
+            "version": 1,
+            "state": "running",
+            "step": 2,
+            "loss": 2.5,
+            "updated_at": 1.0,
+            "checkpoints": [{"step": 2, "path": str(checkpoint), "save_s": 0.1, "at": 1.0}],
+        }
+    )
     async with writer_running(tmp_path, lab_file, document) as (_, client, job):
         shown = await wait_for(lambda: (j := job_in_section(client, job["id"])) and j["diverged_at_step"] == 2 and j, timeout=30)
         assert shown["loss_history"] == [2.5]

@@ -16,11 +16,11 @@ import pynvml
 import pytest
 import yaml
 
-from agents.agent import Agent
-from agents.lab import load_lab
-from agents.protocol import EVENT_TICK, ErrorCode, RemoteError, Role
-from agents.rpc import Peer
+from agents.runtime.rpc import Peer
+from agents.shell.agent import Agent
 from agents.telemetry.nvml import GPU_LOST, NvmlSampler
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import EVENT_TICK, ErrorCode, RemoteError, Role
 from console.demo import DemoLab
 from tests.conftest import kill_jobs_left, wait_for
 from tests.hardening_fixtures import P4, PY, SLEEPER, connected, one_machine_lab
@@ -52,13 +52,35 @@ async def test_kill_9_then_restart_readopts_trainer_and_model_server(tmp_path, s
     """kill -9, restart: the trainer and the model server are serving again, the same processes. With state.db
     lost as well (deleted; a corrupt one is moved aside the same way), both are found again from their folders."""
     source = tmp_path / "lab.yaml"
-    source.write_text(yaml.safe_dump({
-        "lab": "hardening",
-        "machines": [{"name": "box", "gpus": {"sim": [P4, P4]}}],
-        "trainers": [{"name": "steady", "machine": "box", "gpus": [0], "command": [PY, "-c", SLEEPER], "output_dir": "runs/{job_id}"}],
-        "models": [{"name": "m", "path": "models/m", "engine": "sim", "machine": "box", "gpus": [1], "vram_gib": 4, "sim": FAST_SIM}],
-        "orchestra": {"warm": ["m"]},
-    }))
+    source.write_text(
+        yaml.safe_dump(
+            {
+                "lab": "hardening",
+                "machines": [{"name": "box", "gpus": {"sim": [P4, P4]}}],
+                "trainers": [
+                    {
+                        "name": "steady",
+                        "machine": "box",
+                        "gpus": [0],
+                        "command": [PY, "-c", SLEEPER],
+                        "output_dir": "runs/{job_id}",
+                    }
+                ],
+                "models": [
+                    {
+                        "name": "m",
+                        "path": "models/m",
+                        "engine": "sim",
+                        "machine": "box",
+                        "gpus": [1],
+                        "vram_gib": 4,
+                        "sim": FAST_SIM,
+                    }
+                ],
+                "orchestra": {"warm": ["m"]},
+            }
+        )
+    )
     demo = DemoLab(tmp_path / "run", source=source)
     demo.start()
     client = None
@@ -115,8 +137,10 @@ async def test_kill_9_then_restart_readopts_trainer_and_model_server(tmp_path, s
         assert j["state"] == "running" and j["adopted"] and m["state"] == "warm", (j, m)
         view = client.state.machines["box"]
         await wait_for(lambda: view.online, timeout=60)  # the first console reconnects by itself (with backoff)
-        print(f"\nre-adoption after kill -9: trainer and model server serving again {readopted_s:.2f} s after the agent's restart;"
-              f" the console that saw the crash was back after {time.monotonic() - started:.2f} s")
+        print(
+            f"\nre-adoption after kill -9: trainer and model server serving again {readopted_s:.2f} s after the agent's restart;"
+            f" the console that saw the crash was back after {time.monotonic() - started:.2f} s"
+        )
         j, m = await states()
         assert j["pid"] == trainer.pid and m["endpoint"] == endpoint  # the same processes, not new ones
         assert sim_servers(port) == [server]
@@ -145,14 +169,20 @@ async def test_kill_9_then_restart_readopts_trainer_and_model_server(tmp_path, s
             return m if m["state"] == "failed" else None
 
         gone = await wait_for(failed_model, timeout=30)
-        assert "re-adopted after an agent restart" in gone["error"]["message"] and "-1" not in gone["error"]["message"], gone["error"]
+        assert "re-adopted after an agent restart" in gone["error"]["message"] and "-1" not in gone["error"]["message"], gone[
+            "error"
+        ]
         if state_db == "kept":
             assert (await client.call("box", "audit.list"))["total"] >= audit_before  # nothing lost
         await client.call("box", "jobs.kill", {"id": job["id"]})
         if state_db == "lost":  # a new job counts past the folders of the found ones: no id is used twice
 
             async def ended() -> bool:
-                return (await client.call("box", "jobs.get", {"id": job["id"]}))["state"] not in ("running", "stopping", "starting")
+                return (await client.call("box", "jobs.get", {"id": job["id"]}))["state"] not in (
+                    "running",
+                    "stopping",
+                    "starting",
+                )
 
             await wait_for(ended, timeout=30)
             again = await client.call("box", "jobs.start", {"recipe": "steady"})
@@ -212,7 +242,14 @@ async def test_a_gpu_lost_mid_run_is_failed_and_the_others_keep_reporting(tmp_pa
     data["machines"][0].update(gpus="nvml", sample_interval_s=0.1)
     lab_path.write_text(yaml.safe_dump(data))
     nvml = FakeNvml(gpu(), gpu("NVIDIA A100-SXM4-40GB"), gpu("NVIDIA L4"))
-    agent = Agent(load_lab(lab_path), "box", tmp_path / "state", listen=("127.0.0.1", 0), gpu_sampler=NvmlSampler(nvml), components=lambda core: [])
+    agent = Agent(
+        load_lab(lab_path),
+        "box",
+        tmp_path / "state",
+        listen=("127.0.0.1", 0),
+        gpu_sampler=NvmlSampler(nvml),
+        components=lambda core: [],
+    )
     ticks: list[dict] = []
     peer = Peer(role=Role.VIEWER, who="test", send=lambda line: ticks.append(json.loads(line)))
     await agent.start()

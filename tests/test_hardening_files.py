@@ -14,10 +14,10 @@ import asyncssh
 import pytest
 import yaml
 
-from agents.keys import AUTHORIZED_KEYS_NAME, ensure_key
-from agents.lab import load_lab
-from agents.sections import JobDetail
-from agents.states import JobState
+from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
+from agents.wire.lab.model import load_lab
+from agents.wire.sections.jobs import JobDetail
+from agents.wire.states import JobState
 from console.cli_jobs import job_human
 from console.demo import free_ports
 from tests.conftest import wait_until
@@ -30,7 +30,8 @@ from tests.hardening_fixtures import (
 )
 
 ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
+    f"{chr(98 + i)}: &{chr(98 + i)} [{','.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)
+)
 
 
 def run_cli(*argv: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -51,13 +52,21 @@ async def test_authorize_refuses_a_comment_that_smuggles_a_second_key(small_demo
     state = small_demo.dir / "agents" / "box"
     attacker = ensure_key(tmp_path / "attacker", comment="eve")
     bob = ensure_key(tmp_path / "bob", comment="bob")
-    forged = (f"{bob.export_public_key().decode().split()[0]} {bob.export_public_key().decode().split()[1]} "
-              f"bob\x1eoperator {' '.join(attacker.export_public_key().decode().split()[:2])} eve\n")
+    forged = (
+        f"{bob.export_public_key().decode().split()[0]} {bob.export_public_key().decode().split()[1]} "
+        f"bob\x1eoperator {' '.join(attacker.export_public_key().decode().split()[:2])} eve\n"
+    )
     before = (state / AUTHORIZED_KEYS_NAME).read_bytes()
-    for text in (forged, forged.replace("\x1e", "\u2028"), bob.export_public_key().decode() + attacker.export_public_key().decode()):
+    for text in (
+        forged,
+        forged.replace("\x1e", "\u2028"),
+        bob.export_public_key().decode() + attacker.export_public_key().decode(),
+    ):
         pub = tmp_path / "bob.pub"
         pub.write_text(text)
-        done = run_cli("-m", "agents.daemon", "authorize", "--machine", "box", "--state-dir", str(state), "--role", "viewer", str(pub))
+        done = run_cli(
+            "-m", "agents.shell.daemon", "authorize", "--machine", "box", "--state-dir", str(state), "--role", "viewer", str(pub)
+        )
         assert done.returncode == 2, done
         assert len(done.stderr.decode().strip().splitlines()) == 1, done.stderr
     assert (state / AUTHORIZED_KEYS_NAME).read_bytes() == before
@@ -65,24 +74,46 @@ async def test_authorize_refuses_a_comment_that_smuggles_a_second_key(small_demo
     (state / AUTHORIZED_KEYS_NAME).write_bytes(before + f"viewer {forged}".encode())
     lab = load_lab(small_demo.lab_path)
     with pytest.raises(asyncssh.PermissionDenied):
-        await asyncssh.connect("127.0.0.1", lab.machine("box").port, username="cetlab", client_keys=[str(tmp_path / "attacker")],
-                               known_hosts=str(lab.resolve(lab.console.known_hosts)), agent_path=None, config=None)
+        await asyncssh.connect(
+            "127.0.0.1",
+            lab.machine("box").port,
+            username="cetlab",
+            client_keys=[str(tmp_path / "attacker")],
+            known_hosts=str(lab.resolve(lab.console.known_hosts)),
+            agent_path=None,
+            config=None,
+        )
     (state / AUTHORIZED_KEYS_NAME).write_bytes(before)
-    ok = run_cli("-m", "agents.daemon", "authorize", "--machine", "box", "--state-dir", str(state), "--role", "viewer",
-                 "-", stdin=bob.export_public_key())
+    ok = run_cli(
+        "-m",
+        "agents.shell.daemon",
+        "authorize",
+        "--machine",
+        "box",
+        "--state-dir",
+        str(state),
+        "--role",
+        "viewer",
+        "-",
+        stdin=bob.export_public_key(),
+    )
     assert ok.returncode == 0 and "authorized bob as viewer" in ok.stdout.decode()
 
 
 # ---------------------------------------------------------------------------- lab.yaml (finding 8)
 
 
-@pytest.mark.parametrize("name, content, expected", [
-    ("bomb", ALIAS_BOMB, "aliases expand to more than"),
-    ("deep", "lab: x\nmachines: " + "[" * 10000 + "]" * 10000 + "\n", ":2: nested deeper than"),
-    ("bigint", "lab: x\nmachines:\n- name: a\n  idle_watts: " + "9" * 5000 + "\n", ":4: a number of 5000 characters"),
-    ("latin1", b"lab: x\n# caf\xe9\nmachines: []\n", ":2: not UTF-8"),
-    ("huge", "lab: x\nmachines: []\n" + "# padding\n" * 400_000, "larger than"),
-], ids=["alias-bomb", "deep", "bigint", "latin1", "huge"])
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("bomb", ALIAS_BOMB, "aliases expand to more than"),
+        ("deep", "lab: x\nmachines: " + "[" * 10000 + "]" * 10000 + "\n", ":2: nested deeper than"),
+        ("bigint", "lab: x\nmachines:\n- name: a\n  idle_watts: " + "9" * 5000 + "\n", ":4: a number of 5000 characters"),
+        ("latin1", b"lab: x\n# caf\xe9\nmachines: []\n", ":2: not UTF-8"),
+        ("huge", "lab: x\nmachines: []\n" + "# padding\n" * 400_000, "larger than"),
+    ],
+    ids=["alias-bomb", "deep", "bigint", "latin1", "huge"],
+)
 def test_a_lab_file_bomb_is_one_line_and_exit_2(tmp_path, name, content, expected):
     path = tmp_path / f"{name}.yaml"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -92,16 +123,21 @@ def test_a_lab_file_bomb_is_one_line_and_exit_2(tmp_path, name, content, expecte
     print(f"\n{name}: {len(content)} bytes refused in {time.monotonic() - started:.1f} s: {lines[-1] if lines else ''}")
     named = [line for line in lines if line.startswith(str(path))]  # the CLI heads its problems with one line of its own
     assert done.returncode == 2 and len(lines) <= 2 and len(named) == 1 and expected in named[0], (done.returncode, lines[:3])
-    agent = subprocess.run([PY, "-m", "agents.daemon", "serve", "--lab", str(path), "--machine", "a",
-                            "--state-dir", str(tmp_path / "state")], capture_output=True, timeout=60)
+    agent = subprocess.run(
+        [PY, "-m", "agents.shell.daemon", "serve", "--lab", str(path), "--machine", "a", "--state-dir", str(tmp_path / "state")],
+        capture_output=True,
+        timeout=60,
+    )
     lines = agent.stderr.decode().strip().splitlines()
     assert agent.returncode == 2 and len(lines) == 1 and expected in lines[0], (agent.returncode, lines[:3])
 
 
 def test_anchors_and_merge_keys_still_load_with_lines_named(tmp_path):
     path = tmp_path / "lab.yaml"
-    path.write_text("lab: x\ngpu: &p4 {name: Tesla P4, memory_gib: 8, tdp_w: 75}\nmachines:\n- name: a\n  gpus: {sim: [*p4, *p4]}\n"
-                    "- name: b\n  gpus: {sim: [{<<: *p4, memory_gib: 16}]}\n  idle_wats: 3\n")
+    path.write_text(
+        "lab: x\ngpu: &p4 {name: Tesla P4, memory_gib: 8, tdp_w: 75}\nmachines:\n- name: a\n  gpus: {sim: [*p4, *p4]}\n"
+        "- name: b\n  gpus: {sim: [{<<: *p4, memory_gib: 16}]}\n  idle_wats: 3\n"
+    )
     with pytest.raises(Exception) as info:
         load_lab(path)
     assert f"{path}:8: machines[1].idle_wats: unknown key" in str(info.value)
@@ -194,7 +230,9 @@ async def test_a_second_agent_on_a_live_agents_socket_is_refused(tmp_path):
         link = tmp_path / "link.sock"
         link.symlink_to(sock)
         for given in (sock, link):
-            second = start_agent(lab_path, tmp_path / "state2", "--unix-socket", str(given), "--listen", f"127.0.0.1:{free_ports(1)[0]}")
+            second = start_agent(
+                lab_path, tmp_path / "state2", "--unix-socket", str(given), "--listen", f"127.0.0.1:{free_ports(1)[0]}"
+            )
             assert wait_exit(second, 60) == 2
             lines = second.stderr.read().decode().strip().splitlines()
             assert len(lines) == 1 and "another agent serves" in lines[0], lines
@@ -231,6 +269,7 @@ def test_sigterm_stops_the_agent_within_its_grace_even_while_a_component_hangs(t
     state = tmp_path / "state"
     proc = start_agent(lab_path, state, "--stop-grace", "3")
     try:
+
         def started_its_parts() -> bool:
             assert proc.poll() is None, proc.stderr.read()
             return (state / "agent.pid").exists()
@@ -251,8 +290,17 @@ def test_sigterm_stops_the_agent_within_its_grace_even_while_a_component_hangs(t
 
 
 def test_a_jobs_argv_is_shown_on_one_line_with_control_and_bidi_characters_escaped():
-    job = JobDetail(id="box-1", recipe="tiny", machine="box", gpus=[0], state=JobState.RUNNING, log_path="/x.log", started_at=0.0,
-                    output_dir="/runs/box-1", argv=["python", "train.py", "--lr", "0.1\nbox-2 (tiny) on box: exited 0", "name\u202eexe.txt", "a b"])
+    job = JobDetail(
+        id="box-1",
+        recipe="tiny",
+        machine="box",
+        gpus=[0],
+        state=JobState.RUNNING,
+        log_path="/x.log",
+        started_at=0.0,
+        output_dir="/runs/box-1",
+        argv=["python", "train.py", "--lr", "0.1\nbox-2 (tiny) on box: exited 0", "name\u202eexe.txt", "a b"],
+    )
     shown = job_human(job)
     assert len(shown.splitlines()) == 3, shown
     assert "$'0.1\\nbox-2 (tiny) on box: exited 0'" in shown and "$'name\\u202eexe.txt'" in shown and "'a b'" in shown

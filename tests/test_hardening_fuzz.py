@@ -13,11 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents.protocol import MAX_MESSAGE_BYTES, ErrorCode
-from agents.limits import BYTES_PER_COST, request_cost
-from agents.protocol import RemoteError
-from agents.rpc import parse_request
-from agents.server import RATE_BURST, RATE_PER_S, TokenBucket
+from agents.runtime.limits import BYTES_PER_COST, request_cost
+from agents.runtime.rpc import parse_request
+from agents.shell.server import RATE_BURST, RATE_PER_S, TokenBucket
+from agents.wire.protocol import MAX_MESSAGE_BYTES, ErrorCode, RemoteError
 from tests.hardening_fixtures import connected, raw_channel
 
 # The client paces itself with the agent's own token bucket at 90% of its rate and half its burst, so every
@@ -25,12 +24,36 @@ from tests.hardening_fixtures import connected, raw_channel
 # half the agent's, and the client sends a batch only after the previous one was answered.
 CLIENT_RATE_PER_S, CLIENT_BURST = RATE_PER_S * 0.9, RATE_BURST // 2
 CODES = {c.value for c in ErrorCode} - {ErrorCode.INTERNAL.value}
-PARAM_KEYS = ["interval_s", "since", "max_points", "topics", "recipe", "params", "id", "tail_lines", "offset", "follow",
-              "grace_s", "limit", "model", "pinned", "out", "in", "name", "path", "by", "who", "method", "before_id", "step"]
+PARAM_KEYS = [
+    "interval_s",
+    "since",
+    "max_points",
+    "topics",
+    "recipe",
+    "params",
+    "id",
+    "tail_lines",
+    "offset",
+    "follow",
+    "grace_s",
+    "limit",
+    "model",
+    "pinned",
+    "out",
+    "in",
+    "name",
+    "path",
+    "by",
+    "who",
+    "method",
+    "before_id",
+    "step",
+]
 
 scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=40)
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                      max_leaves=12)
+values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12
+)
 
 
 class Wire:
@@ -120,14 +143,19 @@ def test_fuzz_the_protocol_over_one_channel_while_another_client_pings(small_dem
     methods = [m["name"] for m in wire.run(_methods(small_demo))]
     known = st.sampled_from(methods)
     odd = {
-        "id": st.none() | st.integers(-(2**40), 2**40) | st.text(max_size=12) | st.booleans() | st.floats() | st.lists(scalars, max_size=2),
+        "id": st.none()
+        | st.integers(-(2**40), 2**40)
+        | st.text(max_size=12)
+        | st.booleans()
+        | st.floats()
+        | st.lists(scalars, max_size=2),
         "event": st.sampled_from(["tick", "log", "notice"]),  # a console sending what only agents send
         "result": values,
     }
     # mostly real methods with wrong-typed params (deep into validation), some with anything at all
-    requests = st.fixed_dictionaries({"method": known, "params": st.dictionaries(st.sampled_from(PARAM_KEYS), values, max_size=4)},
-                                     optional=odd) | st.fixed_dictionaries({}, optional={
-        **odd, "method": known | st.text(max_size=30) | values, "params": values})
+    requests = st.fixed_dictionaries(
+        {"method": known, "params": st.dictionaries(st.sampled_from(PARAM_KEYS), values, max_size=4)}, optional=odd
+    ) | st.fixed_dictionaries({}, optional={**odd, "method": known | st.text(max_size=30) | values, "params": values})
     cases = {"structured": 0, "bytes": 0, "oversized": 0}
     stop = threading.Event()
     pings = {"ok": 0, "failed": 0}
@@ -159,7 +187,11 @@ def test_fuzz_the_protocol_over_one_channel_while_another_client_pings(small_dem
         cases["bytes"] += 1
 
     big = b'{"id": 1, "method": "ping", "params": {"pad": "' + b"x" * MAX_MESSAGE_BYTES + b'"}}'
-    for data in (big + b"\n", b" " * (MAX_MESSAGE_BYTES + 1) + b"\n", os.urandom(MAX_MESSAGE_BYTES * 2).replace(b"\n", b"x") + b"\n"):
+    for data in (
+        big + b"\n",
+        b" " * (MAX_MESSAGE_BYTES + 1) + b"\n",
+        os.urandom(MAX_MESSAGE_BYTES * 2).replace(b"\n", b"x") + b"\n",
+    ):
         replies = wire.replies(data, 1)
         assert [r["error"]["code"] for r in replies] == [ErrorCode.TOO_LARGE]
         cases["oversized"] += 1
@@ -168,8 +200,10 @@ def test_fuzz_the_protocol_over_one_channel_while_another_client_pings(small_dem
     stop.set()
     pinger.join(30)
     total = sum(cases.values())
-    print(f"\nfuzz: {total} cases ({cases}) on one channel; replies by code {dict(sorted(wire.codes.items()))}; "
-          f"second client: {pings['ok']} pings answered, {pings['failed']} failed")
+    print(
+        f"\nfuzz: {total} cases ({cases}) on one channel; replies by code {dict(sorted(wire.codes.items()))}; "
+        f"second client: {pings['ok']} pings answered, {pings['failed']} failed"
+    )
     assert pings["failed"] == 0 and pings["ok"] >= 10
     assert total >= 2000
 

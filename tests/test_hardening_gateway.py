@@ -13,7 +13,7 @@ import psutil
 import pytest
 import yaml
 
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
 from console.client import FleetClient
 from console.demo import DemoLab, free_ports
 from tests.conftest import wait_for
@@ -28,11 +28,22 @@ LAB = {
     "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
     "gateway": {"machine": "box", "policies": {"first_request_s": 2, "idle_s": 2, "key_concurrency": 8, "max_tokens": 4096}},
     "providers": [
-        {"name": "cloud", "base_url": f"http://127.0.0.1:{UPSTREAM_PORT}/v1",
-         "models": [{"name": "big", "prompt_per_million": PRICE, "completion_per_million": PRICE},
-                    {"name": "slow"}, {"name": "endless"}, {"name": "huge"}]},
-        {"name": "pricey", "base_url": f"http://127.0.0.1:{UPSTREAM_PORT}/v1", "monthly_budget": 0.05,
-         "models": [{"name": "premium", "upstream": "big", "prompt_per_million": 1000, "completion_per_million": 1000}]},
+        {
+            "name": "cloud",
+            "base_url": f"http://127.0.0.1:{UPSTREAM_PORT}/v1",
+            "models": [
+                {"name": "big", "prompt_per_million": PRICE, "completion_per_million": PRICE},
+                {"name": "slow"},
+                {"name": "endless"},
+                {"name": "huge"},
+            ],
+        },
+        {
+            "name": "pricey",
+            "base_url": f"http://127.0.0.1:{UPSTREAM_PORT}/v1",
+            "monthly_budget": 0.05,
+            "models": [{"name": "premium", "upstream": "big", "prompt_per_million": 1000, "completion_per_million": 1000}],
+        },
     ],
 }
 
@@ -112,8 +123,12 @@ async def test_a_stream_the_client_drops_is_metered_at_what_was_produced(gw):
     print(f"\nread {read} events, the provider produced {gw.upstream.produced}; metered {tokens} tokens, spend {spent:.8f}")
     assert tokens >= read  # before: 0 tokens, spend 0.0
     assert spent >= read * PRICE / 1e6 * 0.99
-    row = await wait_for(lambda: gw.rows("SELECT status, completion_tokens, cost FROM gateway_requests WHERE model='big' "
-                                         "ORDER BY id DESC LIMIT 1"), timeout=10)
+    row = await wait_for(
+        lambda: gw.rows(
+            "SELECT status, completion_tokens, cost FROM gateway_requests WHERE model='big' ORDER BY id DESC LIMIT 1"
+        ),
+        timeout=10,
+    )
     assert row[0][0] == 499 and row[0][1] >= read and row[0][2] > 0
 
 
@@ -123,8 +138,10 @@ async def test_concurrent_requests_cannot_pass_a_refusing_budget(gw):
     codes = [status for status, _ in results]
     await wait_for(lambda: gw.upstream.in_flight == 0, timeout=30)
     spend = await gw.spend("pricey")
-    print(f"\n30 at once: {codes.count(200)} answered, {codes.count(429)} refused; spend {spend:.4f} of a 0.05 budget "
-          f"({100 * spend / 0.05:.0f}%)")
+    print(
+        f"\n30 at once: {codes.count(200)} answered, {codes.count(429)} refused; spend {spend:.4f} of a 0.05 budget "
+        f"({100 * spend / 0.05:.0f}%)"
+    )
     assert codes.count(200) >= 1 and set(codes) <= {200, 429}
     assert spend <= 0.05 * 1.0001  # before: 2,136% of the budget
     for _ in range(10):  # one at a time, each lowered to what is left, until nothing is
@@ -169,9 +186,11 @@ async def test_requests_whose_client_left_are_cancelled_upstream_and_a_key_has_a
 
     async def abandon() -> int:
         try:
-            async with gw.session.post(f"{gw.url}/chat/completions", json=payload, headers=gw.headers(greedy), timeout=timeout) as r:
+            async with gw.session.post(
+                f"{gw.url}/chat/completions", json=payload, headers=gw.headers(greedy), timeout=timeout
+            ) as r:
                 return r.status
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return 0
 
     codes = await asyncio.gather(*(abandon() for _ in range(20)))
@@ -196,8 +215,9 @@ async def test_unknown_model_names_are_refused_before_anything_keeps_them(gw):
         assert len(json.dumps(body)) < 1000  # the name is not echoed back
     status, body = await gw.chat("no-such-model")
     assert status == 404
-    longest = await wait_for(lambda: gw.rows("SELECT MAX(LENGTH(model)), MAX(LENGTH(COALESCE(error, ''))) FROM gateway_requests"),
-                             timeout=10)
+    longest = await wait_for(
+        lambda: gw.rows("SELECT MAX(LENGTH(model)), MAX(LENGTH(COALESCE(error, ''))) FROM gateway_requests"), timeout=10
+    )
     grown_mb = (gw.agent.memory_info().rss - rss0) / 2**20
     figures = {m["name"] for m in (await gw.status())["models"]}
     print(f"\n30 requests with 3 MB names: RSS +{grown_mb:.0f} MB, longest stored model {longest[0][0]}, error {longest[0][1]}")
@@ -208,7 +228,9 @@ async def test_unknown_model_names_are_refused_before_anything_keeps_them(gw):
 
 async def test_json_nested_past_the_parser_is_a_400(gw):
     deep = b'{"model": "big", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    async with gw.session.post(f"{gw.url}/chat/completions", data=deep, headers={**gw.headers(), "Content-Type": "application/json"}) as r:
+    async with gw.session.post(
+        f"{gw.url}/chat/completions", data=deep, headers={**gw.headers(), "Content-Type": "application/json"}
+    ) as r:
         assert r.status == 400  # before: 500, a traceback per request in the log
         assert (await r.json())["error"]["code"] == "invalid_json"
 
@@ -217,8 +239,9 @@ async def test_an_orchestra_deadline_must_be_a_finite_number(gw):
     for deadline in ("nan", float("inf"), -1, True, "soon"):
         payload = {"models": ["big"], "deadline_s": deadline, "messages": [{"role": "user", "content": "hi"}]}
         data = json.dumps(payload).replace('"nan"', "NaN") if deadline == "nan" else json.dumps(payload)
-        async with gw.session.post(f"{gw.url}/orchestra/chat/completions", data=data,
-                                   headers={**gw.headers(), "Content-Type": "application/json"}) as r:
+        async with gw.session.post(
+            f"{gw.url}/orchestra/chat/completions", data=data, headers={**gw.headers(), "Content-Type": "application/json"}
+        ) as r:
             text = await r.text()
             assert r.status == 400 and "deadline_s" in text, (deadline, r.status, text[:200])
 
@@ -231,8 +254,9 @@ async def test_an_endless_event_and_a_huge_answer_are_cut_off(gw):
     status, body = await gw.chat("huge")
     assert status == 502 and body["error"]["code"] == "upstream_too_large"
     payload = {"model": "endless", "stream": True, "messages": [{"role": "user", "content": "go"}]}
-    async with gw.session.post(f"{gw.url}/chat/completions", json=payload, headers=gw.headers(),
-                               timeout=aiohttp.ClientTimeout(total=60)) as r:
+    async with gw.session.post(
+        f"{gw.url}/chat/completions", json=payload, headers=gw.headers(), timeout=aiohttp.ClientTimeout(total=60)
+    ) as r:
         received = 0
         try:
             async for chunk in r.content.iter_any():

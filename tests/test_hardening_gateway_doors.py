@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
 from bench.bench_attacks import LAB, Console, DemoLab, add_viewer, launch_agent, launch_stand_ins, measure, report
 
 SECONDS = 4.0

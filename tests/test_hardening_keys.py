@@ -10,7 +10,7 @@ import time
 import asyncssh
 import pytest
 
-from agents.limits import KEY_BUDGET_BURST, KEY_BUDGET_PER_S, MAX_CONNECTIONS_PER_KEY
+from agents.runtime.limits import KEY_BUDGET_BURST, KEY_BUDGET_PER_S, MAX_CONNECTIONS_PER_KEY
 from tests.hardening_fixtures import connected, raw_channel
 from tests.test_hardening_security import add_key
 
@@ -37,6 +37,7 @@ async def test_one_key_gets_at_most_its_cap_of_connections_and_a_console_keeps_g
     finally:
         for conn in held:
             conn.close()
+
     # the key's slots are free again once its connections close
     async def again() -> bool:
         try:

@@ -24,6 +24,7 @@ async def test_sixteen_consoles_and_a_hundred_calls_per_second(small_demo):
         def on_event(machine: str, event: str, data) -> None:
             if event == "tick":
                 ticks[i] += 1
+
         return on_event
 
     consoles = await asyncio.gather(*(connected(small_demo.lab_path, on_event=counter(i)) for i in range(CONSOLES)))
@@ -56,9 +57,11 @@ async def test_sixteen_consoles_and_a_hundred_calls_per_second(small_demo):
         latencies.sort()
         p50 = statistics.median(latencies)
         p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
-        print(f"\nload: {CONSOLES} consoles subscribed, {n} calls in {wall_s:.1f} s ({n / wall_s:.0f}/s): "
-              f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms; "
-              f"ticks per console {min(got)}..{max(got)}")
+        print(
+            f"\nload: {CONSOLES} consoles subscribed, {n} calls in {wall_s:.1f} s ({n / wall_s:.0f}/s): "
+            f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {latencies[-1] * 1000:.1f} ms; "
+            f"ticks per console {min(got)}..{max(got)}"
+        )
         assert not failures, failures[:5]
         assert len(latencies) == n >= CALLS_PER_S * DURATION_S * 0.9  # every call answered
         assert min(got) >= DURATION_S / 2  # every console kept getting its 1 Hz ticks

@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agents.lab import load_lab
-from agents.protocol import EVENT_TICK
-from agents.safe_read import NotARegularFile, TooLarge, read_capped, read_tail
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import EVENT_TICK
+from agents.wire.safe_read import NotARegularFile, TooLarge, read_capped, read_tail
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import wait_for
@@ -48,9 +48,20 @@ def test_the_reader_refuses_links_pipes_devices_and_oversized_files(tmp_path):
 
 
 async def test_a_trainer_whose_progress_file_becomes_a_fifo_freezes_nothing_and_a_restart_listens(tmp_path, lab_file):
-    lab = {"lab": "fifo-lab", "machines": [{"name": "box", "gpus": {"sim": [SIM_GPU]}}],
-           "trainers": [{"name": "piper", "machine": "box", "gpus": [0], "output_dir": str(tmp_path / "out" / "{job_id}"),
-                         "command": [sys.executable, "-c", FIFO_TRAINER], "stop_grace_s": "1s"}]}
+    lab = {
+        "lab": "fifo-lab",
+        "machines": [{"name": "box", "gpus": {"sim": [SIM_GPU]}}],
+        "trainers": [
+            {
+                "name": "piper",
+                "machine": "box",
+                "gpus": [0],
+                "output_dir": str(tmp_path / "out" / "{job_id}"),
+                "command": [sys.executable, "-c", FIFO_TRAINER],
+                "stop_grace_s": "1s",
+            }
+        ],
+    }
     with DemoLab(tmp_path / "run", source=lab_file(lab)) as demo:
         async with FleetClient(load_lab(demo.lab_path), subscribe=[EVENT_TICK]) as client:
             await client.wait_connected(30)
@@ -58,7 +69,9 @@ async def test_a_trainer_whose_progress_file_becomes_a_fifo_freezes_nothing_and_
             try:
                 fifo = demo.dir / "agents" / "box" / "jobs" / job["id"] / "progress.json"
                 await wait_for(fifo.is_fifo, timeout=30)
-                shown = await wait_for(lambda: (j := job_in_section(client, job["id"])) and j["progress_problem"] and j, timeout=30)
+                shown = await wait_for(
+                    lambda: (j := job_in_section(client, job["id"])) and j["progress_problem"] and j, timeout=30
+                )
                 assert "FIFO" in shown["progress_problem"], shown["progress_problem"]
                 await ticking(client)
                 for _ in range(3):  # ticks at 1 Hz, not one now and then
@@ -84,8 +97,11 @@ async def test_a_watched_folder_of_fifos_and_dev_zero_links_is_listed_with_probl
     plant(run / "checkpoint-10" / "trainer_state.json")
     plant(run / "checkpoint-20" / "trainer_state.json")
     plant(run / "progress.json")
-    lab = {"lab": "fifo-lab", "machines": [{"name": "box", "gpus": {"sim": [SIM_GPU]}}],
-           "checkpoints": {"poll_s": "1s", "settle_s": "1s", "dirs": [{"machine": "box", "path": str(run)}]}}
+    lab = {
+        "lab": "fifo-lab",
+        "machines": [{"name": "box", "gpus": {"sim": [SIM_GPU]}}],
+        "checkpoints": {"poll_s": "1s", "settle_s": "1s", "dirs": [{"machine": "box", "path": str(run)}]},
+    }
     with DemoLab(tmp_path / "run", source=lab_file(lab)) as demo:
         agent = psutil.Process(demo.processes[-1].pid)
         async with FleetClient(load_lab(demo.lab_path), subscribe=[EVENT_TICK]) as client:
@@ -131,9 +147,11 @@ async def test_an_engines_record_without_a_start_time_signals_nobody(tmp_path):
         state = tmp_path / "state"
         (state / "models").mkdir(parents=True)
         started = psutil.Process(victim.pid).create_time()
-        records = {"ghost": {"pid": victim.pid, "port": 1234},  # no start time
-                   "wrong-start": {"pid": victim.pid, "port": 1234, "create_time": started - 100},
-                   "other-command": {"pid": victim.pid, "port": 1234, "create_time": started}}
+        records = {
+            "ghost": {"pid": victim.pid, "port": 1234},  # no start time
+            "wrong-start": {"pid": victim.pid, "port": 1234, "create_time": started - 100},
+            "other-command": {"pid": victim.pid, "port": 1234, "create_time": started},
+        }
         (state / "models" / "engines.json").write_text(__import__("json").dumps({"engines": records}))
         agent = start_agent(lab, state)
         try:
@@ -161,7 +179,9 @@ def test_an_unreadable_adapter_config_makes_its_checkpoint_incomplete_and_says_w
     ckpt = tmp_path / "run" / "checkpoint-10"
     ckpt.mkdir(parents=True)
     (ckpt / "adapter_model.safetensors").write_bytes(b"\0" * 64)
-    (ckpt / "trainer_state.json").write_text(json_.dumps({"global_step": 10, "epoch": 1.0, "log_history": [{"step": 10, "loss": 1.0}]}))
+    (ckpt / "trainer_state.json").write_text(
+        json_.dumps({"global_step": 10, "epoch": 1.0, "log_history": [{"step": 10, "loss": 1.0}]})
+    )
     config = ckpt / "adapter_config.json"
     if kind == "fifo":
         os.mkfifo(config)

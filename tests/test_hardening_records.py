@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.protocol import ErrorCode, RemoteError
 from tests.hardening_fixtures import connected
 
 pytestmark = pytest.mark.timeout(120)
@@ -19,8 +19,11 @@ async def test_a_damaged_job_record_is_listed_as_damaged_and_the_rest_still_list
     try:
         db = sqlite3.connect(small_demo.dir / "agents" / "box" / "state.db", timeout=10)
         with db:
-            for job_id, record in (("bad-json", "{not json"), ("bad-types", '{"id": "bad-types", "state": "no-such-state"}'),
-                                   ("bad-shape", "[1, 2]")):
+            for job_id, record in (
+                ("bad-json", "{not json"),
+                ("bad-types", '{"id": "bad-types", "state": "no-such-state"}'),
+                ("bad-shape", "[1, 2]"),
+            ):
                 db.execute("INSERT INTO jobs (id, recipe, record, state) VALUES (?, ?, ?, ?)", (job_id, "r", record, "exited"))
         db.close()
         listed = await client.call("box", "jobs.list")  # before: `internal` on every call
@@ -34,28 +37,38 @@ async def test_a_damaged_job_record_is_listed_as_damaged_and_the_rest_still_list
         await client.stop()
 
 
-@pytest.mark.parametrize("base_url, expected", [
-    ("https://user:secret@api.example.com/v1", "credentials"),
-    ("https://api.example.com/v1\r\nX-Injected: 1", "control characters"),
-    ("https://api.example.com/v 1", "control characters"),
-])
+@pytest.mark.parametrize(
+    "base_url, expected",
+    [
+        ("https://user:secret@api.example.com/v1", "credentials"),
+        ("https://api.example.com/v1\r\nX-Injected: 1", "control characters"),
+        ("https://api.example.com/v 1", "control characters"),
+    ],
+)
 def test_a_provider_base_url_with_credentials_or_crlf_is_refused_at_load(lab_file, base_url, expected):
     """N17: a provider's URL neither carries a secret into logs nor splits a header."""
-    from agents.lab import LabError, load_lab
+    from agents.wire.lab.model import LabError, load_lab
 
-    lab = {"lab": "x", "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
-           "providers": [{"name": "p", "base_url": base_url, "models": [{"name": "m"}]}]}
+    lab = {
+        "lab": "x",
+        "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
+        "providers": [{"name": "p", "base_url": base_url, "models": [{"name": "m"}]}],
+    }
     with pytest.raises(LabError) as info:
         load_lab(lab_file(lab))
     assert "base_url" in str(info.value) and expected in str(info.value)
 
 
 def test_an_orchestra_group_past_the_fan_out_cap_is_refused_at_load(lab_file):
-    from agents.lab import LabError, load_lab
+    from agents.wire.lab.model import LabError, load_lab
 
-    lab = {"lab": "x", "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
-           "providers": [{"name": "p", "base_url": "http://127.0.0.1:1/v1", "models": [{"name": f"m{i}"} for i in range(40)]}],
-           "gateway": {"machine": "box"}, "orchestra": {"groups": {"all": [f"m{i}" for i in range(40)]}}}
+    lab = {
+        "lab": "x",
+        "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
+        "providers": [{"name": "p", "base_url": "http://127.0.0.1:1/v1", "models": [{"name": f"m{i}"} for i in range(40)]}],
+        "gateway": {"machine": "box"},
+        "orchestra": {"groups": {"all": [f"m{i}" for i in range(40)]}},
+    }
     with pytest.raises(LabError) as info:
         load_lab(lab_file(lab))
     assert "40 members" in str(info.value)
@@ -77,7 +90,7 @@ def test_a_repeated_asyncio_warning_is_one_line_per_ten_seconds():
     """N17: asyncio logs "socket.send() raised exception." once per write to a peer that left: unthrottled, thousands."""
     import logging
 
-    from agents.limits import RepeatFilter
+    from agents.runtime.limits import RepeatFilter
 
     records: list[logging.LogRecord] = []
 

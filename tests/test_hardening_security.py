@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from agents.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key
-from agents.protocol import ErrorCode, RemoteError
-from agents.server import RATE_BURST
+from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key
+from agents.shell.server import RATE_BURST
+from agents.wire.protocol import ErrorCode, RemoteError
 from tests.conftest import wait_for, wait_until
 from tests.hardening_fixtures import (
     connected,
@@ -37,8 +37,17 @@ async def test_a_viewer_is_forbidden_every_operator_method_and_the_trail_shows_i
         methods = await operator.call("box", "methods")
         guarded = sorted(m["name"] for m in methods if m["role"] == "operator")
         # every subsystem guards its actions: a list that shrank would hide an unguarded verb
-        assert {"set_interval", "jobs.start", "jobs.stop", "jobs.kill", "models.warm", "models.cold", "models.swap",
-                "alerts.ack", "audit.list"} <= set(guarded), guarded
+        assert {
+            "set_interval",
+            "jobs.start",
+            "jobs.stop",
+            "jobs.kill",
+            "models.warm",
+            "models.cold",
+            "models.swap",
+            "alerts.ack",
+            "audit.list",
+        } <= set(guarded), guarded
         for name in guarded:
             with pytest.raises(RemoteError) as info:
                 await viewer.call("box", name, {})
@@ -136,6 +145,7 @@ def test_second_agent_on_one_state_dir_is_refused(tmp_path):
     state = tmp_path / "state"
     first = start_agent(lab_path, state)
     try:
+
         def holds_the_lock() -> bool:
             assert first.poll() is None, first.stderr.read()
             return (state / "agent.pid").exists() and (state / "agent.pid").read_text().strip() == str(first.pid)

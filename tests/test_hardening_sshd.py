@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.keys import ensure_key
-from agents.protocol import ErrorCode, RemoteError
+from agents.runtime.keys import ensure_key
+from agents.wire.protocol import ErrorCode, RemoteError
 from console.demo import free_ports
 from tests.conftest import wait_for, wait_until
 from tests.hardening_fixtures import P4, connected, start_agent, wait_listening
@@ -27,7 +27,10 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 def socket_lab(tmp_path: Path, name: str = "lab.yaml", **machine) -> Path:
     path = tmp_path / name
-    data = {"lab": "hardening", "machines": [{"name": "box", "host": "127.0.0.1", "port": free_ports(1)[0], "gpus": {"sim": [P4]}, **machine}]}
+    data = {
+        "lab": "hardening",
+        "machines": [{"name": "box", "host": "127.0.0.1", "port": free_ports(1)[0], "gpus": {"sim": [P4]}, **machine}],
+    }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -80,8 +83,12 @@ def socket_agent(tmp_path):
 def test_own_user_is_an_operator_on_the_unix_socket(socket_agent):
     sock_path, _state = socket_agent
     assert stat.S_IMODE(sock_path.stat().st_mode) == 0o660
-    hello, ping, interval = ask(sock_path, {"id": 1, "method": "hello"}, {"id": 2, "method": "ping"},
-                                {"id": 3, "method": "set_interval", "params": {"interval_s": 1}})
+    hello, ping, interval = ask(
+        sock_path,
+        {"id": 1, "method": "hello"},
+        {"id": 2, "method": "ping"},
+        {"id": 3, "method": "set_interval", "params": {"interval_s": 1}},
+    )
     assert hello["result"]["role"] == "operator" and hello["result"]["machine"] == "box"
     assert ping["result"]["t"] > 0 and interval["result"] == {"interval_s": 1.0}
     [bad] = ask(sock_path, {"id": 4, "method": "nope"})
@@ -99,7 +106,7 @@ def _as_user(uid: int, gid: int, sock_path: Path, requests: list[dict]) -> list[
             os.setgid(gid)
             os.setuid(uid)
             out = json.dumps(ask(sock_path, *requests))
-        except BaseException as exc:  # noqa: BLE001 (report anything to the parent)
+        except BaseException as exc:
             out = json.dumps(f"{type(exc).__name__}: {exc}")
         os.write(write_fd, out.encode())
         os._exit(0)
@@ -110,7 +117,9 @@ def _as_user(uid: int, gid: int, sock_path: Path, requests: list[dict]) -> list[
     return json.loads(data)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="connecting as another uid needs root (the test forks a child that drops to nobody)")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="connecting as another uid needs root (the test forks a child that drops to nobody)"
+)
 def test_other_users_need_a_role_in_socket_roles(socket_agent):
     sock_path, state = socket_agent
     nobody = pwd.getpwnam("nobody")
@@ -123,7 +132,9 @@ def test_other_users_need_a_role_in_socket_roles(socket_agent):
     assert "'viewer nobody'" in refused[0]["error"]["message"] and str(state / "socket_roles") in refused[0]["error"]["message"]
     (state / "socket_roles").write_text("# who may use the socket\nviewer nobody\n")
     (state / "socket_roles").chmod(0o600)
-    hello_reply, action = _as_user(nobody.pw_uid, nobody.pw_gid, sock_path, [hello, {"id": 2, "method": "set_interval", "params": {"interval_s": 2}}])
+    hello_reply, action = _as_user(
+        nobody.pw_uid, nobody.pw_gid, sock_path, [hello, {"id": 2, "method": "set_interval", "params": {"interval_s": 2}}]
+    )
     assert hello_reply["result"]["role"] == "viewer"
     assert action["error"]["code"] == ErrorCode.FORBIDDEN
     (state / "socket_roles").write_text("viewer nobody\nsuperuser root\n")  # a typo refuses everyone but the agent's own user
@@ -147,9 +158,9 @@ def sshd(tmp_path):
     (base / "authorized_keys").write_text(user_key.export_public_key().decode())
     port = free_ports(1)[0]
     (base / "sshd_config").write_text(f"""ListenAddress 127.0.0.1
-HostKey {base / 'ssh_host_ed25519_key'}
-PidFile {base / 'sshd.pid'}
-AuthorizedKeysFile {base / 'authorized_keys'}
+HostKey {base / "ssh_host_ed25519_key"}
+PidFile {base / "sshd.pid"}
+AuthorizedKeysFile {base / "authorized_keys"}
 StrictModes no
 PasswordAuthentication no
 KbdInteractiveAuthentication no
@@ -160,8 +171,12 @@ AllowTcpForwarding yes
 """)
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(base / "sshd_config"), "-p", str(port)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [SSHD, "-D", "-e", "-f", str(base / "sshd_config"), "-p", str(port)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_listening("127.0.0.1", port, timeout=20)
     except RuntimeError:
@@ -173,13 +188,13 @@ AllowTcpForwarding yes
     HostName 127.0.0.1
     Port {port}
     User {getpass.getuser()}
-    IdentityFile {home / '.ssh' / 'id_ed25519'}
+    IdentityFile {home / ".ssh" / "id_ed25519"}
 
 Host labbox
     HostName 127.0.0.1
     Port {port}
     User {getpass.getuser()}
-    IdentityFile {home / '.ssh' / 'id_ed25519'}
+    IdentityFile {home / ".ssh" / "id_ed25519"}
     ProxyJump labjump
 """)
     yield home

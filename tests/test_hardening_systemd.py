@@ -15,31 +15,48 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.keys import HOST_KEY_NAME, ensure_key
-from agents.lab import load_lab
-from agents.systemd import Notifier, render_unit
+from agents.runtime.keys import HOST_KEY_NAME, ensure_key
+from agents.shell.systemd import Notifier, render_unit
+from agents.wire.lab.model import load_lab
 from tests.hardening_fixtures import PY, one_machine_lab, start_agent
 
 
 def agent_cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "agents.daemon", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})}, cwd=cwd)
+    return subprocess.run(
+        [PY, "-m", "agents.shell.daemon", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
 
 
 def test_unit_file_passes_systemd_analyze_verify(tmp_path):
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed")
-    lab_path = one_machine_lab(tmp_path / "lab.yaml", trainers=[
-        {"name": "t", "machine": "box", "command": [PY, "-c", "pass"], "output_dir": "runs/{job_id}"}])
+    lab_path = one_machine_lab(
+        tmp_path / "lab.yaml",
+        trainers=[{"name": "t", "machine": "box", "command": [PY, "-c", "pass"], "output_dir": "runs/{job_id}"}],
+    )
     result = agent_cli("install-unit", "--lab", str(lab_path), "--machine", "box", "--print")
     assert result.returncode == 0, result.stderr
     unit = result.stdout
-    for line in ("Type=notify", "WatchdogSec=30", "Restart=on-failure", "KillMode=process", "NoNewPrivileges=yes",
-                 "ProtectSystem=strict", "ProtectHome=read-only", "--keep-engines", "StateDirectory=cetlab/box"):
+    for line in (
+        "Type=notify",
+        "WatchdogSec=30",
+        "Restart=on-failure",
+        "KillMode=process",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=read-only",
+        "--keep-engines",
+        "StateDirectory=cetlab/box",
+    ):
         assert line in unit, line
     assert f"-{tmp_path / 'runs'}" in unit  # the trainers' outputs stay writable
     for closes_dev in ("PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectClock="):
-        assert not any(l.startswith(closes_dev) for l in unit.splitlines()), closes_dev
+        assert not any(line.startswith(closes_dev) for line in unit.splitlines()), closes_dev
     path = tmp_path / "cetlab-agent.service"
     path.write_text(unit)
     verify = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
@@ -50,8 +67,9 @@ def test_unit_file_passes_systemd_analyze_verify(tmp_path):
 
 def test_install_user_unit_writes_it_and_prints_the_commands(tmp_path):
     lab_path = one_machine_lab(tmp_path / "lab.yaml")
-    result = agent_cli("install-unit", "--user", "--lab", str(lab_path), "--machine", "box",
-                       env={"XDG_CONFIG_HOME": str(tmp_path / "config")})
+    result = agent_cli(
+        "install-unit", "--user", "--lab", str(lab_path), "--machine", "box", env={"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    )
     assert result.returncode == 0, result.stderr
     unit = tmp_path / "config" / "systemd" / "user" / "cetlab-agent.service"
     assert "Type=notify" in unit.read_text() and "WantedBy=default.target" in unit.read_text()
@@ -75,7 +93,7 @@ def _receive(sock: socket.socket, until: str, timeout: float = 30.0) -> list[str
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         try:
             got.append(sock.recv(4096).decode())
-        except socket.timeout:
+        except TimeoutError:
             break
         if any(until in message.splitlines() for message in got[-1:]):
             return got
@@ -120,7 +138,9 @@ def test_notifier_path_socket_and_watchdog_env(tmp_path):
     finally:
         sock.close()
     assert not Notifier({}).enabled  # not under systemd: silent
-    assert Notifier({"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "5000000", "WATCHDOG_PID": "1"}).watchdog_s is None  # meant for another pid
+    assert (
+        Notifier({"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "5000000", "WATCHDOG_PID": "1"}).watchdog_s is None
+    )  # meant for another pid
     Notifier({"NOTIFY_SOCKET": str(tmp_path / "gone.sock")}).send(READY=1)  # systemd gone: a warning, no crash
 
 
@@ -158,8 +178,15 @@ def test_doctor_fails_on_nvml_machine_without_driver(tmp_path):
 
 def test_unit_names_the_unix_socket_and_user(tmp_path):
     lab = load_lab(one_machine_lab(tmp_path / "lab.yaml"))
-    unit = render_unit(lab, tmp_path / "lab.yaml", "box", Path("/srv/cetlab"), user_unit=False, run_as="cetlab",
-                       unix_socket=Path("/run/cetlab/agent.sock"))
+    unit = render_unit(
+        lab,
+        tmp_path / "lab.yaml",
+        "box",
+        Path("/srv/cetlab"),
+        user_unit=False,
+        run_as="cetlab",
+        unix_socket=Path("/run/cetlab/agent.sock"),
+    )
     assert "User=cetlab" in unit and "--unix-socket /run/cetlab/agent.sock" in unit
     assert "StateDirectory" not in unit  # only under /var/lib
     assert "ReadWritePaths=/srv/cetlab" in unit

@@ -10,12 +10,12 @@ import asyncssh
 import pytest
 import yaml
 
-from agents.lab import load_lab
-from agents.limits import MAX_CHANNELS_PER_CONNECTION
-from agents.protocol import MAX_REPLY_BYTES, ErrorCode, RemoteError
+from agents.runtime.limits import MAX_CHANNELS_PER_CONNECTION
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import MAX_REPLY_BYTES, ErrorCode, RemoteError
 from console.client import FleetClient, read_line
-from console.openssh import PipeReader
 from console.demo import DemoLab
+from console.openssh import PipeReader
 from tests.conftest import wait_for
 from tests.hardening_fixtures import connected, next_reply, raw_channel
 
@@ -132,7 +132,7 @@ async def test_a_line_longer_than_the_limit_is_dropped_whole_and_the_next_one_re
             return self.chunks.pop(0) if self.chunks else b""
 
     huge = [b"x" * MAX_REPLY_BYTES, b"y" * 10 + b"\n"]
-    reader = Pieces([b'{"a":', b' 1}\n', *huge, b'{"b": 2}\n'])
+    reader = Pieces([b'{"a":', b" 1}\n", *huge, b'{"b": 2}\n'])
     assert await read_line(reader) == b'{"a": 1}\n'
     assert await read_line(reader) == b""  # too long: dropped, read to its end
     assert await read_line(reader) == b'{"b": 2}\n'
@@ -159,7 +159,9 @@ async def test_channels_per_connection_and_subscribe_topics_are_capped(small_dem
             await conn.open_session(subsystem="cetlab", encoding=None)
         with pytest.raises(asyncssh.ChannelOpenError):
             await conn.open_session(subsystem="cetlab", encoding=None)
-        writer.write(json.dumps({"id": 1, "method": "subscribe", "params": {"topics": [f"t{i}" for i in range(80_000)]}}).encode() + b"\n")
+        writer.write(
+            json.dumps({"id": 1, "method": "subscribe", "params": {"topics": [f"t{i}" for i in range(80_000)]}}).encode() + b"\n"
+        )
         assert (await next_reply(reader, timeout=20))["error"]["code"] == ErrorCode.INVALID_PARAMS
         writer.write(b'{"id": 2, "method": "subscribe", "params": {"topics": ["tick", "no-such-topic"]}}\n')
         reply = await next_reply(reader)
@@ -190,7 +192,7 @@ async def test_the_console_refuses_an_agent_that_answers_as_another_machine(smal
 
 
 def test_a_size_past_the_params_check_costs_a_ping_not_a_debt_that_outlasts_the_burst():
-    from agents.limits import request_cost
+    from agents.runtime.limits import request_cost
 
     assert request_cost("history", {"max_points": 3600}) == 101.0
     assert request_cost("history", {"max_points": 10**9}) == 1.0  # refused by the params check anyway

@@ -16,13 +16,13 @@ import pytest
 import yaml
 
 from agents.jobs import recipes
+from agents.jobs.component import _alive
 from agents.jobs.logs import Follower, tail
 from agents.jobs.runner import read_json
-from agents.jobs.supervisor import _alive
-from agents.lab import Trainer, TrainerParam, load_lab
-from agents.events import LogEvent
-from agents.protocol import ErrorCode, RemoteError
-from agents.states import JobState
+from agents.wire.events import LogEvent
+from agents.wire.lab.model import Trainer, TrainerParam, load_lab
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.states import JobState
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import REPO, kill_jobs_left, wait_for
@@ -43,17 +43,68 @@ def lab_data(tiny: Path, blocked: Path) -> dict:
         "machines": [{"name": "box", "gpus": {"sim": [V100, V100, V100]}}],
         "alerts": {"starved_util_pct": 50, "starved_for_s": 1},
         "trainers": [
-            {"name": "tiny", "machine": "box", "gpus": [0], "command": train, "output_dir": "runs/{job_id}", "stop_grace_s": 30,
-             "params": [{"name": "max_steps", "type": "int", "default": 12, "min": 1, "max": 100000},
-                        {"name": "save_steps", "type": "int", "default": 6, "min": 1},
-                        {"name": "learning_rate", "type": "float", "default": 0.003, "min": 0, "max": 1}]},
-            {"name": "ddp", "machine": "box", "gpus": [1, 2], "launcher": "torchrun", "command": train, "output_dir": "runs/{job_id}",
-             "params": [{"name": "max_steps", "type": "int", "default": 3}, {"name": "save_steps", "type": "int", "default": 3}]},
-            {"name": "crash", "machine": "box", "gpus": [2], "command": [PY, "-c", "import sys; print('boom'); sys.exit(3)"], "output_dir": "runs/{job_id}"},
-            {"name": "sleeper", "machine": "box", "gpus": [1], "command": [PY, "-c", SLEEPER], "output_dir": "runs/{job_id}", "stop_grace_s": 10},
-            {"name": "burner", "machine": "box", "gpus": [2], "command": [PY, "-c", BURNER], "output_dir": "runs/{job_id}", "stop_grace_s": 5},
-            {"name": "stubborn", "machine": "box", "gpus": [1], "command": [PY, "-c", STUBBORN], "output_dir": "runs/{job_id}", "stop_grace_s": 1},
-            {"name": "waiter", "machine": "box", "command": [PY, "-c", WAITER, "{output_dir}/release"], "output_dir": "runs/{job_id}"},
+            {
+                "name": "tiny",
+                "machine": "box",
+                "gpus": [0],
+                "command": train,
+                "output_dir": "runs/{job_id}",
+                "stop_grace_s": 30,
+                "params": [
+                    {"name": "max_steps", "type": "int", "default": 12, "min": 1, "max": 100000},
+                    {"name": "save_steps", "type": "int", "default": 6, "min": 1},
+                    {"name": "learning_rate", "type": "float", "default": 0.003, "min": 0, "max": 1},
+                ],
+            },
+            {
+                "name": "ddp",
+                "machine": "box",
+                "gpus": [1, 2],
+                "launcher": "torchrun",
+                "command": train,
+                "output_dir": "runs/{job_id}",
+                "params": [
+                    {"name": "max_steps", "type": "int", "default": 3},
+                    {"name": "save_steps", "type": "int", "default": 3},
+                ],
+            },
+            {
+                "name": "crash",
+                "machine": "box",
+                "gpus": [2],
+                "command": [PY, "-c", "import sys; print('boom'); sys.exit(3)"],
+                "output_dir": "runs/{job_id}",
+            },
+            {
+                "name": "sleeper",
+                "machine": "box",
+                "gpus": [1],
+                "command": [PY, "-c", SLEEPER],
+                "output_dir": "runs/{job_id}",
+                "stop_grace_s": 10,
+            },
+            {
+                "name": "burner",
+                "machine": "box",
+                "gpus": [2],
+                "command": [PY, "-c", BURNER],
+                "output_dir": "runs/{job_id}",
+                "stop_grace_s": 5,
+            },
+            {
+                "name": "stubborn",
+                "machine": "box",
+                "gpus": [1],
+                "command": [PY, "-c", STUBBORN],
+                "output_dir": "runs/{job_id}",
+                "stop_grace_s": 1,
+            },
+            {
+                "name": "waiter",
+                "machine": "box",
+                "command": [PY, "-c", WAITER, "{output_dir}/release"],
+                "output_dir": "runs/{job_id}",
+            },
             {"name": "chatty", "machine": "box", "command": [PY, "-c", CHATTY], "output_dir": "runs/{job_id}"},
             {"name": "blocked", "machine": "box", "command": [PY, "-c", "pass"], "output_dir": str(blocked / "sub")},
             {"name": "missing", "machine": "box", "command": ["no-such-trainer-xyz"], "output_dir": "runs/{job_id}"},
@@ -154,11 +205,27 @@ async def test_real_training_through_the_agent(jobs_lab):
         assert Path(done["log_path"]) == jobs_lab.dir / "agents" / "box" / "logs" / f"job-{job['id']}.log"
         logs = await client.call("box", "jobs.logs", {"id": job["id"], "tail_lines": 5})
         assert any("finished at step 12" in line for line in logs["lines"]), logs["lines"]
-        for key in ("id", "recipe", "machine", "gpus", "state", "exit_code", "step", "max_steps", "loss", "samples_per_s", "eta_s", "started_at", "log_path"):
+        for key in (
+            "id",
+            "recipe",
+            "machine",
+            "gpus",
+            "state",
+            "exit_code",
+            "step",
+            "max_steps",
+            "loss",
+            "samples_per_s",
+            "eta_s",
+            "started_at",
+            "log_path",
+        ):
             assert key in done
         # the GPU went back: from the next sample on, no claim of this job on the simulated V100
         view = client.state.machines["box"]
-        await wait_for(lambda: not any((p.command or "").startswith(f"job {job['id']} ") for p in view.gpus[0].processes), timeout=10)
+        await wait_for(
+            lambda: not any((p.command or "").startswith(f"job {job['id']} ") for p in view.gpus[0].processes), timeout=10
+        )
     finally:
         await client.stop()
 
@@ -266,7 +333,9 @@ async def test_stop_turns_into_sigkill_after_the_grace_period(jobs_lab):
 
 async def test_follow_a_log_over_the_wire(jobs_lab):
     events: list[LogEvent] = []
-    client = await connect(jobs_lab, on_event=lambda machine, event, data: events.append(data) if isinstance(data, LogEvent) else None)
+    client = await connect(
+        jobs_lab, on_event=lambda machine, event, data: events.append(data) if isinstance(data, LogEvent) else None
+    )
     try:
         job = await client.call("box", "jobs.start", {"recipe": "chatty"})
         first = await client.call("box", "jobs.logs", {"id": job["id"], "offset": 0, "follow": True})
@@ -279,7 +348,9 @@ async def test_follow_a_log_over_the_wire(jobs_lab):
 
 
 def cli(demo: DemoLab, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "console.cli", "--lab", str(demo.lab_path), *args], capture_output=True, text=True, timeout=90)
+    return subprocess.run(
+        [PY, "-m", "console.cli", "--lab", str(demo.lab_path), *args], capture_output=True, text=True, timeout=90
+    )
 
 
 def test_cli_train_follow_stop_and_logs(jobs_lab):
@@ -291,14 +362,20 @@ def test_cli_train_follow_stop_and_logs(jobs_lab):
     job_id = lines[0].split()[1]
     crashed = cli(jobs_lab, "--json", "train", "crash", "--follow")
     assert crashed.returncode == 1  # the job failed: so does the command
-    assert json.loads(crashed.stdout.splitlines()[-1]) == {"job": json.loads(crashed.stdout.splitlines()[0])["id"], "line": "boom"}
+    assert json.loads(crashed.stdout.splitlines()[-1]) == {
+        "job": json.loads(crashed.stdout.splitlines()[0])["id"],
+        "line": "boom",
+    }
     logs = cli(jobs_lab, "--json", "logs", job_id, "--tail", "2")
     assert logs.returncode == 0 and json.loads(logs.stdout)["lines"] == ["line 298", "line 299"]
     listed = cli(jobs_lab, "--json", "jobs", "--all")
     assert listed.returncode == 0, listed.stderr
     assert {j["id"]: (j["state"], j["exit_code"]) for j in json.loads(listed.stdout)["jobs"]}[job_id] == ("exited", 0)
-    for args, text in ((("stop", job_id), "already exited"), (("stop", "nobox-1"), "job ids look like <machine>-<n>"),
-                       (("train", "tiny", "--set", "max_steps"), "key=value")):
+    for args, text in (
+        (("stop", job_id), "already exited"),
+        (("stop", "nobox-1"), "job ids look like <machine>-<n>"),
+        (("train", "tiny", "--set", "max_steps"), "key=value"),
+    ):
         result = cli(jobs_lab, "--json", *args)
         assert result.returncode == 1 and text in json.loads(result.stdout)["error"]["message"], (args, result.stdout)
 
@@ -321,8 +398,11 @@ async def test_bad_input_gets_typed_errors_and_nothing_starts(jobs_lab):
         for params, code, text in cases:
             error = await error_of(client, "jobs.start", params)
             assert error.code == code and text in error.message, (params, error)
-        for method, params, code in (("jobs.get", {"id": "box-999"}, ErrorCode.NOT_FOUND), ("jobs.stop", {"id": "x"}, ErrorCode.NOT_FOUND),
-                                     ("jobs.logs", {"id": "box-1", "tail_lines": -1}, ErrorCode.INVALID_PARAMS)):
+        for method, params, code in (
+            ("jobs.get", {"id": "box-999"}, ErrorCode.NOT_FOUND),
+            ("jobs.stop", {"id": "x"}, ErrorCode.NOT_FOUND),
+            ("jobs.logs", {"id": "box-1", "tail_lines": -1}, ErrorCode.INVALID_PARAMS),
+        ):
             assert (await error_of(client, method, params)).code == code
         assert [j["id"] for j in await client.call("box", "jobs.list", {})] == before  # nothing was started
         assert sorted((jobs_lab.dir / "runs").glob("*")) == folders  # and no output folder made
@@ -385,28 +465,59 @@ async def test_jobs_survive_kill_9_of_the_agent_and_are_readopted(tmp_path, tiny
 
 
 def test_torchrun_command_line_for_two_gpus():
-    recipe = Trainer(name="ddp", machine="m5", gpus=[2, 3], launcher="torchrun", output_dir="out/{job_id}",
-                     command=["cetlab-train", "--config", "x.yaml", "--output-dir", "{output_dir}"],
-                     params=[TrainerParam(name="max_steps", type="int", default=10)])
+    recipe = Trainer(
+        name="ddp",
+        machine="m5",
+        gpus=[2, 3],
+        launcher="torchrun",
+        output_dir="out/{job_id}",
+        command=["cetlab-train", "--config", "x.yaml", "--output-dir", "{output_dir}"],
+        params=[TrainerParam(name="max_steps", type="int", default=10)],
+    )
     argv = recipes.build_argv(recipe, recipes.resolve_params(recipe, {"max_steps": 7}), "m5-4", "/runs/m5-4", "/usr/bin/torchrun")
-    assert argv == ["/usr/bin/torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node", "2", "--no-python",
-                    "cetlab-train", "--config", "x.yaml", "--output-dir", "/runs/m5-4", "--max-steps", "7"]
+    assert argv == [
+        "/usr/bin/torchrun",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--no-python",
+        "cetlab-train",
+        "--config",
+        "x.yaml",
+        "--output-dir",
+        "/runs/m5-4",
+        "--max-steps",
+        "7",
+    ]
     assert recipes.visible_devices(recipe.gpus) == "2,3"
     script = recipe.model_copy(update={"command": ["train.py"], "nproc_per_node": 4})
     assert recipes.build_argv(script, {}, "m5-5", "/o")[5:] == ["4", "train.py"]  # Python scripts run by torchrun itself
 
 
 def test_params_are_typed_and_only_reach_the_command_as_declared_flags():
-    recipe = Trainer(name="r", machine="m", output_dir="o", command=["t"], params=[
-        TrainerParam(name="lr", type="float", min=0, max=1),
-        TrainerParam(name="precision", type="choice", choices=["bf16", "fp16"], default="bf16"),
-        TrainerParam(name="compile", type="bool", default=False),
-        TrainerParam(name="tag", type="str", flag="--run-tag"),
-    ])
+    recipe = Trainer(
+        name="r",
+        machine="m",
+        output_dir="o",
+        command=["t"],
+        params=[
+            TrainerParam(name="lr", type="float", min=0, max=1),
+            TrainerParam(name="precision", type="choice", choices=["bf16", "fp16"], default="bf16"),
+            TrainerParam(name="compile", type="bool", default=False),
+            TrainerParam(name="tag", type="str", flag="--run-tag"),
+        ],
+    )
     values = recipes.resolve_params(recipe, {"lr": "0.5", "compile": "yes", "tag": "a b; rm -rf /"})
     assert recipes.param_args(recipe, values) == ["--lr", "0.5", "--precision", "bf16", "--compile", "--run-tag", "a b; rm -rf /"]
-    for given, text in (({"precision": "fp8"}, "not one of"), ({"tag": "--config=/etc"}, "may not start with '-'"),
-                        ({"compile": "maybe"}, "true or false"), ({"lr": "nan"}, "finite"), ({"lr": True}, "expected a number")):
+    for given, text in (
+        ({"precision": "fp8"}, "not one of"),
+        ({"tag": "--config=/etc"}, "may not start with '-'"),
+        ({"compile": "maybe"}, "true or false"),
+        ({"lr": "nan"}, "finite"),
+        ({"lr": True}, "expected a number"),
+    ):
         with pytest.raises(RemoteError) as info:
             recipes.resolve_params(recipe, given)
         assert info.value.code == ErrorCode.INVALID_PARAMS and text in info.value.message
@@ -417,8 +528,26 @@ def test_runner_rotates_logs_and_records_the_exit_code(tmp_path):
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     log = tmp_path / "job.log"
-    result = subprocess.run([PY, "-m", "agents.jobs.runner", "--job-dir", str(job_dir), "--log", str(log),
-                             "--log-max-bytes", "20000", "--log-keep", "2", "--", PY, "-c", code], timeout=60)
+    result = subprocess.run(
+        [
+            PY,
+            "-m",
+            "agents.jobs.runner",
+            "--job-dir",
+            str(job_dir),
+            "--log",
+            str(log),
+            "--log-max-bytes",
+            "20000",
+            "--log-keep",
+            "2",
+            "--",
+            PY,
+            "-c",
+            code,
+        ],
+        timeout=60,
+    )
     assert result.returncode == 5
     assert read_json(job_dir / "exit.json")["exit_code"] == 5
     assert read_json(job_dir / "child.json")["pid"] > 0
@@ -451,7 +580,7 @@ def test_a_reused_pid_is_not_mistaken_for_the_job():
 
 
 def test_recipe_params_are_checked_when_the_lab_loads():
-    from agents.lab import LabError, parse_lab
+    from agents.wire.lab.model import LabError, parse_lab
 
     text = """lab: x
 machines: [{name: a, gpus: none}]
@@ -467,13 +596,15 @@ trainers:
 """
     with pytest.raises(LabError) as info:
         parse_lab(text)
-    assert info.value.problems == ["lab.yaml:10: trainers[0].params[1].name: param 'steps' declared twice",
-                                   "lab.yaml:11: trainers[0].params[2].choices: a choice param needs choices: [...]"]
+    assert info.value.problems == [
+        "lab.yaml:10: trainers[0].params[1].name: param 'steps' declared twice",
+        "lab.yaml:11: trainers[0].params[2].choices: a choice param needs choices: [...]",
+    ]
 
 
 async def test_a_recipe_cannot_take_gpus_that_hold_a_warm_model(demo_lab):
     """The demo's p40-ddp recipe wants the P40s, where the orchestra keeps llama-3.1-8b warm."""
-    from agents.lab import load_lab
+    from agents.wire.lab.model import load_lab
     from console.client import FleetClient
 
     async with FleetClient(load_lab(demo_lab.lab_path), subscribe=[]) as client:

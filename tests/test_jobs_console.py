@@ -7,7 +7,7 @@ import sys
 import pytest
 from textual.widgets import Input
 
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
 from console.app import CetlabApp
 from console.demo import DemoLab
 from console.screens.jobs import JobsScreen
@@ -39,10 +39,22 @@ def lab(tmp_path, lab_file):
         "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250}] * 2}}],
         "alerts": {"starved_util_pct": 50, "starved_for_s": 1},
         "trainers": [
-            {"name": "fake", "machine": "box", "gpus": [0], "command": [sys.executable, "-c", FAKE_TRAINER], "output_dir": "runs/{job_id}",
-             "params": [{"name": "steps", "type": "int", "default": 200, "min": 1, "max": 1000, "help": "how long"}]},
-            {"name": "idle", "machine": "box", "gpus": [1], "command": [sys.executable, "-c", "import time; time.sleep(120)"],
-             "output_dir": "runs/{job_id}", "stop_grace_s": 1},
+            {
+                "name": "fake",
+                "machine": "box",
+                "gpus": [0],
+                "command": [sys.executable, "-c", FAKE_TRAINER],
+                "output_dir": "runs/{job_id}",
+                "params": [{"name": "steps", "type": "int", "default": 200, "min": 1, "max": 1000, "help": "how long"}],
+            },
+            {
+                "name": "idle",
+                "machine": "box",
+                "gpus": [1],
+                "command": [sys.executable, "-c", "import time; time.sleep(120)"],
+                "output_dir": "runs/{job_id}",
+                "stop_grace_s": 1,
+            },
         ],
     }
     with DemoLab(tmp_path / "run", source=lab_file(data)) as demo:
@@ -55,8 +67,8 @@ def _kill_job(job_dir) -> None:
     import os
     import signal
 
+    from agents.jobs.component import _alive
     from agents.jobs.runner import read_json
-    from agents.jobs.supervisor import _alive
 
     child = read_json(job_dir / "child.json") or {}
     if child.get("pid") and _alive(child["pid"], child.get("create_time")):
@@ -215,7 +227,7 @@ async def test_precision_shows_in_the_table_and_notes_in_the_details(monkeypatch
 
 
 def test_cetlab_jobs_has_a_precision_column_and_the_job_its_notes():
-    from agents.sections import JobInfo
+    from agents.wire.sections.jobs import JobInfo
     from console.cli_jobs import job_human, jobs_human
     from tests.console_fixtures import frozen_jobs
 
@@ -228,18 +240,27 @@ def test_cetlab_jobs_has_a_precision_column_and_the_job_its_notes():
 
 
 async def test_clearing_a_param_with_a_default_is_refused_not_run_as_the_default():
-    from agents.catalogue import RecipeInfo
+    from agents.wire.catalogue.jobs import RecipeInfo
     from console.client import FleetClient
     from tests.console_fixtures import FROZEN_NOW, frozen_state
 
     state = frozen_state()
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
-    recipe = RecipeInfo.model_validate({
-        "name": "demo-lora", "machine": "m5", "gpus": [0], "launcher": "local", "output_dir": "runs/{job_id}",
-        "params": [{"name": "max_steps", "type": "int", "default": 2000, "min": 1, "max": 100000, "flag": "--max-steps", "help": ""}]})
+    recipe = RecipeInfo.model_validate(
+        {
+            "name": "demo-lora",
+            "machine": "m5",
+            "gpus": [0],
+            "launcher": "local",
+            "output_dir": "runs/{job_id}",
+            "params": [
+                {"name": "max_steps", "type": "int", "default": 2000, "min": 1, "max": 100000, "flag": "--max-steps", "help": ""}
+            ],
+        }
+    )
     calls = []
     async with app.run_test(size=(160, 50)) as pilot:
-        app.client.call = lambda *args, **kwargs: calls.append(args)  # noqa: E731  nothing may reach the agent
+        app.client.call = lambda *args, **kwargs: calls.append(args)
         await until_drawn(pilot)
         app.push_screen(StartJobScreen(recipe))
         form = await until_screen(pilot, app, StartJobScreen)

@@ -12,23 +12,25 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from agents.agent import Agent
+from agents.jobs.component import JobsComponent
 from agents.jobs.job import Job
 from agents.jobs.port import JobsPort, JobView
 from agents.jobs.progress import update_progress
-from agents.jobs.supervisor import JobsComponent
-from agents.lab import Model, parse_lab
 from agents.orchestra.engines import ENGINES
-from agents.protocol import GpuBackend, RemoteError
-from agents.sections import (NODE_ERROR_CHARS, CheckpointInfo, EngineName, JobDetail, JobInfo, JobNode, JobProgress, ModelInfo, NodeStatus,
-                             Precision, ProgressState)
-from agents.states import JobState
-from agents.store import Store
+from agents.runtime.store import Store
+from agents.shell.agent import Agent
 from agents.telemetry.nvml import NvmlSampler
 from agents.telemetry.samplers import _NoGpus
 from agents.telemetry.sim import SimSampler
 from agents.train import precision as train_precision
 from agents.train.progress import STATES, write_progress
+from agents.wire.lab.model import Model, parse_lab
+from agents.wire.protocol import GpuBackend, RemoteError
+from agents.wire.sections.base import EngineName, Precision, ProgressState
+from agents.wire.sections.checkpoints import CheckpointInfo
+from agents.wire.sections.jobs import NODE_ERROR_CHARS, JobDetail, JobInfo, JobNode, JobProgress, NodeStatus
+from agents.wire.sections.models import ModelInfo
+from agents.wire.states import JobState
 from tests.conftest import wait_for
 
 PY = sys.executable
@@ -63,16 +65,38 @@ def test_a_value_outside_a_secondary_state_is_refused_where_it_enters():
 
 
 def a_job(tmp_path: Path) -> Job:
-    return Job(id="box-1", recipe="r", machine="box", gpus=[0], params={"lr": 0.1}, argv=["train"], cwd=str(tmp_path),
-               output_dir=str(tmp_path / "out"), log_path=str(tmp_path / "job.log"), job_dir=str(tmp_path), started_at=1.0)
+    return Job(
+        id="box-1",
+        recipe="r",
+        machine="box",
+        gpus=[0],
+        params={"lr": 0.1},
+        argv=["train"],
+        cwd=str(tmp_path),
+        output_dir=str(tmp_path / "out"),
+        log_path=str(tmp_path / "job.log"),
+        job_dir=str(tmp_path),
+        started_at=1.0,
+    )
 
 
 def test_a_trainers_progress_file_is_a_progress_on_the_job_and_its_record_keeps_the_wire_form(tmp_path):
     job = a_job(tmp_path)
-    write_progress(tmp_path / "progress.json", {"state": "running", "step": 7, "max_steps": 10, "loss": 1.5, "precision": "fp32",
-                                                "checkpoints": [{"step": 5, "path": str(tmp_path / "checkpoint-5"), "save_s": 0.2}]})
+    write_progress(
+        tmp_path / "progress.json",
+        {
+            "state": "running",
+            "step": 7,
+            "max_steps": 10,
+            "loss": 1.5,
+            "precision": "fp32",
+            "checkpoints": [{"step": 5, "path": str(tmp_path / "checkpoint-5"), "save_s": 0.2}],
+        },
+    )
     assert update_progress(job)
-    assert type(job.progress) is JobProgress and job.progress.state == "running" and job.progress.step == 7  # not the pid, the grad norm
+    assert (
+        type(job.progress) is JobProgress and job.progress.state == "running" and job.progress.step == 7
+    )  # not the pid, the grad norm
     assert job.loss_points == [(7, 1.5)]
     job.nodes = [JobNode(machine="box", gpus=[0], state=JobState.RUNNING), JobNode(machine="b", state="offline")]
     record = json.loads(job.record())
@@ -98,7 +122,11 @@ def test_a_record_whose_nodes_do_not_fit_is_refused_and_an_older_record_still_re
         Job.from_record(json.dumps({**record, "nodes": [{"machine": "b", "state": "sleeping"}]}))
     with pytest.raises(ValueError, match="stop_requested"):
         Job.from_record(json.dumps({**record, "stop_requested": "pause"}))
-    older = {**record, "progress": {"state": "finished", "step": 9, "pid": 4, "grad_norm": 0.3}, "loss_points": [[3, 1.0], [4, None]]}
+    older = {
+        **record,
+        "progress": {"state": "finished", "step": 9, "pid": 4, "grad_norm": 0.3},
+        "loss_points": [[3, 1.0], [4, None]],
+    }
     job = Job.from_record(json.dumps(older))
     assert job.progress == JobProgress(state="finished", step=9) and job.loss_points == [(3, 1.0)]
 
@@ -114,7 +142,12 @@ def test_a_nodes_status_is_typed_where_it_enters_and_on_the_wire_as_before():
     misfit = NodeStatus.model_validate({"state": "failed", "exit_code": 1, "progress": {"checkpoints": 5}})
     assert misfit.progress is None and misfit.state is JobState.FAILED and misfit.exit_code == 1  # the rest of its news stands
     seen = NodeStatus.seen(JobState.FAILED, error="x" * (NODE_ERROR_CHARS + 10), last_lines=["a", "b", "c", "y" * 10000])
-    assert seen.error is not None and len(seen.error) == NODE_ERROR_CHARS and seen.last_lines[0] == "b" and len(seen.last_lines[-1]) == 4000
+    assert (
+        seen.error is not None
+        and len(seen.error) == NODE_ERROR_CHARS
+        and seen.last_lines[0] == "b"
+        and len(seen.last_lines[-1]) == 4000
+    )
     assert NodeStatus.model_validate(seen.model_dump(mode="json")) == seen  # what a node sends, its coordinator reads back
 
 
@@ -122,8 +155,22 @@ def test_a_nodes_status_is_typed_where_it_enters_and_on_the_wire_as_before():
 
 
 async def test_the_jobs_are_reached_through_their_port(tmp_path):
-    lab = parse_lab(yaml.safe_dump({"lab": "t", "machines": [{"name": "box", "gpus": "none"}], "trainers": [
-        {"name": "hello", "machine": "box", "command": [PY, "-c", "print('hello')"], "output_dir": str(tmp_path / "runs/{job_id}")}]}))
+    lab = parse_lab(
+        yaml.safe_dump(
+            {
+                "lab": "t",
+                "machines": [{"name": "box", "gpus": "none"}],
+                "trainers": [
+                    {
+                        "name": "hello",
+                        "machine": "box",
+                        "command": [PY, "-c", "print('hello')"],
+                        "output_dir": str(tmp_path / "runs/{job_id}"),
+                    }
+                ],
+            }
+        )
+    )
     agent = Agent(lab, "box", tmp_path / "state", components=lambda core: [JobsComponent(core)])
     (tmp_path / "state").mkdir()
     agent.store = Store(tmp_path / "state" / "state.db")

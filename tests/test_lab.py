@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from agents.lab import LabError, load_lab, parse_lab
-from agents.schema import parse_duration
+from agents.wire.lab.model import LabError, load_lab, parse_lab
+from agents.wire.schema import parse_duration
 from console.demo import bundled_lab
 
 GOOD_MACHINE = """
@@ -79,12 +79,15 @@ def test_duplicate_key():
 
 
 def test_references_between_sections_are_checked():
-    text = GOOD_MACHINE + """
+    text = (
+        GOOD_MACHINE
+        + """
 models:
   - {name: m1, path: /m, engine: sim, machine: nowhere}
   - {name: m2, path: /m, engine: sim, machine: box, gpus: [3]}
 orchestra: {warm: [m9]}
 """
+    )
     found = problems(text)
     assert any(p.startswith("lab.yaml:10: models[0].machine: no machine named 'nowhere'") for p in found)
     assert any(p.startswith("lab.yaml:11: models[1].gpus[0]: machine box has 1 GPUs") for p in found)
@@ -108,7 +111,9 @@ def test_durations():
 def test_cli_reports_a_bad_lab_without_traceback(tmp_path):
     bad = tmp_path / "lab.yaml"
     bad.write_text(GOOD_MACHINE.replace("tdp_w: 75", "tdp_w: -1"))
-    result = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(bad), "status"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "console.cli", "--lab", str(bad), "status"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2
     assert f"{bad}:7: machines[0].gpus.sim[0].tdp_w: Input should be greater than 0" in result.stderr
     assert "Traceback" not in result.stderr

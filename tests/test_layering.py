@@ -28,16 +28,22 @@ def test_the_layers_inside_agents_refuse_a_core_module_on_a_component_and_a_comp
     for package in ("agents", "console", "widgets"):
         shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    with (tmp_path / "agents" / "store.py").open("a") as f:
-        f.write("\nimport agents.alerts  # noqa: E402\n")
-    with (tmp_path / "agents" / "alerts.py").open("a") as f:
+    with (tmp_path / "agents" / "runtime" / "store.py").open("a") as f:
+        f.write("\nimport agents.alerts.component  # noqa: E402\n")
+    with (tmp_path / "agents" / "alerts" / "component.py").open("a") as f:
         f.write("\nfrom agents.notify import sender  # noqa: E402\n")
     lint = Path(sys.executable).parent / "lint-imports"
-    result = subprocess.run([str(lint), "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    result = subprocess.run(
+        [str(lint), "--no-cache"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert result.returncode != 0, result.stdout
-    assert "agents.store -> agents.alerts" in result.stdout, result.stdout
-    assert "agents.alerts -> agents.notify.sender" in result.stdout, result.stdout
+    assert "agents.runtime.store -> agents.alerts.component" in result.stdout, result.stdout
+    assert "agents.alerts.component -> agents.notify.sender" in result.stdout, result.stdout
 
 
 def test_a_cli_verb_runs_without_textual(small_demo):
@@ -52,8 +58,8 @@ def test_a_cli_verb_runs_without_textual(small_demo):
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    status, _, verdict = result.stdout.rpartition("\n{\"exit\"")
-    verdict = json.loads("{\"exit\"" + verdict)
+    status, _, verdict = result.stdout.rpartition('\n{"exit"')
+    verdict = json.loads('{"exit"' + verdict)
     # with an OpenSSH client on PATH a one-shot verb rides it, and asyncssh (a third of a cold start) is never loaded
     assert verdict == {"exit": 0, "textual": [], "asyncssh": shutil.which("ssh") is None}
     machines = json.loads(status)["machines"]
@@ -62,9 +68,11 @@ def test_a_cli_verb_runs_without_textual(small_demo):
 
 def test_an_agent_without_the_gateway_does_not_load_aiohttp():
     """Only the gateway's machine serves HTTP: every other agent stays ~10 MB lighter (issue 10's RSS goal)."""
-    code = ("import sys; from agents.agent import Agent; "
-            "import agents.alerts, agents.audit, agents.costs, agents.jobs.supervisor, agents.checkpoints, agents.orchestra, "
-            "agents.metrics, agents.gateway.component, agents.server, agents.notify.component, agents.notify.watch; "
-            "print('aiohttp' in sys.modules)")
+    code = (
+        "import sys; from agents.shell.agent import Agent; "
+        "import agents.alerts.component, agents.audit.component, agents.costs.component, agents.jobs.component, agents.checkpoints, agents.orchestra, "
+        "agents.shell.metrics, agents.gateway.component, agents.shell.server, agents.notify.component, agents.notify.watch; "
+        "print('aiohttp' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stdout + result.stderr

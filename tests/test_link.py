@@ -1,4 +1,4 @@
-"""The one client core (agents/link.py): its state machine, pending table, read loop and typed views.
+"""The one client core (agents/runtime/link.py): its state machine, pending table, read loop and typed views.
 
 The agent's side here is a scripted JSON-lines peer over a real socket pair: the core does not care how the
 bytes travel (SSH, a machine's sshd or OpenSSH are the openers', tested with real agents elsewhere), and a
@@ -11,24 +11,25 @@ import asyncio
 import json
 import logging
 import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 import yaml
 
-from agents.catalogue import ReplyInvalid
-from agents.events import Notice, PushEvent
-from agents.lab import parse_lab
-from agents.link import Link, LinkCore, LinkSettings, Transport
-from agents.peers import PeerClient
-from agents.protocol import PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
-from agents.states import ModelState
-from agents.view import GPU_SERIES, LabView
+from agents.runtime.link import Link, LinkCore, LinkSettings, Transport
+from agents.runtime.peers import PeerClient
+from agents.runtime.view import GPU_SERIES, LabView
+from agents.wire.catalogue.method import ReplyInvalid
+from agents.wire.events import Notice, PushEvent
+from agents.wire.lab.model import parse_lab
+from agents.wire.protocol import PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
+from agents.wire.states import ModelState
 from console.cli import status_human, status_json
 from console.client import FleetClient
-from console.state import LabState
 from console.openssh import PipeReader
+from console.state import LabState
 from tests.conftest import wait_for
 from widgets.section_faults import fault_line
 
@@ -39,8 +40,17 @@ Script = Callable[[str, dict[str, Any], Callable[[dict[str, Any]], None]], Await
 
 
 def hello(machine: str = "box") -> dict[str, Any]:
-    return {"protocol": PROTOCOL_VERSION, "agent_version": "test", "machine": machine, "lab": "link-test", "role": "operator",
-            "capabilities": [], "simulated": True, "sample_interval_s": 1.0, "started_at": 0.0}
+    return {
+        "protocol": PROTOCOL_VERSION,
+        "agent_version": "test",
+        "machine": machine,
+        "lab": "link-test",
+        "role": "operator",
+        "capabilities": [],
+        "simulated": True,
+        "sample_interval_s": 1.0,
+        "started_at": 0.0,
+    }
 
 
 def model(name: str, state: str) -> dict[str, Any]:
@@ -94,8 +104,16 @@ class ScriptedAgent:
 async def linked(script: Script, view: LabView | None = None, **options: Any) -> AsyncIterator[tuple[ScriptedAgent, LinkCore]]:
     """A core linked to a scripted agent, past its first attempt; stopped on the way out."""
     agent = ScriptedAgent(script)
-    settings = LinkSettings(**{"topics": ["tick"], "call_timeout_s": 5.0, "connect_timeout_s": 5.0, "keepalive_s": 30.0,
-                               "backoff_max_s": 0.2, **options})
+    settings = LinkSettings(
+        **{
+            "topics": ["tick"],
+            "call_timeout_s": 5.0,
+            "connect_timeout_s": 5.0,
+            "keepalive_s": 30.0,
+            "backoff_max_s": 0.2,
+            **options,
+        }
+    )
     core = LinkCore(LAB.machines, agent, view or LabView(LAB), settings)
     core.start()
     try:
@@ -319,7 +337,8 @@ async def test_a_section_refused_as_sent_is_shown_as_a_failing_one_until_a_valid
 
 
 async def test_a_reply_that_does_not_fit_names_the_machine_and_the_cli_says_bad_reply_not_offline():
-    from agents.catalogue import MODELS_LIST, request
+    from agents.wire.catalogue.method import request
+    from agents.wire.catalogue.models import MODELS_LIST
     from console.cli_checkpoints import runs_human
     from console.cli_models import models_human
 
@@ -333,6 +352,9 @@ async def test_a_reply_that_does_not_fit_names_the_machine_and_the_cli_says_bad_
         assert raised.value.code is ErrorCode.INVALID_REPLY and typed.value.machine == "box"
         assert "box answered models.list" in typed.value.message
         down = RemoteError(ErrorCode.DISCONNECTED, "gpu2 is offline")
-        for lines in (models_human([], {}, {"box": typed.value, "gpu2": down}), runs_human([], {"box": typed.value, "gpu2": down})):
+        for lines in (
+            models_human([], {}, {"box": typed.value, "gpu2": down}),
+            runs_human([], {"box": typed.value, "gpu2": down}),
+        ):
             assert "box: bad reply box answered models.list with a reply that does not fit" in lines
             assert "box: OFFLINE" not in lines and "gpu2: OFFLINE gpu2 is offline" in lines

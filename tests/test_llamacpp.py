@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.lab import Model, load_lab
 from agents.orchestra.engines import ENGINES, engine_spec
 from agents.orchestra.llamacpp import LlamacppEngine, lora_files, parse_llamacpp_metrics, tensor_split
 from agents.orchestra.spec import GpuBuild
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.lab.model import Model, load_lab
+from agents.wire.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import HOUR_S, age, wait_for
@@ -74,8 +74,13 @@ def test_gpu_build_answers_which_gpus_a_build_runs_on():
 
 
 def engine_for(model: dict, gpus: list[int], totals: list[int] | None = None) -> LlamacppEngine:
-    engine = LlamacppEngine(Model.model_validate({"machine": "m5", "engine": "llamacpp", **model}), Path(model["path"]),
-                            "m5", gpus, Path("/tmp/x.log"))
+    engine = LlamacppEngine(
+        Model.model_validate({"machine": "m5", "engine": "llamacpp", **model}),
+        Path(model["path"]),
+        "m5",
+        gpus,
+        Path("/tmp/x.log"),
+    )
     engine.gpu_totals = totals
     return engine
 
@@ -92,15 +97,19 @@ def test_llama_server_flags_split_a_model_over_gpus_by_their_memory():
     assert tensor_split([24 * GIB, 8 * GIB]) == "24,8"  # a P40 and a P4: three layers of four on the P40
     cpu = engine_for({"name": "tiny", "path": "/m/t.gguf", "args": ["--lora", "/a/x.gguf,/a/y.gguf", "-ngl", "10"]}, [])
     flags = cpu.argv()
-    assert "--split-mode" not in flags and flags.count("-ngl") == 1 and flags[flags.index("-ngl") + 1] == "10"  # lab.yaml's args win
+    assert (
+        "--split-mode" not in flags and flags.count("-ngl") == 1 and flags[flags.index("-ngl") + 1] == "10"
+    )  # lab.yaml's args win
     assert lora_files(cpu.model.args) == ["/a/x.gguf", "/a/y.gguf"]
 
 
 def test_llamacpp_metrics_become_the_console_figures():
-    text = ("# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n# TYPE llamacpp:prompt_tokens_total counter\n"
-            "llamacpp:prompt_tokens_total 12\n# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 40\n"
-            "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n"
-            "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 1\n")
+    text = (
+        "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n# TYPE llamacpp:prompt_tokens_total counter\n"
+        "llamacpp:prompt_tokens_total 12\n# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 40\n"
+        "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n"
+        "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 1\n"
+    )
     figures = parse_llamacpp_metrics(text)
     assert figures["prompt_tokens_total"] == 12 and figures["generation_tokens_total"] == 40
     assert figures["requests_running"] == 2 and figures["requests_waiting"] == 1
@@ -120,8 +129,9 @@ def test_a_hugging_face_folder_on_llamacpp_is_refused_with_the_way_out(tmp_path)
 
 def http(url: str, body: object | None = None) -> tuple[int, str]:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {},
-                                     method="POST" if data is not None else "GET")
+    request = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json"} if data else {}, method="POST" if data is not None else "GET"
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, response.read().decode()
@@ -130,11 +140,32 @@ def http(url: str, body: object | None = None) -> tuple[int, str]:
 
 
 async def test_sim_llamacpp_holds_llama_servers_contract(run_pool):
-    demo = run_pool(pool_lab([{"name": "p40-7b", "path": "models/p40-7b.Q4_K_M.gguf", "engine": "sim-llamacpp", "machine": "box",
-                               "gpus": [0], "vram_gib": 5, "args": ["--sleep-idle-seconds", "1"], "sim": {**FAST}},
-                              {"name": "p4-3b", "path": "models/p4-3b.Q8_0.gguf", "engine": "sim-llamacpp", "machine": "box",
-                               "gpus": [1], "vram_gib": 4, "sim": {**FAST}}],
-                             orchestra={"sleeping": ["p4-3b"]}))
+    demo = run_pool(
+        pool_lab(
+            [
+                {
+                    "name": "p40-7b",
+                    "path": "models/p40-7b.Q4_K_M.gguf",
+                    "engine": "sim-llamacpp",
+                    "machine": "box",
+                    "gpus": [0],
+                    "vram_gib": 5,
+                    "args": ["--sleep-idle-seconds", "1"],
+                    "sim": {**FAST},
+                },
+                {
+                    "name": "p4-3b",
+                    "path": "models/p4-3b.Q8_0.gguf",
+                    "engine": "sim-llamacpp",
+                    "machine": "box",
+                    "gpus": [1],
+                    "vram_gib": 4,
+                    "sim": {**FAST},
+                },
+            ],
+            orchestra={"sleeping": ["p4-3b"]},
+        )
+    )
     async with FleetClient(load_lab(demo.lab_path)) as client:
         await client.wait_connected(10)
         # in the start plan's `sleeping`, a llama.cpp model (no sleep mode) is kept in RAM instead: never brought up
@@ -144,14 +175,18 @@ async def test_sim_llamacpp_holds_llama_servers_contract(run_pool):
         info = await settle(client, "p40-7b", ("warm", "failed"))
         assert info["state"] == "warm" and info["simulated"] is True and info["engine"] == "sim-llamacpp"
         base = info["endpoint"].removesuffix("/v1")
-        status, answer = await asyncio.to_thread(post, info["endpoint"], "/v1/completions", {"model": "p40-7b", "prompt": "hi", "max_tokens": 5})
+        status, answer = await asyncio.to_thread(
+            post, info["endpoint"], "/v1/completions", {"model": "p40-7b", "prompt": "hi", "max_tokens": 5}
+        )
         assert status == 200 and answer["usage"]["completion_tokens"] == 5
         status, metrics = await asyncio.to_thread(http, base + "/metrics")
         assert status == 200 and "llamacpp:tokens_predicted_total 13" in metrics  # the warm-up 8 + 5 and "vllm:" not in metrics
         for route in ("/sleep", "/wake_up", "/v1/load_lora_adapter"):  # vLLM's routes: llama-server has none of them
             assert (await asyncio.to_thread(http, base + route, {}))[0] == 404
         await wait_for(lambda: json.loads(http(base + "/props")[1])["is_sleeping"], 15)  # its own idle sleep
-        status, answer = await asyncio.to_thread(post, info["endpoint"], "/v1/completions", {"model": "p40-7b", "prompt": "hi", "max_tokens": 3})
+        status, answer = await asyncio.to_thread(
+            post, info["endpoint"], "/v1/completions", {"model": "p40-7b", "prompt": "hi", "max_tokens": 3}
+        )
         assert status == 200 and not json.loads(http(base + "/props")[1])["is_sleeping"]  # a task wakes it
         with pytest.raises(RemoteError) as exc:
             await client.call("box", "models.sleep", {"model": "p40-7b"})
@@ -175,10 +210,22 @@ def llama_lab(tmp_path_factory):
         "lab": "llama-lab",
         "machines": [{"name": "box", "gpus": "none"}],
         "models": [
-            {"name": "tiny-a", "path": str(models["a"]), "engine": "llamacpp", "machine": "box", "load_timeout_s": "60s",
-             "args": [*args, "--lora", f"{models['lora']},{second}"]},
-            {"name": "tiny-b", "path": str(models["b"]), "engine": "llamacpp", "machine": "box", "load_timeout_s": "60s",
-             "args": [*args, "--sleep-idle-seconds", "2"]},
+            {
+                "name": "tiny-a",
+                "path": str(models["a"]),
+                "engine": "llamacpp",
+                "machine": "box",
+                "load_timeout_s": "60s",
+                "args": [*args, "--lora", f"{models['lora']},{second}"],
+            },
+            {
+                "name": "tiny-b",
+                "path": str(models["b"]),
+                "engine": "llamacpp",
+                "machine": "box",
+                "load_timeout_s": "60s",
+                "args": [*args, "--sleep-idle-seconds", "2"],
+            },
             {"name": "hf-folder", "path": str(models["a"].parent), "engine": "llamacpp", "machine": "box"},
         ],
         "gateway": {"machine": "box"},
@@ -204,8 +251,9 @@ async def test_real_llama_server_warm_tokens_metrics_adapter_swap_gateway_idle_s
         assert a["simulated"] is False and a["engine"] == "llamacpp"
         assert "model_load_s" in (await client.call("box", "models.get", {"model": "tiny-a"}))["load_phases"]
         # real tokens from llama.cpp's forward pass
-        status, answer = await asyncio.to_thread(post, a["endpoint"], "/v1/completions",
-                                                 {"model": "tiny-a", "prompt": "The capital of France is", "max_tokens": 8})
+        status, answer = await asyncio.to_thread(
+            post, a["endpoint"], "/v1/completions", {"model": "tiny-a", "prompt": "The capital of France is", "max_tokens": 8}
+        )
         assert status == 200 and answer["usage"]["completion_tokens"] == 8 and answer["choices"][0]["text"]
         # its llamacpp:* counters become the console's figures (warm-up 8 + this request 8 tokens)
 
@@ -233,13 +281,16 @@ async def test_real_llama_server_warm_tokens_metrics_adapter_swap_gateway_idle_s
         a = await client.call("box", "models.get", {"model": "tiny-a"})
         assert a["state"] in ("cold", "cached") and a["endpoint"] is None
         # through the gateway with the official SDK, streamed and not
-        gateway = AsyncOpenAI(base_url=f"http://{lab.gateway.host}:{lab.gateway.port}/v1",
-                              api_key=(demo.dir / "console" / "gateway.key").read_text().strip())
+        gateway = AsyncOpenAI(
+            base_url=f"http://{lab.gateway.host}:{lab.gateway.port}/v1",
+            api_key=(demo.dir / "console" / "gateway.key").read_text().strip(),
+        )
         reply = await gateway.completions.create(model="tiny-b", prompt="Once upon a time", max_tokens=6)
         assert reply.usage is not None and reply.usage.completion_tokens == 6 and reply.choices[0].text
         chunks = [c async for c in await gateway.completions.create(model="tiny-b", prompt="Hello", max_tokens=5, stream=True)]
         assert "".join(c.choices[0].text for c in chunks if c.choices)
         await gateway.close()
+
         # the gateway meters it like any engine: requests, errors, its own TTFT (llama-server has no TTFT series)
         async def metered() -> dict | None:
             figures = {m["name"]: m for m in (await client.call("box", "gateway.status"))["models"]}["tiny-b"]
@@ -250,7 +301,9 @@ async def test_real_llama_server_warm_tokens_metrics_adapter_swap_gateway_idle_s
         # llama-server's own idle sleep (--sleep-idle-seconds 2): the model leaves memory, the next task reloads it
         props = b["endpoint"].removesuffix("/v1") + "/props"
         await wait_for(lambda: json.loads(http(props)[1]).get("is_sleeping"), 30, interval=0.2)
-        status, answer = await asyncio.to_thread(post, b["endpoint"], "/v1/completions", {"model": "tiny-b", "prompt": "Hi", "max_tokens": 4})
+        status, answer = await asyncio.to_thread(
+            post, b["endpoint"], "/v1/completions", {"model": "tiny-b", "prompt": "Hi", "max_tokens": 4}
+        )
         assert status == 200 and answer["usage"]["completion_tokens"] == 4
         assert json.loads(http(props)[1])["is_sleeping"] is False
         # a Hugging Face folder is not a GGUF: refused before anything starts
@@ -276,10 +329,21 @@ def adapter_lab(tmp_path_factory, hand_runs):
     lab = {
         "lab": "gguf-adapter-lab",
         "machines": [{"name": "box", "gpus": "none"}],
-        "models": [{"name": "tiny-gguf", "path": str(models["a"]), "engine": "llamacpp", "machine": "box", "load_timeout_s": "60s",
-                    "args": ["-c", "256", "-t", "1"]}],
-        "checkpoints": {"dirs": [{"machine": "box", "path": str(hand_runs)}, {"machine": "box", "path": str(runs)}],
-                        "poll_s": 1, "settle_s": 600},
+        "models": [
+            {
+                "name": "tiny-gguf",
+                "path": str(models["a"]),
+                "engine": "llamacpp",
+                "machine": "box",
+                "load_timeout_s": "60s",
+                "args": ["-c", "256", "-t", "1"],
+            }
+        ],
+        "checkpoints": {
+            "dirs": [{"machine": "box", "path": str(hand_runs)}, {"machine": "box", "path": str(runs)}],
+            "poll_s": 1,
+            "settle_s": 600,
+        },
     }
     source = tmp_path_factory.mktemp("adaptersrc") / "lab.yaml"
     source.write_text(yaml.safe_dump(lab, sort_keys=False))
@@ -300,10 +364,13 @@ async def test_a_trained_adapter_is_converted_to_gguf_and_served_on_llama_server
         # no base config to convert against: refused, with what can serve it
         with pytest.raises(RemoteError) as exc:
             await client.call("box", "checkpoints.serve", {"run": "exp-nobase", "step": 4, "model": "tiny-gguf"})
-        assert exc.value.code == ErrorCode.UNAVAILABLE and "/nowhere/base" in exc.value.message and "vllm model" in exc.value.message
+        assert (
+            exc.value.code == ErrorCode.UNAVAILABLE and "/nowhere/base" in exc.value.message and "vllm model" in exc.value.message
+        )
         # converted with llama.cpp's convert_lora_to_gguf.py, started with --lora, applied once warm
         served = await client.call("box", "checkpoints.serve", {"run": "exp1", "step": 4, "model": "tiny-gguf"})
         assert served["mode"] == "gguf-adapter" and served["state"] == "converting" and served["adapter_gguf"].endswith(".gguf")
+
         async def added() -> bool:  # after the conversion (a child process importing torch)
             return served["model"] in {m["name"] for m in (await client.call("box", "models.list"))["models"]}
 
@@ -313,7 +380,8 @@ async def test_a_trained_adapter_is_converted_to_gguf_and_served_on_llama_server
         base = model["endpoint"].removesuffix("/v1")
         adapters = json.loads((await asyncio.to_thread(http, base + "/lora-adapters"))[1])
         assert [(Path(a["path"]).name, a["scale"]) for a in adapters] == [(Path(served["adapter_gguf"]).name, 1.0)]
-        status, answer = await asyncio.to_thread(post, model["endpoint"], "/v1/completions",
-                                                 {"model": served["model"], "prompt": "Hello", "max_tokens": 4})
+        status, answer = await asyncio.to_thread(
+            post, model["endpoint"], "/v1/completions", {"model": served["model"], "prompt": "Hello", "max_tokens": 4}
+        )
         assert status == 200 and answer["usage"]["completion_tokens"] == 4
         await client.call("box", "models.cold", {"model": served["model"]}, timeout=30)

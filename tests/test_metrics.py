@@ -12,13 +12,14 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.agent import Agent
-from agents.alerts import AlertsComponent
-from agents.costs import CostsComponent
-from agents.lab import parse_lab
-from agents.metrics import AgentCollector
-from agents.sections import JobInfo, ModelInfo, ModelsSection
-from agents.store import Store
+from agents.alerts.component import AlertsComponent
+from agents.costs.component import CostsComponent
+from agents.runtime.store import Store
+from agents.shell.agent import Agent
+from agents.shell.metrics import AgentCollector
+from agents.wire.lab.model import parse_lab
+from agents.wire.sections.jobs import JobInfo
+from agents.wire.sections.models import ModelInfo, ModelsSection
 from console.demo import DemoLab, free_ports
 from tests.conftest import wait_for
 
@@ -26,10 +27,18 @@ LAB = {
     "lab": "metrics-lab",
     "costs": {"currency": "EUR", "electricity_per_kwh": 0.25},
     "cloud_prices": {"gpu_hour": {"Tesla V100": 2.48}},
-    "machines": [{"name": "box", "idle_watts": 80, "gpus": {"sim": [
-        {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250, "profile": "training"},
-        {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75},
-    ]}}],
+    "machines": [
+        {
+            "name": "box",
+            "idle_watts": 80,
+            "gpus": {
+                "sim": [
+                    {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250, "profile": "training"},
+                    {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75},
+                ]
+            },
+        }
+    ],
 }
 
 
@@ -51,11 +60,28 @@ async def test_agent_serves_prometheus_metrics(tmp_path, lab_file):
     lab_path = demo.prepare()
     (port,) = free_ports(1)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agents.daemon", "--log-level", "warning", "serve", "--lab", str(lab_path), "--machine", "box",
-         "--state-dir", str(demo.dir / "agents" / "box"), "--metrics-port", str(port)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "agents.shell.daemon",
+            "--log-level",
+            "warning",
+            "serve",
+            "--lab",
+            str(lab_path),
+            "--machine",
+            "box",
+            "--state-dir",
+            str(demo.dir / "agents" / "box"),
+            "--metrics-port",
+            str(port),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
+
         def energy_counted() -> dict | None:
             try:
                 found = families(scrape(port))
@@ -108,10 +134,36 @@ class Section:
 
 
 async def test_collector_labels_jobs_models_tokens_and_alerts(tmp_path):
-    lab = parse_lab("lab: t\ncosts: {electricity_per_kwh: 0.2}\nalerts: {temp_for_s: 0}\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
-    jobs = Section("jobs", [JobInfo(id="4", recipe="demo-lora", machine="box", gpus=[0], state="running", step=120, loss=1.25,
-                                    started_at=1.0, output_dir="/runs/4", log_path="/logs/4")])
-    llama = ModelInfo(name="llama", machine="box", engine="sim", gpus=[], state="warm", since=1.0, prompt_tokens_total=10, generation_tokens_total=20)
+    lab = parse_lab(
+        "lab: t\ncosts: {electricity_per_kwh: 0.2}\nalerts: {temp_for_s: 0}\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n"
+    )
+    jobs = Section(
+        "jobs",
+        [
+            JobInfo(
+                id="4",
+                recipe="demo-lora",
+                machine="box",
+                gpus=[0],
+                state="running",
+                step=120,
+                loss=1.25,
+                started_at=1.0,
+                output_dir="/runs/4",
+                log_path="/logs/4",
+            )
+        ],
+    )
+    llama = ModelInfo(
+        name="llama",
+        machine="box",
+        engine="sim",
+        gpus=[],
+        state="warm",
+        since=1.0,
+        prompt_tokens_total=10,
+        generation_tokens_total=20,
+    )
     models = Section("models", ModelsSection(models=[llama]))
     agent = Agent(lab, "box", tmp_path, components=lambda core: [CostsComponent(core), AlertsComponent(core), jobs, models])
     agent.store = Store(tmp_path / "state.db")
@@ -124,11 +176,15 @@ async def test_collector_labels_jobs_models_tokens_and_alerts(tmp_path):
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector([agent]))
     found = families(generate_latest(registry).decode())
-    assert [(s.labels["job"], s.labels["state"], s.labels["recipe"]) for s in found["cetlab_job_info"]] == [("4", "running", "demo-lora")]
+    assert [(s.labels["job"], s.labels["state"], s.labels["recipe"]) for s in found["cetlab_job_info"]] == [
+        ("4", "running", "demo-lora")
+    ]
     assert found["cetlab_job_step"][0].value == 120 and found["cetlab_job_loss"][0].value == 1.25
     assert [(s.labels["model"], s.labels["state"]) for s in found["cetlab_model_state"]] == [("llama", "warm")]
     assert [(s.labels["model"], s.value) for s in found["cetlab_model_tokens"] if s.name.endswith("_total")] == [("llama", 500.0)]
     assert {s.labels["owner"] for s in found["cetlab_energy_joules"]} >= {"host", "4"}  # the job's GPU energy is the job's
     assert found["DCGM_FI_DEV_GPU_TEMP"][0].value == 99.0
-    assert [(s.labels["rule"], s.labels["level"], s.value) for s in found["cetlab_alerts_active"]] == [("gpu_hot", "critical", 1.0)]
+    assert [(s.labels["rule"], s.labels["level"], s.value) for s in found["cetlab_alerts_active"]] == [
+        ("gpu_hot", "critical", 1.0)
+    ]
     agent.store.close()

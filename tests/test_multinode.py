@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from agents.jobs import recipes
-from agents.lab import load_lab
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import REPO, run_agent, wait_for
@@ -37,18 +37,41 @@ def make_lab(root: Path, tiny: Path, offline_for_s: float = 30, rdzv_port: int |
     source = root / "src"
     source.mkdir(parents=True)
     shutil.copytree(REPO / "demo", source / "demo")
-    train = ["cetlab-train", "--config", "demo/train.yaml", "--output-dir", "{output_dir}", "--set", f"base_model={tiny}",
-             "--set", "logging_steps=1", "--set", "max_seq_len=32", "--set", "per_device_batch_size=2"]
+    train = [
+        "cetlab-train",
+        "--config",
+        "demo/train.yaml",
+        "--output-dir",
+        "{output_dir}",
+        "--set",
+        f"base_model={tiny}",
+        "--set",
+        "logging_steps=1",
+        "--set",
+        "max_seq_len=32",
+        "--set",
+        "per_device_batch_size=2",
+    ]
     data = {
         "lab": "multinode-test",
         "alerts": {"offline_for_s": offline_for_s},  # a node whose agent is silent this long fails the job
         "machines": [{"name": name, "gpus": {"sim": [P4]}} for name in NODES],
-        "trainers": [{
-            "name": "ddp", "nodes": [{"machine": "a", "gpus": [0]}, {"machine": "b", "gpus": [0]}], "launcher": "torchrun",
-            "nproc_per_node": 1, "command": train, "output_dir": "runs/{job_id}", "stop_grace_s": 60,
-            "params": [{"name": "max_steps", "type": "int", "default": 6, "min": 1},
-                       {"name": "save_steps", "type": "int", "default": 3, "min": 1},
-                       {"name": "resume_from_checkpoint", "type": "str"}]}],
+        "trainers": [
+            {
+                "name": "ddp",
+                "nodes": [{"machine": "a", "gpus": [0]}, {"machine": "b", "gpus": [0]}],
+                "launcher": "torchrun",
+                "nproc_per_node": 1,
+                "command": train,
+                "output_dir": "runs/{job_id}",
+                "stop_grace_s": 60,
+                "params": [
+                    {"name": "max_steps", "type": "int", "default": 6, "min": 1},
+                    {"name": "save_steps", "type": "int", "default": 3, "min": 1},
+                    {"name": "resume_from_checkpoint", "type": "str"},
+                ],
+            }
+        ],
     }
     if rdzv_port is not None:
         data["trainers"][0]["rdzv_port"] = rdzv_port
@@ -63,7 +86,7 @@ def with_torchrun(tmp_path, monkeypatch):
         # a venv without torch's console scripts: torchrun is `python -m torch.distributed.run` all the same
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
-        (bin_dir / "torchrun").write_text(f"#!/bin/sh\nexec {sys.executable} -m torch.distributed.run \"$@\"\n")
+        (bin_dir / "torchrun").write_text(f'#!/bin/sh\nexec {sys.executable} -m torch.distributed.run "$@"\n')
         (bin_dir / "torchrun").chmod(0o755)
         monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
 
@@ -127,7 +150,9 @@ async def test_two_nodes_train_to_exit_0_with_rank_0_checkpoints_and_progress(la
         # the jobs list of the coordinator holds the nodes; the CLI shape: {"machine", "gpus", "state"}
         listed = next(j for j in await client.call("a", "jobs.list", {}) if j["id"] == started["id"])
         assert [{k: n[k] for k in ("machine", "gpus", "state")} for n in listed["nodes"]] == [
-            {"machine": "a", "gpus": [0], "state": "exited"}, {"machine": "b", "gpus": [0], "state": "exited"}]
+            {"machine": "a", "gpus": [0], "state": "exited"},
+            {"machine": "b", "gpus": [0], "state": "exited"},
+        ]
         shown = cli(lab, "jobs", "--json")  # one job, not one per node
         assert [j["id"] for j in json.loads(shown.stdout)["jobs"]] == [started["id"]], shown.stderr
         assert "a+b" in cli(lab, "jobs").stdout
@@ -208,7 +233,7 @@ async def _restart_mid_run(lab: DemoLab) -> None:
 
 
 async def test_the_node_role_may_call_the_node_methods_only(lab):
-    from agents.protocol import Role
+    from agents.wire.protocol import Role
 
     assert Role.NODE.allows(Role.OPERATOR, "jobs.node_start") and Role.NODE.allows(Role.VIEWER, "hello")
     for method in ("jobs.start", "jobs.list", "models.warm", "jobs.stop"):
@@ -226,13 +251,18 @@ async def test_the_node_role_may_call_the_node_methods_only(lab):
 
 
 def test_recipes_over_nodes_are_checked_at_load(lab_file):
-    from agents.lab import LabError
+    from agents.wire.lab.model import LabError
 
     def lab(**trainer) -> dict:
-        return {"lab": "t", "machines": [{"name": n, "gpus": {"sim": [P4]}} for n in ("a", "b")],
-                "trainers": [{"name": "ddp", "command": ["x"], "output_dir": "o", "launcher": "torchrun", **trainer}]}
+        return {
+            "lab": "t",
+            "machines": [{"name": n, "gpus": {"sim": [P4]}} for n in ("a", "b")],
+            "trainers": [{"name": "ddp", "command": ["x"], "output_dir": "o", "launcher": "torchrun", **trainer}],
+        }
 
-    good = load_lab(lab_file(lab(nodes=[{"machine": "a", "gpus": [0]}, {"machine": "b", "gpus": [0], "nccl_socket_ifname": "eth1"}])))
+    good = load_lab(
+        lab_file(lab(nodes=[{"machine": "a", "gpus": [0]}, {"machine": "b", "gpus": [0], "nccl_socket_ifname": "eth1"}]))
+    )
     assert good.trainers[0].machine == "a" and good.trainers[0].gpus == [0]  # the first node coordinates
     refused = {
         "no machine named 'c'": lab(nodes=[{"machine": "a", "gpus": [0]}, {"machine": "c", "gpus": [0]}]),
@@ -250,8 +280,8 @@ def test_recipes_over_nodes_are_checked_at_load(lab_file):
 
 
 def test_the_demo_authorizes_the_coordinator_key_with_the_node_role_only(tmp_path):
-    from agents.keys import AUTHORIZED_KEYS_NAME
-    from agents.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
+    from agents.runtime.keys import AUTHORIZED_KEYS_NAME
+    from agents.runtime.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
 
     demo = DemoLab(tmp_path / "demo")
     demo.prepare()
@@ -264,8 +294,10 @@ def test_the_demo_authorizes_the_coordinator_key_with_the_node_role_only(tmp_pat
 
 
 # listens on the port, then leaves it to a forked child that is no process of the job's (the parent prints its pid and exits)
-SQUAT = ("import os, socket, sys, time\ns = socket.socket(); s.bind(('', int(sys.argv[1]))); s.listen()\n"
-         "pid = os.fork()\nif pid:\n    print(pid, flush=True); os._exit(0)\ntime.sleep(600)\n")
+SQUAT = (
+    "import os, socket, sys, time\ns = socket.socket(); s.bind(('', int(sys.argv[1]))); s.listen()\n"
+    "pid = os.fork()\nif pid:\n    print(pid, flush=True); os._exit(0)\ntime.sleep(600)\n"
+)
 
 
 @pytest.fixture
@@ -332,7 +364,11 @@ async def test_a_fixed_rendezvous_port_in_use_fails_the_job_in_one_line(tmp_path
                 job = await client.call("a", "jobs.start", {"recipe": "ddp"})
                 failed = await wait_for(lambda: _ended_on_a(client, job["id"]), timeout=180)
                 error = failed["error"]
-                assert failed["state"] == "failed" and f"could not listen on rendezvous port {port}" in error and "EADDRINUSE" in error, failed
+                assert (
+                    failed["state"] == "failed"
+                    and f"could not listen on rendezvous port {port}" in error
+                    and "EADDRINUSE" in error
+                ), failed
                 assert "\n" not in error and "Traceback" not in error and "change the recipe's rdzv_port" in error
                 assert [n["state"] for n in failed["nodes"]] == ["failed", "failed"]
                 with pytest.raises(RemoteError):  # node b never started
@@ -363,21 +399,30 @@ async def _ended_on_a(client: FleetClient, job_id: str) -> dict | None:
 
 def test_server_ports_come_from_below_the_ephemeral_range(tmp_path):
     """Outgoing connections take their local ports from the ephemeral range: a server's port chosen there is soon someone's."""
-    from agents import ports
+    from agents.runtime import ports
 
     low = ports.ephemeral_low()
     chosen = {ports.server_port() for _ in range(20)}
     assert all(ports.LOWEST <= port < low for port in chosen), chosen
     assert all(ports.is_free(port) for port in chosen)
     (tmp_path / "range").write_text("40000\t60999\n")
-    assert ports.ephemeral_low(tmp_path / "range") == 40000 and ports.ephemeral_low(tmp_path / "missing") == ports.DEFAULT_EPHEMERAL_LOW
+    assert (
+        ports.ephemeral_low(tmp_path / "range") == 40000
+        and ports.ephemeral_low(tmp_path / "missing") == ports.DEFAULT_EPHEMERAL_LOW
+    )
 
 
 def test_one_row_per_run_keeps_a_multi_node_run_once_and_other_runs_apart():
     from console.runs import RunKey, one_row_per_run
 
-    rows = [("irina", "m5-4", "m5-4", 3), ("m5", "m5-4", "m5-4", 3), ("m5", "exp1", None, 2), ("irina", "exp1", None, 1),
-            ("irina", "m5-5", "m5-5", 2), ("m5", "m5-5", "m5-5", 0)]
+    rows = [
+        ("irina", "m5-4", "m5-4", 3),
+        ("m5", "m5-4", "m5-4", 3),
+        ("m5", "exp1", None, 2),
+        ("irina", "exp1", None, 1),
+        ("irina", "m5-5", "m5-5", 2),
+        ("m5", "m5-5", "m5-5", 0),
+    ]
     kept = one_row_per_run(rows, lambda r: RunKey(*r))
     # the coordinator's row on a tie, the node with the checkpoints otherwise (no shared storage: rank 0's folder); hand runs apart
     assert kept == [("m5", "m5-4", "m5-4", 3), ("m5", "exp1", None, 2), ("irina", "exp1", None, 1), ("irina", "m5-5", "m5-5", 2)]

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from agents.jobs.multinode import RDZV_PORTS
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.protocol import ErrorCode, RemoteError
 from console.demo import DemoLab
 from tests.hardening_fixtures import connected
 from tests.test_jobs import running
@@ -20,13 +20,18 @@ WAIT = "import time\ntime.sleep(600)"  # never reached: the rendezvous on a's po
 
 
 def lab_data(root, rdzv_port: int | None = None) -> dict:
-    recipe = {"name": "ddp", "nodes": [{"machine": "a", "gpus": [0]}, {"machine": "b", "gpus": [0]}], "launcher": "torchrun",
-              "nproc_per_node": 1, "command": [sys.executable, "-c", WAIT], "output_dir": str(root / "runs" / "{job_id}"),
-              "stop_grace_s": 5}
+    recipe = {
+        "name": "ddp",
+        "nodes": [{"machine": "a", "gpus": [0]}, {"machine": "b", "gpus": [0]}],
+        "launcher": "torchrun",
+        "nproc_per_node": 1,
+        "command": [sys.executable, "-c", WAIT],
+        "output_dir": str(root / "runs" / "{job_id}"),
+        "stop_grace_s": 5,
+    }
     if rdzv_port is not None:
         recipe["rdzv_port"] = rdzv_port
-    return {"lab": "nodes", "machines": [{"name": n, "gpus": {"sim": [P4, P4]}} for n in ("a", "b")],
-            "trainers": [recipe]}
+    return {"lab": "nodes", "machines": [{"name": n, "gpus": {"sim": [P4, P4]}} for n in ("a", "b")], "trainers": [recipe]}
 
 
 def start_lab(root, **kwargs) -> DemoLab:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from agents.protocol import GpuSample
+from agents.wire.protocol import GpuSample
 from console.app import CetlabApp
 from console.client import FleetClient
 from console.screens.fleet import FleetScreen
@@ -21,8 +21,16 @@ from widgets.orchestra_table import OrchestraTable
 
 WIDE, SPLIT, SMALL = (160, 50), (100, 30), (80, 24)
 CLOCK = "14:13:20"  # FROZEN_NOW in UTC
-V100 = GpuSample(index=0, name="Tesla V100-SXM2-32GB", util_pct=91, mem_used_bytes=25 * 1024**3, mem_total_bytes=32 * 1024**3,
-                 temp_c=74, power_w=214, power_limit_w=250)
+V100 = GpuSample(
+    index=0,
+    name="Tesla V100-SXM2-32GB",
+    util_pct=91,
+    mem_used_bytes=25 * 1024**3,
+    mem_total_bytes=32 * 1024**3,
+    temp_c=74,
+    power_w=214,
+    power_limit_w=250,
+)
 
 
 @pytest.mark.parametrize("width", [160, 94, 82])
@@ -156,7 +164,10 @@ def test_every_table_keeps_its_key_columns_at_100_and_80_columns():
             shown = {module.COLUMNS[i][0] for i in table.columns_for(width)}
             assert keys <= shown, (module.__name__, width, shown)
             fixed = sum((module.COLUMNS[i][2] or 0) + 2 for i in table.columns_for(width))
-            assert fixed <= width or shown == keys | {k for k, _, _ in module.COLUMNS if k not in module.DROP}, (module.__name__, width)
+            assert fixed <= width or shown == keys | {k for k, _, _ in module.COLUMNS if k not in module.DROP}, (
+                module.__name__,
+                width,
+            )
 
 
 @pytest.mark.parametrize("width", [100, 80])
@@ -213,8 +224,10 @@ async def test_at_100_columns_a_gpu_with_an_owner_keeps_its_bars(frozen_lab):
         lines = [line.plain for line in card.gpu_lines]
         owned = [line for line in lines if "model " in line]
         assert owned and all("░" in line or "█" in line for line in owned), lines
-        assert all(line.startswith(("gpu0 Tesla V100 ", "gpu1 Tesla P40  ", "gpu2 Tesla P40  ", "gpu3 Tesla P40  ", "gpu4 Tesla P40  "))
-                   for line in lines), lines  # the name column as wide as the card's longest name
+        assert all(
+            line.startswith(("gpu0 Tesla V100 ", "gpu1 Tesla P40  ", "gpu2 Tesla P40  ", "gpu3 Tesla P40  ", "gpu4 Tesla P40  "))
+            for line in lines
+        ), lines  # the name column as wide as the card's longest name
 
 
 def test_a_models_gpus_fit_the_gpus_column_whole():
@@ -234,8 +247,9 @@ def test_the_header_keeps_the_labs_rate_at_100_columns():
 
     from widgets.lab_header import header_text
 
-    figures = HeaderFigures("cet-lab", "checkpoints", 4, 4, 9, 156 * 1024**3, True, False, FROZEN_NOW,
-                            Text("0.19 USD/h · today 0.03 USD SIM power"))
+    figures = HeaderFigures(
+        "cet-lab", "checkpoints", 4, 4, 9, 156 * 1024**3, True, False, FROZEN_NOW, Text("0.19 USD/h · today 0.03 USD SIM power")
+    )
     wide, split, small = (header_text(figures, w).plain for w in (160, 100, 80))
     assert "0.19 USD/h · today 0.03 USD SIM power" in wide
     assert "0.19 USD/h SIM" in split and "today" not in split and len(split) <= 100
@@ -245,13 +259,30 @@ def test_the_header_keeps_the_labs_rate_at_100_columns():
 
 async def test_every_dialog_fits_an_80_column_terminal(frozen_lab):
     """The new-run form was 90 wide: at 80 columns its right edge and each param's help were off screen."""
-    from agents.catalogue import RecipeInfo
+    from agents.wire.catalogue.jobs import RecipeInfo
     from console.screens.modals import PickModelScreen, StartJobScreen
 
-    recipe = RecipeInfo.model_validate({
-        "name": "demo-lora", "machine": "m5", "gpus": [0], "launcher": "local", "nproc_per_node": 1, "output_dir": "runs/{job_id}",
-        "params": [{"name": "max_steps", "type": "int", "default": 2000, "min": 1, "max": 100000, "flag": "--max-steps",
-                    "help": "optimizer steps (2000 take 20-60 s on 2 CPU cores)"}]})
+    recipe = RecipeInfo.model_validate(
+        {
+            "name": "demo-lora",
+            "machine": "m5",
+            "gpus": [0],
+            "launcher": "local",
+            "nproc_per_node": 1,
+            "output_dir": "runs/{job_id}",
+            "params": [
+                {
+                    "name": "max_steps",
+                    "type": "int",
+                    "default": 2000,
+                    "min": 1,
+                    "max": 100000,
+                    "flag": "--max-steps",
+                    "help": "optimizer steps (2000 take 20-60 s on 2 CPU cores)",
+                }
+            ],
+        }
+    )
     app = frozen_app(frozen_lab)
     async with app.run_test(size=SMALL) as pilot:
         await until_drawn(pilot, FleetScreen)

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
-from agents.lab import LabError, load_lab, parse_lab
-from agents.lab_notify import Kind, Level
-from agents.sections_notify import Notification
 from agents.notify.receiver import Receiver
+from agents.wire.lab.model import LabError, load_lab, parse_lab
+from agents.wire.lab.notify import Kind, Level
+from agents.wire.sections.notify import Notification
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import REPO, wait_for
@@ -30,9 +30,13 @@ FAST = {"retry_first": "0.2s", "retry_max": "0.5s"}
 
 
 def lab_with(tmp_path: Path, routes: list[dict[str, Any]], gpus: int = 1, **extra: Any) -> Path:
-    data = {"lab": "notify-lab", "alerts": {"temp_for_s": 0, "clear_for_s": 0},
-            "machines": [{"name": "box", "gpus": {"sim": [P4] * gpus}}],
-            "notify": {**FAST, "routes": routes}, **extra}
+    data = {
+        "lab": "notify-lab",
+        "alerts": {"temp_for_s": 0, "clear_for_s": 0},
+        "machines": [{"name": "box", "gpus": {"sim": [P4] * gpus}}],
+        "notify": {**FAST, "routes": routes},
+        **extra,
+    }
     path = tmp_path / "lab.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -40,8 +44,11 @@ def lab_with(tmp_path: Path, routes: list[dict[str, Any]], gpus: int = 1, **extr
 
 def by_status(received: list[dict[str, Any]], route_path: str = "") -> Counter:
     """(alert id, status) -> how many JSON notifications of that kind arrived (at paths starting with route_path)."""
-    return Counter((r["json"]["alert_id"], r["json"]["status"]) for r in received
-                   if r["path"].startswith(route_path) and isinstance(r.get("json"), dict) and "alert_id" in r["json"])
+    return Counter(
+        (r["json"]["alert_id"], r["json"]["status"])
+        for r in received
+        if r["path"].startswith(route_path) and isinstance(r.get("json"), dict) and "alert_id" in r["json"]
+    )
 
 
 async def hot(client: FleetClient, gpu: int = 0, temp_c: float = 95.0) -> None:
@@ -58,14 +65,16 @@ async def active_ids(client: FleetClient) -> set[str]:
 def test_routes_are_validated_and_a_secret_in_clear_is_refused_without_being_echoed():
     head = "lab: t\nmachines: [{name: box}]\nnotify:\n  routes:\n"
     with pytest.raises(LabError) as bad:
-        parse_lab(head + "    - {name: chat, kind: webhook, format: slack, url: 'https://hooks.slack.com/services/T1/B2/TOPSECRET'}\n"
-                  "    - {name: am, kind: alertmanager, url: 'http://admin:TOPSECRET@127.0.0.1:9093'}\n"
-                  "    - {name: hook, kind: webhook, url: 'https://example.com/h?token=TOPSECRET'}\n"
-                  "    - {name: page, kind: command, argv: 'page-me --urgent'}\n"
-                  "    - {name: both, kind: webhook, url: 'http://127.0.0.1:1/x', url_env: HOOK}\n"
-                  "    - {name: odd, kind: pager, url: 'http://127.0.0.1:1/x'}\n"
-                  "    - {name: ws, kind: webhook, url: \"https://example.com/\\nTOPSECRET\"}\n"
-                  "    - {name: frag, kind: webhook, url: 'https://example.com/h#TOPSECRET'}\n")
+        parse_lab(
+            head + "    - {name: chat, kind: webhook, format: slack, url: 'https://hooks.slack.com/services/T1/B2/TOPSECRET'}\n"
+            "    - {name: am, kind: alertmanager, url: 'http://admin:TOPSECRET@127.0.0.1:9093'}\n"
+            "    - {name: hook, kind: webhook, url: 'https://example.com/h?token=TOPSECRET'}\n"
+            "    - {name: page, kind: command, argv: 'page-me --urgent'}\n"
+            "    - {name: both, kind: webhook, url: 'http://127.0.0.1:1/x', url_env: HOOK}\n"
+            "    - {name: odd, kind: pager, url: 'http://127.0.0.1:1/x'}\n"
+            '    - {name: ws, kind: webhook, url: "https://example.com/\\nTOPSECRET"}\n'
+            "    - {name: frag, kind: webhook, url: 'https://example.com/h#TOPSECRET'}\n"
+        )
     text = str(bad.value)
     assert "TOPSECRET" not in text  # the error names where, never what the secret is
     assert "lab.yaml:5: notify.routes[0]: a slack incoming-webhook URL holds its token" in text
@@ -76,18 +85,33 @@ def test_routes_are_validated_and_a_secret_in_clear_is_refused_without_being_ech
     assert "lab.yaml:10: notify.routes[5]" in text
     assert "lab.yaml:11: notify.routes[6]: url: a URL has no spaces or control characters" in text
     assert "lab.yaml:12: notify.routes[7]: url: a URL's #fragment is never sent" in text
-    with pytest.raises(LabError, match=r"(?s)notify.routes\[1\].machines\[0\]: no machine named .m9.*notify.routes\[2\].name: duplicate route name"):
-        parse_lab(head + "    - {name: a, kind: webhook, url_env: HOOK}\n    - {name: b, kind: webhook, url_env: HOOK, machines: [m9]}\n"
-                  "    - {name: a, kind: command, argv: [/bin/true]}\n")
-    lab = parse_lab(head + "    - {name: am, kind: alertmanager, url: 'http://127.0.0.1:9093', levels: [critical], kinds: [gpu_hot, job_failed]}\n")
+    with pytest.raises(
+        LabError,
+        match=r"(?s)notify.routes\[1\].machines\[0\]: no machine named .m9.*notify.routes\[2\].name: duplicate route name",
+    ):
+        parse_lab(
+            head
+            + "    - {name: a, kind: webhook, url_env: HOOK}\n    - {name: b, kind: webhook, url_env: HOOK, machines: [m9]}\n"
+            "    - {name: a, kind: command, argv: [/bin/true]}\n"
+        )
+    lab = parse_lab(
+        head
+        + "    - {name: am, kind: alertmanager, url: 'http://127.0.0.1:9093', levels: [critical], kinds: [gpu_hot, job_failed]}\n"
+    )
     route = lab.notify.routes[0]
     assert route.takes("gpu_hot", "critical", "box") and not route.takes("gpu_hot", "warning", "box")
     assert not route.takes("disk_full", "critical", "box") and route.takes("test", "info", "box")
-    from agents.lab_notify import kind_of_rule
+    from agents.wire.lab.notify import kind_of_rule
 
     # a model that fails to load and an API budget crossing its line go under the names people route by
     assert [kind_of_rule(r) for r in ("engine_failed", "budget_80", "budget_100", "gpu_hot", "job_stalled", "new_rule")] == [
-        "model_failed", "budget", "budget", "gpu_hot", "job_stalled", None]
+        "model_failed",
+        "budget",
+        "budget",
+        "gpu_hot",
+        "job_stalled",
+        None,
+    ]
 
 
 def test_the_repository_lab_routes_the_demo_to_its_receiver_from_a_private_file():
@@ -106,28 +130,43 @@ async def test_each_webhook_format_arrives_at_a_real_receiver_fired_and_resolved
         monkeypatch.setenv("SLACK_HOOK", f"{receiver.url}/slack/T0/B0/s3cr3t-slack-token")
         monkeypatch.setenv("DISCORD_HOOK", f"{receiver.url}/discord/123/s3cr3t-discord-token")
         monkeypatch.setenv("NTFY_TOKEN", "tk_s3cr3t-ntfy")
-        lab = lab_with(tmp_path, [
-            {"name": "raw", "kind": "webhook", "url": f"{receiver.url}/json"},
-            {"name": "slack", "kind": "webhook", "format": "slack", "url_env": "SLACK_HOOK"},
-            {"name": "discord", "kind": "webhook", "format": "discord", "url_env": "DISCORD_HOOK", "send_resolved": False},
-            {"name": "ntfy", "kind": "webhook", "format": "ntfy", "url": f"{receiver.url}/ntfy/lab-alerts", "token_env": "NTFY_TOKEN",
-             "levels": ["critical"]},
-        ])
+        lab = lab_with(
+            tmp_path,
+            [
+                {"name": "raw", "kind": "webhook", "url": f"{receiver.url}/json"},
+                {"name": "slack", "kind": "webhook", "format": "slack", "url_env": "SLACK_HOOK"},
+                {"name": "discord", "kind": "webhook", "format": "discord", "url_env": "DISCORD_HOOK", "send_resolved": False},
+                {
+                    "name": "ntfy",
+                    "kind": "webhook",
+                    "format": "ntfy",
+                    "url": f"{receiver.url}/ntfy/lab-alerts",
+                    "token_env": "NTFY_TOKEN",
+                    "levels": ["critical"],
+                },
+            ],
+        )
         with DemoLab(tmp_path / "run", source=lab) as demo:
             async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
                 await client.wait_connected(10)
                 await hot(client)
                 await wait_for(lambda: len(receiver.received) >= 4, timeout=30)
                 await client.call("box", "sim.override", {"gpu": 0, "clear": True})
-                await wait_for(lambda: len(receiver.received) >= 6, timeout=30)  # resolved: all but discord (send_resolved: false)
+                await wait_for(
+                    lambda: len(receiver.received) >= 6, timeout=30
+                )  # resolved: all but discord (send_resolved: false)
         paths = Counter(r["path"].split("/")[1] for r in receiver.received)
         assert paths == {"json": 2, "slack": 2, "discord": 1, "ntfy": 2}
         plain = [r["json"] for r in receiver.received if r["path"] == "/json"]
         assert [(p["status"], p["kind"], p["level"], p["machine"], p["alert_id"], p["gpu"], p["simulated"]) for p in plain] == [
-            ("firing", "gpu_hot", "critical", "box", "box#1", 0, True), ("resolved", "gpu_hot", "critical", "box", "box#1", 0, True)]
+            ("firing", "gpu_hot", "critical", "box", "box#1", 0, True),
+            ("resolved", "gpu_hot", "critical", "box", "box#1", 0, True),
+        ]
         assert plain[1]["cleared_at"] >= plain[1]["fired_at"]
         slack = [r["json"] for r in receiver.received if r["path"].startswith("/slack/")]
-        assert set(slack[0]) == {"text"} and slack[0]["text"].startswith(":rotating_light: *[CRITICAL] box (SIM): gpu0 Tesla P4 at 95 C")
+        assert set(slack[0]) == {"text"} and slack[0]["text"].startswith(
+            ":rotating_light: *[CRITICAL] box (SIM): gpu0 Tesla P4 at 95 C"
+        )
         assert "RESOLVED" in slack[1]["text"]
         (discord,) = [r["json"] for r in receiver.received if r["path"].startswith("/discord/")]
         assert set(discord) == {"content", "username"} and "[CRITICAL] box (SIM): gpu0" in discord["content"]
@@ -142,7 +181,7 @@ async def test_each_webhook_format_arrives_at_a_real_receiver_fired_and_resolved
 
 
 def agent_pid(demo: DemoLab) -> int:
-    (proc,) = [p for p in demo.processes if "agents.daemon" in " ".join(map(str, p.args))]
+    (proc,) = [p for p in demo.processes if "agents.shell.daemon" in " ".join(map(str, p.args))]
     return proc.pid
 
 
@@ -178,9 +217,15 @@ async def test_nothing_is_lost_across_a_restart_and_a_kill_9_while_the_receiver_
         demo.launch()
         demo.wait_listening()
         # gpu0's alert fired before the restart (its override went with the process: it resolves now); gpu1's too
-        await wait_for(lambda: by_status(receiver.received)[("box#1", "firing")] and by_status(receiver.received)[("box#2", "firing")]
-                       and by_status(receiver.received)[("box#1", "resolved")] and by_status(receiver.received)[("box#2", "resolved")],
-                       timeout=40)
+        await wait_for(
+            lambda: (
+                by_status(receiver.received)[("box#1", "firing")]
+                and by_status(receiver.received)[("box#2", "firing")]
+                and by_status(receiver.received)[("box#1", "resolved")]
+                and by_status(receiver.received)[("box#2", "resolved")]
+            ),
+            timeout=40,
+        )
         async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
             await client.wait_connected(10)
 
@@ -189,8 +234,12 @@ async def test_nothing_is_lost_across_a_restart_and_a_kill_9_while_the_receiver_
                 return route["queued"] == 0 and route["delivered"] == 4
 
             await wait_for(drained, timeout=20)
-        assert by_status(receiver.received) == {("box#1", "firing"): 1, ("box#1", "resolved"): 1,
-                                                ("box#2", "firing"): 1, ("box#2", "resolved"): 1}
+        assert by_status(receiver.received) == {
+            ("box#1", "firing"): 1,
+            ("box#1", "resolved"): 1,
+            ("box#2", "firing"): 1,
+            ("box#2", "resolved"): 1,
+        }
     finally:
         demo.stop()
         receiver.stop()
@@ -209,7 +258,7 @@ async def test_a_flapping_alert_sends_one_notification_per_firing(tmp_path):
                     await hot(client, temp_c=temp)
                     await wait_for(lambda: view.gpus.get(0) is not None and view.gpus[0].temp_c == temp, timeout=20)
 
-                for firing in range(3):
+                for _firing in range(3):
                     await seen(95.0)
                     for temp in (84.0, 96.0, 83.0, 97.0):  # inside the hysteresis band (clears below 80.75): the same firing
                         await seen(temp)
@@ -227,8 +276,19 @@ async def test_a_flapping_alert_sends_one_notification_per_firing(tmp_path):
 async def test_the_rate_limit_holds_sends_back_without_dropping_them(tmp_path):
     receiver = Receiver().start()
     try:
-        lab = lab_with(tmp_path, [{"name": "hook", "kind": "webhook", "url": f"{receiver.url}/hook", "send_resolved": False,
-                                   "rate_limit": {"count": 1, "per": "3s"}}], gpus=3)
+        lab = lab_with(
+            tmp_path,
+            [
+                {
+                    "name": "hook",
+                    "kind": "webhook",
+                    "url": f"{receiver.url}/hook",
+                    "send_resolved": False,
+                    "rate_limit": {"count": 1, "per": "3s"},
+                }
+            ],
+            gpus=3,
+        )
         with DemoLab(tmp_path / "run", source=lab) as demo:
             async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
                 await client.wait_connected(10)
@@ -279,8 +339,13 @@ async def test_a_secret_never_appears_in_the_audit_the_logs_the_json_output_or_t
         url_file.write_text(f"{receiver.url}/ntfy/s3cr3t-topic\n")
         url_file.chmod(0o644)  # too open first: refused, and said so
         monkeypatch.setenv("NTFY_TOKEN", token)
-        lab = lab_with(tmp_path, [{"name": "chat", "kind": "webhook", "format": "slack", "url_env": "CHAT_HOOK"},
-                                  {"name": "ntfy", "kind": "webhook", "format": "ntfy", "url_file": str(url_file), "token_env": "NTFY_TOKEN"}])
+        lab = lab_with(
+            tmp_path,
+            [
+                {"name": "chat", "kind": "webhook", "format": "slack", "url_env": "CHAT_HOOK"},
+                {"name": "ntfy", "kind": "webhook", "format": "ntfy", "url_file": str(url_file), "token_env": "NTFY_TOKEN"},
+            ],
+        )
         with DemoLab(tmp_path / "run", source=lab) as demo:
             cli = [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path)]
             async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
@@ -300,23 +365,44 @@ async def test_a_secret_never_appears_in_the_audit_the_logs_the_json_output_or_t
                 receiver.status = 200
                 answer = await client.call("box", "notify.test", {"route": "ntfy"})
                 assert answer["ok"] and answer["answer"].startswith("HTTP 200")
-            outputs = [subprocess.run([*cli, *args], capture_output=True, text=True, timeout=60, cwd=REPO)
-                       for args in (["--json", "alerts", "--all"], ["alerts"], ["--json", "alerts", "notify-test", "chat"],
-                                    ["alerts", "notify-test", "ntfy"], ["--json", "audit"])]
+            outputs = [
+                subprocess.run([*cli, *args], capture_output=True, text=True, timeout=60, cwd=REPO)
+                for args in (
+                    ["--json", "alerts", "--all"],
+                    ["alerts"],
+                    ["--json", "alerts", "notify-test", "chat"],
+                    ["alerts", "notify-test", "ntfy"],
+                    ["--json", "audit"],
+                )
+            ]
             json_alerts = json.loads(outputs[0].stdout)
             assert {r["name"]: r["target"] for r in json_alerts["routes"]} == {"chat": "$CHAT_HOOK", "ntfy": f"file {url_file}"}
             assert json.loads(outputs[2].stdout)["tests"][0]["ok"]
-            wire = await read_wire(demo.dir / "agents" / "box" / "agent.sock", [
-                ("status", {}), ("notify.status", {}), ("alerts.list", {"limit": 50}), ("notify.test", {"route": "chat"}),
-                ("audit.list", {"limit": 100})])
+            wire = await read_wire(
+                demo.dir / "agents" / "box" / "agent.sock",
+                [
+                    ("status", {}),
+                    ("notify.status", {}),
+                    ("alerts.list", {"limit": 50}),
+                    ("notify.test", {"route": "chat"}),
+                    ("audit.list", {"limit": 100}),
+                ],
+            )
             assert b"notify.test" in wire and b"$CHAT_HOOK" in wire
         assert any(r["path"] == secret_path for r in receiver.received)  # the secret went where it belongs, only there
         log = (demo.dir / "agents" / "box.log").read_text()
         db = sqlite3.connect(demo.dir / "agents" / "box" / "state.db")
         tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        stored = "\n".join(str(row) for table in tables for row in db.execute(f"SELECT * FROM {table}"))  # the audit trail and the queue
+        stored = "\n".join(
+            str(row) for table in tables for row in db.execute(f"SELECT * FROM {table}")
+        )  # the audit trail and the queue
         db.close()
-        texts = {"log": log, "state.db": stored, "wire": wire.decode(), **{f"cli {i}": o.stdout + o.stderr for i, o in enumerate(outputs)}}
+        texts = {
+            "log": log,
+            "state.db": stored,
+            "wire": wire.decode(),
+            **{f"cli {i}": o.stdout + o.stderr for i, o in enumerate(outputs)},
+        }
         for secret in ("XOXB-s3cr3t-path", token, "s3cr3t-topic"):
             leaks = [where for where, text in texts.items() if secret in text]
             assert leaks == [], f"{secret} appears in {leaks}"
@@ -332,7 +418,9 @@ async def test_a_stalled_endpoint_does_not_hold_the_tick(tmp_path):
     receiver = Receiver().start()
     receiver.stall.set()  # reads each request and answers none until released
     try:
-        lab = lab_with(tmp_path, [{"name": "hook", "kind": "webhook", "url": f"{receiver.url}/hook", "timeout_s": "120s"}], gpus=2)
+        lab = lab_with(
+            tmp_path, [{"name": "hook", "kind": "webhook", "url": f"{receiver.url}/hook", "timeout_s": "120s"}], gpus=2
+        )
         with DemoLab(tmp_path / "run", source=lab) as demo:
             async with FleetClient(load_lab(demo.lab_path)) as client:
                 await client.wait_connected(10)
@@ -351,8 +439,10 @@ async def test_a_stalled_endpoint_does_not_hold_the_tick(tmp_path):
                 await hot(client, gpu=1)  # and the tick still raises alerts: queued behind the hung one
                 await wait_for(lambda: len(view.alerts.active) == 2, timeout=20)
                 gaps = [b - a for a, b in zip(ticks, ticks[1:])]
-                print(f"tick gaps while the endpoint stalled: max {max(gaps):.2f} s, mean {sum(gaps) / len(gaps):.2f} s "
-                      f"(interval 1 s, endpoint timeout 120 s)")
+                print(
+                    f"tick gaps while the endpoint stalled: max {max(gaps):.2f} s, mean {sum(gaps) / len(gaps):.2f} s "
+                    f"(interval 1 s, endpoint timeout 120 s)"
+                )
                 assert max(gaps) < 60  # a held tick would wait for the 120 s timeout
                 receiver.stall.clear()
                 await wait_for(lambda: len(by_status(receiver.received)) == 2, timeout=30)
@@ -379,14 +469,34 @@ def alertmanager(tmp_path):
     receiver = Receiver().start()
     (port,) = free_ports(1)
     config = tmp_path / "alertmanager.yml"
-    config.write_text(yaml.safe_dump({
-        "route": {"receiver": "hook", "group_by": ["alertname", "machine", "target"], "group_wait": "0s", "group_interval": "1s",
-                  "repeat_interval": "1h"},
-        "receivers": [{"name": "hook", "webhook_configs": [{"url": f"{receiver.url}/am", "send_resolved": True}]}]}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "route": {
+                    "receiver": "hook",
+                    "group_by": ["alertname", "machine", "target"],
+                    "group_wait": "0s",
+                    "group_interval": "1s",
+                    "repeat_interval": "1h",
+                },
+                "receivers": [{"name": "hook", "webhook_configs": [{"url": f"{receiver.url}/am", "send_resolved": True}]}],
+            }
+        )
+    )
     log = open(tmp_path / "alertmanager.log", "wb")
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.path={tmp_path / 'am-data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-                            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.path={tmp_path / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         yield f"http://127.0.0.1:{port}", receiver
     finally:
@@ -411,15 +521,27 @@ async def am_alerts(url: str) -> list[dict[str, Any]]:
 
 def am_webhooks(receiver: Receiver, alertname: str, status: str) -> list[dict[str, Any]]:
     """The alerts Alertmanager's webhook delivered with this name and status."""
-    return [a for r in receiver.received if r["path"] == "/am" for a in r["json"]["alerts"]
-            if a["labels"].get("alertname") == alertname and a["status"] == status]
+    return [
+        a
+        for r in receiver.received
+        if r["path"] == "/am"
+        for a in r["json"]["alerts"]
+        if a["labels"].get("alertname") == alertname and a["status"] == status
+    ]
 
 
 async def test_a_real_alertmanager_gets_fired_resolved_and_job_failed_alerts_with_their_labels(tmp_path, alertmanager):
     url, hook = alertmanager
-    crash = [sys.executable, "-c", "import sys; print('loading data'); print('RuntimeError: CUDA out of memory (SIM)'); sys.exit(3)"]
-    lab = lab_with(tmp_path, [{"name": "oncall", "kind": "alertmanager", "url": url, "resend_every": "1s"}],
-                   trainers=[{"name": "crash", "machine": "box", "command": crash, "output_dir": "runs/{job_id}"}])
+    crash = [
+        sys.executable,
+        "-c",
+        "import sys; print('loading data'); print('RuntimeError: CUDA out of memory (SIM)'); sys.exit(3)",
+    ]
+    lab = lab_with(
+        tmp_path,
+        [{"name": "oncall", "kind": "alertmanager", "url": url, "resend_every": "1s"}],
+        trainers=[{"name": "crash", "machine": "box", "command": crash, "output_dir": "runs/{job_id}"}],
+    )
     with DemoLab(tmp_path / "run", source=lab) as demo:
         async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
             await client.wait_connected(10)
@@ -429,8 +551,17 @@ async def test_a_real_alertmanager_gets_fired_resolved_and_job_failed_alerts_wit
                 return next((a for a in await am_alerts(url) if a["labels"]["alertname"] == "gpu_hot"), None)
 
             alert = await wait_for(firing, timeout=30)
-            assert alert["labels"] == {"alertname": "gpu_hot", "rule": "gpu_hot", "severity": "critical", "lab": "notify-lab",
-                                       "machine": "box", "target": "gpu0", "gpu": "0", "source": "cetlab", "simulated": "true"}
+            assert alert["labels"] == {
+                "alertname": "gpu_hot",
+                "rule": "gpu_hot",
+                "severity": "critical",
+                "lab": "notify-lab",
+                "machine": "box",
+                "target": "gpu0",
+                "gpu": "0",
+                "source": "cetlab",
+                "simulated": "true",
+            }
             assert alert["status"]["state"] == "active" and alert["annotations"]["alert_id"] == "box#1"
             assert alert["annotations"]["summary"] == "gpu0 Tesla P4 at 95 C (limit 85 C)"
 
@@ -490,13 +621,19 @@ async def test_the_demo_hot_gpu_scenario_and_a_failed_run_each_reach_the_demo_re
             return [json.loads(line) for line in received.read_text().splitlines()] if received.exists() else []
 
         cli = [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path)]
-        hot_gpu = subprocess.run([*cli, "sim-override", "m5", "--gpu", "0", "--temp-c", "95"], capture_output=True, text=True,
-                                 timeout=60, cwd=REPO)
+        hot_gpu = subprocess.run(
+            [*cli, "sim-override", "m5", "--gpu", "0", "--temp-c", "95"], capture_output=True, text=True, timeout=60, cwd=REPO
+        )
         assert hot_gpu.returncode == 0, hot_gpu.stderr
         (first,) = await wait_for(arrived, timeout=30)
         assert first["json"]["text"].startswith(":rotating_light: *[CRITICAL] m5 (SIM): gpu0 Tesla V100 at 95 C")
-        fail = subprocess.run([*cli, "train", "demo-lora", "--set", "resume_from_checkpoint=/no/such/checkpoint-1"],
-                              capture_output=True, text=True, timeout=60, cwd=REPO)
+        fail = subprocess.run(
+            [*cli, "train", "demo-lora", "--set", "resume_from_checkpoint=/no/such/checkpoint-1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
         assert fail.returncode == 0, fail.stderr
         await wait_for(lambda: len(arrived()) == 2, timeout=120)
         failed = arrived()[1]["json"]["text"]
@@ -514,15 +651,18 @@ JOB = {"recipe": "cet-d", "machine": "box", "output_dir": "/runs/x", "log_path":
 
 
 async def test_job_events_finished_failed_lost_and_stalled_are_sent_once_each_and_a_stopped_run_is_not(tmp_path):
-    from agents.agent import Agent
     from agents.notify.component import NotifyComponent
-    from agents.protocol import Telemetry
-    from agents.sections import JobInfo, Tick
-    from agents.store import Store
+    from agents.runtime.store import Store
+    from agents.shell.agent import Agent
+    from agents.wire.protocol import Telemetry
+    from agents.wire.sections.jobs import JobInfo
+    from agents.wire.sections.tick import Tick
 
     receiver = Receiver().start()
-    lab = parse_lab(f"lab: t\nmachines: [{{name: box, gpus: {{sim: [{{name: Tesla P4, memory_gib: 8, tdp_w: 75}}]}}}}]\n"
-                    f"notify: {{stall_after: 60s, routes: [{{name: hook, kind: webhook, url: '{receiver.url}/hook'}}]}}\n")
+    lab = parse_lab(
+        f"lab: t\nmachines: [{{name: box, gpus: {{sim: [{{name: Tesla P4, memory_gib: 8, tdp_w: 75}}]}}}}]\n"
+        f"notify: {{stall_after: 60s, routes: [{{name: hook, kind: webhook, url: '{receiver.url}/hook'}}]}}\n"
+    )
     agent = Agent(lab, "box", tmp_path, components=lambda core: [NotifyComponent(core)])
     notify = agent.find(NotifyComponent)
     assert notify is not None
@@ -532,11 +672,32 @@ async def test_job_events_finished_failed_lost_and_stalled_are_sent_once_each_an
         start = notify.outbox.since
 
         def tick(t: float, *jobs: dict[str, Any]) -> None:
-            notify.on_tick(Tick(Telemetry(machine="box", t=t, gpus=[]), [JobInfo.model_validate({**JOB, "started_at": start, **j}) for j in jobs], None))
+            notify.on_tick(
+                Tick(
+                    Telemetry(machine="box", t=t, gpus=[]),
+                    [JobInfo.model_validate({**JOB, "started_at": start, **j}) for j in jobs],
+                    None,
+                )
+            )
 
-        finished = {"id": "box-1", "state": "exited", "exit_code": 0, "step": 2000, "max_steps": 2000, "loss": 0.4213, "ended_at": start + 5}
-        failed = {"id": "box-2", "state": "failed", "exit_code": 1, "step": 17, "error": "exited with code 1", "ended_at": start + 6,
-                  "last_lines": ["step 17", "Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory"]}
+        finished = {
+            "id": "box-1",
+            "state": "exited",
+            "exit_code": 0,
+            "step": 2000,
+            "max_steps": 2000,
+            "loss": 0.4213,
+            "ended_at": start + 5,
+        }
+        failed = {
+            "id": "box-2",
+            "state": "failed",
+            "exit_code": 1,
+            "step": 17,
+            "error": "exited with code 1",
+            "ended_at": start + 6,
+            "last_lines": ["step 17", "Traceback (most recent call last):", "RuntimeError: CUDA error: out of memory"],
+        }
         lost = {"id": "box-3", "state": "lost", "ended_at": start + 7}
         stopped = {"id": "box-4", "state": "exited", "exit_code": -15, "stop_requested": "stop", "ended_at": start + 8}
         old = {"id": "box-5", "state": "failed", "exit_code": 1, "ended_at": start - 3600}  # before notifications began
@@ -550,8 +711,12 @@ async def test_job_events_finished_failed_lost_and_stalled_are_sent_once_each_an
         await wait_for(lambda: len(receiver.received) >= 5, timeout=20)
         assert notify.outbox.pending_count("hook") == 0
         sent = [r["json"] for r in receiver.received]
-        assert Counter((s["kind"], s["job"]) for s in sent) == {("job_finished", "box-1"): 1, ("job_failed", "box-2"): 1,
-                                                               ("job_failed", "box-3"): 1, ("job_stalled", "box-6"): 2}
+        assert Counter((s["kind"], s["job"]) for s in sent) == {
+            ("job_finished", "box-1"): 1,
+            ("job_failed", "box-2"): 1,
+            ("job_failed", "box-3"): 1,
+            ("job_stalled", "box-6"): 2,
+        }
         done = next(s for s in sent if s["kind"] == "job_finished")
         assert done["level"] == "info" and done["details"]["final_loss"] == 0.4213 and "final loss 0.4213" in done["message"]
         crash = next(s for s in sent if s["job"] == "box-2")
@@ -574,8 +739,13 @@ async def test_the_alerts_view_shows_each_routes_last_delivery_and_failures(tmp_
     dead = Receiver().start()
     dead.stop()  # nobody listens there
     try:
-        lab = lab_with(tmp_path, [{"name": "chat", "kind": "webhook", "url": f"{receiver.url}/hook"},
-                                  {"name": "pager", "kind": "webhook", "url": f"http://127.0.0.1:{dead.port}/hook"}])
+        lab = lab_with(
+            tmp_path,
+            [
+                {"name": "chat", "kind": "webhook", "url": f"{receiver.url}/hook"},
+                {"name": "pager", "kind": "webhook", "url": f"http://127.0.0.1:{dead.port}/hook"},
+            ],
+        )
         with DemoLab(tmp_path / "run", source=lab) as demo:
             app = CetlabApp(load_lab(demo.lab_path))
             async with app.run_test(size=(160, 50)) as pilot:
@@ -589,8 +759,15 @@ async def test_the_alerts_view_shows_each_routes_last_delivery_and_failures(tmp_
                 def shown() -> str:
                     return str(routes.render())
 
-                await wait_for(lambda: "chat (webhook json" in shown() and "last delivered" in shown()
-                               and "pager (webhook json" in shown() and "FAILING" in shown(), timeout=30)
+                await wait_for(
+                    lambda: (
+                        "chat (webhook json" in shown()
+                        and "last delivered" in shown()
+                        and "pager (webhook json" in shown()
+                        and "FAILING" in shown()
+                    ),
+                    timeout=30,
+                )
                 pager = next(line for line in shown().splitlines() if line.startswith("pager"))
                 assert "1 queued" in pager and "failed attempts" in pager and "nothing delivered yet" in pager
     finally:
@@ -615,7 +792,11 @@ async def test_the_watcher_sends_machine_offline_when_another_agent_is_gone_and_
             other.wait(timeout=10)
 
             def sent(status: str) -> list[dict[str, Any]]:
-                return [r["json"] for r in receiver.received if r["json"]["kind"] == "machine_offline" and r["json"]["status"] == status]
+                return [
+                    r["json"]
+                    for r in receiver.received
+                    if r["json"]["kind"] == "machine_offline" and r["json"]["status"] == status
+                ]
 
             (down,) = await wait_for(lambda: sent("firing"), timeout=30)
             assert down["machine"] == "other" and down["alert_id"] == "other#offline" and down["details"] == {"watched_by": "box"}
@@ -636,8 +817,25 @@ async def test_a_real_training_run_that_finishes_sends_its_final_loss_and_checkp
 
     with DemoLab(tmp_path / "run", source=demo_m5_only(tmp_path)) as demo:
         received = demo.dir / RECEIVED_FILE
-        run = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "train", "demo-lora",
-                              "--set", "max_steps=30", "--set", "save_steps=10"], capture_output=True, text=True, timeout=60, cwd=REPO)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "console.cli",
+                "--lab",
+                str(demo.lab_path),
+                "train",
+                "demo-lora",
+                "--set",
+                "max_steps=30",
+                "--set",
+                "save_steps=10",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
         assert run.returncode == 0, run.stderr
         (line,) = await wait_for(lambda: received.exists() and received.read_text().splitlines(), timeout=240)
         text = json.loads(line)["json"]["text"]
@@ -646,15 +844,18 @@ async def test_a_real_training_run_that_finishes_sends_its_final_loss_and_checkp
 
 
 async def test_a_notification_not_accepted_within_give_up_after_is_dropped_and_counted(tmp_path):
-    from agents.agent import Agent
     from agents.notify.component import NotifyComponent
-    from agents.store import Store
+    from agents.runtime.store import Store
+    from agents.shell.agent import Agent
 
     dead = Receiver().start()
     dead.stop()
-    lab = parse_lab("lab: t\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n"
-                    f"notify: {{retry_first: 0.1s, retry_max: 0.2s, give_up_after: 1s, routes: [{{name: hook, kind: webhook, "
-                    f"url: 'http://127.0.0.1:{dead.port}/hook'}}]}}\n", path=tmp_path / "lab.yaml")
+    lab = parse_lab(
+        "lab: t\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n"
+        f"notify: {{retry_first: 0.1s, retry_max: 0.2s, give_up_after: 1s, routes: [{{name: hook, kind: webhook, "
+        f"url: 'http://127.0.0.1:{dead.port}/hook'}}]}}\n",
+        path=tmp_path / "lab.yaml",
+    )
     agent = Agent(lab, "box", tmp_path, components=lambda core: [NotifyComponent(core)])
     notify = agent.find(NotifyComponent)
     assert notify is not None
@@ -663,8 +864,18 @@ async def test_a_notification_not_accepted_within_give_up_after_is_dropped_and_c
     try:
         answer = await notify.test("hook")
         assert not answer.ok and "Connect" in answer.answer
-        hot_gpu = Notification(status="firing", kind=Kind.GPU_HOT, rule="gpu_hot", level=Level.CRITICAL, lab="t", machine="box",
-                               target="gpu0", message="gpu0 at 95 C", at=0.0, alert_id="box#1")
+        hot_gpu = Notification(
+            status="firing",
+            kind=Kind.GPU_HOT,
+            rule="gpu_hot",
+            level=Level.CRITICAL,
+            lab="t",
+            machine="box",
+            target="gpu0",
+            message="gpu0 at 95 C",
+            at=0.0,
+            alert_id="box#1",
+        )
         notify._queue(Kind.GPU_HOT, "box#1:firing", hot_gpu)
 
         def dropped() -> bool:
@@ -679,12 +890,13 @@ async def test_a_notification_not_accepted_within_give_up_after_is_dropped_and_c
         agent.store.close()
 
 
-
 def test_notify_test_without_a_route_is_a_usage_error_before_any_machine_is_dialled(tmp_path, capsys):
     from console.cli import main
 
     lab = tmp_path / "lab.yaml"
-    lab.write_text("lab: t\nmachines: [{name: box, port: 1}]\nnotify:\n  routes:\n    - {name: a, kind: command, argv: [/bin/true]}\n")
+    lab.write_text(
+        "lab: t\nmachines: [{name: box, port: 1}]\nnotify:\n  routes:\n    - {name: a, kind: command, argv: [/bin/true]}\n"
+    )
     for argv in (["alerts", "notify-test"], ["alerts", "--ack", "box#1", "notify-test", "a"]):
         with pytest.raises(SystemExit) as done:
             main(["--lab", str(lab), *argv])
@@ -695,14 +907,16 @@ def test_notify_test_without_a_route_is_a_usage_error_before_any_machine_is_dial
 def test_a_secret_url_is_redacted_in_every_form_an_answer_may_echo(tmp_path, monkeypatch):
     """An endpoint's error may echo the whole hook URL, its path, its last segment alone (Slack's token) or a
     user-as-token: each is replaced."""
-    from agents.lab import parse_lab
     from agents.notify.secrets import endpoint, redact
+    from agents.wire.lab.model import parse_lab
 
     monkeypatch.setenv("HOOK", "https://hooks.example.com/services/T0AAAA/B0BBBB/XXsecrettokenXX")
     monkeypatch.setenv("USERHOOK", "https://tok3nAsUser@example.com/push")
-    lab = parse_lab("lab: t\nmachines: [{name: box}]\nnotify:\n  routes:\n"
-                    "    - {name: chat, kind: webhook, format: slack, url_env: HOOK}\n"
-                    "    - {name: user, kind: webhook, url_env: USERHOOK}\n")
+    lab = parse_lab(
+        "lab: t\nmachines: [{name: box}]\nnotify:\n  routes:\n"
+        "    - {name: chat, kind: webhook, format: slack, url_env: HOOK}\n"
+        "    - {name: user, kind: webhook, url_env: USERHOOK}\n"
+    )
     chat, user = (endpoint(route, tmp_path) for route in lab.notify.routes)
     answer = redact("HTTP 404: no_team for XXsecrettokenXX (/services/T0AAAA/B0BBBB/XXsecrettokenXX)", chat.secrets)
     assert "XXsecrettokenXX" not in answer and "<secret>" in answer
@@ -712,7 +926,7 @@ def test_a_secret_url_is_redacted_in_every_form_an_answer_may_echo(tmp_path, mon
 def test_alerts_lists_a_troubled_route_before_those_that_deliver():
     """:alerts has a few lines for its routes (8): with two routes on four machines the last were cut at 80x24, a
     failing one among them. The troubled ones come first."""
-    from agents.sections_notify import Delivery, RouteStatus
+    from agents.wire.sections.notify import Delivery, RouteStatus
     from console.notify import troubled_first
 
     ok = Delivery(at=2.0, ok=True, answer="HTTP 200")
@@ -721,7 +935,12 @@ def test_alerts_lists_a_troubled_route_before_those_that_deliver():
     def route(name, **kw):
         return RouteStatus(name=name, kind="webhook", target="$HOOK", **kw)
 
-    routes = [("a", route("chat", last_delivery=ok)), ("b", route("chat", last_delivery=ok, last_failure=failed)),
-              ("a", route("pager", problem="$PAGER is not set")), ("c", route("chat", queued=2)), ("d", route("chat"))]
+    routes = [
+        ("a", route("chat", last_delivery=ok)),
+        ("b", route("chat", last_delivery=ok, last_failure=failed)),
+        ("a", route("pager", problem="$PAGER is not set")),
+        ("c", route("chat", queued=2)),
+        ("d", route("chat")),
+    ]
     order = [(m, r.name) for m, r in troubled_first(routes)]
     assert order == [("b", "chat"), ("a", "pager"), ("c", "chat"), ("a", "chat"), ("d", "chat")]

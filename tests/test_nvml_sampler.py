@@ -12,8 +12,8 @@ import psutil
 import pynvml
 import pytest
 
-from agents.protocol import GpuProcess, GpuSample
 from agents.telemetry.nvml import COMMAND_MAX_CHARS, GPU_LOST, NvmlSampler
+from agents.wire.protocol import GpuProcess, GpuSample
 
 GiB = 1024**3
 # Taken from the installed nvidia-ml-py so the stand-in raises exactly what the real one raises.
@@ -355,7 +355,9 @@ class OldDriverNvml(FakeNvml):
         return FakeNvml.nvmlDeviceGetComputeRunningProcesses(self, h)
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
-        raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match the NVML lib version.")
+        raise pynvml.NVMLLibraryMismatchError(
+            "Unversioned function called and the pyNVML version does not match the NVML lib version."
+        )
 
     def nvmlDeviceGetGraphicsRunningProcesses_v3(self, h: int) -> list[SimpleNamespace]:
         raise FUNCTION_NOT_FOUND
@@ -423,7 +425,13 @@ class MigNvml(FakeNvml):
 def test_a_mig_gpu_is_shown_as_such_and_never_crashes():
     no_permission = pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
     nvml = MigNvml(
-        gpu("NVIDIA A100-SXM4-40GB", mig=[1, 1], util=pynvml.NVMLError_NotSupported(), compute=no_permission, graphics=no_permission),
+        gpu(
+            "NVIDIA A100-SXM4-40GB",
+            mig=[1, 1],
+            util=pynvml.NVMLError_NotSupported(),
+            compute=no_permission,
+            graphics=no_permission,
+        ),
         gpu("NVIDIA A100-SXM4-40GB", mig=pynvml.NVMLError_NotSupported()),
     )
     mig, plain = NvmlSampler(nvml).sample()

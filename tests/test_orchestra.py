@@ -16,18 +16,19 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agents.orchestra.engines import engine_spec
-from agents.lab import load_lab
 from agents.orchestra import pagecache
+from agents.orchestra.engines import engine_spec
 from agents.orchestra.rotation import Candidate, plan_moves
 from agents.orchestra.slot import WindowRate
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import wait_for
 from tests.pool_fixtures import pool_lab, post, settle, sim_model
 
 pytestmark = pytest.mark.timeout(120)
+
 
 def metric(endpoint: str, name: str) -> float:
     with urllib.request.urlopen(endpoint.removesuffix("/v1") + "/metrics", timeout=10) as response:
@@ -94,6 +95,7 @@ def test_tokens_per_s_is_the_counter_over_a_stated_window():
 def test_tokens_per_s_stays_steady_on_an_engine_that_counts_in_lumps():
     """1-2 requests of 256 tokens at 40 tok/s each, one finishing every 3.2 s, counted at their end, polled every ~2 s:
     the rate between two polls jumps between 0 and 128 (the issue's 0 -> 123 -> 44); over 10 s it stays near 80."""
+
     def counted(t: float) -> float:
         return 256.0 * int(t / 3.2)
 
@@ -114,14 +116,18 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
-    demo = run_pool(pool_lab([
-        sim_model("a", [0], 18),
-        sim_model("b", [0], 18),
-        sim_model("crashy", [1], 4, fail_after_s=1.5),
-        {"name": "nowhere", "path": "models/none", "engine": "sim", "machine": "box", "gpus": [1], "vram_gib": 1},
-        {"name": "big", "path": "models/a", "engine": "vllm", "machine": "box", "gpus": [1], "vram_gib": 4},
-        {**sim_model("clash", [1], 1), "port": taken.getsockname()[1]},  # its engine cannot bind: fails to start
-    ]))
+    demo = run_pool(
+        pool_lab(
+            [
+                sim_model("a", [0], 18),
+                sim_model("b", [0], 18),
+                sim_model("crashy", [1], 4, fail_after_s=1.5),
+                {"name": "nowhere", "path": "models/none", "engine": "sim", "machine": "box", "gpus": [1], "vram_gib": 1},
+                {"name": "big", "path": "models/a", "engine": "vllm", "machine": "box", "gpus": [1], "vram_gib": 4},
+                {**sim_model("clash", [1], 1), "port": taken.getsockname()[1]},  # its engine cannot bind: fails to start
+            ]
+        )
+    )
     lab = load_lab(demo.lab_path)
     async with FleetClient(lab) as client:
         await client.wait_connected(10)
@@ -155,7 +161,9 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         # sleep: GPU freed; a request queues at the engine (vLLM's contract: no 503), answered after the wake
         await client.call("box", "models.sleep", {"model": "a"})
         a = await settle(client, "a", ("sleeping",))
-        queued = asyncio.ensure_future(asyncio.to_thread(post, a["endpoint"], "/v1/completions", {"model": "a", "prompt": "hi", "max_tokens": 2}))
+        queued = asyncio.ensure_future(
+            asyncio.to_thread(post, a["endpoint"], "/v1/completions", {"model": "a", "prompt": "hi", "max_tokens": 2})
+        )
         await wait_for(lambda: metric(a["endpoint"], "vllm:num_requests_waiting") == 1, timeout=10)
         assert not queued.done()
 
@@ -173,7 +181,9 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         adapter = Path(demo.lab_path).parent / "adapters" / "capitals"
         adapter.mkdir(parents=True)
         (adapter / "adapter_config.json").write_text("{}")
-        assert (await client.call("box", "models.adapter", {"model": "a", "name": "capitals", "path": "adapters/capitals"}))["adapter"] == "capitals"
+        assert (await client.call("box", "models.adapter", {"model": "a", "name": "capitals", "path": "adapters/capitals"}))[
+            "adapter"
+        ] == "capitals"
         with urllib.request.urlopen(a["endpoint"] + "/models", timeout=10) as response:
             assert "capitals" in [m["id"] for m in json.loads(response.read())["data"]]
         with pytest.raises(RemoteError) as exc:
@@ -184,7 +194,11 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         for params, code, words in [
             ({"model": "ghost"}, ErrorCode.NOT_FOUND, "no model named 'ghost'"),
             ({"model": "nowhere"}, ErrorCode.NOT_FOUND, "does not exist"),
-            ({"model": "big"}, ErrorCode.UNAVAILABLE, "box GPU 1 is a Tesla P4 (sm_61, SIM); vLLM 0.33 needs compute capability 7.0"),
+            (
+                {"model": "big"},
+                ErrorCode.UNAVAILABLE,
+                "box GPU 1 is a Tesla P4 (sm_61, SIM); vLLM 0.33 needs compute capability 7.0",
+            ),
             ({"model": "a", "extra": 1}, ErrorCode.INVALID_PARAMS, "extra"),
         ]:
             with pytest.raises(RemoteError) as exc:
@@ -230,16 +244,23 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
 
         # an engine killed by a signal: the signal is named (not "exited with code -9")
         port = endpoint.rsplit(":", 1)[1].split("/")[0]
-        [server] = [p for p in psutil.process_iter(["cmdline"]) if "agents.orchestra.sim_server" in (p.info["cmdline"] or [])
-                    and port in (p.info["cmdline"] or [])]
+        [server] = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "agents.orchestra.sim_server" in (p.info["cmdline"] or []) and port in (p.info["cmdline"] or [])
+        ]
         server.send_signal(signal.SIGKILL)
         killed = await settle(client, "b", ("failed",))
         assert killed["error"]["message"] == "the engine was killed by SIGKILL", killed["error"]
 
 
 async def test_the_rotation_plan_runs_by_itself_on_its_timer(run_pool):
-    demo = run_pool(pool_lab([sim_model("a", [0], 18), sim_model("b", [0], 18)],
-                             orchestra={"warm": ["a"], "rotate_every": "2s", "rotation": [["b"], ["a"]]}))
+    demo = run_pool(
+        pool_lab(
+            [sim_model("a", [0], 18), sim_model("b", [0], 18)],
+            orchestra={"warm": ["a"], "rotate_every": "2s", "rotation": [["b"], ["a"]]},
+        )
+    )
     async with FleetClient(load_lab(demo.lab_path)) as client:
         await client.wait_connected(10)
         rotation = await client.call("box", "models.rotation")
@@ -254,12 +275,14 @@ async def test_the_rotation_plan_runs_by_itself_on_its_timer(run_pool):
 
 
 async def test_swap_cache_budget_and_rotation_plan(run_pool):
-    demo = run_pool(pool_lab(
-        [sim_model("a", [0], 18), sim_model("b", [0], 18), sim_model("c", [1], 6, placeholder_mib=3)],
-        # rotated by hand (`models.rotate`): what the test reads after it stays put however slow the machine is
-        orchestra={"warm": ["a"], "rotate_every": "24h", "rotation": [["b"], ["a"]]},
-        ram_cache_gib=5 / 1024,  # 5 MiB: room for two of the 2 MiB placeholders, not three
-    ))
+    demo = run_pool(
+        pool_lab(
+            [sim_model("a", [0], 18), sim_model("b", [0], 18), sim_model("c", [1], 6, placeholder_mib=3)],
+            # rotated by hand (`models.rotate`): what the test reads after it stays put however slow the machine is
+            orchestra={"warm": ["a"], "rotate_every": "24h", "rotation": [["b"], ["a"]]},
+            ram_cache_gib=5 / 1024,  # 5 MiB: room for two of the 2 MiB placeholders, not three
+        )
+    )
     lab = load_lab(demo.lab_path)
     async with FleetClient(lab) as client:
         await client.wait_connected(10)
@@ -304,8 +327,11 @@ async def test_the_sim_engine_counts_tokens_as_it_makes_them_and_the_pool_report
         talky = await settle(client, "talky", ("warm",))
         assert talky["tokens_per_s_window_s"] == 10.0
         before = metric(talky["endpoint"], "vllm:generation_tokens_total")  # the pool's warm-up request
-        request = asyncio.create_task(asyncio.to_thread(
-            post, talky["endpoint"], "/v1/completions", {"model": "talky", "prompt": "count slowly", "max_tokens": 200}))
+        request = asyncio.create_task(
+            asyncio.to_thread(
+                post, talky["endpoint"], "/v1/completions", {"model": "talky", "prompt": "count slowly", "max_tokens": 200}
+            )
+        )
         await wait_for(lambda: before < metric(talky["endpoint"], "vllm:generation_tokens_total") < before + 200, timeout=30)
 
         async def rated() -> float | None:
@@ -316,8 +342,13 @@ async def test_the_sim_engine_counts_tokens_as_it_makes_them_and_the_pool_report
         assert status == 200 and answer["usage"]["completion_tokens"] == 200
         assert metric(talky["endpoint"], "vllm:generation_tokens_total") == before + 200
         assert 0 < await rated() <= 41.0
-        listed = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "models"],
-                                         capture_output=True, text=True, timeout=60)
+        listed = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "models"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert "TOK/S: generated tokens per second over the last 10 s" in listed.stdout, listed.stdout + listed.stderr
 
 
@@ -325,10 +356,12 @@ async def test_the_sim_engine_counts_tokens_as_it_makes_them_and_the_pool_report
 async def test_rotation_takes_out_only_the_models_its_sets_name(run_pool, takes_all):
     """`loose` is in no rotation set (like a model warmed by hand or a served checkpoint): the rotation leaves it up,
     unless lab.yaml says `rotation_takes_all: true`."""
-    demo = run_pool(pool_lab(
-        [sim_model("a", [0], 18), sim_model("b", [0], 18), sim_model("loose", [1], 4)],
-        orchestra={"warm": ["a", "loose"], "rotation": [["b"], ["a"]], "rotation_takes_all": takes_all},
-    ))
+    demo = run_pool(
+        pool_lab(
+            [sim_model("a", [0], 18), sim_model("b", [0], 18), sim_model("loose", [1], 4)],
+            orchestra={"warm": ["a", "loose"], "rotation": [["b"], ["a"]], "rotation_takes_all": takes_all},
+        )
+    )
     async with FleetClient(load_lab(demo.lab_path)) as client:
         await client.wait_connected(10)
         await settle(client, "a", ("warm",))
@@ -352,14 +385,31 @@ async def test_cli_models_warm_swap_cold_json(run_pool):
     demo = run_pool(pool_lab([sim_model("a", [0], 18), sim_model("b", [0], 18)]))
 
     def cli(*args: str) -> tuple[int, dict]:
-        done = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "--json", *args],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "--json", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}
 
     code, data = await asyncio.to_thread(cli, "warm", "a")
     assert code == 0 and data["state"] == "warm" and data["simulated"] is True
-    assert set(data) >= {"name", "machine", "engine", "state", "gpus", "vram_bytes", "cached_fraction", "load_s",
-                         "warmup_s", "wake_s", "requests_running", "endpoint", "simulated"}
+    assert set(data) >= {
+        "name",
+        "machine",
+        "engine",
+        "state",
+        "gpus",
+        "vram_bytes",
+        "cached_fraction",
+        "load_s",
+        "warmup_s",
+        "wake_s",
+        "requests_running",
+        "endpoint",
+        "simulated",
+    }
     code, data = await asyncio.to_thread(cli, "swap", "a", "b")
     assert code == 0 and data["in"]["state"] == "warm" and data["out"]["state"] == "sleeping"
     code, data = await asyncio.to_thread(cli, "models")
@@ -393,8 +443,16 @@ async def _pool_states_and_a_swap(demo_lab: DemoLab) -> None:
     async with FleetClient(lab) as client:
         await client.wait_connected(10)
         # the start-up plan: warm, sleeping, cached and cold models, each on the machine lab.yaml says
-        expected = {"llama-3.1-8b": "warm", "qwen2.5-coder-7b": "warm", "mistral-7b-q4": "warm", "llama-3.1-70b-4bit": "cached",
-                    "phi-3-mini": "sleeping", "codellama-7b": "cached", "llama-3.2-3b": "cold", "tiny-llama": "cold"}
+        expected = {
+            "llama-3.1-8b": "warm",
+            "qwen2.5-coder-7b": "warm",
+            "mistral-7b-q4": "warm",
+            "llama-3.1-70b-4bit": "cached",
+            "phi-3-mini": "sleeping",
+            "codellama-7b": "cached",
+            "llama-3.2-3b": "cold",
+            "tiny-llama": "cold",
+        }
         machines = {m.name: m.machine for m in lab.models}
         for name, state in expected.items():
             model = await settle(client, name, (state,), timeout=90, machine=machines[name])

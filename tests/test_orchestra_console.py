@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import OptionList
 
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
 from console.app import CetlabApp
 from console.demo import DemoLab
 from console.screens.modals import ConfirmScreen, PickModelScreen
@@ -30,6 +30,7 @@ def model_state(app: CetlabApp, name: str) -> dict:
 
 async def until(app: CetlabApp, name: str, state: str, timeout: float = 30.0) -> dict:
     """The model once it has settled in this state (no operation in flight)."""
+
     def settled() -> dict | None:
         model = model_state(app, name)
         return model if model["state"] == state and not model.get("op") else None
@@ -125,12 +126,28 @@ async def test_the_swap_picker_offers_what_fits_first_and_names_the_true_gpu():
     irina.gpus[1] = irina.gpus[1].model_copy(update={"mem_used_bytes": int(6.9 * gib)})  # 1.1 GiB free on GPU 1
 
     def model(name: str, state_: str, gpus: list[int], vram_gib: float) -> dict:
-        return {"name": name, "machine": "irina", "engine": "sim", "state": state_, "since": FROZEN_NOW - 60, "gpus": gpus,
-                "vram_bytes": int(vram_gib * gib), "simulated": True}
+        return {
+            "name": name,
+            "machine": "irina",
+            "engine": "sim",
+            "state": state_,
+            "since": FROZEN_NOW - 60,
+            "gpus": gpus,
+            "vram_bytes": int(vram_gib * gib),
+            "simulated": True,
+        }
 
-    irina.apply_section("models", {"models": [
-        model("mistral-7b-awq", "warm", [0], 5), model("phi-3-mini", "sleeping", [1], 4.5),
-        model("tiny-llama", "cold", [0], 2), model("qwen-0.5b", "sleeping", [1], 1)]})
+    irina.apply_section(
+        "models",
+        {
+            "models": [
+                model("mistral-7b-awq", "warm", [0], 5),
+                model("phi-3-mini", "sleeping", [1], 4.5),
+                model("tiny-llama", "cold", [0], 2),
+                model("qwen-0.5b", "sleeping", [1], 1),
+            ]
+        },
+    )
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
     async with app.run_test(size=(160, 50)) as pilot:
         await until_drawn(pilot)
@@ -159,16 +176,25 @@ def frozen_pool_app(models: list[dict]):
     from tests.console_fixtures import FROZEN_NOW, frozen_state
 
     state = frozen_state()
-    base = {"machine": "irina", "engine": "sim", "since": FROZEN_NOW - 60, "gpus": [0], "vram_bytes": 4 * 1024**3, "simulated": True}
+    base = {
+        "machine": "irina",
+        "engine": "sim",
+        "since": FROZEN_NOW - 60,
+        "gpus": [0],
+        "vram_bytes": 4 * 1024**3,
+        "simulated": True,
+    }
     state.machines["irina"].apply_section("models", {"models": [{**base, **m} for m in models]})
     return CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
 
 
 async def test_w_on_a_warm_model_says_so_and_s_on_a_pinned_one_says_so_before_asking():
-    app = frozen_pool_app([{"name": "warm-one", "state": "warm"}, {"name": "pinned-one", "state": "warm", "pinned": True, "gpus": [1]}])
+    app = frozen_pool_app(
+        [{"name": "warm-one", "state": "warm"}, {"name": "pinned-one", "state": "warm", "pinned": True, "gpus": [1]}]
+    )
     calls = []
     async with app.run_test(size=(160, 50)) as pilot:
-        app.client.call = lambda *args, **kwargs: calls.append(args)  # noqa: E731  nothing may reach the agent
+        app.client.call = lambda *args, **kwargs: calls.append(args)
         await until_drawn(pilot)
         await pilot.press("colon", *"models", "enter")
         await until_drawn(pilot, ModelsScreen)
@@ -206,13 +232,17 @@ async def test_shift_r_rotates_now_after_a_question():
 
 
 def test_rotation_figures_are_per_machine_in_human_durations():
-    from agents.sections import Rotation
+    from agents.wire.sections.models import Rotation
     from console.screens.models import rotation_text
 
     now = 1_790_000_000.0
     rotations = {
-        "irina": Rotation(plan=[["a"], ["b"]], index=0, next_set=["b"], next_at=now + 13882, overhead_pct=0.587, target_pct=1.0, wall_s=7200),
-        "m5": Rotation(plan=[["c"], ["d"]], index=None, next_set=["c"], next_at=now + 90, overhead_pct=0.012, target_pct=1.0, wall_s=86400),
+        "irina": Rotation(
+            plan=[["a"], ["b"]], index=0, next_set=["b"], next_at=now + 13882, overhead_pct=0.587, target_pct=1.0, wall_s=7200
+        ),
+        "m5": Rotation(
+            plan=[["c"], ["d"]], index=None, next_set=["c"], next_at=now + 90, overhead_pct=0.012, target_pct=1.0, wall_s=86400
+        ),
         "pharaoh": None,
     }
     irina, m5 = rotation_text(rotations, now).splitlines()
@@ -224,12 +254,21 @@ def test_rotation_figures_are_per_machine_in_human_durations():
 
 
 def test_model_details_say_the_window_of_tokens_per_s():
-    from agents.sections import ModelInfo
+    from agents.wire.sections.models import ModelInfo
     from console.cli_models import models_human
     from console.screens.models import detail_text
 
-    fields = {"name": "talky", "machine": "box", "engine": "sim", "state": "warm", "since": 1.0, "gpus": [0], "simulated": True,
-              "tokens_per_s": 41.84, "tokens_per_s_window_s": 10.0}
+    fields = {
+        "name": "talky",
+        "machine": "box",
+        "engine": "sim",
+        "state": "warm",
+        "since": 1.0,
+        "gpus": [0],
+        "simulated": True,
+        "tokens_per_s": 41.84,
+        "tokens_per_s_window_s": 10.0,
+    }
     assert "41.8 tokens/s over the last 10 s" in detail_text(ModelInfo(**fields))
     lines = models_human([ModelInfo(**fields, vram_bytes=0, requests_running=1)], {}, {}).splitlines()
     assert lines[0].split()[7] == "TOK/S" and lines[1].split()[8] == "42"

@@ -7,8 +7,8 @@ import urllib.request
 
 import pytest
 
-from agents.lab import load_lab
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from tests.pool_fixtures import post, settle
 
@@ -16,12 +16,22 @@ from tests.pool_fixtures import post, settle
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_transformers_serve_tiny_model_cold_to_warm_and_back(run_pool):
-    demo = run_pool({
-        "lab": "tiny-lab",
-        "machines": [{"name": "cpu-box", "gpus": "none"}],
-        "models": [{"name": "tiny", "path": "tiny-llama", "engine": "transformers", "machine": "cpu-box",
-                    "make_tiny_if_missing": True, "load_timeout_s": "180s"}],
-    })
+    demo = run_pool(
+        {
+            "lab": "tiny-lab",
+            "machines": [{"name": "cpu-box", "gpus": "none"}],
+            "models": [
+                {
+                    "name": "tiny",
+                    "path": "tiny-llama",
+                    "engine": "transformers",
+                    "machine": "cpu-box",
+                    "make_tiny_if_missing": True,
+                    "load_timeout_s": "180s",
+                }
+            ],
+        }
+    )
     lab = load_lab(demo.lab_path)
     async with FleetClient(lab) as client:
         await client.wait_connected(10)
@@ -29,8 +39,12 @@ async def test_transformers_serve_tiny_model_cold_to_warm_and_back(run_pool):
         tiny = await settle(client, "tiny", ("warm", "failed"), timeout=200, machine="cpu-box")
         assert tiny["state"] == "warm", tiny["error"]
         assert tiny["simulated"] is False and tiny["warmup_s"] > 0
-        status, answer = await asyncio.to_thread(post, tiny["endpoint"], "/v1/completions",
-                                                 {"model": tiny["served_name"], "prompt": "Capital of France:", "max_tokens": 4})
+        status, answer = await asyncio.to_thread(
+            post,
+            tiny["endpoint"],
+            "/v1/completions",
+            {"model": tiny["served_name"], "prompt": "Capital of France:", "max_tokens": 4},
+        )
         assert status == 200 and answer["usage"]["completion_tokens"] >= 1
         with pytest.raises(RemoteError) as exc:
             await client.call("cpu-box", "models.sleep", {"model": "tiny"})

@@ -17,15 +17,15 @@ import pytest
 from pydantic import ValidationError
 
 from agents.checkpoints import CheckpointsComponent
-from agents.lab import Model, parse_lab
+from agents.orchestra.component import SCHEMA, OrchestraComponent
 from agents.orchestra.engines import engine_spec
-from agents.orchestra.pool import SCHEMA, OrchestraComponent
 from agents.orchestra.port import LoraConversion, ModelsPort, ModelView
-from agents.protocol import ErrorCode, RemoteError, Role
-from agents.rpc import Peer
-from agents.sections import ModelError, ModelInfo, Serving
-from agents.states import ModelState
-from agents.store import Store
+from agents.runtime.rpc import Peer
+from agents.runtime.store import Store
+from agents.wire.lab.model import Model, parse_lab
+from agents.wire.protocol import ErrorCode, RemoteError, Role
+from agents.wire.sections.models import ModelError, ModelInfo, Serving
+from agents.wire.states import ModelState
 from tests.conftest import wait_for
 from tests.test_component_core import SmallCore
 
@@ -36,9 +36,17 @@ class PoolStandIn:
     """Provides ModelsPort and nothing else: one warm vLLM model, `base`, whose engine can be restarted."""
 
     def __init__(self, base_path: Path) -> None:
-        self.base = ModelView(name="base", model=Model(name="base", path=str(base_path), engine="vllm", machine="box"),
-                              path=base_path, state=ModelState.WARM, busy=False, spec=engine_spec("vllm"), engine_serial=1,
-                              endpoint="http://127.0.0.1:1/v1", error=None)
+        self.base = ModelView(
+            name="base",
+            model=Model(name="base", path=str(base_path), engine="vllm", machine="box"),
+            path=base_path,
+            state=ModelState.WARM,
+            busy=False,
+            spec=engine_spec("vllm"),
+            engine_serial=1,
+            endpoint="http://127.0.0.1:1/v1",
+            error=None,
+        )
         self.loaded: list[tuple[str, str, str]] = []
 
     def restart_engine(self) -> None:
@@ -86,12 +94,15 @@ class PoolStandIn:
 
 def small_core(tmp_path: Path, extra: str = "", parts: tuple[Any, ...] = ()) -> SmallCore:
     lab = parse_lab("lab: t\n" + MACHINE + extra)
-    return SmallCore(lab=lab, machine=lab.machine("box"), state_dir=tmp_path, store=Store(tmp_path / "state.db"), parts=list(parts))
+    return SmallCore(
+        lab=lab, machine=lab.machine("box"), state_dir=tmp_path, store=Store(tmp_path / "state.db"), parts=list(parts)
+    )
 
 
 async def call(core: SmallCore, method: str, params: dict[str, Any]) -> Any:
-    reply = await core.rpc.dispatch(Peer(role=Role.OPERATOR, who="test", send=lambda line: None),
-                                    {"id": 1, "method": method, "params": params})
+    reply = await core.rpc.dispatch(
+        Peer(role=Role.OPERATOR, who="test", send=lambda line: None), {"id": 1, "method": method, "params": params}
+    )
     assert "result" in reply, reply
     return reply["result"]
 
@@ -128,7 +139,9 @@ def test_a_serving_record_has_a_known_mode_and_state():
 
 
 def test_the_pool_answers_its_port_and_a_failure_is_a_typed_model_error(tmp_path):
-    core = small_core(tmp_path, "models: [{name: tiny, path: /nonexistent/tiny, engine: sim, machine: box, gpus: [0], vram_gib: 1}]\n")
+    core = small_core(
+        tmp_path, "models: [{name: tiny, path: /nonexistent/tiny, engine: sim, machine: box, gpus: [0], vram_gib: 1}]\n"
+    )
     pool = OrchestraComponent(core)
     assert isinstance(pool, ModelsPort)
     core.store.migrate(pool.name, SCHEMA)
@@ -142,8 +155,14 @@ def test_the_pool_answers_its_port_and_a_failure_is_a_typed_model_error(tmp_path
     assert isinstance(slot.error, ModelError) and pool.view("tiny").error == slot.error
     info = pool.info(slot).to_wire()
     assert info["state"] == "failed"
-    assert info["error"] == {"message": "the engine exited with code 1", "exit_code": None, "oom": False, "log_tail": [],
-                             "log_path": None, "t": slot.error.t}
+    assert info["error"] == {
+        "message": "the engine exited with code 1",
+        "exit_code": None,
+        "oom": False,
+        "log_tail": [],
+        "log_path": None,
+        "t": slot.error.t,
+    }
     assert core.events and core.events[-1][1].level == "error"
 
 
@@ -153,8 +172,11 @@ class GgufPoolStandIn(PoolStandIn):
 
     def __init__(self, base_path: Path, gate: Path) -> None:
         super().__init__(base_path)
-        self.base = dataclasses.replace(self.base, model=Model(name="base", path=str(base_path / "base.gguf"), engine="llamacpp", machine="box"),
-                                        spec=engine_spec("llamacpp"))
+        self.base = dataclasses.replace(
+            self.base,
+            model=Model(name="base", path=str(base_path / "base.gguf"), engine="llamacpp", machine="box"),
+            spec=engine_spec("llamacpp"),
+        )
         self.old = dataclasses.replace(self.base, name="exp1-step8", state=ModelState.COLD, engine_serial=None, endpoint=None)
         self.gate = gate
 
@@ -162,8 +184,10 @@ class GgufPoolStandIn(PoolStandIn):
         return {"base": self.base, self.old.name: self.old}.get(name)
 
     def lora_conversion(self, adapter: Path, base: Path, out: Path) -> LoraConversion | None:
-        wait = ("import pathlib, sys, time\nfor _ in range(6000):\n    if pathlib.Path(sys.argv[1]).exists(): sys.exit(0)\n"
-                "    time.sleep(0.01)\nsys.exit(1)\n")
+        wait = (
+            "import pathlib, sys, time\nfor _ in range(6000):\n    if pathlib.Path(sys.argv[1]).exists(): sys.exit(0)\n"
+            "    time.sleep(0.01)\nsys.exit(1)\n"
+        )
         return LoraConversion(argv=[sys.executable, "-c", wait, str(self.gate)], env=dict(os.environ), out=out)
 
     def remove_model(self, name: str) -> None:
@@ -183,7 +207,7 @@ class GgufPoolStandIn(PoolStandIn):
 
 
 async def test_a_checkpoint_being_converted_for_llamacpp_is_served_and_in_use(tmp_path, hand_runs):
-    """While its adapter is converted to GGUF the checkpoint is being served (agents/served.py) and may not be deleted,
+    """While its adapter is converted to GGUF the checkpoint is being served (agents/wire/served.py) and may not be deleted,
     and its record says `converting`, not the state of an older, cold model of the same name."""
     gate = tmp_path / "gate"
     pool = GgufPoolStandIn(hand_runs, gate)

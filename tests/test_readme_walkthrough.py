@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from agents.lab import load_lab
+from agents.wire.lab.model import load_lab
 from console.demo import bundled_lab
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,14 +52,21 @@ def test_the_checkpoint_walkthrough_runs_as_written(demo_lab):
         if run_id:  # the demo lab of the test session may have run jobs before: its id, where the README says m5-1
             argv = [run_id if a == README_RUN else a for a in argv]
         result = subprocess.run(base + argv[1:], capture_output=True, text=True, timeout=540)
-        assert result.returncode == 0, f"`{command}` failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        assert result.returncode == 0, (
+            f"`{command}` failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
         outputs.append(result.stdout)
         if run_id is None:
             run_id = re.match(r"job (m5-\d+) \(demo-lora\)", result.stdout).group(1)
-    served_model, resumed_job = re.search(r"on model (\S+), warm at http", outputs[2]), re.search(r"^job (m5-\d+) ", outputs[3], re.M)
+    served_model, resumed_job = (
+        re.search(r"on model (\S+), warm at http", outputs[2]),
+        re.search(r"^job (m5-\d+) ", outputs[3], re.M),
+    )
     try:
         listing = outputs[1].splitlines()
-        assert listing[0].startswith(f"run {run_id} on m5") and [int(row.split()[0]) for row in listing[2:]] == [160, 180, 200], outputs[1]
+        assert listing[0].startswith(f"run {run_id} on m5") and [int(row.split()[0]) for row in listing[2:]] == [160, 180, 200], (
+            outputs[1]
+        )
         assert served_model, outputs[2]  # "m5-1 step 200: merged on model m5-1-step200, warm at http://..."
         assert outputs[3].startswith(f"resumed {run_id} from step 180") and resumed_job, outputs[3]
         assert outputs[4].startswith(f"pruned run {run_id}: deleted "), outputs[4]
@@ -81,11 +88,13 @@ def gateway_block() -> list[str]:
     joined = block.group(1).replace("\\\n", " ")
     lines = [line for line in joined.splitlines() if line.strip()]
     wake = next(i for i, line in enumerate(lines) if "wakes it" in line)
-    return lines[:wake + 2]  # through the request after the comment that says it wakes
+    return lines[: wake + 2]  # through the request after the comment that says it wakes
 
 
 def cli(demo, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), *args], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
@@ -98,11 +107,20 @@ def test_the_gateway_wake_example_wakes_after_the_demo_restarted_warm(tmp_path):
         assert rotated.returncode == 0, rotated.stderr
     with DemoLab(tmp_path / "demo") as demo:
         lab = load_lab(demo.lab_path)
-        script = "\n".join(line.replace("DIR", str(demo.dir)).replace("PORT", str(lab.gateway.port))
-                           .replace("cetlab --lab", f"{shlex.quote(sys.executable)} -m console.cli --lab") for line in gateway_block())
+        script = "\n".join(
+            line.replace("DIR", str(demo.dir))
+            .replace("PORT", str(lab.gateway.port))
+            .replace("cetlab --lab", f"{shlex.quote(sys.executable)} -m console.cli --lab")
+            for line in gateway_block()
+        )
         for _ in range(300):  # the restart brings the rotation's set back up and the gateway's links connect
             shown = cli(demo, "--json", "models")
-            if shown.returncode == 0 and '"warm"' in shown.stdout and '"phi-3-mini"' in shown.stdout and "loading" not in shown.stdout:
+            if (
+                shown.returncode == 0
+                and '"warm"' in shown.stdout
+                and '"phi-3-mini"' in shown.stdout
+                and "loading" not in shown.stdout
+            ):
                 break
         assert '"phi-3-mini"' in shown.stdout
         result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], capture_output=True, text=True, timeout=300)
@@ -119,8 +137,12 @@ def test_the_multi_node_run_runs_as_written(demo_lab):
     command = re.search(r"`(cetlab train ddp-2node[^`]*)`", text)
     assert command and "--follow" in command.group(1)
     argv = shlex.split(command.group(1))
-    result = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path), *argv[1:]],
-                            capture_output=True, text=True, timeout=540)
+    result = subprocess.run(
+        [sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path), *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     job_id = re.match(r"job (m5-\d+) \(ddp-2node\)", result.stdout).group(1)
     for _ in range(60):  # the coordinator hears of the other node's end at its next poll (every second)

@@ -19,16 +19,19 @@ pytestmark = pytest.mark.timeout(120)
 PY = sys.executable
 P40 = {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250}
 # writes the environment the agent gave it, then waits
-ENV_DUMP = ("import json, os, sys, time\n"
-            "keys = ('CUDA_DEVICE_ORDER', 'CUDA_VISIBLE_DEVICES', 'TORCH_ELASTIC_SHUTDOWN_TIMEOUT')\n"
-            "open(sys.argv[1], 'w').write(json.dumps({k: os.environ.get(k) for k in keys}))\n")
+ENV_DUMP = (
+    "import json, os, sys, time\n"
+    "keys = ('CUDA_DEVICE_ORDER', 'CUDA_VISIBLE_DEVICES', 'TORCH_ELASTIC_SHUTDOWN_TIMEOUT')\n"
+    "open(sys.argv[1], 'w').write(json.dumps({k: os.environ.get(k) for k in keys}))\n"
+)
 # a stand-in for torchrun: its worker runs in a session of its own, out of reach of the group's signal
 WORKER_IN_ITS_OWN_SESSION = (
     "import subprocess, sys, time\n"
     "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
     "open(sys.argv[1], 'w').write(str(worker.pid))\n"
     "print('ready', flush=True)\n"
-    "time.sleep(600)\n")
+    "time.sleep(600)\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +41,21 @@ def lab(tmp_path_factory):
         "lab": "real-lab-jobs",
         "machines": [{"name": "box", "gpus": {"sim": [P40, P40, P40]}}],
         "trainers": [
-            {"name": "env", "machine": "box", "gpus": [2, 0], "command": [PY, "-c", ENV_DUMP, "{output_dir}/env.json"],
-             "output_dir": "runs/{job_id}", "stop_grace_s": 45},
-            {"name": "tree", "machine": "box", "gpus": [1], "command": [PY, "-c", WORKER_IN_ITS_OWN_SESSION, "{output_dir}/worker.pid"],
-             "output_dir": "runs/{job_id}"},
+            {
+                "name": "env",
+                "machine": "box",
+                "gpus": [2, 0],
+                "command": [PY, "-c", ENV_DUMP, "{output_dir}/env.json"],
+                "output_dir": "runs/{job_id}",
+                "stop_grace_s": 45,
+            },
+            {
+                "name": "tree",
+                "machine": "box",
+                "gpus": [1],
+                "command": [PY, "-c", WORKER_IN_ITS_OWN_SESSION, "{output_dir}/worker.pid"],
+                "output_dir": "runs/{job_id}",
+            },
         ],
     }
     (root / "src.yaml").write_text(yaml.safe_dump(data, sort_keys=False))

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from agents import systemd
-from agents.lab import load_lab
-from agents.systemd import CACHE_ENV, Notifier, render_unit
+from agents.shell import systemd
+from agents.shell.systemd import CACHE_ENV, Notifier, render_unit
+from agents.wire.lab.model import load_lab
 from tests.hardening_fixtures import one_machine_lab
 
 
@@ -62,8 +62,15 @@ def test_system_unit_gives_gpu_services_a_private_tmp_writable_caches_and_file_d
 def test_a_configured_cache_dir_is_made_writable_and_no_modprobe_where_there_is_none(tmp_path, monkeypatch):
     monkeypatch.setattr(systemd, "nvidia_modprobe", lambda: None)
     lab = load_lab(one_machine_lab(tmp_path / "lab.yaml"))
-    text = render_unit(lab, tmp_path / "lab.yaml", "box", Path("/var/lib/cetlab/box"), user_unit=False, run_as="cetlab",
-                       cache_dir=Path("/srv/cache"))
+    text = render_unit(
+        lab,
+        tmp_path / "lab.yaml",
+        "box",
+        Path("/var/lib/cetlab/box"),
+        user_unit=False,
+        run_as="cetlab",
+        cache_dir=Path("/srv/cache"),
+    )
     lines = unit_lines(text)
     assert "ExecStartPre" not in lines
     assert "-/srv/cache" in lines["ReadWritePaths"][0].split() and "Environment=TRITON_CACHE_DIR=/srv/cache/triton" in text
@@ -116,9 +123,26 @@ def test_vllm_box_caches_and_no_usage_report_and_a_warning_for_paths_under_tmp(t
     for name in ("FLASHINFER_WORKSPACE_BASE", "VLLM_CONFIG_ROOT", "CUDA_CACHE_PATH"):  # JIT kernels, config, ~/.nv
         assert Path(env[name]).is_relative_to(state), name
     assert systemd.tmp_path_warnings(lab, Path("/srv/lab/lab.yaml"), "box", state, None, user_unit=False) == []
-    warnings = systemd.tmp_path_warnings(lab, Path("/srv/lab/lab.yaml"), "box", Path("/tmp/cetlab-state"), Path("/var/tmp/c"),
-                                         user_unit=False)
+    warnings = systemd.tmp_path_warnings(
+        lab, Path("/srv/lab/lab.yaml"), "box", Path("/tmp/cetlab-state"), Path("/var/tmp/c"), user_unit=False
+    )
     assert len(warnings) == 2 and "the state dir /tmp/cetlab-state is under /tmp" in warnings[0] and "PrivateTmp" in warnings[0]
-    result = subprocess.run([sys.executable, "-m", "agents.daemon", "install-unit", "--lab", str(tmp_path / "lab.yaml"),
-                             "--machine", "box", "--state-dir", "/tmp/cetlab-state", "--print"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agents.shell.daemon",
+            "install-unit",
+            "--lab",
+            str(tmp_path / "lab.yaml"),
+            "--machine",
+            "box",
+            "--state-dir",
+            "/tmp/cetlab-state",
+            "--print",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0 and "warning: the state dir /tmp/cetlab-state is under /tmp" in result.stderr

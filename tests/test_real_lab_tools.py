@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from agents import doctor
+from agents.shell import doctor
 from tests.conftest import REPO
 
 SCRIPT = REPO / "bench" / "gpu_check.sh"
@@ -47,8 +47,13 @@ def test_doctor_fails_a_transformers_too_old_to_serve(monkeypatch, version, leve
 
 def run_script(*args: str, path: str) -> subprocess.CompletedProcess:
     # no CUDA device for torch, whatever this machine has: the fake nvidia-smi's GPU is the one these tests mean
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PATH": path, "CUDA_VISIBLE_DEVICES": ""})
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": path, "CUDA_VISIBLE_DEVICES": ""},
+    )
 
 
 def fake_nvidia_smi(folder: Path, listing: str) -> str:

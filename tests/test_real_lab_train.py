@@ -23,7 +23,9 @@ from tests.test_train import trainer_env, write_config
 RTX_3050, V100, P40, H100 = ((8, 6), "RTX 3050"), ((7, 0), "Tesla V100"), ((6, 1), "Tesla P40"), ((9, 0), "H100")
 
 
-@pytest.mark.parametrize(("gpu", "expected"), [(H100, "bf16"), (RTX_3050, "bf16"), (V100, "fp16"), (P40, "fp32"), ((None, "CPU"), "fp32")])
+@pytest.mark.parametrize(
+    ("gpu", "expected"), [(H100, "bf16"), (RTX_3050, "bf16"), (V100, "fp16"), (P40, "fp32"), ((None, "CPU"), "fp32")]
+)
 def test_auto_precision_follows_the_compute_capability(gpu, expected):
     plan = plan_precision("auto", gpu[0], tf32=False, torch_compile=False, device_name=gpu[1])
     assert plan.precision == expected
@@ -107,13 +109,31 @@ def test_sigterm_on_one_rank_stops_both_at_the_same_step(tmp_path):
     config = write_config(tmp_path / "run", model, max_steps=100000, save_steps=100000, per_device_batch_size=2)
     progress_file = tmp_path / "progress.json"
     cetlab_train = str(Path(sys.executable).with_name("cetlab-train"))
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
-                "--no-python", cetlab_train, "--config", str(config)]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--no-python",
+        cetlab_train,
+        "--config",
+        str(config),
+    ]
     log = tmp_path / "torchrun.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(torchrun, env=trainer_env(CETLAB_PROGRESS_FILE=str(progress_file)), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            torchrun,
+            env=trainer_env(CETLAB_PROGRESS_FILE=str(progress_file)),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
+
         def two_steps() -> bool:
             assert proc.poll() is None, log.read_text()[-3000:]
             return ((read_progress(progress_file) or {}).get("step") or 0) >= 2

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from agents.lab import Model, SimEngine as SimDelays
 from agents.orchestra import engine as engine_module
 from agents.orchestra.engine import AdapterNotLoadable, EngineRequestFailed, adapter_problem, process_vram_bytes
 from agents.orchestra.sim_engine import SimEngine
 from agents.orchestra.vllm import VllmEngine
-from agents.protocol import GpuProcess, GpuSample
+from agents.wire.lab.model import Model
+from agents.wire.lab.model import SimEngine as SimDelays
+from agents.wire.protocol import GpuProcess, GpuSample
 
 pytestmark = pytest.mark.timeout(120)
 FAST = SimDelays(load_s=0.0, warmup_s=0.0, wake_s=0.0, tokens_per_s=0)
@@ -26,8 +27,18 @@ GiB = 1024**3
 
 
 def model(**fields) -> Model:
-    return Model(**{"name": "llama", "path": "/models/llama", "engine": "sim", "machine": "box", "gpus": [0], "vram_gib": 8.0,
-                    "sim": FAST, **fields})
+    return Model(
+        **{
+            "name": "llama",
+            "path": "/models/llama",
+            "engine": "sim",
+            "machine": "box",
+            "gpus": [0],
+            "vram_gib": 8.0,
+            "sim": FAST,
+            **fields,
+        }
+    )
 
 
 def adapter(folder: Path, **config) -> Path:
@@ -63,7 +74,7 @@ def test_vllm_flags_enable_lora_silence_access_logs_and_the_sim_gets_the_same(tm
     assert flags[-2:] == ["--max-model-len", "4096"] and flags[flags.index("--gpu-memory-utilization") + 1] == "0.34"
     sim = SimEngine(lab_model, Path("/models/llama"), "box", [0], tmp_path / "log", gpu_total_bytes=24 * GiB)
     sim.port = vllm.port
-    assert sim.argv()[3:4] == ["/models/llama"] and sim.argv()[4:4 + len(flags)] == flags  # started the way vLLM is
+    assert sim.argv()[3:4] == ["/models/llama"] and sim.argv()[4 : 4 + len(flags)] == flags  # started the way vLLM is
     no_lora = VllmEngine(model(engine="vllm", max_loras=0), Path("/m"), "box", [0], tmp_path / "log").argv()
     assert "--enable-lora" not in no_lora
 
@@ -80,10 +91,12 @@ def test_engine_env_orders_gpus_by_pci_and_strips_expandable_segments(tmp_path, 
 
 def test_load_phases_read_vllm_0_33_seconds_too(tmp_path):
     log = tmp_path / "engine.log"
-    log.write_text("INFO Loading weights took 1.50 s\n"
-                   "INFO Model loading took 2.31 GiB memory and 3.25 s\n"
-                   "INFO Graph capturing finished in 7 secs, took 0.40 GiB\n"
-                   "INFO init engine (profile, create kv cache, warmup model) took 12.00 s\n")
+    log.write_text(
+        "INFO Loading weights took 1.50 s\n"
+        "INFO Model loading took 2.31 GiB memory and 3.25 s\n"
+        "INFO Graph capturing finished in 7 secs, took 0.40 GiB\n"
+        "INFO init engine (profile, create kv cache, warmup model) took 12.00 s\n"
+    )
     engine = VllmEngine(model(engine="vllm"), Path("/m"), "box", [0], log)
     assert engine.load_phases() == {"weights_s": 1.5, "model_load_s": 3.25, "graph_capture_s": 7.0, "init_engine_s": 12.0}
     log.write_text("INFO Loading weights took 1.50 seconds\nINFO Model loading took 2.3 GiB and 3.25 seconds\n")
@@ -109,8 +122,9 @@ def test_adapter_problem_says_why_and_offers_the_merge(tmp_path):
 
 def request(engine, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://{engine.host}:{engine.port}{path}", data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://{engine.host}:{engine.port}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as response:
             return response.status, response.read()
@@ -136,7 +150,9 @@ async def wait_for_health(engine) -> None:
 
 
 def completion(engine) -> str:
-    status, body = request(engine, "POST", "/v1/completions", {"model": engine.served_name, "prompt": "The capital of France is", "max_tokens": 6})
+    status, body = request(
+        engine, "POST", "/v1/completions", {"model": engine.served_name, "prompt": "The capital of France is", "max_tokens": 6}
+    )
     assert status == 200, body
     return json.loads(body)["choices"][0]["text"]
 
@@ -189,7 +205,12 @@ async def test_sleep_routes_exist_only_in_vllm_dev_mode(tmp_path, weights):
     plain = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     engine = await started(SimEngine(model(), weights, "box", [0], tmp_path / "sim.log"), env=plain)
     try:
-        for method, path in (("POST", "/sleep?level=1"), ("POST", "/wake_up"), ("GET", "/is_sleeping"), ("POST", "/collective_rpc")):
+        for method, path in (
+            ("POST", "/sleep?level=1"),
+            ("POST", "/wake_up"),
+            ("GET", "/is_sleeping"),
+            ("POST", "/collective_rpc"),
+        ):
             assert request(engine, method, path, {} if method == "POST" else None)[0] == 404, path
         assert request(engine, "POST", "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/x"})[0] == 404
         assert completion(engine)
@@ -246,8 +267,15 @@ async def test_engine_logs_rotate_as_job_logs_do(tmp_path, weights, monkeypatch)
 
 def test_vram_per_model_is_summed_from_nvmls_per_process_memory():
     samples = [
-        GpuSample(index=0, name="Tesla P40", processes=[GpuProcess(pid=10, mem_used_bytes=700 * 2**20), GpuProcess(pid=11, mem_used_bytes=GiB),
-                                                        GpuProcess(pid=99, mem_used_bytes=5 * GiB)]),
+        GpuSample(
+            index=0,
+            name="Tesla P40",
+            processes=[
+                GpuProcess(pid=10, mem_used_bytes=700 * 2**20),
+                GpuProcess(pid=11, mem_used_bytes=GiB),
+                GpuProcess(pid=99, mem_used_bytes=5 * GiB),
+            ],
+        ),
         GpuSample(index=1, name="Tesla P40", processes=[GpuProcess(pid=11, mem_used_bytes=None)]),
         GpuSample(index=2, name="Tesla P4", processes=[GpuProcess(pid=10, mem_used_bytes=GiB)]),
     ]

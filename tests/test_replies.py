@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.catalogue import JOBS_LIST, JobListParams, ReplyInvalid, request_all
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.catalogue.jobs import JOBS_LIST, JobListParams
+from agents.wire.catalogue.method import ReplyInvalid, request_all
+from agents.wire.protocol import ErrorCode, RemoteError
 from console.replies import Answers, sent
 from tests.console_fixtures import frozen_jobs
 

@@ -9,12 +9,12 @@ import logging
 import subprocess
 import sys
 
-from agents.agent import Agent
-from agents.jobs.supervisor import JobsComponent
-from agents.lab import load_lab, parse_lab
-from agents.protocol import EVENT_TICK, Role
-from agents.rpc import Peer
-from agents.sections import FaultsSection
+from agents.jobs.component import JobsComponent
+from agents.runtime.rpc import Peer
+from agents.shell.agent import Agent
+from agents.wire.lab.model import load_lab, parse_lab
+from agents.wire.protocol import EVENT_TICK, Role
+from agents.wire.sections.base import FaultsSection
 from console.app import CetlabApp
 from console.demo import DemoLab
 from console.screens.fleet import FleetScreen
@@ -26,13 +26,20 @@ ERROR = "RuntimeError: the jobs table is gone [red]x[/red]"  # markup in an erro
 
 
 def cli(lab_path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(lab_path), *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "console.cli", "--lab", str(lab_path), *args], capture_output=True, text=True, timeout=60
+    )
 
 
 async def test_a_failing_section_is_shown_failed_on_the_console_and_the_cli_and_recovers(tmp_path, lab_file):
-    source = lab_file({"lab": "faults", "machines": [{"name": "box", "sample_interval_s": 0.2,
-                                                        "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}]})
+    source = lab_file(
+        {
+            "lab": "faults",
+            "machines": [
+                {"name": "box", "sample_interval_s": 0.2, "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}
+            ],
+        }
+    )
     demo = DemoLab(tmp_path / "run", source=source)
     demo.prepare()  # keys, ports, known hosts; the agent runs here, real SSH on loopback, so the test can break a part of it
     lab = load_lab(demo.lab_path)

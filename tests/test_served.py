@@ -1,13 +1,14 @@
 """One served-checkpoint answer: the :checkpoints view and `cetlab checkpoints` flag a checkpoint served for the same states,
-those in which an engine holds it or a serve is bringing it up (agents/served.py)."""
+those in which an engine holds it or a serve is bringing it up (agents/wire/served.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from agents.sections import CheckpointInfo, Serving
-from agents.served import SERVED_STATES, is_served
-from agents.states import ModelState
+from agents.wire.sections.checkpoints import CheckpointInfo
+from agents.wire.sections.models import Serving
+from agents.wire.served import SERVED_STATES, is_served
+from agents.wire.states import ModelState
 from console.cli_checkpoints import marks
 from console.screens.checkpoints import flags_text
 

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.lab import Model
-from agents.orchestra.engine import adapter_problem
-from agents.orchestra.engine import free_port
+from agents.orchestra.engine import adapter_problem, free_port
+from agents.wire.lab.model import Model
 from tests.conftest import REPO, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,8 +28,9 @@ class Sim:
         self.url = f"http://127.0.0.1:{port}"
 
     def post(self, path: str, body: dict | None = None, timeout: float = 30) -> tuple[int, object]:
-        request = urllib.request.Request(self.url + path, data=json.dumps(body or {}).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.url + path, data=json.dumps(body or {}).encode(), method="POST", headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 raw = response.read()
@@ -38,7 +38,9 @@ class Sim:
         except urllib.error.HTTPError as exc:
             raw, status = exc.read(), exc.code
         if raw.startswith(b"data:"):
-            return status, [json.loads(line[5:]) for line in raw.split(b"\n\n") if line.startswith(b"data:") and not line.endswith(b"[DONE]")]
+            return status, [
+                json.loads(line[5:]) for line in raw.split(b"\n\n") if line.startswith(b"data:") and not line.endswith(b"[DONE]")
+            ]
         try:
             return status, json.loads(raw or b"{}")
         except ValueError:
@@ -56,10 +58,36 @@ def sim(tmp_path_factory):
     (model / "weights.bin").write_bytes(b"x" * 1024)
     port = free_port()
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "agents.orchestra.sim_server", str(model), "--port", str(port),
-                             "--served-model-name", "sim", "--enable-sleep-mode", "--enable-lora", "--max-lora-rank", "16",
-                             "--load-s", "0", "--warmup-s", "0", "--wake-s", "0", "--tokens-per-s", "20",
-                             "--parent-pid", str(os.getpid())], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agents.orchestra.sim_server",
+            str(model),
+            "--port",
+            str(port),
+            "--served-model-name",
+            "sim",
+            "--enable-sleep-mode",
+            "--enable-lora",
+            "--max-lora-rank",
+            "16",
+            "--load-s",
+            "0",
+            "--warmup-s",
+            "0",
+            "--wake-s",
+            "0",
+            "--tokens-per-s",
+            "20",
+            "--parent-pid",
+            str(os.getpid()),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
     def listening() -> bool:
         assert proc.poll() is None, "the sim server did not start"
         try:
@@ -85,13 +113,16 @@ def in_thread(fn, *args) -> tuple[threading.Thread, list]:
     return thread, out
 
 
-@pytest.mark.parametrize("body, message", [
-    (chat(max_tokens=-1), "max_tokens must be at least 1, got -1."),
-    (chat(max_tokens=0), "max_tokens must be at least 1, got 0."),
-    (chat(temperature=-0.5), "temperature must be non-negative"),
-    (chat(top_p=1.5), "top_p must be in (0, 1]"),
-    (chat(n=0), "n must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (chat(max_tokens=-1), "max_tokens must be at least 1, got -1."),
+        (chat(max_tokens=0), "max_tokens must be at least 1, got 0."),
+        (chat(temperature=-0.5), "temperature must be non-negative"),
+        (chat(top_p=1.5), "top_p must be in (0, 1]"),
+        (chat(n=0), "n must be at least 1"),
+    ],
+)
 def test_sampling_parameters_are_checked_as_vllm_does(sim, body, message):
     status, answer = sim.post("/v1/chat/completions", body)
     assert status == 400 and message in answer["error"]["message"] and answer["error"]["type"] == "BadRequestError"
@@ -148,9 +179,15 @@ def test_adapters_reload_only_in_place_and_refused_as_vllm_refuses_them(sim, tmp
     assert sim.post("/v1/load_lora_adapter", {**load, "load_inplace": True})[0] == 200
 
     model = Model(name="base", path="models/base", engine="sim", machine="box", max_lora_rank=16)
-    for config, word in (({"use_dora": True}, "DoRA"), ({"bias": "lora_only"}, "bias"), ({"r": 8, "rank_pattern": {"q_proj": 32}}, "rank_pattern"),
-                         ({"init_lora_weights": "pissa_niter_4"}, "pissa"), ({"init_lora_weights": "olora"}, "olora"),
-                         ({"init_lora_weights": "corda"}, "corda"), ({"init_lora_weights": "loftq"}, "loftq")):
+    for config, word in (
+        ({"use_dora": True}, "DoRA"),
+        ({"bias": "lora_only"}, "bias"),
+        ({"r": 8, "rank_pattern": {"q_proj": 32}}, "rank_pattern"),
+        ({"init_lora_weights": "pissa_niter_4"}, "pissa"),
+        ({"init_lora_weights": "olora"}, "olora"),
+        ({"init_lora_weights": "corda"}, "corda"),
+        ({"init_lora_weights": "loftq"}, "loftq"),
+    ):
         folder = tmp_path / word
         folder.mkdir(exist_ok=True)
         (folder / "adapter_config.json").write_text(json.dumps(config))

@@ -129,10 +129,14 @@ def test_resume_continues_the_step_count(first_run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     resumed = tmp_path / "resumed"
     proc = run_trainer(
-        "--config", str(folder / "train.yaml"),
-        "--resume-from-checkpoint", str(folder / "out" / "checkpoint-3"),
-        "--max-steps", "9",
-        "--output-dir", str(resumed),
+        "--config",
+        str(folder / "train.yaml"),
+        "--resume-from-checkpoint",
+        str(folder / "out" / "checkpoint-3"),
+        "--max-steps",
+        "9",
+        "--output-dir",
+        str(resumed),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert global_step(resumed / "checkpoint-9") == 9
@@ -148,11 +152,15 @@ def test_sigterm_stops_cleanly_with_a_checkpoint(tiny_model, tmp_path):
     config = write_config(tmp_path, tiny_model, max_steps=5000, save_steps=10000)
     progress_file = tmp_path / "elsewhere" / "status.json"  # the agent's override
     proc = subprocess.Popen(
-        train_cmd("--config", str(config)), cwd=REPO,
+        train_cmd("--config", str(config)),
+        cwd=REPO,
         env=trainer_env(CETLAB_PROGRESS_FILE=str(progress_file)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
+
         def reported_a_step() -> bool:
             assert proc.poll() is None, f"the trainer exited before reporting a step: {proc.poll()=}"
             return ((read_progress(progress_file) or {}).get("step") or 0) >= 1
@@ -260,12 +268,20 @@ def test_config_paths_overrides_and_env(tmp_path, monkeypatch):
     assert config.output_dir == path.parent / "run"
     assert config.progress_file == path.parent / "run" / "progress.json"
     assert config.pretokenized_cache == path.parent / "cache"
-    assert (config.max_seq_len, config.lora.r, config.lora.target_modules, config.logging_steps) == (256, 8, ["q_proj", "v_proj"], 1)
+    assert (config.max_seq_len, config.lora.r, config.lora.target_modules, config.logging_steps) == (
+        256,
+        8,
+        ["q_proj", "v_proj"],
+        1,
+    )
     assert (config.max_steps, config.dataloader_workers, config.resume_from_checkpoint, config.cpu_threads) == (-1, 0, None, None)
 
     monkeypatch.chdir(tmp_path)
-    config = load_config(path, {"output_dir": "cli-out", "max_steps": 7, "lora.r": 4, "resume_from_checkpoint": "latest"},
-                         env={"CETLAB_PROGRESS_FILE": "status.json"})
+    config = load_config(
+        path,
+        {"output_dir": "cli-out", "max_steps": 7, "lora.r": 4, "resume_from_checkpoint": "latest"},
+        env={"CETLAB_PROGRESS_FILE": "status.json"},
+    )
     assert config.output_dir == tmp_path / "cli-out"  # command-line paths: against the cwd
     assert (config.max_steps, config.lora.r, config.resume_from_checkpoint) == (7, 4, "latest")
     assert config.progress_file == tmp_path / "status.json"

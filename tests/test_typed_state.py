@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from agents.agent import Agent
 from agents.checkpoints.discovery import RANK_MARK, safe_name, unique_names
-from agents.costs import CostsComponent
-from agents.documents import BadDocument, ChildRecord, ExitRecord, load_progress, load_quietly, load_trainer_state
-from agents.lab import LabError, load_lab, parse_lab
-from agents.protocol import EVENT_TICK, GpuSample, Telemetry
-from agents.rpc import Peer
-from agents.sections import SECTION_MODELS, JobInfo
-from agents.states import JOB_ACTIVE, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, JobState, ModelState
-from agents.store import Store
+from agents.costs.component import CostsComponent
+from agents.runtime.rpc import Peer
+from agents.runtime.store import Store
+from agents.shell.agent import Agent
+from agents.wire.documents import BadDocument, ChildRecord, ExitRecord, load_progress, load_quietly, load_trainer_state
+from agents.wire.lab.model import LabError, load_lab, parse_lab
+from agents.wire.protocol import EVENT_TICK, GpuSample, Telemetry
+from agents.wire.sections.jobs import JobInfo
+from agents.wire.sections.tick import SECTION_MODELS
+from agents.wire.states import JOB_ACTIVE, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, JobState, ModelState
 from console.client import FleetClient
 from tests.conftest import wait_for
 
@@ -30,8 +32,17 @@ ONE_GPU = "lab: t\nmachines: [{name: box, idle_watts: 10, gpus: {sim: [{name: Te
 def test_non_finite_numbers_become_null_where_they_enter():
     gpu = GpuSample(index=0, name="x", temp_c=float("nan"), power_w=float("inf"), util_pct=float("-inf"), fan_pct=40.0)
     assert (gpu.temp_c, gpu.power_w, gpu.util_pct, gpu.fan_pct) == (None, None, None, 40.0)
-    job = JobInfo(id="1", recipe="r", machine="m", state="running", started_at=1.0, output_dir="/o", log_path="/l",
-                  loss=float("nan"), params={"lr": float("inf"), "name": "x"})
+    job = JobInfo(
+        id="1",
+        recipe="r",
+        machine="m",
+        state="running",
+        started_at=1.0,
+        output_dir="/o",
+        log_path="/l",
+        loss=float("nan"),
+        params={"lr": float("inf"), "name": "x"},
+    )
     wire = job.to_wire()
     assert wire["loss"] is None and wire["params"] == {"lr": None, "name": "x"}
     json.dumps(wire, allow_nan=False)  # encodable as the wire encodes
@@ -58,7 +69,9 @@ def test_lab_yaml_numbers_must_be_finite():
 
 def test_progress_documents_are_validated_and_a_nan_loss_is_a_divergence(tmp_path):
     path = tmp_path / "progress.json"
-    path.write_text('{"version": 1, "state": "running", "step": 12, "loss": NaN, "notes": ["bf16 on a P40"], "precision": "fp32", "new_key": 1}')
+    path.write_text(
+        '{"version": 1, "state": "running", "step": 12, "loss": NaN, "notes": ["bf16 on a P40"], "precision": "fp32", "new_key": 1}'
+    )
     doc = load_progress(path)
     assert doc.loss is None and doc.diverged_step == 12 and doc.notes == ["bf16 on a P40"] and doc.precision == "fp32"
     path.write_text('{"state": "running", "step": 20, "loss": null, "diverged_at_step": 9}')
@@ -76,7 +89,9 @@ def test_progress_documents_are_validated_and_a_nan_loss_is_a_divergence(tmp_pat
 
 def test_trainer_state_keeps_where_the_loss_went_nan(tmp_path):
     path = tmp_path / "trainer_state.json"
-    path.write_text('{"epoch": Infinity, "log_history": [{"step": 1, "loss": 2.0}, "junk", {"step": 2, "loss": NaN}, {"step": 3, "loss": NaN}]}')
+    path.write_text(
+        '{"epoch": Infinity, "log_history": [{"step": 1, "loss": 2.0}, "junk", {"step": 2, "loss": NaN}, {"step": 3, "loss": NaN}]}'
+    )
     state = load_trainer_state(path)
     assert state.epoch is None and state.diverged_at_step == 2 and [r.loss for r in state.log_history] == [2.0, None, None]
     path.write_text('{"log_history": 5}')
@@ -98,7 +113,14 @@ def test_a_runners_record_that_fits_no_schema_counts_as_absent(tmp_path):
 
 
 def test_run_names_are_unique_by_construction():
-    wanted = [safe_name("exp"), safe_name("exp-~~"), safe_name("~~exp~~"), safe_name("x" * 80 + "a"), safe_name("x" * 80 + "b"), safe_name("~~")]
+    wanted = [
+        safe_name("exp"),
+        safe_name("exp-~~"),
+        safe_name("~~exp~~"),
+        safe_name("x" * 80 + "a"),
+        safe_name("x" * 80 + "b"),
+        safe_name("~~"),
+    ]
     assert wanted == ["exp", "exp", "exp", "x" * 64, "x" * 64, "run"]
     names = unique_names(wanted)
     assert names == ["exp", f"exp{RANK_MARK}2", f"exp{RANK_MARK}3", "x" * 64, f"{'x' * 64}{RANK_MARK}2", "run"]
@@ -125,7 +147,18 @@ class Owner:
 
     def on_telemetry(self, telemetry) -> None:
         if self.ticks() == self.at_tick:
-            self.jobs = [JobInfo(id="box-1", recipe="r", machine="box", gpus=[0], state="running", started_at=1.0, output_dir="/o", log_path="/l")]
+            self.jobs = [
+                JobInfo(
+                    id="box-1",
+                    recipe="r",
+                    machine="box",
+                    gpus=[0],
+                    state="running",
+                    started_at=1.0,
+                    output_dir="/o",
+                    log_path="/l",
+                )
+            ]
 
     def section(self):
         return self.jobs
@@ -172,7 +205,9 @@ async def test_a_non_finite_number_past_the_types_goes_out_as_null_and_the_tick_
     agent.tick()
     agent.tick()
     assert len(sent) == 2
-    assert sent[0]["data"]["changed"]["broken"] == {"loss": None} and {"costs", "host", "gpus"} <= sent[0]["data"]["changed"].keys()
+    assert (
+        sent[0]["data"]["changed"]["broken"] == {"loss": None} and {"costs", "host", "gpus"} <= sent[0]["data"]["changed"].keys()
+    )
     agent.store.close()
 
 
@@ -195,6 +230,6 @@ async def test_every_section_on_the_wire_parses_into_its_model(small_demo):
 
 
 def test_models_module_documents_every_section():
-    doc = Path(__import__("agents.sections").sections.__file__).read_text()
+    doc = Path(importlib.import_module("agents.wire.sections").__file__).read_text()
     for name in SECTION_MODELS:
         assert f"\n    {name} " in doc, name

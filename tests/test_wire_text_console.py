@@ -10,8 +10,9 @@ import pytest
 from textual.geometry import Region
 from textual.widgets import DataTable, Log, OptionList, Static
 
-from agents.catalogue import ALERTS_ACK, AckParams
-from agents.lab import load_lab
+from agents.wire.catalogue.alerts import ALERTS_ACK, AckParams
+from agents.wire.lab.model import load_lab
+from agents.wire.protocol import RemoteError
 from console.app import CetlabApp
 from console.screens.jobs import JobsScreen
 from console.screens.logs import LogScreen
@@ -82,20 +83,38 @@ async def test_hostile_wire_text_in_every_view(run_pool, tmp_path):
     checkpoints = tmp_path / "hand"
     run = checkpoints / FILE_HOSTILE
     (run / "checkpoint-1").mkdir(parents=True)
-    (run / "checkpoint-1" / "trainer_state.json").write_text(json.dumps(
-        {"global_step": 1, "epoch": 1.0, "log_history": [{"step": 1, "loss": 1.5}]}))
+    (run / "checkpoint-1" / "trainer_state.json").write_text(
+        json.dumps({"global_step": 1, "epoch": 1.0, "log_history": [{"step": 1, "loss": 1.5}]})
+    )
     (run / "checkpoint-1" / "adapter_model.safetensors").write_bytes(b"\0" * 64)
     age(run / "checkpoint-1", HOUR_S)
     data = {
         "lab": "hostile",
         "machines": [{"name": "box", "role": HOSTILE, "gpus": {"sim": [GPU, GPU]}}],
         "alerts": {"temp_c": 1, "temp_for_s": 0},  # the sim GPU's temperature fires at once: an alert about a hostile name
-        "models": [{"name": "m1", "path": str(tmp_path / "m1"), "engine": "sim", "machine": "box", "gpus": [0], "vram_gib": 1,
-                    "served_name": HOSTILE, "sim": {"load_s": 0.1, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.1, "placeholder_mib": 1}}],
+        "models": [
+            {
+                "name": "m1",
+                "path": str(tmp_path / "m1"),
+                "engine": "sim",
+                "machine": "box",
+                "gpus": [0],
+                "vram_gib": 1,
+                "served_name": HOSTILE,
+                "sim": {"load_s": 0.1, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.1, "placeholder_mib": 1},
+            }
+        ],
         "orchestra": {"warm": ["m1"]},
-        "trainers": [{"name": "evil", "machine": "box", "gpus": [1], "command": [sys.executable, "-c", TRAINER],
-                      "output_dir": str(tmp_path / "runs" / "{job_id}"),
-                      "params": [{"name": "note", "type": "str", "help": HOSTILE}]}],
+        "trainers": [
+            {
+                "name": "evil",
+                "machine": "box",
+                "gpus": [1],
+                "command": [sys.executable, "-c", TRAINER],
+                "output_dir": str(tmp_path / "runs" / "{job_id}"),
+                "params": [{"name": "note", "type": "str", "help": HOSTILE}],
+            }
+        ],
         "checkpoints": {"dirs": [{"machine": "box", "path": str(checkpoints)}], "poll_s": 1},
         "notify": {"routes": [{"name": "pager", "kind": "command", "argv": [sys.executable, "-c", f"# {HOSTILE}"]}]},
         "gateway": {"machine": "box"},
@@ -103,7 +122,7 @@ async def test_hostile_wire_text_in_every_view(run_pool, tmp_path):
     demo = run_pool(data)
     actor = await connected(demo.lab_path)
     try:
-        with pytest.raises(Exception):  # an audit row holding it: its params and the refusal's message
+        with pytest.raises(RemoteError):  # an audit row holding it: its params and the refusal's message
             await actor.call("box", "alerts.ack", {"id": HOSTILE})
         app = CetlabApp(load_lab(demo.lab_path))
         async with app.run_test(size=SIZE) as pilot:
@@ -172,12 +191,20 @@ async def test_hostile_gateway_section_is_shown_as_text():
 
     state = frozen_state(offline=())
     machine = state.lab.gateway.machine
-    state.machines[machine].apply_section("gateway", {
-        "url": f"http://127.0.0.1:1/{HOSTILE}", "machine": machine, "error": HOSTILE, "peers": {HOSTILE: HOSTILE},
-        "models": [{"name": HOSTILE, "tier": "local", "where": HOSTILE, "state": HOSTILE, "errors": 3}],  # a tier is a Literal
-        "providers": [{"name": HOSTILE, "spend_today": 1.0, "monthly_budget": 10.0, "budget_pct": 10.0, "key_set": False}],
-        "keys": [{"name": HOSTILE, "requests": 2}],
-    })
+    state.machines[machine].apply_section(
+        "gateway",
+        {
+            "url": f"http://127.0.0.1:1/{HOSTILE}",
+            "machine": machine,
+            "error": HOSTILE,
+            "peers": {HOSTILE: HOSTILE},
+            "models": [
+                {"name": HOSTILE, "tier": "local", "where": HOSTILE, "state": HOSTILE, "errors": 3}
+            ],  # a tier is a Literal
+            "providers": [{"name": HOSTILE, "spend_today": 1.0, "monthly_budget": 10.0, "budget_pct": 10.0, "key_set": False}],
+            "keys": [{"name": HOSTILE, "requests": 2}],
+        },
+    )
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
     async with app.run_test(size=SIZE) as pilot:
         await until_drawn(pilot)

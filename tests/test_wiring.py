@@ -12,27 +12,30 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from agents.lab import Model, load_lab
+from agents.orchestra.component import OrchestraComponent
 from agents.orchestra.engine import GIB, Engine
-from agents.orchestra.pool import OrchestraComponent
 from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, Slot
-from agents.protocol import GpuProcess, GpuSample, Telemetry
-from agents.states import ModelState
+from agents.wire.lab.model import Model, load_lab
+from agents.wire.protocol import GpuProcess, GpuSample, Telemetry
+from agents.wire.states import ModelState
 from console.client import FleetClient
 from console.demo import DemoLab
 from tests.conftest import wait_for
 from tests.hardening_fixtures import connected, one_machine_lab, start_agent, wait_listening
-from tests.test_hardening_files import _ran_once, wait_exit
 from tests.pool_fixtures import pool_lab, settle, sim_model
+from tests.test_hardening_files import _ran_once, wait_exit
 
 pytestmark = pytest.mark.timeout(120)
 
+
 async def test_one_model_failing_in_the_start_plan_leaves_the_rest_of_the_plan_running(run_pool):
     # a's engine dies while loading (its supervisor cancels the bring-up); b, later in the plan, still comes up and sleeps
-    demo = run_pool(pool_lab(
-        [sim_model("a", [0], 6, load_s=30, fail_after_s=0.2), sim_model("b", [1], 4)],
-        orchestra={"warm": ["a"], "sleeping": ["b"]},
-    ))
+    demo = run_pool(
+        pool_lab(
+            [sim_model("a", [0], 6, load_s=30, fail_after_s=0.2), sim_model("b", [1], 4)],
+            orchestra={"warm": ["a"], "sleeping": ["b"]},
+        )
+    )
     async with FleetClient(load_lab(demo.lab_path)) as client:
         await client.wait_connected(10)
         a = await settle(client, "a", ("failed",))
@@ -49,14 +52,23 @@ async def test_pool_vram_follows_nvml_per_process_memory_and_a_sleeping_residual
         engine = Engine(model, tmp_path, "box", [0, 1], tmp_path / "big.log")
         engine.proc = proc
         lab = load_lab(one_machine_lab(tmp_path / "lab.yaml"))
-        pool = OrchestraComponent(SimpleNamespace(lab=lab, machine=lab.machine("box")))  # on_telemetry and info read no more of the core
+        pool = OrchestraComponent(
+            SimpleNamespace(lab=lab, machine=lab.machine("box"))
+        )  # on_telemetry and info read no more of the core
         slot = Slot(model=model, path=tmp_path, gpus=[0, 1], state=ModelState.WARM, engine=engine)
         pool.slots["big"] = slot
 
         def sample(held: dict[int, int], simulated: bool = False) -> Telemetry:
-            gpus = [GpuSample(index=i, name="H100", mem_used_bytes=b + GIB, mem_total_bytes=80 * GIB,
-                              processes=[GpuProcess(pid=proc.pid, mem_used_bytes=b), GpuProcess(pid=1, mem_used_bytes=GIB)])
-                    for i, b in held.items()]
+            gpus = [
+                GpuSample(
+                    index=i,
+                    name="H100",
+                    mem_used_bytes=b + GIB,
+                    mem_total_bytes=80 * GIB,
+                    processes=[GpuProcess(pid=proc.pid, mem_used_bytes=b), GpuProcess(pid=1, mem_used_bytes=GIB)],
+                )
+                for i, b in held.items()
+            ]
             return Telemetry(machine="box", t=time.time(), gpus=gpus, simulated=simulated)
 
         assert slot.held_bytes(0) == 10 * GIB  # the estimate: 20 GiB over two GPUs
@@ -89,6 +101,7 @@ async def test_a_corrupt_state_db_is_a_critical_alert_consoles_see(small_demo):
         wait_listening("127.0.0.1", yaml.safe_load(small_demo.lab_path.read_text())["machines"][0]["port"], proc)
         client = await connected(small_demo.lab_path)
         try:
+
             def state_lost() -> list[dict]:
                 return [a for a in client.state.machines["box"].alerts.active if a.rule == "state_lost"]
 
@@ -105,9 +118,23 @@ async def test_a_corrupt_state_db_is_a_critical_alert_consoles_see(small_demo):
 
 
 async def test_kill_9_of_the_agent_while_a_model_loads_is_said_after_the_restart(tmp_path):
-    demo = DemoLab(tmp_path / "run", source=one_machine_lab(tmp_path / "lab.yaml", models=[
-        {"name": "slow", "path": str(tmp_path / "models" / "slow"), "engine": "sim", "machine": "box", "gpus": [0], "vram_gib": 2,
-         "sim": {"load_s": 60, "warmup_s": 0.1, "placeholder_mib": 1}}]))
+    demo = DemoLab(
+        tmp_path / "run",
+        source=one_machine_lab(
+            tmp_path / "lab.yaml",
+            models=[
+                {
+                    "name": "slow",
+                    "path": str(tmp_path / "models" / "slow"),
+                    "engine": "sim",
+                    "machine": "box",
+                    "gpus": [0],
+                    "vram_gib": 2,
+                    "sim": {"load_s": 60, "warmup_s": 0.1, "placeholder_mib": 1},
+                }
+            ],
+        ),
+    )
     demo.start()
     demo.wait_listening()
     demo.stop()  # keys and state in place; the agent runs as a process of this test, to be killed
@@ -119,8 +146,13 @@ async def test_kill_9_of_the_agent_while_a_model_loads_is_said_after_the_restart
         client = await connected(lab_path)
         try:
             await client.call("box", "models.warm", {"model": "slow"})
-            await wait_for(lambda: (m := client.state.machines["box"].models) is not None and any(
-                x.name == "slow" and x.progress is not None and x.progress.phase == "loading" for x in m.models), timeout=30)
+            await wait_for(
+                lambda: (
+                    (m := client.state.machines["box"].models) is not None
+                    and any(x.name == "slow" and x.progress is not None and x.progress.phase == "loading" for x in m.models)
+                ),
+                timeout=30,
+            )
         finally:
             await client.stop()
     finally:
@@ -141,14 +173,15 @@ async def test_kill_9_of_the_agent_while_a_model_loads_is_said_after_the_restart
 
 
 async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_path, caplog, monkeypatch):
-    from agents.agent import Agent
-    from agents.catalogue import CATALOGUE, Method, NoParams
-    from agents.alerts import AlertsComponent
-    from agents.costs import CostsComponent
-    from agents.lab import parse_lab
-    from agents.protocol import Role
-    from agents.rpc import Peer
-    from agents.store import Store
+    from agents.alerts.component import AlertsComponent
+    from agents.costs.component import CostsComponent
+    from agents.runtime.rpc import Peer
+    from agents.runtime.store import Store
+    from agents.shell.agent import Agent
+    from agents.wire.catalogue.index import CATALOGUE
+    from agents.wire.catalogue.method import Method, NoParams
+    from agents.wire.lab.model import parse_lab
+    from agents.wire.protocol import Role
 
     lab = parse_lab("lab: t\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
     agent = Agent(lab, "box", tmp_path, components=lambda core: [CostsComponent(core), AlertsComponent(core)])
@@ -170,7 +203,9 @@ async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_
     # SQLite's own SQLITE_FULL: state.db may not grow by one more page
     pages = agent.store.query("PRAGMA page_count")[0]["page_count"]
     agent.store.query(f"PRAGMA max_page_count = {pages}")
-    answer = await agent.rpc.dispatch(Peer(role=Role.VIEWER, who="test", send=lambda line: None), {"id": 1, "method": "test.write"})
+    answer = await agent.rpc.dispatch(
+        Peer(role=Role.VIEWER, who="test", send=lambda line: None), {"id": 1, "method": "test.write"}
+    )
     assert answer["error"]["code"] == "unavailable" and answer["error"]["message"].startswith("disk full"), answer
     for _ in range(3):
         agent.tick()
@@ -181,8 +216,9 @@ async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_
 
 
 def test_the_gateway_section_is_listed_and_parsed_like_every_other_section():
-    from agents.lab import parse_lab
-    from agents.sections import SECTION_MODELS, GatewaySection
+    from agents.wire.lab.model import parse_lab
+    from agents.wire.sections.gateway import GatewaySection
+    from agents.wire.sections.tick import SECTION_MODELS
     from console.state import MachineView
 
     assert SECTION_MODELS["gateway"] == GatewaySection | None
@@ -196,9 +232,10 @@ def test_the_gateway_section_is_listed_and_parsed_like_every_other_section():
 
 
 def test_provider_budget_alerts_fire_at_80_and_100_percent_from_the_gateway_section():
-    from agents.alerts import AlertEngine
-    from agents.lab import Alerts
-    from agents.sections import GatewaySection, ProviderSpend
+    from agents.alerts.component import AlertEngine
+    from agents.wire.lab.model import Alerts
+    from agents.wire.sections.costs import ProviderSpend
+    from agents.wire.sections.gateway import GatewaySection
 
     engine = AlertEngine(Alerts())
     telemetry = Telemetry(machine="hub", t=1000.0)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from textual_plotext import PlotextPlot
 
-from agents.sections import CheckpointInfo
-
+from agents.wire.sections.checkpoints import CheckpointInfo
 from widgets.wire import visible
 
 MOST_TICKS = 6
@@ -35,17 +35,33 @@ def marker_y(ckpt: CheckpointInfo, loss: Sequence[Point]) -> float | None:
     return before[-1] if before else (loss[0][1] if loss else None)
 
 
-def marker_groups(checkpoints: list[CheckpointInfo], loss: Sequence[Point], selected: int | None) -> list[tuple[str, str, str, list, list]]:
+def marker_groups(
+    checkpoints: list[CheckpointInfo], loss: Sequence[Point], selected: int | None
+) -> list[tuple[str, str, str, list, list]]:
     """(label, marker, colour, steps, ys) per kind of checkpoint, in drawing order (the selected one last, on top)."""
-    kinds = {"saved": ("saved", "dot", "cyan"), "kept": ("kept", "hd", "magenta"), "incomplete": ("incomplete", "x", "red"),
-             "best": ("best", "hd", "green"), "selected": ("selected", "sd", "yellow")}
+    kinds = {
+        "saved": ("saved", "dot", "cyan"),
+        "kept": ("kept", "hd", "magenta"),
+        "incomplete": ("incomplete", "x", "red"),
+        "best": ("best", "hd", "green"),
+        "selected": ("selected", "sd", "yellow"),
+    }
     points: dict[str, tuple[list, list]] = {k: ([], []) for k in kinds}
     for ckpt in checkpoints:
         y = marker_y(ckpt, loss)
         if y is None:
             continue
-        kind = ("selected" if ckpt.step == selected else "incomplete" if not ckpt.complete
-                else "best" if ckpt.is_best else "kept" if ckpt.kept else "saved")
+        kind = (
+            "selected"
+            if ckpt.step == selected
+            else "incomplete"
+            if not ckpt.complete
+            else "best"
+            if ckpt.is_best
+            else "kept"
+            if ckpt.kept
+            else "saved"
+        )
         points[kind][0].append(ckpt.step)
         points[kind][1].append(y)
     return [(*kinds[k], *points[k]) for k in kinds if points[k][0]]
@@ -63,7 +79,14 @@ class CheckpointTimeline(PlotextPlot):
         self._shown: Any = None
         self.shown_curve: Sequence[Point] = ()  # the loss points drawn now
 
-    def show(self, title: str, loss: Sequence[Point], eval_loss: Sequence[Point], checkpoints: list[CheckpointInfo], selected: int | None) -> None:
+    def show(
+        self,
+        title: str,
+        loss: Sequence[Point],
+        eval_loss: Sequence[Point],
+        checkpoints: list[CheckpointInfo],
+        selected: int | None,
+    ) -> None:
         data = (title, loss, eval_loss, [(c.step, c.loss, c.is_best, c.kept, c.complete) for c in checkpoints], selected)
         if data == self._shown:
             return
@@ -82,6 +105,8 @@ class CheckpointTimeline(PlotextPlot):
             plt.scatter(steps, ys, label=label, marker=marker, color=colour)
         steps = [p[0] for p in (*loss, *eval_loss)] + [c.step for c in checkpoints]
         if steps:  # plotext would pick fractional ticks (2.5) for a short run: steps are whole
-            ticks: list[float] = list(step_ticks(int(min(steps)), int(max(steps))))  # plotext's type: whole numbers are drawn whole
+            ticks: list[float] = list(
+                step_ticks(int(min(steps)), int(max(steps)))
+            )  # plotext's type: whole numbers are drawn whole
             plt.xticks(ticks)
         self.refresh()

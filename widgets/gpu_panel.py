@@ -6,8 +6,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-from agents.sections_gpu_support import Verdict
-from agents.protocol import GpuSample
+from agents.wire.protocol import GpuSample
+from agents.wire.sections.gpu_support import Verdict
 from widgets.charts import ScaleChart
 from widgets.format import NA, Thresholds, fmt, fmt_bytes
 from widgets.gpu_row import gpu_line
@@ -62,17 +62,25 @@ class GpuPanel(Vertical):
                     yield Static(label, classes="label")
                     yield ScaleChart(id=f"chart-{key}")
 
-    def show(self, gpu: GpuSample, history: dict[str, list[float]], owner: str | None, limits: Thresholds,
-             support: list[Verdict] | None = None) -> None:
+    def show(
+        self,
+        gpu: GpuSample,
+        history: dict[str, list[float]],
+        owner: str | None,
+        limits: Thresholds,
+        support: list[Verdict] | None = None,
+    ) -> None:
         if not self.is_mounted or not self.children:
             return
         line = self.query_one(".line", Static)
         line.update(gpu_line(gpu, history.get("util_pct", []), owner, limits, width=line.size.width or None))
-        self.query_one(".extra", Static).update(shown(
-            f"fan {fmt(gpu.fan_pct, '.0f', '%')}  SM clock {fmt(gpu.sm_clock_mhz, '.0f', ' MHz')}  "
-            f"power limit {fmt(gpu.power_limit_w, '.0f', ' W')}  uuid {esc(gpu.uuid or NA)}"
-            + ("  [black on yellow] SIM [/]" if gpu.simulated else "")
-            + (f"\n{support_line(gpu, support)}" if support else "")
-        ))
+        self.query_one(".extra", Static).update(
+            shown(
+                f"fan {fmt(gpu.fan_pct, '.0f', '%')}  SM clock {fmt(gpu.sm_clock_mhz, '.0f', ' MHz')}  "
+                f"power limit {fmt(gpu.power_limit_w, '.0f', ' W')}  uuid {esc(gpu.uuid or NA)}"
+                + ("  [black on yellow] SIM [/]" if gpu.simulated else "")
+                + (f"\n{support_line(gpu, support)}" if support else "")
+            )
+        )
         for key, _ in SERIES:
             self.query_one(f"#chart-{key}", ScaleChart).show(history.get(key, []), *chart_scale(key, gpu))

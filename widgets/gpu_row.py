@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from agents.protocol import GpuSample
+from agents.wire.protocol import GpuSample
 from widgets.format import Thresholds, bar, fmt, fmt_bytes, level_colour, spark
 from widgets.wire import safe_text
 
@@ -13,12 +13,27 @@ NAME_WIDTH = 24
 OWNER_MIN = 12  # an owner cut shorter than this says nothing: the line gives up its bars for it first
 # (sparkline, bar, GPU name) widths, widest first: a narrow line drops the sparkline, then shrinks the bars, then the
 # name; utilisation %, VRAM, temperature and power always stay
-LAYOUTS = ((SPARK_WIDTH, 8, NAME_WIDTH), (0, 8, NAME_WIDTH), (0, 6, NAME_WIDTH), (0, 4, NAME_WIDTH), (0, 0, NAME_WIDTH),
-           (0, 0, 16), (0, 0, 10))
+LAYOUTS = (
+    (SPARK_WIDTH, 8, NAME_WIDTH),
+    (0, 8, NAME_WIDTH),
+    (0, 6, NAME_WIDTH),
+    (0, 4, NAME_WIDTH),
+    (0, 0, NAME_WIDTH),
+    (0, 0, 16),
+    (0, 0, 10),
+)
 
 
-def gpu_line(gpu: GpuSample, util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False,
-             width: int | None = None, layout: int | None = None, name_cap: int = NAME_WIDTH) -> Text:
+def gpu_line(
+    gpu: GpuSample,
+    util_history: list[float],
+    owner: str | None,
+    limits: Thresholds,
+    stale: bool = False,
+    width: int | None = None,
+    layout: int | None = None,
+    name_cap: int = NAME_WIDTH,
+) -> Text:
     """One GPU as a line of at most `width` cells (None: as wide as it likes); `stale` (its machine is offline) greys it out.
 
     `layout` (an index into LAYOUTS) forces one, so that a card's lines keep their columns aligned; by default the
@@ -37,7 +52,7 @@ def gpu_line(gpu: GpuSample, util_history: list[float], owner: str | None, limit
         if room < _owner_room(owner):
             owner_part = ""
         elif len(owner_part) > room:
-            owner_part = owner_part[:room - 1] + "…"
+            owner_part = owner_part[: room - 1] + "…"
     if owner_part and not gpu.failed:
         line.append(owner_part, style="magenta")
     if width is not None:
@@ -69,17 +84,19 @@ def fit_layout(gpu: GpuSample, owner: str | None, width: int, name_cap: int = NA
     return next((i for i, cells in enumerate(used) if cells <= width), len(LAYOUTS) - 1)
 
 
-def _line(gpu: GpuSample, util_history: list[float], limits: Thresholds, spark_width: int, bar_width: int, name_width: int) -> Text:
+def _line(
+    gpu: GpuSample, util_history: list[float], limits: Thresholds, spark_width: int, bar_width: int, name_width: int
+) -> Text:
     """The line without its owner, in one layout."""
     line = Text()
-    name = gpu.name if len(gpu.name) <= name_width else gpu.name[:name_width - 1] + "…"
+    name = gpu.name if len(gpu.name) <= name_width else gpu.name[: name_width - 1] + "…"
     line.append(f"gpu{gpu.index} {name:<{name_width}}", style="bold")
     if gpu.failed:
         line.append(f"  FAILED: {gpu.failed}", style="bold red")
         return line
     util = gpu.util_pct
     line.append(f" {bar(util, bar_width)} " if bar_width else " ", style="cyan")
-    line.append(fmt(util, '>3.0f', '%') + (" " if spark_width else ""), style="bold cyan")
+    line.append(fmt(util, ">3.0f", "%") + (" " if spark_width else ""), style="bold cyan")
     if spark_width:
         line.append(spark(util_history, spark_width, 0, 100), style="cyan")
     used, total = gpu.mem_used_bytes, gpu.mem_total_bytes
@@ -88,7 +105,9 @@ def _line(gpu: GpuSample, util_history: list[float], limits: Thresholds, spark_w
     line.append("  VRAM ", style="dim")
     if bar_width:
         line.append(bar(vram_pct, bar_width), style=vram_style)
-    line.append(f"{' ' if bar_width else ''}{fmt_bytes(used):>6}/{fmt_bytes(total):<6}{fmt(vram_pct, '>3.0f', '%')}", style=vram_style)
+    line.append(
+        f"{' ' if bar_width else ''}{fmt_bytes(used):>6}/{fmt_bytes(total):<6}{fmt(vram_pct, '>3.0f', '%')}", style=vram_style
+    )
     temp = gpu.temp_c
     line.append(f"  {fmt(temp, '>3.0f', '°C')}", style=level_colour(temp, limits.temp_warn_c, limits.temp_alert_c))
     power, limit = gpu.power_w, gpu.power_limit_w
@@ -113,7 +132,17 @@ class GpuLines:
 
     def show(self, gpu: GpuSample, util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False) -> bool:
         """Update one GPU's line; True when it (or, through the card's layout, another) changed."""
-        shown = (gpu.index, gpu.name, gpu.failed, gpu.util_pct, gpu.mem_used_bytes, gpu.mem_total_bytes, gpu.temp_c, gpu.power_w, gpu.power_limit_w)
+        shown = (
+            gpu.index,
+            gpu.name,
+            gpu.failed,
+            gpu.util_pct,
+            gpu.mem_used_bytes,
+            gpu.mem_total_bytes,
+            gpu.temp_c,
+            gpu.power_w,
+            gpu.power_limit_w,
+        )
         key = (shown, tuple(util_history[-SPARK_WIDTH:]), owner, limits, stale)
         if self._keys.get(gpu.index) == key:
             return False
@@ -127,7 +156,11 @@ class GpuLines:
             self.fit(width)
             return True
         fitted_for = self._fitted_for.get(gpu.index)
-        if self.width is not None and fitted_for != (gpu.name, gpu.failed, owner):  # the figures are fixed-width: only these move it
+        if self.width is not None and fitted_for != (
+            gpu.name,
+            gpu.failed,
+            owner,
+        ):  # the figures are fixed-width: only these move it
             self._fitted_for[gpu.index] = (gpu.name, gpu.failed, owner)
             self._layouts[gpu.index] = fit_layout(gpu, owner, self.width, self.name_cap)
         if not self._relayout():
@@ -139,7 +172,9 @@ class GpuLines:
         if width == self.width:
             return False
         self.width = width
-        self._layouts = {} if width is None else {i: fit_layout(args[0], args[2], width, self.name_cap) for i, args in self._args.items()}
+        self._layouts = (
+            {} if width is None else {i: fit_layout(args[0], args[2], width, self.name_cap) for i, args in self._args.items()}
+        )
         self._fitted_for = {i: (args[0].name, args[0].failed, args[2]) for i, args in self._args.items()}
         self.layout = None
         self._relayout()

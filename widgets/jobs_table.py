@@ -6,8 +6,8 @@ from typing import Any
 
 from rich.text import Text
 
-from agents.sections import JobInfo
-from agents.states import JOB_ACTIVE, JobState
+from agents.wire.sections.jobs import JobInfo
+from agents.wire.states import JOB_ACTIVE, JobState
 from widgets.format import NA, fmt, fmt_duration, spark
 from widgets.live_table import LiveTable
 
@@ -21,9 +21,17 @@ STATE_STYLES = {
 }
 SPARK_WIDTH = 16
 COLUMNS = [
-    ("job", "JOB", 8), ("recipe", "RECIPE", 12), ("machine", "MACHINE", 10), ("gpus", "GPUS", 11), ("precision", "PREC", 4),
-    ("state", "STATE", 19), ("step", "STEP", 15), ("loss", "LOSS", SPARK_WIDTH + 8), ("speed", "SAMPLES/S", 9),
-    ("eta", "ETA", 7), ("elapsed", "ELAPSED", 8),
+    ("job", "JOB", 8),
+    ("recipe", "RECIPE", 12),
+    ("machine", "MACHINE", 10),
+    ("gpus", "GPUS", 11),
+    ("precision", "PREC", 4),
+    ("state", "STATE", 19),
+    ("step", "STEP", 15),
+    ("loss", "LOSS", SPARK_WIDTH + 8),
+    ("speed", "SAMPLES/S", 9),
+    ("eta", "ETA", 7),
+    ("elapsed", "ELAPSED", 8),
 ]
 # narrow: these go, in this order (100 columns keep where a job runs and its loss, 80 where it runs; 160 every column)
 DROP = ("precision", "gpus", "elapsed", "speed", "recipe", "loss", "machine", "eta")

@@ -33,9 +33,15 @@ class HeaderFigures:
 def header_text(figures: HeaderFigures, width: int | None = None) -> Text:
     """The header line; in a narrow terminal the figures shorten, then the cost keeps only its rate, then it goes, then the
     lab's name: the clock stays."""
-    clock = time.strftime('%H:%M:%S', time.localtime(figures.now))
+    clock = time.strftime("%H:%M:%S", time.localtime(figures.now))
     # the cost stays longest in its short form (the rate per hour): at 100 columns the header still says what the lab costs
-    for cost, short, lab in (("full", False, True), ("full", True, True), ("short", True, True), (None, True, True), (None, True, False)):
+    for cost, short, lab in (
+        ("full", False, True),
+        ("full", True, True),
+        ("short", True, True),
+        (None, True, True),
+        (None, True, False),
+    ):
         line = _left(figures, cost, short, lab)
         if width is None or line.cell_len + len(clock) + 2 <= width:
             break
@@ -63,14 +69,18 @@ def _left(figures: HeaderFigures, cost: str | None, short: bool, lab: bool) -> T
         line.append(f" {figures.lab} ", style="bold")
     line.append(f"· {figures.view} ", style="italic")
     online, machines = figures.online, figures.machines
-    line.append(f"· {online}/{machines} {'online' if short else 'machines online'} ", style="green" if online == machines else "bold red")
+    line.append(
+        f"· {online}/{machines} {'online' if short else 'machines online'} ", style="green" if online == machines else "bold red"
+    )
     vram = f"{figures.vram_bytes / GIB:.0f}"
     line.append(f"· {figures.gpus} GPUs {vram}G " if short else f"· {figures.gpus} GPUs · {vram} GiB VRAM ")
     if figures.simulated:
         line.append(" SIM ", style="bold black on yellow")
     if figures.failed:
-        line.append(f" {figures.failed} FAILED " if short else f" {figures.failed} SECTION{'S' if figures.failed > 1 else ''} FAILED ",
-                    style="bold white on red")
+        line.append(
+            f" {figures.failed} FAILED " if short else f" {figures.failed} SECTION{'S' if figures.failed > 1 else ''} FAILED ",
+            style="bold white on red",
+        )
     if figures.readonly:
         line.append(" RO " if short else " READ-ONLY ", style="bold white on blue")
     if cost and figures.cost:

@@ -3,7 +3,8 @@ columns that do not fit a narrow table drop by priority."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from textual.events import Resize
 from textual.widgets import DataTable
@@ -26,8 +27,14 @@ class LiveTable(DataTable):
     DROP: tuple[str, ...] = ()
     REST_MIN_WIDTH = REST_MIN
 
-    def __init__(self, columns: Sequence[Column] | None = None, cells: Callable[[Any], tuple] | None = None,
-                 drop: tuple[str, ...] | None = None, rest_min: int | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        columns: Sequence[Column] | None = None,
+        cells: Callable[[Any], tuple] | None = None,
+        drop: tuple[str, ...] | None = None,
+        rest_min: int | None = None,
+        **kwargs,
+    ) -> None:
         """``rest_min``: the width the column "for the rest" needs (default REST_MIN_WIDTH); columns in the drop order go
         until it has that much."""
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
@@ -102,7 +109,7 @@ class LiveTable(DataTable):
             self.remove_row(key)
             del self._shown[key]
         kept = list(self._shown)
-        if list(wanted)[:len(kept)] != kept:  # rows moved: rebuild in order (rare: a new job on top, a resort)
+        if list(wanted)[: len(kept)] != kept:  # rows moved: rebuild in order (rare: a new job on top, a resort)
             self._rebuild(wanted)
             return
         keys = [self.column_spec[i][0] for i in self.shown_columns]

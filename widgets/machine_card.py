@@ -8,7 +8,7 @@ from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Static
 
-from agents.protocol import GpuSample, HostSample, LinkStatus
+from agents.wire.protocol import GpuSample, HostSample, LinkStatus
 from widgets.format import Thresholds, bar, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_row import GpuLines
 from widgets.wire import safe_text, shown
@@ -17,8 +17,18 @@ from widgets.wire import safe_text, shown
 HeaderArgs = tuple[str, str, LinkStatus, str | None, float | None, HostSample, bool, list[str], float]
 
 
-def header_line(name: str, role: str, link: LinkStatus, error: str | None, last_seen: float | None,
-                host: HostSample, simulated: bool, badges: list[str], now: float, width: int | None = None) -> Text:
+def header_line(
+    name: str,
+    role: str,
+    link: LinkStatus,
+    error: str | None,
+    last_seen: float | None,
+    host: HostSample,
+    simulated: bool,
+    badges: list[str],
+    now: float,
+    width: int | None = None,
+) -> Text:
     """The card's first line; the host figures that do not fit `width` (None: no limit) drop, load first, then disk, then RAM.
     Text, never markup; control characters in the agent's strings (role, error, badges) shown visibly."""
     line = Text()
@@ -30,16 +40,22 @@ def header_line(name: str, role: str, link: LinkStatus, error: str | None, last_
     for badge in badges:
         line.append(f"  {badge}", style="bold white on red")
     if link != LinkStatus.ONLINE:
-        label = {LinkStatus.CONNECTING: "CONNECTING", LinkStatus.UNTRUSTED: "UNTRUSTED HOST KEY", LinkStatus.REFUSED: "REFUSED"}.get(link, "OFFLINE")
+        label = {
+            LinkStatus.CONNECTING: "CONNECTING",
+            LinkStatus.UNTRUSTED: "UNTRUSTED HOST KEY",
+            LinkStatus.REFUSED: "REFUSED",
+        }.get(link, "OFFLINE")
         line.append(f"  {label}", style="bold red" if link != LinkStatus.CONNECTING else "yellow")
         line.append(f"  last seen {fmt_ago(last_seen, now)}", style="dim")
         if error:
             line.append(f"\n  {error}", style="red")
         return safe_text(line)
     line.append("  ● online", style="green")
-    figures = [f"   CPU {bar(host.cpu_pct, 6)} {fmt(host.cpu_pct, '>3.0f', '%')}",
-               f"   RAM {fmt_bytes(host.ram_used_bytes)}/{fmt_bytes(host.ram_total_bytes)}",
-               f"   disk {fmt_bytes(host.disk_used_bytes)}/{fmt_bytes(host.disk_total_bytes)}"]
+    figures = [
+        f"   CPU {bar(host.cpu_pct, 6)} {fmt(host.cpu_pct, '>3.0f', '%')}",
+        f"   RAM {fmt_bytes(host.ram_used_bytes)}/{fmt_bytes(host.ram_total_bytes)}",
+        f"   disk {fmt_bytes(host.disk_used_bytes)}/{fmt_bytes(host.disk_total_bytes)}",
+    ]
     if host.load_1 is not None:
         figures.append(f"   load {host.load_1:.2f}")
     room = None if width is None else width - line.cell_len
@@ -99,11 +115,28 @@ class MachineCard(Vertical, can_focus=True):
         if header != self.header:
             lines_before = None if self.header is None else self.header.plain.count("\n")
             self.header = header
-            self._header.update(header, layout=relayout or header.plain.count("\n") != lines_before)  # relayout only when its height changes
+            self._header.update(
+                header, layout=relayout or header.plain.count("\n") != lines_before
+            )  # relayout only when its height changes
 
-    def show(self, *, version: int | None = None, role: str, link: LinkStatus, error: str | None, last_seen: float | None, host: HostSample,
-             gpus: dict[int, GpuSample], util_history: dict[int, list[float]], owners: dict[int, str],
-             simulated: bool, gpu_status: str | None, limits: Thresholds, now: float, badges: list[str] | None = None) -> None:
+    def show(
+        self,
+        *,
+        version: int | None = None,
+        role: str,
+        link: LinkStatus,
+        error: str | None,
+        last_seen: float | None,
+        host: HostSample,
+        gpus: dict[int, GpuSample],
+        util_history: dict[int, list[float]],
+        owners: dict[int, str],
+        simulated: bool,
+        gpu_status: str | None,
+        limits: Thresholds,
+        now: float,
+        badges: list[str] | None = None,
+    ) -> None:
         self.shown_version = version
         self._header_args = (self.machine, role, link, error, last_seen, host, simulated, badges or [], now)
         self._show_header(header_line(*self._header_args, width=self._width))

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.text import Text
 
-from agents.sections import ModelInfo
+from agents.wire.sections.models import ModelInfo
 from widgets.format import NA, fmt, fmt_gib, fmt_gpus
 from widgets.live_table import LiveTable
 
@@ -20,9 +20,19 @@ STATE_STYLES = {
     "failed": "bold red",
 }
 COLUMNS = [
-    ("model", "MODEL", 20), ("machine", "MACHINE", 11), ("gpus", "GPUS", 5), ("engine", "ENGINE", 16),
-    ("state", "STATE", None), ("vram", "VRAM", 5), ("requests", "RUN/WAIT", 8), ("tokens", "TOK/S", 6),
-    ("kv", "KV", 4), ("load", "LOAD", 6), ("warmup", "WARM-UP", 7), ("wake", "WAKE", 5), ("ram", "RAM", 5),
+    ("model", "MODEL", 20),
+    ("machine", "MACHINE", 11),
+    ("gpus", "GPUS", 5),
+    ("engine", "ENGINE", 16),
+    ("state", "STATE", None),
+    ("vram", "VRAM", 5),
+    ("requests", "RUN/WAIT", 8),
+    ("tokens", "TOK/S", 6),
+    ("kv", "KV", 4),
+    ("load", "LOAD", 6),
+    ("warmup", "WARM-UP", 7),
+    ("wake", "WAKE", 5),
+    ("ram", "RAM", 5),
 ]
 # in a narrow terminal the timings go first, then KV, the engine, the GPUs and the tokens/s: name, machine, state, VRAM
 # and the live load stay at 80 columns (where a model runs is what a split pane asks first)

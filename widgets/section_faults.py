@@ -9,7 +9,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from agents.sections import SectionFault
+from agents.wire.sections.base import SectionFault
 from widgets.wire import safe_text
 
 

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 from agents.checkpoints.catalog import RunCatalog
 from agents.checkpoints.discovery import Run
 from agents.checkpoints.parsing import CHECKPOINT_RE, Checkpoint
-from agents.core import AgentCore
 from agents.jobs.port import JobsPort
-from agents.protocol import ErrorCode, RemoteError
-from agents.rpc import Peer
+from agents.runtime.core import AgentCore
+from agents.runtime.rpc import Peer
+from agents.wire.protocol import ErrorCode, RemoteError
 
 if TYPE_CHECKING:
-    from agents.catalogue import DeleteParams, KeepParams, PruneParams, ResumeParams
+    from agents.wire.catalogue.checkpoints import DeleteParams, KeepParams, PruneParams, ResumeParams
 
 log = logging.getLogger("cetlab.checkpoints")
 
@@ -47,8 +47,11 @@ class CheckpointActions:
     def _refuse_linked(run: Run) -> None:
         """A run reached through a symlink lives outside the watched folders: cetlab deletes nothing there."""
         if run.link is not None:
-            raise RemoteError(ErrorCode.CONFLICT, f"run {run.name} is the symlink {run.link} -> {run.path}, outside the watched folders; "
-                              "cetlab does not delete through symlinks: delete there by hand")
+            raise RemoteError(
+                ErrorCode.CONFLICT,
+                f"run {run.name} is the symlink {run.link} -> {run.path}, outside the watched folders; "
+                "cetlab does not delete through symlinks: delete there by hand",
+            )
 
     def _forget(self, paths: list[str]) -> None:
         with self.core.store.transaction() as db:
@@ -63,8 +66,12 @@ class CheckpointActions:
             raise RemoteError(ErrorCode.CONFLICT, f"checkpoint {ckpt.step} of {run.name} is in use: {ckpt.in_use}")
         special = [w for w, flag in (("the best", ckpt.is_best), ("the newest", ckpt.newest)) if flag]
         if special and not params.confirm_special:
-            raise RemoteError(ErrorCode.CONFLICT, f"checkpoint {ckpt.step} is {' and '.join(special)} of run {run.name}; "
-                              "confirm to delete it anyway (confirm_special / --force)", {"special": special})
+            raise RemoteError(
+                ErrorCode.CONFLICT,
+                f"checkpoint {ckpt.step} is {' and '.join(special)} of run {run.name}; "
+                "confirm to delete it anyway (confirm_special / --force)",
+                {"special": special},
+            )
         try:
             await asyncio.to_thread(self._delete_path, run, ckpt)
         except OSError as exc:
@@ -79,7 +86,7 @@ class CheckpointActions:
         run = await self.catalog.run(params.run)
         self._refuse_linked(run)
         complete = [c for c in run.checkpoints if c.complete]
-        last = {c.path for c in complete[-params.keep_last:]} if params.keep_last else set()
+        last = {c.path for c in complete[-params.keep_last :]} if params.keep_last else set()
         kept: list[dict[str, Any]] = []
         deleted: list[dict[str, Any]] = []
         skipped: list[dict[str, Any]] = []
@@ -99,16 +106,32 @@ class CheckpointActions:
                 deleted.append(ckpt.to_json())
         self._forget([c["path"] for c in deleted])
         freed = sum(c["size_bytes"] for c in deleted)
-        self.catalog.event(run, None, "prune", peer.who, {"keep_last": params.keep_last, "deleted": [c["step"] for c in deleted], "freed_bytes": freed})
+        self.catalog.event(
+            run,
+            None,
+            "prune",
+            peer.who,
+            {"keep_last": params.keep_last, "deleted": [c["step"] for c in deleted], "freed_bytes": freed},
+        )
         log.info("%s pruned run %s: deleted steps %s", peer.who, run.name, [c["step"] for c in deleted])
         await self.catalog.rescan()
-        return {"run": run.name, "keep_last": params.keep_last, "deleted": deleted, "kept": kept, "skipped": skipped, "freed_bytes": freed}
+        return {
+            "run": run.name,
+            "keep_last": params.keep_last,
+            "deleted": deleted,
+            "kept": kept,
+            "skipped": skipped,
+            "freed_bytes": freed,
+        }
 
     async def keep(self, peer: Peer, params: KeepParams) -> dict[str, Any]:
         run = await self.catalog.run(params.run)
         ckpt = run.by_step(params.step)
         with self.core.store.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO checkpoint_flags (path, kept, t) VALUES (?, ?, ?)", (ckpt.path, int(params.kept), time.time()))
+            db.execute(
+                "INSERT OR REPLACE INTO checkpoint_flags (path, kept, t) VALUES (?, ?, ?)",
+                (ckpt.path, int(params.kept), time.time()),
+            )
         (self.catalog.kept.add if params.kept else self.catalog.kept.discard)(ckpt.path)
         self.catalog.event(run, ckpt, "keep" if params.kept else "unkeep", peer.who)
         await self.catalog.rescan()
@@ -119,11 +142,17 @@ class CheckpointActions:
         jobs = self.core.find(JobsPort)
         recipe = next((r for r in self.core.lab.trainers if r.name == run.recipe and r.machine == self.core.machine.name), None)
         if jobs is None or recipe is None:
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"run {run.name} was not started from a recipe of {self.core.machine.name}; "
-                              f"resume it with its own trainer (--resume-from-checkpoint {ckpt.path})")
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE,
+                f"run {run.name} was not started from a recipe of {self.core.machine.name}; "
+                f"resume it with its own trainer (--resume-from-checkpoint {ckpt.path})",
+            )
         if not any(p.name == RESUME_PARAM for p in recipe.params):
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"recipe {recipe.name} declares no {RESUME_PARAM} param; add "
-                              f"{{name: {RESUME_PARAM}, type: str}} to its params in lab.yaml (cetlab-train takes --resume-from-checkpoint)")
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE,
+                f"recipe {recipe.name} declares no {RESUME_PARAM} param; add "
+                f"{{name: {RESUME_PARAM}, type: str}} to its params in lab.yaml (cetlab-train takes --resume-from-checkpoint)",
+            )
         previous = jobs.view(run.job).params if run.job else {}
         values = {**{k: v for k, v in previous.items() if k != RESUME_PARAM}, **params.params, RESUME_PARAM: ckpt.path}
         job = await jobs.launch(recipe.name, values)  # a multi-node recipe starts again over the same nodes

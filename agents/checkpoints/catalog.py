@@ -11,13 +11,13 @@ from typing import Any
 from agents.checkpoints.discovery import Run, Scanner
 from agents.checkpoints.parsing import Checkpoint
 from agents.checkpoints.records import ServedRecords
-from agents.core import AgentCore
 from agents.jobs.port import JobsPort, JobView
 from agents.orchestra.port import ModelsPort
-from agents.protocol import ErrorCode, RemoteError
-from agents.sections import RunSummary
-from agents.served import SERVE_PREPARING, is_served
-from agents.states import ModelState
+from agents.runtime.core import AgentCore
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.checkpoints import RunSummary
+from agents.wire.served import SERVE_PREPARING, is_served
+from agents.wire.states import ModelState
 
 
 class RunCatalog:
@@ -77,24 +77,33 @@ class RunCatalog:
                     served = record.serving
                     view = pool.find_view(served.model) if pool is not None else None
                     # the serve's own steps (merging, converting) and its failure are its record's; after them, the model's state
-                    state = view.state if view is not None and served.state not in SERVE_PREPARING | {ModelState.FAILED} else served.state
+                    state = (
+                        view.state
+                        if view is not None and served.state not in SERVE_PREPARING | {ModelState.FAILED}
+                        else served.state
+                    )
                     if served.mode == "adapter" and view is not None and view.engine_serial != record.engine_serial:
                         state = "unloaded"  # the engine restarted: the adapter is gone from it
                     ckpt.serving = served.model_copy(update={"state": state})
-                    if is_served(ckpt.serving):  # the one answer the console and the CLI give (agents/served.py)
+                    if is_served(ckpt.serving):  # the one answer the console and the CLI give (agents/wire/served.py)
                         ckpt.in_use = f"served by model {served.model} ({state})"
                 for job in active:
                     if ckpt.path in job.argv:
                         ckpt.in_use = f"job {job.id} resumed from it and is {job.state}"
                     elif ckpt.newest and Path(job.output_dir).resolve() == run.path:
-                        ckpt.in_use = f"job {job.id} is still training this run ({job.state}); its newest checkpoint is its restart point"
+                        ckpt.in_use = (
+                            f"job {job.id} is still training this run ({job.state}); its newest checkpoint is its restart point"
+                        )
 
     async def run(self, name: str) -> Run:
         await self.rescan()
         run = self.runs.get(name)
         if run is None:
             names = ", ".join(self.runs) or "none"
-            raise RemoteError(ErrorCode.NOT_FOUND, f"no run {name!r} on {self.core.machine.name} (runs here: {names}); runs are named by job id or output folder")
+            raise RemoteError(
+                ErrorCode.NOT_FOUND,
+                f"no run {name!r} on {self.core.machine.name} (runs here: {names}); runs are named by job id or output folder",
+            )
         return run
 
     async def complete(self, run_name: str, step: int) -> tuple[Run, Checkpoint]:
@@ -102,14 +111,25 @@ class RunCatalog:
         run = await self.run(run_name)
         ckpt = run.by_step(step)
         if not ckpt.complete:
-            raise RemoteError(ErrorCode.CONFLICT, f"checkpoint {ckpt.step} of {run.name} is incomplete ({ckpt.problem}); pick a complete one")
+            raise RemoteError(
+                ErrorCode.CONFLICT, f"checkpoint {ckpt.step} of {run.name} is incomplete ({ckpt.problem}); pick a complete one"
+            )
         return run, ckpt
 
     def event(self, run: Run, ckpt: Checkpoint | None, event: str, who: str, detail: Any = None) -> None:
         with self.core.store.transaction() as db:
-            db.execute("INSERT INTO checkpoint_events (t, run, step, path, event, who, detail) VALUES (?,?,?,?,?,?,?)",
-                       (time.time(), run.name, ckpt.step if ckpt else None, ckpt.path if ckpt else None, event, who,
-                        None if detail is None else json.dumps(detail)))
+            db.execute(
+                "INSERT INTO checkpoint_events (t, run, step, path, event, who, detail) VALUES (?,?,?,?,?,?,?)",
+                (
+                    time.time(),
+                    run.name,
+                    ckpt.step if ckpt else None,
+                    ckpt.path if ckpt else None,
+                    event,
+                    who,
+                    None if detail is None else json.dumps(detail),
+                ),
+            )
 
 
 def resolved(core: AgentCore, path: str) -> Path:

@@ -13,12 +13,12 @@ import logging
 from agents.checkpoints.actions import CheckpointActions
 from agents.checkpoints.catalog import RunCatalog
 from agents.checkpoints.discovery import Run
+from agents.checkpoints.methods import register
 from agents.checkpoints.records import ServedRecords
-from agents.checkpoints.rpc import register
 from agents.checkpoints.serving import CheckpointServing
-from agents.core import AgentCore
-from agents.protocol import Telemetry
-from agents.sections import RunSummary
+from agents.runtime.core import AgentCore
+from agents.wire.protocol import Telemetry
+from agents.wire.sections.checkpoints import RunSummary
 
 log = logging.getLogger("cetlab.checkpoints")
 

@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents.checkpoints.parsing import CHECKPOINT_RE, Checkpoint, mark_best, read_checkpoint
-from agents.documents import BadDocument, Progress, load_progress
 from agents.jobs.port import JobView
-from agents.protocol import ErrorCode, RemoteError
-from agents.sections import CheckpointReport, RunSummary
-from agents.states import JobState
+from agents.wire.documents import BadDocument, Progress, load_progress
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.checkpoints import RunSummary
+from agents.wire.sections.jobs import CheckpointReport
+from agents.wire.states import JobState
 
 log = logging.getLogger("cetlab.checkpoints")
 
@@ -137,13 +138,21 @@ class Scanner:
                     if sub.is_symlink():
                         links.setdefault(sub.resolve(), sub)
         paths = sorted(found)
-        names = unique_names([safe_name(jobs[p].id if p in jobs else links.get(p, p).name) for p in paths])  # a link: the name it has here
+        names = unique_names(
+            [safe_name(jobs[p].id if p in jobs else links.get(p, p).name) for p in paths]
+        )  # a link: the name it has here
         runs: dict[str, Run] = {}
         seen: set[str] = set()
         for path, name in zip(paths, names):
             job = jobs.get(path)
-            run = Run(name=name, path=path, job=job.id if job else None, recipe=job.recipe if job else found[path],
-                      job_state=job.state if job else None, link=links.get(path))
+            run = Run(
+                name=name,
+                path=path,
+                job=job.id if job else None,
+                recipe=job.recipe if job else found[path],
+                job_state=job.state if job else None,
+                link=links.get(path),
+            )
             reports = self._reports(run, job)
             for folder in sorted(checkpoint_dirs(path), key=lambda p: (folder_step(p), p.name)):
                 seen.add(str(folder))
@@ -173,7 +182,12 @@ class Scanner:
         cached = self._cache.get(str(folder))
         # a folder read while young may still be written to in place, which its mtime does not show
         written_at = cached[2].written_at if cached is not None else None
-        if cached is not None and written_at is not None and cached[0] == stat.st_mtime_ns and cached[1] - written_at >= self.settle_s:
+        if (
+            cached is not None
+            and written_at is not None
+            and cached[0] == stat.st_mtime_ns
+            and cached[1] - written_at >= self.settle_s
+        ):
             ckpt = cached[2]
         else:
             ckpt = read_checkpoint(run, folder, self.settle_s, now, reported)

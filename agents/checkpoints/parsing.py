@@ -10,9 +10,9 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from agents.documents import BadDocument, LogRow, TrainerState, load_trainer_state
-from agents.safe_read import ADAPTER_CONFIG_MAX_BYTES, read_capped
-from agents.sections import CheckpointInfo
+from agents.wire.documents import BadDocument, LogRow, TrainerState, load_trainer_state
+from agents.wire.safe_read import ADAPTER_CONFIG_MAX_BYTES, read_capped
+from agents.wire.sections.checkpoints import CheckpointInfo
 
 CHECKPOINT_RE = re.compile(r"^(tmp-)?checkpoint-(\d+)$")
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")
@@ -116,7 +116,13 @@ def read_checkpoint(run: str, path: Path, settle_s: float, now: float, reported:
     if len(mtimes) > 1:
         ckpt.save_s, ckpt.save_s_from = round(max(mtimes) - min(mtimes), 3), "file_times"
     names = set(os.listdir(path)) if path.is_dir() else set()
-    ckpt.kind = "adapter" if names & set(ADAPTER_FILES) else "full" if (names & set(FULL_FILES) or any(n.startswith("model-") for n in names)) else "unknown"
+    ckpt.kind = (
+        "adapter"
+        if names & set(ADAPTER_FILES)
+        else "full"
+        if (names & set(FULL_FILES) or any(n.startswith("model-") for n in names))
+        else "unknown"
+    )
     ckpt.has_optimizer = bool(names & set(OPTIMIZER_FILES))
     adapter_problem = None
     if ckpt.kind == "adapter":
@@ -143,7 +149,9 @@ def read_checkpoint(run: str, path: Path, settle_s: float, now: float, reported:
         ckpt.problem = "no model or adapter weights in it"
     age_s = now - ckpt.written_at
     if match and match.group(1):
-        ckpt.problem = "save in progress (temporary folder)" if age_s < settle_s else "left over from an interrupted save (temporary folder)"
+        ckpt.problem = (
+            "save in progress (temporary folder)" if age_s < settle_s else "left over from an interrupted save (temporary folder)"
+        )
     elif age_s < settle_s and not reported:
         ckpt.problem = f"save in progress (written {max(0.0, age_s):.0f} s ago)"
     ckpt.complete = ckpt.problem is None

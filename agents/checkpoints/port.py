@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from agents.sections import RunSummary
+    from agents.wire.sections.checkpoints import RunSummary
 
 
 @runtime_checkable

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agents.sections import Serving
+from agents.wire.sections.models import Serving
 
 
 @dataclass

@@ -7,24 +7,26 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from agents.checkpoints.catalog import RunCatalog
 from agents.checkpoints.discovery import Run, safe_name
 from agents.checkpoints.parsing import Checkpoint
 from agents.checkpoints.records import ServedRecord, ServedRecords
-from agents.core import AgentCore
-from agents.lab import Model
 from agents.orchestra.port import ModelsPort, ModelView
-from agents.events import Notice
-from agents.protocol import ErrorCode, RemoteError
-from agents.rpc import Peer
-from agents.sections import Serving, ServingMode
-from agents.states import MODEL_ENGINE_UP, ModelState
+from agents.runtime.core import AgentCore
+from agents.runtime.rpc import Peer
+from agents.wire.events import Notice
+from agents.wire.lab.model import Model
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.base import ServingMode
+from agents.wire.sections.models import Serving
+from agents.wire.states import MODEL_ENGINE_UP, ModelState
 
 if TYPE_CHECKING:
-    from agents.catalogue import ServeParams
+    from agents.wire.catalogue.checkpoints import ServeParams
 
 log = logging.getLogger("cetlab.checkpoints")
 
@@ -49,9 +51,11 @@ def merge_adapter(base: str, adapter: str, out: str) -> None:
 
 def gguf_adapter_refusal(model: str, engine: str, why: str) -> str:
     """Why a trained (PEFT) adapter cannot be served on a llama.cpp model, and what can serve it."""
-    return (f"{model} runs engine {engine}, which loads only GGUF adapters, at start (--lora); this PEFT adapter was not "
-            f"converted ({why}). Serve it on a vllm model of the same base (--model), or merged on the CPU with "
-            "transformers (leave --model out)")
+    return (
+        f"{model} runs engine {engine}, which loads only GGUF adapters, at start (--lora); this PEFT adapter was not "
+        f"converted ({why}). Serve it on a vllm model of the same base (--model), or merged on the CPU with "
+        "transformers (leave --model out)"
+    )
 
 
 class CheckpointServing:
@@ -90,8 +94,11 @@ class CheckpointServing:
                 named = target
             base = str(named.path) if named is not None else ckpt.base_model
             if not base or not Path(base).is_dir():
-                raise RemoteError(ErrorCode.UNAVAILABLE, f"the adapter's base model {base!r} is not a folder on {self.core.machine.name}; "
-                                  "name a warm model of the same base with --model")
+                raise RemoteError(
+                    ErrorCode.UNAVAILABLE,
+                    f"the adapter's base model {base!r} is not a folder on {self.core.machine.name}; "
+                    "name a warm model of the same base with --model",
+                )
             return self._start_runtime(peer, run, ckpt, pool, template=named, merge_base=base, why_merged=why_merged)
         if ckpt.kind == "full":
             return self._start_runtime(peer, run, ckpt, pool, template=named, merge_base=None)
@@ -99,18 +106,38 @@ class CheckpointServing:
 
     async def _load_adapter(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: ModelsPort, slot: ModelView) -> dict[str, Any]:
         if slot.state != ModelState.WARM or slot.engine_serial is None:
-            raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is {slot.state}; warm it first (`cetlab warm {slot.name}`), then serve the adapter")
+            raise RemoteError(
+                ErrorCode.CONFLICT,
+                f"{slot.name} is {slot.state}; warm it first (`cetlab warm {slot.name}`), then serve the adapter",
+            )
         name = safe_name(f"{run.name}-step{ckpt.step}")
         await pool.load_adapter(slot.name, name, ckpt.path)
         self._record(ckpt.path, slot.name, "adapter", ModelState.WARM, engine_serial=slot.engine_serial, adapter=name)
         self.catalog.event(run, ckpt, "serve", peer.who, {"model": slot.name, "mode": "adapter", "adapter": name})
         await self.catalog.rescan()
         base_matches = ckpt.base_model is not None and Path(ckpt.base_model).resolve() == slot.path.resolve()
-        return {"run": run.name, "step": ckpt.step, "mode": "adapter", "model": slot.name, "served_name": name,
-                "endpoint": slot.endpoint, "state": ModelState.WARM, "base_matches": base_matches, "simulated": slot.spec.simulated}
+        return {
+            "run": run.name,
+            "step": ckpt.step,
+            "mode": "adapter",
+            "model": slot.name,
+            "served_name": name,
+            "endpoint": slot.endpoint,
+            "state": ModelState.WARM,
+            "base_matches": base_matches,
+            "simulated": slot.spec.simulated,
+        }
 
-    def _start_runtime(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: ModelsPort, template: ModelView | None,
-                       merge_base: str | None, why_merged: str | None = None) -> dict[str, Any]:
+    def _start_runtime(
+        self,
+        peer: Peer,
+        run: Run,
+        ckpt: Checkpoint,
+        pool: ModelsPort,
+        template: ModelView | None,
+        merge_base: str | None,
+        why_merged: str | None = None,
+    ) -> dict[str, Any]:
         """A new model entry for this checkpoint (weights as they are, or the adapter merged into its base), warmed in the background.
 
         ``why_merged`` says why an adapter meant for a warm vLLM model is merged instead (vLLM cannot hot-load it).
@@ -118,24 +145,42 @@ class CheckpointServing:
         name = safe_name(f"{run.name}-step{ckpt.step}")
         existing = pool.find_view(name)
         if any(m.name == name for m in self.core.lab.models):
-            raise RemoteError(ErrorCode.CONFLICT, f"lab.yaml already has a model named {name}; rename the run's folder or that model")
+            raise RemoteError(
+                ErrorCode.CONFLICT, f"lab.yaml already has a model named {name}; rename the run's folder or that model"
+            )
         if existing is not None and (existing.state in MODEL_ENGINE_UP or existing.busy):
             return self._runtime_json(run, ckpt, existing, "merged" if merge_base else "full")
         record = self.served.get(ckpt.path)
         if record is not None and record.serving.state == "merging":
-            return {"run": run.name, "step": ckpt.step, "mode": record.serving.mode, "model": name, "state": "merging", "endpoint": None}
+            return {
+                "run": run.name,
+                "step": ckpt.step,
+                "mode": record.serving.mode,
+                "model": name,
+                "state": "merging",
+                "endpoint": None,
+            }
         # --model lends its engine, GPUs and VRAM estimate; else `transformers serve` on the CPU
         engine = template.model.engine if template is not None else "transformers"
         spec = template.spec if template is not None else pool.engine_spec(engine)
         if "hf" not in spec.model_formats:  # a checkpoint (and a merge) is a Hugging Face folder
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"{template.name if template else engine} runs engine {engine}, which loads "
-                              f"{'/'.join(spec.model_formats)} files, not a checkpoint folder: serve it with "
-                              "--model naming a vllm or transformers model of the same base (or leave --model out: transformers on the CPU)")
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE,
+                f"{template.name if template else engine} runs engine {engine}, which loads "
+                f"{'/'.join(spec.model_formats)} files, not a checkpoint folder: serve it with "
+                "--model naming a vllm or transformers model of the same base (or leave --model out: transformers on the CPU)",
+            )
         gpus = list(template.model.gpus) if template is not None else []
         weights = Path(ckpt.path) if merge_base is None else self.core.state_dir / "checkpoints" / "merged" / name
-        model = Model(name=name, path=str(weights), engine=engine, machine=self.core.machine.name, gpus=gpus,
-                      vram_gib=template.model.vram_gib if template is not None else 0.0,
-                      args=list(template.model.args) if template is not None else [])
+        model = Model(
+            name=name,
+            path=str(weights),
+            engine=engine,
+            machine=self.core.machine.name,
+            gpus=gpus,
+            vram_gib=template.model.vram_gib if template is not None else 0.0,
+            args=list(template.model.args) if template is not None else [],
+        )
         if template is not None:
             model = model.model_copy(update={"sim": template.model.sim})  # a sim template lends its delays too
         mode: ServingMode = "merged" if merge_base else "full"
@@ -162,42 +207,78 @@ class CheckpointServing:
         if why_merged is not None:
             detail["why_merged"] = why_merged
         self.catalog.event(run, ckpt, "serve", peer.who, detail)
-        return {"run": run.name, "step": ckpt.step, **detail, "state": served.state, "endpoint": None, "simulated": spec.simulated}
+        return {
+            "run": run.name,
+            "step": ckpt.step,
+            **detail,
+            "state": served.state,
+            "endpoint": None,
+            "simulated": spec.simulated,
+        }
 
-    def _start_gguf_adapter(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: ModelsPort, template: ModelView) -> dict[str, Any]:
+    def _start_gguf_adapter(
+        self, peer: Peer, run: Run, ckpt: Checkpoint, pool: ModelsPort, template: ModelView
+    ) -> dict[str, Any]:
         """llama.cpp: the PEFT adapter converted to GGUF (llama.cpp's convert_lora_to_gguf.py), then a new model: the
         template's GGUF started with `--lora` that file, the adapter applied once it is warm. Refused when it cannot convert."""
         spec = template.spec
         base = ckpt.base_model
         if not base or not (Path(base) / "config.json").is_file():
-            raise RemoteError(ErrorCode.UNAVAILABLE, gguf_adapter_refusal(
-                template.name, spec.name, f"the converter reads the base's config.json, and the adapter's base {base!r} is no such folder "
-                f"on {self.core.machine.name}"))
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE,
+                gguf_adapter_refusal(
+                    template.name,
+                    spec.name,
+                    f"the converter reads the base's config.json, and the adapter's base {base!r} is no such folder "
+                    f"on {self.core.machine.name}",
+                ),
+            )
         name = safe_name(f"{run.name}-step{ckpt.step}")
         if any(m.name == name for m in self.core.lab.models):
-            raise RemoteError(ErrorCode.CONFLICT, f"lab.yaml already has a model named {name}; rename the run's folder or that model")
+            raise RemoteError(
+                ErrorCode.CONFLICT, f"lab.yaml already has a model named {name}; rename the run's folder or that model"
+            )
         existing = pool.find_view(name)
         if existing is not None and (existing.state in MODEL_ENGINE_UP or existing.busy):
             return self._runtime_json(run, ckpt, existing, "gguf-adapter")
-        conversion = pool.lora_conversion(Path(ckpt.path), Path(base), self.core.state_dir / "checkpoints" / "gguf" / f"{name}.gguf")
+        conversion = pool.lora_conversion(
+            Path(ckpt.path), Path(base), self.core.state_dir / "checkpoints" / "gguf" / f"{name}.gguf"
+        )
         if conversion is None:
-            raise RemoteError(ErrorCode.UNAVAILABLE, gguf_adapter_refusal(
-                template.name, spec.name, f"llama.cpp's convert_lora_to_gguf.py is not on {self.core.machine.name}: make llama-server"))
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE,
+                gguf_adapter_refusal(
+                    template.name,
+                    spec.name,
+                    f"llama.cpp's convert_lora_to_gguf.py is not on {self.core.machine.name}: make llama-server",
+                ),
+            )
         out = conversion.out
-        model = template.model.model_copy(update={"name": name, "served_name": None, "port": None,
-                                                  "args": [*template.model.args, "--lora", str(out)]})
+        model = template.model.model_copy(
+            update={"name": name, "served_name": None, "port": None, "args": [*template.model.args, "--lora", str(out)]}
+        )
         served = self._record(ckpt.path, name, "gguf-adapter", "converting").serving
 
         async def bring_up() -> None:
             try:
                 out.parent.mkdir(parents=True, exist_ok=True)
-                proc = await asyncio.create_subprocess_exec(*conversion.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                                                            stderr=asyncio.subprocess.STDOUT, env=conversion.env)
+                proc = await asyncio.create_subprocess_exec(
+                    *conversion.argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=conversion.env,
+                )
                 output, _ = await proc.communicate()
                 if proc.returncode != 0:
                     lines = output.decode(errors="replace").strip().splitlines()
-                    raise RuntimeError(gguf_adapter_refusal(template.name, spec.name, "convert_lora_to_gguf.py failed: "
-                                                            + (lines[-1] if lines else f"exit {proc.returncode}")))
+                    raise RuntimeError(
+                        gguf_adapter_refusal(
+                            template.name,
+                            spec.name,
+                            "convert_lora_to_gguf.py failed: " + (lines[-1] if lines else f"exit {proc.returncode}"),
+                        )
+                    )
                 pool.remove_model(name)
                 pool.add_model(model, template.path)
                 served.state = ModelState.LOADING
@@ -217,7 +298,14 @@ class CheckpointServing:
         self._background(bring_up(), name)
         detail: dict[str, Any] = {"model": name, "mode": "gguf-adapter", "engine": spec.name, "adapter_gguf": str(out)}
         self.catalog.event(run, ckpt, "serve", peer.who, detail)
-        return {"run": run.name, "step": ckpt.step, **detail, "state": "converting", "endpoint": None, "simulated": spec.simulated}
+        return {
+            "run": run.name,
+            "step": ckpt.step,
+            **detail,
+            "state": "converting",
+            "endpoint": None,
+            "simulated": spec.simulated,
+        }
 
     def _background(self, work: Coroutine[Any, Any, None], name: str) -> None:
         self.tasks = [t for t in self.tasks if not t.done()]
@@ -225,15 +313,32 @@ class CheckpointServing:
 
     @staticmethod
     def _runtime_json(run: Run, ckpt: Checkpoint, slot: ModelView, mode: str) -> dict[str, Any]:
-        return {"run": run.name, "step": ckpt.step, "mode": mode, "model": slot.name, "engine": slot.model.engine, "state": slot.state,
-                "endpoint": slot.endpoint, "simulated": slot.spec.simulated}
+        return {
+            "run": run.name,
+            "step": ckpt.step,
+            "mode": mode,
+            "model": slot.name,
+            "engine": slot.model.engine,
+            "state": slot.state,
+            "endpoint": slot.endpoint,
+            "simulated": slot.spec.simulated,
+        }
 
     async def _merge(self, base: str, adapter: str, out: Path) -> None:
         """peft merge_and_unload in a child process: torch stays out of the agent."""
         out.parent.mkdir(parents=True, exist_ok=True)
         code = "import sys; from agents.checkpoints import merge_adapter; merge_adapter(*sys.argv[1:])"
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, base, adapter, str(out), stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            code,
+            base,
+            adapter,
+            str(out),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         output, _ = await proc.communicate()
         if proc.returncode != 0:
             raise RuntimeError(f"merging the adapter into {base} failed: {output.decode(errors='replace').strip()[-300:]}")

@@ -7,25 +7,27 @@ import logging
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-from agents.lab_gateway import find_provider_model
 from agents.gateway.keys import KeyAddParams, KeyNameParams, KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.router import Router, Target
 from agents.orchestra.engines import engine_spec
-from agents.sections import GatewayModelFigures, GatewaySection, KeyUse, ProviderSpend
-from agents.peers import PeerClient
-from agents.protocol import Role, Telemetry
+from agents.runtime.peers import PeerClient
+from agents.wire.lab.gateway import find_provider_model
+from agents.wire.protocol import Role, Telemetry
+from agents.wire.sections.costs import ProviderSpend
+from agents.wire.sections.gateway import GatewayModelFigures, GatewaySection, KeyUse
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from agents.core import AgentCore
     from agents.gateway.server import GatewayHttp
-    from agents.lab_gateway import Gateway, GatewayPolicies
-    from agents.lab import Lab
-    from agents.rpc import Peer
+    from agents.runtime.core import AgentCore
+    from agents.runtime.rpc import Peer
+    from agents.wire.lab.gateway import Gateway, GatewayPolicies
+    from agents.wire.lab.model import Lab
 
 log = logging.getLogger("cetlab.gateway")
 
@@ -150,20 +152,53 @@ class GatewayComponent:
         for name, model in self.router.local.items():
             info = self.router.model_info(name)
             policy = self.config.models.get(name)
-            out.append({"id": name, "object": "model", "created": self.created, "owned_by": "cetlab", "tier": "local",
-                        "machine": model.machine, "state": info.state if info else "unknown", "simulated": engine_spec(model.engine).simulated,
-                        "aliases": policy.aliases if policy else [], "fallback": policy.fallback if policy else None})
+            out.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "cetlab",
+                    "tier": "local",
+                    "machine": model.machine,
+                    "state": info.state if info else "unknown",
+                    "simulated": engine_spec(model.engine).simulated,
+                    "aliases": policy.aliases if policy else [],
+                    "fallback": policy.fallback if policy else None,
+                }
+            )
         for name, (engine_model, _upstream) in sorted(self.router.served().items()):
             info = self.router.model_info(engine_model.name)
-            out.append({"id": name, "object": "model", "created": self.created, "owned_by": "cetlab", "tier": "local",
-                        "machine": engine_model.machine, "state": info.state if info else "unknown", "simulated": bool(info and info.simulated),
-                        "served_by": engine_model.name if engine_model.name != name else None, "aliases": [], "fallback": None})
+            out.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "cetlab",
+                    "tier": "local",
+                    "machine": engine_model.machine,
+                    "state": info.state if info else "unknown",
+                    "simulated": bool(info and info.simulated),
+                    "served_by": engine_model.name if engine_model.name != name else None,
+                    "aliases": [],
+                    "fallback": None,
+                }
+            )
         for provider in self.lab.providers:
             for pm in provider.models:
-                out.append({"id": pm.name, "object": "model", "created": self.created, "owned_by": provider.name, "tier": "provider",
-                            "provider": provider.name,
-                            "state": "over-budget" if self.router.over_budget(provider) else "available", "simulated": provider.simulated,
-                            "prompt_per_million": pm.prompt_per_million, "completion_per_million": pm.completion_per_million})
+                out.append(
+                    {
+                        "id": pm.name,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": provider.name,
+                        "tier": "provider",
+                        "provider": provider.name,
+                        "state": "over-budget" if self.router.over_budget(provider) else "available",
+                        "simulated": provider.simulated,
+                        "prompt_per_million": pm.prompt_per_million,
+                        "completion_per_million": pm.completion_per_million,
+                    }
+                )
         return out
 
     def provider_spend(self) -> list[ProviderSpend]:
@@ -174,9 +209,17 @@ class GatewayComponent:
         for p in self.lab.providers:
             month = self.meter.spend_month.get(p.name, 0.0)
             pct = 100.0 * month / p.monthly_budget if p.monthly_budget else None
-            providers.append(ProviderSpend(name=p.name, simulated=p.simulated, spend_today=round(self.meter.spend_day.get(p.name, 0.0), 8),
-                                           spend_month=round(month, 8), monthly_budget=p.monthly_budget, budget_pct=_finite(pct),
-                                           key_set=not p.api_key_env or p.simulated or bool(os.environ.get(p.api_key_env))))
+            providers.append(
+                ProviderSpend(
+                    name=p.name,
+                    simulated=p.simulated,
+                    spend_today=round(self.meter.spend_day.get(p.name, 0.0), 8),
+                    spend_month=round(month, 8),
+                    monthly_budget=p.monthly_budget,
+                    budget_pct=_finite(pct),
+                    key_set=not p.api_key_env or p.simulated or bool(os.environ.get(p.api_key_env)),
+                )
+            )
         return providers
 
     def spend_by_day(self, since_day: str) -> dict[str, dict[str, float]]:
@@ -190,17 +233,40 @@ class GatewayComponent:
         models = []
         for entry in self.catalogue():
             name = entry["id"]
-            models.append(GatewayModelFigures(name=name, tier=entry["tier"], where=entry.get("machine") or entry.get("provider"),
-                                              state=entry["state"], simulated=entry["simulated"], **figures.get(name, {})))
+            models.append(
+                GatewayModelFigures(
+                    name=name,
+                    tier=entry["tier"],
+                    where=entry.get("machine") or entry.get("provider"),
+                    state=entry["state"],
+                    simulated=entry["simulated"],
+                    **figures.get(name, {}),
+                )
+            )
         providers = self.provider_spend()
-        keys = [KeyUse(name=k["name"], revoked=k["revoked_at"] is not None, rpm=k["rpm"], tokens_per_day=k["tokens_per_day"],
-                       requests=k["requests"], requests_last_minute=k["requests_last_minute"], tokens_today=k["tokens_today"],
-                       last_used=k["last_used"]) for k in self.keys.listing()]
+        keys = [
+            KeyUse(
+                name=k["name"],
+                revoked=k["revoked_at"] is not None,
+                rpm=k["rpm"],
+                tokens_per_day=k["tokens_per_day"],
+                requests=k["requests"],
+                requests_last_minute=k["requests_last_minute"],
+                tokens_today=k["tokens_today"],
+                last_used=k["last_used"],
+            )
+            for k in self.keys.listing()
+        ]
         port = self.http.port if self.http else None
         return GatewaySection(
-            url=f"http://{self.config.host}:{port}/v1" if port else None, machine=self.core.machine.name, error=self.error,
-            currency=self.lab.costs.currency, peers={name: link.status for name, link in (self.peers.links if self.peers else {}).items()},
-            models=models, providers=providers, keys=keys,
+            url=f"http://{self.config.host}:{port}/v1" if port else None,
+            machine=self.core.machine.name,
+            error=self.error,
+            currency=self.lab.costs.currency,
+            peers={name: link.status for name, link in (self.peers.links if self.peers else {}).items()},
+            models=models,
+            providers=providers,
+            keys=keys,
         )
 
     def metric_families(self) -> Iterator[Metric]:
@@ -212,26 +278,43 @@ class GatewayComponent:
 
         section = current.to_wire()
         labels = ["model", "tier"]
-        gauges = {key: GaugeMetricFamily(f"cetlab_gateway_{key}", doc, labels=labels) for key, doc in (
-            ("rps", "Requests per second over the last minute."), ("in_flight", "Requests being answered."),
-            ("queued", "Requests waiting for the model to come up."), ("p50_latency_s", "Median latency (s), last minute."),
-            ("p95_latency_s", "95th percentile latency (s), last minute."), ("p50_ttft_s", "Median time to first token (s)."),
-            ("p95_ttft_s", "95th percentile time to first token (s)."))}
-        counters = {key: CounterMetricFamily(f"cetlab_gateway_{key}", doc, labels=labels) for key, doc in (
-            ("requests", "Requests since the agent started."), ("wakes", "Bring-ups the gateway caused."), ("errors", "Requests answered with an error."))}
+        gauges = {
+            key: GaugeMetricFamily(f"cetlab_gateway_{key}", doc, labels=labels)
+            for key, doc in (
+                ("rps", "Requests per second over the last minute."),
+                ("in_flight", "Requests being answered."),
+                ("queued", "Requests waiting for the model to come up."),
+                ("p50_latency_s", "Median latency (s), last minute."),
+                ("p95_latency_s", "95th percentile latency (s), last minute."),
+                ("p50_ttft_s", "Median time to first token (s)."),
+                ("p95_ttft_s", "95th percentile time to first token (s)."),
+            )
+        }
+        counters = {
+            key: CounterMetricFamily(f"cetlab_gateway_{key}", doc, labels=labels)
+            for key, doc in (
+                ("requests", "Requests since the agent started."),
+                ("wakes", "Bring-ups the gateway caused."),
+                ("errors", "Requests answered with an error."),
+            )
+        }
         for m in section["models"]:
             families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {**gauges, **counters}
             for key, family in families.items():
                 if m.get(key) is not None:
                     family.add_metric([m["name"], m["tier"]], m[key])
-        spend = GaugeMetricFamily("cetlab_gateway_provider_spend", "Provider spend by period.", labels=["provider", "period", "currency"])
+        spend = GaugeMetricFamily(
+            "cetlab_gateway_provider_spend", "Provider spend by period.", labels=["provider", "period", "currency"]
+        )
         budget = GaugeMetricFamily("cetlab_gateway_provider_budget", "Provider monthly budget.", labels=["provider", "currency"])
         for p in section["providers"]:
             spend.add_metric([p["name"], "today", section["currency"]], p["spend_today"])
             spend.add_metric([p["name"], "month", section["currency"]], p["spend_month"])
             if p["monthly_budget"] is not None:
                 budget.add_metric([p["name"], section["currency"]], p["monthly_budget"])
-        key_requests = CounterMetricFamily("cetlab_gateway_key_requests", "Requests per gateway key since the agent started.", labels=["key"])
+        key_requests = CounterMetricFamily(
+            "cetlab_gateway_key_requests", "Requests per gateway key since the agent started.", labels=["key"]
+        )
         for k in section["keys"]:
             key_requests.add_metric([k["name"]], k["requests"])
         yield from gauges.values()
@@ -248,13 +331,20 @@ class GatewayComponent:
             section = self.section()
             return section.to_wire() if section is not None else None
 
-        @rpc.method("gateway.keys.add", role=Role.OPERATOR, params=KeyAddParams, doc="Issue a gateway API key; the token is shown once.")
+        @rpc.method(
+            "gateway.keys.add", role=Role.OPERATOR, params=KeyAddParams, doc="Issue a gateway API key; the token is shown once."
+        )
         async def keys_add(peer: Peer, params: KeyAddParams) -> dict[str, Any]:
             token = self.keys.add(params)
             log.info("%s issued gateway key %s", peer.who, params.name)
             section = self.section()
-            return {"name": params.name, "key": token, "rpm": params.rpm, "tokens_per_day": params.tokens_per_day,
-                    "url": section.url if section is not None else None}
+            return {
+                "name": params.name,
+                "key": token,
+                "rpm": params.rpm,
+                "tokens_per_day": params.tokens_per_day,
+                "url": section.url if section is not None else None,
+            }
 
         @rpc.method("gateway.keys.list", doc="Gateway keys (names, quotas, use; never the tokens).")
         async def keys_list(peer: Peer, _params: Any) -> dict[str, Any]:

@@ -7,12 +7,12 @@ import hmac
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from agents.catalogue import KeyAddParams, KeyNameParams  # noqa: F401 (both are imported from here too)
-from agents.protocol import ErrorCode, RemoteError
-from agents.store import Store
+from agents.runtime.store import Store
+from agents.wire.catalogue.gateway import KeyAddParams, KeyNameParams  # noqa: F401 (both are imported from here too)
+from agents.wire.protocol import ErrorCode, RemoteError
 
 TOKEN_PREFIX = "cetlab-gw-"
 SCHEMA = [
@@ -57,7 +57,9 @@ class KeyStore:
         store.migrate("gateway_keys", SCHEMA)
         self._by_hash: dict[str, ApiKey] = {}
         for row in store.query("SELECT name, sha256, rpm, tokens_per_day, revoked_at FROM gateway_keys"):
-            self._by_hash[row["sha256"]] = ApiKey(row["name"], row["sha256"], row["rpm"], row["tokens_per_day"], row["revoked_at"])
+            self._by_hash[row["sha256"]] = ApiKey(
+                row["name"], row["sha256"], row["rpm"], row["tokens_per_day"], row["revoked_at"]
+            )
 
     def add(self, params: KeyAddParams) -> str:
         """A new key; the token is returned once and only its hash is kept."""
@@ -66,8 +68,10 @@ class KeyStore:
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         key = ApiKey(params.name, digest(token), params.rpm, params.tokens_per_day)
         with self.store.transaction() as db:
-            db.execute("INSERT INTO gateway_keys (name, sha256, created_at, rpm, tokens_per_day) VALUES (?,?,?,?,?)",
-                       (key.name, key.sha256, time.time(), key.rpm, key.tokens_per_day))
+            db.execute(
+                "INSERT INTO gateway_keys (name, sha256, created_at, rpm, tokens_per_day) VALUES (?,?,?,?,?)",
+                (key.name, key.sha256, time.time(), key.rpm, key.tokens_per_day),
+            )
         self._by_hash[key.sha256] = key
         return token
 
@@ -124,6 +128,10 @@ class KeyStore:
         live = {k.name: k for k in self._by_hash.values()}
         for row in rows:
             key = live[row["name"]]
-            row.update(requests=key.requests, tokens_today=self._tokens_today(key), last_used=key.last_used,
-                       requests_last_minute=len(key.recent))
+            row.update(
+                requests=key.requests,
+                tokens_today=self._tokens_today(key),
+                last_used=key.last_used,
+                requests_last_minute=len(key.recent),
+            )
         return rows

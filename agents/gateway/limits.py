@@ -7,13 +7,14 @@ import asyncio
 import json
 import logging
 import resource
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from agents.limits import ThrottledLog
+from agents.runtime.limits import ThrottledLog
 
 log = logging.getLogger("cetlab.gateway")
 
@@ -22,8 +23,10 @@ MIN_CONNECTIONS, MAX_CONNECTIONS = 16, 4096
 MAX_UPSTREAM_BODY_BYTES = 32 * 1024 * 1024  # one non-streamed answer; OpenAI's largest are a few MB
 MAX_SSE_EVENT_BYTES = 1024 * 1024  # one event of a stream (a delta is a few hundred bytes)
 _BUSY = b'{"error": {"message": "the gateway has all the connections it takes", "type": "server_error", "code": "busy"}}'
-REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\nContent-Type: application/json\r\n"
-           b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY))
+REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY)
+)
 
 
 def connection_cap(configured: int | None) -> int:
@@ -103,7 +106,9 @@ class ConnectionGate:
     def __call__(self) -> asyncio.Protocol:
         if len(self.live) >= self.cap and not self._evict_oldest_idle():
             self.refused += 1
-            if self.refused in (1, 10, 100, 1000) or self.refused % 10000 == 0:  # throttled: a flood is one line, not one per connection
+            if (
+                self.refused in (1, 10, 100, 1000) or self.refused % 10000 == 0
+            ):  # throttled: a flood is one line, not one per connection
                 log.warning("gateway: all %d connections are in requests; %d refused so far", len(self.live), self.refused)
             return _Refused()
         return _Gated(self, self.factory())
@@ -116,8 +121,11 @@ class ConnectionGate:
                 transport.close()
                 self.evicted += 1
                 if self.evicted in (1, 1000) or self.evicted % 100000 == 0:
-                    log.warning("gateway: %d connections open (the cap): %d closed before their first request to make room",
-                                self.cap, self.evicted)
+                    log.warning(
+                        "gateway: %d connections open (the cap): %d closed before their first request to make room",
+                        self.cap,
+                        self.evicted,
+                    )
                 return True
         return False
 
@@ -147,8 +155,13 @@ class _QuietHandler(RequestHandler):
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None, message: str | None = None) -> Any:
         if status != 400:
             return super().handle_error(request, status, exc, message)
-        _malformed_log(logging.WARNING, "malformed", "gateway: a malformed HTTP request from %s (%s)", request.remote,
-                       type(exc).__name__ if exc else "bad request")
+        _malformed_log(
+            logging.WARNING,
+            "malformed",
+            "gateway: a malformed HTTP request from %s (%s)",
+            request.remote,
+            type(exc).__name__ if exc else "bad request",
+        )
         if request.writer.output_size > 0:
             raise ConnectionError("response already sent")
         response = web.Response(status=400, text=_MALFORMED, content_type="application/json")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-from agents.store import Store
+from agents.runtime.store import Store
 
 WINDOW_S = 60.0  # rates and percentiles over the last minute
 SCHEMA = [
@@ -89,8 +89,10 @@ class Meter:
         day, month = self.today(), self.month()
         self._period = (day, month)
         self.spend_month, self.spend_day = {}, {}
-        for row in self.store.query("SELECT target, day, SUM(cost) AS cost FROM gateway_requests WHERE month=? AND tier='provider' "
-                                    "GROUP BY target, day", (month,)):
+        for row in self.store.query(
+            "SELECT target, day, SUM(cost) AS cost FROM gateway_requests WHERE month=? AND tier='provider' GROUP BY target, day",
+            (month,),
+        ):
             self.spend_month[row["target"]] = self.spend_month.get(row["target"], 0.0) + (row["cost"] or 0.0)
             if row["day"] == day:
                 self.spend_day[row["target"]] = row["cost"] or 0.0
@@ -126,14 +128,38 @@ class Meter:
             db.executemany(
                 "INSERT INTO gateway_requests (t, day, month, key, model, tier, target, status, stream, prompt_tokens, completion_tokens, "
                 "usage_source, latency_s, ttft_s, cost, cloud_equivalent, woke, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                [(r.t, *self._period, r.key, r.model, r.tier, r.target, r.status, int(r.stream), r.prompt_tokens, r.completion_tokens,
-                  r.usage_source, r.latency_s, r.ttft_s, r.cost, r.cloud_equivalent, int(r.woke), r.error) for r in rows])
+                [
+                    (
+                        r.t,
+                        *self._period,
+                        r.key,
+                        r.model,
+                        r.tier,
+                        r.target,
+                        r.status,
+                        int(r.stream),
+                        r.prompt_tokens,
+                        r.completion_tokens,
+                        r.usage_source,
+                        r.latency_s,
+                        r.ttft_s,
+                        r.cost,
+                        r.cloud_equivalent,
+                        int(r.woke),
+                        r.error,
+                    )
+                    for r in rows
+                ],
+            )
 
     def spend_by_day(self, since_day: str) -> dict[str, dict[str, float]]:
         """Provider -> day -> spend, from since_day (the lab's local date) on; requests not yet flushed included."""
         out: dict[str, dict[str, float]] = {}
-        for row in self.store.query("SELECT target, day, SUM(cost) AS cost FROM gateway_requests WHERE day>=? AND tier='provider' "
-                                    "AND target IS NOT NULL GROUP BY target, day", (since_day,)):
+        for row in self.store.query(
+            "SELECT target, day, SUM(cost) AS cost FROM gateway_requests WHERE day>=? AND tier='provider' "
+            "AND target IS NOT NULL GROUP BY target, day",
+            (since_day,),
+        ):
             out.setdefault(row["target"], {})[row["day"]] = row["cost"] or 0.0
         for record in self._pending:
             if record.tier == "provider" and record.cost and record.target and self._period[0] >= since_day:
@@ -142,8 +168,11 @@ class Meter:
         return out
 
     def tokens_today_by_key(self) -> dict[str, int]:
-        rows = self.store.query("SELECT key, SUM(COALESCE(prompt_tokens,0) + COALESCE(completion_tokens,0)) AS n FROM gateway_requests "
-                                "WHERE day=? AND key IS NOT NULL GROUP BY key", (self.today(),))
+        rows = self.store.query(
+            "SELECT key, SUM(COALESCE(prompt_tokens,0) + COALESCE(completion_tokens,0)) AS n FROM gateway_requests "
+            "WHERE day=? AND key IS NOT NULL GROUP BY key",
+            (self.today(),),
+        )
         return {r["key"]: r["n"] or 0 for r in rows}
 
     def model_figures(self) -> dict[str, dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from agents.sections import ProviderSpend
+    from agents.wire.sections.costs import ProviderSpend
 
 
 @runtime_checkable

@@ -15,7 +15,6 @@ from agents.gateway.openai_api import StreamRewriter, client_wants_usage, rewrit
 from agents.gateway.router import Target
 
 
-
 @dataclass
 class Outcome:
     """What came back, for the meter."""
@@ -75,8 +74,9 @@ async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body:
     """A non-streaming call; the answer is parsed (the orchestra call and the JSON passthrough both use it)."""
     started = time.monotonic()
     payload = {**body, "model": target.upstream_model, "stream": False}
-    async with session.post(f"{target.base_url}{path}", json=payload, headers=upstream_headers(target),
-                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+    async with session.post(
+        f"{target.base_url}{path}", json=payload, headers=upstream_headers(target), timeout=aiohttp.ClientTimeout(total=timeout_s)
+    ) as response:
         raw = await read_capped(response)
     outcome = Outcome(status=response.status, ttft_s=time.monotonic() - started, raw=raw, content_type=response.content_type)
     try:
@@ -93,19 +93,27 @@ async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body:
     return outcome
 
 
-async def stream(request: web.Request, session: aiohttp.ClientSession, target: Target, path: str, body: dict,
-                 timeout_s: float) -> tuple[web.StreamResponse, Outcome]:
+async def stream(
+    request: web.Request, session: aiohttp.ClientSession, target: Target, path: str, body: dict, timeout_s: float
+) -> tuple[web.StreamResponse, Outcome]:
     """SSE from the target to the client, each event written as it arrives (rewritten: agents.gateway.openai_api);
     usage asked for upstream on every stream and read from the last event, else counted."""
     started = time.monotonic()
     client_model = str(body.get("model"))
     payload = {**upstream_stream_body(body), "model": target.upstream_model}
-    async with session.post(f"{target.base_url}{path}", json=payload, headers=upstream_headers(target),
-                            timeout=aiohttp.ClientTimeout(total=timeout_s, sock_read=timeout_s)) as upstream:
+    async with session.post(
+        f"{target.base_url}{path}",
+        json=payload,
+        headers=upstream_headers(target),
+        timeout=aiohttp.ClientTimeout(total=timeout_s, sock_read=timeout_s),
+    ) as upstream:
         if upstream.status != 200 or not upstream.content_type.startswith("text/event-stream"):
             raw = await read_capped(upstream)
-            outcome = Outcome(status=upstream.status, ttft_s=time.monotonic() - started,
-                              error=None if upstream.status == 200 else f"{target.where} answered {upstream.status}")
+            outcome = Outcome(
+                status=upstream.status,
+                ttft_s=time.monotonic() - started,
+                error=None if upstream.status == 200 else f"{target.where} answered {upstream.status}",
+            )
             if upstream.status == 200:
                 try:
                     _usage(outcome, json.loads(raw).get("usage"))
@@ -117,8 +125,9 @@ async def stream(request: web.Request, session: aiohttp.ClientSession, target: T
                 raw, content_type = upstream_error(raw, upstream.status, target.where), "application/json"
             answer = web.Response(body=raw, status=upstream.status, content_type=content_type, headers=tier_headers(target))
             return answer, outcome
-        response = web.StreamResponse(status=200, headers={**tier_headers(target), "Content-Type": "text/event-stream",
-                                                            "Cache-Control": "no-cache"})
+        response = web.StreamResponse(
+            status=200, headers={**tier_headers(target), "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await response.prepare(request)
         outcome = Outcome(status=200)
         request[STREAM_OUTCOME] = outcome  # what was produced so far, for the meter if the client leaves mid-stream
@@ -157,4 +166,8 @@ async def stream(request: web.Request, session: aiohttp.ClientSession, target: T
 def settle_counted(outcome: Outcome, body: dict) -> None:
     """No usage from the engine: one delta event per token, as vLLM and OpenAI send them, and the prompt counted."""
     if outcome.usage_source is None:
-        outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source = counted_prompt_tokens(body), outcome.events, "counted"
+        outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source = (
+            counted_prompt_tokens(body),
+            outcome.events,
+            "counted",
+        )

@@ -9,10 +9,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from agents.lab_gateway import GatewayPolicies
 from agents.gateway.keys import ApiKey, KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.router import NotServable, Target
+from agents.wire.lab.gateway import GatewayPolicies
 
 MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")  # OpenAI's newer name first
 
@@ -38,8 +38,12 @@ def asked_max_tokens(body: dict[str, Any], cap: int) -> int | None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise NotServable(400, f"{name} must be a whole number >= 1", "invalid_max_tokens", param=name)
         if value > cap:
-            raise NotServable(400, f"{name} is {str(value)[:24]}; this gateway answers at most {cap} tokens a request "
-                              "(gateway.policies.max_tokens)", "invalid_max_tokens", param=name)
+            raise NotServable(
+                400,
+                f"{name} is {str(value)[:24]}; this gateway answers at most {cap} tokens a request (gateway.policies.max_tokens)",
+                "invalid_max_tokens",
+                param=name,
+            )
         return value
     return None
 
@@ -64,8 +68,13 @@ class Reservations:
     def enter(self, key: ApiKey) -> None:
         """One of the key's concurrent slots (gateway.policies.key_concurrency); 429 when all are taken."""
         if self.in_flight.get(key.name, 0) >= self.policies.key_concurrency:
-            raise NotServable(429, f"key {key.name} has {self.policies.key_concurrency} requests in flight "
-                              "(gateway.policies.key_concurrency); wait for one to finish", "too_many_requests", 1)
+            raise NotServable(
+                429,
+                f"key {key.name} has {self.policies.key_concurrency} requests in flight "
+                "(gateway.policies.key_concurrency); wait for one to finish",
+                "too_many_requests",
+                1,
+            )
         self.in_flight[key.name] = self.in_flight.get(key.name, 0) + 1
 
     def leave(self, key: ApiKey) -> None:
@@ -82,8 +91,12 @@ class Reservations:
             used = self.keys.tokens_today(key) + self.tokens.get(key.name, 0)
             room = key.tokens_per_day - used - prompt_tokens
             if room < 1:
-                raise NotServable(429, f"key {key.name}: its {key.tokens_per_day} tokens per day are used or held by requests "
-                                  "in flight", "quota_exceeded", 60)
+                raise NotServable(
+                    429,
+                    f"key {key.name}: its {key.tokens_per_day} tokens per day are used or held by requests in flight",
+                    "quota_exceeded",
+                    60,
+                )
             if asked is None or asked > room:
                 hold.max_tokens = room
             hold.tokens = prompt_tokens + (hold.max_tokens or asked or 0)
@@ -103,9 +116,13 @@ class Reservations:
             affordable = math.floor((headroom - prompt_cost) / (model.completion_per_million / 1e6))
             completion = min(completion, affordable)
         if completion < 1 or headroom - prompt_cost <= 0:
-            raise NotServable(429, f"{provider.name} has spent or holds for requests in flight its monthly budget "
-                              f"({provider.monthly_budget}); gateway.policies.budget_exceeded is {self.policies.budget_exceeded}",
-                              "budget_exceeded", self.policies.retry_after_s)
+            raise NotServable(
+                429,
+                f"{provider.name} has spent or holds for requests in flight its monthly budget "
+                f"({provider.monthly_budget}); gateway.policies.budget_exceeded is {self.policies.budget_exceeded}",
+                "budget_exceeded",
+                self.policies.retry_after_s,
+            )
         if completion != (hold.max_tokens or hold.asked or self.policies.max_tokens) or hold.max_tokens is not None:
             hold.max_tokens = completion
         hold.provider = provider.name

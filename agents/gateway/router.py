@@ -5,20 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Awaitable, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from agents.catalogue import MODELS_LIST, request
-from agents.lab_gateway import Provider, ProviderModel, find_provider_model
 from agents.gateway.metering import Meter
-from agents.lab import Lab, Model
 from agents.orchestra.engines import engine_spec
-from agents.peers import PeerClient
-from agents.protocol import ErrorCode, RemoteError
-from agents.sections import ModelInfo
-from agents.states import ModelState
-from agents.view import MachineView
+from agents.runtime.peers import PeerClient
+from agents.runtime.view import MachineView
+from agents.wire.catalogue.method import request
+from agents.wire.catalogue.models import MODELS_LIST
+from agents.wire.lab.gateway import Provider, ProviderModel, find_provider_model
+from agents.wire.lab.model import Lab, Model
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.models import ModelInfo
+from agents.wire.states import ModelState
 
 log = logging.getLogger("cetlab.gateway")
 T = TypeVar("T")
@@ -114,7 +116,8 @@ class Router:
                         # built unvalidated: the agent that serves it validated it, and its engine may be one lab.yaml
                         # of this agent's version does not spell
                         model = self.runtime[name] = Model.model_construct(
-                            name=name, path="", engine=info.engine, machine=machine, gpus=list(info.gpus))
+                            name=name, path="", engine=info.engine, machine=machine, gpus=list(info.gpus)
+                        )
                     found[name] = (model, info.served_name or name)
                 for adapter in info.adapters:
                     if adapter not in self.local:
@@ -132,8 +135,12 @@ class Router:
         try:
             socket_path = await self.peers.tunnel(model.machine, url.port)
         except RemoteError as exc:
-            raise NotServable(503, f"cannot reach {model.name} on {model.machine}: {exc.message}", "machine_offline",
-                              self.policies.retry_after_s) from None
+            raise NotServable(
+                503,
+                f"cannot reach {model.name} on {model.machine}: {exc.message}",
+                "machine_offline",
+                self.policies.retry_after_s,
+            ) from None
         return urlunsplit(url), socket_path
 
     def expected_bring_up_s(self, info: ModelInfo | None) -> float:
@@ -167,8 +174,17 @@ class Router:
 
     def provider_target(self, name: str, reason: str | None = None) -> Target:
         provider, model = self._provider_model(name)
-        return Target(model=model.name, tier="provider", base_url=provider.base_url.rstrip("/"), upstream_model=model.upstream_name,
-                      where=provider.name, simulated=provider.simulated, provider=provider, provider_model=model, reason=reason)
+        return Target(
+            model=model.name,
+            tier="provider",
+            base_url=provider.base_url.rstrip("/"),
+            upstream_model=model.upstream_name,
+            where=provider.name,
+            simulated=provider.simulated,
+            provider=provider,
+            provider_model=model,
+            reason=reason,
+        )
 
     def over_budget(self, provider: Provider) -> bool:
         return provider.monthly_budget is not None and self.meter.spend_month.get(provider.name, 0.0) >= provider.monthly_budget
@@ -189,8 +205,12 @@ class Router:
         found = find_provider_model(self.lab.providers, name)
         if found is None:
             known = sorted([*self.local, *self.aliases, *self.served(), *(m.name for p in self.lab.providers for m in p.models)])
-            raise NotServable(404, f"no model {name!r} in the lab or its providers (try: {', '.join(known[:20])})", "model_not_found",
-                              param="model")
+            raise NotServable(
+                404,
+                f"no model {name!r} in the lab or its providers (try: {', '.join(known[:20])})",
+                "model_not_found",
+                param="model",
+            )
         provider, pmodel = found
         if self.over_budget(provider):
             local = self._local_for(pmodel.name)
@@ -198,8 +218,12 @@ class Router:
                 target = await self._route_local(local, max_wait_s, allow_fallback=False)
                 target.reason = f"{provider.name} is past its monthly budget"
                 return target
-            raise NotServable(429, f"{provider.name} has spent its monthly budget ({provider.monthly_budget}); "
-                              f"gateway.policies.budget_exceeded is {self.policies.budget_exceeded}", "budget_exceeded")
+            raise NotServable(
+                429,
+                f"{provider.name} has spent its monthly budget ({provider.monthly_budget}); "
+                f"gateway.policies.budget_exceeded is {self.policies.budget_exceeded}",
+                "budget_exceeded",
+            )
         return self.provider_target(f"{provider.name}/{pmodel.name}")
 
     def _local_for(self, provider_model: str) -> Model | None:
@@ -226,8 +250,11 @@ class Router:
                 return self.provider_target(fallback, f"{model.name} failed on {model.machine}")
             raise NotServable(502, f"{model.name} failed on {model.machine}: {_why_failed(info)}", "engine_failed")
         if fallback and budget_s is not None and self.expected_bring_up_s(info) > budget_s:
-            return self.provider_target(fallback, f"{model.name} is {info.state if info else 'unknown'}: "
-                                        f"about {self.expected_bring_up_s(info):.1f} s to bring up, over the {budget_s:g} s budget")
+            return self.provider_target(
+                fallback,
+                f"{model.name} is {info.state if info else 'unknown'}: "
+                f"about {self.expected_bring_up_s(info):.1f} s to bring up, over the {budget_s:g} s budget",
+            )
         timeout_s = min(self.policies.queue_timeout_s, budget_s) if budget_s is not None else self.policies.queue_timeout_s
         try:
             info = await self.ensure_warm(model, timeout_s)
@@ -240,8 +267,17 @@ class Router:
     async def _local_target(self, model: Model, info: ModelInfo, woke: bool) -> Target:
         assert info.endpoint is not None  # a warm model's, checked by every caller
         url, socket_path = await self.endpoint(model, info.endpoint)
-        return Target(model=model.name, tier="local", base_url=url.rstrip("/"), upstream_model=info.served_name or model.name,
-                      where=model.machine, simulated=info.simulated, woke=woke, engine_model=model, unix_socket=socket_path)
+        return Target(
+            model=model.name,
+            tier="local",
+            base_url=url.rstrip("/"),
+            upstream_model=info.served_name or model.name,
+            where=model.machine,
+            simulated=info.simulated,
+            woke=woke,
+            engine_model=model,
+            unix_socket=socket_path,
+        )
 
     # -- a request at an engine that goes to sleep
 
@@ -259,7 +295,9 @@ class Router:
             return await job
         watcher = self._watchers.get(model.name)
         if watcher is None or watcher.done():
-            watcher = self._watchers[model.name] = asyncio.create_task(self._wake_if_asleep(model), name=f"gateway-watch-{model.name}")
+            watcher = self._watchers[model.name] = asyncio.create_task(
+                self._wake_if_asleep(model), name=f"gateway-watch-{model.name}"
+            )
         self._watching[model.name] = self._watching.get(model.name, 0) + 1
         self._poke(model.name)
         wakes = self.meter.stats(model.name).wakes
@@ -305,8 +343,12 @@ class Router:
         """Wait (in the bounded queue) until the model is warm; concurrent requests share one bring-up."""
         stats = self.meter.stats(model.name)
         if stats.queued >= self.policies.queue_size:
-            raise NotServable(503, f"{stats.queued} requests already wait for {model.name} (gateway.policies.queue_size)",
-                              "queue_full", self.policies.retry_after_s)
+            raise NotServable(
+                503,
+                f"{stats.queued} requests already wait for {model.name} (gateway.policies.queue_size)",
+                "queue_full",
+                self.policies.retry_after_s,
+            )
         stats.queued += 1
         try:
             task = self._bring_ups.get(model.name)
@@ -315,7 +357,9 @@ class Router:
             async with asyncio.timeout(timeout_s):
                 return await asyncio.shield(task)
         except TimeoutError:
-            raise NotServable(504, f"{model.name} was not warm within {timeout_s:g} s", "timeout", self.policies.retry_after_s) from None
+            raise NotServable(
+                504, f"{model.name} was not warm within {timeout_s:g} s", "timeout", self.policies.retry_after_s
+            ) from None
         finally:
             stats.queued -= 1
 
@@ -328,8 +372,12 @@ class Router:
             info = self.model_info(model.name)
             if info is None:
                 view = self._view(model.machine)
-                raise NotServable(503, f"{model.machine} is {view.link if view else 'not a peer'}: its models are unknown",
-                                  "machine_offline", self.policies.retry_after_s)
+                raise NotServable(
+                    503,
+                    f"{model.machine} is {view.link if view else 'not a peer'}: its models are unknown",
+                    "machine_offline",
+                    self.policies.retry_after_s,
+                )
             state = info.state
             if state is ModelState.WARM and info.endpoint:
                 return info
@@ -337,8 +385,9 @@ class Router:
                 raise NotServable(502, f"{model.name} failed on {model.machine}: {_why_failed(info)}", "engine_failed")
             if fresh and state in ASLEEP and not info.op:
                 if started:  # woken by us, then put back by someone else before we could use it
-                    raise NotServable(503, f"{model.name} went back to {state} on {model.machine}", "no_room",
-                                      self.policies.retry_after_s)
+                    raise NotServable(
+                        503, f"{model.name} went back to {state} on {model.machine}", "no_room", self.policies.retry_after_s
+                    )
                 await self._start(model)
                 started = True
                 continue
@@ -349,17 +398,26 @@ class Router:
             await self.peers.call(model.machine, "models.warm", {"model": model.name})
         except RemoteError as exc:
             if exc.code != ErrorCode.CONFLICT or self.policies.swap != "lru-unpinned":
-                raise NotServable(503, f"cannot bring {model.name} up on {model.machine}: {exc.message}", "no_room",
-                                  self.policies.retry_after_s) from None
+                raise NotServable(
+                    503, f"cannot bring {model.name} up on {model.machine}: {exc.message}", "no_room", self.policies.retry_after_s
+                ) from None
             victim = self._swap_victim(model)
             if victim is None:
-                raise NotServable(503, f"no room for {model.name} on {model.machine} and nothing idle to swap out: {exc.message}",
-                                  "no_room", self.policies.retry_after_s) from None
+                raise NotServable(
+                    503,
+                    f"no room for {model.name} on {model.machine} and nothing idle to swap out: {exc.message}",
+                    "no_room",
+                    self.policies.retry_after_s,
+                ) from None
             try:
                 await self.peers.call(model.machine, "models.swap", {"out": victim, "in": model.name})
             except RemoteError as swap_exc:
-                raise NotServable(503, f"swapping {victim} out for {model.name} failed: {swap_exc.message}", "no_room",
-                                  self.policies.retry_after_s) from None
+                raise NotServable(
+                    503,
+                    f"swapping {victim} out for {model.name} failed: {swap_exc.message}",
+                    "no_room",
+                    self.policies.retry_after_s,
+                ) from None
         self.meter.stats(model.name).wakes += 1
         self.brought_up.add(model.name)
 
@@ -396,7 +454,11 @@ class Router:
         now = time.monotonic()
         for name, model in self.local.items():
             policy = self.gateway.models.get(name)
-            ttl = policy.idle_ttl_s if policy and policy.idle_ttl_s else (self.policies.idle_ttl_s if name in self.brought_up else None)
+            ttl = (
+                policy.idle_ttl_s
+                if policy and policy.idle_ttl_s
+                else (self.policies.idle_ttl_s if name in self.brought_up else None)
+            )
             info = self.model_info(name)
             if ttl is None or info is None or info.state is not ModelState.WARM or info.pinned or info.op:
                 continue

@@ -14,13 +14,13 @@ import aiohttp
 from aiohttp import web
 
 from agents.gateway import proxy
-from agents.lab_gateway import MAX_GROUP_MEMBERS, find_provider_model
 from agents.gateway.keys import ApiKey, QuotaExceeded
-from agents.gateway.openai_api import error_body, parameter_problem
 from agents.gateway.limits import ConnectionGate, UpstreamTooLarge, connection_cap, quiet_factory
 from agents.gateway.metering import Record
+from agents.gateway.openai_api import error_body, parameter_problem
 from agents.gateway.reservation import Hold, Reservations, asked_max_tokens, with_max_tokens
 from agents.gateway.router import NotServable, Target
+from agents.wire.lab.gateway import MAX_GROUP_MEMBERS, find_provider_model
 
 if TYPE_CHECKING:
     from agents.gateway.component import GatewayComponent
@@ -33,20 +33,40 @@ MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}")  # checked b
 UNKNOWN_MODEL = "?"  # how the meter files a request for a name that is no model (the name itself is kept nowhere)
 
 
-def error_response(status: int, message: str, code: str | None, retry_after_s: int | None = None, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:
+def error_response(
+    status: int,
+    message: str,
+    code: str | None,
+    retry_after_s: int | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
     """An OpenAI-style error body, typed as OpenAI types it (401 authentication_error, ...)."""
     headers = {**(headers or {}), **({"Retry-After": str(retry_after_s)} if retry_after_s else {})}
     return web.json_response(error_body(status, message, code, param), status=status, headers=headers or None)
 
 
-def member_missed(model: str, status: str, error: str, http_status: int, latency_s: float, target: Target | None = None) -> dict[str, Any]:
+def member_missed(
+    model: str, status: str, error: str, http_status: int, latency_s: float, target: Target | None = None
+) -> dict[str, Any]:
     """An orchestra member that did not answer (error, timeout): the keys of one that did, null where there is no figure,
     so a client reads every result alike."""
-    return {"model": model, "tier": target.tier if target else None, "target": target.where if target else None,
-            "simulated": target.simulated if target else None, "status": status, "http_status": http_status,
-            "latency_s": latency_s, "ttft_s": None, "usage": None, "cost": None, "cloud_equivalent": None,
-            "fallback_reason": target.reason if target else None, "woke": bool(target and target.woke), "error": error}
+    return {
+        "model": model,
+        "tier": target.tier if target else None,
+        "target": target.where if target else None,
+        "simulated": target.simulated if target else None,
+        "status": status,
+        "http_status": http_status,
+        "latency_s": latency_s,
+        "ttft_s": None,
+        "usage": None,
+        "cost": None,
+        "cloud_equivalent": None,
+        "fallback_reason": target.reason if target else None,
+        "woke": bool(target and target.woke),
+        "error": error,
+    }
 
 
 def _deadline(raw: object, default: float) -> float:
@@ -54,7 +74,9 @@ def _deadline(raw: object, default: float) -> float:
     if raw is None:
         return default
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or not 0 < raw <= 86400:
-        raise NotServable(400, f"deadline_s must be a number of seconds > 0 and <= 86400, got {str(raw)[:40]!r}", "invalid_deadline")
+        raise NotServable(
+            400, f"deadline_s must be a number of seconds > 0 and <= 86400, got {str(raw)[:40]!r}", "invalid_deadline"
+        )
     return float(raw)
 
 
@@ -96,17 +118,24 @@ class GatewayHttp:
         policies = self.gw.policies
         cap = connection_cap(policies.max_connections)
         # many streams at once to few engines: no per-host cap below the gateway's own; as many as its own connections
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=cap, limit_per_host=0, ttl_dns_cache=300),
-                                             auto_decompress=False)
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=cap, limit_per_host=0, ttl_dns_cache=300), auto_decompress=False
+        )
         # handler_cancellation: a client that leaves cancels its handler, which closes the upstream request (the engine stops)
-        self.runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True,
-                                    keepalive_timeout=policies.idle_s)
+        self.runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, handler_cancellation=True, keepalive_timeout=policies.idle_s
+        )
         await self.runner.setup()
         assert self.runner.server is not None
         self.gate = ConnectionGate(quiet_factory(self.runner.server), cap, policies.first_request_s)
         self.listener = await asyncio.get_running_loop().create_server(self.gate, host, port, reuse_address=True)
         self.port = self.listener.sockets[0].getsockname()[1]
-        log.info("gateway: at most %d connections, first request within %g s, idle %g s", cap, policies.first_request_s, policies.idle_s)
+        log.info(
+            "gateway: at most %d connections, first request within %g s, idle %g s",
+            cap,
+            policies.first_request_s,
+            policies.idle_s,
+        )
 
     async def stop(self) -> None:
         if self.listener is not None:
@@ -126,7 +155,8 @@ class GatewayHttp:
         session = self.tunnel_sessions.get(target.unix_socket)
         if session is None:
             session = self.tunnel_sessions[target.unix_socket] = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=target.unix_socket, limit=0, limit_per_host=0), auto_decompress=False)
+                connector=aiohttp.UnixConnector(path=target.unix_socket, limit=0, limit_per_host=0), auto_decompress=False
+            )
         return session
 
     # -- errors: OpenAI's JSON body for every status, aiohttp's own (404, 405, 413) included
@@ -139,11 +169,17 @@ class GatewayHttp:
             if exc.status < 400:
                 raise
             if exc.status == 404:
-                message, code = f"no route {request.method} {request.path} (the gateway serves /v1/models, /v1/chat/completions, /v1/completions)", "not_found"
+                message, code = (
+                    f"no route {request.method} {request.path} (the gateway serves /v1/models, /v1/chat/completions, /v1/completions)",
+                    "not_found",
+                )
             elif exc.status == 405:
                 message, code = f"{request.method} is not allowed on {request.path}", "method_not_allowed"
             elif exc.status == 413:
-                message, code = f"the body is larger than gateway.policies.max_body_bytes ({self.gw.policies.max_body_bytes})", "request_too_large"
+                message, code = (
+                    f"the body is larger than gateway.policies.max_body_bytes ({self.gw.policies.max_body_bytes})",
+                    "request_too_large",
+                )
             else:
                 message, code = exc.reason, None
             allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
@@ -161,8 +197,11 @@ class GatewayHttp:
         scheme, _, token = header.partition(" ")
         key = self.gw.keys.lookup(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
         if key is None:
-            return error_response(401, "a valid gateway key is required: Authorization: Bearer <key> (`cetlab gateway keys add NAME`)",
-                                  "invalid_api_key")
+            return error_response(
+                401,
+                "a valid gateway key is required: Authorization: Bearer <key> (`cetlab gateway keys add NAME`)",
+                "invalid_api_key",
+            )
         try:
             self.gw.keys.admit(key)
         except QuotaExceeded as exc:
@@ -182,13 +221,19 @@ class GatewayHttp:
         """GET /v1/models/{id}: one model (an alias answers as itself), or OpenAI's 404."""
         name = request.match_info["model"]
         if not MODEL_NAME_RE.fullmatch(name):  # never echoed: markup, control characters, 8 KiB of anything
-            return error_response(404, "no model of that name (letters, digits and ._:/@+-, at most 256; GET /v1/models lists them)",
-                                  "model_not_found", param="model")
+            return error_response(
+                404,
+                "no model of that name (letters, digits and ._:/@+-, at most 256; GET /v1/models lists them)",
+                "model_not_found",
+                param="model",
+            )
         canonical = self.gw.router.canonical(name)
         for entry in self.gw.catalogue():
             if entry["id"] in (name, canonical) or (entry.get("provider") and f"{entry['provider']}/{entry['id']}" == name):
                 return web.json_response({**entry, "id": name})
-        return error_response(404, f"The model '{name}' does not exist (GET /v1/models lists them)", "model_not_found", param="model")
+        return error_response(
+            404, f"The model '{name}' does not exist (GET /v1/models lists them)", "model_not_found", param="model"
+        )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, "/chat/completions")
@@ -200,7 +245,9 @@ class GatewayHttp:
         try:
             raw = await asyncio.wait_for(request.read(), self.gw.policies.body_timeout_s)
         except TimeoutError:
-            raise NotServable(408, f"the body did not arrive within {self.gw.policies.body_timeout_s:g} s", "body_timeout") from None
+            raise NotServable(
+                408, f"the body did not arrive within {self.gw.policies.body_timeout_s:g} s", "body_timeout"
+            ) from None
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
@@ -217,12 +264,16 @@ class GatewayHttp:
         if not isinstance(model, str) or not model:
             raise NotServable(400, "model is required (GET /v1/models lists them)", "invalid_model")
         if not MODEL_NAME_RE.fullmatch(model):
-            raise NotServable(400, "model is no model's name (letters, digits and ._:/@+-, at most 256; GET /v1/models lists them)",
-                              "invalid_model")
+            raise NotServable(
+                400,
+                "model is no model's name (letters, digits and ._:/@+-, at most 256; GET /v1/models lists them)",
+                "invalid_model",
+            )
         name = self.gw.router.canonical(model)
         router = self.gw.router
-        return model, (name in router.local or name in router.served()
-                       or find_provider_model(self.gw.lab.providers, name) is not None)
+        return model, (
+            name in router.local or name in router.served() or find_provider_model(self.gw.lab.providers, name) is not None
+        )
 
     async def _complete(self, request: web.Request, path: str) -> web.StreamResponse:
         started = time.monotonic()
@@ -255,12 +306,18 @@ class GatewayHttp:
                 timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
                 if record.stream:
                     response, outcome = await self.gw.router.while_awake(
-                        target, proxy.stream(request, self.session_for(target), target, path, upstream_body, timeout_s))
+                        target, proxy.stream(request, self.session_for(target), target, path, upstream_body, timeout_s)
+                    )
                 else:
                     outcome = await self.gw.router.while_awake(
-                        target, proxy.fetch(self.session_for(target), target, path, upstream_body, timeout_s))
-                    response = web.Response(body=outcome.raw, status=outcome.status, content_type=outcome.content_type,
-                                            headers=proxy.tier_headers(target))
+                        target, proxy.fetch(self.session_for(target), target, path, upstream_body, timeout_s)
+                    )
+                    response = web.Response(
+                        body=outcome.raw,
+                        status=outcome.status,
+                        content_type=outcome.content_type,
+                        headers=proxy.tier_headers(target),
+                    )
                 if outcome.status != 503 or target.tier != "local" or attempt:
                     break
                 # the engine went to sleep (or is going) since its agent's last tick: look again, wake it, once
@@ -274,7 +331,7 @@ class GatewayHttp:
         except UpstreamTooLarge as exc:
             record.status, record.error = 502, f"{record.target}: {exc}"
             return error_response(502, f"{record.model} on {record.target}: {exc}", "upstream_too_large")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             record.status, record.error = 502, f"{record.target}: {exc or type(exc).__name__}"
             return error_response(502, f"{record.model} on {record.target}: {exc or type(exc).__name__}", "upstream_failed")
         except asyncio.CancelledError:  # the client left: the upstream request is closed; what it produced is still charged
@@ -301,14 +358,21 @@ class GatewayHttp:
             outcome.completion_tokens = max(0, hold.tokens - prompt_tokens) if target.tier == "provider" else 0
         elif outcome.usage_source is None:
             proxy.settle_counted(outcome, body)
-        outcome.status, outcome.error = 499, "the client closed the stream" if record.stream else "the client left before the answer came"
+        outcome.status, outcome.error = (
+            499,
+            "the client closed the stream" if record.stream else "the client left before the answer came",
+        )
         self._finish(key, record, outcome, target, body)
 
     def _finish(self, key: ApiKey, record: Record, outcome: proxy.Outcome, target: Target, body: dict) -> None:
         record.status, record.error, record.ttft_s = outcome.status, outcome.error, outcome.ttft_s
         if outcome.status == 200 and outcome.usage_source is None:
             outcome.prompt_tokens, outcome.usage_source = proxy.counted_prompt_tokens(body), "counted"
-        record.prompt_tokens, record.completion_tokens, record.usage_source = outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source
+        record.prompt_tokens, record.completion_tokens, record.usage_source = (
+            outcome.prompt_tokens,
+            outcome.completion_tokens,
+            outcome.usage_source,
+        )
         record.cost, record.cloud_equivalent = self.gw.price(target, outcome.prompt_tokens or 0, outcome.completion_tokens or 0)
         self.gw.keys.charge(key, (outcome.prompt_tokens or 0) + (outcome.completion_tokens or 0))
 
@@ -342,18 +406,28 @@ class GatewayHttp:
             else:
                 results.append(member_missed(name, "timeout", f"no answer within the {deadline_s:g} s deadline", 504, deadline_s))
         answered = [r for r in results if r["status"] == "ok"]
-        return web.json_response({
-            "object": "orchestra.chat.completion", "deadline_s": deadline_s, "latency_s": round(time.monotonic() - started, 6),
-            "partial": len(answered) < len(results), "answered": len(answered), "asked": len(results),
-            "cost": round(sum(r.get("cost") or 0.0 for r in answered), 8), "results": results,
-        })
+        return web.json_response(
+            {
+                "object": "orchestra.chat.completion",
+                "deadline_s": deadline_s,
+                "latency_s": round(time.monotonic() - started, 6),
+                "partial": len(answered) < len(results),
+                "answered": len(answered),
+                "asked": len(results),
+                "cost": round(sum(r.get("cost") or 0.0 for r in answered), 8),
+                "results": results,
+            }
+        )
 
     def _members(self, body: dict) -> list[str]:
         if isinstance(body.get("group"), str):
             group = self.gw.lab.orchestra.groups.get(body["group"])
             if group is None:
-                raise NotServable(404, f"no orchestra group {body['group']!r} (orchestra.groups: {', '.join(self.gw.lab.orchestra.groups) or 'none'})",
-                                  "group_not_found")
+                raise NotServable(
+                    404,
+                    f"no orchestra group {body['group']!r} (orchestra.groups: {', '.join(self.gw.lab.orchestra.groups) or 'none'})",
+                    "group_not_found",
+                )
             return list(dict.fromkeys(group))
         models = body.get("models")
         if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
@@ -375,15 +449,33 @@ class GatewayHttp:
             target = await self.gw.router.route(name, deadline_s)
             record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
             self.holds.reserve_money(hold, target, prompt_tokens)
-            outcome = await proxy.fetch(self.session_for(target), target, "/chat/completions",
-                                        with_max_tokens({**payload, "model": name}, hold), deadline_s)
+            outcome = await proxy.fetch(
+                self.session_for(target),
+                target,
+                "/chat/completions",
+                with_max_tokens({**payload, "model": name}, hold),
+                deadline_s,
+            )
             self._finish(key, record, outcome, target, payload)
-            result = {"model": target.model, "tier": target.tier, "target": target.where, "simulated": target.simulated,
-                      "status": "ok" if outcome.status == 200 else "error", "http_status": outcome.status,
-                      "latency_s": round(time.monotonic() - started, 6), "ttft_s": outcome.ttft_s,
-                      "usage": {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
-                                "source": outcome.usage_source},
-                      "cost": record.cost, "cloud_equivalent": record.cloud_equivalent, "fallback_reason": target.reason, "woke": target.woke}
+            result = {
+                "model": target.model,
+                "tier": target.tier,
+                "target": target.where,
+                "simulated": target.simulated,
+                "status": "ok" if outcome.status == 200 else "error",
+                "http_status": outcome.status,
+                "latency_s": round(time.monotonic() - started, 6),
+                "ttft_s": outcome.ttft_s,
+                "usage": {
+                    "prompt_tokens": outcome.prompt_tokens,
+                    "completion_tokens": outcome.completion_tokens,
+                    "source": outcome.usage_source,
+                },
+                "cost": record.cost,
+                "cloud_equivalent": record.cloud_equivalent,
+                "fallback_reason": target.reason,
+                "woke": target.woke,
+            }
             if outcome.status == 200:
                 result["choices"] = (outcome.data or {}).get("choices")
             else:
@@ -397,8 +489,13 @@ class GatewayHttp:
             return member_missed(record.model, "error", str(exc), 502, round(time.monotonic() - started, 6), target)
         except asyncio.CancelledError:  # past the deadline, or the client left: a provider bills what it was asked
             if target is not None and hold is not None and target.tier == "provider":
-                outcome = proxy.Outcome(status=504, prompt_tokens=prompt_tokens, completion_tokens=max(0, hold.tokens - prompt_tokens),
-                                        usage_source="reserved", error="orchestra deadline")
+                outcome = proxy.Outcome(
+                    status=504,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=max(0, hold.tokens - prompt_tokens),
+                    usage_source="reserved",
+                    error="orchestra deadline",
+                )
                 self._finish(key, record, outcome, target, payload)
             record.status, record.error = 504, "orchestra deadline"
             raise

@@ -12,7 +12,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from agents.gpusupport.matrix import judge, matrix
-from agents.sections_gpu_support import GpuSupportSection, Stack, StackKind, Verdict
 from agents.gpusupport.stacks import (
     TorchReader,
     engine_stack_kind,
@@ -24,12 +23,13 @@ from agents.gpusupport.stacks import (
     transformers_python,
     vllm_stack,
 )
-from agents.lab import Model, SimGpus
-from agents.protocol import ErrorCode, GpuSample, RemoteError
+from agents.wire.lab.model import Model, SimGpus
+from agents.wire.protocol import ErrorCode, GpuSample, RemoteError
+from agents.wire.sections.gpu_support import GpuSupportSection, Stack, StackKind, Verdict
 
 if TYPE_CHECKING:
-    from agents.core import AgentCore
-    from agents.rpc import Peer
+    from agents.runtime.core import AgentCore
+    from agents.runtime.rpc import Peer
 
 log = logging.getLogger("cetlab.gpusupport")
 
@@ -47,7 +47,9 @@ class GpuSupportComponent:
         if isinstance(gpus, SimGpus):
             self._stacks = sim_stacks(gpus.stacks)
 
-        @core.rpc.method("gpus.support", doc="Which stacks (trainer torch, vLLM, llama-server) each GPU can run, with the reason and the fix.")
+        @core.rpc.method(
+            "gpus.support", doc="Which stacks (trainer torch, vLLM, llama-server) each GPU can run, with the reason and the fix."
+        )
         async def support(peer: Peer, _params: Any) -> dict[str, Any]:
             if self._stacks is None and self._task is not None:
                 await asyncio.shield(self._task)
@@ -79,8 +81,12 @@ class GpuSupportComponent:
         stacks = list((self._stacks or {}).values())
         key = (tuple((g.index, g.name, g.compute_capability, g.simulated, g.failed) for g in gpus), id(self._stacks))
         if self._cached is None or self._cached[0] != key:
-            self._cached = (key, GpuSupportSection(stacks=stacks, verdicts=matrix(self.core.machine.name, gpus, stacks),
-                                                   simulated=self.core.machine.simulated))
+            self._cached = (
+                key,
+                GpuSupportSection(
+                    stacks=stacks, verdicts=matrix(self.core.machine.name, gpus, stacks), simulated=self.core.machine.simulated
+                ),
+            )
         return self._cached[1]
 
     # -- refusals before a launch

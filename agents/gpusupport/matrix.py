@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from agents.sections_gpu_support import Stack, StackKind, Verdict
-from agents.protocol import ComputeCapability, GpuSample
+from agents.wire.protocol import ComputeCapability, GpuSample
+from agents.wire.sections.gpu_support import Stack, StackKind, Verdict
 
 CU126_INDEX = "https://download.pytorch.org/whl/cu126"
 # PyTorch's CUDA 12.6 builds are the last with sm_60/61/70 kernels; CUDA 13 builds start at sm_75
@@ -51,7 +51,9 @@ def _gpu_words(machine: str, index: int, name: str, capability: ComputeCapabilit
 
 def _build_words(stack: Stack) -> str:
     if stack.kind == StackKind.VLLM:
-        return f"vLLM{' ' + stack.short_version if stack.short_version else ''}'s torch" + (f" (CUDA {stack.cuda})" if stack.cuda else "")
+        return f"vLLM{' ' + stack.short_version if stack.short_version else ''}'s torch" + (
+            f" (CUDA {stack.cuda})" if stack.cuda else ""
+        )
     what = {StackKind.TORCH: "torch", StackKind.VLLM: "vLLM", StackKind.LLAMACPP: "llama-server"}.get(stack.kind, stack.name)
     version = f" {stack.short_version}" if stack.short_version else ""
     cuda = f" (CUDA {stack.cuda})" if stack.cuda else ""
@@ -70,14 +72,31 @@ def torch_fix(capability: ComputeCapability, python: str | None = None, for_mode
     return fix + (", or serve this model with engine llamacpp" if for_model else "")
 
 
-def judge(machine: str, index: int, gpu_name: str, capability: ComputeCapability | None, stack: Stack,
-          gpu_simulated: bool = False, for_model: bool = False) -> Verdict:
+def judge(
+    machine: str,
+    index: int,
+    gpu_name: str,
+    capability: ComputeCapability | None,
+    stack: Stack,
+    gpu_simulated: bool = False,
+    for_model: bool = False,
+) -> Verdict:
     """Does ``stack`` run on this GPU? ``for_model``: the fix may point at another engine."""
     simulated = gpu_simulated or stack.simulated
 
     def verdict(runs: bool | None, reason: str, fix: str | None = None) -> Verdict:
-        return Verdict(machine=machine, gpu=index, gpu_name=gpu_name, capability=capability, stack=stack.name, kind=stack.kind,
-                       runs=runs, reason=reason, fix=fix, simulated=simulated)
+        return Verdict(
+            machine=machine,
+            gpu=index,
+            gpu_name=gpu_name,
+            capability=capability,
+            stack=stack.name,
+            kind=stack.kind,
+            runs=runs,
+            reason=reason,
+            fix=fix,
+            simulated=simulated,
+        )
 
     if not stack.needs_gpu:
         return verdict(True, f"{stack.name}: a simulated engine, needs no GPU")
@@ -88,31 +107,54 @@ def judge(machine: str, index: int, gpu_name: str, capability: ComputeCapability
     gpu = _gpu_words(machine, index, gpu_name, capability, gpu_simulated)
     python = stack.source.split(":")[0] if stack.kind == StackKind.TORCH and not stack.simulated else None
     if stack.min_capability is not None and capability.number < stack.min_capability.number:
-        return verdict(False, f"{gpu}; {stack.name}{' ' + stack.short_version if stack.short_version else ''} needs compute capability "
-                              f"{stack.min_capability} or newer", "serve this model with engine llamacpp (GGUF)")
+        return verdict(
+            False,
+            f"{gpu}; {stack.name}{' ' + stack.short_version if stack.short_version else ''} needs compute capability "
+            f"{stack.min_capability} or newer",
+            "serve this model with engine llamacpp (GGUF)",
+        )
     if stack.cpu_build:
         if stack.kind == StackKind.LLAMACPP:
-            return verdict(False, f"{gpu}; {_build_words(stack)} is a CPU build: it would run on the CPU, not the GPU",
-                           f"build llama-server with CUDA 12.x: cmake -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=\"{LLAMACPP_ARCHS}\", "
-                           "or leave gpus out of the model to serve it on the CPU")
-        return verdict(False, f"{gpu}; {_build_words(stack)} is a CPU build: it has no CUDA kernels and would not use the GPU",
-                       torch_fix(capability, python, for_model and stack.kind == StackKind.TORCH)
-                       if stack.kind == StackKind.TORCH else "install vLLM with a CUDA build of torch")
+            return verdict(
+                False,
+                f"{gpu}; {_build_words(stack)} is a CPU build: it would run on the CPU, not the GPU",
+                f'build llama-server with CUDA 12.x: cmake -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="{LLAMACPP_ARCHS}", '
+                "or leave gpus out of the model to serve it on the CPU",
+            )
+        return verdict(
+            False,
+            f"{gpu}; {_build_words(stack)} is a CPU build: it has no CUDA kernels and would not use the GPU",
+            torch_fix(capability, python, for_model and stack.kind == StackKind.TORCH)
+            if stack.kind == StackKind.TORCH
+            else "install vLLM with a CUDA build of torch",
+        )
     if not stack.archs:
         return verdict(None, f"{gpu}; {_build_words(stack)} does not say which GPUs it has kernels for")
     if has_kernels(stack.archs, capability):
         return verdict(True, f"{gpu}; {_build_words(stack)} has {capability.sm} kernels")
     reason = f"{gpu}; {_build_words(stack)} has {describe_archs(stack.archs, capability)}"
     if stack.kind == StackKind.LLAMACPP:
-        return verdict(False, reason, f"rebuild llama-server with CUDA 12.x and -DCMAKE_CUDA_ARCHITECTURES=\"{LLAMACPP_ARCHS}\" "
-                                      f"(it must include {capability.number})")
+        return verdict(
+            False,
+            reason,
+            f'rebuild llama-server with CUDA 12.x and -DCMAKE_CUDA_ARCHITECTURES="{LLAMACPP_ARCHS}" '
+            f"(it must include {capability.number})",
+        )
     if stack.kind == StackKind.VLLM:
-        return verdict(False, reason,
-                       "install vLLM against " + CU126_TORCH + " (its wheels pin CUDA 13), or serve this model with engine llamacpp")
+        return verdict(
+            False,
+            reason,
+            "install vLLM against " + CU126_TORCH + " (its wheels pin CUDA 13), or serve this model with engine llamacpp",
+        )
     return verdict(False, reason, torch_fix(capability, python, for_model))
 
 
 def matrix(machine: str, gpus: list[GpuSample], stacks: list[Stack]) -> list[Verdict]:
     """Every GPU x every stack (the sim engine left out: it runs anywhere)."""
-    return [judge(machine, gpu.index, gpu.name, gpu.compute_capability, stack, gpu_simulated=gpu.simulated)
-            for gpu in gpus if gpu.failed is None for stack in stacks if stack.needs_gpu]
+    return [
+        judge(machine, gpu.index, gpu.name, gpu.compute_capability, stack, gpu_simulated=gpu.simulated)
+        for gpu in gpus
+        if gpu.failed is None
+        for stack in stacks
+        if stack.needs_gpu
+    ]

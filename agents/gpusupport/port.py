@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from agents.lab import Model
+    from agents.wire.lab.model import Model
 
 
 @runtime_checkable

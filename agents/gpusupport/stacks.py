@@ -15,13 +15,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from agents.capability import parse_capability
-from agents.sections_gpu_support import Stack, StackKind
-from agents.lab import SimStack, SimStacks
+from agents.wire.capability import parse_capability
+from agents.wire.lab.model import SimStack, SimStacks
+from agents.wire.sections.gpu_support import Stack, StackKind
 
 log = logging.getLogger("cetlab.gpusupport")
 
-PROBE_TIMEOUT_S = 60.0  # importing torch on a loaded machine takes seconds; CUDA init is not needed (get_arch_list reads the build)
+PROBE_TIMEOUT_S = (
+    60.0  # importing torch on a loaded machine takes seconds; CUDA init is not needed (get_arch_list reads the build)
+)
 VLLM_MIN = "7.0"  # vLLM 0.33 needs compute capability 7.0+ whatever its torch has (FIELD_NOTES.md)
 # torch.cuda.get_arch_list() reads the build's arch flags without a driver (torch 2.x: _is_compiled, not is_available)
 TORCH_PROBE = """
@@ -43,10 +45,20 @@ print(json.dumps(out))
 # What a simulated machine assumes when its lab.yaml entry declares nothing: a lab installed as the README's "Older GPUs" says.
 DEFAULT_SIM_STACKS = SimStacks(
     torch=SimStack(version="2.14.0+cu126", cuda="12.6", archs=["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]),
-    vllm=SimStack(version="0.33.0", cuda="13.0", archs=["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], min_compute_capability=VLLM_MIN),
+    vllm=SimStack(
+        version="0.33.0",
+        cuda="13.0",
+        archs=["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"],
+        min_compute_capability=VLLM_MIN,
+    ),
     llamacpp=SimStack(version="sim", cuda="12.8", archs=["sm_61", "sm_70", "sm_86"]),
 )
-STACK_NAMES = {StackKind.TORCH: "trainer torch", StackKind.VLLM: "vLLM", StackKind.LLAMACPP: "llama-server", StackKind.SIM: "sim engine"}
+STACK_NAMES = {
+    StackKind.TORCH: "trainer torch",
+    StackKind.VLLM: "vLLM",
+    StackKind.LLAMACPP: "llama-server",
+    StackKind.SIM: "sim engine",
+}
 
 
 class TorchProbe(BaseModel):
@@ -84,7 +96,11 @@ def python_of(program: str | Path) -> str | None:
 def _install_stamp(python: str) -> tuple[float, ...]:
     """Changes when a package is installed into this Python (its site-packages folders change): the cache's key."""
     prefix = Path(python).parent.parent
-    folders = [*prefix.glob("lib/python3*/site-packages"), *prefix.glob("lib/python3*/dist-packages"), *prefix.glob("local/lib/python3*/dist-packages")]
+    folders = [
+        *prefix.glob("lib/python3*/site-packages"),
+        *prefix.glob("lib/python3*/dist-packages"),
+        *prefix.glob("local/lib/python3*/dist-packages"),
+    ]
     stamps = []
     for folder in folders:
         try:
@@ -125,8 +141,13 @@ class TorchReader:
             return TorchProbe(error=f"cannot run {python}: {exc.strerror or exc}")
         lines = done.stdout.strip().splitlines()
         try:
-            return TorchProbe.model_validate(json.loads(lines[-1])) if lines else TorchProbe(
-                error=f"{python} exited with code {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:200]}")
+            return (
+                TorchProbe.model_validate(json.loads(lines[-1]))
+                if lines
+                else TorchProbe(
+                    error=f"{python} exited with code {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:200]}"
+                )
+            )
         except (ValueError, ValidationError):
             return TorchProbe(error=f"{python} printed no torch description: {lines[-1][:200]}")
 
@@ -136,8 +157,15 @@ class TorchReader:
         source = f"{python}: torch.cuda.get_arch_list()"
         if found.error is not None:
             return Stack(name=name, kind=StackKind.TORCH, source=source, problem=f"no torch in {python} ({found.error})")
-        return Stack(name=name, kind=StackKind.TORCH, version=found.version, cuda=found.cuda, archs=_archs(found.archs),
-                     cpu_build=found.cuda is None, source=source)
+        return Stack(
+            name=name,
+            kind=StackKind.TORCH,
+            version=found.version,
+            cuda=found.cuda,
+            archs=_archs(found.archs),
+            cpu_build=found.cuda is None,
+            source=source,
+        )
 
 
 def _archs(archs: list[str]) -> list[str]:
@@ -148,15 +176,30 @@ def vllm_stack(reader: TorchReader, cli: str | None) -> Stack:
     """vLLM: its minimum (7.0) and the kernels of the torch in vLLM's own Python (the `vllm` script's interpreter)."""
     minimum = parse_capability(VLLM_MIN)
     if cli is None:
-        return Stack(name="vLLM", kind=StackKind.VLLM, min_capability=minimum, source="PATH", problem="not installed (no vllm command)")
+        return Stack(
+            name="vLLM", kind=StackKind.VLLM, min_capability=minimum, source="PATH", problem="not installed (no vllm command)"
+        )
     python = python_of(cli) or sys.executable
     found = reader.probe(python)
     source = f"{python}: vllm.__version__, torch.cuda.get_arch_list()"
     if found.error is not None or found.vllm is None:
-        return Stack(name="vLLM", kind=StackKind.VLLM, min_capability=minimum, source=source,
-                     problem=f"vLLM or its torch cannot be imported in {python}" + (f" ({found.error})" if found.error else ""))
-    return Stack(name="vLLM", kind=StackKind.VLLM, version=found.vllm, cuda=found.cuda, archs=_archs(found.archs),
-                 cpu_build=found.cuda is None, min_capability=minimum, source=source)
+        return Stack(
+            name="vLLM",
+            kind=StackKind.VLLM,
+            min_capability=minimum,
+            source=source,
+            problem=f"vLLM or its torch cannot be imported in {python}" + (f" ({found.error})" if found.error else ""),
+        )
+    return Stack(
+        name="vLLM",
+        kind=StackKind.VLLM,
+        version=found.vllm,
+        cuda=found.cuda,
+        archs=_archs(found.archs),
+        cpu_build=found.cuda is None,
+        min_capability=minimum,
+        source=source,
+    )
 
 
 def llama_server_stack() -> Stack:
@@ -170,8 +213,13 @@ def llama_server_stack() -> Stack:
         return Stack(name=name, kind=kind, source="llama-server", problem=f"not installed: {build.detail}")
     if build.kind == "unknown":
         return Stack(name=name, kind=kind, source=build.detail, problem=f"could not be read: {build.detail}")
-    return Stack(name=name, kind=kind, cpu_build=build.kind == "cpu", archs=[f"sm_{a}" for a in build.archs if a.isdigit()],
-                 source=build.detail)
+    return Stack(
+        name=name,
+        kind=kind,
+        cpu_build=build.kind == "cpu",
+        archs=[f"sm_{a}" for a in build.archs if a.isdigit()],
+        source=build.detail,
+    )
 
 
 def sim_stacks(declared: SimStacks) -> dict[StackKind, Stack]:
@@ -181,15 +229,28 @@ def sim_stacks(declared: SimStacks) -> dict[StackKind, Stack]:
         given: SimStack | None = getattr(declared, kind.value)
         spec: SimStack = given if given is not None else getattr(DEFAULT_SIM_STACKS, kind.value)
         minimum = spec.min_compute_capability or (VLLM_MIN if kind == StackKind.VLLM else None)
-        stacks[kind] = Stack(name=STACK_NAMES[kind], kind=kind, version=spec.version, cuda=None if spec.cpu_build else spec.cuda,
-                             archs=list(spec.archs), cpu_build=spec.cpu_build,
-                             min_capability=parse_capability(minimum) if minimum else None,
-                             source="lab.yaml gpus.stacks (SIM)" if given is not None else "the sim default (SIM)", simulated=True)
+        stacks[kind] = Stack(
+            name=STACK_NAMES[kind],
+            kind=kind,
+            version=spec.version,
+            cuda=None if spec.cpu_build else spec.cuda,
+            archs=list(spec.archs),
+            cpu_build=spec.cpu_build,
+            min_capability=parse_capability(minimum) if minimum else None,
+            source="lab.yaml gpus.stacks (SIM)" if given is not None else "the sim default (SIM)",
+            simulated=True,
+        )
     return stacks
 
 
 def sim_engine_stack() -> Stack:
-    return Stack(name=STACK_NAMES[StackKind.SIM], kind=StackKind.SIM, needs_gpu=False, source="agents/orchestra/sim_server.py", simulated=True)
+    return Stack(
+        name=STACK_NAMES[StackKind.SIM],
+        kind=StackKind.SIM,
+        needs_gpu=False,
+        source="agents/orchestra/sim_server.py",
+        simulated=True,
+    )
 
 
 def engine_stack_kind(engine: Any) -> StackKind | None:
@@ -215,5 +276,8 @@ def real_stacks(reader: TorchReader) -> dict[StackKind, Stack]:
     Blocking (subprocesses, cached): call from a thread."""
     from agents.orchestra.vllm import vllm_cli
 
-    return {StackKind.TORCH: reader.stack(sys.executable), StackKind.VLLM: vllm_stack(reader, vllm_cli()),
-            StackKind.LLAMACPP: llama_server_stack()}
+    return {
+        StackKind.TORCH: reader.stack(sys.executable),
+        StackKind.VLLM: vllm_stack(reader, vllm_cli()),
+        StackKind.LLAMACPP: llama_server_stack(),
+    }

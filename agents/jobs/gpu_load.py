@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import psutil
 
-from agents.core import AgentCore
 from agents.jobs.job import Job
-from agents.lab import Alerts
-from agents.protocol import Telemetry
-from agents.states import JobState
+from agents.runtime.core import AgentCore
+from agents.wire.lab.model import Alerts
+from agents.wire.protocol import Telemetry
+from agents.wire.states import JobState
 
 SIM_UTIL_CAP_PCT = 97.0  # a busy simulated GPU, as real ones read under a trainer
 

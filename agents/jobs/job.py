@@ -12,9 +12,11 @@ import psutil
 from pydantic import ValidationError
 
 from agents.jobs.port import JobView
-from agents.protocol import finite_or_none
-from agents.sections import JobDetail, JobInfo, JobNode, JobProgress, StopRequest
-from agents.states import JOB_ACTIVE, JobState
+from agents.wire.protocol import finite_or_none
+from agents.wire.sections.base import StopRequest
+from agents.wire.sections.jobs import JobDetail, JobInfo, JobNode, JobProgress
+from agents.wire.states import JOB_ACTIVE, JobState
+
 
 @dataclass
 class Job:
@@ -47,7 +49,9 @@ class Job:
     adopted: bool = False  # re-adopted after an agent restart
     starved: bool = False
     diverged_at_step: int | None = None  # the first step whose loss the trainer reported as NaN or infinite
-    progress_problem: str | None = None  # its progress file (or the newest checkpoint's trainer_state.json) is bad: what and where
+    progress_problem: str | None = (
+        None  # its progress file (or the newest checkpoint's trainer_state.json) is bad: what and where
+    )
     nodes: list[JobNode] = field(default_factory=list)  # multi-node, on the coordinator: every node, rank order
     node_rank: int | None = None  # multi-node: this machine's rank
     coordinator: str | None = None  # multi-node: the first node's machine
@@ -59,10 +63,37 @@ class Job:
     starved_since: float | None = field(default=None, repr=False)
 
     PERSISTED = (
-        "id", "recipe", "machine", "gpus", "params", "argv", "cwd", "output_dir", "log_path", "job_dir",
-        "started_at", "state", "exit_code", "ended_at", "runner_pid", "runner_started", "pid", "pid_started",
-        "stop_requested", "kill_at", "progress", "loss_points", "last_lines", "error", "adopted",
-        "diverged_at_step", "progress_problem", "nodes", "node_rank", "coordinator", "failure",
+        "id",
+        "recipe",
+        "machine",
+        "gpus",
+        "params",
+        "argv",
+        "cwd",
+        "output_dir",
+        "log_path",
+        "job_dir",
+        "started_at",
+        "state",
+        "exit_code",
+        "ended_at",
+        "runner_pid",
+        "runner_started",
+        "pid",
+        "pid_started",
+        "stop_requested",
+        "kill_at",
+        "progress",
+        "loss_points",
+        "last_lines",
+        "error",
+        "adopted",
+        "diverged_at_step",
+        "progress_problem",
+        "nodes",
+        "node_rank",
+        "coordinator",
+        "failure",
     )
 
     def record(self) -> str:
@@ -99,8 +130,18 @@ class Job:
 
     def view(self) -> JobView:
         reports = tuple(self.progress.checkpoints) if self.progress is not None else ()
-        return JobView(self.id, self.recipe, self.state, self.started_at, self.ended_at, self.output_dir, tuple(self.argv),
-                       dict(self.params), reports, tuple(self.loss_points))
+        return JobView(
+            self.id,
+            self.recipe,
+            self.state,
+            self.started_at,
+            self.ended_at,
+            self.output_dir,
+            tuple(self.argv),
+            dict(self.params),
+            reports,
+            tuple(self.loss_points),
+        )
 
     def info(self, simulated: bool, now: float | None = None) -> JobInfo:
         """The job as the jobs section and `jobs.list` send it."""
@@ -108,7 +149,9 @@ class Job:
 
     def detail(self, simulated: bool) -> JobDetail:
         """The job with its command line (`jobs.get`, `jobs.start`)."""
-        return JobDetail.model_validate({**self._fields(simulated, None), "argv": self.argv, "cwd": self.cwd, "runner_pid": self.runner_pid})
+        return JobDetail.model_validate(
+            {**self._fields(simulated, None), "argv": self.argv, "cwd": self.cwd, "runner_pid": self.runner_pid}
+        )
 
     def to_json(self, simulated: bool, now: float | None = None) -> dict[str, Any]:
         return self.info(simulated, now).to_wire()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.safe_read import read_range, read_tail
+from agents.wire.safe_read import read_range, read_tail
 
 MAX_READ_BYTES = 256 * 1024  # per call or push; a follower catches up over the next ticks
 TAIL_MAX_BYTES = 8 * 1024 * 1024  # the most a tail reads of one file (a reply is cut at 8 MiB anyway)

@@ -6,16 +6,24 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from agents.catalogue import JobListParams as ListParams, JobParams, LogsParams, StartParams, StopParams
 from agents.jobs import recipes
 from agents.jobs.job import Job
-from agents.sections import JobInfo
-from agents.states import JobState
-from agents.protocol import Role
-from agents.rpc import Peer
+from agents.runtime.rpc import Peer
+from agents.wire.catalogue.jobs import (
+    JobListParams as ListParams,
+)
+from agents.wire.catalogue.jobs import (
+    JobParams,
+    LogsParams,
+    StartParams,
+    StopParams,
+)
+from agents.wire.protocol import Role
+from agents.wire.sections.jobs import JobInfo
+from agents.wire.states import JobState
 
 if TYPE_CHECKING:
-    from agents.jobs.supervisor import JobsComponent
+    from agents.jobs.component import JobsComponent
 
 log = logging.getLogger("cetlab.jobs")
 
@@ -23,9 +31,17 @@ log = logging.getLogger("cetlab.jobs")
 def damaged_job(job_id: str, recipe: object, machine: str, exc: Exception) -> dict[str, Any]:
     """A job whose record in state.db cannot be read, as a listing line that says so."""
     log.error("job %s: its record in state.db is unreadable (%s); listed as damaged", job_id, str(exc)[:200])
-    return JobInfo(id=str(job_id), recipe=recipe if isinstance(recipe, str) else "?", machine=machine, state=JobState.LOST,
-                   started_at=0.0, output_dir="", log_path="", damaged=True,
-                   error=f"damaged record in state.db: {type(exc).__name__}: {str(exc)[:200]}").to_wire()
+    return JobInfo(
+        id=str(job_id),
+        recipe=recipe if isinstance(recipe, str) else "?",
+        machine=machine,
+        state=JobState.LOST,
+        started_at=0.0,
+        output_dir="",
+        log_path="",
+        damaged=True,
+        error=f"damaged record in state.db: {type(exc).__name__}: {str(exc)[:200]}",
+    ).to_wire()
 
 
 def register(jobs: JobsComponent) -> None:
@@ -46,7 +62,13 @@ def register(jobs: JobsComponent) -> None:
             try:
                 job = jobs.jobs.get(row["id"]) or Job.from_record(row["record"])
                 listed.append(job.to_json(core.simulated, now))
-            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:  # one bad row costs its own line only
+            except (
+                ValueError,
+                TypeError,
+                KeyError,
+                AttributeError,
+                RecursionError,
+            ) as exc:  # one bad row costs its own line only
                 listed.append(damaged_job(row["id"], row["recipe"], core.machine.name, exc))
         return listed
 
@@ -61,7 +83,9 @@ def register(jobs: JobsComponent) -> None:
         log.info("job %s started by %s", job.id, peer.who)
         return job.detail(core.simulated).to_wire()
 
-    @rpc.method("jobs.stop", role=Role.OPERATOR, params=StopParams, doc="SIGTERM to the job's process group; SIGKILL after grace_s.")
+    @rpc.method(
+        "jobs.stop", role=Role.OPERATOR, params=StopParams, doc="SIGTERM to the job's process group; SIGKILL after grace_s."
+    )
     async def stop_job(peer: Peer, params: StopParams) -> dict:
         job = await jobs.stop_everywhere(jobs.get(params.id), params.grace_s, kill=False)
         log.info("job %s stop requested by %s", job.id, peer.who)

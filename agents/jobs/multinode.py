@@ -21,21 +21,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from agents.catalogue import NodeStartParams, NodeStatusParams, NodeStopParams
 from agents.jobs.job import Job
 from agents.jobs.logs import tail
-from agents.procfiles import descendants
-from agents.lab import Trainer
-from agents.protocol import ErrorCode, RemoteError, Role
-from agents.rpc import Peer
-from agents.sections import NODE_LAST_LINES, NODE_LOSS_POINTS, JobNode, NodeStatus
-from agents.states import JOB_ACTIVE, NODE_OFFLINE, JobState
+from agents.runtime.procfiles import descendants
+from agents.runtime.rpc import Peer
+from agents.wire.catalogue.jobs import NodeStartParams, NodeStatusParams, NodeStopParams
+from agents.wire.lab.model import Trainer
+from agents.wire.protocol import ErrorCode, RemoteError, Role
+from agents.wire.sections.jobs import NODE_LAST_LINES, NODE_LOSS_POINTS, JobNode, NodeStatus
+from agents.wire.states import JOB_ACTIVE, NODE_OFFLINE, JobState
 
 if TYPE_CHECKING:
-    from agents.peers import PeerClient
-    from agents.jobs.supervisor import JobsComponent
+    from agents.jobs.component import JobsComponent
+    from agents.runtime.peers import PeerClient
 
 log = logging.getLogger("cetlab.jobs")
 
@@ -63,12 +63,29 @@ class NodeLaunch:
 
     def torchrun_args(self) -> list[str]:
         # c10d ignores --node-rank (it ranks nodes itself); is_host says which torchrun hosts the store
-        return ["--nnodes", str(self.nnodes), "--node-rank", str(self.rank), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.job_id, "--rdzv-conf", f"is_host={int(self.rank == 0)}",
-                "--max-restarts", "0"]
+        return [
+            "--nnodes",
+            str(self.nnodes),
+            "--node-rank",
+            str(self.rank),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            self.endpoint,
+            "--rdzv-id",
+            self.job_id,
+            "--rdzv-conf",
+            f"is_host={int(self.rank == 0)}",
+            "--max-restarts",
+            "0",
+        ]
 
     def env(self) -> dict[str, str]:
-        return {"NCCL_SOCKET_IFNAME": self.nccl_socket_ifname, "GLOO_SOCKET_IFNAME": self.nccl_socket_ifname} if self.nccl_socket_ifname else {}
+        return (
+            {"NCCL_SOCKET_IFNAME": self.nccl_socket_ifname, "GLOO_SOCKET_IFNAME": self.nccl_socket_ifname}
+            if self.nccl_socket_ifname
+            else {}
+        )
 
 
 def launch_for(recipe: Trainer, machine: str, rank: int, job_id: str, rdzv_host: str, port: int) -> NodeLaunch:
@@ -76,8 +93,15 @@ def launch_for(recipe: Trainer, machine: str, rank: int, job_id: str, rdzv_host:
     if rank >= len(recipe.nodes) or recipe.nodes[rank].machine != machine:
         raise RemoteError(ErrorCode.INVALID_PARAMS, f"{machine} is not node {rank} of recipe {recipe.name}")
     node = recipe.nodes[rank]
-    return NodeLaunch(recipe.model_copy(update={"machine": machine, "gpus": list(node.gpus)}), job_id, rank, len(recipe.nodes),
-                      f"{rdzv_host}:{port}", recipe.nodes[0].machine, node.nccl_socket_ifname)
+    return NodeLaunch(
+        recipe.model_copy(update={"machine": machine, "gpus": list(node.gpus)}),
+        job_id,
+        rank,
+        len(recipe.nodes),
+        f"{rdzv_host}:{port}",
+        recipe.nodes[0].machine,
+        node.nccl_socket_ifname,
+    )
 
 
 def store_listens(job: Job, port: int) -> bool:
@@ -119,8 +143,11 @@ def rdzv_port(recipe: Trainer, avoid: frozenset[int] = frozenset()) -> int:
             except OSError:
                 continue
             return port
-    raise RemoteError(ErrorCode.UNAVAILABLE, f"no free rendezvous port in {RDZV_PORTS.start}-{RDZV_PORTS.stop - 1} for recipe "
-                                             f"{recipe.name}: set its rdzv_port in lab.yaml")
+    raise RemoteError(
+        ErrorCode.UNAVAILABLE,
+        f"no free rendezvous port in {RDZV_PORTS.start}-{RDZV_PORTS.stop - 1} for recipe "
+        f"{recipe.name}: set its rdzv_port in lab.yaml",
+    )
 
 
 def check_node_start(recipe: Trainer, params: NodeStartParams, active: list[Job]) -> None:
@@ -129,17 +156,27 @@ def check_node_start(recipe: Trainer, params: NodeStartParams, active: list[Job]
     one job of the recipe at a time (``active``: this agent's active node jobs)."""
     coordinator = recipe.nodes[0].machine
     if not re.fullmatch(rf"{re.escape(coordinator)}-[1-9][0-9]{{0,8}}", params.id):
-        raise RemoteError(ErrorCode.INVALID_PARAMS, f"job id {params.id!r} is not one of {coordinator}'s ({coordinator}-<n>), "
-                                                    f"the coordinator of recipe {recipe.name}")
+        raise RemoteError(
+            ErrorCode.INVALID_PARAMS,
+            f"job id {params.id!r} is not one of {coordinator}'s ({coordinator}-<n>), the coordinator of recipe {recipe.name}",
+        )
     if recipe.rdzv_port is not None and params.rdzv_port != recipe.rdzv_port:
-        raise RemoteError(ErrorCode.INVALID_PARAMS, f"rdzv_port {params.rdzv_port} is not recipe {recipe.name}'s ({recipe.rdzv_port})")
+        raise RemoteError(
+            ErrorCode.INVALID_PARAMS, f"rdzv_port {params.rdzv_port} is not recipe {recipe.name}'s ({recipe.rdzv_port})"
+        )
     if recipe.rdzv_port is None and params.rdzv_port not in RDZV_PORTS:
-        raise RemoteError(ErrorCode.INVALID_PARAMS, f"rdzv_port {params.rdzv_port} is not one a coordinator picks "
-                                                    f"({RDZV_PORTS.start}-{RDZV_PORTS.stop - 1}; recipe {recipe.name} sets no rdzv_port)")
+        raise RemoteError(
+            ErrorCode.INVALID_PARAMS,
+            f"rdzv_port {params.rdzv_port} is not one a coordinator picks "
+            f"({RDZV_PORTS.start}-{RDZV_PORTS.stop - 1}; recipe {recipe.name} sets no rdzv_port)",
+        )
     running = [job.id for job in active if job.recipe == recipe.name]
     if running:
-        raise RemoteError(ErrorCode.CONFLICT, f"node of job {running[0]} of recipe {recipe.name} is still running here: "
-                                              "one job of a multi-node recipe at a time", {"job": running[0]})
+        raise RemoteError(
+            ErrorCode.CONFLICT,
+            f"node of job {running[0]} of recipe {recipe.name} is still running here: one job of a multi-node recipe at a time",
+            {"job": running[0]},
+        )
 
 
 def node_status(job: Job) -> NodeStatus:
@@ -165,7 +202,7 @@ class Coordinator:
         me = core.machine.name
         others = sorted({n.machine for r in core.lab.trainers if r.nodes and r.machine == me for n in r.nodes[1:]})
         if others:
-            from agents.peers import NODE_KEY_NAME, PeerClient  # peer links only where a multi-node job starts here
+            from agents.runtime.peers import NODE_KEY_NAME, PeerClient  # peer links only where a multi-node job starts here
 
             self.peers = PeerClient(core.lab, core.state_dir, machines=others, topics=[], key_name=NODE_KEY_NAME)
             await self.peers.start()
@@ -186,7 +223,7 @@ class Coordinator:
         if link is not None and not link.online.is_set():
             try:  # a link still connecting (the agent just started) gets a moment
                 await asyncio.wait_for(link.online.wait(), 5.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return await self.peers.call(machine, method, params, timeout=timeout)
 
@@ -197,8 +234,11 @@ class Coordinator:
         core = self.jobs.core
         running = [j.id for j in self.jobs.jobs.values() if j.recipe == recipe.name and j.nodes and j.active]
         if running:  # its nodes take one job of the recipe at a time: said here, before node 0 starts
-            raise RemoteError(ErrorCode.CONFLICT, f"job {running[0]} of recipe {recipe.name} still runs: one job of a "
-                                                  "multi-node recipe at a time", {"job": running[0]})
+            raise RemoteError(
+                ErrorCode.CONFLICT,
+                f"job {running[0]} of recipe {recipe.name} still runs: one job of a multi-node recipe at a time",
+                {"job": running[0]},
+            )
         port = rdzv_port(recipe)
         job_id = self.jobs.next_id()
         job = self.jobs.start_job(recipe.name, given, launch_for(recipe, core.machine.name, 0, job_id, core.machine.host, port))
@@ -227,9 +267,16 @@ class Coordinator:
                 node.state, node.error = JobState.EXITED, None
             self.jobs.save(job)
             return
-        calls = [self._call(n.machine, "jobs.node_start", {"id": job.id, "recipe": recipe.name, "params": given, "node_rank": rank,
-                                                           "rdzv_port": port}, timeout=START_TIMEOUT_S)
-                 for rank, n in enumerate(recipe.nodes) if rank > 0]
+        calls = [
+            self._call(
+                n.machine,
+                "jobs.node_start",
+                {"id": job.id, "recipe": recipe.name, "params": given, "node_rank": rank, "rdzv_port": port},
+                timeout=START_TIMEOUT_S,
+            )
+            for rank, n in enumerate(recipe.nodes)
+            if rank > 0
+        ]
         results = await asyncio.gather(*calls, return_exceptions=True)
         refused = [(n.machine, r) for n, r in zip(recipe.nodes[1:], results) if isinstance(r, BaseException)]
         if refused:
@@ -252,18 +299,36 @@ class Coordinator:
         offset = 0  # where this try's output starts in the job's log (a new job id: a new log)
         for attempt in range(1, RDZV_TRIES + 1):
             deadline = time.monotonic() + RDZV_LISTEN_WAIT_S
-            while job.popen is not None and job.popen.poll() is None and not store_listens(job, port) and time.monotonic() < deadline:
+            while (
+                job.popen is not None
+                and job.popen.poll() is None
+                and not store_listens(job, port)
+                and time.monotonic() < deadline
+            ):
                 await asyncio.sleep(0.2)
             if job.popen is None or job.popen.poll() is None or not lost_port(job.log_path, offset):
                 return job, port  # listening, or failed for its own reasons (the tick and the watch report those)
             lost.add(port)
             if recipe.rdzv_port is not None or attempt == RDZV_TRIES:
-                raise RemoteError(ErrorCode.UNAVAILABLE, f"node {me} could not listen on rendezvous port {port}: another process holds it "
-                                  f"(EADDRINUSE); " + ("free it or change the recipe's rdzv_port" if recipe.rdzv_port is not None
-                                                       else f"{RDZV_TRIES} ports tried"))
-            log.warning("job %s: rendezvous port %d was taken before torchrun bound it; starting node 0 again on another port", job.id, port)
+                raise RemoteError(
+                    ErrorCode.UNAVAILABLE,
+                    f"node {me} could not listen on rendezvous port {port}: another process holds it "
+                    f"(EADDRINUSE); "
+                    + (
+                        "free it or change the recipe's rdzv_port"
+                        if recipe.rdzv_port is not None
+                        else f"{RDZV_TRIES} ports tried"
+                    ),
+                )
+            log.warning(
+                "job %s: rendezvous port %d was taken before torchrun bound it; starting node 0 again on another port",
+                job.id,
+                port,
+            )
             with open(job.log_path, "a", encoding="utf-8") as out:
-                out.write(f"cetlab: rendezvous port {port} was taken before torchrun bound it (EADDRINUSE): starting again on another port\n")
+                out.write(
+                    f"cetlab: rendezvous port {port} was taken before torchrun bound it (EADDRINUSE): starting again on another port\n"
+                )
             nodes = job.nodes
             self.jobs.forget(job)
             offset = Path(job.log_path).stat().st_size
@@ -276,8 +341,10 @@ class Coordinator:
     async def stop_job(self, job: Job, grace_s: float | None, kill: bool) -> Job:
         """SIGTERM (or SIGKILL) to every node's torchrun at once; the ranks agree on the step they stop at."""
         running = [n for n in job.nodes[1:] if n.state in JOB_ACTIVE]
-        remote = [asyncio.create_task(self._call(n.machine, "jobs.node_stop", {"id": job.id, "kill": kill, "grace_s": grace_s}))
-                  for n in running]
+        remote = [
+            asyncio.create_task(self._call(n.machine, "jobs.node_stop", {"id": job.id, "kill": kill, "grace_s": grace_s}))
+            for n in running
+        ]
         if not job.active and not remote:
             raise RemoteError(ErrorCode.CONFLICT, f"job {job.id} has already {job.state}")
         if job.active:
@@ -289,8 +356,11 @@ class Coordinator:
 
     async def _fail_all(self, job: Job, reason: str) -> None:
         """Kill every node still running, each recording the reason as its error."""
-        calls = [self._call(n.machine, "jobs.node_stop", {"id": job.id, "kill": True, "reason": reason})
-                 for n in job.nodes[1:] if n.state in JOB_ACTIVE]
+        calls = [
+            self._call(n.machine, "jobs.node_stop", {"id": job.id, "kill": True, "reason": reason})
+            for n in job.nodes[1:]
+            if n.state in JOB_ACTIVE
+        ]
         if job.active:
             await self.jobs.stop_job(job, None, kill=True)
         else:
@@ -305,7 +375,11 @@ class Coordinator:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(POLL_S)
-            for job in [j for j in self.jobs.jobs.values() if j.nodes and j.coordinator == self.jobs.core.machine.name and j.id not in self.starting]:
+            for job in [
+                j
+                for j in self.jobs.jobs.values()
+                if j.nodes and j.coordinator == self.jobs.core.machine.name and j.id not in self.starting
+            ]:
                 if job.active or any(n.state in JOB_ACTIVE for n in job.nodes):
                     try:
                         await self._poll(job)
@@ -320,20 +394,31 @@ class Coordinator:
         changed = False
         rank_0_here = (Path(job.job_dir) / "progress.json").exists()  # c10d ranks nodes itself: rank 0 may be elsewhere
         for rank, (node, status) in enumerate(zip(job.nodes, seen)):
-            entry = JobNode(machine=node.machine, gpus=node.gpus, state=status.state, exit_code=status.exit_code, error=status.error)
+            entry = JobNode(
+                machine=node.machine, gpus=node.gpus, state=status.state, exit_code=status.exit_code, error=status.error
+            )
             if entry != node:
                 job.nodes[rank], changed = entry, True
             if status.progress is not None and not rank_0_here:  # rank 0 writes progress on its node: take it from there
                 changed |= status.progress != job.progress
                 job.progress = status.progress
                 job.loss_points = [(step, loss) for step, loss in status.loss_points if loss is not None]
-        failed = sorted(((s.ended_at or now, node.machine, s) for node, s in zip(job.nodes, seen)
-                         if s.state in (JobState.FAILED, JobState.LOST, NODE_OFFLINE)), key=lambda f: (f[0], f[1]))
+        failed = sorted(
+            (
+                (s.ended_at or now, node.machine, s)
+                for node, s in zip(job.nodes, seen)
+                if s.state in (JobState.FAILED, JobState.LOST, NODE_OFFLINE)
+            ),
+            key=lambda f: (f[0], f[1]),
+        )
         if failed and job.failure is None:
-            job.failure = "; ".join(f"node {machine} {s.state}" + (f" (exit code {s.exit_code})" if s.exit_code is not None else "")
-                                    + (f": {s.error}" if s.error else "")
-                                    + (" | " + " | ".join(line.rstrip() for line in s.last_lines) if s.last_lines else "")
-                                    for _, machine, s in failed)
+            job.failure = "; ".join(
+                f"node {machine} {s.state}"
+                + (f" (exit code {s.exit_code})" if s.exit_code is not None else "")
+                + (f": {s.error}" if s.error else "")
+                + (" | " + " | ".join(line.rstrip() for line in s.last_lines) if s.last_lines else "")
+                for _, machine, s in failed
+            )
             log.warning("job %s failed: %s", job.id, job.failure)
             await self._fail_all(job, job.failure)
         elif changed:
@@ -354,8 +439,14 @@ class Coordinator:
             if exc.code == ErrorCode.NOT_FOUND:
                 return NodeStatus.seen(JobState.LOST, error=exc.message, ended_at=now)
             since = self.silent_since.setdefault(key, now)
-            lost = now - since >= self.jobs.core.lab.alerts.offline_for_s and (node.state in JOB_ACTIVE or node.state == NODE_OFFLINE)
-            return NodeStatus.seen(NODE_OFFLINE, error=f"its agent does not answer: {exc.message}", ended_at=since) if lost else as_before
+            lost = now - since >= self.jobs.core.lab.alerts.offline_for_s and (
+                node.state in JOB_ACTIVE or node.state == NODE_OFFLINE
+            )
+            return (
+                NodeStatus.seen(NODE_OFFLINE, error=f"its agent does not answer: {exc.message}", ended_at=since)
+                if lost
+                else as_before
+            )
         self.silent_since.pop(key, None)
         return status
 
@@ -371,12 +462,18 @@ def register(jobs: JobsComponent) -> None:
             raise RemoteError(ErrorCode.NOT_FOUND, f"job {job_id} is not a node of a multi-node job on {core.machine.name}")
         return job
 
-    @rpc.method("jobs.node_start", role=Role.OPERATOR, params=NodeStartParams,
-                doc="Start this machine's node of a multi-node recipe named in this agent's own lab.yaml.")
+    @rpc.method(
+        "jobs.node_start",
+        role=Role.OPERATOR,
+        params=NodeStartParams,
+        doc="Start this machine's node of a multi-node recipe named in this agent's own lab.yaml.",
+    )
     async def node_start(peer: Peer, params: NodeStartParams) -> dict:
         recipe = next((r for r in core.lab.trainers if r.name == params.recipe and r.nodes), None)
         if recipe is None:
-            raise RemoteError(ErrorCode.NOT_FOUND, f"no multi-node recipe named {params.recipe!r} in {core.machine.name}'s lab.yaml")
+            raise RemoteError(
+                ErrorCode.NOT_FOUND, f"no multi-node recipe named {params.recipe!r} in {core.machine.name}'s lab.yaml"
+            )
         if params.id in jobs.jobs or core.store.query("SELECT 1 FROM jobs WHERE id=?", (params.id,)):
             raise RemoteError(ErrorCode.CONFLICT, f"{core.machine.name} already has a job {params.id}")
         first = core.lab.machine(recipe.nodes[0].machine)
@@ -386,7 +483,9 @@ def register(jobs: JobsComponent) -> None:
         log.info("job %s: node %d started for %s", job.id, params.node_rank, peer.who)
         return node_status(job).model_dump(mode="json")
 
-    @rpc.method("jobs.node_stop", role=Role.OPERATOR, params=NodeStopParams, doc="Stop or kill this machine's node of a multi-node job.")
+    @rpc.method(
+        "jobs.node_stop", role=Role.OPERATOR, params=NodeStopParams, doc="Stop or kill this machine's node of a multi-node job."
+    )
     async def node_stop(peer: Peer, params: NodeStopParams) -> dict:
         job = node_job(params.id)
         if params.reason:

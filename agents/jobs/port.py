@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from agents.sections import CheckpointReport, JobDetail
-from agents.states import JOB_ACTIVE, JobState
+from agents.wire.sections.jobs import CheckpointReport, JobDetail
+from agents.wire.states import JOB_ACTIVE, JobState
 
 
 @dataclass(frozen=True)

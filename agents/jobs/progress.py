@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from agents.documents import BadDocument, load_progress, load_trainer_state
 from agents.jobs.job import Job
-from agents.sections import CheckpointReport
+from agents.wire.documents import BadDocument, load_progress, load_trainer_state
+from agents.wire.sections.jobs import CheckpointReport
 
 log = logging.getLogger("cetlab.jobs")
 

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agents.lab import Lab, Trainer, TrainerParam
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.lab.model import Lab, Trainer, TrainerParam
+from agents.wire.protocol import ErrorCode, RemoteError
 
 MAX_STR_PARAM = 4096
 _TRUE = {"true", "yes", "on", "1"}
@@ -120,8 +120,14 @@ def nproc(recipe: Trainer) -> int:
     return recipe.nproc_per_node or len(recipe.gpus)
 
 
-def build_argv(recipe: Trainer, values: dict[str, Any], job_id: str, output_dir: str, torchrun: str = "torchrun",
-               rendezvous: list[str] | None = None) -> list[str]:
+def build_argv(
+    recipe: Trainer,
+    values: dict[str, Any],
+    job_id: str,
+    output_dir: str,
+    torchrun: str = "torchrun",
+    rendezvous: list[str] | None = None,
+) -> list[str]:
     """The full command line: the recipe's argv (placeholders expanded), its declared flags, under torchrun if asked.
 
     ``rendezvous``: torchrun's arguments for one node of a multi-node job; default a standalone single node.
@@ -158,7 +164,5 @@ def recipe_json(recipe: Trainer) -> dict[str, Any]:
         "nproc_per_node": nproc(recipe) if recipe.launcher == "torchrun" else None,
         "command": recipe.command,
         "output_dir": recipe.output_dir,
-        "params": [
-            {**p.model_dump(mode="json"), "flag": flag_of(p)} for p in recipe.params
-        ],
+        "params": [{**p.model_dump(mode="json"), "flag": flag_of(p)} for p in recipe.params],
     }

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from agents.documents import BadDocument, read_json_object
 from agents.jobs.job import Job
-from agents.procfiles import write_json
+from agents.runtime.procfiles import write_json
+from agents.wire.documents import BadDocument, read_json_object
 
 log = logging.getLogger("cetlab.jobs")
 

@@ -17,7 +17,6 @@ import codecs
 import io
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from agents.procfiles import LOG_KEEP, LOG_MAX_BYTES, write_json
+from agents.runtime.procfiles import LOG_KEEP, LOG_MAX_BYTES, write_json
 
 CHUNK_BYTES = 64 * 1024
 EXIT_NOT_STARTED = 127
@@ -60,7 +59,9 @@ def run(job_dir: Path, log_path: Path, argv: list[str], max_bytes: int, keep: in
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
     try:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
+        child = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0
+        )
     except OSError as exc:
         log.info(f"cetlab: cannot start {argv[0]}: {exc}\n")
         write_json(job_dir / "exit.json", {"exit_code": EXIT_NOT_STARTED, "ended_at": time.time(), "error": str(exc)})

@@ -7,26 +7,24 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
-from agents.lab_notify import AlertmanagerRoute, Kind, Level, kind_of_rule
-from agents.catalogue import NotifyTestParams as TestParams
+from agents.alerts.port import AlertsPort
+from agents.checkpoints.port import CheckpointsPort
 from agents.notify.outbox import Outbox
 from agents.notify.secrets import describe
 from agents.notify.sender import RouteSender
 from agents.notify.watch import OfflineWatch, Outage
-from agents.sections_notify import Notification, NotifyStatus, RouteStatus, TestResult
-from agents.protocol import ErrorCode, RemoteError, Role
-from agents.schema import Name
-from agents.sections import AlertInfo, JobInfo, Tick
-from agents.states import JobState
-
-from agents.alerts_port import AlertsPort
-from agents.checkpoints.port import CheckpointsPort
+from agents.wire.catalogue.notify import NotifyTestParams as TestParams
+from agents.wire.lab.notify import AlertmanagerRoute, Kind, Level, kind_of_rule
+from agents.wire.protocol import ErrorCode, RemoteError, Role
+from agents.wire.sections.alerts import AlertInfo
+from agents.wire.sections.jobs import JobInfo
+from agents.wire.sections.notify import Notification, NotifyStatus, RouteStatus, TestResult
+from agents.wire.sections.tick import Tick
+from agents.wire.states import JobState
 
 if TYPE_CHECKING:
-    from agents.core import AgentCore
-    from agents.rpc import Peer
+    from agents.runtime.core import AgentCore
+    from agents.runtime.rpc import Peer
 
 log = logging.getLogger("cetlab.notify")
 
@@ -89,8 +87,9 @@ class NotifyComponent:
             route = sender.route
             if not route.takes(kind, notification.level, notification.machine):
                 continue
-            if notification.status == "resolved" and (not route.send_resolved or only_if_fired is None
-                                                      or not self.outbox.has(name, only_if_fired)):
+            if notification.status == "resolved" and (
+                not route.send_resolved or only_if_fired is None or not self.outbox.has(name, only_if_fired)
+            ):
                 continue  # a resolve only follows a firing this route was sent
             if (name, key) in self._stored:
                 continue  # a job that ended stays in the jobs section: its event is stored once, not written every tick
@@ -108,10 +107,23 @@ class NotifyComponent:
     def _alert_notification(self, alert: AlertInfo, status: Literal["firing", "resolved"], kind: Kind) -> Notification:
         level = Level(alert.level) if alert.level in {lv.value for lv in Level} else Level.WARNING
         return Notification(
-            status=status, kind=kind, rule=alert.rule, level=level, target=alert.target,
-            message=alert.message, at=(alert.cleared_at or alert.fired_at) if status == "resolved" else alert.fired_at,
-            alert_id=alert.id, fired_at=alert.fired_at, cleared_at=alert.cleared_at if status == "resolved" else None,
-            value=alert.value, threshold=alert.threshold, gpu=alert.gpu, job=alert.job, model=alert.model, **self._base())
+            status=status,
+            kind=kind,
+            rule=alert.rule,
+            level=level,
+            target=alert.target,
+            message=alert.message,
+            at=(alert.cleared_at or alert.fired_at) if status == "resolved" else alert.fired_at,
+            alert_id=alert.id,
+            fired_at=alert.fired_at,
+            cleared_at=alert.cleared_at if status == "resolved" else None,
+            value=alert.value,
+            threshold=alert.threshold,
+            gpu=alert.gpu,
+            job=alert.job,
+            model=alert.model,
+            **self._base(),
+        )
 
     def alerts_changed(self, fired: list[AlertInfo], cleared: list[AlertInfo]) -> None:  # NotifyPort
         """Called by the alerts component in the tick an alert fires or clears: queue it (once per firing) for each route."""
@@ -124,18 +136,36 @@ class NotifyComponent:
         for alert in cleared:
             kind = kind_of_rule(alert.rule)
             if kind is not None and alert.n > 0:
-                self._queue(kind, f"{alert.id}:resolved", self._alert_notification(alert, "resolved", kind),
-                            only_if_fired=f"{alert.id}:firing")
+                self._queue(
+                    kind,
+                    f"{alert.id}:resolved",
+                    self._alert_notification(alert, "resolved", kind),
+                    only_if_fired=f"{alert.id}:firing",
+                )
 
     def _outage(self, outage: Outage, status: Literal["firing", "resolved"], at: float) -> Notification:
         minutes = (at - outage.since) / 60
-        message = (f"{outage.machine} is offline: {outage.error}" if status == "firing"
-                   else f"{outage.machine} answers again after {minutes:.0f} min offline")
+        message = (
+            f"{outage.machine} is offline: {outage.error}"
+            if status == "firing"
+            else f"{outage.machine} answers again after {minutes:.0f} min offline"
+        )
         return Notification(
-            status=status, kind=Kind.MACHINE_OFFLINE, rule="offline", level=Level.CRITICAL, lab=self.core.lab.lab,
-            machine=outage.machine, target="machine", message=message, at=at, alert_id=f"{outage.machine}#offline",
-            fired_at=outage.since, cleared_at=at if status == "resolved" else None,
-            details={"watched_by": self.core.machine.name}, simulated=self.core.lab.machine(outage.machine).simulated)
+            status=status,
+            kind=Kind.MACHINE_OFFLINE,
+            rule="offline",
+            level=Level.CRITICAL,
+            lab=self.core.lab.lab,
+            machine=outage.machine,
+            target="machine",
+            message=message,
+            at=at,
+            alert_id=f"{outage.machine}#offline",
+            fired_at=outage.since,
+            cleared_at=at if status == "resolved" else None,
+            details={"watched_by": self.core.machine.name},
+            simulated=self.core.lab.machine(outage.machine).simulated,
+        )
 
     def _offline(self, outage: Outage) -> None:
         key = f"{outage.machine}#offline@{outage.since:.3f}"
@@ -202,9 +232,22 @@ class NotifyComponent:
         loss = f", final loss {job.loss:.4g}" if kind == Kind.JOB_FINISHED and job.loss is not None else ""
         reason = f": {job.error}" if kind == Kind.JOB_FAILED and job.error else ""
         message = f"job {job.id} ({job.recipe}) {what} at step {job.step if job.step is not None else '-'}{loss}{reason}"
-        self._queue(kind, f"job {job.id}:{kind.value}", Notification(
-            status="event", kind=kind, rule=kind.value, level=level, target=f"job {job.id}", message=message, at=ended,
-            job=job.id, details={k: v for k, v in details.items() if v is not None}, **self._base()))
+        self._queue(
+            kind,
+            f"job {job.id}:{kind.value}",
+            Notification(
+                status="event",
+                kind=kind,
+                rule=kind.value,
+                level=level,
+                target=f"job {job.id}",
+                message=message,
+                at=ended,
+                job=job.id,
+                details={k: v for k, v in details.items() if v is not None},
+                **self._base(),
+            ),
+        )
 
     def _best_checkpoint(self, job: JobInfo) -> str | None:
         """The run's best checkpoint as the checkpoints component found it (None while it has not)."""
@@ -226,9 +269,22 @@ class NotifyComponent:
         progress.stalled = True
         minutes = (now - progress.since) / 60
         message = f"job {job.id} ({job.recipe}) stalled: no new step for {minutes:.0f} min (at step {job.step if job.step is not None else '-'})"
-        self._queue(Kind.JOB_STALLED, f"job {job.id}:stalled:{job.step}", Notification(
-            status="event", kind=Kind.JOB_STALLED, rule="job_stalled", level=Level.WARNING, target=f"job {job.id}",
-            message=message, at=now, job=job.id, details={"step": job.step, "stalled_s": round(now - progress.since)}, **self._base()))
+        self._queue(
+            Kind.JOB_STALLED,
+            f"job {job.id}:stalled:{job.step}",
+            Notification(
+                status="event",
+                kind=Kind.JOB_STALLED,
+                rule="job_stalled",
+                level=Level.WARNING,
+                target=f"job {job.id}",
+                message=message,
+                at=now,
+                job=job.id,
+                details={"step": job.step, "stalled_s": round(now - progress.since)},
+                **self._base(),
+            ),
+        )
 
     # -- seeing and testing it
 
@@ -236,38 +292,69 @@ class NotifyComponent:
         routes = []
         for name, sender in self.senders.items():
             route = sender.route
-            routes.append(RouteStatus.model_validate({
-                **self.outbox.route_counts(name), "name": name, "kind": getattr(route, "kind"), "format": getattr(route, "format", None),
-                "simulated": route.simulated,
-                "target": describe(route), "queued": self.outbox.pending_count(name), "rate_limited": sender.rate_limited,
-                "next_try_at": sender.next_try_at, "problem": sender.problem}))
+            routes.append(
+                RouteStatus.model_validate(
+                    {
+                        **self.outbox.route_counts(name),
+                        "name": name,
+                        "kind": getattr(route, "kind"),  # noqa: B009 (HttpRoute, the base, has none; every route built has one)
+                        "format": getattr(route, "format", None),
+                        "simulated": route.simulated,
+                        "target": describe(route),
+                        "queued": self.outbox.pending_count(name),
+                        "rate_limited": sender.rate_limited,
+                        "next_try_at": sender.next_try_at,
+                        "problem": sender.problem,
+                    }
+                )
+            )
         return NotifyStatus(machine=self.core.machine.name, routes=routes)
 
     async def test(self, route_name: str) -> TestResult:
         sender = self.senders.get(route_name)
         if sender is None:
             names = [r.name for r in self.core.lab.notify.routes]
-            raise RemoteError(ErrorCode.NOT_FOUND, f"no route {route_name!r} in lab.yaml's notify.routes"
-                              + (f" (routes: {', '.join(names)})" if names else " (it has none)"))
+            raise RemoteError(
+                ErrorCode.NOT_FOUND,
+                f"no route {route_name!r} in lab.yaml's notify.routes"
+                + (f" (routes: {', '.join(names)})" if names else " (it has none)"),
+            )
         now = time.time()
         notification = Notification(
-            status="event", kind=Kind.TEST, rule="test", level=Level.INFO, target="route " + route_name,
+            status="event",
+            kind=Kind.TEST,
+            rule="test",
+            level=Level.INFO,
+            target="route " + route_name,
             message=f"test notification from {self.core.machine.name} for route {route_name} (cetlab alerts notify-test)",
-            at=now, **self._base())
+            at=now,
+            **self._base(),
+        )
         answer, _ = await sender.send(notification)
         self.outbox.record(route_name, answer)
         log.info("route %s: test sent: %s", route_name, answer.answer)
-        return TestResult(route=route_name, machine=self.core.machine.name, ok=answer.ok, answer=answer.answer,
-                          elapsed_s=round(answer.at - now, 3))
+        return TestResult(
+            route=route_name,
+            machine=self.core.machine.name,
+            ok=answer.ok,
+            answer=answer.answer,
+            elapsed_s=round(answer.at - now, 3),
+        )
 
     def _register(self) -> None:
         rpc = self.core.rpc
 
-        @rpc.method("notify.status", doc="Each notification route of this machine: queued, delivered, failures, the last answers.")
+        @rpc.method(
+            "notify.status", doc="Each notification route of this machine: queued, delivered, failures, the last answers."
+        )
         async def notify_status(peer: Peer, _params: Any) -> dict[str, Any]:
             return self.status().model_dump(mode="json")
 
-        @rpc.method("notify.test", role=Role.OPERATOR, params=TestParams,
-                    doc="Send a test notification on a route now; answers what the endpoint said.")
+        @rpc.method(
+            "notify.test",
+            role=Role.OPERATOR,
+            params=TestParams,
+            doc="Send a test notification on a route now; answers what the endpoint said.",
+        )
         async def notify_test(peer: Peer, params: TestParams) -> dict[str, Any]:
             return (await self.test(params.route)).model_dump(mode="json")

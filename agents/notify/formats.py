@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
-from agents.lab_notify import AlertmanagerRoute, Level, WebhookRoute
-from agents.sections_notify import Notification
+from agents.wire.lab.notify import AlertmanagerRoute, Level, WebhookRoute
+from agents.wire.sections.notify import Notification
 
 NTFY_PRIORITY = {Level.INFO: "3", Level.WARNING: "4", Level.CRITICAL: "5"}
 NTFY_TAGS = {Level.INFO: "information_source", Level.WARNING: "warning", Level.CRITICAL: "rotating_light"}
@@ -27,7 +27,7 @@ class HttpRequest:
 
 
 def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 def text(n: Notification) -> str:
@@ -51,8 +51,15 @@ def _json(data: Any) -> bytes:
 
 def alertmanager_labels(n: Notification) -> dict[str, str]:
     """The labels that identify the alert in Alertmanager: the same for its firing and its resolve."""
-    labels = {"alertname": n.kind.value, "rule": n.rule, "severity": n.level.value, "lab": n.lab, "machine": n.machine,
-              "target": n.target, "source": "cetlab"}
+    labels = {
+        "alertname": n.kind.value,
+        "rule": n.rule,
+        "severity": n.level.value,
+        "lab": n.lab,
+        "machine": n.machine,
+        "target": n.target,
+        "source": "cetlab",
+    }
     if n.gpu is not None:
         labels["gpu"] = str(n.gpu)
     if n.job is not None:
@@ -74,7 +81,11 @@ def alertmanager_alert(n: Notification, route: AlertmanagerRoute, now: float) ->
     for key, value in n.details.items():
         if value is not None:
             annotations[key] = "\n".join(value) if isinstance(value, list) else str(value)
-    alert: dict[str, Any] = {"labels": alertmanager_labels(n), "annotations": annotations, "startsAt": rfc3339(n.fired_at or n.at)}
+    alert: dict[str, Any] = {
+        "labels": alertmanager_labels(n),
+        "annotations": annotations,
+        "startsAt": rfc3339(n.fired_at or n.at),
+    }
     if n.status == "resolved":
         alert["endsAt"] = rfc3339(n.cleared_at or n.at)
     elif n.status == "event":
@@ -85,8 +96,9 @@ def alertmanager_alert(n: Notification, route: AlertmanagerRoute, now: float) ->
 
 
 def alertmanager_request(notifications: list[Notification], route: AlertmanagerRoute, now: float) -> HttpRequest:
-    return HttpRequest(_json([alertmanager_alert(n, route, now) for n in notifications]),
-                       {"Content-Type": "application/json"}, "/api/v2/alerts")
+    return HttpRequest(
+        _json([alertmanager_alert(n, route, now) for n in notifications]), {"Content-Type": "application/json"}, "/api/v2/alerts"
+    )
 
 
 def webhook_request(n: Notification, route: WebhookRoute) -> HttpRequest:
@@ -102,7 +114,13 @@ def webhook_request(n: Notification, route: WebhookRoute) -> HttpRequest:
         return HttpRequest(_json({"content": content, "username": "cetlab"}), {"Content-Type": "application/json"})
     if route.format == "ntfy":  # ntfy: the message is the body, title, priority and tags in headers (the URL names the topic)
         lines = text(n).split("\n")
-        return HttpRequest("\n".join(lines[1:] or lines).encode(), {
-            "Content-Type": "text/plain; charset=utf-8", "X-Title": lines[0].encode("ascii", "replace").decode(),
-            "X-Priority": NTFY_PRIORITY[n.level], "X-Tags": NTFY_TAGS[n.level]})
+        return HttpRequest(
+            "\n".join(lines[1:] or lines).encode(),
+            {
+                "Content-Type": "text/plain; charset=utf-8",
+                "X-Title": lines[0].encode("ascii", "replace").decode(),
+                "X-Priority": NTFY_PRIORITY[n.level],
+                "X-Tags": NTFY_TAGS[n.level],
+            },
+        )
     return HttpRequest(_json({"version": 1, **n.model_dump(mode="json")}), {"Content-Type": "application/json"})

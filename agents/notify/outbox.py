@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from agents.sections_notify import Delivery, Notification
-from agents.store import DiskFull, Store
+from agents.runtime.store import DiskFull, Store
+from agents.wire.sections.notify import Delivery, Notification
 
 log = logging.getLogger("cetlab.notify")
 
@@ -21,7 +21,7 @@ SCHEMA = [
         n INTEGER PRIMARY KEY AUTOINCREMENT,
         route TEXT NOT NULL,
         key TEXT NOT NULL,  -- one per firing, resolve or event: "<alert id>:firing", "job m5-3:failed"
-        notification TEXT NOT NULL,  -- agents.sections_notify.Notification as JSON
+        notification TEXT NOT NULL,  -- agents.wire.sections.notify.Notification as JSON
         created_at REAL NOT NULL, next_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
         delivered_at REAL, dropped_at REAL, answer TEXT,
         UNIQUE (route, key))""",
@@ -62,8 +62,10 @@ class Outbox:
         Returns True if queued now, False if it was already, None if state.db could not take it (try again later)."""
         try:
             with self.store.transaction() as db:
-                cursor = db.execute("INSERT OR IGNORE INTO notify_outbox (route, key, notification, created_at, next_at) "
-                                    "VALUES (?, ?, ?, ?, ?)", (route, key, notification.model_dump_json(), time.time(), 0.0))
+                cursor = db.execute(
+                    "INSERT OR IGNORE INTO notify_outbox (route, key, notification, created_at, next_at) VALUES (?, ?, ?, ?, ?)",
+                    (route, key, notification.model_dump_json(), time.time(), 0.0),
+                )
                 return cursor.rowcount == 1
         except DiskFull:
             log.error("notification %s for route %s not queued: state.db's disk is full", key, route)
@@ -74,8 +76,10 @@ class Outbox:
 
     def next(self, route: str) -> Pending | None:
         """The oldest notification of a route not delivered nor dropped (routes send in order)."""
-        rows = self.store.query("SELECT * FROM notify_outbox WHERE route=? AND delivered_at IS NULL AND dropped_at IS NULL "
-                                "ORDER BY n LIMIT 1", (route,))
+        rows = self.store.query(
+            "SELECT * FROM notify_outbox WHERE route=? AND delivered_at IS NULL AND dropped_at IS NULL ORDER BY n LIMIT 1",
+            (route,),
+        )
         if not rows:
             return None
         r = rows[0]
@@ -87,12 +91,17 @@ class Outbox:
         return Pending(r["n"], route, r["key"], notification, r["created_at"], r["next_at"], r["attempts"])
 
     def pending_count(self, route: str) -> int:
-        return int(self.store.query("SELECT COUNT(*) AS c FROM notify_outbox WHERE route=? AND delivered_at IS NULL "
-                                    "AND dropped_at IS NULL", (route,))[0]["c"])
+        return int(
+            self.store.query(
+                "SELECT COUNT(*) AS c FROM notify_outbox WHERE route=? AND delivered_at IS NULL AND dropped_at IS NULL", (route,)
+            )[0]["c"]
+        )
 
     def delivered(self, n: int, route: str, answer: Delivery) -> None:
         with self.store.transaction() as db:
-            db.execute("UPDATE notify_outbox SET delivered_at=?, attempts=attempts+1, answer=? WHERE n=?", (answer.at, answer.answer, n))
+            db.execute(
+                "UPDATE notify_outbox SET delivered_at=?, attempts=attempts+1, answer=? WHERE n=?", (answer.at, answer.answer, n)
+            )
             self._count(db, route, "delivered", "last_ok", answer)
 
     def failed(self, n: int, route: str, answer: Delivery, next_at: float) -> None:
@@ -111,8 +120,13 @@ class Outbox:
             self._count(db, route, "delivered" if answer.ok else "failures", "last_ok" if answer.ok else "last_failure", answer)
 
     @staticmethod
-    def _count(db: sqlite3.Connection, route: str, counter: Literal["delivered", "failures", "dropped"],
-               last: Literal["last_ok", "last_failure"], answer: Delivery) -> None:
+    def _count(
+        db: sqlite3.Connection,
+        route: str,
+        counter: Literal["delivered", "failures", "dropped"],
+        last: Literal["last_ok", "last_failure"],
+        answer: Delivery,
+    ) -> None:
         # the column names are these literals only (never from input): the f-string below cannot inject
         db.execute("INSERT OR IGNORE INTO notify_routes (route) VALUES (?)", (route,))
         db.execute(f"UPDATE notify_routes SET {counter}={counter}+1, {last}=? WHERE route=?", (answer.model_dump_json(), route))
@@ -122,6 +136,10 @@ class Outbox:
         if not rows:
             return {}
         r = rows[0]
-        return {"delivered": r["delivered"], "failures": r["failures"], "dropped": r["dropped"],
-                "last_delivery": json.loads(r["last_ok"]) if r["last_ok"] else None,
-                "last_failure": json.loads(r["last_failure"]) if r["last_failure"] else None}
+        return {
+            "delivered": r["delivered"],
+            "failures": r["failures"],
+            "dropped": r["dropped"],
+            "last_delivery": json.loads(r["last_ok"]) if r["last_ok"] else None,
+            "last_failure": json.loads(r["last_failure"]) if r["last_failure"] else None,
+        }

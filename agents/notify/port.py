@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from agents.sections import AlertInfo
+    from agents.wire.sections.alerts import AlertInfo
 
 
 @runtime_checkable

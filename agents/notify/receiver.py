@@ -38,11 +38,14 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 length = min(int(self.headers.get("Content-Length") or 0), MAX_BODY)
                 body = self.rfile.read(length)
-                entry: dict[str, Any] = {"at": time.time(), "path": self.path,
-                                         "headers": {k: v for k, v in self.headers.items() if k.lower() in KEPT_HEADERS}}
+                entry: dict[str, Any] = {
+                    "at": time.time(),
+                    "path": self.path,
+                    "headers": {k: v for k, v in self.headers.items() if k.lower() in KEPT_HEADERS},
+                }
                 try:
                     entry["json"] = json.loads(body)
                 except ValueError:
@@ -56,7 +59,9 @@ class Receiver:
                         receiver.held -= 1
                 receiver._record(entry)
                 ok = 200 <= receiver.status < 300
-                payload = json.dumps({"ok": True} if ok else {"error": f"no hook at {self.path}"}).encode()  # as many servers do: echo the path
+                payload = json.dumps(
+                    {"ok": True} if ok else {"error": f"no hook at {self.path}"}
+                ).encode()  # as many servers do: echo the path
                 self.send_response(receiver.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agents.lab_notify import CommandRoute, HttpRoute
+from agents.wire.lab.notify import CommandRoute, HttpRoute
 
 MAX_SECRET_BYTES = 8192
 REDACTED = "<secret>"
@@ -42,8 +42,9 @@ def _read(env: str | None, file: str | None, base: Path | None, what: str) -> st
     if env is not None:
         value = os.environ.get(env)
         if not value:
-            raise SecretError(f"{what}: ${env} is not set in the agent's environment (set it in the unit's Environment= "
-                              "or EnvironmentFile=)")
+            raise SecretError(
+                f"{what}: ${env} is not set in the agent's environment (set it in the unit's Environment= or EnvironmentFile=)"
+            )
         return value.strip()
     if file is None:
         return None
@@ -59,8 +60,7 @@ def _read(env: str | None, file: str | None, base: Path | None, what: str) -> st
         if not stat.S_ISREG(info.st_mode):
             raise SecretError(f"{what}: {path} is not a regular file")
         if info.st_mode & 0o077:
-            raise SecretError(f"{what}: {path} is mode {stat.S_IMODE(info.st_mode):04o}, readable by others: "
-                              f"chmod 600 {path}")
+            raise SecretError(f"{what}: {path} is mode {stat.S_IMODE(info.st_mode):04o}, readable by others: chmod 600 {path}")
         data = os.read(fd, MAX_SECRET_BYTES + 1)
     finally:
         os.close(fd)

@@ -10,15 +10,16 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from agents.lab_notify import AlertmanagerRoute, CommandRoute, HttpRoute, Notify, WebhookRoute
 from agents.notify.formats import HttpRequest, alertmanager_request, webhook_request
 from agents.notify.outbox import Outbox, Pending
 from agents.notify.secrets import SecretError, endpoint, redact
-from agents.sections_notify import Delivery, Notification
-from agents.store import DiskFull
+from agents.runtime.store import DiskFull
+from agents.wire.lab.notify import AlertmanagerRoute, CommandRoute, HttpRoute, Notify, WebhookRoute
+from agents.wire.sections.notify import Delivery, Notification
 
 if TYPE_CHECKING:
     import aiohttp
@@ -45,8 +46,14 @@ async def load_aiohttp() -> Any:
 class RouteSender:
     """One route: its queue sent in order by one task; a slow or dead endpoint delays only this route."""
 
-    def __init__(self, route: HttpRoute | CommandRoute, settings: Notify, outbox: Outbox, base: Path | None,
-                 firing: Callable[[AlertmanagerRoute], list[Notification]]):
+    def __init__(
+        self,
+        route: HttpRoute | CommandRoute,
+        settings: Notify,
+        outbox: Outbox,
+        base: Path | None,
+        firing: Callable[[AlertmanagerRoute], list[Notification]],
+    ):
         self.route = route
         self.settings = settings
         self.outbox = outbox
@@ -91,7 +98,7 @@ class RouteSender:
                 self.wake.clear()
                 try:
                     await asyncio.wait_for(self.wake.wait(), wait)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
 
     def _resend_wait(self) -> float:
@@ -109,8 +116,12 @@ class RouteSender:
                 await self._resend(self.route)
             return self._resend_wait()
         if now - pending.created_at > self.settings.give_up_after:
-            log.error("route %s: %s not accepted within %.0f s: dropped", self.route.name, pending.key, self.settings.give_up_after)
-            self.outbox.dropped(pending.n, self.route.name, Delivery(at=now, ok=False, answer=f"given up after {pending.attempts} attempts"))
+            log.error(
+                "route %s: %s not accepted within %.0f s: dropped", self.route.name, pending.key, self.settings.give_up_after
+            )
+            self.outbox.dropped(
+                pending.n, self.route.name, Delivery(at=now, ok=False, answer=f"given up after {pending.attempts} attempts")
+            )
             return 0
         if pending.next_at > now:
             self.next_try_at = pending.next_at
@@ -140,8 +151,14 @@ class RouteSender:
             delay = min(self.settings.retry_max, self.settings.retry_first * 2 ** min(pending.attempts, 30))
             self.next_try_at = answer.at + delay
             self.outbox.failed(pending.n, name, answer, self.next_try_at)
-            log.warning("route %s: delivering %s failed (attempt %d, next in %.0f s): %s", name, pending.key,
-                        pending.attempts + 1, delay, answer.answer)
+            log.warning(
+                "route %s: delivering %s failed (attempt %d, next in %.0f s): %s",
+                name,
+                pending.key,
+                pending.attempts + 1,
+                delay,
+                answer.answer,
+            )
 
     async def _resend(self, route: AlertmanagerRoute) -> None:
         """Alertmanager forgets an alert not posted again for a while: post every firing one again."""
@@ -188,20 +205,29 @@ class RouteSender:
         url = target.url.rstrip("/") + request.path if request.path else target.url
         started = time.time()
         try:
-            async with self._session.post(url, data=request.body, headers=headers, allow_redirects=False,
-                                          timeout=aiohttp.ClientTimeout(total=route.timeout_s)) as response:
+            async with self._session.post(
+                url,
+                data=request.body,
+                headers=headers,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=route.timeout_s),
+            ) as response:
                 body = (await response.content.read(ANSWER_CHARS * 4)).decode("utf-8", "replace")
                 status = response.status
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return Delivery(at=time.time(), ok=False, answer=f"no answer within {route.timeout_s:g} s"), False
         except aiohttp.ClientError as exc:
             reason = str(exc) or type(exc).__name__
-            return Delivery(at=time.time(), ok=False, answer=redact(f"{type(exc).__name__}: {reason}", target.secrets)[:ANSWER_CHARS]), False
+            return Delivery(
+                at=time.time(), ok=False, answer=redact(f"{type(exc).__name__}: {reason}", target.secrets)[:ANSWER_CHARS]
+            ), False
         summary = " ".join(body.split())[:ANSWER_CHARS]
         answer = redact(f"HTTP {status}" + (f": {summary}" if summary else ""), target.secrets)
         ok = 200 <= status < 300
         log.debug("route %s: HTTP %d in %.2f s", route.name, status, time.time() - started)
-        return Delivery(at=time.time(), ok=ok, answer=answer), (not ok and status in PERMANENT_HTTP and status not in RETRIED_HTTP)
+        return Delivery(at=time.time(), ok=ok, answer=answer), (
+            not ok and status in PERMANENT_HTTP and status not in RETRIED_HTTP
+        )
 
     async def _run_command(self, route: CommandRoute, notification: Notification) -> tuple[Delivery, bool]:
         cwd = route.cwd or (str(self.base) if self.base else None)
@@ -209,20 +235,27 @@ class RouteSender:
             cwd = str(self.base / cwd)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *route.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                cwd=cwd, start_new_session=True)
+                *route.argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                cwd=cwd,
+                start_new_session=True,
+            )
         except OSError as exc:
             return Delivery(at=time.time(), ok=False, answer=f"cannot run {route.argv[0]}: {exc.strerror or exc}"), False
         payload = json.dumps({"version": 1, **notification.model_dump(mode="json")}).encode() + b"\n"
         try:
             output, _ = await asyncio.wait_for(proc.communicate(payload), route.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             await proc.wait()
-            return Delivery(at=time.time(), ok=False, answer=f"{route.argv[0]} did not finish within {route.timeout_s:g} s: killed"), False
+            return Delivery(
+                at=time.time(), ok=False, answer=f"{route.argv[0]} did not finish within {route.timeout_s:g} s: killed"
+            ), False
         last = " ".join(output.decode("utf-8", "replace").strip().splitlines()[-1:])[:ANSWER_CHARS]
         ok = proc.returncode == 0
         return Delivery(at=time.time(), ok=ok, answer=f"exit code {proc.returncode}" + (f": {last}" if last else "")), False

@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from agents.lab import Lab, Machine
-from agents.store import Store
+from agents.runtime.store import Store
+from agents.wire.lab.model import Lab, Machine
 
 log = logging.getLogger("cetlab.notify")
 
@@ -42,7 +42,7 @@ async def reachable(machine: Machine) -> str | None:
     host, port = address(machine)
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return f"no answer from {host}:{port} within {CONNECT_TIMEOUT_S:g} s"
     except OSError as exc:
         return f"{host}:{port}: {exc.strerror or exc}"
@@ -53,7 +53,9 @@ async def reachable(machine: Machine) -> str | None:
 class OfflineWatch:
     """The watcher's loop: `fired(outage)` once an outage lasts `offline_for_s`, `resolved(outage, at)` when it ends."""
 
-    def __init__(self, lab: Lab, me: str, store: Store, fired: Callable[[Outage], None], resolved: Callable[[Outage, float], None]):
+    def __init__(
+        self, lab: Lab, me: str, store: Store, fired: Callable[[Outage], None], resolved: Callable[[Outage, float], None]
+    ):
         self.machines = [m for m in lab.machines if m.name != me]
         self.offline_for_s = lab.alerts.offline_for_s
         self.store = store

@@ -1,5 +1,5 @@
 """The model pool ("orchestra"): engines, page-cache warming, placement and rotation."""
 
-from agents.orchestra.pool import OrchestraComponent
+from agents.orchestra.component import OrchestraComponent
 
 __all__ = ["OrchestraComponent"]

@@ -6,16 +6,15 @@ import asyncio
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING, Any
-
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from agents.documents import BadDocument, read_json_object
-from agents.procfiles import write_json
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
-from agents.states import ModelState
+from agents.runtime.procfiles import write_json
+from agents.wire.documents import BadDocument, read_json_object
+from agents.wire.states import ModelState
 
 if TYPE_CHECKING:
     from agents.orchestra.engine import Engine
@@ -65,8 +64,14 @@ def remember(slots: dict[str, Slot]) -> dict[str, dict[str, Any]]:
                 create_time = psutil.Process(engine.pid).create_time()
             except psutil.Error:
                 continue
-        running[slot.name] = {"pid": engine.pid, "create_time": create_time, "port": engine.port, "gpus": slot.gpus,
-                              "log_offset": engine._log_offset, "state": slot.state}
+        running[slot.name] = {
+            "pid": engine.pid,
+            "create_time": create_time,
+            "port": engine.port,
+            "gpus": slot.gpus,
+            "log_offset": engine._log_offset,
+            "state": slot.state,
+        }
     return running
 
 

@@ -7,12 +7,12 @@ import logging
 import time
 from typing import Any
 
-from agents.core import AgentCore
-from agents.documents import EngineFigures
 from agents.orchestra.adopt import keep_on_disk, remember
 from agents.orchestra.slot import TOKENS_PER_S_WINDOW_S, Slot, WindowRate
-from agents.events import Notice, NoticeLevel
-from agents.states import MODEL_ENGINE_UP, ModelState
+from agents.runtime.core import AgentCore
+from agents.wire.documents import EngineFigures
+from agents.wire.events import Notice, NoticeLevel
+from agents.wire.states import MODEL_ENGINE_UP, ModelState
 
 log = logging.getLogger("cetlab.orchestra")
 
@@ -38,8 +38,15 @@ class PoolBook:
             for key, value in values.items():
                 db.execute("INSERT OR REPLACE INTO orchestra_kv VALUES (?, ?)", (key, json.dumps(value)))
 
-    def event(self, slot: Slot, event: str, duration_s: float | None = None, detail: Any = None,
-              from_state: str | None = None, to_state: str | None = None) -> None:
+    def event(
+        self,
+        slot: Slot,
+        event: str,
+        duration_s: float | None = None,
+        detail: Any = None,
+        from_state: str | None = None,
+        to_state: str | None = None,
+    ) -> None:
         with self.core.store.transaction() as db:
             db.execute(
                 "INSERT INTO model_events (t, model, event, from_state, to_state, duration_s, detail) VALUES (?,?,?,?,?,?,?)",

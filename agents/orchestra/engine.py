@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from agents.procfiles import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, descendants
-from agents.lab import Model
 from agents.orchestra.lora_rules import lora_config_problem
 from agents.orchestra.spec import EngineSpec, GpuBuild
-from agents.ports import server_port
-from agents.protocol import GpuSample
-from agents.safe_read import ADAPTER_CONFIG_MAX_BYTES, read_capped
+from agents.runtime.ports import server_port
+from agents.runtime.procfiles import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, descendants
+from agents.wire.lab.model import Model
+from agents.wire.protocol import GpuSample
+from agents.wire.safe_read import ADAPTER_CONFIG_MAX_BYTES, read_capped
 
 if TYPE_CHECKING:
     from agents.orchestra.adopt import AdoptedProcess
@@ -42,9 +42,12 @@ VLLM_PHASES = {
     "first_pass_s": r"warm-up \(first forward pass\) took " + _SECONDS,
 }
 VLLM_METRICS: dict[str, str | None] = {
-    "requests_running": "vllm:num_requests_running", "requests_waiting": "vllm:num_requests_waiting",
-    "kv_cache_pct": "vllm:kv_cache_usage_perc", "prompt_tokens_total": "vllm:prompt_tokens_total",
-    "generation_tokens_total": "vllm:generation_tokens_total", "ttft": "vllm:time_to_first_token_seconds",
+    "requests_running": "vllm:num_requests_running",
+    "requests_waiting": "vllm:num_requests_waiting",
+    "kv_cache_pct": "vllm:kv_cache_usage_perc",
+    "prompt_tokens_total": "vllm:prompt_tokens_total",
+    "generation_tokens_total": "vllm:generation_tokens_total",
+    "ttft": "vllm:time_to_first_token_seconds",
 }
 
 
@@ -97,7 +100,9 @@ class Engine:
     gpu_totals: list[int] | None = None  # each GPU's memory in self.gpus order, where the pool knows it
     adapters: dict[str, str] = {}  # name -> path of the adapters loaded at run time (replaced, never mutated in place)
 
-    def __init__(self, model: Model, path: Path, machine: str, gpus: list[int], log_path: Path, gpu_total_bytes: int | None = None):
+    def __init__(
+        self, model: Model, path: Path, machine: str, gpus: list[int], log_path: Path, gpu_total_bytes: int | None = None
+    ):
         self.model = model
         self.path = path
         self.machine = machine
@@ -156,8 +161,12 @@ class Engine:
             log.flush()
             # own session: the whole server (workers included) stops as one process group
             self.proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
-                env=self.env(), start_new_session=True,
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                env=self.env(),
+                start_new_session=True,
             )
 
     @property
@@ -188,7 +197,7 @@ class Engine:
             await asyncio.wait_for(self.proc.wait(), STOP_GRACE_S)
         except ProcessLookupError:
             pass
-        except asyncio.TimeoutError:
+        except TimeoutError:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -202,8 +211,12 @@ class Engine:
         import urllib.request
 
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(f"http://{self.host}:{self.port}{path}", data=data, method=method,
-                                         headers={"Content-Type": "application/json"} if data else {})
+        request = urllib.request.Request(
+            f"http://{self.host}:{self.port}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"} if data else {},
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 return response.read()
@@ -354,8 +367,16 @@ class VllmSleepMixin(Engine):
     def serve_flags(self) -> list[str]:
         """`vllm serve MODEL` flags after the model: the agent's, then lab.yaml's args (which win where they repeat)."""
         model, args = self.model, list(self.model.args)
-        flags = ["--host", self.host, "--port", str(self.port), "--served-model-name", self.served_name,
-                 "--enable-sleep-mode", "--disable-uvicorn-access-log"]  # the agent polls /metrics: no access line each time
+        flags = [
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            self.served_name,
+            "--enable-sleep-mode",
+            "--disable-uvicorn-access-log",
+        ]  # the agent polls /metrics: no access line each time
         if model.max_loras and "--enable-lora" not in args:
             flags += ["--enable-lora", "--max-loras", str(model.max_loras), "--max-lora-rank", str(model.max_lora_rank)]
         if "--tensor-parallel-size" not in args and len(self.gpus) > 1:
@@ -400,8 +421,9 @@ class VllmSleepMixin(Engine):
             try:
                 await self.http("POST", "/collective_rpc", {"method": "reload_weights"}, timeout_s=600.0)
             except EngineRequestFailed as exc:
-                raise EngineRequestFailed(f"sleep level 2 needs reload_weights, which this vLLM refused ({exc}); "
-                                          "use sleep_level: 1 for this model") from None
+                raise EngineRequestFailed(
+                    f"sleep level 2 needs reload_weights, which this vLLM refused ({exc}); use sleep_level: 1 for this model"
+                ) from None
             await self.http("POST", "/wake_up?tags=kv_cache", timeout_s=600.0)
         else:
             await self.http("POST", "/wake_up", timeout_s=600.0)
@@ -416,6 +438,7 @@ class VllmSleepMixin(Engine):
         if problem is not None:
             raise AdapterNotLoadable(problem)
         # load_inplace: a name already loaded (a second serve-checkpoint of the same step) is reloaded, not refused
-        await self.http("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": True},
-                        timeout_s=600.0)
+        await self.http(
+            "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": True}, timeout_s=600.0
+        )
         self.adapters = {**self.adapters, name: path}

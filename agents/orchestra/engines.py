@@ -9,8 +9,9 @@ from agents.orchestra.spec import EngineSpec
 from agents.orchestra.transformers_engine import TransformersEngine
 from agents.orchestra.vllm import VllmEngine
 
-ENGINES: dict[str, type[Engine]] = {cls.spec.name: cls for cls in (SimEngine, VllmEngine, TransformersEngine,
-                                                                       LlamacppEngine, SimLlamacppEngine)}
+ENGINES: dict[str, type[Engine]] = {
+    cls.spec.name: cls for cls in (SimEngine, VllmEngine, TransformersEngine, LlamacppEngine, SimLlamacppEngine)
+}
 
 
 def engine_class(name: str) -> type[Engine]:

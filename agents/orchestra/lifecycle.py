@@ -6,9 +6,9 @@ import asyncio
 import logging
 import signal
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from agents.core import AgentCore
 from agents.gpusupport.port import GpuSupportPort
 from agents.orchestra.adopt import AdoptedProcess
 from agents.orchestra.book import PoolBook
@@ -17,14 +17,18 @@ from agents.orchestra.engines import ENGINES
 from agents.orchestra.placement import Placement
 from agents.orchestra.residency import Residency
 from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, EngineFailed, Slot, gib_text
-from agents.protocol import ErrorCode, RemoteError
-from agents.sections import ModelError, ModelOp, ModelProgress
-from agents.states import MODEL_AT_REST, MODEL_BRINGING_UP, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, MODEL_SETTLED, ModelState
+from agents.runtime.core import AgentCore
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.base import ModelOp
+from agents.wire.sections.models import ModelError, ModelProgress
+from agents.wire.states import MODEL_AT_REST, MODEL_BRINGING_UP, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, MODEL_SETTLED, ModelState
 
 log = logging.getLogger("cetlab.orchestra")
 
 __all__ = ["ENGINES", "Lifecycle"]
-AGENT_PID_FILE = "agent.pid"  # in the state dir, locked while the agent runs (agents.agent.PID_FILE_NAME): engines follow it
+AGENT_PID_FILE = (
+    "agent.pid"  # in the state dir, locked while the agent runs (agents.shell.agent.PID_FILE_NAME): engines follow it
+)
 HEALTH_POLL_S = 0.1
 HEALTH_POLL_FIRST_S = 0.01  # then 1.5x each time up to HEALTH_POLL_S
 WARMUP_TIMEOUT_S = 900.0
@@ -56,13 +60,16 @@ class Lifecycle:
 
     def new_engine(self, slot: Slot, gpus: list[int], check_gpus: bool = True) -> Engine:
         if not slot.path.exists() and not slot.model.make_tiny_if_missing:
-            raise RemoteError(ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.core.machine.name}")
+            raise RemoteError(
+                ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.core.machine.name}"
+            )
         total = None
         latest = self.core.latest
         if gpus and latest is not None:
             total = next((g.mem_total_bytes for g in latest.gpus if g.index == gpus[0]), None)
-        engine = ENGINES[slot.model.engine](slot.model, slot.path, self.core.machine.name, gpus,
-                                            self.core.state_dir / "models" / f"{slot.name}.log", total)
+        engine = ENGINES[slot.model.engine](
+            slot.model, slot.path, self.core.machine.name, gpus, self.core.state_dir / "models" / f"{slot.name}.log", total
+        )
         engine.agent_pid_file = self.core.state_dir / AGENT_PID_FILE
         if gpus and latest is not None:  # each GPU's memory: llama.cpp splits a model by it
             by_index = {g.index: g.mem_total_bytes for g in latest.gpus}
@@ -83,11 +90,20 @@ class Lifecycle:
         if engine.stopping or slot.engine is not engine:
             return
         if isinstance(engine.proc, AdoptedProcess):  # never "code -1": a restarted agent cannot see how it ended
-            self.fail(slot, engine, "the engine ended; it was re-adopted after an agent restart, so its exit code and signal "
-                                     "went to init, not to this agent: see its log")
+            self.fail(
+                slot,
+                engine,
+                "the engine ended; it was re-adopted after an agent restart, so its exit code and signal "
+                "went to init, not to this agent: see its log",
+            )
         else:
-            self.fail(slot, engine, f"the engine exited with code {code}" if code is None or code >= 0
-                       else f"the engine was killed by {signal_name(-code)}")
+            self.fail(
+                slot,
+                engine,
+                f"the engine exited with code {code}"
+                if code is None or code >= 0
+                else f"the engine was killed by {signal_name(-code)}",
+            )
         if slot.op is not None and slot.busy and slot.op is not asyncio.current_task():
             slot.op.cancel()
 
@@ -274,7 +290,9 @@ class Lifecycle:
         if slot.state != ModelState.WARM or slot.engine is None:
             raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is {slot.state}; only a warm model can sleep")
         if not slot.engine.can_sleep:
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"the {slot.model.engine} engine has no sleep mode; use `cetlab cold {slot.name}`")
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE, f"the {slot.model.engine} engine has no sleep mode; use `cetlab cold {slot.name}`"
+            )
         if slot.pinned:
             raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is pinned; unpin it first")
         return self.begin([slot], "sleep", lambda: self._sleep(slot))
@@ -296,7 +314,10 @@ class Lifecycle:
         if out.state not in (ModelState.WARM, ModelState.SLEEPING):
             raise RemoteError(ErrorCode.CONFLICT, f"{out.name} is {out.state}, not serving: use `cetlab warm {incoming.name}`")
         if incoming.state in MODEL_HOLDS_GPU:
-            raise RemoteError(ErrorCode.CONFLICT, f"{incoming.name} is already {incoming.state} on {self.core.machine.name} (GPUs {incoming.gpus})")
+            raise RemoteError(
+                ErrorCode.CONFLICT,
+                f"{incoming.name} is already {incoming.state} on {self.core.machine.name} (GPUs {incoming.gpus})",
+            )
         if out.pinned and not rotation:
             raise RemoteError(ErrorCode.CONFLICT, f"{out.name} is pinned; unpin it first")
         for slot in (out, incoming):
@@ -320,21 +341,30 @@ class Lifecycle:
             self.book.unavailable_s += 0.0 if rotation else total_s  # a rotation counts its whole span itself
             self.book.kv_save(unavailable_s=self.book.unavailable_s)
             with self.core.store.transaction() as db:
-                db.execute("INSERT INTO model_swaps (t, out_model, in_model, free_s, bring_up_s, total_s, engine_s, rotation) VALUES (?,?,?,?,?,?,?,?)",
-                           (time.time(), out.name, incoming.name, freed - started, done - freed, total_s, engine_s, int(rotation)))
-            self.book.event(incoming, "swap", total_s, detail={"out": out.name, "engine_s": engine_s, "control_s": total_s - engine_s})
+                db.execute(
+                    "INSERT INTO model_swaps (t, out_model, in_model, free_s, bring_up_s, total_s, engine_s, rotation) VALUES (?,?,?,?,?,?,?,?)",
+                    (time.time(), out.name, incoming.name, freed - started, done - freed, total_s, engine_s, int(rotation)),
+                )
+            self.book.event(
+                incoming, "swap", total_s, detail={"out": out.name, "engine_s": engine_s, "control_s": total_s - engine_s}
+            )
             out.timings["swap_s"] = round(total_s, 3)
 
         return self.begin([out, incoming], "swap", work)
 
     async def cache(self, slot: Slot) -> asyncio.Task[Any]:
         if not slot.path.exists():
-            raise RemoteError(ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.core.machine.name}")
+            raise RemoteError(
+                ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.core.machine.name}"
+            )
         await asyncio.to_thread(self.residency.measure, slot)
         budget = self.residency.budget_bytes()
         if budget is not None and slot.size_bytes > budget:
-            raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is {gib_text(slot.size_bytes)}, more than the RAM-cache budget of "
-                              f"{self.core.machine.name} ({gib_text(budget)}, machines[].ram_cache_gib)")
+            raise RemoteError(
+                ErrorCode.CONFLICT,
+                f"{slot.name} is {gib_text(slot.size_bytes)}, more than the RAM-cache budget of "
+                f"{self.core.machine.name} ({gib_text(budget)}, machines[].ram_cache_gib)",
+            )
 
         async def work() -> None:
             await self.residency.cache(slot, strict=True)

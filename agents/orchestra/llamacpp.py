@@ -31,23 +31,31 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-from agents import llamacpp_build
 from agents.orchestra.engine import Engine, EngineRequestFailed
 from agents.orchestra.spec import EngineSpec, GpuBuild
-from agents.protocol import ErrorCode, RemoteError
+from agents.runtime import llamacpp_build
+from agents.wire.protocol import ErrorCode, RemoteError
 
 LLAMACPP_METRICS: dict[str, str | None] = {
-    "requests_running": "llamacpp:requests_processing", "requests_waiting": "llamacpp:requests_deferred",
-    "kv_cache_pct": None, "prompt_tokens_total": "llamacpp:prompt_tokens_total",
-    "generation_tokens_total": "llamacpp:tokens_predicted_total", "ttft": None,
+    "requests_running": "llamacpp:requests_processing",
+    "requests_waiting": "llamacpp:requests_deferred",
+    "kv_cache_pct": None,
+    "prompt_tokens_total": "llamacpp:prompt_tokens_total",
+    "generation_tokens_total": "llamacpp:tokens_predicted_total",
+    "ttft": None,
 }
 # ggml-cuda's floor: Maxwell (5.0) and newer; the P40/P4/P1000 (6.1) are llama.cpp's classic cards
 LLAMACPP_CUDA_MIN_CC = 5.0
 LLAMACPP_SPEC = EngineSpec(
     gpu_stack="llamacpp",
-    name="llamacpp", title="llama.cpp (llama-server)", free_mode="stop", adapters="at-start", adapter_format="gguf",
-    multi_gpu="layer-split", model_formats=("gguf",), metric_names=LLAMACPP_METRICS,
+    name="llamacpp",
+    title="llama.cpp (llama-server)",
+    free_mode="stop",
+    adapters="at-start",
+    adapter_format="gguf",
+    multi_gpu="layer-split",
+    model_formats=("gguf",),
+    metric_names=LLAMACPP_METRICS,
     min_compute_capability=LLAMACPP_CUDA_MIN_CC,
 )
 # llama-server log lines start with "M.SS.mmm.uuu" (minutes, seconds, ms, us since start)
@@ -116,16 +124,25 @@ class LlamacppEngine(Engine):
             cuda = b"ggml_backend_cuda" in binary.read_bytes() or any(binary.parent.glob("libggml-cuda*"))
         except OSError as exc:
             return GpuBuild("unknown", detail=f"{binary}: {exc.strerror}")
-        return GpuBuild("cuda" if cuda else "cpu", (), LLAMACPP_CUDA_MIN_CC if cuda else None,
-                        f"{binary} (no build stamp; CUDA archs not known)")
+        return GpuBuild(
+            "cuda" if cuda else "cpu",
+            (),
+            LLAMACPP_CUDA_MIN_CC if cuda else None,
+            f"{binary} (no build stamp; CUDA archs not known)",
+        )
 
     def check(self) -> None:
         if self.binary() is None:
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"llama-server is not on {self.machine}: {llamacpp_build.MAKE_HINT}, "
-                                                     f"or set {llamacpp_build.BINARY_ENV}")
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE,
+                f"llama-server is not on {self.machine}: {llamacpp_build.MAKE_HINT}, or set {llamacpp_build.BINARY_ENV}",
+            )
         if self.spec.accepts(str(self.path)) is None:
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"model {self.model.name}: llama.cpp loads one .gguf file, not {self.path} "
-                                                     "(convert it with llama.cpp's convert_hf_to_gguf.py, or serve the folder with engine vllm or transformers)")
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE,
+                f"model {self.model.name}: llama.cpp loads one .gguf file, not {self.path} "
+                "(convert it with llama.cpp's convert_hf_to_gguf.py, or serve the folder with engine vllm or transformers)",
+            )
 
     def split_flags(self) -> list[str]:
         args = self.model.args
@@ -175,8 +192,10 @@ class LlamacppEngine(Engine):
         wanted = Path(path).resolve()
         ids = [a.get("id") for a in loaded if Path(str(a.get("path", ""))).resolve() == wanted]
         if not ids:
-            raise EngineRequestFailed(f"llama-server loads adapters only at start; {path} is not among this model's --lora files "
-                                      f"({', '.join(str(a.get('path')) for a in loaded) or 'none'}): add it to the model's args and restart it")
+            raise EngineRequestFailed(
+                f"llama-server loads adapters only at start; {path} is not among this model's --lora files "
+                f"({', '.join(str(a.get('path')) for a in loaded) or 'none'}): add it to the model's args and restart it"
+            )
         body = [{"id": a.get("id"), "scale": 1.0 if a.get("id") in ids else 0.0} for a in loaded]
         await self.http("POST", "/lora-adapters", body, timeout_s=30.0)  # type: ignore[arg-type]
 
@@ -208,8 +227,14 @@ def llama_server_version(binary: Path) -> str:
     return (done.stdout + done.stderr).strip()
 
 
-SIM_LLAMACPP_SPEC = dataclasses.replace(LLAMACPP_SPEC, name="sim-llamacpp", title="llama.cpp (simulated)", simulated=True, gpu_stack="sim",
-                                        min_compute_capability=None)
+SIM_LLAMACPP_SPEC = dataclasses.replace(
+    LLAMACPP_SPEC,
+    name="sim-llamacpp",
+    title="llama.cpp (simulated)",
+    simulated=True,
+    gpu_stack="sim",
+    min_compute_capability=None,
+)
 
 
 class SimLlamacppEngine(LlamacppEngine):
@@ -231,10 +256,27 @@ class SimLlamacppEngine(LlamacppEngine):
 
     def argv(self) -> list[str]:
         sim = self.model.sim
-        argv = [sys.executable, "-m", "agents.orchestra.sim_llamacpp", "-m", str(self.path), *self.serve_flags(),
-                "--sim-load-s", str(sim.load_s), "--sim-cold-factor", str(sim.cold_factor), "--sim-warmup-s", str(sim.warmup_s),
-                "--sim-tokens-per-s", str(sim.tokens_per_s), "--sim-traffic-rps", str(sim.traffic_rps)]
-        argv += ["--sim-agent-pid-file", str(self.agent_pid_file)] if self.agent_pid_file else ["--sim-parent-pid", str(os.getpid())]
+        argv = [
+            sys.executable,
+            "-m",
+            "agents.orchestra.sim_llamacpp",
+            "-m",
+            str(self.path),
+            *self.serve_flags(),
+            "--sim-load-s",
+            str(sim.load_s),
+            "--sim-cold-factor",
+            str(sim.cold_factor),
+            "--sim-warmup-s",
+            str(sim.warmup_s),
+            "--sim-tokens-per-s",
+            str(sim.tokens_per_s),
+            "--sim-traffic-rps",
+            str(sim.traffic_rps),
+        ]
+        argv += (
+            ["--sim-agent-pid-file", str(self.agent_pid_file)] if self.agent_pid_file else ["--sim-parent-pid", str(os.getpid())]
+        )
         if sim.fail_after_s is not None:
             argv += ["--sim-fail-after-s", str(sim.fail_after_s)]
         return argv

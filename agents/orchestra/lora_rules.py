@@ -26,8 +26,10 @@ def lora_config_problem(config: dict[str, Any], max_lora_rank: int) -> str | Non
         return f"vLLM does not serve LoRA adapters with bias (bias: {bias})"
     init = config.get("init_lora_weights")
     if isinstance(init, str) and init.lower().startswith(BASE_CHANGING_INITS):
-        return (f"the adapter was initialised with {init}, which changed its base weights; vLLM serves it on the "
-                "unchanged base (convert it to a plain LoRA with PEFT first)")
+        return (
+            f"the adapter was initialised with {init}, which changed its base weights; vLLM serves it on the "
+            "unchanged base (convert it to a plain LoRA with PEFT first)"
+        )
     if config.get("loftq_config"):
         return "the adapter was initialised with LoftQ (loftq_config), which changed its base weights"
     ranks = [("r", config.get("r"))]

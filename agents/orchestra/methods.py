@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agents.catalogue import AdapterParams, ModelParams, PinParams, SwapParams
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
 from agents.orchestra.engines import engine_spec
-from agents.protocol import ErrorCode, RemoteError, Role
-from agents.states import ModelState
+from agents.wire.catalogue.models import AdapterParams, ModelParams, PinParams, SwapParams
+from agents.wire.protocol import ErrorCode, RemoteError, Role
+from agents.wire.states import ModelState
 
 if TYPE_CHECKING:
-    from agents.orchestra.pool import OrchestraComponent
+    from agents.orchestra.component import OrchestraComponent
 
 
 def register(pool: OrchestraComponent) -> None:
@@ -33,10 +33,13 @@ def register(pool: OrchestraComponent) -> None:
         engine = slot.engine or slot.last_engine
         history = core.store.query(
             "SELECT t, event, from_state, to_state, duration_s, detail FROM model_events WHERE model=? ORDER BY id DESC LIMIT 50",
-            (slot.name,))
+            (slot.name,),
+        )
         swaps = core.store.query(
             "SELECT t, out_model, in_model, free_s, bring_up_s, total_s, engine_s, rotation FROM model_swaps "
-            "WHERE out_model=? OR in_model=? ORDER BY id DESC LIMIT 20", (slot.name, slot.name))
+            "WHERE out_model=? OR in_model=? ORDER BY id DESC LIMIT 20",
+            (slot.name, slot.name),
+        )
         return {
             **pool.info(slot).to_wire(),
             "path": str(slot.path),
@@ -54,7 +57,9 @@ def register(pool: OrchestraComponent) -> None:
         slot.operator_warm = True
         return pool.info(slot).to_wire()
 
-    @rpc.method("models.sleep", role=Role.OPERATOR, params=ModelParams, doc="Put a warm model to sleep (GPU freed, weights in RAM).")
+    @rpc.method(
+        "models.sleep", role=Role.OPERATOR, params=ModelParams, doc="Put a warm model to sleep (GPU freed, weights in RAM)."
+    )
     async def models_sleep(peer, params: ModelParams) -> dict:
         slot = pool.slot(params.model)
         pool.sleep(slot)
@@ -68,7 +73,9 @@ def register(pool: OrchestraComponent) -> None:
         await pool.cold(slot)
         return pool.info(slot).to_wire()
 
-    @rpc.method("models.swap", role=Role.OPERATOR, params=SwapParams, doc="Free OUT's GPUs and bring IN up there; returns at once.")
+    @rpc.method(
+        "models.swap", role=Role.OPERATOR, params=SwapParams, doc="Free OUT's GPUs and bring IN up there; returns at once."
+    )
     async def models_swap(peer, params: SwapParams) -> dict:
         out, incoming = pool.slot(params.out), pool.slot(params.in_)
         pool.swap(out, incoming)
@@ -102,18 +109,31 @@ def register(pool: OrchestraComponent) -> None:
         await asyncio.sleep(0)
         return pool.rotation_info().to_wire()
 
-    @rpc.method("models.adapter", role=Role.OPERATOR, params=AdapterParams, doc="Load a LoRA adapter into a warm vLLM (or sim) model; on llama.cpp, select one named at start.")
+    @rpc.method(
+        "models.adapter",
+        role=Role.OPERATOR,
+        params=AdapterParams,
+        doc="Load a LoRA adapter into a warm vLLM (or sim) model; on llama.cpp, select one named at start.",
+    )
     async def models_adapter(peer, params: AdapterParams) -> dict:
         slot = pool.slot(params.model)
         path = core.lab.resolve(params.path) or Path(params.path)
         if engine_spec(slot.model.engine).adapter_format == "gguf":  # llama.cpp: one GGUF adapter file, named at start
             if not (path.is_file() and path.suffix.lower() == ".gguf"):
-                raise RemoteError(ErrorCode.NOT_FOUND, f"{path} is not a GGUF adapter file on {core.machine.name} "
-                                  f"({slot.name} runs llama.cpp, which takes --lora FILE.gguf)")
+                raise RemoteError(
+                    ErrorCode.NOT_FOUND,
+                    f"{path} is not a GGUF adapter file on {core.machine.name} "
+                    f"({slot.name} runs llama.cpp, which takes --lora FILE.gguf)",
+                )
         elif not (path / "adapter_config.json").is_file():
-            raise RemoteError(ErrorCode.NOT_FOUND, f"{path} is not a LoRA adapter folder (no adapter_config.json) on {core.machine.name}")
+            raise RemoteError(
+                ErrorCode.NOT_FOUND, f"{path} is not a LoRA adapter folder (no adapter_config.json) on {core.machine.name}"
+            )
         if slot.state != ModelState.WARM or slot.engine is None or slot.engine.spec.adapter_format == "none":
-            raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is {slot.state} on the {slot.model.engine} engine; adapters load into a warm vllm model")
+            raise RemoteError(
+                ErrorCode.CONFLICT,
+                f"{slot.name} is {slot.state} on the {slot.model.engine} engine; adapters load into a warm vllm model",
+            )
         try:
             await slot.engine.load_adapter(params.name, str(path))
         except (EngineDown, EngineRequestFailed) as exc:

@@ -7,9 +7,9 @@ import ctypes.util
 import mmap
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 CHUNK_BYTES = 8 * 1024 * 1024  # per sendfile call: progress granularity, no copy to user space

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
-from agents.core import AgentCore
 from agents.orchestra.engine import GIB
 from agents.orchestra.slot import Slot, gib_text
-from agents.protocol import ErrorCode, RemoteError, Telemetry
-from agents.states import MODEL_ENGINE_UP, ModelState
+from agents.runtime.core import AgentCore
+from agents.wire.protocol import ErrorCode, RemoteError, Telemetry
+from agents.wire.states import MODEL_ENGINE_UP, ModelState
 
-HeldAtSample = tuple[tuple[int, ...], dict[int, int], bool]  # a model's GPUs, bytes per GPU, and whether NVML could not see it yet
+HeldAtSample = tuple[
+    tuple[int, ...], dict[int, int], bool
+]  # a model's GPUs, bytes per GPU, and whether NVML could not see it yet
 
 
 class Placement:
@@ -41,7 +43,9 @@ class Placement:
         gpu = next((g for g in telemetry.gpus if g.index == index), None) if telemetry else None
         if gpu is None or gpu.failed or gpu.mem_total_bytes is None or gpu.mem_used_bytes is None:
             why = gpu.failed if gpu is not None and gpu.failed else "not reported"
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"GPU {index} of {self.core.machine.name} is {why}: cannot place a model there")
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE, f"GPU {index} of {self.core.machine.name} is {why}: cannot place a model there"
+            )
         free = gpu.mem_total_bytes - gpu.mem_used_bytes
         for slot in self.slots.values():
             gpus, held, invisible = self.held_at_sample.get(slot.name, ((), {}, False))
@@ -61,8 +65,11 @@ class Placement:
             free = self.free_bytes(index, after)
             if free < need:
                 holders = [s.name for s in self.slots.values() if index in s.gpus and s.held_bytes() and s.name not in after]
-                hint = (f"; GPU {index} holds {', '.join(holders)}: `cetlab swap {holders[0]} {slot.name}` or `cetlab sleep {holders[0]}`"
-                        if holders else "")
+                hint = (
+                    f"; GPU {index} holds {', '.join(holders)}: `cetlab swap {holders[0]} {slot.name}` or `cetlab sleep {holders[0]}`"
+                    if holders
+                    else ""
+                )
                 raise RemoteError(
                     ErrorCode.CONFLICT,
                     f"{slot.name} needs {gib_text(need)} on GPU {index} of {self.core.machine.name}, {gib_text(max(0, free))} free: "

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from agents.lab import Model
-from agents.sections import ModelError, ModelInfo
-from agents.states import ModelState
+from agents.wire.lab.model import Model
+from agents.wire.sections.models import ModelError, ModelInfo
+from agents.wire.states import ModelState
 
 if TYPE_CHECKING:
     from agents.orchestra.spec import EngineSpec

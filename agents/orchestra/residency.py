@@ -6,15 +6,15 @@ import asyncio
 import sys
 import time
 
-from agents.core import AgentCore
 from agents.orchestra import pagecache
 from agents.orchestra.book import PoolBook
 from agents.orchestra.engine import GIB
 from agents.orchestra.engines import engine_spec
 from agents.orchestra.slot import EngineFailed, Slot, gib_text
-from agents.protocol import ErrorCode, RemoteError
-from agents.sections import ModelProgress
-from agents.states import MODEL_ENGINE_UP, ModelState
+from agents.runtime.core import AgentCore
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.models import ModelProgress
+from agents.wire.states import MODEL_ENGINE_UP, ModelState
 
 CACHED_MIN_FRACTION = 0.9  # a model counts as cached when this share of its files is in RAM
 
@@ -40,8 +40,15 @@ class Residency:
         """The demo's tiny Llama, made in a child process (torch stays out of the agent)."""
         slot.progress = ModelProgress(phase="making the tiny model")
         code = "import sys; from agents.train.tiny import make_tiny_model; make_tiny_model(sys.argv[1])"
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, str(slot.path), stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            code,
+            str(slot.path),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         output, _ = await proc.communicate()
         if proc.returncode != 0:
             raise EngineFailed(f"making the tiny model at {slot.path} failed: {output.decode(errors='replace')[-300:]}")
@@ -72,10 +79,17 @@ class Residency:
             return True
         if slot.size_bytes > budget:
             if strict:
-                raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is {gib_text(slot.size_bytes)}, more than the RAM-cache budget of "
-                                  f"{self.core.machine.name} ({gib_text(budget)}, machines[].ram_cache_gib)")
+                raise RemoteError(
+                    ErrorCode.CONFLICT,
+                    f"{slot.name} is {gib_text(slot.size_bytes)}, more than the RAM-cache budget of "
+                    f"{self.core.machine.name} ({gib_text(budget)}, machines[].ram_cache_gib)",
+                )
             return False
-        others = [s for s in self.book.slots.values() if s is not slot and s.cached_bytes and not (s.busy and s.state == ModelState.LOADING)]
+        others = [
+            s
+            for s in self.book.slots.values()
+            if s is not slot and s.cached_bytes and not (s.busy and s.state == ModelState.LOADING)
+        ]
         # idle models go first, then those already on a GPU (they no longer read their files); oldest use first
         others.sort(key=lambda s: (s.state in MODEL_ENGINE_UP, s.last_used))
         used = sum(s.cached_bytes for s in others)
@@ -95,7 +109,9 @@ class Residency:
         """Pre-read the model's files into the page cache, within the budget, with progress."""
         if not await self.make_room(slot, strict):
             if strict:
-                raise RemoteError(ErrorCode.CONFLICT, f"the RAM-cache budget of {self.core.machine.name} is taken by models in use")
+                raise RemoteError(
+                    ErrorCode.CONFLICT, f"the RAM-cache budget of {self.core.machine.name} is taken by models in use"
+                )
             return
         slot.progress = ModelProgress(phase="caching", done_bytes=0, total_bytes=slot.size_bytes)
 
@@ -105,8 +121,12 @@ class Residency:
         try:
             read_bytes, seconds = await asyncio.to_thread(pagecache.warm, pagecache.model_files(slot.path), progress)
         except OSError as exc:
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"cannot read the files of {slot.name} on {self.core.machine.name}: {exc}") from None
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE, f"cannot read the files of {slot.name} on {self.core.machine.name}: {exc}"
+            ) from None
         await asyncio.to_thread(self.measure, slot)
         slot.last_used = time.time()
         slot.progress = None
-        self.book.event(slot, "cache", seconds, detail={"bytes": read_bytes, "bytes_per_s": read_bytes / seconds if seconds else None})
+        self.book.event(
+            slot, "cache", seconds, detail={"bytes": read_bytes, "bytes_per_s": read_bytes / seconds if seconds else None}
+        )

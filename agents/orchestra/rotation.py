@@ -5,21 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import ValidationError
 
-from agents.core import AgentCore
-from agents.events import NoticeLevel
 from agents.orchestra.book import PoolBook
 from agents.orchestra.engines import engine_spec
 from agents.orchestra.lifecycle import Lifecycle
 from agents.orchestra.slot import Slot
-from agents.protocol import ErrorCode, RemoteError
-from agents.sections import RotationRun
-from agents.states import MODEL_HOLDS_GPU, ModelState
+from agents.runtime.core import AgentCore
+from agents.wire.events import NoticeLevel
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.models import RotationRun
+from agents.wire.states import MODEL_HOLDS_GPU, ModelState
 
 log = logging.getLogger("cetlab.orchestra")
 
@@ -112,8 +113,11 @@ class Rotation:
             planned = {name for names in plan.rotation for name in names}
             held = {s.name for s in self.book.slots.values() if s.pinned or s.operator_warm or s.name not in planned}
         up = [Candidate(s.name, tuple(s.gpus)) for s in self.book.slots.values() if s.state in MODEL_HOLDS_GPU]
-        rest = [Candidate(s.name, tuple(s.gpus if s.state == ModelState.SLEEPING else s.model.gpus), s.state == ModelState.SLEEPING)
-                for s in self.book.slots.values() if s.state not in MODEL_HOLDS_GPU]
+        rest = [
+            Candidate(s.name, tuple(s.gpus if s.state == ModelState.SLEEPING else s.model.gpus), s.state == ModelState.SLEEPING)
+            for s in self.book.slots.values()
+            if s.state not in MODEL_HOLDS_GPU
+        ]
         moves = plan_moves(up, target, held, rest)
         started, problems = time.monotonic(), list[str]()
 
@@ -129,19 +133,35 @@ class Rotation:
             await run(lambda: self.lifecycle.swap(self.book.slots[out], self.book.slots[incoming], rotation=True))
         for name in moves.out:
             slot = self.book.slots[name]
-            await run(lambda: self.lifecycle.begin([slot], "sleep" if slot.engine and slot.engine.can_sleep else "cold",
-                                                   lambda: self.lifecycle.free(slot)))
+            await run(
+                lambda: self.lifecycle.begin(
+                    [slot], "sleep" if slot.engine and slot.engine.can_sleep else "cold", lambda: self.lifecycle.free(slot)
+                )
+            )
         for name in moves.up:
             await run(lambda: self.lifecycle.warm(self.book.slots[name]))
         failed = [n for n in target if n in self.book.slots and self.book.slots[n].state != ModelState.WARM]
         duration_s = time.monotonic() - started
         self.book.unavailable_s += duration_s
-        self.last = last = RotationRun(t=time.time(), index=self.index, duration_s=round(duration_s, 3),
-                                       swaps=moves.swaps, out=moves.out, up=moves.up, not_warm=failed, problems=problems)
-        self.book.kv_save(rotation_index=self.index, unavailable_s=self.book.unavailable_s, last_rotation=last.model_dump(mode="json"))
+        self.last = last = RotationRun(
+            t=time.time(),
+            index=self.index,
+            duration_s=round(duration_s, 3),
+            swaps=moves.swaps,
+            out=moves.out,
+            up=moves.up,
+            not_warm=failed,
+            problems=problems,
+        )
+        self.book.kv_save(
+            rotation_index=self.index, unavailable_s=self.book.unavailable_s, last_rotation=last.model_dump(mode="json")
+        )
         level: NoticeLevel = "warning" if failed or problems else "info"
-        self.book.notice(level, f"rotation {self.index} on {self.core.machine.name} took {duration_s:.1f} s"
-                     + (f"; not warm: {', '.join(failed)}" if failed else ""))
+        self.book.notice(
+            level,
+            f"rotation {self.index} on {self.core.machine.name} took {duration_s:.1f} s"
+            + (f"; not warm: {', '.join(failed)}" if failed else ""),
+        )
         return last
 
     def start(self) -> asyncio.Task[RotationRun]:

@@ -19,9 +19,10 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agents.orchestra import pagecache
 from agents.orchestra.sim_server import WORDS, _exit_with_parent, _fail_later, _follow_agent
@@ -104,14 +105,25 @@ class State:
                     self.last_task = time.monotonic()
 
     def metrics(self) -> str:
-        counters = {"prompt_tokens_total": self.prompt_tokens, "prompt_seconds_total": self.prompt_s,
-                    "tokens_predicted_total": self.predicted, "tokens_predicted_seconds_total": self.predicted_s}
-        gauges = {"requests_processing": self.processing, "requests_deferred": self.deferred,
-                  "predicted_tokens_seconds": self.args.sim_tokens_per_s if self.processing else 0.0}
+        counters = {
+            "prompt_tokens_total": self.prompt_tokens,
+            "prompt_seconds_total": self.prompt_s,
+            "tokens_predicted_total": self.predicted,
+            "tokens_predicted_seconds_total": self.predicted_s,
+        }
+        gauges = {
+            "requests_processing": self.processing,
+            "requests_deferred": self.deferred,
+            "predicted_tokens_seconds": self.args.sim_tokens_per_s if self.processing else 0.0,
+        }
         lines = []
         for kind, items in (("counter", counters), ("gauge", gauges)):
             for name, value in items.items():
-                lines += [f"# HELP llamacpp:{name} {name} (SIMULATED)", f"# TYPE llamacpp:{name} {kind}", f"llamacpp:{name} {value}"]
+                lines += [
+                    f"# HELP llamacpp:{name} {name} (SIMULATED)",
+                    f"# TYPE llamacpp:{name} {kind}",
+                    f"llamacpp:{name} {value}",
+                ]
         return "\n".join(lines) + "\n"
 
 
@@ -160,13 +172,17 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(200, {"status": "ok"})
         elif path == "/metrics":
             if not state.args.metrics:
-                self._error(501, "This server does not support metrics endpoint. Start it with `--metrics`", "not_supported_error")
+                self._error(
+                    501, "This server does not support metrics endpoint. Start it with `--metrics`", "not_supported_error"
+                )
             else:
                 self._send(200, state.metrics(), "text/plain; version=0.0.4")
         elif path in ("/v1/models", "/models"):
             self._send(200, {"object": "list", "data": [{"id": state.args.alias, "object": "model", "owned_by": "llamacpp"}]})
         elif path == "/props":
-            self._send(200, {"model_path": state.args.model, "is_sleeping": state.sleeping, "total_slots": N_SLOTS, "simulated": True})
+            self._send(
+                200, {"model_path": state.args.model, "is_sleeping": state.sleeping, "total_slots": N_SLOTS, "simulated": True}
+            )
         elif path == "/lora-adapters":
             self._send(200, state.loras)
         else:
@@ -194,22 +210,44 @@ class Handler(BaseHTTPRequestHandler):
             self._error(400, "Invalid JSON", "invalid_request_error")
             return
         chat = "chat" in path
-        prompt = " ".join(str(m.get("content", "")) for m in body.get("messages", []) if isinstance(m, dict)) if chat else str(body.get("prompt", ""))
+        prompt = (
+            " ".join(str(m.get("content", "")) for m in body.get("messages", []) if isinstance(m, dict))
+            if chat
+            else str(body.get("prompt", ""))
+        )
         max_tokens = int(body.get("max_tokens") or body.get("n_predict") or 16)
         if body.get("stream"):
             self._stream(chat, prompt, max_tokens)
             return
         text, prompt_tokens, completion_tokens = state.generate(prompt, max_tokens)
-        choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"} if chat
-                                  else {"index": 0, "text": text, "finish_reason": "length"})
-        self._send(200, {"id": f"chatcmpl-sim{time.time_ns()}", "object": "chat.completion" if chat else "text_completion",
-                         "created": int(time.time()), "model": state.args.alias, "choices": [choice],
-                         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                                   "total_tokens": prompt_tokens + completion_tokens}})
+        choice: dict[str, Any] = (
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+            if chat
+            else {"index": 0, "text": text, "finish_reason": "length"}
+        )
+        self._send(
+            200,
+            {
+                "id": f"chatcmpl-sim{time.time_ns()}",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": state.args.alias,
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            },
+        )
 
     def _stream(self, chat: bool, prompt: str, max_tokens: int) -> None:
-        stamp = {"id": f"chatcmpl-sim{time.time_ns()}", "object": "chat.completion.chunk" if chat else "text_completion",
-                 "created": int(time.time()), "model": self.state.args.alias}
+        stamp = {
+            "id": f"chatcmpl-sim{time.time_ns()}",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.state.args.alias,
+        }
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
@@ -221,13 +259,34 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         def on_token(word: str) -> None:
-            event({**stamp, "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None} if chat
-                                        else {"index": 0, "text": word, "finish_reason": None}]})
+            event(
+                {
+                    **stamp,
+                    "choices": [
+                        {"index": 0, "delta": {"content": word}, "finish_reason": None}
+                        if chat
+                        else {"index": 0, "text": word, "finish_reason": None}
+                    ],
+                }
+            )
 
         _, prompt_tokens, completion_tokens = self.state.generate(prompt, max_tokens, on_token)
         # llama-server sends the usage with the last chunk (and timings), then [DONE]
-        event({**stamp, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"} if chat else {"index": 0, "text": "", "finish_reason": "length"}],
-               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}})
+        event(
+            {
+                **stamp,
+                "choices": [
+                    {"index": 0, "delta": {}, "finish_reason": "length"}
+                    if chat
+                    else {"index": 0, "text": "", "finish_reason": "length"}
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            }
+        )
         event(b"[DONE]")
 
 
@@ -241,7 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora", action="append", default=[])
     parser.add_argument("--lora-init-without-apply", action="store_true")
     parser.add_argument("--sleep-idle-seconds", type=float, default=-1)
-    for name, default in (("load-s", 15.0), ("cold-factor", 14.0), ("warmup-s", 1.0), ("tokens-per-s", 40.0), ("traffic-rps", 0.0)):
+    for name, default in (
+        ("load-s", 15.0),
+        ("cold-factor", 14.0),
+        ("warmup-s", 1.0),
+        ("tokens-per-s", 40.0),
+        ("traffic-rps", 0.0),
+    ):
         parser.add_argument(f"--sim-{name}", type=float, default=default)
     parser.add_argument("--sim-fail-after-s", type=float)
     parser.add_argument("--sim-parent-pid", type=int)
@@ -254,7 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_follow_agent, args=(args.sim_agent_pid_file,), daemon=True).start()
     if args.sim_fail_after_s is not None:
         threading.Thread(target=_fail_later, args=(args.sim_fail_after_s,), daemon=True).start()
-    log(f"llama_server: SIMULATED llama-server for {args.model}" + (f"; flags not simulated: {' '.join(ignored)}" if ignored else ""))
+    log(
+        f"llama_server: SIMULATED llama-server for {args.model}"
+        + (f"; flags not simulated: {' '.join(ignored)}" if ignored else "")
+    )
     state = State(args, [f for group in args.lora for f in group.split(",") if f])
     Handler.state = state
     server = ThreadingHTTPServer((args.host, args.port), Handler)

@@ -49,8 +49,10 @@ ORPHAN_GRACE_S = 30.0  # how long a server whose agent died waits to be re-adopt
 MAX_NUM_SEQS = 8  # concurrent sequences; more requests wait, as in vLLM's scheduler
 LISTEN_BACKLOG = 2048  # uvicorn's default backlog, which vLLM's server keeps
 SLEEP_MODES = ("abort", "wait", "keep")
-WORDS = ("the model answers briefly and the lab keeps serving while weights stay warm in memory "
-         "a context window holds the prompt so each token follows from what came before").split()
+WORDS = (
+    "the model answers briefly and the lab keeps serving while weights stay warm in memory "
+    "a context window holds the prompt so each token follows from what came before"
+).split()
 
 
 def log(message: str) -> None:
@@ -126,7 +128,7 @@ class Choice:
             hit = min((i for i in (candidate.find(stop) for stop in stops) if i >= 0), default=-1)
             if hit >= 0:
                 if hit > len(text):
-                    kept.append(candidate[len(text):hit])
+                    kept.append(candidate[len(text) : hit])
                 self.finish_reason = "stop"
                 break
             kept.append(piece)
@@ -162,13 +164,20 @@ class SimEngineState:
         self.drained = threading.Condition(self.lock)  # mode=wait: notified as running requests finish
         registry = self.registry = CollectorRegistry()
         labels = ["model_name"]
-        self.m_running = Gauge("vllm:num_requests_running", "Requests running on the engine (SIMULATED).", labels, registry=registry)
+        self.m_running = Gauge(
+            "vllm:num_requests_running", "Requests running on the engine (SIMULATED).", labels, registry=registry
+        )
         self.m_waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to run (SIMULATED).", labels, registry=registry)
         self.m_kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100% (SIMULATED).", labels, registry=registry)
         self.m_prompt = Counter("vllm:prompt_tokens", "Prompt tokens processed (SIMULATED).", labels, registry=registry)
         self.m_gen = Counter("vllm:generation_tokens", "Generation tokens produced (SIMULATED).", labels, registry=registry)
-        self.m_ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token (SIMULATED).", labels, registry=registry,
-                                buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0))
+        self.m_ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token (SIMULATED).",
+            labels,
+            registry=registry,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0),
+        )
         self.name = args.served_model_name or args.model
 
     @property
@@ -180,11 +189,16 @@ class SimEngineState:
         self.m_waiting.labels(self.name).set(self.waiting + self.parked)
         self.m_kv.labels(self.name).set(round(0.9 * self.running / MAX_NUM_SEQS, 4))
 
-    def generate(self, prompt: str, max_tokens: int, on_token=None, sampling: Sampling | None = None,
-                 client_gone=None) -> tuple[str, int, int]:
+    def generate(
+        self, prompt: str, max_tokens: int, on_token=None, sampling: Sampling | None = None, client_gone=None
+    ) -> tuple[str, int, int]:
         """Serve one request (one sequence): the text, prompt and completion tokens (see generate_choices)."""
-        choices, prompt_tokens = self.generate_choices(prompt, sampling or Sampling(max_tokens=max_tokens),
-                                                       None if on_token is None else (lambda _i, piece: on_token(piece)), client_gone)
+        choices, prompt_tokens = self.generate_choices(
+            prompt,
+            sampling or Sampling(max_tokens=max_tokens),
+            None if on_token is None else (lambda _i, piece: on_token(piece)),
+            client_gone,
+        )
         return choices[0].text, prompt_tokens, len(choices[0].pieces)
 
     def generate_choices(self, prompt: str, sampling: Sampling, on_token=None, client_gone=None) -> tuple[list[Choice], int]:
@@ -307,8 +321,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, message: str, param: str | None = None) -> None:
         """vLLM's error body (ErrorResponse): OpenAI's shape with vLLM's type names."""
-        self._send(status, {"error": {"message": message, "type": "BadRequestError" if status == 400 else "NotFoundError",
-                                      "param": param, "code": status}})
+        self._send(
+            status,
+            {
+                "error": {
+                    "message": message,
+                    "type": "BadRequestError" if status == 400 else "NotFoundError",
+                    "param": param,
+                    "code": status,
+                }
+            },
+        )
 
     def _body(self) -> dict:
         length = int(self.headers.get("Content-Length") or 0)
@@ -328,7 +351,13 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"is_sleeping": state.sleeping})
         elif path == "/v1/models":
             ids = [state.name, *state.adapters]
-            self._send(200, {"object": "list", "data": [{"id": i, "object": "model", "owned_by": "cetlab-sim", "root": state.args.model} for i in ids]})
+            self._send(
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": i, "object": "model", "owned_by": "cetlab-sim", "root": state.args.model} for i in ids],
+                },
+            )
         elif path == "/metrics":
             self._send(200, generate_latest(state.registry), "text/plain; version=0.0.4")
         else:
@@ -404,15 +433,22 @@ class Handler(BaseHTTPRequestHandler):
                 entry.update({"message": {"role": "assistant", "content": choice.text}} if chat else {"text": choice.text})
                 out.append(entry)
             completion_tokens = sum(len(c.pieces) for c in choices)
-            self._send(200, {
-                "id": f"cmpl-sim-{time.time_ns()}",
-                "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()),
-                "model": state.name,
-                "choices": out,
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
-                "simulated": True,
-            })
+            self._send(
+                200,
+                {
+                    "id": f"cmpl-sim-{time.time_ns()}",
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": int(time.time()),
+                    "model": state.name,
+                    "choices": out,
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion_tokens,
+                        "total_tokens": prompt_tokens + completion_tokens,
+                    },
+                    "simulated": True,
+                },
+            )
         else:
             self._send(404, {"error": f"no route {url.path}"})
 
@@ -441,8 +477,12 @@ class Handler(BaseHTTPRequestHandler):
             self._send(400, {"error": {"message": f"cannot load LoRA adapter from {path!r}: no adapter_config.json"}})
             return
         if name in state.adapters and body.get("load_inplace") is not True:
-            self._error(400, f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
-                             "in place, set 'load_inplace' to True.", "lora_name")
+            self._error(
+                400,
+                f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
+                "in place, set 'load_inplace' to True.",
+                "lora_name",
+            )
             return
         problem = lora_config_problem(config, state.args.max_lora_rank)
         if problem is not None:
@@ -451,13 +491,16 @@ class Handler(BaseHTTPRequestHandler):
         state.adapters[name] = str(path)
         self._send(200, f"Success: LoRA adapter '{name}' added successfully.".encode(), "text/plain")
 
-
     def _stream(self, chat: bool, prompt: str, sampling: Sampling) -> None:
         """Server-sent events as vLLM sends them: a first chat chunk with the role, one delta per token and
         choice, each choice's finish, usage last when asked, then [DONE]."""
         state = self.state
-        stamp = {"id": f"cmpl-sim-{time.time_ns()}", "object": "chat.completion.chunk" if chat else "text_completion",
-                 "created": int(time.time()), "model": state.name}
+        stamp = {
+            "id": f"cmpl-sim-{time.time_ns()}",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": state.name,
+        }
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -471,10 +514,16 @@ class Handler(BaseHTTPRequestHandler):
 
         if chat:
             for index in range(sampling.n):
-                event({**stamp, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+                event(
+                    {**stamp, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+                )
 
         def on_token(index: int, word: str) -> None:
-            choice = {"index": index, "delta": {"content": word}, "finish_reason": None} if chat else {"index": index, "text": word, "finish_reason": None}
+            choice = (
+                {"index": index, "delta": {"content": word}, "finish_reason": None}
+                if chat
+                else {"index": index, "text": word, "finish_reason": None}
+            )
             event({**stamp, "choices": [choice]})
 
         try:
@@ -482,12 +531,25 @@ class Handler(BaseHTTPRequestHandler):
         except Aborted as exc:
             choices, prompt_tokens = exc.args
         for index, choice in enumerate(choices):
-            last = {"index": index, "delta": {}, "finish_reason": choice.finish_reason} if chat else {"index": index, "text": "", "finish_reason": choice.finish_reason}
+            last = (
+                {"index": index, "delta": {}, "finish_reason": choice.finish_reason}
+                if chat
+                else {"index": index, "text": "", "finish_reason": choice.finish_reason}
+            )
             event({**stamp, "choices": [last]})
         completion_tokens = sum(len(c.pieces) for c in choices)
         if sampling.include_usage:
-            event({**stamp, "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                                                     "total_tokens": prompt_tokens + completion_tokens}})
+            event(
+                {
+                    **stamp,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion_tokens,
+                        "total_tokens": prompt_tokens + completion_tokens,
+                    },
+                }
+            )
         event(b"[DONE]")
 
 
@@ -531,7 +593,11 @@ def _follow_agent(pid_file: Path) -> None:
 
 def _fail_later(seconds: float) -> None:
     time.sleep(seconds)
-    print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (SIMULATED failure: fail_after_s)", file=sys.stderr, flush=True)
+    print(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (SIMULATED failure: fail_after_s)",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(1)
 
 
@@ -563,8 +629,10 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_follow_agent, args=(args.agent_pid_file,), daemon=True).start()
     if args.fail_after_s is not None:
         threading.Thread(target=_fail_later, args=(args.fail_after_s,), daemon=True).start()
-    log(f"SIMULATED engine for {args.model} (served as {args.served_model_name or args.model})"
-        + (f"; vLLM flags not simulated: {' '.join(ignored)}" if ignored else ""))
+    log(
+        f"SIMULATED engine for {args.model} (served as {args.served_model_name or args.model})"
+        + (f"; vLLM flags not simulated: {' '.join(ignored)}" if ignored else "")
+    )
     started = time.monotonic()
     files = pagecache.model_files(Path(args.model))
     cached = pagecache.residency(files).fraction

@@ -7,11 +7,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from agents.documents import EngineFigures
-from agents.lab import Model
+
 from agents.orchestra.engine import GIB, Engine
-from agents.sections import ModelError, ModelOp, ModelProgress
-from agents.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
+from agents.wire.documents import EngineFigures
+from agents.wire.lab.model import Model
+from agents.wire.sections.base import ModelOp
+from agents.wire.sections.models import ModelError, ModelProgress
+from agents.wire.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
 
 SLEEP_RESIDUAL_BYTES = GIB // 2  # CUDA context and buffers a sleeping vLLM keeps on each GPU
 TOKENS_PER_S_WINDOW_S = 10.0  # tokens/s is the engine's generation counter over this many seconds (a 2 s poll jumps)
@@ -102,7 +104,6 @@ class Slot:
         if self.state in MODEL_HOLDS_GPU:
             return int(self.model.vram_gib * GIB / len(self.gpus))
         return SLEEP_RESIDUAL_BYTES if self.state == ModelState.SLEEPING else 0
-
 
     def vram_bytes(self) -> int:
         """The model's VRAM over all its GPUs: measured when NVML tells, else the lab.yaml estimate."""

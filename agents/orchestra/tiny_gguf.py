@@ -12,9 +12,18 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.scores",
-                  "tokenizer.ggml.token_type", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-                  "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token")
+TOKENIZER_KEYS = (
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.pre",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.scores",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_eos_token",
+)
 EMBED, LAYERS, HEADS, FFN, CONTEXT = 64, 2, 4, 128, 512
 
 
@@ -36,8 +45,9 @@ def _copy_field(writer: GGUFWriter, reader: GGUFReader, key: str) -> None:
         writer.add_uint32(key, int(field.parts[field.data[0]][0]))
 
 
-def write_tiny_gguf(out: Path, vocab: Path, seed: int = 0, name: str = "tiny-llama",
-                    embed: int = EMBED, layers: int = LAYERS, ffn: int = FFN) -> Path:
+def write_tiny_gguf(
+    out: Path, vocab: Path, seed: int = 0, name: str = "tiny-llama", embed: int = EMBED, layers: int = LAYERS, ffn: int = FFN
+) -> Path:
     """A random Llama at ``out`` (by default 2 layers, f32, ~17 MB; benches ask for bigger), tokenizer from ``vocab``."""
     reader = GGUFReader(str(vocab))
     n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)

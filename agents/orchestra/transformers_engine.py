@@ -8,8 +8,7 @@ from pathlib import Path
 
 from agents.orchestra.engine import Engine
 from agents.orchestra.spec import EngineSpec
-from agents.protocol import ErrorCode, RemoteError
-
+from agents.wire.protocol import ErrorCode, RemoteError
 
 # `transformers serve MODEL` takes the model as a positional argument from 5.5 and serves /v1/completions
 # (the warm-up request) from 5.6; older versions exit 2 or fail the warm-up (pyproject pins the same).
@@ -27,7 +26,9 @@ class TransformersEngine(Engine):
 
     def check(self) -> None:
         if _transformers_cli() is None:
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"transformers is not installed on {self.machine} (pip install 'transformers[serving]')")
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE, f"transformers is not installed on {self.machine} (pip install 'transformers[serving]')"
+            )
 
     @property
     def served_name(self) -> str:
@@ -35,5 +36,14 @@ class TransformersEngine(Engine):
 
     def argv(self) -> list[str]:
         device = ["--device", "cpu"] if not self.gpus else []
-        return [_transformers_cli() or "transformers", "serve", "--host", self.host, "--port", str(self.port),
-                *device, *self.model.args, str(self.path)]
+        return [
+            _transformers_cli() or "transformers",
+            "serve",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            *device,
+            *self.model.args,
+            str(self.path),
+        ]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from agents.orchestra.engine import VLLM_METRICS, VLLM_PHASES, Engine, VllmSleepMixin
 from agents.orchestra.spec import EngineSpec
-from agents.protocol import ErrorCode, RemoteError
+from agents.wire.protocol import ErrorCode, RemoteError
 
 
 def vllm_cli() -> str | None:
@@ -19,8 +19,15 @@ def vllm_cli() -> str | None:
 
 VLLM_SPEC = EngineSpec(
     gpu_stack="vllm",
-    name="vllm", title="vLLM", free_mode="sleep", sleep_levels=(1, 2), adapters="runtime", adapter_format="peft",
-    multi_gpu="tensor-parallel", model_formats=("hf",), metric_names=VLLM_METRICS,
+    name="vllm",
+    title="vLLM",
+    free_mode="sleep",
+    sleep_levels=(1, 2),
+    adapters="runtime",
+    adapter_format="peft",
+    multi_gpu="tensor-parallel",
+    model_formats=("hf",),
+    metric_names=VLLM_METRICS,
     min_compute_capability=7.0,  # vLLM's floor in every build (no Pascal)
     load_phases=VLLM_PHASES,
 )
@@ -31,7 +38,9 @@ class VllmEngine(VllmSleepMixin, Engine):
 
     def check(self) -> None:
         if vllm_cli() is None:
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"vllm is not installed on {self.machine} (pip install vllm there, or use engine: sim)")
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE, f"vllm is not installed on {self.machine} (pip install vllm there, or use engine: sim)"
+            )
 
     def argv(self) -> list[str]:
         return [vllm_cli() or "vllm", "serve", str(self.path), *self.serve_flags()]

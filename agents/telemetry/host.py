@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from agents.protocol import HostSample
+from agents.wire.protocol import HostSample
 
 
 class HostSampler:

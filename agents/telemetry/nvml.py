@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from agents.protocol import ComputeCapability, GpuBackend, GpuProcess, GpuSample
+from agents.wire.protocol import ComputeCapability, GpuBackend, GpuProcess, GpuSample
 
 GPU_LOST = "GPU is lost"
 NAME_UNKNOWN = "N/A"
@@ -92,9 +92,7 @@ class NvmlSampler:
     backend: GpuBackend = "nvml"
     simulated = False
 
-    def __init__(
-        self, nvml_module: Any = None, slow_ttl_s: float = 10.0, clock: Callable[[], float] = time.monotonic
-    ):
+    def __init__(self, nvml_module: Any = None, slow_ttl_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
         self.slow_ttl_s = slow_ttl_s
         self.status: str | None = None
         self._clock = clock
@@ -188,8 +186,9 @@ class NvmlSampler:
             raise _Missing(function) from exc
 
     def _is_missing(self, exc: Exception) -> bool:
-        return (self._mismatch is not None and isinstance(exc, self._mismatch)) or \
-            getattr(exc, "value", None) == getattr(self._nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", object())
+        return (self._mismatch is not None and isinstance(exc, self._mismatch)) or getattr(exc, "value", None) == getattr(
+            self._nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", object()
+        )
 
     def _first_working(self, gpu: _Gpu, family: str, calls: list[tuple[str, dict[str, Any]]]) -> Any:
         """The first of ``calls`` (newest first) that this driver and these bindings have; remembered per GPU (as nvitop does)."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agents.lab import Machine, SimGpus
-from agents.protocol import GpuBackend, GpuSample
+from agents.wire.lab.model import Machine, SimGpus
+from agents.wire.protocol import GpuBackend, GpuSample
 
 
 class GpuSampler(Protocol):

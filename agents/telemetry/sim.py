@@ -5,15 +5,16 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from agents.lab import SimGpu
-from agents.capability import capability_by_name, parse_capability
-from agents.protocol import ComputeCapability, ErrorCode, GpuBackend, GpuProcess, GpuSample, RemoteError, Role
+from agents.wire.capability import capability_by_name, parse_capability
+from agents.wire.lab.model import SimGpu
+from agents.wire.protocol import ComputeCapability, ErrorCode, GpuBackend, GpuProcess, GpuSample, RemoteError, Role
 
 if TYPE_CHECKING:
-    from agents.rpc import Peer, Registry
+    from agents.runtime.rpc import Peer, Registry
     from agents.telemetry.samplers import GpuSampler
 
 log = logging.getLogger("cetlab.sim")
@@ -139,11 +140,17 @@ class SimSampler:
         temp = gpu.overrides.get("temp_c", gpu.temp_c)
         mem_used = int(gpu.overrides.get("mem_used_bytes", self._mem_used(gpu, bg_mem)))
         processes = [
-            GpuProcess(pid=c.pid, user="cetlab", command=c.owner, mem_used_bytes=c.mem_bytes)
-            for c in gpu.claims.values()
+            GpuProcess(pid=c.pid, user="cetlab", command=c.owner, mem_used_bytes=c.mem_bytes) for c in gpu.claims.values()
         ]
         if bg_mem and self.background:
-            processes.append(GpuProcess(pid=0, user="sim", command=f"background {spec.profile} load", mem_used_bytes=int(bg_mem * spec.memory_gib * GIB)))
+            processes.append(
+                GpuProcess(
+                    pid=0,
+                    user="sim",
+                    command=f"background {spec.profile} load",
+                    mem_used_bytes=int(bg_mem * spec.memory_gib * GIB),
+                )
+            )
         return GpuSample(
             index=index,
             name=spec.name,
@@ -172,19 +179,29 @@ def register_methods(rpc: Registry, machine: str, sampler: GpuSampler, gpu_count
     """`sim.override`: scenarios (a hot GPU, a full one) on simulated GPUs; machines with real ones answer `unavailable`.
 
     ``gpu_count``: how many GPUs the latest sample has (0 before the first)."""
-    from agents.catalogue import OverrideParams  # here: the sampler alone (an nvitop-style loop) needs none of the wire's models
+    from agents.wire.catalogue.agent import (
+        OverrideParams,  # here: the sampler alone (an nvitop-style loop) needs none of the wire's models
+    )
 
-    @rpc.method("sim.override", role=Role.OPERATOR, params=OverrideParams,
-                doc="Simulated GPUs only: force temp_c / util_pct / mem_used_bytes / power_w of one GPU (clear: true drops them).")
+    @rpc.method(
+        "sim.override",
+        role=Role.OPERATOR,
+        params=OverrideParams,
+        doc="Simulated GPUs only: force temp_c / util_pct / mem_used_bytes / power_w of one GPU (clear: true drops them).",
+    )
     async def override(peer: Peer, params: OverrideParams) -> dict[str, Any]:
         if not isinstance(sampler, SimSampler):
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"{machine} has real GPUs ({sampler.backend}); sim.override only drives simulated ones")
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE, f"{machine} has real GPUs ({sampler.backend}); sim.override only drives simulated ones"
+            )
         count = gpu_count()
         if params.gpu >= count:
             raise RemoteError(ErrorCode.NOT_FOUND, f"{machine} has {count} GPUs (0..{count - 1}), no GPU {params.gpu}")
         fields = params.model_dump(exclude={"gpu", "clear"}, exclude_none=True)
         if not fields and not params.clear:
-            raise RemoteError(ErrorCode.INVALID_PARAMS, "give at least one of temp_c, util_pct, mem_used_bytes, power_w, or clear: true")
+            raise RemoteError(
+                ErrorCode.INVALID_PARAMS, "give at least one of temp_c, util_pct, mem_used_bytes, power_w, or clear: true"
+            )
         if params.clear:
             sampler.override(params.gpu)
         if fields:

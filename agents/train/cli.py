@@ -38,8 +38,13 @@ def _train_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="override output_dir (relative to the current directory)")
     p.add_argument("--resume-from-checkpoint", help="a checkpoint folder, 'latest', or 'none'")
     p.add_argument("--save-steps", type=int, help="override save_steps")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override any key, e.g. --set lora.r=16 (value read as YAML); repeatable")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any key, e.g. --set lora.r=16 (value read as YAML); repeatable",
+    )
     p.add_argument("--check", action="store_true", help="validate the config, print it resolved as JSON, and exit")
     return p
 
@@ -85,7 +90,9 @@ def train_main(argv: list[str]) -> int:
 
 
 def make_tiny_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="cetlab-train make-tiny", description="Create the tiny random Llama + tokenizer (no downloads).")
+    p = argparse.ArgumentParser(
+        prog="cetlab-train make-tiny", description="Create the tiny random Llama + tokenizer (no downloads)."
+    )
     p.add_argument("--out", required=True, help="folder to create it in (skipped if already there)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -96,7 +103,9 @@ def make_tiny_main(argv: list[str]) -> int:
 
 
 def demo_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="cetlab-train demo", description="Lay out the demo recipe (tiny model, dataset, train.yaml); optionally run it.")
+    p = argparse.ArgumentParser(
+        prog="cetlab-train demo", description="Lay out the demo recipe (tiny model, dataset, train.yaml); optionally run it."
+    )
     p.add_argument("--dir", default=".cetlab-demo", help="where to put it (default: ./.cetlab-demo)")
     p.add_argument("--run", action="store_true", help="train it right away")
     args = p.parse_args(argv)

@@ -10,16 +10,17 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from agents.train.precision import PrecisionChoice
-from agents.yaml_doc import format_path, line_map
 from agents.train.progress import ENV_VAR as PROGRESS_ENV_VAR
+from agents.wire.lab.yaml_doc import format_path, line_map
 
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -87,7 +88,9 @@ class TrainConfig(Strict):
     @classmethod
     def _bf16_key(cls, data: Any) -> Any:
         if isinstance(data, dict) and "bf16" in data:
-            raise ValueError("bf16: replaced by precision: auto | bf16 | fp16 | fp32 (auto picks by the GPU's compute capability)")
+            raise ValueError(
+                "bf16: replaced by precision: auto | bf16 | fp16 | fp32 (auto picks by the GPU's compute capability)"
+            )
         return data
 
     @field_validator("max_steps")
@@ -100,15 +103,24 @@ class TrainConfig(Strict):
     @field_validator("lr_scheduler")
     @classmethod
     def _scheduler(cls, value: str) -> str:
-        known = {"linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
-                 "constant_with_warmup", "inverse_sqrt", "reduce_lr_on_plateau",
-                 "cosine_with_min_lr", "warmup_stable_decay"}
+        known = {
+            "linear",
+            "cosine",
+            "cosine_with_restarts",
+            "polynomial",
+            "constant",
+            "constant_with_warmup",
+            "inverse_sqrt",
+            "reduce_lr_on_plateau",
+            "cosine_with_min_lr",
+            "warmup_stable_decay",
+        }
         if value not in known:
             raise ValueError(f"unknown scheduler {value!r} (one of: {', '.join(sorted(known))})")
         return value
 
     @model_validator(mode="after")
-    def _defaults(self) -> "TrainConfig":
+    def _defaults(self) -> TrainConfig:
         if self.progress_file is None:
             self.progress_file = self.output_dir / "progress.json"
         return self
@@ -153,7 +165,7 @@ def _fields_at(loc: tuple) -> list[str]:
 def _describe(error: ErrorDetails) -> str:
     message = error["msg"]
     if message.startswith("Value error, "):
-        message = message[len("Value error, "):]
+        message = message[len("Value error, ") :]
     if error["type"] == "extra_forbidden":
         name = str(error["loc"][-1])
         close = difflib.get_close_matches(name, _fields_at(tuple(error["loc"])), n=1)
@@ -220,7 +232,12 @@ def load_config(
     cli_keys: set[str] = set()
     for dotted, value in (overrides or {}).items():
         parts = dotted.split(".")
-        if isinstance(value, str) and value and len(parts) == 1 and parts[0] in _PATH_KEYS + ("base_model", "resume_from_checkpoint"):
+        if (
+            isinstance(value, str)
+            and value
+            and len(parts) == 1
+            and parts[0] in _PATH_KEYS + ("base_model", "resume_from_checkpoint")
+        ):
             value = _resolve(parts[0], value, cwd)
         target = data
         for part in parts[:-1]:
@@ -247,10 +264,20 @@ def load_config(
         raise ConfigError(where(("dataset",), f"{what}: {config.dataset}"))
     base = Path(config.base_model)
     if base.is_absolute() and not base.exists() and not config.make_tiny_if_missing:
-        raise ConfigError(where(("base_model",), f"model folder not found: {base} (or set make_tiny_if_missing: true to create the tiny demo model there)"))
+        raise ConfigError(
+            where(
+                ("base_model",),
+                f"model folder not found: {base} (or set make_tiny_if_missing: true to create the tiny demo model there)",
+            )
+        )
     resume = config.resume_from_checkpoint
     if resume not in (None, "latest") and not Path(resume).is_dir():
-        raise ConfigError(where(("resume_from_checkpoint",), f"checkpoint folder not found: {resume} (give a checkpoint-<step> folder, 'latest' or null)"))
+        raise ConfigError(
+            where(
+                ("resume_from_checkpoint",),
+                f"checkpoint folder not found: {resume} (give a checkpoint-<step> folder, 'latest' or null)",
+            )
+        )
 
     progress = environ.get(PROGRESS_ENV_VAR)
     if progress:

@@ -44,9 +44,7 @@ def read_rows(path: Path) -> list[dict[str, str]]:
             elif isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str):
                 rows.append({"prompt": row["prompt"], "completion": row["completion"]})
             else:
-                raise DataError(
-                    f'{path}:{lineno}: expected {{"text": "..."}} or {{"prompt": "...", "completion": "..."}}'
-                )
+                raise DataError(f'{path}:{lineno}: expected {{"text": "..."}} or {{"prompt": "...", "completion": "..."}}')
     if not rows:
         raise DataError(f"{path}: the dataset has no rows")
     return rows
@@ -105,7 +103,7 @@ class TokenizedDataset:
         self.ids, self.labels, self.offsets = ids, labels, offsets
 
     @classmethod
-    def from_lists(cls, ids: list[list[int]], labels: list[list[int]]) -> "TokenizedDataset":
+    def from_lists(cls, ids: list[list[int]], labels: list[list[int]]) -> TokenizedDataset:
         import torch
 
         offsets = [0]
@@ -154,7 +152,7 @@ def build_dataset(dataset: Path, tokenizer: Any, max_seq_len: int, cache: Path |
                     log(f"cetlab-train: reusing the tokenized dataset in {cache_file}")
                     return TokenizedDataset(saved["ids"], saved["labels"], saved["offsets"])
                 log(f"cetlab-train: {cache_file} is stale (dataset or tokenizer changed); tokenizing again")
-            except Exception as exc:  # noqa: BLE001 - a bad cache is only a cache miss
+            except Exception as exc:
                 log(f"cetlab-train: ignoring unreadable cache {cache_file}: {exc}")
 
     rows = read_rows(dataset)

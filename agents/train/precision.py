@@ -48,8 +48,14 @@ def _cc(capability: tuple[int, int]) -> str:
     return f"{capability[0]}.{capability[1]}"
 
 
-def plan_precision(requested: PrecisionChoice, capability: tuple[int, int] | None, *, tf32: bool, torch_compile: bool,
-                   device_name: str = "this GPU") -> PrecisionPlan:
+def plan_precision(
+    requested: PrecisionChoice,
+    capability: tuple[int, int] | None,
+    *,
+    tf32: bool,
+    torch_compile: bool,
+    device_name: str = "this GPU",
+) -> PrecisionPlan:
     """Decide the run's precision for a device of ``capability`` (None: CPU).
 
     Raises PrecisionRefused for an explicit bf16 below compute capability 8.0 and for fp16 on CPU.
@@ -58,8 +64,10 @@ def plan_precision(requested: PrecisionChoice, capability: tuple[int, int] | Non
     notes: list[str] = []
     if capability is None:
         if requested == "fp16":
-            raise PrecisionRefused("precision: fp16 needs a CUDA GPU (mixed precision with loss scaling); none is visible here. "
-                                   "Use precision: auto or fp32")
+            raise PrecisionRefused(
+                "precision: fp16 needs a CUDA GPU (mixed precision with loss scaling); none is visible here. "
+                "Use precision: auto or fp32"
+            )
         precision: Precision = "bf16" if requested == "bf16" else "fp32"
         notes.append(f"no CUDA GPU: training on the CPU in {precision}")
         if tf32:
@@ -68,8 +76,10 @@ def plan_precision(requested: PrecisionChoice, capability: tuple[int, int] | Non
 
     where = f"{device_name} (compute capability {_cc(capability)})"
     if requested == "bf16" and capability < BF16_MIN_CAPABILITY:
-        raise PrecisionRefused(f"precision: bf16 needs compute capability {_cc(BF16_MIN_CAPABILITY)} (Ampere) or newer; {where} "
-                               "only emulates bfloat16, slowly. Use precision: auto (fp16 on 7.x, fp32 on Pascal) or fp16/fp32")
+        raise PrecisionRefused(
+            f"precision: bf16 needs compute capability {_cc(BF16_MIN_CAPABILITY)} (Ampere) or newer; {where} "
+            "only emulates bfloat16, slowly. Use precision: auto (fp16 on 7.x, fp32 on Pascal) or fp16/fp32"
+        )
     if requested == "auto":
         if capability >= BF16_MIN_CAPABILITY:
             precision = "bf16"

@@ -74,7 +74,7 @@ signal stops it at once: ``"failed"``, exit status 130.
 
 Readers must ignore keys they do not know; new keys may be added without
 bumping ``version``. The agent validates the document against this schema
-(``agents.documents.Progress``); one that does not match (``"checkpoints": 5``)
+(``agents.wire.documents.Progress``); one that does not match (``"checkpoints": 5``)
 is reported on its job and otherwise ignored.
 """
 

@@ -32,6 +32,7 @@ from agents.train.progress import clean_number, read_progress, write_progress
 
 def step_line(figures: dict[str, Any]) -> str:
     """One logged step as a line of the job's log: `cetlab-train: step 50/2000  loss 0.0024  lr 2.43e-04 ...`."""
+
     def num(value: Any, spec: str, missing: str = "-") -> str:
         return missing if value is None else format(value, spec)
 
@@ -69,9 +70,12 @@ class Reporter:
         output_dir = output_dir.resolve()
         old = read_progress(self.path) or {}
         known = [
-            c for c in old.get("checkpoints") or []
-            if isinstance(c, dict) and isinstance(c.get("path"), str)
-            and Path(c["path"]).parent == output_dir and Path(c["path"]).is_dir()
+            c
+            for c in old.get("checkpoints") or []
+            if isinstance(c, dict)
+            and isinstance(c.get("path"), str)
+            and Path(c["path"]).parent == output_dir
+            and Path(c["path"]).is_dir()
         ]
         paths = {c["path"] for c in known}
         for folder in sorted(output_dir.glob("checkpoint-*"), key=_step_of):
@@ -173,8 +177,10 @@ def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
             logs = logs or {}
             if "loss" not in logs:  # the end-of-training summary
                 if logs.get("train_runtime") is not None:
-                    log(f"cetlab-train: trained {state.global_step} steps, train_runtime {logs['train_runtime']:.3f}s"
-                        f" (model load and imports excluded)")
+                    log(
+                        f"cetlab-train: trained {state.global_step} steps, train_runtime {logs['train_runtime']:.3f}s"
+                        f" (model load and imports excluded)"
+                    )
                 return control
             now = time.monotonic()
             changes: dict[str, Any] = {
@@ -209,8 +215,14 @@ def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
             self.save_t0 = None
             path = Path(args.output_dir).resolve() / f"checkpoint-{state.global_step}"
             entries = [c for c in reporter.doc["checkpoints"] if c.get("path") != str(path) and Path(c["path"]).is_dir()]
-            entries.append({"step": state.global_step, "path": str(path),
-                            "save_s": round(save_s, 4) if save_s is not None else None, "at": time.time()})
+            entries.append(
+                {
+                    "step": state.global_step,
+                    "path": str(path),
+                    "save_s": round(save_s, 4) if save_s is not None else None,
+                    "at": time.time(),
+                }
+            )
             log(f"cetlab-train: saved {path.name} in {save_s:.2f}s" if save_s is not None else f"cetlab-train: saved {path.name}")
             reporter.update(state="running", checkpoints=entries)
             # throughput is training throughput: take the save out of the current window
@@ -242,7 +254,7 @@ def run(config: TrainConfig) -> int:
         reporter.update(state="failed", error=f"interrupted ({exc or 'SIGINT'})")
         log("cetlab-train: interrupted")
         return 130
-    except Exception as exc:  # noqa: BLE001 - report every failure in the progress file
+    except Exception as exc:
         traceback.print_exc()
         message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
         reporter.update(state="failed", error=message)
@@ -280,7 +292,9 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
     cuda = torch.cuda.is_available()
     if cfg.qlora:
         if not cuda:
-            raise ConfigError("qlora: true needs a CUDA GPU (4-bit bitsandbytes weights); none is visible here. Set qlora: false to train LoRA in full precision")
+            raise ConfigError(
+                "qlora: true needs a CUDA GPU (4-bit bitsandbytes weights); none is visible here. Set qlora: false to train LoRA in full precision"
+            )
         import importlib.util
 
         if importlib.util.find_spec("bitsandbytes") is None:
@@ -354,7 +368,11 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
     resume = cfg.resume_from_checkpoint
     if resume == "latest":
         resume = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
-        log(f"cetlab-train: resuming from {resume}" if resume else f"cetlab-train: no checkpoint in {output_dir} yet; starting fresh")
+        log(
+            f"cetlab-train: resuming from {resume}"
+            if resume
+            else f"cetlab-train: no checkpoint in {output_dir} yet; starting fresh"
+        )
     elif resume:
         log(f"cetlab-train: resuming from {resume}")
 
@@ -363,7 +381,11 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
         import inspect
 
         # renamed activation_checkpointing in transformers 5
-        name = "activation_checkpointing" if "activation_checkpointing" in inspect.signature(TrainingArguments).parameters else "gradient_checkpointing"
+        name = (
+            "activation_checkpointing"
+            if "activation_checkpointing" in inspect.signature(TrainingArguments).parameters
+            else "gradient_checkpointing"
+        )
         extra[name] = True
         extra[f"{name}_kwargs"] = {"use_reentrant": False}
     args = TrainingArguments(

@@ -8,8 +8,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from agents.catalogue import ALERTS_ACK, ALERTS_LIST, AckParams, AlertListParams, request_all
-from agents.sections_notify import RouteStatus
+from agents.wire.catalogue.alerts import ALERTS_ACK, ALERTS_LIST, AckParams, AlertListParams
+from agents.wire.catalogue.method import request_all
+from agents.wire.sections.notify import RouteStatus
 from console.alerts import AlertRow, active_alerts, offline_history
 from console.notify import route_line, route_statuses, troubled_first
 from console.replies import Answers
@@ -20,8 +21,15 @@ from widgets.live_table import LiveTable
 from widgets.wire import text
 
 FETCH_S = 5.0  # history comes from alerts.list this often while it is shown
-COLUMNS = [("state", "state", 8), ("level", "level", 9), ("machine", "machine", 12), ("target", "target", 18),
-           ("rule", "rule", 16), ("fired", "fired", 19), ("message", "message", None)]
+COLUMNS = [
+    ("state", "state", 8),
+    ("level", "level", 9),
+    ("machine", "machine", 12),
+    ("target", "target", 18),
+    ("rule", "rule", 16),
+    ("fired", "fired", 19),
+    ("message", "message", None),
+]
 DROP = ("level", "fired", "target")  # narrow: these go, in this order
 MESSAGE_MIN = 40  # the message gets this much before the level, the time and the target go ("gpu0" alone at 100 columns before)
 LEVEL_STYLE = {"critical": "bold red", "warning": "yellow"}
@@ -91,12 +99,19 @@ class AlertsScreen(LabScreen):
         mode = "active and cleared" if self.history else "active"
         self.query_one("#alerts-summary", Static).update(
             f"[b]{len(active)} active[/b] ({unacked} not acknowledged) · showing {mode} · "
-            "[b]a[/b] acknowledges the selected alert · [b]h[/b] toggles the history")
+            "[b]a[/b] acknowledges the selected alert · [b]h[/b] toggles the history"
+        )
         self.query_one("#alerts-table", LiveTable).show(rows)
         now = self.lab_app.clock()
         routes = self.query_one("#alerts-routes", Static)
         routes.display = bool(self.routes)  # a lab without notify routes keeps the view as it was
-        routes.update(text("\n".join(["notification routes:", *(route_line(machine, route, now) for machine, route in troubled_first(self.routes))])))
+        routes.update(
+            text(
+                "\n".join(
+                    ["notification routes:", *(route_line(machine, route, now) for machine, route in troubled_first(self.routes))]
+                )
+            )
+        )
 
     def action_toggle_history(self) -> None:
         self.history = not self.history
@@ -108,8 +123,12 @@ class AlertsScreen(LabScreen):
     async def _fetch_history(self) -> None:
         if not self.history:
             return
-        answers = Answers.of(await request_all(self.lab_app.client, self.lab_app.state.machines, ALERTS_LIST, AlertListParams(limit=200)))
-        self.past = sorted((AlertRow.of(a) for reply in answers.replies.values() for a in reply.alerts), key=lambda a: -(a.fired_at or 0))
+        answers = Answers.of(
+            await request_all(self.lab_app.client, self.lab_app.state.machines, ALERTS_LIST, AlertListParams(limit=200))
+        )
+        self.past = sorted(
+            (AlertRow.of(a) for reply in answers.replies.values() for a in reply.alerts), key=lambda a: -(a.fired_at or 0)
+        )
         self.refresh_data()
 
     def selected(self) -> AlertRow | None:
@@ -123,4 +142,10 @@ class AlertsScreen(LabScreen):
         if alert.rule == "offline":
             self.notify("an offline machine clears itself when it is back", severity="warning")
             return
-        self.act(alert.machine, ALERTS_ACK, AckParams(id=alert.id), f"acknowledged {alert.id}", then=lambda _result: self._fetch_history())
+        self.act(
+            alert.machine,
+            ALERTS_ACK,
+            AckParams(id=alert.id),
+            f"acknowledged {alert.id}",
+            then=lambda _result: self._fetch_history(),
+        )

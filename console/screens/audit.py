@@ -10,7 +10,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from agents.catalogue import AUDIT_LIST, AuditEntry, AuditListParams, request_all
+from agents.wire.catalogue.audit import AUDIT_LIST, AuditEntry, AuditListParams
+from agents.wire.catalogue.method import request_all
 from console.audit import Trail, lab_trail, refusals_line
 from console.screens.base import LabScreen
 from widgets.lab_header import LabHeader
@@ -18,16 +19,32 @@ from widgets.live_table import LiveTable
 from widgets.wire import esc, shown, text
 
 LIMIT = 500
-COLUMNS = [("when", "when", 19), ("machine", "machine", 12), ("who", "who", 22), ("role", "role", 8), ("method", "method", 20),
-           ("params", "params", 36), ("outcome", "outcome", 16), ("message", "message", None)]
+COLUMNS = [
+    ("when", "when", 19),
+    ("machine", "machine", 12),
+    ("who", "who", 22),
+    ("role", "role", 8),
+    ("method", "method", 20),
+    ("params", "params", 36),
+    ("outcome", "outcome", 16),
+    ("message", "message", None),
+]
 DROP = ("params", "role", "who", "machine")  # narrow: these go, in this order
 
 
 def audit_cells(row: tuple[str, AuditEntry]) -> tuple[str | Text, ...]:
     machine, entry = row
     outcome = entry.outcome
-    return (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.t)), machine, entry.who, entry.role,
-            entry.method, entry.params or "", outcome if outcome == "ok" else text(outcome, "red"), entry.message or "")
+    return (
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry.t)),
+        machine,
+        entry.who,
+        entry.role,
+        entry.method,
+        entry.params or "",
+        outcome if outcome == "ok" else text(outcome, "red"),
+        entry.message or "",
+    )
 
 
 class AuditScreen(LabScreen):
@@ -67,10 +84,13 @@ class AuditScreen(LabScreen):
         entries = [(m, e) for m, e in trail.entries if not self.errors_only or e.outcome != "ok"]
         failed = sum(1 for _, e in trail.entries if e.outcome != "ok")
         unavailable = "".join(f" · {esc(m)}: {esc(why)}" for m, why in trail.unavailable.items())
-        self.query_one("#audit-summary", Static).update(shown(
-            f"[b]{len(trail.entries)} operator actions[/b] ({failed} refused or failed) · "
-            f"showing {'errors only' if self.errors_only else 'all'} · [b]e[/b] errors only · [b]r[/b] refresh{unavailable}\n"
-            + esc(refusals_line(trail.refusals))))
+        self.query_one("#audit-summary", Static).update(
+            shown(
+                f"[b]{len(trail.entries)} operator actions[/b] ({failed} refused or failed) · "
+                f"showing {'errors only' if self.errors_only else 'all'} · [b]e[/b] errors only · [b]r[/b] refresh{unavailable}\n"
+                + esc(refusals_line(trail.refusals))
+            )
+        )
         self.query_one("#audit-table", LiveTable).show({f"{m}:{e.id}": (m, e) for m, e in entries})  # newest first
 
     def action_toggle_errors(self) -> None:
@@ -85,5 +105,7 @@ class AuditScreen(LabScreen):
 
     @work(exclusive=True, group="audit-fetch")
     async def _fetch_trail(self) -> None:
-        self.trail = lab_trail(await request_all(self.lab_app.client, self.lab_app.state.machines, AUDIT_LIST, AuditListParams(limit=LIMIT)), LIMIT)
+        self.trail = lab_trail(
+            await request_all(self.lab_app.client, self.lab_app.state.machines, AUDIT_LIST, AuditListParams(limit=LIMIT)), LIMIT
+        )
         self.refresh_data()

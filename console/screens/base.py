@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
 from textual.binding import Binding
 from textual.screen import Screen
 
-from agents.catalogue import Method, request
-from agents.protocol import RemoteError
+from agents.wire.catalogue.method import Method, request
+from agents.wire.protocol import RemoteError
 from widgets.format import Thresholds
 
 if TYPE_CHECKING:
-    from agents.sections import SectionFault
+    from agents.wire.sections.base import SectionFault
     from console.app import CetlabApp
 
 P = TypeVar("P", bound=BaseModel)  # a method's params
@@ -113,8 +114,21 @@ class LabScreen(Screen):
             gpus, vram = state.gpu_totals()
             online = sum(v.online for v in state.machines.values())
             simulated = any(v.simulated for v in state.machines.values())
-            header.show(HeaderFigures(state.lab.lab, self.VIEW_NAME, online, len(state.machines), gpus, vram,
-                                      simulated, app.readonly, app.clock(), app.header_cost(), failed=len(state.faults())))
+            header.show(
+                HeaderFigures(
+                    state.lab.lab,
+                    self.VIEW_NAME,
+                    online,
+                    len(state.machines),
+                    gpus,
+                    vram,
+                    simulated,
+                    app.readonly,
+                    app.clock(),
+                    app.header_cost(),
+                    failed=len(state.faults()),
+                )
+            )
 
     def refresh_data(self) -> None:
         """Read app.state and update widgets that changed; never fetch here."""
@@ -129,8 +143,12 @@ class LabScreen(Screen):
 
     def thresholds(self) -> Thresholds:
         alerts = self.lab_app.lab.alerts
-        return Thresholds(temp_warn_c=alerts.temp_c - 10, temp_alert_c=alerts.temp_c,
-                          vram_warn_pct=min(alerts.vram_pct, 85.0), vram_alert_pct=alerts.vram_pct)
+        return Thresholds(
+            temp_warn_c=alerts.temp_c - 10,
+            temp_alert_c=alerts.temp_c,
+            vram_warn_pct=min(alerts.vram_pct, 85.0),
+            vram_alert_pct=alerts.vram_pct,
+        )
 
     # -- keys
 
@@ -150,7 +168,7 @@ class LabScreen(Screen):
     def action_move(self, step: int) -> None:
         """j / k: the focused table's cursor (or the focused scroller) one row down or up."""
         target = self.focused
-        for name in (("cursor_down", "scroll_down") if step > 0 else ("cursor_up", "scroll_up")):
+        for name in ("cursor_down", "scroll_down") if step > 0 else ("cursor_up", "scroll_up"):
             action = getattr(target, f"action_{name}", None)
             if action is not None:
                 action()
@@ -159,7 +177,7 @@ class LabScreen(Screen):
     def action_move_to_end(self, bottom: bool) -> None:
         """g / G: the first or the last row."""
         target = self.focused
-        for name in (("scroll_bottom", "scroll_end") if bottom else ("scroll_top", "scroll_home")):
+        for name in ("scroll_bottom", "scroll_end") if bottom else ("scroll_top", "scroll_home"):
             action = getattr(target, f"action_{name}", None)
             if action is not None:
                 action()
@@ -200,15 +218,30 @@ class LabScreen(Screen):
 
         self.app.push_screen(ConfirmScreen(question), lambda yes: then() if yes else None)
 
-    def act(self, machine: str, method: Method[P, R], params: P, done: str | Callable[[R], str], *,
-            timeout: float | None = None, then: Callable[[R], object] | None = None) -> None:
+    def act(
+        self,
+        machine: str,
+        method: Method[P, R],
+        params: P,
+        done: str | Callable[[R], str],
+        *,
+        timeout: float | None = None,
+        then: Callable[[R], object] | None = None,
+    ) -> None:
         """Call `method` on `machine` as the operator and say how it went; `then(result)` runs on success."""
         if not self.require_operator():
             return
         self.run_worker(self._act(machine, method, params, done, timeout, then), group="lab-actions")
 
-    async def _act(self, machine: str, method: Method[P, R], params: P, done: str | Callable[[R], str],
-                   timeout: float | None, then: Callable[[R], object] | None) -> None:
+    async def _act(
+        self,
+        machine: str,
+        method: Method[P, R],
+        params: P,
+        done: str | Callable[[R], str],
+        timeout: float | None,
+        then: Callable[[R], object] | None,
+    ) -> None:
         try:
             result = await request(self.lab_app.client, machine, method, params, timeout)
         except RemoteError as exc:

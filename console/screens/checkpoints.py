@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from rich.text import Text
@@ -12,29 +13,27 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from agents.catalogue import (
+from agents.wire.catalogue.checkpoints import (
     CHECKPOINTS_DELETE,
     CHECKPOINTS_KEEP,
     CHECKPOINTS_LIST,
     CHECKPOINTS_PRUNE,
     CHECKPOINTS_SERVE,
-    JOBS_GET,
-    JOBS_RECIPES,
     Curves,
     DeleteParams,
-    JobParams,
     KeepParams,
-    Method,
     PruneParams,
     RunCheckpoints,
     RunParams,
     ServeParams,
-    request,
 )
-from agents.protocol import RemoteError
-from agents.sections import CheckpointInfo, JobDetail, RunSummary
-from agents.served import is_served, serve_failed, serve_moving
-from agents.states import JOB_ACTIVE
+from agents.wire.catalogue.jobs import JOBS_GET, JOBS_RECIPES, JobParams
+from agents.wire.catalogue.method import Method, request
+from agents.wire.protocol import RemoteError
+from agents.wire.sections.checkpoints import CheckpointInfo, RunSummary
+from agents.wire.sections.jobs import JobDetail
+from agents.wire.served import is_served, serve_failed, serve_moving
+from agents.wire.states import JOB_ACTIVE
 from console.runs import RunKey, one_row_per_run
 from console.screens.base import LabScreen
 from console.screens.modals import AskNumberScreen, ResumeJobScreen
@@ -44,9 +43,20 @@ from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
 from widgets.wire import esc, shown
 
-ACTIVE_REFETCH_S = 3.0  # while the run's job trains or one of its checkpoints is being served, its listing is fetched again this often
-COLUMNS = [("step", "STEP", 7), ("epoch", "EPOCH", 6), ("loss", "LOSS", 8), ("eval", "EVAL", 8), ("size", "SIZE", 7),
-           ("save", "SAVE", 7), ("kind", "KIND", 17), ("age", "WRITTEN", 12), ("flags", "", 60)]
+ACTIVE_REFETCH_S = (
+    3.0  # while the run's job trains or one of its checkpoints is being served, its listing is fetched again this often
+)
+COLUMNS = [
+    ("step", "STEP", 7),
+    ("epoch", "EPOCH", 6),
+    ("loss", "LOSS", 8),
+    ("eval", "EVAL", 8),
+    ("size", "SIZE", 7),
+    ("save", "SAVE", 7),
+    ("kind", "KIND", 17),
+    ("age", "WRITTEN", 12),
+    ("flags", "", 60),
+]
 DROP = ("epoch", "save", "kind", "eval", "size")  # narrow: these go, in this order
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
@@ -58,7 +68,11 @@ def loss_text(value: float | None) -> str:
 
 def flags_text(ckpt: CheckpointInfo) -> Text:
     text = Text()
-    for label, on, style in (("BEST", ckpt.is_best, "bold green"), ("newest", ckpt.newest, "bold"), ("kept", ckpt.kept, "magenta")):
+    for label, on, style in (
+        ("BEST", ckpt.is_best, "bold green"),
+        ("newest", ckpt.newest, "bold"),
+        ("kept", ckpt.kept, "magenta"),
+    ):
         if on:
             text.append(f"{label} ", style=style)
     serving = ckpt.serving
@@ -75,8 +89,17 @@ def checkpoint_cells(ckpt: CheckpointInfo, now: float) -> tuple[Any, ...]:
     kind = ckpt.kind + ("+optimizer" if ckpt.has_optimizer else "")
     save = NA if ckpt.save_s is None else f"{ckpt.save_s:.2f}s" + ("" if ckpt.save_s_from == "trainer" else "~")
     age = NA if ckpt.written_at is None else fmt_duration(max(0.0, now - ckpt.written_at)) + " ago"
-    return (Text(str(ckpt.step), style="bold" if ckpt.is_best else ""), fmt(ckpt.epoch, ".2f"),
-            loss_text(ckpt.loss), loss_text(ckpt.eval_loss), fmt_bytes(ckpt.size_bytes), save, kind, age, flags_text(ckpt))
+    return (
+        Text(str(ckpt.step), style="bold" if ckpt.is_best else ""),
+        fmt(ckpt.epoch, ".2f"),
+        loss_text(ckpt.loss),
+        loss_text(ckpt.eval_loss),
+        fmt_bytes(ckpt.size_bytes),
+        save,
+        kind,
+        age,
+        flags_text(ckpt),
+    )
 
 
 def serving_moves(checkpoints: list[CheckpointInfo]) -> bool:
@@ -87,10 +110,12 @@ def serving_moves(checkpoints: list[CheckpointInfo]) -> bool:
 def run_line(run: RunSummary, index: int, total: int) -> str:
     share = f" ({run.save_share_pct:.2f}% of {fmt_duration(run.wall_s)})" if run.save_share_pct is not None else ""
     job = f" · job {esc(run.job)} ({esc(run.job_state)})" if run.job else " · not started by cetlab"
-    return (f"[b]{esc(run.run)}[/b] on {esc(run.machine)}{job} · {plural(run.count, 'checkpoint')}"
-            + (f" + [red]{run.incomplete} incomplete[/]" if run.incomplete else "")
-            + f" · {fmt_bytes(run.disk_bytes)} on disk · saves {fmt_secs(run.save_s_total)}{share}"
-            + f"   [dim]run {index + 1}/{total}: [ ] to switch[/]")
+    return (
+        f"[b]{esc(run.run)}[/b] on {esc(run.machine)}{job} · {plural(run.count, 'checkpoint')}"
+        + (f" + [red]{run.incomplete} incomplete[/]" if run.incomplete else "")
+        + f" · {fmt_bytes(run.disk_bytes)} on disk · saves {fmt_secs(run.save_s_total)}{share}"
+        + f"   [dim]run {index + 1}/{total}: [ ] to switch[/]"
+    )
 
 
 def detail_text(ckpt: CheckpointInfo | None) -> str:
@@ -106,7 +131,12 @@ def detail_text(ckpt: CheckpointInfo | None) -> str:
         lines.append(f"[b yellow]in use:[/] {esc(ckpt.in_use)}")
     serving = ckpt.serving
     if serving is not None:
-        lines.append(esc(f"serving: {serving.mode} on model {serving.model}, {serving.state}" + (f": {serving.error}" if serving.error else "")))
+        lines.append(
+            esc(
+                f"serving: {serving.mode} on model {serving.model}, {serving.state}"
+                + (f": {serving.error}" if serving.error else "")
+            )
+        )
     return "\n".join(lines)
 
 
@@ -139,7 +169,10 @@ class CheckpointsScreen(LabScreen):
 
     def compose(self) -> ComposeResult:
         yield LabHeader()
-        yield Static("no runs with checkpoints yet: start one with `cetlab train` or point lab.yaml checkpoints.dirs at your runs", id="ckpt-run")
+        yield Static(
+            "no runs with checkpoints yet: start one with `cetlab train` or point lab.yaml checkpoints.dirs at your runs",
+            id="ckpt-run",
+        )
         yield CheckpointTimeline(id="ckpt-timeline")
         yield LiveTable(COLUMNS, lambda ckpt: checkpoint_cells(ckpt, self.lab_app.clock()), DROP, id="ckpt-table")
         yield Static("", id="ckpt-detail")
@@ -174,12 +207,18 @@ class CheckpointsScreen(LabScreen):
             self.run_key = (pick.machine, pick.run)
         summary = self.summary()
         if summary is None and self.run_key is not None:
-            self.query_one("#ckpt-run", Static).update(shown(f"[b]{esc(self.run_key[1])}[/b] on {esc(self.run_key[0])}: no checkpoints yet   [dim][ ] to switch runs[/]"))
+            self.query_one("#ckpt-run", Static).update(
+                shown(f"[b]{esc(self.run_key[1])}[/b] on {esc(self.run_key[0])}: no checkpoints yet   [dim][ ] to switch runs[/]")
+            )
         if summary is not None:
             index = runs.index(summary)
             self.query_one("#ckpt-run", Static).update(shown(run_line(summary, index, len(runs))))
             moving = summary.job_state in JOB_ACTIVE or serving_moves(self.checkpoints)  # a serve changes no summary: ask again
-            stale = self._fetched is None or self._fetched[0] != summary or (moving and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
+            stale = (
+                self._fetched is None
+                or self._fetched[0] != summary
+                or (moving and time.monotonic() - self._fetched[1] > ACTIVE_REFETCH_S)
+            )
             if stale and self.lab_app.connect:
                 self._fetched = (summary, time.monotonic())
                 self.fetch_run(summary.machine, summary.run)
@@ -217,7 +256,9 @@ class CheckpointsScreen(LabScreen):
             selected = self.selected()
             curves = detail.curves if detail is not None else Curves()
             title = f"{detail.run}: loss by step, one marker per checkpoint" if detail else "no run shown"
-            self.query_one(CheckpointTimeline).show(title, curves.loss, curves.eval_loss, checkpoints, selected.step if selected else None)
+            self.query_one(CheckpointTimeline).show(
+                title, curves.loss, curves.eval_loss, checkpoints, selected.step if selected else None
+            )
             self.query_one("#ckpt-detail", Static).update(shown(detail_text(selected)))
 
     def selected(self) -> CheckpointInfo | None:
@@ -244,7 +285,9 @@ class CheckpointsScreen(LabScreen):
             return None
         return self.run_key[0], self.run_key[1], ckpt
 
-    def _act_and_refetch(self, machine: str, method: Method[P, R], params: P, done: Callable[[R], str], timeout: float | None = None) -> None:
+    def _act_and_refetch(
+        self, machine: str, method: Method[P, R], params: P, done: Callable[[R], str], timeout: float | None = None
+    ) -> None:
         """Act, then fetch the listing again at once (it changed)."""
         self.act(machine, method, params, done, timeout=timeout, then=lambda _result: self._refetch())
 
@@ -266,13 +309,17 @@ class CheckpointsScreen(LabScreen):
         client = self.lab_app.client
         try:
             recipes = await request(client, machine, JOBS_RECIPES)
-            previous = (await request(client, machine, JOBS_GET, JobParams(id=summary.job))).params if summary and summary.job else {}
+            previous = (
+                (await request(client, machine, JOBS_GET, JobParams(id=summary.job))).params if summary and summary.job else {}
+            )
         except RemoteError as exc:
             self.notify(exc.message, severity="warning")
             return
         recipe = next((r for r in recipes.root if summary is not None and r.name == summary.recipe), None)
         if recipe is None:
-            self.notify(f"run {run} was not started from a recipe of {machine}: resume it with its own trainer", severity="warning")
+            self.notify(
+                f"run {run} was not started from a recipe of {machine}: resume it with its own trainer", severity="warning"
+            )
             return
 
         def resumed(job: JobDetail | None) -> None:
@@ -287,8 +334,13 @@ class CheckpointsScreen(LabScreen):
         if target is None:
             return
         machine, run, ckpt = target
-        self._act_and_refetch(machine, CHECKPOINTS_SERVE, ServeParams(run=run, step=ckpt.step),
-                              lambda r: f"step {ckpt.step}: {r.mode} on model {r.model} ({r.state}); see :models", timeout=30.0)
+        self._act_and_refetch(
+            machine,
+            CHECKPOINTS_SERVE,
+            ServeParams(run=run, step=ckpt.step),
+            lambda r: f"step {ckpt.step}: {r.mode} on model {r.model} ({r.state}); see :models",
+            timeout=30.0,
+        )
 
     def action_keep(self) -> None:
         target = self._target()
@@ -296,8 +348,12 @@ class CheckpointsScreen(LabScreen):
             return
         machine, run, ckpt = target
         kept = not ckpt.kept
-        self._act_and_refetch(machine, CHECKPOINTS_KEEP, KeepParams(run=run, step=ckpt.step, kept=kept),
-                              lambda r: f"step {ckpt.step} {'kept: prune leaves it' if kept else 'no longer kept'}")
+        self._act_and_refetch(
+            machine,
+            CHECKPOINTS_KEEP,
+            KeepParams(run=run, step=ckpt.step, kept=kept),
+            lambda r: f"step {ckpt.step} {'kept: prune leaves it' if kept else 'no longer kept'}",
+        )
 
     def action_delete(self) -> None:
         target = self._target()
@@ -305,9 +361,18 @@ class CheckpointsScreen(LabScreen):
             return
         machine, run, ckpt = target
         special = [w for w, on in (("the BEST", ckpt.is_best), ("the NEWEST", ckpt.newest)) if on]
-        delete = lambda: self._act_and_refetch(machine, CHECKPOINTS_DELETE, DeleteParams(run=run, step=ckpt.step, confirm_special=bool(special)),  # noqa: E731
-                                               lambda r: f"deleted step {ckpt.step} of {run}, freed {fmt_bytes(r.freed_bytes)}")
-        first = f"Delete checkpoint [b]{esc(ckpt.step)}[/b] of {esc(run)} ({fmt_bytes(ckpt.size_bytes)})? This removes its folder."
+
+        def delete():
+            return self._act_and_refetch(
+                machine,
+                CHECKPOINTS_DELETE,
+                DeleteParams(run=run, step=ckpt.step, confirm_special=bool(special)),
+                lambda r: f"deleted step {ckpt.step} of {run}, freed {fmt_bytes(r.freed_bytes)}",
+            )
+
+        first = (
+            f"Delete checkpoint [b]{esc(ckpt.step)}[/b] of {esc(run)} ({fmt_bytes(ckpt.size_bytes)})? This removes its folder."
+        )
         if special:
             second = f"Step {esc(ckpt.step)} is {' and '.join(special)} checkpoint of {esc(run)}. Really delete it?"
             self.confirm(first, lambda: self.confirm(second, delete))
@@ -321,8 +386,16 @@ class CheckpointsScreen(LabScreen):
 
         def asked(n: int | None) -> None:
             if n is not None:
-                self.confirm(f"Prune [b]{esc(run)}[/b]: keep the best, the last {n} and the kept checkpoints, delete the rest?",
-                             lambda: self._act_and_refetch(machine, CHECKPOINTS_PRUNE, PruneParams(run=run, keep_last=n),
-                                                           lambda r: f"pruned {run}: deleted {len(r.deleted)}, freed {fmt_bytes(r.freed_bytes)}"))
+                self.confirm(
+                    f"Prune [b]{esc(run)}[/b]: keep the best, the last {n} and the kept checkpoints, delete the rest?",
+                    lambda: self._act_and_refetch(
+                        machine,
+                        CHECKPOINTS_PRUNE,
+                        PruneParams(run=run, keep_last=n),
+                        lambda r: f"pruned {run}: deleted {len(r.deleted)}, freed {fmt_bytes(r.freed_bytes)}",
+                    ),
+                )
 
-        self.app.push_screen(AskNumberScreen(f"Prune {run}: how many of the newest checkpoints to keep (besides the best and the kept)?", 2), asked)
+        self.app.push_screen(
+            AskNumberScreen(f"Prune {run}: how many of the newest checkpoints to keep (besides the best and the kept)?", 2), asked
+        )

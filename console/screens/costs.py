@@ -10,7 +10,8 @@ from textual.binding import Binding
 from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
-from agents.catalogue import COSTS_GET, CostsParams, PricedGroup, request_all
+from agents.wire.catalogue.costs import COSTS_GET, CostsParams, PricedGroup
+from agents.wire.catalogue.method import request_all
 from console.costs import Breakdown, LabCosts, LabDay, lab_costs, live_totals
 from console.replies import Answers
 from console.screens.base import LabScreen
@@ -23,8 +24,16 @@ from widgets.wire import esc, shown
 FETCH_S = 5.0  # the breakdown and the daily totals come from costs.get this often; the counter ticks with the stream
 PLOT_DAYS = 30
 BREAKDOWNS: tuple[Breakdown, ...] = ("machine", "job", "model")
-COLUMNS = [("name", "name", 34), ("kwh", "kWh", 10), ("cost", "cost", 14), ("cloud", "cloud equiv.", 14),
-           ("saving", "saving", 8), ("gpu_h", "GPU-h", 8), ("busy_h", "busy GPU-h", 10), ("tokens", "tokens", 12)]
+COLUMNS = [
+    ("name", "name", 34),
+    ("kwh", "kWh", 10),
+    ("cost", "cost", 14),
+    ("cloud", "cloud equiv.", 14),
+    ("saving", "saving", 8),
+    ("gpu_h", "GPU-h", 8),
+    ("busy_h", "busy GPU-h", 10),
+    ("tokens", "tokens", 12),
+]
 DROP = ("busy_h", "gpu_h", "kwh", "cloud")  # narrow: the hours go, then kWh, then the cloud figure (saving % says it)
 
 
@@ -37,8 +46,16 @@ def breakdown_rows(groups: list[PricedGroup], by: str, currency: str) -> dict[st
         label = entry.label or ""
         shown = owner if label in ("", owner) else f"{owner} {label}"  # a model's label is its own name: once
         name = owner if by == "machine" else f"{shown} @{entry.machine}"
-        rows[key] = (name[:34], fmt(entry.kwh, ".3f"), fmt_money(entry.cost, currency), fmt_money(entry.cloud_equivalent, currency),
-                     fmt_pct(entry.saving_pct), fmt(entry.gpu_hours, ".2f"), fmt(entry.gpu_busy_hours, ".2f"), f"{entry.tokens:,}")
+        rows[key] = (
+            name[:34],
+            fmt(entry.kwh, ".3f"),
+            fmt_money(entry.cost, currency),
+            fmt_money(entry.cloud_equivalent, currency),
+            fmt_pct(entry.saving_pct),
+            fmt(entry.gpu_hours, ".2f"),
+            fmt(entry.gpu_busy_hours, ".2f"),
+            f"{entry.tokens:,}",
+        )
     return rows
 
 
@@ -48,7 +65,10 @@ def plot_days(days: list[LabDay], since: date, today: date) -> list[tuple[str, f
     by_day = {d.day: d for d in days}
     window = [since + timedelta(days=i) for i in range(max(1, (today - since).days + 1))][-PLOT_DAYS:]
     counted = [by_day.get(day.isoformat()) for day in window]
-    return [(day.isoformat()[5:], (d.cost or 0.0) if d else 0.0, (d.cloud_equivalent or 0.0) if d else 0.0) for day, d in zip(window, counted)]
+    return [
+        (day.isoformat()[5:], (d.cost or 0.0) if d else 0.0, (d.cloud_equivalent or 0.0) if d else 0.0)
+        for day, d in zip(window, counted)
+    ]
 
 
 class CostsScreen(LabScreen):
@@ -120,11 +140,19 @@ class CostsScreen(LabScreen):
             "   ([b]b[/b] switches machine / job / model)",
         ]
         if report.api_providers:
-            lines.append(f"[b]API[/b] today {fmt_money(report.api_today, currency)}   this month {fmt_money(report.api_month, currency)}"
-                         f"   lab total this month {fmt_money(report.total_month, currency)}")
-            lines += [f"  {esc(p.provider)}{' [black on yellow] SIM [/]' if p.simulated else ''}: this month {fmt_money(p.month, currency)}"
-                      + (f" of {fmt_money(p.monthly_budget, currency)} ({fmt_pct(p.budget_pct)})" if p.monthly_budget is not None else "")
-                      for p in report.api_providers]
+            lines.append(
+                f"[b]API[/b] today {fmt_money(report.api_today, currency)}   this month {fmt_money(report.api_month, currency)}"
+                f"   lab total this month {fmt_money(report.total_month, currency)}"
+            )
+            lines += [
+                f"  {esc(p.provider)}{' [black on yellow] SIM [/]' if p.simulated else ''}: this month {fmt_money(p.month, currency)}"
+                + (
+                    f" of {fmt_money(p.monthly_budget, currency)} ({fmt_pct(p.budget_pct)})"
+                    if p.monthly_budget is not None
+                    else ""
+                )
+                for p in report.api_providers
+            ]
         lines += [f"[yellow]{esc(m)}[/]" for m in report.missing]
         lines += [f"[red]not counted, offline: {esc(name)}: {esc(why)}[/]" for name, why in report.offline.items()]
         self.query_one("#costs-summary", Static).update(shown("\n".join(lines)))

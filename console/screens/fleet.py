@@ -63,7 +63,9 @@ class FleetScreen(LabScreen):
         """What `/` looks in for one machine: name, role, its GPUs' names, its lab.yaml models, what holds its GPUs."""
         view = self.lab_app.state.machines[machine]
         models = [m.name for m in self.lab_app.lab.models if m.machine == machine]
-        return " ".join([machine, view.config.role or "", *(g.name for g in view.gpus.values()), *models, *view.gpu_owners().values()])
+        return " ".join(
+            [machine, view.config.role or "", *(g.name for g in view.gpus.values()), *models, *view.gpu_owners().values()]
+        )
 
     def refresh_data(self) -> None:
         state = self.lab_app.state

@@ -6,27 +6,51 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Footer, Static
 
-from agents.protocol import LinkStatus
-from agents.sections import GatewayModelFigures, GatewaySection
-from console.gateway_demo import GATEWAY_KEY_FILE
+from agents.shell.demo_gateway import GATEWAY_KEY_FILE
+from agents.wire.protocol import LinkStatus
+from agents.wire.sections.gateway import GatewayModelFigures, GatewaySection
 from console.screens.base import LabScreen
 from widgets.format import NA, fmt, fmt_money
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
 from widgets.wire import esc, shown, text
 
-COLUMNS = [("model", "model", 24), ("tier", "tier", 8), ("where", "where", 16), ("state", "state", 10), ("rps", "rps", 6),
-           ("in_flight", "in flight", 9), ("queued", "queued", 6), ("p50", "p50 s", 7), ("p95", "p95 s", 7),
-           ("ttft50", "TTFT p50", 8), ("ttft95", "TTFT p95", 8), ("wakes", "wakes", 5), ("errors", "errors", 6)]
+COLUMNS = [
+    ("model", "model", 24),
+    ("tier", "tier", 8),
+    ("where", "where", 16),
+    ("state", "state", 10),
+    ("rps", "rps", 6),
+    ("in_flight", "in flight", 9),
+    ("queued", "queued", 6),
+    ("p50", "p50 s", 7),
+    ("p95", "p95 s", 7),
+    ("ttft50", "TTFT p50", 8),
+    ("ttft95", "TTFT p95", 8),
+    ("wakes", "wakes", 5),
+    ("errors", "errors", 6),
+]
 DROP = ("ttft95", "ttft50", "p95", "queued", "tier", "where", "in_flight")  # narrow: these go, in this order
 
 
 def model_cells(m: GatewayModelFigures) -> tuple[str | Text, ...]:
     where = (m.where or "") + (" SIM" if m.simulated else "")
     errors = text(m.errors, "red") if m.errors else "0"
-    return (m.name, m.tier, where, m.state or NA, f"{m.rps:.2f}", str(m.in_flight), str(m.queued),
-            fmt(m.p50_latency_s, ".3f"), fmt(m.p95_latency_s, ".3f"), fmt(m.p50_ttft_s, ".3f"), fmt(m.p95_ttft_s, ".3f"),
-            str(m.wakes), errors)
+    return (
+        m.name,
+        m.tier,
+        where,
+        m.state or NA,
+        f"{m.rps:.2f}",
+        str(m.in_flight),
+        str(m.queued),
+        fmt(m.p50_latency_s, ".3f"),
+        fmt(m.p95_latency_s, ".3f"),
+        fmt(m.p50_ttft_s, ".3f"),
+        fmt(m.p95_ttft_s, ".3f"),
+        str(m.wakes),
+        errors,
+    )
 
 
 def spend_text(section: GatewaySection) -> str:
@@ -35,11 +59,19 @@ def spend_text(section: GatewaySection) -> str:
     for p in section.providers:
         pct = p.budget_pct
         colour = "red" if pct is not None and pct >= 100 else "yellow" if pct is not None and pct >= 80 else "green"
-        budget = f" of {esc(fmt_money(p.monthly_budget, currency))} [{colour}]{fmt(pct, '.0f', '%')}[/]" if p.monthly_budget is not None else ""
+        budget = (
+            f" of {esc(fmt_money(p.monthly_budget, currency))} [{colour}]{fmt(pct, '.0f', '%')}[/]"
+            if p.monthly_budget is not None
+            else ""
+        )
         sim = " [b]SIM[/b]" if p.simulated else ""
         missing = "" if p.key_set else " [red]API key not set[/]"
-        lines.append(f"[b]{esc(p.name)}[/b]{sim}: today {esc(fmt_money(p.spend_today, currency))} · month {esc(fmt_money(p.spend_month, currency))}{budget}{missing}")
-    keys = [f"{esc(k.name)}{' (revoked)' if k.revoked else ''} {k.requests} req, {k.tokens_today:,} tok today" for k in section.keys]
+        lines.append(
+            f"[b]{esc(p.name)}[/b]{sim}: today {esc(fmt_money(p.spend_today, currency))} · month {esc(fmt_money(p.spend_month, currency))}{budget}{missing}"
+        )
+    keys = [
+        f"{esc(k.name)}{' (revoked)' if k.revoked else ''} {k.requests} req, {k.tokens_today:,} tok today" for k in section.keys
+    ]
     if keys:
         lines.append("[b]keys[/b]: " + " · ".join(keys))
     return "\n".join(lines) or "no providers"
@@ -80,9 +112,13 @@ class GatewayScreen(LabScreen):
             down = [f"{esc(m)} {esc(s)}" for m, s in section.peers.items() if s != LinkStatus.ONLINE]
             source = self.lab_app.lab.source
             key_file = source.parent / GATEWAY_KEY_FILE if source else None
-            summary.update(shown(f"[b]{esc(section.url or 'NOT SERVING')}[/b] on {esc(section.machine)}"
-                           + (f" · [red]{esc(section.error)}[/]" if section.error else "")
-                           + (f" · peers: [red]{', '.join(down)}[/]" if down else " · every peer online")
-                           + (f" · demo key: {esc(key_file)}" if key_file is not None and key_file.exists() else "")))
+            summary.update(
+                shown(
+                    f"[b]{esc(section.url or 'NOT SERVING')}[/b] on {esc(section.machine)}"
+                    + (f" · [red]{esc(section.error)}[/]" if section.error else "")
+                    + (f" · peers: [red]{', '.join(down)}[/]" if down else " · every peer online")
+                    + (f" · demo key: {esc(key_file)}" if key_file is not None and key_file.exists() else "")
+                )
+            )
         self.query_one("#gateway-table", LiveTable).show({f"{m.tier}:{m.name}": m for m in section.models})
         self.query_one("#gateway-spend", Static).update(shown(spend_text(section)))

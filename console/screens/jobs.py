@@ -7,12 +7,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from agents.catalogue import JOBS_KILL, JOBS_RECIPES, JOBS_STOP, JobParams, RecipeInfo, StopParams, request_all
-from agents.sections import JobDetail, JobInfo
-from agents.states import JOB_ACTIVE, JobState
+from agents.wire.catalogue.jobs import JOBS_KILL, JOBS_RECIPES, JOBS_STOP, JobParams, RecipeInfo, StopParams
+from agents.wire.catalogue.method import request_all
+from agents.wire.sections.jobs import JobDetail, JobInfo
+from agents.wire.states import JOB_ACTIVE, JobState
+from console.replies import Answers
 from console.screens.base import LabScreen
 from console.screens.checkpoints import CheckpointsScreen
-from console.replies import Answers
 from console.screens.modals import AskNumberScreen, PickRecipeScreen, StartJobScreen
 from widgets.jobs_table import JobsTable
 from widgets.lab_header import LabHeader
@@ -34,15 +35,20 @@ def detail_text(job: JobInfo | None) -> str:
         last = job.checkpoints[-1]
         figures.append(f"checkpoints {', '.join(str(c.step) for c in job.checkpoints)} (last save {last.save_s or 0:.2f}s)")
     if job.starved:
-        figures.append("[b black on yellow] GPU starved [/] its GPUs sit under the lab's starved_util_pct: check dataloader workers and I/O")
+        figures.append(
+            "[b black on yellow] GPU starved [/] its GPUs sit under the lab's starved_util_pct: check dataloader workers and I/O"
+        )
     if job.simulated and job.gpus:
         figures.append("[b magenta]SIM[/] GPU figures")
     if figures:
         lines.append(" · ".join(figures))
     lines += [f"note: {esc(note)}" for note in job.notes]
     lines.append(f"[dim]log {esc(job.log_path)} · output {esc(job.output_dir)}[/]")
-    lines += [f"node {i} [b]{esc(node.machine)}[/b] GPU {','.join(map(str, node.gpus)) or '-'}: {esc(node.state)}"
-              + (f" ({node.exit_code})" if node.exit_code is not None else "") for i, node in enumerate(job.nodes)]
+    lines += [
+        f"node {i} [b]{esc(node.machine)}[/b] GPU {','.join(map(str, node.gpus)) or '-'}: {esc(node.state)}"
+        + (f" ({node.exit_code})" if node.exit_code is not None else "")
+        for i, node in enumerate(job.nodes)
+    ]
     if job.state in (JobState.FAILED, JobState.LOST):
         lines.append(f"[b red]{esc(job.state)}:[/] {esc(job.error or '')}")
         lines += [f"[dim]{esc(line)}[/]" for line in job.last_lines[-3:]]
@@ -103,7 +109,10 @@ class JobsScreen(LabScreen):
         found = [r for reply in answers.replies.values() for r in reply.root]
         if not found:
             offline = list(answers.errors)
-            self.notify("no recipes to start" + (f" (offline: {', '.join(offline)})" if offline else ": add trainers: to lab.yaml"), severity="warning")
+            self.notify(
+                "no recipes to start" + (f" (offline: {', '.join(offline)})" if offline else ": add trainers: to lab.yaml"),
+                severity="warning",
+            )
             return
 
         def started(job: JobDetail | None) -> None:
@@ -126,14 +135,18 @@ class JobsScreen(LabScreen):
 
     def action_stop(self) -> None:
         if job := self._active_selected():
-            self.confirm(f"Stop job [b]{esc(job.id)}[/b] ({esc(job.recipe)}, step {job.step or 0})?\n"
-                         "SIGTERM now (a cetlab-train run saves a checkpoint), SIGKILL after the recipe's grace period.",
-                         lambda: self.act(job.machine, JOBS_STOP, StopParams(id=job.id), f"stopping {job.id}"))
+            self.confirm(
+                f"Stop job [b]{esc(job.id)}[/b] ({esc(job.recipe)}, step {job.step or 0})?\n"
+                "SIGTERM now (a cetlab-train run saves a checkpoint), SIGKILL after the recipe's grace period.",
+                lambda: self.act(job.machine, JOBS_STOP, StopParams(id=job.id), f"stopping {job.id}"),
+            )
 
     def action_kill(self) -> None:
         if job := self._active_selected():
-            self.confirm(f"Kill job [b]{esc(job.id)}[/b] ({esc(job.recipe)}) now with SIGKILL? Nothing is saved.",
-                         lambda: self.act(job.machine, JOBS_KILL, JobParams(id=job.id), f"killed {job.id}"))
+            self.confirm(
+                f"Kill job [b]{esc(job.id)}[/b] ({esc(job.recipe)}) now with SIGKILL? Nothing is saved.",
+                lambda: self.act(job.machine, JOBS_KILL, JobParams(id=job.id), f"killed {job.id}"),
+            )
 
     def action_logs(self) -> None:
         job = self.selected()

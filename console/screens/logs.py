@@ -7,8 +7,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Input, Log, Static
 
-from agents.catalogue import JOBS_LOGS, LogsParams, request
-from agents.protocol import RemoteError
+from agents.wire.catalogue.jobs import JOBS_LOGS, LogsParams
+from agents.wire.catalogue.method import request
+from agents.wire.protocol import RemoteError
 from console.screens.base import LabScreen
 from widgets.format import NA
 from widgets.lab_header import LabHeader
@@ -62,12 +63,19 @@ class LogScreen(LabScreen):
         self._show_status()
 
     def _show_status(self) -> None:
-        parts = [f"[b]{esc(self.job_id)}[/b] on {esc(self.machine)}", esc(self.job_state), f"{len(self.lines)} lines",
-                 "[green]following[/]" if self.following else "[yellow]paused[/] (f follows)"]
+        parts = [
+            f"[b]{esc(self.job_id)}[/b] on {esc(self.machine)}",
+            esc(self.job_state),
+            f"{len(self.lines)} lines",
+            "[green]following[/]" if self.following else "[yellow]paused[/] (f follows)",
+        ]
         if self.pattern:
             matches = self.matches()
-            where = (f"{matches.index(self.match_at) + 1}/{len(matches)} (line {self.match_at + 1})" if self.match_at in matches
-                     else f"{len(matches)} matches")
+            where = (
+                f"{matches.index(self.match_at) + 1}/{len(matches)} (line {self.match_at + 1})"
+                if self.match_at in matches
+                else f"{len(matches)} matches"
+            )
             parts.append(f"/{esc(self.pattern)}: {where}")
         if self.error:
             parts.append(f"[red]{esc(self.error)}[/]")
@@ -78,8 +86,11 @@ class LogScreen(LabScreen):
 
     @work(exclusive=True, group="log-fetch")
     async def _fetch_log(self) -> None:
-        params = (LogsParams(id=self.job_id, tail_lines=FIRST_LINES) if self.log_offset is None
-                  else LogsParams(id=self.job_id, offset=self.log_offset))
+        params = (
+            LogsParams(id=self.job_id, tail_lines=FIRST_LINES)
+            if self.log_offset is None
+            else LogsParams(id=self.job_id, offset=self.log_offset)
+        )
         try:
             logs = await request(self.lab_app.client, self.machine, JOBS_LOGS, params)
         except RemoteError as exc:

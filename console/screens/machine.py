@@ -7,14 +7,13 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
-from agents.sections import SectionFault
+from agents.wire.sections.base import SectionFault
 from console.screens.base import LabScreen
 from widgets.format import NA, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_panel import SERIES, GpuPanel
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
 from widgets.wire import esc, shown
-
 
 PROCESS_COLUMNS = [("gpu", "GPU", 4), ("pid", "PID", 8), ("user", "user", 10), ("vram", "VRAM", 8), ("command", "command", None)]
 
@@ -62,13 +61,15 @@ class MachineScreen(LabScreen):
         host = view.host
         sim = "  [black on yellow] SIM [/]" if view.simulated else ""
         if view.online:
-            text = (f"[b]{esc(self.machine)}[/b]  {esc(view.config.role)}{sim}  [green]● online[/]  "
-                    f"CPU {fmt(host.cpu_pct, '.0f', '%')} of {fmt(host.cpu_count)} cores  "
-                    f"load {fmt(host.load_1, '.2f')}/{fmt(host.load_5, '.2f')}/{fmt(host.load_15, '.2f')}  "
-                    f"RAM {fmt_bytes(host.ram_used_bytes)}/{fmt_bytes(host.ram_total_bytes)}  "
-                    f"swap {fmt_bytes(host.swap_used_bytes)}/{fmt_bytes(host.swap_total_bytes)}  "
-                    f"disk {fmt_bytes(host.disk_used_bytes)}/{fmt_bytes(host.disk_total_bytes)}  "
-                    f"net ↓{fmt_bytes(host.net_rx_bytes_per_s)}/s ↑{fmt_bytes(host.net_tx_bytes_per_s)}/s")
+            text = (
+                f"[b]{esc(self.machine)}[/b]  {esc(view.config.role)}{sim}  [green]● online[/]  "
+                f"CPU {fmt(host.cpu_pct, '.0f', '%')} of {fmt(host.cpu_count)} cores  "
+                f"load {fmt(host.load_1, '.2f')}/{fmt(host.load_5, '.2f')}/{fmt(host.load_15, '.2f')}  "
+                f"RAM {fmt_bytes(host.ram_used_bytes)}/{fmt_bytes(host.ram_total_bytes)}  "
+                f"swap {fmt_bytes(host.swap_used_bytes)}/{fmt_bytes(host.swap_total_bytes)}  "
+                f"disk {fmt_bytes(host.disk_used_bytes)}/{fmt_bytes(host.disk_total_bytes)}  "
+                f"net ↓{fmt_bytes(host.net_rx_bytes_per_s)}/s ↑{fmt_bytes(host.net_tx_bytes_per_s)}/s"
+            )
         else:
             text = f"[b]{esc(self.machine)}[/b]  [bold red]{esc(view.link.upper())}[/]  last seen {fmt_ago(view.last_seen, self.lab_app.clock())}\n{esc(view.error or '')}"
         self.query_one("#host", Static).update(shown(text))
@@ -92,7 +93,9 @@ class MachineScreen(LabScreen):
             i = int(str(panel.id).removeprefix("gpu-"))
             if i in view.gpus:
                 history = {key: view.spark(f"gpu{i}.{key}") for key, _ in SERIES}
-                panel.show(view.gpus[i], history, owners.get(i), limits, view.gpu_support.for_gpu(i) if view.gpu_support else None)
+                panel.show(
+                    view.gpus[i], history, owners.get(i), limits, view.gpu_support.for_gpu(i) if view.gpu_support else None
+                )
 
     def _refresh_processes(self, view) -> None:
         wanted = {}

@@ -17,9 +17,13 @@ from textual.suggester import SuggestFromList
 from textual.widgets import Input, Label, OptionList, Select, Static, Switch
 from textual.widgets.option_list import Option
 
-from agents.catalogue import CHECKPOINTS_RESUME, JOBS_START, RecipeInfo, RecipeParam, ResumeParams, StartParams, request
-from agents.protocol import RemoteError
-from agents.sections import JobDetail, ModelInfo, ParamValue
+from agents.wire.catalogue.checkpoints import CHECKPOINTS_RESUME, ResumeParams
+from agents.wire.catalogue.jobs import JOBS_START, RecipeInfo, RecipeParam, StartParams
+from agents.wire.catalogue.method import request
+from agents.wire.protocol import RemoteError
+from agents.wire.sections.base import ParamValue
+from agents.wire.sections.jobs import JobDetail
+from agents.wire.sections.models import ModelInfo
 from console.views import VIEWS
 from widgets.format import NA, fmt_gib, fmt_limit
 from widgets.orchestra_table import state_cell
@@ -161,8 +165,15 @@ class PickRecipeScreen(ModalScreen[RecipeInfo | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static("start which recipe?", classes="title")
-            yield OptionList(*[Option(text(f"{r.name:<20} {r.machine:<12} GPU {','.join(map(str, r.gpus)) or NA:<8} {r.launcher}"), id=str(i))
-                               for i, r in enumerate(self.recipes)], id="pick-recipe")
+            yield OptionList(
+                *[
+                    Option(
+                        text(f"{r.name:<20} {r.machine:<12} GPU {','.join(map(str, r.gpus)) or NA:<8} {r.launcher}"), id=str(i)
+                    )
+                    for i, r in enumerate(self.recipes)
+                ],
+                id="pick-recipe",
+            )
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         if event.option.id is not None:
@@ -202,8 +213,9 @@ class StartJobScreen(ModalScreen[JobDetail | None]):
 
     def heading(self) -> str:
         r = self.recipe
-        return (f"start [b]{esc(r.name)}[/b] on {esc(r.machine)} GPU {','.join(map(str, r.gpus)) or NA}"
-                + (f" (torchrun x{r.nproc_per_node})" if r.launcher == "torchrun" else ""))
+        return f"start [b]{esc(r.name)}[/b] on {esc(r.machine)} GPU {','.join(map(str, r.gpus)) or NA}" + (
+            f" (torchrun x{r.nproc_per_node})" if r.launcher == "torchrun" else ""
+        )
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
@@ -214,8 +226,11 @@ class StartJobScreen(ModalScreen[JobDetail | None]):
                 if p.type == "bool":
                     yield Switch(value=bool(default), id=f"param-{p.name}")
                 elif p.type == "choice":
-                    yield Select([(text(c), c) for c in p.choices], value=default if isinstance(default, str) and default in p.choices else Select.BLANK,
-                                 id=f"param-{p.name}")
+                    yield Select(
+                        [(text(c), c) for c in p.choices],
+                        value=default if isinstance(default, str) and default in p.choices else Select.BLANK,
+                        id=f"param-{p.name}",
+                    )
                 else:
                     kind = INPUT_TYPES.get(p.type, "text")
                     yield Input(value="" if default is None else str(default), type=kind, id=f"param-{p.name}")
@@ -250,14 +265,21 @@ class StartJobScreen(ModalScreen[JobDetail | None]):
 
     def cleared(self) -> list[RecipeParam]:
         """The params with a default whose field was emptied: the agent would run the default, unasked."""
-        return [p for p in self.params if p.default is not None and p.type not in ("bool", "choice")
-                and not self.query_one(f"#param-{p.name}", Input).value.strip()]
+        return [
+            p
+            for p in self.params
+            if p.default is not None
+            and p.type not in ("bool", "choice")
+            and not self.query_one(f"#param-{p.name}", Input).value.strip()
+        ]
 
     @work(exclusive=True, group="start-job")
     async def start(self) -> None:
         error = self.query_one("#start-error", Static)
         if cleared := self.cleared():
-            error.update(text("; ".join(f"{p.name} is empty: it would run with its default {p.default}; type a value" for p in cleared)))
+            error.update(
+                text("; ".join(f"{p.name} is empty: it would run with its default {p.default}; type a value" for p in cleared))
+            )
             return
         error.update("starting ...")
         try:
@@ -272,7 +294,9 @@ class StartJobScreen(ModalScreen[JobDetail | None]):
         return cast("CetlabApp", self.app)
 
     async def submit(self, values: dict[str, Any]) -> JobDetail:
-        return await request(self.lab_app.client, self.recipe.machine, JOBS_START, StartParams(recipe=self.recipe.name, params=values))
+        return await request(
+            self.lab_app.client, self.recipe.machine, JOBS_START, StartParams(recipe=self.recipe.name, params=values)
+        )
 
     def action_cancel(self) -> None:
         self.dismiss(None)
@@ -285,14 +309,20 @@ class ResumeJobScreen(StartJobScreen):
         super().__init__(recipe)
         self.machine, self.run, self.step = machine, run, step
         # the agent fills in the checkpoint itself; every other field starts at what the run ran with
-        self.params = [p.model_copy(update={"default": previous.get(p.name, p.default)}) for p in recipe.params if p.name != RESUME_PARAM]
+        self.params = [
+            p.model_copy(update={"default": previous.get(p.name, p.default)}) for p in recipe.params if p.name != RESUME_PARAM
+        ]
 
     def heading(self) -> str:
-        return (f"resume run [b]{esc(self.run)}[/b] from step [b]{self.step}[/b]: a new job of {esc(self.recipe.name)} "
-                f"on {esc(self.machine)}")
+        return (
+            f"resume run [b]{esc(self.run)}[/b] from step [b]{self.step}[/b]: a new job of {esc(self.recipe.name)} "
+            f"on {esc(self.machine)}"
+        )
 
     async def submit(self, values: dict[str, Any]) -> JobDetail:
-        return await request(self.lab_app.client, self.machine, CHECKPOINTS_RESUME, ResumeParams(run=self.run, step=self.step, params=values))
+        return await request(
+            self.lab_app.client, self.machine, CHECKPOINTS_RESUME, ResumeParams(run=self.run, step=self.step, params=values)
+        )
 
 
 GLOBAL_KEYS = [
@@ -322,10 +352,16 @@ class HelpScreen(ModalScreen):
         self.cli_line = cli_line
 
     def compose(self) -> ComposeResult:
-        parts: list[Any] = [Text("Keys of this view", style="b"), keys_grid(self.view_bindings or [("", "(none)")]),
-                            Text(""), Text("Everywhere", style="b"), keys_grid(GLOBAL_KEYS),
-                            Text(""), Text.assemble(("Views", "b"), " (type : then the name)"),
-                            keys_grid([(f":{name}", desc) for name, (_, _, desc) in VIEWS.items()])]
+        parts: list[Any] = [
+            Text("Keys of this view", style="b"),
+            keys_grid(self.view_bindings or [("", "(none)")]),
+            Text(""),
+            Text("Everywhere", style="b"),
+            keys_grid(GLOBAL_KEYS),
+            Text(""),
+            Text.assemble(("Views", "b"), " (type : then the name)"),
+            keys_grid([(f":{name}", desc) for name, (_, _, desc) in VIEWS.items()]),
+        ]
         if self.cli_line:
             parts += [Text(""), Text("The CLI on this demo lab", style="b"), Padding(Text(self.cli_line), (0, 0, 0, 2))]
         with VerticalScroll():
@@ -353,7 +389,9 @@ class JumpScreen(ModalScreen[str | None]):
     """
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="view name: " + " ".join(VIEWS), suggester=SuggestFromList(list(VIEWS), case_sensitive=False), id="jump")
+        yield Input(
+            placeholder="view name: " + " ".join(VIEWS), suggester=SuggestFromList(list(VIEWS), case_sensitive=False), id="jump"
+        )
         yield Static("", id="jump-error")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:

@@ -8,17 +8,29 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, Static
 
-from agents.catalogue import MODELS_COLD, MODELS_PIN, MODELS_ROTATE, MODELS_SLEEP, MODELS_SWAP, MODELS_WARM, ModelParams, NoParams, PinParams, SwapParams
-from agents.lab import Lab
-from agents.protocol import GpuSample
-from agents.sections import ModelInfo, Rotation
-from agents.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
+from agents.wire.catalogue.method import NoParams
+from agents.wire.catalogue.models import (
+    MODELS_COLD,
+    MODELS_PIN,
+    MODELS_ROTATE,
+    MODELS_SLEEP,
+    MODELS_SWAP,
+    MODELS_WARM,
+    ModelParams,
+    PinParams,
+    SwapParams,
+)
+from agents.wire.lab.model import Lab
+from agents.wire.protocol import GpuSample
+from agents.wire.sections.models import ModelInfo, Rotation
+from agents.wire.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
 from console.screens.base import LabScreen
 from console.screens.modals import PickModelScreen
 from widgets.format import fmt_duration, fmt_gib
 from widgets.lab_header import LabHeader
 from widgets.orchestra_table import OrchestraTable
 from widgets.wire import esc, shown
+
 
 def rotation_text(rotations: dict[str, Rotation | None], now: float, models_on: dict[str, set[str]] | None = None) -> str:
     """One line per machine with a plan: its step, the next rotation with its countdown and the machine's own models
@@ -28,18 +40,27 @@ def rotation_text(rotations: dict[str, Rotation | None], now: float, models_on: 
         return "no rotation plan (lab.yaml orchestra.rotation)"
     lines = []
     for machine, rotation in planned.items():
-        step = f"not rotated yet ({len(rotation.plan)} sets)" if rotation.index is None else f"step {rotation.index + 1} of {len(rotation.plan)}"
+        step = (
+            f"not rotated yet ({len(rotation.plan)} sets)"
+            if rotation.index is None
+            else f"step {rotation.index + 1} of {len(rotation.plan)}"
+        )
         parts = [f"[b]{esc(machine)}[/b] rotation: {step}"]
         if rotation.next_at is not None:
             coming = [m for m in rotation.next_set or [] if models_on is None or m in models_on.get(machine, set())]
-            parts.append(f"next in {fmt_duration(max(0.0, rotation.next_at - now))} (at {time.strftime('%H:%M', time.localtime(rotation.next_at))})"
-                         + " → " + esc(", ".join(coming) or "none of its models"))
+            parts.append(
+                f"next in {fmt_duration(max(0.0, rotation.next_at - now))} (at {time.strftime('%H:%M', time.localtime(rotation.next_at))})"
+                + " → "
+                + esc(", ".join(coming) or "none of its models")
+            )
         if rotation.running:
             parts.append("[b yellow]rotating now[/]")
         target = rotation.target_pct or 0.0
         if rotation.overhead_pct is not None:
             colour = "green" if rotation.overhead_pct < target else "red"
-            parts.append(f"overhead [{colour}]{rotation.overhead_pct:.3f}%[/] of {fmt_duration(rotation.wall_s)} (target < {target:g}%)")
+            parts.append(
+                f"overhead [{colour}]{rotation.overhead_pct:.3f}%[/] of {fmt_duration(rotation.wall_s)} (target < {target:g}%)"
+            )
         lines.append(" · ".join(parts))
     return "\n".join(lines)
 
@@ -142,7 +163,9 @@ class ModelsScreen(LabScreen):
         table = self.query_one(OrchestraTable)
         with self.app.batch_update():
             table.show_models(models)
-            self.query_one("#models-rotation", Static).update(shown(rotation_text(rotations, self.lab_app.clock(), models_by_machine(self.lab_app.lab))))
+            self.query_one("#models-rotation", Static).update(
+                shown(rotation_text(rotations, self.lab_app.clock(), models_by_machine(self.lab_app.lab)))
+            )
             self.query_one("#models-detail", Static).update(shown(detail_text(table.selected())))
 
     def on_data_table_row_highlighted(self, _event) -> None:
@@ -174,8 +197,10 @@ class ModelsScreen(LabScreen):
             if model.pinned:  # said before the question, not after the y
                 self.notify(f"{model.name} is pinned: unpin it (p) before putting it to sleep", severity="warning")
                 return
-            self.confirm(f"Put [b]{esc(model.name)}[/b] to sleep? It stops answering until woken (about {model.wake_s or 1:.0f} s).",
-                         lambda: self.act(model.machine, MODELS_SLEEP, ModelParams(model=model.name), f"{model.name} going to sleep"))
+            self.confirm(
+                f"Put [b]{esc(model.name)}[/b] to sleep? It stops answering until woken (about {model.wake_s or 1:.0f} s).",
+                lambda: self.act(model.machine, MODELS_SLEEP, ModelParams(model=model.name), f"{model.name} going to sleep"),
+            )
 
     def action_cold(self) -> None:
         model = self.selected()
@@ -183,14 +208,21 @@ class ModelsScreen(LabScreen):
             return
         go = lambda: self.act(model.machine, MODELS_COLD, ModelParams(model=model.name), f"stopping {model.name}", timeout=30.0)  # noqa: E731
         if model.state in MODEL_ENGINE_UP:  # stopping it interrupts (or drops) a model
-            self.confirm(f"Stop [b]{esc(model.name)}[/b] ({esc(model.state)})? Its engine exits; bringing it back is a full load.", go)
+            self.confirm(
+                f"Stop [b]{esc(model.name)}[/b] ({esc(model.state)})? Its engine exits; bringing it back is a full load.", go
+            )
         else:
             go()
 
     def action_pin(self) -> None:
         if model := self.selected():
             pinned = not model.pinned
-            self.act(model.machine, MODELS_PIN, PinParams(model=model.name, pinned=pinned), f"{'pinned' if pinned else 'unpinned'} {model.name}")
+            self.act(
+                model.machine,
+                MODELS_PIN,
+                PinParams(model=model.name, pinned=pinned),
+                f"{'pinned' if pinned else 'unpinned'} {model.name}",
+            )
 
     def action_rotate(self) -> None:
         """R: the next step of the rotation plan now, on every machine that has one (after a question)."""
@@ -204,7 +236,9 @@ class ModelsScreen(LabScreen):
             for machine in machines:
                 self.act(machine, MODELS_ROTATE, NoParams(), f"rotating {machine}: the next set of its plan comes up")
 
-        self.confirm(f"Rotate now on {esc(', '.join(machines))}? Models going out stop answering while the next set comes up.", go)
+        self.confirm(
+            f"Rotate now on {esc(', '.join(machines))}? Models going out stop answering while the next set comes up.", go
+        )
 
     def action_swap(self) -> None:
         out = self.selected()
@@ -224,9 +258,16 @@ class ModelsScreen(LabScreen):
 
         def picked(name: str | None) -> None:
             if name:
-                self.confirm(f"Swap [b]{esc(out.name)}[/b] out (it stops answering) and bring [b]{esc(name)}[/b] in on GPU "
-                             f"{','.join(map(str, fits[name][0]))} of {esc(out.machine)}?",
-                             lambda: self.act(out.machine, MODELS_SWAP, SwapParams.model_validate({"out": out.name, "in": name}), f"swapping {out.name} → {name}"))
+                self.confirm(
+                    f"Swap [b]{esc(out.name)}[/b] out (it stops answering) and bring [b]{esc(name)}[/b] in on GPU "
+                    f"{','.join(map(str, fits[name][0]))} of {esc(out.machine)}?",
+                    lambda: self.act(
+                        out.machine,
+                        MODELS_SWAP,
+                        SwapParams.model_validate({"out": out.name, "in": name}),
+                        f"swapping {out.name} → {name}",
+                    ),
+                )
 
         notes = {name: (f"GPU {','.join(map(str, gpus))}", why) for name, (gpus, why) in fits.items()}
         self.app.push_screen(PickModelScreen(f"bring in on {out.machine} instead of {out.name}:", candidates, notes), picked)

@@ -1,0 +1,1 @@
+"""Alerts: thresholds on each tick, their history and acknowledgement."""

@@ -1,0 +1,480 @@
+"""Alert rules evaluated on the agent every tick: a threshold held for a while fires, hysteresis clears."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agents.notify.port import NotifyPort
+from agents.runtime.store import DiskFull
+from agents.wire.catalogue.alerts import AckParams
+from agents.wire.catalogue.alerts import AlertListParams as ListParams
+from agents.wire.events import Notice
+from agents.wire.lab.model import Alerts
+from agents.wire.protocol import ErrorCode, RemoteError, Role, Telemetry
+from agents.wire.sections.alerts import ALERT_ID_FORM, AlertInfo, AlertsSection, alert_id, parse_alert_id
+from agents.wire.sections.gateway import GatewaySection
+from agents.wire.sections.jobs import JobInfo
+from agents.wire.sections.models import ModelInfo
+from agents.wire.sections.tick import Tick
+from agents.wire.states import JOB_ACTIVE, JobState, ModelState
+
+if TYPE_CHECKING:
+    from agents.runtime.core import AgentCore
+    from agents.runtime.rpc import Peer
+
+BUDGET_ALERTS = ((80.0, "warning"), (100.0, "critical"))  # a provider's month spend against its monthly budget (gateway)
+DISK_FULL_HOLD_S = 60.0  # a state.db write that failed for want of space keeps the disk alert up this long
+log = logging.getLogger("cetlab.alerts")
+
+SECTION_RECENT = 10  # cleared alerts kept in the section; the rest through alerts.list
+INSERTED = ("rule", "target", "level", "message", "value", "threshold", "gpu", "job", "model", "fired_at")  # a new alert's row
+
+SCHEMA = [
+    """CREATE TABLE alerts (
+        n INTEGER PRIMARY KEY AUTOINCREMENT,  -- the alert id is "<machine>#<n>" (agents.wire.sections.alerts.alert_id)
+        rule TEXT NOT NULL, target TEXT NOT NULL, level TEXT NOT NULL, message TEXT NOT NULL,
+        value REAL, threshold REAL, gpu INTEGER, job TEXT, model TEXT,
+        fired_at REAL NOT NULL, cleared_at REAL, acked_at REAL, acked_by TEXT)""",
+    "CREATE INDEX alerts_active ON alerts (cleared_at)",
+]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One rule looking at one target in one tick."""
+
+    rule: str
+    target: str  # "gpu0", "job 3", "model llama-3.1-8b", "disk"
+    over: bool  # past the threshold
+    clear: bool  # back inside the threshold by the hysteresis margin
+    for_s: float  # how long `over` must hold before the alert fires
+    level: str
+    message: str
+    value: float | None = None
+    threshold: float | None = None
+    gpu: int | None = None
+    job: str | None = None
+    model: str | None = None
+
+
+@dataclass
+class Alert:
+    n: int
+    machine: str
+    rule: str
+    target: str
+    level: str
+    message: str
+    fired_at: float
+    value: float | None = None
+    threshold: float | None = None
+    gpu: int | None = None
+    job: str | None = None
+    model: str | None = None
+    cleared_at: float | None = None
+    acked_at: float | None = None
+    acked_by: str | None = None
+
+    @property
+    def id(self) -> str:
+        return alert_id(self.machine, self.n)
+
+    def info(self) -> AlertInfo:
+        return AlertInfo(id=self.id, **asdict(self), acked=self.acked_at is not None)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.info().to_wire()
+
+
+@dataclass
+class _Track:
+    over_since: float | None = None
+    clear_since: float | None = None
+    alert: Alert | None = None
+
+
+@dataclass
+class _LossBest:
+    loss: float
+    step: int
+
+
+@dataclass
+class AlertEngine:
+    """The rules and their state; pure: feed it observations with times, it says what fired and cleared."""
+
+    settings: Alerts
+    tracks: dict[tuple[str, str], _Track] = field(default_factory=dict)
+    best: dict[str, _LossBest] = field(default_factory=dict)
+
+    def observe(
+        self,
+        telemetry: Telemetry,
+        jobs: list[JobInfo] | None = None,
+        models: list[ModelInfo] | None = None,
+        gateway: GatewaySection | None = None,
+    ) -> list[Observation]:
+        """Every rule's view of this tick."""
+        s = self.settings
+        low, high = 1 - s.hysteresis_pct / 100, 1 + s.hysteresis_pct / 100
+        out: list[Observation] = []
+        gpus = {g.index: g for g in telemetry.gpus if not g.failed}
+        for g in gpus.values():
+            if g.temp_c is not None:
+                out.append(
+                    Observation(
+                        "gpu_hot",
+                        f"gpu{g.index}",
+                        g.temp_c > s.temp_c,
+                        g.temp_c < s.temp_c * low,
+                        s.temp_for_s,
+                        "critical",
+                        f"gpu{g.index} {g.name} at {g.temp_c:.0f} C (limit {s.temp_c:.0f} C)",
+                        g.temp_c,
+                        s.temp_c,
+                        gpu=g.index,
+                    )
+                )
+            if g.mem_used_bytes is not None and g.mem_total_bytes:
+                pct = g.mem_used_bytes / g.mem_total_bytes * 100
+                out.append(
+                    Observation(
+                        "vram_full",
+                        f"gpu{g.index}",
+                        pct > s.vram_pct,
+                        pct < s.vram_pct * low,
+                        s.vram_for_s,
+                        "warning",
+                        f"gpu{g.index} {g.name} VRAM {pct:.0f}% used (limit {s.vram_pct:.0f}%)",
+                        round(pct, 1),
+                        s.vram_pct,
+                        gpu=g.index,
+                    )
+                )
+        jobs, models = jobs or [], models or []
+        for job in jobs:
+            name = f"job {job.id} {job.recipe}"
+            if job.diverged_at_step is not None:  # shown while the job is in the section, running or not
+                out.append(
+                    Observation(
+                        "diverged",
+                        f"job {job.id}",
+                        True,
+                        False,
+                        0.0,
+                        "critical",
+                        f"{name}: loss: NaN, diverged at step {job.diverged_at_step}",
+                        job.diverged_at_step,
+                        job=job.id,
+                    )
+                )
+            if job.state not in JOB_ACTIVE:
+                continue
+            job_id = job.id
+            if job.state == JobState.RUNNING:
+                for index in job.gpus:
+                    util = gpus[index].util_pct if index in gpus else None
+                    if util is not None:
+                        out.append(
+                            Observation(
+                                "gpu_starved",
+                                f"gpu{index}",
+                                util < s.starved_util_pct,
+                                util > s.starved_util_pct * high,
+                                s.starved_for_s,
+                                "warning",
+                                f"{name}: gpu{index} at {util:.0f}% utilisation (under {s.starved_util_pct:.0f}%): "
+                                "the GPU waits for data; check dataloader workers and I/O",
+                                util,
+                                s.starved_util_pct,
+                                gpu=index,
+                                job=job_id,
+                            )
+                        )
+            stalled = self._steps_without_improvement(job_id, job)
+            if stalled is not None:
+                steps, best = stalled
+                out.append(
+                    Observation(
+                        "no_improvement",
+                        f"job {job_id}",
+                        steps >= s.no_improvement_steps,
+                        steps < s.no_improvement_steps,
+                        0.0,
+                        "warning",
+                        f"{name}: no loss improvement for {steps} steps (best {best.loss:.4g} at step {best.step})",
+                        steps,
+                        s.no_improvement_steps,
+                        job=job_id,
+                    )
+                )
+            saves = [(c.save_s, c) for c in job.checkpoints if c.save_s is not None]
+            if saves:
+                save_s, last = max(saves, key=lambda sc: (sc[1].at or 0, sc[1].step))
+                out.append(
+                    Observation(
+                        "checkpoint_slow",
+                        f"job {job_id}",
+                        save_s > s.checkpoint_save_s,
+                        save_s < s.checkpoint_save_s * low,
+                        0.0,
+                        "warning",
+                        f"{name}: checkpoint save at step {last.step} took {save_s:.0f} s "
+                        f"(limit {s.checkpoint_save_s:.0f} s): save less often or to a faster disk",
+                        save_s,
+                        s.checkpoint_save_s,
+                        job=job_id,
+                    )
+                )
+        for job_id in set(self.best) - {j.id for j in jobs if j.state in JOB_ACTIVE}:
+            del self.best[job_id]
+        for model in models:
+            failed = model.state == ModelState.FAILED
+            reason = model.error.message if model.error is not None else ""
+            out.append(
+                Observation(
+                    "engine_failed",
+                    f"model {model.name}",
+                    failed,
+                    not failed,
+                    0.0,
+                    "critical",
+                    f"model {model.name}: engine failed" + (f": {reason}" if reason else ""),
+                    model=model.name,
+                )
+            )
+        currency = gateway.currency if gateway is not None else ""
+        for provider in gateway.providers if gateway is not None else []:
+            spent_pct = provider.budget_pct
+            if spent_pct is None or not provider.monthly_budget:
+                continue
+            for threshold, level in BUDGET_ALERTS:
+                out.append(
+                    Observation(
+                        f"budget_{threshold:g}",
+                        f"provider {provider.name}",
+                        spent_pct >= threshold,
+                        spent_pct < threshold,
+                        0.0,
+                        level,
+                        f"{provider.name}: {spent_pct:.0f}% of its monthly budget spent ({provider.spend_month:.2f} of "
+                        f"{provider.monthly_budget:.2f} {currency})",
+                        round(spent_pct, 1),
+                        threshold,
+                    )
+                )
+        host = telemetry.host
+        if host.disk_total_bytes and host.disk_used_bytes is not None:
+            free = (1 - host.disk_used_bytes / host.disk_total_bytes) * 100
+            out.append(
+                Observation(
+                    "disk_full",
+                    "disk",
+                    free < s.disk_free_pct,
+                    free > s.disk_free_pct * high,
+                    s.disk_for_s,
+                    "critical",
+                    f"disk {host.disk_path} {free:.1f}% free (under {s.disk_free_pct:.0f}%)",
+                    round(free, 2),
+                    s.disk_free_pct,
+                )
+            )
+        return out
+
+    def _steps_without_improvement(self, job_id: str, job: JobInfo) -> tuple[int, _LossBest] | None:
+        step, loss = job.step, job.loss
+        if step is None or loss is None:
+            return None
+        best = self.best.get(job_id)
+        if best is None or loss < best.loss or step < best.step:  # a lower loss, or a job restarted from scratch
+            best = self.best[job_id] = _LossBest(float(loss), step)
+        return step - best.step, best
+
+    def evaluate(
+        self, t: float, observations: list[Observation], new_alert: Callable[[Observation, float], Alert]
+    ) -> tuple[list[Alert], list[Alert]]:
+        """Advance every rule's state to time t; `new_alert(observation, t)` makes a fired Alert. Returns (fired, cleared)."""
+        fired, cleared = [], []
+        seen = set()
+        for obs in observations:
+            key = (obs.rule, obs.target)
+            seen.add(key)
+            track = self.tracks.setdefault(key, _Track())
+            if track.alert is None:
+                track.over_since = (t if track.over_since is None else track.over_since) if obs.over else None
+                if track.over_since is not None and t - track.over_since >= obs.for_s:
+                    track.alert = new_alert(obs, t)
+                    track.over_since = track.clear_since = None
+                    fired.append(track.alert)
+            else:
+                track.clear_since = (t if track.clear_since is None else track.clear_since) if obs.clear else None
+                if track.clear_since is not None and t - track.clear_since >= self.settings.clear_for_s:
+                    track.alert.cleared_at = t
+                    cleared.append(track.alert)
+                    track.alert = track.clear_since = None
+        for key in list(self.tracks):
+            if key not in seen:  # the GPU, job or model is gone: nothing left to be wrong
+                track = self.tracks.pop(key)
+                if track.alert is not None:
+                    track.alert.cleared_at = t
+                    cleared.append(track.alert)
+        return fired, cleared
+
+    def active(self) -> list[Alert]:
+        return [t.alert for t in self.tracks.values() if t.alert is not None]
+
+
+# ---------------------------------------------------------------------------- the component
+
+
+class AlertsComponent:
+    """Component "alerts": the engine on every tick, history in SQLite, notices, ack."""
+
+    name = "alerts"
+
+    def __init__(self, core: AgentCore) -> None:
+        self.core = core
+        self.engine = AlertEngine(core.lab.alerts)
+        self._section = AlertsSection()
+        self._unsaved = 0  # numbers (negative) of alerts state.db had no room for
+        self._register()
+
+    async def start(self) -> None:
+        store = self.core.store
+        store.migrate("alerts", SCHEMA)
+        for row in store.query("SELECT * FROM alerts WHERE cleared_at IS NULL"):
+            # still firing when the agent stopped: keep it so it clears (or not) on what it sees now
+            alert = Alert(machine=self.core.machine.name, **row)
+            self.engine.tracks[(alert.rule, alert.target)] = _Track(alert=alert)
+        self._refresh()
+
+    async def stop(self) -> None:
+        pass
+
+    def _new_alert(self, obs: Observation, t: float) -> Alert:
+        alert = Alert(
+            n=0,
+            machine=self.core.machine.name,
+            rule=obs.rule,
+            target=obs.target,
+            level=obs.level,
+            message=obs.message,
+            value=obs.value,
+            threshold=obs.threshold,
+            gpu=obs.gpu,
+            job=obs.job,
+            model=obs.model,
+            fired_at=t,
+        )
+        fields = {k: v for k, v in asdict(alert).items() if k in INSERTED}
+        try:
+            with self.core.store.transaction() as db:
+                row = db.execute(
+                    f"INSERT INTO alerts ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})", tuple(fields.values())
+                ).lastrowid
+            if row is None:
+                raise RuntimeError("state.db gave the new alert no row number")
+            alert.n = row
+        except DiskFull:  # the alert that says so must not be lost to the full disk: shown, not kept in the history
+            self._unsaved -= 1
+            alert.n = self._unsaved
+        return alert
+
+    def on_tick(self, tick: Tick) -> None:
+        """Evaluate every rule on this tick: the sample and the jobs and models of the same tick."""
+        core = self.core
+        observations = self.engine.observe(tick.telemetry, tick.jobs, tick.model_list(), tick.gateway)
+        # a write to state.db failed for want of space lately (the ledger's, an action's ...)
+        store = core.store
+        full = store.full_at is not None and tick.telemetry.t - store.full_at < DISK_FULL_HOLD_S
+        observations.append(
+            Observation("disk_full", "state.db", full, not full, 0.0, "critical", store.disk_full or "state.db writes")
+        )
+        if store.notice:  # state.db was corrupt or lost at this start: a badge on the machine row, until the next start
+            observations.append(Observation("state_lost", "machine", True, False, 0.0, "critical", store.notice))
+        fired, cleared = self.engine.evaluate(tick.telemetry.t, observations, self._new_alert)
+        if cleared:
+            with store.transaction() as db:
+                db.executemany("UPDATE alerts SET cleared_at=? WHERE n=?", [(a.cleared_at, a.n) for a in cleared])
+        for alert in fired:
+            log.warning("alert %s %s: %s", alert.id, alert.rule, alert.message)
+            info = alert.info()
+            core.notify(Notice(level=info.level, message=alert.message, alert=info))
+        for alert in cleared:
+            log.info("alert %s cleared: %s", alert.id, alert.message)
+            core.notify(Notice(level="info", message=f"cleared: {alert.message}", alert=alert.info()))
+        if fired or cleared:
+            self._refresh()
+            notify = core.find(NotifyPort)
+            if notify is not None:  # lab.yaml's notify routes (agents/notify/): queued now, sent off the tick
+                notify.alerts_changed([a.info() for a in fired], [a.info() for a in cleared])
+
+    def _refresh(self) -> None:
+        active = sorted(self.engine.active(), key=lambda a: -a.fired_at)
+        recent = self.core.store.query(
+            "SELECT * FROM alerts WHERE cleared_at IS NOT NULL ORDER BY n DESC LIMIT ?", (SECTION_RECENT,)
+        )
+        self._section = AlertsSection(
+            active=[a.info() for a in active],
+            recent=[Alert(machine=self.core.machine.name, **r).info() for r in recent],
+            unacked=sum(1 for a in active if a.acked_at is None),
+        )
+
+    def section(self) -> AlertsSection:
+        return self._section
+
+    def active_alerts(self) -> list[AlertInfo]:  # AlertsPort
+        return self._section.active
+
+    def _register(self) -> None:
+        agent = self.core
+        rpc = agent.rpc
+
+        @rpc.method("alerts.list", params=ListParams, doc="Alert history, newest first (active only with active: true).")
+        async def list_alerts(peer: Peer, params: ListParams) -> dict[str, Any]:
+            where: list[str] = ["1=1"]
+            args: list[Any] = []
+            if params.active:
+                where.append("cleared_at IS NULL")
+            if params.since is not None:
+                where.append("fired_at > ?")
+                args.append(params.since)
+            rows = agent.store.query(
+                f"SELECT * FROM alerts WHERE {' AND '.join(where)} ORDER BY n DESC LIMIT ?", (*args, params.limit)
+            )
+            return {"machine": agent.machine.name, "alerts": [Alert(machine=agent.machine.name, **r).to_json() for r in rows]}
+
+        @rpc.method(
+            "alerts.ack", role=Role.OPERATOR, params=AckParams, doc="Acknowledge an alert: its badge goes, its history stays."
+        )
+        async def ack(peer: Peer, params: AckParams) -> dict[str, Any]:
+            parsed = parse_alert_id(params.id, legacy=True)
+            if parsed is None or not parsed[1].isdigit():
+                raise RemoteError(
+                    ErrorCode.INVALID_PARAMS,
+                    f"alert id {params.id!r} is not one: alert ids are {ALERT_ID_FORM}, "
+                    f"e.g. {alert_id(agent.machine.name, 12)} (see `cetlab alerts --all`)",
+                )
+            machine, n = parsed
+            if machine != agent.machine.name:
+                raise RemoteError(
+                    ErrorCode.NOT_FOUND, f"no alert {params.id!r} on {agent.machine.name}: it names machine {machine!r}"
+                )
+            now = time.time()
+            with agent.store.transaction() as db:
+                db.execute("UPDATE alerts SET acked_at=?, acked_by=? WHERE n=? AND acked_at IS NULL", (now, peer.who, int(n)))
+            rows = agent.store.query("SELECT * FROM alerts WHERE n=?", (int(n),))
+            if not rows:
+                raise RemoteError(
+                    ErrorCode.NOT_FOUND, f"no alert {params.id!r} on {agent.machine.name} (see `cetlab alerts --all`)"
+                )
+            for alert in self.engine.active():
+                if alert.n == int(n) and alert.acked_at is None:
+                    alert.acked_at, alert.acked_by = rows[0]["acked_at"], rows[0]["acked_by"]
+            log.info("alert %s acknowledged by %s", params.id, peer.who)
+            self._refresh()
+            return Alert(machine=agent.machine.name, **rows[0]).to_json()

@@ -1,0 +1,1 @@
+"""The audit log of operator actions and refused calls."""

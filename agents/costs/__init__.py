@@ -1,0 +1,1 @@
+"""The energy and money ledger."""

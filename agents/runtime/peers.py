@@ -1,0 +1,184 @@
+"""Agent-to-agent client: one SSH channel per peer agent, verified host keys, calls and tick sections."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from agents.runtime.keys import ensure_key
+from agents.runtime.link import Link, LinkCore, LinkSettings, Transport
+from agents.runtime.view import LabView, MachineView
+from agents.wire.lab.model import Lab
+from agents.wire.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, LinkStatus, RemoteError
+
+log = logging.getLogger("cetlab.peers")
+
+PEER_KEY_NAME = "peer_ed25519_key"  # this agent's client key; authorize its .pub on the peers (with the least role that works)
+PEER_KNOWN_HOSTS_NAME = "peer_known_hosts"  # the peers' host keys; never trusted on first use
+NODE_KEY_NAME = "node_ed25519_key"  # the key a multi-node job's coordinator calls the other nodes with (role node there)
+BACKOFF_MAX_S = 15.0
+KEEPALIVE_S = 5.0
+CONNECT_TIMEOUT_S = 5.0
+CALL_TIMEOUT_S = 10.0
+
+TUNNEL_BACKLOG = 2048  # as the engines' own (uvicorn's): a burst of streams queues, never refused (asyncssh's listener: 100)
+TUNNEL_CHUNK_BYTES = 256 * 1024
+
+
+async def _forward(conn: asyncssh.SSHClientConnection, path: str, port: int) -> asyncio.Server:
+    """Listen on the unix socket ``path``; each connection becomes a direct-tcpip channel to 127.0.0.1:``port`` on
+    the far side of ``conn``, bytes copied both ways as they come (half-closes passed on)."""
+
+    async def copy(source: asyncio.StreamReader | asyncssh.SSHReader, sink: asyncio.StreamWriter | asyncssh.SSHWriter) -> None:
+        try:
+            while chunk := await source.read(TUNNEL_CHUNK_BYTES):
+                sink.write(chunk)
+                await sink.drain()
+            if sink.can_write_eof():
+                sink.write_eof()
+        except (OSError, asyncssh.Error):
+            pass
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            far_reader, far_writer = await conn.open_connection("127.0.0.1", port, encoding=None)
+        except (OSError, asyncssh.Error) as exc:
+            log.warning("forward to port %d refused: %s", port, exc)
+            writer.close()
+            return
+        try:
+            await asyncio.gather(copy(reader, far_writer), copy(far_reader, writer))
+        finally:
+            far_writer.close()
+            writer.close()
+
+    return await asyncio.start_unix_server(handle, path, backlog=TUNNEL_BACKLOG, limit=TUNNEL_CHUNK_BYTES)
+
+
+class PeerClient:
+    """Connects this agent to the other agents of the lab (and to itself), as an SSH client, on the one client core.
+
+    The key is ``<state>/peer_ed25519_key`` (made on first use); host keys are checked against
+    ``<state>/peer_known_hosts``. Ticks of the ``topics`` asked for keep each machine's typed view
+    (``view(machine)``: its link status and models); ``call`` runs a method on one peer, with typed errors.
+    """
+
+    def __init__(
+        self,
+        lab: Lab,
+        state_dir: Path,
+        machines: list[str] | None = None,
+        topics: list[str] | None = None,
+        key_name: str = PEER_KEY_NAME,
+    ):
+        self.lab = lab
+        self.key_path = state_dir / key_name
+        self.known_hosts = state_dir / PEER_KNOWN_HOSTS_NAME
+        wanted = machines if machines is not None else [m.name for m in lab.machines]
+        self.views = LabView(lab, wanted)
+        settings = LinkSettings(
+            topics=topics if topics is not None else [EVENT_TICK],
+            call_timeout_s=CALL_TIMEOUT_S,
+            connect_timeout_s=CONNECT_TIMEOUT_S,
+            keepalive_s=KEEPALIVE_S,
+            backoff_max_s=BACKOFF_MAX_S,
+        )
+        self.core = LinkCore([lab.machine(name) for name in wanted], self, self.views, settings)
+        self.links = self.core.links
+        self._key: asyncssh.SSHKey | None = None
+        self._tunnel_dir: Path | None = None
+        self._tunnels: dict[str, dict[int, tuple[asyncio.Server, str]]] = {
+            name: {} for name in wanted
+        }  # peer's engine port -> (forward, its socket)
+        self._tunnel_locks = {name: asyncio.Lock() for name in wanted}
+
+    def view(self, machine: str) -> MachineView:
+        """What this agent knows of a peer: its link status and its last tick's typed sections."""
+        return self.views.machines[machine]
+
+    async def start(self) -> None:
+        self._key = ensure_key(self.key_path, comment="cetlab-peer")
+        self.core.start()
+
+    async def stop(self) -> None:
+        await self.core.stop()
+        if self._tunnel_dir is not None:
+            shutil.rmtree(self._tunnel_dir, ignore_errors=True)
+
+    async def call(self, machine: str, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        """Call a method on one peer; raises RemoteError (DISCONNECTED, TIMEOUT or the peer's own)."""
+        return await self.core.call(machine, method, params, timeout)
+
+    async def tunnel(self, machine: str, port: int) -> str:
+        """A unix socket on this machine that reaches 127.0.0.1:``port`` on ``machine`` through our SSH connection
+        to its agent (a direct-tcpip forward per connection; that agent allows it to its engines' ports only, for
+        the gateway's key only). The socket is in a folder only this agent's user can enter: no other local user
+        reaches a remote engine through it. Raises RemoteError(DISCONNECTED) while the peer is not connected."""
+        link = self.links.get(machine)
+        if link is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no peer named {machine!r}")
+        async with self._tunnel_locks[machine]:
+            tunnels = self._tunnels[machine]
+            found = tunnels.get(port)
+            if found is not None:
+                return found[1]
+            if link.conn is None:
+                raise link.unavailable()
+            if self._tunnel_dir is None:  # short, private (0700), and gone with the agent; sun_path holds 107 bytes
+                self._tunnel_dir = Path(tempfile.mkdtemp(prefix="cetlab-tunnels-"))
+            path = str(self._tunnel_dir / f"{machine}-{port}.sock")
+            Path(path).unlink(missing_ok=True)
+            try:
+                listener = await _forward(link.conn, path, port)
+            except OSError as exc:
+                raise RemoteError(ErrorCode.DISCONNECTED, f"{machine}: cannot forward to its port {port} ({exc})") from None
+            tunnels[port] = (listener, path)
+            return path
+
+    # -- how a link is opened (the core's Opener)
+
+    async def open(self, link: Link) -> Transport:
+        machine = link.machine
+        conn = await asyncio.wait_for(
+            asyncssh.connect(
+                machine.host,
+                machine.port,
+                username=SSH_USERNAME,
+                client_keys=[self._key],
+                known_hosts=str(self.known_hosts) if self.known_hosts.exists() else asyncssh.import_known_hosts(""),
+                agent_path=None,
+                config=None,
+                keepalive_interval=KEEPALIVE_S,
+                keepalive_count_max=3,
+                preferred_auth="publickey",
+            ),
+            CONNECT_TIMEOUT_S,
+        )
+        try:
+            writer, reader, _ = await asyncio.wait_for(conn.open_session(subsystem=SUBSYSTEM, encoding=None), CONNECT_TIMEOUT_S)
+        except BaseException:
+            conn.close()
+            raise
+
+        async def close() -> None:  # the link's forwards go with it
+            for listener, path in self._tunnels[link.name].values():
+                listener.close()
+                Path(path).unlink(missing_ok=True)
+            self._tunnels[link.name].clear()
+            conn.close()
+
+        return Transport(reader, writer, close, conn=conn)
+
+    async def explain(self, link: Link, exc: BaseException) -> tuple[LinkStatus, str] | None:
+        """A peer's host key is never trusted on first use; its refusal names the key to authorize."""
+        if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+            return LinkStatus.UNTRUSTED, f"host key of {link.name} not in {self.known_hosts} (or changed): {exc}"
+        if isinstance(exc, asyncssh.PermissionDenied):
+            return LinkStatus.REFUSED, f"{link.name} refused our key {self.key_path}.pub: authorize it there"
+        return None

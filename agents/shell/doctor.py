@@ -1,0 +1,329 @@
+"""`cetlab-agent doctor`: one line per check of this machine (driver, engines, state dir, keys, disk, clock)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+import shutil
+import stat
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, KeyFileError, parse_authorized_keys
+from agents.wire.lab.model import Alerts, Lab, SimGpus
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    level: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def check_gpus(lab: Lab | None, machine: str) -> Check:
+    gpus = lab.machine(machine).gpus if lab is not None else "nvml"
+    if isinstance(gpus, SimGpus):
+        return Check("gpus", OK, f"SIMULATED: {len(gpus.sim)} GPUs from lab.yaml")
+    if gpus == "none":
+        return Check("gpus", OK, "none (lab.yaml says gpus: none)")
+    from agents.telemetry.nvml import NvmlSampler
+
+    sampler = NvmlSampler()
+    try:
+        if sampler.status is not None:
+            if lab is None:  # a pre-flight: the lab may yet say gpus: none
+                return Check("gpus", WARN, f"{sampler.status}; a GPU machine needs the NVIDIA driver (and nvidia-ml-py)")
+            return Check("gpus", FAIL, f"{sampler.status} (lab.yaml says gpus: nvml)")
+        samples = sampler.sample()
+    finally:
+        sampler.close()
+    failed = [s for s in samples if s.failed]
+    names = ", ".join(sorted({s.name for s in samples}))
+    if failed:
+        return Check(
+            "gpus",
+            FAIL,
+            f"NVML: {len(failed)} of {len(samples)} GPUs failed: " + "; ".join(f"GPU {s.index}: {s.failed}" for s in failed),
+        )
+    return Check("gpus", OK, f"NVML: {len(samples)} GPUs ({names})")
+
+
+def check_torch(lab: Lab | None, machine: str) -> Check:
+    if importlib.util.find_spec("torch") is None:
+        return Check("torch", WARN, "not installed: trainers that need it will fail (pip install torch)")
+    import torch
+
+    if torch.cuda.is_available():
+        return Check("torch", OK, f"{torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} devices")
+    simulated = lab is not None and (isinstance(lab.machine(machine).gpus, SimGpus) or lab.machine(machine).gpus == "none")
+    return Check(
+        "torch",
+        OK if simulated else WARN,
+        f"{torch.__version__}, torch.cuda.is_available() is False"
+        + ("" if simulated else ": trainers run on the CPU (a CPU-only torch build, or a driver/CUDA mismatch)"),
+    )
+
+
+def check_engines(lab: Lab, machine: str) -> list[Check]:
+    from agents.orchestra.vllm import vllm_cli
+
+    needed = {m.engine for m in lab.models if m.machine == machine}
+    checks = []
+    if "vllm" in needed:
+        cli = vllm_cli()
+        found = importlib.util.find_spec("vllm") is not None and cli is not None
+        checks.append(
+            Check(
+                "vllm",
+                OK if found else FAIL,
+                f"importable, {cli}"
+                if found
+                else "models of this machine use engine: vllm, which is not installed (pip install vllm)",
+            )
+        )
+    else:
+        found = importlib.util.find_spec("vllm") is not None
+        checks.append(Check("vllm", OK, "importable" if found else "not installed (no model of this machine needs it)"))
+    if "transformers" in needed:
+        checks.append(check_transformers_serve())
+    return checks
+
+
+def check_transformers_serve() -> Check:
+    """`transformers serve` as the engine drives it: a positional model (5.5) and /v1/completions (5.6)."""
+    from agents.orchestra.transformers_engine import SERVE_MIN_VERSION
+
+    wanted = ".".join(map(str, SERVE_MIN_VERSION))
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return Check(
+            "transformers",
+            FAIL,
+            f"models use engine: transformers, which is not installed (pip install 'transformers[serving]>={wanted}')",
+        )
+    found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if found < SERVE_MIN_VERSION:
+        return Check(
+            "transformers",
+            FAIL,
+            f"{version}: `transformers serve` needs {wanted} or newer (a positional model, /v1/completions); "
+            f"pip install -U 'transformers[serving]>={wanted}'",
+        )
+    return Check("transformers", OK, f"{version} (`transformers serve` works from {wanted})")
+
+
+def check_precision() -> list[Check]:
+    """What `precision: auto` picks on each CUDA device, and what it turns off (from the compute capability)."""
+    if importlib.util.find_spec("torch") is None:
+        return []
+    import torch
+
+    from agents.train.precision import plan_precision
+
+    checks = []
+    for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+        capability, name = torch.cuda.get_device_capability(index), torch.cuda.get_device_name(index)
+        plan = plan_precision("auto", capability, tf32=True, torch_compile=True, device_name=name)
+        off = [note.split(":")[0] for note in plan.notes[1:]]
+        checks.append(
+            Check(
+                f"precision cuda:{index}",
+                OK,
+                f"{name} ({capability[0]}.{capability[1]}): {plan.precision}"
+                + (f"; {' and '.join(off)}" if off else "; tf32 and torch_compile available"),
+            )
+        )
+    return checks
+
+
+def check_state_dir(state_dir: Path, ssh_server: bool = True) -> list[Check]:
+    """ssh_server: the agent serves SSH itself (`via: agent`); a `via: sshd` agent makes and reads no host key."""
+    if not state_dir.exists():
+        return [Check("state dir", WARN, f"{state_dir} does not exist yet (the agent creates it, mode 700)")]
+    mode = stat.S_IMODE(state_dir.stat().st_mode)
+    checks = []
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        checks.append(Check("state dir", FAIL, f"{state_dir} is writable by others (mode {mode:o}); run: chmod 700 {state_dir}"))
+    else:
+        checks.append(Check("state dir", OK, f"{state_dir} (mode {mode:o})"))
+    host_key = state_dir / HOST_KEY_NAME
+    if not host_key.exists() and not ssh_server:
+        checks.append(Check("host key", OK, "none needed: via: sshd (consoles come through this machine's sshd)"))
+    elif not host_key.exists():
+        checks.append(Check("host key", WARN, f"{host_key} missing: created at the first start"))
+    else:
+        key_mode = stat.S_IMODE(host_key.stat().st_mode)
+        too_open = key_mode & (stat.S_IRWXG | stat.S_IRWXO)
+        checks.append(
+            Check(
+                "host key",
+                FAIL if too_open else OK,
+                f"{host_key} is too open (mode {key_mode:o}); run: chmod 600 {host_key}"
+                if too_open
+                else f"{host_key} (mode {key_mode:o})",
+            )
+        )
+    authorized = state_dir / AUTHORIZED_KEYS_NAME
+    if not authorized.exists():
+        checks.append(Check("authorized keys", WARN, f"{authorized} missing: no console can log in (cetlab-agent authorize)"))
+    else:
+        auth_mode = stat.S_IMODE(authorized.stat().st_mode)
+        try:
+            if auth_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise KeyFileError(f"{authorized} is writable by others (mode {auth_mode:o}); run: chmod 600 {authorized}")
+            entries = parse_authorized_keys(authorized.read_text(), str(authorized))
+            operators = sum(1 for e in entries if e.role == "operator")
+            checks.append(
+                Check(
+                    "authorized keys",
+                    OK if entries else WARN,
+                    f"{len(entries)} keys ({operators} operators)" if entries else "no keys: no console can log in",
+                )
+            )
+        except KeyFileError as exc:
+            checks.append(Check("authorized keys", FAIL, str(exc)))
+    return checks
+
+
+def check_disk(lab: Lab | None, state_dir: Path) -> Check:
+    probe = state_dir if state_dir.exists() else next((p for p in state_dir.parents if p.exists()), Path("/"))
+    usage = shutil.disk_usage(probe)
+    free_pct = 100 * usage.free / usage.total if usage.total else 0.0
+    threshold = (lab.alerts if lab is not None else Alerts()).disk_free_pct
+    level = FAIL if free_pct < threshold else WARN if free_pct < 2 * threshold else OK
+    return Check(
+        "disk",
+        level,
+        f"{usage.free / 1024**3:.1f} GiB free ({free_pct:.0f}%) on {probe}"
+        + (f", below {threshold:g}%" if level == FAIL else ""),
+    )
+
+
+def check_clock() -> Check:
+    """Costs and history need a synchronised clock; timedatectl says, where systemd runs."""
+    if shutil.which("timedatectl") is None:
+        return Check("time sync", WARN, "unknown (no timedatectl)")
+    try:
+        out = subprocess.run(
+            ["timedatectl", "show", "-p", "NTPSynchronized", "--value"], capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("time sync", WARN, f"unknown ({exc})")
+    value = out.stdout.strip()
+    if out.returncode != 0 or value not in ("yes", "no"):
+        return Check("time sync", WARN, f"unknown ({(out.stderr.strip() or 'timedatectl gave no answer').splitlines()[0]})")
+    return Check(
+        "time sync", OK if value == "yes" else WARN, "NTP synchronised" if value == "yes" else "the clock is not NTP-synchronised"
+    )
+
+
+def run_checks(lab: Lab, machine: str, state_dir: Path) -> list[Check]:
+    return [
+        check_gpus(lab, machine),
+        check_torch(lab, machine),
+        *check_precision(),
+        *check_gpu_support(lab, machine),
+        *check_engines(lab, machine),
+        *check_state_dir(state_dir, ssh_server=lab.machine(machine).via == "agent"),
+        check_disk(lab, state_dir),
+        check_clock(),
+    ]
+
+
+def run_machine_checks(lab_path: Path, machine: str, state_dir: Path | None) -> list[Check]:
+    """Before lab.yaml exists: what this machine can do on its own (NVML, torch and its CUDA kernels per GPU, disk, clock)."""
+    lab_line = Check(
+        "lab.yaml",
+        WARN,
+        f"{lab_path} not found: this machine's own checks only (engines, keys and what lab.yaml places on each GPU need it)",
+    )
+    return [
+        lab_line,
+        check_gpus(None, machine),
+        check_torch(None, machine),
+        *check_precision(),
+        *check_gpu_support(None, machine),
+        *(check_state_dir(state_dir) if state_dir is not None else []),
+        check_disk(None, state_dir or Path.cwd()),
+        check_clock(),
+    ]
+
+
+def check_gpu_support(lab: Lab | None, machine: str) -> list[Check]:
+    """Per GPU: which stacks (trainer torch, vLLM, llama-server) run there; FAIL where lab.yaml places one that cannot."""
+    from agents.gpusupport.matrix import matrix
+    from agents.gpusupport.stacks import TorchReader, engine_stack_kind, real_stacks, sim_stacks
+    from agents.wire.sections.gpu_support import StackKind
+
+    spec = lab.machine(machine).gpus if lab is not None else "nvml"
+    if spec == "none":
+        return []
+    if isinstance(spec, SimGpus):
+        from agents.telemetry.sim import SimSampler
+
+        gpus, stacks = SimSampler(spec.sim, seed=spec.seed, background=False).sample(), sim_stacks(spec.stacks)
+    else:
+        from agents.telemetry.nvml import NvmlSampler
+
+        sampler = NvmlSampler()
+        try:
+            gpus = sampler.sample()
+        finally:
+            sampler.close()
+        if not gpus:
+            return []
+        stacks = real_stacks(TorchReader())
+    placed: dict[tuple[int, StackKind], str] = {}  # (GPU, stack) -> what lab.yaml puts there
+    for model in lab.models if lab is not None else []:
+        kind = engine_stack_kind(model.engine)
+        if kind is None or model.machine != machine:
+            continue
+        for index in model.gpus:
+            placed.setdefault((index, kind), f"model {model.name}")
+    for trainer in lab.trainers if lab is not None else []:
+        nodes = [(n.machine, n.gpus) for n in trainer.nodes] or [(trainer.machine, trainer.gpus)]
+        for index in next((g for m, g in nodes if m == machine), []):
+            placed.setdefault((index, StackKind.TORCH), f"trainer {trainer.name}")
+    absent = {s.name for s in stacks.values() if s.problem is not None and s.problem.startswith("not installed")}
+    verdicts = matrix(machine, gpus, list(stacks.values()))
+    checks = []
+    for gpu in gpus:
+        rows = [v for v in verdicts if v.gpu == gpu.index]
+        if not rows:
+            continue
+        summary = ", ".join(
+            f"{v.stack} {'yes' if v.runs else 'no' if v.runs is False else '?'}" for v in rows if v.stack not in absent
+        )
+        sim = ", SIM" if gpu.simulated else ""
+        cc = gpu.compute_capability
+        checks.append(Check(f"gpu {gpu.index} support", OK, f"{gpu.name} ({cc.sm if cc else 'capability N/A'}{sim}): {summary}"))
+        for v in rows:
+            if v.runs is False:
+                where = placed.get((gpu.index, v.kind))
+                checks.append(
+                    Check(f"gpu {gpu.index} {v.stack}", FAIL if where else WARN, (f"{where}: " if where else "") + v.message)
+                )
+            elif v.runs is None and v.kind == StackKind.TORCH:
+                checks.append(Check(f"gpu {gpu.index} {v.stack}", WARN, v.reason))
+    stack_lines = [
+        Check(
+            f"stack {s.name}",
+            WARN if s.problem is not None and s.kind == StackKind.TORCH else OK,
+            (
+                s.problem
+                or (f"{s.version}, " if s.version else "")
+                + ("CPU build" if s.cpu_build else f"CUDA {s.cuda or '?'}, kernels " + (" ".join(s.archs) or "not said"))
+            )
+            + f" ({s.source})",
+        )
+        for s in stacks.values()
+    ]
+    return stack_lines + checks

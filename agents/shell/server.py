@@ -1,0 +1,250 @@
+"""The agent's SSH server: key-only auth with a role per key, JSON lines on subsystem ``cetlab``."""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import fcntl
+import logging
+import socket
+import termios
+from typing import TYPE_CHECKING
+
+import asyncssh
+
+from agents.orchestra.port import ModelsPort
+from agents.runtime.keys import AuthorizedKeys, KeyFileError
+from agents.runtime.limits import LOGIN_TIMEOUT_S, MAX_CHANNELS_PER_CONNECTION, Doorman, KeyBudget, KeyTally, TokenBucket
+from agents.shell.channel import RATE_BURST, RATE_PER_S, Channel, throttled  # noqa: F401 (RATE_*: the figures tests read here)
+from agents.wire.protocol import SUBSYSTEM, Role
+
+if TYPE_CHECKING:
+    from agents.shell.agent import Agent
+
+
+class _Session(asyncssh.SSHServerSession):
+    """One console's SSH channel (subsystem cetlab) carrying a Channel."""
+
+    def __init__(self, server: _Server):
+        self.server = server
+        self.channel: Channel | None = None
+
+    def connection_made(self, chan: asyncssh.SSHServerChannel) -> None:
+        role = self.server.role
+        if role is None:  # asyncssh opens sessions only after auth, which sets the role
+            raise RuntimeError(f"a session of {self.server.who} opened before its key was accepted")
+        self.channel = Channel(self.server.agent, role, self.server.who, chan, self.server.budget, self.server.key)
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        return subsystem == SUBSYSTEM
+
+    def shell_requested(self) -> bool:
+        return False  # no shell: the agent never runs commands from the wire
+
+    def exec_requested(self, command: str) -> bool:
+        return False
+
+    def session_started(self) -> None:
+        if self.channel is not None:
+            self.channel.open()
+
+    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        if self.channel is not None:
+            self.channel.feed(data)
+
+    def pause_writing(self) -> None:
+        if self.channel is not None:
+            self.channel.pause()
+
+    def resume_writing(self) -> None:
+        if self.channel is not None:
+            self.channel.resume()
+
+    def eof_received(self) -> bool:
+        if self.channel is not None:
+            self.channel.end_of_requests()
+        return True  # half-open until the replies are sent; the channel closes itself then
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.channels -= 1
+        if self.channel is not None:
+            self.channel.close()
+
+
+def has_spoken(conn: asyncssh.SSHServerConnection) -> bool:
+    """Whether a connection sent its SSH version line: parsed already, or waiting unread in the socket (a busy agent
+    reads it late; the login door must not take a real client for an idle connection because of that)."""
+    if conn.get_extra_info("client_version") is not None:
+        return True
+    sock = conn.get_extra_info("socket")
+    if sock is None:
+        return False
+    waiting = array.array("i", [0])
+    try:
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, waiting)
+    except (OSError, ValueError):
+        return False
+    return waiting[0] > 0
+
+
+def ack_at_once(conn: asyncssh.SSHServerConnection) -> None:
+    """ACK each of the client's segments at once (TCP_QUICKACK, re-armed on every read: Linux drops it by itself).
+
+    OpenSSH's client leaves Nagle on until a session is set up, and writes two packets in a row twice in a
+    handshake (KEXINIT then KEX_ECDH_INIT; NEWKEYS then SERVICE_REQUEST): the second waits for the ACK of the
+    first, which a delayed ACK can hold back 40 ms. A race (whether our KEXINIT left before theirs came): on
+    loopback, some runs of the demo lab lost 2 x 40 ms on every `cetlab` login, others none.
+    """
+    sock = conn.get_extra_info("socket")
+    quickack = getattr(socket, "TCP_QUICKACK", None)  # Linux only
+    if sock is None or quickack is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    received = conn.data_received
+
+    def data_received(data: bytes, datatype: int | None = None) -> None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, quickack, 1)
+        except OSError:  # closed meanwhile
+            pass
+        received(data, datatype)
+
+    conn.data_received = data_received  # type: ignore[method-assign]  # the transport calls the protocol's attribute
+
+
+class _Server(asyncssh.SSHServer):
+    def __init__(self, agent: Agent, authorized: AuthorizedKeys, doorman: Doorman, tally: KeyTally):
+        self.agent = agent
+        self.authorized = authorized
+        self.doorman = doorman
+        self.tally = tally
+        self.role: Role | None = None
+        self.who = "?"
+        self.key: str | None = None  # the key's fingerprint
+        self._counted = False  # in the tally of its key's connections
+        self._peername = "?"
+        self._conn: asyncssh.SSHServerConnection | None = None
+        self.budget: TokenBucket | KeyBudget = TokenBucket()  # shared by the connection's channels (and its key's, once known)
+        self.channels = 0
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        peer = conn.get_extra_info("peername")
+        self._peername = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._conn = conn
+        ack_at_once(conn)
+        loop = asyncio.get_running_loop()
+
+        def close() -> None:
+            loop.call_soon(conn.abort)
+
+        self.doorman.arrive(self, peer[0] if peer else "?", close, lambda: has_spoken(conn))
+
+    def auth_completed(self) -> None:
+        self.doorman.leave(self)
+        assert self.key is not None
+        if not self.tally.login(self.key, self.who):  # its key's connections are at their cap (several logged in at once)
+            self.role = None  # no channel for it
+            if self._conn is not None:
+                asyncio.get_running_loop().call_soon(self._conn.abort)
+            return
+        self._counted = True
+        self.budget = self.tally.budget(self.key, TokenBucket())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.doorman.leave(self)
+        if self._counted and self.key is not None:
+            self._counted = False
+            self.tally.logout(self.key)
+
+    def begin_auth(self, username: str) -> bool:
+        self.doorman.authenticating(self)
+        return True  # always authenticate; the key decides
+
+    def password_auth_supported(self) -> bool:
+        return False
+
+    def kbdint_auth_supported(self) -> bool:
+        return False
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        try:
+            entry = self.authorized.lookup(key)
+        except KeyFileError as exc:
+            throttled(logging.ERROR, "keyfile", "refusing every key: %s", exc)
+            return False
+        if entry is None:
+            throttled(logging.WARNING, "unknown-key", "refused unknown key %s from %s", key.get_fingerprint(), self._peername)
+            return False
+        fingerprint = key.get_fingerprint()
+        if self.tally.full(fingerprint):
+            self.tally.login(fingerprint, entry.who)  # (refused: logged, throttled)
+            return False
+        self.role, self.who, self.key = entry.role, entry.who, fingerprint
+        return True
+
+    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> bool:
+        """A direct-tcpip forward: only the gateway's key, only to 127.0.0.1 ports of engines this agent runs now."""
+        problem = forward_problem(self.agent, self.role, dest_host, dest_port)
+        if problem is not None:
+            throttled(
+                logging.WARNING,
+                "forward",
+                "refused a forward from %s (%s) to %r:%s: %s",  # %r: the client's
+                self.who,
+                self.role,
+                dest_host[:256],
+                dest_port,
+                problem,
+            )  # host, a newline in it forges no log line
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, problem)
+        return True  # asyncssh connects to 127.0.0.1:dest_port and pipes the channel both ways
+
+    def session_requested(self) -> asyncssh.SSHServerSession | bool:
+        if self.role is None:
+            return False
+        if self.channels >= MAX_CHANNELS_PER_CONNECTION:
+            throttled(
+                logging.WARNING,
+                "channels",
+                "refused a channel from %s: %d open on one connection already",
+                self.who,
+                self.channels,
+            )
+            return False
+        self.channels += 1
+        return _Session(self)
+
+
+def forward_problem(agent: Agent, role: Role | None, dest_host: str, dest_port: int) -> str | None:
+    """Why a forward to dest_host:dest_port is refused (None: allowed)."""
+    if role is not Role.GATEWAY:
+        return "only the gateway's key may open forwards"
+    if dest_host != "127.0.0.1":
+        return "forwards go to 127.0.0.1 only"
+    pool = agent.find(ModelsPort)
+    if pool is None or dest_port not in pool.engine_ports():
+        return f"no engine runs on port {dest_port} here"
+    return None
+
+
+async def listen(
+    agent: Agent, host: str, port: int, host_key: asyncssh.SSHKey, authorized: AuthorizedKeys
+) -> asyncssh.SSHAcceptor:
+    doorman = Doorman()
+    tally = KeyTally()
+    return await asyncssh.listen(
+        host,
+        port,
+        server_factory=lambda: _Server(agent, authorized, doorman, tally),
+        server_host_keys=[host_key],
+        encoding=None,
+        login_timeout=LOGIN_TIMEOUT_S,
+        keepalive_interval=15,
+        keepalive_count_max=4,
+        allow_scp=False,
+        agent_forwarding=False,
+        x11_forwarding=False,
+        line_editor=False,
+    )

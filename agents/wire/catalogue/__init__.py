@@ -1,0 +1,1 @@
+"""The method catalogue, one module per component: each RPC method's params model, result model, role and doc."""

@@ -1,0 +1,138 @@
+"""The method catalogue: every RPC method with its params model, its result model, its role and its doc: jobs."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, RootModel
+
+from agents.wire.catalogue.method import OP, Method, NoParams, Params
+from agents.wire.protocol import (
+    Finite,
+)
+from agents.wire.schema import NAME_RE
+from agents.wire.sections.base import Section
+from agents.wire.sections.jobs import JobDetail, JobInfo, NodeStatus
+from agents.wire.states import JobState
+
+
+class StartParams(Params):
+    recipe: str = Field(max_length=64)
+    params: dict[str, Any] = Field(default_factory=dict, max_length=64)
+
+
+class JobParams(Params):
+    id: str = Field(max_length=100)
+
+
+class StopParams(JobParams):
+    grace_s: float | None = Field(default=None, ge=0, le=86400)
+
+
+class LogsParams(JobParams):
+    tail_lines: int = Field(default=100, ge=0, le=10000)
+    offset: int | None = Field(default=None, ge=0)  # continue from here instead of the tail
+    follow: bool = False  # push new lines as `log` events to this connection
+
+
+class JobListParams(Params):
+    limit: int = Field(default=100, ge=1, le=10000)
+
+
+class NodeStartParams(Params):
+    id: str = Field(pattern=NAME_RE)
+    recipe: str = Field(max_length=64)
+    params: dict[str, Any] = Field(default_factory=dict, max_length=64)
+    node_rank: int = Field(ge=1, le=1024)  # rank 0 is the coordinator's own node
+    rdzv_port: int = Field(ge=1024, le=65535)
+
+
+class NodeStopParams(Params):
+    id: str = Field(max_length=100)
+    kill: bool = False
+    grace_s: float | None = Field(default=None, ge=0, le=86400)
+    reason: str | None = Field(default=None, max_length=4000)  # the coordinator failed the job: why
+
+
+class NodeStatusParams(Params):
+    id: str = Field(max_length=100)
+
+
+class RecipeParam(Section):
+    """One launch parameter of a recipe, as the launch form shows it."""
+
+    name: str
+    type: Literal["int", "float", "str", "bool", "choice"] = "str"
+    default: int | float | bool | str | None = None
+    choices: list[str] = Field(default_factory=list)
+    min: Finite = None
+    max: Finite = None
+    help: str = ""
+    flag: str | None = None  # the command-line flag it becomes
+
+
+class RecipeInfo(Section):
+    name: str
+    machine: str
+    gpus: list[int] = Field(default_factory=list)
+    launcher: Literal["local", "torchrun"] = "local"
+    nproc_per_node: int | None = None
+    command: list[str] = Field(default_factory=list)
+    output_dir: str
+    params: list[RecipeParam] = Field(default_factory=list)
+
+
+class RecipeList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+    model_config = ConfigDict(defer_build=True)
+
+    root: list[RecipeInfo]
+
+
+class JobList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+    model_config = ConfigDict(defer_build=True)
+
+    root: list[JobInfo]
+
+
+class JobLogs(Section):
+    id: str
+    path: str
+    lines: list[str] = Field(default_factory=list)
+    offset: int  # where the next read continues
+    state: JobState
+
+
+JOBS_RECIPES = Method("jobs.recipes", NoParams, RecipeList, doc="The recipes of this machine with their launch params.")
+
+
+JOBS_LIST = Method("jobs.list", JobListParams, JobList, doc="Jobs, newest first: the active ones and recent history.")
+
+
+JOBS_GET = Method("jobs.get", JobParams, JobDetail, doc="One job, with its command line and last log lines.")
+
+
+JOBS_START = Method("jobs.start", StartParams, JobDetail, OP, "Launch a recipe with validated params.")
+
+
+JOBS_STOP = Method("jobs.stop", StopParams, JobInfo, OP, "SIGTERM to the job's process group; SIGKILL after grace_s.")
+
+
+JOBS_KILL = Method("jobs.kill", JobParams, JobInfo, OP, "SIGKILL to the job's process group now.")
+
+
+JOBS_LOGS = Method("jobs.logs", LogsParams, JobLogs, doc="Log lines: the tail, or from an offset; follow pushes `log` events.")
+
+
+JOBS_NODE_START = Method(
+    "jobs.node_start",
+    NodeStartParams,
+    NodeStatus,
+    OP,
+    "Start this machine's node of a multi-node recipe named in this agent's own lab.yaml.",
+)
+
+
+JOBS_NODE_STOP = Method("jobs.node_stop", NodeStopParams, NodeStatus, OP, "Stop or kill this machine's node of a multi-node job.")
+
+
+JOBS_NODE_STATUS = Method("jobs.node_status", NodeStatusParams, NodeStatus, OP, "This machine's node of a multi-node job.")

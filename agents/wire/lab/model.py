@@ -1,0 +1,497 @@
+"""The lab.yaml schema and its loader: errors name the file, the line and the key path (agents/wire/lab/yaml_doc.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, overload
+
+from pydantic import (
+    BeforeValidator,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from agents.wire.lab.gateway import Gateway, Provider
+from agents.wire.lab.gateway import cross_check as gateway_cross_check
+from agents.wire.lab.notify import Notify
+from agents.wire.lab.notify import cross_check as notify_cross_check
+from agents.wire.lab.yaml_doc import MAX_BYTES as MAX_LAB_BYTES
+from agents.wire.lab.yaml_doc import YamlDocError, data_path, describe, problem_at
+from agents.wire.lab.yaml_doc import load as load_yaml
+from agents.wire.schema import Duration, Name, NonNegative, Positive, Strict, parse_duration
+
+# ---------------------------------------------------------------------------- machines
+
+
+class SimGpu(Strict):
+    """One simulated GPU; figures follow what runs on it."""
+
+    name: str
+    memory_gib: Positive
+    tdp_w: Positive
+    idle_w: NonNegative | None = None  # default: 12% of tdp_w
+    profile: Literal["idle", "training", "serving", "bursty"] = "idle"  # background load in the demo
+    # "6.1"; default: from the name (Tesla P40 6.1, Tesla V100 7.0, RTX 3050 8.6, H100 9.0: agents/wire/capability.py)
+    compute_capability: Annotated[str, Field(pattern=r"^\d{1,2}\.\d$")] | None = None
+
+
+class SimStack(Strict):
+    """A stack a simulated machine pretends to have installed (its GPUs are simulated; its processes run on the CPU)."""
+
+    version: str | None = None  # "2.14.0+cu126"
+    cuda: str | None = None  # "12.6"; leave out with cpu_build
+    archs: list[Annotated[str, Field(pattern=r"^(sm|compute)_\d{2,3}[af]?$")]] = Field(default_factory=list)
+    cpu_build: bool = False
+    min_compute_capability: Annotated[str, Field(pattern=r"^\d{1,2}\.\d$")] | None = None
+
+
+class SimStacks(Strict):
+    """What a simulated machine's GPU support check judges against; each left out takes the default of a lab set up as
+    the README's "Older GPUs" section says (torch 2.14 CUDA 12.6, vLLM 0.33 on CUDA 13, llama-server CUDA 12 for 61;70;86)."""
+
+    torch: SimStack | None = None
+    vllm: SimStack | None = None
+    llamacpp: SimStack | None = None
+
+
+class SimGpus(Strict):
+    sim: list[SimGpu] = Field(min_length=0)
+    seed: int = 0
+    stacks: SimStacks = Field(default_factory=SimStacks)  # the stacks the GPU support check assumes here (SIM)
+
+
+def _gpu_source_tag(value: Any) -> str:
+    return "nvml" if value in ("nvml", "none") else "sim-spec"
+
+
+GpuSource = Annotated[
+    Annotated[Literal["nvml", "none"], Tag("nvml")] | Annotated[SimGpus, Tag("sim-spec")],
+    Discriminator(_gpu_source_tag),
+]
+
+
+class Machine(Strict):
+    """One lab machine; `gpus` is nvml (real), none, or {sim: [...]} (simulated)."""
+
+    name: Name
+    host: str = "127.0.0.1"
+    port: int = Field(default=7022, ge=1, le=65535)
+    via: Literal["agent", "sshd"] = "agent"  # sshd: ride the machine's own sshd to the agent's socket
+    user: str | None = None  # ssh user for via: sshd (default: ~/.ssh/config, else the local user)
+    ssh_port: int | None = Field(default=None, ge=1, le=65535)  # via: sshd: the sshd port (default: ~/.ssh/config, else 22)
+    socket: str | None = None  # via: sshd: the agent's unix socket on that machine (default /var/lib/cetlab/<name>/agent.sock)
+    role: str = ""  # free text: training, inference, storage ...
+    idle_watts: NonNegative = 0.0  # host draw NVML cannot see
+    hourly_rate: NonNegative = 0.0  # > 0 for rented machines
+    ram_cache_gib: NonNegative | None = None  # page-cache budget for warm-in-RAM weights
+    gpus: GpuSource = "nvml"
+    sample_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
+
+    @property
+    def simulated(self) -> bool:
+        return isinstance(self.gpus, SimGpus)
+
+    @property
+    def gpu_count(self) -> int | None:
+        """Known only for simulated GPUs; NVML machines say at run time."""
+        return len(self.gpus.sim) if isinstance(self.gpus, SimGpus) else None
+
+
+# ---------------------------------------------------------------------------- money
+
+
+class Costs(Strict):
+    currency: str = "USD"
+    electricity_per_kwh: NonNegative | None = None
+    timezone: str | None = None  # IANA name for "today" and "this month"; default: the machine's
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str | None) -> str | None:
+        if value is not None:
+            from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+            try:
+                ZoneInfo(value)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ValueError(f"unknown time zone {value!r}; use an IANA name like Europe/Berlin or UTC") from None
+        return value
+
+
+class CloudPrices(Strict):
+    gpu_hour: dict[str, NonNegative] = Field(default_factory=dict)  # by GPU model name
+    tokens_per_million: dict[str, NonNegative] = Field(default_factory=dict)  # by cloud_equivalent
+
+
+# ---------------------------------------------------------------------------- models
+
+
+class SimEngine(Strict):
+    """Delays of the simulated engine (field-notes defaults for a 48 GB model)."""
+
+    load_s: NonNegative = 15.0  # from page cache; cold from disk is load_s * cold_factor
+    cold_factor: Positive = 14.0
+    warmup_s: NonNegative = 40.0
+    wake_s: NonNegative = 1.0
+    tokens_per_s: NonNegative = 40.0
+    fail_after_s: NonNegative | None = None  # crash on purpose (logs a CUDA OOM), for tests and demos
+    traffic_rps: NonNegative = 0.0  # simulated client requests per second it serves itself, so demos show load
+    placeholder_mib: NonNegative | None = None  # demo: write placeholder weights of this size if path is missing
+
+
+class Model(Strict):
+    name: Name
+    path: str
+    engine: Literal["vllm", "transformers", "sim", "llamacpp", "sim-llamacpp"]  # agents.orchestra.engines holds each one's spec
+    machine: Name
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    vram_gib: NonNegative = 0.0
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    served_name: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)  # None: chosen at start
+    cloud_equivalent: str | None = None
+    sleep_level: Literal[1, 2] = 1  # 2 drops the weights: waking reloads them (vLLM's wake_up/reload_weights sequence)
+    # runtime LoRA (vllm, sim): --enable-lora --max-loras N --max-lora-rank R; 0 serves without LoRA
+    max_loras: int = Field(default=1, ge=0)
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = 16  # the ranks vLLM accepts; an adapter's r must fit
+    load_timeout_s: Duration = 1800.0  # start until /health answers; then the model is failed
+    warmup_prompt: str = "Hello"  # the first request, sent before the model is called warm
+    make_tiny_if_missing: bool = False  # demo: create the tiny random Llama (agents/train/tiny.py) at path first
+    sim: SimEngine = Field(default_factory=SimEngine)
+
+    @field_validator("args")
+    @classmethod
+    def _engine_stays_on_loopback(cls, args: list[str]) -> list[str]:
+        # the agent binds every engine to 127.0.0.1 (the gateway reaches other machines' engines over SSH):
+        # an engine's dev endpoints (/sleep, /collective_rpc, adapter loading) have no authentication
+        for arg in args:
+            if binds_elsewhere(arg):
+                raise ValueError(
+                    f"{arg!r}: engines listen on 127.0.0.1 only (the gateway reaches other machines' engines "
+                    "through their agent's SSH connection); remove it from args"
+                )
+        return args
+
+
+# Flags that would put an engine's port on the network (vLLM, transformers serve, llama-server)
+BIND_FLAGS = frozenset({"--host"})
+
+
+def binds_elsewhere(arg: str) -> bool:
+    """An engine argument that sets where it listens: a bind flag, or (Python's argparse, which vLLM, `transformers
+    serve` and the sim engines parse with, takes any unambiguous prefix of a long option) an abbreviation of one,
+    `--hos 0.0.0.0` or `--ho=0.0.0.0`."""
+    flag = arg.split("=", 1)[0]
+    return flag in BIND_FLAGS or (len(flag) > 3 and any(bind.startswith(flag) for bind in BIND_FLAGS))
+
+
+class Orchestra(Strict):
+    warm: list[Name] = Field(default_factory=list)
+    sleeping: list[Name] = Field(default_factory=list)  # brought up, then put to sleep: wake in seconds
+    cached: list[Name] = Field(default_factory=list)  # weights pre-read into RAM at agent start
+    pinned: list[Name] = Field(default_factory=list)
+    rotate_every: Duration | None = None
+    rotation: list[list[Name]] = Field(default_factory=list)  # warm sets to cycle through
+    # false: a rotation takes out only models its sets name, never one an operator warmed; true: every model not pinned
+    rotation_takes_all: bool = False
+    groups: dict[Name, list[str]] = Field(default_factory=dict)  # fan-out sets for the gateway's orchestra call
+
+
+# ---------------------------------------------------------------------------- trainers
+
+
+class TrainerParam(Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,40}$")]
+    type: Literal["int", "float", "str", "bool", "choice"] = "str"
+    default: int | float | bool | str | None = None
+    choices: list[str] = Field(default_factory=list)
+    min: float | None = None
+    max: float | None = None
+    help: str = ""
+    flag: str | None = None  # e.g. "--max-steps"; default: --<name with dashes>
+
+
+class TrainerNode(Strict):
+    """One machine of a multi-node recipe: its GPUs and, for labs with several networks, the interface NCCL uses."""
+
+    machine: Name
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    nccl_socket_ifname: Annotated[str, Field(pattern=r"^\^?[A-Za-z0-9_.:-]{1,32}(,\^?[A-Za-z0-9_.:-]{1,32}){0,7}$")] | None = None
+
+
+class Trainer(Strict):
+    name: Name
+    machine: Name  # with nodes: the first node's machine (the coordinator), filled in when left out
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    # argv list, never a shell string; {job_id} and {output_dir} are expanded by the agent
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)  # added to the agent's; {job_id}/{output_dir} expanded
+    cwd: str | None = None  # default: the lab file's folder (relative paths resolve against it)
+    output_dir: str  # must be writable before a start; may hold {job_id}
+    launcher: Literal["local", "torchrun"] = "local"
+    nproc_per_node: int | None = Field(default=None, ge=1)  # torchrun; default: one per GPU
+    params: list[TrainerParam] = Field(default_factory=list)
+    checkpoint_dirs: list[str] = Field(default_factory=list)  # extra dirs to watch
+    stop_grace_s: Duration = 60.0  # SIGTERM, then SIGKILL after this long
+    # one job over several machines (launcher: torchrun, c10d rendezvous on the first node)
+    nodes: list[TrainerNode] = Field(default_factory=list)
+    rdzv_port: int | None = Field(default=None, ge=1024, le=65535)  # default: a free port on the first node
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_node_coordinates(cls, value: Any) -> Any:
+        if (
+            isinstance(value, dict)
+            and value.get("nodes")
+            and isinstance(value["nodes"], list)
+            and isinstance(value["nodes"][0], dict)
+        ):
+            first = value["nodes"][0]
+            value = {
+                **value,
+                "machine": value.get("machine", first.get("machine")),
+                "gpus": value.get("gpus", first.get("gpus", [])),
+            }
+        return value
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _argv_not_shell(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError("expected an argv list like [cetlab-train, --config, x.yaml], not a shell string")
+        return value
+
+
+class CheckpointDir(Strict):
+    machine: Name  # the agent that watches it
+    path: str  # a run folder (holding checkpoint-<step>/) or a folder of run folders; relative to the lab file
+
+
+class Checkpoints(Strict):
+    """Checkpoint discovery: the trainers' output dirs are always watched; these add more."""
+
+    dirs: list[CheckpointDir] = Field(default_factory=list)  # runs not started by cetlab
+    poll_s: Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=3600)] = 3.0
+    settle_s: Duration = 5.0  # a checkpoint with a file modified this recently is still being saved
+
+
+# ---------------------------------------------------------------------------- alerts & console
+
+
+class Alerts(Strict):
+    temp_c: float = 85.0
+    temp_for_s: Duration = 30.0
+    vram_pct: float = Field(default=95.0, ge=0, le=100)
+    vram_for_s: Duration = 300.0
+    starved_util_pct: float = Field(default=50.0, ge=0, le=100)
+    starved_for_s: Duration = 120.0
+    no_improvement_steps: int = Field(default=1000, ge=1)
+    checkpoint_save_s: Duration = 30.0
+    disk_free_pct: float = Field(default=5.0, ge=0, le=100)
+    disk_for_s: Duration = 60.0
+    offline_for_s: Duration = 30.0
+    hysteresis_pct: float = Field(default=5.0, ge=0)  # a firing rule clears this far (% of its threshold) on the good side
+    clear_for_s: Duration = 5.0  # ... and stays there this long, so a value near the line does not flap
+
+
+class ConsoleSettings(Strict):
+    """Client side: how the console and the CLI reach the agents."""
+
+    key: str | None = None  # private key; default: platformdirs config dir / id_ed25519
+    known_hosts: str | None = None  # default: platformdirs config dir / known_hosts
+    trust_on_first_use: bool = False
+    keepalive_s: Positive = 5.0
+    call_timeout_s: Positive = 10.0
+    connect_timeout_s: Positive = 5.0
+
+
+class Lab(Strict):
+    lab: Name
+    costs: Costs = Field(default_factory=Costs)
+    cloud_prices: CloudPrices = Field(default_factory=CloudPrices)
+    machines: list[Machine] = Field(min_length=1)
+    models: list[Model] = Field(default_factory=list)
+    orchestra: Orchestra = Field(default_factory=Orchestra)
+    trainers: list[Trainer] = Field(default_factory=list)
+    alerts: Alerts = Field(default_factory=Alerts)
+    notify: Notify = Field(default_factory=Notify)  # where alerts and job events go (agents/notify/)
+    checkpoints: Checkpoints = Field(default_factory=Checkpoints)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+    gateway: Gateway | None = None
+    providers: list[Provider] = Field(default_factory=list)
+
+    # Where the file was read from; relative paths in it are relative to its folder.
+    source: Path | None = Field(default=None, exclude=True)
+
+    def machine(self, name: str) -> Machine:
+        for machine in self.machines:
+            if machine.name == name:
+                return machine
+        raise KeyError(name)
+
+    @overload
+    def resolve(self, path: str) -> Path: ...
+
+    @overload
+    def resolve(self, path: None) -> None: ...
+
+    def resolve(self, path: str | None) -> Path | None:
+        """A path from lab.yaml, made absolute against the lab file's folder."""
+        if path is None:
+            return None
+        p = Path(path).expanduser()
+        if not p.is_absolute() and self.source is not None:
+            p = self.source.parent / p
+        return p
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+class LabError(YamlDocError):
+    """lab.yaml is unreadable or invalid; str() is one line per problem, file:line first."""
+
+
+def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
+    """References between sections: machines named, GPUs present, names unique."""
+    problems: list[tuple[tuple, str]] = []
+    machines = {m.name: m for m in lab.machines}
+    for section in ("machines", "models", "trainers"):
+        seen: set[str] = set()
+        for i, item in enumerate(getattr(lab, section)):
+            if item.name in seen:
+                problems.append(((section, i, "name"), f"duplicate name {item.name!r}"))
+            seen.add(item.name)
+    for section in ("models", "trainers"):
+        for i, item in enumerate(getattr(lab, section)):
+            machine = machines.get(item.machine)
+            if machine is None:
+                problems.append(((section, i, "machine"), f"no machine named {item.machine!r} (machines: {', '.join(machines)})"))
+                continue
+            count = machine.gpu_count
+            for j, gpu in enumerate(item.gpus):
+                if count is not None and gpu >= count:
+                    problems.append(
+                        ((section, i, "gpus", j), f"machine {machine.name} has {count} GPUs (0..{count - 1}), no GPU {gpu}")
+                    )
+    models = {m.name for m in lab.models}
+    for key in ("warm", "sleeping", "cached", "pinned"):
+        for i, name in enumerate(getattr(lab.orchestra, key)):
+            if name not in models:
+                problems.append((("orchestra", key, i), f"no model named {name!r}"))
+    for i, warm_set in enumerate(lab.orchestra.rotation):
+        for j, name in enumerate(warm_set):
+            if name not in models:
+                problems.append((("orchestra", "rotation", i, j), f"no model named {name!r}"))
+    for i, entry in enumerate(lab.checkpoints.dirs):
+        if entry.machine not in machines:
+            problems.append((("checkpoints", "dirs", i, "machine"), f"no machine named {entry.machine!r}"))
+    for i, trainer in enumerate(lab.trainers):
+        if trainer.launcher == "torchrun" and not trainer.gpus and trainer.nproc_per_node is None:
+            problems.append((("trainers", i, "nproc_per_node"), "torchrun needs gpus or nproc_per_node"))
+        problems += _nodes_cross_check(trainer, i, machines)
+        names: set[str] = set()
+        for j, param in enumerate(trainer.params):
+            if param.name in names:
+                problems.append((("trainers", i, "params", j, "name"), f"param {param.name!r} declared twice"))
+            names.add(param.name)
+            if param.type == "choice" and not param.choices:
+                problems.append((("trainers", i, "params", j, "choices"), "a choice param needs choices: [...]"))
+    problems += notify_cross_check(lab.notify, list(machines))
+    return problems + gateway_cross_check(
+        lab.providers, lab.gateway, [m.name for m in lab.machines], {m.name for m in lab.models}, lab.orchestra.groups
+    )
+
+
+def _nodes_cross_check(trainer: Trainer, i: int, machines: dict[str, Machine]) -> list[tuple[tuple, str]]:
+    """A multi-node recipe: torchrun, two machines or more, each named once, present, with the GPUs it lists."""
+    if not trainer.nodes:
+        return [(("trainers", i, "rdzv_port"), "rdzv_port needs nodes: [...]")] if trainer.rdzv_port is not None else []
+    problems: list[tuple[tuple, str]] = []
+    if trainer.launcher != "torchrun":
+        problems.append((("trainers", i, "launcher"), "a recipe with nodes needs launcher: torchrun"))
+    if len(trainer.nodes) < 2:
+        problems.append((("trainers", i, "nodes"), "nodes needs two machines or more (one machine: machine and gpus)"))
+    first = trainer.nodes[0]
+    if trainer.machine != first.machine or trainer.gpus != first.gpus:
+        problems.append(
+            (
+                ("trainers", i, "machine"),
+                f"with nodes, machine and gpus are the first node's ({first.machine} {first.gpus}); leave them out",
+            )
+        )
+    seen: set[str] = set()
+    for j, node in enumerate(trainer.nodes):
+        machine = machines.get(node.machine)
+        if node.machine in seen:
+            problems.append((("trainers", i, "nodes", j, "machine"), f"machine {node.machine} is a node twice"))
+        seen.add(node.machine)
+        if machine is None:
+            problems.append(
+                (("trainers", i, "nodes", j, "machine"), f"no machine named {node.machine!r} (machines: {', '.join(machines)})")
+            )
+            continue
+        if not node.gpus and trainer.nproc_per_node is None:
+            problems.append((("trainers", i, "nodes", j, "gpus"), "a node without gpus needs the recipe's nproc_per_node"))
+        count = machine.gpu_count
+        for k, gpu in enumerate(node.gpus):
+            if count is not None and gpu >= count:
+                problems.append(
+                    (
+                        ("trainers", i, "nodes", j, "gpus", k),
+                        f"machine {machine.name} has {count} GPUs (0..{count - 1}), no GPU {gpu}",
+                    )
+                )
+    return problems
+
+
+def parse_lab(text: str, source: str = "lab.yaml", path: Path | None = None) -> Lab:
+    """Validate lab.yaml text; raises LabError naming file, line and key path."""
+    try:
+        lines, dupes, data = load_yaml(text, source)
+    except YamlDocError as exc:
+        raise LabError(exc.problems) from None
+    if not isinstance(data, dict):
+        raise LabError([f"{source}:1: expected a mapping with at least 'lab:' and 'machines:'"])
+    if dupes:
+        problems = list(dict.fromkeys(problem_at(source, lines, p, "key given twice") for p, _ in dupes))  # once each
+        raise LabError(
+            problems[:20] + ([f"{source}: ... and {len(problems) - 20} more keys given twice"] if len(problems) > 20 else [])
+        )
+    try:
+        lab = Lab.model_validate({**data, "source": path})
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            problem = problem_at(
+                source, lines, data_path(data, error["loc"], error["type"] in ("missing", "extra_forbidden")), describe(error)
+            )
+            if problem not in problems:
+                problems.append(problem)
+        raise LabError(problems) from None
+    cross = _cross_check(lab)
+    if cross:
+        raise LabError([problem_at(source, lines, p, msg) for p, msg in cross])
+    return lab
+
+
+def load_lab(path: str | Path) -> Lab:
+    path = Path(path).expanduser()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_LAB_BYTES + 1)
+    except OSError as exc:
+        raise LabError([f"{path}: cannot read lab file: {exc.strerror or exc}"]) from None
+    if len(raw) > MAX_LAB_BYTES:
+        raise LabError([f"{path}: larger than {MAX_LAB_BYTES} bytes; a lab file is a few KB (is this the right file?)"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise LabError([f"{path}:{line}: not UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8"]) from None
+    return parse_lab(text, source=str(path), path=path.resolve())

@@ -293,3 +293,42 @@ async def test_every_dialog_fits_an_80_column_terminal(frozen_lab):
             assert box.x >= 0 and box.right <= SMALL[0], (type(screen).__name__, box)
             screen.dismiss(None)
             await pilot.pause()
+
+
+def test_the_count_of_machines_online_keeps_its_words_when_a_costs_section_arrives():
+    """A card said OFFLINE and the header "1/2 machines online" only until the online machine's first costs section came:
+    its notes made the line too long at 160 columns and the count changed its words to "1/2 online" (a test waiting for
+    the words timed out under load). The state driven by hand, in the order the link and the ticks fill it."""
+    from agents.wire.events import TickEvent
+    from agents.wire.lab.model import parse_lab
+    from agents.wire.protocol import LinkStatus
+    from console.costs import live_totals
+    from console.state import LabState
+    from widgets.cost_counter import cost_text
+    from widgets.lab_header import header_text
+
+    lab = parse_lab(
+        "lab: test-lab\nmachines:\n  - {name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}\n"
+        "  - {name: ghost, host: 127.0.0.1, port: 9, gpus: none}\n"
+    )
+    state = LabState(lab)
+    state.set_link("box", LinkStatus.ONLINE)
+    state.set_link("ghost", LinkStatus.OFFLINE, "connection refused (is the agent running?)")
+
+    def header() -> str:
+        online = sum(v.online for v in state.machines.values())
+        gpus, vram = state.gpu_totals()
+        totals = live_totals(state)
+        figures = HeaderFigures(
+            "test-lab", "fleet", online, 2, gpus, vram, True, False, FROZEN_NOW, None if totals is None else cost_text(totals)
+        )
+        return header_text(figures, 160).plain
+
+    assert "1/2 machines online" in header()  # no costs section yet
+    costs = {"currency": "EUR", "power_w": 30.0, "missing": ["missing: costs.electricity_per_kwh"], "simulated": True}
+    gpus = [{"index": 0, "name": "Tesla P4", "mem_total_bytes": 8 * 1024**3, "simulated": True}]
+    state.apply_tick("box", TickEvent.model_validate({"t": FROZEN_NOW, "full": True, "changed": {"gpus": gpus, "costs": costs}}))
+    assert state.gpu_totals() == (1, 8 * 1024**3)
+    line = header()
+    assert "1/2 machines online" in line and len(line) <= 160
+    assert "not counted: ghost" not in line and "cost -" in line  # the cost's notes went, its figure stays

@@ -31,13 +31,16 @@ class HeaderFigures:
 
 
 def header_text(figures: HeaderFigures, width: int | None = None) -> Text:
-    """The header line; in a narrow terminal the figures shorten, then the cost keeps only its rate, then it goes, then the
-    lab's name: the clock stays."""
+    """The header line; in a narrow terminal the cost keeps only its rate, then the figures shorten, then the cost goes,
+    then the lab's name: the clock stays."""
     clock = time.strftime("%H:%M:%S", time.localtime(figures.now))
-    # the cost stays longest in its short form (the rate per hour): at 100 columns the header still says what the lab costs
+    # the cost stays longest in its short form (the rate per hour): at 100 columns the header still says what the lab costs.
+    # Its notes ("missing: ...", "not counted: m2") go before the figures' words: they come and go with the agents' costs
+    # sections, and the count of machines online changed its words with them (at 160 columns, "1/2 machines online"
+    # until the first costs section arrived, "1/2 online" after: what the header said depended on a race)
     for cost, short, lab in (
         ("full", False, True),
-        ("full", True, True),
+        ("short", False, True),
         ("short", True, True),
         (None, True, True),
         (None, True, False),

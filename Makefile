@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench screenshots clean llama-server
+.PHONY: demo test test-fast bench screenshots clean llama-server
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,12 +18,19 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/cetlab-console --demo
 
-# mypy first (agents, console and widgets at zero errors, [tool.mypy] in pyproject), then the suite
+# ruff and mypy first (agents, console and widgets at zero errors, [tool.mypy] in pyproject), then both tiers of the
+# suite on every core (pytest-xdist; each worker its own ports, folders and demo labs)
+PYTEST_WORKERS ?= auto
 test: $(STAMP) llama-server
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
+
+# The edit loop's tier: no process started (agents in the test's own event loop, tests/inprocess.py); the end-to-end
+# tier (real SSH, agent processes, trainers, sshd, llama-server) is `-m e2e`, marked by tests/conftest.py
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not e2e"
 
 # The pinned llama-server (llama.cpp from llama-cpp-python's sdist), built once into ~/.cache/cetlab/;
 # on a GPU box: make llama-server LLAMA_CUDA_ARCHS="61;70;86" (needs nvcc)

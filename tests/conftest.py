@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 import time
+import types
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,52 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ["CETLAB_DEMO_ANY_GATEWAY_PORT"] = "1"
 HOUR_S = 3600
 V100 = {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250}
+
+
+# ---------------------------------------------------------------- the two tiers
+
+# What in a test's code (or its fixtures', or the module helpers' it calls) starts a process, a server or a demo lab of
+# processes: such a test is end-to-end (`-m e2e`); the rest is the fast tier (`make test-fast`, `-m "not e2e"`). Read
+# from the code, so that the marking cannot drift from what a test does.
+PROCESS_SIGNS = (
+    "DemoLab",
+    "run_agent(",
+    "run_pool",
+    "subprocess",
+    "Popen",
+    "create_subprocess",
+    "sys.executable",
+    "sshd",
+    "llama_server",
+    "asyncssh.listen",
+    "asyncssh.connect",
+    "os.fork",
+)
+
+
+@cache
+def _starts_processes(func: types.FunctionType) -> bool:
+    try:
+        source = inspect.getsource(func)
+    except (OSError, TypeError):
+        return False
+    if any(sign in source for sign in PROCESS_SIGNS):
+        return True
+    module = sys.modules.get(func.__module__)
+    helpers = (getattr(module, name, None) for name in func.__code__.co_names) if module is not None else ()
+    return any(isinstance(h, types.FunctionType) and h is not func and _starts_processes(h) for h in helpers)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        function = getattr(item, "function", None)
+        if function is None:
+            continue
+        funcs = [function]
+        for name in item.fixturenames:
+            funcs += [inspect.unwrap(d.func) for d in item._fixtureinfo.name2fixturedefs.get(name, ())]
+        if item.get_closest_marker("slow") or any(isinstance(f, types.FunctionType) and _starts_processes(f) for f in funcs):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")
@@ -299,3 +347,21 @@ def kill_jobs_left(directory) -> None:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+@pytest.fixture
+async def in_process(tmp_path, lab_file):
+    """Start a lab's agents in the test's event loop (a lab.yaml's data, the default one-machine lab by default); a
+    client from `lab.client(role)` reaches them through memory pipes (tests/inprocess.py). Stopped at the end."""
+    from tests.inprocess import InProcessLab
+
+    labs: list[InProcessLab] = []
+
+    async def start(data: dict | None = None, machines: list[str] | None = None) -> InProcessLab:
+        lab = InProcessLab(lab_file(data, name=f"lab{len(labs)}.yaml"), tmp_path / f"state{len(labs)}")
+        labs.append(lab)
+        return await lab.start(machines)
+
+    yield start
+    for lab in labs:
+        await lab.stop()

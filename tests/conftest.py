@@ -19,6 +19,7 @@ import yaml
 from console.demo import DemoLab
 
 REPO = Path(__file__).resolve().parent.parent
+TESTS_DIR = str(REPO / "tests")
 # demos started by tests (several at once, on a shared machine) never race for lab.yaml's gateway port 8400
 os.environ["CETLAB_DEMO_ANY_GATEWAY_PORT"] = "1"
 HOUR_S = 3600
@@ -43,20 +44,44 @@ PROCESS_SIGNS = (
     "asyncssh.listen",
     "asyncssh.connect",
     "os.fork",
+    '"--demo"',  # the console's demo mode starts the demo lab's agents
 )
 
 
 @cache
 def _starts_processes(func: types.FunctionType) -> bool:
-    try:
-        source = inspect.getsource(func)
-    except (OSError, TypeError):
-        return False
-    if any(sign in source for sign in PROCESS_SIGNS):
-        return True
-    module = sys.modules.get(func.__module__)
-    helpers = (getattr(module, name, None) for name in func.__code__.co_names) if module is not None else ()
-    return any(isinstance(h, types.FunctionType) and h is not func and _starts_processes(h) for h in helpers)
+    """Whether this function, or a helper of the tests' own it calls (at any depth), shows a sign of PROCESS_SIGNS."""
+    seen: set[types.FunctionType] = set()
+    todo = [func]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            source = inspect.getsource(current)
+        except (OSError, TypeError):
+            continue
+        if any(sign in source for sign in PROCESS_SIGNS):
+            return True
+        module = sys.modules.get(current.__module__)
+        if module is None:
+            continue
+        for name in _names(current.__code__):
+            helper = getattr(module, name, None)
+            # the tests' helpers only: the product's code names subprocess where a test of it starts none
+            if isinstance(helper, types.FunctionType) and helper.__code__.co_filename.startswith(TESTS_DIR):
+                todo.append(helper)
+    return False
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """The global names a function's code uses, its inner functions' included."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,15 +9,17 @@ import sqlite3
 import pytest
 
 from agents.wire.protocol import ErrorCode, RemoteError
-from tests.hardening_fixtures import connected
 
 pytestmark = pytest.mark.timeout(120)
 
 
-async def test_a_damaged_job_record_is_listed_as_damaged_and_the_rest_still_list(small_demo):
-    client = await connected(small_demo.lab_path)
+async def test_a_damaged_job_record_is_listed_as_damaged_and_the_rest_still_list(in_process):
+    lab = await in_process()
+    client = lab.client()
+    await client.start()
+    await client.wait_connected(10)
     try:
-        db = sqlite3.connect(small_demo.dir / "agents" / "box" / "state.db", timeout=10)
+        db = sqlite3.connect(lab.agents["box"].state_dir / "state.db", timeout=10)
         with db:
             for job_id, record in (
                 ("bad-json", "{not json"),

@@ -15,12 +15,11 @@ from agents.runtime.rpc import Peer
 from agents.runtime.store import Store
 from agents.shell.agent import Agent
 from agents.wire.documents import BadDocument, ChildRecord, ExitRecord, load_progress, load_quietly, load_trainer_state
-from agents.wire.lab.model import LabError, load_lab, parse_lab
+from agents.wire.lab.model import LabError, parse_lab
 from agents.wire.protocol import EVENT_TICK, GpuSample, Telemetry
 from agents.wire.sections.jobs import JobInfo
 from agents.wire.sections.tick import SECTION_MODELS
 from agents.wire.states import JOB_ACTIVE, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, JobState, ModelState
-from console.client import FleetClient
 from tests.conftest import wait_for
 
 ONE_GPU = "lab: t\nmachines: [{name: box, idle_watts: 10, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n"
@@ -211,10 +210,11 @@ async def test_a_non_finite_number_past_the_types_goes_out_as_null_and_the_tick_
     agent.store.close()
 
 
-async def test_every_section_on_the_wire_parses_into_its_model(small_demo):
-    lab = load_lab(small_demo.lab_path)
+async def test_every_section_on_the_wire_parses_into_its_model(in_process):
+    running = await in_process()  # the JSON lines of a real agent, through a memory pipe: the same as over SSH
+    lab = running.lab
     gateway_here = lab.gateway is not None and lab.gateway.machine == "box"  # the gateway's section: on its machine only
-    async with FleetClient(lab, subscribe=[EVENT_TICK]) as client:
+    async with running.client(subscribe=[EVENT_TICK]) as client:
         await client.wait_connected(30)
         status = await client.call("box", "status")
         for name, model in SECTION_MODELS.items():

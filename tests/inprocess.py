@@ -18,8 +18,10 @@ from agents.runtime.link import Link, Transport
 from agents.runtime.memory import MemoryOpener, MemoryPipe
 from agents.shell.agent import Agent
 from agents.shell.channel import Channel
+
 from agents.wire.lab.model import Lab, Machine, load_lab
-from agents.wire.protocol import LinkStatus, Role
+from agents.wire.protocol import EVENT_NOTICE, EVENT_TICK, LinkStatus, Role
+from console.app import CetlabApp
 from console.client import FleetClient
 from console.state import LabState
 
@@ -69,6 +71,13 @@ class InProcessLab:
         client = InProcessClient(self.lab, LabState(self.lab), opener=MemoryOpener(self.accept(role, who)), **kwargs)
         self.clients.append(client)
         return client
+
+    def app(self, **kwargs: Any) -> CetlabApp:
+        """The console on this lab, its client subscribed and handling events as the one CetlabApp makes itself."""
+        client = self.client(subscribe=[EVENT_TICK, EVENT_NOTICE])
+        app = CetlabApp(self.lab, client=client, **kwargs)
+        client.on_event = app._on_event  # the toasts of notices, as on_mount's own client has them
+        return app
 
     async def stop(self) -> None:
         for client in self.clients:

@@ -276,38 +276,37 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
 
 
 @pytest.mark.timeout(90)
-async def test_alerts_view_notifies_lists_and_acknowledges(tmp_path, lab_file):
-    from console.app import CetlabApp
+async def test_alerts_view_notifies_lists_and_acknowledges(in_process):
+    """The console's view of the agent's alerts (the agents in this process: the same alerts over SSH are
+    test_hot_gpu_alert_end_to_end's)."""
     from console.screens.alerts import AlertsScreen
 
-    with DemoLab(tmp_path / "run", source=lab_file(LAB)) as demo:
-        app = CetlabApp(load_lab(demo.lab_path))
-        async with app.run_test(size=(160, 50)) as pilot:
-            box = app.state.machines["box"]
-            await wait_for(lambda: box.online and box.sample_t is not None, timeout=30)
-            await pilot.press("colon", *"alerts", "enter")
-            await wait_for(lambda: isinstance(app.screen, AlertsScreen), timeout=10)
-            screen = app.screen
-            table = screen.query_one("#alerts-table")
+    running = await in_process(LAB)
+    app = running.app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        box = app.state.machines["box"]
+        await wait_for(lambda: box.online and box.sample_t is not None, timeout=30)
+        await pilot.press("colon", *"alerts", "enter")
+        await wait_for(lambda: isinstance(app.screen, AlertsScreen), timeout=10)
+        screen = app.screen
+        table = screen.query_one("#alerts-table")
 
-            def hot_rows() -> list:
-                return [table.get_row(k) for k in table.rows if table.get_row(k)[4] == "gpu_hot"]
+        def hot_rows() -> list:
+            return [table.get_row(k) for k in table.rows if table.get_row(k)[4] == "gpu_hot"]
 
-            await app.client.call("box", "sim.override", {"gpu": 0, "temp_c": 97})
-            await wait_for(hot_rows, timeout=20)
-            assert "ACTIVE" in hot_rows()[0][0] and hot_rows()[0][2] == "box" and "97 C" in hot_rows()[0][6]
-            await wait_for(lambda: any("gpu0 Tesla P4 at 97 C" in n.message for n in app.notices), timeout=10)
+        await app.client.call("box", "sim.override", {"gpu": 0, "temp_c": 97})
+        await wait_for(hot_rows, timeout=20)
+        assert "ACTIVE" in hot_rows()[0][0] and hot_rows()[0][2] == "box" and "97 C" in hot_rows()[0][6]
+        await wait_for(lambda: any("gpu0 Tesla P4 at 97 C" in n.message for n in app.notices), timeout=10)
 
-            table.move_cursor(
-                row=[k.value for k in table.rows].index(next(a.id for a in box.alerts.active if a.rule == "gpu_hot"))
-            )
-            await pilot.press("a")
-            await wait_for(lambda: "acked" in hot_rows()[0][0], timeout=10)
+        table.move_cursor(row=[k.value for k in table.rows].index(next(a.id for a in box.alerts.active if a.rule == "gpu_hot")))
+        await pilot.press("a")
+        await wait_for(lambda: "acked" in hot_rows()[0][0], timeout=10)
 
-            await app.client.call("box", "sim.override", {"gpu": 0, "clear": True})
-            await wait_for(lambda: not hot_rows(), timeout=20)
-            await pilot.press("h")  # the history keeps it, cleared
-            await wait_for(lambda: hot_rows() and "cleared" in hot_rows()[0][0], timeout=15)
+        await app.client.call("box", "sim.override", {"gpu": 0, "clear": True})
+        await wait_for(lambda: not hot_rows(), timeout=20)
+        await pilot.press("h")  # the history keeps it, cleared
+        await wait_for(lambda: hot_rows() and "cleared" in hot_rows()[0][0], timeout=15)
 
 
 def test_console_files_alerts_by_target_and_raises_offline_ones():

@@ -501,7 +501,7 @@ async def test_header_counter_and_costs_view(tmp_path, lab_file):
 @pytest.mark.timeout(60)
 async def test_header_names_the_missing_price(in_process):
     lab = await in_process()
-    app = CetlabApp(lab.lab, client=lab.client())
+    app = lab.app()
     async with app.run_test(size=(160, 50)):
         await wait_for(lambda: "cost - (" in header(app), timeout=30)  # "-": the one marker of a figure nobody can give
         assert "missing: costs.electricity_per_kwh" in header(app)

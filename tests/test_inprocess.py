@@ -9,7 +9,6 @@ from agents.runtime.link import Link
 from agents.runtime.memory import MemoryOpener
 from agents.wire.lab.model import Machine
 from agents.wire.protocol import MAX_MESSAGE_BYTES, ErrorCode, LinkStatus, RemoteError, Role
-from console.app import CetlabApp
 from tests.conftest import until_drawn, wait_for
 from tests.test_console import SIZE, card_text, header_of
 
@@ -89,7 +88,7 @@ async def test_a_client_that_stops_reading_is_paused_then_read_again():
 
 async def test_an_offline_machine_is_counted_in_the_header_as_its_card_shows_it(in_process):
     lab = await in_process(WITH_GHOST, machines=["box"])
-    app = CetlabApp(lab.lab, client=lab.client())
+    app = lab.app()
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(lambda: app.state.machines["box"].online and app.state.machines["ghost"].link == "offline")
         await wait_for(lambda: app.state.machines["box"].costs is not None)  # its notes once made the header shorten the count

@@ -45,6 +45,8 @@ PROCESS_SIGNS = (
     "asyncssh.connect",
     "os.fork",
     '"--demo"',  # the console's demo mode starts the demo lab's agents
+    "engine.start()",  # a model server's process (the sim's too)
+    "PeerClient(",  # an agent's SSH links to its peers
 )
 
 
@@ -69,6 +71,7 @@ def _starts_processes(func: types.FunctionType) -> bool:
             continue
         for name in _names(current.__code__):
             helper = getattr(module, name, None)
+            helper = inspect.unwrap(helper) if callable(helper) else helper  # a context manager's generator, say
             # the tests' helpers only: the product's code names subprocess where a test of it starts none
             if isinstance(helper, types.FunctionType) and helper.__code__.co_filename.startswith(TESTS_DIR):
                 todo.append(helper)

@@ -102,3 +102,14 @@ async def test_an_offline_machine_is_counted_in_the_header_as_its_card_shows_it(
         assert "OFFLINE" in card_text(app, "box")
         assert time.strftime("%H:%M", time.localtime(app.state.machines["box"].last_seen)) in card_text(app, "box")
         await wait_for(lambda: "0/2 machines online" in header_of(app))
+
+
+def test_the_tiers_are_read_from_what_a_test_runs(request):
+    """The e2e marker follows the code (tests/conftest.py): a fixture that starts an agent process or a demo lab marks
+    the tests using it end-to-end; the in-process lab does not."""
+    from tests import conftest
+
+    assert request.node.get_closest_marker("e2e") is None
+    assert conftest._starts_processes(conftest.run_agent) and conftest._starts_processes(conftest.small_demo.__wrapped__)
+    assert conftest._starts_processes(conftest.kill_jobs_left) is False and not conftest._starts_processes(conftest.wait_for)
+    assert not conftest._starts_processes(conftest.in_process.__wrapped__)

@@ -65,8 +65,12 @@ async def test_a_viewer_is_forbidden_every_operator_method_and_the_trail_shows_i
         await operator.stop()
 
 
-async def test_operator_actions_are_audited_with_params_and_outcome(small_demo):
-    client = await connected(small_demo.lab_path)
+async def test_operator_actions_are_audited_with_params_and_outcome(in_process):
+    """The audit component through the wire, the agent in this process: who is the channel's caller, as a key's comment
+    is over SSH (the viewer's test above goes through the SSH door)."""
+    client = (await in_process()).client(who="demo-console")
+    await client.start()
+    await client.wait_connected(10)
     try:
         before = (await client.call("box", "audit.list", {"limit": 1}))["total"]
         await client.call("box", "set_interval", {"interval_s": 1.0})

@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 from agents.costs.port import LedgerTotal
 from agents.gateway.port import GatewayPort
 from agents.runtime.store import DiskFull, Store
-from agents.wire.catalogue.costs import CostsParams
+from agents.wire.catalogue.costs import COSTS_GET, CostsParams, CostsReport
 from agents.wire.lab.gateway import find_provider_model
 from agents.wire.lab.model import Lab, Machine
 from agents.wire.protocol import Telemetry
@@ -309,13 +309,9 @@ class CostsComponent:
         self.now: dict[str, Any] = {}
         self._unbooked = False  # the last tick could not be booked (a full disk)
 
-        @core.rpc.method(
-            "costs.get",
-            params=CostsParams,
-            doc="Energy and money of this machine: now, today, this month, since a date, by job or model.",
-        )
-        async def get(peer: Peer, params: CostsParams) -> dict[str, Any]:
-            return self.report(params.since, params.by)
+        @core.rpc.implements(COSTS_GET)
+        async def get(peer: Peer, params: CostsParams) -> CostsReport:
+            return CostsReport.model_validate(self.report(params.since, params.by))
 
     @property
     def ledger(self) -> Ledger:

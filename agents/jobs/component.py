@@ -24,8 +24,9 @@ from agents.jobs.gpu_load import check_starved, claim_sim_gpus
 from agents.jobs.job import Job
 from agents.jobs.logs import Follower, read_from, tail
 from agents.jobs.methods import register
-from agents.jobs.multinode import Coordinator, NodeLaunch
-from agents.jobs.multinode import register as register_nodes
+from agents.jobs.multinode import Coordinator
+from agents.jobs.node import NodeLaunch
+from agents.jobs.node import register as register_nodes
 from agents.jobs.port import JobView
 from agents.jobs.progress import update_progress
 from agents.jobs.refind import found_on_disk, keep_on_disk
@@ -34,7 +35,7 @@ from agents.runtime.core import AgentCore
 from agents.runtime.procfiles import LOG_KEEP, LOG_MAX_BYTES, descendants
 from agents.runtime.rpc import Peer
 from agents.train.progress import ENV_VAR as PROGRESS_ENV
-from agents.wire.catalogue.jobs import LogsParams
+from agents.wire.catalogue.jobs import JobLogs, LogsParams
 from agents.wire.documents import MAX_DOCUMENT_BYTES, ChildRecord, ExitRecord, load_quietly
 from agents.wire.events import LogEvent, Notice
 from agents.wire.lab.model import Trainer
@@ -508,7 +509,7 @@ class JobsComponent:
             if ended and not lines:
                 del self.followers[key]
 
-    def logs(self, peer: Peer, job: Job, params: LogsParams) -> dict[str, Any]:
+    def logs(self, peer: Peer, job: Job, params: LogsParams) -> JobLogs:
         path = Path(job.log_path)
         if params.offset is None:
             lines, offset = tail(path, params.tail_lines)
@@ -517,7 +518,7 @@ class JobsComponent:
         if params.follow:
             peer.topics.add(f"log:{job.id}")
             self.followers[(id(peer), job.id)] = (peer, Follower(path, offset))
-        return {"id": job.id, "path": str(path), "lines": lines, "offset": offset, "state": job.state}
+        return JobLogs(id=job.id, path=str(path), lines=lines, offset=offset, state=job.state)
 
     # -- state
 

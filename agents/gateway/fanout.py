@@ -109,7 +109,7 @@ class Fanout:
             }
         )
 
-    def _members(self, body: dict) -> list[str]:
+    def _members(self, body: dict[str, Any]) -> list[str]:
         if isinstance(body.get("group"), str):
             group = self.http.gw.lab.orchestra.groups.get(body["group"])
             if group is None:
@@ -126,7 +126,7 @@ class Fanout:
             raise NotServable(400, f"at most {MAX_FANOUT} models in one orchestra call", "too_many_models")
         return list(dict.fromkeys(models))
 
-    async def _one(self, key: ApiKey, name: str, payload: dict, deadline_s: float) -> dict[str, Any]:
+    async def _one(self, key: ApiKey, name: str, payload: dict[str, Any], deadline_s: float) -> dict[str, Any]:
         """One member of the fan-out, metered like any request."""
         started = time.monotonic()
         record = Record(

@@ -33,7 +33,7 @@ class ApiKey:
     rpm: int | None
     tokens_per_day: int | None
     revoked_at: float | None = None
-    recent: deque = field(default_factory=deque)  # monotonic times of the last minute's requests
+    recent: deque[float] = field(default_factory=deque)  # monotonic times of the last minute's requests
     requests: int = 0  # since the agent started
     tokens_day: int = 0  # tokens used on day `day`
     day: str = ""

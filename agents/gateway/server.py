@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from agents.gateway.component import GatewayComponent
 
 log = logging.getLogger("cetlab.gateway")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]  # what an aiohttp middleware wraps
 
 MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}")  # checked before anything keeps or echoes a name
 UNKNOWN_MODEL = "?"  # how the meter files a request for a name that is no model (the name itself is kept nowhere)
@@ -101,7 +104,7 @@ class GatewayHttp:
     # -- errors: OpenAI's JSON body for every status, aiohttp's own (404, 405, 413) included
 
     @web.middleware
-    async def _errors(self, request: web.Request, handler):
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPException as exc:
@@ -127,7 +130,7 @@ class GatewayHttp:
     # -- auth
 
     @web.middleware
-    async def _auth(self, request: web.Request, handler):
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self.gate is not None:
             self.gate.request_seen(request.transport)
         if request.path == "/health":
@@ -287,7 +290,9 @@ class GatewayHttp:
             record.latency_s = round(time.monotonic() - started, 6)
             self.gw.meter.record(record)
 
-    def _abandoned(self, request: web.Request, key: ApiKey, record: Record, target: Target, hold: Hold, body: dict) -> None:
+    def _abandoned(
+        self, request: web.Request, key: ApiKey, record: Record, target: Target, hold: Hold, body: dict[str, Any]
+    ) -> None:
         """Meter a request whose client left: a stream at the tokens it produced so far; an answer not yet come at
         its worst case where a provider bills it (a local engine stops when its connection closes: its prompt only)."""
         outcome = request.get(proxy.STREAM_OUTCOME)
@@ -303,7 +308,7 @@ class GatewayHttp:
         )
         self.finish(key, record, outcome, target, body)
 
-    def finish(self, key: ApiKey, record: Record, outcome: proxy.Outcome, target: Target, body: dict) -> None:
+    def finish(self, key: ApiKey, record: Record, outcome: proxy.Outcome, target: Target, body: dict[str, Any]) -> None:
         record.status, record.error, record.ttft_s = outcome.status, outcome.error, outcome.ttft_s
         if outcome.status == 200 and outcome.usage_source is None:
             outcome.prompt_tokens, outcome.usage_source = proxy.counted_prompt_tokens(body), "counted"

@@ -82,14 +82,16 @@ def _alive(pid: int | None, started: float | None) -> bool:
         proc = psutil.Process(pid)
         if started is not None and abs(proc.create_time() - started) > 0.05:
             return False
-        return proc.status() != psutil.STATUS_ZOMBIE
+        alive: bool = proc.status() != psutil.STATUS_ZOMBIE
+        return alive
     except psutil.Error:
         return False
 
 
 def _children(pid: int) -> list[psutil.Process]:
     try:
-        return psutil.Process(pid).children()
+        children: list[psutil.Process] = psutil.Process(pid).children()
+        return children
     except psutil.Error:
         return []
 

@@ -32,7 +32,8 @@ log = logging.getLogger("cetlab.jobs")
 
 def create_time(pid: int) -> float | None:
     try:
-        return psutil.Process(pid).create_time()
+        created: float = psutil.Process(pid).create_time()
+        return created
     except psutil.Error:
         return None
 

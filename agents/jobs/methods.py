@@ -17,7 +17,6 @@ from agents.wire.catalogue.jobs import (
     JOBS_RECIPES,
     JOBS_START,
     JOBS_STOP,
-    JobDetail,
     JobList,
     JobLogs,
     JobParams,
@@ -30,7 +29,7 @@ from agents.wire.catalogue.jobs import (
     JobListParams as ListParams,
 )
 from agents.wire.catalogue.method import NoParams
-from agents.wire.sections.jobs import JobInfo
+from agents.wire.sections.jobs import JobDetail, JobInfo
 from agents.wire.states import JobState
 
 if TYPE_CHECKING:

@@ -128,11 +128,11 @@ class Agent:
         self.started_at = time.time()
         self._store: Store | None = None
         self._acceptor: asyncssh.SSHAcceptor | None = None
-        self._loop_task: asyncio.Task | None = None
+        self._loop_task: asyncio.Task[None] | None = None
         self.current: dict[str, Any] = {}  # the typed sections of the latest tick, by name (agents/wire/sections/)
         self._last_sections: dict[str, Any] = {}
         self.faults: dict[str, SectionFault] = {}  # the sections whose component raised in the latest tick
-        self._last_gpus: dict[int, dict] = {}
+        self._last_gpus: dict[int, dict[str, Any]] = {}
         self.ticks = 0
         self._register_core()  # the core's methods first (`methods` lists them first)
         # Last, on a whole core: the components are built with this agent as their AgentCore.

@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
 from agents.shell import demo_gateway as gateway_demo
+from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, GATEWAY_STATUS, KeyAddParams
+from agents.wire.catalogue.method import request
 from agents.wire.lab.model import load_lab
 from bench.common import percentile
 from console.client import FleetClient, read_line
@@ -112,7 +114,7 @@ def gateway_url_and_key(demo: DemoLab, attacker: bool = False) -> tuple[str, str
 async def issue_attacker_gateway_key(demo: DemoLab, client: FleetClient) -> None:
     """A gateway key of the attacker's own (the legitimate client keeps the demo key)."""
     if load_lab(demo.lab_path).gateway is not None and not (demo.dir / ATTACKER_GATEWAY_KEY).exists():
-        token = (await client.call("box", "gateway.keys.add", {"name": "mallory"}))["key"]
+        token = (await request(client, "box", GATEWAY_KEYS_ADD, KeyAddParams(name="mallory"))).key
         (demo.dir / ATTACKER_GATEWAY_KEY).write_text(token + "\n")
 
 
@@ -433,17 +435,20 @@ async def flood_gateway(demo: DemoLab, viewer: Path, seconds: float, results: di
             s.close()
 
 
-async def _gateway_status(demo: DemoLab, viewer: Path) -> dict:
+async def _mallory_tokens_today(demo: DemoLab, viewer: Path) -> int:
+    """The attacker's gateway key's tokens today, as the gateway's section says."""
     async with FleetClient(load_lab(demo.lab_path), key_path=viewer, subscribe=[], reconnect=False) as client:
         await client.wait_connected(20)
-        return await client.call("box", "gateway.status")
+        section = (await request(client, "box", GATEWAY_STATUS)).root
+    assert section is not None, "the gateway does not run"
+    return next(k.tokens_today for k in section.keys if k.name == "mallory")
 
 
 async def dropped_streams(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """N1: streams of 400 tokens from the provider, each dropped after 20 events, 10 at a time, for the window;
     then what the gateway metered against what was read."""
     url, key = gateway_url_and_key(demo, attacker=True)
-    before = next(k["tokens_today"] for k in (await _gateway_status(demo, viewer))["keys"] if k["name"] == "mallory")
+    before = await _mallory_tokens_today(demo, viewer)
     payload = {"model": GATEWAY_MODEL, "stream": True, "max_tokens": 400, "messages": [{"role": "user", "content": "talk"}]}
     read = streams = 0
 
@@ -464,7 +469,7 @@ async def dropped_streams(demo: DemoLab, viewer: Path, seconds: float, results: 
             read += sum(g for g in got if isinstance(g, int))
             streams += len(got)
     await asyncio.sleep(2.0)  # the gateway's meter settles the last ones
-    after = next(k["tokens_today"] for k in (await _gateway_status(demo, viewer))["keys"] if k["name"] == "mallory")
+    after = await _mallory_tokens_today(demo, viewer)
     results.update(dropped_streams=streams, events_read=read, tokens_metered=after - before)
 
 

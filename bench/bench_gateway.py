@@ -19,7 +19,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agents.wire.catalogue.method import request
+from agents.wire.catalogue.models import MODELS_GET, MODELS_LIST, MODELS_SLEEP, ModelParams
 from agents.wire.lab.model import load_lab
+from agents.wire.sections.models import ModelInfo
 from bench.common import percentile
 from console.client import FleetClient
 from console.demo import DemoLab
@@ -82,15 +85,12 @@ async def bench(demo: DemoLab) -> None:
     ):
         await client.wait_connected(30)
 
-        async def models() -> dict:
-            return {m["name"]: m for m in (await client.call("hub", "models.list"))["models"]}
+        async def models() -> dict[str, ModelInfo]:
+            return {m.name: m for m in (await request(client, "hub", MODELS_LIST)).models}
 
         while True:
             found = await models()
-            if (
-                all(found[n]["state"] == "warm" for n in ("instant", "streamer", "crowd"))
-                and found["sleeper"]["state"] == "sleeping"
-            ):
+            if all(found[n].state == "warm" for n in ("instant", "streamer", "crowd")) and found["sleeper"].state == "sleeping":
                 try:
                     async with session.get(gateway.removesuffix("/v1") + "/health") as r:
                         if r.status == 200:
@@ -98,7 +98,7 @@ async def bench(demo: DemoLab) -> None:
                 except aiohttp.ClientError:
                     pass
             await asyncio.sleep(0.2)
-        direct = {name: m["endpoint"] for name, m in found.items()}
+        direct = {name: m.endpoint for name, m in found.items()}
 
         # 1. added latency, interleaved so both see the same machine
         for _ in range(20):  # warm both paths
@@ -161,15 +161,15 @@ async def bench(demo: DemoLab) -> None:
         # 4. wake on request: the time beyond the engine's own wake (the pool's wake_s) and a warm request
         overheads = []
         for _ in range(WAKES):
-            while (await models())["sleeper"]["state"] != "sleeping":
+            while (await models())["sleeper"].state != "sleeping":
                 try:
-                    await client.call("hub", "models.sleep", {"model": "sleeper"})
+                    await request(client, "hub", MODELS_SLEEP, ModelParams(model="sleeper"))
                 except Exception:  # busy finishing the last wake: ask again
                     pass
                 await asyncio.sleep(0.2)
             total = await timed_post(session, f"{gateway}/chat/completions", {**BODY, "model": "sleeper"}, auth)
             warm = await timed_post(session, f"{gateway}/chat/completions", {**BODY, "model": "sleeper"}, auth)
-            wake_s = (await client.call("hub", "models.get", {"model": "sleeper"}))["wake_s"]
+            wake_s = (await request(client, "hub", MODELS_GET, ModelParams(model="sleeper"))).wake_s or 0.0
             overheads.append((total - wake_s - warm) * 1000)
         worst = max(overheads)
         print(

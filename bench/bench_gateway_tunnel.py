@@ -18,6 +18,9 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agents.wire.catalogue.gateway import GATEWAY_STATUS
+from agents.wire.catalogue.method import request
+from agents.wire.catalogue.models import MODELS_LIST
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import LinkStatus
 from bench.bench_gateway import BODY, stream, timed_post
@@ -68,15 +71,13 @@ async def bench(demo: DemoLab) -> None:
     ):
         await client.wait_connected(30)
         for _ in range(600):
-            found = {m["name"]: m for m in (await client.call("node", "models.list"))["models"]}
-            peers = (await client.call("hub", "gateway.status"))["peers"]
-            if (
-                all(found[n]["state"] == "warm" for n in ("instant", "streamer", "crowd"))
-                and peers.get("node") == LinkStatus.ONLINE
-            ):
+            found = {m.name: m for m in (await request(client, "node", MODELS_LIST)).models}
+            section = (await request(client, "hub", GATEWAY_STATUS)).root
+            peers = section.peers if section is not None else {}
+            if all(found[n].state == "warm" for n in ("instant", "streamer", "crowd")) and peers.get("node") == LinkStatus.ONLINE:
                 break
             await asyncio.sleep(0.2)
-        direct = {name: m["endpoint"] for name, m in found.items()}
+        direct = {name: m.endpoint for name, m in found.items()}
 
         # 1. added latency, interleaved so both see the same machine
         for _ in range(20):  # warm both paths (the tunnel's channel is opened on the first request)

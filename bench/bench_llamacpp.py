@@ -31,6 +31,8 @@ from agents.orchestra import pagecache
 from agents.orchestra.engine import free_port
 from agents.orchestra.tiny_gguf import write_tiny_gguf
 from agents.runtime import llamacpp_build
+from agents.wire.catalogue.method import request
+from agents.wire.catalogue.models import MODELS_GET, MODELS_SWAP, ModelDetail, ModelParams, SwapParams
 from agents.wire.lab.model import load_lab
 from bench.common import percentile
 from console.client import FleetClient
@@ -126,18 +128,18 @@ async def bench_gateway_and_swaps(folder: Path, vocab: Path) -> None:
         async with FleetClient(lab, subscribe=[]) as client, aiohttp.ClientSession() as session:
             await client.wait_connected(30)
 
-            async def state(name: str) -> dict:
-                return await client.call("box", "models.get", {"model": name})
+            async def state(name: str) -> ModelDetail:
+                return await request(client, "box", MODELS_GET, ModelParams(model=name))
 
-            async def settled(name: str, wanted: str) -> dict:
+            async def settled(name: str, wanted: str) -> ModelDetail:
                 for _ in range(6000):
                     got = await state(name)
-                    if got["state"] == wanted and not got["op"]:
+                    if got.state == wanted and not got.op:
                         return got
                     await asyncio.sleep(0.01)
-                raise RuntimeError(f"{name} not {wanted}: {got['state']} {got.get('error')}")
+                raise RuntimeError(f"{name} not {wanted}: {got.state} {got.error}")
 
-            direct = (await settled("a", "warm"))["endpoint"]
+            direct = (await settled("a", "warm")).endpoint
             gateway = f"http://127.0.0.1:{lab.gateway.port}/v1"
             for _ in range(3000):  # the gateway hears of the pool's models by telemetry
                 async with session.get(f"{gateway}/models", headers=auth) as r:
@@ -161,18 +163,18 @@ async def bench_gateway_and_swaps(folder: Path, vocab: Path) -> None:
             pair = ("a", "b")
             for _ in range(SWAPS):
                 out, incoming = pair
-                await client.call("box", "models.swap", {"out": out, "in": incoming})
+                await request(client, "box", MODELS_SWAP, SwapParams.model_validate({"out": out, "in": incoming}))
                 got = await settled(incoming, "warm")
-                history = (await state(incoming))["history"]
+                history = (await state(incoming)).history
                 # newest first: this swap's events
-                swap = next(h for h in history if h["event"] == "swap")
-                warmup = next(h for h in history if h["event"] == "warmup")
-                stop = next(h for h in (await state(out))["history"] if h["event"] == "stop")
-                listening = got["load_phases"].get("listening_s")
-                own = stop["duration_s"] + (listening or 0.0) + warmup["duration_s"]
-                control_ms.append(1000 * (swap["duration_s"] - own))
-                agent_ms.append(1000 * swap["detail"]["control_s"])
-                total_ms.append(1000 * swap["duration_s"])
+                swap = next(h for h in history if h.event == "swap")
+                warmup = next(h for h in history if h.event == "warmup")
+                stop = next(h for h in (await state(out)).history if h.event == "stop")
+                listening = got.load_phases.get("listening_s")
+                own = (stop.duration_s or 0.0) + (listening or 0.0) + (warmup.duration_s or 0.0)
+                control_ms.append(1000 * ((swap.duration_s or 0.0) - own))
+                agent_ms.append(1000 * swap.detail["control_s"])
+                total_ms.append(1000 * (swap.duration_s or 0.0))
                 pair = (incoming, out)
             print(
                 f"3. llama.cpp swap (stop out, start in, warm-up), {SWAPS} swaps: total p50 {percentile(total_ms, 50):.0f} ms; "

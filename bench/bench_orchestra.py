@@ -28,6 +28,16 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.orchestra import pagecache
+from agents.wire.catalogue.method import request
+from agents.wire.catalogue.models import (
+    MODELS_LIST,
+    MODELS_ROTATE,
+    MODELS_ROTATION,
+    MODELS_SWAP,
+    MODELS_WARM,
+    ModelParams,
+    SwapParams,
+)
 from agents.wire.lab.model import load_lab
 from bench.common import percentile
 from console.client import FleetClient
@@ -97,8 +107,8 @@ def lab(models: list[dict], orchestra: dict) -> dict:
 async def settled(client: FleetClient, names: list[str], state: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        models = {m["name"]: m for m in (await client.call("box", "models.list"))["models"]}
-        if all(models[n]["state"] == state and not models[n]["op"] for n in names):
+        models = {m.name: m for m in (await request(client, "box", MODELS_LIST)).models}
+        if all(models[n].state == state and not models[n].op for n in names):
             return
         await asyncio.sleep(0.01)
     raise RuntimeError(f"{names} not {state} after {timeout} s")
@@ -117,7 +127,7 @@ async def bench_swaps(directory: Path) -> None:
             for _ in range(SWAPS):
                 out, incoming = pair
                 started = time.monotonic()
-                await client.call("box", "models.swap", {"out": out, "in": incoming})
+                await request(client, "box", MODELS_SWAP, SwapParams.model_validate({"out": out, "in": incoming}))
                 await settled(client, [incoming], "warm")
                 observed.append(time.monotonic() - started)
                 pair = (incoming, out)
@@ -159,25 +169,26 @@ async def bench_rotation(directory: Path, sleeping_ins: bool) -> None:
             if sleeping_ins:
                 await settled(client, ["d", "e"], "sleeping")
                 for name in ("b", "c"):
-                    await client.call("box", "models.warm", {"model": name})
+                    await request(client, "box", MODELS_WARM, ModelParams(model=name))
                 await settled(client, ["a", "b", "c"], "warm")
             else:
                 await settled(client, ["a", "b", "c"], "warm")
                 await settled(client, ["d", "e"], "cached")
-            await client.call("box", "models.rotate")
+            await request(client, "box", MODELS_ROTATE)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                rotation = await client.call("box", "models.rotation")
-                if rotation["last"] and not rotation["running"]:
+                rotation = await request(client, "box", MODELS_ROTATION)
+                if rotation.last and not rotation.running:
                     break
                 await asyncio.sleep(0.05)
-            last = rotation["last"]
-    measured_s = last["duration_s"]
+            last = rotation.last
+    assert last is not None, "no rotation ran"
+    measured_s = last.duration_s or 0.0
     per_swap = (FIELD["wake_s"] + FIELD["wake_s"]) if sleeping_ins else (FIELD["wake_s"] + FIELD["load_s"] + FIELD["warmup_s"])
     delays_s = 2 * per_swap  # out goes to sleep (takes wake_s in the sim), in wakes or loads and warms up
     control_s = max(0.0, measured_s - delays_s / SCALE)
     estimate_s = delays_s + control_s
-    print(f"3. rotation of 2 of 5 models, ins {tag}: swaps {last['swaps']}, not warm after: {last['not_warm'] or 'none'}")
+    print(f"3. rotation of 2 of 5 models, ins {tag}: swaps {last.swaps}, not warm after: {last.not_warm or 'none'}")
     # what was measured and what was assumed, apart: the estimate is mostly the field notes' delays
     print(
         f"   measured: the rotation took {measured_s:.2f} s with the engine's delays at 1/{SCALE:.0f}; the agent's own "

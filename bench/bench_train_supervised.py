@@ -30,6 +30,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from agents.wire.catalogue.jobs import JOBS_START, StartParams  # noqa: E402
+from agents.wire.catalogue.method import request  # noqa: E402
 from agents.wire.lab.model import load_lab  # noqa: E402
 from bench.common import console_script  # noqa: E402
 from console.client import FleetClient  # noqa: E402
@@ -73,16 +75,16 @@ def run_bare(lab_dir: Path, tiny: Path, steps: int, n: int) -> tuple[float, floa
 
 async def run_supervised(client: FleetClient, steps: int) -> tuple[float, float]:
     t0 = time.perf_counter()
-    job = await client.call("box", "jobs.start", {"recipe": "tiny", "params": {"max_steps": steps, "save_steps": steps}})
+    job = await request(client, "box", JOBS_START, StartParams(recipe="tiny", params={"max_steps": steps, "save_steps": steps}))
     view = client.state.machines["box"]
     while True:  # watch it the way the console does: from the stream, no extra calls
-        mine = next((j.model_dump() for j in view.jobs if j.id == job["id"]), None)
-        if mine and mine["state"] not in ("starting", "running", "stopping"):
+        mine = next((j for j in view.jobs if j.id == job.id), None)
+        if mine and mine.state not in ("starting", "running", "stopping"):
             break
         await asyncio.sleep(0.1)
     wall = time.perf_counter() - t0
-    assert mine["state"] == "exited" and mine["exit_code"] == 0, mine
-    return train_runtime_s(Path(job["log_path"]).read_text()), wall
+    assert mine.state == "exited" and mine.exit_code == 0, mine
+    return train_runtime_s(Path(job.log_path).read_text()), wall
 
 
 async def measure(args: argparse.Namespace, work: Path) -> dict:

@@ -14,6 +14,7 @@ import sys
 import time
 import traceback
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -22,6 +23,11 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from agents.wire.catalogue.agent import STATUS, StatusReply  # noqa: E402
+from agents.wire.catalogue.costs import COSTS_GET, CostsParams  # noqa: E402
+from agents.wire.catalogue.jobs import JOBS_GET, JOBS_START, JobParams, StartParams  # noqa: E402
+from agents.wire.catalogue.method import Method, P, R, request  # noqa: E402
+from agents.wire.catalogue.models import MODELS_COLD, MODELS_GET, MODELS_WARM, ModelParams  # noqa: E402
 from agents.wire.lab.model import load_lab  # noqa: E402
 from bench.common import CpuWindow  # noqa: E402
 from console.client import FleetClient  # noqa: E402
@@ -82,7 +88,7 @@ def cetlab_json(lab: Path, *args: str) -> dict:
     return json.loads(out.stdout)
 
 
-def gpu_lines(status: dict, gpu: int, agent_status: dict | None = None) -> list[str]:
+def gpu_lines(status: dict, gpu: int, agent_status: StatusReply | None = None) -> list[str]:
     """GPU ``gpu`` as `cetlab --json status` shows it; its processes from the agent's own `status` (the CLI's JSON has none)."""
     machine = next(m for m in status["machines"] if m["name"] == MACHINE) if "machines" in status else status
     sample = next(g for g in machine["gpus"] if g["index"] == gpu)
@@ -92,18 +98,16 @@ def gpu_lines(status: dict, gpu: int, agent_status: dict | None = None) -> list[
     ]
     if agent_status is None:
         return lines + ["  processes: not asked (the agent's `status` lists them)"]
-    none: dict = {}
-    held = next((g for g in agent_status["gpus"] if g["index"] == gpu), none).get("processes") or []
-    lines += [
-        f"  pid {p['pid']} {p.get('user')} {(p.get('mem_used_bytes') or 0) / 2**20:.0f} MiB {str(p.get('command'))[:80]}"
-        for p in held
-    ] or ["  no process holds it"]
+    held = next((g.processes for g in agent_status.gpus if g.index == gpu), None) or []
+    lines += [f"  pid {p.pid} {p.user} {(p.mem_used_bytes or 0) / 2**20:.0f} MiB {str(p.command)[:80]}" for p in held] or [
+        "  no process holds it"
+    ]
     return lines
 
 
 async def show_gpu(lab: Path, client: FleetClient, gpu: int) -> None:
     try:
-        print("\n".join(gpu_lines(cetlab_json(lab, "status"), gpu, await client.call(MACHINE, "status"))))
+        print("\n".join(gpu_lines(cetlab_json(lab, "status"), gpu, await request(client, MACHINE, STATUS))))
     except Exception:
         traceback.print_exc()
         failed("status step raised")
@@ -164,10 +168,10 @@ def write_lab(work: Path, model: Path, gpu: int) -> Path:
     return source
 
 
-async def wait(client: FleetClient, method: str, params: dict, done, timeout_s: float) -> dict:
+async def wait(client: FleetClient, method: Method[P, R], params: P, done: Callable[[R], bool], timeout_s: float) -> R:
     deadline = time.monotonic() + timeout_s
     while True:
-        found = await client.call(MACHINE, method, params)
+        found = await request(client, MACHINE, method, params)
         if done(found) or time.monotonic() > deadline:
             return found
         await asyncio.sleep(1.0)
@@ -175,53 +179,42 @@ async def wait(client: FleetClient, method: str, params: dict, done, timeout_s: 
 
 async def lora(client: FleetClient) -> None:
     step("a LoRA through the agent, precision: auto, on the ~150M random Llama")
-    job = await client.call(MACHINE, "jobs.start", {"recipe": "lora", "params": {}})
-    done = await wait(client, "jobs.get", {"id": job["id"]}, lambda j: j["state"] in ("exited", "failed", "lost"), 1800)
-    print(
-        f"job {job['id']}: {done['state']} (exit {done['exit_code']}), precision {done.get('precision')}, notes {done.get('notes')}"
-    )
-    print(
-        f"  step {done['step']}/{done['max_steps']}, loss {done['loss']}, {done['samples_per_s']} samples/s, {done['tokens_per_s']} tokens/s"
-    )
-    print(f"  checkpoints: {[(c['step'], c['save_s']) for c in done['checkpoints']]} (step, save seconds)")
-    if done["state"] != "exited" or done["exit_code"] != 0:
-        failed(f"LoRA job {done['state']}: {done.get('error')}; last lines: {done.get('last_lines')}")
+    job = await request(client, MACHINE, JOBS_START, StartParams(recipe="lora", params={}))
+    done = await wait(client, JOBS_GET, JobParams(id=job.id), lambda j: j.state in ("exited", "failed", "lost"), 1800)
+    print(f"job {job.id}: {done.state} (exit {done.exit_code}), precision {done.precision}, notes {done.notes}")
+    print(f"  step {done.step}/{done.max_steps}, loss {done.loss}, {done.samples_per_s} samples/s, {done.tokens_per_s} tokens/s")
+    print(f"  checkpoints: {[(c.step, c.save_s) for c in done.checkpoints]} (step, save seconds)")
+    if done.state != "exited" or done.exit_code != 0:
+        failed(f"LoRA job {done.state}: {done.error}; last lines: {done.last_lines}")
 
 
 async def transformers_model(client: FleetClient) -> None:
     step("a transformers model: warm -> completion -> cold")
     started = time.monotonic()
-    await client.call(MACHINE, "models.warm", {"model": "llama-150m"})
+    await request(client, MACHINE, MODELS_WARM, ModelParams(model="llama-150m"))
     model = await wait(
-        client, "models.get", {"model": "llama-150m"}, lambda m: m["state"] in ("warm", "failed") and not m["op"], 900
+        client, MODELS_GET, ModelParams(model="llama-150m"), lambda m: m.state in ("warm", "failed") and not m.op, 900
     )
-    print(
-        f"state {model['state']} after {time.monotonic() - started:.1f} s (load {model.get('load_s')} s, warm-up {model.get('warmup_s')} s)"
-    )
-    if model["state"] != "warm":
-        failed(f"transformers model {model['state']}: {model.get('error')}")
+    print(f"state {model.state} after {time.monotonic() - started:.1f} s (load {model.load_s} s, warm-up {model.warmup_s} s)")
+    if model.state != "warm" or model.endpoint is None:
+        failed(f"transformers model {model.state}: {model.error}")
         return
-    body = json.dumps({"model": model["served_name"], "prompt": "The capital of France is", "max_tokens": 16}).encode()
-    request = urllib.request.Request(model["endpoint"] + "/completions", data=body, headers={"Content-Type": "application/json"})
+    body = json.dumps({"model": model.served_name, "prompt": "The capital of France is", "max_tokens": 16}).encode()
+    completion = urllib.request.Request(model.endpoint + "/completions", data=body, headers={"Content-Type": "application/json"})
     t0 = time.monotonic()
-    answer = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(request, timeout=120).read()))
+    answer = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(completion, timeout=120).read()))
     print(f"completion in {time.monotonic() - t0:.2f} s: {answer['choices'][0]['text']!r} ({answer['usage']})")
-    status = await client.call(MACHINE, "status")
-    held = [
-        p
-        for g in status["gpus"]
-        for p in g["processes"]
-        if "serve" in str(p.get("command")) and "llama-150m" in str(p.get("command"))
-    ]
+    status = await request(client, MACHINE, STATUS)
+    held = [p for g in status.gpus for p in g.processes if "serve" in str(p.command) and "llama-150m" in str(p.command)]
     print(
-        f"NVML: the engine's processes hold {[(p['pid'], round((p['mem_used_bytes'] or 0) / 2**20)) for p in held]} (pid, MiB); "
-        f"lab.yaml estimate {(model.get('vram_bytes') or 0) / 2**20:.0f} MiB"
+        f"NVML: the engine's processes hold {[(p.pid, round((p.mem_used_bytes or 0) / 2**20)) for p in held]} (pid, MiB); "
+        f"lab.yaml estimate {model.vram_bytes / 2**20:.0f} MiB"
     )
-    await client.call(MACHINE, "models.cold", {"model": "llama-150m"}, timeout=120)
+    await request(client, MACHINE, MODELS_COLD, ModelParams(model="llama-150m"), timeout=120)
     cold = await wait(
-        client, "models.get", {"model": "llama-150m"}, lambda m: m["state"] in ("cold", "cached") and not m["op"], 120
+        client, MODELS_GET, ModelParams(model="llama-150m"), lambda m: m.state in ("cold", "cached") and not m.op, 120
     )
-    print(f"then {cold['state']}")
+    print(f"then {cold.state}")
 
 
 async def overhead(agent_pid: int, window_s: float) -> None:
@@ -307,7 +300,7 @@ async def run(work: Path, gpu: int, window_s: float) -> None:
                     traceback.print_exc()
                     failed(f"{name} step raised")
             step("costs from the measured power")
-            print(json.dumps(await client.call(MACHINE, "costs.get", {"by": "job"}), indent=1)[:3000])
+            print((await request(client, MACHINE, COSTS_GET, CostsParams(by="job"))).model_dump_json(indent=1)[:3000])
             await overhead(demo.processes[0].pid, window_s)
 
 

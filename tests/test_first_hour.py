@@ -638,8 +638,8 @@ def test_a_bad_name_is_refused_in_words_not_with_the_pattern():
     """`cetlab gateway keys add 'bad name!'` printed pydantic's raw regular expression."""
     from pydantic import ValidationError
 
-    from agents.gateway.keys import KeyAddParams
     from agents.runtime.rpc import _params_error
+    from agents.wire.catalogue.gateway import KeyAddParams
 
     with pytest.raises(ValidationError) as info:
         KeyAddParams.model_validate({"name": "bad name!"})

@@ -496,9 +496,9 @@ async def test_prometheus_series_of_the_gateway(gw_lab, tmp_path):
     from prometheus_client import CollectorRegistry, generate_latest
 
     from agents.gateway.component import GatewayComponent
-    from agents.gateway.keys import KeyAddParams
     from agents.shell.agent import Agent
     from agents.shell.metrics import AgentCollector
+    from agents.wire.catalogue.gateway import KeyAddParams
 
     lab = load_lab(gw_lab.lab_path)
     lab = lab.model_copy(update={"gateway": lab.gateway.model_copy(update={"port": 0})})

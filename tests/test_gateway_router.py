@@ -61,7 +61,7 @@ class AgentStandIn:
             if self.truth["state"] == "warm" or self.truth.get("op"):
                 raise AssertionError(f"models.warm sent while the agent says {self.truth}")
             self.truth.update(state="loading", op="wake")
-            return {"model": "sleepy"}
+            return dict(self.truth)  # what the agent answers: the model as it is now (the router checks the reply)
         raise AssertionError(f"unexpected call {method}")
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from agents.jobs.multinode import RDZV_PORTS
+from agents.jobs.node import RDZV_PORTS
 from agents.wire.protocol import ErrorCode, RemoteError
 from console.demo import DemoLab
 from tests.hardening_fixtures import connected

@@ -98,15 +98,16 @@ def test_gpu_check_reads_a_recorded_status_of_a_real_gpu():
     """bench/gpu_check.py against `cetlab --json status` and the agent's `status` as an H100 box gave them (KeyError 'processes' before)."""
     import json
 
+    from agents.wire.catalogue.agent import StatusReply
     from bench import gpu_check
     from console.cli import STATUS_GPU_KEYS
 
     recorded = json.loads((REPO / "tests" / "data" / "gpu_check_status.json").read_text())
     status, agent_status = recorded["status --json"], recorded["agent status"]
     assert set(status["machines"][0]["gpus"][0]) == STATUS_GPU_KEYS  # the recording is what the CLI prints today
-    lines = gpu_check.gpu_lines(status, 0, agent_status)
+    lines = gpu_check.gpu_lines(status, 0, StatusReply.model_validate(agent_status))
     assert lines[0].startswith("GPU 0 NVIDIA H100 80GB HBM3: util 100.0%, power 512.3 W, 1634 MiB used, 41.0 C"), lines
     assert lines[1].startswith("  pid 48211 ubuntu 1088 MiB python -c"), lines
     assert gpu_check.gpu_lines(status, 0)[1] == "  processes: not asked (the agent's `status` lists them)"
     agent_status["gpus"][0]["processes"] = []
-    assert gpu_check.gpu_lines(status, 0, agent_status)[1] == "  no process holds it"
+    assert gpu_check.gpu_lines(status, 0, StatusReply.model_validate(agent_status))[1] == "  no process holds it"

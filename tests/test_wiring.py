@@ -191,13 +191,14 @@ async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_
     await agent.start_components()
     agent.store.execute("CREATE TABLE filler (blob BLOB)")
 
-    monkeypatch.setitem(CATALOGUE, "test.write", Method("test.write", NoParams, NoParams))  # a method for this test only
+    test_write = Method("test.write", NoParams, NoParams)
+    monkeypatch.setitem(CATALOGUE, "test.write", test_write)  # a method for this test only
 
-    @agent.rpc.method("test.write", role=Role.VIEWER)
-    async def write(peer, params) -> dict:
+    @agent.rpc.implements(test_write)
+    async def write(peer: Peer, params: NoParams) -> NoParams:
         with agent.store.transaction() as db:
             db.execute("INSERT INTO filler VALUES (?)", (os.urandom(64 * 1024),))
-        return {}
+        return NoParams()
 
     agent.tick()
     # SQLite's own SQLITE_FULL: state.db may not grow by one more page

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from agents.notify.port import NotifyPort
 from agents.runtime.store import DiskFull
-from agents.wire.catalogue.alerts import AckParams
+from agents.wire.catalogue.alerts import ALERTS_ACK, ALERTS_LIST, AckParams, AlertList
 from agents.wire.catalogue.alerts import AlertListParams as ListParams
 from agents.wire.events import Notice
 from agents.wire.lab.model import Alerts
-from agents.wire.protocol import ErrorCode, RemoteError, Role, Telemetry
+from agents.wire.protocol import ErrorCode, RemoteError, Telemetry
 from agents.wire.sections.alerts import ALERT_ID_FORM, AlertInfo, AlertsSection, alert_id, parse_alert_id
 from agents.wire.sections.gateway import GatewaySection
 from agents.wire.sections.jobs import JobInfo
@@ -434,8 +434,8 @@ class AlertsComponent:
         agent = self.core
         rpc = agent.rpc
 
-        @rpc.method("alerts.list", params=ListParams, doc="Alert history, newest first (active only with active: true).")
-        async def list_alerts(peer: Peer, params: ListParams) -> dict[str, Any]:
+        @rpc.implements(ALERTS_LIST)
+        async def list_alerts(peer: Peer, params: ListParams) -> AlertList:
             where: list[str] = ["1=1"]
             args: list[Any] = []
             if params.active:
@@ -446,12 +446,10 @@ class AlertsComponent:
             rows = agent.store.query(
                 f"SELECT * FROM alerts WHERE {' AND '.join(where)} ORDER BY n DESC LIMIT ?", (*args, params.limit)
             )
-            return {"machine": agent.machine.name, "alerts": [Alert(machine=agent.machine.name, **r).to_json() for r in rows]}
+            return AlertList(machine=agent.machine.name, alerts=[Alert(machine=agent.machine.name, **r).info() for r in rows])
 
-        @rpc.method(
-            "alerts.ack", role=Role.OPERATOR, params=AckParams, doc="Acknowledge an alert: its badge goes, its history stays."
-        )
-        async def ack(peer: Peer, params: AckParams) -> dict[str, Any]:
+        @rpc.implements(ALERTS_ACK)
+        async def ack(peer: Peer, params: AckParams) -> AlertInfo:
             parsed = parse_alert_id(params.id, legacy=True)
             if parsed is None or not parsed[1].isdigit():
                 raise RemoteError(
@@ -477,4 +475,4 @@ class AlertsComponent:
                     alert.acked_at, alert.acked_by = rows[0]["acked_at"], rows[0]["acked_by"]
             log.info("alert %s acknowledged by %s", params.id, peer.who)
             self._refresh()
-            return Alert(machine=agent.machine.name, **rows[0]).to_json()
+            return Alert(machine=agent.machine.name, **rows[0]).info()

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from agents.runtime.rpc import Peer
-from agents.wire.catalogue.audit import AuditListParams
+from agents.wire.catalogue.audit import AUDIT_LIST, AuditEntry, AuditList, AuditListParams, AuditRefusal
 from agents.wire.protocol import Role, Telemetry
 from agents.wire.sections.audit import AuditSection
 
@@ -70,13 +70,8 @@ class AuditComponent:
             tuple[float, str, str | None, str, str], int
         ] = {}  # (minute, who, key, role, method) -> refused calls
 
-        @core.rpc.method(
-            "audit.list",
-            role=Role.OPERATOR,
-            params=AuditListParams,
-            doc="Operator actions on this agent, newest first (operators only: it names who did what).",
-        )
-        async def audit_list(peer: Peer, params: AuditListParams) -> dict[str, Any]:
+        @core.rpc.implements(AUDIT_LIST)
+        async def audit_list(peer: Peer, params: AuditListParams) -> AuditList:
             where: list[str] = []
             args: list[Any] = []
             for clause, value in (
@@ -95,7 +90,12 @@ class AuditComponent:
             )
             self._flush_refusals()
             refusals = self._refusal_rows(params)
-            return {"machine": core.machine.name, "total": self.count, "entries": rows, "refusals": refusals}
+            return AuditList(
+                machine=core.machine.name,
+                total=self.count,
+                entries=[AuditEntry.model_validate(r) for r in rows],
+                refusals=[AuditRefusal.model_validate(r) for r in refusals],
+            )
 
     async def start(self) -> None:
         store = self.core.store

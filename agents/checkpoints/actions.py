@@ -7,7 +7,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agents.checkpoints.catalog import RunCatalog
 from agents.checkpoints.discovery import Run
@@ -15,7 +15,9 @@ from agents.checkpoints.parsing import CHECKPOINT_RE, Checkpoint
 from agents.jobs.port import JobsPort
 from agents.runtime.core import AgentCore
 from agents.runtime.rpc import Peer
+from agents.wire.catalogue.checkpoints import Deleted, Pruned, PrunedCheckpoint, Resumed
 from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.checkpoints import CheckpointInfo
 
 if TYPE_CHECKING:
     from agents.wire.catalogue.checkpoints import DeleteParams, KeepParams, PruneParams, ResumeParams
@@ -23,6 +25,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("cetlab.checkpoints")
 
 RESUME_PARAM = "resume_from_checkpoint"  # the recipe param a resume fills in (cetlab-train's --resume-from-checkpoint)
+
+
+def _pruned(ckpt: Checkpoint, reason: str) -> PrunedCheckpoint:
+    return PrunedCheckpoint(**ckpt.model_dump(), reason=reason)
 
 
 class CheckpointActions:
@@ -58,7 +64,7 @@ class CheckpointActions:
             db.executemany("DELETE FROM checkpoint_flags WHERE path=?", [(p,) for p in paths])
         self.catalog.kept -= set(paths)
 
-    async def delete(self, peer: Peer, params: DeleteParams) -> dict[str, Any]:
+    async def delete(self, peer: Peer, params: DeleteParams) -> Deleted:
         run = await self.catalog.run(params.run)
         self._refuse_linked(run)
         ckpt = run.by_step(params.step)
@@ -80,51 +86,44 @@ class CheckpointActions:
         self.catalog.event(run, ckpt, "delete", peer.who, {"size_bytes": ckpt.size_bytes, "special": special})
         log.info("%s deleted %s", peer.who, ckpt.path)
         await self.catalog.rescan()
-        return {"run": run.name, "deleted": [ckpt.to_json()], "freed_bytes": ckpt.size_bytes}
+        return Deleted(run=run.name, deleted=[ckpt], freed_bytes=ckpt.size_bytes)
 
-    async def prune(self, peer: Peer, params: PruneParams) -> dict[str, Any]:
+    async def prune(self, peer: Peer, params: PruneParams) -> Pruned:
         run = await self.catalog.run(params.run)
         self._refuse_linked(run)
         complete = [c for c in run.checkpoints if c.complete]
         last = {c.path for c in complete[-params.keep_last :]} if params.keep_last else set()
-        kept: list[dict[str, Any]] = []
-        deleted: list[dict[str, Any]] = []
-        skipped: list[dict[str, Any]] = []
+        kept: list[PrunedCheckpoint] = []
+        deleted: list[CheckpointInfo] = []
+        skipped: list[PrunedCheckpoint] = []
         for ckpt in run.checkpoints:
             if not ckpt.complete:
-                skipped.append({**ckpt.to_json(), "reason": f"incomplete: {ckpt.problem}; delete it by hand if it is garbage"})
+                skipped.append(_pruned(ckpt, f"incomplete: {ckpt.problem}; delete it by hand if it is garbage"))
             elif ckpt.is_best or ckpt.path in last or ckpt.kept:
-                kept.append({**ckpt.to_json(), "reason": "best" if ckpt.is_best else "kept" if ckpt.kept else "last"})
+                kept.append(_pruned(ckpt, "best" if ckpt.is_best else "kept" if ckpt.kept else "last"))
             elif ckpt.in_use:
-                skipped.append({**ckpt.to_json(), "reason": ckpt.in_use})
+                skipped.append(_pruned(ckpt, ckpt.in_use))
             else:
                 try:
                     await asyncio.to_thread(self._delete_path, run, ckpt)
                 except OSError as exc:
-                    skipped.append({**ckpt.to_json(), "reason": f"cannot delete: {exc.strerror or exc}"})
+                    skipped.append(_pruned(ckpt, f"cannot delete: {exc.strerror or exc}"))
                     continue
-                deleted.append(ckpt.to_json())
-        self._forget([c["path"] for c in deleted])
-        freed = sum(c["size_bytes"] for c in deleted)
+                deleted.append(ckpt)
+        self._forget([c.path for c in deleted])
+        freed = sum(c.size_bytes for c in deleted)
         self.catalog.event(
             run,
             None,
             "prune",
             peer.who,
-            {"keep_last": params.keep_last, "deleted": [c["step"] for c in deleted], "freed_bytes": freed},
+            {"keep_last": params.keep_last, "deleted": [c.step for c in deleted], "freed_bytes": freed},
         )
-        log.info("%s pruned run %s: deleted steps %s", peer.who, run.name, [c["step"] for c in deleted])
+        log.info("%s pruned run %s: deleted steps %s", peer.who, run.name, [c.step for c in deleted])
         await self.catalog.rescan()
-        return {
-            "run": run.name,
-            "keep_last": params.keep_last,
-            "deleted": deleted,
-            "kept": kept,
-            "skipped": skipped,
-            "freed_bytes": freed,
-        }
+        return Pruned(run=run.name, keep_last=params.keep_last, deleted=deleted, kept=kept, skipped=skipped, freed_bytes=freed)
 
-    async def keep(self, peer: Peer, params: KeepParams) -> dict[str, Any]:
+    async def keep(self, peer: Peer, params: KeepParams) -> CheckpointInfo:
         run = await self.catalog.run(params.run)
         ckpt = run.by_step(params.step)
         with self.core.store.transaction() as db:
@@ -135,9 +134,9 @@ class CheckpointActions:
         (self.catalog.kept.add if params.kept else self.catalog.kept.discard)(ckpt.path)
         self.catalog.event(run, ckpt, "keep" if params.kept else "unkeep", peer.who)
         await self.catalog.rescan()
-        return self.catalog.runs[run.name].by_step(ckpt.step).to_json()
+        return self.catalog.runs[run.name].by_step(ckpt.step)
 
-    async def resume(self, peer: Peer, params: ResumeParams) -> dict[str, Any]:
+    async def resume(self, peer: Peer, params: ResumeParams) -> Resumed:
         run, ckpt = await self.catalog.complete(params.run, params.step)
         jobs = self.core.find(JobsPort)
         recipe = next((r for r in self.core.lab.trainers if r.name == run.recipe and r.machine == self.core.machine.name), None)
@@ -158,4 +157,4 @@ class CheckpointActions:
         job = await jobs.launch(recipe.name, values)  # a multi-node recipe starts again over the same nodes
         self.catalog.event(run, ckpt, "resume", peer.who, {"job": job.id})
         log.info("%s resumed run %s from step %s as job %s", peer.who, run.name, ckpt.step, job.id)
-        return {**job.to_wire(), "resumed_from": ckpt.to_json()}
+        return Resumed(**job.model_dump(), resumed_from=ckpt)

@@ -36,7 +36,7 @@ class Run:
     problem: str | None = None  # its progress.json is bad
     link: Path | None = None  # the watched folder's entry when it is a symlink to this run (delete and prune refuse it)
     checkpoints: list[Checkpoint] = field(default_factory=list)
-    live_loss: list[list] = field(default_factory=list)  # the job's loss beyond its newest checkpoint
+    live_loss: list[list[int | float]] = field(default_factory=list)  # the job's loss beyond its newest checkpoint
 
     def by_step(self, step: int) -> Checkpoint:
         for ckpt in self.checkpoints:
@@ -69,7 +69,7 @@ class Run:
             problem=self.problem,
         )
 
-    def curves(self) -> dict[str, list[list]]:
+    def curves(self) -> dict[str, list[list[int | float]]]:
         """The run's loss and eval-loss curves: the newest complete checkpoint's history, then the live job's."""
         source = next((c for c in reversed(self.checkpoints) if c.complete and c.loss_points), None)
         loss = list(source.loss_points) if source else []

@@ -6,14 +6,19 @@ from typing import TYPE_CHECKING
 
 from agents.runtime.rpc import Peer
 from agents.wire.catalogue.checkpoints import (
-    DeleteParams,
-    KeepParams,
-    PruneParams,
-    ResumeParams,
+    CHECKPOINTS_DELETE,
+    CHECKPOINTS_KEEP,
+    CHECKPOINTS_LIST,
+    CHECKPOINTS_PRUNE,
+    CHECKPOINTS_RESUME,
+    CHECKPOINTS_RUNS,
+    CHECKPOINTS_SERVE,
+    Curves,
+    RunCheckpoints,
     RunParams,
-    ServeParams,
+    RunSummaryList,
 )
-from agents.wire.protocol import Role
+from agents.wire.catalogue.method import NoParams
 
 if TYPE_CHECKING:
     from agents.checkpoints.component import CheckpointsComponent
@@ -24,47 +29,22 @@ def register(component: CheckpointsComponent) -> None:
     rpc = component.core.rpc
     actions, serving = component.actions, component.serving
 
-    @rpc.method("checkpoints.runs", doc="Every run with checkpoints on this machine: counts, best, disk, save-time share.")
-    async def runs(peer: Peer, _params) -> list:
+    @rpc.implements(CHECKPOINTS_RUNS)
+    async def runs(peer: Peer, _params: NoParams) -> RunSummaryList:
         await component.rescan()
-        return [run.to_wire() for run in component.section()]
+        return RunSummaryList(component.section())
 
-    @rpc.method("checkpoints.list", params=RunParams, doc="One run's checkpoints (oldest first) and its loss curves.")
-    async def list_(peer: Peer, params: RunParams) -> dict:
+    @rpc.implements(CHECKPOINTS_LIST)
+    async def list_(peer: Peer, params: RunParams) -> RunCheckpoints:
         run = await component.run(params.run)
-        return {
-            **run.summary(component.core.machine.name).to_wire(),
-            "checkpoints": [c.to_json() for c in run.checkpoints],
-            "curves": run.curves(),
-        }
+        return RunCheckpoints(
+            **run.summary(component.core.machine.name).model_dump(),
+            checkpoints=list(run.checkpoints),
+            curves=Curves.model_validate(run.curves()),
+        )
 
-    rpc.method(
-        "checkpoints.resume",
-        role=Role.OPERATOR,
-        params=ResumeParams,
-        doc="A new job of the run's recipe, resuming from this checkpoint.",
-    )(actions.resume)
-    rpc.method(
-        "checkpoints.serve",
-        role=Role.OPERATOR,
-        params=ServeParams,
-        doc="Serve a checkpoint: adapter into a warm model, or as a new model.",
-    )(serving.serve)
-    rpc.method(
-        "checkpoints.delete",
-        role=Role.OPERATOR,
-        params=DeleteParams,
-        doc="Delete one checkpoint (the best or newest only with confirm_special).",
-    )(actions.delete)
-    rpc.method(
-        "checkpoints.keep",
-        role=Role.OPERATOR,
-        params=KeepParams,
-        doc="Mark a checkpoint kept (prune never deletes it), or un-keep it.",
-    )(actions.keep)
-    rpc.method(
-        "checkpoints.prune",
-        role=Role.OPERATOR,
-        params=PruneParams,
-        doc="Delete all but the best, the last N and the kept checkpoints.",
-    )(actions.prune)
+    rpc.implements(CHECKPOINTS_RESUME)(actions.resume)
+    rpc.implements(CHECKPOINTS_SERVE)(serving.serve)
+    rpc.implements(CHECKPOINTS_DELETE)(actions.delete)
+    rpc.implements(CHECKPOINTS_KEEP)(actions.keep)
+    rpc.implements(CHECKPOINTS_PRUNE)(actions.prune)

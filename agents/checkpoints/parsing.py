@@ -33,7 +33,7 @@ def _rows(log_history: Any) -> list[LogRow]:
     return rows
 
 
-def history_points(log_history: Any) -> tuple[list[list], list[list]]:
+def history_points(log_history: Any) -> tuple[list[list[int | float]], list[list[int | float]]]:
     """[[step, loss]], [[step, eval_loss]] from a log_history, tolerant of key names across versions.
 
     `loss` rows are the training curve; `train_loss` (the end-of-run average in recent versions, the
@@ -55,7 +55,7 @@ def history_points(log_history: Any) -> tuple[list[list], list[list]]:
     return [[s, merged[s]] for s in sorted(merged)], [[s, evals[s]] for s in sorted(evals)]
 
 
-def value_at(points: list[list], step: int) -> float | None:
+def value_at(points: list[list[int | float]], step: int) -> float | None:
     """The last value logged at or before `step`."""
     found = None
     for s, value in points:
@@ -70,8 +70,8 @@ class Checkpoint(CheckpointInfo):
 
     base_model: str | None = Field(default=None, exclude=True)  # an adapter's base (adapter_config.json)
     best_path: str | None = Field(default=None, exclude=True)  # best_model_checkpoint of its trainer_state.json
-    loss_points: list[list] = Field(default_factory=list, exclude=True)
-    eval_points: list[list] = Field(default_factory=list, exclude=True)
+    loss_points: list[list[int | float]] = Field(default_factory=list, exclude=True)
+    eval_points: list[list[int | float]] = Field(default_factory=list, exclude=True)
 
     def to_json(self) -> dict[str, Any]:
         return self.to_wire()

@@ -18,6 +18,7 @@ from agents.checkpoints.records import ServedRecord, ServedRecords
 from agents.orchestra.port import ModelsPort, ModelView
 from agents.runtime.core import AgentCore
 from agents.runtime.rpc import Peer
+from agents.wire.catalogue.checkpoints import Served
 from agents.wire.events import Notice
 from agents.wire.lab.model import Model
 from agents.wire.protocol import ErrorCode, RemoteError
@@ -77,7 +78,7 @@ class CheckpointServing:
         record = self.served[path] = ServedRecord(Serving(model=model, mode=mode, state=state), **extra)
         return record
 
-    async def serve(self, peer: Peer, params: ServeParams) -> dict[str, Any]:
+    async def serve(self, peer: Peer, params: ServeParams) -> Served:
         run, ckpt = await self.catalog.complete(params.run, params.step)
         pool = self._pool()
         named = pool.view(params.model) if params.model else None
@@ -104,7 +105,7 @@ class CheckpointServing:
             return self._start_runtime(peer, run, ckpt, pool, template=named, merge_base=None)
         raise RemoteError(ErrorCode.UNAVAILABLE, f"checkpoint {ckpt.step} of {run.name} holds no model or adapter weights")
 
-    async def _load_adapter(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: ModelsPort, slot: ModelView) -> dict[str, Any]:
+    async def _load_adapter(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: ModelsPort, slot: ModelView) -> Served:
         if slot.state != ModelState.WARM or slot.engine_serial is None:
             raise RemoteError(
                 ErrorCode.CONFLICT,
@@ -116,17 +117,17 @@ class CheckpointServing:
         self.catalog.event(run, ckpt, "serve", peer.who, {"model": slot.name, "mode": "adapter", "adapter": name})
         await self.catalog.rescan()
         base_matches = ckpt.base_model is not None and Path(ckpt.base_model).resolve() == slot.path.resolve()
-        return {
-            "run": run.name,
-            "step": ckpt.step,
-            "mode": "adapter",
-            "model": slot.name,
-            "served_name": name,
-            "endpoint": slot.endpoint,
-            "state": ModelState.WARM,
-            "base_matches": base_matches,
-            "simulated": slot.spec.simulated,
-        }
+        return Served(
+            run=run.name,
+            step=ckpt.step,
+            mode="adapter",
+            model=slot.name,
+            served_name=name,
+            endpoint=slot.endpoint,
+            state=ModelState.WARM,
+            base_matches=base_matches,
+            simulated=slot.spec.simulated,
+        )
 
     def _start_runtime(
         self,
@@ -137,7 +138,7 @@ class CheckpointServing:
         template: ModelView | None,
         merge_base: str | None,
         why_merged: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Served:
         """A new model entry for this checkpoint (weights as they are, or the adapter merged into its base), warmed in the background.
 
         ``why_merged`` says why an adapter meant for a warm vLLM model is merged instead (vLLM cannot hot-load it).
@@ -149,17 +150,10 @@ class CheckpointServing:
                 ErrorCode.CONFLICT, f"lab.yaml already has a model named {name}; rename the run's folder or that model"
             )
         if existing is not None and (existing.state in MODEL_ENGINE_UP or existing.busy):
-            return self._runtime_json(run, ckpt, existing, "merged" if merge_base else "full")
+            return self._runtime_served(run, ckpt, existing, "merged" if merge_base else "full")
         record = self.served.get(ckpt.path)
         if record is not None and record.serving.state == "merging":
-            return {
-                "run": run.name,
-                "step": ckpt.step,
-                "mode": record.serving.mode,
-                "model": name,
-                "state": "merging",
-                "endpoint": None,
-            }
+            return Served(run=run.name, step=ckpt.step, mode=record.serving.mode, model=name, state="merging", endpoint=None)
         # --model lends its engine, GPUs and VRAM estimate; else `transformers serve` on the CPU
         engine = template.model.engine if template is not None else "transformers"
         spec = template.spec if template is not None else pool.engine_spec(engine)
@@ -207,18 +201,19 @@ class CheckpointServing:
         if why_merged is not None:
             detail["why_merged"] = why_merged
         self.catalog.event(run, ckpt, "serve", peer.who, detail)
-        return {
-            "run": run.name,
-            "step": ckpt.step,
-            **detail,
-            "state": served.state,
-            "endpoint": None,
-            "simulated": spec.simulated,
-        }
+        return Served(
+            run=run.name,
+            step=ckpt.step,
+            mode=mode,
+            model=name,
+            engine=engine,
+            why_merged=why_merged,
+            state=served.state,
+            endpoint=None,
+            simulated=spec.simulated,
+        )
 
-    def _start_gguf_adapter(
-        self, peer: Peer, run: Run, ckpt: Checkpoint, pool: ModelsPort, template: ModelView
-    ) -> dict[str, Any]:
+    def _start_gguf_adapter(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: ModelsPort, template: ModelView) -> Served:
         """llama.cpp: the PEFT adapter converted to GGUF (llama.cpp's convert_lora_to_gguf.py), then a new model: the
         template's GGUF started with `--lora` that file, the adapter applied once it is warm. Refused when it cannot convert."""
         spec = template.spec
@@ -240,7 +235,7 @@ class CheckpointServing:
             )
         existing = pool.find_view(name)
         if existing is not None and (existing.state in MODEL_ENGINE_UP or existing.busy):
-            return self._runtime_json(run, ckpt, existing, "gguf-adapter")
+            return self._runtime_served(run, ckpt, existing, "gguf-adapter")
         conversion = pool.lora_conversion(
             Path(ckpt.path), Path(base), self.core.state_dir / "checkpoints" / "gguf" / f"{name}.gguf"
         )
@@ -298,31 +293,34 @@ class CheckpointServing:
         self._background(bring_up(), name)
         detail: dict[str, Any] = {"model": name, "mode": "gguf-adapter", "engine": spec.name, "adapter_gguf": str(out)}
         self.catalog.event(run, ckpt, "serve", peer.who, detail)
-        return {
-            "run": run.name,
-            "step": ckpt.step,
-            **detail,
-            "state": "converting",
-            "endpoint": None,
-            "simulated": spec.simulated,
-        }
+        return Served(
+            run=run.name,
+            step=ckpt.step,
+            mode="gguf-adapter",
+            model=name,
+            engine=spec.name,
+            adapter_gguf=str(out),
+            state="converting",
+            endpoint=None,
+            simulated=spec.simulated,
+        )
 
     def _background(self, work: Coroutine[Any, Any, None], name: str) -> None:
         self.tasks = [t for t in self.tasks if not t.done()]
         self.tasks.append(asyncio.create_task(work, name=f"serve-{name}"))
 
     @staticmethod
-    def _runtime_json(run: Run, ckpt: Checkpoint, slot: ModelView, mode: str) -> dict[str, Any]:
-        return {
-            "run": run.name,
-            "step": ckpt.step,
-            "mode": mode,
-            "model": slot.name,
-            "engine": slot.model.engine,
-            "state": slot.state,
-            "endpoint": slot.endpoint,
-            "simulated": slot.spec.simulated,
-        }
+    def _runtime_served(run: Run, ckpt: Checkpoint, slot: ModelView, mode: str) -> Served:
+        return Served(
+            run=run.name,
+            step=ckpt.step,
+            mode=mode,
+            model=slot.name,
+            engine=slot.model.engine,
+            state=slot.state,
+            endpoint=slot.endpoint,
+            simulated=slot.spec.simulated,
+        )
 
     async def _merge(self, base: str, adapter: str, out: Path) -> None:
         """peft merge_and_unload in a child process: torch stays out of the agent."""

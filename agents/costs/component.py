@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 from agents.costs.port import LedgerTotal
 from agents.gateway.port import GatewayPort
 from agents.runtime.store import DiskFull, Store
-from agents.wire.catalogue.costs import CostsParams
+from agents.wire.catalogue.costs import COSTS_GET, CostsParams, CostsReport
 from agents.wire.lab.gateway import find_provider_model
 from agents.wire.lab.model import Lab, Machine
 from agents.wire.protocol import Telemetry
@@ -87,10 +87,10 @@ class Ledger:
 
     def add(
         self, t: float, readings: dict[str, Reading], token_counts: dict[str, float] | None = None
-    ) -> dict[tuple, list[float]]:
+    ) -> dict[tuple[str, str, str, str], list[float]]:
         """Account the interval since the previous sample; returns the increments written."""
-        rows: dict[tuple, list[float]] = defaultdict(lambda: [0.0] * len(COLUMNS))
-        labels: dict[tuple, str] = {}
+        rows: dict[tuple[str, str, str, str], list[float]] = defaultdict(lambda: [0.0] * len(COLUMNS))
+        labels: dict[tuple[str, str, str, str], str] = {}
         day = local_day(t, self.tz)
         prev, self._prev = self._prev, (t, readings)
         if prev is not None and 0 < t - prev[0] <= self.max_gap_s:
@@ -284,7 +284,7 @@ def readings(telemetry: Telemetry, machine: Machine, holders: dict[int, tuple[st
 def group_by(rows: list[dict[str, Any]], by: str, prices: Prices, machine: str) -> list[dict[str, Any]]:
     if by == "machine":
         return [{"machine": machine, **price(rows, prices)}]
-    groups: dict[str, list[dict]] = defaultdict(list)
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         if row["kind"] == by:
             groups[row["owner"]].append(row)
@@ -309,13 +309,9 @@ class CostsComponent:
         self.now: dict[str, Any] = {}
         self._unbooked = False  # the last tick could not be booked (a full disk)
 
-        @core.rpc.method(
-            "costs.get",
-            params=CostsParams,
-            doc="Energy and money of this machine: now, today, this month, since a date, by job or model.",
-        )
-        async def get(peer: Peer, params: CostsParams) -> dict[str, Any]:
-            return self.report(params.since, params.by)
+        @core.rpc.implements(COSTS_GET)
+        async def get(peer: Peer, params: CostsParams) -> CostsReport:
+            return CostsReport.model_validate(self.report(params.since, params.by))
 
     @property
     def ledger(self) -> Ledger:
@@ -411,7 +407,7 @@ class CostsComponent:
             per_hour = power_w / 1000 * self.prices.electricity_per_kwh
         return {"power_w": round(power_w, 1), "per_hour": _r(per_hour), "missing": missing}
 
-    def _windows(self, t: float) -> tuple[dict, dict]:
+    def _windows(self, t: float) -> tuple[dict[str, Any], dict[str, Any]]:
         today = local_day(t, self.tz)
         rows = self.ledger.rows(today[:8] + "01")
         return price([r for r in rows if r["day"] == today], self.prices), price(rows, self.prices)

@@ -10,13 +10,26 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from agents.gateway.keys import KeyAddParams, KeyNameParams, KeyStore
+from agents.gateway.keys import KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.router import Router, Target
 from agents.orchestra.engines import engine_spec
 from agents.runtime.peers import PeerClient
+from agents.wire.catalogue.gateway import (
+    GATEWAY_KEYS_ADD,
+    GATEWAY_KEYS_LIST,
+    GATEWAY_KEYS_REVOKE,
+    GATEWAY_STATUS,
+    GatewayStatus,
+    KeyAddParams,
+    KeyIssued,
+    KeyList,
+    KeyNameParams,
+    KeyRevoked,
+)
+from agents.wire.catalogue.method import NoParams
 from agents.wire.lab.gateway import find_provider_model
-from agents.wire.protocol import Role, Telemetry
+from agents.wire.protocol import Telemetry
 from agents.wire.sections.costs import ProviderSpend
 from agents.wire.sections.gateway import GatewayModelFigures, GatewaySection, KeyUse
 
@@ -246,14 +259,14 @@ class GatewayComponent:
         providers = self.provider_spend()
         keys = [
             KeyUse(
-                name=k["name"],
-                revoked=k["revoked_at"] is not None,
-                rpm=k["rpm"],
-                tokens_per_day=k["tokens_per_day"],
-                requests=k["requests"],
-                requests_last_minute=k["requests_last_minute"],
-                tokens_today=k["tokens_today"],
-                last_used=k["last_used"],
+                name=k.name,
+                revoked=k.revoked_at is not None,
+                rpm=k.rpm,
+                tokens_per_day=k.tokens_per_day,
+                requests=k.requests,
+                requests_last_minute=k.requests_last_minute,
+                tokens_today=k.tokens_today,
+                last_used=k.last_used,
             )
             for k in self.keys.listing()
         ]
@@ -326,32 +339,29 @@ class GatewayComponent:
     def _register(self) -> None:
         rpc = self.core.rpc
 
-        @rpc.method("gateway.status", doc="The gateway's section: url, per-model traffic, provider spend, keys.")
-        async def gateway_status(peer: Peer, _params: Any) -> dict[str, Any] | None:
-            section = self.section()
-            return section.to_wire() if section is not None else None
+        @rpc.implements(GATEWAY_STATUS)
+        async def gateway_status(peer: Peer, _params: NoParams) -> GatewayStatus:
+            return GatewayStatus(self.section())
 
-        @rpc.method(
-            "gateway.keys.add", role=Role.OPERATOR, params=KeyAddParams, doc="Issue a gateway API key; the token is shown once."
-        )
-        async def keys_add(peer: Peer, params: KeyAddParams) -> dict[str, Any]:
+        @rpc.implements(GATEWAY_KEYS_ADD)
+        async def keys_add(peer: Peer, params: KeyAddParams) -> KeyIssued:
             token = self.keys.add(params)
             log.info("%s issued gateway key %s", peer.who, params.name)
             section = self.section()
-            return {
-                "name": params.name,
-                "key": token,
-                "rpm": params.rpm,
-                "tokens_per_day": params.tokens_per_day,
-                "url": section.url if section is not None else None,
-            }
+            return KeyIssued(
+                name=params.name,
+                key=token,
+                rpm=params.rpm,
+                tokens_per_day=params.tokens_per_day,
+                url=section.url if section is not None else None,
+            )
 
-        @rpc.method("gateway.keys.list", doc="Gateway keys (names, quotas, use; never the tokens).")
-        async def keys_list(peer: Peer, _params: Any) -> dict[str, Any]:
-            return {"keys": self.keys.listing()}
+        @rpc.implements(GATEWAY_KEYS_LIST)
+        async def keys_list(peer: Peer, _params: NoParams) -> KeyList:
+            return KeyList(keys=self.keys.listing())
 
-        @rpc.method("gateway.keys.revoke", role=Role.OPERATOR, params=KeyNameParams, doc="Revoke a gateway key at once.")
-        async def keys_revoke(peer: Peer, params: KeyNameParams) -> dict[str, Any]:
+        @rpc.implements(GATEWAY_KEYS_REVOKE)
+        async def keys_revoke(peer: Peer, params: KeyNameParams) -> KeyRevoked:
             self.keys.revoke(params.name)
             log.info("%s revoked gateway key %s", peer.who, params.name)
-            return {"name": params.name, "revoked": True}
+            return KeyRevoked(name=params.name, revoked=True)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agents.runtime.store import Store
-from agents.wire.catalogue.gateway import KeyAddParams, KeyNameParams  # noqa: F401 (both are imported from here too)
+from agents.wire.catalogue.gateway import KeyAddParams, KeyRecord
 from agents.wire.protocol import ErrorCode, RemoteError
 
 TOKEN_PREFIX = "cetlab-gw-"
@@ -33,7 +33,7 @@ class ApiKey:
     rpm: int | None
     tokens_per_day: int | None
     revoked_at: float | None = None
-    recent: deque = field(default_factory=deque)  # monotonic times of the last minute's requests
+    recent: deque[float] = field(default_factory=deque)  # monotonic times of the last minute's requests
     requests: int = 0  # since the agent started
     tokens_day: int = 0  # tokens used on day `day`
     day: str = ""
@@ -123,7 +123,7 @@ class KeyStore:
         for key in self._by_hash.values():
             key.day, key.tokens_day = today, tokens_by_key.get(key.name, 0)
 
-    def listing(self) -> list[dict]:
+    def listing(self) -> list[KeyRecord]:
         rows = self.store.query("SELECT name, created_at, revoked_at, rpm, tokens_per_day FROM gateway_keys ORDER BY name")
         live = {k.name: k for k in self._by_hash.values()}
         for row in rows:
@@ -134,4 +134,4 @@ class KeyStore:
                 last_used=key.last_used,
                 requests_last_minute=len(key.recent),
             )
-        return rows
+        return [KeyRecord.model_validate(row) for row in rows]

@@ -7,6 +7,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from agents.runtime.store import Store
@@ -46,7 +47,9 @@ class Record:
 
 @dataclass
 class ModelStats:
-    done: deque = field(default_factory=deque)  # (t, latency_s, ttft_s, error) in the window
+    done: deque[tuple[float, float | None, float | None, bool]] = field(
+        default_factory=deque
+    )  # (t, latency_s, ttft_s, error) in the window
     in_flight: int = 0
     queued: int = 0
     wakes: int = 0
@@ -175,7 +178,7 @@ class Meter:
         )
         return {r["key"]: r["n"] or 0 for r in rows}
 
-    def model_figures(self) -> dict[str, dict]:
+    def model_figures(self) -> dict[str, dict[str, Any]]:
         """Per model: rps, p50/p95 latency and TTFT over the last minute; in flight, queued, wakes, errors."""
         now = time.time()
         out = {}

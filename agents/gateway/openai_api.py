@@ -4,11 +4,14 @@ that `model` is the name the client asked for, the first chat chunk has a role a
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
+from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.gateway.limits import SseSplitter
+from agents.gateway.router import NotServable
 
 MAX_N = 128  # OpenAI's bound on choices per request
 MAX_STOPS = 4
@@ -164,3 +167,33 @@ class StreamRewriter:
         if "model" in data:
             data["model"] = self.client_model
         return b"data: " + json.dumps(data, separators=(",", ":")).encode()
+
+
+MAX_WAIT_HEADER = "x-cetlab-max-wait-s"  # how long a client will wait for a model to come up
+
+
+def error_response(
+    status: int,
+    message: str,
+    code: str | None,
+    retry_after_s: int | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """An OpenAI-style error body, typed as OpenAI types it (401 authentication_error, ...)."""
+    headers = {**(headers or {}), **({"Retry-After": str(retry_after_s)} if retry_after_s else {})}
+    return web.json_response(error_body(status, message, code, param), status=status, headers=headers or None)
+
+
+def max_wait(request: web.Request) -> float | None:
+    """The seconds the client gives a model to come up (its x-cetlab-max-wait-s header), or None."""
+    raw = request.headers.get(MAX_WAIT_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise NotServable(400, f"{MAX_WAIT_HEADER} must be a number of seconds >= 0, got {raw[:40]!r}", "invalid_header")
+    return value

@@ -6,6 +6,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -25,7 +26,7 @@ class Outcome:
     usage_source: str | None = None
     ttft_s: float | None = None
     error: str | None = None
-    data: dict | None = None  # the parsed JSON answer (non-streaming)
+    data: dict[str, Any] | None = None  # the parsed JSON answer (non-streaming)
     raw: bytes = b""  # ... as it came, passed on unchanged
     content_type: str = "application/json"
     events: int = 0  # token events of a stream seen so far
@@ -54,7 +55,7 @@ def upstream_headers(target: Target) -> dict[str, str]:
     return headers
 
 
-def counted_prompt_tokens(body: dict) -> int:
+def counted_prompt_tokens(body: dict[str, Any]) -> int:
     """No usage from the engine: a word count (x1.3) of the prompt stands in for its tokenizer."""
     if isinstance(body.get("messages"), list):
         text = " ".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
@@ -70,7 +71,7 @@ def _usage(outcome: Outcome, usage: object) -> None:
             outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source = prompt, completion, "engine"
 
 
-async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body: dict, timeout_s: float) -> Outcome:
+async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body: dict[str, Any], timeout_s: float) -> Outcome:
     """A non-streaming call; the answer is parsed (the orchestra call and the JSON passthrough both use it)."""
     started = time.monotonic()
     payload = {**body, "model": target.upstream_model, "stream": False}
@@ -94,7 +95,7 @@ async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body:
 
 
 async def stream(
-    request: web.Request, session: aiohttp.ClientSession, target: Target, path: str, body: dict, timeout_s: float
+    request: web.Request, session: aiohttp.ClientSession, target: Target, path: str, body: dict[str, Any], timeout_s: float
 ) -> tuple[web.StreamResponse, Outcome]:
     """SSE from the target to the client, each event written as it arrives (rewritten: agents.gateway.openai_api);
     usage asked for upstream on every stream and read from the last event, else counted."""
@@ -163,7 +164,7 @@ async def stream(
     return response, outcome
 
 
-def settle_counted(outcome: Outcome, body: dict) -> None:
+def settle_counted(outcome: Outcome, body: dict[str, Any]) -> None:
     """No usage from the engine: one delta event per token, as vLLM and OpenAI send them, and the prompt counted."""
     if outcome.usage_source is None:
         outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source = (

@@ -15,7 +15,7 @@ from agents.orchestra.engines import engine_spec
 from agents.runtime.peers import PeerClient
 from agents.runtime.view import MachineView
 from agents.wire.catalogue.method import request
-from agents.wire.catalogue.models import MODELS_LIST
+from agents.wire.catalogue.models import MODELS_COLD, MODELS_LIST, MODELS_SLEEP, MODELS_SWAP, MODELS_WARM, ModelParams, SwapParams
 from agents.wire.lab.gateway import Provider, ProviderModel, find_provider_model
 from agents.wire.lab.model import Lab, Model
 from agents.wire.protocol import ErrorCode, RemoteError
@@ -395,7 +395,7 @@ class Router:
 
     async def _start(self, model: Model) -> None:
         try:
-            await self.peers.call(model.machine, "models.warm", {"model": model.name})
+            await request(self.peers, model.machine, MODELS_WARM, ModelParams(model=model.name))
         except RemoteError as exc:
             if exc.code != ErrorCode.CONFLICT or self.policies.swap != "lru-unpinned":
                 raise NotServable(
@@ -410,7 +410,9 @@ class Router:
                     self.policies.retry_after_s,
                 ) from None
             try:
-                await self.peers.call(model.machine, "models.swap", {"out": victim, "in": model.name})
+                await request(
+                    self.peers, model.machine, MODELS_SWAP, SwapParams.model_validate({"out": victim, "in": model.name})
+                )
             except RemoteError as swap_exc:
                 raise NotServable(
                     503,
@@ -464,10 +466,10 @@ class Router:
                 continue
             if self.meter.stats(name).in_flight or now - self.last_request.get(name, now) < ttl:
                 continue
-            method = "models.sleep" if engine_spec(model.engine).can_sleep else "models.cold"
+            method = MODELS_SLEEP if engine_spec(model.engine).can_sleep else MODELS_COLD
             try:
-                await self.peers.call(model.machine, method, {"model": name})
+                await request(self.peers, model.machine, method, ModelParams(model=name))
                 self.brought_up.discard(name)
-                log.info("%s idle for %.0f s: %s", name, now - self.last_request.get(name, now), method)
+                log.info("%s idle for %.0f s: %s", name, now - self.last_request.get(name, now), method.name)
             except RemoteError as exc:
                 log.warning("idle TTL of %s: %s", name, exc.message)

@@ -5,92 +5,33 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 
 from agents.gateway import proxy
+from agents.gateway.fanout import Fanout
 from agents.gateway.keys import ApiKey, QuotaExceeded
 from agents.gateway.limits import ConnectionGate, UpstreamTooLarge, connection_cap, quiet_factory
 from agents.gateway.metering import Record
-from agents.gateway.openai_api import error_body, parameter_problem
+from agents.gateway.openai_api import error_response, max_wait, parameter_problem
 from agents.gateway.reservation import Hold, Reservations, asked_max_tokens, with_max_tokens
 from agents.gateway.router import NotServable, Target
-from agents.wire.lab.gateway import MAX_GROUP_MEMBERS, find_provider_model
+from agents.wire.lab.gateway import find_provider_model
 
 if TYPE_CHECKING:
     from agents.gateway.component import GatewayComponent
 
 log = logging.getLogger("cetlab.gateway")
 
-MAX_WAIT_HEADER = "x-cetlab-max-wait-s"
-MAX_FANOUT = MAX_GROUP_MEMBERS  # models in one orchestra call
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]  # what an aiohttp middleware wraps
+
 MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}")  # checked before anything keeps or echoes a name
 UNKNOWN_MODEL = "?"  # how the meter files a request for a name that is no model (the name itself is kept nowhere)
-
-
-def error_response(
-    status: int,
-    message: str,
-    code: str | None,
-    retry_after_s: int | None = None,
-    param: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> web.Response:
-    """An OpenAI-style error body, typed as OpenAI types it (401 authentication_error, ...)."""
-    headers = {**(headers or {}), **({"Retry-After": str(retry_after_s)} if retry_after_s else {})}
-    return web.json_response(error_body(status, message, code, param), status=status, headers=headers or None)
-
-
-def member_missed(
-    model: str, status: str, error: str, http_status: int, latency_s: float, target: Target | None = None
-) -> dict[str, Any]:
-    """An orchestra member that did not answer (error, timeout): the keys of one that did, null where there is no figure,
-    so a client reads every result alike."""
-    return {
-        "model": model,
-        "tier": target.tier if target else None,
-        "target": target.where if target else None,
-        "simulated": target.simulated if target else None,
-        "status": status,
-        "http_status": http_status,
-        "latency_s": latency_s,
-        "ttft_s": None,
-        "usage": None,
-        "cost": None,
-        "cloud_equivalent": None,
-        "fallback_reason": target.reason if target else None,
-        "woke": bool(target and target.woke),
-        "error": error,
-    }
-
-
-def _deadline(raw: object, default: float) -> float:
-    """The orchestra call's deadline_s: a finite number of seconds > 0 (at most a day), or the default."""
-    if raw is None:
-        return default
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or not 0 < raw <= 86400:
-        raise NotServable(
-            400, f"deadline_s must be a number of seconds > 0 and <= 86400, got {str(raw)[:40]!r}", "invalid_deadline"
-        )
-    return float(raw)
-
-
-def _max_wait(request: web.Request) -> float | None:
-    raw = request.headers.get(MAX_WAIT_HEADER)
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise NotServable(400, f"{MAX_WAIT_HEADER} must be a number of seconds >= 0, got {raw[:40]!r}", "invalid_header")
-    return value
 
 
 class GatewayHttp:
@@ -105,6 +46,7 @@ class GatewayHttp:
         self.gate: ConnectionGate | None = None
         self.listener: asyncio.Server | None = None
         self.holds = Reservations(gateway.keys, gateway.meter, gateway.policies)
+        self.fanout = Fanout(self)
 
     async def start(self, host: str, port: int) -> None:
         limit = self.gw.policies.max_body_bytes
@@ -114,7 +56,7 @@ class GatewayHttp:
         app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/orchestra/chat/completions", self._orchestra)
+        app.router.add_post("/v1/orchestra/chat/completions", self.fanout.answer)
         policies = self.gw.policies
         cap = connection_cap(policies.max_connections)
         # many streams at once to few engines: no per-host cap below the gateway's own; as many as its own connections
@@ -162,7 +104,7 @@ class GatewayHttp:
     # -- errors: OpenAI's JSON body for every status, aiohttp's own (404, 405, 413) included
 
     @web.middleware
-    async def _errors(self, request: web.Request, handler):
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPException as exc:
@@ -188,7 +130,7 @@ class GatewayHttp:
     # -- auth
 
     @web.middleware
-    async def _auth(self, request: web.Request, handler):
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self.gate is not None:
             self.gate.request_seen(request.transport)
         if request.path == "/health":
@@ -241,7 +183,7 @@ class GatewayHttp:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, "/completions")
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
+    async def body(self, request: web.Request) -> dict[str, Any]:
         try:
             raw = await asyncio.wait_for(request.read(), self.gw.policies.body_timeout_s)
         except TimeoutError:
@@ -281,7 +223,7 @@ class GatewayHttp:
         record = Record(key=key.name, model=UNKNOWN_MODEL, tier="none", target=None, status=500, stream=False)
         stats, hold, target, entered = None, None, None, False
         try:
-            body = await self._body(request)
+            body = await self.body(request)
             model, known = self._model_name(body)
             asked = asked_max_tokens(body, self.gw.policies.max_tokens)  # the gateway's own cap first, then OpenAI's ranges
             problem = parameter_problem(body)
@@ -292,7 +234,7 @@ class GatewayHttp:
                 record.model = self.gw.router.canonical(model)
                 stats = self.gw.meter.stats(record.model)
                 stats.in_flight += 1
-            max_wait_s = _max_wait(request)
+            max_wait_s = max_wait(request)
             self.holds.enter(key)
             entered = True
             prompt_tokens = proxy.counted_prompt_tokens(body)
@@ -323,7 +265,7 @@ class GatewayHttp:
                 # the engine went to sleep (or is going) since its agent's last tick: look again, wake it, once
                 await self.gw.router.refresh(target.where)
             assert target is not None  # the loop above ran at least once
-            self._finish(key, record, outcome, target, body)
+            self.finish(key, record, outcome, target, body)
             return response
         except NotServable as exc:
             record.status, record.error = exc.status, exc.message
@@ -348,7 +290,9 @@ class GatewayHttp:
             record.latency_s = round(time.monotonic() - started, 6)
             self.gw.meter.record(record)
 
-    def _abandoned(self, request: web.Request, key: ApiKey, record: Record, target: Target, hold: Hold, body: dict) -> None:
+    def _abandoned(
+        self, request: web.Request, key: ApiKey, record: Record, target: Target, hold: Hold, body: dict[str, Any]
+    ) -> None:
         """Meter a request whose client left: a stream at the tokens it produced so far; an answer not yet come at
         its worst case where a provider bills it (a local engine stops when its connection closes: its prompt only)."""
         outcome = request.get(proxy.STREAM_OUTCOME)
@@ -362,9 +306,9 @@ class GatewayHttp:
             499,
             "the client closed the stream" if record.stream else "the client left before the answer came",
         )
-        self._finish(key, record, outcome, target, body)
+        self.finish(key, record, outcome, target, body)
 
-    def _finish(self, key: ApiKey, record: Record, outcome: proxy.Outcome, target: Target, body: dict) -> None:
+    def finish(self, key: ApiKey, record: Record, outcome: proxy.Outcome, target: Target, body: dict[str, Any]) -> None:
         record.status, record.error, record.ttft_s = outcome.status, outcome.error, outcome.ttft_s
         if outcome.status == 200 and outcome.usage_source is None:
             outcome.prompt_tokens, outcome.usage_source = proxy.counted_prompt_tokens(body), "counted"
@@ -375,134 +319,3 @@ class GatewayHttp:
         )
         record.cost, record.cloud_equivalent = self.gw.price(target, outcome.prompt_tokens or 0, outcome.completion_tokens or 0)
         self.gw.keys.charge(key, (outcome.prompt_tokens or 0) + (outcome.completion_tokens or 0))
-
-    # -- the orchestra call
-
-    async def _orchestra(self, request: web.Request) -> web.Response:
-        try:
-            body = await self._body(request)
-            members = self._members(body)
-            deadline_s = _max_wait(request)
-            if deadline_s is None:
-                deadline_s = _deadline(body.get("deadline_s"), self.gw.policies.queue_timeout_s)
-            asked_max_tokens(body, self.gw.policies.max_tokens)
-            self.holds.enter(request["key"])
-        except NotServable as exc:
-            return error_response(exc.status, exc.message, exc.code, exc.retry_after_s)
-        payload = {k: v for k, v in body.items() if k not in ("models", "group", "deadline_s", "stream")}
-        started = time.monotonic()
-        tasks = {name: asyncio.create_task(self._one(request["key"], name, payload, deadline_s)) for name in members}
-        try:
-            done, pending = await asyncio.wait(tasks.values(), timeout=deadline_s)
-        finally:  # the client left (cancelled) or the deadline passed: no member keeps running upstream
-            for task in tasks.values():
-                task.cancel()
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
-            self.holds.leave(request["key"])
-        results = []
-        for name, task in tasks.items():
-            if task in done and not task.cancelled() and task.exception() is None:
-                results.append(task.result())
-            else:
-                results.append(member_missed(name, "timeout", f"no answer within the {deadline_s:g} s deadline", 504, deadline_s))
-        answered = [r for r in results if r["status"] == "ok"]
-        return web.json_response(
-            {
-                "object": "orchestra.chat.completion",
-                "deadline_s": deadline_s,
-                "latency_s": round(time.monotonic() - started, 6),
-                "partial": len(answered) < len(results),
-                "answered": len(answered),
-                "asked": len(results),
-                "cost": round(sum(r.get("cost") or 0.0 for r in answered), 8),
-                "results": results,
-            }
-        )
-
-    def _members(self, body: dict) -> list[str]:
-        if isinstance(body.get("group"), str):
-            group = self.gw.lab.orchestra.groups.get(body["group"])
-            if group is None:
-                raise NotServable(
-                    404,
-                    f"no orchestra group {body['group']!r} (orchestra.groups: {', '.join(self.gw.lab.orchestra.groups) or 'none'})",
-                    "group_not_found",
-                )
-            return list(dict.fromkeys(group))
-        models = body.get("models")
-        if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
-            raise NotServable(400, "give models: [names] or group: NAME", "invalid_models")
-        if len(models) > MAX_FANOUT:
-            raise NotServable(400, f"at most {MAX_FANOUT} models in one orchestra call", "too_many_models")
-        return list(dict.fromkeys(models))
-
-    async def _one(self, key: ApiKey, name: str, payload: dict, deadline_s: float) -> dict[str, Any]:
-        """One member of the fan-out, metered like any request."""
-        started = time.monotonic()
-        record = Record(key=key.name, model=self.gw.router.canonical(name), tier="none", target=None, status=500, stream=False)
-        stats = self.gw.meter.stats(record.model)
-        stats.in_flight += 1
-        hold, target = None, None
-        try:
-            prompt_tokens = proxy.counted_prompt_tokens(payload)
-            hold = self.holds.reserve_tokens(key, prompt_tokens, asked_max_tokens(payload, self.gw.policies.max_tokens))
-            target = await self.gw.router.route(name, deadline_s)
-            record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
-            self.holds.reserve_money(hold, target, prompt_tokens)
-            outcome = await proxy.fetch(
-                self.session_for(target),
-                target,
-                "/chat/completions",
-                with_max_tokens({**payload, "model": name}, hold),
-                deadline_s,
-            )
-            self._finish(key, record, outcome, target, payload)
-            result = {
-                "model": target.model,
-                "tier": target.tier,
-                "target": target.where,
-                "simulated": target.simulated,
-                "status": "ok" if outcome.status == 200 else "error",
-                "http_status": outcome.status,
-                "latency_s": round(time.monotonic() - started, 6),
-                "ttft_s": outcome.ttft_s,
-                "usage": {
-                    "prompt_tokens": outcome.prompt_tokens,
-                    "completion_tokens": outcome.completion_tokens,
-                    "source": outcome.usage_source,
-                },
-                "cost": record.cost,
-                "cloud_equivalent": record.cloud_equivalent,
-                "fallback_reason": target.reason,
-                "woke": target.woke,
-            }
-            if outcome.status == 200:
-                result["choices"] = (outcome.data or {}).get("choices")
-            else:
-                result["error"] = json.dumps((outcome.data or {}).get("error"))[:500]
-            return result
-        except NotServable as exc:
-            record.status, record.error = exc.status, exc.message
-            return member_missed(record.model, "error", exc.message, exc.status, round(time.monotonic() - started, 6), target)
-        except (aiohttp.ClientError, OSError, UpstreamTooLarge) as exc:
-            record.status, record.error = 502, str(exc)
-            return member_missed(record.model, "error", str(exc), 502, round(time.monotonic() - started, 6), target)
-        except asyncio.CancelledError:  # past the deadline, or the client left: a provider bills what it was asked
-            if target is not None and hold is not None and target.tier == "provider":
-                outcome = proxy.Outcome(
-                    status=504,
-                    prompt_tokens=prompt_tokens,
-                    completion_tokens=max(0, hold.tokens - prompt_tokens),
-                    usage_source="reserved",
-                    error="orchestra deadline",
-                )
-                self._finish(key, record, outcome, target, payload)
-            record.status, record.error = 504, "orchestra deadline"
-            raise
-        finally:
-            if hold is not None:
-                self.holds.release(hold)
-            stats.in_flight -= 1
-            record.latency_s = round(time.monotonic() - started, 6)
-            if record.status != 500 or record.error:
-                self.gw.meter.record(record)

@@ -23,6 +23,8 @@ from agents.gpusupport.stacks import (
     transformers_python,
     vllm_stack,
 )
+from agents.wire.catalogue.agent import GPUS_SUPPORT
+from agents.wire.catalogue.method import NoParams
 from agents.wire.lab.model import Model, SimGpus
 from agents.wire.protocol import ErrorCode, GpuSample, RemoteError
 from agents.wire.sections.gpu_support import GpuSupportSection, Stack, StackKind, Verdict
@@ -47,13 +49,11 @@ class GpuSupportComponent:
         if isinstance(gpus, SimGpus):
             self._stacks = sim_stacks(gpus.stacks)
 
-        @core.rpc.method(
-            "gpus.support", doc="Which stacks (trainer torch, vLLM, llama-server) each GPU can run, with the reason and the fix."
-        )
-        async def support(peer: Peer, _params: Any) -> dict[str, Any]:
+        @core.rpc.implements(GPUS_SUPPORT)
+        async def support(peer: Peer, _params: NoParams) -> GpuSupportSection:
             if self._stacks is None and self._task is not None:
                 await asyncio.shield(self._task)
-            return self.section().to_wire()
+            return self.section()
 
     async def start(self) -> None:
         if self._stacks is None:  # a real machine: its stacks are read in a thread (subprocesses), cached

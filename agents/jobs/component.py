@@ -1,7 +1,8 @@
 """JobsComponent: launches trainer recipes, supervises them, re-adopts them after an agent restart.
 
 Beside it: job.py (the job record and its views), progress.py (taking in a trainer's progress),
-methods.py (jobs.* RPC), recipes.py (params and argv), runner.py (the process that outlives the agent).
+methods.py (jobs.* RPC), recipes.py (params and argv), launch.py (starting a recipe's process), runner.py (the process that
+outlives the agent), multinode.py and node.py (a job over several machines: its coordinator, and each node).
 """
 
 from __future__ import annotations
@@ -10,34 +11,30 @@ import asyncio
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from agents.gpusupport.port import GpuSupportPort
 from agents.jobs import recipes
 from agents.jobs.gpu_load import check_starved, claim_sim_gpus
 from agents.jobs.job import Job
+from agents.jobs.launch import launch
 from agents.jobs.logs import Follower, read_from, tail
 from agents.jobs.methods import register
-from agents.jobs.multinode import Coordinator, NodeLaunch
-from agents.jobs.multinode import register as register_nodes
+from agents.jobs.multinode import Coordinator
+from agents.jobs.node import NodeLaunch
+from agents.jobs.node import register as register_nodes
 from agents.jobs.port import JobView
 from agents.jobs.progress import update_progress
-from agents.jobs.refind import found_on_disk, keep_on_disk
-from agents.orchestra.port import ModelsPort
+from agents.jobs.refind import found_on_disk
 from agents.runtime.core import AgentCore
-from agents.runtime.procfiles import LOG_KEEP, LOG_MAX_BYTES, descendants
+from agents.runtime.procfiles import descendants
 from agents.runtime.rpc import Peer
-from agents.train.progress import ENV_VAR as PROGRESS_ENV
-from agents.wire.catalogue.jobs import LogsParams
+from agents.wire.catalogue.jobs import JobLogs, LogsParams
 from agents.wire.documents import MAX_DOCUMENT_BYTES, ChildRecord, ExitRecord, load_quietly
 from agents.wire.events import LogEvent, Notice
-from agents.wire.lab.model import Trainer
 from agents.wire.protocol import ErrorCode, RemoteError, Telemetry
 from agents.wire.safe_read import READ_TIMEOUT_S, read_capped_async
 from agents.wire.sections.jobs import JobDetail, JobInfo
@@ -85,23 +82,18 @@ def _alive(pid: int | None, started: float | None) -> bool:
         proc = psutil.Process(pid)
         if started is not None and abs(proc.create_time() - started) > 0.05:
             return False
-        return proc.status() != psutil.STATUS_ZOMBIE
+        alive: bool = proc.status() != psutil.STATUS_ZOMBIE
+        return alive
     except psutil.Error:
         return False
 
 
 def _children(pid: int) -> list[psutil.Process]:
     try:
-        return psutil.Process(pid).children()
+        children: list[psutil.Process] = psutil.Process(pid).children()
+        return children
     except psutil.Error:
         return []
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
 
 
 class JobsComponent:
@@ -181,45 +173,6 @@ class JobsComponent:
 
     # -- launching
 
-    def _recipe_env(self, recipe: Trainer, job_id: str, output_dir: str) -> dict[str, str]:
-        env = dict(os.environ)
-        # torchrun's grace for its workers after SIGTERM (its default is 30 s): the recipe's own
-        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(max(1, int(recipe.stop_grace_s)))
-        env.update({k: recipes.expand(v, job_id, output_dir) for k, v in recipe.env.items()})
-        env["PATH"] = recipes.search_path(env)
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML does (PCI order), not fastest first
-        env["CUDA_VISIBLE_DEVICES"] = recipes.visible_devices(recipe.gpus)  # none: no GPU, not every GPU
-        env["CETLAB_JOB_ID"] = job_id
-        env["PYTHONUNBUFFERED"] = "1"  # log lines as they happen, not when a buffer fills
-        return env
-
-    def _check_gpus(self, recipe: Trainer) -> None:
-        latest = self.core.latest
-        count = len(latest.gpus) if latest is not None and latest.gpu_backend != "none" else None
-        for index in recipe.gpus:
-            if count is not None and index >= count:
-                raise RemoteError(
-                    ErrorCode.UNAVAILABLE, f"recipe {recipe.name} wants GPU {index}, {self.core.machine.name} has {count} GPUs"
-                )
-        for other in self.jobs.values():
-            taken = sorted(set(other.gpus) & set(recipe.gpus))
-            if other.active and taken:
-                raise RemoteError(
-                    ErrorCode.CONFLICT,
-                    f"GPU {','.join(map(str, taken))} is taken by job {other.id} ({other.recipe}, {other.state}); stop it first or pick other GPUs",
-                    {"job": other.id},
-                )
-        pool = self.core.find(ModelsPort)
-        for model in pool.holding_gpus() if pool is not None else []:
-            taken = sorted(set(model.gpus) & set(recipe.gpus))
-            if taken:
-                raise RemoteError(
-                    ErrorCode.CONFLICT,
-                    f"GPU {','.join(map(str, taken))} holds model {model.name} ({model.state}); "
-                    f"`cetlab sleep {model.name}` or `cetlab cold {model.name}` first, or pick other GPUs",
-                    {"model": model.name},
-                )
-
     def next_id(self) -> str:
         """The next job id: past every job state.db knows and every job folder (a lost state.db starts counting again)."""
         n = self.core.store.query("SELECT COALESCE(MAX(n), 0) + 1 AS n FROM jobs")[0]["n"]
@@ -234,99 +187,7 @@ class JobsComponent:
 
     def start_job(self, name: str, given: dict[str, Any], node: NodeLaunch | None = None) -> Job:
         """Check everything, then launch; any problem is a typed error before a process exists. ``node``: one node of a multi-node job."""
-        core = self.core
-        lab = core.lab
-        recipe = node.recipe if node is not None else recipes.find_recipe(lab, name, core.machine.name)
-        values = recipes.resolve_params(recipe, given)
-        self._check_gpus(recipe)
-        job_id = node.job_id if node is not None else self.next_id()
-        output_dir = lab.resolve(recipes.expand(recipe.output_dir, job_id))
-        cwd = lab.resolve(recipe.cwd) if recipe.cwd else (lab.source.parent if lab.source else output_dir)
-        if cwd != output_dir and not cwd.is_dir():
-            raise RemoteError(ErrorCode.UNAVAILABLE, f"cwd {cwd} of recipe {name} is not a folder")
-        env = self._recipe_env(recipe, job_id, str(output_dir)) | (node.env() if node is not None else {})
-        program = recipes.expand(recipe.command[0], job_id, str(output_dir))
-        found = recipes.find_program(program, cwd, env["PATH"])
-        if found is None:
-            raise RemoteError(
-                ErrorCode.UNAVAILABLE,
-                f"command {program!r} of recipe {name} not found or not executable on {core.machine.name} (PATH {env['PATH']})",
-            )
-        if (support := core.find(GpuSupportPort)) is not None:  # its torch has kernels for its GPUs, or a refusal with the fix
-            support.check_job(name, recipe.gpus, str(found))
-        torchrun = "torchrun"
-        if recipe.launcher == "torchrun":
-            installed = recipes.find_program("torchrun", cwd, env["PATH"])
-            if installed is None:
-                raise RemoteError(
-                    ErrorCode.UNAVAILABLE, f"recipe {name} uses torchrun, which is not installed on {core.machine.name}"
-                )
-            torchrun = installed
-        try:  # last: a refused start leaves no empty folder behind
-            output_dir.mkdir(parents=True, exist_ok=True)
-            if not os.access(output_dir, os.W_OK):
-                raise PermissionError("permission denied")
-        except OSError as exc:
-            raise RemoteError(
-                ErrorCode.UNAVAILABLE, f"output_dir {output_dir} of recipe {name} is not writable: {exc.strerror or exc}"
-            ) from None
-        argv = recipes.build_argv(
-            recipe, values, job_id, str(output_dir), torchrun, node.torchrun_args() if node is not None else None
-        )
-        job_dir = self.jobs_dir / job_id
-        job_dir.mkdir(parents=True, exist_ok=True)
-        env[PROGRESS_ENV] = str(job_dir / "progress.json")
-        job = Job(
-            id=job_id,
-            recipe=name,
-            machine=core.machine.name,
-            gpus=list(recipe.gpus),
-            params=values,
-            argv=argv,
-            cwd=str(cwd),
-            output_dir=str(output_dir),
-            log_path=str(self.logs_dir / f"job-{job_id}.log"),
-            job_dir=str(job_dir),
-            started_at=time.time(),
-            node_rank=node.rank if node is not None else None,
-            coordinator=node.coordinator if node is not None else None,
-        )
-        with core.store.transaction() as db:
-            db.execute(
-                "INSERT INTO jobs (id, recipe, record, state) VALUES (?, ?, ?, ?)", (job.id, name, job.record(), job.state)
-            )
-        runner = [
-            sys.executable,
-            "-m",
-            "agents.jobs.runner",
-            "--job-dir",
-            str(job_dir),
-            "--log",
-            job.log_path,
-            "--log-max-bytes",
-            str(LOG_MAX_BYTES),
-            "--log-keep",
-            str(LOG_KEEP),
-            "--",
-            *argv,
-        ]
-        try:
-            with open(job_dir / "runner.err", "ab") as err:
-                # a new session: the job is nobody's terminal child and survives the agent
-                job.popen = subprocess.Popen(
-                    runner, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True
-                )
-        except OSError as exc:
-            job.state, job.error, job.ended_at = JobState.FAILED, f"could not start the runner: {exc}", time.time()
-            self.jobs[job.id] = job
-            self.save(job)
-            raise RemoteError(ErrorCode.UNAVAILABLE, job.error) from None
-        job.runner_pid, job.runner_started = job.popen.pid, _create_time(job.popen.pid)
-        self.jobs[job.id] = job
-        self.save(job)
-        keep_on_disk(job)
-        log.info("started job %s (%s): %s", job.id, name, " ".join(argv))
-        return job
+        return launch(self, name, given, node)
 
     def forget(self, job: Job) -> None:
         """Drop a job whose runner has ended as if it never started (its log stays): node 0 starting again on another port."""
@@ -508,7 +369,7 @@ class JobsComponent:
             if ended and not lines:
                 del self.followers[key]
 
-    def logs(self, peer: Peer, job: Job, params: LogsParams) -> dict[str, Any]:
+    def logs(self, peer: Peer, job: Job, params: LogsParams) -> JobLogs:
         path = Path(job.log_path)
         if params.offset is None:
             lines, offset = tail(path, params.tail_lines)
@@ -517,7 +378,7 @@ class JobsComponent:
         if params.follow:
             peer.topics.add(f"log:{job.id}")
             self.followers[(id(peer), job.id)] = (peer, Follower(path, offset))
-        return {"id": job.id, "path": str(path), "lines": lines, "offset": offset, "state": job.state}
+        return JobLogs(id=job.id, path=str(path), lines=lines, offset=offset, state=job.state)
 
     # -- state
 

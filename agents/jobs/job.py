@@ -153,9 +153,6 @@ class Job:
             {**self._fields(simulated, None), "argv": self.argv, "cwd": self.cwd, "runner_pid": self.runner_pid}
         )
 
-    def to_json(self, simulated: bool, now: float | None = None) -> dict[str, Any]:
-        return self.info(simulated, now).to_wire()
-
     def _fields(self, simulated: bool, now: float | None) -> dict[str, Any]:
         p = self.progress or JobProgress()
         end = self.ended_at or now or time.time()

@@ -4,22 +4,32 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agents.jobs import recipes
 from agents.jobs.job import Job
 from agents.runtime.rpc import Peer
 from agents.wire.catalogue.jobs import (
-    JobListParams as ListParams,
-)
-from agents.wire.catalogue.jobs import (
+    JOBS_GET,
+    JOBS_KILL,
+    JOBS_LIST,
+    JOBS_LOGS,
+    JOBS_RECIPES,
+    JOBS_START,
+    JOBS_STOP,
+    JobList,
+    JobLogs,
     JobParams,
     LogsParams,
+    RecipeList,
     StartParams,
     StopParams,
 )
-from agents.wire.protocol import Role
-from agents.wire.sections.jobs import JobInfo
+from agents.wire.catalogue.jobs import (
+    JobListParams as ListParams,
+)
+from agents.wire.catalogue.method import NoParams
+from agents.wire.sections.jobs import JobDetail, JobInfo
 from agents.wire.states import JobState
 
 if TYPE_CHECKING:
@@ -28,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cetlab.jobs")
 
 
-def damaged_job(job_id: str, recipe: object, machine: str, exc: Exception) -> dict[str, Any]:
+def damaged_job(job_id: str, recipe: object, machine: str, exc: Exception) -> JobInfo:
     """A job whose record in state.db cannot be read, as a listing line that says so."""
     log.error("job %s: its record in state.db is unreadable (%s); listed as damaged", job_id, str(exc)[:200])
     return JobInfo(
@@ -41,7 +51,7 @@ def damaged_job(job_id: str, recipe: object, machine: str, exc: Exception) -> di
         log_path="",
         damaged=True,
         error=f"damaged record in state.db: {type(exc).__name__}: {str(exc)[:200]}",
-    ).to_wire()
+    )
 
 
 def register(jobs: JobsComponent) -> None:
@@ -49,19 +59,19 @@ def register(jobs: JobsComponent) -> None:
     core = jobs.core
     rpc = core.rpc
 
-    @rpc.method("jobs.recipes", doc="The recipes of this machine with their launch params.")
-    async def list_recipes(peer: Peer, _params) -> list:
-        return [recipes.recipe_json(r) for r in core.lab.trainers if r.machine == core.machine.name]
+    @rpc.implements(JOBS_RECIPES)
+    async def list_recipes(peer: Peer, _params: NoParams) -> RecipeList:
+        return RecipeList([recipes.recipe_info(r) for r in core.lab.trainers if r.machine == core.machine.name])
 
-    @rpc.method("jobs.list", params=ListParams, doc="Jobs, newest first: the active ones and recent history.")
-    async def list_jobs(peer: Peer, params: ListParams) -> list:
+    @rpc.implements(JOBS_LIST)
+    async def list_jobs(peer: Peer, params: ListParams) -> JobList:
         rows = core.store.query("SELECT id, recipe, record FROM jobs ORDER BY n DESC LIMIT ?", (params.limit,))
         now = time.time()
-        listed = []
+        listed: list[JobInfo] = []
         for row in rows:
             try:
                 job = jobs.jobs.get(row["id"]) or Job.from_record(row["record"])
-                listed.append(job.to_json(core.simulated, now))
+                listed.append(job.info(core.simulated, now))
             except (
                 ValueError,
                 TypeError,
@@ -70,33 +80,30 @@ def register(jobs: JobsComponent) -> None:
                 RecursionError,
             ) as exc:  # one bad row costs its own line only
                 listed.append(damaged_job(row["id"], row["recipe"], core.machine.name, exc))
-        return listed
+        return JobList(listed)
 
-    @rpc.method("jobs.get", params=JobParams, doc="One job, with its command line and last log lines.")
-    async def get_job(peer: Peer, params: JobParams) -> dict:
-        job = jobs.get(params.id)
-        return job.detail(core.simulated).to_wire()
+    @rpc.implements(JOBS_GET)
+    async def get_job(peer: Peer, params: JobParams) -> JobDetail:
+        return jobs.get(params.id).detail(core.simulated)
 
-    @rpc.method("jobs.start", role=Role.OPERATOR, params=StartParams, doc="Launch a recipe with validated params.")
-    async def start_job(peer: Peer, params: StartParams) -> dict:
+    @rpc.implements(JOBS_START)
+    async def start_job(peer: Peer, params: StartParams) -> JobDetail:
         job = await jobs.start_recipe(params.recipe, params.params)
         log.info("job %s started by %s", job.id, peer.who)
-        return job.detail(core.simulated).to_wire()
+        return job.detail(core.simulated)
 
-    @rpc.method(
-        "jobs.stop", role=Role.OPERATOR, params=StopParams, doc="SIGTERM to the job's process group; SIGKILL after grace_s."
-    )
-    async def stop_job(peer: Peer, params: StopParams) -> dict:
+    @rpc.implements(JOBS_STOP)
+    async def stop_job(peer: Peer, params: StopParams) -> JobInfo:
         job = await jobs.stop_everywhere(jobs.get(params.id), params.grace_s, kill=False)
         log.info("job %s stop requested by %s", job.id, peer.who)
-        return job.to_json(core.simulated)
+        return job.info(core.simulated)
 
-    @rpc.method("jobs.kill", role=Role.OPERATOR, params=JobParams, doc="SIGKILL to the job's process group now.")
-    async def kill_job(peer: Peer, params: JobParams) -> dict:
+    @rpc.implements(JOBS_KILL)
+    async def kill_job(peer: Peer, params: JobParams) -> JobInfo:
         job = await jobs.stop_everywhere(jobs.get(params.id), None, kill=True)
         log.info("job %s killed by %s", job.id, peer.who)
-        return job.to_json(core.simulated)
+        return job.info(core.simulated)
 
-    @rpc.method("jobs.logs", params=LogsParams, doc="Log lines: the tail, or from an offset; follow pushes `log` events.")
-    async def job_logs(peer: Peer, params: LogsParams) -> dict:
+    @rpc.implements(JOBS_LOGS)
+    async def job_logs(peer: Peer, params: LogsParams) -> JobLogs:
         return jobs.logs(peer, jobs.get(params.id), params)

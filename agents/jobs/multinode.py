@@ -13,24 +13,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
-from pydantic import ValidationError
 
 from agents.jobs.job import Job
-from agents.jobs.logs import tail
+from agents.jobs.node import RDZV_PORTS, launch_for
 from agents.runtime.procfiles import descendants
-from agents.runtime.rpc import Peer
-from agents.wire.catalogue.jobs import NodeStartParams, NodeStatusParams, NodeStopParams
+from agents.wire.catalogue.jobs import (
+    JOBS_NODE_START,
+    JOBS_NODE_STATUS,
+    JOBS_NODE_STOP,
+    NodeStartParams,
+    NodeStatusParams,
+    NodeStopParams,
+)
+from agents.wire.catalogue.method import Method, P, R, ReplyInvalid, request
 from agents.wire.lab.model import Trainer
-from agents.wire.protocol import ErrorCode, RemoteError, Role
-from agents.wire.sections.jobs import NODE_LAST_LINES, NODE_LOSS_POINTS, JobNode, NodeStatus
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.jobs import JobNode, NodeStatus
 from agents.wire.states import JOB_ACTIVE, NODE_OFFLINE, JobState
 
 if TYPE_CHECKING:
@@ -44,64 +48,6 @@ START_TIMEOUT_S = 30.0
 RDZV_TRIES = 3  # rendezvous ports tried when another process takes the chosen one before torchrun binds it
 RDZV_LISTEN_WAIT_S = 120.0  # torchrun imports torch before it binds its store: seconds, more on a busy machine
 RDZV_TAKEN = ("EADDRINUSE", "address already in use")  # how torch's TCPStore says it could not bind
-# Where a coordinator puts a rendezvous when its recipe names no rdzv_port (c10d's default port and the 99 after it): the
-# other nodes accept no other port, so a node key cannot point a node's torchrun at any port of the first node's host
-RDZV_PORTS = range(29400, 29500)
-
-
-@dataclass(frozen=True)
-class NodeLaunch:
-    """What makes one node's torchrun part of the job: its rank and the rendezvous on the first node."""
-
-    recipe: Trainer  # the recipe with this node's machine and GPUs
-    job_id: str
-    rank: int
-    nnodes: int
-    endpoint: str  # host:port of the first node's c10d store
-    coordinator: str
-    nccl_socket_ifname: str | None
-
-    def torchrun_args(self) -> list[str]:
-        # c10d ignores --node-rank (it ranks nodes itself); is_host says which torchrun hosts the store
-        return [
-            "--nnodes",
-            str(self.nnodes),
-            "--node-rank",
-            str(self.rank),
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            self.endpoint,
-            "--rdzv-id",
-            self.job_id,
-            "--rdzv-conf",
-            f"is_host={int(self.rank == 0)}",
-            "--max-restarts",
-            "0",
-        ]
-
-    def env(self) -> dict[str, str]:
-        return (
-            {"NCCL_SOCKET_IFNAME": self.nccl_socket_ifname, "GLOO_SOCKET_IFNAME": self.nccl_socket_ifname}
-            if self.nccl_socket_ifname
-            else {}
-        )
-
-
-def launch_for(recipe: Trainer, machine: str, rank: int, job_id: str, rdzv_host: str, port: int) -> NodeLaunch:
-    """The launch of ``machine``'s node; everything but the job id and the port comes from this agent's own lab.yaml."""
-    if rank >= len(recipe.nodes) or recipe.nodes[rank].machine != machine:
-        raise RemoteError(ErrorCode.INVALID_PARAMS, f"{machine} is not node {rank} of recipe {recipe.name}")
-    node = recipe.nodes[rank]
-    return NodeLaunch(
-        recipe.model_copy(update={"machine": machine, "gpus": list(node.gpus)}),
-        job_id,
-        rank,
-        len(recipe.nodes),
-        f"{rdzv_host}:{port}",
-        recipe.nodes[0].machine,
-        node.nccl_socket_ifname,
-    )
 
 
 def store_listens(job: Job, port: int) -> bool:
@@ -150,43 +96,6 @@ def rdzv_port(recipe: Trainer, avoid: frozenset[int] = frozenset()) -> int:
     )
 
 
-def check_node_start(recipe: Trainer, params: NodeStartParams, active: list[Job]) -> None:
-    """A node start is one of a job its coordinator started: an id of the coordinator's form (``<first node>-<n>``, so never
-    another machine's run folder), the port the coordinator announces (the recipe's rdzv_port, else one of RDZV_PORTS), and
-    one job of the recipe at a time (``active``: this agent's active node jobs)."""
-    coordinator = recipe.nodes[0].machine
-    if not re.fullmatch(rf"{re.escape(coordinator)}-[1-9][0-9]{{0,8}}", params.id):
-        raise RemoteError(
-            ErrorCode.INVALID_PARAMS,
-            f"job id {params.id!r} is not one of {coordinator}'s ({coordinator}-<n>), the coordinator of recipe {recipe.name}",
-        )
-    if recipe.rdzv_port is not None and params.rdzv_port != recipe.rdzv_port:
-        raise RemoteError(
-            ErrorCode.INVALID_PARAMS, f"rdzv_port {params.rdzv_port} is not recipe {recipe.name}'s ({recipe.rdzv_port})"
-        )
-    if recipe.rdzv_port is None and params.rdzv_port not in RDZV_PORTS:
-        raise RemoteError(
-            ErrorCode.INVALID_PARAMS,
-            f"rdzv_port {params.rdzv_port} is not one a coordinator picks "
-            f"({RDZV_PORTS.start}-{RDZV_PORTS.stop - 1}; recipe {recipe.name} sets no rdzv_port)",
-        )
-    running = [job.id for job in active if job.recipe == recipe.name]
-    if running:
-        raise RemoteError(
-            ErrorCode.CONFLICT,
-            f"node of job {running[0]} of recipe {recipe.name} is still running here: one job of a multi-node recipe at a time",
-            {"job": running[0]},
-        )
-
-
-def node_status(job: Job) -> NodeStatus:
-    """A node as its coordinator needs it: state, outcome, last lines, and progress (c10d may rank any node 0)."""
-    lines, _ = tail(Path(job.log_path), NODE_LAST_LINES) if job.active else (job.last_lines, 0)
-    status = NodeStatus.seen(job.state, job.exit_code, job.error, job.ended_at, lines)
-    status.progress, status.loss_points = job.progress, list(job.loss_points[-NODE_LOSS_POINTS:])
-    return status
-
-
 class Coordinator:
     """The multi-node side of JobsComponent: starts, stops and watches the jobs whose first node is this machine."""
 
@@ -216,7 +125,7 @@ class Coordinator:
         if self.peers is not None:
             await self.peers.stop()
 
-    async def _call(self, machine: str, method: str, params: dict[str, Any], timeout: float = 10.0) -> Any:
+    async def _request(self, machine: str, method: Method[P, R], params: P, timeout: float = 10.0) -> R:
         if self.peers is None:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"{self.jobs.core.machine.name} coordinates no multi-node recipe")
         link = self.peers.links.get(machine)
@@ -225,7 +134,7 @@ class Coordinator:
                 await asyncio.wait_for(link.online.wait(), 5.0)
             except TimeoutError:
                 pass
-        return await self.peers.call(machine, method, params, timeout=timeout)
+        return await request(self.peers, machine, method, params, timeout)
 
     # -- start and stop
 
@@ -268,10 +177,10 @@ class Coordinator:
             self.jobs.save(job)
             return
         calls = [
-            self._call(
+            self._request(
                 n.machine,
-                "jobs.node_start",
-                {"id": job.id, "recipe": recipe.name, "params": given, "node_rank": rank, "rdzv_port": port},
+                JOBS_NODE_START,
+                NodeStartParams(id=job.id, recipe=recipe.name, params=given, node_rank=rank, rdzv_port=port),
                 timeout=START_TIMEOUT_S,
             )
             for rank, n in enumerate(recipe.nodes)
@@ -342,7 +251,7 @@ class Coordinator:
         """SIGTERM (or SIGKILL) to every node's torchrun at once; the ranks agree on the step they stop at."""
         running = [n for n in job.nodes[1:] if n.state in JOB_ACTIVE]
         remote = [
-            asyncio.create_task(self._call(n.machine, "jobs.node_stop", {"id": job.id, "kill": kill, "grace_s": grace_s}))
+            asyncio.create_task(self._request(n.machine, JOBS_NODE_STOP, NodeStopParams(id=job.id, kill=kill, grace_s=grace_s)))
             for n in running
         ]
         if not job.active and not remote:
@@ -357,7 +266,7 @@ class Coordinator:
     async def _fail_all(self, job: Job, reason: str) -> None:
         """Kill every node still running, each recording the reason as its error."""
         calls = [
-            self._call(n.machine, "jobs.node_stop", {"id": job.id, "kill": True, "reason": reason})
+            self._request(n.machine, JOBS_NODE_STOP, NodeStopParams(id=job.id, kill=True, reason=reason))
             for n in job.nodes[1:]
             if n.state in JOB_ACTIVE
         ]
@@ -430,10 +339,9 @@ class Coordinator:
         key = (job.id, node.machine)
         as_before = NodeStatus.seen(node.state, node.exit_code, node.error)
         try:
-            answer = await self._call(node.machine, "jobs.node_status", {"id": job.id}, timeout=5.0)
-            status = NodeStatus.model_validate(answer)
-        except ValidationError as exc:  # a node that answers nonsense is as good as silent
-            log.warning("job %s: node %s answered a status that does not fit: %s", job.id, node.machine, exc.errors()[:1])
+            status = await self._request(node.machine, JOBS_NODE_STATUS, NodeStatusParams(id=job.id), timeout=5.0)
+        except ReplyInvalid as exc:  # a node that answers nonsense is as good as silent
+            log.warning("job %s: node %s answered a status that does not fit: %s", job.id, node.machine, exc.message)
             return as_before
         except RemoteError as exc:
             if exc.code == ErrorCode.NOT_FOUND:
@@ -449,54 +357,3 @@ class Coordinator:
             )
         self.silent_since.pop(key, None)
         return status
-
-
-def register(jobs: JobsComponent) -> None:
-    """jobs.node_*: what the coordinator of a multi-node job may ask of this agent (the `node` role allows these only)."""
-    core = jobs.core
-    rpc = core.rpc
-
-    def node_job(job_id: str) -> Job:
-        job = jobs.get(job_id)
-        if job.coordinator is None or job.node_rank in (None, 0):
-            raise RemoteError(ErrorCode.NOT_FOUND, f"job {job_id} is not a node of a multi-node job on {core.machine.name}")
-        return job
-
-    @rpc.method(
-        "jobs.node_start",
-        role=Role.OPERATOR,
-        params=NodeStartParams,
-        doc="Start this machine's node of a multi-node recipe named in this agent's own lab.yaml.",
-    )
-    async def node_start(peer: Peer, params: NodeStartParams) -> dict:
-        recipe = next((r for r in core.lab.trainers if r.name == params.recipe and r.nodes), None)
-        if recipe is None:
-            raise RemoteError(
-                ErrorCode.NOT_FOUND, f"no multi-node recipe named {params.recipe!r} in {core.machine.name}'s lab.yaml"
-            )
-        if params.id in jobs.jobs or core.store.query("SELECT 1 FROM jobs WHERE id=?", (params.id,)):
-            raise RemoteError(ErrorCode.CONFLICT, f"{core.machine.name} already has a job {params.id}")
-        first = core.lab.machine(recipe.nodes[0].machine)
-        launch = launch_for(recipe, core.machine.name, params.node_rank, params.id, first.host, params.rdzv_port)
-        check_node_start(recipe, params, [j for j in jobs.jobs.values() if j.active and j.node_rank])
-        job = jobs.start_job(recipe.name, params.params, launch)
-        log.info("job %s: node %d started for %s", job.id, params.node_rank, peer.who)
-        return node_status(job).model_dump(mode="json")
-
-    @rpc.method(
-        "jobs.node_stop", role=Role.OPERATOR, params=NodeStopParams, doc="Stop or kill this machine's node of a multi-node job."
-    )
-    async def node_stop(peer: Peer, params: NodeStopParams) -> dict:
-        job = node_job(params.id)
-        if params.reason:
-            job.failure = params.reason
-            if not job.active and job.state != JobState.FAILED:
-                job.state, job.error = JobState.FAILED, params.reason
-                jobs.save(job)
-        if job.active:
-            await jobs.stop_job(job, params.grace_s, params.kill)
-        return node_status(job).model_dump(mode="json")
-
-    @rpc.method("jobs.node_status", role=Role.OPERATOR, params=NodeStatusParams, doc="This machine's node of a multi-node job.")
-    async def node_status_method(peer: Peer, params: NodeStatusParams) -> dict:
-        return node_status(node_job(params.id)).model_dump(mode="json")

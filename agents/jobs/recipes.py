@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agents.wire.catalogue.jobs import RecipeInfo, RecipeParam
 from agents.wire.lab.model import Lab, Trainer, TrainerParam
 from agents.wire.protocol import ErrorCode, RemoteError
 
@@ -154,15 +155,15 @@ def find_recipe(lab: Lab, name: str, machine: str) -> Trainer:
     raise RemoteError(ErrorCode.NOT_FOUND, f"no recipe named {name!r} on {machine} (recipes here: {names})")
 
 
-def recipe_json(recipe: Trainer) -> dict[str, Any]:
+def recipe_info(recipe: Trainer) -> RecipeInfo:
     """A recipe as the console's launch form needs it."""
-    return {
-        "name": recipe.name,
-        "machine": recipe.machine,
-        "gpus": recipe.gpus,
-        "launcher": recipe.launcher,
-        "nproc_per_node": nproc(recipe) if recipe.launcher == "torchrun" else None,
-        "command": recipe.command,
-        "output_dir": recipe.output_dir,
-        "params": [{**p.model_dump(mode="json"), "flag": flag_of(p)} for p in recipe.params],
-    }
+    return RecipeInfo(
+        name=recipe.name,
+        machine=recipe.machine,
+        gpus=recipe.gpus,
+        launcher=recipe.launcher,
+        nproc_per_node=nproc(recipe) if recipe.launcher == "torchrun" else None,
+        command=recipe.command,
+        output_dir=recipe.output_dir,
+        params=[RecipeParam.model_validate({**p.model_dump(mode="json"), "flag": flag_of(p)}) for p in recipe.params],
+    )

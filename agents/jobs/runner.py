@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -31,7 +32,7 @@ CHUNK_BYTES = 64 * 1024
 EXIT_NOT_STARTED = 127
 
 
-def read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

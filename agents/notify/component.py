@@ -13,9 +13,11 @@ from agents.notify.outbox import Outbox
 from agents.notify.secrets import describe
 from agents.notify.sender import RouteSender
 from agents.notify.watch import OfflineWatch, Outage
+from agents.wire.catalogue.method import NoParams
+from agents.wire.catalogue.notify import NOTIFY_STATUS, NOTIFY_TEST
 from agents.wire.catalogue.notify import NotifyTestParams as TestParams
 from agents.wire.lab.notify import AlertmanagerRoute, Kind, Level, kind_of_rule
-from agents.wire.protocol import ErrorCode, RemoteError, Role
+from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.alerts import AlertInfo
 from agents.wire.sections.jobs import JobInfo
 from agents.wire.sections.notify import Notification, NotifyStatus, RouteStatus, TestResult
@@ -344,17 +346,10 @@ class NotifyComponent:
     def _register(self) -> None:
         rpc = self.core.rpc
 
-        @rpc.method(
-            "notify.status", doc="Each notification route of this machine: queued, delivered, failures, the last answers."
-        )
-        async def notify_status(peer: Peer, _params: Any) -> dict[str, Any]:
-            return self.status().model_dump(mode="json")
+        @rpc.implements(NOTIFY_STATUS)
+        async def notify_status(peer: Peer, _params: NoParams) -> NotifyStatus:
+            return self.status()
 
-        @rpc.method(
-            "notify.test",
-            role=Role.OPERATOR,
-            params=TestParams,
-            doc="Send a test notification on a route now; answers what the endpoint said.",
-        )
-        async def notify_test(peer: Peer, params: TestParams) -> dict[str, Any]:
-            return (await self.test(params.route)).model_dump(mode="json")
+        @rpc.implements(NOTIFY_TEST)
+        async def notify_test(peer: Peer, params: TestParams) -> TestResult:
+            return await self.test(params.route)

@@ -9,8 +9,33 @@ from typing import TYPE_CHECKING
 
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
 from agents.orchestra.engines import engine_spec
-from agents.wire.catalogue.models import AdapterParams, ModelParams, PinParams, SwapParams
-from agents.wire.protocol import ErrorCode, RemoteError, Role
+from agents.runtime.rpc import Peer
+from agents.wire.catalogue.method import NoParams
+from agents.wire.catalogue.models import (
+    MODELS_ADAPTER,
+    MODELS_CACHE,
+    MODELS_COLD,
+    MODELS_GET,
+    MODELS_LIST,
+    MODELS_PIN,
+    MODELS_ROTATE,
+    MODELS_ROTATION,
+    MODELS_SLEEP,
+    MODELS_SWAP,
+    MODELS_WARM,
+    AdapterLoaded,
+    AdapterParams,
+    ModelDetail,
+    ModelEvent,
+    ModelParams,
+    ModelsList,
+    PinParams,
+    SwapParams,
+    SwapRecord,
+    SwapResult,
+)
+from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import ModelState
 
 if TYPE_CHECKING:
@@ -22,13 +47,15 @@ def register(pool: OrchestraComponent) -> None:
     core = pool.core
     rpc = core.rpc
 
-    @rpc.method("models.list", doc="Every model of this machine with its state and figures, and the rotation plan.")
-    async def models_list(peer, _params) -> dict:
+    @rpc.implements(MODELS_LIST)
+    async def models_list(peer: Peer, _params: NoParams) -> ModelsList:
         section = pool.section()
-        return {"machine": core.machine.name, **(section.to_wire() if section else {"models": [], "rotation": None})}
+        if section is None:
+            return ModelsList(machine=core.machine.name, models=[], rotation=None)
+        return ModelsList(machine=core.machine.name, models=section.models, rotation=section.rotation)
 
-    @rpc.method("models.get", params=ModelParams, doc="One model with its history, load phases and log tail.")
-    async def models_get(peer, params: ModelParams) -> dict:
+    @rpc.implements(MODELS_GET)
+    async def models_get(peer: Peer, params: ModelParams) -> ModelDetail:
         slot = pool.slot(params.model)
         engine = slot.engine or slot.last_engine
         history = core.store.query(
@@ -40,82 +67,75 @@ def register(pool: OrchestraComponent) -> None:
             "WHERE out_model=? OR in_model=? ORDER BY id DESC LIMIT 20",
             (slot.name, slot.name),
         )
-        return {
-            **pool.info(slot).to_wire(),
-            "path": str(slot.path),
-            "history": [{**r, "detail": json.loads(r["detail"]) if r["detail"] else None} for r in history],
-            "swaps": swaps,
-            "load_phases": engine.load_phases() if engine else {},
-            "log_tail": engine.log_tail(40) if engine else [],
-            "log_path": str(engine.log_path) if engine else None,
-        }
+        return ModelDetail(
+            **pool.info(slot).model_dump(),
+            path=str(slot.path),
+            history=[
+                ModelEvent.model_validate({**r, "detail": json.loads(r["detail"]) if r["detail"] else None}) for r in history
+            ],
+            swaps=[SwapRecord.model_validate(r) for r in swaps],
+            load_phases=engine.load_phases() if engine else {},
+            log_tail=engine.log_tail(40) if engine else [],
+            log_path=str(engine.log_path) if engine else None,
+        )
 
-    @rpc.method("models.warm", role=Role.OPERATOR, params=ModelParams, doc="Bring a model up (or wake it); returns at once.")
-    async def models_warm(peer, params: ModelParams) -> dict:
+    @rpc.implements(MODELS_WARM)
+    async def models_warm(peer: Peer, params: ModelParams) -> ModelInfo:
         slot = pool.slot(params.model)
         pool.warm(slot)
         slot.operator_warm = True
-        return pool.info(slot).to_wire()
+        return pool.info(slot)
 
-    @rpc.method(
-        "models.sleep", role=Role.OPERATOR, params=ModelParams, doc="Put a warm model to sleep (GPU freed, weights in RAM)."
-    )
-    async def models_sleep(peer, params: ModelParams) -> dict:
+    @rpc.implements(MODELS_SLEEP)
+    async def models_sleep(peer: Peer, params: ModelParams) -> ModelInfo:
         slot = pool.slot(params.model)
         pool.sleep(slot)
         slot.operator_warm = False
-        return pool.info(slot).to_wire()
+        return pool.info(slot)
 
-    @rpc.method("models.cold", role=Role.OPERATOR, params=ModelParams, doc="Stop a model's engine; waits until it is stopped.")
-    async def models_cold(peer, params: ModelParams) -> dict:
+    @rpc.implements(MODELS_COLD)
+    async def models_cold(peer: Peer, params: ModelParams) -> ModelInfo:
         slot = pool.slot(params.model)
         slot.operator_warm = False
         await pool.cold(slot)
-        return pool.info(slot).to_wire()
+        return pool.info(slot)
 
-    @rpc.method(
-        "models.swap", role=Role.OPERATOR, params=SwapParams, doc="Free OUT's GPUs and bring IN up there; returns at once."
-    )
-    async def models_swap(peer, params: SwapParams) -> dict:
+    @rpc.implements(MODELS_SWAP)
+    async def models_swap(peer: Peer, params: SwapParams) -> SwapResult:
         out, incoming = pool.slot(params.out), pool.slot(params.in_)
         pool.swap(out, incoming)
         out.operator_warm, incoming.operator_warm = False, True
-        return {"out": pool.info(out).to_wire(), "in": pool.info(incoming).to_wire()}
+        return SwapResult.model_validate({"out": pool.info(out), "in": pool.info(incoming)})
 
-    @rpc.method("models.cache", role=Role.OPERATOR, params=ModelParams, doc="Pre-read a model's files into RAM (page cache).")
-    async def models_cache(peer, params: ModelParams) -> dict:
+    @rpc.implements(MODELS_CACHE)
+    async def models_cache(peer: Peer, params: ModelParams) -> ModelInfo:
         slot = pool.slot(params.model)
         await pool.cache(slot)
-        return pool.info(slot).to_wire()
+        return pool.info(slot)
 
-    @rpc.method("models.pin", role=Role.OPERATOR, params=PinParams, doc="Pin (or unpin) a model: rotation never takes it out.")
-    async def models_pin(peer, params: PinParams) -> dict:
+    @rpc.implements(MODELS_PIN)
+    async def models_pin(peer: Peer, params: PinParams) -> ModelInfo:
         slot = pool.slot(params.model)
         slot.pinned = params.pinned
         pool.book.kv_save(pins={s.name: s.pinned for s in pool.slots.values()})
-        return pool.info(slot).to_wire()
+        return pool.info(slot)
 
-    @rpc.method("models.rotation", doc="The rotation plan, the next rotation time and the measured overhead.")
-    async def models_rotation(peer, _params) -> dict:
-        return pool.rotation_info().to_wire()
+    @rpc.implements(MODELS_ROTATION)
+    async def models_rotation(peer: Peer, _params: NoParams) -> Rotation:
+        return pool.rotation_info()
 
-    @rpc.method("models.rotate", role=Role.OPERATOR, doc="Run the next rotation of the plan now; returns at once.")
-    async def models_rotate(peer, _params) -> dict:
+    @rpc.implements(MODELS_ROTATE)
+    async def models_rotate(peer: Peer, _params: NoParams) -> Rotation:
         if not core.lab.orchestra.rotation:
             raise RemoteError(ErrorCode.UNAVAILABLE, "lab.yaml has no orchestra.rotation plan")
         pool.rotation.start()
         for slot in pool.slots.values():  # the operator's latest command wins: this rotation may take them out
             slot.operator_warm = False
         await asyncio.sleep(0)
-        return pool.rotation_info().to_wire()
+        return pool.rotation_info()
 
-    @rpc.method(
-        "models.adapter",
-        role=Role.OPERATOR,
-        params=AdapterParams,
-        doc="Load a LoRA adapter into a warm vLLM (or sim) model; on llama.cpp, select one named at start.",
-    )
-    async def models_adapter(peer, params: AdapterParams) -> dict:
+    @rpc.implements(MODELS_ADAPTER)
+    async def models_adapter(peer: Peer, params: AdapterParams) -> AdapterLoaded:
         slot = pool.slot(params.model)
         path = core.lab.resolve(params.path) or Path(params.path)
         if engine_spec(slot.model.engine).adapter_format == "gguf":  # llama.cpp: one GGUF adapter file, named at start
@@ -139,4 +159,4 @@ def register(pool: OrchestraComponent) -> None:
         except (EngineDown, EngineRequestFailed) as exc:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"{slot.name} refused the adapter: {exc}") from None
         pool.book.event(slot, "adapter", detail={"name": params.name, "path": str(path)})
-        return {**pool.info(slot).to_wire(), "adapter": params.name}
+        return AdapterLoaded(**pool.info(slot).model_dump(), adapter=params.name)

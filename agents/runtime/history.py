@@ -14,7 +14,7 @@ class History:
     """Ring buffer of compact samples: one hour at the sampling rate."""
 
     def __init__(self, interval_s: float):
-        self.rows: deque[tuple] = deque(maxlen=max(1, int(HISTORY_S / interval_s)))
+        self.rows: deque[tuple[Any, ...]] = deque(maxlen=max(1, int(HISTORY_S / interval_s)))
 
     def add(self, t: Telemetry) -> None:
         gpus = tuple((g.util_pct, g.mem_used_bytes, g.temp_c, g.power_w) for g in t.gpus)

@@ -123,7 +123,7 @@ class AuthorizedKeys:
 
     def __init__(self, path: Path):
         self.path = path
-        self._stamp: tuple | None = None
+        self._stamp: tuple[int, int, int, int] | None = None
         self._entries: list[AuthorizedKey] = []
 
     def entries(self) -> list[AuthorizedKey]:

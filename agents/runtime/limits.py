@@ -248,7 +248,7 @@ class _Waiting:
     authenticating: bool = False
 
 
-def _item_sizes(items: list) -> list[int]:
+def _item_sizes(items: list[Any]) -> list[int]:
     return [len(json.dumps(item, separators=(",", ":"), allow_nan=False, default=str)) + 1 for item in items]
 
 

@@ -35,7 +35,9 @@ async def _forward(conn: asyncssh.SSHClientConnection, path: str, port: int) -> 
     """Listen on the unix socket ``path``; each connection becomes a direct-tcpip channel to 127.0.0.1:``port`` on
     the far side of ``conn``, bytes copied both ways as they come (half-closes passed on)."""
 
-    async def copy(source: asyncio.StreamReader | asyncssh.SSHReader, sink: asyncio.StreamWriter | asyncssh.SSHWriter) -> None:
+    async def copy(
+        source: asyncio.StreamReader | asyncssh.SSHReader[bytes], sink: asyncio.StreamWriter | asyncssh.SSHWriter[bytes]
+    ) -> None:
         try:
             while chunk := await source.read(TUNNEL_CHUNK_BYTES):
                 sink.write(chunk)

@@ -28,7 +28,8 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 def descendants(pid: int) -> list[psutil.Process]:
     """Every process below ``pid``, whatever session or group it moved to (torchrun's workers do)."""
     try:
-        return psutil.Process(pid).children(recursive=True)
+        found: list[psutil.Process] = psutil.Process(pid).children(recursive=True)
+        return found
     except psutil.Error:
         return []
 

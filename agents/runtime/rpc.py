@@ -14,12 +14,12 @@ from pydantic import BaseModel, ValidationError
 
 from agents.runtime.store import DiskFull
 from agents.wire.catalogue.index import CATALOGUE
-from agents.wire.catalogue.method import Method, NoParams, params_error
+from agents.wire.catalogue.method import Method, NoParams, P, R, params_error
 from agents.wire.protocol import ErrorCode, RemoteError, Role, encode
 
 log = logging.getLogger("cetlab.rpc")
 
-Handler = Callable[["Peer", Any], Awaitable[Any]]
+Handler = Callable[["Peer", Any], Awaitable[BaseModel]]
 
 
 class AuditTrail(Protocol):
@@ -108,29 +108,26 @@ class Registry:
         # each handler's result is validated against the catalogue's result model before it goes out
         self.check_results = check_results
 
-    def method(
-        self, name: str, role: Role | None = None, params: type[BaseModel] | None = None, doc: str = ""
-    ) -> Callable[[Handler], Handler]:
-        """Register ``async def handler(peer, params)`` for the catalogue's method ``name``.
+    def implements(
+        self, method: Method[P, R]
+    ) -> Callable[[Callable[[Peer, P], Awaitable[R]]], Callable[[Peer, P], Awaitable[R]]]:
+        """Register ``async def handler(peer, params: P) -> R`` as the catalogue's ``method`` (a ``Method[P, R]``).
 
-        ``params`` and ``role``, where given, must be the catalogue's (a mismatch is a bug: ValueError at start);
-        the handler gets its params validated (a ``NoParams`` for a method that takes none). ``doc`` is the
-        catalogue's; the argument is kept for the callers that still pass it.
+        The name, params model, role and doc are the entry's; the handler gets its params validated (a ``NoParams``
+        for a method that takes none) and answers the result model, which goes out as its JSON (here, in one place).
+        Typed so that a handler whose params or result differ from the entry's fails the type check; an entry that is
+        not the catalogue's own (a copy, a made-up one) is a bug: ValueError at start.
         """
-        entry = CATALOGUE.get(name)
-        if entry is None:
-            raise ValueError(f"method {name!r} is not in the catalogue (agents/wire/catalogue/): add its entry there first")
-        if params is not None and params is not entry.params or params is None and entry.params is not NoParams:
-            given = params.__name__ if params is not None else "no params"
-            raise ValueError(f"method {name} registered with {given}; the catalogue says {entry.params.__name__}")
-        if role is not None and role is not entry.role:
-            raise ValueError(f"method {name} registered for the {role} role; the catalogue says {entry.role}")
+        if CATALOGUE.get(method.name) is not method:
+            raise ValueError(
+                f"method {method.name!r} is not in the catalogue (agents/wire/catalogue/) as this entry: add its entry there first"
+            )
 
-        def decorator(func: Handler) -> Handler:
-            if name in self.specs:
-                raise ValueError(f"method {name} registered twice")
-            self.specs[name] = entry
-            self._handlers[name] = func
+        def decorator(func: Callable[[Peer, P], Awaitable[R]]) -> Callable[[Peer, P], Awaitable[R]]:
+            if method.name in self.specs:
+                raise ValueError(f"method {method.name} registered twice")
+            self.specs[method.name] = method
+            self._handlers[method.name] = func
             return func
 
         return decorator
@@ -215,11 +212,13 @@ class Registry:
         except ValidationError as exc:
             raise RemoteError(ErrorCode.INVALID_PARAMS, _params_error(exc)) from None
         result = await self._handlers[method](peer, params)
-        if isinstance(result, BaseModel):  # a handler may answer its typed result: it goes out as its JSON
-            return result.model_dump(mode="json", by_alias=True)
-        if self.check_results:
-            check_result(spec, result)
-        return result
+        if not isinstance(result, spec.result):  # the type check sees to it; a handler typed Any could still slip
+            log.error("%s answered a %s, not its %s (not sent)", method, type(result).__name__, spec.result.__name__)
+            raise RemoteError(ErrorCode.INTERNAL, f"{method}'s result is not a {spec.result.__name__}; see the agent's log")
+        wire = result.model_dump(mode="json", by_alias=True)
+        if self.check_results:  # a model built unchecked (model_construct) or changed after it was built
+            check_result(spec, wire)
+        return wire
 
 
 def check_result(spec: Method[Any, Any], result: Any) -> None:

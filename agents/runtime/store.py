@@ -150,10 +150,10 @@ class Store:
             self.full_at = time.time()
             raise DiskFull(self.disk_full) from None
 
-    def execute(self, sql: str, args: tuple | dict = ()) -> sqlite3.Cursor:
+    def execute(self, sql: str, args: tuple[Any, ...] | dict[str, Any] = ()) -> sqlite3.Cursor:
         return self.db.execute(sql, args)
 
-    def query(self, sql: str, args: tuple | dict = ()) -> list[dict[str, Any]]:
+    def query(self, sql: str, args: tuple[Any, ...] | dict[str, Any] = ()) -> list[dict[str, Any]]:
         return [dict(row) for row in self.db.execute(sql, args).fetchall()]
 
     def close(self) -> None:

@@ -21,6 +21,24 @@ from agents.runtime.rpc import Peer, Registry
 from agents.runtime.store import Store
 from agents.telemetry.host import HostSampler
 from agents.telemetry.samplers import GpuSampler, open_gpu_sampler
+from agents.wire.catalogue.agent import (
+    HELLO,
+    HISTORY,
+    METHODS,
+    PING,
+    SET_INTERVAL,
+    STATUS,
+    SUBSCRIBE,
+    UNSUBSCRIBE,
+    HistoryReply,
+    Interval,
+    MethodInfo,
+    MethodList,
+    Ping,
+    StatusReply,
+    Topics,
+)
+from agents.wire.catalogue.method import NoParams
 from agents.wire.events import PushEvent, TickEvent
 from agents.wire.lab.model import Lab
 from agents.wire.protocol import (
@@ -32,7 +50,6 @@ from agents.wire.protocol import (
     HistoryParams,
     IntervalParams,
     RemoteError,
-    Role,
     SubscribeParams,
     Telemetry,
 )
@@ -111,11 +128,11 @@ class Agent:
         self.started_at = time.time()
         self._store: Store | None = None
         self._acceptor: asyncssh.SSHAcceptor | None = None
-        self._loop_task: asyncio.Task | None = None
+        self._loop_task: asyncio.Task[None] | None = None
         self.current: dict[str, Any] = {}  # the typed sections of the latest tick, by name (agents/wire/sections/)
         self._last_sections: dict[str, Any] = {}
         self.faults: dict[str, SectionFault] = {}  # the sections whose component raised in the latest tick
-        self._last_gpus: dict[int, dict] = {}
+        self._last_gpus: dict[int, dict[str, Any]] = {}
         self.ticks = 0
         self._register_core()  # the core's methods first (`methods` lists them first)
         # Last, on a whole core: the components are built with this agent as their AgentCore.
@@ -377,8 +394,8 @@ class Agent:
     def _register_core(self) -> None:
         rpc = self.rpc
 
-        @rpc.method("hello", doc="Versions, capabilities and the caller's role. Call it first.")
-        async def hello(peer: Peer, _params) -> dict:
+        @rpc.implements(HELLO)
+        async def hello(peer: Peer, _params: NoParams) -> Hello:
             return Hello(
                 protocol=PROTOCOL_VERSION,
                 agent_version=__version__,
@@ -389,61 +406,60 @@ class Agent:
                 simulated=self.simulated,
                 sample_interval_s=self.interval_s,
                 started_at=self.started_at,
-            ).model_dump(mode="json")
+            )
 
-        @rpc.method("ping", doc="Round trip; returns the agent's clock.")
-        async def ping(peer: Peer, _params) -> dict:
-            return {"t": time.time()}
+        @rpc.implements(PING)
+        async def ping(peer: Peer, _params: NoParams) -> Ping:
+            return Ping(t=time.time())
 
-        @rpc.method("status", doc="The latest sample and every section, whole.")
-        async def status(peer: Peer, _params) -> dict:
+        @rpc.implements(STATUS)
+        async def status(peer: Peer, _params: NoParams) -> StatusReply:
             if self.latest is None:
                 raise RemoteError(ErrorCode.UNAVAILABLE, "no sample yet")
-            return {
-                "t": self.latest.t,
-                "machine": self.machine.name,
-                "simulated": self.simulated,
-                "gpus": [g.model_dump(mode="json") for g in self.latest.gpus],
-                **self.sections(),
-            }
+            return StatusReply.model_validate(
+                {
+                    "t": self.latest.t,
+                    "machine": self.machine.name,
+                    "simulated": self.simulated,
+                    "gpus": self.latest.gpus,
+                    **self.sections(),
+                }
+            )
 
-        @rpc.method("history", params=HistoryParams, doc="Samples from the one-hour ring buffer.")
-        async def history(peer: Peer, params: HistoryParams) -> dict:
-            return {
-                "interval_s": self.interval_s,
-                "simulated": self.simulated,
-                **self.history.export(params.since, params.max_points),
-            }
+        @rpc.implements(HISTORY)
+        async def history(peer: Peer, params: HistoryParams) -> HistoryReply:
+            return HistoryReply.model_validate(
+                {
+                    "interval_s": self.interval_s,
+                    "simulated": self.simulated,
+                    **self.history.export(params.since, params.max_points),
+                }
+            )
 
-        @rpc.method("subscribe", params=SubscribeParams, doc="Push events: tick (state diffs), log, notice.")
-        async def subscribe(peer: Peer, params: SubscribeParams) -> dict:
+        @rpc.implements(SUBSCRIBE)
+        async def subscribe(peer: Peer, params: SubscribeParams) -> Topics:
             peer.topics.update(params.topics)
             peer.wants_full = True
-            return {"topics": sorted(peer.topics)}
+            return Topics(topics=sorted(peer.topics))
 
-        @rpc.method("unsubscribe", params=SubscribeParams)
-        async def unsubscribe(peer: Peer, params: SubscribeParams) -> dict:
+        @rpc.implements(UNSUBSCRIBE)
+        async def unsubscribe(peer: Peer, params: SubscribeParams) -> Topics:
             peer.topics.difference_update(params.topics)
-            return {"topics": sorted(peer.topics)}
+            return Topics(topics=sorted(peer.topics))
 
-        @rpc.method(
-            "set_interval",
-            role=Role.OPERATOR,
-            params=IntervalParams,
-            doc="Change the sampling interval (not kept across restarts).",
-        )
-        async def set_interval(peer: Peer, params: IntervalParams) -> dict:
+        @rpc.implements(SET_INTERVAL)
+        async def set_interval(peer: Peer, params: IntervalParams) -> Interval:
             self.interval_s = params.interval_s
             log.info("%s set the sampling interval to %.2f s", peer.who, params.interval_s)
-            return {"interval_s": self.interval_s}
+            return Interval(interval_s=self.interval_s)
 
         from agents.telemetry.sim import register_methods as register_sim_methods
 
         register_sim_methods(rpc, self.machine.name, self.gpus, lambda: len(self.latest.gpus) if self.latest is not None else 0)
 
-        @rpc.method("methods", doc="Every method with its role and doc.")
-        async def methods(peer: Peer, _params) -> list:
-            return [{"name": s.name, "role": s.role, "doc": s.doc} for s in self.rpc.specs.values()]
+        @rpc.implements(METHODS)
+        async def methods(peer: Peer, _params: NoParams) -> MethodList:
+            return MethodList([MethodInfo(name=s.name, role=s.role, doc=s.doc) for s in self.rpc.specs.values()])
 
 
 def default_components(core: AgentCore) -> list[Component]:

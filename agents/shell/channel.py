@@ -81,8 +81,8 @@ class Channel:
         self._buffer = bytearray()
         self._discarding = False  # inside an oversized line: drop bytes until its newline
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_CALLS)
-        self._tasks: set[asyncio.Task] = set()
-        self._finishing: asyncio.Task | None = None  # after EOF: answering the last calls, then closing
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._finishing: asyncio.Task[None] | None = None  # after EOF: answering the last calls, then closing
         self._holds: set[str] = set()  # why we read nothing from this console now: "unread" replies, over "budget"
         transport.set_write_buffer_limits(high=PAUSE_READING_BYTES)
 
@@ -229,7 +229,7 @@ class SocketRoles:
 
     def __init__(self, path: Path):
         self.path = path
-        self._stamp: tuple | None = None
+        self._stamp: tuple[int, int, int, int] | None = None
         self._roles: dict[str, Role] = {}
 
     def roles(self) -> dict[str, Role]:

@@ -14,7 +14,10 @@ import sqlite3
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, KeyFileError, ensure_key
 from agents.runtime.limits import RepeatFilter, ThrottledLog
@@ -115,7 +118,7 @@ def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, grace
     then ends the process if the orderly stop has not finished in time.
     """
 
-    def on_signal(signum: int, _frame) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         loop.call_soon_threadsafe(stop.set)
         if not any(t.name == "stop-deadline" for t in threading.enumerate()):
             threading.Thread(
@@ -133,11 +136,11 @@ def _deadline(grace_s: float, signame: str) -> None:
     os._exit(EXIT_STOP_TIMEOUT)
 
 
-def _throttled_exception_handler():
+def _throttled_exception_handler() -> Callable[[asyncio.AbstractEventLoop, dict[str, Any]], None]:
     """The loop's error reports (e.g. accept() out of file descriptors, many per second) at most once per 10 s each."""
     throttled = ThrottledLog(logging.getLogger("cetlab.loop"))
 
-    def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         message = context.get("message", "unhandled error in the event loop")
         exc = context.get("exception")
         throttled(logging.ERROR, message, "%s", message, exc_info=exc)

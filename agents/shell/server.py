@@ -22,14 +22,14 @@ if TYPE_CHECKING:
     from agents.shell.agent import Agent
 
 
-class _Session(asyncssh.SSHServerSession):
+class _Session(asyncssh.SSHServerSession[bytes]):
     """One console's SSH channel (subsystem cetlab) carrying a Channel."""
 
     def __init__(self, server: _Server):
         self.server = server
         self.channel: Channel | None = None
 
-    def connection_made(self, chan: asyncssh.SSHServerChannel) -> None:
+    def connection_made(self, chan: asyncssh.SSHServerChannel[bytes]) -> None:
         role = self.server.role
         if role is None:  # asyncssh opens sessions only after auth, which sets the role
             raise RuntimeError(f"a session of {self.server.who} opened before its key was accepted")
@@ -201,7 +201,7 @@ class _Server(asyncssh.SSHServer):
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, problem)
         return True  # asyncssh connects to 127.0.0.1:dest_port and pipes the channel both ways
 
-    def session_requested(self) -> asyncssh.SSHServerSession | bool:
+    def session_requested(self) -> asyncssh.SSHServerSession[bytes] | bool:
         if self.role is None:
             return False
         if self.channels >= MAX_CHANNELS_PER_CONNECTION:

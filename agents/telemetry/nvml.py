@@ -160,7 +160,8 @@ class NvmlSampler:
         return gpu
 
     def _is_lost(self, exc: Exception) -> bool:
-        return getattr(exc, "value", None) == self._nvml.NVML_ERROR_GPU_IS_LOST
+        lost: bool = getattr(exc, "value", None) == self._nvml.NVML_ERROR_GPU_IS_LOST
+        return lost
 
     def _query(self, gpu: _Gpu, function: str, *args: Any, **kwargs: Any) -> Any:
         """One NVML call on one GPU: None when N/A (unsupported, or missing from old bindings)."""
@@ -256,8 +257,10 @@ class NvmlSampler:
         )
 
     def _power_limit_mw(self, gpu: _Gpu) -> int | None:
-        limit_mw = self._query(gpu, "nvmlDeviceGetEnforcedPowerLimit")
-        return limit_mw if limit_mw is not None else self._query(gpu, "nvmlDeviceGetPowerManagementLimit")
+        limit_mw: int | None = self._query(gpu, "nvmlDeviceGetEnforcedPowerLimit")
+        if limit_mw is None:
+            limit_mw = self._query(gpu, "nvmlDeviceGetPowerManagementLimit")
+        return limit_mw
 
     def _processes(self, gpu: _Gpu) -> list[GpuProcess]:
         """Compute and graphics processes merged by pid, with user and command from the host."""

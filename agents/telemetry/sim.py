@@ -7,11 +7,11 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agents.wire.capability import capability_by_name, parse_capability
 from agents.wire.lab.model import SimGpu
-from agents.wire.protocol import ComputeCapability, ErrorCode, GpuBackend, GpuProcess, GpuSample, RemoteError, Role
+from agents.wire.protocol import ComputeCapability, ErrorCode, GpuBackend, GpuProcess, GpuSample, RemoteError
 
 if TYPE_CHECKING:
     from agents.runtime.rpc import Peer, Registry
@@ -179,17 +179,14 @@ def register_methods(rpc: Registry, machine: str, sampler: GpuSampler, gpu_count
     """`sim.override`: scenarios (a hot GPU, a full one) on simulated GPUs; machines with real ones answer `unavailable`.
 
     ``gpu_count``: how many GPUs the latest sample has (0 before the first)."""
-    from agents.wire.catalogue.agent import (
-        OverrideParams,  # here: the sampler alone (an nvitop-style loop) needs none of the wire's models
+    from agents.wire.catalogue.agent import (  # here: the sampler alone (an nvitop-style loop) needs none of the wire's models
+        SIM_OVERRIDE,
+        OverrideParams,
+        SimOverride,
     )
 
-    @rpc.method(
-        "sim.override",
-        role=Role.OPERATOR,
-        params=OverrideParams,
-        doc="Simulated GPUs only: force temp_c / util_pct / mem_used_bytes / power_w of one GPU (clear: true drops them).",
-    )
-    async def override(peer: Peer, params: OverrideParams) -> dict[str, Any]:
+    @rpc.implements(SIM_OVERRIDE)
+    async def override(peer: Peer, params: OverrideParams) -> SimOverride:
         if not isinstance(sampler, SimSampler):
             raise RemoteError(
                 ErrorCode.UNAVAILABLE, f"{machine} has real GPUs ({sampler.backend}); sim.override only drives simulated ones"
@@ -207,4 +204,4 @@ def register_methods(rpc: Registry, machine: str, sampler: GpuSampler, gpu_count
         if fields:
             sampler.override(params.gpu, **fields)
         log.info("%s overrode simulated gpu%d: %s", peer.who, params.gpu, fields or "cleared")
-        return {"gpu": params.gpu, "overrides": fields, "simulated": True}
+        return SimOverride(gpu=params.gpu, overrides=fields, simulated=True)

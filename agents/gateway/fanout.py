@@ -1,0 +1,200 @@
+"""The orchestra call of the gateway (POST /v1/orchestra/chat/completions): one prompt to several models at once, each
+member metered and held like any request, every answer (or why there is none) back by the deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from agents.gateway import proxy
+from agents.gateway.keys import ApiKey
+from agents.gateway.limits import UpstreamTooLarge
+from agents.gateway.metering import Record
+from agents.gateway.openai_api import error_response, max_wait
+from agents.gateway.reservation import asked_max_tokens, with_max_tokens
+from agents.gateway.router import NotServable, Target
+from agents.wire.lab.gateway import MAX_GROUP_MEMBERS
+
+if TYPE_CHECKING:
+    from agents.gateway.server import GatewayHttp
+
+MAX_FANOUT = MAX_GROUP_MEMBERS  # models in one orchestra call
+
+
+def member_missed(
+    model: str, status: str, error: str, http_status: int, latency_s: float, target: Target | None = None
+) -> dict[str, Any]:
+    """An orchestra member that did not answer (error, timeout): the keys of one that did, null where there is no figure,
+    so a client reads every result alike."""
+    return {
+        "model": model,
+        "tier": target.tier if target else None,
+        "target": target.where if target else None,
+        "simulated": target.simulated if target else None,
+        "status": status,
+        "http_status": http_status,
+        "latency_s": latency_s,
+        "ttft_s": None,
+        "usage": None,
+        "cost": None,
+        "cloud_equivalent": None,
+        "fallback_reason": target.reason if target else None,
+        "woke": bool(target and target.woke),
+        "error": error,
+    }
+
+
+def _deadline(raw: object, default: float) -> float:
+    """The orchestra call's deadline_s: a finite number of seconds > 0 (at most a day), or the default."""
+    if raw is None:
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw) or not 0 < raw <= 86400:
+        raise NotServable(
+            400, f"deadline_s must be a number of seconds > 0 and <= 86400, got {str(raw)[:40]!r}", "invalid_deadline"
+        )
+    return float(raw)
+
+
+class Fanout:
+    """The orchestra call, on the gateway's HTTP server (its keys' holds, its sessions, its meter)."""
+
+    def __init__(self, http: GatewayHttp) -> None:
+        self.http = http
+
+    async def answer(self, request: web.Request) -> web.Response:
+        """POST /v1/orchestra/chat/completions: one prompt to several models at once, every answer by the deadline."""
+        try:
+            body = await self.http.body(request)
+            members = self._members(body)
+            deadline_s = max_wait(request)
+            if deadline_s is None:
+                deadline_s = _deadline(body.get("deadline_s"), self.http.gw.policies.queue_timeout_s)
+            asked_max_tokens(body, self.http.gw.policies.max_tokens)
+            self.http.holds.enter(request["key"])
+        except NotServable as exc:
+            return error_response(exc.status, exc.message, exc.code, exc.retry_after_s)
+        payload = {k: v for k, v in body.items() if k not in ("models", "group", "deadline_s", "stream")}
+        started = time.monotonic()
+        tasks = {name: asyncio.create_task(self._one(request["key"], name, payload, deadline_s)) for name in members}
+        try:
+            done, pending = await asyncio.wait(tasks.values(), timeout=deadline_s)
+        finally:  # the client left (cancelled) or the deadline passed: no member keeps running upstream
+            for task in tasks.values():
+                task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            self.http.holds.leave(request["key"])
+        results = []
+        for name, task in tasks.items():
+            if task in done and not task.cancelled() and task.exception() is None:
+                results.append(task.result())
+            else:
+                results.append(member_missed(name, "timeout", f"no answer within the {deadline_s:g} s deadline", 504, deadline_s))
+        answered = [r for r in results if r["status"] == "ok"]
+        return web.json_response(
+            {
+                "object": "orchestra.chat.completion",
+                "deadline_s": deadline_s,
+                "latency_s": round(time.monotonic() - started, 6),
+                "partial": len(answered) < len(results),
+                "answered": len(answered),
+                "asked": len(results),
+                "cost": round(sum(r.get("cost") or 0.0 for r in answered), 8),
+                "results": results,
+            }
+        )
+
+    def _members(self, body: dict[str, Any]) -> list[str]:
+        if isinstance(body.get("group"), str):
+            group = self.http.gw.lab.orchestra.groups.get(body["group"])
+            if group is None:
+                raise NotServable(
+                    404,
+                    f"no orchestra group {body['group']!r} (orchestra.groups: {', '.join(self.http.gw.lab.orchestra.groups) or 'none'})",
+                    "group_not_found",
+                )
+            return list(dict.fromkeys(group))
+        models = body.get("models")
+        if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
+            raise NotServable(400, "give models: [names] or group: NAME", "invalid_models")
+        if len(models) > MAX_FANOUT:
+            raise NotServable(400, f"at most {MAX_FANOUT} models in one orchestra call", "too_many_models")
+        return list(dict.fromkeys(models))
+
+    async def _one(self, key: ApiKey, name: str, payload: dict[str, Any], deadline_s: float) -> dict[str, Any]:
+        """One member of the fan-out, metered like any request."""
+        started = time.monotonic()
+        record = Record(
+            key=key.name, model=self.http.gw.router.canonical(name), tier="none", target=None, status=500, stream=False
+        )
+        stats = self.http.gw.meter.stats(record.model)
+        stats.in_flight += 1
+        hold, target = None, None
+        try:
+            prompt_tokens = proxy.counted_prompt_tokens(payload)
+            hold = self.http.holds.reserve_tokens(key, prompt_tokens, asked_max_tokens(payload, self.http.gw.policies.max_tokens))
+            target = await self.http.gw.router.route(name, deadline_s)
+            record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
+            self.http.holds.reserve_money(hold, target, prompt_tokens)
+            outcome = await proxy.fetch(
+                self.http.session_for(target),
+                target,
+                "/chat/completions",
+                with_max_tokens({**payload, "model": name}, hold),
+                deadline_s,
+            )
+            self.http.finish(key, record, outcome, target, payload)
+            result = {
+                "model": target.model,
+                "tier": target.tier,
+                "target": target.where,
+                "simulated": target.simulated,
+                "status": "ok" if outcome.status == 200 else "error",
+                "http_status": outcome.status,
+                "latency_s": round(time.monotonic() - started, 6),
+                "ttft_s": outcome.ttft_s,
+                "usage": {
+                    "prompt_tokens": outcome.prompt_tokens,
+                    "completion_tokens": outcome.completion_tokens,
+                    "source": outcome.usage_source,
+                },
+                "cost": record.cost,
+                "cloud_equivalent": record.cloud_equivalent,
+                "fallback_reason": target.reason,
+                "woke": target.woke,
+            }
+            if outcome.status == 200:
+                result["choices"] = (outcome.data or {}).get("choices")
+            else:
+                result["error"] = json.dumps((outcome.data or {}).get("error"))[:500]
+            return result
+        except NotServable as exc:
+            record.status, record.error = exc.status, exc.message
+            return member_missed(record.model, "error", exc.message, exc.status, round(time.monotonic() - started, 6), target)
+        except (aiohttp.ClientError, OSError, UpstreamTooLarge) as exc:
+            record.status, record.error = 502, str(exc)
+            return member_missed(record.model, "error", str(exc), 502, round(time.monotonic() - started, 6), target)
+        except asyncio.CancelledError:  # past the deadline, or the client left: a provider bills what it was asked
+            if target is not None and hold is not None and target.tier == "provider":
+                outcome = proxy.Outcome(
+                    status=504,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=max(0, hold.tokens - prompt_tokens),
+                    usage_source="reserved",
+                    error="orchestra deadline",
+                )
+                self.http.finish(key, record, outcome, target, payload)
+            record.status, record.error = 504, "orchestra deadline"
+            raise
+        finally:
+            if hold is not None:
+                self.http.holds.release(hold)
+            stats.in_flight -= 1
+            record.latency_s = round(time.monotonic() - started, 6)
+            if record.status != 500 or record.error:
+                self.http.gw.meter.record(record)

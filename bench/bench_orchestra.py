@@ -28,10 +28,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.orchestra import pagecache
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from bench.common import percentile
 from console.client import FleetClient
-from console.demo import DemoLab
 
 FILES, FILE_MIB = 4, 128
 SWAPS = 40

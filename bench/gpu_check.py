@@ -22,10 +22,10 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from agents.shell.demo.lab import DemoLab  # noqa: E402
 from agents.wire.lab.model import load_lab  # noqa: E402
 from bench.common import CpuWindow  # noqa: E402
 from console.client import FleetClient  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
 
 MACHINE = "gpu"
 # ~150M parameters with the tiny tokenizer's small vocabulary: the layers carry the weight

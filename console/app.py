@@ -174,16 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     demo, demo_started = None, False
     try:
         if args.demo:
-            from console.demo import DemoLab, default_demo_dir, shown_path
+            from agents.runtime.demo import shown_path
+            from console.demo import DemoProcess, default_demo_dir
 
-            demo = DemoLab(default_demo_dir(), source=Path(args.lab) if args.lab else None)
+            demo = DemoProcess(default_demo_dir(), source=Path(args.lab) if args.lab else None)
             print(
                 f"starting the demo lab's agents (lab file, state, runs and checkpoints in {shown_path(demo.dir)}) ...",
                 flush=True,
             )
             demo.start()
             demo_started = True
-            demo.wait_listening()
             lab = load_lab(demo.lab_path)
         else:
             lab = load_lab(find_lab(args.lab))

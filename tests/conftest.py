@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from console.demo import DemoLab
+from agents.shell.demo.lab import DemoLab
 
 REPO = Path(__file__).resolve().parent.parent
 # demos started by tests (several at once, on a shared machine) never race for lab.yaml's gateway port 8400

@@ -253,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def run(args: argparse.Namespace) -> int:
     if getattr(args, "standalone", None):
-        return await args.standalone(args)
+        code: int = await args.standalone(args)  # a verb that dials no machine (demo)
+        return code
     lab_path = find_lab(args.lab)
     lab = load_lab(lab_path)
     client = FleetClient(
@@ -265,7 +266,8 @@ async def run(args: argparse.Namespace) -> int:
             hint_demo_lab(lab_path)
         ctx = Context(args, lab, client)
         try:
-            return await args.func(ctx)
+            done: int = await args.func(ctx)
+            return done
         except ValidationError as exc:  # a verb's params, checked here before they go out: said as the agent would
             raise RemoteError(ErrorCode.INVALID_PARAMS, params_error(exc)) from None
 

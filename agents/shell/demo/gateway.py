@@ -10,19 +10,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from agents.gateway.keys import KeyAddParams, KeyStore
+from agents.gateway.keys import KeyStore
 from agents.orchestra import pagecache
 from agents.runtime.demo import GATEWAY_KEY_FILE
 from agents.runtime.keys import ensure_key, write_private
 from agents.runtime.peers import PEER_KEY_NAME, PEER_KNOWN_HOSTS_NAME
 from agents.runtime.store import Store
+from agents.wire.catalogue.gateway import KeyAddParams
 
 ANY_PORT_ENV = "CETLAB_DEMO_ANY_GATEWAY_PORT"  # set: the demo's gateway takes a free port even where lab.yaml's is free
 STAND_IN_TOKENS_PER_S = 80.0  # the simulated provider's speed
 
 
 def _state(directory: Path, data: dict[str, Any]) -> Path:
-    return directory / "agents" / data["gateway"]["machine"]
+    return directory / "agents" / str(data["gateway"]["machine"])
 
 
 def peer_key_line(directory: Path, data: dict[str, Any]) -> str:

@@ -103,7 +103,7 @@ class DemoLab:
         self.scale = scale
         self.agents_per_process = agents_per_process
         self.lab_path = self.dir / LAB_FILE
-        self.processes: list[subprocess.Popen] = []
+        self.processes: list[subprocess.Popen[bytes]] = []
         self._lock_fd: int | None = None
 
     def prepare(self) -> Path:
@@ -254,5 +254,5 @@ class DemoLab:
         self.wait_listening()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

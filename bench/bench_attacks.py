@@ -30,14 +30,15 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agents.runtime.demo import GATEWAY_KEY_FILE
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
-from agents.shell import demo_gateway as gateway_demo
+from agents.shell.demo import gateway as gateway_demo
+from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, GATEWAY_STATUS, KeyAddParams
 from agents.wire.catalogue.method import request
 from agents.wire.lab.model import load_lab
 from bench.common import percentile
 from console.client import FleetClient, read_line
-from console.demo import DemoLab
 
 FD_LIMIT = 1024
 FLOOD_CONNECTIONS = 1100
@@ -107,7 +108,7 @@ ATTACKER_GATEWAY_KEY = "mallory.gateway.key"  # in the demo dir: the attacker's 
 def gateway_url_and_key(demo: DemoLab, attacker: bool = False) -> tuple[str, str]:
     lab = load_lab(demo.lab_path)
     assert lab.gateway is not None
-    path = demo.dir / (ATTACKER_GATEWAY_KEY if attacker else gateway_demo.GATEWAY_KEY_FILE)
+    path = demo.dir / (ATTACKER_GATEWAY_KEY if attacker else GATEWAY_KEY_FILE)
     return f"http://{lab.gateway.host}:{lab.gateway.port}/v1", path.read_text().strip()
 
 

@@ -38,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agents.shell.demo.lab import DemoLab
 from bench.common import console_script, this_checkout_first
-from console.demo import DemoLab
 
 REPO = Path(__file__).resolve().parent.parent
 FLOOR = "import asyncio, argparse, json, yaml\nfrom pydantic import BaseModel\nclass M(BaseModel):\n    a: int = 0\n"

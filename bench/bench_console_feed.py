@@ -25,12 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path.cwd()))
 
+from agents.shell.demo.lab import DemoLab
 from agents.telemetry.sim import SimSampler
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import LinkStatus
 from bench.common import CpuWindow, DrawnAges, percentile
 from console.app import CetlabApp
-from console.demo import DemoLab
 from console.screens.fleet import FleetScreen
 
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]

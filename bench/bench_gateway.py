@@ -19,13 +19,13 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_GET, MODELS_LIST, MODELS_SLEEP, ModelParams
 from agents.wire.lab.model import load_lab
 from agents.wire.sections.models import ModelInfo
 from bench.common import percentile
 from console.client import FleetClient
-from console.demo import DemoLab
 
 CALLS = 400
 STREAM_TOKENS, STREAM_RATE = 400, 400.0  # one second per stream at the engine's rate

@@ -18,6 +18,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.gateway import GATEWAY_STATUS
 from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_LIST
@@ -26,7 +27,6 @@ from agents.wire.protocol import LinkStatus
 from bench.bench_gateway import BODY, stream, timed_post
 from bench.common import percentile
 from console.client import FleetClient
-from console.demo import DemoLab
 
 CALLS = 400
 STREAM_TOKENS, STREAM_RATE = 400, 400.0  # one second per stream at the engine's rate

@@ -31,12 +31,12 @@ from agents.orchestra import pagecache
 from agents.orchestra.engine import free_port
 from agents.orchestra.tiny_gguf import write_tiny_gguf
 from agents.runtime import llamacpp_build
+from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_GET, MODELS_SWAP, ModelDetail, ModelParams, SwapParams
 from agents.wire.lab.model import load_lab
 from bench.common import percentile
 from console.client import FleetClient
-from console.demo import DemoLab
 
 COLD_RUNS = 3
 BIG = {"embed": 1024, "layers": 12, "ffn": 2816}  # ~0.8 GB f32: big enough that reading it shows

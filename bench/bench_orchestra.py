@@ -28,6 +28,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.orchestra import pagecache
+from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import (
     MODELS_LIST,
@@ -41,7 +42,6 @@ from agents.wire.catalogue.models import (
 from agents.wire.lab.model import load_lab
 from bench.common import percentile
 from console.client import FleetClient
-from console.demo import DemoLab
 
 FILES, FILE_MIB = 4, 128
 SWAPS = 40

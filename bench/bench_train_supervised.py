@@ -30,12 +30,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from agents.shell.demo.lab import DemoLab  # noqa: E402
 from agents.wire.catalogue.jobs import JOBS_START, StartParams  # noqa: E402
 from agents.wire.catalogue.method import request  # noqa: E402
 from agents.wire.lab.model import load_lab  # noqa: E402
 from bench.common import console_script  # noqa: E402
 from console.client import FleetClient  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
 
 
 def train_runtime_s(log_text: str) -> float:

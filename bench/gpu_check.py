@@ -23,6 +23,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from agents.shell.demo.lab import DemoLab  # noqa: E402
 from agents.wire.catalogue.agent import STATUS, StatusReply  # noqa: E402
 from agents.wire.catalogue.costs import COSTS_GET, CostsParams  # noqa: E402
 from agents.wire.catalogue.jobs import JOBS_GET, JOBS_START, JobParams, StartParams  # noqa: E402
@@ -31,7 +32,6 @@ from agents.wire.catalogue.models import MODELS_COLD, MODELS_GET, MODELS_WARM, M
 from agents.wire.lab.model import load_lab  # noqa: E402
 from bench.common import CpuWindow  # noqa: E402
 from console.client import FleetClient  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
 
 MACHINE = "gpu"
 # ~150M parameters with the tiny tokenizer's small vocabulary: the layers carry the weight

@@ -7,12 +7,14 @@ import importlib
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.text import Text
 from textual.app import App
 from textual.binding import Binding
 from textual.notifications import Notification, SeverityLevel
+from textual.screen import Screen
 
 from agents.wire.events import Notice, NoticeLevel, PushEvent
 from agents.wire.lab.model import Lab, LabError, load_lab
@@ -26,9 +28,14 @@ from widgets.wire import unhide, visible
 RENDER_INTERVAL_S = 0.5  # the one scheduler's period: fetches and redraws happen on its ticks, never per message
 
 
-def _view_factory(name: str):
+def _view_factory(name: str) -> Callable[[], Screen[None]]:
     module, cls, _ = VIEWS[name]
-    return lambda: getattr(importlib.import_module(module), cls)()
+
+    def build() -> Screen[None]:
+        screen: Screen[None] = getattr(importlib.import_module(module), cls)()
+        return screen
+
+    return build
 
 
 # a notice's level -> its toast's severity (information for any other)
@@ -40,7 +47,7 @@ def notice_toast(machine: str, notice: Notice) -> str:
     return f"{machine}: {notice.message}"
 
 
-class CetlabApp(App):
+class CetlabApp(App[None]):
     TITLE = "cetlab"
     CSS_PATH = "styles/app.tcss"
     BINDINGS = [
@@ -58,8 +65,8 @@ class CetlabApp(App):
         trust_on_first_use: bool | None = None,
         client: FleetClient | None = None,
         connect: bool = True,
-        clock=time.time,
-    ):
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         super().__init__()
         self.lab = lab
         self.readonly = readonly
@@ -174,16 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     demo, demo_started = None, False
     try:
         if args.demo:
-            from console.demo import DemoLab, default_demo_dir, shown_path
+            from agents.runtime.demo import shown_path
+            from console.demo import DemoProcess, default_demo_dir
 
-            demo = DemoLab(default_demo_dir(), source=Path(args.lab) if args.lab else None)
+            demo = DemoProcess(default_demo_dir(), source=Path(args.lab) if args.lab else None)
             print(
                 f"starting the demo lab's agents (lab file, state, runs and checkpoints in {shown_path(demo.dir)}) ...",
                 flush=True,
             )
             demo.start()
             demo_started = True
-            demo.wait_listening()
             lab = load_lab(demo.lab_path)
         else:
             lab = load_lab(find_lab(args.lab))

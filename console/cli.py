@@ -181,12 +181,11 @@ async def cmd_status(ctx: Context) -> int:
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
-    from console.demo import DemoLab, default_demo_dir, demo_cli_line
+    from agents.runtime.demo import demo_cli_line
+    from console.demo import DemoProcess, default_demo_dir, describe_gateway, describe_notify
 
-    demo = DemoLab(
-        Path(args.dir) if args.dir else default_demo_dir(),
-        scale=args.scale,
-        agents_per_process=args.agents_per_process or (8 if args.scale else 1),
+    demo = DemoProcess(
+        Path(args.dir) if args.dir else default_demo_dir(), scale=args.scale, agents_per_process=args.agents_per_process
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -194,35 +193,30 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         try:
-            demo.start()
-            await asyncio.to_thread(demo.wait_listening, 60.0)
+            await asyncio.to_thread(demo.start)
         except RuntimeError as exc:  # already running from that folder, or an agent did not start
             print(f"cetlab: {exc}", file=sys.stderr)
             return EXIT_FAILED
-        from agents.shell.demo_gateway import describe
-
         print(f"demo lab running: {demo.lab_path}\n  try: {demo_cli_line(demo.dir)}", flush=True)
-        from console import notify_demo
-
-        print(
-            describe(demo.dir, demo.lab_path) + notify_demo.describe(demo.dir, demo.lab_path) + "  stop with Ctrl-C", flush=True
-        )
+        described = describe_gateway(demo.dir, demo.lab_path) + describe_notify(demo.dir, demo.lab_path)
+        print(described + "  stop with Ctrl-C", flush=True)
         await stop.wait()
     finally:
-        demo.stop()
+        await asyncio.to_thread(demo.stop)
     return EXIT_OK
 
 
 def hint_demo_lab(lab_path: Path) -> None:
     """No machine answered: if this is the demo's source lab, its ports are not the running demo's; say which file is."""
-    from console.demo import default_demo_dir, demo_cli_line, is_demo_source, shown_path
+    from agents.runtime.demo import demo_cli_line, shown_path
+    from console.demo import default_demo_dir, is_demo_source
 
     if not is_demo_source(lab_path):
         return
     print(
         f"cetlab: {shown_path(lab_path)} is the demo lab's source; the demo runs its agents with other ports and keys, "
         f"written to {shown_path(default_demo_dir() / 'lab.yaml')}. While the demo runs (`make demo`, or headless: "
-        f"`cetlab demo`), use:\n  {demo_cli_line()}",
+        f"`cetlab demo`), use:\n  {demo_cli_line(default_demo_dir())}",
         file=sys.stderr,
     )
 
@@ -259,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def run(args: argparse.Namespace) -> int:
     if getattr(args, "standalone", None):
-        return await args.standalone(args)
+        code: int = await args.standalone(args)  # a verb that dials no machine (demo)
+        return code
     lab_path = find_lab(args.lab)
     lab = load_lab(lab_path)
     client = FleetClient(
@@ -271,7 +266,8 @@ async def run(args: argparse.Namespace) -> int:
             hint_demo_lab(lab_path)
         ctx = Context(args, lab, client)
         try:
-            return await args.func(ctx)
+            done: int = await args.func(ctx)
+            return done
         except ValidationError as exc:  # a verb's params, checked here before they go out: said as the agent would
             raise RemoteError(ErrorCode.INVALID_PARAMS, params_error(exc)) from None
 

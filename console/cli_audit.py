@@ -37,7 +37,7 @@ async def cmd_audit(ctx: Context) -> int:
     return EXIT_OK if len(data["unavailable"]) < len(results) else EXIT_FAILED
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("audit", help="the audit trail: every operator action (who, what, params, outcome); operator keys only")
     p.add_argument("--machine", help="one machine (default: all)")
     p.add_argument("--who", help="only this caller (key comment, or socket user as shown)")

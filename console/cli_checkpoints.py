@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from agents.wire.catalogue.checkpoints import (
     CHECKPOINTS_DELETE,
@@ -134,7 +134,7 @@ def listed_runs(answers: Answers[RunSummaryList]) -> list[RunSummary]:
 async def locate(ctx: Context, run: str) -> str:
     """The machine holding a run: --machine, else whichever agent knows it (runs are job ids or folder names)."""
     if ctx.args.machine:
-        return ctx.args.machine
+        return str(ctx.args.machine)
     answers = Answers.of(await ctx.request_all(CHECKPOINTS_RUNS))
     holders = [x.machine for x in listed_runs(answers) if x.run == run]
     if len(holders) > 1:
@@ -220,13 +220,11 @@ async def cmd_delete(ctx: Context) -> int:
     return EXIT_OK
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    def add(name: str, help: str, func, step: bool = True) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help)
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    def add(name: str, help: str, func: Callable[[Context], Awaitable[int]], step: bool = True) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help)
         p.add_argument(
-            "run",
-            **({"nargs": "?"} if name == "checkpoints" else {}),
-            help="a run: its job id (m5-3) or its output folder's name",
+            "run", nargs="?" if name == "checkpoints" else None, help="a run: its job id (m5-3) or its output folder's name"
         )
         if step:
             p.add_argument("step", type=int, help="the checkpoint's step")

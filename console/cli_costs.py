@@ -184,7 +184,7 @@ async def cmd_alerts(ctx: Context) -> int:
     return EXIT_OK if answers.replies else EXIT_FAILED
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("costs", help="energy and money: now, today, this month, the cloud equivalent, the saving")
     p.add_argument("--since", type=date.fromisoformat, help="YYYY-MM-DD, the lab's local date (default: the 1st of this month)")
     p.add_argument("--by", choices=["machine", "job", "model"], default="machine", help="the breakdown (default: machine)")

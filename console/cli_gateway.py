@@ -105,7 +105,7 @@ async def cmd_keys_revoke(ctx: Context) -> int:
     return EXIT_OK
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("gateway", help="the lab gateway: url, traffic per model, provider spend, keys")
     p.set_defaults(func=cmd_gateway)
     verbs = p.add_subparsers(dest="gateway_verb", metavar="keys")

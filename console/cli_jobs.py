@@ -134,11 +134,13 @@ async def follow(ctx: Context, machine: str, job_id: str, tail_lines: int, offse
     ctx.client.on_event = on_event
     params = LogsParams(id=job_id, tail_lines=tail_lines, follow=True, **({"offset": offset} if offset is not None else {}))
     first = await request(ctx.client, machine, JOBS_LOGS, params)
-    emit = (
-        (lambda line: print(json.dumps({"job": job_id, "line": line}), flush=True))
-        if ctx.args.json
-        else (lambda line: say(line, flush=True))
-    )
+
+    def emit(line: str) -> None:
+        if ctx.args.json:
+            print(json.dumps({"job": job_id, "line": line}), flush=True)
+        else:
+            say(line, flush=True)
+
     for line in first.lines:
         emit(line)
     state: JobState | None = first.state
@@ -209,7 +211,7 @@ async def cmd_logs(ctx: Context) -> int:
     return EXIT_OK
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("train", help="start a trainer recipe from lab.yaml")
     p.add_argument("recipe", help="a name under trainers: in lab.yaml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a declared param of the recipe (repeatable)")

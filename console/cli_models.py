@@ -370,7 +370,7 @@ async def cmd_rotate(ctx: Context) -> int:
     return EXIT_OK
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def waiting(p: argparse.ArgumentParser) -> None:
         p.add_argument("--no-wait", action="store_true", help="return at once with the new state")
         p.add_argument(

@@ -28,7 +28,7 @@ async def cmd_sim_override(ctx: Context) -> int:
     return EXIT_OK
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "sim-override", help="simulated GPUs: force a GPU's temperature, utilisation, VRAM or power (--clear: back)"
     )

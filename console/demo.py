@@ -1,43 +1,37 @@
-"""The demo lab: real agent processes on loopback, real SSH, fresh keys, simulated GPUs."""
+"""The demo lab as the console sees it: a child process (`python -m agents.shell.demo`) and the folder it keeps.
+
+The lab's builder and its agents live on the agent's side; the console starts that process, reads its one line
+(ready, or why not), opens DIR/lab.yaml, and stops the process on the way out.
+"""
 
 from __future__ import annotations
 
-import fcntl
+import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
-import yaml
 from platformdirs import user_state_path
 
-from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, write_private
-from agents.runtime.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
-from agents.shell import demo_gateway as gateway_demo
+from agents.runtime.demo import (
+    FAILED,
+    GATEWAY_KEY_FILE,
+    LAB_FILE,
+    LOCK_NAME,
+    NOTIFICATIONS_FILE,
+    READY,
+    cli_program,
+    demo_cli_line,
+    shown_path,
+)
 from agents.wire.lab.model import load_lab
-from console import notify_demo
+from agents.wire.lab.notify import WebhookRoute
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_DIR_NAME = ".cetlab-demo"  # git-ignored
-LOCK_NAME = "demo.lock"
-
-# GPUs of the emulated machines of `--scale N`: 8 each, mixed like a real second-hand lab.
-SCALE_GPUS = [
-    {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250, "profile": "training"},
-    {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250, "profile": "training"},
-    {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250, "profile": "serving"},
-    {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250, "profile": "serving"},
-    {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250, "profile": "bursty"},
-    {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250, "profile": "bursty"},
-    {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "serving"},
-    {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "idle"},
-]
+STOP_WAIT_S = 30.0  # the demo's process stops its agents (5 s each at most) before it exits
 
 
 def default_demo_dir() -> Path:
@@ -45,27 +39,17 @@ def default_demo_dir() -> Path:
 
     In a checkout: its git-ignored `.cetlab-demo/`; installed from a wheel: the user's state folder.
     """
-    if (REPO_ROOT / "lab.yaml").exists() and os.access(REPO_ROOT, os.W_OK):
+    if (REPO_ROOT / LAB_FILE).exists() and os.access(REPO_ROOT, os.W_OK):
         return REPO_ROOT / DEMO_DIR_NAME
     return user_state_path("cetlab") / "demo"
 
 
-def shown_path(path: Path) -> str:
-    """A path as a person would type it here: relative to the working folder when inside it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def cli_program() -> str:
-    """How to type `cetlab` here: bare when on PATH, else the one beside this Python (make does not activate .venv)."""
-    return "cetlab" if shutil.which("cetlab") else shown_path(Path(sys.executable).parent / "cetlab")
-
-
-def demo_cli_line(directory: Path | None = None) -> str:
-    """The CLI line that talks to the demo lab (while its agents run): for the help screen and the quit message."""
-    return f"{cli_program()} --lab {shown_path((directory or default_demo_dir()) / 'lab.yaml')} status"
+def bundled_lab() -> Path:
+    """The demo lab.yaml: the repository's, or the copy shipped inside the wheel."""
+    repo = REPO_ROOT / LAB_FILE
+    if repo.exists():
+        return repo
+    return Path(str(resources.files("console") / "demo_lab.yaml"))
 
 
 def demo_cli_hint(lab_path: Path | None) -> str | None:
@@ -91,225 +75,75 @@ def is_demo_source(lab_path: Path) -> bool:
         return False
 
 
-def bundled_lab() -> Path:
-    """The demo lab.yaml: the repository's, or the copy shipped inside the wheel."""
-    repo = REPO_ROOT / "lab.yaml"
-    if repo.exists():
-        return repo
-    return Path(str(resources.files("console") / "demo_lab.yaml"))
+def describe_gateway(directory: Path, lab_path: Path) -> str:
+    """Where the demo's gateway listens and where its key is, with a curl to try ('' without a gateway)."""
+    gateway = load_lab(lab_path).gateway
+    key_file = directory / GATEWAY_KEY_FILE
+    if gateway is None or not key_file.exists():
+        return ""
+    return (
+        f"  gateway: {gateway.url} (key in {key_file})\n"
+        f'  try: curl -s {gateway.url}/chat/completions -H "Authorization: Bearer $(cat {key_file})" '
+        f'-H \'Content-Type: application/json\' -d \'{{"model": "phi-3-mini", "messages": [{{"role": "user", "content": "hi"}}]}}\'\n'
+    )
 
 
-def free_ports(count: int) -> list[int]:
-    sockets, ports = [], []
-    for _ in range(count):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        sockets.append(s)
-        ports.append(s.getsockname()[1])
-    for s in sockets:
-        s.close()
-    return ports
+def describe_notify(directory: Path, lab_path: Path) -> str:
+    """Where the demo's notifications arrive ('' without a simulated route)."""
+    if not any(isinstance(r, WebhookRoute) and r.simulated and r.url_file for r in load_lab(lab_path).notify.routes):
+        return ""
+    return (
+        f"  notifications (SIM receiver): tail -f {directory / NOTIFICATIONS_FILE}\n"
+        f"  try: a hot GPU: cetlab --lab {lab_path} sim-override m5 --gpu 0 --temp-c 95 (then --clear)\n"
+    )
 
 
-def _scaled(data: dict[str, Any], scale: int) -> dict[str, Any]:
-    machines = [
-        {"name": f"node{i:03d}", "role": "emulated", "idle_watts": 200, "gpus": {"seed": i, "sim": [dict(g) for g in SCALE_GPUS]}}
-        for i in range(scale)
-    ]
-    # only the lab-wide sections: models, trainers and the like name the demo lab's machines
-    kept: dict[str, Any] = {key: data[key] for key in ("costs", "cloud_prices", "alerts") if key in data}
-    return {**kept, "lab": f"{data.get('lab', 'lab')}-x{scale}", "machines": machines}
+class DemoProcess:
+    """The demo lab's process, started by the console: `start` returns once its agents listen (RuntimeError if not)."""
 
-
-class DemoRunningError(RuntimeError):
-    """Another process runs a demo lab from the same folder."""
-
-
-def coordinators(data: dict[str, Any]) -> list[str]:
-    """The machines that coordinate a multi-node recipe (its first node)."""
-    return sorted({t["nodes"][0]["machine"] for t in data.get("trainers") or [] if t.get("nodes")})
-
-
-def node_key_lines(directory: Path, data: dict[str, Any]) -> dict[str, str]:
-    """Per machine, the authorized_keys lines giving each coordinator of a multi-node recipe on it the node role."""
-    lines: dict[str, str] = {}
-    for trainer in data.get("trainers") or []:
-        nodes = trainer.get("nodes") or []
-        if not nodes:
-            continue
-        first = nodes[0]["machine"]
-        key = ensure_key(directory / "agents" / first / NODE_KEY_NAME, comment=f"cetlab-node@{first}")
-        kind, blob = key.export_public_key().decode().split()[:2]
-        for node in nodes[1:]:
-            line = f"node {kind} {blob} node@{first}\n"
-            if line not in lines.get(node["machine"], ""):
-                lines[node["machine"]] = lines.get(node["machine"], "") + line
-    return lines
-
-
-class DemoLab:
-    """Writes DIR/lab.yaml (client side complete) and runs one agent per machine.
-
-    DIR is kept: a second start on it reuses its keys, agent state, runs and checkpoints,
-    with fresh ports (written into DIR/lab.yaml and its known_hosts). One demo per DIR at a time.
-    """
-
-    def __init__(self, directory: Path, source: Path | None = None, scale: int | None = None, agents_per_process: int = 1):
+    def __init__(
+        self, directory: Path, source: Path | None = None, scale: int | None = None, agents_per_process: int | None = None
+    ):
         self.dir = directory.resolve()
         self.source = source or bundled_lab()
         self.scale = scale
         self.agents_per_process = agents_per_process
-        self.lab_path = self.dir / "lab.yaml"
-        self.processes: list[subprocess.Popen] = []
-        self._lock_fd: int | None = None
-
-    def prepare(self) -> Path:
-        load_lab(self.source)  # a broken source lab fails here, with file and line
-        data = yaml.safe_load(self.source.read_text())
-        if self.scale:
-            data = _scaled(data, self.scale)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        assets = self.source.parent / "demo"
-        if assets.is_dir():  # refreshed on every start: the checkout's recipe files may have changed
-            shutil.copytree(assets, self.dir / "demo", dirs_exist_ok=True)
-        console_dir = self.dir / "console"
-        client_key = ensure_key(console_dir / "id_ed25519", comment="cetlab-demo-console")
-        client_pub = client_key.export_public_key().decode().split()
-        ports = free_ports(len(data["machines"]))
-        gateway_line = gateway_demo.peer_key_line(self.dir, data)  # the gateway's agent calls the others with the gateway role
-        node_lines = node_key_lines(
-            self.dir, data
-        )  # the first node's agent of a multi-node recipe calls the others with the node role
-        known_hosts = []
-        for machine, port in zip(data["machines"], ports):
-            machine.update(host="127.0.0.1", port=port, via="agent")
-            state = self.dir / "agents" / machine["name"]
-            host_key = ensure_key(state / HOST_KEY_NAME, comment=f"cetlab-agent@{machine['name']}")
-            authorized = (
-                f"operator {client_pub[0]} {client_pub[1]} demo-console\n" + gateway_line + node_lines.get(machine["name"], "")
-            )
-            write_private(state / AUTHORIZED_KEYS_NAME, authorized.encode())
-            known_hosts.append(f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}")
-        (console_dir / "known_hosts").write_text("\n".join(known_hosts) + "\n")
-        gateway_demo.prepare(self.dir, data, "\n".join(known_hosts) + "\n", free_ports)
-        notify_demo.prepare(self.dir, data, free_ports)
-        for coordinator in coordinators(data):
-            write_private(self.dir / "agents" / coordinator / PEER_KNOWN_HOSTS_NAME, ("\n".join(known_hosts) + "\n").encode())
-        data["console"] = {**(data.get("console") or {}), "key": "console/id_ed25519", "known_hosts": "console/known_hosts"}
-        header = "# Written by `cetlab demo`: the demo lab on loopback, with this run's ports and keys.\n"
-        self.lab_path.write_text(header + yaml.safe_dump(data, sort_keys=False))
-        load_lab(self.lab_path)
-        return self.lab_path
-
-    def machine_names(self) -> list[str]:
-        return [m["name"] for m in yaml.safe_load(self.lab_path.read_text())["machines"]]
+        self.lab_path = self.dir / LAB_FILE
+        self._process: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        self.lock()
-        self.prepare()
-        self.launch()
-
-    def lock(self) -> None:
-        """Hold DIR for this process: a second demo on it would rewrite the ports under the first one's agents."""
-        if self._lock_fd is not None:
+        load_lab(self.source)  # a broken source lab is the console's LabError (file and line), said before any process
+        argv = [sys.executable, "-m", "agents.shell.demo", "--dir", str(self.dir), "--source", str(self.source)]
+        argv += ["--parent-pid", str(os.getpid())]
+        if self.scale:
+            argv += ["--scale", str(self.scale)]
+        if self.agents_per_process:
+            argv += ["--agents-per-process", str(self.agents_per_process)]
+        # its own session: a Ctrl-C at the terminal reaches the console, which stops the demo in order
+        self._process = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True
+        )
+        assert self._process.stdout is not None  # stdout=PIPE
+        line = self._process.stdout.readline()  # the child's one line: it bounds its own start (agents.shell.demo)
+        if line.startswith(READY):
+            self.lab_path = Path(line[len(READY) :].strip())
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            other = os.read(fd, 32).decode(errors="replace").strip()
-            os.close(fd)
-            raise DemoRunningError(
-                f"a demo lab is already running from {shown_path(self.dir)} (pid {other or '?'}); "
-                f"use it: {demo_cli_line(self.dir)}"
-            ) from None
-        os.ftruncate(fd, 0)  # a pid left by a demo that died is rewritten, never trusted
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
-
-    def unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-
-    def launch(self) -> None:
-        """Start the agent processes of an already prepared demo dir (again, after a stop)."""
-        names = self.machine_names()
-        data = yaml.safe_load(self.lab_path.read_text())
-        for argv in gateway_demo.stand_in_argvs(self.dir, data) + notify_demo.receiver_argvs(self.dir, data):
-            log = open(self.dir / "agents" / "provider-stand-in.log", "ab")
-            self.processes.append(
-                subprocess.Popen(
-                    [*argv, "--parent-pid", str(os.getpid())],
-                    stdout=log,
-                    stderr=log,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            )
-            log.close()
-        step = max(1, self.agents_per_process)
-        for i in range(0, len(names), step):
-            group = names[i : i + step]
-            state_dir = self.dir / "agents" / group[0] if len(group) == 1 else self.dir / "agents"
-            argv = [
-                sys.executable,
-                "-m",
-                "agents.shell.daemon",
-                "--log-level",
-                "warning",
-                "serve",
-                "--lab",
-                str(self.lab_path),
-                "--state-dir",
-                str(state_dir),
-                "--parent-pid",
-                str(os.getpid()),
-            ]
-            for name in group:
-                argv += ["--machine", name]
-            log = open(self.dir / "agents" / f"{group[0]}.log", "ab")
-            self.processes.append(
-                subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-            )
-            log.close()
-
-    def wait_listening(self, timeout: float = 30.0) -> None:
-        """Block until every agent accepts TCP connections (or one of them died)."""
-        data = yaml.safe_load(self.lab_path.read_text())
-        deadline = time.monotonic() + timeout
-        pending = {(m["host"], m["port"]) for m in data["machines"]}
-        while pending and time.monotonic() < deadline:
-            for proc in self.processes:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"a demo agent exited with code {proc.returncode}; see {self.dir / 'agents'}/*.log")
-            for addr in list(pending):
-                try:
-                    socket.create_connection(addr, timeout=0.2).close()
-                    pending.discard(addr)
-                except OSError:
-                    pass
-            time.sleep(0.05)
-        if pending:
-            raise RuntimeError(f"demo agents not listening after {timeout:.0f} s: {sorted(pending)}")
+        self.stop()
+        if line.startswith(FAILED):
+            raise RuntimeError(json.loads(line[len(FAILED) :]))
+        raise RuntimeError(f"the demo lab's process exited with code {self._process.returncode} before its agents listened")
 
     def stop(self) -> None:
-        for proc in self.processes:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.processes:
+        """Stop the demo's process (it stops its agents first); a process that does not stop in STOP_WAIT_S is killed."""
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
             try:
-                proc.wait(timeout=5)
+                process.wait(timeout=STOP_WAIT_S)
             except subprocess.TimeoutExpired:
-                proc.kill()
-        self.processes.clear()
-        self.unlock()
-
-    def __enter__(self) -> DemoLab:
-        self.start()
-        self.wait_listening()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+                process.kill()
+                process.wait()
+        if process.stdout is not None:
+            process.stdout.close()

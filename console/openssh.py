@@ -109,7 +109,7 @@ class Session:
     process: asyncio.subprocess.Process
     reader: PipeReader
     writer: asyncio.StreamWriter
-    _stderr: asyncio.Task
+    _stderr: asyncio.Task[bytes]
 
     async def failure(self, timeout_s: float) -> SshFailed:
         """Why the stream ended: ssh's exit and its error lines, in the asyncssh path's words."""

@@ -10,9 +10,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.app import CetlabApp
-from console.demo import DemoLab
 from console.views import VIEWS
 
 OUT = Path(__file__).resolve().parent

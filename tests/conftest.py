@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from console.demo import DemoLab
+from agents.shell.demo.lab import DemoLab
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS_DIR = str(REPO / "tests")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psutil
 
-from console.demo import DemoLab
+from agents.shell.demo.lab import DemoLab
 
 ENGINE_MODULES = ("agents.orchestra.sim_server", "vllm", "transformers", "llama-server")
 

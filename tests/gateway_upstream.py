@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from console.demo import free_ports
+from agents.shell.demo.lab import free_ports
 
 TOKEN_EVENT = b'data: {"choices": [{"index": 0, "delta": {"content": "w "}, "finish_reason": null}]}\n\n'
 

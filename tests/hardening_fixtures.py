@@ -13,9 +13,9 @@ from pathlib import Path
 import asyncssh
 import yaml
 
+from agents.shell.demo.lab import DemoLab, free_ports
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
-from console.demo import DemoLab, free_ports
 from tests.conftest import wait_until
 
 P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}

@@ -11,12 +11,12 @@ import sys
 import pytest
 
 from agents.alerts.component import Alert, AlertEngine
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import Alerts, load_lab
 from agents.wire.protocol import EVENT_NOTICE, EVENT_TICK, GpuSample, HostSample, RemoteError, Telemetry
 from agents.wire.sections.jobs import JobInfo
 from agents.wire.sections.models import ModelInfo
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import wait_for
 
 GIB = 1024**3

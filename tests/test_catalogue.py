@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel
 
 from agents.runtime.rpc import Peer, Registry
+from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.agent import HELLO, PING, OverrideParams, Ping
 from agents.wire.catalogue.alerts import AckParams, AlertListParams
 from agents.wire.catalogue.audit import AuditListParams
@@ -35,7 +36,6 @@ from agents.wire.catalogue.notify import NotifyTestParams
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, HistoryParams, IntervalParams, RemoteError, Role, SubscribeParams
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import HOUR_S, age, kill_jobs_left, wait_for
 
 pytestmark = pytest.mark.timeout(240)

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from agents.checkpoints import Checkpoint, history_points, mark_best
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import HOUR_S, age, wait_for
 
 PY = sys.executable

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import parse_lab
 from agents.wire.protocol import ErrorCode, LinkStatus, RemoteError
 from console import cli
 from console.cli import Context
 from console.cli_costs import cmd_alerts
-from console.demo import DemoLab
 from console.state import LabState
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,4 +1,5 @@
-"""Components are built with a narrow core (agents/runtime/core.py), never the Agent, and reach each other only through ports.
+"""Components are built with a narrow core (agents/runtime/core.py), never the Agent, and reach each other only through ports
+or the events they publish on the core.
 
 These run the real components (real SQLite) on a small core made here: no Agent, no SSH, no sampler. The peers they
 reach are small stand-ins that provide only the port, so what the component may call of another is the port's
@@ -16,17 +17,19 @@ from agents.alerts.component import AlertsComponent
 from agents.costs.component import CostsComponent
 from agents.costs.port import CostsPort, LedgerTotal
 from agents.gateway.port import GatewayPort
-from agents.notify.port import NotifyPort
+from agents.runtime.bus import Bus
 from agents.runtime.rpc import Peer, Registry
 from agents.runtime.store import Store
 from agents.wire.events import PushEvent
 from agents.wire.lab.model import Lab, Machine, parse_lab
+from agents.wire.local_events import AlertsChanged
 from agents.wire.protocol import GpuSample, HostSample, Role, Telemetry
 from agents.wire.sections.alerts import AlertInfo
 from agents.wire.sections.costs import ProviderSpend
 from agents.wire.sections.tick import Tick
 
 T = TypeVar("T")
+E = TypeVar("E")
 
 LAB = (
     "lab: t\ncosts: {electricity_per_kwh: 0.2}\nalerts: {temp_for_s: 0, clear_for_s: 0}\n"
@@ -50,9 +53,16 @@ class SmallCore:
     interval_s: float = 1.0
     latest: Telemetry | None = None
     current: Mapping[str, Any] = field(default_factory=dict)
+    bus: Bus = field(default_factory=Bus)
 
     def notify(self, event: PushEvent) -> None:
         self.events.append((event.event, event))
+
+    def publish(self, event: object) -> None:
+        self.bus.publish(event)
+
+    def subscribe(self, kind: type[E], handler: Callable[[E], None]) -> None:
+        self.bus.subscribe(kind, handler)
 
     def claim_gpus(self, indices: list[int], key: str, owner: str, mem_bytes: int, util_pct: float, pid: int = 0) -> None:
         pass
@@ -66,15 +76,18 @@ class SmallCore:
 
 
 class NotifyStandIn:
-    """Provides NotifyPort and nothing else."""
+    """Takes the alerts' news from the core, as notify does, and nothing else."""
 
-    def __init__(self) -> None:
+    def __init__(self, core: SmallCore) -> None:
         self.fired: list[AlertInfo] = []
         self.cleared: list[AlertInfo] = []
+        self.active: list[AlertInfo] = []
+        core.subscribe(AlertsChanged, self.alerts_changed)
 
-    def alerts_changed(self, fired: list[AlertInfo], cleared: list[AlertInfo]) -> None:
-        self.fired += fired
-        self.cleared += cleared
+    def alerts_changed(self, news: AlertsChanged) -> None:
+        self.fired += news.fired
+        self.cleared += news.cleared
+        self.active = news.active
 
 
 class GatewayStandIn:
@@ -100,23 +113,48 @@ def tick(t: float, temp_c: float) -> Tick:
 
 
 def test_the_port_protocols_tell_the_stand_ins_apart():
-    assert isinstance(NotifyStandIn(), NotifyPort) and not isinstance(NotifyStandIn(), GatewayPort)
-    assert isinstance(GatewayStandIn(), GatewayPort) and not isinstance(GatewayStandIn(), NotifyPort)
+    assert isinstance(GatewayStandIn(), GatewayPort) and not isinstance(GatewayStandIn(), CostsPort)
 
 
-async def test_alerts_built_with_a_core_hand_what_fires_and_clears_to_notify_through_its_port(tmp_path):
-    notify = NotifyStandIn()
-    core = small_core(tmp_path, notify)
+async def test_alerts_built_with_a_core_publish_what_fires_and_clears_on_it_for_notify(tmp_path):
+    core = small_core(tmp_path)
+    notify = NotifyStandIn(core)
     alerts = AlertsComponent(core)
     await alerts.start()
     alerts.on_tick(tick(100.0, temp_c=99.0))
     assert [(a.id, a.rule, a.target) for a in notify.fired] == [("box#1", "gpu_hot", "gpu0")]
-    assert [a.id for a in alerts.active_alerts()] == ["box#1"]  # AlertsPort, what notify re-sends
+    assert [a.id for a in notify.active] == ["box#1"]  # what notify re-sends to Alertmanager
     assert [event for event, _ in core.events] == ["notice"]  # consoles are told through the core
     alerts.on_tick(tick(101.0, temp_c=40.0))
     assert [(a.id, a.cleared_at) for a in notify.cleared] == [("box#1", 101.0)]
-    assert alerts.active_alerts() == []
+    assert notify.active == []
     core.store.close()
+
+
+async def test_a_restarted_alerts_component_says_what_still_fires_at_its_start(tmp_path):
+    core = small_core(tmp_path)
+    alerts = AlertsComponent(core)
+    await alerts.start()
+    alerts.on_tick(tick(100.0, temp_c=99.0))
+    again = SmallCore(lab=core.lab, machine=core.machine, state_dir=tmp_path, store=core.store)  # the same state.db
+    notify = NotifyStandIn(again)
+    await AlertsComponent(again).start()
+    assert [a.id for a in notify.active] == ["box#1"] and notify.fired == []  # fired before: re-sent, not sent again
+    core.store.close()
+
+
+def test_a_subscriber_that_raises_neither_stops_the_publisher_nor_the_other_subscribers():
+    bus = Bus()
+    seen: list[AlertsChanged] = []
+
+    def broken(_news: AlertsChanged) -> None:
+        raise RuntimeError("a broken subscriber")
+
+    bus.subscribe(AlertsChanged, broken)
+    bus.subscribe(AlertsChanged, seen.append)
+    bus.publish(AlertsChanged())
+    bus.publish(object())  # no subscriber: nobody called
+    assert seen == [AlertsChanged()]
 
 
 async def test_alerts_without_notify_on_the_core_still_fire(tmp_path):

@@ -196,7 +196,7 @@ async def test_slash_filters_the_fleet_and_every_table():
 
 
 async def test_the_help_screen_shows_the_cli_line_of_a_demo_lab(tmp_path):
-    from console.demo import DemoLab
+    from agents.shell.demo.lab import DemoLab
     from tests.test_first_hour import saver_lab
 
     with DemoLab(tmp_path / "d", source=saver_lab(tmp_path / "src")) as demo:

@@ -235,8 +235,8 @@ def test_bad_prices_are_load_errors_with_file_and_line(bad, message):
 
 # ---------------------------------------------------------------------------- real agents over SSH
 
+from agents.shell.demo.lab import DemoLab  # noqa: E402
 from console.client import FleetClient  # noqa: E402
-from console.demo import DemoLab  # noqa: E402
 from tests.conftest import run_agent, wait_for  # noqa: E402
 
 LAB = {

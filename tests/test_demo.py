@@ -1,11 +1,21 @@
-"""The demo lab's set-up: a complete client-side lab.yaml, keys, known_hosts; --scale emulation."""
+"""The demo lab's set-up: a complete client-side lab.yaml, keys, known_hosts; --scale emulation; its own process."""
 
 from __future__ import annotations
 
+import json
+import signal
+import socket
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
+
+from agents.runtime.demo import GATEWAY_KEY_FILE
+from agents.shell.demo.lab import DemoLab, DemoRunningError
 from agents.wire.lab.model import load_lab
-from console.demo import DemoLab
+from tests.conftest import wait_until
 
 
 def test_prepare_writes_a_complete_lab(tmp_path):
@@ -34,3 +44,67 @@ def test_scale_256_writes_a_lab_file_that_loads(tmp_path):
     assert "*" not in path.read_text()  # a plain file, one GPU list per machine
     lab = load_lab(path)
     assert len(lab.machines) == 256 and sum(len(m.gpus.sim) for m in lab.machines) == 2048
+
+
+def start_headless(directory: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    """`cetlab demo --dir DIR` as a person runs it; its lines up to "stop with Ctrl-C" (it is running then)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "console.cli", "demo", "--dir", str(directory)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    while not lines or "stop with Ctrl-C" not in lines[-1]:
+        line = process.stdout.readline()
+        assert line, f"cetlab demo exited ({process.wait()}) before it ran: {lines}"
+        lines.append(line.rstrip("\n"))
+    return process, lines
+
+
+def folder_free(directory: Path) -> bool:
+    """True when no demo's process holds DIR (the lock its process keeps while its agents run)."""
+    demo = DemoLab(directory)
+    try:
+        demo.lock()
+    except DemoRunningError:
+        return False
+    demo.unlock()
+    return True
+
+
+def test_cetlab_demo_runs_the_lab_in_its_own_process_until_ctrl_c(tmp_path):
+    directory = tmp_path / "d"
+    process, lines = start_headless(directory)
+    try:
+        said = "\n".join(lines)
+        assert f"demo lab running: {directory / 'lab.yaml'}" in said
+        lab = load_lab(directory / "lab.yaml")
+        assert lab.gateway is not None
+        assert f"gateway: {lab.gateway.url} (key in {directory / GATEWAY_KEY_FILE})" in said
+        assert (directory / GATEWAY_KEY_FILE).read_text().strip()
+        assert not folder_free(directory)  # held by the demo's process, not by `cetlab demo` itself
+        status = subprocess.run(
+            [sys.executable, "-m", "console.cli", "--lab", str(directory / "lab.yaml"), "--json", "status"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert [m["online"] for m in json.loads(status.stdout)["machines"]] == [True] * len(lab.machines)
+    finally:
+        process.send_signal(signal.SIGINT)  # Ctrl-C
+        assert process.wait(timeout=60) == 0
+    assert folder_free(directory)  # its process stopped the agents and let the folder go
+    for machine in lab.machines:
+        with pytest.raises(OSError):
+            socket.create_connection((machine.host, machine.port), timeout=2).close()
+
+
+def test_the_demo_process_follows_its_console_even_when_killed(tmp_path):
+    directory = tmp_path / "d"
+    process, _ = start_headless(directory)
+    process.kill()  # no chance to stop its child: the child watches its pid
+    process.wait()
+    wait_until(lambda: folder_free(directory), timeout=60, what="the demo's process stopped after its console died")

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agents.shell.demo.lab import DemoLab
 from agents.wire.sections.models import Rotation
 from console.cli import main as cli_main
 from console.cli_models import rotation_human
-from console.demo import DemoLab
 from tests.conftest import wait_until
 
 PY = sys.executable
@@ -279,7 +279,7 @@ def test_make_demo_twice_keeps_runs_checkpoints_and_keys(tmp_path, monkeypatch, 
 def test_one_demo_per_folder_at_a_time(tmp_path, monkeypatch, capsys):
     import console.app
     import console.demo
-    from console.demo import DemoRunningError
+    from agents.shell.demo.lab import DemoRunningError
 
     source = saver_lab(tmp_path / "src")
     with DemoLab(tmp_path / "d", source=source) as running:

@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 import yaml
 
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import LabError, load_lab, parse_lab
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(240)

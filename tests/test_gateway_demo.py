@@ -12,9 +12,9 @@ import subprocess
 import pytest
 
 from agents.orchestra.transformers_engine import _transformers_cli
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.engine_sockets import assert_engines_on_loopback
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")]

@@ -14,9 +14,9 @@ import openai
 import pytest
 import yaml
 
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import wait_for
 from tests.engine_sockets import assert_engines_on_loopback
 

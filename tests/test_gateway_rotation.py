@@ -7,9 +7,9 @@ import openai
 import pytest
 import yaml
 
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(180)

@@ -14,10 +14,10 @@ import yaml
 
 from agents.runtime.keys import ensure_key
 from agents.runtime.peers import PEER_KEY_NAME
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import LabError, load_lab, parse_lab
 from agents.wire.protocol import SSH_USERNAME
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import wait_for
 from tests.engine_sockets import assert_engines_on_loopback
 
@@ -167,7 +167,7 @@ def test_lab_yaml_cannot_put_an_engine_on_the_network():
 def test_the_demo_keeps_lab_yamls_gateway_port_when_it_is_free(tmp_path, monkeypatch):
     import socket
 
-    from agents.shell import demo_gateway as gateway_demo
+    from agents.shell.demo import gateway as gateway_demo
 
     monkeypatch.delenv(gateway_demo.ANY_PORT_ENV, raising=False)
     ports = iter(range(20000, 20100))

@@ -12,12 +12,12 @@ import yaml
 
 from agents.gpusupport.matrix import judge, matrix
 from agents.gpusupport.stacks import DEFAULT_SIM_STACKS, TorchReader, engine_stack_kind, python_of, sim_stacks
+from agents.shell.demo.lab import DemoLab
 from agents.telemetry.sim import SimSampler
 from agents.wire.lab.model import SimGpu, load_lab
 from agents.wire.protocol import ComputeCapability, ErrorCode, GpuSample, RemoteError
 from agents.wire.sections.gpu_support import Stack, StackKind
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import REPO, wait_for
 
 PY = sys.executable

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 import yaml
 
+from agents.shell.demo.lab import DemoLab
 from agents.wire.protocol import ErrorCode, RemoteError
-from console.demo import DemoLab
 from tests.conftest import wait_for
 from tests.hardening_fixtures import PY, connected, one_machine_lab, start_agent, wait_listening
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import EVENT_TICK, ErrorCode, RemoteError
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.timeout(180)]

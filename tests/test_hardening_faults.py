@@ -18,10 +18,10 @@ import yaml
 
 from agents.runtime.rpc import Peer
 from agents.shell.agent import Agent
+from agents.shell.demo.lab import DemoLab
 from agents.telemetry.nvml import GPU_LOST, NvmlSampler
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import EVENT_TICK, ErrorCode, RemoteError, Role
-from console.demo import DemoLab
 from tests.conftest import kill_jobs_left, wait_for
 from tests.hardening_fixtures import P4, PY, SLEEPER, connected, one_machine_lab
 from tests.test_nvml_sampler import FakeNvml, gpu

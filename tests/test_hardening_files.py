@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
+from agents.shell.demo.lab import free_ports
 from agents.wire.lab.model import load_lab
 from agents.wire.sections.jobs import JobDetail
 from agents.wire.states import JobState
 from console.cli_jobs import job_human
-from console.demo import free_ports
 from tests.conftest import wait_until
 from tests.hardening_fixtures import (
     PY,

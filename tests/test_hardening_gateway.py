@@ -13,9 +13,9 @@ import psutil
 import pytest
 import yaml
 
+from agents.shell.demo.lab import DemoLab, free_ports
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
-from console.demo import DemoLab, free_ports
 from tests.conftest import wait_for
 from tests.gateway_upstream import Upstream
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import EVENT_TICK
 from agents.wire.safe_read import NotARegularFile, TooLarge, read_capped, read_tail
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import wait_for
 from tests.test_hardening_entry import SIM_GPU, job_in_section, ticking
 

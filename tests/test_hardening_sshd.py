@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from agents.runtime.keys import ensure_key
+from agents.shell.demo.lab import free_ports
 from agents.wire.protocol import ErrorCode, RemoteError
-from console.demo import free_ports
 from tests.conftest import wait_for, wait_until
 from tests.hardening_fixtures import P4, connected, start_agent, wait_listening
 

@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from agents.runtime.limits import MAX_CHANNELS_PER_CONNECTION
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import MAX_REPLY_BYTES, ErrorCode, RemoteError
 from console.client import FleetClient, read_line
-from console.demo import DemoLab
 from console.openssh import PipeReader
 from tests.conftest import wait_for
 from tests.hardening_fixtures import connected, next_reply, raw_channel

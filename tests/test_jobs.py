@@ -19,12 +19,12 @@ from agents.jobs import recipes
 from agents.jobs.component import _alive
 from agents.jobs.logs import Follower, tail
 from agents.jobs.runner import read_json
+from agents.shell.demo.lab import DemoLab
 from agents.wire.events import LogEvent
 from agents.wire.lab.model import Trainer, TrainerParam, load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.states import JobState
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import REPO, kill_jobs_left, wait_for
 
 PY = sys.executable

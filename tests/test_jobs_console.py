@@ -7,9 +7,9 @@ import sys
 import pytest
 from textual.widgets import Input
 
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.app import CetlabApp
-from console.demo import DemoLab
 from console.screens.jobs import JobsScreen
 from console.screens.logs import LogScreen
 from console.screens.modals import ConfirmScreen, PickRecipeScreen, StartJobScreen

@@ -18,10 +18,10 @@ import yaml
 from agents.orchestra.engines import ENGINES, engine_spec
 from agents.orchestra.llamacpp import LlamacppEngine, lora_files, parse_llamacpp_metrics, tensor_split
 from agents.orchestra.spec import GpuBuild
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import Model, load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import HOUR_S, age, wait_for
 from tests.llamacpp_fixtures import llama_server_or_skip, tiny_models
 from tests.pool_fixtures import FAST, pool_lab, post, settle

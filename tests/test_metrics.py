@@ -16,11 +16,11 @@ from agents.alerts.component import AlertsComponent
 from agents.costs.component import CostsComponent
 from agents.runtime.store import Store
 from agents.shell.agent import Agent
+from agents.shell.demo.lab import DemoLab, free_ports
 from agents.shell.metrics import AgentCollector
 from agents.wire.lab.model import parse_lab
 from agents.wire.sections.jobs import JobInfo
 from agents.wire.sections.models import ModelInfo, ModelsSection
-from console.demo import DemoLab, free_ports
 from tests.conftest import wait_for
 
 LAB = {

@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from agents.jobs import recipes
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import REPO, run_agent, wait_for
 from tests.test_jobs import cli, running
 

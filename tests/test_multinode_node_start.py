@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from agents.jobs.node import RDZV_PORTS
+from agents.shell.demo.lab import DemoLab
 from agents.wire.protocol import ErrorCode, RemoteError
-from console.demo import DemoLab
 from tests.hardening_fixtures import connected
 from tests.test_jobs import running
 from tests.test_multinode import P4, with_torchrun  # noqa: F401 (a fixture)

@@ -18,11 +18,11 @@ import pytest
 import yaml
 
 from agents.notify.receiver import Receiver
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import LabError, load_lab, parse_lab
 from agents.wire.lab.notify import Kind, Level
 from agents.wire.sections.notify import Notification
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import REPO, wait_for
 
 P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
@@ -464,7 +464,7 @@ def alertmanager(tmp_path):
         if os.environ.get("CI"):
             pytest.fail(f"{ALERTMANAGER} is missing: .ci/run installs Debian's prometheus-alertmanager")
         pytest.skip("Debian's prometheus-alertmanager is not installed (apt-get install prometheus-alertmanager; CI installs it)")
-    from console.demo import free_ports
+    from agents.shell.demo.lab import free_ports
 
     receiver = Receiver().start()
     (port,) = free_ports(1)
@@ -609,13 +609,13 @@ def demo_m5_only(tmp_path: Path) -> Path:
 
 
 async def test_the_demo_hot_gpu_scenario_and_a_failed_run_each_reach_the_demo_receiver(tmp_path):
-    from console.notify_demo import RECEIVED_FILE
+    from agents.runtime.demo import NOTIFICATIONS_FILE
 
     with DemoLab(tmp_path / "run", source=demo_m5_only(tmp_path)) as demo:
         url_file = demo.dir / "console" / "team-chat.url"
         hook_url = url_file.read_text().strip()  # with a token in its path, as a real hook's
         assert url_file.stat().st_mode & 0o777 == 0o600 and hook_url not in demo.lab_path.read_text()
-        received = demo.dir / RECEIVED_FILE
+        received = demo.dir / NOTIFICATIONS_FILE
 
         def arrived() -> list[dict[str, Any]]:
             return [json.loads(line) for line in received.read_text().splitlines()] if received.exists() else []
@@ -813,10 +813,10 @@ async def test_the_watcher_sends_machine_offline_when_another_agent_is_gone_and_
 
 @pytest.mark.slow
 async def test_a_real_training_run_that_finishes_sends_its_final_loss_and_checkpoint(tmp_path):
-    from console.notify_demo import RECEIVED_FILE
+    from agents.runtime.demo import NOTIFICATIONS_FILE
 
     with DemoLab(tmp_path / "run", source=demo_m5_only(tmp_path)) as demo:
-        received = demo.dir / RECEIVED_FILE
+        received = demo.dir / NOTIFICATIONS_FILE
         run = subprocess.run(
             [
                 sys.executable,

@@ -20,10 +20,10 @@ from agents.orchestra import pagecache
 from agents.orchestra.engines import engine_spec
 from agents.orchestra.rotation import Candidate, plan_moves
 from agents.orchestra.slot import WindowRate
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import wait_for
 from tests.pool_fixtures import pool_lab, post, settle, sim_model
 

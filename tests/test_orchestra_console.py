@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from textual.widgets import OptionList
 
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.app import CetlabApp
-from console.demo import DemoLab
 from console.screens.modals import ConfirmScreen, PickModelScreen
 from console.screens.models import ModelsScreen
 from tests.conftest import until_drawn, wait_for

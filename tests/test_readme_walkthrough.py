@@ -100,7 +100,7 @@ def cli(demo, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
 def test_the_gateway_wake_example_wakes_after_the_demo_restarted_warm(tmp_path):
     """Quit and restart returns the demo at its last rotation step, where phi-3-mini is warm: the example still wakes it."""
-    from console.demo import DemoLab
+    from agents.shell.demo.lab import DemoLab
 
     with DemoLab(tmp_path / "demo") as demo:
         rotated = cli(demo, "rotate")  # to set 1: codellama-7b, llama-3.1-70b-4bit, phi-3-mini warm

@@ -11,7 +11,7 @@ import psutil
 import pytest
 import yaml
 
-from console.demo import DemoLab
+from agents.shell.demo.lab import DemoLab
 from tests.conftest import wait_for
 from tests.test_jobs import connect, ended, running, wait_job
 

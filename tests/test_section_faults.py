@@ -12,11 +12,11 @@ import sys
 from agents.jobs.component import JobsComponent
 from agents.runtime.rpc import Peer
 from agents.shell.agent import Agent
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab, parse_lab
 from agents.wire.protocol import EVENT_TICK, Role
 from agents.wire.sections.base import FaultsSection
 from console.app import CetlabApp
-from console.demo import DemoLab
 from console.screens.fleet import FleetScreen
 from console.screens.jobs import JobsScreen
 from tests.conftest import until_drawn, wait_for

@@ -51,7 +51,7 @@ class ScaleChart(Widget):
         self.values: list[float] = []
         self.top = 1.0
         self.labels = ("", "0")
-        self._shown: tuple | None = None
+        self._shown: tuple[tuple[float, ...], float, str, str] | None = None
 
     def show(self, values: list[float], top: float | None, top_label: str, zero_label: str = "0") -> None:
         """Chart `values` from 0 to `top` (None: not known yet, then the largest value so far, so nothing overflows)."""

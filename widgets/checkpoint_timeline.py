@@ -37,7 +37,7 @@ def marker_y(ckpt: CheckpointInfo, loss: Sequence[Point]) -> float | None:
 
 def marker_groups(
     checkpoints: list[CheckpointInfo], loss: Sequence[Point], selected: int | None
-) -> list[tuple[str, str, str, list, list]]:
+) -> list[tuple[str, str, str, list[int], list[float]]]:
     """(label, marker, colour, steps, ys) per kind of checkpoint, in drawing order (the selected one last, on top)."""
     kinds = {
         "saved": ("saved", "dot", "cyan"),
@@ -46,7 +46,7 @@ def marker_groups(
         "best": ("best", "hd", "green"),
         "selected": ("selected", "sd", "yellow"),
     }
-    points: dict[str, tuple[list, list]] = {k: ([], []) for k in kinds}
+    points: dict[str, tuple[list[int], list[float]]] = {k: ([], []) for k in kinds}
     for ckpt in checkpoints:
         y = marker_y(ckpt, loss)
         if y is None:

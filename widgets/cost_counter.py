@@ -35,7 +35,7 @@ class CostCounter(Static):
 
     DEFAULT_CSS = "CostCounter { height: 1; width: auto; }"
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__("", **kwargs)
         self._shown: Text | None = None
 

@@ -121,10 +121,13 @@ class GpuLines:
     shows, the width or the card's layout has changed."""
 
     def __init__(self) -> None:
-        self._keys: dict[int, tuple] = {}
-        self._args: dict[int, tuple] = {}  # what each line was drawn from: redrawn as is when the width changes
+        self._keys: dict[int, tuple[object, ...]] = {}  # what each line shows: redrawn only when it changes
+        # what each line was drawn from (gpu, its utilisation history, owner, limits, stale): redrawn as is on a new width
+        self._args: dict[int, tuple[GpuSample, list[float], str | None, Thresholds, bool]] = {}
         self._layouts: dict[int, int] = {}  # the widest layout each line fits alone
-        self._fitted_for: dict[int, tuple] = {}  # the (name, failed, owner) each line's layout was found for
+        self._fitted_for: dict[
+            int, tuple[str, str | None, str | None]
+        ] = {}  # the (name, failed, owner) each line's layout was found for
         self.layout: int | None = None  # the card's: the narrowest any of its lines needs
         self.lines: dict[int, Text] = {}
         self.width: int | None = None  # None: lines as wide as they like (before the first layout)

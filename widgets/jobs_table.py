@@ -9,7 +9,7 @@ from rich.text import Text
 from agents.wire.sections.jobs import JobInfo
 from agents.wire.states import JOB_ACTIVE, JobState
 from widgets.format import NA, fmt, fmt_duration, spark
-from widgets.live_table import LiveTable
+from widgets.live_table import Cells, LiveTable
 
 STATE_STYLES = {
     JobState.STARTING: "yellow",
@@ -91,7 +91,7 @@ class JobsTable(LiveTable):
 
     offline: frozenset[str] = frozenset()  # machines whose agent is not reachable now: their jobs say so
 
-    def cells(self, item: JobInfo) -> tuple:
+    def cells(self, item: JobInfo) -> Cells:
         return job_cells(item, item.machine in self.offline)
 
     def show_jobs(self, jobs: list[JobInfo], offline: frozenset[str] = frozenset()) -> None:

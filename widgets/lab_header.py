@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from rich.text import Text
 from textual.events import Resize
@@ -98,7 +99,7 @@ def _left(figures: HeaderFigures, cost: str | None, short: bool, lab: bool) -> T
 class LabHeader(Static):
     DEFAULT_CSS = "LabHeader { height: 1; background: $boost; }"
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__("", **kwargs)
         self.text: Text | None = None  # the line shown now
         self._figures: HeaderFigures | None = None

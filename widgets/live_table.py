@@ -6,17 +6,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rich.text import Text
 from textual.events import Resize
 from textual.widgets import DataTable
 
 from widgets.wire import safe_cell
 
 Column = tuple[str, str, int | None]  # (key, label, width or None for the rest)
+Cell = str | Text  # a string is shown as text, never as markup (safe_cell)
+Cells = tuple[Cell, ...]  # one row
 CELL_PADDING = 2  # DataTable pads each cell by one on either side
 REST_MIN = 4  # what a column "for the rest" (width None) counts for: a wide terminal keeps every column it showed
 
 
-class LiveTable(DataTable):
+class LiveTable(DataTable[Cell]):
     """Give it items by row key (in the order to show); it adds, removes and updates only what changed.
 
     Subclasses set COLUMNS, DROP and cells(); a plain LiveTable takes them as arguments. DROP names the columns that go,
@@ -30,10 +33,10 @@ class LiveTable(DataTable):
     def __init__(
         self,
         columns: Sequence[Column] | None = None,
-        cells: Callable[[Any], tuple] | None = None,
+        cells: Callable[[Any], Cells] | None = None,
         drop: tuple[str, ...] | None = None,
         rest_min: int | None = None,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         """``rest_min``: the width the column "for the rest" needs (default REST_MIN_WIDTH); columns in the drop order go
         until it has that much."""
@@ -45,11 +48,11 @@ class LiveTable(DataTable):
         self.items: dict[str, Any] = {}  # the items shown (those the filter lets through)
         self.all_items: dict[str, Any] = {}  # every item given to show()
         self.filter_text = ""  # `/`: only rows whose text holds this (any case) are shown
-        self._shown: dict[str, tuple] = {}  # what each row shows now (every column's cell, shown or not)
+        self._shown: dict[str, Cells] = {}  # what each row shows now (every column's cell, shown or not)
         self.shown_columns: list[int] = list(range(len(self.column_spec)))  # indices into column_spec, in order
         self.rest_width: int | None = None  # the width left for the column "for the rest" (None: its content's)
 
-    def cells(self, item: Any) -> tuple:
+    def cells(self, item: Any) -> Cells:
         """The row of one item (plain data in, strings or Rich text out; a string is shown as text, never as markup)."""
         if self._cells_of is None:
             raise NotImplementedError("give LiveTable cells= or override cells()")
@@ -65,7 +68,10 @@ class LiveTable(DataTable):
         """The columns that fit `width` cells: those in the drop order go, first to last, until the rest fit."""
         shown = list(range(len(self.column_spec)))
         index_of = {key: i for i, (key, _, _) in enumerate(self.column_spec)}
-        needed = lambda: sum((self.column_spec[i][2] or self.rest_min) + CELL_PADDING for i in shown)  # noqa: E731
+
+        def needed() -> int:
+            return sum((self.column_spec[i][2] or self.rest_min) + CELL_PADDING for i in shown)
+
         for key in self.drop_order:
             if needed() <= width:
                 break
@@ -87,7 +93,7 @@ class LiveTable(DataTable):
             if selected is not None:
                 self.select_key(selected)
 
-    def _visible(self, cells: tuple) -> tuple:
+    def _visible(self, cells: Cells) -> Cells:
         return tuple(cells[i] for i in self.shown_columns)
 
     def set_filter(self, text: str) -> None:
@@ -123,7 +129,7 @@ class LiveTable(DataTable):
                         self.update_cell(key, column, value)
             self._shown[key] = cells
 
-    def _rebuild(self, wanted: dict[str, tuple]) -> None:
+    def _rebuild(self, wanted: dict[str, Cells]) -> None:
         selected = self.selected_key()
         self.clear()
         for key, cells in wanted.items():

@@ -3,7 +3,10 @@ fleet of 256 machines is ~800 widgets to lay out, not ~2,800)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.events import Resize
 from textual.widgets import Static
@@ -77,7 +80,7 @@ class MachineCard(Vertical, can_focus=True):
     MachineCard > .card-gpus { padding: 0 1; height: auto; }
     """
 
-    def __init__(self, machine: str, **kwargs) -> None:
+    def __init__(self, machine: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.machine = machine
         self._header = Static("", classes="card-header")
@@ -90,7 +93,7 @@ class MachineCard(Vertical, can_focus=True):
         self._width: int | None = None  # the content width (None before the first layout)
         self.shown_version: int | None = None  # the machine's LabState version drawn last
 
-    def compose(self):
+    def compose(self) -> ComposeResult:
         yield self._header
         yield self._note
         yield self._gpus

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from agents.wire.sections.models import ModelInfo
 from widgets.format import NA, fmt, fmt_gib, fmt_gpus
-from widgets.live_table import LiveTable
+from widgets.live_table import Cells, LiveTable
 
 STATE_STYLES = {
     "warm": "bold green",
@@ -94,7 +94,7 @@ class OrchestraTable(LiveTable):
     DROP = DROP
     REST_MIN_WIDTH = STATE_MIN
 
-    def cells(self, item: ModelInfo) -> tuple:
+    def cells(self, item: ModelInfo) -> Cells:
         return model_cells(item)
 
     def show_models(self, models: list[ModelInfo]) -> None:

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agents.notify.port import NotifyPort
 from agents.runtime.store import DiskFull
 from agents.wire.catalogue.alerts import ALERTS_ACK, ALERTS_LIST, AckParams, AlertList
 from agents.wire.catalogue.alerts import AlertListParams as ListParams
 from agents.wire.events import Notice
 from agents.wire.lab.model import Alerts
+from agents.wire.local_events import AlertsChanged
 from agents.wire.protocol import ErrorCode, RemoteError, Telemetry
 from agents.wire.sections.alerts import ALERT_ID_FORM, AlertInfo, AlertsSection, alert_id, parse_alert_id
 from agents.wire.sections.gateway import GatewaySection
@@ -407,13 +407,11 @@ class AlertsComponent:
         for alert in cleared:
             log.info("alert %s cleared: %s", alert.id, alert.message)
             core.notify(Notice(level="info", message=f"cleared: {alert.message}", alert=alert.info()))
-        if fired or cleared:
-            self._refresh()
-            notify = core.find(NotifyPort)
-            if notify is not None:  # lab.yaml's notify routes (agents/notify/): queued now, sent off the tick
-                notify.alerts_changed([a.info() for a in fired], [a.info() for a in cleared])
+        if fired or cleared:  # notify (lab.yaml's routes) takes them from the core: queued now, sent off the tick
+            self._refresh(fired, cleared)
 
-    def _refresh(self) -> None:
+    def _refresh(self, fired: list[Alert] | None = None, cleared: list[Alert] | None = None) -> None:
+        """Rebuild the section and tell the agent's other components (notify) what fired, cleared and fires now."""
         active = sorted(self.engine.active(), key=lambda a: -a.fired_at)
         recent = self.core.store.query(
             "SELECT * FROM alerts WHERE cleared_at IS NOT NULL ORDER BY n DESC LIMIT ?", (SECTION_RECENT,)
@@ -423,12 +421,14 @@ class AlertsComponent:
             recent=[Alert(machine=self.core.machine.name, **r).info() for r in recent],
             unacked=sum(1 for a in active if a.acked_at is None),
         )
+        self.core.publish(
+            AlertsChanged(
+                fired=[a.info() for a in fired or []], cleared=[a.info() for a in cleared or []], active=self._section.active
+            )
+        )
 
     def section(self) -> AlertsSection:
         return self._section
-
-    def active_alerts(self) -> list[AlertInfo]:  # AlertsPort
-        return self._section.active
 
     def _register(self) -> None:
         agent = self.core

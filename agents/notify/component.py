@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from agents.alerts.port import AlertsPort
 from agents.checkpoints.port import CheckpointsPort
 from agents.notify.outbox import Outbox
 from agents.notify.secrets import describe
@@ -17,6 +16,7 @@ from agents.wire.catalogue.method import NoParams
 from agents.wire.catalogue.notify import NOTIFY_STATUS, NOTIFY_TEST
 from agents.wire.catalogue.notify import NotifyTestParams as TestParams
 from agents.wire.lab.notify import AlertmanagerRoute, Kind, Level, kind_of_rule
+from agents.wire.local_events import AlertsChanged
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.alerts import AlertInfo
 from agents.wire.sections.jobs import JobInfo
@@ -53,6 +53,8 @@ class NotifyComponent:
         self._progress: dict[str, _Progress] = {}
         self._watch: OfflineWatch | None = None
         self._stored: set[tuple[str, str]] = set()  # (route, key) known to be in the queue (or sent)
+        self._firing: list[AlertInfo] = []  # the alerts firing now, as the alerts component last said (AlertsChanged)
+        core.subscribe(AlertsChanged, self.alerts_changed)
         self._register()
 
     @property
@@ -127,15 +129,16 @@ class NotifyComponent:
             **self._base(),
         )
 
-    def alerts_changed(self, fired: list[AlertInfo], cleared: list[AlertInfo]) -> None:  # NotifyPort
-        """Called by the alerts component in the tick an alert fires or clears: queue it (once per firing) for each route."""
+    def alerts_changed(self, news: AlertsChanged) -> None:
+        """The alerts component's news, in the tick an alert fires or clears: queue it (once per firing) for each route."""
+        self._firing = news.active
         if not self.senders:
             return
-        for alert in fired:
+        for alert in news.fired:
             kind = kind_of_rule(alert.rule)
             if kind is not None and alert.n > 0:  # n <= 0: an alert the full disk kept out of state.db
                 self._queue(kind, f"{alert.id}:firing", self._alert_notification(alert, "firing", kind))
-        for alert in cleared:
+        for alert in news.cleared:
             kind = kind_of_rule(alert.rule)
             if kind is not None and alert.n > 0:
                 self._queue(
@@ -179,11 +182,8 @@ class NotifyComponent:
 
     def _firing_for(self, route: AlertmanagerRoute) -> list[Notification]:
         """The alerts firing now that this route takes (Alertmanager gets them again every resend_every)."""
-        alerts = self.core.find(AlertsPort)
-        if alerts is None:
-            return []
         out = []
-        for alert in alerts.active_alerts():
+        for alert in self._firing:
             kind = kind_of_rule(alert.rule)
             if kind is None or not route.takes(kind, Level(alert.level), self.core.machine.name):
                 continue

@@ -3,7 +3,8 @@
 A component is built with its core (``JobsComponent(core)``), so it never holds ``Agent | None`` and never
 waits for ``start()`` to learn where it lives. It reaches another component only through a typed port, a
 ``Protocol`` the other side publishes (``core.find(GpuSupportPort)``), never by name and never through
-another component's internals. ``Agent`` satisfies ``AgentCore``; tests may pass a small fake instead.
+another component's internals; news it has for others it publishes on the core (``core.publish(AlertsChanged(...))``)
+for whoever subscribed to that event's class. ``Agent`` satisfies ``AgentCore``; tests may pass a small fake instead.
 
 Layering (import-linter, pyproject): wire and schema (protocol, sections, states, schema, lab) below the
 core (this module, rpc, store, history, telemetry), the core below the components.
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from agents.wire.protocol import Telemetry
 
 T = TypeVar("T")
+E = TypeVar("E")
 
 
 class AgentCore(Protocol):
@@ -59,6 +61,11 @@ class AgentCore(Protocol):
     def current(self) -> Mapping[str, Any]: ...  # the typed sections of the latest tick, by name
 
     def notify(self, event: PushEvent) -> None: ...  # push an event (agents/wire/events.py) to every subscriber of its topic
+
+    # news for the other components of this agent (agents/wire/local_events.py), by the event's class (agents/runtime/bus.py)
+    def publish(self, event: object) -> None: ...
+
+    def subscribe(self, kind: type[E], handler: Callable[[E], None]) -> None: ...
 
     def claim_gpus(self, indices: list[int], key: str, owner: str, mem_bytes: int, util_pct: float, pid: int = 0) -> None: ...
 

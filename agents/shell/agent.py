@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 from pydantic import BaseModel
 
 from agents import __version__
+from agents.runtime.bus import Bus
 from agents.runtime.core import AgentCore, ComponentFactory
 from agents.runtime.history import History
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, StateDirError, ensure_key, prepare_state_dir
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cetlab.agent")
 T = TypeVar("T")
+E = TypeVar("E")
 
 SOCKET_NAME = "agent.sock"
 PID_FILE_NAME = "agent.pid"
@@ -122,6 +124,7 @@ class Agent:
         self.host = HostSampler(str(state_dir))
         self.history = History(self.interval_s)
         self.rpc = Registry()
+        self.bus = Bus()  # the components' news for one another (AgentCore.publish)
         self.peers: set[Peer] = set()
         self.components: list[Component] = []
         self.latest: Telemetry | None = None
@@ -157,6 +160,12 @@ class Agent:
         """The component that provides this port (a runtime-checkable Protocol or a class), None where none runs."""
         kind = cast("type[T]", port)  # a class; typed as a callable so that mypy takes a Protocol (AgentCore.find)
         return next((c for c in self.components if isinstance(c, kind)), None)
+
+    def publish(self, event: object) -> None:
+        self.bus.publish(event)
+
+    def subscribe(self, kind: type[E], handler: Callable[[E], None]) -> None:
+        self.bus.subscribe(kind, handler)
 
     # -- lifecycle
 

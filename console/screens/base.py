@@ -16,12 +16,13 @@ from widgets.format import Thresholds
 if TYPE_CHECKING:
     from agents.wire.sections.base import SectionFault
     from console.app import CetlabApp
+    from widgets.lab_header import LabHeader
 
 P = TypeVar("P", bound=BaseModel)  # a method's params
 R = TypeVar("R", bound=BaseModel)  # ... and its reply
 
 
-class LabScreen(Screen):
+class LabScreen(Screen[None]):
     """A view of the lab. The app's scheduler calls tick() while it is shown; it fetches and redraws what is due."""
 
     VIEW_NAME = ""  # its name for `:` and the header
@@ -43,8 +44,8 @@ class LabScreen(Screen):
         Binding("slash", "filter", "Filter"),
     ]
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(name, id, classes)
         self.ready = False  # True once mounted: refresh_data may run
         self.drawn_version = -1  # LabState.version the view last caught up with (redrawn, or nothing it shows changed)
         self.drawn_key = -1  # the version of what it shows (LabState.sections_version of SECTIONS) at the last redraw
@@ -52,7 +53,7 @@ class LabScreen(Screen):
         self._faults: list[tuple[str, SectionFault]] | None = None  # shown under the header (None: not mounted yet)
         self.drawn_at = 0.0  # monotonic time of the last redraw
         self.fetched_at: float | None = None  # monotonic time of the last scheduled fetch
-        self._headers: list | None = None
+        self._headers: list[LabHeader] | None = None
 
     @property
     def lab_app(self) -> CetlabApp:

@@ -11,7 +11,7 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Footer, Static
+from textual.widgets import DataTable, Footer, Static
 
 from agents.wire.catalogue.checkpoints import (
     CHECKPOINTS_DELETE,
@@ -265,7 +265,7 @@ class CheckpointsScreen(LabScreen):
         selected: CheckpointInfo | None = self.table().selected()
         return selected
 
-    def on_data_table_row_highlighted(self, _event) -> None:
+    def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
         self.render_detail()
 
     def action_next_run(self, delta: int) -> None:
@@ -362,8 +362,8 @@ class CheckpointsScreen(LabScreen):
         machine, run, ckpt = target
         special = [w for w, on in (("the BEST", ckpt.is_best), ("the NEWEST", ckpt.newest)) if on]
 
-        def delete():
-            return self._act_and_refetch(
+        def delete() -> None:
+            self._act_and_refetch(
                 machine,
                 CHECKPOINTS_DELETE,
                 DeleteParams(run=run, step=ckpt.step, confirm_special=bool(special)),

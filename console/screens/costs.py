@@ -89,7 +89,7 @@ class CostsScreen(LabScreen):
         super().__init__()
         self.by: Breakdown = "machine"
         self.report: LabCosts | None = None  # the lab's sums, with every machine's breakdown rows and API providers
-        self._plotted: list | None = None
+        self._plotted: list[tuple[str, float, float]] | None = None
 
     def compose(self) -> ComposeResult:
         yield LabHeader()

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import Footer, Static
 
-from agents.shell.demo_gateway import GATEWAY_KEY_FILE
+from agents.runtime.demo import GATEWAY_KEY_FILE
 from agents.wire.protocol import LinkStatus
 from agents.wire.sections.gateway import GatewayModelFigures, GatewaySection
 from console.screens.base import LabScreen

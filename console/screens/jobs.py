@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Footer, Static
+from textual.widgets import DataTable, Footer, Static
 
 from agents.wire.catalogue.jobs import JOBS_KILL, JOBS_RECIPES, JOBS_STOP, JobParams, RecipeInfo, StopParams
 from agents.wire.catalogue.method import request_all
@@ -86,10 +86,10 @@ class JobsScreen(LabScreen):
             table.show_jobs([job for view in machines for job in view.jobs], frozenset(v.name for v in machines if not v.online))
             self.query_one("#jobs-detail", Static).update(shown(detail_text(table.selected())))
 
-    def on_data_table_row_highlighted(self, _event) -> None:
+    def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
         self.query_one("#jobs-detail", Static).update(shown(detail_text(self.query_one(JobsTable).selected())))
 
-    def on_data_table_row_selected(self, _event) -> None:  # enter on a row: its log
+    def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:  # enter on a row: its log
         self.action_logs()
 
     def selected(self) -> JobInfo | None:

@@ -7,6 +7,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
+from agents.runtime.view import MachineView
 from agents.wire.sections.base import SectionFault
 from console.screens.base import LabScreen
 from widgets.format import NA, fmt, fmt_ago, fmt_bytes
@@ -49,7 +50,7 @@ class MachineScreen(LabScreen):
         self.refresh_data()
 
     @property
-    def view(self):
+    def view(self) -> MachineView:
         return self.lab_app.state.machines[self.machine]
 
     def shown_faults(self) -> list[tuple[str, SectionFault]]:
@@ -76,7 +77,7 @@ class MachineScreen(LabScreen):
         self._refresh_gpus(view)
         self._refresh_processes(view)
 
-    def _refresh_gpus(self, view) -> None:
+    def _refresh_gpus(self, view: MachineView) -> None:
         container = self.query_one("#gpus", VerticalScroll)
         indices = sorted(view.gpus)
         if indices != self._gpu_indices:
@@ -97,8 +98,8 @@ class MachineScreen(LabScreen):
                     view.gpus[i], history, owners.get(i), limits, view.gpu_support.for_gpu(i) if view.gpu_support else None
                 )
 
-    def _refresh_processes(self, view) -> None:
-        wanted = {}
+    def _refresh_processes(self, view: MachineView) -> None:
+        wanted: dict[str, tuple[str, ...]] = {}
         for i, gpu in view.gpus.items():
             for proc in gpu.processes:
                 key = f"{i}:{proc.pid}:{proc.command}"

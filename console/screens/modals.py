@@ -336,7 +336,7 @@ GLOBAL_KEYS = [
 ]
 
 
-class HelpScreen(ModalScreen):
+class HelpScreen(ModalScreen[None]):
     """`?`: every key of the current view and every view reachable with `:`."""
 
     BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]

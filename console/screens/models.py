@@ -6,7 +6,7 @@ import time
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import Footer, Static
+from textual.widgets import DataTable, Footer, Static
 
 from agents.wire.catalogue.method import NoParams
 from agents.wire.catalogue.models import (
@@ -168,10 +168,10 @@ class ModelsScreen(LabScreen):
             )
             self.query_one("#models-detail", Static).update(shown(detail_text(table.selected())))
 
-    def on_data_table_row_highlighted(self, _event) -> None:
+    def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
         self.query_one("#models-detail", Static).update(shown(detail_text(self.query_one(OrchestraTable).selected())))
 
-    def on_data_table_row_selected(self, _event) -> None:  # enter on a row: swap it out
+    def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:  # enter on a row: swap it out
         if not self.lab_app.readonly:
             self.action_swap()
 
@@ -206,7 +206,10 @@ class ModelsScreen(LabScreen):
         model = self.selected()
         if model is None:
             return
-        go = lambda: self.act(model.machine, MODELS_COLD, ModelParams(model=model.name), f"stopping {model.name}", timeout=30.0)  # noqa: E731
+
+        def go() -> None:
+            self.act(model.machine, MODELS_COLD, ModelParams(model=model.name), f"stopping {model.name}", timeout=30.0)
+
         if model.state in MODEL_ENGINE_UP:  # stopping it interrupts (or drops) a model
             self.confirm(
                 f"Stop [b]{esc(model.name)}[/b] ({esc(model.state)})? Its engine exits; bringing it back is a full load.", go

@@ -12,12 +12,12 @@ from urllib.parse import urlsplit
 
 from agents.gateway.keys import KeyStore
 from agents.orchestra import pagecache
+from agents.runtime.demo import GATEWAY_KEY_FILE
 from agents.runtime.keys import ensure_key, write_private
 from agents.runtime.peers import PEER_KEY_NAME, PEER_KNOWN_HOSTS_NAME
 from agents.runtime.store import Store
 from agents.wire.catalogue.gateway import KeyAddParams
 
-GATEWAY_KEY_FILE = "console/gateway.key"
 ANY_PORT_ENV = "CETLAB_DEMO_ANY_GATEWAY_PORT"  # set: the demo's gateway takes a free port even where lab.yaml's is free
 STAND_IN_TOKENS_PER_S = 80.0  # the simulated provider's speed
 
@@ -100,18 +100,3 @@ def stand_in_argvs(directory: Path, data: dict[str, Any]) -> list[list[str]]:
             ]
         )
     return argvs
-
-
-def describe(directory: Path, lab_path: Path) -> str:
-    """Where the demo's gateway listens and where its key is, with a curl to try ('' without a gateway)."""
-    from agents.wire.lab.model import load_lab
-
-    gateway = load_lab(lab_path).gateway
-    key_file = directory / GATEWAY_KEY_FILE
-    if gateway is None or not key_file.exists():
-        return ""
-    return (
-        f"  gateway: {gateway.url} (key in {key_file})\n"
-        f'  try: curl -s {gateway.url}/chat/completions -H "Authorization: Bearer $(cat {key_file})" '
-        f'-H \'Content-Type: application/json\' -d \'{{"model": "phi-3-mini", "messages": [{{"role": "user", "content": "hi"}}]}}\'\n'
-    )

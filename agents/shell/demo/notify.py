@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from agents.runtime.demo import NOTIFICATIONS_FILE
 from agents.runtime.keys import write_private
-
-RECEIVED_FILE = "notifications.jsonl"  # what the receiver got, one JSON line each, in the demo's folder
 
 
 def _simulated_hooks(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -36,19 +35,6 @@ def receiver_argvs(directory: Path, data: dict[str, Any]) -> list[list[str]]:
             continue
         port = urlsplit(url_file.read_text().strip()).port
         argvs.append(
-            [sys.executable, "-m", "agents.notify.receiver", "--port", str(port), "--log", str(directory / RECEIVED_FILE)]
+            [sys.executable, "-m", "agents.notify.receiver", "--port", str(port), "--log", str(directory / NOTIFICATIONS_FILE)]
         )
     return argvs
-
-
-def describe(directory: Path, lab_path: Path) -> str:
-    """Where the demo's notifications arrive ('' without a simulated route)."""
-    from agents.wire.lab.model import load_lab
-    from agents.wire.lab.notify import WebhookRoute
-
-    if not any(isinstance(r, WebhookRoute) and r.simulated and r.url_file for r in load_lab(lab_path).notify.routes):
-        return ""
-    return (
-        f"  notifications (SIM receiver): tail -f {directory / RECEIVED_FILE}\n"
-        f"  try: a hot GPU: cetlab --lab {lab_path} sim-override m5 --gpu 0 --temp-c 95 (then --clear)\n"
-    )

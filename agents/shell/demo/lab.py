@@ -1,0 +1,258 @@
+"""The demo lab's builder: DIR/lab.yaml, keys and known hosts for loopback, and one real agent process per machine."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agents.runtime.demo import LAB_FILE, LOCK_NAME, demo_cli_line, shown_path
+from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, write_private
+from agents.runtime.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
+from agents.shell.demo import gateway as gateway_demo
+from agents.shell.demo import notify as notify_demo
+from agents.wire.lab.model import load_lab
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+# GPUs of the emulated machines of `--scale N`: 8 each, mixed like a real second-hand lab.
+SCALE_GPUS = [
+    {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250, "profile": "training"},
+    {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250, "profile": "training"},
+    {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250, "profile": "serving"},
+    {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250, "profile": "serving"},
+    {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250, "profile": "bursty"},
+    {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250, "profile": "bursty"},
+    {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "serving"},
+    {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75, "profile": "idle"},
+]
+
+
+def checkout_lab() -> Path:
+    """The checkout's lab.yaml: the demo's source when none is given (the console passes the one it ships)."""
+    return REPO_ROOT / LAB_FILE
+
+
+def free_ports(count: int) -> list[int]:
+    sockets, ports = [], []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        sockets.append(s)
+        ports.append(s.getsockname()[1])
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _scaled(data: dict[str, Any], scale: int) -> dict[str, Any]:
+    machines = [
+        {"name": f"node{i:03d}", "role": "emulated", "idle_watts": 200, "gpus": {"seed": i, "sim": [dict(g) for g in SCALE_GPUS]}}
+        for i in range(scale)
+    ]
+    # only the lab-wide sections: models, trainers and the like name the demo lab's machines
+    kept: dict[str, Any] = {key: data[key] for key in ("costs", "cloud_prices", "alerts") if key in data}
+    return {**kept, "lab": f"{data.get('lab', 'lab')}-x{scale}", "machines": machines}
+
+
+class DemoRunningError(RuntimeError):
+    """Another process runs a demo lab from the same folder."""
+
+
+def coordinators(data: dict[str, Any]) -> list[str]:
+    """The machines that coordinate a multi-node recipe (its first node)."""
+    return sorted({t["nodes"][0]["machine"] for t in data.get("trainers") or [] if t.get("nodes")})
+
+
+def node_key_lines(directory: Path, data: dict[str, Any]) -> dict[str, str]:
+    """Per machine, the authorized_keys lines giving each coordinator of a multi-node recipe on it the node role."""
+    lines: dict[str, str] = {}
+    for trainer in data.get("trainers") or []:
+        nodes = trainer.get("nodes") or []
+        if not nodes:
+            continue
+        first = nodes[0]["machine"]
+        key = ensure_key(directory / "agents" / first / NODE_KEY_NAME, comment=f"cetlab-node@{first}")
+        kind, blob = key.export_public_key().decode().split()[:2]
+        for node in nodes[1:]:
+            line = f"node {kind} {blob} node@{first}\n"
+            if line not in lines.get(node["machine"], ""):
+                lines[node["machine"]] = lines.get(node["machine"], "") + line
+    return lines
+
+
+class DemoLab:
+    """Writes DIR/lab.yaml (client side complete) and runs one agent per machine.
+
+    DIR is kept: a second start on it reuses its keys, agent state, runs and checkpoints,
+    with fresh ports (written into DIR/lab.yaml and its known_hosts). One demo per DIR at a time.
+    """
+
+    def __init__(self, directory: Path, source: Path | None = None, scale: int | None = None, agents_per_process: int = 1):
+        self.dir = directory.resolve()
+        self.source = source or checkout_lab()
+        self.scale = scale
+        self.agents_per_process = agents_per_process
+        self.lab_path = self.dir / LAB_FILE
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self._lock_fd: int | None = None
+
+    def prepare(self) -> Path:
+        load_lab(self.source)  # a broken source lab fails here, with file and line
+        data = yaml.safe_load(self.source.read_text())
+        if self.scale:
+            data = _scaled(data, self.scale)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        assets = self.source.parent / "demo"
+        if assets.is_dir():  # refreshed on every start: the checkout's recipe files may have changed
+            shutil.copytree(assets, self.dir / "demo", dirs_exist_ok=True)
+        console_dir = self.dir / "console"
+        client_key = ensure_key(console_dir / "id_ed25519", comment="cetlab-demo-console")
+        client_pub = client_key.export_public_key().decode().split()
+        ports = free_ports(len(data["machines"]))
+        gateway_line = gateway_demo.peer_key_line(self.dir, data)  # the gateway's agent calls the others with the gateway role
+        node_lines = node_key_lines(
+            self.dir, data
+        )  # the first node's agent of a multi-node recipe calls the others with the node role
+        known_hosts = []
+        for machine, port in zip(data["machines"], ports):
+            machine.update(host="127.0.0.1", port=port, via="agent")
+            state = self.dir / "agents" / machine["name"]
+            host_key = ensure_key(state / HOST_KEY_NAME, comment=f"cetlab-agent@{machine['name']}")
+            authorized = (
+                f"operator {client_pub[0]} {client_pub[1]} demo-console\n" + gateway_line + node_lines.get(machine["name"], "")
+            )
+            write_private(state / AUTHORIZED_KEYS_NAME, authorized.encode())
+            known_hosts.append(f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}")
+        (console_dir / "known_hosts").write_text("\n".join(known_hosts) + "\n")
+        gateway_demo.prepare(self.dir, data, "\n".join(known_hosts) + "\n", free_ports)
+        notify_demo.prepare(self.dir, data, free_ports)
+        for coordinator in coordinators(data):
+            write_private(self.dir / "agents" / coordinator / PEER_KNOWN_HOSTS_NAME, ("\n".join(known_hosts) + "\n").encode())
+        data["console"] = {**(data.get("console") or {}), "key": "console/id_ed25519", "known_hosts": "console/known_hosts"}
+        header = "# Written by `cetlab demo`: the demo lab on loopback, with this run's ports and keys.\n"
+        self.lab_path.write_text(header + yaml.safe_dump(data, sort_keys=False))
+        load_lab(self.lab_path)
+        return self.lab_path
+
+    def machine_names(self) -> list[str]:
+        return [m["name"] for m in yaml.safe_load(self.lab_path.read_text())["machines"]]
+
+    def start(self) -> None:
+        self.lock()
+        self.prepare()
+        self.launch()
+
+    def lock(self) -> None:
+        """Hold DIR for this process: a second demo on it would rewrite the ports under the first one's agents."""
+        if self._lock_fd is not None:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            raise DemoRunningError(
+                f"a demo lab is already running from {shown_path(self.dir)} (pid {other or '?'}); "
+                f"use it: {demo_cli_line(self.dir)}"
+            ) from None
+        os.ftruncate(fd, 0)  # a pid left by a demo that died is rewritten, never trusted
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def launch(self) -> None:
+        """Start the agent processes of an already prepared demo dir (again, after a stop)."""
+        names = self.machine_names()
+        data = yaml.safe_load(self.lab_path.read_text())
+        for argv in gateway_demo.stand_in_argvs(self.dir, data) + notify_demo.receiver_argvs(self.dir, data):
+            log = open(self.dir / "agents" / "provider-stand-in.log", "ab")
+            self.processes.append(
+                subprocess.Popen(
+                    [*argv, "--parent-pid", str(os.getpid())],
+                    stdout=log,
+                    stderr=log,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
+            log.close()
+        step = max(1, self.agents_per_process)
+        for i in range(0, len(names), step):
+            group = names[i : i + step]
+            state_dir = self.dir / "agents" / group[0] if len(group) == 1 else self.dir / "agents"
+            argv = [
+                sys.executable,
+                "-m",
+                "agents.shell.daemon",
+                "--log-level",
+                "warning",
+                "serve",
+                "--lab",
+                str(self.lab_path),
+                "--state-dir",
+                str(state_dir),
+                "--parent-pid",
+                str(os.getpid()),
+            ]
+            for name in group:
+                argv += ["--machine", name]
+            log = open(self.dir / "agents" / f"{group[0]}.log", "ab")
+            self.processes.append(
+                subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+            )
+            log.close()
+
+    def wait_listening(self, timeout: float = 30.0) -> None:
+        """Block until every agent accepts TCP connections (or one of them died)."""
+        data = yaml.safe_load(self.lab_path.read_text())
+        deadline = time.monotonic() + timeout
+        pending = {(m["host"], m["port"]) for m in data["machines"]}
+        while pending and time.monotonic() < deadline:
+            for proc in self.processes:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"a demo agent exited with code {proc.returncode}; see {self.dir / 'agents'}/*.log")
+            for addr in list(pending):
+                try:
+                    socket.create_connection(addr, timeout=0.2).close()
+                    pending.discard(addr)
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        if pending:
+            raise RuntimeError(f"demo agents not listening after {timeout:.0f} s: {sorted(pending)}")
+
+    def stop(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.processes.clear()
+        self.unlock()
+
+    def __enter__(self) -> DemoLab:
+        self.start()
+        self.wait_listening()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -51,7 +51,7 @@ class SimStack(Strict):
 
 class SimStacks(Strict):
     """What a simulated machine's GPU support check judges against; each left out takes the default of a lab set up as
-    the README's "Older GPUs" section says (torch 2.14 CUDA 12.6, vLLM 0.33 on CUDA 13, llama-server CUDA 12 for 61;70;86)."""
+    docs/engines.md ("Older GPUs") says (torch 2.14 CUDA 12.6, vLLM 0.33 on CUDA 13, llama-server CUDA 12 for 61;70;86)."""
 
     torch: SimStack | None = None
     vllm: SimStack | None = None

@@ -164,7 +164,7 @@ def describe(error: ErrorDetails) -> str:
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
     if error["type"] == "extra_forbidden":
-        return "unknown key (check the spelling; see the README's lab.yaml reference)"
+        return "unknown key (check the spelling; see docs/reference/lab-yaml.md)"
     if error["type"] == "missing":
         return "required key is missing"
     got = error.get("input")

@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench screenshots clean llama-server
+.PHONY: demo test test-fast docs bench screenshots clean llama-server
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ test: $(STAMP) llama-server
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not e2e"
 
+# The manual (docs/, mkdocs.yml): the generated reference pages checked against the code, then built into site/
+docs: $(STAMP)
+	$(BIN)/python docs/gen.py --check
+	$(BIN)/mkdocs build --strict
+
 # The pinned llama-server (llama.cpp from llama-cpp-python's sdist), built once into ~/.cache/cetlab/;
 # on a GPU box: make llama-server LLAMA_CUDA_ARCHS="61;70;86" (needs nvcc)
 llama-server: $(STAMP)
@@ -46,4 +51,4 @@ screenshots: $(STAMP)
 	$(BIN)/python screenshots/make_screenshots.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site

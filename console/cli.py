@@ -34,7 +34,7 @@ P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-# a GPU in `cetlab --json status` (documented in the README)
+# a GPU in `cetlab --json status` (documented in docs/cli.md)
 STATUS_GPU_KEYS = {
     "index",
     "name",
@@ -141,7 +141,9 @@ def status_json(state: LabState) -> dict[str, Any]:
         }
         # sections whose component fails on the agent now: their figures elsewhere are the last ones before it failed
         entry["sections_failed"] = [f.to_wire() for f in view.section_faults()]  # and those refused here as sent
-        if view.gpu_support is not None:  # which stacks each GPU can run, with the reason and the fix (README "Older GPUs")
+        if (
+            view.gpu_support is not None
+        ):  # which stacks each GPU can run, with the reason and the fix (docs/engines.md, "Older GPUs")
             entry["gpu_support"] = view.gpu_support.to_wire()
         if not view.online:
             entry["error"] = view.error or view.link

@@ -132,7 +132,7 @@ async def cmd_notify_test(ctx: Context) -> int:
         raise RemoteError(
             ErrorCode.NOT_FOUND,
             f"no route {ctx.args.route!r} in {ctx.lab.lab}'s notify.routes"
-            + (f" (routes: {', '.join(names)})" if names else ' (it has none; see the README\'s "Notifications")'),
+            + (f" (routes: {', '.join(names)})" if names else ' (it has none; see docs/alerts.md, "Notifications")'),
         )
     machines = route.machines or [m.name for m in ctx.lab.machines]
     results = await ctx.request_all(

@@ -26,7 +26,7 @@ EXIT_OK = 0
 def gateway_machine(ctx: Context) -> str:
     if ctx.lab.gateway is None:
         raise RemoteError(
-            ErrorCode.UNAVAILABLE, "this lab has no gateway: add `gateway: {machine: NAME}` to lab.yaml (README: Gateway)"
+            ErrorCode.UNAVAILABLE, "this lab has no gateway: add `gateway: {machine: NAME}` to lab.yaml (docs/gateway.md)"
         )
     return ctx.lab.gateway.machine
 

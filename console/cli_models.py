@@ -36,7 +36,7 @@ EXIT_OK, EXIT_FAILED = 0, 1
 POLL_S = 0.25
 STOP_TIMEOUT_S = 30.0  # models.cold waits for the engine to exit (its grace period is 10 s)
 
-# The stable JSON of one model (documented in the README); the agent's extra keys stay in `models.get`.
+# The stable JSON of one model (documented in docs/engines.md); the agent's extra keys stay in `models.get`.
 MODEL_KEYS = (
     "name",
     "machine",

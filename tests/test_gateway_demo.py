@@ -1,4 +1,4 @@
-"""The demo lab's gateway, as the README shows it: curl with the demo key wakes a sleeping model, asks the
+"""The demo lab's gateway, as docs/gateway.md shows it: curl with the demo key wakes a sleeping model, asks the
 orchestra group, and gets real tokens from the tiny Llama on `transformers serve` (slow)."""
 
 from __future__ import annotations

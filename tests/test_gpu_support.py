@@ -377,7 +377,7 @@ def test_the_cli_says_why_and_the_fix(refusing):
 
 
 def test_the_demo_lab_keeps_training_on_its_simulated_v100_and_p40s():
-    """The demo's sim machines assume a lab installed as the README says: torch 2.14 CUDA 12.6 runs on the V100 and the P40s."""
+    """The demo's sim machines assume a lab installed as docs/engines.md says: torch 2.14 CUDA 12.6 runs on the V100 and the P40s."""
     lab = load_lab(REPO / "lab.yaml")
     m5 = lab.machine("m5")
     stacks = sim_stacks(m5.gpus.stacks)

@@ -302,7 +302,7 @@ SQUAT = (
 
 @pytest.fixture
 def port_thief(tmp_path, monkeypatch):
-    """A torchrun whose first rendezvous host finds its port taken in between, as the README's run did (EADDRINUSE).
+    """A torchrun whose first rendezvous host finds its port taken in between, as the documented run did (EADDRINUSE).
 
     The first node-0 torchrun starts a process that listens on the port it was given, then runs the real
     torchrun, which fails to bind its c10d store. Yields the file that names the thief's pid once it struck.

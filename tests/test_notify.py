@@ -596,7 +596,7 @@ def demo_m5_only(tmp_path: Path) -> Path:
 
     data = yaml.safe_load((REPO / "lab.yaml").read_text())
     data["machines"] = [m for m in data["machines"] if m["name"] == "m5"]
-    data["alerts"] = {**data["alerts"], "temp_for_s": 0}  # the README's scenario waits 30 s: the test does not
+    data["alerts"] = {**data["alerts"], "temp_for_s": 0}  # docs/alerts.md's scenario waits 30 s: the test does not
     for key in ("models", "providers", "trainers"):
         data[key] = [t for t in data.get(key, []) if key == "trainers" and t["name"] == "demo-lora"]
     data.pop("gateway")

@@ -1,4 +1,5 @@
-"""The README's checkpoint walkthrough, run as written against the demo lab: real training, merge and serving."""
+"""The manual's walkthroughs, run as written against the demo lab: the checkpoint walkthrough (real training, merge and
+serving, docs/checkpoints.md), the gateway's curl examples (docs/gateway.md) and the multi-node run (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -16,25 +17,26 @@ from agents.wire.lab.model import load_lab
 from console.demo import bundled_lab
 
 REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
 MARKER = "<!-- tested: tests/test_readme_walkthrough.py"
-README_RUN = "m5-1"  # the run id the README uses: the first job of a fresh demo lab
+PAGE_RUN = "m5-1"  # the run id the page uses: the first job of a fresh demo lab
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def walkthrough() -> list[str]:
-    """The commands of the README block marked as tested, comments dropped."""
-    text = (REPO / "README.md").read_text()
+    """The commands of docs/checkpoints.md's block marked as tested, comments dropped."""
+    text = (DOCS / "checkpoints.md").read_text()
     after = text.split(MARKER, 1)[1]
     block = re.search(r"```sh\n(.*?)```", after, re.S)
     assert block and after.index("```sh") < after.index("\n\n"), "the marked block must follow its marker"
     return [line.split("  #")[0].strip() for line in block.group(1).splitlines() if line.strip()]
 
 
-def test_readme_states_the_demo_recipes_defaults():
+def test_the_checkpoints_page_states_the_demo_recipes_defaults():
     recipe = next(r for r in load_lab(bundled_lab()).trainers if r.name == "demo-lora")
     defaults = {p.name: p.default for p in recipe.params}
-    text = (REPO / "README.md").read_text()
+    text = (DOCS / "checkpoints.md").read_text()
     assert f"`cetlab train demo-lora` runs {defaults['max_steps']} steps with a checkpoint every {defaults['save_steps']}" in text
     first = shlex.split(walkthrough()[0])
     assert first[:3] == ["cetlab", "train", "demo-lora"] and "--follow" in first
@@ -49,8 +51,8 @@ def test_the_checkpoint_walkthrough_runs_as_written(demo_lab):
     for command in commands:
         argv = shlex.split(command)
         assert argv[0] == "cetlab"
-        if run_id:  # the demo lab of the test session may have run jobs before: its id, where the README says m5-1
-            argv = [run_id if a == README_RUN else a for a in argv]
+        if run_id:  # the demo lab of the test session may have run jobs before: its id, where the page says m5-1
+            argv = [run_id if a == PAGE_RUN else a for a in argv]
         result = subprocess.run(base + argv[1:], capture_output=True, text=True, timeout=540)
         assert result.returncode == 0, (
             f"`{command}` failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
@@ -81,10 +83,10 @@ def test_the_checkpoint_walkthrough_runs_as_written(demo_lab):
 
 
 def gateway_block() -> list[str]:
-    """The README's gateway examples up to the wake (continuation lines joined), placeholders as written."""
-    text = (REPO / "README.md").read_text()
+    """docs/gateway.md's examples up to the wake (continuation lines joined), placeholders as written."""
+    text = (DOCS / "gateway.md").read_text()
     block = re.search(r"These do more:\n\n```sh\n(.*?)```", text, re.S)
-    assert block, "the README's gateway examples moved"
+    assert block, "docs/gateway.md's examples moved"
     joined = block.group(1).replace("\\\n", " ")
     lines = [line for line in joined.splitlines() if line.strip()]
     wake = next(i for i, line in enumerate(lines) if "wakes it" in line)
@@ -132,8 +134,9 @@ def test_the_gateway_wake_example_wakes_after_the_demo_restarted_warm(tmp_path):
 
 
 def test_the_multi_node_run_runs_as_written(demo_lab):
-    """`cetlab train ddp-2node --follow` from the README: one job over m5 and irina, exit 0 (EADDRINUSE on its first try once)."""
-    text = (REPO / "README.md").read_text()
+    """`cetlab train ddp-2node --follow` from docs/training.md: one job over m5 and irina, exit 0 (EADDRINUSE on its first
+    try once)."""
+    text = (DOCS / "training.md").read_text()
     command = re.search(r"`(cetlab train ddp-2node[^`]*)`", text)
     assert command and "--follow" in command.group(1)
     argv = shlex.split(command.group(1))

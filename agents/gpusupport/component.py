@@ -1,7 +1,7 @@
 """The agent's GPU support check: the `gpu_support` section (every GPU x every stack) and the refusals before a launch.
 
 Real GPUs (NVML) are judged against the stacks installed here, read in subprocesses and cached. Simulated machines are judged
-against the stacks their lab.yaml entry declares (`gpus.stacks`, else a lab installed as the README's "Older GPUs" says),
+against the stacks their lab.yaml entry declares (`gpus.stacks`, else a lab installed as docs/engines.md ("Older GPUs") says),
 labelled SIM: their trainers really run on the CPU, so the check plays what the real lab would do, nothing more.
 """
 

@@ -42,7 +42,7 @@ except Exception:
 print(json.dumps(out))
 """
 
-# What a simulated machine assumes when its lab.yaml entry declares nothing: a lab installed as the README's "Older GPUs" says.
+# What a simulated machine assumes when its lab.yaml entry declares nothing: a lab installed as docs/engines.md ("Older GPUs") says.
 DEFAULT_SIM_STACKS = SimStacks(
     torch=SimStack(version="2.14.0+cu126", cuda="12.6", archs=["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]),
     vllm=SimStack(

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 EXIT_USAGE = 2
 
@@ -66,7 +67,7 @@ def train_main(argv: list[str]) -> int:
 
     args = _train_parser().parse_args(argv)
     try:
-        overrides: dict = dict(parse_override(item) for item in args.set)
+        overrides: dict[str, Any] = dict(parse_override(item) for item in args.set)
         flags = {
             "max_steps": args.max_steps,
             "learning_rate": args.learning_rate,

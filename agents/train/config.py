@@ -20,7 +20,7 @@ from pydantic_core import ErrorDetails
 
 from agents.train.precision import PrecisionChoice
 from agents.train.progress import ENV_VAR as PROGRESS_ENV_VAR
-from agents.wire.lab.yaml_doc import format_path, line_map
+from agents.wire.lab.yaml_doc import KeyPath, LineMap, format_path, line_map
 
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -137,10 +137,10 @@ _PATH_KEYS = ("dataset", "output_dir", "pretokenized_cache", "progress_file")
 
 
 class _Where:
-    def __init__(self, source: Path, lines: dict, cli_keys: set[str]):
+    def __init__(self, source: Path, lines: LineMap, cli_keys: set[str]):
         self.source, self.lines, self.cli_keys = source, lines, cli_keys
 
-    def __call__(self, path: tuple, message: str) -> str:
+    def __call__(self, path: KeyPath, message: str) -> str:
         key = format_path(path)
         if key in self.cli_keys:
             return f"{self.source}: {key} (from the command line): {message}"
@@ -152,7 +152,7 @@ class _Where:
         return f"{place}: {key}: {message}"
 
 
-def _fields_at(loc: tuple) -> list[str]:
+def _fields_at(loc: tuple[str | int, ...]) -> list[str]:
     model: Any = TrainConfig
     for part in loc[:-1]:
         field = model.model_fields.get(part) if isinstance(part, str) else None

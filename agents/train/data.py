@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,9 @@ class TokenizedDataset:
         return int(self.ids.numel())
 
 
-def build_dataset(dataset: Path, tokenizer: Any, max_seq_len: int, cache: Path | None, log=print) -> TokenizedDataset:
+def build_dataset(
+    dataset: Path, tokenizer: Any, max_seq_len: int, cache: Path | None, log: Callable[[str], object] = print
+) -> TokenizedDataset:
     """Tokenize ``dataset`` or reuse ``cache`` when the dataset file (size and
     mtime), the tokenizer and max_seq_len are unchanged."""
     import torch

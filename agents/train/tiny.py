@@ -184,7 +184,7 @@ def _corpus() -> list[str]:
     return lines
 
 
-def build_tokenizer():
+def build_tokenizer() -> Any:
     """A byte-level BPE tokenizer trained on the built-in corpus, as a transformers fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -202,9 +202,8 @@ def build_tokenizer():
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
     )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK, model_max_length=512
-    )
+    tokenizer_class: Any = PreTrainedTokenizerFast  # unannotated in transformers
+    fast = tokenizer_class(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK, model_max_length=512)
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -238,7 +237,8 @@ def make_tiny_model(dir: str | os.PathLike[str], seed: int = 0, shape: dict[str,
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
+    generation_config: Any = GenerationConfig  # unannotated in transformers
+    model.generation_config = generation_config(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

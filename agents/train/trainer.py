@@ -22,12 +22,15 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agents.train.config import ConfigError, TrainConfig
 from agents.train.data import DataError
 from agents.train.precision import PrecisionPlan, PrecisionRefused, compute_dtype, device_capability, plan_precision
 from agents.train.progress import clean_number, read_progress, write_progress
+
+if TYPE_CHECKING:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 
 def step_line(figures: dict[str, Any]) -> str:
@@ -139,7 +142,7 @@ def agreed_stop(signal_name: str | None, device: Any) -> str | None:
     return signal.Signals(value).name if value else None
 
 
-def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
+def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int) -> TrainerCallback:
     from transformers import TrainerCallback
 
     class ProgressCallback(TrainerCallback):
@@ -151,7 +154,9 @@ def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
             self.last_tokens = 0
             self.save_t0: float | None = None
 
-        def on_train_begin(self, args, state, control, **kwargs):
+        def on_train_begin(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+        ) -> TrainerControl:
             self.t0 = self.last_t = time.monotonic()
             self.step0 = self.last_step = state.global_step
             self.last_tokens = state.num_input_tokens_seen or 0
@@ -160,7 +165,9 @@ def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
                 control.should_training_stop = True
             return control
 
-        def on_step_end(self, args, state, control, **kwargs):
+        def on_step_end(
+            self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+        ) -> TrainerControl:
             signal_name = agreed_stop(stop.signal_name, args.device)
             if signal_name and not reporter.doc.get("stop_reason"):
                 reporter.doc["stop_reason"] = f"signal:{signal_name}"
@@ -173,7 +180,14 @@ def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
                 self.save_t0 = time.monotonic()
             return control
 
-        def on_log(self, args, state, control, logs=None, **kwargs):
+        def on_log(
+            self,
+            args: TrainingArguments,
+            state: TrainerState,
+            control: TrainerControl,
+            logs: dict[str, Any] | None = None,
+            **kwargs: Any,
+        ) -> TrainerControl:
             logs = logs or {}
             if "loss" not in logs:  # the end-of-training summary
                 if logs.get("train_runtime") is not None:
@@ -209,10 +223,12 @@ def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int):
                 self.save_t0 = time.monotonic()  # the save has not started yet; do not count the log
             return control
 
-        def on_save(self, args, state, control, **kwargs):
+        def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> TrainerControl:
             now = time.monotonic()
             save_s = now - self.save_t0 if self.save_t0 is not None else None
             self.save_t0 = None
+            if args.output_dir is None:  # run_training always gives one (cfg.output_dir): no folder, no checkpoint to name
+                return control
             path = Path(args.output_dir).resolve() / f"checkpoint-{state.global_step}"
             entries = [c for c in reporter.doc["checkpoints"] if c.get("path") != str(path) and Path(c["path"]).is_dir()]
             entries.append(
@@ -330,7 +346,8 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
         from transformers import BitsAndBytesConfig
 
         compute = compute_dtype(plan.precision)
-        model_kwargs["quantization_config"] = BitsAndBytesConfig(
+        quantization: Any = BitsAndBytesConfig  # unannotated in transformers
+        model_kwargs["quantization_config"] = quantization(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute
         )
         model_kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))}
@@ -340,9 +357,11 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
         raise ConfigError(f"base_model: cannot load a model from {cfg.base_model}: {str(exc).splitlines()[0]}") from None
     model.config.use_cache = False
     if cfg.qlora:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
+        prepare: Any = prepare_model_for_kbit_training  # unannotated in peft
+        model = prepare(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
     elif cfg.gradient_checkpointing:
-        model.enable_input_require_grads()
+        require_grads: Any = model.enable_input_require_grads  # unannotated in transformers
+        require_grads()
 
     lora = LoraConfig(
         r=cfg.lora.r,
@@ -367,7 +386,8 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
     output_dir = Path(cfg.output_dir)
     resume = cfg.resume_from_checkpoint
     if resume == "latest":
-        resume = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+        last_checkpoint: Any = get_last_checkpoint  # unannotated in transformers
+        resume = last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
         log(
             f"cetlab-train: resuming from {resume}"
             if resume

@@ -103,7 +103,7 @@ class GatewayScreen(LabScreen):
         section = self.section()
         summary = self.query_one("#gateway-summary", Static)
         if gateway is None:
-            summary.update("this lab has no gateway: add [b]gateway: {machine: NAME}[/b] to lab.yaml (README: Gateway)")
+            summary.update("this lab has no gateway: add [b]gateway: {machine: NAME}[/b] to lab.yaml (docs/gateway.md)")
             section = GatewaySection(machine="")
         elif section is None:
             summary.update(shown(f"gateway on [b]{esc(gateway.machine)}[/b]: no data yet (is its agent online?)"))

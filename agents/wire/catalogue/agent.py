@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, RootModel
+from pydantic import ConfigDict, Field
 
-from agents.wire.catalogue.method import OP, Method, NoParams, Params
+from agents.wire.catalogue.method import OP, Method, NoParams, Params, Root
 from agents.wire.protocol import (
     Finite,
     FiniteFloat,
@@ -100,7 +100,7 @@ class MethodInfo(Section):
     doc: str = ""
 
 
-class MethodList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+class MethodList(Root):
     model_config = ConfigDict(defer_build=True)
 
     root: list[MethodInfo]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field, RootModel
+from pydantic import ConfigDict, Field
 
-from agents.wire.catalogue.method import OP, Method, NoParams, Params
+from agents.wire.catalogue.method import OP, Method, NoParams, Params, Root
 from agents.wire.protocol import (
     Finite,
 )
@@ -43,7 +43,7 @@ class PruneParams(RunParams):
     keep_last: int = Field(ge=0, le=100000)
 
 
-class RunSummaryList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+class RunSummaryList(Root):
     model_config = ConfigDict(defer_build=True)
 
     root: list[RunSummary]

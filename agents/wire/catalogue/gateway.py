@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, RootModel
+from pydantic import ConfigDict, Field
 
-from agents.wire.catalogue.method import OP, Method, NoParams, Params
+from agents.wire.catalogue.method import OP, Method, NoParams, Params, Root
 from agents.wire.protocol import (
     Finite,
     FiniteFloat,
@@ -24,7 +24,7 @@ class KeyNameParams(Params):
     name: str = Field(pattern=NAME_RE)
 
 
-class GatewayStatus(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+class GatewayStatus(Root):
     """`gateway.status`: the gateway's section, or null where it does not run."""
 
     model_config = ConfigDict(defer_build=True)

@@ -121,4 +121,5 @@ CATALOGUE: dict[str, Method[Any, Any]] = {
 
 def parse_result(method_name: str, raw: Any) -> BaseModel:
     """A reply of the named method, typed; ReplyInvalid when it does not validate, KeyError for an unknown method."""
-    return validate_reply(CATALOGUE[method_name], raw)
+    reply: BaseModel = validate_reply(CATALOGUE[method_name], raw)  # the catalogue holds every kind of method: Any
+    return reply

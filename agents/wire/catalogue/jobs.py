@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, RootModel
+from pydantic import ConfigDict, Field
 
-from agents.wire.catalogue.method import OP, Method, NoParams, Params
+from agents.wire.catalogue.method import OP, Method, NoParams, Params, Root
 from agents.wire.protocol import (
     Finite,
 )
@@ -82,13 +82,13 @@ class RecipeInfo(Section):
     params: list[RecipeParam] = Field(default_factory=list)
 
 
-class RecipeList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+class RecipeList(Root):
     model_config = ConfigDict(defer_build=True)
 
     root: list[RecipeInfo]
 
 
-class JobList(RootModel):  # not RootModel[...]: that builds a schema at import (the CLI starts cold)
+class JobList(Root):
     model_config = ConfigDict(defer_build=True)
 
     root: list[JobInfo]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, RootModel, ValidationError
 
 from agents.wire.protocol import (
     ErrorCode,
@@ -20,6 +20,12 @@ P = TypeVar("P", bound=BaseModel)
 
 
 R = TypeVar("R", bound=BaseModel)
+
+
+if TYPE_CHECKING:  # a reply that is a list or null: its class says `root: ...`, which the checker reads against Any
+    Root = RootModel[Any]
+else:  # not RootModel[...] at run time: that builds a schema at import (the CLI starts cold)
+    Root = RootModel
 
 
 class Params(BaseModel):

@@ -108,10 +108,10 @@ def find_provider_model(providers: list[Provider], name: str) -> tuple[Provider,
 
 def cross_check(
     providers: list[Provider], gateway: Gateway | None, machines: list[str], local: set[str], groups: dict[str, list[str]]
-) -> list[tuple[tuple, str]]:
+) -> list[tuple[tuple[str | int, ...], str]]:
     """References of the gateway and providers sections to the rest of the lab (its machines, local models and
     orchestra groups): machine, models, fallbacks, groups, aliases."""
-    problems: list[tuple[tuple, str]] = []
+    problems: list[tuple[tuple[str | int, ...], str]] = []
     seen: set[str] = set()
     for i, provider in enumerate(providers):
         if provider.name in seen:

@@ -51,7 +51,7 @@ class SimStack(Strict):
 
 class SimStacks(Strict):
     """What a simulated machine's GPU support check judges against; each left out takes the default of a lab set up as
-    the README's "Older GPUs" section says (torch 2.14 CUDA 12.6, vLLM 0.33 on CUDA 13, llama-server CUDA 12 for 61;70;86)."""
+    docs/engines.md ("Older GPUs") says (torch 2.14 CUDA 12.6, vLLM 0.33 on CUDA 13, llama-server CUDA 12 for 61;70;86)."""
 
     torch: SimStack | None = None
     vllm: SimStack | None = None
@@ -357,9 +357,9 @@ class LabError(YamlDocError):
     """lab.yaml is unreadable or invalid; str() is one line per problem, file:line first."""
 
 
-def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
+def _cross_check(lab: Lab) -> list[tuple[tuple[str | int, ...], str]]:
     """References between sections: machines named, GPUs present, names unique."""
-    problems: list[tuple[tuple, str]] = []
+    problems: list[tuple[tuple[str | int, ...], str]] = []
     machines = {m.name: m for m in lab.machines}
     for section in ("machines", "models", "trainers"):
         seen: set[str] = set()
@@ -408,11 +408,11 @@ def _cross_check(lab: Lab) -> list[tuple[tuple, str]]:
     )
 
 
-def _nodes_cross_check(trainer: Trainer, i: int, machines: dict[str, Machine]) -> list[tuple[tuple, str]]:
+def _nodes_cross_check(trainer: Trainer, i: int, machines: dict[str, Machine]) -> list[tuple[tuple[str | int, ...], str]]:
     """A multi-node recipe: torchrun, two machines or more, each named once, present, with the GPUs it lists."""
     if not trainer.nodes:
         return [(("trainers", i, "rdzv_port"), "rdzv_port needs nodes: [...]")] if trainer.rdzv_port is not None else []
-    problems: list[tuple[tuple, str]] = []
+    problems: list[tuple[tuple[str | int, ...], str]] = []
     if trainer.launcher != "torchrun":
         problems.append((("trainers", i, "launcher"), "a recipe with nodes needs launcher: torchrun"))
     if len(trainer.nodes) < 2:

@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from pydantic_core import ErrorDetails
 
 
+KeyPath = tuple[str | int, ...]  # a key path in the document: ("machines", 0, "gpus")
+LineMap = dict[KeyPath, int]  # each key path's 1-based line
+Dupes = list[tuple[KeyPath, int]]  # a key given twice in one mapping, and its line
+
+
 class YamlDocError(Exception):
     """The document is unreadable or invalid; str() is one line per problem, file:line first."""
 
@@ -79,7 +84,7 @@ def check_expansion(root: yaml.Node, source: str) -> None:
     size(root)
 
 
-def load(text: str, source: str) -> tuple[dict, list, Any]:
+def load(text: str, source: str) -> tuple[LineMap, Dupes, Any]:
     """Parse once: line numbers and duplicate keys from the node tree, and the data built from it; YamlDocError otherwise."""
     if len(text) > MAX_BYTES:
         raise YamlDocError([f"{source}: {len(text)} characters; a file here may have at most {MAX_BYTES}"])
@@ -104,13 +109,15 @@ def load(text: str, source: str) -> tuple[dict, list, Any]:
         raise YamlDocError([f"{source}: not a usable document: {type(exc).__name__}: {str(exc)[:200]}"]) from None
 
 
-def line_map(node: yaml.Node, path: tuple = (), lines: dict | None = None, dupes: list | None = None):
+def line_map(
+    node: yaml.Node, path: KeyPath = (), lines: LineMap | None = None, dupes: Dupes | None = None
+) -> tuple[LineMap, Dupes]:
     """Map every key path in the YAML tree to its 1-based line; note duplicate keys."""
     lines = {} if lines is None else lines
     dupes = [] if dupes is None else dupes
     lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
-        seen: set = set()
+        seen: set[str] = set()
         for key_node, value_node in node.value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else f"<{key_node.id} key>"
             if key in seen:
@@ -125,20 +132,20 @@ def line_map(node: yaml.Node, path: tuple = (), lines: dict | None = None, dupes
     return lines, dupes
 
 
-def format_path(path: tuple) -> str:
+def format_path(path: KeyPath) -> str:
     out = ""
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(top level)"
 
 
-def data_path(data: Any, loc: tuple, key_error: bool) -> tuple:
+def data_path(data: Any, loc: tuple[str | int, ...], key_error: bool) -> KeyPath:
     """Pydantic's error location reduced to the keys that exist in the YAML data.
 
     Union tags and validator names in the location are skipped; a missing or unknown
     key (the location's last part) is kept so the message can name it.
     """
-    path: list = []
+    path: list[str | int] = []
     for position, part in enumerate(loc):
         if isinstance(part, int) and isinstance(data, list) and part < len(data):
             path.append(part)
@@ -151,7 +158,7 @@ def data_path(data: Any, loc: tuple, key_error: bool) -> tuple:
     return tuple(path)
 
 
-def problem_at(source: str, lines: dict, path: tuple, message: str) -> str:
+def problem_at(source: str, lines: LineMap, path: KeyPath, message: str) -> str:
     probe = path
     while probe not in lines and probe:
         probe = probe[:-1]
@@ -164,7 +171,7 @@ def describe(error: ErrorDetails) -> str:
     if message.startswith("Value error, "):
         message = message[len("Value error, ") :]
     if error["type"] == "extra_forbidden":
-        return "unknown key (check the spelling; see the README's lab.yaml reference)"
+        return "unknown key (check the spelling; see docs/reference/lab-yaml.md)"
     if error["type"] == "missing":
         return "required key is missing"
     got = error.get("input")

@@ -159,7 +159,7 @@ def test_lab_yaml_cannot_put_an_engine_on_the_network():
         data["models"][0]["args"] = args
         with pytest.raises(LabError, match="127.0.0.1 only"):
             parse_lab(yaml.safe_dump(data))
-    from agents.wire.lab.model import binds_elsewhere
+    from agents.wire.lab.loopback import binds_elsewhere
 
     assert not any(binds_elsewhere(arg) for arg in ("--hf-overrides", "{}", "--h", "--", "--port=8000", "--hosts"))
 

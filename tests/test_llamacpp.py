@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from agents.orchestra.engines import ENGINES, engine_spec
-from agents.orchestra.llamacpp import LlamacppEngine, lora_files, parse_llamacpp_metrics, tensor_split
+from agents.orchestra.engines.llamacpp import LlamacppEngine, lora_files, parse_llamacpp_metrics, tensor_split
 from agents.orchestra.spec import GpuBuild
 from agents.wire.lab.model import Model, load_lab
 from agents.wire.protocol import ErrorCode, RemoteError

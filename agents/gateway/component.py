@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from agents.gateway.keys import KeyAddParams, KeyNameParams, KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.router import Router, Target
-from agents.orchestra.engines import engine_spec
+from agents.orchestra.port import ModelsPort
 from agents.runtime.peers import PeerClient
 from agents.wire.lab.gateway import find_provider_model
 from agents.wire.protocol import Role, Telemetry
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
     from agents.gateway.server import GatewayHttp
+    from agents.orchestra.spec import EngineSpec
     from agents.runtime.core import AgentCore
     from agents.runtime.rpc import Peer
     from agents.wire.lab.gateway import Gateway, GatewayPolicies
@@ -69,6 +70,13 @@ class GatewayComponent:
     def policies(self) -> GatewayPolicies:
         return self.config.policies
 
+    def engine_spec(self, engine: str) -> EngineSpec:
+        """What an engine of lab.yaml can do, as the model pool (which every agent runs) says."""
+        models = self.core.find(ModelsPort)
+        if models is None:
+            raise RuntimeError("the gateway asks the model pool what an engine can do, and this agent runs none")
+        return models.engine_spec(engine)
+
     async def start(self) -> None:
         core = self.core
         config = core.lab.gateway
@@ -81,7 +89,7 @@ class GatewayComponent:
         # every machine: a checkpoint may be served on one lab.yaml gives no model
         self.peers = PeerClient(core.lab, core.state_dir, machines=[m.name for m in core.lab.machines])
         await self.peers.start()
-        self.router = Router(core.lab, core.machine.name, self.peers, self.meter)
+        self.router = Router(core.lab, core.machine.name, self.peers, self.meter, self.engine_spec)
         from agents.gateway.server import GatewayHttp  # aiohttp (~10 MB) only in the one agent that serves the gateway
 
         self.http = GatewayHttp(self)
@@ -161,7 +169,7 @@ class GatewayComponent:
                     "tier": "local",
                     "machine": model.machine,
                     "state": info.state if info else "unknown",
-                    "simulated": engine_spec(model.engine).simulated,
+                    "simulated": self.engine_spec(model.engine).simulated,
                     "aliases": policy.aliases if policy else [],
                     "fallback": policy.fallback if policy else None,
                 }

@@ -72,7 +72,7 @@ def check_torch(lab: Lab | None, machine: str) -> Check:
 
 
 def check_engines(lab: Lab, machine: str) -> list[Check]:
-    from agents.orchestra.vllm import vllm_cli
+    from agents.orchestra.engines.vllm import vllm_cli
 
     needed = {m.engine for m in lab.models if m.machine == machine}
     checks = []
@@ -98,7 +98,7 @@ def check_engines(lab: Lab, machine: str) -> list[Check]:
 
 def check_transformers_serve() -> Check:
     """`transformers serve` as the engine drives it: a positional model (5.5) and /v1/completions (5.6)."""
-    from agents.orchestra.transformers_engine import SERVE_MIN_VERSION
+    from agents.orchestra.engines.transformers import SERVE_MIN_VERSION
 
     wanted = ".".join(map(str, SERVE_MIN_VERSION))
     try:
@@ -260,7 +260,9 @@ def run_machine_checks(lab_path: Path, machine: str, state_dir: Path | None) -> 
 def check_gpu_support(lab: Lab | None, machine: str) -> list[Check]:
     """Per GPU: which stacks (trainer torch, vLLM, llama-server) run there; FAIL where lab.yaml places one that cannot."""
     from agents.gpusupport.matrix import matrix
-    from agents.gpusupport.stacks import TorchReader, engine_stack_kind, real_stacks, sim_stacks
+    from agents.gpusupport.stacks import real_stacks, sim_stacks
+    from agents.orchestra.engines import ENGINES, installed_stacks
+    from agents.runtime.torch_probe import TorchReader
     from agents.wire.sections.gpu_support import StackKind
 
     spec = lab.machine(machine).gpus if lab is not None else "nvml"
@@ -280,10 +282,12 @@ def check_gpu_support(lab: Lab | None, machine: str) -> list[Check]:
             sampler.close()
         if not gpus:
             return []
-        stacks = real_stacks(TorchReader())
+        reader = TorchReader()
+        stacks = real_stacks(reader, installed_stacks(reader))
     placed: dict[tuple[int, StackKind], str] = {}  # (GPU, stack) -> what lab.yaml puts there
     for model in lab.models if lab is not None else []:
-        kind = engine_stack_kind(model.engine)
+        engine = ENGINES.get(model.engine)
+        kind = engine.spec.gpu_stack if engine is not None else None
         if kind is None or model.machine != machine:
             continue
         for index in model.gpus:

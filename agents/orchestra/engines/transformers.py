@@ -8,24 +8,36 @@ from pathlib import Path
 
 from agents.orchestra.engine import Engine
 from agents.orchestra.spec import EngineSpec
+from agents.runtime.torch_probe import TorchReader, python_of
 from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.gpu_support import Stack, StackKind
 
 # `transformers serve MODEL` takes the model as a positional argument from 5.5 and serves /v1/completions
 # (the warm-up request) from 5.6; older versions exit 2 or fail the warm-up (pyproject pins the same).
 SERVE_MIN_VERSION = (5, 6)
 
 
-def _transformers_cli() -> str | None:
+def transformers_cli() -> str | None:
     beside = Path(sys.executable).with_name("transformers")  # the venv the agent runs in first
     return str(beside) if beside.exists() else shutil.which("transformers")
 
 
+def transformers_python() -> str:
+    """The Python of `transformers serve` (the `transformers` beside the agent's Python first): its torch runs the model."""
+    beside = Path(sys.executable).with_name("transformers")
+    return python_of(beside) or sys.executable if beside.exists() else sys.executable
+
+
 class TransformersEngine(Engine):
     # no sleep mode, no runtime adapters (a checkpoint is merged), one device; its GPU floor is the torch build's
-    spec = EngineSpec(name="transformers", title="transformers serve", model_formats=("hf",), gpu_stack="torch")
+    spec = EngineSpec(name="transformers", title="transformers serve", model_formats=("hf",), gpu_stack=StackKind.TORCH)
+
+    @classmethod
+    def stack(cls, reader: TorchReader) -> Stack:
+        return reader.stack(transformers_python())
 
     def check(self) -> None:
-        if _transformers_cli() is None:
+        if transformers_cli() is None:
             raise RemoteError(
                 ErrorCode.UNAVAILABLE, f"transformers is not installed on {self.machine} (pip install 'transformers[serving]')"
             )
@@ -37,7 +49,7 @@ class TransformersEngine(Engine):
     def argv(self) -> list[str]:
         device = ["--device", "cpu"] if not self.gpus else []
         return [
-            _transformers_cli() or "transformers",
+            transformers_cli() or "transformers",
             "serve",
             "--host",
             self.host,

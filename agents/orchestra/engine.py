@@ -26,6 +26,7 @@ GIB = 1024**3
 LOG_TAIL_BYTES = 256 * 1024
 STOP_GRACE_S = 10.0
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError")
+JsonBody = dict[str, Any] | list[Any]  # a request body, sent as JSON
 _SERIALS = itertools.count(1)  # each Engine object gets the next: a record can tell a restarted engine from the one it knew
 
 
@@ -167,7 +168,7 @@ class Engine:
 
     # -- HTTP
 
-    def _request(self, method: str, path: str, body: dict | None, timeout_s: float) -> bytes:
+    def _request(self, method: str, path: str, body: JsonBody | None, timeout_s: float) -> bytes:
         import urllib.error  # lazy: not every agent serves models
         import urllib.request
 
@@ -180,14 +181,15 @@ class Engine:
         )
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                return response.read()
+                answer: bytes = response.read()
+                return answer
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode(errors="replace")
             raise EngineRequestFailed(f"{method} {path} answered {exc.code}: {detail}") from None
         except (urllib.error.URLError, OSError) as exc:
             raise EngineDown(f"{method} {path}: {getattr(exc, 'reason', exc)}") from None
 
-    async def http(self, method: str, path: str, body: dict | None = None, timeout_s: float = 10.0) -> bytes:
+    async def http(self, method: str, path: str, body: JsonBody | None = None, timeout_s: float = 10.0) -> bytes:
         return await asyncio.to_thread(self._request, method, path, body, timeout_s)
 
     async def health(self) -> bool:
@@ -200,7 +202,10 @@ class Engine:
     async def warm_up(self, timeout_s: float) -> dict[str, Any]:
         """A real first completion: the engine compiles and allocates now, not on a user's request."""
         body = {"model": self.served_name, "prompt": self.model.warmup_prompt, "max_tokens": 8}
-        return json.loads(await self.http("POST", "/v1/completions", body, timeout_s=timeout_s))
+        answer = json.loads(await self.http("POST", "/v1/completions", body, timeout_s=timeout_s))
+        if not isinstance(answer, dict):
+            raise EngineRequestFailed(f"POST /v1/completions answered {type(answer).__name__}, not a JSON object")
+        return answer
 
     async def sleep(self, level: int) -> None:
         raise NotImplementedError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
 from agents.orchestra.engines import engine_spec
@@ -15,6 +15,7 @@ from agents.wire.states import ModelState
 
 if TYPE_CHECKING:
     from agents.orchestra.component import OrchestraComponent
+    from agents.runtime.rpc import Peer
 
 
 def register(pool: OrchestraComponent) -> None:
@@ -23,12 +24,12 @@ def register(pool: OrchestraComponent) -> None:
     rpc = core.rpc
 
     @rpc.method("models.list", doc="Every model of this machine with its state and figures, and the rotation plan.")
-    async def models_list(peer, _params) -> dict:
+    async def models_list(peer: Peer, _params: Any) -> dict[str, Any]:
         section = pool.section()
         return {"machine": core.machine.name, **(section.to_wire() if section else {"models": [], "rotation": None})}
 
     @rpc.method("models.get", params=ModelParams, doc="One model with its history, load phases and log tail.")
-    async def models_get(peer, params: ModelParams) -> dict:
+    async def models_get(peer: Peer, params: ModelParams) -> dict[str, Any]:
         slot = pool.slot(params.model)
         engine = slot.engine or slot.last_engine
         history = core.store.query(
@@ -51,7 +52,7 @@ def register(pool: OrchestraComponent) -> None:
         }
 
     @rpc.method("models.warm", role=Role.OPERATOR, params=ModelParams, doc="Bring a model up (or wake it); returns at once.")
-    async def models_warm(peer, params: ModelParams) -> dict:
+    async def models_warm(peer: Peer, params: ModelParams) -> dict[str, Any]:
         slot = pool.slot(params.model)
         pool.warm(slot)
         slot.operator_warm = True
@@ -60,14 +61,14 @@ def register(pool: OrchestraComponent) -> None:
     @rpc.method(
         "models.sleep", role=Role.OPERATOR, params=ModelParams, doc="Put a warm model to sleep (GPU freed, weights in RAM)."
     )
-    async def models_sleep(peer, params: ModelParams) -> dict:
+    async def models_sleep(peer: Peer, params: ModelParams) -> dict[str, Any]:
         slot = pool.slot(params.model)
         pool.sleep(slot)
         slot.operator_warm = False
         return pool.info(slot).to_wire()
 
     @rpc.method("models.cold", role=Role.OPERATOR, params=ModelParams, doc="Stop a model's engine; waits until it is stopped.")
-    async def models_cold(peer, params: ModelParams) -> dict:
+    async def models_cold(peer: Peer, params: ModelParams) -> dict[str, Any]:
         slot = pool.slot(params.model)
         slot.operator_warm = False
         await pool.cold(slot)
@@ -76,31 +77,31 @@ def register(pool: OrchestraComponent) -> None:
     @rpc.method(
         "models.swap", role=Role.OPERATOR, params=SwapParams, doc="Free OUT's GPUs and bring IN up there; returns at once."
     )
-    async def models_swap(peer, params: SwapParams) -> dict:
+    async def models_swap(peer: Peer, params: SwapParams) -> dict[str, Any]:
         out, incoming = pool.slot(params.out), pool.slot(params.in_)
         pool.swap(out, incoming)
         out.operator_warm, incoming.operator_warm = False, True
         return {"out": pool.info(out).to_wire(), "in": pool.info(incoming).to_wire()}
 
     @rpc.method("models.cache", role=Role.OPERATOR, params=ModelParams, doc="Pre-read a model's files into RAM (page cache).")
-    async def models_cache(peer, params: ModelParams) -> dict:
+    async def models_cache(peer: Peer, params: ModelParams) -> dict[str, Any]:
         slot = pool.slot(params.model)
         await pool.cache(slot)
         return pool.info(slot).to_wire()
 
     @rpc.method("models.pin", role=Role.OPERATOR, params=PinParams, doc="Pin (or unpin) a model: rotation never takes it out.")
-    async def models_pin(peer, params: PinParams) -> dict:
+    async def models_pin(peer: Peer, params: PinParams) -> dict[str, Any]:
         slot = pool.slot(params.model)
         slot.pinned = params.pinned
         pool.book.kv_save(pins={s.name: s.pinned for s in pool.slots.values()})
         return pool.info(slot).to_wire()
 
     @rpc.method("models.rotation", doc="The rotation plan, the next rotation time and the measured overhead.")
-    async def models_rotation(peer, _params) -> dict:
+    async def models_rotation(peer: Peer, _params: Any) -> dict[str, Any]:
         return pool.rotation_info().to_wire()
 
     @rpc.method("models.rotate", role=Role.OPERATOR, doc="Run the next rotation of the plan now; returns at once.")
-    async def models_rotate(peer, _params) -> dict:
+    async def models_rotate(peer: Peer, _params: Any) -> dict[str, Any]:
         if not core.lab.orchestra.rotation:
             raise RemoteError(ErrorCode.UNAVAILABLE, "lab.yaml has no orchestra.rotation plan")
         pool.rotation.start()
@@ -115,7 +116,7 @@ def register(pool: OrchestraComponent) -> None:
         params=AdapterParams,
         doc="Load a LoRA adapter into a warm vLLM (or sim) model; on llama.cpp, select one named at start.",
     )
-    async def models_adapter(peer, params: AdapterParams) -> dict:
+    async def models_adapter(peer: Peer, params: AdapterParams) -> dict[str, Any]:
         slot = pool.slot(params.model)
         path = core.lab.resolve(params.path) or Path(params.path)
         if engine_spec(slot.model.engine).adapter_format == "gguf":  # llama.cpp: one GGUF adapter file, named at start

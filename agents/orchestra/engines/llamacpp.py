@@ -219,7 +219,7 @@ class LlamacppEngine(Engine):
                 f"({', '.join(str(a.get('path')) for a in loaded) or 'none'}): add it to the model's args and restart it"
             )
         body = [{"id": a.get("id"), "scale": 1.0 if a.get("id") in ids else 0.0} for a in loaded]
-        await self.http("POST", "/lora-adapters", body, timeout_s=30.0)  # type: ignore[arg-type]
+        await self.http("POST", "/lora-adapters", body, timeout_s=30.0)
 
 
 def convert_lora_argv(peft_dir: Path, base_dir: Path, out: Path) -> list[str] | None:

@@ -60,7 +60,7 @@ def _sum_samples(families: dict[str, Any], names: tuple[str, ...], suffix: str =
     for name in names:
         family = families.get(name)
         if family is not None:
-            return sum(s.value for s in family.samples if s.name == name + suffix)
+            return float(sum(s.value for s in family.samples if s.name == name + suffix))
     return None
 
 

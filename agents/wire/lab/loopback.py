@@ -17,7 +17,8 @@ ON_LOOPBACK = (
 BIND_FLAGS = frozenset({"--host"})
 
 
-_WILDCARD = re.compile(r"(?:^|[=\s@/])(?:0\.0\.0\.0|\[?::\]?|\*)(?::\d+)?$|(?:^|[=\s@/])0\.0\.0\.0[:\s]")
+# a wildcard host (0.0.0.0, [::], ::, *) as a whole argument or after =, @, / or a comma, before its end or a port
+_WILDCARD = re.compile(r"(?:^|[=\s@/,])(?:0\.0\.0\.0|\[::\]|::|\*)(?=$|[:\s,/])")
 
 
 def binds_everywhere(arg: str) -> bool:

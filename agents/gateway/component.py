@@ -70,12 +70,10 @@ class GatewayComponent:
     def policies(self) -> GatewayPolicies:
         return self.config.policies
 
-    def engine_spec(self, engine: str) -> EngineSpec:
-        """What an engine of lab.yaml can do, as the model pool (which every agent runs) says."""
+    def engine_spec(self, engine: str) -> EngineSpec | None:
+        """What an engine of lab.yaml can do, as this agent's model pool says (None: it runs none, so nothing is known)."""
         models = self.core.find(ModelsPort)
-        if models is None:
-            raise RuntimeError("the gateway asks the model pool what an engine can do, and this agent runs none")
-        return models.engine_spec(engine)
+        return models.engine_spec(engine) if models is not None else None
 
     async def start(self) -> None:
         core = self.core
@@ -169,7 +167,7 @@ class GatewayComponent:
                     "tier": "local",
                     "machine": model.machine,
                     "state": info.state if info else "unknown",
-                    "simulated": self.engine_spec(model.engine).simulated,
+                    "simulated": (spec := self.engine_spec(model.engine)) is not None and spec.simulated,
                     "aliases": policy.aliases if policy else [],
                     "fallback": policy.fallback if policy else None,
                 }

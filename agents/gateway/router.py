@@ -73,9 +73,9 @@ class Target:
 class Router:
     """Knows every local model's state (the peers' ticks) and brings models up behind a bounded queue."""
 
-    def __init__(self, lab: Lab, machine: str, peers: PeerClient, meter: Meter, engine_spec: Callable[[str], EngineSpec]):
+    def __init__(self, lab: Lab, machine: str, peers: PeerClient, meter: Meter, engine_spec: Callable[[str], EngineSpec | None]):
         self.lab, self.machine, self.peers, self.meter = lab, machine, peers, meter
-        self.engine_spec = engine_spec  # what an engine can do: the model pool's port answers it
+        self.engine_spec = engine_spec  # what an engine can do: the model pool's port answers it (None: not known)
         if lab.gateway is None:
             raise ValueError(f"lab {lab.lab} has no gateway: section")
         self.gateway = lab.gateway
@@ -467,7 +467,8 @@ class Router:
                 continue
             if self.meter.stats(name).in_flight or now - self.last_request.get(name, now) < ttl:
                 continue
-            method = "models.sleep" if self.engine_spec(model.engine).can_sleep else "models.cold"
+            spec = self.engine_spec(model.engine)
+            method = "models.sleep" if spec is not None and spec.can_sleep else "models.cold"  # not known: cold works for all
             try:
                 await self.peers.call(model.machine, method, {"model": name})
                 self.brought_up.discard(name)

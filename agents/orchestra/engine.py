@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -28,6 +29,15 @@ STOP_GRACE_S = 10.0
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError")
 JsonBody = dict[str, Any] | list[Any]  # a request body, sent as JSON
 _SERIALS = itertools.count(1)  # each Engine object gets the next: a record can tell a restarted engine from the one it knew
+
+
+@dataclass(frozen=True)
+class InstallCheck:
+    """What the doctor says of an engine's install on this machine (`cetlab-agent doctor`, one line)."""
+
+    name: str
+    ok: bool
+    message: str
 
 
 class EngineDown(Exception):
@@ -88,6 +98,11 @@ class Engine:
         if cls.spec.gpu_stack != StackKind.SIM:
             return None
         return Stack(name="sim engine", kind=StackKind.SIM, needs_gpu=False, source=f"{cls.spec.title} (SIM)", simulated=True)
+
+    @classmethod
+    def install_check(cls, needed: bool) -> InstallCheck | None:
+        """The doctor's line on this engine's install (``needed``: a model of this machine uses it); None: nothing to say."""
+        return None
 
     # -- what subclasses provide
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 import shutil
 import sys
 from pathlib import Path
 
-from agents.orchestra.engine import Engine
+from agents.orchestra.engine import Engine, InstallCheck
 from agents.orchestra.spec import EngineSpec
 from agents.runtime.torch_probe import TorchReader, python_of
 from agents.wire.protocol import ErrorCode, RemoteError
@@ -35,6 +37,30 @@ class TransformersEngine(Engine):
     @classmethod
     def stack(cls, reader: TorchReader) -> Stack:
         return reader.stack(transformers_python())
+
+    @classmethod
+    def install_check(cls, needed: bool) -> InstallCheck | None:
+        """`transformers serve` as the engine drives it: a positional model (5.5) and /v1/completions (5.6)."""
+        if not needed:
+            return None
+        wanted = ".".join(map(str, SERVE_MIN_VERSION))
+        try:
+            version = importlib.metadata.version("transformers")
+        except importlib.metadata.PackageNotFoundError:
+            return InstallCheck(
+                "transformers",
+                False,
+                f"models use engine: transformers, which is not installed (pip install 'transformers[serving]>={wanted}')",
+            )
+        found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+        if found < SERVE_MIN_VERSION:
+            return InstallCheck(
+                "transformers",
+                False,
+                f"{version}: `transformers serve` needs {wanted} or newer (a positional model, /v1/completions); "
+                f"pip install -U 'transformers[serving]>={wanted}'",
+            )
+        return InstallCheck("transformers", True, f"{version} (`transformers serve` works from {wanted})")
 
     def check(self) -> None:
         if transformers_cli() is None:

@@ -8,6 +8,7 @@ vLLM's contract, so a regression in either shows in the tests.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agents.orchestra.engine import GIB, Engine, EngineRequestFailed
+from agents.orchestra.engine import GIB, Engine, EngineRequestFailed, InstallCheck
 from agents.orchestra.lora_rules import lora_config_problem
 from agents.orchestra.spec import EngineSpec
 from agents.runtime.torch_probe import TorchReader, cuda_archs, python_of
@@ -262,6 +263,16 @@ VLLM_SPEC = EngineSpec(
 
 class VllmEngine(VllmSleepMixin, Engine):
     spec = VLLM_SPEC
+
+    @classmethod
+    def install_check(cls, needed: bool) -> InstallCheck:
+        found = importlib.util.find_spec("vllm") is not None
+        if not needed:
+            return InstallCheck("vllm", True, "importable" if found else "not installed (no model of this machine needs it)")
+        cli = vllm_cli()
+        if found and cli is not None:
+            return InstallCheck("vllm", True, f"importable, {cli}")
+        return InstallCheck("vllm", False, "models of this machine use engine: vllm, which is not installed (pip install vllm)")
 
     def check(self) -> None:
         if vllm_cli() is None:

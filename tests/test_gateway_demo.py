@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from agents.orchestra.transformers_engine import _transformers_cli
+from agents.orchestra.engines.transformers import transformers_cli
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
@@ -92,7 +92,7 @@ async def test_demo_gateway_wakes_asks_the_group_and_serves_real_tokens(demo):
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    _transformers_cli() is None, reason="the transformers CLI is not installed (pip install 'transformers[serving]')"
+    transformers_cli() is None, reason="the transformers CLI is not installed (pip install 'transformers[serving]')"
 )
 async def test_demo_gateway_loads_the_tiny_llama_and_returns_real_tokens(demo):
     """The real engine: cold, loaded on request behind the queue (the tiny model is made first), real tokens back."""

@@ -16,6 +16,7 @@ import yaml
 
 from agents.gateway.metering import Meter
 from agents.gateway.router import NotServable, Router
+from agents.orchestra.engines import engine_spec
 from agents.runtime.store import Store
 from agents.runtime.view import LabView
 from agents.wire.lab.model import parse_lab
@@ -70,7 +71,7 @@ def stand_in(tick_view: dict[str, Any], truth: dict[str, Any]) -> AgentStandIn:
 
 
 def router_for(peers: AgentStandIn, tmp_path) -> Router:
-    return Router(peers.views.lab, "hub", peers, Meter(Store(tmp_path / "state.db"), None))
+    return Router(peers.views.lab, "hub", peers, Meter(Store(tmp_path / "state.db"), None), engine_spec)
 
 
 async def test_a_model_that_fell_asleep_since_the_last_tick_is_woken_not_refused(tmp_path):

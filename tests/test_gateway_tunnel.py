@@ -159,7 +159,7 @@ def test_lab_yaml_cannot_put_an_engine_on_the_network():
         data["models"][0]["args"] = args
         with pytest.raises(LabError, match="127.0.0.1 only"):
             parse_lab(yaml.safe_dump(data))
-    from agents.wire.lab.model import binds_elsewhere
+    from agents.wire.lab.loopback import binds_elsewhere
 
     assert not any(binds_elsewhere(arg) for arg in ("--hf-overrides", "{}", "--h", "--", "--port=8000", "--hosts"))
 
@@ -188,7 +188,7 @@ def test_the_demo_keeps_lab_yamls_gateway_port_when_it_is_free(tmp_path, monkeyp
 @pytest.mark.parametrize("kind", ["sim", "vllm", "transformers"])
 def test_every_engine_is_started_on_loopback(tmp_path, kind):
     """Whatever lab.yaml's args say (a --host is refused at load), the engine's command line binds 127.0.0.1."""
-    from agents.orchestra.lifecycle import ENGINES
+    from agents.orchestra.engines import ENGINES
     from agents.wire.lab.model import Model
 
     model = Model(name="m", path=str(tmp_path), engine=kind, machine="hub", gpus=[0], args=["--max-model-len", "512"])

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from agents.gpusupport.matrix import judge, matrix
-from agents.gpusupport.stacks import DEFAULT_SIM_STACKS, TorchReader, engine_stack_kind, python_of, sim_stacks
+from agents.gpusupport.stacks import DEFAULT_SIM_STACKS, sim_stacks
+from agents.runtime.torch_probe import TorchReader, python_of
 from agents.shell.demo.lab import DemoLab
 from agents.telemetry.sim import SimSampler
 from agents.wire.lab.model import SimGpu, load_lab
@@ -141,10 +142,12 @@ def test_matrix_covers_every_gpu_and_stack_and_skips_failed_gpus():
 def test_engines_map_to_their_stacks():
     from agents.orchestra.engines import ENGINES
 
-    assert engine_stack_kind("vllm") == StackKind.VLLM and engine_stack_kind("transformers") == StackKind.TORCH
-    assert engine_stack_kind("llamacpp") == StackKind.LLAMACPP and engine_stack_kind(ENGINES["llamacpp"]) == StackKind.LLAMACPP
-    assert engine_stack_kind("sim") == StackKind.SIM and engine_stack_kind("sim-llamacpp") == StackKind.SIM  # CPU processes
-    assert engine_stack_kind("someday") is None
+    kind = {name: cls.spec.gpu_stack for name, cls in ENGINES.items()}
+    assert kind["vllm"] == StackKind.VLLM and kind["transformers"] == StackKind.TORCH and kind["llamacpp"] == StackKind.LLAMACPP
+    assert all(kind[name] == StackKind.SIM for name, cls in ENGINES.items() if cls.spec.simulated)  # CPU processes
+    assert kind["command"] is None  # any server: its kernels are not known, so not checked
+    sim = ENGINES["sim"].stack(TorchReader())
+    assert sim is not None and sim.kind == StackKind.SIM and not sim.needs_gpu and ENGINES["command"].stack(TorchReader()) is None
 
 
 # ---------------------------------------------------------------------------- capabilities: sim spec, name table

@@ -7,20 +7,21 @@ import asyncio
 import json
 import re
 import shutil
-import typing
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import TypeAdapter
 
 from agents.orchestra.engines import ENGINES, engine_spec
-from agents.orchestra.llamacpp import LlamacppEngine, lora_files, parse_llamacpp_metrics, tensor_split
+from agents.orchestra.engines.llamacpp import LlamacppEngine, lora_files, parse_llamacpp_metrics, tensor_split
 from agents.orchestra.spec import GpuBuild
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import Model, load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.schema import EngineName
 from console.client import FleetClient
 from tests.conftest import HOUR_S, age, wait_for
 from tests.llamacpp_fixtures import llama_server_or_skip, tiny_models
@@ -33,11 +34,25 @@ GIB = 1024**3
 
 
 def test_every_engine_lab_yaml_names_has_one_spec_and_back():
-    named = set(typing.get_args(Model.model_fields["engine"].annotation))
-    assert named == set(ENGINES), "lab.yaml's engine names and agents.orchestra.engines must match"
+    """The registry is the one list: lab.yaml's and the wire's engine is a constrained name every entry satisfies."""
     for name, cls in ENGINES.items():
+        assert TypeAdapter(EngineName).validate_python(name) == name
         assert cls.spec.name == name and cls.kind == name
         assert cls.can_sleep == cls.spec.can_sleep and cls.simulated == cls.spec.simulated
+
+
+def test_no_hand_written_list_of_engine_names_remains():
+    """Three engine names quoted on one line outside the registry's package is a copy of the list that would go stale."""
+    quoted = re.compile("|".join(rf"[\"']{re.escape(name)}[\"']" for name in ENGINES))
+    offenders = []
+    for folder in ("agents", "console", "widgets"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path.parent == ROOT / "agents" / "orchestra" / "engines":
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if len(quoted.findall(line)) >= 3:
+                    offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
 
 
 def test_no_code_outside_the_engine_modules_asks_an_engine_by_its_name():

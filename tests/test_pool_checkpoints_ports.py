@@ -73,6 +73,15 @@ class PoolStandIn:
     def engine_spec(self, engine: str) -> Any:
         return engine_spec(engine)
 
+    def engine_stack_kind(self, engine: str) -> Any:
+        return engine_spec(engine).gpu_stack
+
+    def engine_stack(self, engine: str, reader: Any) -> Any:
+        raise AssertionError("not asked in this test (no GPU support check runs here)")
+
+    def engine_stacks(self, reader: Any) -> list[Any]:
+        raise AssertionError("not asked in this test (no GPU support check runs here)")
+
     def adapter_problem(self, name: str, adapter_dir: Path) -> str | None:
         return None
 

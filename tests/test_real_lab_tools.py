@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from agents.shell import doctor
+from agents.orchestra.engines.transformers import TransformersEngine
 from tests.conftest import REPO
 
 SCRIPT = REPO / "bench" / "gpu_check.sh"
@@ -36,8 +36,8 @@ def test_the_train_extra_pins_a_transformers_whose_serve_the_engine_can_drive():
 @pytest.mark.parametrize(("version", "level"), [("5.23.0", "OK"), ("5.6.0", "OK"), ("5.5.1", "FAIL"), ("4.56.2", "FAIL")])
 def test_doctor_fails_a_transformers_too_old_to_serve(monkeypatch, version, level):
     monkeypatch.setattr(importlib.metadata, "version", lambda name: version)
-    check = doctor.check_transformers_serve()
-    assert check.level == level and version in check.message
+    check = TransformersEngine.install_check(needed=True)
+    assert check is not None and check.ok == (level == "OK") and version in check.message
     if level == "FAIL":
         assert ">=5.6" in check.message
 

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from agents.orchestra import engine as engine_module
-from agents.orchestra.engine import AdapterNotLoadable, EngineRequestFailed, adapter_problem, process_vram_bytes
-from agents.orchestra.sim_engine import SimEngine
-from agents.orchestra.vllm import VllmEngine
+from agents.orchestra.engine import EngineRequestFailed, process_vram_bytes
+from agents.orchestra.engines.vllm import AdapterNotLoadable, SimEngine, VllmEngine, adapter_problem
 from agents.wire.lab.model import Model
 from agents.wire.lab.model import SimEngine as SimDelays
 from agents.wire.protocol import GpuProcess, GpuSample

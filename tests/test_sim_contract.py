@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.orchestra.engine import adapter_problem, free_port
+from agents.orchestra.engine import free_port
+from agents.orchestra.engines.vllm import adapter_problem
 from agents.wire.lab.model import Model
 from tests.conftest import REPO, wait_until
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from agents.gateway.keys import KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.router import Router, Target
-from agents.orchestra.engines import engine_spec
+from agents.orchestra.port import ModelsPort
 from agents.runtime.peers import PeerClient
 from agents.wire.catalogue.gateway import (
     GATEWAY_KEYS_ADD,
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
     from agents.gateway.server import GatewayHttp
+    from agents.orchestra.spec import EngineSpec
     from agents.runtime.core import AgentCore
     from agents.runtime.rpc import Peer
     from agents.wire.lab.gateway import Gateway, GatewayPolicies
@@ -82,6 +83,11 @@ class GatewayComponent:
     def policies(self) -> GatewayPolicies:
         return self.config.policies
 
+    def engine_spec(self, engine: str) -> EngineSpec | None:
+        """What an engine of lab.yaml can do, as this agent's model pool says (None: it runs none, so nothing is known)."""
+        models = self.core.find(ModelsPort)
+        return models.engine_spec(engine) if models is not None else None
+
     async def start(self) -> None:
         core = self.core
         config = core.lab.gateway
@@ -94,7 +100,7 @@ class GatewayComponent:
         # every machine: a checkpoint may be served on one lab.yaml gives no model
         self.peers = PeerClient(core.lab, core.state_dir, machines=[m.name for m in core.lab.machines])
         await self.peers.start()
-        self.router = Router(core.lab, core.machine.name, self.peers, self.meter)
+        self.router = Router(core.lab, core.machine.name, self.peers, self.meter, self.engine_spec)
         from agents.gateway.server import GatewayHttp  # aiohttp (~10 MB) only in the one agent that serves the gateway
 
         self.http = GatewayHttp(self)
@@ -174,7 +180,7 @@ class GatewayComponent:
                     "tier": "local",
                     "machine": model.machine,
                     "state": info.state if info else "unknown",
-                    "simulated": engine_spec(model.engine).simulated,
+                    "simulated": (spec := self.engine_spec(model.engine)) is not None and spec.simulated,
                     "aliases": policy.aliases if policy else [],
                     "fallback": policy.fallback if policy else None,
                 }

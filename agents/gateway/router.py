@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from agents.gateway.metering import Meter
-from agents.orchestra.engines import engine_spec
 from agents.runtime.peers import PeerClient
 from agents.runtime.view import MachineView
 from agents.wire.catalogue.method import request
@@ -21,6 +20,9 @@ from agents.wire.lab.model import Lab, Model
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.models import ModelInfo
 from agents.wire.states import ModelState
+
+if TYPE_CHECKING:
+    from agents.orchestra.spec import EngineSpec
 
 log = logging.getLogger("cetlab.gateway")
 T = TypeVar("T")
@@ -71,8 +73,9 @@ class Target:
 class Router:
     """Knows every local model's state (the peers' ticks) and brings models up behind a bounded queue."""
 
-    def __init__(self, lab: Lab, machine: str, peers: PeerClient, meter: Meter):
+    def __init__(self, lab: Lab, machine: str, peers: PeerClient, meter: Meter, engine_spec: Callable[[str], EngineSpec | None]):
         self.lab, self.machine, self.peers, self.meter = lab, machine, peers, meter
+        self.engine_spec = engine_spec  # what an engine can do: the model pool's port answers it (None: not known)
         if lab.gateway is None:
             raise ValueError(f"lab {lab.lab} has no gateway: section")
         self.gateway = lab.gateway
@@ -466,7 +469,8 @@ class Router:
                 continue
             if self.meter.stats(name).in_flight or now - self.last_request.get(name, now) < ttl:
                 continue
-            method = MODELS_SLEEP if engine_spec(model.engine).can_sleep else MODELS_COLD
+            spec = self.engine_spec(model.engine)
+            method = MODELS_SLEEP if spec is not None and spec.can_sleep else MODELS_COLD  # not known: cold works for all
             try:
                 await request(self.peers, model.machine, method, ModelParams(model=name))
                 self.brought_up.discard(name)

@@ -9,20 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from typing import TYPE_CHECKING, Any
 
 from agents.gpusupport.matrix import judge, matrix
-from agents.gpusupport.stacks import (
-    TorchReader,
-    engine_stack_kind,
-    llama_server_stack,
-    python_of,
-    real_stacks,
-    sim_engine_stack,
-    sim_stacks,
-    transformers_python,
-    vllm_stack,
-)
+from agents.gpusupport.stacks import real_stacks, sim_stacks
+from agents.orchestra.port import ModelsPort
+from agents.runtime.torch_probe import TorchReader, python_of
 from agents.wire.catalogue.agent import GPUS_SUPPORT
 from agents.wire.catalogue.method import NoParams
 from agents.wire.lab.model import Model, SimGpus
@@ -61,7 +54,9 @@ class GpuSupportComponent:
 
     async def _read(self) -> None:
         try:
-            self._stacks = await asyncio.to_thread(real_stacks, self.reader)
+            models = self.core.find(ModelsPort)
+            engine_stacks = models.engine_stacks if models is not None else lambda reader: []
+            self._stacks = await asyncio.to_thread(lambda: real_stacks(self.reader, engine_stacks(self.reader)))
             self._cached = None
         except Exception:
             log.exception("reading this machine's stacks failed; no GPU support check")
@@ -91,21 +86,11 @@ class GpuSupportComponent:
 
     # -- refusals before a launch
 
-    def _stack(self, kind: StackKind | None, python: str | None = None) -> Stack | None:
-        """The stack a launch would use, read now (cached): a job's own Python may differ from the agent's."""
-        if kind is None:
+    def _sim_stack(self, kind: StackKind) -> Stack | None:
+        """A simulated machine's declared stack of that kind (its engines' SIM stack is the engine's own)."""
+        if not isinstance(self.core.machine.gpus, SimGpus):
             return None
-        if kind == StackKind.SIM:
-            return sim_engine_stack()
-        if isinstance(self.core.machine.gpus, SimGpus):
-            return (self._stacks or sim_stacks(self.core.machine.gpus.stacks))[kind]
-        if kind == StackKind.TORCH:
-            return self.reader.stack(python or transformers_python())
-        if kind == StackKind.VLLM:
-            from agents.orchestra.vllm import vllm_cli
-
-            return vllm_stack(self.reader, vllm_cli())
-        return llama_server_stack()
+        return (self._stacks or sim_stacks(self.core.machine.gpus.stacks)).get(kind)
 
     def _refuse(self, gpus: list[int], stack: Stack, for_model: bool, what: str) -> None:
         by_index = {g.index: g for g in self._gpus()}
@@ -125,16 +110,22 @@ class GpuSupportComponent:
         python = None if simulated else python_of(program)
         if python is None and not simulated:
             return
-        stack = self._stack(StackKind.TORCH, python)
+        stack = self._sim_stack(StackKind.TORCH) if simulated else self.reader.stack(python or sys.executable)
         if stack is not None:
             self._refuse(gpus, stack, False, f"recipe {recipe}")
 
-    def check_model(self, model: Model, gpus: list[int], engine: object = None) -> None:  # GpuSupportPort
-        """Refuse a model whose engine's build cannot run on one of its GPUs. ``engine``: its engine description, when there is one."""
-        if not gpus:
+    def check_model(self, model: Model, gpus: list[int]) -> None:  # GpuSupportPort
+        """Refuse a model whose engine's build cannot run on one of its GPUs (the model pool's engine reads its build)."""
+        models = self.core.find(ModelsPort)
+        if not gpus or models is None:
             return
-        kind = (engine_stack_kind(engine) if engine is not None else None) or engine_stack_kind(model.engine)
-        stack = self._stack(kind)
+        kind = models.engine_stack_kind(model.engine)
+        if kind is None:
+            return  # an engine whose stack is not known (engine: command): not checked
+        if kind != StackKind.SIM and isinstance(self.core.machine.gpus, SimGpus):
+            stack = self._sim_stack(kind)  # a simulated machine plays the stack its lab.yaml entry declares
+        else:
+            stack = models.engine_stack(model.engine, self.reader)
         if stack is not None:
             self._refuse(gpus, stack, True, f"model {model.name} (engine {model.engine})")
 

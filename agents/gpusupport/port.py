@@ -14,8 +14,6 @@ class GpuSupportPort(Protocol):
         """Raise RemoteError(UNAVAILABLE) with the fix when the trainer's torch cannot run on one of these GPUs."""
         ...
 
-    def check_model(self, model: Model, gpus: list[int], engine: object = None) -> None:
-        """Raise RemoteError(UNAVAILABLE) with the fix when the model's engine build cannot run on one of these GPUs.
-
-        ``engine``: its engine class or object (the stack is read from its ``spec``), when there is one."""
+    def check_model(self, model: Model, gpus: list[int]) -> None:
+        """Raise RemoteError(UNAVAILABLE) with the fix when the model's engine build cannot run on one of these GPUs."""
         ...

@@ -31,7 +31,8 @@ def _alive(pid: int, create_time: float | None) -> bool:
     """This very process (a reused pid has another start time) is running."""
     try:
         proc = psutil.Process(pid)
-        return (create_time is None or abs(proc.create_time() - create_time) < 0.05) and proc.status() != psutil.STATUS_ZOMBIE
+        same = create_time is None or abs(proc.create_time() - create_time) < 0.05
+        return same and bool(proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 

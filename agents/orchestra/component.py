@@ -18,10 +18,11 @@ from pydantic import ValidationError
 
 from agents.orchestra.adopt import adopt, found_on_disk
 from agents.orchestra.book import PoolBook
-from agents.orchestra.engine import EngineDown, EngineRequestFailed, adapter_problem
-from agents.orchestra.engines import engine_spec
+from agents.orchestra.engine import EngineDown, EngineRequestFailed
+from agents.orchestra.engines import engine_class, engine_spec, installed_stacks
+from agents.orchestra.engines.llamacpp import convert_lora_argv, converter_env
+from agents.orchestra.engines.vllm import adapter_problem
 from agents.orchestra.lifecycle import Lifecycle
-from agents.orchestra.llamacpp import convert_lora_argv, converter_env
 from agents.orchestra.methods import register
 from agents.orchestra.placement import Placement
 from agents.orchestra.port import LoraConversion, ModelView
@@ -30,9 +31,11 @@ from agents.orchestra.rotation import Rotation, rotation_run
 from agents.orchestra.slot import TOKENS_PER_S_WINDOW_S, Slot
 from agents.orchestra.spec import EngineSpec
 from agents.runtime.core import AgentCore
+from agents.runtime.torch_probe import TorchReader
 from agents.wire.documents import EngineFigures
 from agents.wire.lab.model import Model
 from agents.wire.protocol import ErrorCode, RemoteError, Telemetry
+from agents.wire.sections.gpu_support import Stack, StackKind
 from agents.wire.sections.models import ModelInfo, ModelsSection
 from agents.wire.sections.models import Rotation as RotationInfo
 from agents.wire.states import MODEL_AT_REST, MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
@@ -176,6 +179,15 @@ class OrchestraComponent:
 
     def engine_spec(self, engine: str) -> EngineSpec:
         return engine_spec(engine)
+
+    def engine_stack_kind(self, engine: str) -> StackKind | None:
+        return engine_spec(engine).gpu_stack
+
+    def engine_stack(self, engine: str, reader: TorchReader) -> Stack | None:
+        return engine_class(engine).stack(reader)
+
+    def engine_stacks(self, reader: TorchReader) -> list[Stack]:
+        return installed_stacks(reader)
 
     def adapter_problem(self, name: str, adapter_dir: Path) -> str | None:
         return adapter_problem(adapter_dir, self.slot(name).model)

@@ -13,7 +13,7 @@ from agents.gpusupport.port import GpuSupportPort
 from agents.orchestra.adopt import AdoptedProcess
 from agents.orchestra.book import PoolBook
 from agents.orchestra.engine import Engine, EngineDown, EngineRequestFailed
-from agents.orchestra.engines import ENGINES
+from agents.orchestra.engines import engine_class
 from agents.orchestra.placement import Placement
 from agents.orchestra.residency import Residency
 from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, EngineFailed, Slot, gib_text
@@ -25,7 +25,6 @@ from agents.wire.states import MODEL_AT_REST, MODEL_BRINGING_UP, MODEL_ENGINE_UP
 
 log = logging.getLogger("cetlab.orchestra")
 
-__all__ = ["ENGINES", "Lifecycle"]
 AGENT_PID_FILE = (
     "agent.pid"  # in the state dir, locked while the agent runs (agents.shell.agent.PID_FILE_NAME): engines follow it
 )
@@ -67,7 +66,7 @@ class Lifecycle:
         latest = self.core.latest
         if gpus and latest is not None:
             total = next((g.mem_total_bytes for g in latest.gpus if g.index == gpus[0]), None)
-        engine = ENGINES[slot.model.engine](
+        engine = engine_class(slot.model.engine)(
             slot.model, slot.path, self.core.machine.name, gpus, self.core.state_dir / "models" / f"{slot.name}.log", total
         )
         engine.agent_pid_file = self.core.state_dir / AGENT_PID_FILE
@@ -75,7 +74,7 @@ class Lifecycle:
             by_index = {g.index: g.mem_total_bytes for g in latest.gpus}
             engine.gpu_totals = [by_index.get(g) or 0 for g in gpus]
         if check_gpus and (support := self.core.find(GpuSupportPort)) is not None:  # its build runs on these GPUs, or the fix
-            support.check_model(slot.model, gpus, engine)
+            support.check_model(slot.model, gpus)
         engine.check()
         return engine
 

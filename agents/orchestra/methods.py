@@ -40,6 +40,7 @@ from agents.wire.states import ModelState
 
 if TYPE_CHECKING:
     from agents.orchestra.component import OrchestraComponent
+    from agents.runtime.rpc import Peer
 
 
 def register(pool: OrchestraComponent) -> None:

@@ -17,6 +17,8 @@ from agents.wire.states import ModelState
 
 if TYPE_CHECKING:
     from agents.orchestra.spec import EngineSpec
+    from agents.runtime.torch_probe import TorchReader
+    from agents.wire.sections.gpu_support import Stack, StackKind
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,18 @@ class ModelsPort(Protocol):
 
     def engine_spec(self, engine: str) -> EngineSpec:
         """What an engine of lab.yaml's ``engine:`` names can do."""
+        ...
+
+    def engine_stack_kind(self, engine: str) -> StackKind | None:
+        """The kind of stack that engine launches on a GPU (None: not known, so not checked)."""
+        ...
+
+    def engine_stack(self, engine: str, reader: TorchReader) -> Stack | None:
+        """What this machine's build of that engine has kernels for, read now (slow reads cached by ``reader``)."""
+        ...
+
+    def engine_stacks(self, reader: TorchReader) -> list[Stack]:
+        """The GPU stacks of this machine's real engines (vLLM, llama-server ...), for the GPU support section. Blocking."""
         ...
 
     def adapter_problem(self, name: str, adapter_dir: Path) -> str | None:

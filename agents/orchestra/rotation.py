@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -176,7 +176,10 @@ class Rotation:
         plan = self.core.lab.orchestra
         warm = set(plan.rotation[self.index % len(plan.rotation)] if plan.rotation and self.index >= 0 else plan.warm)
         warm |= {s.name for s in self.book.slots.values() if s.pinned}
-        mine = lambda names: [self.book.slots[n] for n in names if n in self.book.slots]  # noqa: E731
+
+        def mine(names: Iterable[str]) -> list[Slot]:
+            return [self.book.slots[n] for n in names if n in self.book.slots]
+
         # an engine with no sleep mode (llama.cpp) cannot be brought up and put to sleep: its files are kept in RAM instead
         sleepless = [s for s in mine(plan.sleeping) if s.name not in warm and not engine_spec(s.model.engine).can_sleep]
         for slot in sleepless:

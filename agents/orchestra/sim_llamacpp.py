@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.orchestra import pagecache
-from agents.orchestra.sim_server import WORDS, _exit_with_parent, _fail_later, _follow_agent
+from agents.orchestra.sim_process import exit_with_parent, fail_later, follow_agent
+from agents.orchestra.sim_state import WORDS
 
 N_SLOTS = 4  # llama-server's default --parallel: more requests are deferred
 
@@ -314,11 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     args, ignored = parser.parse_known_args(argv)  # llama-server flags not simulated (-ngl, --split-mode, ...) are accepted
     args.alias = args.alias or Path(args.model).stem
     if args.sim_parent_pid:
-        threading.Thread(target=_exit_with_parent, args=(args.sim_parent_pid,), daemon=True).start()
+        threading.Thread(target=exit_with_parent, args=(args.sim_parent_pid,), daemon=True).start()
     if args.sim_agent_pid_file:
-        threading.Thread(target=_follow_agent, args=(args.sim_agent_pid_file,), daemon=True).start()
+        threading.Thread(target=follow_agent, args=(args.sim_agent_pid_file,), daemon=True).start()
     if args.sim_fail_after_s is not None:
-        threading.Thread(target=_fail_later, args=(args.sim_fail_after_s,), daemon=True).start()
+        threading.Thread(target=fail_later, args=(args.sim_fail_after_s,), daemon=True).start()
     log(
         f"llama_server: SIMULATED llama-server for {args.model}"
         + (f"; flags not simulated: {' '.join(ignored)}" if ignored else "")

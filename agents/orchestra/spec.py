@@ -2,7 +2,7 @@
 
 Each engine module declares one ``EngineSpec`` on its Engine class; everything outside the engine
 (the pool, the gateway, checkpoint serving, the doctor) asks the spec, never the engine's name.
-The registry of engines is agents.orchestra.engines.
+The registry of engines is agents.orchestra.engines (one module per engine beside it).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import math
 import re
 from dataclasses import dataclass, field
 from typing import Literal
+
+from agents.wire.sections.gpu_support import StackKind
 
 # How an engine hands its GPUs back without the pool forgetting the model:
 #   "sleep": the process stays and answers /health; weights (level 2) or KV cache (1) leave the GPU; wake() brings them back
@@ -24,7 +26,7 @@ FreeMode = Literal["sleep", "stop"]
 AdapterMode = Literal["runtime", "at-start", "none"]
 
 # How one model spreads over several GPUs of a machine
-MultiGpu = Literal["tensor-parallel", "layer-split", "none"]
+MultiGpu = Literal["tensor-parallel", "layer-split", "command", "none"]  # command: what its command line does with {gpus}
 
 # Model formats: a Hugging Face folder (config.json + safetensors) or one GGUF file
 ModelFormat = Literal["hf", "gguf"]
@@ -49,8 +51,8 @@ class EngineSpec:
     # the engine class's gpu_build() says what this machine's build has
     min_compute_capability: float | None = None
     # the kernels it launches on a GPU, which the GPU support check reads: a Python's torch, vLLM (its floor and its
-    # torch), a llama-server build, or none (a simulated engine is a CPU process)
-    gpu_stack: Literal["torch", "vllm", "llamacpp", "sim"] = "sim"
+    # torch), a llama-server build, none (SIM: a simulated engine is a CPU process), or not known (None: not checked)
+    gpu_stack: StackKind | None = None
     # load-phase lines in the engine's log: phase name -> regex whose first group is seconds
     load_phases: dict[str, str] = field(default_factory=dict)
 

@@ -8,6 +8,7 @@ answers are nonsense, but every token is a real forward pass of llama.cpp.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
@@ -33,7 +34,7 @@ def _copy_field(writer: GGUFWriter, reader: GGUFReader, key: str) -> None:
     if kind == GGUFValueType.ARRAY:
         sub = field.types[1]
         if sub == GGUFValueType.STRING:
-            values: list = [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+            values: list[Any] = [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
         else:
             values = [field.parts[i].tolist()[0] for i in field.data]
         writer.add_array(key, values)

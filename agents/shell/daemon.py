@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from agents.orchestra.engines import ENGINES
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, KeyFileError, ensure_key
 from agents.runtime.limits import RepeatFilter, ThrottledLog
 from agents.runtime.store import StoreError
@@ -60,7 +61,7 @@ def _setup_logging(level: str) -> None:
 async def serve(args: argparse.Namespace) -> int:
     from agents.shell.agent import Agent
 
-    lab = load_lab(args.lab)
+    lab = load_lab(args.lab, engines=ENGINES)
     names = [m.name for m in lab.machines]
     for machine in args.machine:
         if machine not in names:
@@ -177,7 +178,7 @@ def cmd_authorize(args: argparse.Namespace) -> int:
 
 def pick_machine(lab_path: str, machine: str | None) -> tuple[Lab, str]:
     """The lab and this machine's name: given, or the lab's machine named like this host."""
-    lab = load_lab(lab_path)
+    lab = load_lab(lab_path, engines=ENGINES)
     names = [m.name for m in lab.machines]
     if machine is None:
         host = socket.gethostname().split(".")[0]

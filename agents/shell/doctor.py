@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import re
 import shutil
 import stat
 import subprocess
@@ -72,52 +71,16 @@ def check_torch(lab: Lab | None, machine: str) -> Check:
 
 
 def check_engines(lab: Lab, machine: str) -> list[Check]:
-    from agents.orchestra.vllm import vllm_cli
+    """Each engine's own line on its install here (a model of this machine using it makes a missing one a FAIL)."""
+    from agents.orchestra.engines import ENGINES
 
     needed = {m.engine for m in lab.models if m.machine == machine}
     checks = []
-    if "vllm" in needed:
-        cli = vllm_cli()
-        found = importlib.util.find_spec("vllm") is not None and cli is not None
-        checks.append(
-            Check(
-                "vllm",
-                OK if found else FAIL,
-                f"importable, {cli}"
-                if found
-                else "models of this machine use engine: vllm, which is not installed (pip install vllm)",
-            )
-        )
-    else:
-        found = importlib.util.find_spec("vllm") is not None
-        checks.append(Check("vllm", OK, "importable" if found else "not installed (no model of this machine needs it)"))
-    if "transformers" in needed:
-        checks.append(check_transformers_serve())
+    for name, engine in ENGINES.items():
+        found = engine.install_check(name in needed)
+        if found is not None:
+            checks.append(Check(found.name, OK if found.ok else FAIL, found.message))
     return checks
-
-
-def check_transformers_serve() -> Check:
-    """`transformers serve` as the engine drives it: a positional model (5.5) and /v1/completions (5.6)."""
-    from agents.orchestra.transformers_engine import SERVE_MIN_VERSION
-
-    wanted = ".".join(map(str, SERVE_MIN_VERSION))
-    try:
-        version = importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:
-        return Check(
-            "transformers",
-            FAIL,
-            f"models use engine: transformers, which is not installed (pip install 'transformers[serving]>={wanted}')",
-        )
-    found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
-    if found < SERVE_MIN_VERSION:
-        return Check(
-            "transformers",
-            FAIL,
-            f"{version}: `transformers serve` needs {wanted} or newer (a positional model, /v1/completions); "
-            f"pip install -U 'transformers[serving]>={wanted}'",
-        )
-    return Check("transformers", OK, f"{version} (`transformers serve` works from {wanted})")
 
 
 def check_precision() -> list[Check]:
@@ -260,7 +223,9 @@ def run_machine_checks(lab_path: Path, machine: str, state_dir: Path | None) -> 
 def check_gpu_support(lab: Lab | None, machine: str) -> list[Check]:
     """Per GPU: which stacks (trainer torch, vLLM, llama-server) run there; FAIL where lab.yaml places one that cannot."""
     from agents.gpusupport.matrix import matrix
-    from agents.gpusupport.stacks import TorchReader, engine_stack_kind, real_stacks, sim_stacks
+    from agents.gpusupport.stacks import real_stacks, sim_stacks
+    from agents.orchestra.engines import ENGINES, installed_stacks
+    from agents.runtime.torch_probe import TorchReader
     from agents.wire.sections.gpu_support import StackKind
 
     spec = lab.machine(machine).gpus if lab is not None else "nvml"
@@ -280,10 +245,12 @@ def check_gpu_support(lab: Lab | None, machine: str) -> list[Check]:
             sampler.close()
         if not gpus:
             return []
-        stacks = real_stacks(TorchReader())
+        reader = TorchReader()
+        stacks = real_stacks(reader, installed_stacks(reader))
     placed: dict[tuple[int, StackKind], str] = {}  # (GPU, stack) -> what lab.yaml puts there
     for model in lab.models if lab is not None else []:
-        kind = engine_stack_kind(model.engine)
+        engine = ENGINES.get(model.engine)
+        kind = engine.spec.gpu_stack if engine is not None else None
         if kind is None or model.machine != machine:
             continue
         for index in model.gpus:

@@ -10,6 +10,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 NAME_RULE = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64"  # NAME_RE in words
 Name = Annotated[str, Field(pattern=NAME_RE)]
+# lab.yaml's `engine:` (and a model's engine on the wire): a name, checked against agents.orchestra.engines' registry
+# when the agent loads lab.yaml; the wire carries it as a string so that an engine is added in one place
+EngineName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,39}$")]
 NonNegative = Annotated[float, Field(ge=0)]
 Positive = Annotated[float, Field(gt=0)]
 

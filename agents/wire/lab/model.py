@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any, Literal, overload
 
@@ -17,12 +18,13 @@ from pydantic import (
 
 from agents.wire.lab.gateway import Gateway, Provider
 from agents.wire.lab.gateway import cross_check as gateway_cross_check
+from agents.wire.lab.loopback import check_args, check_command, command_engine_problem
 from agents.wire.lab.notify import Notify
 from agents.wire.lab.notify import cross_check as notify_cross_check
 from agents.wire.lab.yaml_doc import MAX_BYTES as MAX_LAB_BYTES
 from agents.wire.lab.yaml_doc import YamlDocError, data_path, describe, problem_at
 from agents.wire.lab.yaml_doc import load as load_yaml
-from agents.wire.schema import Duration, Name, NonNegative, Positive, Strict, parse_duration
+from agents.wire.schema import Duration, EngineName, Name, NonNegative, Positive, Strict, parse_duration
 
 # ---------------------------------------------------------------------------- machines
 
@@ -146,7 +148,7 @@ class SimEngine(Strict):
 class Model(Strict):
     name: Name
     path: str
-    engine: Literal["vllm", "transformers", "sim", "llamacpp", "sim-llamacpp"]  # agents.orchestra.engines holds each one's spec
+    engine: EngineName  # one of agents.orchestra.engines' registry (checked when the agent loads lab.yaml)
     machine: Name
     gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     vram_gib: NonNegative = 0.0
@@ -163,31 +165,28 @@ class Model(Strict):
     warmup_prompt: str = "Hello"  # the first request, sent before the model is called warm
     make_tiny_if_missing: bool = False  # demo: create the tiny random Llama (agents/train/tiny.py) at path first
     sim: SimEngine = Field(default_factory=SimEngine)
+    # engine: command: any OpenAI-compatible server, from its argv ({port}, {model}: its path, {gpus}: "0,1", {name}:
+    # its served name); health_path answers 200 once it serves; stop_command (optional) asks it to stop before a SIGTERM
+    command: list[str] = Field(default_factory=list)
+    health_path: Annotated[str, Field(pattern=r"^/[^\s]*$")] = "/health"
+    stop_command: list[str] = Field(default_factory=list)
 
     @field_validator("args")
     @classmethod
     def _engine_stays_on_loopback(cls, args: list[str]) -> list[str]:
-        # the agent binds every engine to 127.0.0.1 (the gateway reaches other machines' engines over SSH):
-        # an engine's dev endpoints (/sleep, /collective_rpc, adapter loading) have no authentication
-        for arg in args:
-            if binds_elsewhere(arg):
-                raise ValueError(
-                    f"{arg!r}: engines listen on 127.0.0.1 only (the gateway reaches other machines' engines "
-                    "through their agent's SSH connection); remove it from args"
-                )
-        return args
+        return check_args(args)
 
+    @field_validator("command", "stop_command")
+    @classmethod
+    def _command_stays_on_loopback(cls, argv: list[str]) -> list[str]:
+        return check_command(argv)
 
-# Flags that would put an engine's port on the network (vLLM, transformers serve, llama-server)
-BIND_FLAGS = frozenset({"--host"})
-
-
-def binds_elsewhere(arg: str) -> bool:
-    """An engine argument that sets where it listens: a bind flag, or (Python's argparse, which vLLM, `transformers
-    serve` and the sim engines parse with, takes any unambiguous prefix of a long option) an abbreviation of one,
-    `--hos 0.0.0.0` or `--ho=0.0.0.0`."""
-    flag = arg.split("=", 1)[0]
-    return flag in BIND_FLAGS or (len(flag) > 3 and any(bind.startswith(flag) for bind in BIND_FLAGS))
+    @model_validator(mode="after")
+    def _command_engine(self) -> Model:
+        problem = command_engine_problem(self.engine, self.command, self.stop_command, self.port)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
 
 class Orchestra(Strict):
@@ -357,9 +356,12 @@ class LabError(YamlDocError):
     """lab.yaml is unreadable or invalid; str() is one line per problem, file:line first."""
 
 
-def _cross_check(lab: Lab) -> list[tuple[tuple[str | int, ...], str]]:
-    """References between sections: machines named, GPUs present, names unique."""
+def _cross_check(lab: Lab, engines: Collection[str] | None) -> list[tuple[tuple[str | int, ...], str]]:
+    """References between sections: machines named, GPUs present, names unique, engines known (where ``engines`` is given)."""
     problems: list[tuple[tuple[str | int, ...], str]] = []
+    for i, model in enumerate(lab.models):
+        if engines is not None and model.engine not in engines:
+            problems.append((("models", i, "engine"), f"no engine named {model.engine!r} (engines: {', '.join(engines)})"))
     machines = {m.name: m for m in lab.machines}
     for section in ("machines", "models", "trainers"):
         seen: set[str] = set()
@@ -450,8 +452,9 @@ def _nodes_cross_check(trainer: Trainer, i: int, machines: dict[str, Machine]) -
     return problems
 
 
-def parse_lab(text: str, source: str = "lab.yaml", path: Path | None = None) -> Lab:
-    """Validate lab.yaml text; raises LabError naming file, line and key path."""
+def parse_lab(text: str, source: str = "lab.yaml", path: Path | None = None, engines: Collection[str] | None = None) -> Lab:
+    """Validate lab.yaml text; raises LabError naming file, line and key path. ``engines``: the names models may use
+    (the agent passes its engine registry; the console runs none: the agent that would run the model refuses it)."""
     try:
         lines, dupes, data = load_yaml(text, source)
     except YamlDocError as exc:
@@ -474,13 +477,13 @@ def parse_lab(text: str, source: str = "lab.yaml", path: Path | None = None) -> 
             if problem not in problems:
                 problems.append(problem)
         raise LabError(problems) from None
-    cross = _cross_check(lab)
+    cross = _cross_check(lab, engines)
     if cross:
         raise LabError([problem_at(source, lines, p, msg) for p, msg in cross])
     return lab
 
 
-def load_lab(path: str | Path) -> Lab:
+def load_lab(path: str | Path, engines: Collection[str] | None = None) -> Lab:
     path = Path(path).expanduser()
     try:
         with open(path, "rb") as f:
@@ -494,4 +497,4 @@ def load_lab(path: str | Path) -> Lab:
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise LabError([f"{path}:{line}: not UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8"]) from None
-    return parse_lab(text, source=str(path), path=path.resolve())
+    return parse_lab(text, source=str(path), path=path.resolve(), engines=engines)

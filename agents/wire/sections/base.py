@@ -24,9 +24,6 @@ Precision = Literal["bf16", "fp16", "fp32"]  # what a run trains in (agents/trai
 StopRequest = Literal["stop", "kill"]  # stop: SIGTERM, then SIGKILL after the grace; kill: SIGKILL now
 
 
-EngineName = Literal["vllm", "transformers", "sim", "llamacpp", "sim-llamacpp"]  # agents/orchestra/engines.py, lab.yaml's engine
-
-
 ModelOp = Literal["warm", "wake", "sleep", "swap", "cache", "cold"]  # the operation in flight on a model
 
 

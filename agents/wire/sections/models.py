@@ -5,7 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from agents.wire.protocol import Finite, FiniteFloat
-from agents.wire.sections.base import EngineName, ModelOp, ModelPhase, Section, ServingMode, ServingStep
+from agents.wire.schema import EngineName
+from agents.wire.sections.base import ModelOp, ModelPhase, Section, ServingMode, ServingStep
 from agents.wire.states import ModelState
 
 

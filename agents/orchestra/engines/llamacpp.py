@@ -1,4 +1,4 @@
-"""The llama.cpp engine: `llama-server` serving one GGUF model, and its simulated stand-in (engine: sim-llamacpp).
+"""The llama.cpp engine: `llama-server` serving one GGUF model, and its simulated twin (engine: sim-llamacpp).
 
 What the pinned llama-server (llama-cpp-python 0.3.36's vendor/llama.cpp, tools/server/) offers, and how cetlab uses it:
 - health: GET /health answers 503 while the model loads, 200 once it serves.
@@ -34,7 +34,9 @@ from typing import Any
 from agents.orchestra.engine import Engine, EngineRequestFailed
 from agents.orchestra.spec import EngineSpec, GpuBuild
 from agents.runtime import llamacpp_build
+from agents.runtime.torch_probe import TorchReader
 from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.sections.gpu_support import Stack, StackKind
 
 LLAMACPP_METRICS: dict[str, str | None] = {
     "requests_running": "llamacpp:requests_processing",
@@ -47,7 +49,7 @@ LLAMACPP_METRICS: dict[str, str | None] = {
 # ggml-cuda's floor: Maxwell (5.0) and newer; the P40/P4/P1000 (6.1) are llama.cpp's classic cards
 LLAMACPP_CUDA_MIN_CC = 5.0
 LLAMACPP_SPEC = EngineSpec(
-    gpu_stack="llamacpp",
+    gpu_stack=StackKind.LLAMACPP,
     name="llamacpp",
     title="llama.cpp (llama-server)",
     free_mode="stop",
@@ -131,6 +133,26 @@ class LlamacppEngine(Engine):
             f"{binary} (no build stamp; CUDA archs not known)",
         )
 
+    @classmethod
+    def stack(cls, reader: TorchReader) -> Stack | None:
+        """llama-server's build as gpu_build() reads it (its build stamp: CPU or CUDA with CMAKE_CUDA_ARCHITECTURES;
+        a binary built elsewhere: CUDA or not, archs unknown, so no refusal)."""
+        if cls.spec.simulated:
+            return super().stack(reader)
+        build = cls.gpu_build()
+        name, kind = "llama-server", StackKind.LLAMACPP
+        if build.kind == "absent":
+            return Stack(name=name, kind=kind, source="llama-server", problem=f"not installed: {build.detail}")
+        if build.kind == "unknown":
+            return Stack(name=name, kind=kind, source=build.detail, problem=f"could not be read: {build.detail}")
+        return Stack(
+            name=name,
+            kind=kind,
+            cpu_build=build.kind == "cpu",
+            archs=[f"sm_{a}" for a in build.archs if a.isdigit()],
+            source=build.detail,
+        )
+
     def check(self) -> None:
         if self.binary() is None:
             raise RemoteError(
@@ -197,7 +219,7 @@ class LlamacppEngine(Engine):
                 f"({', '.join(str(a.get('path')) for a in loaded) or 'none'}): add it to the model's args and restart it"
             )
         body = [{"id": a.get("id"), "scale": 1.0 if a.get("id") in ids else 0.0} for a in loaded]
-        await self.http("POST", "/lora-adapters", body, timeout_s=30.0)  # type: ignore[arg-type]
+        await self.http("POST", "/lora-adapters", body, timeout_s=30.0)
 
 
 def convert_lora_argv(peft_dir: Path, base_dir: Path, out: Path) -> list[str] | None:
@@ -232,7 +254,7 @@ SIM_LLAMACPP_SPEC = dataclasses.replace(
     name="sim-llamacpp",
     title="llama.cpp (simulated)",
     simulated=True,
-    gpu_stack="sim",
+    gpu_stack=StackKind.SIM,
     min_compute_capability=None,
 )
 

@@ -1,0 +1,194 @@
+"""engine: command end to end: a real OpenAI-compatible server (the project's simulated vLLM, started from its command
+line) warmed through its agent, asked through the gateway over the tunnel, metered from its answer, then colded."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from urllib.parse import urlsplit
+
+import aiohttp
+import psutil
+import pytest
+import yaml
+
+from agents.orchestra.engines import ENGINES, engine_spec
+from agents.wire.lab.model import LabError, load_lab, parse_lab
+from agents.wire.protocol import ErrorCode, RemoteError
+from console.client import FleetClient
+from console.demo import DemoLab
+from tests.conftest import wait_for
+from tests.engine_sockets import assert_engines_on_loopback
+from tests.pool_fixtures import settle
+
+pytestmark = pytest.mark.timeout(240)
+
+P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
+# the sim server as any server is given: its argv, with the agent's placeholders; no cetlab flag of its own
+SERVER = [
+    sys.executable,
+    "-m",
+    "agents.orchestra.sim_server",
+    "{model}",
+    "--host",
+    "127.0.0.1",
+    "--port",
+    "{port}",
+    "--served-model-name",
+    "{name}",
+    "--load-s",
+    "0.1",
+    "--cold-factor",
+    "1",
+    "--warmup-s",
+    "0.1",
+    "--tokens-per-s",
+    "0",
+]
+LAB = {
+    "lab": "command-test",
+    "machines": [{"name": "hub", "gpus": {"sim": [P4]}}, {"name": "node", "gpus": {"sim": [P4]}}],
+    "models": [
+        {
+            "name": "any",
+            "path": "models/any",
+            "engine": "command",
+            "machine": "node",
+            "gpus": [0],
+            "vram_gib": 1,
+            "command": SERVER,
+            "health_path": "/health",
+        }
+    ],
+    "gateway": {"machine": "hub"},
+}
+
+
+def command_lab(**model: object) -> str:
+    entry = {**LAB["models"][0], **model}
+    return yaml.safe_dump({**LAB, "models": [entry]}, sort_keys=False)
+
+
+def test_command_engine_keys_are_checked_where_lab_yaml_is_read():
+    assert parse_lab(command_lab()).models[0].command == SERVER
+    for bad, words in [
+        ({"command": [*SERVER, "--host", "0.0.0.0"]}, "'0.0.0.0': engines listen on 127.0.0.1 only"),
+        ({"command": ["server", "--bind=[::]:{port}", "127.0.0.1"]}, "'--bind=[::]:{port}'"),
+        ({"command": ["server", "--port", "{port}"]}, "its command must bind 127.0.0.1"),
+        ({"command": ["server", "--host", "127.0.0.1"]}, "needs {port}"),
+        ({"command": []}, "engine: command needs command"),
+        ({"engine": "sim", "command": SERVER}, "command and stop_command are for engine: command"),
+        ({"stop_command": ["stopper", "0.0.0.0:{port}"]}, "'0.0.0.0:{port}'"),
+    ]:
+        with pytest.raises(LabError, match=words.replace("[", r"\[").replace("(", r"\(")) as caught:
+            parse_lab(command_lab(**bad))
+        assert str(caught.value).startswith("lab.yaml:"), caught.value  # file and line first
+    assert parse_lab(command_lab(command=["server", "--listen", "127.0.0.1:8000"], port=8000)).models[0].port == 8000
+
+
+def test_an_unknown_engine_is_refused_by_the_registry_with_its_line():
+    text = command_lab(engine="ollama", command=[])
+    parse_lab(text)  # the console runs no engine: a well-formed name passes there
+    with pytest.raises(LabError) as caught:
+        parse_lab(text, engines=ENGINES)
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if "engine: ollama" in row)
+    assert str(caught.value) == f"lab.yaml:{line}: models[0].engine: no engine named 'ollama' (engines: {', '.join(ENGINES)})"
+
+
+def test_the_command_spec_says_what_it_cannot_do():
+    spec = engine_spec("command")
+    assert not spec.can_sleep and spec.adapters == "none" and not spec.has_metrics and spec.gpu_stack is None
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cmdsrc")
+    (folder / "weights").mkdir()
+    (folder / "weights" / "model.safetensors").write_bytes(b"\0" * 4096)  # what the server reads as it loads
+    source = folder / "lab.yaml"
+    source.write_text(command_lab(path=str(folder / "weights")))
+    with DemoLab(tmp_path_factory.mktemp("cmd"), source=source) as demo:
+        yield demo
+
+
+def server_processes(port: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "agents.orchestra.sim_server" in cmdline and str(port) in cmdline:
+            found.append(proc)
+    return found
+
+
+async def test_a_command_model_warms_serves_through_the_gateway_and_colds(lab):
+    config = load_lab(lab.lab_path)
+    key = (lab.dir / "console" / "gateway.key").read_text().strip()
+    async with FleetClient(config, subscribe=[]) as fleet:
+        await fleet.wait_connected(20)
+        await fleet.call("node", "models.warm", {"model": "any"})
+        info = await settle(fleet, "any", ("warm",), timeout=60, machine="node")
+        assert info["engine"] == "command" and info["simulated"] is False
+        port = urlsplit(info["endpoint"]).port
+        assert port is not None and server_processes(port)
+        assert_engines_on_loopback(lab)  # the placeholders filled in: it listens on 127.0.0.1 only
+
+        # through the gateway on the hub: the tunnel to the node's agent, then the server's /v1 answer
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
+            body = {"model": "any", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 6}
+            async with session.post(f"{config.gateway.url}/chat/completions", json=body) as r:
+                answer = await r.json()
+                assert r.status == 200, answer
+                assert r.headers["x-cetlab-target"] == "node" and answer["usage"]["completion_tokens"] == 6
+
+        db = lab.dir / "agents" / "hub" / "state.db"
+
+        def metered() -> tuple[int, int | None]:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+                row = conn.execute(
+                    "SELECT COUNT(*), SUM(completion_tokens) FROM gateway_requests WHERE model='any' AND usage_source='engine'"
+                ).fetchone()
+            return row[0], row[1]
+
+        await wait_for(lambda: metered() == (1, 6))  # the tokens its answer reported, metered by the gateway
+
+        # no sleep mode: the agent says so, and a cold stops the server
+        with pytest.raises(RemoteError, match="the command engine has no sleep mode; use `cetlab cold any`") as refused:
+            await fleet.call("node", "models.sleep", {"model": "any"})
+        assert refused.value.code == ErrorCode.UNAVAILABLE
+        await fleet.call("node", "models.cold", {"model": "any"})
+        await settle(fleet, "any", ("cold", "cached"), timeout=60, machine="node")
+        await wait_for(lambda: not server_processes(port), timeout=30)
+
+
+# a stop command as an operator might write one (`fuser -k PORT/tcp`): it ends whatever listens on the port
+STOPPER = """
+import sys, psutil
+open(sys.argv[1], "w").write(" ".join(sys.argv[2:]))
+for proc in psutil.process_iter():
+    try:
+        if any(c.status == "LISTEN" and c.laddr.port == int(sys.argv[2]) for c in proc.net_connections(kind="inet")):
+            proc.terminate()
+    except psutil.Error:
+        pass
+"""
+
+
+async def test_the_stop_command_stops_the_server(tmp_path, caplog):
+    """A real server (Python's http.server) started from its command line; a cold runs the stop command, which ends it."""
+    marker = tmp_path / "stopped"
+    model = parse_lab(
+        command_lab(
+            path=str(tmp_path),
+            command=[sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", "{model}", "{port}"],
+            health_path="/",
+            stop_command=[sys.executable, "-c", STOPPER, str(marker), "{port}", "{gpus}"],
+        )
+    ).models[0]
+    engine = ENGINES["command"](model, tmp_path, "node", [0], tmp_path / "server.log")
+    await engine.start()
+    try:
+        await wait_for(engine.health, timeout=30)
+    finally:
+        await engine.stop()
+    assert marker.read_text() == f"{engine.port} 0"  # the placeholders filled in, as in the server's own argv
+    assert engine.returncode is not None and "did not stop it" not in caplog.text  # no SIGTERM of the group was needed

@@ -1,4 +1,4 @@
-"""mypy on agents/, console/ and widgets/ ([tool.mypy] in pyproject.toml: its strictness and the overrides): zero errors."""
+"""mypy in strict mode on agents/, console/ and widgets/ ([tool.mypy] in pyproject.toml), and ruff's lint and format check: zero errors."""
 
 from __future__ import annotations
 
@@ -23,3 +23,12 @@ def test_ruff_lint_and_format_pass():
         [sys.executable, "-m", "ruff", "format", "--check", "."], cwd=REPO, capture_output=True, text=True, timeout=300
     )
     assert fmt.returncode == 0, fmt.stdout[-4000:] + fmt.stderr[-2000:]
+
+
+def test_mypy_runs_in_strict_mode_over_the_three_packages():
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert config["strict"] is True
+    assert config["files"] == ["agents", "console", "widgets"]
+    assert "overrides" not in config  # no module is exempt

@@ -320,7 +320,9 @@ async def test_swap_cache_budget_and_rotation_plan(run_pool):
 
 async def test_the_sim_engine_counts_tokens_as_it_makes_them_and_the_pool_reports_a_windowed_rate(run_pool):
     """vLLM counts each generated token at the step that makes it: the counter rises while a request runs.
-    One request at 40 tok/s: the pool's figure over its 10 s window can never be more than 40 (plus a token)."""
+    One request at 40 tok/s: the pool's figure over its 10 s window is about 40. The agent stamps a scrape's count when
+    the answer arrives, so a loaded machine that answers one scrape late and the next at once reads a few per cent
+    over: 10% is allowed (a count made once per choice, or in one lump at the end, is far outside it)."""
     demo = run_pool(pool_lab([sim_model("talky", [1], 4, tokens_per_s=40)], orchestra={"warm": ["talky"]}))
     async with FleetClient(load_lab(demo.lab_path)) as client:
         await client.wait_connected(10)
@@ -337,11 +339,11 @@ async def test_the_sim_engine_counts_tokens_as_it_makes_them_and_the_pool_report
         async def rated() -> float | None:
             return (await client.call("box", "models.get", {"model": "talky"}))["tokens_per_s"]
 
-        assert 0 < await wait_for(rated, timeout=30) <= 41.0
+        assert 0 < await wait_for(rated, timeout=30) <= 44.0
         status, answer = await request
         assert status == 200 and answer["usage"]["completion_tokens"] == 200
         assert metric(talky["endpoint"], "vllm:generation_tokens_total") == before + 200
-        assert 0 < await rated() <= 41.0
+        assert 0 < await rated() <= 44.0
         listed = await asyncio.to_thread(
             subprocess.run,
             [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "models"],

@@ -18,7 +18,9 @@ def claim_sim_gpus(core: AgentCore, job: Job) -> None:
 
     The load of each GPU is the job's CPU per GPU against the share of the machine's cores one GPU's
     process can have: torchrun's four ranks on two cores at 50% each are four busy GPUs, and a rank that
-    waits (on data, on a lock) shows as a starved GPU, as it would on real hardware."""
+    waits (on data, on a lock) shows as a starved GPU, as it would on real hardware. On a machine busy with other work
+    (a load average above its cores) that share is the cores over the load: a rank that takes all the CPU it can get
+    there is busy, not starved (it waits on the CPU, not on its data)."""
     if not job.gpus or job.pid is None or not core.simulated:
         return
     try:
@@ -38,7 +40,9 @@ def claim_sim_gpus(core: AgentCore, job: Job) -> None:
         rss = sum(p.memory_info().rss for p in procs)
     except psutil.Error:
         return
-    fair_share_pct = min(100.0, 100.0 * (psutil.cpu_count() or 1) / len(job.gpus))
+    cores = psutil.cpu_count() or 1
+    contenders = max(float(len(job.gpus)), psutil.getloadavg()[0])
+    fair_share_pct = min(100.0, 100.0 * cores / contenders)
     util = min(SIM_UTIL_CAP_PCT, cpu_pct / len(job.gpus) / fair_share_pct * 100)
     core.claim_gpus(job.gpus, f"job:{job.id}", f"job {job.id} {job.recipe}", rss, util, pid=job.pid)
 

@@ -341,7 +341,7 @@ class OrchestraComponent:
                         if slot.state in MODEL_AT_REST and not slot.busy:
                             self.book.set_state(slot, self.residency.rest_state(slot))
                 rotation = self.rotation
-                if rotation.next_at is not None and time.time() >= rotation.next_at:
+                if rotation.next_at is not None and time.time() >= rotation.next_at and rotation.plan_done:
                     every = self.core.lab.orchestra.rotate_every
                     rotation.next_at = time.time() + every if every else None
                     self.book.kv_save(next_rotation_at=rotation.next_at)

@@ -93,6 +93,9 @@ class Rotation:
         self.next_at: float | None = None
         self.last: RotationRun | None = None  # what the last rotation did (models.rotation's `last`)
         self.task: asyncio.Task[RotationRun] | None = None
+        # the start-up plan has brought its models up (or given up on them): a timed rotation waits for it, so that
+        # the plan's own warm of a model never races a swap that takes the same GPU
+        self.plan_done = False
 
     @property
     def running(self) -> bool:
@@ -172,6 +175,12 @@ class Rotation:
 
     async def bring_up_plan(self) -> None:
         """At start: pre-read `cached`, bring up `warm` (or the plan's current set) and pins, then `sleeping`."""
+        try:
+            await self._bring_up_plan()
+        finally:
+            self.plan_done = True
+
+    async def _bring_up_plan(self) -> None:
         await self.lifecycle.placement.sampled.wait()
         plan = self.core.lab.orchestra
         warm = set(plan.rotation[self.index % len(plan.rotation)] if plan.rotation and self.index >= 0 else plan.warm)

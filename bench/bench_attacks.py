@@ -32,13 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.runtime.demo import GATEWAY_KEY_FILE
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
+from agents.runtime.link import read_line
 from agents.shell.demo import gateway as gateway_demo
 from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, GATEWAY_STATUS, KeyAddParams
 from agents.wire.catalogue.method import request
 from agents.wire.lab.model import load_lab
 from bench.common import percentile
-from console.client import FleetClient, read_line
+from console.client import FleetClient
 
 FD_LIMIT = 1024
 FLOOD_CONNECTIONS = 1100

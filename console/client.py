@@ -17,20 +17,19 @@ from agents.runtime.link import (
     LinkCore,
     LinkSettings,
     Transport,
-    read_line,
     ssh_error,
 )
+from agents.runtime.view import SPARK_POINTS
 from agents.wire.lab.model import Lab, Machine
 from agents.wire.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, HistoryParams, LinkStatus, RemoteError
 from console import openssh
-from console.state import SPARK_POINTS, LabState
+from console.state import LabState
 
 if TYPE_CHECKING:
     import asyncssh
 
 log = logging.getLogger("cetlab.client")
 
-__all__ = ["FleetClient", "read_line"]  # read_line: the core's, where tests of the wire import it
 
 BACKOFF_MAX_S = 30.0
 

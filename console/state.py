@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from agents.runtime.view import GPU_SERIES, SPARK_POINTS, LabView, MachineView
+from agents.runtime.view import GPU_SERIES, SPARK_POINTS, LabView
 from agents.wire.lab.model import Lab
 from agents.wire.protocol import LinkStatus
 from agents.wire.sections.alerts import alert_id
@@ -16,7 +16,6 @@ from agents.wire.sections.base import SectionFault
 if TYPE_CHECKING:
     from agents.wire.catalogue.agent import HistoryReply
 
-__all__ = ["GPU_SERIES", "SPARK_POINTS", "LabState", "MachineView"]
 
 # a link in these states is not an outage (yet): it never was up, or it is up
 _NOT_DOWN = (LinkStatus.ONLINE, LinkStatus.CONNECTING)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.checkpoints import Checkpoint, history_points, mark_best
+from agents.checkpoints.parsing import Checkpoint, history_points, mark_best
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, RemoteError

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from agents.checkpoints import CheckpointsComponent
+from agents.checkpoints.component import CheckpointsComponent
 from agents.orchestra.component import SCHEMA, OrchestraComponent
 from agents.orchestra.engines import engine_spec
 from agents.orchestra.port import LoraConversion, ModelsPort, ModelView

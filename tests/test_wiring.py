@@ -217,10 +217,10 @@ async def test_a_full_disk_is_said_as_disk_full_by_the_rpc_and_a_disk_alert(tmp_
 
 
 def test_the_gateway_section_is_listed_and_parsed_like_every_other_section():
+    from agents.runtime.view import MachineView
     from agents.wire.lab.model import parse_lab
     from agents.wire.sections.gateway import GatewaySection
     from agents.wire.sections.tick import SECTION_MODELS
-    from console.state import MachineView
 
     assert SECTION_MODELS["gateway"] == GatewaySection | None
     lab = parse_lab("lab: t\nmachines: [{name: box, gpus: none}]\n")

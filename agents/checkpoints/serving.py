@@ -325,7 +325,7 @@ class CheckpointServing:
     async def _merge(self, base: str, adapter: str, out: Path) -> None:
         """peft merge_and_unload in a child process: torch stays out of the agent."""
         out.parent.mkdir(parents=True, exist_ok=True)
-        code = "import sys; from agents.checkpoints import merge_adapter; merge_adapter(*sys.argv[1:])"
+        code = "import sys; from agents.checkpoints.serving import merge_adapter; merge_adapter(*sys.argv[1:])"
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",

@@ -15,11 +15,12 @@ from pydantic import BaseModel
 
 from agents import __version__
 from agents.runtime.bus import Bus
-from agents.runtime.core import AgentCore, ComponentFactory
+from agents.runtime.core import ComponentFactory
 from agents.runtime.history import History
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, StateDirError, ensure_key, prepare_state_dir
 from agents.runtime.rpc import Peer, Registry
 from agents.runtime.store import Store
+from agents.shell.components import default_components
 from agents.telemetry.host import HostSampler
 from agents.telemetry.samplers import GpuSampler, open_gpu_sampler
 from agents.wire.catalogue.agent import (
@@ -469,34 +470,3 @@ class Agent:
         @rpc.implements(METHODS)
         async def methods(peer: Peer, _params: NoParams) -> MethodList:
             return MethodList([MethodInfo(name=s.name, role=s.role, doc=s.doc) for s in self.rpc.specs.values()])
-
-
-def default_components(core: AgentCore) -> list[Component]:
-    """The parts every agent runs, built with its core, in dependency order: the state owners before the readers of a tick
-    (jobs, then models, then checkpoints), audit first (it writes the trail of every action), the gateway last."""
-    from agents.alerts.component import AlertsComponent
-    from agents.audit.component import AuditComponent
-    from agents.checkpoints import CheckpointsComponent
-    from agents.costs.component import CostsComponent
-    from agents.gpusupport.component import GpuSupportComponent
-    from agents.jobs.component import JobsComponent
-    from agents.notify.component import NotifyComponent
-    from agents.orchestra import OrchestraComponent
-
-    components: list[Component] = [
-        AuditComponent(core),
-        CostsComponent(core),
-        AlertsComponent(core),
-        NotifyComponent(core),
-        GpuSupportComponent(core),
-        JobsComponent(core),
-        OrchestraComponent(core),
-        CheckpointsComponent(core),
-    ]
-    if core.lab.gateway is not None and core.lab.gateway.machine == core.machine.name:
-        # only on lab.yaml's gateway.machine: elsewhere it would do nothing, and its router, metering and peer links
-        # are not imported at all (the agent's memory; issue 22)
-        from agents.gateway.component import GatewayComponent
-
-        components.append(GatewayComponent(core))
-    return components

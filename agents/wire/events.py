@@ -20,8 +20,6 @@ from agents.wire.sections.alerts import AlertInfo
 from agents.wire.sections.base import Section
 from agents.wire.states import JobState
 
-__all__ = ["EVENT_MODELS", "EventInvalid", "LogEvent", "Notice", "NoticeLevel", "PushEvent", "TickEvent", "parse_event"]
-
 # a notice's level: an alert's level, or "error" for something that failed (a job, a model, serving a checkpoint)
 NoticeLevel = Literal["info", "warning", "error", "critical"]
 

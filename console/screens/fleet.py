@@ -8,8 +8,8 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
+from agents.runtime.view import MachineView
 from console.screens.base import LabScreen
-from console.state import MachineView
 from widgets.lab_header import LabHeader
 from widgets.machine_card import MachineCard
 from widgets.wire import esc

@@ -1,1 +1,1 @@
-"""Trainer jobs: recipes, process supervision, re-adoption after an agent restart (see supervisor.JobsComponent)."""
+"""Trainer jobs: recipes, process supervision, multi-node runs, re-adoption after an agent restart (component.JobsComponent)."""

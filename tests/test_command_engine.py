@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from agents.orchestra.engines import ENGINES, engine_spec
+from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import LabError, load_lab, parse_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
-from console.demo import DemoLab
 from tests.conftest import wait_for
 from tests.engine_sockets import assert_engines_on_loopback
 from tests.pool_fixtures import settle

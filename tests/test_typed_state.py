@@ -219,7 +219,7 @@ async def test_every_section_on_the_wire_parses_into_its_model(in_process):
         status = await client.call("box", "status")
         for name, model in SECTION_MODELS.items():
             if name == "gateway" and not gateway_here:
-                assert name not in status
+                assert status.get(name) is None  # null (or absent, from an older agent): no gateway on this machine
                 continue
             assert name in status, name
             TypeAdapter(model).validate_python(status[name])

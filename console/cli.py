@@ -58,6 +58,7 @@ VERB_MODULES: list[str] = [
     "console.cli_audit",
     "console.cli_gateway",
     "console.cli_sim",
+    "console.cli_lab",
 ]
 
 

@@ -285,8 +285,16 @@ def layout_page() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def lab_schema_file() -> str:
+    """The JSON Schema of lab.yaml (`cetlab lab schema`): the bundled lab.yaml's modeline names it for editors."""
+    from agents.wire.lab.check import lab_schema
+
+    return json.dumps(lab_schema(), indent=2) + "\n"
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "reference/lab-yaml.md": lab_yaml_page,
+    "reference/lab.schema.json": lab_schema_file,
     "reference/wire.md": wire_page,
     "reference/layout.md": layout_page,
 }

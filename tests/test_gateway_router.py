@@ -42,7 +42,7 @@ def model(**fields: Any) -> dict[str, Any]:
 
 
 class AgentStandIn:
-    """The peer client's interface (links, views, call) over one model whose real state moves on as an agent's would."""
+    """The gateway's reach (views, call) over one model whose real state moves on as an agent's would."""
 
     def __init__(self, lab, tick_view: dict[str, Any], truth: dict[str, Any]):
         self.links = {"hub": Link()}
@@ -50,6 +50,18 @@ class AgentStandIn:
         self.views.apply_tick("hub", {"t": 0.0, "changed": {"models": {"models": [tick_view]}}})  # the last tick, typed
         self.truth = truth
         self.calls: list[str] = []
+
+    def view(self, machine: str):
+        return self.views.machines.get(machine)
+
+    def all_views(self):
+        return self.views.machines.items()
+
+    def apply_models(self, machine: str, listing) -> None:
+        self.views.apply_models(machine, listing)
+
+    async def reachable(self, machine: str) -> None:
+        pass
 
     async def call(self, machine: str, method: str, params: dict | None = None, timeout: float | None = None) -> Any:
         self.calls.append(method)

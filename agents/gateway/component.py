@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from agents.gateway.keys import KeyStore
 from agents.gateway.metering import Meter
+from agents.gateway.reach import Reach
 from agents.gateway.router import Router, Target
 from agents.orchestra.port import ModelsPort
 from agents.runtime.peers import PeerClient
@@ -64,7 +65,8 @@ class GatewayComponent:
         self.error: str | None = None
         self._task: asyncio.Task[None] | None = None
         self.http: GatewayHttp | None = None
-        self.peers: PeerClient | None = None
+        self.peers: PeerClient | None = None  # the other machines' agents (none in a one-machine lab)
+        self.reach: Reach | None = None
         if self.enabled:
             self._register()
 
@@ -97,10 +99,13 @@ class GatewayComponent:
         self.keys = KeyStore(core.store, self.meter.today)
         self.keys.seed_usage(self.meter.tokens_today_by_key())
         self.created = int(time.time())  # `created` of every model the gateway lists
-        # every machine: a checkpoint may be served on one lab.yaml gives no model
-        self.peers = PeerClient(core.lab, core.state_dir, machines=[m.name for m in core.lab.machines])
-        await self.peers.start()
-        self.router = Router(core.lab, core.machine.name, self.peers, self.meter, self.engine_spec)
+        # every other machine (a checkpoint may be served on one lab.yaml gives no model); its own is asked in-process
+        others = [m.name for m in core.lab.machines if m.name != core.machine.name]
+        if others:
+            self.peers = PeerClient(core.lab, core.state_dir, machines=others)
+            await self.peers.start()
+        self.reach = Reach(core, self.peers)
+        self.router = Router(core.lab, core.machine.name, self.reach, self.meter, self.engine_spec)
         from agents.gateway.server import GatewayHttp  # aiohttp (~10 MB) only in the one agent that serves the gateway
 
         self.http = GatewayHttp(self)
@@ -282,7 +287,7 @@ class GatewayComponent:
             machine=self.core.machine.name,
             error=self.error,
             currency=self.lab.costs.currency,
-            peers={name: link.status for name, link in (self.peers.links if self.peers else {}).items()},
+            peers=self.reach.links() if self.reach is not None else {},
             models=models,
             providers=providers,
             keys=keys,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from agents.gateway.metering import Meter
-from agents.runtime.peers import PeerClient
+from agents.gateway.reach import Reach, Unreachable
 from agents.runtime.view import MachineView
 from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_COLD, MODELS_LIST, MODELS_SLEEP, MODELS_SWAP, MODELS_WARM, ModelParams, SwapParams
@@ -44,6 +44,15 @@ def _why_failed(info: ModelInfo) -> str | None:
     return info.error.message if info.error is not None else None
 
 
+def _unreachable(exc: Unreachable, retry_after_s: int) -> NotServable:
+    return NotServable(
+        503,
+        f"cannot reach {exc.machine}: its link is {exc.status}" + (f" ({exc.why})" if exc.why else "") + f"; fix: {exc.fix}",
+        "machine_unreachable",
+        retry_after_s,
+    )
+
+
 class NotServable(Exception):
     """The request cannot be answered: an HTTP status, a message, and for 503 a Retry-After."""
 
@@ -73,8 +82,8 @@ class Target:
 class Router:
     """Knows every local model's state (the peers' ticks) and brings models up behind a bounded queue."""
 
-    def __init__(self, lab: Lab, machine: str, peers: PeerClient, meter: Meter, engine_spec: Callable[[str], EngineSpec | None]):
-        self.lab, self.machine, self.peers, self.meter = lab, machine, peers, meter
+    def __init__(self, lab: Lab, machine: str, peers: Reach, meter: Meter, engine_spec: Callable[[str], EngineSpec | None]):
+        self.lab, self.machine, self.peers, self.meter = lab, machine, peers, meter  # peers: every machine, its own in-process
         self.engine_spec = engine_spec  # what an engine can do: the model pool's port answers it (None: not known)
         if lab.gateway is None:
             raise ValueError(f"lab {lab.lab} has no gateway: section")
@@ -94,7 +103,7 @@ class Router:
     # -- what the lab looks like
 
     def _view(self, machine: str) -> MachineView | None:
-        return self.peers.views.machines.get(machine)
+        return self.peers.view(machine)
 
     def model_info(self, name: str) -> ModelInfo | None:
         """The model as its agent last said (a tick, or a fresh listing); None while its machine's models are unknown."""
@@ -109,7 +118,7 @@ class Router:
         """What the agents serve beyond lab.yaml: checkpoints served as models and LoRA adapters loaded into warm
         engines (`<run>-step<N>`), by name: (the model whose engine answers, the name to ask that engine for)."""
         found: dict[str, tuple[Model, str]] = {}
-        for machine, view in self.peers.views.machines.items():
+        for machine, view in self.peers.all_views():
             for info in view.model_list:
                 name = info.name
                 model = self.local.get(name)
@@ -245,6 +254,12 @@ class Router:
                 fallback = None  # the budget forces the other direction: local only
         budget_s = max_wait_s if max_wait_s is not None else (policy.max_wait_s if policy and policy.max_wait_s else None)
         self.last_request[model.name] = time.monotonic()
+        try:
+            await self.peers.reachable(model.machine)
+        except Unreachable as exc:
+            if fallback:
+                return self.provider_target(fallback, str(exc))
+            raise _unreachable(exc, self.policies.retry_after_s) from None
         info = self.model_info(model.name)
         if info is not None and info.state is ModelState.WARM and info.endpoint:
             return await self._local_target(model, info, woke=False)
@@ -447,9 +462,12 @@ class Router:
             listing = await request(self.peers, machine, MODELS_LIST)
         except RemoteError as exc:
             if exc.code == ErrorCode.DISCONNECTED:
-                await self.peers.links[machine].online.wait()
+                try:
+                    await self.peers.wait_online(machine)
+                except Unreachable as gone:
+                    raise _unreachable(gone, self.policies.retry_after_s) from None
             return False
-        self.peers.views.apply_models(machine, listing)
+        self.peers.apply_models(machine, listing)
         return True
 
     # -- idle TTL

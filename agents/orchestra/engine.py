@@ -104,6 +104,30 @@ class Engine:
         """The doctor's line on this engine's install (``needed``: a model of this machine uses it); None: nothing to say."""
         return None
 
+    @classmethod
+    def doctor_checks(cls, model: Model, path: Path, gpu_caps: dict[int, float | None]) -> list[InstallCheck]:
+        """The doctor's lines on one model of this machine: its weights here, in a format this engine loads, each
+        failure with what fixes it. ``gpu_caps``: the compute capability of each real GPU (empty on simulated ones)."""
+        name = f"model {model.name}"
+        if cls.spec.simulated:
+            return [InstallCheck(name, True, f"{cls.spec.title}: simulated, no weights needed")]
+        if not path.exists():
+            if model.make_tiny_if_missing:
+                return [InstallCheck(name, True, f"{path} missing: the agent makes the tiny demo model there at first start")]
+            return [InstallCheck(name, False, f"{path} does not exist: {cls.fetch_hint(path)}, or fix models[].path")]
+        fmt = cls.spec.accepts(str(path))
+        if fmt is None:
+            formats = " or ".join(cls.spec.model_formats)
+            return [
+                InstallCheck(name, False, f"{path}: {cls.spec.title} loads {formats}, not this; convert it or change engine:")
+            ]
+        return [InstallCheck(name, True, f"{path} ({fmt})")]
+
+    @classmethod
+    def fetch_hint(cls, path: Path) -> str:
+        """The command that puts a model's weights at ``path``."""
+        return f"download them there: `hf download REPO --local-dir {path}`"
+
     # -- what subclasses provide
 
     def check(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import shutil
+import socket
 import stat
 import subprocess
 from dataclasses import asdict, dataclass
@@ -80,6 +81,61 @@ def check_engines(lab: Lab, machine: str) -> list[Check]:
         found = engine.install_check(name in needed)
         if found is not None:
             checks.append(Check(found.name, OK if found.ok else FAIL, found.message))
+    return checks
+
+
+def check_models(lab: Lab, machine: str) -> list[Check]:
+    """Each model lab.yaml places here, as its engine judges it: the engine's binary, the weights and their format."""
+    from agents.orchestra.engines import ENGINES
+
+    models = [m for m in lab.models if m.machine == machine]
+    if not models:
+        return []
+    gpu_caps: dict[int, float | None] = {}
+    if lab.machine(machine).gpus == "nvml":  # simulated GPUs have no kernels to judge a build against
+        from agents.telemetry.nvml import NvmlSampler
+
+        sampler = NvmlSampler()
+        try:
+            samples = sampler.sample() if sampler.status is None else []
+        finally:
+            sampler.close()
+        gpu_caps = {g.index: (cc.major + cc.minor / 10 if (cc := g.compute_capability) else None) for g in samples}
+    checks = []
+    for model in models:
+        engine = ENGINES.get(model.engine)
+        if engine is None:
+            checks.append(Check(f"model {model.name}", FAIL, f"no engine named {model.engine!r} (engines: {', '.join(ENGINES)})"))
+            continue
+        path = lab.resolve(model.path) or Path(model.path)
+        for found in engine.doctor_checks(model, path, gpu_caps):
+            checks.append(Check(found.name, OK if found.ok else FAIL, found.message))
+    return checks
+
+
+def check_ports(lab: Lab, machine: str) -> list[Check]:
+    """The ports this machine's entry names (the agent's, the gateway's, fixed engine ports): free, or who may hold them."""
+    here = lab.machine(machine)
+    wanted: list[tuple[str, str, int]] = []
+    if here.via == "agent":
+        wanted.append(("agent port", here.host, here.port))
+    if lab.gateway is not None and lab.gateway.machine == machine and lab.gateway.port:
+        wanted.append(("gateway port", lab.gateway.host, lab.gateway.port))
+    wanted += [(f"port of {m.name}", "127.0.0.1", m.port) for m in lab.models if m.machine == machine and m.port]
+    checks = []
+    for name, host, port in wanted:
+        try:
+            with socket.create_server((host, port)):
+                pass
+            checks.append(Check(name, OK, f"{host}:{port} free"))
+        except OSError as exc:
+            checks.append(
+                Check(
+                    name,
+                    WARN,
+                    f"{host}:{port}: {exc.strerror or exc}: the running agent's own, or find who holds it: `ss -ltnp 'sport = :{port}'`",
+                )
+            )
     return checks
 
 
@@ -195,6 +251,8 @@ def run_checks(lab: Lab, machine: str, state_dir: Path) -> list[Check]:
         *check_precision(),
         *check_gpu_support(lab, machine),
         *check_engines(lab, machine),
+        *check_models(lab, machine),
+        *check_ports(lab, machine),
         *check_state_dir(state_dir, ssh_server=lab.machine(machine).via == "agent"),
         check_disk(lab, state_dir),
         check_clock(),

@@ -220,7 +220,7 @@ def load_config(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}:1: expected a mapping of keys (base_model:, dataset:, output_dir: ...)")
-    lines = line_map(node)[0] if node is not None else {}
+    lines = line_map(node)[0] if node is not None else LineMap()
     base_dir = source.resolve().parent
     cwd = Path.cwd()
 

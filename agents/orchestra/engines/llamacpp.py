@@ -31,10 +31,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agents.orchestra.engine import Engine, EngineRequestFailed
+from agents.orchestra.engine import Engine, EngineRequestFailed, InstallCheck
 from agents.orchestra.spec import EngineSpec, GpuBuild
 from agents.runtime import llamacpp_build
 from agents.runtime.torch_probe import TorchReader
+from agents.wire.lab.model import Model
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.gpu_support import Stack, StackKind
 
@@ -89,6 +90,21 @@ def tensor_split(totals: list[int]) -> str:
         return ",".join("1" for _ in totals)
     gib = [t / 1024**3 for t in totals]
     return ",".join(f"{g:.1f}".rstrip("0").rstrip(".") for g in gib)
+
+
+def gguf_problem(path: Path) -> str | None:
+    """Why llama.cpp would not load this file (its header: magic GGUF, then a little-endian uint32 version); None: it reads."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if head[:4] != b"GGUF":
+        return f"not a GGUF file (it starts {head[:4]!r}, not b'GGUF'): convert it with llama.cpp's convert_hf_to_gguf.py"
+    version = int.from_bytes(head[4:8], "little") if len(head) == 8 else 0
+    if version not in (1, 2, 3):
+        return f"a GGUF header of version {version}, which llama.cpp does not read (1 to 3); is the file whole?"
+    return None
 
 
 def lora_files(args: list[str]) -> list[str]:
@@ -152,6 +168,43 @@ class LlamacppEngine(Engine):
             archs=[f"sm_{a}" for a in build.archs if a.isdigit()],
             source=build.detail,
         )
+
+    @classmethod
+    def doctor_checks(cls, model: Model, path: Path, gpu_caps: dict[int, float | None]) -> list[InstallCheck]:
+        """llama-server found where the agent looks, its build against the GPUs the model is on, and a GGUF whose
+        header reads (magic GGUF and a version)."""
+        checks = super().doctor_checks(model, path, gpu_caps)
+        if cls.spec.simulated:
+            return checks
+        binary = cls.binary()
+        if binary is None:
+            where = f"${llamacpp_build.BINARY_ENV}, {llamacpp_build.build_dir()}/bin, PATH"
+            checks.insert(0, InstallCheck(f"llama-server ({model.name})", False, f"not found ({where}): run `make llama-server`"))
+        else:
+            build = cls.gpu_build()
+            placed = [g for g in model.gpus if g in gpu_caps]
+            archs = (
+                f"CUDA, kernels {' '.join('sm_' + a for a in build.archs) or 'not said'}" if build.kind == "cuda" else build.kind
+            )
+            cannot = [g for g in placed if (cc := gpu_caps[g]) is not None and build.runs_on(cc) is False]
+            fix = 'run `make llama-server LLAMA_CUDA_ARCHS="..."` with these GPUs\' archs (needs nvcc)'
+            checks.insert(
+                0,
+                InstallCheck(
+                    f"llama-server ({model.name})",
+                    not cannot,
+                    f"{binary}: {archs}" + (f"; no kernels for GPU {', '.join(map(str, cannot))}: {fix}" if cannot else ""),
+                ),
+            )
+        if path.is_file() and cls.spec.accepts(str(path)) is not None:
+            problem = gguf_problem(path)
+            if problem is not None:
+                checks.append(InstallCheck(f"model {model.name} gguf", False, f"{path}: {problem}"))
+        return checks
+
+    @classmethod
+    def fetch_hint(cls, path: Path) -> str:
+        return f"download the GGUF there: `hf download REPO {path.name} --local-dir {path.parent}`"
 
     def check(self) -> None:
         if self.binary() is None:

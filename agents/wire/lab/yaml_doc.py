@@ -9,6 +9,7 @@ which also maps every key path to its line for pydantic's errors (`problem_at`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -18,16 +19,38 @@ if TYPE_CHECKING:
 
 
 KeyPath = tuple[str | int, ...]  # a key path in the document: ("machines", 0, "gpus")
-LineMap = dict[KeyPath, int]  # each key path's 1-based line
+
+
+class LineMap(dict[KeyPath, int]):
+    """Each key path's 1-based line; ``cols``: its 1-based column (editors jump to file:line:col)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cols: dict[KeyPath, int] = {}
+
+
+class Problem(str):
+    """One problem as its line of text (``file:line: detail``), knowing its line, column and detail apart."""
+
+    line: int
+    col: int
+    detail: str
+
+    def __new__(cls, source: str, line: int, col: int, detail: str) -> Problem:
+        problem = super().__new__(cls, f"{source}:{line}: {detail}")
+        problem.line, problem.col, problem.detail = line, col, detail
+        return problem
+
+
 Dupes = list[tuple[KeyPath, int]]  # a key given twice in one mapping, and its line
 
 
 class YamlDocError(Exception):
     """The document is unreadable or invalid; str() is one line per problem, file:line first."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: Sequence[str]):
         super().__init__("\n".join(problems))
-        self.problems = problems
+        self.problems = list(problems)
 
 
 MAX_BYTES = 1024 * 1024  # a lab of a hundred machines is ~50 KB
@@ -94,7 +117,7 @@ def load(text: str, source: str) -> tuple[LineMap, Dupes, Any]:
         try:
             node = loader.get_single_node()
             if node is None:
-                return {}, [], None
+                return LineMap(), [], None
             check_expansion(node, source)
             lines, dupes = line_map(node)  # before construction, which flattens merge keys in place
             return lines, dupes, loader.construct_document(node)
@@ -104,7 +127,7 @@ def load(text: str, source: str) -> tuple[LineMap, Dupes, Any]:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else 1
         problem = getattr(exc, "problem", None) or str(exc)
-        raise YamlDocError([f"{source}:{line}: not valid YAML: {problem}"]) from None
+        raise YamlDocError([Problem(source, line, mark.column + 1 if mark else 1, f"not valid YAML: {problem}")]) from None
     except (ValueError, RecursionError, MemoryError) as exc:  # what construction can still raise: say it in one line
         raise YamlDocError([f"{source}: not a usable document: {type(exc).__name__}: {str(exc)[:200]}"]) from None
 
@@ -113,9 +136,10 @@ def line_map(
     node: yaml.Node, path: KeyPath = (), lines: LineMap | None = None, dupes: Dupes | None = None
 ) -> tuple[LineMap, Dupes]:
     """Map every key path in the YAML tree to its 1-based line; note duplicate keys."""
-    lines = {} if lines is None else lines
+    lines = LineMap() if lines is None else lines
     dupes = [] if dupes is None else dupes
     lines.setdefault(path, node.start_mark.line + 1)
+    lines.cols.setdefault(path, node.start_mark.column + 1)
     if isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
         for key_node, value_node in node.value:
@@ -124,10 +148,12 @@ def line_map(
                 dupes.append((path + (key,), key_node.start_mark.line + 1))
             seen.add(key)
             lines[path + (key,)] = key_node.start_mark.line + 1
+            lines.cols[path + (key,)] = key_node.start_mark.column + 1
             line_map(value_node, path + (key,), lines, dupes)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             lines[path + (i,)] = item.start_mark.line + 1
+            lines.cols[path + (i,)] = item.start_mark.column + 1
             line_map(item, path + (i,), lines, dupes)
     return lines, dupes
 
@@ -158,12 +184,11 @@ def data_path(data: Any, loc: tuple[str | int, ...], key_error: bool) -> KeyPath
     return tuple(path)
 
 
-def problem_at(source: str, lines: LineMap, path: KeyPath, message: str) -> str:
+def problem_at(source: str, lines: LineMap, path: KeyPath, message: str) -> Problem:
     probe = path
     while probe not in lines and probe:
         probe = probe[:-1]
-    line = lines.get(probe, 1)
-    return f"{source}:{line}: {format_path(path)}: {message}"
+    return Problem(source, lines.get(probe, 1), lines.cols.get(probe, 1), f"{format_path(path)}: {message}")
 
 
 def describe(error: ErrorDetails) -> str:

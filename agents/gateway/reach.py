@@ -1,0 +1,132 @@
+"""How the gateway reaches each machine's models: its own machine's in-process, the others' through their agents.
+
+The gateway's own machine needs no SSH to itself: its models are asked through this agent's own handlers (the
+model pool's methods, with the gateway role's rights), so a one-machine lab needs no peer key, no authorization of
+it and no known_hosts entry. The other machines are reached over the peers' SSH links; one that cannot be reached
+is said at once, with what its link says and what fixes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from agents.runtime.peers import CONNECT_TIMEOUT_S, PEER_KEY_NAME, PeerClient
+from agents.runtime.rpc import Peer
+from agents.runtime.view import MachineView
+from agents.wire.protocol import ErrorCode, LinkStatus, RemoteError, Role
+from agents.wire.sections.models import ModelsSection
+
+if TYPE_CHECKING:
+    from agents.runtime.core import AgentCore
+
+SETTLE_S = 2 * CONNECT_TIMEOUT_S  # a link still on its first attempt: how long a request waits for its outcome
+
+
+class Unreachable(Exception):
+    """A machine the gateway cannot reach now: its link's state, why, and what fixes it."""
+
+    def __init__(self, machine: str, status: str, why: str | None, fix: str) -> None:
+        self.machine, self.status, self.why, self.fix = machine, status, why, fix
+        super().__init__(f"{machine} is {status}" + (f" ({why})" if why else "") + f": {fix}")
+
+
+def _fix(machine: str, status: str, peers: PeerClient) -> str:
+    """What to do about a link in this state, in one sentence with the command."""
+    if status == LinkStatus.REFUSED:
+        return (
+            f"authorize the gateway's peer key on {machine}: copy {peers.key_path}.pub there and run "
+            f"`cetlab-agent authorize --machine {machine} --role gateway {PEER_KEY_NAME}.pub`"
+        )
+    if status == LinkStatus.UNTRUSTED:
+        return (
+            f"add {machine}'s agent host key to {peers.known_hosts}: on {machine} run `cetlab-agent host-key --machine {machine}` "
+            f"and append `[{peers.lab.machine(machine).host}]:{peers.lab.machine(machine).port} <that key>` here"
+        )
+    return f"start the agent on {machine} (`cetlab-agent serve --lab lab.yaml --machine {machine}`) or check its network; the gateway retries"
+
+
+class Reach:
+    """The views of every machine's models and the calls to their agents, as the router needs them."""
+
+    def __init__(self, core: AgentCore, peers: PeerClient | None) -> None:
+        self.core = core
+        self.own = core.machine.name
+        self.peers = peers
+        self._local = MachineView(core.machine)
+        self._local.set_link(LinkStatus.ONLINE)
+        self._seen: object = None  # the tick's models section last copied into the local view
+        self._caller = Peer(role=Role.GATEWAY, who="gateway (this machine)", send=lambda _line: None)
+
+    # -- what each machine's models are
+
+    def view(self, machine: str) -> MachineView | None:
+        if machine == self.own:
+            section = self.core.current.get("models")
+            if isinstance(section, ModelsSection) and section is not self._seen:  # a new tick: ≤ 1 s old
+                self._seen = section
+                self._local.models = section
+            return self._local
+        return self.peers.views.machines.get(machine) if self.peers is not None else None
+
+    def all_views(self) -> Iterator[tuple[str, MachineView]]:
+        own = self.view(self.own)
+        if own is not None:
+            yield self.own, own
+        if self.peers is not None:
+            yield from self.peers.views.machines.items()
+
+    def apply_models(self, machine: str, listing: ModelsSection) -> None:
+        """A fresh listing: the models as they are now."""
+        if machine == self.own:
+            self._local.models = ModelsSection(models=listing.models, rotation=listing.rotation)
+        elif self.peers is not None:
+            self.peers.views.apply_models(machine, listing)
+
+    def links(self) -> dict[str, str]:
+        """Each other machine's link, as the gateway's section shows it (its own is no peer: asked in-process)."""
+        return {n: str(link.status) for n, link in self.peers.links.items()} if self.peers is not None else {}
+
+    # -- calls (the Caller of agents/wire/catalogue/method.py)
+
+    async def call(self, machine: str, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        if machine != self.own:
+            if self.peers is None:
+                raise RemoteError(ErrorCode.NOT_FOUND, f"no machine named {machine!r} in the lab")
+            return await self.peers.call(machine, method, params, timeout)
+        response = await self.core.rpc.dispatch(self._caller, {"id": 0, "method": method, "params": params or {}})
+        error = response.get("error")
+        if error is not None:
+            raise RemoteError(error.get("code", ErrorCode.INTERNAL), error.get("message", ""), error.get("data"))
+        return response["result"]
+
+    async def tunnel(self, machine: str, port: int) -> str:
+        if self.peers is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no peer named {machine!r}")
+        return await self.peers.tunnel(machine, port)
+
+    async def reachable(self, machine: str) -> None:
+        """Raise Unreachable unless the machine's agent can be asked now (a first attempt is waited for, briefly)."""
+        if machine == self.own or self.peers is None:
+            return
+        link = self.peers.links.get(machine)
+        if link is None:
+            return
+        if not link.settled.is_set():
+            try:
+                async with asyncio.timeout(SETTLE_S):
+                    await link.settled.wait()
+            except TimeoutError:
+                pass
+        if link.status is not LinkStatus.ONLINE:
+            raise Unreachable(machine, str(link.status), link.error, _fix(machine, link.status, self.peers))
+
+    async def wait_online(self, machine: str) -> None:
+        """A lost connection: wait until it is back (raises Unreachable at once if it is refused or untrusted)."""
+        if self.peers is None or machine == self.own:
+            return
+        link = self.peers.links[machine]
+        if link.status in (LinkStatus.REFUSED, LinkStatus.UNTRUSTED):
+            raise Unreachable(machine, str(link.status), link.error, _fix(machine, link.status, self.peers))
+        await link.online.wait()

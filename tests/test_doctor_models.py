@@ -1,0 +1,84 @@
+"""`cetlab-agent doctor` knows what this machine's lab.yaml entry needs: each model's engine binary, its weights
+present and in a format the engine loads (a GGUF whose header reads), the ports it names; each failure with its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from agents.runtime.keys import HOST_KEY_NAME, ensure_key
+from agents.shell.demo.lab import free_ports
+
+P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
+
+
+def doctor(lab: Path, state: Path, llama_server: Path) -> tuple[int, dict[str, dict[str, str]]]:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agents.shell.daemon",
+            "doctor",
+            "--lab",
+            str(lab),
+            "--machine",
+            "box",
+            "--state-dir",
+            str(state),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CETLAB_LLAMA_SERVER": str(llama_server)},  # where the agent looks first
+    )
+    report = json.loads(result.stdout)
+    return result.returncode, {c["name"]: c for c in report["checks"]}
+
+
+def test_doctor_fails_on_a_missing_llama_server_and_gguf_and_on_a_file_that_is_no_gguf(tmp_path):
+    agent_port, gateway_port = free_ports(2)
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(
+        yaml.safe_dump(
+            {
+                "lab": "day-one",
+                "machines": [{"name": "box", "host": "127.0.0.1", "port": agent_port, "gpus": {"sim": [P4]}}],
+                "models": [{"name": "tiny", "path": "models/tiny.gguf", "engine": "llamacpp", "machine": "box"}],
+                "gateway": {"machine": "box", "port": gateway_port},
+            }
+        )
+    )
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    ensure_key(state / HOST_KEY_NAME)
+    binary = tmp_path / "bin" / "llama-server"
+
+    code, checks = doctor(lab, state, binary)
+    assert code == 1
+    server = checks["llama-server (tiny)"]
+    assert server["level"] == "FAIL" and "make llama-server" in server["message"], server
+    weights = checks["model tiny"]
+    assert weights["level"] == "FAIL" and f"{tmp_path / 'models' / 'tiny.gguf'} does not exist" in weights["message"], weights
+    assert "hf download" in weights["message"]
+    assert checks["agent port"]["level"] == "OK" and checks["gateway port"]["level"] == "OK"
+
+    binary.parent.mkdir()
+    binary.write_bytes(b"\x7fELF stand-in: the doctor looks for it, never runs it")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tiny.gguf").write_bytes(b"PK\x03\x04 a zip, not a GGUF")
+    code, checks = doctor(lab, state, binary)
+    assert code == 1
+    assert checks["llama-server (tiny)"]["level"] == "OK" and "cpu" in checks["llama-server (tiny)"]["message"]
+    header = checks["model tiny gguf"]
+    assert header["level"] == "FAIL" and "not a GGUF file" in header["message"] and "convert_hf_to_gguf" in header["message"]
+
+    (tmp_path / "models" / "tiny.gguf").write_bytes(b"GGUF" + (3).to_bytes(4, "little") + bytes(16))
+    code, checks = doctor(lab, state, binary)
+    assert code == 0, {n: c for n, c in checks.items() if c["level"] == "FAIL"}
+    assert checks["model tiny"]["level"] == "OK" and "model tiny gguf" not in checks

@@ -14,10 +14,10 @@ from aiohttp import web
 
 from agents.gateway import proxy
 from agents.gateway.keys import ApiKey
+from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
 from agents.gateway.limits import UpstreamTooLarge
 from agents.gateway.metering import Record
 from agents.gateway.openai_api import error_response, max_wait
-from agents.gateway.reservation import asked_max_tokens, with_max_tokens
 from agents.gateway.router import NotServable, Target
 from agents.wire.lab.gateway import MAX_GROUP_MEMBERS
 
@@ -75,7 +75,7 @@ class Fanout:
             deadline_s = max_wait(request)
             if deadline_s is None:
                 deadline_s = _deadline(body.get("deadline_s"), self.http.gw.policies.queue_timeout_s)
-            asked_max_tokens(body, self.http.gw.policies.max_tokens)
+            read_lengths(body, self.http.gw.policies.max_tokens)
             self.http.holds.enter(request["key"])
         except NotServable as exc:
             return error_response(exc.status, exc.message, exc.code, exc.retry_after_s)
@@ -136,8 +136,8 @@ class Fanout:
         stats.in_flight += 1
         hold, target = None, None
         try:
-            prompt_tokens = proxy.counted_prompt_tokens(payload)
-            hold = self.http.holds.reserve_tokens(key, prompt_tokens, asked_max_tokens(payload, self.http.gw.policies.max_tokens))
+            prompt_tokens = prompt_bound(payload)
+            hold = self.http.holds.reserve_tokens(key, prompt_tokens, read_lengths(payload, self.http.gw.policies.max_tokens))
             target = await self.http.gw.router.route(name, deadline_s)
             record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
             self.http.holds.reserve_money(hold, target, prompt_tokens)
@@ -145,7 +145,7 @@ class Fanout:
                 self.http.session_for(target),
                 target,
                 "/chat/completions",
-                with_max_tokens({**payload, "model": name}, hold),
+                with_lengths({**payload, "model": name}, hold.figure),
                 deadline_s,
             )
             self.http.finish(key, record, outcome, target, payload)
@@ -184,7 +184,7 @@ class Fanout:
                 outcome = proxy.Outcome(
                     status=504,
                     prompt_tokens=prompt_tokens,
-                    completion_tokens=max(0, hold.tokens - prompt_tokens),
+                    completion_tokens=hold.choices * hold.figure,
                     usage_source="reserved",
                     error="orchestra deadline",
                 )

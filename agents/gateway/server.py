@@ -16,10 +16,11 @@ from aiohttp import web
 from agents.gateway import proxy
 from agents.gateway.fanout import Fanout
 from agents.gateway.keys import ApiKey, QuotaExceeded
+from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
 from agents.gateway.limits import ConnectionGate, UpstreamTooLarge, connection_cap, quiet_factory
 from agents.gateway.metering import Record
 from agents.gateway.openai_api import error_response, max_wait, parameter_problem
-from agents.gateway.reservation import Hold, Reservations, asked_max_tokens, with_max_tokens
+from agents.gateway.reservation import Hold, Reservations
 from agents.gateway.router import NotServable, Target
 from agents.wire.lab.gateway import find_provider_model
 
@@ -225,7 +226,7 @@ class GatewayHttp:
         try:
             body = await self.body(request)
             model, known = self._model_name(body)
-            asked = asked_max_tokens(body, self.gw.policies.max_tokens)  # the gateway's own cap first, then OpenAI's ranges
+            lengths = read_lengths(body, self.gw.policies.max_tokens)  # the gateway's own cap first, then OpenAI's ranges
             problem = parameter_problem(body)
             if problem is not None:
                 raise NotServable(400, problem[0], "invalid_parameter", param=problem[1])
@@ -237,14 +238,14 @@ class GatewayHttp:
             max_wait_s = max_wait(request)
             self.holds.enter(key)
             entered = True
-            prompt_tokens = proxy.counted_prompt_tokens(body)
-            hold = self.holds.reserve_tokens(key, prompt_tokens, asked)
+            prompt_tokens = prompt_bound(body)
+            hold = self.holds.reserve_tokens(key, prompt_tokens, lengths)
             for attempt in range(2):
                 target = await self.gw.router.route(model, max_wait_s)
                 record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
                 if not attempt:
                     self.holds.reserve_money(hold, target, prompt_tokens)
-                upstream_body = with_max_tokens(body, hold)
+                upstream_body = with_lengths(body, hold.figure)
                 timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
                 if record.stream:
                     response, outcome = await self.gw.router.while_awake(
@@ -297,9 +298,8 @@ class GatewayHttp:
         its worst case where a provider bills it (a local engine stops when its connection closes: its prompt only)."""
         outcome = request.get(proxy.STREAM_OUTCOME)
         if outcome is None:
-            prompt_tokens = proxy.counted_prompt_tokens(body)
-            outcome = proxy.Outcome(status=499, prompt_tokens=prompt_tokens, usage_source="reserved")
-            outcome.completion_tokens = max(0, hold.tokens - prompt_tokens) if target.tier == "provider" else 0
+            outcome = proxy.Outcome(status=499, prompt_tokens=prompt_bound(body), usage_source="reserved")
+            outcome.completion_tokens = hold.choices * hold.figure if target.tier == "provider" else 0
         elif outcome.usage_source is None:
             proxy.settle_counted(outcome, body)
         outcome.status, outcome.error = (
@@ -311,7 +311,7 @@ class GatewayHttp:
     def finish(self, key: ApiKey, record: Record, outcome: proxy.Outcome, target: Target, body: dict[str, Any]) -> None:
         record.status, record.error, record.ttft_s = outcome.status, outcome.error, outcome.ttft_s
         if outcome.status == 200 and outcome.usage_source is None:
-            outcome.prompt_tokens, outcome.usage_source = proxy.counted_prompt_tokens(body), "counted"
+            outcome.prompt_tokens, outcome.usage_source = prompt_bound(body), "counted"
         record.prompt_tokens, record.completion_tokens, record.usage_source = (
             outcome.prompt_tokens,
             outcome.completion_tokens,

@@ -17,7 +17,7 @@ from agents.gateway.keys import ApiKey
 from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
 from agents.gateway.limits import UpstreamTooLarge
 from agents.gateway.metering import Record
-from agents.gateway.openai_api import error_response, max_wait
+from agents.gateway.openai_api import OrchestraBody, checked_body, error_response, max_wait
 from agents.gateway.router import NotServable, Target
 from agents.wire.lab.gateway import MAX_GROUP_MEMBERS
 
@@ -110,21 +110,24 @@ class Fanout:
         )
 
     def _members(self, body: dict[str, Any]) -> list[str]:
-        if isinstance(body.get("group"), str):
-            group = self.http.gw.lab.orchestra.groups.get(body["group"])
+        """The members, each checked as any route checks a model name (a lab group's are checked at load)."""
+        if not isinstance(body.get("group"), str) and not isinstance(body.get("models"), list):
+            raise NotServable(400, "give models: [names] or group: NAME", "invalid_models")
+        if isinstance(body.get("models"), list) and len(body["models"]) > MAX_FANOUT:
+            raise NotServable(400, f"at most {MAX_FANOUT} models in one orchestra call", "too_many_models")
+        asked = checked_body(OrchestraBody, body)
+        if asked.group is not None:
+            group = self.http.gw.lab.orchestra.groups.get(asked.group)
             if group is None:
                 raise NotServable(
                     404,
-                    f"no orchestra group {body['group']!r} (orchestra.groups: {', '.join(self.http.gw.lab.orchestra.groups) or 'none'})",
+                    f"no orchestra group {asked.group!r} (orchestra.groups: {', '.join(self.http.gw.lab.orchestra.groups) or 'none'})",
                     "group_not_found",
                 )
             return list(dict.fromkeys(group))
-        models = body.get("models")
-        if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
+        if not asked.models:
             raise NotServable(400, "give models: [names] or group: NAME", "invalid_models")
-        if len(models) > MAX_FANOUT:
-            raise NotServable(400, f"at most {MAX_FANOUT} models in one orchestra call", "too_many_models")
-        return list(dict.fromkeys(models))
+        return list(dict.fromkeys(asked.models))
 
     async def _one(self, key: ApiKey, name: str, payload: dict[str, Any], deadline_s: float) -> dict[str, Any]:
         """One member of the fan-out, metered like any request."""

@@ -17,7 +17,7 @@ OPENAI_FIELDS = ("max_completion_tokens", "max_tokens")  # OpenAI's newer name f
 ENGINE_FIELDS = ("n_predict", "max_new_tokens")  # llama-server's (it overrides both of OpenAI's), TGI's
 LENGTH_FIELDS = OPENAI_FIELDS + ENGINE_FIELDS
 MAX_CHOICES = 128  # OpenAI's bound on n (and best_of); each choice is held at the full figure
-TEMPLATE_BYTES = 16  # a message's role and the chat template's markers, in the prompt's upper bound
+TEMPLATE_TOKENS = 8  # a chat template's markers around one message (and around the whole), special tokens each
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,18 @@ def _text_bytes(value: object) -> int:
     return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))  # parts, tool calls: all of it
 
 
+def _message_bytes(message: object) -> int:
+    if not isinstance(message, dict):
+        return _text_bytes(message)
+    return sum(_text_bytes(value) for value in message.values())  # role, content, name, tool calls: all of it
+
+
 def prompt_bound(body: dict[str, Any]) -> int:
     """An upper bound of the prompt's tokens: its bytes (every tokenizer the gateway fronts gives a token at least one
     byte), the chat template's markers and any tool definitions included."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        total = sum(TEMPLATE_BYTES + _text_bytes(m) for m in messages)
+        total = TEMPLATE_TOKENS + sum(TEMPLATE_TOKENS + _message_bytes(m) for m in messages)
     else:
         total = _text_bytes(body.get("prompt"))
     for extra in ("tools", "functions", "response_format", "suffix"):

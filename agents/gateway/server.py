@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ from agents.gateway.keys import ApiKey, QuotaExceeded
 from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
 from agents.gateway.limits import ConnectionGate, UpstreamTooLarge, connection_cap, quiet_factory
 from agents.gateway.metering import Record
-from agents.gateway.openai_api import error_response, max_wait, parameter_problem
+from agents.gateway.openai_api import RoutedBody, checked_body, error_response, is_model_name, max_wait, parameter_problem
 from agents.gateway.reservation import Hold, Reservations
 from agents.gateway.router import NotServable, Target
 from agents.wire.lab.gateway import find_provider_model
@@ -31,7 +30,6 @@ log = logging.getLogger("cetlab.gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]  # what an aiohttp middleware wraps
 
-MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}")  # checked before anything keeps or echoes a name
 UNKNOWN_MODEL = "?"  # how the meter files a request for a name that is no model (the name itself is kept nowhere)
 
 
@@ -163,7 +161,7 @@ class GatewayHttp:
     async def _model(self, request: web.Request) -> web.Response:
         """GET /v1/models/{id}: one model (an alias answers as itself), or OpenAI's 404."""
         name = request.match_info["model"]
-        if not MODEL_NAME_RE.fullmatch(name):  # never echoed: markup, control characters, 8 KiB of anything
+        if not is_model_name(name):  # never echoed: markup, control characters, 8 KiB of anything
             return error_response(
                 404,
                 "no model of that name (letters, digits and ._:/@+-, at most 256; GET /v1/models lists them)",
@@ -203,15 +201,9 @@ class GatewayHttp:
 
     def _model_name(self, body: dict[str, Any]) -> tuple[str, bool]:
         """The asked model's name, checked for form before anything keeps it; and whether it names a known model."""
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise NotServable(400, "model is required (GET /v1/models lists them)", "invalid_model")
-        if not MODEL_NAME_RE.fullmatch(model):
-            raise NotServable(
-                400,
-                "model is no model's name (letters, digits and ._:/@+-, at most 256; GET /v1/models lists them)",
-                "invalid_model",
-            )
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            raise NotServable(400, "model is required (GET /v1/models lists them)", "invalid_model", param="model")
+        model = checked_body(RoutedBody, body).model
         name = self.gw.router.canonical(model)
         router = self.gw.router
         return model, (

@@ -78,7 +78,7 @@ class Fanout:
             read_lengths(body, self.http.gw.policies.max_tokens)
             self.http.holds.enter(request["key"])
         except NotServable as exc:
-            return error_response(exc.status, exc.message, exc.code, exc.retry_after_s)
+            return error_response(exc.status, exc.message, exc.code, exc.retry_after_s, param=exc.param)
         payload = {k: v for k, v in body.items() if k not in ("models", "group", "deadline_s", "stream")}
         started = time.monotonic()
         tasks = {name: asyncio.create_task(self._one(request["key"], name, payload, deadline_s)) for name in members}

@@ -15,7 +15,6 @@ from agents.gateway.router import NotServable
 from agents.wire.lab.gateway import MAX_GROUP_MEMBERS
 from agents.wire.schema import MODEL_NAME_RULE, ModelName, Name
 
-MAX_N = 128  # OpenAI's bound on choices per request
 B = TypeVar("B", bound=BaseModel)
 MAX_STOPS = 4
 
@@ -38,15 +37,13 @@ def error_body(status: int, message: str, code: str | None, param: str | None = 
 
 
 class SamplingParams(BaseModel):
-    """The parameters OpenAI bounds, checked before a request leaves the gateway (the rest pass through as sent)."""
+    """The parameters OpenAI bounds, checked before a request leaves the gateway (the rest pass through as sent; the
+    lengths and choice counts are agents.gateway.lengths' own)."""
 
     model_config = ConfigDict(extra="allow", strict=False)
 
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    n: int | None = Field(default=None, ge=1, le=MAX_N)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     stop: str | list[str] | None = None

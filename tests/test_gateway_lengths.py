@@ -19,9 +19,15 @@ from agents.gateway.lengths import LENGTH_FIELDS, prompt_bound, read_lengths, wi
 from agents.gateway.reservation import Reservations
 from agents.gateway.router import NotServable, Target
 from agents.wire.lab.gateway import GatewayPolicies, Provider, ProviderModel
+from agents.wire.lab.model import parse_lab
 
 CONTEXT = 100_000  # an engine sent no length generates to the end of its context
 CAP = 4096
+LLAMA_LAB = """
+lab: lengths
+machines: [{name: box, gpus: {sim: [{name: P4, memory_gib: 8, tdp_w: 75}]}}]
+models: [{name: m, path: /m.gguf, engine: llamacpp, machine: box, gpus: [0], vram_gib: 1}]
+"""
 PRICE = 20.0  # per million: the 0.01 budget buys 500 tokens
 
 
@@ -83,7 +89,7 @@ def test_no_combination_of_length_fields_passes_a_tiny_quota_or_budget(requests)
         except NotServable as exc:
             assert exc.status in (400, 429)
             continue
-        sent = json.loads(json.dumps(with_lengths(body, hold.figure)))
+        sent = json.loads(json.dumps(with_lengths(body, hold.figure, target)))
         used_prompt, used_completion = generated(sent)
         keys.charge(key, used_prompt + used_completion)
         meter.spend_month["cloud"] = meter.spend_month.get("cloud", 0.0) + (used_prompt + used_completion) * PRICE / 1e6
@@ -110,12 +116,18 @@ def test_what_an_engine_would_read_differently_is_refused_naming_the_param(field
     assert exc.value.status == 400 and exc.value.param == param
 
 
-def test_one_figure_goes_upstream_under_openai_names_and_the_others_are_removed():
+def test_one_figure_goes_upstream_under_the_names_each_engine_reads_and_the_others_are_removed():
     body = {"max_completion_tokens": 3001, "max_tokens": 50, "n_predict": 4000, "max_new_tokens": 7, "min_tokens": 5}
     lengths = read_lengths(body, CAP)
     assert (lengths.figure, lengths.choices) == (7, 1)
-    assert with_lengths(body, lengths.figure) == {"max_completion_tokens": 7, "max_tokens": 7, "min_tokens": 5}
-    assert with_lengths({"model": "m"}, read_lengths({"model": "m"}, CAP).figure) == {"model": "m", "max_tokens": CAP}
+    provider = Target("big", "provider", "http://127.0.0.1:9/v1", "big", "cloud", False)
+    assert with_lengths(body, lengths.figure, provider) == {"max_completion_tokens": 7, "max_tokens": 7, "min_tokens": 5}
+    newer = with_lengths({"max_completion_tokens": 9}, 9, provider)
+    assert newer == {"max_completion_tokens": 9}  # OpenAI's newer models refuse max_tokens
+    assert with_lengths({"model": "m"}, read_lengths({"model": "m"}, CAP).figure, provider) == {"model": "m", "max_tokens": CAP}
+    lab = parse_lab(LLAMA_LAB)
+    local = Target("m", "local", "http://127.0.0.1:9/v1", "m", "box", False, engine_model=lab.models[0])
+    assert with_lengths({"max_completion_tokens": 9}, 9, local) == {"max_completion_tokens": 9, "max_tokens": 9, "n_predict": 9}
 
 
 def test_a_prompt_without_spaces_is_held_at_its_bytes():

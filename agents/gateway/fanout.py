@@ -148,7 +148,7 @@ class Fanout:
                 self.http.session_for(target),
                 target,
                 "/chat/completions",
-                with_lengths({**payload, "model": name}, hold.figure),
+                with_lengths({**payload, "model": name}, hold.figure, target),
                 deadline_s,
             )
             self.http.finish(key, record, outcome, target, payload)

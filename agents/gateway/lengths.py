@@ -1,8 +1,8 @@
 """How much one request may generate, read in one place every route uses: the length fields of every engine the
 gateway fronts (OpenAI's two names, llama-server's `n_predict`, TGI's `max_new_tokens`, vLLM's `min_tokens` and
 `ignore_eos`) normalised into one figure per choice, and the number of choices (`n`, `best_of`) that multiplies it.
-The figure always goes upstream under OpenAI's name(s) and every other length field is removed, so no engine reads
-a length the gateway did not hold (an engine left without one generates to the end of its context); a request
+The figure always goes upstream under the names the engine reads (with_lengths) and every other length field is
+removed, so no engine reads a length the gateway did not hold (an engine left without one generates to the end of its context); a request
 that one engine would read differently from another is refused, never guessed at."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agents.gateway.router import NotServable
+from agents.gateway.router import NotServable, Target
 
 OPENAI_FIELDS = ("max_completion_tokens", "max_tokens")  # OpenAI's newer name first; what goes upstream
 ENGINE_FIELDS = ("n_predict", "max_new_tokens")  # llama-server's (it overrides both of OpenAI's), TGI's
@@ -60,10 +60,16 @@ def read_lengths(body: dict[str, Any], cap: int) -> Lengths:
     return Lengths(figure=figure, choices=max(n, best_of or 1), asked=bool(given))
 
 
-def with_lengths(body: dict[str, Any], figure: int) -> dict[str, Any]:
-    """The body to send upstream: the figure under the OpenAI name(s) the client used (max_tokens when none), every
-    other length field removed, and min_tokens no more than the figure (a hold may have lowered it)."""
+def with_lengths(body: dict[str, Any], figure: int, target: Target) -> dict[str, Any]:
+    """The body to send upstream: the figure under the OpenAI name(s) the client used (max_tokens when none); a local
+    engine also gets it as max_tokens (llama-server reads no max_completion_tokens: without it, to the end of its
+    context) and llama-server as its own n_predict; a provider gets only the client's names (OpenAI's newer models
+    refuse max_tokens). Every other length field removed; min_tokens no more than the figure (a hold may lower it)."""
     names = [n for n in OPENAI_FIELDS if body.get(n) is not None] or ["max_tokens"]
+    if target.tier == "local":
+        names.append("max_tokens")
+        if target.engine_model is not None and "llamacpp" in target.engine_model.engine:
+            names.append("n_predict")
     sent = {k: v for k, v in body.items() if k not in LENGTH_FIELDS}
     sent.update(dict.fromkeys(names, figure))
     if isinstance(sent.get("min_tokens"), int):

@@ -237,7 +237,7 @@ class GatewayHttp:
                 record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
                 if not attempt:
                     self.holds.reserve_money(hold, target, prompt_tokens)
-                upstream_body = with_lengths(body, hold.figure)
+                upstream_body = with_lengths(body, hold.figure, target)
                 timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
                 if record.stream:
                     response, outcome = await self.gw.router.while_awake(

@@ -1,4 +1,4 @@
-"""Attacks on one agent (issue 11: findings 5, 6, 7; issue 21: N1, N3, N6, N8, N10) and what a legitimate console
+"""Attacks on one agent (issue 11: findings 5, 6, 7; issue 21: N1, N3, N6, N8, N10; issue 30: R1, R2, R7, R8, R9) and what a legitimate console
 and a legitimate gateway client see meanwhile, same run.
 
 For each attack: a console's ping p50/p99 and its largest gap between ticks, and a gateway client's latency p50/p99
@@ -30,14 +30,24 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agents.runtime.demo import GATEWAY_KEY_FILE
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
 from agents.runtime.link import read_line
 from agents.shell.demo import gateway as gateway_demo
 from agents.shell.demo.lab import DemoLab
-from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, GATEWAY_STATUS, KeyAddParams
+from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, KeyAddParams
 from agents.wire.catalogue.method import request
 from agents.wire.lab.model import load_lab
+from bench.attacks_iv import (
+    ATTACKER_GATEWAY_KEY,
+    gateway_url_and_key,
+    issue_quota_keys,
+    key_tokens_today,
+    r1_choices,
+    r2_lengths,
+    r7_member_names,
+    r8_cli_log,
+    r9_costs_day,
+)
 from bench.common import percentile
 from console.client import FleetClient
 
@@ -101,16 +111,6 @@ def launch_stand_ins(demo: DemoLab) -> list[subprocess.Popen]:
                 )
             )
     return procs
-
-
-ATTACKER_GATEWAY_KEY = "mallory.gateway.key"  # in the demo dir: the attacker's own gateway key
-
-
-def gateway_url_and_key(demo: DemoLab, attacker: bool = False) -> tuple[str, str]:
-    lab = load_lab(demo.lab_path)
-    assert lab.gateway is not None
-    path = demo.dir / (ATTACKER_GATEWAY_KEY if attacker else GATEWAY_KEY_FILE)
-    return f"http://{lab.gateway.host}:{lab.gateway.port}/v1", path.read_text().strip()
 
 
 async def issue_attacker_gateway_key(demo: DemoLab, client: FleetClient) -> None:
@@ -439,11 +439,7 @@ async def flood_gateway(demo: DemoLab, viewer: Path, seconds: float, results: di
 
 async def _mallory_tokens_today(demo: DemoLab, viewer: Path) -> int:
     """The attacker's gateway key's tokens today, as the gateway's section says."""
-    async with FleetClient(load_lab(demo.lab_path), key_path=viewer, subscribe=[], reconnect=False) as client:
-        await client.wait_connected(20)
-        section = (await request(client, "box", GATEWAY_STATUS)).root
-    assert section is not None, "the gateway does not run"
-    return next(k.tokens_today for k in section.keys if k.name == "mallory")
+    return await key_tokens_today(demo, viewer, "mallory")
 
 
 async def dropped_streams(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
@@ -566,6 +562,11 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "N6 400 connections of one key": many_connections_one_key,
     "N8 abandoned requests": abandoned_requests,
     "N10 login storm": login_storm,
+    "R1 n choices on a tiny quota": r1_choices,
+    "R2 two length fields on a tiny quota": r2_lengths,
+    "R7 orchestra member names": r7_member_names,
+    "R8 agent text in the CLI's log": r8_cli_log,
+    "R9 markup in costs' day": r9_costs_day,
 }
 
 
@@ -597,6 +598,7 @@ async def measure(
     """One attack: the console's window without it, then with it; the agent's fds and RSS around it (and `settle_s` after)."""
     proc = psutil.Process(agent_pid)
     await issue_attacker_gateway_key(demo, console.client)
+    await issue_quota_keys(demo, console.client)
     logins = name.startswith("N10")
     quiet = await console.window(seconds, logins)
     fds0, rss0 = proc.num_fds(), proc.memory_info().rss

@@ -28,7 +28,7 @@ from console import openssh
 from console.client import FleetClient
 from console.state import LabState
 from widgets.format import fmt, fmt_bytes
-from widgets.terminal import visible
+from widgets.terminal import log_visibly, visible
 
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--json" in argv:  # accepted anywhere: `cetlab --json jobs` and `cetlab jobs --json`
         argv = ["--json"] + [a for a in argv if a != "--json"]
+    log_visibly()  # agent text logged on the way (an unanswered error reply) never reaches the terminal raw
     args = build_parser().parse_args(argv)
     if getattr(args, "check", None):
         args.check(args)  # a verb's own usage errors (exit 2), before any machine is dialled

@@ -45,7 +45,9 @@ class Upstream:
         body = await request.json()
         self.asked.append(body)
         model = body["model"]
-        n = body.get("max_tokens") or body.get("max_completion_tokens") or 2001
+        # the most any engine reads: the larger of OpenAI's two length fields (2,001 when none), for every choice
+        lengths = [body.get(f) for f in ("max_tokens", "max_completion_tokens") if isinstance(body.get(f), int)]
+        n = max(lengths or [2001]) * max(body.get("n") or 1, body.get("best_of") or 1)
         prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
         self.in_flight += 1
         try:

@@ -196,3 +196,26 @@ def test_costs_json_keeps_the_int_0_of_the_agents_sums():
     (provider,) = data["api_providers"]
     assert type(provider["month"]) is int and type(provider["since"]) is int and provider["today"] == 0.25
     assert type(data["api_month"]) is int and type(data["api_since"]) is int
+
+
+def test_agent_text_logged_on_the_way_reaches_the_terminal_with_its_controls_visible(capfd):
+    """Hardening IV, R8: an unanswered error reply's message is logged (agents.runtime.link); the CLI's logging shows
+    it as `visible` does, whichever logger and arguments carry it (before: OSC 52, a title, a screen clear on stderr)."""
+    import logging
+
+    from widgets.terminal import VisibleFormatter
+
+    root = logging.getLogger()
+    try:
+        with pytest.raises(SystemExit):
+            cli.main(["--help"])  # the CLI sets its logging up before it reads its arguments
+        capfd.readouterr()
+        logging.getLogger("cetlab.link").warning("%s: %s", "box", HOSTILE + "\x1b]52;c;cm0gLXJmIH4=\x07")
+        logging.getLogger("cetlab.client").error(HOSTILE)
+        err = capfd.readouterr().err
+        assert "box: " in err and "[bold red]EVIL[/]" in err  # said, as text
+        assert not any(c in err for c in "\x1b\x07\x9b\x7f"), repr(err)
+        assert "␛]52;c;" in err
+    finally:
+        for handler in [h for h in root.handlers if isinstance(h.formatter, VisibleFormatter)]:
+            root.removeHandler(handler)

@@ -79,7 +79,7 @@ LAB = {
             "base_url": "http://127.0.0.1:1/v1",
             "simulated": True,
             "monthly_budget": 0.015,
-            "models": [{"name": "premium", "prompt_per_million": 1000, "completion_per_million": 1000}],
+            "models": [{"name": "premium", "prompt_per_million": 75, "completion_per_million": 75}],
         },
     ],
 }
@@ -201,10 +201,10 @@ async def test_rpm_quota(gw):
 
 
 async def test_tokens_per_day_quota(gw):
-    issued = await gw.client.call("hub", "gateway.keys.add", {"name": "daily", "tokens_per_day": 10})
-    status, body, _ = await gw.chat(
-        "fast-a", key=issued["key"]
-    )  # 3 prompt + 8 completion would pass the 10: max_tokens lowered to 7
+    # the prompt is held at its bound (31: its bytes and the template's markers), so 31 + 8 would pass the 38:
+    # max_tokens lowered to 7; the engine counts 3 prompt tokens, so 10 are charged, and the next one's bound does not fit
+    issued = await gw.client.call("hub", "gateway.keys.add", {"name": "daily", "tokens_per_day": 38})
+    status, body, _ = await gw.chat("fast-a", key=issued["key"])
     assert status == 200 and body["usage"]["total_tokens"] == 10
     status, body, _ = await gw.chat("fast-a", key=issued["key"])
     assert status == 429 and body["error"]["code"] == "quota_exceeded" and "tokens per day" in body["error"]["message"]
@@ -320,17 +320,18 @@ async def test_orchestra_fan_out_marks_the_model_that_missed_the_deadline(gw):
 
 
 async def test_budget_alerts_and_refusal_past_100_percent(gw):
-    # 10 completion tokens + 3 prompt tokens at 1000 per million: 0.013 of a 0.015 budget per request (87%)
+    # 167 completion tokens + 3 prompt tokens at 75 per million: 0.01275 of a 0.015 budget (85%); its hold (the
+    # prompt's bound, 31, + 167) fits in the 200 tokens the budget buys
     notices = []
     lab = load_lab(gw.demo.lab_path)
     async with FleetClient(lab, subscribe=["notice"], on_event=lambda m, e, d: notices.append(d)) as listener:
         await listener.wait_connected(20)
-        assert (await gw.chat("premium", max_tokens=10))[0] == 200
-        await wait_for(lambda: any(n.level == "warning" and "87% of its monthly budget" in n.message for n in notices))
+        assert (await gw.chat("premium", max_tokens=167))[0] == 200
+        await wait_for(lambda: any(n.level == "warning" and "85% of its monthly budget" in n.message for n in notices))
         rules = {(a["rule"], a["target"]) for a in (await listener.call("hub", "alerts.list", {"active": True}))["alerts"]}
         assert ("budget_80", "provider pricey") in rules  # a real alert, on the gateway's machine
-        # the next one's worst case (its prompt alone: 0.003) does not fit in what is left: refused before it goes out
-        status, body, _ = await gw.chat("premium", max_tokens=10)
+        # the next one's worst case (its prompt's bound alone: 0.0023) does not fit in what is left: refused before it goes out
+        status, body, _ = await gw.chat("premium", max_tokens=167)
     assert status == 429 and body["error"]["code"] == "budget_exceeded"
     spend = next(p for p in (await gw.status())["providers"] if p["name"] == "pricey")
     assert spend["budget_pct"] <= 100 and spend["spend_month"] == pytest.approx(spend["spend_today"])

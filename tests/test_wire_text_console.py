@@ -214,3 +214,43 @@ async def test_hostile_gateway_section_is_shown_as_text():
         assert app.is_running
     # the summary's url, error, peer and its state; the table's name, where and state; the provider; the key
     assert text.count(SHOWN) == 9, text
+
+
+async def test_hostile_costs_report_is_refused_on_the_wire_and_shown_as_text_by_the_view():
+    """Hardening IV, R9: `:costs` put an agent's `since.day` in its markup and parsed it as a date: two strings crashed
+    every console that opened it. The wire checks a day (Day); the view shows what an older agent sent as text."""
+    from console.client import FleetClient
+    from console.costs import LabCosts, LabDay, lab_costs
+    from console.screens.costs import CostsScreen
+    from tests.console_fixtures import FROZEN_NOW, frozen_state
+
+    day = {"day": "2026-11-01", "cost": 1.0}
+    for bad in (MARKUP, "[/b]", "2026-02-30", HOSTILE):
+        costs = lab_costs("EUR", {"box": {"machine": "box", "currency": "EUR", "timezone": "UTC", "since": {**day, "day": bad}}})
+        assert costs.offline and costs.since is None, bad  # refused where the reply enters, said as the machine's problem
+    crafted = LabCosts.model_validate(
+        {
+            **{f: None for f in LabCosts.model_fields if f not in ("currency", "since", "by_kind")},
+            "currency": "EUR",
+            "since": HOSTILE,
+            "by_kind": "machine",
+            "api_providers": [{"provider": HOSTILE, "month": 1.0}],
+            "by": [{"machine": HOSTILE, "label": HOSTILE, "cost": 1.0}],
+            "days": [LabDay(day=HOSTILE, cost=1.0, cloud_equivalent=None, kwh=None, api=None)],
+            "missing": [HOSTILE],
+            "offline": {HOSTILE: HOSTILE},
+            "simulated": False,
+        }
+    )
+    state = frozen_state(offline=())
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+    async with app.run_test(size=SIZE) as pilot:
+        await until_drawn(pilot)
+        await app.switch_mode("costs")
+        screen = await wait_for(lambda: isinstance(app.screen, CostsScreen) and app.screen)
+        screen.report = crafted
+        screen.refresh_data()
+        await pilot.pause()
+        text = check_screen(app)
+        assert app.is_running
+    assert text.count(SHOWN) >= 5, text  # since (twice), the provider, the missing price, the offline machine and why

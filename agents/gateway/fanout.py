@@ -14,10 +14,10 @@ from aiohttp import web
 
 from agents.gateway import proxy
 from agents.gateway.keys import ApiKey
+from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
 from agents.gateway.limits import UpstreamTooLarge
 from agents.gateway.metering import Record
-from agents.gateway.openai_api import error_response, max_wait
-from agents.gateway.reservation import asked_max_tokens, with_max_tokens
+from agents.gateway.openai_api import OrchestraBody, checked_body, error_response, max_wait
 from agents.gateway.router import NotServable, Target
 from agents.wire.lab.gateway import MAX_GROUP_MEMBERS
 
@@ -75,10 +75,10 @@ class Fanout:
             deadline_s = max_wait(request)
             if deadline_s is None:
                 deadline_s = _deadline(body.get("deadline_s"), self.http.gw.policies.queue_timeout_s)
-            asked_max_tokens(body, self.http.gw.policies.max_tokens)
+            read_lengths(body, self.http.gw.policies.max_tokens)
             self.http.holds.enter(request["key"])
         except NotServable as exc:
-            return error_response(exc.status, exc.message, exc.code, exc.retry_after_s)
+            return error_response(exc.status, exc.message, exc.code, exc.retry_after_s, param=exc.param)
         payload = {k: v for k, v in body.items() if k not in ("models", "group", "deadline_s", "stream")}
         started = time.monotonic()
         tasks = {name: asyncio.create_task(self._one(request["key"], name, payload, deadline_s)) for name in members}
@@ -110,21 +110,24 @@ class Fanout:
         )
 
     def _members(self, body: dict[str, Any]) -> list[str]:
-        if isinstance(body.get("group"), str):
-            group = self.http.gw.lab.orchestra.groups.get(body["group"])
+        """The members, each checked as any route checks a model name (a lab group's are checked at load)."""
+        if not isinstance(body.get("group"), str) and not isinstance(body.get("models"), list):
+            raise NotServable(400, "give models: [names] or group: NAME", "invalid_models")
+        if isinstance(body.get("models"), list) and len(body["models"]) > MAX_FANOUT:
+            raise NotServable(400, f"at most {MAX_FANOUT} models in one orchestra call", "too_many_models")
+        asked = checked_body(OrchestraBody, body)
+        if asked.group is not None:
+            group = self.http.gw.lab.orchestra.groups.get(asked.group)
             if group is None:
                 raise NotServable(
                     404,
-                    f"no orchestra group {body['group']!r} (orchestra.groups: {', '.join(self.http.gw.lab.orchestra.groups) or 'none'})",
+                    f"no orchestra group {asked.group!r} (orchestra.groups: {', '.join(self.http.gw.lab.orchestra.groups) or 'none'})",
                     "group_not_found",
                 )
             return list(dict.fromkeys(group))
-        models = body.get("models")
-        if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
+        if not asked.models:
             raise NotServable(400, "give models: [names] or group: NAME", "invalid_models")
-        if len(models) > MAX_FANOUT:
-            raise NotServable(400, f"at most {MAX_FANOUT} models in one orchestra call", "too_many_models")
-        return list(dict.fromkeys(models))
+        return list(dict.fromkeys(asked.models))
 
     async def _one(self, key: ApiKey, name: str, payload: dict[str, Any], deadline_s: float) -> dict[str, Any]:
         """One member of the fan-out, metered like any request."""
@@ -136,8 +139,8 @@ class Fanout:
         stats.in_flight += 1
         hold, target = None, None
         try:
-            prompt_tokens = proxy.counted_prompt_tokens(payload)
-            hold = self.http.holds.reserve_tokens(key, prompt_tokens, asked_max_tokens(payload, self.http.gw.policies.max_tokens))
+            prompt_tokens = prompt_bound(payload)
+            hold = self.http.holds.reserve_tokens(key, prompt_tokens, read_lengths(payload, self.http.gw.policies.max_tokens))
             target = await self.http.gw.router.route(name, deadline_s)
             record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
             self.http.holds.reserve_money(hold, target, prompt_tokens)
@@ -145,7 +148,7 @@ class Fanout:
                 self.http.session_for(target),
                 target,
                 "/chat/completions",
-                with_max_tokens({**payload, "model": name}, hold),
+                with_lengths({**payload, "model": name}, hold.figure, target),
                 deadline_s,
             )
             self.http.finish(key, record, outcome, target, payload)
@@ -184,7 +187,7 @@ class Fanout:
                 outcome = proxy.Outcome(
                     status=504,
                     prompt_tokens=prompt_tokens,
-                    completion_tokens=max(0, hold.tokens - prompt_tokens),
+                    completion_tokens=hold.choices * hold.figure,
                     usage_source="reserved",
                     error="orchestra deadline",
                 )

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from agents.gateway.limits import SseSplitter
 from agents.gateway.router import NotServable
+from agents.wire.lab.gateway import MAX_GROUP_MEMBERS
+from agents.wire.schema import MODEL_NAME_RULE, ModelName, Name
 
-MAX_N = 128  # OpenAI's bound on choices per request
+B = TypeVar("B", bound=BaseModel)
 MAX_STOPS = 4
 
 
@@ -35,21 +37,60 @@ def error_body(status: int, message: str, code: str | None, param: str | None = 
 
 
 class SamplingParams(BaseModel):
-    """The parameters OpenAI bounds, checked before a request leaves the gateway (the rest pass through as sent)."""
+    """The parameters OpenAI bounds, checked before a request leaves the gateway (the rest pass through as sent; the
+    lengths and choice counts are agents.gateway.lengths' own)."""
 
     model_config = ConfigDict(extra="allow", strict=False)
 
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    n: int | None = Field(default=None, ge=1, le=MAX_N)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
+
+
+class RoutedBody(BaseModel):
+    """What every route that names a model checks where the body enters, before anything keeps or echoes the name."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: ModelName
+
+
+class OrchestraBody(BaseModel):
+    """The orchestra call: each member is a model name like any route's."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    models: list[ModelName] | None = Field(default=None, min_length=1, max_length=MAX_GROUP_MEMBERS)
+    group: Name | None = None
+
+
+_MODEL_NAME: TypeAdapter[str] = TypeAdapter(ModelName)
+
+
+def is_model_name(value: object) -> bool:
+    """A name of the form ModelName (e.g. a URL's path part), never echoed when it is not."""
+    try:
+        _MODEL_NAME.validate_python(value, strict=True)
+    except ValidationError:
+        return False
+    return True
+
+
+def checked_body(model: type[B], body: dict[str, Any]) -> B:
+    """The body's named fields as `model` types them, or a 400 naming the first field that is not (its value never
+    echoed: markup, control characters, 8 KiB of anything)."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        loc = exc.errors()[0]["loc"]
+        param = str(loc[0]) if loc else "body"
+        rule = f" ({MODEL_NAME_RULE}; GET /v1/models lists them)" if param in ("model", "models") else ""
+        raise NotServable(400, f"{param} is not valid{rule}", f"invalid_{param}", param=param) from None
 
 
 def parameter_problem(body: dict[str, Any]) -> tuple[str, str] | None:

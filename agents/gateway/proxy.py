@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from agents.gateway.lengths import prompt_bound
 from agents.gateway.limits import UpstreamTooLarge, read_capped
 from agents.gateway.openai_api import StreamRewriter, client_wants_usage, rewrite_answer, upstream_error, upstream_stream_body
 from agents.gateway.router import Target
@@ -53,15 +54,6 @@ def upstream_headers(target: Target) -> dict[str, str]:
         if key:
             headers["Authorization"] = f"Bearer {key}"
     return headers
-
-
-def counted_prompt_tokens(body: dict[str, Any]) -> int:
-    """No usage from the engine: a word count (x1.3) of the prompt stands in for its tokenizer."""
-    if isinstance(body.get("messages"), list):
-        text = " ".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
-    else:
-        text = str(body.get("prompt", ""))
-    return max(1, round(len(text.split()) * 1.3))
 
 
 def _usage(outcome: Outcome, usage: object) -> None:
@@ -165,10 +157,10 @@ async def stream(
 
 
 def settle_counted(outcome: Outcome, body: dict[str, Any]) -> None:
-    """No usage from the engine: one delta event per token, as vLLM and OpenAI send them, and the prompt counted."""
+    """No usage from the engine: one delta event per token, as vLLM and OpenAI send them, and the prompt at its bound."""
     if outcome.usage_source is None:
         outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source = (
-            counted_prompt_tokens(body),
+            prompt_bound(body),
             outcome.events,
             "counted",
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -16,10 +15,11 @@ from aiohttp import web
 from agents.gateway import proxy
 from agents.gateway.fanout import Fanout
 from agents.gateway.keys import ApiKey, QuotaExceeded
+from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
 from agents.gateway.limits import ConnectionGate, UpstreamTooLarge, connection_cap, quiet_factory
 from agents.gateway.metering import Record
-from agents.gateway.openai_api import error_response, max_wait, parameter_problem
-from agents.gateway.reservation import Hold, Reservations, asked_max_tokens, with_max_tokens
+from agents.gateway.openai_api import RoutedBody, checked_body, error_response, is_model_name, max_wait, parameter_problem
+from agents.gateway.reservation import Hold, Reservations
 from agents.gateway.router import NotServable, Target
 from agents.wire.lab.gateway import find_provider_model
 
@@ -30,7 +30,6 @@ log = logging.getLogger("cetlab.gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]  # what an aiohttp middleware wraps
 
-MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}")  # checked before anything keeps or echoes a name
 UNKNOWN_MODEL = "?"  # how the meter files a request for a name that is no model (the name itself is kept nowhere)
 
 
@@ -162,7 +161,7 @@ class GatewayHttp:
     async def _model(self, request: web.Request) -> web.Response:
         """GET /v1/models/{id}: one model (an alias answers as itself), or OpenAI's 404."""
         name = request.match_info["model"]
-        if not MODEL_NAME_RE.fullmatch(name):  # never echoed: markup, control characters, 8 KiB of anything
+        if not is_model_name(name):  # never echoed: markup, control characters, 8 KiB of anything
             return error_response(
                 404,
                 "no model of that name (letters, digits and ._:/@+-, at most 256; GET /v1/models lists them)",
@@ -202,15 +201,9 @@ class GatewayHttp:
 
     def _model_name(self, body: dict[str, Any]) -> tuple[str, bool]:
         """The asked model's name, checked for form before anything keeps it; and whether it names a known model."""
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise NotServable(400, "model is required (GET /v1/models lists them)", "invalid_model")
-        if not MODEL_NAME_RE.fullmatch(model):
-            raise NotServable(
-                400,
-                "model is no model's name (letters, digits and ._:/@+-, at most 256; GET /v1/models lists them)",
-                "invalid_model",
-            )
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            raise NotServable(400, "model is required (GET /v1/models lists them)", "invalid_model", param="model")
+        model = checked_body(RoutedBody, body).model
         name = self.gw.router.canonical(model)
         router = self.gw.router
         return model, (
@@ -225,7 +218,7 @@ class GatewayHttp:
         try:
             body = await self.body(request)
             model, known = self._model_name(body)
-            asked = asked_max_tokens(body, self.gw.policies.max_tokens)  # the gateway's own cap first, then OpenAI's ranges
+            lengths = read_lengths(body, self.gw.policies.max_tokens)  # the gateway's own cap first, then OpenAI's ranges
             problem = parameter_problem(body)
             if problem is not None:
                 raise NotServable(400, problem[0], "invalid_parameter", param=problem[1])
@@ -237,14 +230,14 @@ class GatewayHttp:
             max_wait_s = max_wait(request)
             self.holds.enter(key)
             entered = True
-            prompt_tokens = proxy.counted_prompt_tokens(body)
-            hold = self.holds.reserve_tokens(key, prompt_tokens, asked)
+            prompt_tokens = prompt_bound(body)
+            hold = self.holds.reserve_tokens(key, prompt_tokens, lengths)
             for attempt in range(2):
                 target = await self.gw.router.route(model, max_wait_s)
                 record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
                 if not attempt:
                     self.holds.reserve_money(hold, target, prompt_tokens)
-                upstream_body = with_max_tokens(body, hold)
+                upstream_body = with_lengths(body, hold.figure, target)
                 timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
                 if record.stream:
                     response, outcome = await self.gw.router.while_awake(
@@ -297,9 +290,8 @@ class GatewayHttp:
         its worst case where a provider bills it (a local engine stops when its connection closes: its prompt only)."""
         outcome = request.get(proxy.STREAM_OUTCOME)
         if outcome is None:
-            prompt_tokens = proxy.counted_prompt_tokens(body)
-            outcome = proxy.Outcome(status=499, prompt_tokens=prompt_tokens, usage_source="reserved")
-            outcome.completion_tokens = max(0, hold.tokens - prompt_tokens) if target.tier == "provider" else 0
+            outcome = proxy.Outcome(status=499, prompt_tokens=prompt_bound(body), usage_source="reserved")
+            outcome.completion_tokens = hold.choices * hold.figure if target.tier == "provider" else 0
         elif outcome.usage_source is None:
             proxy.settle_counted(outcome, body)
         outcome.status, outcome.error = (
@@ -311,7 +303,7 @@ class GatewayHttp:
     def finish(self, key: ApiKey, record: Record, outcome: proxy.Outcome, target: Target, body: dict[str, Any]) -> None:
         record.status, record.error, record.ttft_s = outcome.status, outcome.error, outcome.ttft_s
         if outcome.status == 200 and outcome.usage_source is None:
-            outcome.prompt_tokens, outcome.usage_source = proxy.counted_prompt_tokens(body), "counted"
+            outcome.prompt_tokens, outcome.usage_source = prompt_bound(body), "counted"
         record.prompt_tokens, record.completion_tokens, record.usage_source = (
             outcome.prompt_tokens,
             outcome.completion_tokens,

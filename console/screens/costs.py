@@ -59,6 +59,15 @@ def breakdown_rows(groups: list[PricedGroup], by: str, currency: str) -> dict[st
     return rows
 
 
+def first_day(since: str | None) -> date:
+    """The plot's first day: the agents' (a wire string, checked as a Day there; an older agent's is parsed here, never
+    trusted), else the window's."""
+    try:
+        return date.fromisoformat(since) if since else date.today() - timedelta(days=PLOT_DAYS - 1)
+    except ValueError:
+        return date.today() - timedelta(days=PLOT_DAYS - 1)
+
+
 def plot_days(days: list[LabDay], since: date, today: date) -> list[tuple[str, float, float]]:
     """(MM-DD, cost, cloud equivalent) for every day of the window, 0 where nothing was counted: a one-day lab
     is one day of thirty, not two bars as wide as the plot."""
@@ -136,7 +145,7 @@ class CostsScreen(LabScreen):
             f"   [b]saving {fmt_money(report.saving_month, currency)} ({fmt_pct(report.saving_pct_month)})[/b]{sim}",
             f"today {fmt_money(report.today, currency)}   cloud {fmt_money(report.cloud_equivalent_today, currency)}"
             f"   {report.kwh_today or 0:.2f} kWh today, {report.kwh_month or 0:.2f} kWh this month",
-            f"by {report.by_kind} over the last {PLOT_DAYS} days, since {report.since} (as `cetlab costs --since {report.since}`)"
+            f"by {report.by_kind} over the last {PLOT_DAYS} days, since {esc(report.since)} (as `cetlab costs --since {esc(report.since)}`)"
             "   ([b]b[/b] switches machine / job / model)",
         ]
         if report.api_providers:
@@ -163,8 +172,7 @@ class CostsScreen(LabScreen):
         self.query_one("#costs-by", LiveTable).show(breakdown_rows(report.by, report.by_kind, report.currency))
 
     def _refresh_plot(self, report: LabCosts) -> None:
-        since = date.fromisoformat(report.since) if report.since else date.today() - timedelta(days=PLOT_DAYS - 1)
-        data = plot_days(report.days, since, date.today())
+        data = plot_days(report.days, first_day(report.since), date.today())
         if data == self._plotted:
             return
         self._plotted = data

@@ -10,6 +10,7 @@ from agents.wire.catalogue.method import OP, Method, NoParams, Params, Root
 from agents.wire.protocol import (
     Finite,
 )
+from agents.wire.schema import ModelName
 from agents.wire.sections.base import Section
 from agents.wire.sections.checkpoints import CheckpointInfo, RunSummary
 from agents.wire.sections.jobs import JobDetail
@@ -28,7 +29,7 @@ class ResumeParams(StepParams):
 
 
 class ServeParams(StepParams):
-    model: str | None = Field(default=None, max_length=64)  # a warm model to load the adapter into, or to borrow engine/GPUs from
+    model: ModelName | None = None  # a warm model to load the adapter into, or to borrow engine/GPUs from
 
 
 class DeleteParams(StepParams):

@@ -11,6 +11,7 @@ from agents.wire.catalogue.method import Method, Params
 from agents.wire.protocol import (
     Finite,
 )
+from agents.wire.schema import Day
 from agents.wire.sections.base import Section
 
 
@@ -46,7 +47,7 @@ class Priced(Section):
 
 
 class PricedDay(Priced):
-    day: str  # YYYY-MM-DD, the lab's local date
+    day: Day  # YYYY-MM-DD, the lab's local date
 
 
 class PricedGroup(Priced):
@@ -74,7 +75,7 @@ class ApiSpend(Section):
     today: int | Finite = None
     month: int | Finite = None
     since: int | Finite = None
-    days: dict[str, Finite] = Field(default_factory=dict)
+    days: dict[Day, Finite] = Field(default_factory=dict)
 
 
 class CostsReport(Section):

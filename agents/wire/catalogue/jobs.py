@@ -10,14 +10,14 @@ from agents.wire.catalogue.method import OP, Method, NoParams, Params, Root
 from agents.wire.protocol import (
     Finite,
 )
-from agents.wire.schema import NAME_RE
+from agents.wire.schema import NAME_RE, Name
 from agents.wire.sections.base import Section
 from agents.wire.sections.jobs import JobDetail, JobInfo, NodeStatus
 from agents.wire.states import JobState
 
 
 class StartParams(Params):
-    recipe: str = Field(max_length=64)
+    recipe: Name  # a trainer's name, as lab.yaml's trainers have it
     params: dict[str, Any] = Field(default_factory=dict, max_length=64)
 
 
@@ -41,7 +41,7 @@ class JobListParams(Params):
 
 class NodeStartParams(Params):
     id: str = Field(pattern=NAME_RE)
-    recipe: str = Field(max_length=64)
+    recipe: Name  # a trainer's name, as lab.yaml's trainers have it
     params: dict[str, Any] = Field(default_factory=dict, max_length=64)
     node_rank: int = Field(ge=1, le=1024)  # rank 0 is the coordinator's own node
     rdzv_port: int = Field(ge=1024, le=65535)

@@ -11,13 +11,13 @@ from agents.wire.protocol import (
     Finite,
     FiniteFloat,
 )
-from agents.wire.schema import NAME_RE
+from agents.wire.schema import NAME_RE, ModelName
 from agents.wire.sections.base import Section
 from agents.wire.sections.models import ModelInfo, ModelsSection, Rotation
 
 
 class ModelParams(Params):
-    model: str = Field(pattern=NAME_RE)
+    model: ModelName
 
 
 class PinParams(ModelParams):
@@ -26,8 +26,8 @@ class PinParams(ModelParams):
 
 class SwapParams(Params):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    out: str = Field(pattern=NAME_RE)
-    in_: str = Field(alias="in", pattern=NAME_RE)
+    out: ModelName
+    in_: ModelName = Field(alias="in")
 
 
 class AdapterParams(ModelParams):

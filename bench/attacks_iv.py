@@ -1,0 +1,152 @@
+"""Hardening IV's money and text probes (issue 30: R1, R2, R7, R8, R9), run by bench/bench_attacks.py like its others:
+each an attacker's function (demo, viewer key, seconds, results) whose figures land in `results`.
+
+R1 and R2 ask the simulated provider through the gateway with keys of a tiny quota (issued by the operator before the
+attack: `issue_quota_keys`) and read what the gateway charged; R7 sends orchestra calls whose members are 1 MB names
+and reads state.db's size; R8 runs the CLI's logging (as `cetlab` sets it up) over an agent's hostile error text and
+counts the control bytes that reach its stderr; R9 opens `:costs` headless on a report whose day is markup."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from agents.runtime.demo import GATEWAY_KEY_FILE
+from agents.shell.demo.lab import DemoLab
+from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, GATEWAY_STATUS, KeyAddParams
+from agents.wire.catalogue.method import request
+from agents.wire.lab.model import load_lab
+from console.client import FleetClient
+
+ATTACKER_GATEWAY_KEY = "mallory.gateway.key"  # in the demo dir: the attacker's own gateway key
+QUOTA_KEYS = {"tiny200": 200, "tiny50": 50}  # R1's and R2's keys: name -> tokens per day
+HOSTILE = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b]0;pwned\x07\x1b[2J[/b][bold red]EVIL[/]\x9b31m"
+
+
+def gateway_url_and_key(demo: DemoLab, attacker: bool = False, name: str | None = None) -> tuple[str, str]:
+    lab = load_lab(demo.lab_path)
+    assert lab.gateway is not None
+    path = demo.dir / (f"{name}.gateway.key" if name else ATTACKER_GATEWAY_KEY if attacker else GATEWAY_KEY_FILE)
+    return f"http://{lab.gateway.host}:{lab.gateway.port}/v1", path.read_text().strip()
+
+
+async def issue_quota_keys(demo: DemoLab, client: FleetClient) -> None:
+    """R1's and R2's gateway keys, each with its tokens per day (once per lab)."""
+    if load_lab(demo.lab_path).gateway is None:
+        return
+    for name, tokens in QUOTA_KEYS.items():
+        if not (demo.dir / f"{name}.gateway.key").exists():
+            token = (await request(client, "box", GATEWAY_KEYS_ADD, KeyAddParams(name=name, tokens_per_day=tokens))).key
+            (demo.dir / f"{name}.gateway.key").write_text(token + "\n")
+
+
+async def key_tokens_today(demo: DemoLab, viewer: Path, name: str) -> int:
+    """A gateway key's tokens today, as the gateway's section says."""
+    async with FleetClient(load_lab(demo.lab_path), key_path=viewer, subscribe=[], reconnect=False) as client:
+        await client.wait_connected(20)
+        section = (await request(client, "box", GATEWAY_STATUS)).root
+    assert section is not None, "the gateway does not run"
+    return next(k.tokens_today for k in section.keys if k.name == name)
+
+
+async def _ask_on_quota(demo: DemoLab, viewer: Path, name: str, model: str, bodies: list[dict]) -> dict:
+    url, key = gateway_url_and_key(demo, name=name)
+    codes: list[int] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        for body in bodies:
+            payload = {"model": model, "messages": [{"role": "user", "content": "talk"}], **body}
+            async with session.post(f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"}) as r:
+                codes.append(r.status)
+                await r.read()
+    return {"codes": codes, "charged": await key_tokens_today(demo, viewer, name), "quota": QUOTA_KEYS[name]}
+
+
+def model_of(demo: DemoLab) -> str:
+    lab = load_lab(demo.lab_path)
+    return lab.providers[0].models[0].name
+
+
+async def r1_choices(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """R1: a key of 200 tokens a day asks n=32 choices of 200 tokens (before: 6,401 charged)."""
+    results["r1"] = await _ask_on_quota(demo, viewer, "tiny200", model_of(demo), [{"n": 32, "max_tokens": 200}] * 2)
+
+
+async def r2_lengths(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """R2: a key of 50 tokens a day sends max_completion_tokens 50 and max_tokens 3,000 (before: 3,001 charged)."""
+    bodies = [{"max_completion_tokens": 50, "max_tokens": 3000}] * 2
+    results["r2"] = await _ask_on_quota(demo, viewer, "tiny50", model_of(demo), bodies)
+
+
+def _db_bytes(state: Path) -> int:
+    """state.db and its write-ahead log: what a write grew."""
+    return sum(p.stat().st_size for p in state.glob("state.db*") if p.is_file())
+
+
+async def r7_member_names(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """R7: 20 orchestra calls, each with three members of 1 MB names (before: state.db 1.8 -> 217 MB)."""
+    url, key = gateway_url_and_key(demo, attacker=True)
+    state = demo.dir / "agents" / "box"
+    before = _db_bytes(state)
+    codes: dict[int, int] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for i in range(20):
+            models = [f"{c}{i}" * (1024 * 1024 // (len(str(i)) + 1)) for c in "abc"]
+            body = {"models": models, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "deadline_s": 5}
+            async with session.post(
+                f"{url}/orchestra/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as r:
+                codes[r.status] = codes.get(r.status, 0) + 1
+                await r.read()
+    await asyncio.sleep(2.0)  # the gateway's meter flushes its request log
+    results["r7"] = {"codes": codes, "state_db_mb": (round(before / 2**20, 2), round(_db_bytes(state) / 2**20, 2))}
+
+
+CLI_LOG = """
+import logging, sys
+from console import cli
+try:
+    cli.main(["--help"])  # the CLI sets its logging up before it reads its arguments
+except SystemExit:
+    pass
+logging.getLogger("cetlab.link").warning("%s: %s", "box", sys.argv[1])
+"""
+
+
+async def r8_cli_log(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """R8: an agent's error text logged by the CLI (an unanswered error reply): the control bytes on its stderr."""
+    done = subprocess.run([sys.executable, "-c", CLI_LOG, HOSTILE], capture_output=True, timeout=60, check=False)
+    controls = sum(done.stderr.count(c) for c in (b"\x1b", b"\x07", b"\xc2\x9b"))
+    results["r8"] = {"control_bytes_on_stderr": controls, "stderr_bytes": len(done.stderr)}
+
+
+async def r9_costs_day(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """R9: a costs reply whose since.day is markup, through the console's summing and its `:costs` view (headless)."""
+    from console.app import CetlabApp
+    from console.costs import lab_costs
+    from console.screens.costs import CostsScreen
+    from console.state import LabState
+
+    lab = load_lab(demo.lab_path)
+    reply = {"machine": "box", "currency": "EUR", "timezone": "UTC", "since": {"day": "[/b]" + HOSTILE, "cost": 1.0}}
+    report = lab_costs("EUR", {"box": reply})
+    crashed: str | None = None
+    if report.offline:  # refused where it entered: the view is shown an old-agent report with the same string
+        report = report.model_copy(update={"since": "[/b]" + HOSTILE, "offline": {}})
+    state = LabState(lab)
+    app = CetlabApp(lab, client=FleetClient(lab, state), connect=False)
+    try:
+        async with app.run_test(size=(160, 50)) as pilot:
+            await app.switch_mode("costs")
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, CostsScreen)
+            screen.report = report
+            screen.refresh_data()
+            await pilot.pause()
+    except Exception as exc:  # what every console that opened it did
+        crashed = f"{type(exc).__name__}: {str(exc)[:80]}"
+    results["r9"] = {"refused_on_the_wire": bool(lab_costs("EUR", {"box": reply}).offline), "view_crashed": crashed}

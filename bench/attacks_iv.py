@@ -1,16 +1,20 @@
-"""Hardening IV's money and text probes (issue 30: R1, R2, R7, R8, R9), run by bench/bench_attacks.py like its others:
+"""Hardening IV's probes (issue 30: R1, R2, R4, R7, R8, R9 and on), run by bench/bench_attacks.py like its others:
 each an attacker's function (demo, viewer key, seconds, results) whose figures land in `results`.
 
 R1 and R2 ask the simulated provider through the gateway with keys of a tiny quota (issued by the operator before the
 attack: `issue_quota_keys`) and read what the gateway charged; R7 sends orchestra calls whose members are 1 MB names
 and reads state.db's size; R8 runs the CLI's logging (as `cetlab` sets it up) over an agent's hostile error text and
-counts the control bytes that reach its stderr; R9 opens `:costs` headless on a report whose day is markup."""
+counts the control bytes that reach its stderr; R9 opens `:costs` headless on a report whose day is markup; R4 asks the
+GPU support check's reader (as the agent's event loop does) about a trainer Python that never answers."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import aiohttp
@@ -150,3 +154,22 @@ async def r9_costs_day(demo: DemoLab, viewer: Path, seconds: float, results: dic
     except Exception as exc:  # what every console that opened it did
         crashed = f"{type(exc).__name__}: {str(exc)[:80]}"
     results["r9"] = {"refused_on_the_wire": bool(lab_costs("EUR", {"box": reply}).offline), "view_crashed": crashed}
+
+
+async def r4_hanging_trainer_python(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """R4: a trainer "python" whose torch probe waits on a FIFO nobody writes: how long the event loop's ask held the
+    loop, and what the stack says once the probe's timeout has passed."""
+    from agents.runtime.torch_probe import TorchReader
+
+    with tempfile.TemporaryDirectory() as folder:
+        fifo = Path(folder) / "never-written"
+        os.mkfifo(fifo)
+        python = Path(folder) / "python"
+        python.write_text(f"#!/bin/sh\nread line < {fifo}\n")
+        python.chmod(0o755)
+        reader = TorchReader(timeout_s=3)
+        started = time.monotonic()
+        first = reader.peeking().stack(str(python))
+        held = time.monotonic() - started
+        after = await asyncio.to_thread(reader.stack, str(python))
+    results["r4"] = {"loop_held_s": round(held, 3), "at_once": first.problem, "after_timeout": after.problem}

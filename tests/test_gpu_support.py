@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -574,3 +575,91 @@ async def test_on_nvml_gpus_the_installed_torch_is_judged_and_a_cpu_build_refuse
         for component in reversed(agent.components):
             await component.stop()
         agent.store.close()
+
+
+# ---------------------------------------------------------------------------- a trainer Python that never answers (issue 30 R4)
+
+
+def hanging_python(tmp_path: Path) -> Path:
+    """A trainer "python" whose torch probe waits on a FIFO nobody ever writes; run as the trainer, it exits at once."""
+    fifo = tmp_path / "never-written"
+    import os
+
+    os.mkfifo(fifo)
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(f'#!/bin/sh\ncase "$2" in *get_arch_list*) read line < {fifo} ;; esac\nexit 0\n')
+    python.chmod(0o755)
+    return python
+
+
+async def test_a_trainer_python_that_hangs_stalls_no_tick_and_its_stack_is_unknown(tmp_path):
+    """R4: the support check reads a trainer's torch off the event loop with a timeout; a launch meanwhile waits on no
+    subprocess, the agent's ticks keep coming at 1 Hz, and past the timeout the trainer's torch is unknown, not refused."""
+    from agents.gpusupport.component import GpuSupportComponent
+    from agents.jobs.component import JobsComponent
+    from agents.shell.agent import Agent
+    from agents.telemetry.nvml import NvmlSampler
+    from agents.wire.lab.model import parse_lab
+    from tests.test_nvml_sampler import FakeNvml, gpu
+
+    class WithCapability(FakeNvml):
+        def nvmlDeviceGetCudaComputeCapability(self, h: int) -> tuple[int, int]:
+            return self._get(h, "cc")
+
+    python = hanging_python(tmp_path)
+    lab = parse_lab(
+        yaml.safe_dump(
+            {
+                "lab": "real",
+                "machines": [{"name": "box", "gpus": "nvml", "sample_interval_s": 1.0}],
+                "trainers": [
+                    {
+                        "name": "train",
+                        "machine": "box",
+                        "gpus": [0],
+                        "command": [str(python), "-c", "print(1)"],
+                        "output_dir": str(tmp_path / "runs/{job_id}"),
+                    }
+                ],
+            }
+        )
+    )
+    reader = TorchReader(timeout_s=4)
+    agent = Agent(
+        lab,
+        "box",
+        tmp_path / "state",
+        gpu_sampler=NvmlSampler(nvml_module=WithCapability(gpu("Tesla V100-SXM2-32GB", cc=(7, 0)))),
+        components=lambda core: [GpuSupportComponent(core, reader), JobsComponent(core)],
+    )
+    agent.serves_tcp = False
+    tick_at: list[float] = []  # when each of the agent's own 1 Hz ticks came
+    one_tick = agent.tick
+
+    def noted_tick(gpus: list[GpuSample] | None = None) -> None:
+        tick_at.append(time.monotonic())
+        one_tick(gpus)
+
+    agent.tick = noted_tick  # type: ignore[method-assign]
+    support, jobs = agent.find(GpuSupportComponent), agent.find(JobsComponent)
+    assert support is not None and jobs is not None
+    await agent.start()
+    try:
+        await wait_for(lambda: len(tick_at) >= 2, 20)
+        job = jobs.start_job("train", {})  # its Python is being read: the launch goes on unchecked, the loop never waits
+        assert job.state
+        await wait_for(lambda: len(tick_at) >= 4, 20)
+        assert max(b - a for a, b in zip(tick_at, tick_at[1:])) < 2.0, tick_at
+        await wait_for(lambda: support.section().stacks, 30)  # the start-up read, past its timeout
+        torch_row = next(v for v in support.section().verdicts if v.stack == "trainer torch")
+        assert torch_row.runs is None, torch_row
+        torch_stack = next(s for s in support.section().stacks if s.kind == StackKind.TORCH)
+        assert torch_stack.problem is not None and "took over 4 s" in torch_stack.problem
+        jobs.start_job("train", {})  # a timed-out read is read again, in its thread: still no wait here
+        count = len(tick_at)
+        await wait_for(lambda: len(tick_at) >= count + 2, 20)
+        gaps = [b - a for a, b in zip(tick_at, tick_at[1:])]
+        assert max(gaps) < 2.0, gaps
+    finally:
+        await agent.stop()

@@ -1,6 +1,7 @@
 """The agent's GPU support check: the `gpu_support` section (every GPU x every stack) and the refusals before a launch.
 
-Real GPUs (NVML) are judged against the stacks installed here, read in subprocesses and cached. Simulated machines are judged
+Real GPUs (NVML) are judged against the stacks installed here, read in subprocesses (in threads, with a timeout) and cached;
+the event loop never waits on one: a stack not read yet is unknown, never refused. Simulated machines are judged
 against the stacks their lab.yaml entry declares (`gpus.stacks`, else a lab installed as docs/engines.md ("Older GPUs") says),
 labelled SIM: their trainers really run on the CPU, so the check plays what the real lab would do, nothing more.
 """
@@ -35,6 +36,7 @@ class GpuSupportComponent:
     def __init__(self, core: AgentCore, reader: TorchReader | None = None) -> None:
         self.core = core
         self.reader = reader or TorchReader()
+        self.peek = self.reader.peeking()  # what the event loop reads: never a subprocess waited on
         self._stacks: dict[StackKind, Stack] | None = None  # None until read (real machines read them in a thread at start)
         self._task: asyncio.Task[None] | None = None
         self._cached: tuple[Any, GpuSupportSection] | None = None
@@ -56,10 +58,20 @@ class GpuSupportComponent:
         try:
             models = self.core.find(ModelsPort)
             engine_stacks = models.engine_stacks if models is not None else lambda reader: []
-            self._stacks = await asyncio.to_thread(lambda: real_stacks(self.reader, engine_stacks(self.reader)))
+            pythons = self._trainer_pythons()
+            first = pythons[0] if pythons else None
+            self._stacks = await asyncio.to_thread(lambda: real_stacks(self.reader, engine_stacks(self.reader), first))
             self._cached = None
+            for python in pythons[1:]:  # read now, so a launch's check finds them read
+                await asyncio.to_thread(self.reader.probe, python)
         except Exception:
             log.exception("reading this machine's stacks failed; no GPU support check")
+
+    def _trainer_pythons(self) -> list[str]:
+        """The Pythons this machine's recipes run, in lab.yaml's order (the first is the section's trainer torch)."""
+        machine = self.core.machine.name
+        found = [python_of(t.command[0]) for t in self.core.lab.trainers if t.machine == machine]
+        return list(dict.fromkeys(p for p in found if p is not None))
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -110,7 +122,7 @@ class GpuSupportComponent:
         python = None if simulated else python_of(program)
         if python is None and not simulated:
             return
-        stack = self._sim_stack(StackKind.TORCH) if simulated else self.reader.stack(python or sys.executable)
+        stack = self._sim_stack(StackKind.TORCH) if simulated else self.peek.stack(python or sys.executable)
         if stack is not None:
             self._refuse(gpus, stack, False, f"recipe {recipe}")
 
@@ -125,7 +137,7 @@ class GpuSupportComponent:
         if kind != StackKind.SIM and isinstance(self.core.machine.gpus, SimGpus):
             stack = self._sim_stack(kind)  # a simulated machine plays the stack its lab.yaml entry declares
         else:
-            stack = models.engine_stack(model.engine, self.reader)
+            stack = models.engine_stack(model.engine, self.peek)
         if stack is not None:
             self._refuse(gpus, stack, True, f"model {model.name} (engine {model.engine})")
 

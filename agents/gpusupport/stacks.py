@@ -55,10 +55,11 @@ def sim_stacks(declared: SimStacks) -> dict[StackKind, Stack]:
     return stacks
 
 
-def real_stacks(reader: TorchReader, engine_stacks: Iterable[Stack]) -> dict[StackKind, Stack]:
-    """This machine's installed stacks: the agent's Python's torch (what cetlab-train runs on), then the engines' own
-    (vLLM, llama-server: what the model pool's engines read of their builds). Blocking (subprocesses, cached): call from a thread."""
-    stacks = {StackKind.TORCH: reader.stack(sys.executable)}
+def real_stacks(reader: TorchReader, engine_stacks: Iterable[Stack], trainer_python: str | None = None) -> dict[StackKind, Stack]:
+    """This machine's installed stacks: the trainers' torch (the Python its recipes name, else the agent's own, which
+    cetlab-train runs on), then the engines' own (vLLM, llama-server: what the model pool's engines read of their builds).
+    Blocking (subprocesses, cached): call from a thread."""
+    stacks = {StackKind.TORCH: reader.stack(trainer_python or sys.executable)}
     for stack in engine_stacks:
         stacks.setdefault(stack.kind, stack)
     return stacks

@@ -6,18 +6,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agents.wire.sections.gpu_support import Stack, StackKind
 
-PROBE_TIMEOUT_S = (
-    60.0  # importing torch on a loaded machine takes seconds; CUDA init is not needed (get_arch_list reads the build)
-)
+# Importing torch on a loaded machine takes seconds (CUDA init is not needed: get_arch_list reads the build); past this
+# the stack is unknown, never refused, and the probe is read again on the next ask.
+PROBE_TIMEOUT_S = 20.0
+PROBE_OUTPUT_LIMIT = 64 * 1024  # the probe prints one JSON line; a Python that prints more is cut here
 TORCH_PROBE = """
 import json, sys
 try:
@@ -45,6 +46,8 @@ class TorchProbe(BaseModel):
     archs: list[str] = []
     vllm: str | None = None
     error: str | None = None
+    timed_out: bool = False  # not printed by the probe: set when it ran past its timeout
+    pending: bool = False  # not printed by the probe: set while it has not answered yet
 
 
 def python_of(program: str | Path) -> str | None:
@@ -84,42 +87,96 @@ def _install_stamp(python: str) -> tuple[float, ...]:
     return tuple(stamps)
 
 
-class TorchReader:
-    """A Python's torch build, read in a subprocess of that Python with a timeout, cached until something is installed there."""
+class _Readings:
+    """What every view of one reader shares: the cache, the thread reading each Python, the count of probes."""
 
-    def __init__(self, timeout_s: float = PROBE_TIMEOUT_S, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run):
+    def __init__(self) -> None:
+        self.cache: dict[str, tuple[tuple[float, ...], TorchProbe]] = {}
+        self.reading: dict[str, threading.Thread] = {}
+        self.lock = threading.Lock()
+        self.probes = 0
+
+
+class TorchReader:
+    """A Python's torch build, read in a subprocess of that Python with a timeout, cached until something is installed there.
+
+    Each Python is read in a thread of its own. ``blocking=False`` (what the agent's event loop uses: `peeking()`) never waits
+    on it: until a Python has been read, its stack is unknown (an agent that stalls is worse than one launch unchecked).
+    A probe that timed out is read again on the next ask."""
+
+    def __init__(self, timeout_s: float = PROBE_TIMEOUT_S, blocking: bool = True, readings: _Readings | None = None):
         self.timeout_s = timeout_s
-        self._run = run
-        self._cache: dict[str, tuple[tuple[float, ...], TorchProbe]] = {}
-        self._lock = threading.Lock()
-        self.probes = 0  # subprocesses started (tests read it)
+        self.blocking = blocking
+        self._readings = readings or _Readings()
+
+    @property
+    def probes(self) -> int:
+        """Subprocesses started (tests read it)."""
+        return self._readings.probes
+
+    def peeking(self) -> TorchReader:
+        """The same reader (one cache, one thread per Python) that never blocks its caller."""
+        return TorchReader(self.timeout_s, blocking=False, readings=self._readings)
 
     def probe(self, python: str) -> TorchProbe:
         stamp = _install_stamp(python)
-        with self._lock:
-            cached = self._cache.get(python)
-            if cached is not None and cached[0] == stamp:
+        shared = self._readings
+        with shared.lock:
+            cached = shared.cache.get(python)
+            if cached is not None and cached[0] == stamp and not cached[1].timed_out:
                 return cached[1]
-            self.probes += 1
+            thread = shared.reading.get(python)
+            if thread is None:
+                shared.probes += 1
+                thread = threading.Thread(target=self._read, args=(python, stamp), name="torch-probe", daemon=True)
+                shared.reading[python] = thread
+                thread.start()
+        if not self.blocking:  # what was read before (a timeout, an older install), else unknown for now
+            return cached[1] if cached is not None else TorchProbe(error="still being read", pending=True)
+        thread.join()
+        with shared.lock:
+            return shared.cache[python][1]
+
+    def _read(self, python: str, stamp: tuple[float, ...]) -> None:
+        try:
             result = self._probe(python)
-            self._cache[python] = (stamp, result)
-            return result
+        except Exception as exc:  # a probe's failure is an unknown stack, never a reader stuck "reading"
+            result = TorchProbe(error=f"{type(exc).__name__}: {exc}"[:300])
+        with self._readings.lock:
+            self._readings.cache[python] = (stamp, result)
+            self._readings.reading.pop(python, None)
 
     def _probe(self, python: str) -> TorchProbe:
         env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-        try:
-            done = self._run([python, "-c", TORCH_PROBE], capture_output=True, text=True, timeout=self.timeout_s, env=env)
-        except subprocess.TimeoutExpired:
-            return TorchProbe(error=f"importing torch took over {self.timeout_s:.0f} s")
+        try:  # its own session: a timeout kills the Python and anything it started, so no pipe stays open
+            proc = subprocess.Popen(
+                [python, "-c", TORCH_PROBE],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as exc:
             return TorchProbe(error=f"cannot run {python}: {exc.strerror or exc}")
-        lines = done.stdout.strip().splitlines()
+        try:
+            out, err = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.communicate()
+            return TorchProbe(error=f"importing torch took over {self.timeout_s:.0f} s", timed_out=True)
+        stdout = out[-PROBE_OUTPUT_LIMIT:].decode(errors="replace")
+        stderr = err[-PROBE_OUTPUT_LIMIT:].decode(errors="replace")
+        lines = stdout.strip().splitlines()
         try:
             return (
                 TorchProbe.model_validate(json.loads(lines[-1]))
                 if lines
                 else TorchProbe(
-                    error=f"{python} exited with code {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:200]}"
+                    error=f"{python} exited with code {proc.returncode}: {(stderr.strip().splitlines() or [''])[-1][:200]}"
                 )
             )
         except (ValueError, ValidationError):
@@ -130,7 +187,9 @@ class TorchReader:
         found = self.probe(python)
         source = f"{python}: torch.cuda.get_arch_list()"
         if found.error is not None:
-            return Stack(name=name, kind=StackKind.TORCH, source=source, problem=f"no torch in {python} ({found.error})")
+            unread = found.timed_out or found.pending
+            problem = f"{'torch in ' + python + ' not read yet' if unread else 'no torch in ' + python} ({found.error})"
+            return Stack(name=name, kind=StackKind.TORCH, source=source, problem=problem)
         return Stack(
             name=name,
             kind=StackKind.TORCH,

@@ -173,3 +173,18 @@ async def r4_hanging_trainer_python(demo: DemoLab, viewer: Path, seconds: float,
         held = time.monotonic() - started
         after = await asyncio.to_thread(reader.stack, str(python))
     results["r4"] = {"loop_held_s": round(held, 3), "at_once": first.problem, "after_timeout": after.problem}
+
+
+async def s2_huge_watts(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """Issue 30's small one: the demo's lab.yaml with a machine's idle_watts 1e300: refused, or the figure it loads."""
+    import yaml
+
+    from agents.wire.lab.model import LabError, parse_lab
+
+    raw = yaml.safe_load(demo.lab_path.read_text())
+    raw["machines"][0]["idle_watts"] = 1e300
+    try:
+        loaded: object = parse_lab(yaml.safe_dump(raw)).machines[0].idle_watts
+    except LabError as exc:
+        loaded = f"refused: {exc.problems[0][:120]}"
+    results["s2"] = {"idle_watts_1e300": loaded}

@@ -48,6 +48,7 @@ from bench.attacks_iv import (
     r7_member_names,
     r8_cli_log,
     r9_costs_day,
+    s2_huge_watts,
 )
 from bench.common import percentile
 from console.client import FleetClient
@@ -569,6 +570,7 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "R7 orchestra member names": r7_member_names,
     "R8 agent text in the CLI's log": r8_cli_log,
     "R9 markup in costs' day": r9_costs_day,
+    "S2 idle_watts 1e300 in lab.yaml": s2_huge_watts,
 }
 
 

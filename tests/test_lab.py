@@ -62,6 +62,23 @@ def test_negative_rate_is_refused_with_its_line():
     assert "greater than or equal to 0" in problem
 
 
+@pytest.mark.parametrize(
+    "where, text",
+    [
+        ("machines[0].idle_watts", GOOD_MACHINE.replace("    gpus:", "    idle_watts: 1e300\n    gpus:")),
+        ("machines[0].hourly_rate", GOOD_MACHINE.replace("    gpus:", "    hourly_rate: 1e300\n    gpus:")),
+        ("machines[0].gpus.sim[0].tdp_w", GOOD_MACHINE.replace("tdp_w: 75", "tdp_w: 1e300")),
+        ("machines[0].gpus.sim[0].idle_w", GOOD_MACHINE.replace("tdp_w: 75", "tdp_w: 75, idle_w: 1e300")),
+        ("costs.electricity_per_kwh", GOOD_MACHINE.replace("lab: t", "lab: t\ncosts: {electricity_per_kwh: 1e300}")),
+        ("cloud_prices.gpu_hour.H100", GOOD_MACHINE.replace("lab: t", "lab: t\ncloud_prices: {gpu_hour: {H100: 1e300}}")),
+    ],
+)
+def test_watts_and_prices_past_any_real_one_are_refused(where, text):
+    """Issue 30: 1e300 W passed `>= 0` and made every cost it entered inf; a watt or price figure has a sane maximum."""
+    (problem,) = problems(text)
+    assert f": {where}: " in problem and "less than or equal to" in problem, problem
+
+
 def test_non_numeric_rate():
     text = GOOD_MACHINE.replace("    gpus:", "    hourly_rate: cheap\n    gpus:")
     (problem,) = problems(text)

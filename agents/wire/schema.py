@@ -31,6 +31,12 @@ def _real_day(value: str) -> str:
 Day = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}$"), AfterValidator(_real_day)]
 NonNegative = Annotated[float, Field(ge=0)]
 Positive = Annotated[float, Field(gt=0)]
+# Power and money figures of lab.yaml, bounded: 1e300 W passes `ge=0` and turns every cost it enters into inf or nan.
+# 100 kW is past any machine a small lab has; a billion is past any price in any currency (per hour, kWh, million tokens).
+MAX_WATTS = 100_000.0
+MAX_PRICE = 1_000_000_000.0
+Watts = Annotated[float, Field(ge=0, le=MAX_WATTS)]
+Price = Annotated[float, Field(ge=0, le=MAX_PRICE)]
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}

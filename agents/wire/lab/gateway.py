@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from agents.wire.schema import NAME_RE, Name, NonNegative, Strict, parse_duration
+from agents.wire.schema import NAME_RE, Name, Price, Strict, parse_duration
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 ENV_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -19,8 +19,8 @@ class ProviderModel(Strict):
 
     name: Name  # how the lab asks for it (and a fallback names it)
     upstream: str | None = None  # the provider's own name for it; default: name
-    prompt_per_million: NonNegative = 0.0
-    completion_per_million: NonNegative = 0.0
+    prompt_per_million: Price = 0.0
+    completion_per_million: Price = 0.0
 
     @property
     def upstream_name(self) -> str:
@@ -48,7 +48,7 @@ class Provider(Strict):
     ]  # ends before /chat/completions
     api_key_env: Annotated[str, Field(pattern=ENV_RE)] | None = None  # the variable holding the key; never the key itself
     models: list[ProviderModel] = Field(min_length=1)
-    monthly_budget: NonNegative | None = None  # None: no budget
+    monthly_budget: Price | None = None  # None: no budget
     simulated: bool = False  # a local stand-in (the demo's): labelled SIM wherever it shows
     timeout_s: Seconds = 120.0
 

@@ -24,7 +24,7 @@ from agents.wire.lab.notify import cross_check as notify_cross_check
 from agents.wire.lab.yaml_doc import MAX_BYTES as MAX_LAB_BYTES
 from agents.wire.lab.yaml_doc import YamlDocError, data_path, describe, problem_at
 from agents.wire.lab.yaml_doc import load as load_yaml
-from agents.wire.schema import Duration, EngineName, Name, NonNegative, Positive, Strict, parse_duration
+from agents.wire.schema import MAX_WATTS, Duration, EngineName, Name, NonNegative, Positive, Price, Strict, Watts, parse_duration
 
 # ---------------------------------------------------------------------------- machines
 
@@ -34,8 +34,8 @@ class SimGpu(Strict):
 
     name: str
     memory_gib: Positive
-    tdp_w: Positive
-    idle_w: NonNegative | None = None  # default: 12% of tdp_w
+    tdp_w: Annotated[float, Field(gt=0, le=MAX_WATTS)]
+    idle_w: Watts | None = None  # default: 12% of tdp_w
     profile: Literal["idle", "training", "serving", "bursty"] = "idle"  # background load in the demo
     # "6.1"; default: from the name (Tesla P40 6.1, Tesla V100 7.0, RTX 3050 8.6, H100 9.0: agents/wire/capability.py)
     compute_capability: Annotated[str, Field(pattern=r"^\d{1,2}\.\d$")] | None = None
@@ -87,8 +87,8 @@ class Machine(Strict):
     ssh_port: int | None = Field(default=None, ge=1, le=65535)  # via: sshd: the sshd port (default: ~/.ssh/config, else 22)
     socket: str | None = None  # via: sshd: the agent's unix socket on that machine (default /var/lib/cetlab/<name>/agent.sock)
     role: str = ""  # free text: training, inference, storage ...
-    idle_watts: NonNegative = 0.0  # host draw NVML cannot see
-    hourly_rate: NonNegative = 0.0  # > 0 for rented machines
+    idle_watts: Watts = 0.0  # host draw NVML cannot see
+    hourly_rate: Price = 0.0  # > 0 for rented machines
     ram_cache_gib: NonNegative | None = None  # page-cache budget for warm-in-RAM weights
     gpus: GpuSource = "nvml"
     sample_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
@@ -108,7 +108,7 @@ class Machine(Strict):
 
 class Costs(Strict):
     currency: str = "USD"
-    electricity_per_kwh: NonNegative | None = None
+    electricity_per_kwh: Price | None = None
     timezone: str | None = None  # IANA name for "today" and "this month"; default: the machine's
 
     @field_validator("timezone")
@@ -125,8 +125,8 @@ class Costs(Strict):
 
 
 class CloudPrices(Strict):
-    gpu_hour: dict[str, NonNegative] = Field(default_factory=dict)  # by GPU model name
-    tokens_per_million: dict[str, NonNegative] = Field(default_factory=dict)  # by cloud_equivalent
+    gpu_hour: dict[str, Price] = Field(default_factory=dict)  # by GPU model name
+    tokens_per_million: dict[str, Price] = Field(default_factory=dict)  # by cloud_equivalent
 
 
 # ---------------------------------------------------------------------------- models

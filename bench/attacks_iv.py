@@ -188,3 +188,14 @@ async def s2_huge_watts(demo: DemoLab, viewer: Path, seconds: float, results: di
     except LabError as exc:
         loaded = f"refused: {exc.problems[0][:120]}"
     results["s2"] = {"idle_watts_1e300": loaded}
+
+
+async def s1_tail_of_10mb(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """Issue 30's small one: `--tail 10000` of a 10 MB log (1 kB lines): the lines that come back and whether it says cut."""
+    from agents.jobs.logs import tail
+
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "job.log"
+        log.write_text("".join(f"{i:06d} {'x' * 1016}\n" for i in range(10_000)))
+        found = tail(log, 10_000)
+    results["s1"] = {"asked": 10_000, "lines": len(found.lines), "says_cut": found.cut}

@@ -48,6 +48,7 @@ from bench.attacks_iv import (
     r7_member_names,
     r8_cli_log,
     r9_costs_day,
+    s1_tail_of_10mb,
     s2_huge_watts,
 )
 from bench.common import percentile
@@ -570,6 +571,7 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "R7 orchestra member names": r7_member_names,
     "R8 agent text in the CLI's log": r8_cli_log,
     "R9 markup in costs' day": r9_costs_day,
+    "S1 --tail 10000 of a 10 MB log": s1_tail_of_10mb,
     "S2 idle_watts 1e300 in lab.yaml": s2_huge_watts,
 }
 

@@ -208,6 +208,12 @@ async def cmd_logs(ctx: Context) -> int:
         return await follow(ctx, machine, ctx.args.job, ctx.args.tail)
     logs = await request(ctx.client, machine, JOBS_LOGS, LogsParams(id=ctx.args.job, tail_lines=ctx.args.tail))
     ctx.out(sent(logs), lambda _: "\n".join(logs.lines))
+    if logs.cut:  # on stderr: the lines on stdout stay the log's own
+        say(
+            f"cetlab: the tail is cut: {len(logs.lines)} of the {ctx.args.tail} lines asked (a tail reads at most 8 MiB); "
+            f"the whole log is {logs.path} on {machine}",
+            err=True,
+        )
     return EXIT_OK
 
 

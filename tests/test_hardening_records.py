@@ -116,6 +116,6 @@ def test_a_log_tail_of_long_lines_returns_as_many_lines_as_asked(tmp_path):
 
     log = tmp_path / "job.log"
     log.write_text("".join(f"{i:04d} " + "x" * 2000 + "\n" for i in range(100)))
-    lines, size = tail(log, 50)
+    lines, size, _ = tail(log, 50)
     assert len(lines) == 50 and lines[0].startswith("0050 ") and lines[-1].startswith("0099 ")  # before: 12 lines
     assert size == log.stat().st_size

@@ -368,6 +368,13 @@ def test_cli_train_follow_stop_and_logs(jobs_lab):
     }
     logs = cli(jobs_lab, "--json", "logs", job_id, "--tail", "2")
     assert logs.returncode == 0 and json.loads(logs.stdout)["lines"] == ["line 298", "line 299"]
+    assert json.loads(logs.stdout)["cut"] is False
+    with open(json.loads(logs.stdout)["path"], "a") as f:  # 10 MB of 1 kB lines: more than one tail reads
+        f.writelines(f"{i:06d} {'x' * 1016}\n" for i in range(10_000))
+    cut = cli(jobs_lab, "logs", job_id, "--tail", "10000")
+    shown = cut.stdout.splitlines()
+    assert cut.returncode == 0 and 8000 < len(shown) < 10_000 and shown[-1].startswith("009999 ")
+    assert f"the tail is cut: {len(shown)} of the 10000 lines asked" in cut.stderr, cut.stderr
     listed = cli(jobs_lab, "--json", "jobs", "--all")
     assert listed.returncode == 0, listed.stderr
     assert {j["id"]: (j["state"], j["exit_code"]) for j in json.loads(listed.stdout)["jobs"]}[job_id] == ("exited", 0)
@@ -554,8 +561,7 @@ def test_runner_rotates_logs_and_records_the_exit_code(tmp_path):
     files = sorted(p.name for p in tmp_path.glob("job.log*"))
     assert files == ["job.log", "job.log.1", "job.log.2"]  # the last N kept, older ones dropped
     assert all(p.stat().st_size <= 20000 for p in tmp_path.glob("job.log*"))  # rotated between lines
-    lines, _ = tail(log, 3)
-    assert lines[-1].startswith("001999 ")
+    assert tail(log, 3).lines[-1].startswith("001999 ")
 
 
 def test_follower_keeps_reading_across_a_rotation(tmp_path):
@@ -570,6 +576,19 @@ def test_follower_keeps_reading_across_a_rotation(tmp_path):
     log.write_text("d\n")
     assert follower.read()[0] == ["partial", "d"]
     assert tail(log, 3)[0] == ["c", "partial", "d"]
+
+
+def test_a_tail_past_what_one_read_takes_says_it_is_cut_and_skips_nothing(tmp_path):
+    """Issue 30: `--tail 10000` of a 10 MB log gave 8,363 lines without a word; the tail says it is cut, and never
+    joins the rotated file to the lines it read over the ones it skipped."""
+    log = tmp_path / "job.log"
+    (tmp_path / "job.log.1").write_text("rotated\n")
+    log.write_text("".join(f"{i:06d} {'x' * 1016}\n" for i in range(10_000)))
+    lines, size, cut = tail(log, 10_000)
+    assert cut and size == log.stat().st_size and 8000 < len(lines) < 10_000
+    assert [int(line[:6]) for line in lines] == list(range(10_000 - len(lines), 10_000))  # contiguous, to the end
+    assert tail(log, 100) == (lines[-100:], size, False)
+    assert tail(tmp_path / "none.log", 5) == ([], 0, False)
 
 
 def test_a_reused_pid_is_not_mistaken_for_the_job():

@@ -287,7 +287,7 @@ class JobsComponent:
                 job.error = ended.error or (job.progress.error if job.progress else None) or f"exited with code {job.exit_code}"
         if job.failure is not None:  # the coordinator failed the job (another node failed): that is its outcome on every node
             job.state, job.error = JobState.FAILED, job.failure
-        job.last_lines, _ = tail(Path(job.log_path), LAST_LINES)
+        job.last_lines = tail(Path(job.log_path), LAST_LINES).lines
         job.starved = False
         job.popen = job.proc = None
         finished = sorted((j for j in self.jobs.values() if not j.active), key=lambda j: j.started_at)
@@ -371,14 +371,15 @@ class JobsComponent:
 
     def logs(self, peer: Peer, job: Job, params: LogsParams) -> JobLogs:
         path = Path(job.log_path)
+        cut = False
         if params.offset is None:
-            lines, offset = tail(path, params.tail_lines)
+            lines, offset, cut = tail(path, params.tail_lines)
         else:
             lines, offset = read_from(path, params.offset)
         if params.follow:
             peer.topics.add(f"log:{job.id}")
             self.followers[(id(peer), job.id)] = (peer, Follower(path, offset))
-        return JobLogs(id=job.id, path=str(path), lines=lines, offset=offset, state=job.state)
+        return JobLogs(id=job.id, path=str(path), lines=lines, offset=offset, state=job.state, cut=cut)
 
     # -- state
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from agents.wire.safe_read import read_range, read_tail
 
@@ -15,9 +16,16 @@ def _lines(data: bytes) -> list[str]:
     return data.decode("utf-8", errors="replace").splitlines()
 
 
-def tail(path: Path, lines: int) -> tuple[list[str], int]:
+class Tail(NamedTuple):
+    lines: list[str]
+    size: int  # the current file's size: where a follower continues
+    cut: bool  # fewer lines than asked although older ones exist: the read stopped at TAIL_MAX_BYTES
+
+
+def tail(path: Path, lines: int) -> Tail:
     """The last `lines` lines (from the current file, then the rotated `.1`) and the current file's size. Long lines
-    widen the read (x4 at a time, up to TAIL_MAX_BYTES), so as many lines come back as were asked and exist."""
+    widen the read (x4 at a time, up to TAIL_MAX_BYTES), so as many lines come back as were asked and exist; past that
+    the tail is cut (and says so), never joined to the rotated file over the lines it skipped."""
     out: list[str] = []
     size = 0
     for i, candidate in enumerate((path, path.with_name(path.name + ".1"))):
@@ -39,7 +47,9 @@ def tail(path: Path, lines: int) -> tuple[list[str], int]:
         out = found + out if chunk else out
         if len(out) >= lines:
             break
-    return out[-lines:] if lines else [], size
+        if chunk and start > 0:  # stopped at TAIL_MAX_BYTES with older lines before it
+            return Tail(out, size, True)
+    return Tail(out[-lines:] if lines else [], size, False)
 
 
 def read_from(path: Path, offset: int, final: bool = False) -> tuple[list[str], int]:

@@ -121,7 +121,7 @@ def check_node_start(recipe: Trainer, params: NodeStartParams, active: list[Job]
 
 def node_status(job: Job) -> NodeStatus:
     """A node as its coordinator needs it: state, outcome, last lines, and progress (c10d may rank any node 0)."""
-    lines, _ = tail(Path(job.log_path), NODE_LAST_LINES) if job.active else (job.last_lines, 0)
+    lines = tail(Path(job.log_path), NODE_LAST_LINES).lines if job.active else job.last_lines
     status = NodeStatus.seen(job.state, job.exit_code, job.error, job.ended_at, lines)
     status.progress, status.loss_points = job.progress, list(job.loss_points[-NODE_LOSS_POINTS:])
     return status

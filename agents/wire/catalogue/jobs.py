@@ -100,6 +100,7 @@ class JobLogs(Section):
     lines: list[str] = Field(default_factory=list)
     offset: int  # where the next read continues
     state: JobState
+    cut: bool = False  # the tail has fewer lines than asked although older ones exist (it reads at most 8 MiB)
 
 
 JOBS_RECIPES = Method("jobs.recipes", NoParams, RecipeList, doc="The recipes of this machine with their launch params.")

@@ -209,6 +209,21 @@ async def test_w_on_a_warm_model_says_so_and_s_on_a_pinned_one_says_so_before_as
         assert calls == [] and not any(n.message.startswith("warming") for n in app.notices)
 
 
+async def test_s_on_a_model_whose_engine_cannot_sleep_says_so_and_names_cold_before_asking():
+    app = frozen_pool_app([{"name": "mistral-7b-q4", "state": "warm", "engine": "llamacpp", "can_sleep": False}])
+    calls = []
+    async with app.run_test(size=(160, 50)) as pilot:
+        app.client.call = lambda *args, **kwargs: calls.append(args)
+        await until_drawn(pilot)
+        await pilot.press("colon", *"models", "enter")
+        await until_drawn(pilot, ModelsScreen)
+        table = app.screen.query_one(OrchestraTable)
+        table.move_cursor(row=table.get_row_index("irina/mistral-7b-q4"))
+        await pilot.press("s")
+        await wait_for(lambda: any("has no sleep mode: stop it with c (cold)" in n.message for n in app.notices))
+        assert isinstance(app.screen, ModelsScreen) and calls == []  # no y/n, no call
+
+
 async def test_shift_r_rotates_now_after_a_question():
     app = frozen_pool_app([{"name": "warm-one", "state": "warm"}])
     rotation = {"plan": [["warm-one"], ["other"]], "index": 0, "next_set": ["other"], "overhead_pct": 0.1, "target_pct": 1.0}

@@ -197,6 +197,11 @@ class ModelsScreen(LabScreen):
             if model.pinned:  # said before the question, not after the y
                 self.notify(f"{model.name} is pinned: unpin it (p) before putting it to sleep", severity="warning")
                 return
+            if not model.can_sleep:  # said before the question: after a y the agent would only refuse
+                self.notify(
+                    f"{model.name}'s engine ({model.engine}) has no sleep mode: stop it with c (cold)", severity="warning"
+                )
+                return
             self.confirm(
                 f"Put [b]{esc(model.name)}[/b] to sleep? It stops answering until woken (about {model.wake_s or 1:.0f} s).",
                 lambda: self.act(model.machine, MODELS_SLEEP, ModelParams(model=model.name), f"{model.name} going to sleep"),

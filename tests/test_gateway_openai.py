@@ -272,6 +272,41 @@ async def _op_is(fleet: FleetClient, name: str, op: str) -> bool:
     return (await states(fleet, "node"))[name]["op"] == op
 
 
+async def test_ids_are_openais_for_each_route_and_a_chat_without_good_messages_is_refused(sdk, sdk_lab):
+    answer = await sdk.chat.completions.create(model="chatty", messages=MESSAGES, max_tokens=2)
+    text = await sdk.completions.create(model="chatty", prompt="once", max_tokens=2)
+    assert answer.id.startswith("chatcmpl-") and text.id.startswith("cmpl-") and not text.id.startswith("chatcmpl-")
+    pieces = [p async for p in await sdk.completions.create(model="chatty", prompt="abc", max_tokens=2, stream=True)]
+    assert pieces and all(p.id.startswith("cmpl-") for p in pieces)
+    lab = load_lab(sdk_lab.lab_path)
+    key = (sdk_lab.dir / "console" / "gateway.key").read_text().strip()
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
+        for messages, param in (
+            (None, "messages"),
+            ("hello", "messages"),
+            ([], "messages"),
+            (["hello"], "messages[0]"),
+            ([{"content": "hi"}], "messages[0].role"),
+            ([{"role": "user", "content": "hi"}, {"role": 3}], "messages[1].role"),
+        ):
+            body = {"model": "chatty", "max_tokens": 2, **({} if messages is None else {"messages": messages})}
+            async with session.post(lab.gateway.url + "/chat/completions", json=body) as r:
+                error = json.loads(await r.read())["error"]
+            assert r.status == 400 and error["param"] == param and error["type"] == "invalid_request_error", (messages, error)
+            assert f"'{param}" in error["message"]
+
+
+def test_a_llama_server_completions_id_gets_openais_prefix_through_the_gateway():
+    from agents.gateway.openai_api import StreamRewriter, rewrite_answer
+
+    answer = b'{"id":"chatcmpl-abc","object":"text_completion","model":"m.gguf","choices":[]}'  # llama-server's own form
+    assert json.loads(rewrite_answer(answer, "small", chat=False))["id"] == "cmpl-abc"
+    assert json.loads(rewrite_answer(answer, "small", chat=True))["id"] == "chatcmpl-abc"
+    assert json.loads(rewrite_answer(b'{"id":"msg_1","model":"x"}', "small", chat=True))["id"] == "msg_1"  # a provider's
+    out = StreamRewriter("small", wants_usage=False, chat=False).feed(b'data: {"id":"chatcmpl-9","model":"m","choices":[]}\n\n')
+    assert json.loads(out.removeprefix(b"data: "))["id"] == "cmpl-9"
+
+
 def test_upstream_errors_take_openais_shape():
     from agents.gateway.openai_api import upstream_error
 

@@ -18,7 +18,15 @@ from agents.gateway.keys import ApiKey, QuotaExceeded
 from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
 from agents.gateway.limits import ConnectionGate, UpstreamTooLarge, connection_cap, quiet_factory
 from agents.gateway.metering import Record
-from agents.gateway.openai_api import RoutedBody, checked_body, error_response, is_model_name, max_wait, parameter_problem
+from agents.gateway.openai_api import (
+    RoutedBody,
+    checked_body,
+    error_response,
+    is_model_name,
+    max_wait,
+    messages_problem,
+    parameter_problem,
+)
 from agents.gateway.reservation import Hold, Reservations
 from agents.gateway.router import NotServable, Target
 from agents.wire.lab.gateway import find_provider_model
@@ -222,6 +230,9 @@ class GatewayHttp:
             problem = parameter_problem(body)
             if problem is not None:
                 raise NotServable(400, problem[0], "invalid_parameter", param=problem[1])
+            chat_problem = messages_problem(body) if path.endswith("chat/completions") else None
+            if chat_problem is not None:
+                raise NotServable(400, chat_problem[0], chat_problem[2], param=chat_problem[1])
             record.stream = body.get("stream") is True
             if known:  # an unknown name gets no figures of its own (and its 404 below)
                 record.model = self.gw.router.canonical(model)

@@ -265,7 +265,8 @@ def test_rotation_figures_are_per_machine_in_human_durations():
     assert m5.startswith("[b]m5[/b] rotation: not rotated yet (2 sets) · next in 1m30s") and "0.012%[/] of 24h00m" in m5, m5
     # each machine's line names its own models of the next set, not the lab-wide set
     irina, m5 = rotation_text(rotations, now, {"irina": {"a"}, "m5": {"c", "d"}}).splitlines()
-    assert "→ none of its models ·" in irina and "→ c ·" in m5, (irina, m5)
+    assert ": the next set has none of irina's models ·" in irina and "→ c ·" in m5, (irina, m5)
+    assert "→" not in irina
 
 
 def test_model_details_say_the_window_of_tokens_per_s():

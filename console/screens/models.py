@@ -50,8 +50,7 @@ def rotation_text(rotations: dict[str, Rotation | None], now: float, models_on: 
             coming = [m for m in rotation.next_set or [] if models_on is None or m in models_on.get(machine, set())]
             parts.append(
                 f"next in {fmt_duration(max(0.0, rotation.next_at - now))} (at {time.strftime('%H:%M', time.localtime(rotation.next_at))})"
-                + " → "
-                + esc(", ".join(coming) or "none of its models")
+                + (f" → {esc(', '.join(coming))}" if coming else f": the next set has none of {esc(machine)}'s models")
             )
         if rotation.running:
             parts.append("[b yellow]rotating now[/]")

@@ -694,6 +694,7 @@ def test_the_agents_start_line_says_no_gpus_in_words_and_a_cpu_model_is_on_its_c
     from console.cli_models import model_human
 
     assert gpus_said("none", "no GPUs (lab.yaml says gpus: none)") == "no GPUs (lab.yaml says gpus: none)"
+    assert gpus_said("nvml", "no NVIDIA GPUs: the driver reports none") == "no NVIDIA GPUs: the driver reports none"
     assert gpus_said("nvml", None) == "nvml GPUs: ok" and gpus_said("sim", "ok") == "sim GPUs: ok"
     cpu = ModelInfo(name="tiny", machine="box", engine="transformers", state="warm", since=0.0, gpus=[])
     assert model_human(cpu).startswith("tiny on box CPU: "), model_human(cpu)

@@ -99,7 +99,7 @@ def wire(value: Any) -> Any:
 
 def gpus_said(backend: str, status: str | None) -> str:
     """The GPUs in the agent's start line: "nvml GPUs: ok", or why there are none (never "none GPUs")."""
-    if backend == "none":
+    if backend == "none" or (status or "").startswith("no "):  # "no NVIDIA GPUs: <reason>" says it already
         return status or "no GPUs"
     return f"{backend} GPUs: {status or 'ok'}"
 

@@ -318,3 +318,23 @@ def test_upstream_errors_take_openais_shape():
     assert page["error"]["type"] == "server_error" and page["error"]["message"].startswith("cloud answered 502: <html>")
     openai_shaped = b'{"error":{"message":"x","type":"invalid_request_error","param":null,"code":null}}'
     assert upstream_error(openai_shaped, 400, "cloud") == openai_shaped
+
+
+async def test_the_connection_cap_is_bounded_whatever_the_fd_limit_and_holds_for_ssh_forwards_too(tmp_path):
+    import resource
+    from types import SimpleNamespace
+
+    from agents.gateway.limits import FD_SHARE, MAX_CONNECTIONS, connection_cap
+    from agents.gateway.server import GatewayHttp
+    from agents.wire.lab.gateway import GatewayPolicies
+
+    assert connection_cap(None, 1024) == 1024 // FD_SHARE
+    assert connection_cap(None, 1_048_576) == MAX_CONNECTIONS == connection_cap(None, resource.RLIM_INFINITY)
+    assert connection_cap(7, 1_048_576) == 7  # lab.yaml's figure wins
+    policies = GatewayPolicies(max_connections=40)
+    http = GatewayHttp(SimpleNamespace(keys=None, meter=None, policies=policies))
+    session = http.session_for(SimpleNamespace(unix_socket=str(tmp_path / "forward.sock")))
+    try:
+        assert session.connector.limit == 40  # the forward's upstream connections: the same cap, not unbounded
+    finally:
+        await session.close()

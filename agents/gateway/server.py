@@ -51,6 +51,7 @@ class GatewayHttp:
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
         self.gate: ConnectionGate | None = None
+        self.cap = connection_cap(gateway.policies.max_connections)  # the one cap: client connections and upstream ones
         self.listener: asyncio.Server | None = None
         self.holds = Reservations(gateway.keys, gateway.meter, gateway.policies)
         self.fanout = Fanout(self)
@@ -65,7 +66,7 @@ class GatewayHttp:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/orchestra/chat/completions", self.fanout.answer)
         policies = self.gw.policies
-        cap = connection_cap(policies.max_connections)
+        cap = self.cap
         # many streams at once to few engines: no per-host cap below the gateway's own; as many as its own connections
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=cap, limit_per_host=0, ttl_dns_cache=300), auto_decompress=False
@@ -104,7 +105,7 @@ class GatewayHttp:
         session = self.tunnel_sessions.get(target.unix_socket)
         if session is None:
             session = self.tunnel_sessions[target.unix_socket] = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=target.unix_socket, limit=0, limit_per_host=0), auto_decompress=False
+                connector=aiohttp.UnixConnector(path=target.unix_socket, limit=self.cap, limit_per_host=0), auto_decompress=False
             )
         return session
 

@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.demo:
             from agents.runtime.demo import shown_path
-            from console.demo import DemoProcess, default_demo_dir
+            from console.demo import DemoProcess, default_demo_dir, describe_gateway
 
             demo = DemoProcess(default_demo_dir(), source=Path(args.lab) if args.lab else None)
             print(
@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             demo.start()
             demo_started = True
+            # said before the screen takes the terminal (it stays in the scrollback) and again on quit
+            print(describe_gateway(demo.dir, demo.lab_path, demo.source), end="", flush=True)
             lab = load_lab(demo.lab_path)
         else:
             lab = load_lab(find_lab(args.lab))
@@ -205,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         if demo is not None:
             demo.stop()
         if demo is not None and demo_started:
-            from console.demo import demo_quit_message
+            from console.demo import demo_quit_message, describe_gateway
 
-            print(demo_quit_message(demo.dir), flush=True)
+            print(demo_quit_message(demo.dir, describe_gateway(demo.dir, demo.lab_path, demo.source, try_line=False)), flush=True)
     return 0
 
 

@@ -57,7 +57,7 @@ def merge_trails(results: Mapping[str, Any], limit: int) -> dict[str, Any]:
 def refusals_line(refusals: list[tuple[str, AuditRefusal]], shown: int = 3) -> str:
     """The refused calls in one line: how many, then the newest groups (who, role, method, count)."""
     if not refusals:
-        return "no refused calls"
+        return "no calls refused for want of a role"
     total = sum(r.count for _, r in refusals)
     groups = ", ".join(f"{r.who} ({r.role}) {r.method} ×{r.count} on {machine}" for machine, r in refusals[:shown])
     more = f" and {len(refusals) - shown} more" if len(refusals) > shown else ""

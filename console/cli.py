@@ -185,7 +185,7 @@ async def cmd_status(ctx: Context) -> int:
 
 async def cmd_demo(args: argparse.Namespace) -> int:
     from agents.runtime.demo import demo_cli_line
-    from console.demo import DemoProcess, default_demo_dir, describe_gateway, describe_notify
+    from console.demo import DemoProcess, default_demo_dir, demo_quit_message, describe_gateway, describe_notify
 
     demo = DemoProcess(
         Path(args.dir) if args.dir else default_demo_dir(), scale=args.scale, agents_per_process=args.agents_per_process
@@ -201,11 +201,13 @@ async def cmd_demo(args: argparse.Namespace) -> int:
             print(f"cetlab: {exc}", file=sys.stderr)
             return EXIT_FAILED
         print(f"demo lab running: {demo.lab_path}\n  try: {demo_cli_line(demo.dir)}", flush=True)
-        described = describe_gateway(demo.dir, demo.lab_path) + describe_notify(demo.dir, demo.lab_path)
+        described = describe_gateway(demo.dir, demo.lab_path, demo.source) + describe_notify(demo.dir, demo.lab_path)
         print(described + "  stop with Ctrl-C", flush=True)
         await stop.wait()
     finally:
         await asyncio.to_thread(demo.stop)
+    # the start lines have scrolled away by now: where the gateway was, for the next start's clients
+    print(demo_quit_message(demo.dir, describe_gateway(demo.dir, demo.lab_path, demo.source, try_line=False)), flush=True)
     return EXIT_OK
 
 

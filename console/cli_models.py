@@ -149,7 +149,9 @@ def rotation_human(data: dict[str, Rotation], now: float | None = None, models_o
         sets, last = rotation.plan, rotation.last
 
         def own(names: list[str]) -> str:
-            return ", ".join(n for n in names if models_on is None or n in models_on.get(machine, set())) or "none of its models"
+            return ", ".join(n for n in names if models_on is None or n in models_on.get(machine, set())) or (
+                f"it has none of {machine}'s models"
+            )
 
         if rotation.running and rotation.index is not None:  # the index moves when a rotation starts
             lines.append(
@@ -181,7 +183,8 @@ def rotation_human(data: dict[str, Rotation], now: float | None = None, models_o
 
 
 def model_human(m: ModelInfo) -> str:
-    line = f"{m.name} on {m.machine} GPU {','.join(map(str, m.gpus)) or 'cpu'}: {state_text(m)}"
+    where = f"GPU {','.join(map(str, m.gpus))}" if m.gpus else "CPU"
+    line = f"{m.name} on {m.machine} {where}: {state_text(m)}"
     if m.endpoint and m.state == ModelState.WARM:
         line += f"  {m.endpoint} (model name: {m.served_name or m.name})"
     if m.error is not None:

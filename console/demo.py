@@ -16,6 +16,7 @@ from pathlib import Path
 from platformdirs import user_state_path
 
 from agents.runtime.demo import (
+    ANY_GATEWAY_PORT_ENV,
     FAILED,
     GATEWAY_KEY_FILE,
     LAB_FILE,
@@ -59,11 +60,12 @@ def demo_cli_hint(lab_path: Path | None) -> str | None:
     return demo_cli_line(lab_path.parent)
 
 
-def demo_quit_message(directory: Path) -> str:
-    """What the console prints when the demo stops: where its lab is kept and how to reach it again."""
+def demo_quit_message(directory: Path, gateway: str = "") -> str:
+    """What the console prints when the demo stops: where its lab is kept, where its gateway was (``gateway``:
+    describe_gateway's lines) and how to reach it again."""
     return (
         f"the demo lab stopped; its lab file, runs and checkpoints stay in {shown_path(directory)}/ for the next `make demo`.\n"
-        f"  headless: {cli_program()} demo, then in another terminal: {demo_cli_line(directory)}"
+        f"{gateway}  headless: {cli_program()} demo, then in another terminal: {demo_cli_line(directory)}"
     )
 
 
@@ -75,15 +77,23 @@ def is_demo_source(lab_path: Path) -> bool:
         return False
 
 
-def describe_gateway(directory: Path, lab_path: Path) -> str:
-    """Where the demo's gateway listens and where its key is, with a curl to try ('' without a gateway)."""
+def describe_gateway(directory: Path, lab_path: Path, source: Path | None = None, try_line: bool = True) -> str:
+    """Where the demo's gateway listens and where its key is, and why its port is not the one the source lab
+    (``source``) names when it is not; with a curl to try ('' without a gateway)."""
     gateway = load_lab(lab_path).gateway
     key_file = directory / GATEWAY_KEY_FILE
     if gateway is None or not key_file.exists():
         return ""
+    named = load_lab(source).gateway if source is not None else None
+    why = ""
+    if named is not None and named.port and named.port != gateway.port:
+        because = f"{ANY_GATEWAY_PORT_ENV} is set" if os.environ.get(ANY_GATEWAY_PORT_ENV) else "it was taken"
+        why = f"; not lab.yaml's port {named.port}: {because}"
+    said = f"  gateway: {gateway.url} (key in {key_file}{why})\n"
+    if not try_line:
+        return said
     return (
-        f"  gateway: {gateway.url} (key in {key_file})\n"
-        f'  try: curl -s {gateway.url}/chat/completions -H "Authorization: Bearer $(cat {key_file})" '
+        said + f'  try: curl -s {gateway.url}/chat/completions -H "Authorization: Bearer $(cat {key_file})" '
         f'-H \'Content-Type: application/json\' -d \'{{"model": "phi-3-mini", "messages": [{{"role": "user", "content": "hi"}}]}}\'\n'
     )
 

@@ -214,6 +214,34 @@ async def test_the_help_screen_shows_the_cli_line_of_a_demo_lab(tmp_path):
             assert "The CLI on this demo lab" in text and f"--lab {demo.lab_path} status" in text, text
 
 
+async def test_the_audit_views_two_counts_agree_in_their_words():
+    from console.screens.audit import AuditScreen
+
+    state = frozen_state()
+    app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
+    base = {"who": "ops", "role": "operator", "params": "{}", "message": None, "duration_s": 0.1}
+    entries = [
+        {**base, "id": 1, "t": FROZEN_NOW - 5, "method": "models.warm", "outcome": "ok"},
+        {**base, "id": 2, "t": FROZEN_NOW - 4, "method": "models.sleep", "outcome": "conflict", "message": "no sleep mode"},
+    ]
+
+    async def call(machine, method, params=None, timeout=None):
+        mine = entries if machine == "m5" else []
+        return {"machine": machine, "total": len(mine), "entries": mine, "refusals": []}
+
+    async with app.run_test(size=(160, 50)) as pilot:
+        app.client.call = call
+        await until_drawn(pilot)
+        await pilot.press("colon", *"audit", "enter")
+        screen = await wait_for(lambda: isinstance(app.screen, AuditScreen) and app.screen)
+        screen.action_fetch()
+        summary = screen.query_one("#audit-summary")
+        await wait_for(lambda: "2 operator actions" in str(summary.render()))
+        text = str(summary.render())
+        # the action the agent refused is a failed action; "refused calls" are only those a key's role did not allow
+        assert "(1 failed)" in text and "no calls refused for want of a role" in text and "no refused calls" not in text, text
+
+
 async def test_the_audit_view_shows_the_refused_calls_the_agents_count():
     from console.screens.audit import AuditScreen
 

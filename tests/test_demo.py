@@ -31,6 +31,31 @@ def test_prepare_writes_a_complete_lab(tmp_path):
     assert (tmp_path / "d" / "demo" / "train.jsonl").exists()  # the demo recipe's assets travel with it
 
 
+def test_the_demo_says_its_gateways_url_and_key_and_why_the_port_is_not_lab_yamls(tmp_path, monkeypatch):
+    from agents.runtime.demo import ANY_GATEWAY_PORT_ENV
+    from console.demo import bundled_lab, demo_quit_message, describe_gateway
+
+    named = load_lab(bundled_lab()).gateway
+    assert named is not None
+    monkeypatch.delenv(ANY_GATEWAY_PORT_ENV, raising=False)
+    with socket.socket() as taken:  # lab.yaml's port held by someone else: the demo takes another and says why
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            taken.bind(("127.0.0.1", named.port))
+        except OSError:
+            pass  # already taken by another: the same case
+        taken.listen()
+        directory = tmp_path / "d"
+        lab_path = DemoLab(directory).prepare()
+    gateway = load_lab(lab_path).gateway
+    assert gateway is not None and gateway.port != named.port
+    said = describe_gateway(directory, lab_path, bundled_lab())
+    key = directory / GATEWAY_KEY_FILE
+    assert f"gateway: {gateway.url} (key in {key}; not lab.yaml's port {named.port}: it was taken)" in said, said
+    quit_text = demo_quit_message(directory, describe_gateway(directory, lab_path, bundled_lab(), try_line=False))
+    assert f"gateway: {gateway.url} (key in {key}" in quit_text and "try: curl" not in quit_text, quit_text
+
+
 def test_scale_emulates_machines_of_eight_gpus(tmp_path):
     lab = load_lab(DemoLab(tmp_path / "s", scale=3).prepare())
     assert [m.name for m in lab.machines] == ["node000", "node001", "node002"]
@@ -83,7 +108,7 @@ def test_cetlab_demo_runs_the_lab_in_its_own_process_until_ctrl_c(tmp_path):
         assert f"demo lab running: {directory / 'lab.yaml'}" in said
         lab = load_lab(directory / "lab.yaml")
         assert lab.gateway is not None
-        assert f"gateway: {lab.gateway.url} (key in {directory / GATEWAY_KEY_FILE})" in said
+        assert f"gateway: {lab.gateway.url} (key in {directory / GATEWAY_KEY_FILE}" in said
         assert (directory / GATEWAY_KEY_FILE).read_text().strip()
         assert not folder_free(directory)  # held by the demo's process, not by `cetlab demo` itself
         status = subprocess.run(
@@ -93,9 +118,13 @@ def test_cetlab_demo_runs_the_lab_in_its_own_process_until_ctrl_c(tmp_path):
             timeout=120,
         )
         assert [m["online"] for m in json.loads(status.stdout)["machines"]] == [True] * len(lab.machines)
+        assert "not lab.yaml's port 8400: CETLAB_DEMO_ANY_GATEWAY_PORT is set" in said, said  # tests run with it set
     finally:
         process.send_signal(signal.SIGINT)  # Ctrl-C
         assert process.wait(timeout=60) == 0
+    assert process.stdout is not None
+    after = process.stdout.read()
+    assert "the demo lab stopped" in after and f"gateway: {lab.gateway.url} (key in" in after, after  # said again on quit
     assert folder_free(directory)  # its process stopped the agents and let the folder go
     for machine in lab.machines:
         with pytest.raises(OSError):

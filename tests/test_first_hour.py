@@ -527,7 +527,7 @@ def test_a_rotation_line_names_the_machines_own_models_of_the_set():
     text = rotation_human(
         {"workstation": typed, "irina": typed}, now=1000.0, models_on={"workstation": {"tiny"}, "irina": {"mistral", "phi"}}
     )
-    assert "workstation: rotated to set 2 of 2 (none of its models) in 0.1 s" in text, text
+    assert "workstation: rotated to set 2 of 2 (it has none of workstation's models) in 0.1 s" in text, text
     assert "irina: rotated to set 2 of 2 (mistral, phi) in 0.1 s" in text, text
 
 
@@ -686,3 +686,16 @@ async def test_the_machine_detail_gives_its_charts_the_rows_it_has():
         await pilot.pause()
         heights = [chart.size.height for chart in screen.query("ScaleChart")]
         assert heights and min(heights) >= 6, heights
+
+
+def test_the_agents_start_line_says_no_gpus_in_words_and_a_cpu_model_is_on_its_cpu():
+    from agents.shell.agent import gpus_said
+    from agents.wire.sections.models import ModelInfo
+    from console.cli_models import model_human
+
+    assert gpus_said("none", "no GPUs (lab.yaml says gpus: none)") == "no GPUs (lab.yaml says gpus: none)"
+    assert gpus_said("nvml", "no NVIDIA GPUs: the driver reports none") == "no NVIDIA GPUs: the driver reports none"
+    assert gpus_said("nvml", None) == "nvml GPUs: ok" and gpus_said("sim", "ok") == "sim GPUs: ok"
+    cpu = ModelInfo(name="tiny", machine="box", engine="transformers", state="warm", since=0.0, gpus=[])
+    assert model_human(cpu).startswith("tiny on box CPU: "), model_human(cpu)
+    assert model_human(cpu.model_copy(update={"gpus": [0, 1]})).startswith("tiny on box GPU 0,1: ")

@@ -272,6 +272,41 @@ async def _op_is(fleet: FleetClient, name: str, op: str) -> bool:
     return (await states(fleet, "node"))[name]["op"] == op
 
 
+async def test_ids_are_openais_for_each_route_and_a_chat_without_good_messages_is_refused(sdk, sdk_lab):
+    answer = await sdk.chat.completions.create(model="chatty", messages=MESSAGES, max_tokens=2)
+    text = await sdk.completions.create(model="chatty", prompt="once", max_tokens=2)
+    assert answer.id.startswith("chatcmpl-") and text.id.startswith("cmpl-") and not text.id.startswith("chatcmpl-")
+    pieces = [p async for p in await sdk.completions.create(model="chatty", prompt="abc", max_tokens=2, stream=True)]
+    assert pieces and all(p.id.startswith("cmpl-") for p in pieces)
+    lab = load_lab(sdk_lab.lab_path)
+    key = (sdk_lab.dir / "console" / "gateway.key").read_text().strip()
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
+        for messages, param in (
+            (None, "messages"),
+            ("hello", "messages"),
+            ([], "messages"),
+            (["hello"], "messages[0]"),
+            ([{"content": "hi"}], "messages[0].role"),
+            ([{"role": "user", "content": "hi"}, {"role": 3}], "messages[1].role"),
+        ):
+            body = {"model": "chatty", "max_tokens": 2, **({} if messages is None else {"messages": messages})}
+            async with session.post(lab.gateway.url + "/chat/completions", json=body) as r:
+                error = json.loads(await r.read())["error"]
+            assert r.status == 400 and error["param"] == param and error["type"] == "invalid_request_error", (messages, error)
+            assert f"'{param}" in error["message"]
+
+
+def test_a_llama_server_completions_id_gets_openais_prefix_through_the_gateway():
+    from agents.gateway.openai_api import StreamRewriter, rewrite_answer
+
+    answer = b'{"id":"chatcmpl-abc","object":"text_completion","model":"m.gguf","choices":[]}'  # llama-server's own form
+    assert json.loads(rewrite_answer(answer, "small", chat=False))["id"] == "cmpl-abc"
+    assert json.loads(rewrite_answer(answer, "small", chat=True))["id"] == "chatcmpl-abc"
+    assert json.loads(rewrite_answer(b'{"id":"msg_1","model":"x"}', "small", chat=True))["id"] == "msg_1"  # a provider's
+    out = StreamRewriter("small", wants_usage=False, chat=False).feed(b'data: {"id":"chatcmpl-9","model":"m","choices":[]}\n\n')
+    assert json.loads(out.removeprefix(b"data: "))["id"] == "cmpl-9"
+
+
 def test_upstream_errors_take_openais_shape():
     from agents.gateway.openai_api import upstream_error
 
@@ -283,3 +318,23 @@ def test_upstream_errors_take_openais_shape():
     assert page["error"]["type"] == "server_error" and page["error"]["message"].startswith("cloud answered 502: <html>")
     openai_shaped = b'{"error":{"message":"x","type":"invalid_request_error","param":null,"code":null}}'
     assert upstream_error(openai_shaped, 400, "cloud") == openai_shaped
+
+
+async def test_the_connection_cap_is_bounded_whatever_the_fd_limit_and_holds_for_ssh_forwards_too(tmp_path):
+    import resource
+    from types import SimpleNamespace
+
+    from agents.gateway.limits import FD_SHARE, MAX_CONNECTIONS, connection_cap
+    from agents.gateway.server import GatewayHttp
+    from agents.wire.lab.gateway import GatewayPolicies
+
+    assert connection_cap(None, 1024) == 1024 // FD_SHARE
+    assert connection_cap(None, 1_048_576) == MAX_CONNECTIONS == connection_cap(None, resource.RLIM_INFINITY)
+    assert connection_cap(7, 1_048_576) == 7  # lab.yaml's figure wins
+    policies = GatewayPolicies(max_connections=40)
+    http = GatewayHttp(SimpleNamespace(keys=None, meter=None, policies=policies))
+    session = http.session_for(SimpleNamespace(unix_socket=str(tmp_path / "forward.sock")))
+    try:
+        assert session.connector.limit == 40  # the forward's upstream connections: the same cap, not unbounded
+    finally:
+        await session.close()

@@ -12,6 +12,7 @@ import psutil
 import pytest
 import yaml
 
+from agents.runtime.demo import ANY_GATEWAY_PORT_ENV
 from agents.runtime.keys import ensure_key
 from agents.runtime.peers import PEER_KEY_NAME
 from agents.shell.demo.lab import DemoLab
@@ -169,7 +170,7 @@ def test_the_demo_keeps_lab_yamls_gateway_port_when_it_is_free(tmp_path, monkeyp
 
     from agents.shell.demo import gateway as gateway_demo
 
-    monkeypatch.delenv(gateway_demo.ANY_PORT_ENV, raising=False)
+    monkeypatch.delenv(ANY_GATEWAY_PORT_ENV, raising=False)
     ports = iter(range(20000, 20100))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -189,6 +189,7 @@ async def test_sim_llamacpp_holds_llama_servers_contract(run_pool):
         await client.call("box", "models.warm", {"model": "p40-7b"})
         info = await settle(client, "p40-7b", ("warm", "failed"))
         assert info["state"] == "warm" and info["simulated"] is True and info["engine"] == "sim-llamacpp"
+        assert info["can_sleep"] is False  # the console refuses `s` on it before asking
         base = info["endpoint"].removesuffix("/v1")
         status, answer = await asyncio.to_thread(
             post, info["endpoint"], "/v1/completions", {"model": "p40-7b", "prompt": "hi", "max_tokens": 5}

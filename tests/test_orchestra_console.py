@@ -209,6 +209,21 @@ async def test_w_on_a_warm_model_says_so_and_s_on_a_pinned_one_says_so_before_as
         assert calls == [] and not any(n.message.startswith("warming") for n in app.notices)
 
 
+async def test_s_on_a_model_whose_engine_cannot_sleep_says_so_and_names_cold_before_asking():
+    app = frozen_pool_app([{"name": "mistral-7b-q4", "state": "warm", "engine": "llamacpp", "can_sleep": False}])
+    calls = []
+    async with app.run_test(size=(160, 50)) as pilot:
+        app.client.call = lambda *args, **kwargs: calls.append(args)
+        await until_drawn(pilot)
+        await pilot.press("colon", *"models", "enter")
+        await until_drawn(pilot, ModelsScreen)
+        table = app.screen.query_one(OrchestraTable)
+        table.move_cursor(row=table.get_row_index("irina/mistral-7b-q4"))
+        await pilot.press("s")
+        await wait_for(lambda: any("has no sleep mode: stop it with c (cold)" in n.message for n in app.notices))
+        assert isinstance(app.screen, ModelsScreen) and calls == []  # no y/n, no call
+
+
 async def test_shift_r_rotates_now_after_a_question():
     app = frozen_pool_app([{"name": "warm-one", "state": "warm"}])
     rotation = {"plan": [["warm-one"], ["other"]], "index": 0, "next_set": ["other"], "overhead_pct": 0.1, "target_pct": 1.0}
@@ -250,7 +265,8 @@ def test_rotation_figures_are_per_machine_in_human_durations():
     assert m5.startswith("[b]m5[/b] rotation: not rotated yet (2 sets) · next in 1m30s") and "0.012%[/] of 24h00m" in m5, m5
     # each machine's line names its own models of the next set, not the lab-wide set
     irina, m5 = rotation_text(rotations, now, {"irina": {"a"}, "m5": {"c", "d"}}).splitlines()
-    assert "→ none of its models ·" in irina and "→ c ·" in m5, (irina, m5)
+    assert ": the next set has none of irina's models ·" in irina and "→ c ·" in m5, (irina, m5)
+    assert "→" not in irina
 
 
 def test_model_details_say_the_window_of_tokens_per_s():

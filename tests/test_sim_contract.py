@@ -129,6 +129,15 @@ def test_sampling_parameters_are_checked_as_vllm_does(sim, body, message):
     assert status == 400 and message in answer["error"]["message"] and answer["error"]["type"] == "BadRequestError"
 
 
+def test_ids_have_vllms_prefix_for_each_route(sim):
+    assert sim.post("/v1/chat/completions", chat())[1]["id"].startswith("chatcmpl-")
+    assert sim.post("/v1/completions", {"model": "sim", "prompt": "hi", "max_tokens": 2})[1]["id"].startswith("cmpl-")
+    status, chunks = sim.post("/v1/completions", {"model": "sim", "prompt": "hi", "max_tokens": 2, "stream": True})
+    assert status == 200 and chunks and all(c["id"].startswith("cmpl-") for c in chunks)
+    status, chunks = sim.post("/v1/chat/completions", chat(stream=True))
+    assert status == 200 and chunks and all(c["id"].startswith("chatcmpl-") for c in chunks)
+
+
 def test_n_stop_and_seed_are_honoured(sim):
     status, answer = sim.post("/v1/chat/completions", chat(max_tokens=6, n=2, seed=7))
     assert status == 200 and [c["index"] for c in answer["choices"]] == [0, 1]

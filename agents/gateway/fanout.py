@@ -17,7 +17,7 @@ from agents.gateway.keys import ApiKey
 from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
 from agents.gateway.limits import UpstreamTooLarge
 from agents.gateway.metering import Record
-from agents.gateway.openai_api import OrchestraBody, checked_body, error_response, max_wait
+from agents.gateway.openai_api import OrchestraBody, checked_body, error_response, max_wait, messages_problem
 from agents.gateway.router import NotServable, Target
 from agents.wire.lab.gateway import MAX_GROUP_MEMBERS
 
@@ -76,6 +76,9 @@ class Fanout:
             if deadline_s is None:
                 deadline_s = _deadline(body.get("deadline_s"), self.http.gw.policies.queue_timeout_s)
             read_lengths(body, self.http.gw.policies.max_tokens)
+            problem = messages_problem(body)
+            if problem is not None:
+                raise NotServable(400, problem[0], problem[2], param=problem[1])
             self.http.holds.enter(request["key"])
         except NotServable as exc:
             return error_response(exc.status, exc.message, exc.code, exc.retry_after_s, param=exc.param)

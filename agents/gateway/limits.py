@@ -29,12 +29,13 @@ REFUSED = (
 )
 
 
-def connection_cap(configured: int | None) -> int:
-    """`gateway.policies.max_connections`, else the gateway's share of the process's fd limit, so the SSH port and
-    the tick always keep theirs."""
+def connection_cap(configured: int | None, fd_limit: int | None = None) -> int:
+    """`gateway.policies.max_connections`, else the gateway's share of the process's fd limit (``fd_limit``: its soft
+    RLIMIT_NOFILE), so the SSH port and the tick always keep theirs; never more than MAX_CONNECTIONS, whatever
+    `ulimit -n` says (a million fds is no reason for 131,072 connections)."""
     if configured is not None:
         return configured
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if fd_limit is None else fd_limit
     if soft == resource.RLIM_INFINITY:
         return MAX_CONNECTIONS
     return max(MIN_CONNECTIONS, min(MAX_CONNECTIONS, soft // FD_SHARE))

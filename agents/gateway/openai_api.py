@@ -109,6 +109,38 @@ def parameter_problem(body: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def messages_problem(body: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(message, param, code) as OpenAI words its 400 for a chat body whose `messages` is missing or not a list of
+    objects with a role, or None; refused here, not passed to an engine that may take it apart another way."""
+    messages = body.get("messages")
+    if messages is None:
+        return "Missing required parameter: 'messages'.", "messages", "missing_required_parameter"
+    if not isinstance(messages, list):
+        return "Invalid type for 'messages': expected an array of objects.", "messages", "invalid_type"
+    if not messages:
+        return "Invalid 'messages': empty array. Expected an array with minimum length 1.", "messages", "empty_array"
+    for index, message in enumerate(messages):
+        param = f"messages[{index}]"
+        if not isinstance(message, dict):
+            return f"Invalid type for '{param}': expected an object.", param, "invalid_type"
+        if "role" not in message:
+            return f"Missing required parameter: '{param}.role'.", f"{param}.role", "missing_required_parameter"
+        if not isinstance(message["role"], str):
+            return f"Invalid type for '{param}.role': expected a string.", f"{param}.role", "invalid_type"
+    return None
+
+
+def openai_id(value: object, chat: bool) -> object:
+    """An answer's id with OpenAI's prefix for its route (chatcmpl- for chat, cmpl- for completions): llama-server
+    says chatcmpl- for both. An id with neither prefix (a provider's own form) stays as it is."""
+    if not isinstance(value, str):
+        return value
+    for prefix in ("chatcmpl-", "cmpl-"):
+        if value.startswith(prefix):
+            return ("chatcmpl-" if chat else "cmpl-") + value.removeprefix(prefix)
+    return value
+
+
 def client_wants_usage(body: dict[str, Any]) -> bool:
     options = body.get("stream_options")
     return isinstance(options, dict) and options.get("include_usage") is True
@@ -120,8 +152,9 @@ def upstream_stream_body(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
 
 
-def rewrite_answer(raw: bytes, client_model: str) -> bytes:
-    """A JSON answer with `model` set to the client's name for it (never a path or an upstream name)."""
+def rewrite_answer(raw: bytes, client_model: str, chat: bool) -> bytes:
+    """A JSON answer with `model` set to the client's name for it (never a path or an upstream name) and its id
+    prefixed as OpenAI prefixes the route's."""
     try:
         data = json.loads(raw)
     except ValueError:
@@ -129,6 +162,8 @@ def rewrite_answer(raw: bytes, client_model: str) -> bytes:
     if not isinstance(data, dict) or "model" not in data:
         return raw
     data["model"] = client_model
+    if "id" in data:
+        data["id"] = openai_id(data["id"], chat)
     return json.dumps(data, separators=(",", ":")).encode()
 
 
@@ -152,7 +187,8 @@ def upstream_error(raw: bytes, status: int, where: str) -> bytes:
 
 
 class StreamRewriter:
-    """Rewrites an upstream SSE stream event by event: `model` as the client asked, `delta.role` in each choice's
+    """Rewrites an upstream SSE stream event by event: `model` as the client asked, the id's prefix as OpenAI's for
+    the route, `delta.role` in each choice's
     first chat chunk, usage kept for the meter and passed on only to a client that asked for it."""
 
     def __init__(self, client_model: str, wants_usage: bool, chat: bool):
@@ -207,6 +243,8 @@ class StreamRewriter:
             del data["usage"]
         if "model" in data:
             data["model"] = self.client_model
+        if "id" in data:
+            data["id"] = openai_id(data["id"], self.chat)
         return b"data: " + json.dumps(data, separators=(",", ":")).encode()
 
 

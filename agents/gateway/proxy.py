@@ -79,7 +79,7 @@ async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body:
     if response.status == 200 and isinstance(outcome.data, dict):
         _usage(outcome, outcome.data.get("usage"))
         if isinstance(body.get("model"), str):
-            outcome.raw = rewrite_answer(raw, body["model"])
+            outcome.raw = rewrite_answer(raw, body["model"], chat=path.endswith("chat/completions"))
     else:
         outcome.raw, outcome.content_type = upstream_error(raw, response.status, target.where), "application/json"
         outcome.error = f"{target.where} answered {response.status}"
@@ -112,7 +112,7 @@ async def stream(
                     _usage(outcome, json.loads(raw).get("usage"))
                 except (ValueError, AttributeError):
                     pass
-                raw = rewrite_answer(raw, client_model)
+                raw = rewrite_answer(raw, client_model, chat=path.endswith("chat/completions"))
                 content_type = upstream.content_type
             else:
                 raw, content_type = upstream_error(raw, upstream.status, target.where), "application/json"

@@ -18,7 +18,15 @@ from agents.gateway.keys import ApiKey, QuotaExceeded
 from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
 from agents.gateway.limits import ConnectionGate, UpstreamTooLarge, connection_cap, quiet_factory
 from agents.gateway.metering import Record
-from agents.gateway.openai_api import RoutedBody, checked_body, error_response, is_model_name, max_wait, parameter_problem
+from agents.gateway.openai_api import (
+    RoutedBody,
+    checked_body,
+    error_response,
+    is_model_name,
+    max_wait,
+    messages_problem,
+    parameter_problem,
+)
 from agents.gateway.reservation import Hold, Reservations
 from agents.gateway.router import NotServable, Target
 from agents.wire.lab.gateway import find_provider_model
@@ -43,6 +51,7 @@ class GatewayHttp:
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
         self.gate: ConnectionGate | None = None
+        self.cap = connection_cap(gateway.policies.max_connections)  # the one cap: client connections and upstream ones
         self.listener: asyncio.Server | None = None
         self.holds = Reservations(gateway.keys, gateway.meter, gateway.policies)
         self.fanout = Fanout(self)
@@ -57,7 +66,7 @@ class GatewayHttp:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/orchestra/chat/completions", self.fanout.answer)
         policies = self.gw.policies
-        cap = connection_cap(policies.max_connections)
+        cap = self.cap
         # many streams at once to few engines: no per-host cap below the gateway's own; as many as its own connections
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=cap, limit_per_host=0, ttl_dns_cache=300), auto_decompress=False
@@ -96,7 +105,7 @@ class GatewayHttp:
         session = self.tunnel_sessions.get(target.unix_socket)
         if session is None:
             session = self.tunnel_sessions[target.unix_socket] = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=target.unix_socket, limit=0, limit_per_host=0), auto_decompress=False
+                connector=aiohttp.UnixConnector(path=target.unix_socket, limit=self.cap, limit_per_host=0), auto_decompress=False
             )
         return session
 
@@ -222,6 +231,9 @@ class GatewayHttp:
             problem = parameter_problem(body)
             if problem is not None:
                 raise NotServable(400, problem[0], "invalid_parameter", param=problem[1])
+            chat_problem = messages_problem(body) if path.endswith("chat/completions") else None
+            if chat_problem is not None:
+                raise NotServable(400, chat_problem[0], chat_problem[2], param=chat_problem[1])
             record.stream = body.get("stream") is True
             if known:  # an unknown name gets no figures of its own (and its 404 below)
                 record.model = self.gw.router.canonical(model)

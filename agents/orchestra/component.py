@@ -280,6 +280,7 @@ class OrchestraComponent:
             served_name=engine.served_name if engine is not None else (slot.model.served_name or slot.model.name),
             adapters=sorted(engine.adapters) if engine is not None else [],
             pinned=slot.pinned,
+            can_sleep=engine_spec(slot.model.engine).can_sleep,
             op=slot.op_name if slot.busy else None,
             progress=slot.progress,
             error=slot.error,

@@ -193,7 +193,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(
                 200,
                 {
-                    "id": f"cmpl-sim-{time.time_ns()}",
+                    "id": f"{'chatcmpl' if chat else 'cmpl'}-sim-{time.time_ns()}",  # vLLM's (and OpenAI's) prefixes
                     "object": "chat.completion" if chat else "text_completion",
                     "created": int(time.time()),
                     "model": state.name,
@@ -253,7 +253,7 @@ class Handler(BaseHTTPRequestHandler):
         choice, each choice's finish, usage last when asked, then [DONE]."""
         state = self.state
         stamp = {
-            "id": f"cmpl-sim-{time.time_ns()}",
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-sim-{time.time_ns()}",  # vLLM's (and OpenAI's) prefixes
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()),
             "model": state.name,

@@ -13,6 +13,8 @@ from pathlib import Path
 LAB_FILE = "lab.yaml"  # DIR/lab.yaml: the client-side lab, with this start's ports and keys
 LOCK_NAME = "demo.lock"  # held by the demo's process while its agents run; holds its pid
 GATEWAY_KEY_FILE = "console/gateway.key"  # the demo's gateway API key (mode 600)
+# set: the demo's gateway takes a free port even where lab.yaml's is free (tests, many demos at once)
+ANY_GATEWAY_PORT_ENV = "CETLAB_DEMO_ANY_GATEWAY_PORT"
 NOTIFICATIONS_FILE = "notifications.jsonl"  # what the simulated webhook receiver got, one JSON line each
 
 # The demo's process prints exactly one of these on its stdout: READY once every agent accepts connections, FAILED with

@@ -97,6 +97,13 @@ def wire(value: Any) -> Any:
     return value
 
 
+def gpus_said(backend: str, status: str | None) -> str:
+    """The GPUs in the agent's start line: "nvml GPUs: ok", or why there are none (never "none GPUs")."""
+    if backend == "none" or (status or "").startswith("no "):  # "no NVIDIA GPUs: <reason>" says it already
+        return status or "no GPUs"
+    return f"{backend} GPUs: {status or 'ok'}"
+
+
 class Agent:
     def __init__(
         self,
@@ -189,7 +196,7 @@ class Agent:
             self._acceptor = await server.listen(self, self.listen_addr[0], self.listen_addr[1], host_key, authorized)
         self._unix_server = await channel.listen_unix(self, self.unix_socket)
         log.info(
-            "agent for %s listening on %s (%s GPUs: %s)",
+            "agent for %s listening on %s (%s)",
             self.machine.name,
             " and ".join(
                 where
@@ -199,8 +206,7 @@ class Agent:
                 )
                 if up
             ),
-            self.gpus.backend,
-            self.gpus.status or "ok",
+            gpus_said(self.gpus.backend, self.gpus.status),
         )
 
     async def start_components(self) -> None:

@@ -86,7 +86,7 @@ class AuditScreen(LabScreen):
         unavailable = "".join(f" · {esc(m)}: {esc(why)}" for m, why in trail.unavailable.items())
         self.query_one("#audit-summary", Static).update(
             shown(
-                f"[b]{len(trail.entries)} operator actions[/b] ({failed} refused or failed) · "
+                f"[b]{len(trail.entries)} operator actions[/b] ({failed} failed) · "
                 f"showing {'errors only' if self.errors_only else 'all'} · [b]e[/b] errors only · [b]r[/b] refresh{unavailable}\n"
                 + esc(refusals_line(trail.refusals))
             )

@@ -50,8 +50,7 @@ def rotation_text(rotations: dict[str, Rotation | None], now: float, models_on: 
             coming = [m for m in rotation.next_set or [] if models_on is None or m in models_on.get(machine, set())]
             parts.append(
                 f"next in {fmt_duration(max(0.0, rotation.next_at - now))} (at {time.strftime('%H:%M', time.localtime(rotation.next_at))})"
-                + " → "
-                + esc(", ".join(coming) or "none of its models")
+                + (f" → {esc(', '.join(coming))}" if coming else f": the next set has none of {esc(machine)}'s models")
             )
         if rotation.running:
             parts.append("[b yellow]rotating now[/]")
@@ -196,6 +195,11 @@ class ModelsScreen(LabScreen):
         if model := self.selected():
             if model.pinned:  # said before the question, not after the y
                 self.notify(f"{model.name} is pinned: unpin it (p) before putting it to sleep", severity="warning")
+                return
+            if not model.can_sleep:  # said before the question: after a y the agent would only refuse
+                self.notify(
+                    f"{model.name}'s engine ({model.engine}) has no sleep mode: stop it with c (cold)", severity="warning"
+                )
                 return
             self.confirm(
                 f"Put [b]{esc(model.name)}[/b] to sleep? It stops answering until woken (about {model.wake_s or 1:.0f} s).",

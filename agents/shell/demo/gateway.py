@@ -12,13 +12,12 @@ from urllib.parse import urlsplit
 
 from agents.gateway.keys import KeyStore
 from agents.orchestra import pagecache
-from agents.runtime.demo import GATEWAY_KEY_FILE
+from agents.runtime.demo import ANY_GATEWAY_PORT_ENV, GATEWAY_KEY_FILE
 from agents.runtime.keys import ensure_key, write_private
 from agents.runtime.peers import PEER_KEY_NAME, PEER_KNOWN_HOSTS_NAME
 from agents.runtime.store import Store
 from agents.wire.catalogue.gateway import KeyAddParams
 
-ANY_PORT_ENV = "CETLAB_DEMO_ANY_GATEWAY_PORT"  # set: the demo's gateway takes a free port even where lab.yaml's is free
 STAND_IN_TOKENS_PER_S = 80.0  # the simulated provider's speed
 
 
@@ -53,7 +52,7 @@ def prepare(directory: Path, data: dict[str, Any], known_hosts: str, free_ports:
     stand_ins = [p for p in data.get("providers") or [] if p.get("simulated")]
     ports = free_ports(1 + len(stand_ins))
     # the port lab.yaml names is kept when it is free, so clients keep their URL (tests, many demos at once: any port)
-    named = None if os.environ.get(ANY_PORT_ENV) else data["gateway"].get("port")
+    named = None if os.environ.get(ANY_GATEWAY_PORT_ENV) else data["gateway"].get("port")
     data["gateway"].update(host="127.0.0.1", port=named if isinstance(named, int) and named and _free(named) else ports[0])
     for provider, port in zip(stand_ins, ports[1:]):
         provider["base_url"] = f"http://127.0.0.1:{port}/v1"

@@ -74,7 +74,7 @@ class GatewayPolicies(Strict):
     key_concurrency: Annotated[int, Field(ge=1, le=10000)] = (
         4  # requests one key may have in flight (an orchestra call is one); beyond: 429
     )
-    max_connections: Annotated[int, Field(ge=1, le=65536)] | None = None  # None: 1/8 of the agent's fd limit
+    max_connections: Annotated[int, Field(ge=1, le=65536)] | None = None  # None: 1/8 of the agent's fd limit, at most 4096
     first_request_s: Seconds = 10.0  # a connection sends its first request head within this, or is closed
     idle_s: Seconds = 15.0  # a kept-alive connection with no request (or half a request head) this long is closed
     body_timeout_s: Seconds = 30.0  # a request body arrives whole within this, or 408

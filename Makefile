@@ -20,7 +20,8 @@ demo: $(STAMP)
 
 # ruff and mypy first (agents, console and widgets at zero errors, [tool.mypy] in pyproject), then both tiers of the
 # suite on every core (pytest-xdist; each worker its own ports, folders and demo labs)
-PYTEST_WORKERS ?= auto
+# three workers on two cores: most tests wait on processes (agents, trainers, engines), not on the CPU
+PYTEST_WORKERS ?= 3
 test: $(STAMP) llama-server
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -87,7 +87,19 @@ def train_main(argv: list[str]) -> int:
         return 0
     from agents.train.trainer import run
 
-    return run(config)
+    try:
+        return run(config)
+    finally:
+        _leave_process_group()
+
+
+def _leave_process_group() -> None:
+    """End torchrun's process group before the interpreter exits: left to the interpreter's shutdown, gloo's threads
+    are torn down in no set order and a finished rank could abort ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def make_tiny_main(argv: list[str]) -> int:

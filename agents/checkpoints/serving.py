@@ -16,6 +16,7 @@ from agents.checkpoints.discovery import Run, safe_name
 from agents.checkpoints.parsing import Checkpoint
 from agents.checkpoints.records import ServedRecord, ServedRecords
 from agents.orchestra.port import ModelsPort, ModelView
+from agents.runtime.children import OFFLINE, minimal_env, run_helper
 from agents.runtime.core import AgentCore
 from agents.runtime.rpc import Peer
 from agents.wire.catalogue.checkpoints import Served
@@ -57,6 +58,10 @@ def gguf_adapter_refusal(model: str, engine: str, why: str) -> str:
         f"converted ({why}). Serve it on a vllm model of the same base (--model), or merged on the CPU with "
         "transformers (leave --model out)"
     )
+
+
+CONVERT_TIMEOUT_S = 600.0  # llama.cpp's adapter converter: seconds for a LoRA adapter, minutes at the most
+MERGE_TIMEOUT_S = 3600.0  # peft's merge of an adapter into its base: a 70B base on a slow disk takes long
 
 
 class CheckpointServing:
@@ -257,23 +262,15 @@ class CheckpointServing:
         async def bring_up() -> None:
             try:
                 out.parent.mkdir(parents=True, exist_ok=True)
-                proc = await asyncio.create_subprocess_exec(
-                    *conversion.argv,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.STDOUT,
-                    env=conversion.env,
-                )
-                output, _ = await proc.communicate()
-                if proc.returncode != 0:
-                    lines = output.decode(errors="replace").strip().splitlines()
-                    raise RuntimeError(
-                        gguf_adapter_refusal(
-                            template.name,
-                            spec.name,
-                            "convert_lora_to_gguf.py failed: " + (lines[-1] if lines else f"exit {proc.returncode}"),
-                        )
+                done = await run_helper(conversion.argv, timeout_s=CONVERT_TIMEOUT_S, env=conversion.env)
+                if done.returncode != 0:
+                    lines = done.output.decode(errors="replace").strip().splitlines()
+                    why = (
+                        f"did not finish within {CONVERT_TIMEOUT_S:g} s"
+                        if done.timed_out
+                        else "failed: " + (lines[-1] if lines else f"exit {done.returncode}")
                     )
+                    raise RuntimeError(gguf_adapter_refusal(template.name, spec.name, "convert_lora_to_gguf.py " + why))
                 pool.remove_model(name)
                 pool.add_model(model, template.path)
                 served.state = ModelState.LOADING
@@ -326,17 +323,13 @@ class CheckpointServing:
         """peft merge_and_unload in a child process: torch stays out of the agent."""
         out.parent.mkdir(parents=True, exist_ok=True)
         code = "import sys; from agents.checkpoints.serving import merge_adapter; merge_adapter(*sys.argv[1:])"
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            code,
-            base,
-            adapter,
-            str(out),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        python_path = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+        done = await run_helper(
+            [sys.executable, "-c", code, base, adapter, str(out)],
+            timeout_s=MERGE_TIMEOUT_S,
+            env=minimal_env({**OFFLINE, **python_path}),  # the base is a local folder: nothing to fetch
         )
-        output, _ = await proc.communicate()
-        if proc.returncode != 0:
-            raise RuntimeError(f"merging the adapter into {base} failed: {output.decode(errors='replace').strip()[-300:]}")
+        if done.timed_out:
+            raise RuntimeError(f"merging the adapter into {base} did not finish within {MERGE_TIMEOUT_S:g} s")
+        if done.returncode != 0:
+            raise RuntimeError(f"merging the adapter into {base} failed: {done.output.decode(errors='replace').strip()[-300:]}")

@@ -7,8 +7,6 @@ import collections
 import importlib
 import json
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from agents.notify.formats import HttpRequest, alertmanager_request, webhook_request
 from agents.notify.outbox import Outbox, Pending
 from agents.notify.secrets import SecretError, endpoint, redact
+from agents.runtime.children import minimal_env, run_helper
 from agents.runtime.store import DiskFull
 from agents.wire.lab.notify import AlertmanagerRoute, CommandRoute, HttpRoute, Notify, WebhookRoute
 from agents.wire.sections.notify import Delivery, Notification
@@ -233,29 +232,17 @@ class RouteSender:
         cwd = route.cwd or (str(self.base) if self.base else None)
         if cwd is not None and self.base is not None and not Path(cwd).is_absolute():
             cwd = str(self.base / cwd)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *route.argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                cwd=cwd,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            return Delivery(at=time.time(), ok=False, answer=f"cannot run {route.argv[0]}: {exc.strerror or exc}"), False
         payload = json.dumps({"version": 1, **notification.model_dump(mode="json")}).encode() + b"\n"
         try:
-            output, _ = await asyncio.wait_for(proc.communicate(payload), route.timeout_s)
-        except TimeoutError:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            await proc.wait()
+            # the route's command gets the agent's PATH, HOME and locale only: never the provider keys or route tokens
+            # the agent holds; its output is read in bounded pieces (its last line is the answer)
+            done = await run_helper(route.argv, timeout_s=route.timeout_s, env=minimal_env(), stdin_data=payload, cwd=cwd)
+        except OSError as exc:
+            return Delivery(at=time.time(), ok=False, answer=f"cannot run {route.argv[0]}: {exc.strerror or exc}"), False
+        if done.timed_out:
             return Delivery(
                 at=time.time(), ok=False, answer=f"{route.argv[0]} did not finish within {route.timeout_s:g} s: killed"
             ), False
-        last = " ".join(output.decode("utf-8", "replace").strip().splitlines()[-1:])[:ANSWER_CHARS]
-        ok = proc.returncode == 0
-        return Delivery(at=time.time(), ok=ok, answer=f"exit code {proc.returncode}" + (f": {last}" if last else "")), False
+        last = " ".join(done.output.decode("utf-8", "replace").strip().splitlines()[-1:])[:ANSWER_CHARS]
+        ok = done.returncode == 0
+        return Delivery(at=time.time(), ok=ok, answer=f"exit code {done.returncode}" + (f": {last}" if last else "")), False

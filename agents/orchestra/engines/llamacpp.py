@@ -34,6 +34,7 @@ from typing import Any
 from agents.orchestra.engine import Engine, EngineRequestFailed, InstallCheck
 from agents.orchestra.spec import EngineSpec, GpuBuild
 from agents.runtime import llamacpp_build
+from agents.runtime.children import OFFLINE, minimal_env
 from agents.runtime.torch_probe import TorchReader
 from agents.wire.lab.model import Model
 from agents.wire.protocol import ErrorCode, RemoteError
@@ -289,12 +290,13 @@ def convert_lora_argv(peft_dir: Path, base_dir: Path, out: Path) -> list[str] | 
 
 
 def converter_env() -> dict[str, str]:
-    """convert_lora_to_gguf.py imports gguf-py from the llama.cpp tree (copied beside the build)."""
+    """convert_lora_to_gguf.py imports gguf-py from the llama.cpp tree (copied beside the build); it gets the agent's
+    PATH, HOME and locale only, and is kept off the network: it reads the adapter and the base's config it is given, and
+    never reaches for a tokenizer by the base model's name."""
     binary = llamacpp_build.find_llama_server()
-    env = dict(os.environ)
-    if binary is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(binary.parent.parent / "gguf-py"), env.get("PYTHONPATH")]))
-    return env
+    paths = [str(binary.parent.parent / "gguf-py")] if binary is not None else []
+    paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return minimal_env({**OFFLINE, **({"PYTHONPATH": os.pathsep.join(paths)} if paths else {})})
 
 
 def llama_server_version(binary: Path) -> str:

@@ -209,3 +209,46 @@ def test_a_refused_forward_is_logged_on_one_line_whatever_host_it_names(caplog):
     with caplog.at_level("WARNING", logger="cetlab.server"), pytest.raises(asyncssh.ChannelOpenError):
         _Server.connection_requested(caller, "127.0.0.1\n2026-11-24 08:00:00 CRITICAL cetlab: forged", 8400, "x", 0)
     assert caplog.records and all("\n" not in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+async def test_the_gateway_keys_forwards_are_capped_by_the_agents_fds_and_refused_with_a_reason(tunnel_lab, client):
+    """R5 (issue 30): 1,010 forwards of the gateway's key filled a 1,024-fd agent and no login got through. Its forwards
+    are one principal's, capped at a share of the agent's fd limit (here lowered to 200: 50 forwards); past the cap a
+    forward is refused with the reason, and the slots come back when forwards close."""
+    from agents.runtime.limits import FORWARD_FD_SHARE
+
+    node = load_lab(tunnel_lab.lab_path).machine("node")
+    far = await engine_port(client, "node", "far")
+    agent = psutil.Process(agent_pid(tunnel_lab, "node"))
+    known_hosts = str(tunnel_lab.dir / "console" / "known_hosts")
+    gateway_key = ensure_key(tunnel_lab.dir / "agents" / "hub" / PEER_KEY_NAME)
+    limit = agent.rlimit(psutil.RLIMIT_NOFILE)
+    agent.rlimit(psutil.RLIMIT_NOFILE, (200, limit[1]))
+    held = []
+    try:
+        async with asyncssh.connect(
+            node.host, node.port, username=SSH_USERNAME, client_keys=[gateway_key], known_hosts=known_hosts, agent_path=None, config=None
+        ) as conn:
+            with pytest.raises(asyncssh.ChannelOpenError) as refused:
+                for _ in range(200 // FORWARD_FD_SHARE + 10):
+                    held.append(await conn.open_connection("127.0.0.1", far))
+            print(f"\n{len(held)} forwards held, the next refused: {refused.value.reason}")
+            assert len(held) <= 200 // FORWARD_FD_SHARE  # before: every one, until the agent's fds ran out
+            assert "forwards" in refused.value.reason
+            assert await client.call("node", "ping") is not None  # the agent still answers its console
+
+            for _, writer in held:
+                writer.close()
+            held.clear()
+
+            async def opens_again() -> bool:
+                try:
+                    _, writer = await conn.open_connection("127.0.0.1", far)
+                except asyncssh.ChannelOpenError:
+                    return False
+                writer.close()
+                return True
+
+            await wait_for(opens_again, timeout=20, interval=0.1)
+    finally:
+        agent.rlimit(psutil.RLIMIT_NOFILE, limit)

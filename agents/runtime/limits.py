@@ -1,9 +1,11 @@
-"""Caps on what one connection may cost an agent: login slots, request budgets, channels, reply sizes."""
+"""Caps on what one connection and one principal may cost an agent: login slots, request budgets, channels, forwards,
+reply sizes (the figures live here; agents/runtime/principals.py counts them per principal)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import resource
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,8 +25,13 @@ BUDGET_PER_S = 200.0  # request cost per second per connection, sustained (a pin
 BUDGET_BURST = 400  # ... and in a burst; beyond that: RATE_LIMITED, not executed ...
 OVER_BUDGET_PAUSE_S = 0.25  # ... and that console's channel is not read for this long
 BYTES_PER_COST = 4096  # a request line also costs one ping per 4 KiB: a 750 KB line costs ~180, before it is parsed
-MAX_CONNECTIONS_PER_KEY = 32  # logged-in connections of one key (a console holds one per agent; scripts a few more)
-KEY_BUDGET_PER_S, KEY_BUDGET_BURST = 1000.0, 2000  # all of one key's connections together, beside each one's own budget
+# One principal (an SSH key by fingerprint, or a uid on the unix socket) holds at most this, whatever carries it:
+MAX_CONNECTIONS_PER_KEY = 32  # logged-in connections (a console holds one per agent; scripts a few more)
+MAX_CHANNELS_PER_PRINCIPAL = 64  # channels, its connections' together
+MIN_FORWARDS, MAX_FORWARDS = 16, 1024  # forwards (the gateway's key): a share of the agent's fds, see forward_cap
+FORWARD_FD_SHARE = 4  # forwards take at most 1/4 of the agent's fds (each holds one, to its engine)
+KEY_BUDGET_PER_S, KEY_BUDGET_BURST = 1000.0, 2000  # calls, all of its connections together, beside each one's own budget
+MAX_UNREAD_BYTES_PER_PRINCIPAL = 32 * 1024 * 1024  # replies its channels have not taken, together: past it, one closes
 PAUSE_READING_BYTES = 256 * 1024  # replies not yet taken by the console: stop reading its requests ...
 MAX_UNSENT_BYTES = 16 * 1024 * 1024  # ... and past this (events keep coming), close its channel
 
@@ -70,6 +77,16 @@ class TokenBucket:
         return True
 
 
+def forward_cap(fd_limit: int | None = None) -> int:
+    """How many forwards one principal may hold open: a share of the process's fd limit (``fd_limit``: its soft
+    RLIMIT_NOFILE), so its forwards can never take the fds the SSH port, the socket and the tick need (1,010 forwards
+    filled a 1,024-fd agent: no login got through)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if fd_limit is None else fd_limit
+    if soft == resource.RLIM_INFINITY:
+        return MAX_FORWARDS
+    return max(MIN_FORWARDS, min(MAX_FORWARDS, soft // FORWARD_FD_SHARE))
+
+
 class KeyBudget:
     """A connection's budget and its key's, spent together: a request goes only if both have room."""
 
@@ -83,49 +100,6 @@ class KeyBudget:
             self.key.tokens += cost  # not spent after all
             return False
         return True
-
-
-class KeyTally:
-    """Logged-in connections per key (by fingerprint), capped, and the budget they share: one key cannot multiply its
-    budget by opening more connections."""
-
-    def __init__(self, per_key: int = MAX_CONNECTIONS_PER_KEY):
-        self.per_key = per_key
-        self.connections: dict[str, int] = {}
-        self._buckets: dict[str, TokenBucket] = {}
-        self._log = ThrottledLog(log)
-
-    def full(self, key: str) -> bool:
-        return self.connections.get(key, 0) >= self.per_key
-
-    def login(self, key: str, who: str) -> bool:
-        """One more connection of `key`; False (and nothing counted) when the key has its cap."""
-        if self.full(key):
-            self._log(
-                logging.WARNING,
-                "key-cap:" + key,
-                "refused a connection of %s (%s): %d connections of that key are open",
-                who,
-                key,
-                self.per_key,
-            )
-            return False
-        self.connections[key] = self.connections.get(key, 0) + 1
-        return True
-
-    def logout(self, key: str) -> None:
-        left = self.connections.get(key, 0) - 1
-        if left > 0:
-            self.connections[key] = left
-        else:
-            self.connections.pop(key, None)
-            self._buckets.pop(key, None)
-
-    def budget(self, key: str, connection: TokenBucket) -> KeyBudget:
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = TokenBucket(KEY_BUDGET_PER_S, KEY_BUDGET_BURST)
-        return KeyBudget(connection, bucket)
 
 
 class ThrottledLog:

@@ -18,6 +18,7 @@ from agents.runtime.bus import Bus
 from agents.runtime.core import ComponentFactory
 from agents.runtime.history import History
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, StateDirError, ensure_key, prepare_state_dir
+from agents.runtime.principals import Principals
 from agents.runtime.rpc import Peer, Registry
 from agents.runtime.store import Store
 from agents.shell.components import default_components
@@ -134,6 +135,7 @@ class Agent:
         self.rpc = Registry()
         self.bus = Bus()  # the components' news for one another (AgentCore.publish)
         self.peers: set[Peer] = set()
+        self.principals = Principals()  # what each key or socket uid holds and spends, over every transport
         self.components: list[Component] = []
         self.latest: Telemetry | None = None
         self.started_at = time.time()

@@ -31,6 +31,7 @@ from agents.runtime.limits import (
     reply_line,
     request_cost,
 )
+from agents.runtime.principals import Account, Principals, Slot, uid_principal
 from agents.runtime.rpc import Peer, parse_request, request_id_of
 from agents.wire.protocol import MAX_MESSAGE_BYTES, ErrorCode, RemoteError, Role, encode
 
@@ -72,9 +73,17 @@ class Channel:
     """
 
     def __init__(
-        self, agent: Agent, role: Role, who: str, transport: _Transport, budget: TokenBucket | KeyBudget, key: str | None = None
+        self,
+        agent: Agent,
+        role: Role,
+        who: str,
+        transport: _Transport,
+        budget: TokenBucket | KeyBudget,
+        key: str | None = None,
+        account: Account | None = None,
     ):
         self.agent = agent
+        self.account = account  # its principal's tally: unread replies and refusals are counted with its other channels
         self.peer = Peer(role=role, who=who, send=self._send, key=key)
         self._transport = transport
         self._budget = budget
@@ -85,6 +94,8 @@ class Channel:
         self._finishing: asyncio.Task[None] | None = None  # after EOF: answering the last calls, then closing
         self._holds: set[str] = set()  # why we read nothing from this console now: "unread" replies, over "budget"
         transport.set_write_buffer_limits(high=PAUSE_READING_BYTES)
+        if account is not None:
+            account.tally.watch(account.name, self)
 
     def open(self) -> None:
         self.agent.peers.add(self.peer)
@@ -106,8 +117,23 @@ class Channel:
                 self._transport.close()
                 return
             self._transport.write(data)
+            if self.account is not None and self._transport.get_write_buffer_size() > PAUSE_READING_BYTES:
+                self.account.tally.check_unread(self.account.name, self.peer.who)
         except _write_errors():
             self.peer.closed = True
+
+    def unread_bytes(self) -> int:
+        """Replies written and not yet taken by the console."""
+        try:
+            return self._transport.get_write_buffer_size()
+        except _write_errors():
+            return 0
+
+    def drop(self, why: str) -> None:
+        """Close this channel: its principal's channels together are too far behind (agents/runtime/principals.py)."""
+        log.warning("closed the session of %s: %s", self.peer.who, why)
+        self.peer.closed = True
+        self._transport.close()
 
     def pause(self) -> None:
         """The console is not taking its replies: read no more of its requests until it does."""
@@ -134,6 +160,8 @@ class Channel:
     def _over_budget(self, request_id: Any, message: str) -> None:
         """Answer rate_limited, and read nothing more for a moment: a sender past its budget waits in TCP, not on our CPU."""
         self._reply_error(request_id, ErrorCode.RATE_LIMITED, message)
+        if self.account is not None:
+            self.account.tally.refused["calls"] += 1  # counted; its log line is the channel's own (throttled below)
         if "budget" not in self._holds:
             self._hold("budget")
             asyncio.get_running_loop().call_later(OVER_BUDGET_PAUSE_S, self._release, "budget")
@@ -209,6 +237,8 @@ class Channel:
     def close(self) -> None:
         self.peer.closed = True
         self.agent.peers.discard(self.peer)
+        if self.account is not None:
+            self.account.tally.unwatch(self.account.name, self)
         for task in self._tasks:
             task.cancel()
         if self._finishing is not None:
@@ -265,9 +295,10 @@ class SocketRoles:
 class _UnixConnection(asyncio.Protocol):
     """One local client of the agent's socket; sshd's direct-streamlocal forwards land here."""
 
-    def __init__(self, agent: Agent, roles: SocketRoles):
-        self.agent, self.roles = agent, roles
+    def __init__(self, agent: Agent, roles: SocketRoles, principals: Principals):
+        self.agent, self.roles, self.principals = agent, roles, principals
         self.channel: Channel | None = None
+        self._slots: list[Slot] = []  # its uid's connection and channel, in the tally every transport shares
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not isinstance(transport, asyncio.Transport):
@@ -288,8 +319,24 @@ class _UnixConnection(asyncio.Protocol):
             transport.write(encode({"id": None, "error": {"code": ErrorCode.FORBIDDEN.value, "message": problem}}))
             transport.close()
             return
-        self.channel = Channel(self.agent, role, f"{name} (unix socket)", transport, TokenBucket())
+        who, principal = f"{name} (unix socket)", uid_principal(uid)
+        for kind in ("connection", "channel"):  # one connection is one channel: both count against the uid's caps
+            slot = self.principals.take(principal, kind, who)
+            if slot is None:
+                self._release()
+                message = f"user {name} (uid {uid}) has {self.principals.cap(kind)} {kind}s open to this agent already"
+                transport.write(encode({"id": None, "error": {"code": ErrorCode.RATE_LIMITED.value, "message": message}}))
+                transport.close()
+                return
+            self._slots.append(slot)
+        budget = self.principals.budget(principal, TokenBucket())
+        self.channel = Channel(self.agent, role, who, transport, budget, account=Account(self.principals, principal))
         self.channel.open()
+
+    def _release(self) -> None:
+        for slot in self._slots:
+            slot.release()
+        self._slots.clear()
 
     def data_received(self, data: bytes) -> None:
         if self.channel is not None:
@@ -310,6 +357,7 @@ class _UnixConnection(asyncio.Protocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._release()
         if self.channel is not None:
             self.channel.close()
 
@@ -327,7 +375,9 @@ async def listen_unix(agent: Agent, path: Path) -> asyncio.AbstractServer | None
     roles = SocketRoles(agent.state_dir / SOCKET_ROLES_NAME)
     roles.roles()  # a malformed or too-open file fails the start, not the first login
     _refuse_live_socket(path)
-    server = await asyncio.get_running_loop().create_unix_server(lambda: _UnixConnection(agent, roles), path=str(path))
+    server = await asyncio.get_running_loop().create_unix_server(
+        lambda: _UnixConnection(agent, roles, agent.principals), path=str(path)
+    )
     os.chmod(path, 0o660)
     return server
 

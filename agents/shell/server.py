@@ -5,16 +5,20 @@ from __future__ import annotations
 import array
 import asyncio
 import fcntl
+import inspect
 import logging
 import socket
 import termios
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, cast
 
 import asyncssh
+from asyncssh.forward import SSHForwarder
 
 from agents.orchestra.port import ModelsPort
 from agents.runtime.keys import AuthorizedKeys, KeyFileError
-from agents.runtime.limits import LOGIN_TIMEOUT_S, MAX_CHANNELS_PER_CONNECTION, Doorman, KeyBudget, KeyTally, TokenBucket
+from agents.runtime.limits import LOGIN_TIMEOUT_S, MAX_CHANNELS_PER_CONNECTION, Doorman, KeyBudget, TokenBucket
+from agents.runtime.principals import Account, Slot, key_principal
 from agents.shell.channel import RATE_BURST, RATE_PER_S, Channel, throttled  # noqa: F401 (RATE_*: the figures tests read here)
 from agents.wire.protocol import SUBSYSTEM, Role
 
@@ -25,15 +29,18 @@ if TYPE_CHECKING:
 class _Session(asyncssh.SSHServerSession[bytes]):
     """One console's SSH channel (subsystem cetlab) carrying a Channel."""
 
-    def __init__(self, server: _Server):
+    def __init__(self, server: _Server, slot: Slot):
         self.server = server
+        self.slot = slot  # one of its key's channels, in the tally every transport shares
         self.channel: Channel | None = None
 
     def connection_made(self, chan: asyncssh.SSHServerChannel[bytes]) -> None:
         role = self.server.role
         if role is None:  # asyncssh opens sessions only after auth, which sets the role
             raise RuntimeError(f"a session of {self.server.who} opened before its key was accepted")
-        self.channel = Channel(self.server.agent, role, self.server.who, chan, self.server.budget, self.server.key)
+        key = self.server.key
+        account = Account(self.server.principals, key_principal(key)) if key is not None else None
+        self.channel = Channel(self.server.agent, role, self.server.who, chan, self.server.budget, key, account)
 
     def subsystem_requested(self, subsystem: str) -> bool:
         return subsystem == SUBSYSTEM
@@ -67,6 +74,7 @@ class _Session(asyncssh.SSHServerSession[bytes]):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.channels -= 1
+        self.slot.release()
         if self.channel is not None:
             self.channel.close()
 
@@ -112,15 +120,15 @@ def ack_at_once(conn: asyncssh.SSHServerConnection) -> None:
 
 
 class _Server(asyncssh.SSHServer):
-    def __init__(self, agent: Agent, authorized: AuthorizedKeys, doorman: Doorman, tally: KeyTally):
+    def __init__(self, agent: Agent, authorized: AuthorizedKeys, doorman: Doorman):
         self.agent = agent
         self.authorized = authorized
         self.doorman = doorman
-        self.tally = tally
+        self.principals = agent.principals
         self.role: Role | None = None
         self.who = "?"
         self.key: str | None = None  # the key's fingerprint
-        self._counted = False  # in the tally of its key's connections
+        self._slot: Slot | None = None  # its place among its key's connections
         self._peername = "?"
         self._conn: asyncssh.SSHServerConnection | None = None
         self.budget: TokenBucket | KeyBudget = TokenBucket()  # shared by the connection's channels (and its key's, once known)
@@ -141,19 +149,19 @@ class _Server(asyncssh.SSHServer):
     def auth_completed(self) -> None:
         self.doorman.leave(self)
         assert self.key is not None
-        if not self.tally.login(self.key, self.who):  # its key's connections are at their cap (several logged in at once)
+        principal = key_principal(self.key)
+        self._slot = self.principals.take(principal, "connection", self.who)
+        if self._slot is None:  # its key's connections are at their cap (several logged in at once)
             self.role = None  # no channel for it
             if self._conn is not None:
                 asyncio.get_running_loop().call_soon(self._conn.abort)
             return
-        self._counted = True
-        self.budget = self.tally.budget(self.key, TokenBucket())
+        self.budget = self.principals.budget(principal, TokenBucket())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.doorman.leave(self)
-        if self._counted and self.key is not None:
-            self._counted = False
-            self.tally.logout(self.key)
+        if self._slot is not None:
+            self._slot.release()
 
     def begin_auth(self, username: str) -> bool:
         self.doorman.authenticating(self)
@@ -178,13 +186,16 @@ class _Server(asyncssh.SSHServer):
             throttled(logging.WARNING, "unknown-key", "refused unknown key %s from %s", key.get_fingerprint(), self._peername)
             return False
         fingerprint = key.get_fingerprint()
-        if self.tally.full(fingerprint):
-            self.tally.login(fingerprint, entry.who)  # (refused: logged, throttled)
+        principal = key_principal(fingerprint)
+        if self.principals.full(principal, "connection"):
+            self.principals.refuse(principal, "connection", entry.who, f"{self.principals.cap('connection')} are open")
             return False
         self.role, self.who, self.key = entry.role, entry.who, fingerprint
         return True
 
-    def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> bool:
+    def connection_requested(
+        self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
+    ) -> Awaitable[asyncssh.SSHTCPSession[bytes]]:
         """A direct-tcpip forward: only the gateway's key, only to 127.0.0.1 ports of engines this agent runs now."""
         problem = forward_problem(self.agent, self.role, dest_host, dest_port)
         if problem is not None:
@@ -199,10 +210,46 @@ class _Server(asyncssh.SSHServer):
                 problem,
             )  # host, a newline in it forges no log line
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, problem)
-        return True  # asyncssh connects to 127.0.0.1:dest_port and pipes the channel both ways
+        forwarding = self._counted_forward(self._forwarder().forward_connection(dest_host, dest_port))
+        return cast("Awaitable[asyncssh.SSHTCPSession[bytes]]", forwarding)  # a forwarder is the session asyncssh pipes
+
+    def _forwarder(self) -> asyncssh.SSHServerConnection:
+        if self._conn is None or self.key is None:  # asyncssh opens channels only after auth, which sets both
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, "not logged in")
+        return self._conn
+
+    def _counted_forward(self, opening: Awaitable[SSHForwarder]) -> Awaitable[SSHForwarder]:
+        """The forward asyncssh pipes both ways, held as one of its key's forwards until either end closes; refused
+        (with the reason, to the client) when the key holds its cap."""
+        assert self.key is not None
+        slot = self.principals.take(key_principal(self.key), "forward", self.who)
+        if slot is None:
+            if inspect.iscoroutine(opening):
+                opening.close()  # never awaited: no connection to the engine was made
+            cap = self.principals.cap("forward")
+            raise asyncssh.ChannelOpenError(
+                asyncssh.OPEN_RESOURCE_SHORTAGE, f"this key holds {cap} forwards already (the cap); close some first"
+            )
+
+        async def counted() -> SSHForwarder:
+            try:
+                forwarder = await opening
+            except BaseException:
+                slot.release()
+                raise
+            lost = forwarder.connection_lost
+
+            def connection_lost(exc: Exception | None) -> None:
+                slot.release()
+                lost(exc)
+
+            forwarder.connection_lost = connection_lost  # type: ignore[method-assign]  # the channel calls its session's
+            return forwarder
+
+        return counted()
 
     def session_requested(self) -> asyncssh.SSHServerSession[bytes] | bool:
-        if self.role is None:
+        if self.role is None or self.key is None:
             return False
         if self.channels >= MAX_CHANNELS_PER_CONNECTION:
             throttled(
@@ -213,8 +260,11 @@ class _Server(asyncssh.SSHServer):
                 self.channels,
             )
             return False
+        slot = self.principals.take(key_principal(self.key), "channel", self.who)
+        if slot is None:
+            return False
         self.channels += 1
-        return _Session(self)
+        return _Session(self, slot)
 
 
 def forward_problem(agent: Agent, role: Role | None, dest_host: str, dest_port: int) -> str | None:
@@ -233,11 +283,10 @@ async def listen(
     agent: Agent, host: str, port: int, host_key: asyncssh.SSHKey, authorized: AuthorizedKeys
 ) -> asyncssh.SSHAcceptor:
     doorman = Doorman()
-    tally = KeyTally()
     return await asyncssh.listen(
         host,
         port,
-        server_factory=lambda: _Server(agent, authorized, doorman, tally),
+        server_factory=lambda: _Server(agent, authorized, doorman),
         server_host_keys=[host_key],
         encoding=None,
         login_timeout=LOGIN_TIMEOUT_S,

@@ -26,7 +26,7 @@ from console.client import FleetClient
 from tests.conftest import REPO, wait_for
 
 P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
-FAST = {"retry_first": "0.2s", "retry_max": "0.5s"}
+FAST = {"retry_first": "0.2s", "retry_max": "0.5s", "flap_hold": "0.2s"}  # resolves held 0.2 s (flap damping)
 
 
 def lab_with(tmp_path: Path, routes: list[dict[str, Any]], gpus: int = 1, **extra: Any) -> Path:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from agents.checkpoints.port import CheckpointsPort
+from agents.notify.flaps import Flaps, Incident
 from agents.notify.outbox import Outbox
 from agents.notify.secrets import describe
 from agents.notify.sender import RouteSender
@@ -54,6 +55,7 @@ class NotifyComponent:
         self._watch: OfflineWatch | None = None
         self._stored: set[tuple[str, str]] = set()  # (route, key) known to be in the queue (or sent)
         self._firing: list[AlertInfo] = []  # the alerts firing now, as the alerts component last said (AlertsChanged)
+        self.flaps = Flaps(core.lab.notify.flap_hold)
         core.subscribe(AlertsChanged, self.alerts_changed)
         self._register()
 
@@ -86,7 +88,9 @@ class NotifyComponent:
 
     # -- what goes out
 
-    def _queue(self, kind: Kind, key: str, notification: Notification, only_if_fired: str | None = None) -> None:
+    def _queue(
+        self, kind: Kind, key: str, notification: Notification, only_if_fired: str | None = None, not_before: float = 0.0
+    ) -> None:
         for name, sender in self.senders.items():
             route = sender.route
             if not route.takes(kind, notification.level, notification.machine):
@@ -97,7 +101,7 @@ class NotifyComponent:
                 continue  # a resolve only follows a firing this route was sent
             if (name, key) in self._stored:
                 continue  # a job that ended stays in the jobs section: its event is stored once, not written every tick
-            queued = self.outbox.put(name, key, notification)
+            queued = self.outbox.put(name, key, notification, not_before)
             if queued is not None:
                 if len(self._stored) >= STORED_KEYS_MAX:
                     self._stored.clear()  # the queue's unique key still sends each once; this only saves writes
@@ -134,19 +138,43 @@ class NotifyComponent:
         self._firing = news.active
         if not self.senders:
             return
+        now = time.time()
         for alert in news.fired:
             kind = kind_of_rule(alert.rule)
-            if kind is not None and alert.n > 0:  # n <= 0: an alert the full disk kept out of state.db
+            if kind is None or alert.n <= 0:  # n <= 0: an alert the full disk kept out of state.db
+                continue
+            verdict, incident = self.flaps.fired(alert, now)
+            if verdict == "new":
                 self._queue(kind, f"{alert.id}:firing", self._alert_notification(alert, "firing", kind))
+                continue
+            self._take_back(f"{incident.first.id}:resolved")  # it fired again within the hold: no resolve, no firing
+            if verdict == "flapping":
+                self._queue(kind, f"{incident.first.id}:flapping", self._flapping(alert, incident, kind))
         for alert in news.cleared:
             kind = kind_of_rule(alert.rule)
             if kind is not None and alert.n > 0:
+                incident = self.flaps.cleared(alert, now)
+                first = incident.first
+                resolved = self._alert_notification(alert, "resolved", kind)
                 self._queue(
                     kind,
-                    f"{alert.id}:resolved",
-                    self._alert_notification(alert, "resolved", kind),
-                    only_if_fired=f"{alert.id}:firing",
+                    f"{first.id}:resolved",
+                    resolved.model_copy(update={"alert_id": first.id, "fired_at": first.fired_at}),
+                    only_if_fired=f"{first.id}:firing",
+                    not_before=now + self.flaps.hold_s,
                 )
+
+    def _take_back(self, key: str) -> None:
+        for name in self.senders:
+            if self.outbox.cancel(name, key):
+                self._stored.discard((name, key))
+
+    def _flapping(self, alert: AlertInfo, incident: Incident, kind: Kind) -> Notification:
+        firing = self._alert_notification(alert, "firing", kind)
+        said = (
+            f"flapping: fired {incident.flaps + 1} times, each time within {self.flaps.hold_s:g} s of clearing: {alert.message}"
+        )
+        return firing.model_copy(update={"alert_id": incident.first.id, "fired_at": incident.first.fired_at, "message": said})
 
     def _outage(self, outage: Outage, status: Literal["firing", "resolved"], at: float) -> Notification:
         minutes = (at - outage.since) / 60

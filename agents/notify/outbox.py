@@ -15,6 +15,7 @@ from agents.wire.sections.notify import Delivery, Notification
 log = logging.getLogger("cetlab.notify")
 
 KEEP_S = 7 * 86400  # delivered and dropped rows are kept this long (a week of history), then pruned at start
+LOOK_AHEAD = 500  # a route's oldest pending rows among which the next due one is found
 
 SCHEMA = [
     """CREATE TABLE notify_outbox (
@@ -56,38 +57,61 @@ class Outbox:
             db.execute("DELETE FROM notify_outbox WHERE COALESCE(delivered_at, dropped_at) < ?", (now - KEEP_S,))
         self.since: float = store.query("SELECT value FROM notify_meta WHERE key='since'")[0]["value"]
 
-    def put(self, route: str, key: str, notification: Notification) -> bool | None:
-        """Queue it for a route unless that route already has this key (a firing is sent once).
+    def put(self, route: str, key: str, notification: Notification, not_before: float = 0.0) -> bool | None:
+        """Queue it for a route unless that route already has this key (a firing is sent once); `not_before`: held
+        until then (a resolve waits out the flap hold, and may be taken back meanwhile: cancel).
 
         Returns True if queued now, False if it was already, None if state.db could not take it (try again later)."""
         try:
             with self.store.transaction() as db:
                 cursor = db.execute(
                     "INSERT OR IGNORE INTO notify_outbox (route, key, notification, created_at, next_at) VALUES (?, ?, ?, ?, ?)",
-                    (route, key, notification.model_dump_json(), time.time(), 0.0),
+                    (route, key, notification.model_dump_json(), time.time(), not_before),
                 )
                 return cursor.rowcount == 1
         except DiskFull:
             log.error("notification %s for route %s not queued: state.db's disk is full", key, route)
             return None
 
+    def cancel(self, route: str, key: str) -> bool:
+        """Take back a row never tried (a held resolve of an alert that fired again): True if it was there."""
+        with self.store.transaction() as db:
+            cursor = db.execute(
+                "DELETE FROM notify_outbox WHERE route=? AND key=? AND attempts=0 AND delivered_at IS NULL AND dropped_at IS NULL",
+                (route, key),
+            )
+            return cursor.rowcount == 1
+
     def has(self, route: str, key: str) -> bool:
         return bool(self.store.query("SELECT 1 FROM notify_outbox WHERE route=? AND key=?", (route, key)))
 
-    def next(self, route: str) -> Pending | None:
-        """The oldest notification of a route not delivered nor dropped (routes send in order)."""
+    def next(self, route: str, now: float | None = None) -> Pending | None:
+        """The route's next notification: the oldest one due, else the one due soonest.
+
+        A row whose delivery failed waits for its own retry without holding the rows behind it (a notification its
+        endpoint refuses held the rest of its route's for up to a day); only a row of the same alert stays behind it,
+        so that an alert's resolve never overtakes its firing."""
+        now = time.time() if now is None else now
         rows = self.store.query(
-            "SELECT * FROM notify_outbox WHERE route=? AND delivered_at IS NULL AND dropped_at IS NULL ORDER BY n LIMIT 1",
-            (route,),
+            "SELECT * FROM notify_outbox WHERE route=? AND delivered_at IS NULL AND dropped_at IS NULL ORDER BY n LIMIT ?",
+            (route, LOOK_AHEAD),
         )
         if not rows:
             return None
-        r = rows[0]
+        waiting: set[str] = set()  # alerts with a row ahead still pending
+        ready = []
+        for row in rows:
+            alert = row["key"].rpartition(":")[0]
+            if alert not in waiting:
+                ready.append(row)
+            waiting.add(alert)
+        due = [row for row in ready if row["next_at"] <= now]
+        r = due[0] if due else min(ready, key=lambda row: row["next_at"])
         try:
             notification = Notification.model_validate_json(r["notification"])
         except ValueError as exc:  # a row this version cannot read: dropped, said, never retried forever
             self.dropped(r["n"], route, Delivery(at=time.time(), ok=False, answer=f"unreadable queued notification: {exc}"[:300]))
-            return self.next(route)
+            return self.next(route, now)
         return Pending(r["n"], route, r["key"], notification, r["created_at"], r["next_at"], r["attempts"])
 
     def pending_count(self, route: str) -> int:

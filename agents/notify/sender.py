@@ -108,7 +108,7 @@ class RouteSender:
     async def _step(self) -> float:
         """Send what is due; return how long to wait before looking again (woken early when something is queued)."""
         now = time.time()
-        pending = self.outbox.next(self.route.name)
+        pending = self.outbox.next(self.route.name, now)
         if pending is None:
             self.next_try_at = None
             if isinstance(self.route, AlertmanagerRoute) and now - self.last_resend >= self.route.resend_every:

@@ -190,6 +190,7 @@ class Notify(Strict):
     retry_first: Seconds = 5.0  # a failed delivery is retried after this, doubling each time ...
     retry_max: Seconds = 300.0  # ... up to this
     give_up_after: Seconds = 86400.0  # a notification not accepted after this long is dropped (and counted)
+    flap_hold: Seconds = 60.0  # an alert's resolve waits this long: firing again meanwhile is one flap, not two notifications
 
     def route(self, name: str) -> HttpRoute | CommandRoute | None:
         return next((r for r in self.routes if r.name == name), None)

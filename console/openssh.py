@@ -18,6 +18,7 @@ import asyncio
 import os
 import re
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +111,8 @@ class Session:
     reader: PipeReader
     writer: asyncio.StreamWriter
     _stderr: asyncio.Task[bytes]
+    _pidfd: int | None = None  # ssh's pid as a file (Linux): signalled without a wait that could reap it
+    _reaped: bool = False  # gone before its pidfd could be opened: nothing to signal
 
     async def failure(self, timeout_s: float) -> SshFailed:
         """Why the stream ended: ssh's exit and its error lines, in the asyncssh path's words."""
@@ -127,12 +130,27 @@ class Session:
         if self.writer.can_write_eof():
             self.writer.close()
         if self.process.returncode is None:
-            try:
-                self.process.terminate()
-            except ProcessLookupError:
-                pass
+            self._terminate()
         await self.process.wait()
         self._stderr.cancel()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def _terminate(self) -> None:
+        """SIGTERM to ssh, without reaping it. Popen's terminate() polls first (waitpid WNOHANG): an ssh that has just
+        exited (offline: refused, timed out) was reaped there, before asyncio's child watcher could, which then
+        printed "Unknown child process pid N" and reported exit code 255. A pidfd names this process only, even
+        once it has exited (a zombie until the watcher reaps it), so the signal never reaches a reused pid."""
+        if self._reaped:
+            return
+        try:
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
+            else:  # no pidfds on this system: Popen's way, its race included
+                self.process.terminate()
+        except ProcessLookupError:  # exited and reaped already
+            pass
 
 
 async def _read_stderr(stream: asyncio.StreamReader) -> bytes:
@@ -151,7 +169,17 @@ async def open_session(command: list[str]) -> Session:
         start_new_session=True,  # a Ctrl-C reaches the CLI, which closes ssh itself
     )
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
-    return Session(process, PipeReader(process.stdout), process.stdin, asyncio.create_task(_read_stderr(process.stderr)))
+    stderr = asyncio.create_task(_read_stderr(process.stderr))
+    session = Session(process, PipeReader(process.stdout), process.stdin, stderr)
+    pidfd_open = getattr(os, "pidfd_open", None)  # Linux 5.3+
+    if pidfd_open is not None:
+        try:
+            session._pidfd = pidfd_open(process.pid)  # not inherited (O_CLOEXEC): ssh's later children never hold it
+        except ProcessLookupError:  # exited and already reaped by the child watcher
+            session._reaped = True
+        except OSError:  # an older kernel: Popen's way
+            pass
+    return session
 
 
 async def key_problem(key: Path) -> str | None:

@@ -227,7 +227,13 @@ async def test_the_gateway_keys_forwards_are_capped_by_the_agents_fds_and_refuse
     held = []
     try:
         async with asyncssh.connect(
-            node.host, node.port, username=SSH_USERNAME, client_keys=[gateway_key], known_hosts=known_hosts, agent_path=None, config=None
+            node.host,
+            node.port,
+            username=SSH_USERNAME,
+            client_keys=[gateway_key],
+            known_hosts=known_hosts,
+            agent_path=None,
+            config=None,
         ) as conn:
             with pytest.raises(asyncssh.ChannelOpenError) as refused:
                 for _ in range(200 // FORWARD_FD_SHARE + 10):

@@ -1,4 +1,4 @@
-"""Attacks on one agent (issue 11: findings 5, 6, 7; issue 21: N1, N3, N6, N8, N10; issue 30: R1, R2, R7, R8, R9) and what a legitimate console
+"""Attacks on one agent (issue 11: findings 5, 6, 7; issue 21: N1, N3, N6, N8, N10; issue 30: R1, R2, R5, R6, R7, R8, R9, R10, R12) and what a legitimate console
 and a legitimate gateway client see meanwhile, same run.
 
 For each attack: a console's ping p50/p99 and its largest gap between ticks, and a gateway client's latency p50/p99
@@ -45,9 +45,11 @@ from bench.attacks_iv import (
     r1_choices,
     r2_lengths,
     r4_hanging_trainer_python,
+    r6_socket_connections,
     r7_member_names,
     r8_cli_log,
     r9_costs_day,
+    r10_version_storm,
     s1_tail_of_10mb,
     s2_huge_watts,
 )
@@ -571,6 +573,8 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "R7 orchestra member names": r7_member_names,
     "R8 agent text in the CLI's log": r8_cli_log,
     "R9 markup in costs' day": r9_costs_day,
+    "R6 100 socket connections of one uid": r6_socket_connections,
+    "R10 version-line storm": r10_version_storm,
     "S1 --tail 10000 of a 10 MB log": s1_tail_of_10mb,
     "S2 idle_watts 1e300 in lab.yaml": s2_huge_watts,
 }
@@ -605,7 +609,7 @@ async def measure(
     proc = psutil.Process(agent_pid)
     await issue_attacker_gateway_key(demo, console.client)
     await issue_quota_keys(demo, console.client)
-    logins = name.startswith("N10")
+    logins = name.startswith(("N10", "R10"))  # attacks at the login door: fresh logins measured too
     quiet = await console.window(seconds, logins)
     fds0, rss0 = proc.num_fds(), proc.memory_info().rss
     attack = asyncio.create_task(run_attack(demo, viewer, name, seconds))

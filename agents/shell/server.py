@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import array
 import asyncio
-import fcntl
 import inspect
 import logging
 import socket
-import termios
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, cast
 
@@ -17,7 +14,7 @@ from asyncssh.forward import SSHForwarder
 
 from agents.orchestra.port import ModelsPort
 from agents.runtime.keys import AuthorizedKeys, KeyFileError
-from agents.runtime.limits import LOGIN_TIMEOUT_S, MAX_CHANNELS_PER_CONNECTION, Doorman, KeyBudget, TokenBucket
+from agents.runtime.limits import LOGIN_TIMEOUT_S, MAX_CHANNELS_PER_CONNECTION, Doorman, KeyBudget, Stage, TokenBucket
 from agents.runtime.principals import Account, Slot, key_principal
 from agents.shell.channel import RATE_BURST, RATE_PER_S, Channel, throttled  # noqa: F401 (RATE_*: the figures tests read here)
 from agents.wire.protocol import SUBSYSTEM, Role
@@ -79,20 +76,43 @@ class _Session(asyncssh.SSHServerSession[bytes]):
             self.channel.close()
 
 
-def has_spoken(conn: asyncssh.SSHServerConnection) -> bool:
-    """Whether a connection sent its SSH version line: parsed already, or waiting unread in the socket (a busy agent
-    reads it late; the login door must not take a real client for an idle connection because of that)."""
-    if conn.get_extra_info("client_version") is not None:
-        return True
-    sock = conn.get_extra_info("socket")
-    if sock is None:
-        return False
-    waiting = array.array("i", [0])
-    try:
-        fcntl.ioctl(sock.fileno(), termios.FIONREAD, waiting)
-    except (OSError, ValueError):
-        return False
-    return waiting[0] > 0
+class Handshake:
+    """How far a connection's bytes have come before login, for the login door (Stage): what asyncssh has read of it,
+    and what waits unread in its socket (a busy agent reads late: the door must not take a real client for a storm's)."""
+
+    HEAD_BYTES = 512  # a version line is at most 255; a KEXINIT's first bytes follow it
+
+    def __init__(self, conn: asyncssh.SSHServerConnection):
+        self._sock = conn.get_extra_info("socket")
+        self._head = b""  # the first bytes the connection sent
+        received = conn.data_received
+
+        def data_received(data: bytes, datatype: int | None = None) -> None:
+            if len(self._head) < self.HEAD_BYTES:
+                self._head += data[: self.HEAD_BYTES - len(self._head)]
+            received(data, datatype)
+
+        conn.data_received = data_received  # type: ignore[method-assign]  # the transport calls the protocol's attribute
+
+    def stage(self) -> Stage:
+        seen = self._head
+        newline = seen.find(b"\n")
+        if newline < 0 or len(seen) == newline + 1:  # not past its version line yet, as far as asyncssh has read
+            seen += self._peek(self.HEAD_BYTES - len(seen))
+            newline = seen.find(b"\n")
+        if newline < 0:
+            return Stage.VERSION if seen else Stage.SILENT
+        return Stage.KEX if len(seen) > newline + 1 else Stage.VERSION
+
+    def _peek(self, size: int) -> bytes:
+        """Bytes waiting unread in the socket, left there (a duplicate of its fd, so asyncio's socket stays its own)."""
+        if self._sock is None or size <= 0:
+            return b""
+        try:
+            with socket.fromfd(self._sock.fileno(), self._sock.family, self._sock.type) as dup:
+                return dup.recv(size, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (OSError, ValueError):  # nothing waiting (EAGAIN), or closed meanwhile
+            return b""
 
 
 def ack_at_once(conn: asyncssh.SSHServerConnection) -> None:
@@ -139,12 +159,13 @@ class _Server(asyncssh.SSHServer):
         self._peername = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._conn = conn
         ack_at_once(conn)
+        handshake = Handshake(conn)
         loop = asyncio.get_running_loop()
 
         def close() -> None:
             loop.call_soon(conn.abort)
 
-        self.doorman.arrive(self, peer[0] if peer else "?", close, lambda: has_spoken(conn))
+        self.doorman.arrive(self, peer[0] if peer else "?", close, handshake.stage)
 
     def auth_completed(self) -> None:
         self.doorman.leave(self)
@@ -191,6 +212,7 @@ class _Server(asyncssh.SSHServer):
             self.principals.refuse(principal, "connection", entry.who, f"{self.principals.cap('connection')} are open")
             return False
         self.role, self.who, self.key = entry.role, entry.who, fingerprint
+        self.doorman.known_key(self)
         return True
 
     def connection_requested(

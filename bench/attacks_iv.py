@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -271,3 +272,88 @@ async def r6_socket_connections(demo: DemoLab, viewer: Path, seconds: float, res
 
     await asyncio.gather(*(one() for _ in range(100)))
     results["r6"] = {"answers_per_s": round(codes.get("ok", 0) / seconds), **codes}
+
+
+async def r5_gateway_forwards(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """R5: a gateway key (authorized as the lab's gateway machine's would be) opens SSH forwards to the local engine,
+    holding each, until one is refused (before: 1,010 forwards filled the 1,024-fd agent, and no login got through)."""
+    import asyncssh
+
+    from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
+    from agents.wire.protocol import SSH_USERNAME
+
+    lab = load_lab(demo.lab_path)
+    box = lab.machine("box")
+    key = ensure_key(demo.dir / "mallory-gateway.key")
+    with (demo.dir / "agents" / "box" / AUTHORIZED_KEYS_NAME).open("a") as f:
+        f.write(f"gateway {key.export_public_key().decode().strip()}\n")
+    async with FleetClient(lab, subscribe=[]) as client:
+        await client.wait_connected(10)
+        endpoint = ""
+        for _ in range(600):  # the operator warms the lab's model (once), as its gateway would
+            listed = (await client.call("box", "models.list"))["models"]
+            endpoint = next((m["endpoint"] for m in listed if m["state"] == "warm" and m.get("endpoint")), "")
+            if endpoint:
+                break
+            if listed[0]["state"] in ("cold", "cached"):
+                (demo.lab_path.parent / "models" / listed[0]["name"]).mkdir(parents=True, exist_ok=True)  # sim: any folder
+                await client.call("box", "models.warm", {"model": listed[0]["name"]})
+            await asyncio.sleep(0.1)
+    port = urlsplit(endpoint).port
+    held, refused = [], ""
+    known_hosts = str(lab.resolve(lab.console.known_hosts))
+    async with asyncssh.connect(
+        box.host, box.port, username=SSH_USERNAME, client_keys=[key], known_hosts=known_hosts, agent_path=None, config=None
+    ) as conn:
+        try:
+            for _ in range(1100):
+                held.append(await asyncio.wait_for(conn.open_connection("127.0.0.1", port), 10))
+        except (asyncssh.Error, OSError, TimeoutError) as exc:
+            refused = str(getattr(exc, "reason", "") or exc or type(exc).__name__)[:160]
+        for _, writer in held:
+            writer.close()
+    results["r5"] = {"forwards_held": len(held), "then": refused}
+
+
+async def r12_notifications(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """R12: the lab's pager refuses GPU 0's notifications (retried in an hour); GPU 1 then fires: whether its firing is
+    delivered; then GPU 1 flaps 10 times: the rows its flapping added to the outbox (before: 2 per flap)."""
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{demo.dir / 'agents' / 'box' / 'state.db'}?mode=ro", uri=True)
+
+    def rows(where: str = "1") -> int:
+        return int(db.execute(f"SELECT COUNT(*) FROM notify_outbox WHERE {where}").fetchone()[0])
+
+    async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
+        await client.wait_connected(10)
+
+        async def firing(gpu: int) -> bool:
+            alerts = (await client.call("box", "alerts.list", {"active": True}))["alerts"]
+            return any(a["gpu"] == gpu and a["rule"] == "gpu_hot" for a in alerts)
+
+        async def until(gpu: int, hot: bool) -> None:
+            for _ in range(100):
+                if await firing(gpu) == hot:
+                    return
+                await asyncio.sleep(0.1)
+
+        async def set_temp(gpu: int, temp: float) -> None:
+            await client.call("box", "sim.override", {"gpu": gpu, "temp_c": temp})
+            await until(gpu, temp > 85)
+
+        await set_temp(0, 95.0)
+        await set_temp(1, 95.0)
+        started, delivered_s = time.monotonic(), None
+        while time.monotonic() - started < 10:
+            if rows("key LIKE '%:firing' AND delivered_at IS NOT NULL"):
+                delivered_s = round(time.monotonic() - started, 1)
+                break
+            await asyncio.sleep(0.1)
+        await set_temp(1, 40.0)
+        before = rows()
+        for _ in range(10):
+            await set_temp(1, 95.0)
+            await set_temp(1, 40.0)
+        results["r12"] = {"gpu1_firing_delivered_after_s": delivered_s, "outbox_rows_for_10_flaps": rows() - before}
+        await client.call("box", "sim.override", {"gpu": 0, "temp_c": 40.0})

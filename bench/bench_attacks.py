@@ -45,11 +45,13 @@ from bench.attacks_iv import (
     r1_choices,
     r2_lengths,
     r4_hanging_trainer_python,
+    r5_gateway_forwards,
     r6_socket_connections,
     r7_member_names,
     r8_cli_log,
     r9_costs_day,
     r10_version_storm,
+    r12_notifications,
     s1_tail_of_10mb,
     s2_huge_watts,
 )
@@ -67,6 +69,15 @@ gateway: {machine: box}
 providers:
   - {name: cloud, base_url: "http://127.0.0.1:1/v1", simulated: true, monthly_budget: 1000,
      models: [{name: cloud-small, prompt_per_million: 3.5, completion_per_million: 3.5}]}
+models:
+  - {name: local-sim, path: models/local-sim, engine: sim, machine: box, gpus: [1], vram_gib: 1}
+orchestra: {warm: [local-sim]}
+alerts: {temp_for_s: 0, clear_for_s: 0}
+notify:
+  retry_first: 1h
+  retry_max: 1h
+  routes:  # an endpoint that refuses every notification about GPU 0 and takes the others (R12)
+    - {name: pager, kind: command, argv: [/bin/sh, -c, 'if grep -q "\"gpu\": 0"; then exit 1; fi']}
 """
 GATEWAY_MODEL = "cloud-small"
 
@@ -573,8 +584,10 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "R7 orchestra member names": r7_member_names,
     "R8 agent text in the CLI's log": r8_cli_log,
     "R9 markup in costs' day": r9_costs_day,
+    "R5 the gateway key's forwards": r5_gateway_forwards,
     "R6 100 socket connections of one uid": r6_socket_connections,
     "R10 version-line storm": r10_version_storm,
+    "R12 a refusing endpoint and a flapping alert": r12_notifications,
     "S1 --tail 10000 of a 10 MB log": s1_tail_of_10mb,
     "S2 idle_watts 1e300 in lab.yaml": s2_huge_watts,
 }

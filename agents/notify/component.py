@@ -215,9 +215,11 @@ class NotifyComponent:
             kind = kind_of_rule(alert.rule)
             if kind is None or not route.takes(kind, Level(alert.level), self.core.machine.name):
                 continue
-            if not self.outbox.has(route.name, f"{alert.id}:firing"):
+            first = self.flaps.first_of(alert)  # a flap of an incident fires under its first firing's id
+            if not self.outbox.has(route.name, f"{first.id}:firing"):
                 continue  # fired before this route existed, or not sent yet (its queued row goes first)
-            out.append(self._alert_notification(alert, "firing", kind))
+            firing = self._alert_notification(alert, "firing", kind)
+            out.append(firing.model_copy(update={"alert_id": first.id, "fired_at": first.fired_at}))
         return out
 
     def on_tick(self, tick: Tick) -> None:

@@ -54,6 +54,11 @@ class Flaps:
         incident.cleared_at = now
         return incident
 
+    def first_of(self, alert: AlertInfo) -> AlertInfo:
+        """The firing its routes were told of for this alert: its incident's first (itself, outside one)."""
+        incident = self._incidents.get(subject_of(alert))
+        return incident.first if incident is not None else alert
+
     def prune(self, now: float) -> None:
         """Forget incidents clear for the hold time: their resolves have gone out, a firing now is a new one."""
         over = [s for s, i in self._incidents.items() if i.cleared_at is not None and now - i.cleared_at >= self.hold_s]

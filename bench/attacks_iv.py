@@ -346,7 +346,7 @@ async def r12_notifications(demo: DemoLab, viewer: Path, seconds: float, results
         await set_temp(1, 95.0)
         started, delivered_s = time.monotonic(), None
         while time.monotonic() - started < 10:
-            if rows("key LIKE '%:firing' AND delivered_at IS NOT NULL"):
+            if rows("key LIKE '%:firing' AND notification LIKE '%\"gpu\":1,%' AND delivered_at IS NOT NULL"):
                 delivered_s = round(time.monotonic() - started, 1)
                 break
             await asyncio.sleep(0.1)

@@ -77,7 +77,7 @@ notify:
   retry_first: 1h
   retry_max: 1h
   routes:  # an endpoint that refuses every notification about GPU 0 and takes the others (R12)
-    - {name: pager, kind: command, argv: [/bin/sh, -c, 'if grep -q "\"gpu\": 0"; then exit 1; fi']}
+    - {name: pager, kind: command, argv: [/bin/sh, -c, 'if grep -q "gpu.: 0,"; then exit 1; fi']}
 """
 GATEWAY_MODEL = "cloud-small"
 

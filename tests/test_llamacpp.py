@@ -7,8 +7,6 @@ import asyncio
 import json
 import re
 import shutil
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,7 @@ from agents.wire.schema import EngineName
 from console.client import FleetClient
 from tests.conftest import HOUR_S, age, wait_for
 from tests.llamacpp_fixtures import llama_server_or_skip, tiny_models
-from tests.pool_fixtures import FAST, pool_lab, post, settle
+from tests.pool_fixtures import FAST, engine_http, pool_lab, post, settle
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1024**3
@@ -143,15 +141,8 @@ def test_a_hugging_face_folder_on_llamacpp_is_refused_with_the_way_out(tmp_path)
 
 
 def http(url: str, body: object | None = None) -> tuple[int, str]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, headers={"Content-Type": "application/json"} if data else {}, method="POST" if data is not None else "GET"
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+    status, raw = engine_http(url, body)
+    return status, raw.decode()
 
 
 async def test_sim_llamacpp_holds_llama_servers_contract(run_pool):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import pwd
 import stat
 
 import aiohttp
@@ -21,6 +24,7 @@ from agents.wire.protocol import SSH_USERNAME
 from console.client import FleetClient
 from tests.conftest import wait_for
 from tests.engine_sockets import assert_engines_on_sockets
+from tests.pool_fixtures import engine_http
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -143,6 +147,62 @@ async def test_forwards_only_for_the_gateway_key_and_only_to_running_engines(tun
     await wait_for(lambda: _stopped(client, "node", "spare"), timeout=30)
     with pytest.raises(asyncssh.ChannelOpenError):  # its engine has stopped: the socket is no longer one of ours
         await forward(gateway_key, spare)
+
+
+def _as_nobody(endpoint: str, attempts: list[tuple[str, dict | None]]) -> list[str]:
+    """Each request (path, POST body or None) at an engine's endpoint from a forked child running as nobody: its status,
+    or the error that stopped it."""
+    nobody = pwd.getpwnam("nobody")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no event loop, no threads used
+        outcomes = []
+        try:
+            os.close(read_fd)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            for path, body in attempts:
+                try:
+                    outcomes.append(str(engine_http(endpoint.removesuffix("/v1") + path, body)[0]))
+                except OSError as exc:
+                    outcomes.append(type(exc).__name__)
+        finally:
+            os.write(write_fd, json.dumps(outcomes).encode())
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return list(json.loads(data or "[]"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as another uid needs root (the test forks a child that drops to nobody)")
+async def test_another_user_reaches_no_engine_while_the_gateway_and_the_agents_do(tunnel_lab, client):
+    """Issue 30, R3: a local user the agent never authorized, at each engine's endpoint as `models.list` names it
+    (before: 127.0.0.1:PORT, where it generated unmetered and put models to sleep behind the agent's back)."""
+    lab = load_lab(tunnel_lab.lab_path)
+    attempts: list[tuple[str, dict | None]] = [
+        ("/health", None),
+        ("/v1/completions", {"model": "near", "prompt": "free", "max_tokens": 4}),
+        ("/sleep?level=1&mode=abort", {}),
+    ]
+    for machine, name in (("hub", "near"), ("node", "far")):
+        listing = await client.call(machine, "models.list")
+        endpoint = next(e for e in listing["models"] if e["name"] == name)["endpoint"]
+        outcomes = await asyncio.to_thread(_as_nobody, endpoint, attempts)
+        assert outcomes == ["PermissionError"] * len(attempts), (name, endpoint, outcomes)
+    # the agents still reach them (their health checks keep them warm, awake) and the gateway too: in-process for the
+    # hub's own engine, over the SSH link (a direct-streamlocal forward) for the node's
+    key = (tunnel_lab.dir / "console" / "gateway.key").read_text().strip()
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
+        for name, machine in (("near", "hub"), ("far", "node")):
+            body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            async with session.post(f"{lab.gateway.url}/chat/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                assert r.headers["x-cetlab-target"] == machine
+            listing = await client.call(machine, "models.list")
+            assert next(e for e in listing["models"] if e["name"] == name)["state"] == "warm"
 
 
 async def _stopped(client: FleetClient, machine: str, name: str) -> bool:

@@ -58,9 +58,10 @@ async def settle(client: FleetClient, name: str, states: tuple[str, ...], timeou
     return found
 
 
-def engine_http(url: str, body: object | None = None) -> tuple[int, bytes]:
+def engine_http(url: str, body: object | None = None, method: str | None = None) -> tuple[int, bytes]:
     """A request to an engine at ``url``: its endpoint without /v1, then the path (``unix:/run/engine.sock/metrics``
-    over its socket, ``http://127.0.0.1:PORT/metrics`` where it is on a port); POST when there is a body."""
+    over its socket, ``http://127.0.0.1:PORT/metrics`` where it is on a port); POST when there is a body, unless
+    ``method`` says."""
     if url.startswith(UNIX_PREFIX):
         sock, _, path = url[len(UNIX_PREFIX) :].partition(".sock")
         connection: http.client.HTTPConnection = UnixHTTPConnection(sock + ".sock", 30)
@@ -71,7 +72,7 @@ def engine_http(url: str, body: object | None = None) -> tuple[int, bytes]:
     data = None if body is None else json.dumps(body).encode()
     try:
         connection.request(
-            "GET" if data is None else "POST",
+            method or ("GET" if data is None else "POST"),
             path or "/",
             body=data,
             headers={"Content-Type": "application/json"} if data else {},

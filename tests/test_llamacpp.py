@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
+import stat
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from pydantic import TypeAdapter
@@ -256,6 +259,11 @@ async def test_real_llama_server_warm_tokens_metrics_adapter_swap_gateway_idle_s
         a = await settle(client, "tiny-a", ("warm", "failed"), timeout=90)
         assert a["state"] == "warm", a["error"]
         assert a["simulated"] is False and a["engine"] == "llamacpp"
+        # the real llama-server took --host PATH.sock as its socket: it listens there, in its 0700 run folder, and on no port
+        socket = a["endpoint"].removeprefix("unix:")
+        assert a["endpoint"].startswith("unix:/") and stat.S_IMODE(os.stat(os.path.dirname(socket)).st_mode) == 0o700
+        server = next(p for p in psutil.process_iter(["cmdline"]) if socket in (p.info["cmdline"] or []))
+        assert not [c for c in server.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
         assert "model_load_s" in (await client.call("box", "models.get", {"model": "tiny-a"}))["load_phases"]
         # real tokens from llama.cpp's forward pass
         status, answer = await asyncio.to_thread(

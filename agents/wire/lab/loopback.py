@@ -1,4 +1,5 @@
-"""Engines listen on 127.0.0.1 only: the checks on what lab.yaml gives an engine's command line.
+"""Engines listen where their agent says (a unix socket of its own, or 127.0.0.1 only): the checks on what lab.yaml
+gives an engine's command line.
 
 The gateway reaches other machines' engines through their agent's SSH connection, and an engine's endpoints
 (vLLM's /sleep, /collective_rpc, adapter loading; whatever a `command` server offers) have no authentication.

@@ -6,7 +6,9 @@ import asyncio
 import json
 import os
 import pwd
+import shutil
 import stat
+from pathlib import Path
 
 import aiohttp
 import asyncssh
@@ -284,6 +286,33 @@ def test_a_too_long_state_dir_puts_the_socket_in_a_private_folder(tmp_path):
     assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == os.geteuid()
     again = ENGINES["sim"](model, tmp_path, "hub", [0], deep / "m.log").address.socket
     assert again == socket  # a restarted agent finds it again
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_a_socket_folder_of_another_user_is_refused_and_a_loose_one_of_ours_is_closed(tmp_path, monkeypatch):
+    import tempfile
+
+    from agents.orchestra.engines import ENGINES
+    from agents.wire.lab.model import Model
+    from agents.wire.protocol import ErrorCode, RemoteError
+
+    short = Path(tempfile.mkdtemp(prefix="ct", dir="/tmp"))  # a socket path holds 107 bytes: pytest's tmp_path is deep
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(short))
+    folder = short / f"cetlab-engines-{os.geteuid()}"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    model = Model(name="m", path=str(tmp_path), engine="sim", machine="hub", gpus=[0])
+    deep = tmp_path / ("d" * 120) / "m.log"
+    assert ENGINES["sim"](model, tmp_path, "hub", [0], deep).address.socket is not None
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700  # ours, but open to others: closed before use
+    os.chown(folder, pwd.getpwnam("nobody").pw_uid, -1)  # another user's (made before the agent's first start)
+    with pytest.raises(RemoteError) as refused:
+        ENGINES["sim"](model, tmp_path, "hub", [0], deep)
+    assert refused.value.code == ErrorCode.UNAVAILABLE and "not a folder of this user" in refused.value.message
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path / ("t" * 60)))  # both too deep: refused, said why
+    with pytest.raises(RemoteError, match="too deep for a socket path"):
+        ENGINES["sim"](model, tmp_path, "hub", [0], deep)
+    shutil.rmtree(short)
 
 
 def test_a_refused_forward_is_logged_on_one_line_whatever_host_it_names(caplog):

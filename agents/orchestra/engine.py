@@ -23,7 +23,7 @@ from agents.runtime.procfiles import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, des
 from agents.runtime.torch_probe import TorchReader
 from agents.wire.engine_address import MAX_SOCKET_PATH_BYTES, EngineAddress
 from agents.wire.lab.model import Model
-from agents.wire.protocol import GpuSample
+from agents.wire.protocol import ErrorCode, GpuSample, RemoteError
 from agents.wire.sections.gpu_support import Stack, StackKind
 
 if TYPE_CHECKING:
@@ -79,7 +79,11 @@ def socket_path(run_dir: Path) -> Path:
     if len(str(path).encode()) <= MAX_SOCKET_PATH_BYTES:
         return path
     digest = hashlib.sha256(str(run_dir).encode()).hexdigest()[:24]
-    return private_dir(Path(tempfile.gettempdir()) / f"cetlab-engines-{os.geteuid()}") / f"{digest}.sock"
+    short = Path(tempfile.gettempdir()) / f"cetlab-engines-{os.geteuid()}" / f"{digest}.sock"
+    if len(str(short).encode()) > MAX_SOCKET_PATH_BYTES:
+        raise OSError(f"{run_dir} and the temp dir are both too deep for a socket path ({MAX_SOCKET_PATH_BYTES} bytes)")
+    private_dir(short.parent)
+    return short
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -227,7 +231,12 @@ class Engine:
             return EngineAddress(port=self.model.port)
         if not self.on_socket(self.model):
             return EngineAddress(port=free_port())
-        return EngineAddress(socket=str(socket_path(self.runtime_dir)))
+        try:
+            return EngineAddress(socket=str(socket_path(self.runtime_dir)))
+        except OSError as exc:  # the temp dir's folder of another user, or no room: refused, not served on a port
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE, f"model {self.model.name}: no private folder for its engine's socket ({exc})"
+            ) from None
 
     @property
     def endpoint(self) -> str:

@@ -55,6 +55,7 @@ from bench.attacks_iv import (
     s1_tail_of_10mb,
     s2_huge_watts,
 )
+from bench.attacks_r3 import r3_engine_of_another_user
 from bench.common import percentile
 from console.client import FleetClient
 
@@ -71,6 +72,8 @@ providers:
      models: [{name: cloud-small, prompt_per_million: 3.5, completion_per_million: 3.5}]}
 models:
   - {name: local-sim, path: models/local-sim, engine: sim, machine: box, gpus: [1], vram_gib: 1}
+  - {name: r3-sim, path: models/r3, engine: sim, machine: box, gpus: [0], vram_gib: 1,
+     sim: {load_s: 0.1, cold_factor: 1, warmup_s: 0.1, tokens_per_s: 0, placeholder_mib: 1}}
 orchestra: {warm: [local-sim]}
 alerts: {temp_for_s: 0, clear_for_s: 0}
 notify:
@@ -580,6 +583,7 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "N10 login storm": login_storm,
     "R1 n choices on a tiny quota": r1_choices,
     "R2 two length fields on a tiny quota": r2_lengths,
+    "R3 an engine, as another user": r3_engine_of_another_user,
     "R4 a trainer Python that never answers": r4_hanging_trainer_python,
     "R7 orchestra member names": r7_member_names,
     "R8 agent text in the CLI's log": r8_cli_log,

@@ -24,7 +24,7 @@ from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_GET, MODELS_LIST, MODELS_SLEEP, ModelParams
 from agents.wire.lab.model import load_lab
 from agents.wire.sections.models import ModelInfo
-from bench.common import percentile
+from bench.common import EngineSessions, percentile
 from console.client import FleetClient
 
 CALLS = 400
@@ -98,17 +98,20 @@ async def bench(demo: DemoLab) -> None:
                 except aiohttp.ClientError:
                     pass
             await asyncio.sleep(0.2)
-        direct = {name: m.endpoint for name, m in found.items()}
+        engines = EngineSessions()
+        direct = {name: engines(m.endpoint) for name, m in found.items() if m.endpoint}
 
         # 1. added latency, interleaved so both see the same machine
         for _ in range(20):  # warm both paths
-            await timed_post(session, f"{direct['instant']}/chat/completions", {**BODY, "model": "instant"})
+            await timed_post(direct["instant"][0], f"{direct['instant'][1]}/chat/completions", {**BODY, "model": "instant"})
             await timed_post(session, f"{gateway}/chat/completions", {**BODY, "model": "instant"}, auth)
         d, g = [], []
         agent = psutil.Process(next(p.pid for p in demo.processes if isinstance(p.args, list) and "hub" in p.args))
         cpu0 = sum(agent.cpu_times()[:2])
         for _ in range(CALLS):
-            d.append(await timed_post(session, f"{direct['instant']}/chat/completions", {**BODY, "model": "instant"}))
+            d.append(
+                await timed_post(direct["instant"][0], f"{direct['instant'][1]}/chat/completions", {**BODY, "model": "instant"})
+            )
             g.append(await timed_post(session, f"{gateway}/chat/completions", {**BODY, "model": "instant"}, auth))
         # the agent's CPU per gateway request: an upper bound (its own sampling runs meanwhile too)
         cpu_ms = (sum(agent.cpu_times()[:2]) - cpu0) * 1000 / CALLS
@@ -129,7 +132,9 @@ async def bench(demo: DemoLab) -> None:
         # 2. streaming tokens per second, alternating
         rates_d, rates_g = [], []
         for _ in range(3):
-            seconds, events, _ = await stream(session, f"{direct['streamer']}/chat/completions", "streamer", STREAM_TOKENS)
+            seconds, events, _ = await stream(
+                direct["streamer"][0], f"{direct['streamer'][1]}/chat/completions", "streamer", STREAM_TOKENS
+            )
             rates_d.append(events / seconds)
             seconds, events, _ = await stream(session, f"{gateway}/chat/completions", "streamer", STREAM_TOKENS, auth)
             rates_g.append(events / seconds)
@@ -143,20 +148,22 @@ async def bench(demo: DemoLab) -> None:
         )
 
         # 3. 200 concurrent streams, direct then through the gateway
-        async def crowd(url: str, headers: dict | None) -> tuple[list[float], int]:
+        async def crowd(via: aiohttp.ClientSession, url: str, headers: dict | None) -> tuple[list[float], int]:
             results = await asyncio.gather(
-                *(stream(session, url, "crowd", 16, headers) for _ in range(CONCURRENT)), return_exceptions=True
+                *(stream(via, url, "crowd", 16, headers) for _ in range(CONCURRENT)), return_exceptions=True
             )
             errors = sum(isinstance(r, BaseException) for r in results)
             return [r[0] for r in results if not isinstance(r, BaseException)], errors
 
-        crowd_d, errors_d = await crowd(f"{direct['crowd']}/chat/completions", None)
-        crowd_g, errors_g = await crowd(f"{gateway}/chat/completions", auth)
+        crowd_d, errors_d = await crowd(direct["crowd"][0], f"{direct['crowd'][1]}/chat/completions", None)
+        crowd_g, errors_g = await crowd(session, f"{gateway}/chat/completions", auth)
         print(
             f"{CONCURRENT} concurrent streams: errors direct {errors_d}, gateway {errors_g} "
             f"{'OK' if errors_g == 0 else 'MISSED'}; p50 direct {percentile(crowd_d, 50) * 1000:.1f} ms, gateway "
             f"{percentile(crowd_g, 50) * 1000:.1f} ms (added {(percentile(crowd_g, 50) - percentile(crowd_d, 50)) * 1000:.1f} ms)"
         )
+
+        await engines.close()
 
         # 4. wake on request: the time beyond the engine's own wake (the pool's wake_s) and a warm request
         overheads = []

@@ -25,7 +25,7 @@ from agents.wire.catalogue.models import MODELS_LIST
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import LinkStatus
 from bench.bench_gateway import BODY, stream, timed_post
-from bench.common import percentile
+from bench.common import EngineSessions, percentile
 from console.client import FleetClient
 
 CALLS = 400
@@ -77,15 +77,18 @@ async def bench(demo: DemoLab) -> None:
             if all(found[n].state == "warm" for n in ("instant", "streamer", "crowd")) and peers.get("node") == LinkStatus.ONLINE:
                 break
             await asyncio.sleep(0.2)
-        direct = {name: m.endpoint for name, m in found.items()}
+        engines = EngineSessions()
+        direct = {name: engines(m.endpoint) for name, m in found.items() if m.endpoint}
 
         # 1. added latency, interleaved so both see the same machine
         for _ in range(20):  # warm both paths (the tunnel's channel is opened on the first request)
-            await timed_post(session, f"{direct['instant']}/chat/completions", {**BODY, "model": "instant"})
+            await timed_post(direct["instant"][0], f"{direct['instant'][1]}/chat/completions", {**BODY, "model": "instant"})
             await timed_post(session, f"{gateway}/chat/completions", {**BODY, "model": "instant"}, auth)
         d, g = [], []
         for _ in range(CALLS):
-            d.append(await timed_post(session, f"{direct['instant']}/chat/completions", {**BODY, "model": "instant"}))
+            d.append(
+                await timed_post(direct["instant"][0], f"{direct['instant'][1]}/chat/completions", {**BODY, "model": "instant"})
+            )
             g.append(await timed_post(session, f"{gateway}/chat/completions", {**BODY, "model": "instant"}, auth))
         added50 = (percentile(g, 50) - percentile(d, 50)) * 1000
         added99 = (percentile(g, 99) - percentile(d, 99)) * 1000
@@ -102,7 +105,7 @@ async def bench(demo: DemoLab) -> None:
         # 2. streaming pace (events per second, first to last) and time to the first event, alternating
         rates_d, rates_g, first_d, first_g = [], [], [], []
         for _ in range(STREAM_RUNS):
-            rate, first = await paced(session, f"{direct['streamer']}/chat/completions", STREAM_TOKENS)
+            rate, first = await paced(direct["streamer"][0], f"{direct['streamer'][1]}/chat/completions", STREAM_TOKENS)
             rates_d.append(rate)
             first_d.append(first)
             rate, first = await paced(session, f"{gateway}/chat/completions", STREAM_TOKENS, auth)
@@ -117,20 +120,22 @@ async def bench(demo: DemoLab) -> None:
         )
 
         # 3. 200 concurrent streams, direct then through the gateway and the tunnel
-        async def crowd(url: str, headers: dict | None) -> tuple[list[float], int]:
+        async def crowd(via: aiohttp.ClientSession, url: str, headers: dict | None) -> tuple[list[float], int]:
             results = await asyncio.gather(
-                *(stream(session, url, "crowd", 16, headers) for _ in range(CONCURRENT)), return_exceptions=True
+                *(stream(via, url, "crowd", 16, headers) for _ in range(CONCURRENT)), return_exceptions=True
             )
             errors = sum(isinstance(r, BaseException) for r in results)
             return [r[0] for r in results if not isinstance(r, BaseException)], errors
 
-        crowd_d, errors_d = await crowd(f"{direct['crowd']}/chat/completions", None)
-        crowd_g, errors_g = await crowd(f"{gateway}/chat/completions", auth)
+        crowd_d, errors_d = await crowd(direct["crowd"][0], f"{direct['crowd'][1]}/chat/completions", None)
+        crowd_g, errors_g = await crowd(session, f"{gateway}/chat/completions", auth)
         print(
             f"{CONCURRENT} concurrent streams: errors direct {errors_d}, through the tunnel {errors_g} "
             f"{'OK' if errors_g == 0 else 'MISSED'}; p50 direct {percentile(crowd_d, 50) * 1000:.1f} ms, through the tunnel "
             f"{percentile(crowd_g, 50) * 1000:.1f} ms"
         )
+
+        await engines.close()
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_GET, MODELS_SWAP, ModelDetail, ModelParams, SwapParams
 from agents.wire.lab.model import load_lab
-from bench.common import percentile
+from bench.common import EngineSessions, percentile
 from console.client import FleetClient
 
 COLD_RUNS = 3
@@ -139,7 +139,10 @@ async def bench_gateway_and_swaps(folder: Path, vocab: Path) -> None:
                     await asyncio.sleep(0.01)
                 raise RuntimeError(f"{name} not {wanted}: {got.state} {got.error}")
 
-            direct = (await settled("a", "warm")).endpoint
+            endpoint = (await settled("a", "warm")).endpoint
+            assert endpoint is not None
+            engines = EngineSessions()
+            direct_session, direct = engines(endpoint)
             gateway = f"http://127.0.0.1:{lab.gateway.port}/v1"
             for _ in range(3000):  # the gateway hears of the pool's models by telemetry
                 async with session.get(f"{gateway}/models", headers=auth) as r:
@@ -149,7 +152,7 @@ async def bench_gateway_and_swaps(folder: Path, vocab: Path) -> None:
                 await asyncio.sleep(0.01)
             rates_d, rates_g = [], []
             for _ in range(STREAMS):  # alternated, same model, same prompt
-                seconds, tokens = await stream(session, f"{direct}/completions", "a")
+                seconds, tokens = await stream(direct_session, f"{direct}/completions", "a")
                 rates_d.append(tokens / seconds)
                 seconds, tokens = await stream(session, f"{gateway}/completions", "a", auth)
                 rates_g.append(tokens / seconds)
@@ -158,6 +161,7 @@ async def bench_gateway_and_swaps(folder: Path, vocab: Path) -> None:
                 f"2. streaming {STREAM_TOKENS} tokens, median of {STREAMS}: direct {d:.0f} tokens/s, through the gateway {g:.0f} tokens/s: "
                 f"ratio {g / d:.3f} (goal >= 0.98: {'OK' if g / d >= 0.98 else 'MISSED'})"
             )
+            await engines.close()
 
             control_ms, agent_ms, total_ms = [], [], []
             pair = ("a", "b")

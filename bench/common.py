@@ -144,3 +144,26 @@ class DrawnAges:
 
     def close(self) -> None:
         self._unwrap()
+
+
+class EngineSessions:
+    """HTTP sessions that reach engines directly at their endpoints (each its unix socket, or 127.0.0.1:PORT where
+    lab.yaml put it on a port), for the benches' "direct" figures: ``sessions(endpoint)`` is (session, its /v1 URL)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, Any] = {}
+
+    def __call__(self, endpoint: str) -> tuple[Any, str]:
+        import aiohttp
+
+        from agents.wire.engine_address import EngineAddress
+
+        address = EngineAddress.parse(endpoint)
+        if endpoint not in self._open:
+            connector = aiohttp.UnixConnector(path=address.socket, limit=0) if address.socket else aiohttp.TCPConnector(limit=0)
+            self._open[endpoint] = aiohttp.ClientSession(connector=connector)
+        return self._open[endpoint], f"{address.origin}/v1"
+
+    async def close(self) -> None:
+        for session in self._open.values():
+            await session.close()

@@ -25,6 +25,7 @@ from agents.wire.catalogue.models import (
     PinParams,
     SwapParams,
 )
+from agents.wire.engine_address import UNIX_PREFIX
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import ModelState
@@ -187,6 +188,8 @@ def model_human(m: ModelInfo) -> str:
     line = f"{m.name} on {m.machine} {where}: {state_text(m)}"
     if m.endpoint and m.state == ModelState.WARM:
         line += f"  {m.endpoint} (model name: {m.served_name or m.name})"
+        if not m.endpoint.startswith(UNIX_PREFIX):  # 127.0.0.1 is no boundary on a shared machine
+            line += "\n  WARN: its engine listens on 127.0.0.1: any user of that machine can reach it with no key"
     if m.error is not None:
         line += f"\n  error: {m.error.message}"
         line += "".join(f"\n  | {text}" for text in m.error.log_tail[-8:])

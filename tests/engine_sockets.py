@@ -1,4 +1,4 @@
-"""Which addresses the engines of a running demo lab listen on (psutil), for the "never on the network" checks."""
+"""Where the engines of a running demo lab listen (psutil), for the "no other user reaches an engine" checks."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import psutil
 
 from agents.shell.demo.lab import DemoLab
 
-ENGINE_MODULES = ("agents.orchestra.sim_server", "vllm", "transformers", "llama-server")
+ENGINE_MODULES = ("agents.orchestra.sim_server", "agents.orchestra.sim_llamacpp", "vllm", "transformers", "llama-server")
+TCP_ENGINES = ("transformers",)  # `transformers serve` has no unix-socket option: 127.0.0.1, with the doctor's warning
 
 
-def engine_listeners(demo: DemoLab) -> list[tuple[int, str, int]]:
-    """(pid, ip, port) of every listening socket of every engine under the demo's agents."""
+def engine_listeners(demo: DemoLab) -> list[tuple[int, str, str]]:
+    """(pid, "inet" or "unix", its address) of every listening socket of every engine under the demo's agents."""
     found = []
     for popen in demo.processes:
         try:
@@ -22,20 +23,30 @@ def engine_listeners(demo: DemoLab) -> list[tuple[int, str, int]]:
             continue
         for child in children:
             try:
-                if not any(module in part for part in child.cmdline() for module in ENGINE_MODULES):
+                cmdline = child.cmdline()
+                if not any(module in part for part in cmdline for module in ENGINE_MODULES):
                     continue
+                tcp_ok = any(module in part for part in cmdline for module in TCP_ENGINES)
                 for conn in child.net_connections(kind="inet"):
                     if conn.status == psutil.CONN_LISTEN:
-                        found.append((child.pid, conn.laddr.ip, conn.laddr.port))
+                        found.append((child.pid, "inet" if not tcp_ok else "inet-allowed", f"{conn.laddr.ip}:{conn.laddr.port}"))
+                for conn in child.net_connections(kind="unix"):
+                    if conn.laddr and str(conn.laddr).endswith(".sock") and not conn.raddr:
+                        found.append((child.pid, "unix", str(conn.laddr)))
             except psutil.NoSuchProcess:
                 continue
     return found
 
 
-def assert_engines_on_loopback(demo: DemoLab) -> list[tuple[int, str, int]]:
-    """Every engine socket listens on 127.0.0.1 (returns them; at least one is expected)."""
+def assert_engines_on_sockets(demo: DemoLab) -> list[tuple[int, str, str]]:
+    """Every engine listens on a unix socket of its agent's and on no TCP port (`transformers serve`, which has no
+    socket option, on 127.0.0.1 only). Returns the listeners; at least one is expected."""
     listeners = engine_listeners(demo)
     assert listeners, "no engine is listening: the check would prove nothing"
-    beyond = [entry for entry in listeners if entry[1] != "127.0.0.1"]
-    assert not beyond, f"engine sockets beyond loopback: {beyond}"
+    on_tcp = [
+        entry
+        for entry in listeners
+        if entry[1] == "inet" or (entry[1] == "inet-allowed" and not entry[2].startswith("127.0.0.1:"))
+    ]
+    assert not on_tcp, f"engines listening on TCP: {on_tcp}"
     return listeners

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
 import json
-import urllib.error
-import urllib.request
+from urllib.parse import urlsplit
 
+from agents.orchestra.engine import UnixHTTPConnection
+from agents.wire.engine_address import UNIX_PREFIX
 from console.client import FleetClient
 from tests.conftest import wait_for
 
@@ -56,15 +58,31 @@ async def settle(client: FleetClient, name: str, states: tuple[str, ...], timeou
     return found
 
 
-def post(endpoint: str, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(
-        endpoint.removesuffix("/v1") + path,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
+def engine_http(url: str, body: object | None = None, method: str | None = None) -> tuple[int, bytes]:
+    """A request to an engine at ``url``: its endpoint without /v1, then the path (``unix:/run/engine.sock/metrics``
+    over its socket, ``http://127.0.0.1:PORT/metrics`` where it is on a port); POST when there is a body, unless
+    ``method`` says."""
+    if url.startswith(UNIX_PREFIX):
+        sock, _, path = url[len(UNIX_PREFIX) :].partition(".sock")
+        connection: http.client.HTTPConnection = UnixHTTPConnection(sock + ".sock", 30)
+    else:
+        parts = urlsplit(url)
+        connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+    data = None if body is None else json.dumps(body).encode()
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
+        connection.request(
+            method or ("GET" if data is None else "POST"),
+            path or "/",
+            body=data,
+            headers={"Content-Type": "application/json"} if data else {},
+        )
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def post(endpoint: str, path: str, body: dict) -> tuple[int, dict]:
+    status, raw = engine_http(endpoint.removesuffix("/v1") + path, body)
+    return status, json.loads(raw or b"{}")

@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from tests.conftest import HOUR_S, age, wait_for
+from tests.pool_fixtures import engine_http
 
 PY = sys.executable
 V100 = {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250}
@@ -243,8 +243,7 @@ async def test_serve_an_adapter_into_a_warm_model_and_merged_on_transformers(cli
     # 1. the warm sim model of the same base loads the adapter at run time (vLLM's /v1/load_lora_adapter)
     served = await client.call("box", "checkpoints.serve", {"run": "exp1", "step": 4})
     assert served["mode"] == "adapter" and served["model"] == "tiny-sim" and served["base_matches"] and served["simulated"]
-    with urllib.request.urlopen(served["endpoint"] + "/models", timeout=5) as response:
-        ids = [m["id"] for m in json.loads(response.read())["data"]]
+    ids = [m["id"] for m in json.loads(engine_http(served["endpoint"].removesuffix("/v1") + "/v1/models")[1])["data"]]
     assert served["served_name"] in ids
     in_use = await error_of(client, "checkpoints.delete", {"run": "exp1", "step": 4})
     assert in_use.code == ErrorCode.CONFLICT and "served by model tiny-sim" in in_use.message
@@ -264,13 +263,10 @@ async def test_serve_an_adapter_into_a_warm_model_and_merged_on_transformers(cli
     serving = await wait_for(settled, timeout=200, interval=0.5)
     assert serving["state"] == "warm", serving
     model = await client.call("box", "models.get", {"model": name})
-    body = json.dumps(
-        {"model": model["served_name"], "messages": [{"role": "user", "content": "Capital of France:"}], "max_tokens": 4}
-    ).encode()
-    request = urllib.request.Request(
-        model["endpoint"] + "/chat/completions", data=body, headers={"Content-Type": "application/json"}
-    )
-    answer = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(request, timeout=60).read()))
+    body = {"model": model["served_name"], "messages": [{"role": "user", "content": "Capital of France:"}], "max_tokens": 4}
+    status, raw = await asyncio.to_thread(engine_http, model["endpoint"].removesuffix("/v1") + "/v1/chat/completions", body)
+    answer = json.loads(raw)
+    assert status == 200, answer
     assert answer["choices"][0]["message"]["content"] is not None and answer["usage"]["completion_tokens"] >= 1
     in_use = await error_of(client, "checkpoints.delete", {"run": "exp1", "step": 8, "confirm_special": True})
     assert in_use.code == ErrorCode.CONFLICT and f"served by model {name}" in in_use.message

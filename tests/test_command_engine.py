@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sqlite3
 import sys
-from urllib.parse import urlsplit
 
 import aiohttp
 import psutil
@@ -14,11 +13,12 @@ import yaml
 
 from agents.orchestra.engines import ENGINES, engine_spec
 from agents.shell.demo.lab import DemoLab
+from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import LabError, load_lab, parse_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from tests.conftest import wait_for
-from tests.engine_sockets import assert_engines_on_loopback
+from tests.engine_sockets import assert_engines_on_sockets
 from tests.pool_fixtures import settle
 
 pytestmark = pytest.mark.timeout(240)
@@ -30,10 +30,8 @@ SERVER = [
     "-m",
     "agents.orchestra.sim_server",
     "{model}",
-    "--host",
-    "127.0.0.1",
-    "--port",
-    "{port}",
+    "--uds",
+    "{socket}",
     "--served-model-name",
     "{name}",
     "--load-s",
@@ -75,7 +73,8 @@ def test_command_engine_keys_are_checked_where_lab_yaml_is_read():
         ({"command": [*SERVER, "--host", "0.0.0.0"]}, "'0.0.0.0': engines listen on 127.0.0.1 only"),
         ({"command": ["server", "--bind=[::]:{port}", "127.0.0.1"]}, "'--bind=[::]:{port}'"),
         ({"command": ["server", "--port", "{port}"]}, "its command must bind 127.0.0.1"),
-        ({"command": ["server", "--host", "127.0.0.1"]}, "needs {port}"),
+        ({"command": ["server", "--host", "127.0.0.1"]}, "needs {socket}"),
+        ({"command": ["server", "--uds", "{socket}"], "port": 8000}, "it takes no port:"),
         ({"command": []}, "engine: command needs command"),
         ({"engine": "sim", "command": SERVER}, "command and stop_command are for engine: command"),
         ({"stop_command": ["stopper", "0.0.0.0:{port}"]}, "'0.0.0.0:{port}'"),
@@ -111,11 +110,11 @@ def lab(tmp_path_factory):
         yield demo
 
 
-def server_processes(port: int) -> list[psutil.Process]:
+def server_processes(where: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if "agents.orchestra.sim_server" in cmdline and str(port) in cmdline:
+        if "agents.orchestra.sim_server" in cmdline and where in cmdline:
             found.append(proc)
     return found
 
@@ -128,9 +127,9 @@ async def test_a_command_model_warms_serves_through_the_gateway_and_colds(lab):
         await fleet.call("node", "models.warm", {"model": "any"})
         info = await settle(fleet, "any", ("warm",), timeout=60, machine="node")
         assert info["engine"] == "command" and info["simulated"] is False
-        port = urlsplit(info["endpoint"]).port
-        assert port is not None and server_processes(port)
-        assert_engines_on_loopback(lab)  # the placeholders filled in: it listens on 127.0.0.1 only
+        address = EngineAddress.parse(info["endpoint"])
+        assert address.socket is not None and server_processes(address.socket)
+        assert_engines_on_sockets(lab)  # the placeholders filled in: it listens on its agent's socket only
 
         # through the gateway on the hub: the tunnel to the node's agent, then the server's /v1 answer
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
@@ -157,7 +156,7 @@ async def test_a_command_model_warms_serves_through_the_gateway_and_colds(lab):
         assert refused.value.code == ErrorCode.UNAVAILABLE
         await fleet.call("node", "models.cold", {"model": "any"})
         await settle(fleet, "any", ("cold", "cached"), timeout=60, machine="node")
-        await wait_for(lambda: not server_processes(port), timeout=30)
+        await wait_for(lambda: not server_processes(address.socket), timeout=30)
 
 
 # a stop command as an operator might write one (`fuser -k PORT/tcp`): it ends whatever listens on the port
@@ -190,5 +189,5 @@ async def test_the_stop_command_stops_the_server(tmp_path, caplog):
         await wait_for(engine.health, timeout=30)
     finally:
         await engine.stop()
-    assert marker.read_text() == f"{engine.port} 0"  # the placeholders filled in, as in the server's own argv
+    assert marker.read_text() == f"{engine.address.port} 0"  # the placeholders filled in, as in the server's own argv
     assert engine.returncode is not None and "did not stop it" not in caplog.text  # no SIGTERM of the group was needed

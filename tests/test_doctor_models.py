@@ -82,3 +82,28 @@ def test_doctor_fails_on_a_missing_llama_server_and_gguf_and_on_a_file_that_is_n
     code, checks = doctor(lab, state, binary)
     assert code == 0, {n: c for n, c in checks.items() if c["level"] == "FAIL"}
     assert checks["model tiny"]["level"] == "OK" and "model tiny gguf" not in checks
+
+
+def test_doctor_warns_of_every_engine_another_user_can_reach(tmp_path):
+    """An engine on 127.0.0.1 (a model's port:, or `transformers serve`, which has no unix-socket option) is reachable by
+    any user of the machine with no key: WARN; one on its agent's socket says nothing."""
+    from agents.shell.doctor import WARN, check_models
+    from agents.wire.lab.model import parse_lab
+
+    lab = parse_lab(
+        yaml.safe_dump(
+            {
+                "lab": "listen",
+                "machines": [{"name": "box", "gpus": {"sim": [P4]}}],
+                "models": [
+                    {"name": "pinned", "path": str(tmp_path), "engine": "sim", "machine": "box", "port": 8123},
+                    {"name": "hf", "path": str(tmp_path), "engine": "transformers", "machine": "box"},
+                    {"name": "quiet", "path": str(tmp_path), "engine": "sim", "machine": "box"},
+                ],
+            }
+        )
+    )
+    checks = {c.name: c for c in check_models(lab, "box")}
+    assert checks["model pinned listen"].level == WARN and "127.0.0.1:8123" in checks["model pinned listen"].message
+    assert checks["model hf listen"].level == WARN and "no unix-socket option" in checks["model hf listen"].message
+    assert "model quiet listen" not in checks

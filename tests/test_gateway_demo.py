@@ -15,7 +15,7 @@ from agents.orchestra.engines.transformers import transformers_cli
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
-from tests.engine_sockets import assert_engines_on_loopback
+from tests.engine_sockets import assert_engines_on_sockets
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")]
 
@@ -87,7 +87,7 @@ async def test_demo_gateway_wakes_asks_the_group_and_serves_real_tokens(demo):
         sim_cloud = next(p for p in status["providers"] if p["name"] == "sim-cloud")
         assert sim_cloud["spend_today"] > 0
         assert sim_cloud["key_set"]  # a simulated stand-in needs no key: never "API key not set" on the demo
-        assert_engines_on_loopback(demo)  # every engine of the demo, on every machine, on 127.0.0.1 only
+        assert_engines_on_sockets(demo)  # every engine of the demo, on every machine, on 127.0.0.1 only
 
 
 @pytest.mark.slow

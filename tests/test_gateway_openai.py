@@ -18,7 +18,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
 from tests.conftest import wait_for
-from tests.engine_sockets import assert_engines_on_loopback
+from tests.engine_sockets import assert_engines_on_sockets
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -265,7 +265,7 @@ async def test_a_model_put_to_sleep_mid_stream_finishes_the_stream_and_later_req
     assert (await fleet.call("hub", "gateway.status"))["models"] and next(
         m for m in (await fleet.call("hub", "gateway.status"))["models"] if m["name"] == "slowly"
     )["wakes"] >= 1
-    assert_engines_on_loopback(sdk_lab)
+    assert_engines_on_sockets(sdk_lab)
 
 
 async def _op_is(fleet: FleetClient, name: str, op: str) -> bool:

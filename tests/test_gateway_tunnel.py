@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import pwd
+import shutil
 import stat
-from urllib.parse import urlsplit
+from pathlib import Path
 
 import aiohttp
 import asyncssh
@@ -16,11 +20,13 @@ from agents.runtime.demo import ANY_GATEWAY_PORT_ENV
 from agents.runtime.keys import ensure_key
 from agents.runtime.peers import PEER_KEY_NAME
 from agents.shell.demo.lab import DemoLab
+from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import LabError, load_lab, parse_lab
 from agents.wire.protocol import SSH_USERNAME
 from console.client import FleetClient
 from tests.conftest import wait_for
-from tests.engine_sockets import assert_engines_on_loopback
+from tests.engine_sockets import assert_engines_on_sockets
+from tests.pool_fixtures import engine_http
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -63,28 +69,23 @@ async def client(tunnel_lab):
         yield fleet
 
 
-async def engine_port(fleet: FleetClient, machine: str, name: str) -> int:
+async def engine_socket(fleet: FleetClient, machine: str, name: str) -> str:
     listing = await fleet.call(machine, "models.list")
-    port = urlsplit(next(e for e in listing["models"] if e["name"] == name)["endpoint"]).port
-    assert port is not None
-    return port
+    socket = EngineAddress.parse(next(e for e in listing["models"] if e["name"] == name)["endpoint"]).socket
+    assert socket is not None
+    return socket
 
 
 def agent_pid(demo: DemoLab, machine: str) -> int:
     return next(p.pid for p in demo.processes if "agents.shell.daemon" in p.args and machine in p.args)
 
 
-def connects_to(pid: int, port: int) -> bool:
-    return any(
-        c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
-        for c in psutil.Process(pid).net_connections(kind="inet")
-    )
-
-
 async def test_gateway_serves_another_machines_model_through_the_tunnel(tunnel_lab, client):
     lab = load_lab(tunnel_lab.lab_path)
     key = (tunnel_lab.dir / "console" / "gateway.key").read_text().strip()
-    port = await engine_port(client, "node", "far")
+    far = await engine_socket(client, "node", "far")
+    # the engine's socket is in a folder of the agent's user only: no other local user reaches it
+    assert stat.S_IMODE(os.stat(os.path.dirname(far)).st_mode) == 0o700
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
         body = {"model": "far", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         async with session.post(f"{lab.gateway.url}/chat/completions", json={**body, "stream": True}) as r:
@@ -92,15 +93,16 @@ async def test_gateway_serves_another_machines_model_through_the_tunnel(tunnel_l
         async with session.post(f"{lab.gateway.url}/chat/completions", json=body) as r:  # kept alive after it
             assert r.status == 200, await r.text()
             assert r.headers["x-cetlab-target"] == "node"
-        # the engine's connection comes from the node's own agent (the far end of the SSH forward), never from the hub
-        await wait_for(lambda: connects_to(agent_pid(tunnel_lab, "node"), port), timeout=10)
-        assert not connects_to(agent_pid(tunnel_lab, "hub"), port)
+        body = {**body, "model": "near"}  # this machine's engine: at its socket, in-process
+        async with session.post(f"{lab.gateway.url}/chat/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            assert r.headers["x-cetlab-target"] == "hub"
     # the forward's end on the gateway machine is a unix socket in a folder of the agent's user only: no other local
     # user reaches the remote engine through it (a loopback TCP port would let anyone on the gateway machine in)
     sockets = [
         c.laddr
         for c in psutil.Process(agent_pid(tunnel_lab, "hub")).net_connections(kind="unix")
-        if c.laddr and c.laddr.endswith(f"/node-{port}.sock")
+        if c.laddr and "/node-" in c.laddr and c.laddr.endswith(".sock")
     ]
     assert sockets and all(stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700 for path in sockets)
 
@@ -112,35 +114,97 @@ async def test_forwards_only_for_the_gateway_key_and_only_to_running_engines(tun
     gateway_key = ensure_key(tunnel_lab.dir / "agents" / "hub" / PEER_KEY_NAME)
     console_key = ensure_key(tunnel_lab.dir / "console" / "id_ed25519")
     far, spare, near = (
-        await engine_port(client, "node", "far"),
-        await engine_port(client, "node", "spare"),
-        await engine_port(client, "hub", "near"),
+        await engine_socket(client, "node", "far"),
+        await engine_socket(client, "node", "spare"),
+        await engine_socket(client, "hub", "near"),
     )
 
-    async def forward(key: asyncssh.SSHKey, host: str, port: int) -> bytes:
+    async def forward(key: asyncssh.SSHKey, where: str | tuple[str, int]) -> bytes:
         async with asyncssh.connect(
             node.host, node.port, username=SSH_USERNAME, client_keys=[key], known_hosts=known_hosts, agent_path=None, config=None
         ) as conn:
-            reader, writer = await conn.open_connection(host, port)
+            if isinstance(where, str):
+                reader, writer = await conn.open_unix_connection(where)
+            else:
+                reader, writer = await conn.open_connection(*where)
             writer.write(b"GET /health HTTP/1.0\r\n\r\n")
             data = await reader.read()
             writer.close()
             return data
 
-    assert (await forward(gateway_key, "127.0.0.1", far)).startswith(b"HTTP/1.")
-    refused = [
-        (console_key, "127.0.0.1", far),  # an operator's key: no forwards at all
-        (gateway_key, "127.0.0.1", node.port),  # the agent's own port
-        (gateway_key, "127.0.0.1", near),  # an engine port of another machine
-        (gateway_key, "localhost", far),  # by another name
+    assert (await forward(gateway_key, far)).startswith(b"HTTP/1.")
+    refused: list[tuple[asyncssh.SSHKey, str | tuple[str, int]]] = [
+        (console_key, far),  # an operator's key: no forwards at all
+        (gateway_key, ("127.0.0.1", node.port)),  # the agent's own port
+        (gateway_key, near),  # the engine socket of another machine's agent (here on the same host)
+        (gateway_key, far.replace("/far.run/", "/far.run/./")),  # by another spelling
+        (gateway_key, far.replace("/far.run/", "/spare.run/../far.run/")),
+        (gateway_key, str(tunnel_lab.dir / "agents" / "node" / "agent.sock")),  # a socket of the agent's that is no engine
+        (gateway_key, "/run/systemd/private"),
     ]
-    for key, host, port in refused:
+    for key, where in refused:
         with pytest.raises(asyncssh.ChannelOpenError):
-            await forward(key, host, port)
+            await forward(key, where)
     await client.call("node", "models.cold", {"model": "spare"})
     await wait_for(lambda: _stopped(client, "node", "spare"), timeout=30)
-    with pytest.raises(asyncssh.ChannelOpenError):  # its engine has stopped: the port is no longer one of ours
-        await forward(gateway_key, "127.0.0.1", spare)
+    with pytest.raises(asyncssh.ChannelOpenError):  # its engine has stopped: the socket is no longer one of ours
+        await forward(gateway_key, spare)
+
+
+def _as_nobody(endpoint: str, attempts: list[tuple[str, dict | None]]) -> list[str]:
+    """Each request (path, POST body or None) at an engine's endpoint from a forked child running as nobody: its status,
+    or the error that stopped it."""
+    nobody = pwd.getpwnam("nobody")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no event loop, no threads used
+        outcomes = []
+        try:
+            os.close(read_fd)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            for path, body in attempts:
+                try:
+                    outcomes.append(str(engine_http(endpoint.removesuffix("/v1") + path, body)[0]))
+                except OSError as exc:
+                    outcomes.append(type(exc).__name__)
+        finally:
+            os.write(write_fd, json.dumps(outcomes).encode())
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    return list(json.loads(data or "[]"))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as another uid needs root (the test forks a child that drops to nobody)")
+async def test_another_user_reaches_no_engine_while_the_gateway_and_the_agents_do(tunnel_lab, client):
+    """Issue 30, R3: a local user the agent never authorized, at each engine's endpoint as `models.list` names it
+    (before: 127.0.0.1:PORT, where it generated unmetered and put models to sleep behind the agent's back)."""
+    lab = load_lab(tunnel_lab.lab_path)
+    attempts: list[tuple[str, dict | None]] = [
+        ("/health", None),
+        ("/v1/completions", {"model": "near", "prompt": "free", "max_tokens": 4}),
+        ("/sleep?level=1&mode=abort", {}),
+    ]
+    for machine, name in (("hub", "near"), ("node", "far")):
+        listing = await client.call(machine, "models.list")
+        endpoint = next(e for e in listing["models"] if e["name"] == name)["endpoint"]
+        outcomes = await asyncio.to_thread(_as_nobody, endpoint, attempts)
+        assert outcomes == ["PermissionError"] * len(attempts), (name, endpoint, outcomes)
+    # the agents still reach them (their health checks keep them warm, awake) and the gateway too: in-process for the
+    # hub's own engine, over the SSH link (a direct-streamlocal forward) for the node's
+    key = (tunnel_lab.dir / "console" / "gateway.key").read_text().strip()
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
+        for name, machine in (("near", "hub"), ("far", "node")):
+            body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            async with session.post(f"{lab.gateway.url}/chat/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                assert r.headers["x-cetlab-target"] == machine
+            listing = await client.call(machine, "models.list")
+            assert next(e for e in listing["models"] if e["name"] == name)["state"] == "warm"
 
 
 async def _stopped(client: FleetClient, machine: str, name: str) -> bool:
@@ -149,7 +213,7 @@ async def _stopped(client: FleetClient, machine: str, name: str) -> bool:
 
 
 async def test_no_engine_listens_beyond_loopback(tunnel_lab, client):
-    listeners = assert_engines_on_loopback(tunnel_lab)
+    listeners = assert_engines_on_sockets(tunnel_lab)
     assert len(listeners) >= 2
 
 
@@ -162,7 +226,8 @@ def test_lab_yaml_cannot_put_an_engine_on_the_network():
             parse_lab(yaml.safe_dump(data))
     from agents.wire.lab.loopback import binds_elsewhere
 
-    assert not any(binds_elsewhere(arg) for arg in ("--hf-overrides", "{}", "--h", "--", "--port=8000", "--hosts"))
+    assert not any(binds_elsewhere(arg) for arg in ("--hf-overrides", "{}", "--h", "--", "--hosts"))
+    assert all(binds_elsewhere(arg) for arg in ("--port=8000", "--uds", "--ud=/tmp/x.sock", "--host"))  # the agent's to say
 
 
 def test_the_demo_keeps_lab_yamls_gateway_port_when_it_is_free(tmp_path, monkeypatch):
@@ -186,16 +251,68 @@ def test_the_demo_keeps_lab_yamls_gateway_port_when_it_is_free(tmp_path, monkeyp
         assert data["gateway"]["port"] != free  # taken: another one, the demo still starts
 
 
-@pytest.mark.parametrize("kind", ["sim", "vllm", "transformers"])
-def test_every_engine_is_started_on_loopback(tmp_path, kind):
-    """Whatever lab.yaml's args say (a --host is refused at load), the engine's command line binds 127.0.0.1."""
+@pytest.mark.parametrize("kind", ["sim", "vllm", "sim-llamacpp", "transformers"])
+def test_every_engine_is_started_on_its_socket(tmp_path, kind):
+    """Whatever lab.yaml's args say (--host, --port, --uds are refused at load), the engine listens on a unix socket in
+    its run folder; `transformers serve`, which has no socket option, on 127.0.0.1."""
     from agents.orchestra.engines import ENGINES
     from agents.wire.lab.model import Model
 
-    model = Model(name="m", path=str(tmp_path), engine=kind, machine="hub", gpus=[0], args=["--max-model-len", "512"])
-    argv = ENGINES[kind](model, tmp_path, "hub", [0], tmp_path / "m.log").argv()
-    hosts = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--host"]
-    assert hosts == ["127.0.0.1"], argv
+    path = tmp_path / ("m.gguf" if "llamacpp" in kind else "m")
+    model = Model(name="m", path=str(path), engine=kind, machine="hub", gpus=[0], args=["--max-model-len", "512"])
+    engine = ENGINES[kind](model, path, "hub", [0], tmp_path / "m.log")
+    argv = engine.argv()
+    flags = {arg: argv[i + 1] for i, arg in enumerate(argv) if arg in ("--host", "--port", "--uds")}
+    if kind == "transformers":
+        assert flags == {"--host": "127.0.0.1", "--port": str(engine.address.port)} and engine.tcp_warning(model)
+        return
+    assert engine.address.socket is not None and engine.tcp_warning(model) is None
+    assert flags == ({"--host": engine.address.socket} if "llamacpp" in kind else {"--uds": engine.address.socket}), argv
+    assert engine.address.socket == str(tmp_path / "m.run" / "engine.sock") or len(str(tmp_path)) > 80
+    pinned = Model(name="m", path=str(path), engine=kind, machine="hub", gpus=[0], port=8123)
+    engine = ENGINES[kind](pinned, path, "hub", [0], tmp_path / "m.log")  # lab.yaml's port: there, with a warning
+    assert engine.address.port == 8123 and "8123" in (engine.tcp_warning(pinned) or "")
+
+
+def test_a_too_long_state_dir_puts_the_socket_in_a_private_folder(tmp_path):
+    from agents.orchestra.engines import ENGINES
+    from agents.wire.lab.model import Model
+
+    deep = tmp_path / ("d" * 120)
+    model = Model(name="m", path=str(tmp_path), engine="sim", machine="hub", gpus=[0])
+    socket = ENGINES["sim"](model, tmp_path, "hub", [0], deep / "m.log").address.socket
+    assert socket is not None and len(socket.encode()) <= 107
+    folder = os.stat(os.path.dirname(socket))
+    assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == os.geteuid()
+    again = ENGINES["sim"](model, tmp_path, "hub", [0], deep / "m.log").address.socket
+    assert again == socket  # a restarted agent finds it again
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_a_socket_folder_of_another_user_is_refused_and_a_loose_one_of_ours_is_closed(tmp_path, monkeypatch):
+    import tempfile
+
+    from agents.orchestra.engines import ENGINES
+    from agents.wire.lab.model import Model
+    from agents.wire.protocol import ErrorCode, RemoteError
+
+    short = Path(tempfile.mkdtemp(prefix="ct", dir="/tmp"))  # a socket path holds 107 bytes: pytest's tmp_path is deep
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(short))
+    folder = short / f"cetlab-engines-{os.geteuid()}"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    model = Model(name="m", path=str(tmp_path), engine="sim", machine="hub", gpus=[0])
+    deep = tmp_path / ("d" * 120) / "m.log"
+    assert ENGINES["sim"](model, tmp_path, "hub", [0], deep).address.socket is not None
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700  # ours, but open to others: closed before use
+    os.chown(folder, pwd.getpwnam("nobody").pw_uid, -1)  # another user's (made before the agent's first start)
+    with pytest.raises(RemoteError) as refused:
+        ENGINES["sim"](model, tmp_path, "hub", [0], deep)
+    assert refused.value.code == ErrorCode.UNAVAILABLE and "not a folder of this user" in refused.value.message
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path / ("t" * 60)))  # both too deep: refused, said why
+    with pytest.raises(RemoteError, match="too deep for a socket path"):
+        ENGINES["sim"](model, tmp_path, "hub", [0], deep)
+    shutil.rmtree(short)
 
 
 def test_a_refused_forward_is_logged_on_one_line_whatever_host_it_names(caplog):
@@ -208,6 +325,8 @@ def test_a_refused_forward_is_logged_on_one_line_whatever_host_it_names(caplog):
     caller = SimpleNamespace(agent=None, role=Role.VIEWER, who="intruder")
     with caplog.at_level("WARNING", logger="cetlab.server"), pytest.raises(asyncssh.ChannelOpenError):
         _Server.connection_requested(caller, "127.0.0.1\n2026-11-24 08:00:00 CRITICAL cetlab: forged", 8400, "x", 0)
+    with caplog.at_level("WARNING", logger="cetlab.server"), pytest.raises(asyncssh.ChannelOpenError):
+        _Server.unix_connection_requested(caller, "/x.sock\n2026-11-24 08:00:00 CRITICAL cetlab: forged")
     assert caplog.records and all("\n" not in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 

@@ -8,7 +8,6 @@ import os
 import signal
 import sqlite3
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -20,30 +19,33 @@ from agents.runtime.rpc import Peer
 from agents.shell.agent import Agent
 from agents.shell.demo.lab import DemoLab
 from agents.telemetry.nvml import GPU_LOST, NvmlSampler
+from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import EVENT_TICK, ErrorCode, RemoteError, Role
 from tests.conftest import kill_jobs_left, wait_for
 from tests.hardening_fixtures import P4, PY, SLEEPER, connected, one_machine_lab
+from tests.pool_fixtures import engine_http
 from tests.test_nvml_sampler import FakeNvml, gpu
 
 FAST_SIM = {"load_s": 0.3, "cold_factor": 1, "warmup_s": 0.2, "wake_s": 0.1, "tokens_per_s": 500, "placeholder_mib": 1}
 
 
-def sim_servers(port: int) -> list[psutil.Process]:
-    """The sim model server processes listening on this port (by their command line)."""
+def sim_servers(socket: str) -> list[psutil.Process]:
+    """The sim model server processes listening on this socket (by their command line)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if "agents.orchestra.sim_server" in cmd and str(port) in cmd:
+        if "agents.orchestra.sim_server" in cmd and socket in cmd:
             found.append(proc)
     return found
 
 
 def complete(endpoint: str, model: str) -> dict:
-    body = json.dumps({"model": model, "prompt": "still serving?", "max_tokens": 3}).encode()
-    request = urllib.request.Request(endpoint + "/completions", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=20) as response:
-        return json.loads(response.read())
+    status, raw = engine_http(
+        endpoint.removesuffix("/v1") + "/v1/completions", {"model": model, "prompt": "still serving?", "max_tokens": 3}
+    )
+    assert status == 200, raw
+    return json.loads(raw)
 
 
 @pytest.mark.timeout(180)
@@ -106,7 +108,8 @@ async def test_kill_9_then_restart_readopts_trainer_and_model_server(tmp_path, s
         before_job, before_model = await states()
         assert before_job["state"] == "running" and before_model["state"] == "warm", (before_job, before_model)
         endpoint = before_model["endpoint"]
-        port = int(endpoint.rsplit(":", 1)[1].split("/")[0])
+        port = EngineAddress.parse(endpoint).socket
+        assert port is not None
         [server] = sim_servers(port)
         trainer = psutil.Process(before_job["pid"])
         audit_before = (await client.call("box", "audit.list"))["total"]

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
-import urllib.error
-import urllib.request
+import stat
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from pydantic import TypeAdapter
@@ -25,7 +26,7 @@ from agents.wire.schema import EngineName
 from console.client import FleetClient
 from tests.conftest import HOUR_S, age, wait_for
 from tests.llamacpp_fixtures import llama_server_or_skip, tiny_models
-from tests.pool_fixtures import FAST, pool_lab, post, settle
+from tests.pool_fixtures import FAST, engine_http, pool_lab, post, settle
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1024**3
@@ -143,15 +144,8 @@ def test_a_hugging_face_folder_on_llamacpp_is_refused_with_the_way_out(tmp_path)
 
 
 def http(url: str, body: object | None = None) -> tuple[int, str]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, headers={"Content-Type": "application/json"} if data else {}, method="POST" if data is not None else "GET"
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+    status, raw = engine_http(url, body)
+    return status, raw.decode()
 
 
 async def test_sim_llamacpp_holds_llama_servers_contract(run_pool):
@@ -265,6 +259,11 @@ async def test_real_llama_server_warm_tokens_metrics_adapter_swap_gateway_idle_s
         a = await settle(client, "tiny-a", ("warm", "failed"), timeout=90)
         assert a["state"] == "warm", a["error"]
         assert a["simulated"] is False and a["engine"] == "llamacpp"
+        # the real llama-server took --host PATH.sock as its socket: it listens there, in its 0700 run folder, and on no port
+        socket = a["endpoint"].removeprefix("unix:")
+        assert a["endpoint"].startswith("unix:/") and stat.S_IMODE(os.stat(os.path.dirname(socket)).st_mode) == 0o700
+        server = next(p for p in psutil.process_iter(["cmdline"]) if socket in (p.info["cmdline"] or []))
+        assert not [c for c in server.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
         assert "model_load_s" in (await client.call("box", "models.get", {"model": "tiny-a"}))["load_phases"]
         # real tokens from llama.cpp's forward pass
         status, answer = await asyncio.to_thread(

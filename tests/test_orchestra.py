@@ -9,8 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -21,18 +19,18 @@ from agents.orchestra.engines import engine_spec
 from agents.orchestra.rotation import Candidate, plan_moves
 from agents.orchestra.slot import WindowRate
 from agents.shell.demo.lab import DemoLab
+from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from console.client import FleetClient
 from tests.conftest import wait_for
-from tests.pool_fixtures import pool_lab, post, settle, sim_model
+from tests.pool_fixtures import engine_http, pool_lab, post, settle, sim_model
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def metric(endpoint: str, name: str) -> float:
-    with urllib.request.urlopen(endpoint.removesuffix("/v1") + "/metrics", timeout=10) as response:
-        text = response.read().decode()
+    text = engine_http(endpoint.removesuffix("/v1") + "/metrics")[1].decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
@@ -184,8 +182,8 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         assert (await client.call("box", "models.adapter", {"model": "a", "name": "capitals", "path": "adapters/capitals"}))[
             "adapter"
         ] == "capitals"
-        with urllib.request.urlopen(a["endpoint"] + "/models", timeout=10) as response:
-            assert "capitals" in [m["id"] for m in json.loads(response.read())["data"]]
+        models = json.loads(engine_http(a["endpoint"].removesuffix("/v1") + "/v1/models")[1])
+        assert "capitals" in [m["id"] for m in models["data"]]
         with pytest.raises(RemoteError) as exc:
             await client.call("box", "models.adapter", {"model": "a", "name": "x", "path": "adapters"})
         assert exc.value.code == ErrorCode.NOT_FOUND and "adapter_config.json" in exc.value.message
@@ -243,7 +241,7 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         endpoint = (await settle(client, "b", ("warm",)))["endpoint"]
 
         # an engine killed by a signal: the signal is named (not "exited with code -9")
-        port = endpoint.rsplit(":", 1)[1].split("/")[0]
+        port = EngineAddress.parse(endpoint).socket
         [server] = [
             p
             for p in psutil.process_iter(["cmdline"])

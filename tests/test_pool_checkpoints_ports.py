@@ -55,6 +55,9 @@ class PoolStandIn:
     def engine_ports(self) -> frozenset[int]:
         return frozenset()
 
+    def engine_sockets(self) -> frozenset[str]:
+        return frozenset()
+
     def holding_gpus(self) -> list[ModelInfo]:
         return []
 

@@ -7,8 +7,6 @@ import json
 import os
 import stat
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from agents.orchestra.engines.vllm import AdapterNotLoadable, SimEngine, VllmEng
 from agents.wire.lab.model import Model
 from agents.wire.lab.model import SimEngine as SimDelays
 from agents.wire.protocol import GpuProcess, GpuSample
+from tests.pool_fixtures import engine_http
 
 pytestmark = pytest.mark.timeout(120)
 FAST = SimDelays(load_s=0.0, warmup_s=0.0, wake_s=0.0, tokens_per_s=0)
@@ -72,7 +71,7 @@ def test_vllm_flags_enable_lora_silence_access_logs_and_the_sim_gets_the_same(tm
         assert flag in flags
     assert flags[-2:] == ["--max-model-len", "4096"] and flags[flags.index("--gpu-memory-utilization") + 1] == "0.34"
     sim = SimEngine(lab_model, Path("/models/llama"), "box", [0], tmp_path / "log", gpu_total_bytes=24 * GiB)
-    sim.port = vllm.port
+    assert sim.address == vllm.address  # the same socket: the run folder beside the same log
     assert sim.argv()[3:4] == ["/models/llama"] and sim.argv()[4 : 4 + len(flags)] == flags  # started the way vLLM is
     no_lora = VllmEngine(model(engine="vllm", max_loras=0), Path("/m"), "box", [0], tmp_path / "log").argv()
     assert "--enable-lora" not in no_lora
@@ -120,15 +119,8 @@ def test_adapter_problem_says_why_and_offers_the_merge(tmp_path):
 
 
 def request(engine, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        f"http://{engine.host}:{engine.port}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=10) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+    """At the engine's own address (its unix socket), as the agent asks it."""
+    return engine_http(engine.address.endpoint.removesuffix("/v1") + path, body, method)
 
 
 async def started(engine: SimEngine, env: dict[str, str] | None = None) -> SimEngine:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from agents.runtime.peers import CONNECT_TIMEOUT_S, PEER_KEY_NAME, PeerClient
 from agents.runtime.rpc import Peer
 from agents.runtime.view import MachineView
+from agents.wire.engine_address import EngineAddress
 from agents.wire.protocol import ErrorCode, LinkStatus, RemoteError, Role
 from agents.wire.sections.models import ModelsSection
 
@@ -101,10 +102,10 @@ class Reach:
             raise RemoteError(error.get("code", ErrorCode.INTERNAL), error.get("message", ""), error.get("data"))
         return response["result"]
 
-    async def tunnel(self, machine: str, port: int) -> str:
+    async def tunnel(self, machine: str, target: EngineAddress) -> str:
         if self.peers is None:
             raise RemoteError(ErrorCode.NOT_FOUND, f"no peer named {machine!r}")
-        return await self.peers.tunnel(machine, port)
+        return await self.peers.tunnel(machine, target)
 
     async def reachable(self, machine: str) -> None:
         """Raise Unreachable unless the machine's agent can be asked now (a first attempt is waited for, briefly)."""

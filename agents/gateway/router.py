@@ -8,13 +8,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 from agents.gateway.metering import Meter
 from agents.gateway.reach import Reach, Unreachable
 from agents.runtime.view import MachineView
 from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_COLD, MODELS_LIST, MODELS_SLEEP, MODELS_SWAP, MODELS_WARM, ModelParams, SwapParams
+from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.gateway import Provider, ProviderModel, find_provider_model
 from agents.wire.lab.model import Lab, Model
 from agents.wire.protocol import ErrorCode, RemoteError
@@ -76,7 +76,7 @@ class Target:
     woke: bool = False
     reason: str | None = None  # why a fallback answered
     engine_model: Model | None = None  # local: the model whose engine answers (an adapter's base, or the model itself)
-    unix_socket: str | None = None  # another machine's engine: the SSH forward that carries base_url
+    unix_socket: str | None = None  # the socket that carries base_url: this machine's engine's, or the SSH forward's
 
 
 class Router:
@@ -139,13 +139,15 @@ class Router:
     async def endpoint(self, model: Model, endpoint: str) -> tuple[str, str | None]:
         """The engine's endpoint as the gateway reaches it: (its URL, the unix socket that carries it or None).
 
-        Engines listen on their machine's 127.0.0.1 only: another machine's engine is reached through the SSH
-        connection to its agent, a forward from a private unix socket here (the URL stays the engine's own)."""
-        url = urlsplit(endpoint)
-        if model.machine == self.machine or url.port is None:
-            return urlunsplit(url), None
+        Engines listen on a unix socket of their agent's (or 127.0.0.1:PORT where lab.yaml says so): this machine's
+        are reached at that socket; another machine's through the SSH connection to its agent, a forward from a private
+        unix socket here (agents/wire/engine_address.py)."""
+        address = EngineAddress.parse(endpoint)
+        url = f"{address.origin}/v1"
+        if model.machine == self.machine:
+            return url, address.socket
         try:
-            socket_path = await self.peers.tunnel(model.machine, url.port)
+            socket_path = await self.peers.tunnel(model.machine, address)
         except RemoteError as exc:
             raise NotServable(
                 503,
@@ -153,7 +155,7 @@ class Router:
                 "machine_offline",
                 self.policies.retry_after_s,
             ) from None
-        return urlunsplit(url), socket_path
+        return url, socket_path
 
     def expected_bring_up_s(self, info: ModelInfo | None) -> float:
         """How long until this model can answer, from the pool's own timings."""

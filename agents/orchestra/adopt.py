@@ -14,6 +14,7 @@ import psutil
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
 from agents.runtime.procfiles import write_json
 from agents.wire.documents import BadDocument, read_json_object
+from agents.wire.engine_address import EngineAddress
 from agents.wire.states import ModelState
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def remember(slots: dict[str, Slot]) -> dict[str, dict[str, Any]]:
         running[slot.name] = {
             "pid": engine.pid,
             "create_time": create_time,
-            "port": engine.port,
+            "listen": engine.address.endpoint,
             "gpus": slot.gpus,
             "log_offset": engine._log_offset,
             "state": slot.state,
@@ -99,7 +100,7 @@ def found_on_disk(models_dir: Path) -> dict[str, dict[str, Any]]:
         return {}
     kept = {}
     for name, record in engines.items():
-        if isinstance(record, dict) and isinstance(record.get("pid"), int) and isinstance(record.get("port"), int):
+        if isinstance(record, dict) and isinstance(record.get("pid"), int) and _address(record) is not None:
             kept[name] = record
         else:
             log.error("%s: the entry of %r is not an engine record; left out", models_dir / ENGINES_FILE, name)
@@ -108,13 +109,27 @@ def found_on_disk(models_dir: Path) -> dict[str, dict[str, Any]]:
     return kept
 
 
-def _ours(pid: int, create_time: Any, port: Any) -> bool:
+def _address(record: dict[str, Any]) -> EngineAddress | None:
+    """Where a recorded engine listens (None: the record says nowhere a current engine could)."""
+    listen, port = record.get("listen"), record.get("port")  # port: a record of an agent from before engines' sockets
+    try:
+        if isinstance(listen, str):
+            return EngineAddress.parse(listen)
+        return EngineAddress(port=port) if isinstance(port, int) else None
+    except ValueError:
+        return None
+
+
+def _ours(pid: int, create_time: Any, address: EngineAddress | None) -> bool:
     """The very engine a record names, before any signal: the pid alive with the recorded start time (a record
-    without one names nothing), leading its own process group, with the recorded port on its command line."""
+    without one names nothing), leading its own process group, with the recorded socket or port on its command line."""
+    if address is None:
+        return False
     if isinstance(create_time, bool) or not isinstance(create_time, (int, float)) or not _alive(pid, float(create_time)):
         return False
+    mark = address.socket if address.socket is not None else str(address.port)
     try:
-        return os.getpgid(pid) == pid and str(port) in psutil.Process(pid).cmdline()
+        return os.getpgid(pid) == pid and any(mark in arg for arg in psutil.Process(pid).cmdline())
     except (OSError, psutil.Error):
         return False
 
@@ -133,7 +148,8 @@ async def adopt(lifecycle: Lifecycle, records: dict[str, dict[str, Any]]) -> lis
     for name, record in records.items():
         slot = book.slots.get(name)
         pid, create_time = record.get("pid"), record.get("create_time")
-        if not isinstance(pid, int) or not _ours(pid, create_time, record.get("port")):
+        address = _address(record)
+        if not isinstance(pid, int) or not _ours(pid, create_time, address):
             if isinstance(pid, int) and create_time is None:
                 log.warning("engine record of %s names pid %s without its start time: not trusted, left alone", name, pid)
             continue
@@ -147,7 +163,8 @@ async def adopt(lifecycle: Lifecycle, records: dict[str, dict[str, Any]]) -> lis
             log.warning("cannot re-adopt %s (pid %s): %s; stopping it", name, pid, exc)
             _kill_group(pid)
             continue
-        engine.port, engine._log_offset = record["port"], record.get("log_offset", 0)
+        assert address is not None  # _ours checked it
+        engine.address, engine._log_offset = address, record.get("log_offset", 0)
         engine.proc = AdoptedProcess(pid, create_time)
         if not await engine.health():
             log.warning("engine of %s (pid %s) does not answer /health: stopping it", name, pid)
@@ -161,8 +178,8 @@ async def adopt(lifecycle: Lifecycle, records: dict[str, dict[str, Any]]) -> lis
             sleeping = False
         slot.gpus, slot.engine, slot.last_engine, slot.error = engine.gpus, engine, engine, None
         book.set_state(slot, ModelState.SLEEPING if sleeping else ModelState.WARM)
-        book.event(slot, "adopt", detail={"pid": pid, "port": engine.port})
+        book.event(slot, "adopt", detail={"pid": pid, "listen": engine.address.endpoint})
         lifecycle.supervise(slot, engine)
-        log.info("re-adopted the %s engine of %s (pid %s, port %s)", slot.model.engine, name, pid, engine.port)
+        log.info("re-adopted the %s engine of %s (pid %s, at %s)", slot.model.engine, name, pid, engine.address)
         adopted.append(name)
     return adopted

@@ -33,6 +33,7 @@ from agents.orchestra.spec import EngineSpec
 from agents.runtime.core import AgentCore
 from agents.runtime.torch_probe import TorchReader
 from agents.wire.documents import EngineFigures
+from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import Model
 from agents.wire.protocol import ErrorCode, RemoteError, Telemetry
 from agents.wire.sections.gpu_support import Stack, StackKind
@@ -214,13 +215,21 @@ class OrchestraComponent:
             await task
         return self._view(slot)
 
-    def engine_ports(self) -> frozenset[int]:
-        """The 127.0.0.1 ports of the engines running here now: the only ones the gateway may reach over SSH."""
-        return frozenset(
-            s.engine.port
+    def _engine_addresses(self) -> list[EngineAddress]:
+        return [
+            s.engine.address
             for s in self.slots.values()
             if s.engine is not None and s.state in MODEL_ENGINE_UP and s.engine.returncode is None
-        )
+        ]
+
+    def engine_ports(self) -> frozenset[int]:
+        """The 127.0.0.1 ports of the engines running here now (lab.yaml's port:, or a server with no socket option):
+        with engine_sockets, the only places the gateway may reach over SSH."""
+        return frozenset(a.port for a in self._engine_addresses() if a.port is not None)
+
+    def engine_sockets(self) -> frozenset[str]:
+        """The unix sockets of the engines running here now (in the agent's own 0700 folders)."""
+        return frozenset(a.socket for a in self._engine_addresses() if a.socket is not None)
 
     def holding_gpus(self) -> list[ModelInfo]:
         """The models that occupy their GPUs now (a sleeping vLLM engine has given them back)."""

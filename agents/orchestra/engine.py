@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import http.client
 import itertools
 import json
 import os
 import signal
+import socket
+import stat
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +21,9 @@ from agents.orchestra.spec import EngineSpec, GpuBuild
 from agents.runtime.ports import server_port
 from agents.runtime.procfiles import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, descendants
 from agents.runtime.torch_probe import TorchReader
+from agents.wire.engine_address import MAX_SOCKET_PATH_BYTES, EngineAddress
 from agents.wire.lab.model import Model
-from agents.wire.protocol import GpuSample
+from agents.wire.protocol import ErrorCode, GpuSample, RemoteError
 from agents.wire.sections.gpu_support import Stack, StackKind
 
 if TYPE_CHECKING:
@@ -48,8 +54,54 @@ class EngineRequestFailed(Exception):
     """The engine answered with an error status."""
 
 
+SOCKET_NAME = "engine.sock"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     return server_port(host)  # not port 0's: an outgoing connection may take that before the engine binds it
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a folder only this user can enter (made 0700, or checked: ours, a folder, no access for others)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise OSError(f"{path} is not a folder of this user: engines' sockets cannot go there")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def socket_path(run_dir: Path) -> Path:
+    """The engine's socket in its run folder; a state dir too deep for a socket's 107 bytes gets a private folder of
+    this user in the temp dir instead (named by a digest of the run folder, so a restarted agent finds it again)."""
+    path = run_dir / SOCKET_NAME
+    if len(str(path).encode()) <= MAX_SOCKET_PATH_BYTES:
+        return path
+    digest = hashlib.sha256(str(run_dir).encode()).hexdigest()[:24]
+    short = Path(tempfile.gettempdir()) / f"cetlab-engines-{os.geteuid()}" / f"{digest}.sock"
+    if len(str(short).encode()) > MAX_SOCKET_PATH_BYTES:
+        raise OSError(f"{run_dir} and the temp dir are both too deep for a socket path ({MAX_SOCKET_PATH_BYTES} bytes)")
+    private_dir(short.parent)
+    return short
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over a unix socket (the engine's): the Host header says localhost."""
+
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.unix_path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
 
 
 class Engine:
@@ -73,8 +125,7 @@ class Engine:
         self.gpus = gpus
         self.log_path = log_path
         self.gpu_total_bytes = gpu_total_bytes
-        self.host = "127.0.0.1"
-        self.port = model.port or free_port(self.host)
+        self.address = self.listen_address()
         self.proc: asyncio.subprocess.Process | AdoptedProcess | None = None  # AdoptedProcess: started by a previous agent
         self._log_offset = 0
         self.stopping = False
@@ -146,15 +197,63 @@ class Engine:
     def served_name(self) -> str:
         return self.model.served_name or self.model.name
 
+    @classmethod
+    def on_socket(cls, model: Model) -> bool:
+        """Whether this engine's server can listen on a unix socket (engines without that option override it)."""
+        return True
+
+    @classmethod
+    def tcp_warning(cls, model: Model) -> str | None:
+        """Why this model's engine will listen on 127.0.0.1, where any user of the machine reaches it with no key (the
+        doctor's WARN); None: on a unix socket in the agent's private folder."""
+        if model.port is not None:
+            return (
+                f"listens on 127.0.0.1:{model.port} (its port: in lab.yaml): any user of this machine can generate, sleep "
+                "and wake it there with no key; remove port: to put it on a unix socket only the agent reaches"
+            )
+        if not cls.on_socket(model):
+            return (
+                f"{cls.spec.title} has no unix-socket option: it listens on 127.0.0.1 (a free port), where any user of this "
+                "machine can reach it with no key; on a shared machine serve it with engine vllm or llamacpp"
+            )
+        return None
+
+    @property
+    def runtime_dir(self) -> Path:
+        """The engine's own folder under the agent's state dir (0700): its socket, and vLLM's temp files. A kept
+        engine outlives the agent, and under systemd's PrivateTmp the agent's /tmp is deleted when it stops."""
+        return self.log_path.with_suffix(".run")
+
+    def listen_address(self) -> EngineAddress:
+        """A unix socket in the run folder, unless lab.yaml gives the model a `port:` or the server has no socket option
+        (then 127.0.0.1, which any local user reaches: the doctor warns)."""
+        if self.model.port is not None:
+            return EngineAddress(port=self.model.port)
+        if not self.on_socket(self.model):
+            return EngineAddress(port=free_port())
+        try:
+            return EngineAddress(socket=str(socket_path(self.runtime_dir)))
+        except OSError as exc:  # the temp dir's folder of another user, or no room: refused, not served on a port
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE, f"model {self.model.name}: no private folder for its engine's socket ({exc})"
+            ) from None
+
     @property
     def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+        return self.address.endpoint
+
+    def prepare_listen(self) -> None:
+        """Before a start: the run folder private, and a killed engine's socket gone (vLLM's bind would fail on it)."""
+        private_dir(self.runtime_dir)
+        if self.address.socket is not None:
+            Path(self.address.socket).unlink(missing_ok=True)
 
     # -- process
 
     async def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.rotate_log()
+        self.prepare_listen()
         argv = self.argv()
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()
@@ -207,26 +306,27 @@ class Engine:
 
     # -- HTTP
 
-    def _request(self, method: str, path: str, body: JsonBody | None, timeout_s: float) -> bytes:
-        import urllib.error  # lazy: not every agent serves models
-        import urllib.request
+    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
+        if self.address.socket is not None:
+            return UnixHTTPConnection(self.address.socket, timeout_s)
+        return http.client.HTTPConnection("127.0.0.1", self.address.port, timeout=timeout_s)
 
+    def _request(self, method: str, path: str, body: JsonBody | None, timeout_s: float) -> bytes:
+        """Every request the agent sends its engine (health, sleep, wake, adapters, metrics, warm-up), at its address."""
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            f"http://{self.host}:{self.port}{path}",
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json"} if data else {},
-        )
+        connection = self._connection(timeout_s)
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                answer: bytes = response.read()
-                return answer
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:300].decode(errors="replace")
-            raise EngineRequestFailed(f"{method} {path} answered {exc.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise EngineDown(f"{method} {path}: {getattr(exc, 'reason', exc)}") from None
+            connection.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+            response = connection.getresponse()
+            answer: bytes = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise EngineDown(f"{method} {path}: {exc}") from None
+        finally:
+            connection.close()
+        if response.status >= 400:
+            detail = answer[:300].decode(errors="replace")
+            raise EngineRequestFailed(f"{method} {path} answered {response.status}: {detail}") from None
+        return answer
 
     async def http(self, method: str, path: str, body: JsonBody | None = None, timeout_s: float = 10.0) -> bytes:
         return await asyncio.to_thread(self._request, method, path, body, timeout_s)

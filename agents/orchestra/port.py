@@ -48,7 +48,11 @@ class LoraConversion:
 @runtime_checkable
 class ModelsPort(Protocol):
     def engine_ports(self) -> frozenset[int]:
-        """The 127.0.0.1 ports the engines of this machine listen on."""
+        """The 127.0.0.1 ports the engines of this machine listen on (those lab.yaml puts on a port)."""
+        ...
+
+    def engine_sockets(self) -> frozenset[str]:
+        """The unix socket paths the engines of this machine listen on now."""
         ...
 
     def holding_gpus(self) -> list[ModelInfo]:

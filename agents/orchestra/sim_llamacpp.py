@@ -20,12 +20,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 from agents.orchestra import pagecache
-from agents.orchestra.sim_process import exit_with_parent, fail_later, follow_agent
+from agents.orchestra.sim_process import exit_with_parent, fail_later, follow_agent, http_server
 from agents.orchestra.sim_state import WORDS
 
 N_SLOTS = 4  # llama-server's default --parallel: more requests are deferred
@@ -294,8 +294,8 @@ class Handler(BaseHTTPRequestHandler):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sim_llamacpp")
     parser.add_argument("-m", "--model", required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1", help="an address, or a unix socket path ending in .sock")
+    parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("-a", "--alias")
     parser.add_argument("--metrics", action="store_true")
     parser.add_argument("--lora", action="append", default=[])
@@ -326,13 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     state = State(args, [f for group in args.lora for f in group.split(",") if f])
     Handler.state = state
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
-    server.daemon_threads = True
+    uds = args.host if args.host.endswith(".sock") else None  # as llama-server (cpp-httplib) reads its --host
+    server = http_server(Handler, args.host, args.port, uds)
     threading.Thread(target=server.serve_forever, daemon=True).start()  # listening while loading: /health answers 503
     log(f"load_model: loading model '{args.model}'")
     state.load()
     log("llama_server: model loaded")
-    log(f"llama_server: listening on http://{args.host}:{args.port}")
+    log(f"llama_server: listening on {f'unix://{uds}' if uds else f'http://{args.host}:{args.port}'}")
     if args.sleep_idle_seconds > 0:
         threading.Thread(target=idle_sleeper, args=(state, args.sleep_idle_seconds), daemon=True).start()
     if args.sim_traffic_rps > 0:

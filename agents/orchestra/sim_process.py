@@ -6,8 +6,11 @@ Shared by the simulated vLLM (agents.orchestra.sim_server) and the simulated lla
 from __future__ import annotations
 
 import os
+import socket
+import socketserver
 import sys
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ORPHAN_GRACE_S = 30.0  # how long a server whose agent died waits to be re-adopted
@@ -45,3 +48,38 @@ def fail_later(seconds: float) -> None:
         flush=True,
     )
     os._exit(1)
+
+
+class UnixHTTPServer(ThreadingHTTPServer):
+    """The stdlib's HTTP server on a unix socket path, as vLLM's --uds and llama-server's --host PATH.sock listen."""
+
+    address_family = socket.AF_UNIX
+
+    def __init__(self, path: str, handler: type[BaseHTTPRequestHandler]):
+        # TCP_NODELAY is a TCP option: a handler that sets it would fail every request on a unix socket
+        super().__init__(path, type(handler.__name__, (handler,), {"disable_nagle_algorithm": False}))  # type: ignore[arg-type]
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)  # HTTPServer's own reads a host and a port from the address
+        self.server_name, self.server_port = "localhost", 0
+
+    def get_request(self) -> tuple[socket.socket, tuple[str, int]]:
+        sock, _ = self.socket.accept()
+        return sock, ("unix", 0)  # a unix peer has no address; the handler's access line names one
+
+
+def http_server(
+    handler: type[BaseHTTPRequestHandler], host: str, port: int | None, uds: str | None, backlog: int = 5
+) -> ThreadingHTTPServer:
+    """Listen where the engine is told to: the unix socket ``uds``, or ``host``:``port``; ``backlog``: socketserver's
+    default is 5, and a burst of clients past it is refused."""
+    server: ThreadingHTTPServer
+    if uds is not None:
+        Path(uds).unlink(missing_ok=True)  # a killed server's: bind would fail on it
+        server = type("SimUnixServer", (UnixHTTPServer,), {"request_queue_size": backlog})(uds, handler)
+    elif port is None:
+        raise SystemExit("--port is needed without a unix socket")
+    else:
+        server = type("SimServer", (ThreadingHTTPServer,), {"request_queue_size": backlog})((host, port), handler)
+    server.daemon_threads = True
+    return server

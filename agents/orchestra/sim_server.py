@@ -31,7 +31,7 @@ import socket
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -41,7 +41,7 @@ from pydantic import ValidationError
 
 from agents.orchestra import pagecache
 from agents.orchestra.lora_rules import lora_config_problem
-from agents.orchestra.sim_process import exit_with_parent, fail_later, follow_agent
+from agents.orchestra.sim_process import exit_with_parent, fail_later, follow_agent, http_server
 from agents.orchestra.sim_state import WORDS, Aborted, ClientGone, Sampling, SimEngineState, log
 
 SLEEP_TAGS = ("weights", "kv_cache")
@@ -310,10 +310,6 @@ class Handler(BaseHTTPRequestHandler):
         event(b"[DONE]")
 
 
-class Server(ThreadingHTTPServer):
-    request_queue_size = LISTEN_BACKLOG  # socketserver's default is 5: a burst of clients gets refused
-
-
 def _traffic(state: SimEngineState, rps: float) -> None:
     """Simulated clients: Poisson arrivals of short requests once the model is warm and awake."""
     rng = random.Random(os.getpid())
@@ -328,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="cetlab's simulated model server (vLLM subset; other vLLM flags are ignored).")
     parser.add_argument("model", help="the model folder, as `vllm serve MODEL`")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--uds", help="a unix socket path to listen on (as vLLM's: --host and --port are then unused)")
     parser.add_argument("--served-model-name")
     parser.add_argument("--enable-sleep-mode", action="store_true")
     parser.add_argument("--enable-lora", action="store_true")
@@ -368,11 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     log(f"Model loading took {size_bytes / 2**30:.4f} GiB and {took:.2f} seconds")
     state = SimEngineState(args)
     Handler.state = state
-    server = Server((args.host, args.port), Handler)
-    server.daemon_threads = True
+    server = http_server(Handler, args.host, args.port, args.uds, LISTEN_BACKLOG)
     if args.traffic_rps > 0:
         threading.Thread(target=_traffic, args=(state, args.traffic_rps), daemon=True).start()
-    log(f"Starting vLLM API server on http://{args.host}:{args.port}")
+    log(f"Starting vLLM API server on {f'unix:{args.uds}' if args.uds else f'http://{args.host}:{args.port}'}")
     server.serve_forever()
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import shutil
 import tempfile
@@ -14,6 +15,7 @@ import asyncssh
 from agents.runtime.keys import ensure_key
 from agents.runtime.link import Link, LinkCore, LinkSettings, Transport
 from agents.runtime.view import LabView, MachineView
+from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import Lab
 from agents.wire.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, LinkStatus, RemoteError
 
@@ -31,9 +33,10 @@ TUNNEL_BACKLOG = 2048  # as the engines' own (uvicorn's): a burst of streams que
 TUNNEL_CHUNK_BYTES = 256 * 1024
 
 
-async def _forward(conn: asyncssh.SSHClientConnection, path: str, port: int) -> asyncio.Server:
-    """Listen on the unix socket ``path``; each connection becomes a direct-tcpip channel to 127.0.0.1:``port`` on
-    the far side of ``conn``, bytes copied both ways as they come (half-closes passed on)."""
+async def _forward(conn: asyncssh.SSHClientConnection, path: str, target: EngineAddress) -> asyncio.Server:
+    """Listen on the unix socket ``path``; each connection becomes a channel to the engine at ``target`` on the far side
+    of ``conn`` (direct-streamlocal to its socket, or direct-tcpip to 127.0.0.1:PORT where lab.yaml put it on a port),
+    bytes copied both ways as they come (half-closes passed on)."""
 
     async def copy(
         source: asyncio.StreamReader | asyncssh.SSHReader[bytes], sink: asyncio.StreamWriter | asyncssh.SSHWriter[bytes]
@@ -49,9 +52,12 @@ async def _forward(conn: asyncssh.SSHClientConnection, path: str, port: int) -> 
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            far_reader, far_writer = await conn.open_connection("127.0.0.1", port, encoding=None)
+            if target.socket is not None:
+                far_reader, far_writer = await conn.open_unix_connection(target.socket, encoding=None)
+            else:
+                far_reader, far_writer = await conn.open_connection("127.0.0.1", target.port, encoding=None)
         except (OSError, asyncssh.Error) as exc:
-            log.warning("forward to port %d refused: %s", port, exc)
+            log.warning("forward to %s refused: %s", target, exc)
             writer.close()
             return
         try:
@@ -95,9 +101,9 @@ class PeerClient:
         self.links = self.core.links
         self._key: asyncssh.SSHKey | None = None
         self._tunnel_dir: Path | None = None
-        self._tunnels: dict[str, dict[int, tuple[asyncio.Server, str]]] = {
+        self._tunnels: dict[str, dict[EngineAddress, tuple[asyncio.Server, str]]] = {
             name: {} for name in wanted
-        }  # peer's engine port -> (forward, its socket)
+        }  # peer's engine address -> (forward, its socket here)
         self._tunnel_locks = {name: asyncio.Lock() for name in wanted}
 
     def view(self, machine: str) -> MachineView:
@@ -117,30 +123,33 @@ class PeerClient:
         """Call a method on one peer; raises RemoteError (DISCONNECTED, TIMEOUT or the peer's own)."""
         return await self.core.call(machine, method, params, timeout)
 
-    async def tunnel(self, machine: str, port: int) -> str:
-        """A unix socket on this machine that reaches 127.0.0.1:``port`` on ``machine`` through our SSH connection
-        to its agent (a direct-tcpip forward per connection; that agent allows it to its engines' ports only, for
-        the gateway's key only). The socket is in a folder only this agent's user can enter: no other local user
+    async def tunnel(self, machine: str, target: EngineAddress) -> str:
+        """A unix socket on this machine that reaches the engine at ``target`` on ``machine`` through our SSH connection
+        to its agent (a direct-streamlocal forward per connection, direct-tcpip for an engine on a port; that agent
+        allows them to its engines' sockets and ports only, for the gateway's key only). The socket is in a folder only this agent's user can enter: no other local user
         reaches a remote engine through it. Raises RemoteError(DISCONNECTED) while the peer is not connected."""
         link = self.links.get(machine)
         if link is None:
             raise RemoteError(ErrorCode.NOT_FOUND, f"no peer named {machine!r}")
         async with self._tunnel_locks[machine]:
             tunnels = self._tunnels[machine]
-            found = tunnels.get(port)
+            found = tunnels.get(target)
             if found is not None:
                 return found[1]
             if link.conn is None:
                 raise link.unavailable()
             if self._tunnel_dir is None:  # short, private (0700), and gone with the agent; sun_path holds 107 bytes
                 self._tunnel_dir = Path(tempfile.mkdtemp(prefix="cetlab-tunnels-"))
-            path = str(self._tunnel_dir / f"{machine}-{port}.sock")
+            digest = hashlib.sha256(target.endpoint.encode()).hexdigest()[:16]  # a far path can be long; sun_path is not
+            path = str(self._tunnel_dir / f"{machine}-{digest}.sock")
             Path(path).unlink(missing_ok=True)
             try:
-                listener = await _forward(link.conn, path, port)
+                listener = await _forward(link.conn, path, target)
             except OSError as exc:
-                raise RemoteError(ErrorCode.DISCONNECTED, f"{machine}: cannot forward to its port {port} ({exc})") from None
-            tunnels[port] = (listener, path)
+                raise RemoteError(
+                    ErrorCode.DISCONNECTED, f"{machine}: cannot forward to its engine at {target} ({exc})"
+                ) from None
+            tunnels[target] = (listener, path)
             return path
 
     # -- how a link is opened (the core's Opener)

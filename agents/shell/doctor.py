@@ -110,6 +110,9 @@ def check_models(lab: Lab, machine: str) -> list[Check]:
         path = lab.resolve(model.path) or Path(model.path)
         for found in engine.doctor_checks(model, path, gpu_caps):
             checks.append(Check(found.name, OK if found.ok else FAIL, found.message))
+        on_tcp = engine.tcp_warning(model)
+        if on_tcp is not None:
+            checks.append(Check(f"model {model.name} listen", WARN, on_tcp))
     return checks
 
 

@@ -270,6 +270,22 @@ class _Server(asyncssh.SSHServer):
 
         return counted()
 
+    def unix_connection_requested(self, dest_path: str) -> bool:
+        """A direct-streamlocal forward: only the gateway's key, only to the sockets of engines this agent runs now."""
+        problem = socket_forward_problem(self.agent, self.role, dest_path)
+        if problem is not None:
+            throttled(
+                logging.WARNING,
+                "forward",
+                "refused a forward from %s (%s) to socket %r: %s",  # %r: the client's path, a newline in it forges no line
+                self.who,
+                self.role,
+                dest_path[:256],
+                problem,
+            )
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, problem)
+        return True  # asyncssh connects to the engine's socket and pipes the channel both ways
+
     def session_requested(self) -> asyncssh.SSHServerSession[bytes] | bool:
         if self.role is None or self.key is None:
             return False
@@ -298,6 +314,17 @@ def forward_problem(agent: Agent, role: Role | None, dest_host: str, dest_port: 
     pool = agent.find(ModelsPort)
     if pool is None or dest_port not in pool.engine_ports():
         return f"no engine runs on port {dest_port} here"
+    return None
+
+
+def socket_forward_problem(agent: Agent, role: Role | None, dest_path: str) -> str | None:
+    """Why a forward to the unix socket dest_path is refused (None: allowed): the path must be, exactly, one an engine
+    of this agent listens on now (each in a 0700 folder of the agent's: its state dir's models/<model>.run/)."""
+    if role is not Role.GATEWAY:
+        return "only the gateway's key may open forwards"
+    pool = agent.find(ModelsPort)
+    if pool is None or dest_path not in pool.engine_sockets():
+        return "no engine of this agent listens on that socket"
     return None
 
 

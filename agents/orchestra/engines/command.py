@@ -1,15 +1,16 @@
 """The command engine: any OpenAI-compatible server, from the command line lab.yaml gives it (engine: command).
 
-lab.yaml names the server's argv (`command:`) with placeholders the agent fills in at each start: {port} (the port
-it picked, or the model's `port:`), {model} (the model's path, resolved against the lab file), {gpus} (its GPUs,
-"0,1"; empty without) and {name} (its served name). The agent polls `health_path` until it answers 200, sends the
+lab.yaml names the server's argv (`command:`) with placeholders the agent fills in at each start: {socket} (a unix
+socket path in the agent's private folder: no other user of the machine reaches the server), or {port} (the port it
+picked, or the model's `port:`, on 127.0.0.1, which any local user reaches: the doctor warns), {model} (the model's
+path, resolved against the lab file), {gpus} (its GPUs, "0,1"; empty without) and {name} (its served name). The agent polls `health_path` until it answers 200, sends the
 warm-up completion, and on a cold runs `stop_command` (same placeholders) when there is one, then stops the process
 group as it stops any engine. Nothing about the server is known beyond that: no sleep mode (a cold stops it; its
 weights stay in the page cache), no adapters, no /metrics figures (the gateway meters tokens from its /v1 answers),
 and no GPU stack to check.
 
-The command must bind 127.0.0.1 and may name no wildcard address (agents.wire.lab.loopback checks it when lab.yaml
-is read); the gateway reaches it through the agent's tunnel as it reaches every engine.
+The command must listen on {socket} or bind 127.0.0.1, and may name no wildcard address (agents.wire.lab.loopback
+checks it when lab.yaml is read); the gateway reaches it through the agent's tunnel as it reaches every engine.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import shutil
 
 from agents.orchestra.engine import STOP_GRACE_S, Engine, EngineDown, EngineRequestFailed
 from agents.orchestra.spec import EngineSpec
+from agents.wire.lab.model import Model
 from agents.wire.protocol import ErrorCode, RemoteError
 
 log = logging.getLogger("cetlab.orchestra")
@@ -41,7 +43,8 @@ class CommandEngine(Engine):
     def fill(self, argv: list[str]) -> list[str]:
         """The argv with its placeholders filled in; other braces are left as the operator wrote them."""
         values = {
-            "{port}": str(self.port),
+            "{socket}": self.address.socket or "",
+            "{port}": str(self.address.port or ""),
             "{model}": str(self.path),
             "{gpus}": ",".join(str(g) for g in self.gpus),
             "{name}": self.served_name,
@@ -52,6 +55,10 @@ class CommandEngine(Engine):
                 arg = arg.replace(key, value)
             filled.append(arg)
         return filled
+
+    @classmethod
+    def on_socket(cls, model: Model) -> bool:
+        return any("{socket}" in arg for arg in model.command)  # else it binds 127.0.0.1:{port}: the doctor warns
 
     def check(self) -> None:
         program = self.model.command[0]

@@ -231,10 +231,16 @@ class LlamacppEngine(Engine):
                 flags += ["--tensor-split", tensor_split(self.gpu_totals or [])]
         return flags
 
+    def listen_flags(self) -> list[str]:
+        """llama-server takes a --host ending in .sock as a unix socket path (its --port is then unused)."""
+        if self.address.socket is not None:
+            return ["--host", self.address.socket]
+        return ["--host", "127.0.0.1", "--port", str(self.address.port)]
+
     def serve_flags(self) -> list[str]:
         """llama-server's flags after the model: the agent's, then lab.yaml's args (which win where they repeat)."""
         args = list(self.model.args)
-        flags = ["--host", self.host, "--port", str(self.port), "--alias", self.served_name, "--metrics", *self.split_flags()]
+        flags = [*self.listen_flags(), "--alias", self.served_name, "--metrics", *self.split_flags()]
         return flags + args
 
     def argv(self) -> list[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from agents.orchestra.engine import Engine, InstallCheck
 from agents.orchestra.spec import EngineSpec
 from agents.runtime.torch_probe import TorchReader, python_of
+from agents.wire.lab.model import Model
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.gpu_support import Stack, StackKind
 
@@ -68,6 +69,10 @@ class TransformersEngine(Engine):
                 ErrorCode.UNAVAILABLE, f"transformers is not installed on {self.machine} (pip install 'transformers[serving]')"
             )
 
+    @classmethod
+    def on_socket(cls, model: Model) -> bool:
+        return False  # `transformers serve` takes --host and --port only (no unix socket, no API key): on 127.0.0.1
+
     @property
     def served_name(self) -> str:
         return str(self.path)  # transformers serve names a forced model by its path
@@ -78,9 +83,9 @@ class TransformersEngine(Engine):
             transformers_cli() or "transformers",
             "serve",
             "--host",
-            self.host,
+            "127.0.0.1",
             "--port",
-            str(self.port),
+            str(self.address.port),
             *device,
             *self.model.args,
             str(self.path),

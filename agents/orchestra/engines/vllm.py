@@ -135,14 +135,17 @@ class VllmSleepMixin(Engine):
     def parse_metrics(self, text: str) -> dict[str, float | None]:
         return parse_vllm_metrics(text)
 
+    def listen_flags(self) -> list[str]:
+        """vLLM's --uds (its API server binds the path; --host and --port are then unused), or 127.0.0.1:PORT."""
+        if self.address.socket is not None:
+            return ["--uds", self.address.socket]
+        return ["--host", "127.0.0.1", "--port", str(self.address.port)]
+
     def serve_flags(self) -> list[str]:
         """`vllm serve MODEL` flags after the model: the agent's, then lab.yaml's args (which win where they repeat)."""
         model, args = self.model, list(self.model.args)
         flags = [
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
+            *self.listen_flags(),
             "--served-model-name",
             self.served_name,
             "--enable-sleep-mode",
@@ -158,12 +161,6 @@ class VllmSleepMixin(Engine):
             share = min(MAX_GPU_MEMORY_UTILIZATION, math.ceil(100 * per_gpu / self.gpu_total_bytes) / 100)
             flags += ["--gpu-memory-utilization", f"{share:.2f}"]
         return flags + args
-
-    @property
-    def runtime_dir(self) -> Path:
-        """The engine's own temp folder, under the agent's state dir: a kept engine outlives the agent, and under
-        systemd's PrivateTmp the agent's /tmp is deleted when it stops (vLLM's IPC sockets, its metrics files)."""
-        return self.log_path.with_suffix(".run")
 
     def env(self) -> dict[str, str]:
         env = vllm_env(super().env())

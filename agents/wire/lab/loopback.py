@@ -1,4 +1,5 @@
-"""Engines listen on 127.0.0.1 only: the checks on what lab.yaml gives an engine's command line.
+"""Engines listen where their agent says (a unix socket of its own, or 127.0.0.1 only): the checks on what lab.yaml
+gives an engine's command line.
 
 The gateway reaches other machines' engines through their agent's SSH connection, and an engine's endpoints
 (vLLM's /sleep, /collective_rpc, adapter loading; whatever a `command` server offers) have no authentication.
@@ -13,8 +14,9 @@ ON_LOOPBACK = (
 )
 
 
-# Flags that would put an engine's port on the network (vLLM, transformers serve, llama-server)
-BIND_FLAGS = frozenset({"--host"})
+# Flags that would move where an engine listens (vLLM, transformers serve, llama-server): the agent's own say it (a unix
+# socket in its private folder, or a model's port:)
+BIND_FLAGS = frozenset({"--host", "--port", "--uds"})
 
 
 # a wildcard host (0.0.0.0, [::], ::, *) as a whole argument or after =, @, / or a comma, before its end or a port
@@ -58,8 +60,12 @@ def command_engine_problem(engine: str, command: list[str], stop_command: list[s
         return None
     if not command:
         return "engine: command needs command: [argv ...] (the server's command line, with {port} and {model})"
+    if any("{socket}" in arg for arg in command):
+        if port is not None:
+            return "engine: command: its command listens on {socket} (a unix socket of the agent's): it takes no port:"
+        return None  # the server listens on the socket the agent names, in its private folder: no other user reaches it
     if not any("127.0.0.1" in arg for arg in command):
-        return f"engine: command: its command must bind 127.0.0.1 (e.g. --host 127.0.0.1): {ON_LOOPBACK}"
+        return f"engine: command: its command must bind 127.0.0.1 (e.g. --host 127.0.0.1) or {{socket}}: {ON_LOOPBACK}"
     if port is None and not any("{port}" in arg for arg in command):
-        return "engine: command: its command needs {port} (the agent picks a free port), or give the model a port:"
+        return "engine: command: its command needs {socket} (a unix socket) or {port} (the agent picks a free port), or give the model a port:"
     return None

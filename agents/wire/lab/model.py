@@ -155,7 +155,7 @@ class Model(Strict):
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     served_name: str | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)  # None: chosen at start
+    port: int | None = Field(default=None, ge=1, le=65535)  # None: a unix socket of the agent's; a port: 127.0.0.1 (WARN)
     cloud_equivalent: str | None = None
     sleep_level: Literal[1, 2] = 1  # 2 drops the weights: waking reloads them (vLLM's wake_up/reload_weights sequence)
     # runtime LoRA (vllm, sim): --enable-lora --max-loras N --max-lora-rank R; 0 serves without LoRA
@@ -165,8 +165,8 @@ class Model(Strict):
     warmup_prompt: str = "Hello"  # the first request, sent before the model is called warm
     make_tiny_if_missing: bool = False  # demo: create the tiny random Llama (agents/train/tiny.py) at path first
     sim: SimEngine = Field(default_factory=SimEngine)
-    # engine: command: any OpenAI-compatible server, from its argv ({port}, {model}: its path, {gpus}: "0,1", {name}:
-    # its served name); health_path answers 200 once it serves; stop_command (optional) asks it to stop before a SIGTERM
+    # engine: command: any OpenAI-compatible server, from its argv ({socket}: a unix socket of the agent's, or {port} on
+    # 127.0.0.1; {model}: its path, {gpus}: "0,1", {name}: its served name); health_path answers 200 once it serves; stop_command (optional) asks it to stop before a SIGTERM
     command: list[str] = Field(default_factory=list)
     health_path: Annotated[str, Field(pattern=r"^/[^\s]*$")] = "/health"
     stop_command: list[str] = Field(default_factory=list)

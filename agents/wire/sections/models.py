@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from agents.wire.engine_address import EngineEndpoint
 from agents.wire.protocol import Finite, FiniteFloat
 from agents.wire.schema import EngineName
 from agents.wire.sections.base import ModelOp, ModelPhase, Section, ServingMode, ServingStep
@@ -49,7 +50,7 @@ class ModelInfo(Section):
     # engine counters (reset when the engine restarts); the cost ledger prices tokens served from them
     prompt_tokens_total: Finite = None
     generation_tokens_total: Finite = None
-    endpoint: str | None = None
+    endpoint: EngineEndpoint | None = None  # unix:PATH or http://127.0.0.1:PORT/v1 (agents/wire/engine_address.py)
     served_name: str | None = None
     adapters: list[str] = Field(default_factory=list)  # LoRA adapters loaded into its engine (the gateway routes them by name)
     pinned: bool = False

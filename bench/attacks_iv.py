@@ -17,7 +17,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -280,6 +279,7 @@ async def r5_gateway_forwards(demo: DemoLab, viewer: Path, seconds: float, resul
     import asyncssh
 
     from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
+    from agents.wire.engine_address import EngineAddress
     from agents.wire.protocol import SSH_USERNAME
 
     lab = load_lab(demo.lab_path)
@@ -299,7 +299,7 @@ async def r5_gateway_forwards(demo: DemoLab, viewer: Path, seconds: float, resul
                 (demo.lab_path.parent / "models" / listed[0]["name"]).mkdir(parents=True, exist_ok=True)  # sim: any folder
                 await client.call("box", "models.warm", {"model": listed[0]["name"]})
             await asyncio.sleep(0.1)
-    port = urlsplit(endpoint).port
+    address = EngineAddress.parse(endpoint)  # a unix socket (streamlocal forwards) or a lab.yaml port (direct-tcpip)
     held, refused = [], ""
     known_hosts = str(lab.resolve(lab.console.known_hosts))
     async with asyncssh.connect(
@@ -307,7 +307,12 @@ async def r5_gateway_forwards(demo: DemoLab, viewer: Path, seconds: float, resul
     ) as conn:
         try:
             for _ in range(1100):
-                held.append(await asyncio.wait_for(conn.open_connection("127.0.0.1", port), 10))
+                opening = (
+                    conn.open_unix_connection(address.socket)
+                    if address.socket is not None
+                    else conn.open_connection("127.0.0.1", address.port)
+                )
+                held.append(await asyncio.wait_for(opening, 10))
         except (asyncssh.Error, OSError, TimeoutError) as exc:
             refused = str(getattr(exc, "reason", "") or exc or type(exc).__name__)[:160]
         for _, writer in held:

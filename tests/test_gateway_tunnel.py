@@ -337,7 +337,7 @@ async def test_the_gateway_keys_forwards_are_capped_by_the_agents_fds_and_refuse
     from agents.runtime.limits import FORWARD_FD_SHARE
 
     node = load_lab(tunnel_lab.lab_path).machine("node")
-    far = await engine_port(client, "node", "far")
+    far = await engine_socket(client, "node", "far")
     agent = psutil.Process(agent_pid(tunnel_lab, "node"))
     known_hosts = str(tunnel_lab.dir / "console" / "known_hosts")
     gateway_key = ensure_key(tunnel_lab.dir / "agents" / "hub" / PEER_KEY_NAME)
@@ -356,7 +356,7 @@ async def test_the_gateway_keys_forwards_are_capped_by_the_agents_fds_and_refuse
         ) as conn:
             with pytest.raises(asyncssh.ChannelOpenError) as refused:
                 for _ in range(200 // FORWARD_FD_SHARE + 10):
-                    held.append(await conn.open_connection("127.0.0.1", far))
+                    held.append(await conn.open_unix_connection(far))
             print(f"\n{len(held)} forwards held, the next refused: {refused.value.reason}")
             assert len(held) <= 200 // FORWARD_FD_SHARE  # before: every one, until the agent's fds ran out
             assert "forwards" in refused.value.reason
@@ -368,7 +368,7 @@ async def test_the_gateway_keys_forwards_are_capped_by_the_agents_fds_and_refuse
 
             async def opens_again() -> bool:
                 try:
-                    _, writer = await conn.open_connection("127.0.0.1", far)
+                    _, writer = await conn.open_unix_connection(far)
                 except asyncssh.ChannelOpenError:
                     return False
                 writer.close()

@@ -270,7 +270,7 @@ class _Server(asyncssh.SSHServer):
 
         return counted()
 
-    def unix_connection_requested(self, dest_path: str) -> bool:
+    def unix_connection_requested(self, dest_path: str) -> Awaitable[asyncssh.SSHUNIXSession[bytes]]:
         """A direct-streamlocal forward: only the gateway's key, only to the sockets of engines this agent runs now."""
         problem = socket_forward_problem(self.agent, self.role, dest_path)
         if problem is not None:
@@ -284,7 +284,9 @@ class _Server(asyncssh.SSHServer):
                 problem,
             )
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, problem)
-        return True  # asyncssh connects to the engine's socket and pipes the channel both ways
+        # asyncssh connects to the engine's socket and pipes the channel both ways, held as one of the key's forwards
+        forwarding = self._counted_forward(self._forwarder().forward_unix_connection(dest_path))
+        return cast("Awaitable[asyncssh.SSHUNIXSession[bytes]]", forwarding)
 
     def session_requested(self) -> asyncssh.SSHServerSession[bytes] | bool:
         if self.role is None or self.key is None:

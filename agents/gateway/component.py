@@ -129,6 +129,14 @@ class GatewayComponent:
             await self.peers.stop()
         self.meter.flush()
 
+    async def reconfigure(self, old: Lab, new: Lab) -> None:
+        """A pushed lab.yaml, live: models, aliases, providers and policies (rate limits, sizes, timeouts) route and
+        apply from the next request on. Where it listens and its peer links are kept until the next start."""
+        if not self.enabled or new.gateway is None or self.http is None:
+            return
+        self.router.reconfigure(new)
+        self.http.holds.policies = new.gateway.policies
+
     def on_telemetry(self, telemetry: Telemetry) -> None:
         pass
 

@@ -25,6 +25,16 @@ def lab_version(text: str | bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:VERSION_DIGITS]
 
 
+def file_version(lab: Lab) -> str | None:
+    """The version of the file a lab was read from (the workstation's lab.yaml); None when it has none or is unreadable."""
+    if lab.source is None:
+        return None
+    try:
+        return lab_version(lab.source.read_bytes())
+    except OSError:
+        return None
+
+
 @dataclass
 class LabChanges:
     live: list[str] = field(default_factory=list)  # applied by the running agent

@@ -110,7 +110,12 @@ async def cmd_push(ctx: Context) -> int:
         peer_keys=keys,
         dry_run=ctx.args.dry_run,
     )
-    return _report(ctx, await ctx.request_all(LAB_APPLY, params))
+    # the machines that let peers in first, then those that call them (the gateway's, a multi-node recipe's first
+    # node): a caller retries its links once its trust is written, and finds the other side ready
+    callers = [m for m in ctx.state.machines if _needs_keys(ctx.lab, m)]
+    replies = await ctx.request_all(LAB_APPLY, params, machines=[m for m in ctx.state.machines if m not in callers])
+    replies.update(await ctx.request_all(LAB_APPLY, params, machines=callers) if callers else {})
+    return _report(ctx, {name: replies[name] for name in ctx.state.machines})
 
 
 def _needs_keys(lab: Lab, machine: str) -> bool:

@@ -137,6 +137,11 @@ class GatewayComponent:
         self.router.reconfigure(new)
         self.http.holds.policies = new.gateway.policies
 
+    def retry_peers(self) -> None:
+        """Peer trust was just written (a push): the links that were untrusted or refused try again now."""
+        if self.peers is not None:
+            self.peers.core.retry_now()
+
     def on_telemetry(self, telemetry: Telemetry) -> None:
         pass
 

@@ -115,8 +115,14 @@ async def apply(agent: Agent, text: str, params: LabApplyParams | None, who: str
             await asyncio.to_thread(write_pushed_trust, state_dir, hosts, keys, PEER_KNOWN_HOSTS_NAME)
         except KeyFileError as exc:
             raise RemoteError(ErrorCode.INVALID_PARAMS, f"{machine}: {exc}") from None
+        for component in agent.components:  # the links that waited for this trust try again now
+            retry = getattr(component, "retry_peers", None)
+            if retry is not None:
+                retry()
+    if not reply.changed:  # the same text: its trust written again, nothing else to do
+        return reply
     agent.running = Running(new, version, "pushed", text, agent.running.base)
-    failed = await reconfigure(agent, old, new) if reply.changed else []
+    failed = await reconfigure(agent, old, new)
     agent.lab_section = LabSection(version=version, source="pushed", applied_at=time.time(), restart_pending=pending + failed)
     log.info(
         "%s applied lab.yaml %s (was %s)%s%s%s",

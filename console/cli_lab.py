@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from agents.runtime.labfile import calls_peers
 from agents.wire.catalogue.lab import LAB_APPLY, LAB_ROLLBACK, LabApplied, LabApplyParams, LabRollbackParams
 from agents.wire.lab.check import check, lab_schema
 from agents.wire.lab.model import Lab
@@ -101,7 +102,7 @@ async def cmd_push(ctx: Context) -> int:
         and view.hello.peer_keys is not None
         and (view.hello.peer_keys.peer or view.hello.peer_keys.node)
     }
-    missing = [m.name for m in ctx.lab.machines if m.name not in keys and _needs_keys(ctx.lab, m.name)]
+    missing = [m.name for m in ctx.lab.machines if m.name not in keys and calls_peers(ctx.lab, m.name)]
     if missing:
         say(f"cetlab: no peer key from {', '.join(missing)} (offline, or an older agent): push again once it is online", err=True)
     params = LabApplyParams(
@@ -112,16 +113,10 @@ async def cmd_push(ctx: Context) -> int:
     )
     # the machines that let peers in first, then those that call them (the gateway's, a multi-node recipe's first
     # node): a caller retries its links once its trust is written, and finds the other side ready
-    callers = [m for m in ctx.state.machines if _needs_keys(ctx.lab, m)]
+    callers = [m for m in ctx.state.machines if calls_peers(ctx.lab, m)]
     replies = await ctx.request_all(LAB_APPLY, params, machines=[m for m in ctx.state.machines if m not in callers])
     replies.update(await ctx.request_all(LAB_APPLY, params, machines=callers) if callers else {})
     return _report(ctx, {name: replies[name] for name in ctx.state.machines})
-
-
-def _needs_keys(lab: Lab, machine: str) -> bool:
-    """Its agent calls the others (the gateway's, a multi-node recipe's first node): the push carries its keys."""
-    gateway = lab.gateway is not None and lab.gateway.machine == machine and len(lab.machines) > 1
-    return gateway or any(len(t.nodes) > 1 and t.nodes[0].machine == machine for t in lab.trainers)
 
 
 async def cmd_rollback(ctx: Context) -> int:

@@ -112,15 +112,22 @@ def previous_text(state_dir: Path) -> str | None:
     return path.read_text() if path.is_file() else None
 
 
+def calls_peers(lab: Lab, machine: str) -> bool:
+    """This machine's agent calls the others: the gateway's (in a lab of more than one machine), or the first node of
+    a multi-node recipe. Only such an agent has peer known hosts and a client key the others authorize."""
+    gateway = lab.gateway is not None and lab.gateway.machine == machine and len(lab.machines) > 1
+    return gateway or any(len(t.nodes) > 1 and t.nodes[0].machine == machine for t in lab.trainers)
+
+
 def known_hosts_lines(text: str) -> list[str]:
     """The host key lines of a pushed known_hosts text, each checked (a line asyncssh cannot read is refused, named)."""
-    import asyncssh
-
     lines = []
     for number, line in enumerate(text.split("\n"), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        import asyncssh  # only where there are lines to read: an agent that calls no peer never loads it for a push
+
         try:
             asyncssh.import_known_hosts(line)
         except (ValueError, asyncssh.KeyImportError) as exc:
@@ -148,12 +155,12 @@ def needed_peer_keys(lab: Lab, machine: str, keys: Mapping[str, PeerKeys]) -> li
 
 def write_pushed_trust(state_dir: Path, known_hosts: list[str], keys: list[tuple[Role, str, str]], peer_known_hosts: str) -> None:
     """The peer known hosts (when the push carried any) and the pushed authorizations (replaced whole, each time)."""
-    import asyncssh
-
     if known_hosts:
         write_private(state_dir / peer_known_hosts, ("\n".join(known_hosts) + "\n").encode())
     lines = []
     for role, public, comment in keys:
+        import asyncssh  # only where a key is authorized
+
         try:
             key = asyncssh.import_public_key(" ".join(public.split()[:2]))
         except (asyncssh.KeyImportError, ValueError) as exc:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from agents.runtime.keys import KeyFileError, ensure_key
 from agents.runtime.labfile import (
     Running,
+    calls_peers,
     keep_pushed,
     known_hosts_lines,
     needed_peer_keys,
@@ -26,7 +27,6 @@ from agents.runtime.labfile import (
     previous_text,
     write_pushed_trust,
 )
-from agents.runtime.peers import NODE_KEY_NAME, PEER_KEY_NAME, PEER_KNOWN_HOSTS_NAME
 from agents.runtime.rpc import Peer
 from agents.wire.catalogue.lab import LAB_APPLY, LAB_ROLLBACK, LabApplied, LabApplyParams, LabRollbackParams
 from agents.wire.lab.check import editor_line
@@ -49,8 +49,12 @@ def peer_keys_of(agent: Agent) -> PeerKeys:
     """The client keys this agent calls the others with, as the lab needs them (made on first ask): the gateway's
     machine its peer key, a multi-node recipe's first node its node key; the console authorizes them with a push."""
     lab, name = agent.lab, agent.machine.name
+    if not calls_peers(lab, name):
+        return PeerKeys()
+    from agents.runtime.peers import NODE_KEY_NAME, PEER_KEY_NAME  # with its SSH client: only where the agent calls peers
+
     peer = node = None
-    if lab.gateway is not None and lab.gateway.machine == name and len(lab.machines) > 1:
+    if lab.gateway is not None and lab.gateway.machine == name:
         peer = _public(agent, PEER_KEY_NAME, f"cetlab-gateway@{name}")
     if any(len(t.nodes) > 1 and t.nodes[0].machine == name for t in lab.trainers):
         node = _public(agent, NODE_KEY_NAME, f"cetlab-node@{name}")
@@ -87,7 +91,7 @@ async def apply(agent: Agent, text: str, params: LabApplyParams | None, who: str
             ErrorCode.INVALID_PARAMS, f"{machine} refused the lab.yaml (nothing changed):\n" + "\n".join(lines)
         ) from None
     try:
-        hosts = known_hosts_lines(params.known_hosts) if params is not None else []
+        hosts = known_hosts_lines(params.known_hosts) if params is not None and calls_peers(new, machine) else []
     except KeyFileError as exc:
         raise RemoteError(ErrorCode.INVALID_PARAMS, f"{machine} refused the push (nothing changed): {exc}") from None
     keys = needed_peer_keys(new, machine, params.peer_keys) if params is not None else []
@@ -111,8 +115,13 @@ async def apply(agent: Agent, text: str, params: LabApplyParams | None, who: str
     if reply.changed:
         await asyncio.to_thread(keep_pushed, state_dir, text, agent.running.text)
     if params is not None:
+        known_name = ""
+        if hosts:  # an agent that calls peers: its SSH client is loaded anyway
+            from agents.runtime.peers import PEER_KNOWN_HOSTS_NAME
+
+            known_name = PEER_KNOWN_HOSTS_NAME
         try:
-            await asyncio.to_thread(write_pushed_trust, state_dir, hosts, keys, PEER_KNOWN_HOSTS_NAME)
+            await asyncio.to_thread(write_pushed_trust, state_dir, hosts, keys, known_name)
         except KeyFileError as exc:
             raise RemoteError(ErrorCode.INVALID_PARAMS, f"{machine}: {exc}") from None
         for component in agent.components:  # the links that waited for this trust try again now

@@ -119,6 +119,18 @@ async def test_a_push_with_an_error_is_refused_at_its_line_and_column_and_nothin
     assert nothing.value.code == ErrorCode.CONFLICT
 
 
+async def test_a_one_machine_lab_needs_no_peer_trust_from_a_push(in_process):
+    lab, client = await started(in_process, with_changes(gateway={"machine": "box"}))
+    host = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    assert client.state.machines["box"].hello.peer_keys.peer is None  # the gateway asks its own pool in-process
+    reply = await client.call(
+        "box", "lab.apply", {"text": text_of(with_changes(gateway={"machine": "box"})), "known_hosts": f"[127.0.0.1]:7022 {host}"}
+    )
+    assert reply["peer_hosts"] == 0 and reply["authorized"] == []
+    state = lab.agents["box"].state_dir
+    assert not (state / "peer_known_hosts").exists() and not (state / "peer_ed25519_key").exists()
+
+
 async def test_a_viewer_cannot_push(in_process):
     lab = await in_process(LAB)
     viewer = lab.client(Role.VIEWER, who="a viewer")

@@ -84,7 +84,8 @@ async def apply(agent: Agent, text: str, params: LabApplyParams | None, who: str
 
     machine = agent.machine.name
     try:
-        new = parse_for(text, machine, agent.running.base, ENGINES)
+        # off the loop: a big (or hostile) text's validation must not stall the ticks and the other consoles' calls
+        new = await asyncio.to_thread(parse_for, text, machine, agent.running.base, ENGINES)
     except LabError as exc:
         lines = [editor_line(p, "lab.yaml") for p in exc.problems]
         raise RemoteError(

@@ -14,10 +14,12 @@ from agents.alerts.component import AlertsComponent
 from agents.orchestra.component import OrchestraComponent
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, PUSHED_AUTHORIZED_KEYS_NAME, AuthorizedKeys, write_private
 from agents.runtime.labfile import PREVIOUS_NAME, PUSHED_NAME, needed_peer_keys
+from agents.runtime.view import MachineView
 from agents.wire.lab.model import parse_lab
 from agents.wire.lab.push import lab_changes, lab_version
-from agents.wire.protocol import ErrorCode, PeerKeys, RemoteError, Role
+from agents.wire.protocol import ErrorCode, LinkStatus, PeerKeys, RemoteError, Role
 from console.cli import status_human, status_json
+from console.screens.fleet import alert_badges, card_note
 from tests.conftest import wait_for
 
 P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
@@ -190,6 +192,20 @@ def test_the_changes_of_a_push_are_said_live_or_at_the_next_start():
     assert moved.restart == ["gateway (its machine, host or port)"]
     same = lab_changes(old, parse_lab(text_of(LAB)), "box")
     assert not same.any
+    one = with_changes(gateway={"machine": "box"})
+    two = {**one, "machines": [*one["machines"], {"name": "far", "port": 7100, "gpus": "none"}]}
+    grown = lab_changes(parse_lab(text_of(one)), parse_lab(text_of(two)), "box")
+    assert grown.live == ["machines: +far"] and grown.restart == ["the gateway's peer links (machines added, removed or moved)"]
+    assert lab_changes(parse_lab(text_of(LAB)), parse_lab(text_of({**LAB, "machines": two["machines"]})), "box").restart == []
+
+
+def test_the_fleet_flags_a_machine_that_runs_another_lab_yaml():
+    view = MachineView(parse_lab(text_of(LAB)).machine("box"), link=LinkStatus.ONLINE)
+    assert alert_badges(view, "aaaaaaaaaaaa") == []  # an agent that says no version: nothing to compare
+    view.apply_section("lab", {"version": "bbbbbbbbbbbb", "source": "pushed", "restart_pending": ["machines.box.port"]})
+    assert alert_badges(view, "bbbbbbbbbbbb") == []
+    assert alert_badges(view, "aaaaaaaaaaaa") == ["lab.yaml bbbbbbbbbbbb ≠ aaaaaaaaaaaa"]
+    assert "lab.yaml at the next start: machines.box.port" in card_note(view)
 
 
 def test_a_push_authorizes_the_gateway_and_node_roles_only_in_a_file_of_its_own(tmp_path):

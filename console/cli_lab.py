@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 
 from agents.runtime.labfile import calls_peers
+from agents.wire.catalogue.agent import HELLO
 from agents.wire.catalogue.lab import LAB_APPLY, LAB_ROLLBACK, LabApplied, LabApplyParams, LabRollbackParams
 from agents.wire.lab.check import check, lab_schema
 from agents.wire.lab.model import Lab
-from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.protocol import ErrorCode, PeerKeys, RemoteError
 from console.cli import EXIT_FAILED, EXIT_OK, Context, find_lab, say
 from console.client import host_pattern
 
@@ -95,27 +96,36 @@ async def cmd_push(ctx: Context) -> int:
     if source is None:
         raise RemoteError(ErrorCode.INVALID_PARAMS, "the lab was not read from a file: nothing to push")
     text = source.read_text()
-    keys = {
-        name: view.hello.peer_keys
-        for name, view in ctx.state.machines.items()
-        if view.hello is not None
-        and view.hello.peer_keys is not None
-        and (view.hello.peer_keys.peer or view.hello.peer_keys.node)
-    }
-    missing = [m.name for m in ctx.lab.machines if m.name not in keys and calls_peers(ctx.lab, m.name)]
-    if missing:
-        say(f"cetlab: no peer key from {', '.join(missing)} (offline, or an older agent): push again once it is online", err=True)
-    params = LabApplyParams(
-        text=text,
-        known_hosts="\n".join(pinned_host_lines(ctx.lab, ctx.client.known_hosts)),
-        peer_keys=keys,
-        dry_run=ctx.args.dry_run,
-    )
-    # the machines that let peers in first, then those that call them (the gateway's, a multi-node recipe's first
-    # node): a caller retries its links once its trust is written, and finds the other side ready
+    said = {name: view.hello.peer_keys for name, view in ctx.state.machines.items() if view.hello is not None}
+    keys = {name: k for name, k in said.items() if k is not None and (k.peer or k.node)}
     callers = [m for m in ctx.state.machines if calls_peers(ctx.lab, m)]
-    replies = await ctx.request_all(LAB_APPLY, params, machines=[m for m in ctx.state.machines if m not in callers])
-    replies.update(await ctx.request_all(LAB_APPLY, params, machines=callers) if callers else {})
+    known_hosts = "\n".join(pinned_host_lines(ctx.lab, ctx.client.known_hosts))
+
+    async def push(keys: dict[str, PeerKeys]) -> dict[str, LabApplied | RemoteError]:
+        """The machines that let peers in first, then those that call them (the gateway's, a multi-node recipe's first
+        node): a caller retries its links once its trust is written, and finds the other side ready."""
+        params = LabApplyParams(text=text, known_hosts=known_hosts, peer_keys=keys, dry_run=ctx.args.dry_run)
+        replies = await ctx.request_all(LAB_APPLY, params, machines=[m for m in ctx.state.machines if m not in callers])
+        replies.update(await ctx.request_all(LAB_APPLY, params, machines=callers) if callers else {})
+        return replies
+
+    replies = await push(keys)
+    # a machine that calls peers under this lab.yaml only (the gateway's, once a second machine joins) made its keys
+    # with the push: ask for them, and push again so that the others let it in (the same text: trust only)
+    late = [m for m in callers if m not in keys and isinstance(replies.get(m), LabApplied)]
+    if late and not ctx.args.dry_run:
+        hellos = await ctx.request_all(HELLO, machines=late)
+        fresh = {n: h.peer_keys for n, h in hellos.items() if not isinstance(h, RemoteError) and h.peer_keys is not None}
+        keys.update({n: k for n, k in fresh.items() if k.peer or k.node})
+        if any(m in keys for m in late):
+            again = await push(keys)
+            for name, first in replies.items():
+                second = again.get(name)
+                if isinstance(first, LabApplied) and isinstance(second, LabApplied):
+                    replies[name] = first.model_copy(update={"peer_hosts": second.peer_hosts, "authorized": second.authorized})
+    missing = [m.name for m in ctx.lab.machines if m.name not in keys and calls_peers(ctx.lab, m.name)]
+    if missing and not ctx.args.dry_run:
+        say(f"cetlab: no peer key from {', '.join(missing)} (offline, or an older agent): push again once it is online", err=True)
     return _report(ctx, {name: replies[name] for name in ctx.state.machines})
 
 

@@ -1,7 +1,8 @@
 """`cetlab lab push` on two real agents on loopback, started from a lab file with fresh state dirs (no demo set-up).
 
-The console holds its own key (operator on both) and both agents' host keys, nothing else. After one push the gateway
-on `hub` reaches the model on `node` (no peer key authorized by hand, no peer known_hosts line written by hand); a
+The console holds its own key (operator on both) and both agents' host keys, nothing else; hub's own lab.yaml does not
+name node yet. After one push the gateway on `hub` reaches the model on `node` (no peer key authorized by hand, no
+peer known_hosts line written by hand, no restart); a
 second push changes a gateway policy and the running gateway enforces it, the warm engine still warm; a push with an
 error is refused at its line and column and nothing changes; rollback puts the previous lab.yaml back.
 """
@@ -66,7 +67,8 @@ def write(lab: Path, data: dict) -> str:
 
 
 def start(root: Path, lab: Path, machine: str, port: int) -> tuple[subprocess.Popen[bytes], Path]:
-    """The agent of one machine from a fresh state dir: its host key pinned by the console, the console's key operator."""
+    """The agent of one machine from a fresh state dir and its own --lab file: its host key pinned by the console, the
+    console's key authorized as operator."""
     state = root / f"state-{machine}"
     host_key = agent_cli("host-key", "--machine", machine, "--state-dir", str(state)).strip()
     agent_cli(
@@ -128,8 +130,12 @@ def test_one_push_makes_the_peers_and_a_second_changes_a_gateway_policy_live(tmp
     key.write_public_key(tmp_path / "console" / "id_ed25519.pub")
     lab = tmp_path / "lab.yaml"
     first = write(lab, lab_data(ports, gateway_port))
+    # hub's own lab.yaml predates node (a machine added since): the gateway alone, no models, no peers
+    alone = lab_data(ports, gateway_port)
+    alone.update(machines=alone["machines"][:1], models=[])
+    write(tmp_path / "hub-lab.yaml", alone)
     node, node_state = start(tmp_path, lab, "node", node_port)
-    hub, hub_state = start(tmp_path, lab, "hub", hub_port)
+    hub, hub_state = start(tmp_path, tmp_path / "hub-lab.yaml", "hub", hub_port)
     try:
         # no hand-made peer trust anywhere: one authorized key (the console's) per agent, no peer known hosts
         assert not (hub_state / PEER_KNOWN_HOSTS_NAME).exists()
@@ -144,6 +150,7 @@ def test_one_push_makes_the_peers_and_a_second_changes_a_gateway_policy_live(tmp
         one = pushed(lab, "push")
 
         assert one["hub"]["peer_hosts"] == 2 and one["node"]["authorized"] == ["gateway@hub"], one
+        assert "machines: +node" in one["hub"]["live"] and "models: +far" in one["hub"]["live"] and one["hub"]["restart"] == []
         assert one["node"]["version"] == lab_version(first) and not one["node"]["changed"]
         assert wait_answered(client, REACH_S)
         print(f"push to the first answer through the peer: {time.monotonic() - started:.1f} s")

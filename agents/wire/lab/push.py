@@ -67,9 +67,6 @@ def lab_changes(old: Lab, new: Lab, machine: str) -> LabChanges:
     rest = mine_old.model_copy(update={k: getattr(mine_new, k) for k in OWN_AT_START}) != mine_new
     if said or rest:
         changes.live.append(said or f"machines: ~{machine}")
-    addresses = {(m.name, m.host, m.port) for m in others_old} != {(m.name, m.host, m.port) for m in others_new}
-    if addresses and new.gateway is not None and new.gateway.machine == machine:  # its peer links were opened at start
-        changes.restart.append("the gateway's peer links (machines added, removed or moved)")
     old_gw, new_gw = old.gateway, new.gateway
     if (old_gw is None) != (new_gw is None) or (
         old_gw is not None and new_gw is not None and any(getattr(old_gw, k) != getattr(new_gw, k) for k in GATEWAY_AT_START)

@@ -248,3 +248,23 @@ def test_a_push_authorizes_the_gateway_and_node_roles_only_in_a_file_of_its_own(
     write_private(tmp_path / PUSHED_AUTHORIZED_KEYS_NAME, b"gateway not-a-key\n")
     assert authorized.lookup(gateway_key.convert_to_public()) is None
     assert authorized.lookup(hand.convert_to_public()).role is Role.VIEWER
+
+
+async def test_a_push_with_a_peer_key_that_is_not_one_is_refused_before_anything_is_written(in_process):
+    data = with_changes(
+        machines=[*LAB["machines"], {"name": "hub", "host": "127.0.0.1", "port": 9, "gpus": "none"}], gateway={"machine": "hub"}
+    )
+    lab = await in_process(data, machines=["box"])
+    client = lab.client()
+    await client.start()
+    await wait_for(lambda: client.state.machines["box"].online)
+    text = text_of({**data, "alerts": {"temp_c": 70}})
+    with pytest.raises(RemoteError) as caught:
+        await client.call("box", "lab.apply", {"text": text, "peer_keys": {"hub": {"peer": "ssh-ed25519 not-base64"}}})
+    assert caught.value.code == ErrorCode.INVALID_PARAMS and "gateway@hub" in caught.value.message
+    state = lab.agents["box"].state_dir
+    assert not (state / PUSHED_NAME).exists() and not (state / PUSHED_AUTHORIZED_KEYS_NAME).exists()
+    key = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
+    reply = await client.call("box", "lab.apply", {"text": text, "peer_keys": {"hub": {"peer": key}}})
+    assert reply["authorized"] == ["gateway@hub"]
+    assert (state / PUSHED_AUTHORIZED_KEYS_NAME).read_text().startswith("gateway ssh-ed25519 ")

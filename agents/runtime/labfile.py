@@ -153,10 +153,8 @@ def needed_peer_keys(lab: Lab, machine: str, keys: Mapping[str, PeerKeys]) -> li
     return needed
 
 
-def write_pushed_trust(state_dir: Path, known_hosts: list[str], keys: list[tuple[Role, str, str]], peer_known_hosts: str) -> None:
-    """The peer known hosts (when the push carried any) and the pushed authorizations (replaced whole, each time)."""
-    if known_hosts:
-        write_private(state_dir / peer_known_hosts, ("\n".join(known_hosts) + "\n").encode())
+def authorized_lines(keys: list[tuple[Role, str, str]]) -> list[str]:
+    """The pushed authorized_keys lines of these keys, each checked first (one that is not a public key is refused)."""
     lines = []
     for role, public, comment in keys:
         import asyncssh  # only where a key is authorized
@@ -164,7 +162,14 @@ def write_pushed_trust(state_dir: Path, known_hosts: list[str], keys: list[tuple
         try:
             key = asyncssh.import_public_key(" ".join(public.split()[:2]))
         except (asyncssh.KeyImportError, ValueError) as exc:
-            raise KeyFileError(f"{comment}: not a public key: {exc}") from None
+            raise KeyFileError(f"the peer key of {comment}: not a public key: {exc}") from None
         kind, blob = key.export_public_key().decode().split()[:2]
         lines.append(f"{role} {kind} {blob} {comment}")
-    atomic_write(state_dir / PUSHED_AUTHORIZED_KEYS_NAME, ("".join(f"{line}\n" for line in lines)).encode())
+    return lines
+
+
+def write_pushed_trust(state_dir: Path, known_hosts: list[str], authorized: list[str], peer_known_hosts: str) -> None:
+    """The peer known hosts (when the push carried any) and the pushed authorizations (replaced whole, each time)."""
+    if known_hosts:
+        write_private(state_dir / peer_known_hosts, ("\n".join(known_hosts) + "\n").encode())
+    atomic_write(state_dir / PUSHED_AUTHORIZED_KEYS_NAME, "".join(f"{line}\n" for line in authorized).encode())

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from agents.runtime.keys import KeyFileError, ensure_key
 from agents.runtime.labfile import (
     Running,
+    authorized_lines,
     calls_peers,
     keep_pushed,
     known_hosts_lines,
@@ -91,11 +92,12 @@ async def apply(agent: Agent, text: str, params: LabApplyParams | None, who: str
         raise RemoteError(
             ErrorCode.INVALID_PARAMS, f"{machine} refused the lab.yaml (nothing changed):\n" + "\n".join(lines)
         ) from None
-    try:
+    keys = needed_peer_keys(new, machine, params.peer_keys) if params is not None else []
+    try:  # the trust it carries checked too, before anything is written
         hosts = known_hosts_lines(params.known_hosts) if params is not None and calls_peers(new, machine) else []
+        authorized = authorized_lines(keys)
     except KeyFileError as exc:
         raise RemoteError(ErrorCode.INVALID_PARAMS, f"{machine} refused the push (nothing changed): {exc}") from None
-    keys = needed_peer_keys(new, machine, params.peer_keys) if params is not None else []
     version = lab_version(text)
     old = agent.lab
     changes = lab_changes(old, new, machine)
@@ -121,10 +123,7 @@ async def apply(agent: Agent, text: str, params: LabApplyParams | None, who: str
             from agents.runtime.peers import PEER_KNOWN_HOSTS_NAME
 
             known_name = PEER_KNOWN_HOSTS_NAME
-        try:
-            await asyncio.to_thread(write_pushed_trust, state_dir, hosts, keys, known_name)
-        except KeyFileError as exc:
-            raise RemoteError(ErrorCode.INVALID_PARAMS, f"{machine}: {exc}") from None
+        await asyncio.to_thread(write_pushed_trust, state_dir, hosts, authorized, known_name)
         for component in agent.components:  # the links that waited for this trust try again now
             retry = getattr(component, "retry_peers", None)
             if retry is not None:

@@ -83,7 +83,7 @@ class Router:
     """Knows every local model's state (the peers' ticks) and brings models up behind a bounded queue."""
 
     def __init__(self, lab: Lab, machine: str, peers: Reach, meter: Meter, engine_spec: Callable[[str], EngineSpec | None]):
-        self.lab, self.machine, self.peers, self.meter = lab, machine, peers, meter  # peers: every machine, its own in-process
+        self.machine, self.peers, self.meter = machine, peers, meter  # peers: every machine, its own in-process
         self.engine_spec = engine_spec  # what an engine can do: the model pool's port answers it (None: not known)
         self.reconfigure(lab)
         self._bring_ups: dict[str, asyncio.Task[ModelInfo]] = {}
@@ -99,9 +99,7 @@ class Router:
         """The lab it routes for (at start, and live after a push): its models, aliases, providers and policies."""
         if lab.gateway is None:
             raise ValueError(f"lab {lab.lab} has no gateway: section")
-        self.lab = lab
-        self.gateway = lab.gateway
-        self.policies = lab.gateway.policies
+        self.lab, self.gateway, self.policies = lab, lab.gateway, lab.gateway.policies
         self.local = {m.name: m for m in lab.models}
         self.aliases = {alias: name for name, p in self.gateway.models.items() for alias in p.aliases}
 

@@ -1,4 +1,5 @@
-"""Attacks on one agent (issue 11: findings 5, 6, 7; issue 21: N1, N3, N6, N8, N10; issue 30: R1, R2, R5, R6, R7, R8, R9, R10, R12) and what a legitimate console
+"""Attacks on one agent (issue 11: findings 5, 6, 7; issue 21: N1, N3, N6, N8, N10; issue 30: R1, R2, R3, R5, R6, R7, R8, R9, R10,
+R12; issue 29: L1, L2) and what a legitimate console
 and a legitimate gateway client see meanwhile, same run.
 
 For each attack: a console's ping p50/p99 and its largest gap between ticks, and a gateway client's latency p50/p99
@@ -55,6 +56,7 @@ from bench.attacks_iv import (
     s1_tail_of_10mb,
     s2_huge_watts,
 )
+from bench.attacks_push import l1_viewer_pushes, l2_hostile_texts
 from bench.attacks_r3 import r3_engine_of_another_user
 from bench.common import percentile
 from console.client import FleetClient
@@ -594,6 +596,8 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "R12 a refusing endpoint and a flapping alert": r12_notifications,
     "S1 --tail 10000 of a 10 MB log": s1_tail_of_10mb,
     "S2 idle_watts 1e300 in lab.yaml": s2_huge_watts,
+    "L1 a viewer pushes a lab.yaml": l1_viewer_pushes,
+    "L2 hostile lab.yaml texts pushed": l2_hostile_texts,
 }
 
 

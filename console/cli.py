@@ -146,15 +146,19 @@ def status_json(state: LabState) -> dict[str, Any]:
             view.gpu_support is not None
         ):  # which stacks each GPU can run, with the reason and the fix (docs/engines.md, "Older GPUs")
             entry["gpu_support"] = view.gpu_support.to_wire()
+        entry["lab_version"] = view.lab_version  # the lab.yaml it runs (None: unknown, an older agent)
+        entry["lab_differs"] = view.lab_differs(state.lab_version)  # not the workstation's: `cetlab lab push`
+        if view.lab is not None and view.lab.restart_pending:
+            entry["lab_restart_pending"] = view.lab.restart_pending
         if not view.online:
             entry["error"] = view.error or view.link
             entry["last_seen"] = view.last_seen
         machines.append(entry)
-    return {"lab": state.lab.lab, "machines": machines}
+    return {"lab": state.lab.lab, "lab_version": state.lab_version, "machines": machines}
 
 
 def status_human(data: dict[str, Any]) -> str:
-    lines = [f"lab {data['lab']}"]
+    lines = [f"lab {data['lab']}" + (f"  lab.yaml {data['lab_version']}" if data.get("lab_version") else "")]
     for m in data["machines"]:
         sim = " SIM" if m["simulated"] else ""
         if not m["online"]:
@@ -162,7 +166,12 @@ def status_human(data: dict[str, Any]) -> str:
             continue
         lines.append(
             f"{m['name']:<14} online{sim}  cpu {fmt(m['cpu_pct'], '.0f', '%')}  ram {fmt_bytes(m['ram_used_bytes'])}/{fmt_bytes(m['ram_total_bytes'])}"
+            f"  lab.yaml {m['lab_version'] or '?'}"
         )
+        if m["lab_differs"]:
+            lines.append(f"  runs lab.yaml {m['lab_version']}, not the workstation's {data['lab_version']}: `cetlab lab push`")
+        if m.get("lab_restart_pending"):
+            lines.append(f"  lab.yaml at the next start: {', '.join(m['lab_restart_pending'])}")
         if m["gpu_status"]:
             lines.append(f"  {m['gpu_status']}")
         lines += [f"  section {f['section']} FAILED ({f['phase']}): {f['error']}" for f in m["sections_failed"]]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from agents.runtime.view import GPU_SERIES, SPARK_POINTS, LabView
 from agents.wire.lab.model import Lab
+from agents.wire.lab.push import file_version
 from agents.wire.protocol import LinkStatus
 from agents.wire.sections.alerts import alert_id
 from agents.wire.sections.base import SectionFault
@@ -29,6 +30,8 @@ class LabState(LabView):
         super().__init__(lab)
         # offline alerts that cleared: only the console raises them, so only it can keep their history (newest last)
         self.offline_history: deque[dict[str, Any]] = deque(maxlen=200)
+        # the version of the workstation's lab.yaml as read: a machine that runs another is flagged (`cetlab lab push`)
+        self.lab_version = file_version(lab)
 
     def set_link(self, name: str, link: LinkStatus, error: str | None = None) -> None:
         view = self.machines[name]

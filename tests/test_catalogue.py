@@ -30,6 +30,7 @@ from agents.wire.catalogue.costs import CostsParams
 from agents.wire.catalogue.gateway import KeyAddParams, KeyNameParams
 from agents.wire.catalogue.index import CATALOGUE, parse_result
 from agents.wire.catalogue.jobs import JobListParams, JobParams, LogsParams, StartParams, StopParams
+from agents.wire.catalogue.lab import LabApplyParams, LabRollbackParams
 from agents.wire.catalogue.method import Method, NoParams, ReplyInvalid, request
 from agents.wire.catalogue.models import AdapterParams, ModelParams, PinParams, SwapParams
 from agents.wire.catalogue.notify import NotifyTestParams
@@ -223,6 +224,13 @@ async def test_every_method_answers_its_result_model(walk, lab):
     assert audit.entries and audit.entries[0].outcome == "ok"
     status = await walk(c["status"])
     assert status.models is not None and status.gateway is not None and status.jobs
+
+    # lab.yaml pushed (the same lab, a comment more: every component takes it live) and rolled back
+    text = lab.lab_path.read_text() + "# walked\n"
+    await walk(c["lab.apply"], LabApplyParams(text=text, dry_run=True))
+    applied = await walk(c["lab.apply"], LabApplyParams(text=text))
+    assert applied.changed and applied.live == [] and applied.restart == []
+    await walk(c["lab.rollback"], LabRollbackParams())
 
     # the cold, sleep, warm, swap and rotate of the pool last: they move alpha about
     await walk(c["models.sleep"], ModelParams(model="alpha"))

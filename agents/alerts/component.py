@@ -12,7 +12,7 @@ from agents.runtime.store import DiskFull
 from agents.wire.catalogue.alerts import ALERTS_ACK, ALERTS_LIST, AckParams, AlertList
 from agents.wire.catalogue.alerts import AlertListParams as ListParams
 from agents.wire.events import Notice
-from agents.wire.lab.model import Alerts
+from agents.wire.lab.model import Alerts, Lab
 from agents.wire.local_events import AlertsChanged
 from agents.wire.protocol import ErrorCode, RemoteError, Telemetry
 from agents.wire.sections.alerts import ALERT_ID_FORM, AlertInfo, AlertsSection, alert_id, parse_alert_id
@@ -354,6 +354,10 @@ class AlertsComponent:
 
     async def stop(self) -> None:
         pass
+
+    async def reconfigure(self, old: Lab, new: Lab) -> None:
+        """A pushed lab.yaml: the rules' thresholds apply from the next tick (what fires now clears or not by them)."""
+        self.engine.settings = new.alerts
 
     def _new_alert(self, obs: Observation, t: float) -> Alert:
         alert = Alert(

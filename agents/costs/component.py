@@ -319,6 +319,13 @@ class CostsComponent:
             raise RuntimeError("the costs ledger opens at start()")
         return self._ledger
 
+    async def reconfigure(self, old: Lab, new: Lab) -> None:
+        """A pushed lab.yaml: prices, currency and the lab's time zone count from the next tick on (booked days stay)."""
+        self.tz = zone(new.costs.timezone)
+        self.prices = Prices.of(new, new.machine(self.core.machine.name))
+        if self._ledger is not None:
+            self._ledger.tz = self.tz
+
     async def start(self) -> None:
         self._ledger = Ledger(self.core.store, self.core.interval_s, self.tz)
 

@@ -129,6 +129,31 @@ class GatewayComponent:
             await self.peers.stop()
         self.meter.flush()
 
+    async def reconfigure(self, old: Lab, new: Lab) -> None:
+        """A pushed lab.yaml, live: models, aliases, providers and policies (rate limits, sizes, timeouts) route and
+        apply from the next request on; machines added, removed or moved get new peer links. Where it listens is kept
+        until the next start."""
+        if not self.enabled or new.gateway is None or self.http is None:
+            return
+        self.router.reconfigure(new)
+        self.http.holds.policies = new.gateway.policies
+        own = self.core.machine.name
+        before = {(m.name, m.host, m.port) for m in old.machines if m.name != own}
+        after = {(m.name, m.host, m.port) for m in new.machines if m.name != own}
+        if before != after and self.reach is not None:  # machines added, removed or moved: new links (tunnels reopen)
+            others = [m.name for m in new.machines if m.name != own]
+            replaced, self.peers = self.peers, PeerClient(new, self.core.state_dir, machines=others) if others else None
+            if self.peers is not None:
+                await self.peers.start()
+            self.reach.peers = self.peers
+            if replaced is not None:
+                await replaced.stop()
+
+    def retry_peers(self) -> None:
+        """Peer trust was just written (a push): the links that were untrusted or refused try again now."""
+        if self.peers is not None:
+            self.peers.core.retry_now()
+
     def on_telemetry(self, telemetry: Telemetry) -> None:
         pass
 

@@ -37,12 +37,13 @@ def _fix(machine: str, status: str, peers: PeerClient) -> str:
     """What to do about a link in this state, in one sentence with the command."""
     if status == LinkStatus.REFUSED:
         return (
-            f"authorize the gateway's peer key on {machine}: copy {peers.key_path}.pub there and run "
+            f"authorize the gateway's peer key on {machine}: run `cetlab lab push` on the workstation, or by hand copy {peers.key_path}.pub there and run "
             f"`cetlab-agent authorize --machine {machine} --role gateway {PEER_KEY_NAME}.pub`"
         )
     if status == LinkStatus.UNTRUSTED:
         return (
-            f"add {machine}'s agent host key to {peers.known_hosts}: on {machine} run `cetlab-agent host-key --machine {machine}` "
+            f"add {machine}'s agent host key to {peers.known_hosts}: run `cetlab lab push` on the workstation (it pins the "
+            f"console's known host keys here), or by hand on {machine} run `cetlab-agent host-key --machine {machine}` "
             f"and append `[{peers.lab.machine(machine).host}]:{peers.lab.machine(machine).port} <that key>` here"
         )
     return f"start the agent on {machine} (`cetlab-agent serve --lab lab.yaml --machine {machine}`) or check its network; the gateway retries"

@@ -83,14 +83,9 @@ class Router:
     """Knows every local model's state (the peers' ticks) and brings models up behind a bounded queue."""
 
     def __init__(self, lab: Lab, machine: str, peers: Reach, meter: Meter, engine_spec: Callable[[str], EngineSpec | None]):
-        self.lab, self.machine, self.peers, self.meter = lab, machine, peers, meter  # peers: every machine, its own in-process
+        self.machine, self.peers, self.meter = machine, peers, meter  # peers: every machine, its own in-process
         self.engine_spec = engine_spec  # what an engine can do: the model pool's port answers it (None: not known)
-        if lab.gateway is None:
-            raise ValueError(f"lab {lab.lab} has no gateway: section")
-        self.gateway = lab.gateway
-        self.policies = lab.gateway.policies
-        self.local = {m.name: m for m in lab.models}
-        self.aliases = {alias: name for name, p in self.gateway.models.items() for alias in p.aliases}
+        self.reconfigure(lab)
         self._bring_ups: dict[str, asyncio.Task[ModelInfo]] = {}
         self.last_request: dict[str, float] = {}  # model -> monotonic time of the last gateway request
         self.brought_up: set[str] = set()  # models the gateway woke or loaded: its idle TTL takes them down again
@@ -99,6 +94,14 @@ class Router:
         self._watching: dict[str, int] = {}  # model -> requests waiting at its engine
         self._watch_interval: dict[str, float] = {}  # model -> the watcher's next wait
         self._poked: dict[str, float] = {}  # model -> when a joining request last reset that wait
+
+    def reconfigure(self, lab: Lab) -> None:
+        """The lab it routes for (at start, and live after a push): its models, aliases, providers and policies."""
+        if lab.gateway is None:
+            raise ValueError(f"lab {lab.lab} has no gateway: section")
+        self.lab, self.gateway, self.policies = lab, lab.gateway, lab.gateway.policies
+        self.local = {m.name: m for m in lab.models}
+        self.aliases = {alias: name for name, p in self.gateway.models.items() for alias in p.aliases}
 
     # -- what the lab looks like
 

@@ -28,6 +28,7 @@ from agents.wire.states import JobState
 if TYPE_CHECKING:
     from agents.runtime.core import AgentCore
     from agents.runtime.rpc import Peer
+    from agents.wire.lab.model import Lab
 
 log = logging.getLogger("cetlab.notify")
 
@@ -65,8 +66,20 @@ class NotifyComponent:
         return self._outbox
 
     async def start(self) -> None:
+        self._outbox = Outbox(self.core.store)
+        self._open_routes()
+
+    async def reconfigure(self, old: Lab, new: Lab) -> None:
+        """A pushed lab.yaml: the routes (and the offline watch) are rebuilt from it when its `notify:` or machines
+        changed; what is queued stays in the outbox and goes out on the routes of the same name."""
+        if old.notify == new.notify and old.machines == new.machines:
+            return
+        await self.stop()
+        self.senders, self._watch = {}, None
+        self._open_routes()
+
+    def _open_routes(self) -> None:
         core = self.core
-        self._outbox = Outbox(core.store)
         settings = core.lab.notify
         base = core.lab.source.parent if core.lab.source is not None else None
         for route in settings.routes:  # on every machine: `machines` filters what is about a machine (the watcher's news too)

@@ -34,7 +34,7 @@ from agents.runtime.core import AgentCore
 from agents.runtime.torch_probe import TorchReader
 from agents.wire.documents import EngineFigures
 from agents.wire.engine_address import EngineAddress
-from agents.wire.lab.model import Model
+from agents.wire.lab.model import Lab, Model
 from agents.wire.protocol import ErrorCode, RemoteError, Telemetry
 from agents.wire.sections.gpu_support import Stack, StackKind
 from agents.wire.sections.models import ModelInfo, ModelsSection
@@ -130,6 +130,37 @@ class OrchestraComponent:
             await asyncio.gather(*(s.engine.stop() for s in self.slots.values() if s.engine), return_exceptions=True)
         for slot in self.slots.values():
             self.core.release_gpus(f"model:{slot.name}")
+
+    async def reconfigure(self, old: Lab, new: Lab) -> None:
+        """A pushed lab.yaml, live: a model gone is stopped and dropped, a new one gets its slot (cold, or cached), and a
+        kept model takes its new entry for its next start; its warm engine keeps serving as it is, on its GPUs."""
+        core = self.core
+        here = {m.name: m for m in new.models if m.machine == core.machine.name}
+        for name in [n for n in self.slots if n not in here]:
+            await self.lifecycle.cold(self.slots[name])
+            core.release_gpus(f"model:{name}")
+            del self.slots[name]
+        pinned, was_pinned = set(new.orchestra.pinned), set(old.orchestra.pinned)
+        added = []
+        for name, model in here.items():
+            path = new.resolve(model.path)
+            slot = self.slots.get(name)
+            if slot is None:
+                slot = self.slots[name] = Slot(model, path, list(model.gpus), pinned=name in pinned)
+                added.append(slot)
+                continue
+            slot.model, slot.path = model, path
+            if slot.engine is None and not slot.busy:
+                slot.gpus = list(model.gpus)
+            if (name in pinned) != (name in was_pinned):  # lab.yaml's pins changed: they win over `cetlab pin` here
+                slot.pinned = name in pinned
+        if added:
+            await asyncio.to_thread(self.residency.make_placeholders)
+            await asyncio.to_thread(self.residency.measure_all)
+            for slot in added:
+                slot.state = self.residency.rest_state(slot)
+        if self.slots and not self._tasks:  # the first models of a machine that had none
+            self._tasks.append(asyncio.create_task(self._loop(), name="orchestra"))
 
     def on_telemetry(self, telemetry: Telemetry) -> None:
         self.placement.observe(telemetry)

@@ -16,6 +16,8 @@ if TYPE_CHECKING:  # asyncssh is loaded where keys are read or made: the CLI's f
 
 HOST_KEY_NAME = "ssh_host_ed25519_key"
 AUTHORIZED_KEYS_NAME = "authorized_keys"
+PUSHED_AUTHORIZED_KEYS_NAME = "authorized_keys.pushed"  # the peer keys `cetlab lab push` authorized (agents/runtime/labfile.py)
+PUSHED_ROLES = frozenset({Role.GATEWAY, Role.NODE})  # all a push may grant: an agent's calls to another, never a person's
 
 
 class KeyFileError(Exception):
@@ -119,12 +121,14 @@ def parse_authorized_keys(text: str, source: str = "authorized_keys") -> list[Au
 
 
 class AuthorizedKeys:
-    """The authorized-keys file, re-read when it changes so keys can be added live."""
+    """The authorized-keys file, re-read when it changes so keys can be added live; with ``pushed``, the file of the
+    keys a lab push authorized beside it, whose entries count with the gateway or node role only."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, pushed: Path | None = None):
         self.path = path
         self._stamp: tuple[int, int, int, int] | None = None
         self._entries: list[AuthorizedKey] = []
+        self.pushed = AuthorizedKeys(pushed) if pushed is not None else None
 
     def entries(self) -> list[AuthorizedKey]:
         try:
@@ -139,11 +143,22 @@ class AuthorizedKeys:
         return self._entries
 
     def lookup(self, key: asyncssh.SSHKey) -> AuthorizedKey | None:
+        """The entry of this key: the hand-made file first (its role wins), then the pushed one's (gateway or node)."""
         blob = key.public_data
         for entry in self.entries():
             if entry.key.public_data == blob:
                 return entry
-        return None
+        return self.pushed.lookup_pushed(key) if self.pushed is not None else None
+
+    def lookup_pushed(self, key: asyncssh.SSHKey) -> AuthorizedKey | None:
+        """As a pushed file: an unreadable one lets none of its keys in (and never locks the hand-made ones out); an
+        entry with any other role than gateway or node is ignored."""
+        try:
+            entries = self.entries()
+        except KeyFileError:
+            return None
+        blob = key.public_data
+        return next((e for e in entries if e.key.public_data == blob and e.role in PUSHED_ROLES), None)
 
     def add(self, role: Role, public_key: str) -> AuthorizedKey:
         """Append one key (``ssh-ed25519 AAAA... comment``) with a role; replaces an existing role.

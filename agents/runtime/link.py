@@ -132,6 +132,7 @@ class Link:
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # set once the first attempt is online or has failed
     online: asyncio.Event = field(default_factory=asyncio.Event)  # set while the link is online
     backoff_s: float = BACKOFF_START_S
+    retry: asyncio.Event = field(default_factory=asyncio.Event)  # set: the wait before the next attempt ends now
     last_message: float = 0.0  # monotonic time of the last line from the agent
     invalid_events: set[tuple[str, str]] = field(default_factory=set)  # (event, field) of events dropped: logged once each
 
@@ -196,6 +197,14 @@ class LinkCore:
         for name in self.links if names is None else names:
             link = self.links[name]
             link.task = asyncio.create_task(self._run(link), name=f"link-{name}")
+
+    def retry_now(self) -> None:
+        """The links that are not online try again now, not at the end of their backoff (the fix was just made:
+        a host key pinned, a key authorized by `cetlab lab push`)."""
+        for link in self.links.values():
+            if link.status is not LinkStatus.ONLINE:
+                link.backoff_s = BACKOFF_START_S
+                link.retry.set()
 
     async def stop(self) -> None:
         tasks = [link.task for link in self.links.values() if link.task is not None]
@@ -281,7 +290,11 @@ class LinkCore:
                 return
             delay = link.backoff_s * (0.8 + 0.4 * random.random())
             link.backoff_s = min(self.settings.backoff_max_s, link.backoff_s * 2)
-            await asyncio.sleep(delay)
+            link.retry.clear()
+            try:
+                await asyncio.wait_for(link.retry.wait(), delay)
+            except TimeoutError:
+                pass
 
     async def _explain(self, link: Link, exc: BaseException) -> tuple[LinkStatus, str]:
         said = await self.opener.explain(link, exc)

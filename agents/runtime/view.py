@@ -28,6 +28,7 @@ from agents.wire.sections.costs import CostsSummary
 from agents.wire.sections.gateway import GatewaySection
 from agents.wire.sections.gpu_support import GpuSupportSection
 from agents.wire.sections.jobs import JobInfo
+from agents.wire.sections.lab import LabSection
 from agents.wire.sections.models import ModelInfo, ModelsSection
 from agents.wire.sections.tick import SECTION_MODELS
 from agents.wire.states import JOB_HOLDS_GPU, MODEL_ENGINE_UP
@@ -77,6 +78,7 @@ class MachineView:
     gateway: GatewaySection | None = None  # on the gateway's machine only
     gpu_support: GpuSupportSection | None = None  # which stacks each GPU can run (agents/gpusupport/)
     faults: FaultsSection = field(default_factory=FaultsSection)  # sections whose component fails now (their last value is stale)
+    lab: LabSection | None = None  # the lab.yaml it runs (its version; None: an agent older than `cetlab lab push`)
     problems: dict[str, str] = field(default_factory=dict)  # section -> why the agent's last value of it was refused
     refused: dict[str, SectionFault] = field(default_factory=dict)  # the same, shown as a failing section is (section_faults)
     series: dict[str, deque[Any]] = field(default_factory=dict)  # "gpu0.util_pct" -> values
@@ -95,6 +97,17 @@ class MachineView:
     @property
     def simulated(self) -> bool:
         return bool(self.hello and self.hello.simulated) or self.config.simulated
+
+    @property
+    def lab_version(self) -> str | None:
+        """The version of the lab.yaml it runs: its last tick's, else its hello's (None: an older agent, or not yet)."""
+        if self.lab is not None:
+            return self.lab.version
+        return self.hello.lab_version if self.hello is not None else None
+
+    def lab_differs(self, workstation: str | None) -> bool:
+        """It runs another lab.yaml than ``workstation`` (the version of the console's file); unknown is no difference."""
+        return workstation is not None and self.lab_version is not None and self.lab_version != workstation
 
     @property
     def model_list(self) -> list[ModelInfo]:
@@ -121,6 +134,7 @@ class MachineView:
         self.gateway = None
         self.gpu_support = None
         self.faults = fresh.faults
+        self.lab = None
         self.problems, self.refused = {}, {}
 
     def apply_section(self, name: str, value: Any) -> None:

@@ -17,7 +17,16 @@ from agents import __version__
 from agents.runtime.bus import Bus
 from agents.runtime.core import ComponentFactory
 from agents.runtime.history import History
-from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedKeys, StateDirError, ensure_key, prepare_state_dir
+from agents.runtime.keys import (
+    AUTHORIZED_KEYS_NAME,
+    HOST_KEY_NAME,
+    PUSHED_AUTHORIZED_KEYS_NAME,
+    AuthorizedKeys,
+    StateDirError,
+    ensure_key,
+    prepare_state_dir,
+)
+from agents.runtime.labfile import running_lab
 from agents.runtime.principals import Principals
 from agents.runtime.rpc import Peer, Registry
 from agents.runtime.store import Store
@@ -58,6 +67,7 @@ from agents.wire.protocol import (
 )
 from agents.wire.sections.base import FaultsSection, GpuStatus, SectionFault
 from agents.wire.sections.gateway import GatewaySection
+from agents.wire.sections.lab import LabSection
 from agents.wire.sections.models import ModelsSection
 from agents.wire.sections.tick import Tick
 
@@ -117,8 +127,13 @@ class Agent:
         unix_socket: Path | None = None,
         keep_engines: bool = False,
     ):
-        self.lab = lab
-        self.machine = lab.machine(machine)
+        from agents.orchestra.engines import ENGINES
+
+        # the copy `cetlab lab push` left in the state dir wins over --lab (agents/runtime/labfile.py)
+        self.running = running_lab(lab, machine, state_dir, ENGINES)
+        self.started_lab = self.lab = self.running.lab  # started_lab: what was bound at start (port, GPUs, gateway)
+        self.machine = self.lab.machine(machine)
+        self.lab_section = LabSection(version=self.running.version, source=self.running.source)
         self.state_dir = state_dir
         self.listen_addr = listen or (self.machine.host, self.machine.port)
         # via: sshd consoles come through the machine's sshd to the socket: no SSH port of our own unless asked
@@ -186,7 +201,7 @@ class Agent:
         self._lock_state_dir()
         if self.serves_tcp:  # the SSH server's keys; a `via: sshd` agent has no SSH server, and never loads asyncssh (issue 22)
             host_key = ensure_key(self.state_dir / HOST_KEY_NAME, comment=f"cetlab-agent@{self.machine.name}")
-            authorized = AuthorizedKeys(self.state_dir / AUTHORIZED_KEYS_NAME)
+            authorized = AuthorizedKeys(self.state_dir / AUTHORIZED_KEYS_NAME, self.state_dir / PUSHED_AUTHORIZED_KEYS_NAME)
             authorized.entries()  # refuse a malformed or too-open file now, not at the first login
         self.store = Store(self.state_dir / "state.db")
         await self.start_components()
@@ -330,6 +345,7 @@ class Agent:
             "host": t.host,
             "gpu_status": GpuStatus(backend=t.gpu_backend, status=t.gpu_status, simulated=t.simulated),
             "faults": FaultsSection(failed=sorted(self.faults.values(), key=lambda f: f.section)),
+            "lab": self.lab_section,
         }
 
     def _failed(
@@ -410,7 +426,10 @@ class Agent:
     # -- core methods
 
     def _register_core(self) -> None:
+        from agents.shell.labpush import peer_keys_of, register_lab_methods
+
         rpc = self.rpc
+        register_lab_methods(self)
 
         @rpc.implements(HELLO)
         async def hello(peer: Peer, _params: NoParams) -> Hello:
@@ -424,6 +443,8 @@ class Agent:
                 simulated=self.simulated,
                 sample_interval_s=self.interval_s,
                 started_at=self.started_at,
+                lab_version=self.lab_section.version,
+                peer_keys=peer_keys_of(self),
             )
 
         @rpc.implements(PING)

@@ -201,6 +201,14 @@ class Telemetry(Snapshot):
     simulated: bool = False
 
 
+class PeerKeys(Snapshot):
+    """An agent's public client keys (``ssh-ed25519 AAAA... comment``), as ``lab push`` authorizes them on the others:
+    ``peer`` (the gateway's calls and tunnels) and ``node`` (a multi-node job's coordinator); None: not made here."""
+
+    peer: Annotated[str, Field(max_length=1000)] | None = None
+    node: Annotated[str, Field(max_length=1000)] | None = None
+
+
 class Hello(Snapshot):
     protocol: int
     agent_version: str
@@ -211,6 +219,8 @@ class Hello(Snapshot):
     simulated: bool
     sample_interval_s: float
     started_at: float
+    lab_version: str | None = None  # the short hash of the lab.yaml text it runs (None: an older agent)
+    peer_keys: PeerKeys | None = None  # the keys the lab's other agents authorize (`cetlab lab push`)
 
 
 # ---------------------------------------------------------------------------- methods

@@ -15,9 +15,10 @@ from widgets.machine_card import MachineCard
 from widgets.wire import esc
 
 
-def alert_badges(view: MachineView) -> list[str]:
+def alert_badges(view: MachineView, workstation_lab: str | None = None) -> list[str]:
     failed = [f"✖ {f.section} failed" for f in view.faults.failed if view.online]  # a component that fails: its section is stale
-    return failed + [f"⚠ {a.rule}" for a in view.alerts.active if not a.acked][:3]
+    drift = [f"lab.yaml {view.lab_version} ≠ {workstation_lab}"] if view.online and view.lab_differs(workstation_lab) else []
+    return failed + drift + [f"⚠ {a.rule}" for a in view.alerts.active if not a.acked][:3]
 
 
 def card_note(view: MachineView) -> str | None:
@@ -25,6 +26,8 @@ def card_note(view: MachineView) -> str | None:
     lines = [esc(view.gpu_status.status)] if view.gpu_status and view.gpu_status.status else []
     if view.online:  # an offline card says so, not what failed before
         lines += [esc(f"{f.section} failed ({f.phase}): {f.error}") for f in view.faults.failed]
+        if view.lab is not None and view.lab.restart_pending:
+            lines.append(esc(f"lab.yaml at the next start: {', '.join(view.lab.restart_pending)}"))
     return "\n".join(lines) or None
 
 
@@ -93,7 +96,7 @@ class FleetScreen(LabScreen):
                 gpu_status=card_note(view),
                 limits=limits,
                 now=self.lab_app.clock(),
-                badges=alert_badges(view),
+                badges=alert_badges(view, state.lab_version),
             )
 
     def _cards(self) -> list[MachineCard]:

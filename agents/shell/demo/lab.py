@@ -17,6 +17,7 @@ import yaml
 
 from agents.runtime.demo import LAB_FILE, LOCK_NAME, demo_cli_line, shown_path
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, write_private
+from agents.runtime.labfile import PUSHED_NAME
 from agents.runtime.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
 from agents.shell.demo import gateway as gateway_demo
 from agents.shell.demo import notify as notify_demo
@@ -127,6 +128,8 @@ class DemoLab:
         for machine, port in zip(data["machines"], ports):
             machine.update(host="127.0.0.1", port=port, via="agent")
             state = self.dir / "agents" / machine["name"]
+            # a lab.yaml pushed to the last run's agents names its ports: this run's lab.yaml (fresh ports) wins
+            (state / PUSHED_NAME).unlink(missing_ok=True)
             host_key = ensure_key(state / HOST_KEY_NAME, comment=f"cetlab-agent@{machine['name']}")
             authorized = (
                 f"operator {client_pub[0]} {client_pub[1]} demo-console\n" + gateway_line + node_lines.get(machine["name"], "")

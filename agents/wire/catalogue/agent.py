@@ -24,6 +24,7 @@ from agents.wire.sections.costs import CostsSummary
 from agents.wire.sections.gateway import GatewaySection
 from agents.wire.sections.gpu_support import GpuSupportSection
 from agents.wire.sections.jobs import JobInfo
+from agents.wire.sections.lab import LabSection
 from agents.wire.sections.models import ModelsSection
 
 
@@ -60,6 +61,7 @@ class StatusReply(Section):
     audit: AuditSection | None = None
     gateway: GatewaySection | None = None
     gpu_support: GpuSupportSection | None = None
+    lab: LabSection | None = None
     notify: None = None  # the notify component has no section (notify.status answers)
 
 

@@ -48,6 +48,7 @@ from agents.wire.catalogue.jobs import (
     JOBS_START,
     JOBS_STOP,
 )
+from agents.wire.catalogue.lab import LAB_APPLY, LAB_ROLLBACK
 from agents.wire.catalogue.method import Method, validate_reply
 from agents.wire.catalogue.models import (
     MODELS_ADAPTER,
@@ -115,6 +116,8 @@ CATALOGUE: dict[str, Method[Any, Any]] = {
         ALERTS_LIST,
         ALERTS_ACK,
         GPUS_SUPPORT,
+        LAB_APPLY,
+        LAB_ROLLBACK,
     )
 }
 

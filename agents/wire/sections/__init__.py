@@ -18,6 +18,7 @@ Sections and their models (``SECTION_MODELS``):
     gateway     GatewaySection | null  on the gateway's machine only (agents/gateway/): traffic per model, spend, keys
     gpu_support GpuSupportSection  the stacks this machine launches and, per GPU, whether each runs there (agents/gpusupport/)
     faults      FaultsSection     the sections whose component raised in this tick, with the error (empty: all well)
+    lab         LabSection | null the lab.yaml it runs: version, file or pushed, what waits for a restart
 
 Shape changes against the untyped sections (kept as small as the console allows):
 - ``jobs[].diverged_at_step`` and ``jobs[].progress_problem`` are new (issue 11: a diverged

@@ -14,6 +14,7 @@ from agents.wire.sections.costs import CostsSummary
 from agents.wire.sections.gateway import GatewaySection
 from agents.wire.sections.gpu_support import GpuSupportSection
 from agents.wire.sections.jobs import JobInfo
+from agents.wire.sections.lab import LabSection
 from agents.wire.sections.models import ModelInfo, ModelsSection
 
 SECTION_MODELS: dict[str, Any] = {
@@ -29,6 +30,7 @@ SECTION_MODELS: dict[str, Any] = {
     "gateway": GatewaySection | None,
     "gpu_support": GpuSupportSection,
     "faults": FaultsSection,
+    "lab": LabSection | None,
 }
 
 

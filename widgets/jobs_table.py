@@ -8,7 +8,7 @@ from rich.text import Text
 
 from agents.wire.sections.jobs import JobInfo
 from agents.wire.states import JOB_ACTIVE, JobState
-from widgets.format import NA, fmt, fmt_duration, spark
+from widgets.format import NA, fmt, fmt_duration, machines_text, spark
 from widgets.live_table import Cells, LiveTable
 
 STATE_STYLES = {
@@ -70,7 +70,7 @@ def job_cells(job: JobInfo, offline: bool = False) -> tuple[Any, ...]:
     return (
         Text(job.id, style="bold"),
         job.recipe,
-        "+".join(node.machine for node in job.nodes) or job.machine,  # a multi-node job: every node
+        machines_text(job.machine, [node.machine for node in job.nodes]),  # a multi-node job: every node
         Text.assemble(gpus, (" SIM", "bold magenta") if job.simulated and job.gpus else ""),
         job.precision or NA,
         state_cell(job, offline),

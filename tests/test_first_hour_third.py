@@ -1,0 +1,81 @@
+"""The first hour, third pass (issue 32): a multi-node job's name and start, the words of the views and the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from agents.wire.catalogue.jobs import RecipeInfo
+from agents.wire.events import LogEvent
+from agents.wire.sections.jobs import JobDetail
+from console import cli_jobs
+from console.cli_jobs import follow, job_human, jobs_human
+from console.screens.modals import StartJobScreen
+from widgets.format import placement
+
+NODES = [{"machine": "m5", "gpus": [], "state": "starting"}, {"machine": "irina", "gpus": [], "state": "starting"}]
+
+
+def ddp_job(**changes: Any) -> JobDetail:
+    job = {
+        "id": "m5-2",
+        "recipe": "ddp-2node",
+        "machine": "m5",
+        "state": "starting",
+        "started_at": 1.0,
+        "output_dir": "runs/m5-2",
+        "log_path": "logs/job-m5-2.log",
+        "nodes": NODES,
+    }
+    return JobDetail.model_validate({**job, **changes})
+
+
+def test_a_multi_node_job_and_recipe_are_named_by_their_machines_as_jobs_does():
+    job = ddp_job()
+    assert job_human(job).splitlines()[0] == "job m5-2 (ddp-2node) on m5+irina: starting"  # was "on m5 GPU -"
+    assert "m5+irina" in jobs_human([job], {}).splitlines()[1]
+    recipe = RecipeInfo(name="ddp-2node", machine="m5", nodes=["m5", "irina"], launcher="torchrun", output_dir="o")
+    assert placement(recipe.machine, recipe.gpus, recipe.nodes) == "m5+irina"
+    assert "on m5+irina (torchrun" in StartJobScreen(recipe).heading()
+    single = RecipeInfo(name="lora", machine="m5", gpus=[0, 1], output_dir="o")
+    assert StartJobScreen(single).heading().startswith("start [b]lora[/b] on m5 GPU 0,1")
+
+
+async def test_follow_says_the_nodes_while_they_start(monkeypatch, capsys):
+    """torchrun's imports and rendezvous print nothing for a while: the nodes' states are said when they change."""
+    monkeypatch.setattr(cli_jobs, "FOLLOW_POLL_S", 0.01)
+    steps = [
+        ddp_job(),
+        ddp_job(),  # unchanged: said once
+        ddp_job(nodes=[{**NODES[0], "state": "running"}, NODES[1]]),
+        ddp_job(state="running", nodes=[{**n, "state": "running"} for n in NODES]),
+    ]
+
+    class Client:
+        on_event: Any = None
+
+        async def call(self, machine: str, method: str, params: Any, timeout: float | None = None) -> Any:
+            if method == "jobs.logs":
+                return {"id": "m5-2", "path": "log", "lines": [], "offset": 0, "state": "starting"}
+            assert method == "jobs.get"
+            job = steps.pop(0)
+            if not steps:  # the trainer speaks, then ends
+                for event in (
+                    LogEvent(job="m5-2", lines=["cetlab-train: step 1/4"], offset=1),
+                    LogEvent(job="m5-2", offset=2, ended=True, state="exited", exit_code=0),
+                ):
+                    asyncio.get_running_loop().call_soon(self.on_event, "m5", "log", event)
+            return job.to_wire()
+
+    ctx = SimpleNamespace(
+        client=Client(),
+        args=argparse.Namespace(json=False),
+        state=SimpleNamespace(machines={"m5": SimpleNamespace(online=True)}),
+    )
+    assert await follow(ctx, "m5", "m5-2", 0, offset=0) == 0
+    lines = capsys.readouterr().out.splitlines()
+    said = [line.split(": ", 1)[1] for line in lines if line.startswith("waiting for the nodes")]
+    assert said == ["m5 starting, irina starting", "m5 running, irina starting"], lines
+    assert lines[-1] == "cetlab-train: step 1/4"

@@ -134,10 +134,24 @@ def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None],
     return "\n".join(lines)
 
 
+def overhead_words(rotation: Rotation) -> str:
+    """The rotation's overhead as the CLI and the console say it: its share against the target, or, before one rotation
+    period has passed, the seconds without its models so far (a share of a short window would alarm for nothing)."""
+    if rotation.overhead_pct is None:
+        return f"overhead {NA}"
+    if not rotation.overhead_judged:
+        return (
+            f"{rotation.unavailable_s or 0:.1f} s without models in {fmt_duration(rotation.wall_s)}"
+            f" (overhead judged after one {fmt_duration(rotation.every_s)} period; target < {rotation.target_pct or 0:g}%)"
+        )
+    window = f" of {fmt_duration(rotation.wall_s)}" if rotation.wall_s is not None else ""
+    return f"overhead {rotation.overhead_pct:.3f}%{window} (target < {rotation.target_pct or 0:g}%)"
+
+
 def rotation_schedule(rotation: Rotation, now: float) -> str:
-    """One machine's rotation clock in human durations: `next in 3h51m, overhead 0.012% (target < 1%)`."""
+    """One machine's rotation clock in human durations: `next in 3h51m, overhead 0.012% of 5h10m (target < 1%)`."""
     when = "not scheduled" if rotation.next_at is None else f"in {fmt_duration(max(0.0, rotation.next_at - now))}"
-    return f"next {when}, overhead {fmt(rotation.overhead_pct, '.3f', '%')} (target < {rotation.target_pct}%)"
+    return f"next {when}, {overhead_words(rotation)}"
 
 
 def rotation_human(data: dict[str, Rotation], now: float | None = None, models_on: dict[str, set[str]] | None = None) -> str:

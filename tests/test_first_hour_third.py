@@ -79,3 +79,23 @@ async def test_follow_says_the_nodes_while_they_start(monkeypatch, capsys):
     said = [line.split(": ", 1)[1] for line in lines if line.startswith("waiting for the nodes")]
     assert said == ["m5 starting, irina starting", "m5 running, irina starting"], lines
     assert lines[-1] == "cetlab-train: step 1/4"
+
+
+def test_a_saving_far_below_minus_100_percent_is_said_as_times_the_cloud():
+    """A tiny cloud equivalent against idle power gave "-1276%"."""
+    from widgets.format import fmt_saving
+
+    assert [fmt_saving(p) for p in (70.0, -40.0, -1276.0, None)] == ["70%", "-40%", "14x cloud", "-"]
+
+
+def test_the_overhead_of_a_first_rotation_is_seconds_until_a_period_has_passed():
+    from agents.wire.sections.models import Rotation
+    from console.cli_models import rotation_schedule
+    from console.screens.models import rotation_text
+
+    early = Rotation(plan=[["a"], ["b"]], every_s=600, unavailable_s=21.0, wall_s=300, overhead_pct=7.0, target_pct=1.0)
+    said = rotation_schedule(early, 0.0)
+    assert said.endswith("21.0 s without models in 5m00s (overhead judged after one 10m00s period; target < 1%)"), said
+    assert "21.0 s without models in 5m00s" in rotation_text({"m5": early}, 0.0)  # the console gives the same answer
+    later = early.model_copy(update={"wall_s": 3600, "overhead_pct": 0.583})
+    assert rotation_schedule(later, 0.0).endswith("overhead 0.583% of 1h00m (target < 1%)")

@@ -107,6 +107,14 @@ def fmt_pct(value: float | None) -> str:
     return fmt(value, ".0f", "%")
 
 
+def fmt_saving(pct: float | None) -> str:
+    """A saving against the cloud: `70%`, `-40%`; past -100% (a tiny cloud figure against idle power, e.g. -1276%)
+    as how many times the cloud's cost it is: `14x cloud`."""
+    if pct is None or pct > -100:
+        return fmt_pct(pct)
+    return f"{1 - pct / 100:.0f}x cloud"
+
+
 def spark(values: list[float], width: int, lo: float = 0.0, hi: float | None = None) -> str:
     """A one-line sparkline of the last `width` values, scaled to lo..hi."""
     values = [v for v in values if v is not None][-width:]

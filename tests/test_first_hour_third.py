@@ -99,3 +99,40 @@ def test_the_overhead_of_a_first_rotation_is_seconds_until_a_period_has_passed()
     assert "21.0 s without models in 5m00s" in rotation_text({"m5": early}, 0.0)  # the console gives the same answer
     later = early.model_copy(update={"wall_s": 3600, "overhead_pct": 0.583})
     assert rotation_schedule(later, 0.0).endswith("overhead 0.583% of 1h00m (target < 1%)")
+
+
+def test_the_llama_server_build_says_its_step_count_and_keeps_every_line_in_its_log(tmp_path, capsys):
+    """`make llama-server` printed three lines, then nothing for 8 minutes (the output went to build.log, unsaid)."""
+    import sys
+
+    from agents.runtime.llamacpp_build import _run
+
+    ninja = "import sys\nfor i in range(1, 41): print(f'[{i}/40] Building CXX object ggml/src/f{i}.o')\nprint('linking')"
+    log = tmp_path / "build.log"
+    _run([sys.executable, "-c", ninja], log=log, progress="building llama-server")
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("building")]
+    steps = [line.split(" (")[0] for line in said]
+    # not a terminal: a line every 5% of the steps, and the last one
+    assert steps[0] == "building llama-server: step 1/40" and steps[-1] == "building llama-server: step 40/40"
+    assert len(steps) == 21, said
+    assert log.read_text().splitlines()[-1] == "linking" and len(log.read_text().splitlines()) == 41
+
+
+def test_a_tiny_gguf_for_the_llamacpp_engine_is_one_command(tmp_path, capsys, monkeypatch):
+    from gguf import GGUFReader
+
+    from agents.orchestra import tiny_gguf
+    from agents.runtime import llamacpp_build
+
+    monkeypatch.setattr(llamacpp_build, "vocab_file", lambda: None)  # no build yet: it says what to run
+    assert tiny_gguf.main([str(tmp_path / "t.gguf")]) == 1
+    assert "make llama-server" in capsys.readouterr().err
+    monkeypatch.undo()
+    if llamacpp_build.vocab_file() is None:
+        import pytest
+
+        pytest.skip("no llama-server build here: its tokenizer file is what the tiny model needs")
+    assert tiny_gguf.main([str(tmp_path / "t.gguf"), "--lora", str(tmp_path / "l.gguf")]) == 0
+    out = capsys.readouterr().out
+    assert f"-m {tmp_path / 't.gguf'}" in out and "engine: llamacpp" in out
+    assert GGUFReader(str(tmp_path / "t.gguf")).fields["general.architecture"] is not None and (tmp_path / "l.gguf").exists()

@@ -19,22 +19,23 @@ STATE_STYLES = {
     JobState.FAILED: "bold red",
     JobState.LOST: "bold magenta",
 }
-SPARK_WIDTH = 16
+SPARK_WIDTH = 9
 COLUMNS = [
     ("job", "JOB", 8),
     ("recipe", "RECIPE", 12),
     ("machine", "MACHINE", 10),
     ("gpus", "GPUS", 11),
     ("precision", "PREC", 4),
-    ("state", "STATE", 19),
-    ("step", "STEP", 15),
+    ("state", "STATE", 12),  # "exited(0)"; a badge (GPU starved, re-adopted) is cut before LOSS goes
+    ("step", "STEP", 12),
     ("loss", "LOSS", SPARK_WIDTH + 8),
     ("speed", "SAMPLES/S", 9),
     ("eta", "ETA", 7),
     ("elapsed", "ELAPSED", 8),
 ]
-# narrow: these go, in this order (100 columns keep where a job runs and its loss, 80 where it runs; 160 every column)
-DROP = ("precision", "gpus", "elapsed", "speed", "recipe", "loss", "machine", "eta")
+# narrow: these go, in this order (100 columns keep the recipe, where a job runs, its loss and ETA, 80 all but the recipe;
+# 160 every column)
+DROP = ("precision", "gpus", "elapsed", "speed", "recipe", "eta", "loss", "machine")
 
 
 def state_cell(job: JobInfo, offline: bool = False) -> Text:

@@ -7,12 +7,15 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from agents.wire.catalogue.jobs import RecipeInfo
 from agents.wire.events import LogEvent
 from agents.wire.sections.jobs import JobDetail
 from console import cli_jobs
 from console.cli_jobs import follow, job_human, jobs_human
 from console.screens.modals import StartJobScreen
+from tests.test_checkpoints_console import frozen_app  # noqa: F401  (a fixture)
 from widgets.format import placement
 
 NODES = [{"machine": "m5", "gpus": [], "state": "starting"}, {"machine": "irina", "gpus": [], "state": "starting"}]
@@ -136,3 +139,28 @@ def test_a_tiny_gguf_for_the_llamacpp_engine_is_one_command(tmp_path, capsys, mo
     out = capsys.readouterr().out
     assert f"-m {tmp_path / 't.gguf'}" in out and "engine: llamacpp" in out
     assert GGUFReader(str(tmp_path / "t.gguf")).fields["general.architecture"] is not None and (tmp_path / "l.gguf").exists()
+
+
+@pytest.mark.parametrize("size", [(80, 24), (100, 30)])
+async def test_checkpoints_on_a_small_screen_show_rows_and_the_selected_step(frozen_app, size):  # noqa: F811
+    """At 80x24 :checkpoints showed one table row, not the selected step, and a stray scrollbar mark on an empty row."""
+    from agents.wire.catalogue.checkpoints import RunCheckpoints
+    from console.screens.checkpoints import CheckpointsScreen
+    from tests.conftest import until_drawn
+    from tests.screen_text import screen_lines
+    from tests.test_checkpoints_console import frozen_run
+
+    app = frozen_app
+    async with app.run_test(size=size) as pilot:
+        await until_drawn(pilot)
+        await pilot.press("colon", *"checkpoints", "enter")
+        await until_drawn(pilot, CheckpointsScreen)
+        app.screen.show_detail(RunCheckpoints.model_validate(frozen_run()[1]))
+        await pilot.pause()
+        lines = screen_lines(app)
+        top = next(i for i, line in enumerate(lines) if line.startswith(" STEP"))
+        rows = lines[top + 1 : next(i for i in range(top, len(lines)) if lines[i].startswith("───"))]
+        steps = [row.split()[0] for row in rows if row.strip() and row.split()[0].isdigit()]
+        assert len(steps) >= 5 and "250" in steps, lines  # the best is selected: it is on screen
+        assert not any(set(row.strip()) <= {"▏", "▕", "▎", "▍"} and row.strip() for row in rows), rows
+        assert "BEST" in next(row for row in rows if row.split() and row.split()[0] == "250")

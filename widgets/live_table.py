@@ -26,6 +26,11 @@ class LiveTable(DataTable[Cell]):
     first to last, while the table is narrower than its columns' sum (a split pane); the others always stay.
     """
 
+    # columns drop (or the one "for the rest" shrinks) to fit: never a sideways scrollbar, whose thumb showed as a stray
+    # mark on an empty row once the vertical scrollbar took its two cells
+    DEFAULT_CSS = """
+    LiveTable { overflow-x: hidden; }
+    """
     COLUMNS: Sequence[Column] = ()
     DROP: tuple[str, ...] = ()
     REST_MIN_WIDTH = REST_MIN

@@ -164,3 +164,39 @@ async def test_checkpoints_on_a_small_screen_show_rows_and_the_selected_step(fro
         assert len(steps) >= 5 and "250" in steps, lines  # the best is selected: it is on screen
         assert not any(set(row.strip()) <= {"▏", "▕", "▎", "▍"} and row.strip() for row in rows), rows
         assert "BEST" in next(row for row in rows if row.split() and row.split()[0] == "250")
+
+
+async def test_the_alerts_route_block_shows_its_last_line_at_120x40(frozen_app):  # noqa: F811
+    """Four routes of the demo's kind wrap at 120 columns: a block of at most 8 lines hid the last one."""
+    from agents.wire.sections.notify import RouteStatus
+    from console.screens.alerts import AlertsScreen
+    from tests.conftest import until_drawn
+    from tests.screen_text import screen_lines
+
+    app = frozen_app
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until_drawn(pilot)
+        await pilot.press("colon", *"alerts", "enter")
+        await until_drawn(pilot, AlertsScreen)
+        screen = app.screen
+        screen.routes = [
+            (
+                machine,
+                RouteStatus(
+                    name=f"team-chat-{i}",
+                    kind="webhook",
+                    format="slack",
+                    simulated=True,
+                    target=f"file console/team-chat.url of a lab kept in a long folder name number {i}",
+                    delivered=3,
+                    failures=1,
+                    problem="the url file is readable by others" if i == 3 else None,
+                ),
+            )
+            for i, machine in enumerate(["m5", "irina", "workstation", "pharaoh"])
+        ]
+        screen.refresh_data()
+        await pilot.pause()
+        said = " ".join(line.strip() for line in screen_lines(app))
+        assert all(f"team-chat-{i} SIM" in said for i in range(4)) and "readable by others" in said, said
+        assert said.count("3 delivered") == 4, said  # every route's line whole, the last one too

@@ -200,3 +200,28 @@ async def test_the_alerts_route_block_shows_its_last_line_at_120x40(frozen_app):
         said = " ".join(line.strip() for line in screen_lines(app))
         assert all(f"team-chat-{i} SIM" in said for i in range(4)) and "readable by others" in said, said
         assert said.count("3 delivered") == 4, said  # every route's line whole, the last one too
+
+
+async def test_the_job_forms_help_is_whole_at_120_columns(frozen_app):  # noqa: F811
+    from agents.wire.catalogue.jobs import RecipeParam
+    from tests.conftest import until_drawn, wait_for
+    from tests.screen_text import screen_lines
+
+    help_text = "a checkpoint-<step> folder to continue from; its optimizer state and step count come along, the data order too"
+    recipe = RecipeInfo(
+        name="demo-lora",
+        machine="m5",
+        gpus=[0],
+        output_dir="o",
+        params=[RecipeParam(name="resume_from_checkpoint", type="str", help=help_text, flag="--resume-from-checkpoint")],
+    )
+    app = frozen_app
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until_drawn(pilot)
+        app.push_screen(StartJobScreen(recipe))
+        await wait_for(lambda: isinstance(app.screen, StartJobScreen) and app.screen.query("#start-error"))
+        await pilot.pause()
+        await pilot.pause()
+        form = [line[line.index("█") + 1 : line.rindex("█")] for line in screen_lines(app) if line.count("█") >= 2]  # its border
+        said = " ".join(" ".join(form).split())
+        assert help_text in said, said

@@ -200,7 +200,7 @@ class StartJobScreen(ModalScreen[JobDetail | None]):
     DEFAULT_CSS = """
     StartJobScreen { align: center middle; }
     StartJobScreen > VerticalScroll { width: 90; max-width: 100%; height: auto; max-height: 90%; border: thick $accent; background: $surface; padding: 0 1; }
-    StartJobScreen Label { margin-top: 1; }
+    StartJobScreen Label { margin-top: 1; width: 100%; }  /* a param's help wraps: width auto cut it at the border */
     StartJobScreen #start-error { color: $error; height: auto; }
     """
 

@@ -30,6 +30,7 @@ from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import ModelState
 from console.cli import Context, positive_seconds, say
 from console.replies import not_reached
+from console.rotation import overhead_words
 from widgets.format import NA, fmt, fmt_duration, fmt_gib
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -132,20 +133,6 @@ def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None],
             lines.append(f"{machine}: rotation {step}, {rotation_schedule(rotation, time.time())}")
     lines += not_reached(offline)
     return "\n".join(lines)
-
-
-def overhead_words(rotation: Rotation) -> str:
-    """The rotation's overhead as the CLI and the console say it: its share against the target, or, before one rotation
-    period has passed, the seconds without its models so far (a share of a short window would alarm for nothing)."""
-    if rotation.overhead_pct is None:
-        return f"overhead {NA}"
-    if not rotation.overhead_judged:
-        return (
-            f"{rotation.unavailable_s or 0:.1f} s without models in {fmt_duration(rotation.wall_s)}"
-            f" (overhead judged after one {fmt_duration(rotation.every_s)} period; target < {rotation.target_pct or 0:g}%)"
-        )
-    window = f" of {fmt_duration(rotation.wall_s)}" if rotation.wall_s is not None else ""
-    return f"overhead {rotation.overhead_pct:.3f}%{window} (target < {rotation.target_pct or 0:g}%)"
 
 
 def rotation_schedule(rotation: Rotation, now: float) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.text import Text
 from textual.events import Resize
+from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
 from widgets.wire import safe_cell
@@ -105,10 +106,11 @@ class LiveTable(DataTable[Cell]):
     def set_filter(self, text: str) -> None:
         """Show only the rows whose text holds `text` (any case); "" shows every row again."""
         self.filter_text = text.strip()
-        if self.filter_text and self.no_match is None and self.parent is not None:
+        parent = self.parent
+        if self.filter_text and self.no_match is None and isinstance(parent, Widget):
             self.no_match = Static("", classes="no-match")
             self.no_match.display = False
-            self.parent.mount(self.no_match, after=self)
+            parent.mount(self.no_match, after=self)
         self.show(self.all_items)
 
     def _say_no_match(self) -> None:

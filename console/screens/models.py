@@ -24,7 +24,7 @@ from agents.wire.lab.model import Lab
 from agents.wire.protocol import GpuSample
 from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
-from console.cli_models import overhead_words
+from console.rotation import overhead_words
 from console.screens.base import LabScreen
 from console.screens.modals import PickModelScreen
 from widgets.format import fmt_duration, fmt_gib

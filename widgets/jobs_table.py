@@ -19,15 +19,15 @@ STATE_STYLES = {
     JobState.FAILED: "bold red",
     JobState.LOST: "bold magenta",
 }
-SPARK_WIDTH = 9
+SPARK_WIDTH = 8
 COLUMNS = [
     ("job", "JOB", 8),
     ("recipe", "RECIPE", 12),
     ("machine", "MACHINE", 10),
     ("gpus", "GPUS", 11),
     ("precision", "PREC", 4),
-    ("state", "STATE", 12),  # "exited(0)"; a badge (GPU starved, re-adopted) is cut before LOSS goes
-    ("step", "STEP", 12),
+    ("state", "STATE", 11),  # "failed(137)"; a badge (GPU starved, re-adopted) is cut before LOSS goes
+    ("step", "STEP", 14),  # "1230/100000 1%"
     ("loss", "LOSS", SPARK_WIDTH + 8),
     ("speed", "SAMPLES/S", 9),
     ("eta", "ETA", 7),

@@ -20,7 +20,7 @@ from console.notify import route_line, route_statuses, routes_json
 from console.replies import Answers
 from widgets.format import fmt_money as money
 from widgets.format import fmt_pct as pct
-from widgets.format import fmt_time
+from widgets.format import fmt_saving, fmt_time
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -32,8 +32,8 @@ def costs_human(report: LabCosts) -> str:
     lines = [
         f"now        {money(report.now_per_hour, c)}/h at {report.power_w or 0:,.0f} W{sim}",
         f"today      {money(report.today, c):>14}   cloud {money(report.cloud_equivalent_today, c)}   {report.kwh_today or 0:.2f} kWh",
-        f"this month {money(report.month, c):>14}   cloud {money(report.cloud_equivalent_month, c)}   saving {pct(report.saving_pct_month)}",
-        f"since {report.since} {money(report.since_total, c):>10}   cloud {money(report.cloud_equivalent_since, c)}   saving {pct(report.saving_pct_since)}",
+        f"this month {money(report.month, c):>14}   cloud {money(report.cloud_equivalent_month, c)}   saving {fmt_saving(report.saving_pct_month)}",
+        f"since {report.since} {money(report.since_total, c):>10}   cloud {money(report.cloud_equivalent_since, c)}   saving {fmt_saving(report.saving_pct_since)}",
     ]
     lines += api_lines(report)
     key = report.by_kind

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import shlex
+import time
 import unicodedata
 from collections.abc import Mapping
 
@@ -29,7 +30,7 @@ from agents.wire.sections.jobs import JobDetail, JobInfo, JobNode
 from agents.wire.states import JOB_ACTIVE, JobState
 from console.cli import Context, say
 from console.replies import Answers, not_reached, sent
-from widgets.format import NA, fmt, fmt_duration
+from widgets.format import NA, fmt, fmt_duration, machines_text, placement
 
 EXIT_OK, EXIT_FAILED = 0, 1
 
@@ -53,7 +54,7 @@ def jobs_human(jobs: list[JobInfo], errors: Mapping[str, RemoteError]) -> str:
         rows.append(
             (
                 job.id,
-                "+".join(n.machine for n in job.nodes) or job.machine,
+                machines_text(job.machine, [n.machine for n in job.nodes]),
                 job.recipe,
                 ",".join(map(str, job.gpus)) or NA,
                 job.precision or NA,
@@ -87,7 +88,8 @@ def shown_argv(argv: list[str]) -> str:
 
 
 def job_human(job: JobInfo) -> str:
-    lines = [f"job {job.id} ({job.recipe}) on {job.machine} GPU {','.join(map(str, job.gpus)) or NA}: {state_text(job)}"]
+    where = placement(job.machine, job.gpus, [n.machine for n in job.nodes])
+    lines = [f"job {job.id} ({job.recipe}) on {where}: {state_text(job)}"]
     if isinstance(job, JobDetail) and job.argv:
         lines.append("  " + shown_argv(job.argv))
     lines.append(f"  log: {job.log_path}")
@@ -123,6 +125,16 @@ def parse_sets(items: list[str]) -> dict[str, str]:
     return params
 
 
+FOLLOW_POLL_S = 2.0  # a follow without new lines looks at the link (and at a multi-node job's nodes) this often
+NODES_SAID_S = 10.0  # while a multi-node job's nodes start, their states are said when they change and at least this often
+
+
+def nodes_line(job: JobInfo, waited_s: float) -> str:
+    """A multi-node job's nodes while they start (torchrun's imports and rendezvous print nothing for a while)."""
+    states = ", ".join(f"{node.machine} {node.state}" for node in job.nodes)
+    return f"waiting for the nodes to start ({fmt_duration(waited_s)}): {states}"
+
+
 async def follow(ctx: Context, machine: str, job_id: str, tail_lines: int, offset: int | None = None) -> int:
     """Print the log's tail, then every new line until the job ends; the job's outcome is the exit code."""
     queue: asyncio.Queue[LogEvent] = asyncio.Queue()
@@ -145,13 +157,24 @@ async def follow(ctx: Context, machine: str, job_id: str, tail_lines: int, offse
         emit(line)
     state: JobState | None = first.state
     exit_code: int | None = None
+    started = time.monotonic()
+    said: tuple[str, float] | None = None  # the nodes' states last said, and when
+    quiet = not first.lines  # no line of the trainer yet: the nodes are still starting
     while state in JOB_ACTIVE:
         try:
-            data = await asyncio.wait_for(queue.get(), 2.0)
+            data = await asyncio.wait_for(queue.get(), FOLLOW_POLL_S)
         except TimeoutError:
             if not ctx.state.machines[machine].online:
                 raise RemoteError(ErrorCode.DISCONNECTED, f"lost {machine} while following {job_id}") from None
+            if quiet and not ctx.args.json:  # nothing from the trainer yet: a multi-node job says how its nodes are
+                job = await request(ctx.client, machine, JOBS_GET, JobParams(id=job_id))
+                quiet = len(job.nodes) > 1 and job.state == JobState.STARTING
+                states = ",".join(node.state for node in job.nodes)
+                if quiet and (said is None or said[0] != states or time.monotonic() - said[1] >= NODES_SAID_S):
+                    say(nodes_line(job, time.monotonic() - started), flush=True)
+                    said = (states, time.monotonic())
             continue
+        quiet = quiet and not data.lines
         for line in data.lines:
             emit(line)
         if data.ended:

@@ -31,6 +31,7 @@ from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import ModelState
 from console.cli import Context, positive_seconds, say
 from console.replies import not_reached
+from console.rotation import overhead_words
 from widgets.format import NA, fmt, fmt_duration, fmt_gib
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -136,9 +137,9 @@ def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None],
 
 
 def rotation_schedule(rotation: Rotation, now: float) -> str:
-    """One machine's rotation clock in human durations: `next in 3h51m, overhead 0.012% (target < 1%)`."""
+    """One machine's rotation clock in human durations: `next in 3h51m, overhead 0.012% of 5h10m (target < 1%)`."""
     when = "not scheduled" if rotation.next_at is None else f"in {fmt_duration(max(0.0, rotation.next_at - now))}"
-    return f"next {when}, overhead {fmt(rotation.overhead_pct, '.3f', '%')} (target < {rotation.target_pct}%)"
+    return f"next {when}, {overhead_words(rotation)}"
 
 
 def rotation_human(data: dict[str, Rotation], now: float | None = None, models_on: dict[str, set[str]] | None = None) -> str:

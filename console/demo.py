@@ -17,6 +17,7 @@ from platformdirs import user_state_path
 
 from agents.runtime.demo import (
     ANY_GATEWAY_PORT_ENV,
+    DEMO_DIR_NAME,
     FAILED,
     GATEWAY_KEY_FILE,
     LAB_FILE,
@@ -31,7 +32,6 @@ from agents.wire.lab.model import load_lab
 from agents.wire.lab.notify import WebhookRoute
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEMO_DIR_NAME = ".cetlab-demo"  # git-ignored
 STOP_WAIT_S = 30.0  # the demo's process stops its agents (5 s each at most) before it exits
 
 

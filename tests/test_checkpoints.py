@@ -227,6 +227,9 @@ async def test_resume_from_a_checkpoint_continues_the_step_count(client, lab):
     assert resumed["params"]["max_steps"] == 6 and resumed["params"]["save_steps"] == 2
     second = await wait_job(client, resumed["id"])
     assert second["exit_code"] == 0 and second["step"] == 6, second["last_lines"]
+    # the finished job no longer holds step 2: the listing (the CLI's answer) and the pushed summary (the console's) agree
+    assert next(c for c in (await client.call("box", "checkpoints.list", {"run": first["id"]}))["checkpoints"])["in_use"] is None
+    await wait_for(lambda: any(r.run == first["id"] and not r.in_use for r in client.state.machines["box"].checkpoints), 30)
     run2 = await client.call("box", "checkpoints.list", {"run": resumed["id"]})
     assert [c["step"] for c in run2["checkpoints"]] == [4, 6]  # the count went on from 2, not from 0
     state = json.loads(Path(run2["checkpoints"][-1]["path"], "trainer_state.json").read_text())

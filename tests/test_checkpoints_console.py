@@ -263,6 +263,29 @@ async def test_a_serve_on_its_way_is_fetched_again_until_it_settles(frozen_app, 
             assert fetched == (["m5-3"] if again else []), state
 
 
+async def test_in_use_follows_the_job_that_resumed_from_it(frozen_app, monkeypatch):
+    """`r` then the resumed job ends: the run's own job and summary are unchanged, the listing said "in use" 13 minutes later."""
+    app = frozen_app
+    async with app.run_test(size=SIZE) as pilot:
+        await until_drawn(pilot)
+        await pilot.press("colon", *"checkpoints", "enter")
+        screen = await wait_for(lambda: isinstance(app.screen, CheckpointsScreen) and app.screen)
+        fetched: list[str] = []
+        monkeypatch.setattr(screen, "fetch_run", lambda machine, run: fetched.append(run))
+        monkeypatch.setattr(app, "connect", True)
+        summary, detail = frozen_run()
+        best = next(c for c in detail["checkpoints"] if c["is_best"])
+        machine = app.state.machines["m5"]
+        for in_use, again in (("job m5-4 resumed from it and is starting", True), (None, True), (None, False)):
+            best["in_use"] = in_use
+            machine.apply_section("checkpoints", [{**summary, "in_use": [f"step 250: {in_use}"] if in_use else []}])
+            screen.refresh_data()
+            assert fetched == (["m5-3"] if again else []), in_use
+            screen.show_detail(RunCheckpoints.model_validate(detail))
+            fetched.clear()
+        assert "in use" not in str(screen.query_one("#ckpt-detail").render())
+
+
 async def test_resume_opens_a_form_with_the_runs_params_to_change(frozen_app, monkeypatch):
     """`r` on a checkpoint: the run's recipe, filled with what the run ran with; max_steps changed as `--set max_steps=240` does."""
     from textual.widgets import Input

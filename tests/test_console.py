@@ -191,8 +191,11 @@ async def test_slash_filters_the_fleet_and_every_table():
         state.machines["m5"].apply_section("jobs", frozen_jobs())  # the next tick keeps the filter
         app.screen.refresh_data()
         assert table.row_count == 1
+        await filter_by(pilot, "no-such-job")  # an empty table said nothing: it says the filter hid every row
+        assert table.row_count == 0 and table.no_match is not None and table.no_match.display
+        assert "no row of 4 matches 'no-such-job'" in str(table.no_match.render())
         await filter_by(pilot, "")
-        assert table.row_count == 4
+        assert table.row_count == 4 and not table.no_match.display
 
 
 async def test_the_help_screen_shows_the_cli_line_of_a_demo_lab(tmp_path):

@@ -491,7 +491,9 @@ async def test_header_counter_and_costs_view(tmp_path, lab_file):
                 "over the last 30 days, since " in summary and "(as `cetlab costs --since " in summary
             )  # the window, as the CLI asks it
             await wait_for(lambda: screen._plotted and screen._plotted[-1][1] > 0, timeout=15)  # today's spend is on the plot
-            assert "EUR/h" in str(screen.query_one("#costs-counter")._shown)
+            # the header's live counter is the one: the view's first line is the month, not the header again
+            assert "EUR/h" in header(app) and not screen.query("#costs-counter")
+            assert summary.startswith("this month")
 
             await pilot.press("b")  # by job: none runs here
             await wait_for(lambda: screen.report is not None and screen.report.by_kind == "job", timeout=10)

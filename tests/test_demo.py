@@ -8,6 +8,7 @@ import socket
 import stat
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,41 @@ def test_prepare_writes_a_complete_lab(tmp_path):
     known = lab.resolve(lab.console.known_hosts).read_text().splitlines()
     assert [line.split()[0] for line in known] == [f"[127.0.0.1]:{m.port}" for m in lab.machines]
     assert (tmp_path / "d" / "demo" / "train.jsonl").exists()  # the demo recipe's assets travel with it
+
+
+def test_the_demos_runs_and_models_live_in_its_folder_and_older_state_moves_up(tmp_path):
+    directory = tmp_path / "d"
+    old_run = directory / ".cetlab-demo" / "runs" / "m5-1" / "checkpoint-2"  # where runs went before
+    old_run.mkdir(parents=True)
+    (directory / ".cetlab-demo" / "tiny-llama").mkdir()
+    lab = load_lab(DemoLab(directory).prepare())
+    recipe = next(t for t in lab.trainers if t.name == "demo-lora")
+    assert lab.resolve(recipe.output_dir) == directory / "runs" / "{job_id}"
+    assert lab.resolve(next(m for m in lab.models if m.name == "tiny-llama").path) == directory / "tiny-llama"
+    assert [lab.resolve(d.path) for d in lab.checkpoints.dirs] == [directory / "out"]
+    assert (directory / "runs" / "m5-1" / "checkpoint-2").is_dir() and (directory / "tiny-llama").is_dir()
+    # the old paths (in job records, in adapters' base_model) still lead there
+    assert old_run.resolve() == (directory / "runs" / "m5-1" / "checkpoint-2").resolve()
+    train = (directory / "demo" / "train.yaml").read_text()  # the recipe's config names the same tiny model
+    assert "base_model: ../tiny-llama" in train and ".cetlab-demo" not in train.split("base_model:", 1)[1].splitlines()[0]
+    DemoLab(directory).prepare()  # a second start: nothing more to move
+    assert (directory / "runs" / "m5-1" / "checkpoint-2").is_dir()
+
+
+def test_the_demos_logs_are_private(tmp_path):
+    """The notification log records each POST's path, which holds the webhook's token (its url file is mode 600)."""
+    from agents.notify.receiver import Receiver
+
+    log = tmp_path / "notifications.jsonl"
+    log.write_text("")
+    log.chmod(0o644)  # a demo of an older version left it readable
+    receiver = Receiver(log=log).start()
+    try:
+        request = urllib.request.Request(f"{receiver.url}/hooks/demo/SECRET", data=b'{"text": "hi"}', method="POST")
+        urllib.request.urlopen(request, timeout=10).close()
+    finally:
+        receiver.stop()
+    assert "SECRET" in log.read_text() and stat.S_IMODE(log.stat().st_mode) == 0o600
 
 
 def test_the_demo_says_its_gateways_url_and_key_and_why_the_port_is_not_lab_yamls(tmp_path, monkeypatch):
@@ -129,6 +165,8 @@ def test_cetlab_demo_runs_the_lab_in_its_own_process_until_ctrl_c(tmp_path):
     for machine in lab.machines:
         with pytest.raises(OSError):
             socket.create_connection((machine.host, machine.port), timeout=2).close()
+    logs = list((directory / "agents").glob("*.log"))
+    assert logs and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in logs), logs
 
 
 def test_the_demo_process_follows_its_console_even_when_killed(tmp_path):

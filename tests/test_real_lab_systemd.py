@@ -122,11 +122,19 @@ def test_vllm_box_caches_and_no_usage_report_and_a_warning_for_paths_under_tmp(t
     assert env["VLLM_NO_USAGE_STATS"] == "1"
     for name in ("FLASHINFER_WORKSPACE_BASE", "VLLM_CONFIG_ROOT", "CUDA_CACHE_PATH"):  # JIT kernels, config, ~/.nv
         assert Path(env[name]).is_relative_to(state), name
-    assert systemd.tmp_path_warnings(lab, Path("/srv/lab/lab.yaml"), "box", state, None, user_unit=False) == []
+    program = Path("/opt/cetlab/.venv/bin/cetlab-agent")
+    warned = systemd.tmp_path_warnings(lab, Path("/srv/lab/lab.yaml"), "box", state, None, user_unit=False, program=program)
+    assert warned == []
     warnings = systemd.tmp_path_warnings(
-        lab, Path("/srv/lab/lab.yaml"), "box", Path("/tmp/cetlab-state"), Path("/var/tmp/c"), user_unit=False
+        lab, Path("/srv/lab/lab.yaml"), "box", Path("/tmp/cetlab-state"), Path("/var/tmp/c"), user_unit=False, program=program
     )
     assert len(warnings) == 2 and "the state dir /tmp/cetlab-state is under /tmp" in warnings[0] and "PrivateTmp" in warnings[0]
+    # a virtualenv made under /tmp: systemd would start a program PrivateTmp hides (and boot deletes)
+    in_tmp = Path("/tmp/venv/bin/cetlab-agent")
+    warnings = systemd.tmp_path_warnings(lab, Path("/srv/lab/lab.yaml"), "box", state, None, user_unit=True, program=in_tmp)
+    assert warnings == [
+        f"ExecStart='s program {in_tmp} is under /tmp: /tmp is cleaned at boot; move it (e.g. under /var/lib or /srv)"
+    ]
     result = subprocess.run(
         [
             sys.executable,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 NA = "-"  # the one marker for a value nobody measured (a table cell, a CLI column, a header figure)
@@ -43,6 +44,18 @@ def fmt_gpus(gpus: list[int], empty: str = NA) -> str:
             runs.append([index])
     parts = [f"{r[0]}-{r[-1]}" if len(r) >= 3 else ",".join(map(str, r)) for r in runs]
     return ",".join(parts) or empty
+
+
+def machines_text(machine: str, nodes: Sequence[str] = ()) -> str:
+    """The machines a job or a recipe runs on, as every view says it: `m5`, or a multi-node one's nodes `m5+irina`."""
+    return "+".join(nodes) or machine
+
+
+def placement(machine: str, gpus: list[int], nodes: Sequence[str] = ()) -> str:
+    """Where a job or a recipe runs: `m5 GPU 0,1`, or a multi-node one's `m5+irina` (each node's GPUs are its own)."""
+    if len(nodes) > 1:
+        return machines_text(machine, nodes)
+    return f"{machine} GPU {','.join(map(str, gpus)) or NA}"
 
 
 def plural(n: int, word: str) -> str:
@@ -92,6 +105,14 @@ def fmt_money(value: float | None, currency: str) -> str:
 
 def fmt_pct(value: float | None) -> str:
     return fmt(value, ".0f", "%")
+
+
+def fmt_saving(pct: float | None) -> str:
+    """A saving against the cloud: `70%`, `-40%`; past -100% (a tiny cloud figure against idle power, e.g. -1276%)
+    as how many times the cloud's cost it is: `14x cloud`."""
+    if pct is None or pct > -100:
+        return fmt_pct(pct)
+    return f"{1 - pct / 100:.0f}x cloud"
 
 
 def spark(values: list[float], width: int, lo: float = 0.0, hi: float | None = None) -> str:

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from agents.wire.sections.jobs import JobInfo
 from agents.wire.states import JOB_ACTIVE, JobState
-from widgets.format import NA, fmt, fmt_duration, spark
+from widgets.format import NA, fmt, fmt_duration, machines_text, spark
 from widgets.live_table import Cells, LiveTable
 
 STATE_STYLES = {
@@ -19,22 +19,23 @@ STATE_STYLES = {
     JobState.FAILED: "bold red",
     JobState.LOST: "bold magenta",
 }
-SPARK_WIDTH = 16
+SPARK_WIDTH = 8
 COLUMNS = [
     ("job", "JOB", 8),
     ("recipe", "RECIPE", 12),
     ("machine", "MACHINE", 10),
     ("gpus", "GPUS", 11),
     ("precision", "PREC", 4),
-    ("state", "STATE", 19),
-    ("step", "STEP", 15),
+    ("state", "STATE", 11),  # "failed(137)"; a badge (GPU starved, re-adopted) is cut before LOSS goes
+    ("step", "STEP", 14),  # "1230/100000 1%"
     ("loss", "LOSS", SPARK_WIDTH + 8),
     ("speed", "SAMPLES/S", 9),
     ("eta", "ETA", 7),
     ("elapsed", "ELAPSED", 8),
 ]
-# narrow: these go, in this order (100 columns keep where a job runs and its loss, 80 where it runs; 160 every column)
-DROP = ("precision", "gpus", "elapsed", "speed", "recipe", "loss", "machine", "eta")
+# narrow: these go, in this order (100 columns keep the recipe, where a job runs, its loss and ETA, 80 all but the recipe;
+# 160 every column)
+DROP = ("precision", "gpus", "elapsed", "speed", "recipe", "eta", "loss", "machine")
 
 
 def state_cell(job: JobInfo, offline: bool = False) -> Text:
@@ -70,7 +71,7 @@ def job_cells(job: JobInfo, offline: bool = False) -> tuple[Any, ...]:
     return (
         Text(job.id, style="bold"),
         job.recipe,
-        "+".join(node.machine for node in job.nodes) or job.machine,  # a multi-node job: every node
+        machines_text(job.machine, [node.machine for node in job.nodes]),  # a multi-node job: every node
         Text.assemble(gpus, (" SIM", "bold magenta") if job.simulated and job.gpus else ""),
         job.precision or NA,
         state_cell(job, offline),

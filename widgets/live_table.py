@@ -8,7 +8,8 @@ from typing import Any
 
 from rich.text import Text
 from textual.events import Resize
-from textual.widgets import DataTable
+from textual.widget import Widget
+from textual.widgets import DataTable, Static
 
 from widgets.wire import safe_cell
 
@@ -26,6 +27,11 @@ class LiveTable(DataTable[Cell]):
     first to last, while the table is narrower than its columns' sum (a split pane); the others always stay.
     """
 
+    # columns drop (or the one "for the rest" shrinks) to fit: never a sideways scrollbar, whose thumb showed as a stray
+    # mark on an empty row once the vertical scrollbar took its two cells
+    DEFAULT_CSS = """
+    LiveTable { overflow-x: hidden; }
+    """
     COLUMNS: Sequence[Column] = ()
     DROP: tuple[str, ...] = ()
     REST_MIN_WIDTH = REST_MIN
@@ -51,6 +57,7 @@ class LiveTable(DataTable[Cell]):
         self._shown: dict[str, Cells] = {}  # what each row shows now (every column's cell, shown or not)
         self.shown_columns: list[int] = list(range(len(self.column_spec)))  # indices into column_spec, in order
         self.rest_width: int | None = None  # the width left for the column "for the rest" (None: its content's)
+        self.no_match: Static | None = None  # under the table while `/` hides every row: says so (an empty table said nothing)
 
     def cells(self, item: Any) -> Cells:
         """The row of one item (plain data in, strings or Rich text out; a string is shown as text, never as markup)."""
@@ -99,7 +106,22 @@ class LiveTable(DataTable[Cell]):
     def set_filter(self, text: str) -> None:
         """Show only the rows whose text holds `text` (any case); "" shows every row again."""
         self.filter_text = text.strip()
+        parent = self.parent
+        if self.filter_text and self.no_match is None and isinstance(parent, Widget):
+            self.no_match = Static("", classes="no-match")
+            self.no_match.display = False
+            parent.mount(self.no_match, after=self)
         self.show(self.all_items)
+
+    def _say_no_match(self) -> None:
+        if self.no_match is None:
+            return
+        hidden = bool(self.filter_text) and bool(self.all_items) and not self.items
+        self.no_match.display = hidden
+        if hidden:
+            self.no_match.update(
+                Text(f"no row of {len(self.all_items)} matches {self.filter_text!r}; / and enter on nothing shows all", "yellow")
+            )
 
     def show(self, items: dict[str, Any]) -> None:
         """Show these items, in this order (those the filter lets through); the cursor stays on its row's key."""
@@ -111,6 +133,7 @@ class LiveTable(DataTable[Cell]):
             needle = self.filter_text.casefold()
             wanted = {key: cells for key, cells in wanted.items() if needle in " ".join(map(str, cells)).casefold()}
         self.items = {key: items[key] for key in wanted}
+        self._say_no_match()
         for key in [k for k in self._shown if k not in wanted]:
             self.remove_row(key)
             del self._shown[key]

@@ -20,10 +20,10 @@ STATE_STYLES = {
     "failed": "bold red",
 }
 COLUMNS = [
-    ("model", "MODEL", 20),
+    ("model", "MODEL", 18),
     ("machine", "MACHINE", 11),
     ("gpus", "GPUS", 5),
-    ("engine", "ENGINE", 16),
+    ("engine", "ENGINE", 13),
     ("state", "STATE", None),
     ("vram", "VRAM", 5),
     ("requests", "RUN/WAIT", 8),
@@ -34,10 +34,10 @@ COLUMNS = [
     ("wake", "WAKE", 5),
     ("ram", "RAM", 5),
 ]
-# in a narrow terminal the timings go first, then KV, the engine, the GPUs and the tokens/s: name, machine, state, VRAM
-# and the live load stay at 80 columns (where a model runs is what a split pane asks first)
-DROP = ("ram", "wake", "warmup", "load", "kv", "engine", "gpus", "tokens", "machine")
-STATE_MIN = 22  # STATE takes the width the other columns leave, at least this (a long phase, "loading making the tiny model", is
+# in a narrow terminal the timings go first, then KV, the GPUs, the tokens/s and the engine: name, machine, engine,
+# state, VRAM and the live load stay at 80 columns (where a model runs and on what is what a split pane asks first)
+DROP = ("ram", "wake", "warmup", "load", "kv", "gpus", "tokens", "engine", "machine")
+STATE_MIN = 11  # STATE takes the width the other columns leave, at least this (a long phase, "loading making the tiny model", is
 # whole at 160 columns and cut where the table is tight: at 80 the machine's column matters more)
 
 

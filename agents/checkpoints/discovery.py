@@ -67,6 +67,7 @@ class Run:
             wall_s=self.wall_s,
             save_share_pct=round(100 * save_total / self.wall_s, 2) if save_total is not None and self.wall_s else None,
             problem=self.problem,
+            in_use=[f"step {c.step}: {c.in_use}" for c in self.checkpoints if c.in_use],
         )
 
     def curves(self) -> dict[str, list[list[int | float]]]:

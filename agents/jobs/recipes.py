@@ -161,6 +161,7 @@ def recipe_info(recipe: Trainer) -> RecipeInfo:
         name=recipe.name,
         machine=recipe.machine,
         gpus=recipe.gpus,
+        nodes=[node.machine for node in recipe.nodes],
         launcher=recipe.launcher,
         nproc_per_node=nproc(recipe) if recipe.launcher == "torchrun" else None,
         command=recipe.command,

@@ -17,6 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from agents.runtime.keys import open_private_log
+
 MAX_BODY = 1024 * 1024
 KEPT_HEADERS = ("content-type", "authorization", "x-title", "x-priority", "x-tags")
 
@@ -82,8 +84,8 @@ class Receiver:
         with self._lock:
             self.received.append(entry)
             if self.log is not None:
-                with open(self.log, "a") as f:
-                    f.write(json.dumps(entry) + "\n")
+                with open_private_log(self.log) as f:  # each POST's path holds the hook's token
+                    f.write((json.dumps(entry) + "\n").encode())
 
     def stop(self) -> None:
         """Go down (the port refuses connections until start() again)."""

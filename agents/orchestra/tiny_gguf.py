@@ -7,6 +7,7 @@ answers are nonsense, but every token is a real forward pass of llama.cpp.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,33 @@ def write_tiny_lora_gguf(out: Path, rank: int = 4, seed: int = 1, alpha: float =
     writer.close()
     tmp.replace(out)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m agents.orchestra.tiny_gguf OUT.gguf`: a tiny model to try the llamacpp engine with, no download."""
+    import argparse
+
+    from agents.runtime.llamacpp_build import MAKE_HINT, find_llama_server, vocab_file
+
+    parser = argparse.ArgumentParser(prog="python -m agents.orchestra.tiny_gguf", description=main.__doc__)
+    parser.add_argument("out", type=Path, help="the GGUF file to write (~17 MB)")
+    parser.add_argument("--seed", type=int, default=0, help="the random weights' seed")
+    parser.add_argument("--lora", type=Path, metavar="FILE", help="also write a GGUF LoRA adapter for it here")
+    args = parser.parse_args(argv)
+    vocab = vocab_file()
+    if vocab is None:  # llama.cpp's own tokenizer file comes with the build
+        print(f"the tiny model takes llama.cpp's tokenizer from the cached build: {MAKE_HINT} first", file=sys.stderr)
+        return 1
+    write_tiny_gguf(args.out, vocab, seed=args.seed)
+    print(f"wrote {args.out} (a random 2-layer Llama: its answers are nonsense, every token a real llama.cpp forward pass)")
+    if args.lora:
+        write_tiny_lora_gguf(args.lora)
+        print(f"wrote {args.lora} (a LoRA adapter for it)")
+    server = find_llama_server()
+    print(f"try it: {server or 'llama-server'} -m {args.out} --port 8080, or in lab.yaml:")
+    print(f"  - {{name: tiny-gguf, path: {args.out.resolve()}, engine: llamacpp, machine: <this machine>}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,6 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
+DEMO_DIR_NAME = ".cetlab-demo"  # the demo's folder in a checkout (git-ignored), as the checkout's lab.yaml names it
 LAB_FILE = "lab.yaml"  # DIR/lab.yaml: the client-side lab, with this start's ports and keys
 LOCK_NAME = "demo.lock"  # held by the demo's process while its agents run; holds its pid
 GATEWAY_KEY_FILE = "console/gateway.key"  # the demo's gateway API key (mode 600)

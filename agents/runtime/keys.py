@@ -7,7 +7,7 @@ import stat
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from agents.wire.protocol import Role
 
@@ -59,6 +59,15 @@ def write_private(path: Path, data: bytes) -> None:
     with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.chmod(path, 0o600)
+
+
+def open_private_log(path: Path) -> BinaryIO:
+    """A log to append to, mode 600 (an older one at 644 is made 600): what a log records can be a secret's neighbour,
+    e.g. a webhook's path holds its token."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def ensure_key(path: Path, comment: str = "") -> asyncssh.SSHKey:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,16 +83,53 @@ def vocab_file() -> Path | None:
     return None
 
 
-def _run(argv: list[str], cwd: Path | None = None, log: Path | None = None) -> None:
+STEP = re.compile(rb"^\[(\d+)/(\d+)\] ")  # ninja's status line: "[412/1035] Building CXX object ..."
+PROGRESS_EVERY_PCT = 5  # without a terminal (make's output in a CI log), a progress line every this share of the steps
+
+
+class Progress:
+    """The build's step count from ninja's [N/M] lines: on a terminal one line rewritten in place, else a line every
+    PROGRESS_EVERY_PCT percent (an 8-minute build said nothing between its first lines and its end)."""
+
+    def __init__(self, what: str, tty: bool) -> None:
+        self.what, self.tty = what, tty
+        self.said_pct = -PROGRESS_EVERY_PCT
+        self.started = time.monotonic()
+
+    def line(self, raw: bytes) -> str | None:
+        """What to print for one line of the build's output (None: nothing)."""
+        match = STEP.match(raw)
+        if match is None:
+            return None
+        step, total = int(match[1]), int(match[2])
+        pct = 100 * step // max(1, total)
+        if not self.tty and pct < self.said_pct + PROGRESS_EVERY_PCT and step != total:
+            return None
+        self.said_pct = pct
+        return f"{self.what}: step {step}/{total} ({pct}%, {time.monotonic() - self.started:.0f} s)"
+
+
+def _run(argv: list[str], cwd: Path | None = None, log: Path | None = None, progress: str | None = None) -> None:
     print("+", " ".join(argv), flush=True)
     if log is None:
         subprocess.run(argv, cwd=cwd, check=True)
         return
+    tty = sys.stdout.isatty()
+    counter = Progress(progress, tty) if progress else None
     with open(log, "ab") as out:
-        done = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
+        process = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert process.stdout is not None  # stdout=PIPE
+        for raw in process.stdout:  # every line to the log; the step count to the terminal
+            out.write(raw)
+            said = counter.line(raw) if counter else None
+            if said:
+                print(f"\r{said}" if tty else said, end="" if tty else "\n", flush=True)
+        done = process.wait()
+    if tty and counter is not None and counter.said_pct >= 0:
+        print(flush=True)
+    if done != 0:
         tail = log.read_bytes()[-3000:].decode(errors="replace")
-        raise SystemExit(f"{' '.join(argv[:3])} failed (exit {done.returncode}); the end of {log}:\n{tail}")
+        raise SystemExit(f"{' '.join(argv[:3])} failed (exit {done}); the end of {log}:\n{tail}")
 
 
 def build(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = None) -> Path:
@@ -134,9 +172,16 @@ def build(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = 
         flags = list(CMAKE_FLAGS)
         if cuda:
             flags += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_archs or '61;70;75;80;86'}"]
+        print(
+            f"building llama-server from llama.cpp as vendored in llama-cpp-python {PIN} ({'CUDA ' + (cuda_archs or '61;70;75;80;86') if cuda else 'CPU'};"
+            f" about 8 minutes on 2 cores); the build's whole output goes to {log}",
+            flush=True,
+        )
         _run(["cmake", "-S", str(src), "-B", str(src / "build"), "-G", "Ninja", *flags], log=log)
         _run(
-            ["cmake", "--build", str(src / "build"), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 2)], log=log
+            ["cmake", "--build", str(src / "build"), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 2)],
+            log=log,
+            progress="building llama-server",
         )
         (out / "bin").mkdir(exist_ok=True)
         shutil.copy2(src / "build" / "bin" / "llama-server", out / "bin" / "llama-server.part")

@@ -266,11 +266,23 @@ TMP_ROOTS = (Path("/tmp"), Path("/var/tmp"))
 
 
 def tmp_path_warnings(
-    lab: Lab, lab_path: Path, machine: str, state_dir: Path, cache_dir: Path | None, *, user_unit: bool
+    lab: Lab,
+    lab_path: Path,
+    machine: str,
+    state_dir: Path,
+    cache_dir: Path | None,
+    *,
+    user_unit: bool,
+    program: Path | None = None,
 ) -> list[str]:
     """Paths of the unit under /tmp or /var/tmp: under PrivateTmp the agent sees its own empty /tmp (deleted when it
-    stops), and even without it /tmp is cleaned at boot: the lab, the state (keys, ledger) or outputs would be lost."""
-    named = [("the lab file", lab_path), ("the state dir", state_dir)]
+    stops), and even without it /tmp is cleaned at boot: the agent's program (ExecStart=, ``program``: the one this
+    Python would install, a virtualenv made under /tmp), the lab, the state (keys, ledger) or outputs would be lost."""
+    named = [
+        ("ExecStart='s program", program or Path(agent_command()[0])),
+        ("the lab file", lab_path),
+        ("the state dir", state_dir),
+    ]
     if cache_dir is not None:
         named.append(("the cache dir", cache_dir))
     for trainer in lab.trainers:

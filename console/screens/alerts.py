@@ -53,7 +53,7 @@ class AlertsScreen(LabScreen):
     ]
     DEFAULT_CSS = """
     AlertsScreen #alerts-summary { height: auto; padding: 0 1; }
-    AlertsScreen #alerts-routes { height: auto; max-height: 8; padding: 0 1; }
+    AlertsScreen #alerts-routes { height: auto; max-height: 45%; padding: 0 1; }  /* 8 lines hid the last of four wrapped routes */
     AlertsScreen #alerts-table { height: 1fr; }
     """
 

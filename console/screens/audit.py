@@ -26,10 +26,10 @@ COLUMNS = [
     ("role", "role", 8),
     ("method", "method", 20),
     ("params", "params", 36),
-    ("outcome", "outcome", 16),
+    ("outcome", "outcome", 10),
     ("message", "message", None),
 ]
-DROP = ("params", "role", "who", "machine")  # narrow: these go, in this order
+DROP = ("params", "role", "who", "machine")  # narrow: these go, in this order (80 columns keep the machine)
 
 
 def audit_cells(row: tuple[str, AuditEntry]) -> tuple[str | Text, ...]:

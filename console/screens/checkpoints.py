@@ -55,9 +55,10 @@ COLUMNS = [
     ("save", "SAVE", 7),
     ("kind", "KIND", 17),
     ("age", "WRITTEN", 12),
-    ("flags", "", 60),
+    ("flags", "", None),  # what is left: a fixed 60 ran past 80 columns (a sideways scrollbar on the empty row)
 ]
 DROP = ("epoch", "save", "kind", "eval", "size")  # narrow: these go, in this order
+FLAGS_MIN = 30  # BEST newest kept and a served model's name: the columns above go before these are cut
 P = TypeVar("P", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 
@@ -156,8 +157,8 @@ class CheckpointsScreen(LabScreen):
     ]
     DEFAULT_CSS = """
     CheckpointsScreen #ckpt-run { height: auto; padding: 0 1; }
-    CheckpointsScreen #ckpt-timeline { height: 2fr; min-height: 12; }
-    CheckpointsScreen #ckpt-table { height: 1fr; }
+    CheckpointsScreen #ckpt-timeline { height: 2fr; min-height: 8; }
+    CheckpointsScreen #ckpt-table { height: 1fr; min-height: 6; }  /* at 80x24 five rows, not one */
     CheckpointsScreen #ckpt-detail { height: auto; min-height: 2; padding: 0 1; border-top: solid $panel; }
     """
 
@@ -174,7 +175,9 @@ class CheckpointsScreen(LabScreen):
             id="ckpt-run",
         )
         yield CheckpointTimeline(id="ckpt-timeline")
-        yield LiveTable(COLUMNS, lambda ckpt: checkpoint_cells(ckpt, self.lab_app.clock()), DROP, id="ckpt-table")
+        yield LiveTable(
+            COLUMNS, lambda ckpt: checkpoint_cells(ckpt, self.lab_app.clock()), DROP, rest_min=FLAGS_MIN, id="ckpt-table"
+        )
         yield Static("", id="ckpt-detail")
         yield Footer()
 

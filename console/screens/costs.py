@@ -12,11 +12,10 @@ from textual_plotext import PlotextPlot
 
 from agents.wire.catalogue.costs import COSTS_GET, CostsParams, PricedGroup
 from agents.wire.catalogue.method import request_all
-from console.costs import Breakdown, LabCosts, LabDay, lab_costs, live_totals
+from console.costs import Breakdown, LabCosts, LabDay, lab_costs
 from console.replies import Answers
 from console.screens.base import LabScreen
-from widgets.cost_counter import CostCounter
-from widgets.format import fmt, fmt_money, fmt_pct
+from widgets.format import fmt, fmt_money, fmt_pct, fmt_saving
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
 from widgets.wire import esc, shown
@@ -29,7 +28,7 @@ COLUMNS = [
     ("kwh", "kWh", 10),
     ("cost", "cost", 14),
     ("cloud", "cloud equiv.", 14),
-    ("saving", "saving", 8),
+    ("saving", "saving", 10),
     ("gpu_h", "GPU-h", 8),
     ("busy_h", "busy GPU-h", 10),
     ("tokens", "tokens", 12),
@@ -51,7 +50,7 @@ def breakdown_rows(groups: list[PricedGroup], by: str, currency: str) -> dict[st
             fmt(entry.kwh, ".3f"),
             fmt_money(entry.cost, currency),
             fmt_money(entry.cloud_equivalent, currency),
-            fmt_pct(entry.saving_pct),
+            fmt_saving(entry.saving_pct),
             fmt(entry.gpu_hours, ".2f"),
             fmt(entry.gpu_busy_hours, ".2f"),
             f"{entry.tokens:,}",
@@ -101,8 +100,7 @@ class CostsScreen(LabScreen):
         self._plotted: list[tuple[str, float, float]] | None = None
 
     def compose(self) -> ComposeResult:
-        yield LabHeader()
-        yield CostCounter(id="costs-counter")
+        yield LabHeader()  # its cost figure is the live counter: the view's lines start with the month
         yield Static("loading costs …", id="costs-summary")
         # the table above the chart, each the full width: side by side, the table's last column ran into the axis
         yield LiveTable(COLUMNS, lambda cells: cells, DROP, id="costs-by")
@@ -133,8 +131,6 @@ class CostsScreen(LabScreen):
         self.refresh_data()
 
     def refresh_data(self) -> None:
-        totals = live_totals(self.lab_app.state)
-        self.query_one("#costs-counter", CostCounter).show(totals)
         report = self.report
         if report is None:
             return
@@ -142,7 +138,7 @@ class CostsScreen(LabScreen):
         sim = " [black on yellow] SIM [/] GPU power is simulated" if report.simulated else ""
         lines = [
             f"[b]this month[/b] {fmt_money(report.month, currency)}   cloud equivalent {fmt_money(report.cloud_equivalent_month, currency)}"
-            f"   [b]saving {fmt_money(report.saving_month, currency)} ({fmt_pct(report.saving_pct_month)})[/b]{sim}",
+            f"   [b]saving {fmt_money(report.saving_month, currency)} ({fmt_saving(report.saving_pct_month)})[/b]{sim}",
             f"today {fmt_money(report.today, currency)}   cloud {fmt_money(report.cloud_equivalent_today, currency)}"
             f"   {report.kwh_today or 0:.2f} kWh today, {report.kwh_month or 0:.2f} kWh this month",
             f"by {report.by_kind} over the last {PLOT_DAYS} days, since {esc(report.since)} (as `cetlab costs --since {esc(report.since)}`)"

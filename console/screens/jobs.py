@@ -15,6 +15,7 @@ from console.replies import Answers
 from console.screens.base import LabScreen
 from console.screens.checkpoints import CheckpointsScreen
 from console.screens.modals import AskNumberScreen, PickRecipeScreen, StartJobScreen
+from widgets.format import machines_text
 from widgets.jobs_table import JobsTable
 from widgets.lab_header import LabHeader
 from widgets.wire import esc, shown
@@ -25,7 +26,9 @@ def detail_text(job: JobInfo | None) -> str:
         return "no jobs yet: [b]n[/b] starts a recipe from lab.yaml"
     # every string of the job is the agent's: shown as text (esc), never as markup
     params = " ".join(f"{esc(k)}={esc(v)}" for k, v in job.params.items())
-    lines = [f"[b]{esc(job.id)}[/b] {esc(job.recipe)} on {esc(job.machine)}  {params}"]
+    lines = [
+        f"[b]{esc(job.id)}[/b] {esc(job.recipe)} on {esc(machines_text(job.machine, [n.machine for n in job.nodes]))}  {params}"
+    ]
     figures = [f"precision {esc(job.precision)}"] if job.precision else []
     if job.learning_rate is not None:
         figures.append(f"lr {job.learning_rate:.3g}")

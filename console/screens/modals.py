@@ -25,7 +25,7 @@ from agents.wire.sections.base import ParamValue
 from agents.wire.sections.jobs import JobDetail
 from agents.wire.sections.models import ModelInfo
 from console.views import VIEWS
-from widgets.format import NA, fmt_gib, fmt_limit
+from widgets.format import fmt_gib, fmt_limit, placement
 from widgets.orchestra_table import state_cell
 from widgets.wire import esc, safe_text, shown, text
 
@@ -167,9 +167,7 @@ class PickRecipeScreen(ModalScreen[RecipeInfo | None]):
             yield Static("start which recipe?", classes="title")
             yield OptionList(
                 *[
-                    Option(
-                        text(f"{r.name:<20} {r.machine:<12} GPU {','.join(map(str, r.gpus)) or NA:<8} {r.launcher}"), id=str(i)
-                    )
+                    Option(text(f"{r.name:<20} {placement(r.machine, r.gpus, r.nodes):<24} {r.launcher}"), id=str(i))
                     for i, r in enumerate(self.recipes)
                 ],
                 id="pick-recipe",
@@ -202,7 +200,7 @@ class StartJobScreen(ModalScreen[JobDetail | None]):
     DEFAULT_CSS = """
     StartJobScreen { align: center middle; }
     StartJobScreen > VerticalScroll { width: 90; max-width: 100%; height: auto; max-height: 90%; border: thick $accent; background: $surface; padding: 0 1; }
-    StartJobScreen Label { margin-top: 1; }
+    StartJobScreen Label { margin-top: 1; width: 100%; }  /* a param's help wraps: width auto cut it at the border */
     StartJobScreen #start-error { color: $error; height: auto; }
     """
 
@@ -213,7 +211,7 @@ class StartJobScreen(ModalScreen[JobDetail | None]):
 
     def heading(self) -> str:
         r = self.recipe
-        return f"start [b]{esc(r.name)}[/b] on {esc(r.machine)} GPU {','.join(map(str, r.gpus)) or NA}" + (
+        return f"start [b]{esc(r.name)}[/b] on {esc(placement(r.machine, r.gpus, r.nodes))}" + (
             f" (torchrun x{r.nproc_per_node})" if r.launcher == "torchrun" else ""
         )
 

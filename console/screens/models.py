@@ -24,6 +24,7 @@ from agents.wire.lab.model import Lab
 from agents.wire.protocol import GpuSample
 from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
+from console.rotation import overhead_words
 from console.screens.base import LabScreen
 from console.screens.modals import PickModelScreen
 from widgets.format import fmt_duration, fmt_gib
@@ -54,12 +55,10 @@ def rotation_text(rotations: dict[str, Rotation | None], now: float, models_on: 
             )
         if rotation.running:
             parts.append("[b yellow]rotating now[/]")
-        target = rotation.target_pct or 0.0
         if rotation.overhead_pct is not None:
-            colour = "green" if rotation.overhead_pct < target else "red"
-            parts.append(
-                f"overhead [{colour}]{rotation.overhead_pct:.3f}%[/] of {fmt_duration(rotation.wall_s)} (target < {target:g}%)"
-            )
+            judged = rotation.overhead_judged
+            colour = "dim" if not judged else "green" if rotation.overhead_pct < (rotation.target_pct or 0.0) else "red"
+            parts.append(f"[{colour}]{esc(overhead_words(rotation))}[/]")
         lines.append(" · ".join(parts))
     return "\n".join(lines)
 

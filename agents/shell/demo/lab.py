@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from agents.runtime.demo import LAB_FILE, LOCK_NAME, demo_cli_line, shown_path
-from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, write_private
+from agents.runtime.demo import DEMO_DIR_NAME, LAB_FILE, LOCK_NAME, demo_cli_line, shown_path
+from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, open_private_log, write_private
 from agents.runtime.labfile import PUSHED_NAME
 from agents.runtime.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
 from agents.shell.demo import gateway as gateway_demo
@@ -63,6 +63,53 @@ def _scaled(data: dict[str, Any], scale: int) -> dict[str, Any]:
     # only the lab-wide sections: models, trainers and the like name the demo lab's machines
     kept: dict[str, Any] = {key: data[key] for key in ("costs", "cloud_prices", "alerts") if key in data}
     return {**kept, "lab": f"{data.get('lab', 'lab')}-x{scale}", "machines": machines}
+
+
+def in_demo_dir(path: str) -> str:
+    """A path of the checkout's lab.yaml as the demo's own lab file (in the demo's folder) means it: the checkout names
+    the demo's folder `.cetlab-demo/...`, and a lab's paths are relative to its lab file, so written into that folder
+    they would be `.cetlab-demo/.cetlab-demo/...`."""
+    head, sep, rest = path.partition("/")
+    return rest if sep and head == DEMO_DIR_NAME and rest else path
+
+
+def relocate_paths(data: dict[str, Any]) -> None:
+    """The lab's paths into the demo's folder (in_demo_dir): models, trainers' output dirs, watched checkpoint dirs."""
+    for model in data.get("models") or []:
+        if isinstance(model.get("path"), str):
+            model["path"] = in_demo_dir(model["path"])
+    for trainer in data.get("trainers") or []:
+        if isinstance(trainer.get("output_dir"), str):
+            trainer["output_dir"] = in_demo_dir(trainer["output_dir"])
+    for watched in (data.get("checkpoints") or {}).get("dirs") or []:
+        if isinstance(watched.get("path"), str):
+            watched["path"] = in_demo_dir(watched["path"])
+
+
+def migrate_nested(directory: Path) -> None:
+    """Demo state of older versions, kept in DIR/.cetlab-demo/ (runs, models, the tiny model, hand-run output), moves
+    up into DIR; a link is left where each was, since job records and adapters' configs name the old paths."""
+    nested = directory / DEMO_DIR_NAME
+    if not nested.is_dir() or nested.is_symlink():
+        return
+    for entry in sorted(nested.iterdir()):
+        target = directory / entry.name
+        if entry.is_symlink() or target.exists() or target.is_symlink():
+            continue  # moved already, or a name the demo's folder has itself: left where it is
+        entry.rename(target)
+        entry.symlink_to(Path("..") / entry.name)
+
+
+def copy_assets(assets: Path, directory: Path) -> None:
+    """The recipe files beside the lab (demo/): their paths name the demo's folder as seen from the checkout
+    (`../.cetlab-demo/...`); copied into that folder, the same place is `../...`."""
+    target = directory / "demo"
+    shutil.copytree(assets, target, dirs_exist_ok=True)
+    for config in target.glob("*.yaml"):
+        text = config.read_text()
+        moved = text.replace(f"../{DEMO_DIR_NAME}/", "../")
+        if moved != text:
+            config.write_text(moved)
 
 
 class DemoRunningError(RuntimeError):
@@ -112,10 +159,12 @@ class DemoLab:
         data = yaml.safe_load(self.source.read_text())
         if self.scale:
             data = _scaled(data, self.scale)
+        relocate_paths(data)
         self.dir.mkdir(parents=True, exist_ok=True)
+        migrate_nested(self.dir)
         assets = self.source.parent / "demo"
         if assets.is_dir():  # refreshed on every start: the checkout's recipe files may have changed
-            shutil.copytree(assets, self.dir / "demo", dirs_exist_ok=True)
+            copy_assets(assets, self.dir)
         console_dir = self.dir / "console"
         client_key = ensure_key(console_dir / "id_ed25519", comment="cetlab-demo-console")
         client_pub = client_key.export_public_key().decode().split()
@@ -184,7 +233,7 @@ class DemoLab:
         names = self.machine_names()
         data = yaml.safe_load(self.lab_path.read_text())
         for argv in gateway_demo.stand_in_argvs(self.dir, data) + notify_demo.receiver_argvs(self.dir, data):
-            log = open(self.dir / "agents" / "provider-stand-in.log", "ab")
+            log = open_private_log(self.dir / "agents" / "provider-stand-in.log")
             self.processes.append(
                 subprocess.Popen(
                     [*argv, "--parent-pid", str(os.getpid())],
@@ -215,7 +264,7 @@ class DemoLab:
             ]
             for name in group:
                 argv += ["--machine", name]
-            log = open(self.dir / "agents" / f"{group[0]}.log", "ab")
+            log = open_private_log(self.dir / "agents" / f"{group[0]}.log")
             self.processes.append(
                 subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
             )

@@ -21,6 +21,9 @@ def _simulated_hooks(data: dict[str, Any]) -> list[dict[str, Any]]:
 def prepare(directory: Path, data: dict[str, Any], free_ports: Callable[[int], list[int]]) -> None:
     """Each simulated webhook route gets a receiver port and its URL (with a token, as a real hook's) in its mode-600 file."""
     hooks = _simulated_hooks(data)
+    received = directory / NOTIFICATIONS_FILE
+    if received.exists():  # an older demo's, at 644: its lines hold the hook's token
+        received.chmod(0o600)
     for route, port in zip(hooks, free_ports(len(hooks))):
         url = f"http://127.0.0.1:{port}/hooks/demo/{secrets.token_urlsafe(16)}"
         write_private(directory / route["url_file"], (url + "\n").encode())

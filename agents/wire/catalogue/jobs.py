@@ -75,6 +75,7 @@ class RecipeInfo(Section):
     name: str
     machine: str
     gpus: list[int] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list)  # a multi-node recipe's machines, in rank order (the first is machine)
     launcher: Literal["local", "torchrun"] = "local"
     nproc_per_node: int | None = None
     command: list[str] = Field(default_factory=list)

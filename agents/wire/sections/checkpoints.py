@@ -52,3 +52,6 @@ class RunSummary(Section):
     wall_s: Finite = None
     save_share_pct: Finite = None
     problem: str | None = None  # its progress.json does not match its schema
+    # why its checkpoints are in use now ("step 180: job m5-2 resumed from it and is running"): it follows the jobs and
+    # the serves, so a console whose listing said "in use" fetches it again when this changes
+    in_use: list[str] = []

@@ -95,6 +95,12 @@ class Rotation(Section):
     target_pct: Finite = None
     last: RotationRun | None = None
 
+    @property
+    def overhead_judged(self) -> bool:
+        """Whether overhead_pct is a figure to hold against the target: measured over one rotation period at least
+        (a first rotation's seconds are a large share of the first minutes, and no sign of a slow rotation)."""
+        return self.overhead_pct is not None and (not self.every_s or (self.wall_s or 0.0) >= self.every_s)
+
 
 class ModelsSection(Section):
     models: list[ModelInfo] = Field(default_factory=list)

@@ -295,7 +295,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _stream(self, request: LlamaRequest) -> None:
         """Server-sent events as the pinned llama-server sends them: per choice a role chunk (chat), a chunk per
-        token, its finish; completions carry usage on each finish, chat only with include_usage, in a last chunk."""
+        token, its finish; completions carry usage on each finish, chat (only with include_usage) in a chunk after each finish."""
         chat = request.chat
         stamp = {
             "id": f"chatcmpl-sim{time.time_ns()}",
@@ -336,10 +336,10 @@ class Handler(BaseHTTPRequestHandler):
                     last.update(text="", logprobs=None)
                     final["usage"] = _usage(prompt_tokens, len(choice.tokens))
                 event(final)
+                if chat and request.include_usage:  # each choice's own usage chunk, after its finish
+                    event({**stamp, "choices": [], "usage": _usage(prompt_tokens, len(choice.tokens))})
 
-        choices, _ = self.state.generate_choices(request, on_token)
-        if chat and request.include_usage:
-            event({**stamp, "choices": [], "usage": _usage(prompt_tokens, len(choices[0].tokens))})
+        self.state.generate_choices(request, on_token)
         event(b"[DONE]")
 
 

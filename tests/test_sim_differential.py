@@ -1,0 +1,272 @@
+"""The simulators against what they stand in for: one request matrix, run against the REAL pinned llama-server and
+against sim-llamacpp, compared by what each answer means (choices, finish reasons, stop honoured, token counts
+within the limit, error status and type, logprobs shape, streams completing), never by the random text. The vLLM
+simulator answers the same matrix as vLLM documents it (its protocol's validators and SamplingParams' checks)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agents.orchestra.engine import free_port
+from tests.conftest import REPO, wait_until
+from tests.llamacpp_fixtures import llama_server_or_skip, tiny_models
+
+pytestmark = pytest.mark.timeout(300)
+
+SLOTS = 2  # both servers run with --parallel 2: n above it is refused
+STOPS = ["e", "a", "o", "i", "n"]  # a random model meets one of these within a few tokens
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+STREAMS = 200
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "Say something about the lab."}], **extra}
+
+
+def completion(**extra: Any) -> dict[str, Any]:
+    return {"prompt": "The lab keeps its models warm because", **extra}
+
+
+# (name, route, body): each answered by both servers; the body is sent as JSON unless it is bytes
+MATRIX: list[tuple[str, str, Any]] = []
+for _route, _make in ((CHAT, chat), (COMPLETIONS, completion)):
+    _kind = "chat" if _route == CHAT else "completions"
+    for _stream in (False, True):
+        _s = {"stream": True, "stream_options": {"include_usage": True}} if _stream else {}
+        _tag = f"{_kind}{'-stream' if _stream else ''}"
+        MATRIX += [
+            (f"{_tag}-max_tokens", _route, _make(max_tokens=3, **_s)),
+            (f"{_tag}-max_completion_tokens", _route, _make(max_completion_tokens=3, **_s)),
+            (f"{_tag}-max_completion_tokens-first", _route, _make(max_completion_tokens=2, max_tokens=5, **_s)),
+            (f"{_tag}-n", _route, _make(max_tokens=3, n=2, **_s)),
+            (f"{_tag}-stop-list", _route, _make(max_tokens=64, stop=STOPS, **_s)),
+            (f"{_tag}-stop-string", _route, _make(max_tokens=64, stop=" ", **_s)),
+            (f"{_tag}-n-stop", _route, _make(max_tokens=64, n=2, stop=STOPS, **_s)),
+            (f"{_tag}-max_tokens-zero", _route, _make(max_tokens=0, **_s)),
+            (f"{_tag}-n-zero", _route, _make(max_tokens=3, n=0, **_s)),
+            (f"{_tag}-n-over-slots", _route, _make(max_tokens=3, n=SLOTS + 1, **_s)),
+            (f"{_tag}-n-type", _route, _make(max_tokens=3, n="two", **_s)),
+            (f"{_tag}-max_tokens-negative", _route, _make(max_tokens=-5, **_s)),
+            (f"{_tag}-max_completion_tokens-negative", _route, _make(max_completion_tokens=-5, **_s)),
+            (f"{_tag}-max_tokens-type", _route, _make(max_tokens="many", **_s)),
+            (f"{_tag}-seed-type", _route, _make(max_tokens=3, seed="x", **_s)),
+            (f"{_tag}-stop-item-type", _route, _make(max_tokens=3, stop=["a", 1], **_s)),
+            (f"{_tag}-temperature-type", _route, _make(max_tokens=3, temperature="hot", **_s)),
+        ]
+        if _route == CHAT:
+            MATRIX += [
+                (f"{_tag}-logprobs-top", _route, _make(max_tokens=3, logprobs=True, top_logprobs=2, **_s)),
+                (f"{_tag}-logprobs-default-top", _route, _make(max_tokens=2, logprobs=True, **_s)),
+                (f"{_tag}-logprobs-top-zero", _route, _make(max_tokens=2, logprobs=True, top_logprobs=0, **_s)),
+                (f"{_tag}-top-without-logprobs", _route, _make(max_tokens=2, top_logprobs=2, **_s)),
+            ]
+        else:
+            MATRIX += [
+                (f"{_tag}-logprobs", _route, _make(max_tokens=3, logprobs=2, **_s)),
+                (f"{_tag}-logprobs-zero", _route, _make(max_tokens=3, logprobs=0, **_s)),
+            ]
+MATRIX += [
+    ("stream-type", CHAT, chat(max_tokens=3, stream="yes")),
+    ("messages-type", CHAT, {"messages": "hello", "max_tokens": 3}),
+    ("messages-missing", CHAT, {"max_tokens": 3}),
+    ("prompt-missing", COMPLETIONS, {"max_tokens": 3}),
+    ("prompt-type", COMPLETIONS, {"prompt": 5, "max_tokens": 3}),
+    ("body-array", CHAT, [1]),
+    ("body-not-json", CHAT, b"{not json"),
+]
+
+
+def post(base: str, route: str, body: Any) -> tuple[int, bytes]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(base + route, data=data, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def events(raw: bytes) -> tuple[list[dict[str, Any]], bool]:
+    """A stream's data events, and whether it ended with [DONE]."""
+    out, done = [], False
+    for block in raw.split(b"\n\n"):
+        if not block.startswith(b"data: "):
+            continue
+        data = block[6:].strip()
+        if data == b"[DONE]":
+            done = True
+        else:
+            out.append(json.loads(data))
+    return out, done
+
+
+def limit_of(body: dict[str, Any]) -> int | None:
+    for name in ("max_completion_tokens", "max_tokens"):
+        if isinstance(body.get(name), int):
+            return max(1, body[name])
+    return None
+
+
+def logprobs_shape(entries: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """The keys of a token's entry and how many alternatives each lists (the values are the model's)."""
+    return (
+        tuple(sorted({key for e in entries for key in e})),
+        tuple(sorted({key for e in entries for top in e["top_logprobs"] for key in top})),
+        tuple(sorted({len(e["top_logprobs"]) for e in entries})),
+    )
+
+
+def meaning(status: int, raw: bytes, body: Any) -> dict[str, Any]:
+    """What an answer means, with the random text left out."""
+    if status != 200:
+        error = json.loads(raw)["error"]
+        named = [
+            f
+            for f in ("n", "max_tokens", "max_completion_tokens", "seed", "stop", "stream", "temperature")
+            if f"'{f}'" in error["message"]
+        ]
+        return {"status": status, "type": error["type"], "names": named}
+    asked = body if isinstance(body, dict) else {}
+    stops = [asked["stop"]] if isinstance(asked.get("stop"), str) else asked.get("stop") or []
+    limit = limit_of(asked)
+    texts: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    entries: dict[int, list[dict[str, Any]]] = {}
+    logprobs_keys: set[bool] = set()
+    if asked.get("stream"):
+        chunks, done = events(raw)
+        usages = [c["usage"] for c in chunks if c.get("usage")]
+        roles = sum(1 for c in chunks for ch in c["choices"] if "role" in ch.get("delta", {}))
+        for chunk in chunks:
+            for choice in chunk["choices"]:
+                index = choice["index"]
+                texts[index] = texts.get(index, "") + (choice.get("text") or (choice.get("delta") or {}).get("content") or "")
+                if choice.get("finish_reason"):
+                    finish[index] = choice["finish_reason"]
+                if (choice.get("logprobs") or {}).get("content"):
+                    entries.setdefault(index, []).extend(choice["logprobs"]["content"])
+        shape: dict[str, Any] = {"done": done, "role_chunks": roles, "usage_chunks": len(usages)}
+    else:
+        answer = json.loads(raw)
+        usages = [answer["usage"]]
+        for choice in answer["choices"]:
+            index = choice["index"]
+            texts[index] = choice["message"]["content"] if "message" in choice else choice["text"]
+            finish[index] = choice["finish_reason"]
+            logprobs_keys.add("logprobs" in choice and choice["logprobs"] is not None)
+            if choice.get("logprobs"):
+                entries[index] = choice["logprobs"]["content"]
+        shape = {"object": answer["object"], "logprobs_given": sorted(logprobs_keys)}
+    tokens = [u["completion_tokens"] for u in usages]
+    return {
+        "status": 200,
+        **shape,
+        "choices": sorted(texts),
+        "finish": sorted(finish.values()),
+        "stop_honoured": all(stop not in text for text in texts.values() for stop in stops),
+        "within_limit": limit is None or all(t <= limit for t in tokens),
+        "at_limit_when_length": all(t == limit for t in tokens) if limit and set(finish.values()) == {"length"} else None,
+        "logprobs": sorted(logprobs_shape(e) for e in entries.values()),
+        "one_entry_per_token": [len(e) for e in entries.values()] == [len(entries[0])] * len(entries) if entries else None,
+    }
+
+
+def start(argv: list[str], port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+
+    def healthy() -> bool:
+        assert proc.poll() is None, f"{argv[0]} exited"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    wait_until(healthy, timeout=90, what=f"{Path(argv[0]).name} healthy")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    binary = llama_server_or_skip()
+    model = tiny_models(tmp_path_factory.mktemp("gguf"))["a"]
+    real_port, sim_port = free_port(), free_port()
+    common = ["-m", str(model), "--alias", "tiny", "-c", "2048", "--parallel", str(SLOTS)]
+    real = start([str(binary), *common, "--port", str(real_port), "-t", "1"], real_port)
+    sim = start(
+        [
+            sys.executable,
+            "-m",
+            "agents.orchestra.sim_llamacpp",
+            *common,
+            "--port",
+            str(sim_port),
+            "--sim-load-s",
+            "0",
+            "--sim-warmup-s",
+            "0",
+            "--sim-tokens-per-s",
+            "500",
+            "--sim-parent-pid",
+            str(os.getpid()),
+        ],
+        sim_port,
+    )
+    yield f"http://127.0.0.1:{real_port}", f"http://127.0.0.1:{sim_port}"
+    for proc in (real, sim):
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("name, route, body", MATRIX, ids=[m[0] for m in MATRIX])
+def test_sim_llamacpp_means_what_llama_server_means(servers, name, route, body):
+    real, sim = servers
+    expected = meaning(*post(real, route, body), body)
+    got = meaning(*post(sim, route, body), body)
+    assert got == expected, f"{name}: the real llama-server answered {expected}, sim-llamacpp {got}"
+    if expected["status"] == 200:  # the matrix asks what it means to ask: a check that passes on nothing proves nothing
+        assert expected["stop_honoured"] and expected["within_limit"] and expected.get("done", True)
+
+
+@pytest.mark.parametrize("route, make", [(CHAT, chat), (COMPLETIONS, completion)])
+def test_same_seed_same_text_and_choice_i_draws_seed_plus_i(servers, route, make):
+    def texts(base: str, **extra: Any) -> list[str]:
+        status, raw = post(base, route, make(max_tokens=6, seed=42, temperature=1.0, **extra))
+        assert status == 200, raw
+        return [c["message"]["content"] if "message" in c else c["text"] for c in json.loads(raw)["choices"]]
+
+    for base in servers:
+        first, again, pair = texts(base), texts(base), texts(base, n=2)
+        assert first == again and pair[0] == first[0] and pair[1] != pair[0], base
+
+
+def test_two_hundred_concurrent_streams_all_complete(servers):
+    async def one(session: aiohttp.ClientSession, base: str) -> bool:
+        body = chat(max_tokens=4, stream=True, stream_options={"include_usage": True})
+        async with session.post(base + CHAT, json=body) as response:
+            raw = await response.read()
+        chunks, done = events(raw)
+        return response.status == 200 and done and any(c.get("usage") for c in chunks)
+
+    async def burst(base: str) -> int:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=240)) as session:
+            return sum(await asyncio.gather(*(one(session, base) for _ in range(STREAMS))))
+
+    real, sim = servers
+    assert asyncio.run(burst(real)) == STREAMS
+    assert asyncio.run(burst(sim)) == STREAMS

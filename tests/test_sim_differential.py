@@ -270,3 +270,118 @@ def test_two_hundred_concurrent_streams_all_complete(servers):
     real, sim = servers
     assert asyncio.run(burst(real)) == STREAMS
     assert asyncio.run(burst(sim)) == STREAMS
+
+
+# ---------------------------------------------------------------------------- the vLLM simulator against vLLM's documents
+
+# what vLLM 0.33 refuses with a 400 naming the param: SamplingParams._verify_args (n, max_tokens at least 1), the
+# request models' pydantic types and check_logprobs validator, the required messages / prompt, a body not an object
+VLLM_REFUSES = {
+    "n-zero": "n",
+    "max_tokens-zero": "max_tokens",
+    "max_tokens-negative": "max_tokens",
+    "max_completion_tokens-negative": "max_completion_tokens",
+    "n-type": "n",
+    "max_tokens-type": "max_tokens",
+    "seed-type": "seed",
+    "stop-item-type": "stop",
+    "temperature-type": "temperature",
+    "top-without-logprobs": "top_logprobs",
+    "messages-type": "messages",
+    "messages-missing": "messages",
+    "prompt-missing": "prompt",
+    "prompt-type": "prompt",
+    "body-array": "body",
+    "body-not-json": "body",
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_sim(tmp_path_factory):
+    model = tmp_path_factory.mktemp("vllm-model")
+    (model / "weights.bin").write_bytes(b"x" * 1024)
+    port = free_port()
+    argv = [sys.executable, "-m", "agents.orchestra.sim_server", str(model), "--port", str(port), "--served-model-name", "sim"]
+    argv += ["--load-s", "0", "--warmup-s", "0", "--tokens-per-s", "500", "--parent-pid", str(os.getpid())]
+    proc = start(argv, port)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(10)
+
+
+def vllm_answer_holds(name: str, body: Any, status: int, raw: bytes) -> None:
+    """The sim's answer is what vLLM documents for this request."""
+    refused = next((param for suffix, param in VLLM_REFUSES.items() if name.endswith(suffix)), None)
+    if refused is not None:
+        error = json.loads(raw)["error"]
+        assert status == 400 and error["type"] == "BadRequestError" and error["param"].split(".")[0] == refused, (name, raw)
+        return
+    assert status == 200, (name, raw)
+    chat = "messages" in body
+    n = body.get("n", 1)
+    stops = [body["stop"]] if isinstance(body.get("stop"), str) else body.get("stop") or []
+    limit = limit_of(body)
+    count = (body.get("top_logprobs") or 0) if chat and body.get("logprobs") else body.get("logprobs") if not chat else None
+    texts: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    logprobs: dict[int, list[Any]] = {}
+    if body.get("stream"):
+        chunks, done = events(raw)
+        assert done, name
+        usages = [c["usage"] for c in chunks if c.get("usage")]
+        for chunk in chunks:
+            for choice in chunk["choices"]:
+                i = choice["index"]
+                texts[i] = texts.get(i, "") + (choice.get("text") or (choice.get("delta") or {}).get("content") or "")
+                finish[i] = choice.get("finish_reason") or finish.get(i, "")
+                if choice.get("logprobs"):
+                    logprobs.setdefault(i, []).append(choice["logprobs"])
+    else:
+        answer = json.loads(raw)
+        usages = [answer["usage"]]
+        for choice in answer["choices"]:
+            i = choice["index"]
+            texts[i] = choice["message"]["content"] if chat else choice["text"]
+            finish[i] = choice["finish_reason"]
+            if choice["logprobs"] is not None:
+                logprobs[i] = [choice["logprobs"]]
+    assert sorted(texts) == list(range(n)) and set(finish.values()) <= {"length", "stop"}, (name, finish)
+    assert all(stop not in text for text in texts.values() for stop in stops), name
+    if stops:
+        assert set(finish.values()) == {"stop"}, name
+    assert limit is None or all(u["completion_tokens"] <= limit * n for u in usages), name  # vLLM's usage sums the n
+    if count is None:
+        assert not logprobs, name
+        return
+    assert sorted(logprobs) == list(range(n)), name
+    for parts in logprobs.values():
+        for part in parts:
+            if chat:
+                assert all(len(e["top_logprobs"]) == count and {"token", "logprob", "bytes"} <= set(e) for e in part["content"])
+            else:
+                lists = (part["tokens"], part["token_logprobs"], part["text_offset"], part["top_logprobs"])
+                assert len({len(x) for x in lists}) == 1 and all(len(top) == count for top in part["top_logprobs"]), name
+
+
+@pytest.mark.parametrize("name, route, body", MATRIX, ids=[m[0] for m in MATRIX])
+def test_vllm_sim_answers_as_vllm_documents(vllm_sim, name, route, body):
+    if isinstance(body, dict):
+        body = {**body, "model": "sim"}
+    vllm_answer_holds(name, body if isinstance(body, dict) else {}, *post(vllm_sim, route, body))
+
+
+def test_vllm_sim_two_hundred_concurrent_streams_and_seeds(vllm_sim):
+    async def one(session: aiohttp.ClientSession) -> bool:
+        body = chat(model="sim", max_tokens=4, stream=True, stream_options={"include_usage": True})
+        async with session.post(vllm_sim + CHAT, json=body) as response:
+            raw = await response.read()
+        return response.status == 200 and events(raw)[1]
+
+    async def burst() -> int:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            return sum(await asyncio.gather(*(one(session) for _ in range(STREAMS))))
+
+    assert asyncio.run(burst()) == STREAMS
+    seeded = [post(vllm_sim, COMPLETIONS, completion(model="sim", max_tokens=6, seed=7, n=2))[1] for _ in range(2)]
+    texts = [[c["text"] for c in json.loads(raw)["choices"]] for raw in seeded]
+    assert texts[0] == texts[1] and texts[0][0] != texts[0][1]

@@ -240,3 +240,45 @@ async def test_a_key_past_its_money_budget_is_429_insufficient_quota_and_the_vie
     section = await client.call("box", "gateway.status")
     use = next(k for k in section["keys"] if k["name"] == "budgeted")
     assert use["budget_amount"] == 0.01 and use["spent"] == listing["budgeted"]["spent"]
+
+
+async def test_cli_keys_add_with_models_expiry_budget_and_the_gateway_verb_shows_use_against_limits(gateway, capsys):
+    from console.cli import Context, build_parser
+    from console.cli_gateway import cmd_keys_add
+
+    client, _, _, _ = gateway
+    lab = client.lab
+
+    async def run(*argv: str) -> str:
+        args = build_parser().parse_args(list(argv))
+        assert await args.func(Context(args, lab, client)) == 0
+        return capsys.readouterr().out
+
+    added = await run(
+        "gateway", "keys", "add", "team", "--models", "llama-*, tiny", "--expires", "2027-01-01", "--budget", "5usd/day"
+    )
+    assert "models: llama-*, tiny" in added and "expires: 2027-01-01" in added and "budget: 5 USD/day" in added
+    listed = await run("gateway", "keys", "list")
+    assert "0.00 USD of 5 USD/day" in listed and "models llama-*,tiny" in listed and "until 2027-01-01" in listed
+    shown = await run("gateway")
+    assert "key team" in shown and "of 5 USD/day" in shown
+    wrong = build_parser().parse_args(["gateway", "keys", "add", "bad", "--budget", "5usd/week"])
+    with pytest.raises(ValidationError) as exc:
+        await cmd_keys_add(Context(wrong, lab, client))
+    assert "budget" in str(exc.value)
+
+
+def test_the_gateway_view_says_each_keys_use_against_its_limits():
+    from agents.wire.sections.gateway import GatewaySection, KeyUse
+    from console.screens.gateway import spend_text
+
+    keys = [
+        KeyUse(name="team", models=["llama-*"], budget="5 USD/day", budget_amount=5, spent=5.0, tokens_today=12),
+        KeyUse(name="old", expires="2026-01-01", expired=True, rpm=10, requests_last_minute=3),
+        KeyUse(name="free"),
+    ]
+    text = spend_text(GatewaySection(machine="box", keys=keys))
+    team, old, free = text.splitlines()
+    assert "over budget" in team and "5.00 USD of 5 USD/day" in team and "models llama-*" in team
+    assert "expired" in old and "3/10 rpm" in old and "EXPIRED 2026-01-01" in old
+    assert "every model" in free and "over budget" not in free

@@ -51,6 +51,7 @@ from bench.attacks_iv import (
     s1_tail_of_10mb,
     s2_huge_watts,
 )
+from bench.attacks_keys import issue_limit_keys, k1_other_models, k2_budget_burst
 from bench.common import percentile
 from console.client import FleetClient
 
@@ -64,7 +65,8 @@ machines:
 gateway: {machine: box}
 providers:
   - {name: cloud, base_url: "http://127.0.0.1:1/v1", simulated: true, monthly_budget: 1000,
-     models: [{name: cloud-small, prompt_per_million: 3.5, completion_per_million: 3.5}]}
+     models: [{name: cloud-small, prompt_per_million: 3.5, completion_per_million: 3.5},
+              {name: cloud-large, prompt_per_million: 3.5, completion_per_million: 3.5}]}
 """
 GATEWAY_MODEL = "cloud-small"
 
@@ -573,6 +575,8 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "R9 markup in costs' day": r9_costs_day,
     "S1 --tail 10000 of a 10 MB log": s1_tail_of_10mb,
     "S2 idle_watts 1e300 in lab.yaml": s2_huge_watts,
+    "K1 a key limited to one model asks another": k1_other_models,
+    "K2 bursts past a key's money budget": k2_budget_burst,
 }
 
 
@@ -605,6 +609,7 @@ async def measure(
     proc = psutil.Process(agent_pid)
     await issue_attacker_gateway_key(demo, console.client)
     await issue_quota_keys(demo, console.client)
+    await issue_limit_keys(demo, console.client)
     logins = name.startswith("N10")
     quiet = await console.window(seconds, logins)
     fds0, rss0 = proc.num_fds(), proc.memory_info().rss

@@ -199,6 +199,8 @@ async def test_a_key_limited_to_some_models_is_refused_the_others_naming_model(g
     assert issued["models"] == ["llama-*", "tiny"]
     assert (await chat(session, url, key, "llama-70b"))[0] == 200
     assert (await chat(session, url, key, "tiny"))[0] == 200
+    assert (await chat(session, url, key, "cloud/tiny"))[0] == 200  # the provider's form of an allowed name
+    assert (await chat(session, url, key, "cloud/mistral"))[0] == 404
     status, body = await chat(session, url, key, "mistral")
     error = body["error"]
     assert status == 404 and error["code"] == "model_not_found" and error["param"] == "model" and "team" in error["message"]

@@ -181,7 +181,11 @@ class GatewayHttp:
             return True
         router = self.gw.router
         canonical = router.canonical(model)
-        return limits.allows({model, canonical, *(alias for alias, name in router.aliases.items() if name == canonical)})
+        names = {model, canonical, *(alias for alias, name in router.aliases.items() if name == canonical)}
+        found = find_provider_model(self.gw.lab.providers, canonical)
+        if found is not None:  # a provider's model answers to its name and to provider/name alike
+            names |= {found[1].name, f"{found[0].name}/{found[1].name}"}
+        return limits.allows(names)
 
     def check_may_use(self, key: ApiKey, model: str) -> None:
         """OpenAI's answer to a model the caller has no access to: 404 model_not_found naming `model`."""

@@ -7,7 +7,11 @@ It holds the pinned llama-server's contract (tools/server/ of llama-cpp-python 0
   counters with the _total name and gauges, no TTFT histogram, no KV-cache gauge;
 - /lora-adapters lists the --lora files with their ids; POST takes [{"id", "scale"}]; there is no route to load
   a new adapter (/v1/load_lora_adapter is 404, as are vLLM's /sleep and /wake_up);
-- --sleep-idle-seconds N: idle that long, the model is unloaded (/props says is_sleeping); the next task reloads it.
+- --sleep-idle-seconds N: idle that long, the model is unloaded (/props says is_sleeping); the next task reloads it;
+- completions honour `n` (at most --parallel), `stop`, `seed`, `max_completion_tokens` and logprobs, and refuse bad
+  parameters with llama-server's errors (agents.orchestra.sim_llamacpp_request; tests/test_sim_differential.py asks
+  the real server and this one the same questions);
+- it listens with a backlog of 2048 (socketserver's 5 refused bursts of clients).
 """
 
 from __future__ import annotations

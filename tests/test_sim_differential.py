@@ -385,3 +385,44 @@ def test_vllm_sim_two_hundred_concurrent_streams_and_seeds(vllm_sim):
     seeded = [post(vllm_sim, COMPLETIONS, completion(model="sim", max_tokens=6, seed=7, n=2))[1] for _ in range(2)]
     texts = [[c["text"] for c in json.loads(raw)["choices"]] for raw in seeded]
     assert texts[0] == texts[1] and texts[0][0] != texts[0][1]
+
+
+def sdk_meaning(base: str) -> dict[str, Any]:
+    """The openai SDK's calls on one server, read as its types parse them."""
+    import openai
+
+    sdk = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    messages: Any = [{"role": "user", "content": "Say something about the lab."}]
+    pair = sdk.chat.completions.create(model="tiny", messages=messages, n=2, max_completion_tokens=3, seed=5)
+    stopped = sdk.chat.completions.create(model="tiny", messages=messages, stop=STOPS, max_tokens=64)
+    chunks = list(
+        sdk.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=3, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    tops = sdk.chat.completions.create(model="tiny", messages=messages, max_tokens=2, logprobs=True, top_logprobs=3)
+    text = sdk.completions.create(model="tiny", prompt="The lab", max_tokens=3, n=2)
+    try:
+        sdk.chat.completions.create(model="tiny", messages=messages, n=0)
+        refused = None
+    except openai.APIStatusError as exc:
+        refused = (type(exc).__name__, exc.status_code)
+    content = tops.choices[0].logprobs.content if tops.choices[0].logprobs else None
+    return {
+        "pair": ([c.finish_reason for c in pair.choices], pair.usage is not None and pair.usage.completion_tokens <= 3),
+        "stopped": (stopped.choices[0].finish_reason, not any(s in (stopped.choices[0].message.content or "") for s in STOPS)),
+        "stream": (
+            [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason],
+            [c.usage.completion_tokens for c in chunks if c.usage],
+        ),
+        "top_logprobs": None if content is None else [len(t.top_logprobs) for t in content],
+        "completions": [c.finish_reason for c in text.choices],
+        "refused": refused,
+    }
+
+
+def test_the_openai_sdk_reads_sim_llamacpp_as_it_reads_llama_server(servers):
+    real, sim = servers
+    expected = sdk_meaning(real)
+    assert sdk_meaning(sim) == expected
+    assert expected["refused"] == ("BadRequestError", 400) and expected["top_logprobs"] == [3, 3]

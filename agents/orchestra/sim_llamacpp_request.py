@@ -6,7 +6,8 @@ asks both again:
 - a field of the wrong JSON type is a 400 ``Field 'x': [json.exception.type_error.302] type must be number, but is
   string`` (nlohmann's words); a null field counts as absent; a bool is a number; a float is truncated;
 - ``n`` lies in 1..the slot count (--parallel); ``max_completion_tokens``, then ``max_tokens``, then ``n_predict``
-  (the first present) in -1..2**31-1; -1 or absent: the model writes until its own end; 0 still writes one token;
+  (the first present) in -1..2**31-1; -1 or absent: the model writes until its own end (64 to 512 tokens here; a
+  limit above that ends there too, finish_reason "stop"); 0 still writes one token;
 - ``stop``: a string or a list of strings (another type is ignored, a non-string in a list is a 400); the text
   ends before the first stop found, finish_reason "stop";
 - ``seed``: the same seed and request give the same text; choice i of n draws with seed + i;
@@ -26,7 +27,7 @@ from agents.orchestra.sim_state import WORDS
 INT_MAX = 2**31 - 1
 CHAT_TOP_LOGPROBS = 20  # chat's logprobs: true without top_logprobs lists this many alternatives
 VOCAB = sorted(set(WORDS))
-OWN_END = (8, 48)  # a request without a token limit ends where the simulated model writes its end token
+OWN_END = (64, 512)  # where the simulated model writes its end token: an answer ends there unless its limit comes first
 
 
 class LlamaRequestError(Exception):
@@ -105,9 +106,11 @@ class LlamaRequest:
         return random.Random(hashlib.sha256(f"{self.seed + index}\0{self.prompt}".encode()).digest())
 
     def limit(self, rng: random.Random) -> tuple[int, str]:
-        """How many tokens the choice writes and why it ends there: its limit ("length") or its own end ("stop")."""
-        if self.n_predict < 0:
-            return rng.randint(*OWN_END), "stop"
+        """How many tokens the choice writes and why it ends there: its limit ("length") or the model's own end
+        ("stop"), as a real model ends its answer (a gateway's 32k figure is a ceiling, not a length)."""
+        own = rng.randint(*OWN_END)
+        if self.n_predict < 0 or own < max(1, self.n_predict):
+            return own, "stop"
         return max(1, self.n_predict), "length"
 
 

@@ -56,6 +56,7 @@ from bench.attacks_iv import (
     s1_tail_of_10mb,
     s2_huge_watts,
 )
+from bench.attacks_keys import issue_limit_keys, k1_other_models, k2_budget_burst
 from bench.attacks_push import l1_viewer_pushes, l2_hostile_texts
 from bench.attacks_r3 import r3_engine_of_another_user
 from bench.common import percentile
@@ -71,7 +72,8 @@ machines:
 gateway: {machine: box}
 providers:
   - {name: cloud, base_url: "http://127.0.0.1:1/v1", simulated: true, monthly_budget: 1000,
-     models: [{name: cloud-small, prompt_per_million: 3.5, completion_per_million: 3.5}]}
+     models: [{name: cloud-small, prompt_per_million: 3.5, completion_per_million: 3.5},
+              {name: cloud-large, prompt_per_million: 3.5, completion_per_million: 3.5}]}
 models:
   - {name: local-sim, path: models/local-sim, engine: sim, machine: box, gpus: [1], vram_gib: 1}
   - {name: r3-sim, path: models/r3, engine: sim, machine: box, gpus: [0], vram_gib: 1,
@@ -598,6 +600,8 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "S2 idle_watts 1e300 in lab.yaml": s2_huge_watts,
     "L1 a viewer pushes a lab.yaml": l1_viewer_pushes,
     "L2 hostile lab.yaml texts pushed": l2_hostile_texts,
+    "K1 a key limited to one model asks another": k1_other_models,
+    "K2 bursts past a key's money budget": k2_budget_burst,
 }
 
 
@@ -630,6 +634,7 @@ async def measure(
     proc = psutil.Process(agent_pid)
     await issue_attacker_gateway_key(demo, console.client)
     await issue_quota_keys(demo, console.client)
+    await issue_limit_keys(demo, console.client)
     logins = name.startswith(("N10", "R10"))  # attacks at the login door: fresh logins measured too
     quiet = await console.window(seconds, logins)
     fds0, rss0 = proc.num_fds(), proc.memory_info().rss

@@ -17,7 +17,7 @@ from agents.wire.catalogue.gateway import (
 from agents.wire.protocol import ErrorCode, LinkStatus, RemoteError
 from agents.wire.sections.gateway import GatewaySection
 from console.cli import Context
-from widgets.format import fmt
+from widgets.format import fmt, key_limits_text
 from widgets.format import fmt_money as money
 
 EXIT_OK = 0
@@ -55,7 +55,7 @@ def gateway_human(data: GatewaySection) -> str:
         flags = (" SIM" if p.simulated else "") + ("" if p.key_set else "  API KEY NOT SET")
         lines.append(f"provider {p.name}{flags}: today {money(p.spend_today, c)}, this month {money(p.spend_month, c)}{budget}")
     for k in data.keys:
-        state = "REVOKED" if k.revoked else f"{k.requests} requests, {k.tokens_today:,} tokens today"
+        state = "REVOKED" if k.revoked else f"{k.requests} requests, {key_limits_text(k, c)}"
         lines.append(f"key {k.name:<16} {state}")
     return "\n".join(lines)
 
@@ -70,32 +70,54 @@ async def cmd_gateway(ctx: Context) -> int:
 
 
 async def cmd_keys_add(ctx: Context) -> int:
-    params = KeyAddParams(name=ctx.args.name, rpm=ctx.args.rpm, tokens_per_day=ctx.args.tokens_per_day)
+    models = [m.strip() for m in (ctx.args.models or "").split(",") if m.strip()]
+    params = KeyAddParams.model_validate(
+        {
+            "name": ctx.args.name,
+            "rpm": ctx.args.rpm,
+            "tokens_per_day": ctx.args.tokens_per_day,
+            "models": models,
+            "expires": ctx.args.expires,
+            "budget": ctx.args.budget,
+        }
+    )
     issued = await ctx.request(gateway_machine(ctx), GATEWAY_KEYS_ADD, params)
     ctx.out(
         issued.model_dump(mode="json"),
         lambda _: (
             f"gateway key {issued.name} (shown once, keep it secret):\n{issued.key}\n"
-            f"use: curl -H 'Authorization: Bearer {issued.key}' {issued.url}/models"
+            + "".join(
+                f"{label}: {value}\n"
+                for label, value in (
+                    ("models", ", ".join(issued.models)),
+                    ("expires", issued.expires),
+                    ("budget", issued.budget),
+                )
+                if value
+            )
+            + f"use: curl -H 'Authorization: Bearer {issued.key}' {issued.url}/models"
         ),
     )
     return EXIT_OK
 
 
-def keys_human(data: KeyList) -> str:
+def keys_human(data: KeyList, currency: str) -> str:
     lines = []
     for k in data.keys:
-        quota = ", ".join(
-            filter(None, [f"{k.rpm} rpm" if k.rpm else None, f"{k.tokens_per_day:,} tokens/day" if k.tokens_per_day else None])
+        state = (
+            f"revoked {time.strftime('%Y-%m-%d %H:%M', time.localtime(k.revoked_at))}"
+            if k.revoked_at
+            else "EXPIRED"
+            if k.expired
+            else "active"
         )
-        state = f"revoked {time.strftime('%Y-%m-%d %H:%M', time.localtime(k.revoked_at))}" if k.revoked_at else "active"
-        lines.append(f"{k.name:<20} {state:<24} {quota or 'no quota':<32} {k.requests} requests, {k.tokens_today:,} tokens today")
+        lines.append(f"{k.name:<20} {state:<24} {k.requests} requests, {key_limits_text(k, currency)}")
     return "\n".join(lines) or "no gateway keys: `cetlab gateway keys add NAME`"
 
 
 async def cmd_keys_list(ctx: Context) -> int:
     keys = await ctx.request(gateway_machine(ctx), GATEWAY_KEYS_LIST)
-    ctx.out(keys.model_dump(mode="json"), lambda _: keys_human(keys))
+    ctx.out(keys.model_dump(mode="json"), lambda _: keys_human(keys, ctx.lab.costs.currency))
     return EXIT_OK
 
 
@@ -115,6 +137,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add.add_argument("name")
     add.add_argument("--rpm", type=int, help="requests per minute")
     add.add_argument("--tokens-per-day", type=int, help="prompt + completion tokens per day")
+    add.add_argument("--models", help="the models it may use: names and aliases, fnmatch patterns ('llama-*,tiny'); default all")
+    add.add_argument("--expires", help="the date (in the lab's time zone) or ISO time it stops working: 2027-01-01")
+    add.add_argument("--budget", help="what its requests may cost (providers' prices) per day or month: 5usd/day, 20/month")
     add.set_defaults(func=cmd_keys_add)
     key_verbs.add_parser("list", help="names, quotas and use (never the keys)").set_defaults(func=cmd_keys_list)
     revoke = key_verbs.add_parser("revoke", help="refuse a key from now on")

@@ -18,7 +18,7 @@ from agents.gateway.keys import ApiKey
 from agents.gateway.lengths import LENGTH_FIELDS, prompt_bound, read_lengths, with_lengths
 from agents.gateway.reservation import Reservations
 from agents.gateway.router import NotServable, Target
-from agents.wire.lab.gateway import GatewayPolicies, Provider, ProviderModel
+from agents.wire.lab.gateway import GatewayPolicies, KeyLimits, Provider, ProviderModel
 from agents.wire.lab.model import parse_lab
 
 CONTEXT = 100_000  # an engine sent no length generates to the end of its context
@@ -39,6 +39,12 @@ class Keys:
 
     def charge(self, key: ApiKey, tokens: int) -> None:
         key.tokens_day += tokens
+
+    def limits(self, key: ApiKey) -> KeyLimits:
+        return key.limits  # no money budget: the provider's budget bounds it
+
+    def money_spent(self, key: ApiKey) -> float:
+        return key.money_spent
 
 
 class Meter:

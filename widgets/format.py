@@ -6,6 +6,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agents.wire.catalogue.gateway import KeyRecord
+from agents.wire.sections.gateway import KeyUse
+
 NA = "-"  # the one marker for a value nobody measured (a table cell, a CLI column, a header figure)
 GIB = 1024**3
 _BLOCKS = "▁▂▃▄▅▆▇█"
@@ -101,6 +104,18 @@ def fmt_money(value: float | None, currency: str) -> str:
     if value is None:
         return NA
     return f"{value:,.2f} {currency}" if abs(value) >= 0.01 or value == 0 else f"{value:.4f} {currency}"
+
+
+def key_limits_text(k: KeyUse | KeyRecord, currency: str) -> str:
+    """A gateway key's use against its limits, as `cetlab gateway`, `keys list` and :gateway show it."""
+    parts = [f"{k.requests_last_minute}/{k.rpm} rpm"] if k.rpm else []
+    parts.append(f"{k.tokens_today:,}" + (f"/{k.tokens_per_day:,}" if k.tokens_per_day else "") + " tokens today")
+    if k.budget:
+        parts.append(f"{fmt_money(k.spent, currency)} of {k.budget}")
+    parts.append("models " + ",".join(k.models) if k.models else "every model")
+    if k.expires:
+        parts.append(("EXPIRED " if k.expired else "until ") + k.expires)
+    return ", ".join(parts)
 
 
 def fmt_pct(value: float | None) -> str:

@@ -96,8 +96,16 @@ class GatewayComponent:
         if not self.enabled or config is None:
             return
         self.meter = Meter(core.store, core.lab.costs.timezone)
-        self.keys = KeyStore(core.store, self.meter.today)
+        self.keys = KeyStore(
+            core.store,
+            self.meter.today,
+            self.meter.month,
+            zone=self.meter.zone,
+            configured=dict(self.config.keys),
+            currency=self.lab.costs.currency,
+        )
         self.keys.seed_usage(self.meter.tokens_today_by_key())
+        self.keys.seed_money(self.meter.key_cost)
         self.created = int(time.time())  # `created` of every model the gateway lists
         # every other machine (a checkpoint may be served on one lab.yaml gives no model); its own is asked in-process
         others = [m.name for m in core.lab.machines if m.name != core.machine.name]
@@ -303,6 +311,12 @@ class GatewayComponent:
                 requests_last_minute=k.requests_last_minute,
                 tokens_today=k.tokens_today,
                 last_used=k.last_used,
+                models=k.models,
+                expires=k.expires,
+                expired=k.expired,
+                budget=k.budget,
+                budget_amount=self.keys.budget_amount(k.name),
+                spent=k.spent,
             )
             for k in self.keys.listing()
         ]
@@ -389,6 +403,9 @@ class GatewayComponent:
                 key=token,
                 rpm=params.rpm,
                 tokens_per_day=params.tokens_per_day,
+                models=params.models,
+                expires=None if params.expires is None else params.expires.isoformat(),
+                budget=self.keys.budget_text(params.budget),
                 url=section.url if section is not None else None,
             )
 

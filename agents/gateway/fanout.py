@@ -72,6 +72,8 @@ class Fanout:
         try:
             body = await self.http.body(request)
             members = self._members(body)
+            for member in members:  # a key that may not use one member is refused the call, before any member runs
+                self.http.check_may_use(request["key"], member)
             deadline_s = max_wait(request)
             if deadline_s is None:
                 deadline_s = _deadline(body.get("deadline_s"), self.http.gw.policies.queue_timeout_s)

@@ -1,23 +1,29 @@
-"""Gateway API keys: issued once, stored hashed in the agent's SQLite, with optional quotas."""
+"""Gateway API keys: issued once, stored hashed in the agent's SQLite, with optional quotas and limits (the models it
+may use, an expiry, a money budget per day or month: agents.wire.lab.gateway.KeyLimits; lab.yaml's `gateway.keys`
+entry for a key's name wins over what `keys add` gave it)."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, tzinfo
 
 from agents.runtime.store import Store
 from agents.wire.catalogue.gateway import KeyAddParams, KeyRecord
+from agents.wire.lab.gateway import KeyBudget, KeyLimits
 from agents.wire.protocol import ErrorCode, RemoteError
 
 TOKEN_PREFIX = "cetlab-gw-"
 SCHEMA = [
     """CREATE TABLE gateway_keys (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, sha256 TEXT NOT NULL UNIQUE,
        created_at REAL NOT NULL, revoked_at REAL, rpm INTEGER, tokens_per_day INTEGER)""",
+    "ALTER TABLE gateway_keys ADD COLUMN limits TEXT",  # KeyLimits as JSON (models, expires, budget)
 ]
 
 
@@ -38,6 +44,9 @@ class ApiKey:
     tokens_day: int = 0  # tokens used on day `day`
     day: str = ""
     last_used: float | None = None
+    limits: KeyLimits = field(default_factory=KeyLimits)  # as given at `keys add`; lab.yaml's entry wins (KeyStore.limits)
+    money_period: str = ""  # the day or month money_spent counts
+    money_spent: float = 0.0  # what its settled requests cost in that period
 
 
 class QuotaExceeded(Exception):
@@ -51,26 +60,77 @@ class QuotaExceeded(Exception):
 class KeyStore:
     """The keys, cached in memory by hash (the hot path never touches SQLite)."""
 
-    def __init__(self, store: Store, today: Callable[[], str]):
+    def __init__(
+        self,
+        store: Store,
+        today: Callable[[], str],
+        month: Callable[[], str] = lambda: time.strftime("%Y-%m"),
+        zone: tzinfo | None = None,
+        configured: dict[str, KeyLimits] | None = None,
+        currency: str = "USD",
+    ):
         self.store = store
         self.today = today  # -> "YYYY-MM-DD" in the lab's time zone
+        self.month = month  # -> "YYYY-MM"
+        self.zone = zone  # the lab's time zone: an expiry date starts there (None: the machine's)
+        self.configured = configured or {}  # lab.yaml's gateway.keys
+        self.currency = currency
         store.migrate("gateway_keys", SCHEMA)
         self._by_hash: dict[str, ApiKey] = {}
-        for row in store.query("SELECT name, sha256, rpm, tokens_per_day, revoked_at FROM gateway_keys"):
-            self._by_hash[row["sha256"]] = ApiKey(
-                row["name"], row["sha256"], row["rpm"], row["tokens_per_day"], row["revoked_at"]
-            )
+        for row in store.query("SELECT name, sha256, rpm, tokens_per_day, revoked_at, limits FROM gateway_keys"):
+            key = ApiKey(row["name"], row["sha256"], row["rpm"], row["tokens_per_day"], row["revoked_at"])
+            if row["limits"]:
+                key.limits = KeyLimits.model_validate(json.loads(row["limits"]))
+            self._by_hash[row["sha256"]] = key
+
+    def limits(self, key: ApiKey) -> KeyLimits:
+        """The key's limits: lab.yaml's entry for its name, else what it was given when added."""
+        return self.configured.get(key.name, key.limits)
+
+    def expires_at(self, key: ApiKey) -> float | None:
+        """The key's end as a Unix time: a date ends it at that day's start in the lab's time zone."""
+        expires = self.limits(key).expires
+        if expires is None:
+            return None
+        if not isinstance(expires, datetime):
+            expires = datetime(expires.year, expires.month, expires.day)
+        return (
+            expires if expires.tzinfo else expires.replace(tzinfo=self.zone) if self.zone else expires.astimezone()
+        ).timestamp()
+
+    def expired(self, key: ApiKey) -> bool:
+        end = self.expires_at(key)
+        return end is not None and time.time() >= end
+
+    def budget_text(self, budget: KeyBudget | None) -> str | None:
+        return None if budget is None else f"{budget.amount:g} {self.currency}/{budget.period}"
+
+    def budget_amount(self, name: str) -> float | None:
+        key = next((k for k in self._by_hash.values() if k.name == name), None)
+        budget = None if key is None else self.limits(key).budget
+        return None if budget is None else budget.amount
+
+    def budget_problem(self, budget: KeyBudget | None) -> str | None:
+        if budget is not None and budget.currency is not None and budget.currency != self.currency.upper():
+            return f"the budget is in {budget.currency}; this lab counts money in {self.currency} (costs.currency)"
+        return None
 
     def add(self, params: KeyAddParams) -> str:
         """A new key; the token is returned once and only its hash is kept."""
         if any(k.name == params.name for k in self._by_hash.values()):
             raise RemoteError(ErrorCode.CONFLICT, f"a gateway key named {params.name!r} exists; revoke it or pick another name")
+        problem = self.budget_problem(params.budget)
+        if problem is not None:
+            raise RemoteError(ErrorCode.INVALID_PARAMS, f"budget: {problem}")
+        limits = KeyLimits(models=params.models, expires=params.expires, budget=params.budget)
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        key = ApiKey(params.name, digest(token), params.rpm, params.tokens_per_day)
+        key = ApiKey(params.name, digest(token), params.rpm, params.tokens_per_day, limits=limits)
+        if self.expired(key):
+            raise RemoteError(ErrorCode.INVALID_PARAMS, f"expires: {params.expires} has passed; a key must expire in the future")
         with self.store.transaction() as db:
             db.execute(
-                "INSERT INTO gateway_keys (name, sha256, created_at, rpm, tokens_per_day) VALUES (?,?,?,?,?)",
-                (key.name, key.sha256, time.time(), key.rpm, key.tokens_per_day),
+                "INSERT INTO gateway_keys (name, sha256, created_at, rpm, tokens_per_day, limits) VALUES (?,?,?,?,?,?)",
+                (key.name, key.sha256, time.time(), key.rpm, key.tokens_per_day, limits.model_dump_json(exclude_defaults=True)),
             )
         self._by_hash[key.sha256] = key
         return token
@@ -117,6 +177,26 @@ class KeyStore:
             key.day, key.tokens_day = today, 0
         return key.tokens_day
 
+    def money_spent(self, key: ApiKey) -> float:
+        """What the key's settled requests cost in its budget's period (today or this month)."""
+        budget = self.limits(key).budget
+        period = self.month() if budget is not None and budget.period == "month" else self.today()
+        if key.money_period != period:
+            key.money_period, key.money_spent = period, 0.0
+        return key.money_spent
+
+    def spend(self, key: ApiKey, cost: float) -> None:
+        self.money_spent(key)
+        key.money_spent += cost
+
+    def seed_money(self, spent: Callable[[str, str], float]) -> None:
+        """What each key's requests already cost in its budget's period (from the request log: survives a restart)."""
+        for key in self._by_hash.values():
+            budget = self.limits(key).budget
+            if budget is not None:
+                period = self.month() if budget.period == "month" else self.today()
+                key.money_period, key.money_spent = period, spent(key.name, period)
+
     def seed_usage(self, tokens_by_key: dict[str, int]) -> None:
         """Tokens already used today (from the request log), so a restart does not reset a quota."""
         today = self.today()
@@ -128,10 +208,16 @@ class KeyStore:
         live = {k.name: k for k in self._by_hash.values()}
         for row in rows:
             key = live[row["name"]]
+            limits = self.limits(key)
             row.update(
                 requests=key.requests,
                 tokens_today=self._tokens_today(key),
                 last_used=key.last_used,
                 requests_last_minute=len(key.recent),
+                models=list(limits.models),
+                expires=None if limits.expires is None else limits.expires.isoformat(),
+                expired=self.expired(key),
+                budget=self.budget_text(limits.budget),
+                spent=round(self.money_spent(key), 8),
             )
         return [KeyRecord.model_validate(row) for row in rows]

@@ -178,6 +178,13 @@ class Meter:
         )
         return {r["key"]: r["n"] or 0 for r in rows}
 
+    def key_cost(self, key: str, period: str) -> float:
+        """What a key's requests cost in a day ("YYYY-MM-DD") or a month ("YYYY-MM"), from the request log."""
+        rows = self.store.query(
+            "SELECT SUM(cost) AS cost FROM gateway_requests WHERE key=? AND (day=? OR month=?)", (key, period, period)
+        )
+        return float(rows[0]["cost"] or 0.0) if rows else 0.0
+
     def model_figures(self) -> dict[str, dict[str, Any]]:
         """Per model: rps, p50/p95 latency and TTFT over the last minute; in flight, queued, wakes, errors."""
         now = time.time()

@@ -33,7 +33,9 @@ def error_type(status: int) -> str:
 
 
 def error_body(status: int, message: str, code: str | None, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
+    # OpenAI types an account out of credit by its code, not its status (a 429 that waiting does not cure)
+    kind = "insufficient_quota" if code == "insufficient_quota" else error_type(status)
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 class SamplingParams(BaseModel):

@@ -152,6 +152,11 @@ class GatewayHttp:
                 "a valid gateway key is required: Authorization: Bearer <key> (`cetlab gateway keys add NAME`)",
                 "invalid_api_key",
             )
+        if self.gw.keys.expired(key):
+            expires = self.gw.keys.limits(key).expires
+            return error_response(
+                401, f"gateway key {key.name} expired at {expires}; ask an operator for a new one", "invalid_api_key"
+            )
         try:
             self.gw.keys.admit(key)
         except QuotaExceeded as exc:
@@ -165,7 +170,33 @@ class GatewayHttp:
         return web.json_response({"ok": True})
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": self.gw.catalogue()})
+        key = request["key"]
+        listed = [e for e in self.gw.catalogue() if self.may_use(key, e["id"])]  # a key sees the models it may use
+        return web.json_response({"object": "list", "data": listed})
+
+    def may_use(self, key: ApiKey, model: str) -> bool:
+        """Whether the key's models (names and aliases, fnmatch patterns) include this one, by any of its names."""
+        limits = self.gw.keys.limits(key)
+        if not limits.models:
+            return True
+        router = self.gw.router
+        canonical = router.canonical(model)
+        names = {model, canonical, *(alias for alias, name in router.aliases.items() if name == canonical)}
+        found = find_provider_model(self.gw.lab.providers, canonical)
+        if found is not None:  # a provider's model answers to its name and to provider/name alike
+            names |= {found[1].name, f"{found[0].name}/{found[1].name}"}
+        return limits.allows(names)
+
+    def check_may_use(self, key: ApiKey, model: str) -> None:
+        """OpenAI's answer to a model the caller has no access to: 404 model_not_found naming `model`."""
+        if not self.may_use(key, model):
+            raise NotServable(
+                404,
+                f"The model '{model}' does not exist or gateway key {key.name} may not use it "
+                f"(its models: {', '.join(self.gw.keys.limits(key).models)})",
+                "model_not_found",
+                param="model",
+            )
 
     async def _model(self, request: web.Request) -> web.Response:
         """GET /v1/models/{id}: one model (an alias answers as itself), or OpenAI's 404."""
@@ -178,6 +209,10 @@ class GatewayHttp:
                 param="model",
             )
         canonical = self.gw.router.canonical(name)
+        try:
+            self.check_may_use(request["key"], name)
+        except NotServable as exc:
+            return error_response(exc.status, exc.message, exc.code, param=exc.param)
         for entry in self.gw.catalogue():
             if entry["id"] in (name, canonical) or (entry.get("provider") and f"{entry['provider']}/{entry['id']}" == name):
                 return web.json_response({**entry, "id": name})
@@ -227,6 +262,7 @@ class GatewayHttp:
         try:
             body = await self.body(request)
             model, known = self._model_name(body)
+            self.check_may_use(key, model)
             lengths = read_lengths(body, self.gw.policies.max_tokens)  # the gateway's own cap first, then OpenAI's ranges
             problem = parameter_problem(body)
             if problem is not None:
@@ -323,3 +359,4 @@ class GatewayHttp:
         )
         record.cost, record.cloud_equivalent = self.gw.price(target, outcome.prompt_tokens or 0, outcome.completion_tokens or 0)
         self.gw.keys.charge(key, (outcome.prompt_tokens or 0) + (outcome.completion_tokens or 0))
+        self.gw.keys.spend(key, record.cost or 0.0)

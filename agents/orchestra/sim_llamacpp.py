@@ -7,13 +7,16 @@ It holds the pinned llama-server's contract (tools/server/ of llama-cpp-python 0
   counters with the _total name and gauges, no TTFT histogram, no KV-cache gauge;
 - /lora-adapters lists the --lora files with their ids; POST takes [{"id", "scale"}]; there is no route to load
   a new adapter (/v1/load_lora_adapter is 404, as are vLLM's /sleep and /wake_up);
-- --sleep-idle-seconds N: idle that long, the model is unloaded (/props says is_sleeping); the next task reloads it.
+- --sleep-idle-seconds N: idle that long, the model is unloaded (/props says is_sleeping); the next task reloads it;
+- completions honour `n` (at most --parallel), `stop`, `seed`, `max_completion_tokens` and logprobs, and refuse bad
+  parameters with llama-server's errors (agents.orchestra.sim_llamacpp_request; tests/test_sim_differential.py asks
+  the real server and this one the same questions);
+- it listens with a backlog of 2048 (socketserver's 5 refused bursts of clients).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import sys
@@ -25,10 +28,49 @@ from pathlib import Path
 from typing import Any
 
 from agents.orchestra import pagecache
+from agents.orchestra.sim_llamacpp_request import (
+    LlamaRequest,
+    LlamaRequestError,
+    StopScan,
+    Token,
+    draw,
+    parse_request,
+    token_logprobs,
+)
 from agents.orchestra.sim_process import exit_with_parent, fail_later, follow_agent, http_server
 from agents.orchestra.sim_state import WORDS
 
 N_SLOTS = 4  # llama-server's default --parallel: more requests are deferred
+LISTEN_BACKLOG = 2048  # a burst of clients queues instead of being refused (socketserver's default is 5)
+OnToken = Callable[["Choice", Token, str], None]
+
+
+class Choice:
+    """One of a request's n choices as it is written: its tokens, its text cut at a stop, why it ended."""
+
+    def __init__(self, request: LlamaRequest, index: int):
+        self.index = index
+        self.rng = request.rng(index)
+        self.limit, self.end_reason = request.limit(self.rng)
+        self.scan = StopScan(request.stops)
+        self.tokens: list[Token] = []
+        self.finish_reason: str | None = None
+
+    def step(self) -> tuple[Token, str]:
+        """Write one more token; answer it and the text that may be sent for it."""
+        token = draw(self.rng)
+        self.tokens.append(token)
+        piece = self.scan.feed(token.piece)
+        if self.scan.stopped:
+            self.finish_reason = "stop"
+        elif len(self.tokens) >= self.limit:
+            self.finish_reason = self.end_reason
+            piece += self.scan.flush()
+        return token, piece
+
+    @property
+    def text(self) -> str:
+        return self.scan.text
 
 
 def log(message: str) -> None:
@@ -46,7 +88,7 @@ class State:
         self.sleeping = False
         self.warmed_up = False
         self.lock = threading.Lock()
-        self.slots = threading.Semaphore(N_SLOTS)
+        self.slots = threading.Semaphore(args.parallel)
         self.processing = self.deferred = 0
         self.prompt_tokens = self.predicted = 0
         self.prompt_s = self.predicted_s = 0.0
@@ -72,7 +114,12 @@ class State:
             self.load()  # the model comes back from the page cache, as llama-server reloads it
             self.sleeping = False
 
-    def generate(self, prompt: str, max_tokens: int, on_token: Callable[[str], None] | None = None) -> tuple[str, int, int]:
+    def generate(self, prompt: str, max_tokens: int) -> None:
+        """A request from the simulated traffic: its tokens count, nobody reads them."""
+        self.generate_choices(LlamaRequest(chat=False, prompt=prompt, n_predict=max_tokens))
+
+    def generate_choices(self, request: LlamaRequest, on_token: OnToken | None = None) -> tuple[list[Choice], int]:
+        """The request's n choices, written in lockstep in one slot (a token of each per step); and its prompt tokens."""
         self.wait_awake()
         with self.lock:
             self.deferred += 1
@@ -84,22 +131,23 @@ class State:
                 if not self.warmed_up:
                     time.sleep(self.args.sim_warmup_s)
                     self.warmed_up = True
-                prompt_tokens = max(1, round(len(prompt.split()) * 1.3))
+                prompt_tokens = max(1, round(len(request.prompt.split()) * 1.3))
                 per_token_s = 1.0 / self.args.sim_tokens_per_s if self.args.sim_tokens_per_s else 0.0
-                rng = random.Random(hashlib.sha256(prompt.encode()).digest())
-                words = [rng.choice(WORDS) for _ in range(max_tokens)]
+                choices = [Choice(request, index) for index in range(request.n)]
                 with self.lock:
                     self.prompt_tokens += prompt_tokens
                     self.prompt_s += per_token_s
-                for word in words:
+                while live := [c for c in choices if c.finish_reason is None]:
                     if per_token_s:
                         time.sleep(per_token_s)
-                    with self.lock:
-                        self.predicted += 1
-                        self.predicted_s += per_token_s
-                    if on_token is not None:
-                        on_token(" " + word)
-                return " " + " ".join(words), prompt_tokens, max_tokens
+                    for choice in live:
+                        token, piece = choice.step()
+                        with self.lock:
+                            self.predicted += 1
+                            self.predicted_s += per_token_s
+                        if on_token is not None:
+                            on_token(choice, token, piece)
+                return choices, prompt_tokens
             finally:
                 with self.lock:
                     self.processing -= 1
@@ -157,12 +205,12 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, status: int, message: str, kind: str) -> None:
         self._send(status, {"error": {"code": status, "message": message, "type": kind}})
 
-    def _body(self) -> Any:
+    def _body(self) -> object:
         length = int(self.headers.get("Content-Length") or 0)
         try:
             return json.loads(self.rfile.read(length) or b"{}")
-        except ValueError:
-            return None
+        except ValueError as exc:
+            return exc
 
     def do_GET(self) -> None:
         state, path = self.state, self.path.split("?")[0]
@@ -182,7 +230,13 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"object": "list", "data": [{"id": state.args.alias, "object": "model", "owned_by": "llamacpp"}]})
         elif path == "/props":
             self._send(
-                200, {"model_path": state.args.model, "is_sleeping": state.sleeping, "total_slots": N_SLOTS, "simulated": True}
+                200,
+                {
+                    "model_path": state.args.model,
+                    "is_sleeping": state.sleeping,
+                    "total_slots": state.args.parallel,
+                    "simulated": True,
+                },
             )
         elif path == "/lora-adapters":
             self._send(200, state.loras)
@@ -192,6 +246,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         state, path = self.state, self.path.split("?")[0]
         body = self._body()
+        if isinstance(body, ValueError):  # llama-server answers a body that is not JSON with its parser's 500
+            self._error(500, f"[json.exception.parse_error.101] parse error: {body}", "server_error")
+            return
         if path == "/lora-adapters":
             if not isinstance(body, list):
                 self._error(400, "Request body must be an array", "invalid_request_error")
@@ -207,42 +264,43 @@ class Handler(BaseHTTPRequestHandler):
         if not state.loaded:
             self._error(503, "Loading model", "unavailable_error")
             return
-        if not isinstance(body, dict):
-            self._error(400, "Invalid JSON", "invalid_request_error")
+        try:
+            request = parse_request(body, "chat" in path, state.args.parallel)
+        except LlamaRequestError as exc:
+            self._error(exc.status, exc.message, exc.kind)
             return
-        chat = "chat" in path
-        prompt = (
-            " ".join(str(m.get("content", "")) for m in body.get("messages", []) if isinstance(m, dict))
-            if chat
-            else str(body.get("prompt", ""))
-        )
-        max_tokens = int(body.get("max_tokens") or body.get("n_predict") or 16)
-        if body.get("stream"):
-            self._stream(chat, prompt, max_tokens)
+        if request.stream:
+            self._stream(request)
             return
-        text, prompt_tokens, completion_tokens = state.generate(prompt, max_tokens)
-        choice: dict[str, Any] = (
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-            if chat
-            else {"index": 0, "text": text, "finish_reason": "length"}
-        )
+        choices, prompt_tokens = state.generate_choices(request)
+        out = []
+        for choice in choices:
+            entry: dict[str, Any] = {"index": choice.index, "finish_reason": choice.finish_reason}
+            logprobs = _logprobs(request, choice.rng, choice.tokens)
+            if request.chat:
+                entry["message"] = {"role": "assistant", "content": choice.text}
+                if logprobs is not None:
+                    entry["logprobs"] = logprobs
+            else:
+                entry.update(text=choice.text, logprobs=logprobs)
+            out.append(entry)
         self._send(
             200,
             {
                 "id": f"chatcmpl-sim{time.time_ns()}",
-                "object": "chat.completion" if chat else "text_completion",
+                "object": "chat.completion" if request.chat else "text_completion",
                 "created": int(time.time()),
                 "model": state.args.alias,
-                "choices": [choice],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
+                "choices": out,
+                # one choice's tokens, not the sum over n: the pinned llama-server counts so
+                "usage": _usage(prompt_tokens, len(choices[0].tokens)),
             },
         )
 
-    def _stream(self, chat: bool, prompt: str, max_tokens: int) -> None:
+    def _stream(self, request: LlamaRequest) -> None:
+        """Server-sent events as the pinned llama-server sends them: per choice a role chunk (chat), a chunk per
+        token, its finish; completions carry usage on each finish, chat (only with include_usage) in a chunk after each finish."""
+        chat = request.chat
         stamp = {
             "id": f"chatcmpl-sim{time.time_ns()}",
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -254,41 +312,53 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
+        prompt_tokens = max(1, round(len(request.prompt.split()) * 1.3))
 
         def event(data: object) -> None:
             self.wfile.write(b"data: " + (data if isinstance(data, bytes) else json.dumps(data).encode()) + b"\n\n")
             self.wfile.flush()
 
-        def on_token(word: str) -> None:
-            event(
-                {
-                    **stamp,
-                    "choices": [
-                        {"index": 0, "delta": {"content": word}, "finish_reason": None}
-                        if chat
-                        else {"index": 0, "text": word, "finish_reason": None}
-                    ],
-                }
-            )
+        def on_token(choice: Choice, token: Token, piece: str) -> None:
+            if chat and len(choice.tokens) == 1:
+                event({**stamp, "choices": [{"index": choice.index, "delta": {"role": "assistant", "content": None}}]})
+            logprobs = _logprobs(request, choice.rng, [token])
+            if piece or logprobs is not None:
+                entry: dict[str, Any] = {"index": choice.index, "finish_reason": None}
+                if chat:
+                    entry["delta"] = {"content": piece}
+                    if logprobs is not None:
+                        entry["logprobs"] = logprobs
+                else:
+                    entry.update(text=piece, logprobs=logprobs)
+                event({**stamp, "choices": [entry]})
+            if choice.finish_reason is not None:
+                last: dict[str, Any] = {"index": choice.index, "finish_reason": choice.finish_reason}
+                final: dict[str, Any] = {**stamp, "choices": [last]}
+                if chat:
+                    last["delta"] = {}
+                else:
+                    last.update(text="", logprobs=None)
+                    final["usage"] = _usage(prompt_tokens, len(choice.tokens))
+                event(final)
+                if chat and request.include_usage:  # each choice's own usage chunk, after its finish
+                    event({**stamp, "choices": [], "usage": _usage(prompt_tokens, len(choice.tokens))})
 
-        _, prompt_tokens, completion_tokens = self.state.generate(prompt, max_tokens, on_token)
-        # llama-server sends the usage with the last chunk (and timings), then [DONE]
-        event(
-            {
-                **stamp,
-                "choices": [
-                    {"index": 0, "delta": {}, "finish_reason": "length"}
-                    if chat
-                    else {"index": 0, "text": "", "finish_reason": "length"}
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-            }
-        )
+        self.state.generate_choices(request, on_token)
         event(b"[DONE]")
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _logprobs(request: LlamaRequest, rng: random.Random, tokens: list[Token]) -> dict[str, Any] | None:
+    if not request.n_probs:
+        return None
+    return {"content": [token_logprobs(token, request.n_probs, rng) for token in tokens]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("-a", "--alias")
     parser.add_argument("--metrics", action="store_true")
+    parser.add_argument("-np", "--parallel", type=int, default=N_SLOTS)
     parser.add_argument("--lora", action="append", default=[])
     parser.add_argument("--lora-init-without-apply", action="store_true")
     parser.add_argument("--sleep-idle-seconds", type=float, default=-1)
@@ -327,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     state = State(args, [f for group in args.lora for f in group.split(",") if f])
     Handler.state = state
     uds = args.host if args.host.endswith(".sock") else None  # as llama-server (cpp-httplib) reads its --host
-    server = http_server(Handler, args.host, args.port, uds)
+    server = http_server(Handler, args.host, args.port, uds, LISTEN_BACKLOG)
     threading.Thread(target=server.serve_forever, daemon=True).start()  # listening while loading: /health answers 503
     log(f"load_model: loading model '{args.model}'")
     state.load()

@@ -16,8 +16,8 @@ modules_to_save (agents.orchestra.lora_rules); a name already loaded reloads onl
 Sleep is vLLM 0.33's: ``/sleep?mode=abort`` (the default) ends in-flight requests with
 finish_reason "abort", ``mode=wait`` lets them finish first, ``mode=keep`` freezes them until the
 wake; requests that arrive while the engine sleeps queue until a wake (never 503). Sampling
-parameters are validated as vLLM's SamplingParams does (400 with its messages); ``n``, ``stop``
-and ``seed`` are honoured.
+parameters are validated as vLLM's SamplingParams and request models do (400 with its messages, naming the
+``param``); ``n``, ``stop``, ``seed``, ``max_completion_tokens`` and logprobs are honoured.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pydantic import ValidationError
 from agents.orchestra import pagecache
 from agents.orchestra.lora_rules import lora_config_problem
 from agents.orchestra.sim_process import exit_with_parent, fail_later, follow_agent, http_server
-from agents.orchestra.sim_state import WORDS, Aborted, ClientGone, Sampling, SimEngineState, log
+from agents.orchestra.sim_state import WORDS, Aborted, ClientGone, Sampling, SimEngineState, log, logprobs_for
 
 SLEEP_TAGS = ("weights", "kv_cache")
 DEV_ROUTES = ("/sleep", "/wake_up", "/is_sleeping", "/collective_rpc")
@@ -90,13 +90,14 @@ class Handler(BaseHTTPRequestHandler):
             },
         )
 
-    def _body(self) -> dict[str, Any]:
+    def _body(self) -> dict[str, Any] | None:
+        """The JSON object sent; None when the body is not one (vLLM's request models refuse it with a 400)."""
         length = int(self.headers.get("Content-Length") or 0)
         try:
             body = json.loads(self.rfile.read(length) or b"{}")
         except ValueError:
             body = None
-        return body if isinstance(body, dict) else {}
+        return body if isinstance(body, dict) else None
 
     def do_GET(self) -> None:
         state, path = self.state, urlparse(self.path).path
@@ -122,9 +123,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         state, url = self.state, urlparse(self.path)
-        body = self._body()
+        sent = self._body()
         if not self._dev_route(url.path):
             return
+        if sent is None and url.path in ("/v1/completions", "/v1/chat/completions"):
+            self._error(400, "Input should be a valid dictionary or object to extract fields from", "body")
+            return
+        body = sent or {}
         query = parse_qs(url.query)
         if url.path == "/sleep":
             if not state.args.enable_sleep_mode:
@@ -168,11 +173,20 @@ class Handler(BaseHTTPRequestHandler):
                 return
             chat = url.path.endswith("chat/completions")
             if chat:
-                listed = body.get("messages")
-                messages = listed if isinstance(listed, list) else []
+                messages = body.get("messages")
+                if not isinstance(messages, list):
+                    self._error(400, "Field required" if messages is None else "Input should be a valid list", "messages")
+                    return
                 prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
             else:
-                prompt = str(body.get("prompt", ""))
+                asked = body.get("prompt")
+                if asked is None:
+                    self._error(400, "Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+                    return
+                if not isinstance(asked, (str, list)):
+                    self._error(400, "Input should be a valid string", "prompt")
+                    return
+                prompt = asked if isinstance(asked, str) else " ".join(map(str, asked))
             if sampling.stream:
                 self._stream(chat, prompt, sampling)
                 return
@@ -185,9 +199,11 @@ class Handler(BaseHTTPRequestHandler):
             except Aborted as exc:
                 choices, prompt_tokens = exc.args
             out = []
+            count = sampling.alternatives(chat)
             for index, choice in enumerate(choices):
                 entry: dict[str, Any] = {"index": index, "finish_reason": choice.finish_reason}
                 entry.update({"message": {"role": "assistant", "content": choice.text}} if chat else {"text": choice.text})
+                entry["logprobs"] = logprobs_for(choice.pieces, count, chat)
                 out.append(entry)
             completion_tokens = sum(len(c.pieces) for c in choices)
             self._send(
@@ -275,12 +291,18 @@ class Handler(BaseHTTPRequestHandler):
                     {**stamp, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
                 )
 
+        count = sampling.alternatives(chat)
+        offsets = [0] * sampling.n
+
         def on_token(index: int, word: str) -> None:
-            choice = (
+            choice: dict[str, Any] = (
                 {"index": index, "delta": {"content": word}, "finish_reason": None}
                 if chat
                 else {"index": index, "text": word, "finish_reason": None}
             )
+            if count is not None:
+                choice["logprobs"] = logprobs_for([word], count, chat, offsets[index])
+            offsets[index] += len(word)
             event({**stamp, "choices": [choice]})
 
         try:

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 GARBAGE = "!"  # what a model with uninitialised weights tends to repeat
+MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
 MAX_NUM_SEQS = 8  # concurrent sequences; more requests wait, as in vLLM's scheduler
 WORDS = (
     "the model answers briefly and the lab keeps serving while weights stay warm in memory "
@@ -42,6 +43,31 @@ class Sampling(BaseModel):
     seed: int | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    logprobs: bool | int | None = None  # chat: a bool; completions: how many alternatives
+    top_logprobs: int | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, value: bool | int | None) -> bool | int | None:
+        if isinstance(value, int) and not isinstance(value, bool) and value < -1:
+            raise ValueError("`logprobs` must be a positive value or -1.")
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_LOGPROBS:
+            raise ValueError(f"Requested sample logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        """vLLM's check_logprobs: -1 or a positive count, and only with logprobs."""
+        if value is None:
+            return value
+        if value < -1:
+            raise ValueError("`top_logprobs` must be a positive value or -1.")
+        if (value == -1 or value > 0) and not info.data.get("logprobs"):
+            raise ValueError("when using `top_logprobs`, `logprobs` must be set to true.")
+        if value > MAX_LOGPROBS:
+            raise ValueError(f"Requested sample logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}")
+        return value
 
     @field_validator("max_tokens", "max_completion_tokens")
     @classmethod
@@ -73,11 +99,19 @@ class Sampling(BaseModel):
 
     @property
     def tokens(self) -> int:
-        return min(self.max_tokens or self.max_completion_tokens or 16, 4096)
+        return min(self.max_completion_tokens or self.max_tokens or 16, 4096)  # vLLM's chat: max_completion_tokens first
 
     @property
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop or [] if s]
+
+    def alternatives(self, chat: bool) -> int | None:
+        """How many alternatives each token's logprobs entry lists; None: no logprobs asked."""
+        if chat:
+            return (self.top_logprobs or 0) if self.logprobs is True else None
+        if self.logprobs is None or self.logprobs is False:
+            return None
+        return MAX_LOGPROBS if self.logprobs == -1 else int(self.logprobs)
 
     @property
     def include_usage(self) -> bool:
@@ -107,6 +141,47 @@ class Choice:
     @property
     def text(self) -> str:
         return "".join(self.pieces)
+
+
+def _logprob(piece: str, rank: int = 0) -> float:
+    return -0.05 - (hashlib.sha256(piece.encode()).digest()[0] / 64) - rank * 0.5
+
+
+def _alternatives(count: int) -> list[str]:
+    vocab = sorted(set(WORDS))
+    return [" " + vocab[i % len(vocab)] + ("" if i < len(vocab) else str(i)) for i in range(count)]
+
+
+def logprobs_for(pieces: list[str], count: int | None, chat: bool, offset: int = 0) -> dict[str, Any] | None:
+    """vLLM's logprobs for these tokens: chat's {"content": [...]} entries, or completions' four parallel lists."""
+    if count is None:
+        return None
+    alternatives = _alternatives(count)
+    if chat:
+        return {
+            "content": [
+                {
+                    "token": piece,
+                    "logprob": _logprob(piece),
+                    "bytes": list(piece.encode()),
+                    "top_logprobs": [
+                        {"token": alt, "logprob": _logprob(alt, rank), "bytes": list(alt.encode())}
+                        for rank, alt in enumerate(alternatives)
+                    ],
+                }
+                for piece in pieces
+            ]
+        }
+    offsets = []
+    for piece in pieces:
+        offsets.append(offset)
+        offset += len(piece)
+    return {
+        "text_offset": offsets,
+        "token_logprobs": [_logprob(piece) for piece in pieces],
+        "tokens": list(pieces),
+        "top_logprobs": [{alt: _logprob(alt, rank) for rank, alt in enumerate(alternatives)} for _ in pieces],
+    }
 
 
 class Aborted(Exception):

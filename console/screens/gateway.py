@@ -10,7 +10,7 @@ from agents.runtime.demo import GATEWAY_KEY_FILE
 from agents.wire.protocol import LinkStatus
 from agents.wire.sections.gateway import GatewayModelFigures, GatewaySection
 from console.screens.base import LabScreen
-from widgets.format import NA, fmt, fmt_money
+from widgets.format import NA, fmt, fmt_money, key_limits_text
 from widgets.lab_header import LabHeader
 from widgets.live_table import LiveTable
 from widgets.wire import esc, shown, text
@@ -70,11 +70,10 @@ def spend_text(section: GatewaySection) -> str:
         lines.append(
             f"[b]{esc(p.name)}[/b]{sim}: today {esc(fmt_money(p.spend_today, currency))} · month {esc(fmt_money(p.spend_month, currency))}{budget}{missing}"
         )
-    keys = [
-        f"{esc(k.name)}{' (revoked)' if k.revoked else ''} {k.requests} req, {k.tokens_today:,} tok today" for k in section.keys
-    ]
-    if keys:
-        lines.append("[b]keys[/b]: " + " · ".join(keys))
+    for k in section.keys:
+        over = k.budget_amount is not None and k.spent >= k.budget_amount
+        state = " [red]revoked[/]" if k.revoked else " [red]expired[/]" if k.expired else " [red]over budget[/]" if over else ""
+        lines.append(f"key [b]{esc(k.name)}[/b]{state}: {k.requests} req, {esc(key_limits_text(k, currency))}")
     return "\n".join(lines) or "no providers"
 
 

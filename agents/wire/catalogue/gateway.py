@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field
 
 from agents.wire.catalogue.method import OP, Method, NoParams, Params, Root
+from agents.wire.lab.gateway import KeyBudget, KeyExpiry, KeyModelPattern
 from agents.wire.protocol import (
     Finite,
     FiniteFloat,
@@ -18,6 +19,9 @@ class KeyAddParams(Params):
     name: str = Field(pattern=NAME_RE)
     rpm: int | None = Field(default=None, ge=1, le=1_000_000)  # requests per minute
     tokens_per_day: int | None = Field(default=None, ge=1)
+    models: list[KeyModelPattern] = Field(default_factory=list, max_length=256)  # names, aliases, fnmatch patterns
+    expires: KeyExpiry | None = None
+    budget: KeyBudget | None = None  # "5usd/day" or its object
 
 
 class KeyNameParams(Params):
@@ -37,6 +41,9 @@ class KeyIssued(Section):
     key: str  # the token: shown once, never again
     rpm: int | None = None
     tokens_per_day: int | None = None
+    models: list[str] = Field(default_factory=list)
+    expires: str | None = None  # ISO date or time
+    budget: str | None = None  # as `5 USD/day`
     url: str | None = None
 
 
@@ -50,6 +57,11 @@ class KeyRecord(Section):
     tokens_today: int = 0
     last_used: Finite = None
     requests_last_minute: int = 0
+    models: list[str] = Field(default_factory=list)  # none: every model
+    expires: str | None = None  # ISO date or time
+    expired: bool = False
+    budget: str | None = None  # as `5 USD/day`
+    spent: FiniteFloat = 0.0  # in the budget's period (today or this month), requests in flight not included
 
 
 class KeyList(Section):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from datetime import date, datetime
+from fnmatch import fnmatchcase
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from agents.wire.schema import NAME_RE, Name, Price, Strict, parse_duration
+from agents.wire.schema import MAX_PRICE, NAME_RE, Name, Price, Strict, parse_duration
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 ENV_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -53,6 +56,50 @@ class Provider(Strict):
     timeout_s: Seconds = 120.0
 
 
+# a gateway key's allowed model: a name or alias, or an fnmatch pattern over them (`llama-*`, `provider/*`, `tiny?`)
+KEY_MODEL_RE = r"^[A-Za-z0-9*?\[][A-Za-z0-9._:/@+*?\[\]!-]{0,255}$"
+KeyModelPattern = Annotated[str, Field(pattern=KEY_MODEL_RE)]
+KeyExpiry = date | datetime  # a date: the key ends at that day's start, in the lab's time zone
+_BUDGET_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]{3})?\s*/\s*(day|month)\s*$", re.IGNORECASE)
+
+
+class KeyBudget(Strict):
+    """A key's money budget: what its requests may cost (the providers' prices) per day or per month, in the lab's
+    currency. Written `5usd/day`, `20/month`, `7.5 EUR/month`."""
+
+    amount: Annotated[float, Field(gt=0, le=MAX_PRICE)]
+    period: Literal["day", "month"]
+    currency: Annotated[str, Field(pattern=r"^[A-Z]{3}$")] | None = None  # as written; must be the lab's currency
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        match = _BUDGET_RE.match(value)
+        if match is None:
+            raise ValueError(
+                f"a budget is AMOUNT[CURRENCY]/day or AMOUNT[CURRENCY]/month (5usd/day, 20/month), got {value[:40]!r}"
+            )
+        return {"amount": float(match[1]), "currency": match[2].upper() if match[2] else None, "period": match[3].lower()}
+
+    def __str__(self) -> str:
+        return f"{self.amount:g}{' ' + self.currency if self.currency else ''}/{self.period}"
+
+
+class KeyLimits(Strict):
+    """What a gateway key may do beyond its quotas: which models (names and aliases, fnmatch patterns; none listed:
+    all), until when, and how much money per day or month."""
+
+    models: list[KeyModelPattern] = Field(default_factory=list, max_length=256)
+    expires: KeyExpiry | None = None
+    budget: KeyBudget | None = None
+
+    def allows(self, names: set[str]) -> bool:
+        """Whether one of a model's names (as asked, its lab name, its aliases) matches one of the key's patterns."""
+        return not self.models or any(fnmatchcase(name, pattern) for name in names for pattern in self.models)
+
+
 class GatewayModel(Strict):
     """Per-model gateway policy for a lab model (key: the model's name)."""
 
@@ -88,6 +135,7 @@ class Gateway(Strict):
     port: int = Field(default=8400, ge=0, le=65535)  # 0: any free port (the log and section say which)
     policies: GatewayPolicies = Field(default_factory=GatewayPolicies)
     models: dict[Annotated[str, Field(pattern=NAME_RE)], GatewayModel] = Field(default_factory=dict)
+    keys: dict[Name, KeyLimits] = Field(default_factory=dict)  # limits of the key of that name; they win over the CLI's
 
     @property
     def url(self) -> str:
@@ -107,7 +155,12 @@ def find_provider_model(providers: list[Provider], name: str) -> tuple[Provider,
 
 
 def cross_check(
-    providers: list[Provider], gateway: Gateway | None, machines: list[str], local: set[str], groups: dict[str, list[str]]
+    providers: list[Provider],
+    gateway: Gateway | None,
+    machines: list[str],
+    local: set[str],
+    groups: dict[str, list[str]],
+    currency: str = "USD",
 ) -> list[tuple[tuple[str | int, ...], str]]:
     """References of the gateway and providers sections to the rest of the lab (its machines, local models and
     orchestra groups): machine, models, fallbacks, groups, aliases."""
@@ -121,6 +174,15 @@ def cross_check(
         return problems
     if gateway.machine not in machines:
         problems.append((("gateway", "machine"), f"no machine named {gateway.machine!r} (machines: {', '.join(machines)})"))
+    for name, limits in gateway.keys.items():
+        budget = limits.budget
+        if budget is not None and budget.currency is not None and budget.currency != currency.upper():
+            problems.append(
+                (
+                    ("gateway", "keys", name, "budget"),
+                    f"in {budget.currency}; this lab counts money in {currency} (costs.currency)",
+                )
+            )
     names: dict[str, str] = {}
     for name, policy in gateway.models.items():
         if name not in local:

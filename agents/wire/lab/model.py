@@ -406,7 +406,7 @@ def _cross_check(lab: Lab, engines: Collection[str] | None) -> list[tuple[tuple[
                 problems.append((("trainers", i, "params", j, "choices"), "a choice param needs choices: [...]"))
     problems += notify_cross_check(lab.notify, list(machines))
     return problems + gateway_cross_check(
-        lab.providers, lab.gateway, [m.name for m in lab.machines], {m.name for m in lab.models}, lab.orchestra.groups
+        lab.providers, lab.gateway, list(machines), {m.name for m in lab.models}, lab.orchestra.groups, lab.costs.currency
     )
 
 

@@ -38,6 +38,12 @@ class KeyUse(Section):
     requests_last_minute: int = 0
     tokens_today: int = 0
     last_used: Finite = None
+    models: list[str] = Field(default_factory=list)  # the models it may use (patterns); none: every model
+    expires: str | None = None  # ISO date or time
+    expired: bool = False
+    budget: str | None = None  # as `5 USD/day`
+    budget_amount: Finite = None
+    spent: FiniteFloat = 0.0  # in the budget's period
 
 
 class GatewaySection(Section):

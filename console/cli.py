@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from agents.wire.catalogue.method import Method, params_error, request, request_all
+from agents.wire.catalogue.verbs import lacking_said
 from agents.wire.lab.model import Lab, LabError, load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from console import openssh
@@ -149,6 +150,8 @@ def status_json(state: LabState) -> dict[str, Any]:
         if not view.online:
             entry["error"] = view.error or view.link
             entry["last_seen"] = view.last_seen
+        entry["agent_version"] = view.agent_version  # and what this console can do that it cannot: `cetlab lab upgrade`
+        entry["lacks"] = view.lacking()
         machines.append(entry)
     return {"lab": state.lab.lab, "machines": machines}
 
@@ -162,7 +165,10 @@ def status_human(data: dict[str, Any]) -> str:
             continue
         lines.append(
             f"{m['name']:<14} online{sim}  cpu {fmt(m['cpu_pct'], '.0f', '%')}  ram {fmt_bytes(m['ram_used_bytes'])}/{fmt_bytes(m['ram_total_bytes'])}"
+            + (f"  cetlab {m['agent_version']}" if m["agent_version"] else "")
         )
+        if m["lacks"]:
+            lines.append(f"  {lacking_said(m['agent_version'], m['lacks'])}")
         if m["gpu_status"]:
             lines.append(f"  {m['gpu_status']}")
         lines += [f"  section {f['section']} FAILED ({f['phase']}): {f['error']}" for f in m["sections_failed"]]

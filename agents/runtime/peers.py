@@ -6,8 +6,9 @@ import asyncio
 import logging
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import asyncssh
 
@@ -63,6 +64,38 @@ async def _forward(conn: asyncssh.SSHClientConnection, path: str, port: int) -> 
     return await asyncio.start_unix_server(handle, path, backlog=TUNNEL_BACKLOG, limit=TUNNEL_CHUNK_BYTES)
 
 
+@dataclass(frozen=True)
+class PeerLinkState:
+    """One link of this agent to a peer, for the doctor: which key, which known_hosts, the role it needs there."""
+
+    purpose: str  # what the link is for: "gateway", "multi-node"
+    machine: str
+    status: LinkStatus
+    error: str | None
+    key_path: Path
+    known_hosts: Path
+    role: str  # the role the peer must give this agent's key
+
+    def fix(self, lab: Lab) -> str | None:
+        """The one command, run on this agent's machine, that makes the link work (None: it works, or waiting will do)."""
+        peer = lab.machine(self.machine)
+        if self.status is LinkStatus.UNTRUSTED:
+            return (
+                f"ssh {peer.host} cetlab-agent host-key --machine {peer.name} "
+                f"| sed 's/^/[{peer.host}]:{peer.port} /' >> {self.known_hosts}"
+            )
+        if self.status is LinkStatus.REFUSED:
+            return f"ssh {peer.host} cetlab-agent authorize --machine {peer.name} --role {self.role} - < {self.key_path}.pub"
+        return None
+
+
+@runtime_checkable
+class PeerLinksPort(Protocol):
+    """A component that keeps links to peers (the gateway, a multi-node coordinator): their states, for the doctor."""
+
+    def peer_links(self) -> list[PeerLinkState]: ...
+
+
 class PeerClient:
     """Connects this agent to the other agents of the lab (and to itself), as an SSH client, on the one client core.
 
@@ -103,6 +136,12 @@ class PeerClient:
     def view(self, machine: str) -> MachineView:
         """What this agent knows of a peer: its link status and its last tick's typed sections."""
         return self.views.machines[machine]
+
+    def link_states(self, purpose: str, role: str) -> list[PeerLinkState]:
+        return [
+            PeerLinkState(purpose, name, link.status, link.error, self.key_path, self.known_hosts, role)
+            for name, link in self.links.items()
+        ]
 
     async def start(self) -> None:
         self._key = ensure_key(self.key_path, comment="cetlab-peer")

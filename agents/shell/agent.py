@@ -40,6 +40,7 @@ from agents.wire.catalogue.agent import (
     StatusReply,
     Topics,
 )
+from agents.wire.catalogue.index import CATALOGUE
 from agents.wire.catalogue.method import NoParams
 from agents.wire.events import PushEvent, TickEvent
 from agents.wire.lab.model import Lab
@@ -422,6 +423,7 @@ class Agent:
                 simulated=self.simulated,
                 sample_interval_s=self.interval_s,
                 started_at=self.started_at,
+                methods=list(CATALOGUE),  # what this version knows: a newer console says what it lacks
             )
 
         @rpc.implements(PING)
@@ -472,6 +474,10 @@ class Agent:
         from agents.telemetry.sim import register_methods as register_sim_methods
 
         register_sim_methods(rpc, self.machine.name, self.gpus, lambda: len(self.latest.gpus) if self.latest is not None else 0)
+
+        from agents.shell.doctor_method import register as register_doctor
+
+        register_doctor(self)
 
         @rpc.implements(METHODS)
         async def methods(peer: Peer, _params: NoParams) -> MethodList:

@@ -211,6 +211,8 @@ class Hello(Snapshot):
     simulated: bool
     sample_interval_s: float
     started_at: float
+    # every method its version's catalogue has (served here or not: the gateway's only where it runs); None: an older agent
+    methods: list[str] | None = None
 
 
 # ---------------------------------------------------------------------------- methods

@@ -9,6 +9,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
 from agents.runtime.view import MachineView
+from agents.wire.catalogue.verbs import lacking_said
 from console.screens.base import LabScreen
 from widgets.lab_header import LabHeader
 from widgets.machine_card import MachineCard
@@ -20,11 +21,18 @@ def alert_badges(view: MachineView) -> list[str]:
     return failed + [f"⚠ {a.rule}" for a in view.alerts.active if not a.acked][:3]
 
 
+def role_said(view: MachineView) -> str:
+    """The card's dim words after the name: the machine's role, and the cetlab version its agent runs."""
+    return "  ".join(p for p in (view.config.role, view.agent_version and f"cetlab {view.agent_version}") if p)
+
+
 def card_note(view: MachineView) -> str | None:
     """The card's note line (markup): the GPU backend's status, then each failing section with its error: the agent's text."""
     lines = [esc(view.gpu_status.status)] if view.gpu_status and view.gpu_status.status else []
     if view.online:  # an offline card says so, not what failed before
         lines += [esc(f"{f.section} failed ({f.phase}): {f.error}") for f in view.faults.failed]
+        lacks = view.lacking()
+        lines += [esc(lacking_said(view.agent_version, lacks))] if lacks else []
     return "\n".join(lines) or None
 
 
@@ -81,7 +89,7 @@ class FleetScreen(LabScreen):
                 continue  # offline cards still tick: "last seen ... ago" moves
             card.show(
                 version=view.version,
-                role=view.config.role,
+                role=role_said(view),
                 link=view.link,
                 error=view.error,
                 last_seen=view.last_seen,

@@ -30,6 +30,7 @@ from agents.wire.catalogue.checkpoints import (
     CHECKPOINTS_SERVE,
 )
 from agents.wire.catalogue.costs import COSTS_GET
+from agents.wire.catalogue.doctor import DOCTOR_RUN
 from agents.wire.catalogue.gateway import (
     GATEWAY_KEYS_ADD,
     GATEWAY_KEYS_LIST,
@@ -115,6 +116,7 @@ CATALOGUE: dict[str, Method[Any, Any]] = {
         ALERTS_LIST,
         ALERTS_ACK,
         GPUS_SUPPORT,
+        DOCTOR_RUN,
     )
 }
 

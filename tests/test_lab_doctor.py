@@ -162,6 +162,9 @@ async def test_an_older_agent_says_what_it_cannot_do_and_the_rest_works(in_proce
     text = status_human(data)
     assert f"cetlab {__version__}" in text.splitlines()[1]
     assert "no `cetlab swap`, `cetlab pin`, `cetlab lab doctor` there (the rest works): run `cetlab lab upgrade`" in text
+    from console.screens.fleet import card_note
+
+    assert "older than this console" in (card_note(view) or "")  # the fleet card says it too
 
 
 async def test_an_agent_that_lists_no_methods_still_answers_a_missing_one_with_its_version(in_process):

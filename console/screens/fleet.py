@@ -21,11 +21,6 @@ def alert_badges(view: MachineView) -> list[str]:
     return failed + [f"⚠ {a.rule}" for a in view.alerts.active if not a.acked][:3]
 
 
-def role_said(view: MachineView) -> str:
-    """The card's dim words after the name: the machine's role, and the cetlab version its agent runs."""
-    return "  ".join(p for p in (view.config.role, view.agent_version and f"cetlab {view.agent_version}") if p)
-
-
 def card_note(view: MachineView) -> str | None:
     """The card's note line (markup): the GPU backend's status, then each failing section with its error: the agent's text."""
     lines = [esc(view.gpu_status.status)] if view.gpu_status and view.gpu_status.status else []
@@ -89,7 +84,7 @@ class FleetScreen(LabScreen):
                 continue  # offline cards still tick: "last seen ... ago" moves
             card.show(
                 version=view.version,
-                role=role_said(view),
+                role=view.config.role,
                 link=view.link,
                 error=view.error,
                 last_seen=view.last_seen,
@@ -102,6 +97,7 @@ class FleetScreen(LabScreen):
                 limits=limits,
                 now=self.lab_app.clock(),
                 badges=alert_badges(view),
+                agent_version=view.agent_version,
             )
 
     def _cards(self) -> list[MachineCard]:

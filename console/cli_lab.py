@@ -1,8 +1,9 @@
 """`cetlab lab check [PATH]`: lab.yaml validated offline; `cetlab lab schema [-o FILE]`: its JSON Schema.
 
 Neither dials a machine. The check prints each problem as ``lab.yaml:LINE:COL: message`` (the form editors and CI
-annotate) and exits 1 on any; the schema is what the yaml-language-server modeline at the top of a lab.yaml names,
-so an editor checks keys and types while one types.
+annotate) and exits 2 on any, as every `cetlab` verb does for an invalid lab.yaml; the schema is what the
+yaml-language-server modeline at the top of a lab.yaml names, so an editor checks keys and types while one types.
+`cetlab lab doctor` (console/cli_doctor.py) is the lab verb that dials every machine.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 
 from agents.wire.lab.check import check, lab_schema
-from console.cli import EXIT_FAILED, EXIT_OK, find_lab
+from console.cli import EXIT_OK, EXIT_USAGE, find_lab
 
 
 async def cmd_check(args: argparse.Namespace) -> int:
@@ -25,7 +26,7 @@ async def cmd_check(args: argparse.Namespace) -> int:
         print(problem)
     if lab is not None and not args.json:
         print(f"{path}: lab {lab.lab}: {len(lab.machines)} machines, {len(lab.models)} models: valid")
-    return EXIT_FAILED if problems else EXIT_OK
+    return EXIT_USAGE if problems else EXIT_OK
 
 
 async def cmd_schema(args: argparse.Namespace) -> int:
@@ -41,7 +42,9 @@ async def cmd_schema(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("lab", help="lab.yaml itself: check it offline, write its JSON Schema; the doctor of every machine")
     verbs = p.add_subparsers(dest="lab_verb", required=True, metavar="check|schema|doctor")
-    check_p = verbs.add_parser("check", help="validate lab.yaml without dialling any machine (exit 1 on problems)")
+    check_p = verbs.add_parser(
+        "check", help="validate lab.yaml without dialling any machine (exit 2 on problems, as for an invalid lab.yaml)"
+    )
     check_p.add_argument("path", nargs="?", help="the file (default: --lab, $CETLAB_LAB, else ./lab.yaml)")
     check_p.set_defaults(standalone=cmd_check)
     schema_p = verbs.add_parser("schema", help="the JSON Schema of lab.yaml (for editors: yaml-language-server)")

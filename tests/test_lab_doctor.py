@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import threading
 
 from agents import __version__
@@ -12,11 +15,12 @@ from agents.shell.doctor import FAIL, OK, Check, run_checks
 from agents.wire.catalogue.doctor import DOCTOR_RUN, DoctorParams
 from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_SWAP, SwapParams
+from agents.wire.entry import EXIT_BROKEN_PIPE
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, Hello, RemoteError, Role
 from console.cli import Context, status_human, status_json
 from console.cli_doctor import cmd_doctor
-from tests.conftest import wait_for
+from tests.conftest import REPO, wait_for
 
 P40 = {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250}
 TWO = {
@@ -193,3 +197,34 @@ async def test_a_machine_without_the_gateway_lacks_nothing(in_process):
     client = await connected(lab)
     assert client.state.machines["box"].lacking() == {}  # gateway.* are not served here, and known
     assert "older than this console" not in status_human(status_json(client.state))
+
+
+# ---------------------------------------------------------------------------- the agent's CLI (issue 32 item 10)
+
+
+def agent_cli(*args: str, cwd, stdout=subprocess.PIPE) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "agents.shell.daemon", *args], stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env
+    )
+
+
+def test_a_bare_doctor_where_lab_yaml_names_no_machine_like_this_host_runs_the_preflight(tmp_path, lab_file):
+    lab_file({"lab": "t", "machines": [{"name": "not-this-host", "gpus": "none"}]})
+    proc = agent_cli("doctor", "--json", cwd=tmp_path)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err  # before: exit 2, "no machine named like this host"
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert checks["lab.yaml"]["level"] == "WARN" and "its machines: not-this-host" in checks["lab.yaml"]["message"]
+    assert checks["lab.yaml"]["fix"] == "cetlab-agent doctor --lab lab.yaml --machine not-this-host"
+    assert {"gpus", "torch", "disk"} <= set(checks)
+
+
+def test_the_agents_cli_exits_quietly_when_its_reader_has_gone(tmp_path, lab_file):
+    """`cetlab-agent doctor | head -3`: the reader leaves; before, a "Broken pipe" error and exit 1."""
+    lab = lab_file()
+    proc = agent_cli("doctor", "--lab", str(lab), "--machine", "box", "--state-dir", str(tmp_path / "s"), cwd=tmp_path)
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader is gone before a byte is written: every write the doctor makes meets a closed pipe
+    err = proc.stderr.read() if proc.stderr else ""
+    assert proc.wait(timeout=120) == EXIT_BROKEN_PIPE and err == ""

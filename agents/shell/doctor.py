@@ -328,12 +328,20 @@ def check_trainers(lab: Lab, machine: str) -> list[Check]:
     return checks
 
 
-def run_machine_checks(lab_path: Path, machine: str, state_dir: Path | None) -> list[Check]:
-    """Before lab.yaml exists: what this machine can do on its own (NVML, torch and its CUDA kernels per GPU, disk, clock)."""
-    lab_line = Check(
-        "lab.yaml",
-        WARN,
-        f"{lab_path} not found: this machine's own checks only (engines, keys and what lab.yaml places on each GPU need it)",
+def run_machine_checks(lab_path: Path, machine: str, state_dir: Path | None, names: list[str] | None = None) -> list[Check]:
+    """Before lab.yaml exists (or names this machine, ``names`` being its machines): what this machine can do on its own
+    (NVML, torch and its CUDA kernels per GPU, disk, clock)."""
+    needs = "engines, keys and what lab.yaml places on each GPU need it"
+    lab_line = (
+        Check("lab.yaml", WARN, f"{lab_path} not found: this machine's own checks only ({needs})")
+        if names is None
+        else Check(
+            "lab.yaml",
+            WARN,
+            f"{lab_path} names no machine like this host ({machine!r}): this machine's own checks only ({needs}); "
+            f"its machines: {', '.join(names)}",
+            f"cetlab-agent doctor --lab {lab_path} --machine {names[0] if names else 'NAME'}",
+        )
     )
     return [
         lab_line,

@@ -15,7 +15,8 @@ from agents.gateway.metering import Meter
 from agents.gateway.reach import Reach
 from agents.gateway.router import Router, Target
 from agents.orchestra.port import ModelsPort
-from agents.runtime.peers import PeerClient, PeerLinkState
+from agents.runtime.peer_links import PeerLinkState
+from agents.runtime.peers import PeerClient
 from agents.wire.catalogue.gateway import (
     GATEWAY_KEYS_ADD,
     GATEWAY_KEYS_LIST,

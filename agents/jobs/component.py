@@ -41,7 +41,7 @@ from agents.wire.sections.jobs import JobDetail, JobInfo
 from agents.wire.states import JOB_ACTIVE, JobState
 
 if TYPE_CHECKING:
-    from agents.runtime.peers import PeerLinkState  # asyncssh: imported where a multi-node job starts here only
+    from agents.runtime.peer_links import PeerLinkState
 
 log = logging.getLogger("cetlab.jobs")
 

@@ -6,14 +6,14 @@ import asyncio
 import logging
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import asyncssh
 
 from agents.runtime.keys import ensure_key
 from agents.runtime.link import Link, LinkCore, LinkSettings, Transport
+from agents.runtime.peer_links import PeerLinkState
 from agents.runtime.view import LabView, MachineView
 from agents.wire.lab.model import Lab
 from agents.wire.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, LinkStatus, RemoteError
@@ -62,38 +62,6 @@ async def _forward(conn: asyncssh.SSHClientConnection, path: str, port: int) -> 
             writer.close()
 
     return await asyncio.start_unix_server(handle, path, backlog=TUNNEL_BACKLOG, limit=TUNNEL_CHUNK_BYTES)
-
-
-@dataclass(frozen=True)
-class PeerLinkState:
-    """One link of this agent to a peer, for the doctor: which key, which known_hosts, the role it needs there."""
-
-    purpose: str  # what the link is for: "gateway", "multi-node"
-    machine: str
-    status: LinkStatus
-    error: str | None
-    key_path: Path
-    known_hosts: Path
-    role: str  # the role the peer must give this agent's key
-
-    def fix(self, lab: Lab) -> str | None:
-        """The one command, run on this agent's machine, that makes the link work (None: it works, or waiting will do)."""
-        peer = lab.machine(self.machine)
-        if self.status is LinkStatus.UNTRUSTED:
-            return (
-                f"ssh {peer.host} cetlab-agent host-key --machine {peer.name} "
-                f"| sed 's/^/[{peer.host}]:{peer.port} /' >> {self.known_hosts}"
-            )
-        if self.status is LinkStatus.REFUSED:
-            return f"ssh {peer.host} cetlab-agent authorize --machine {peer.name} --role {self.role} - < {self.key_path}.pub"
-        return None
-
-
-@runtime_checkable
-class PeerLinksPort(Protocol):
-    """A component that keeps links to peers (the gateway, a multi-node coordinator): their states, for the doctor."""
-
-    def peer_links(self) -> list[PeerLinkState]: ...
 
 
 class PeerClient:

@@ -76,6 +76,21 @@ def check_torch(lab: Lab | None, machine: str) -> Check:
     )
 
 
+def check_torch_probed(lab: Lab, machine: str) -> Check:
+    """The agent's own Python's torch, read in a subprocess (an agent that imported torch would keep its memory)."""
+    import sys
+
+    from agents.runtime.torch_probe import TorchReader
+
+    found = TorchReader().probe(sys.executable)
+    if found.error is not None:
+        return Check("torch", WARN, f"{found.error}: trainers that need it will fail", f"{sys.executable} -m pip install torch")
+    simulated = isinstance(lab.machine(machine).gpus, SimGpus) or lab.machine(machine).gpus == "none"
+    if found.cuda is None and not simulated:
+        return Check("torch", WARN, f"{found.version}, a CPU build: trainers run on the CPU")
+    return Check("torch", OK, f"{found.version}" + (f", CUDA {found.cuda}" if found.cuda else ", a CPU build"))
+
+
 def check_engines(lab: Lab, machine: str) -> list[Check]:
     """Each engine's own line on its install here (a model of this machine using it makes a missing one a FAIL)."""
     from agents.orchestra.engines import ENGINES
@@ -270,16 +285,18 @@ def check_clock() -> Check:
 Step = tuple[str, Callable[[], list[Check]]]  # what it checks (said when it runs out of time), and the check
 
 
-def check_steps(lab: Lab, machine: str, state_dir: Path, held: frozenset[int] = frozenset()) -> list[Step]:
-    """The doctor of a machine with its lab.yaml entry, step by step (a running agent runs them with a deadline)."""
+def check_steps(lab: Lab, machine: str, state_dir: Path, held: frozenset[int] | None = None) -> list[Step]:
+    """The doctor of a machine with its lab.yaml entry, step by step. A running agent runs them with a deadline, and
+    passes ``held`` (the ports it holds itself): there torch is read in a subprocess, never imported into the agent."""
+    in_agent = held is not None
     return [
         ("gpus", lambda: [check_gpus(lab, machine)]),
-        ("torch", lambda: [check_torch(lab, machine), *check_precision()]),
+        ("torch", lambda: [check_torch_probed(lab, machine)] if in_agent else [check_torch(lab, machine), *check_precision()]),
         ("gpu support", lambda: check_gpu_support(lab, machine)),
         ("trainers", lambda: check_trainers(lab, machine)),
         ("engines", lambda: check_engines(lab, machine)),
         ("models", lambda: check_models(lab, machine)),
-        ("ports", lambda: check_ports(lab, machine, held)),
+        ("ports", lambda: check_ports(lab, machine, held or frozenset())),
         ("keys", lambda: check_state_dir(state_dir, ssh_server=lab.machine(machine).via == "agent", machine=machine)),
         ("disk", lambda: [check_disk(lab, state_dir)]),
         ("clock", lambda: [check_clock()]),

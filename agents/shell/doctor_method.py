@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from agents import __version__
-from agents.runtime.peers import PeerLinksPort
+from agents.runtime.peer_links import PeerLinksPort
 from agents.shell.doctor import FAIL, OK, WARN, Check, check_steps
 from agents.wire.catalogue.doctor import DOCTOR_RUN, DoctorCheck, DoctorParams, DoctorReport
 from agents.wire.protocol import LinkStatus

@@ -61,17 +61,12 @@ def doctor_human(data: dict[str, Any]) -> str:
             if RANK[check["level"]] >= RANK.get(cells.get(name, "OK"), 0):
                 cells[name] = check["level"]
     names = list(machines)
+    agents = [f"cetlab {machines[n]['agent_version']}" if machines[n]["reached"] else "UNREACHABLE" for n in names]
     first = max([len("check"), *(len(r) for r in rows)])
-    widths = [max(len(n), 11) for n in names]
+    widths = [max(len(n), len(a)) for n, a in zip(names, agents)]
     lines = [f"lab {data['lab']}: doctor of {len(names)} machines", ""]
-    lines.append(f"{'check':<{first}}  " + "  ".join(f"{n:<{w}}" for n, w in zip(names, widths)))
-    lines.append(
-        f"{'agent':<{first}}  "
-        + "  ".join(
-            f"{(('cetlab ' + machines[n]['agent_version']) if machines[n]['reached'] else 'UNREACHABLE'):<{w}}"
-            for n, w in zip(names, widths)
-        )
-    )
+    lines.append(f"{'check':<{first}}  " + "  ".join(f"{n:<{w}}" for n, w in zip(names, widths)).rstrip())
+    lines.append(f"{'agent':<{first}}  " + "  ".join(f"{a:<{w}}" for a, w in zip(agents, widths)).rstrip())
     for row, cells in rows.items():
         lines.append(
             f"{row:<{first}}  "

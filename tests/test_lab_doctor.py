@@ -229,3 +229,21 @@ def test_the_agents_cli_exits_quietly_when_its_reader_has_gone(tmp_path, lab_fil
     proc.stdout.close()  # the reader is gone before a byte is written: every write the doctor makes meets a closed pipe
     err = proc.stderr.read() if proc.stderr else ""
     assert proc.wait(timeout=120) == EXIT_BROKEN_PIPE and err == ""
+
+
+def test_lab_doctor_over_ssh_asks_the_running_agent(small_demo):
+    """The whole path: the CLI, SSH, the agent's operator method, its checks in a thread, the matrix and --json."""
+    done = subprocess.run(
+        [sys.executable, "-m", "console.cli", "--lab", str(small_demo.lab_path), "--json", "lab", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    data = json.loads(done.stdout)
+    box = data["machines"]["box"]
+    assert box["reached"] and box["agent_version"] == __version__ and box["complete"], done.stdout + done.stderr
+    checks = {c["name"]: c for c in box["checks"]}
+    assert checks["agent port"]["message"].endswith("held by this agent")  # its own port, not a conflict
+    assert checks["host key"]["level"] == "OK" and checks["authorized keys"]["level"] == "OK"
+    assert done.returncode == (0 if data["ok"] else 1)

@@ -50,9 +50,18 @@ async def test_doctor_run_answers_the_machines_checks_and_its_peer_links_with_th
     assert checks["state dir"].level == "OK"  # the running agent's own state dir, mode 700
     assert checks["torch"].level in ("OK", "WARN") and "precision cuda:0" not in checks  # read in a subprocess
     # the gateway on box needs ghost (no agent there): box's side of the pair, with the command that fixes it
-    peer = await wait_for(lambda: (c := doctor_method.peer_checks(lab.agents["box"])) and c[0].level == FAIL and c[0])
+    def ghost_link():
+        found = {c.name: c for c in doctor_method.peer_checks(lab.agents["box"])}.get("peer → ghost")
+        return found if found is not None and found.level == FAIL else None
+
+    peer = await wait_for(ghost_link)
     assert peer.name == "peer → ghost" and "gateway link to ghost" in peer.message
     assert "peer → ghost" in checks
+    assert checks["peer file peer_ed25519_key"].level == "OK"  # made at the gateway's start, mode 600
+    key = lab.agents["box"].state_dir / "peer_ed25519_key"
+    key.chmod(0o644)
+    opened = {c.name: c for c in doctor_method.peer_checks(lab.agents["box"])}["peer file peer_ed25519_key"]
+    assert opened.level == FAIL and opened.fix == f"chmod 600 {key}"
 
 
 async def test_doctor_run_needs_an_operator(in_process):

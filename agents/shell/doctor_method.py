@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import stat
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
@@ -71,13 +73,31 @@ def held_ports() -> frozenset[int]:
     return frozenset(ports)
 
 
+def peer_file_checks(key: Path, known_hosts: Path) -> list[Check]:
+    """The peer key readable by this agent's user only; its known hosts writable by no one else (else anyone could add one)."""
+    checks = []
+    for path, too_open, want in ((key, stat.S_IRWXG | stat.S_IRWXO, 0o600), (known_hosts, stat.S_IWGRP | stat.S_IWOTH, 0o600)):
+        if not path.exists():
+            continue
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & too_open:
+            checks.append(Check(f"peer file {path.name}", FAIL, f"{path} is too open (mode {mode:o})", f"chmod {want:o} {path}"))
+        else:
+            checks.append(Check(f"peer file {path.name}", OK, f"{path} (mode {mode:o})"))
+    return checks
+
+
 def peer_checks(agent: Agent) -> list[Check]:
-    """This agent to each peer it needs (the gateway's machines, a multi-node coordinator's nodes), with the fix."""
+    """This agent to each peer it needs (the gateway's machines, a multi-node coordinator's nodes), with the fix; and
+    the files of each of its peer keys."""
     checks = []
     for component in agent.components:
         if not isinstance(component, PeerLinksPort):
             continue
-        for link in component.peer_links():
+        links = component.peer_links()
+        if links:
+            checks += peer_file_checks(links[0].key_path, links[0].known_hosts)
+        for link in links:
             level = OK if link.status is LinkStatus.ONLINE else WARN if link.status is LinkStatus.CONNECTING else FAIL
             said = f"{link.purpose} link to {link.machine}: {link.status}" + (f" ({link.error})" if link.error else "")
             checks.append(Check(f"peer → {link.machine}", level, said, link.fix(agent.lab)))

@@ -2,7 +2,8 @@
 
 Exit codes: 0 done (for `status`: the lab loaded, whatever the machines say); 1 the
 operation failed (the agent answered with an error, or no machine could be reached
-for it); 2 bad usage or an invalid lab.yaml; 130 interrupted.
+for it); 2 bad usage or an invalid lab.yaml (`lab check` too); 130 interrupted; 141
+the reader of its output left (agents/wire/entry.py).
 """
 
 from __future__ import annotations

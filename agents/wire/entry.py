@@ -25,13 +25,9 @@ def quiet_pipe(main: Callable[Args, int | None]) -> Callable[Args, int]:
     def entry(*args: Args.args, **kwargs: Args.kwargs) -> int:
         try:
             try:
-                code = main(*args, **kwargs) or 0
-            except SystemExit as exc:  # argparse's --help and usage errors: their text is flushed here, as it would be at exit
-                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-                if not isinstance(exc.code, int | None):
-                    print(exc.code, file=sys.stderr)
-            sys.stdout.flush()
-            return code
+                return main(*args, **kwargs) or 0
+            finally:  # what is buffered (argparse's --help and usage text too) is written here, not in the last flush
+                sys.stdout.flush()
         except BrokenPipeError:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())

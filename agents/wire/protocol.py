@@ -212,7 +212,7 @@ class Hello(Snapshot):
     sample_interval_s: float
     started_at: float
     # every method its version's catalogue has (served here or not: the gateway's only where it runs); None: an older agent
-    methods: list[str] | None = None
+    methods: list[Annotated[str, Field(max_length=100)]] | None = Field(default=None, max_length=2000)
 
 
 # ---------------------------------------------------------------------------- methods

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from agents.wire.catalogue.doctor import DOCTOR_RUN, DOCTOR_TIMEOUT_S, DoctorParams, DoctorReport
+from agents.wire.catalogue.doctor import DOCTOR_MAX_TIMEOUT_S, DOCTOR_RUN, DOCTOR_TIMEOUT_S, DoctorParams, DoctorReport
 from agents.wire.lab.model import Lab
 from agents.wire.protocol import ErrorCode, LinkStatus, RemoteError
 from console.cli import EXIT_FAILED, EXIT_OK, Context, positive_seconds
@@ -19,6 +19,14 @@ from console.client import FleetClient
 
 RANK = {"OK": 0, "WARN": 1, "FAIL": 2}
 SAID = {"OK": "ok", "WARN": "WARN", "FAIL": "FAIL"}
+
+
+def within_seconds(text: str) -> float:
+    """An argparse type: seconds above 0, at most what doctor.run takes (DoctorParams)."""
+    value = positive_seconds(text)
+    if value > DOCTOR_MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"{text} s: at most {DOCTOR_MAX_TIMEOUT_S:.0f}")
+    return value
 
 
 def unreachable_fix(lab: Lab, client: FleetClient, machine: str, exc: RemoteError) -> str:
@@ -105,8 +113,8 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("machine", nargs="*", help="only these machines (default: all)")
     p.add_argument(
         "--within",
-        type=positive_seconds,
+        type=within_seconds,
         default=DOCTOR_TIMEOUT_S,
-        help=f"seconds each machine has for its checks (default {DOCTOR_TIMEOUT_S:.0f})",
+        help=f"seconds each machine has for its checks (default {DOCTOR_TIMEOUT_S:.0f}, at most {DOCTOR_MAX_TIMEOUT_S:.0f})",
     )
     p.set_defaults(func=cmd_doctor)

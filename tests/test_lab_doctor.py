@@ -49,6 +49,7 @@ async def test_doctor_run_answers_the_machines_checks_and_its_peer_links_with_th
     assert checks["gpus"].level == "OK" and "SIMULATED" in checks["gpus"].message
     assert checks["state dir"].level == "OK"  # the running agent's own state dir, mode 700
     assert checks["torch"].level in ("OK", "WARN") and "precision cuda:0" not in checks  # read in a subprocess
+
     # the gateway on box needs ghost (no agent there): box's side of the pair, with the command that fixes it
     def ghost_link():
         found = {c.name: c for c in doctor_method.peer_checks(lab.agents["box"])}.get("peer → ghost")

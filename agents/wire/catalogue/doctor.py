@@ -10,11 +10,14 @@ from agents.wire.catalogue.method import OP, Method, Params
 from agents.wire.sections.base import Section
 
 DOCTOR_TIMEOUT_S = 60.0  # the torch probe alone may take 20 s per Python on a loaded machine
+DOCTOR_MAX_TIMEOUT_S = 300.0
 Level = Literal["OK", "WARN", "FAIL"]
 
 
 class DoctorParams(Params):
-    timeout_s: float = Field(default=DOCTOR_TIMEOUT_S, gt=0, le=300)  # the checks not done by then are said to be so
+    timeout_s: float = Field(
+        default=DOCTOR_TIMEOUT_S, gt=0, le=DOCTOR_MAX_TIMEOUT_S
+    )  # the checks not done by then are said to be so
 
 
 class DoctorCheck(Section):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -78,8 +79,10 @@ async def test_doctor_run_needs_an_operator(in_process):
 
 async def test_checks_past_the_deadline_are_said_and_the_agent_keeps_answering(in_process, monkeypatch):
     release = threading.Event()
+    runs = []
 
     def steps(lab, machine, state_dir, held):
+        runs.append(machine)
         return [
             ("quick", lambda: [Check("quick", OK, "done")]),
             ("torch", lambda: [release.wait(60) and Check("torch", OK, "late")]),
@@ -94,6 +97,10 @@ async def test_checks_past_the_deadline_are_said_and_the_agent_keeps_answering(i
         assert [c.name for c in report.checks] == ["quick", "doctor: torch"]
         assert "did not finish within" in report.checks[1].message and "--within" in (report.checks[1].fix or "")
         assert await client.call("box", "ping")  # the loop was never blocked
+        again = await asyncio.gather(
+            *(request(client, "box", DOCTOR_RUN, DoctorParams(timeout_s=0.2), timeout=60) for _ in range(5))
+        )
+        assert runs == ["box"] and not any(r.complete for r in again)  # one run in flight at a time: no thread per call
     finally:
         release.set()
 

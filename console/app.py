@@ -16,6 +16,7 @@ from textual.binding import Binding
 from textual.notifications import Notification, SeverityLevel
 from textual.screen import Screen
 
+from agents.wire.entry import quiet_pipe
 from agents.wire.events import Notice, NoticeLevel, PushEvent
 from agents.wire.lab.model import Lab, LabError, load_lab
 from agents.wire.protocol import EVENT_NOTICE, EVENT_TICK
@@ -169,6 +170,7 @@ class CetlabApp(App[None]):
             await self.switch_mode("fleet")
 
 
+@quiet_pipe
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cetlab-console", description="The cetlab console: your GPU lab, live.")
     parser.add_argument("--lab", help="lab.yaml (default: $CETLAB_LAB, else ./lab.yaml)")

@@ -2,7 +2,8 @@
 
 Exit codes: 0 done (for `status`: the lab loaded, whatever the machines say); 1 the
 operation failed (the agent answered with an error, or no machine could be reached
-for it); 2 bad usage or an invalid lab.yaml; 130 interrupted.
+for it); 2 bad usage or an invalid lab.yaml (`lab check` too); 130 interrupted; 141
+the reader of its output left (agents/wire/entry.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from agents.wire.catalogue.method import Method, params_error, request, request_all
+from agents.wire.catalogue.verbs import lacking_said
 from agents.wire.lab.model import Lab, LabError, load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from console import openssh
@@ -153,6 +155,8 @@ def status_json(state: LabState) -> dict[str, Any]:
         if not view.online:
             entry["error"] = view.error or view.link
             entry["last_seen"] = view.last_seen
+        entry["agent_version"] = view.agent_version  # and what this console can do that it cannot: `cetlab lab upgrade`
+        entry["lacks"] = view.lacking()
         machines.append(entry)
     return {"lab": state.lab.lab, "lab_version": state.lab_version, "machines": machines}
 
@@ -166,12 +170,14 @@ def status_human(data: dict[str, Any]) -> str:
             continue
         lines.append(
             f"{m['name']:<14} online{sim}  cpu {fmt(m['cpu_pct'], '.0f', '%')}  ram {fmt_bytes(m['ram_used_bytes'])}/{fmt_bytes(m['ram_total_bytes'])}"
-            f"  lab.yaml {m['lab_version'] or '?'}"
+            f"  lab.yaml {m['lab_version'] or '?'}" + (f"  cetlab {m['agent_version']}" if m["agent_version"] else "")
         )
         if m["lab_differs"]:
             lines.append(f"  runs lab.yaml {m['lab_version']}, not the workstation's {data['lab_version']}: `cetlab lab push`")
         if m.get("lab_restart_pending"):
             lines.append(f"  lab.yaml at the next start: {', '.join(m['lab_restart_pending'])}")
+        if m["lacks"]:
+            lines.append(f"  {lacking_said(m['agent_version'], m['lacks'])}")
         if m["gpu_status"]:
             lines.append(f"  {m['gpu_status']}")
         lines += [f"  section {f['section']} FAILED ({f['phase']}): {f['error']}" for f in m["sections_failed"]]

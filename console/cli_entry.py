@@ -15,8 +15,9 @@ import gc
 import os
 import sys
 
+from agents.wire.entry import EXIT_BROKEN_PIPE  # what a shell reports for a writer whose reader left
+
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as `main` answers a Ctrl-C during a verb
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
 
 
 def entry() -> None:

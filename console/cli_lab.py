@@ -2,10 +2,11 @@
 `cetlab lab push` and `cetlab lab rollback [MACHINE...]`: the workstation's lab.yaml onto every agent, and back.
 
 Neither check nor schema dials a machine. The check prints each problem as ``lab.yaml:LINE:COL: message`` (the form
-editors and CI annotate) and exits 1 on any; the schema is what the yaml-language-server modeline at the top of a
+editors and CI annotate) and exits 2 on any, as every `cetlab` verb does for an invalid lab.yaml; the schema is what the yaml-language-server modeline at the top of a
 lab.yaml names, so an editor checks keys and types while one types. Push sends the text with the console's pinned
 host keys of the lab's machines and the peer keys each agent said in its hello; each agent validates, keeps the
 previous one, and applies what it can live (agents/shell/labpush.py); exit 1 when any machine did not take it.
+`cetlab lab doctor` (console/cli_doctor.py) runs every machine's doctor over the wire.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from agents.wire.catalogue.lab import LAB_APPLY, LAB_ROLLBACK, LabApplied, LabAp
 from agents.wire.lab.check import check, lab_schema
 from agents.wire.lab.model import Lab
 from agents.wire.protocol import ErrorCode, PeerKeys, RemoteError
-from console.cli import EXIT_FAILED, EXIT_OK, Context, find_lab, say
+from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context, find_lab, say
 from console.client import host_pattern
 
 
@@ -34,7 +35,7 @@ async def cmd_check(args: argparse.Namespace) -> int:
         print(problem)
     if lab is not None and not args.json:
         print(f"{path}: lab {lab.lab}: {len(lab.machines)} machines, {len(lab.models)} models: valid")
-    return EXIT_FAILED if problems else EXIT_OK
+    return EXIT_USAGE if problems else EXIT_OK
 
 
 async def cmd_schema(args: argparse.Namespace) -> int:
@@ -138,9 +139,11 @@ async def cmd_rollback(ctx: Context) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("lab", help="lab.yaml itself: check it offline, write its JSON Schema, push it to the agents")
-    verbs = p.add_subparsers(dest="lab_verb", required=True, metavar="check|schema|push|rollback")
-    check_p = verbs.add_parser("check", help="validate lab.yaml without dialling any machine (exit 1 on problems)")
+    p = sub.add_parser("lab", help="lab.yaml itself: check it offline, write its JSON Schema, push it, every machine's doctor")
+    verbs = p.add_subparsers(dest="lab_verb", required=True, metavar="check|schema|push|rollback|doctor")
+    check_p = verbs.add_parser(
+        "check", help="validate lab.yaml without dialling any machine (exit 2 on problems, as for an invalid lab.yaml)"
+    )
     check_p.add_argument("path", nargs="?", help="the file (default: --lab, $CETLAB_LAB, else ./lab.yaml)")
     check_p.set_defaults(standalone=cmd_check)
     schema_p = verbs.add_parser("schema", help="the JSON Schema of lab.yaml (for editors: yaml-language-server)")
@@ -157,3 +160,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rollback_p.add_argument("--lab", default=argparse.SUPPRESS, help="the lab.yaml naming the machines (as `cetlab --lab`)")
     rollback_p.add_argument("--dry-run", action="store_true", help="say what would change; change nothing")
     rollback_p.set_defaults(func=cmd_rollback)
+    from console.cli_doctor import register as register_doctor  # the one lab verb that dials the machines
+
+    register_doctor(verbs)

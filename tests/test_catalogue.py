@@ -220,6 +220,9 @@ async def test_every_method_answers_its_result_model(walk, lab):
     await walk(c["gateway.keys.list"])
     await walk(c["gateway.keys.revoke"], KeyNameParams(name="walker"))
     await walk(c["gateway.status"])
+    from agents.wire.catalogue.doctor import DoctorParams
+
+    assert (await walk(c["doctor.run"], DoctorParams(timeout_s=120))).checks
     audit = await walk(c["audit.list"], AuditListParams(limit=20))
     assert audit.entries and audit.entries[0].outcome == "ok"
     status = await walk(c["status"])

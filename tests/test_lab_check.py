@@ -1,4 +1,4 @@
-"""`cetlab lab check` (offline, file:line:col per problem, exit 1) and `cetlab lab schema` (lab.yaml's JSON Schema)."""
+"""`cetlab lab check` (offline, file:line:col per problem, exit 2 as for an invalid lab.yaml) and `cetlab lab schema` (lab.yaml's JSON Schema)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_check_prints_each_problem_at_its_line_and_column_and_exits_1(tmp_path):
     bad = tmp_path / "lab.yaml"
     bad.write_text(BAD)
     result = cetlab("lab", "check", str(bad))
-    assert result.returncode == 1, result
+    assert result.returncode == 2, result
     lines = result.stdout.splitlines()
     assert f"{bad}:4:5: machines[0].gpuz: unknown key (check the spelling; see docs/reference/lab-yaml.md)" in lines
     assert any(
@@ -36,7 +36,7 @@ def test_check_prints_each_problem_at_its_line_and_column_and_exits_1(tmp_path):
     # the cross-checks (a model on a machine lab.yaml lacks) come once the schema passes
     bad.write_text(BAD.replace("    gpuz: 1\n", "").replace("-8", "8"))
     result = cetlab("lab", "check", str(bad))
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stdout.startswith(f"{bad}:6:50: models[0].machine: no machine named 'nowhere'"), result.stdout
 
 
@@ -44,7 +44,7 @@ def test_check_of_broken_yaml_and_of_a_good_lab(tmp_path):
     broken = tmp_path / "lab.yaml"
     broken.write_text("lab: x\n machines: [\n")
     result = cetlab("lab", "check", str(broken))
-    assert result.returncode == 1 and result.stdout.startswith(f"{broken}:2:10: not valid YAML: "), result.stdout
+    assert result.returncode == 2 and result.stdout.startswith(f"{broken}:2:10: not valid YAML: "), result.stdout
     good = cetlab("--lab", str(ROOT / "lab.yaml"), "lab", "check")  # no machine is dialled: none runs here
     assert good.returncode == 0 and "valid" in good.stdout, good
 

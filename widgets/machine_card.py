@@ -16,8 +16,8 @@ from widgets.format import Thresholds, bar, fmt, fmt_ago, fmt_bytes
 from widgets.gpu_row import GpuLines
 from widgets.wire import safe_text, shown
 
-# header_line's arguments but the width: (name, role, link, error, last_seen, host, simulated, badges, now)
-HeaderArgs = tuple[str, str, LinkStatus, str | None, float | None, HostSample, bool, list[str], float]
+# header_line's arguments but the width: (name, role, link, error, last_seen, host, simulated, badges, now, agent_version)
+HeaderArgs = tuple[str, str, LinkStatus, str | None, float | None, HostSample, bool, list[str], float, str | None]
 
 
 def header_line(
@@ -30,6 +30,7 @@ def header_line(
     simulated: bool,
     badges: list[str],
     now: float,
+    agent_version: str | None = None,
     width: int | None = None,
 ) -> Text:
     """The card's first line; the host figures that do not fit `width` (None: no limit) drop, load first, then disk, then RAM.
@@ -61,11 +62,16 @@ def header_line(
     ]
     if host.load_1 is not None:
         figures.append(f"   load {host.load_1:.2f}")
+    if agent_version:  # the cetlab its agent runs: the first to go where the card is narrow
+        figures.append(f"   cetlab {agent_version}")
     room = None if width is None else width - line.cell_len
     for figure in figures:
         if room is not None and len(figure) > room:
             break  # in order of importance: what follows matters less
-        line.append(figure, style="dim" if figure.startswith("   load") else "default" if figure.startswith("   CPU") else "")
+        line.append(
+            figure,
+            style="dim" if figure.startswith(("   load", "   cetlab")) else "default" if figure.startswith("   CPU") else "",
+        )
         room = None if room is None else room - len(figure)
     return safe_text(line)
 
@@ -139,9 +145,10 @@ class MachineCard(Vertical, can_focus=True):
         limits: Thresholds,
         now: float,
         badges: list[str] | None = None,
+        agent_version: str | None = None,
     ) -> None:
         self.shown_version = version
-        self._header_args = (self.machine, role, link, error, last_seen, host, simulated, badges or [], now)
+        self._header_args = (self.machine, role, link, error, last_seen, host, simulated, badges or [], now, agent_version)
         self._show_header(header_line(*self._header_args, width=self._width))
         down = link != LinkStatus.ONLINE
         if self.has_class("offline") != down:

@@ -15,6 +15,7 @@ from agents.gateway.metering import Meter
 from agents.gateway.reach import Reach
 from agents.gateway.router import Router, Target
 from agents.orchestra.port import ModelsPort
+from agents.runtime.peer_links import PeerLinkState
 from agents.runtime.peers import PeerClient
 from agents.wire.catalogue.gateway import (
     GATEWAY_KEYS_ADD,
@@ -282,6 +283,10 @@ class GatewayComponent:
     def spend_by_day(self, since_day: str) -> dict[str, dict[str, float]]:
         """Provider -> day -> spend from since_day on (empty where this agent serves no gateway)."""
         return self.meter.spend_by_day(since_day) if self.enabled else {}
+
+    def peer_links(self) -> list[PeerLinkState]:
+        """PeerLinksPort: the gateway's links to the machines whose models it routes to (role gateway there)."""
+        return self.peers.link_states("gateway", "gateway") if self.peers is not None else []
 
     def section(self) -> GatewaySection | None:
         if not self.enabled:

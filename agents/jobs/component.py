@@ -13,7 +13,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -39,6 +39,9 @@ from agents.wire.protocol import ErrorCode, RemoteError, Telemetry
 from agents.wire.safe_read import READ_TIMEOUT_S, read_capped_async
 from agents.wire.sections.jobs import JobDetail, JobInfo
 from agents.wire.states import JOB_ACTIVE, JobState
+
+if TYPE_CHECKING:
+    from agents.runtime.peer_links import PeerLinkState
 
 log = logging.getLogger("cetlab.jobs")
 
@@ -382,6 +385,11 @@ class JobsComponent:
         return JobLogs(id=job.id, path=str(path), lines=lines, offset=offset, state=job.state, cut=cut)
 
     # -- state
+
+    def peer_links(self) -> list[PeerLinkState]:
+        """PeerLinksPort: a multi-node coordinator's links to its other nodes (role node there)."""
+        peers = self.coordinator.peers
+        return peers.link_states("multi-node", "node") if peers is not None else []
 
     def section(self) -> list[JobInfo]:
         now = time.time()

@@ -233,8 +233,18 @@ class LinkCore:
         catalogue; raises RemoteError (DISCONNECTED, TIMEOUT, the agent's own, or ReplyInvalid naming the field)."""
         from agents.wire.catalogue.index import CATALOGUE
         from agents.wire.catalogue.method import validate_reply  # deferred: ~100 models to build, not on a cold CLI's import path
+        from agents.wire.catalogue.verbs import lacks_error
 
-        raw = await self._call(machine, method, params, timeout)
+        hello = self.view.machines[machine].hello if machine in self.view.machines else None
+        if hello is not None and hello.methods is not None and method not in hello.methods and method in CATALOGUE:
+            raise lacks_error(machine, hello.agent_version, method)  # an older agent: said before asking it
+        try:
+            raw = await self._call(machine, method, params, timeout)
+        except RemoteError as exc:
+            said = hello is not None and hello.methods is not None  # else an older agent: its catalogue is not known
+            if exc.code == ErrorCode.METHOD_NOT_FOUND and method in CATALOGUE and not said:
+                raise lacks_error(machine, hello.agent_version if hello else None, method) from None
+            raise
         known = CATALOGUE.get(method)
         if known is not None:
             validate_reply(known, raw, machine)  # readers that want the model use catalogue.request(), which parses it again

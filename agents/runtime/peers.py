@@ -14,6 +14,7 @@ import asyncssh
 
 from agents.runtime.keys import ensure_key
 from agents.runtime.link import Link, LinkCore, LinkSettings, Transport
+from agents.runtime.peer_links import PeerLinkState
 from agents.runtime.view import LabView, MachineView
 from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import Lab
@@ -109,6 +110,12 @@ class PeerClient:
     def view(self, machine: str) -> MachineView:
         """What this agent knows of a peer: its link status and its last tick's typed sections."""
         return self.views.machines[machine]
+
+    def link_states(self, purpose: str, role: str) -> list[PeerLinkState]:
+        return [
+            PeerLinkState(purpose, name, link.status, link.error, self.key_path, self.known_hosts, role)
+            for name, link in self.links.items()
+        ]
 
     async def start(self) -> None:
         self._key = ensure_key(self.key_path, comment="cetlab-peer")

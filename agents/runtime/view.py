@@ -110,6 +110,20 @@ class MachineView:
         return workstation is not None and self.lab_version is not None and self.lab_version != workstation
 
     @property
+    def agent_version(self) -> str | None:
+        """The cetlab version the agent said in its hello (None before it answered)."""
+        return self.hello.agent_version if self.hello is not None else None
+
+    def lacking(self) -> dict[str, list[str]]:
+        """What this client's catalogue has that the agent does not serve, by the verb a user would use (an older agent)."""
+        from agents.wire.catalogue.index import CATALOGUE  # deferred: the catalogue's models, not on a cold CLI's import path
+        from agents.wire.catalogue.verbs import lacking
+
+        if self.hello is None or self.hello.methods is None:
+            return {}
+        return lacking(self.hello.methods, CATALOGUE)
+
+    @property
     def model_list(self) -> list[ModelInfo]:
         """The models of this machine's pool (none when it has no models section)."""
         return self.models.models if self.models else []

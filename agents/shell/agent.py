@@ -50,6 +50,7 @@ from agents.wire.catalogue.agent import (
     StatusReply,
     Topics,
 )
+from agents.wire.catalogue.index import CATALOGUE
 from agents.wire.catalogue.method import NoParams
 from agents.wire.events import PushEvent, TickEvent
 from agents.wire.lab.model import Lab
@@ -445,6 +446,7 @@ class Agent:
                 started_at=self.started_at,
                 lab_version=self.lab_section.version,
                 peer_keys=peer_keys_of(self),
+                methods=list(CATALOGUE),  # what this version knows: a newer console says what it lacks
             )
 
         @rpc.implements(PING)
@@ -495,6 +497,10 @@ class Agent:
         from agents.telemetry.sim import register_methods as register_sim_methods
 
         register_sim_methods(rpc, self.machine.name, self.gpus, lambda: len(self.latest.gpus) if self.latest is not None else 0)
+
+        from agents.shell.doctor_method import register as register_doctor
+
+        register_doctor(self)
 
         @rpc.implements(METHODS)
         async def methods(peer: Peer, _params: NoParams) -> MethodList:

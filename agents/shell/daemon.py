@@ -24,6 +24,7 @@ from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, AuthorizedK
 from agents.runtime.limits import RepeatFilter, ThrottledLog
 from agents.runtime.store import StoreError
 from agents.shell.systemd import Notifier, enable_commands, render_unit, status_line, tmp_path_warnings, unit_path
+from agents.wire.entry import quiet_pipe
 from agents.wire.lab.model import Lab, LabError, load_lab
 from agents.wire.protocol import Role
 
@@ -228,9 +229,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from agents.shell.doctor import FAIL, run_checks, run_machine_checks
 
     lab_path = Path(args.lab)
+    host = socket.gethostname().split(".")[0]
+    names = [m.name for m in load_lab(lab_path, engines=ENGINES).machines] if lab_path.exists() else []
     if not lab_path.exists():  # a new machine, pre-flighted before its lab.yaml is written
-        machine = args.machine or socket.gethostname().split(".")[0]
+        machine = args.machine or host
         checks = run_machine_checks(lab_path, machine, Path(args.state_dir) if args.state_dir else None)
+    elif args.machine is None and host not in names:  # a lab.yaml here (a checkout's) that does not name this machine
+        machine = host
+        checks = run_machine_checks(lab_path, machine, Path(args.state_dir) if args.state_dir else None, names)
     else:
         lab, machine = pick_machine(args.lab, args.machine)
         checks = run_checks(lab, machine, Path(args.state_dir) if args.state_dir else doctor_state_dir(lab_path, machine))
@@ -241,6 +247,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         width = max(len(c.name) for c in checks)
         for check in checks:
             print(f"{check.level:<4}  {check.name:<{width}}  {check.message}")
+            if check.fix:
+                print(f"{'':<4}  {'':<{width}}  fix: {check.fix}")
     return 1 if failed else 0
 
 
@@ -319,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@quiet_pipe
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_level)
@@ -327,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     except (LabError, KeyFileError) as exc:
         print(f"cetlab-agent: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `cetlab-agent doctor | head -3`: quiet_pipe ends it
+        raise
     except (OSError, StoreError) as exc:  # e.g. the port is taken, state.db cannot be opened
         print(f"cetlab-agent: {exc}", file=sys.stderr)
         return 1

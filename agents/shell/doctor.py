@@ -8,23 +8,28 @@ import shutil
 import socket
 import stat
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, KeyFileError, parse_authorized_keys
+from agents.wire.catalogue.doctor import Level
 from agents.wire.lab.model import Alerts, Lab, SimGpus
 
-OK, WARN, FAIL = "OK", "WARN", "FAIL"
+OK: Level = "OK"
+WARN: Level = "WARN"
+FAIL: Level = "FAIL"
 
 
 @dataclass(frozen=True)
 class Check:
     name: str
-    level: str
+    level: Level
     message: str
+    fix: str | None = None  # the one command that fixes it, where there is one
 
     def to_json(self) -> dict[str, str]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def check_gpus(lab: Lab | None, machine: str) -> Check:
@@ -69,6 +74,21 @@ def check_torch(lab: Lab | None, machine: str) -> Check:
         f"{torch.__version__}, torch.cuda.is_available() is False"
         + ("" if simulated else ": trainers run on the CPU (a CPU-only torch build, or a driver/CUDA mismatch)"),
     )
+
+
+def check_torch_probed(lab: Lab, machine: str) -> Check:
+    """The agent's own Python's torch, read in a subprocess (an agent that imported torch would keep its memory)."""
+    import sys
+
+    from agents.runtime.torch_probe import TorchReader
+
+    found = TorchReader().probe(sys.executable)
+    if found.error is not None:
+        return Check("torch", WARN, f"{found.error}: trainers that need it will fail", f"{sys.executable} -m pip install torch")
+    simulated = isinstance(lab.machine(machine).gpus, SimGpus) or lab.machine(machine).gpus == "none"
+    if found.cuda is None and not simulated:
+        return Check("torch", WARN, f"{found.version}, a CPU build: trainers run on the CPU")
+    return Check("torch", OK, f"{found.version}" + (f", CUDA {found.cuda}" if found.cuda else ", a CPU build"))
 
 
 def check_engines(lab: Lab, machine: str) -> list[Check]:
@@ -116,8 +136,10 @@ def check_models(lab: Lab, machine: str) -> list[Check]:
     return checks
 
 
-def check_ports(lab: Lab, machine: str) -> list[Check]:
-    """The ports this machine's entry names (the agent's, the gateway's, fixed engine ports): free, or who may hold them."""
+def check_ports(lab: Lab, machine: str, held: frozenset[int] = frozenset()) -> list[Check]:
+    """The ports this machine's entry names (the agent's, the gateway's, fixed engine ports): free, or who may hold them.
+
+    ``held``: the ports the running agent that asks holds itself (its SSH port, its gateway, its engines)."""
     here = lab.machine(machine)
     wanted: list[tuple[str, str, int]] = []
     if here.via == "agent":
@@ -127,6 +149,9 @@ def check_ports(lab: Lab, machine: str) -> list[Check]:
     wanted += [(f"port of {m.name}", "127.0.0.1", m.port) for m in lab.models if m.machine == machine and m.port]
     checks = []
     for name, host, port in wanted:
+        if port in held:
+            checks.append(Check(name, OK, f"{host}:{port} held by this agent"))
+            continue
         try:
             with socket.create_server((host, port)):
                 pass
@@ -135,8 +160,10 @@ def check_ports(lab: Lab, machine: str) -> list[Check]:
             checks.append(
                 Check(
                     name,
-                    WARN,
-                    f"{host}:{port}: {exc.strerror or exc}: the running agent's own, or find who holds it: `ss -ltnp 'sport = :{port}'`",
+                    WARN if not held else FAIL,  # asked of a running agent: not its own, so another process holds it
+                    f"{host}:{port}: {exc.strerror or exc}"
+                    + (": the running agent's own, or another process's" if not held else ""),
+                    fix=f"ss -ltnp 'sport = :{port}'",
                 )
             )
     return checks
@@ -166,14 +193,14 @@ def check_precision() -> list[Check]:
     return checks
 
 
-def check_state_dir(state_dir: Path, ssh_server: bool = True) -> list[Check]:
+def check_state_dir(state_dir: Path, ssh_server: bool = True, machine: str = "MACHINE") -> list[Check]:
     """ssh_server: the agent serves SSH itself (`via: agent`); a `via: sshd` agent makes and reads no host key."""
     if not state_dir.exists():
         return [Check("state dir", WARN, f"{state_dir} does not exist yet (the agent creates it, mode 700)")]
     mode = stat.S_IMODE(state_dir.stat().st_mode)
     checks = []
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        checks.append(Check("state dir", FAIL, f"{state_dir} is writable by others (mode {mode:o}); run: chmod 700 {state_dir}"))
+        checks.append(Check("state dir", FAIL, f"{state_dir} is writable by others (mode {mode:o})", f"chmod 700 {state_dir}"))
     else:
         checks.append(Check("state dir", OK, f"{state_dir} (mode {mode:o})"))
     host_key = state_dir / HOST_KEY_NAME
@@ -188,19 +215,30 @@ def check_state_dir(state_dir: Path, ssh_server: bool = True) -> list[Check]:
             Check(
                 "host key",
                 FAIL if too_open else OK,
-                f"{host_key} is too open (mode {key_mode:o}); run: chmod 600 {host_key}"
-                if too_open
-                else f"{host_key} (mode {key_mode:o})",
+                f"{host_key} is too open (mode {key_mode:o})" if too_open else f"{host_key} (mode {key_mode:o})",
+                f"chmod 600 {host_key}" if too_open else None,
             )
         )
     authorized = state_dir / AUTHORIZED_KEYS_NAME
     if not authorized.exists():
-        checks.append(Check("authorized keys", WARN, f"{authorized} missing: no console can log in (cetlab-agent authorize)"))
+        checks.append(
+            Check(
+                "authorized keys",
+                WARN,
+                f"{authorized} missing: no console can log in",
+                f"cetlab-agent authorize --machine {machine} --state-dir {state_dir} --role operator YOUR_KEY.pub",
+            )
+        )
     else:
         auth_mode = stat.S_IMODE(authorized.stat().st_mode)
+        if auth_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            checks.append(
+                Check(
+                    "authorized keys", FAIL, f"{authorized} is writable by others (mode {auth_mode:o})", f"chmod 600 {authorized}"
+                )
+            )
+            return checks
         try:
-            if auth_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                raise KeyFileError(f"{authorized} is writable by others (mode {auth_mode:o}); run: chmod 600 {authorized}")
             entries = parse_authorized_keys(authorized.read_text(), str(authorized))
             operators = sum(1 for e in entries if e.role == "operator")
             checks.append(
@@ -247,27 +285,83 @@ def check_clock() -> Check:
     )
 
 
-def run_checks(lab: Lab, machine: str, state_dir: Path) -> list[Check]:
+Step = tuple[str, Callable[[], list[Check]]]  # what it checks (said when it runs out of time), and the check
+
+
+def check_steps(lab: Lab, machine: str, state_dir: Path, held: frozenset[int] | None = None) -> list[Step]:
+    """The doctor of a machine with its lab.yaml entry, step by step. A running agent runs them with a deadline, and
+    passes ``held`` (the ports it holds itself): there torch is read in a subprocess, never imported into the agent."""
+    in_agent = held is not None
     return [
-        check_gpus(lab, machine),
-        check_torch(lab, machine),
-        *check_precision(),
-        *check_gpu_support(lab, machine),
-        *check_engines(lab, machine),
-        *check_models(lab, machine),
-        *check_ports(lab, machine),
-        *check_state_dir(state_dir, ssh_server=lab.machine(machine).via == "agent"),
-        check_disk(lab, state_dir),
-        check_clock(),
+        ("gpus", lambda: [check_gpus(lab, machine)]),
+        ("torch", lambda: [check_torch_probed(lab, machine)] if in_agent else [check_torch(lab, machine), *check_precision()]),
+        ("gpu support", lambda: check_gpu_support(lab, machine)),
+        ("trainers", lambda: check_trainers(lab, machine)),
+        ("engines", lambda: check_engines(lab, machine)),
+        ("models", lambda: check_models(lab, machine)),
+        ("ports", lambda: check_ports(lab, machine, held or frozenset())),
+        ("keys", lambda: check_state_dir(state_dir, ssh_server=lab.machine(machine).via == "agent", machine=machine)),
+        ("disk", lambda: [check_disk(lab, state_dir)]),
+        ("clock", lambda: [check_clock()]),
     ]
 
 
-def run_machine_checks(lab_path: Path, machine: str, state_dir: Path | None) -> list[Check]:
-    """Before lab.yaml exists: what this machine can do on its own (NVML, torch and its CUDA kernels per GPU, disk, clock)."""
-    lab_line = Check(
-        "lab.yaml",
-        WARN,
-        f"{lab_path} not found: this machine's own checks only (engines, keys and what lab.yaml places on each GPU need it)",
+def run_checks(lab: Lab, machine: str, state_dir: Path) -> list[Check]:
+    return [check for _what, step in check_steps(lab, machine, state_dir) for check in step()]
+
+
+def trainer_pythons(lab: Lab, machine: str) -> dict[str, list[str]]:
+    """The Python each recipe that runs here starts (as a node too), with the recipes that start it, in lab.yaml's order."""
+    from agents.runtime.torch_probe import python_of
+
+    found: dict[str, list[str]] = {}
+    for trainer in lab.trainers:
+        if machine not in ([n.machine for n in trainer.nodes] or [trainer.machine]):
+            continue
+        python = python_of(trainer.command[0])
+        if python is not None:
+            found.setdefault(python, []).append(trainer.name)
+    return found
+
+
+def check_trainers(lab: Lab, machine: str) -> list[Check]:
+    """Each Python this machine's recipes run: it starts, and has a torch (its kernels per GPU: `gpu N trainer torch`)."""
+    if isinstance(lab.machine(machine).gpus, SimGpus):
+        return []  # simulated GPUs: the recipes' torch is the simulation's (`stack trainer torch`)
+    from agents.runtime.torch_probe import TorchReader
+
+    reader = TorchReader()
+    checks = []
+    for python, recipes in trainer_pythons(lab, machine).items():
+        name = f"trainer python {python}"
+        said = f"recipe{'s' if len(recipes) > 1 else ''} {', '.join(recipes)}"
+        if shutil.which(python) is None and not Path(python).is_file():
+            checks.append(Check(name, FAIL, f"{said}: {python} not found", f"python3 -m venv {Path(python).parent.parent}"))
+            continue
+        found = reader.probe(python)
+        if found.error is not None:
+            level = WARN if found.timed_out else FAIL
+            checks.append(Check(name, level, f"{said}: {found.error}", f"{python} -m pip install torch"))
+        else:
+            build = f"CUDA {found.cuda}" if found.cuda else "a CPU build"
+            checks.append(Check(name, OK, f"{said}: torch {found.version}, {build}"))
+    return checks
+
+
+def run_machine_checks(lab_path: Path, machine: str, state_dir: Path | None, names: list[str] | None = None) -> list[Check]:
+    """Before lab.yaml exists (or names this machine, ``names`` being its machines): what this machine can do on its own
+    (NVML, torch and its CUDA kernels per GPU, disk, clock)."""
+    needs = "engines, keys and what lab.yaml places on each GPU need it"
+    lab_line = (
+        Check("lab.yaml", WARN, f"{lab_path} not found: this machine's own checks only ({needs})")
+        if names is None
+        else Check(
+            "lab.yaml",
+            WARN,
+            f"{lab_path} names no machine like this host ({machine!r}): this machine's own checks only ({needs}); "
+            f"its machines: {', '.join(names)}",
+            f"cetlab-agent doctor --lab {lab_path} --machine {names[0] if names else 'NAME'}",
+        )
     )
     return [
         lab_line,
@@ -275,7 +369,7 @@ def run_machine_checks(lab_path: Path, machine: str, state_dir: Path | None) -> 
         check_torch(None, machine),
         *check_precision(),
         *check_gpu_support(None, machine),
-        *(check_state_dir(state_dir) if state_dir is not None else []),
+        *(check_state_dir(state_dir, machine=machine) if state_dir is not None else []),
         check_disk(None, state_dir or Path.cwd()),
         check_clock(),
     ]
@@ -307,7 +401,8 @@ def check_gpu_support(lab: Lab | None, machine: str) -> list[Check]:
         if not gpus:
             return []
         reader = TorchReader()
-        stacks = real_stacks(reader, installed_stacks(reader))
+        pythons = list(trainer_pythons(lab, machine)) if lab is not None else []
+        stacks = real_stacks(reader, installed_stacks(reader), pythons[0] if pythons else None)
     placed: dict[tuple[int, StackKind], str] = {}  # (GPU, stack) -> what lab.yaml puts there
     for model in lab.models if lab is not None else []:
         engine = ENGINES.get(model.engine)
@@ -336,6 +431,8 @@ def check_gpu_support(lab: Lab | None, machine: str) -> list[Check]:
         for v in rows:
             if v.runs is False:
                 where = placed.get((gpu.index, v.kind))
+                if where is None and lab is not None and v.kind != StackKind.TORCH:
+                    continue  # nothing lab.yaml places here needs this engine: the summary's "no" says it
                 checks.append(
                     Check(f"gpu {gpu.index} {v.stack}", FAIL if where else WARN, (f"{where}: " if where else "") + v.message)
                 )

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agents.wire.entry import quiet_pipe
+
 EXIT_USAGE = 2
 
 
@@ -131,6 +133,7 @@ def demo_main(argv: list[str]) -> int:
     return 0
 
 
+@quiet_pipe
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "make-tiny":

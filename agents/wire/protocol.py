@@ -221,6 +221,8 @@ class Hello(Snapshot):
     started_at: float
     lab_version: str | None = None  # the short hash of the lab.yaml text it runs (None: an older agent)
     peer_keys: PeerKeys | None = None  # the keys the lab's other agents authorize (`cetlab lab push`)
+    # every method its version's catalogue has (served here or not: the gateway's only where it runs); None: an older agent
+    methods: list[Annotated[str, Field(max_length=100)]] | None = Field(default=None, max_length=2000)
 
 
 # ---------------------------------------------------------------------------- methods

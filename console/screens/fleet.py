@@ -9,6 +9,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Static
 
 from agents.runtime.view import MachineView
+from agents.wire.catalogue.verbs import lacking_said
 from console.screens.base import LabScreen
 from widgets.lab_header import LabHeader
 from widgets.machine_card import MachineCard
@@ -28,6 +29,8 @@ def card_note(view: MachineView) -> str | None:
         lines += [esc(f"{f.section} failed ({f.phase}): {f.error}") for f in view.faults.failed]
         if view.lab is not None and view.lab.restart_pending:
             lines.append(esc(f"lab.yaml at the next start: {', '.join(view.lab.restart_pending)}"))
+        lacks = view.lacking()
+        lines += [esc(lacking_said(view.agent_version, lacks))] if lacks else []
     return "\n".join(lines) or None
 
 
@@ -97,6 +100,7 @@ class FleetScreen(LabScreen):
                 limits=limits,
                 now=self.lab_app.clock(),
                 badges=alert_badges(view, state.lab_version),
+                agent_version=view.agent_version,
             )
 
     def _cards(self) -> list[MachineCard]:

@@ -30,6 +30,7 @@ from agents.wire.catalogue.checkpoints import (
     CHECKPOINTS_SERVE,
 )
 from agents.wire.catalogue.costs import COSTS_GET
+from agents.wire.catalogue.doctor import DOCTOR_RUN
 from agents.wire.catalogue.gateway import (
     GATEWAY_KEYS_ADD,
     GATEWAY_KEYS_LIST,
@@ -118,6 +119,7 @@ CATALOGUE: dict[str, Method[Any, Any]] = {
         GPUS_SUPPORT,
         LAB_APPLY,
         LAB_ROLLBACK,
+        DOCTOR_RUN,
     )
 }
 

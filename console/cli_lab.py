@@ -40,10 +40,13 @@ async def cmd_schema(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("lab", help="lab.yaml itself: check it offline, write its JSON Schema")
-    verbs = p.add_subparsers(dest="lab_verb", required=True, metavar="check|schema")
+    verbs = p.add_subparsers(dest="lab_verb", required=True, metavar="check|schema|upgrade")
     check_p = verbs.add_parser("check", help="validate lab.yaml without dialling any machine (exit 1 on problems)")
     check_p.add_argument("path", nargs="?", help="the file (default: --lab, $CETLAB_LAB, else ./lab.yaml)")
     check_p.set_defaults(standalone=cmd_check)
     schema_p = verbs.add_parser("schema", help="the JSON Schema of lab.yaml (for editors: yaml-language-server)")
     schema_p.add_argument("-o", "--output", help="write it to this file (default: stdout)")
     schema_p.set_defaults(standalone=cmd_schema)
+    from console.cli_machine import register_upgrade  # the roll-out shares machine add's steps
+
+    register_upgrade(verbs)

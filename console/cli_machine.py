@@ -16,6 +16,7 @@ from agents.wire.protocol import Role
 from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, find_lab, say
 from console.machine_ssh import MachineError, Target
 from console.machine_steps import AddOptions, StepTime, add, remove
+from console.machine_upgrade import upgrade
 
 
 def _printer(args: argparse.Namespace) -> Callable[[str], None]:
@@ -80,6 +81,26 @@ async def cmd_remove(args: argparse.Namespace) -> int:
     return _report(args, "remove", steps, None)
 
 
+async def cmd_upgrade(args: argparse.Namespace) -> int:
+    args.name = ",".join(args.machine) if args.machine else "all"
+    try:
+        steps, rolled_back = await upgrade(find_lab(args.lab), args.machine or [], args.dry_run, args.wait, _printer(args))
+    except MachineError as exc:
+        return _report(args, "upgrade", [], str(exc))
+    if rolled_back:
+        return _report(args, "upgrade", steps, f"rolled back: {', '.join(rolled_back)} (see above why)")
+    return _report(args, "upgrade", steps, None)
+
+
+def register_upgrade(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`cetlab lab upgrade`, under `lab` (console/cli_lab.py)."""
+    u = verbs.add_parser("upgrade", help="roll this build out to the machines added here, one at a time (rolls back)")
+    u.add_argument("--machine", action="append", type=_name, help="only this machine (repeat for several)")
+    u.add_argument("--wait", type=_seconds, default=60.0, help="seconds a machine has to come back (default 60)")
+    u.add_argument("--dry-run", action="store_true", help="print every command that would change something; change nothing")
+    u.set_defaults(standalone=cmd_upgrade)
+
+
 def _name(text: str) -> str:
     from pydantic import TypeAdapter, ValidationError
 
@@ -125,4 +146,3 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("--purge", action="store_true", help="also delete its state (runs, checkpoints, keys) and venvs there")
     r.add_argument("--dry-run", action="store_true", help="print every command that would change something; change nothing")
     r.set_defaults(standalone=cmd_remove)
-

@@ -3,6 +3,7 @@ known_hosts (the agent's pinned host key) and the record of how each machine was
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -43,18 +44,28 @@ def _dump(doc: Any) -> str:
     return out.getvalue()
 
 
-def _validated_write(path: Path, text: str, allow_no_machine: bool = False) -> None:
-    """Write only a lab.yaml that loads: checked as a file beside the real one (relative paths resolve the same)."""
+def load_problem(path: Path, doc: Any) -> str | None:
+    """Why this lab.yaml would not load (None: it loads), checked as a file beside the real one so relative paths
+    resolve the same. A lab whose last machine was removed is judged with a stand-in machine: empty is fine to keep
+    (the next `machine add` fills it), a model or trainer still placed on the removed one is not."""
+    probe = copy.deepcopy(doc)
+    if not probe.get("machines"):
+        probe["machines"] = [{"name": "stand-in", "gpus": "none"}]
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.new")
-    tmp.write_text(text)
+    tmp = path.with_name(f".{path.name}.check")
+    tmp.write_text(_dump(probe))
     try:
         load_lab(tmp)
     except LabError as exc:
-        empty = "machines" in str(exc) and "at least 1" in str(exc)
-        if not (allow_no_machine and empty):
-            tmp.unlink()
-            raise MachineError(f"the edited lab.yaml would not load, left unchanged:\n{exc}") from None
+        return str(exc)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return None
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.new")
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
@@ -88,8 +99,34 @@ def add_machine(path: Path, lab_name: str, name: str, host: str, port: int, gpus
     entry["gpus"] = gpus
     entry.yaml_add_eol_comment(f"added by `cetlab machine add` ({origin})", "name")
     machines.append(entry)
-    _validated_write(path, _dump(doc))
+    problem = load_problem(path, doc)
+    if problem is not None:
+        raise MachineError(f"with {name!r} added, {path} would not load; left unchanged:\n{problem}")
+    _write(path, _dump(doc))
     return True
+
+
+def _hand_on_trailing_comment(seq: Any, entry: Any) -> None:
+    """ruamel keeps the comment lines after a block entry on its last key: given to the entry before it, so removing the
+    last machine does not take the operator's comment about what follows (say, `models:`) with it."""
+    if not isinstance(entry, CommentedMap) or not entry or seq.index(entry) == 0:
+        return
+    last = list(entry.keys())[-1]
+    item = entry.ca.items.get(last)
+    if not item or len(item) < 3 or item[2] is None or "\n" not in item[2].value:
+        return
+    following = item[2].value.split("\n", 1)[1]  # the first line is the removed line's own end-of-line comment
+    before = seq[seq.index(entry) - 1]
+    if not isinstance(before, CommentedMap) or not before or not following.strip():
+        return
+    key = list(before.keys())[-1]
+    slot = before.ca.items.setdefault(key, [None, None, None, None])
+    if slot[2] is None:
+        token = copy.copy(item[2])
+        token.value = "\n" + following
+        slot[2] = token
+    else:
+        slot[2].value = slot[2].value.rstrip("\n") + "\n" + following
 
 
 def remove_machine(path: Path, name: str, dry_run: bool) -> bool:
@@ -101,22 +138,16 @@ def remove_machine(path: Path, name: str, dry_run: bool) -> bool:
     found = machine_entry(doc, name)
     if found is None:
         return False
+    _hand_on_trailing_comment(doc["machines"], found)
     doc["machines"].remove(found)
-    text = _dump(doc)
-    tmp = path.with_name(f".{path.name}.check")
-    tmp.write_text(text)
-    try:
-        load_lab(tmp)
-    except LabError as exc:
-        if doc["machines"]:  # the last machine gone leaves a lab to add one to, which is fine
-            raise MachineError(
-                f"removing {name!r} from {path} would leave a lab.yaml that does not load (move or remove what is "
-                f"placed on it first):\n{exc}"
-            ) from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    problem = load_problem(path, doc)
+    if problem is not None:
+        raise MachineError(
+            f"removing {name!r} from {path} would leave a lab.yaml that does not load (move or remove what is placed "
+            f"on it first):\n{problem}"
+        )
     if not dry_run:
-        _validated_write(path, text, allow_no_machine=True)
+        _write(path, _dump(doc))
     return True
 
 

@@ -22,7 +22,7 @@ FIND_PYTHON = (
     '|| { echo "no python3 on PATH" >&2; exit 127; }; exec "$PY" -'
 )
 
-PREFLIGHT = r'''
+PREFLIGHT = r"""
 import hashlib, json, os, platform, shutil, socket, subprocess, sys, time
 
 args = json.loads(sys.argv[1])
@@ -117,7 +117,7 @@ print(json.dumps({
     "wheelhouse_ready": os.path.exists(layout["wheelhouse"] + "/" + key + "/.complete"),
     "lab_sha256": sha(layout["lab"]),
 }))
-'''
+"""
 
 
 class Layout(BaseModel):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -163,7 +163,13 @@ def wheelhouse_key() -> str:
     if tree is None:
         return key
     digest = hashlib.sha256()
-    for path in sorted([tree / "pyproject.toml", tree / "lab.yaml", *[p for d in ("agents", "console", "widgets") for p in (tree / d).rglob("*")]]):
+    for path in sorted(
+        [
+            tree / "pyproject.toml",
+            tree / "lab.yaml",
+            *[p for d in ("agents", "console", "widgets") for p in (tree / d).rglob("*")],
+        ]
+    ):
         if path.is_file() and "__pycache__" not in path.parts:
             digest.update(str(path.relative_to(tree)).encode() + b"\0" + path.read_bytes())
     return f"{key}-{digest.hexdigest()[:10]}"

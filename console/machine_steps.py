@@ -110,7 +110,9 @@ def judge(pre: Preflight, port: int, skew_s: float) -> list[tuple[str, str, str]
     version = ".".join(map(str, pre.python_version))
     checks = [(OK if pre.os == "Linux" else WARN, "os", f"{pre.os_name or pre.os} ({pre.arch})")]
     if there < MIN_PYTHON:
-        checks.append((FAIL, "python", f"{pre.python} is {version}; fix: install Python 3.11 or newer (python3.11 and python3.11-venv)"))
+        checks.append(
+            (FAIL, "python", f"{pre.python} is {version}; fix: install Python 3.11 or newer (python3.11 and python3.11-venv)")
+        )
     elif there != here:
         checks.append(
             (FAIL, "python", f"{pre.python} is {version}, and this workstation builds wheels for {here[0]}.{here[1]}; fix: "
@@ -184,8 +186,11 @@ def share_lab(lab_path: Path, records: list[Record], skip: str, dry_run: bool, s
             say(f"  could not copy lab.yaml to {record.machine}: {exc}")
 
 
-async def wait_online(lab_path: Path, name: str, timeout_s: float) -> str:
-    """Dial the new agent as the console does (the pinned host key, the console's key) until it answers; its line."""
+async def wait_online(
+    lab_path: Path, name: str, timeout_s: float, started_after: float | None = None, version: str | None = None
+) -> str:
+    """Dial the new agent as the console does (the pinned host key, the console's key) until it answers (an agent
+    started after `started_after`, of `version`, where given); its line."""
     from console.cli import status_human, status_json
     from console.client import FleetClient
 
@@ -197,9 +202,13 @@ async def wait_online(lab_path: Path, name: str, timeout_s: float) -> str:
         async with client:
             await client.wait_connected(max(1.0, min(5.0, deadline - time.monotonic())))
             view = client.state.machines[name]
-            if view.online:
-                return status_human(status_json(client.state)).split("\n", 1)[1]
-            last = view.error or view.link
+            hello = view.hello if view.online else None
+            if hello is not None and (started_after is None or hello.started_at > started_after):
+                if version is None or hello.agent_version == version:
+                    return status_human(status_json(client.state)).split("\n", 1)[1]
+                last = f"it answers as cetlab {hello.agent_version}, not {version}"
+            else:
+                last = view.error or view.link if hello is None else "the agent that answers started before the switch"
         if time.monotonic() > deadline:
             raise MachineError(f"{name} did not come online within {timeout_s:.0f} s: {last}")
         await asyncio.sleep(0.5)  # a retry's pace, not a synchronisation: the condition is the agent answering
@@ -244,7 +253,8 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
             ssh.send_tree(wheels, remote.receive_wheelhouse(lay, key))
             step.said = f"copied to {lay.wheelhouse}/{key}"
     with progress.step("the agent's venv (no package index used)") as step:
-        if pre.venv_key == key:
+        venv_changed = pre.venv_key != key
+        if not venv_changed:
             step.said = f"already installed: {lay.venv}"
         else:
             ssh.run(remote.install_venv(lay, pre.python, key, f"cetlab=={package_version()}"))
@@ -281,16 +291,19 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
             lab_changed = hashlib.sha256(text).hexdigest() != pre.lab_sha256
             if lab_changed:
                 ssh.run(remote.receive_file(lay.lab), stdin=text)
-            share_lab(o.lab_path, all_records(folder), o.name, o.dry_run, say)
-            step.said = ("added to " if added else "already in ") + str(o.lab_path) + (
-                f"; copied to {lay.lab}" if lab_changed else "; the machine's copy is the same"
+            if added or lab_changed:
+                share_lab(o.lab_path, all_records(folder), o.name, o.dry_run, say)
+            step.said = (
+                ("added to " if added else "already in ")
+                + str(o.lab_path)
+                + (f"; copied to {lay.lab}" if lab_changed else "; the machine's copy is the same")
             )
 
     with progress.step("the agent as a service") as step:
-        if pre.agent_running and lab_changed:
+        if pre.agent_running and (lab_changed or venv_changed):
             for command in remote.restart_agent(pre, o.name):
                 ssh.run(command)
-            step.said = "restarted to read the new lab.yaml"
+            step.said = "restarted to run the new " + ("lab.yaml" if lab_changed else "venv")
         elif pre.agent_running:
             step.said = "already running"
         else:

@@ -130,12 +130,34 @@ Host *
             machine.remove()
 
 
-def cetlab(home: Path, lab: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def build_copy(folder: Path, version: str, broken: bool = False) -> Path:
+    """This checkout copied as another version (a newer build to roll out); `broken`: its agent exits at start."""
+    root = Path(__file__).resolve().parents[1]
+    for part in ("agents", "console", "widgets"):
+        shutil.copytree(root / part, folder / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for part in ("pyproject.toml", "lab.yaml", "constraints.txt"):
+        shutil.copy(root / part, folder / part)
+    for path in (folder / "pyproject.toml", folder / "agents" / "__init__.py"):
+        path.write_text(path.read_text().replace('version = "0.1.0"', f'version = "{version}"').replace(
+            '__version__ = "0.1.0"', f'__version__ = "{version}"'))  # fmt: skip
+    if broken:
+        daemon = folder / "agents" / "shell" / "daemon.py"
+        daemon.write_text(daemon.read_text().replace("def main(argv: list[str] | None = None) -> int:\n",
+                                                     "def main(argv: list[str] | None = None) -> int:\n    return 3\n"))  # fmt: skip
+    return folder
+
+
+def cetlab(
+    home: Path, lab: Path, *args: str, timeout: float = 300, source: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "SSH_AUTH_SOCK", "CETLAB_"))}
     env["HOME"] = str(home)
+    if source is not None:  # the CLI of another build of this package
+        env["PYTHONPATH"] = str(source)
     return subprocess.run(
-        [sys.executable, "-m", "console.cli", "--lab", str(lab), *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+        [sys.executable, "-m", "console.cli", "--lab", str(lab), *args],
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=source,
+    )  # fmt: skip
 
 
 def add(home: Path, lab: Path, *args: str) -> tuple[dict, str]:
@@ -184,7 +206,7 @@ def test_from_nothing_to_a_model_answering_and_a_machine_removed(lab_machines, t
         + f"gateway: {{machine: a, host: 127.0.0.1, port: {gateway_port}}}\n"
     )
     reloaded, said = add(home, lab, "a", f"{a.user}@127.0.0.1:{a.port}")
-    assert "restarted to read the new lab.yaml" in said, said
+    assert "restarted to run the new lab.yaml" in said, said
     keys = cetlab(home, lab, "--json", "gateway", "keys", "add", "from-zero")
     assert keys.returncode == 0, keys.stderr
     client = openai.OpenAI(
@@ -201,6 +223,20 @@ def test_from_nothing_to_a_model_answering_and_a_machine_removed(lab_machines, t
         "reload_s": round(sum(s["seconds"] for s in reloaded["steps"]), 1),
     }
     print("from zero:", json.dumps(timings))
+
+    # lab upgrade to a newer build (a copy of this checkout as 0.1.1): one machine at a time, each back on the new venv
+    newer = build_copy(tmp_path / "newer", "0.1.1")
+    upgraded = cetlab(home, lab, "lab", "upgrade", source=newer)
+    assert upgraded.returncode == 0, upgraded.stderr + upgraded.stdout
+    assert upgraded.stdout.count("runs cetlab 0.1.1") == 2, upgraded.stdout
+    reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "again"}], max_tokens=4)
+    assert reply.choices[0].message.content
+    # a build whose agent cannot start: b gets its previous venv back and answers on it; the error says so
+    broken = build_copy(tmp_path / "broken", "0.1.2", broken=True)
+    failed = cetlab(home, lab, "lab", "upgrade", "--machine", "b", "--wait", "15", source=broken)
+    assert failed.returncode == 1 and "ROLLED BACK" in failed.stdout and "rolled back: b" in failed.stderr, failed.stdout
+    status = cetlab(home, lab, "--json", "status", source=newer)
+    assert {m["name"]: m["online"] for m in json.loads(status.stdout)["machines"]} == {"a": True, "b": True}
 
     # remove b: its agent ends, its key and entry go, the operator's comment stays; its state is kept
     gone = cetlab(home, lab, "machine", "remove", "b")

@@ -203,6 +203,8 @@ class Record(BaseModel):
     mode: str
     uid: int
     layout: Layout
+    # the lab.yaml the agent was last started with: a copy made since (by another machine's add) needs a restart
+    started_lab_sha256: str | None = None
 
 
 def records_dir(lab: Lab | None, lab_path: Path) -> Path:

@@ -234,12 +234,14 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
         host = ssh.resolved_host()
         step.said = f"{pre.layout.venv} on {host}, the agent on port {port} ({pre.mode})"
     lay = pre.layout
+    before = load_record(folder, o.name)
+    record = Record(
+        machine=o.name, target=str(o.target), ssh_config=str(o.ssh_config) if o.ssh_config else None,
+        host=host, port=port, mode=pre.mode, uid=pre.uid, layout=lay,
+        started_lab_sha256=before.started_lab_sha256 if before is not None else pre.lab_sha256,
+    )  # fmt: skip
     if not o.dry_run:
-        record = Record(
-            machine=o.name, target=str(o.target), ssh_config=str(o.ssh_config) if o.ssh_config else None,
-            host=host, port=port, mode=pre.mode, uid=pre.uid, layout=lay,
-        )  # fmt: skip
-        save_record(folder, record)
+        save_record(folder, record)  # from here `machine remove` can undo a half-done add
 
     with progress.step("wheelhouse (this package and its dependencies)") as step:
         from platformdirs import user_cache_path
@@ -288,15 +290,17 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
         else:
             added = add_machine(o.lab_path, lab_name, o.name, host, port, gpus, f"{o.target}")
             text = o.lab_path.read_bytes()
-            lab_changed = hashlib.sha256(text).hexdigest() != pre.lab_sha256
-            if lab_changed:
+            lab_sha = hashlib.sha256(text).hexdigest()
+            copied = lab_sha != pre.lab_sha256
+            if copied:
                 ssh.run(remote.receive_file(lay.lab), stdin=text)
-            if added or lab_changed:
+            lab_changed = lab_sha != record.started_lab_sha256  # than the lab.yaml the running agent read
+            if added or copied:
                 share_lab(o.lab_path, all_records(folder), o.name, o.dry_run, say)
             step.said = (
                 ("added to " if added else "already in ")
                 + str(o.lab_path)
-                + (f"; copied to {lay.lab}" if lab_changed else "; the machine's copy is the same")
+                + (f"; copied to {lay.lab}" if copied else "; the machine's copy is the same")
             )
 
     with progress.step("the agent as a service") as step:
@@ -314,6 +318,9 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
                 "user": "systemd user unit enabled and started",
                 "detached": f"started detached (log: {lay.state}/agent.log); it will not survive a reboot",
             }[pre.mode]
+        if not o.dry_run:
+            record.started_lab_sha256 = hashlib.sha256(o.lab_path.read_bytes()).hexdigest()
+            save_record(folder, record)
     if o.dry_run:
         return progress.steps
     with progress.step("online") as step:

@@ -30,6 +30,11 @@ from tests.hardening_fixtures import wait_listening
 pytestmark = pytest.mark.timeout(600)
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+# a training job's shape without torch: steps printed, a checkpoint written into its output dir
+COUNTING = (
+    "import pathlib, sys\nfor step in (1, 2, 3):\n    print(f'step {step} of 3', flush=True)\n"
+    "(pathlib.Path(sys.argv[1]) / 'checkpoint-3').mkdir(parents=True)"
+)
 SIM = {"load_s": 0.2, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.1, "tokens_per_s": 0, "placeholder_mib": 1}
 
 
@@ -135,7 +140,7 @@ def build_copy(folder: Path, version: str, broken: bool = False) -> Path:
     root = Path(__file__).resolve().parents[1]
     for part in ("agents", "console", "widgets"):
         shutil.copytree(root / part, folder / part, ignore=shutil.ignore_patterns("__pycache__"))
-    for part in ("pyproject.toml", "lab.yaml", "constraints.txt"):
+    for part in ("pyproject.toml", "lab.yaml", "constraints.txt", "README.md"):
         shutil.copy(root / part, folder / part)
     for path in (folder / "pyproject.toml", folder / "agents" / "__init__.py"):
         path.write_text(path.read_text().replace('version = "0.1.0"', f'version = "{version}"').replace(
@@ -192,7 +197,7 @@ def test_from_nothing_to_a_model_answering_and_a_machine_removed(lab_machines, t
     assert online == {"a": True, "b": True}, status.stdout
 
     # again: every step says it is done already (resumable), and the agent keeps running
-    again, said = add(home, lab, "a", f"{a.user}@127.0.0.1:{a.port}")
+    again, said = add(home, lab, "b", "box-b")
     assert "already installed" in said and "already running" in said and "already pinned" in said, said
 
     # the operator writes a model and the gateway into lab.yaml (with a comment); add again copies it and restarts
@@ -204,6 +209,9 @@ def test_from_nothing_to_a_model_answering_and_a_machine_removed(lab_machines, t
         + json.dumps(SIM)
         + "}\n"
         + f"gateway: {{machine: a, host: 127.0.0.1, port: {gateway_port}}}\n"
+        + "trainers:\n  - {name: counting, machine: b, output_dir: 'runs/{job_id}', command: [python3, -c, "
+        + json.dumps(COUNTING)
+        + ", '{output_dir}']}\n"
     )
     reloaded, said = add(home, lab, "a", f"{a.user}@127.0.0.1:{a.port}")
     assert "restarted to run the new lab.yaml" in said, said
@@ -223,6 +231,11 @@ def test_from_nothing_to_a_model_answering_and_a_machine_removed(lab_machines, t
         "reload_s": round(sum(s["seconds"] for s in reloaded["steps"]), 1),
     }
     print("from zero:", json.dumps(timings))
+
+    # a training job on b (a CPU recipe of plain Python: torch is the GPU stack machine add prints, not installs)
+    add(home, lab, "b", "box-b")  # b's agent reads the lab.yaml with the recipe
+    trained = cetlab(home, lab, "train", "counting", "--follow")
+    assert trained.returncode == 0 and "step 3 of 3" in trained.stdout, trained.stdout + trained.stderr
 
     # lab upgrade to a newer build (a copy of this checkout as 0.1.1): one machine at a time, each back on the new venv
     newer = build_copy(tmp_path / "newer", "0.1.1")

@@ -57,7 +57,7 @@ def load_problem(path: Path, doc: Any) -> str | None:
     try:
         load_lab(tmp)
     except LabError as exc:
-        return str(exc)
+        return str(exc).replace(str(tmp), str(path))  # the lines are the edited text's, named as the file it becomes
     finally:
         tmp.unlink(missing_ok=True)
     return None

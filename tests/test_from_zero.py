@@ -27,7 +27,7 @@ from agents.runtime.keys import ensure_key
 from agents.shell.demo.lab import free_ports
 from tests.hardening_fixtures import wait_listening
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(900)  # five venvs installed on a shared CI box
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 # a training job's shape without torch: steps printed, a checkpoint written into its output dir
@@ -250,6 +250,12 @@ def test_from_nothing_to_a_model_answering_and_a_machine_removed(lab_machines, t
     assert failed.returncode == 1 and "ROLLED BACK" in failed.stdout and "rolled back: b" in failed.stderr, failed.stdout
     status = cetlab(home, lab, "--json", "status", source=newer)
     assert {m["name"]: m["online"] for m in json.loads(status.stdout)["machines"]} == {"a": True, "b": True}
+
+    # b cannot leave lab.yaml while the recipe is placed on it (said before anything changes); without it, it can
+    kept = cetlab(home, lab, "machine", "remove", "b")
+    assert kept.returncode == 1 and "trainers[0].machine: no machine named 'b'" in kept.stderr, kept.stderr
+    assert f"{lab}:" in kept.stderr and b.agents()
+    lab.write_text(lab.read_text().split("trainers:")[0])
 
     # remove b: its agent ends, its key and entry go, the operator's comment stays; its state is kept
     gone = cetlab(home, lab, "machine", "remove", "b")

@@ -126,3 +126,36 @@ def test_the_last_machine_can_go_but_not_while_a_model_is_placed_on_it(tmp_path)
     assert remove_machine(lab, "only", dry_run=False)
     assert "only" not in lab.read_text()
     assert add_machine(lab, "one", "next", "127.0.0.1", 7022, "none", "next")  # and the next add fills it
+
+
+def test_the_next_step_for_the_machines_gpus_follows_the_older_gpus_matrix():
+    """The advice script as machine add runs it with the machine's new venv: a P40 (6.1) needs the CUDA 12.6 torch and
+    llama-server built for 61; an unknown capability is read from the GPU's name."""
+    import json
+    import subprocess
+    import sys
+
+    from console.machine_remote import ADVICE
+
+    gpus = [
+        {"index": 0, "name": "Tesla P40", "compute_capability": "6.1"},
+        {"index": 1, "name": "NVIDIA GeForce RTX 3050", "compute_capability": None},
+    ]
+    done = subprocess.run(
+        [sys.executable, "-", json.dumps(gpus), "/opt/venv/bin/python"], input=ADVICE, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    p40, rtx, llama = done.stdout.strip().splitlines()
+    assert "Tesla P40 (6.1)" in p40 and "/opt/venv/bin/python -m pip install 'torch==2.14.*'" in p40 and "cu126" in p40
+    assert "(8.6)" in rtx and "-U torch" in rtx
+    assert 'make llama-server LLAMA_CUDA_ARCHS="61;86"' in llama
+
+
+def test_what_machine_add_writes_passes_lab_check(tmp_path):
+    from agents.wire.lab.check import check
+
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(LAB)
+    add_machine(lab, "mine", "box", "10.0.0.9", 7022, "nvml", "bob@box")
+    loaded, problems = check(lab)
+    assert problems == [] and loaded is not None and [m.name for m in loaded.machines] == ["old", "box"]

@@ -159,3 +159,28 @@ def test_what_machine_add_writes_passes_lab_check(tmp_path):
     add_machine(lab, "mine", "box", "10.0.0.9", 7022, "nvml", "bob@box")
     loaded, problems = check(lab)
     assert problems == [] and loaded is not None and [m.name for m in loaded.machines] == ["old", "box"]
+
+
+def test_paths_a_hostile_machine_answers_stay_one_word_in_every_command():
+    """The layout comes from the machine's pre-flight: whatever it holds reaches the remote shell quoted, never run."""
+    import shlex
+
+    from console import machine_remote as remote
+
+    evil = "/h/x; evilcmd /tmp/pwned $(id) `id` 'q"
+    pre = preflight(
+        systemd=False, layout={k: f"{evil}/{k}" for k in ("home", "base", "venvs", "venv", "wheelhouse", "lab", "state")}
+    )
+    commands = [
+        remote.install_venv(pre.layout, pre.python, "k", "cetlab==0.1.0"),
+        remote.receive_wheelhouse(pre.layout, "k"),
+        remote.receive_file(pre.layout.lab),
+        remote.keys(pre.layout, "box", "operator"),
+        *remote.start_agent(pre, "box"),
+        remote.stop_agent("detached", pre.uid, pre.layout, remove_unit=True),
+        remote.purge(pre.layout, pre.uid),
+    ]
+    for command in commands:
+        words = shlex.split(command)
+        assert "evilcmd" not in words and "$(id)" not in words, command
+        assert not any(w.startswith("/tmp/pwned") for w in words), command

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-from agents.wire.lab.model import Lab, LabError, load_lab
+from agents.wire.lab.model import LabError, load_lab
 from console.machine_remote import Layout
 from console.machine_ssh import MachineError
 
@@ -207,11 +207,11 @@ class Record(BaseModel):
     started_lab_sha256: str | None = None
 
 
-def records_dir(lab: Lab | None, lab_path: Path) -> Path:
+def records_dir(lab_name: str) -> Path:
+    """Per lab, in the console's config dir: the same machine name may be in two labs."""
     from platformdirs import user_config_path
 
-    name = lab.lab if lab is not None else lab_path.stem
-    return user_config_path("cetlab") / "machines" / name
+    return user_config_path("cetlab") / "machines" / lab_name
 
 
 def save_record(folder: Path, record: Record) -> None:

@@ -23,7 +23,7 @@ FIND_PYTHON = (
 )
 
 PREFLIGHT = r"""
-import hashlib, json, os, platform, shutil, socket, subprocess, sys, time
+import hashlib, json, os, platform, pwd, shutil, socket, subprocess, sys, time
 
 args = json.loads(sys.argv[1])
 name, port, key = args["name"], int(args["port"]), args["key"]
@@ -108,7 +108,7 @@ if systemd and shutil.which("systemctl"):
     unit_active = out is not None and out.returncode == 0
 
 print(json.dumps({
-    "os": platform.system(), "os_name": pretty, "arch": platform.machine(), "user": os.environ.get("USER") or str(uid),
+    "os": platform.system(), "os_name": pretty, "arch": platform.machine(), "user": pwd.getpwuid(uid).pw_name,
     "uid": uid, "python": sys.executable, "python_version": list(sys.version_info[:3]), "has_venv": has_venv,
     "gpus": gpus, "driver": driver, "nvidia_error": nvidia_error, "disk_free_bytes": shutil.disk_usage(home).free,
     "time": time.time(), "port_free": port_free, "systemd": systemd, "sudo": sudo,

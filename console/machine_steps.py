@@ -222,7 +222,7 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
     existing = next((m for m in doc.get("machines") or [] if isinstance(m, dict) and m.get("name") == o.name), None)
     port = o.agent_port or (int(existing.get("port", 7022)) if existing is not None else 7022)
     key = wheelhouse_key()
-    folder = records_dir(None, Path(lab_name))
+    folder = records_dir(lab_name)
 
     with progress.step(f"pre-flight on {o.target}") as step:
         pre, skew = preflight(ssh, o.name, port, key)
@@ -333,7 +333,7 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
 async def remove(lab_path: Path, name: str, purge: bool, dry_run: bool, say: Callable[[str], None]) -> list[StepTime]:
     progress = Progress(say)
     doc = read_doc(lab_path, "lab")
-    folder = records_dir(None, Path(str(doc.get("lab") or "lab")))
+    folder = records_dir(str(doc.get("lab") or "lab"))
     record = load_record(folder, name)
     with progress.step("lab.yaml can lose it") as step:
         in_lab = remove_machine(lab_path, name, dry_run=True)  # raises, before anything changes, if it cannot

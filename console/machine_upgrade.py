@@ -30,7 +30,7 @@ async def upgrade(
     doc = read_doc(lab_path, "lab")
     order = [str(m.get("name")) for m in doc.get("machines") or [] if isinstance(m, dict)]
     records = sorted(
-        all_records(records_dir(None, Path(str(doc.get("lab") or "lab")))),
+        all_records(records_dir(str(doc.get("lab") or "lab"))),
         key=lambda r: order.index(r.machine) if r.machine in order else len(order),
     )
     unknown = [name for name in only if name not in {r.machine for r in records}]

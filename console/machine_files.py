@@ -76,18 +76,26 @@ def machine_entry(doc: Any, name: str) -> Any | None:
     return None
 
 
+def entry_conflict(path: Path, doc: Any, name: str, host: str, port: int) -> str | None:
+    """Another entry of this name (another host or port): what to say, checked before anything changes."""
+    found = machine_entry(doc, name)
+    if found is None or (str(found.get("host", "127.0.0.1")) == host and int(found.get("port", 7022)) == port):
+        return None
+    return (
+        f"{path}: machine {name!r} is already in lab.yaml at {found.get('host')}:{found.get('port', 7022)}, "
+        f"not {host}:{port}\n  fix: `cetlab machine remove {name}` first, or add this one under another name"
+    )
+
+
 def add_machine(path: Path, lab_name: str, name: str, host: str, port: int, gpus: str, origin: str) -> bool:
     """Add the machine's entry (False: an entry with this host and port is there already). Another entry of that name
     is an error: the operator removes it first."""
     doc = read_doc(path, lab_name)
-    found = machine_entry(doc, name)
-    if found is not None:
-        if str(found.get("host", "127.0.0.1")) == host and int(found.get("port", 7022)) == port:
-            return False
-        raise MachineError(
-            f"{path}: machine {name!r} is already in lab.yaml at {found.get('host')}:{found.get('port', 7022)}, "
-            f"not {host}:{port}\n  fix: `cetlab machine remove {name}` first, or add this one under another name"
-        )
+    conflict = entry_conflict(path, doc, name, host, port)
+    if conflict is not None:
+        raise MachineError(conflict)
+    if machine_entry(doc, name) is not None:
+        return False
     machines = doc.get("machines")
     if not isinstance(machines, CommentedSeq) or not machines:
         machines = CommentedSeq()

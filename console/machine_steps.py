@@ -27,6 +27,7 @@ from console.machine_files import (
     Record,
     add_machine,
     all_records,
+    entry_conflict,
     load_record,
     pin_host_key,
     read_doc,
@@ -232,6 +233,9 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
         if any(level == FAIL for level, _, _ in checks):
             raise MachineError(f"the pre-flight of {o.name} failed (see FAIL above); nothing was changed")
         host = ssh.resolved_host()
+        conflict = entry_conflict(o.lab_path, doc, o.name, host, port)
+        if conflict is not None:
+            raise MachineError(conflict + "\n  nothing was changed")
         step.said = f"{pre.layout.venv} on {host}, the agent on port {port} ({pre.mode})"
     lay = pre.layout
     before = load_record(folder, o.name)

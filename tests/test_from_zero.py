@@ -196,6 +196,13 @@ def test_from_nothing_to_a_model_answering_and_a_machine_removed(lab_machines, t
     online = {m["name"]: m["online"] for m in json.loads(status.stdout)["machines"]}
     assert online == {"a": True, "b": True}, status.stdout
 
+    # the name a at another place: refused after the read-only pre-flight, before anything changes
+    clash = cetlab(
+        home, lab, "machine", "add", "a", "box-b", "--agent-port", str(port_b), "--ssh-config", str(home / ".ssh" / "config")
+    )
+    assert clash.returncode == 1 and f"already in lab.yaml at 127.0.0.1:{port_a}" in clash.stderr, clash.stderr
+    assert "nothing was changed" in clash.stderr
+
     # again: every step says it is done already (resumable), and the agent keeps running
     again, said = add(home, lab, "b", "box-b")
     assert "already installed" in said and "already running" in said and "already pinned" in said, said

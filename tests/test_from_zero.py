@@ -197,10 +197,13 @@ def test_from_nothing_to_a_model_answering_and_a_machine_removed(lab_machines, t
     assert online == {"a": True, "b": True}, status.stdout
 
     # the name a at another place: refused after the read-only pre-flight, before anything changes
+    elsewhere = str(free_ports(1)[0])
     clash = cetlab(
-        home, lab, "machine", "add", "a", "box-b", "--agent-port", str(port_b), "--ssh-config", str(home / ".ssh" / "config")
+        home, lab, "machine", "add", "a", "box-b", "--agent-port", elsewhere, "--ssh-config", str(home / ".ssh" / "config")
     )
-    assert clash.returncode == 1 and f"already in lab.yaml at 127.0.0.1:{port_a}" in clash.stderr, clash.stderr
+    assert clash.returncode == 1 and f"already in lab.yaml at 127.0.0.1:{port_a}, not 127.0.0.1:{elsewhere}" in clash.stderr, (
+        clash.stdout + clash.stderr
+    )
     assert "nothing was changed" in clash.stderr
 
     # again: every step says it is done already (resumable), and the agent keeps running

@@ -61,6 +61,7 @@ VERB_MODULES: list[str] = [
     "console.cli_gateway",
     "console.cli_sim",
     "console.cli_lab",
+    "console.cli_machine",
 ]
 
 

@@ -139,8 +139,11 @@ async def cmd_rollback(ctx: Context) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("lab", help="lab.yaml itself: check it offline, write its JSON Schema, push it, every machine's doctor")
-    verbs = p.add_subparsers(dest="lab_verb", required=True, metavar="check|schema|push|rollback|doctor")
+    p = sub.add_parser(
+        "lab",
+        help="lab.yaml itself: check it offline, write its JSON Schema, push it, upgrade the agents, every machine's doctor",
+    )
+    verbs = p.add_subparsers(dest="lab_verb", required=True, metavar="check|schema|push|rollback|upgrade|doctor")
     check_p = verbs.add_parser(
         "check", help="validate lab.yaml without dialling any machine (exit 2 on problems, as for an invalid lab.yaml)"
     )
@@ -163,3 +166,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from console.cli_doctor import register as register_doctor  # the one lab verb that dials the machines
 
     register_doctor(verbs)
+    from console.cli_machine import register_upgrade  # the roll-out shares machine add's steps
+
+    register_upgrade(verbs)

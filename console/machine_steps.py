@@ -1,0 +1,371 @@
+"""`cetlab machine add` and `cetlab machine remove`, step by step.
+
+Each step first looks at what is there (the pre-flight's answer, the workstation's files) and says "already ..." when
+its work is done, so a run after a failure continues where it stopped; with --dry-run every command that would change
+something is printed instead of run (the read-only pre-flight still runs, so the plan is the real one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from agents.runtime.keys import ensure_key
+from agents.wire.lab.model import Lab, LabError, load_lab
+from console import machine_remote as remote
+from console.machine_files import (
+    Record,
+    add_machine,
+    all_records,
+    entry_conflict,
+    load_record,
+    pin_host_key,
+    read_doc,
+    records_dir,
+    remove_machine,
+    save_record,
+    unpin_host_key,
+)
+from console.machine_remote import MIN_FREE_BYTES, MIN_PYTHON, Preflight
+from console.machine_ssh import MachineError, Ssh, Target, build_wheelhouse, package_version, wheelhouse_key
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+SKEW_WARN_S, SKEW_FAIL_S = 2.0, 60.0
+
+
+@dataclass
+class StepTime:
+    name: str
+    seconds: float
+    said: str = ""
+
+
+@dataclass
+class Progress:
+    """Prints each step as it ends, with its time; `steps` is what --json reports."""
+
+    say: Callable[[str], None]
+    steps: list[StepTime] = field(default_factory=list)
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[StepTime]:
+        started = time.monotonic()
+        record = StepTime(name, 0.0)
+        self.say(f"- {name}")
+        yield record
+        record.seconds = time.monotonic() - started
+        self.steps.append(record)
+        self.say(f"  {record.said or 'done'} ({record.seconds:.1f} s)")
+
+
+@dataclass
+class AddOptions:
+    lab_path: Path
+    name: str
+    target: Target
+    agent_port: int | None = None
+    role: str = "operator"
+    gpus: str | None = None
+    ssh_config: Path | None = None
+    dry_run: bool = False
+    timeout_s: float = 60.0
+    lab_name: str = "lab"
+
+
+def ssh_for(target: Target, ssh_config: Path | None, dry_run: bool, say: Callable[[str], None]) -> Ssh:
+    return Ssh(target, ssh_config, dry_run, say)
+
+
+def preflight(ssh: Ssh, name: str, port: int, key: str) -> tuple[Preflight, float]:
+    """The machine's answer and its clock's offset from the workstation's (seconds, + ahead)."""
+    args = json.dumps({"name": name, "port": port, "key": key})
+    before = time.time()
+    ran = ssh.run(f"{remote.FIND_PYTHON} {remote.q(args)}", stdin=remote.PREFLIGHT.encode(), changes=False, check=False)
+    after = time.time()
+    if ran.code == 127 and "python3" in ran.err:
+        raise MachineError(f"{ssh.target}: no python3 on PATH\n  fix: install Python 3.11 or newer with its venv module there")
+    if ran.code != 0:
+        ssh.run("true", changes=False)  # says whether ssh itself failed, with its fix
+        raise MachineError(f"the pre-flight failed on {ssh.target} (exit {ran.code}): {ran.err.strip()[-1500:]}")
+    try:
+        answer = Preflight.model_validate_json(ran.out.strip().splitlines()[-1] if ran.out.strip() else "")
+    except ValidationError as exc:
+        raise MachineError(f"the pre-flight on {ssh.target} answered what it should not: {exc}") from None
+    return answer, answer.time - (before + after) / 2
+
+
+def judge(pre: Preflight, port: int, skew_s: float) -> list[tuple[str, str, str]]:
+    """(level, what, words with the fix) for each pre-flight check; any FAIL stops `machine add` before a change."""
+    here = tuple(sys.version_info[:2])
+    there = tuple(pre.python_version[:2])
+    version = ".".join(map(str, pre.python_version))
+    checks = [(OK if pre.os == "Linux" else WARN, "os", f"{pre.os_name or pre.os} ({pre.arch})")]
+    if there < MIN_PYTHON:
+        checks.append(
+            (FAIL, "python", f"{pre.python} is {version}; fix: install Python 3.11 or newer (python3.11 and python3.11-venv)")
+        )
+    elif there != here:
+        checks.append(
+            (FAIL, "python", f"{pre.python} is {version}, and this workstation builds wheels for {here[0]}.{here[1]}; fix: "
+             f"install python{here[0]}.{here[1]} on the machine, or run machine add from a {there[0]}.{there[1]} workstation")
+        )  # fmt: skip
+    elif not pre.has_venv:
+        checks.append((FAIL, "python", f"{pre.python} ({version}) has no venv module; fix: apt-get install python3-venv"))
+    else:
+        checks.append((OK, "python", f"{pre.python} ({version})"))
+    if pre.gpus:
+        for gpu in pre.gpus:
+            cc = gpu.compute_capability or "capability not reported"
+            checks.append((OK, f"gpu{gpu.index}", f"{gpu.name} ({cc}), driver {pre.driver}"))
+    else:
+        checks.append(
+            (WARN, "gpus", f"none found ({pre.nvidia_error}); the machine joins with gpus: none. With GPUs, install the "
+             "NVIDIA driver (nvidia-smi must work) and run machine add again with --gpus nvml")
+        )  # fmt: skip
+    free = pre.disk_free_bytes
+    checks.append(
+        (OK if free >= MIN_FREE_BYTES else FAIL, "disk", f"{free / 1024**3:.1f} GiB free in {pre.layout.home}"
+         + ("" if free >= MIN_FREE_BYTES else "; fix: free at least 2 GiB there"))
+    )  # fmt: skip
+    level = OK if abs(skew_s) < SKEW_WARN_S else WARN if abs(skew_s) < SKEW_FAIL_S else FAIL
+    fix = "" if level == OK else "; fix: enable time sync there (timedatectl set-ntp true, or chrony)"
+    checks.append((level, "clock", f"{skew_s:+.1f} s against this workstation{fix}"))
+    if pre.port_free:
+        checks.append((OK, "port", f"{port} free for the agent"))
+    elif pre.agent_running:
+        checks.append((OK, "port", f"{port}: the cetlab agent listens there already"))
+    else:
+        checks.append((FAIL, "port", f"{port} is taken on the machine; fix: pass --agent-port with a free port"))
+    service = {
+        "system": (OK, "a systemd system unit"),
+        "user": (WARN, "a systemd user unit (no root or sudo -n): it needs lingering to run after logout"),
+        "detached": (WARN, "no systemd running (a container?): the agent runs detached and will not survive a reboot"),
+    }[pre.mode]
+    checks.append((service[0], "service", service[1]))
+    return checks
+
+
+def console_paths(lab_path: Path) -> tuple[Path, Path, Lab | None]:
+    """The console's key and known_hosts as lab.yaml's console section names them (defaults where it does not load)."""
+    from console.client import default_key_path, default_known_hosts
+
+    try:
+        lab: Lab | None = load_lab(lab_path) if lab_path.exists() else None
+    except LabError:
+        lab = None
+    if lab is None:
+        return default_key_path(), default_known_hosts(), None
+    return (
+        lab.resolve(lab.console.key) or default_key_path(),
+        lab.resolve(lab.console.known_hosts) or default_known_hosts(),
+        lab,
+    )
+
+
+def share_lab(lab_path: Path, records: list[Record], skip: str, dry_run: bool, say: Callable[[str], None]) -> None:
+    """The workstation's lab.yaml copied to every other machine added here. `cetlab lab push` is to replace this (it
+    validates and applies it live there); until then each agent reads it at its next start."""
+    text = lab_path.read_bytes() if lab_path.exists() else b""
+    for record in records:
+        if record.machine == skip:
+            continue
+        ssh = Ssh(Target.parse(record.target), Path(record.ssh_config) if record.ssh_config else None, dry_run, say)
+        try:
+            ssh.run(remote.receive_file(record.layout.lab), stdin=text)
+            say(f"  lab.yaml copied to {record.machine}")
+        except MachineError as exc:
+            say(f"  could not copy lab.yaml to {record.machine}: {exc}")
+
+
+async def wait_online(
+    lab_path: Path, name: str, timeout_s: float, started_after: float | None = None, version: str | None = None
+) -> str:
+    """Dial the new agent as the console does (the pinned host key, the console's key) until it answers (an agent
+    started after `started_after`, of `version`, where given); its line."""
+    from console.cli import status_human, status_json
+    from console.client import FleetClient
+
+    lab = load_lab(lab_path)
+    one = lab.model_copy(update={"machines": [lab.machine(name)]})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        client = FleetClient(one, subscribe=[], reconnect=False)
+        async with client:
+            await client.wait_connected(max(1.0, min(5.0, deadline - time.monotonic())))
+            view = client.state.machines[name]
+            hello = view.hello if view.online else None
+            if hello is not None and (started_after is None or hello.started_at > started_after):
+                if version is None or hello.agent_version == version:
+                    return status_human(status_json(client.state)).split("\n", 1)[1]
+                last = f"it answers as cetlab {hello.agent_version}, not {version}"
+            else:
+                last = view.error or view.link if hello is None else "the agent that answers started before the switch"
+        if time.monotonic() > deadline:
+            raise MachineError(f"{name} did not come online within {timeout_s:.0f} s: {last}")
+        await asyncio.sleep(0.5)  # a retry's pace, not a synchronisation: the condition is the agent answering
+
+
+async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
+    progress = Progress(say)
+    ssh = ssh_for(o.target, o.ssh_config, o.dry_run, say)
+    doc = read_doc(o.lab_path, o.lab_name)
+    lab_name = str(doc.get("lab") or o.lab_name)
+    existing = next((m for m in doc.get("machines") or [] if isinstance(m, dict) and m.get("name") == o.name), None)
+    port = o.agent_port or (int(existing.get("port", 7022)) if existing is not None else 7022)
+    key = wheelhouse_key()
+    folder = records_dir(lab_name)
+
+    with progress.step(f"pre-flight on {o.target}") as step:
+        pre, skew = preflight(ssh, o.name, port, key)
+        checks = judge(pre, port, skew)
+        for level, what, words in checks:
+            say(f"  {level:<4} {what:<8} {words}")
+        if any(level == FAIL for level, _, _ in checks):
+            raise MachineError(f"the pre-flight of {o.name} failed (see FAIL above); nothing was changed")
+        host = ssh.resolved_host()
+        conflict = entry_conflict(o.lab_path, doc, o.name, host, port)
+        if conflict is not None:
+            raise MachineError(conflict + "\n  nothing was changed")
+        step.said = f"{pre.layout.venv} on {host}, the agent on port {port} ({pre.mode})"
+    lay = pre.layout
+    before = load_record(folder, o.name)
+    record = Record(
+        machine=o.name, target=str(o.target), ssh_config=str(o.ssh_config) if o.ssh_config else None,
+        host=host, port=port, mode=pre.mode, uid=pre.uid, layout=lay,
+        started_lab_sha256=before.started_lab_sha256 if before is not None else pre.lab_sha256,
+    )  # fmt: skip
+    if not o.dry_run:
+        save_record(folder, record)  # from here `machine remove` can undo a half-done add
+
+    with progress.step("wheelhouse (this package and its dependencies)") as step:
+        from platformdirs import user_cache_path
+
+        wheels, built = build_wheelhouse(user_cache_path("cetlab") / "wheelhouse", key, o.dry_run, say)
+        step.said = f"{'built' if built else 'already built'}: {wheels}"
+    with progress.step("wheelhouse copied to the machine") as step:
+        if pre.wheelhouse_ready:
+            step.said = f"already there: {lay.wheelhouse}/{key}"
+        else:
+            ssh.send_tree(wheels, remote.receive_wheelhouse(lay, key))
+            step.said = f"copied to {lay.wheelhouse}/{key}"
+    with progress.step("the agent's venv (no package index used)") as step:
+        venv_changed = pre.venv_key != key
+        if not venv_changed:
+            step.said = f"already installed: {lay.venv}"
+        else:
+            ssh.run(remote.install_venv(lay, pre.python, key, f"cetlab=={package_version()}"))
+            step.said = f"installed cetlab {package_version()} in {lay.venvs}/{key}, linked as {lay.venv}"
+    with progress.step("next: the GPU stack (not installed by machine add)") as step:
+        if not pre.gpus:
+            say("  no GPU: models run on llama-server's CPU build (make llama-server), training on torch's CPU build")
+            step.said = "nothing to install for GPUs"
+        else:
+            ran = ssh.run(remote.advice(lay, pre.gpus), stdin=remote.ADVICE.encode(), changes=False, check=False)
+            for line in (ran.out.strip() or "(the advice needs the venv: run machine add again)").splitlines():
+                say(f"  {line}")
+            step.said = "printed"
+
+    key_path, known_hosts, _lab = console_paths(o.lab_path)
+    with progress.step("keys: the agent's host key pinned, the console's key authorized") as step:
+        console_key = ensure_key(key_path, comment=f"cetlab-console@{socket.gethostname()}") if not o.dry_run else None
+        public = console_key.export_public_key().decode() if console_key is not None else ""
+        ran = ssh.run(remote.keys(lay, o.name, o.role), stdin=public.encode())
+        if o.dry_run:
+            step.said = f"would pin the host key in {known_hosts} and authorize {key_path} as {o.role}"
+        else:
+            pinned = pin_host_key(known_hosts, host, port, ran.out.splitlines()[0] if ran.out else "", o.dry_run)
+            step.said = f"host key {pinned} in {known_hosts}; {key_path}.pub authorized as {o.role}"
+
+    with progress.step("lab.yaml") as step:
+        gpus = o.gpus or ("nvml" if pre.gpus else "none")
+        if o.dry_run:
+            step.said = f"would add {o.name} ({host}:{port}, gpus: {gpus}) to {o.lab_path} and copy it to the machine"
+            lab_changed = True
+        else:
+            added = add_machine(o.lab_path, lab_name, o.name, host, port, gpus, f"{o.target}")
+            text = o.lab_path.read_bytes()
+            lab_sha = hashlib.sha256(text).hexdigest()
+            copied = lab_sha != pre.lab_sha256
+            if copied:
+                ssh.run(remote.receive_file(lay.lab), stdin=text)
+            lab_changed = lab_sha != record.started_lab_sha256  # than the lab.yaml the running agent read
+            if added or copied:
+                share_lab(o.lab_path, all_records(folder), o.name, o.dry_run, say)
+            step.said = (
+                ("added to " if added else "already in ")
+                + str(o.lab_path)
+                + (f"; copied to {lay.lab}" if copied else "; the machine's copy is the same")
+            )
+
+    with progress.step("the agent as a service") as step:
+        if pre.agent_running and (lab_changed or venv_changed):
+            for command in remote.restart_agent(pre, o.name):
+                ssh.run(command)
+            step.said = "restarted to run the new " + ("lab.yaml" if lab_changed else "venv")
+        elif pre.agent_running:
+            step.said = "already running"
+        else:
+            for command in remote.start_agent(pre, o.name):
+                ssh.run(command)
+            step.said = {
+                "system": "systemd unit enabled and started",
+                "user": "systemd user unit enabled and started",
+                "detached": f"started detached (log: {lay.state}/agent.log); it will not survive a reboot",
+            }[pre.mode]
+        if not o.dry_run:
+            record.started_lab_sha256 = hashlib.sha256(o.lab_path.read_bytes()).hexdigest()
+            save_record(folder, record)
+    if o.dry_run:
+        return progress.steps
+    with progress.step("online") as step:
+        line = await wait_online(o.lab_path, o.name, o.timeout_s)
+        say(line)
+        step.said = f"{o.name} answers the console"
+    return progress.steps
+
+
+async def remove(lab_path: Path, name: str, purge: bool, dry_run: bool, say: Callable[[str], None]) -> list[StepTime]:
+    progress = Progress(say)
+    doc = read_doc(lab_path, "lab")
+    folder = records_dir(str(doc.get("lab") or "lab"))
+    record = load_record(folder, name)
+    with progress.step("lab.yaml can lose it") as step:
+        in_lab = remove_machine(lab_path, name, dry_run=True)  # raises, before anything changes, if it cannot
+        if record is None and not in_lab:
+            raise MachineError(f"no machine {name!r} in {lab_path} nor added from this workstation")
+        step.said = "yes" if in_lab else "it is not in lab.yaml"
+    if record is not None:
+        ssh = Ssh(Target.parse(record.target), Path(record.ssh_config) if record.ssh_config else None, dry_run, say)
+        with progress.step(f"the agent stopped on {record.target}") as step:
+            ssh.run(remote.stop_agent(record.mode, record.uid, record.layout, remove_unit=True))
+            step.said = "unit disabled and removed" if record.mode != "detached" else "stopped"
+        with progress.step("the machine's files") as step:
+            if purge:
+                ssh.run(remote.purge(record.layout, record.uid))
+                step.said = f"purged: {record.layout.state}, {record.layout.base}, {record.layout.wheelhouse}"
+            else:
+                step.said = f"kept (runs, checkpoints, venv): {record.layout.state}, {record.layout.base}; --purge removes them"
+    _key, known_hosts, _lab = console_paths(lab_path)
+    with progress.step("known_hosts and lab.yaml") as step:
+        entry = next((m for m in doc.get("machines") or [] if isinstance(m, dict) and m.get("name") == name), None)
+        host = record.host if record is not None else str(entry.get("host", "127.0.0.1")) if entry is not None else ""
+        port = record.port if record is not None else int(entry.get("port", 7022)) if entry is not None else 0
+        unpinned = bool(host) and unpin_host_key(known_hosts, host, port, dry_run)
+        remove_machine(lab_path, name, dry_run)
+        if record is not None and not dry_run:
+            (folder / f"{name}.json").unlink(missing_ok=True)
+        step.said = ("host key unpinned; " if unpinned else "no host key pinned; ") + f"{name} taken out of {lab_path}"
+    if not dry_run:
+        with progress.step("lab.yaml copied to the other machines") as step:
+            share_lab(lab_path, all_records(folder), name, dry_run, say)
+    return progress.steps

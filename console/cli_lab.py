@@ -19,11 +19,12 @@ from pathlib import Path
 from agents.runtime.labfile import calls_peers
 from agents.wire.catalogue.agent import HELLO
 from agents.wire.catalogue.lab import LAB_APPLY, LAB_ROLLBACK, LabApplied, LabApplyParams, LabRollbackParams
+from agents.wire.catalogue.method import request_all
 from agents.wire.lab.check import check, lab_schema
 from agents.wire.lab.model import Lab
 from agents.wire.protocol import ErrorCode, PeerKeys, RemoteError
 from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context, find_lab, say
-from console.client import host_pattern
+from console.client import FleetClient, host_pattern
 
 
 async def cmd_check(args: argparse.Namespace) -> int:
@@ -68,7 +69,7 @@ def pinned_host_lines(lab: Lab, known_hosts: Path) -> list[str]:
     return lines
 
 
-def _said(name: str, reply: LabApplied | RemoteError) -> str:
+def said_line(name: str, reply: LabApplied | RemoteError) -> str:
     if isinstance(reply, RemoteError):
         return f"{name}: NOT APPLIED: {reply.message}"
     verb = "would apply" if reply.dry_run else "runs"
@@ -88,34 +89,38 @@ def _report(ctx: Context, replies: dict[str, LabApplied | RemoteError]) -> int:
         name: ({"error": {"code": str(r.code), "message": r.message}} if isinstance(r, RemoteError) else r.to_wire())
         for name, r in replies.items()
     }
-    ctx.out(data, lambda _: "\n".join(_said(name, r) for name, r in replies.items()))
+    ctx.out(data, lambda _: "\n".join(said_line(name, r) for name, r in replies.items()))
     return EXIT_FAILED if any(isinstance(r, RemoteError) for r in replies.values()) else EXIT_OK
 
 
-async def cmd_push(ctx: Context) -> int:
-    source = ctx.lab.source
+async def push_lab(lab: Lab, client: FleetClient, dry_run: bool) -> tuple[dict[str, LabApplied | RemoteError], list[str]]:
+    """lab.yaml's text onto every agent the client reaches, with the peer trust it carries; each machine's reply, and
+    the machines that call peers and gave no peer key (to push again once they are online). `cetlab lab push`, and
+    `cetlab machine add/remove` after the machine joined or left."""
+    source = lab.source
     if source is None:
         raise RemoteError(ErrorCode.INVALID_PARAMS, "the lab was not read from a file: nothing to push")
     text = source.read_text()
-    said = {name: view.hello.peer_keys for name, view in ctx.state.machines.items() if view.hello is not None}
+    state = client.state
+    said = {name: view.hello.peer_keys for name, view in state.machines.items() if view.hello is not None}
     keys = {name: k for name, k in said.items() if k is not None and (k.peer or k.node)}
-    callers = [m for m in ctx.state.machines if calls_peers(ctx.lab, m)]
-    known_hosts = "\n".join(pinned_host_lines(ctx.lab, ctx.client.known_hosts))
+    callers = [m for m in state.machines if calls_peers(lab, m)]
+    known_hosts = "\n".join(pinned_host_lines(lab, client.known_hosts))
 
     async def push(keys: dict[str, PeerKeys]) -> dict[str, LabApplied | RemoteError]:
         """The machines that let peers in first, then those that call them (the gateway's, a multi-node recipe's first
         node): a caller retries its links once its trust is written, and finds the other side ready."""
-        params = LabApplyParams(text=text, known_hosts=known_hosts, peer_keys=keys, dry_run=ctx.args.dry_run)
-        replies = await ctx.request_all(LAB_APPLY, params, machines=[m for m in ctx.state.machines if m not in callers])
-        replies.update(await ctx.request_all(LAB_APPLY, params, machines=callers) if callers else {})
+        params = LabApplyParams(text=text, known_hosts=known_hosts, peer_keys=keys, dry_run=dry_run)
+        replies = await request_all(client, [m for m in state.machines if m not in callers], LAB_APPLY, params)
+        replies.update(await request_all(client, callers, LAB_APPLY, params) if callers else {})
         return replies
 
     replies = await push(keys)
     # a machine that calls peers under this lab.yaml only (the gateway's, once a second machine joins) made its keys
     # with the push: ask for them, and push again so that the others let it in (the same text: trust only)
     late = [m for m in callers if m not in keys and isinstance(replies.get(m), LabApplied)]
-    if late and not ctx.args.dry_run:
-        hellos = await ctx.request_all(HELLO, machines=late)
+    if late and not dry_run:
+        hellos = await request_all(client, late, HELLO, None)
         fresh = {n: h.peer_keys for n, h in hellos.items() if not isinstance(h, RemoteError) and h.peer_keys is not None}
         keys.update({n: k for n, k in fresh.items() if k.peer or k.node})
         if any(m in keys for m in late):
@@ -124,10 +129,15 @@ async def cmd_push(ctx: Context) -> int:
                 second = again.get(name)
                 if isinstance(first, LabApplied) and isinstance(second, LabApplied):
                     replies[name] = first.model_copy(update={"peer_hosts": second.peer_hosts, "authorized": second.authorized})
-    missing = [m.name for m in ctx.lab.machines if m.name not in keys and calls_peers(ctx.lab, m.name)]
+    missing = [m.name for m in lab.machines if m.name not in keys and calls_peers(lab, m.name)]
+    return {name: replies[name] for name in state.machines}, missing
+
+
+async def cmd_push(ctx: Context) -> int:
+    replies, missing = await push_lab(ctx.lab, ctx.client, ctx.args.dry_run)
     if missing and not ctx.args.dry_run:
         say(f"cetlab: no peer key from {', '.join(missing)} (offline, or an older agent): push again once it is online", err=True)
-    return _report(ctx, {name: replies[name] for name in ctx.state.machines})
+    return _report(ctx, replies)
 
 
 async def cmd_rollback(ctx: Context) -> int:

@@ -22,11 +22,11 @@ from pydantic import ValidationError
 
 from agents.runtime.keys import ensure_key
 from agents.wire.lab.model import Lab, LabError, load_lab
+from agents.wire.protocol import RemoteError
 from console import machine_remote as remote
 from console.machine_files import (
     Record,
     add_machine,
-    all_records,
     entry_conflict,
     load_record,
     pin_host_key,
@@ -172,19 +172,25 @@ def console_paths(lab_path: Path) -> tuple[Path, Path, Lab | None]:
     )
 
 
-def share_lab(lab_path: Path, records: list[Record], skip: str, dry_run: bool, say: Callable[[str], None]) -> None:
-    """The workstation's lab.yaml copied to every other machine added here. `cetlab lab push` is to replace this (it
-    validates and applies it live there); until then each agent reads it at its next start."""
-    text = lab_path.read_bytes() if lab_path.exists() else b""
-    for record in records:
-        if record.machine == skip:
-            continue
-        ssh = Ssh(Target.parse(record.target), Path(record.ssh_config) if record.ssh_config else None, dry_run, say)
-        try:
-            ssh.run(remote.receive_file(record.layout.lab), stdin=text)
-            say(f"  lab.yaml copied to {record.machine}")
-        except MachineError as exc:
-            say(f"  could not copy lab.yaml to {record.machine}: {exc}")
+async def push_everywhere(lab_path: Path, timeout_s: float, say: Callable[[str], None]) -> str:
+    """The workstation's lab.yaml pushed to every machine in it, as `cetlab lab push` does (validated there, applied
+    live, the peer trust it carries written: pinned host keys, the gateway's and coordinators' keys authorized); what
+    happened, in a few words. A machine that did not take it is said, with the command to run once it is back."""
+    from console.cli_lab import push_lab, said_line
+    from console.client import FleetClient
+
+    lab = load_lab(lab_path)
+    client = FleetClient(lab, subscribe=[], reconnect=False)
+    async with client:
+        await client.wait_connected(timeout_s)
+        replies, missing = await push_lab(lab, client, dry_run=False)
+    for name, reply in replies.items():
+        say("  " + said_line(name, reply).replace("\n", "\n  "))
+    failed = [name for name, reply in replies.items() if isinstance(reply, RemoteError)]
+    if failed or missing:
+        say(f"  then: cetlab lab push (once {', '.join(failed + missing)} answers)")
+        return f"pushed to {len(replies) - len(failed)} of {len(replies)} machines"
+    return f"pushed to {len(replies)} machine{'s' if len(replies) != 1 else ''}, applied live"
 
 
 async def wait_online(
@@ -290,7 +296,6 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
         gpus = o.gpus or ("nvml" if pre.gpus else "none")
         if o.dry_run:
             step.said = f"would add {o.name} ({host}:{port}, gpus: {gpus}) to {o.lab_path} and copy it to the machine"
-            lab_changed = True
         else:
             added = add_machine(o.lab_path, lab_name, o.name, host, port, gpus, f"{o.target}")
             text = o.lab_path.read_bytes()
@@ -298,9 +303,6 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
             copied = lab_sha != pre.lab_sha256
             if copied:
                 ssh.run(remote.receive_file(lay.lab), stdin=text)
-            lab_changed = lab_sha != record.started_lab_sha256  # than the lab.yaml the running agent read
-            if added or copied:
-                share_lab(o.lab_path, all_records(folder), o.name, o.dry_run, say)
             step.said = (
                 ("added to " if added else "already in ")
                 + str(o.lab_path)
@@ -308,12 +310,12 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
             )
 
     with progress.step("the agent as a service") as step:
-        if pre.agent_running and (lab_changed or venv_changed):
+        if pre.agent_running and venv_changed:
             for command in remote.restart_agent(pre, o.name):
                 ssh.run(command)
-            step.said = "restarted to run the new " + ("lab.yaml" if lab_changed else "venv")
+            step.said = "restarted to run the new venv"
         elif pre.agent_running:
-            step.said = "already running"
+            step.said = "already running (a changed lab.yaml is pushed to it live below)"
         else:
             for command in remote.start_agent(pre, o.name):
                 ssh.run(command)
@@ -326,11 +328,16 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
             record.started_lab_sha256 = hashlib.sha256(o.lab_path.read_bytes()).hexdigest()
             save_record(folder, record)
     if o.dry_run:
+        say(f"- lab.yaml pushed to every machine\n  would push {o.lab_path} (cetlab lab push): the peers learn {o.name}")
         return progress.steps
     with progress.step("online") as step:
         line = await wait_online(o.lab_path, o.name, o.timeout_s)
         say(line)
         step.said = f"{o.name} answers the console"
+    with progress.step("lab.yaml pushed to every machine (lab push)") as step:
+        # the new agent started from the copy above; the push gives every agent this lab.yaml live and the peer
+        # trust it needs (the gateway's machine its peers' host keys, and its key authorized on them)
+        step.said = await push_everywhere(o.lab_path, o.timeout_s, say)
     return progress.steps
 
 
@@ -365,7 +372,7 @@ async def remove(lab_path: Path, name: str, purge: bool, dry_run: bool, say: Cal
         if record is not None and not dry_run:
             (folder / f"{name}.json").unlink(missing_ok=True)
         step.said = ("host key unpinned; " if unpinned else "no host key pinned; ") + f"{name} taken out of {lab_path}"
-    if not dry_run:
-        with progress.step("lab.yaml copied to the other machines") as step:
-            share_lab(lab_path, all_records(folder), name, dry_run, say)
+    if not dry_run and (load_lab(lab_path).machines if lab_path.exists() else []):
+        with progress.step("lab.yaml pushed to the other machines (lab push)") as step:
+            step.said = await push_everywhere(lab_path, 30.0, say)  # the gateway drops its link to it, and its trust
     return progress.steps

@@ -17,6 +17,7 @@ from agents.notify.outbox import Outbox, Pending
 from agents.notify.secrets import SecretError, endpoint, redact
 from agents.runtime.children import minimal_env, run_helper
 from agents.runtime.store import DiskFull
+from agents.runtime.waits import wait_event
 from agents.wire.lab.notify import AlertmanagerRoute, CommandRoute, HttpRoute, Notify, WebhookRoute
 from agents.wire.sections.notify import Delivery, Notification
 
@@ -95,10 +96,7 @@ class RouteSender:
                 wait = self.settings.retry_max
             if wait > 0:
                 self.wake.clear()
-                try:
-                    await asyncio.wait_for(self.wake.wait(), wait)
-                except TimeoutError:
-                    pass
+                await wait_event(self.wake, wait)  # not wait_for: a stop() right after a wake-up must end this loop
 
     def _resend_wait(self) -> float:
         if not isinstance(self.route, AlertmanagerRoute):

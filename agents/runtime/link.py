@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agents.runtime.view import LabView
+from agents.runtime.waits import wait_event
 from agents.wire.events import EventInvalid, PushEvent, TickEvent, parse_event
 from agents.wire.lab.model import Machine
 from agents.wire.protocol import MAX_REPLY_BYTES, PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
@@ -301,10 +302,7 @@ class LinkCore:
             delay = link.backoff_s * (0.8 + 0.4 * random.random())
             link.backoff_s = min(self.settings.backoff_max_s, link.backoff_s * 2)
             link.retry.clear()
-            try:
-                await asyncio.wait_for(link.retry.wait(), delay)
-            except TimeoutError:
-                pass
+            await wait_event(link.retry, delay)  # not wait_for: a stop() right after retry_now() must end this loop
 
     async def _explain(self, link: Link, exc: BaseException) -> tuple[LinkStatus, str]:
         said = await self.opener.explain(link, exc)

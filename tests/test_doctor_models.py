@@ -62,7 +62,7 @@ def test_doctor_fails_on_a_missing_llama_server_and_gguf_and_on_a_file_that_is_n
     code, checks = doctor(lab, state, binary)
     assert code == 1
     server = checks["llama-server (tiny)"]
-    assert server["level"] == "FAIL" and "make llama-server" in server["message"], server
+    assert server["level"] == "FAIL" and "-m agents.runtime.llamacpp_build" in server["message"], server
     weights = checks["model tiny"]
     assert weights["level"] == "FAIL" and f"{tmp_path / 'models' / 'tiny.gguf'} does not exist" in weights["message"], weights
     assert "hf download" in weights["message"]
@@ -107,3 +107,26 @@ def test_doctor_warns_of_every_engine_another_user_can_reach(tmp_path):
     assert checks["model pinned listen"].level == WARN and "127.0.0.1:8123" in checks["model pinned listen"].message
     assert checks["model hf listen"].level == WARN and "no unix-socket option" in checks["model hf listen"].message
     assert "model quiet listen" not in checks
+
+
+def test_a_plain_script_recipe_without_torch_is_a_warning_and_a_gpu_recipe_a_failure(tmp_path):
+    """A recipe's Python without torch FAILs only where the recipe certainly imports it (on GPUs, under torchrun, or
+    cetlab's own trainer); a plain script may not need torch: a WARN saying so, not a FAIL."""
+    from agents.shell.doctor import FAIL, WARN, check_trainers
+    from agents.wire.lab.model import Lab
+
+    bare = tmp_path / "bare"  # a Python with no torch: a venv of its own, without system site-packages
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    python = str(bare / "bin" / "python")
+
+    def recipe(name: str, **more: object) -> dict[str, object]:
+        return {"name": name, "machine": "box", "command": [python, "job.py"], "output_dir": str(tmp_path / name), **more}
+
+    def level(trainer: dict[str, object]) -> str:
+        lab = Lab.model_validate({"lab": "t", "machines": [{"name": "box", "host": "127.0.0.1"}], "trainers": [trainer]})
+        (check,) = check_trainers(lab, "box")
+        return check.level
+
+    assert level(recipe("plain")) == WARN  # before: FAIL, for a script that never imports torch
+    assert level(recipe("on-gpu", gpus=[0])) == FAIL
+    assert level(recipe("ddp", launcher="torchrun")) == FAIL

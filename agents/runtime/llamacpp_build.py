@@ -19,11 +19,13 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +132,15 @@ def _run(argv: list[str], cwd: Path | None = None, log: Path | None = None, prog
     if done != 0:
         tail = log.read_bytes()[-3000:].decode(errors="replace")
         raise SystemExit(f"{' '.join(argv[:3])} failed (exit {done}); the end of {log}:\n{tail}")
+
+
+def build_command(capabilities: Iterable[float] = ()) -> str:
+    """The command that builds llama-server on this machine, with its own Python (a checkout's `make llama-server`
+    runs the same; a machine installed from a wheelhouse has no Makefile): CUDA for these compute capabilities, else
+    a CPU build."""
+    archs = sorted({str(round(cc * 10)) for cc in capabilities})  # 6.1 -> "61"
+    command = f"{shlex.quote(sys.executable)} -m agents.runtime.llamacpp_build"
+    return command + (f' --cuda --cuda-archs "{";".join(archs)}"' if archs else "")
 
 
 def build(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = None) -> Path:

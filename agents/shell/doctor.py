@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, KeyFileError, parse_authorized_keys
 from agents.wire.catalogue.doctor import Level
-from agents.wire.lab.model import Alerts, Lab, SimGpus
+from agents.wire.lab.model import Alerts, Lab, SimGpus, Trainer
 
 OK: Level = "OK"
 WARN: Level = "WARN"
@@ -324,6 +324,12 @@ def trainer_pythons(lab: Lab, machine: str) -> dict[str, list[str]]:
     return found
 
 
+def _needs_torch(trainer: Trainer) -> bool:
+    """A recipe that certainly imports torch: on GPUs, under torchrun, or cetlab's own trainer."""
+    runs = " ".join(trainer.command)
+    return bool(trainer.gpus) or trainer.launcher == "torchrun" or "cetlab-train" in runs or "agents.train" in runs
+
+
 def check_trainers(lab: Lab, machine: str) -> list[Check]:
     """Each Python this machine's recipes run: it starts, and has a torch (its kernels per GPU: `gpu N trainer torch`)."""
     if isinstance(lab.machine(machine).gpus, SimGpus):
@@ -340,8 +346,11 @@ def check_trainers(lab: Lab, machine: str) -> list[Check]:
             continue
         found = reader.probe(python)
         if found.error is not None:
-            level = WARN if found.timed_out else FAIL
-            checks.append(Check(name, level, f"{said}: {found.error}", f"{python} -m pip install torch"))
+            # a recipe on GPUs, under torchrun or cetlab's own trainer imports torch; a plain script may not need it
+            needs_torch = any(_needs_torch(t) for t in lab.trainers if t.name in recipes)
+            level = WARN if found.timed_out or not needs_torch else FAIL
+            unless = "" if needs_torch else " (fine if the recipe does not import torch)"
+            checks.append(Check(name, level, f"{said}: {found.error}{unless}", f"{python} -m pip install torch"))
         else:
             build = f"CUDA {found.cuda}" if found.cuda else "a CPU build"
             checks.append(Check(name, OK, f"{said}: torch {found.version}, {build}"))

@@ -180,7 +180,9 @@ class LlamacppEngine(Engine):
         binary = cls.binary()
         if binary is None:
             where = f"${llamacpp_build.BINARY_ENV}, {llamacpp_build.build_dir()}/bin, PATH"
-            checks.insert(0, InstallCheck(f"llama-server ({model.name})", False, f"not found ({where}): run `make llama-server`"))
+            caps = [cc for g in model.gpus if (cc := gpu_caps.get(g)) is not None]
+            build_it = llamacpp_build.build_command(caps)
+            checks.insert(0, InstallCheck(f"llama-server ({model.name})", False, f"not found ({where}): run `{build_it}`"))
         else:
             build = cls.gpu_build()
             placed = [g for g in model.gpus if g in gpu_caps]
@@ -188,7 +190,7 @@ class LlamacppEngine(Engine):
                 f"CUDA, kernels {' '.join('sm_' + a for a in build.archs) or 'not said'}" if build.kind == "cuda" else build.kind
             )
             cannot = [g for g in placed if (cc := gpu_caps[g]) is not None and build.runs_on(cc) is False]
-            fix = 'run `make llama-server LLAMA_CUDA_ARCHS="..."` with these GPUs\' archs (needs nvcc)'
+            fix = f"run `{llamacpp_build.build_command(c for g in placed if (c := gpu_caps[g]) is not None)}` (needs nvcc)"
             checks.insert(
                 0,
                 InstallCheck(

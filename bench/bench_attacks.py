@@ -40,9 +40,11 @@ from agents.wire.catalogue.method import request
 from agents.wire.lab.model import load_lab
 from bench.attacks_iv import (
     ATTACKER_GATEWAY_KEY,
+    connection_storm,
     gateway_url_and_key,
     issue_quota_keys,
     key_tokens_today,
+    open_channel,
     r1_choices,
     r2_lengths,
     r4_hanging_trainer_python,
@@ -149,22 +151,6 @@ def add_viewer(demo: DemoLab, where: Path) -> Path:
     with (demo.dir / "agents" / "box" / AUTHORIZED_KEYS_NAME).open("a") as f:
         f.write(f"viewer {key.export_public_key().decode().strip()}\n")
     return where / "viewer_key"
-
-
-async def open_channel(demo: DemoLab, key: Path) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHWriter, asyncssh.SSHReader]:
-    lab = load_lab(demo.lab_path)
-    m = lab.machine("box")
-    conn = await asyncssh.connect(
-        m.host,
-        m.port,
-        username="cetlab",
-        client_keys=[str(key)],
-        known_hosts=str(lab.resolve(lab.console.known_hosts)),
-        agent_path=None,
-        config=None,
-    )
-    writer, reader, _ = await conn.open_session(subsystem="cetlab", encoding=None)
-    return conn, writer, reader
 
 
 @dataclass
@@ -545,33 +531,7 @@ async def many_connections_one_key(demo: DemoLab, viewer: Path, seconds: float, 
 async def login_storm(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """N10: new idle TCP connections to the SSH port from the console's own address (127.0.0.1), as fast as they open
     (the issue measured 2,000 a second), each held until the agent closes it or 900 newer ones are open."""
-    port = load_lab(demo.lab_path).machine("box").port
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
-    held: list[socket.socket] = []
-    opened = 0
-    loop = asyncio.get_running_loop()
-    end = time.monotonic() + seconds
-    try:
-        while time.monotonic() < end:
-            s = socket.socket()
-            s.setblocking(False)
-            try:
-                await asyncio.wait_for(loop.sock_connect(s, ("127.0.0.1", port)), 1)
-            except (TimeoutError, OSError):
-                s.close()
-                continue
-            opened += 1
-            held.append(s)
-            if len(held) > 900:
-                held.pop(0).close()
-            if opened % 20 == 0:
-                await asyncio.sleep(0.01)  # ~2,000 a second at most
-    finally:
-        for s in held:
-            s.close()
-    results["storm_opened"] = opened
-    results["storm_rate_per_s"] = round(opened / seconds)
+    await connection_storm(demo, seconds, results)
 
 
 ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {

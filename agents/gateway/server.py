@@ -13,6 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from agents.gateway import proxy
+from agents.gateway.chat_params import chat_params_problem, engine_refusal
 from agents.gateway.fanout import Fanout
 from agents.gateway.keys import ApiKey, QuotaExceeded
 from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
@@ -267,9 +268,13 @@ class GatewayHttp:
             problem = parameter_problem(body)
             if problem is not None:
                 raise NotServable(400, problem[0], "invalid_parameter", param=problem[1])
-            chat_problem = messages_problem(body) if path.endswith("chat/completions") else None
+            chat = path.endswith("chat/completions")
+            chat_problem = messages_problem(body) if chat else None
             if chat_problem is not None:
                 raise NotServable(400, chat_problem[0], chat_problem[2], param=chat_problem[1])
+            structured = chat_params_problem(body) if chat else None
+            if structured is not None:
+                raise NotServable(400, structured[0], "invalid_parameter", param=structured[1])
             record.stream = body.get("stream") is True
             if known:  # an unknown name gets no figures of its own (and its 404 below)
                 record.model = self.gw.router.canonical(model)
@@ -283,6 +288,9 @@ class GatewayHttp:
             for attempt in range(2):
                 target = await self.gw.router.route(model, max_wait_s)
                 record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
+                refused = engine_refusal(body, target.engine_model) if chat else None
+                if refused is not None:
+                    raise NotServable(400, refused[0], "unsupported_parameter", param=refused[1])
                 if not attempt:
                     self.holds.reserve_money(hold, target, prompt_tokens)
                 upstream_body = with_lengths(body, hold.figure, target)

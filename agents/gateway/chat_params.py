@@ -9,19 +9,16 @@ refuses both with OpenAI's 400, `param` named, as OpenAI answers a parameter it 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.wire.lab.model import Model
 
-MAX_TOP_LOGPROBS = 20  # OpenAI's bound (vLLM and llama-server take more: a client written for OpenAI never asks it)
+if TYPE_CHECKING:
+    from agents.orchestra.spec import EngineSpec
 
-# what `transformers serve` refuses (its UNUSED_CHAT_COMPLETION_FIELDS: "Receiving these raises an error"); tools
-# it takes, into the chat template
-TRANSFORMERS_REFUSES = ("response_format", "tool_choice", "logprobs", "top_logprobs", "parallel_tool_calls")
-NO_JINJA = "--no-jinja"  # llama-server renders tools only through the model's jinja template (on by default)
-VLLM_AUTO_TOOLS = "--enable-auto-tool-choice"  # vLLM picks tool calls out of free text only with it (and a parser)
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound (vLLM and llama-server take more: a client written for OpenAI never asks it)
 
 
 class _Function(BaseModel):
@@ -109,24 +106,23 @@ def _param(loc: tuple[int | str, ...]) -> str:
     return out or "body"
 
 
-def engine_refusal(body: dict[str, Any], model: Model | None) -> tuple[str, str] | None:
-    """(message, param) when the engine serving ``model`` cannot take a parameter of this chat body, or None."""
-    if model is None:
+def engine_refusal(body: dict[str, Any], model: Model | None, spec: EngineSpec | None) -> tuple[str, str] | None:
+    """(message, param) when the engine serving ``model`` (its spec says what it takes) cannot take a parameter of
+    this chat body, or None."""
+    if model is None or spec is None:
         return None
-    asked = [name for name in body if body[name] is not None]
-    if model.engine == "transformers":
-        for name in TRANSFORMERS_REFUSES:
-            if name in asked and body[name] is not False:
-                return f"{name} is not supported by `transformers serve`, which serves {model.name}.", name
-    if model.engine in ("llamacpp", "sim-llamacpp") and body.get("tools") and NO_JINJA in model.args:
-        return f"{model.name} (llama-server) runs with {NO_JINJA}: its chat template takes no tools.", "tools"
-    if model.engine in ("vllm", "sim") and body.get("tools") and body.get("tool_choice") in (None, "auto"):
-        if VLLM_AUTO_TOOLS not in model.args:
-            return (
-                f"{model.name} (vLLM) is served without automatic tool choice: add `{VLLM_AUTO_TOOLS} --tool-call-parser"
-                " NAME` to its args in lab.yaml, or ask tool_choice 'required' or a named function.",
-                "tool_choice",
-            )
+    for name in spec.refuses_params:
+        if body.get(name) not in (None, False):
+            return f"{name} is not supported by {spec.title}, which serves {model.name}.", name
+    if body.get("tools") and spec.tools_off_flag is not None and spec.tools_off_flag in model.args:
+        return f"{model.name} ({spec.title}) runs with {spec.tools_off_flag}: it takes no tools.", "tools"
+    auto = spec.auto_tools_flag
+    if body.get("tools") and body.get("tool_choice") in (None, "auto") and auto is not None and auto not in model.args:
+        return (
+            f"{model.name} ({spec.title}) is served without automatic tool choice: add `{auto} --tool-call-parser NAME`"
+            " to its args in lab.yaml, or ask tool_choice 'required' or a named function.",
+            "tool_choice",
+        )
     return None
 
 

@@ -36,7 +36,11 @@ WEATHER = {
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
     "required": ["name", "age", "tags"],
 }
 MESSAGES = [{"role": "user", "content": "What is the weather in Lyon?"}]
@@ -103,7 +107,12 @@ async def test_a_tool_call_plain_and_streamed(sdk):
     assert [c.function.name for c in named.choices[0].message.tool_calls or []] == ["get_time"]
 
     stream = await sdk.chat.completions.create(
-        model="tooly", messages=MESSAGES, tools=[WEATHER], tool_choice="required", stream=True, stream_options={"include_usage": True}
+        model="tooly",
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice="required",
+        stream=True,
+        stream_options={"include_usage": True},
     )
     pieces: list[str] = []
     heads, finish, usage = [], None, None
@@ -161,9 +170,20 @@ async def test_what_an_engine_cannot_take_is_refused_naming_the_param(sdk, tools
         await fleet.wait_connected(20)
         hf = await fleet.call("hub", "models.get", {"model": "hf-small"})
     assert hf["state"] not in ("warm", "loading")
-    # what vLLM takes without a parser: a named function or "required" (guided decoding)
-    named = await sdk.chat.completions.create(model="vl", messages=MESSAGES, tools=[WEATHER], tool_choice="required", max_tokens=3)
-    assert named.choices
+    # what vLLM takes without a parser: "required" or a named function (guided decoding), streamed too
+    forced = await sdk.chat.completions.create(model="vl", messages=MESSAGES, tools=[WEATHER], tool_choice="required")
+    (call,) = forced.choices[0].message.tool_calls or []
+    assert call.id.startswith("chatcmpl-tool-") and json.loads(call.function.arguments)["unit"] in ("c", "f")
+    assert forced.choices[0].finish_reason == "tool_calls"
+    stream = await sdk.chat.completions.create(
+        model="vl",
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        stream=True,
+    )
+    pieces = [d.function.arguments or "" async for c in stream for p in c.choices for d in p.delta.tool_calls or [] if d.function]
+    assert json.loads("".join(pieces))["unit"] in ("c", "f") and len(pieces) > 1
 
 
 def test_the_rules_by_engine_spec():

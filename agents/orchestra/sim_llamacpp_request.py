@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.orchestra.sim_state import WORDS
-from agents.orchestra.sim_structured import Structured
+from agents.orchestra.sim_structured import ANY_OBJECT, Structured  # any object: llama-server's grammar allows any
 
 INT_MAX = 2**31 - 1
 CHAT_TOP_LOGPROBS = 20  # chat's logprobs: true without top_logprobs lists this many alternatives
@@ -173,10 +173,6 @@ def parse_request(body: object, chat: bool, slots: int) -> LlamaRequest:
     request.n_probs = _n_probs(body, chat)
     request.structured = _structured(body) if chat else None
     return request
-
-
-# what a json_object answer holds: llama-server's grammar allows any object, this one is as good as any
-ANY_OBJECT = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
 
 
 def _structured(body: dict[str, Any]) -> Structured | None:

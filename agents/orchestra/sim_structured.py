@@ -12,10 +12,11 @@ import json
 import random
 import string
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from agents.orchestra.sim_state import WORDS
+from pydantic import BaseModel, ConfigDict, Field
 
+WORDS = ("lab", "model", "token", "warm", "engine", "cache", "swap", "queue")  # a string value's words
 MAX_DEPTH = 4  # a recursive schema stops here
 
 
@@ -81,3 +82,52 @@ def pieces(value: object, rng: random.Random) -> list[str]:
 def call_id(rng: random.Random) -> str:
     """A tool call's id as llama-server makes one: 32 random letters and digits."""
     return "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(32))
+
+
+# vLLM's request models for these fields (its protocol's pydantic types: a malformed one is a 400 naming the field)
+class VllmFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class VllmTool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: VllmFunction
+
+
+class VllmNamed(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: VllmFunction
+
+
+class VllmJsonSchema(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+
+
+class VllmResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: VllmJsonSchema | None = None
+
+
+ANY_OBJECT = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+
+
+def constraint(tools: list[VllmTool] | None, choice: str | VllmNamed | None, fmt: VllmResponseFormat | None) -> Structured | None:
+    """What a vLLM request constrains its answer to: a call of the named (or, "required", the first) tool, JSON of
+    the response_format's schema, or any JSON object."""
+    if tools and (choice == "required" or isinstance(choice, VllmNamed)):
+        named = choice.function.name if isinstance(choice, VllmNamed) else None
+        function = next((t.function for t in tools if t.function.name == named), tools[0].function)
+        return Structured(function.parameters or {"type": "object"}, function.name)
+    if fmt is not None and fmt.type == "json_schema":
+        schema = fmt.json_schema.json_schema if fmt.json_schema is not None else None
+        return Structured(schema or {"type": "object"})
+    if fmt is not None and fmt.type == "json_object":
+        return Structured(ANY_OBJECT)
+    return None

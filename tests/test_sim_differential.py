@@ -105,7 +105,7 @@ for _stream in (False, True):
     _s = {"stream": True, "stream_options": {"include_usage": True}} if _stream else {}
     _tag = f"chat{'-stream' if _stream else ''}"
     MATRIX += [
-        (f"{_tag}-json_schema", CHAT, chat(max_tokens=128, response_format=_json_schema(BOUNDED), **_s)),
+        (f"{_tag}-json_schema", CHAT, chat(max_tokens=256, response_format=_json_schema(BOUNDED), **_s)),
         (f"{_tag}-json_schema-cut", CHAT, chat(max_tokens=1, response_format=_json_schema(BOUNDED), **_s)),
         (f"{_tag}-json_object-cut", CHAT, chat(max_tokens=3, response_format={"type": "json_object"}, **_s)),
         (f"{_tag}-response_format-text", CHAT, chat(max_tokens=3, response_format={"type": "text"}, **_s)),

@@ -61,6 +61,7 @@ from bench.attacks_iv import (
 from bench.attacks_keys import issue_limit_keys, k1_other_models, k2_budget_burst
 from bench.attacks_push import l1_viewer_pushes, l2_hostile_texts
 from bench.attacks_r3 import r3_engine_of_another_user
+from bench.attacks_tools import t1_hostile_tools
 from bench.common import percentile
 from console.client import FleetClient
 
@@ -562,6 +563,7 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "L2 hostile lab.yaml texts pushed": l2_hostile_texts,
     "K1 a key limited to one model asks another": k1_other_models,
     "K2 bursts past a key's money budget": k2_budget_burst,
+    "T1 hostile tools and schemas": t1_hostile_tools,
 }
 
 

@@ -81,7 +81,7 @@ async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body:
         if isinstance(body.get("model"), str):
             outcome.raw = rewrite_answer(raw, body["model"], chat=path.endswith("chat/completions"))
     else:
-        outcome.raw, outcome.content_type = upstream_error(raw, response.status, target.where), "application/json"
+        outcome.raw, outcome.content_type = upstream_error(raw, response.status, target.where, body), "application/json"
         outcome.error = f"{target.where} answered {response.status}"
     return outcome
 
@@ -115,7 +115,7 @@ async def stream(
                 raw = rewrite_answer(raw, client_model, chat=path.endswith("chat/completions"))
                 content_type = upstream.content_type
             else:
-                raw, content_type = upstream_error(raw, upstream.status, target.where), "application/json"
+                raw, content_type = upstream_error(raw, upstream.status, target.where, body), "application/json"
             answer = web.Response(body=raw, status=upstream.status, content_type=content_type, headers=tier_headers(target))
             return answer, outcome
         response = web.StreamResponse(

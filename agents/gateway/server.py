@@ -13,6 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from agents.gateway import proxy
+from agents.gateway.chat_params import chat_params_problem, engine_refusal
 from agents.gateway.fanout import Fanout
 from agents.gateway.keys import ApiKey, QuotaExceeded
 from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
@@ -30,6 +31,7 @@ from agents.gateway.openai_api import (
 from agents.gateway.reservation import Hold, Reservations
 from agents.gateway.router import NotServable, Target
 from agents.wire.lab.gateway import find_provider_model
+from agents.wire.lab.model import Model
 
 if TYPE_CHECKING:
     from agents.gateway.component import GatewayComponent
@@ -267,14 +269,21 @@ class GatewayHttp:
             problem = parameter_problem(body)
             if problem is not None:
                 raise NotServable(400, problem[0], "invalid_parameter", param=problem[1])
-            chat_problem = messages_problem(body) if path.endswith("chat/completions") else None
+            chat = path.endswith("chat/completions")
+            chat_problem = messages_problem(body) if chat else None
             if chat_problem is not None:
                 raise NotServable(400, chat_problem[0], chat_problem[2], param=chat_problem[1])
+            structured = chat_params_problem(body) if chat else None
+            if structured is not None:
+                raise NotServable(400, structured[0], "invalid_parameter", param=structured[1])
             record.stream = body.get("stream") is True
             if known:  # an unknown name gets no figures of its own (and its 404 below)
                 record.model = self.gw.router.canonical(model)
                 stats = self.gw.meter.stats(record.model)
                 stats.in_flight += 1
+            lab_model = self.gw.router.local.get(self.gw.router.canonical(model))
+            if chat and lab_model is not None:  # before a model is brought up for a request its engine would refuse
+                self.refuse_unsupported(body, lab_model)
             max_wait_s = max_wait(request)
             self.holds.enter(key)
             entered = True
@@ -283,6 +292,8 @@ class GatewayHttp:
             for attempt in range(2):
                 target = await self.gw.router.route(model, max_wait_s)
                 record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
+                if chat and target.engine_model is not None and target.engine_model is not lab_model:
+                    self.refuse_unsupported(body, target.engine_model)  # a checkpoint's or an adapter's engine
                 if not attempt:
                     self.holds.reserve_money(hold, target, prompt_tokens)
                 upstream_body = with_lengths(body, hold.figure, target)
@@ -330,6 +341,12 @@ class GatewayHttp:
                 self.holds.leave(key)
             record.latency_s = round(time.monotonic() - started, 6)
             self.gw.meter.record(record)
+
+    def refuse_unsupported(self, body: dict[str, Any], model: Model) -> None:
+        """A 400 naming the param when the engine that serves ``model`` cannot take one of this chat body's."""
+        refused = engine_refusal(body, model, self.gw.router.engine_spec(model.engine))
+        if refused is not None:
+            raise NotServable(400, refused[0], "unsupported_parameter", param=refused[1])
 
     def _abandoned(
         self, request: web.Request, key: ApiKey, record: Record, target: Target, hold: Hold, body: dict[str, Any]

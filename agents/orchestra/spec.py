@@ -55,6 +55,12 @@ class EngineSpec:
     gpu_stack: StackKind | None = None
     # load-phase lines in the engine's log: phase name -> regex whose first group is seconds
     load_phases: dict[str, str] = field(default_factory=dict)
+    # chat parameters the engine refuses outright, which the gateway refuses first, naming the param
+    refuses_params: tuple[str, ...] = ()
+    # a flag among a model's args that takes tools away (llama-server's --no-jinja: no chat template renders them)
+    tools_off_flag: str | None = None
+    # the flag a model's args need for tool_choice "auto" (vLLM reads calls out of free text only with a parser)
+    auto_tools_flag: str | None = None
 
     @property
     def can_sleep(self) -> bool:

@@ -48,9 +48,17 @@ def _copy_field(writer: GGUFWriter, reader: GGUFReader, key: str) -> None:
 
 
 def write_tiny_gguf(
-    out: Path, vocab: Path, seed: int = 0, name: str = "tiny-llama", embed: int = EMBED, layers: int = LAYERS, ffn: int = FFN
+    out: Path,
+    vocab: Path,
+    seed: int = 0,
+    name: str = "tiny-llama",
+    embed: int = EMBED,
+    layers: int = LAYERS,
+    ffn: int = FFN,
+    chat_template: str | None = None,
 ) -> Path:
-    """A random Llama at ``out`` (by default 2 layers, f32, ~17 MB; benches ask for bigger), tokenizer from ``vocab``."""
+    """A random Llama at ``out`` (by default 2 layers, f32, ~17 MB; benches ask for bigger), tokenizer from ``vocab``;
+    with ``chat_template`` (e.g. agents.orchestra.chat_templates.QWEN25) as its tokenizer.chat_template."""
     reader = GGUFReader(str(vocab))
     n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     rng = np.random.default_rng(seed)
@@ -70,6 +78,12 @@ def write_tiny_gguf(
     writer.add_file_type(0)  # all f32
     for key in TOKENIZER_KEYS:
         _copy_field(writer, reader, key)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+        # llama-server feeds the template's generation prompt ("<|im_start|>assistant\n") to a tool-call or JSON
+        # grammar token by token and drops a first token that starts with a space: SentencePiece's space prefix
+        # (a first token " <") would lose the "<" and every constrained request fail with "Failed to initialize samplers"
+        writer.add_add_space_prefix(False)
 
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)

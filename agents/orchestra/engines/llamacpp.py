@@ -58,6 +58,7 @@ LLAMACPP_SPEC = EngineSpec(
     adapters="at-start",
     adapter_format="gguf",
     multi_gpu="layer-split",
+    tools_off_flag="--no-jinja",  # tools go through the model's jinja chat template (on by default in the pinned build)
     model_formats=("gguf",),
     metric_names=LLAMACPP_METRICS,
     min_compute_capability=LLAMACPP_CUDA_MIN_CC,

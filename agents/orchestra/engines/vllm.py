@@ -255,6 +255,7 @@ VLLM_SPEC = EngineSpec(
     metric_names=VLLM_METRICS,
     min_compute_capability=float(VLLM_MIN),  # vLLM's floor in every build (no Pascal)
     load_phases=VLLM_PHASES,
+    auto_tools_flag="--enable-auto-tool-choice",  # with --tool-call-parser NAME (hermes, llama3_json, ...)
 )
 
 

@@ -340,13 +340,15 @@ class Engine:
 
     async def warm_up(self, timeout_s: float) -> dict[str, Any]:
         """A real first completion: the engine compiles and allocates now, not on a user's request."""
-        prompt, body = self.model.warmup_prompt, {"model": self.served_name}
-        path, extra = {
+        prompt = self.model.warmup_prompt
+        warmups: dict[str, tuple[str, dict[str, Any]]] = {
             "chat": ("/v1/completions", {"prompt": prompt, "max_tokens": 8}),
             "embedding": ("/v1/embeddings", {"input": prompt}),
             "rerank": ("/v1/rerank", {"query": prompt, "documents": [prompt]}),
-        }[self.model.serves]
-        answer = json.loads(await self.http("POST", path, {**body, **extra}, timeout_s=timeout_s))
+        }
+        path, extra = warmups[self.model.serves]
+        body = {"model": self.served_name, **extra}
+        answer = json.loads(await self.http("POST", path, body, timeout_s=timeout_s))
         if not isinstance(answer, dict):
             raise EngineRequestFailed(f"POST {path} answered {type(answer).__name__}, not a JSON object")
         return answer

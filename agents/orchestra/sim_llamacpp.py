@@ -267,7 +267,10 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"success": True})
             return
         pooling = POOLING_PATHS.get(path)
-        if path not in ("/v1/completions", "/v1/chat/completions", "/completion", "/completions", "/chat/completions") and not pooling:
+        if (
+            path not in ("/v1/completions", "/v1/chat/completions", "/completion", "/completions", "/chat/completions")
+            and not pooling
+        ):
             self._error(404, "File Not Found", "not_found_error")
             return
         if not state.loaded:

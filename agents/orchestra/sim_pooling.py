@@ -66,9 +66,7 @@ def embeddings(body: dict[str, Any], model: str, enabled: bool, refusal: str) ->
     data = []
     for index, text in enumerate(texts):
         values = vector(text, dimensions)
-        embedding: object = (
-            base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode() if fmt == "base64" else values
-        )
+        embedding: object = base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode() if fmt == "base64" else values
         data.append({"object": "embedding", "index": index, "embedding": embedding})
     prompt = sum(_tokens(t) for t in texts)
     return {"object": "list", "model": model, "data": data, "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}

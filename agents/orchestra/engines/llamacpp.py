@@ -242,7 +242,14 @@ class LlamacppEngine(Engine):
     def serve_flags(self) -> list[str]:
         """llama-server's flags after the model: the agent's, then lab.yaml's args (which win where they repeat)."""
         args = list(self.model.args)
-        flags = [*self.listen_flags(), "--alias", self.served_name, "--metrics", *self.split_flags(), *POOLING_FLAGS[self.model.serves]]
+        flags = [
+            *self.listen_flags(),
+            "--alias",
+            self.served_name,
+            "--metrics",
+            *self.split_flags(),
+            *POOLING_FLAGS[self.model.serves],
+        ]
         return flags + args
 
     def argv(self) -> list[str]:

@@ -135,7 +135,10 @@ async def test_responses_plain_and_streamed(sdk, routes_lab, name):
     assert final.output_text == "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert [e.sequence_number for e in events] == list(range(len(events)))
     # held and metered as chat is: the engine's count, under the model's name, stream and not
-    await wait_for(lambda: {(0, 200, "engine", 5), (1, 200, "engine", 4)} <= {r[:3] + r[4:] for r in request_log(routes_lab, name)}, timeout=10)
+    await wait_for(
+        lambda: {(0, 200, "engine", 5), (1, 200, "engine", 4)} <= {r[:3] + r[4:] for r in request_log(routes_lab, name)},
+        timeout=10,
+    )
 
 
 def chat_stream(pieces: list[str], reason: str) -> bytes:
@@ -175,7 +178,10 @@ async def test_responses_refuses_what_it_cannot_map(sdk):
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"tools": [{"type": "web_search"}]}, "tools"),
         ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].type"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]}, "input[0].content[0].type"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
+            "input[0].content[0].type",
+        ),
     ):
         with pytest.raises(openai.BadRequestError) as err:
             await sdk.responses.create(**{"model": "talk", "input": "hi", **bad})
@@ -236,11 +242,16 @@ async def test_anthropic_messages_plain_and_streamed(claude, routes_lab, name):
     ) as stream:
         kinds = [event.type async for event in stream]
         final = await stream.get_final_message()
-    assert kinds[0] == "message_start" and kinds[1] == "content_block_start" and kinds[-3:] == [
-        "content_block_stop",
-        "message_delta",
-        "message_stop",
-    ]
+    assert (
+        kinds[0] == "message_start"
+        and kinds[1] == "content_block_start"
+        and kinds[-3:]
+        == [
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
+        ]
+    )
     assert final.content[0].text.strip() and final.usage.output_tokens == 4 and final.stop_reason == "max_tokens"
 
 

@@ -219,6 +219,10 @@ async def test_rerank(routes_lab, ready, name):
 
 
 async def test_a_route_the_model_does_not_serve_is_refused_naming_model(sdk):
+    listed = {m.id: m for m in (await sdk.models.list()).data}
+    assert (
+        listed["vectors"].serves == "embedding" and listed["llama-ranks"].serves == "rerank" and listed["talk"].serves == "chat"
+    )
     with pytest.raises(openai.BadRequestError) as err:
         await sdk.chat.completions.create(model="vectors", messages=[{"role": "user", "content": "hi"}])
     assert err.value.body["param"] == "model" and "embedding" in err.value.body["message"]

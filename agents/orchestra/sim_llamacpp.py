@@ -279,9 +279,6 @@ class Handler(BaseHTTPRequestHandler):
         if pooling:
             self._pooling(pooling, body)
             return
-        if state.args.embedding or state.args.reranking:
-            self._error(501, "This server does not support completions. Start it without `--embeddings`", "not_supported_error")
-            return
         try:
             request = parse_request(body, "chat" in path, state.args.parallel)
         except LlamaRequestError as exc:
@@ -322,9 +319,11 @@ class Handler(BaseHTTPRequestHandler):
             if not isinstance(body, dict):
                 raise sim_pooling.PoolingError(400, "the body must be a JSON object")
             if route == "embeddings":
-                answer = sim_pooling.embeddings(body, state.args.alias, state.args.embedding, EMBEDDINGS_OFF)
+                # --reranking implies embeddings in llama-server (a ranking model's pooled vector)
+                enabled = state.args.embedding or state.args.reranking
+                answer = sim_pooling.embeddings(body, state.args.alias, enabled, EMBEDDINGS_OFF, reads_dimensions=False)
             else:
-                answer = sim_pooling.rerank(body, state.args.alias, state.args.reranking, RERANK_OFF)
+                answer = sim_pooling.rerank(body, state.args.alias, state.args.reranking, RERANK_OFF, echoes_documents=False)
         except sim_pooling.PoolingError as exc:
             self._error(exc.status, exc.message, "not_supported_error" if exc.status == 501 else "invalid_request_error")
             return

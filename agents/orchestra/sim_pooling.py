@@ -29,7 +29,12 @@ def _tokens(text: str) -> int:
 
 
 def _inputs(value: object) -> list[str]:
-    """OpenAI's four forms of `input`, each as one text (a token list is its numbers, as words)."""
+    """OpenAI's four forms of `input`, each as one text (a token list is its numbers, as words); llama-server's words
+    for what it refuses."""
+    if value is None:
+        raise PoolingError(400, '"input" or "content" must be provided', "input")
+    if isinstance(value, list) and not value:
+        raise PoolingError(400, '"input" must not be empty', "input")
     if isinstance(value, str):
         return [value]
     if isinstance(value, list) and value:
@@ -39,7 +44,7 @@ def _inputs(value: object) -> list[str]:
             return [" ".join(map(str, value))]
         if all(isinstance(v, list) and v and all(isinstance(t, int) for t in v) for v in value):
             return [" ".join(map(str, v)) for v in value]
-    raise PoolingError(400, "input must be a string, a list of strings, a token list or a list of token lists", "input")
+    raise PoolingError(400, '"prompt" elements must be a string, a list of tokens, or a list of mixed strings & tokens.', "input")
 
 
 def vector(text: str, dimensions: int = DIMENSIONS) -> list[float]:
@@ -53,14 +58,15 @@ def vector(text: str, dimensions: int = DIMENSIONS) -> list[float]:
     return [v / norm for v in total]
 
 
-def embeddings(body: dict[str, Any], model: str, enabled: bool, refusal: str) -> dict[str, Any]:
+def embeddings(body: dict[str, Any], model: str, enabled: bool, refusal: str, reads_dimensions: bool) -> dict[str, Any]:
+    """reads_dimensions: vLLM's (a model that is not matryoshka refuses `dimensions`); llama-server ignores it."""
     if not enabled:
         raise PoolingError(501, refusal)
     texts = _inputs(body.get("input"))
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):
-        raise PoolingError(400, f"encoding_format must be float or base64, got {str(fmt)[:20]!r}", "encoding_format")
-    dimensions = body.get("dimensions") or DIMENSIONS
+        raise PoolingError(400, "The format to return the embeddings in. Can be either float or base64", "encoding_format")
+    dimensions = (body.get("dimensions") if reads_dimensions else None) or DIMENSIONS
     if not isinstance(dimensions, int) or not 1 <= dimensions <= DIMENSIONS:
         raise PoolingError(400, f"dimensions must be 1 to {DIMENSIONS} for this model", "dimensions")
     data = []
@@ -72,24 +78,25 @@ def embeddings(body: dict[str, Any], model: str, enabled: bool, refusal: str) ->
     return {"object": "list", "model": model, "data": data, "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}
 
 
-def rerank(body: dict[str, Any], model: str, enabled: bool, refusal: str) -> dict[str, Any]:
+def rerank(body: dict[str, Any], model: str, enabled: bool, refusal: str, echoes_documents: bool) -> dict[str, Any]:
+    """echoes_documents: vLLM's (return_documents gives each result its `document`); llama-server never does."""
     if not enabled:
         raise PoolingError(501, refusal)
     query, documents, top_n = body.get("query"), body.get("documents"), body.get("top_n")
     if not isinstance(query, str):
         raise PoolingError(400, '"query" must be provided', "query")
-    if not isinstance(documents, list) or not documents:
+    if not isinstance(documents, list) or not documents or not all(isinstance(d, str) for d in documents):
         raise PoolingError(400, '"documents" must be a non-empty string array', "documents")
-    texts = [d if isinstance(d, str) else str(d.get("text", "")) if isinstance(d, dict) else str(d) for d in documents]
-    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
-        raise PoolingError(400, "top_n must be a whole number >= 1", "top_n")
+    texts: list[str] = documents
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0):
+        raise PoolingError(400, "top_n must be a whole number >= 0", "top_n")
     asked = vector(query)
     scored = [(sum(a * b for a, b in zip(asked, vector(t), strict=True)), i) for i, t in enumerate(texts)]
     scored.sort(key=lambda pair: (-pair[0], pair[1]))
     results: list[dict[str, Any]] = []
-    for score, index in scored[: top_n or len(scored)]:
+    for score, index in scored[: len(scored) if top_n is None else top_n]:
         entry: dict[str, Any] = {"index": index, "relevance_score": round(score, 6)}
-        if body.get("return_documents"):
+        if echoes_documents and body.get("return_documents"):
             entry["document"] = {"text": texts[index]}
         results.append(entry)
     prompt = sum(_tokens(query) + _tokens(t) for t in texts)  # a cross-encoder reads the query with each document

@@ -240,10 +240,10 @@ class Handler(BaseHTTPRequestHandler):
         pooling, off = state.args.runner == "pooling", "The model does not support this API: start it with --runner pooling"
         try:
             if path == "/v1/embeddings":
-                answer = sim_pooling.embeddings(body, state.name, pooling, off)
+                answer = sim_pooling.embeddings(body, state.name, pooling, off, reads_dimensions=True)
                 answer["id"] = f"embd-sim-{time.time_ns()}"
             else:
-                answer = sim_pooling.rerank(body, state.name, pooling, off)
+                answer = sim_pooling.rerank(body, state.name, pooling, off, echoes_documents=True)
                 answer["id"] = f"rerank-sim-{time.time_ns()}"
         except sim_pooling.PoolingError as exc:
             self._error(404 if exc.status == 501 else exc.status, exc.message, exc.param)

@@ -297,3 +297,43 @@ async def test_a_key_limited_to_one_model_is_refused_the_others_on_every_route(r
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {gateway_key(routes_lab)}"}) as session:
         async with session.post(lab.gateway.url + "/embeddings", data=body) as r:  # over OpenAI's 2048 inputs: refused
             assert r.status == 400 and (await r.json())["error"]["param"] == "input"
+
+
+# a body for each route (a new route without one here fails the test below: every route must show the shared steps)
+ROUTE_BODIES = {
+    "/v1/chat/completions": {"model": "talk", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    "/v1/completions": {"model": "talk", "prompt": "hi", "max_tokens": 2},
+    "/v1/embeddings": {"model": "vectors", "input": "hi"},
+    "/v1/rerank": {"model": "ranks", "query": "hi", "documents": ["a", "b"]},
+    "/v1/responses": {"model": "talk", "input": "hi", "max_output_tokens": 2},
+    "/v1/messages": {"model": "talk", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+}
+
+
+async def test_every_route_takes_the_key_check_the_hold_and_the_meter(routes_lab, ready):
+    from agents.gateway.routes import ROUTES
+
+    base = load_lab(routes_lab.lab_path).gateway.url.removesuffix("/v1")
+    keys = {}
+    for name, params in (("other-model", {"models": ["nothing-*"]}), ("one-token", {"tokens_per_day": 1})):
+        keys[name] = (await ready.call("hub", "gateway.keys.add", {"name": name, **params}))["key"]
+    async with aiohttp.ClientSession() as session:
+        for route in ROUTES:
+            body = ROUTE_BODIES[route.path]
+            seen = {}
+            for label, headers in (
+                ("no key", {}),
+                ("another model's key", {"Authorization": f"Bearer {keys['other-model']}"}),
+                ("a key of one token a day", {"x-api-key": keys["one-token"]}),
+                ("the gateway's key", {"Authorization": f"Bearer {gateway_key(routes_lab)}"}),
+            ):
+                async with session.post(base + route.path, json=body, headers=headers) as r:
+                    seen[label] = r.status
+                    await r.read()
+            assert seen == {
+                "no key": 401,
+                "another model's key": 404,
+                "a key of one token a day": 429,  # held before going upstream: its prompt alone does not fit
+                "the gateway's key": 200,
+            }, route.path
+            await wait_for(lambda: any(r[1] == 200 for r in request_log(routes_lab, body["model"])), timeout=10)

@@ -79,7 +79,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 f"input[{index}].type",
                 f"input[{index}] is a {str(item.get('type'))[:40]} item: only messages are mapped onto chat by this gateway",
             )
-        role = ROLES.get(item.get("role"))  # type: ignore[arg-type]
+        role = ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None
         if role is None:
             raise refuse(f"input[{index}].role", f"input[{index}].role must be one of {', '.join(ROLES)}")
         messages.append({"role": role, "content": _content(index, item.get("content"))})

@@ -94,3 +94,22 @@ def test_any_upstream_stream_maps_without_raising_and_ends_once(events, noise):
         assert kinds, "a stream always starts and ends"
         ends = {b"event: response.completed", b"event: response.incomplete", b"event: message_stop", b"event: error"}
         assert sum(k in ends for k in kinds) == 1 and kinds[-1] in ends
+
+
+def test_each_engine_is_started_to_serve_what_its_model_serves():
+    from pathlib import Path
+
+    from agents.orchestra.engines.llamacpp import LlamacppEngine
+    from agents.orchestra.engines.vllm import VllmEngine
+    from agents.wire.lab.model import Model
+
+    def argv(kind: type, engine: str, serves: str) -> list[str]:
+        model = Model.model_validate({"name": "m", "path": "/m/m.gguf", "machine": "x", "engine": engine, "serves": serves})
+        return kind(model, Path(model.path), "x", [], Path("/tmp/m.log")).serve_flags()
+
+    assert "--embedding" in argv(LlamacppEngine, "llamacpp", "embedding")
+    assert "--reranking" in argv(LlamacppEngine, "llamacpp", "rerank")
+    chat = argv(LlamacppEngine, "llamacpp", "chat")
+    assert "--embedding" not in chat and "--reranking" not in chat
+    vllm = argv(VllmEngine, "vllm", "embedding")
+    assert vllm[vllm.index("--runner") + 1] == "pooling" and "--runner" not in argv(VllmEngine, "vllm", "chat")

@@ -47,10 +47,11 @@ MODELS = [
     model("llama-ranks", "sim-llamacpp", 4, "rerank"),
     model("ranks", "sim", 5, "rerank"),
 ]
+NOT_WARMED = [{"name": "hf-vectors", "path": "models/hf", "engine": "transformers", "machine": "hub", "serves": "embedding"}]
 LAB = {
     "lab": "routes-test",
     "machines": [{"name": "hub", "gpus": {"sim": [P4] * 6}}],
-    "models": MODELS,
+    "models": MODELS + NOT_WARMED,
     "orchestra": {"warm": [m["name"] for m in MODELS]},
     "gateway": {"machine": "hub"},
 }
@@ -72,7 +73,7 @@ async def ready(routes_lab):
 
         async def warm() -> bool:
             listed = (await client.call("hub", "models.list"))["models"]
-            return all(m["state"] == "warm" for m in listed)
+            return all(m["state"] == "warm" for m in listed if m["name"] in {w["name"] for w in MODELS})
 
         await wait_for(warm, timeout=90, interval=0.2)
         yield client
@@ -337,3 +338,11 @@ async def test_every_route_takes_the_key_check_the_hold_and_the_meter(routes_lab
                 "the gateway's key": 200,
             }, route.path
             await wait_for(lambda: any(r[1] == 200 for r in request_log(routes_lab, body["model"])), timeout=10)
+
+
+async def test_an_engine_never_started_for_what_a_model_serves_refuses_it_naming_serves(ready):
+    from agents.wire.protocol import RemoteError
+
+    with pytest.raises(RemoteError) as err:
+        await ready.call("hub", "models.warm", {"model": "hf-vectors"})
+    assert "engine transformers serves chat, not embedding" in err.value.message

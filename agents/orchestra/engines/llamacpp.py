@@ -59,6 +59,7 @@ LLAMACPP_SPEC = EngineSpec(
     adapter_format="gguf",
     multi_gpu="layer-split",
     model_formats=("gguf",),
+    serves=("chat", "embedding", "rerank"),  # --embedding, --reranking
     metric_names=LLAMACPP_METRICS,
     min_compute_capability=LLAMACPP_CUDA_MIN_CC,
 )

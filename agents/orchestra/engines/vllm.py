@@ -245,6 +245,7 @@ def vllm_stack(reader: TorchReader, cli: str | None) -> Stack:
 
 
 VLLM_SPEC = EngineSpec(
+    serves=("chat", "embedding", "rerank"),  # --runner pooling
     gpu_stack=StackKind.VLLM,
     name="vllm",
     title="vLLM",

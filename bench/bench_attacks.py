@@ -1,5 +1,5 @@
 """Attacks on one agent (issue 11: findings 5, 6, 7; issue 21: N1, N3, N6, N8, N10; issue 30: R1, R2, R3, R5, R6, R7, R8, R9, R10,
-R12; issue 29: L1, L2) and what a legitimate console
+R12; issue 29: L1, L2; issue 31: K1, K2, E1, E2, E3) and what a legitimate console
 and a legitimate gateway client see meanwhile, same run.
 
 For each attack: a console's ping p50/p99 and its largest gap between ticks, and a gateway client's latency p50/p99
@@ -61,6 +61,7 @@ from bench.attacks_iv import (
 from bench.attacks_keys import issue_limit_keys, k1_other_models, k2_budget_burst
 from bench.attacks_push import l1_viewer_pushes, l2_hostile_texts
 from bench.attacks_r3 import r3_engine_of_another_user
+from bench.attacks_routes import e1_huge_embeddings, e2_huge_rerank, e3_mapped_doors
 from bench.attacks_tools import t1_hostile_tools
 from bench.common import percentile
 from console.client import FleetClient
@@ -564,6 +565,9 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "K1 a key limited to one model asks another": k1_other_models,
     "K2 bursts past a key's money budget": k2_budget_burst,
     "T1 hostile tools and schemas": t1_hostile_tools,
+    "E1 a huge input list on /v1/embeddings": e1_huge_embeddings,
+    "E2 a thousand documents on /v1/rerank": e2_huge_rerank,
+    "E3 the Responses and Messages doors": e3_mapped_doors,
 }
 
 

@@ -30,7 +30,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from agents.orchestra import pagecache
+from agents.orchestra import pagecache, sim_pooling
 from agents.orchestra.sim_llamacpp_request import (
     LlamaRequest,
     LlamaRequestError,
@@ -203,6 +203,14 @@ def idle_sleeper(state: State, seconds: float) -> None:
                 log("server is entering sleeping state")
 
 
+# llama-server's routes for pooling, and its 501s when started without the flag
+POOLING_PATHS = {p: "embeddings" for p in ("/v1/embeddings", "/embeddings")} | {
+    p: "rerank" for p in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")
+}
+EMBEDDINGS_OFF = "This server does not support embeddings. Start it with `--embeddings`"
+RERANK_OFF = "This server does not support reranking. Start it with `--reranking`"
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = "cetlab-sim-llama-server"
     protocol_version = "HTTP/1.1"
@@ -276,11 +284,18 @@ class Handler(BaseHTTPRequestHandler):
                 adapter["scale"] = scales.get(adapter["id"], 0.0)
             self._send(200, {"success": True})
             return
-        if path not in ("/v1/completions", "/v1/chat/completions", "/completion", "/completions", "/chat/completions"):
+        pooling = POOLING_PATHS.get(path)
+        if (
+            path not in ("/v1/completions", "/v1/chat/completions", "/completion", "/completions", "/chat/completions")
+            and not pooling
+        ):
             self._error(404, "File Not Found", "not_found_error")
             return
         if not state.loaded:
             self._error(503, "Loading model", "unavailable_error")
+            return
+        if pooling:
+            self._pooling(pooling, body)
             return
         try:
             request = parse_request(body, "chat" in path, state.args.parallel)
@@ -314,6 +329,23 @@ class Handler(BaseHTTPRequestHandler):
                 "usage": _usage(prompt_tokens, len(choices[0].tokens)),
             },
         )
+
+    def _pooling(self, route: str, body: object) -> None:
+        state = self.state
+        state.wait_awake()
+        try:
+            if not isinstance(body, dict):
+                raise sim_pooling.PoolingError(400, "the body must be a JSON object")
+            if route == "embeddings":
+                # --reranking implies embeddings in llama-server (a ranking model's pooled vector)
+                enabled = state.args.embedding or state.args.reranking
+                answer = sim_pooling.embeddings(body, state.args.alias, enabled, EMBEDDINGS_OFF, reads_dimensions=False)
+            else:
+                answer = sim_pooling.rerank(body, state.args.alias, state.args.reranking, RERANK_OFF, echoes_documents=False)
+        except sim_pooling.PoolingError as exc:
+            self._error(exc.status, exc.message, "not_supported_error" if exc.status == 501 else "invalid_request_error")
+            return
+        self._send(200, answer)
 
     def _stream(self, request: LlamaRequest) -> None:
         """Server-sent events as the pinned llama-server sends them: per choice a role chunk (chat), a chunk per
@@ -410,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora", action="append", default=[])
     parser.add_argument("--lora-init-without-apply", action="store_true")
     parser.add_argument("--sleep-idle-seconds", type=float, default=-1)
+    parser.add_argument("--embedding", "--embeddings", action="store_true")
+    parser.add_argument("--reranking", "--rerank", action="store_true")
     for name, default in (
         ("load-s", 15.0),
         ("cold-factor", 14.0),

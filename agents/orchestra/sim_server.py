@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, urlparse
 from prometheus_client import generate_latest
 from pydantic import ValidationError
 
-from agents.orchestra import pagecache
+from agents.orchestra import pagecache, sim_pooling
 from agents.orchestra.lora_rules import lora_config_problem
 from agents.orchestra.sim_process import exit_with_parent, fail_later, follow_agent, http_server
 from agents.orchestra.sim_script import Script
@@ -165,7 +165,12 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"results": [None]})
         elif url.path == "/v1/load_lora_adapter":
             self._load_adapter(state, body)
+        elif url.path in ("/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank"):
+            self._pooling(url.path, sent)
         elif url.path in ("/v1/completions", "/v1/chat/completions"):
+            if state.args.runner == "pooling":
+                self._error(400, f"The model does not support {'Chat ' if 'chat' in url.path else ''}Completions API")
+                return
             try:
                 sampling = Sampling.model_validate(body)
             except ValidationError as exc:
@@ -235,6 +240,27 @@ class Handler(BaseHTTPRequestHandler):
             )
         else:
             self._send(404, {"error": f"no route {url.path}"})
+
+    def _pooling(self, path: str, body: dict[str, Any] | None) -> None:
+        """vLLM serves embeddings and rerank from a pooling model (--runner pooling), and 404s them from a generating one."""
+        state = self.state
+        if body is None:
+            self._error(400, "Input should be a valid dictionary or object to extract fields from", "body")
+            return
+        state.awake.wait()
+        pooling, off = state.args.runner == "pooling", "The model does not support this API: start it with --runner pooling"
+        try:
+            if path == "/v1/embeddings":
+                answer = sim_pooling.embeddings(body, state.name, pooling, off, reads_dimensions=True)
+                answer["id"] = f"embd-sim-{time.time_ns()}"
+            else:
+                answer = sim_pooling.rerank(body, state.name, pooling, off, echoes_documents=True)
+                answer["id"] = f"rerank-sim-{time.time_ns()}"
+        except sim_pooling.PoolingError as exc:
+            self._error(404 if exc.status == 501 else exc.status, exc.message, exc.param)
+            return
+        answer["created"] = int(time.time())
+        self._send(200, answer)
 
     def _client_gone(self) -> bool:
         """The client closed its connection (it reads as end of file) while its answer was being made."""
@@ -370,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--served-model-name")
     parser.add_argument("--enable-sleep-mode", action="store_true")
     parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--runner", choices=("auto", "generate", "pooling"), default="auto")
     parser.add_argument("--max-loras", type=int, default=1)
     parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument("--disable-uvicorn-access-log", action="store_true")

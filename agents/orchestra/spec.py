@@ -45,6 +45,8 @@ class EngineSpec:
     adapter_format: Literal["peft", "gguf", "none"] = "none"
     multi_gpu: MultiGpu = "none"
     model_formats: tuple[ModelFormat, ...] = ("hf",)
+    # what lab.yaml's model.serves may say for it: the routes it is started to answer (chat, embedding, rerank)
+    serves: tuple[str, ...] = ("chat",)
     # /metrics: the engine's series for each figure the console shows (None: the engine has no such series)
     metric_names: dict[str, str | None] = field(default_factory=dict)
     # the lowest CUDA compute capability any build of this engine runs on (None: no CUDA floor, e.g. a CPU build);

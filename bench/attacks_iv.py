@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import asyncssh
 
 from agents.runtime.demo import GATEWAY_KEY_FILE
 from agents.shell.demo.lab import DemoLab
@@ -205,6 +206,12 @@ async def s1_tail_of_10mb(demo: DemoLab, viewer: Path, seconds: float, results: 
 async def r10_version_storm(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """R10: new connections to the SSH port from the console's own address, each sending an SSH version line and
     nothing more (no key needed), as fast as they open; each held until the agent closes it or 900 newer are open."""
+    await connection_storm(demo, seconds, results, b"SSH-2.0-OpenSSH_9.6\r\n")
+
+
+async def connection_storm(demo: DemoLab, seconds: float, results: dict, greeting: bytes = b"") -> None:
+    """New TCP connections to the agent's SSH port from 127.0.0.1, as fast as they open (about 2,000 a second at
+    most), each sending ``greeting`` (nothing: idle) and held until the agent closes it or 900 newer are open."""
     import resource
     import socket
 
@@ -221,7 +228,8 @@ async def r10_version_storm(demo: DemoLab, viewer: Path, seconds: float, results
             s.setblocking(False)
             try:
                 await asyncio.wait_for(loop.sock_connect(s, ("127.0.0.1", port)), 1)
-                s.send(b"SSH-2.0-OpenSSH_9.6\r\n")
+                if greeting:
+                    s.send(greeting)
             except (TimeoutError, OSError):
                 s.close()
                 continue
@@ -362,3 +370,19 @@ async def r12_notifications(demo: DemoLab, viewer: Path, seconds: float, results
             await set_temp(1, 40.0)
         results["r12"] = {"gpu1_firing_delivered_after_s": delivered_s, "outbox_rows_for_10_flaps": rows() - before}
         await client.call("box", "sim.override", {"gpu": 0, "temp_c": 40.0})
+
+
+async def open_channel(demo: DemoLab, key: Path) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHWriter, asyncssh.SSHReader]:
+    lab = load_lab(demo.lab_path)
+    m = lab.machine("box")
+    conn = await asyncssh.connect(
+        m.host,
+        m.port,
+        username="cetlab",
+        client_keys=[str(key)],
+        known_hosts=str(lab.resolve(lab.console.known_hosts)),
+        agent_path=None,
+        config=None,
+    )
+    writer, reader, _ = await conn.open_session(subsystem="cetlab", encoding=None)
+    return conn, writer, reader

@@ -19,28 +19,12 @@ import asyncssh
 from agents.runtime.keys import PUSHED_AUTHORIZED_KEYS_NAME
 from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.lab import LabApplyParams
-from agents.wire.lab.model import load_lab
 from agents.wire.lab.yaml_doc import MAX_BYTES
+from bench.attacks_iv import open_channel
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(12)
 )
-
-
-async def _channel(demo: DemoLab, key: Path) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHWriter, asyncssh.SSHReader]:
-    lab = load_lab(demo.lab_path)
-    m = lab.machine("box")
-    conn = await asyncssh.connect(
-        m.host,
-        m.port,
-        username="cetlab",
-        client_keys=[str(key)],
-        known_hosts=str(lab.resolve(lab.console.known_hosts)),
-        agent_path=None,
-        config=None,
-    )
-    writer, reader, _ = await conn.open_session(subsystem="cetlab", encoding=None)
-    return conn, writer, reader
 
 
 async def _call(writer: asyncssh.SSHWriter, reader: asyncssh.SSHReader, n: int, method: str, params: dict) -> dict:
@@ -54,7 +38,7 @@ async def _call(writer: asyncssh.SSHWriter, reader: asyncssh.SSHReader, n: int, 
 async def l1_viewer_pushes(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """L1: a viewer's lab.apply of a maximal text, again and again (each line ~0.5 MB)."""
     text = "# " + "x" * (MAX_BYTES // 2) + "\n" + demo.lab_path.read_text()
-    conn, writer, reader = await _channel(demo, viewer)
+    conn, writer, reader = await open_channel(demo, viewer)
     codes: dict[str, int] = {}
     try:
         end, n = time.monotonic() + seconds, 0
@@ -81,7 +65,7 @@ async def l2_hostile_texts(demo: DemoLab, viewer: Path, seconds: float, results:
         "key twice": base + "lab: again\n",
         "no machine box": "lab: other\nmachines: [{name: elsewhere, gpus: none}]\n",
     }
-    conn, writer, reader = await _channel(demo, demo.dir / "console" / "id_ed25519")
+    conn, writer, reader = await open_channel(demo, demo.dir / "console" / "id_ed25519")
     said: dict[str, dict] = {}
     try:
         before = (await _call(writer, reader, 1, "hello", {}))["result"].get("lab_version")

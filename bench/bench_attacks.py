@@ -1,5 +1,5 @@
 """Attacks on one agent (issue 11: findings 5, 6, 7; issue 21: N1, N3, N6, N8, N10; issue 30: R1, R2, R3, R5, R6, R7, R8, R9, R10,
-R12; issue 29: L1, L2) and what a legitimate console
+R12; issue 29: L1, L2; issue 31: K1, K2, E1, E2, E3) and what a legitimate console
 and a legitimate gateway client see meanwhile, same run.
 
 For each attack: a console's ping p50/p99 and its largest gap between ticks, and a gateway client's latency p50/p99
@@ -40,9 +40,11 @@ from agents.wire.catalogue.method import request
 from agents.wire.lab.model import load_lab
 from bench.attacks_iv import (
     ATTACKER_GATEWAY_KEY,
+    connection_storm,
     gateway_url_and_key,
     issue_quota_keys,
     key_tokens_today,
+    open_channel,
     r1_choices,
     r2_lengths,
     r4_hanging_trainer_python,
@@ -59,6 +61,8 @@ from bench.attacks_iv import (
 from bench.attacks_keys import issue_limit_keys, k1_other_models, k2_budget_burst
 from bench.attacks_push import l1_viewer_pushes, l2_hostile_texts
 from bench.attacks_r3 import r3_engine_of_another_user
+from bench.attacks_routes import e1_huge_embeddings, e2_huge_rerank, e3_mapped_doors
+from bench.attacks_tools import t1_hostile_tools
 from bench.common import percentile
 from console.client import FleetClient
 
@@ -149,22 +153,6 @@ def add_viewer(demo: DemoLab, where: Path) -> Path:
     with (demo.dir / "agents" / "box" / AUTHORIZED_KEYS_NAME).open("a") as f:
         f.write(f"viewer {key.export_public_key().decode().strip()}\n")
     return where / "viewer_key"
-
-
-async def open_channel(demo: DemoLab, key: Path) -> tuple[asyncssh.SSHClientConnection, asyncssh.SSHWriter, asyncssh.SSHReader]:
-    lab = load_lab(demo.lab_path)
-    m = lab.machine("box")
-    conn = await asyncssh.connect(
-        m.host,
-        m.port,
-        username="cetlab",
-        client_keys=[str(key)],
-        known_hosts=str(lab.resolve(lab.console.known_hosts)),
-        agent_path=None,
-        config=None,
-    )
-    writer, reader, _ = await conn.open_session(subsystem="cetlab", encoding=None)
-    return conn, writer, reader
 
 
 @dataclass
@@ -545,33 +533,7 @@ async def many_connections_one_key(demo: DemoLab, viewer: Path, seconds: float, 
 async def login_storm(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """N10: new idle TCP connections to the SSH port from the console's own address (127.0.0.1), as fast as they open
     (the issue measured 2,000 a second), each held until the agent closes it or 900 newer ones are open."""
-    port = load_lab(demo.lab_path).machine("box").port
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
-    held: list[socket.socket] = []
-    opened = 0
-    loop = asyncio.get_running_loop()
-    end = time.monotonic() + seconds
-    try:
-        while time.monotonic() < end:
-            s = socket.socket()
-            s.setblocking(False)
-            try:
-                await asyncio.wait_for(loop.sock_connect(s, ("127.0.0.1", port)), 1)
-            except (TimeoutError, OSError):
-                s.close()
-                continue
-            opened += 1
-            held.append(s)
-            if len(held) > 900:
-                held.pop(0).close()
-            if opened % 20 == 0:
-                await asyncio.sleep(0.01)  # ~2,000 a second at most
-    finally:
-        for s in held:
-            s.close()
-    results["storm_opened"] = opened
-    results["storm_rate_per_s"] = round(opened / seconds)
+    await connection_storm(demo, seconds, results)
 
 
 ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
@@ -602,6 +564,10 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "L2 hostile lab.yaml texts pushed": l2_hostile_texts,
     "K1 a key limited to one model asks another": k1_other_models,
     "K2 bursts past a key's money budget": k2_budget_burst,
+    "T1 hostile tools and schemas": t1_hostile_tools,
+    "E1 a huge input list on /v1/embeddings": e1_huge_embeddings,
+    "E2 a thousand documents on /v1/rerank": e2_huge_rerank,
+    "E3 the Responses and Messages doors": e3_mapped_doors,
 }
 
 

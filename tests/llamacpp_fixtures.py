@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.orchestra.chat_templates import QWEN25
 from agents.orchestra.tiny_gguf import write_tiny_gguf, write_tiny_lora_gguf
 from agents.runtime import llamacpp_build
 
@@ -27,10 +28,14 @@ def llama_server_or_skip() -> Path:
 
 
 def tiny_models(folder: Path) -> dict[str, Path]:
-    """Two tiny random Llamas (different seeds) and a LoRA adapter for them, in ``folder`` (made once)."""
+    """Two tiny random Llamas (different seeds), a LoRA adapter for them, and (``tools``) one with Qwen 2.5's chat
+    template, whose tool section llama-server's --jinja path reads, in ``folder`` (made once)."""
     vocab = llamacpp_build.vocab_file()
     assert vocab is not None
     out = {"a": folder / "tiny-a.gguf", "b": folder / "tiny-b.gguf", "lora": folder / "tiny-lora.gguf"}
+    out["tools"] = folder / "tiny-tools.gguf"
+    if not out["tools"].exists():
+        write_tiny_gguf(out["tools"], vocab, seed=0, name="tiny-tools", chat_template=QWEN25)
     if not out["a"].exists():
         write_tiny_gguf(out["a"], vocab, seed=0)
     if not out["b"].exists():

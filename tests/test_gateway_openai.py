@@ -313,7 +313,19 @@ def test_upstream_errors_take_openais_shape():
     vllm_old = json.loads(
         upstream_error(b'{"object":"error","message":"bad n","type":"BadRequestError","param":"n","code":400}', 400, "m5")
     )
-    assert vllm_old["error"] == {"message": "bad n", "type": "invalid_request_error", "param": "n", "code": "400"}
+    # a numeric code is the status again, no OpenAI code (a string or null)
+    assert vllm_old["error"] == {"message": "bad n", "type": "invalid_request_error", "param": "n", "code": None}
+    # llama-server's own: a numeric code and no param; the param is the grammar-making field the request carried
+    llama = b'{"error":{"code":400,"message":"Failed to initialize samplers: std::exception","type":"invalid_request_error"}}'
+    body = {"messages": [], "response_format": {"type": "json_object"}}
+    assert json.loads(upstream_error(llama, 400, "m5", body))["error"] == {
+        "message": "Failed to initialize samplers: std::exception",
+        "type": "invalid_request_error",
+        "param": "response_format",
+        "code": None,
+    }
+    choice = b'{"error":{"code":400,"message":"Invalid tool_choice: bogus","type":"invalid_request_error"}}'
+    assert json.loads(upstream_error(choice, 400, "m5", {}))["error"]["param"] == "tool_choice"
     page = json.loads(upstream_error(b"<html>Bad Gateway</html>", 502, "cloud"))
     assert page["error"]["type"] == "server_error" and page["error"]["message"].startswith("cloud answered 502: <html>")
     openai_shaped = b'{"error":{"message":"x","type":"invalid_request_error","param":null,"code":null}}'

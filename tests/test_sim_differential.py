@@ -39,6 +39,10 @@ def completion(**extra: Any) -> dict[str, Any]:
     return {"prompt": "The lab keeps its models warm because", **extra}
 
 
+def _json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
+
 # (name, route, body): each answered by both servers; the body is sent as JSON unless it is bytes
 MATRIX: list[tuple[str, str, Any]] = []
 for _route, _make in ((CHAT, chat), (COMPLETIONS, completion)):
@@ -77,6 +81,40 @@ for _route, _make in ((CHAT, chat), (COMPLETIONS, completion)):
                 (f"{_tag}-logprobs", _route, _make(max_tokens=3, logprobs=2, **_s)),
                 (f"{_tag}-logprobs-zero", _route, _make(max_tokens=3, logprobs=0, **_s)),
             ]
+# tools, tool_choice and response_format (the model carries Qwen 2.5's chat template: llama-server's --jinja path
+# reads its tool section): malformed ones answered in llama-server's words, schemas written as valid JSON
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"unit": {"enum": ["c", "f"]}, "tomorrow": {"type": "boolean"}},
+            "required": ["unit", "tomorrow"],
+            "additionalProperties": False,
+        },
+    },
+}
+BOUNDED = {  # a schema whose every value a grammar bounds: a random model reaches its end
+    "type": "object",
+    "properties": {"age": {"type": "integer"}, "ok": {"type": "boolean"}},
+    "required": ["age", "ok"],
+    "additionalProperties": False,
+}
+for _stream in (False, True):
+    _s = {"stream": True, "stream_options": {"include_usage": True}} if _stream else {}
+    _tag = f"chat{'-stream' if _stream else ''}"
+    MATRIX += [
+        (f"{_tag}-json_schema", CHAT, chat(max_tokens=256, response_format=_json_schema(BOUNDED), **_s)),
+        (f"{_tag}-json_schema-cut", CHAT, chat(max_tokens=1, response_format=_json_schema(BOUNDED), **_s)),
+        (f"{_tag}-json_object-cut", CHAT, chat(max_tokens=3, response_format={"type": "json_object"}, **_s)),
+        (f"{_tag}-response_format-text", CHAT, chat(max_tokens=3, response_format={"type": "text"}, **_s)),
+        (f"{_tag}-tools-auto", CHAT, chat(max_tokens=3, tools=[WEATHER], **_s)),
+        (f"{_tag}-tools-type", CHAT, chat(max_tokens=3, tools="x", **_s)),
+        (f"{_tag}-tools-no-function", CHAT, chat(max_tokens=3, tools=[{"type": "function"}], **_s)),
+        (f"{_tag}-tool_choice-bogus", CHAT, chat(max_tokens=3, tools=[WEATHER], tool_choice="bogus", **_s)),
+        (f"{_tag}-response_format-type", CHAT, chat(max_tokens=3, response_format={"type": "yaml"}, **_s)),
+    ]
 MATRIX += [
     ("stream-type", CHAT, chat(max_tokens=3, stream="yes")),
     ("messages-type", CHAT, {"messages": "hello", "max_tokens": 3}),
@@ -180,7 +218,24 @@ def meaning(status: int, raw: bytes, body: Any) -> dict[str, Any]:
         "at_limit_when_length": all(t == limit for t in tokens) if limit and set(finish.values()) == {"length"} else None,
         "logprobs": sorted(logprobs_shape(e) for e in entries.values()),
         "one_entry_per_token": [len(e) for e in entries.values()] == [len(entries[0])] * len(entries) if entries else None,
+        # a schema's answer that ended by itself is valid JSON of it (the grammar's work); one cut short is not asked
+        "json": sorted(_json_kind(text) for text in texts.values())
+        if _asks_json(asked) and set(finish.values()) == {"stop"}
+        else None,
     }
+
+
+def _asks_json(body: dict[str, Any]) -> bool:
+    fmt = body.get("response_format")
+    return isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
+
+
+def _json_kind(text: str) -> str:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return "not json"
+    return type(value).__name__ + ":" + ",".join(sorted(f"{k}={type(v).__name__}" for k, v in value.items()))
 
 
 def start(argv: list[str], port: int) -> subprocess.Popen[bytes]:
@@ -203,7 +258,7 @@ def start(argv: list[str], port: int) -> subprocess.Popen[bytes]:
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     binary = llama_server_or_skip()
-    model = tiny_models(tmp_path_factory.mktemp("gguf"))["a"]
+    model = tiny_models(tmp_path_factory.mktemp("gguf"))["tools"]
     real_port, sim_port = free_port(), free_port()
     common = ["-m", str(model), "--alias", "tiny", "-c", "2048", "--parallel", str(SLOTS)]
     real = start([str(binary), *common, "--port", str(real_port), "-t", "1"], real_port)
@@ -240,6 +295,54 @@ def test_sim_llamacpp_means_what_llama_server_means(servers, name, route, body):
     assert got == expected, f"{name}: the real llama-server answered {expected}, sim-llamacpp {got}"
     if expected["status"] == 200:  # the matrix asks what it means to ask: a check that passes on nothing proves nothing
         assert expected["stop_honoured"] and expected["within_limit"] and expected.get("done", True)
+
+
+def tool_call_meaning(status: int, raw: bytes, stream: bool) -> dict[str, Any]:
+    """What a tool-call answer means: the first call's function, whether its arguments are valid JSON of the tool's
+    schema, the deltas' shape (the call's id and name once, then its arguments in pieces)."""
+    assert status == 200, raw
+    if not stream:
+        message = json.loads(raw)["choices"][0]["message"]
+        calls = message.get("tool_calls") or []
+        first = calls[0] if calls else {}
+        return {"name": first.get("function", {}).get("name"), "arguments": _weather(first.get("function", {}).get("arguments"))}
+    chunks, done = events(raw)
+    deltas = [
+        d for c in chunks for ch in c["choices"] for d in (ch.get("delta") or {}).get("tool_calls") or [] if d["index"] == 0
+    ]
+    heads = [d for d in deltas if "id" in d]
+    return {
+        "name": heads[0]["function"]["name"] if heads else None,
+        "arguments": _weather("".join(d["function"].get("arguments", "") for d in deltas)),
+        "one_head": len(heads) == 1 and heads[0]["type"] == "function" and deltas[0] is heads[0],
+        "pieces": len(deltas) > 1,
+        "done": done,
+    }
+
+
+def _weather(text: object) -> bool:
+    try:
+        value = json.loads(str(text))
+    except ValueError:
+        return False
+    return value.get("unit") in ("c", "f") and isinstance(value.get("tomorrow"), bool)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_sim_llamacpp_calls_a_tool_as_llama_server_does(servers, stream):
+    # the assistant's turn begun with Qwen's tag: random weights then write the call the grammar allows
+    body = {
+        "messages": [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "<tool_call>\n"}],
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_tokens": 256,
+        **({"stream": True} if stream else {}),
+    }
+    real, sim = servers
+    expected = tool_call_meaning(*post(real, CHAT, body), stream)
+    assert tool_call_meaning(*post(sim, CHAT, body), stream) == expected
+    assert expected["name"] == "get_weather" and expected["arguments"]
 
 
 @pytest.mark.parametrize("route, make", [(CHAT, chat), (COMPLETIONS, completion)])
@@ -291,6 +394,11 @@ VLLM_REFUSES = {
     "messages-missing": "messages",
     "prompt-missing": "prompt",
     "prompt-type": "prompt",
+    "tools-type": "tools",
+    "tools-no-function": "tools",
+    "tool_choice-bogus": "tool_choice",
+    "response_format-type": "response_format",
+    "tools-auto": "tool_choice",  # "auto" needs --enable-auto-tool-choice and a --tool-call-parser
     "body-array": "body",
     "body-not-json": "body",
 }
@@ -346,6 +454,9 @@ def vllm_answer_holds(name: str, body: Any, status: int, raw: bytes) -> None:
             if choice["logprobs"] is not None:
                 logprobs[i] = [choice["logprobs"]]
     assert sorted(texts) == list(range(n)) and set(finish.values()) <= {"length", "stop"}, (name, finish)
+    fmt = body.get("response_format") or {}
+    if fmt.get("type") in ("json_object", "json_schema") and set(finish.values()) == {"stop"}:  # guided decoding's JSON
+        assert all(isinstance(json.loads(text), dict) for text in texts.values()), name
     assert all(stop not in text for text in texts.values() for stop in stops), name
     if stops:
         assert set(finish.values()) == {"stop"}, name

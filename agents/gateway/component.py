@@ -217,6 +217,7 @@ class GatewayComponent:
                     "created": self.created,
                     "owned_by": "cetlab",
                     "tier": "local",
+                    "serves": model.serves,  # chat, embedding or rerank: the routes it answers
                     "machine": model.machine,
                     "state": info.state if info else "unknown",
                     "simulated": (spec := self.engine_spec(model.engine)) is not None and spec.simulated,

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from agents.gateway.chat_params import engine_error, is_openai_error
 from agents.gateway.limits import SseSplitter
 from agents.gateway.router import NotServable
 from agents.wire.lab.gateway import MAX_GROUP_MEMBERS
@@ -169,23 +170,23 @@ def rewrite_answer(raw: bytes, client_model: str, chat: bool) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
-def upstream_error(raw: bytes, status: int, where: str) -> bytes:
-    """An upstream's error answer in OpenAI's shape: vLLM's older top-level form, a plain-text or HTML page and
-    FastAPI's `detail` all become `{"error": {"message", "type", "param", "code"}}`; OpenAI's own passes as is."""
+def upstream_error(raw: bytes, status: int, where: str, body: dict[str, Any] | None = None) -> bytes:
+    """An upstream's error answer in OpenAI's shape: llama-server's (a numeric code, no param), vLLM's older
+    top-level form, a plain-text or HTML page and FastAPI's `detail` all become `{"error": {"message", "type",
+    "param", "code"}}`, the param named where it can be (agents.gateway.chat_params); OpenAI's own passes as is."""
     try:
         data = json.loads(raw)
     except ValueError:
         data = None
-    if isinstance(data, dict) and isinstance(data.get("error"), dict) and "message" in data["error"]:
+    if is_openai_error(data):
         return raw
-    if isinstance(data, dict) and isinstance(data.get("message"), str):
-        message, param, code = data["message"], data.get("param"), data.get("code")
+    if isinstance(data, dict) and (isinstance(data.get("error"), dict) and "message" in data["error"] or "message" in data):
+        message, code, param = engine_error(data, status, body)
     elif isinstance(data, dict) and "detail" in data:
         message, param, code = f"{where}: {json.dumps(data['detail'])[:300]}", None, None
     else:
         message, param, code = f"{where} answered {status}: {raw[:300].decode(errors='replace')}", None, None
-    body = error_body(status, message, str(code) if code is not None else None, param if isinstance(param, str) else None)
-    return json.dumps(body).encode()
+    return json.dumps(error_body(status, message, code, param)).encode()
 
 
 class StreamRewriter:

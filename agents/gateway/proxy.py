@@ -6,7 +6,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -57,10 +57,27 @@ def upstream_headers(target: Target) -> dict[str, str]:
 
 
 def _usage(outcome: Outcome, usage: object) -> None:
+    """An engine's usage: chat's and completions' (prompt and completion tokens), and a pooling answer's (prompt and
+    total, or vLLM's rerank: total only), which generates nothing."""
     if isinstance(usage, dict):
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        prompt, completion, total = usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("total_tokens")
+        if not isinstance(prompt, int) and isinstance(total, int) and completion is None:
+            prompt = total
+        if completion is None and isinstance(prompt, int) and isinstance(total, int):
+            completion = total - prompt
         if isinstance(prompt, int) and isinstance(completion, int):
             outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_source = prompt, completion, "engine"
+
+
+class EventRewriter(Protocol):
+    """What turns an engine's SSE into the client's: StreamRewriter (OpenAI's own events), a MappedStream (another API's)."""
+
+    usage: dict[str, Any] | None
+    token_events: int
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
 
 
 async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body: dict[str, Any], timeout_s: float) -> Outcome:
@@ -81,13 +98,19 @@ async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body:
         if isinstance(body.get("model"), str):
             outcome.raw = rewrite_answer(raw, body["model"], chat=path.endswith("chat/completions"))
     else:
-        outcome.raw, outcome.content_type = upstream_error(raw, response.status, target.where), "application/json"
+        outcome.raw, outcome.content_type = upstream_error(raw, response.status, target.where, body), "application/json"
         outcome.error = f"{target.where} answered {response.status}"
     return outcome
 
 
 async def stream(
-    request: web.Request, session: aiohttp.ClientSession, target: Target, path: str, body: dict[str, Any], timeout_s: float
+    request: web.Request,
+    session: aiohttp.ClientSession,
+    target: Target,
+    path: str,
+    body: dict[str, Any],
+    timeout_s: float,
+    rewriter: EventRewriter | None = None,
 ) -> tuple[web.StreamResponse, Outcome]:
     """SSE from the target to the client, each event written as it arrives (rewritten: agents.gateway.openai_api);
     usage asked for upstream on every stream and read from the last event, else counted."""
@@ -115,7 +138,7 @@ async def stream(
                 raw = rewrite_answer(raw, client_model, chat=path.endswith("chat/completions"))
                 content_type = upstream.content_type
             else:
-                raw, content_type = upstream_error(raw, upstream.status, target.where), "application/json"
+                raw, content_type = upstream_error(raw, upstream.status, target.where, body), "application/json"
             answer = web.Response(body=raw, status=upstream.status, content_type=content_type, headers=tier_headers(target))
             return answer, outcome
         response = web.StreamResponse(
@@ -124,7 +147,8 @@ async def stream(
         await response.prepare(request)
         outcome = Outcome(status=200)
         request[STREAM_OUTCOME] = outcome  # what was produced so far, for the meter if the client leaves mid-stream
-        rewriter = StreamRewriter(client_model, client_wants_usage(body), chat=path.endswith("chat/completions"))
+        if rewriter is None:
+            rewriter = StreamRewriter(client_model, client_wants_usage(body), chat=path.endswith("chat/completions"))
         async for chunk in upstream.content.iter_any():
             if outcome.ttft_s is None:
                 outcome.ttft_s = time.monotonic() - started

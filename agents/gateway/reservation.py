@@ -69,7 +69,7 @@ class Reservations:
         if key.tokens_per_day is not None:
             used = self.keys.tokens_today(key) + self.tokens.get(key.name, 0)
             room = (key.tokens_per_day - used - prompt_tokens) // hold.choices
-            if room < 1:
+            if room < min(1, hold.figure):  # a pooling request (figure 0) generates nothing: its prompt must fit
                 raise NotServable(
                     429,
                     f"key {key.name}: its {key.tokens_per_day} tokens per day are used or held by requests in flight",
@@ -110,7 +110,7 @@ class Reservations:
         for headroom, refusal in rooms:
             if per_token > 0:
                 figure = min(figure, math.floor((headroom - prompt_cost) / (per_token * hold.choices)))
-            if figure < 1 or headroom - prompt_cost <= 0:
+            if figure < min(1, hold.figure) or headroom - prompt_cost <= 0:
                 raise refusal
         if not rooms:
             return

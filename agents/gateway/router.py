@@ -117,6 +117,16 @@ class Router:
     def canonical(self, name: str) -> str:
         return self.aliases.get(name, name)
 
+    def serves(self, name: str) -> str | None:
+        """What a lab model's engine answers (lab.yaml's model.serves; a served checkpoint or adapter: its engine's);
+        None for a provider's model (its own API says) or an unknown name."""
+        name = self.canonical(name)
+        model = self.local.get(name)
+        if model is None:
+            served = self.served().get(name)
+            model = served[0] if served is not None else None
+        return getattr(model, "serves", "chat") if model is not None else None
+
     def served(self) -> dict[str, tuple[Model, str]]:
         """What the agents serve beyond lab.yaml: checkpoints served as models and LoRA adapters loaded into warm
         engines (`<run>-step<N>`), by name: (the model whose engine answers, the name to ask that engine for)."""

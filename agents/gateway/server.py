@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -13,9 +14,11 @@ import aiohttp
 from aiohttp import web
 
 from agents.gateway import proxy
+from agents.gateway.anthropic_api import anthropic_error
+from agents.gateway.chat_params import engine_refusal
 from agents.gateway.fanout import Fanout
 from agents.gateway.keys import ApiKey, QuotaExceeded
-from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
+from agents.gateway.lengths import Lengths, read_lengths, with_lengths
 from agents.gateway.limits import ConnectionGate, UpstreamTooLarge, connection_cap, quiet_factory
 from agents.gateway.metering import Record
 from agents.gateway.openai_api import (
@@ -24,12 +27,12 @@ from agents.gateway.openai_api import (
     error_response,
     is_model_name,
     max_wait,
-    messages_problem,
-    parameter_problem,
 )
 from agents.gateway.reservation import Hold, Reservations
 from agents.gateway.router import NotServable, Target
+from agents.gateway.routes import ANTHROPIC_PATHS, ROUTES, Route
 from agents.wire.lab.gateway import find_provider_model
+from agents.wire.lab.model import Model
 
 if TYPE_CHECKING:
     from agents.gateway.component import GatewayComponent
@@ -62,8 +65,8 @@ class GatewayHttp:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model:.+}", self._model)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
+        for route in ROUTES:  # every model route takes the one handler's steps (agents.gateway.routes)
+            app.router.add_post(route.path, functools.partial(self.answer, route=route))
         app.router.add_post("/v1/orchestra/chat/completions", self.fanout.answer)
         policies = self.gw.policies
         cap = self.cap
@@ -113,6 +116,14 @@ class GatewayHttp:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await self._openai_errors(request, handler)
+        if request.path in ANTHROPIC_PATHS and response.status >= 400 and isinstance(response, web.Response):
+            # Anthropic's clients read Anthropic's error shape: every error of its route rewritten here, whatever raised it
+            assert isinstance(response.body, bytes)
+            response.body = anthropic_error(response.status, response.body)
+        return response
+
+    async def _openai_errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPException as exc:
@@ -120,7 +131,7 @@ class GatewayHttp:
                 raise
             if exc.status == 404:
                 message, code = (
-                    f"no route {request.method} {request.path} (the gateway serves /v1/models, /v1/chat/completions, /v1/completions)",
+                    f"no route {request.method} {request.path} (the gateway serves /v1/models, {', '.join(r.path for r in ROUTES)})",
                     "not_found",
                 )
             elif exc.status == 405:
@@ -145,11 +156,14 @@ class GatewayHttp:
             return await handler(request)
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
-        key = self.gw.keys.lookup(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+        # Anthropic's clients send the key as x-api-key: one key, either header
+        token = token.strip() if scheme.lower() == "bearer" else request.headers.get("x-api-key", "").strip()
+        key = self.gw.keys.lookup(token) if token else None
         if key is None:
             return error_response(
                 401,
-                "a valid gateway key is required: Authorization: Bearer <key> (`cetlab gateway keys add NAME`)",
+                "a valid gateway key is required: Authorization: Bearer <key> or x-api-key: <key> "
+                "(`cetlab gateway keys add NAME`)",
                 "invalid_api_key",
             )
         if self.gw.keys.expired(key):
@@ -198,6 +212,18 @@ class GatewayHttp:
                 param="model",
             )
 
+    def check_serves(self, model: str, route: Route) -> None:
+        """A model answers the routes of what it serves (lab.yaml's model.serves); a provider's model, its own API's."""
+        serves = self.gw.router.serves(model)
+        if serves is not None and serves != route.serves:
+            where = next(r.path for r in ROUTES if r.serves == serves)
+            raise NotServable(
+                400,
+                f"The model '{model}' serves {serves} ({where}), not {route.path}",
+                "model_not_supported",
+                param="model",
+            )
+
     async def _model(self, request: web.Request) -> web.Response:
         """GET /v1/models/{id}: one model (an alias answers as itself), or OpenAI's 404."""
         name = request.match_info["model"]
@@ -219,12 +245,6 @@ class GatewayHttp:
         return error_response(
             404, f"The model '{name}' does not exist (GET /v1/models lists them)", "model_not_found", param="model"
         )
-
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._complete(request, "/chat/completions")
-
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._complete(request, "/completions")
 
     async def body(self, request: web.Request) -> dict[str, Any]:
         try:
@@ -254,47 +274,56 @@ class GatewayHttp:
             name in router.local or name in router.served() or find_provider_model(self.gw.lab.providers, name) is not None
         )
 
-    async def _complete(self, request: web.Request, path: str) -> web.StreamResponse:
+    async def answer(self, request: web.Request, route: Route) -> web.StreamResponse:
+        """Any model route: the body checked and (for a mapped API) turned into chat's, the key's models, the hold,
+        routing and waking, the engine's answer (mapped back), the meter."""
         started = time.monotonic()
         key = request["key"]
         record = Record(key=key.name, model=UNKNOWN_MODEL, tier="none", target=None, status=500, stream=False)
         stats, hold, target, entered = None, None, None, False
+        path, client_body = route.upstream, None
         try:
-            body = await self.body(request)
-            model, known = self._model_name(body)
+            client_body = await self.body(request)
+            model, known = self._model_name(client_body)
             self.check_may_use(key, model)
-            lengths = read_lengths(body, self.gw.policies.max_tokens)  # the gateway's own cap first, then OpenAI's ranges
-            problem = parameter_problem(body)
-            if problem is not None:
-                raise NotServable(400, problem[0], "invalid_parameter", param=problem[1])
-            chat_problem = messages_problem(body) if path.endswith("chat/completions") else None
-            if chat_problem is not None:
-                raise NotServable(400, chat_problem[0], chat_problem[2], param=chat_problem[1])
+            body = route.mapping.request(client_body) if route.mapping is not None else client_body
+            # the gateway's own cap first, then OpenAI's ranges; a pooling route generates nothing
+            lengths = read_lengths(body, self.gw.policies.max_tokens) if route.generates else Lengths(0, 1, False)
+            route.check(body)
+            self.check_serves(model, route)
             record.stream = body.get("stream") is True
             if known:  # an unknown name gets no figures of its own (and its 404 below)
                 record.model = self.gw.router.canonical(model)
                 stats = self.gw.meter.stats(record.model)
                 stats.in_flight += 1
+            lab_model = self.gw.router.local.get(self.gw.router.canonical(model))
+            if route.chat and lab_model is not None:  # before a model is brought up for a request its engine would refuse
+                self.refuse_unsupported(body, lab_model)
             max_wait_s = max_wait(request)
             self.holds.enter(key)
             entered = True
-            prompt_tokens = prompt_bound(body)
+            prompt_tokens = route.prompt(body)
             hold = self.holds.reserve_tokens(key, prompt_tokens, lengths)
             for attempt in range(2):
                 target = await self.gw.router.route(model, max_wait_s)
                 record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
+                if route.chat and target.engine_model is not None and target.engine_model is not lab_model:
+                    self.refuse_unsupported(body, target.engine_model)  # a checkpoint's or an adapter's engine
                 if not attempt:
                     self.holds.reserve_money(hold, target, prompt_tokens)
-                upstream_body = with_lengths(body, hold.figure, target)
+                upstream_body = with_lengths(body, hold.figure, target) if route.generates else body
                 timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
                 if record.stream:
+                    rewriter = route.mapping.stream(client_body) if route.mapping is not None else None
                     response, outcome = await self.gw.router.while_awake(
-                        target, proxy.stream(request, self.session_for(target), target, path, upstream_body, timeout_s)
+                        target, proxy.stream(request, self.session_for(target), target, path, upstream_body, timeout_s, rewriter)
                     )
                 else:
                     outcome = await self.gw.router.while_awake(
                         target, proxy.fetch(self.session_for(target), target, path, upstream_body, timeout_s)
                     )
+                    if route.mapping is not None and outcome.status == 200 and isinstance(outcome.data, dict):
+                        outcome.raw = json.dumps(route.mapping.answer(outcome.data, client_body)).encode()
                     response = web.Response(
                         body=outcome.raw,
                         status=outcome.status,
@@ -306,7 +335,7 @@ class GatewayHttp:
                 # the engine went to sleep (or is going) since its agent's last tick: look again, wake it, once
                 await self.gw.router.refresh(target.where)
             assert target is not None  # the loop above ran at least once
-            self.finish(key, record, outcome, target, body)
+            self.finish(key, record, outcome, target, body, route)
             return response
         except NotServable as exc:
             record.status, record.error = exc.status, exc.message
@@ -319,7 +348,7 @@ class GatewayHttp:
             return error_response(502, f"{record.model} on {record.target}: {exc or type(exc).__name__}", "upstream_failed")
         except asyncio.CancelledError:  # the client left: the upstream request is closed; what it produced is still charged
             if target is not None and hold is not None:
-                self._abandoned(request, key, record, target, hold, body)
+                self._abandoned(request, key, record, target, hold, body, route)
             raise
         finally:
             if stats is not None:
@@ -331,14 +360,20 @@ class GatewayHttp:
             record.latency_s = round(time.monotonic() - started, 6)
             self.gw.meter.record(record)
 
+    def refuse_unsupported(self, body: dict[str, Any], model: Model) -> None:
+        """A 400 naming the param when the engine that serves ``model`` cannot take one of this chat body's."""
+        refused = engine_refusal(body, model, self.gw.router.engine_spec(model.engine))
+        if refused is not None:
+            raise NotServable(400, refused[0], "unsupported_parameter", param=refused[1])
+
     def _abandoned(
-        self, request: web.Request, key: ApiKey, record: Record, target: Target, hold: Hold, body: dict[str, Any]
+        self, request: web.Request, key: ApiKey, record: Record, target: Target, hold: Hold, body: dict[str, Any], route: Route
     ) -> None:
         """Meter a request whose client left: a stream at the tokens it produced so far; an answer not yet come at
         its worst case where a provider bills it (a local engine stops when its connection closes: its prompt only)."""
         outcome = request.get(proxy.STREAM_OUTCOME)
         if outcome is None:
-            outcome = proxy.Outcome(status=499, prompt_tokens=prompt_bound(body), usage_source="reserved")
+            outcome = proxy.Outcome(status=499, prompt_tokens=route.prompt(body), usage_source="reserved")
             outcome.completion_tokens = hold.choices * hold.figure if target.tier == "provider" else 0
         elif outcome.usage_source is None:
             proxy.settle_counted(outcome, body)
@@ -346,12 +381,14 @@ class GatewayHttp:
             499,
             "the client closed the stream" if record.stream else "the client left before the answer came",
         )
-        self.finish(key, record, outcome, target, body)
+        self.finish(key, record, outcome, target, body, route)
 
-    def finish(self, key: ApiKey, record: Record, outcome: proxy.Outcome, target: Target, body: dict[str, Any]) -> None:
+    def finish(
+        self, key: ApiKey, record: Record, outcome: proxy.Outcome, target: Target, body: dict[str, Any], route: Route = ROUTES[0]
+    ) -> None:
         record.status, record.error, record.ttft_s = outcome.status, outcome.error, outcome.ttft_s
         if outcome.status == 200 and outcome.usage_source is None:
-            outcome.prompt_tokens, outcome.usage_source = prompt_bound(body), "counted"
+            outcome.prompt_tokens, outcome.usage_source = route.prompt(body), "counted"
         record.prompt_tokens, record.completion_tokens, record.usage_source = (
             outcome.prompt_tokens,
             outcome.completion_tokens,

@@ -340,10 +340,17 @@ class Engine:
 
     async def warm_up(self, timeout_s: float) -> dict[str, Any]:
         """A real first completion: the engine compiles and allocates now, not on a user's request."""
-        body = {"model": self.served_name, "prompt": self.model.warmup_prompt, "max_tokens": 8}
-        answer = json.loads(await self.http("POST", "/v1/completions", body, timeout_s=timeout_s))
+        prompt = self.model.warmup_prompt
+        warmups: dict[str, tuple[str, dict[str, Any]]] = {
+            "chat": ("/v1/completions", {"prompt": prompt, "max_tokens": 8}),
+            "embedding": ("/v1/embeddings", {"input": prompt}),
+            "rerank": ("/v1/rerank", {"query": prompt, "documents": [prompt]}),
+        }
+        path, extra = warmups[self.model.serves]
+        body = {"model": self.served_name, **extra}
+        answer = json.loads(await self.http("POST", path, body, timeout_s=timeout_s))
         if not isinstance(answer, dict):
-            raise EngineRequestFailed(f"POST /v1/completions answered {type(answer).__name__}, not a JSON object")
+            raise EngineRequestFailed(f"POST {path} answered {type(answer).__name__}, not a JSON object")
         return answer
 
     async def sleep(self, level: int) -> None:

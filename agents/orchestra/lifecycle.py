@@ -58,6 +58,13 @@ class Lifecycle:
         self.supervisors: list[asyncio.Task[None]] = []  # one per engine started or adopted: notices when it ends
 
     def new_engine(self, slot: Slot, gpus: list[int], check_gpus: bool = True) -> Engine:
+        spec = engine_class(slot.model.engine).spec
+        if slot.model.serves not in spec.serves:  # a pooling model on an engine that is never started as one
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE,
+                f"model {slot.name}: engine {spec.name} serves {', '.join(spec.serves)}, not {slot.model.serves} "
+                "(lab.yaml's serves:)",
+            )
         if not slot.path.exists() and not slot.model.make_tiny_if_missing:
             raise RemoteError(
                 ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.core.machine.name}"

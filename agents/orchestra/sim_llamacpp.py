@@ -8,6 +8,9 @@ It holds the pinned llama-server's contract (tools/server/ of llama-cpp-python 0
 - /lora-adapters lists the --lora files with their ids; POST takes [{"id", "scale"}]; there is no route to load
   a new adapter (/v1/load_lora_adapter is 404, as are vLLM's /sleep and /wake_up);
 - --sleep-idle-seconds N: idle that long, the model is unloaded (/props says is_sleeping); the next task reloads it;
+- chat answers a tool call (message.tool_calls; streamed as delta.tool_calls with index, id, name, then the arguments
+  in pieces; finish_reason "tool_calls") for tool_choice "required" or a named function, and valid JSON of the
+  schema for response_format json_object / json_schema, as llama-server's grammars make any model write them;
 - completions honour `n` (at most --parallel), `stop`, `seed`, `max_completion_tokens` and logprobs, and refuse bad
   parameters with llama-server's errors (agents.orchestra.sim_llamacpp_request; tests/test_sim_differential.py asks
   the real server and this one the same questions);
@@ -27,7 +30,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from agents.orchestra import pagecache
+from agents.orchestra import pagecache, sim_pooling
 from agents.orchestra.sim_llamacpp_request import (
     LlamaRequest,
     LlamaRequestError,
@@ -39,6 +42,7 @@ from agents.orchestra.sim_llamacpp_request import (
 )
 from agents.orchestra.sim_process import exit_with_parent, fail_later, follow_agent, http_server
 from agents.orchestra.sim_state import WORDS
+from agents.orchestra.sim_structured import call_id, instance, pieces
 
 N_SLOTS = 4  # llama-server's default --parallel: more requests are deferred
 LISTEN_BACKLOG = 2048  # a burst of clients queues instead of being refused (socketserver's default is 5)
@@ -46,7 +50,8 @@ OnToken = Callable[["Choice", Token, str], None]
 
 
 class Choice:
-    """One of a request's n choices as it is written: its tokens, its text cut at a stop, why it ended."""
+    """One of a request's n choices as it is written: its tokens, its text cut at a stop, why it ended; a constrained
+    answer (a tool call, JSON of a schema) is written piece by piece and ends where its JSON ends."""
 
     def __init__(self, request: LlamaRequest, index: int):
         self.index = index
@@ -55,13 +60,26 @@ class Choice:
         self.scan = StopScan(request.stops)
         self.tokens: list[Token] = []
         self.finish_reason: str | None = None
+        self.structured = request.structured
+        self.script: list[str] = []
+        self.call_id = ""
+        if self.structured is not None:  # the grammar, not the model's own end, ends it
+            self.script = pieces(instance(self.structured.schema, self.rng), self.rng)
+            self.call_id = call_id(self.rng)
+            self.limit, self.end_reason = (request.n_predict, "length") if request.n_predict >= 0 else (2**31, "length")
+            self.scan = StopScan([])
 
     def step(self) -> tuple[Token, str]:
         """Write one more token; answer it and the text that may be sent for it."""
         token = draw(self.rng)
+        if self.structured is not None:
+            token = Token(token.id, self.script[len(self.tokens)], token.logprob)
         self.tokens.append(token)
         piece = self.scan.feed(token.piece)
-        if self.scan.stopped:
+        if self.structured is not None and len(self.tokens) == len(self.script):
+            self.finish_reason = "tool_calls" if self.structured.tool else "stop"
+            piece += self.scan.flush()
+        elif self.scan.stopped:
             self.finish_reason = "stop"
         elif len(self.tokens) >= self.limit:
             self.finish_reason = self.end_reason
@@ -185,6 +203,14 @@ def idle_sleeper(state: State, seconds: float) -> None:
                 log("server is entering sleeping state")
 
 
+# llama-server's routes for pooling, and its 501s when started without the flag
+POOLING_PATHS = {p: "embeddings" for p in ("/v1/embeddings", "/embeddings")} | {
+    p: "rerank" for p in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")
+}
+EMBEDDINGS_OFF = "This server does not support embeddings. Start it with `--embeddings`"
+RERANK_OFF = "This server does not support reranking. Start it with `--reranking`"
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = "cetlab-sim-llama-server"
     protocol_version = "HTTP/1.1"
@@ -258,11 +284,18 @@ class Handler(BaseHTTPRequestHandler):
                 adapter["scale"] = scales.get(adapter["id"], 0.0)
             self._send(200, {"success": True})
             return
-        if path not in ("/v1/completions", "/v1/chat/completions", "/completion", "/completions", "/chat/completions"):
+        pooling = POOLING_PATHS.get(path)
+        if (
+            path not in ("/v1/completions", "/v1/chat/completions", "/completion", "/completions", "/chat/completions")
+            and not pooling
+        ):
             self._error(404, "File Not Found", "not_found_error")
             return
         if not state.loaded:
             self._error(503, "Loading model", "unavailable_error")
+            return
+        if pooling:
+            self._pooling(pooling, body)
             return
         try:
             request = parse_request(body, "chat" in path, state.args.parallel)
@@ -278,7 +311,7 @@ class Handler(BaseHTTPRequestHandler):
             entry: dict[str, Any] = {"index": choice.index, "finish_reason": choice.finish_reason}
             logprobs = _logprobs(request, choice.rng, choice.tokens)
             if request.chat:
-                entry["message"] = {"role": "assistant", "content": choice.text}
+                entry["message"] = _message(choice)
                 if logprobs is not None:
                     entry["logprobs"] = logprobs
             else:
@@ -296,6 +329,23 @@ class Handler(BaseHTTPRequestHandler):
                 "usage": _usage(prompt_tokens, len(choices[0].tokens)),
             },
         )
+
+    def _pooling(self, route: str, body: object) -> None:
+        state = self.state
+        state.wait_awake()
+        try:
+            if not isinstance(body, dict):
+                raise sim_pooling.PoolingError(400, "the body must be a JSON object")
+            if route == "embeddings":
+                # --reranking implies embeddings in llama-server (a ranking model's pooled vector)
+                enabled = state.args.embedding or state.args.reranking
+                answer = sim_pooling.embeddings(body, state.args.alias, enabled, EMBEDDINGS_OFF, reads_dimensions=False)
+            else:
+                answer = sim_pooling.rerank(body, state.args.alias, state.args.reranking, RERANK_OFF, echoes_documents=False)
+        except sim_pooling.PoolingError as exc:
+            self._error(exc.status, exc.message, "not_supported_error" if exc.status == 501 else "invalid_request_error")
+            return
+        self._send(200, answer)
 
     def _stream(self, request: LlamaRequest) -> None:
         """Server-sent events as the pinned llama-server sends them: per choice a role chunk (chat), a chunk per
@@ -325,7 +375,7 @@ class Handler(BaseHTTPRequestHandler):
             if piece or logprobs is not None:
                 entry: dict[str, Any] = {"index": choice.index, "finish_reason": None}
                 if chat:
-                    entry["delta"] = {"content": piece}
+                    entry["delta"] = _delta(choice, piece)
                     if logprobs is not None:
                         entry["logprobs"] = logprobs
                 else:
@@ -345,6 +395,26 @@ class Handler(BaseHTTPRequestHandler):
 
         self.state.generate_choices(request, on_token)
         event(b"[DONE]")
+
+
+def _message(choice: Choice) -> dict[str, Any]:
+    """A chat answer's message: its text, or (a tool call) empty content and the call, as llama-server writes one."""
+    tool = choice.structured.tool if choice.structured is not None else None
+    if tool is None:
+        return {"role": "assistant", "content": choice.text}
+    call = {"type": "function", "function": {"name": tool, "arguments": choice.text}, "id": choice.call_id}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+def _delta(choice: Choice, piece: str) -> dict[str, Any]:
+    """A streamed token's delta: its text, or a piece of the call's arguments (the first piece with its id and name)."""
+    tool = choice.structured.tool if choice.structured is not None else None
+    if tool is None:
+        return {"content": piece}
+    if len(choice.tokens) == 1:
+        call = {"index": 0, "id": choice.call_id, "type": "function", "function": {"name": tool, "arguments": piece}}
+        return {"tool_calls": [call]}
+    return {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -372,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora", action="append", default=[])
     parser.add_argument("--lora-init-without-apply", action="store_true")
     parser.add_argument("--sleep-idle-seconds", type=float, default=-1)
+    parser.add_argument("--embedding", "--embeddings", action="store_true")
+    parser.add_argument("--reranking", "--rerank", action="store_true")
     for name, default in (
         ("load-s", 15.0),
         ("cold-factor", 14.0),

@@ -11,6 +11,10 @@ asks both again:
 - ``stop``: a string or a list of strings (another type is ignored, a non-string in a list is a 400); the text
   ends before the first stop found, finish_reason "stop";
 - ``seed``: the same seed and request give the same text; choice i of n draws with seed + i;
+- chat's ``tools`` not an array, or a tool without ``function``, is a 500 "Failed to parse tools: ..."; a
+  ``tool_choice`` other than auto/none/required or an object is a 400 "Invalid tool_choice: X"; a ``response_format``
+  object of another type than text/json_object/json_schema is a 400; ``tool_choice`` "required" or a named function
+  (with tools) and ``response_format`` json_object/json_schema constrain the answer: agents.orchestra.sim_structured;
 - logprobs: completions' ``logprobs: N`` (true is 1) gives N alternatives per token; chat's ``logprobs: true`` gives
   ``top_logprobs`` of them (20 when absent; none when <= 0); ``top_logprobs`` without ``logprobs`` is a 400.
 """
@@ -18,11 +22,13 @@ asks both again:
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from agents.orchestra.sim_state import WORDS
+from agents.orchestra.sim_structured import ANY_OBJECT, Structured  # any object: llama-server's grammar allows any
 
 INT_MAX = 2**31 - 1
 CHAT_TOP_LOGPROBS = 20  # chat's logprobs: true without top_logprobs lists this many alternatives
@@ -98,6 +104,7 @@ class LlamaRequest:
     n_probs: int = 0
     stream: bool = False
     include_usage: bool = False
+    structured: Structured | None = None  # the answer is a tool call or JSON of a schema (a grammar constrains it)
 
     def rng(self, index: int) -> random.Random:
         """Choice ``index``'s draws: fixed by the seed (and the prompt), else fresh each time."""
@@ -164,7 +171,41 @@ def parse_request(body: object, chat: bool, slots: int) -> LlamaRequest:
                 raise _type_error("stop", "string", item)
         request.stops = [s for s in stop if s]
     request.n_probs = _n_probs(body, chat)
+    request.structured = _structured(body) if chat else None
     return request
+
+
+def _structured(body: dict[str, Any]) -> Structured | None:
+    """The constraint on the answer, or the error llama-server answers for tools, tool_choice or response_format."""
+    tools, choice, fmt = body.get("tools"), body.get("tool_choice"), body.get("response_format")
+    if tools is not None:
+        if not isinstance(tools, list):
+            shown = json.dumps(tools)
+            raise LlamaRequestError(
+                500, f"Failed to parse tools: Expected 'tools' to be an array, got {shown}; tools = {shown}", "server_error"
+            )
+        for tool in tools:
+            if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict):
+                shown = json.dumps(tool)
+                raise LlamaRequestError(500, f"Failed to parse tools: Missing tool function: {shown}", "server_error")
+    if choice is not None and not isinstance(choice, dict) and choice not in ("auto", "none", "required"):
+        raise LlamaRequestError(400, f"Invalid tool_choice: {choice}")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if isinstance(fmt, dict) and kind not in ("text", "json_object", "json_schema"):
+        raise LlamaRequestError(400, f'response_format type must be one of "text" or "json_object", but got: {kind}')
+    if tools and (choice == "required" or isinstance(choice, dict)):
+        functions = [tool["function"] for tool in tools]
+        named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        function = next((f for f in functions if f.get("name") == named), functions[0])
+        parameters = function.get("parameters")
+        return Structured(parameters if isinstance(parameters, dict) else {"type": "object"}, str(function.get("name")))
+    if isinstance(fmt, dict) and kind == "json_schema":
+        inner = fmt.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, dict) else fmt.get("schema")
+        return Structured(schema if isinstance(schema, dict) else {"type": "object"})
+    if isinstance(fmt, dict) and kind == "json_object":
+        return Structured(ANY_OBJECT)
+    return None
 
 
 def _n_probs(body: dict[str, Any], chat: bool) -> int:

@@ -39,9 +39,10 @@ from urllib.parse import parse_qs, urlparse
 from prometheus_client import generate_latest
 from pydantic import ValidationError
 
-from agents.orchestra import pagecache
+from agents.orchestra import pagecache, sim_pooling
 from agents.orchestra.lora_rules import lora_config_problem
 from agents.orchestra.sim_process import exit_with_parent, fail_later, follow_agent, http_server
+from agents.orchestra.sim_script import Script
 from agents.orchestra.sim_state import WORDS, Aborted, ClientGone, Sampling, SimEngineState, log, logprobs_for
 
 SLEEP_TAGS = ("weights", "kv_cache")
@@ -164,7 +165,12 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"results": [None]})
         elif url.path == "/v1/load_lora_adapter":
             self._load_adapter(state, body)
+        elif url.path in ("/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank"):
+            self._pooling(url.path, sent)
         elif url.path in ("/v1/completions", "/v1/chat/completions"):
+            if state.args.runner == "pooling":
+                self._error(400, f"The model does not support {'Chat ' if 'chat' in url.path else ''}Completions API")
+                return
             try:
                 sampling = Sampling.model_validate(body)
             except ValidationError as exc:
@@ -187,8 +193,16 @@ class Handler(BaseHTTPRequestHandler):
                     self._error(400, "Input should be a valid string", "prompt")
                     return
                 prompt = asked if isinstance(asked, str) else " ".join(map(str, asked))
+            if chat and sampling.tools and sampling.tool_choice in (None, "auto") and not state.args.enable_auto_tool_choice:
+                self._error(
+                    400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set', "tool_choice"
+                )
+                return
+            script = Script.of(sampling.structured(chat), sampling)
+            if script is not None:  # the grammar's answer is as long as its JSON (or the limit, if that comes first)
+                sampling = sampling.model_copy(update={"max_tokens": script.tokens, "max_completion_tokens": None, "stop": None})
             if sampling.stream:
-                self._stream(chat, prompt, sampling)
+                self._stream(chat, prompt, sampling, script)
                 return
             try:
                 choices, prompt_tokens = state.generate_choices(prompt, sampling, client_gone=self._client_gone)
@@ -203,6 +217,8 @@ class Handler(BaseHTTPRequestHandler):
             for index, choice in enumerate(choices):
                 entry: dict[str, Any] = {"index": index, "finish_reason": choice.finish_reason}
                 entry.update({"message": {"role": "assistant", "content": choice.text}} if chat else {"text": choice.text})
+                if script is not None:
+                    entry.update(script.answer(index, len(choice.pieces)))
                 entry["logprobs"] = logprobs_for(choice.pieces, count, chat)
                 out.append(entry)
             completion_tokens = sum(len(c.pieces) for c in choices)
@@ -224,6 +240,27 @@ class Handler(BaseHTTPRequestHandler):
             )
         else:
             self._send(404, {"error": f"no route {url.path}"})
+
+    def _pooling(self, path: str, body: dict[str, Any] | None) -> None:
+        """vLLM serves embeddings and rerank from a pooling model (--runner pooling), and 404s them from a generating one."""
+        state = self.state
+        if body is None:
+            self._error(400, "Input should be a valid dictionary or object to extract fields from", "body")
+            return
+        state.awake.wait()
+        pooling, off = state.args.runner == "pooling", "The model does not support this API: start it with --runner pooling"
+        try:
+            if path == "/v1/embeddings":
+                answer = sim_pooling.embeddings(body, state.name, pooling, off, reads_dimensions=True)
+                answer["id"] = f"embd-sim-{time.time_ns()}"
+            else:
+                answer = sim_pooling.rerank(body, state.name, pooling, off, echoes_documents=True)
+                answer["id"] = f"rerank-sim-{time.time_ns()}"
+        except sim_pooling.PoolingError as exc:
+            self._error(404 if exc.status == 501 else exc.status, exc.message, exc.param)
+            return
+        answer["created"] = int(time.time())
+        self._send(200, answer)
 
     def _client_gone(self) -> bool:
         """The client closed its connection (it reads as end of file) while its answer was being made."""
@@ -264,7 +301,7 @@ class Handler(BaseHTTPRequestHandler):
         state.adapters[name] = str(path)
         self._send(200, f"Success: LoRA adapter '{name}' added successfully.".encode(), "text/plain")
 
-    def _stream(self, chat: bool, prompt: str, sampling: Sampling) -> None:
+    def _stream(self, chat: bool, prompt: str, sampling: Sampling, script: Script | None = None) -> None:
         """Server-sent events as vLLM sends them: a first chat chunk with the role, one delta per token and
         choice, each choice's finish, usage last when asked, then [DONE]."""
         state = self.state
@@ -293,6 +330,7 @@ class Handler(BaseHTTPRequestHandler):
 
         count = sampling.alternatives(chat)
         offsets = [0] * sampling.n
+        written = [0] * sampling.n
 
         def on_token(index: int, word: str) -> None:
             choice: dict[str, Any] = (
@@ -300,6 +338,12 @@ class Handler(BaseHTTPRequestHandler):
                 if chat
                 else {"index": index, "text": word, "finish_reason": None}
             )
+            if script is not None:
+                written[index] += 1
+                delta = script.delta(index, written[index])
+                if delta is None:
+                    return
+                word, choice["delta"] = "", delta
             if count is not None:
                 choice["logprobs"] = logprobs_for([word], count, chat, offsets[index])
             offsets[index] += len(word)
@@ -310,8 +354,9 @@ class Handler(BaseHTTPRequestHandler):
         except Aborted as exc:
             choices, prompt_tokens = exc.args
         for index, choice in enumerate(choices):
+            finish = script.finish(index, len(choice.pieces)) if script is not None else choice.finish_reason
             last = (
-                {"index": index, "delta": {}, "finish_reason": choice.finish_reason}
+                {"index": index, "delta": {}, "finish_reason": finish}
                 if chat
                 else {"index": index, "text": "", "finish_reason": choice.finish_reason}
             )
@@ -351,9 +396,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--served-model-name")
     parser.add_argument("--enable-sleep-mode", action="store_true")
     parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--runner", choices=("auto", "generate", "pooling"), default="auto")
     parser.add_argument("--max-loras", type=int, default=1)
     parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument("--disable-uvicorn-access-log", action="store_true")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true")
+    parser.add_argument("--tool-call-parser")
     parser.add_argument("--load-s", type=float, default=15.0)
     parser.add_argument("--cold-factor", type=float, default=14.0)
     parser.add_argument("--warmup-s", type=float, default=40.0)

@@ -11,10 +11,12 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+from agents.orchestra.sim_structured import Structured, VllmNamed, VllmResponseFormat, VllmTool, constraint
 
 GARBAGE = "!"  # what a model with uninitialised weights tends to repeat
 MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
@@ -45,6 +47,13 @@ class Sampling(BaseModel):
     stream_options: dict[str, Any] | None = None
     logprobs: bool | int | None = None  # chat: a bool; completions: how many alternatives
     top_logprobs: int | None = None
+    tools: list[VllmTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | VllmNamed | None = None
+    response_format: VllmResponseFormat | None = None
+
+    def structured(self, chat: bool) -> Structured | None:
+        """The constraint on a chat answer (agents.orchestra.sim_structured), or None."""
+        return constraint(self.tools, self.tool_choice, self.response_format) if chat else None
 
     @field_validator("logprobs")
     @classmethod

@@ -45,6 +45,8 @@ class EngineSpec:
     adapter_format: Literal["peft", "gguf", "none"] = "none"
     multi_gpu: MultiGpu = "none"
     model_formats: tuple[ModelFormat, ...] = ("hf",)
+    # what lab.yaml's model.serves may say for it: the routes it is started to answer (chat, embedding, rerank)
+    serves: tuple[str, ...] = ("chat",)
     # /metrics: the engine's series for each figure the console shows (None: the engine has no such series)
     metric_names: dict[str, str | None] = field(default_factory=dict)
     # the lowest CUDA compute capability any build of this engine runs on (None: no CUDA floor, e.g. a CPU build);
@@ -55,6 +57,12 @@ class EngineSpec:
     gpu_stack: StackKind | None = None
     # load-phase lines in the engine's log: phase name -> regex whose first group is seconds
     load_phases: dict[str, str] = field(default_factory=dict)
+    # chat parameters the engine refuses outright, which the gateway refuses first, naming the param
+    refuses_params: tuple[str, ...] = ()
+    # a flag among a model's args that takes tools away (llama-server's --no-jinja: no chat template renders them)
+    tools_off_flag: str | None = None
+    # the flag a model's args need for tool_choice "auto" (vLLM reads calls out of free text only with a parser)
+    auto_tools_flag: str | None = None
 
     @property
     def can_sleep(self) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader, GGUFValueType, GGUFWriter, PoolingType
 
 TOKENIZER_KEYS = (
     "tokenizer.ggml.model",
@@ -27,6 +27,7 @@ TOKENIZER_KEYS = (
     "tokenizer.ggml.add_eos_token",
 )
 EMBED, LAYERS, HEADS, FFN, CONTEXT = 64, 2, 4, 128, 512
+POOLING = {"embedding": PoolingType.MEAN, "rerank": PoolingType.RANK}
 
 
 def _copy_field(writer: GGUFWriter, reader: GGUFReader, key: str) -> None:
@@ -48,15 +49,30 @@ def _copy_field(writer: GGUFWriter, reader: GGUFReader, key: str) -> None:
 
 
 def write_tiny_gguf(
-    out: Path, vocab: Path, seed: int = 0, name: str = "tiny-llama", embed: int = EMBED, layers: int = LAYERS, ffn: int = FFN
+    out: Path,
+    vocab: Path,
+    seed: int = 0,
+    name: str = "tiny-llama",
+    embed: int = EMBED,
+    layers: int = LAYERS,
+    ffn: int = FFN,
+    chat_template: str | None = None,
+    serves: str = "chat",
 ) -> Path:
-    """A random Llama at ``out`` (by default 2 layers, f32, ~17 MB; benches ask for bigger), tokenizer from ``vocab``."""
+    """A random Llama at ``out`` (by default 2 layers, f32, ~17 MB; benches ask for bigger), tokenizer from ``vocab``;
+    with ``chat_template`` (e.g. agents.orchestra.chat_templates.QWEN25) as its tokenizer.chat_template.
+
+    serves="embedding" gives it mean pooling (llama-server --embedding answers a vector per input, as from an
+    e5-mistral-like decoder); serves="rerank" rank pooling and a one-score classifier head (cls_out, as a
+    Qwen3-Reranker carries), which llama-server --reranking reads as each document's relevance."""
     reader = GGUFReader(str(vocab))
     n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     rng = np.random.default_rng(seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
-    writer = GGUFWriter(str(tmp), "llama")
+    # llama.cpp reads a rank head (cls_out) on Qwen3, not on Llama: a reranker is a Qwen3 (its q and k normed per head)
+    arch = "qwen3" if serves == "rerank" else "llama"
+    writer = GGUFWriter(str(tmp), arch)
     writer.add_name(name)
     writer.add_block_count(layers)
     writer.add_context_length(CONTEXT)
@@ -68,8 +84,18 @@ def write_tiny_gguf(
     writer.add_rope_dimension_count(embed // HEADS)
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(0)  # all f32
+    if serves != "chat":
+        writer.add_pooling_type(POOLING[serves])
+    if serves == "rerank":  # a yes/no head as Qwen3-Reranker's: llama-server's score is the softmax's "yes"
+        writer.add_classifier_output_labels(["yes", "no"])
     for key in TOKENIZER_KEYS:
         _copy_field(writer, reader, key)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+        # llama-server feeds the template's generation prompt ("<|im_start|>assistant\n") to a tool-call or JSON
+        # grammar token by token and drops a first token that starts with a space: SentencePiece's space prefix
+        # (a first token " <") would lose the "<" and every constrained request fail with "Failed to initialize samplers"
+        writer.add_add_space_prefix(False)
 
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
@@ -77,10 +103,15 @@ def write_tiny_gguf(
     writer.add_tensor("token_embd.weight", weight(n_vocab, embed))
     writer.add_tensor("output_norm.weight", np.ones(embed, dtype=np.float32))
     writer.add_tensor("output.weight", weight(n_vocab, embed))
+    if serves == "rerank":
+        writer.add_tensor("cls.output.weight", (rng.standard_normal((2, embed)) * 0.5).astype(np.float32))
     for i in range(layers):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(embed, dtype=np.float32))
         for t in ("attn_q", "attn_k", "attn_v", "attn_output"):
             writer.add_tensor(f"blk.{i}.{t}.weight", weight(embed, embed))
+        if arch == "qwen3":
+            for t in ("attn_q_norm", "attn_k_norm"):
+                writer.add_tensor(f"blk.{i}.{t}.weight", np.ones(embed // HEADS, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(embed, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(ffn, embed))
         writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(ffn, embed))

@@ -27,6 +27,7 @@ from agents.wire.protocol import ErrorCode, RemoteError
 log = logging.getLogger("cetlab.orchestra")
 
 COMMAND_SPEC = EngineSpec(
+    serves=("chat", "embedding", "rerank"),  # any OpenAI-compatible server: its command line says what it serves
     name="command",
     title="a server's command line",
     free_mode="stop",

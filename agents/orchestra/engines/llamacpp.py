@@ -58,13 +58,17 @@ LLAMACPP_SPEC = EngineSpec(
     adapters="at-start",
     adapter_format="gguf",
     multi_gpu="layer-split",
+    tools_off_flag="--no-jinja",  # tools go through the model's jinja chat template (on by default in the pinned build)
     model_formats=("gguf",),
+    serves=("chat", "embedding", "rerank"),  # --embedding, --reranking
     metric_names=LLAMACPP_METRICS,
     min_compute_capability=LLAMACPP_CUDA_MIN_CC,
 )
 # llama-server log lines start with "M.SS.mmm.uuu" (minutes, seconds, ms, us since start)
 _STAMPED = re.compile(r"^(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) \w (.*)$", re.M)
 _PHASE_LINES = {"model_load_s": "llama_server: model loaded", "listening_s": "llama_server: listening on"}
+# what llama-server is told to answer (without them it answers /v1/embeddings and /v1/rerank with a 501)
+POOLING_FLAGS = {"chat": [], "embedding": ["--embedding"], "rerank": ["--reranking"]}
 ALL_GPU_LAYERS = "999"  # -ngl: every layer on the GPU(s)
 
 
@@ -242,7 +246,14 @@ class LlamacppEngine(Engine):
     def serve_flags(self) -> list[str]:
         """llama-server's flags after the model: the agent's, then lab.yaml's args (which win where they repeat)."""
         args = list(self.model.args)
-        flags = [*self.listen_flags(), "--alias", self.served_name, "--metrics", *self.split_flags()]
+        flags = [
+            *self.listen_flags(),
+            "--alias",
+            self.served_name,
+            "--metrics",
+            *self.split_flags(),
+            *POOLING_FLAGS[self.model.serves],
+        ]
         return flags + args
 
     def argv(self) -> list[str]:

@@ -33,7 +33,14 @@ def transformers_python() -> str:
 
 class TransformersEngine(Engine):
     # no sleep mode, no runtime adapters (a checkpoint is merged), one device; its GPU floor is the torch build's
-    spec = EngineSpec(name="transformers", title="transformers serve", model_formats=("hf",), gpu_stack=StackKind.TORCH)
+    spec = EngineSpec(
+        name="transformers",
+        title="transformers serve",
+        model_formats=("hf",),
+        gpu_stack=StackKind.TORCH,
+        # its UNUSED_CHAT_COMPLETION_FIELDS ("Receiving these raises an error"): tools it takes, into the template
+        refuses_params=("response_format", "tool_choice", "logprobs", "top_logprobs", "parallel_tool_calls"),
+    )
 
     @classmethod
     def stack(cls, reader: TorchReader) -> Stack:

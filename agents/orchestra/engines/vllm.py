@@ -151,6 +151,8 @@ class VllmSleepMixin(Engine):
             "--enable-sleep-mode",
             "--disable-uvicorn-access-log",
         ]  # the agent polls /metrics: no access line each time
+        if model.serves != "chat" and "--runner" not in args:
+            flags += ["--runner", "pooling"]  # vLLM serves /v1/embeddings or /v1/rerank from a pooling model
         if model.max_loras and "--enable-lora" not in args:
             flags += ["--enable-lora", "--max-loras", str(model.max_loras), "--max-lora-rank", str(model.max_lora_rank)]
         if "--tensor-parallel-size" not in args and len(self.gpus) > 1:
@@ -243,6 +245,7 @@ def vllm_stack(reader: TorchReader, cli: str | None) -> Stack:
 
 
 VLLM_SPEC = EngineSpec(
+    serves=("chat", "embedding", "rerank"),  # --runner pooling
     gpu_stack=StackKind.VLLM,
     name="vllm",
     title="vLLM",
@@ -255,6 +258,7 @@ VLLM_SPEC = EngineSpec(
     metric_names=VLLM_METRICS,
     min_compute_capability=float(VLLM_MIN),  # vLLM's floor in every build (no Pascal)
     load_phases=VLLM_PHASES,
+    auto_tools_flag="--enable-auto-tool-choice",  # with --tool-call-parser NAME (hermes, llama3_json, ...)
 )
 
 

@@ -157,6 +157,10 @@ class Model(Strict):
     served_name: str | None = None
     port: int | None = Field(default=None, ge=1, le=65535)  # None: a unix socket of the agent's; a port: 127.0.0.1 (WARN)
     cloud_equivalent: str | None = None
+    # what the engine is started to answer: chat (and completions), embedding (/v1/embeddings: llama-server --embedding,
+    # vLLM --runner pooling) or rerank (/v1/rerank: llama-server --reranking, vLLM --runner pooling); the gateway refuses
+    # a route the model does not serve, naming `model`
+    serves: Literal["chat", "embedding", "rerank"] = "chat"
     sleep_level: Literal[1, 2] = 1  # 2 drops the weights: waking reloads them (vLLM's wake_up/reload_weights sequence)
     # runtime LoRA (vllm, sim): --enable-lora --max-loras N --max-lora-rank R; 0 serves without LoRA
     max_loras: int = Field(default=1, ge=0)

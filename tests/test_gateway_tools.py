@@ -1,0 +1,206 @@
+"""Tool calling, response_format and logprobs through the gateway with the real openai SDK: passed through to an
+engine that takes them (sim-llamacpp, which holds llama-server's answers: tests/test_sim_differential.py), plain and
+streamed; refused with OpenAI's 400 naming the param where the body is malformed or the engine cannot take them
+(`transformers serve`, a vLLM model without automatic tool choice), before any model is brought up for it."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+import yaml
+
+from agents.gateway.chat_params import chat_params_problem, engine_refusal
+from agents.orchestra.engines import engine_spec
+from agents.shell.demo.lab import DemoLab
+from agents.wire.lab.model import Model, load_lab
+from console.client import FleetClient
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.timeout(240)
+
+FAST = {"load_s": 0.1, "warmup_s": 0.1, "wake_s": 0.1, "tokens_per_s": 400, "placeholder_mib": 1}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}, "days": {"type": "integer"}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "age", "tags"],
+}
+MESSAGES = [{"role": "user", "content": "What is the weather in Lyon?"}]
+
+
+def model(name: str, engine: str, gpu: int, **extra: object) -> dict:
+    return {"name": name, "path": f"models/{name}", "engine": engine, "machine": "hub", "gpus": [gpu], "vram_gib": 1, **extra}
+
+
+LAB = {
+    "lab": "tools-test",
+    "machines": [{"name": "hub", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}] * 3}}],
+    "models": [
+        model("tooly", "sim-llamacpp", 0, path="models/tooly.Q4_K_M.gguf", sim=FAST),
+        model("vl", "sim", 1, sim=FAST),
+        model("hf-small", "transformers", 2),
+    ],
+    "orchestra": {"warm": ["tooly", "vl"]},
+    "gateway": {"machine": "hub"},
+}
+
+
+@pytest.fixture(scope="module")
+def tools_lab(tmp_path_factory):
+    source = tmp_path_factory.mktemp("toolsrc") / "lab.yaml"
+    source.write_text(yaml.safe_dump(LAB, sort_keys=False))
+    with DemoLab(tmp_path_factory.mktemp("tools"), source=source) as demo:
+        yield demo
+
+
+@pytest.fixture
+async def sdk(tools_lab):
+    lab = load_lab(tools_lab.lab_path)
+    async with FleetClient(lab, subscribe=[]) as fleet:
+        await fleet.wait_connected(20)
+
+        async def warm() -> bool:
+            states = {m["name"]: m["state"] for m in (await fleet.call("hub", "models.list"))["models"]}
+            return states["tooly"] == states["vl"] == "warm"
+
+        await wait_for(warm, timeout=60, interval=0.2)
+    key = (tools_lab.dir / "console" / "gateway.key").read_text().strip()
+    async with openai.AsyncOpenAI(base_url=lab.gateway.url, api_key=key, max_retries=0, timeout=60) as client:
+        yield client
+
+
+async def test_a_tool_call_plain_and_streamed(sdk):
+    plain = await sdk.chat.completions.create(
+        model="tooly", messages=MESSAGES, tools=[WEATHER, TIME], tool_choice="required", max_tokens=200
+    )
+    choice = plain.choices[0]
+    assert choice.finish_reason == "tool_calls" and plain.model == "tooly"
+    (call,) = choice.message.tool_calls or []
+    arguments = json.loads(call.function.arguments)
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    assert isinstance(arguments["city"], str) and arguments["unit"] in ("c", "f")
+
+    named = await sdk.chat.completions.create(
+        model="tooly",
+        messages=MESSAGES,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+    )
+    assert [c.function.name for c in named.choices[0].message.tool_calls or []] == ["get_time"]
+
+    stream = await sdk.chat.completions.create(
+        model="tooly",
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice="required",
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces: list[str] = []
+    heads, finish, usage = [], None, None
+    async for chunk in stream:
+        usage = chunk.usage or usage
+        for part in chunk.choices:
+            finish = part.finish_reason or finish
+            for delta in part.delta.tool_calls or []:
+                assert delta.index == 0
+                if delta.id is not None:
+                    heads.append((delta.id, delta.function.name if delta.function else None))
+                pieces.append(delta.function.arguments or "" if delta.function else "")
+    assert len(heads) == 1 and heads[0][1] == "get_weather" and finish == "tool_calls"
+    assert len([p for p in pieces if p]) > 1  # the arguments come in pieces, as llama-server streams them
+    assert json.loads("".join(pieces))["unit"] in ("c", "f") and usage is not None and usage.completion_tokens > 0
+
+
+async def test_response_format_and_logprobs_pass_through(sdk):
+    answer = await sdk.chat.completions.create(
+        model="tooly",
+        messages=MESSAGES,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},
+        logprobs=True,
+        top_logprobs=2,
+    )
+    data = json.loads(answer.choices[0].message.content or "")
+    assert isinstance(data["name"], str) and isinstance(data["age"], int) and isinstance(data["tags"], list)
+    content = answer.choices[0].logprobs.content if answer.choices[0].logprobs else []
+    assert content and all(len(token.top_logprobs) == 2 for token in content)
+    anything = await sdk.chat.completions.create(model="tooly", messages=MESSAGES, response_format={"type": "json_object"})
+    assert isinstance(json.loads(anything.choices[0].message.content or ""), dict)
+
+
+async def test_what_an_engine_cannot_take_is_refused_naming_the_param(sdk, tools_lab):
+    cases = [
+        ("tooly", {"tools": "x"}, "tools"),
+        ("tooly", {"tools": [{"type": "function"}]}, "tools[0].function"),
+        ("tooly", {"tools": [WEATHER], "tool_choice": "bogus"}, "tool_choice"),
+        ("tooly", {"tool_choice": "required"}, "tool_choice"),
+        ("tooly", {"response_format": {"type": "yaml"}}, "response_format.type"),
+        ("tooly", {"top_logprobs": 2}, "top_logprobs"),
+        # transformers serve refuses these itself: refused first, and the model is never brought up for it
+        ("hf-small", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("hf-small", {"logprobs": True}, "logprobs"),
+        # vLLM chooses a tool by itself only with --enable-auto-tool-choice and a parser in the model's args
+        ("vl", {"tools": [WEATHER]}, "tool_choice"),
+    ]
+    for name, extra, param in cases:
+        with pytest.raises(openai.BadRequestError) as err:
+            await sdk.chat.completions.create(model=name, messages=MESSAGES, **extra)
+        body = err.value.body
+        assert isinstance(body, dict) and body["param"] == param and body["type"] == "invalid_request_error", (extra, body)
+        assert body["code"] is None or isinstance(body["code"], str)
+    async with FleetClient(load_lab(tools_lab.lab_path), subscribe=[]) as fleet:
+        await fleet.wait_connected(20)
+        hf = await fleet.call("hub", "models.get", {"model": "hf-small"})
+    assert hf["state"] not in ("warm", "loading")
+    # what vLLM takes without a parser: "required" or a named function (guided decoding), streamed too
+    forced = await sdk.chat.completions.create(model="vl", messages=MESSAGES, tools=[WEATHER], tool_choice="required")
+    (call,) = forced.choices[0].message.tool_calls or []
+    assert call.id.startswith("chatcmpl-tool-") and json.loads(call.function.arguments)["unit"] in ("c", "f")
+    assert forced.choices[0].finish_reason == "tool_calls"
+    stream = await sdk.chat.completions.create(
+        model="vl",
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        stream=True,
+    )
+    pieces = [d.function.arguments or "" async for c in stream for p in c.choices for d in p.delta.tool_calls or [] if d.function]
+    assert json.loads("".join(pieces))["unit"] in ("c", "f") and len(pieces) > 1
+
+
+def test_the_rules_by_engine_spec():
+    body = {"messages": MESSAGES, "tools": [WEATHER]}
+    llama = Model(name="m", path="m.gguf", engine="llamacpp", machine="hub")
+    assert engine_refusal(body, llama, engine_spec("llamacpp")) is None
+    assert engine_refusal(body, llama.model_copy(update={"args": ["--no-jinja"]}), engine_spec("llamacpp"))[1] == "tools"
+    vllm = Model(name="v", path="v", engine="vllm", machine="hub")
+    assert engine_refusal(body, vllm, engine_spec("vllm"))[1] == "tool_choice"
+    auto = vllm.model_copy(update={"args": ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]})
+    assert engine_refusal(body, auto, engine_spec("vllm")) is None
+    assert engine_refusal({**body, "tool_choice": "required"}, vllm, engine_spec("vllm")) is None
+    hf = Model(name="h", path="h", engine="transformers", machine="hub")
+    assert engine_refusal(body, hf, engine_spec("transformers")) is None  # tools go into its chat template
+    assert engine_refusal({**body, "tool_choice": "auto"}, hf, engine_spec("transformers"))[1] == "tool_choice"
+    assert chat_params_problem({"tools": [WEATHER, TIME], "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+    assert chat_params_problem({"response_format": {"type": "json_schema"}})[1] == "response_format.json_schema"
+    assert chat_params_problem({"logprobs": True, "top_logprobs": 21})[1] == "top_logprobs"
+    good = {"tools": [WEATHER], "tool_choice": "auto", "response_format": {"type": "json_object"}, "logprobs": True}
+    assert chat_params_problem(good) is None

@@ -24,7 +24,20 @@ from agents.wire.lab.notify import cross_check as notify_cross_check
 from agents.wire.lab.yaml_doc import MAX_BYTES as MAX_LAB_BYTES
 from agents.wire.lab.yaml_doc import YamlDocError, data_path, describe, problem_at
 from agents.wire.lab.yaml_doc import load as load_yaml
-from agents.wire.schema import MAX_WATTS, Duration, EngineName, Name, NonNegative, Positive, Price, Strict, Watts, parse_duration
+from agents.wire.schema import (
+    MAX_WATTS,
+    Duration,
+    EngineName,
+    ModelName,
+    Name,
+    NonNegative,
+    ParamName,
+    Positive,
+    Price,
+    Strict,
+    Watts,
+    parse_duration,
+)
 
 # ---------------------------------------------------------------------------- machines
 
@@ -198,14 +211,14 @@ class Orchestra(Strict):
     rotation: list[list[Name]] = Field(default_factory=list)  # warm sets to cycle through
     # false: a rotation takes out only models its sets name, never one an operator warmed; true: every model not pinned
     rotation_takes_all: bool = False
-    groups: dict[Name, list[str]] = Field(default_factory=dict)  # fan-out sets for the gateway's orchestra call
+    groups: dict[Name, list[ModelName]] = Field(default_factory=dict)  # fan-out sets for the gateway's orchestra call
 
 
 # ---------------------------------------------------------------------------- trainers
 
 
 class TrainerParam(Strict):
-    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,40}$")]
+    name: ParamName
     type: Literal["int", "float", "str", "bool", "choice"] = "str"
     default: int | float | bool | str | None = None
     choices: list[str] = Field(default_factory=list)

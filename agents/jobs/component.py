@@ -372,13 +372,20 @@ class JobsComponent:
             if ended and not lines:
                 del self.followers[key]
 
-    def logs(self, peer: Peer, job: Job, params: LogsParams) -> JobLogs:
+    async def logs(self, peer: Peer, job: Job, params: LogsParams) -> JobLogs:
+        """jobs.logs: the tail (up to TAIL_MAX_BYTES of each of two files) or a range, read in a thread with a timeout: a
+        big log, a slow disk or a hung mount costs this call, never the ticks."""
         path = Path(job.log_path)
         cut = False
-        if params.offset is None:
-            lines, offset, cut = tail(path, params.tail_lines)
-        else:
-            lines, offset = read_from(path, params.offset)
+        try:
+            if params.offset is None:
+                lines, offset, cut = await asyncio.wait_for(asyncio.to_thread(tail, path, params.tail_lines), READ_TIMEOUT_S)
+            else:
+                lines, offset = await asyncio.wait_for(asyncio.to_thread(read_from, path, params.offset), READ_TIMEOUT_S)
+        except TimeoutError:
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE, f"job {job.id}'s log took over {READ_TIMEOUT_S:.0f} s to read on {self.core.machine.name}"
+            ) from None
         if params.follow:
             peer.topics.add(f"log:{job.id}")
             self.followers[(id(peer), job.id)] = (peer, Follower(path, offset))

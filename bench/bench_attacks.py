@@ -1,5 +1,5 @@
 """Attacks on one agent (issue 11: findings 5, 6, 7; issue 21: N1, N3, N6, N8, N10; issue 30: R1, R2, R3, R5, R6, R7, R8, R9, R10,
-R12; issue 29: L1, L2) and what a legitimate console
+R12, C4 (names by type); issue 29: L1, L2) and what a legitimate console
 and a legitimate gateway client see meanwhile, same run.
 
 For each attack: a console's ping p50/p99 and its largest gap between ticks, and a gateway client's latency p50/p99
@@ -38,6 +38,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, KeyAddParams
 from agents.wire.catalogue.method import request
 from agents.wire.lab.model import load_lab
+from bench.attacks_classes import c4_hostile_names
 from bench.attacks_iv import (
     ATTACKER_GATEWAY_KEY,
     gateway_url_and_key,
@@ -602,6 +603,7 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "L2 hostile lab.yaml texts pushed": l2_hostile_texts,
     "K1 a key limited to one model asks another": k1_other_models,
     "K2 bursts past a key's money budget": k2_budget_burst,
+    "C4 hostile names at every name field": c4_hostile_names,
 }
 
 

@@ -224,4 +224,6 @@ def test_the_agents_text_was_printed_visible_not_dropped():
     if not SHOWN_BY:
         pytest.skip("run with the verbs' test")
     printed = {" ".join(w) for w, shown in SHOWN_BY.items() if shown}
-    assert {"status", "jobs", "models", "alerts", "audit", "costs", "checkpoints", "gateway keys list"} <= printed, sorted(printed)
+    assert {"status", "jobs", "models", "alerts", "audit", "costs", "checkpoints", "gateway keys list"} <= printed, sorted(
+        printed
+    )

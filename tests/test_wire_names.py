@@ -192,3 +192,25 @@ def test_a_plain_name_passes_each_name_field():
         (ParamName, "learning_rate"),
     ]:
         assert TypeAdapter(kind).validate_python(value) == value
+
+
+@pytest.mark.parametrize("kind", ["escape", "10 kB", "climb", "markup", "cyrillic"])
+def test_lab_yaml_names_a_model_by_the_same_type(kind):
+    """lab.yaml's served_name (what the engine serves a model as, what clients ask for) and a fan-out group's members are
+    model names like the wire's: a hostile one is refused where lab.yaml loads, naming where."""
+    import yaml
+
+    from agents.wire.lab.model import LabError, parse_lab
+
+    base = {
+        "lab": "t",
+        "machines": [{"name": "box"}],
+        "models": [{"name": "m", "engine": "sim", "machine": "box", "path": "/m"}],
+    }
+    served = {**base, "models": [{**base["models"][0], "served_name": HOSTILE[kind]}]}
+    grouped = {**base, "orchestra": {"groups": {"g": ["m", HOSTILE[kind]]}}}
+    for doc, where in ((served, "served_name"), (grouped, "groups")):
+        with pytest.raises(LabError) as caught:
+            parse_lab(yaml.safe_dump(doc))
+        assert where in str(caught.value), str(caught.value)[:300]
+    parse_lab(yaml.safe_dump({**base, "models": [{**base["models"][0], "served_name": "org/m-1.5b"}]}))

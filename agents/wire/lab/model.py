@@ -167,7 +167,7 @@ class Model(Strict):
     vram_gib: NonNegative = 0.0
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
-    served_name: str | None = None
+    served_name: ModelName | None = None  # the name the engine serves it as: clients and the gateway ask for it
     port: int | None = Field(default=None, ge=1, le=65535)  # None: a unix socket of the agent's; a port: 127.0.0.1 (WARN)
     cloud_equivalent: str | None = None
     sleep_level: Literal[1, 2] = 1  # 2 drops the weights: waking reloads them (vLLM's wake_up/reload_weights sequence)

@@ -7,6 +7,7 @@ hangs, they keep coming with a gap under 2 s."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import sys
 import threading
@@ -83,6 +84,52 @@ async def test_a_job_log_on_a_disk_that_hangs_stalls_no_tick(tmp_path, monkeypat
         released.set()
         reply = await agent.rpc.dispatch(peer, {**ask, "id": 2})
         assert reply["result"]["lines"][-1] == "line 99", reply
+    finally:
+        released.set()
+        await agent.stop()
+
+
+async def test_a_followed_log_on_a_disk_that_hangs_stalls_no_tick(tmp_path, monkeypatch):
+    """A follower's new lines are read before a tick, in a thread: while that read hangs the ticks keep their 1 Hz and
+    the follower gets nothing; once the disk answers, its lines and the end of the log come, each once."""
+    agent = Agent(parse_lab(lab_with_trainer(tmp_path)), "box", tmp_path / "state", components=lambda core: [JobsComponent(core)])
+    agent.serves_tcp = False
+    tick_at: list[float] = []
+    one_tick = agent.tick
+
+    def noted_tick(gpus: list[GpuSample] | None = None) -> None:
+        tick_at.append(time.monotonic())
+        one_tick(gpus)
+
+    agent.tick = noted_tick  # type: ignore[method-assign]
+    jobs = agent.find(JobsComponent)
+    assert jobs is not None
+    pushed: list[dict] = []
+    peer = Peer(role=Role.OPERATOR, who="test", send=lambda line: pushed.append(json.loads(line)))
+    released = threading.Event()
+    real_read = jobs_component._read_follower
+
+    def hung_read(follower):  # type: ignore[no-untyped-def]
+        released.wait(60)
+        return real_read(follower)
+
+    monkeypatch.setattr(jobs_component, "_read_follower", hung_read)
+    await agent.start()
+    try:
+        job = jobs.start_job("train", {})
+        await wait_for(lambda: not job.active and Path(job.log_path).is_file(), 30)
+        reply = await agent.rpc.dispatch(
+            peer, {"id": 1, "method": "jobs.logs", "params": {"id": job.id, "offset": 0, "follow": True}}
+        )
+        assert reply["result"]["offset"] >= 0, reply
+        count = len(tick_at)
+        await wait_for(lambda: len(tick_at) >= count + 3, 20)
+        gaps = [b - a for a, b in zip(tick_at[count - 1 :], tick_at[count:])]
+        assert max(gaps) < 2.0, gaps
+        released.set()
+        ended = lambda: [e for e in pushed if e.get("event") == "log" and e["data"].get("ended")]  # noqa: E731
+        await wait_for(lambda: ended(), 20)
+        assert len(ended()) == 1
     finally:
         released.set()
         await agent.stop()

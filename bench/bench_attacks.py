@@ -1,5 +1,5 @@
 """Attacks on one agent (issue 11: findings 5, 6, 7; issue 21: N1, N3, N6, N8, N10; issue 30: R1, R2, R3, R5, R6, R7, R8, R9, R10,
-R12; issue 29: L1, L2; issue 31: K1, K2, E1, E2, E3) and what a legitimate console
+R12, C4 (names by type); issue 29: L1, L2; issue 31: K1, K2, T1, E1, E2, E3) and what a legitimate console
 and a legitimate gateway client see meanwhile, same run.
 
 For each attack: a console's ping p50/p99 and its largest gap between ticks, and a gateway client's latency p50/p99
@@ -38,6 +38,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, KeyAddParams
 from agents.wire.catalogue.method import request
 from agents.wire.lab.model import load_lab
+from bench.attacks_classes import c4_hostile_names
 from bench.attacks_iv import (
     ATTACKER_GATEWAY_KEY,
     connection_storm,
@@ -568,6 +569,7 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "E1 a huge input list on /v1/embeddings": e1_huge_embeddings,
     "E2 a thousand documents on /v1/rerank": e2_huge_rerank,
     "E3 the Responses and Messages doors": e3_mapped_doors,
+    "C4 hostile names at every name field": c4_hostile_names,
 }
 
 

@@ -33,7 +33,7 @@ async def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"path": str(path), "ok": not problems, "problems": problems}))
     for problem in problems if not args.json else []:
-        print(problem)
+        say(problem)  # a lab file from elsewhere may hold control characters: shown visible
     if lab is not None and not args.json:
         print(f"{path}: lab {lab.lab}: {len(lab.machines)} machines, {len(lab.models)} models: valid")
     return EXIT_USAGE if problems else EXIT_OK

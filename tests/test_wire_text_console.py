@@ -25,13 +25,16 @@ from widgets.wire import visible
 SIZE = (200, 60)
 # markup that crashes a parser ([/x]), a live action link, a style; a terminal escape (clear screen, set the title) and a
 # right-to-left override
-MARKUP = "[/x] [@click=app.quit]x[/] [bold]b"
-HOSTILE = MARKUP + " \x1b[2J\x1b]0;pwn\x07 \u202eevil"
+MARKUP = "[/x] [@click=app.quit]x[/] [bold]b [bold red]r[/] [link=https://evil.example]l[/link]"
+MARKUP_HEAD = MARKUP[:26]  # what a refusal quoting the text (cut at 80 characters) keeps of it
+# a clipboard write (OSC 52), a title set, a screen clear, a terminal query (its answer would be typed as input)
+ESCAPES = "\x1b]52;c;cm0gLXJmIH4=\x07 \x1b[2J\x1b]0;pwn\x07 \x1b[6n\x1b[c"
+HOSTILE = MARKUP + " " + ESCAPES + " \u202eevil"
 GPU = {"name": HOSTILE, "memory_gib": 8, "tdp_w": 75, "profile": "training"}
 FILE_HOSTILE = HOSTILE.replace("/", "|")  # the same, as a folder name
 SHOWN = visible(HOSTILE)  # what the console shows: the text as typed, control characters as visible stand-ins
 FILE_SHOWN = visible(FILE_HOSTILE)
-TRAINER = "import sys\nprint(sys.argv[1:], flush=True)\nprint(sys.argv[-1], file=sys.stderr, flush=True)\nsys.exit(3)"
+TRAINER = "import sys\nprint(sys.argv[1:], flush=True)\nprint(sys.argv[-1] * 70, flush=True)\nprint(sys.argv[-1], file=sys.stderr, flush=True)\nsys.exit(3)"
 
 
 def shown_text(app: CetlabApp) -> str:
@@ -100,7 +103,8 @@ async def test_hostile_wire_text_in_every_view(run_pool, tmp_path):
                 "machine": "box",
                 "gpus": [0],
                 "vram_gib": 1,
-                "served_name": HOSTILE,
+                "served_name": "m1-served",  # a model name by type (ModelName): every view over hostile ticks is
+                # tests/test_wire_text_every_section.py's
                 "sim": {"load_s": 0.1, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.1, "placeholder_mib": 1},
             }
         ],
@@ -142,7 +146,7 @@ async def test_hostile_wire_text_in_every_view(run_pool, tmp_path):
                 if name == "alerts":
                     await wait_for(lambda: "pager" in shown_text(app), timeout=20)
                 if name == "models":
-                    await wait_for(lambda: SHOWN in shown_text(app), timeout=30)  # its detail: the served name, once warm
+                    await wait_for(lambda: "m1-served" in shown_text(app), timeout=30)  # its detail: the served name, once warm
                 if name == "checkpoints":
                     await wait_for(lambda: FILE_SHOWN in shown_text(app), timeout=20)
                 seen[name] = check_screen(app)
@@ -165,19 +169,21 @@ async def test_hostile_wire_text_in_every_view(run_pool, tmp_path):
             seen["machine"] = check_screen(app)
             screen = app.screen
             assert isinstance(screen, MachineScreen)
-            screen.act("box", ALERTS_ACK, AckParams(id=HOSTILE), "acknowledged")  # the agent's refusal, quoting it, as a toast
-            await wait_for(lambda: any(MARKUP in n.message for n in app.notices), timeout=20)
+            # an id no client of this version builds (AckParams refuses it): the agent refuses it too, quoting it, as a toast
+            screen.act("box", ALERTS_ACK, AckParams.model_construct(id=HOSTILE), "acknowledged")
+            # the refusal quotes the id cut to its start (80 characters): markup and a live link among them
+            await wait_for(lambda: any(MARKUP_HEAD in n.message for n in app.notices), timeout=20)
             await pilot.pause()
             check_screen(app)
             assert app.is_running
         # literally: the markup as typed (Rich drops BEL from a Text it appends to: the rest shows, ESC as ␛, U+202E as �)
-        for name in ("fleet", "jobs", "models", "audit", "alerts", "costs", "job detail", "log", "machine"):
+        for name in ("fleet", "jobs", "audit", "alerts", "costs", "job detail", "log", "machine"):
             assert MARKUP in seen[name], f"{name}: the hostile text is not shown literally:\n{seen[name][:3000]}"
             assert "␛[2J" in seen[name] or "\\x1b[2J" in seen[name] or "\\u001b[2J" in seen[name], name  # the escape, inert
         assert FILE_SHOWN in seen["checkpoints"]  # the run's folder name
         assert f"note={SHOWN}" in seen["job detail"]  # the param, as the agent holds it
-        assert SHOWN in seen["log"] and SHOWN in seen["models"]  # a trainer's line, a model's served name
-        assert any(MARKUP in n.message and not n.markup for n in app.notices)  # a toast, as text
+        assert SHOWN in seen["log"]  # a trainer's line
+        assert any(MARKUP_HEAD in n.message and not n.markup for n in app.notices)  # a toast, as text
     finally:
         await actor.stop()
 

@@ -110,6 +110,10 @@ class JobsComponent:
         self.followers: dict[tuple[int, str], tuple[Peer, Follower]] = {}
         self._reads: dict[str, asyncio.Task[bytes | OSError]] = {}  # job id -> its progress file being read off the loop
         self._read: dict[str, bytes | OSError] = {}  # job id -> what the last finished read gave, for the next tick
+        # followed logs, read off the loop the same way: (peer, job id) -> the read going on / what it gave
+        # with each, whether the job had ended before the read began (only such a read has its last lines)
+        self._log_reads: dict[tuple[int, str], tuple[asyncio.Task[tuple[list[str], int]], bool]] = {}
+        self._log_read: dict[tuple[int, str], tuple[list[str], int, bool]] = {}
         self.coordinator = Coordinator(self)
         register(self)
         register_nodes(self)
@@ -312,12 +316,22 @@ class JobsComponent:
         for job in self.jobs.values():
             if job.active and job.id not in self._reads:
                 self._reads[job.id] = asyncio.create_task(_read_progress(Path(job.job_dir) / "progress.json"))
-        if self._reads:
-            await asyncio.wait(self._reads.values(), timeout=PREFETCH_WAIT_S)
+        for key, (_peer, follower) in self.followers.items():
+            if key not in self._log_reads and key not in self._log_read:
+                followed = self.jobs.get(key[1])
+                done = followed is None or not followed.active
+                self._log_reads[key] = (asyncio.create_task(asyncio.to_thread(_read_follower, follower)), done)
+        reads: list[asyncio.Task[Any]] = [*self._reads.values(), *(task for task, _ in self._log_reads.values())]
+        if reads:
+            await asyncio.wait(reads, timeout=PREFETCH_WAIT_S)
         for job_id, task in list(self._reads.items()):
             if task.done():
                 del self._reads[job_id]
                 self._read[job_id] = task.result()
+        for key, (log_task, done) in list(self._log_reads.items()):
+            if log_task.done():
+                del self._log_reads[key]
+                self._log_read[key] = (*log_task.result(), done)
 
     def on_telemetry(self, telemetry: Telemetry) -> None:
         now = time.time()
@@ -351,14 +365,16 @@ class JobsComponent:
     # -- logs
 
     def _push_logs(self) -> None:
-        for key, (peer, follower) in list(self.followers.items()):
+        for key, (peer, _follower) in list(self.followers.items()):
             job_id = key[1]
             if peer.closed or f"log:{job_id}" not in peer.topics:
                 del self.followers[key]
+                self._forget_read(key)
                 continue
-            lines, offset = follower.read()
+            if key not in self._log_read:  # its read is still going (prefetch): its lines come at a later tick
+                continue
+            lines, offset, ended = self._log_read.pop(key)  # ended: before the read, so it read the log's end
             job = self.jobs.get(job_id)
-            ended = job is None or not job.active
             if lines or ended:
                 event = LogEvent(
                     job=job_id,
@@ -372,15 +388,27 @@ class JobsComponent:
             if ended and not lines:
                 del self.followers[key]
 
-    def logs(self, peer: Peer, job: Job, params: LogsParams) -> JobLogs:
+    def _forget_read(self, key: tuple[int, str]) -> None:
+        self._log_read.pop(key, None)
+        self._log_reads.pop(key, None)  # still going: it ends in its thread, and nobody reads what it gave
+
+    async def logs(self, peer: Peer, job: Job, params: LogsParams) -> JobLogs:
+        """jobs.logs: the tail (up to TAIL_MAX_BYTES of each of two files) or a range, read in a thread with a timeout: a
+        big log, a slow disk or a hung mount costs this call, never the ticks."""
         path = Path(job.log_path)
         cut = False
-        if params.offset is None:
-            lines, offset, cut = tail(path, params.tail_lines)
-        else:
-            lines, offset = read_from(path, params.offset)
+        try:
+            if params.offset is None:
+                lines, offset, cut = await asyncio.wait_for(asyncio.to_thread(tail, path, params.tail_lines), READ_TIMEOUT_S)
+            else:
+                lines, offset = await asyncio.wait_for(asyncio.to_thread(read_from, path, params.offset), READ_TIMEOUT_S)
+        except TimeoutError:
+            raise RemoteError(
+                ErrorCode.UNAVAILABLE, f"job {job.id}'s log took over {READ_TIMEOUT_S:.0f} s to read on {self.core.machine.name}"
+            ) from None
         if params.follow:
             peer.topics.add(f"log:{job.id}")
+            self._forget_read((id(peer), job.id))  # a read of the follower this one replaces is not this one's
             self.followers[(id(peer), job.id)] = (peer, Follower(path, offset))
         return JobLogs(id=job.id, path=str(path), lines=lines, offset=offset, state=job.state, cut=cut)
 
@@ -436,3 +464,11 @@ class JobsComponent:
                     f"job {job_id!r}: its record in state.db is damaged ({type(exc).__name__}: {str(exc)[:200]})",
                 ) from None
         return job
+
+
+def _read_follower(follower: Follower) -> tuple[list[str], int]:
+    """A follower's new lines, in a thread (a log on a slow disk costs its own lines, never the tick)."""
+    try:
+        return follower.read()
+    except OSError:  # the log is gone, or no regular file: nothing new this time
+        return [], follower.offset

@@ -106,4 +106,4 @@ def register(jobs: JobsComponent) -> None:
 
     @rpc.implements(JOBS_LOGS)
     async def job_logs(peer: Peer, params: LogsParams) -> JobLogs:
-        return jobs.logs(peer, jobs.get(params.id), params)
+        return await jobs.logs(peer, jobs.get(params.id), params)

@@ -34,6 +34,7 @@ from agents.wire.catalogue.jobs import (
 from agents.wire.catalogue.method import Method, P, R, ReplyInvalid, request
 from agents.wire.lab.model import Trainer
 from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.safe_read import READ_TIMEOUT_S, read_range
 from agents.wire.sections.jobs import JobNode, NodeStatus
 from agents.wire.states import JOB_ACTIVE, NODE_OFFLINE, JobState
 
@@ -65,13 +66,20 @@ def store_listens(job: Job, port: int) -> bool:
 
 def lost_port(log_path: str, offset: int) -> bool:
     """Whether the log written since ``offset`` says torchrun could not bind its rendezvous port."""
-    try:
-        with open(log_path, "rb") as log:
-            log.seek(offset)
-            text = log.read(1 << 20).decode("utf-8", "replace")
+    try:  # the trainer writes this log: a regular file only, 1 MiB at most (called in a thread, with a timeout)
+        data, _size = read_range(log_path, offset, 1 << 20)
     except OSError:
         return False
+    text = data.decode("utf-8", "replace")
     return any(sign in text for sign in RDZV_TAKEN)
+
+
+async def _lost_port_async(log_path: str, offset: int) -> bool:
+    """lost_port off the event loop; a log that takes over READ_TIMEOUT_S to read says nothing of the port."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(lost_port, log_path, offset), READ_TIMEOUT_S)
+    except TimeoutError:
+        return False
 
 
 def rdzv_port(recipe: Trainer, avoid: frozenset[int] = frozenset()) -> int:
@@ -215,7 +223,7 @@ class Coordinator:
                 and time.monotonic() < deadline
             ):
                 await asyncio.sleep(0.2)
-            if job.popen is None or job.popen.poll() is None or not lost_port(job.log_path, offset):
+            if job.popen is None or job.popen.poll() is None or not await _lost_port_async(job.log_path, offset):
                 return job, port  # listening, or failed for its own reasons (the tick and the watch report those)
             lost.add(port)
             if recipe.rdzv_port is not None or attempt == RDZV_TRIES:

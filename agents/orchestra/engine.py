@@ -24,6 +24,7 @@ from agents.runtime.torch_probe import TorchReader
 from agents.wire.engine_address import MAX_SOCKET_PATH_BYTES, EngineAddress
 from agents.wire.lab.model import Model
 from agents.wire.protocol import ErrorCode, GpuSample, RemoteError
+from agents.wire.safe_read import open_regular
 from agents.wire.sections.gpu_support import Stack, StackKind
 
 if TYPE_CHECKING:
@@ -381,14 +382,20 @@ class Engine:
     # -- the log
 
     def log_text(self) -> str:
-        """This run's log (its last LOG_TAIL_BYTES)."""
+        """This run's log (its last LOG_TAIL_BYTES). The engine writes it as the agent's uid and models.get reads it
+        on the loop: a FIFO or a link put in its place is refused at the open, never waited on (agents/wire/safe_read.py)."""
         try:
-            with open(self.log_path, "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(max(self._log_offset, size - LOG_TAIL_BYTES))
-                return f.read().decode(errors="replace")
+            fd = open_regular(self.log_path)
         except OSError:
             return ""
+        try:
+            size = os.fstat(fd).st_size
+            start = max(self._log_offset, size - LOG_TAIL_BYTES)
+            return os.pread(fd, LOG_TAIL_BYTES, start).decode(errors="replace")
+        except OSError:
+            return ""
+        finally:
+            os.close(fd)
 
     def rotate_log(self) -> None:
         """Rotate the engine log as job logs are (LOG_MAX_BYTES, LOG_KEEP files); the engine keeps appending."""

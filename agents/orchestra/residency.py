@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 
@@ -11,11 +12,13 @@ from agents.orchestra.book import PoolBook
 from agents.orchestra.engine import GIB
 from agents.orchestra.engines import engine_spec
 from agents.orchestra.slot import EngineFailed, Slot, gib_text
+from agents.runtime.children import OFFLINE, minimal_env, run_helper
 from agents.runtime.core import AgentCore
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.models import ModelProgress
 from agents.wire.states import MODEL_ENGINE_UP, ModelState
 
+TINY_TIMEOUT_S = 300.0  # the demo's tiny Llama: seconds on any machine (torch's import is most of it)
 CACHED_MIN_FRACTION = 0.9  # a model counts as cached when this share of its files is in RAM
 
 
@@ -40,18 +43,14 @@ class Residency:
         """The demo's tiny Llama, made in a child process (torch stays out of the agent)."""
         slot.progress = ModelProgress(phase="making the tiny model")
         code = "import sys; from agents.train.tiny import make_tiny_model; make_tiny_model(sys.argv[1])"
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            code,
-            str(slot.path),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        python_path = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+        # a helper like any other: a timeout, its output's end kept, the agent's secrets and the network left out
+        done = await run_helper(
+            [sys.executable, "-c", code, str(slot.path)], timeout_s=TINY_TIMEOUT_S, env=minimal_env({**OFFLINE, **python_path})
         )
-        output, _ = await proc.communicate()
-        if proc.returncode != 0:
-            raise EngineFailed(f"making the tiny model at {slot.path} failed: {output.decode(errors='replace')[-300:]}")
+        if done.timed_out or done.returncode != 0:
+            why = f"took over {TINY_TIMEOUT_S:.0f} s" if done.timed_out else done.output.decode(errors="replace")[-300:]
+            raise EngineFailed(f"making the tiny model at {slot.path} failed: {why}")
         await asyncio.to_thread(self.measure, slot)
 
     def measure(self, slot: Slot) -> None:

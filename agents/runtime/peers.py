@@ -124,7 +124,7 @@ class PeerClient:
     async def stop(self) -> None:
         await self.core.stop()
         if self._tunnel_dir is not None:
-            shutil.rmtree(self._tunnel_dir, ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, self._tunnel_dir, True)
 
     async def call(self, machine: str, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
         """Call a method on one peer; raises RemoteError (DISCONNECTED, TIMEOUT or the peer's own)."""

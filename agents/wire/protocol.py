@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from agents.wire.schema import Topic
+
 PROTOCOL_VERSION = 1
 SUBSYSTEM = "cetlab"
 # One JSON line may not exceed this; larger requests get TOO_LARGE and are discarded.
@@ -244,7 +246,7 @@ class IntervalParams(BaseModel):
 class SubscribeParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    topics: list[str] = Field(default_factory=lambda: ["tick"], max_length=MAX_TOPICS)
+    topics: list[Topic] = Field(default_factory=lambda: ["tick"], max_length=MAX_TOPICS)
 
     @field_validator("topics")
     @classmethod

@@ -16,7 +16,46 @@ Name = Annotated[str, Field(pattern=NAME_RE)]
 # (an unchecked name is kept: metered, recorded, echoed)
 MODEL_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$"
 MODEL_NAME_RULE = "letters, digits and ._:/@+-, starting with a letter or digit, at most 256"  # MODEL_NAME_RE in words
-ModelName = Annotated[str, Field(pattern=MODEL_NAME_RE)]
+
+
+def _no_dot_segments(value: str) -> str:
+    # `provider/model` has a slash; `a/../b` is no model anywhere, and a name that is ever joined to a path must not climb
+    if any(part in ("", ".", "..") for part in value.split("/")):
+        raise ValueError(f"a model name has no empty, '.' or '..' part between its slashes ({MODEL_NAME_RULE})")
+    return value
+
+
+ModelName = Annotated[str, Field(pattern=MODEL_NAME_RE), AfterValidator(_no_dot_segments)]
+# names the agent makes of a lab name (a job id is `<machine>-<n>`, an alert id `<machine>#<n>`, a run a job id or a
+# folder's safe name with `~<rank>`): the same alphabet, a little longer; a params field that names one of these uses
+# its type, so a name is checked where it enters whichever method carries it (tests/test_wire_names.py walks them all)
+JOB_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+RUN_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._~-]{0,99}$"
+ALERT_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}[#-](?:[0-9]{1,18}|offline)$"
+# a gateway key's allowed model: a name or alias, or an fnmatch pattern over them (`llama-*`, `provider/*`, `tiny?`)
+KEY_MODEL_RE = r"^[A-Za-z0-9*?\[][A-Za-z0-9._:/@+*?\[\]!-]{0,255}$"
+PARAM_NAME_RE = r"^[a-z][a-z0-9_]{0,40}$"  # a trainer's param (it becomes --name on its command line)
+TOPIC_RE = r"^[a-z]{1,16}(?::[A-Za-z0-9][A-Za-z0-9._-]{0,99})?$"  # an event (`tick`, `notice`) or `log:<job id>`
+JobId = Annotated[str, Field(pattern=JOB_ID_RE)]
+RunName = Annotated[str, Field(pattern=RUN_NAME_RE)]
+AlertId = Annotated[str, Field(pattern=ALERT_ID_RE)]
+Topic = Annotated[str, Field(pattern=TOPIC_RE)]
+ParamName = Annotated[str, Field(pattern=PARAM_NAME_RE)]
+KeyModelPattern = Annotated[str, Field(pattern=KEY_MODEL_RE), AfterValidator(_no_dot_segments)]
+CURRENCY_RE = r"^[A-Z]{3}$"  # ISO 4217
+CurrencyCode = Annotated[str, Field(pattern=CURRENCY_RE)]
+# each name pattern in words, for an error that names the rule, never the regular expression
+NAME_RULES = {
+    NAME_RE: NAME_RULE,
+    MODEL_NAME_RE: MODEL_NAME_RULE,
+    JOB_ID_RE: "a job id: <machine>-<n>",
+    RUN_NAME_RE: "a run: a job id or a folder's name (letters, digits and ._~-, at most 100)",
+    ALERT_ID_RE: "an alert id: <machine>#<n> (box#12)",
+    KEY_MODEL_RE: "a model name or an fnmatch pattern over names (llama-*, provider/*)",
+    CURRENCY_RE: "a currency: three capital letters (ISO 4217)",
+    PARAM_NAME_RE: "a param's name: lower-case letters, digits and _, at most 41",
+    TOPIC_RE: "a topic: tick, notice or log:<job id>",
+}
 # lab.yaml's `engine:` (and a model's engine on the wire): a name, checked against agents.orchestra.engines' registry
 # when the agent loads lab.yaml; the wire carries it as a string so that an engine is added in one place
 EngineName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,39}$")]

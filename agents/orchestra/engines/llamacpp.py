@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from agents.runtime.children import OFFLINE, minimal_env
 from agents.runtime.torch_probe import TorchReader
 from agents.wire.lab.model import Model
 from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.safe_read import open_regular
 from agents.wire.sections.gpu_support import Stack, StackKind
 
 LLAMACPP_METRICS: dict[str, str | None] = {
@@ -99,9 +99,12 @@ def tensor_split(totals: list[int]) -> str:
 
 def gguf_problem(path: Path) -> str | None:
     """Why llama.cpp would not load this file (its header: magic GGUF, then a little-endian uint32 version); None: it reads."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
+    try:  # never a FIFO waited on: the doctor's thread must end within its timeout
+        fd = open_regular(path)
+        try:
+            head = os.pread(fd, 8, 0)
+        finally:
+            os.close(fd)
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
     if head[:4] != b"GGUF":
@@ -316,11 +319,6 @@ def converter_env() -> dict[str, str]:
     paths = [str(binary.parent.parent / "gguf-py")] if binary is not None else []
     paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return minimal_env({**OFFLINE, **({"PYTHONPATH": os.pathsep.join(paths)} if paths else {})})
-
-
-def llama_server_version(binary: Path) -> str:
-    done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30)
-    return (done.stdout + done.stderr).strip()
 
 
 SIM_LLAMACPP_SPEC = dataclasses.replace(

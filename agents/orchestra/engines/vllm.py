@@ -7,6 +7,7 @@ vLLM's contract, so a regression in either shows in the tests.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib.util
 import json
@@ -172,7 +173,7 @@ class VllmSleepMixin(Engine):
 
     async def start(self) -> None:
         # vLLM asks that a PROMETHEUS_MULTIPROC_DIR it did not make be wiped between runs: a new one each start
-        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        await asyncio.to_thread(shutil.rmtree, self.runtime_dir, True)  # a past run's files: many, maybe
         for sub in ("tmp", "rpc", "metrics"):
             (self.runtime_dir / sub).mkdir(parents=True, mode=0o700)
         await super().start()

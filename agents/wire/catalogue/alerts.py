@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from agents.wire.catalogue.method import OP, Method, Params
+from agents.wire.schema import AlertId
 from agents.wire.sections.alerts import AlertInfo
 from agents.wire.sections.base import Section
 
@@ -16,7 +17,7 @@ class AlertListParams(Params):
 
 
 class AckParams(Params):
-    id: str = Field(max_length=100)
+    id: AlertId
 
 
 class AlertList(Section):

@@ -10,14 +10,14 @@ from agents.wire.catalogue.method import OP, Method, NoParams, Params, Root
 from agents.wire.protocol import (
     Finite,
 )
-from agents.wire.schema import ModelName
+from agents.wire.schema import ModelName, ParamName, RunName
 from agents.wire.sections.base import Section
 from agents.wire.sections.checkpoints import CheckpointInfo, RunSummary
 from agents.wire.sections.jobs import JobDetail
 
 
 class RunParams(Params):
-    run: str = Field(min_length=1, max_length=200)
+    run: RunName
 
 
 class StepParams(RunParams):
@@ -25,7 +25,7 @@ class StepParams(RunParams):
 
 
 class ResumeParams(StepParams):
-    params: dict[str, Any] = Field(default_factory=dict, max_length=64)  # overrides of the run's recipe params
+    params: dict[ParamName, Any] = Field(default_factory=dict, max_length=64)  # overrides of the run's recipe params
 
 
 class ServeParams(StepParams):

@@ -5,18 +5,18 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field
 
 from agents.wire.catalogue.method import OP, Method, NoParams, Params, Root
-from agents.wire.lab.gateway import KeyBudget, KeyExpiry, KeyModelPattern
+from agents.wire.lab.gateway import KeyBudget, KeyExpiry
 from agents.wire.protocol import (
     Finite,
     FiniteFloat,
 )
-from agents.wire.schema import NAME_RE
+from agents.wire.schema import KeyModelPattern, Name
 from agents.wire.sections.base import Section
 from agents.wire.sections.gateway import GatewaySection
 
 
 class KeyAddParams(Params):
-    name: str = Field(pattern=NAME_RE)
+    name: Name
     rpm: int | None = Field(default=None, ge=1, le=1_000_000)  # requests per minute
     tokens_per_day: int | None = Field(default=None, ge=1)
     models: list[KeyModelPattern] = Field(default_factory=list, max_length=256)  # names, aliases, fnmatch patterns
@@ -25,7 +25,7 @@ class KeyAddParams(Params):
 
 
 class KeyNameParams(Params):
-    name: str = Field(pattern=NAME_RE)
+    name: Name
 
 
 class GatewayStatus(Root):

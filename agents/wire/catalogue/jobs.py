@@ -10,7 +10,7 @@ from agents.wire.catalogue.method import OP, Method, NoParams, Params, Root
 from agents.wire.protocol import (
     Finite,
 )
-from agents.wire.schema import NAME_RE, Name
+from agents.wire.schema import JobId, Name, ParamName
 from agents.wire.sections.base import Section
 from agents.wire.sections.jobs import JobDetail, JobInfo, NodeStatus
 from agents.wire.states import JobState
@@ -18,11 +18,11 @@ from agents.wire.states import JobState
 
 class StartParams(Params):
     recipe: Name  # a trainer's name, as lab.yaml's trainers have it
-    params: dict[str, Any] = Field(default_factory=dict, max_length=64)
+    params: dict[ParamName, Any] = Field(default_factory=dict, max_length=64)
 
 
 class JobParams(Params):
-    id: str = Field(max_length=100)
+    id: JobId
 
 
 class StopParams(JobParams):
@@ -40,22 +40,22 @@ class JobListParams(Params):
 
 
 class NodeStartParams(Params):
-    id: str = Field(pattern=NAME_RE)
+    id: JobId
     recipe: Name  # a trainer's name, as lab.yaml's trainers have it
-    params: dict[str, Any] = Field(default_factory=dict, max_length=64)
+    params: dict[ParamName, Any] = Field(default_factory=dict, max_length=64)
     node_rank: int = Field(ge=1, le=1024)  # rank 0 is the coordinator's own node
     rdzv_port: int = Field(ge=1024, le=65535)
 
 
 class NodeStopParams(Params):
-    id: str = Field(max_length=100)
+    id: JobId
     kill: bool = False
     grace_s: float | None = Field(default=None, ge=0, le=86400)
     reason: str | None = Field(default=None, max_length=4000)  # the coordinator failed the job: why
 
 
 class NodeStatusParams(Params):
-    id: str = Field(max_length=100)
+    id: JobId
 
 
 class RecipeParam(Section):

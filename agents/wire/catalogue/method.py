@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -14,7 +15,7 @@ from agents.wire.protocol import (
     RemoteError,
     Role,
 )
-from agents.wire.schema import NAME_RE, NAME_RULE
+from agents.wire.schema import NAME_RULES
 
 P = TypeVar("P", bound=BaseModel)
 
@@ -67,13 +68,23 @@ class ReplyInvalid(RemoteError):
         self.machine = machine
 
 
+_PLAIN = re.compile(r"^[A-Za-z0-9._\[\]-]{1,64}$")
+
+
+def _said(part: int | str) -> str:
+    """A place in params as words: a dict's key is the caller's, so one that is no plain name is quoted and cut."""
+    text = str(part)
+    return text if _PLAIN.match(text) else repr(text)[:40]
+
+
 def params_error(exc: ValidationError) -> str:
     """Params that do not validate, in words: each field and what is wrong with it (a name's rule, not its pattern)."""
     parts = []
     for error in exc.errors()[:5]:
-        where = ".".join(str(p) for p in error["loc"]) or "params"
-        if error["type"] == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == NAME_RE:
-            parts.append(f"{where}: {error['input']!r} is not a name: {NAME_RULE}")  # not the regular expression
+        where = ".".join(_said(p) for p in error["loc"]) or "params"
+        rule = NAME_RULES.get((error.get("ctx") or {}).get("pattern", "")) if error["type"] == "string_pattern_mismatch" else None
+        if rule is not None:  # the rule, not the regular expression; the name cut (10 kB of anything is not echoed whole)
+            parts.append(f"{where}: {repr(error['input'])[:80]} is not {rule if rule.startswith('a') else 'a name: ' + rule}")
         else:
             parts.append(f"{where}: {error['msg']}")
     return "; ".join(parts)

@@ -11,7 +11,7 @@ from agents.wire.protocol import (
     Finite,
     FiniteFloat,
 )
-from agents.wire.schema import NAME_RE, ModelName
+from agents.wire.schema import ModelName, Name
 from agents.wire.sections.base import Section
 from agents.wire.sections.models import ModelInfo, ModelsSection, Rotation
 
@@ -31,7 +31,7 @@ class SwapParams(Params):
 
 
 class AdapterParams(ModelParams):
-    name: str = Field(pattern=NAME_RE)
+    name: Name
     path: str = Field(min_length=1, max_length=4096)
 
 

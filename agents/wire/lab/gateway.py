@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from agents.wire.schema import MAX_PRICE, NAME_RE, Name, Price, Strict, parse_duration
+from agents.wire.schema import MAX_PRICE, CurrencyCode, KeyModelPattern, Name, Price, Strict, parse_duration
 
 Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 ENV_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -56,9 +56,6 @@ class Provider(Strict):
     timeout_s: Seconds = 120.0
 
 
-# a gateway key's allowed model: a name or alias, or an fnmatch pattern over them (`llama-*`, `provider/*`, `tiny?`)
-KEY_MODEL_RE = r"^[A-Za-z0-9*?\[][A-Za-z0-9._:/@+*?\[\]!-]{0,255}$"
-KeyModelPattern = Annotated[str, Field(pattern=KEY_MODEL_RE)]
 KeyExpiry = date | datetime  # a date: the key ends at that day's start, in the lab's time zone
 _BUDGET_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]{3})?\s*/\s*(day|month)\s*$", re.IGNORECASE)
 
@@ -69,7 +66,7 @@ class KeyBudget(Strict):
 
     amount: Annotated[float, Field(gt=0, le=MAX_PRICE)]
     period: Literal["day", "month"]
-    currency: Annotated[str, Field(pattern=r"^[A-Z]{3}$")] | None = None  # as written; must be the lab's currency
+    currency: CurrencyCode | None = None  # as written; must be the lab's currency
 
     @model_validator(mode="before")
     @classmethod
@@ -134,7 +131,7 @@ class Gateway(Strict):
     host: str = "127.0.0.1"  # where it listens (0.0.0.0: the whole network; keys guard it)
     port: int = Field(default=8400, ge=0, le=65535)  # 0: any free port (the log and section say which)
     policies: GatewayPolicies = Field(default_factory=GatewayPolicies)
-    models: dict[Annotated[str, Field(pattern=NAME_RE)], GatewayModel] = Field(default_factory=dict)
+    models: dict[Name, GatewayModel] = Field(default_factory=dict)
     keys: dict[Name, KeyLimits] = Field(default_factory=dict)  # limits of the key of that name; they win over the CLI's
 
     @property

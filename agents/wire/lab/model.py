@@ -24,7 +24,20 @@ from agents.wire.lab.notify import cross_check as notify_cross_check
 from agents.wire.lab.yaml_doc import MAX_BYTES as MAX_LAB_BYTES
 from agents.wire.lab.yaml_doc import YamlDocError, data_path, describe, problem_at
 from agents.wire.lab.yaml_doc import load as load_yaml
-from agents.wire.schema import MAX_WATTS, Duration, EngineName, Name, NonNegative, Positive, Price, Strict, Watts, parse_duration
+from agents.wire.schema import (
+    MAX_WATTS,
+    Duration,
+    EngineName,
+    ModelName,
+    Name,
+    NonNegative,
+    ParamName,
+    Positive,
+    Price,
+    Strict,
+    Watts,
+    parse_duration,
+)
 
 # ---------------------------------------------------------------------------- machines
 
@@ -154,7 +167,7 @@ class Model(Strict):
     vram_gib: NonNegative = 0.0
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
-    served_name: str | None = None
+    served_name: ModelName | None = None  # the name the engine serves it as: clients and the gateway ask for it
     port: int | None = Field(default=None, ge=1, le=65535)  # None: a unix socket of the agent's; a port: 127.0.0.1 (WARN)
     cloud_equivalent: str | None = None
     # what the engine is started to answer: chat (and completions), embedding (/v1/embeddings: llama-server --embedding,
@@ -202,14 +215,14 @@ class Orchestra(Strict):
     rotation: list[list[Name]] = Field(default_factory=list)  # warm sets to cycle through
     # false: a rotation takes out only models its sets name, never one an operator warmed; true: every model not pinned
     rotation_takes_all: bool = False
-    groups: dict[Name, list[str]] = Field(default_factory=dict)  # fan-out sets for the gateway's orchestra call
+    groups: dict[Name, list[ModelName]] = Field(default_factory=dict)  # fan-out sets for the gateway's orchestra call
 
 
 # ---------------------------------------------------------------------------- trainers
 
 
 class TrainerParam(Strict):
-    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,40}$")]
+    name: ParamName
     type: Literal["int", "float", "str", "bool", "choice"] = "str"
     default: int | float | bool | str | None = None
     choices: list[str] = Field(default_factory=list)

@@ -358,6 +358,7 @@ def drawn(app, kind: type | None = None) -> bool:
         and (kind is None or isinstance(screen, kind))
         and screen.ready
         and screen.drawn_version == app.state.version
+        and getattr(screen, "aligned", True)  # the fleet: its cards' GPU columns lined up
     )
 
 

@@ -110,6 +110,11 @@ class MachineCard(Vertical, can_focus=True):
         """The GPU lines shown, in GPU index order."""
         return [self._lines.lines[i] for i in sorted(self._lines.lines)]
 
+    @property
+    def fitted(self) -> bool:
+        """The card has its width (a first resize) and its GPU lines are fitted to it."""
+        return self._width is not None
+
     def wanted_columns(self) -> tuple[int, int]:
         """(longest GPU name, narrowest layout) this card's GPU lines need alone: the fleet aligns every card to the most."""
         return self._lines.wanted()

@@ -52,7 +52,7 @@ class FleetScreen(LabScreen):
         yield self.scroll
         yield Footer()
 
-    _align_due = False  # an align_cards is scheduled (after the cards' resizes)
+    aligning = False  # an align_cards is scheduled (after the cards' resizes)
 
     def on_mount(self) -> None:
         self.refresh_data()
@@ -121,13 +121,18 @@ class FleetScreen(LabScreen):
 
     def on_machine_card_refitted(self) -> None:
         # every card fits itself on a resize, one message each: the fleet lines them up once, after them all
-        if not self._align_due:
-            self._align_due = True
+        if not self.aligning:
+            self.aligning = True
             self.call_after_refresh(self._align_now)
 
     def _align_now(self) -> None:
-        self._align_due = False
+        self.aligning = False
         self.align_cards()
+
+    @property
+    def aligned(self) -> bool:
+        """Every shown card fitted to its width and lined up with the others (no alignment pending)."""
+        return not self.aligning and all(card.fitted for card in self._cards())
 
     def _cards(self) -> list[MachineCard]:
         return [card for card in self.cards if card.display]

@@ -108,6 +108,17 @@ async def test_a_served_console_shows_the_fleet_refuses_acting_keys_and_caps_its
         assert "New run" not in tab.text
         await tab.ws.close()
 
+        async def a_closed_tab_frees_its_session() -> bool:
+            try:
+                ws = await session.ws_connect(f"{url}/ws")
+            except aiohttp.WSServerHandshakeError as exc:
+                assert exc.status == 503
+                return False
+            await ws.close()
+            return True
+
+        await wait_for(a_closed_tab_frees_its_session)
+
 
 async def test_an_operator_console_acts(small_demo):
     """The counterpart: with --operator the same key does act (so the read-only test can fail)."""

@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast docs bench screenshots clean llama-server
+.PHONY: demo test test-fast docs bench screenshots clean llama-server fleet-browser
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ bench: $(STAMP)
 
 screenshots: $(STAMP)
 	$(BIN)/python screenshots/make_screenshots.py
+
+# The served console in headless Chromium (docs/console.md): screenshots/fleet-browser.png
+fleet-browser: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" bench/fleet_browser_screenshot.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache site

@@ -177,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--demo", action="store_true", help="start the demo lab's agents on loopback and open it")
     parser.add_argument("--readonly", action="store_true", help="look, don't touch: every action is disabled")
     parser.add_argument("--trust-new-hosts", action="store_true", help="record unknown host keys on first use")
+    from console.serve import ServeError, serve_options
+
+    serve_options(parser)
     args = parser.parse_args(argv)
     from console.cli import find_lab
 
@@ -195,16 +198,34 @@ def main(argv: list[str] | None = None) -> int:
             demo_started = True
             # said before the screen takes the terminal (it stays in the scrollback) and again on quit
             print(describe_gateway(demo.dir, demo.lab_path, demo.source), end="", flush=True)
-            lab = load_lab(demo.lab_path)
+            lab_path = demo.lab_path
         else:
-            lab = load_lab(find_lab(args.lab))
-        CetlabApp(lab, readonly=args.readonly, trust_on_first_use=args.trust_new_hosts or None).run()
+            lab_path = find_lab(args.lab)
+        lab = load_lab(lab_path)
+        if args.serve:
+            from console.serve import serve
+
+            serve(
+                lab_path,
+                lab.lab,
+                host=args.host,
+                port=args.port,
+                operator=args.operator and not args.readonly,
+                open_to_network=args.open_to_network,
+                max_sessions=args.max_sessions,
+                trust_new_hosts=args.trust_new_hosts,
+            )
+        else:
+            CetlabApp(lab, readonly=args.readonly, trust_on_first_use=args.trust_new_hosts or None).run()
     except LabError as exc:
         print(f"cetlab-console: invalid lab file\n{exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
         print(f"cetlab-console: {exc}", file=sys.stderr)
         return 1
+    except ServeError as exc:
+        print(f"cetlab-console: {exc}", file=sys.stderr)
+        return 2
     finally:
         if demo is not None:
             demo.stop()

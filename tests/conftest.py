@@ -87,8 +87,34 @@ def _names(code: types.CodeType) -> set[str]:
     return names
 
 
+@cache
+def cuda_gpu_here() -> str | None:
+    """What makes this a GPU machine (NVML lists a GPU, or torch sees a CUDA device), or None: CI and the usual dev box.
+
+    Asked only when a collected test is marked needs_no_gpu; NVML first (cheap), torch's CUDA only if NVML says nothing.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            if count := pynvml.nvmlDeviceGetCount():
+                return f"NVML lists {count} GPU(s)"
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library: not a GPU machine as far as NVML knows
+        pass
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    if found.returncode == 0 and found.stdout.strip() not in ("", "0"):
+        return f"torch sees {found.stdout.strip()} CUDA device(s)"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        if item.get_closest_marker("needs_no_gpu") and (gpu := cuda_gpu_here()):
+            item.add_marker(pytest.mark.skip(reason=f"needs a machine without a CUDA GPU, and {gpu}"))
         function = getattr(item, "function", None)
         if function is None:
             continue
@@ -332,6 +358,7 @@ def drawn(app, kind: type | None = None) -> bool:
         and (kind is None or isinstance(screen, kind))
         and screen.ready
         and screen.drawn_version == app.state.version
+        and getattr(screen, "aligned", True)  # the fleet: its cards' GPU columns lined up
     )
 
 

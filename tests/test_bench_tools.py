@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -51,19 +53,8 @@ def test_before_after_pairs_each_goal_line():
     assert text.index("before: cetlab") < text.index("after : cetlab")
 
 
+@pytest.mark.needs_no_gpu  # with NVML working, bench/gpu_check.sh --overhead-only measures it
 def test_agent_overhead_on_nvml_without_nvml_says_so_and_measures_nothing():
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        has_nvml = True
-    except Exception:
-        has_nvml = False
-    if has_nvml:
-        import pytest
-
-        pytest.skip("NVML works here: bench/gpu_check.sh --overhead-only measures it")
     result = subprocess.run(
         [sys.executable, str(REPO / "bench" / "bench_agent_overhead.py"), "--nvml"],
         capture_output=True,

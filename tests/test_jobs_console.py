@@ -182,6 +182,25 @@ async def test_a_starved_run_is_flagged_and_a_readonly_console_cannot_act(lab):
         await wait_for(lambda: job_of(app, job["id"]).get("state") == "exited", timeout=30)
 
 
+async def test_a_readonly_consoles_job_form_refuses_to_start(lab):
+    """The form calls the agent itself: however it is reached (a served console is read-only), it starts nothing."""
+    from textual.widgets import Static
+
+    from agents.wire.catalogue.jobs import JOBS_RECIPES
+    from agents.wire.catalogue.method import request
+
+    app = CetlabApp(lab, readonly=True)
+    async with app.run_test(size=(160, 50)):
+        await wait_for(lambda: app.state.machines["box"].online, timeout=30)
+        recipe = next(r for r in (await request(app.client, "box", JOBS_RECIPES)).root if r.name == "idle")
+        form = StartJobScreen(recipe)
+        app.push_screen(form)
+        await wait_for(lambda: form.is_mounted)
+        form.start()
+        await wait_for(lambda: "read-only console" in str(form.query_one("#start-error", Static).render()))
+        assert app.screen is form  # not dismissed with a job
+
+
 def test_snapshot_jobs(snap_compare, monkeypatch):
     import time
 

@@ -11,10 +11,10 @@ from console.app import CetlabApp
 from console.client import FleetClient
 from console.screens.fleet import FleetScreen
 from console.screens.models import ModelsScreen
-from tests.conftest import until_drawn
+from tests.conftest import until_drawn, wait_for
 from tests.console_fixtures import FROZEN_NOW, frozen_models, frozen_state
 from widgets.format import Thresholds
-from widgets.gpu_row import gpu_line
+from widgets.gpu_row import gpu_line, short_name
 from widgets.lab_header import HeaderFigures, LabHeader
 from widgets.machine_card import MachineCard
 from widgets.orchestra_table import OrchestraTable
@@ -44,11 +44,37 @@ def test_a_gpu_line_fits_its_width_and_keeps_util_vram_temperature_and_power(wid
         assert "▄" not in line
 
 
-def test_a_gpu_line_gives_up_its_owner_only_when_nothing_else_is_left():
-    line = gpu_line(V100, [], "model llama-3.1-8b (warm)", Thresholds(), width=76).plain
-    assert len(line) <= 76 and "Tesla V100-SXM2" in line and "74°C" in line and "214/250W" in line and "model" not in line
+def test_a_gpu_line_shortens_the_name_before_it_cuts_the_owner():
+    """Issue 32 item 5: at 100 and 80 columns the owner was cut to "model llama-…" while the name kept its 24 cells."""
+    owner = "model llama-3.1-8b (warm)"
+    line = gpu_line(V100, [], owner, Thresholds(), width=96).plain
+    assert len(line) <= 96 and "model llama-3.1-8b" in line and "Tesla V100-SXM2-32GB" not in line and "░" in line, line
+    line = gpu_line(V100, [], owner, Thresholds(), width=76).plain
+    assert len(line) <= 76 and "model llama" in line and "74°C" in line and "214/250W" in line, line
     assert len(gpu_line(V100, [], None, Thresholds(), width=62).plain) <= 62  # the name is cut, the figures stay
-    assert "model llama-3.1-8b (warm)" in gpu_line(V100, [], "model llama-3.1-8b (warm)", Thresholds()).plain  # no width: whole
+    assert owner in gpu_line(V100, [], owner, Thresholds()).plain  # no width: whole
+    assert (
+        short_name("NVIDIA GeForce RTX 3050", 16) == "GeForce RTX 3050"
+        and short_name("NVIDIA GeForce RTX 3050", 12) == "RTX 3050"
+    )
+
+
+@pytest.mark.parametrize("width", [120, 100, 80])
+async def test_the_fleets_gpu_columns_line_up_across_machines_and_keep_the_owner(frozen_lab, width):
+    """Every card's GPU lines share one name column and one layout: the RTX 3050 card keeps (or loses) its bars with the others."""
+    app = frozen_app(frozen_lab)
+    async with app.run_test(size=(width, 40)) as pilot:
+        await until_drawn(pilot, FleetScreen)
+
+        await wait_for(lambda: fleet_aligned(app))
+        shown = fleet_lines(app)
+        assert len({"░" in line or "█" in line for line in shown}) == 1, shown  # bars on every card or on none
+        owned = [line for line in shown if "model " in line]
+        assert len(owned) == 4, shown
+        if width >= 100:  # the owner's model whole; the GPU name gives way for it
+            assert any("model llama-3.1-8b" in line for line in owned) and any("model mistral-7b" in line for line in owned)
+            assert all("░" in line or "█" in line for line in owned), owned
+        assert any(line.startswith("gpu0 RTX 3050 ") or "NVIDIA GeForce RTX 3050 " in line for line in shown), shown
 
 
 @pytest.fixture
@@ -85,6 +111,16 @@ async def open_models(pilot) -> None:
     await until_drawn(pilot, ModelsScreen)
 
 
+def fleet_lines(app) -> list[str]:
+    return [line.plain for card in app.screen.query(MachineCard) for line in card.gpu_lines]
+
+
+def fleet_aligned(app) -> bool:
+    """All nine GPU lines drawn, their columns lined up across the cards (the fleet aligns them after the cards fit)."""
+    shown = fleet_lines(app)
+    return len(shown) == 9 and all(len({line.index(mark) for line in shown}) == 1 for mark in ("%  VRAM", "°C"))
+
+
 def assert_fleet_fits(shown: dict, width: int) -> None:
     assert CLOCK in shown["header"] and len(shown["header"]) <= width, shown["header"]
     assert len(shown["gpu_lines"]) == 9
@@ -98,6 +134,7 @@ def test_snapshot_fleet_narrow(snap_compare, frozen_lab, size):
 
     async def look(pilot):
         await until_drawn(pilot, FleetScreen)
+        await wait_for(lambda: fleet_aligned(pilot.app))
         shown.update(seen(pilot.app))
 
     assert snap_compare(frozen_app(frozen_lab), terminal_size=size, run_before=look)

@@ -11,17 +11,21 @@ from widgets.wire import safe_text
 SPARK_WIDTH = 16
 NAME_WIDTH = 24
 OWNER_MIN = 12  # an owner cut shorter than this says nothing: the line gives up its bars for it first
-# (sparkline, bar, GPU name) widths, widest first: a narrow line drops the sparkline, then shrinks the bars, then the
-# name; utilisation %, VRAM, temperature and power always stay
+OWNER_FULL = 20  # an owner this long ("model llama-3.1-8b…") is worth the GPU name's width and the sparkline, not the bars
+# (sparkline, bar, GPU name) widths, widest first: a narrow line drops the sparkline, then shortens the name (the owner
+# comes before the name's full width), then shrinks the bars; utilisation %, VRAM, temperature and power always stay
 LAYOUTS = (
     (SPARK_WIDTH, 8, NAME_WIDTH),
     (0, 8, NAME_WIDTH),
-    (0, 6, NAME_WIDTH),
-    (0, 4, NAME_WIDTH),
-    (0, 0, NAME_WIDTH),
-    (0, 0, 16),
+    (0, 8, 16),
+    (0, 6, 16),
+    (0, 6, 12),
+    (0, 4, 12),
+    (0, 0, 12),
     (0, 0, 10),
 )
+# vendor words a shortened name drops before it is cut: "NVIDIA GeForce RTX 3050" in 12 cells is "RTX 3050"
+NAME_NOISE = ("NVIDIA ", "GeForce ")
 
 
 def gpu_line(
@@ -75,10 +79,15 @@ def _capped(layout: tuple[int, int, int], name_cap: int) -> tuple[int, int, int]
 def fit_layout(gpu: GpuSample, owner: str | None, width: int, name_cap: int = NAME_WIDTH) -> int:
     """The widest layout (an index into LAYOUTS) that fits `width` with room for the owner, else without it.
 
-    The owner gives way before the GPU's name is cut to 10 cells (the last layout).
+    The whole owner (up to OWNER_FULL) first, in a layout that keeps the bars: the name is shortened for it; then the
+    owner cut to OWNER_MIN, down to the last layout (the name in 10 cells); only then the line goes without it.
     """
     used = [len(_line(gpu, [], Thresholds(), *_capped(layout, name_cap)).plain.rstrip()) for layout in LAYOUTS]
-    with_owner = next((i for i in range(len(LAYOUTS) - 1) if used[i] + _owner_room(owner) <= width), None)
+    whole = min(len(owner) + 2, OWNER_FULL + 2) if owner else 0
+    with_whole = next((i for i, layout in enumerate(LAYOUTS) if layout[1] and used[i] + whole <= width), None)
+    if with_whole is not None:
+        return with_whole
+    with_owner = next((i for i in range(len(LAYOUTS)) if used[i] + _owner_room(owner) <= width), None)
     if with_owner is not None:
         return with_owner
     return next((i for i, cells in enumerate(used) if cells <= width), len(LAYOUTS) - 1)
@@ -89,7 +98,7 @@ def _line(
 ) -> Text:
     """The line without its owner, in one layout."""
     line = Text()
-    name = gpu.name if len(gpu.name) <= name_width else gpu.name[: name_width - 1] + "…"
+    name = short_name(gpu.name, name_width)
     line.append(f"gpu{gpu.index} {name:<{name_width}}", style="bold")
     if gpu.failed:
         line.append(f"  FAILED: {gpu.failed}", style="bold red")
@@ -116,6 +125,17 @@ def _line(
     return line
 
 
+def short_name(name: str, width: int) -> str:
+    """`name` in at most `width` cells: whole if it fits, else without its vendor words, else cut with an ellipsis."""
+    if len(name) <= width:
+        return name
+    for noise in NAME_NOISE:
+        name = name.replace(noise, "", 1)
+        if len(name) <= width:
+            return name
+    return name[: width - 1] + "…"
+
+
 class GpuLines:
     """A machine's GPUs as lines fitted to one width in one layout (columns aligned), each rebuilt only when what it
     shows, the width or the card's layout has changed."""
@@ -131,7 +151,10 @@ class GpuLines:
         self.layout: int | None = None  # the card's: the narrowest any of its lines needs
         self.lines: dict[int, Text] = {}
         self.width: int | None = None  # None: lines as wide as they like (before the first layout)
-        self.name_cap = NAME_WIDTH  # the card's longest GPU name (at most NAME_WIDTH): its name column is no wider
+        self.name_cap = NAME_WIDTH  # the longest GPU name (at most NAME_WIDTH) of the card, or of the fleet once aligned
+        # set by `align` (the fleet): the longest name and the narrowest layout of every card, so columns line up across cards
+        self.fleet_name_cap = 0
+        self.fleet_layout = 0
 
     def show(self, gpu: GpuSample, util_history: list[float], owner: str | None, limits: Thresholds, stale: bool = False) -> bool:
         """Update one GPU's line; True when it (or, through the card's layout, another) changed."""
@@ -151,7 +174,7 @@ class GpuLines:
             return False
         self._keys[gpu.index] = key
         self._args[gpu.index] = (gpu, util_history[-SPARK_WIDTH:], owner, limits, stale)
-        name_cap = min(NAME_WIDTH, max(len(args[0].name) for args in self._args.values()))
+        name_cap = self._name_cap()
         if name_cap != self.name_cap:  # every line's fit moves with it
             self.name_cap = name_cap
             self.lines = {}  # all redrawn
@@ -170,6 +193,30 @@ class GpuLines:
             self.lines[gpu.index] = self._draw(gpu.index)
         return True
 
+    def _name_cap(self) -> int:
+        own = max((len(args[0].name) for args in self._args.values()), default=0)
+        return min(NAME_WIDTH, max(own, self.fleet_name_cap))
+
+    def wanted(self) -> tuple[int, int]:
+        """(the longest GPU name, the narrowest layout any line needs) of this card alone, for the fleet's `align`."""
+        own = max((len(args[0].name) for args in self._args.values()), default=0)
+        return min(NAME_WIDTH, own), max(self._layouts.values(), default=0)
+
+    def align(self, name_cap: int, layout: int) -> bool:
+        """Take the fleet's name column and layout (each at least this card's own); True when the lines changed."""
+        changed = False
+        if name_cap != self.fleet_name_cap:
+            self.fleet_name_cap = name_cap
+            if self._name_cap() != self.name_cap:
+                self.name_cap = self._name_cap()
+                width, self.width = self.width, -1  # every line's fit moves with the name column
+                self.fit(width)
+                changed = True
+        if layout != self.fleet_layout:
+            self.fleet_layout = layout
+            changed |= self._relayout()
+        return changed
+
     def fit(self, width: int | None) -> bool:
         """Redraw every line for a new width; True when the width changed."""
         if width == self.width:
@@ -185,7 +232,7 @@ class GpuLines:
 
     def _relayout(self) -> bool:
         """Redraw every line when the card's layout changes; True when it did."""
-        layout = max(self._layouts.values(), default=None)
+        layout = max([*self._layouts.values(), self.fleet_layout]) if self._layouts else None
         if layout == self.layout and len(self.lines) == len(self._args):  # the lines' keys are always among the args'
             return False
         self.layout = layout

@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.events import Resize
+from textual.message import Message
 from textual.widgets import Static
 
 from agents.wire.protocol import GpuSample, HostSample, LinkStatus
@@ -109,6 +110,20 @@ class MachineCard(Vertical, can_focus=True):
         """The GPU lines shown, in GPU index order."""
         return [self._lines.lines[i] for i in sorted(self._lines.lines)]
 
+    @property
+    def fitted(self) -> bool:
+        """The card has its width (a first resize) and its GPU lines are fitted to it."""
+        return self._width is not None
+
+    def wanted_columns(self) -> tuple[int, int]:
+        """(longest GPU name, narrowest layout) this card's GPU lines need alone: the fleet aligns every card to the most."""
+        return self._lines.wanted()
+
+    def align_columns(self, name_cap: int, layout: int) -> None:
+        """Draw the GPU lines with the fleet's name column and layout, so that columns line up across machines."""
+        if self._lines.align(name_cap, layout):
+            self._gpus.update(self._lines.text())
+
     def on_resize(self, event: Resize) -> None:
         """Fit the header and the GPU lines to the card's new width (a split pane, a resized terminal)."""
         width = event.size.width - self.styles.gutter.width - self._gpus.styles.gutter.width
@@ -119,6 +134,10 @@ class MachineCard(Vertical, can_focus=True):
             self._show_header(header_line(*self._header_args, width=width), relayout=True)  # it may have wrapped before
         if self._lines.fit(width):
             self._gpus.update(self._lines.text())  # lines that wrapped no longer do: the height changes
+            self.post_message(self.Refitted())  # the fleet lines its cards up again
+
+    class Refitted(Message):
+        """The card's GPU lines were fitted to a new width: the layout it needs alone may have changed."""
 
     def _show_header(self, header: Text, relayout: bool = False) -> None:
         if header != self.header:

@@ -52,6 +52,8 @@ class FleetScreen(LabScreen):
         yield self.scroll
         yield Footer()
 
+    aligning = False  # an align_cards is scheduled (after the cards' resizes)
+
     def on_mount(self) -> None:
         self.refresh_data()
         if self.cards:
@@ -102,6 +104,35 @@ class FleetScreen(LabScreen):
                 badges=alert_badges(view, state.lab_version),
                 agent_version=view.agent_version,
             )
+
+        self.align_cards()
+
+    def align_cards(self) -> None:
+        """One name column and one layout for every card's GPU lines: the longest name, the narrowest layout any needs."""
+        wanted = [card.wanted_columns() for card in self.cards]
+        if not wanted:
+            return
+        name_cap = max(name for name, _ in wanted)
+        for card in self.cards:  # the name column first: each card's own layout is found for it
+            card.align_columns(name_cap, 0)
+        layout = max(card.wanted_columns()[1] for card in self.cards)
+        for card in self.cards:
+            card.align_columns(name_cap, layout)
+
+    def on_machine_card_refitted(self) -> None:
+        # every card fits itself on a resize, one message each: the fleet lines them up once, after them all
+        if not self.aligning:
+            self.aligning = True
+            self.call_after_refresh(self._align_now)
+
+    def _align_now(self) -> None:
+        self.aligning = False
+        self.align_cards()
+
+    @property
+    def aligned(self) -> bool:
+        """Every shown card fitted to its width and lined up with the others (no alignment pending)."""
+        return not self.aligning and all(card.fitted for card in self._cards())
 
     def _cards(self) -> list[MachineCard]:
         return [card for card in self.cards if card.display]

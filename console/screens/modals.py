@@ -274,6 +274,9 @@ class StartJobScreen(ModalScreen[JobDetail | None]):
     @work(exclusive=True, group="start-job")
     async def start(self) -> None:
         error = self.query_one("#start-error", Static)
+        if self.lab_app.readonly:  # the form calls the agent itself, not through LabScreen.act: the same switch, here too
+            error.update("read-only console: actions are disabled")
+            return
         if cleared := self.cleared():
             error.update(
                 text("; ".join(f"{p.name} is empty: it would run with its default {p.default}; type a value" for p in cleared))

@@ -57,7 +57,8 @@ def load_problem(path: Path, doc: Any) -> str | None:
     try:
         load_lab(tmp)
     except LabError as exc:
-        return str(exc).replace(str(tmp), str(path))  # the lines are the edited text's, named as the file it becomes
+        said = str(exc).replace(str(tmp), str(path))  # the lines are the edited text's, named as the file it becomes
+        return said.replace("(machines: stand-in)", "(no machine is left)")
     finally:
         tmp.unlink(missing_ok=True)
     return None

@@ -372,7 +372,7 @@ async def remove(lab_path: Path, name: str, purge: bool, dry_run: bool, say: Cal
         if record is not None and not dry_run:
             (folder / f"{name}.json").unlink(missing_ok=True)
         step.said = ("host key unpinned; " if unpinned else "no host key pinned; ") + f"{name} taken out of {lab_path}"
-    if not dry_run and (load_lab(lab_path).machines if lab_path.exists() else []):
+    if not dry_run and lab_path.exists() and read_doc(lab_path, "lab").get("machines"):  # none left: nobody to push to
         with progress.step("lab.yaml pushed to the other machines (lab push)") as step:
             step.said = await push_everywhere(lab_path, 30.0, say)  # the gateway drops its link to it, and its trust
     return progress.steps

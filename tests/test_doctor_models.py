@@ -130,3 +130,21 @@ def test_a_plain_script_recipe_without_torch_is_a_warning_and_a_gpu_recipe_a_fai
     assert level(recipe("plain")) == WARN  # before: FAIL, for a script that never imports torch
     assert level(recipe("on-gpu", gpus=[0])) == FAIL
     assert level(recipe("ddp", launcher="torchrun")) == FAIL
+
+
+def test_a_simulated_model_without_its_folder_or_a_placeholder_fails_with_the_fix(tmp_path):
+    """The sim engines refuse to start where the model's path is missing (as real engines do); the doctor said
+    "simulated, no weights needed" and a new user's first request then failed. It names the fix now."""
+    from agents.orchestra.engines import engine_class
+    from agents.wire.lab.model import Model
+
+    def check(**sim: object) -> tuple[bool, str]:
+        model = Model.model_validate({"name": "m", "path": "x", "engine": "sim", "machine": "box", "vram_gib": 1, "sim": sim})
+        (found,) = engine_class("sim").doctor_checks(model, tmp_path / "x", {})
+        return found.ok, found.message
+
+    ok, said = check()
+    assert not ok and f"mkdir -p {tmp_path / 'x'}" in said
+    assert check(placeholder_mib=1)[0]  # the agent writes placeholder weights there
+    (tmp_path / "x").mkdir()
+    assert check()[0]

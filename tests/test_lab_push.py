@@ -268,3 +268,15 @@ async def test_a_push_with_a_peer_key_that_is_not_one_is_refused_before_anything
     reply = await client.call("box", "lab.apply", {"text": text, "peer_keys": {"hub": {"peer": key}}})
     assert reply["authorized"] == ["gateway@hub"]
     assert (state / PUSHED_AUTHORIZED_KEYS_NAME).read_text().startswith("gateway ssh-ed25519 ")
+
+
+async def test_a_model_changed_at_rest_gets_its_placeholder_and_residency_from_the_push(in_process):
+    """A model pushed without `sim.placeholder_mib` and then with it: the push that changes it writes the placeholder
+    its entry asks for (before, only a model new to the machine got one, and the changed one stayed unstartable)."""
+    bare = {**LAB["models"][0], "path": "models/later", "sim": {k: v for k, v in SIM.items() if k != "placeholder_mib"}}
+    lab, client = await started(in_process, with_changes(models=[bare]))
+    slot = pool(lab.agents["box"]).slots["tiny"]
+    assert not slot.path.exists()
+    reply = await client.call("box", "lab.apply", {"text": text_of(with_changes(models=[{**bare, "sim": SIM}]))})
+    assert "models: ~tiny" in reply["live"]
+    assert slot.path.exists()  # the placeholder weights its changed entry asks for

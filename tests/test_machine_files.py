@@ -184,3 +184,32 @@ def test_paths_a_hostile_machine_answers_stay_one_word_in_every_command():
         words = shlex.split(command)
         assert "evilcmd" not in words and "$(id)" not in words, command
         assert not any(w.startswith("/tmp/pwned") for w in words), command
+
+
+def test_removing_the_last_machine_under_a_model_names_no_stand_in(tmp_path):
+    """The last machine's removal is judged with a stand-in machine; the refusal says no machine is left, never the
+    stand-in's name (a new user read "machines: stand-in" as a machine of theirs)."""
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(
+        "lab: one\nmachines:\n  - {name: only, gpus: none}\nmodels:\n  - {name: m, path: x, engine: sim, machine: only, vram_gib: 1}\n"
+    )
+    with pytest.raises(MachineError) as refused:
+        remove_machine(lab, "only", dry_run=True)
+    assert "stand-in" not in str(refused.value) and "no machine is left" in str(refused.value)
+
+
+async def test_the_last_machine_is_removed_with_nothing_left_to_push_to(tmp_path, monkeypatch):
+    """Removing a lab's last machine (one never added from this workstation: no ssh step) ends done: lab.yaml keeps
+    `machines: []` for the next add and nothing is pushed (before: the push loaded that lab.yaml and the verb exited 2
+    after everything had been undone)."""
+    from console.machine_steps import remove
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # this workstation's records of added machines
+    lab = tmp_path / "lab.yaml"
+    lab.write_text("lab: one\nconsole: {known_hosts: known_hosts}\nmachines:\n  - {name: only, gpus: none, port: 7999}\n")
+    (tmp_path / "known_hosts").write_text(
+        "[127.0.0.1]:7999 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
+    )
+    steps = await remove(lab, "only", purge=False, dry_run=False, say=lambda line: None)
+    assert "only" not in lab.read_text() and not any("push" in s.name for s in steps)
+    assert (tmp_path / "known_hosts").read_text().strip() == ""  # its pinned key went with it

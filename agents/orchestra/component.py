@@ -141,7 +141,7 @@ class OrchestraComponent:
             core.release_gpus(f"model:{name}")
             del self.slots[name]
         pinned, was_pinned = set(new.orchestra.pinned), set(old.orchestra.pinned)
-        added = []
+        added, rested = [], []
         for name, model in here.items():
             path = new.resolve(model.path)
             slot = self.slots.get(name)
@@ -149,15 +149,17 @@ class OrchestraComponent:
                 slot = self.slots[name] = Slot(model, path, list(model.gpus), pinned=name in pinned)
                 added.append(slot)
                 continue
+            if slot.engine is None and not slot.busy and (slot.model != model or slot.path != path):
+                rested.append(slot)  # changed while at rest: its placeholder and residency judged again below
             slot.model, slot.path = model, path
             if slot.engine is None and not slot.busy:
                 slot.gpus = list(model.gpus)
             if (name in pinned) != (name in was_pinned):  # lab.yaml's pins changed: they win over `cetlab pin` here
                 slot.pinned = name in pinned
-        if added:
+        if added or rested:
             await asyncio.to_thread(self.residency.make_placeholders)
             await asyncio.to_thread(self.residency.measure_all)
-            for slot in added:
+            for slot in added + rested:
                 slot.state = self.residency.rest_state(slot)
         if self.slots and not self._tasks:  # the first models of a machine that had none
             self._tasks.append(asyncio.create_task(self._loop(), name="orchestra"))

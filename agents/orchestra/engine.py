@@ -161,8 +161,12 @@ class Engine:
         """The doctor's lines on one model of this machine: its weights here, in a format this engine loads, each
         failure with what fixes it. ``gpu_caps``: the compute capability of each real GPU (empty on simulated ones)."""
         name = f"model {model.name}"
-        if cls.spec.simulated:
-            return [InstallCheck(name, True, f"{cls.spec.title}: simulated, no weights needed")]
+        if cls.spec.simulated:  # no real weights, but it starts only where its path is (as the real engine would)
+            if path.exists() or model.sim.placeholder_mib is not None or model.make_tiny_if_missing:
+                return [InstallCheck(name, True, f"{cls.spec.title}: simulated, no real weights needed")]
+            made = "a folder" if cls.spec.model_formats != ("gguf",) else "a file"
+            fix = f"`mkdir -p {path}`" if made == "a folder" else f"`touch {path}`"
+            return [InstallCheck(name, False, f"{path} does not exist: {fix} ({made}, any content), or give sim.placeholder_mib")]
         if not path.exists():
             if model.make_tiny_if_missing:
                 return [InstallCheck(name, True, f"{path} missing: the agent makes the tiny demo model there at first start")]

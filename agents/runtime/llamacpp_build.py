@@ -35,7 +35,7 @@ VOCAB_NAME = "ggml-vocab-llama-spm.gguf"
 STAMP_NAME = "build.json"
 MAKE_HINT = "make llama-server (or: python -m agents.runtime.llamacpp_build)"
 # a cached build is complete with all of these (an older layout is built again)
-COMPLETE = ("bin/llama-server", STAMP_NAME, VOCAB_NAME, "convert_lora_to_gguf.py", "gguf-py", "conversion")
+COMPLETE = ("bin/llama-server", "bin/rpc-server", STAMP_NAME, VOCAB_NAME, "convert_lora_to_gguf.py", "gguf-py", "conversion")
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=OFF",
@@ -43,6 +43,7 @@ CMAKE_FLAGS = [
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DBUILD_SHARED_LIBS=OFF",
+    "-DGGML_RPC=ON",  # rpc-server: a helper machine lends its GPUs to a model spread over several machines
 ]
 
 
@@ -190,13 +191,15 @@ def build(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = 
         )
         _run(["cmake", "-S", str(src), "-B", str(src / "build"), "-G", "Ninja", *flags], log=log)
         _run(
-            ["cmake", "--build", str(src / "build"), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 2)],
+            ["cmake", "--build", str(src / "build"), "--target", "llama-server", "rpc-server", "-j", str(jobs or os.cpu_count() or 2)],
             log=log,
             progress="building llama-server",
         )
         (out / "bin").mkdir(exist_ok=True)
         shutil.copy2(src / "build" / "bin" / "llama-server", out / "bin" / "llama-server.part")
         os.replace(out / "bin" / "llama-server.part", binary)
+        shutil.copy2(src / "build" / "bin" / "rpc-server", out / "bin" / "rpc-server.part")
+        os.replace(out / "bin" / "rpc-server.part", out / "bin" / "rpc-server")
         shutil.copy2(src / "models" / VOCAB_NAME, out / VOCAB_NAME)
         shutil.copy2(src / "convert_lora_to_gguf.py", out / "convert_lora_to_gguf.py")
         shutil.copy2(src / "convert_hf_to_gguf.py", out / "convert_hf_to_gguf.py")

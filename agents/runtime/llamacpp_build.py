@@ -191,14 +191,23 @@ def build(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = 
         )
         _run(["cmake", "-S", str(src), "-B", str(src / "build"), "-G", "Ninja", *flags], log=log)
         _run(
-            ["cmake", "--build", str(src / "build"), "--target", "llama-server", "rpc-server", "-j", str(jobs or os.cpu_count() or 2)],
+            [
+                "cmake",
+                "--build",
+                str(src / "build"),
+                "--target",
+                "llama-server",
+                "ggml-rpc-server",
+                "-j",
+                str(jobs or os.cpu_count() or 2),
+            ],
             log=log,
             progress="building llama-server",
         )
         (out / "bin").mkdir(exist_ok=True)
         shutil.copy2(src / "build" / "bin" / "llama-server", out / "bin" / "llama-server.part")
         os.replace(out / "bin" / "llama-server.part", binary)
-        shutil.copy2(src / "build" / "bin" / "rpc-server", out / "bin" / "rpc-server.part")
+        shutil.copy2(src / "build" / "bin" / "ggml-rpc-server", out / "bin" / "rpc-server.part")
         os.replace(out / "bin" / "rpc-server.part", out / "bin" / "rpc-server")
         shutil.copy2(src / "models" / VOCAB_NAME, out / VOCAB_NAME)
         shutil.copy2(src / "convert_lora_to_gguf.py", out / "convert_lora_to_gguf.py")

@@ -66,6 +66,7 @@ notify:
   routes:  # an endpoint that refuses every notification about GPU 0 and takes the others (R12)
     - {name: pager, kind: command, argv: [/bin/sh, -c, 'if grep -q "gpu.: 0,"; then exit 1; fi']}
 """
+ATTACKING = "attacking"  # the attacker's first line: its interpreter is up and the attack begins
 PROBES = probes()  # every bench/attacks_*.py module's, by name, in the order they run
 
 
@@ -232,23 +233,34 @@ class Console:
         await self.client.stop()
 
 
-async def run_attack(demo: DemoLab, viewer: Path, name: str, seconds: float) -> dict:
-    """One attack in its own process (its client-side work must not slow the console we measure); its results."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        __file__,
-        "--attack",
-        name,
-        "--lab",
-        str(demo.lab_path),
-        "--key",
-        str(viewer),
-        "--seconds",
-        str(seconds),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
+async def run_attack(demo: DemoLab, viewer: Path, name: str, seconds: float, begun: asyncio.Event | None = None) -> dict:
+    """One attack in its own process (its client-side work must not slow the console we measure); its results.
+
+    `begun` is set once the attacker's interpreter is up and its attack begins (or once it ended without)."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            "--attack",
+            name,
+            "--lab",
+            str(demo.lab_path),
+            "--key",
+            str(viewer),
+            "--seconds",
+            str(seconds),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        errors = asyncio.ensure_future(proc.stderr.read())  # read all along: a full pipe would stop the attacker
+        await proc.stdout.readline()  # the attacker's ATTACKING line
+    finally:
+        if begun is not None:
+            begun.set()
+    out = await proc.stdout.read()
+    err = await errors
+    await proc.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"attack {name!r} failed: {err.decode()[-2000:]}")
     return json.loads(out.decode().strip().splitlines()[-1])
@@ -264,8 +276,9 @@ async def measure(
     logins = PROBES[name].logins  # attacks at the login door: fresh logins measured too
     quiet = await console.window(seconds, logins)
     fds0, rss0 = proc.num_fds(), proc.memory_info().rss
-    attack = asyncio.create_task(run_attack(demo, viewer, name, seconds))
-    await asyncio.sleep(0.3)  # the attacker's interpreter starting
+    begun = asyncio.Event()
+    attack = asyncio.create_task(run_attack(demo, viewer, name, seconds, begun))
+    await begun.wait()  # the attacker's interpreter is up: the window and the attack start together
     during = await console.window(seconds, logins)
     results = await attack
     fds1, rss1 = proc.num_fds(), proc.memory_info().rss
@@ -286,6 +299,7 @@ async def measure(
 async def attack_main(name: str, lab_path: Path, key: Path, seconds: float) -> None:
     """The attacker's process: run one attack, print its results as one JSON line."""
     results: dict = {}
+    print(ATTACKING, flush=True)
     await PROBES[name].run(DemoLab(lab_path.parent, source=lab_path), key, seconds, results)
     print(json.dumps(results))
 

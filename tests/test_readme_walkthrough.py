@@ -117,13 +117,13 @@ def test_the_gateway_wake_example_wakes_after_the_demo_restarted_warm(tmp_path):
             for line in gateway_block()
         )
 
-        def back_up() -> bool:  # the restart brings the rotation's set back up and the gateway's links connect
-            shown = cli(demo, "--json", "models")
+        def back_up() -> bool:  # the restart brings phi-3-mini's machine back and the gateway's links connect (the
+            # example itself warms phi-3-mini, and waits for it, before it puts it to sleep and wakes it)
+            shown, gateway = cli(demo, "--json", "models"), cli(demo, "--json", "gateway")
             return (
-                shown.returncode == 0
-                and '"warm"' in shown.stdout
+                shown.returncode == gateway.returncode == 0
                 and '"phi-3-mini"' in shown.stdout
-                and "loading" not in shown.stdout
+                and all(link == "online" for link in json.loads(gateway.stdout)["peers"].values())
             )
 
         wait_until(back_up, timeout=300, interval=0.2)

@@ -13,6 +13,7 @@ from typing import Any
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import RemoteError
+from bench.probes import probe
 from console.client import FleetClient
 
 NAMES = {
@@ -48,6 +49,7 @@ def _calls(name: str) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+@probe("C4 hostile names at every name field")
 async def c4_hostile_names(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """C4: hostile names at every name field of the wire."""
     took, raw, longest, asked = 0, 0, 0, 0

@@ -26,6 +26,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, GATEWAY_STATUS, KeyAddParams
 from agents.wire.catalogue.method import request
 from agents.wire.lab.model import load_lab
+from bench.probes import before, probe
 from console.client import FleetClient
 
 ATTACKER_GATEWAY_KEY = "mallory.gateway.key"  # in the demo dir: the attacker's own gateway key
@@ -40,6 +41,7 @@ def gateway_url_and_key(demo: DemoLab, attacker: bool = False, name: str | None 
     return f"http://{lab.gateway.host}:{lab.gateway.port}/v1", path.read_text().strip()
 
 
+@before
 async def issue_quota_keys(demo: DemoLab, client: FleetClient) -> None:
     """R1's and R2's gateway keys, each with its tokens per day (once per lab)."""
     if load_lab(demo.lab_path).gateway is None:
@@ -76,11 +78,13 @@ def model_of(demo: DemoLab) -> str:
     return lab.providers[0].models[0].name
 
 
+@probe("R1 n choices on a tiny quota")
 async def r1_choices(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """R1: a key of 200 tokens a day asks n=32 choices of 200 tokens (before: 6,401 charged)."""
     results["r1"] = await _ask_on_quota(demo, viewer, "tiny200", model_of(demo), [{"n": 32, "max_tokens": 200}] * 2)
 
 
+@probe("R2 two length fields on a tiny quota")
 async def r2_lengths(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """R2: a key of 50 tokens a day sends max_completion_tokens 50 and max_tokens 3,000 (before: 3,001 charged)."""
     bodies = [{"max_completion_tokens": 50, "max_tokens": 3000}] * 2
@@ -92,6 +96,7 @@ def _db_bytes(state: Path) -> int:
     return sum(p.stat().st_size for p in state.glob("state.db*") if p.is_file())
 
 
+@probe("R7 orchestra member names")
 async def r7_member_names(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """R7: 20 orchestra calls, each with three members of 1 MB names (before: state.db 1.8 -> 217 MB)."""
     url, key = gateway_url_and_key(demo, attacker=True)
@@ -122,6 +127,7 @@ logging.getLogger("cetlab.link").warning("%s: %s", "box", sys.argv[1])
 """
 
 
+@probe("R8 agent text in the CLI's log")
 async def r8_cli_log(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """R8: an agent's error text logged by the CLI (an unanswered error reply): the control bytes on its stderr."""
     done = subprocess.run([sys.executable, "-c", CLI_LOG, HOSTILE], capture_output=True, timeout=60, check=False)
@@ -129,6 +135,7 @@ async def r8_cli_log(demo: DemoLab, viewer: Path, seconds: float, results: dict)
     results["r8"] = {"control_bytes_on_stderr": controls, "stderr_bytes": len(done.stderr)}
 
 
+@probe("R9 markup in costs' day")
 async def r9_costs_day(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """R9: a costs reply whose since.day is markup, through the console's summing and its `:costs` view (headless)."""
     from console.app import CetlabApp
@@ -158,6 +165,7 @@ async def r9_costs_day(demo: DemoLab, viewer: Path, seconds: float, results: dic
     results["r9"] = {"refused_on_the_wire": bool(lab_costs("EUR", {"box": reply}).offline), "view_crashed": crashed}
 
 
+@probe("R4 a trainer Python that never answers")
 async def r4_hanging_trainer_python(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """R4: a trainer "python" whose torch probe waits on a FIFO nobody writes: how long the event loop's ask held the
     loop, and what the stack says once the probe's timeout has passed."""
@@ -177,6 +185,7 @@ async def r4_hanging_trainer_python(demo: DemoLab, viewer: Path, seconds: float,
     results["r4"] = {"loop_held_s": round(held, 3), "at_once": first.problem, "after_timeout": after.problem}
 
 
+@probe("S2 idle_watts 1e300 in lab.yaml")
 async def s2_huge_watts(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """Issue 30's small one: the demo's lab.yaml with a machine's idle_watts 1e300: refused, or the figure it loads."""
     import yaml
@@ -192,6 +201,7 @@ async def s2_huge_watts(demo: DemoLab, viewer: Path, seconds: float, results: di
     results["s2"] = {"idle_watts_1e300": loaded}
 
 
+@probe("S1 --tail 10000 of a 10 MB log")
 async def s1_tail_of_10mb(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """Issue 30's small one: `--tail 10000` of a 10 MB log (1 kB lines): the lines that come back and whether it says cut."""
     from agents.jobs.logs import tail
@@ -203,6 +213,7 @@ async def s1_tail_of_10mb(demo: DemoLab, viewer: Path, seconds: float, results: 
     results["s1"] = {"asked": 10_000, "lines": len(found.lines), "says_cut": found.cut}
 
 
+@probe("R10 version-line storm", logins=True)
 async def r10_version_storm(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """R10: new connections to the SSH port from the console's own address, each sending an SSH version line and
     nothing more (no key needed), as fast as they open; each held until the agent closes it or 900 newer are open."""
@@ -246,6 +257,7 @@ async def connection_storm(demo: DemoLab, seconds: float, results: dict, greetin
     results["storm_rate_per_s"] = round(opened / seconds)
 
 
+@probe("R6 100 socket connections of one uid")
 async def r6_socket_connections(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """R6: one local user with 100 connections to the agent's unix socket, each sending pings as fast as they are
     answered (the socket applied no per-principal caps: 12,238 answers/s, a console's ping p50 1.3 s)."""
@@ -281,6 +293,7 @@ async def r6_socket_connections(demo: DemoLab, viewer: Path, seconds: float, res
     results["r6"] = {"answers_per_s": round(codes.get("ok", 0) / seconds), **codes}
 
 
+@probe("R5 the gateway key's forwards")
 async def r5_gateway_forwards(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """R5: a gateway key (authorized as the lab's gateway machine's would be) opens SSH forwards to the local engine,
     holding each, until one is refused (before: 1,010 forwards filled the 1,024-fd agent, and no login got through)."""
@@ -328,6 +341,7 @@ async def r5_gateway_forwards(demo: DemoLab, viewer: Path, seconds: float, resul
     results["r5"] = {"forwards_held": len(held), "then": refused}
 
 
+@probe("R12 a refusing endpoint and a flapping alert")
 async def r12_notifications(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """R12: the lab's pager refuses GPU 0's notifications (retried in an hour); GPU 1 then fires: whether its firing is
     delivered; then GPU 1 flaps 10 times: the rows its flapping added to the outbox (before: 2 per flap)."""

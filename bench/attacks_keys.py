@@ -19,12 +19,14 @@ from agents.wire.catalogue.method import request
 from agents.wire.lab.gateway import KeyBudget
 from agents.wire.lab.model import load_lab
 from bench.attacks_iv import gateway_url_and_key
+from bench.probes import before, probe
 from console.client import FleetClient
 
 ALLOWED, OTHER = "cloud-small", "cloud-large"  # bench_attacks' LAB sells both
 BUDGET = 0.0005  # at 3.5 per million tokens: about 140 tokens
 
 
+@before
 async def issue_limit_keys(demo: DemoLab, client: FleetClient) -> None:
     """K1's key (one model) and K2's key (a tiny money budget), once per lab."""
     if load_lab(demo.lab_path).gateway is None:
@@ -38,6 +40,7 @@ async def issue_limit_keys(demo: DemoLab, client: FleetClient) -> None:
             (demo.dir / f"{params.name}.gateway.key").write_text(token + "\n")
 
 
+@probe("K1 a key limited to one model asks another")
 async def k1_other_models(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """K1: every way of naming a model the key may not use; the status each door answered, and what it lists."""
     url, key = gateway_url_and_key(demo, name="onlysmall")
@@ -61,6 +64,7 @@ async def k1_other_models(demo: DemoLab, viewer: Path, seconds: float, results: 
     results["k1"] = {"codes": codes, "listed": listed}
 
 
+@probe("K2 bursts past a key's money budget")
 async def k2_budget_burst(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """K2: bursts of 40 concurrent requests on a key of a tiny budget for the window; spent against the budget."""
     url, key = gateway_url_and_key(demo, name="pennies")

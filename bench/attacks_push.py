@@ -21,6 +21,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.lab import LabApplyParams
 from agents.wire.lab.yaml_doc import MAX_BYTES
 from bench.attacks_iv import open_channel
+from bench.probes import probe
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(12)
@@ -35,6 +36,7 @@ async def _call(writer: asyncssh.SSHWriter, reader: asyncssh.SSHReader, n: int, 
             return reply
 
 
+@probe("L1 a viewer pushes a lab.yaml")
 async def l1_viewer_pushes(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """L1: a viewer's lab.apply of a maximal text, again and again (each line ~0.5 MB)."""
     text = "# " + "x" * (MAX_BYTES // 2) + "\n" + demo.lab_path.read_text()
@@ -56,6 +58,7 @@ async def l1_viewer_pushes(demo: DemoLab, viewer: Path, seconds: float, results:
     results["l1"] = {"codes": codes, "lab_version_after": version}
 
 
+@probe("L2 hostile lab.yaml texts pushed")
 async def l2_hostile_texts(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """L2: an operator pushes hostile texts; each refusal, its time, and the version after."""
     base = demo.lab_path.read_text()

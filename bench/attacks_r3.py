@@ -22,6 +22,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import load_lab
 from bench.attacks_iv import gateway_url_and_key
+from bench.probes import probe
 from console.client import FleetClient
 
 R3_MODEL = "r3-sim"  # the bench lab's one engine (a simulated vLLM), warmed by the operator before the attack
@@ -84,6 +85,7 @@ async def _info(fleet: FleetClient) -> dict:
     return dict(next(m for m in listing["models"] if m["name"] == R3_MODEL))
 
 
+@probe("R3 an engine, as another user")
 async def r3_engine_of_another_user(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """R3: uid nobody at the warm engine's endpoint: generation, /sleep, /collective_rpc (before: all answered 200)."""
     if os.geteuid() != 0:

@@ -17,6 +17,7 @@ import aiohttp
 
 from agents.shell.demo.lab import DemoLab
 from bench.attacks_iv import QUOTA_KEYS, gateway_url_and_key, key_tokens_today
+from bench.probes import probe
 
 MODEL = "cloud-small"  # bench_attacks' LAB sells it
 KEY = "tiny50"  # bench_attacks_iv's key of 50 tokens a day
@@ -44,6 +45,7 @@ async def _burst(url: str, key: str, seconds: float, cases: dict[str, dict]) -> 
     return codes
 
 
+@probe("E1 a huge input list on /v1/embeddings")
 async def e1_huge_embeddings(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     url, key = gateway_url_and_key(demo, name=KEY)
     before = await key_tokens_today(demo, viewer, KEY)
@@ -60,6 +62,7 @@ async def e1_huge_embeddings(demo: DemoLab, viewer: Path, seconds: float, result
     results["e1"] = {"codes": codes, "charged": after - before, "quota": QUOTA_KEYS[KEY]}
 
 
+@probe("E2 a thousand documents on /v1/rerank")
 async def e2_huge_rerank(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     url, key = gateway_url_and_key(demo, name=KEY)
     before = await key_tokens_today(demo, viewer, KEY)
@@ -76,6 +79,7 @@ async def e2_huge_rerank(demo: DemoLab, viewer: Path, seconds: float, results: d
     results["e2"] = {"codes": codes, "charged": after - before, "quota": QUOTA_KEYS[KEY]}
 
 
+@probe("E3 the Responses and Messages doors")
 async def e3_mapped_doors(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     url, key = gateway_url_and_key(demo)
     messages = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}

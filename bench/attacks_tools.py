@@ -17,6 +17,7 @@ import aiohttp
 
 from agents.shell.demo.lab import DemoLab
 from bench.attacks_iv import gateway_url_and_key
+from bench.probes import probe
 
 MODEL = "local-sim"  # bench_attacks' LAB: a vLLM simulator, warm, without --enable-auto-tool-choice
 
@@ -37,6 +38,7 @@ def _tool(name: str, parameters: dict[str, Any] | None = None) -> dict[str, Any]
     return {"type": "function", "function": {"name": name, "parameters": parameters or {"type": "object"}}}
 
 
+@probe("T1 hostile tools and schemas")
 async def t1_hostile_tools(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """T1: each hostile body once; the status and param each got, the worst answer time, and the model after."""
     url, key = gateway_url_and_key(demo)

@@ -6,6 +6,11 @@ For each attack: a console's ping p50/p99 and its largest gap between ticks, and
 (one tiny completion every 100 ms from the simulated provider), without the attack and during it, and the agent's
 open fds and RSS before and after (and 30 s after with --settle). The agent serves the lab gateway and runs with a
 1,024-fd limit (systemd's default). Loopback only. Run: .venv/bin/python bench/bench_attacks.py [seconds] [--only N3,...]
+
+Adding an attack: write one async function (demo, viewer key, seconds, results) in the bench/attacks_*.py module of its
+issue (a new module of that name is loaded too) and register it with `@probe("ID what it does")` from bench/probes.py;
+a key or other setup the bench's console must issue first is a `@before` function there. This file is the harness:
+the lab, the agent, the legitimate console and gateway client, the windows and the report; it names no attack.
 """
 
 from __future__ import annotations
@@ -15,60 +20,30 @@ import asyncio
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import asyncssh
 import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
-from agents.runtime.link import read_line
 from agents.shell.demo import gateway as gateway_demo
 from agents.shell.demo.lab import DemoLab
-from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, KeyAddParams
-from agents.wire.catalogue.method import request
 from agents.wire.lab.model import load_lab
-from bench.attacks_classes import c4_hostile_names
-from bench.attacks_iv import (
-    ATTACKER_GATEWAY_KEY,
-    connection_storm,
-    gateway_url_and_key,
-    issue_quota_keys,
-    key_tokens_today,
-    open_channel,
-    r1_choices,
-    r2_lengths,
-    r4_hanging_trainer_python,
-    r5_gateway_forwards,
-    r6_socket_connections,
-    r7_member_names,
-    r8_cli_log,
-    r9_costs_day,
-    r10_version_storm,
-    r12_notifications,
-    s1_tail_of_10mb,
-    s2_huge_watts,
-)
-from bench.attacks_keys import issue_limit_keys, k1_other_models, k2_budget_burst
-from bench.attacks_push import l1_viewer_pushes, l2_hostile_texts
-from bench.attacks_r3 import r3_engine_of_another_user
-from bench.attacks_routes import e1_huge_embeddings, e2_huge_rerank, e3_mapped_doors
-from bench.attacks_tools import t1_hostile_tools
+from bench.attacks_floods import GATEWAY_MODEL
+from bench.attacks_iv import gateway_url_and_key
 from bench.common import percentile
+from bench.probes import probes, setups
 from console.client import FleetClient
 
 FD_LIMIT = 1024
-FLOOD_CONNECTIONS = 1100
 LAB = """
 lab: attacks
 machines:
@@ -91,7 +66,8 @@ notify:
   routes:  # an endpoint that refuses every notification about GPU 0 and takes the others (R12)
     - {name: pager, kind: command, argv: [/bin/sh, -c, 'if grep -q "gpu.: 0,"; then exit 1; fi']}
 """
-GATEWAY_MODEL = "cloud-small"
+ATTACKING = "attacking"  # the attacker's first line: its interpreter is up and the attack begins
+PROBES = probes()  # every bench/attacks_*.py module's, by name, in the order they run
 
 
 def launch_agent(demo: DemoLab) -> subprocess.Popen:
@@ -139,13 +115,6 @@ def launch_stand_ins(demo: DemoLab) -> list[subprocess.Popen]:
                 )
             )
     return procs
-
-
-async def issue_attacker_gateway_key(demo: DemoLab, client: FleetClient) -> None:
-    """A gateway key of the attacker's own (the legitimate client keeps the demo key)."""
-    if load_lab(demo.lab_path).gateway is not None and not (demo.dir / ATTACKER_GATEWAY_KEY).exists():
-        token = (await request(client, "box", GATEWAY_KEYS_ADD, KeyAddParams(name="mallory"))).key
-        (demo.dir / ATTACKER_GATEWAY_KEY).write_text(token + "\n")
 
 
 def add_viewer(demo: DemoLab, where: Path) -> Path:
@@ -264,332 +233,34 @@ class Console:
         await self.client.stop()
 
 
-# ---------------------------------------------------------------------------- the attacks: each runs for `seconds`
+async def run_attack(demo: DemoLab, viewer: Path, name: str, seconds: float, begun: asyncio.Event | None = None) -> dict:
+    """One attack in its own process (its client-side work must not slow the console we measure); its results.
 
-
-async def flood_connections(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
-    """1,100 idle TCP connections (from ten loopback addresses), held; meanwhile a new operator console connects."""
-    port = load_lab(demo.lab_path).machine("box").port
-    held: list[socket.socket] = []
+    `begun` is set once the attacker's interpreter is up and its attack begins (or once it ended without)."""
     try:
-        for i in range(FLOOD_CONNECTIONS):
-            s = socket.socket()
-            s.bind((f"127.0.0.{2 + i % 10}", 0))
-            s.setblocking(False)
-            try:
-                await asyncio.wait_for(asyncio.get_running_loop().sock_connect(s, ("127.0.0.1", port)), 2)
-            except (TimeoutError, OSError):
-                s.close()
-                continue
-            held.append(s)
-        results["flood_opened"] = len(held)
-        started = time.monotonic()
-        late = FleetClient(load_lab(demo.lab_path), subscribe=[], reconnect=False)
-        await late.start()
-        try:
-            await late.wait_connected(20)
-            results["late_console_online"] = late.state.machines["box"].online
-            results["late_console_connect_s"] = time.monotonic() - started
-            await late.call("box", "jobs.list", timeout=10)  # an fd-hungry action works meanwhile
-            results["late_console_jobs_list"] = "ok"
-        finally:
-            await late.stop()
-        await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            "--attack",
+            name,
+            "--lab",
+            str(demo.lab_path),
+            "--key",
+            str(viewer),
+            "--seconds",
+            str(seconds),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        errors = asyncio.ensure_future(proc.stderr.read())  # read all along: a full pipe would stop the attacker
+        await proc.stdout.readline()  # the attacker's ATTACKING line
     finally:
-        for s in held:
-            s.close()
-
-
-async def flood_history(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
-    """history max_points 3600 at 190/s, not reading a reply until the end; then how many of them ran."""
-    conn, writer, reader = await open_channel(demo, viewer)
-    line = json.dumps({"id": 1, "method": "history", "params": {"max_points": 3600}}).encode() + b"\n"
-    sent = 0
-    codes: dict[str, int] = {}
-    try:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            writer.write(line * 19)
-            sent += 19
-            await asyncio.sleep(0.1)
-        try:
-            async with asyncio.timeout(3):  # now read what came back (the agent stopped reading us meanwhile)
-                while True:
-                    reply = await read_line(reader)
-                    if not reply:
-                        break
-                    code = json.loads(reply).get("error", {}).get("code", "ran")
-                    codes[code] = codes.get(code, 0) + 1
-        except TimeoutError:
-            pass
-    finally:
-        results["history_sent"], results["history_answers"] = sent, codes
-        conn.abort()
-
-
-async def flood_subscribe(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
-    """subscribe with 80,000 topics a line (~750 KB), 2 lines/s, reading the replies."""
-    conn, writer, reader = await open_channel(demo, viewer)
-    line = json.dumps({"id": 1, "method": "subscribe", "params": {"topics": [f"t{i}" for i in range(80_000)]}}).encode() + b"\n"
-    answers = []
-
-    async def read() -> None:
-        while True:
-            got = await reader.readline()
-            if not got:
-                return
-            answers.append(json.loads(got).get("error", {}).get("code"))
-
-    reading = asyncio.create_task(read())
-    try:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            writer.write(line)
-            await asyncio.sleep(0.5)
-    finally:
-        results["subscribe_answers"] = sorted(set(filter(None, answers)))
-        reading.cancel()
-        conn.abort()
-
-
-async def flood_channels(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
-    """1,000 channels on one connection (each tried; the agent opens only its cap)."""
-    conn, _writer, _reader = await open_channel(demo, viewer)
-    opened, refused = 1, 0
-    try:
-        for _ in range(999):
-            try:
-                await conn.open_session(subsystem="cetlab", encoding=None)
-                opened += 1
-            except asyncssh.ChannelOpenError:
-                refused += 1
-        results["channels_opened"], results["channels_refused"] = opened, refused
-        await asyncio.sleep(seconds)
-    finally:
-        conn.abort()
-
-
-async def flood_refusals(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
-    """A viewer calling an operator method as fast as its budget lets it (reading the refusals)."""
-    conn, writer, reader = await open_channel(demo, viewer)
-    line = json.dumps({"id": 1, "method": "set_interval", "params": {"interval_s": 1}}).encode() + b"\n"
-    codes: dict[str, int] = {}
-
-    async def read() -> None:
-        while True:
-            got = await reader.readline()
-            if not got:
-                return
-            code = json.loads(got).get("error", {}).get("code", "ok")
-            codes[code] = codes.get(code, 0) + 1
-
-    reading = asyncio.create_task(read())
-    try:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            writer.write(line * 50)
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
-    finally:
-        results["refusal_codes"] = codes
-        reading.cancel()
-        conn.abort()
-
-
-async def flood_gateway(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
-    """N3: 1,100 idle TCP connections to the gateway port (ten loopback addresses), held; meanwhile a new operator
-    console connects and a new gateway client asks once."""
-    lab = load_lab(demo.lab_path)
-    assert lab.gateway is not None
-    held: list[socket.socket] = []
-    try:
-        for i in range(FLOOD_CONNECTIONS):
-            s = socket.socket()
-            s.bind((f"127.0.0.{2 + i % 10}", 0))
-            s.setblocking(False)
-            try:
-                await asyncio.wait_for(asyncio.get_running_loop().sock_connect(s, ("127.0.0.1", lab.gateway.port)), 2)
-            except (TimeoutError, OSError):
-                s.close()
-                continue
-            held.append(s)
-        results["flood_opened"] = len(held)
-        started = time.monotonic()
-        late = FleetClient(lab, subscribe=[], reconnect=False)
-        await late.start()
-        try:
-            await late.wait_connected(20)
-            results["late_console_online"] = late.state.machines["box"].online
-            await late.call("box", "jobs.list", timeout=10)
-            results["late_console_jobs_list"] = "ok"
-        except Exception as exc:  # the figure, not the end of the bench
-            results["late_console_jobs_list"] = f"failed: {exc}"[:120]
-        finally:
-            await late.stop()
-        url, key = gateway_url_and_key(demo)
-        payload = {"model": GATEWAY_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-        try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-                async with session.post(f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"}) as r:
-                    results["late_gateway_status"] = r.status
-        except Exception as exc:
-            results["late_gateway_status"] = f"failed: {exc or type(exc).__name__}"[:120]
-        await asyncio.sleep(max(0.0, seconds - (time.monotonic() - started)))
-        closed = 0
-        for s in held:  # how many the gateway closed meanwhile (each read: b"" closed, or nothing yet)
-            try:
-                closed += s.recv(1) == b""
-            except BlockingIOError:
-                pass
-            except OSError:
-                closed += 1
-        results["flood_closed_by_gateway"] = closed
-    finally:
-        for s in held:
-            s.close()
-
-
-async def _mallory_tokens_today(demo: DemoLab, viewer: Path) -> int:
-    """The attacker's gateway key's tokens today, as the gateway's section says."""
-    return await key_tokens_today(demo, viewer, "mallory")
-
-
-async def dropped_streams(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
-    """N1: streams of 400 tokens from the provider, each dropped after 20 events, 10 at a time, for the window;
-    then what the gateway metered against what was read."""
-    url, key = gateway_url_and_key(demo, attacker=True)
-    before = await _mallory_tokens_today(demo, viewer)
-    payload = {"model": GATEWAY_MODEL, "stream": True, "max_tokens": 400, "messages": [{"role": "user", "content": "talk"}]}
-    read = streams = 0
-
-    async def one(session: aiohttp.ClientSession) -> int:
-        got = 0
-        async with session.post(f"{url}/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"}) as r:
-            async for line in r.content:
-                got += line.startswith(b"data:")
-                if got >= 20:
-                    break
-            r.close()
-        return got
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            got = await asyncio.gather(*(one(session) for _ in range(8)), return_exceptions=True)
-            read += sum(g for g in got if isinstance(g, int))
-            streams += len(got)
-    await asyncio.sleep(2.0)  # the gateway's meter settles the last ones
-    after = await _mallory_tokens_today(demo, viewer)
-    results.update(dropped_streams=streams, events_read=read, tokens_metered=after - before)
-
-
-async def abandoned_requests(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
-    """N8: a key sends 20 requests for 200 tokens at once and leaves each after 0.3 s, over and over."""
-    url, key = gateway_url_and_key(demo, attacker=True)
-    payload = {"model": GATEWAY_MODEL, "max_tokens": 200, "messages": [{"role": "user", "content": "think"}]}
-    codes: dict[str, int] = {}
-
-    async def one(session: aiohttp.ClientSession) -> None:
-        try:
-            async with session.post(
-                f"{url}/chat/completions",
-                json=payload,
-                headers={"Authorization": f"Bearer {key}"},
-                timeout=aiohttp.ClientTimeout(total=0.3),
-            ) as r:
-                code = str(r.status)
-        except TimeoutError:
-            code = "left"
-        codes[code] = codes.get(code, 0) + 1
-
-    async with aiohttp.ClientSession() as session:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            await asyncio.gather(*(one(session) for _ in range(20)))
-    results["abandoned_codes"] = codes
-
-
-async def many_connections_one_key(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
-    """N6: one viewer key opens 400 connections, each asking history (3,600 points) 190 times a second, never reading."""
-    line = json.dumps({"id": 1, "method": "history", "params": {"max_points": 3600}}).encode() + b"\n"
-    held: list[tuple[asyncssh.SSHClientConnection, asyncssh.SSHWriter, asyncssh.SSHReader]] = []
-    refused = 0
-    for _ in range(400):
-        try:
-            held.append(await open_channel(demo, viewer))
-        except (asyncssh.Error, OSError):
-            refused += 1
-    results["key_connections_opened"], results["key_connections_refused"] = len(held), refused
-    try:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            for _, writer, _ in held:
-                writer.write(line * 19)
-            await asyncio.sleep(0.1)
-    finally:
-        for conn, _, _ in held:
-            conn.abort()
-
-
-async def login_storm(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
-    """N10: new idle TCP connections to the SSH port from the console's own address (127.0.0.1), as fast as they open
-    (the issue measured 2,000 a second), each held until the agent closes it or 900 newer ones are open."""
-    await connection_storm(demo, seconds, results)
-
-
-ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
-    "5 idle TCP flood": flood_connections,
-    "6 history, unread": flood_history,
-    "6 subscribe topics": flood_subscribe,
-    "6 1,000 channels": flood_channels,
-    "7 refused calls": flood_refusals,
-    "N1 dropped streams": dropped_streams,
-    "N3 gateway idle flood": flood_gateway,
-    "N6 400 connections of one key": many_connections_one_key,
-    "N8 abandoned requests": abandoned_requests,
-    "N10 login storm": login_storm,
-    "R1 n choices on a tiny quota": r1_choices,
-    "R2 two length fields on a tiny quota": r2_lengths,
-    "R3 an engine, as another user": r3_engine_of_another_user,
-    "R4 a trainer Python that never answers": r4_hanging_trainer_python,
-    "R7 orchestra member names": r7_member_names,
-    "R8 agent text in the CLI's log": r8_cli_log,
-    "R9 markup in costs' day": r9_costs_day,
-    "R5 the gateway key's forwards": r5_gateway_forwards,
-    "R6 100 socket connections of one uid": r6_socket_connections,
-    "R10 version-line storm": r10_version_storm,
-    "R12 a refusing endpoint and a flapping alert": r12_notifications,
-    "S1 --tail 10000 of a 10 MB log": s1_tail_of_10mb,
-    "S2 idle_watts 1e300 in lab.yaml": s2_huge_watts,
-    "L1 a viewer pushes a lab.yaml": l1_viewer_pushes,
-    "L2 hostile lab.yaml texts pushed": l2_hostile_texts,
-    "K1 a key limited to one model asks another": k1_other_models,
-    "K2 bursts past a key's money budget": k2_budget_burst,
-    "T1 hostile tools and schemas": t1_hostile_tools,
-    "E1 a huge input list on /v1/embeddings": e1_huge_embeddings,
-    "E2 a thousand documents on /v1/rerank": e2_huge_rerank,
-    "E3 the Responses and Messages doors": e3_mapped_doors,
-    "C4 hostile names at every name field": c4_hostile_names,
-}
-
-
-async def run_attack(demo: DemoLab, viewer: Path, name: str, seconds: float) -> dict:
-    """One attack in its own process (its client-side work must not slow the console we measure); its results."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        __file__,
-        "--attack",
-        name,
-        "--lab",
-        str(demo.lab_path),
-        "--key",
-        str(viewer),
-        "--seconds",
-        str(seconds),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
+        if begun is not None:
+            begun.set()
+    out = await proc.stdout.read()
+    err = await errors
+    await proc.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"attack {name!r} failed: {err.decode()[-2000:]}")
     return json.loads(out.decode().strip().splitlines()[-1])
@@ -600,14 +271,14 @@ async def measure(
 ) -> dict:
     """One attack: the console's window without it, then with it; the agent's fds and RSS around it (and `settle_s` after)."""
     proc = psutil.Process(agent_pid)
-    await issue_attacker_gateway_key(demo, console.client)
-    await issue_quota_keys(demo, console.client)
-    await issue_limit_keys(demo, console.client)
-    logins = name.startswith(("N10", "R10"))  # attacks at the login door: fresh logins measured too
+    for setup in setups():
+        await setup(demo, console.client)
+    logins = PROBES[name].logins  # attacks at the login door: fresh logins measured too
     quiet = await console.window(seconds, logins)
     fds0, rss0 = proc.num_fds(), proc.memory_info().rss
-    attack = asyncio.create_task(run_attack(demo, viewer, name, seconds))
-    await asyncio.sleep(0.3)  # the attacker's interpreter starting
+    begun = asyncio.Event()
+    attack = asyncio.create_task(run_attack(demo, viewer, name, seconds, begun))
+    await begun.wait()  # the attacker's interpreter is up: the window and the attack start together
     during = await console.window(seconds, logins)
     results = await attack
     fds1, rss1 = proc.num_fds(), proc.memory_info().rss
@@ -628,7 +299,8 @@ async def measure(
 async def attack_main(name: str, lab_path: Path, key: Path, seconds: float) -> None:
     """The attacker's process: run one attack, print its results as one JSON line."""
     results: dict = {}
-    await ATTACKS[name](DemoLab(lab_path.parent, source=lab_path), key, seconds, results)
+    print(ATTACKING, flush=True)
+    await PROBES[name].run(DemoLab(lab_path.parent, source=lab_path), key, seconds, results)
     print(json.dumps(results))
 
 
@@ -656,7 +328,7 @@ async def main(seconds: float, only: list[str] | None = None, settle_s: float = 
             console = Console(demo)
             await console.start()
             print(f"agent pid {agent.pid}, {os.cpu_count()} CPUs, {seconds:.0f} s windows")
-            for name in ATTACKS:
+            for name in PROBES:
                 if only and not any(name.startswith(prefix) for prefix in only):
                     continue
                 print(report(await measure(demo, agent.pid, console, viewer, name, seconds, settle_s)), flush=True)
@@ -675,7 +347,7 @@ if __name__ == "__main__":
     parser.add_argument("seconds", nargs="?", type=float, default=10.0, help="each window (default 10)")
     parser.add_argument("--only", help="attacks whose names start with these, comma-separated (e.g. N1,N3)")
     parser.add_argument("--settle", type=float, default=0.0, help="also read fds and RSS this many seconds after each attack")
-    parser.add_argument("--attack", choices=list(ATTACKS), help=argparse.SUPPRESS)
+    parser.add_argument("--attack", choices=list(PROBES), help=argparse.SUPPRESS)
     parser.add_argument("--lab", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--key", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, dest="attack_seconds", help=argparse.SUPPRESS)

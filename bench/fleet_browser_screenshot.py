@@ -1,9 +1,10 @@
 """A screenshot of the served console in headless Chromium, driven over the DevTools protocol (issue 32 item 11).
 
 Chromium's --screenshot flag cannot wait for a websocket's data (virtual time runs out at once), so this opens the
-page, waits until the console's first bytes arrived (textual-serve's page marks its body `-first-byte`), lets the
-console draw for SETTLE_S, and captures the page. Run by bench/fleet_browser_screenshot.sh.
-    python bench/fleet_browser_screenshot.py CHROMIUM URL OUT.png WIDTH HEIGHT
+page with a listener on its websocket, waits until the console's output shows SHOWN (a JavaScript regular expression,
+by default the fleet's header once every machine is online: "4/4 machines online"), lets the terminal paint what it
+received (two animation frames), and captures the page. Run by bench/fleet_browser_screenshot.sh.
+    python bench/fleet_browser_screenshot.py CHROMIUM URL OUT.png WIDTH HEIGHT [SHOWN]
 """
 
 from __future__ import annotations
@@ -21,10 +22,29 @@ from typing import Any
 
 import aiohttp
 
-SETTLE_S = 6.0  # after the first bytes: the console connects to the agents and draws its fleet (a real screen, a real wait)
+SHOWN = r"\b(\d+)/\1 machines online"  # the fleet's header once the console reached every machine and drew its fleet
+# Before the page's own scripts run: keep the text the terminal receives (escape sequences taken out), for the probe
+LISTEN = """
+(() => {
+  const Native = window.WebSocket, decoder = new TextDecoder();
+  window.__shown = "";
+  window.WebSocket = class extends Native {
+    constructor(...args) {
+      super(...args);
+      this.addEventListener("message", (event) => {
+        if (event.data instanceof ArrayBuffer) {
+          const text = window.__shown + decoder.decode(event.data, {stream: true});
+          window.__shown = text.replace(/\\x1b\\[[0-9;?]*[ -\\/]*[@-~]/g, "").slice(-1000000);
+        }
+      });
+    }
+  };
+})();
+"""
+PAINTED = "new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(() => done(true))))"
 
 
-async def shoot(browser: str, url: str, out: Path, width: int, height: int) -> None:
+async def shoot(browser: str, url: str, out: Path, width: int, height: int, shown: str = SHOWN) -> None:
     with tempfile.TemporaryDirectory() as profile:
         chrome = subprocess.Popen(
             [browser, "--headless", "--no-sandbox", "--hide-scrollbars", "--enable-unsafe-swiftshader",
@@ -54,14 +74,15 @@ async def shoot(browser: str, url: str, out: Path, width: int, height: int) -> N
                                 return dict(message.get("result", {}))
 
                     await call("Page.enable")
+                    await call("Page.addScriptToEvaluateOnNewDocument", source=LISTEN)
                     await call("Page.navigate", url=url)
-                    probe = "document.body !== null && document.body.classList.contains('-first-byte')"
+                    probe = f"new RegExp({json.dumps(shown)}).test(window.__shown || '')"
                     deadline = time.monotonic() + 90
                     while not (await call("Runtime.evaluate", expression=probe))["result"].get("value"):
                         if time.monotonic() > deadline:
-                            raise SystemExit(f"no console output reached the page at {url}")
-                        await asyncio.sleep(0.2)
-                    await asyncio.sleep(SETTLE_S)
+                            raise SystemExit(f"the console at {url} never showed {shown!r}")
+                        await asyncio.sleep(0.2)  # the probe's pace: the condition is the text shown
+                    await call("Runtime.evaluate", expression=PAINTED, awaitPromise=True)
                     shot = await call("Page.captureScreenshot", format="png")
                     out.write_bytes(base64.b64decode(shot["data"]))
         finally:
@@ -71,7 +92,8 @@ async def shoot(browser: str, url: str, out: Path, width: int, height: int) -> N
 
 def main() -> int:
     browser, url, out, width, height = sys.argv[1:6]
-    asyncio.run(shoot(browser, url, Path(out), int(width), int(height)))
+    shown = sys.argv[6] if len(sys.argv) > 6 else SHOWN
+    asyncio.run(shoot(browser, url, Path(out), int(width), int(height), shown))
     print(f"wrote {out}")
     return 0
 

@@ -21,4 +21,8 @@ for _ in $(seq 600); do
   sleep 0.2
 done
 grep -q "served at" "$log" || { cat "$log" >&2; exit 1; }
-python bench/fleet_browser_screenshot.py "$browser" "http://127.0.0.1:$port/?fontsize=${FONT:-14}" "$out" "${size%,*}" "${size#*,}"
+# the capture waits for the fleet's header to count every machine online and every simulated GPU of the demo sampled
+shown=$(python -c "from agents.wire.lab.model import load_lab; from console.demo import bundled_lab
+lab = load_lab(bundled_lab()); n = len(lab.machines); gpus = sum(len(getattr(m.gpus, 'sim', None) or []) for m in lab.machines)
+print(f'{n}/{n} machines online[^0-9]+{gpus} GPUs')")
+python bench/fleet_browser_screenshot.py "$browser" "http://127.0.0.1:$port/?fontsize=${FONT:-14}" "$out" "${size%,*}" "${size#*,}" "$shown"

@@ -78,7 +78,7 @@ class Upstream:
                 await response.write(TOKEN_EVENT)
                 self.produced += 1
                 if i % 50 == 49:
-                    await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.01)  # an engine's pace, not a wait: a client may leave mid-stream
             usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
             await response.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n")
             return response

@@ -423,13 +423,7 @@ async def test_a_running_job_is_charged_for_its_gpu(tmp_path, lab_file):
                 report = await client.call("box", "costs.get", {"by": "job"})
                 return next((e for e in report["by"] if e["job"] == job["id"] and e["gpu_hours"] * 3600 >= 3), None)
 
-            entry = None
-            for _ in range(100):
-                entry = await charged()
-                if entry:
-                    break
-                await asyncio.sleep(0.2)
-            assert entry, "the job was never charged"
+            entry = await wait_for(charged, timeout=40, interval=0.2)  # the job is charged
             assert entry["label"] == "sleeper" and entry["machine"] == "box" and entry["kwh"] > 0
             assert entry["cost"] == pytest.approx(entry["kwh"] * 0.30, abs=1e-6)
             month = (await client.call("box", "costs.get", {}))["month"]

@@ -27,6 +27,7 @@ import pytest
 
 from agents.runtime.keys import ensure_key
 from agents.shell.demo.lab import free_ports
+from tests.conftest import wait_until
 from tests.hardening_fixtures import wait_listening
 
 pytestmark = pytest.mark.timeout(900)  # five venvs installed on a shared CI box
@@ -187,14 +188,16 @@ def chat(client: openai.OpenAI, model: str, max_tokens: int = 4) -> str:
 def wait_answered(client: openai.OpenAI, model: str, timeout: float = 90) -> str:
     """The model's answer through the gateway, once its link to the model's machine is up (a 503 until then, at once:
     the peer link retries with a backoff and is trusted at its next attempt after the push)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def answered() -> str | None:
         try:
             return chat(client, model)
         except openai.APIStatusError as exc:
-            if exc.status_code != 503 or time.monotonic() > deadline:
+            if exc.status_code != 503:
                 raise
-        time.sleep(0.2)  # a retry's pace, not a synchronisation: the condition is the answer
+            return None
+
+    return wait_until(answered, timeout, interval=0.2, what=f"an answer from {model} through the gateway")
 
 
 def replace_once(lab: Path, old: str, new: str) -> None:

@@ -17,23 +17,13 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import LabError, load_lab, parse_lab
 from console.client import FleetClient
 from tests.conftest import wait_for
+from tests.gateway_fixtures import P4, gateway_key, running_lab, sim_model
 
 pytestmark = pytest.mark.timeout(240)
 
-SIM = {"load_s": 0.2, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.3, "tokens_per_s": 0, "placeholder_mib": 1}
-P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
-
 
 def model(name: str, machine: str, gpu: int, **sim) -> dict:
-    return {
-        "name": name,
-        "path": f"models/{name}",
-        "engine": "sim",
-        "machine": machine,
-        "gpus": [gpu],
-        "vram_gib": 1,
-        "sim": {**SIM, **sim},
-    }
+    return sim_model(name, machine, gpu, **{"load_s": 0.2, "wake_s": 0.3, **sim})  # a little slower than SIM
 
 
 LAB = {
@@ -87,9 +77,7 @@ LAB = {
 
 @pytest.fixture(scope="module")
 def gw_lab(tmp_path_factory):
-    source = tmp_path_factory.mktemp("gwsrc") / "lab.yaml"
-    source.write_text(yaml.safe_dump(LAB, sort_keys=False))
-    with DemoLab(tmp_path_factory.mktemp("gw"), source=source) as demo:
+    with running_lab(tmp_path_factory, LAB, "gw") as demo:
         yield demo
 
 
@@ -100,7 +88,7 @@ class Gw:
         self.demo, self.client, self.session = demo, client, session
         lab = load_lab(demo.lab_path)
         self.url = f"http://{lab.gateway.host}:{lab.gateway.port}"
-        self.key = (demo.dir / "console" / "gateway.key").read_text().strip()
+        self.key = gateway_key(demo)
 
     def headers(self, key: str | None = None, **extra: str) -> dict:
         return {"Authorization": f"Bearer {key or self.key}", **extra}
@@ -149,12 +137,7 @@ async def gw(gw_lab):
 
         if await g.model_state("node", "broken") == "cold":  # not in the start plan: its failure would cut the plan short
             await client.call("node", "models.warm", {"model": "broken"})
-        deadline = asyncio.get_running_loop().time() + 60
-        while not await ready():
-            assert asyncio.get_running_loop().time() < deadline, str(
-                {m["name"]: m["state"] for m in (await g.status())["models"]}
-            )
-            await asyncio.sleep(0.2)
+        await wait_for(ready, timeout=60, interval=0.2)
         yield g
 
 
@@ -242,10 +225,11 @@ async def test_a_client_leaving_mid_stream_is_metered_and_the_gateway_keeps_serv
         async with own.post(f"{gw.url}/v1/chat/completions", json=payload, headers=gw.headers()) as r:
             assert (await r.content.readline()).startswith(b"data: ")
             r.connection.transport.abort()
-    deadline = asyncio.get_running_loop().time() + 30
-    while await crawler_errors() == before:  # the next token's write finds the client gone
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.1)
+
+    async def errored() -> bool:  # the next token's write finds the client gone
+        return await crawler_errors() != before
+
+    await wait_for(errored, timeout=30, interval=0.1)
     assert (await gw.chat("fast-a"))[0] == 200
     db = gw.demo.dir / "agents" / "hub" / "state.db"
 
@@ -265,10 +249,11 @@ async def test_wakes_a_sleeping_model_on_request_and_idle_ttl_puts_it_back(gw):
     assert all(headers.get("x-cetlab-woke") == "true" for _, _, headers in results)
     figures = next(m for m in (await gw.status())["models"] if m["name"] == "sleepy")
     assert figures["wakes"] == 1  # two requests, one shared wake
-    deadline = asyncio.get_running_loop().time() + 30
-    while await gw.model_state("node", "sleepy") != "sleeping":  # idle_ttl_s: 2 s
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.2)
+
+    async def asleep() -> bool:  # idle_ttl_s: 2 s
+        return await gw.model_state("node", "sleepy") == "sleeping"
+
+    await wait_for(asleep, timeout=30, interval=0.2)
 
 
 async def test_loads_a_cold_model_behind_the_queue(gw):
@@ -284,10 +269,7 @@ async def test_full_queue_answers_503_with_retry_after(gw):
     async def queued():
         return next(m for m in (await gw.status())["models"] if m["name"] == "slowpoke")["queued"] == 2
 
-    deadline = asyncio.get_running_loop().time() + 20
-    while not await queued():
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.05)
+    await wait_for(queued, timeout=20)
     status, body, headers = await gw.chat("slowpoke")
     assert status == 503 and body["error"]["code"] == "queue_full" and headers["Retry-After"] == "5"
     for task in waiting:
@@ -383,10 +365,11 @@ async def test_api_spend_per_provider_in_costs_and_the_cli(gw):
         entry = next(m for m in (await gw.client.call("node", "models.list"))["models"] if m["name"] == "meter-me")
         return entry["prompt_tokens_total"], entry["generation_tokens_total"]
 
-    before = await counters()
-    while before[0] is None:
-        await asyncio.sleep(0.2)
-        before = await counters()
+    async def counted() -> tuple | None:  # the engine's counters read once
+        figures = await counters()
+        return figures if figures[0] is not None else None
+
+    before = await wait_for(counted, interval=0.2)
     for i in range(3):
         assert (await gw.chat("meter-me", content=f"count my tokens please {i}", max_tokens=5 + i))[0] == 200
     db = gw.demo.dir / "agents" / "hub" / "state.db"
@@ -399,10 +382,12 @@ async def test_api_spend_per_provider_in_costs_and_the_cli(gw):
             ).fetchone()
 
     await wait_for(lambda: metered()[0] == 3)
-    deadline = asyncio.get_running_loop().time() + 20
-    while (after := await counters())[1] - before[1] < 18:
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.2)
+
+    async def engine_counted() -> tuple | None:  # the engine's own counters have the 18 tokens too
+        figures = await counters()
+        return figures if figures[1] - before[1] >= 18 else None
+
+    after = await wait_for(engine_counted, timeout=20, interval=0.2)
     _, prompt, completion = metered()
     assert (after[0] - before[0], after[1] - before[1]) == (prompt, completion) == (prompt, 18)
 

@@ -3,7 +3,6 @@ orchestra group, and gets real tokens from the tiny Llama on `transformers serve
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import stat
@@ -15,7 +14,9 @@ from agents.orchestra.engines.transformers import transformers_cli
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
+from tests.conftest import wait_for
 from tests.engine_sockets import assert_engines_on_sockets
+from tests.gateway_fixtures import gateway_key
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")]
 
@@ -30,7 +31,7 @@ def demo(tmp_path_factory):
 def curl(demo: DemoLab, path: str, body: dict | None = None) -> tuple[dict, dict]:
     """(headers, JSON body) of curl against the demo's gateway with the key it wrote."""
     lab = load_lab(demo.lab_path)
-    key = (demo.dir / "console" / "gateway.key").read_text().strip()
+    key = gateway_key(demo)
     argv = ["curl", "-s", "-i", "--max-time", "300", f"{lab.gateway.url}{path}", "-H", f"Authorization: Bearer {key}"]
     if body is not None:
         argv += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
@@ -51,13 +52,14 @@ async def test_demo_gateway_wakes_asks_the_group_and_serves_real_tokens(demo):
     assert lab.gateway.machine == "pharaoh" and lab.providers[0].simulated
     async with FleetClient(lab, subscribe=[]) as client:
         await client.wait_connected(30)
-        for _ in range(600):  # the start plan: phi-3-mini comes up, then sleeps; the gateway's peers connect
+
+        async def planned() -> bool:  # the start plan: phi-3-mini comes up, then sleeps; the gateway's peers connect
             status = await client.call("pharaoh", "gateway.status")
-            if (await states(client, "workstation")).get("phi-3-mini") == "sleeping" and all(
+            return (await states(client, "workstation")).get("phi-3-mini") == "sleeping" and all(
                 v == "online" for v in status["peers"].values()
-            ):
-                break
-            await asyncio.sleep(0.2)
+            )
+
+        await wait_for(planned, timeout=180, interval=0.2)
         headers, body = curl(
             demo,
             "/chat/completions",

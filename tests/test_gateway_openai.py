@@ -12,30 +12,15 @@ import sqlite3
 import aiohttp
 import openai
 import pytest
-import yaml
 
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
 from tests.conftest import wait_for
 from tests.engine_sockets import assert_engines_on_sockets
+from tests.gateway_fixtures import P4, gateway_key, running_lab, sim_model
 
 pytestmark = pytest.mark.timeout(240)
-
-SIM = {"load_s": 0.1, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.2, "tokens_per_s": 0, "placeholder_mib": 1}
-P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
-
-
-def sim_model(name: str, machine: str, gpu: int, **sim) -> dict:
-    return {
-        "name": name,
-        "path": f"models/{name}",
-        "engine": "sim",
-        "machine": machine,
-        "gpus": [gpu],
-        "vram_gib": 1,
-        "sim": {**SIM, **sim},
-    }
 
 
 LAB = {
@@ -67,9 +52,7 @@ MESSAGES = [{"role": "user", "content": "say something"}]
 
 @pytest.fixture(scope="module")
 def sdk_lab(tmp_path_factory):
-    source = tmp_path_factory.mktemp("sdksrc") / "lab.yaml"
-    source.write_text(yaml.safe_dump(LAB, sort_keys=False))
-    with DemoLab(tmp_path_factory.mktemp("sdk"), source=source) as demo:
+    with running_lab(tmp_path_factory, LAB, "sdk") as demo:
         yield demo
 
 
@@ -98,7 +81,7 @@ async def fleet(sdk_lab):
 @pytest.fixture
 async def sdk(sdk_lab, fleet):
     lab = load_lab(sdk_lab.lab_path)
-    key = (sdk_lab.dir / "console" / "gateway.key").read_text().strip()
+    key = gateway_key(sdk_lab)
     async with openai.AsyncOpenAI(base_url=lab.gateway.url, api_key=key, max_retries=0, timeout=60) as client:
         yield client
 
@@ -175,7 +158,7 @@ async def test_errors_are_the_sdks_own_classes(sdk, sdk_lab):
     with pytest.raises(openai.BadRequestError) as err:  # inside OpenAI's range, refused by the engine (vLLM's rule)
         await sdk.chat.completions.create(model="chatty", messages=MESSAGES, top_p=0)
     assert "top_p must be in (0, 1]" in err.value.body["message"]
-    key = (sdk_lab.dir / "console" / "gateway.key").read_text().strip()
+    key = gateway_key(sdk_lab)
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
         for method, path, status in (
             ("GET", "/v1/nowhere", 404),
@@ -279,7 +262,7 @@ async def test_ids_are_openais_for_each_route_and_a_chat_without_good_messages_i
     pieces = [p async for p in await sdk.completions.create(model="chatty", prompt="abc", max_tokens=2, stream=True)]
     assert pieces and all(p.id.startswith("cmpl-") for p in pieces)
     lab = load_lab(sdk_lab.lab_path)
-    key = (sdk_lab.dir / "console" / "gateway.key").read_text().strip()
+    key = gateway_key(sdk_lab)
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
         for messages, param in (
             (None, "messages"),

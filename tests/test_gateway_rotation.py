@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import openai
 import pytest
-import yaml
 
-from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
 from tests.conftest import wait_for
+from tests.gateway_fixtures import P4, SIM, gateway_key, running_lab
 
 pytestmark = pytest.mark.timeout(180)
 
-SIM = {"load_s": 0.1, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.2, "placeholder_mib": 1}
-P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
 LAB = {
     "lab": "rotation-test",
     "machines": [{"name": "hub", "gpus": {"sim": [P4]}}, {"name": "node", "gpus": {"sim": [P4]}}],
@@ -46,15 +43,13 @@ LAB = {
 
 @pytest.fixture(scope="module")
 def rotation_lab(tmp_path_factory):
-    source = tmp_path_factory.mktemp("rotsrc") / "lab.yaml"
-    source.write_text(yaml.safe_dump(LAB, sort_keys=False))
-    with DemoLab(tmp_path_factory.mktemp("rot"), source=source) as demo:
+    with running_lab(tmp_path_factory, LAB, "rot") as demo:
         yield demo
 
 
 async def test_a_rotation_during_a_stream_lets_the_stream_finish(rotation_lab):
     lab = load_lab(rotation_lab.lab_path)
-    key = (rotation_lab.dir / "console" / "gateway.key").read_text().strip()
+    key = gateway_key(rotation_lab)
     async with (
         FleetClient(lab, subscribe=[]) as fleet,
         openai.AsyncOpenAI(base_url=lab.gateway.url, api_key=key, max_retries=0) as sdk,

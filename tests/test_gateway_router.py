@@ -22,10 +22,11 @@ from agents.runtime.view import LabView
 from agents.wire.lab.model import parse_lab
 from agents.wire.protocol import LinkStatus
 from agents.wire.states import ModelState
+from tests.gateway_fixtures import P4
 
 LAB = {
     "lab": "router-test",
-    "machines": [{"name": "hub", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
+    "machines": [{"name": "hub", "gpus": {"sim": [P4]}}],
     "models": [{"name": "sleepy", "path": "models/sleepy", "engine": "sim", "machine": "hub", "gpus": [0], "vram_gib": 1}],
     "gateway": {"machine": "hub"},
 }

@@ -13,17 +13,14 @@ import aiohttp
 import anthropic
 import openai
 import pytest
-import yaml
 
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
 from tests.conftest import wait_for
+from tests.gateway_fixtures import P4, SIM, gateway_key, running_lab
 
 pytestmark = pytest.mark.timeout(240)
-
-SIM = {"load_s": 0.1, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.2, "tokens_per_s": 0, "placeholder_mib": 1}
-P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
 
 
 def model(name: str, engine: str, gpu: int, serves: str = "chat") -> dict:
@@ -60,9 +57,7 @@ CHAT_MODELS = ("talk", "llama-talk")
 
 @pytest.fixture(scope="module")
 def routes_lab(tmp_path_factory):
-    source = tmp_path_factory.mktemp("routesrc") / "lab.yaml"
-    source.write_text(yaml.safe_dump(LAB, sort_keys=False))
-    with DemoLab(tmp_path_factory.mktemp("routes"), source=source) as demo:
+    with running_lab(tmp_path_factory, LAB, "routes") as demo:
         yield demo
 
 
@@ -77,10 +72,6 @@ async def ready(routes_lab):
 
         await wait_for(warm, timeout=90, interval=0.2)
         yield client
-
-
-def gateway_key(demo: DemoLab) -> str:
-    return (demo.dir / "console" / "gateway.key").read_text().strip()
 
 
 @pytest.fixture

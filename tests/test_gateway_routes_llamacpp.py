@@ -11,14 +11,13 @@ import aiohttp
 import anthropic
 import openai
 import pytest
-import yaml
 
 from agents.orchestra.tiny_gguf import write_tiny_gguf
 from agents.runtime import llamacpp_build
-from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
 from tests.conftest import wait_for
+from tests.gateway_fixtures import gateway_key, running_lab
 from tests.llamacpp_fixtures import llama_server_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -52,9 +51,7 @@ def llama_routes(tmp_path_factory):
         "orchestra": {"warm": list(SERVES)},
         "gateway": {"machine": "box"},
     }
-    source = tmp_path_factory.mktemp("src") / "lab.yaml"
-    source.write_text(yaml.safe_dump(lab, sort_keys=False))
-    with DemoLab(tmp_path_factory.mktemp("llama-routes"), source=source) as demo:
+    with running_lab(tmp_path_factory, lab, "llama-routes") as demo:
         yield demo
 
 
@@ -71,7 +68,7 @@ async def gateway(llama_routes):
             return all(listed[name]["state"] == "warm" for name in SERVES)
 
         await wait_for(warm, timeout=120, interval=0.3)
-    key = (llama_routes.dir / "console" / "gateway.key").read_text().strip()
+    key = gateway_key(llama_routes)
     return lab.gateway.url, key
 
 

@@ -9,14 +9,13 @@ import json
 
 import openai
 import pytest
-import yaml
 
 from agents.gateway.chat_params import chat_params_problem, engine_refusal
 from agents.orchestra.engines import engine_spec
-from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import Model, load_lab
 from console.client import FleetClient
 from tests.conftest import wait_for
+from tests.gateway_fixtures import P4, gateway_key, running_lab
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -52,7 +51,7 @@ def model(name: str, engine: str, gpu: int, **extra: object) -> dict:
 
 LAB = {
     "lab": "tools-test",
-    "machines": [{"name": "hub", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}] * 3}}],
+    "machines": [{"name": "hub", "gpus": {"sim": [P4] * 3}}],
     "models": [
         model("tooly", "sim-llamacpp", 0, path="models/tooly.Q4_K_M.gguf", sim=FAST),
         model("vl", "sim", 1, sim=FAST),
@@ -65,9 +64,7 @@ LAB = {
 
 @pytest.fixture(scope="module")
 def tools_lab(tmp_path_factory):
-    source = tmp_path_factory.mktemp("toolsrc") / "lab.yaml"
-    source.write_text(yaml.safe_dump(LAB, sort_keys=False))
-    with DemoLab(tmp_path_factory.mktemp("tools"), source=source) as demo:
+    with running_lab(tmp_path_factory, LAB, "tools") as demo:
         yield demo
 
 
@@ -82,7 +79,7 @@ async def sdk(tools_lab):
             return states["tooly"] == states["vl"] == "warm"
 
         await wait_for(warm, timeout=60, interval=0.2)
-    key = (tools_lab.dir / "console" / "gateway.key").read_text().strip()
+    key = gateway_key(tools_lab)
     async with openai.AsyncOpenAI(base_url=lab.gateway.url, api_key=key, max_retries=0, timeout=60) as client:
         yield client
 

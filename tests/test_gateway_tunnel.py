@@ -26,19 +26,18 @@ from agents.wire.protocol import SSH_USERNAME
 from console.client import FleetClient
 from tests.conftest import wait_for
 from tests.engine_sockets import assert_engines_on_sockets
+from tests.gateway_fixtures import P4, gateway_key, running_lab, sim_model
 from tests.pool_fixtures import engine_http
 
 pytestmark = pytest.mark.timeout(240)
 
-SIM = {"load_s": 0.1, "cold_factor": 1, "warmup_s": 0.1, "wake_s": 0.2, "tokens_per_s": 0, "placeholder_mib": 1}
-P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
 LAB = {
     "lab": "tunnel-test",
     "machines": [{"name": "hub", "gpus": {"sim": [P4]}}, {"name": "node", "gpus": {"sim": [P4, P4]}}],
     "models": [
-        {"name": "near", "path": "models/near", "engine": "sim", "machine": "hub", "gpus": [0], "vram_gib": 1, "sim": SIM},
-        {"name": "far", "path": "models/far", "engine": "sim", "machine": "node", "gpus": [0], "vram_gib": 1, "sim": SIM},
-        {"name": "spare", "path": "models/spare", "engine": "sim", "machine": "node", "gpus": [1], "vram_gib": 1, "sim": SIM},
+        sim_model("near", "hub", 0),
+        sim_model("far", "node", 0),
+        sim_model("spare", "node", 1),
     ],
     "orchestra": {"warm": ["near", "far", "spare"]},
     "gateway": {"machine": "hub"},
@@ -47,9 +46,7 @@ LAB = {
 
 @pytest.fixture(scope="module")
 def tunnel_lab(tmp_path_factory):
-    source = tmp_path_factory.mktemp("tunsrc") / "lab.yaml"
-    source.write_text(yaml.safe_dump(LAB, sort_keys=False))
-    with DemoLab(tmp_path_factory.mktemp("tun"), source=source) as demo:
+    with running_lab(tmp_path_factory, LAB, "tun") as demo:
         yield demo
 
 
@@ -82,7 +79,7 @@ def agent_pid(demo: DemoLab, machine: str) -> int:
 
 async def test_gateway_serves_another_machines_model_through_the_tunnel(tunnel_lab, client):
     lab = load_lab(tunnel_lab.lab_path)
-    key = (tunnel_lab.dir / "console" / "gateway.key").read_text().strip()
+    key = gateway_key(tunnel_lab)
     far = await engine_socket(client, "node", "far")
     # the engine's socket is in a folder of the agent's user only: no other local user reaches it
     assert stat.S_IMODE(os.stat(os.path.dirname(far)).st_mode) == 0o700
@@ -196,7 +193,7 @@ async def test_another_user_reaches_no_engine_while_the_gateway_and_the_agents_d
         assert outcomes == ["PermissionError"] * len(attempts), (name, endpoint, outcomes)
     # the agents still reach them (their health checks keep them warm, awake) and the gateway too: in-process for the
     # hub's own engine, over the SSH link (a direct-streamlocal forward) for the node's
-    key = (tunnel_lab.dir / "console" / "gateway.key").read_text().strip()
+    key = gateway_key(tunnel_lab)
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as session:
         for name, machine in (("near", "hub"), ("far", "node")):
             body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}

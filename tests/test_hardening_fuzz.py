@@ -86,7 +86,7 @@ class Wire:
             except RemoteError:
                 pass  # answered by the parser, free of budget
             while not self.bucket.take(cost):
-                time.sleep(1 / CLIENT_RATE_PER_S)
+                time.sleep(1 / CLIENT_RATE_PER_S)  # the point: a client that keeps within its budget's rate
 
     async def _exchange(self, data: bytes, sentinel: str, count: int) -> list[bytes]:
         # requests run concurrently, so replies come in any order: wait for the sentinel ping and `count` others
@@ -225,7 +225,7 @@ async def _ping_throughout(demo, stop: threading.Event, pings: dict) -> None:
                 pings["ok"] += 1
             except Exception:
                 pings["failed"] += 1
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the point: a console's pace of pings all through the fuzzing, not a wait
     finally:
         await client.stop()
 

@@ -11,12 +11,12 @@ import sqlite3
 import aiohttp
 import psutil
 import pytest
-import yaml
 
 from agents.shell.demo.lab import DemoLab, free_ports
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
 from tests.conftest import wait_for
+from tests.gateway_fixtures import P4, gateway_key, running_lab
 from tests.gateway_upstream import Upstream
 
 pytestmark = pytest.mark.timeout(240)
@@ -25,7 +25,7 @@ UPSTREAM_PORT = free_ports(1)[0]
 PRICE = 3.50  # per million tokens, the 405B's price in the field notes
 LAB = {
     "lab": "gw-hardening",
-    "machines": [{"name": "box", "gpus": {"sim": [{"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}]}}],
+    "machines": [{"name": "box", "gpus": {"sim": [P4]}}],
     "gateway": {"machine": "box", "policies": {"first_request_s": 2, "idle_s": 2, "key_concurrency": 8, "max_tokens": 4096}},
     "providers": [
         {
@@ -50,9 +50,7 @@ LAB = {
 
 @pytest.fixture(scope="module")
 def gw_demo(tmp_path_factory):
-    source = tmp_path_factory.mktemp("gwh-src") / "lab.yaml"
-    source.write_text(yaml.safe_dump(LAB, sort_keys=False))
-    with DemoLab(tmp_path_factory.mktemp("gwh"), source=source) as demo:
+    with running_lab(tmp_path_factory, LAB, "gwh") as demo:
         yield demo
 
 
@@ -61,7 +59,7 @@ class Gw:
         self.demo, self.client, self.session, self.upstream = demo, client, session, upstream
         lab = load_lab(demo.lab_path)
         self.url = f"http://{lab.gateway.host}:{lab.gateway.port}/v1"
-        self.key = (demo.dir / "console" / "gateway.key").read_text().strip()
+        self.key = gateway_key(demo)
         self.agent = psutil.Process(demo.processes[-1].pid)
 
     def headers(self, key: str | None = None) -> dict:

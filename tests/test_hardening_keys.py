@@ -11,6 +11,7 @@ import asyncssh
 import pytest
 
 from agents.runtime.limits import KEY_BUDGET_BURST, KEY_BUDGET_PER_S, MAX_CONNECTIONS_PER_KEY
+from tests.conftest import wait_for
 from tests.hardening_fixtures import connected, raw_channel
 from tests.test_hardening_security import add_key
 
@@ -47,12 +48,7 @@ async def test_one_key_gets_at_most_its_cap_of_connections_and_a_console_keeps_g
         conn.close()
         return True
 
-    for _ in range(100):
-        if await again():
-            break
-        await asyncio.sleep(0.1)
-    else:
-        pytest.fail("the key stayed locked out after its connections closed")
+    await wait_for(again, timeout=20, interval=0.1)  # else the key stayed locked out after its connections closed
     await console.stop()
 
 

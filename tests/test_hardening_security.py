@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 
@@ -107,9 +106,12 @@ async def test_a_burst_beyond_the_rate_limit_is_answered_not_run(small_demo):
         assert "slow down" in limited[0]["error"]["message"]
         assert len(replies) - len(limited) >= RATE_BURST
         assert (await other.call("box", "ping"))["t"] > 0  # the limit is per connection
-        await asyncio.sleep(1.0)  # the bucket refills
-        writer.write(b'{"id": "after", "method": "ping"}\n')
-        assert "result" in await next_reply(reader)
+
+        async def pinged() -> bool:
+            writer.write(b'{"id": "after", "method": "ping"}\n')
+            return "result" in await next_reply(reader)
+
+        await wait_for(pinged, timeout=10, interval=0.1)  # the bucket refills: the same connection is answered again
     finally:
         conn.close()
         await other.stop()

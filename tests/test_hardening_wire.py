@@ -86,11 +86,7 @@ async def test_json_nested_past_the_parser_is_invalid_request_also_when_rate_lim
             answered.append(await next_reply(reader))
             return "result" in answered[-1]
 
-        for _ in range(50):  # the budget refills: a ping goes through again on the same connection
-            if await pinged():
-                break
-            await asyncio.sleep(0.1)
-        assert "result" in answered[-1], answered[-1]
+        await wait_for(pinged, timeout=10, interval=0.1)  # the budget refills: a ping goes through again on the same connection
     finally:
         conn.close()
 
@@ -105,11 +101,10 @@ async def test_replies_larger_than_the_ssh_window_arrive_whole_and_none_is_large
         async def ended(job_id: str) -> bool:
             return (await client.call("box", "jobs.get", {"id": job_id}))["state"] not in ("starting", "running")
 
-        for job in (wide, escaped):
-            for _ in range(200):
-                if await ended(job["id"]):
-                    break
-                await asyncio.sleep(0.1)
+        async def both_ended() -> bool:
+            return all([await ended(job["id"]) for job in (wide, escaped)])
+
+        await wait_for(both_ended, timeout=40, interval=0.1)
         logs = await client.call("box", "jobs.logs", {"id": wide["id"], "tail_lines": 10000}, timeout=30)
         assert len(logs["lines"]) == 10000 and logs["lines"][-1].startswith("09999 ") and not logs.get("truncated")
         assert len(json.dumps(logs)) > 2 * 1024 * 1024  # more than one SSH window: read whole, not in pieces

@@ -27,7 +27,7 @@ for step in range(1, steps + 1):
     print(f'step {step} loss {5 / step:.3f}', flush=True)
     write_progress(os.environ[ENV_VAR], {'state': 'running', 'step': step, 'max_steps': steps, 'loss': 5 / step,
                                          'samples_per_s': 42.0, 'eta_s': (steps - step) * 0.2})
-    time.sleep(0.2)
+    time.sleep(0.2)  # a step's work: the console watches a run that takes a while
 write_progress(os.environ[ENV_VAR], {'state': 'finished', 'step': steps, 'max_steps': steps, 'loss': 5 / steps, 'eta_s': 0})
 """
 

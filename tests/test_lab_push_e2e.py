@@ -27,6 +27,7 @@ from agents.runtime.labfile import PUSHED_NAME
 from agents.runtime.peers import PEER_KNOWN_HOSTS_NAME
 from agents.shell.demo.lab import free_ports
 from agents.wire.lab.push import lab_version
+from tests.conftest import wait_until
 from tests.hardening_fixtures import wait_listening
 
 pytestmark = pytest.mark.timeout(240)
@@ -108,10 +109,7 @@ def answered(client: openai.OpenAI) -> str | None:
 
 
 def wait_answered(client: openai.OpenAI, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while (said := answered(client)) is None:
-        assert time.monotonic() < deadline, "the gateway never reached node's model after the push"
-    return said
+    return wait_until(lambda: answered(client), timeout, what="the gateway reaching node's model after the push")
 
 
 def pushed(lab: Path, *args: str) -> dict:

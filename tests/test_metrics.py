@@ -171,7 +171,7 @@ async def test_collector_labels_jobs_models_tokens_and_alerts(tmp_path):
     agent.tick()
     llama.generation_tokens_total = 520  # 500 tokens served since the first look
     agent.gpus.override(0, temp_c=99.0)
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the point, not a wait: the second tick reads a later clock, so energy is counted
     agent.tick()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector([agent]))

@@ -15,6 +15,7 @@ import pytest
 
 from agents.wire.lab.model import load_lab
 from console.demo import bundled_lab
+from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -115,16 +116,17 @@ def test_the_gateway_wake_example_wakes_after_the_demo_restarted_warm(tmp_path):
             .replace("cetlab --lab", f"{shlex.quote(sys.executable)} -m console.cli --lab")
             for line in gateway_block()
         )
-        for _ in range(300):  # the restart brings the rotation's set back up and the gateway's links connect
-            shown = cli(demo, "--json", "models")
-            if (
-                shown.returncode == 0
-                and '"warm"' in shown.stdout
+
+        def back_up() -> bool:  # the restart brings phi-3-mini's machine back and the gateway's links connect (the
+            # example itself warms phi-3-mini, and waits for it, before it puts it to sleep and wakes it)
+            shown, gateway = cli(demo, "--json", "models"), cli(demo, "--json", "gateway")
+            return (
+                shown.returncode == gateway.returncode == 0
                 and '"phi-3-mini"' in shown.stdout
-                and "loading" not in shown.stdout
-            ):
-                break
-        assert '"phi-3-mini"' in shown.stdout
+                and all(link == "online" for link in json.loads(gateway.stdout)["peers"].values())
+            )
+
+        wait_until(back_up, timeout=300, interval=0.2)
         result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, f"{script}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         assert "x-cetlab-woke: true" in result.stdout.lower(), result.stdout[-3000:]
@@ -148,10 +150,12 @@ def test_the_multi_node_run_runs_as_written(demo_lab):
     )
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     job_id = re.match(r"job (m5-\d+) \(ddp-2node\)", result.stdout).group(1)
-    for _ in range(60):  # the coordinator hears of the other node's end at its next poll (every second)
+
+    def ended() -> dict | None:  # the coordinator hears of the other node's end at its next poll (every second)
         job = next(j for j in json.loads(cli(demo_lab, "--json", "jobs").stdout)["jobs"] if j["id"] == job_id)
-        if all(n["state"] == "exited" for n in job["nodes"]):
-            break
+        return job if all(n["state"] == "exited" for n in job["nodes"]) else None
+
+    job = wait_until(ended, timeout=120, interval=0.2)
     assert job["state"] == "exited" and [n["state"] for n in job["nodes"]] == ["exited", "exited"], job
     listing = cli(demo_lab, "checkpoints", job_id)  # one run on shared storage: its name is enough
     assert listing.returncode == 0 and listing.stdout.startswith(f"run {job_id} on m5"), listing.stdout + listing.stderr

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import stat
@@ -17,6 +16,7 @@ from agents.orchestra.engines.vllm import AdapterNotLoadable, SimEngine, VllmEng
 from agents.wire.lab.model import Model
 from agents.wire.lab.model import SimEngine as SimDelays
 from agents.wire.protocol import GpuProcess, GpuSample
+from tests.conftest import wait_for
 from tests.pool_fixtures import engine_http
 
 pytestmark = pytest.mark.timeout(120)
@@ -132,12 +132,16 @@ async def started(engine: SimEngine, env: dict[str, str] | None = None) -> SimEn
 
 
 async def wait_for_health(engine) -> None:
-    for _ in range(400):
+    async def healthy() -> bool:
         if await engine.health():
-            return
+            return True
         assert engine.proc.returncode is None, engine.log_text()
-        await asyncio.sleep(0.05)
-    raise AssertionError(engine.log_text())
+        return False
+
+    try:
+        await wait_for(healthy, timeout=40)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{engine.log_text()}") from None
 
 
 def completion(engine) -> str:

@@ -73,7 +73,7 @@ class Fanout:
             body = await self.http.body(request)
             members = self._members(body)
             for member in members:  # a key that may not use one member is refused the call, before any member runs
-                self.http.check_may_use(request["key"], member)
+                self.http.check_may_use(request[proxy.API_KEY], member)
             deadline_s = max_wait(request)
             if deadline_s is None:
                 deadline_s = _deadline(body.get("deadline_s"), self.http.gw.policies.queue_timeout_s)
@@ -81,19 +81,19 @@ class Fanout:
             problem = messages_problem(body)
             if problem is not None:
                 raise NotServable(400, problem[0], problem[2], param=problem[1])
-            self.http.holds.enter(request["key"])
+            self.http.holds.enter(request[proxy.API_KEY])
         except NotServable as exc:
             return error_response(exc.status, exc.message, exc.code, exc.retry_after_s, param=exc.param)
         payload = {k: v for k, v in body.items() if k not in ("models", "group", "deadline_s", "stream")}
         started = time.monotonic()
-        tasks = {name: asyncio.create_task(self._one(request["key"], name, payload, deadline_s)) for name in members}
+        tasks = {name: asyncio.create_task(self._one(request[proxy.API_KEY], name, payload, deadline_s)) for name in members}
         try:
             done, pending = await asyncio.wait(tasks.values(), timeout=deadline_s)
         finally:  # the client left (cancelled) or the deadline passed: no member keeps running upstream
             for task in tasks.values():
                 task.cancel()
             await asyncio.gather(*tasks.values(), return_exceptions=True)
-            self.http.holds.leave(request["key"])
+            self.http.holds.leave(request[proxy.API_KEY])
         results = []
         for name, task in tasks.items():
             if task in done and not task.cancelled() and task.exception() is None:

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
+from agents.gateway.keys import ApiKey
 from agents.gateway.lengths import prompt_bound
 from agents.gateway.limits import UpstreamTooLarge, read_capped
 from agents.gateway.openai_api import StreamRewriter, client_wants_usage, rewrite_answer, upstream_error, upstream_stream_body
@@ -33,7 +34,9 @@ class Outcome:
     events: int = 0  # token events of a stream seen so far
 
 
-STREAM_OUTCOME = "cetlab.stream_outcome"  # the request's key for the outcome of a stream under way
+# What the gateway keeps on a request, under aiohttp's typed keys (a plain string key warns, NotAppKeyWarning)
+API_KEY = web.RequestKey("api_key", ApiKey)  # the gateway key that authenticated the request
+STREAM_OUTCOME = web.RequestKey("stream_outcome", Outcome)  # the outcome of a stream under way
 
 
 def tier_headers(target: Target) -> dict[str, str]:

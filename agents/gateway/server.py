@@ -175,7 +175,7 @@ class GatewayHttp:
             self.gw.keys.admit(key)
         except QuotaExceeded as exc:
             return error_response(429, str(exc), "quota_exceeded", exc.retry_after_s)
-        request["key"] = key
+        request[proxy.API_KEY] = key
         return await handler(request)
 
     # -- routes
@@ -184,7 +184,7 @@ class GatewayHttp:
         return web.json_response({"ok": True})
 
     async def _models(self, request: web.Request) -> web.Response:
-        key = request["key"]
+        key = request[proxy.API_KEY]
         listed = [e for e in self.gw.catalogue() if self.may_use(key, e["id"])]  # a key sees the models it may use
         return web.json_response({"object": "list", "data": listed})
 
@@ -236,7 +236,7 @@ class GatewayHttp:
             )
         canonical = self.gw.router.canonical(name)
         try:
-            self.check_may_use(request["key"], name)
+            self.check_may_use(request[proxy.API_KEY], name)
         except NotServable as exc:
             return error_response(exc.status, exc.message, exc.code, param=exc.param)
         for entry in self.gw.catalogue():
@@ -278,7 +278,7 @@ class GatewayHttp:
         """Any model route: the body checked and (for a mapped API) turned into chat's, the key's models, the hold,
         routing and waking, the engine's answer (mapped back), the meter."""
         started = time.monotonic()
-        key = request["key"]
+        key = request[proxy.API_KEY]
         record = Record(key=key.name, model=UNKNOWN_MODEL, tier="none", target=None, status=500, stream=False)
         stats, hold, target, entered = None, None, None, False
         path, client_body = route.upstream, None

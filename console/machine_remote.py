@@ -278,8 +278,14 @@ def restart_agent(pre: Preflight, name: str) -> list[str]:
 
 def purge(layout: Layout, uid: int) -> str:
     """--purge: the agent's state (runs, checkpoints, keys), every venv, the wheelhouses and the lab.yaml copy."""
-    rm = "rm -rf" if uid == 0 or layout.state.startswith(layout.home) else "sudo -n rm -rf"
-    return f"{rm} {q(layout.state)} && rm -rf {q(layout.base)} {q(layout.wheelhouse)}"
+    sudo = "" if uid == 0 or layout.state.startswith(layout.home) else "sudo -n "
+    # then the folders that held them, where nothing else is left in them (rmdir takes only an empty one): the
+    # state's cetlab folder (~/.local/state/cetlab, /var/lib/cetlab) and the cache's (~/.cache/cetlab)
+    parents = " ".join(q(path.rsplit("/", 1)[0]) for path in (layout.state, layout.wheelhouse))
+    return (
+        f"{sudo}rm -rf {q(layout.state)} && rm -rf {q(layout.base)} {q(layout.wheelhouse)} && "
+        f"{{ {sudo}rmdir {parents} 2>/dev/null || true; }}"
+    )
 
 
 # What to install next for the machine's GPUs: run there with its new venv, so the rule stays in agents/gpusupport/

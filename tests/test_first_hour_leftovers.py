@@ -6,11 +6,16 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import aiohttp
+import pytest
+
 from agents.gateway.keys import KeyStore
 from agents.gateway.metering import Meter, Record
 from agents.runtime.store import Store
 from agents.wire.catalogue.gateway import KeyAddParams
+from agents.wire.protocol import ErrorCode, RemoteError
 from console import machine_remote as remote
+from tests.conftest import wait_for
 
 
 def test_a_purge_leaves_no_empty_cetlab_folder_behind_and_spares_what_else_is_there(tmp_path):
@@ -76,3 +81,56 @@ def test_a_gateway_key_revoked_and_added_again_starts_from_zero_also_after_a_res
     assert (row.tokens_today, row.spent) == (7, 0.5)  # its own use only, read back from the log
     live = again.lookup(new)
     assert live is not None and again.lookup(old) is None
+
+
+# ---------------------------------------------------------------------------- a lab with a gateway and models
+
+
+def _lab(with_gateway: bool = True) -> dict:
+    data: dict = {
+        "lab": "leftovers",
+        "machines": [{"name": "box", "gpus": "none"}],
+        "models": [
+            {"name": "ghost", "path": "models/ghost", "engine": "sim", "machine": "box", "vram_gib": 1},
+            {"name": "here", "path": "models/here", "engine": "sim", "machine": "box", "vram_gib": 1,
+             "sim": {"placeholder_mib": 1, "load_s": 0.05, "warmup_s": 0.01}},
+        ],  # fmt: skip
+    }
+    if with_gateway:
+        data["gateway"] = {"machine": "box", "host": "127.0.0.1", "port": 0}
+    return data
+
+
+@pytest.fixture
+async def gateway_lab(in_process):
+    lab = await in_process(_lab())
+    client = lab.client()
+    await client.start()
+    await client.wait_connected(10)
+    url = await wait_for(lambda: _url(client), 20)
+    yield lab, client, url
+    await client.stop()
+
+
+async def _url(client) -> str | None:
+    status = await client.call("box", "gateway.status")
+    return status and status["url"]
+
+
+async def test_a_model_whose_file_is_missing_is_refused_saying_so_where_and_the_fix(gateway_lab):
+    """Warmed, or asked through the gateway, a model whose path is missing answered `no_room` (the gateway) or a bare
+    not_found: now its own code, the path, the machine and the doctor's fix."""
+    lab, client, url = gateway_lab
+    with pytest.raises(RemoteError) as refused:
+        await client.call("box", "models.warm", {"model": "ghost"})
+    path = lab.lab.resolve(next(m for m in lab.lab.models if m.name == "ghost").path)
+    assert refused.value.code == ErrorCode.MODEL_FILE_MISSING
+    assert f"model ghost on box: {path} does not exist: `mkdir -p {path}`" in refused.value.message
+    key = (await client.call("box", "gateway.keys.add", {"name": "t"}))["key"]
+    body = {"model": "ghost", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+            status, error = r.status, (await r.json(content_type=None))["error"]
+            retry_after = r.headers.get("Retry-After")
+    assert (status, error["code"], retry_after) == (503, "model_file_missing", None), error
+    assert f"{path} does not exist: `mkdir -p {path}`" in error["message"]

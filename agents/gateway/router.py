@@ -430,6 +430,8 @@ class Router:
         try:
             await request(self.peers, model.machine, MODELS_WARM, ModelParams(model=model.name))
         except RemoteError as exc:
+            if exc.code == ErrorCode.MODEL_FILE_MISSING:  # no retry helps: the message says where and the fix
+                raise NotServable(503, exc.message, "model_file_missing") from None
             if exc.code != ErrorCode.CONFLICT or self.policies.swap != "lru-unpinned":
                 raise NotServable(
                     503, f"cannot bring {model.name} up on {model.machine}: {exc.message}", "no_room", self.policies.retry_after_s

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from agents.runtime.keys import ensure_key
 from agents.wire.lab.model import Lab, LabError, load_lab
 from agents.wire.protocol import RemoteError
+from agents.wire.words import plural
 from console import machine_remote as remote
 from console.machine_files import (
     Record,
@@ -189,8 +190,8 @@ async def push_everywhere(lab_path: Path, timeout_s: float, say: Callable[[str],
     failed = [name for name, reply in replies.items() if isinstance(reply, RemoteError)]
     if failed or missing:
         say(f"  then: cetlab lab push (once {', '.join(failed + missing)} answers)")
-        return f"pushed to {len(replies) - len(failed)} of {len(replies)} machines"
-    return f"pushed to {len(replies)} machine{'s' if len(replies) != 1 else ''}, applied live"
+        return f"pushed to {len(replies) - len(failed)} of {plural(len(replies), 'machine')}"
+    return f"pushed to {plural(len(replies), 'machine')}, applied live"
 
 
 async def wait_online(
@@ -212,7 +213,8 @@ async def wait_online(
             hello = view.hello if view.online else None
             if hello is not None and (started_after is None or hello.started_at > started_after):
                 if version is None or hello.agent_version == version:
-                    return status_human(status_json(client.state)).split("\n", 1)[1]
+                    data = {**status_json(client.state), "gateway": None, "models": None}  # the machine's lines only
+                    return status_human(data).split("\n", 1)[1]
                 last = f"it answers as cetlab {hello.agent_version}, not {version}"
             else:
                 last = view.error or view.link if hello is None else "the agent that answers started before the switch"

@@ -3,6 +3,7 @@ plural rule, a purge that leaves nothing, a missing model file said as such, a r
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 from pathlib import Path
 
@@ -12,10 +13,16 @@ import pytest
 from agents.gateway.keys import KeyStore
 from agents.gateway.metering import Meter, Record
 from agents.runtime.store import Store
+from agents.shell.doctor import check_gpus
 from agents.wire.catalogue.gateway import KeyAddParams
+from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.words import plural
 from console import machine_remote as remote
+from console.cli import status_human, status_json
+from console.cli_lab import cmd_check
 from tests.conftest import wait_for
+from widgets.format import plural as format_plural
 
 
 def test_a_purge_leaves_no_empty_cetlab_folder_behind_and_spares_what_else_is_there(tmp_path):
@@ -37,7 +44,13 @@ def test_a_purge_leaves_no_empty_cetlab_folder_behind_and_spares_what_else_is_th
     mine = home / ".local" / "state" / "other-tool"
     mine.mkdir(parents=True)
     subprocess.run(["sh", "-c", remote.purge(layout, uid=1000)], check=True)
-    assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == [".cache", ".local", ".local/share", ".local/state", ".local/state/other-tool"]
+    assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == [
+        ".cache",
+        ".local",
+        ".local/share",
+        ".local/state",
+        ".local/state/other-tool",
+    ]
 
     # a second agent's state beside it (another name on the same machine): its folder is kept, with it
     Path(layout.state).mkdir(parents=True)
@@ -92,8 +105,14 @@ def _lab(with_gateway: bool = True) -> dict:
         "machines": [{"name": "box", "gpus": "none"}],
         "models": [
             {"name": "ghost", "path": "models/ghost", "engine": "sim", "machine": "box", "vram_gib": 1},
-            {"name": "here", "path": "models/here", "engine": "sim", "machine": "box", "vram_gib": 1,
-             "sim": {"placeholder_mib": 1, "load_s": 0.05, "warmup_s": 0.01}},
+            {
+                "name": "here",
+                "path": "models/here",
+                "engine": "sim",
+                "machine": "box",
+                "vram_gib": 1,
+                "sim": {"placeholder_mib": 1, "load_s": 0.05, "warmup_s": 0.01},
+            },
         ],  # fmt: skip
     }
     if with_gateway:
@@ -134,3 +153,46 @@ async def test_a_model_whose_file_is_missing_is_refused_saying_so_where_and_the_
             retry_after = r.headers.get("Retry-After")
     assert (status, error["code"], retry_after) == (503, "model_file_missing", None), error
     assert f"{path} does not exist: `mkdir -p {path}`" in error["message"]
+
+
+async def test_status_says_where_the_gateway_listens_whether_it_is_up_and_the_models_by_state(gateway_lab):
+    """`cetlab status` said nothing of the gateway nor of the models: a line for each, and the same in --json."""
+    lab, client, url = gateway_lab
+    await client.call("box", "models.warm", {"model": "here"})
+    data = await wait_for(lambda: (d := status_json(client.state))["models"]["warm"] == 1 and d["gateway"]["up"] and d, 20)
+    assert data["gateway"] == {"machine": "box", "listen": "127.0.0.1:0", "url": url, "up": True, "error": None}
+    assert data["models"]["total"] == 2 and data["models"]["cold"] == 1 and data["models"]["unknown"] == 0
+    lines = status_human(data).splitlines()
+    assert lines[1:3] == [f"gateway on box: {url} (listens on 127.0.0.1:0), up", "2 models: 1 warm, 1 cold"]
+
+
+async def test_status_says_the_gateway_is_down_and_the_models_unknown_when_its_machine_is_off(in_process):
+    lab = await in_process(_lab(), machines=[])  # box is off
+    client = lab.client()
+    await client.start()
+    await client.wait_connected(5)
+    data = status_json(client.state)
+    assert data["gateway"]["up"] is False and data["gateway"]["error"] == "box is offline"
+    assert status_human(data).splitlines()[1:3] == [
+        "gateway on box: http://127.0.0.1:0/v1 (listens on 127.0.0.1:0), DOWN: box is offline",
+        "2 models: 2 unknown",
+    ]
+    one = status_human({**data, "models": {**data["models"], "total": 1, "unknown": 1}, "gateway": None})
+    assert one.splitlines()[1] == "1 model: 1 unknown"
+    await client.stop()
+
+
+async def test_a_count_of_one_reads_in_the_singular_through_one_rule(tmp_path, capsys):
+    """Before: "1 machines", "1 models", "1 GPUs", each place spelling its own plural; one rule now (agents/wire/words.py), used
+    by the CLI, the doctor, the views and the agents' messages."""
+    assert [plural(n, "machine") for n in (0, 1, 2)] == ["0 machines", "1 machine", "2 machines"]
+    assert plural(1, "entry") == "1 entry" and plural(3, "entry") == "3 entries" and plural(2, "x", "xen") == "2 xen"
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(
+        "lab: one\nmachines:\n  - {name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}\n"
+        "models:\n  - {name: m, path: m, engine: sim, machine: box, vram_gib: 1}\n"
+    )
+    assert await cmd_check(argparse.Namespace(path=str(lab), lab=None, json=False)) == 0
+    assert capsys.readouterr().out.strip() == f"{lab}: lab one: 1 machine, 1 model: valid"
+    assert check_gpus(load_lab(lab), "box").message == "SIMULATED: 1 GPU from lab.yaml"
+    assert format_plural is plural  # the views import the same rule, not a copy of it

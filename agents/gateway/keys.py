@@ -18,6 +18,7 @@ from agents.runtime.store import Store
 from agents.wire.catalogue.gateway import KeyAddParams, KeyRecord
 from agents.wire.lab.gateway import KeyBudget, KeyLimits
 from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.words import plural
 
 TOKEN_PREFIX = "cetlab-gw-"
 SCHEMA = [
@@ -134,7 +135,14 @@ class KeyStore:
             db.execute("DELETE FROM gateway_keys WHERE name=? AND revoked_at IS NOT NULL", (key.name,))
             db.execute(
                 "INSERT INTO gateway_keys (name, sha256, created_at, rpm, tokens_per_day, limits) VALUES (?,?,?,?,?,?)",
-                (key.name, key.sha256, key.created_at, key.rpm, key.tokens_per_day, limits.model_dump_json(exclude_defaults=True)),
+                (
+                    key.name,
+                    key.sha256,
+                    key.created_at,
+                    key.rpm,
+                    key.tokens_per_day,
+                    limits.model_dump_json(exclude_defaults=True),
+                ),
             )
         if old is not None:
             del self._by_hash[old.sha256]  # its token stays refused: no key has its hash now
@@ -162,9 +170,11 @@ class KeyStore:
         while key.recent and now - key.recent[0] >= 60.0:
             key.recent.popleft()
         if key.rpm is not None and len(key.recent) >= key.rpm:
-            raise QuotaExceeded(f"key {key.name}: {key.rpm} requests per minute used", max(1, int(61 - (now - key.recent[0]))))
+            raise QuotaExceeded(
+                f"key {key.name}: {plural(key.rpm, 'request')} per minute used", max(1, int(61 - (now - key.recent[0])))
+            )
         if key.tokens_per_day is not None and self._tokens_today(key) >= key.tokens_per_day:
-            raise QuotaExceeded(f"key {key.name}: {key.tokens_per_day} tokens per day used", 3600)
+            raise QuotaExceeded(f"key {key.name}: {plural(key.tokens_per_day, 'token')} per day used", 3600)
         key.recent.append(now)
         key.requests += 1
         key.last_used = time.time()

@@ -20,6 +20,7 @@ from agents.wire.lab.model import Lab, Model
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.models import ModelInfo
 from agents.wire.states import ModelState
+from agents.wire.words import plural
 
 if TYPE_CHECKING:
     from agents.orchestra.spec import EngineSpec
@@ -378,7 +379,7 @@ class Router:
         if stats.queued >= self.policies.queue_size:
             raise NotServable(
                 503,
-                f"{stats.queued} requests already wait for {model.name} (gateway.policies.queue_size)",
+                f"{plural(stats.queued, 'request')} already wait for {model.name} (gateway.policies.queue_size)",
                 "queue_full",
                 self.policies.retry_after_s,
             )

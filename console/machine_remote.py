@@ -8,6 +8,7 @@ layout is decided there, from its own home and user, in one place) and what of i
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -214,14 +215,14 @@ def keys(layout: Layout, name: str, role: str) -> str:
 
 
 def _detached_launcher(layout: Layout, name: str) -> str:
-    """Started in its own session with every stream on the log, so ssh returns and a hangup does not reach it."""
+    """Started in its own session with every stream on the log, so ssh returns and a hangup does not reach it. One line,
+    its strings in double quotes (JSON's are Python's): a dry run prints it as it is typed, one layer of quotes."""
     argv = [layout.venv + "/bin/cetlab-agent", "serve", "--lab", layout.lab, "--machine", name, "--state-dir", layout.state]
+    log, pid, cwd = (json.dumps(x) for x in (layout.state + "/agent.log", layout.state + "/agent.pid", layout.state))
     return (
-        "import subprocess\n"
-        f"log = open({layout.state + '/agent.log'!r}, 'ab')\n"
-        f"p = subprocess.Popen({argv!r}, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, "
-        f"start_new_session=True, cwd={layout.state!r})\n"
-        f"open({layout.state + '/agent.pid'!r}, 'w').write(str(p.pid))\n"
+        f'import subprocess; log = open({log}, "ab"); '
+        f"p = subprocess.Popen({json.dumps(argv)}, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, "
+        f'start_new_session=True, cwd={cwd}); open({pid}, "w").write(str(p.pid))'
     )
 
 

@@ -26,6 +26,8 @@ from agents.wire.catalogue.method import Method, params_error, request, request_
 from agents.wire.catalogue.verbs import lacking_said
 from agents.wire.lab.model import Lab, LabError, load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.states import ModelState
+from agents.wire.words import plural
 from console import openssh
 from console.client import FleetClient
 from console.state import LabState
@@ -159,11 +161,81 @@ def status_json(state: LabState) -> dict[str, Any]:
         entry["agent_version"] = view.agent_version  # and what this console can do that it cannot: `cetlab lab upgrade`
         entry["lacks"] = view.lacking()
         machines.append(entry)
-    return {"lab": state.lab.lab, "lab_version": state.lab_version, "machines": machines}
+    return {
+        "lab": state.lab.lab,
+        "lab_version": state.lab_version,
+        "gateway": gateway_status(state),
+        "models": models_status(state),
+        "machines": machines,
+    }
+
+
+def gateway_status(state: LabState) -> dict[str, Any] | None:
+    """Where lab.yaml puts the gateway and whether it serves there now (None: the lab has no gateway)."""
+    config = state.lab.gateway
+    if config is None:
+        return None
+    view = state.machines.get(config.machine)
+    section = view.gateway if view is not None and view.online else None
+    up = section is not None and section.url is not None and section.error is None
+    if view is None or not view.online:
+        error: str | None = f"{config.machine} is offline"
+    elif section is None:
+        error = f"{config.machine}'s agent serves no gateway (is its lab.yaml the workstation's? `cetlab lab push`)"
+    else:
+        error = None if up else section.error or "not listening yet"
+    return {
+        "machine": config.machine,
+        "listen": f"{config.host}:{config.port}",
+        "url": section.url if section is not None and section.url else config.url,
+        "up": up,
+        "error": error,
+    }
+
+
+# serving first, then on the way up, resting, and what needs a look
+STATUS_MODEL_ORDER = [
+    ModelState.WARM,
+    ModelState.WARMING,
+    ModelState.LOADING,
+    ModelState.SLEEPING,
+    ModelState.CACHED,
+    ModelState.COLD,
+    ModelState.FAILED,
+]
+assert set(STATUS_MODEL_ORDER) == set(ModelState)
+
+
+def models_status(state: LabState) -> dict[str, int]:
+    """How many of lab.yaml's models are in each state, as their machines say (`unknown`: its machine is offline)."""
+    counts = {str(s): 0 for s in STATUS_MODEL_ORDER}
+    counts["unknown"] = 0
+    for model in state.lab.models:
+        view = state.machines.get(model.machine)
+        info = None
+        if view is not None and view.online and view.models is not None:
+            info = next((m for m in view.models.models if m.name == model.name), None)
+        counts[str(info.state) if info is not None else "unknown"] += 1
+    return {"total": len(state.lab.models), **counts}
+
+
+def models_said(counts: dict[str, int]) -> str:
+    """`5 models: 2 warm, 1 sleeping, 1 cached, 1 cold` (the states with none left out)."""
+    parts = [f"{n} {name}" for name, n in counts.items() if name != "total" and n]
+    return f"{plural(counts['total'], 'model')}" + (f": {', '.join(parts)}" if parts else "")
+
+
+def gateway_said(gateway: dict[str, Any]) -> str:
+    state = "up" if gateway["up"] else f"DOWN: {gateway['error']}"
+    return f"gateway on {gateway['machine']}: {gateway['url']} (listens on {gateway['listen']}), {state}"
 
 
 def status_human(data: dict[str, Any]) -> str:
     lines = [f"lab {data['lab']}" + (f"  lab.yaml {data['lab_version']}" if data.get("lab_version") else "")]
+    if data.get("gateway") is not None:
+        lines.append(gateway_said(data["gateway"]))
+    if data.get("models") and data["models"]["total"]:  # a lab without models (yet) has no line for them
+        lines.append(models_said(data["models"]))
     for m in data["machines"]:
         sim = " SIM" if m["simulated"] else ""
         if not m["online"]:

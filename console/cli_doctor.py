@@ -14,6 +14,7 @@ from typing import Any
 from agents.wire.catalogue.doctor import DOCTOR_MAX_TIMEOUT_S, DOCTOR_RUN, DOCTOR_TIMEOUT_S, DoctorParams, DoctorReport
 from agents.wire.lab.model import Lab
 from agents.wire.protocol import ErrorCode, LinkStatus, RemoteError
+from agents.wire.words import plural
 from console.cli import EXIT_FAILED, EXIT_OK, Context, positive_seconds
 from console.client import FleetClient
 
@@ -72,7 +73,7 @@ def doctor_human(data: dict[str, Any]) -> str:
     agents = [f"cetlab {machines[n]['agent_version']}" if machines[n]["reached"] else "UNREACHABLE" for n in names]
     first = max([len("check"), *(len(r) for r in rows)])
     widths = [max(len(n), len(a)) for n, a in zip(names, agents)]
-    lines = [f"lab {data['lab']}: doctor of {len(names)} machines", ""]
+    lines = [f"lab {data['lab']}: doctor of {plural(len(names), 'machine')}", ""]
     lines.append(f"{'check':<{first}}  " + "  ".join(f"{n:<{w}}" for n, w in zip(names, widths)).rstrip())
     lines.append(f"{'agent':<{first}}  " + "  ".join(f"{a:<{w}}" for a, w in zip(agents, widths)).rstrip())
     for row, cells in rows.items():

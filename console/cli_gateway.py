@@ -16,6 +16,7 @@ from agents.wire.catalogue.gateway import (
 )
 from agents.wire.protocol import ErrorCode, LinkStatus, RemoteError
 from agents.wire.sections.gateway import GatewaySection
+from agents.wire.words import plural
 from console.cli import Context
 from widgets.format import fmt, key_limits_text
 from widgets.format import fmt_money as money
@@ -55,7 +56,7 @@ def gateway_human(data: GatewaySection) -> str:
         flags = (" SIM" if p.simulated else "") + ("" if p.key_set else "  API KEY NOT SET")
         lines.append(f"provider {p.name}{flags}: today {money(p.spend_today, c)}, this month {money(p.spend_month, c)}{budget}")
     for k in data.keys:
-        state = "REVOKED" if k.revoked else f"{k.requests} requests, {key_limits_text(k, c)}"
+        state = "REVOKED" if k.revoked else f"{plural(k.requests, 'request')}, {key_limits_text(k, c)}"
         lines.append(f"key {k.name:<16} {state}")
     return "\n".join(lines)
 
@@ -111,7 +112,7 @@ def keys_human(data: KeyList, currency: str) -> str:
             if k.expired
             else "active"
         )
-        lines.append(f"{k.name:<20} {state:<24} {k.requests} requests, {key_limits_text(k, currency)}")
+        lines.append(f"{k.name:<20} {state:<24} {plural(k.requests, 'request')}, {key_limits_text(k, currency)}")
     return "\n".join(lines) or "no gateway keys: `cetlab gateway keys add NAME`"
 
 

@@ -28,6 +28,7 @@ from agents.wire.events import LogEvent, PushEvent
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.jobs import JobDetail, JobInfo, JobNode
 from agents.wire.states import JOB_ACTIVE, JobState
+from agents.wire.words import plural
 from console.cli import Context, say
 from console.replies import Answers, not_reached, sent
 from widgets.format import NA, fmt, fmt_duration, machines_text, placement
@@ -233,7 +234,7 @@ async def cmd_logs(ctx: Context) -> int:
     ctx.out(sent(logs), lambda _: "\n".join(logs.lines))
     if logs.cut:  # on stderr: the lines on stdout stay the log's own
         say(
-            f"cetlab: the tail is cut: {len(logs.lines)} of the {ctx.args.tail} lines asked (a tail reads at most 8 MiB); "
+            f"cetlab: the tail is cut: {len(logs.lines)} of the {plural(ctx.args.tail, 'line')} asked (a tail reads at most 8 MiB); "
             f"the whole log is {logs.path} on {machine}",
             err=True,
         )

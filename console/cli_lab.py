@@ -23,6 +23,7 @@ from agents.wire.catalogue.method import request_all
 from agents.wire.lab.check import check, lab_schema
 from agents.wire.lab.model import Lab
 from agents.wire.protocol import ErrorCode, PeerKeys, RemoteError
+from agents.wire.words import plural
 from console.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context, find_lab, say
 from console.client import FleetClient, host_pattern
 
@@ -35,7 +36,7 @@ async def cmd_check(args: argparse.Namespace) -> int:
     for problem in problems if not args.json else []:
         say(problem)  # a lab file from elsewhere may hold control characters: shown visible
     if lab is not None and not args.json:
-        print(f"{path}: lab {lab.lab}: {len(lab.machines)} machines, {len(lab.models)} models: valid")
+        print(f"{path}: lab {lab.lab}: {plural(len(lab.machines), 'machine')}, {plural(len(lab.models), 'model')}: valid")
     return EXIT_USAGE if problems else EXIT_OK
 
 

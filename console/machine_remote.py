@@ -8,6 +8,7 @@ layout is decided there, from its own home and user, in one place) and what of i
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -214,14 +215,14 @@ def keys(layout: Layout, name: str, role: str) -> str:
 
 
 def _detached_launcher(layout: Layout, name: str) -> str:
-    """Started in its own session with every stream on the log, so ssh returns and a hangup does not reach it."""
+    """Started in its own session with every stream on the log, so ssh returns and a hangup does not reach it. One line,
+    its strings in double quotes (JSON's are Python's): a dry run prints it as it is typed, one layer of quotes."""
     argv = [layout.venv + "/bin/cetlab-agent", "serve", "--lab", layout.lab, "--machine", name, "--state-dir", layout.state]
+    log, pid, cwd = (json.dumps(x) for x in (layout.state + "/agent.log", layout.state + "/agent.pid", layout.state))
     return (
-        "import subprocess\n"
-        f"log = open({layout.state + '/agent.log'!r}, 'ab')\n"
-        f"p = subprocess.Popen({argv!r}, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, "
-        f"start_new_session=True, cwd={layout.state!r})\n"
-        f"open({layout.state + '/agent.pid'!r}, 'w').write(str(p.pid))\n"
+        f'import subprocess; log = open({log}, "ab"); '
+        f"p = subprocess.Popen({json.dumps(argv)}, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, "
+        f'start_new_session=True, cwd={cwd}); open({pid}, "w").write(str(p.pid))'
     )
 
 
@@ -278,8 +279,14 @@ def restart_agent(pre: Preflight, name: str) -> list[str]:
 
 def purge(layout: Layout, uid: int) -> str:
     """--purge: the agent's state (runs, checkpoints, keys), every venv, the wheelhouses and the lab.yaml copy."""
-    rm = "rm -rf" if uid == 0 or layout.state.startswith(layout.home) else "sudo -n rm -rf"
-    return f"{rm} {q(layout.state)} && rm -rf {q(layout.base)} {q(layout.wheelhouse)}"
+    sudo = "" if uid == 0 or layout.state.startswith(layout.home) else "sudo -n "
+    # then the folders that held them, where nothing else is left in them (rmdir takes only an empty one): the
+    # state's cetlab folder (~/.local/state/cetlab, /var/lib/cetlab) and the cache's (~/.cache/cetlab)
+    parents = " ".join(q(path.rsplit("/", 1)[0]) for path in (layout.state, layout.wheelhouse))
+    return (
+        f"{sudo}rm -rf {q(layout.state)} && rm -rf {q(layout.base)} {q(layout.wheelhouse)} && "
+        f"{{ {sudo}rmdir {parents} 2>/dev/null || true; }}"
+    )
 
 
 # What to install next for the machine's GPUs: run there with its new venv, so the rule stays in agents/gpusupport/

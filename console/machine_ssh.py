@@ -59,6 +59,14 @@ class Target:
         return (f"{self.user}@" if self.user else "") + host + (f":{self.port}" if self.port else "")
 
 
+def one_arg(command: str) -> str:
+    """`command` as one shell word a person reads: in single quotes, or in double quotes where it holds single quotes
+    (a quoted path) and nothing a double quote expands, so no quote is nested in another's."""
+    if "'" in command and not any(c in command for c in '"$`\\!'):
+        return f'"{command}"'
+    return shlex.quote(command)
+
+
 @dataclass
 class Ran:
     code: int
@@ -103,11 +111,19 @@ class Ssh:
                 return value.strip()
         return self.target.host
 
-    def run(self, command: str, *, stdin: bytes | None = None, changes: bool = True, check: bool = True) -> Ran:
-        shown = shlex.join(self.argv(command))
-        self.commands.append(shown)
+    def would(self) -> str:
+        """A dry run's heading: where the commands it prints run, and how to reach that shell."""
+        return f"  dry run, nothing changes: each `would run on {self.target}:` is a command for a shell there ({self.plain()})"
+
+    def run(
+        self, command: str, *, stdin: bytes | None = None, stdin_from: str | None = None, changes: bool = True, check: bool = True
+    ) -> Ran:
+        """Run `command` in the machine's shell; with dry_run, one that changes something is printed as that shell reads
+        it (no second layer of quoting), its input as `< FILE` where it comes from one (`stdin_from`)."""
+        self.commands.append(command)
         if self.dry_run and changes:
-            self.say(f"    would run: {shown}" + ("  (input on stdin)" if stdin is not None else ""))
+            given = f" < {shlex.quote(stdin_from)}" if stdin_from else "  (its input on stdin)" if stdin is not None else ""
+            self.say(f"    would run on {self.target}: {command}{given}")
             return Ran(0, "", "")
         try:
             done = subprocess.run(
@@ -128,10 +144,9 @@ class Ssh:
 
     def send_tree(self, folder: Path, command: str) -> None:
         """Pipe a folder as a tar stream into `command` on the machine (`tar -xf -` there)."""
-        shown = f"tar -C {shlex.quote(str(folder))} -cf - . | {shlex.join(self.argv(command))}"
-        self.commands.append(shown)
+        self.commands.append(command)
         if self.dry_run:
-            self.say(f"    would run: {shown}")
+            self.say(f"    would run here: tar -C {shlex.quote(str(folder))} -cf - . | {self.plain()} {one_arg(command)}")
             return
         with subprocess.Popen(["tar", "-C", str(folder), "-cf", "-", "."], stdout=subprocess.PIPE) as tar:
             done = subprocess.run(self.argv(command), stdin=tar.stdout, capture_output=True, timeout=COMMAND_TIMEOUT_S)
@@ -188,7 +203,7 @@ def build_wheelhouse(cache: Path, key: str, dry_run: bool, say: Callable[[str], 
     argv += ["-c", str(constraints)] if constraints is not None and constraints.exists() else []
     argv += what
     if dry_run:
-        say(f"    would run: {shlex.join(argv)}")
+        say(f"    would run here: {shlex.join(argv)}")
         return folder, True
     shutil.rmtree(partial, ignore_errors=True)
     started = time.monotonic()

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from agents.runtime.keys import ensure_key
 from agents.wire.lab.model import Lab, LabError, load_lab
 from agents.wire.protocol import RemoteError
+from agents.wire.words import plural
 from console import machine_remote as remote
 from console.machine_files import (
     Record,
@@ -80,6 +81,11 @@ class AddOptions:
     dry_run: bool = False
     timeout_s: float = 60.0
     lab_name: str = "lab"
+
+
+def tense(dry_run: bool, done: str, would: str) -> str:
+    """A step's words: what it did, or in a dry run what it would do (it did nothing)."""
+    return would if dry_run else done
 
 
 def ssh_for(target: Target, ssh_config: Path | None, dry_run: bool, say: Callable[[str], None]) -> Ssh:
@@ -189,8 +195,8 @@ async def push_everywhere(lab_path: Path, timeout_s: float, say: Callable[[str],
     failed = [name for name, reply in replies.items() if isinstance(reply, RemoteError)]
     if failed or missing:
         say(f"  then: cetlab lab push (once {', '.join(failed + missing)} answers)")
-        return f"pushed to {len(replies) - len(failed)} of {len(replies)} machines"
-    return f"pushed to {len(replies)} machine{'s' if len(replies) != 1 else ''}, applied live"
+        return f"pushed to {len(replies) - len(failed)} of {plural(len(replies), 'machine')}"
+    return f"pushed to {plural(len(replies), 'machine')}, applied live"
 
 
 async def wait_online(
@@ -212,7 +218,8 @@ async def wait_online(
             hello = view.hello if view.online else None
             if hello is not None and (started_after is None or hello.started_at > started_after):
                 if version is None or hello.agent_version == version:
-                    return status_human(status_json(client.state)).split("\n", 1)[1]
+                    data = {**status_json(client.state), "gateway": None, "models": None}  # the machine's lines only
+                    return status_human(data).split("\n", 1)[1]
                 last = f"it answers as cetlab {hello.agent_version}, not {version}"
             else:
                 last = view.error or view.link if hello is None else "the agent that answers started before the switch"
@@ -230,6 +237,8 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
     port = o.agent_port or (int(existing.get("port", 7022)) if existing is not None else 7022)
     key = wheelhouse_key()
     folder = records_dir(lab_name)
+    if o.dry_run:
+        say(ssh.would())
 
     with progress.step(f"pre-flight on {o.target}") as step:
         pre, skew = preflight(ssh, o.name, port, key)
@@ -257,35 +266,43 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
         from platformdirs import user_cache_path
 
         wheels, built = build_wheelhouse(user_cache_path("cetlab") / "wheelhouse", key, o.dry_run, say)
-        step.said = f"{'built' if built else 'already built'}: {wheels}"
-    with progress.step("wheelhouse copied to the machine") as step:
+        step.said = f"{tense(o.dry_run, 'built', 'would build') if built else 'already built'}: {wheels}"
+    with progress.step("the wheelhouse on the machine") as step:
         if pre.wheelhouse_ready:
             step.said = f"already there: {lay.wheelhouse}/{key}"
         else:
             ssh.send_tree(wheels, remote.receive_wheelhouse(lay, key))
-            step.said = f"copied to {lay.wheelhouse}/{key}"
+            step.said = f"{tense(o.dry_run, 'copied', 'would copy it')} to {lay.wheelhouse}/{key}"
     with progress.step("the agent's venv (no package index used)") as step:
         venv_changed = pre.venv_key != key
         if not venv_changed:
             step.said = f"already installed: {lay.venv}"
         else:
             ssh.run(remote.install_venv(lay, pre.python, key, f"cetlab=={package_version()}"))
-            step.said = f"installed cetlab {package_version()} in {lay.venvs}/{key}, linked as {lay.venv}"
+            step.said = (
+                f"{tense(o.dry_run, 'installed', 'would install')} cetlab {package_version()} in {lay.venvs}/{key}, "
+                f"{tense(o.dry_run, 'linked', 'link it')} as {lay.venv}"
+            )
     with progress.step("next: the GPU stack (not installed by machine add)") as step:
         if not pre.gpus:
             say("  no GPU: models run on llama-server's CPU build (make llama-server), training on torch's CPU build")
             step.said = "nothing to install for GPUs"
         else:
             ran = ssh.run(remote.advice(lay, pre.gpus), stdin=remote.ADVICE.encode(), changes=False, check=False)
-            for line in (ran.out.strip() or "(the advice needs the venv: run machine add again)").splitlines():
+            missing = (
+                "(the advice needs cetlab's venv there, which a dry run does not install)"
+                if o.dry_run
+                else "(the advice needs the venv: run machine add again)"
+            )
+            for line in (ran.out.strip() or missing).splitlines():
                 say(f"  {line}")
             step.said = "printed"
 
     key_path, known_hosts, _lab = console_paths(o.lab_path)
-    with progress.step("keys: the agent's host key pinned, the console's key authorized") as step:
+    with progress.step("keys: pin the agent's host key, authorize the console's key") as step:
         console_key = ensure_key(key_path, comment=f"cetlab-console@{socket.gethostname()}") if not o.dry_run else None
         public = console_key.export_public_key().decode() if console_key is not None else ""
-        ran = ssh.run(remote.keys(lay, o.name, o.role), stdin=public.encode())
+        ran = ssh.run(remote.keys(lay, o.name, o.role), stdin=public.encode(), stdin_from=f"{key_path}.pub")
         if o.dry_run:
             step.said = f"would pin the host key in {known_hosts} and authorize {key_path} as {o.role}"
         else:
@@ -313,22 +330,23 @@ async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
         if pre.agent_running and venv_changed:
             for command in remote.restart_agent(pre, o.name):
                 ssh.run(command)
-            step.said = "restarted to run the new venv"
+            step.said = tense(o.dry_run, "restarted to run the new venv", "would restart it to run the new venv")
         elif pre.agent_running:
             step.said = "already running (a changed lab.yaml is pushed to it live below)"
         else:
             for command in remote.start_agent(pre, o.name):
                 ssh.run(command)
             step.said = {
-                "system": "systemd unit enabled and started",
-                "user": "systemd user unit enabled and started",
-                "detached": f"started detached (log: {lay.state}/agent.log); it will not survive a reboot",
+                "system": tense(o.dry_run, "systemd unit enabled and started", "would enable and start a systemd unit"),
+                "user": tense(o.dry_run, "systemd user unit enabled and started", "would enable and start a systemd user unit"),
+                "detached": tense(o.dry_run, "started detached", "would start it detached")
+                + f" (log: {lay.state}/agent.log); it will not survive a reboot",
             }[pre.mode]
         if not o.dry_run:
             record.started_lab_sha256 = hashlib.sha256(o.lab_path.read_bytes()).hexdigest()
             save_record(folder, record)
     if o.dry_run:
-        say(f"- lab.yaml pushed to every machine\n  would push {o.lab_path} (cetlab lab push): the peers learn {o.name}")
+        say(f"- lab.yaml to every machine (lab push)\n  would push {o.lab_path} (cetlab lab push): the peers learn {o.name}")
         return progress.steps
     with progress.step("online") as step:
         line = await wait_online(o.lab_path, o.name, o.timeout_s)
@@ -353,13 +371,22 @@ async def remove(lab_path: Path, name: str, purge: bool, dry_run: bool, say: Cal
         step.said = "yes" if in_lab else "it is not in lab.yaml"
     if record is not None:
         ssh = Ssh(Target.parse(record.target), Path(record.ssh_config) if record.ssh_config else None, dry_run, say)
-        with progress.step(f"the agent stopped on {record.target}") as step:
+        if dry_run:
+            say(ssh.would())
+        with progress.step(f"stop the agent on {record.target}") as step:
             ssh.run(remote.stop_agent(record.mode, record.uid, record.layout, remove_unit=True))
-            step.said = "unit disabled and removed" if record.mode != "detached" else "stopped"
+            step.said = (
+                tense(dry_run, "unit disabled and removed", "would disable and remove its unit")
+                if record.mode != "detached"
+                else tense(dry_run, "stopped", "would stop it")
+            )
         with progress.step("the machine's files") as step:
             if purge:
                 ssh.run(remote.purge(record.layout, record.uid))
-                step.said = f"purged: {record.layout.state}, {record.layout.base}, {record.layout.wheelhouse}"
+                step.said = (
+                    f"{tense(dry_run, 'purged', 'would purge')}: "
+                    f"{record.layout.state}, {record.layout.base}, {record.layout.wheelhouse}"
+                )
             else:
                 step.said = f"kept (runs, checkpoints, venv): {record.layout.state}, {record.layout.base}; --purge removes them"
     _key, known_hosts, _lab = console_paths(lab_path)
@@ -371,7 +398,9 @@ async def remove(lab_path: Path, name: str, purge: bool, dry_run: bool, say: Cal
         remove_machine(lab_path, name, dry_run)
         if record is not None and not dry_run:
             (folder / f"{name}.json").unlink(missing_ok=True)
-        step.said = ("host key unpinned; " if unpinned else "no host key pinned; ") + f"{name} taken out of {lab_path}"
+        step.said = (
+            tense(dry_run, "host key unpinned; ", "would unpin its host key; ") if unpinned else "no host key pinned; "
+        ) + tense(dry_run, f"{name} taken out of {lab_path}", f"would take {name} out of {lab_path}")
     if not dry_run and lab_path.exists() and read_doc(lab_path, "lab").get("machines"):  # none left: nobody to push to
         with progress.step("lab.yaml pushed to the other machines (lab push)") as step:
             step.said = await push_everywhere(lab_path, 30.0, say)  # the gateway drops its link to it, and its trust

@@ -17,7 +17,7 @@ from pathlib import Path
 from console import machine_remote as remote
 from console.machine_files import all_records, read_doc, records_dir
 from console.machine_ssh import MachineError, Ssh, Target, build_wheelhouse, package_version, wheelhouse_key
-from console.machine_steps import Progress, StepTime, preflight, wait_online
+from console.machine_steps import Progress, StepTime, preflight, tense, wait_online
 
 
 async def upgrade(
@@ -42,10 +42,12 @@ async def upgrade(
     key, version = wheelhouse_key(), package_version()
     with progress.step("wheelhouse (this package and its dependencies)") as step:
         wheels, built = build_wheelhouse(user_cache_path("cetlab") / "wheelhouse", key, dry_run, say)
-        step.said = f"{'built' if built else 'already built'}: {wheels}"
+        step.said = f"{tense(dry_run, 'built', 'would build') if built else 'already built'}: {wheels}"
     rolled_back: list[str] = []
     for record in records:
         ssh = Ssh(Target.parse(record.target), Path(record.ssh_config) if record.ssh_config else None, dry_run, say)
+        if dry_run:
+            say(ssh.would())
         with progress.step(f"{record.machine} to cetlab {version} ({key})") as step:
             pre, _skew = preflight(ssh, record.machine, record.port, key)
             lay = pre.layout
@@ -62,7 +64,7 @@ async def upgrade(
             ):
                 ssh.run(command)
             if dry_run:
-                step.said = "planned"
+                step.said = f"would run cetlab {version} from {lay.venvs}/{key}"
                 continue
             try:
                 await wait_online(lab_path, record.machine, timeout_s, started_after=switched - 1.0, version=version)

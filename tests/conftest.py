@@ -22,6 +22,65 @@ REPO = Path(__file__).resolve().parent.parent
 TESTS_DIR = str(REPO / "tests")
 # demos started by tests (several at once, on a shared machine) never race for lab.yaml's gateway port 8400
 os.environ["CETLAB_DEMO_ANY_GATEWAY_PORT"] = "1"
+
+
+# ---------------------------------------------------------------- the machine the suite runs on
+
+# CETLAB_TEST_AS_GPU_WORKSTATION=1: run the suite as on a workstation with a CUDA GPU, as far as that is honest without
+# one. NVML (a stand-in pynvml, tests/gpu_workstation/) and nvidia-smi report one GPU (SIMULATED figures) to this
+# process and every process it starts; torch in this process says it sees that CUDA device (is_available, the device's
+# name and capability) for the code that only branches on it. Nothing runs on it: a tensor sent to CUDA still fails,
+# and the processes the tests start (trainers, engines) keep their own, real torch. See docs/development.md.
+GPU_WORKSTATION_ENV = "CETLAB_TEST_AS_GPU_WORKSTATION"
+GPU_WORKSTATION = os.environ.get(GPU_WORKSTATION_ENV, "") not in ("", "0")
+if GPU_WORKSTATION:
+    _stand_ins = str(REPO / "tests" / "gpu_workstation")
+    sys.path.insert(0, _stand_ins)
+    os.environ["PYTHONPATH"] = os.pathsep.join([_stand_ins, *filter(None, [os.environ.get("PYTHONPATH")])])
+    os.environ["PATH"] = os.pathsep.join([_stand_ins, os.environ.get("PATH", "")])
+
+
+def pin_llama_server(environ: dict[str, str] | os._Environ[str]) -> None:
+    """The suite runs llama.cpp's CPU build, the one `make llama-server` caches: a CUDA build cached beside it (found
+    first by find_llama_server, as an operator wants) would move the tests' engines onto a real GPU and judge the
+    simulated GPUs of the test labs against its archs. An operator's own CETLAB_LLAMA_SERVER is kept."""
+    from agents.runtime import llamacpp_build
+
+    environ.setdefault(llamacpp_build.BINARY_ENV, str(llamacpp_build.build_dir(cuda=False) / "bin" / "llama-server"))
+
+
+pin_llama_server(os.environ)
+
+
+def _torch_sees_the_gpu() -> None:
+    """torch.cuda in this process answering for the stand-in GPU (GPU_WORKSTATION only); torch itself is real."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return
+    import pynvml  # the stand-in
+    import torch
+
+    name, capability = str(pynvml.DEVICE["name"]), tuple(pynvml.DEVICE["cc"])
+    cuda = torch.cuda
+    cuda.is_available = lambda: True
+    cuda.device_count = lambda: 1
+    cuda.current_device = lambda: 0
+    cuda.get_device_name = lambda device=None: name
+    cuda.get_device_capability = lambda device=None: capability
+
+
+def pytest_configure(config):
+    if GPU_WORKSTATION:
+        _torch_sees_the_gpu()
+
+
+def pytest_report_header(config):
+    if GPU_WORKSTATION:
+        return f"{GPU_WORKSTATION_ENV}: NVML, nvidia-smi and this process's torch.cuda report one GPU (tests/gpu_workstation/)"
+    return None
+
+
 HOUR_S = 3600
 V100 = {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250}
 

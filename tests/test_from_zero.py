@@ -227,7 +227,8 @@ def test_from_nothing_to_a_lab_pushed_live_and_a_machine_removed(lab_machines, t
     plan = cetlab(home, lab, "machine", "add", "a", f"{a.user}@127.0.0.1:{a.port}", "--agent-port", str(port_a),
                   "--ssh-config", str(home / ".ssh" / "config"), "--dry-run")  # fmt: skip
     assert plan.returncode == 0, plan.stderr
-    assert "would run: ssh" in plan.stdout and "pip install" in plan.stdout and "--no-index" in plan.stdout
+    assert f"would run on {a.user}@127.0.0.1:{a.port}: " in plan.stdout and "pip install" in plan.stdout, plan.stdout
+    assert "--no-index" in plan.stdout and "would install cetlab" in plan.stdout and "installed cetlab" not in plan.stdout
     assert "would push" in plan.stdout
     assert lab.read_text() == written and not (a.home / ".local").exists()
 

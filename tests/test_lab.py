@@ -107,7 +107,7 @@ orchestra: {warm: [m9]}
     )
     found = problems(text)
     assert any(p.startswith("lab.yaml:10: models[0].machine: no machine named 'nowhere'") for p in found)
-    assert any(p.startswith("lab.yaml:11: models[1].gpus[0]: machine box has 1 GPUs") for p in found)
+    assert any(p.startswith("lab.yaml:11: models[1].gpus[0]: machine box has 1 GPU") for p in found)
     assert any(p.startswith("lab.yaml:12: orchestra.warm[0]: no model named 'm9'") for p in found)
 
 

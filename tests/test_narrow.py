@@ -354,6 +354,8 @@ def test_the_count_of_machines_online_keeps_its_words_when_a_costs_section_arriv
     state.set_link("box", LinkStatus.ONLINE)
     state.set_link("ghost", LinkStatus.OFFLINE, "connection refused (is the agent running?)")
 
+    width = 159  # the notes do not fit beside "1 GPU" (160 was that width when it read "1 GPUs")
+
     def header() -> str:
         online = sum(v.online for v in state.machines.values())
         gpus, vram = state.gpu_totals()
@@ -361,7 +363,7 @@ def test_the_count_of_machines_online_keeps_its_words_when_a_costs_section_arriv
         figures = HeaderFigures(
             "test-lab", "fleet", online, 2, gpus, vram, True, False, FROZEN_NOW, None if totals is None else cost_text(totals)
         )
-        return header_text(figures, 160).plain
+        return header_text(figures, width).plain
 
     assert "1/2 machines online" in header()  # no costs section yet
     costs = {"currency": "EUR", "power_w": 30.0, "missing": ["missing: costs.electricity_per_kwh"], "simulated": True}
@@ -369,5 +371,5 @@ def test_the_count_of_machines_online_keeps_its_words_when_a_costs_section_arriv
     state.apply_tick("box", TickEvent.model_validate({"t": FROZEN_NOW, "full": True, "changed": {"gpus": gpus, "costs": costs}}))
     assert state.gpu_totals() == (1, 8 * 1024**3)
     line = header()
-    assert "1/2 machines online" in line and len(line) <= 160
+    assert "1/2 machines online" in line and len(line) <= width
     assert "not counted: ghost" not in line and "cost -" in line  # the cost's notes went, its figure stays

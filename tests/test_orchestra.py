@@ -191,7 +191,7 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         # bad input: typed errors a user can act on, and the agent keeps serving
         for params, code, words in [
             ({"model": "ghost"}, ErrorCode.NOT_FOUND, "no model named 'ghost'"),
-            ({"model": "nowhere"}, ErrorCode.NOT_FOUND, "does not exist"),
+            ({"model": "nowhere"}, ErrorCode.MODEL_FILE_MISSING, "does not exist: `mkdir -p"),
             (
                 {"model": "big"},
                 ErrorCode.UNAVAILABLE,

@@ -83,6 +83,7 @@ def test_a_p40_trains_in_fp32_with_tf32_and_compile_turned_off_not_crashing(tmp_
 
     model = make_tiny_model(tmp_path / "tiny")
     monkeypatch.setattr(trainer_module, "device_capability", lambda: P40)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the stub is the device: not a real GPU in its place
     config = load_config(write_config(tmp_path / "run", model, max_steps=2, save_steps=2, tf32=True, torch_compile=True), env={})
     assert trainer_module.run(config) == 0
     progress = read_progress(config.progress_file)
@@ -127,7 +128,8 @@ def test_sigterm_on_one_rank_stops_both_at_the_same_step(tmp_path):
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             torchrun,
-            env=trainer_env(CETLAB_PROGRESS_FILE=str(progress_file)),
+            # CPU ranks on a GPU workstation too: its one GPU cannot take two ranks (rank 1 would ask for cuda:1)
+            env=trainer_env(CETLAB_PROGRESS_FILE=str(progress_file), CUDA_VISIBLE_DEVICES=""),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -110,10 +110,14 @@ def test_trains_saves_checkpoints_and_reports_progress(first_run):
     assert progress["tokens_per_s"] > 0 and progress["samples_per_s"] > 0
     assert progress["eta_s"] == 0 and progress["elapsed_s"] > 0
     assert progress["error"] is None
-    # what this machine's device implies (fp32 on the CPU, bf16 on an H100 ...), and the run says why
-    from agents.train.precision import device_capability, plan_precision
+    # what the trainer's device implies (fp32 on the CPU, bf16 on an H100 ...), and the run says why: the device asked
+    # as the trainer asks, in a process of its environment (this one's torch may see another, or be told otherwise)
+    from agents.train.precision import plan_precision
 
-    capability, name = device_capability()
+    probe = "import json; from agents.train.precision import device_capability; print(json.dumps(device_capability()))"
+    asked = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=trainer_env(), capture_output=True, text=True)
+    capability, name = json.loads(asked.stdout)
+    capability = tuple(capability) if capability else None
     expected = plan_precision("auto", capability, tf32=False, torch_compile=False, device_name=name)
     assert progress["precision"] == expected.precision and expected.notes[0] in progress["notes"], progress["notes"]
     saved = {c["step"]: c for c in progress["checkpoints"]}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from agents.wire.catalogue.gateway import KeyRecord
 from agents.wire.sections.gateway import KeyUse
+from agents.wire.words import plural as plural  # the one plural rule (re-exported for the views)
 
 NA = "-"  # the one marker for a value nobody measured (a table cell, a CLI column, a header figure)
 GIB = 1024**3
@@ -59,11 +60,6 @@ def placement(machine: str, gpus: list[int], nodes: Sequence[str] = ()) -> str:
     if len(nodes) > 1:
         return machines_text(machine, nodes)
     return f"{machine} GPU {','.join(map(str, gpus)) or NA}"
-
-
-def plural(n: int, word: str) -> str:
-    """`1 checkpoint`, `2 checkpoints`."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def fmt_limit(value: float) -> str:

@@ -10,6 +10,7 @@ from rich.text import Text
 from textual.events import Resize
 from textual.widgets import Static
 
+from agents.wire.words import plural
 from widgets.format import GIB
 from widgets.wire import safe_text
 
@@ -77,7 +78,8 @@ def _left(figures: HeaderFigures, cost: str | None, short: bool, lab: bool) -> T
         f"· {online}/{machines} {'online' if short else 'machines online'} ", style="green" if online == machines else "bold red"
     )
     vram = f"{figures.vram_bytes / GIB:.0f}"
-    line.append(f"· {figures.gpus} GPUs {vram}G " if short else f"· {figures.gpus} GPUs · {vram} GiB VRAM ")
+    gpus = plural(figures.gpus, "GPU")
+    line.append(f"· {gpus} {vram}G " if short else f"· {gpus} · {vram} GiB VRAM ")
     if figures.simulated:
         line.append(" SIM ", style="bold black on yellow")
     if figures.failed:

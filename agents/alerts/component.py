@@ -21,6 +21,7 @@ from agents.wire.sections.jobs import JobInfo
 from agents.wire.sections.models import ModelInfo
 from agents.wire.sections.tick import Tick
 from agents.wire.states import JOB_ACTIVE, JobState, ModelState
+from agents.wire.words import plural
 
 if TYPE_CHECKING:
     from agents.runtime.core import AgentCore
@@ -206,7 +207,7 @@ class AlertEngine:
                         steps < s.no_improvement_steps,
                         0.0,
                         "warning",
-                        f"{name}: no loss improvement for {steps} steps (best {best.loss:.4g} at step {best.step})",
+                        f"{name}: no loss improvement for {plural(steps, 'step')} (best {best.loss:.4g} at step {best.step})",
                         steps,
                         s.no_improvement_steps,
                         job=job_id,

@@ -105,7 +105,7 @@ class GatewayComponent:
             configured=dict(self.config.keys),
             currency=self.lab.costs.currency,
         )
-        self.keys.seed_usage(self.meter.tokens_today_by_key())
+        self.keys.seed_usage(self.meter.key_tokens_today)
         self.keys.seed_money(self.meter.key_cost)
         self.created = int(time.time())  # `created` of every model the gateway lists
         # every other machine (a checkpoint may be served on one lab.yaml gives no model); its own is asked in-process

@@ -18,6 +18,7 @@ from agents.runtime.store import Store
 from agents.wire.catalogue.gateway import KeyAddParams, KeyRecord
 from agents.wire.lab.gateway import KeyBudget, KeyLimits
 from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.words import plural
 
 TOKEN_PREFIX = "cetlab-gw-"
 SCHEMA = [
@@ -39,6 +40,7 @@ class ApiKey:
     rpm: int | None
     tokens_per_day: int | None
     revoked_at: float | None = None
+    created_at: float = 0.0  # its use counts from here: a name revoked and added again is a new key, from zero
     recent: deque[float] = field(default_factory=deque)  # monotonic times of the last minute's requests
     requests: int = 0  # since the agent started
     tokens_day: int = 0  # tokens used on day `day`
@@ -77,8 +79,8 @@ class KeyStore:
         self.currency = currency
         store.migrate("gateway_keys", SCHEMA)
         self._by_hash: dict[str, ApiKey] = {}
-        for row in store.query("SELECT name, sha256, rpm, tokens_per_day, revoked_at, limits FROM gateway_keys"):
-            key = ApiKey(row["name"], row["sha256"], row["rpm"], row["tokens_per_day"], row["revoked_at"])
+        for row in store.query("SELECT name, sha256, rpm, tokens_per_day, revoked_at, created_at, limits FROM gateway_keys"):
+            key = ApiKey(row["name"], row["sha256"], row["rpm"], row["tokens_per_day"], row["revoked_at"], row["created_at"])
             if row["limits"]:
                 key.limits = KeyLimits.model_validate(json.loads(row["limits"]))
             self._by_hash[row["sha256"]] = key
@@ -116,22 +118,34 @@ class KeyStore:
         return None
 
     def add(self, params: KeyAddParams) -> str:
-        """A new key; the token is returned once and only its hash is kept."""
-        if any(k.name == params.name for k in self._by_hash.values()):
+        """A new key; the token is returned once and only its hash is kept. A revoked key's name can be given again:
+        the new key replaces it and starts from zero (its requests, tokens and spend count from now)."""
+        old = next((k for k in self._by_hash.values() if k.name == params.name), None)
+        if old is not None and old.revoked_at is None:
             raise RemoteError(ErrorCode.CONFLICT, f"a gateway key named {params.name!r} exists; revoke it or pick another name")
         problem = self.budget_problem(params.budget)
         if problem is not None:
             raise RemoteError(ErrorCode.INVALID_PARAMS, f"budget: {problem}")
         limits = KeyLimits(models=params.models, expires=params.expires, budget=params.budget)
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        key = ApiKey(params.name, digest(token), params.rpm, params.tokens_per_day, limits=limits)
+        key = ApiKey(params.name, digest(token), params.rpm, params.tokens_per_day, created_at=time.time(), limits=limits)
         if self.expired(key):
             raise RemoteError(ErrorCode.INVALID_PARAMS, f"expires: {params.expires} has passed; a key must expire in the future")
         with self.store.transaction() as db:
+            db.execute("DELETE FROM gateway_keys WHERE name=? AND revoked_at IS NOT NULL", (key.name,))
             db.execute(
                 "INSERT INTO gateway_keys (name, sha256, created_at, rpm, tokens_per_day, limits) VALUES (?,?,?,?,?,?)",
-                (key.name, key.sha256, time.time(), key.rpm, key.tokens_per_day, limits.model_dump_json(exclude_defaults=True)),
+                (
+                    key.name,
+                    key.sha256,
+                    key.created_at,
+                    key.rpm,
+                    key.tokens_per_day,
+                    limits.model_dump_json(exclude_defaults=True),
+                ),
             )
+        if old is not None:
+            del self._by_hash[old.sha256]  # its token stays refused: no key has its hash now
         self._by_hash[key.sha256] = key
         return token
 
@@ -156,9 +170,11 @@ class KeyStore:
         while key.recent and now - key.recent[0] >= 60.0:
             key.recent.popleft()
         if key.rpm is not None and len(key.recent) >= key.rpm:
-            raise QuotaExceeded(f"key {key.name}: {key.rpm} requests per minute used", max(1, int(61 - (now - key.recent[0]))))
+            raise QuotaExceeded(
+                f"key {key.name}: {plural(key.rpm, 'request')} per minute used", max(1, int(61 - (now - key.recent[0])))
+            )
         if key.tokens_per_day is not None and self._tokens_today(key) >= key.tokens_per_day:
-            raise QuotaExceeded(f"key {key.name}: {key.tokens_per_day} tokens per day used", 3600)
+            raise QuotaExceeded(f"key {key.name}: {plural(key.tokens_per_day, 'token')} per day used", 3600)
         key.recent.append(now)
         key.requests += 1
         key.last_used = time.time()
@@ -189,19 +205,21 @@ class KeyStore:
         self.money_spent(key)
         key.money_spent += cost
 
-    def seed_money(self, spent: Callable[[str, str], float]) -> None:
-        """What each key's requests already cost in its budget's period (from the request log: survives a restart)."""
+    def seed_money(self, spent: Callable[[str, str, float], float]) -> None:
+        """What each key's requests already cost in its budget's period since it was added (from the request log:
+        survives a restart; an earlier key of the same name is not this one)."""
         for key in self._by_hash.values():
             budget = self.limits(key).budget
             if budget is not None:
                 period = self.month() if budget.period == "month" else self.today()
-                key.money_period, key.money_spent = period, spent(key.name, period)
+                key.money_period, key.money_spent = period, spent(key.name, period, key.created_at)
 
-    def seed_usage(self, tokens_by_key: dict[str, int]) -> None:
-        """Tokens already used today (from the request log), so a restart does not reset a quota."""
+    def seed_usage(self, tokens_today: Callable[[str, float], int]) -> None:
+        """Tokens already used today since the key was added (from the request log), so a restart does not reset a
+        quota, nor hand a re-added name its predecessor's use."""
         today = self.today()
         for key in self._by_hash.values():
-            key.day, key.tokens_day = today, tokens_by_key.get(key.name, 0)
+            key.day, key.tokens_day = today, tokens_today(key.name, key.created_at)
 
     def listing(self) -> list[KeyRecord]:
         rows = self.store.query("SELECT name, created_at, revoked_at, rpm, tokens_per_day FROM gateway_keys ORDER BY name")

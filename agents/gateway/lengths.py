@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.gateway.router import NotServable, Target
+from agents.wire.words import plural
 
 OPENAI_FIELDS = ("max_completion_tokens", "max_tokens")  # OpenAI's newer name first; what goes upstream
 ENGINE_FIELDS = ("n_predict", "max_new_tokens")  # llama-server's (it overrides both of OpenAI's), TGI's
@@ -42,7 +43,7 @@ def _whole(body: dict[str, Any], name: str, low: int, cap: int, rule: str) -> in
 
 def read_lengths(body: dict[str, Any], cap: int) -> Lengths:
     """The request's lengths, or a 400 naming the first field the gateway would not hold as an engine reads it."""
-    rule = f"this gateway answers at most {cap} tokens a request (gateway.policies.max_tokens)"
+    rule = f"this gateway answers at most {plural(cap, 'token')} a request (gateway.policies.max_tokens)"
     given = [v for name in LENGTH_FIELDS if (v := _whole(body, name, 1, cap, rule)) is not None]
     figure = min(given) if given else cap
     choices_rule = f"at most {MAX_CHOICES}"

@@ -170,18 +170,22 @@ class Meter:
                 days[self._period[0]] = days.get(self._period[0], 0.0) + record.cost
         return out
 
-    def tokens_today_by_key(self) -> dict[str, int]:
+    def key_tokens_today(self, key: str, since: float = 0.0) -> int:
+        """The prompt and completion tokens a key's requests used today, from the request log (those since `since`,
+        the key's creation: a revoked key's name given again is a new key)."""
         rows = self.store.query(
-            "SELECT key, SUM(COALESCE(prompt_tokens,0) + COALESCE(completion_tokens,0)) AS n FROM gateway_requests "
-            "WHERE day=? AND key IS NOT NULL GROUP BY key",
-            (self.today(),),
+            "SELECT SUM(COALESCE(prompt_tokens,0) + COALESCE(completion_tokens,0)) AS n FROM gateway_requests "
+            "WHERE key=? AND day=? AND t>=?",
+            (key, self.today(), since),
         )
-        return {r["key"]: r["n"] or 0 for r in rows}
+        return int(rows[0]["n"] or 0) if rows else 0
 
-    def key_cost(self, key: str, period: str) -> float:
-        """What a key's requests cost in a day ("YYYY-MM-DD") or a month ("YYYY-MM"), from the request log."""
+    def key_cost(self, key: str, period: str, since: float = 0.0) -> float:
+        """What a key's requests cost in a day ("YYYY-MM-DD") or a month ("YYYY-MM"), from the request log (those since
+        `since`, as key_tokens_today)."""
         rows = self.store.query(
-            "SELECT SUM(cost) AS cost FROM gateway_requests WHERE key=? AND (day=? OR month=?)", (key, period, period)
+            "SELECT SUM(cost) AS cost FROM gateway_requests WHERE key=? AND (day=? OR month=?) AND t>=?",
+            (key, period, period, since),
         )
         return float(rows[0]["cost"] or 0.0) if rows else 0.0
 

@@ -15,6 +15,7 @@ from agents.gateway.lengths import Lengths
 from agents.gateway.metering import Meter
 from agents.gateway.router import NotServable, Target
 from agents.wire.lab.gateway import GatewayPolicies
+from agents.wire.words import plural
 
 
 @dataclass
@@ -45,7 +46,7 @@ class Reservations:
         if self.in_flight.get(key.name, 0) >= self.policies.key_concurrency:
             raise NotServable(
                 429,
-                f"key {key.name} has {self.policies.key_concurrency} requests in flight "
+                f"key {key.name} has {plural(self.policies.key_concurrency, 'request')} in flight "
                 "(gateway.policies.key_concurrency); wait for one to finish",
                 "too_many_requests",
                 1,
@@ -72,7 +73,7 @@ class Reservations:
             if room < min(1, hold.figure):  # a pooling request (figure 0) generates nothing: its prompt must fit
                 raise NotServable(
                     429,
-                    f"key {key.name}: its {key.tokens_per_day} tokens per day are used or held by requests in flight",
+                    f"key {key.name}: its {plural(key.tokens_per_day, 'token')} per day are used or held by requests in flight",
                     "quota_exceeded",
                     60,
                 )

@@ -20,6 +20,7 @@ from agents.wire.lab.model import Lab, Model
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.models import ModelInfo
 from agents.wire.states import ModelState
+from agents.wire.words import plural
 
 if TYPE_CHECKING:
     from agents.orchestra.spec import EngineSpec
@@ -378,7 +379,7 @@ class Router:
         if stats.queued >= self.policies.queue_size:
             raise NotServable(
                 503,
-                f"{stats.queued} requests already wait for {model.name} (gateway.policies.queue_size)",
+                f"{plural(stats.queued, 'request')} already wait for {model.name} (gateway.policies.queue_size)",
                 "queue_full",
                 self.policies.retry_after_s,
             )
@@ -430,6 +431,8 @@ class Router:
         try:
             await request(self.peers, model.machine, MODELS_WARM, ModelParams(model=model.name))
         except RemoteError as exc:
+            if exc.code == ErrorCode.MODEL_FILE_MISSING:  # no retry helps: the message says where and the fix
+                raise NotServable(503, exc.message, "model_file_missing") from None
             if exc.code != ErrorCode.CONFLICT or self.policies.swap != "lru-unpinned":
                 raise NotServable(
                     503, f"cannot bring {model.name} up on {model.machine}: {exc.message}", "no_room", self.policies.retry_after_s

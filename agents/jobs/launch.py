@@ -23,6 +23,7 @@ from agents.train.progress import ENV_VAR as PROGRESS_ENV
 from agents.wire.lab.model import Trainer
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.states import JobState
+from agents.wire.words import plural
 
 if TYPE_CHECKING:
     from agents.jobs.component import JobsComponent
@@ -60,7 +61,7 @@ def check_gpus(jobs: JobsComponent, recipe: Trainer) -> None:
     for index in recipe.gpus:
         if count is not None and index >= count:
             raise RemoteError(
-                ErrorCode.UNAVAILABLE, f"recipe {recipe.name} wants GPU {index}, {core.machine.name} has {count} GPUs"
+                ErrorCode.UNAVAILABLE, f"recipe {recipe.name} wants GPU {index}, {core.machine.name} has {plural(count, 'GPU')}"
             )
     for other in jobs.jobs.values():
         taken = sorted(set(other.gpus) & set(recipe.gpus))

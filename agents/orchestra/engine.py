@@ -157,6 +157,15 @@ class Engine:
         return None
 
     @classmethod
+    def missing_said(cls, path: Path) -> str:
+        """A model's path that is not there, with its fix: the doctor's line, and the refusal to warm such a model."""
+        if cls.spec.simulated:
+            made = "a folder" if cls.spec.model_formats != ("gguf",) else "a file"
+            fix = f"`mkdir -p {path}`" if made == "a folder" else f"`touch {path}`"
+            return f"{path} does not exist: {fix} ({made}, any content), or give sim.placeholder_mib"
+        return f"{path} does not exist: {cls.fetch_hint(path)}, or fix models[].path"
+
+    @classmethod
     def doctor_checks(cls, model: Model, path: Path, gpu_caps: dict[int, float | None]) -> list[InstallCheck]:
         """The doctor's lines on one model of this machine: its weights here, in a format this engine loads, each
         failure with what fixes it. ``gpu_caps``: the compute capability of each real GPU (empty on simulated ones)."""
@@ -164,13 +173,11 @@ class Engine:
         if cls.spec.simulated:  # no real weights, but it starts only where its path is (as the real engine would)
             if path.exists() or model.sim.placeholder_mib is not None or model.make_tiny_if_missing:
                 return [InstallCheck(name, True, f"{cls.spec.title}: simulated, no real weights needed")]
-            made = "a folder" if cls.spec.model_formats != ("gguf",) else "a file"
-            fix = f"`mkdir -p {path}`" if made == "a folder" else f"`touch {path}`"
-            return [InstallCheck(name, False, f"{path} does not exist: {fix} ({made}, any content), or give sim.placeholder_mib")]
+            return [InstallCheck(name, False, cls.missing_said(path))]
         if not path.exists():
             if model.make_tiny_if_missing:
                 return [InstallCheck(name, True, f"{path} missing: the agent makes the tiny demo model there at first start")]
-            return [InstallCheck(name, False, f"{path} does not exist: {cls.fetch_hint(path)}, or fix models[].path")]
+            return [InstallCheck(name, False, cls.missing_said(path))]
         fmt = cls.spec.accepts(str(path))
         if fmt is None:
             formats = " or ".join(cls.spec.model_formats)

@@ -57,6 +57,11 @@ class Lifecycle:
         self.placement = placement
         self.supervisors: list[asyncio.Task[None]] = []  # one per engine started or adopted: notices when it ends
 
+    def missing(self, slot: Slot) -> RemoteError:
+        """The refusal of a model whose weights are not at its path here: where, and the doctor's fix."""
+        said = engine_class(slot.model.engine).missing_said(slot.path)
+        return RemoteError(ErrorCode.MODEL_FILE_MISSING, f"model {slot.name} on {self.core.machine.name}: {said}")
+
     def new_engine(self, slot: Slot, gpus: list[int], check_gpus: bool = True) -> Engine:
         spec = engine_class(slot.model.engine).spec
         if slot.model.serves not in spec.serves:  # a pooling model on an engine that is never started as one
@@ -66,9 +71,7 @@ class Lifecycle:
                 "(lab.yaml's serves:)",
             )
         if not slot.path.exists() and not slot.model.make_tiny_if_missing:
-            raise RemoteError(
-                ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.core.machine.name}"
-            )
+            raise self.missing(slot)
         total = None
         latest = self.core.latest
         if gpus and latest is not None:
@@ -360,9 +363,7 @@ class Lifecycle:
 
     async def cache(self, slot: Slot) -> asyncio.Task[Any]:
         if not slot.path.exists():
-            raise RemoteError(
-                ErrorCode.NOT_FOUND, f"model path {slot.path} of {slot.name} does not exist on {self.core.machine.name}"
-            )
+            raise self.missing(slot)
         await asyncio.to_thread(self.residency.measure, slot)
         budget = self.residency.budget_bytes()
         if budget is not None and slot.size_bytes > budget:

@@ -15,6 +15,7 @@ from pathlib import Path
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, KeyFileError, parse_authorized_keys
 from agents.wire.catalogue.doctor import Level
 from agents.wire.lab.model import Alerts, Lab, SimGpus, Trainer
+from agents.wire.words import noun, plural
 
 OK: Level = "OK"
 WARN: Level = "WARN"
@@ -35,7 +36,7 @@ class Check:
 def check_gpus(lab: Lab | None, machine: str) -> Check:
     gpus = lab.machine(machine).gpus if lab is not None else "nvml"
     if isinstance(gpus, SimGpus):
-        return Check("gpus", OK, f"SIMULATED: {len(gpus.sim)} GPUs from lab.yaml")
+        return Check("gpus", OK, f"SIMULATED: {plural(len(gpus.sim), 'GPU')} from lab.yaml")
     if gpus == "none":
         return Check("gpus", OK, "none (lab.yaml says gpus: none)")
     from agents.telemetry.nvml import NvmlSampler
@@ -55,9 +56,10 @@ def check_gpus(lab: Lab | None, machine: str) -> Check:
         return Check(
             "gpus",
             FAIL,
-            f"NVML: {len(failed)} of {len(samples)} GPUs failed: " + "; ".join(f"GPU {s.index}: {s.failed}" for s in failed),
+            f"NVML: {len(failed)} of {plural(len(samples), 'GPU')} failed: "
+            + "; ".join(f"GPU {s.index}: {s.failed}" for s in failed),
         )
-    return Check("gpus", OK, f"NVML: {len(samples)} GPUs ({names})")
+    return Check("gpus", OK, f"NVML: {plural(len(samples), 'GPU')} ({names})")
 
 
 def check_torch(lab: Lab | None, machine: str) -> Check:
@@ -245,7 +247,9 @@ def check_state_dir(state_dir: Path, ssh_server: bool = True, machine: str = "MA
                 Check(
                     "authorized keys",
                     OK if entries else WARN,
-                    f"{len(entries)} keys ({operators} operators)" if entries else "no keys: no console can log in",
+                    f"{plural(len(entries), 'key')} ({plural(operators, 'operator')})"
+                    if entries
+                    else "no keys: no console can log in",
                 )
             )
         except KeyFileError as exc:
@@ -340,7 +344,7 @@ def check_trainers(lab: Lab, machine: str) -> list[Check]:
     checks = []
     for python, recipes in trainer_pythons(lab, machine).items():
         name = f"trainer python {python}"
-        said = f"recipe{'s' if len(recipes) > 1 else ''} {', '.join(recipes)}"
+        said = f"{noun(len(recipes), 'recipe')} {', '.join(recipes)}"
         if shutil.which(python) is None and not Path(python).is_file():
             checks.append(Check(name, FAIL, f"{said}: {python} not found", f"python3 -m venv {Path(python).parent.parent}"))
             continue

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from agents.wire.capability import capability_by_name, parse_capability
 from agents.wire.lab.model import SimGpu
 from agents.wire.protocol import ComputeCapability, ErrorCode, GpuBackend, GpuProcess, GpuSample, RemoteError
+from agents.wire.words import plural
 
 if TYPE_CHECKING:
     from agents.runtime.rpc import Peer, Registry
@@ -193,7 +194,7 @@ def register_methods(rpc: Registry, machine: str, sampler: GpuSampler, gpu_count
             )
         count = gpu_count()
         if params.gpu >= count:
-            raise RemoteError(ErrorCode.NOT_FOUND, f"{machine} has {count} GPUs (0..{count - 1}), no GPU {params.gpu}")
+            raise RemoteError(ErrorCode.NOT_FOUND, f"{machine} has {plural(count, 'GPU')} (0..{count - 1}), no GPU {params.gpu}")
         fields = params.model_dump(exclude={"gpu", "clear"}, exclude_none=True)
         if not fields and not params.clear:
             raise RemoteError(

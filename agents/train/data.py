@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agents.wire.words import plural
+
 CACHE_VERSION = 1
 IGNORE_INDEX = -100
 
@@ -163,7 +165,9 @@ def build_dataset(
     if not ids:
         raise DataError(f"{dataset}: no row has a token left to train on within max_seq_len={max_seq_len}")
     if dropped:
-        log(f"cetlab-train: dropped {dropped} of {len(rows)} rows with nothing to train on within max_seq_len={max_seq_len}")
+        log(
+            f"cetlab-train: dropped {dropped} of {plural(len(rows), 'row')} with nothing to train on within max_seq_len={max_seq_len}"
+        )
     data = TokenizedDataset.from_lists(ids, labels)
 
     if cache_file is not None:

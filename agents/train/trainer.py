@@ -28,6 +28,7 @@ from agents.train.config import ConfigError, TrainConfig
 from agents.train.data import DataError
 from agents.train.precision import PrecisionPlan, PrecisionRefused, compute_dtype, device_capability, plan_precision
 from agents.train.progress import clean_number, read_progress, write_progress
+from agents.wire.words import plural
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -192,7 +193,7 @@ def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int) -> 
             if "loss" not in logs:  # the end-of-training summary
                 if logs.get("train_runtime") is not None:
                     log(
-                        f"cetlab-train: trained {state.global_step} steps, train_runtime {logs['train_runtime']:.3f}s"
+                        f"cetlab-train: trained {plural(state.global_step, 'step')}, train_runtime {logs['train_runtime']:.3f}s"
                         f" (model load and imports excluded)"
                     )
                 return control
@@ -337,7 +338,7 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
         raise ConfigError(f"base_model: the tokenizer in {cfg.base_model} has neither a pad nor an eos token")
 
     dataset = build_dataset(Path(cfg.dataset), tokenizer, cfg.max_seq_len, cfg.pretokenized_cache, log=log)
-    log(f"cetlab-train: {len(dataset)} rows, {dataset.token_count()} tokens from {cfg.dataset}")
+    log(f"cetlab-train: {plural(len(dataset), 'row')}, {plural(dataset.token_count(), 'token')} from {cfg.dataset}")
 
     # fp16 keeps float32 master weights (autocast + loss scaling); bf16 trains in bf16 weights
     dtype = torch.bfloat16 if plan.precision == "bf16" else torch.float32

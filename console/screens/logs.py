@@ -10,6 +10,7 @@ from textual.widgets import Footer, Input, Log, Static
 from agents.wire.catalogue.jobs import JOBS_LOGS, LogsParams
 from agents.wire.catalogue.method import request
 from agents.wire.protocol import RemoteError
+from agents.wire.words import plural
 from console.screens.base import LabScreen
 from widgets.format import NA
 from widgets.lab_header import LabHeader
@@ -66,7 +67,7 @@ class LogScreen(LabScreen):
         parts = [
             f"[b]{esc(self.job_id)}[/b] on {esc(self.machine)}",
             esc(self.job_state),
-            f"{len(self.lines)} lines",
+            plural(len(self.lines), "line"),
             "[green]following[/]" if self.following else "[yellow]paused[/] (f follows)",
         ]
         if self.pattern:

@@ -38,6 +38,7 @@ from agents.wire.schema import (
     Watts,
     parse_duration,
 )
+from agents.wire.words import plural
 
 # ---------------------------------------------------------------------------- machines
 
@@ -396,7 +397,10 @@ def _cross_check(lab: Lab, engines: Collection[str] | None) -> list[tuple[tuple[
             for j, gpu in enumerate(item.gpus):
                 if count is not None and gpu >= count:
                     problems.append(
-                        ((section, i, "gpus", j), f"machine {machine.name} has {count} GPUs (0..{count - 1}), no GPU {gpu}")
+                        (
+                            (section, i, "gpus", j),
+                            f"machine {machine.name} has {plural(count, 'GPU')} (0..{count - 1}), no GPU {gpu}",
+                        )
                     )
     models = {m.name for m in lab.models}
     for key in ("warm", "sleeping", "cached", "pinned"):
@@ -463,7 +467,7 @@ def _nodes_cross_check(trainer: Trainer, i: int, machines: dict[str, Machine]) -
                 problems.append(
                     (
                         ("trainers", i, "nodes", j, "gpus", k),
-                        f"machine {machine.name} has {count} GPUs (0..{count - 1}), no GPU {gpu}",
+                        f"machine {machine.name} has {plural(count, 'GPU')} (0..{count - 1}), no GPU {gpu}",
                     )
                 )
     return problems

@@ -31,9 +31,11 @@ from agents.wire.catalogue.gateway import (
 )
 from agents.wire.catalogue.method import NoParams
 from agents.wire.lab.gateway import find_provider_model
+from agents.wire.lab.model import Model
+from agents.wire.lab.replicas import placements
 from agents.wire.protocol import Telemetry
 from agents.wire.sections.costs import ProviderSpend
-from agents.wire.sections.gateway import GatewayModelFigures, GatewaySection, KeyUse
+from agents.wire.sections.gateway import GatewayModelFigures, GatewaySection, KeyUse, ReplicaFigures
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -204,12 +206,31 @@ class GatewayComponent:
 
     # -- what it shows
 
+    def replicas(self, model: Model) -> list[ReplicaFigures]:
+        """Each placement of a model with replicas as the gateway sees it (none for a model of one placement)."""
+        if not model.replicas:
+            return []
+        found = []
+        for placed in placements(model):
+            info = self.router.model_info(model.name, placed.machine)
+            found.append(
+                ReplicaFigures(
+                    machine=placed.machine,
+                    gpus=placed.gpus,
+                    state=str(info.state) if info is not None else "unknown",
+                    draining=info is not None and info.draining,
+                    outstanding=self.router.outstanding.get((model.name, placed.machine), 0),
+                )
+            )
+        return found
+
     def catalogue(self) -> list[dict[str, Any]]:
         """/v1/models: every lab and cloud model with its state and tier."""
-        out = []
+        out: list[dict[str, Any]] = []
         for name, model in self.router.local.items():
             info = self.router.model_info(name)
             policy = self.config.models.get(name)
+            replicas = self.replicas(model)
             out.append(
                 {
                     "id": name,
@@ -223,10 +244,13 @@ class GatewayComponent:
                     "simulated": (spec := self.engine_spec(model.engine)) is not None and spec.simulated,
                     "aliases": policy.aliases if policy else [],
                     "fallback": policy.fallback if policy else None,
+                    **({"replicas": [r.model_dump(mode="json") for r in replicas]} if replicas else {}),
                 }
             )
+            if replicas and any(r.state == "warm" and not r.draining for r in replicas):
+                out[-1]["state"] = "warm"  # one placement serves: the model does
         for name, (engine_model, _upstream) in sorted(self.router.served().items()):
-            info = self.router.model_info(engine_model.name)
+            info = self.router.model_info(engine_model.name, engine_model.machine)
             out.append(
                 {
                     "id": name,
@@ -303,6 +327,7 @@ class GatewayComponent:
                     where=entry.get("machine") or entry.get("provider"),
                     state=entry["state"],
                     simulated=entry["simulated"],
+                    replicas=entry.get("replicas", []),
                     **figures.get(name, {}),
                 )
             )

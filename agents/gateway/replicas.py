@@ -47,9 +47,7 @@ def conversation_key(body: dict[str, Any]) -> str | None:
 
 def serving(info: ModelInfo | None) -> bool:
     """Whether this placement takes a new request now."""
-    return (
-        info is not None and info.state is ModelState.WARM and bool(info.endpoint) and not info.draining and info.op is None
-    )
+    return info is not None and info.state is ModelState.WARM and bool(info.endpoint) and not info.draining and info.op is None
 
 
 def _wakeable(info: ModelInfo | None) -> bool:
@@ -72,11 +70,12 @@ async def choose(router: Router, model: Model, conversation: str | None, avoid: 
         except Unreachable:
             continue
         live.append((placed, router.model_info(name, placed.machine)))
-    for allowed in (lambda m: m.machine not in avoid, lambda m: True):
-        ready = [p for p, info in live if allowed(p) and serving(info)]
+    for others_only in (True, False):
+        allowed = [(p, info) for p, info in live if not (others_only and p.machine in avoid)]
+        ready = [p for p, info in allowed if serving(info)]
         if ready:
             return _least_busy(router, name, ready, conversation)
-        waking = [(router.expected_bring_up_s(info), i, p) for i, (p, info) in enumerate(live) if allowed(p) and _wakeable(info)]
+        waking = [(router.expected_bring_up_s(info), i, p) for i, (p, info) in enumerate(allowed) if _wakeable(info)]
         if waking:
             return _remember(router, name, min(waking, key=lambda w: (w[0], w[1]))[2], conversation)
     failed = [p for p, info in live if info is not None and info.state is ModelState.FAILED]

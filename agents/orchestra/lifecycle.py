@@ -356,6 +356,7 @@ class Lifecycle:
             )
         if slot.pinned:
             raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is pinned; unpin it first")
+
         async def work() -> float:
             await self.drain(slot)
             return await self._sleep(slot)

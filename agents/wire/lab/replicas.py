@@ -25,7 +25,9 @@ def placements(model: Model) -> list[Model]:
     """The model as each machine that runs it runs it: its own entry first, then one per replica."""
     if not model.replicas:
         return [model]
-    return [model] + [model.model_copy(update={"machine": r.machine, "gpus": list(r.gpus), "port": r.port}) for r in model.replicas]
+    return [model] + [
+        model.model_copy(update={"machine": r.machine, "gpus": list(r.gpus), "port": r.port}) for r in model.replicas
+    ]
 
 
 def placement_on(model: Model, machine: str) -> Model | None:
@@ -51,9 +53,7 @@ def replicas_cross_check(models: list[Model], machines: Mapping[str, _Machine]) 
             where = ("models", i, "replicas", j)
             machine = machines.get(replica.machine)
             if machine is None:
-                problems.append(
-                    ((*where, "machine"), f"no machine named {replica.machine!r} (machines: {', '.join(machines)})")
-                )
+                problems.append(((*where, "machine"), f"no machine named {replica.machine!r} (machines: {', '.join(machines)})"))
                 continue
             if replica.machine in taken:
                 problems.append(

@@ -19,7 +19,7 @@ from agents.wire.catalogue.models import MODELS_COLD, MODELS_LIST, MODELS_SLEEP,
 from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.gateway import Provider, ProviderModel, find_provider_model
 from agents.wire.lab.model import Lab, Model
-from agents.wire.lab.replicas import models_on, placements
+from agents.wire.lab.replicas import models_on, placement_on, placements
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.models import ModelInfo
 from agents.wire.states import ModelState
@@ -148,6 +148,8 @@ class Router:
             for info in view.model_list:
                 name = info.name
                 model = self.local.get(name)
+                if model is not None and model.machine != machine:  # a replica's engine: adapters loaded there
+                    model = placement_on(model, machine) or model
                 if model is None:
                     model = self.runtime.get(name)
                     if model is None or model.machine != machine:

@@ -10,7 +10,11 @@ draining.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
+from typing import Any
 
 import aiohttp
 import pytest
@@ -27,7 +31,11 @@ SIM = {"load_s": 0.05, "cold_factor": 1, "warmup_s": 0.05, "wake_s": 0.05, "toke
 P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
 LAB = {
     "lab": "replicas-e2e",
-    "machines": [{"name": "hub", "gpus": {"sim": [P4]}}, {"name": "a", "gpus": {"sim": [P4]}}, {"name": "b", "gpus": {"sim": [P4]}}],
+    "machines": [
+        {"name": "hub", "gpus": {"sim": [P4]}},
+        {"name": "a", "gpus": {"sim": [P4]}},
+        {"name": "b", "gpus": {"sim": [P4]}},
+    ],
     "models": [
         {
             "name": "chat",
@@ -94,7 +102,7 @@ async def test_a_model_on_two_replicas_survives_a_swap_of_one_without_a_failed_r
         workers = [asyncio.create_task(converse(http, i)) for i in range(WORKERS)]
         try:
             await wait_for(lambda: {"a", "b"} <= {t for _, s, t, _ in answers if s == 200}, timeout=30)
-            await fleet.call("a", "models.swap", {"out": "chat", "in": "other"})
+            swap = asyncio.create_task(asyncio.to_thread(cli, demo, "swap", "chat", "other", "--machine", "a"))
 
             async def gateway_sees_a_draining() -> float | None:
                 return time.monotonic() if (await replicas())["a"]["draining"] else None
@@ -106,6 +114,8 @@ async def test_a_model_on_two_replicas_survives_a_swap_of_one_without_a_failed_r
                 return chat["state"] == "sleeping" and not chat["op"] and other["state"] == "warm"
 
             await wait_for(swapped, timeout=60, interval=0.1)
+            code, swapped_json = await swap
+            assert code == 0 and swapped_json["out"]["machine"] == "a" and swapped_json["out"]["state"] == "sleeping"
             after = len(answers)
             await wait_for(lambda: len(answers) >= after + 2 * WORKERS, timeout=30)
         finally:
@@ -121,3 +131,28 @@ async def test_a_model_on_two_replicas_survives_a_swap_of_one_without_a_failed_r
         drains = [e for e in history if e["event"] == "drain"]
         assert drains and drains[0]["detail"] == {"running": 0}  # it ended its requests before it went to sleep
         assert (await replicas())["a"]["state"] == "sleeping"
+
+    # `cetlab models` shows the model once with its two placements; a verb on it names the replica
+    code, listing = await asyncio.to_thread(cli, demo, "models")
+    assert code == 0
+    assert [(r["machine"], r["state"], r["draining"]) for r in listing["replicas"]["chat"]] == [
+        ("a", "sleeping", False),
+        ("b", "warm", False),
+    ]
+    code, text = await asyncio.to_thread(cli, demo, "models", json_out=False)
+    rows = [line.split()[:3] for line in text.splitlines() if "chat" in line]
+    assert rows == [["chat", "(2", "replicas)"], ["chat", "b", "0"]], text
+    code, refused = await asyncio.to_thread(cli, demo, "sleep", "chat")
+    assert code == 1 and "--machine" in refused["error"]["message"] and "a, b" in refused["error"]["message"]
+
+
+def cli(demo: DemoLab, *args: str, json_out: bool = True) -> tuple[int, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), *(["--json"] if json_out else []), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if not json_out:
+        return done.returncode, done.stdout
+    return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}

@@ -178,6 +178,17 @@ async def test_a_conversation_stays_on_its_replica_until_that_is_much_busier(rou
     assert stranger != first
 
 
+def test_a_conversation_without_a_system_prompt_keeps_its_key_turn_after_turn():
+    turn = [{"role": "user", "content": "hi"}]
+    keys = set()
+    for reply in ("hello", "sure", "bye"):
+        keys.add(conversation_key({"messages": turn}))
+        turn = [*turn, {"role": "assistant", "content": reply}, {"role": "user", "content": f"after {reply}"}]
+    assert len(keys) == 1 and None not in keys
+    assert conversation_key({"prompt": "Once upon a time"}) == conversation_key({"prompt": "Once upon a time"})
+    assert conversation_key({"messages": []}) is None and conversation_key({"input": "x"}) is None
+
+
 async def test_a_draining_replica_gets_no_request_not_even_its_conversations(router, reach):
     reach.tick(info("a"), info("b"))
     key = conversation_key({"messages": [{"role": "user", "content": "hi"}]})

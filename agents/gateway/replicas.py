@@ -2,7 +2,7 @@
 
 A model with `replicas:` in lab.yaml runs on several machines (agents/wire/lab/replicas.py). Each request goes to a
 placement that serves now (warm, not draining, no operation in flight), the one with the fewest of this gateway's
-requests outstanding; a conversation (its first messages) goes back to the placement that answered it last, whose
+requests outstanding; a conversation (its messages up to the first user message) goes back to the placement that answered it last, whose
 engine holds its prefix in cache, while that is at most AFFINITY_SLACK requests busier than the least busy. With
 none serving, the one quickest to bring up is woken or loaded; a draining or failed placement gets nothing new.
 """
@@ -25,15 +25,16 @@ if TYPE_CHECKING:
 
 AFFINITY_SLACK = 2  # a conversation stays on its replica while that has at most this many more requests than the least busy
 AFFINITY_KEEP = 4096  # conversations remembered per gateway (the oldest forgotten first)
-PREFIX_MESSAGES = 2  # a conversation is known by its first messages (a system prompt and the first turn)
-PREFIX_CHARS = 4096  # ... or a completion prompt's beginning
+PREFIX_CHARS = 4096  # a completion prompt is known by its beginning
 
 
 def conversation_key(body: dict[str, Any]) -> str | None:
     """A short digest of what a conversation's requests share at their start; None when there is nothing to keep."""
     messages = body.get("messages")
     if isinstance(messages, list) and messages:
-        prefix: Any = messages[:PREFIX_MESSAGES]
+        # what every turn of it starts with: the messages up to its first user message (a system prompt, then that)
+        first_user = next((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), 0)
+        prefix: Any = messages[: first_user + 1]
     elif isinstance(body.get("prompt"), str) and body["prompt"]:
         prefix = body["prompt"][:PREFIX_CHARS]
     else:

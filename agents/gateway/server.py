@@ -42,6 +42,7 @@ log = logging.getLogger("cetlab.gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]  # what an aiohttp middleware wraps
 
+RETRY_LOOK_S = 5.0  # a retry asks the failed machine's agent for its models this long at most
 RETIRED_KEPT = 16  # sessions set aside after a broken connection, kept open for the requests still on them
 UNKNOWN_MODEL = "?"  # how the meter files a request for a name that is no model (the name itself is kept nowhere)
 
@@ -355,7 +356,11 @@ class GatewayHttp:
                     # connection, to another replica where one serves
                     log.info("%s on %s: %s before the answer began; trying again", target.model, target.where, exc)
                     await self.forget_session(target)
-                    await self.gw.router.refresh(target.where)
+                    try:  # a fresh look at that machine, but never a wait for it: route() judges its link
+                        async with asyncio.timeout(RETRY_LOOK_S):
+                            await self.gw.router.refresh(target.where)
+                    except (TimeoutError, NotServable):
+                        pass
                     avoid = frozenset({target.where})
                     continue
                 if outcome.status != 503 or target.tier != "local" or attempt:

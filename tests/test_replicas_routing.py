@@ -205,6 +205,10 @@ async def test_a_draining_replica_gets_no_request_not_even_its_conversations(rou
 async def test_a_replica_with_an_operation_in_flight_or_failed_or_unreachable_is_passed_over(router, reach):
     reach.tick(info("a", op="sleep"), info("b"))
     assert await where(router) == "b"
+    reach.tick(info("a", op="cache"), info("b"))  # reading its files into the page cache: it still serves
+    router.outstanding[("chat", "b")] = 1
+    assert await where(router) == "a"
+    router.outstanding.clear()
     reach.tick(info("a"), info("b", state="failed"))
     assert await where(router) == "a"
     reach.tick(info("b"))

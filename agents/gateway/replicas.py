@@ -48,7 +48,13 @@ def conversation_key(body: dict[str, Any]) -> str | None:
 
 def serving(info: ModelInfo | None) -> bool:
     """Whether this placement takes a new request now."""
-    return info is not None and info.state is ModelState.WARM and bool(info.endpoint) and not info.draining and info.op is None
+    return (
+        info is not None
+        and info.state is ModelState.WARM
+        and bool(info.endpoint)
+        and not info.draining
+        and info.op in (None, "cache")  # a sleep, cold or swap on its way takes it out; reading its files does not
+    )
 
 
 def _wakeable(info: ModelInfo | None) -> bool:

@@ -285,7 +285,9 @@ class ModelsScreen(LabScreen):
 
         others = [m for m in replica_machines(self.lab_app.lab, out) if m != out.machine]
         going = (
-            f"its replica on {esc(out.machine)} out (it drains first; {esc(', '.join(others))} keep answering)"
+            f"its replica on {esc(out.machine)} out (it drains first; "
+            + (f"the one on {esc(others[0])} keeps" if len(others) == 1 else f"those on {esc(', '.join(others))} keep")
+            + " answering)"
             if others
             else "out (it stops answering)"
         )

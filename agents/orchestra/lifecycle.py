@@ -240,7 +240,7 @@ class Lifecycle:
         running: float | None = None
         while True:
             now = time.monotonic()
-            running = await self._in_flight(slot, engine)
+            running = await self._in_flight(engine)
             if now >= seen_at and not running:
                 break
             if now >= deadline:
@@ -256,7 +256,7 @@ class Lifecycle:
             log.warning("%s: its engine reports no running requests; drained for %d ticks only", slot.name, DRAIN_TICKS)
         self.book.event(slot, "drain", time.monotonic() - started, detail={"running": running})
 
-    async def _in_flight(self, slot: Slot, engine: Engine) -> float | None:
+    async def _in_flight(self, engine: Engine) -> float | None:
         """Requests the engine runs or queues now; None when it does not say (no metrics, or not answering)."""
         try:
             figures = EngineFigures.model_validate(await engine.metrics())

@@ -122,6 +122,8 @@ def state_text(model: ModelInfo) -> str:
             phase += f" {(progress.done_bytes or 0) / progress.total_bytes:.0%}"
         if phase.strip():
             text += f" ({phase.strip()})"
+    if model.draining:
+        text += " (draining)"
     return text + (" PINNED" if model.pinned else "")
 
 

@@ -47,7 +47,6 @@ def replicated_app() -> CetlabApp:
             "endpoint": "unix:/run/irina/phi.sock",
             "draining": True,
             "op": "sleep",
-            "progress": {"phase": "draining"},
         }
     ]
     state.machines["workstation"].apply_section("models", {"models": workstation})
@@ -90,7 +89,7 @@ def test_cetlab_models_names_a_model_with_replicas_once_then_a_row_per_placement
     def info(machine: str, name: str = "chat", **fields) -> ModelInfo:
         return ModelInfo(name=name, machine=machine, engine="sim", state="warm", since=0.0, **fields)
 
-    text = models_human([info("a"), info("b", draining=True, progress={"phase": "draining"}), info("a", "solo")], {}, {})
+    text = models_human([info("a"), info("b", draining=True), info("a", "solo")], {}, {})
     rows = [line.split()[:3] for line in text.splitlines()[1:4]]
     assert rows == [["chat", "(2", "replicas)"], ["chat", "b", "cpu"], ["solo", "a", "cpu"]], text
     assert "warm (draining)" in text.splitlines()[2]

@@ -83,7 +83,7 @@ async def test_a_replica_drains_until_its_engine_runs_no_request_then_goes_on():
     lifecycle, slot, book = pool(lab_with([{"machine": "b", "gpus": [0]}]), engine)
     drain = asyncio.create_task(lifecycle.drain(slot))
     await wait_for(lambda: slot.draining and engine.asked >= 5)
-    assert not drain.done() and slot.progress is not None and slot.progress.phase == "draining"
+    assert not drain.done()
     engine.figures.update(requests_running=1, requests_waiting=0)
     await wait_for(lambda: engine.asked >= 10)
     assert not drain.done()

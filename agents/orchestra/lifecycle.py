@@ -232,8 +232,7 @@ class Lifecycle:
         if not self.needs_drain(slot):
             return
         engine = running_engine(slot)
-        slot.draining = True
-        slot.progress = ModelProgress(phase="draining")
+        slot.draining = True  # its own flag, not a progress phase: an older console reads a newer agent's ticks
         started = time.monotonic()
         seen_at = started + DRAIN_TICKS * self.core.machine.sample_interval_s
         deadline = started + slot.model.drain_timeout_s

@@ -27,9 +27,7 @@ StopRequest = Literal["stop", "kill"]  # stop: SIGTERM, then SIGKILL after the g
 ModelOp = Literal["warm", "wake", "sleep", "swap", "cache", "cold"]  # the operation in flight on a model
 
 
-ModelPhase = Literal[
-    "draining", "starting", "loading", "warm-up", "waking", "going to sleep", "stopping", "caching", "making the tiny model"
-]
+ModelPhase = Literal["starting", "loading", "warm-up", "waking", "going to sleep", "stopping", "caching", "making the tiny model"]
 
 
 CheckpointKind = Literal["adapter", "full", "unknown"]

@@ -78,11 +78,12 @@ def model_json(model: ModelInfo) -> dict[str, Any]:
     return {k: dumped[k] for k in (*MODEL_KEYS, *EXTRA_KEYS)}
 
 
-def in_lab_order(ctx: Context, models: list[ModelInfo]) -> list[ModelInfo]:
-    """A model's placements together, in lab.yaml's order (its own machine, then its replicas); others after."""
-    placed = ((m.name, machine) for m in ctx.lab.models for machine in machines_of(m))
-    rank = {key: i for i, key in enumerate(placed)}
-    return sorted(models, key=lambda m: rank.get((m.name, m.machine), len(rank)))
+def grouped(models: list[ModelInfo]) -> list[ModelInfo]:
+    """A model's placements side by side, where its first one is; the order otherwise as it came (machine by machine)."""
+    by_name: dict[str, list[ModelInfo]] = {}
+    for model in models:
+        by_name.setdefault(model.name, []).append(model)
+    return [m for placed in by_name.values() for m in placed]
 
 
 def replicas_json(ctx: Context, models: list[ModelInfo]) -> dict[str, list[dict[str, Any]]]:
@@ -320,7 +321,7 @@ async def cmd_models(ctx: Context) -> int:
             continue
         models += reply.models
         rotations[machine] = reply.rotation
-    models = in_lab_order(ctx, models)
+    models = grouped(models)
     data = {
         "lab": ctx.lab.lab,
         "models": [model_json(m) for m in models],

@@ -25,6 +25,7 @@ from agents.wire.lab.replicas import machines_of
 from agents.wire.protocol import GpuSample
 from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
+from console.cli_models import grouped
 from console.rotation import overhead_words
 from console.screens.base import LabScreen
 from console.screens.modals import PickModelScreen
@@ -169,10 +170,7 @@ class ModelsScreen(LabScreen):
             if view.models is not None:
                 models += view.models.models
                 rotations[view.name] = view.models.rotation
-        # a model's placements side by side, in lab.yaml's order (its machine, then its replicas); the rest after
-        placed = ((m.name, machine) for m in self.lab_app.lab.models for machine in machines_of(m))
-        order = {key: i for i, key in enumerate(placed)}
-        return sorted(models, key=lambda m: order.get((m.name, m.machine), len(order))), rotations
+        return grouped(models), rotations  # a model's replicas side by side
 
     def detail(self, model: ModelInfo | None) -> str:
         return detail_text(model, replica_machines(self.lab_app.lab, model) if model is not None else None)

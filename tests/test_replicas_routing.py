@@ -16,7 +16,7 @@ import yaml
 
 from agents.gateway.metering import Meter
 from agents.gateway.reach import Unreachable
-from agents.gateway.replicas import AFFINITY_SLACK, conversation_key
+from agents.gateway.replicas import AFFINITY_SLACK, choose, conversation_key, replica_figures
 from agents.gateway.router import Router
 from agents.orchestra.engines import engine_spec
 from agents.runtime.store import Store
@@ -227,8 +227,6 @@ async def test_a_retry_goes_to_another_replica_and_to_the_same_when_none_other_s
 async def test_with_none_warm_the_quickest_to_bring_up_is_woken(router, reach):
     reach.tick(info("a", state="cold", load_s=5.0), info("b", state="sleeping", wake_s=0.5))
     chosen = router.local["chat"]
-    from agents.gateway.replicas import choose
-
     assert (await choose(router, chosen, None, frozenset())).machine == "b"
     reach.tick(info("b", state="sleeping", wake_s=0.5, draining=True))
     assert (await choose(router, chosen, None, frozenset())).machine == "a"
@@ -237,9 +235,7 @@ async def test_with_none_warm_the_quickest_to_bring_up_is_woken(router, reach):
 async def test_the_gateway_section_shows_each_replica(router, reach):
     reach.tick(info("a"), info("b", draining=True))
     router.outstanding[("chat", "a")] = 2
-    from agents.gateway.component import GatewayComponent
-
-    figures = GatewayComponent.replicas(type("C", (), {"router": router})(), router.local["chat"])  # type: ignore[arg-type]
+    figures = replica_figures(router, router.local["chat"])
     assert [(r.machine, r.gpus, r.state, r.draining, r.outstanding) for r in figures] == [
         ("a", [1], "warm", False, 2),
         ("b", [0], "warm", True, 0),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from agents.gateway.keys import KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.reach import Reach
+from agents.gateway.replicas import replica_figures
 from agents.gateway.router import Router, Target
 from agents.orchestra.port import ModelsPort
 from agents.runtime.peer_links import PeerLinkState
@@ -31,11 +32,9 @@ from agents.wire.catalogue.gateway import (
 )
 from agents.wire.catalogue.method import NoParams
 from agents.wire.lab.gateway import find_provider_model
-from agents.wire.lab.model import Model
-from agents.wire.lab.replicas import placements
 from agents.wire.protocol import Telemetry
 from agents.wire.sections.costs import ProviderSpend
-from agents.wire.sections.gateway import GatewayModelFigures, GatewaySection, KeyUse, ReplicaFigures
+from agents.wire.sections.gateway import GatewayModelFigures, GatewaySection, KeyUse
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -206,31 +205,13 @@ class GatewayComponent:
 
     # -- what it shows
 
-    def replicas(self, model: Model) -> list[ReplicaFigures]:
-        """Each placement of a model with replicas as the gateway sees it (none for a model of one placement)."""
-        if not model.replicas:
-            return []
-        found = []
-        for placed in placements(model):
-            info = self.router.model_info(model.name, placed.machine)
-            found.append(
-                ReplicaFigures(
-                    machine=placed.machine,
-                    gpus=placed.gpus,
-                    state=str(info.state) if info is not None else "unknown",
-                    draining=info is not None and info.draining,
-                    outstanding=self.router.outstanding.get((model.name, placed.machine), 0),
-                )
-            )
-        return found
-
     def catalogue(self) -> list[dict[str, Any]]:
         """/v1/models: every lab and cloud model with its state and tier."""
         out: list[dict[str, Any]] = []
         for name, model in self.router.local.items():
             info = self.router.model_info(name)
             policy = self.config.models.get(name)
-            replicas = self.replicas(model)
+            replicas = replica_figures(self.router, model)
             out.append(
                 {
                     "id": name,
@@ -327,7 +308,7 @@ class GatewayComponent:
                     where=entry.get("machine") or entry.get("provider"),
                     state=entry["state"],
                     simulated=entry["simulated"],
-                    replicas=entry.get("replicas", []),
+                    replicas=replica_figures(self.router, local) if (local := self.router.local.get(name)) else [],
                     **figures.get(name, {}),
                 )
             )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from agents.gateway.reach import Unreachable
 from agents.wire.lab.replicas import placements
+from agents.wire.sections.gateway import ReplicaFigures
 from agents.wire.states import ModelState
 
 if TYPE_CHECKING:
@@ -110,3 +111,22 @@ def _remember(router: Router, name: str, chosen: Model, conversation: str | None
         while len(router.affinity) > AFFINITY_KEEP:
             router.affinity.popitem(last=False)
     return chosen
+
+
+def replica_figures(router: Router, model: Model) -> list[ReplicaFigures]:
+    """Each placement of a model with replicas as the gateway sees it (none for a model of one placement)."""
+    if not model.replicas:
+        return []
+    found = []
+    for placed in placements(model):
+        info = router.model_info(model.name, placed.machine)
+        found.append(
+            ReplicaFigures(
+                machine=placed.machine,
+                gpus=placed.gpus,
+                state=str(info.state) if info is not None else "unknown",
+                draining=info is not None and info.draining,
+                outstanding=router.outstanding.get((model.name, placed.machine), 0),
+            )
+        )
+    return found

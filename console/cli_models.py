@@ -32,6 +32,7 @@ from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import ModelState
 from console.cli import Context, positive_seconds, say
+from console.replicas import grouped
 from console.replies import not_reached
 from console.rotation import overhead_words
 from widgets.format import NA, fmt, fmt_duration, fmt_gib
@@ -76,14 +77,6 @@ EXTRA_KEYS = (
 def model_json(model: ModelInfo) -> dict[str, Any]:
     dumped = model.model_dump(mode="json", include={*MODEL_KEYS, *EXTRA_KEYS})
     return {k: dumped[k] for k in (*MODEL_KEYS, *EXTRA_KEYS)}
-
-
-def grouped(models: list[ModelInfo]) -> list[ModelInfo]:
-    """A model's placements side by side, where its first one is; the order otherwise as it came (machine by machine)."""
-    by_name: dict[str, list[ModelInfo]] = {}
-    for model in models:
-        by_name.setdefault(model.name, []).append(model)
-    return [m for placed in by_name.values() for m in placed]
 
 
 def replicas_json(ctx: Context, models: list[ModelInfo]) -> dict[str, list[dict[str, Any]]]:

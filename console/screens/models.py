@@ -25,7 +25,7 @@ from agents.wire.lab.replicas import machines_of
 from agents.wire.protocol import GpuSample
 from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
-from console.cli_models import grouped
+from console.replicas import grouped, replica_machines
 from console.rotation import overhead_words
 from console.screens.base import LabScreen
 from console.screens.modals import PickModelScreen
@@ -72,12 +72,6 @@ def models_by_machine(lab: Lab) -> dict[str, set[str]]:
         for machine in machines_of(model):  # a model with replicas: on each of their machines
             found.setdefault(machine, set()).add(model.name)
     return found
-
-
-def replica_machines(lab: Lab, model: ModelInfo) -> list[str]:
-    """The machines of a model's placements (lab.yaml's machine and replicas); [] for a model of one placement."""
-    entry = next((m for m in lab.models if m.name == model.name), None)
-    return machines_of(entry) if entry is not None and entry.replicas else []
 
 
 def swap_fit(out: ModelInfo, incoming: ModelInfo, gpus: dict[int, GpuSample]) -> tuple[list[int], str | None]:

@@ -66,8 +66,10 @@ async def test_a_llama_server_replica_stopped_under_traffic_drains_on_its_engine
     stop = asyncio.Event()
 
     async def converse(http: aiohttp.ClientSession, who: int) -> None:
+        sent = 0
         while not stop.is_set():
-            body = {"model": "tiny", "messages": [{"role": "user", "content": f"hello {who}"}], "max_tokens": 24}
+            sent += 1  # a new conversation each time: no prefix keeps it on one replica
+            body = {"model": "tiny", "messages": [{"role": "user", "content": f"hello {who}.{sent}"}], "max_tokens": 24}
             async with http.post(url, json=body) as answer:
                 answers.append((answer.status, answer.headers.get("x-cetlab-target", "?"), (await answer.text())[:300]))
 
@@ -80,13 +82,12 @@ async def test_a_llama_server_replica_stopped_under_traffic_drains_on_its_engine
         async def placement(machine: str) -> dict:
             return (await fleet.call(machine, "models.list"))["models"][0]
 
-        async def both_warm() -> bool:
-            status = await fleet.call("box", "gateway.status")
-            if status["peers"].get("node") != "online":
-                return False
+        async def both_warm() -> bool:  # as the gateway sees them
             found = [await placement(m) for m in ("box", "node")]
             assert not [p["error"] for p in found if p["state"] == "failed"]
-            return all(p["state"] == "warm" for p in found)
+            status = await fleet.call("box", "gateway.status")
+            replicas = next(m for m in status["models"] if m["name"] == "tiny")["replicas"]
+            return [r["state"] for r in replicas] == ["warm", "warm"]
 
         await wait_for(both_warm, timeout=120, interval=0.2)
         workers = [asyncio.create_task(converse(http, i)) for i in range(WORKERS)]

@@ -76,7 +76,7 @@ async def test_the_first_request_after_a_peer_agent_restarted_with_its_engines_i
         url = f"{lab.gateway.url}/chat/completions"
         async with http.post(url, json=body) as first:
             assert first.status == 200, await first.text()
-        engine_pid = (await fleet.call("node", "models.get", {"model": "solo"}))["endpoint"]
+        endpoint = (await fleet.call("node", "models.get", {"model": "solo"}))["endpoint"]
 
         restart_agent(demo, "node")
 
@@ -90,7 +90,7 @@ async def test_the_first_request_after_a_peer_agent_restarted_with_its_engines_i
 
         await wait_for(back, timeout=60, interval=0.1)
         # the same engine, re-adopted (not a new one that a fresh connection would meet anyway)
-        assert (await fleet.call("node", "models.get", {"model": "solo"}))["endpoint"] == engine_pid
+        assert (await fleet.call("node", "models.get", {"model": "solo"}))["endpoint"] == endpoint
         async with http.post(url, json=body) as again:
             assert again.status == 200, await again.text()
             assert again.headers["x-cetlab-target"] == "node"

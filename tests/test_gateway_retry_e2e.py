@@ -89,7 +89,7 @@ async def test_the_first_request_after_a_peer_agent_restarted_with_its_engines_i
             return status["peers"].get("node") == "online" and models[0]["state"] == "warm"
 
         await wait_for(back, timeout=60, interval=0.1)
-        # the same engine, re-adopted (not a new one that a fresh connection would meet anyway)
+        # served at the address the gateway has pooled connections to from before the restart
         assert (await fleet.call("node", "models.get", {"model": "solo"}))["endpoint"] == endpoint
         async with http.post(url, json=body) as again:
             assert again.status == 200, await again.text()

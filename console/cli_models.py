@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,10 +27,12 @@ from agents.wire.catalogue.models import (
     SwapParams,
 )
 from agents.wire.engine_address import UNIX_PREFIX
+from agents.wire.lab.replicas import machines_of
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import ModelState
 from console.cli import Context, positive_seconds, say
+from console.replicas import grouped
 from console.replies import not_reached
 from console.rotation import overhead_words
 from widgets.format import NA, fmt, fmt_duration, fmt_gib
@@ -67,12 +70,33 @@ EXTRA_KEYS = (
     "error",
     "op",
     "size_bytes",
+    "draining",
 )
 
 
 def model_json(model: ModelInfo) -> dict[str, Any]:
     dumped = model.model_dump(mode="json", include={*MODEL_KEYS, *EXTRA_KEYS})
     return {k: dumped[k] for k in (*MODEL_KEYS, *EXTRA_KEYS)}
+
+
+def replicas_json(ctx: Context, models: list[ModelInfo]) -> dict[str, list[dict[str, Any]]]:
+    """Each model with replicas: its placements (machine, GPUs, state, draining, the engine's running and queued)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for entry in ctx.lab.models:
+        if entry.replicas:
+            out[entry.name] = [
+                {
+                    "machine": m.machine,
+                    "gpus": m.gpus,
+                    "state": str(m.state),
+                    "draining": m.draining,
+                    "requests_running": m.requests_running,
+                    "requests_waiting": m.requests_waiting,
+                }
+                for m in models
+                if m.name == entry.name
+            ]
+    return out
 
 
 def _secs(value: float | None) -> str:
@@ -92,16 +116,23 @@ def state_text(model: ModelInfo) -> str:
             phase += f" {(progress.done_bytes or 0) / progress.total_bytes:.0%}"
         if phase.strip():
             text += f" ({phase.strip()})"
+    if model.draining:
+        text += " (draining)"
     return text + (" PINNED" if model.pinned else "")
 
 
 def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None], offline: Mapping[str, RemoteError]) -> str:
     rows = [("MODEL", "MACHINE", "GPUS", "ENGINE", "STATE", "VRAM", "RUN/WAIT", "TOK/S", "KV", "LOAD", "WARM-UP", "WAKE", "RAM")]
+    placed = Counter(m.name for m in models)
+    shown: set[str] = set()
     for m in models:
         running = NA if m.requests_running is None else f"{m.requests_running:.0f}/{m.requests_waiting or 0:.0f}"
+        # a model with replicas: its name once, with how many, then one row per placement
+        name = m.name if placed[m.name] == 1 else (f"  {m.name}" if m.name in shown else f"{m.name} ({placed[m.name]} replicas)")
+        shown.add(m.name)
         rows.append(
             (
-                m.name,
+                name,
                 m.machine,
                 ",".join(map(str, m.gpus)) or "cpu",
                 m.engine + (" SIM" if m.simulated else ""),
@@ -198,9 +229,21 @@ def model_human(m: ModelInfo) -> str:
 
 
 def model_machine(ctx: Context, name: str) -> str:
+    """The machine whose placement of the model a verb acts on: --machine for a model with replicas, else its own."""
+    chosen: str | None = getattr(ctx.args, "machine", None)
     for model in ctx.lab.models:
         if model.name == name:
-            return model.machine
+            where = machines_of(model)
+            if chosen is None:
+                if len(where) > 1:
+                    raise RemoteError(
+                        ErrorCode.INVALID_PARAMS,
+                        f"{name} has replicas on {', '.join(where)}: say which with --machine (e.g. --machine {where[0]})",
+                    )
+                return model.machine
+            if chosen not in where:
+                raise RemoteError(ErrorCode.NOT_FOUND, f"{name} has no placement on {chosen} (it runs on {', '.join(where)})")
+            return chosen
     known = ", ".join(m.name for m in ctx.lab.models) or "none"
     raise RemoteError(ErrorCode.NOT_FOUND, f"no model named {name!r} in {ctx.lab.lab} (models: {known})")
 
@@ -260,7 +303,7 @@ async def wait_settled(ctx: Context, name: str, wanted: tuple[ModelState, ...], 
 
 
 async def cmd_models(ctx: Context) -> int:
-    machines = sorted({m.machine for m in ctx.lab.models})
+    machines = sorted({machine for m in ctx.lab.models for machine in machines_of(m)})
     replies = await ctx.request_all(MODELS_LIST, machines=machines)
     models: list[ModelInfo] = []
     rotations: dict[str, Rotation | None] = {}
@@ -271,9 +314,11 @@ async def cmd_models(ctx: Context) -> int:
             continue
         models += reply.models
         rotations[machine] = reply.rotation
+    models = grouped(models)
     data = {
         "lab": ctx.lab.lab,
         "models": [model_json(m) for m in models],
+        "replicas": replicas_json(ctx, models),
         "rotation": {machine: r.model_dump(mode="json") if r is not None else None for machine, r in rotations.items()},
         "offline": {machine: exc.message for machine, exc in offline.items()},
     }
@@ -361,7 +406,7 @@ async def cmd_swap(ctx: Context) -> int:
 
 
 async def cmd_rotate(ctx: Context) -> int:
-    machines = sorted({m.machine for m in ctx.lab.models})
+    machines = sorted({machine for m in ctx.lab.models for machine in machines_of(m)})
     if not ctx.lab.orchestra.rotation:
         raise RemoteError(ErrorCode.UNAVAILABLE, "lab.yaml has no orchestra.rotation plan")
     results = {m: await ctx.request(m, MODELS_ROTATE) for m in machines}
@@ -372,7 +417,8 @@ async def cmd_rotate(ctx: Context) -> int:
             results = {m: await ctx.request(m, MODELS_ROTATION) for m in machines}
     models_on: dict[str, set[str]] = {}
     for model in ctx.lab.models:
-        models_on.setdefault(model.machine, set()).add(model.name)
+        for machine in machines_of(model):
+            models_on.setdefault(machine, set()).add(model.name)
     ctx.out({m: r.model_dump(mode="json") for m, r in results.items()}, lambda _: rotation_human(results, models_on=models_on))
     return EXIT_OK
 
@@ -382,6 +428,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("--no-wait", action="store_true", help="return at once with the new state")
         p.add_argument(
             "--wait-timeout", type=positive_seconds, default=1800.0, help="seconds to wait for the final state (default 1800)"
+        )
+
+    def placement(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--machine",
+            metavar="NAME",
+            help="the replica on this machine (needed for a model with replicas: lab.yaml's replicas)",
         )
 
     p = sub.add_parser("models", help="the model pool: state, load / warm-up / wake times, RAM cache")
@@ -394,15 +447,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ):
         p = sub.add_parser(verb, help=text)
         p.add_argument("model")
+        placement(p)
         waiting(p)
         p.set_defaults(func=func)
     p = sub.add_parser("swap", help="free OUT's GPUs (sleep or stop) and bring IN up there")
     p.add_argument("out")
     p.add_argument("incoming", metavar="in")
+    placement(p)
     waiting(p)
     p.set_defaults(func=cmd_swap)
     p = sub.add_parser("pin", help="pin a model: rotation never takes it out (--unpin to undo)")
     p.add_argument("model")
+    placement(p)
     p.add_argument("--unpin", action="store_true")
     p.set_defaults(func=cmd_pin)
     p = sub.add_parser("rotate", help="run the next step of the orchestra's rotation plan now")

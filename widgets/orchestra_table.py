@@ -58,6 +58,8 @@ def state_cell(model: ModelInfo) -> Text:
             phase += f" {(progress.done_bytes or 0) / progress.total_bytes:.0%}"
         if phase.strip():
             text.append(f" {phase.strip()}", style="italic")
+    if model.draining:  # a replica going out: it ends its requests, gets no new one
+        text.append(" draining", style="bold yellow")
     if model.pinned:
         text.append(" PIN", style="bold magenta")
     return text

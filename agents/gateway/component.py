@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from agents.gateway.keys import KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.reach import Reach
+from agents.gateway.replicas import replica_figures
 from agents.gateway.router import Router, Target
 from agents.orchestra.port import ModelsPort
 from agents.runtime.peer_links import PeerLinkState
@@ -206,10 +207,11 @@ class GatewayComponent:
 
     def catalogue(self) -> list[dict[str, Any]]:
         """/v1/models: every lab and cloud model with its state and tier."""
-        out = []
+        out: list[dict[str, Any]] = []
         for name, model in self.router.local.items():
             info = self.router.model_info(name)
             policy = self.config.models.get(name)
+            replicas = replica_figures(self.router, model)
             out.append(
                 {
                     "id": name,
@@ -223,10 +225,13 @@ class GatewayComponent:
                     "simulated": (spec := self.engine_spec(model.engine)) is not None and spec.simulated,
                     "aliases": policy.aliases if policy else [],
                     "fallback": policy.fallback if policy else None,
+                    **({"replicas": [r.model_dump(mode="json") for r in replicas]} if replicas else {}),
                 }
             )
+            if replicas and any(r.state == "warm" and not r.draining for r in replicas):
+                out[-1]["state"] = "warm"  # one placement serves: the model does
         for name, (engine_model, _upstream) in sorted(self.router.served().items()):
-            info = self.router.model_info(engine_model.name)
+            info = self.router.model_info(engine_model.name, engine_model.machine)
             out.append(
                 {
                     "id": name,
@@ -303,6 +308,7 @@ class GatewayComponent:
                     where=entry.get("machine") or entry.get("provider"),
                     state=entry["state"],
                     simulated=entry["simulated"],
+                    replicas=replica_figures(self.router, local) if (local := self.router.local.get(name)) else [],
                     **figures.get(name, {}),
                 )
             )

@@ -5,18 +5,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from agents.gateway.metering import Meter
 from agents.gateway.reach import Reach, Unreachable
+from agents.gateway.replicas import choose
 from agents.runtime.view import MachineView
 from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_COLD, MODELS_LIST, MODELS_SLEEP, MODELS_SWAP, MODELS_WARM, ModelParams, SwapParams
 from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.gateway import Provider, ProviderModel, find_provider_model
 from agents.wire.lab.model import Lab, Model
+from agents.wire.lab.replicas import models_on, placement_on, placements
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.models import ModelInfo
 from agents.wire.states import ModelState
@@ -39,6 +42,11 @@ DEFAULT_WAKE_S, DEFAULT_LOAD_S, DEFAULT_WARMUP_S, COLD_FACTOR = 6.0, 15.0, 52.0,
 
 
 SWAPPABLE = frozenset({ModelState.WARM, ModelState.SLEEPING})  # an engine that is up and settled: its GPUs can be taken
+
+
+def placement_key(model: Model) -> str:
+    """One placement of a model: its name, and where it has replicas, the machine (a model of one placement: its name)."""
+    return f"{model.name}@{model.machine}" if model.replicas else model.name
 
 
 def _why_failed(info: ModelInfo) -> str | None:
@@ -76,7 +84,8 @@ class Target:
     provider_model: ProviderModel | None = None
     woke: bool = False
     reason: str | None = None  # why a fallback answered
-    engine_model: Model | None = None  # local: the model whose engine answers (an adapter's base, or the model itself)
+    engine_model: Model | None = None  # local: the model whose engine answers (an adapter's base, or the model itself),
+    # as placed on the machine that answers (a replica's machine, GPUs and port)
     unix_socket: str | None = None  # the socket that carries base_url: this machine's engine's, or the SSH forward's
 
 
@@ -95,6 +104,9 @@ class Router:
         self._watching: dict[str, int] = {}  # model -> requests waiting at its engine
         self._watch_interval: dict[str, float] = {}  # model -> the watcher's next wait
         self._poked: dict[str, float] = {}  # model -> when a joining request last reset that wait
+        self.outstanding: dict[tuple[str, str], int] = {}  # (model, machine) -> gateway requests at that replica now
+        self.picked: dict[tuple[str, str], float] = {}  # (model, machine) -> when it was last chosen (ties: the other)
+        self.affinity: OrderedDict[tuple[str, str], str] = OrderedDict()  # (model, conversation) -> replica's machine
 
     def reconfigure(self, lab: Lab) -> None:
         """The lab it routes for (at start, and live after a push): its models, aliases, providers and policies."""
@@ -109,10 +121,11 @@ class Router:
     def _view(self, machine: str) -> MachineView | None:
         return self.peers.view(machine)
 
-    def model_info(self, name: str) -> ModelInfo | None:
-        """The model as its agent last said (a tick, or a fresh listing); None while its machine's models are unknown."""
+    def model_info(self, name: str, machine: str | None = None) -> ModelInfo | None:
+        """The model as its agent last said (a tick, or a fresh listing); None while its machine's models are unknown.
+        ``machine``: which placement (default: the model's own machine)."""
         model = self.local.get(name) or self.runtime[name]
-        view = self._view(model.machine)
+        view = self._view(machine or model.machine)
         return view.model(name) if view is not None else None
 
     def canonical(self, name: str) -> str:
@@ -136,6 +149,8 @@ class Router:
             for info in view.model_list:
                 name = info.name
                 model = self.local.get(name)
+                if model is not None and model.machine != machine:  # a replica's engine: adapters loaded there
+                    model = placement_on(model, machine) or model
                 if model is None:
                     model = self.runtime.get(name)
                     if model is None or model.machine != machine:
@@ -219,11 +234,18 @@ class Router:
 
     # -- routing
 
-    async def route(self, name: str, max_wait_s: float | None) -> Target:
-        """The target for a request of `name`; wakes or loads a local model, or falls back, as the policies say."""
+    async def route(
+        self, name: str, max_wait_s: float | None, conversation: str | None = None, avoid: frozenset[str] = frozenset()
+    ) -> Target:
+        """The target for a request of `name`; wakes or loads a local model, or falls back, as the policies say.
+        A model with replicas: the placement chosen for ``conversation`` (agents/gateway/replicas.py), preferring
+        machines not in ``avoid`` (a retry's)."""
         name = self.canonical(name)
         if name in self.local:
-            return await self._route_local(self.local[name], max_wait_s)
+            model = self.local[name]
+            if model.replicas:
+                model = await choose(self, model, conversation, avoid)
+            return await self._route_local(model, max_wait_s)
         served = self.served().get(name)
         if served is not None:
             engine_model, upstream = served
@@ -276,7 +298,7 @@ class Router:
             if fallback:
                 return self.provider_target(fallback, str(exc))
             raise _unreachable(exc, self.policies.retry_after_s) from None
-        info = self.model_info(model.name)
+        info = self.model_info(model.name, model.machine)
         if info is not None and info.state is ModelState.WARM and info.endpoint:
             return await self._local_target(model, info, woke=False)
         if info is not None and info.state is ModelState.FAILED:
@@ -327,13 +349,13 @@ class Router:
         model = target.engine_model
         if model is None:
             return await job
-        watcher = self._watchers.get(model.name)
+        key, at = placement_key(model), (model.name, model.machine)
+        watcher = self._watchers.get(key)
         if watcher is None or watcher.done():
-            watcher = self._watchers[model.name] = asyncio.create_task(
-                self._wake_if_asleep(model), name=f"gateway-watch-{model.name}"
-            )
-        self._watching[model.name] = self._watching.get(model.name, 0) + 1
-        self._poke(model.name)
+            watcher = self._watchers[key] = asyncio.create_task(self._wake_if_asleep(model), name=f"gateway-watch-{key}")
+        self._watching[key] = self._watching.get(key, 0) + 1
+        self.outstanding[at] = self.outstanding.get(at, 0) + 1
+        self._poke(key)
         wakes = self.meter.stats(model.name).wakes
         try:
             await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -341,10 +363,13 @@ class Router:
                 watcher.result()  # raises NotServable: the model could not be woken
             return await job
         finally:
-            self._watching[model.name] -= 1
-            if not self._watching[model.name]:
-                del self._watching[model.name]
+            self._watching[key] -= 1
+            if not self._watching[key]:
+                del self._watching[key]
                 watcher.cancel()
+            self.outstanding[at] -= 1
+            if not self.outstanding[at]:
+                del self.outstanding[at]
             if not job.done():
                 job.cancel()
                 await asyncio.gather(job, return_exceptions=True)
@@ -361,11 +386,12 @@ class Router:
     async def _wake_if_asleep(self, model: Model) -> None:
         """Ask the model's agent (fresh, not the tick) at growing intervals while requests wait; wake it if it sleeps."""
         while True:
-            interval = self._watch_interval.get(model.name, WATCH_FIRST_S)
+            key = placement_key(model)
+            interval = self._watch_interval.get(key, WATCH_FIRST_S)
             await asyncio.sleep(interval)
-            self._watch_interval[model.name] = min(WATCH_MAX_S, interval * 2)
+            self._watch_interval[key] = min(WATCH_MAX_S, interval * 2)
             await self.refresh(model.machine)
-            info = self.model_info(model.name)
+            info = self.model_info(model.name, model.machine)
             # only a sleeping engine holds requests (a stopped one refuses them: they fail, and are not reloaded for)
             if info is not None and info.state is ModelState.SLEEPING and not info.op:
                 log.info("%s went to sleep with gateway requests waiting at its engine: waking it", model.name)
@@ -385,9 +411,10 @@ class Router:
             )
         stats.queued += 1
         try:
-            task = self._bring_ups.get(model.name)
+            key = placement_key(model)
+            task = self._bring_ups.get(key)
             if task is None or task.done():
-                task = self._bring_ups[model.name] = asyncio.create_task(self._bring_up(model), name=f"gateway-up-{model.name}")
+                task = self._bring_ups[key] = asyncio.create_task(self._bring_up(model), name=f"gateway-up-{key}")
             async with asyncio.timeout(timeout_s):
                 return await asyncio.shield(task)
         except TimeoutError:
@@ -403,7 +430,7 @@ class Router:
         started = False
         while True:
             fresh = await self.refresh(model.machine)
-            info = self.model_info(model.name)
+            info = self.model_info(model.name, model.machine)
             if info is None:
                 view = self._view(model.machine)
                 raise NotServable(
@@ -462,10 +489,10 @@ class Router:
     def _swap_victim(self, model: Model) -> str | None:
         """An unpinned, idle model on the same GPUs, least recently asked for: never one with requests in flight."""
         candidates = []
-        for other in self.lab.models:
-            if other.machine != model.machine or other.name == model.name or not set(other.gpus) & set(model.gpus):
+        for other in models_on(self.lab, model.machine):
+            if other.name == model.name or not set(other.gpus) & set(model.gpus):
                 continue
-            info = self.model_info(other.name)
+            info = self.model_info(other.name, model.machine)
             if info is None:
                 continue
             busy = self.meter.stats(other.name).in_flight or info.requests_running or info.op
@@ -493,23 +520,24 @@ class Router:
     async def put_idle_to_sleep(self) -> None:
         """Models idle past their TTL go to sleep (or stop, where the engine cannot sleep)."""
         now = time.monotonic()
-        for name, model in self.local.items():
+        for name, entry in self.local.items():
             policy = self.gateway.models.get(name)
             ttl = (
                 policy.idle_ttl_s
                 if policy and policy.idle_ttl_s
                 else (self.policies.idle_ttl_s if name in self.brought_up else None)
             )
-            info = self.model_info(name)
-            if ttl is None or info is None or info.state is not ModelState.WARM or info.pinned or info.op:
+            if ttl is None or self.meter.stats(name).in_flight or now - self.last_request.get(name, now) < ttl:
                 continue
-            if self.meter.stats(name).in_flight or now - self.last_request.get(name, now) < ttl:
-                continue
-            spec = self.engine_spec(model.engine)
-            method = MODELS_SLEEP if spec is not None and spec.can_sleep else MODELS_COLD  # not known: cold works for all
-            try:
-                await request(self.peers, model.machine, method, ModelParams(model=name))
-                self.brought_up.discard(name)
-                log.info("%s idle for %.0f s: %s", name, now - self.last_request.get(name, now), method.name)
-            except RemoteError as exc:
-                log.warning("idle TTL of %s: %s", name, exc.message)
+            for model in placements(entry):  # each replica of an idle model
+                info = self.model_info(name, model.machine)
+                if info is None or info.state is not ModelState.WARM or info.pinned or info.op:
+                    continue
+                spec = self.engine_spec(model.engine)
+                method = MODELS_SLEEP if spec is not None and spec.can_sleep else MODELS_COLD  # not known: cold works for all
+                try:
+                    await request(self.peers, model.machine, method, ModelParams(model=name))
+                    self.brought_up.discard(name)
+                    log.info("%s idle for %.0f s: %s", name, now - self.last_request.get(name, now), method.name)
+                except RemoteError as exc:
+                    log.warning("idle TTL of %s: %s", name, exc.message)

@@ -28,6 +28,7 @@ from agents.gateway.openai_api import (
     is_model_name,
     max_wait,
 )
+from agents.gateway.replicas import conversation_key
 from agents.gateway.reservation import Hold, Reservations
 from agents.gateway.router import NotServable, Target
 from agents.gateway.routes import ANTHROPIC_PATHS, ROUTES, Route
@@ -41,6 +42,8 @@ log = logging.getLogger("cetlab.gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]  # what an aiohttp middleware wraps
 
+RETRY_LOOK_S = 5.0  # a retry asks the failed machine's agent for its models this long at most
+RETIRED_KEPT = 16  # sessions set aside after a broken connection, kept open for the requests still on them
 UNKNOWN_MODEL = "?"  # how the meter files a request for a name that is no model (the name itself is kept nowhere)
 
 
@@ -51,6 +54,7 @@ class GatewayHttp:
         self.gw = gateway
         self.session: aiohttp.ClientSession | None = None
         self.tunnel_sessions: dict[str, aiohttp.ClientSession] = {}  # SSH forward's unix socket -> its session
+        self.retired_sessions: list[aiohttp.ClientSession] = []  # set aside after a broken connection (forget_session)
         self.runner: web.AppRunner | None = None
         self.port: int | None = None
         self.gate: ConnectionGate | None = None
@@ -97,7 +101,7 @@ class GatewayHttp:
             await self.runner.cleanup()
         if self.session is not None:
             await self.session.close()
-        for session in self.tunnel_sessions.values():
+        for session in [*self.tunnel_sessions.values(), *self.retired_sessions]:
             await session.close()
 
     def session_for(self, target: Target) -> aiohttp.ClientSession:
@@ -111,6 +115,16 @@ class GatewayHttp:
                 connector=aiohttp.UnixConnector(path=target.unix_socket, limit=self.cap, limit_per_host=0), auto_decompress=False
             )
         return session
+
+    async def forget_session(self, target: Target) -> None:
+        """The next request to the target's socket opens a fresh connection: its session is set aside, not closed (other
+        requests may be streaming on it), and closed with the gateway or once RETIRED_KEPT newer ones were set aside."""
+        if target.unix_socket is not None:
+            session = self.tunnel_sessions.pop(target.unix_socket, None)
+            if session is not None:
+                self.retired_sessions.append(session)
+            while len(self.retired_sessions) > RETIRED_KEPT:
+                await self.retired_sessions.pop(0).close()
 
     # -- errors: OpenAI's JSON body for every status, aiohttp's own (404, 405, 413) included
 
@@ -304,8 +318,10 @@ class GatewayHttp:
             entered = True
             prompt_tokens = route.prompt(body)
             hold = self.holds.reserve_tokens(key, prompt_tokens, lengths)
+            conversation = conversation_key(body) if lab_model is not None and lab_model.replicas else None
+            avoid: frozenset[str] = frozenset()  # a retry's: the machine that failed it, where another replica serves
             for attempt in range(2):
-                target = await self.gw.router.route(model, max_wait_s)
+                target = await self.gw.router.route(model, max_wait_s, conversation, avoid)
                 record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
                 if route.chat and target.engine_model is not None and target.engine_model is not lab_model:
                     self.refuse_unsupported(body, target.engine_model)  # a checkpoint's or an adapter's engine
@@ -313,27 +329,45 @@ class GatewayHttp:
                     self.holds.reserve_money(hold, target, prompt_tokens)
                 upstream_body = with_lengths(body, hold.figure, target) if route.generates else body
                 timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
-                if record.stream:
-                    rewriter = route.mapping.stream(client_body) if route.mapping is not None else None
-                    response, outcome = await self.gw.router.while_awake(
-                        target, proxy.stream(request, self.session_for(target), target, path, upstream_body, timeout_s, rewriter)
-                    )
-                else:
-                    outcome = await self.gw.router.while_awake(
-                        target, proxy.fetch(self.session_for(target), target, path, upstream_body, timeout_s)
-                    )
-                    if route.mapping is not None and outcome.status == 200 and isinstance(outcome.data, dict):
-                        outcome.raw = json.dumps(route.mapping.answer(outcome.data, client_body)).encode()
-                    response = web.Response(
-                        body=outcome.raw,
-                        status=outcome.status,
-                        content_type=outcome.content_type,
-                        headers=proxy.tier_headers(target),
-                    )
+                try:
+                    if record.stream:
+                        rewriter = route.mapping.stream(client_body) if route.mapping is not None else None
+                        response, outcome = await self.gw.router.while_awake(
+                            target,
+                            proxy.stream(request, self.session_for(target), target, path, upstream_body, timeout_s, rewriter),
+                        )
+                    else:
+                        outcome = await self.gw.router.while_awake(
+                            target, proxy.fetch(self.session_for(target), target, path, upstream_body, timeout_s)
+                        )
+                        if route.mapping is not None and outcome.status == 200 and isinstance(outcome.data, dict):
+                            outcome.raw = json.dumps(route.mapping.answer(outcome.data, client_body)).encode()
+                        response = web.Response(
+                            body=outcome.raw,
+                            status=outcome.status,
+                            content_type=outcome.content_type,
+                            headers=proxy.tier_headers(target),
+                        )
+                except aiohttp.ClientConnectionError as exc:
+                    if attempt or target.tier != "local" or proxy.STREAM_OUTCOME in request:
+                        raise  # a second failure, a provider's, or the client has bytes of this answer already
+                    # nothing reached the client yet: the connection to the engine broke (its agent restarted and its
+                    # forward was made anew, or a replica just went out); look again, and send it once more on a fresh
+                    # connection, to another replica where one serves
+                    log.info("%s on %s: %s before the answer began; trying again", target.model, target.where, exc)
+                    await self.forget_session(target)
+                    try:  # a fresh look at that machine, but never a wait for it: route() judges its link
+                        async with asyncio.timeout(RETRY_LOOK_S):
+                            await self.gw.router.refresh(target.where)
+                    except (TimeoutError, NotServable):
+                        pass
+                    avoid = frozenset({target.where})
+                    continue
                 if outcome.status != 503 or target.tier != "local" or attempt:
                     break
                 # the engine went to sleep (or is going) since its agent's last tick: look again, wake it, once
                 await self.gw.router.refresh(target.where)
+                avoid = frozenset({target.where})
             assert target is not None  # the loop above ran at least once
             self.finish(key, record, outcome, target, body, route)
             return response

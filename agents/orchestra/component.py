@@ -35,6 +35,7 @@ from agents.runtime.torch_probe import TorchReader
 from agents.wire.documents import EngineFigures
 from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import Lab, Model
+from agents.wire.lab.replicas import machines_of, models_on
 from agents.wire.protocol import ErrorCode, RemoteError, Telemetry
 from agents.wire.sections.gpu_support import Stack, StackKind
 from agents.wire.sections.models import ModelInfo, ModelsSection
@@ -73,11 +74,10 @@ class OrchestraComponent:
         self.rotation = Rotation(core, self.book, self.lifecycle)
         self._tasks: list[asyncio.Task[None]] = []
         pinned = set(core.lab.orchestra.pinned)
-        for model in core.lab.models:
-            if model.machine == core.machine.name:
-                self.slots[model.name] = Slot(
-                    model, core.lab.resolve(model.path) or Path(model.path), list(model.gpus), pinned=model.name in pinned
-                )
+        for model in models_on(core.lab, core.machine.name):  # a replica of a model: as placed here
+            self.slots[model.name] = Slot(
+                model, core.lab.resolve(model.path) or Path(model.path), list(model.gpus), pinned=model.name in pinned
+            )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -135,7 +135,7 @@ class OrchestraComponent:
         """A pushed lab.yaml, live: a model gone is stopped and dropped, a new one gets its slot (cold, or cached), and a
         kept model takes its new entry for its next start; its warm engine keeps serving as it is, on its GPUs."""
         core = self.core
-        here = {m.name: m for m in new.models if m.machine == core.machine.name}
+        here = {m.name: m for m in models_on(new, core.machine.name)}
         for name in [n for n in self.slots if n not in here]:
             await self.lifecycle.cold(self.slots[name])
             core.release_gpus(f"model:{name}")
@@ -179,9 +179,9 @@ class OrchestraComponent:
         slot = self.slots.get(name)
         if slot is not None:
             return slot
-        elsewhere = next((m.machine for m in self.core.lab.models if m.name == name), None)
+        elsewhere = next((machines_of(m) for m in self.core.lab.models if m.name == name), None)
         if elsewhere is not None:
-            raise RemoteError(ErrorCode.NOT_FOUND, f"{name} runs on {elsewhere}, not {self.core.machine.name}")
+            raise RemoteError(ErrorCode.NOT_FOUND, f"{name} runs on {' and '.join(elsewhere)}, not {self.core.machine.name}")
         raise RemoteError(
             ErrorCode.NOT_FOUND,
             f"no model named {name!r} on {self.core.machine.name} (models here: {', '.join(self.slots) or 'none'})",
@@ -322,6 +322,7 @@ class OrchestraComponent:
             served_name=engine.served_name if engine is not None else (slot.model.served_name or slot.model.name),
             adapters=sorted(engine.adapters) if engine is not None else [],
             pinned=slot.pinned,
+            draining=slot.draining,
             can_sleep=engine_spec(slot.model.engine).can_sleep,
             op=slot.op_name if slot.busy else None,
             progress=slot.progress,

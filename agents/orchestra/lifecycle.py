@@ -18,6 +18,7 @@ from agents.orchestra.placement import Placement
 from agents.orchestra.residency import Residency
 from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, EngineFailed, Slot, gib_text
 from agents.runtime.core import AgentCore
+from agents.wire.documents import EngineFigures
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.base import ModelOp
 from agents.wire.sections.models import ModelError, ModelProgress
@@ -31,6 +32,8 @@ AGENT_PID_FILE = (
 HEALTH_POLL_S = 0.1
 HEALTH_POLL_FIRST_S = 0.01  # then 1.5x each time up to HEALTH_POLL_S
 WARMUP_TIMEOUT_S = 900.0
+DRAIN_POLL_S = 0.05  # a draining replica asks its engine this often whether its requests have ended
+DRAIN_TICKS = 2  # ... and stays draining at least this many ticks, so that the gateway has seen it before it goes
 
 
 def signal_name(number: int) -> str:
@@ -217,13 +220,63 @@ class Lifecycle:
         return seconds
 
     @staticmethod
+    def needs_drain(slot: Slot) -> bool:
+        """A replica of a model that serves now: the gateway sends its requests to the other placements first."""
+        return bool(slot.model.replicas) and slot.state == ModelState.WARM and slot.engine is not None
+
+    async def drain(self, slot: Slot) -> None:
+        """Before a replica goes out (swap, sleep, cold, rotation): mark it draining, which its ticks show and the
+        gateway sends no new request to; then wait until its engine runs none, at most the model's drain_timeout_s.
+
+        The engine's own count (vLLM's num_requests_running and _waiting, llama-server's requests_processing and
+        _deferred, the simulators' the same) is the truth for every client, the gateway's and direct ones, and it
+        survives a gateway restart; the gateway's retry before the first byte covers a request it sent just before
+        the tick that said draining reached it."""
+        if not self.needs_drain(slot):
+            return
+        engine = running_engine(slot)
+        slot.draining = True  # its own flag, not a progress phase: an older console reads a newer agent's ticks
+        started = time.monotonic()
+        seen_at = started + DRAIN_TICKS * self.core.machine.sample_interval_s
+        deadline = started + slot.model.drain_timeout_s
+        running: float | None = None
+        while True:
+            now = time.monotonic()
+            running = await self._in_flight(engine)
+            if now >= seen_at and not running:
+                break
+            if now >= deadline:
+                if running:
+                    self.book.notice(
+                        "warning",
+                        f"{slot.name} on {self.core.machine.name}: {running:.0f} requests still running after draining "
+                        f"{slot.model.drain_timeout_s:g} s (drain_timeout_s); taking it out anyway",
+                    )
+                break
+            await asyncio.sleep(DRAIN_POLL_S)
+        if running is None:
+            log.warning("%s: its engine reports no running requests; drained for %d ticks only", slot.name, DRAIN_TICKS)
+        self.book.event(slot, "drain", time.monotonic() - started, detail={"running": running})
+
+    async def _in_flight(self, engine: Engine) -> float | None:
+        """Requests the engine runs or queues now; None when it does not say (no metrics, or not answering)."""
+        try:
+            figures = EngineFigures.model_validate(await engine.metrics())
+        except (EngineDown, EngineRequestFailed, ValueError):
+            return None
+        parts = [n for n in (figures.requests_running, figures.requests_waiting) if n is not None]
+        return sum(parts) if parts else None
+
+    @staticmethod
     def held_after_free(slot: Slot) -> int:
         if slot.state == ModelState.WARM and slot.engine is not None and slot.engine.can_sleep:
             return SLEEP_RESIDUAL_BYTES if slot.gpus else 0
         return slot.held_bytes() if slot.state == ModelState.SLEEPING else 0
 
     async def free(self, slot: Slot) -> float:
-        """Take a model off its GPUs: sleep when the engine can, else stop; a sleeping one stays asleep."""
+        """Take a model off its GPUs: sleep when the engine can, else stop; a sleeping one stays asleep (a replica
+        drains first)."""
+        await self.drain(slot)
         if slot.state == ModelState.WARM and slot.engine is not None and slot.engine.can_sleep:
             return await self._sleep(slot)
         if slot.state in MODEL_HOLDS_GPU:
@@ -272,6 +325,7 @@ class Lifecycle:
                     self.fail(slot, slot.engine, "internal error in the agent; see its log")
         finally:
             for slot in slots:
+                slot.draining = False
                 if slot.state in MODEL_SETTLED:
                     slot.progress = None
 
@@ -304,7 +358,21 @@ class Lifecycle:
             )
         if slot.pinned:
             raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is pinned; unpin it first")
-        return self.begin([slot], "sleep", lambda: self._sleep(slot))
+
+        async def work() -> float:
+            await self.drain(slot)
+            return await self._sleep(slot)
+
+        return self.begin([slot], "sleep", work)
+
+    def drain_and_stop(self, slot: Slot) -> asyncio.Task[Any]:
+        """`cetlab cold` of a serving replica: drain it, then stop it (in a task: the reply does not wait)."""
+
+        async def work() -> float:
+            await self.drain(slot)
+            return await self._stop(slot)
+
+        return self.begin([slot], "cold", work)
 
     async def cold(self, slot: Slot) -> None:
         """Stop a model wherever it is, cancelling what it was doing."""

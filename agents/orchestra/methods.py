@@ -98,7 +98,11 @@ def register(pool: OrchestraComponent) -> None:
     async def models_cold(peer: Peer, params: ModelParams) -> ModelInfo:
         slot = pool.slot(params.model)
         slot.operator_warm = False
-        await pool.cold(slot)
+        if pool.lifecycle.needs_drain(slot) and not slot.busy:
+            pool.lifecycle.drain_and_stop(slot)  # a serving replica ends its requests first; ticks show the rest
+            await asyncio.sleep(0)
+        else:
+            await pool.cold(slot)
         return pool.info(slot)
 
     @rpc.implements(MODELS_SWAP)

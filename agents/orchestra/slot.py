@@ -73,6 +73,7 @@ class Slot:
     progress: ModelProgress | None = None
     error: ModelError | None = None
     pinned: bool = False
+    draining: bool = False  # a replica going out: the gateway sends it no new request (Lifecycle.drain)
     operator_warm: bool = False  # an operator asked for it warm: the start plan and the timed rotation leave it up
     cached_bytes: int = 0
     size_bytes: int = 0

@@ -15,6 +15,7 @@ from pathlib import Path
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, KeyFileError, parse_authorized_keys
 from agents.wire.catalogue.doctor import Level
 from agents.wire.lab.model import Alerts, Lab, SimGpus, Trainer
+from agents.wire.lab.replicas import models_on
 from agents.wire.words import noun, plural
 
 OK: Level = "OK"
@@ -97,7 +98,7 @@ def check_engines(lab: Lab, machine: str) -> list[Check]:
     """Each engine's own line on its install here (a model of this machine using it makes a missing one a FAIL)."""
     from agents.orchestra.engines import ENGINES
 
-    needed = {m.engine for m in lab.models if m.machine == machine}
+    needed = {m.engine for m in models_on(lab, machine)}
     checks = []
     for name, engine in ENGINES.items():
         found = engine.install_check(name in needed)
@@ -110,7 +111,7 @@ def check_models(lab: Lab, machine: str) -> list[Check]:
     """Each model lab.yaml places here, as its engine judges it: the engine's binary, the weights and their format."""
     from agents.orchestra.engines import ENGINES
 
-    models = [m for m in lab.models if m.machine == machine]
+    models = models_on(lab, machine)
     if not models:
         return []
     gpu_caps: dict[int, float | None] = {}
@@ -148,7 +149,7 @@ def check_ports(lab: Lab, machine: str, held: frozenset[int] = frozenset()) -> l
         wanted.append(("agent port", here.host, here.port))
     if lab.gateway is not None and lab.gateway.machine == machine and lab.gateway.port:
         wanted.append(("gateway port", lab.gateway.host, lab.gateway.port))
-    wanted += [(f"port of {m.name}", "127.0.0.1", m.port) for m in lab.models if m.machine == machine and m.port]
+    wanted += [(f"port of {m.name}", "127.0.0.1", m.port) for m in models_on(lab, machine) if m.port]
     checks = []
     for name, host, port in wanted:
         if port in held:
@@ -417,10 +418,10 @@ def check_gpu_support(lab: Lab | None, machine: str) -> list[Check]:
         pythons = list(trainer_pythons(lab, machine)) if lab is not None else []
         stacks = real_stacks(reader, installed_stacks(reader), pythons[0] if pythons else None)
     placed: dict[tuple[int, StackKind], str] = {}  # (GPU, stack) -> what lab.yaml puts there
-    for model in lab.models if lab is not None else []:
+    for model in models_on(lab, machine) if lab is not None else []:
         engine = ENGINES.get(model.engine)
         kind = engine.spec.gpu_stack if engine is not None else None
-        if kind is None or model.machine != machine:
+        if kind is None:
             continue
         for index in model.gpus:
             placed.setdefault((index, kind), f"model {model.name}")

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agents.wire.lab.replicas import models_on
 from agents.wire.states import JOB_ACTIVE, ModelState
 
 if TYPE_CHECKING:
@@ -157,8 +158,8 @@ def _writable_paths(lab: Lab, machine: str, state_dir: Path) -> list[str]:
             if fixed != raw:  # {job_id} differs per run: open the folder above it
                 fixed = fixed.rpartition("/")[0] or "."
             paths.append(f"-{lab.resolve(fixed)}")
-    for model in lab.models:
-        if model.machine == machine and (model.make_tiny_if_missing or model.sim.placeholder_mib):
+    for model in models_on(lab, machine):
+        if model.make_tiny_if_missing or model.sim.placeholder_mib:
             resolved = lab.resolve(model.path)
             if resolved is not None:
                 paths.append(f"-{resolved.parent}")

@@ -10,6 +10,7 @@ from textual.widgets import Footer, Static
 
 from agents.runtime.view import MachineView
 from agents.wire.catalogue.verbs import lacking_said
+from agents.wire.lab.replicas import models_on
 from console.screens.base import LabScreen
 from widgets.lab_header import LabHeader
 from widgets.machine_card import MachineCard
@@ -70,7 +71,7 @@ class FleetScreen(LabScreen):
     def searched(self, machine: str) -> str:
         """What `/` looks in for one machine: name, role, its GPUs' names, its lab.yaml models, what holds its GPUs."""
         view = self.lab_app.state.machines[machine]
-        models = [m.name for m in self.lab_app.lab.models if m.machine == machine]
+        models = [m.name for m in models_on(self.lab_app.lab, machine)]
         return " ".join(
             [machine, view.config.role or "", *(g.name for g in view.gpus.values()), *models, *view.gpu_owners().values()]
         )

@@ -21,9 +21,11 @@ from agents.wire.catalogue.models import (
     SwapParams,
 )
 from agents.wire.lab.model import Lab
+from agents.wire.lab.replicas import machines_of
 from agents.wire.protocol import GpuSample
 from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
+from console.replicas import grouped, replica_machines
 from console.rotation import overhead_words
 from console.screens.base import LabScreen
 from console.screens.modals import PickModelScreen
@@ -67,7 +69,8 @@ def models_by_machine(lab: Lab) -> dict[str, set[str]]:
     """Each machine's models in lab.yaml: a rotation line names only these."""
     found: dict[str, set[str]] = {}
     for model in lab.models:
-        found.setdefault(model.machine, set()).add(model.name)
+        for machine in machines_of(model):  # a model with replicas: on each of their machines
+            found.setdefault(machine, set()).add(model.name)
     return found
 
 
@@ -95,10 +98,17 @@ def swap_fit(out: ModelInfo, incoming: ModelInfo, gpus: dict[int, GpuSample]) ->
     return target, None
 
 
-def detail_text(model: ModelInfo | None) -> str:
+def detail_text(model: ModelInfo | None, replicas: list[str] | None = None) -> str:
+    """The selected model's line; ``replicas``: the machines of its placements, for a model with replicas."""
     if model is None:
         return ""
     parts = [f"[b]{esc(model.name)}[/b] on {esc(model.machine)}"]  # the agent's strings: esc(), never markup
+    if replicas:
+        others = [m for m in replicas if m != model.machine]
+        parts.append(f"replica {replicas.index(model.machine) + 1 if model.machine in replicas else '?'} of {len(replicas)}")
+        parts.append(esc(f"also on {', '.join(others)}"))
+    if model.draining:
+        parts.append("[b yellow]draining[/]: ends its requests, gets no new one")
     if model.endpoint and model.state == ModelState.WARM:
         parts.append(esc(f"endpoint {model.endpoint} (model {model.served_name})"))
     if model.tokens_per_s is not None:
@@ -154,7 +164,10 @@ class ModelsScreen(LabScreen):
             if view.models is not None:
                 models += view.models.models
                 rotations[view.name] = view.models.rotation
-        return models, rotations
+        return grouped(models), rotations  # a model's replicas side by side
+
+    def detail(self, model: ModelInfo | None) -> str:
+        return detail_text(model, replica_machines(self.lab_app.lab, model) if model is not None else None)
 
     def refresh_data(self) -> None:
         models, rotations = self.pool()
@@ -164,10 +177,10 @@ class ModelsScreen(LabScreen):
             self.query_one("#models-rotation", Static).update(
                 shown(rotation_text(rotations, self.lab_app.clock(), models_by_machine(self.lab_app.lab)))
             )
-            self.query_one("#models-detail", Static).update(shown(detail_text(table.selected())))
+            self.query_one("#models-detail", Static).update(shown(self.detail(table.selected())))
 
     def on_data_table_row_highlighted(self, _event: DataTable.RowHighlighted) -> None:
-        self.query_one("#models-detail", Static).update(shown(detail_text(self.query_one(OrchestraTable).selected())))
+        self.query_one("#models-detail", Static).update(shown(self.detail(self.query_one(OrchestraTable).selected())))
 
     def on_data_table_row_selected(self, _event: DataTable.RowSelected) -> None:  # enter on a row: swap it out
         if not self.lab_app.readonly:
@@ -262,10 +275,19 @@ class ModelsScreen(LabScreen):
         fits = {m.name: swap_fit(out, m, self.lab_app.state.machines[out.machine].gpus) for m in candidates}
         candidates.sort(key=lambda m: fits[m.name][1] is not None)  # the swaps that can work first
 
+        others = [m for m in replica_machines(self.lab_app.lab, out) if m != out.machine]
+        going = (
+            f"its replica on {esc(out.machine)} out (it drains first; "
+            + (f"the one on {esc(others[0])} keeps" if len(others) == 1 else f"those on {esc(', '.join(others))} keep")
+            + " answering)"
+            if others
+            else "out (it stops answering)"
+        )
+
         def picked(name: str | None) -> None:
             if name:
                 self.confirm(
-                    f"Swap [b]{esc(out.name)}[/b] out (it stops answering) and bring [b]{esc(name)}[/b] in on GPU "
+                    f"Swap [b]{esc(out.name)}[/b] {going} and bring [b]{esc(name)}[/b] in on GPU "
                     f"{','.join(map(str, fits[name][0]))} of {esc(out.machine)}?",
                     lambda: self.act(
                         out.machine,

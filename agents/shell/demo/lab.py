@@ -145,8 +145,16 @@ class DemoLab:
     with fresh ports (written into DIR/lab.yaml and its known_hosts). One demo per DIR at a time.
     """
 
-    def __init__(self, directory: Path, source: Path | None = None, scale: int | None = None, agents_per_process: int = 1):
+    def __init__(
+        self,
+        directory: Path,
+        source: Path | None = None,
+        scale: int | None = None,
+        agents_per_process: int = 1,
+        keep_engines: bool = False,
+    ):
         self.dir = directory.resolve()
+        self.keep_engines = keep_engines  # the agents run with --keep-engines: a restarted one re-adopts its engines
         self.source = source or checkout_lab()
         self.scale = scale
         self.agents_per_process = agents_per_process
@@ -264,6 +272,8 @@ class DemoLab:
             ]
             for name in group:
                 argv += ["--machine", name]
+            if self.keep_engines:
+                argv.append("--keep-engines")
             log = open_private_log(self.dir / "agents" / f"{group[0]}.log")
             self.processes.append(
                 subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)

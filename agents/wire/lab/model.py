@@ -21,6 +21,7 @@ from agents.wire.lab.gateway import cross_check as gateway_cross_check
 from agents.wire.lab.loopback import check_args, check_command, command_engine_problem
 from agents.wire.lab.notify import Notify
 from agents.wire.lab.notify import cross_check as notify_cross_check
+from agents.wire.lab.replicas import replicas_cross_check
 from agents.wire.lab.yaml_doc import MAX_BYTES as MAX_LAB_BYTES
 from agents.wire.lab.yaml_doc import YamlDocError, data_path, describe, problem_at
 from agents.wire.lab.yaml_doc import load as load_yaml
@@ -159,6 +160,14 @@ class SimEngine(Strict):
     placeholder_mib: NonNegative | None = None  # demo: write placeholder weights of this size if path is missing
 
 
+class Replica(Strict):
+    """One more placement of a model (agents/wire/lab/replicas.py): that machine's agent runs it as its own instance."""
+
+    machine: Name
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    port: int | None = Field(default=None, ge=1, le=65535)  # as the model's port: None, a unix socket of that agent's
+
+
 class Model(Strict):
     name: Name
     path: str
@@ -188,6 +197,9 @@ class Model(Strict):
     command: list[str] = Field(default_factory=list)
     health_path: Annotated[str, Field(pattern=r"^/[^\s]*$")] = "/health"
     stop_command: list[str] = Field(default_factory=list)
+    # more placements beside machine/gpus: the gateway spreads requests over them and drains one before it goes out
+    replicas: list[Replica] = Field(default_factory=list)
+    drain_timeout_s: Duration = 60.0  # a replica taken out waits this long at most for its requests to end
 
     @field_validator("args")
     @classmethod
@@ -387,6 +399,7 @@ def _cross_check(lab: Lab, engines: Collection[str] | None) -> list[tuple[tuple[
             if item.name in seen:
                 problems.append(((section, i, "name"), f"duplicate name {item.name!r}"))
             seen.add(item.name)
+    problems += replicas_cross_check(lab.models, machines)
     for section in ("models", "trainers"):
         for i, item in enumerate(getattr(lab, section)):
             machine = machines.get(item.machine)

@@ -9,6 +9,16 @@ from agents.wire.sections.base import GatewayTier, Section
 from agents.wire.sections.costs import ProviderSpend
 
 
+class ReplicaFigures(Section):
+    """One placement of a model with replicas, as the gateway routes to it."""
+
+    machine: str
+    gpus: list[int] = Field(default_factory=list)
+    state: str | None = None  # the pool's state there (unknown while that machine's models are)
+    draining: bool = False  # going out: it gets no new request
+    outstanding: int = 0  # this gateway's requests at it now
+
+
 class GatewayModelFigures(Section):
     """One model as the gateway sees it: its traffic over the last minute and what it caused."""
 
@@ -27,6 +37,7 @@ class GatewayModelFigures(Section):
     requests: int = 0  # since the agent started
     wakes: int = 0  # bring-ups the gateway caused
     errors: int = 0
+    replicas: list[ReplicaFigures] = Field(default_factory=list)  # a model with replicas: each placement
 
 
 class KeyUse(Section):

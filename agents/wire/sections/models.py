@@ -54,6 +54,7 @@ class ModelInfo(Section):
     served_name: str | None = None
     adapters: list[str] = Field(default_factory=list)  # LoRA adapters loaded into its engine (the gateway routes them by name)
     pinned: bool = False
+    draining: bool = False  # a replica going out: it ends the requests it has and gets no new one
     can_sleep: bool = True  # its engine has a sleep mode (`s`); False: it can only be stopped (cold)
     op: ModelOp | None = None  # the operation in flight
     progress: ModelProgress | None = None

@@ -353,7 +353,7 @@ class ScriptedModels:
     def __init__(self, states: list[tuple[str, str | None]]):
         self.states = states
         self.args = type("Args", (), {"json": False})()
-        self.lab = type("Lab", (), {"models": [type("M", (), {"name": "p", "machine": "box"})()], "lab": "x"})()
+        self.lab = type("Lab", (), {"models": [type("M", (), {"name": "p", "machine": "box", "replicas": []})()], "lab": "x"})()
 
     async def call(self, machine, method, params, timeout=None):
         state, op = self.states.pop(0) if len(self.states) > 1 else self.states[0]

@@ -30,6 +30,7 @@ from agents.orchestra.residency import Residency
 from agents.orchestra.rotation import Rotation, rotation_run
 from agents.orchestra.slot import TOKENS_PER_S_WINDOW_S, Slot
 from agents.orchestra.spec import EngineSpec
+from agents.orchestra.spread import RpcServers
 from agents.runtime.core import AgentCore
 from agents.runtime.torch_probe import TorchReader
 from agents.wire.documents import EngineFigures
@@ -71,6 +72,7 @@ class OrchestraComponent:
         self.placement = Placement(core, self.slots)
         self.lifecycle = Lifecycle(core, self.book, self.residency, self.placement)
         self.rotation = Rotation(core, self.book, self.lifecycle)
+        self.rpc_servers = RpcServers(core, self.placement)  # the rpc-servers of models other machines spread over this one
         self._tasks: list[asyncio.Task[None]] = []
         pinned = set(core.lab.orchestra.pinned)
         for model in core.lab.models:
@@ -109,6 +111,8 @@ class OrchestraComponent:
             engines = found_on_disk(core.state_dir / "models")
         await adopt(self.lifecycle, engines or {})  # what a previous agent left running (systemd restart, crash)
         register(self)
+        self.rpc_servers.register()
+        await self.lifecycle.spread.start(lambda: list(self.slots.values()))
         if self.slots:
             plan = core.lab.orchestra
             if plan.rotate_every and plan.rotation:
@@ -128,6 +132,11 @@ class OrchestraComponent:
         await asyncio.gather(*tasks, *ops, return_exceptions=True)
         if not self.core.keep_engines:  # else they keep serving and the next agent re-adopts them
             await asyncio.gather(*(s.engine.stop() for s in self.slots.values() if s.engine), return_exceptions=True)
+            await asyncio.gather(
+                *(self.lifecycle.spread.take_down(s) for s in self.slots.values() if s.model.rpc), return_exceptions=True
+            )
+        await self.lifecycle.spread.stop()
+        await self.rpc_servers.stop_all()  # never kept: the model's machine starts them again with its engine
         for slot in self.slots.values():
             self.core.release_gpus(f"model:{slot.name}")
 
@@ -140,6 +149,7 @@ class OrchestraComponent:
             await self.lifecycle.cold(self.slots[name])
             core.release_gpus(f"model:{name}")
             del self.slots[name]
+        self.rpc_servers.reload()
         pinned, was_pinned = set(new.orchestra.pinned), set(old.orchestra.pinned)
         added, rested = [], []
         for name, model in here.items():
@@ -263,6 +273,9 @@ class OrchestraComponent:
     def engine_sockets(self) -> frozenset[str]:
         """The unix sockets of the engines running here now (in the agent's own 0700 folders)."""
         return frozenset(a.socket for a in self._engine_addresses() if a.socket is not None)
+
+    def rpc_ports(self) -> frozenset[int]:
+        return self.rpc_servers.ports()
 
     def holding_gpus(self) -> list[ModelInfo]:
         """The models that occupy their GPUs now (a sleeping vLLM engine has given them back)."""

@@ -57,8 +57,8 @@ class Placement:
 
     def check_fit(self, slot: Slot, gpus: list[int], after: dict[str, int] | None = None) -> None:
         """Refuse (CONFLICT, saying how much is missing) when the model's VRAM estimate does not fit."""
-        if not gpus or not slot.model.vram_gib:
-            return
+        if not gpus or not slot.model.vram_gib or slot.model.rpc:
+            return  # a spread model's share per GPU is known once its helpers say theirs: its bring-up checks it
         after = {**(after or {}), slot.name: 0}
         need = int(slot.model.vram_gib * GIB / len(gpus))
         for index in gpus:

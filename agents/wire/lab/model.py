@@ -21,6 +21,8 @@ from agents.wire.lab.gateway import cross_check as gateway_cross_check
 from agents.wire.lab.loopback import check_args, check_command, command_engine_problem
 from agents.wire.lab.notify import Notify
 from agents.wire.lab.notify import cross_check as notify_cross_check
+from agents.wire.lab.spread import RpcHelper
+from agents.wire.lab.spread import cross_check as spread_cross_check
 from agents.wire.lab.yaml_doc import MAX_BYTES as MAX_LAB_BYTES
 from agents.wire.lab.yaml_doc import YamlDocError, data_path, describe, problem_at
 from agents.wire.lab.yaml_doc import load as load_yaml
@@ -187,6 +189,8 @@ class Model(Strict):
     command: list[str] = Field(default_factory=list)
     health_path: Annotated[str, Field(pattern=r"^/[^\s]*$")] = "/health"
     stop_command: list[str] = Field(default_factory=list)
+    # llamacpp: helper machines whose GPUs lend memory to this model (their rpc-servers, on 127.0.0.1, reached over SSH)
+    rpc: list[RpcHelper] = Field(default_factory=list)
 
     @field_validator("args")
     @classmethod
@@ -422,6 +426,7 @@ def _cross_check(lab: Lab, engines: Collection[str] | None) -> list[tuple[tuple[
             if param.type == "choice" and not param.choices:
                 problems.append((("trainers", i, "params", j, "choices"), "a choice param needs choices: [...]"))
     problems += notify_cross_check(lab.notify, list(machines))
+    problems += spread_cross_check(lab)
     return problems + gateway_cross_check(
         lab.providers, lab.gateway, list(machines), {m.name for m in lab.models}, lab.orchestra.groups, lab.costs.currency
     )

@@ -341,6 +341,7 @@ class OrchestraComponent:
             error=slot.error,
             cloud_equivalent=slot.model.cloud_equivalent,
             simulated=engine_spec(slot.model.engine).simulated,
+            helpers=[h.machine for h in slot.model.rpc],
         )
 
     def rotation_info(self) -> RotationInfo:

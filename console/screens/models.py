@@ -27,7 +27,7 @@ from agents.wire.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
 from console.rotation import overhead_words
 from console.screens.base import LabScreen
 from console.screens.modals import PickModelScreen
-from widgets.format import fmt_duration, fmt_gib
+from widgets.format import fmt_duration, fmt_gib, machines_text
 from widgets.lab_header import LabHeader
 from widgets.orchestra_table import OrchestraTable
 from widgets.wire import esc, shown
@@ -98,7 +98,9 @@ def swap_fit(out: ModelInfo, incoming: ModelInfo, gpus: dict[int, GpuSample]) ->
 def detail_text(model: ModelInfo | None) -> str:
     if model is None:
         return ""
-    parts = [f"[b]{esc(model.name)}[/b] on {esc(model.machine)}"]  # the agent's strings: esc(), never markup
+    parts = [
+        f"[b]{esc(model.name)}[/b] on {esc(machines_text(model.machine, model.machines))}"
+    ]  # the agent's strings: esc(), never markup
     if model.endpoint and model.state == ModelState.WARM:
         parts.append(esc(f"endpoint {model.endpoint} (model {model.served_name})"))
     if model.tokens_per_s is not None:

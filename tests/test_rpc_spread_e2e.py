@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 
+import asyncssh
 import openai
 import psutil
 import pytest
@@ -14,8 +16,10 @@ import yaml
 
 from agents.orchestra.tiny_gguf import write_tiny_gguf
 from agents.runtime import llamacpp_build
+from agents.runtime.peers import PEER_KEY_NAME
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
+from agents.wire.protocol import SSH_USERNAME
 from console.client import FleetClient
 from tests.conftest import wait_for
 from tests.llamacpp_fixtures import llama_server_or_skip
@@ -80,6 +84,38 @@ async def rpc_status(client: FleetClient) -> dict:
     return await client.call("irina", "models.rpc_status", {"model": MODEL})
 
 
+def network_addresses() -> list[str]:
+    """This machine's IPv4 addresses other than loopback (where a network neighbour would knock)."""
+    return [
+        a.address
+        for addrs in psutil.net_if_addrs().values()
+        for a in addrs
+        if a.family == socket.AF_INET and not a.address.startswith("127.")
+    ]
+
+
+async def outsiders_are_refused(demo: DemoLab, port: int) -> None:
+    """rpc-server has no authentication: not on the network, and irina's agent forwards to it for m5's node key only."""
+    for address in network_addresses():
+        with pytest.raises(OSError):
+            socket.create_connection((address, port), timeout=5).close()
+    lab = load_lab(demo.lab_path)
+    irina = lab.machine("irina")
+    for key in (demo.dir / "console" / "id_ed25519", demo.dir / "agents" / "m5" / PEER_KEY_NAME):  # operator, gateway
+        async with asyncssh.connect(
+            irina.host,
+            irina.port,
+            username=SSH_USERNAME,
+            client_keys=[str(key)],
+            known_hosts=str(demo.dir / "console" / "known_hosts"),
+            agent_path=None,
+            config=None,
+        ) as conn:
+            with pytest.raises(asyncssh.ChannelOpenError) as refused:
+                await conn.open_connection("127.0.0.1", port)
+            assert "may open forwards" in refused.value.reason or "no engine runs" in refused.value.reason
+
+
 async def test_a_model_spread_over_two_machines_answers_through_the_gateway(spread_lab):
     lab = load_lab(spread_lab.lab_path)
     async with FleetClient(lab, subscribe=[]) as client:
@@ -94,6 +130,7 @@ async def test_a_model_spread_over_two_machines_answers_through_the_gateway(spre
         listening = [c.laddr for c in psutil.Process(status["pid"]).net_connections("tcp") if c.status == psutil.CONN_LISTEN]
         assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
         assert status["port"] in [addr.port for addr in listening]
+        await outsiders_are_refused(spread_lab, status["port"])
 
         # asked through the gateway with the openai SDK, it answers
         key = (spread_lab.dir / "console" / "gateway.key").read_text().strip()

@@ -61,6 +61,7 @@ BIND_TRIES = 3  # ports tried when another process takes the chosen one before r
 STOP_GRACE_S = 5.0
 WATCH_S = 1.0  # how often the model's agent asks its helpers how their rpc-servers are
 START_TIMEOUT_S = LISTEN_WAIT_S * BIND_TRIES + 10.0
+LINK_WAIT_S = 30.0  # a bring-up waits this long for a helper's link (the lab's agents start together; SSH takes a moment)
 BIND_FAILED = "Failed to create server socket"  # rpc-server's line when its port is taken
 
 
@@ -205,9 +206,9 @@ class RpcServers:
                 lines = tail(server.log_path)
                 if not any(BIND_FAILED in line for line in lines) or attempt == BIND_TRIES:
                     break
+            code = server.proc.returncode if server.proc is not None else None  # None: it still runs, not listening
             await self._kill(server)
             server.state = "failed"
-            code = server.proc.returncode if server.proc is not None else None
             server.error = (
                 f"rpc-server did not listen on 127.0.0.1:{server.port} within {LISTEN_WAIT_S:.0f} s"
                 if code is None
@@ -350,13 +351,13 @@ class Spread:
         if self.peers is not None:
             await self.peers.stop()
 
-    async def _request(self, machine: str, method: Method[P, R], params: P, timeout: float = 10.0) -> R:
+    async def _request(self, machine: str, method: Method[P, R], params: P, timeout: float = 10.0, link_wait_s: float = 5.0) -> R:
         if self.peers is None or machine not in self.peers.links:
             raise RemoteError(ErrorCode.UNAVAILABLE, f"{self.core.machine.name} has no link to {machine} (restart its agent)")
         link = self.peers.links[machine]
         if not link.online.is_set():
-            try:  # a link still connecting (the agent just started) gets a moment
-                await asyncio.wait_for(link.online.wait(), 5.0)
+            try:  # a link still connecting (this agent or the helper's just started) gets a moment
+                await asyncio.wait_for(link.online.wait(), link_wait_s)
             except TimeoutError:
                 pass
         return await request(self.peers, machine, method, params, timeout)
@@ -372,7 +373,10 @@ class Spread:
         model = slot.model
         try:
             statuses = await asyncio.gather(
-                *(self._request(h.machine, MODELS_RPC_STATUS, RpcParams(model=model.name)) for h in model.rpc)
+                *(
+                    self._request(h.machine, MODELS_RPC_STATUS, RpcParams(model=model.name), link_wait_s=LINK_WAIT_S)
+                    for h in model.rpc
+                )
             )
         except RemoteError as exc:
             raise EngineFailed(f"an rpc helper of {model.name} did not answer: {exc.message}") from None

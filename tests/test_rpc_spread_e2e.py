@@ -5,6 +5,7 @@ asked through the lab gateway with the openai SDK."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 
@@ -54,7 +55,8 @@ def spread_lab(tmp_path_factory):
                 "machine": "m5",
                 "rpc": [{"machine": "irina"}],  # irina's rpc-server (its CPU backend here) holds the model's layers
                 "load_timeout_s": "120s",
-                "args": ["-c", "512", "-t", "1", "--parallel", "1"],
+                # -lv 4: llama-server's log says where each buffer lives (its loader's lines)
+                "args": ["-c", "512", "-t", "1", "--parallel", "1", "-lv", "4"],
             }
         ],
         "orchestra": {"warm": [MODEL]},
@@ -144,7 +146,10 @@ async def test_a_model_spread_over_two_machines_answers_through_the_gateway(spre
         # llama-server was started with --rpc to a forward on m5's loopback, and used the RPC device for the layers
         log = (spread_lab.dir / "agents" / "m5" / "models" / f"{MODEL}.log").read_text()
         assert "--rpc 127.0.0.1:" in log
-        assert "RPC0" in log or "RPC[127.0.0.1:" in log, log[-3000:]
+        assert re.search(r"RPC0\[127\.0\.0\.1:\d+\] model buffer size = +[1-9]", log), log[-3000:]
+        assert re.search(r"RPC0\[127\.0\.0\.1:\d+\] KV buffer size", log)
+        helper_log = (spread_lab.dir / "agents" / "irina" / "models" / f"rpc-{MODEL}.log").read_text()
+        assert "Accepted client connection" in helper_log, helper_log[-2000:]
 
         # stopped together: cold on m5 stops irina's rpc-server
         pid = status["pid"]

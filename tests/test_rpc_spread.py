@@ -194,3 +194,92 @@ def test_the_views_show_one_model_on_several_machines():
     assert "m5+irina" in models_human([info], {}, {}) and model_human(info).startswith("llama-70b on m5+irina ")
     alone = ModelInfo.model_validate({"name": "tiny", "machine": "box", "engine": "llamacpp", "state": "cold", "since": 0})
     assert machines_text(alone.machine, alone.machines) == "box"
+
+
+# ---------------------------------------------------------------- bring-up: every machine's share checked, helpers first
+
+
+class _Peers:
+    """The model agent's links to its helpers, as Spread uses them: forwards made, forwards dropped."""
+
+    def __init__(self) -> None:
+        self.forwards: list[tuple[str, int]] = []
+        self.dropped: list[tuple[str, int]] = []
+
+    async def tcp_forward(self, machine: str, port: int) -> int:
+        self.forwards.append((machine, port))
+        return 40000 + len(self.forwards)
+
+    def drop_tcp_forward(self, machine: str, port: int) -> None:
+        self.dropped.append((machine, port))
+
+
+def spread_for(free_by_gpu: dict[int, int], answers: dict[str, Any]) -> tuple[Any, list[tuple[str, str, Any]]]:
+    from agents.orchestra.spread import Spread
+    from agents.wire.catalogue.spread import RpcServerStatus
+    from agents.wire.protocol import RemoteError
+
+    lab = parse_lab(lab_text(), source="lab.yaml")
+    gpus = [SimpleNamespace(index=i, mem_total_bytes=24 * GIB) for i in (0, 1)]
+    core = SimpleNamespace(lab=lab, machine=lab.machine("m5"), latest=SimpleNamespace(gpus=gpus))
+    placement = SimpleNamespace(free_bytes=lambda index, after: free_by_gpu[index])
+    spread = Spread(core, placement, lambda slot, reason: None)
+    spread.peers = _Peers()
+    calls: list[tuple[str, str, Any]] = []
+
+    async def answer(machine: str, method: Any, params: Any, timeout: float = 10.0, link_wait_s: float = 5.0) -> Any:
+        calls.append((machine, method.name, params))
+        reply = answers[method.name]
+        if isinstance(reply, RemoteError):
+            raise reply
+        return RpcServerStatus.model_validate(reply)
+
+    spread._request = answer
+    answers.setdefault("models.rpc_stop", {"model": "llama-70b", "machine": "irina", "state": "stopped"})
+    return spread, calls
+
+
+P4S = [{"index": 0, "total_bytes": 8 * GIB, "free_bytes": 8 * GIB}, {"index": 1, "total_bytes": 8 * GIB, "free_bytes": 8 * GIB}]
+
+
+async def test_bring_up_starts_the_helpers_with_their_share_and_forwards_to_them():
+    status = {"model": "llama-70b", "machine": "irina", "state": "stopped", "gpus": P4S}
+    running = {**status, "state": "running", "port": 50052}
+    spread, calls = spread_for({0: 24 * GIB, 1: 24 * GIB}, {"models.rpc_status": status, "models.rpc_start": running})
+    lab = parse_lab(lab_text(), source="lab.yaml")
+    slot = SimpleNamespace(name="llama-70b", model=lab.models[0], gpus=[0, 1])
+    endpoints = await spread.bring_up(slot)
+    assert endpoints == ["127.0.0.1:40001"] and spread.peers.forwards == [("irina", 50052)]
+    assert [c[1] for c in calls] == ["models.rpc_status", "models.rpc_start"]
+    # 50 GiB over two 24 GiB P40s and two 8 GiB P4s: 6.25 GiB on each P4
+    assert calls[1][2].need_bytes == int(50 * GIB * 8 / 64)
+    await spread.take_down(slot)
+    assert spread.peers.dropped == [("irina", 50052)] and calls[-1][1] == "models.rpc_stop"
+
+
+async def test_bring_up_refuses_a_share_this_machines_gpu_cannot_hold_before_any_helper_starts():
+    from agents.orchestra.slot import EngineFailed
+
+    status = {"model": "llama-70b", "machine": "irina", "state": "stopped", "gpus": P4S}
+    spread, calls = spread_for({0: 24 * GIB, 1: 10 * GIB}, {"models.rpc_status": status})
+    lab = parse_lab(lab_text(), source="lab.yaml")
+    slot = SimpleNamespace(name="llama-70b", model=lab.models[0], gpus=[0, 1])
+    with pytest.raises(EngineFailed) as refused:
+        await spread.bring_up(slot)
+    assert "needs 18.8 GiB on GPU 1 of m5 (its share over 4 GPUs), 10.0 GiB free" in str(refused.value)
+    assert [c[1] for c in calls] == ["models.rpc_status"]  # nothing started
+
+
+async def test_a_helper_that_refuses_its_share_is_named_and_the_others_are_stopped():
+    from agents.orchestra.slot import EngineFailed
+    from agents.wire.protocol import ErrorCode, RemoteError
+
+    status = {"model": "llama-70b", "machine": "irina", "state": "stopped", "gpus": P4S}
+    full = RemoteError(ErrorCode.CONFLICT, "llama-70b needs 6.2 GiB on GPU 0 of irina, 2.0 GiB free: 4.2 GiB missing")
+    spread, calls = spread_for({0: 24 * GIB, 1: 24 * GIB}, {"models.rpc_status": status, "models.rpc_start": full})
+    lab = parse_lab(lab_text(), source="lab.yaml")
+    slot = SimpleNamespace(name="llama-70b", model=lab.models[0], gpus=[0, 1])
+    with pytest.raises(EngineFailed) as refused:
+        await spread.bring_up(slot)
+    assert str(refused.value).startswith("rpc helper irina could not start: llama-70b needs 6.2 GiB on GPU 0 of irina")
+    assert calls[-1][1] == "models.rpc_stop" and spread.peers.forwards == []

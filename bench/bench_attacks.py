@@ -63,6 +63,7 @@ from bench.attacks_keys import issue_limit_keys, k1_other_models, k2_budget_burs
 from bench.attacks_push import l1_viewer_pushes, l2_hostile_texts
 from bench.attacks_r3 import r3_engine_of_another_user
 from bench.attacks_routes import e1_huge_embeddings, e2_huge_rerank, e3_mapped_doors
+from bench.attacks_rpc import x1_rpc_doors
 from bench.attacks_tools import t1_hostile_tools
 from bench.common import percentile
 from console.client import FleetClient
@@ -570,6 +571,7 @@ ATTACKS: dict[str, Callable[[DemoLab, Path, float, dict], Awaitable[None]]] = {
     "E2 a thousand documents on /v1/rerank": e2_huge_rerank,
     "E3 the Responses and Messages doors": e3_mapped_doors,
     "C4 hostile names at every name field": c4_hostile_names,
+    "X1 a viewer at the rpc-helper doors": x1_rpc_doors,
 }
 
 

@@ -130,11 +130,11 @@ class OrchestraComponent:
         for op in ops:
             op.cancel()
         await asyncio.gather(*tasks, *ops, return_exceptions=True)
-        if not self.core.keep_engines:  # else they keep serving and the next agent re-adopts them
-            await asyncio.gather(*(s.engine.stop() for s in self.slots.values() if s.engine), return_exceptions=True)
-            await asyncio.gather(
-                *(self.lifecycle.spread.take_down(s) for s in self.slots.values() if s.model.rpc), return_exceptions=True
-            )
+        # else they keep serving and the next agent re-adopts them; a spread model's llama-server is never kept: it
+        # reaches its helpers' rpc-servers through this agent's SSH forwards, which end with it
+        ending = [s for s in self.slots.values() if not self.core.keep_engines or s.model.rpc]
+        await asyncio.gather(*(s.engine.stop() for s in ending if s.engine), return_exceptions=True)
+        await asyncio.gather(*(self.lifecycle.spread.take_down(s) for s in ending if s.model.rpc), return_exceptions=True)
         await self.lifecycle.spread.stop()
         await self.rpc_servers.stop_all()  # never kept: the model's machine starts them again with its engine
         for slot in self.slots.values():

@@ -222,7 +222,7 @@ def spread_for(free_by_gpu: dict[int, int], answers: dict[str, Any]) -> tuple[An
     lab = parse_lab(lab_text(), source="lab.yaml")
     gpus = [SimpleNamespace(index=i, mem_total_bytes=24 * GIB) for i in (0, 1)]
     core = SimpleNamespace(lab=lab, machine=lab.machine("m5"), latest=SimpleNamespace(gpus=gpus))
-    placement = SimpleNamespace(free_bytes=lambda index, after: free_by_gpu[index])
+    placement = SimpleNamespace(free_bytes=lambda index, after, starting=None: free_by_gpu[index])
     spread = Spread(core, placement, lambda slot, reason: None)
     spread.peers = _Peers()
     calls: list[tuple[str, str, Any]] = []

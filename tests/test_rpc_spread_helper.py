@@ -33,7 +33,14 @@ models:
 def helper_core(state_dir: Path) -> Any:
     """What RpcServers reads of its agent: the lab, this machine, the state dir, the last sample (none here)."""
     lab = parse_lab(LAB, source="lab.yaml")
-    return SimpleNamespace(lab=lab, machine=lab.machine("irina"), state_dir=state_dir, latest=None)
+    return SimpleNamespace(
+        lab=lab,
+        machine=lab.machine("irina"),
+        state_dir=state_dir,
+        latest=None,
+        claim_gpus=lambda *args: None,
+        release_gpus=lambda key: None,
+    )
 
 
 async def test_the_helper_runs_rpc_server_on_loopback_only_and_stops_it(tmp_path):

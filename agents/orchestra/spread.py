@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from agents.orchestra.engine import free_port
+from agents.orchestra.engines import engine_spec
 from agents.orchestra.slot import EngineFailed, Slot, gib_text
 from agents.runtime import llamacpp_build
 from agents.runtime.children import minimal_env
@@ -150,9 +152,15 @@ class RpcServers:
             out.append(RpcGpu(index=index, total_bytes=sample.mem_total_bytes if sample else None, free_bytes=free))
         return out
 
+    @staticmethod
+    def simulated(server: RpcServer) -> bool:
+        """A sim-llamacpp model: its helpers run the simulated rpc-server (agents/orchestra/sim_rpc_server.py)."""
+        return engine_spec(server.model.engine).simulated
+
     def lends_cpu(self, server: RpcServer) -> bool:
-        """No GPU lent: none named, or simulated ones (their processes run on the CPU): rpc-server's CPU backend."""
-        return not server.helper.gpus or self.core.machine.simulated
+        """No GPU lent: none named, or simulated ones to the real rpc-server (its processes run on the CPU): rpc-server's
+        CPU backend. The simulated rpc-server lends the simulated GPUs (SIM)."""
+        return not server.helper.gpus or (self.core.machine.simulated and not self.simulated(server))
 
     def status(self, server: RpcServer) -> RpcServerStatus:
         proc = server.proc
@@ -179,7 +187,7 @@ class RpcServers:
         async with self._locks[name]:
             if server.proc is not None and server.proc.returncode is None:
                 return self.status(server)
-            binary = llamacpp_build.find_rpc_server()
+            binary = Path(sys.executable) if self.simulated(server) else llamacpp_build.find_rpc_server()
             if binary is None:
                 raise RemoteError(
                     ErrorCode.UNAVAILABLE,
@@ -201,6 +209,7 @@ class RpcServers:
                 await self._spawn(server, binary)
                 if await self._listening(server):
                     server.state = "running"
+                    self.claim(server, need_bytes)
                     server.watcher = asyncio.create_task(self._watch(server), name=f"rpc-server-{name}")
                     return self.status(server)
                 lines = tail(server.log_path)
@@ -218,9 +227,18 @@ class RpcServers:
                 ErrorCode.UNAVAILABLE, f"{self.core.machine.name}: {server.error}: {' | '.join(tail(server.log_path, 5))}"
             )
 
+    def claim(self, server: RpcServer, need_bytes: int) -> None:
+        """Show the model's share on simulated GPUs lent (NVML machines see the real rpc-server's memory)."""
+        if self.core.machine.simulated and not self.lends_cpu(server) and need_bytes:
+            pid = server.proc.pid if server.proc is not None else 0
+            self.core.claim_gpus(server.helper.gpus, f"rpc:{server.model.name}", server.model.name, need_bytes, 5.0, pid)
+
     async def _spawn(self, server: RpcServer, binary: Path) -> None:
         server.port = free_port()
         argv = [str(binary), "--host", "127.0.0.1", "--port", str(server.port)]  # never another address: no auth
+        if self.simulated(server):
+            argv[1:1] = ["-m", "agents.orchestra.sim_rpc_server"]
+            argv += ["--sim-parent-pid", str(os.getpid())]
         server.log_path.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(copy_truncate, server.log_path, LOG_MAX_BYTES, LOG_KEEP)
         with open(server.log_path, "ab") as out:
@@ -255,11 +273,13 @@ class RpcServers:
         code = await proc.wait()
         if server.proc is not proc or server.stopping:
             return
+        self.core.release_gpus(f"rpc:{server.model.name}")
         server.state = "failed" if code != 0 else "exited"
         server.error = f"rpc-server exited with code {code}" if code >= 0 else f"rpc-server was killed by signal {-code}"
         log.warning("%s: %s", server.model.name, server.error)
 
     async def _kill(self, server: RpcServer) -> None:
+        self.core.release_gpus(f"rpc:{server.model.name}")
         proc = server.proc
         if proc is None or proc.returncode is not None:
             return
@@ -385,7 +405,7 @@ class Spread:
         totals = self.own_totals(own) + [g.total_bytes for s in statuses if not s.cpu for g in s.gpus]
         split = shares(need, totals)
         for index, share in zip(own, split):
-            free = self.placement.free_bytes(index, {slot.name: 0})
+            free = self.placement.free_bytes(index, {}, starting=slot.name)
             if need and free < share:
                 raise EngineFailed(
                     f"{model.name} needs {gib_text(share)} on GPU {index} of {self.core.machine.name} (its share over "

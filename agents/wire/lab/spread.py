@@ -16,7 +16,7 @@ from agents.wire.schema import Name, Strict
 if TYPE_CHECKING:
     from agents.wire.lab.model import Lab, Machine
 
-RPC_ENGINES = ("llamacpp",)  # llama-server's --rpc (the simulated twin has no rpc-server yet)
+RPC_ENGINES = ("llamacpp", "sim-llamacpp")  # llama-server's --rpc; the twin's helpers run a simulated rpc-server
 
 
 class RpcHelper(Strict):

@@ -45,6 +45,7 @@ from agents.wire.catalogue.spread import (
     RpcParams,
     RpcServerStatus,
     RpcStartParams,
+    RpcState,
 )
 from agents.wire.lab.model import Model
 from agents.wire.lab.spread import RpcHelper
@@ -100,7 +101,7 @@ class RpcServer:
     log_path: Path
     proc: asyncio.subprocess.Process | None = None
     port: int | None = None
-    state: str = "stopped"
+    state: RpcState = "stopped"
     error: str | None = None
     stopping: bool = False
     watcher: asyncio.Task[None] | None = field(default=None, repr=False)
@@ -167,7 +168,7 @@ class RpcServers:
         return RpcServerStatus(
             model=server.model.name,
             machine=self.core.machine.name,
-            state=server.state,  # type: ignore[arg-type]  # one of RpcServerStatus's, set only here
+            state=server.state,
             port=server.port if server.state in ("starting", "running") else None,
             pid=proc.pid if proc is not None and proc.returncode is None else None,
             exit_code=proc.returncode if proc is not None else None,
@@ -411,6 +412,7 @@ class Spread:
                     f"{model.name} needs {gib_text(share)} on GPU {index} of {self.core.machine.name} (its share over "
                     f"{len(totals)} GPUs), {gib_text(max(0, free))} free"
                 )
+        slot.spread_share = dict(zip(own, split))
         rest = iter(split[len(own) :])
         per_helper = [max((next(rest) for _ in s.gpus), default=0) if not s.cpu else 0 for s in statuses]
         started: list[tuple[str, int]] = []

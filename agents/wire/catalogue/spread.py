@@ -15,6 +15,7 @@ RPC_ERROR_CHARS = 4000
 RPC_LINE_CHARS = 400
 RPC_LAST_LINES = 20
 MAX_HELPER_GPUS = 64
+RpcState = Literal["stopped", "starting", "running", "exited", "failed"]
 
 
 class RpcParams(Params):
@@ -37,7 +38,7 @@ class RpcServerStatus(Section):
 
     model: str
     machine: str
-    state: Literal["stopped", "starting", "running", "exited", "failed"]
+    state: RpcState
     port: int | None = None  # on the helper's 127.0.0.1, reached through the caller's SSH link
     pid: int | None = None
     exit_code: int | None = None

@@ -31,8 +31,8 @@ Attack = Callable[["DemoLab", Path, float, dict], Awaitable[None]]
 Setup = Callable[["DemoLab", "FleetClient"], Awaitable[None]]
 
 # The finding series in the order the reviews raised them: issue 11's findings by bare number (5, 6, 7), issue 21's N,
-# issue 30's R and S, issue 29's L, issue 31's K, T and E, the class review's C. A series not listed runs after these.
-SERIES = ("", "N", "R", "S", "L", "K", "T", "E", "C")
+# issue 30's R and S, issue 29's L, issue 31's K, T and E, the class review's C, issue 31's rpc helpers X. A series not listed runs after these.
+SERIES = ("", "N", "R", "S", "L", "K", "T", "E", "C", "X")
 _ID = re.compile(r"([A-Z]*)(\d+) ")
 
 

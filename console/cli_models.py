@@ -35,7 +35,7 @@ from console.cli import Context, positive_seconds, say
 from console.replicas import grouped
 from console.replies import not_reached
 from console.rotation import overhead_words
-from widgets.format import NA, fmt, fmt_duration, fmt_gib
+from widgets.format import NA, fmt, fmt_duration, fmt_gib, machines_text
 
 EXIT_OK, EXIT_FAILED = 0, 1
 POLL_S = 0.25
@@ -133,7 +133,7 @@ def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None],
         rows.append(
             (
                 name,
-                m.machine,
+                machines_text(m.machine, m.machines),
                 ",".join(map(str, m.gpus)) or "cpu",
                 m.engine + (" SIM" if m.simulated else ""),
                 state_text(m),
@@ -217,7 +217,7 @@ def rotation_human(data: dict[str, Rotation], now: float | None = None, models_o
 
 def model_human(m: ModelInfo) -> str:
     where = f"GPU {','.join(map(str, m.gpus))}" if m.gpus else "CPU"
-    line = f"{m.name} on {m.machine} {where}: {state_text(m)}"
+    line = f"{m.name} on {machines_text(m.machine, m.machines)} {where}: {state_text(m)}"
     if m.endpoint and m.state == ModelState.WARM:
         line += f"  {m.endpoint} (model name: {m.served_name or m.name})"
         if not m.endpoint.startswith(UNIX_PREFIX):  # 127.0.0.1 is no boundary on a shared machine

@@ -245,9 +245,11 @@ async def test_every_method_answers_its_result_model(walk, lab):
     await walk(c["models.cold"], ModelParams(model="beta"))
     await walk(c["models.rotate"])
 
-    # the multi-node methods need a second agent: tests/test_multinode.py calls them, and the agent checks
-    # every result against the catalogue before it sends it (Registry.check_results), so a wrong model fails there
+    # the multi-node and rpc-helper methods need a second agent: tests/test_multinode.py and
+    # tests/test_rpc_spread_e2e.py call them, and the agent checks every result against the catalogue before it sends
+    # it (Registry.check_results), so a wrong model fails there
     node_methods = {"jobs.node_start", "jobs.node_stop", "jobs.node_status", "methods"}
+    node_methods |= {"models.rpc_start", "models.rpc_stop", "models.rpc_status"}
     assert set(CATALOGUE) - walk.called == node_methods
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from rich.text import Text
 
 from agents.wire.sections.models import ModelInfo
-from widgets.format import NA, fmt, fmt_gib, fmt_gpus
+from widgets.format import NA, fmt, fmt_gib, fmt_gpus, machines_text
 from widgets.live_table import Cells, LiveTable
 
 STATE_STYLES = {
@@ -73,7 +73,7 @@ def model_cells(model: ModelInfo) -> tuple[Any, ...]:
         engine.append(" SIM", style="bold magenta")
     return (
         Text(model.name, style="bold"),
-        model.machine,
+        machines_text(model.machine, model.machines),
         fmt_gpus(model.gpus, "cpu"),
         engine,
         state_cell(model),

@@ -30,6 +30,7 @@ from agents.orchestra.residency import Residency
 from agents.orchestra.rotation import Rotation, rotation_run
 from agents.orchestra.slot import TOKENS_PER_S_WINDOW_S, Slot
 from agents.orchestra.spec import EngineSpec
+from agents.orchestra.spread import RpcServers
 from agents.runtime.core import AgentCore
 from agents.runtime.torch_probe import TorchReader
 from agents.wire.documents import EngineFigures
@@ -72,6 +73,7 @@ class OrchestraComponent:
         self.placement = Placement(core, self.slots)
         self.lifecycle = Lifecycle(core, self.book, self.residency, self.placement)
         self.rotation = Rotation(core, self.book, self.lifecycle)
+        self.rpc_servers = RpcServers(core, self.placement)  # the rpc-servers of models other machines spread over this one
         self._tasks: list[asyncio.Task[None]] = []
         pinned = set(core.lab.orchestra.pinned)
         for model in models_on(core.lab, core.machine.name):  # a replica of a model: as placed here
@@ -109,6 +111,8 @@ class OrchestraComponent:
             engines = found_on_disk(core.state_dir / "models")
         await adopt(self.lifecycle, engines or {})  # what a previous agent left running (systemd restart, crash)
         register(self)
+        self.rpc_servers.register()
+        await self.lifecycle.spread.start(lambda: list(self.slots.values()))
         if self.slots:
             plan = core.lab.orchestra
             if plan.rotate_every and plan.rotation:
@@ -126,8 +130,13 @@ class OrchestraComponent:
         for op in ops:
             op.cancel()
         await asyncio.gather(*tasks, *ops, return_exceptions=True)
-        if not self.core.keep_engines:  # else they keep serving and the next agent re-adopts them
-            await asyncio.gather(*(s.engine.stop() for s in self.slots.values() if s.engine), return_exceptions=True)
+        # else they keep serving and the next agent re-adopts them; a spread model's llama-server is never kept: it
+        # reaches its helpers' rpc-servers through this agent's SSH forwards, which end with it
+        ending = [s for s in self.slots.values() if not self.core.keep_engines or s.model.rpc]
+        await asyncio.gather(*(s.engine.stop() for s in ending if s.engine), return_exceptions=True)
+        await asyncio.gather(*(self.lifecycle.spread.take_down(s) for s in ending if s.model.rpc), return_exceptions=True)
+        await self.lifecycle.spread.stop()
+        await self.rpc_servers.stop_all()  # never kept: the model's machine starts them again with its engine
         for slot in self.slots.values():
             self.core.release_gpus(f"model:{slot.name}")
 
@@ -140,6 +149,7 @@ class OrchestraComponent:
             await self.lifecycle.cold(self.slots[name])
             core.release_gpus(f"model:{name}")
             del self.slots[name]
+        self.rpc_servers.reload()
         pinned, was_pinned = set(new.orchestra.pinned), set(old.orchestra.pinned)
         added, rested = [], []
         for name, model in here.items():
@@ -264,6 +274,9 @@ class OrchestraComponent:
         """The unix sockets of the engines running here now (in the agent's own 0700 folders)."""
         return frozenset(a.socket for a in self._engine_addresses() if a.socket is not None)
 
+    def rpc_ports(self) -> frozenset[int]:
+        return self.rpc_servers.ports()
+
     def holding_gpus(self) -> list[ModelInfo]:
         """The models that occupy their GPUs now (a sleeping vLLM engine has given them back)."""
         return [self.info(s) for s in self.slots.values() if s.state in MODEL_HOLDS_GPU]
@@ -329,6 +342,7 @@ class OrchestraComponent:
             error=slot.error,
             cloud_equivalent=slot.model.cloud_equivalent,
             simulated=engine_spec(slot.model.engine).simulated,
+            helpers=[h.machine for h in slot.model.rpc],
         )
 
     def rotation_info(self) -> RotationInfo:

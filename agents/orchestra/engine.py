@@ -127,6 +127,7 @@ class Engine:
         self.log_path = log_path
         self.gpu_total_bytes = gpu_total_bytes
         self.address = self.listen_address()
+        self.rpc_servers: list[str] = []  # llama.cpp: host:port of the helpers' rpc-servers (forwarded here), for --rpc
         self.proc: asyncio.subprocess.Process | AdoptedProcess | None = None  # AdoptedProcess: started by a previous agent
         self._log_offset = 0
         self.stopping = False

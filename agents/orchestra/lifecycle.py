@@ -17,6 +17,7 @@ from agents.orchestra.engines import engine_class
 from agents.orchestra.placement import Placement
 from agents.orchestra.residency import Residency
 from agents.orchestra.slot import SLEEP_RESIDUAL_BYTES, EngineFailed, Slot, gib_text
+from agents.orchestra.spread import Spread
 from agents.runtime.core import AgentCore
 from agents.wire.documents import EngineFigures
 from agents.wire.protocol import ErrorCode, RemoteError
@@ -59,6 +60,7 @@ class Lifecycle:
         self.residency = residency
         self.placement = placement
         self.supervisors: list[asyncio.Task[None]] = []  # one per engine started or adopted: notices when it ends
+        self.spread = Spread(core, placement, lambda slot, reason: self.fail(slot, slot.engine, reason))
 
     def missing(self, slot: Slot) -> RemoteError:
         """The refusal of a model whose weights are not at its path here: where, and the doctor's fix."""
@@ -139,6 +141,8 @@ class Lifecycle:
         self.book.notice("error", f"{slot.name} failed on {self.core.machine.name}: {message}")
         if engine is not None and engine.returncode is None:
             asyncio.get_running_loop().create_task(engine.stop())
+        if slot.model.rpc:  # its helpers' rpc-servers go with it
+            asyncio.get_running_loop().create_task(self.spread.take_down(slot))
 
     async def _load(self, slot: Slot, gpus: list[int], engine: Engine) -> float:
         """cold/cached -> loading -> warming -> warm. Returns the seconds spent waiting on the engine."""
@@ -150,6 +154,9 @@ class Lifecycle:
         slot.progress = ModelProgress(phase="starting")
         started = time.monotonic()
         slot.engine = slot.last_engine = engine
+        if slot.model.rpc:  # the helpers' rpc-servers first: llama-server connects to them as it loads
+            slot.progress = ModelProgress(phase="starting")
+            engine.rpc_servers = await self.spread.bring_up(slot)
         await engine.start()
         self.book.claim(slot)
         self.book.remember_engines()  # a restarted agent finds (and reports) an engine it was loading
@@ -212,6 +219,8 @@ class Lifecycle:
         if engine is not None:
             slot.progress = ModelProgress(phase="stopping")
             await engine.stop()
+        if slot.model.rpc:
+            await self.spread.take_down(slot)
         slot.progress = None
         await asyncio.to_thread(self.residency.measure, slot)
         seconds = time.monotonic() - started

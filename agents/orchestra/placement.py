@@ -36,9 +36,10 @@ class Placement:
         }
         self.sampled.set()
 
-    def free_bytes(self, index: int, after: dict[str, int]) -> int:
+    def free_bytes(self, index: int, after: dict[str, int], starting: str | None = None) -> int:
         """Free memory of one GPU: the last sample, corrected by what our models changed since
-        and by what the models in ``after`` will hold per GPU once the operation has moved them."""
+        and by what the models in ``after`` will hold per GPU once the operation has moved them. ``starting``: a model
+        marked loading whose engine has not started yet (nothing of it is in any sample): left out."""
         telemetry = self.core.latest
         gpu = next((g for g in telemetry.gpus if g.index == index), None) if telemetry else None
         if gpu is None or gpu.failed or gpu.mem_total_bytes is None or gpu.mem_used_bytes is None:
@@ -48,6 +49,8 @@ class Placement:
             )
         free = gpu.mem_total_bytes - gpu.mem_used_bytes
         for slot in self.slots.values():
+            if slot.name == starting:
+                continue
             gpus, held, invisible = self.held_at_sample.get(slot.name, ((), {}, False))
             if index in gpus and not invisible:
                 free += held.get(index, 0)
@@ -57,8 +60,8 @@ class Placement:
 
     def check_fit(self, slot: Slot, gpus: list[int], after: dict[str, int] | None = None) -> None:
         """Refuse (CONFLICT, saying how much is missing) when the model's VRAM estimate does not fit."""
-        if not gpus or not slot.model.vram_gib:
-            return
+        if not gpus or not slot.model.vram_gib or slot.model.rpc:
+            return  # a spread model's share per GPU is known once its helpers say theirs: its bring-up checks it
         after = {**(after or {}), slot.name: 0}
         need = int(slot.model.vram_gib * GIB / len(gpus))
         for index in gpus:

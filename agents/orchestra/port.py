@@ -55,6 +55,10 @@ class ModelsPort(Protocol):
         """The unix socket paths the engines of this machine listen on now."""
         ...
 
+    def rpc_ports(self) -> frozenset[int]:
+        """The 127.0.0.1 ports of the rpc-servers this machine runs now for models spread over it (lab.yaml's rpc:)."""
+        ...
+
     def holding_gpus(self) -> list[ModelInfo]:
         """The models that occupy their GPUs now (a sleeping vLLM engine has given them back)."""
         ...

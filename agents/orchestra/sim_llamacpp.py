@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import socket
 import sys
 import threading
 import time
@@ -431,6 +432,22 @@ def _logprobs(request: LlamaRequest, rng: random.Random, tokens: list[Token]) ->
     return {"content": [token_logprobs(token, request.n_probs, rng) for token in tokens]}
 
 
+def connect_rpc(endpoints: list[str]) -> list[socket.socket]:
+    """llama-server's --rpc: a connection to each rpc-server before the model loads (one that cannot be reached fails
+    the start, as llama-server's does), its device named as llama-server names it (SIMULATED: no tensors are sent)."""
+    held = []
+    for i, endpoint in enumerate(endpoints):
+        host, _, port = endpoint.rpartition(":")
+        try:
+            held.append(socket.create_connection((host, int(port)), timeout=10))
+        except (OSError, ValueError) as exc:
+            log(f"common_init: failed to connect to RPC server {endpoint}: {exc}")
+            sys.exit(1)
+        log(f"llama_prepare_model_devices: using device RPC{i} ({endpoint}) (SIMULATED)")
+        log(f"load_tensors: RPC{i}[{endpoint}] model buffer size = (SIMULATED)")
+    return held
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sim_llamacpp")
     parser.add_argument("-m", "--model", required=True)
@@ -444,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sleep-idle-seconds", type=float, default=-1)
     parser.add_argument("--embedding", "--embeddings", action="store_true")
     parser.add_argument("--reranking", "--rerank", action="store_true")
+    parser.add_argument("--rpc", default="", help="host:port,... of rpc-servers: connected to at load, as llama-server")
     for name, default in (
         ("load-s", 15.0),
         ("cold-factor", 14.0),
@@ -473,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     server = http_server(Handler, args.host, args.port, uds, LISTEN_BACKLOG)
     threading.Thread(target=server.serve_forever, daemon=True).start()  # listening while loading: /health answers 503
     log(f"load_model: loading model '{args.model}'")
+    held = connect_rpc([e for e in args.rpc.split(",") if e])  # noqa: F841  # held open while it serves
     state.load()
     log("llama_server: model loaded")
     log(f"llama_server: listening on {f'unix://{uds}' if uds else f'http://{args.host}:{args.port}'}")

@@ -83,6 +83,7 @@ class Slot:
     timings: dict[str, float] = field(default_factory=dict)  # last load_s, warmup_s, wake_s, swap_s, cache_s
     token_rate: WindowRate = field(default_factory=lambda: WindowRate(TOKENS_PER_S_WINDOW_S))  # the polls' generation counts
     measured: dict[int, int] | None = None  # NVML's bytes per GPU for the engine's processes, this state (None: estimate)
+    spread_share: dict[int, int] | None = None  # a model spread over other machines (rpc:): its estimate on each GPU here
 
     @property
     def name(self) -> str:
@@ -102,6 +103,8 @@ class Slot:
             return 0
         if self.measured is not None and self.state in MODEL_ENGINE_UP:
             return self.measured.get(index, 0) if index is not None else max(self.measured.values(), default=0)
+        if self.state in MODEL_HOLDS_GPU and self.spread_share is not None:  # the rest is on its helpers' GPUs
+            return self.spread_share.get(index, 0) if index is not None else max(self.spread_share.values(), default=0)
         if self.state in MODEL_HOLDS_GPU:
             return int(self.model.vram_gib * GIB / len(self.gpus))
         return SLEEP_RESIDUAL_BYTES if self.state == ModelState.SLEEPING else 0

@@ -23,6 +23,7 @@ from pathlib import Path
 from agents.runtime.keys import PUSHED_AUTHORIZED_KEYS_NAME, KeyFileError, write_private
 from agents.wire.lab.model import Lab, LabError, parse_lab
 from agents.wire.lab.push import lab_version
+from agents.wire.lab.spread import node_links
 from agents.wire.protocol import PeerKeys, Role
 from agents.wire.sections.lab import LabSource
 
@@ -113,10 +114,11 @@ def previous_text(state_dir: Path) -> str | None:
 
 
 def calls_peers(lab: Lab, machine: str) -> bool:
-    """This machine's agent calls the others: the gateway's (in a lab of more than one machine), or the first node of
-    a multi-node recipe. Only such an agent has peer known hosts and a client key the others authorize."""
+    """This machine's agent calls the others: the gateway's (in a lab of more than one machine), the first node of
+    a multi-node recipe, or the machine of a model spread over others (rpc:). Only such an agent has peer known hosts
+    and a client key the others authorize."""
     gateway = lab.gateway is not None and lab.gateway.machine == machine and len(lab.machines) > 1
-    return gateway or any(len(t.nodes) > 1 and t.nodes[0].machine == machine for t in lab.trainers)
+    return gateway or any(caller == machine for caller, _ in node_links(lab))
 
 
 def known_hosts_lines(text: str) -> list[str]:
@@ -139,15 +141,15 @@ def known_hosts_lines(text: str) -> list[str]:
 def needed_peer_keys(lab: Lab, machine: str, keys: Mapping[str, PeerKeys]) -> list[tuple[Role, str, str]]:
     """The (role, public key, comment) this machine lets in for the lab: the gateway's agent links to every other
     machine (a checkpoint may be served on one lab.yaml gives no model) with the gateway role; the first node of a
-    multi-node recipe calls its other nodes with the node role. Never operator or viewer."""
+    multi-node recipe calls its other nodes, and a spread model's machine its rpc helpers, with the node role. Never
+    operator or viewer."""
     needed: list[tuple[Role, str, str]] = []
     gateway = lab.gateway.machine if lab.gateway is not None else None
     if gateway is not None and gateway != machine and (key := keys.get(gateway)) is not None and key.peer:
         needed.append((Role.GATEWAY, key.peer, f"gateway@{gateway}"))
-    for trainer in lab.trainers:
-        nodes = [n.machine for n in trainer.nodes]
-        if len(nodes) > 1 and machine in nodes[1:] and (key := keys.get(nodes[0])) is not None and key.node:
-            entry = (Role.NODE, key.node, f"node@{nodes[0]}")
+    for caller, callee in node_links(lab):
+        if callee == machine and (key := keys.get(caller)) is not None and key.node:
+            entry = (Role.NODE, key.node, f"node@{caller}")
             if entry not in needed:
                 needed.append(entry)
     return needed

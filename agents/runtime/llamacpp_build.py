@@ -31,8 +31,10 @@ from typing import Any
 
 PIN = "0.3.36"  # llama-cpp-python's sdist; its vendor/llama.cpp is the llama.cpp cetlab tests and serves with
 BINARY_ENV = "CETLAB_LLAMA_SERVER"  # a llama-server of one's own (a distribution's or a CUDA build elsewhere)
+RPC_BINARY_ENV = "CETLAB_RPC_SERVER"  # an rpc-server of one's own (same build as the model machine's llama-server)
 VOCAB_NAME = "ggml-vocab-llama-spm.gguf"
 STAMP_NAME = "build.json"
+RPC_TARGET = "ggml-rpc-server"  # llama.cpp's tools/rpc target (built with GGML_RPC); cached as bin/rpc-server
 MAKE_HINT = "make llama-server (or: python -m agents.runtime.llamacpp_build)"
 # a cached build is complete with all of these (an older layout is built again)
 COMPLETE = ("bin/llama-server", "bin/rpc-server", STAMP_NAME, VOCAB_NAME, "convert_lora_to_gguf.py", "gguf-py", "conversion")
@@ -76,6 +78,23 @@ def find_llama_server() -> Path | None:
             return binary
     found = shutil.which("llama-server")
     return Path(found) if found else None
+
+
+def find_rpc_server() -> Path | None:
+    """llama.cpp's rpc-server: $CETLAB_RPC_SERVER, else beside the llama-server found (a cached build has both), else on
+    PATH (as rpc-server, or ggml-rpc-server as llama.cpp's own build names it)."""
+    named = os.environ.get(RPC_BINARY_ENV)
+    if named:
+        return Path(named) if Path(named).is_file() else None
+    server = find_llama_server()
+    if server is not None:
+        for name in ("rpc-server", RPC_TARGET):
+            if (server.parent / name).is_file():
+                return server.parent / name
+    for name in ("rpc-server", RPC_TARGET):
+        if found := shutil.which(name):
+            return Path(found)
+    return None
 
 
 def vocab_file() -> Path | None:
@@ -197,7 +216,7 @@ def build(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = 
                 str(src / "build"),
                 "--target",
                 "llama-server",
-                "ggml-rpc-server",
+                RPC_TARGET,
                 "-j",
                 str(jobs or os.cpu_count() or 2),
             ],
@@ -207,7 +226,7 @@ def build(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = 
         (out / "bin").mkdir(exist_ok=True)
         shutil.copy2(src / "build" / "bin" / "llama-server", out / "bin" / "llama-server.part")
         os.replace(out / "bin" / "llama-server.part", binary)
-        shutil.copy2(src / "build" / "bin" / "ggml-rpc-server", out / "bin" / "rpc-server.part")
+        shutil.copy2(src / "build" / "bin" / RPC_TARGET, out / "bin" / "rpc-server.part")
         os.replace(out / "bin" / "rpc-server.part", out / "bin" / "rpc-server")
         shutil.copy2(src / "models" / VOCAB_NAME, out / VOCAB_NAME)
         shutil.copy2(src / "convert_lora_to_gguf.py", out / "convert_lora_to_gguf.py")

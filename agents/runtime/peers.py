@@ -106,6 +106,7 @@ class PeerClient:
             name: {} for name in wanted
         }  # peer's engine address -> (forward, its socket here)
         self._tunnel_locks = {name: asyncio.Lock() for name in wanted}
+        self._tcp_forwards: dict[str, dict[int, asyncssh.SSHListener]] = {name: {} for name in wanted}  # far port -> here
 
     def view(self, machine: str) -> MachineView:
         """What this agent knows of a peer: its link status and its last tick's typed sections."""
@@ -159,6 +160,33 @@ class PeerClient:
             tunnels[target] = (listener, path)
             return path
 
+    async def tcp_forward(self, machine: str, port: int) -> int:
+        """A port on this machine's 127.0.0.1 whose connections go, through our SSH connection to ``machine``'s agent
+        (direct-tcpip), to that machine's 127.0.0.1:``port`` (an rpc-server it runs for us: its agent allows that port
+        only, and counts each connection in our key's forwards). For a program that reaches its peer by host:port only
+        (llama-server's --rpc); gone with the link. Raises RemoteError(DISCONNECTED) while the peer is not connected."""
+        link = self.links.get(machine)
+        if link is None:
+            raise RemoteError(ErrorCode.NOT_FOUND, f"no peer named {machine!r}")
+        async with self._tunnel_locks[machine]:
+            found = self._tcp_forwards[machine].get(port)
+            if found is not None:
+                return found.get_port()
+            if link.conn is None:
+                raise link.unavailable()
+            try:
+                listener = await link.conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", port)
+            except (OSError, asyncssh.Error) as exc:
+                raise RemoteError(ErrorCode.DISCONNECTED, f"{machine}: cannot forward to its port {port} ({exc})") from None
+            self._tcp_forwards[machine][port] = listener
+            return listener.get_port()
+
+    def drop_tcp_forward(self, machine: str, port: int) -> None:
+        """Close the forward to ``machine``'s port (its rpc-server stopped)."""
+        listener = self._tcp_forwards.get(machine, {}).pop(port, None)
+        if listener is not None:
+            listener.close()
+
     # -- how a link is opened (the core's Opener)
 
     async def open(self, link: Link) -> Transport:
@@ -189,6 +217,9 @@ class PeerClient:
                 listener.close()
                 Path(path).unlink(missing_ok=True)
             self._tunnels[link.name].clear()
+            for forward in self._tcp_forwards[link.name].values():
+                forward.close()
+            self._tcp_forwards[link.name].clear()
             conn.close()
 
         return Transport(reader, writer, close, conn=conn)

@@ -139,6 +139,34 @@ def check_models(lab: Lab, machine: str) -> list[Check]:
     return checks
 
 
+def check_rpc_helper(lab: Lab, machine: str) -> list[Check]:
+    """A machine that lends its GPUs to a model served on another (lab.yaml's rpc:) runs llama.cpp's rpc-server for it:
+    found here, or a FAIL with the command that builds it (built with llama-server)."""
+    from agents.runtime import llamacpp_build
+
+    helped = [(m, h) for m in lab.models for h in m.rpc if h.machine == machine]
+    if not helped:
+        return []
+    names = ", ".join(m.name for m, _ in helped)
+    binary = llamacpp_build.find_rpc_server()
+    if binary is None:
+        caps: list[float] = []
+        if lab.machine(machine).gpus == "nvml" and any(h.gpus for _, h in helped):
+            from agents.telemetry.nvml import NvmlSampler
+
+            sampler = NvmlSampler()
+            try:
+                samples = sampler.sample() if sampler.status is None else []
+            finally:
+                sampler.close()
+            lent = {g for _, h in helped for g in h.gpus}
+            caps = [cc.major + cc.minor / 10 for g in samples if g.index in lent and (cc := g.compute_capability)]
+        where = f"${llamacpp_build.RPC_BINARY_ENV}, beside llama-server in {llamacpp_build.build_dir()}/bin, PATH"
+        fix = llamacpp_build.build_command(caps)
+        return [Check(f"rpc-server ({names})", FAIL, f"not found ({where}): this machine lends its GPUs to {names}", fix)]
+    return [Check(f"rpc-server ({names})", OK, f"{binary}: listens on 127.0.0.1 only, reached over the agents' SSH")]
+
+
 def check_ports(lab: Lab, machine: str, held: frozenset[int] = frozenset()) -> list[Check]:
     """The ports this machine's entry names (the agent's, the gateway's, fixed engine ports): free, or who may hold them.
 
@@ -303,7 +331,7 @@ def check_steps(lab: Lab, machine: str, state_dir: Path, held: frozenset[int] | 
         ("gpu support", lambda: check_gpu_support(lab, machine)),
         ("trainers", lambda: check_trainers(lab, machine)),
         ("engines", lambda: check_engines(lab, machine)),
-        ("models", lambda: check_models(lab, machine)),
+        ("models", lambda: check_models(lab, machine) + check_rpc_helper(lab, machine)),
         ("ports", lambda: check_ports(lab, machine, held or frozenset())),
         ("keys", lambda: check_state_dir(state_dir, ssh_server=lab.machine(machine).via == "agent", machine=machine)),
         ("disk", lambda: [check_disk(lab, state_dir)]),

@@ -33,6 +33,7 @@ from agents.wire.catalogue.lab import LAB_APPLY, LAB_ROLLBACK, LabApplied, LabAp
 from agents.wire.lab.check import editor_line
 from agents.wire.lab.model import Lab, LabError
 from agents.wire.lab.push import lab_changes, lab_version
+from agents.wire.lab.spread import node_links
 from agents.wire.protocol import ErrorCode, PeerKeys, RemoteError
 from agents.wire.sections.lab import LabSection
 
@@ -57,7 +58,7 @@ def peer_keys_of(agent: Agent) -> PeerKeys:
     peer = node = None
     if lab.gateway is not None and lab.gateway.machine == name:
         peer = _public(agent, PEER_KEY_NAME, f"cetlab-gateway@{name}")
-    if any(len(t.nodes) > 1 and t.nodes[0].machine == name for t in lab.trainers):
+    if any(caller == name for caller, _ in node_links(lab)):  # a multi-node recipe's first node, a spread model's machine
         node = _public(agent, NODE_KEY_NAME, f"cetlab-node@{name}")
     return PeerKeys(peer=peer, node=node)
 

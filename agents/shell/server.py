@@ -308,7 +308,15 @@ class _Server(asyncssh.SSHServer):
 
 
 def forward_problem(agent: Agent, role: Role | None, dest_host: str, dest_port: int) -> str | None:
-    """Why a forward to dest_host:dest_port is refused (None: allowed)."""
+    """Why a forward to dest_host:dest_port is refused (None: allowed): the gateway's key to an engine's port, a node key
+    to an rpc-server this agent runs for a model spread over it; 127.0.0.1 only."""
+    if role is Role.NODE:
+        pool = agent.find(ModelsPort)
+        if dest_host != "127.0.0.1":
+            return "forwards go to 127.0.0.1 only"
+        if pool is None or dest_port not in pool.rpc_ports():
+            return f"no rpc-server runs on port {dest_port} here"
+        return None
     if role is not Role.GATEWAY:
         return "only the gateway's key may open forwards"
     if dest_host != "127.0.0.1":

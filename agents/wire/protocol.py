@@ -45,8 +45,11 @@ class Role(StrEnum):
 
 # What the gateway role may do beyond reading: bring models up and take them down, nothing else.
 GATEWAY_METHODS = frozenset({"models.warm", "models.sleep", "models.swap", "models.cold"})
-# What the node role may do: start, stop and report this machine's node of a multi-node recipe its own lab.yaml names.
-NODE_METHODS = frozenset({"hello", "jobs.node_start", "jobs.node_stop", "jobs.node_status"})
+# What the node role may do: start, stop and report this machine's node of a multi-node recipe, or its rpc-server for a
+# model spread over it, as its own lab.yaml names them.
+NODE_METHODS = frozenset(
+    {"hello", "jobs.node_start", "jobs.node_stop", "jobs.node_status", "models.rpc_start", "models.rpc_stop", "models.rpc_status"}
+)
 
 
 class LinkStatus(StrEnum):

@@ -29,7 +29,7 @@ from console.replicas import grouped, replica_machines
 from console.rotation import overhead_words
 from console.screens.base import LabScreen
 from console.screens.modals import PickModelScreen
-from widgets.format import fmt_duration, fmt_gib
+from widgets.format import fmt_duration, fmt_gib, machines_text
 from widgets.lab_header import LabHeader
 from widgets.orchestra_table import OrchestraTable
 from widgets.wire import esc, shown
@@ -102,7 +102,9 @@ def detail_text(model: ModelInfo | None, replicas: list[str] | None = None) -> s
     """The selected model's line; ``replicas``: the machines of its placements, for a model with replicas."""
     if model is None:
         return ""
-    parts = [f"[b]{esc(model.name)}[/b] on {esc(model.machine)}"]  # the agent's strings: esc(), never markup
+    parts = [
+        f"[b]{esc(model.name)}[/b] on {esc(machines_text(model.machine, model.machines))}"
+    ]  # the agent's strings: esc(), never markup
     if replicas:
         others = [m for m in replicas if m != model.machine]
         parts.append(f"replica {replicas.index(model.machine) + 1 if model.machine in replicas else '?'} of {len(replicas)}")

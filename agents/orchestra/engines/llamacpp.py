@@ -230,11 +230,13 @@ class LlamacppEngine(Engine):
             )
 
     def split_flags(self) -> list[str]:
+        """-ngl, and a split over several GPUs. With rpc helpers, their devices come first in llama-server's list and
+        it splits the layers by each device's free memory, this machine's GPUs and the helpers' alike."""
         args = self.model.args
-        flags = []
+        flags = ["--rpc", ",".join(self.rpc_servers)] if self.rpc_servers else []
         if not any(a in args for a in ("-ngl", "--gpu-layers", "--n-gpu-layers")):
-            flags += ["-ngl", ALL_GPU_LAYERS if self.gpus else "0"]
-        if len(self.gpus) > 1 and not any(a in args for a in ("-sm", "--split-mode")):
+            flags += ["-ngl", ALL_GPU_LAYERS if self.gpus or self.rpc_servers else "0"]
+        if len(self.gpus) > 1 and not self.rpc_servers and not any(a in args for a in ("-sm", "--split-mode")):
             flags += ["--split-mode", "layer"]
             if not any(a in args for a in ("-ts", "--tensor-split")):
                 flags += ["--tensor-split", tensor_split(self.gpu_totals or [])]

@@ -21,7 +21,8 @@ from agents.runtime.labfile import PUSHED_NAME
 from agents.runtime.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
 from agents.shell.demo import gateway as gateway_demo
 from agents.shell.demo import notify as notify_demo
-from agents.wire.lab.model import load_lab
+from agents.wire.lab.model import load_lab, parse_lab
+from agents.wire.lab.spread import node_links
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -116,25 +117,25 @@ class DemoRunningError(RuntimeError):
     """Another process runs a demo lab from the same folder."""
 
 
+def _node_links(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """(caller, callee) of the node role, as agents.wire.lab.spread.node_links says of the validated lab."""
+    return node_links(parse_lab(yaml.safe_dump(data)))
+
+
 def coordinators(data: dict[str, Any]) -> list[str]:
-    """The machines that coordinate a multi-node recipe (its first node)."""
-    return sorted({t["nodes"][0]["machine"] for t in data.get("trainers") or [] if t.get("nodes")})
+    """The machines that call others with the node role (a multi-node recipe's first node, a spread model's machine)."""
+    return sorted({caller for caller, _ in _node_links(data)})
 
 
 def node_key_lines(directory: Path, data: dict[str, Any]) -> dict[str, str]:
-    """Per machine, the authorized_keys lines giving each coordinator of a multi-node recipe on it the node role."""
+    """Per machine, the authorized_keys lines giving each agent that calls it with the node role that role."""
     lines: dict[str, str] = {}
-    for trainer in data.get("trainers") or []:
-        nodes = trainer.get("nodes") or []
-        if not nodes:
-            continue
-        first = nodes[0]["machine"]
-        key = ensure_key(directory / "agents" / first / NODE_KEY_NAME, comment=f"cetlab-node@{first}")
+    for caller, callee in _node_links(data):
+        key = ensure_key(directory / "agents" / caller / NODE_KEY_NAME, comment=f"cetlab-node@{caller}")
         kind, blob = key.export_public_key().decode().split()[:2]
-        for node in nodes[1:]:
-            line = f"node {kind} {blob} node@{first}\n"
-            if line not in lines.get(node["machine"], ""):
-                lines[node["machine"]] = lines.get(node["machine"], "") + line
+        line = f"node {kind} {blob} node@{caller}\n"
+        if line not in lines.get(callee, ""):
+            lines[callee] = lines.get(callee, "") + line
     return lines
 
 

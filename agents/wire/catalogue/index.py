@@ -65,6 +65,7 @@ from agents.wire.catalogue.models import (
     MODELS_WARM,
 )
 from agents.wire.catalogue.notify import NOTIFY_STATUS, NOTIFY_TEST
+from agents.wire.catalogue.spread import MODELS_RPC_START, MODELS_RPC_STATUS, MODELS_RPC_STOP
 
 CATALOGUE: dict[str, Method[Any, Any]] = {
     m.name: m
@@ -99,6 +100,9 @@ CATALOGUE: dict[str, Method[Any, Any]] = {
         MODELS_ROTATION,
         MODELS_ROTATE,
         MODELS_ADAPTER,
+        MODELS_RPC_START,
+        MODELS_RPC_STOP,
+        MODELS_RPC_STATUS,
         CHECKPOINTS_RUNS,
         CHECKPOINTS_LIST,
         CHECKPOINTS_RESUME,

@@ -22,6 +22,8 @@ from agents.wire.lab.loopback import check_args, check_command, command_engine_p
 from agents.wire.lab.notify import Notify
 from agents.wire.lab.notify import cross_check as notify_cross_check
 from agents.wire.lab.replicas import replicas_cross_check
+from agents.wire.lab.spread import RpcHelper
+from agents.wire.lab.spread import cross_check as spread_cross_check
 from agents.wire.lab.yaml_doc import MAX_BYTES as MAX_LAB_BYTES
 from agents.wire.lab.yaml_doc import YamlDocError, data_path, describe, problem_at
 from agents.wire.lab.yaml_doc import load as load_yaml
@@ -200,6 +202,8 @@ class Model(Strict):
     # more placements beside machine/gpus: the gateway spreads requests over them and drains one before it goes out
     replicas: list[Replica] = Field(default_factory=list)
     drain_timeout_s: Duration = 60.0  # a replica taken out waits this long at most for its requests to end
+    # llamacpp: helper machines whose GPUs lend memory to this model (their rpc-servers, on 127.0.0.1, reached over SSH)
+    rpc: list[RpcHelper] = Field(default_factory=list)
 
     @field_validator("args")
     @classmethod
@@ -439,6 +443,7 @@ def _cross_check(lab: Lab, engines: Collection[str] | None) -> list[tuple[tuple[
             if param.type == "choice" and not param.choices:
                 problems.append((("trainers", i, "params", j, "choices"), "a choice param needs choices: [...]"))
     problems += notify_cross_check(lab.notify, list(machines))
+    problems += spread_cross_check(lab)
     return problems + gateway_cross_check(
         lab.providers, lab.gateway, list(machines), {m.name for m in lab.models}, lab.orchestra.groups, lab.costs.currency
     )

@@ -61,6 +61,12 @@ class ModelInfo(Section):
     error: ModelError | None = None
     cloud_equivalent: str | None = None
     simulated: bool = False
+    helpers: list[str] = Field(default_factory=list)  # machines whose rpc-servers hold part of it (lab.yaml's rpc:)
+
+    @property
+    def machines(self) -> list[str]:
+        """Every machine it runs on: its own (llama-server), then its rpc helpers."""
+        return [self.machine, *self.helpers]
 
     @property
     def tokens_total(self) -> float | None:

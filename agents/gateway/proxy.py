@@ -148,7 +148,14 @@ async def stream(
         outcome = Outcome(status=200)
         request[STREAM_OUTCOME] = outcome  # what was produced so far, for the meter if the client leaves mid-stream
         if rewriter is None:
-            rewriter = StreamRewriter(client_model, client_wants_usage(body), chat=path.endswith("chat/completions"))
+            n = body.get("n", 1)
+            rewriter = StreamRewriter(
+                client_model,
+                client_wants_usage(body),
+                chat=path.endswith("chat/completions"),
+                upstream_model=target.upstream_model,
+                choices=n if isinstance(n, int) else 0,
+            )
         async for chunk in upstream.content.iter_any():
             if outcome.ttft_s is None:
                 outcome.ttft_s = time.monotonic() - started

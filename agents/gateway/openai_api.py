@@ -162,12 +162,17 @@ def rewrite_answer(raw: bytes, client_model: str, chat: bool) -> bytes:
         data = json.loads(raw)
     except ValueError:
         return raw
+    return rewrite_parsed(raw, data, client_model, chat)
+
+
+def rewrite_parsed(raw: bytes, data: object, client_model: str, chat: bool) -> bytes:
+    """rewrite_answer of an answer already parsed (``data``, left as it is); ``raw`` itself where nothing changes."""
     if not isinstance(data, dict) or "model" not in data:
         return raw
-    data["model"] = client_model
-    if "id" in data:
-        data["id"] = openai_id(data["id"], chat)
-    return json.dumps(data, separators=(",", ":")).encode()
+    changed = {"model": client_model, **({"id": openai_id(data["id"], chat)} if "id" in data else {})}
+    if all(data[k] == v for k, v in changed.items()):
+        return raw
+    return json.dumps({**data, **changed}, separators=(",", ":")).encode()
 
 
 def upstream_error(raw: bytes, status: int, where: str, body: dict[str, Any] | None = None) -> bytes:

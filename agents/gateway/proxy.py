@@ -13,7 +13,14 @@ from aiohttp import web
 
 from agents.gateway.lengths import prompt_bound
 from agents.gateway.limits import UpstreamTooLarge, read_capped
-from agents.gateway.openai_api import StreamRewriter, client_wants_usage, rewrite_answer, upstream_error, upstream_stream_body
+from agents.gateway.openai_api import (
+    StreamRewriter,
+    client_wants_usage,
+    rewrite_answer,
+    rewrite_parsed,
+    upstream_error,
+    upstream_stream_body,
+)
 from agents.gateway.router import Target
 
 
@@ -96,7 +103,7 @@ async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body:
     if response.status == 200 and isinstance(outcome.data, dict):
         _usage(outcome, outcome.data.get("usage"))
         if isinstance(body.get("model"), str):
-            outcome.raw = rewrite_answer(raw, body["model"], chat=path.endswith("chat/completions"))
+            outcome.raw = rewrite_parsed(raw, outcome.data, body["model"], chat=path.endswith("chat/completions"))
     else:
         outcome.raw, outcome.content_type = upstream_error(raw, response.status, target.where, body), "application/json"
         outcome.error = f"{target.where} answered {response.status}"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import statistics
@@ -62,6 +63,7 @@ BIG = {"embed": 512, "layers": 8, "ffn": 1408}
 SERVER_ARGS = ["-c", str(CONCURRENT * 320), "-np", str(CONCURRENT), "-t", "1"]
 MODEL = "tiny"
 LITELLM_ENV = "LITELLM_VENV"
+LITELLM_KEY = "sk-bench-vs-litellm"  # the proxy refuses to start without a master key
 
 
 @dataclass
@@ -93,15 +95,21 @@ def chat(tokens: int, stream: bool) -> dict:
 
 
 async def one_stream(session: aiohttp.ClientSession, way: Path3) -> tuple[float, int]:
-    """(seconds, content events) of one stream of STREAM_TOKENS tokens."""
+    """(seconds, tokens) of one stream of STREAM_TOKENS tokens: the tokens its usage says (a proxy may merge events),
+    else its content events."""
     started = time.perf_counter()
-    tokens = 0
-    async with session.post(f"{way.url}/chat/completions", json=chat(STREAM_TOKENS, True), headers=way.headers) as r:
+    events, usage = 0, None
+    body = {**chat(STREAM_TOKENS, True), "stream_options": {"include_usage": True}}
+    async with session.post(f"{way.url}/chat/completions", json=body, headers=way.headers) as r:
         assert r.status == 200, (way.name, r.status, await r.text())
         async for line in r.content:
-            if line.startswith(b"data: ") and b'"content":"' in line.replace(b": ", b":"):
-                tokens += 1
-    return time.perf_counter() - started, tokens
+            if not line.startswith(b"data: {"):
+                continue
+            if b'"usage"' in line and b'"completion_tokens"' in line:
+                usage = json.loads(line[6:])["usage"]["completion_tokens"]
+            elif b'"content":"' in line.replace(b": ", b":"):
+                events += 1
+    return time.perf_counter() - started, usage if usage is not None else events
 
 
 async def crowd(session: aiohttp.ClientSession, way: Path3) -> tuple[float, int]:
@@ -172,6 +180,7 @@ def start_litellm(venv: Path, folder: Path, engine_url: str) -> tuple[subprocess
                     {"model_name": MODEL, "litellm_params": {"model": f"openai/{MODEL}", "api_base": engine_url, "api_key": "x"}}
                 ],
                 "litellm_settings": {"drop_params": True, "num_retries": 0},
+                "general_settings": {"master_key": LITELLM_KEY},
             }
         )
     )
@@ -188,10 +197,15 @@ def start_litellm(venv: Path, folder: Path, engine_url: str) -> tuple[subprocess
     return proc, f"http://127.0.0.1:{port}"
 
 
-async def wait_ok(url: str, headers: dict[str, str] | None = None, seconds: float = 300) -> None:
+async def wait_ok(
+    url: str, headers: dict[str, str] | None = None, proc: subprocess.Popen[bytes] | None = None, seconds: float = 300
+) -> None:
     deadline = time.monotonic() + seconds
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                log = Path(str(proc.args[2])).with_name("litellm.log")  # beside its --config
+                raise RuntimeError(f"LiteLLM's proxy ended ({proc.returncode}): {log.read_text()[-2000:]}")
             try:
                 async with session.post(f"{url}/chat/completions", json=chat(1, False), headers=headers) as r:
                     if r.status == 200:
@@ -220,8 +234,9 @@ async def bench(demo: DemoLab, engine_port: int, litellm: tuple[subprocess.Popen
     ways = [direct, Path3("cetlab", f"http://127.0.0.1:{lab.gateway.port}/v1", {"Authorization": f"Bearer {key}"}, agent)]
     await wait_ok(ways[1].url, ways[1].headers)
     if litellm is not None:
-        ways.append(Path3("LiteLLM", f"{litellm[1]}/v1", {}, litellm[0].pid))
-        await wait_ok(ways[2].url)
+        ways.append(Path3("LiteLLM", f"{litellm[1]}/v1", {"Authorization": f"Bearer {LITELLM_KEY}"}, litellm[0].pid))
+        await wait_ok(ways[2].url, ways[2].headers, litellm[0])
+    print(f"{count} rounds of: 1 stream, {CONCURRENT} streams, {SHORT_CALLS} short calls each way ({', '.join(w.name for w in ways)})", flush=True)
     await rounds(ways, count)
     report(ways, pace)
 

@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -188,7 +187,17 @@ def start_litellm(venv: Path, folder: Path, engine_url: str) -> tuple[subprocess
     env.pop("PYTHONPATH", None)
     log = (folder / "litellm.log").open("wb")
     proc = subprocess.Popen(
-        [str(venv / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+        [
+            str(venv / "bin" / "litellm"),
+            "--config",
+            str(config),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            "1",
+        ],
         stdout=log,
         stderr=log,
         env=env,
@@ -216,7 +225,9 @@ async def wait_ok(
     raise RuntimeError(f"{url} gave no answer in {seconds:g} s")
 
 
-async def bench(demo: DemoLab, engine_port: int, litellm: tuple[subprocess.Popen[bytes], str] | None, count: int, pace: str) -> None:
+async def bench(
+    demo: DemoLab, engine_port: int, litellm: tuple[subprocess.Popen[bytes], str] | None, count: int, pace: str
+) -> None:
     lab = load_lab(demo.lab_path)
     assert lab.gateway is not None
     key = (demo.dir / "console" / "gateway.key").read_text().strip()
@@ -236,7 +247,10 @@ async def bench(demo: DemoLab, engine_port: int, litellm: tuple[subprocess.Popen
     if litellm is not None:
         ways.append(Path3("LiteLLM", f"{litellm[1]}/v1", {"Authorization": f"Bearer {LITELLM_KEY}"}, litellm[0].pid))
         await wait_ok(ways[2].url, ways[2].headers, litellm[0])
-    print(f"{count} rounds of: 1 stream, {CONCURRENT} streams, {SHORT_CALLS} short calls each way ({', '.join(w.name for w in ways)})", flush=True)
+    print(
+        f"{count} rounds of: 1 stream, {CONCURRENT} streams, {SHORT_CALLS} short calls each way ({', '.join(w.name for w in ways)})",
+        flush=True,
+    )
     await rounds(ways, count)
     report(ways, pace)
 

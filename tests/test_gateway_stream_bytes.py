@@ -29,7 +29,9 @@ def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **top:
 
 def sse(*events: dict[str, Any] | str, separators: tuple[str, str] = (",", ":")) -> list[bytes]:
     return [
-        b"data: " + (e.encode() if isinstance(e, str) else json.dumps(e, separators=separators, ensure_ascii=False).encode()) + b"\n\n"
+        b"data: "
+        + (e.encode() if isinstance(e, str) else json.dumps(e, separators=separators, ensure_ascii=False).encode())
+        + b"\n\n"
         for e in events
     ]
 
@@ -123,7 +125,10 @@ def test_a_chat_stream_with_no_role_gets_one_in_each_choices_first_chunk():
 
 def test_several_choices_are_parsed_for_each_ones_role():
     def choice(index: int, content: str) -> dict[str, Any]:
-        return {**chunk({"content": content}), "choices": [{"delta": {"content": content}, "finish_reason": None, "index": index}]}
+        return {
+            **chunk({"content": content}),
+            "choices": [{"delta": {"content": content}, "finish_reason": None, "index": index}],
+        }
 
     events = [choice(0, "a"), choice(1, "b"), choice(0, "c"), choice(1, "d")]
     fast, slow = both(sse(*events), choices=2)
@@ -135,7 +140,15 @@ def test_several_choices_are_parsed_for_each_ones_role():
 @pytest.mark.parametrize(
     "odd",
     [
-        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "f"}}]}, "finish_reason": None, "index": 0}]},
+        {
+            "choices": [
+                {
+                    "delta": {"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "f"}}]},
+                    "finish_reason": None,
+                    "index": 0,
+                }
+            ]
+        },
         {"choices": [{"delta": {"content": "x"}, "index": 0}]},  # no finish_reason key: still generating
         {"choices": [{"delta": {"content": "x"}, "finish_reason": None, "index": 0}], "id": "cmpl-7"},  # the other prefix
         {"choices": [{"delta": {"content": "x"}, "finish_reason": None, "index": 0}], "id": "resp_7"},  # a provider's id
@@ -166,7 +179,9 @@ def test_spaced_json_and_several_lines_are_parsed():
     spaced = sse(*events, separators=(", ", ": "))  # Python's json.dumps default, as the sim engines write
     fast, slow = both(spaced, chat=False)
     assert fast == slow and all(e["id"] == "cmpl-Xy12" for e in fast[0] if isinstance(e, dict))
-    two_lines = [b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null,"index":0}],\ndata: "id":"chatcmpl-1","model":"tiny"}\n\n']
+    two_lines = [
+        b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null,"index":0}],\ndata: "id":"chatcmpl-1","model":"tiny"}\n\n'
+    ]
     fast, slow = both(sse(*events[:1]) + two_lines)
     assert fast == slow
 

@@ -213,7 +213,9 @@ class StreamRewriter:
         self._model_field = b'"model":' + json.dumps(client_model).encode()
         upstream = b'"model":' + json.dumps(upstream_model).encode() if upstream_model is not None else None
         self._upstream_field = upstream if upstream != self._model_field else None
-        self._id_field, self._wrong_id_field = (b'"id":"chatcmpl-', b'"id":"cmpl-') if chat else (b'"id":"cmpl-', b'"id":"chatcmpl-')
+        self._id_field, self._wrong_id_field = (
+            (b'"id":"chatcmpl-', b'"id":"cmpl-') if chat else (b'"id":"cmpl-', b'"id":"chatcmpl-')
+        )
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events of what has arrived so far, rewritten; a partial event waits for its end.

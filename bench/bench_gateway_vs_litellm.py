@@ -65,6 +65,10 @@ LITELLM_ENV = "LITELLM_VENV"
 LITELLM_KEY = "sk-bench-vs-litellm"  # the proxy refuses to start without a master key
 
 
+class Failed(Exception):
+    """A request answered with an error."""
+
+
 @dataclass
 class Path3:
     """One way to the engine: its URL, headers, and what it measured."""
@@ -78,6 +82,7 @@ class Path3:
     short: list[float] = field(default_factory=list)  # seconds per call
     cpu_s: float = 0.0
     tokens: int = 0
+    errors: int = 0  # requests that failed (and were sent again)
 
     def cpu(self) -> CpuWindow | None:
         return CpuWindow(self.pid) if self.pid else None
@@ -94,13 +99,23 @@ def chat(tokens: int, stream: bool) -> dict:
 
 
 async def one_stream(session: aiohttp.ClientSession, way: Path3) -> tuple[float, int]:
+    for _ in range(3):  # a kept-alive connection the server closed as it was reused: counted, and again
+        try:
+            return await _one_stream(session, way)
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, Failed):
+            way.errors += 1
+    raise RuntimeError(f"{way.name}: no stream in 3 tries")
+
+
+async def _one_stream(session: aiohttp.ClientSession, way: Path3) -> tuple[float, int]:
     """(seconds, tokens) of one stream of STREAM_TOKENS tokens: the tokens its usage says (a proxy may merge events),
     else its content events."""
     started = time.perf_counter()
     events, usage = 0, None
     body = {**chat(STREAM_TOKENS, True), "stream_options": {"include_usage": True}}
     async with session.post(f"{way.url}/chat/completions", json=body, headers=way.headers) as r:
-        assert r.status == 200, (way.name, r.status, await r.text())
+        if r.status != 200:
+            raise Failed(f"{way.name}: {r.status} {(await r.text())[:300]}")
         async for line in r.content:
             if not line.startswith(b"data: {"):
                 continue
@@ -118,11 +133,17 @@ async def crowd(session: aiohttp.ClientSession, way: Path3) -> tuple[float, int]
 
 
 async def short_call(session: aiohttp.ClientSession, way: Path3) -> float:
-    started = time.perf_counter()
-    async with session.post(f"{way.url}/chat/completions", json=chat(1, False), headers=way.headers) as r:
-        await r.read()
-        assert r.status == 200, (way.name, r.status)
-    return time.perf_counter() - started
+    for _ in range(3):  # a kept-alive connection the server closed as it was reused: counted, and again
+        started = time.perf_counter()
+        try:
+            async with session.post(f"{way.url}/chat/completions", json=chat(1, False), headers=way.headers) as r:
+                await r.read()
+                if r.status != 200:
+                    raise Failed(f"{way.name}: {r.status}")
+            return time.perf_counter() - started
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, Failed):
+            way.errors += 1
+    raise RuntimeError(f"{way.name}: no answer in 3 tries")
 
 
 async def rounds(ways: list[Path3], count: int) -> None:
@@ -151,7 +172,7 @@ def report(ways: list[Path3], pace: str) -> None:
     single_d, crowd_d = statistics.median(direct.single), statistics.median(direct.crowd)
     print(
         f"{pace}: direct {single_d:.0f} tokens/s (1 stream), {crowd_d:.0f} tokens/s ({CONCURRENT} streams); "
-        f"short call p50 {percentile(direct.short, 50) * 1000:.2f} ms"
+        f"short call p50 {percentile(direct.short, 50) * 1000:.2f} ms; {direct.errors} failed requests; load {os.getloadavg()[0]:.1f}"
     )
     for way in ways[1:]:
         single, many = statistics.median(way.single) / single_d, statistics.median(way.crowd) / crowd_d
@@ -165,7 +186,7 @@ def report(ways: list[Path3], pace: str) -> None:
             )
         print(
             f"  {way.name:8s} single {single:.3f} of direct, {CONCURRENT} streams {many:.3f} of direct{goals}; "
-            f"added p50 {added:.2f} ms per short request; {cpu}"
+            f"added p50 {added:.2f} ms per short request; {cpu}; {way.errors} failed requests (sent again)"
         )
 
 

@@ -40,6 +40,9 @@ class Outcome:
     events: int = 0  # token events of a stream seen so far
 
 
+# llama-server (cpp-httplib) and vLLM (uvicorn) close a connection left idle for 5 s: the gateway lets its own go
+# sooner, so it never sends a request down one the engine has just closed (aiohttp keeps them 15 s: a 502)
+ENGINE_KEEPALIVE_S = 4.0
 STREAM_OUTCOME = "cetlab.stream_outcome"  # the request's key for the outcome of a stream under way
 
 

@@ -175,7 +175,9 @@ def report(ways: list[Path3], pace: str) -> None:
         f"short call p50 {percentile(direct.short, 50) * 1000:.2f} ms; {direct.errors} failed requests; load {os.getloadavg()[0]:.1f}"
     )
     for way in ways[1:]:
-        single, many = statistics.median(way.single) / single_d, statistics.median(way.crowd) / crowd_d
+        # each round's ratio to the direct figure of the same round (the load of a shared box drifts between rounds)
+        single = statistics.median(w / d for w, d in zip(way.single, direct.single))
+        many = statistics.median(w / d for w, d in zip(way.crowd, direct.crowd))
         added = (percentile(way.short, 50) - percentile(direct.short, 50)) * 1000
         cpu = f"{way.cpu_s / way.tokens * 1000:.3f} CPU s per 1,000 streamed tokens" if way.tokens else "CPU not measured"
         goals = ""

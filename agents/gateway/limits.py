@@ -68,6 +68,8 @@ class SseSplitter:
         self._tail = bytearray()
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        if not self._tail and len(chunk) > 1 and chunk.find(b"\n\n") == len(chunk) - 2:  # one whole event, as engines write it
+            return [chunk[:-2]]
         start = max(0, len(self._tail) - 1)  # a "\n\n" may straddle the old tail and the new chunk
         self._tail += chunk
         events: list[bytes] = []

@@ -162,12 +162,17 @@ def rewrite_answer(raw: bytes, client_model: str, chat: bool) -> bytes:
         data = json.loads(raw)
     except ValueError:
         return raw
+    return rewrite_parsed(raw, data, client_model, chat)
+
+
+def rewrite_parsed(raw: bytes, data: object, client_model: str, chat: bool) -> bytes:
+    """rewrite_answer of an answer already parsed (``data``, left as it is); ``raw`` itself where nothing changes."""
     if not isinstance(data, dict) or "model" not in data:
         return raw
-    data["model"] = client_model
-    if "id" in data:
-        data["id"] = openai_id(data["id"], chat)
-    return json.dumps(data, separators=(",", ":")).encode()
+    changed = {"model": client_model, **({"id": openai_id(data["id"], chat)} if "id" in data else {})}
+    if all(data[k] == v for k, v in changed.items()):
+        return raw
+    return json.dumps({**data, **changed}, separators=(",", ":")).encode()
 
 
 def upstream_error(raw: bytes, status: int, where: str, body: dict[str, Any] | None = None) -> bytes:
@@ -191,20 +196,34 @@ def upstream_error(raw: bytes, status: int, where: str, body: dict[str, Any] | N
 
 class StreamRewriter:
     """Rewrites an upstream SSE stream event by event: `model` as the client asked, the id's prefix as OpenAI's for
-    the route, `delta.role` in each choice's
-    first chat chunk, usage kept for the meter and passed on only to a client that asked for it."""
+    the route, `delta.role` in each choice's first chat chunk, usage kept for the meter and passed on only to a client
+    that asked for it.
 
-    def __init__(self, client_model: str, wants_usage: bool, chat: bool):
+    Most events of a one-choice stream need at most a name or a prefix changed: those are read and rewritten as bytes
+    (`_as_bytes`), never decoded; an event whose bytes leave any doubt (usage, a second id or model key, whitespace
+    between key and value, several lines, any choice but one) is parsed and rewritten whole (`_parsed`)."""
+
+    def __init__(self, client_model: str, wants_usage: bool, chat: bool, upstream_model: str | None = None, choices: int = 1):
         self.client_model, self.wants_usage, self.chat = client_model, wants_usage, chat
         self.usage: dict[str, Any] | None = None
         self.token_events = 0  # deltas still generating: one token each, for when no usage comes
         self._events = SseSplitter()  # split as the bytes come (never the whole tail again), each event capped
         self._roled: set[int] = set()
+        self._one_choice = choices == 1  # with several, each choice's first chunk is found by parsing
+        self._model_field = b'"model":' + json.dumps(client_model).encode()
+        upstream = b'"model":' + json.dumps(upstream_model).encode() if upstream_model is not None else None
+        self._upstream_field = upstream if upstream != self._model_field else None
+        self._id_field, self._wrong_id_field = (
+            (b'"id":"chatcmpl-', b'"id":"cmpl-') if chat else (b'"id":"cmpl-', b'"id":"chatcmpl-')
+        )
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events of what has arrived so far, rewritten; a partial event waits for its end.
         Raises UpstreamTooLarge when one event grows past the gateway's cap."""
-        events = self._events.feed(chunk.replace(b"\r\n", b"\n"))
+        events = self._events.feed(chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk)
+        if len(events) == 1:  # the common case: one event per chunk, no list to build
+            out = self._event(events[0])
+            return b"" if out is None else out + b"\n\n"
         return b"".join(out + b"\n\n" for out in map(self._event, events) if out is not None)
 
     def flush(self) -> bytes:
@@ -213,6 +232,42 @@ class StreamRewriter:
         return out + b"\n\n" if out else b""
 
     def _event(self, event: bytes) -> bytes | None:
+        quick = self._as_bytes(event)
+        return quick if quick is not None else self._parsed(event)
+
+    def _as_bytes(self, event: bytes) -> bytes | None:
+        """The event rewritten without decoding it, or None where only parsing it tells what to do.
+
+        Inside a JSON string every quote is escaped, so `"model"` with its quotes unescaped is a key (or a
+        key's tail: counted, so a second one sends the event to the parser); one choice per event is one
+        `"finish_reason"` key, null while the choice is still generating."""
+        if not self._one_choice or (self.chat and 0 not in self._roled):
+            return None
+        if not (event.startswith(b"data: {") and event.endswith(b"}")) or b"\n" in event or b'"usage"' in event:
+            return None
+        if event.count(b'"finish_reason"') != 1:
+            return None
+        if b'"finish_reason":null' in event:
+            generating = True
+        elif b'"finish_reason":"' in event:
+            generating = False
+        else:
+            return None
+        if event.count(b'"model"') != 1 or event.count(b'"id"') != 1:
+            return None
+        if self._model_field not in event:
+            if self._upstream_field is None or self._upstream_field not in event:
+                return None
+            event = event.replace(self._upstream_field, self._model_field)
+        if self._id_field not in event:
+            if self._wrong_id_field not in event:
+                return None
+            event = event.replace(self._wrong_id_field, self._id_field)
+        if generating:
+            self.token_events += 1
+        return event
+
+    def _parsed(self, event: bytes) -> bytes | None:
         if not event.startswith(b"data:"):
             return event
         payload = event[5:].strip()

@@ -14,7 +14,14 @@ from aiohttp import web
 from agents.gateway.keys import ApiKey
 from agents.gateway.lengths import prompt_bound
 from agents.gateway.limits import UpstreamTooLarge, read_capped
-from agents.gateway.openai_api import StreamRewriter, client_wants_usage, rewrite_answer, upstream_error, upstream_stream_body
+from agents.gateway.openai_api import (
+    StreamRewriter,
+    client_wants_usage,
+    rewrite_answer,
+    rewrite_parsed,
+    upstream_error,
+    upstream_stream_body,
+)
 from agents.gateway.router import Target
 
 
@@ -37,6 +44,9 @@ class Outcome:
 # What the gateway keeps on a request, under aiohttp's typed keys (a plain string key warns, NotAppKeyWarning)
 API_KEY = web.RequestKey("api_key", ApiKey)  # the gateway key that authenticated the request
 STREAM_OUTCOME = web.RequestKey("stream_outcome", Outcome)  # the outcome of a stream under way
+# llama-server (cpp-httplib) and vLLM (uvicorn) close a connection left idle for 5 s: the gateway lets its own go
+# sooner, so it never sends a request down one the engine has just closed (aiohttp keeps them 15 s: a 502)
+ENGINE_KEEPALIVE_S = 4.0
 
 
 def tier_headers(target: Target) -> dict[str, str]:
@@ -99,7 +109,7 @@ async def fetch(session: aiohttp.ClientSession, target: Target, path: str, body:
     if response.status == 200 and isinstance(outcome.data, dict):
         _usage(outcome, outcome.data.get("usage"))
         if isinstance(body.get("model"), str):
-            outcome.raw = rewrite_answer(raw, body["model"], chat=path.endswith("chat/completions"))
+            outcome.raw = rewrite_parsed(raw, outcome.data, body["model"], chat=path.endswith("chat/completions"))
     else:
         outcome.raw, outcome.content_type = upstream_error(raw, response.status, target.where, body), "application/json"
         outcome.error = f"{target.where} answered {response.status}"
@@ -151,7 +161,14 @@ async def stream(
         outcome = Outcome(status=200)
         request[STREAM_OUTCOME] = outcome  # what was produced so far, for the meter if the client leaves mid-stream
         if rewriter is None:
-            rewriter = StreamRewriter(client_model, client_wants_usage(body), chat=path.endswith("chat/completions"))
+            n = body.get("n", 1)
+            rewriter = StreamRewriter(
+                client_model,
+                client_wants_usage(body),
+                chat=path.endswith("chat/completions"),
+                upstream_model=target.upstream_model,
+                choices=n if isinstance(n, int) else 0,
+            )
         async for chunk in upstream.content.iter_any():
             if outcome.ttft_s is None:
                 outcome.ttft_s = time.monotonic() - started

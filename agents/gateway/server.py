@@ -76,7 +76,10 @@ class GatewayHttp:
         cap = self.cap
         # many streams at once to few engines: no per-host cap below the gateway's own; as many as its own connections
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=cap, limit_per_host=0, ttl_dns_cache=300), auto_decompress=False
+            connector=aiohttp.TCPConnector(
+                limit=cap, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=proxy.ENGINE_KEEPALIVE_S
+            ),
+            auto_decompress=False,
         )
         # handler_cancellation: a client that leaves cancels its handler, which closes the upstream request (the engine stops)
         self.runner = web.AppRunner(
@@ -112,7 +115,10 @@ class GatewayHttp:
         session = self.tunnel_sessions.get(target.unix_socket)
         if session is None:
             session = self.tunnel_sessions[target.unix_socket] = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=target.unix_socket, limit=self.cap, limit_per_host=0), auto_decompress=False
+                connector=aiohttp.UnixConnector(
+                    path=target.unix_socket, limit=self.cap, limit_per_host=0, keepalive_timeout=proxy.ENGINE_KEEPALIVE_S
+                ),
+                auto_decompress=False,
             )
         return session
 

@@ -153,6 +153,8 @@ class Agent:
         self.peers: set[Peer] = set()
         self.principals = Principals()  # what each key or socket uid holds and spends, over every transport
         self.components: list[Component] = []
+        self._found: dict[object, object] = {}  # find()'s answers, for the list of components they were found in
+        self._found_in: tuple[int, int] | None = None
         self.latest: Telemetry | None = None
         self.started_at = time.time()
         self._store: Store | None = None
@@ -184,8 +186,13 @@ class Agent:
 
     def find(self, port: Callable[..., T]) -> T | None:
         """The component that provides this port (a runtime-checkable Protocol or a class), None where none runs."""
-        kind = cast("type[T]", port)  # a class; typed as a callable so that mypy takes a Protocol (AgentCore.find)
-        return next((c for c in self.components if isinstance(c, kind)), None)
+        components = self.components
+        if self._found_in != (id(components), len(components)):  # looked up once per list of components: an
+            self._found, self._found_in = {}, (id(components), len(components))  # isinstance of a Protocol is slow
+        if port not in self._found:
+            kind = cast("type[T]", port)  # a class; typed as a callable so that mypy takes a Protocol (AgentCore.find)
+            self._found[port] = next((c for c in components if isinstance(c, kind)), None)
+        return cast("T | None", self._found[port])
 
     def publish(self, event: object) -> None:
         self.bus.publish(event)

@@ -29,6 +29,7 @@ from agents.wire.engine_address import UNIX_PREFIX
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import ModelState
+from agents.wire.vram_fit import GIB, where_fits
 from console.cli import Context, positive_seconds, say
 from console.replies import not_reached
 from console.rotation import overhead_words
@@ -53,6 +54,9 @@ MODEL_KEYS = (
     "requests_running",
     "endpoint",
     "simulated",
+    "vram_gib",  # what it needs on its GPUs altogether (null: unknown), from vram_source
+    "vram_source",  # "lab.yaml", "estimated from GGUF header", "estimated from safetensors header" or "unknown"
+    "fits",  # where that fits in the lab: "fits on m5 GPU 1-4, irina GPU 0", or the split it needs
 )
 EXTRA_KEYS = (
     "served_name",
@@ -70,9 +74,19 @@ EXTRA_KEYS = (
 )
 
 
-def model_json(model: ModelInfo) -> dict[str, Any]:
+def model_json(model: ModelInfo, fits: str = "") -> dict[str, Any]:
     dumped = model.model_dump(mode="json", include={*MODEL_KEYS, *EXTRA_KEYS})
+    dumped["vram_gib"] = None if model.vram_need_bytes is None else round(model.vram_need_bytes / GIB, 2)
+    dumped["fits"] = fits
     return {k: dumped[k] for k in (*MODEL_KEYS, *EXTRA_KEYS)}
+
+
+def need_line(m: ModelInfo, fits: str) -> str:
+    """One model's VRAM need, where it comes from, and where it fits (or why it is unknown)."""
+    if m.vram_need_bytes is None:
+        return f"{m.name}: unknown ({m.vram_detail or 'no estimate'})"
+    line = f"{m.name}: {fmt_gib(m.vram_need_bytes)} {m.vram_source}"
+    return line + (f"; {fits}" if fits else "")
 
 
 def _secs(value: float | None) -> str:
@@ -95,7 +109,12 @@ def state_text(model: ModelInfo) -> str:
     return text + (" PINNED" if model.pinned else "")
 
 
-def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None], offline: Mapping[str, RemoteError]) -> str:
+def models_human(
+    models: list[ModelInfo],
+    rotations: dict[str, Rotation | None],
+    offline: Mapping[str, RemoteError],
+    fits: Mapping[str, str] | None = None,
+) -> str:
     rows = [("MODEL", "MACHINE", "GPUS", "ENGINE", "STATE", "VRAM", "RUN/WAIT", "TOK/S", "KV", "LOAD", "WARM-UP", "WAKE", "RAM")]
     for m in models:
         running = NA if m.requests_running is None else f"{m.requests_running:.0f}/{m.requests_waiting or 0:.0f}"
@@ -123,6 +142,9 @@ def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None],
     windows = sorted({m.tokens_per_s_window_s for m in models if m.tokens_per_s_window_s})
     if windows:
         lines.append(f"TOK/S: generated tokens per second over the last {' or '.join(f'{w:g}' for w in windows)} s")
+    if fits is not None and models:
+        lines.append("VRAM needed:")
+        lines += [f"  {need_line(m, fits.get(m.name, ''))}" for m in models]
     lines += [f"{m.name}: {m.error.message}" for m in models if m.error is not None]
     for machine, rotation in rotations.items():
         if rotation is not None and rotation.plan:
@@ -271,13 +293,15 @@ async def cmd_models(ctx: Context) -> int:
             continue
         models += reply.models
         rotations[machine] = reply.rotation
+    gpus = ctx.state.gpu_memory()
+    fits = {m.name: where_fits(m.vram_need_bytes, gpus) for m in models}
     data = {
         "lab": ctx.lab.lab,
-        "models": [model_json(m) for m in models],
+        "models": [model_json(m, fits[m.name]) for m in models],
         "rotation": {machine: r.model_dump(mode="json") if r is not None else None for machine, r in rotations.items()},
         "offline": {machine: exc.message for machine, exc in offline.items()},
     }
-    ctx.out(data, lambda _: models_human(models, rotations, offline))
+    ctx.out(data, lambda _: models_human(models, rotations, offline, fits))
     return EXIT_FAILED if offline and not models else EXIT_OK
 
 

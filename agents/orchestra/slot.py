@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents.orchestra.engine import GIB, Engine
+from agents.orchestra.vram import VramNeed, typed_need, vram_need
 from agents.wire.documents import EngineFigures
 from agents.wire.lab.model import Model
 from agents.wire.sections.base import ModelOp
@@ -82,6 +83,15 @@ class Slot:
     timings: dict[str, float] = field(default_factory=dict)  # last load_s, warmup_s, wake_s, swap_s, cache_s
     token_rate: WindowRate = field(default_factory=lambda: WindowRate(TOKENS_PER_S_WINDOW_S))  # the polls' generation counts
     measured: dict[int, int] | None = None  # NVML's bytes per GPU for the engine's processes, this state (None: estimate)
+    need: VramNeed = field(init=False)  # what it needs on its GPUs: lab.yaml's vram_gib, else estimated from its files
+
+    def __post_init__(self) -> None:
+        self.need = typed_need(self.model)
+
+    def estimate_need(self) -> VramNeed:
+        """Read the model's files for its need where lab.yaml gives none (blocking: call it in a thread)."""
+        self.need = vram_need(self.model, self.path, max(1, len(self.gpus)))
+        return self.need
 
     @property
     def name(self) -> str:
@@ -102,12 +112,12 @@ class Slot:
         if self.measured is not None and self.state in MODEL_ENGINE_UP:
             return self.measured.get(index, 0) if index is not None else max(self.measured.values(), default=0)
         if self.state in MODEL_HOLDS_GPU:
-            return int(self.model.vram_gib * GIB / len(self.gpus))
+            return self.need.per_gpu(len(self.gpus))
         return SLEEP_RESIDUAL_BYTES if self.state == ModelState.SLEEPING else 0
 
     def vram_bytes(self) -> int:
-        """The model's VRAM over all its GPUs: measured when NVML tells, else the lab.yaml estimate."""
-        return sum(self.measured.values()) if self.measured is not None else int(self.model.vram_gib * GIB)
+        """The model's VRAM over all its GPUs: measured when NVML tells, else its need (lab.yaml's, or estimated)."""
+        return sum(self.measured.values()) if self.measured is not None else self.need.bytes or 0
 
 
 def gib_text(n: float) -> str:

@@ -24,6 +24,7 @@ from agents.wire.lab.model import Lab
 from agents.wire.protocol import GpuSample
 from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
+from agents.wire.vram_fit import where_fits
 from console.rotation import overhead_words
 from console.screens.base import LabScreen
 from console.screens.modals import PickModelScreen
@@ -275,5 +276,13 @@ class ModelsScreen(LabScreen):
                     ),
                 )
 
-        notes = {name: (f"GPU {','.join(map(str, gpus))}", why) for name, (gpus, why) in fits.items()}
+        lab_gpus = self.lab_app.state.gpu_memory()
+        needs = {m.name: m.vram_need_bytes for m in candidates}
+        notes = {
+            name: (
+                f"GPU {','.join(map(str, gpus))}" + ("" if needs[name] is not None else "  need unknown: not checked"),
+                None if why is None else f"{why}; {where_fits(needs[name], lab_gpus) or 'its need is unknown'}",
+            )
+            for name, (gpus, why) in fits.items()
+        }
         self.app.push_screen(PickModelScreen(f"bring in on {out.machine} instead of {out.name}:", candidates, notes), picked)

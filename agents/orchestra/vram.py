@@ -1,0 +1,382 @@
+"""How much GPU memory a model needs: lab.yaml's vram_gib where typed, else an estimate from the model's own files.
+
+GGUF (llama.cpp): the header's tensor infos give the weights byte for byte, by tensor type; the KV cache is what
+llama.cpp allocates for the context its args ask for, n_layer x n_ctx x (n_head_kv x head_dim) for K and again
+for V, at --cache-type-k/-v (f16 unless asked), n_ctx rounded up to 256 and split over -np slots as llama-server
+does; the compute buffer follows Ollama's graph-size rule for llama (fs/ggml/ggml.go GraphSize: the larger of the
+activations of one micro-batch and its logits), with flash attention's mask in place of the score matrix unless
+``-fa off``. With ``-ngl`` below the layer count only the offloaded layers' weights and KV count, as llama.cpp keeps
+the rest (and always the token embeddings) in RAM. GPUStack's gguf-parser walks the compute graph op by op per
+architecture; that is more exact and much more code, and the figure here is checked against llama-server's own
+buffer sizes instead (tests/test_vram_llamacpp.py).
+
+safetensors (vLLM, transformers): the weights are the tensors' byte ranges from each shard's JSON header (the
+8-byte length and the header only); the KV cache is one sequence of max_model_len tokens (--max-model-len, else
+config.json's max_position_embeddings), 2 x layers x kv_heads x head_dim at the cache dtype: the least vLLM starts
+with. vLLM still takes --gpu-memory-utilization of each GPU whatever the estimate; only a vram_gib typed in lab.yaml
+sets that share.
+
+Each GPU adds a fixed CUDA context (and, for vLLM, activations and CUDA graphs) that no file says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agents.orchestra.engine import GIB
+from agents.orchestra.gguf_header import CACHE_TYPES, GGML_TYPES, GgufError, GgufHeader, read_gguf_header
+from agents.wire.lab.model import Model
+from agents.wire.safe_read import open_regular, read_capped
+from agents.wire.sections.models import VramSource
+
+MIB = 1024**2
+CUDA_CONTEXT_BYTES = 512 * MIB  # per GPU: CUDA context and cuBLAS workspace (Ollama reserves ~457 MiB per GPU)
+VLLM_OVERHEAD_BYTES = GIB  # per GPU: CUDA context, the profile run's activations and CUDA graphs
+CTX_PAD = 256  # llama.cpp rounds n_ctx (and each slot's share) up to this
+DEFAULT_UBATCH = 512  # llama.cpp's -ub
+MAX_SHARDS = 4096
+MAX_SAFETENSORS_HEADER = 100 * MIB  # the safetensors library's own cap
+MAX_CONFIG_BYTES = 4 * MIB
+CACHE_MAX = 256
+SAFETENSORS_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
+SAFETENSORS_BYTES |= {"I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+TORCH_DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8}  # anything else (bfloat16, float16, half, auto) is 2
+
+
+class ModelFileError(ValueError):
+    """The model's files cannot be read for an estimate: the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class VramNeed:
+    """What a model needs on its GPUs altogether (None: unknown), where that figure comes from, and how it was made."""
+
+    bytes: int | None
+    source: VramSource
+    detail: str = ""
+
+    @property
+    def known(self) -> bool:
+        return self.bytes is not None
+
+    def per_gpu(self, n_gpus: int) -> int:
+        return int((self.bytes or 0) / max(1, n_gpus))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """An estimate's parts, in bytes over all the model's GPUs."""
+
+    weights: int
+    kv: int
+    compute: int
+    overhead: int
+    note: str  # the context, cache type, layers: what the figures assumed
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.compute + self.overhead
+
+    def words(self) -> str:
+        return (
+            f"weights {gib(self.weights)} + KV cache {gib(self.kv)} + compute {gib(self.compute)}"
+            f" + CUDA {gib(self.overhead)} ({self.note})"
+        )
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def typed_need(model: Model) -> VramNeed:
+    """lab.yaml's figure, without reading a file: unknown where it was left out (until the files are read)."""
+    if model.vram_gib is not None:
+        return VramNeed(int(model.vram_gib * GIB), "lab.yaml", f"vram_gib: {model.vram_gib:g} in lab.yaml")
+    return VramNeed(None, "unknown", "not estimated yet")
+
+
+def vram_need(model: Model, path: Path, n_gpus: int | None = None) -> VramNeed:
+    """lab.yaml's vram_gib where typed, else the estimate from the model's files (cached by their size and mtime)."""
+    typed = typed_need(model)
+    if typed.known:
+        return typed
+    return estimate_files(path, model.args, n_gpus if n_gpus is not None else max(1, len(model.gpus)))
+
+
+_cache: dict[tuple[Any, ...], VramNeed] = {}
+
+
+def estimate_files(path: Path, args: list[str], n_gpus: int) -> VramNeed:
+    """The estimate for the model at ``path`` (a GGUF file, or a folder of safetensors and config.json); an unknown
+    VramNeed saying why when there is none (missing, another format, corrupt)."""
+    try:
+        kind, files = _model_files(path)
+        if kind is None:
+            return VramNeed(None, "unknown", f"{path}: no GGUF file, nor safetensors with a config.json")
+        stamp = tuple((str(f), s.st_size, s.st_mtime_ns) for f in files for s in [os.stat(f)])
+        key = (kind, stamp, tuple(args), n_gpus)
+        if key not in _cache:
+            if len(_cache) >= CACHE_MAX:
+                _cache.clear()
+            if kind == "gguf":
+                estimate = estimate_gguf(read_gguf_header(files[0]), args, n_gpus)
+                _cache[key] = VramNeed(estimate.total, "estimated from GGUF header", estimate.words())
+            else:
+                estimate = estimate_safetensors(path, files, args, n_gpus)
+                _cache[key] = VramNeed(estimate.total, "estimated from safetensors header", estimate.words())
+        return _cache[key]
+    except FileNotFoundError:
+        return VramNeed(None, "unknown", f"the model's files are missing: {path}")
+    except (GgufError, ModelFileError) as exc:
+        return VramNeed(None, "unknown", str(exc))
+    except OSError as exc:
+        return VramNeed(None, "unknown", f"{exc.filename or path}: {exc.strerror or exc}")
+
+
+def _model_files(path: Path) -> tuple[str | None, list[Path]]:
+    """("gguf", [the file]) or ("safetensors", [config.json, shards...]) or (None, [])."""
+    if not path.is_dir():
+        os.stat(path)  # FileNotFoundError when it is missing
+        return ("gguf", [path]) if path.name.lower().endswith(".gguf") or _is_gguf(path) else (None, [])
+    shards = []
+    for entry in os.scandir(path):
+        if entry.name.endswith(".safetensors") and entry.is_file():
+            shards.append(Path(entry.path))
+            if len(shards) > MAX_SHARDS:
+                raise ModelFileError(f"{path}: more than {MAX_SHARDS} safetensors files")
+    config = path / "config.json"
+    if shards and config.is_file():
+        return "safetensors", [config, *sorted(shards)]
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return "gguf", ggufs
+    return None, []
+
+
+def _is_gguf(path: Path) -> bool:
+    fd = open_regular(path.resolve())
+    try:
+        return os.pread(fd, 4, 0) == b"GGUF"
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------- args
+
+
+def flag(args: list[str], *names: str) -> str | None:
+    """The value of the last of ``names`` in ``args`` (``--name V`` or ``--name=V``); None when absent."""
+    found = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                found = args[i + 1]
+            elif arg.startswith(name + "="):
+                found = arg[len(name) + 1 :]
+    return found
+
+
+def int_flag(args: list[str], *names: str) -> int | None:
+    text = flag(args, *names)
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(-?\d+)\s*([kKmM]?)\s*", text)
+    if match is None:
+        raise ModelFileError(f"{names[0]} {text!r} in the model's args is not a whole number")
+    scale = {"": 1, "k": 1024, "m": 1024 * 1024}[match.group(2).lower()]
+    return int(match.group(1)) * scale
+
+
+def _pad(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+# ---------------------------------------------------------------------------- GGUF
+
+
+def kv_row_bytes(ggml_type: int, n_elements: int) -> int:
+    block, size = GGML_TYPES[ggml_type]
+    return -(-n_elements // block) * size
+
+
+def _cache_type(args: list[str], *names: str) -> tuple[str, int]:
+    name = (flag(args, *names) or "f16").lower()
+    if name not in CACHE_TYPES:
+        raise ModelFileError(f"{names[-1]} {name!r} in the model's args: llama.cpp knows {', '.join(CACHE_TYPES)}")
+    return name, CACHE_TYPES[name]
+
+
+def gguf_context(header: GgufHeader, args: list[str]) -> int:
+    """The KV cache's cells as llama-server sizes it: -c (0 or absent: the model's training context), rounded up to 256;
+    with -np N and no --kv-unified, each slot's share rounded up to 256 (llama_context's n_ctx_seq)."""
+    n_ctx = int_flag(args, "-c", "--ctx-size") or header.arch_int("context_length", 4096) or 4096
+    n_ctx = _pad(n_ctx, CTX_PAD)
+    slots = int_flag(args, "-np", "--parallel")
+    unified = any(a in ("-kvu", "--kv-unified") for a in args)
+    if slots is not None and slots > 0 and not unified:  # llama-server's default (-np auto) is 4 slots sharing one cache
+        n_ctx = _pad(n_ctx // slots, CTX_PAD) * slots
+    return n_ctx
+
+
+def estimate_gguf(header: GgufHeader, args: list[str], n_gpus: int = 1) -> Estimate:
+    """The GPU memory llama-server takes for this GGUF with these args (see the module's docstring for the rules)."""
+    arch = header.architecture or "?"
+    n_layer = header.arch_int("block_count")
+    n_embd = header.arch_int("embedding_length")
+    if not n_layer or not n_embd or n_layer <= 0 or n_embd <= 0:
+        raise ModelFileError(f"{header.path}: no {arch}.block_count or {arch}.embedding_length in its header")
+    heads = header.per_layer("attention.head_count", n_layer, 0)
+    n_head = max(heads)
+    heads_kv = header.kv.get(f"{arch}.attention.head_count_kv")
+    kv_heads = header.per_layer("attention.head_count_kv", n_layer, 0) if heads_kv is not None else heads
+    key_len = header.arch_int("attention.key_length") or (n_embd // n_head if n_head else 0)
+    value_len = header.arch_int("attention.value_length") or key_len
+    vocab = header.array_lengths.get("tokenizer.ggml.tokens") or header.arch_int("vocab_size", 0) or 0
+    n_ctx = gguf_context(header, args)
+    k_name, k_type = _cache_type(args, "-ctk", "--cache-type-k")
+    v_name, v_type = _cache_type(args, "-ctv", "--cache-type-v")
+    ngl = int_flag(args, "-ngl", "--gpu-layers", "--n-gpu-layers")
+    all_layers = ngl is None or ngl < 0 or ngl > n_layer  # -1 (auto) fits them all where they fit; -2 or less: all
+    on_gpu = n_layer if ngl is None or ngl < 0 else min(ngl, n_layer)
+    first_gpu_layer = n_layer - on_gpu  # llama.cpp offloads the last layers
+    names = {t.name for t in header.tensors}
+    weights = 0
+    for t in header.tensors:
+        layer = _layer_of(t.name)
+        if layer is not None:
+            weights += t.n_bytes if layer >= first_gpu_layer else 0
+        elif t.name == "token_embd.weight":  # the input embedding stays in RAM; tied to the output, it is copied over
+            weights += t.n_bytes if all_layers and "output.weight" not in names else 0
+        elif all_layers:
+            weights += t.n_bytes
+    kv = sum(
+        n_ctx * (kv_row_bytes(k_type, kv_heads[i] * key_len) + kv_row_bytes(v_type, kv_heads[i] * value_len))
+        for i in range(first_gpu_layer, n_layer)
+    )
+    ubatch = min(int_flag(args, "-ub", "--ubatch-size") or DEFAULT_UBATCH, n_ctx)
+    flash = (flag(args, "-fa", "--flash-attn") or "auto").lower() not in ("off", "0", "false", "disabled")
+    scores = 2 * ubatch * n_ctx if flash else 4 * ubatch * n_ctx * (1 + n_head)  # FA: the f16 mask; else KQ in f32
+    compute = max(4 * ubatch * (1 + 4 * n_embd) + scores, 4 * ubatch * (n_embd + vocab)) * max(1, n_gpus)
+    layers = f"{on_gpu} of {n_layer} layers" if on_gpu < n_layer else f"{n_layer} layers"
+    cache = k_name if k_name == v_name else f"K {k_name}, V {v_name}"
+    return Estimate(weights, kv, compute, CUDA_CONTEXT_BYTES * max(1, n_gpus), f"{n_ctx} tokens of {cache} cache, {layers}")
+
+
+def gguf_weights_bytes(header: GgufHeader) -> int:
+    """Every tensor's bytes: what llama.cpp maps from the file (its "model buffer size"s together)."""
+    return sum(t.n_bytes for t in header.tensors)
+
+
+def gguf_kv_bytes(header: GgufHeader, args: list[str]) -> int:
+    return estimate_gguf(header, [*args, "-ngl", "-1"]).kv
+
+
+def _layer_of(name: str) -> int | None:
+    if not name.startswith("blk."):
+        return None
+    number = name[4:].split(".", 1)[0]
+    return int(number) if number.isdigit() else None
+
+
+# ---------------------------------------------------------------------------- safetensors
+
+
+def safetensors_weights(shard: Path) -> int:
+    """The tensors' bytes in one shard, from its header alone (the 8-byte length, then that much JSON)."""
+    fd = open_regular(shard.resolve())
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, 8, 0)
+        if len(head) < 8:
+            raise ModelFileError(f"{shard}: not a safetensors file: shorter than its 8-byte header length")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_SAFETENSORS_HEADER or 8 + n > size:
+            raise ModelFileError(f"{shard}: not a safetensors file: a {n}-byte header in a {size}-byte file")
+        raw = os.pread(fd, n, 8)
+    finally:
+        os.close(fd)
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ModelFileError(f"{shard}: not a safetensors file: its header is not JSON") from None
+    if not isinstance(header, dict):
+        raise ModelFileError(f"{shard}: not a safetensors file: its header is not a JSON object")
+    data_bytes = size - 8 - n
+    total = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        total += _tensor_bytes(shard, name, info, data_bytes)
+    return total
+
+
+def _tensor_bytes(shard: Path, name: str, info: Any, data_bytes: int) -> int:
+    where = f"{shard}: tensor {str(name)[:80]!r}"
+    if not isinstance(info, dict):
+        raise ModelFileError(f"{where} is not described by an object")
+    offsets, shape, dtype = info.get("data_offsets"), info.get("shape"), info.get("dtype")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        and 0 <= offsets[0] <= offsets[1] <= data_bytes
+    ):
+        raise ModelFileError(f"{where}: data_offsets {str(offsets)[:80]} are not within its {data_bytes} bytes of data")
+    n = int(offsets[1]) - int(offsets[0])
+    if isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        width = SAFETENSORS_BYTES.get(str(dtype))
+        elements = 1
+        for d in shape:
+            elements *= d
+        if width is not None and elements * width != n:
+            raise ModelFileError(f"{where}: {dtype} {shape} is {elements * width} bytes, its offsets say {n}")
+    else:
+        raise ModelFileError(f"{where}: shape {str(shape)[:80]} is not a list of sizes")
+    return n
+
+
+def _config_int(config: dict[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return int(value)
+    return None
+
+
+def estimate_safetensors(folder: Path, files: list[Path], args: list[str], n_gpus: int = 1) -> Estimate:
+    """vLLM's least: the weights, one max_model_len sequence of KV cache, and its per-GPU overhead."""
+    config_path, shards = files[0], files[1:]
+    try:
+        config = json.loads(read_capped(config_path, MAX_CONFIG_BYTES))
+    except (ValueError, RecursionError):
+        raise ModelFileError(f"{config_path}: not JSON") from None
+    if not isinstance(config, dict):
+        raise ModelFileError(f"{config_path}: not a JSON object")
+    text = config.get("text_config")
+    if isinstance(text, dict):  # a multimodal model: its language model's shape
+        config = {**config, **text}
+    weights = sum(safetensors_weights(shard) for shard in shards)
+    layers = _config_int(config, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _config_int(config, "num_attention_heads", "n_head")
+    hidden = _config_int(config, "hidden_size", "n_embd", "d_model")
+    if layers is None or heads is None or hidden is None:
+        raise ModelFileError(f"{config_path}: no num_hidden_layers, num_attention_heads or hidden_size")
+    kv_heads = _config_int(config, "num_key_value_heads", "num_kv_heads") or heads
+    head_dim = _config_int(config, "head_dim") or hidden // heads
+    max_len = int_flag(args, "--max-model-len") or _config_int(
+        config, "max_position_embeddings", "max_sequence_length", "seq_length", "n_positions"
+    )
+    if max_len is None:
+        raise ModelFileError(f"{config_path}: no max_position_embeddings; give --max-model-len in the model's args")
+    cache_dtype = (flag(args, "--kv-cache-dtype") or "auto").lower()
+    dtype = str(flag(args, "--dtype") or config.get("torch_dtype") or config.get("dtype") or "bfloat16").lower()
+    width = 1 if cache_dtype.startswith("fp8") else TORCH_DTYPE_BYTES.get(dtype, 2)
+    kv = 2 * layers * kv_heads * head_dim * max_len * width
+    note = f"one sequence of {max_len} tokens at {width} bytes, {layers} layers"
+    return Estimate(weights, kv, 0, VLLM_OVERHEAD_BYTES * max(1, n_gpus), note)

@@ -44,6 +44,7 @@ MAX_SHARDS = 4096
 MAX_SAFETENSORS_HEADER = 100 * MIB  # the safetensors library's own cap
 MAX_CONFIG_BYTES = 4 * MIB
 CACHE_MAX = 256
+DISAGREE_RATIO = 1.5  # lab.yaml's vram_gib and the estimate further apart than this (and 1 GiB): a doctor WARN
 SAFETENSORS_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
 SAFETENSORS_BYTES |= {"I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
 TORCH_DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8}  # anything else (bfloat16, float16, half, auto) is 2
@@ -60,6 +61,7 @@ class VramNeed:
     bytes: int | None
     source: VramSource
     detail: str = ""
+    unreadable: bool = False  # unknown because a model file is corrupt, truncated or refused (not missing, not another format)
 
     @property
     def known(self) -> bool:
@@ -134,9 +136,9 @@ def estimate_files(path: Path, args: list[str], n_gpus: int) -> VramNeed:
     except FileNotFoundError:
         return VramNeed(None, "unknown", f"the model's files are missing: {path}")
     except (GgufError, ModelFileError) as exc:
-        return VramNeed(None, "unknown", str(exc))
+        return VramNeed(None, "unknown", str(exc), unreadable=True)
     except OSError as exc:
-        return VramNeed(None, "unknown", f"{exc.filename or path}: {exc.strerror or exc}")
+        return VramNeed(None, "unknown", f"{exc.filename or path}: {exc.strerror or exc}", unreadable=True)
 
 
 def _model_files(path: Path) -> tuple[str | None, list[Path]]:
@@ -165,6 +167,26 @@ def _is_gguf(path: Path) -> bool:
         return os.pread(fd, 4, 0) == b"GGUF"
     finally:
         os.close(fd)
+
+
+def disagreement(model: Model, path: Path) -> str | None:
+    """What the doctor warns of: lab.yaml's vram_gib far from the files' estimate (over 1.5 times apart and 1 GiB),
+    or no estimate from files that are there but unreadable, where lab.yaml gives no figure. None: nothing to say."""
+    estimate = estimate_files(path, model.args, max(1, len(model.gpus)))
+    if model.vram_gib is None:
+        if estimate.unreadable:
+            return f"its VRAM need is unknown: {estimate.detail}; placement cannot check it fits (set vram_gib in lab.yaml)"
+        return None
+    if estimate.bytes is None:
+        return None
+    typed = model.vram_gib * GIB
+    low, high = sorted((typed, float(estimate.bytes)))
+    if high - low >= GIB and high > DISAGREE_RATIO * low:
+        return (
+            f"lab.yaml says vram_gib: {model.vram_gib:g}, its files say {gib(estimate.bytes)} ({estimate.source}: "
+            f"{estimate.detail}); placement goes by lab.yaml's figure"
+        )
+    return None
 
 
 # ---------------------------------------------------------------------------- args

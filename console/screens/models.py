@@ -111,6 +111,10 @@ def detail_text(model: ModelInfo | None) -> str:
         parts.append(f"last swap {model.swap_s:.1f}s")
     if model.simulated:
         parts.append("[b magenta]SIM[/] engine: figures are simulated")
+    if model.vram_need_bytes is not None and model.vram_source != "lab.yaml":  # typed: the VRAM column says it all
+        parts.append(esc(f"VRAM need {fmt_gib(model.vram_need_bytes)} {model.vram_source}"))
+    elif model.vram_need_bytes is None and model.vram_detail:  # an agent that knows why it does not know
+        parts.append(esc("VRAM need unknown: placement does not check it"))
     line = " · ".join(parts)
     if model.error:
         line += f"\n[b red]failed:[/] {esc(model.error.message)}"

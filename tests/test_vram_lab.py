@@ -99,3 +99,20 @@ def test_the_doctor_warns_of_a_typed_vram_gib_far_from_the_files_estimate(lab, t
     assert f"lab.yaml says vram_gib: 4, its files say {gib(need)} (estimated from GGUF header" in warned.message
     assert "model est vram" not in checks  # estimated and nothing typed: nothing to compare
     assert "model gone vram" not in checks  # missing: the engine's own check says so
+
+
+async def test_a_model_file_replaced_at_rest_is_estimated_again(lab, tmp_path):
+    client = lab.client()
+    await client.start()
+    await client.wait_connected(10)
+    path = tmp_path / "models" / "tiny.gguf"
+    before = (await client.call("box", "models.get", {"model": "est"}))["vram_need_bytes"]
+    smaller = write_tiny_gguf(tmp_path / "q8.gguf", fake_vocab(tmp_path), context=2048, weight_type="q8_0")
+    smaller.replace(path)
+    after = estimate_files(path, [], 1).bytes
+    assert after is not None and after < before
+
+    async def estimated_again() -> bool:
+        return (await client.call("box", "models.get", {"model": "est"}))["vram_need_bytes"] == after
+
+    await wait_for(estimated_again, 30)

@@ -395,6 +395,8 @@ class OrchestraComponent:
                 if time.monotonic() - last_residency >= RESIDENCY_EVERY_S:
                     last_residency = time.monotonic()
                     await asyncio.to_thread(self.residency.measure_all)
+                    # files replaced or arrived since: their estimate again (a stat each when nothing changed)
+                    await asyncio.to_thread(self.estimate_needs, [s for s in self.slots.values() if s.model.vram_gib is None])
                     for slot in self.slots.values():
                         if slot.state in MODEL_AT_REST and not slot.busy:
                             self.book.set_state(slot, self.residency.rest_state(slot))

@@ -116,29 +116,43 @@ _cache: dict[tuple[Any, ...], VramNeed] = {}
 
 def estimate_files(path: Path, args: list[str], n_gpus: int) -> VramNeed:
     """The estimate for the model at ``path`` (a GGUF file, or a folder of safetensors and config.json); an unknown
-    VramNeed saying why when there is none (missing, another format, corrupt)."""
+    VramNeed saying why when there is none (missing, another format, corrupt). Cached by the files' size and mtime,
+    a refusal too: a corrupt header is read once, not at every look."""
     try:
         kind, files = _model_files(path)
         if kind is None:
             return VramNeed(None, "unknown", f"{path}: no GGUF file, nor safetensors with a config.json")
         stamp = tuple((str(f), s.st_size, s.st_mtime_ns) for f in files for s in [os.stat(f)])
-        key = (kind, stamp, tuple(args), n_gpus)
-        if key not in _cache:
-            if len(_cache) >= CACHE_MAX:
-                _cache.clear()
-            if kind == "gguf":
-                estimate = estimate_gguf(read_gguf_header(files[0]), args, n_gpus)
-                _cache[key] = VramNeed(estimate.total, "estimated from GGUF header", estimate.words())
-            else:
-                estimate = estimate_safetensors(path, files, args, n_gpus)
-                _cache[key] = VramNeed(estimate.total, "estimated from safetensors header", estimate.words())
-        return _cache[key]
     except FileNotFoundError:
         return VramNeed(None, "unknown", f"the model's files are missing: {path}")
-    except (GgufError, ModelFileError) as exc:
+    except (GgufError, ModelFileError, OSError) as exc:
+        return _refused(path, exc)
+    key = (kind, stamp, tuple(args), n_gpus)
+    if key not in _cache:
+        if len(_cache) >= CACHE_MAX:
+            _cache.clear()
+        _cache[key] = _estimate(kind, path, files, args, n_gpus)
+    return _cache[key]
+
+
+def _estimate(kind: str, path: Path, files: list[Path], args: list[str], n_gpus: int) -> VramNeed:
+    try:
+        if kind == "gguf":
+            estimate = estimate_gguf(read_gguf_header(files[0]), args, n_gpus)
+            return VramNeed(estimate.total, "estimated from GGUF header", estimate.words())
+        estimate = estimate_safetensors(path, files, args, n_gpus)
+        return VramNeed(estimate.total, "estimated from safetensors header", estimate.words())
+    except FileNotFoundError:  # gone between the look and the read
+        return VramNeed(None, "unknown", f"the model's files are missing: {path}")
+    except (GgufError, ModelFileError, OSError) as exc:
+        return _refused(path, exc)
+
+
+def _refused(path: Path, exc: Exception) -> VramNeed:
+    if isinstance(exc, GgufError | ModelFileError):
         return VramNeed(None, "unknown", str(exc), unreadable=True)
-    except OSError as exc:
-        return VramNeed(None, "unknown", f"{exc.filename or path}: {exc.strerror or exc}", unreadable=True)
+    assert isinstance(exc, OSError)
+    return VramNeed(None, "unknown", f"{exc.filename or path}: {exc.strerror or exc}", unreadable=True)
 
 
 def _model_files(path: Path) -> tuple[str | None, list[Path]]:

@@ -43,7 +43,8 @@ def buffer_sizes(binary: Path, model: Path, args: list[str]) -> dict[str, float]
     """llama-server's buffer sizes by kind (model, KV, compute) in MiB, summed over its buffers, read from its log as it
     loads; it is stopped once it has said all three (or ended)."""
     (port,) = free_ports(1)
-    argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", "2", *args]
+    # --fit off: llama-server's own dry run to fit the args to free memory would move what is compared
+    argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", "2", "--fit", "off", *args]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
     lines: queue.Queue[str | None] = queue.Queue()
 
@@ -54,17 +55,17 @@ def buffer_sizes(binary: Path, model: Path, args: list[str]) -> dict[str, float]
         lines.put(None)
 
     threading.Thread(target=pump, daemon=True).start()
-    sizes: dict[str, float] = {}
+    buffers: dict[tuple[str, str], float] = {}  # (kind, buffer) -> MiB: CPU_Mapped and CPU_REPACK are both weights
     log: list[str] = []
     deadline = time.monotonic() + LOAD_DEADLINE_S
     try:
-        while not {"model", "KV", "compute"} <= sizes.keys():
+        while not {"model", "KV", "compute"} <= {kind for kind, _ in buffers}:
             line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
             if line is None:
                 break
             log.append(line)
             for match in BUFFER.finditer(line):
-                sizes[match.group(2)] = sizes.get(match.group(2), 0.0) + float(match.group(3))
+                buffers[(match.group(2), match.group(1))] = float(match.group(3))
     finally:
         proc.terminate()
         try:
@@ -72,6 +73,9 @@ def buffer_sizes(binary: Path, model: Path, args: list[str]) -> dict[str, float]
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    sizes: dict[str, float] = {}
+    for (kind, _), mib in buffers.items():
+        sizes[kind] = sizes.get(kind, 0.0) + mib
     assert {"model", "KV", "compute"} <= sizes.keys(), "llama-server never said its buffer sizes:\n" + "".join(log[-40:])
     return sizes
 

@@ -246,3 +246,19 @@ def test_where_a_need_fits_one_gpu_a_split_or_nowhere():
     assert where_fits(None, lab) == ""
     assert "no machine has reported its GPUs" in where_fits(GIB, {"cpu": {}})
     assert gpu_ranges([6, 1, 2, 3, 4, 9, 10]) == "1-4,6,9,10"
+
+
+def test_a_vocabulary_longer_than_a_read_is_walked_over_to_the_keys_after_it(tmp_path):
+    path = tmp_path / "vocab.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    tokens = [f"token-{i:07d}" * (1 + i % 3) for i in range(200_000)]  # ~4 MB: past several 1 MiB reads
+    writer.add_array("tokenizer.ggml.tokens", tokens)
+    writer.add_uint32("llama.block_count", 7)
+    writer.add_string("general.name", "after the vocabulary")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    header = read_gguf_header(path)
+    assert header.array_lengths["tokenizer.ggml.tokens"] == len(tokens)
+    assert header.kv["llama.block_count"] == 7 and header.kv["general.name"] == "after the vocabulary"

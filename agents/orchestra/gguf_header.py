@@ -70,6 +70,7 @@ CACHE_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, 
 # GGUF value types: id -> struct format of a scalar (8 string, 9 array are read apart)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 Value = int | float | bool | str | list[int] | list[float]
 
@@ -173,6 +174,23 @@ class _Cursor:
             raise self.fail(f"{what} is {n}, more than {cap}")
         return n
 
+    def skip_strings(self, n: int, what: str) -> None:
+        """Walk over an array of n strings (a vocabulary: hundreds of thousands), within the buffer where it can."""
+        length_at = _U64.unpack_from
+        i = 0
+        while i < n:
+            buf, at, end = self.buf, self.pos - self.buf_at, len(self.buf)
+            while i < n and at + 8 <= end:
+                (length,) = length_at(buf, at)
+                if length > MAX_STRING_BYTES or at + 8 + length > end:
+                    break  # the careful path below says what is wrong, or reads on
+                at += 8 + length
+                i += 1
+            self.pos = self.buf_at + at
+            if i < n:
+                self.take(self.count(MAX_STRING_BYTES, f"the length of {what}[{i}]"), f"{what}[{i}]")
+                i += 1
+
     def string(self, cap: int, what: str) -> str:
         raw = self.take(self.count(cap, f"the length of {what}"), what)
         try:
@@ -236,8 +254,7 @@ def _parse(cur: _Cursor) -> GgufHeader:
 def _array(cur: _Cursor, key: str, sub: int, n: int) -> list[int] | list[float] | None:
     """A numeric array of at most MAX_KEPT_ITEMS, read; anything else walked over (strings one length at a time)."""
     if sub == STRING:
-        for i in range(n):
-            cur.take(cur.count(MAX_STRING_BYTES, f"the length of {key}[{i}]"), f"{key}[{i}]")
+        cur.skip_strings(n, key)
         return None
     if sub not in _SCALARS:
         raise cur.fail(f"{key} is an array of unknown type {sub}")

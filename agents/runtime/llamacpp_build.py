@@ -191,16 +191,7 @@ def build(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = 
         )
         _run(["cmake", "-S", str(src), "-B", str(src / "build"), "-G", "Ninja", *flags], log=log)
         _run(
-            [
-                "cmake",
-                "--build",
-                str(src / "build"),
-                "--target",
-                "llama-server",
-                "rpc-server",
-                "-j",
-                str(jobs or os.cpu_count() or 2),
-            ],
+            ["cmake", "--build", str(src / "build"), "--target", "llama-server", "rpc-server", "-j", str(jobs or os.cpu_count() or 2)],
             log=log,
             progress="building llama-server",
         )

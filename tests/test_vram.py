@@ -12,6 +12,7 @@ import gguf
 import pytest
 
 from agents.orchestra.gguf_header import GGML_TYPES, GgufError, read_gguf_header
+from agents.orchestra.safetensors_header import safetensors_weights
 from agents.orchestra.tiny_gguf import write_tiny_gguf
 from agents.orchestra.vram import (
     CUDA_CONTEXT_BYTES,
@@ -19,7 +20,6 @@ from agents.orchestra.vram import (
     estimate_files,
     estimate_gguf,
     gguf_weights_bytes,
-    safetensors_weights,
     vram_need,
 )
 from agents.wire.lab.model import Model

@@ -24,13 +24,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agents.orchestra.engine import GIB
 from agents.orchestra.gguf_header import CACHE_TYPES, GGML_TYPES, GgufError, GgufHeader, read_gguf_header
+from agents.orchestra.safetensors_header import SafetensorsError, safetensors_weights
 from agents.wire.lab.model import Model
 from agents.wire.safe_read import open_regular, read_capped
 from agents.wire.sections.models import VramSource
@@ -41,12 +41,9 @@ VLLM_OVERHEAD_BYTES = GIB  # per GPU: CUDA context, the profile run's activation
 CTX_PAD = 256  # llama.cpp rounds n_ctx (and each slot's share) up to this
 DEFAULT_UBATCH = 512  # llama.cpp's -ub
 MAX_SHARDS = 4096
-MAX_SAFETENSORS_HEADER = 100 * MIB  # the safetensors library's own cap
 MAX_CONFIG_BYTES = 4 * MIB
 CACHE_MAX = 256
 DISAGREE_RATIO = 1.5  # lab.yaml's vram_gib and the estimate further apart than this (and 1 GiB): a doctor WARN
-SAFETENSORS_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
-SAFETENSORS_BYTES |= {"I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
 TORCH_DTYPE_BYTES = {"float32": 4, "float": 4, "float64": 8}  # anything else (bfloat16, float16, half, auto) is 2
 
 
@@ -125,7 +122,7 @@ def estimate_files(path: Path, args: list[str], n_gpus: int) -> VramNeed:
         stamp = tuple((str(f), s.st_size, s.st_mtime_ns) for f in files for s in [os.stat(f)])
     except FileNotFoundError:
         return VramNeed(None, "unknown", f"the model's files are missing: {path}")
-    except (GgufError, ModelFileError, OSError) as exc:
+    except (GgufError, SafetensorsError, ModelFileError, OSError) as exc:
         return _refused(path, exc)
     key = (kind, stamp, tuple(args), n_gpus)
     if key not in _cache:
@@ -144,12 +141,12 @@ def _estimate(kind: str, path: Path, files: list[Path], args: list[str], n_gpus:
         return VramNeed(estimate.total, "estimated from safetensors header", estimate.words())
     except FileNotFoundError:  # gone between the look and the read
         return VramNeed(None, "unknown", f"the model's files are missing: {path}")
-    except (GgufError, ModelFileError, OSError) as exc:
+    except (GgufError, SafetensorsError, ModelFileError, OSError) as exc:
         return _refused(path, exc)
 
 
 def _refused(path: Path, exc: Exception) -> VramNeed:
-    if isinstance(exc, GgufError | ModelFileError):
+    if isinstance(exc, GgufError | SafetensorsError | ModelFileError):
         return VramNeed(None, "unknown", str(exc), unreadable=True)
     assert isinstance(exc, OSError)
     return VramNeed(None, "unknown", f"{exc.filename or path}: {exc.strerror or exc}", unreadable=True)
@@ -309,10 +306,6 @@ def gguf_weights_bytes(header: GgufHeader) -> int:
     return sum(t.n_bytes for t in header.tensors)
 
 
-def gguf_kv_bytes(header: GgufHeader, args: list[str]) -> int:
-    return estimate_gguf(header, [*args, "-ngl", "-1"]).kv
-
-
 def _layer_of(name: str) -> int | None:
     if not name.startswith("blk."):
         return None
@@ -321,60 +314,6 @@ def _layer_of(name: str) -> int | None:
 
 
 # ---------------------------------------------------------------------------- safetensors
-
-
-def safetensors_weights(shard: Path) -> int:
-    """The tensors' bytes in one shard, from its header alone (the 8-byte length, then that much JSON)."""
-    fd = open_regular(shard.resolve())
-    try:
-        size = os.fstat(fd).st_size
-        head = os.pread(fd, 8, 0)
-        if len(head) < 8:
-            raise ModelFileError(f"{shard}: not a safetensors file: shorter than its 8-byte header length")
-        (n,) = struct.unpack("<Q", head)
-        if n > MAX_SAFETENSORS_HEADER or 8 + n > size:
-            raise ModelFileError(f"{shard}: not a safetensors file: a {n}-byte header in a {size}-byte file")
-        raw = os.pread(fd, n, 8)
-    finally:
-        os.close(fd)
-    try:
-        header = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ModelFileError(f"{shard}: not a safetensors file: its header is not JSON") from None
-    if not isinstance(header, dict):
-        raise ModelFileError(f"{shard}: not a safetensors file: its header is not a JSON object")
-    data_bytes = size - 8 - n
-    total = 0
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        total += _tensor_bytes(shard, name, info, data_bytes)
-    return total
-
-
-def _tensor_bytes(shard: Path, name: str, info: Any, data_bytes: int) -> int:
-    where = f"{shard}: tensor {str(name)[:80]!r}"
-    if not isinstance(info, dict):
-        raise ModelFileError(f"{where} is not described by an object")
-    offsets, shape, dtype = info.get("data_offsets"), info.get("shape"), info.get("dtype")
-    if not (
-        isinstance(offsets, list)
-        and len(offsets) == 2
-        and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-        and 0 <= offsets[0] <= offsets[1] <= data_bytes
-    ):
-        raise ModelFileError(f"{where}: data_offsets {str(offsets)[:80]} are not within its {data_bytes} bytes of data")
-    n = int(offsets[1]) - int(offsets[0])
-    if isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        width = SAFETENSORS_BYTES.get(str(dtype))
-        elements = 1
-        for d in shape:
-            elements *= d
-        if width is not None and elements * width != n:
-            raise ModelFileError(f"{where}: {dtype} {shape} is {elements * width} bytes, its offsets say {n}")
-    else:
-        raise ModelFileError(f"{where}: shape {str(shape)[:80]} is not a list of sizes")
-    return n
 
 
 def _config_int(config: dict[str, Any], *keys: str) -> int | None:

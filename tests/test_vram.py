@@ -34,7 +34,7 @@ from tests.vram_fixtures import (
     tensor_info,
 )
 
-EMBED, LAYERS, HEADS, HEADS_KV = 64, 2, 4, 2
+EMBED, LAYERS, HEADS, HEADS_KV, FFN = 64, 2, 4, 2, 128
 KV_WIDTH = EMBED // HEADS * HEADS_KV  # n_head_kv x head_dim: one token's K (and V) in one layer
 
 
@@ -108,13 +108,17 @@ def test_offloading_fewer_layers_counts_only_what_is_on_the_gpu(tiny):
     assert "1 of 2 layers" in one.words()
 
 
-def test_the_compute_buffer_grows_with_the_micro_batch_and_every_gpu_adds_its_context(tiny):
+def test_the_compute_buffer_is_the_mask_and_the_largest_phase_and_every_gpu_adds_its_context(tiny):
     header = read_gguf_header(tiny())
+    mask, feed_forward = 2 * 512 * 512, 4 * 512 * (3 * FFN + 4 * EMBED)  # f16 over 512 cells; gate, up, product
     one = estimate_gguf(header, [])
-    assert one.compute == 4 * 512 * (EMBED + N_VOCAB)  # the logits of one micro-batch outweigh its activations here
-    assert estimate_gguf(header, ["-ub", "128"]).compute == 4 * 128 * (EMBED + N_VOCAB)
+    assert one.compute == mask + feed_forward
+    assert estimate_gguf(header, ["-c", "4096"]).compute == 8 * mask + feed_forward  # the mask spans the context
+    assert estimate_gguf(header, ["-ub", "128"]).compute == (mask + feed_forward) // 4
+    no_flash = estimate_gguf(header, ["-fa", "off"]).compute
+    assert no_flash == 4 * 512 * 512 + 4 * 512 * (512 * HEADS + 7 * EMBED)  # f32 mask and every head's scores
     two = estimate_gguf(header, [], n_gpus=2)
-    assert two.overhead == 2 * CUDA_CONTEXT_BYTES and two.weights == one.weights
+    assert two.overhead == 2 * CUDA_CONTEXT_BYTES and two.compute == 2 * one.compute and two.weights == one.weights
     assert one.total == one.weights + one.kv + one.compute + one.overhead
 
 

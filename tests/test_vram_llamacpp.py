@@ -3,8 +3,8 @@ the KV cache ("KV buffer size") and the compute graph ("compute buffer size"), f
 context, grouped-query heads and a quantized weight type, under the args that change them (-c, -np, -ctk/-ctv).
 
 Tolerances: the weights and the KV cache are allocated tensor by tensor, so they agree to within 1% (alignment
-padding); the compute buffer is a rule of thumb (Ollama's graph size for llama) against llama.cpp's allocator,
-so within 25% of llama-server's own figure (CPU build: the same graph a GPU would run, less the CUDA context)."""
+padding); the compute buffer is a rule fitted to llama.cpp's allocator (agents/orchestra/vram.py compute_bytes), so
+within 25% of llama-server's own figure (wider models: within 1%; the tiniest it overestimates by a quarter MiB) (a CPU build: the graph a GPU would run; the CUDA context is not in it)."""
 
 from __future__ import annotations
 
@@ -32,10 +32,13 @@ LOAD_DEADLINE_S = 120.0
 CASES = {
     "f32, -c 1024, one slot": ({"weight_type": "f32", "context": 512}, ["-c", "1024", "-np", "1"]),
     "q8_0, GQA, two slots of a q8_0 cache": (
-        {"weight_type": "q8_0", "context": 2048, "heads_kv": 2},
+        {"weight_type": "q8_0", "context": 2048, "heads_kv": 2, "embed": 128},  # a q8_0 cache needs 32-wide heads
         ["-c", "2048", "-np", "2", "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on", "--no-repack"],
     ),
     "f16, the training context by default": ({"weight_type": "f16", "context": 1024, "heads_kv": 2}, []),
+    "wider, no flash attention": ({"embed": 512, "ffn": 2048}, ["-c", "4096", "-np", "1", "-fa", "off"]),
+    "wider, a long context": ({"embed": 512, "ffn": 2048, "weight_type": "q4_0"}, ["-c", "16384", "--no-repack"]),
+    "an embedding model": ({"embed": 256, "ffn": 1024, "serves": "embedding"}, ["-c", "1024", "--embedding"]),
 }
 
 
@@ -44,7 +47,9 @@ def buffer_sizes(binary: Path, model: Path, args: list[str]) -> dict[str, float]
     loads; it is stopped once it has said all three (or ended)."""
     (port,) = free_ports(1)
     # --fit off: llama-server's own dry run to fit the args to free memory would move what is compared
-    argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", "2", "--fit", "off", *args]
+    # -lv 4: llama.cpp's own lines (the buffer sizes among them) are below llama-server's default verbosity
+    argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", "2", "--fit", "off", "-lv", "4"]
+    argv += args
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
     lines: queue.Queue[str | None] = queue.Queue()
 

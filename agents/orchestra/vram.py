@@ -3,12 +3,12 @@
 GGUF (llama.cpp): the header's tensor infos give the weights byte for byte, by tensor type; the KV cache is what
 llama.cpp allocates for the context its args ask for, n_layer x n_ctx x (n_head_kv x head_dim) for K and again
 for V, at --cache-type-k/-v (f16 unless asked), n_ctx rounded up to 256 and split over -np slots as llama-server
-does; the compute buffer follows Ollama's graph-size rule for llama (fs/ggml/ggml.go GraphSize: the larger of the
-activations of one micro-batch and its logits), with flash attention's mask in place of the score matrix unless
-``-fa off``. With ``-ngl`` below the layer count only the offloaded layers' weights and KV count, as llama.cpp keeps
-the rest (and always the token embeddings) in RAM. GPUStack's gguf-parser walks the compute graph op by op per
-architecture; that is more exact and much more code, and the figure here is checked against llama-server's own
-buffer sizes instead (tests/test_vram_llamacpp.py).
+does. With ``-ngl`` below the layer count only the offloaded layers' weights and KV count, as llama.cpp keeps the
+rest (and always the token embeddings) in RAM. The compute buffer started from Ollama's graph-size rule for llama
+(fs/ggml/ggml.go GraphSize: one micro-batch's activations or its logits, whichever is larger); measured against
+llama-server it is the attention mask plus the largest of the micro-batch's phases (:func:`compute_bytes`). GPUStack's
+gguf-parser walks the compute graph op by op per architecture; that is more exact for more architectures, and much
+more code; the figure here is checked against llama-server's own buffer sizes instead (tests/test_vram_llamacpp.py).
 
 safetensors (vLLM, transformers): the weights are the tensors' byte ranges from each shard's JSON header (the
 8-byte length and the header only); the KV cache is one sequence of max_model_len tokens (--max-model-len, else
@@ -40,6 +40,8 @@ CUDA_CONTEXT_BYTES = 512 * MIB  # per GPU: CUDA context and cuBLAS workspace (Ol
 VLLM_OVERHEAD_BYTES = GIB  # per GPU: CUDA context, the profile run's activations and CUDA graphs
 CTX_PAD = 256  # llama.cpp rounds n_ctx (and each slot's share) up to this
 DEFAULT_UBATCH = 512  # llama.cpp's -ub
+DEFAULT_BATCH = 2048  # llama.cpp's -b
+AUTO_SLOTS = 4  # llama-server's -np auto
 MAX_SHARDS = 4096
 MAX_CONFIG_BYTES = 4 * MIB
 CACHE_MAX = 256
@@ -245,16 +247,40 @@ def _cache_type(args: list[str], *names: str) -> tuple[str, int]:
     return name, CACHE_TYPES[name]
 
 
-def gguf_context(header: GgufHeader, args: list[str]) -> int:
-    """The KV cache's cells as llama-server sizes it: -c (0 or absent: the model's training context), rounded up to 256;
-    with -np N and no --kv-unified, each slot's share rounded up to 256 (llama_context's n_ctx_seq)."""
-    n_ctx = int_flag(args, "-c", "--ctx-size") or header.arch_int("context_length", 4096) or 4096
-    n_ctx = _pad(n_ctx, CTX_PAD)
+def gguf_context(header: GgufHeader, args: list[str]) -> tuple[int, int, int]:
+    """(the KV cache's cells, the cells one sequence sees, the slots) as llama-server sizes them: -c (0 or absent: the
+    model's training context) rounded up to 256; -np N without --kv-unified gives each slot its share, rounded up to
+    256 (llama_context's n_ctx_seq); llama-server's default (-np auto) is 4 slots sharing one cache."""
+    n_ctx = _pad(int_flag(args, "-c", "--ctx-size") or header.arch_int("context_length", 4096) or 4096, CTX_PAD)
     slots = int_flag(args, "-np", "--parallel")
-    unified = any(a in ("-kvu", "--kv-unified") for a in args)
-    if slots is not None and slots > 0 and not unified:  # llama-server's default (-np auto) is 4 slots sharing one cache
-        n_ctx = _pad(n_ctx // slots, CTX_PAD) * slots
-    return n_ctx
+    if slots is None or slots <= 0:
+        return n_ctx, n_ctx, AUTO_SLOTS
+    if any(a in ("-kvu", "--kv-unified") for a in args):
+        return n_ctx, n_ctx, slots
+    per_slot = _pad(n_ctx // slots, CTX_PAD)
+    return per_slot * slots, per_slot, slots
+
+
+def compute_bytes(
+    header: GgufHeader, args: list[str], n_embd: int, n_head: int, kv_width: int, n_ctx: int, seq_cells: int, slots: int
+) -> int:
+    """llama.cpp's compute buffer for one GPU, fitted to llama-server's own (tests/test_vram_llamacpp.py): the attention
+    mask over the cells one sequence sees (f16 with flash attention, else f32), live through the whole micro-batch,
+    plus the largest of its phases, as the allocator reuses memory between them: the feed-forward (gate, up and their
+    product, n_ff wide, beside the residual stream), the attention (without flash attention, every head's f32 scores),
+    and the logits of the outputs a server step asks for (one per slot; every token for an embedding model).
+    ``kv_width``: n_head_kv x head_dim, what grouped-query attention keeps of K and V per token."""
+    n_ff = header.arch_int("feed_forward_length", 4 * n_embd) or 4 * n_embd
+    vocab = header.array_lengths.get("tokenizer.ggml.tokens") or header.arch_int("vocab_size", 0) or 0
+    batch = min(int_flag(args, "-b", "--batch-size") or DEFAULT_BATCH, n_ctx)
+    ubatch = min(int_flag(args, "-ub", "--ubatch-size") or DEFAULT_UBATCH, batch)
+    flash = (flag(args, "-fa", "--flash-attn") or "auto").lower() not in ("off", "0", "false", "disabled")
+    mask = (2 if flash else 4) * ubatch * seq_cells
+    feed_forward = 4 * ubatch * (3 * n_ff + 4 * n_embd)
+    attention = 4 * ubatch * (2 * n_embd + 6 * kv_width) if flash else 4 * ubatch * (seq_cells * n_head + 7 * n_embd)
+    pooled = header.kv.get(f"{header.architecture}.pooling_type") not in (None, 0)  # embeddings: every token an output
+    logits = 4 * (ubatch if pooled else slots) * (n_embd + vocab)
+    return mask + max(feed_forward, attention, logits)
 
 
 def estimate_gguf(header: GgufHeader, args: list[str], n_gpus: int = 1) -> Estimate:
@@ -270,8 +296,7 @@ def estimate_gguf(header: GgufHeader, args: list[str], n_gpus: int = 1) -> Estim
     kv_heads = header.per_layer("attention.head_count_kv", n_layer, 0) if heads_kv is not None else heads
     key_len = header.arch_int("attention.key_length") or (n_embd // n_head if n_head else 0)
     value_len = header.arch_int("attention.value_length") or key_len
-    vocab = header.array_lengths.get("tokenizer.ggml.tokens") or header.arch_int("vocab_size", 0) or 0
-    n_ctx = gguf_context(header, args)
+    n_ctx, seq_cells, slots = gguf_context(header, args)
     k_name, k_type = _cache_type(args, "-ctk", "--cache-type-k")
     v_name, v_type = _cache_type(args, "-ctv", "--cache-type-v")
     ngl = int_flag(args, "-ngl", "--gpu-layers", "--n-gpu-layers")
@@ -292,10 +317,7 @@ def estimate_gguf(header: GgufHeader, args: list[str], n_gpus: int = 1) -> Estim
         n_ctx * (kv_row_bytes(k_type, kv_heads[i] * key_len) + kv_row_bytes(v_type, kv_heads[i] * value_len))
         for i in range(first_gpu_layer, n_layer)
     )
-    ubatch = min(int_flag(args, "-ub", "--ubatch-size") or DEFAULT_UBATCH, n_ctx)
-    flash = (flag(args, "-fa", "--flash-attn") or "auto").lower() not in ("off", "0", "false", "disabled")
-    scores = 2 * ubatch * n_ctx if flash else 4 * ubatch * n_ctx * (1 + n_head)  # FA: the f16 mask; else KQ in f32
-    compute = max(4 * ubatch * (1 + 4 * n_embd) + scores, 4 * ubatch * (n_embd + vocab)) * max(1, n_gpus)
+    compute = compute_bytes(header, args, n_embd, n_head, max(kv_heads) * key_len, n_ctx, seq_cells, slots) * max(1, n_gpus)
     layers = f"{on_gpu} of {n_layer} layers" if on_gpu < n_layer else f"{n_layer} layers"
     cache = k_name if k_name == v_name else f"K {k_name}, V {v_name}"
     return Estimate(weights, kv, compute, CUDA_CONTEXT_BYTES * max(1, n_gpus), f"{n_ctx} tokens of {cache} cache, {layers}")

@@ -31,6 +31,7 @@ from agents.wire.lab.replicas import machines_of
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import ModelState
+from agents.wire.vram_fit import GIB, where_fits
 from console.cli import Context, positive_seconds, say
 from console.replicas import grouped
 from console.replies import not_reached
@@ -56,6 +57,9 @@ MODEL_KEYS = (
     "requests_running",
     "endpoint",
     "simulated",
+    "vram_gib",  # what it needs on its GPUs altogether (null: unknown), from vram_source
+    "vram_source",  # "lab.yaml", "estimated from GGUF header", "estimated from safetensors header" or "unknown"
+    "fits",  # where that fits in the lab: "fits on m5 GPU 1-4, irina GPU 0", or the split it needs
 )
 EXTRA_KEYS = (
     "served_name",
@@ -74,8 +78,10 @@ EXTRA_KEYS = (
 )
 
 
-def model_json(model: ModelInfo) -> dict[str, Any]:
+def model_json(model: ModelInfo, fits: str = "") -> dict[str, Any]:
     dumped = model.model_dump(mode="json", include={*MODEL_KEYS, *EXTRA_KEYS})
+    dumped["vram_gib"] = None if model.vram_need_bytes is None else round(model.vram_need_bytes / GIB, 2)
+    dumped["fits"] = fits
     return {k: dumped[k] for k in (*MODEL_KEYS, *EXTRA_KEYS)}
 
 
@@ -97,6 +103,14 @@ def replicas_json(ctx: Context, models: list[ModelInfo]) -> dict[str, list[dict[
                 if m.name == entry.name
             ]
     return out
+
+
+def need_line(m: ModelInfo, fits: str) -> str:
+    """One model's VRAM need, where it comes from, and where it fits (or why it is unknown)."""
+    if m.vram_need_bytes is None:
+        return f"{m.name}: unknown ({m.vram_detail or 'no estimate'})"
+    line = f"{m.name}: {fmt_gib(m.vram_need_bytes)} {m.vram_source}"
+    return line + (f"; {fits}" if fits else "")
 
 
 def _secs(value: float | None) -> str:
@@ -121,7 +135,12 @@ def state_text(model: ModelInfo) -> str:
     return text + (" PINNED" if model.pinned else "")
 
 
-def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None], offline: Mapping[str, RemoteError]) -> str:
+def models_human(
+    models: list[ModelInfo],
+    rotations: dict[str, Rotation | None],
+    offline: Mapping[str, RemoteError],
+    fits: Mapping[str, str] | None = None,
+) -> str:
     rows = [("MODEL", "MACHINE", "GPUS", "ENGINE", "STATE", "VRAM", "RUN/WAIT", "TOK/S", "KV", "LOAD", "WARM-UP", "WAKE", "RAM")]
     placed = Counter(m.name for m in models)
     shown: set[str] = set()
@@ -154,6 +173,9 @@ def models_human(models: list[ModelInfo], rotations: dict[str, Rotation | None],
     windows = sorted({m.tokens_per_s_window_s for m in models if m.tokens_per_s_window_s})
     if windows:
         lines.append(f"TOK/S: generated tokens per second over the last {' or '.join(f'{w:g}' for w in windows)} s")
+    if fits is not None and models:
+        lines.append("VRAM needed:")
+        lines += [f"  {need_line(m, fits.get(m.name, ''))}" for m in models]
     lines += [f"{m.name}: {m.error.message}" for m in models if m.error is not None]
     for machine, rotation in rotations.items():
         if rotation is not None and rotation.plan:
@@ -315,14 +337,16 @@ async def cmd_models(ctx: Context) -> int:
         models += reply.models
         rotations[machine] = reply.rotation
     models = grouped(models)
+    gpus = ctx.state.gpu_memory()
+    fits = {m.name: where_fits(m.vram_need_bytes, gpus) for m in models}
     data = {
         "lab": ctx.lab.lab,
-        "models": [model_json(m) for m in models],
+        "models": [model_json(m, fits[m.name]) for m in models],
         "replicas": replicas_json(ctx, models),
         "rotation": {machine: r.model_dump(mode="json") if r is not None else None for machine, r in rotations.items()},
         "offline": {machine: exc.message for machine, exc in offline.items()},
     }
-    ctx.out(data, lambda _: models_human(models, rotations, offline))
+    ctx.out(data, lambda _: models_human(models, rotations, offline, fits))
     return EXIT_FAILED if offline and not models else EXIT_OK
 
 

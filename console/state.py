@@ -84,6 +84,14 @@ class LabState(LabView):
 
     # -- lab-wide figures
 
+    def gpu_memory(self) -> dict[str, dict[int, int]]:
+        """Each machine's GPUs seen so far, index -> total bytes (a failed or unreported one left out): where a model
+        fits (agents/wire/vram_fit.py)."""
+        return {
+            name: {i: g.mem_total_bytes for i, g in view.gpus.items() if g.mem_total_bytes and not g.failed}
+            for name, view in self.machines.items()
+        }
+
     def gpu_totals(self) -> tuple[int, int]:
         """(GPU count, total VRAM bytes) over the machines seen so far."""
         count = total = 0

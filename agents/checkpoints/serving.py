@@ -177,7 +177,7 @@ class CheckpointServing:
             engine=engine,
             machine=self.core.machine.name,
             gpus=gpus,
-            vram_gib=template.model.vram_gib if template is not None else 0.0,
+            vram_gib=template.model.vram_gib if template is not None else None,
             args=list(template.model.args) if template is not None else [],
         )
         if template is not None:

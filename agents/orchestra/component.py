@@ -104,6 +104,7 @@ class OrchestraComponent:
                 slot.timings[f"{row['event']}_s"] = row["duration_s"]
         await asyncio.to_thread(self.residency.make_placeholders)
         await asyncio.to_thread(self.residency.measure_all)
+        await asyncio.to_thread(self.estimate_needs, list(self.slots.values()))
         for slot in self.slots.values():
             slot.state = self.residency.rest_state(slot)
         engines = kv.get("engines")
@@ -151,7 +152,7 @@ class OrchestraComponent:
             del self.slots[name]
         self.rpc_servers.reload()
         pinned, was_pinned = set(new.orchestra.pinned), set(old.orchestra.pinned)
-        added, rested = [], []
+        added, rested, changed = [], [], []
         for name, model in here.items():
             path = new.resolve(model.path)
             slot = self.slots.get(name)
@@ -159,6 +160,8 @@ class OrchestraComponent:
                 slot = self.slots[name] = Slot(model, path, list(model.gpus), pinned=name in pinned)
                 added.append(slot)
                 continue
+            if slot.model != model or slot.path != path:
+                changed.append(slot)
             if slot.engine is None and not slot.busy and (slot.model != model or slot.path != path):
                 rested.append(slot)  # changed while at rest: its placeholder and residency judged again below
             slot.model, slot.path = model, path
@@ -171,6 +174,8 @@ class OrchestraComponent:
             await asyncio.to_thread(self.residency.measure_all)
             for slot in added + rested:
                 slot.state = self.residency.rest_state(slot)
+        if added or changed:  # after the placeholders: a demo model's file is there to read
+            await asyncio.to_thread(self.estimate_needs, [*added, *changed])
         if self.slots and not self._tasks:  # the first models of a machine that had none
             self._tasks.append(asyncio.create_task(self._loop(), name="orchestra"))
 
@@ -294,6 +299,7 @@ class OrchestraComponent:
         if model.name in self.slots:
             raise RemoteError(ErrorCode.CONFLICT, f"{model.name} is already a model of {self.core.machine.name}")
         slot = self.slots[model.name] = Slot(model, path, list(model.gpus))
+        slot.estimate_need()  # headers only: a GGUF's or each shard's, bounded
         return self._view(slot)
 
     def remove_model(self, name: str) -> None:
@@ -302,6 +308,12 @@ class OrchestraComponent:
         if slot is not None and (slot.busy or slot.state not in MODEL_AT_REST | {ModelState.FAILED}):
             raise RemoteError(ErrorCode.CONFLICT, f"{name} is {slot.state}; stop it first")
         self.slots.pop(name, None)
+
+    @staticmethod
+    def estimate_needs(slots: list[Slot]) -> None:
+        """Each slot's VRAM need from its files where lab.yaml gives none (reads headers: run it in a thread)."""
+        for slot in slots:
+            slot.estimate_need()
 
     # ------------------------------------------------------------------ sections
 
@@ -317,6 +329,9 @@ class OrchestraComponent:
             gpus=slot.gpus,
             vram_bytes=slot.vram_bytes(),
             vram_measured=slot.measured is not None,
+            vram_need_bytes=slot.need.bytes,
+            vram_source=slot.need.source,
+            vram_detail=slot.need.detail,
             cached_fraction=slot.cached_fraction,
             size_bytes=slot.size_bytes,
             load_s=slot.timings.get("load_s"),
@@ -395,6 +410,8 @@ class OrchestraComponent:
                 if time.monotonic() - last_residency >= RESIDENCY_EVERY_S:
                     last_residency = time.monotonic()
                     await asyncio.to_thread(self.residency.measure_all)
+                    # files replaced or arrived since: their estimate again (a stat each when nothing changed)
+                    await asyncio.to_thread(self.estimate_needs, [s for s in self.slots.values() if s.model.vram_gib is None])
                     for slot in self.slots.values():
                         if slot.state in MODEL_AT_REST and not slot.busy:
                             self.book.set_state(slot, self.residency.rest_state(slot))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from agents.orchestra.engine import GIB
 from agents.orchestra.slot import Slot, gib_text
 from agents.runtime.core import AgentCore
 from agents.wire.protocol import ErrorCode, RemoteError, Telemetry
@@ -60,10 +59,10 @@ class Placement:
 
     def check_fit(self, slot: Slot, gpus: list[int], after: dict[str, int] | None = None) -> None:
         """Refuse (CONFLICT, saying how much is missing) when the model's VRAM estimate does not fit."""
-        if not gpus or not slot.model.vram_gib or slot.model.rpc:
-            return  # a spread model's share per GPU is known once its helpers say theirs: its bring-up checks it
+        if not gpus or not slot.need.bytes or slot.model.rpc:
+            return  # unknown (files missing or unreadable): the start says why; a spread model's share per GPU is known once its helpers say theirs: its bring-up checks it
         after = {**(after or {}), slot.name: 0}
-        need = int(slot.model.vram_gib * GIB / len(gpus))
+        need = slot.need.per_gpu(len(gpus))
         for index in gpus:
             free = self.free_bytes(index, after)
             if free < need:
@@ -73,6 +72,8 @@ class Placement:
                     if holders
                     else ""
                 )
+                if slot.need.source != "lab.yaml":
+                    hint += f" (its need is {slot.need.source}: vram_gib in lab.yaml overrides it)"
                 raise RemoteError(
                     ErrorCode.CONFLICT,
                     f"{slot.name} needs {gib_text(need)} on GPU {index} of {self.core.machine.name}, {gib_text(max(0, free))} free: "

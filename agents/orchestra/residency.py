@@ -52,6 +52,7 @@ class Residency:
             why = f"took over {TINY_TIMEOUT_S:.0f} s" if done.timed_out else done.output.decode(errors="replace")[-300:]
             raise EngineFailed(f"making the tiny model at {slot.path} failed: {why}")
         await asyncio.to_thread(self.measure, slot)
+        await asyncio.to_thread(slot.estimate_need)  # its files are there now
 
     def measure(self, slot: Slot) -> None:
         files = pagecache.model_files(slot.path) if slot.path.exists() else []

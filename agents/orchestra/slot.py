@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents.orchestra.engine import GIB, Engine
+from agents.orchestra.vram import VramNeed, typed_need, vram_need
 from agents.wire.documents import EngineFigures
 from agents.wire.lab.model import Model
 from agents.wire.sections.base import ModelOp
@@ -84,6 +85,15 @@ class Slot:
     token_rate: WindowRate = field(default_factory=lambda: WindowRate(TOKENS_PER_S_WINDOW_S))  # the polls' generation counts
     measured: dict[int, int] | None = None  # NVML's bytes per GPU for the engine's processes, this state (None: estimate)
     spread_share: dict[int, int] | None = None  # a model spread over other machines (rpc:): its estimate on each GPU here
+    need: VramNeed = field(init=False)  # what it needs on its GPUs: lab.yaml's vram_gib, else estimated from its files
+
+    def __post_init__(self) -> None:
+        self.need = typed_need(self.model)
+
+    def estimate_need(self) -> VramNeed:
+        """Read the model's files for its need where lab.yaml gives none (blocking: call it in a thread)."""
+        self.need = vram_need(self.model, self.path, max(1, len(self.gpus)))
+        return self.need
 
     @property
     def name(self) -> str:
@@ -106,12 +116,12 @@ class Slot:
         if self.state in MODEL_HOLDS_GPU and self.spread_share is not None:  # the rest is on its helpers' GPUs
             return self.spread_share.get(index, 0) if index is not None else max(self.spread_share.values(), default=0)
         if self.state in MODEL_HOLDS_GPU:
-            return int(self.model.vram_gib * GIB / len(self.gpus))
+            return self.need.per_gpu(len(self.gpus))
         return SLEEP_RESIDUAL_BYTES if self.state == ModelState.SLEEPING else 0
 
     def vram_bytes(self) -> int:
-        """The model's VRAM over all its GPUs: measured when NVML tells, else the lab.yaml estimate."""
-        return sum(self.measured.values()) if self.measured is not None else int(self.model.vram_gib * GIB)
+        """The model's VRAM over all its GPUs: measured when NVML tells, else its need (lab.yaml's, or estimated)."""
+        return sum(self.measured.values()) if self.measured is not None else self.need.bytes or 0
 
 
 def gib_text(n: float) -> str:

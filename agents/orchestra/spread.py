@@ -7,7 +7,7 @@ authentication: it never listens on the network). The model's agent calls the he
 there, which may call models.rpc_* and forward to the ports of the rpc-servers that agent runs, nothing else).
 
 Bring-up: every helper's rpc-server first (each answers once it listens), then llama-server. Placement sums the
-machines' GPU memory: the model's vram_gib is split over its own GPUs and the helpers' by each GPU's memory, and each
+machines' GPU memory: the model's need (vram_gib, else its GGUF's estimate) is split over its own GPUs and the helpers' by each GPU's memory, and each
 machine checks its share. Stopping the model stops its rpc-servers; a helper whose rpc-server ends, or whose agent
 stops answering, fails the model with the reason.
 """
@@ -401,7 +401,7 @@ class Spread:
             )
         except RemoteError as exc:
             raise EngineFailed(f"an rpc helper of {model.name} did not answer: {exc.message}") from None
-        need = int(model.vram_gib * 1024**3)
+        need = slot.need.bytes or 0  # lab.yaml's vram_gib, else the estimate from its GGUF (0: unknown, not checked)
         own = list(slot.gpus)
         totals = self.own_totals(own) + [g.total_bytes for s in statuses if not s.cpu for g in s.gpus]
         split = shares(need, totals)

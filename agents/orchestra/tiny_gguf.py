@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter, PoolingType
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, PoolingType, quants
 
 TOKENIZER_KEYS = (
     "tokenizer.ggml.model",
@@ -28,6 +28,13 @@ TOKENIZER_KEYS = (
 )
 EMBED, LAYERS, HEADS, FFN, CONTEXT = 64, 2, 4, 128, 512
 POOLING = {"embedding": PoolingType.MEAN, "rerank": PoolingType.RANK}
+# the matrices' type (norms stay f32, as llama.cpp's quantizer keeps them) and GGUF's general.file_type for it
+WEIGHT_TYPES = {
+    "f32": (GGMLQuantizationType.F32, 0),
+    "f16": (GGMLQuantizationType.F16, 1),
+    "q8_0": (GGMLQuantizationType.Q8_0, 7),
+    "q4_0": (GGMLQuantizationType.Q4_0, 2),
+}
 
 
 def _copy_field(writer: GGUFWriter, reader: GGUFReader, key: str) -> None:
@@ -58,13 +65,19 @@ def write_tiny_gguf(
     ffn: int = FFN,
     chat_template: str | None = None,
     serves: str = "chat",
+    context: int = CONTEXT,
+    heads_kv: int = HEADS,
+    weight_type: str = "f32",
 ) -> Path:
     """A random Llama at ``out`` (by default 2 layers, f32, ~17 MB; benches ask for bigger), tokenizer from ``vocab``;
     with ``chat_template`` (e.g. agents.orchestra.chat_templates.QWEN25) as its tokenizer.chat_template.
 
     serves="embedding" gives it mean pooling (llama-server --embedding answers a vector per input, as from an
     e5-mistral-like decoder); serves="rerank" rank pooling and a one-score classifier head (cls_out, as a
-    Qwen3-Reranker carries), which llama-server --reranking reads as each document's relevance."""
+    Qwen3-Reranker carries), which llama-server --reranking reads as each document's relevance.
+
+    ``context`` is its training context (llama-server's default -c), ``heads_kv`` below HEADS makes its attention
+    grouped-query, ``weight_type`` (f32, f16, q8_0, q4_0) the type of its matrices."""
     reader = GGUFReader(str(vocab))
     n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     rng = np.random.default_rng(seed)
@@ -75,15 +88,16 @@ def write_tiny_gguf(
     writer = GGUFWriter(str(tmp), arch)
     writer.add_name(name)
     writer.add_block_count(layers)
-    writer.add_context_length(CONTEXT)
+    writer.add_context_length(context)
     writer.add_embedding_length(embed)
     writer.add_feed_forward_length(ffn)
     writer.add_head_count(HEADS)
-    writer.add_head_count_kv(HEADS)
+    writer.add_head_count_kv(heads_kv)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(embed // HEADS)
     writer.add_vocab_size(n_vocab)
-    writer.add_file_type(0)  # all f32
+    matrix_type, file_type = WEIGHT_TYPES[weight_type]
+    writer.add_file_type(file_type)
     if serves != "chat":
         writer.add_pooling_type(POOLING[serves])
     if serves == "rerank":  # a yes/no head as Qwen3-Reranker's: llama-server's score is the softmax's "yes"
@@ -100,22 +114,34 @@ def write_tiny_gguf(
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
-    writer.add_tensor("token_embd.weight", weight(n_vocab, embed))
+    def add_matrix(name: str, *shape: int) -> None:
+        data = weight(*shape)
+        if matrix_type == GGMLQuantizationType.F32:
+            writer.add_tensor(name, data)
+        elif matrix_type == GGMLQuantizationType.F16:
+            writer.add_tensor(name, data.astype(np.float16))
+        else:
+            writer.add_tensor(name, quants.quantize(data, matrix_type), raw_dtype=matrix_type)
+
+    kv_width = embed // HEADS * heads_kv
+    add_matrix("token_embd.weight", n_vocab, embed)
     writer.add_tensor("output_norm.weight", np.ones(embed, dtype=np.float32))
-    writer.add_tensor("output.weight", weight(n_vocab, embed))
+    add_matrix("output.weight", n_vocab, embed)
     if serves == "rerank":
         writer.add_tensor("cls.output.weight", (rng.standard_normal((2, embed)) * 0.5).astype(np.float32))
     for i in range(layers):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(embed, dtype=np.float32))
-        for t in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            writer.add_tensor(f"blk.{i}.{t}.weight", weight(embed, embed))
+        add_matrix(f"blk.{i}.attn_q.weight", embed, embed)
+        add_matrix(f"blk.{i}.attn_k.weight", kv_width, embed)
+        add_matrix(f"blk.{i}.attn_v.weight", kv_width, embed)
+        add_matrix(f"blk.{i}.attn_output.weight", embed, embed)
         if arch == "qwen3":
             for t in ("attn_q_norm", "attn_k_norm"):
                 writer.add_tensor(f"blk.{i}.{t}.weight", np.ones(embed // HEADS, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(embed, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(ffn, embed))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(ffn, embed))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(embed, ffn))
+        add_matrix(f"blk.{i}.ffn_gate.weight", ffn, embed)
+        add_matrix(f"blk.{i}.ffn_up.weight", ffn, embed)
+        add_matrix(f"blk.{i}.ffn_down.weight", embed, ffn)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

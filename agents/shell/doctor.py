@@ -110,6 +110,7 @@ def check_engines(lab: Lab, machine: str) -> list[Check]:
 def check_models(lab: Lab, machine: str) -> list[Check]:
     """Each model lab.yaml places here, as its engine judges it: the engine's binary, the weights and their format."""
     from agents.orchestra.engines import ENGINES
+    from agents.orchestra.vram import disagreement
 
     models = models_on(lab, machine)
     if not models:
@@ -136,6 +137,8 @@ def check_models(lab: Lab, machine: str) -> list[Check]:
         on_tcp = engine.tcp_warning(model)
         if on_tcp is not None:
             checks.append(Check(f"model {model.name} listen", WARN, on_tcp))
+        if path.exists() and (vram := disagreement(model, path)) is not None:  # a missing path: the engine's check says so
+            checks.append(Check(f"model {model.name} vram", WARN, vram))
     return checks
 
 

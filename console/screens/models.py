@@ -25,6 +25,7 @@ from agents.wire.lab.replicas import machines_of
 from agents.wire.protocol import GpuSample
 from agents.wire.sections.models import ModelInfo, Rotation
 from agents.wire.states import MODEL_ENGINE_UP, MODEL_HOLDS_GPU, ModelState
+from agents.wire.vram_fit import where_fits
 from console.replicas import grouped, replica_machines
 from console.rotation import overhead_words
 from console.screens.base import LabScreen
@@ -122,6 +123,10 @@ def detail_text(model: ModelInfo | None, replicas: list[str] | None = None) -> s
         parts.append(f"last swap {model.swap_s:.1f}s")
     if model.simulated:
         parts.append("[b magenta]SIM[/] engine: figures are simulated")
+    if model.vram_need_bytes is not None and model.vram_source != "lab.yaml":  # typed: the VRAM column says it all
+        parts.append(esc(f"VRAM need {fmt_gib(model.vram_need_bytes)} {model.vram_source}"))
+    elif model.vram_need_bytes is None and model.vram_detail:  # an agent that knows why it does not know
+        parts.append(esc("VRAM need unknown: placement does not check it"))
     line = " · ".join(parts)
     if model.error:
         line += f"\n[b red]failed:[/] {esc(model.error.message)}"
@@ -299,5 +304,13 @@ class ModelsScreen(LabScreen):
                     ),
                 )
 
-        notes = {name: (f"GPU {','.join(map(str, gpus))}", why) for name, (gpus, why) in fits.items()}
+        lab_gpus = self.lab_app.state.gpu_memory()
+        needs = {m.name: m.vram_need_bytes for m in candidates}
+        notes = {
+            name: (
+                f"GPU {','.join(map(str, gpus))}" + ("" if needs[name] is not None else "  need unknown: not checked"),
+                None if why is None else f"{why}; {where_fits(needs[name], lab_gpus) or 'its need is unknown'}",
+            )
+            for name, (gpus, why) in fits.items()
+        }
         self.app.push_screen(PickModelScreen(f"bring in on {out.machine} instead of {out.name}:", candidates, notes), picked)

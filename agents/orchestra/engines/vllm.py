@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agents.orchestra.engine import GIB, Engine, EngineRequestFailed, InstallCheck
+from agents.orchestra.engine import Engine, EngineRequestFailed, InstallCheck
 from agents.orchestra.lora_rules import lora_config_problem
 from agents.orchestra.spec import EngineSpec
+from agents.orchestra.vram import typed_need
 from agents.runtime.torch_probe import TorchReader, cuda_archs, python_of
 from agents.wire.capability import parse_capability
 from agents.wire.lab.model import Model
@@ -158,9 +159,11 @@ class VllmSleepMixin(Engine):
             flags += ["--enable-lora", "--max-loras", str(model.max_loras), "--max-lora-rank", str(model.max_lora_rank)]
         if "--tensor-parallel-size" not in args and len(self.gpus) > 1:
             flags += ["--tensor-parallel-size", str(len(self.gpus))]
-        if "--gpu-memory-utilization" not in args and self.gpu_total_bytes and model.vram_gib:
-            # vLLM takes a share of each GPU: the model's estimate, not the default 90%
-            per_gpu = model.vram_gib * GIB / max(1, len(self.gpus))
+        typed = typed_need(model)
+        if "--gpu-memory-utilization" not in args and self.gpu_total_bytes and typed.bytes:
+            # vLLM takes a share of each GPU: lab.yaml's vram_gib, not the default 90% (an estimate from the files is
+            # vLLM's least, one sequence of KV cache: left to vLLM's own share)
+            per_gpu = typed.per_gpu(len(self.gpus))
             share = min(MAX_GPU_MEMORY_UTILIZATION, math.ceil(100 * per_gpu / self.gpu_total_bytes) / 100)
             flags += ["--gpu-memory-utilization", f"{share:.2f}"]
         return flags + args

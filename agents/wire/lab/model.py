@@ -176,7 +176,9 @@ class Model(Strict):
     engine: EngineName  # one of agents.orchestra.engines' registry (checked when the agent loads lab.yaml)
     machine: Name
     gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
-    vram_gib: NonNegative = 0.0
+    # its VRAM need over all its GPUs; left out: estimated from its files (a GGUF's header, safetensors' headers and
+    # config.json: agents/orchestra/vram.py), unknown without them; `cetlab models` says which
+    vram_gib: NonNegative | None = None
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     served_name: ModelName | None = None  # the name the engine serves it as: clients and the gateway ask for it

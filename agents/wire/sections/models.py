@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from agents.wire.engine_address import EngineEndpoint
@@ -9,6 +11,9 @@ from agents.wire.protocol import Finite, FiniteFloat
 from agents.wire.schema import EngineName
 from agents.wire.sections.base import ModelOp, ModelPhase, Section, ServingMode, ServingStep
 from agents.wire.states import ModelState
+
+# where a model's VRAM need comes from (agents/orchestra/vram.py): typed in lab.yaml, read from its files, or not known
+VramSource = Literal["lab.yaml", "estimated from GGUF header", "estimated from safetensors header", "unknown"]
 
 
 class ModelProgress(Section):
@@ -35,6 +40,9 @@ class ModelInfo(Section):
     gpus: list[int] = Field(default_factory=list)
     vram_bytes: int = 0
     vram_measured: bool = False  # vram_bytes is NVML's figure for the engine's processes, not the estimate
+    vram_need_bytes: int | None = None  # what it needs on its GPUs altogether, from vram_source (None: unknown)
+    vram_source: VramSource = "unknown"
+    vram_detail: str = ""  # how the need was made (the estimate's parts), or why it is unknown
     cached_fraction: Finite = None
     size_bytes: int = 0
     load_s: Finite = None

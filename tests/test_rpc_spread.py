@@ -13,6 +13,7 @@ import pytest
 from agents.orchestra.engines.llamacpp import LlamacppEngine
 from agents.orchestra.port import ModelsPort
 from agents.orchestra.spread import shares
+from agents.orchestra.vram import typed_need
 from agents.runtime import llamacpp_build
 from agents.runtime.labfile import calls_peers, needed_peer_keys
 from agents.shell.doctor import FAIL, OK, check_rpc_helper
@@ -247,7 +248,7 @@ async def test_bring_up_starts_the_helpers_with_their_share_and_forwards_to_them
     running = {**status, "state": "running", "port": 50052}
     spread, calls = spread_for({0: 24 * GIB, 1: 24 * GIB}, {"models.rpc_status": status, "models.rpc_start": running})
     lab = parse_lab(lab_text(), source="lab.yaml")
-    slot = SimpleNamespace(name="llama-70b", model=lab.models[0], gpus=[0, 1])
+    slot = SimpleNamespace(name="llama-70b", model=lab.models[0], gpus=[0, 1], need=typed_need(lab.models[0]))
     endpoints = await spread.bring_up(slot)
     assert endpoints == ["127.0.0.1:40001"] and spread.peers.forwards == [("irina", 50052)]
     assert [c[1] for c in calls] == ["models.rpc_status", "models.rpc_start"]
@@ -263,7 +264,7 @@ async def test_bring_up_refuses_a_share_this_machines_gpu_cannot_hold_before_any
     status = {"model": "llama-70b", "machine": "irina", "state": "stopped", "gpus": P4S}
     spread, calls = spread_for({0: 24 * GIB, 1: 10 * GIB}, {"models.rpc_status": status})
     lab = parse_lab(lab_text(), source="lab.yaml")
-    slot = SimpleNamespace(name="llama-70b", model=lab.models[0], gpus=[0, 1])
+    slot = SimpleNamespace(name="llama-70b", model=lab.models[0], gpus=[0, 1], need=typed_need(lab.models[0]))
     with pytest.raises(EngineFailed) as refused:
         await spread.bring_up(slot)
     assert "needs 18.8 GiB on GPU 1 of m5 (its share over 4 GPUs), 10.0 GiB free" in str(refused.value)
@@ -278,7 +279,7 @@ async def test_a_helper_that_refuses_its_share_is_named_and_the_others_are_stopp
     full = RemoteError(ErrorCode.CONFLICT, "llama-70b needs 6.2 GiB on GPU 0 of irina, 2.0 GiB free: 4.2 GiB missing")
     spread, calls = spread_for({0: 24 * GIB, 1: 24 * GIB}, {"models.rpc_status": status, "models.rpc_start": full})
     lab = parse_lab(lab_text(), source="lab.yaml")
-    slot = SimpleNamespace(name="llama-70b", model=lab.models[0], gpus=[0, 1])
+    slot = SimpleNamespace(name="llama-70b", model=lab.models[0], gpus=[0, 1], need=typed_need(lab.models[0]))
     with pytest.raises(EngineFailed) as refused:
         await spread.bring_up(slot)
     assert str(refused.value).startswith("rpc helper irina could not start: llama-70b needs 6.2 GiB on GPU 0 of irina")

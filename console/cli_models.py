@@ -175,7 +175,8 @@ def models_human(
         lines.append(f"TOK/S: generated tokens per second over the last {' or '.join(f'{w:g}' for w in windows)} s")
     if fits is not None and models:
         lines.append("VRAM needed:")
-        lines += [f"  {need_line(m, fits.get(m.name, ''))}" for m in models]
+        # a model's replicas need the same: its line once
+        lines += list(dict.fromkeys(f"  {need_line(m, fits.get(m.name, ''))}" for m in models))
     lines += [f"{m.name}: {m.error.message}" for m in models if m.error is not None]
     for machine, rotation in rotations.items():
         if rotation is not None and rotation.plan:

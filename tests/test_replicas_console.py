@@ -94,3 +94,14 @@ def test_cetlab_models_names_a_model_with_replicas_once_then_a_row_per_placement
     rows = [line.split()[:3] for line in text.splitlines()[1:4]]
     assert rows == [["chat", "(2", "replicas)"], ["chat", "b", "cpu"], ["solo", "a", "cpu"]], text
     assert "warm (draining)" in text.splitlines()[2]
+
+
+def test_a_models_replicas_say_its_vram_need_once():
+    def info(machine: str) -> ModelInfo:
+        return ModelInfo(
+            name="chat", machine=machine, engine="sim", state="warm", since=0.0, vram_need_bytes=2 * GIB, vram_source="lab.yaml"
+        )
+
+    text = models_human([info("a"), info("b")], {}, {}, fits={"chat": "fits on a GPU 0"})
+    needs = [line for line in text.splitlines() if line.startswith("  chat:")]
+    assert len(needs) == 1, text

@@ -240,3 +240,17 @@ async def test_the_gateway_section_shows_each_replica(router, reach):
         ("a", [1], "warm", False, 2),
         ("b", [0], "warm", True, 0),
     ]
+
+
+async def test_the_gateway_lists_a_replicated_model_where_it_serves_not_at_its_first_entry(router, reach):
+    from types import SimpleNamespace
+
+    from agents.gateway.component import GatewayComponent
+
+    gateway = SimpleNamespace(router=router, config=router.gateway, created=0, engine_spec=engine_spec, lab=router.lab)
+    reach.tick(info("a", state="cached"), info("b"))  # the first entry's placement was swapped out; b's serves
+    (entry,) = [e for e in GatewayComponent.catalogue(gateway) if e["id"] == "chat"]  # type: ignore[arg-type]
+    assert (entry["state"], entry["machine"]) == ("warm", "b")
+    reach.tick(info("a"))
+    (entry,) = [e for e in GatewayComponent.catalogue(gateway) if e["id"] == "chat"]  # type: ignore[arg-type]
+    assert (entry["state"], entry["machine"]) == ("warm", "a,b")

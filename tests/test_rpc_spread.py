@@ -308,3 +308,20 @@ models:
     with pytest.raises(LabError) as info:
         load_lab(lab_file)
     assert "no replicas" in str(info.value) and "lab.yaml:" in str(info.value)
+
+
+def test_a_pushed_spread_model_says_its_node_link_waits_for_the_next_start():
+    from agents.wire.lab.push import lab_changes
+
+    base = """lab: t
+machines:
+  - {name: a, gpus: {sim: [{name: "Tesla P4", memory_gib: 8, tdp_w: 75}]}}
+  - {name: b, gpus: {sim: [{name: "Tesla P4", memory_gib: 8, tdp_w: 75}]}}
+models:
+  - {name: big, path: big.gguf, engine: llamacpp, machine: a, gpus: [0]}
+"""
+    spread = base.replace("gpus: [0]}", "gpus: [0], rpc: [{machine: b, gpus: [0]}]}")
+    changes = lab_changes(parse_lab(base), parse_lab(spread), "a")
+    assert "a node link to b" in changes.restart and "models: ~big" in changes.live
+    assert lab_changes(parse_lab(spread), parse_lab(spread), "a").restart == []
+    assert "a node link to b" not in lab_changes(parse_lab(base), parse_lab(spread), "b").restart

@@ -228,8 +228,9 @@ class GatewayComponent:
                     **({"replicas": [r.model_dump(mode="json") for r in replicas]} if replicas else {}),
                 }
             )
-            if replicas and any(r.state == "warm" and not r.draining for r in replicas):
-                out[-1]["state"] = "warm"  # one placement serves: the model does
+            serving = [r.machine for r in replicas if r.state == "warm" and not r.draining]
+            if serving:  # one placement serves: the model does, where those placements are (not its first entry's machine)
+                out[-1]["state"], out[-1]["machine"] = "warm", ",".join(serving)
         for name, (engine_model, _upstream) in sorted(self.router.served().items()):
             info = self.router.model_info(engine_model.name, engine_model.machine)
             out.append(

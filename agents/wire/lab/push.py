@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.wire.lab.model import Lab
+from agents.wire.lab.spread import node_links
 
 VERSION_DIGITS = 12
 # Of this machine's own entry: what the running agent bound or opened at start (its SSH port, its GPU sampler)
@@ -61,6 +62,12 @@ def lab_changes(old: Lab, new: Lab, machine: str) -> LabChanges:
     mine_old, mine_new = old.machine(machine), new.machine(machine)
     at_start = [f"machines.{machine}.{k}" for k in OWN_AT_START if getattr(mine_old, k) != getattr(mine_new, k)]
     changes.restart += at_start
+    # the peers this agent calls with the node role (a spread model's helpers, a multi-node recipe's nodes) are linked
+    # when it starts: a new one waits for its next start (`warm` would say "no link" until then)
+    linked = {callee for caller, callee in node_links(old) if caller == machine}
+    changes.restart += [
+        f"a node link to {callee}" for caller, callee in node_links(new) if caller == machine and callee not in linked
+    ]
     others_old = [m for m in old.machines if m.name != machine]
     others_new = [m for m in new.machines if m.name != machine]
     said = _named(others_old, others_new, "machines")

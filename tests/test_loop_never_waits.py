@@ -169,6 +169,7 @@ BLOCKING_METHODS = {"read_text", "read_bytes", "check_output", "check_call"}
 # (module, function): why the call is short and bounded
 ALLOWED = {
     ("agents/orchestra/engine.py", "start", "open"): "the engine's log, opened for append to hand its fd to the child",
+    ("agents/orchestra/spread.py", "_spawn", "open"): "rpc-server's log, opened for append to hand its fd to the child",
     ("agents/jobs/multinode.py", "_hold_port", "open"): "the job's own log, opened for append to note a retry",
     ("agents/shell/daemon.py", "serve", ".write_text"): "the ready file (a port number) written once, before any call",
 }

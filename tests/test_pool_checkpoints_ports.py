@@ -58,6 +58,9 @@ class PoolStandIn:
     def engine_sockets(self) -> frozenset[str]:
         return frozenset()
 
+    def rpc_ports(self) -> frozenset[int]:
+        return frozenset()
+
     def holding_gpus(self) -> list[ModelInfo]:
         return []
 

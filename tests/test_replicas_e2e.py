@@ -146,7 +146,8 @@ async def test_a_model_on_two_replicas_survives_a_swap_of_one_without_a_failed_r
     placed = [(r["machine"], r["state"] in out_states or r["state"], r["draining"]) for r in listing["replicas"]["chat"]]
     assert placed == [("a", True, False), ("b", "warm", False)]
     code, text = await asyncio.to_thread(cli, demo, "models", json_out=False)
-    rows = [line.split()[:3] for line in text.splitlines() if "chat" in line]
+    table = text.split("\nTOK/S")[0].split("\nVRAM needed")[0]  # the table, not the notes under it
+    rows = [line.split()[:3] for line in table.splitlines() if "chat" in line]
     assert rows == [["chat", "(2", "replicas)"], ["chat", "b", "0"]], text
     code, refused = await asyncio.to_thread(cli, demo, "sleep", "chat")
     assert code == 1 and "--machine" in refused["error"]["message"] and "a, b" in refused["error"]["message"]

@@ -127,7 +127,7 @@ def test_each_machine_runs_its_placement_of_the_model(lab):
         ([{"machine": "nowhere"}], "models[0].replicas[0].machine: no machine named 'nowhere'"),
         ([{"machine": "a", "gpus": [0]}], "models[0].replicas[0].machine: chat already has a placement on a: one per machine"),
         ([{"machine": "b"}, {"machine": "b"}], "models[0].replicas[1].machine: chat already has a placement on b"),
-        ([{"machine": "b", "gpus": [3]}], "models[0].replicas[0].gpus[0]: machine b has 1 GPUs (0..0), no GPU 3"),
+        ([{"machine": "b", "gpus": [3]}], "models[0].replicas[0].gpus[0]: machine b has 1 GPU (0..0), no GPU 3"),
         ([{"machine": "b", "cpus": 2}], "models[0].replicas[0].cpus"),
     ],
 )

@@ -18,6 +18,7 @@ from pydantic import (
 
 from agents.wire.lab.gateway import Gateway, Provider
 from agents.wire.lab.gateway import cross_check as gateway_cross_check
+from agents.wire.lab.gpu_numbers import gpu_number_problems
 from agents.wire.lab.loopback import check_args, check_command, command_engine_problem
 from agents.wire.lab.notify import Notify
 from agents.wire.lab.notify import cross_check as notify_cross_check
@@ -41,7 +42,6 @@ from agents.wire.schema import (
     Watts,
     parse_duration,
 )
-from agents.wire.words import plural
 
 # ---------------------------------------------------------------------------- machines
 
@@ -412,15 +412,7 @@ def _cross_check(lab: Lab, engines: Collection[str] | None) -> list[tuple[tuple[
             if machine is None:
                 problems.append(((section, i, "machine"), f"no machine named {item.machine!r} (machines: {', '.join(machines)})"))
                 continue
-            count = machine.gpu_count
-            for j, gpu in enumerate(item.gpus):
-                if count is not None and gpu >= count:
-                    problems.append(
-                        (
-                            (section, i, "gpus", j),
-                            f"machine {machine.name} has {plural(count, 'GPU')} (0..{count - 1}), no GPU {gpu}",
-                        )
-                    )
+            problems += gpu_number_problems(machine.name, machine.gpu_count, item.gpus, (section, i, "gpus"))
     models = {m.name for m in lab.models}
     for key in ("warm", "sleeping", "cached", "pinned"):
         for i, name in enumerate(getattr(lab.orchestra, key)):
@@ -481,15 +473,7 @@ def _nodes_cross_check(trainer: Trainer, i: int, machines: dict[str, Machine]) -
             continue
         if not node.gpus and trainer.nproc_per_node is None:
             problems.append((("trainers", i, "nodes", j, "gpus"), "a node without gpus needs the recipe's nproc_per_node"))
-        count = machine.gpu_count
-        for k, gpu in enumerate(node.gpus):
-            if count is not None and gpu >= count:
-                problems.append(
-                    (
-                        ("trainers", i, "nodes", j, "gpus", k),
-                        f"machine {machine.name} has {plural(count, 'GPU')} (0..{count - 1}), no GPU {gpu}",
-                    )
-                )
+        problems += gpu_number_problems(machine.name, machine.gpu_count, node.gpus, ("trainers", i, "nodes", j, "gpus"))
     return problems
 
 

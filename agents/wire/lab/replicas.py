@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from agents.wire.lab.gpu_numbers import gpu_number_problems
+
 if TYPE_CHECKING:
     from agents.wire.lab.model import Lab, Model
 
@@ -65,10 +67,5 @@ def replicas_cross_check(models: list[Model], machines: Mapping[str, _Machine]) 
                     )
                 )
             taken.add(replica.machine)
-            count = machine.gpu_count
-            for k, gpu in enumerate(replica.gpus):
-                if count is not None and gpu >= count:
-                    problems.append(
-                        ((*where, "gpus", k), f"machine {replica.machine} has {count} GPUs (0..{count - 1}), no GPU {gpu}")
-                    )
+            problems += gpu_number_problems(replica.machine, machine.gpu_count, replica.gpus, (*where, "gpus"))
     return problems

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
+from agents.wire.lab.gpu_numbers import gpu_number_problems
 from agents.wire.schema import Name, Strict
 
 if TYPE_CHECKING:
@@ -56,15 +57,7 @@ def cross_check(lab: Lab) -> list[Problem]:
             if helper.machine in seen:
                 problems.append((where, f"machine {helper.machine} is a helper twice"))
             seen.add(helper.machine)
-            count = machine.gpu_count
-            for k, gpu in enumerate(helper.gpus):
-                if count is not None and gpu >= count:
-                    problems.append(
-                        (
-                            ("models", i, "rpc", j, "gpus", k),
-                            f"machine {machine.name} has {count} GPUs (0..{count - 1}), no GPU {gpu}",
-                        )
-                    )
+            problems += gpu_number_problems(machine.name, machine.gpu_count, helper.gpus, ("models", i, "rpc", j, "gpus"))
     return problems
 
 

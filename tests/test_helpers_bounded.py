@@ -14,6 +14,7 @@ from agents.notify.sender import RouteSender
 from agents.runtime.children import OUTPUT_KEEP_BYTES, run_helper
 from agents.wire.lab.notify import CommandRoute, Notify
 from agents.wire.sections.notify import Notification
+from tests.conftest import wait_for
 
 NOTE = Notification(
     status="event",
@@ -69,6 +70,13 @@ async def test_a_helper_past_its_timeout_is_killed_with_its_children(tmp_path: P
     done = await run_helper([sys.executable, str(script)], timeout_s=2, env={})
     assert done.timed_out and done.returncode is None
     child = int(pids.read_text())
-    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+    def gone() -> bool:  # SIGKILL is sent to the group at the timeout; the kernel ends the child a moment later
+        try:
+            return psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    await wait_for(gone, timeout=10)
     delivery, _ = await sender([sys.executable, str(script)], timeout_s=2).send(NOTE)
     assert not delivery.ok and "did not finish within 2 s: killed" in delivery.answer

@@ -86,4 +86,10 @@ async def run_helper(
             pass
         await proc.wait()
         return Finished(None, bytes(kept), cut, True)
+    except asyncio.CancelledError:  # the caller stops (an agent shutting down): the helper's group goes with it
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        raise
     return Finished(proc.returncode, bytes(kept), cut, False)

@@ -14,6 +14,7 @@ import aiohttp
 import asyncssh
 
 from agents.runtime.link import read_line
+from agents.runtime.waits import within
 from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, KeyAddParams
 from agents.wire.catalogue.method import request
@@ -51,7 +52,7 @@ async def flood_connections(demo: DemoLab, viewer: Path, seconds: float, results
             s.bind((f"127.0.0.{2 + i % 10}", 0))
             s.setblocking(False)
             try:
-                await asyncio.wait_for(asyncio.get_running_loop().sock_connect(s, ("127.0.0.1", port)), 2)
+                await within(asyncio.get_running_loop().sock_connect(s, ("127.0.0.1", port)), 2)
             except (TimeoutError, OSError):
                 s.close()
                 continue
@@ -187,7 +188,7 @@ async def flood_gateway(demo: DemoLab, viewer: Path, seconds: float, results: di
             s.bind((f"127.0.0.{2 + i % 10}", 0))
             s.setblocking(False)
             try:
-                await asyncio.wait_for(asyncio.get_running_loop().sock_connect(s, ("127.0.0.1", lab.gateway.port)), 2)
+                await within(asyncio.get_running_loop().sock_connect(s, ("127.0.0.1", lab.gateway.port)), 2)
             except (TimeoutError, OSError):
                 s.close()
                 continue

@@ -22,6 +22,7 @@ import aiohttp
 import asyncssh
 
 from agents.runtime.demo import GATEWAY_KEY_FILE
+from agents.runtime.waits import within
 from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, GATEWAY_STATUS, KeyAddParams
 from agents.wire.catalogue.method import request
@@ -238,7 +239,7 @@ async def connection_storm(demo: DemoLab, seconds: float, results: dict, greetin
             s = socket.socket()
             s.setblocking(False)
             try:
-                await asyncio.wait_for(loop.sock_connect(s, ("127.0.0.1", port)), 1)
+                await within(loop.sock_connect(s, ("127.0.0.1", port)), 1)
                 if greeting:
                     s.send(greeting)
             except (TimeoutError, OSError):
@@ -333,7 +334,7 @@ async def r5_gateway_forwards(demo: DemoLab, viewer: Path, seconds: float, resul
                     if address.socket is not None
                     else conn.open_connection("127.0.0.1", address.port)
                 )
-                held.append(await asyncio.wait_for(opening, 10))
+                held.append(await within(opening, 10))
         except (asyncssh.Error, OSError, TimeoutError) as exc:
             refused = str(getattr(exc, "reason", "") or exc or type(exc).__name__)[:160]
         for _, writer in held:

@@ -9,7 +9,6 @@ refusal took (the validation runs off the agent's loop: the console's pings duri
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import asyncssh
 
 from agents.runtime.keys import PUSHED_AUTHORIZED_KEYS_NAME
+from agents.runtime.waits import within
 from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.lab import LabApplyParams
 from agents.wire.lab.yaml_doc import MAX_BYTES
@@ -47,12 +47,12 @@ async def l1_viewer_pushes(demo: DemoLab, viewer: Path, seconds: float, results:
         while time.monotonic() < end:
             n += 1
             try:
-                reply = await asyncio.wait_for(_call(writer, reader, n, "lab.apply", {"text": text}), 10)
+                reply = await within(_call(writer, reader, n, "lab.apply", {"text": text}), 10)
             except TimeoutError:
                 reply = {"error": {"code": "no answer in 10 s"}}
             code = reply.get("error", {}).get("code", "ok")
             codes[code] = codes.get(code, 0) + 1
-        version = (await asyncio.wait_for(_call(writer, reader, n + 1, "hello", {}), 30))["result"].get("lab_version")
+        version = (await within(_call(writer, reader, n + 1, "hello", {}), 30))["result"].get("lab_version")
     finally:
         conn.abort()
     results["l1"] = {"codes": codes, "lab_version_after": version}

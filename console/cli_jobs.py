@@ -10,6 +10,7 @@ import time
 import unicodedata
 from collections.abc import Mapping
 
+from agents.runtime.waits import within
 from agents.wire.catalogue.jobs import (
     JOBS_GET,
     JOBS_KILL,
@@ -163,7 +164,7 @@ async def follow(ctx: Context, machine: str, job_id: str, tail_lines: int, offse
     quiet = not first.lines  # no line of the trainer yet: the nodes are still starting
     while state in JOB_ACTIVE:
         try:
-            data = await asyncio.wait_for(queue.get(), FOLLOW_POLL_S)
+            data = await within(queue.get(), FOLLOW_POLL_S)
         except TimeoutError:
             if not ctx.state.machines[machine].online:
                 raise RemoteError(ErrorCode.DISCONNECTED, f"lost {machine} while following {job_id}") from None

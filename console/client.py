@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +19,7 @@ from agents.runtime.link import (
     ssh_error,
 )
 from agents.runtime.view import SPARK_POINTS
+from agents.runtime.waits import within
 from agents.wire.lab.model import Lab, Machine
 from agents.wire.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, HistoryParams, LinkStatus, RemoteError
 from console import openssh
@@ -233,7 +233,7 @@ class FleetClient:
         if not self.trust_on_first_use or known_hosts_has(self.known_hosts, machine.host, machine.port):
             return
         asyncssh = _asyncssh()
-        key = await asyncio.wait_for(asyncssh.get_server_host_key(machine.host, machine.port), self.connect_timeout_s)
+        key = await within(asyncssh.get_server_host_key(machine.host, machine.port), self.connect_timeout_s)
         if key is None:
             return
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
@@ -246,7 +246,7 @@ class FleetClient:
         asyncssh = _asyncssh()
         machine = link.machine
         config = Path("~/.ssh/config").expanduser()
-        conn = await asyncio.wait_for(
+        conn = await within(
             asyncssh.connect(
                 machine.host,
                 port=machine.ssh_port or (),
@@ -259,7 +259,7 @@ class FleetClient:
         )
         path = machine.socket or f"/var/lib/cetlab/{machine.name}/agent.sock"
         try:
-            reader, writer = await asyncio.wait_for(conn.open_unix_connection(path), self.connect_timeout_s)
+            reader, writer = await within(conn.open_unix_connection(path), self.connect_timeout_s)
         except asyncssh.ChannelOpenError as exc:
             conn.close()
             raise RemoteError(
@@ -277,7 +277,7 @@ class FleetClient:
         asyncssh = _asyncssh()
         machine = link.machine
         await self._trust_new_host(machine)
-        conn = await asyncio.wait_for(
+        conn = await within(
             asyncssh.connect(
                 machine.host,
                 machine.port,
@@ -294,9 +294,7 @@ class FleetClient:
             self.connect_timeout_s,
         )
         try:  # bounded too: an agent that authenticates and then freezes must not hold the link
-            writer, reader, _stderr = await asyncio.wait_for(
-                conn.open_session(subsystem=SUBSYSTEM, encoding=None), self.connect_timeout_s
-            )
+            writer, reader, _stderr = await within(conn.open_session(subsystem=SUBSYSTEM, encoding=None), self.connect_timeout_s)
         except BaseException:
             conn.close()
             raise

@@ -22,6 +22,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.runtime.waits import within
 from agents.wire.protocol import SSH_USERNAME, SUBSYSTEM, ErrorCode, LinkStatus, RemoteError
 
 STDERR_KEEP_BYTES = 16 * 1024  # ssh says what failed in a line or two
@@ -117,11 +118,11 @@ class Session:
     async def failure(self, timeout_s: float) -> SshFailed:
         """Why the stream ended: ssh's exit and its error lines, in the asyncssh path's words."""
         try:
-            code = await asyncio.wait_for(self.process.wait(), timeout_s)
+            code = await within(self.process.wait(), timeout_s)
         except TimeoutError:
             code = None
         try:
-            text = (await asyncio.wait_for(self._stderr, 1.0)).decode(errors="replace")
+            text = (await within(self._stderr, 1.0)).decode(errors="replace")
         except (TimeoutError, asyncio.CancelledError):
             text = ""
         return classify(code, text)

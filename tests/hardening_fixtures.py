@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
@@ -13,6 +12,7 @@ from pathlib import Path
 import asyncssh
 import yaml
 
+from agents.runtime.waits import within
 from agents.shell.demo.lab import DemoLab, free_ports
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
@@ -102,7 +102,7 @@ async def raw_channel(demo: DemoLab, machine: str = "box", key: str | None = Non
 async def next_reply(reader, timeout: float = 10.0) -> dict:
     """The next response line (events skipped)."""
     while True:
-        line = await asyncio.wait_for(reader.readline(), timeout)
+        line = await within(reader.readline(), timeout)
         if not line:
             raise ConnectionError("the agent closed the channel")
         message = json.loads(line)

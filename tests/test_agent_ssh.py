@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import subprocess
@@ -13,6 +12,7 @@ import asyncssh
 import pytest
 
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
+from agents.runtime.waits import within
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ErrorCode, RemoteError
 from console import openssh
@@ -224,7 +224,7 @@ async def raw_session(demo):
 async def answer(writer, reader, data: bytes) -> dict:
     writer.write(data)
     while True:
-        message = json.loads(await asyncio.wait_for(reader.readline(), 10))
+        message = json.loads(await within(reader.readline(), 10))
         if "event" not in message:
             return message
 

@@ -7,7 +7,6 @@ usage error is an answer; a traceback is not)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import enum
 import types
 import typing
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from agents.runtime.waits import within
 from agents.wire.catalogue.index import CATALOGUE
 from agents.wire.lab.model import parse_lab
 from agents.wire.protocol import LinkStatus, RemoteError
@@ -205,7 +205,7 @@ async def run_verb(words: tuple[str, ...], text: str, capfd: pytest.CaptureFixtu
         pytest.fail(f"no argv found for {' '.join(words)}: {capfd.readouterr().err}")
     ctx = Context(args, fleet.state.lab, fleet)  # type: ignore[arg-type]
     try:
-        await asyncio.wait_for(args.func(ctx), 5)  # a verb that follows or waits is cut: what it printed counts
+        await within(args.func(ctx), 5)  # a verb that follows or waits is cut: what it printed counts
     except (RemoteError, TimeoutError, SystemExit) as exc:
         cli.say(f"cetlab: {getattr(exc, 'message', exc)}", err=True)
     out = capfd.readouterr()

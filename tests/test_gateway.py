@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 import yaml
 
+from agents.runtime.waits import within
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import LabError, load_lab, parse_lab
 from console.client import FleetClient
@@ -408,7 +409,7 @@ async def test_gateway_role_may_wake_but_not_operate(gw):
     peers = PeerClient(lab, gw.demo.dir / "agents" / "hub", machines=["node"], topics=[])
     await peers.start()
     try:
-        await asyncio.wait_for(peers.links["node"].online.wait(), 20)
+        await within(peers.links["node"].online.wait(), 20)
         assert (await peers.call("node", "hello"))["role"] == "gateway"
         assert (await peers.call("node", "models.list"))["models"]
         for method, params in (

@@ -13,6 +13,7 @@ import aiohttp
 import openai
 import pytest
 
+from agents.runtime.waits import within
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
@@ -243,7 +244,7 @@ async def test_a_model_put_to_sleep_mid_stream_finishes_the_stream_and_later_req
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length" and len(content.split()) == 16
     await sleeping
-    raw = await asyncio.wait_for(later, 60)
+    raw = await within(later, 60)
     assert raw.parse().choices[0].message.content
     assert (await fleet.call("hub", "gateway.status"))["models"] and next(
         m for m in (await fleet.call("hub", "gateway.status"))["models"] if m["name"] == "slowly"

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from agents.runtime.rpc import Peer
+from agents.runtime.waits import within
 from agents.shell.agent import Agent
 from agents.shell.demo.lab import DemoLab
 from agents.telemetry.nvml import GPU_LOST, NvmlSampler
@@ -217,7 +218,7 @@ async def test_frozen_agent_shows_offline_then_recovers_by_itself(small_demo):
             # one moving figure on the card ("last seen 14s ago"), not a second frozen one beside it ("no data for 11 s")
             assert "no data for" not in (view.error or "") and "went silent: no data within" in (view.error or ""), view.error
             with pytest.raises(RemoteError) as info:  # the caller is told, never left hanging
-                await asyncio.wait_for(client.call("box", "ping", timeout=2), 30)
+                await within(client.call("box", "ping", timeout=2), 30)
             assert info.value.code in (ErrorCode.DISCONNECTED, ErrorCode.TIMEOUT)
             await asyncio.sleep(max(0.0, 10.0 - (time.monotonic() - stopped)))  # the point: frozen for 10 s in all
         finally:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from agents.runtime.limits import BYTES_PER_COST, request_cost
 from agents.runtime.rpc import parse_request
+from agents.runtime.waits import within
 from agents.shell.server import RATE_BURST, RATE_PER_S, TokenBucket
 from agents.wire.protocol import MAX_MESSAGE_BYTES, ErrorCode, RemoteError
 from tests.hardening_fixtures import connected, raw_channel
@@ -93,7 +94,7 @@ class Wire:
         self.writer.write(data + json.dumps({"id": sentinel, "method": "ping"}).encode() + b"\n")
         lines, seen_sentinel = [], False
         while not seen_sentinel or len(lines) < count:
-            line = await asyncio.wait_for(self.reader.readline(), 30)
+            line = await within(self.reader.readline(), 30)
             assert line, "the agent closed the channel"
             message = json.loads(line)
             if "event" in message:

@@ -12,6 +12,7 @@ import aiohttp
 import psutil
 import pytest
 
+from agents.runtime.waits import within
 from agents.shell.demo.lab import DemoLab, free_ports
 from agents.wire.lab.model import load_lab
 from console.client import FleetClient
@@ -274,7 +275,7 @@ async def test_a_malformed_header_is_not_echoed_back_or_logged(gw):
     try:
         writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\x01\r\n\r\n".encode())
         await writer.drain()
-        answer = await asyncio.wait_for(reader.read(65536), 10)
+        answer = await within(reader.read(65536), 10)
     finally:
         writer.close()
     assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request") and secret.encode() not in answer, answer[:300]

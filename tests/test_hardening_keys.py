@@ -11,6 +11,7 @@ import asyncssh
 import pytest
 
 from agents.runtime.limits import KEY_BUDGET_BURST, KEY_BUDGET_PER_S, MAX_CONNECTIONS_PER_KEY
+from agents.runtime.waits import within
 from tests.conftest import wait_for
 from tests.hardening_fixtures import connected, raw_channel
 from tests.test_hardening_security import add_key
@@ -27,7 +28,7 @@ async def test_one_key_gets_at_most_its_cap_of_connections_and_a_console_keeps_g
             try:
                 conn, writer, reader = await raw_channel(small_demo, key=str(viewer))
                 writer.write(b'{"id": 1, "method": "ping"}\n')
-                line = await asyncio.wait_for(reader.readline(), 10)
+                line = await within(reader.readline(), 10)
                 assert line and "result" in json.loads(line)
                 held.append(conn)
             except (asyncssh.PermissionDenied, asyncssh.ChannelOpenError, asyncssh.ConnectionLost, ConnectionError):
@@ -64,7 +65,7 @@ async def test_a_keys_connections_share_one_budget(small_demo, tmp_path):
 
         async def read(reader) -> None:
             for _ in range(400):
-                line = await asyncio.wait_for(reader.readline(), 30)
+                line = await within(reader.readline(), 30)
                 code = json.loads(line).get("error", {}).get("code", "ok")
                 codes[code] = codes.get(code, 0) + 1
 

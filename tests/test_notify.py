@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from agents.notify.receiver import Receiver
+from agents.runtime.waits import within
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import LabError, load_lab, parse_lab
 from agents.wire.lab.notify import Kind, Level
@@ -320,7 +321,7 @@ async def read_wire(socket_path: Path, calls: list[tuple[str, dict[str, Any]]]) 
             writer.write(json.dumps({"id": n, "method": method, "params": params}).encode() + b"\n")
             await writer.drain()
             while True:
-                line = await asyncio.wait_for(reader.readline(), 30)
+                line = await within(reader.readline(), 30)
                 assert line, "the agent closed the socket"
                 wire += line
                 if json.loads(line).get("id") == n:

@@ -13,6 +13,7 @@ import pytest
 
 from agents.runtime.limits import KEY_BUDGET_BURST, KEY_BUDGET_PER_S, MAX_CONNECTIONS_PER_KEY
 from agents.runtime.principals import Principals, uid_principal
+from agents.runtime.waits import within
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -33,7 +34,7 @@ async def test_one_uid_on_the_socket_is_capped_and_a_console_is_still_answered(i
         for reader, writer in opened:
             try:
                 writer.write(PING)
-                answer = json.loads(await asyncio.wait_for(reader.readline(), 10))
+                answer = json.loads(await within(reader.readline(), 10))
             except (ConnectionError, json.JSONDecodeError):  # closed by the agent (its refusal line came first)
                 answer = {}
             if "result" in answer:
@@ -42,7 +43,7 @@ async def test_one_uid_on_the_socket_is_capped_and_a_console_is_still_answered(i
                 refused += 1
         probe, probe_writer = await asyncio.open_unix_connection(str(agent.unix_socket))  # says nothing: hears why
         opened.append((probe, probe_writer))
-        why = json.loads(await asyncio.wait_for(probe.readline(), 10))["error"]
+        why = json.loads(await within(probe.readline(), 10))["error"]
         print(f"\n100 socket connections of one uid: {len(served)} served, {refused} refused: {why}")
         assert len(served) == MAX_CONNECTIONS_PER_KEY  # before: all 100 (the socket applied no per-principal cap)
         assert why["code"] == "rate_limited" and "connections open" in why["message"]
@@ -56,7 +57,7 @@ async def test_one_uid_on_the_socket_is_capped_and_a_console_is_still_answered(i
 
         async def read(reader: asyncio.StreamReader) -> None:
             for _ in range(200):
-                code = json.loads(await asyncio.wait_for(reader.readline(), 30)).get("error", {}).get("code", "ok")
+                code = json.loads(await within(reader.readline(), 30)).get("error", {}).get("code", "ok")
                 codes[code] = codes.get(code, 0) + 1
 
         ping = asyncio.ensure_future(console.call("box", "ping"))

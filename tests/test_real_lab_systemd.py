@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from agents.runtime.waits import within
 from agents.shell import systemd
 from agents.shell.systemd import CACHE_ENV, Notifier, render_unit
 from agents.wire.lab.model import load_lab
@@ -106,7 +107,7 @@ async def test_a_slow_sampler_is_not_taken_for_a_stuck_one(tmp_path):
     try:
         loop = asyncio.get_running_loop()
         while late_pings < 3:  # pings well after WatchdogSec without a tick
-            message = (await asyncio.wait_for(loop.sock_recv(sock, 4096), 10)).decode()
+            message = (await within(loop.sock_recv(sock, 4096), 10)).decode()
             if "WATCHDOG=1" in message.splitlines() and time.monotonic() - started > 3 * notifier.watchdog_s:
                 late_pings += 1
     finally:

@@ -17,6 +17,7 @@ import yaml
 
 from agents.orchestra.lifecycle import Lifecycle
 from agents.orchestra.slot import Slot
+from agents.runtime.waits import within
 from agents.wire.lab.model import parse_lab
 from agents.wire.lab.replicas import models_on
 from agents.wire.states import ModelState
@@ -88,7 +89,7 @@ async def test_a_replica_drains_until_its_engine_runs_no_request_then_goes_on():
     await wait_for(lambda: engine.asked >= 10)
     assert not drain.done()
     engine.figures.update(requests_running=0)
-    await asyncio.wait_for(drain, 10)
+    await within(drain, 10)
     assert slot.draining  # stays draining until the operation that took it out ends (Lifecycle._guard clears it)
     assert [e[0] for e in book.events] == ["drain"] and book.events[0][2] == {"running": 0} and not book.notices
 
@@ -96,7 +97,7 @@ async def test_a_replica_drains_until_its_engine_runs_no_request_then_goes_on():
 async def test_a_replica_whose_requests_outlast_its_drain_timeout_goes_out_anyway_and_says_so():
     engine = Engine(running=3)
     lifecycle, slot, book = pool(lab_with([{"machine": "b"}], drain_timeout_s=0.3), engine)
-    await asyncio.wait_for(lifecycle.drain(slot), 10)
+    await within(lifecycle.drain(slot), 10)
     assert len(book.notices) == 1
     level, text = book.notices[0]
     assert level == "warning" and "3 requests still running" in text and "drain_timeout_s" in text
@@ -105,7 +106,7 @@ async def test_a_replica_whose_requests_outlast_its_drain_timeout_goes_out_anywa
 async def test_an_engine_that_reports_no_counts_is_drained_for_the_ticks_only():
     engine = Engine(running=None, waiting=None)
     lifecycle, slot, book = pool(lab_with([{"machine": "b"}]), engine)
-    await asyncio.wait_for(lifecycle.drain(slot), 10)
+    await within(lifecycle.drain(slot), 10)
     assert book.events[0][2] == {"running": None} and not book.notices
 
 
@@ -114,7 +115,7 @@ async def test_nothing_drains_that_does_not_serve_or_has_no_replicas(state):
     engine = Engine(running=5)
     lifecycle, slot, book = pool(lab_with([{"machine": "b"}]), engine)
     slot.state = state
-    await asyncio.wait_for(lifecycle.drain(slot), 10)
+    await within(lifecycle.drain(slot), 10)
     lifecycle, single, book = pool(lab_with([]), engine)
-    await asyncio.wait_for(lifecycle.drain(single), 10)
+    await within(lifecycle.drain(single), 10)
     assert engine.asked == 0 and not book.events and not slot.draining and not single.draining

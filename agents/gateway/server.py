@@ -32,6 +32,7 @@ from agents.gateway.replicas import conversation_key
 from agents.gateway.reservation import Hold, Reservations
 from agents.gateway.router import NotServable, Target
 from agents.gateway.routes import ANTHROPIC_PATHS, ROUTES, Route
+from agents.runtime.waits import within
 from agents.wire.lab.gateway import find_provider_model
 from agents.wire.lab.model import Model
 
@@ -268,7 +269,7 @@ class GatewayHttp:
 
     async def body(self, request: web.Request) -> dict[str, Any]:
         try:
-            raw = await asyncio.wait_for(request.read(), self.gw.policies.body_timeout_s)
+            raw = await within(request.read(), self.gw.policies.body_timeout_s)
         except TimeoutError:
             raise NotServable(
                 408, f"the body did not arrive within {self.gw.policies.body_timeout_s:g} s", "body_timeout"

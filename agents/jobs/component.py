@@ -32,6 +32,7 @@ from agents.jobs.refind import found_on_disk
 from agents.runtime.core import AgentCore
 from agents.runtime.procfiles import descendants
 from agents.runtime.rpc import Peer
+from agents.runtime.waits import within
 from agents.wire.catalogue.jobs import JobLogs, LogsParams
 from agents.wire.documents import MAX_DOCUMENT_BYTES, ChildRecord, ExitRecord, load_quietly
 from agents.wire.events import LogEvent, Notice
@@ -399,9 +400,9 @@ class JobsComponent:
         cut = False
         try:
             if params.offset is None:
-                lines, offset, cut = await asyncio.wait_for(asyncio.to_thread(tail, path, params.tail_lines), READ_TIMEOUT_S)
+                lines, offset, cut = await within(asyncio.to_thread(tail, path, params.tail_lines), READ_TIMEOUT_S)
             else:
-                lines, offset = await asyncio.wait_for(asyncio.to_thread(read_from, path, params.offset), READ_TIMEOUT_S)
+                lines, offset = await within(asyncio.to_thread(read_from, path, params.offset), READ_TIMEOUT_S)
         except TimeoutError:
             raise RemoteError(
                 ErrorCode.UNAVAILABLE, f"job {job.id}'s log took over {READ_TIMEOUT_S:.0f} s to read on {self.core.machine.name}"

@@ -23,6 +23,7 @@ import psutil
 from agents.jobs.job import Job
 from agents.jobs.node import RDZV_PORTS, launch_for
 from agents.runtime.procfiles import descendants
+from agents.runtime.waits import within
 from agents.wire.catalogue.jobs import (
     JOBS_NODE_START,
     JOBS_NODE_STATUS,
@@ -77,7 +78,7 @@ def lost_port(log_path: str, offset: int) -> bool:
 async def _lost_port_async(log_path: str, offset: int) -> bool:
     """lost_port off the event loop; a log that takes over READ_TIMEOUT_S to read says nothing of the port."""
     try:
-        return await asyncio.wait_for(asyncio.to_thread(lost_port, log_path, offset), READ_TIMEOUT_S)
+        return await within(asyncio.to_thread(lost_port, log_path, offset), READ_TIMEOUT_S)
     except TimeoutError:
         return False
 
@@ -139,7 +140,7 @@ class Coordinator:
         link = self.peers.links.get(machine)
         if link is not None and not link.online.is_set():
             try:  # a link still connecting (the agent just started) gets a moment
-                await asyncio.wait_for(link.online.wait(), 5.0)
+                await within(link.online.wait(), 5.0)
             except TimeoutError:
                 pass
         return await request(self.peers, machine, method, params, timeout)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agents.runtime.store import Store
+from agents.runtime.waits import within
 from agents.wire.lab.model import Lab, Machine
 
 log = logging.getLogger("cetlab.notify")
@@ -41,7 +42,7 @@ async def reachable(machine: Machine) -> str | None:
     """None if the machine's agent (or sshd) accepts a TCP connection now, else why not."""
     host, port = address(machine)
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+        _, writer = await within(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
     except TimeoutError:
         return f"no answer from {host}:{port} within {CONNECT_TIMEOUT_S:g} s"
     except OSError as exc:

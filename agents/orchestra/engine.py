@@ -21,6 +21,7 @@ from agents.orchestra.spec import EngineSpec, GpuBuild
 from agents.runtime.ports import server_port
 from agents.runtime.procfiles import LOG_KEEP, LOG_MAX_BYTES, copy_truncate, descendants
 from agents.runtime.torch_probe import TorchReader
+from agents.runtime.waits import within
 from agents.wire.engine_address import MAX_SOCKET_PATH_BYTES, EngineAddress
 from agents.wire.lab.model import Model
 from agents.wire.protocol import ErrorCode, GpuSample, RemoteError
@@ -307,7 +308,7 @@ class Engine:
         self.stopping = True
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
-            await asyncio.wait_for(self.proc.wait(), STOP_GRACE_S)
+            await within(self.proc.wait(), STOP_GRACE_S)
         except ProcessLookupError:
             pass
         except TimeoutError:

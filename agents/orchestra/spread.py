@@ -33,6 +33,7 @@ from agents.runtime import llamacpp_build
 from agents.runtime.children import minimal_env
 from agents.runtime.core import AgentCore
 from agents.runtime.procfiles import LOG_KEEP, LOG_MAX_BYTES, copy_truncate
+from agents.runtime.waits import within
 from agents.wire.catalogue.method import Method, P, R, ReplyInvalid, request
 from agents.wire.catalogue.spread import (
     MODELS_RPC_START,
@@ -287,7 +288,7 @@ class RpcServers:
         server.stopping = True
         try:
             os.killpg(proc.pid, 15)
-            await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
+            await within(proc.wait(), STOP_GRACE_S)
         except ProcessLookupError:
             pass
         except TimeoutError:
@@ -378,7 +379,7 @@ class Spread:
         link = self.peers.links[machine]
         if not link.online.is_set():
             try:  # a link still connecting (this agent or the helper's just started) gets a moment
-                await asyncio.wait_for(link.online.wait(), link_wait_s)
+                await within(link.online.wait(), link_wait_s)
             except TimeoutError:
                 pass
         return await request(self.peers, machine, method, params, timeout)

@@ -9,6 +9,8 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from agents.runtime.waits import within
+
 OUTPUT_KEEP_BYTES = 64 * 1024  # what is kept of a helper's output: its end, where the error is
 # what a helper inherits of the agent's environment: enough to find programs and speak the locale, never the agent's
 # secrets (a provider's API key on the gateway's machine, a notification route's token)
@@ -78,7 +80,7 @@ async def run_helper(
         await proc.wait()
 
     try:
-        await asyncio.wait_for(asyncio.gather(feed(), drain()), timeout_s)
+        await within(asyncio.gather(feed(), drain()), timeout_s)
     except TimeoutError:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

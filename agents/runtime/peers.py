@@ -16,6 +16,7 @@ from agents.runtime.keys import ensure_key
 from agents.runtime.link import Link, LinkCore, LinkSettings, Transport
 from agents.runtime.peer_links import PeerLinkState
 from agents.runtime.view import LabView, MachineView
+from agents.runtime.waits import within
 from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import Lab
 from agents.wire.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, LinkStatus, RemoteError
@@ -191,7 +192,7 @@ class PeerClient:
 
     async def open(self, link: Link) -> Transport:
         machine = link.machine
-        conn = await asyncio.wait_for(
+        conn = await within(
             asyncssh.connect(
                 machine.host,
                 machine.port,
@@ -207,7 +208,7 @@ class PeerClient:
             CONNECT_TIMEOUT_S,
         )
         try:
-            writer, reader, _ = await asyncio.wait_for(conn.open_session(subsystem=SUBSYSTEM, encoding=None), CONNECT_TIMEOUT_S)
+            writer, reader, _ = await within(conn.open_session(subsystem=SUBSYSTEM, encoding=None), CONNECT_TIMEOUT_S)
         except BaseException:
             conn.close()
             raise

@@ -10,6 +10,10 @@ raises the cancellation.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
@@ -22,3 +26,12 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
     finally:
         waiter.cancel()
     return bool(done)
+
+
+async def within(awaitable: Awaitable[T], timeout_s: float | None) -> T:
+    """``await awaitable`` for at most ``timeout_s`` seconds (TimeoutError past it); the caller's cancellation always
+    raises, unlike ``asyncio.wait_for`` on 3.11, which returns (or raises) the awaited result when the cancellation
+    arrives just as it completes (python/cpython#86296): a link's connect that failed as its stop() cancelled it went
+    on to retry forever, and the agent's stop() never returned. ``asyncio.wait_for`` is banned by ruff (TID251)."""
+    async with asyncio.timeout(timeout_s):
+        return await awaitable

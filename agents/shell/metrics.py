@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agents.costs.port import CostsPort
+from agents.runtime.waits import within
 from agents.wire.sections.alerts import AlertsSection
 from agents.wire.sections.costs import CostsSummary
 from agents.wire.sections.models import ModelsSection
@@ -159,7 +160,7 @@ async def serve(agents: list[Agent], host: str, port: int) -> asyncio.Server:
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+            request = await within(reader.readuntil(b"\r\n\r\n"), 10.0)
             method, path = (request.split(b" ") + [b"", b""])[:2]
             if method == b"GET" and path.split(b"?")[0] in (b"/metrics", b"/"):
                 status, body, ctype = "200 OK", generate_latest(registry), CONTENT_TYPE_LATEST

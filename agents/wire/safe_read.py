@@ -105,4 +105,5 @@ def read_range(path: Path | str, offset: int, max_bytes: int) -> tuple[bytes, in
 
 async def read_capped_async(path: Path | str, max_bytes: int, timeout_s: float = READ_TIMEOUT_S) -> bytes:
     """:func:`read_capped` in a thread, with a timeout (TimeoutError)."""
-    return await asyncio.wait_for(asyncio.to_thread(read_capped, path, max_bytes), timeout_s)
+    async with asyncio.timeout(timeout_s):  # not wait_for: see agents/runtime/waits.py within()
+        return await asyncio.to_thread(read_capped, path, max_bytes)

@@ -21,6 +21,7 @@ import shutil
 
 from agents.orchestra.engine import STOP_GRACE_S, Engine, EngineDown, EngineRequestFailed
 from agents.orchestra.spec import EngineSpec
+from agents.runtime.waits import within
 from agents.wire.lab.model import Model
 from agents.wire.protocol import ErrorCode, RemoteError
 
@@ -97,8 +98,8 @@ class CommandEngine(Engine):
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=asyncio.subprocess.DEVNULL,
                 )
-                await asyncio.wait_for(stopper.wait(), STOP_GRACE_S)
-                await asyncio.wait_for(proc.wait(), STOP_GRACE_S)
+                await within(stopper.wait(), STOP_GRACE_S)
+                await within(proc.wait(), STOP_GRACE_S)
             except (OSError, TimeoutError) as exc:
                 log.warning("model %s: its stop command did not stop it (%s); stopping its processes", self.model.name, exc)
         await super().stop()

@@ -85,6 +85,24 @@ def test_days_follow_the_lab_time_zone(tmp_path):
     assert {r["day"] for r in tokyo.rows()} == {"1970-01-02"}
 
 
+def test_the_console_counts_days_in_the_lab_time_zone_not_its_own():
+    """23:30 UTC is already tomorrow in Berlin: the agents book tomorrow, so the plot's last bar is tomorrow too (the
+    console took its workstation's date, and the day's spend was off the plot for an hour every night)."""
+    from datetime import date
+
+    from agents.wire.lab.model import Costs
+    from console.costs import LabDay
+    from console.screens.costs import first_day, plot_days
+
+    late = 86400 * 20000 + 23.5 * 3600  # 2024-10-04 23:30 UTC
+    berlin, here = Costs(timezone="Europe/Berlin"), Costs(timezone="UTC")  # here: a workstation in UTC
+    assert (berlin.day(late), here.day(late)) == (date(2024, 10, 5), date(2024, 10, 4))
+    booked = [LabDay(day="2024-10-05", api=0.0, cost=0.5, cloud_equivalent=1.0, kwh=0.1)]
+    today = berlin.day(late)
+    assert plot_days(booked, first_day(None, today), today)[-1] == ("10-05", 0.5, 1.0)
+    assert plot_days(booked, first_day(None, here.day(late)), here.day(late))[-1][1] == 0.0  # the old mistake
+
+
 def test_tokens_count_deltas_and_survive_counter_resets_and_restarts(tmp_path):
     lg = ledger(tmp_path)
     lg.add(0.0, {}, {"llama": 100})  # first sight: a baseline, not served in this ledger's time

@@ -65,9 +65,13 @@ async def test_a_simulated_model_spread_over_two_machines_serves_and_holds_memor
         assert model["helpers"] == ["irina"] and model["simulated"]
         status = await client.call("irina", "models.rpc_status", {"model": "llama-70b"})
         assert status["state"] == "running" and status["cpu"] is False
-        # irina's P4s hold the model's share (7 GiB each), shown on its simulated GPUs
         assert [g["index"] for g in status["gpus"]] == [0, 1]
-        assert all(g["free_bytes"] <= g["total_bytes"] - 7 * GIB for g in status["gpus"]), status["gpus"]
+
+        async def held() -> dict | None:  # irina's P4s hold the model's share (7 GiB each) from their next sample on
+            now = await client.call("irina", "models.rpc_status", {"model": "llama-70b"})
+            return now if all(g["free_bytes"] <= g["total_bytes"] - 7 * GIB for g in now["gpus"]) else None
+
+        status = await wait_for(held, timeout=20, interval=0.2)  # it read the sample before the share (failed once in CI)
         log = (sim_spread.dir / "agents" / "m5" / "models" / "llama-70b.log").read_text()
         assert "--rpc 127.0.0.1:" in log and "RPC0[127.0.0.1:" in log
         helper_log = (sim_spread.dir / "agents" / "irina" / "models" / "rpc-llama-70b.log").read_text()

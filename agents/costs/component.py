@@ -8,7 +8,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import date, datetime, tzinfo
 from typing import TYPE_CHECKING, Any
-from zoneinfo import ZoneInfo
 
 from agents.costs.port import LedgerTotal
 from agents.gateway.port import GatewayPort
@@ -63,11 +62,6 @@ class Reading:
     busy: bool = False
     label: str = ""
     rent_share: float = 0.0  # the fraction of the machine's hourly rate this reading carries
-
-
-def zone(name: str | None) -> tzinfo | None:
-    """The lab's time zone; None means the machine's local zone."""
-    return ZoneInfo(name) if name else None
 
 
 def local_day(t: float, tz: tzinfo | None) -> str:
@@ -302,7 +296,7 @@ class CostsComponent:
 
     def __init__(self, core: AgentCore) -> None:
         self.core = core
-        self.tz = zone(core.lab.costs.timezone)
+        self.tz = core.lab.costs.zone()
         self.prices = Prices.of(core.lab, core.machine)
         self._ledger: Ledger | None = None
         self._summary: CostsSummary | None = None
@@ -321,7 +315,7 @@ class CostsComponent:
 
     async def reconfigure(self, old: Lab, new: Lab) -> None:
         """A pushed lab.yaml: prices, currency and the lab's time zone count from the next tick on (booked days stay)."""
-        self.tz = zone(new.costs.timezone)
+        self.tz = new.costs.zone()
         self.prices = Prices.of(new, new.machine(self.core.machine.name))
         if self._ledger is not None:
             self._ledger.tz = self.tz

@@ -18,6 +18,7 @@ from agents.gateway.router import Router, Target
 from agents.orchestra.port import ModelsPort
 from agents.runtime.peer_links import PeerLinkState
 from agents.runtime.peers import PeerClient
+from agents.runtime.stopping import DRAIN_S, STOP_DEADLINE_S
 from agents.wire.catalogue.gateway import (
     GATEWAY_KEYS_ADD,
     GATEWAY_KEYS_LIST,
@@ -59,6 +60,7 @@ class GatewayComponent:
     """Serves the lab gateway when lab.yaml's gateway.machine is this agent's machine; else does nothing."""
 
     name = "gateway"
+    stop_grace_s = DRAIN_S + STOP_DEADLINE_S  # the requests in flight drain, then the sessions and links close
 
     def __init__(self, core: AgentCore) -> None:
         self.core = core

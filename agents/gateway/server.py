@@ -32,6 +32,7 @@ from agents.gateway.replicas import conversation_key
 from agents.gateway.reservation import Hold, Reservations
 from agents.gateway.router import NotServable, Target
 from agents.gateway.routes import ANTHROPIC_PATHS, ROUTES, Route
+from agents.runtime.stopping import DRAIN_S
 from agents.runtime.waits import within
 from agents.wire.lab.gateway import find_provider_model
 from agents.wire.lab.model import Model
@@ -84,7 +85,12 @@ class GatewayHttp:
         )
         # handler_cancellation: a client that leaves cancels its handler, which closes the upstream request (the engine stops)
         self.runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, handler_cancellation=True, keepalive_timeout=policies.idle_s
+            app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            keepalive_timeout=policies.idle_s,
+            shutdown_timeout=DRAIN_S,
         )
         await self.runner.setup()
         assert self.runner.server is not None

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agents.orchestra import engine, spread
 from agents.orchestra.adopt import adopt, found_on_disk
 from agents.orchestra.book import PoolBook
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
@@ -32,6 +33,7 @@ from agents.orchestra.slot import TOKENS_PER_S_WINDOW_S, Slot
 from agents.orchestra.spec import EngineSpec
 from agents.orchestra.spread import RpcServers
 from agents.runtime.core import AgentCore
+from agents.runtime.stopping import STOP_DEADLINE_S
 from agents.runtime.torch_probe import TorchReader
 from agents.wire.documents import EngineFigures
 from agents.wire.engine_address import EngineAddress
@@ -64,6 +66,7 @@ class OrchestraComponent:
     """The agent's model pool: the models whose machine is this one (ModelsPort, agents/orchestra/port.py)."""
 
     name = "models"
+    stop_grace_s = engine.STOP_GRACE_S + spread.STOP_GRACE_S + STOP_DEADLINE_S  # engines in parallel, then a spread's parts
 
     def __init__(self, core: AgentCore) -> None:
         self.core = core

@@ -29,6 +29,7 @@ from agents.runtime.keys import (
 from agents.runtime.labfile import running_lab
 from agents.runtime.principals import Principals
 from agents.runtime.rpc import Peer, Registry
+from agents.runtime.stopping import STOP_DEADLINE_S, stop_within
 from agents.runtime.store import Store
 from agents.shell.components import default_components
 from agents.telemetry.host import HostSampler
@@ -263,11 +264,9 @@ class Agent:
             self._unix_server.close()
         if self._loop_task is not None:
             self._loop_task.cancel()
-        for component in reversed(self.components):
-            try:
-                await component.stop()
-            except Exception:
-                log.exception("stopping %s failed", component.name)
+            await stop_within("the telemetry loop", asyncio.gather(self._loop_task, return_exceptions=True))
+        for component in reversed(self.components):  # each within its deadline: one that holds is logged, not waited on
+            await stop_within(component.name, component.stop(), getattr(component, "stop_grace_s", STOP_DEADLINE_S))
         self.gpus.close()
         if self._store is not None:
             self._store.close()

@@ -58,13 +58,13 @@ def breakdown_rows(groups: list[PricedGroup], by: str, currency: str) -> dict[st
     return rows
 
 
-def first_day(since: str | None) -> date:
+def first_day(since: str | None, today: date) -> date:
     """The plot's first day: the agents' (a wire string, checked as a Day there; an older agent's is parsed here, never
     trusted), else the window's."""
     try:
-        return date.fromisoformat(since) if since else date.today() - timedelta(days=PLOT_DAYS - 1)
+        return date.fromisoformat(since) if since else today - timedelta(days=PLOT_DAYS - 1)
     except ValueError:
-        return date.today() - timedelta(days=PLOT_DAYS - 1)
+        return today - timedelta(days=PLOT_DAYS - 1)
 
 
 def plot_days(days: list[LabDay], since: date, today: date) -> list[tuple[str, float, float]]:
@@ -120,7 +120,7 @@ class CostsScreen(LabScreen):
 
     @work(exclusive=True, group="costs")
     async def _fetch(self, by: Breakdown) -> None:
-        since = date.today() - timedelta(days=PLOT_DAYS - 1)
+        since = self.lab_app.lab.costs.day() - timedelta(days=PLOT_DAYS - 1)  # the lab's day, as the agents book
         results = await request_all(self.lab_app.client, self.lab_app.state.machines, COSTS_GET, CostsParams(by=by, since=since))
         answers = Answers.of(results)
         if by != self.by:  # the user switched breakdowns while this call ran
@@ -168,7 +168,8 @@ class CostsScreen(LabScreen):
         self.query_one("#costs-by", LiveTable).show(breakdown_rows(report.by, report.by_kind, report.currency))
 
     def _refresh_plot(self, report: LabCosts) -> None:
-        data = plot_days(report.days, first_day(report.since), date.today())
+        today = self.lab_app.lab.costs.day()
+        data = plot_days(report.days, first_day(report.since, today), today)
         if data == self._plotted:
             return
         self._plotted = data

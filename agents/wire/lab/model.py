@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
+from datetime import date, datetime, tzinfo
 from pathlib import Path
 from typing import Annotated, Any, Literal, overload
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
     BeforeValidator,
@@ -132,13 +135,20 @@ class Costs(Strict):
     @classmethod
     def _known_zone(cls, value: str | None) -> str | None:
         if value is not None:
-            from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
             try:
                 ZoneInfo(value)
             except (ZoneInfoNotFoundError, ValueError):
                 raise ValueError(f"unknown time zone {value!r}; use an IANA name like Europe/Berlin or UTC") from None
         return value
+
+    def zone(self) -> tzinfo | None:
+        """The lab's time zone; None means the machine's local zone."""
+        return ZoneInfo(self.timezone) if self.timezone else None
+
+    def day(self, t: float | None = None) -> date:
+        """The lab's day at time t (now): the agents book by it, so the console's "today" is it too, wherever its
+        workstation is (a console in UTC and a lab in Berlin disagreed for an hour every night)."""
+        return datetime.fromtimestamp(time.time() if t is None else t, self.zone()).date()
 
 
 class CloudPrices(Strict):

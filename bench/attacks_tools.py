@@ -81,3 +81,33 @@ async def t1_hostile_tools(demo: DemoLab, viewer: Path, seconds: float, results:
         async with session.post(f"{url}/chat/completions", json=base, headers=headers) as r:
             after = r.status
     results["t1"] = {"answers": answers, "worst_s": round(worst_s, 3), "model_after": after}
+
+
+@probe("T2 hostile tools through the fan-out")
+async def t2_fanout_tools(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
+    """T2: T1's bodies as an orchestra call of the local model and a provider's: the call takes the checks a single
+    request takes (one exchange, agents/gateway/exchange.py): a 400 for the call naming the param, or, where only
+    one member's engine cannot take it (tools with auto choice to vLLM without a parser), that member refused naming
+    the param and the other answering. Before, the fan-out sent every one of them on."""
+    url, key = gateway_url_and_key(demo)
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    base = {"models": [MODEL, "cloud-small"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "deadline_s": 30}
+    cases: dict[str, dict[str, Any]] = {
+        "129 tools": {"tools": [_tool(f"f{i}") for i in range(129)], "tool_choice": "required"},
+        "markup name": {"tools": [_tool("<script>alert(1)</script>")], "tool_choice": "required"},
+        "choice names no tool": {"tools": [_tool("f")], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+        "format type": {"response_format": {"type": "grammar", "grammar": "root ::= x"}},
+        "temperature": {"temperature": "hot"},
+        "auto without parser": {"tools": [_tool("f")]},
+    }
+    answers: dict[str, Any] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for label, extra in cases.items():
+            async with session.post(f"{url}/orchestra/chat/completions", json={**base, **extra}, headers=headers) as r:
+                data = await r.json(content_type=None)
+            if r.status != 200 or not isinstance(data, dict) or "results" not in data:
+                error = data.get("error") if isinstance(data, dict) else None
+                answers[label] = (r.status, error.get("param") if isinstance(error, dict) else None)
+            else:  # per member: its status and the param its refusal names
+                answers[label] = (r.status, {res["model"]: (res["http_status"], res.get("param")) for res in data["results"]})
+    results["t2"] = {"answers": answers}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
 import openai
 import pytest
 
@@ -51,11 +52,12 @@ def model(name: str, engine: str, gpu: int, **extra: object) -> dict:
 
 LAB = {
     "lab": "tools-test",
-    "machines": [{"name": "hub", "gpus": {"sim": [P4] * 3}}],
+    "machines": [{"name": "hub", "gpus": {"sim": [P4] * 4}}],
     "models": [
         model("tooly", "sim-llamacpp", 0, path="models/tooly.Q4_K_M.gguf", sim=FAST),
         model("vl", "sim", 1, sim=FAST),
         model("hf-small", "transformers", 2),
+        model("vectors", "sim", 3, serves="embedding", sim=FAST),  # never warmed: the fan-out must not bring it up
     ],
     "orchestra": {"warm": ["tooly", "vl"]},
     "gateway": {"machine": "hub"},
@@ -181,6 +183,35 @@ async def test_what_an_engine_cannot_take_is_refused_naming_the_param(sdk, tools
     )
     pieces = [d.function.arguments or "" async for c in stream for p in c.choices for d in p.delta.tool_calls or [] if d.function]
     assert json.loads("".join(pieces))["unit"] in ("c", "f") and len(pieces) > 1
+
+
+async def test_an_orchestra_member_takes_every_check_a_single_request_takes(sdk, tools_lab):
+    """The fan-out's members go through the one exchange: a body OpenAI would refuse is refused for the whole call, and
+    a member whose engine cannot take a parameter, or that serves another route, is refused naming it (before, the
+    fan-out skipped these and sent them on, and brought an embedding model up for a chat prompt)."""
+    lab = load_lab(tools_lab.lab_path)
+    url, headers = f"{lab.gateway.url}/orchestra/chat/completions", {"Authorization": f"Bearer {gateway_key(tools_lab)}"}
+    base = {"models": ["tooly", "hf-small", "vectors"], "messages": MESSAGES, "max_tokens": 24, "deadline_s": 30}
+    async with aiohttp.ClientSession() as session:
+        for extra, param in (({"temperature": "hot"}, "temperature"), ({"tools": "x"}, "tools")):  # the route's own checks
+            async with session.post(url, json={**base, **extra}, headers=headers) as r:
+                body = await r.json()
+            assert r.status == 400 and body["error"]["param"] == param, body
+        async with session.post(url, json={**base, "response_format": {"type": "json_object"}}, headers=headers) as r:
+            assert r.status == 200
+            data = await r.json()
+    by_model = {res["model"]: res for res in data["results"]}
+    assert by_model["tooly"]["status"] == "ok"
+    assert isinstance(json.loads(by_model["tooly"]["choices"][0]["message"]["content"]), dict)
+    refused = by_model["hf-small"]  # transformers serve takes no response_format
+    assert (refused["status"], refused["http_status"], refused["param"]) == ("error", 400, "response_format"), refused
+    other = by_model["vectors"]  # an embedding model answers /v1/embeddings
+    assert (other["http_status"], other["param"]) == (400, "model") and "serves embedding" in other["error"], other
+    assert data["answered"] == 1 and data["partial"] is True
+    async with FleetClient(lab, subscribe=[]) as fleet:
+        await fleet.wait_connected(20)
+        states = {m["name"]: m["state"] for m in (await fleet.call("hub", "models.list"))["models"]}
+    assert states["hf-small"] not in ("warm", "loading") and states["vectors"] not in ("warm", "loading")
 
 
 def test_the_rules_by_engine_spec():

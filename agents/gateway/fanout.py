@@ -13,22 +13,31 @@ import aiohttp
 from aiohttp import web
 
 from agents.gateway import proxy
+from agents.gateway.exchange import Exchange
 from agents.gateway.keys import ApiKey
-from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
+from agents.gateway.lengths import read_lengths
 from agents.gateway.limits import UpstreamTooLarge
 from agents.gateway.metering import Record
-from agents.gateway.openai_api import OrchestraBody, checked_body, error_response, max_wait, messages_problem
+from agents.gateway.openai_api import OrchestraBody, checked_body, error_response, max_wait
 from agents.gateway.router import NotServable, Target
+from agents.gateway.routes import ROUTES
 from agents.wire.lab.gateway import MAX_GROUP_MEMBERS
 
 if TYPE_CHECKING:
     from agents.gateway.server import GatewayHttp
 
 MAX_FANOUT = MAX_GROUP_MEMBERS  # models in one orchestra call
+CHAT = next(r for r in ROUTES if r.path == "/v1/chat/completions")  # every member is asked as chat is
 
 
 def member_missed(
-    model: str, status: str, error: str, http_status: int, latency_s: float, target: Target | None = None
+    model: str,
+    status: str,
+    error: str,
+    http_status: int,
+    latency_s: float,
+    target: Target | None = None,
+    param: str | None = None,
 ) -> dict[str, Any]:
     """An orchestra member that did not answer (error, timeout): the keys of one that did, null where there is no figure,
     so a client reads every result alike."""
@@ -47,6 +56,7 @@ def member_missed(
         "fallback_reason": target.reason if target else None,
         "woke": bool(target and target.woke),
         "error": error,
+        "param": param,  # the parameter a member's refusal names, as OpenAI's 400 does
     }
 
 
@@ -77,14 +87,13 @@ class Fanout:
             deadline_s = max_wait(request)
             if deadline_s is None:
                 deadline_s = _deadline(body.get("deadline_s"), self.http.gw.policies.queue_timeout_s)
-            read_lengths(body, self.http.gw.policies.max_tokens)
-            problem = messages_problem(body)
-            if problem is not None:
-                raise NotServable(400, problem[0], problem[2], param=problem[1])
+            asked = {k: v for k, v in body.items() if k not in ("models", "group", "deadline_s", "stream")}
+            read_lengths(asked, self.http.gw.policies.max_tokens)
+            CHAT.check(asked)  # the chat route's checks, once for the call: every member would refuse the same
             self.http.holds.enter(request[proxy.API_KEY])
         except NotServable as exc:
             return error_response(exc.status, exc.message, exc.code, exc.retry_after_s, param=exc.param)
-        payload = {k: v for k, v in body.items() if k not in ("models", "group", "deadline_s", "stream")}
+        payload = asked
         started = time.monotonic()
         tasks = {name: asyncio.create_task(self._one(request[proxy.API_KEY], name, payload, deadline_s)) for name in members}
         try:
@@ -135,28 +144,21 @@ class Fanout:
         return list(dict.fromkeys(asked.models))
 
     async def _one(self, key: ApiKey, name: str, payload: dict[str, Any], deadline_s: float) -> dict[str, Any]:
-        """One member of the fan-out, metered like any request."""
-        started = time.monotonic()
-        record = Record(
-            key=key.name, model=self.http.gw.router.canonical(name), tier="none", target=None, status=500, stream=False
-        )
-        stats = self.http.gw.meter.stats(record.model)
-        stats.in_flight += 1
-        hold, target = None, None
+        """One member of the fan-out: the exchange every request to a model takes (its checks, what the model serves
+        and its engine can take, the hold, routing and waking, the retry, the meter), its answer or why there is none."""
+        http = self.http
+        record = Record(key=key.name, model=http.gw.router.canonical(name), tier="none", target=None, status=500, stream=False)
+        x = Exchange(key, name, CHAT, {**payload, "model": name}, record, max_wait_s=deadline_s, timeout_s=deadline_s)
+
+        async def send(target: Target, body: dict[str, Any], timeout_s: float) -> tuple[None, proxy.Outcome]:
+            return None, await proxy.fetch(http.session_for(target), target, CHAT.upstream, body, timeout_s)
+
         try:
-            prompt_tokens = prompt_bound(payload)
-            hold = self.http.holds.reserve_tokens(key, prompt_tokens, read_lengths(payload, self.http.gw.policies.max_tokens))
-            target = await self.http.gw.router.route(name, deadline_s)
-            record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
-            self.http.holds.reserve_money(hold, target, prompt_tokens)
-            outcome = await proxy.fetch(
-                self.http.session_for(target),
-                target,
-                "/chat/completions",
-                with_lengths({**payload, "model": name}, hold.figure, target),
-                deadline_s,
-            )
-            self.http.finish(key, record, outcome, target, payload)
+            lengths = http.admit(x, known=True)
+            _, outcome = await http.carry(x, lengths, send)
+            target = x.target
+            assert target is not None
+            http.finish(key, record, outcome, target, x.body)
             result = {
                 "model": target.model,
                 "tier": target.tier,
@@ -164,7 +166,7 @@ class Fanout:
                 "simulated": target.simulated,
                 "status": "ok" if outcome.status == 200 else "error",
                 "http_status": outcome.status,
-                "latency_s": round(time.monotonic() - started, 6),
+                "latency_s": round(time.monotonic() - x.started, 6),
                 "ttft_s": outcome.ttft_s,
                 "usage": {
                     "prompt_tokens": outcome.prompt_tokens,
@@ -183,26 +185,14 @@ class Fanout:
             return result
         except NotServable as exc:
             record.status, record.error = exc.status, exc.message
-            return member_missed(record.model, "error", exc.message, exc.status, round(time.monotonic() - started, 6), target)
-        except (aiohttp.ClientError, OSError, UpstreamTooLarge) as exc:
-            record.status, record.error = 502, str(exc)
-            return member_missed(record.model, "error", str(exc), 502, round(time.monotonic() - started, 6), target)
+            return member_missed(
+                record.model, "error", exc.message, exc.status, round(time.monotonic() - x.started, 6), x.target, exc.param
+            )
+        except (TimeoutError, aiohttp.ClientError, OSError, UpstreamTooLarge) as exc:
+            record.status, record.error = 502, str(exc) or type(exc).__name__
+            return member_missed(record.model, "error", record.error, 502, round(time.monotonic() - x.started, 6), x.target)
         except asyncio.CancelledError:  # past the deadline, or the client left: a provider bills what it was asked
-            if target is not None and hold is not None and target.tier == "provider":
-                outcome = proxy.Outcome(
-                    status=504,
-                    prompt_tokens=prompt_tokens,
-                    completion_tokens=hold.choices * hold.figure,
-                    usage_source="reserved",
-                    error="orchestra deadline",
-                )
-                self.http.finish(key, record, outcome, target, payload)
-            record.status, record.error = 504, "orchestra deadline"
+            http.abandoned(x, 504, "orchestra deadline")
             raise
         finally:
-            if hold is not None:
-                self.http.holds.release(hold)
-            stats.in_flight -= 1
-            record.latency_s = round(time.monotonic() - started, 6)
-            if record.status != 500 or record.error:
-                self.http.gw.meter.record(record)
+            http.close(x)

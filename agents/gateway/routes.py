@@ -1,8 +1,9 @@
 """The gateway's model routes, each described once: its path, the engine path it reaches, the kind of model that
 answers it, its body's checks and prompt bound, and, for an API answered by way of chat, its mapping. Every route is
-served by the one handler (GatewayHttp.answer), which takes the same steps for all: the key's models, the hold before
-going upstream, the key's concurrency, routing and waking, metering; a new route is a new entry here and cannot skip
-any of them."""
+served by the one handler (GatewayHttp.answer) through the one exchange (agents/gateway/exchange.py) that the orchestra
+call's members take too: the key's models, the route's checks, what the model serves and its engine takes, the hold
+before going upstream, the key's concurrency, routing and waking, the retry, metering; a new route is a new entry here
+and cannot skip any of them."""
 
 from __future__ import annotations
 

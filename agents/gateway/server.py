@@ -16,6 +16,7 @@ from aiohttp import web
 from agents.gateway import proxy
 from agents.gateway.anthropic_api import anthropic_error
 from agents.gateway.chat_params import engine_refusal
+from agents.gateway.exchange import Exchange, R, Send
 from agents.gateway.fanout import Fanout
 from agents.gateway.keys import ApiKey, QuotaExceeded
 from agents.gateway.lengths import Lengths, read_lengths, with_lengths
@@ -29,7 +30,7 @@ from agents.gateway.openai_api import (
     max_wait,
 )
 from agents.gateway.replicas import conversation_key
-from agents.gateway.reservation import Hold, Reservations
+from agents.gateway.reservation import Reservations
 from agents.gateway.router import NotServable, Target
 from agents.gateway.routes import ANTHROPIC_PATHS, ROUTES, Route
 from agents.runtime.stopping import DRAIN_S
@@ -302,110 +303,147 @@ class GatewayHttp:
         )
 
     async def answer(self, request: web.Request, route: Route) -> web.StreamResponse:
-        """Any model route: the body checked and (for a mapped API) turned into chat's, the key's models, the hold,
-        routing and waking, the engine's answer (mapped back), the meter."""
-        started = time.monotonic()
+        """Any model route: the body read and its model named, then the one exchange (GatewayHttp.carry) every request
+        to a model takes, a member of the orchestra call's too; a stream is written to the client as it comes."""
         key = request[proxy.API_KEY]
-        record = Record(key=key.name, model=UNKNOWN_MODEL, tier="none", target=None, status=500, stream=False)
-        stats, hold, target, entered = None, None, None, False
-        path, client_body = route.upstream, None
+        x = Exchange(
+            key,
+            UNKNOWN_MODEL,
+            route,
+            {},
+            Record(key=key.name, model=UNKNOWN_MODEL, tier="none", target=None, status=500, stream=False),
+        )
+        x.begun = lambda: proxy.STREAM_OUTCOME in request
+        entered, client_body = False, None
         try:
             client_body = await self.body(request)
-            model, known = self._model_name(client_body)
-            self.check_may_use(key, model)
-            body = route.mapping.request(client_body) if route.mapping is not None else client_body
-            # the gateway's own cap first, then OpenAI's ranges; a pooling route generates nothing
-            lengths = read_lengths(body, self.gw.policies.max_tokens) if route.generates else Lengths(0, 1, False)
-            route.check(body)
-            self.check_serves(model, route)
-            record.stream = body.get("stream") is True
-            if known:  # an unknown name gets no figures of its own (and its 404 below)
-                record.model = self.gw.router.canonical(model)
-                stats = self.gw.meter.stats(record.model)
-                stats.in_flight += 1
-            lab_model = self.gw.router.local.get(self.gw.router.canonical(model))
-            if route.chat and lab_model is not None:  # before a model is brought up for a request its engine would refuse
-                self.refuse_unsupported(body, lab_model)
-            max_wait_s = max_wait(request)
+            x.model, known = self._model_name(client_body)
+            self.check_may_use(key, x.model)
+            x.body = route.mapping.request(client_body) if route.mapping is not None else client_body
+            x.max_wait_s = max_wait(request)
+            lengths = self.admit(x, known)
             self.holds.enter(key)
             entered = True
-            prompt_tokens = route.prompt(body)
-            hold = self.holds.reserve_tokens(key, prompt_tokens, lengths)
-            conversation = conversation_key(body) if lab_model is not None and lab_model.replicas else None
-            avoid: frozenset[str] = frozenset()  # a retry's: the machine that failed it, where another replica serves
-            for attempt in range(2):
-                target = await self.gw.router.route(model, max_wait_s, conversation, avoid)
-                record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
-                if route.chat and target.engine_model is not None and target.engine_model is not lab_model:
-                    self.refuse_unsupported(body, target.engine_model)  # a checkpoint's or an adapter's engine
-                if not attempt:
-                    self.holds.reserve_money(hold, target, prompt_tokens)
-                upstream_body = with_lengths(body, hold.figure, target) if route.generates else body
-                timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
-                try:
-                    if record.stream:
-                        rewriter = route.mapping.stream(client_body) if route.mapping is not None else None
-                        response, outcome = await self.gw.router.while_awake(
-                            target,
-                            proxy.stream(request, self.session_for(target), target, path, upstream_body, timeout_s, rewriter),
-                        )
-                    else:
-                        outcome = await self.gw.router.while_awake(
-                            target, proxy.fetch(self.session_for(target), target, path, upstream_body, timeout_s)
-                        )
-                        if route.mapping is not None and outcome.status == 200 and isinstance(outcome.data, dict):
-                            outcome.raw = json.dumps(route.mapping.answer(outcome.data, client_body)).encode()
-                        response = web.Response(
-                            body=outcome.raw,
-                            status=outcome.status,
-                            content_type=outcome.content_type,
-                            headers=proxy.tier_headers(target),
-                        )
-                except aiohttp.ClientConnectionError as exc:
-                    if attempt or target.tier != "local" or proxy.STREAM_OUTCOME in request:
-                        raise  # a second failure, a provider's, or the client has bytes of this answer already
-                    # nothing reached the client yet: the connection to the engine broke (its agent restarted and its
-                    # forward was made anew, or a replica just went out); look again, and send it once more on a fresh
-                    # connection, to another replica where one serves
-                    log.info("%s on %s: %s before the answer began; trying again", target.model, target.where, exc)
-                    await self.forget_session(target)
-                    try:  # a fresh look at that machine, but never a wait for it: route() judges its link
-                        async with asyncio.timeout(RETRY_LOOK_S):
-                            await self.gw.router.refresh(target.where)
-                    except (TimeoutError, NotServable):
-                        pass
-                    avoid = frozenset({target.where})
-                    continue
-                if outcome.status != 503 or target.tier != "local" or attempt:
-                    break
-                # the engine went to sleep (or is going) since its agent's last tick: look again, wake it, once
-                await self.gw.router.refresh(target.where)
-                avoid = frozenset({target.where})
-            assert target is not None  # the loop above ran at least once
-            self.finish(key, record, outcome, target, body, route)
+            mapped_from = client_body
+
+            async def send(
+                target: Target, body: dict[str, Any], timeout_s: float
+            ) -> tuple[web.StreamResponse | None, proxy.Outcome]:
+                if x.record.stream:  # written to the client as it comes, its headers first
+                    rewriter = route.mapping.stream(mapped_from) if route.mapping is not None else None
+                    return await proxy.stream(
+                        request, self.session_for(target), target, route.upstream, body, timeout_s, rewriter
+                    )
+                return None, await proxy.fetch(self.session_for(target), target, route.upstream, body, timeout_s)
+
+            streamed, outcome = await self.carry(x, lengths, send)
+            target = x.target
+            assert target is not None
+            response = streamed
+            if response is None:  # built once the request is done: its headers say what it took (a wake, a fallback)
+                if route.mapping is not None and outcome.status == 200 and isinstance(outcome.data, dict):
+                    outcome.raw = json.dumps(route.mapping.answer(outcome.data, mapped_from)).encode()
+                response = web.Response(
+                    body=outcome.raw, status=outcome.status, content_type=outcome.content_type, headers=proxy.tier_headers(target)
+                )
+            self.finish(key, x.record, outcome, target, x.body, route)
             return response
         except NotServable as exc:
-            record.status, record.error = exc.status, exc.message
+            x.record.status, x.record.error = exc.status, exc.message
             return error_response(exc.status, exc.message, exc.code, exc.retry_after_s, param=exc.param)
         except UpstreamTooLarge as exc:
-            record.status, record.error = 502, f"{record.target}: {exc}"
-            return error_response(502, f"{record.model} on {record.target}: {exc}", "upstream_too_large")
+            x.record.status, x.record.error = 502, f"{x.record.target}: {exc}"
+            return error_response(502, f"{x.record.model} on {x.record.target}: {exc}", "upstream_too_large")
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            record.status, record.error = 502, f"{record.target}: {exc or type(exc).__name__}"
-            return error_response(502, f"{record.model} on {record.target}: {exc or type(exc).__name__}", "upstream_failed")
+            x.record.status, x.record.error = 502, f"{x.record.target}: {exc or type(exc).__name__}"
+            return error_response(502, f"{x.record.model} on {x.record.target}: {exc or type(exc).__name__}", "upstream_failed")
         except asyncio.CancelledError:  # the client left: the upstream request is closed; what it produced is still charged
-            if target is not None and hold is not None:
-                self._abandoned(request, key, record, target, hold, body, route)
+            self.abandoned(
+                x,
+                499,
+                "the client closed the stream" if x.record.stream else "the client left before the answer came",
+                request.get(proxy.STREAM_OUTCOME),
+            )
             raise
         finally:
-            if stats is not None:
-                stats.in_flight -= 1
-            if hold is not None:
-                self.holds.release(hold)
+            self.close(x)
             if entered:
                 self.holds.leave(key)
-            record.latency_s = round(time.monotonic() - started, 6)
-            self.gw.meter.record(record)
+
+    def admit(self, x: Exchange, known: bool) -> Lengths:
+        """The checks every request to a model passes before anything is held for it: the gateway's length cap and
+        OpenAI's ranges, the route's body checks, what the model serves, what its engine can take; and its figures'
+        in-flight count (an unknown name gets no figures of its own, and its 404 from the router)."""
+        route, body = x.route, x.body
+        lengths = read_lengths(body, self.gw.policies.max_tokens) if route.generates else Lengths(0, 1, False)
+        route.check(body)
+        self.check_serves(x.model, route)
+        x.record.stream = body.get("stream") is True
+        if known:
+            x.record.model = self.gw.router.canonical(x.model)
+            x.stats = self.gw.meter.stats(x.record.model)
+            x.stats.in_flight += 1
+        lab_model = self.gw.router.local.get(self.gw.router.canonical(x.model))
+        if route.chat and lab_model is not None:  # before a model is brought up for a request its engine would refuse
+            self.refuse_unsupported(body, lab_model)
+        return lengths
+
+    async def carry(self, x: Exchange, lengths: Lengths, send: Send[R]) -> tuple[R, proxy.Outcome]:
+        """The hold, routing and waking, the request upstream through ``send`` while the model stays awake, and once
+        more where nothing reached the client yet: on a broken connection (to another replica where one serves) or
+        a 503 from an engine that went to sleep since its agent's last tick."""
+        key, route, body = x.key, x.route, x.body
+        prompt_tokens = route.prompt(body)
+        x.hold = hold = self.holds.reserve_tokens(key, prompt_tokens, lengths)
+        lab_model = self.gw.router.local.get(self.gw.router.canonical(x.model))
+        conversation = conversation_key(body) if lab_model is not None and lab_model.replicas else None
+        avoid: frozenset[str] = frozenset()  # a retry's: the machine that failed it, where another replica serves
+        for attempt in range(2):
+            x.target = target = await self.gw.router.route(x.model, x.max_wait_s, conversation, avoid)
+            record = x.record
+            record.model, record.tier, record.target, record.woke = target.model, target.tier, target.where, target.woke
+            if route.chat and target.engine_model is not None and target.engine_model is not lab_model:
+                self.refuse_unsupported(body, target.engine_model)  # a checkpoint's or an adapter's engine
+            if not attempt:
+                self.holds.reserve_money(hold, target, prompt_tokens)
+            upstream_body = with_lengths(body, hold.figure, target) if route.generates else body
+            timeout_s = x.timeout_s
+            if timeout_s is None:
+                timeout_s = target.provider.timeout_s if target.provider else self.gw.policies.queue_timeout_s * 10
+            try:
+                answered, outcome = await self.gw.router.while_awake(target, send(target, upstream_body, timeout_s))
+            except aiohttp.ClientConnectionError as exc:
+                if attempt or target.tier != "local" or x.begun():
+                    raise  # a second failure, a provider's, or the client has bytes of this answer already
+                # nothing reached the client yet: the connection to the engine broke (its agent restarted and its
+                # forward was made anew, or a replica just went out); look again, and send it once more on a fresh
+                # connection, to another replica where one serves
+                log.info("%s on %s: %s before the answer began; trying again", target.model, target.where, exc)
+                await self.forget_session(target)
+                try:  # a fresh look at that machine, but never a wait for it: route() judges its link
+                    async with asyncio.timeout(RETRY_LOOK_S):
+                        await self.gw.router.refresh(target.where)
+                except (TimeoutError, NotServable):
+                    pass
+                avoid = frozenset({target.where})
+                continue
+            if outcome.status != 503 or target.tier != "local" or attempt:
+                return answered, outcome
+            # the engine went to sleep (or is going) since its agent's last tick: look again, wake it, once
+            await self.gw.router.refresh(target.where)
+            avoid = frozenset({target.where})
+        raise AssertionError("unreachable: the second attempt returns or raises")  # pragma: no cover
+
+    def close(self, x: Exchange) -> None:
+        """The exchange's end, however it ended: its hold released, its figures' in-flight count down, metered."""
+        if x.stats is not None:
+            x.stats.in_flight -= 1
+            x.stats = None
+        if x.hold is not None:
+            self.holds.release(x.hold)
+            x.hold = None
+        x.record.latency_s = round(time.monotonic() - x.started, 6)
+        self.gw.meter.record(x.record)
 
     def refuse_unsupported(self, body: dict[str, Any], model: Model) -> None:
         """A 400 naming the param when the engine that serves ``model`` cannot take one of this chat body's."""
@@ -413,22 +451,22 @@ class GatewayHttp:
         if refused is not None:
             raise NotServable(400, refused[0], "unsupported_parameter", param=refused[1])
 
-    def _abandoned(
-        self, request: web.Request, key: ApiKey, record: Record, target: Target, hold: Hold, body: dict[str, Any], route: Route
-    ) -> None:
-        """Meter a request whose client left: a stream at the tokens it produced so far; an answer not yet come at
-        its worst case where a provider bills it (a local engine stops when its connection closes: its prompt only)."""
-        outcome = request.get(proxy.STREAM_OUTCOME)
+    def abandoned(self, x: Exchange, status: int, error: str, streamed: proxy.Outcome | None = None) -> None:
+        """Meter an exchange that ended before its answer (the client left, the orchestra call's deadline passed): a
+        stream at the tokens it produced so far; an answer not yet come at its worst case where a provider bills it (a
+        local engine stops when its connection closes: its prompt only). Nothing was held yet: nothing to meter."""
+        target, hold = x.target, x.hold
+        if target is None or hold is None:
+            x.record.status, x.record.error = status, error
+            return
+        outcome = streamed
         if outcome is None:
-            outcome = proxy.Outcome(status=499, prompt_tokens=route.prompt(body), usage_source="reserved")
+            outcome = proxy.Outcome(status=status, prompt_tokens=x.route.prompt(x.body), usage_source="reserved")
             outcome.completion_tokens = hold.choices * hold.figure if target.tier == "provider" else 0
         elif outcome.usage_source is None:
-            proxy.settle_counted(outcome, body)
-        outcome.status, outcome.error = (
-            499,
-            "the client closed the stream" if record.stream else "the client left before the answer came",
-        )
-        self.finish(key, record, outcome, target, body, route)
+            proxy.settle_counted(outcome, x.body)
+        outcome.status, outcome.error = status, error
+        self.finish(x.key, x.record, outcome, target, x.body, x.route)
 
     def finish(
         self, key: ApiKey, record: Record, outcome: proxy.Outcome, target: Target, body: dict[str, Any], route: Route = ROUTES[0]

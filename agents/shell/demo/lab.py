@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import shutil
 import signal
 import socket
@@ -44,15 +45,45 @@ def checkout_lab() -> Path:
     return REPO_ROOT / LAB_FILE
 
 
+EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's ip_local_port_range out of the box
+DEMO_PORTS_SPAN = 12000  # the demo's ports come from this many below the ephemeral range
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out to outgoing connections (and to bind(0))."""
+    try:
+        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return EPHEMERAL_DEFAULT
+
+
 def free_ports(count: int) -> list[int]:
-    sockets, ports = [], []
-    for _ in range(count):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        sockets.append(s)
-        ports.append(s.getsockname()[1])
-    for s in sockets:
-        s.close()
+    """Ports free now, and never one the kernel gives an outgoing connection: a demo agent listens on its port again
+    after a restart, and a port of the ephemeral range could by then be any client's (an agent's restart failed
+    with "address already in use" under a loaded suite). Picked at random below that range, each checked by binding."""
+    low, _ = ephemeral_range()
+    first = max(1024, low - DEMO_PORTS_SPAN)
+    sockets: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for _ in range(count):
+            for _attempt in range(200):
+                port = random.randrange(first, low) if low - first >= 1000 else 0
+                s = socket.socket()
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    s.close()
+                    continue
+                sockets.append(s)
+                ports.append(s.getsockname()[1])
+                break
+            else:
+                raise OSError(f"no free port between {first} and {low}")
+    finally:
+        for s in sockets:
+            s.close()
     return ports
 
 

@@ -314,7 +314,7 @@ class GatewayHttp:
             Record(key=key.name, model=UNKNOWN_MODEL, tier="none", target=None, status=500, stream=False),
         )
         x.begun = lambda: proxy.STREAM_OUTCOME in request
-        entered, client_body = False, None
+        entered = False
         try:
             client_body = await self.body(request)
             x.model, known = self._model_name(client_body)
@@ -324,13 +324,12 @@ class GatewayHttp:
             lengths = self.admit(x, known)
             self.holds.enter(key)
             entered = True
-            mapped_from = client_body
 
             async def send(
                 target: Target, body: dict[str, Any], timeout_s: float
             ) -> tuple[web.StreamResponse | None, proxy.Outcome]:
                 if x.record.stream:  # written to the client as it comes, its headers first
-                    rewriter = route.mapping.stream(mapped_from) if route.mapping is not None else None
+                    rewriter = route.mapping.stream(client_body) if route.mapping is not None else None
                     return await proxy.stream(
                         request, self.session_for(target), target, route.upstream, body, timeout_s, rewriter
                     )
@@ -342,7 +341,7 @@ class GatewayHttp:
             response = streamed
             if response is None:  # built once the request is done: its headers say what it took (a wake, a fallback)
                 if route.mapping is not None and outcome.status == 200 and isinstance(outcome.data, dict):
-                    outcome.raw = json.dumps(route.mapping.answer(outcome.data, mapped_from)).encode()
+                    outcome.raw = json.dumps(route.mapping.answer(outcome.data, client_body)).encode()
                 response = web.Response(
                     body=outcome.raw, status=outcome.status, content_type=outcome.content_type, headers=proxy.tier_headers(target)
                 )

@@ -14,7 +14,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import RemoteError
 from bench.probes import probe
-from console.client import FleetClient
+from console.lab.client import FleetClient
 
 NAMES = {
     "escape": "a\x1b]52;c;cm0gLXJmIH4=\x07",

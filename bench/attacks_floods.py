@@ -27,7 +27,7 @@ from bench.attacks_iv import (
     open_channel,
 )
 from bench.probes import before, probe
-from console.client import FleetClient
+from console.lab.client import FleetClient
 
 FLOOD_CONNECTIONS = 1100
 GATEWAY_MODEL = "cloud-small"  # bench_attacks' LAB sells it: what its legitimate gateway client and N1, N3, N8 ask

@@ -28,7 +28,7 @@ from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, GATEWAY_STATUS, KeyA
 from agents.wire.catalogue.method import request
 from agents.wire.lab.model import load_lab
 from bench.probes import before, probe
-from console.client import FleetClient
+from console.lab.client import FleetClient
 
 ATTACKER_GATEWAY_KEY = "mallory.gateway.key"  # in the demo dir: the attacker's own gateway key
 QUOTA_KEYS = {"tiny200": 200, "tiny50": 50}  # R1's and R2's keys: name -> tokens per day
@@ -119,7 +119,7 @@ async def r7_member_names(demo: DemoLab, viewer: Path, seconds: float, results: 
 
 CLI_LOG = """
 import logging, sys
-from console import cli
+from console.cli import main as cli
 try:
     cli.main(["--help"])  # the CLI sets its logging up before it reads its arguments
 except SystemExit:
@@ -139,10 +139,10 @@ async def r8_cli_log(demo: DemoLab, viewer: Path, seconds: float, results: dict)
 @probe("R9 markup in costs' day")
 async def r9_costs_day(demo: DemoLab, viewer: Path, seconds: float, results: dict) -> None:
     """R9: a costs reply whose since.day is markup, through the console's summing and its `:costs` view (headless)."""
-    from console.app import CetlabApp
-    from console.costs import lab_costs
-    from console.screens.costs import CostsScreen
-    from console.state import LabState
+    from console.lab.costs import lab_costs
+    from console.lab.state import LabState
+    from console.tui.app import CetlabApp
+    from console.tui.screens.costs import CostsScreen
 
     lab = load_lab(demo.lab_path)
     reply = {"machine": "box", "currency": "EUR", "timezone": "UTC", "since": {"day": "[/b]" + HOSTILE, "cost": 1.0}}

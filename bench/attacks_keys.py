@@ -20,7 +20,7 @@ from agents.wire.lab.gateway import KeyBudget
 from agents.wire.lab.model import load_lab
 from bench.attacks_iv import gateway_url_and_key
 from bench.probes import before, probe
-from console.client import FleetClient
+from console.lab.client import FleetClient
 
 ALLOWED, OTHER = "cloud-small", "cloud-large"  # bench_attacks' LAB sells both
 BUDGET = 0.0005  # at 3.5 per million tokens: about 140 tokens

@@ -23,7 +23,7 @@ from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import load_lab
 from bench.attacks_iv import gateway_url_and_key
 from bench.probes import probe
-from console.client import FleetClient
+from console.lab.client import FleetClient
 
 R3_MODEL = "r3-sim"  # the bench lab's one engine (a simulated vLLM), warmed by the operator before the attack
 GATEWAY_WAIT_S = 20.0

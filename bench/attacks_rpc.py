@@ -16,7 +16,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import SSH_USERNAME, RemoteError
 from bench.probes import probe
-from console.client import FleetClient
+from console.lab.client import FleetClient
 
 RPC_DEFAULT_PORT = 50052  # rpc-server's own default, where a hand-started one would listen
 METHODS = ("models.rpc_start", "models.rpc_status", "models.rpc_stop")

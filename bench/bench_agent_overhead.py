@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agents.shell.demo.lab import SCALE_GPUS, DemoLab
 from agents.wire.lab.model import load_lab
 from bench.common import CpuWindow, this_checkout_first
-from console.client import FleetClient
+from console.lab.client import FleetClient
 
 RSS_GOAL = 1.3  # x the loop's RSS
 CPU_GOAL = 0.25  # % of one core

@@ -89,7 +89,7 @@ def main() -> None:
             "cetlab": ([console_script("cetlab"), *verb], env),
             "asyncssh": ([console_script("cetlab"), *verb], {**env, "CETLAB_SSH": "asyncssh"}),
             "baseline": (
-                [sys.executable, "-c", f"import sys; from console.cli import main; sys.exit(main({verb!r}))"],
+                [sys.executable, "-c", f"import sys; from console.cli.main import main; sys.exit(main({verb!r}))"],
                 {**env, "CETLAB_SSH": "asyncssh"},
             ),
             "floor": ([sys.executable, "-c", FLOOR], env),

@@ -30,8 +30,8 @@ from agents.telemetry.sim import SimSampler
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import LinkStatus
 from bench.common import CpuWindow, DrawnAges, percentile
-from console.app import CetlabApp
-from console.screens.fleet import FleetScreen
+from console.tui.app import CetlabApp
+from console.tui.screens.fleet import FleetScreen
 
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 SCALE = int(ARGS[0]) if ARGS else 256
@@ -119,7 +119,7 @@ async def run_console(lab, ticks: dict[str, list[dict]] | None) -> Figures:
     if not IN_TERMINAL:
         async with app.run_test(size=(200, 60)):
             return await measure(app, ticks)
-    from console.screens.base import LabScreen
+    from console.tui.screens.base import LabScreen
 
     figures = []
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.wire.lab.model import load_lab
 from bench.common import CpuWindow, DrawnAges, percentile, this_checkout_first
-from console.app import CetlabApp
+from console.tui.app import CetlabApp
 
 SCALE = int(os.environ.get("CETLAB_BENCH_SCALE", "64"))
 WINDOW_S = float(os.environ.get("CETLAB_BENCH_WINDOW_S", "60"))
@@ -57,7 +57,7 @@ async def main() -> None:
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     directory = Path(tempfile.mkdtemp(prefix="cetlab-bench-scale-"))
     demo = subprocess.Popen(
-        [sys.executable, "-m", "console.cli", "demo", "--dir", str(directory), "--scale", str(SCALE)],
+        [sys.executable, "-m", "console.cli.main", "demo", "--dir", str(directory), "--scale", str(SCALE)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

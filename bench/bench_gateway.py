@@ -25,7 +25,7 @@ from agents.wire.catalogue.models import MODELS_GET, MODELS_LIST, MODELS_SLEEP, 
 from agents.wire.lab.model import load_lab
 from agents.wire.sections.models import ModelInfo
 from bench.common import EngineSessions, percentile
-from console.client import FleetClient
+from console.lab.client import FleetClient
 
 CALLS = 400
 STREAM_TOKENS, STREAM_RATE = 400, 400.0  # one second per stream at the engine's rate

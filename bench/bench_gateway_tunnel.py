@@ -26,7 +26,7 @@ from agents.wire.lab.model import load_lab
 from agents.wire.protocol import LinkStatus
 from bench.bench_gateway import BODY, stream, timed_post
 from bench.common import EngineSessions, percentile
-from console.client import FleetClient
+from console.lab.client import FleetClient
 
 CALLS = 400
 STREAM_TOKENS, STREAM_RATE = 400, 400.0  # one second per stream at the engine's rate

@@ -58,7 +58,7 @@ from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_GET, ModelDetail, ModelParams
 from agents.wire.lab.model import load_lab
 from bench.common import CpuWindow, percentile, this_checkout_first
-from console.client import FleetClient
+from console.lab.client import FleetClient
 
 STREAM_TOKENS = 200
 CONCURRENT = 16

@@ -36,7 +36,7 @@ from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_GET, MODELS_SWAP, ModelDetail, ModelParams, SwapParams
 from agents.wire.lab.model import load_lab
 from bench.common import EngineSessions, percentile
-from console.client import FleetClient
+from console.lab.client import FleetClient
 
 COLD_RUNS = 3
 BIG = {"embed": 1024, "layers": 12, "ffn": 2816}  # ~0.8 GB f32: big enough that reading it shows

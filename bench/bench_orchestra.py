@@ -41,7 +41,7 @@ from agents.wire.catalogue.models import (
 )
 from agents.wire.lab.model import load_lab
 from bench.common import percentile
-from console.client import FleetClient
+from console.lab.client import FleetClient
 
 FILES, FILE_MIB = 4, 128
 SWAPS = 40

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
-from console.app import CetlabApp
-from console.screens.base import LabScreen
+from console.tui.app import CetlabApp
+from console.tui.screens.base import LabScreen
 
 VIEWS = ("jobs", "models", "checkpoints", "costs", "alerts", "audit", "gateway")
 

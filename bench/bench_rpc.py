@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from bench.common import percentile
-from console.client import FleetClient
+from console.lab.client import FleetClient
 
 CALLS = 1000
 PACE_S = 1 / 150  # one call per pace at most: under the agent's per-connection rate limit (200/s), same for both

@@ -35,7 +35,7 @@ from agents.wire.catalogue.jobs import JOBS_START, StartParams  # noqa: E402
 from agents.wire.catalogue.method import request  # noqa: E402
 from agents.wire.lab.model import load_lab  # noqa: E402
 from bench.common import console_script  # noqa: E402
-from console.client import FleetClient  # noqa: E402
+from console.lab.client import FleetClient  # noqa: E402
 
 
 def train_runtime_s(log_text: str) -> float:

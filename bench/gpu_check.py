@@ -31,7 +31,7 @@ from agents.wire.catalogue.method import Method, P, R, request  # noqa: E402
 from agents.wire.catalogue.models import MODELS_COLD, MODELS_GET, MODELS_WARM, ModelParams  # noqa: E402
 from agents.wire.lab.model import load_lab  # noqa: E402
 from bench.common import CpuWindow  # noqa: E402
-from console.client import FleetClient  # noqa: E402
+from console.lab.client import FleetClient  # noqa: E402
 
 MACHINE = "gpu"
 # ~150M parameters with the tiny tokenizer's small vocabulary: the layers carry the weight
@@ -81,7 +81,10 @@ def failed(what: str) -> None:
 
 def cetlab_json(lab: Path, *args: str) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "console.cli", "--lab", str(lab), *args, "--json"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "console.cli.main", "--lab", str(lab), *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     if out.returncode != 0:
         raise RuntimeError(f"cetlab {' '.join(args)} exited {out.returncode}: {out.stderr.strip()[-500:]}")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agents.shell.demo.lab import DemoLab
-    from console.client import FleetClient
+    from console.lab.client import FleetClient
 
 Attack = Callable[["DemoLab", Path, float, dict], Awaitable[None]]
 Setup = Callable[["DemoLab", "FleetClient"], Awaitable[None]]

@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
-from console.app import CetlabApp
-from console.views import VIEWS
+from console.tui.app import CetlabApp
+from console.tui.views import VIEWS
 
 OUT = Path(__file__).resolve().parent
 SIZE = (160, 48)

@@ -409,7 +409,7 @@ async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):
 
 def drawn(app, kind: type | None = None) -> bool:
     """The console shows a view (of this kind) that has drawn the newest LabState."""
-    from console.screens.base import LabScreen
+    from console.tui.screens.base import LabScreen
 
     screen = app.screen
     return (

@@ -5,8 +5,8 @@ from __future__ import annotations
 from agents.telemetry.sim import SimSampler
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import PROTOCOL_VERSION, Hello, HostSample, Role, Telemetry
-from console.demo import bundled_lab
-from console.state import LabState
+from console.lab.demo import bundled_lab
+from console.lab.state import LabState
 
 FROZEN_NOW = 1_790_000_000.0  # a fixed wall clock for headers and "last seen"
 

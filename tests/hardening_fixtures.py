@@ -15,7 +15,7 @@ import yaml
 from agents.runtime.waits import within
 from agents.shell.demo.lab import DemoLab, free_ports
 from agents.wire.lab.model import load_lab
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_until
 
 P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}

@@ -20,9 +20,9 @@ from agents.shell.agent import Agent
 from agents.shell.channel import Channel
 from agents.wire.lab.model import Lab, Machine, load_lab
 from agents.wire.protocol import EVENT_NOTICE, EVENT_TICK, LinkStatus, Role
-from console.app import CetlabApp
-from console.client import FleetClient
-from console.state import LabState
+from console.lab.client import FleetClient
+from console.lab.state import LabState
+from console.tui.app import CetlabApp
 
 
 class InProcessLab:

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from agents.orchestra.engine import UnixHTTPConnection
 from agents.wire.engine_address import UNIX_PREFIX
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 
 FAST = {"load_s": 0.2, "warmup_s": 0.3, "wake_s": 0.1, "tokens_per_s": 400, "placeholder_mib": 2}

@@ -15,8 +15,8 @@ from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
 from agents.runtime.waits import within
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ErrorCode, RemoteError
-from console import openssh
-from console.client import FleetClient
+from console.lab import openssh
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 
 
@@ -279,7 +279,7 @@ def test_cli_status_json_lists_offline_machines(small_demo, tmp_path):
     lab_path = small_demo.dir / "lab-with-ghost.yaml"
     lab_path.write_text(yaml.safe_dump(data))
     result = subprocess.run(
-        [sys.executable, "-m", "console.cli", "--lab", str(lab_path), "--json", "--timeout", "10", "status"],
+        [sys.executable, "-m", "console.cli.main", "--lab", str(lab_path), "--json", "--timeout", "10", "status"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -16,7 +16,7 @@ from agents.wire.lab.model import Alerts, load_lab
 from agents.wire.protocol import EVENT_NOTICE, EVENT_TICK, GpuSample, HostSample, RemoteError, Telemetry
 from agents.wire.sections.jobs import JobInfo
 from agents.wire.sections.models import ModelInfo
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 
 GIB = 1024**3
@@ -236,7 +236,7 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
             await client.call("box", "sim.override", {"gpu": 0, "temp_c": 40, "clear": True})
             await wait_for(lambda: not hot(), timeout=20)
             assert box.alerts.recent[0].id == alert["id"]
-            from console.app import notice_toast  # the toasts name the machine once ("m5: m5: cleared: ..." before)
+            from console.tui.app import notice_toast  # the toasts name the machine once ("m5: m5: cleared: ..." before)
 
             def toasts() -> list[str]:
                 return [notice_toast(m, d) for m, e, d in notices if e == EVENT_NOTICE and d.alert and d.alert.id == alert["id"]]
@@ -266,7 +266,7 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
 
         out = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "--json", "alerts", "--all"],
+            [sys.executable, "-m", "console.cli.main", "--lab", str(demo.lab_path), "--json", "alerts", "--all"],
             capture_output=True,
             text=True,
             timeout=40,
@@ -279,7 +279,7 @@ async def test_hot_gpu_alert_end_to_end(tmp_path, lab_file):
 async def test_alerts_view_notifies_lists_and_acknowledges(in_process):
     """The console's view of the agent's alerts (the agents in this process: the same alerts over SSH are
     test_hot_gpu_alert_end_to_end's)."""
-    from console.screens.alerts import AlertsScreen
+    from console.tui.screens.alerts import AlertsScreen
 
     running = await in_process(LAB)
     app = running.app()
@@ -311,8 +311,8 @@ async def test_alerts_view_notifies_lists_and_acknowledges(in_process):
 
 def test_console_files_alerts_by_target_and_raises_offline_ones():
     from agents.wire.lab.model import parse_lab
-    from console.alerts import alerts_by_target
-    from console.state import LabState
+    from console.lab.alerts import alerts_by_target
+    from console.lab.state import LabState
 
     lab = parse_lab("lab: t\nalerts: {offline_for_s: 30}\nmachines: [{name: a}, {name: b}, {name: c}]\n")
     state = LabState(lab)

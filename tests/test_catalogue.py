@@ -36,7 +36,7 @@ from agents.wire.catalogue.models import AdapterParams, ModelParams, PinParams, 
 from agents.wire.catalogue.notify import NotifyTestParams
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, HistoryParams, IntervalParams, RemoteError, Role, SubscribeParams
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import HOUR_S, age, kill_jobs_left, wait_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -346,7 +346,7 @@ async def test_the_agent_answers_internal_rather_than_send_a_result_its_model_re
 
 
 def test_cli_params_that_do_not_validate_are_said_before_they_go_out(lab, capsys):
-    from console.cli import main
+    from console.cli.main import main
 
     assert main(["--lab", str(lab.lab_path), "--json", "gateway", "keys", "add", "bad name!"]) == 1
     captured = capsys.readouterr()

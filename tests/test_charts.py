@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from console.app import CetlabApp
-from console.client import FleetClient
-from console.screens.fleet import FleetScreen
-from console.screens.machine import MachineScreen
+from console.lab.client import FleetClient
+from console.tui.app import CetlabApp
+from console.tui.screens.fleet import FleetScreen
+from console.tui.screens.machine import MachineScreen
 from tests.conftest import until_drawn
 from tests.console_fixtures import FROZEN_NOW, frozen_state
 from widgets.charts import ScaleChart, chart_rows, chart_text

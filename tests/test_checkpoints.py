@@ -15,7 +15,7 @@ from agents.checkpoints.parsing import Checkpoint, history_points, mark_best
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import HOUR_S, age, wait_for
 from tests.pool_fixtures import engine_http
 
@@ -73,7 +73,7 @@ async def wait_job(client: FleetClient, job_id: str, timeout: float = 120) -> di
 
 def cli(lab: DemoLab, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PY, "-m", "console.cli", "--lab", str(lab.lab_path), *args], capture_output=True, text=True, timeout=60
+        [PY, "-m", "console.cli.main", "--lab", str(lab.lab_path), *args], capture_output=True, text=True, timeout=60
     )
 
 

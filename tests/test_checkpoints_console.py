@@ -10,10 +10,10 @@ import pytest
 from agents.wire.catalogue.checkpoints import RunCheckpoints
 from agents.wire.lab.model import load_lab
 from agents.wire.sections.checkpoints import CheckpointInfo
-from console.app import CetlabApp
-from console.client import FleetClient
-from console.screens.checkpoints import CheckpointsScreen
-from console.screens.modals import AskNumberScreen, ConfirmScreen
+from console.lab.client import FleetClient
+from console.tui.app import CetlabApp
+from console.tui.screens.checkpoints import CheckpointsScreen
+from console.tui.screens.modals import AskNumberScreen, ConfirmScreen
 from tests.conftest import until_drawn, wait_for
 from tests.console_fixtures import FROZEN_NOW, frozen_jobs, frozen_state
 from widgets.checkpoint_timeline import CheckpointTimeline, marker_groups
@@ -290,7 +290,7 @@ async def test_resume_opens_a_form_with_the_runs_params_to_change(frozen_app, mo
     """`r` on a checkpoint: the run's recipe, filled with what the run ran with; max_steps changed as `--set max_steps=240` does."""
     from textual.widgets import Input
 
-    from console.screens.modals import ResumeJobScreen
+    from console.tui.screens.modals import ResumeJobScreen
 
     app = frozen_app
     recipe = {

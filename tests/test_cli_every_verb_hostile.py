@@ -20,9 +20,9 @@ from agents.runtime.waits import within
 from agents.wire.catalogue.index import CATALOGUE
 from agents.wire.lab.model import parse_lab
 from agents.wire.protocol import LinkStatus, RemoteError
-from console import cli
-from console.cli import Context
-from console.state import LabState
+from console.cli import main as cli
+from console.cli.main import Context
+from console.lab.state import LabState
 
 ESCAPES = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b]0;pwn\x07\x1b[2J\x1b[6n\x9b31m\u202e"
 HOSTILE = f"[bold red]x[/] [link=https://evil.example]l[/link] {ESCAPES}"

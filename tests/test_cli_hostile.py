@@ -18,10 +18,10 @@ import pytest
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import parse_lab
 from agents.wire.protocol import ErrorCode, LinkStatus, RemoteError
-from console import cli
-from console.cli import Context
-from console.cli_costs import cmd_alerts
-from console.state import LabState
+from console.cli import main as cli
+from console.cli.costs import cmd_alerts
+from console.cli.main import Context
+from console.lab.state import LabState
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J[bold red]EVIL[/]\x9b31m\x7f"
@@ -116,7 +116,7 @@ def test_an_agents_error_message_reaches_the_terminal_visible(capsys, monkeypatc
 
 def cetlab(lab: Path, *argv: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [sys.executable, "-m", "console.cli", "--lab", str(lab), *argv], capture_output=True, timeout=60, cwd=REPO
+        [sys.executable, "-m", "console.cli.main", "--lab", str(lab), *argv], capture_output=True, timeout=60, cwd=REPO
     )
 
 
@@ -169,7 +169,7 @@ def test_costs_json_keeps_the_int_0_of_the_agents_sums():
     so before the wire was typed (a float where the agent sent one)."""
     from agents.wire.catalogue.costs import COSTS_GET
     from agents.wire.catalogue.method import validate_reply
-    from console.costs import lab_costs
+    from console.lab.costs import lab_costs
 
     hub = validate_reply(
         COSTS_GET,

@@ -16,7 +16,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import LabError, load_lab, parse_lab
 from agents.wire.protocol import ErrorCode, RemoteError
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 from tests.engine_sockets import assert_engines_on_sockets
 from tests.pool_fixtures import settle

@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from agents.wire.lab.model import load_lab
-from console.app import CetlabApp
-from console.client import FleetClient
-from console.screens.fleet import FleetScreen
-from console.screens.machine import MachineScreen
-from console.screens.modals import HelpScreen
+from console.lab.client import FleetClient
+from console.tui.app import CetlabApp
+from console.tui.screens.fleet import FleetScreen
+from console.tui.screens.machine import MachineScreen
+from console.tui.screens.modals import HelpScreen
 from tests.conftest import until_drawn, wait_for
 from tests.console_fixtures import FROZEN_NOW, frozen_jobs, frozen_state
 from widgets.lab_header import LabHeader
@@ -146,8 +146,8 @@ def test_labstate_parses_each_section_once_and_refuses_what_does_not_fit():
 
 
 async def test_slash_filters_the_fleet_and_every_table():
-    from console.screens.jobs import JobsScreen
-    from console.screens.modals import AskTextScreen
+    from console.tui.screens.jobs import JobsScreen
+    from console.tui.screens.modals import AskTextScreen
     from widgets.jobs_table import JobsTable
 
     state = frozen_state()
@@ -218,7 +218,7 @@ async def test_the_help_screen_shows_the_cli_line_of_a_demo_lab(tmp_path):
 
 
 async def test_the_audit_views_two_counts_agree_in_their_words():
-    from console.screens.audit import AuditScreen
+    from console.tui.screens.audit import AuditScreen
 
     state = frozen_state()
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
@@ -246,7 +246,7 @@ async def test_the_audit_views_two_counts_agree_in_their_words():
 
 
 async def test_the_audit_view_shows_the_refused_calls_the_agents_count():
-    from console.screens.audit import AuditScreen
+    from console.tui.screens.audit import AuditScreen
 
     state = frozen_state()
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)
@@ -280,7 +280,7 @@ async def test_the_audit_view_shows_the_refused_calls_the_agents_count():
 
 
 async def test_an_offline_spell_reaches_the_alerts_history_once_the_machine_is_back():
-    from console.screens.alerts import AlertsScreen
+    from console.tui.screens.alerts import AlertsScreen
 
     state = frozen_state()  # pharaoh unreachable for 75 s: an offline alert
     app = CetlabApp(state.lab, client=FleetClient(state.lab, state), connect=False, clock=lambda: FROZEN_NOW)

@@ -10,10 +10,10 @@ from textual.app import App
 
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.checkpoints import CheckpointInfo
-from console.app import CetlabApp
-from console.client import FleetClient
-from console.screens.costs import CostsScreen
-from console.screens.fleet import FleetScreen
+from console.lab.client import FleetClient
+from console.tui.app import CetlabApp
+from console.tui.screens.costs import CostsScreen
+from console.tui.screens.fleet import FleetScreen
 from tests.conftest import until_drawn, wait_for
 from tests.console_fixtures import FROZEN_NOW, frozen_state
 from tests.screen_text import screen_lines
@@ -124,7 +124,7 @@ async def test_a_short_runs_loss_plot_shows_whole_steps_on_its_x_axis():
 
 def test_a_models_vram_reads_the_same_in_the_console_and_the_cli():
     from agents.wire.sections.models import ModelInfo
-    from console.cli_models import models_human
+    from console.cli.models import models_human
     from tests.console_fixtures import frozen_models
     from widgets.orchestra_table import COLUMNS, model_cells
 

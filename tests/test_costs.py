@@ -91,8 +91,8 @@ def test_the_console_counts_days_in_the_lab_time_zone_not_its_own():
     from datetime import date
 
     from agents.wire.lab.model import Costs
-    from console.costs import LabDay
-    from console.screens.costs import first_day, plot_days
+    from console.lab.costs import LabDay
+    from console.tui.screens.costs import first_day, plot_days
 
     late = 86400 * 20000 + 23.5 * 3600  # 2024-10-04 23:30 UTC
     berlin, here = Costs(timezone="Europe/Berlin"), Costs(timezone="UTC")  # here: a workstation in UTC
@@ -254,7 +254,7 @@ def test_bad_prices_are_load_errors_with_file_and_line(bad, message):
 # ---------------------------------------------------------------------------- real agents over SSH
 
 from agents.shell.demo.lab import DemoLab  # noqa: E402
-from console.client import FleetClient  # noqa: E402
+from console.lab.client import FleetClient  # noqa: E402
 from tests.conftest import run_agent, wait_for  # noqa: E402
 
 LAB = {
@@ -324,12 +324,12 @@ async def test_energy_survives_kill_9_of_the_agent(tmp_path, lab_file):
 
 
 def test_the_labs_sums_are_typed_and_print_as_the_json_cetlab_costs_always_printed():
-    """console.costs.LabCosts: the screen and the CLI read attributes; `--json` keeps its keys, its order, the machines'
+    """console.lab.costs.LabCosts: the screen and the CLI read attributes; `--json` keeps its keys, its order, the machines'
     rows as they sent them, and the int 0 of a sum over nothing (a lab without a gateway has no API spend)."""
     from agents.wire.catalogue.costs import COSTS_GET
     from agents.wire.catalogue.method import validate_reply
     from agents.wire.protocol import ErrorCode, RemoteError
-    from console.costs import LabCosts, LabDay, lab_costs
+    from console.lab.costs import LabCosts, LabDay, lab_costs
 
     box = validate_reply(
         COSTS_GET,
@@ -388,7 +388,7 @@ def test_the_labs_sums_are_typed_and_print_as_the_json_cetlab_costs_always_print
 async def test_cli_costs_json_over_ssh(small_demo):
     out = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "console.cli", "--lab", str(small_demo.lab_path), "--json", "costs", "--by", "machine"],
+        [sys.executable, "-m", "console.cli.main", "--lab", str(small_demo.lab_path), "--json", "costs", "--by", "machine"],
         capture_output=True,
         text=True,
         timeout=40,
@@ -452,8 +452,8 @@ async def test_a_running_job_is_charged_for_its_gpu(tmp_path, lab_file):
 # ---------------------------------------------------------------------------- the console
 
 from agents.wire.lab.model import load_lab  # noqa: E402
-from console.app import CetlabApp  # noqa: E402
-from console.screens.costs import CostsScreen  # noqa: E402
+from console.tui.app import CetlabApp  # noqa: E402
+from console.tui.screens.costs import CostsScreen  # noqa: E402
 
 
 def header(app) -> str:

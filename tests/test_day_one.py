@@ -55,7 +55,7 @@ def agent_cli(*args: str) -> str:
 
 
 def cetlab(lab: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "console.cli", "--lab", str(lab), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([PY, "-m", "console.cli.main", "--lab", str(lab), *args], capture_output=True, text=True, timeout=60)
 
 
 def serve(root: Path, lab: Path) -> tuple[subprocess.Popen[bytes], Path]:

@@ -69,7 +69,7 @@ def test_the_demos_logs_are_private(tmp_path):
 
 def test_the_demo_says_its_gateways_url_and_key_and_why_the_port_is_not_lab_yamls(tmp_path, monkeypatch):
     from agents.runtime.demo import ANY_GATEWAY_PORT_ENV
-    from console.demo import bundled_lab, demo_quit_message, describe_gateway
+    from console.lab.demo import bundled_lab, demo_quit_message, describe_gateway
 
     named = load_lab(bundled_lab()).gateway
     assert named is not None
@@ -110,7 +110,7 @@ def test_scale_256_writes_a_lab_file_that_loads(tmp_path):
 def start_headless(directory: Path) -> tuple[subprocess.Popen[str], list[str]]:
     """`cetlab demo --dir DIR` as a person runs it; its lines up to "stop with Ctrl-C" (it is running then)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "console.cli", "demo", "--dir", str(directory)],
+        [sys.executable, "-m", "console.cli.main", "demo", "--dir", str(directory)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -148,7 +148,7 @@ def test_cetlab_demo_runs_the_lab_in_its_own_process_until_ctrl_c(tmp_path):
         assert (directory / GATEWAY_KEY_FILE).read_text().strip()
         assert not folder_free(directory)  # held by the demo's process, not by `cetlab demo` itself
         status = subprocess.run(
-            [sys.executable, "-m", "console.cli", "--lab", str(directory / "lab.yaml"), "--json", "status"],
+            [sys.executable, "-m", "console.cli.main", "--lab", str(directory / "lab.yaml"), "--json", "status"],
             capture_output=True,
             text=True,
             timeout=120,

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from agents.wire.engine_address import EngineAddress
 from agents.wire.sections.models import ModelInfo
-from console.cli_models import model_human
+from console.cli.models import model_human
 
 
 def test_an_endpoint_is_a_socket_of_the_agent_or_a_loopback_port_and_nothing_else():

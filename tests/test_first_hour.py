@@ -16,8 +16,8 @@ import yaml
 
 from agents.shell.demo.lab import DemoLab
 from agents.wire.sections.models import Rotation
-from console.cli import main as cli_main
-from console.cli_models import rotation_human
+from console.cli.main import main as cli_main
+from console.cli.models import rotation_human
 from tests.conftest import wait_until
 
 PY = sys.executable
@@ -48,7 +48,9 @@ def box_lab(tmp_path_factory):
 
 
 def cli(lab: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "console.cli", "--lab", str(lab), *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [PY, "-m", "console.cli.main", "--lab", str(lab), *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 # ---------------------------------------------------------------------------- 8: --timeout
@@ -230,7 +232,7 @@ def wait_cli(lab: Path, args: list[str], done, timeout: float = 60.0):
 
 
 def test_the_demo_lab_lives_in_the_checkout_and_git_ignores_it():
-    from console.demo import default_demo_dir
+    from console.lab.demo import default_demo_dir
 
     assert default_demo_dir() == REPO / ".cetlab-demo"
     ignored = subprocess.run(["git", "check-ignore", "-q", str(REPO / ".cetlab-demo" / "lab.yaml")], cwd=REPO)
@@ -239,12 +241,12 @@ def test_the_demo_lab_lives_in_the_checkout_and_git_ignores_it():
 
 def test_make_demo_twice_keeps_runs_checkpoints_and_keys(tmp_path, monkeypatch, capsys):
     """`cetlab-console --demo` (make demo) twice on its known folder: what the first made, the second lists."""
-    import console.app
-    import console.demo
+    import console.lab.demo
+    import console.tui.app
 
     demo_dir = tmp_path / "kept"
     source = saver_lab(tmp_path / "src")
-    monkeypatch.setattr(console.demo, "default_demo_dir", lambda: demo_dir)
+    monkeypatch.setattr(console.lab.demo, "default_demo_dir", lambda: demo_dir)
     seen: list[dict] = []
 
     def first_session(app) -> None:  # the operator trains in the console; here through the CLI on the same lab file
@@ -260,8 +262,8 @@ def test_make_demo_twice_keeps_runs_checkpoints_and_keys(tmp_path, monkeypatch, 
             }
         )
 
-    monkeypatch.setattr(console.app.CetlabApp, "run", first_session)
-    assert console.app.main(["--demo", "--lab", str(source)]) == 0
+    monkeypatch.setattr(console.tui.app.CetlabApp, "run", first_session)
+    assert console.tui.app.main(["--demo", "--lab", str(source)]) == 0
     host_key = (demo_dir / "agents" / "box" / "ssh_host_ed25519_key.pub").read_bytes()
     first_port = yaml.safe_load((demo_dir / "lab.yaml").read_text())["machines"][0]["port"]
     quit_text = capsys.readouterr().out
@@ -270,8 +272,8 @@ def test_make_demo_twice_keeps_runs_checkpoints_and_keys(tmp_path, monkeypatch, 
     # a demo that died leaves its lock file (and the agents their pid files): a new start is not stopped by them
     (demo_dir / "demo.lock").write_text("999999\n")
 
-    monkeypatch.setattr(console.app.CetlabApp, "run", second_session)
-    assert console.app.main(["--demo", "--lab", str(source)]) == 0
+    monkeypatch.setattr(console.tui.app.CetlabApp, "run", second_session)
+    assert console.tui.app.main(["--demo", "--lab", str(source)]) == 0
     (run,) = seen[0]["runs"]
     assert [j["id"] for j in seen[1]["jobs"]] == [run["job"]] and seen[1]["jobs"][0]["state"] == "exited"
     assert [(r["run"], r["newest_step"]) for r in seen[1]["runs"]] == [(run["run"], 2)]
@@ -280,8 +282,8 @@ def test_make_demo_twice_keeps_runs_checkpoints_and_keys(tmp_path, monkeypatch, 
 
 
 def test_one_demo_per_folder_at_a_time(tmp_path, monkeypatch, capsys):
-    import console.app
-    import console.demo
+    import console.lab.demo
+    import console.tui.app
     from agents.shell.demo.lab import DemoRunningError
 
     source = saver_lab(tmp_path / "src")
@@ -289,8 +291,8 @@ def test_one_demo_per_folder_at_a_time(tmp_path, monkeypatch, capsys):
         port = running.lab_path.read_text()
         with pytest.raises(DemoRunningError, match=r"already running from .* \(pid \d+\); use it: .*--lab .*lab.yaml status"):
             DemoLab(tmp_path / "d", source=source).start()
-        monkeypatch.setattr(console.demo, "default_demo_dir", lambda: tmp_path / "d")
-        assert console.app.main(["--demo", "--lab", str(source)]) == 1  # a second `make demo`
+        monkeypatch.setattr(console.lab.demo, "default_demo_dir", lambda: tmp_path / "d")
+        assert console.tui.app.main(["--demo", "--lab", str(source)]) == 1  # a second `make demo`
         said = capsys.readouterr()
         assert f"already running from {tmp_path / 'd'} (pid {os.getpid()})" in said.err and "stopped" not in said.out
         assert running.lab_path.read_text() == port  # the running demo's ports were not rewritten
@@ -300,7 +302,7 @@ def test_one_demo_per_folder_at_a_time(tmp_path, monkeypatch, capsys):
 
 
 def test_the_source_lab_says_which_file_the_demo_uses():
-    from console.demo import bundled_lab
+    from console.lab.demo import bundled_lab
 
     result = cli(bundled_lab(), "--timeout", "1", "status")
     assert result.returncode == 0  # status: the lab loaded, whatever the machines say
@@ -312,7 +314,7 @@ def test_the_source_lab_says_which_file_the_demo_uses():
 
 
 def test_the_help_screen_can_ask_for_the_demo_cli_line(tmp_path):
-    from console.demo import demo_cli_hint
+    from console.lab.demo import demo_cli_hint
 
     with DemoLab(tmp_path / "d", source=saver_lab(tmp_path / "src")) as demo:
         assert demo_cli_hint(demo.lab_path).endswith(f"--lab {demo.lab_path} status")
@@ -377,7 +379,7 @@ class ScriptedModels:
 
 
 def test_a_wait_for_warm_ends_when_the_model_settles_asleep_and_says_why(capsys):
-    from console.cli_models import SettledElsewhere, wait_settled
+    from console.cli.models import SettledElsewhere, wait_settled
 
     ctx = ScriptedModels([("loading", "warm"), ("warm", "sleep"), ("sleeping", None)])
     with pytest.raises(SettledElsewhere) as info:
@@ -390,7 +392,7 @@ def test_a_wait_for_warm_ends_when_the_model_settles_asleep_and_says_why(capsys)
 
 def test_a_phase_that_repeats_the_state_is_said_once():
     from agents.wire.sections.models import ModelInfo
-    from console.cli_models import state_text
+    from console.cli.models import state_text
     from widgets.orchestra_table import COLUMNS, state_cell
 
     loading = {"name": "m", "machine": "box", "engine": "sim", "state": "loading", "since": 0.0}
@@ -420,7 +422,7 @@ def test_the_step_cell_keeps_its_percent():
 
 def test_the_start_forms_bounds_are_written_as_numbers_people_write():
     from agents.wire.catalogue.jobs import RecipeParam
-    from console.screens.modals import param_hint
+    from console.tui.screens.modals import param_hint
 
     hint = param_hint(RecipeParam(name="max_steps", type="int", min=1.0, max=100000.0, flag="--max-steps"))
     assert "(int, 1..100000)" in hint, hint
@@ -431,8 +433,8 @@ def test_one_checkpoint_is_singular_and_a_model_is_named_once_in_costs():
     from agents.wire.catalogue.checkpoints import Pruned
     from agents.wire.catalogue.costs import PricedGroup
     from agents.wire.sections.checkpoints import CheckpointInfo
-    from console.cli_checkpoints import prune_human
-    from console.screens.costs import breakdown_rows
+    from console.cli.checkpoints import prune_human
+    from console.tui.screens.costs import breakdown_rows
 
     one = CheckpointInfo(run="r", step=1, path="r/checkpoint-1")
     assert "deleted 1 checkpoint," in prune_human(Pruned(run="r", keep_last=0, deleted=[one], freed_bytes=10))
@@ -466,7 +468,7 @@ def test_a_reader_that_leaves_mid_output_gets_no_traceback(tmp_path):
     os.close(read_end)  # the reader has left before the first byte
     try:
         result = subprocess.run(
-            [PY, "-c", "from console.cli_entry import entry; entry()", "--lab", str(lab), "--json", "status"],
+            [PY, "-c", "from console.cli.entry import entry; entry()", "--lab", str(lab), "--json", "status"],
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,
@@ -481,8 +483,8 @@ def test_a_reader_that_leaves_mid_output_gets_no_traceback(tmp_path):
 def test_a_ctrl_c_before_the_verb_runs_exits_130_without_a_traceback(monkeypatch):
     import gc
 
-    import console.cli
-    from console import cli_entry
+    import console.cli.main
+    from console.cli import entry as cli_entry
 
     def interrupted():
         raise KeyboardInterrupt  # as a Ctrl-C lands while the verbs' modules are imported for the parser
@@ -490,7 +492,7 @@ def test_a_ctrl_c_before_the_verb_runs_exits_130_without_a_traceback(monkeypatch
     def exit_with(code):
         raise SystemExit(code)
 
-    monkeypatch.setattr(console.cli, "build_parser", interrupted)
+    monkeypatch.setattr(console.cli.main, "build_parser", interrupted)
     monkeypatch.setattr(cli_entry.os, "_exit", exit_with)
     try:
         with pytest.raises(SystemExit) as info:
@@ -505,7 +507,7 @@ def test_a_ctrl_c_before_the_verb_runs_exits_130_without_a_traceback(monkeypatch
 def test_the_start_forms_bounds_keep_exponents_and_minus_signs():
     """The N/A marker is "-": removing it ate 1e-06's sign and a negative minimum's ("(float, 1e06..1)")."""
     from agents.wire.catalogue.jobs import RecipeParam
-    from console.screens.modals import param_hint
+    from console.tui.screens.modals import param_hint
 
     assert "(float, 1e-06..1)" in param_hint(
         RecipeParam(name="learning_rate", type="float", min=1e-6, max=1.0, flag="--learning-rate")
@@ -535,9 +537,9 @@ def test_a_rotation_line_names_the_machines_own_models_of_the_set():
 
 
 async def test_the_header_clock_and_cost_go_on_while_a_modal_is_open():
-    from console.app import CetlabApp
-    from console.client import FleetClient
-    from console.screens.modals import HelpScreen
+    from console.lab.client import FleetClient
+    from console.tui.app import CetlabApp
+    from console.tui.screens.modals import HelpScreen
     from tests.conftest import until_drawn, wait_for
     from tests.console_fixtures import FROZEN_NOW, frozen_state
     from widgets.lab_header import LabHeader
@@ -563,8 +565,8 @@ def test_the_costs_plot_spans_its_days_and_names_its_window():
     """A one-day lab drew two bars as wide as the plot; the view said "since 2026-10-26" where the CLI says the month's 1st."""
     from datetime import date
 
-    from console.costs import LabDay
-    from console.screens.costs import PLOT_DAYS, plot_days
+    from console.lab.costs import LabDay
+    from console.tui.screens.costs import PLOT_DAYS, plot_days
 
     today = date(2026, 11, 24)
     days = plot_days([LabDay(day="2026-11-24", api=0.0, cost=1.5, cloud_equivalent=9.0, kwh=None)], date(2026, 10, 26), today)
@@ -610,10 +612,10 @@ async def test_the_jump_placeholder_names_every_view_and_help_wraps_in_its_colum
     from rich.console import Console
     from textual.widgets import Input, Static
 
-    from console.app import CetlabApp
-    from console.client import FleetClient
-    from console.screens.modals import HelpScreen, JumpScreen
-    from console.views import VIEWS
+    from console.lab.client import FleetClient
+    from console.tui.app import CetlabApp
+    from console.tui.screens.modals import HelpScreen, JumpScreen
+    from console.tui.views import VIEWS
     from tests.conftest import until_drawn, wait_for
     from tests.console_fixtures import FROZEN_NOW, frozen_state
 
@@ -671,9 +673,9 @@ def test_the_benches_say_what_they_measure():
 
 async def test_the_machine_detail_gives_its_charts_the_rows_it_has():
     """Two-row charts on a 50-row screen before: the GPU panels now share the view's height."""
-    from console.app import CetlabApp
-    from console.client import FleetClient
-    from console.screens.machine import MachineScreen
+    from console.lab.client import FleetClient
+    from console.tui.app import CetlabApp
+    from console.tui.screens.machine import MachineScreen
     from tests.conftest import until_drawn, wait_for
     from tests.console_fixtures import FROZEN_NOW, frozen_state
     from widgets.gpu_panel import GpuPanel
@@ -694,7 +696,7 @@ async def test_the_machine_detail_gives_its_charts_the_rows_it_has():
 def test_the_agents_start_line_says_no_gpus_in_words_and_a_cpu_model_is_on_its_cpu():
     from agents.shell.agent import gpus_said
     from agents.wire.sections.models import ModelInfo
-    from console.cli_models import model_human
+    from console.cli.models import model_human
 
     assert gpus_said("none", "no GPUs (lab.yaml says gpus: none)") == "no GPUs (lab.yaml says gpus: none)"
     assert gpus_said("nvml", "no NVIDIA GPUs: the driver reports none") == "no NVIDIA GPUs: the driver reports none"

@@ -24,12 +24,12 @@ from agents.wire.catalogue.gateway import KeyAddParams
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.words import plural
-from console import machine_remote as remote
-from console import machine_steps
-from console.cli import status_human, status_json
-from console.cli_lab import cmd_check
-from console.machine_files import Record, load_record, records_dir, save_record
-from console.machine_ssh import Ssh, Target
+from console.cli.lab import cmd_check
+from console.lab.status import status_human, status_json
+from console.machine import remote
+from console.machine import steps as machine_steps
+from console.machine.files import Record, load_record, records_dir, save_record
+from console.machine.ssh import Ssh, Target
 from tests.conftest import wait_for
 from widgets.format import plural as format_plural
 

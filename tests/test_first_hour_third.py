@@ -12,9 +12,9 @@ import pytest
 from agents.wire.catalogue.jobs import RecipeInfo
 from agents.wire.events import LogEvent
 from agents.wire.sections.jobs import JobDetail
-from console import cli_jobs
-from console.cli_jobs import follow, job_human, jobs_human
-from console.screens.modals import StartJobScreen
+from console.cli import jobs as cli_jobs
+from console.cli.jobs import follow, job_human, jobs_human
+from console.tui.screens.modals import StartJobScreen
 from tests.test_checkpoints_console import frozen_app  # noqa: F401  (a fixture)
 from widgets.format import placement
 
@@ -93,8 +93,8 @@ def test_a_saving_far_below_minus_100_percent_is_said_as_times_the_cloud():
 
 def test_the_overhead_of_a_first_rotation_is_seconds_until_a_period_has_passed():
     from agents.wire.sections.models import Rotation
-    from console.cli_models import rotation_schedule
-    from console.screens.models import rotation_text
+    from console.cli.models import rotation_schedule
+    from console.tui.screens.models import rotation_text
 
     early = Rotation(plan=[["a"], ["b"]], every_s=600, unavailable_s=21.0, wall_s=300, overhead_pct=7.0, target_pct=1.0)
     said = rotation_schedule(early, 0.0)
@@ -145,7 +145,7 @@ def test_a_tiny_gguf_for_the_llamacpp_engine_is_one_command(tmp_path, capsys, mo
 async def test_checkpoints_on_a_small_screen_show_rows_and_the_selected_step(frozen_app, size):  # noqa: F811
     """At 80x24 :checkpoints showed one table row, not the selected step, and a stray scrollbar mark on an empty row."""
     from agents.wire.catalogue.checkpoints import RunCheckpoints
-    from console.screens.checkpoints import CheckpointsScreen
+    from console.tui.screens.checkpoints import CheckpointsScreen
     from tests.conftest import until_drawn
     from tests.screen_text import screen_lines
     from tests.test_checkpoints_console import frozen_run
@@ -169,7 +169,7 @@ async def test_checkpoints_on_a_small_screen_show_rows_and_the_selected_step(fro
 async def test_the_alerts_route_block_shows_its_last_line_at_120x40(frozen_app):  # noqa: F811
     """Four routes of the demo's kind wrap at 120 columns: a block of at most 8 lines hid the last one."""
     from agents.wire.sections.notify import RouteStatus
-    from console.screens.alerts import AlertsScreen
+    from console.tui.screens.alerts import AlertsScreen
     from tests.conftest import until_drawn
     from tests.screen_text import screen_lines
 

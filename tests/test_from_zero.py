@@ -163,7 +163,7 @@ def cetlab(
     if source is not None:  # the CLI of another build of this package
         env["PYTHONPATH"] = str(source)
     return subprocess.run(
-        [sys.executable, "-m", "console.cli", "--lab", str(lab), *args],
+        [sys.executable, "-m", "console.cli.main", "--lab", str(lab), *args],
         capture_output=True, text=True, timeout=timeout, env=env, cwd=source,
     )  # fmt: skip
 

@@ -16,7 +16,7 @@ import yaml
 from agents.runtime.waits import within
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import LabError, load_lab, parse_lab
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 from tests.gateway_fixtures import P4, gateway_key, running_lab, sim_model
 
@@ -343,7 +343,7 @@ async def test_api_spend_per_provider_in_costs_and_the_cli(gw):
     await wait_for(section_has_it)
     out = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "console.cli", "--lab", str(gw.demo.lab_path), "--json", "costs"],
+        [sys.executable, "-m", "console.cli.main", "--lab", str(gw.demo.lab_path), "--json", "costs"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -355,7 +355,7 @@ async def test_api_spend_per_provider_in_costs_and_the_cli(gw):
     assert lab_costs["total_month"] == pytest.approx(lab_costs["month"] + lab_costs["api_month"], abs=1e-6)
     human = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "console.cli", "--lab", str(gw.demo.lab_path), "costs"],
+        [sys.executable, "-m", "console.cli.main", "--lab", str(gw.demo.lab_path), "costs"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -427,7 +427,7 @@ async def test_gateway_role_may_wake_but_not_operate(gw):
 def test_cli_gateway_json_and_keys(gw_lab):
     def cli(*args: str) -> dict:
         out = subprocess.run(
-            [sys.executable, "-m", "console.cli", "--lab", str(gw_lab.lab_path), "--json", *args],
+            [sys.executable, "-m", "console.cli.main", "--lab", str(gw_lab.lab_path), "--json", *args],
             capture_output=True,
             text=True,
             timeout=60,
@@ -448,8 +448,8 @@ def test_cli_gateway_json_and_keys(gw_lab):
 
 
 async def test_gateway_view_shows_traffic_and_spend(gw):
-    from console.app import CetlabApp
-    from console.screens.gateway import GatewayScreen
+    from console.tui.app import CetlabApp
+    from console.tui.screens.gateway import GatewayScreen
     from widgets.format import NA
     from widgets.live_table import LiveTable
 
@@ -535,7 +535,7 @@ async def test_peer_client_verifies_host_keys_and_needs_an_authorized_key(gw_lab
 def test_cli_gateway_columns_fit_their_longest_cell():
     """`cetlab gateway` ran "workstation SIM" into the state column; the table is aligned whatever the names."""
     from agents.wire.sections.gateway import GatewaySection
-    from console.cli_gateway import gateway_human
+    from console.cli.gateway import gateway_human
 
     def model(name, where, state):
         return {

@@ -13,7 +13,7 @@ import pytest
 from agents.orchestra.engines.transformers import transformers_cli
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 from tests.engine_sockets import assert_engines_on_sockets
 from tests.gateway_fixtures import gateway_key

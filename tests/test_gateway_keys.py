@@ -245,8 +245,8 @@ async def test_a_key_past_its_money_budget_is_429_insufficient_quota_and_the_vie
 
 
 async def test_cli_keys_add_with_models_expiry_budget_and_the_gateway_verb_shows_use_against_limits(gateway, capsys):
-    from console.cli import Context, build_parser
-    from console.cli_gateway import cmd_keys_add
+    from console.cli.gateway import cmd_keys_add
+    from console.cli.main import Context, build_parser
 
     client, _, _, _ = gateway
     lab = client.lab
@@ -272,7 +272,7 @@ async def test_cli_keys_add_with_models_expiry_budget_and_the_gateway_verb_shows
 
 def test_the_gateway_view_says_each_keys_use_against_its_limits():
     from agents.wire.sections.gateway import GatewaySection, KeyUse
-    from console.screens.gateway import spend_text
+    from console.tui.screens.gateway import spend_text
 
     keys = [
         KeyUse(name="team", models=["llama-*"], budget="5 USD/day", budget_amount=5, spent=5.0, tokens_today=12),

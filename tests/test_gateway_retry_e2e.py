@@ -18,7 +18,7 @@ import yaml
 from agents.runtime.keys import open_private_log
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(180)

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from agents.wire.lab.model import load_lab
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 from tests.gateway_fixtures import P4, SIM, gateway_key, running_lab
 

@@ -15,7 +15,7 @@ import pytest
 from agents.orchestra.tiny_gguf import write_tiny_gguf
 from agents.runtime import llamacpp_build
 from agents.wire.lab.model import load_lab
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 from tests.gateway_fixtures import gateway_key, running_lab
 from tests.llamacpp_fixtures import llama_server_or_skip

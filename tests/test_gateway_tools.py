@@ -14,7 +14,7 @@ import pytest
 from agents.gateway.chat_params import chat_params_problem, engine_refusal
 from agents.orchestra.engines import engine_spec
 from agents.wire.lab.model import Model, load_lab
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 from tests.gateway_fixtures import P4, gateway_key, running_lab
 

@@ -19,7 +19,7 @@ from agents.telemetry.sim import SimSampler
 from agents.wire.lab.model import SimGpu, load_lab
 from agents.wire.protocol import ComputeCapability, ErrorCode, GpuSample, RemoteError
 from agents.wire.sections.gpu_support import Stack, StackKind
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import REPO, wait_for
 
 PY = sys.executable
@@ -476,9 +476,9 @@ def test_nvml_compute_capability_is_read_once_per_gpu_and_na_where_unsupported()
 async def test_the_machine_detail_shows_which_stacks_each_gpu_runs(refusing):
     from textual.widgets import Static
 
-    from console.app import CetlabApp
-    from console.screens.fleet import FleetScreen
-    from console.screens.machine import MachineScreen
+    from console.tui.app import CetlabApp
+    from console.tui.screens.fleet import FleetScreen
+    from console.tui.screens.machine import MachineScreen
     from tests.conftest import until_drawn
     from widgets.gpu_panel import GpuPanel
 

@@ -11,10 +11,10 @@ from textual.binding import Binding
 
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import RemoteError
-from console.app import CetlabApp
-from console.screens.audit import AuditScreen
-from console.screens.base import LabScreen
-from console.views import VIEWS
+from console.tui.app import CetlabApp
+from console.tui.screens.audit import AuditScreen
+from console.tui.screens.base import LabScreen
+from console.tui.views import VIEWS
 from tests.conftest import until_drawn, wait_for
 from tests.hardening_fixtures import connected
 
@@ -122,7 +122,7 @@ def test_cli_audit_json(demo_lab):
         [
             sys.executable,
             "-m",
-            "console.cli",
+            "console.cli.main",
             "--lab",
             str(demo_lab.lab_path),
             "--json",
@@ -139,7 +139,17 @@ def test_cli_audit_json(demo_lab):
     before = json.loads(result.stdout)["entries"] if result.returncode == 0 else None
     assert before is not None, result.stderr
     subprocess.run(
-        [sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path), "--json", "alerts", "--ack", "pharaoh#999999"],
+        [
+            sys.executable,
+            "-m",
+            "console.cli.main",
+            "--lab",
+            str(demo_lab.lab_path),
+            "--json",
+            "alerts",
+            "--ack",
+            "pharaoh#999999",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -148,7 +158,7 @@ def test_cli_audit_json(demo_lab):
         [
             sys.executable,
             "-m",
-            "console.cli",
+            "console.cli.main",
             "--lab",
             str(demo_lab.lab_path),
             "--json",

@@ -16,7 +16,7 @@ import pytest
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import EVENT_TICK, ErrorCode, RemoteError
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.timeout(180)]

@@ -19,7 +19,7 @@ from agents.shell.demo.lab import free_ports
 from agents.wire.lab.model import load_lab
 from agents.wire.sections.jobs import JobDetail
 from agents.wire.states import JobState
-from console.cli_jobs import job_human
+from console.cli.jobs import job_human
 from tests.conftest import wait_until
 from tests.hardening_fixtures import (
     PY,
@@ -118,7 +118,7 @@ def test_a_lab_file_bomb_is_one_line_and_exit_2(tmp_path, name, content, expecte
     path = tmp_path / f"{name}.yaml"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     started = time.monotonic()
-    done = run_cli("-m", "console.cli", "--lab", str(path), "status", timeout=60)
+    done = run_cli("-m", "console.cli.main", "--lab", str(path), "status", timeout=60)
     lines = done.stderr.decode().strip().splitlines()
     print(f"\n{name}: {len(content)} bytes refused in {time.monotonic() - started:.1f} s: {lines[-1] if lines else ''}")
     named = [line for line in lines if line.startswith(str(path))]  # the CLI heads its problems with one line of its own

@@ -15,7 +15,7 @@ import pytest
 from agents.runtime.waits import within
 from agents.shell.demo.lab import DemoLab, free_ports
 from agents.wire.lab.model import load_lab
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 from tests.gateway_fixtures import P4, gateway_key, running_lab
 from tests.gateway_upstream import Upstream

@@ -20,7 +20,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import EVENT_TICK
 from agents.wire.safe_read import NotARegularFile, TooLarge, read_capped, read_tail
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 from tests.test_hardening_entry import SIM_GPU, job_in_section, ticking
 

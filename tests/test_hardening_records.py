@@ -83,7 +83,9 @@ def test_a_key_given_twice_thousands_of_times_is_one_line(tmp_path):
 
     path = tmp_path / "lab.yaml"
     path.write_text("lab: x\nmachines: []\n" + "lab: y\n" * 9999)
-    done = subprocess.run([sys.executable, "-m", "console.cli", "--lab", str(path), "status"], capture_output=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "console.cli.main", "--lab", str(path), "status"], capture_output=True, timeout=60
+    )
     lines = done.stderr.decode().strip().splitlines()
     assert done.returncode == 2 and len(lines) <= 3 and "key given twice" in lines[-1], lines[:5]
 

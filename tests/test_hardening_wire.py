@@ -15,8 +15,8 @@ from agents.runtime.link import read_line
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import MAX_REPLY_BYTES, ErrorCode, RemoteError
-from console.client import FleetClient
-from console.openssh import PipeReader
+from console.lab.client import FleetClient
+from console.lab.openssh import PipeReader
 from tests.conftest import wait_for
 from tests.hardening_fixtures import connected, next_reply, raw_channel
 

@@ -24,7 +24,7 @@ from agents.wire.events import LogEvent
 from agents.wire.lab.model import Trainer, TrainerParam, load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.states import JobState
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import REPO, kill_jobs_left, wait_for
 
 PY = sys.executable
@@ -349,7 +349,7 @@ async def test_follow_a_log_over_the_wire(jobs_lab):
 
 def cli(demo: DemoLab, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PY, "-m", "console.cli", "--lab", str(demo.lab_path), *args], capture_output=True, text=True, timeout=90
+        [PY, "-m", "console.cli.main", "--lab", str(demo.lab_path), *args], capture_output=True, text=True, timeout=90
     )
 
 
@@ -624,7 +624,7 @@ trainers:
 async def test_a_recipe_cannot_take_gpus_that_hold_a_warm_model(demo_lab):
     """The demo's p40-ddp recipe wants the P40s, where the orchestra keeps llama-3.1-8b warm."""
     from agents.wire.lab.model import load_lab
-    from console.client import FleetClient
+    from console.lab.client import FleetClient
 
     async with FleetClient(load_lab(demo_lab.lab_path), subscribe=[]) as client:
         await client.wait_connected(15)

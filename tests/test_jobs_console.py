@@ -9,10 +9,10 @@ from textual.widgets import Input
 
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
-from console.app import CetlabApp
-from console.screens.jobs import JobsScreen
-from console.screens.logs import LogScreen
-from console.screens.modals import ConfirmScreen, PickRecipeScreen, StartJobScreen
+from console.tui.app import CetlabApp
+from console.tui.screens.jobs import JobsScreen
+from console.tui.screens.logs import LogScreen
+from console.tui.screens.modals import ConfirmScreen, PickRecipeScreen, StartJobScreen
 from tests.conftest import until_drawn, wait_for
 from widgets.jobs_table import JobsTable
 
@@ -204,7 +204,7 @@ async def test_a_readonly_consoles_job_form_refuses_to_start(lab):
 def test_snapshot_jobs(snap_compare, monkeypatch):
     import time
 
-    from console.client import FleetClient
+    from console.lab.client import FleetClient
     from tests.console_fixtures import FROZEN_NOW, frozen_jobs, frozen_state
 
     monkeypatch.setenv("TZ", "UTC")
@@ -228,7 +228,7 @@ def test_snapshot_jobs(snap_compare, monkeypatch):
 
 
 async def test_precision_shows_in_the_table_and_notes_in_the_details(monkeypatch):
-    from console.client import FleetClient
+    from console.lab.client import FleetClient
     from tests.console_fixtures import FROZEN_NOW, frozen_jobs, frozen_state
 
     jobs = frozen_jobs()
@@ -247,7 +247,7 @@ async def test_precision_shows_in_the_table_and_notes_in_the_details(monkeypatch
 
 def test_cetlab_jobs_has_a_precision_column_and_the_job_its_notes():
     from agents.wire.sections.jobs import JobInfo
-    from console.cli_jobs import job_human, jobs_human
+    from console.cli.jobs import job_human, jobs_human
     from tests.console_fixtures import frozen_jobs
 
     raw = frozen_jobs()
@@ -260,7 +260,7 @@ def test_cetlab_jobs_has_a_precision_column_and_the_job_its_notes():
 
 async def test_clearing_a_param_with_a_default_is_refused_not_run_as_the_default():
     from agents.wire.catalogue.jobs import RecipeInfo
-    from console.client import FleetClient
+    from console.lab.client import FleetClient
     from tests.console_fixtures import FROZEN_NOW, frozen_state
 
     state = frozen_state()

@@ -9,7 +9,7 @@ import pytest
 
 from agents.wire.lab.model import LabError, load_lab, parse_lab
 from agents.wire.schema import parse_duration
-from console.demo import bundled_lab
+from console.lab.demo import bundled_lab
 
 GOOD_MACHINE = """
 lab: t
@@ -129,7 +129,7 @@ def test_cli_reports_a_bad_lab_without_traceback(tmp_path):
     bad = tmp_path / "lab.yaml"
     bad.write_text(GOOD_MACHINE.replace("tdp_w: 75", "tdp_w: -1"))
     result = subprocess.run(
-        [sys.executable, "-m", "console.cli", "--lab", str(bad), "status"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "console.cli.main", "--lab", str(bad), "status"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2
     assert f"{bad}:7: machines[0].gpus.sim[0].tdp_w: Input should be greater than 0" in result.stderr

@@ -20,7 +20,7 @@ models:
 
 
 def cetlab(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "console.cli", *args], capture_output=True, text=True, timeout=60, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "console.cli.main", *args], capture_output=True, text=True, timeout=60, cwd=cwd)
 
 
 def test_check_prints_each_problem_at_its_line_and_column_and_exits_1(tmp_path):

@@ -19,8 +19,9 @@ from agents.wire.catalogue.models import MODELS_SWAP, SwapParams
 from agents.wire.entry import EXIT_BROKEN_PIPE
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, Hello, RemoteError, Role
-from console.cli import Context, status_human, status_json
-from console.cli_doctor import cmd_doctor
+from console.cli.doctor import cmd_doctor
+from console.cli.main import Context
+from console.lab.status import status_human, status_json
 from tests.conftest import REPO, wait_for
 
 P40 = {"name": "Tesla P40", "memory_gib": 24, "tdp_w": 250}
@@ -184,7 +185,7 @@ async def test_an_older_agent_says_what_it_cannot_do_and_the_rest_works(in_proce
     text = status_human(data)
     assert f"cetlab {__version__}" in text.splitlines()[1]
     assert "no `cetlab swap`, `cetlab pin`, `cetlab lab doctor` there (the rest works): run `cetlab lab upgrade`" in text
-    from console.screens.fleet import card_note
+    from console.tui.screens.fleet import card_note
 
     assert "older than this console" in (card_note(view) or "")  # the fleet card says it too
 
@@ -251,7 +252,7 @@ def test_the_agents_cli_exits_quietly_when_its_reader_has_gone(tmp_path, lab_fil
 def test_lab_doctor_over_ssh_asks_the_running_agent(small_demo):
     """The whole path: the CLI, SSH, the agent's operator method, its checks in a thread, the matrix and --json."""
     done = subprocess.run(
-        [sys.executable, "-m", "console.cli", "--lab", str(small_demo.lab_path), "--json", "lab", "doctor"],
+        [sys.executable, "-m", "console.cli.main", "--lab", str(small_demo.lab_path), "--json", "lab", "doctor"],
         capture_output=True,
         text=True,
         timeout=180,

@@ -18,8 +18,8 @@ from agents.runtime.view import MachineView
 from agents.wire.lab.model import parse_lab
 from agents.wire.lab.push import lab_changes, lab_version
 from agents.wire.protocol import ErrorCode, LinkStatus, PeerKeys, RemoteError, Role
-from console.cli import status_human, status_json
-from console.screens.fleet import alert_badges, card_note
+from console.lab.status import status_human, status_json
+from console.tui.screens.fleet import alert_badges, card_note
 from tests.conftest import wait_for
 
 P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}

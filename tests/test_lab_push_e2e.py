@@ -43,7 +43,7 @@ def agent_cli(*args: str) -> str:
 
 
 def cetlab(lab: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "console.cli", "--lab", str(lab), *args], capture_output=True, text=True, timeout=90)
+    return subprocess.run([PY, "-m", "console.cli.main", "--lab", str(lab), *args], capture_output=True, text=True, timeout=90)
 
 
 def lab_data(ports: dict[str, int], gateway_port: int, policies: dict | None = None) -> dict:

@@ -51,7 +51,7 @@ def test_a_cli_verb_runs_without_textual(small_demo):
     # Static contracts cannot see a verb module imported by name at run time: run one and look.
     code = (
         "import json, sys\n"
-        "from console.cli import build_parser, main\n"
+        "from console.cli.main import build_parser, main\n"
         "build_parser()\n"
         f"code = main(['--lab', {str(small_demo.lab_path)!r}, '--json', 'status'])\n"
         "print(json.dumps({'exit': code, 'textual': sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'textual_plotext')),\n"

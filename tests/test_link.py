@@ -26,10 +26,10 @@ from agents.wire.events import Notice, PushEvent
 from agents.wire.lab.model import parse_lab
 from agents.wire.protocol import PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
 from agents.wire.states import ModelState
-from console.cli import status_human, status_json
-from console.client import FleetClient
-from console.openssh import PipeReader
-from console.state import LabState
+from console.lab.client import FleetClient
+from console.lab.openssh import PipeReader
+from console.lab.state import LabState
+from console.lab.status import status_human, status_json
 from tests.conftest import wait_for
 from widgets.section_faults import fault_line
 
@@ -339,8 +339,8 @@ async def test_a_section_refused_as_sent_is_shown_as_a_failing_one_until_a_valid
 async def test_a_reply_that_does_not_fit_names_the_machine_and_the_cli_says_bad_reply_not_offline():
     from agents.wire.catalogue.method import request
     from agents.wire.catalogue.models import MODELS_LIST
-    from console.cli_checkpoints import runs_human
-    from console.cli_models import models_human
+    from console.cli.checkpoints import runs_human
+    from console.cli.models import models_human
 
     script = replying("models.list", {"machine": "box", "models": [model("llm", "dozing")]})
     async with linked(script) as (_agent, core):

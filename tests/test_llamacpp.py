@@ -23,7 +23,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import Model, load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.schema import EngineName
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import HOUR_S, age, wait_for
 from tests.llamacpp_fixtures import llama_server_or_skip, tiny_models
 from tests.pool_fixtures import FAST, engine_http, pool_lab, post, settle

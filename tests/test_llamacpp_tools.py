@@ -16,7 +16,7 @@ import yaml
 
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.llamacpp_fixtures import llama_server_or_skip, tiny_models
 from tests.pool_fixtures import settle
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from console.machine_files import add_machine, pin_host_key, remove_machine, unpin_host_key
-from console.machine_remote import Preflight
-from console.machine_ssh import MachineError, Target
-from console.machine_steps import FAIL, OK, judge
+from console.machine.files import add_machine, pin_host_key, remove_machine, unpin_host_key
+from console.machine.remote import Preflight
+from console.machine.ssh import MachineError, Target
+from console.machine.steps import FAIL, OK, judge
 
 LAB = """\
 # our lab: hand-written
@@ -135,7 +135,7 @@ def test_the_next_step_for_the_machines_gpus_follows_the_older_gpus_matrix():
     import subprocess
     import sys
 
-    from console.machine_remote import ADVICE
+    from console.machine.remote import ADVICE
 
     gpus = [
         {"index": 0, "name": "Tesla P40", "compute_capability": "6.1"},
@@ -165,7 +165,7 @@ def test_paths_a_hostile_machine_answers_stay_one_word_in_every_command():
     """The layout comes from the machine's pre-flight: whatever it holds reaches the remote shell quoted, never run."""
     import shlex
 
-    from console import machine_remote as remote
+    from console.machine import remote
 
     evil = "/h/x; evilcmd /tmp/pwned $(id) `id` 'q"
     pre = preflight(
@@ -202,7 +202,7 @@ async def test_the_last_machine_is_removed_with_nothing_left_to_push_to(tmp_path
     """Removing a lab's last machine (one never added from this workstation: no ssh step) ends done: lab.yaml keeps
     `machines: []` for the next add and nothing is pushed (before: the push loaded that lab.yaml and the verb exited 2
     after everything had been undone)."""
-    from console.machine_steps import remove
+    from console.machine.steps import remove
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # this workstation's records of added machines
     lab = tmp_path / "lab.yaml"

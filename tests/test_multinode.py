@@ -17,7 +17,7 @@ from agents.jobs import recipes
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import REPO, run_agent, wait_for
 from tests.test_jobs import cli, running
 
@@ -413,7 +413,7 @@ def test_server_ports_come_from_below_the_ephemeral_range(tmp_path):
 
 
 def test_one_row_per_run_keeps_a_multi_node_run_once_and_other_runs_apart():
-    from console.runs import RunKey, one_row_per_run
+    from console.lab.runs import RunKey, one_row_per_run
 
     rows = [
         ("irina", "m5-4", "m5-4", 3),

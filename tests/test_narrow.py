@@ -7,10 +7,10 @@ import time
 import pytest
 
 from agents.wire.protocol import GpuSample
-from console.app import CetlabApp
-from console.client import FleetClient
-from console.screens.fleet import FleetScreen
-from console.screens.models import ModelsScreen
+from console.lab.client import FleetClient
+from console.tui.app import CetlabApp
+from console.tui.screens.fleet import FleetScreen
+from console.tui.screens.models import ModelsScreen
 from tests.conftest import until_drawn, wait_for
 from tests.console_fixtures import FROZEN_NOW, frozen_models, frozen_state
 from widgets.format import Thresholds
@@ -182,7 +182,7 @@ async def test_a_resized_terminal_refits_the_fleet_and_the_models(frozen_lab):
 
 
 def test_every_table_keeps_its_key_columns_at_100_and_80_columns():
-    from console.screens import alerts, audit, checkpoints, costs, gateway
+    from console.tui.screens import alerts, audit, checkpoints, costs, gateway
     from widgets import jobs_table, orchestra_table
     from widgets.live_table import LiveTable
 
@@ -213,7 +213,7 @@ async def test_a_long_message_is_cut_to_the_table_never_scrolls_it_sideways(widt
     table once grew past the screen, with a sideways scrollbar, as long as its longest message)."""
     from textual.app import App
 
-    from console.screens import alerts
+    from console.tui.screens import alerts
     from widgets.live_table import LiveTable
 
     class One(App):
@@ -232,7 +232,7 @@ async def test_a_long_message_is_cut_to_the_table_never_scrolls_it_sideways(widt
 def test_a_split_pane_keeps_where_jobs_and_models_run_and_an_alerts_message():
     """At 80 columns :jobs dropped MACHINE, RECIPE and LOSS and :models MACHINE (a 30-column STATE); :alerts at 100 cut its
     message to "gpu0"; ELAPSED showed at no width."""
-    from console.screens import alerts
+    from console.tui.screens import alerts
     from widgets import jobs_table, orchestra_table
     from widgets.live_table import LiveTable
 
@@ -299,7 +299,7 @@ def test_the_header_keeps_the_labs_rate_at_100_columns():
 async def test_every_dialog_fits_an_80_column_terminal(frozen_lab):
     """The new-run form was 90 wide: at 80 columns its right edge and each param's help were off screen."""
     from agents.wire.catalogue.jobs import RecipeInfo
-    from console.screens.modals import PickModelScreen, StartJobScreen
+    from console.tui.screens.modals import PickModelScreen, StartJobScreen
 
     recipe = RecipeInfo.model_validate(
         {
@@ -341,8 +341,8 @@ def test_the_count_of_machines_online_keeps_its_words_when_a_costs_section_arriv
     from agents.wire.events import TickEvent
     from agents.wire.lab.model import parse_lab
     from agents.wire.protocol import LinkStatus
-    from console.costs import live_totals
-    from console.state import LabState
+    from console.lab.costs import live_totals
+    from console.lab.state import LabState
     from widgets.cost_counter import cost_text
     from widgets.lab_header import header_text
 

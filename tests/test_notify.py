@@ -23,7 +23,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import LabError, load_lab, parse_lab
 from agents.wire.lab.notify import Kind, Level
 from agents.wire.sections.notify import Notification
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import REPO, wait_for
 
 P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
@@ -348,7 +348,7 @@ async def test_a_secret_never_appears_in_the_audit_the_logs_the_json_output_or_t
             ],
         )
         with DemoLab(tmp_path / "run", source=lab) as demo:
-            cli = [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path)]
+            cli = [sys.executable, "-m", "console.cli.main", "--lab", str(demo.lab_path)]
             async with FleetClient(load_lab(demo.lab_path), subscribe=[]) as client:
                 await client.wait_connected(10)
                 await hot(client)
@@ -621,7 +621,7 @@ async def test_the_demo_hot_gpu_scenario_and_a_failed_run_each_reach_the_demo_re
         def arrived() -> list[dict[str, Any]]:
             return [json.loads(line) for line in received.read_text().splitlines()] if received.exists() else []
 
-        cli = [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path)]
+        cli = [sys.executable, "-m", "console.cli.main", "--lab", str(demo.lab_path)]
         hot_gpu = subprocess.run(
             [*cli, "sim-override", "m5", "--gpu", "0", "--temp-c", "95"], capture_output=True, text=True, timeout=60, cwd=REPO
         )
@@ -733,8 +733,8 @@ async def test_job_events_finished_failed_lost_and_stalled_are_sent_once_each_an
 
 
 async def test_the_alerts_view_shows_each_routes_last_delivery_and_failures(tmp_path):
-    from console.app import CetlabApp
-    from console.screens.alerts import AlertsScreen
+    from console.tui.app import CetlabApp
+    from console.tui.screens.alerts import AlertsScreen
 
     receiver = Receiver().start()
     dead = Receiver().start()
@@ -822,7 +822,7 @@ async def test_a_real_training_run_that_finishes_sends_its_final_loss_and_checkp
             [
                 sys.executable,
                 "-m",
-                "console.cli",
+                "console.cli.main",
                 "--lab",
                 str(demo.lab_path),
                 "train",
@@ -892,7 +892,7 @@ async def test_a_notification_not_accepted_within_give_up_after_is_dropped_and_c
 
 
 def test_notify_test_without_a_route_is_a_usage_error_before_any_machine_is_dialled(tmp_path, capsys):
-    from console.cli import main
+    from console.cli.main import main
 
     lab = tmp_path / "lab.yaml"
     lab.write_text(
@@ -928,7 +928,7 @@ def test_alerts_lists_a_troubled_route_before_those_that_deliver():
     """:alerts has a few lines for its routes (8): with two routes on four machines the last were cut at 80x24, a
     failing one among them. The troubled ones come first."""
     from agents.wire.sections.notify import Delivery, RouteStatus
-    from console.notify import troubled_first
+    from console.lab.notify import troubled_first
 
     ok = Delivery(at=2.0, ok=True, answer="HTTP 200")
     failed = Delivery(at=3.0, ok=False, answer="HTTP 500")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 
-from console import openssh
+from console.lab import openssh
 
 
 async def test_closing_a_session_whose_ssh_just_exited_leaves_its_exit_to_the_child_watcher(caplog):

@@ -22,7 +22,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 from tests.pool_fixtures import engine_http, pool_lab, post, settle, sim_model
 
@@ -344,7 +344,7 @@ async def test_the_sim_engine_counts_tokens_as_it_makes_them_and_the_pool_report
         assert 0 < await rated() <= 44.0
         listed = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "models"],
+            [sys.executable, "-m", "console.cli.main", "--lab", str(demo.lab_path), "models"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -386,7 +386,7 @@ async def test_cli_models_warm_swap_cold_json(run_pool):
 
     def cli(*args: str) -> tuple[int, dict]:
         done = subprocess.run(
-            [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "--json", *args],
+            [sys.executable, "-m", "console.cli.main", "--lab", str(demo.lab_path), "--json", *args],
             capture_output=True,
             text=True,
             timeout=60,

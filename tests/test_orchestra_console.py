@@ -7,9 +7,9 @@ from textual.widgets import OptionList
 
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
-from console.app import CetlabApp
-from console.screens.modals import ConfirmScreen, PickModelScreen
-from console.screens.models import ModelsScreen
+from console.tui.app import CetlabApp
+from console.tui.screens.modals import ConfirmScreen, PickModelScreen
+from console.tui.screens.models import ModelsScreen
 from tests.conftest import until_drawn, wait_for
 from tests.pool_fixtures import pool_lab, sim_model
 from widgets.orchestra_table import OrchestraTable
@@ -117,7 +117,7 @@ async def test_models_view_read_only_acts_on_nothing(pool):
 
 
 async def test_the_swap_picker_offers_what_fits_first_and_names_the_true_gpu():
-    from console.client import FleetClient
+    from console.lab.client import FleetClient
     from tests.console_fixtures import FROZEN_NOW, frozen_state
 
     gib = 1024**3
@@ -172,7 +172,7 @@ async def test_the_swap_picker_offers_what_fits_first_and_names_the_true_gpu():
 
 def frozen_pool_app(models: list[dict]):
     """The frozen demo lab with this models section on irina; no agents behind it (a call would fail loudly)."""
-    from console.client import FleetClient
+    from console.lab.client import FleetClient
     from tests.console_fixtures import FROZEN_NOW, frozen_state
 
     state = frozen_state()
@@ -248,7 +248,7 @@ async def test_shift_r_rotates_now_after_a_question():
 
 def test_rotation_figures_are_per_machine_in_human_durations():
     from agents.wire.sections.models import Rotation
-    from console.screens.models import rotation_text
+    from console.tui.screens.models import rotation_text
 
     now = 1_790_000_000.0
     rotations = {
@@ -274,8 +274,8 @@ def test_rotation_figures_are_per_machine_in_human_durations():
 
 def test_model_details_say_the_window_of_tokens_per_s():
     from agents.wire.sections.models import ModelInfo
-    from console.cli_models import models_human
-    from console.screens.models import detail_text
+    from console.cli.models import models_human
+    from console.tui.screens.models import detail_text
 
     fields = {
         "name": "talky",

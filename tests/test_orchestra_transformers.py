@@ -9,7 +9,7 @@ import pytest
 
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import ErrorCode, RemoteError
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.pool_fixtures import post, settle
 
 

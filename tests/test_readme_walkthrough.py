@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agents.wire.lab.model import load_lab
-from console.demo import bundled_lab
+from console.lab.demo import bundled_lab
 from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ def test_the_checkpoints_page_states_the_demo_recipes_defaults():
 def test_the_checkpoint_walkthrough_runs_as_written(demo_lab):
     commands = walkthrough()
     assert [shlex.split(c)[1] for c in commands] == ["train", "checkpoints", "serve-checkpoint", "resume", "prune"]
-    base = [sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path)]
+    base = [sys.executable, "-m", "console.cli.main", "--lab", str(demo_lab.lab_path)]
     run_id = None
     outputs = []
     for command in commands:
@@ -96,7 +96,10 @@ def gateway_block() -> list[str]:
 
 def cli(demo, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "console.cli.main", "--lab", str(demo.lab_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -113,7 +116,7 @@ def test_the_gateway_wake_example_wakes_after_the_demo_restarted_warm(tmp_path):
         script = "\n".join(
             line.replace("DIR", str(demo.dir))
             .replace("PORT", str(lab.gateway.port))
-            .replace("cetlab --lab", f"{shlex.quote(sys.executable)} -m console.cli --lab")
+            .replace("cetlab --lab", f"{shlex.quote(sys.executable)} -m console.cli.main --lab")
             for line in gateway_block()
         )
 
@@ -143,7 +146,7 @@ def test_the_multi_node_run_runs_as_written(demo_lab):
     assert command and "--follow" in command.group(1)
     argv = shlex.split(command.group(1))
     result = subprocess.run(
-        [sys.executable, "-m", "console.cli", "--lab", str(demo_lab.lab_path), *argv[1:]],
+        [sys.executable, "-m", "console.cli.main", "--lab", str(demo_lab.lab_path), *argv[1:]],
         capture_output=True,
         text=True,
         timeout=540,

@@ -100,7 +100,7 @@ def test_gpu_check_reads_a_recorded_status_of_a_real_gpu():
 
     from agents.wire.catalogue.agent import StatusReply
     from bench import gpu_check
-    from console.cli import STATUS_GPU_KEYS
+    from console.lab.status import STATUS_GPU_KEYS
 
     recorded = json.loads((REPO / "tests" / "data" / "gpu_check_status.json").read_text())
     status, agent_status = recorded["status --json"], recorded["agent status"]

@@ -10,10 +10,10 @@ import pytest
 
 from agents.wire.lab.model import Replica
 from agents.wire.sections.models import ModelInfo
-from console.app import CetlabApp
-from console.cli_models import models_human
-from console.screens.modals import ConfirmScreen, PickModelScreen
-from console.screens.models import ModelsScreen, detail_text
+from console.cli.models import models_human
+from console.tui.app import CetlabApp
+from console.tui.screens.modals import ConfirmScreen, PickModelScreen
+from console.tui.screens.models import ModelsScreen, detail_text
 from tests.conftest import until_drawn
 from widgets.orchestra_table import OrchestraTable
 
@@ -23,7 +23,7 @@ GIB = 1024**3
 
 
 def replicated_app() -> CetlabApp:
-    from console.client import FleetClient
+    from console.lab.client import FleetClient
     from tests.console_fixtures import FROZEN_NOW, frozen_state
 
     state = frozen_state()

@@ -22,7 +22,7 @@ import yaml
 
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -155,7 +155,7 @@ async def test_a_model_on_two_replicas_survives_a_swap_of_one_without_a_failed_r
 
 def cli(demo: DemoLab, *args: str, json_out: bool = True) -> tuple[int, Any]:
     done = subprocess.run(
-        [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), *(["--json"] if json_out else []), *args],
+        [sys.executable, "-m", "console.cli.main", "--lab", str(demo.lab_path), *(["--json"] if json_out else []), *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -19,7 +19,7 @@ from agents.orchestra.tiny_gguf import write_tiny_gguf
 from agents.runtime import llamacpp_build
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 from tests.llamacpp_fixtures import llama_server_or_skip
 
@@ -95,7 +95,18 @@ async def test_a_llama_server_replica_stopped_under_traffic_drains_on_its_engine
             await wait_for(lambda: {"box", "node"} <= {t for s, t, _ in answers if s == 200}, timeout=60)
             done = await asyncio.to_thread(
                 subprocess.run,
-                [sys.executable, "-m", "console.cli", "--lab", str(demo.lab_path), "--json", "cold", "tiny", "--machine", "node"],
+                [
+                    sys.executable,
+                    "-m",
+                    "console.cli.main",
+                    "--lab",
+                    str(demo.lab_path),
+                    "--json",
+                    "cold",
+                    "tiny",
+                    "--machine",
+                    "node",
+                ],
                 capture_output=True,
                 text=True,
                 timeout=120,

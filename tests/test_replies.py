@@ -1,4 +1,4 @@
-"""Several machines' typed answers split into replies and errors (console/replies.py), and a reply printed as it was sent."""
+"""Several machines' typed answers split into replies and errors (console/lab/replies.py), and a reply printed as it was sent."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from agents.wire.catalogue.jobs import JOBS_LIST, JobListParams
 from agents.wire.catalogue.method import ReplyInvalid, request_all
 from agents.wire.protocol import ErrorCode, RemoteError
-from console.replies import Answers, sent
+from console.lab.replies import Answers, sent
 from tests.console_fixtures import frozen_jobs
 
 

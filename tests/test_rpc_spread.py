@@ -22,7 +22,7 @@ from agents.wire.lab.model import LabError, Model, parse_lab
 from agents.wire.lab.spread import helped_models, node_links
 from agents.wire.protocol import NODE_METHODS, PeerKeys, Role
 from agents.wire.sections.models import ModelInfo
-from console.cli_models import model_human, models_human
+from console.cli.models import model_human, models_human
 from widgets.format import machines_text
 
 GIB = 1024**3

@@ -21,7 +21,7 @@ from agents.runtime.peers import PEER_KEY_NAME
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import SSH_USERNAME
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 from tests.llamacpp_fixtures import llama_server_or_skip
 

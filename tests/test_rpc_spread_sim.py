@@ -10,7 +10,7 @@ import yaml
 
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -16,9 +16,9 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab, parse_lab
 from agents.wire.protocol import EVENT_TICK, Role
 from agents.wire.sections.base import FaultsSection
-from console.app import CetlabApp
-from console.screens.fleet import FleetScreen
-from console.screens.jobs import JobsScreen
+from console.tui.app import CetlabApp
+from console.tui.screens.fleet import FleetScreen
+from console.tui.screens.jobs import JobsScreen
 from tests.conftest import until_drawn, wait_for
 from tests.screen_text import screen_lines
 
@@ -27,7 +27,7 @@ ERROR = "RuntimeError: the jobs table is gone [red]x[/red]"  # markup in an erro
 
 def cli(lab_path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "console.cli", "--lab", str(lab_path), *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "console.cli.main", "--lab", str(lab_path), *args], capture_output=True, text=True, timeout=60
     )
 
 

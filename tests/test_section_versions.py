@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from console.app import CetlabApp
-from console.client import FleetClient
-from console.screens.jobs import JobsScreen
-from console.state import LabState
+from console.lab.client import FleetClient
+from console.lab.state import LabState
+from console.tui.app import CetlabApp
+from console.tui.screens.jobs import JobsScreen
 from tests.conftest import until_drawn
 from tests.console_fixtures import FROZEN_NOW, frozen_jobs, frozen_state
 from widgets.jobs_table import JobsTable

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from agents.shell.demo.lab import free_ports
-from console.serve import check_host, console_command, public_url
+from console.tui.serve import check_host, console_command, public_url
 from tests.conftest import wait_for
 
 ANSI = re.compile(r"\x1b\[[0-9;?<>=]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
@@ -24,7 +24,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?<>=]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>78]|
 
 def _start(lab_path: Path, *flags: str) -> tuple[subprocess.Popen[str], str]:
     port = free_ports(1)[0]
-    argv = [sys.executable, "-m", "console.app", "--lab", str(lab_path), "--serve", "--port", str(port), *flags]
+    argv = [sys.executable, "-m", "console.tui.app", "--lab", str(lab_path), "--serve", "--port", str(port), *flags]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert process.stdout is not None
     first = process.stdout.readline()
@@ -145,7 +145,7 @@ def test_a_network_host_needs_saying_so_twice(small_demo):
     assert check_host("127.0.0.1", False) is None and check_host("::1", False) is None and check_host("localhost", False) is None
     assert check_host("0.0.0.0", True) is None
     result = subprocess.run(
-        [sys.executable, "-m", "console.app", "--lab", str(small_demo.lab_path), "--serve", "--host", "0.0.0.0"],
+        [sys.executable, "-m", "console.tui.app", "--lab", str(small_demo.lab_path), "--serve", "--host", "0.0.0.0"],
         capture_output=True,
         text=True,
         timeout=60,

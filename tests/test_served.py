@@ -9,8 +9,8 @@ from agents.wire.sections.checkpoints import CheckpointInfo
 from agents.wire.sections.models import Serving
 from agents.wire.served import SERVED_STATES, is_served
 from agents.wire.states import ModelState
-from console.cli_checkpoints import marks
-from console.screens.checkpoints import flags_text
+from console.cli.checkpoints import marks
+from console.tui.screens.checkpoints import flags_text
 
 # Every state a serving record can hold: the serving model's, and the serve's own (agents/checkpoints/).
 SERVE_STEPS = ("merging", "converting", "unloaded")

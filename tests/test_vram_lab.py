@@ -64,7 +64,7 @@ async def test_the_agent_estimates_a_left_out_need_from_the_gguf_and_placement_g
 
 
 async def test_cetlab_models_says_each_need_its_source_and_where_it_fits(lab, tmp_path, capsys):
-    from console.cli import Context, build_parser
+    from console.cli.main import Context, build_parser
 
     client = lab.client()
     await client.start()

@@ -13,11 +13,11 @@ from textual.widgets import DataTable, Log, OptionList, Static
 from agents.wire.catalogue.alerts import ALERTS_ACK, AckParams
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import RemoteError
-from console.app import CetlabApp
-from console.screens.jobs import JobsScreen
-from console.screens.logs import LogScreen
-from console.screens.machine import MachineScreen
-from console.views import VIEWS
+from console.tui.app import CetlabApp
+from console.tui.screens.jobs import JobsScreen
+from console.tui.screens.logs import LogScreen
+from console.tui.screens.machine import MachineScreen
+from console.tui.views import VIEWS
 from tests.conftest import HOUR_S, age, until_drawn, wait_for
 from tests.hardening_fixtures import connected
 from widgets.wire import visible
@@ -191,8 +191,8 @@ async def test_hostile_wire_text_in_every_view(run_pool, tmp_path):
 async def test_hostile_gateway_section_is_shown_as_text():
     """Gateway keys, models and providers are names the agents check (NAME_RE), so no real agent sends these: a
     gateway section holding them anyway (an older or a hostile agent) is still shown as text."""
-    from console.client import FleetClient
-    from console.screens.gateway import GatewayScreen
+    from console.lab.client import FleetClient
+    from console.tui.screens.gateway import GatewayScreen
     from tests.console_fixtures import FROZEN_NOW, frozen_state
 
     state = frozen_state(offline=())
@@ -225,9 +225,9 @@ async def test_hostile_gateway_section_is_shown_as_text():
 async def test_hostile_costs_report_is_refused_on_the_wire_and_shown_as_text_by_the_view():
     """Hardening IV, R9: `:costs` put an agent's `since.day` in its markup and parsed it as a date: two strings crashed
     every console that opened it. The wire checks a day (Day); the view shows what an older agent sent as text."""
-    from console.client import FleetClient
-    from console.costs import LabCosts, LabDay, lab_costs
-    from console.screens.costs import CostsScreen
+    from console.lab.client import FleetClient
+    from console.lab.costs import LabCosts, LabDay, lab_costs
+    from console.tui.screens.costs import CostsScreen
     from tests.console_fixtures import FROZEN_NOW, frozen_state
 
     day = {"day": "2026-11-01", "cost": 1.0}

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from agents.wire.catalogue.index import CATALOGUE
-from console.app import CetlabApp
-from console.client import FleetClient
-from console.screens.machine import MachineScreen
-from console.views import VIEWS
+from console.lab.client import FleetClient
+from console.tui.app import CetlabApp
+from console.tui.screens.machine import MachineScreen
+from console.tui.views import VIEWS
 from tests.conftest import until_drawn, wait_for
 from tests.console_fixtures import FROZEN_NOW, frozen_state
 from tests.test_cli_every_verb_hostile import HOSTILE, LONG, hostile_reply

@@ -19,7 +19,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import Model, load_lab
 from agents.wire.protocol import GpuProcess, GpuSample, Telemetry
 from agents.wire.states import ModelState
-from console.client import FleetClient
+from console.lab.client import FleetClient
 from tests.conftest import wait_for
 from tests.hardening_fixtures import connected, one_machine_lab, start_agent, wait_listening
 from tests.pool_fixtures import pool_lab, settle, sim_model

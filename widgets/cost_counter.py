@@ -11,7 +11,7 @@ from widgets.format import NA, fmt_money
 
 
 def cost_text(totals: dict[str, Any] | None) -> Text:
-    """One line for the header; `totals` as console.costs.live_totals returns it (None: nothing yet)."""
+    """One line for the header; `totals` as console.lab.costs.live_totals returns it (None: nothing yet)."""
     if totals is None:
         return Text("cost …", style="dim")
     currency = totals["currency"]

@@ -1,0 +1,1 @@
+"""`cetlab`, the scriptable CLI: `main` (the parser, the context, `status`), one module per verb family."""

@@ -41,7 +41,7 @@ docs: $(STAMP)
 # The pinned llama-server (llama.cpp from llama-cpp-python's sdist), built once into ~/.cache/cetlab/;
 # on a GPU box: make llama-server LLAMA_CUDA_ARCHS="61;70;86" (needs nvcc)
 llama-server: $(STAMP)
-	$(BIN)/python -m agents.runtime.llamacpp_build $(if $(LLAMA_CUDA_ARCHS),--cuda --cuda-archs "$(LLAMA_CUDA_ARCHS)")
+	$(BIN)/python -m agents.orchestra.engines.llamacpp.build $(if $(LLAMA_CUDA_ARCHS),--cuda --cuda-archs "$(LLAMA_CUDA_ARCHS)")
 
 # The benches start cetlab's commands (cetlab-train, cetlab-agent): the venv's, first on PATH.
 # Ends with a table of goals met and missed; exits 1 when a goal was missed, 2 when a bench failed.

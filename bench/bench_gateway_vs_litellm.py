@@ -1,7 +1,7 @@
 """The lab gateway against calling the real llama-server directly and against LiteLLM's proxy, in one run.
 
 One llama-server (the pinned build, `make llama-server`) on 127.0.0.1:PORT serves a random-weight GGUF
-(agents.orchestra.tiny_gguf); a one-machine lab's agent (a real process, as a user runs it) starts it and its
+(agents.orchestra.engines.llamacpp.tiny_gguf); a one-machine lab's agent (a real process, as a user runs it) starts it and its
 gateway serves it; LiteLLM's proxy (from its own venv: LITELLM_VENV or --litellm) is put in front of the same
 llama-server. Every figure is a ratio to, or a difference from, the direct figure measured in the same rounds,
 alternated direct / cetlab / LiteLLM so all three see the same machine:
@@ -51,8 +51,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.orchestra.engine import free_port
-from agents.orchestra.tiny_gguf import write_tiny_gguf
-from agents.runtime import llamacpp_build
+from agents.orchestra.engines.llamacpp import build as llamacpp_build
+from agents.orchestra.engines.llamacpp.tiny_gguf import write_tiny_gguf
 from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_GET, ModelDetail, ModelParams

@@ -44,7 +44,7 @@ def pin_llama_server(environ: dict[str, str] | os._Environ[str]) -> None:
     """The suite runs llama.cpp's CPU build, the one `make llama-server` caches: a CUDA build cached beside it (found
     first by find_llama_server, as an operator wants) would move the tests' engines onto a real GPU and judge the
     simulated GPUs of the test labs against its archs. An operator's own CETLAB_LLAMA_SERVER is kept."""
-    from agents.runtime import llamacpp_build
+    from agents.orchestra.engines.llamacpp import build as llamacpp_build
 
     environ.setdefault(llamacpp_build.BINARY_ENV, str(llamacpp_build.build_dir(cuda=False) / "bin" / "llama-server"))
 

@@ -6,7 +6,13 @@ import psutil
 
 from agents.shell.demo.lab import DemoLab
 
-ENGINE_MODULES = ("agents.orchestra.sim_server", "agents.orchestra.sim_llamacpp", "vllm", "transformers", "llama-server")
+ENGINE_MODULES = (
+    "agents.orchestra.engines.vllm.twin",
+    "agents.orchestra.engines.llamacpp.twin",
+    "vllm",
+    "transformers",
+    "llama-server",
+)
 TCP_ENGINES = ("transformers",)  # `transformers serve` has no unix-socket option: 127.0.0.1, with the doctor's warning
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.orchestra.chat_templates import QWEN25
-from agents.orchestra.tiny_gguf import write_tiny_gguf, write_tiny_lora_gguf
-from agents.runtime import llamacpp_build
+from agents.orchestra.engines.llamacpp import build as llamacpp_build
+from agents.orchestra.engines.llamacpp.chat_templates import QWEN25
+from agents.orchestra.engines.llamacpp.tiny_gguf import write_tiny_gguf, write_tiny_lora_gguf
 
 
 def llama_server_or_skip() -> Path:

@@ -28,7 +28,7 @@ P4 = {"name": "Tesla P4", "memory_gib": 8, "tdp_w": 75}
 SERVER = [
     sys.executable,
     "-m",
-    "agents.orchestra.sim_server",
+    "agents.orchestra.engines.vllm.twin",
     "{model}",
     "--uds",
     "{socket}",
@@ -114,7 +114,7 @@ def server_processes(where: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if "agents.orchestra.sim_server" in cmdline and where in cmdline:
+        if "agents.orchestra.engines.vllm.twin" in cmdline and where in cmdline:
             found.append(proc)
     return found
 

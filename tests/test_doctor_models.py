@@ -62,7 +62,7 @@ def test_doctor_fails_on_a_missing_llama_server_and_gguf_and_on_a_file_that_is_n
     code, checks = doctor(lab, state, binary)
     assert code == 1
     server = checks["llama-server (tiny)"]
-    assert server["level"] == "FAIL" and "-m agents.runtime.llamacpp_build" in server["message"], server
+    assert server["level"] == "FAIL" and "-m agents.orchestra.engines.llamacpp.build" in server["message"], server
     weights = checks["model tiny"]
     assert weights["level"] == "FAIL" and f"{tmp_path / 'models' / 'tiny.gguf'} does not exist" in weights["message"], weights
     assert "hf download" in weights["message"]

@@ -294,7 +294,7 @@ def test_the_suite_runs_the_cached_cpu_llama_server_though_a_cuda_build_is_found
     """find_llama_server takes the cache's CUDA build first (what an operator wants); on a GPU workstation that had the
     tests' engines on a real GPU and judged the test labs' simulated GPUs against its archs. The suite pins the CPU
     build (tests/conftest.py), and keeps an operator's own CETLAB_LLAMA_SERVER."""
-    from agents.runtime import llamacpp_build
+    from agents.orchestra.engines.llamacpp import build as llamacpp_build
     from tests.conftest import pin_llama_server
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

@@ -108,7 +108,7 @@ def test_the_llama_server_build_says_its_step_count_and_keeps_every_line_in_its_
     """`make llama-server` printed three lines, then nothing for 8 minutes (the output went to build.log, unsaid)."""
     import sys
 
-    from agents.runtime.llamacpp_build import _run
+    from agents.orchestra.engines.llamacpp.build import _run
 
     ninja = "import sys\nfor i in range(1, 41): print(f'[{i}/40] Building CXX object ggml/src/f{i}.o')\nprint('linking')"
     log = tmp_path / "build.log"
@@ -124,8 +124,8 @@ def test_the_llama_server_build_says_its_step_count_and_keeps_every_line_in_its_
 def test_a_tiny_gguf_for_the_llamacpp_engine_is_one_command(tmp_path, capsys, monkeypatch):
     from gguf import GGUFReader
 
-    from agents.orchestra import tiny_gguf
-    from agents.runtime import llamacpp_build
+    from agents.orchestra.engines.llamacpp import build as llamacpp_build
+    from agents.orchestra.engines.llamacpp import tiny_gguf
 
     monkeypatch.setattr(llamacpp_build, "vocab_file", lambda: None)  # no build yet: it says what to run
     assert tiny_gguf.main([str(tmp_path / "t.gguf")]) == 1

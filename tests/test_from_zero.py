@@ -301,7 +301,9 @@ def test_from_nothing_to_a_lab_pushed_live_and_a_machine_removed(lab_machines, t
     # the lab's doctor reads what lab.yaml now places on b: the missing llama-server and GGUF, each with its fix
     doctor = cetlab(home, lab, "lab", "doctor")
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr
-    assert "-m agents.runtime.llamacpp_build" in doctor.stdout and "gguf.gguf does not exist" in doctor.stdout, doctor.stdout
+    assert "-m agents.orchestra.engines.llamacpp.build" in doctor.stdout and "gguf.gguf does not exist" in doctor.stdout, (
+        doctor.stdout
+    )
     replace_once(lab, "  - {name: gguf, path: models/gguf.gguf, engine: llamacpp, machine: b}\n", "")
     assert pushed(home, lab)["b"]["live"] == ["models: -gguf"]
     timings = {

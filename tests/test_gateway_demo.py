@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from agents.orchestra.engines.transformers import transformers_cli
+from agents.orchestra.engines.transformers.engine import transformers_cli
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.lab.client import FleetClient

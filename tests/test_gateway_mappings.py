@@ -99,8 +99,8 @@ def test_any_upstream_stream_maps_without_raising_and_ends_once(events, noise):
 def test_each_engine_is_started_to_serve_what_its_model_serves():
     from pathlib import Path
 
-    from agents.orchestra.engines.llamacpp import LlamacppEngine
-    from agents.orchestra.engines.vllm import VllmEngine
+    from agents.orchestra.engines.llamacpp.engine import LlamacppEngine
+    from agents.orchestra.engines.vllm.engine import VllmEngine
     from agents.wire.lab.model import Model
 
     def argv(kind: type, engine: str, serves: str) -> list[str]:

@@ -12,8 +12,8 @@ import anthropic
 import openai
 import pytest
 
-from agents.orchestra.tiny_gguf import write_tiny_gguf
-from agents.runtime import llamacpp_build
+from agents.orchestra.engines.llamacpp import build as llamacpp_build
+from agents.orchestra.engines.llamacpp.tiny_gguf import write_tiny_gguf
 from agents.wire.lab.model import load_lab
 from console.lab.client import FleetClient
 from tests.conftest import wait_for

@@ -36,7 +36,7 @@ def sim_servers(socket: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if "agents.orchestra.sim_server" in cmd and socket in cmd:
+        if "agents.orchestra.engines.vllm.twin" in cmd and socket in cmd:
             found.append(proc)
     return found
 

@@ -17,7 +17,7 @@ import yaml
 from pydantic import TypeAdapter
 
 from agents.orchestra.engines import ENGINES, engine_spec
-from agents.orchestra.engines.llamacpp import LlamacppEngine, lora_files, parse_llamacpp_metrics, tensor_split
+from agents.orchestra.engines.llamacpp.engine import LlamacppEngine, lora_files, parse_llamacpp_metrics, tensor_split
 from agents.orchestra.spec import GpuBuild
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import Model, load_lab

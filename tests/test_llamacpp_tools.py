@@ -1,6 +1,6 @@
 """Tool calling, response_format and logprobs on the REAL llama-server (the pinned build, --jinja on by default)
 through the gateway, with the openai SDK, plain and streamed: a tiny random model that carries Qwen 2.5's chat
-template (agents.orchestra.chat_templates), so llama-server turns tools and schemas into grammars. Random weights
+template (agents.orchestra.engines.llamacpp.chat_templates), so llama-server turns tools and schemas into grammars. Random weights
 never choose to call a tool (Qwen's format lets text come before the <tool_call> tag), so the assistant's turn is
 begun with the tag, as any client may begin it (llama-server continues a last assistant message): the grammar then
 makes even random weights write a well-formed call of the tool, which llama-server parses into tool_calls.

@@ -18,7 +18,7 @@ import yaml
 
 from agents.jobs import component as jobs_component
 from agents.jobs.component import JobsComponent
-from agents.orchestra.engines.llamacpp import LlamacppEngine, gguf_problem
+from agents.orchestra.engines.llamacpp.engine import LlamacppEngine, gguf_problem
 from agents.runtime.rpc import Peer
 from agents.shell.agent import Agent
 from agents.wire.lab.model import parse_lab

@@ -245,7 +245,7 @@ async def test_sim_engine_every_state_sleep_wake_crash_and_bad_input(run_pool):
         [server] = [
             p
             for p in psutil.process_iter(["cmdline"])
-            if "agents.orchestra.sim_server" in (p.info["cmdline"] or []) and port in (p.info["cmdline"] or [])
+            if "agents.orchestra.engines.vllm.twin" in (p.info["cmdline"] or []) and port in (p.info["cmdline"] or [])
         ]
         server.send_signal(signal.SIGKILL)
         killed = await settle(client, "b", ("failed",))

@@ -35,7 +35,7 @@ def test_load_phases_read_both_vllm_spellings_and_never_raise(tmp_path):
         "Graph capturing finished in 1.2.3 secs\n"  # garbage: no phase
         f"warm-up (first forward pass) took {'9' * 400} seconds\n"  # infinite as a float: no phase
     )
-    from agents.orchestra.engines.vllm import VLLM_SPEC
+    from agents.orchestra.engines.vllm.engine import VLLM_SPEC
 
     engine = SimpleNamespace(log_text=lambda: log.read_text(), spec=VLLM_SPEC)  # vLLM's load-phase lines, from its spec
     phases = Engine.load_phases(engine)

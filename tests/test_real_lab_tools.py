@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from agents.orchestra.engines.transformers import TransformersEngine
+from agents.orchestra.engines.transformers.engine import TransformersEngine
 from tests.conftest import REPO
 
 SCRIPT = REPO / "bench" / "gpu_check.sh"

@@ -12,7 +12,7 @@ import pytest
 
 from agents.orchestra import engine as engine_module
 from agents.orchestra.engine import EngineRequestFailed, process_vram_bytes
-from agents.orchestra.engines.vllm import AdapterNotLoadable, SimEngine, VllmEngine, adapter_problem
+from agents.orchestra.engines.vllm.engine import AdapterNotLoadable, SimEngine, VllmEngine, adapter_problem
 from agents.wire.lab.model import Model
 from agents.wire.lab.model import SimEngine as SimDelays
 from agents.wire.protocol import GpuProcess, GpuSample

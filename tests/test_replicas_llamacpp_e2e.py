@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 import yaml
 
-from agents.orchestra.tiny_gguf import write_tiny_gguf
-from agents.runtime import llamacpp_build
+from agents.orchestra.engines.llamacpp import build as llamacpp_build
+from agents.orchestra.engines.llamacpp.tiny_gguf import write_tiny_gguf
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from console.lab.client import FleetClient

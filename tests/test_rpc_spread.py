@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from agents.orchestra.engines.llamacpp import LlamacppEngine
+from agents.orchestra.engines.llamacpp import build as llamacpp_build
+from agents.orchestra.engines.llamacpp.engine import LlamacppEngine
 from agents.orchestra.port import ModelsPort
 from agents.orchestra.spread import shares
-from agents.orchestra.vram import typed_need
-from agents.runtime import llamacpp_build
+from agents.orchestra.weights.vram import typed_need
 from agents.runtime.labfile import calls_peers, needed_peer_keys
 from agents.shell.doctor import FAIL, OK, check_rpc_helper
 from agents.shell.server import forward_problem, socket_forward_problem
@@ -175,7 +175,7 @@ def test_the_doctor_fails_a_helper_without_rpc_server_and_gives_the_build_comman
     monkeypatch.setenv(llamacpp_build.RPC_BINARY_ENV, str(tmp_path / "absent" / "rpc-server"))
     [check] = check_rpc_helper(lab, "irina")
     assert check.level == FAIL and "llama-70b" in check.message and check.fix is not None
-    assert "agents.runtime.llamacpp_build" in check.fix
+    assert "agents.orchestra.engines.llamacpp.build" in check.fix
     assert check_rpc_helper(lab, "m5") == [] and check_rpc_helper(lab, "box") == []
     binary = tmp_path / "rpc-server"
     binary.write_bytes(b"\x7fELF")

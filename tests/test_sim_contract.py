@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agents.orchestra.engine import free_port
-from agents.orchestra.engines.vllm import adapter_problem
+from agents.orchestra.engines.vllm.engine import adapter_problem
 from agents.wire.lab.model import Model
 from tests.conftest import REPO, wait_until
 
@@ -63,7 +63,7 @@ def sim(tmp_path_factory):
         [
             sys.executable,
             "-m",
-            "agents.orchestra.sim_server",
+            "agents.orchestra.engines.vllm.twin",
             str(model),
             "--port",
             str(port),

@@ -273,7 +273,7 @@ def servers(tmp_path_factory):
         [
             sys.executable,
             "-m",
-            "agents.orchestra.sim_llamacpp",
+            "agents.orchestra.engines.llamacpp.twin",
             *common,
             "--port",
             str(sim_port),
@@ -416,7 +416,16 @@ def vllm_sim(tmp_path_factory):
     model = tmp_path_factory.mktemp("vllm-model")
     (model / "weights.bin").write_bytes(b"x" * 1024)
     port = free_port()
-    argv = [sys.executable, "-m", "agents.orchestra.sim_server", str(model), "--port", str(port), "--served-model-name", "sim"]
+    argv = [
+        sys.executable,
+        "-m",
+        "agents.orchestra.engines.vllm.twin",
+        str(model),
+        "--port",
+        str(port),
+        "--served-model-name",
+        "sim",
+    ]
     argv += ["--load-s", "0", "--warmup-s", "0", "--tokens-per-s", "500", "--parent-pid", str(os.getpid())]
     proc = start(argv, port)
     yield f"http://127.0.0.1:{port}"

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from agents.orchestra.tiny_gguf import write_tiny_gguf
-from agents.runtime import llamacpp_build
+from agents.orchestra.engines.llamacpp import build as llamacpp_build
+from agents.orchestra.engines.llamacpp.tiny_gguf import write_tiny_gguf
 from tests.llamacpp_fixtures import llama_server_or_skip
 from tests.test_sim_differential import free_port, post, start
 
@@ -82,7 +82,7 @@ def pair(tmp_path_factory):
         common = ["-m", str(model), "--alias", "tiny", "-c", "512", flag]
         real_port, sim_port = free_port(), free_port()
         procs.append(start([str(binary), *common, "--port", str(real_port), "-t", "1"], real_port))
-        sim = [sys.executable, "-m", "agents.orchestra.sim_llamacpp", *common, "--port", str(sim_port)]
+        sim = [sys.executable, "-m", "agents.orchestra.engines.llamacpp.twin", *common, "--port", str(sim_port)]
         procs.append(start([*sim, "--sim-load-s", "0", "--sim-warmup-s", "0", "--sim-parent-pid", str(os.getpid())], sim_port))
         servers[serves] = (f"http://127.0.0.1:{real_port}", f"http://127.0.0.1:{sim_port}")
     yield servers

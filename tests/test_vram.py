@@ -11,10 +11,10 @@ import struct
 import gguf
 import pytest
 
-from agents.orchestra.gguf_header import GGML_TYPES, GgufError, read_gguf_header
-from agents.orchestra.safetensors_header import safetensors_weights
-from agents.orchestra.tiny_gguf import write_tiny_gguf
-from agents.orchestra.vram import (
+from agents.orchestra.engines.llamacpp.tiny_gguf import write_tiny_gguf
+from agents.orchestra.weights.gguf_header import GGML_TYPES, GgufError, read_gguf_header
+from agents.orchestra.weights.safetensors_header import safetensors_weights
+from agents.orchestra.weights.vram import (
     CUDA_CONTEXT_BYTES,
     VLLM_OVERHEAD_BYTES,
     estimate_files,

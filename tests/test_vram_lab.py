@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from agents.orchestra.tiny_gguf import write_tiny_gguf
-from agents.orchestra.vram import estimate_files
+from agents.orchestra.engines.llamacpp.tiny_gguf import write_tiny_gguf
+from agents.orchestra.weights.vram import estimate_files
 from agents.shell.doctor import WARN, check_models
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.vram_fit import GIB, gib

@@ -3,7 +3,7 @@ the KV cache ("KV buffer size") and the compute graph ("compute buffer size"), f
 context, grouped-query heads and a quantized weight type, under the args that change them (-c, -np, -ctk/-ctv).
 
 Tolerances: the weights and the KV cache are allocated tensor by tensor, so they agree to within 1% (alignment
-padding); the compute buffer is a rule fitted to llama.cpp's allocator (agents/orchestra/vram.py compute_bytes), so
+padding); the compute buffer is a rule fitted to llama.cpp's allocator (agents/orchestra/weights/vram.py compute_bytes), so
 within 25% of llama-server's own figure (wider models: within 1%; the tiniest it overestimates by a quarter MiB) (a CPU build: the graph a GPU would run; the CUDA context is not in it)."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from agents.orchestra.gguf_header import read_gguf_header
-from agents.orchestra.tiny_gguf import write_tiny_gguf
-from agents.orchestra.vram import MIB, estimate_gguf, gguf_weights_bytes
-from agents.runtime import llamacpp_build
+from agents.orchestra.engines.llamacpp import build as llamacpp_build
+from agents.orchestra.engines.llamacpp.tiny_gguf import write_tiny_gguf
+from agents.orchestra.weights.gguf_header import read_gguf_header
+from agents.orchestra.weights.vram import MIB, estimate_gguf, gguf_weights_bytes
 from agents.shell.demo.lab import free_ports
 from tests.llamacpp_fixtures import llama_server_or_skip
 

@@ -21,8 +21,8 @@ from agents.orchestra.adopt import adopt, found_on_disk
 from agents.orchestra.book import PoolBook
 from agents.orchestra.engine import EngineDown, EngineRequestFailed
 from agents.orchestra.engines import engine_class, engine_spec, installed_stacks
-from agents.orchestra.engines.llamacpp import convert_lora_argv, converter_env
-from agents.orchestra.engines.vllm import adapter_problem
+from agents.orchestra.engines.llamacpp.engine import convert_lora_argv, converter_env
+from agents.orchestra.engines.vllm.engine import adapter_problem
 from agents.orchestra.lifecycle import Lifecycle
 from agents.orchestra.methods import register
 from agents.orchestra.placement import Placement

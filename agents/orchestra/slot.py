@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents.orchestra.engine import GIB, Engine
-from agents.orchestra.vram import VramNeed, typed_need, vram_need
+from agents.orchestra.weights.vram import VramNeed, typed_need, vram_need
 from agents.wire.documents import EngineFigures
 from agents.wire.lab.model import Model
 from agents.wire.sections.base import ModelOp

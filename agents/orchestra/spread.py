@@ -28,8 +28,8 @@ import psutil
 
 from agents.orchestra.engine import free_port
 from agents.orchestra.engines import engine_spec
+from agents.orchestra.engines.llamacpp import build as llamacpp_build
 from agents.orchestra.slot import EngineFailed, Slot, gib_text
-from agents.runtime import llamacpp_build
 from agents.runtime.children import minimal_env
 from agents.runtime.core import AgentCore
 from agents.runtime.procfiles import LOG_KEEP, LOG_MAX_BYTES, copy_truncate
@@ -156,7 +156,7 @@ class RpcServers:
 
     @staticmethod
     def simulated(server: RpcServer) -> bool:
-        """A sim-llamacpp model: its helpers run the simulated rpc-server (agents/orchestra/sim_rpc_server.py)."""
+        """A sim-llamacpp model: its helpers run the simulated rpc-server (agents/orchestra/engines/llamacpp/twin_rpc_server.py)."""
         return engine_spec(server.model.engine).simulated
 
     def lends_cpu(self, server: RpcServer) -> bool:
@@ -239,7 +239,7 @@ class RpcServers:
         server.port = free_port()
         argv = [str(binary), "--host", "127.0.0.1", "--port", str(server.port)]  # never another address: no auth
         if self.simulated(server):
-            argv[1:1] = ["-m", "agents.orchestra.sim_rpc_server"]
+            argv[1:1] = ["-m", "agents.orchestra.engines.llamacpp.twin_rpc_server"]
             argv += ["--sim-parent-pid", str(os.getpid())]
         server.log_path.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(copy_truncate, server.log_path, LOG_MAX_BYTES, LOG_KEEP)

@@ -110,7 +110,7 @@ def check_engines(lab: Lab, machine: str) -> list[Check]:
 def check_models(lab: Lab, machine: str) -> list[Check]:
     """Each model lab.yaml places here, as its engine judges it: the engine's binary, the weights and their format."""
     from agents.orchestra.engines import ENGINES
-    from agents.orchestra.vram import disagreement
+    from agents.orchestra.weights.vram import disagreement
 
     models = models_on(lab, machine)
     if not models:
@@ -145,7 +145,7 @@ def check_models(lab: Lab, machine: str) -> list[Check]:
 def check_rpc_helper(lab: Lab, machine: str) -> list[Check]:
     """A machine that lends its GPUs to a model served on another (lab.yaml's rpc:) runs llama.cpp's rpc-server for it:
     found here, or a FAIL with the command that builds it (built with llama-server)."""
-    from agents.runtime import llamacpp_build
+    from agents.orchestra.engines.llamacpp import build as llamacpp_build
 
     helped = [(m, h) for m in lab.models for h in m.rpc if h.machine == machine]
     if not helped:

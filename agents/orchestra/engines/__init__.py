@@ -1,17 +1,17 @@
 """The engines cetlab can run, by lab.yaml's `engine:` name: the one list of them.
 
-Each engine is one module beside this one (its spec, command line, stack probe, metrics mapping and simulated twin);
-adding an engine is its module and one entry here. lab.yaml's `engine:` is checked against ENGINES when the agent
+Each engine is one folder beside this one: engine.py (its spec, command line, stack probe, metrics mapping), its simulated twin,
+its build and model-file helpers; adding an engine is a copy of command/ and one entry here. lab.yaml's `engine:` is checked against ENGINES when the agent
 loads it (agents.wire.lab.model.parse_lab's ``engines``); the wire carries the name as a plain string.
 """
 
 from __future__ import annotations
 
 from agents.orchestra.engine import Engine
-from agents.orchestra.engines.command import CommandEngine
-from agents.orchestra.engines.llamacpp import LlamacppEngine, SimLlamacppEngine
-from agents.orchestra.engines.transformers import TransformersEngine
-from agents.orchestra.engines.vllm import SimEngine, VllmEngine
+from agents.orchestra.engines.command.engine import CommandEngine
+from agents.orchestra.engines.llamacpp.engine import LlamacppEngine, SimLlamacppEngine
+from agents.orchestra.engines.transformers.engine import TransformersEngine
+from agents.orchestra.engines.vllm.engine import SimEngine, VllmEngine
 from agents.orchestra.spec import EngineSpec
 from agents.runtime.torch_probe import TorchReader
 from agents.wire.sections.gpu_support import Stack, StackKind

@@ -81,7 +81,7 @@ def stand_in_argvs(directory: Path, data: dict[str, Any]) -> list[list[str]]:
             [
                 sys.executable,
                 "-m",
-                "agents.orchestra.sim_server",
+                "agents.orchestra.engines.vllm.twin",
                 "--port",
                 str(urlsplit(provider["base_url"]).port),
                 "--served-name",

@@ -187,7 +187,7 @@ class Model(Strict):
     machine: Name
     gpus: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     # its VRAM need over all its GPUs; left out: estimated from its files (a GGUF's header, safetensors' headers and
-    # config.json: agents/orchestra/vram.py), unknown without them; `cetlab models` says which
+    # config.json: agents/orchestra/weights/vram.py), unknown without them; `cetlab models` says which
     vram_gib: NonNegative | None = None
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)

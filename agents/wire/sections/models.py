@@ -12,7 +12,7 @@ from agents.wire.schema import EngineName
 from agents.wire.sections.base import ModelOp, ModelPhase, Section, ServingMode, ServingStep
 from agents.wire.states import ModelState
 
-# where a model's VRAM need comes from (agents/orchestra/vram.py): typed in lab.yaml, read from its files, or not known
+# where a model's VRAM need comes from (agents/orchestra/weights/vram.py): typed in lab.yaml, read from its files, or not known
 VramSource = Literal["lab.yaml", "estimated from GGUF header", "estimated from safetensors header", "unknown"]
 
 

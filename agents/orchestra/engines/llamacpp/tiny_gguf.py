@@ -70,7 +70,7 @@ def write_tiny_gguf(
     weight_type: str = "f32",
 ) -> Path:
     """A random Llama at ``out`` (by default 2 layers, f32, ~17 MB; benches ask for bigger), tokenizer from ``vocab``;
-    with ``chat_template`` (e.g. agents.orchestra.chat_templates.QWEN25) as its tokenizer.chat_template.
+    with ``chat_template`` (e.g. agents.orchestra.engines.llamacpp.chat_templates.QWEN25) as its tokenizer.chat_template.
 
     serves="embedding" gives it mean pooling (llama-server --embedding answers a vector per input, as from an
     e5-mistral-like decoder); serves="rerank" rank pooling and a one-score classifier head (cls_out, as a
@@ -173,12 +173,12 @@ def write_tiny_lora_gguf(out: Path, rank: int = 4, seed: int = 1, alpha: float =
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m agents.orchestra.tiny_gguf OUT.gguf`: a tiny model to try the llamacpp engine with, no download."""
+    """`python -m agents.orchestra.engines.llamacpp.tiny_gguf OUT.gguf`: a tiny model to try the llamacpp engine with, no download."""
     import argparse
 
-    from agents.runtime.llamacpp_build import MAKE_HINT, find_llama_server, vocab_file
+    from agents.orchestra.engines.llamacpp.build import MAKE_HINT, find_llama_server, vocab_file
 
-    parser = argparse.ArgumentParser(prog="python -m agents.orchestra.tiny_gguf", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m agents.orchestra.engines.llamacpp.tiny_gguf", description=main.__doc__)
     parser.add_argument("out", type=Path, help="the GGUF file to write (~17 MB)")
     parser.add_argument("--seed", type=int, default=0, help="the random weights' seed")
     parser.add_argument("--lora", type=Path, metavar="FILE", help="also write a GGUF LoRA adapter for it here")

@@ -1,6 +1,6 @@
 """How a simulated engine process lives and dies (SIMULATED): it follows its agent, and fails on purpose when asked.
 
-Shared by the simulated vLLM (agents.orchestra.sim_server) and the simulated llama-server (agents.orchestra.sim_llamacpp).
+Shared by the simulated vLLM (agents.orchestra.engines.vllm.twin) and the simulated llama-server (agents.orchestra.engines.llamacpp.twin).
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.orchestra.engine import Engine, EngineRequestFailed, InstallCheck
+from agents.orchestra.engines.llamacpp import build as llamacpp_build
 from agents.orchestra.spec import EngineSpec, GpuBuild
-from agents.runtime import llamacpp_build
 from agents.runtime.children import OFFLINE, minimal_env
 from agents.runtime.torch_probe import TorchReader
 from agents.wire.lab.model import Model
@@ -334,7 +334,7 @@ SIM_LLAMACPP_SPEC = dataclasses.replace(
 
 
 class SimLlamacppEngine(LlamacppEngine):
-    """agents.orchestra.sim_llamacpp: llama-server's contract (flags, routes, metric names, refusals), simulated delays."""
+    """agents.orchestra.engines.llamacpp.twin: llama-server's contract (flags, routes, metric names, refusals), simulated delays."""
 
     spec = SIM_LLAMACPP_SPEC
 
@@ -355,7 +355,7 @@ class SimLlamacppEngine(LlamacppEngine):
         argv = [
             sys.executable,
             "-m",
-            "agents.orchestra.sim_llamacpp",
+            "agents.orchestra.engines.llamacpp.twin",
             "-m",
             str(self.path),
             *self.serve_flags(),

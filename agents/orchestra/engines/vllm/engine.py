@@ -1,5 +1,5 @@
 """The vLLM engine (`vllm serve` with sleep mode, Prometheus metrics and runtime LoRA loading) and its simulated twin,
-the sim engine (agents.orchestra.sim_server: a real HTTP process with vLLM's contract and simulated delays).
+the sim engine (agents.orchestra.engines.vllm.twin: a real HTTP process with vLLM's contract and simulated delays).
 
 The twin is started the way vLLM is (the same `serve` flags and environment, from VllmSleepMixin) and its server holds
 vLLM's contract, so a regression in either shows in the tests.
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from agents.orchestra.engine import Engine, EngineRequestFailed, InstallCheck
-from agents.orchestra.lora_rules import lora_config_problem
+from agents.orchestra.engines.vllm.lora_rules import lora_config_problem
 from agents.orchestra.spec import EngineSpec
-from agents.orchestra.vram import typed_need
+from agents.orchestra.weights.vram import typed_need
 from agents.runtime.torch_probe import TorchReader, cuda_archs, python_of
 from agents.wire.capability import parse_capability
 from agents.wire.lab.model import Model
@@ -95,7 +95,7 @@ def adapter_problem(adapter_dir: Path, model: Model) -> str | None:
     """Why vLLM cannot hot-load the PEFT adapter in ``adapter_dir`` into ``model`` (None: it can).
 
     vLLM refuses any adapter when the server runs without --enable-lora, and the adapters
-    agents.orchestra.lora_rules lists (modules_to_save, DoRA, bias, ranks above --max-lora-rank,
+    agents.orchestra.engines.vllm.lora_rules lists (modules_to_save, DoRA, bias, ranks above --max-lora-rank,
     initialisations that changed the base weights).
     """
     config_file = adapter_dir / "adapter_config.json"
@@ -303,7 +303,7 @@ class SimEngine(VllmSleepMixin, Engine):
         argv = [
             sys.executable,
             "-m",
-            "agents.orchestra.sim_server",
+            "agents.orchestra.engines.vllm.twin",
             str(self.path),
             *self.serve_flags(),
             "--load-s",

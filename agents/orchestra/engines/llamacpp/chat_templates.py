@@ -1,4 +1,4 @@
-"""Chat templates written into the tiny test models (agents.orchestra.tiny_gguf), so that llama-server's
+"""Chat templates written into the tiny test models (agents.orchestra.engines.llamacpp.tiny_gguf), so that llama-server's
 --jinja path (tool calls, grammar-constrained answers) runs on them as on a real instruct model.
 
 QWEN25 is Qwen 2.5 Instruct's template as published in its tokenizer_config.json: its <tool_call> section is what

@@ -2,7 +2,7 @@
 contract as cetlab uses it (--host, --port, its start banner, a connection per client held open, the lines it prints
 for each), no tensors. Like the real one it warns when bound to anything but 127.0.0.1; cetlab never does that.
 
-    python -m agents.orchestra.sim_rpc_server --host 127.0.0.1 --port 50052 --sim-parent-pid PID
+    python -m agents.orchestra.engines.llamacpp.twin_rpc_server --host 127.0.0.1 --port 50052 --sim-parent-pid PID
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import socket
 import sys
 import threading
 
-from agents.orchestra.sim_process import exit_with_parent
+from agents.orchestra.twins.process import exit_with_parent
 
 
 def say(line: str) -> None:

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.orchestra.engine import GIB
-from agents.orchestra.gguf_header import CACHE_TYPES, GGML_TYPES, GgufError, GgufHeader, read_gguf_header
-from agents.orchestra.safetensors_header import SafetensorsError, safetensors_weights
+from agents.orchestra.weights.gguf_header import CACHE_TYPES, GGML_TYPES, GgufError, GgufHeader, read_gguf_header
+from agents.orchestra.weights.safetensors_header import SafetensorsError, safetensors_weights
 from agents.wire.lab.model import Model
 from agents.wire.safe_read import open_regular, read_capped
 from agents.wire.sections.models import VramSource

@@ -9,10 +9,10 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from agents.orchestra.sim_structured import Structured, instance, pieces
+from agents.orchestra.twins.structured import Structured, instance, pieces
 
 if TYPE_CHECKING:
-    from agents.orchestra.sim_state import Sampling
+    from agents.orchestra.twins.state import Sampling
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The simulated engine's model (SIMULATED): what it generates, how sampling is validated, sleep and wake, its counters.
 
-agents.orchestra.sim_server serves it over vLLM's HTTP routes; this module holds no HTTP.
+agents.orchestra.engines.vllm.twin serves it over vLLM's HTTP routes; this module holds no HTTP.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
-from agents.orchestra.sim_structured import Structured, VllmNamed, VllmResponseFormat, VllmTool, constraint
+from agents.orchestra.twins.structured import Structured, VllmNamed, VllmResponseFormat, VllmTool, constraint
 
 GARBAGE = "!"  # what a model with uninitialised weights tends to repeat
 MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
@@ -52,7 +52,7 @@ class Sampling(BaseModel):
     response_format: VllmResponseFormat | None = None
 
     def structured(self, chat: bool) -> Structured | None:
-        """The constraint on a chat answer (agents.orchestra.sim_structured), or None."""
+        """The constraint on a chat answer (agents.orchestra.twins.structured), or None."""
         return constraint(self.tools, self.tool_choice, self.response_format) if chat else None
 
     @field_validator("logprobs")

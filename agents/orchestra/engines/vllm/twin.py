@@ -1,6 +1,6 @@
 """The simulated engine: a real HTTP server speaking the vLLM subset the agent uses (SIMULATED).
 
-Run as ``python -m agents.orchestra.sim_server MODEL --port P --served-model-name NAME ...``:
+Run as ``python -m agents.orchestra.engines.vllm.twin MODEL --port P --served-model-name NAME ...``:
 vLLM's own flags (others are accepted and ignored) plus the simulated delays.
 Loading reads the model's files for real (page cache), then waits out the configured
 delays; the first request pays the warm-up; counters count the tokens really served.
@@ -9,7 +9,7 @@ It holds vLLM's contract, so a regression in how the agent drives vLLM shows in 
 the sleep endpoints exist only with VLLM_SERVER_DEV_MODE=1 (and sleep needs
 --enable-sleep-mode); /v1/load_lora_adapter only with VLLM_ALLOW_RUNTIME_LORA_UPDATING,
 and it loads only with --enable-lora, an adapter rank <= --max-lora-rank and no
-modules_to_save (agents.orchestra.lora_rules); a name already loaded reloads only with
+modules_to_save (agents.orchestra.engines.vllm.lora_rules); a name already loaded reloads only with
 ``load_inplace``; after a level-2 sleep the weights are gone, and a wake without
 ``collective_rpc reload_weights`` answers garbage, as vLLM does.
 
@@ -39,11 +39,12 @@ from urllib.parse import parse_qs, urlparse
 from prometheus_client import generate_latest
 from pydantic import ValidationError
 
-from agents.orchestra import pagecache, sim_pooling
-from agents.orchestra.lora_rules import lora_config_problem
-from agents.orchestra.sim_process import exit_with_parent, fail_later, follow_agent, http_server
-from agents.orchestra.sim_script import Script
-from agents.orchestra.sim_state import WORDS, Aborted, ClientGone, Sampling, SimEngineState, log, logprobs_for
+from agents.orchestra import pagecache
+from agents.orchestra.engines.vllm.lora_rules import lora_config_problem
+from agents.orchestra.twins import pooling as sim_pooling
+from agents.orchestra.twins.process import exit_with_parent, fail_later, follow_agent, http_server
+from agents.orchestra.twins.script import Script
+from agents.orchestra.twins.state import WORDS, Aborted, ClientGone, Sampling, SimEngineState, log, logprobs_for
 
 SLEEP_TAGS = ("weights", "kv_cache")
 DEV_ROUTES = ("/sleep", "/wake_up", "/is_sleeping", "/collective_rpc")

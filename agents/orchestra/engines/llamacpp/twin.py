@@ -1,6 +1,6 @@
 """A simulated llama-server (SIMULATED): llama.cpp's HTTP contract with configured delays, for the demo's P40 models.
 
-Run as ``python -m agents.orchestra.sim_llamacpp -m MODEL.gguf --port P --alias NAME --metrics ... --sim-load-s S ...``.
+Run as ``python -m agents.orchestra.engines.llamacpp.twin -m MODEL.gguf --port P --alias NAME --metrics ... --sim-load-s S ...``.
 It holds the pinned llama-server's contract (tools/server/ of llama-cpp-python 0.3.36's vendor/llama.cpp):
 - /health answers 503 {"error": {"message": "Loading model"}} while loading, then {"status": "ok"};
 - /metrics exists only with --metrics (else 501, "Start it with `--metrics`") and carries llamacpp:* series,
@@ -12,7 +12,7 @@ It holds the pinned llama-server's contract (tools/server/ of llama-cpp-python 0
   in pieces; finish_reason "tool_calls") for tool_choice "required" or a named function, and valid JSON of the
   schema for response_format json_object / json_schema, as llama-server's grammars make any model write them;
 - completions honour `n` (at most --parallel), `stop`, `seed`, `max_completion_tokens` and logprobs, and refuse bad
-  parameters with llama-server's errors (agents.orchestra.sim_llamacpp_request; tests/test_sim_differential.py asks
+  parameters with llama-server's errors (agents.orchestra.engines.llamacpp.twin_request; tests/test_sim_differential.py asks
   the real server and this one the same questions);
 - it listens with a backlog of 2048 (socketserver's 5 refused bursts of clients).
 """
@@ -31,8 +31,8 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from agents.orchestra import pagecache, sim_pooling
-from agents.orchestra.sim_llamacpp_request import (
+from agents.orchestra import pagecache
+from agents.orchestra.engines.llamacpp.twin_request import (
     LlamaRequest,
     LlamaRequestError,
     StopScan,
@@ -41,9 +41,10 @@ from agents.orchestra.sim_llamacpp_request import (
     parse_request,
     token_logprobs,
 )
-from agents.orchestra.sim_process import exit_with_parent, fail_later, follow_agent, http_server
-from agents.orchestra.sim_state import WORDS
-from agents.orchestra.sim_structured import call_id, instance, pieces
+from agents.orchestra.twins import pooling as sim_pooling
+from agents.orchestra.twins.process import exit_with_parent, fail_later, follow_agent, http_server
+from agents.orchestra.twins.state import WORDS
+from agents.orchestra.twins.structured import call_id, instance, pieces
 
 N_SLOTS = 4  # llama-server's default --parallel: more requests are deferred
 LISTEN_BACKLOG = 2048  # a burst of clients queues instead of being refused (socketserver's default is 5)

@@ -4,9 +4,9 @@ The llama.cpp source is the one vendored in llama-cpp-python's source distributi
 (vendor/llama.cpp), downloaded with pip, so the version is pinned by one number (PIN).
 A CPU build is the default; ``--cuda`` builds with CUDA for the archs given (``--cuda-archs "61;70;86"``).
 
-    python -m agents.runtime.llamacpp_build             # CPU build (make llama-server)
-    python -m agents.runtime.llamacpp_build --cuda --cuda-archs "61;70"
-    python -m agents.runtime.llamacpp_build --print-path
+    python -m agents.orchestra.engines.llamacpp.build             # CPU build (make llama-server)
+    python -m agents.orchestra.engines.llamacpp.build --cuda --cuda-archs "61;70"
+    python -m agents.orchestra.engines.llamacpp.build --print-path
 
 The build lands in ${XDG_CACHE_HOME:-~/.cache}/cetlab/llama-server-<PIN>[-cuda]/ with bin/llama-server,
 ggml-vocab-llama-spm.gguf (the tokenizer the tests' tiny GGUF uses), convert_lora_to_gguf.py and
@@ -35,7 +35,7 @@ RPC_BINARY_ENV = "CETLAB_RPC_SERVER"  # an rpc-server of one's own (same build a
 VOCAB_NAME = "ggml-vocab-llama-spm.gguf"
 STAMP_NAME = "build.json"
 RPC_TARGET = "ggml-rpc-server"  # llama.cpp's tools/rpc target (built with GGML_RPC); cached as bin/rpc-server
-MAKE_HINT = "make llama-server (or: python -m agents.runtime.llamacpp_build)"
+MAKE_HINT = "make llama-server (or: python -m agents.orchestra.engines.llamacpp.build)"
 # a cached build is complete with all of these (an older layout is built again)
 COMPLETE = ("bin/llama-server", "bin/rpc-server", STAMP_NAME, VOCAB_NAME, "convert_lora_to_gguf.py", "gguf-py", "conversion")
 CMAKE_FLAGS = [
@@ -159,7 +159,7 @@ def build_command(capabilities: Iterable[float] = ()) -> str:
     runs the same; a machine installed from a wheelhouse has no Makefile): CUDA for these compute capabilities, else
     a CPU build."""
     archs = sorted({str(round(cc * 10)) for cc in capabilities})  # 6.1 -> "61"
-    command = f"{shlex.quote(sys.executable)} -m agents.runtime.llamacpp_build"
+    command = f"{shlex.quote(sys.executable)} -m agents.orchestra.engines.llamacpp.build"
     return command + (f' --cuda --cuda-archs "{";".join(archs)}"' if archs else "")
 
 
@@ -255,7 +255,9 @@ def build(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agents.runtime.llamacpp_build", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m agents.orchestra.engines.llamacpp.build", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--cuda", action="store_true", help="build with CUDA (needs nvcc)")
     parser.add_argument("--cuda-archs", help='CMAKE_CUDA_ARCHITECTURES, e.g. "61;70;86" (P40/P4/P1000, V100, RTX 30)')
     parser.add_argument("--jobs", type=int)

@@ -1,6 +1,6 @@
 """What the simulated llama-server makes of a completion request (SIMULATED): the pinned llama-server's parameter rules.
 
-agents.orchestra.sim_llamacpp serves it over HTTP; this module holds no HTTP. The rules were read off the pinned
+agents.orchestra.engines.llamacpp.twin serves it over HTTP; this module holds no HTTP. The rules were read off the pinned
 build (llama-cpp-python 0.3.36's vendor/llama.cpp, tools/server/) by asking it, and tests/test_sim_differential.py
 asks both again:
 - a field of the wrong JSON type is a 400 ``Field 'x': [json.exception.type_error.302] type must be number, but is
@@ -14,7 +14,7 @@ asks both again:
 - chat's ``tools`` not an array, or a tool without ``function``, is a 500 "Failed to parse tools: ..."; a
   ``tool_choice`` other than auto/none/required or an object is a 400 "Invalid tool_choice: X"; a ``response_format``
   object of another type than text/json_object/json_schema is a 400; ``tool_choice`` "required" or a named function
-  (with tools) and ``response_format`` json_object/json_schema constrain the answer: agents.orchestra.sim_structured;
+  (with tools) and ``response_format`` json_object/json_schema constrain the answer: agents.orchestra.twins.structured;
 - logprobs: completions' ``logprobs: N`` (true is 1) gives N alternatives per token; chat's ``logprobs: true`` gives
   ``top_logprobs`` of them (20 when absent; none when <= 0); ``top_logprobs`` without ``logprobs`` is a 400.
 """
@@ -27,8 +27,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.orchestra.sim_state import WORDS
-from agents.orchestra.sim_structured import ANY_OBJECT, Structured  # any object: llama-server's grammar allows any
+from agents.orchestra.twins.state import WORDS
+from agents.orchestra.twins.structured import ANY_OBJECT, Structured  # any object: llama-server's grammar allows any
 
 INT_MAX = 2**31 - 1
 CHAT_TOP_LOGPROBS = 20  # chat's logprobs: true without top_logprobs lists this many alternatives

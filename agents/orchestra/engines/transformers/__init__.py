@@ -1,0 +1,1 @@
+"""`transformers serve`: the engine (engine.py)."""

@@ -272,7 +272,7 @@ async def measure(
     """One attack: the console's window without it, then with it; the agent's fds and RSS around it (and `settle_s` after)."""
     proc = psutil.Process(agent_pid)
     for setup in setups():
-        await setup(demo, console.lab.client)
+        await setup(demo, console.client)
     logins = PROBES[name].logins  # attacks at the login door: fresh logins measured too
     quiet = await console.window(seconds, logins)
     fds0, rss0 = proc.num_fds(), proc.memory_info().rss

@@ -98,7 +98,7 @@ async def test_costly_requests_do_not_stall_another_console(target, attack):
 @pytest.mark.timeout(180)
 async def test_refused_calls_never_push_an_operators_action_out_of_the_trail(target):
     demo, agent, console, viewer = target
-    client = console.lab.client
+    client = console.client
     await client.call("box", "set_interval", {"interval_s": 1.0})
     before = await client.call("box", "audit.list", {"limit": 5000})
     figures = await measure(demo, agent.pid, console, viewer, "7 refused calls", SECONDS)

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents.alerts.component import AlertsComponent
 from agents.costs.component import CostsComponent
+from agents.runtime.hooks import Hooks
 from agents.runtime.store import Store
 from agents.shell.agent import Agent
 from agents.shell.demo.lab import DemoLab, free_ports
@@ -114,7 +115,7 @@ async def test_agent_serves_prometheus_metrics(tmp_path, lab_file):
         proc.wait(10)
 
 
-class Section:
+class Section(Hooks):
     """A stand-in for the jobs or models component: just its section, typed as the real component makes it."""
 
     def __init__(self, name: str, data):
@@ -124,9 +125,6 @@ class Section:
         pass
 
     async def stop(self) -> None:
-        pass
-
-    def on_telemetry(self, telemetry) -> None:
         pass
 
     def section(self):

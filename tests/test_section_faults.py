@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from agents.jobs.component import JobsComponent
+from agents.runtime.hooks import Hooks
 from agents.runtime.rpc import Peer
 from agents.shell.agent import Agent
 from agents.shell.demo.lab import DemoLab
@@ -97,7 +98,7 @@ async def test_a_failing_section_is_shown_failed_on_the_console_and_the_cli_and_
 async def test_a_component_raising_in_its_update_is_a_fault_pushed_once_logged_once_and_cleared(tmp_path, caplog):
     lab = parse_lab("lab: t\nmachines: [{name: box, gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}]}}]\n")
 
-    class Counter:
+    class Counter(Hooks):
         name = "counter"
         broken = False
 

@@ -12,10 +12,11 @@ import logging
 import pytest
 
 from agents.runtime import stopping
+from agents.runtime.hooks import Hooks
 from agents.runtime.stopping import stop_within
 
 
-class Holds:
+class Holds(Hooks):
     """A part whose stop waits on something that never comes."""
 
     name = "holds"
@@ -38,7 +39,7 @@ class Holds:
         return None
 
 
-class Stops:
+class Stops(Hooks):
     name = "stops"
 
     def __init__(self) -> None:

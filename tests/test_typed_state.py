@@ -11,6 +11,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from agents.checkpoints.discovery import RANK_MARK, safe_name, unique_names
 from agents.costs.component import CostsComponent
+from agents.runtime.hooks import Hooks
 from agents.runtime.rpc import Peer
 from agents.runtime.store import Store
 from agents.shell.agent import Agent
@@ -130,7 +131,7 @@ def test_run_names_are_unique_by_construction():
 # ---------------------------------------------------------------------------- the tick
 
 
-class Owner:
+class Owner(Hooks):
     """A state owner that takes a GPU at a given tick: the jobs section the agent's jobs component would make."""
 
     name = "jobs"
@@ -163,7 +164,7 @@ class Owner:
         return self.jobs
 
 
-class Untyped:
+class Untyped(Hooks):
     """A component whose section is not typed: a NaN reaches the broadcast."""
 
     name = "broken"
@@ -172,9 +173,6 @@ class Untyped:
         pass
 
     async def stop(self) -> None:
-        pass
-
-    def on_telemetry(self, telemetry) -> None:
         pass
 
     def section(self):

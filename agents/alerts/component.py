@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agents.runtime.hooks import Hooks
 from agents.runtime.store import DiskFull
 from agents.wire.catalogue.alerts import ALERTS_ACK, ALERTS_LIST, AckParams, AlertList
 from agents.wire.catalogue.alerts import AlertListParams as ListParams
@@ -332,8 +333,10 @@ class AlertEngine:
 # ---------------------------------------------------------------------------- the component
 
 
-class AlertsComponent:
+class AlertsComponent(Hooks):
     """Component "alerts": the engine on every tick, history in SQLite, notices, ack."""
+
+    reads_tick = True
 
     name = "alerts"
 

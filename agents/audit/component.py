@@ -6,6 +6,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from agents.runtime.hooks import Hooks
 from agents.runtime.rpc import Peer
 from agents.wire.catalogue.audit import AUDIT_LIST, AuditEntry, AuditList, AuditListParams, AuditRefusal
 from agents.wire.protocol import Role, Telemetry
@@ -57,7 +58,7 @@ def summarize(params: Any) -> str | None:
     return text if len(text) <= PARAMS_SUMMARY_CHARS else text[: PARAMS_SUMMARY_CHARS - 1] + "…"
 
 
-class AuditComponent:
+class AuditComponent(Hooks):
     """Writes the trail from the RPC dispatcher; serves it to operators as `audit.list`."""
 
     name = "audit"

@@ -17,6 +17,7 @@ from agents.checkpoints.methods import register
 from agents.checkpoints.records import ServedRecords
 from agents.checkpoints.serving import CheckpointServing
 from agents.runtime.core import AgentCore
+from agents.runtime.hooks import Hooks
 from agents.wire.protocol import Telemetry
 from agents.wire.sections.checkpoints import RunSummary
 
@@ -29,7 +30,7 @@ SCHEMA = [
 ]
 
 
-class CheckpointsComponent:
+class CheckpointsComponent(Hooks):
     """Hugging Face checkpoints of every run on this machine: timeline, keep, prune, serve, resume (CheckpointsPort)."""
 
     name = "checkpoints"

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from agents.costs.port import LedgerTotal
 from agents.gateway.port import GatewayPort
+from agents.runtime.hooks import Hooks
 from agents.runtime.store import DiskFull, Store
 from agents.wire.catalogue.costs import COSTS_GET, CostsParams, CostsReport
 from agents.wire.lab.gateway import find_provider_model
@@ -289,8 +290,10 @@ def group_by(rows: list[dict[str, Any]], by: str, prices: Prices, machine: str) 
     return out
 
 
-class CostsComponent:
+class CostsComponent(Hooks):
     """Component "costs": the ledger on every tick, `costs.get`, and a summary section for the header."""
+
+    reads_tick = True
 
     name = "costs"
 

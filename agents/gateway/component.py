@@ -16,6 +16,7 @@ from agents.gateway.reach import Reach
 from agents.gateway.replicas import replica_figures
 from agents.gateway.router import Router, Target
 from agents.orchestra.port import ModelsPort
+from agents.runtime.hooks import Hooks
 from agents.runtime.peer_links import PeerLinkState
 from agents.runtime.peers import PeerClient
 from agents.runtime.stopping import DRAIN_S, STOP_DEADLINE_S
@@ -56,7 +57,7 @@ def _finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
-class GatewayComponent:
+class GatewayComponent(Hooks):
     """Serves the lab gateway when lab.yaml's gateway.machine is this agent's machine; else does nothing."""
 
     name = "gateway"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from agents.gpusupport.matrix import judge, matrix
 from agents.gpusupport.stacks import real_stacks, sim_stacks
 from agents.orchestra.port import ModelsPort
+from agents.runtime.hooks import Hooks
 from agents.runtime.torch_probe import TorchReader, python_of
 from agents.wire.catalogue.agent import GPUS_SUPPORT
 from agents.wire.catalogue.method import NoParams
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cetlab.gpusupport")
 
 
-class GpuSupportComponent:
+class GpuSupportComponent(Hooks):
     name = "gpu_support"
 
     def __init__(self, core: AgentCore, reader: TorchReader | None = None) -> None:

@@ -30,6 +30,7 @@ from agents.jobs.port import JobView
 from agents.jobs.progress import update_progress
 from agents.jobs.refind import found_on_disk
 from agents.runtime.core import AgentCore
+from agents.runtime.hooks import Hooks
 from agents.runtime.procfiles import descendants
 from agents.runtime.rpc import Peer
 from agents.runtime.waits import within
@@ -100,7 +101,7 @@ def _children(pid: int) -> list[psutil.Process]:
         return []
 
 
-class JobsComponent:
+class JobsComponent(Hooks):
     name = "jobs"
 
     def __init__(self, core: AgentCore) -> None:

@@ -13,6 +13,7 @@ from agents.notify.outbox import Outbox
 from agents.notify.secrets import describe
 from agents.notify.sender import RouteSender
 from agents.notify.watch import OfflineWatch, Outage
+from agents.runtime.hooks import Hooks
 from agents.wire.catalogue.method import NoParams
 from agents.wire.catalogue.notify import NOTIFY_STATUS, NOTIFY_TEST
 from agents.wire.catalogue.notify import NotifyTestParams as TestParams
@@ -43,8 +44,10 @@ class _Progress:
     stalled: bool = False
 
 
-class NotifyComponent:
+class NotifyComponent(Hooks):
     """Routes of lab.yaml's `notify:`; each agent sends what it raised itself, so no console needs to be open."""
+
+    reads_tick = True
 
     name = "notify"
 

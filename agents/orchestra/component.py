@@ -33,6 +33,7 @@ from agents.orchestra.slot import TOKENS_PER_S_WINDOW_S, Slot
 from agents.orchestra.spec import EngineSpec
 from agents.orchestra.spread import RpcServers
 from agents.runtime.core import AgentCore
+from agents.runtime.hooks import Hooks
 from agents.runtime.stopping import STOP_DEADLINE_S
 from agents.runtime.torch_probe import TorchReader
 from agents.wire.documents import EngineFigures
@@ -62,7 +63,7 @@ SCHEMA = [
 ]
 
 
-class OrchestraComponent:
+class OrchestraComponent(Hooks):
     """The agent's model pool: the models whose machine is this one (ModelsPort, agents/orchestra/port.py)."""
 
     name = "models"

@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from agents.orchestra.spec import EngineSpec, GpuBuild
 from agents.runtime.ports import server_port
@@ -28,8 +28,19 @@ from agents.wire.protocol import ErrorCode, GpuSample, RemoteError
 from agents.wire.safe_read import open_regular
 from agents.wire.sections.gpu_support import Stack, StackKind
 
-if TYPE_CHECKING:
-    from agents.orchestra.adopt import AdoptedProcess
+
+class EngineProcess(Protocol):
+    """An engine's server process as the engine drives it: the asyncio child it started, or one a previous agent
+    started that the pool adopted at its start (agents/orchestra/adopt.py's AdoptedProcess, polled, not our child)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int | None: ...
+
 
 GIB = 1024**3
 LOG_TAIL_BYTES = 256 * 1024
@@ -129,7 +140,7 @@ class Engine:
         self.gpu_total_bytes = gpu_total_bytes
         self.address = self.listen_address()
         self.rpc_servers: list[str] = []  # llama.cpp: host:port of the helpers' rpc-servers (forwarded here), for --rpc
-        self.proc: asyncio.subprocess.Process | AdoptedProcess | None = None  # AdoptedProcess: started by a previous agent
+        self.proc: EngineProcess | None = None
         self._log_offset = 0
         self.stopping = False
         self.serial = next(_SERIALS)

@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -29,7 +29,7 @@ from agents.runtime.keys import (
 from agents.runtime.labfile import running_lab
 from agents.runtime.principals import Principals
 from agents.runtime.rpc import Peer, Registry
-from agents.runtime.stopping import STOP_DEADLINE_S, stop_within
+from agents.runtime.stopping import stop_within
 from agents.runtime.store import Store
 from agents.shell.components import default_components
 from agents.telemetry.host import HostSampler
@@ -85,14 +85,19 @@ PID_FILE_NAME = "agent.pid"
 
 
 class Component(Protocol):
-    """A part of the agent (jobs, orchestra, checkpoints, costs, alerts, audit) plugged into its loop.
-
-    A tick has two phases. The components that own state (jobs, models, checkpoints, audit) have
-    ``on_telemetry(telemetry)``: they update from the new sample first. The readers (costs, alerts)
-    have ``on_tick(tick)`` instead: they then see that same tick, with the owners' typed sections.
-    """
+    """A part of the agent (jobs, orchestra, checkpoints, costs, alerts, audit) plugged into its loop: start, stop,
+    its section, and the hooks every component declares by taking agents/runtime/hooks.py's ``Hooks`` (the tick's two
+    phases, the prefetch, how long its stop may take)."""
 
     name: str
+    reads_tick: ClassVar[bool]
+    stop_grace_s: ClassVar[float]
+
+    async def prefetch(self) -> None: ...
+
+    def on_telemetry(self, telemetry: Telemetry) -> None: ...
+
+    def on_tick(self, tick: Tick) -> None: ...
 
     async def start(self) -> None: ...  # built with its AgentCore; start() opens what it needs
 
@@ -266,7 +271,7 @@ class Agent:
             self._loop_task.cancel()
             await stop_within("the telemetry loop", asyncio.gather(self._loop_task, return_exceptions=True))
         for component in reversed(self.components):  # each within its deadline: one that holds is logged, not waited on
-            await stop_within(component.name, component.stop(), getattr(component, "stop_grace_s", STOP_DEADLINE_S))
+            await stop_within(component.name, component.stop(), component.stop_grace_s)
         self.gpus.close()
         if self._store is not None:
             self._store.close()
@@ -285,11 +290,10 @@ class Agent:
             if loop.time() - next_at > self.interval_s:  # fell behind (suspend, overload): skip, don't burst
                 next_at = loop.time()
             for component in self.components:  # files from outside (a trainer's progress) read off the loop first
-                if hasattr(component, "prefetch"):
-                    try:
-                        await component.prefetch()
-                    except Exception:
-                        log.exception("%s.prefetch failed", component.name)
+                try:
+                    await component.prefetch()
+                except Exception:
+                    log.exception("%s.prefetch failed", component.name)
             try:
                 if self.gpus.backend == "nvml":
                     gpus = await asyncio.to_thread(self.gpus.sample)
@@ -318,12 +322,11 @@ class Agent:
         self.ticks += 1
         failing: dict[str, SectionFault] = {}  # this tick's faults, by section: consoles are told (the `faults` section)
         for component in self.components:  # phase one: the owners of state update
-            if hasattr(component, "on_telemetry"):
-                try:
-                    component.on_telemetry(telemetry)
-                except Exception as exc:
-                    self._failed(failing, component.name, "update", exc)
-        owned = self._sections((c for c in self.components if not hasattr(c, "on_tick")), failing)
+            try:
+                component.on_telemetry(telemetry)
+            except Exception as exc:
+                self._failed(failing, component.name, "update", exc)
+        owned = self._sections((c for c in self.components if not c.reads_tick), failing)
         models = owned.get("models")
         gateway = owned.get("gateway")
         tick = Tick(
@@ -333,12 +336,12 @@ class Agent:
             gateway if isinstance(gateway, GatewaySection) else None,
         )
         for component in self.components:  # phase two: the readers see this same tick
-            if hasattr(component, "on_tick"):
+            if component.reads_tick:
                 try:
                     component.on_tick(tick)
                 except Exception as exc:
                     self._failed(failing, component.name, "read", exc)
-        read = self._sections((c for c in self.components if hasattr(c, "on_tick")), failing)
+        read = self._sections((c for c in self.components if c.reads_tick), failing)
         for name in self.faults.keys() - failing.keys():
             log.warning(
                 "%s recovered (it failed since %s)", name, time.strftime("%H:%M:%S", time.localtime(self.faults[name].since))

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from agents.orchestra.engine import free_port
 from agents.orchestra.engines.llamacpp import build as llamacpp_build
 from agents.orchestra.engines.llamacpp.tiny_gguf import write_tiny_gguf
 from tests.llamacpp_fixtures import llama_server_or_skip
-from tests.test_sim_differential import free_port, post, start
+from tests.test_sim_differential import post, start
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 EMBED, RERANK, CHAT = "/v1/embeddings", "/v1/rerank", "/v1/chat/completions"

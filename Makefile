@@ -28,8 +28,8 @@ test: $(STAMP) llama-server
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
 
-# The edit loop's tier: no process started (agents in the test's own event loop, tests/inprocess.py); the end-to-end
-# tier (real SSH, agent processes, trainers, sshd, llama-server) is `-m e2e`, marked by tests/conftest.py
+# The edit loop's tier, tests/fast/: no process started (agents in the test's own event loop, tests/support/inprocess.py);
+# the end-to-end tier, tests/e2e/ (real SSH, agent processes, trainers, sshd, llama-server), is marked e2e by its folder
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m "not e2e"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fleet in a browser (issue 32 item 11): serve the demo lab's console with `cetlab-console --demo --serve` and take
 # a screenshot of it in headless Chromium (Debian: apt-get install -y chromium). Not part of the suite: the suite opens
-# the page's websocket itself (tests/test_serve.py).
+# the page's websocket itself (tests/e2e/tui/test_serve.py).
 #   bench/fleet_browser_screenshot.sh [OUT.png]   (default screenshots/fleet-browser.png; PORT=8471, SIZE=1400,860)
 set -euo pipefail
 out=$(realpath -m "${1:-screenshots/fleet-browser.png}")  # before the cd: a path given is the caller's

@@ -1,5 +1,5 @@
 """The generated reference pages: lab.yaml's keys from its pydantic models, the wire's methods from the catalogue, and
-the layout from the packages' docstrings. `python docs/gen.py` writes them; tests/test_docs.py fails when one is stale.
+the layout from the packages' docstrings. `python docs/gen.py` writes them; tests/fast/project/test_docs.py fails when one is stale.
 
 Types are written as the source spells them and descriptions are the comments beside (or just above) each field, so
 the page says what the code says without a second copy to keep in step."""

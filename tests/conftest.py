@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import os
 import shutil
 import subprocess
 import sys
-import time
 import types
 from functools import cache
 from pathlib import Path
@@ -17,9 +15,8 @@ import pytest
 import yaml
 
 from agents.shell.demo.lab import DemoLab
+from tests.support.lab import HOUR_S, REPO, TESTS_DIR, age, pin_llama_server, trainer_env
 
-REPO = Path(__file__).resolve().parent.parent
-TESTS_DIR = str(REPO / "tests")
 # demos started by tests (several at once, on a shared machine) never race for lab.yaml's gateway port 8400
 os.environ["CETLAB_DEMO_ANY_GATEWAY_PORT"] = "1"
 
@@ -27,26 +24,17 @@ os.environ["CETLAB_DEMO_ANY_GATEWAY_PORT"] = "1"
 # ---------------------------------------------------------------- the machine the suite runs on
 
 # CETLAB_TEST_AS_GPU_WORKSTATION=1: run the suite as on a workstation with a CUDA GPU, as far as that is honest without
-# one. NVML (a stand-in pynvml, tests/gpu_workstation/) and nvidia-smi report one GPU (SIMULATED figures) to this
+# one. NVML (a stand-in pynvml, tests/support/gpu_workstation/) and nvidia-smi report one GPU (SIMULATED figures) to this
 # process and every process it starts; torch in this process says it sees that CUDA device (is_available, the device's
 # name and capability) for the code that only branches on it. Nothing runs on it: a tensor sent to CUDA still fails,
 # and the processes the tests start (trainers, engines) keep their own, real torch. See docs/development.md.
 GPU_WORKSTATION_ENV = "CETLAB_TEST_AS_GPU_WORKSTATION"
 GPU_WORKSTATION = os.environ.get(GPU_WORKSTATION_ENV, "") not in ("", "0")
 if GPU_WORKSTATION:
-    _stand_ins = str(REPO / "tests" / "gpu_workstation")
+    _stand_ins = str(REPO / "tests" / "support" / "gpu_workstation")
     sys.path.insert(0, _stand_ins)
     os.environ["PYTHONPATH"] = os.pathsep.join([_stand_ins, *filter(None, [os.environ.get("PYTHONPATH")])])
     os.environ["PATH"] = os.pathsep.join([_stand_ins, os.environ.get("PATH", "")])
-
-
-def pin_llama_server(environ: dict[str, str] | os._Environ[str]) -> None:
-    """The suite runs llama.cpp's CPU build, the one `make llama-server` caches: a CUDA build cached beside it (found
-    first by find_llama_server, as an operator wants) would move the tests' engines onto a real GPU and judge the
-    simulated GPUs of the test labs against its archs. An operator's own CETLAB_LLAMA_SERVER is kept."""
-    from agents.orchestra.engines.llamacpp import build as llamacpp_build
-
-    environ.setdefault(llamacpp_build.BINARY_ENV, str(llamacpp_build.build_dir(cuda=False) / "bin" / "llama-server"))
 
 
 pin_llama_server(os.environ)
@@ -77,19 +65,19 @@ def pytest_configure(config):
 
 def pytest_report_header(config):
     if GPU_WORKSTATION:
-        return f"{GPU_WORKSTATION_ENV}: NVML, nvidia-smi and this process's torch.cuda report one GPU (tests/gpu_workstation/)"
+        return f"{GPU_WORKSTATION_ENV}: NVML, nvidia-smi and this process's torch.cuda report one GPU (tests/support/gpu_workstation/)"
     return None
 
 
-HOUR_S = 3600
 V100 = {"name": "Tesla V100", "memory_gib": 32, "tdp_w": 250}
 
 
 # ---------------------------------------------------------------- the two tiers
 
-# What in a test's code (or its fixtures', or the module helpers' it calls) starts a process, a server or a demo lab of
-# processes: such a test is end-to-end (`-m e2e`); the rest is the fast tier (`make test-fast`, `-m "not e2e"`). Read
-# from the code, so that the marking cannot drift from what a test does.
+# A test's folder is its tier: tests/e2e/<area>/ start processes (agents, trainers, sshd, llama-server, demo labs) and
+# are marked e2e; tests/fast/<area>/ run in the test's own process (`make test-fast`, `-m "not e2e"`). The guard: what
+# in a fast test's code (or its fixtures', or the tests' helpers it calls) starts a process, a server or a demo lab of
+# processes, read from the code, refuses the run, so that a fast test cannot drift into starting one.
 PROCESS_SIGNS = (
     "DemoLab",
     "run_agent(",
@@ -170,10 +158,21 @@ def cuda_gpu_here() -> str | None:
     return None
 
 
+def tier_of(path: Path) -> str | None:
+    """ "fast" or "e2e": the tier folder a test module is in (None outside tests/fast and tests/e2e)."""
+    parts = path.resolve().relative_to(REPO / "tests").parts
+    return parts[0] if parts and parts[0] in ("fast", "e2e") else None
+
+
 def pytest_collection_modifyitems(config, items):
+    drifted = []
     for item in items:
         if item.get_closest_marker("needs_no_gpu") and (gpu := cuda_gpu_here()):
             item.add_marker(pytest.mark.skip(reason=f"needs a machine without a CUDA GPU, and {gpu}"))
+        tier = tier_of(item.path)
+        if tier == "e2e":
+            item.add_marker(pytest.mark.e2e)
+            continue
         function = getattr(item, "function", None)
         if function is None:
             continue
@@ -181,7 +180,12 @@ def pytest_collection_modifyitems(config, items):
         for name in item.fixturenames:
             funcs += [inspect.unwrap(d.func) for d in item._fixtureinfo.name2fixturedefs.get(name, ())]
         if item.get_closest_marker("slow") or any(isinstance(f, types.FunctionType) and _starts_processes(f) for f in funcs):
-            item.add_marker(pytest.mark.e2e)
+            drifted.append(item.nodeid)
+    if drifted:
+        raise pytest.UsageError(
+            "these tests start processes (or are marked slow), so they belong in tests/e2e/, not tests/fast/: "
+            + ", ".join(drifted)
+        )
 
 
 @pytest.fixture(scope="session")
@@ -226,19 +230,6 @@ def use_openssh(request) -> bool:
 
 
 # ---------------------------------------------------------------- real checkpoints (tests of checkpoints and their view)
-
-
-def trainer_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "CETLAB_PROGRESS_FILE"}
-    env.update(OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
-    return env
-
-
-def age(folder: Path, seconds: float) -> None:
-    """Make a checkpoint look written `seconds` ago, so the settle window does not depend on the test's speed."""
-    then = time.time() - seconds
-    for path in [*folder.rglob("*"), folder]:
-        os.utime(path, (then, then))
 
 
 @pytest.fixture(scope="module")
@@ -350,83 +341,6 @@ def checkpoints_lab(tmp_path_factory, tiny_model, hand_runs) -> DemoLab:
         yield demo
 
 
-def run_agent(lab_path: Path, machine: str, state_dir: Path) -> subprocess.Popen:
-    """Start `cetlab-agent serve` as a real process (for kill/restart tests)."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agents.shell.daemon",
-            "--log-level",
-            "warning",
-            "serve",
-            "--lab",
-            str(lab_path),
-            "--machine",
-            machine,
-            "--state-dir",
-            str(state_dir),
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05, what: str | None = None):
-    """wait_for for synchronous tests (a subprocess to watch, no event loop): poll a condition, fail on timeout.
-
-    The predicate may raise (an AssertionError that the watched process died, say) to end the wait early.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {what or getattr(predicate, '__name__', predicate)}")
-        time.sleep(interval)
-
-
-async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05):
-    """Poll until predicate() is truthy (a coroutine function is awaited); fail with a clear message on timeout.
-
-    Returns the predicate's truthy value. Every wait in the tests goes through here: no sleeps, no
-    hand-made deadline loops, no pauses that hope the console has caught up.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {getattr(predicate, '__name__', predicate)}")
-        await asyncio.sleep(interval)
-
-
-def drawn(app, kind: type | None = None) -> bool:
-    """The console shows a view (of this kind) that has drawn the newest LabState."""
-    from console.tui.screens.base import LabScreen
-
-    screen = app.screen
-    return (
-        isinstance(screen, LabScreen)
-        and (kind is None or isinstance(screen, kind))
-        and screen.ready
-        and screen.drawn_version == app.state.version
-        and getattr(screen, "aligned", True)  # the fleet: its cards' GPU columns lined up
-    )
-
-
-async def until_drawn(pilot, kind: type | None = None, timeout: float = 20.0) -> None:
-    """Wait until the view (of this kind) has drawn the newest data, then let Textual finish the frame."""
-    await wait_for(lambda: drawn(pilot.app, kind), timeout)
-    await pilot.pause()  # no delay: only the messages already queued (the redraw) run
-
-
 @pytest.fixture
 def run_pool(tmp_path, lab_file):
     """Start a DemoLab from a pool lab; yields (demo, connected client factory)."""
@@ -444,30 +358,11 @@ def run_pool(tmp_path, lab_file):
         demo.stop()
 
 
-def kill_jobs_left(directory) -> None:
-    """Kill the trainers (their process groups) of every job under a demo's folder: jobs outlive agents on purpose,
-    so a test that failed half-way would leave them running."""
-    import os
-    import signal
-
-    from agents.jobs.component import _alive
-    from agents.jobs.runner import read_json
-
-    for child in directory.glob("agents/*/jobs/*/child.json"):
-        record = read_json(child) or {}
-        pid = record.get("pid")
-        if pid and _alive(pid, record.get("create_time")):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
 @pytest.fixture
 async def in_process(tmp_path, lab_file):
     """Start a lab's agents in the test's event loop (a lab.yaml's data, the default one-machine lab by default); a
-    client from `lab.client(role)` reaches them through memory pipes (tests/inprocess.py). Stopped at the end."""
-    from tests.inprocess import InProcessLab
+    client from `lab.client(role)` reaches them through memory pipes (tests/support/inprocess.py). Stopped at the end."""
+    from tests.support.inprocess import InProcessLab
 
     labs: list[InProcessLab] = []
 

@@ -28,7 +28,7 @@ def _no_dot_segments(value: str) -> str:
 ModelName = Annotated[str, Field(pattern=MODEL_NAME_RE), AfterValidator(_no_dot_segments)]
 # names the agent makes of a lab name (a job id is `<machine>-<n>`, an alert id `<machine>#<n>`, a run a job id or a
 # folder's safe name with `~<rank>`): the same alphabet, a little longer; a params field that names one of these uses
-# its type, so a name is checked where it enters whichever method carries it (tests/test_wire_names.py walks them all)
+# its type, so a name is checked where it enters whichever method carries it (tests/fast/wire/test_names.py walks them all)
 JOB_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 RUN_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._~-]{0,99}$"
 ALERT_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}[#-](?:[0-9]{1,18}|offline)$"

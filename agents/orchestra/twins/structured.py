@@ -1,7 +1,7 @@
 """What a simulated engine writes when a request constrains its answer (SIMULATED): a tool call or JSON of a schema.
 
 A real engine turns `response_format` (json_object, json_schema) and `tool_choice` "required" or a named function
-into a grammar, so even a model with random weights writes valid JSON of the schema (tests/test_llamacpp_tools.py
+into a grammar, so even a model with random weights writes valid JSON of the schema (tests/e2e/orchestra/test_llamacpp_tools.py
 shows it on the real llama-server). The simulators write an instance of the schema, token-sized piece by piece,
 so a client's parser meets what it would meet on the real engine.
 """

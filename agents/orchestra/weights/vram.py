@@ -8,7 +8,7 @@ rest (and always the token embeddings) in RAM. The compute buffer started from O
 (fs/ggml/ggml.go GraphSize: one micro-batch's activations or its logits, whichever is larger); measured against
 llama-server it is the attention mask plus the largest of the micro-batch's phases (:func:`compute_bytes`). GPUStack's
 gguf-parser walks the compute graph op by op per architecture; that is more exact for more architectures, and much
-more code; the figure here is checked against llama-server's own buffer sizes instead (tests/test_vram_llamacpp.py).
+more code; the figure here is checked against llama-server's own buffer sizes instead (tests/e2e/orchestra/test_vram_llamacpp.py).
 
 safetensors (vLLM, transformers): the weights are the tensors' byte ranges from each shard's JSON header (the
 8-byte length and the header only); the KV cache is one sequence of max_model_len tokens (--max-model-len, else
@@ -264,7 +264,7 @@ def gguf_context(header: GgufHeader, args: list[str]) -> tuple[int, int, int]:
 def compute_bytes(
     header: GgufHeader, args: list[str], n_embd: int, n_head: int, kv_width: int, n_ctx: int, seq_cells: int, slots: int
 ) -> int:
-    """llama.cpp's compute buffer for one GPU, fitted to llama-server's own (tests/test_vram_llamacpp.py): the attention
+    """llama.cpp's compute buffer for one GPU, fitted to llama-server's own (tests/e2e/orchestra/test_vram_llamacpp.py): the attention
     mask over the cells one sequence sees (f16 with flash attention, else f32), live through the whole micro-batch,
     plus the largest of its phases, as the allocator reuses memory between them: the feed-forward (gate, up and their
     product, n_ff wide, beside the residual stream), the attention (without flash attention, every head's f32 scores),

@@ -12,7 +12,7 @@ from agents.wire.protocol import Finite, FiniteFloat, GpuBackend
 ParamValue = bool | int | Finite | str
 
 
-# The secondary states: each the exact values its producer writes (tests/test_typed_state.py checks them against it)
+# The secondary states: each the exact values its producer writes (tests/fast/wire/test_typed_state.py checks them against it)
 ProgressState = Literal[
     "starting", "running", "saving", "finished", "failed"
 ]  # a trainer's progress file (agents/train/progress.py)

@@ -12,7 +12,7 @@ It holds the pinned llama-server's contract (tools/server/ of llama-cpp-python 0
   in pieces; finish_reason "tool_calls") for tool_choice "required" or a named function, and valid JSON of the
   schema for response_format json_object / json_schema, as llama-server's grammars make any model write them;
 - completions honour `n` (at most --parallel), `stop`, `seed`, `max_completion_tokens` and logprobs, and refuse bad
-  parameters with llama-server's errors (agents.orchestra.engines.llamacpp.twin_request; tests/test_sim_differential.py asks
+  parameters with llama-server's errors (agents.orchestra.engines.llamacpp.twin_request; tests/e2e/orchestra/test_llamacpp_twin.py asks
   the real server and this one the same questions);
 - it listens with a backlog of 2048 (socketserver's 5 refused bursts of clients).
 """

@@ -1,7 +1,7 @@
 """What the simulated llama-server makes of a completion request (SIMULATED): the pinned llama-server's parameter rules.
 
 agents.orchestra.engines.llamacpp.twin serves it over HTTP; this module holds no HTTP. The rules were read off the pinned
-build (llama-cpp-python 0.3.36's vendor/llama.cpp, tools/server/) by asking it, and tests/test_sim_differential.py
+build (llama-cpp-python 0.3.36's vendor/llama.cpp, tools/server/) by asking it, and tests/e2e/orchestra/test_llamacpp_twin.py
 asks both again:
 - a field of the wrong JSON type is a 400 ``Field 'x': [json.exception.type_error.302] type must be number, but is
   string`` (nlohmann's words); a null field counts as absent; a bool is a number; a float is truncated;

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -189,7 +190,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def demo_lab(tmp_path_factory) -> DemoLab:
+def demo_lab(tmp_path_factory) -> Iterator[DemoLab]:
     """The bundled demo lab, its four agents running as real processes (shared by tests)."""
     with DemoLab(tmp_path_factory.mktemp("demo")) as demo:
         yield demo
@@ -284,7 +285,7 @@ def hand_runs(tmp_path_factory, tiny_model) -> Path:
 
 
 @pytest.fixture(scope="module")
-def checkpoints_lab(tmp_path_factory, tiny_model, hand_runs) -> DemoLab:
+def checkpoints_lab(tmp_path_factory, tiny_model, hand_runs) -> Iterator[DemoLab]:
     """A one-machine lab whose agent sees hand_runs and serves the tiny model (sim and transformers)."""
     root = tmp_path_factory.mktemp("ckpt")
     source = root / "src"

@@ -1,4 +1,5 @@
-"""mypy in strict mode on agents/, console/ and widgets/ ([tool.mypy] in pyproject.toml), and ruff's lint and format check: zero errors."""
+"""mypy ([tool.mypy] in pyproject.toml: strict on agents/, console/ and widgets/, every test body checked in tests/), and
+ruff's lint and format check: zero errors."""
 
 from __future__ import annotations
 

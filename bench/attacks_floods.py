@@ -19,13 +19,8 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, KeyAddParams
 from agents.wire.catalogue.method import request
 from agents.wire.lab.model import load_lab
-from bench.attacks_iv import (
-    ATTACKER_GATEWAY_KEY,
-    connection_storm,
-    gateway_url_and_key,
-    key_tokens_today,
-    open_channel,
-)
+from bench.attacks_connections import connection_storm, open_channel
+from bench.attacks_quota import ATTACKER_GATEWAY_KEY, gateway_url_and_key, key_tokens_today
 from bench.probes import before, probe
 from console.lab.client import FleetClient
 

@@ -18,7 +18,7 @@ from agents.wire.catalogue.gateway import GATEWAY_KEYS_ADD, GATEWAY_STATUS, KeyA
 from agents.wire.catalogue.method import request
 from agents.wire.lab.gateway import KeyBudget
 from agents.wire.lab.model import load_lab
-from bench.attacks_iv import gateway_url_and_key
+from bench.attacks_quota import gateway_url_and_key
 from bench.probes import before, probe
 from console.lab.client import FleetClient
 

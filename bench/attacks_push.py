@@ -20,7 +20,7 @@ from agents.runtime.waits import within
 from agents.shell.demo.lab import DemoLab
 from agents.wire.catalogue.lab import LabApplyParams
 from agents.wire.lab.yaml_doc import MAX_BYTES
-from bench.attacks_iv import open_channel
+from bench.attacks_connections import open_channel
 from bench.probes import probe
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(

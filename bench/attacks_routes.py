@@ -16,11 +16,11 @@ from pathlib import Path
 import aiohttp
 
 from agents.shell.demo.lab import DemoLab
-from bench.attacks_iv import QUOTA_KEYS, gateway_url_and_key, key_tokens_today
+from bench.attacks_quota import QUOTA_KEYS, gateway_url_and_key, key_tokens_today
 from bench.probes import probe
 
 MODEL = "cloud-small"  # bench_attacks' LAB sells it
-KEY = "tiny50"  # bench_attacks_iv's key of 50 tokens a day
+KEY = "tiny50"  # attacks_quota's key of 50 tokens a day
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: dict, headers: dict[str, str]) -> tuple[int, dict]:

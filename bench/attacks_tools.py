@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from agents.shell.demo.lab import DemoLab
-from bench.attacks_iv import gateway_url_and_key
+from bench.attacks_quota import gateway_url_and_key
 from bench.probes import probe
 
 MODEL = "local-sim"  # bench_attacks' LAB: a vLLM simulator, warm, without --enable-auto-tool-choice

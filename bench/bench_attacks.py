@@ -38,7 +38,7 @@ from agents.shell.demo import gateway as gateway_demo
 from agents.shell.demo.lab import DemoLab
 from agents.wire.lab.model import load_lab
 from bench.attacks_floods import GATEWAY_MODEL
-from bench.attacks_iv import gateway_url_and_key
+from bench.attacks_quota import gateway_url_and_key
 from bench.common import percentile
 from bench.probes import probes, setups
 from console.lab.client import FleetClient

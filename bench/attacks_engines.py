@@ -1,5 +1,5 @@
-"""Hardening IV's R3 probe (issue 30), run by bench/bench_attacks.py like its others: another user of the agent's machine
-(uid nobody, in a forked child: the bench runs as root) at a warm engine's endpoint, as `models.list` names it.
+"""The engines' endpoints against another user of their machine (issue 30: R3), run by bench/bench_attacks.py like its
+others: another user of the agent's machine (uid nobody, in a forked child: the bench runs as root) at a warm engine's endpoint, as `models.list` names it.
 
 Before: engines listened on 127.0.0.1 with no key, so that user generated unmetered, put the model to sleep (the agent
 still said "warm", and the operator's next request through the gateway never came back) and called /collective_rpc.
@@ -21,7 +21,7 @@ from agents.orchestra.engine import UnixHTTPConnection
 from agents.shell.demo.lab import DemoLab
 from agents.wire.engine_address import EngineAddress
 from agents.wire.lab.model import load_lab
-from bench.attacks_iv import gateway_url_and_key
+from bench.attacks_quota import gateway_url_and_key
 from bench.probes import probe
 from console.lab.client import FleetClient
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agents.alerts.rules import GPU_RULES, HOST_RULES, JOB_RULES, MODEL_RULES, PROVIDER_RULES, Observation, View
 from agents.runtime.hooks import Hooks
 from agents.runtime.store import DiskFull
 from agents.wire.catalogue.alerts import ALERTS_ACK, ALERTS_LIST, AckParams, AlertList
@@ -21,14 +22,12 @@ from agents.wire.sections.gateway import GatewaySection
 from agents.wire.sections.jobs import JobInfo
 from agents.wire.sections.models import ModelInfo
 from agents.wire.sections.tick import Tick
-from agents.wire.states import JOB_ACTIVE, JobState, ModelState
-from agents.wire.words import plural
+from agents.wire.states import JOB_ACTIVE
 
 if TYPE_CHECKING:
     from agents.runtime.core import AgentCore
     from agents.runtime.rpc import Peer
 
-BUDGET_ALERTS = ((80.0, "warning"), (100.0, "critical"))  # a provider's month spend against its monthly budget (gateway)
 DISK_FULL_HOLD_S = 60.0  # a state.db write that failed for want of space keeps the disk alert up this long
 log = logging.getLogger("cetlab.alerts")
 
@@ -43,24 +42,6 @@ SCHEMA = [
         fired_at REAL NOT NULL, cleared_at REAL, acked_at REAL, acked_by TEXT)""",
     "CREATE INDEX alerts_active ON alerts (cleared_at)",
 ]
-
-
-@dataclass(frozen=True)
-class Observation:
-    """One rule looking at one target in one tick."""
-
-    rule: str
-    target: str  # "gpu0", "job 3", "model llama-3.1-8b", "disk"
-    over: bool  # past the threshold
-    clear: bool  # back inside the threshold by the hysteresis margin
-    for_s: float  # how long `over` must hold before the alert fires
-    level: str
-    message: str
-    value: float | None = None
-    threshold: float | None = None
-    gpu: int | None = None
-    job: str | None = None
-    model: str | None = None
 
 
 @dataclass
@@ -120,174 +101,29 @@ class AlertEngine:
         models: list[ModelInfo] | None = None,
         gateway: GatewaySection | None = None,
     ) -> list[Observation]:
-        """Every rule's view of this tick."""
-        s = self.settings
-        low, high = 1 - s.hysteresis_pct / 100, 1 + s.hysteresis_pct / 100
-        out: list[Observation] = []
-        gpus = {g.index: g for g in telemetry.gpus if not g.failed}
-        for g in gpus.values():
-            if g.temp_c is not None:
-                out.append(
-                    Observation(
-                        "gpu_hot",
-                        f"gpu{g.index}",
-                        g.temp_c > s.temp_c,
-                        g.temp_c < s.temp_c * low,
-                        s.temp_for_s,
-                        "critical",
-                        f"gpu{g.index} {g.name} at {g.temp_c:.0f} C (limit {s.temp_c:.0f} C)",
-                        g.temp_c,
-                        s.temp_c,
-                        gpu=g.index,
-                    )
-                )
-            if g.mem_used_bytes is not None and g.mem_total_bytes:
-                pct = g.mem_used_bytes / g.mem_total_bytes * 100
-                out.append(
-                    Observation(
-                        "vram_full",
-                        f"gpu{g.index}",
-                        pct > s.vram_pct,
-                        pct < s.vram_pct * low,
-                        s.vram_for_s,
-                        "warning",
-                        f"gpu{g.index} {g.name} VRAM {pct:.0f}% used (limit {s.vram_pct:.0f}%)",
-                        round(pct, 1),
-                        s.vram_pct,
-                        gpu=g.index,
-                    )
-                )
+        """Every rule's view of this tick: the tables of agents/alerts/rules.py, each over its targets, in order."""
+        view = View(self.settings, {g.index: g for g in telemetry.gpus if not g.failed}, gateway)
         jobs, models = jobs or [], models or []
+        out: list[Observation] = []
+        for g in view.gpus.values():
+            for gpu_rule in GPU_RULES:
+                out += gpu_rule(self, view, g)
         for job in jobs:
-            name = f"job {job.id} {job.recipe}"
-            if job.diverged_at_step is not None:  # shown while the job is in the section, running or not
-                out.append(
-                    Observation(
-                        "diverged",
-                        f"job {job.id}",
-                        True,
-                        False,
-                        0.0,
-                        "critical",
-                        f"{name}: loss: NaN, diverged at step {job.diverged_at_step}",
-                        job.diverged_at_step,
-                        job=job.id,
-                    )
-                )
-            if job.state not in JOB_ACTIVE:
-                continue
-            job_id = job.id
-            if job.state == JobState.RUNNING:
-                for index in job.gpus:
-                    util = gpus[index].util_pct if index in gpus else None
-                    if util is not None:
-                        out.append(
-                            Observation(
-                                "gpu_starved",
-                                f"gpu{index}",
-                                util < s.starved_util_pct,
-                                util > s.starved_util_pct * high,
-                                s.starved_for_s,
-                                "warning",
-                                f"{name}: gpu{index} at {util:.0f}% utilisation (under {s.starved_util_pct:.0f}%): "
-                                "the GPU waits for data; check dataloader workers and I/O",
-                                util,
-                                s.starved_util_pct,
-                                gpu=index,
-                                job=job_id,
-                            )
-                        )
-            stalled = self._steps_without_improvement(job_id, job)
-            if stalled is not None:
-                steps, best = stalled
-                out.append(
-                    Observation(
-                        "no_improvement",
-                        f"job {job_id}",
-                        steps >= s.no_improvement_steps,
-                        steps < s.no_improvement_steps,
-                        0.0,
-                        "warning",
-                        f"{name}: no loss improvement for {plural(steps, 'step')} (best {best.loss:.4g} at step {best.step})",
-                        steps,
-                        s.no_improvement_steps,
-                        job=job_id,
-                    )
-                )
-            saves = [(c.save_s, c) for c in job.checkpoints if c.save_s is not None]
-            if saves:
-                save_s, last = max(saves, key=lambda sc: (sc[1].at or 0, sc[1].step))
-                out.append(
-                    Observation(
-                        "checkpoint_slow",
-                        f"job {job_id}",
-                        save_s > s.checkpoint_save_s,
-                        save_s < s.checkpoint_save_s * low,
-                        0.0,
-                        "warning",
-                        f"{name}: checkpoint save at step {last.step} took {save_s:.0f} s "
-                        f"(limit {s.checkpoint_save_s:.0f} s): save less often or to a faster disk",
-                        save_s,
-                        s.checkpoint_save_s,
-                        job=job_id,
-                    )
-                )
+            for job_rule in JOB_RULES:
+                out += job_rule(self, view, job)
         for job_id in set(self.best) - {j.id for j in jobs if j.state in JOB_ACTIVE}:
             del self.best[job_id]
         for model in models:
-            failed = model.state == ModelState.FAILED
-            reason = model.error.message if model.error is not None else ""
-            out.append(
-                Observation(
-                    "engine_failed",
-                    f"model {model.name}",
-                    failed,
-                    not failed,
-                    0.0,
-                    "critical",
-                    f"model {model.name}: engine failed" + (f": {reason}" if reason else ""),
-                    model=model.name,
-                )
-            )
-        currency = gateway.currency if gateway is not None else ""
+            for model_rule in MODEL_RULES:
+                out += model_rule(self, view, model)
         for provider in gateway.providers if gateway is not None else []:
-            spent_pct = provider.budget_pct
-            if spent_pct is None or not provider.monthly_budget:
-                continue
-            for threshold, level in BUDGET_ALERTS:
-                out.append(
-                    Observation(
-                        f"budget_{threshold:g}",
-                        f"provider {provider.name}",
-                        spent_pct >= threshold,
-                        spent_pct < threshold,
-                        0.0,
-                        level,
-                        f"{provider.name}: {spent_pct:.0f}% of its monthly budget spent ({provider.spend_month:.2f} of "
-                        f"{provider.monthly_budget:.2f} {currency})",
-                        round(spent_pct, 1),
-                        threshold,
-                    )
-                )
-        host = telemetry.host
-        if host.disk_total_bytes and host.disk_used_bytes is not None:
-            free = (1 - host.disk_used_bytes / host.disk_total_bytes) * 100
-            out.append(
-                Observation(
-                    "disk_full",
-                    "disk",
-                    free < s.disk_free_pct,
-                    free > s.disk_free_pct * high,
-                    s.disk_for_s,
-                    "critical",
-                    f"disk {host.disk_path} {free:.1f}% free (under {s.disk_free_pct:.0f}%)",
-                    round(free, 2),
-                    s.disk_free_pct,
-                )
-            )
+            for provider_rule in PROVIDER_RULES:
+                out += provider_rule(self, view, provider)
+        for host_rule in HOST_RULES:
+            out += host_rule(self, view, telemetry.host)
         return out
 
-    def _steps_without_improvement(self, job_id: str, job: JobInfo) -> tuple[int, _LossBest] | None:
+    def steps_without_improvement(self, job_id: str, job: JobInfo) -> tuple[int, _LossBest] | None:
         step, loss = job.step, job.loss
         if step is None or loss is None:
             return None

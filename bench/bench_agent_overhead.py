@@ -39,6 +39,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agents.shell.demo.lab import SCALE_GPUS, DemoLab
+from agents.wire.agent_argv import agent_argv, python_agent
 from agents.wire.lab.model import load_lab
 from bench.common import CpuWindow, this_checkout_first
 from console.lab.client import FleetClient
@@ -183,22 +184,7 @@ async def via_sshd_run(
     repo = Path(__file__).resolve().parent.parent
     with open(tmp / "agent.log", "wb") as log:
         agent = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agents.shell.daemon",
-                "--log-level",
-                "warning",
-                "serve",
-                "--lab",
-                str(lab),
-                "--machine",
-                "box",
-                "--state-dir",
-                str(tmp / "state"),
-                "--unix-socket",
-                str(sock),
-            ],
+            agent_argv(python_agent(sys.executable), lab, "box", tmp / "state", log_level="warning", unix_socket=sock),
             cwd=repo,
             stdout=log,
             stderr=log,

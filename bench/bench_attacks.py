@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
 from agents.shell.demo import gateway as gateway_demo
 from agents.shell.demo.lab import DemoLab
+from agents.wire.agent_argv import agent_argv, python_agent
 from agents.wire.lab.model import load_lab
 from bench.attacks_floods import GATEWAY_MODEL
 from bench.attacks_quota import gateway_url_and_key
@@ -78,20 +79,7 @@ def launch_agent(demo: DemoLab) -> subprocess.Popen:
 
     with open(demo.dir / "agent.log", "ab") as log:
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agents.shell.daemon",
-                "--log-level",
-                "warning",
-                "serve",
-                "--lab",
-                str(demo.lab_path),
-                "--machine",
-                "box",
-                "--state-dir",
-                str(demo.dir / "agents" / "box"),
-            ],
+            agent_argv(python_agent(sys.executable), demo.lab_path, "box", demo.dir / "agents" / "box", log_level="warning"),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=log,

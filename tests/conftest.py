@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import cache
 from pathlib import Path
 
@@ -17,6 +17,18 @@ import yaml
 
 from agents.shell.demo.lab import DemoLab
 from tests.support.lab import HOUR_S, REPO, TESTS_DIR, age, pin_llama_server, trainer_env
+
+# the fixtures tests/support/ defines, found by name as conftest's are: a test module imports none of them (one that
+# imported `gw` but not the `gw_demo` it stands on errored in CI when a lint fix dropped the unused-looking name)
+pytest_plugins = [
+    "tests.support.checkpoints_view",
+    "tests.support.cli_labs",
+    "tests.support.command_engine",
+    "tests.support.gateway_one_machine",
+    "tests.support.gateway_provider",
+    "tests.support.multinode",
+    "tests.support.vram_tiny",
+]
 
 # demos started by tests (several at once, on a shared machine) never race for lab.yaml's gateway port 8400
 os.environ["CETLAB_DEMO_ANY_GATEWAY_PORT"] = "1"
@@ -165,6 +177,16 @@ def tier_of(path: Path) -> str | None:
     return parts[0] if parts and parts[0] in ("fast", "e2e") else None
 
 
+def _in_use(defs: Sequence[pytest.FixtureDef], name: str) -> list[pytest.FixtureDef]:
+    """The definitions of ``name`` a test gets: the closest, and the one it overrides only where it asks for it."""
+    used: list[pytest.FixtureDef] = []
+    for definition in reversed(defs):
+        used.append(definition)
+        if name not in definition.argnames:
+            break
+    return used
+
+
 def pytest_collection_modifyitems(config, items):
     drifted = []
     for item in items:
@@ -179,7 +201,7 @@ def pytest_collection_modifyitems(config, items):
             continue
         funcs = [function]
         for name in item.fixturenames:
-            funcs += [inspect.unwrap(d.func) for d in item._fixtureinfo.name2fixturedefs.get(name, ())]
+            funcs += [inspect.unwrap(d.func) for d in _in_use(item._fixtureinfo.name2fixturedefs.get(name, ()), name)]
         if item.get_closest_marker("slow") or any(isinstance(f, types.FunctionType) and _starts_processes(f) for f in funcs):
             drifted.append(item.nodeid)
     if drifted:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agents.wire.agent_argv import agent_argv, python_agent
 from agents.wire.lab.replicas import models_on
 from agents.wire.states import JOB_ACTIVE, ModelState
 
@@ -172,7 +173,7 @@ def agent_command() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("cetlab-agent")
-    return [found] if found else [sys.executable, "-m", "agents.shell.daemon"]
+    return [found] if found else python_agent(sys.executable)
 
 
 def render_unit(
@@ -190,19 +191,7 @@ def render_unit(
 
     ``cache_dir`` (default STATE_DIR/cache) holds the Hugging Face, vLLM, Triton and Inductor caches of a system unit.
     """
-    argv = [
-        *agent_command(),
-        "serve",
-        "--lab",
-        str(lab_path),
-        "--machine",
-        machine,
-        "--state-dir",
-        str(state_dir),
-        "--keep-engines",
-    ]
-    if unix_socket is not None:
-        argv += ["--unix-socket", str(unix_socket)]
+    argv = agent_argv(agent_command(), lab_path, machine, state_dir, keep_engines=True, unix_socket=unix_socket)
     interval_s = next((m.sample_interval_s for m in lab.machines if m.name == machine), 1.0)
     modprobe = nvidia_modprobe()
     lines = [

@@ -13,6 +13,8 @@ import shlex
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agents.wire.agent_argv import agent_argv
+
 UNIT = "cetlab-agent.service"
 MIN_PYTHON = (3, 11)
 MIN_FREE_BYTES = 2 * 1024**3  # the venv and wheelhouse take ~150 MB; runs, checkpoints and logs want the rest
@@ -217,7 +219,7 @@ def keys(layout: Layout, name: str, role: str) -> str:
 def _detached_launcher(layout: Layout, name: str) -> str:
     """Started in its own session with every stream on the log, so ssh returns and a hangup does not reach it. One line,
     its strings in double quotes (JSON's are Python's): a dry run prints it as it is typed, one layer of quotes."""
-    argv = [layout.venv + "/bin/cetlab-agent", "serve", "--lab", layout.lab, "--machine", name, "--state-dir", layout.state]
+    argv = agent_argv([layout.venv + "/bin/cetlab-agent"], layout.lab, name, layout.state)
     log, pid, cwd = (json.dumps(x) for x in (layout.state + "/agent.log", layout.state + "/agent.pid", layout.state))
     return (
         f'import subprocess; log = open({log}, "ab"); '

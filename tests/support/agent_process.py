@@ -14,6 +14,7 @@ import yaml
 
 from agents.runtime.waits import within
 from agents.shell.demo.lab import DemoLab, free_ports
+from agents.wire.agent_argv import agent_argv, python_agent
 from agents.wire.lab.model import load_lab
 from console.lab.client import FleetClient
 from tests.support.waits import wait_until
@@ -39,21 +40,7 @@ def start_agent(
 ) -> subprocess.Popen:
     """`cetlab-agent serve` for machine box as a real process, in its own session."""
     return subprocess.Popen(
-        [
-            PY,
-            "-m",
-            "agents.shell.daemon",
-            "--log-level",
-            log_level,
-            "serve",
-            "--lab",
-            str(lab_path),
-            "--machine",
-            "box",
-            "--state-dir",
-            str(state_dir),
-            *args,
-        ],
+        agent_argv(python_agent(PY), lab_path, "box", state_dir, log_level=log_level, extra=args),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

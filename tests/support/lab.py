@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from agents.wire.agent_argv import agent_argv, python_agent
+
 REPO = Path(__file__).resolve().parents[2]
 TESTS_DIR = str(REPO / "tests")
 
@@ -41,20 +43,7 @@ def age(folder: Path, seconds: float) -> None:
 def run_agent(lab_path: Path, machine: str, state_dir: Path) -> subprocess.Popen:
     """Start `cetlab-agent serve` as a real process (for kill/restart tests)."""
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agents.shell.daemon",
-            "--log-level",
-            "warning",
-            "serve",
-            "--lab",
-            str(lab_path),
-            "--machine",
-            machine,
-            "--state-dir",
-            str(state_dir),
-        ],
+        agent_argv(python_agent(sys.executable), lab_path, machine, state_dir, log_level="warning"),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import random
 import shutil
 import signal
 import socket
@@ -20,8 +19,10 @@ from agents.runtime.demo import DEMO_DIR_NAME, LAB_FILE, LOCK_NAME, demo_cli_lin
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, open_private_log, write_private
 from agents.runtime.labfile import PUSHED_NAME
 from agents.runtime.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
+from agents.runtime.ports import server_port
 from agents.shell.demo import gateway as gateway_demo
 from agents.shell.demo import notify as notify_demo
+from agents.wire.agent_argv import agent_argv, python_agent
 from agents.wire.lab.model import load_lab, parse_lab
 from agents.wire.lab.spread import node_links
 
@@ -45,46 +46,14 @@ def checkout_lab() -> Path:
     return REPO_ROOT / LAB_FILE
 
 
-EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's ip_local_port_range out of the box
-DEMO_PORTS_SPAN = 12000  # the demo's ports come from this many below the ephemeral range
-
-
-def ephemeral_range() -> tuple[int, int]:
-    """The ports the kernel hands out to outgoing connections (and to bind(0))."""
-    try:
-        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-        return low, high
-    except (OSError, ValueError):
-        return EPHEMERAL_DEFAULT
-
-
 def free_ports(count: int) -> list[int]:
-    """Ports free now, and never one the kernel gives an outgoing connection: a demo agent listens on its port again
-    after a restart, and a port of the ephemeral range could by then be any client's (an agent's restart failed
-    with "address already in use" under a loaded suite). Picked at random below that range, each checked by binding."""
-    low, _ = ephemeral_range()
-    first = max(1024, low - DEMO_PORTS_SPAN)
-    sockets: list[socket.socket] = []
-    ports: list[int] = []
-    try:
-        for _ in range(count):
-            for _attempt in range(200):
-                port = random.randrange(first, low) if low - first >= 1000 else 0
-                s = socket.socket()
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    s.close()
-                    continue
-                sockets.append(s)
-                ports.append(s.getsockname()[1])
-                break
-            else:
-                raise OSError(f"no free port between {first} and {low}")
-    finally:
-        for s in sockets:
-            s.close()
-    return ports
+    """``count`` distinct ports free now, each claimed (agents.runtime.ports): never one the kernel gives an outgoing
+    connection, since a demo agent listens on its port again after a restart (an agent's restart failed with "address
+    already in use" under a loaded suite when they were picked by bind(0)), nor one another demo just chose."""
+    chosen: list[int] = []
+    for _ in range(count):
+        chosen.append(server_port("127.0.0.1", avoid=frozenset(chosen)))
+    return chosen
 
 
 def _scaled(data: dict[str, Any], scale: int) -> dict[str, Any]:
@@ -288,24 +257,15 @@ class DemoLab:
         for i in range(0, len(names), step):
             group = names[i : i + step]
             state_dir = self.dir / "agents" / group[0] if len(group) == 1 else self.dir / "agents"
-            argv = [
-                sys.executable,
-                "-m",
-                "agents.shell.daemon",
-                "--log-level",
-                "warning",
-                "serve",
-                "--lab",
-                str(self.lab_path),
-                "--state-dir",
-                str(state_dir),
-                "--parent-pid",
-                str(os.getpid()),
-            ]
-            for name in group:
-                argv += ["--machine", name]
-            if self.keep_engines:
-                argv.append("--keep-engines")
+            argv = agent_argv(
+                python_agent(sys.executable),
+                self.lab_path,
+                group,
+                state_dir,
+                log_level="warning",
+                keep_engines=self.keep_engines,
+                parent_pid=os.getpid(),
+            )
             log = open_private_log(self.dir / "agents" / f"{group[0]}.log")
             self.processes.append(
                 subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)

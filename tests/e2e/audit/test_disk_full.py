@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from agents.shell.demo.lab import DemoLab
+from agents.wire.agent_argv import agent_argv, python_agent
 from agents.wire.protocol import ErrorCode, RemoteError
 from tests.support.agent_process import PY, connected, one_machine_lab, start_agent, wait_listening
 from tests.support.waits import wait_for
@@ -24,20 +25,7 @@ def start_agent_on_full_disk(lab_path, state, limit: int = FILE_SIZE_LIMIT) -> s
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     return subprocess.Popen(
-        [
-            PY,
-            "-m",
-            "agents.shell.daemon",
-            "--log-level",
-            "warning",
-            "serve",
-            "--lab",
-            str(lab_path),
-            "--machine",
-            "box",
-            "--state-dir",
-            str(state),
-        ],
+        agent_argv(python_agent(PY), lab_path, "box", state, log_level="warning"),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

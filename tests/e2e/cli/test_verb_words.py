@@ -11,7 +11,6 @@ import yaml
 
 from tests.support.cli_labs import (
     PY,
-    box_lab,  # noqa: F401 (a fixture)
     cli,
 )
 

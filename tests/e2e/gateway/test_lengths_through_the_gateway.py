@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.gateway_provider import gw, gw_demo  # noqa: F401  # the module's agent and its provider
-
 pytestmark = pytest.mark.timeout(240)
 
 

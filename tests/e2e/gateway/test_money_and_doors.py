@@ -13,7 +13,6 @@ import pytest
 from agents.runtime.waits import within
 from tests.support.gateway_provider import (
     PRICE,
-    gw,  # noqa: F401 (a fixture)
 )
 from tests.support.waits import wait_for
 

@@ -21,7 +21,6 @@ from tests.support.jobs import cli, running
 from tests.support.lab import REPO, run_agent
 from tests.support.multinode import (
     P4,
-    with_torchrun,  # noqa: F401 (a fixture)
 )
 from tests.support.waits import wait_for
 
@@ -388,21 +387,6 @@ async def _node_started(client: FleetClient, machine: str, job_id: str) -> dict 
 async def _ended_on_a(client: FleetClient, job_id: str) -> dict | None:
     job = await job_on(client, "a", job_id)
     return job if ended(job) else None
-
-
-def test_server_ports_come_from_below_the_ephemeral_range(tmp_path):
-    """Outgoing connections take their local ports from the ephemeral range: a server's port chosen there is soon someone's."""
-    from agents.runtime import ports
-
-    low = ports.ephemeral_low()
-    chosen = {ports.server_port() for _ in range(20)}
-    assert all(ports.LOWEST <= port < low for port in chosen), chosen
-    assert all(ports.is_free(port) for port in chosen)
-    (tmp_path / "range").write_text("40000\t60999\n")
-    assert (
-        ports.ephemeral_low(tmp_path / "range") == 40000
-        and ports.ephemeral_low(tmp_path / "missing") == ports.DEFAULT_EPHEMERAL_LOW
-    )
 
 
 def test_one_row_per_run_keeps_a_multi_node_run_once_and_other_runs_apart():

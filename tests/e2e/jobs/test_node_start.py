@@ -13,7 +13,7 @@ from agents.shell.demo.lab import DemoLab
 from agents.wire.protocol import ErrorCode, RemoteError
 from tests.support.agent_process import connected
 from tests.support.jobs import running
-from tests.support.multinode import P4, with_torchrun  # noqa: F401 (a fixture)
+from tests.support.multinode import P4
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -26,6 +26,7 @@ from agents.runtime.keys import AUTHORIZED_KEYS_NAME
 from agents.runtime.labfile import PUSHED_NAME
 from agents.runtime.peers import PEER_KNOWN_HOSTS_NAME
 from agents.shell.demo.lab import free_ports
+from agents.wire.agent_argv import agent_argv, python_agent
 from agents.wire.lab.push import lab_version
 from tests.support.agent_process import wait_listening
 from tests.support.waits import wait_until
@@ -92,8 +93,7 @@ def start(root: Path, lab: Path, machine: str, port: int) -> tuple[subprocess.Po
     with (root / "console" / "known_hosts").open("a") as f:
         f.write(f"[127.0.0.1]:{port} {host_key}\n")
     proc = subprocess.Popen(
-        [PY, "-m", "agents.shell.daemon", "--log-level", "warning", "serve", "--lab", str(lab), "--machine", machine,
-         "--state-dir", str(state)],
+        agent_argv(python_agent(PY), lab, machine, state, log_level="warning"),
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     wait_listening("127.0.0.1", port, proc)

@@ -8,7 +8,6 @@ import re
 import pytest
 
 from tests.support.cli_labs import (
-    box_lab,  # noqa: F401 (a fixture)
     cli,
 )
 

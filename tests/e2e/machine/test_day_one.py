@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from agents.shell.demo.lab import free_ports
+from agents.wire.agent_argv import agent_argv, python_agent
 from tests.support.agent_process import start_agent, wait_listening
 
 pytestmark = pytest.mark.timeout(120)
@@ -122,8 +123,7 @@ def test_a_model_on_a_machine_the_gateway_cannot_reach_fails_at_once_with_the_fi
     # node's agent runs, but the gateway has neither its host key nor an authorization there
     node_state = tmp_path / "node-state"
     node = subprocess.Popen(
-        [PY, "-m", "agents.shell.daemon", "--log-level", "warning", "serve", "--lab", str(lab), "--machine", "node",
-         "--state-dir", str(node_state)],
+        agent_argv(python_agent(PY), lab, "node", node_state, log_level="warning"),
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     proc, _state = serve(tmp_path, lab)

@@ -17,7 +17,6 @@ from agents.wire.protocol import ErrorCode, RemoteError
 from console.lab.client import FleetClient
 from tests.support.command_engine import (
     command_lab,
-    lab,  # noqa: F401 (a fixture)
 )
 from tests.support.engine_sockets import assert_engines_on_sockets
 from tests.support.pool import settle

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from tests.support.checkpoints_view import frozen_app  # noqa: F401  (a fixture)
-
 
 def test_the_llama_server_build_says_its_step_count_and_keeps_every_line_in_its_log(tmp_path, capsys):
     """`make llama-server` printed three lines, then nothing for 8 minutes (the output went to build.log, unsaid)."""

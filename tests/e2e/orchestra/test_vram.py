@@ -13,7 +13,6 @@ from agents.orchestra.weights.vram import (
 from tests.support.vram_tiny import (
     KV_WIDTH,
     LAYERS,
-    tiny,  # noqa: F401 (a fixture)
 )
 
 

@@ -16,6 +16,7 @@ import yaml
 
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, ensure_key
 from agents.shell.demo.lab import free_ports
+from agents.wire.agent_argv import agent_argv, python_agent
 from agents.wire.lab.model import load_lab
 from tests.support.agent_exits import _ran_once, wait_exit
 from tests.support.agent_process import (
@@ -115,7 +116,7 @@ def test_a_lab_file_bomb_is_one_line_and_exit_2(tmp_path, name, content, expecte
     named = [line for line in lines if line.startswith(str(path))]  # the CLI heads its problems with one line of its own
     assert done.returncode == 2 and len(lines) <= 2 and len(named) == 1 and expected in named[0], (done.returncode, lines[:3])
     agent = subprocess.run(
-        [PY, "-m", "agents.shell.daemon", "serve", "--lab", str(path), "--machine", "a", "--state-dir", str(tmp_path / "state")],
+        agent_argv(python_agent(PY), path, "a", tmp_path / "state"),
         capture_output=True,
         timeout=60,
     )

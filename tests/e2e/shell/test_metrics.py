@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 from agents.shell.demo.lab import DemoLab, free_ports
+from agents.wire.agent_argv import agent_argv, python_agent
 from tests.support.metrics import families
 from tests.support.waits import wait_for
 
@@ -43,22 +44,14 @@ async def test_agent_serves_prometheus_metrics(tmp_path, lab_file):
     lab_path = demo.prepare()
     (port,) = free_ports(1)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agents.shell.daemon",
-            "--log-level",
-            "warning",
-            "serve",
-            "--lab",
-            str(lab_path),
-            "--machine",
+        agent_argv(
+            python_agent(sys.executable),
+            lab_path,
             "box",
-            "--state-dir",
-            str(demo.dir / "agents" / "box"),
-            "--metrics-port",
-            str(port),
-        ],
+            demo.dir / "agents" / "box",
+            log_level="warning",
+            extra=["--metrics-port", str(port)],
+        ),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

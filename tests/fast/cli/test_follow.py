@@ -10,7 +10,6 @@ from typing import Any
 from agents.wire.events import LogEvent
 from console.cli import jobs as cli_jobs
 from console.cli.jobs import follow
-from tests.support.checkpoints_view import frozen_app  # noqa: F401  (a fixture)
 from tests.support.ddp_job import NODES, ddp_job
 
 

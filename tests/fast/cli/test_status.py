@@ -6,7 +6,6 @@ from __future__ import annotations
 from console.lab.status import status_human, status_json
 from tests.support.gateway_one_machine import (
     _lab,
-    gateway_lab,  # noqa: F401 (a fixture)
 )
 from tests.support.waits import wait_for
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from tests.support.checkpoints_view import frozen_app  # noqa: F401  (a fixture)
-
 
 def test_a_saving_far_below_minus_100_percent_is_said_as_times_the_cloud():
     """A tiny cloud equivalent against idle power gave "-1276%"."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 from agents.wire.catalogue.jobs import RecipeInfo
 from console.cli.jobs import job_human, jobs_human
 from console.tui.screens.modals import StartJobScreen
-from tests.support.checkpoints_view import frozen_app  # noqa: F401  (a fixture)
 from tests.support.ddp_job import ddp_job
 from widgets.format import placement
 

@@ -6,7 +6,6 @@ import pytest
 
 from agents.wire.sections.models import Rotation
 from console.cli.models import rotation_human
-from tests.support.checkpoints_view import frozen_app  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.timeout(180)
 

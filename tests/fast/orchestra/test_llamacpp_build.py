@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from tests.support.checkpoints_view import frozen_app  # noqa: F401  (a fixture)
-
 
 def test_a_tiny_gguf_for_the_llamacpp_engine_is_one_command(tmp_path, capsys, monkeypatch):
     from gguf import GGUFReader

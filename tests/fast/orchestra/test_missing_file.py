@@ -6,7 +6,6 @@ import aiohttp
 import pytest
 
 from agents.wire.protocol import ErrorCode, RemoteError
-from tests.support.gateway_one_machine import gateway_lab  # noqa: F401 (a fixture)
 
 
 async def test_a_model_whose_file_is_missing_is_refused_saying_so_where_and_the_fix(gateway_lab):

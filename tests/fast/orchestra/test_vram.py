@@ -37,7 +37,6 @@ from tests.support.vram_tiny import (
     HEADS,
     KV_WIDTH,
     LAYERS,
-    tiny,  # noqa: F401 (a fixture)
 )
 
 

@@ -53,3 +53,34 @@ async def test_a_slow_sampler_is_not_taken_for_a_stuck_one(tmp_path):
     finally:
         task.cancel()
         sock.close()
+
+
+def test_the_agents_command_line_is_the_one_its_parser_reads():
+    """agent_argv (the unit's, machine add's, the demo's, the benches' and the tests' one spelling) against the
+    daemon's own parser: every option it writes lands where `serve` reads it."""
+    from agents.shell.daemon import build_parser
+    from agents.wire.agent_argv import agent_argv, python_agent
+
+    argv = agent_argv(
+        python_agent("python3"),
+        "/l/lab.yaml",
+        ["m5", "irina"],
+        "/s",
+        log_level="warning",
+        keep_engines=True,
+        unix_socket="/s/agent.sock",
+        parent_pid=42,
+        extra=["--metrics-port", "9400"],
+    )
+    assert argv[:3] == ["python3", "-m", "agents.shell.daemon"]
+    args = build_parser().parse_args(argv[3:])
+    assert (args.command, args.log_level, args.lab, args.machine, args.state_dir) == (
+        "serve",
+        "warning",
+        "/l/lab.yaml",
+        ["m5", "irina"],
+        "/s",
+    )
+    assert (args.keep_engines, args.unix_socket, args.parent_pid, args.metrics_port) == (True, "/s/agent.sock", 42, 9400)
+    plain = build_parser().parse_args(agent_argv(["cetlab-agent"], "lab.yaml", "box", "/s")[1:])
+    assert (plain.machine, plain.keep_engines, plain.unix_socket, plain.log_level) == (["box"], False, None, "info")

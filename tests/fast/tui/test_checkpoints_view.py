@@ -10,7 +10,6 @@ from agents.wire.catalogue.checkpoints import RunCheckpoints
 from agents.wire.sections.checkpoints import CheckpointInfo
 from console.tui.screens.checkpoints import CheckpointsScreen
 from tests.support.checkpoints_view import (
-    frozen_app,  # noqa: F401 (a fixture)
     frozen_run,
 )
 from tests.support.console import frozen_jobs

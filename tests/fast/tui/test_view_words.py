@@ -9,7 +9,6 @@ import pytest
 
 from agents.wire.catalogue.jobs import RecipeInfo
 from console.tui.screens.modals import StartJobScreen
-from tests.support.checkpoints_view import frozen_app  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.timeout(180)
 

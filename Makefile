@@ -26,7 +26,7 @@ test: $(STAMP) llama-server
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --durations=30  # the long poles, printed for the suite-time work
 
 # The edit loop's tier, tests/fast/: no process started (agents in the test's own event loop, tests/support/inprocess.py);
 # the end-to-end tier, tests/e2e/ (real SSH, agent processes, trainers, sshd, llama-server), is marked e2e by its folder

@@ -147,6 +147,8 @@ class CheckpointServing:
         """A new model entry for this checkpoint (weights as they are, or the adapter merged into its base), warmed in the background.
 
         ``why_merged`` says why an adapter meant for a warm vLLM model is merged instead (vLLM cannot hot-load it).
+
+        Over 80 lines: the steps of bringing a checkpoint up, in order, each refusal naming its fix.
         """
         name = safe_name(f"{run.name}-step{ckpt.step}")
         existing = pool.find_view(name)
@@ -220,7 +222,9 @@ class CheckpointServing:
 
     def _start_gguf_adapter(self, peer: Peer, run: Run, ckpt: Checkpoint, pool: ModelsPort, template: ModelView) -> Served:
         """llama.cpp: the PEFT adapter converted to GGUF (llama.cpp's convert_lora_to_gguf.py), then a new model: the
-        template's GGUF started with `--lora` that file, the adapter applied once it is warm. Refused when it cannot convert."""
+        template's GGUF started with `--lora` that file, the adapter applied once it is warm. Refused when it cannot convert.
+
+        Over 80 lines: convert, place and start, in order, each refusal naming its fix."""
         spec = template.spec
         base = ckpt.base_model
         if not base or not (Path(base) / "config.json").is_file():

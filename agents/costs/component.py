@@ -15,7 +15,8 @@ from agents.runtime.hooks import Hooks
 from agents.runtime.store import DiskFull, Store
 from agents.wire.catalogue.costs import COSTS_GET, CostsParams, CostsReport
 from agents.wire.lab.gateway import find_provider_model
-from agents.wire.lab.model import Lab, Machine
+from agents.wire.lab.machines import Machine
+from agents.wire.lab.model import Lab
 from agents.wire.protocol import Telemetry
 from agents.wire.sections.costs import CostsSummary, ProviderSpend
 from agents.wire.sections.jobs import JobInfo

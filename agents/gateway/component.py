@@ -14,7 +14,8 @@ from agents.gateway.keys import KeyStore
 from agents.gateway.metering import Meter
 from agents.gateway.reach import Reach
 from agents.gateway.replicas import replica_figures
-from agents.gateway.router import Router, Target
+from agents.gateway.router import Router
+from agents.gateway.target import Target
 from agents.orchestra.port import ModelsPort
 from agents.runtime.hooks import Hooks
 from agents.runtime.peer_links import PeerLinkState

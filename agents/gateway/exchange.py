@@ -14,8 +14,8 @@ from agents.gateway import proxy
 from agents.gateway.keys import ApiKey
 from agents.gateway.metering import ModelStats, Record
 from agents.gateway.reservation import Hold
-from agents.gateway.router import Target
 from agents.gateway.routes import Route
+from agents.gateway.target import Target
 
 R = TypeVar("R")
 Send = Callable[[Target, dict[str, Any], float], Awaitable[tuple[R, proxy.Outcome]]]  # a request upstream: (answer, outcome)

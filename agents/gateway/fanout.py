@@ -19,8 +19,8 @@ from agents.gateway.lengths import read_lengths
 from agents.gateway.limits import UpstreamTooLarge
 from agents.gateway.metering import Record
 from agents.gateway.openai_api import OrchestraBody, checked_body, error_response, max_wait
-from agents.gateway.router import NotServable, Target
 from agents.gateway.routes import ROUTES
+from agents.gateway.target import NotServable, Target
 from agents.wire.lab.gateway import MAX_GROUP_MEMBERS
 
 if TYPE_CHECKING:

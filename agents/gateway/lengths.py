@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agents.gateway.router import NotServable, Target
+from agents.gateway.target import NotServable, Target
 from agents.wire.words import plural
 
 OPENAI_FIELDS = ("max_completion_tokens", "max_tokens")  # OpenAI's newer name first; what goes upstream
@@ -69,8 +69,8 @@ def with_lengths(body: dict[str, Any], figure: int, target: Target) -> dict[str,
     names = [n for n in OPENAI_FIELDS if body.get(n) is not None] or ["max_tokens"]
     if target.tier == "local":
         names.append("max_tokens")
-        if target.engine_model is not None and "llamacpp" in target.engine_model.engine:
-            names.append("n_predict")
+        if target.length_param is not None:
+            names.append(target.length_param)
     sent = {k: v for k, v in body.items() if k not in LENGTH_FIELDS}
     sent.update(dict.fromkeys(names, figure))
     if isinstance(sent.get("min_tokens"), int):

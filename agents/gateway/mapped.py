@@ -9,7 +9,7 @@ import secrets
 from typing import Any, Protocol
 
 from agents.gateway.limits import SseSplitter
-from agents.gateway.router import NotServable
+from agents.gateway.target import NotServable
 
 
 def new_id(prefix: str) -> str:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from agents.gateway.chat_params import engine_error, is_openai_error
 from agents.gateway.limits import SseSplitter
-from agents.gateway.router import NotServable
+from agents.gateway.target import NotServable
 from agents.wire.lab.gateway import MAX_GROUP_MEMBERS
 from agents.wire.schema import MODEL_NAME_RULE, ModelName, Name
 

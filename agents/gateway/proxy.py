@@ -22,7 +22,7 @@ from agents.gateway.openai_api import (
     upstream_error,
     upstream_stream_body,
 )
-from agents.gateway.router import Target
+from agents.gateway.target import Target
 
 
 @dataclass
@@ -126,7 +126,9 @@ async def stream(
     rewriter: EventRewriter | None = None,
 ) -> tuple[web.StreamResponse, Outcome]:
     """SSE from the target to the client, each event written as it arrives (rewritten: agents.gateway.openai_api);
-    usage asked for upstream on every stream and read from the last event, else counted."""
+    usage asked for upstream on every stream and read from the last event, else counted.
+
+    Over 80 lines: one loop over the upstream's events, whose every branch writes, meters or cuts that stream."""
     started = time.monotonic()
     client_model = str(body.get("model"))
     payload = {**upstream_stream_body(body), "model": target.upstream_model}

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from agents.gateway.reach import Unreachable
+from agents.gateway.target import expected_bring_up_s
 from agents.wire.lab.replicas import placements
 from agents.wire.sections.gateway import ReplicaFigures
 from agents.wire.states import ModelState
@@ -83,7 +84,7 @@ async def choose(router: Router, model: Model, conversation: str | None, avoid: 
         ready = [p for p, info in allowed if serving(info)]
         if ready:
             return _least_busy(router, name, ready, conversation)
-        waking = [(router.expected_bring_up_s(info), i, p) for i, (p, info) in enumerate(allowed) if _wakeable(info)]
+        waking = [(expected_bring_up_s(info), i, p) for i, (p, info) in enumerate(allowed) if _wakeable(info)]
         if waking:
             return _remember(router, name, min(waking, key=lambda w: (w[0], w[1]))[2], conversation)
     failed = [p for p, info in live if info is not None and info.state is ModelState.FAILED]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from agents.gateway.keys import ApiKey, KeyStore
 from agents.gateway.lengths import Lengths
 from agents.gateway.metering import Meter
-from agents.gateway.router import NotServable, Target
+from agents.gateway.target import NotServable, Target
 from agents.wire.lab.gateway import GatewayPolicies
 from agents.wire.words import plural
 

@@ -7,12 +7,12 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from agents.gateway.metering import Meter
 from agents.gateway.reach import Reach, Unreachable
 from agents.gateway.replicas import choose
+from agents.gateway.target import NotServable, Target, expected_bring_up_s, placement_key, unreachable, why_failed
 from agents.runtime.view import MachineView
 from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_COLD, MODELS_LIST, MODELS_SLEEP, MODELS_SWAP, MODELS_WARM, ModelParams, SwapParams
@@ -37,56 +37,9 @@ LOAD_POLL_S = 0.25  # while a model loads (tens of seconds)
 # intervals up to a second (a request that just joined starts the 20 ms again, at most once a second)
 WATCH_FIRST_S, WATCH_MAX_S = 0.02, 1.0
 ASLEEP = frozenset({ModelState.SLEEPING, ModelState.COLD, ModelState.CACHED})  # what the gateway wakes or loads
-# Used when the pool has not timed a model yet: the field notes' figures
-DEFAULT_WAKE_S, DEFAULT_LOAD_S, DEFAULT_WARMUP_S, COLD_FACTOR = 6.0, 15.0, 52.0, 14.0
 
 
 SWAPPABLE = frozenset({ModelState.WARM, ModelState.SLEEPING})  # an engine that is up and settled: its GPUs can be taken
-
-
-def placement_key(model: Model) -> str:
-    """One placement of a model: its name, and where it has replicas, the machine (a model of one placement: its name)."""
-    return f"{model.name}@{model.machine}" if model.replicas else model.name
-
-
-def _why_failed(info: ModelInfo) -> str | None:
-    return info.error.message if info.error is not None else None
-
-
-def _unreachable(exc: Unreachable, retry_after_s: int) -> NotServable:
-    return NotServable(
-        503,
-        f"cannot reach {exc.machine}: its link is {exc.status}" + (f" ({exc.why})" if exc.why else "") + f"; fix: {exc.fix}",
-        "machine_unreachable",
-        retry_after_s,
-    )
-
-
-class NotServable(Exception):
-    """The request cannot be answered: an HTTP status, a message, and for 503 a Retry-After."""
-
-    def __init__(self, status: int, message: str, code: str, retry_after_s: int | None = None, param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.code, self.retry_after_s, self.param = status, message, code, retry_after_s, param
-
-
-@dataclass
-class Target:
-    """Where one request goes."""
-
-    model: str  # the lab's name for it
-    tier: str  # local | provider
-    base_url: str  # ends in /v1
-    upstream_model: str  # the name the endpoint answers to
-    where: str  # machine or provider name
-    simulated: bool
-    provider: Provider | None = None
-    provider_model: ProviderModel | None = None
-    woke: bool = False
-    reason: str | None = None  # why a fallback answered
-    engine_model: Model | None = None  # local: the model whose engine answers (an adapter's base, or the model itself),
-    # as placed on the machine that answers (a replica's machine, GPUs and port)
-    unix_socket: str | None = None  # the socket that carries base_url: this machine's engine's, or the SSH forward's
 
 
 class Router:
@@ -186,28 +139,6 @@ class Router:
             ) from None
         return url, socket_path
 
-    def expected_bring_up_s(self, info: ModelInfo | None) -> float:
-        """How long until this model can answer, from the pool's own timings."""
-        if info is None:
-            return float("inf")
-        load = info.load_s or DEFAULT_LOAD_S
-        warmup = info.warmup_s or DEFAULT_WARMUP_S
-        match info.state:
-            case ModelState.WARM:
-                return 0.0
-            case ModelState.SLEEPING:
-                return info.wake_s or DEFAULT_WAKE_S
-            case ModelState.CACHED:
-                return load + warmup
-            case ModelState.COLD:
-                return load * COLD_FACTOR + warmup
-            case ModelState.LOADING | ModelState.WARMING:
-                elapsed = time.time() - (info.since or time.time())
-                total = (info.wake_s or DEFAULT_WAKE_S) if info.op == "wake" else load + warmup
-                return max(0.0, total - elapsed)
-            case ModelState.FAILED:
-                return float("inf")
-
     def _provider_model(self, name: str) -> tuple[Provider, ProviderModel]:
         """A provider's model named in lab.yaml (its cross-check makes sure every fallback names one)."""
         found = find_provider_model(self.lab.providers, name)
@@ -297,19 +228,19 @@ class Router:
         except Unreachable as exc:
             if fallback:
                 return self.provider_target(fallback, str(exc))
-            raise _unreachable(exc, self.policies.retry_after_s) from None
+            raise unreachable(exc, self.policies.retry_after_s) from None
         info = self.model_info(model.name, model.machine)
         if info is not None and info.state is ModelState.WARM and info.endpoint:
             return await self._local_target(model, info, woke=False)
         if info is not None and info.state is ModelState.FAILED:
             if fallback:
                 return self.provider_target(fallback, f"{model.name} failed on {model.machine}")
-            raise NotServable(502, f"{model.name} failed on {model.machine}: {_why_failed(info)}", "engine_failed")
-        if fallback and budget_s is not None and self.expected_bring_up_s(info) > budget_s:
+            raise NotServable(502, f"{model.name} failed on {model.machine}: {why_failed(info)}", "engine_failed")
+        if fallback and budget_s is not None and expected_bring_up_s(info) > budget_s:
             return self.provider_target(
                 fallback,
                 f"{model.name} is {info.state if info else 'unknown'}: "
-                f"about {self.expected_bring_up_s(info):.1f} s to bring up, over the {budget_s:g} s budget",
+                f"about {expected_bring_up_s(info):.1f} s to bring up, over the {budget_s:g} s budget",
             )
         timeout_s = min(self.policies.queue_timeout_s, budget_s) if budget_s is not None else self.policies.queue_timeout_s
         try:
@@ -333,6 +264,7 @@ class Router:
             woke=woke,
             engine_model=model,
             unix_socket=socket_path,
+            length_param=spec.length_param if (spec := self.engine_spec(model.engine)) is not None else None,
         )
 
     # -- a request at an engine that goes to sleep
@@ -443,7 +375,7 @@ class Router:
             if state is ModelState.WARM and info.endpoint:
                 return info
             if state is ModelState.FAILED:
-                raise NotServable(502, f"{model.name} failed on {model.machine}: {_why_failed(info)}", "engine_failed")
+                raise NotServable(502, f"{model.name} failed on {model.machine}: {why_failed(info)}", "engine_failed")
             if fresh and state in ASLEEP and not info.op:
                 if started:  # woken by us, then put back by someone else before we could use it
                     raise NotServable(
@@ -510,7 +442,7 @@ class Router:
                 try:
                     await self.peers.wait_online(machine)
                 except Unreachable as gone:
-                    raise _unreachable(gone, self.policies.retry_after_s) from None
+                    raise unreachable(gone, self.policies.retry_after_s) from None
             return False
         self.peers.apply_models(machine, listing)
         return True

@@ -19,7 +19,7 @@ from agents.gateway.lengths import TEMPLATE_TOKENS, prompt_bound
 from agents.gateway.mapped import Mapping
 from agents.gateway.openai_api import checked_body, messages_problem, parameter_problem
 from agents.gateway.responses_api import ResponsesMapping
-from agents.gateway.router import NotServable
+from agents.gateway.target import NotServable
 
 Serves = Literal["chat", "embedding", "rerank"]  # as lab.yaml's model.serves says
 MAX_INPUTS = 2048  # OpenAI's bound on the inputs of one embeddings request

@@ -31,8 +31,8 @@ from agents.gateway.openai_api import (
 )
 from agents.gateway.replicas import conversation_key
 from agents.gateway.reservation import Reservations
-from agents.gateway.router import NotServable, Target
 from agents.gateway.routes import ANTHROPIC_PATHS, ROUTES, Route
+from agents.gateway.target import NotServable, Target
 from agents.runtime.stopping import DRAIN_S
 from agents.runtime.waits import within
 from agents.wire.lab.gateway import find_provider_model

@@ -20,7 +20,8 @@ from agents.runtime.hooks import Hooks
 from agents.runtime.torch_probe import TorchReader, python_of
 from agents.wire.catalogue.agent import GPUS_SUPPORT
 from agents.wire.catalogue.method import NoParams
-from agents.wire.lab.model import Model, SimGpus
+from agents.wire.lab.machines import SimGpus
+from agents.wire.lab.model import Model
 from agents.wire.protocol import ErrorCode, GpuSample, RemoteError
 from agents.wire.sections.gpu_support import GpuSupportSection, Stack, StackKind, Verdict
 

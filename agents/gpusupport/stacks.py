@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from agents.runtime.torch_probe import TorchReader
 from agents.wire.capability import parse_capability
-from agents.wire.lab.model import SimStack, SimStacks
+from agents.wire.lab.machines import SimStack, SimStacks
 from agents.wire.sections.gpu_support import Stack, StackKind
 
 log = logging.getLogger("cetlab.gpusupport")

@@ -84,7 +84,9 @@ def check_gpus(jobs: JobsComponent, recipe: Trainer) -> None:
 
 
 def launch(jobs: JobsComponent, name: str, given: dict[str, Any], node: NodeLaunch | None = None) -> Job:
-    """Check everything, then launch; any problem is a typed error before a process exists. ``node``: one node of a multi-node job."""
+    """Check everything, then launch; any problem is a typed error before a process exists. ``node``: one node of a multi-node job.
+
+    Over 80 lines: each check before the process, in the order its refusals are documented, then the start."""
     core = jobs.core
     lab = core.lab
     recipe = node.recipe if node is not None else recipes.find_recipe(lab, name, core.machine.name)

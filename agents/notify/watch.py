@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from agents.runtime.store import Store
 from agents.runtime.waits import within
-from agents.wire.lab.model import Lab, Machine
+from agents.wire.lab.machines import Machine
+from agents.wire.lab.model import Lab
 
 log = logging.getLogger("cetlab.notify")
 

@@ -61,6 +61,9 @@ class EngineSpec:
     refuses_params: tuple[str, ...] = ()
     # a flag among a model's args that takes tools away (llama-server's --no-jinja: no chat template renders them)
     tools_off_flag: str | None = None
+    # the engine's own name for a request's length, sent beside max_tokens (llama-server's n_predict: it reads no
+    # max_completion_tokens, and without a length writes to the end of its context)
+    length_param: str | None = None
     # the flag a model's args need for tool_choice "auto" (vLLM reads calls out of free text only with a parser)
     auto_tools_flag: str | None = None
 

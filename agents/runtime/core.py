@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from agents.runtime.rpc import Registry
     from agents.runtime.store import Store
     from agents.wire.events import PushEvent
-    from agents.wire.lab.model import Lab, Machine
+    from agents.wire.lab.machines import Machine
+    from agents.wire.lab.model import Lab
     from agents.wire.protocol import Telemetry
 
 T = TypeVar("T")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from agents.runtime.view import LabView
 from agents.runtime.waits import wait_event
 from agents.wire.events import EventInvalid, PushEvent, TickEvent, parse_event
-from agents.wire.lab.model import Machine
+from agents.wire.lab.machines import Machine
 from agents.wire.protocol import MAX_REPLY_BYTES, PROTOCOL_VERSION, ErrorCode, LinkStatus, RemoteError, encode
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from agents.wire.protocol import LinkStatus
 
 if TYPE_CHECKING:
     from agents.runtime.link import Link
-    from agents.wire.lab.model import Machine
+    from agents.wire.lab.machines import Machine
 
 PIECE_BYTES = 64 * 1024  # the longest piece readline() hands back of a longer line (asyncssh hands back pieces too)
 

@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from agents.wire.events import TickEvent
-from agents.wire.lab.model import Lab, Machine
+from agents.wire.lab.machines import Machine
+from agents.wire.lab.model import Lab
 from agents.wire.protocol import GpuSample, Hello, HostSample, LinkStatus
 from agents.wire.sections.alerts import AlertsSection
 from agents.wire.sections.audit import AuditSection

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, cas
 
 from pydantic import BaseModel
 
-from agents import __version__
 from agents.runtime.bus import Bus
 from agents.runtime.core import ComponentFactory
 from agents.runtime.history import History
@@ -32,39 +31,14 @@ from agents.runtime.rpc import Peer, Registry
 from agents.runtime.stopping import stop_within
 from agents.runtime.store import Store
 from agents.shell.components import default_components
+from agents.shell.core_methods import register_core
 from agents.telemetry.host import HostSampler
 from agents.telemetry.samplers import GpuSampler, open_gpu_sampler
-from agents.wire.catalogue.agent import (
-    HELLO,
-    HISTORY,
-    METHODS,
-    PING,
-    SET_INTERVAL,
-    STATUS,
-    SUBSCRIBE,
-    UNSUBSCRIBE,
-    HistoryReply,
-    Interval,
-    MethodInfo,
-    MethodList,
-    Ping,
-    StatusReply,
-    Topics,
-)
-from agents.wire.catalogue.index import CATALOGUE
-from agents.wire.catalogue.method import NoParams
 from agents.wire.events import PushEvent, TickEvent
 from agents.wire.lab.model import Lab
 from agents.wire.protocol import (
     EVENT_TICK,
-    PROTOCOL_VERSION,
-    ErrorCode,
     GpuSample,
-    Hello,
-    HistoryParams,
-    IntervalParams,
-    RemoteError,
-    SubscribeParams,
     Telemetry,
 )
 from agents.wire.sections.base import FaultsSection, GpuStatus, SectionFault
@@ -171,7 +145,7 @@ class Agent:
         self.faults: dict[str, SectionFault] = {}  # the sections whose component raised in the latest tick
         self._last_gpus: dict[int, dict[str, Any]] = {}
         self.ticks = 0
-        self._register_core()  # the core's methods first (`methods` lists them first)
+        register_core(self)  # the core's methods first (`methods` lists them first)
         # Last, on a whole core: the components are built with this agent as their AgentCore.
         self.components = list(default_components(self) if components is None else components(self))
 
@@ -432,85 +406,3 @@ class Agent:
         for peer in list(self.peers):
             if event.event in peer.topics:
                 peer.push(event.event, data)  # never raises: a NaN goes out as null, an unencodable event is logged
-
-    # -- core methods
-
-    def _register_core(self) -> None:
-        from agents.shell.labpush import peer_keys_of, register_lab_methods
-
-        rpc = self.rpc
-        register_lab_methods(self)
-
-        @rpc.implements(HELLO)
-        async def hello(peer: Peer, _params: NoParams) -> Hello:
-            return Hello(
-                protocol=PROTOCOL_VERSION,
-                agent_version=__version__,
-                machine=self.machine.name,
-                lab=self.lab.lab,
-                role=peer.role,
-                capabilities=["telemetry", "history", *(c.name for c in self.components)],
-                simulated=self.simulated,
-                sample_interval_s=self.interval_s,
-                started_at=self.started_at,
-                lab_version=self.lab_section.version,
-                peer_keys=peer_keys_of(self),
-                methods=list(CATALOGUE),  # what this version knows: a newer console says what it lacks
-            )
-
-        @rpc.implements(PING)
-        async def ping(peer: Peer, _params: NoParams) -> Ping:
-            return Ping(t=time.time())
-
-        @rpc.implements(STATUS)
-        async def status(peer: Peer, _params: NoParams) -> StatusReply:
-            if self.latest is None:
-                raise RemoteError(ErrorCode.UNAVAILABLE, "no sample yet")
-            return StatusReply.model_validate(
-                {
-                    "t": self.latest.t,
-                    "machine": self.machine.name,
-                    "simulated": self.simulated,
-                    "gpus": self.latest.gpus,
-                    **self.sections(),
-                }
-            )
-
-        @rpc.implements(HISTORY)
-        async def history(peer: Peer, params: HistoryParams) -> HistoryReply:
-            return HistoryReply.model_validate(
-                {
-                    "interval_s": self.interval_s,
-                    "simulated": self.simulated,
-                    **self.history.export(params.since, params.max_points),
-                }
-            )
-
-        @rpc.implements(SUBSCRIBE)
-        async def subscribe(peer: Peer, params: SubscribeParams) -> Topics:
-            peer.topics.update(params.topics)
-            peer.wants_full = True
-            return Topics(topics=sorted(peer.topics))
-
-        @rpc.implements(UNSUBSCRIBE)
-        async def unsubscribe(peer: Peer, params: SubscribeParams) -> Topics:
-            peer.topics.difference_update(params.topics)
-            return Topics(topics=sorted(peer.topics))
-
-        @rpc.implements(SET_INTERVAL)
-        async def set_interval(peer: Peer, params: IntervalParams) -> Interval:
-            self.interval_s = params.interval_s
-            log.info("%s set the sampling interval to %.2f s", peer.who, params.interval_s)
-            return Interval(interval_s=self.interval_s)
-
-        from agents.telemetry.sim import register_methods as register_sim_methods
-
-        register_sim_methods(rpc, self.machine.name, self.gpus, lambda: len(self.latest.gpus) if self.latest is not None else 0)
-
-        from agents.shell.doctor_method import register as register_doctor
-
-        register_doctor(self)
-
-        @rpc.implements(METHODS)
-        async def methods(peer: Peer, _params: NoParams) -> MethodList:
-            return MethodList([MethodInfo(name=s.name, role=s.role, doc=s.doc) for s in self.rpc.specs.values()])

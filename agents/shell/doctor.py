@@ -14,7 +14,8 @@ from pathlib import Path
 
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, KeyFileError, parse_authorized_keys
 from agents.wire.catalogue.doctor import Level
-from agents.wire.lab.model import Alerts, Lab, SimGpus, Trainer
+from agents.wire.lab.machines import SimGpus
+from agents.wire.lab.model import Alerts, Lab, Trainer
 from agents.wire.lab.replicas import models_on
 from agents.wire.words import noun, plural
 

@@ -60,6 +60,7 @@ class AgentCollector:
         self.agents = agents
 
     def collect(self) -> Iterator[Metric]:
+        """Over 80 lines: one block per metric family, in the order /metrics lists them."""
         gpu = {name: GaugeMetricFamily(name, doc, labels=GPU_LABELS) for name, doc, _, _ in GPU_GAUGES}
         fb_free = GaugeMetricFamily("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", labels=GPU_LABELS)
         simulated = GaugeMetricFamily(

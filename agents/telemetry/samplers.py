@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agents.wire.lab.model import Machine, SimGpus
+from agents.wire.lab.machines import Machine, SimGpus
 from agents.wire.protocol import GpuBackend, GpuSample
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agents.wire.capability import capability_by_name, parse_capability
-from agents.wire.lab.model import SimGpu
+from agents.wire.lab.machines import SimGpu
 from agents.wire.protocol import ComputeCapability, ErrorCode, GpuBackend, GpuProcess, GpuSample, RemoteError
 from agents.wire.words import plural
 

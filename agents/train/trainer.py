@@ -144,6 +144,7 @@ def agreed_stop(signal_name: str | None, device: Any) -> str | None:
 
 
 def make_callback(reporter: Reporter, stop: StopFlag, samples_per_step: int) -> TrainerCallback:
+    """Over 80 lines: the callback class is defined inside, so transformers is imported only when a run trains."""
     from transformers import TrainerCallback
 
     class ProgressCallback(TrainerCallback):
@@ -307,26 +308,60 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
     if cfg.cpu_threads:
         torch.set_num_threads(cfg.cpu_threads)
     cuda = torch.cuda.is_available()
-    if cfg.qlora:
-        if not cuda:
-            raise ConfigError(
-                "qlora: true needs a CUDA GPU (4-bit bitsandbytes weights); none is visible here. Set qlora: false to train LoRA in full precision"
-            )
-        import importlib.util
-
-        if importlib.util.find_spec("bitsandbytes") is None:
-            raise ConfigError("qlora: true needs the bitsandbytes package: pip install bitsandbytes")
+    _check_qlora(cfg, cuda)
     plan = _precision_plan(cfg, reporter)
 
     import transformers
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+    from transformers import Trainer
     from transformers.trainer_callback import PrinterCallback
-    from transformers.trainer_utils import get_last_checkpoint
 
     from agents.train.data import PadCollator, build_dataset
 
     transformers.set_seed(cfg.seed)
+    tokenizer = _tokenizer(cfg)
+    dataset = build_dataset(Path(cfg.dataset), tokenizer, cfg.max_seq_len, cfg.pretokenized_cache, log=log)
+    log(f"cetlab-train: {plural(len(dataset), 'row')}, {plural(dataset.token_count(), 'token')} from {cfg.dataset}")
+    trained = _lora_model(cfg, plan)
+    output_dir = Path(cfg.output_dir)
+    resume = _resume_from(cfg, output_dir)
+    args = _training_args(cfg, plan, cuda, output_dir)
+    samples_per_step = cfg.per_device_batch_size * cfg.grad_accumulation * max(args.world_size, 1)
+    trainer = Trainer(
+        model=trained,
+        args=args,
+        train_dataset=dataset,
+        data_collator=PadCollator(tokenizer.pad_token_id),
+        processing_class=tokenizer,
+        callbacks=[make_callback(reporter, stop, samples_per_step)],
+    )
+    if stop.signal_name:
+        reporter.doc["stop_reason"] = f"signal:{stop.signal_name}"
+        log("cetlab-train: stopped before training began")
+        return
+    trainer.remove_callback(PrinterCallback)  # it prints each log as a Python dict; on_log above says it in words
+    trainer.train(resume_from_checkpoint=resume)
+    state = trainer.state
+    reporter.doc.update(step=state.global_step, max_steps=state.max_steps, epoch=clean_number(state.epoch))
+
+
+def _check_qlora(cfg: TrainConfig, cuda: bool) -> None:
+    """qlora: true needs a CUDA GPU and bitsandbytes: said before anything loads."""
+    if not cfg.qlora:
+        return
+    if not cuda:
+        raise ConfigError(
+            "qlora: true needs a CUDA GPU (4-bit bitsandbytes weights); none is visible here. Set qlora: false to train LoRA in full precision"
+        )
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError("qlora: true needs the bitsandbytes package: pip install bitsandbytes")
+
+
+def _tokenizer(cfg: TrainConfig) -> Any:
+    """The base model's tokenizer, padding on the right with its pad token (its eos where it has none)."""
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(cfg.base_model)
     except OSError as exc:
@@ -337,8 +372,14 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
     if tokenizer.pad_token_id is None:
         raise ConfigError(f"base_model: the tokenizer in {cfg.base_model} has neither a pad nor an eos token")
 
-    dataset = build_dataset(Path(cfg.dataset), tokenizer, cfg.max_seq_len, cfg.pretokenized_cache, log=log)
-    log(f"cetlab-train: {plural(len(dataset), 'row')}, {plural(dataset.token_count(), 'token')} from {cfg.dataset}")
+    return tokenizer
+
+
+def _lora_model(cfg: TrainConfig, plan: PrecisionPlan) -> Any:
+    """The base model loaded as the precision plan says (4-bit for QLoRA), with the recipe's LoRA adapter on it."""
+    import torch
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM
 
     # fp16 keeps float32 master weights (autocast + loss scaling); bf16 trains in bf16 weights
     dtype = torch.bfloat16 if plan.precision == "bf16" else torch.float32
@@ -384,7 +425,13 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
     total = sum(p.numel() for p in trained.parameters())
     log(f"cetlab-train: {trainable:,} of {total:,} parameters trainable ({100 * trainable / max(total, 1):.2f}%)")
 
-    output_dir = Path(cfg.output_dir)
+    return trained
+
+
+def _resume_from(cfg: TrainConfig, output_dir: Path) -> str | None:
+    """The checkpoint to resume from: the recipe's, the last in output_dir for `latest`, or None."""
+    from transformers.trainer_utils import get_last_checkpoint
+
     resume = cfg.resume_from_checkpoint
     if resume == "latest":
         last_checkpoint: Any = get_last_checkpoint  # unannotated in transformers
@@ -396,6 +443,13 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
         )
     elif resume:
         log(f"cetlab-train: resuming from {resume}")
+
+    return resume
+
+
+def _training_args(cfg: TrainConfig, plan: PrecisionPlan, cuda: bool, output_dir: Path) -> Any:
+    """transformers' TrainingArguments from the recipe and the precision plan."""
+    from transformers import TrainingArguments
 
     extra: dict[str, Any] = {}
     if cfg.gradient_checkpointing:
@@ -409,7 +463,7 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
         )
         extra[name] = True
         extra[f"{name}_kwargs"] = {"use_reentrant": False}
-    args = TrainingArguments(
+    return TrainingArguments(
         **extra,
         output_dir=str(output_dir),
         per_device_train_batch_size=cfg.per_device_batch_size,
@@ -440,20 +494,3 @@ def _train(cfg: TrainConfig, reporter: Reporter, stop: StopFlag) -> None:
         include_num_input_tokens_seen="non_padding",
         disable_tqdm=not sys.stderr.isatty(),
     )
-    samples_per_step = cfg.per_device_batch_size * cfg.grad_accumulation * max(args.world_size, 1)
-    trainer = Trainer(
-        model=trained,
-        args=args,
-        train_dataset=dataset,
-        data_collator=PadCollator(tokenizer.pad_token_id),
-        processing_class=tokenizer,
-        callbacks=[make_callback(reporter, stop, samples_per_step)],
-    )
-    if stop.signal_name:
-        reporter.doc["stop_reason"] = f"signal:{stop.signal_name}"
-        log("cetlab-train: stopped before training began")
-        return
-    trainer.remove_callback(PrinterCallback)  # it prints each log as a Python dict; on_log above says it in words
-    trainer.train(resume_from_checkpoint=resume)
-    state = trainer.state
-    reporter.doc.update(step=state.global_step, max_steps=state.max_steps, epoch=clean_number(state.epoch))

@@ -20,7 +20,8 @@ from agents.runtime.link import (
 )
 from agents.runtime.view import SPARK_POINTS
 from agents.runtime.waits import within
-from agents.wire.lab.model import Lab, Machine
+from agents.wire.lab.machines import Machine
+from agents.wire.lab.model import Lab
 from agents.wire.protocol import EVENT_TICK, SSH_USERNAME, SUBSYSTEM, ErrorCode, HistoryParams, LinkStatus, RemoteError
 from console.lab import openssh
 from console.lab.state import LabState

@@ -229,6 +229,7 @@ async def wait_online(
 
 
 async def add(o: AddOptions, say: Callable[[str], None]) -> list[StepTime]:
+    """Over 80 lines: machine add's steps read top to bottom in the order they run, one `progress.step` each."""
     progress = Progress(say)
     ssh = ssh_for(o.target, o.ssh_config, o.dry_run, say)
     doc = read_doc(o.lab_path, o.lab_name)

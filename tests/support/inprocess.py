@@ -18,7 +18,8 @@ from agents.runtime.link import Link, Transport
 from agents.runtime.memory import MemoryOpener, MemoryPipe
 from agents.shell.agent import Agent
 from agents.shell.channel import Channel
-from agents.wire.lab.model import Lab, Machine, load_lab
+from agents.wire.lab.machines import Machine
+from agents.wire.lab.model import Lab, load_lab
 from agents.wire.protocol import EVENT_NOTICE, EVENT_TICK, LinkStatus, Role
 from console.lab.client import FleetClient
 from console.lab.state import LabState

@@ -15,7 +15,8 @@ from agents.wire.lab.gpu_numbers import gpu_number_problems
 from agents.wire.schema import Name, Strict
 
 if TYPE_CHECKING:
-    from agents.wire.lab.model import Lab, Machine
+    from agents.wire.lab.machines import Machine
+    from agents.wire.lab.model import Lab
 
 RPC_ENGINES = ("llamacpp", "sim-llamacpp")  # llama-server's --rpc; the twin's helpers run a simulated rpc-server
 

@@ -21,7 +21,7 @@ from agents.gateway.component import GatewayComponent
 from agents.gateway.keys import KeyStore
 from agents.gateway.lengths import prompt_bound, read_lengths, with_lengths
 from agents.gateway.reservation import Reservations
-from agents.gateway.router import NotServable, Target
+from agents.gateway.target import NotServable, Target
 from agents.runtime.store import Store
 from agents.wire.catalogue.gateway import KeyAddParams
 from agents.wire.lab.gateway import GatewayPolicies, KeyBudget, KeyLimits, Provider, ProviderModel

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from agents.gateway.keys import ApiKey
 from agents.gateway.lengths import LENGTH_FIELDS, prompt_bound, read_lengths, with_lengths
 from agents.gateway.reservation import Reservations
-from agents.gateway.router import NotServable, Target
+from agents.gateway.target import NotServable, Target
 from agents.wire.lab.gateway import GatewayPolicies, KeyLimits, Provider, ProviderModel
 from agents.wire.lab.model import parse_lab
 
@@ -146,7 +146,7 @@ def test_one_figure_goes_upstream_under_the_names_each_engine_reads_and_the_othe
     assert newer == {"max_completion_tokens": 9}  # OpenAI's newer models refuse max_tokens
     assert with_lengths({"model": "m"}, read_lengths({"model": "m"}, CAP).figure, provider) == {"model": "m", "max_tokens": CAP}
     lab = parse_lab(LLAMA_LAB)
-    local = Target("m", "local", "http://127.0.0.1:9/v1", "m", "box", False, engine_model=lab.models[0])
+    local = Target("m", "local", "http://127.0.0.1:9/v1", "m", "box", False, engine_model=lab.models[0], length_param="n_predict")
     assert with_lengths({"max_completion_tokens": 9}, 9, local) == {"max_completion_tokens": 9, "max_tokens": 9, "n_predict": 9}
 
 

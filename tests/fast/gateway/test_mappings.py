@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from agents.gateway.anthropic_api import MessagesMapping, anthropic_error
 from agents.gateway.responses_api import ResponsesMapping
-from agents.gateway.router import NotServable
 from agents.gateway.routes import ROUTES
+from agents.gateway.target import NotServable
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),

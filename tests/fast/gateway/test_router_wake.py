@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from agents.gateway.metering import Meter
-from agents.gateway.router import NotServable, Router
+from agents.gateway.router import Router
+from agents.gateway.target import NotServable
 from agents.orchestra.engines import engine_spec
 from agents.runtime.store import Store
 from agents.runtime.view import LabView

@@ -10,7 +10,8 @@ from agents.gpusupport.matrix import judge, matrix
 from agents.gpusupport.stacks import DEFAULT_SIM_STACKS, sim_stacks
 from agents.runtime.torch_probe import TorchReader, python_of
 from agents.telemetry.sim import SimSampler
-from agents.wire.lab.model import SimGpu, load_lab
+from agents.wire.lab.machines import SimGpu
+from agents.wire.lab.model import load_lab
 from agents.wire.protocol import GpuSample
 from agents.wire.sections.gpu_support import Stack, StackKind
 from tests.support.gpu_support import CC

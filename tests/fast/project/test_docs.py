@@ -31,7 +31,8 @@ def test_the_generated_pages_match_the_code():
 def test_the_lab_yaml_reference_names_every_key_and_the_wire_reference_every_method():
     from agents.wire.catalogue.index import CATALOGUE
     from agents.wire.lab.gateway import GatewayPolicies
-    from agents.wire.lab.model import Lab, Machine, Model, Trainer
+    from agents.wire.lab.machines import Machine
+    from agents.wire.lab.model import Lab, Model, Trainer
 
     lab_page = gen().lab_yaml_page()
     for model in (Lab, Machine, Model, Trainer, GatewayPolicies):

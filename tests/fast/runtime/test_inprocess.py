@@ -7,7 +7,7 @@ import time
 
 from agents.runtime.link import Link
 from agents.runtime.memory import MemoryOpener
-from agents.wire.lab.model import Machine
+from agents.wire.lab.machines import Machine
 from agents.wire.protocol import MAX_MESSAGE_BYTES, ErrorCode, LinkStatus, RemoteError, Role
 from tests.support.lab_view import SIZE, card_text, header_of
 from tests.support.waits import until_drawn, wait_for

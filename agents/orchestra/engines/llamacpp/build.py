@@ -164,7 +164,9 @@ def build_command(capabilities: Iterable[float] = ()) -> str:
 
 
 def build(cuda: bool = False, cuda_archs: str | None = None, jobs: int | None = None) -> Path:
-    """Download the pinned sdist with pip, build llama-server, cache it; returns the binary (built once)."""
+    """Download the pinned sdist with pip, build llama-server, cache it; returns the binary (built once).
+
+    Over 80 lines: a build script's steps in the order they run (fetch, configure, compile, cache)."""
     out = build_dir(cuda)
     binary = out / "bin" / "llama-server"
     if all((out / part).exists() for part in COMPLETE):

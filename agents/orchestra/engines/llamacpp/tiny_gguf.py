@@ -77,7 +77,9 @@ def write_tiny_gguf(
     Qwen3-Reranker carries), which llama-server --reranking reads as each document's relevance.
 
     ``context`` is its training context (llama-server's default -c), ``heads_kv`` below HEADS makes its attention
-    grouped-query, ``weight_type`` (f32, f16, q8_0, q4_0) the type of its matrices."""
+    grouped-query, ``weight_type`` (f32, f16, q8_0, q4_0) the type of its matrices.
+
+    Over 80 lines: the GGUF's keys and tensors written in the order the format lays them out."""
     reader = GGUFReader(str(vocab))
     n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     rng = np.random.default_rng(seed)

@@ -32,65 +32,20 @@ from pathlib import Path
 from typing import Any
 
 from agents.orchestra import pagecache
+from agents.orchestra.engines.llamacpp.twin_answer import Choice, delta_of, logprobs_of, message_of, usage_of
 from agents.orchestra.engines.llamacpp.twin_request import (
     LlamaRequest,
     LlamaRequestError,
-    StopScan,
     Token,
-    draw,
     parse_request,
-    token_logprobs,
 )
 from agents.orchestra.twins import pooling as sim_pooling
 from agents.orchestra.twins.process import exit_with_parent, fail_later, follow_agent, http_server
 from agents.orchestra.twins.state import WORDS
-from agents.orchestra.twins.structured import call_id, instance, pieces
 
 N_SLOTS = 4  # llama-server's default --parallel: more requests are deferred
 LISTEN_BACKLOG = 2048  # a burst of clients queues instead of being refused (socketserver's default is 5)
 OnToken = Callable[["Choice", Token, str], None]
-
-
-class Choice:
-    """One of a request's n choices as it is written: its tokens, its text cut at a stop, why it ended; a constrained
-    answer (a tool call, JSON of a schema) is written piece by piece and ends where its JSON ends."""
-
-    def __init__(self, request: LlamaRequest, index: int):
-        self.index = index
-        self.rng = request.rng(index)
-        self.limit, self.end_reason = request.limit(self.rng)
-        self.scan = StopScan(request.stops)
-        self.tokens: list[Token] = []
-        self.finish_reason: str | None = None
-        self.structured = request.structured
-        self.script: list[str] = []
-        self.call_id = ""
-        if self.structured is not None:  # the grammar, not the model's own end, ends it
-            self.script = pieces(instance(self.structured.schema, self.rng), self.rng)
-            self.call_id = call_id(self.rng)
-            self.limit, self.end_reason = (request.n_predict, "length") if request.n_predict >= 0 else (2**31, "length")
-            self.scan = StopScan([])
-
-    def step(self) -> tuple[Token, str]:
-        """Write one more token; answer it and the text that may be sent for it."""
-        token = draw(self.rng)
-        if self.structured is not None:
-            token = Token(token.id, self.script[len(self.tokens)], token.logprob)
-        self.tokens.append(token)
-        piece = self.scan.feed(token.piece)
-        if self.structured is not None and len(self.tokens) == len(self.script):
-            self.finish_reason = "tool_calls" if self.structured.tool else "stop"
-            piece += self.scan.flush()
-        elif self.scan.stopped:
-            self.finish_reason = "stop"
-        elif len(self.tokens) >= self.limit:
-            self.finish_reason = self.end_reason
-            piece += self.scan.flush()
-        return token, piece
-
-    @property
-    def text(self) -> str:
-        return self.scan.text
 
 
 def log(message: str) -> None:
@@ -219,7 +174,7 @@ class Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     state: State
 
-    def log_message(self, fmt: str, *args: Any) -> None:
+    def logmessage(self, fmt: str, *args: Any) -> None:
         pass
 
     def _send(self, status: int, body: object, content_type: str = "application/json") -> None:
@@ -311,9 +266,9 @@ class Handler(BaseHTTPRequestHandler):
         out = []
         for choice in choices:
             entry: dict[str, Any] = {"index": choice.index, "finish_reason": choice.finish_reason}
-            logprobs = _logprobs(request, choice.rng, choice.tokens)
+            logprobs = logprobs_of(request, choice.rng, choice.tokens)
             if request.chat:
-                entry["message"] = _message(choice)
+                entry["message"] = message_of(choice)
                 if logprobs is not None:
                     entry["logprobs"] = logprobs
             else:
@@ -328,7 +283,7 @@ class Handler(BaseHTTPRequestHandler):
                 "model": state.args.alias,
                 "choices": out,
                 # one choice's tokens, not the sum over n: the pinned llama-server counts so
-                "usage": _usage(prompt_tokens, len(choices[0].tokens)),
+                "usage": usage_of(prompt_tokens, len(choices[0].tokens)),
             },
         )
 
@@ -373,11 +328,11 @@ class Handler(BaseHTTPRequestHandler):
         def on_token(choice: Choice, token: Token, piece: str) -> None:
             if chat and len(choice.tokens) == 1:
                 event({**stamp, "choices": [{"index": choice.index, "delta": {"role": "assistant", "content": None}}]})
-            logprobs = _logprobs(request, choice.rng, [token])
+            logprobs = logprobs_of(request, choice.rng, [token])
             if piece or logprobs is not None:
                 entry: dict[str, Any] = {"index": choice.index, "finish_reason": None}
                 if chat:
-                    entry["delta"] = _delta(choice, piece)
+                    entry["delta"] = delta_of(choice, piece)
                     if logprobs is not None:
                         entry["logprobs"] = logprobs
                 else:
@@ -390,47 +345,13 @@ class Handler(BaseHTTPRequestHandler):
                     last["delta"] = {}
                 else:
                     last.update(text="", logprobs=None)
-                    final["usage"] = _usage(prompt_tokens, len(choice.tokens))
+                    final["usage"] = usage_of(prompt_tokens, len(choice.tokens))
                 event(final)
                 if chat and request.include_usage:  # each choice's own usage chunk, after its finish
-                    event({**stamp, "choices": [], "usage": _usage(prompt_tokens, len(choice.tokens))})
+                    event({**stamp, "choices": [], "usage": usage_of(prompt_tokens, len(choice.tokens))})
 
         self.state.generate_choices(request, on_token)
         event(b"[DONE]")
-
-
-def _message(choice: Choice) -> dict[str, Any]:
-    """A chat answer's message: its text, or (a tool call) empty content and the call, as llama-server writes one."""
-    tool = choice.structured.tool if choice.structured is not None else None
-    if tool is None:
-        return {"role": "assistant", "content": choice.text}
-    call = {"type": "function", "function": {"name": tool, "arguments": choice.text}, "id": choice.call_id}
-    return {"role": "assistant", "content": "", "tool_calls": [call]}
-
-
-def _delta(choice: Choice, piece: str) -> dict[str, Any]:
-    """A streamed token's delta: its text, or a piece of the call's arguments (the first piece with its id and name)."""
-    tool = choice.structured.tool if choice.structured is not None else None
-    if tool is None:
-        return {"content": piece}
-    if len(choice.tokens) == 1:
-        call = {"index": 0, "id": choice.call_id, "type": "function", "function": {"name": tool, "arguments": piece}}
-        return {"tool_calls": [call]}
-    return {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def _logprobs(request: LlamaRequest, rng: random.Random, tokens: list[Token]) -> dict[str, Any] | None:
-    if not request.n_probs:
-        return None
-    return {"content": [token_logprobs(token, request.n_probs, rng) for token in tokens]}
 
 
 def connect_rpc(endpoints: list[str]) -> list[socket.socket]:

@@ -124,7 +124,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": f"no route {path}"})
 
     def do_POST(self) -> None:
-        state, url = self.state, urlparse(self.path)
+        url = urlparse(self.path)
         sent = self._body()
         if not self._dev_route(url.path):
             return
@@ -134,113 +134,130 @@ class Handler(BaseHTTPRequestHandler):
         body = sent or {}
         query = parse_qs(url.query)
         if url.path == "/sleep":
-            if not state.args.enable_sleep_mode:
-                self._send(500, {"error": {"message": "Sleep mode is not enabled: start the server with --enable-sleep-mode"}})
-                return
-            level = query.get("level", ["1"])[0]
-            mode = query.get("mode", ["abort"])[0]  # vLLM 0.33's default
-            if mode not in SLEEP_MODES:
-                self._error(400, f"mode must be one of {', '.join(SLEEP_MODES)}, got {mode!r}", "mode")
-                return
-            state.put_to_sleep(mode)
-            time.sleep(state.args.wake_s)
-            state.asleep = set(SLEEP_TAGS)
-            state.weights_lost = state.weights_lost or level == "2"
-            log(f"engine put to sleep (level {level}); GPU memory freed" + ("; weights discarded" if level == "2" else ""))
-            self._send(200, b"", "text/plain")
+            self._sleep(query)
         elif url.path == "/wake_up":
-            tags = query.get("tags") or list(SLEEP_TAGS)
-            time.sleep(state.args.wake_s)
-            state.wake_up(tags)
-            log(f"engine woke up ({', '.join(tags)}) in {state.args.wake_s:.2f} seconds")
-            self._send(200, b"", "text/plain")
+            self._wake_up(query)
         elif url.path == "/collective_rpc":
-            if body.get("method") != "reload_weights":
-                self._send(500, {"error": {"message": f"the simulated workers have no method {body.get('method')!r}"}})
-                return
-            if "weights" in state.asleep:
-                self._send(500, {"error": {"message": "reload_weights: the weights are asleep; wake_up?tags=weights first"}})
-                return
-            state.weights_lost = False
-            log("weights reloaded from the model files")
-            self._send(200, {"results": [None]})
+            self._collective_rpc(body)
         elif url.path == "/v1/load_lora_adapter":
-            self._load_adapter(state, body)
+            self._load_adapter(self.state, body)
         elif url.path in ("/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank"):
             self._pooling(url.path, sent)
         elif url.path in ("/v1/completions", "/v1/chat/completions"):
-            if state.args.runner == "pooling":
-                self._error(400, f"The model does not support {'Chat ' if 'chat' in url.path else ''}Completions API")
-                return
-            try:
-                sampling = Sampling.model_validate(body)
-            except ValidationError as exc:
-                error = exc.errors()[0]
-                self._error(400, str(error["msg"]).removeprefix("Value error, "), ".".join(map(str, error["loc"])))
-                return
-            chat = url.path.endswith("chat/completions")
-            if chat:
-                messages = body.get("messages")
-                if not isinstance(messages, list):
-                    self._error(400, "Field required" if messages is None else "Input should be a valid list", "messages")
-                    return
-                prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
-            else:
-                asked = body.get("prompt")
-                if asked is None:
-                    self._error(400, "Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
-                    return
-                if not isinstance(asked, (str, list)):
-                    self._error(400, "Input should be a valid string", "prompt")
-                    return
-                prompt = asked if isinstance(asked, str) else " ".join(map(str, asked))
-            if chat and sampling.tools and sampling.tool_choice in (None, "auto") and not state.args.enable_auto_tool_choice:
-                self._error(
-                    400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set', "tool_choice"
-                )
-                return
-            script = Script.of(sampling.structured(chat), sampling)
-            if script is not None:  # the grammar's answer is as long as its JSON (or the limit, if that comes first)
-                sampling = sampling.model_copy(update={"max_tokens": script.tokens, "max_completion_tokens": None, "stop": None})
-            if sampling.stream:
-                self._stream(chat, prompt, sampling, script)
-                return
-            try:
-                choices, prompt_tokens = state.generate_choices(prompt, sampling, client_gone=self._client_gone)
-            except ClientGone:
-                log(f"{self.address_string()} disconnected: request aborted")
-                self.close_connection = True
-                return
-            except Aborted as exc:
-                choices, prompt_tokens = exc.args
-            out = []
-            count = sampling.alternatives(chat)
-            for index, choice in enumerate(choices):
-                entry: dict[str, Any] = {"index": index, "finish_reason": choice.finish_reason}
-                entry.update({"message": {"role": "assistant", "content": choice.text}} if chat else {"text": choice.text})
-                if script is not None:
-                    entry.update(script.answer(index, len(choice.pieces)))
-                entry["logprobs"] = logprobs_for(choice.pieces, count, chat)
-                out.append(entry)
-            completion_tokens = sum(len(c.pieces) for c in choices)
-            self._send(
-                200,
-                {
-                    "id": f"{'chatcmpl' if chat else 'cmpl'}-sim-{time.time_ns()}",  # vLLM's (and OpenAI's) prefixes
-                    "object": "chat.completion" if chat else "text_completion",
-                    "created": int(time.time()),
-                    "model": state.name,
-                    "choices": out,
-                    "usage": {
-                        "prompt_tokens": prompt_tokens,
-                        "completion_tokens": completion_tokens,
-                        "total_tokens": prompt_tokens + completion_tokens,
-                    },
-                    "simulated": True,
-                },
-            )
+            self._completion(url.path, body)
         else:
             self._send(404, {"error": f"no route {url.path}"})
+
+    def _sleep(self, query: dict[str, list[str]]) -> None:
+        state = self.state
+        if not state.args.enable_sleep_mode:
+            self._send(500, {"error": {"message": "Sleep mode is not enabled: start the server with --enable-sleep-mode"}})
+            return
+        level = query.get("level", ["1"])[0]
+        mode = query.get("mode", ["abort"])[0]  # vLLM 0.33's default
+        if mode not in SLEEP_MODES:
+            self._error(400, f"mode must be one of {', '.join(SLEEP_MODES)}, got {mode!r}", "mode")
+            return
+        state.put_to_sleep(mode)
+        time.sleep(state.args.wake_s)
+        state.asleep = set(SLEEP_TAGS)
+        state.weights_lost = state.weights_lost or level == "2"
+        log(f"engine put to sleep (level {level}); GPU memory freed" + ("; weights discarded" if level == "2" else ""))
+        self._send(200, b"", "text/plain")
+
+    def _wake_up(self, query: dict[str, list[str]]) -> None:
+        state = self.state
+        tags = query.get("tags") or list(SLEEP_TAGS)
+        time.sleep(state.args.wake_s)
+        state.wake_up(tags)
+        log(f"engine woke up ({', '.join(tags)}) in {state.args.wake_s:.2f} seconds")
+        self._send(200, b"", "text/plain")
+
+    def _collective_rpc(self, body: dict[str, Any]) -> None:
+        state = self.state
+        if body.get("method") != "reload_weights":
+            self._send(500, {"error": {"message": f"the simulated workers have no method {body.get('method')!r}"}})
+            return
+        if "weights" in state.asleep:
+            self._send(500, {"error": {"message": "reload_weights: the weights are asleep; wake_up?tags=weights first"}})
+            return
+        state.weights_lost = False
+        log("weights reloaded from the model files")
+        self._send(200, {"results": [None]})
+
+    def _completion(self, path: str, body: dict[str, Any]) -> None:
+        """/v1/completions and /v1/chat/completions: validated as vLLM does, then answered whole or streamed."""
+        state = self.state
+        if state.args.runner == "pooling":
+            self._error(400, f"The model does not support {'Chat ' if 'chat' in path else ''}Completions API")
+            return
+        try:
+            sampling = Sampling.model_validate(body)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            self._error(400, str(error["msg"]).removeprefix("Value error, "), ".".join(map(str, error["loc"])))
+            return
+        chat = path.endswith("chat/completions")
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list):
+                self._error(400, "Field required" if messages is None else "Input should be a valid list", "messages")
+                return
+            prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+        else:
+            asked = body.get("prompt")
+            if asked is None:
+                self._error(400, "Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+                return
+            if not isinstance(asked, (str, list)):
+                self._error(400, "Input should be a valid string", "prompt")
+                return
+            prompt = asked if isinstance(asked, str) else " ".join(map(str, asked))
+        if chat and sampling.tools and sampling.tool_choice in (None, "auto") and not state.args.enable_auto_tool_choice:
+            self._error(
+                400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set', "tool_choice"
+            )
+            return
+        script = Script.of(sampling.structured(chat), sampling)
+        if script is not None:  # the grammar's answer is as long as its JSON (or the limit, if that comes first)
+            sampling = sampling.model_copy(update={"max_tokens": script.tokens, "max_completion_tokens": None, "stop": None})
+        if sampling.stream:
+            self._stream(chat, prompt, sampling, script)
+            return
+        try:
+            choices, prompt_tokens = state.generate_choices(prompt, sampling, client_gone=self._client_gone)
+        except ClientGone:
+            log(f"{self.address_string()} disconnected: request aborted")
+            self.close_connection = True
+            return
+        except Aborted as exc:
+            choices, prompt_tokens = exc.args
+        out = []
+        count = sampling.alternatives(chat)
+        for index, choice in enumerate(choices):
+            entry: dict[str, Any] = {"index": index, "finish_reason": choice.finish_reason}
+            entry.update({"message": {"role": "assistant", "content": choice.text}} if chat else {"text": choice.text})
+            if script is not None:
+                entry.update(script.answer(index, len(choice.pieces)))
+            entry["logprobs"] = logprobs_for(choice.pieces, count, chat)
+            out.append(entry)
+        completion_tokens = sum(len(c.pieces) for c in choices)
+        self._send(
+            200,
+            {
+                "id": f"{'chatcmpl' if chat else 'cmpl'}-sim-{time.time_ns()}",  # vLLM's (and OpenAI's) prefixes
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": state.name,
+                "choices": out,
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+                "simulated": True,
+            },
+        )
 
     def _pooling(self, path: str, body: dict[str, Any] | None) -> None:
         """vLLM serves embeddings and rerank from a pooling model (--runner pooling), and 404s them from a generating one."""

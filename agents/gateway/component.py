@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from agents.gateway.keys import KeyStore
 from agents.gateway.metering import Meter
-from agents.gateway.reach import Reach
 from agents.gateway.replicas import replica_figures
 from agents.gateway.router import Router
 from agents.gateway.target import Target
@@ -20,6 +19,7 @@ from agents.orchestra.port import ModelsPort
 from agents.runtime.hooks import Hooks
 from agents.runtime.peer_links import PeerLinkState
 from agents.runtime.peers import PeerClient
+from agents.runtime.reach import Reach
 from agents.runtime.stopping import DRAIN_S, STOP_DEADLINE_S
 from agents.wire.catalogue.gateway import (
     GATEWAY_KEYS_ADD,

@@ -14,8 +14,8 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from agents.gateway.reach import Unreachable
 from agents.gateway.target import expected_bring_up_s
+from agents.runtime.reach import Unreachable
 from agents.wire.lab.replicas import placements
 from agents.wire.sections.gateway import ReplicaFigures
 from agents.wire.states import ModelState

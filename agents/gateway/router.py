@@ -10,9 +10,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from agents.gateway.metering import Meter
-from agents.gateway.reach import Reach, Unreachable
 from agents.gateway.replicas import choose
 from agents.gateway.target import NotServable, Target, expected_bring_up_s, placement_key, unreachable, why_failed
+from agents.runtime.reach import Reach, Unreachable
 from agents.runtime.view import MachineView
 from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_COLD, MODELS_LIST, MODELS_SLEEP, MODELS_SWAP, MODELS_WARM, ModelParams, SwapParams

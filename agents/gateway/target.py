@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from agents.gateway.reach import Unreachable
+from agents.runtime.reach import Unreachable
 from agents.wire.lab.gateway import Provider, ProviderModel
 from agents.wire.lab.model import Model
 from agents.wire.sections.models import ModelInfo

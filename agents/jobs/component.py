@@ -44,6 +44,7 @@ from agents.wire.states import JOB_ACTIVE, JobState
 
 if TYPE_CHECKING:
     from agents.runtime.peer_links import PeerLinkState
+    from agents.wire.lab.model import Trainer
 
 log = logging.getLogger("cetlab.jobs")
 
@@ -189,14 +190,31 @@ class JobsComponent(Hooks):
             n += 1
         return f"{self.core.machine.name}-{n}"
 
-    async def start_recipe(self, name: str, given: dict[str, Any]) -> Job:
-        """Start a recipe of this machine: over all its nodes when it has nodes (this agent coordinates), else here."""
+    async def start_recipe(
+        self,
+        name: str,
+        given: dict[str, Any],
+        gpus: list[int] | None = None,
+        queued: tuple[str | None, str | None] = (None, None),
+    ) -> Job:
+        """Start a recipe of this machine: over all its nodes when it has nodes (this agent coordinates), else here;
+        ``gpus``: a recipe by need's, as the lab queue chose them; ``queued``: its queue entry and submitter."""
         recipe = recipes.find_recipe(self.core.lab, name, self.core.machine.name)
-        return await self.coordinator.start_job(recipe, given) if recipe.nodes else self.start_job(name, given)
+        if recipe.nodes:
+            job = await self.coordinator.start_job(recipe, given)
+        else:
+            latest = self.core.latest
+            recipe = recipes.placed(recipe, gpus, self.core.machine.name, latest.gpus if latest is not None else [])
+            job = self.start_job(name, given, recipe=recipe)
+        if queued != (None, None):
+            job.queued_as, job.user = queued
+            self.save(job)
+        return job
 
-    def start_job(self, name: str, given: dict[str, Any], node: NodeLaunch | None = None) -> Job:
-        """Check everything, then launch; any problem is a typed error before a process exists. ``node``: one node of a multi-node job."""
-        return launch(self, name, given, node)
+    def start_job(self, name: str, given: dict[str, Any], node: NodeLaunch | None = None, recipe: Trainer | None = None) -> Job:
+        """Check everything, then launch; any problem is a typed error before a process exists. ``node``: one node of a
+        multi-node job; ``recipe``: the recipe as placed (a recipe by need on its chosen GPUs)."""
+        return launch(self, name, given, node, recipe)
 
     def forget(self, job: Job) -> None:
         """Drop a job whose runner has ended as if it never started (its log stays): node 0 starting again on another port."""

@@ -56,6 +56,8 @@ class Job:
     node_rank: int | None = None  # multi-node: this machine's rank
     coordinator: str | None = None  # multi-node: the first node's machine
     failure: str | None = None  # multi-node: why the coordinator failed the job (another node failed); kept as its error
+    queued_as: str | None = None  # the lab queue's entry that started it ("pharaoh:12"), and who submitted it
+    user: str | None = None
     # live handles, not persisted
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     proc: psutil.Process | None = field(default=None, repr=False)
@@ -94,6 +96,8 @@ class Job:
         "node_rank",
         "coordinator",
         "failure",
+        "queued_as",
+        "user",
     )
 
     def record(self) -> str:
@@ -195,4 +199,6 @@ class Job:
             "nodes": self.nodes,
             "node_rank": self.node_rank,
             "coordinator": self.coordinator,
+            "queued_as": self.queued_as,
+            "user": self.user,
         }

@@ -83,13 +83,15 @@ def check_gpus(jobs: JobsComponent, recipe: Trainer) -> None:
             )
 
 
-def launch(jobs: JobsComponent, name: str, given: dict[str, Any], node: NodeLaunch | None = None) -> Job:
+def launch(
+    jobs: JobsComponent, name: str, given: dict[str, Any], node: NodeLaunch | None = None, placed: Trainer | None = None
+) -> Job:
     """Check everything, then launch; any problem is a typed error before a process exists. ``node``: one node of a multi-node job.
 
     Over 80 lines: each check before the process, in the order its refusals are documented, then the start."""
     core = jobs.core
     lab = core.lab
-    recipe = node.recipe if node is not None else recipes.find_recipe(lab, name, core.machine.name)
+    recipe = node.recipe if node is not None else placed or recipes.find_recipe(lab, name, core.machine.name)
     values = recipes.resolve_params(recipe, given)
     check_gpus(jobs, recipe)
     job_id = node.job_id if node is not None else jobs.next_id()

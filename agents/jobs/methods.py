@@ -88,7 +88,7 @@ def register(jobs: JobsComponent) -> None:
 
     @rpc.implements(JOBS_START)
     async def start_job(peer: Peer, params: StartParams) -> JobDetail:
-        job = await jobs.start_recipe(params.recipe, params.params)
+        job = await jobs.start_recipe(params.recipe, params.params, params.gpus, (params.queued_as, params.user))
         log.info("job %s started by %s", job.id, peer.who)
         return job.detail(core.simulated)
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from agents.wire.catalogue.jobs import RecipeInfo, RecipeParam
 from agents.wire.lab.model import Lab, Trainer, TrainerParam
-from agents.wire.protocol import ErrorCode, RemoteError
+from agents.wire.lab.queue import gpu_misfit, may_run_on
+from agents.wire.protocol import ErrorCode, GpuSample, RemoteError
 
 MAX_STR_PARAM = 4096
 _TRUE = {"true", "yes", "on", "1"}
@@ -148,11 +149,37 @@ def visible_devices(gpus: list[int]) -> str:
 def find_recipe(lab: Lab, name: str, machine: str) -> Trainer:
     for recipe in lab.trainers:
         if recipe.name == name:
-            if recipe.machine != machine:
-                raise RemoteError(ErrorCode.NOT_FOUND, f"recipe {name} runs on {recipe.machine}, not on {machine}")
+            if not may_run_on(recipe, machine):
+                where = ", ".join(recipe.need.machines) if recipe.need is not None else recipe.machine
+                raise RemoteError(ErrorCode.NOT_FOUND, f"recipe {name} runs on {where}, not on {machine}")
             return recipe
-    names = ", ".join(r.name for r in lab.trainers if r.machine == machine) or "none"
+    names = ", ".join(r.name for r in lab.trainers if may_run_on(r, machine)) or "none"
     raise RemoteError(ErrorCode.NOT_FOUND, f"no recipe named {name!r} on {machine} (recipes here: {names})")
+
+
+def placed(recipe: Trainer, gpus: list[int] | None, machine: str, found: list[GpuSample]) -> Trainer:
+    """The recipe on the GPUs the lab queue chose (a recipe by need), each checked against its need here; a recipe
+    by need without them is refused with the command that queues it, and one with GPU numbers takes no others."""
+    if recipe.need is None:
+        if gpus is not None and sorted(gpus) != sorted(recipe.gpus):
+            raise RemoteError(
+                ErrorCode.INVALID_PARAMS, f"recipe {recipe.name} names its GPUs ({recipe.gpus}); it takes no others"
+            )
+        return recipe
+    if gpus is None:
+        raise RemoteError(
+            ErrorCode.INVALID_PARAMS,
+            f"recipe {recipe.name} asks for {recipe.need.describe()}: `cetlab train {recipe.name}` queues it and picks its GPUs",
+        )
+    if len(set(gpus)) != recipe.need.gpus:
+        raise RemoteError(ErrorCode.INVALID_PARAMS, f"recipe {recipe.name} needs {recipe.need.gpus} distinct GPUs, given {gpus}")
+    by_index = {g.index: g for g in found}
+    for index in gpus:
+        gpu = by_index.get(index)
+        problem = gpu_misfit(recipe.need, gpu) if gpu is not None else f"{machine} has no GPU {index}"
+        if problem is not None:
+            raise RemoteError(ErrorCode.CONFLICT, f"recipe {recipe.name} asks for {recipe.need.describe()}: {problem}")
+    return recipe.model_copy(update={"gpus": sorted(gpus)})
 
 
 def recipe_info(recipe: Trainer) -> RecipeInfo:

@@ -17,7 +17,9 @@ if TYPE_CHECKING:  # asyncssh is loaded where keys are read or made: the CLI's f
 HOST_KEY_NAME = "ssh_host_ed25519_key"
 AUTHORIZED_KEYS_NAME = "authorized_keys"
 PUSHED_AUTHORIZED_KEYS_NAME = "authorized_keys.pushed"  # the peer keys `cetlab lab push` authorized (agents/runtime/labfile.py)
-PUSHED_ROLES = frozenset({Role.GATEWAY, Role.NODE})  # all a push may grant: an agent's calls to another, never a person's
+PUSHED_ROLES = frozenset(
+    {Role.GATEWAY, Role.NODE, Role.SCHEDULER}
+)  # all a push may grant: an agent's calls to another, never a person's
 
 
 class KeyFileError(Exception):

@@ -23,6 +23,7 @@ from pathlib import Path
 from agents.runtime.keys import PUSHED_AUTHORIZED_KEYS_NAME, KeyFileError, write_private
 from agents.wire.lab.model import Lab, LabError, parse_lab
 from agents.wire.lab.push import lab_version
+from agents.wire.lab.queue import queues_jobs, scheduler_machine
 from agents.wire.lab.spread import node_links
 from agents.wire.protocol import PeerKeys, Role
 from agents.wire.sections.lab import LabSource
@@ -114,11 +115,13 @@ def previous_text(state_dir: Path) -> str | None:
 
 
 def calls_peers(lab: Lab, machine: str) -> bool:
-    """This machine's agent calls the others: the gateway's (in a lab of more than one machine), the first node of
-    a multi-node recipe, or the machine of a model spread over others (rpc:). Only such an agent has peer known hosts
-    and a client key the others authorize."""
-    gateway = lab.gateway is not None and lab.gateway.machine == machine and len(lab.machines) > 1
-    return gateway or any(caller == machine for caller, _ in node_links(lab))
+    """This machine's agent calls the others: the gateway's and the lab queue's (in a lab of more than one machine;
+    the queue's where lab.yaml has recipes), the first node of a multi-node recipe, or the machine of a model spread
+    over others (rpc:). Only such an agent has peer known hosts and a client key the others authorize."""
+    several = len(lab.machines) > 1
+    gateway = lab.gateway is not None and lab.gateway.machine == machine and several
+    queue = several and queues_jobs(lab) and scheduler_machine(lab) == machine
+    return gateway or queue or any(caller == machine for caller, _ in node_links(lab))
 
 
 def known_hosts_lines(text: str) -> list[str]:
@@ -147,6 +150,9 @@ def needed_peer_keys(lab: Lab, machine: str, keys: Mapping[str, PeerKeys]) -> li
     gateway = lab.gateway.machine if lab.gateway is not None else None
     if gateway is not None and gateway != machine and (key := keys.get(gateway)) is not None and key.peer:
         needed.append((Role.GATEWAY, key.peer, f"gateway@{gateway}"))
+    queue = scheduler_machine(lab)
+    if queues_jobs(lab) and queue != machine and (key := keys.get(queue)) is not None and key.scheduler:
+        needed.append((Role.SCHEDULER, key.scheduler, f"scheduler@{queue}"))
     for caller, callee in node_links(lab):
         if callee == machine and (key := keys.get(caller)) is not None and key.node:
             entry = (Role.NODE, key.node, f"node@{caller}")

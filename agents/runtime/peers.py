@@ -25,6 +25,7 @@ log = logging.getLogger("cetlab.peers")
 
 PEER_KEY_NAME = "peer_ed25519_key"  # this agent's client key; authorize its .pub on the peers (with the least role that works)
 PEER_KNOWN_HOSTS_NAME = "peer_known_hosts"  # the peers' host keys; never trusted on first use
+SCHEDULER_KEY_NAME = "scheduler_ed25519_key"  # the lab queue's calls to start and stop its jobs: the scheduler role
 NODE_KEY_NAME = "node_ed25519_key"  # the key a multi-node job's coordinator calls the other nodes with (role node there)
 BACKOFF_MAX_S = 15.0
 KEEPALIVE_S = 5.0

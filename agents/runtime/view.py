@@ -31,6 +31,7 @@ from agents.wire.sections.gpu_support import GpuSupportSection
 from agents.wire.sections.jobs import JobInfo
 from agents.wire.sections.lab import LabSection
 from agents.wire.sections.models import ModelInfo, ModelsSection
+from agents.wire.sections.queue import QueueSection
 from agents.wire.sections.tick import SECTION_MODELS
 from agents.wire.states import JOB_HOLDS_GPU, MODEL_ENGINE_UP
 
@@ -80,6 +81,7 @@ class MachineView:
     gpu_support: GpuSupportSection | None = None  # which stacks each GPU can run (agents/gpusupport/)
     faults: FaultsSection = field(default_factory=FaultsSection)  # sections whose component fails now (their last value is stale)
     lab: LabSection | None = None  # the lab.yaml it runs (its version; None: an agent older than `cetlab lab push`)
+    queue: QueueSection | None = None  # on the lab queue's machine only (agents/scheduler/)
     problems: dict[str, str] = field(default_factory=dict)  # section -> why the agent's last value of it was refused
     refused: dict[str, SectionFault] = field(default_factory=dict)  # the same, shown as a failing section is (section_faults)
     series: dict[str, deque[Any]] = field(default_factory=dict)  # "gpu0.util_pct" -> values
@@ -147,6 +149,7 @@ class MachineView:
         self.gpus, self.host, self.gpu_status, self.jobs = {}, fresh.host, None, []
         self.models, self.checkpoints, self.costs, self.alerts, self.audit = None, [], None, fresh.alerts, fresh.audit
         self.gateway = None
+        self.queue = None
         self.gpu_support = None
         self.faults = fresh.faults
         self.lab = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agents.runtime.core import AgentCore
+from agents.wire.lab.queue import scheduler_machine
 
 if TYPE_CHECKING:
     from agents.shell.agent import Component
@@ -38,4 +39,10 @@ def default_components(core: AgentCore) -> list[Component]:
         from agents.gateway.component import GatewayComponent
 
         components.append(GatewayComponent(core))
+    if scheduler_machine(core.lab) == core.machine.name:
+        # the lab queue: only on its keeper's machine (lab.yaml scheduler:, else the gateway's, else the first); it links
+        # to the other machines once lab.yaml has recipes
+        from agents.scheduler.component import SchedulerComponent
+
+        components.append(SchedulerComponent(core))
     return components

@@ -33,6 +33,7 @@ from agents.wire.catalogue.lab import LAB_APPLY, LAB_ROLLBACK, LabApplied, LabAp
 from agents.wire.lab.check import editor_line
 from agents.wire.lab.model import Lab, LabError
 from agents.wire.lab.push import lab_changes, lab_version
+from agents.wire.lab.queue import queues_jobs, scheduler_machine
 from agents.wire.lab.spread import node_links
 from agents.wire.protocol import ErrorCode, PeerKeys, RemoteError
 from agents.wire.sections.lab import LabSection
@@ -49,18 +50,22 @@ def _public(agent: Agent, name: str, comment: str) -> str:
 
 def peer_keys_of(agent: Agent) -> PeerKeys:
     """The client keys this agent calls the others with, as the lab needs them (made on first ask): the gateway's
-    machine its peer key, a multi-node recipe's first node its node key; the console authorizes them with a push."""
+    machine its peer key, the lab queue's its scheduler key, a multi-node recipe's first node its node key; the console
+    authorizes them with a push."""
     lab, name = agent.lab, agent.machine.name
     if not calls_peers(lab, name):
         return PeerKeys()
-    from agents.runtime.peers import NODE_KEY_NAME, PEER_KEY_NAME  # with its SSH client: only where the agent calls peers
+    # with its SSH client: only where the agent calls peers
+    from agents.runtime.peers import NODE_KEY_NAME, PEER_KEY_NAME, SCHEDULER_KEY_NAME
 
-    peer = node = None
+    peer = node = scheduler = None
     if lab.gateway is not None and lab.gateway.machine == name:
         peer = _public(agent, PEER_KEY_NAME, f"cetlab-gateway@{name}")
+    if queues_jobs(lab) and scheduler_machine(lab) == name:
+        scheduler = _public(agent, SCHEDULER_KEY_NAME, f"cetlab-scheduler@{name}")
     if any(caller == name for caller, _ in node_links(lab)):  # a multi-node recipe's first node, a spread model's machine
         node = _public(agent, NODE_KEY_NAME, f"cetlab-node@{name}")
-    return PeerKeys(peer=peer, node=node)
+    return PeerKeys(peer=peer, node=node, scheduler=scheduler)
 
 
 async def reconfigure(agent: Agent, old: Lab, new: Lab) -> list[str]:

@@ -36,15 +36,20 @@ class Role(StrEnum):
     OPERATOR = "operator"
     GATEWAY = "gateway"  # the lab gateway's key: reads, and may call GATEWAY_METHODS only
     NODE = "node"  # a multi-node job's coordinating agent: NODE_METHODS only, not even reads
+    SCHEDULER = "scheduler"  # the lab queue's agent: reads, and may call SCHEDULER_METHODS only
 
     def allows(self, needed: Role, method: str = "") -> bool:
         if self is Role.NODE:
             return method in NODE_METHODS
-        return self is Role.OPERATOR or needed is Role.VIEWER or (self is Role.GATEWAY and method in GATEWAY_METHODS)
+        if self is Role.OPERATOR or needed is Role.VIEWER:
+            return True
+        return (self is Role.GATEWAY and method in GATEWAY_METHODS) or (self is Role.SCHEDULER and method in SCHEDULER_METHODS)
 
 
 # What the gateway role may do beyond reading: bring models up and take them down, nothing else.
 GATEWAY_METHODS = frozenset({"models.warm", "models.sleep", "models.swap", "models.cold"})
+# What the scheduler role may do beyond reading: start and stop the jobs it placed, and put models aside for them.
+SCHEDULER_METHODS = frozenset({"jobs.start", "jobs.stop", "models.warm", "models.sleep", "models.cold"})
 # What the node role may do: start, stop and report this machine's node of a multi-node recipe, or its rpc-server for a
 # model spread over it, as its own lab.yaml names them.
 NODE_METHODS = frozenset(
@@ -213,6 +218,12 @@ class PeerKeys(Snapshot):
 
     peer: Annotated[str, Field(max_length=1000)] | None = None
     node: Annotated[str, Field(max_length=1000)] | None = None
+    scheduler: Annotated[str, Field(max_length=1000)] | None = None  # the lab queue's calls (its jobs' starts)
+
+    @property
+    def made(self) -> bool:
+        """Whether this agent has any key for the others to authorize."""
+        return bool(self.peer or self.node or self.scheduler)
 
 
 class Hello(Snapshot):

@@ -25,16 +25,21 @@ from agents.wire.catalogue.jobs import (
     StopParams,
 )
 from agents.wire.catalogue.method import request
+from agents.wire.catalogue.queue import QUEUE_LIST, QUEUE_SUBMIT, QueueListParams, SubmitParams
 from agents.wire.events import LogEvent, PushEvent
+from agents.wire.lab.queue import scheduler_machine
 from agents.wire.protocol import ErrorCode, RemoteError
 from agents.wire.sections.jobs import JobDetail, JobInfo, JobNode
+from agents.wire.sections.queue import ENTRY_WAITING, EntryState, QueueEntry
 from agents.wire.states import JOB_ACTIVE, JobState
 from agents.wire.words import plural
 from console.cli.main import Context, say
+from console.cli.queue import entry_line
 from console.lab.replies import Answers, not_reached, sent
 from widgets.format import NA, fmt, fmt_duration, machines_text, placement
 
 EXIT_OK, EXIT_FAILED = 0, 1
+QUEUE_POLL_S = 1.0  # `cetlab train --follow` of a queued job: how often it asks the queue whether it started
 
 
 def state_text(job: JobInfo | JobNode) -> str:
@@ -192,7 +197,25 @@ async def cmd_train(ctx: Context) -> int:
     if recipe is None:
         names = ", ".join(r.name for r in ctx.lab.trainers) or "none"
         raise RemoteError(ErrorCode.NOT_FOUND, f"no recipe named {ctx.args.recipe!r} in {ctx.lab.source} (recipes: {names})")
-    job = await request(ctx.client, recipe.machine, JOBS_START, StartParams(recipe=recipe.name, params=parse_sets(ctx.args.set)))
+    params = parse_sets(ctx.args.set)
+    if ctx.args.now and recipe.need is None:  # its own machine and GPUs, now or refused: the queue is not asked
+        job: JobDetail = await request(ctx.client, recipe.machine, JOBS_START, StartParams(recipe=recipe.name, params=params))
+    else:
+        keeper = scheduler_machine(ctx.lab)
+        submit = SubmitParams(recipe=recipe.name, params=params, priority=ctx.args.priority, now=ctx.args.now)
+        entry = await request(ctx.client, keeper, QUEUE_SUBMIT, submit)
+        if entry.job_id is None and not ctx.args.follow:
+            ctx.out(sent(entry), lambda _: f"queued: {entry_line(entry)}")
+            return EXIT_OK
+        if entry.job_id is None:
+            say(f"queued: {entry_line(entry)}", flush=True)
+            entry = await started(ctx, keeper, entry)
+            if entry.job_id is None or entry.machine is None:
+                say(f"cetlab: {entry_line(entry)}", err=True)
+                return EXIT_FAILED
+        assert entry.job_id is not None and entry.machine is not None
+        job = await request(ctx.client, entry.machine, JOBS_GET, JobParams(id=entry.job_id))
+        recipe = recipe.model_copy(update={"machine": entry.machine})
     if ctx.args.follow:
         if ctx.args.json:
             print(json.dumps(sent(job)), flush=True)
@@ -202,6 +225,15 @@ async def cmd_train(ctx: Context) -> int:
         return await follow(ctx, recipe.machine, job.id, 0, offset=0)
     ctx.out(sent(job), lambda _: job_human(job))
     return EXIT_OK
+
+
+async def started(ctx: Context, keeper: str, entry: QueueEntry) -> QueueEntry:
+    """Wait until the queue has started the entry's job (or it ended without one), watching the keeper's list."""
+    while entry.state in ENTRY_WAITING or (entry.state is EntryState.STARTING and entry.job_id is None):
+        await asyncio.sleep(QUEUE_POLL_S)
+        listing = await request(ctx.client, keeper, QUEUE_LIST, QueueListParams())
+        entry = next((e for e in listing.root if e.id == entry.id), entry)
+    return entry
 
 
 async def cmd_jobs(ctx: Context) -> int:
@@ -243,8 +275,10 @@ async def cmd_logs(ctx: Context) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("train", help="start a trainer recipe from lab.yaml")
+    p = sub.add_parser("train", help="start a trainer recipe from lab.yaml: at once when what it needs is free, else queued")
     p.add_argument("recipe", help="a name under trainers: in lab.yaml")
+    p.add_argument("--now", action="store_true", help="start now or be refused (never queued)")
+    p.add_argument("--priority", type=int, help="higher starts first (default: the recipe's priority:, else 0)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a declared param of the recipe (repeatable)")
     p.add_argument("--follow", "-f", action="store_true", help="print the log until the job ends; exit 0 only if it exits 0")
     p.set_defaults(func=cmd_train)

@@ -37,6 +37,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 VERB_MODULES: list[str] = [
     "console.cli.costs",
     "console.cli.jobs",
+    "console.cli.queue",
     "console.cli.models",
     "console.cli.checkpoints",
     "console.cli.audit",

@@ -59,7 +59,7 @@ async def push_lab(lab: Lab, client: FleetClient, dry_run: bool) -> tuple[dict[s
     text = source.read_text()
     state = client.state
     said = {name: view.hello.peer_keys for name, view in state.machines.items() if view.hello is not None}
-    keys = {name: k for name, k in said.items() if k is not None and (k.peer or k.node)}
+    keys = {name: k for name, k in said.items() if k is not None and k.made}
     callers = [m for m in state.machines if calls_peers(lab, m)]
     known_hosts = "\n".join(pinned_host_lines(lab, client.known_hosts))
 
@@ -78,7 +78,7 @@ async def push_lab(lab: Lab, client: FleetClient, dry_run: bool) -> tuple[dict[s
     if late and not dry_run:
         hellos = await request_all(client, late, HELLO, None)
         fresh = {n: h.peer_keys for n, h in hellos.items() if not isinstance(h, RemoteError) and h.peer_keys is not None}
-        keys.update({n: k for n, k in fresh.items() if k.peer or k.node})
+        keys.update({n: k for n, k in fresh.items() if k.made})
         if any(m in keys for m in late):
             again = await push(keys)
             for name, first in replies.items():

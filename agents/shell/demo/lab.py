@@ -18,12 +18,13 @@ import yaml
 from agents.runtime.demo import DEMO_DIR_NAME, LAB_FILE, LOCK_NAME, demo_cli_line, shown_path
 from agents.runtime.keys import AUTHORIZED_KEYS_NAME, HOST_KEY_NAME, ensure_key, open_private_log, write_private
 from agents.runtime.labfile import PUSHED_NAME
-from agents.runtime.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME
+from agents.runtime.peers import NODE_KEY_NAME, PEER_KNOWN_HOSTS_NAME, SCHEDULER_KEY_NAME
 from agents.runtime.ports import server_port
 from agents.shell.demo import gateway as gateway_demo
 from agents.shell.demo import notify as notify_demo
 from agents.wire.agent_argv import agent_argv, python_agent
 from agents.wire.lab.model import load_lab, parse_lab
+from agents.wire.lab.queue import queues_jobs, scheduler_machine
 from agents.wire.lab.spread import node_links
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -139,6 +140,13 @@ def node_key_lines(directory: Path, data: dict[str, Any]) -> dict[str, str]:
     return lines
 
 
+def scheduler_key_line(directory: Path, machine: str) -> str:
+    """The authorized_keys line giving the lab queue's agent (on ``machine``) the scheduler role on the others."""
+    key = ensure_key(directory / "agents" / machine / SCHEDULER_KEY_NAME, comment=f"cetlab-scheduler@{machine}")
+    kind, blob = key.export_public_key().decode().split()[:2]
+    return f"scheduler {kind} {blob} scheduler@{machine}\n"
+
+
 class DemoLab:
     """Writes DIR/lab.yaml (client side complete) and runs one agent per machine.
 
@@ -161,10 +169,11 @@ class DemoLab:
         self.agents_per_process = agents_per_process
         self.lab_path = self.dir / LAB_FILE
         self.processes: list[subprocess.Popen[bytes]] = []
+        self._agent_at: dict[str, int] = {}  # machine -> its agent's index in processes
         self._lock_fd: int | None = None
 
     def prepare(self) -> Path:
-        load_lab(self.source)  # a broken source lab fails here, with file and line
+        source_lab = load_lab(self.source)  # a broken source lab fails here, with file and line
         data = yaml.safe_load(self.source.read_text())
         if self.scale:
             data = _scaled(data, self.scale)
@@ -182,6 +191,9 @@ class DemoLab:
         node_lines = node_key_lines(
             self.dir, data
         )  # the first node's agent of a multi-node recipe calls the others with the node role
+        # the lab queue's agent starts jobs on the others with the scheduler role
+        queue = scheduler_machine(source_lab) if queues_jobs(source_lab) and len(data["machines"]) > 1 else None
+        queue_line = scheduler_key_line(self.dir, queue) if queue is not None else ""
         known_hosts = []
         for machine, port in zip(data["machines"], ports):
             machine.update(host="127.0.0.1", port=port, via="agent")
@@ -190,14 +202,17 @@ class DemoLab:
             (state / PUSHED_NAME).unlink(missing_ok=True)
             host_key = ensure_key(state / HOST_KEY_NAME, comment=f"cetlab-agent@{machine['name']}")
             authorized = (
-                f"operator {client_pub[0]} {client_pub[1]} demo-console\n" + gateway_line + node_lines.get(machine["name"], "")
+                f"operator {client_pub[0]} {client_pub[1]} demo-console\n"
+                + gateway_line
+                + node_lines.get(machine["name"], "")
+                + (queue_line if machine["name"] != queue else "")
             )
             write_private(state / AUTHORIZED_KEYS_NAME, authorized.encode())
             known_hosts.append(f"[127.0.0.1]:{port} {host_key.export_public_key().decode().strip()}")
         (console_dir / "known_hosts").write_text("\n".join(known_hosts) + "\n")
         gateway_demo.prepare(self.dir, data, "\n".join(known_hosts) + "\n", free_ports)
         notify_demo.prepare(self.dir, data, free_ports)
-        for coordinator in coordinators(data):
+        for coordinator in [*coordinators(data), *([queue] if queue is not None else [])]:
             write_private(self.dir / "agents" / coordinator / PEER_KNOWN_HOSTS_NAME, ("\n".join(known_hosts) + "\n").encode())
         data["console"] = {**(data.get("console") or {}), "key": "console/id_ed25519", "known_hosts": "console/known_hosts"}
         header = "# Written by `cetlab demo`: the demo lab on loopback, with this run's ports and keys.\n"
@@ -267,10 +282,19 @@ class DemoLab:
                 parent_pid=os.getpid(),
             )
             log = open_private_log(self.dir / "agents" / f"{group[0]}.log")
+            self._agent_at.update(dict.fromkeys(group, len(self.processes)))
             self.processes.append(
                 subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
             )
             log.close()
+
+    def agent_process(self, machine: str) -> subprocess.Popen[bytes]:
+        """The process of the agent that serves ``machine`` (tests kill and restart it)."""
+        return self.processes[self._agent_at[machine]]
+
+    def replace_agent(self, machine: str, process: subprocess.Popen[bytes]) -> None:
+        """A restarted agent of ``machine``: stopped with the others at the end."""
+        self.processes[self._agent_at[machine]] = process
 
     def wait_listening(self, timeout: float = 30.0) -> None:
         """Block until every agent accepts TCP connections (or one of them died)."""
@@ -301,6 +325,7 @@ class DemoLab:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.processes.clear()
+        self._agent_at.clear()
         self.unlock()
 
     def __enter__(self) -> DemoLab:

@@ -26,6 +26,7 @@ from agents.wire.sections.gpu_support import GpuSupportSection
 from agents.wire.sections.jobs import JobInfo
 from agents.wire.sections.lab import LabSection
 from agents.wire.sections.models import ModelsSection
+from agents.wire.sections.queue import QueueSection
 
 
 class OverrideParams(Params):
@@ -62,6 +63,7 @@ class StatusReply(Section):
     gateway: GatewaySection | None = None
     gpu_support: GpuSupportSection | None = None
     lab: LabSection | None = None
+    queue: QueueSection | None = None  # on the lab queue's machine only
     notify: None = None  # the notify component has no section (notify.status answers)
 
 

@@ -65,6 +65,7 @@ from agents.wire.catalogue.models import (
     MODELS_WARM,
 )
 from agents.wire.catalogue.notify import NOTIFY_STATUS, NOTIFY_TEST
+from agents.wire.catalogue.queue import QUEUE_CANCEL, QUEUE_HOLD, QUEUE_LIST, QUEUE_RELEASE, QUEUE_SUBMIT
 from agents.wire.catalogue.spread import MODELS_RPC_START, MODELS_RPC_STATUS, MODELS_RPC_STOP
 
 CATALOGUE: dict[str, Method[Any, Any]] = {
@@ -124,6 +125,11 @@ CATALOGUE: dict[str, Method[Any, Any]] = {
         LAB_APPLY,
         LAB_ROLLBACK,
         DOCTOR_RUN,
+        QUEUE_SUBMIT,
+        QUEUE_LIST,
+        QUEUE_CANCEL,
+        QUEUE_HOLD,
+        QUEUE_RELEASE,
     )
 }
 

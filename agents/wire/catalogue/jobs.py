@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
 from agents.wire.catalogue.method import OP, Method, NoParams, Params, Root
+from agents.wire.lab.queue import MAX_GPUS_PER_JOB
 from agents.wire.protocol import (
+    MAX_GPUS,
     Finite,
 )
 from agents.wire.schema import JobId, Name, ParamName
@@ -19,6 +21,10 @@ from agents.wire.states import JobState
 class StartParams(Params):
     recipe: Name  # a trainer's name, as lab.yaml's trainers have it
     params: dict[ParamName, Any] = Field(default_factory=dict, max_length=64)
+    # a recipe by need (lab.yaml need:): the GPUs of this machine the lab queue chose for it
+    gpus: list[Annotated[int, Field(ge=0, lt=MAX_GPUS)]] | None = Field(default=None, max_length=MAX_GPUS_PER_JOB)
+    queued_as: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}:[0-9]{1,12}$", max_length=80)] | None = None
+    user: Annotated[str, Field(max_length=200)] | None = None  # who submitted it to the queue
 
 
 class JobParams(Params):

@@ -24,6 +24,8 @@ from agents.wire.lab.loopback import check_args, check_command, command_engine_p
 from agents.wire.lab.machines import Machine
 from agents.wire.lab.notify import Notify
 from agents.wire.lab.notify import cross_check as notify_cross_check
+from agents.wire.lab.queue import MAX_PRIORITY, Need, Scheduler
+from agents.wire.lab.queue import cross_check as queue_cross_check
 from agents.wire.lab.replicas import replicas_cross_check
 from agents.wire.lab.spread import RpcHelper
 from agents.wire.lab.spread import cross_check as spread_cross_check
@@ -206,6 +208,9 @@ class Trainer(Strict):
     # one job over several machines (launcher: torchrun, c10d rendezvous on the first node)
     nodes: list[TrainerNode] = Field(default_factory=list)
     rdzv_port: int | None = Field(default=None, ge=1024, le=65535)  # default: a free port on the first node
+    # the lab queue (agents/scheduler/): what it needs instead of GPU numbers, and how it ranks (higher goes first)
+    need: Need | None = None
+    priority: Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
 
     @model_validator(mode="before")
     @classmethod
@@ -222,6 +227,9 @@ class Trainer(Strict):
                 "machine": value.get("machine", first.get("machine")),
                 "gpus": value.get("gpus", first.get("gpus", [])),
             }
+        need = value.get("need") if isinstance(value, dict) else None
+        if isinstance(need, dict) and "machine" not in value and isinstance(need.get("machines"), list) and need["machines"]:
+            value = {**value, "machine": need["machines"][0]}  # a recipe by need: its first allowed machine is its home
         return value
 
     @field_validator("command", mode="before")
@@ -289,6 +297,7 @@ class Lab(Strict):
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     gateway: Gateway | None = None
     providers: list[Provider] = Field(default_factory=list)
+    scheduler: Scheduler = Field(default_factory=Scheduler)  # the lab queue's machine (agents/scheduler/)
 
     # Where the file was read from; relative paths in it are relative to its folder.
     source: Path | None = Field(default=None, exclude=True)
@@ -368,6 +377,7 @@ def _cross_check(lab: Lab, engines: Collection[str] | None) -> list[tuple[tuple[
                 problems.append((("trainers", i, "params", j, "choices"), "a choice param needs choices: [...]"))
     problems += notify_cross_check(lab.notify, list(machines))
     problems += spread_cross_check(lab)
+    problems += queue_cross_check(lab, machines)
     return problems + gateway_cross_check(
         lab.providers, lab.gateway, list(machines), {m.name for m in lab.models}, lab.orchestra.groups, lab.costs.currency
     )

@@ -19,6 +19,7 @@ Sections and their models (``SECTION_MODELS``):
     gpu_support GpuSupportSection  the stacks this machine launches and, per GPU, whether each runs there (agents/gpusupport/)
     faults      FaultsSection     the sections whose component raised in this tick, with the error (empty: all well)
     lab         LabSection | null the lab.yaml it runs: version, file or pushed, what waits for a restart
+    queue       QueueSection | null  on the lab queue's machine only (agents/scheduler/): entries, why each waits
 
 Shape changes against the untyped sections (kept as small as the console allows):
 - ``jobs[].diverged_at_step`` and ``jobs[].progress_problem`` are new (issue 11: a diverged

@@ -153,6 +153,8 @@ class JobInfo(Section):
     node_rank: int | None = None  # a node of a multi-node job: its torchrun --node-rank
     coordinator: str | None = None  # ... and the machine whose agent coordinates it (the job's row is there)
     damaged: bool = False  # its record in state.db could not be read: only its id (and why, in error) are known
+    queued_as: str | None = None  # the lab queue's entry that started it ("pharaoh:12")
+    user: str | None = None  # who submitted it to the queue
 
 
 class JobDetail(JobInfo):

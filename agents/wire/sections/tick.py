@@ -16,6 +16,7 @@ from agents.wire.sections.gpu_support import GpuSupportSection
 from agents.wire.sections.jobs import JobInfo
 from agents.wire.sections.lab import LabSection
 from agents.wire.sections.models import ModelInfo, ModelsSection
+from agents.wire.sections.queue import QueueSection
 
 SECTION_MODELS: dict[str, Any] = {
     "gpus": GpuList,
@@ -31,6 +32,7 @@ SECTION_MODELS: dict[str, Any] = {
     "gpu_support": GpuSupportSection,
     "faults": FaultsSection,
     "lab": LabSection | None,
+    "queue": QueueSection | None,  # on the lab queue's machine only
 }
 
 

@@ -43,12 +43,12 @@ LAB = {
 
 def restart_agent(demo: DemoLab, machine: str) -> None:
     """Stop the machine's agent process (its engines stay: --keep-engines) and start it again with the same command."""
-    proc = next(p for p in demo.processes if isinstance(p.args, list) and ["--machine", machine] == p.args[-3:-1])
+    proc = demo.agent_process(machine)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) is not None
     log = open_private_log(demo.dir / "agents" / f"{machine}.log")
-    demo.processes[demo.processes.index(proc)] = subprocess.Popen(
-        proc.args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
+    demo.replace_agent(
+        machine, subprocess.Popen(proc.args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
     )
     log.close()
 

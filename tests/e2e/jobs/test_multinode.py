@@ -205,11 +205,11 @@ async def _restart_mid_run(lab: DemoLab) -> None:
         job = await client.call("a", "jobs.start", {"recipe": "ddp", "params": {"max_steps": 100000, "save_steps": 100000}})
         await wait_for(lambda: _step_at_least(client, job["id"], 2), timeout=240)
         before = await job_on(client, "b", job["id"])
-        agent_b = lab.processes[NODES.index("b")]
+        agent_b = lab.agent_process("b")
         agent_b.kill()  # kill -9: no chance to clean up
         agent_b.wait()
         await wait_for(lambda: not client.state.machines["b"].online, timeout=20)
-        lab.processes[NODES.index("b")] = run_agent(lab.lab_path, "b", lab.dir / "agents" / "b")
+        lab.replace_agent("b", run_agent(lab.lab_path, "b", lab.dir / "agents" / "b"))
         await wait_for(lambda: client.state.machines["b"].online, timeout=40)
         adopted = await job_on(client, "b", job["id"])
         assert adopted["adopted"] and adopted["state"] == "running" and adopted["pid"] == before["pid"]

@@ -57,7 +57,17 @@ class Fleet:
 VALUES = {"model": "m1", "models": "m1", "recipe": "t1", "machine": "box", "id": "box-1", "job": "box-1", "run": "r1"}
 
 
-VALUES |= {"step": "1", "name": "k1", "out": "m1", "in_": "m2", "into": "m2", "gpu": "0", "route": "chat", "keep_last": "3"}
+VALUES |= {
+    "entry": "1",
+    "step": "1",
+    "name": "k1",
+    "out": "m1",
+    "in_": "m2",
+    "into": "m2",
+    "gpu": "0",
+    "route": "chat",
+    "keep_last": "3",
+}
 
 
 def verbs(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:

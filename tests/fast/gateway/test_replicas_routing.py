@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from agents.gateway.metering import Meter
-from agents.gateway.reach import Unreachable
 from agents.gateway.replicas import AFFINITY_SLACK, choose, conversation_key, replica_figures
 from agents.gateway.router import Router
 from agents.orchestra.engines import engine_spec
+from agents.runtime.reach import Unreachable
 from agents.runtime.store import Store
 from agents.runtime.view import LabView
 from agents.wire.lab.model import LabError, parse_lab

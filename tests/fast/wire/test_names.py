@@ -32,6 +32,9 @@ FREE_TEXT: dict[tuple[str, str], str] = {
     ("LabApplyParams", "known_hosts"): "a known_hosts file's text, parsed line by line",
     ("PeerKeys", "peer"): "an OpenSSH public key line, parsed as one",
     ("PeerKeys", "node"): "an OpenSSH public key line, parsed as one",
+    ("PeerKeys", "scheduler"): "an OpenSSH public key line, parsed as one",
+    ("StartParams", "queued_as"): "the lab queue's label of its entry (machine:number), held to that pattern",
+    ("StartParams", "user"): "who submitted the job to the lab queue (their key's comment), kept and shown as text",
 }
 
 

@@ -1,9 +1,10 @@
-"""How the gateway reaches each machine's models: its own machine's in-process, the others' through their agents.
+"""How an agent that calls the others (the gateway, the lab queue) reaches each machine: its own in-process, the
+others through their agents.
 
-The gateway's own machine needs no SSH to itself: its models are asked through this agent's own handlers (the
-model pool's methods, with the gateway role's rights), so a one-machine lab needs no peer key, no authorization of
-it and no known_hosts entry. The other machines are reached over the peers' SSH links; one that cannot be reached
-is said at once, with what its link says and what fixes it.
+Its own machine needs no SSH to itself: it is asked through this agent's own handlers (with the caller's role's
+rights: the gateway's, the scheduler's), so a one-machine lab needs no peer key, no authorization of it and no
+known_hosts entry. The other machines are reached over the peers' SSH links; one that cannot be reached is said at
+once, with what its link says and what fixes it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from agents.runtime.peers import CONNECT_TIMEOUT_S, PEER_KEY_NAME, PeerClient
+from agents.runtime.peers import CONNECT_TIMEOUT_S, PeerClient
 from agents.runtime.rpc import Peer
 from agents.runtime.view import MachineView
 from agents.wire.engine_address import EngineAddress
@@ -26,19 +27,19 @@ SETTLE_S = 2 * CONNECT_TIMEOUT_S  # a link still on its first attempt: how long 
 
 
 class Unreachable(Exception):
-    """A machine the gateway cannot reach now: its link's state, why, and what fixes it."""
+    """A machine the caller cannot reach now: its link's state, why, and what fixes it."""
 
     def __init__(self, machine: str, status: str, why: str | None, fix: str) -> None:
         self.machine, self.status, self.why, self.fix = machine, status, why, fix
         super().__init__(f"{machine} is {status}" + (f" ({why})" if why else "") + f": {fix}")
 
 
-def _fix(machine: str, status: str, peers: PeerClient) -> str:
+def _fix(machine: str, status: str, peers: PeerClient, role: Role) -> str:
     """What to do about a link in this state, in one sentence with the command."""
     if status == LinkStatus.REFUSED:
         return (
-            f"authorize the gateway's peer key on {machine}: run `cetlab lab push` on the workstation, or by hand copy {peers.key_path}.pub there and run "
-            f"`cetlab-agent authorize --machine {machine} --role gateway {PEER_KEY_NAME}.pub`"
+            f"authorize the {role}'s key on {machine}: run `cetlab lab push` on the workstation, or by hand copy {peers.key_path}.pub there and run "
+            f"`cetlab-agent authorize --machine {machine} --role {role} {peers.key_path.name}.pub`"
         )
     if status == LinkStatus.UNTRUSTED:
         return (
@@ -46,20 +47,23 @@ def _fix(machine: str, status: str, peers: PeerClient) -> str:
             f"console's known host keys here), or by hand on {machine} run `cetlab-agent host-key --machine {machine}` "
             f"and append `[{peers.lab.machine(machine).host}]:{peers.lab.machine(machine).port} <that key>` here"
         )
-    return f"start the agent on {machine} (`cetlab-agent serve --lab lab.yaml --machine {machine}`) or check its network; the gateway retries"
+    return f"start the agent on {machine} (`cetlab-agent serve --lab lab.yaml --machine {machine}`) or check its network; the {role} retries"
 
 
 class Reach:
-    """The views of every machine's models and the calls to their agents, as the router needs them."""
+    """The views of every machine (its GPUs, jobs and models) and the calls to their agents, as the gateway's router
+    and the lab queue need them; calls to its own machine carry ``role``'s rights, as the others' keys do."""
 
-    def __init__(self, core: AgentCore, peers: PeerClient | None) -> None:
+    def __init__(self, core: AgentCore, peers: PeerClient | None, role: Role = Role.GATEWAY) -> None:
         self.core = core
         self.own = core.machine.name
         self.peers = peers
+        self.role = role
         self._local = MachineView(core.machine)
         self._local.set_link(LinkStatus.ONLINE)
         self._seen: object = None  # the tick's models section last copied into the local view
-        self._caller = Peer(role=Role.GATEWAY, who="gateway (this machine)", send=lambda _line: None)
+        self._seen_jobs: object = None
+        self._caller = Peer(role=role, who=f"{role} (this machine)", send=lambda _line: None)
 
     # -- what each machine's models are
 
@@ -69,6 +73,13 @@ class Reach:
             if isinstance(section, ModelsSection) and section is not self._seen:  # a new tick: ≤ 1 s old
                 self._seen = section
                 self._local.models = section
+            jobs = self.core.current.get("jobs")
+            if isinstance(jobs, list) and jobs is not self._seen_jobs:
+                self._seen_jobs = jobs
+                self._local.jobs = jobs
+            latest = self.core.latest
+            if latest is not None:
+                self._local.gpus = {g.index: g for g in latest.gpus}
             return self._local
         return self.peers.views.machines.get(machine) if self.peers is not None else None
 
@@ -122,7 +133,7 @@ class Reach:
             except TimeoutError:
                 pass
         if link.status is not LinkStatus.ONLINE:
-            raise Unreachable(machine, str(link.status), link.error, _fix(machine, link.status, self.peers))
+            raise Unreachable(machine, str(link.status), link.error, _fix(machine, link.status, self.peers, self.role))
 
     async def wait_online(self, machine: str) -> None:
         """A lost connection: wait until it is back (raises Unreachable at once if it is refused or untrusted)."""
@@ -130,5 +141,5 @@ class Reach:
             return
         link = self.peers.links[machine]
         if link.status in (LinkStatus.REFUSED, LinkStatus.UNTRUSTED):
-            raise Unreachable(machine, str(link.status), link.error, _fix(machine, link.status, self.peers))
+            raise Unreachable(machine, str(link.status), link.error, _fix(machine, link.status, self.peers, self.role))
         await link.online.wait()

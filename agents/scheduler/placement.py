@@ -1,0 +1,236 @@
+"""Where a queued job can run now, or why it waits: the lab as the queue sees it (each GPU and what holds it), and the
+one placement rule (agents/wire/lab/queue.py's gpu_misfit for what a recipe by need accepts).
+
+Pure functions over typed views, so the decision is tested without agents and benched at a thousand jobs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from agents.runtime.view import MachineView
+from agents.wire.lab.model import Lab, Trainer
+from agents.wire.lab.queue import Need, gpu_misfit
+from agents.wire.protocol import GpuSample, LinkStatus
+from agents.wire.states import JOB_HOLDS_GPU, MODEL_HOLDS_GPU
+from agents.wire.words import plural
+
+NEVER = float("inf")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """What holds a GPU now: a job, a model, or a job the queue is starting there."""
+
+    what: str  # "model llama-3.1-8b (warm, pinned)", "job m5-12 (sft)"
+    until: float = NEVER  # when it is expected to let go (a job's ETA); NEVER: not known
+    pinned: bool = False
+
+
+@dataclass
+class MachineGpus:
+    """One machine's GPUs as the queue sees them, and what holds each."""
+
+    name: str
+    online: bool
+    gpus: dict[int, GpuSample] = field(default_factory=dict)
+    holders: dict[int, list[Holder]] = field(default_factory=dict)
+    why_offline: str | None = None
+
+    def free(self, index: int) -> bool:
+        return not self.holders.get(index)
+
+    def frees_at(self, index: int, now: float) -> float:
+        """When this GPU is expected to be free: now, a job's expected end, or NEVER (a model, or a job with no ETA)."""
+        holders = self.holders.get(index)
+        return now if not holders else max(h.until for h in holders)
+
+
+@dataclass(frozen=True)
+class Placement:
+    machine: str
+    gpus: list[int]
+
+
+@dataclass(frozen=True)
+class Wait:
+    reason: str  # why, in words a person reads
+    expected_start: float | None = None  # from the holders' ETAs; None: not known
+
+
+def _until(seconds: float | None, now: float) -> str:
+    return f" until about {time.strftime('%H:%M', time.localtime(now + seconds))}" if seconds is not None else ""
+
+
+def lab_gpus(
+    lab: Lab, views: Iterable[tuple[str, MachineView]], starting: Mapping[tuple[str, int], str], now: float
+) -> dict[str, MachineGpus]:
+    """Every machine's GPUs and their holders: the jobs and models its last tick shows, and the GPUs of jobs the queue
+    is starting there (``starting``: (machine, GPU) -> "queue entry 12 (sft)") that no tick shows yet."""
+    seen = dict(views)
+    picture: dict[str, MachineGpus] = {}
+    for machine in lab.machines:
+        view = seen.get(machine.name)
+        online = view is not None and view.link is LinkStatus.ONLINE
+        entry = MachineGpus(
+            machine.name,
+            online,
+            dict(view.gpus) if view is not None else {},
+            why_offline=None if online else (f"its link is {view.link}" if view is not None else "not reached yet"),
+        )
+        if view is not None:
+            for job in view.jobs:
+                if job.state in JOB_HOLDS_GPU:
+                    until = now + job.eta_s if job.eta_s is not None else NEVER
+                    holder = Holder(f"job {job.id} ({job.recipe})" + _until(job.eta_s, now), until)
+                    for index in job.gpus:
+                        entry.holders.setdefault(index, []).append(holder)
+            for model in view.models.models if view.models is not None else []:
+                if model.state in MODEL_HOLDS_GPU:
+                    holder = Holder(
+                        f"model {model.name} ({model.state}{', pinned' if model.pinned else ''})", pinned=model.pinned
+                    )
+                    for index in model.gpus:
+                        entry.holders.setdefault(index, []).append(holder)
+        picture[machine.name] = entry
+    for (name, index), what in starting.items():
+        if name in picture and not any(what in h.what for h in picture[name].holders.get(index, [])):
+            picture[name].holders.setdefault(index, []).append(Holder(what))
+    return picture
+
+
+def _ranges(indices: list[int]) -> str:
+    """[1, 2, 3, 4] -> "1-4", [0, 2] -> "0,2"."""
+    parts: list[str] = []
+    for index in sorted(indices):
+        if parts and parts[-1].split("-")[-1] == str(index - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{index}"
+        else:
+            parts.append(str(index))
+    return ",".join(parts)
+
+
+def _held(machine: MachineGpus, indices: list[int]) -> list[str]:
+    """ "m5 GPUs 1-4 hold model x (warm, pinned)", one phrase per holder, its GPUs together."""
+    by_holder: dict[str, list[int]] = {}
+    for index in indices:
+        for holder in machine.holders.get(index, []):
+            by_holder.setdefault(holder.what, []).append(index)
+    phrases = []
+    for what, gpus in by_holder.items():
+        label = f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {_ranges(gpus)}"
+        verb = "runs" if what.startswith("job") else "holds"
+        phrases.append(f"{machine.name} {label} {verb if len(gpus) == 1 else verb.removesuffix('s')} {what}")
+    return phrases
+
+
+def _fixed(recipe: Trainer, picture: Mapping[str, MachineGpus], now: float) -> Placement | Wait:
+    machine = picture.get(recipe.machine)
+    wanted = f"GPU{'s' if len(recipe.gpus) != 1 else ''} {_ranges(recipe.gpus)} of {recipe.machine}"
+    if machine is None or not machine.online:
+        return Wait(f"waiting for {recipe.machine}: {machine.why_offline if machine else 'not in the lab'}")
+    busy = [i for i in recipe.gpus if not machine.free(i)]
+    if not busy:
+        return Placement(recipe.machine, list(recipe.gpus))
+    frees = max(machine.frees_at(i, now) for i in busy)
+    return Wait(f"waiting for {wanted}: " + "; ".join(_held(machine, busy)), frees if frees != NEVER else None)
+
+
+def _fits(need: Need, machine: MachineGpus) -> tuple[list[int], list[str]]:
+    """The GPUs of this machine that do for the need (free or not), and why each other one does not."""
+    fitting, misfits = [], []
+    for index, gpu in sorted(machine.gpus.items()):
+        problem = gpu_misfit(need, gpu)
+        if problem is None:
+            fitting.append(index)
+        else:
+            misfits.append(problem)
+    return fitting, misfits
+
+
+def _by_need(recipe: Trainer, need: Need, picture: Mapping[str, MachineGpus], now: float) -> Placement | Wait:
+    allowed = need.machines or list(picture)
+    best: tuple[int, int, int, str, list[int]] | None = None
+    blocked: list[str] = []
+    expected = NEVER
+    for order, name in enumerate(allowed):
+        machine = picture.get(name)
+        if machine is None or not machine.online:
+            blocked.append(f"{name}: {machine.why_offline if machine else 'not in the lab'}")
+            continue
+        fitting, misfits = _fits(need, machine)
+        if len(fitting) < need.gpus:
+            if not machine.gpus:
+                blocked.append(f"{name} has no GPU")
+            else:
+                shown = misfits[0] if misfits else f"{need.gpus} needed"
+                blocked.append(f"{name} has {plural(len(fitting), 'GPU')} that fit{'s' if len(fitting) == 1 else ''} ({shown})")
+            continue
+        free = [i for i in fitting if machine.free(i)]
+        if len(free) >= need.gpus:
+            # the smallest GPUs that do, on the machine with the fewest free: the big ones stay for the big jobs
+            chosen = sorted(free, key=lambda i: (machine.gpus[i].mem_total_bytes or 0, i))[: need.gpus]
+            score = sum(machine.gpus[i].mem_total_bytes or 0 for i in chosen)
+            candidate = (score, len(free), order, name, chosen)
+            if best is None or candidate[:3] < best[:3]:
+                best = candidate
+            continue
+        busy = [i for i in fitting if not machine.free(i)]
+        blocked += _held(machine, busy)
+        frees = sorted(machine.frees_at(i, now) for i in fitting)
+        expected = min(expected, frees[need.gpus - 1])
+    if best is not None:
+        return Placement(best[3], sorted(best[4]))
+    reason = f"waiting for {need.describe()}: " + ("; ".join(blocked) if blocked else "no machine to run on")
+    return Wait(reason, expected if expected != NEVER else None)
+
+
+def place(recipe: Trainer, picture: Mapping[str, MachineGpus], now: float) -> Placement | Wait:
+    """Where the recipe's job starts now (its machine and GPUs), or why it waits and when it may start."""
+    if recipe.need is None:
+        return _fixed(recipe, picture, now)
+    return _by_need(recipe, recipe.need, picture, now)
+
+
+def need_words(recipe: Trainer) -> str:
+    """What the recipe waits for, in words: its need, or its GPU numbers and machine."""
+    if recipe.need is not None:
+        return recipe.need.describe()
+    if not recipe.gpus:
+        return f"{recipe.machine} (no GPU)"
+    return f"GPU{'s' if len(recipe.gpus) != 1 else ''} {_ranges(recipe.gpus)} of {recipe.machine}"
+
+
+def take(picture: Mapping[str, MachineGpus], placement: Placement, what: str) -> None:
+    """Mark the placed GPUs held, so that one pass of the queue never gives a GPU twice."""
+    machine = picture[placement.machine]
+    for index in placement.gpus:
+        machine.holders.setdefault(index, []).append(Holder(what))
+
+
+def reserve(recipe: Trainer, picture: Mapping[str, MachineGpus], what: str) -> None:
+    """Keep what the first waiting job waits for from every job behind it: its free GPUs now (a recipe with numbers),
+    or the free GPUs that fit on the machine closest to having enough (a recipe by need)."""
+    if recipe.need is None:
+        machine = picture.get(recipe.machine)
+        if machine is not None:
+            for index in recipe.gpus:
+                if machine.free(index):
+                    machine.holders.setdefault(index, []).append(Holder(what))
+        return
+    need = recipe.need
+    best: tuple[int, MachineGpus, list[int]] | None = None
+    for name in need.machines or list(picture):
+        machine = picture.get(name)
+        if machine is None or not machine.online:
+            continue
+        fitting, _ = _fits(need, machine)
+        if len(fitting) < need.gpus:
+            continue
+        free = [i for i in fitting if machine.free(i)]
+        if best is None or len(free) > best[0]:
+            best = (len(free), machine, free[: need.gpus])
+    if best is not None:
+        for index in best[2]:
+            best[1].holders.setdefault(index, []).append(Holder(what))

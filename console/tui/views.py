@@ -13,6 +13,11 @@ VIEWS: dict[str, tuple[str, str, str]] = {
         "JobsScreen",
         "training runs: progress, loss, start (n), stop (s), kill (ctrl+k), logs (l)",
     ),
+    "queue": (
+        "console.tui.screens.queue",
+        "QueueScreen",
+        "the lab queue: what runs where, what waits and why; hold (h), release (u), cancel (ctrl+x)",
+    ),
     "models": ("console.tui.screens.models", "ModelsScreen", "the model pool: warm, sleeping, cached, cold; swap and rotation"),
     "checkpoints": (
         "console.tui.screens.checkpoints",

@@ -391,7 +391,7 @@ class JumpScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         yield Input(
-            placeholder="view name: " + " ".join(VIEWS), suggester=SuggestFromList(list(VIEWS), case_sensitive=False), id="jump"
+            placeholder="view: " + " ".join(VIEWS), suggester=SuggestFromList(list(VIEWS), case_sensitive=False), id="jump"
         )
         yield Static("", id="jump-error")
 

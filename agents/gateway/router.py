@@ -392,6 +392,15 @@ class Router:
         except RemoteError as exc:
             if exc.code == ErrorCode.MODEL_FILE_MISSING:  # no retry helps: the message says where and the fix
                 raise NotServable(503, exc.message, "model_file_missing") from None
+            job = exc.data.get("job") if isinstance(exc.data, dict) else None
+            if job is not None:  # its GPUs run a training job (the lab queue gave them): no swap helps; back at its end
+                retry = exc.data.get("retry_after_s") if isinstance(exc.data, dict) else None
+                raise NotServable(
+                    503,
+                    f"{model.name} gave its GPUs to job {job}: {exc.message}",
+                    "gpus_in_use_by_job",
+                    int(retry) if isinstance(retry, int | float) and retry > 0 else self.policies.retry_after_s,
+                ) from None
             if exc.code != ErrorCode.CONFLICT or self.policies.swap != "lru-unpinned":
                 raise NotServable(
                     503, f"cannot bring {model.name} up on {model.machine}: {exc.message}", "no_room", self.policies.retry_after_s

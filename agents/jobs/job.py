@@ -145,6 +145,8 @@ class Job:
             dict(self.params),
             reports,
             tuple(self.loss_points),
+            tuple(self.gpus),
+            self.progress.eta_s if self.progress is not None else None,
         )
 
     def info(self, simulated: bool, now: float | None = None) -> JobInfo:

@@ -27,6 +27,8 @@ class JobView:
     params: dict[str, Any]
     reports: tuple[CheckpointReport, ...]  # the trainer's checkpoint entries (progress.json)
     loss_points: tuple[tuple[int, float], ...]
+    gpus: tuple[int, ...] = ()
+    eta_s: float | None = None  # the trainer's own estimate of the time left
 
     @property
     def active(self) -> bool:

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agents.gpusupport.port import GpuSupportPort
+from agents.jobs.port import JobsPort
 from agents.orchestra.adopt import AdoptedProcess
 from agents.orchestra.book import PoolBook
 from agents.orchestra.engine import Engine, EngineDown, EngineRequestFailed
@@ -346,6 +347,7 @@ class Lifecycle:
             return None
         if slot.busy:
             raise RemoteError(ErrorCode.CONFLICT, f"{slot.name} is busy ({slot.op_name}); wait, or `cetlab cold {slot.name}`")
+        self._check_no_job_holds(slot)
         if slot.state == ModelState.SLEEPING:
             self.placement.check_fit(slot, slot.gpus)
             return self.begin([slot], "wake", lambda: self._wake(slot))
@@ -355,6 +357,22 @@ class Lifecycle:
         slot.gpus = gpus
         self.book.set_state(slot, ModelState.LOADING)  # reserve the GPUs before answering
         return self.begin([slot], "warm", lambda: self._load(slot, gpus, engine))
+
+    def _check_no_job_holds(self, slot: Slot) -> None:
+        """A model never comes up on GPUs a training job of this machine runs on (one the lab queue gave them to, or
+        one started by hand): refused naming the job, with its expected end for a Retry-After."""
+        jobs = self.core.find(JobsPort)
+        wanted = set(slot.gpus) | set(slot.model.gpus)
+        for job in jobs.views() if jobs is not None else []:
+            taken = sorted(wanted & set(job.gpus))
+            if job.active and taken:
+                until = f" (about {job.eta_s / 60:.0f} min left)" if job.eta_s is not None else ""
+                raise RemoteError(
+                    ErrorCode.CONFLICT,
+                    f"GPU {','.join(map(str, taken))} of {self.core.machine.name} runs job {job.id} ({job.recipe}){until}: "
+                    f"{slot.name} can come up there once it ends",
+                    {"job": job.id, "retry_after_s": round(job.eta_s) if job.eta_s is not None else None},
+                )
 
     def sleep(self, slot: Slot) -> asyncio.Task[Any] | None:
         if slot.state == ModelState.SLEEPING:

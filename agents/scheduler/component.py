@@ -21,6 +21,7 @@ from agents.runtime.rpc import Peer
 from agents.scheduler.placement import Placement, lab_gpus, need_words, place, reserve, take
 from agents.wire.catalogue.jobs import JOBS_START, StartParams
 from agents.wire.catalogue.method import request
+from agents.wire.catalogue.models import MODELS_COLD, MODELS_SLEEP, MODELS_WARM, ModelParams
 from agents.wire.catalogue.queue import (
     QUEUE_CANCEL,
     QUEUE_HOLD,
@@ -45,7 +46,7 @@ from agents.wire.sections.queue import (
     QueueEntry,
     QueueSection,
 )
-from agents.wire.states import JOB_ENDED, JobState
+from agents.wire.states import JOB_ENDED, MODEL_HOLDS_GPU, JobState
 
 if TYPE_CHECKING:
     from agents.runtime.core import AgentCore
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cetlab.queue")
 
 KEEP_ENDED = 50  # ended and cancelled entries kept in memory (and shown); all stay in state.db
+YIELD_TIMEOUT_S = 300.0  # models asked to give their GPUs that still hold them after this: the entry waits again
 START_TIMEOUT_S = 60.0  # a machine's `jobs.start` answers within this, or the entry waits again (its label guards a retry)
 
 SCHEMA = [
@@ -83,6 +85,7 @@ class SchedulerComponent(Hooks):
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one pass at a time: a submit's pass and the loop's never give a GPU twice
         self._wake = asyncio.Event()
+        self._lent_at: dict[int, float] = {}  # entry -> when its models were asked to give their GPUs
         if self.enabled:
             self._register()
 
@@ -243,6 +246,7 @@ class SchedulerComponent(Hooks):
             now = time.time()
             views = list(self.reach.all_views())
             self._follow(views, now)
+            await self._after_yields(views, now)
             # placed entries whose jobs no tick shows yet (a tick is up to a second behind): they hold their GPUs
             shown = {job.queued_as for _, view in views for job in view.jobs if job.queued_as}
             starting = {
@@ -268,7 +272,10 @@ class SchedulerComponent(Hooks):
                 decision = place(recipe, picture, now)
                 if isinstance(decision, Placement):
                     take(picture, decision, f"queue entry {entry.id} ({entry.recipe}, starting)")
-                    await self._start(entry, recipe, decision)
+                    if decision.yields:
+                        await self._lend(entry, decision)
+                    else:
+                        await self._start(entry, recipe, decision)
                     continue
                 position += 1
                 self._update(entry, position=position, reason=_cut(decision.reason), expected_start=decision.expected_start)
@@ -297,6 +304,75 @@ class SchedulerComponent(Hooks):
                 )
             elif entry.state is EntryState.STARTING or entry.job_state != job.state:
                 self._update(entry, state=EntryState.RUNNING, job_id=job.id, job_state=job.state)
+
+    # -- models that give their GPUs to a job, and come back after it
+
+    async def _lend(self, entry: QueueEntry, placement: Placement) -> None:
+        """Put the models aside (sleep, or stop where the engine cannot sleep); the job starts once they let go."""
+        assert self.reach is not None
+        for model in placement.yields:
+            try:
+                try:
+                    await request(self.reach, placement.machine, MODELS_SLEEP, ModelParams(model=model))
+                except RemoteError as exc:
+                    if exc.code != ErrorCode.UNAVAILABLE:  # UNAVAILABLE: no sleep mode; stopped instead
+                        raise
+                    await request(self.reach, placement.machine, MODELS_COLD, ModelParams(model=model))
+            except RemoteError as exc:
+                self._update(entry, reason=_cut(f"{model} on {placement.machine} would not give its GPUs: {exc.message}"))
+                return
+        log.info(
+            "queue entry %d (%s): %s put aside on %s", entry.id, entry.recipe, ", ".join(placement.yields), placement.machine
+        )
+        self._lent_at[entry.id] = time.monotonic()
+        self._update(
+            entry,
+            state=EntryState.STARTING,
+            machine=placement.machine,
+            gpus=placement.gpus,
+            yielded=list(placement.yields),
+            restored=False,
+            position=None,
+            reason=_cut(f"{', '.join(placement.yields)} gives its GPUs to it; it starts when they are free"),
+        )
+
+    async def _after_yields(self, views: list[tuple[str, Any]], now: float) -> None:
+        """Start the jobs whose models have let go of their GPUs; bring back the models of jobs that ended."""
+        assert self.reach is not None
+        seen = dict(views)
+        for entry in list(self.entries.values()):
+            if not entry.yielded or entry.machine is None:
+                continue
+            view = seen.get(entry.machine)
+            if entry.state is EntryState.STARTING and entry.job_id is None:
+                models = [view.model(m) if view is not None else None for m in entry.yielded]
+                if all(m is not None and m.state not in MODEL_HOLDS_GPU for m in models):
+                    recipe = next((r for r in self.lab.trainers if r.name == entry.recipe), None)
+                    if recipe is not None:
+                        self._lent_at.pop(entry.id, None)
+                        await self._start(entry, recipe, Placement(entry.machine, entry.gpus))
+                elif time.monotonic() - self._lent_at.get(entry.id, time.monotonic()) > YIELD_TIMEOUT_S:
+                    self._update(
+                        entry, state=EntryState.QUEUED, reason=_cut(f"{', '.join(entry.yielded)} did not let go in time")
+                    )
+                    await self._restore(self.entries[entry.id])
+            elif entry.state in ENTRY_DONE or (entry.state is EntryState.QUEUED and not entry.restored):
+                if not entry.restored:
+                    await self._restore(entry)
+
+    async def _restore(self, entry: QueueEntry) -> None:
+        """The models put aside for an entry, warm again (each tried on every pass until it is)."""
+        assert self.reach is not None and entry.machine is not None
+        for model in entry.yielded:
+            try:
+                await request(self.reach, entry.machine, MODELS_WARM, ModelParams(model=model))
+            except RemoteError as exc:
+                log.info("queue entry %d: %s not back yet on %s: %s", entry.id, model, entry.machine, exc.message)
+                return
+        log.info(
+            "queue entry %d (%s) ended: %s warm again on %s", entry.id, entry.recipe, ", ".join(entry.yielded), entry.machine
+        )
+        self._update(entry, restored=True)
 
     async def _start(self, entry: QueueEntry, recipe: Trainer, placement: Placement) -> None:
         assert self.reach is not None

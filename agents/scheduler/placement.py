@@ -13,7 +13,7 @@ from agents.runtime.view import MachineView
 from agents.wire.lab.model import Lab, Trainer
 from agents.wire.lab.queue import Need, gpu_misfit
 from agents.wire.protocol import GpuSample, LinkStatus
-from agents.wire.states import JOB_HOLDS_GPU, MODEL_HOLDS_GPU
+from agents.wire.states import JOB_HOLDS_GPU, MODEL_HOLDS_GPU, ModelState
 from agents.wire.words import plural
 
 NEVER = float("inf")
@@ -26,6 +26,7 @@ class Holder:
     what: str  # "model llama-3.1-8b (warm, pinned)", "job m5-12 (sft)"
     until: float = NEVER  # when it is expected to let go (a job's ETA); NEVER: not known
     pinned: bool = False
+    model: str | None = None  # a model that may give its GPUs to a job (lab.yaml orchestra.yields): its name
 
 
 @dataclass
@@ -38,8 +39,15 @@ class MachineGpus:
     holders: dict[int, list[Holder]] = field(default_factory=dict)
     why_offline: str | None = None
 
-    def free(self, index: int) -> bool:
-        return not self.holders.get(index)
+    def free(self, index: int, yielding: bool = False) -> bool:
+        """Nothing holds it; or (``yielding``) only models that may give it to a job."""
+        holders = self.holders.get(index, [])
+        return all(h.model is not None for h in holders) if yielding else not holders
+
+    def yielders(self, indices: list[int]) -> list[str]:
+        """The models that would give these GPUs up, in GPU order, each once."""
+        names = [h.model for i in indices for h in self.holders.get(i, []) if h.model is not None]
+        return list(dict.fromkeys(names))
 
     def frees_at(self, index: int, now: float) -> float:
         """When this GPU is expected to be free: now, a job's expected end, or NEVER (a model, or a job with no ETA)."""
@@ -51,6 +59,7 @@ class MachineGpus:
 class Placement:
     machine: str
     gpus: list[int]
+    yields: tuple[str, ...] = ()  # models of that machine put aside for it first (lab.yaml orchestra.yields)
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,7 @@ def lab_gpus(
     """Every machine's GPUs and their holders: the jobs and models its last tick shows, and the GPUs of jobs the queue
     is starting there (``starting``: (machine, GPU) -> "queue entry 12 (sft)") that no tick shows yet."""
     seen = dict(views)
+    yielding = set(lab.orchestra.yields)
     picture: dict[str, MachineGpus] = {}
     for machine in lab.machines:
         view = seen.get(machine.name)
@@ -88,8 +98,11 @@ def lab_gpus(
                         entry.holders.setdefault(index, []).append(holder)
             for model in view.models.models if view.models is not None else []:
                 if model.state in MODEL_HOLDS_GPU:
+                    gives = model.name in yielding and not model.pinned and model.state is ModelState.WARM and not model.op
                     holder = Holder(
-                        f"model {model.name} ({model.state}{', pinned' if model.pinned else ''})", pinned=model.pinned
+                        f"model {model.name} ({model.state}{', pinned' if model.pinned else ''})",
+                        pinned=model.pinned,
+                        model=model.name if gives else None,
                     )
                     for index in model.gpus:
                         entry.holders.setdefault(index, []).append(holder)
@@ -133,6 +146,8 @@ def _fixed(recipe: Trainer, picture: Mapping[str, MachineGpus], now: float) -> P
     busy = [i for i in recipe.gpus if not machine.free(i)]
     if not busy:
         return Placement(recipe.machine, list(recipe.gpus))
+    if all(machine.free(i, yielding=True) for i in busy):
+        return Placement(recipe.machine, list(recipe.gpus), tuple(machine.yielders(busy)))
     frees = max(machine.frees_at(i, now) for i in busy)
     return Wait(f"waiting for {wanted}: " + "; ".join(_held(machine, busy)), frees if frees != NEVER else None)
 
@@ -182,8 +197,30 @@ def _by_need(recipe: Trainer, need: Need, picture: Mapping[str, MachineGpus], no
         expected = min(expected, frees[need.gpus - 1])
     if best is not None:
         return Placement(best[3], sorted(best[4]))
+    lent = _by_need_yielding(need, allowed, picture)
+    if lent is not None:
+        return lent
     reason = f"waiting for {need.describe()}: " + ("; ".join(blocked) if blocked else "no machine to run on")
     return Wait(reason, expected if expected != NEVER else None)
+
+
+def _by_need_yielding(need: Need, allowed: list[str], picture: Mapping[str, MachineGpus]) -> Placement | None:
+    """Where the need fits once models that may yield give their GPUs: the fewest models put aside, then the smallest GPUs."""
+    best: tuple[int, int, int, Placement] | None = None
+    for order, name in enumerate(allowed):
+        machine = picture.get(name)
+        if machine is None or not machine.online:
+            continue
+        fitting, _ = _fits(need, machine)
+        usable = [i for i in fitting if machine.free(i, yielding=True)]
+        if len(usable) < need.gpus:
+            continue
+        chosen = sorted(usable, key=lambda i: (not machine.free(i), machine.gpus[i].mem_total_bytes or 0, i))[: need.gpus]
+        yields = machine.yielders(chosen)
+        score = (len(yields), sum(machine.gpus[i].mem_total_bytes or 0 for i in chosen), order)
+        if best is None or score < best[:3]:
+            best = (*score, Placement(name, sorted(chosen), tuple(yields)))
+    return best[3] if best is not None else None
 
 
 def place(recipe: Trainer, picture: Mapping[str, MachineGpus], now: float) -> Placement | Wait:

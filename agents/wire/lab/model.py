@@ -167,6 +167,8 @@ class Orchestra(Strict):
     # false: a rotation takes out only models its sets name, never one an operator warmed; true: every model not pinned
     rotation_takes_all: bool = False
     groups: dict[Name, list[ModelName]] = Field(default_factory=dict)  # fan-out sets for the gateway's orchestra call
+    # models that may give their GPUs to a job of the lab queue (put to sleep, or stopped, and brought back after it)
+    yields: list[Name] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------- trainers

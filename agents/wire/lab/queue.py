@@ -102,6 +102,12 @@ def cross_check(lab: Lab, machines: dict[str, Machine]) -> list[tuple[tuple[str 
         problems.append(
             (("scheduler", "machine"), f"no machine named {lab.scheduler.machine!r} (machines: {', '.join(machines)})")
         )
+    models, pinned = {m.name for m in lab.models}, set(lab.orchestra.pinned)
+    for i, name in enumerate(lab.orchestra.yields):
+        if name not in models:
+            problems.append((("orchestra", "yields", i), f"no model named {name!r}"))
+        elif name in pinned:
+            problems.append((("orchestra", "yields", i), f"{name} is pinned: a pinned model never yields its GPUs"))
     for i, trainer in enumerate(lab.trainers):
         if trainer.need is None:
             continue

@@ -10,7 +10,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from agents.wire.protocol import Finite, FiniteFloat
-from agents.wire.schema import JobId, Name, ParamName
+from agents.wire.schema import JobId, ModelName, Name, ParamName
 from agents.wire.sections.base import Section
 from agents.wire.states import JobState
 
@@ -55,6 +55,9 @@ class QueueEntry(Section):
     job_state: JobState | None = None  # the job's own state once it ran (exited, failed, lost)
     started_at: Finite = None
     ended_at: Finite = None
+    # models of its machine put aside for it (lab.yaml orchestra.yields), and whether they are back as they were
+    yielded: list[ModelName] = Field(default_factory=list, max_length=64)
+    restored: bool = False
 
 
 class QueueSection(Section):

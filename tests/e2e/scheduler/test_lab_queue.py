@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from agents.shell.demo.lab import DemoLab
+from agents.wire.protocol import ErrorCode, RemoteError
 from console.lab.client import FleetClient
 from tests.support.jobs import PY, cli, running
 from tests.support.lab import REPO, run_agent
@@ -153,3 +154,54 @@ async def test_the_keepers_restart_mid_queue_loses_nothing_and_starts_nothing_tw
             release(tmp_path, started["job_id"])
         finally:
             await client.stop()
+
+
+SIM = {"load_s": 0.05, "cold_factor": 1, "warmup_s": 0.05, "wake_s": 0.05, "tokens_per_s": 0, "placeholder_mib": 1}
+
+
+def yielding_lab(root: Path) -> DemoLab:
+    data = lab_data(root / "release")
+    data["models"] = [
+        {"name": "solo", "path": "models/solo", "engine": "sim", "machine": "node", "gpus": [0], "vram_gib": 1, "sim": SIM}
+    ]
+    data["orchestra"] = {"warm": ["solo"], "yields": ["solo"]}
+    source = root / "src"
+    source.mkdir(parents=True)
+    shutil.copytree(REPO / "demo", source / "demo")
+    (root / "release").mkdir()
+    (source / "lab.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return DemoLab(root / "run", source=source / "lab.yaml")
+
+
+async def _model_state(client: FleetClient, name: str) -> str:
+    return (await client.call("node", "models.get", {"model": name}))["state"]
+
+
+async def test_a_model_gives_its_gpu_to_a_job_and_comes_back_after_it(tmp_path):
+    with running(yielding_lab(tmp_path)) as demo:
+        client = await connect(demo)
+        try:
+            await wait_for(lambda: _is(client, "solo", "warm"), timeout=60)
+            submitted = await client.call("hub", "queue.submit", {"recipe": "first"})
+            started = await wait_for(lambda: _started(client, submitted["id"]), timeout=60)
+            assert started["yielded"] == ["solo"] and started["gpus"] == [0]
+            assert await _model_state(client, "solo") == "sleeping"  # its GPU is the job's now
+            with pytest.raises(RemoteError) as refused:  # nobody brings it up on the job's GPU meanwhile: not by hand either
+                await client.call("node", "models.warm", {"model": "solo"})
+            assert refused.value.code == ErrorCode.CONFLICT
+            assert f"runs job {started['job_id']} (first)" in refused.value.message
+            release(tmp_path, started["job_id"])
+            back = await wait_for(lambda: _restored(client, submitted["id"]), timeout=60)
+            assert back["job_state"] == "exited"
+            await wait_for(lambda: _is(client, "solo", "warm"), timeout=60)  # as it was before the job
+        finally:
+            await client.stop()
+
+
+async def _is(client: FleetClient, model: str, state: str) -> bool:
+    return await _model_state(client, model) == state
+
+
+async def _restored(client: FleetClient, entry_id: int) -> dict | None:
+    found = await entry(client, entry_id)
+    return found if found["state"] == "ended" and found["restored"] else None

@@ -27,6 +27,10 @@ machines:
                  {name: Tesla P40, memory_gib: 24, tdp_w: 250}, {name: Tesla P40, memory_gib: 24, tdp_w: 250}]}
   - name: m2
     gpus: {sim: [{name: Tesla P4, memory_gib: 8, tdp_w: 75}, {name: Tesla P4, memory_gib: 8, tdp_w: 75}]}
+models:
+  - {name: big70, path: x, engine: sim, machine: m5, gpus: [1, 2, 3, 4]}
+  - {name: small8, path: x, engine: sim, machine: m5, gpus: [0]}
+orchestra: {pinned: [big70], yields: [small8]}
 trainers:
   - {name: fixed, machine: m5, gpus: [0], command: [x], output_dir: runs}
   - {name: big, need: {gpus: 1, min_vram_gib: 24}, machine: m5, command: [x], output_dir: runs}
@@ -140,3 +144,24 @@ def test_the_first_in_line_keeps_what_it_waits_for_from_those_behind_it():
 def test_what_a_recipe_waits_for_in_words(name, words):
     lab, _ = views()
     assert need_words(recipe(lab, name)) == words
+
+
+def test_a_model_that_may_yield_gives_its_gpus_and_a_pinned_one_never_does():
+    held = {"m5": [model("big70", [1, 2, 3, 4], pinned=True), model("small8", [0])]}
+    lab, seen = views(models=held)
+    picture = lab_gpus(lab, seen, {}, NOW)
+    assert place(recipe(lab, "fixed"), picture, NOW) == Placement("m5", [0], ("small8",))
+    assert place(recipe(lab, "volta"), picture, NOW) == Placement("m5", [0], ("small8",))
+    assert place(recipe(lab, "big"), picture, NOW) == Placement("m5", [0], ("small8",))  # the pinned P40s stay
+    assert isinstance(place(recipe(lab, "p40s"), picture, NOW), Wait)  # only the pinned model holds the P40s
+    assert place(recipe(lab, "small"), picture, NOW) == Placement("m2", [0])  # a free GPU beats putting a model aside
+    busy = {"m5": [model("small8", [0], state=ModelState.LOADING)]}  # mid-operation: not asked to give way
+    lab, seen = views(models=busy)
+    assert isinstance(place(recipe(lab, "fixed"), lab_gpus(lab, seen, {}, NOW), NOW), Wait)
+
+
+def test_a_pinned_model_cannot_be_listed_to_yield():
+    from agents.wire.lab.model import LabError
+
+    with pytest.raises(LabError, match="big70 is pinned: a pinned model never yields its GPUs"):
+        parse_lab(LAB.replace("yields: [small8]", "yields: [small8, big70]"))

@@ -17,6 +17,7 @@ from agents.wire.states import JOB_HOLDS_GPU, MODEL_HOLDS_GPU, ModelState
 from agents.wire.words import plural
 
 NEVER = float("inf")
+MAX_PHRASES = 6  # a reason names this many blockers, then counts the rest
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,31 @@ class MachineGpus:
     gpus: dict[int, GpuSample] = field(default_factory=dict)
     holders: dict[int, list[Holder]] = field(default_factory=dict)
     why_offline: str | None = None
+    fits: dict[tuple[object, ...], tuple[list[int], list[str]]] = field(default_factory=dict)  # _fits, per kind of need
+    free_count: int | None = None
+    free_at_cache: dict[tuple[tuple[int, ...], int], float] = field(default_factory=dict)
+    yielding: bool = False  # some model here may give its GPUs to a job
+
+    def hold(self, index: int, holder: Holder) -> None:
+        """Add a holder of a GPU (every holder comes in here, so the pass's counts stay right)."""
+        self.holders.setdefault(index, []).append(holder)
+        self.free_count = None
+        self.free_at_cache.clear()
+        if holder.model is not None:
+            self.yielding = True
+
+    def nth_free_at(self, fitting: list[int], n: int, now: float) -> float:
+        """When n of these GPUs are expected to be free (kept until a holder is added)."""
+        key = (tuple(fitting), n)
+        if key not in self.free_at_cache:
+            self.free_at_cache[key] = sorted(self.frees_at(i, now) for i in fitting)[n - 1]
+        return self.free_at_cache[key]
+
+    def free_gpus(self) -> int:
+        """How many of its GPUs nothing holds (kept until a holder is added)."""
+        if self.free_count is None:
+            self.free_count = sum(1 for i in self.gpus if not self.holders.get(i))
+        return self.free_count
 
     def free(self, index: int, yielding: bool = False) -> bool:
         """Nothing holds it; or (``yielding``) only models that may give it to a job."""
@@ -95,7 +121,7 @@ def lab_gpus(
                     until = now + job.eta_s if job.eta_s is not None else NEVER
                     holder = Holder(f"job {job.id} ({job.recipe})" + _until(job.eta_s, now), until)
                     for index in job.gpus:
-                        entry.holders.setdefault(index, []).append(holder)
+                        entry.hold(index, holder)
             for model in view.models.models if view.models is not None else []:
                 if model.state in MODEL_HOLDS_GPU:
                     gives = model.name in yielding and not model.pinned and model.state is ModelState.WARM and not model.op
@@ -105,11 +131,11 @@ def lab_gpus(
                         model=model.name if gives else None,
                     )
                     for index in model.gpus:
-                        entry.holders.setdefault(index, []).append(holder)
+                        entry.hold(index, holder)
         picture[machine.name] = entry
     for (name, index), what in starting.items():
         if name in picture and not any(what in h.what for h in picture[name].holders.get(index, [])):
-            picture[name].holders.setdefault(index, []).append(Holder(what))
+            picture[name].hold(index, Holder(what))
     return picture
 
 
@@ -153,14 +179,21 @@ def _fixed(recipe: Trainer, picture: Mapping[str, MachineGpus], now: float) -> P
 
 
 def _fits(need: Need, machine: MachineGpus) -> tuple[list[int], list[str]]:
-    """The GPUs of this machine that do for the need (free or not), and why each other one does not."""
-    fitting, misfits = [], []
+    """The GPUs of this machine that do for the need (free or not), and why each other one does not (worked out once
+    per kind of need and machine in a pass: a thousand jobs ask the same few questions of each machine)."""
+    key = (need.min_vram_gib, need.min_compute_capability, need.gpu_name)
+    known = machine.fits.get(key)
+    if known is not None:
+        return known
+    fitting: list[int] = []
+    misfits: list[str] = []
     for index, gpu in sorted(machine.gpus.items()):
         problem = gpu_misfit(need, gpu)
         if problem is None:
             fitting.append(index)
         else:
             misfits.append(problem)
+    machine.fits[key] = (fitting, misfits)
     return fitting, misfits
 
 
@@ -182,7 +215,7 @@ def _by_need(recipe: Trainer, need: Need, picture: Mapping[str, MachineGpus], no
                 shown = misfits[0] if misfits else f"{need.gpus} needed"
                 blocked.append(f"{name} has {plural(len(fitting), 'GPU')} that fit{'s' if len(fitting) == 1 else ''} ({shown})")
             continue
-        free = [i for i in fitting if machine.free(i)]
+        free = [i for i in fitting if machine.free(i)] if machine.free_gpus() >= need.gpus else []
         if len(free) >= need.gpus:
             # the smallest GPUs that do, on the machine with the fewest free: the big ones stay for the big jobs
             chosen = sorted(free, key=lambda i: (machine.gpus[i].mem_total_bytes or 0, i))[: need.gpus]
@@ -191,16 +224,20 @@ def _by_need(recipe: Trainer, need: Need, picture: Mapping[str, MachineGpus], no
             if best is None or candidate[:3] < best[:3]:
                 best = candidate
             continue
-        busy = [i for i in fitting if not machine.free(i)]
-        blocked += _held(machine, busy)
-        frees = sorted(machine.frees_at(i, now) for i in fitting)
-        expected = min(expected, frees[need.gpus - 1])
+        if len(blocked) < MAX_PHRASES:  # the words only for the machines the reason names
+            blocked += _held(machine, [i for i in fitting if not machine.free(i)])
+        else:
+            blocked.append("")
+        expected = min(expected, machine.nth_free_at(fitting, need.gpus, now))
     if best is not None:
         return Placement(best[3], sorted(best[4]))
     lent = _by_need_yielding(need, allowed, picture)
     if lent is not None:
         return lent
-    reason = f"waiting for {need.describe()}: " + ("; ".join(blocked) if blocked else "no machine to run on")
+    named = [b for b in blocked if b][:MAX_PHRASES]
+    more = len(blocked) - len(named)
+    phrases = named + ([f"and {more} more like {'it' if more == 1 else 'these'}"] if more > 0 else [])
+    reason = f"waiting for {need.describe()}: " + ("; ".join(phrases) if phrases else "no machine to run on")
     return Wait(reason, expected if expected != NEVER else None)
 
 
@@ -212,6 +249,8 @@ def _by_need_yielding(need: Need, allowed: list[str], picture: Mapping[str, Mach
         if machine is None or not machine.online:
             continue
         fitting, _ = _fits(need, machine)
+        if not machine.yielding and machine.free_gpus() < need.gpus:
+            continue  # no model here gives way, and too few are free
         usable = [i for i in fitting if machine.free(i, yielding=True)]
         if len(usable) < need.gpus:
             continue
@@ -243,7 +282,7 @@ def take(picture: Mapping[str, MachineGpus], placement: Placement, what: str) ->
     """Mark the placed GPUs held, so that one pass of the queue never gives a GPU twice."""
     machine = picture[placement.machine]
     for index in placement.gpus:
-        machine.holders.setdefault(index, []).append(Holder(what))
+        machine.hold(index, Holder(what))
 
 
 def reserve(recipe: Trainer, picture: Mapping[str, MachineGpus], what: str) -> None:
@@ -254,7 +293,7 @@ def reserve(recipe: Trainer, picture: Mapping[str, MachineGpus], what: str) -> N
         if machine is not None:
             for index in recipe.gpus:
                 if machine.free(index):
-                    machine.holders.setdefault(index, []).append(Holder(what))
+                    machine.hold(index, Holder(what))
         return
     need = recipe.need
     best: tuple[int, MachineGpus, list[int]] | None = None
@@ -270,4 +309,4 @@ def reserve(recipe: Trainer, picture: Mapping[str, MachineGpus], what: str) -> N
             best = (len(free), machine, free[: need.gpus])
     if best is not None:
         for index in best[2]:
-            best[1].holders.setdefault(index, []).append(Holder(what))
+            best[1].hold(index, Holder(what))

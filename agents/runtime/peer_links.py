@@ -10,6 +10,12 @@ from typing import Protocol, runtime_checkable
 from agents.wire.lab.model import Lab
 from agents.wire.protocol import LinkStatus
 
+# an agent's links to its peers (agents/runtime/peers.py), here so that who only reads them needs no SSH stack
+BACKOFF_MAX_S = 15.0
+KEEPALIVE_S = 5.0
+CONNECT_TIMEOUT_S = 5.0
+CALL_TIMEOUT_S = 10.0
+
 
 @dataclass(frozen=True)
 class PeerLinkState:

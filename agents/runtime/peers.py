@@ -14,7 +14,7 @@ import asyncssh
 
 from agents.runtime.keys import ensure_key
 from agents.runtime.link import Link, LinkCore, LinkSettings, Transport
-from agents.runtime.peer_links import PeerLinkState
+from agents.runtime.peer_links import BACKOFF_MAX_S, CALL_TIMEOUT_S, CONNECT_TIMEOUT_S, KEEPALIVE_S, PeerLinkState
 from agents.runtime.view import LabView, MachineView
 from agents.runtime.waits import within
 from agents.wire.engine_address import EngineAddress
@@ -27,10 +27,6 @@ PEER_KEY_NAME = "peer_ed25519_key"  # this agent's client key; authorize its .pu
 PEER_KNOWN_HOSTS_NAME = "peer_known_hosts"  # the peers' host keys; never trusted on first use
 SCHEDULER_KEY_NAME = "scheduler_ed25519_key"  # the lab queue's calls to start and stop its jobs: the scheduler role
 NODE_KEY_NAME = "node_ed25519_key"  # the key a multi-node job's coordinator calls the other nodes with (role node there)
-BACKOFF_MAX_S = 15.0
-KEEPALIVE_S = 5.0
-CONNECT_TIMEOUT_S = 5.0
-CALL_TIMEOUT_S = 10.0
 
 TUNNEL_BACKLOG = 2048  # as the engines' own (uvicorn's): a burst of streams queues, never refused (asyncssh's listener: 100)
 TUNNEL_CHUNK_BYTES = 256 * 1024

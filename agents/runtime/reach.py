@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from agents.runtime.peers import CONNECT_TIMEOUT_S, PeerClient
+from agents.runtime.peer_links import CONNECT_TIMEOUT_S
 from agents.runtime.rpc import Peer
 from agents.runtime.view import MachineView
 from agents.wire.engine_address import EngineAddress
@@ -22,6 +22,7 @@ from agents.wire.sections.models import ModelsSection
 
 if TYPE_CHECKING:
     from agents.runtime.core import AgentCore
+    from agents.runtime.peers import PeerClient  # asyncssh: only where the agent has peers to call
 
 SETTLE_S = 2 * CONNECT_TIMEOUT_S  # a link still on its first attempt: how long a request waits for its outcome
 

@@ -15,7 +15,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from agents.runtime.hooks import Hooks
-from agents.runtime.peers import SCHEDULER_KEY_NAME, PeerClient
 from agents.runtime.reach import Reach
 from agents.runtime.rpc import Peer
 from agents.scheduler.placement import Placement, lab_gpus, need_words, place, reserve, take
@@ -50,6 +49,7 @@ from agents.wire.states import JOB_ENDED, MODEL_HOLDS_GPU, JobState
 
 if TYPE_CHECKING:
     from agents.runtime.core import AgentCore
+    from agents.runtime.peers import PeerClient
 
 log = logging.getLogger("cetlab.queue")
 
@@ -116,6 +116,8 @@ class SchedulerComponent(Hooks):
         log.info("lab queue on %s: %d waiting or running", self.core.machine.name, len(waiting))
 
     async def _links(self, lab: Lab) -> None:
+        from agents.runtime.peers import SCHEDULER_KEY_NAME, PeerClient  # the SSH stack: only with other machines to call
+
         own = self.core.machine.name
         others = [m.name for m in lab.machines if m.name != own]
         replaced = self.peers

@@ -33,16 +33,16 @@ def default_components(core: AgentCore) -> list[Component]:
         OrchestraComponent(core),
         CheckpointsComponent(core),
     ]
-    if core.lab.gateway is not None and core.lab.gateway.machine == core.machine.name:
-        # only on lab.yaml's gateway.machine: elsewhere it would do nothing, and its router, metering and peer links
-        # are not imported at all (the agent's memory; issue 22)
-        from agents.gateway.component import GatewayComponent
-
-        components.append(GatewayComponent(core))
     if scheduler_machine(core.lab) == core.machine.name:
         # the lab queue: only on its keeper's machine (lab.yaml scheduler:, else the gateway's, else the first); it links
         # to the other machines once lab.yaml has recipes
         from agents.scheduler.component import SchedulerComponent
 
         components.append(SchedulerComponent(core))
+    if core.lab.gateway is not None and core.lab.gateway.machine == core.machine.name:
+        # only on lab.yaml's gateway.machine: elsewhere it would do nothing, and its router, metering and peer links
+        # are not imported at all (the agent's memory; issue 22); last: it reads the other components' state
+        from agents.gateway.component import GatewayComponent
+
+        components.append(GatewayComponent(core))
     return components

@@ -33,6 +33,7 @@ from agents.wire.catalogue.lab import LabApplyParams, LabRollbackParams
 from agents.wire.catalogue.method import Method, request
 from agents.wire.catalogue.models import AdapterParams, ModelParams, PinParams, SwapParams
 from agents.wire.catalogue.notify import NotifyTestParams
+from agents.wire.catalogue.queue import EntryParams, QueueListParams, SubmitParams
 from agents.wire.lab.model import load_lab
 from agents.wire.protocol import HistoryParams, IntervalParams, Role, SubscribeParams
 from console.lab.client import FleetClient
@@ -108,7 +109,15 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoLab]:
                     {"name": "resume_from_checkpoint", "type": "str"},
                     {"name": "max_steps", "type": "int", "default": 10},
                 ],
-            }
+            },
+            # no GPU here has 1000 GiB: it waits in the lab queue, for its methods to be walked
+            {
+                "name": "never",
+                "machine": "box",
+                "need": {"gpus": 1, "min_vram_gib": 1000},
+                "command": [PY, "-c", "pass"],
+                "output_dir": "runs/{job_id}",
+            },
         ],
         "checkpoints": {"dirs": [{"machine": "box", "path": str(hand)}], "poll_s": 1, "settle_s": 5},
         "notify": {"routes": [{"name": "hook", "kind": "webhook", "url": "http://127.0.0.1:1/hook"}]},
@@ -176,7 +185,7 @@ async def test_every_method_answers_its_result_model(walk, lab):
 
     # a job that reports progress and a checkpoint
     recipes = await walk(c["jobs.recipes"])
-    assert [r.name for r in recipes.root] == ["fake"]
+    assert [r.name for r in recipes.root] == ["fake", "never"]
     job = await walk(c["jobs.start"], StartParams(recipe="fake"))
     await wait_for(lambda: (lab.dir / "runs" / job.id / "checkpoint-2").exists(), timeout=30)
     listed = await wait_for(lambda: _job_with_step(walk.client, job.id), timeout=30)
@@ -213,6 +222,14 @@ async def test_every_method_answers_its_result_model(walk, lab):
     await walk(c["jobs.stop"], StopParams(id=resumed.id, grace_s=1))
     await walk(c["models.adapter"], AdapterParams(model="alpha", name="exp1-3", path=str(run_dir / "checkpoint-2")))
     await walk(c["checkpoints.serve"], ServeParams(run="exp1", step=3, model="alpha"))
+
+    # the lab queue (this machine keeps it): an entry that waits, held, released, listed, cancelled
+    entry = await walk(c["queue.submit"], SubmitParams(recipe="never"))
+    assert entry.state == "queued" and entry.reason and "1000 GiB" in entry.reason
+    await walk(c["queue.hold"], EntryParams(id=entry.id))
+    await walk(c["queue.release"], EntryParams(id=entry.id))
+    await walk(c["queue.list"], QueueListParams())
+    await walk(c["queue.cancel"], EntryParams(id=entry.id))
 
     # costs, alerts, audit, notify, gateway, the whole status
     await wait_for(lambda: _alert(walk.client), timeout=30)

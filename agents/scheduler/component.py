@@ -17,19 +17,12 @@ from typing import TYPE_CHECKING, Any
 from agents.runtime.hooks import Hooks
 from agents.runtime.reach import Reach
 from agents.runtime.rpc import Peer
+from agents.scheduler.methods import register
 from agents.scheduler.placement import Placement, lab_gpus, need_words, place, reserve, take
-from agents.wire.catalogue.jobs import JOBS_START, StartParams
+from agents.wire.catalogue.jobs import JOBS_GET, JOBS_START, JobParams, StartParams
 from agents.wire.catalogue.method import request
 from agents.wire.catalogue.models import MODELS_COLD, MODELS_SLEEP, MODELS_WARM, ModelParams
 from agents.wire.catalogue.queue import (
-    QUEUE_CANCEL,
-    QUEUE_HOLD,
-    QUEUE_LIST,
-    QUEUE_RELEASE,
-    QUEUE_SUBMIT,
-    EntryParams,
-    QueueList,
-    QueueListParams,
     SubmitParams,
 )
 from agents.wire.lab.model import Lab, Trainer
@@ -55,7 +48,8 @@ log = logging.getLogger("cetlab.queue")
 
 KEEP_ENDED = 50  # ended and cancelled entries kept in memory (and shown); all stay in state.db
 YIELD_TIMEOUT_S = 300.0  # models asked to give their GPUs that still hold them after this: the entry waits again
-START_TIMEOUT_S = 60.0  # a machine's `jobs.start` answers within this, or the entry waits again (its label guards a retry)
+START_TIMEOUT_S = 60.0
+ASK_S = 30.0  # a running entry's job missing from its machine's tick: asked for by id at most this often  # a machine's `jobs.start` answers within this, or the entry waits again (its label guards a retry)
 
 SCHEMA = [
     """CREATE TABLE queue_entries (
@@ -86,8 +80,9 @@ class SchedulerComponent(Hooks):
         self._lock = asyncio.Lock()  # one pass at a time: a submit's pass and the loop's never give a GPU twice
         self._wake = asyncio.Event()
         self._lent_at: dict[int, float] = {}  # entry -> when its models were asked to give their GPUs
+        self._asked: dict[int, float] = {}  # entry -> when its job was last asked for by id
         if self.enabled:
-            self._register()
+            register(self)
 
     @property
     def lab(self) -> Lab:
@@ -248,6 +243,7 @@ class SchedulerComponent(Hooks):
             now = time.time()
             views = list(self.reach.all_views())
             self._follow(views, now)
+            await self._ask_for_missing(views, now)
             await self._after_yields(views, now)
             # placed entries whose jobs no tick shows yet (a tick is up to a second behind): they hold their GPUs
             shown = {job.queued_as for _, view in views for job in view.jobs if job.queued_as}
@@ -306,6 +302,29 @@ class SchedulerComponent(Hooks):
                 )
             elif entry.state is EntryState.STARTING or entry.job_state != job.state:
                 self._update(entry, state=EntryState.RUNNING, job_id=job.id, job_state=job.state)
+
+    async def _ask_for_missing(self, views: list[tuple[str, Any]], now: float) -> None:
+        """A running entry whose job its machine's tick no longer lists (it shows the active jobs and the newest ended
+        ones: one that ended while this agent was down may be past them) is asked for by id, at most every ASK_S."""
+        assert self.reach is not None
+        seen = dict(views)
+        for entry in list(self.entries.values()):
+            if entry.state is not EntryState.RUNNING or entry.job_id is None or entry.machine is None:
+                continue
+            view = seen.get(entry.machine)
+            if view is None or not view.online or any(job.id == entry.job_id for job in view.jobs):
+                continue
+            if now - self._asked.get(entry.id, 0.0) < ASK_S:
+                continue
+            self._asked[entry.id] = now
+            try:
+                job = await request(self.reach, entry.machine, JOBS_GET, JobParams(id=entry.job_id))
+            except RemoteError as exc:
+                if exc.code == ErrorCode.NOT_FOUND:
+                    self._update(entry, state=EntryState.ENDED, ended_at=now, job_state=JobState.LOST, reason=_cut(exc.message))
+                continue
+            if job.state in JOB_ENDED:
+                self._update(entry, state=EntryState.ENDED, job_state=job.state, ended_at=job.ended_at or now)
 
     # -- models that give their GPUs to a job, and come back after it
 
@@ -423,49 +442,3 @@ class SchedulerComponent(Hooks):
             waiting=len(waiting),
             running=len(placed),
         )
-
-    def _register(self) -> None:
-        rpc = self.core.rpc
-
-        @rpc.implements(QUEUE_SUBMIT)
-        async def submit(peer: Peer, params: SubmitParams) -> QueueEntry:
-            return await self.submit(peer, params)
-
-        @rpc.implements(QUEUE_LIST)
-        async def listing(peer: Peer, params: QueueListParams) -> QueueList:
-            section = self.section()
-            entries = section.entries if section is not None else []
-            return QueueList([e for e in entries if params.ended or e.state not in ENTRY_DONE][: params.limit])
-
-        @rpc.implements(QUEUE_CANCEL)
-        async def cancel(peer: Peer, params: EntryParams) -> QueueEntry:
-            entry = self.get(params.id)
-            if entry.state not in ENTRY_WAITING:
-                raise RemoteError(
-                    ErrorCode.CONFLICT,
-                    f"queue entry {entry.id} is {entry.state}"
-                    + (f": its job is {entry.job_id} (`cetlab stop {entry.job_id}`)" if entry.job_id else ""),
-                )
-            log.info("%s cancelled queue entry %d (%s)", peer.who, entry.id, entry.recipe)
-            self._wake.set()
-            return self._update(
-                entry, state=EntryState.CANCELLED, ended_at=time.time(), position=None, reason=f"cancelled by {peer.who}"
-            )
-
-        @rpc.implements(QUEUE_HOLD)
-        async def hold(peer: Peer, params: EntryParams) -> QueueEntry:
-            entry = self.get(params.id)
-            if entry.state is not EntryState.QUEUED:
-                raise RemoteError(ErrorCode.CONFLICT, f"queue entry {entry.id} is {entry.state}: only a queued one can be held")
-            self._wake.set()
-            return self._update(
-                entry, state=EntryState.HELD, position=None, reason=f"held by {peer.who}: `cetlab release {entry.id}`"
-            )
-
-        @rpc.implements(QUEUE_RELEASE)
-        async def release(peer: Peer, params: EntryParams) -> QueueEntry:
-            entry = self.get(params.id)
-            if entry.state is not EntryState.HELD:
-                raise RemoteError(ErrorCode.CONFLICT, f"queue entry {entry.id} is {entry.state}, not held")
-            self._wake.set()
-            return self._update(entry, state=EntryState.QUEUED, reason=None)

@@ -381,8 +381,19 @@ async def _pool_states_and_a_swap(demo_lab: DemoLab) -> None:
             "tiny-llama": "cold",
         }
         machines = {m.name: m.machine for m in lab.models}
+        from agents.orchestra import pagecache
+
+        models = {m.name: m for m in lab.models}
         for name, state in expected.items():
-            model = await settle(client, name, (state,), timeout=90, machine=machines[name])
+            try:
+                model = await settle(client, name, (state,), timeout=45, machine=machines[name])
+            except AssertionError:
+                if state != "cached":
+                    raise
+                # "cached" is measured residency, which a loaded machine may reclaim after the start plan read the files
+                # (CI: llama-3.1-70b-4bit was cold): read them again, and the agent's next measure (5 s) must see them
+                pagecache.warm(pagecache.model_files(lab.resolve(models[name].path)))
+                model = await settle(client, name, (state,), timeout=45, machine=machines[name])
             assert model["simulated"] is engine_spec(model["engine"]).simulated
         listed = await client.call("m5", "models.list")
         assert listed["rotation"]["plan"] and listed["rotation"]["next_at"] > 0
@@ -391,9 +402,6 @@ async def _pool_states_and_a_swap(demo_lab: DemoLab) -> None:
         # swap on the demo lab: codellama takes qwen's P40 (llama.cpp: qwen stops, its GGUF stays in RAM), then qwen comes back.
         # "cached" is measured residency: a loaded machine may have reclaimed the file's pages since qwen loaded minutes ago,
         # so the test reads it back first (what the agent is tested on is classifying a stopped model by its residency)
-        from agents.orchestra import pagecache
-
-        models = {m.name: m for m in lab.models}
         for name in ("qwen2.5-coder-7b", "codellama-7b"):
             pagecache.warm(pagecache.model_files(lab.resolve(models[name].path)))
         await client.call("m5", "models.swap", {"out": "qwen2.5-coder-7b", "in": "codellama-7b"})

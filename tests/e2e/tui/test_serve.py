@@ -99,7 +99,7 @@ async def test_a_served_console_shows_the_fleet_refuses_acting_keys_and_caps_its
 
         # an acting key does nothing read-only: `n` in the jobs view would look for recipes (and say there are none)
         await tab.keys(":")
-        await tab.until("view name")  # the jump box has the keys only once it is up
+        await tab.until("view: fleet")  # the jump box has the keys only once it is up
         await tab.keys("jobs\r")
         await tab.until("Logs")
         await tab.keys("n?")
@@ -129,7 +129,7 @@ async def test_an_operator_console_acts(small_demo):
             await tab.until("box", "Tesla P4")
             assert "READ-ONLY" not in tab.text
             await tab.keys(":")
-            await tab.until("view name")
+            await tab.until("view: fleet")
             await tab.keys("jobs\r")
             await tab.until("New run")
             await tab.keys("n")
